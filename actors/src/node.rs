@@ -1,0 +1,273 @@
+//! The node supervisor: the root of a node's supervision tree. It starts the store actor linked
+//! beneath it and stops the node if the store actor dies, since a node that cannot persist must
+//! not pretend to run anything. [`Node`] is the handle the binary holds.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
+use serde::Serialize;
+use store::{NodeRecord, Store};
+use tokio::task::JoinHandle;
+
+use crate::Error;
+use crate::store_actor::{StoreActor, StoreArgs, StoreHandle, StoreMsg};
+
+/// Who this node is. `worker_id` is unique across restarts: host name, process id and a random
+/// suffix.
+#[derive(Debug, Clone, Serialize)]
+pub struct NodeIdentity {
+    pub worker_id: String,
+    pub host: String,
+    pub pid: u32,
+}
+
+impl NodeIdentity {
+    /// The identity of this process, with `suffix` (random, from the caller) making it unique
+    /// across restarts that reuse a process id.
+    pub fn of_this_process(suffix: &str) -> Self {
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .or_else(|_| std::fs::read_to_string("/etc/hostname"))
+            .map(|h| h.trim().to_owned())
+            .ok()
+            .filter(|h| !h.is_empty())
+            .unwrap_or_else(|| "localhost".to_owned());
+        let pid = std::process::id();
+        NodeIdentity {
+            worker_id: format!("{host}-{pid}-{suffix}"),
+            host,
+            pid,
+        }
+    }
+}
+
+/// Sizes and timeouts of the node's actors.
+#[derive(Debug, Clone)]
+pub struct NodeOptions {
+    /// Store requests running at once; more wait in the store actor's mailbox.
+    pub store_requests_max: usize,
+    /// How long a caller waits for the store actor's answer.
+    pub store_call_timeout: Duration,
+    /// How long shutdown waits for the actors to stop.
+    pub shutdown_timeout: Duration,
+}
+
+impl Default for NodeOptions {
+    fn default() -> Self {
+        NodeOptions {
+            store_requests_max: 256,
+            store_call_timeout: Duration::from_secs(30),
+            shutdown_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// What the node reports about itself.
+#[derive(Debug, Clone, Serialize)]
+pub struct NodeStatus {
+    pub worker_id: String,
+    pub version: &'static str,
+    pub runtime_version: &'static str,
+    pub uptime_seconds: f64,
+}
+
+/// Messages of the node supervisor.
+pub enum NodeMsg {
+    Status { reply: RpcReplyPort<NodeStatus> },
+}
+
+struct NodeSupervisor;
+
+struct NodeArgs {
+    identity: NodeIdentity,
+    store: Arc<Store>,
+    options: NodeOptions,
+}
+
+struct NodeState {
+    identity: NodeIdentity,
+    started_at: Instant,
+    store_actor: ActorRef<StoreMsg>,
+}
+
+impl Actor for NodeSupervisor {
+    type Msg = NodeMsg;
+    type State = NodeState;
+    type Arguments = NodeArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        args: NodeArgs,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        let (store_actor, _) = Actor::spawn_linked(
+            Some(format!("store@{}", args.identity.worker_id)),
+            StoreActor,
+            StoreArgs {
+                store: args.store,
+                requests_max: args.options.store_requests_max,
+            },
+            myself.get_cell(),
+        )
+        .await?;
+        Ok(NodeState {
+            identity: args.identity,
+            started_at: Instant::now(),
+            store_actor,
+        })
+    }
+
+    async fn handle(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        message: NodeMsg,
+        state: &mut NodeState,
+    ) -> Result<(), ActorProcessingErr> {
+        match message {
+            NodeMsg::Status { reply } => {
+                let _ = reply.send(NodeStatus {
+                    worker_id: state.identity.worker_id.clone(),
+                    version: env!("CARGO_PKG_VERSION"),
+                    runtime_version: runtime::RUNTIME_VERSION,
+                    uptime_seconds: state.started_at.elapsed().as_secs_f64(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    async fn handle_supervisor_evt(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        event: SupervisionEvent,
+        state: &mut NodeState,
+    ) -> Result<(), ActorProcessingErr> {
+        match event {
+            SupervisionEvent::ActorTerminated(cell, _, reason)
+                if cell.get_id() == state.store_actor.get_id() =>
+            {
+                tracing::error!(?reason, "the store actor stopped; stopping the node");
+                myself.stop(Some("store actor stopped".into()));
+            }
+            SupervisionEvent::ActorFailed(cell, error)
+                if cell.get_id() == state.store_actor.get_id() =>
+            {
+                tracing::error!(%error, "the store actor failed; stopping the node");
+                myself.stop(Some(format!("store actor failed: {error}")));
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+}
+
+/// A running node: its supervision tree and the handles the rest of the binary uses.
+pub struct Node {
+    identity: NodeIdentity,
+    supervisor: ActorRef<NodeMsg>,
+    joined: JoinHandle<()>,
+    store: StoreHandle,
+    options: NodeOptions,
+}
+
+impl Node {
+    /// Starts the supervision tree on an opened, migrated store and records the node.
+    pub async fn start(
+        identity: NodeIdentity,
+        store: Arc<Store>,
+        options: NodeOptions,
+    ) -> Result<Node, Error> {
+        let (supervisor, joined) = Actor::spawn(
+            Some(format!("node@{}", identity.worker_id)),
+            NodeSupervisor,
+            NodeArgs {
+                identity: identity.clone(),
+                store,
+                options: options.clone(),
+            },
+        )
+        .await
+        .map_err(|e| Error::Spawn {
+            actor: "node",
+            reason: e.to_string(),
+        })?;
+        let store_actor = supervisor
+            .get_children()
+            .into_iter()
+            .next()
+            .map(ActorRef::<StoreMsg>::from)
+            .ok_or_else(|| Error::Spawn {
+                actor: "store",
+                reason: "not found under the node supervisor".into(),
+            })?;
+        let store = StoreHandle::new(store_actor, options.store_call_timeout);
+        store
+            .register_node(&NodeRecord {
+                worker_id: identity.worker_id.clone(),
+                host: identity.host.clone(),
+                pid: i64::from(identity.pid),
+                version: env!("CARGO_PKG_VERSION").to_owned(),
+                started_at: 0.0,
+                stopped_at: None,
+            })
+            .await?;
+        Ok(Node {
+            identity,
+            supervisor,
+            joined,
+            store,
+            options,
+        })
+    }
+
+    /// This node's identity.
+    pub fn identity(&self) -> &NodeIdentity {
+        &self.identity
+    }
+
+    /// The handle every component uses to reach the database.
+    pub fn store(&self) -> StoreHandle {
+        self.store.clone()
+    }
+
+    /// The node's own report.
+    pub async fn status(&self) -> Result<NodeStatus, Error> {
+        let answer = self
+            .supervisor
+            .call(
+                |reply| NodeMsg::Status { reply },
+                Some(self.options.store_call_timeout),
+            )
+            .await;
+        match answer {
+            Ok(ractor::rpc::CallResult::Success(status)) => Ok(status),
+            Ok(other) => Err(Error::Unanswered {
+                actor: "node",
+                reason: format!("{other:?}"),
+            }),
+            Err(e) => Err(Error::Unanswered {
+                actor: "node",
+                reason: e.to_string(),
+            }),
+        }
+    }
+
+    /// Resolves when the supervision tree has stopped by itself (a fatal failure).
+    pub async fn terminated(&mut self) {
+        // A join error means the supervisor panicked; the tree is gone either way.
+        let _ = (&mut self.joined).await;
+    }
+
+    /// Records a clean stop and stops the tree, waiting at most the shutdown timeout.
+    pub async fn shutdown(self) -> Result<(), Error> {
+        let recorded = self.store.mark_node_stopped(&self.identity.worker_id).await;
+        self.supervisor.stop(Some("shutdown".into()));
+        if tokio::time::timeout(self.options.shutdown_timeout, self.joined)
+            .await
+            .is_err()
+        {
+            tracing::warn!("the supervision tree did not stop within the shutdown timeout");
+        }
+        recorded.map_err(Error::from)
+    }
+}

@@ -1,0 +1,348 @@
+//! The store actor: the front door to the database for every actor. It never runs a query in its
+//! own handler: each request becomes a task bounded by a semaphore (`store_requests_max` in
+//! flight), so independent requests proceed in parallel on the store's pool and a slow query never
+//! holds up the mailbox.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ractor::rpc::CallResult;
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use serde::Serialize;
+use store::{Backend, Fence, Lease, NewWorkflow, NodeRecord, StepRow, Store, WorkflowRow, WriteOp};
+use tokio::sync::Semaphore;
+
+/// Requests the store actor serves, each with its reply port.
+pub enum StoreMsg {
+    AcquireLease {
+        resource_id: String,
+        owner: String,
+        lease_ms: u64,
+        reply: RpcReplyPort<store::Result<Option<Lease>>>,
+    },
+    RenewLease {
+        fence: Fence,
+        lease_ms: u64,
+        reply: RpcReplyPort<store::Result<Lease>>,
+    },
+    ReleaseLease {
+        fence: Fence,
+        reply: RpcReplyPort<store::Result<bool>>,
+    },
+    ReadLease {
+        resource_id: String,
+        reply: RpcReplyPort<store::Result<Option<Lease>>>,
+    },
+    CreateWorkflow {
+        workflow: NewWorkflow,
+        owner: String,
+        lease_ms: u64,
+        reply: RpcReplyPort<store::Result<Lease>>,
+    },
+    FencedWrite {
+        fence: Fence,
+        ops: Vec<WriteOp>,
+        reply: RpcReplyPort<store::Result<()>>,
+    },
+    ReadWorkflow {
+        workflow_id: String,
+        reply: RpcReplyPort<store::Result<Option<WorkflowRow>>>,
+    },
+    ReadSteps {
+        workflow_id: String,
+        reply: RpcReplyPort<store::Result<Vec<StepRow>>>,
+    },
+    Health {
+        reply: RpcReplyPort<store::Result<StoreHealth>>,
+    },
+    RegisterNode {
+        node: NodeRecord,
+        reply: RpcReplyPort<store::Result<()>>,
+    },
+    MarkNodeStopped {
+        worker_id: String,
+        reply: RpcReplyPort<store::Result<()>>,
+    },
+}
+
+/// What readiness needs to know about the database.
+#[derive(Debug, Clone, Serialize)]
+pub struct StoreHealth {
+    pub backend: Backend,
+    pub schema_version: i64,
+    pub schema_current: bool,
+    /// Connections in the PostgreSQL pool and how many are idle.
+    pub pool: Option<(usize, usize)>,
+}
+
+pub(crate) struct StoreActor;
+
+pub(crate) struct StoreState {
+    store: Arc<Store>,
+    in_flight: Arc<Semaphore>,
+}
+
+pub(crate) struct StoreArgs {
+    pub store: Arc<Store>,
+    pub requests_max: usize,
+}
+
+impl Actor for StoreActor {
+    type Msg = StoreMsg;
+    type State = StoreState;
+    type Arguments = StoreArgs;
+
+    async fn pre_start(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        args: StoreArgs,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        Ok(StoreState {
+            store: args.store,
+            in_flight: Arc::new(Semaphore::new(args.requests_max.max(1))),
+        })
+    }
+
+    async fn handle(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        message: StoreMsg,
+        state: &mut StoreState,
+    ) -> Result<(), ActorProcessingErr> {
+        // Waiting for a permit here is the back-pressure: the mailbox holds what cannot run yet.
+        let permit = Arc::clone(&state.in_flight).acquire_owned().await?;
+        let store = Arc::clone(&state.store);
+        tokio::spawn(async move {
+            serve(&store, message).await;
+            drop(permit);
+        });
+        Ok(())
+    }
+}
+
+/// Runs one request against the store and answers it. A caller that gave up has dropped its port;
+/// its answer is then discarded.
+async fn serve(store: &Store, message: StoreMsg) {
+    match message {
+        StoreMsg::AcquireLease {
+            resource_id,
+            owner,
+            lease_ms,
+            reply,
+        } => {
+            let _ = reply.send(store.acquire_lease(&resource_id, &owner, lease_ms).await);
+        }
+        StoreMsg::RenewLease {
+            fence,
+            lease_ms,
+            reply,
+        } => {
+            let _ = reply.send(store.renew_lease(&fence, lease_ms).await);
+        }
+        StoreMsg::ReleaseLease { fence, reply } => {
+            let _ = reply.send(store.release_lease(&fence).await);
+        }
+        StoreMsg::ReadLease { resource_id, reply } => {
+            let _ = reply.send(store.read_lease(&resource_id).await);
+        }
+        StoreMsg::CreateWorkflow {
+            workflow,
+            owner,
+            lease_ms,
+            reply,
+        } => {
+            let _ = reply.send(store.create_workflow(workflow, &owner, lease_ms).await);
+        }
+        StoreMsg::FencedWrite { fence, ops, reply } => {
+            let _ = reply.send(store.fenced_write(&fence, ops).await);
+        }
+        StoreMsg::ReadWorkflow { workflow_id, reply } => {
+            let _ = reply.send(store.read_workflow(&workflow_id).await);
+        }
+        StoreMsg::ReadSteps { workflow_id, reply } => {
+            let _ = reply.send(store.read_steps(&workflow_id).await);
+        }
+        StoreMsg::Health { reply } => {
+            let health = store
+                .schema_version()
+                .await
+                .map(|schema_version| StoreHealth {
+                    backend: store.backend(),
+                    schema_version,
+                    schema_current: schema_version == store::SCHEMA_VERSION,
+                    pool: store.pool_status(),
+                });
+            let _ = reply.send(health);
+        }
+        StoreMsg::RegisterNode { node, reply } => {
+            let _ = reply.send(store.register_node(&node).await);
+        }
+        StoreMsg::MarkNodeStopped { worker_id, reply } => {
+            let _ = reply.send(store.mark_node_stopped(&worker_id).await);
+        }
+    }
+}
+
+/// A cheap, cloneable way to call the store actor with a timeout on every request.
+#[derive(Clone)]
+pub struct StoreHandle {
+    actor: ActorRef<StoreMsg>,
+    timeout: Duration,
+}
+
+/// Whether an unanswered request may have changed the database.
+#[derive(Clone, Copy)]
+enum Effect {
+    Read,
+    Write,
+}
+
+impl StoreHandle {
+    pub(crate) fn new(actor: ActorRef<StoreMsg>, timeout: Duration) -> Self {
+        StoreHandle { actor, timeout }
+    }
+
+    async fn call<T: Send + 'static>(
+        &self,
+        effect: Effect,
+        message: impl FnOnce(RpcReplyPort<store::Result<T>>) -> StoreMsg,
+    ) -> store::Result<T> {
+        let unanswered = |reason: String| match effect {
+            Effect::Read => store::Error::Unavailable(format!("store actor: {reason}")),
+            // The request may have reached the database: its outcome is unknown, not failed.
+            Effect::Write => store::Error::OutcomeUnknown(format!("store actor: {reason}")),
+        };
+        match self.actor.call(message, Some(self.timeout)).await {
+            Ok(CallResult::Success(result)) => result,
+            Ok(CallResult::Timeout) => Err(unanswered(format!(
+                "no answer within {} ms",
+                self.timeout.as_millis()
+            ))),
+            Ok(CallResult::SenderError) => Err(unanswered("dropped the request".into())),
+            // The message was never delivered, so nothing can have been written.
+            Err(e) => Err(store::Error::Unavailable(format!("store actor: {e}"))),
+        }
+    }
+
+    /// See [`Store::acquire_lease`].
+    pub async fn acquire_lease(
+        &self,
+        resource_id: &str,
+        owner: &str,
+        lease_ms: u64,
+    ) -> store::Result<Option<Lease>> {
+        let (resource_id, owner) = (resource_id.to_owned(), owner.to_owned());
+        self.call(Effect::Write, |reply| StoreMsg::AcquireLease {
+            resource_id,
+            owner,
+            lease_ms,
+            reply,
+        })
+        .await
+    }
+
+    /// See [`Store::renew_lease`].
+    pub async fn renew_lease(&self, fence: &Fence, lease_ms: u64) -> store::Result<Lease> {
+        let fence = fence.clone();
+        self.call(Effect::Write, |reply| StoreMsg::RenewLease {
+            fence,
+            lease_ms,
+            reply,
+        })
+        .await
+    }
+
+    /// See [`Store::release_lease`].
+    pub async fn release_lease(&self, fence: &Fence) -> store::Result<bool> {
+        let fence = fence.clone();
+        self.call(Effect::Write, |reply| StoreMsg::ReleaseLease {
+            fence,
+            reply,
+        })
+        .await
+    }
+
+    /// See [`Store::read_lease`].
+    pub async fn read_lease(&self, resource_id: &str) -> store::Result<Option<Lease>> {
+        let resource_id = resource_id.to_owned();
+        self.call(Effect::Read, |reply| StoreMsg::ReadLease {
+            resource_id,
+            reply,
+        })
+        .await
+    }
+
+    /// See [`Store::create_workflow`].
+    pub async fn create_workflow(
+        &self,
+        workflow: NewWorkflow,
+        owner: &str,
+        lease_ms: u64,
+    ) -> store::Result<Lease> {
+        let owner = owner.to_owned();
+        self.call(Effect::Write, |reply| StoreMsg::CreateWorkflow {
+            workflow,
+            owner,
+            lease_ms,
+            reply,
+        })
+        .await
+    }
+
+    /// See [`Store::fenced_write`].
+    pub async fn fenced_write(&self, fence: &Fence, ops: Vec<WriteOp>) -> store::Result<()> {
+        let fence = fence.clone();
+        self.call(Effect::Write, |reply| StoreMsg::FencedWrite {
+            fence,
+            ops,
+            reply,
+        })
+        .await
+    }
+
+    /// See [`Store::read_workflow`].
+    pub async fn read_workflow(&self, workflow_id: &str) -> store::Result<Option<WorkflowRow>> {
+        let workflow_id = workflow_id.to_owned();
+        self.call(Effect::Read, |reply| StoreMsg::ReadWorkflow {
+            workflow_id,
+            reply,
+        })
+        .await
+    }
+
+    /// See [`Store::read_steps`].
+    pub async fn read_steps(&self, workflow_id: &str) -> store::Result<Vec<StepRow>> {
+        let workflow_id = workflow_id.to_owned();
+        self.call(Effect::Read, |reply| StoreMsg::ReadSteps {
+            workflow_id,
+            reply,
+        })
+        .await
+    }
+
+    /// Whether the database answers and its schema is the one this build expects.
+    pub async fn health(&self) -> store::Result<StoreHealth> {
+        self.call(Effect::Read, |reply| StoreMsg::Health { reply })
+            .await
+    }
+
+    /// Records this node in the `nodes` table.
+    pub async fn register_node(&self, node: &NodeRecord) -> store::Result<()> {
+        let node = node.clone();
+        self.call(Effect::Write, |reply| StoreMsg::RegisterNode {
+            node,
+            reply,
+        })
+        .await
+    }
+
+    /// Records that this node stopped cleanly.
+    pub async fn mark_node_stopped(&self, worker_id: &str) -> store::Result<()> {
+        let worker_id = worker_id.to_owned();
+        self.call(Effect::Write, |reply| StoreMsg::MarkNodeStopped {
+            worker_id,
+            reply,
+        })
+        .await
+    }
+}

@@ -1,0 +1,408 @@
+//! The node's configuration: one TOML file plus `REINS_*` environment overrides, checked in full
+//! before anything touches the disk or the network. Every error names the key (and, for the file,
+//! the line) it is about.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use store::{DatabaseUrl, StoreOptions};
+
+/// The port `reins serve` listens on when nothing else is configured.
+pub const DEFAULT_PORT: u16 = 7420;
+
+/// Environment variables that start with `REINS_` but are not configuration keys.
+const NOT_CONFIG: &[&str] = &["REINS_CONFIG", "REINS_FAULT_DIR", "REINS_LOG"];
+/// Prefixes of variables that belong to the test and bench harnesses, never to a node.
+const HARNESS_PREFIXES: &[&str] = &["REINS_TEST_", "REINS_BENCH_"];
+
+/// Why a configuration was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot read config file {path:?}: {reason}")]
+    Read { path: PathBuf, reason: String },
+    #[error("config file {path:?}{line}: {message}")]
+    File {
+        path: PathBuf,
+        line: String,
+        message: String,
+    },
+    #[error("environment override {variable}: {message}")]
+    Environment { variable: String, message: String },
+    #[error("config key `{key}`: {message}")]
+    Invalid { key: &'static str, message: String },
+}
+
+/// The whole configuration of a node.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Address the HTTP control plane listens on.
+    pub listen: String,
+    /// `sqlite:PATH` (embedded, single node) or a `postgres://` URL (cluster).
+    pub database: String,
+    /// Folder for the node's own files (the SQLite database by default, thread workspaces later).
+    pub data_dir: PathBuf,
+    /// How long a workflow lease lasts without renewal; renewed every third of it.
+    pub lease_seconds: u64,
+    /// `manual` or `automatic` recovery of workflows whose owner died.
+    pub recovery: Recovery,
+    /// `text` (default) or `json` log lines.
+    pub log_format: LogFormat,
+    pub limits: Limits,
+    pub store: StoreConfig,
+    pub shutdown: ShutdownConfig,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Recovery {
+    Manual,
+    Automatic,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// Limits of workflows (spec section 2 and 7), with the spec's defaults.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Limits {
+    pub script_bytes_max: u64,
+    pub frame_bytes_max: u64,
+    pub artifact_bytes_max: u64,
+    pub script_memory_bytes_max: u64,
+    pub script_stack_bytes_max: u64,
+    pub script_cpu_ms_max: u64,
+    pub steps_max: u64,
+    pub parallel_max: u64,
+    pub max_workflows: u64,
+    pub max_workflows_per_owner: u64,
+    pub max_active_children: u64,
+    pub timeout_seconds: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            script_bytes_max: 64 * 1024,
+            frame_bytes_max: 48 * 1024,
+            artifact_bytes_max: 16 * 1024 * 1024,
+            script_memory_bytes_max: 64 * 1024 * 1024,
+            script_stack_bytes_max: 1024 * 1024,
+            script_cpu_ms_max: 2000,
+            steps_max: 10_000,
+            parallel_max: 64,
+            max_workflows: 1000,
+            max_workflows_per_owner: 100,
+            max_active_children: 32,
+            timeout_seconds: 24 * 3600,
+        }
+    }
+}
+
+/// The store's pool sizes and timeouts.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StoreConfig {
+    pub pool_size: usize,
+    pub pool_wait_timeout_ms: u64,
+    pub connect_timeout_ms: u64,
+    pub lock_timeout_ms: u64,
+    pub statement_timeout_ms: u64,
+    pub requests_max: usize,
+    pub call_timeout_ms: u64,
+    pub write_batch_max: usize,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        let defaults = StoreOptions::default();
+        StoreConfig {
+            pool_size: defaults.pool_size,
+            pool_wait_timeout_ms: millis(defaults.pool_wait_timeout),
+            connect_timeout_ms: millis(defaults.connect_timeout),
+            lock_timeout_ms: millis(defaults.lock_timeout),
+            statement_timeout_ms: millis(defaults.statement_timeout),
+            requests_max: 256,
+            call_timeout_ms: 30_000,
+            write_batch_max: defaults.write_batch_max,
+        }
+    }
+}
+
+/// How long a stopping node waits for open connections and its actors.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ShutdownConfig {
+    pub drain_timeout_ms: u64,
+}
+
+impl Default for ShutdownConfig {
+    fn default() -> Self {
+        ShutdownConfig {
+            drain_timeout_ms: 3000,
+        }
+    }
+}
+
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            listen: format!("127.0.0.1:{DEFAULT_PORT}"),
+            database: "sqlite:reins-data/reins.db".into(),
+            data_dir: "reins-data".into(),
+            lease_seconds: 30,
+            recovery: Recovery::Manual,
+            log_format: LogFormat::Text,
+            limits: Limits::default(),
+            store: StoreConfig::default(),
+            shutdown: ShutdownConfig::default(),
+        }
+    }
+}
+
+/// A configuration that passed every check, with its parsed parts.
+#[derive(Debug, Clone)]
+pub struct Checked {
+    pub config: Config,
+    pub listen: SocketAddr,
+    pub database: DatabaseUrl,
+}
+
+impl Config {
+    /// Reads `file` (if any), applies the `REINS_*` overrides from `environment`, and checks
+    /// every value. Touches nothing but the file it reads.
+    pub fn load(
+        file: Option<&Path>,
+        environment: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Checked, Error> {
+        let mut table = match file {
+            Some(path) => read_file(path)?,
+            None => toml::Table::new(),
+        };
+        for (variable, value) in environment {
+            apply_override(&mut table, &variable, &value)?;
+        }
+        let config =
+            Config::deserialize(toml::Value::Table(table)).map_err(|e| Error::Environment {
+                variable: "REINS_*".into(),
+                message: e.message().to_owned(),
+            })?;
+        config.check()
+    }
+
+    fn check(self) -> Result<Checked, Error> {
+        let invalid = |key: &'static str, message: String| Error::Invalid { key, message };
+        let listen: SocketAddr = self
+            .listen
+            .parse()
+            .map_err(|e| invalid("listen", format!("{:?} is not HOST:PORT: {e}", self.listen)))?;
+        let database =
+            DatabaseUrl::parse(&self.database).map_err(|e| invalid("database", e.to_string()))?;
+        if self.data_dir.as_os_str().is_empty() {
+            return Err(invalid("data_dir", "must not be empty".into()));
+        }
+        if !(1..=3600).contains(&self.lease_seconds) {
+            return Err(invalid(
+                "lease_seconds",
+                format!("{} is outside 1..=3600", self.lease_seconds),
+            ));
+        }
+        let positive: [(&'static str, u64); 7] = [
+            ("store.pool_size", self.store.pool_size as u64),
+            ("store.requests_max", self.store.requests_max as u64),
+            ("store.write_batch_max", self.store.write_batch_max as u64),
+            ("store.connect_timeout_ms", self.store.connect_timeout_ms),
+            ("store.call_timeout_ms", self.store.call_timeout_ms),
+            ("limits.script_bytes_max", self.limits.script_bytes_max),
+            ("limits.frame_bytes_max", self.limits.frame_bytes_max),
+        ];
+        if let Some((key, _)) = positive.iter().find(|(_, value)| *value == 0) {
+            return Err(invalid(key, "must be greater than 0".into()));
+        }
+        Ok(Checked {
+            config: self,
+            listen,
+            database,
+        })
+    }
+
+    /// The store options this configuration asks for.
+    pub fn store_options(&self, holder: &str) -> StoreOptions {
+        StoreOptions {
+            pool_size: self.store.pool_size,
+            pool_wait_timeout: Duration::from_millis(self.store.pool_wait_timeout_ms),
+            connect_timeout: Duration::from_millis(self.store.connect_timeout_ms),
+            lock_timeout: Duration::from_millis(self.store.lock_timeout_ms),
+            statement_timeout: Duration::from_millis(self.store.statement_timeout_ms),
+            write_batch_max: self.store.write_batch_max,
+            holder: holder.to_owned(),
+            ..StoreOptions::default()
+        }
+    }
+}
+
+fn read_file(path: &Path) -> Result<toml::Table, Error> {
+    let text = std::fs::read_to_string(path).map_err(|e| Error::Read {
+        path: path.to_owned(),
+        reason: e.to_string(),
+    })?;
+    // Deserializing the file alone first gives errors with their line; the table is then merged
+    // with the environment.
+    if let Err(e) = toml::from_str::<Config>(&text) {
+        let line = e
+            .span()
+            .map(|span| format!(" line {}", text[..span.start].matches('\n').count() + 1))
+            .unwrap_or_default();
+        return Err(Error::File {
+            path: path.to_owned(),
+            line,
+            message: e.message().trim().to_owned(),
+        });
+    }
+    toml::from_str(&text).map_err(|e: toml::de::Error| Error::File {
+        path: path.to_owned(),
+        line: String::new(),
+        message: e.message().trim().to_owned(),
+    })
+}
+
+/// Sets the key a `REINS_*` variable names: `REINS_LEASE_SECONDS` is `lease_seconds`,
+/// `REINS_STORE__POOL_SIZE` is `store.pool_size`. Values are read as TOML when they parse as a
+/// number or boolean, and as strings otherwise.
+fn apply_override(table: &mut toml::Table, variable: &str, value: &str) -> Result<(), Error> {
+    let Some(name) = variable.strip_prefix("REINS_") else {
+        return Ok(());
+    };
+    if NOT_CONFIG.contains(&variable) || HARNESS_PREFIXES.iter().any(|p| variable.starts_with(p)) {
+        return Ok(());
+    }
+    let path: Vec<String> = name.split("__").map(|part| part.to_lowercase()).collect();
+    if !is_known_key(&path) {
+        return Err(Error::Environment {
+            variable: variable.to_owned(),
+            message: format!("`{}` is not a configuration key", path.join(".")),
+        });
+    }
+    let parsed = toml::from_str::<toml::Table>(&format!("v = {value}"))
+        .ok()
+        .and_then(|mut t| t.remove("v"))
+        .filter(|v| !matches!(v, toml::Value::Table(_) | toml::Value::Array(_)))
+        .unwrap_or_else(|| toml::Value::String(value.to_owned()));
+    let (last, parents) = path.split_last().ok_or_else(|| Error::Environment {
+        variable: variable.to_owned(),
+        message: "names no key".into(),
+    })?;
+    let mut target = table;
+    for parent in parents {
+        let entry = target
+            .entry(parent.clone())
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        target = entry.as_table_mut().ok_or_else(|| Error::Environment {
+            variable: variable.to_owned(),
+            message: format!("`{parent}` is not a section"),
+        })?;
+    }
+    target.insert(last.clone(), parsed);
+    Ok(())
+}
+
+/// Whether a dotted key path names a field of [`Config`], judged from the serialized defaults.
+fn is_known_key(path: &[String]) -> bool {
+    let Ok(toml::Value::Table(defaults)) = toml::Value::try_from(Config::default()) else {
+        return false;
+    };
+    let mut current = &defaults;
+    for (index, part) in path.iter().enumerate() {
+        match current.get(part) {
+            Some(toml::Value::Table(inner)) if index + 1 < path.len() => current = inner,
+            Some(_) if index + 1 == path.len() => return true,
+            _ => return false,
+        }
+    }
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn no_file_and_no_environment_is_the_embedded_default() {
+        let checked = Config::load(None, env(&[])).expect("defaults are valid");
+        assert_eq!(checked.listen.port(), DEFAULT_PORT);
+        assert!(checked.listen.ip().is_loopback());
+        assert_eq!(
+            checked.database,
+            DatabaseUrl::Sqlite("reins-data/reins.db".into())
+        );
+    }
+
+    #[test]
+    fn environment_overrides_reach_nested_keys_with_types() {
+        let checked = Config::load(
+            None,
+            env(&[
+                ("REINS_LEASE_SECONDS", "9"),
+                ("REINS_STORE__POOL_SIZE", "3"),
+                ("REINS_DATABASE", "postgres://reins@127.0.0.1:5/reins"),
+                ("REINS_FAULT_DIR", "/tmp/x"),
+                ("REINS_TEST_PG", "anything"),
+                ("PATH", "/bin"),
+            ]),
+        )
+        .expect("overrides are valid");
+        assert_eq!(checked.config.lease_seconds, 9);
+        assert_eq!(checked.config.store.pool_size, 3);
+        assert!(matches!(checked.database, DatabaseUrl::Postgres(_)));
+    }
+
+    #[test]
+    fn an_unknown_environment_key_is_named() {
+        let error = Config::load(None, env(&[("REINS_LEASE_SECOND", "9")])).unwrap_err();
+        assert!(error.to_string().contains("REINS_LEASE_SECOND"), "{error}");
+    }
+
+    #[test]
+    fn an_unknown_file_key_is_named_with_its_line() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("reins.toml");
+        std::fs::write(&path, "lease_seconds = 5\nbogus = 1\n").expect("write");
+        let error = Config::load(Some(&path), env(&[])).unwrap_err().to_string();
+        assert!(
+            error.contains("bogus") && error.contains("line 2"),
+            "{error}"
+        );
+        assert_eq!(error.lines().count(), 1, "{error}");
+    }
+
+    #[test]
+    fn bad_values_name_their_key() {
+        for (variable, value, key) in [
+            ("REINS_DATABASE", "mysql://x", "database"),
+            ("REINS_LISTEN", "nowhere", "listen"),
+            ("REINS_LEASE_SECONDS", "0", "lease_seconds"),
+            ("REINS_STORE__POOL_SIZE", "0", "store.pool_size"),
+        ] {
+            let error = Config::load(None, env(&[(variable, value)])).unwrap_err();
+            assert!(error.to_string().contains(key), "{error}");
+        }
+    }
+}

@@ -1,0 +1,126 @@
+//! `reins serve`: the composition root. The order matters: everything that can be refused
+//! (configuration, the listening port, the database) is checked before anything is created on
+//! disk, and every refusal is one line naming its cause.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use actors::{Node, NodeIdentity, NodeOptions};
+use anyhow::Context;
+use store::{DatabaseUrl, Store};
+use tokio::net::TcpListener;
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::sync::watch;
+
+use crate::config::{Config, LogFormat};
+use crate::http::{self, AppState};
+
+/// Options of `reins serve` given on the command line.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ServeArgs {
+    /// Configuration file (TOML); `REINS_*` environment variables override its keys.
+    #[arg(long, env = "REINS_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Log line format; overrides the configuration's `log_format`.
+    #[arg(long, value_enum)]
+    pub log_format: Option<LogFormat>,
+}
+
+/// Runs a node until SIGTERM or Ctrl-C, then drains and returns.
+pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
+    let checked = Config::load(args.config.as_deref(), std::env::vars())?;
+    let config = checked.config;
+    init_logging(args.log_format.unwrap_or(config.log_format));
+
+    let listener = TcpListener::bind(checked.listen)
+        .await
+        .with_context(|| format!("cannot listen on {} (config key `listen`)", checked.listen))?;
+    let suffix = uuid::Uuid::new_v4().simple().to_string();
+    let identity = NodeIdentity::of_this_process(&suffix[..8]);
+    let store = Store::open(
+        &checked.database,
+        &config.store_options(&identity.worker_id),
+    )
+    .await
+    .context("cannot open the database (config key `database`)")?;
+    let migrated = store
+        .migrate()
+        .await
+        .context("cannot migrate the database")?;
+    let node = Node::start(
+        identity,
+        Arc::new(store),
+        NodeOptions {
+            store_requests_max: config.store.requests_max,
+            store_call_timeout: Duration::from_millis(config.store.call_timeout_ms),
+            shutdown_timeout: Duration::from_millis(config.shutdown.drain_timeout_ms),
+        },
+    )
+    .await
+    .context("cannot start the node")?;
+
+    let worker_id = node.identity().worker_id.clone();
+    tracing::info!(
+        %worker_id,
+        listen = %checked.listen,
+        backend = ?checked.database.backend(),
+        schema_version = migrated.version,
+        applied = ?migrated.applied,
+        "node ready"
+    );
+    println!(
+        "reins {} listening on http://{} (node {worker_id}, {})",
+        env!("CARGO_PKG_VERSION"),
+        checked.listen,
+        describe(&checked.database)
+    );
+
+    let state = Arc::new(AppState {
+        node,
+        draining: AtomicBool::new(false),
+    });
+    let (stop, stopping) = watch::channel(false);
+    let drain_timeout = Duration::from_millis(config.shutdown.drain_timeout_ms);
+    let server = tokio::spawn(http::serve(
+        listener,
+        Arc::clone(&state),
+        stopping,
+        drain_timeout,
+    ));
+
+    let mut terminate = signal(SignalKind::terminate()).context("cannot watch SIGTERM")?;
+    tokio::select! {
+        _ = terminate.recv() => tracing::info!("SIGTERM: draining"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("interrupt: draining"),
+    }
+    state.draining.store(true, Ordering::SeqCst);
+    // The receiver lives in the server task; if it has ended, there is nothing left to stop.
+    let _ = stop.send(true);
+    server.await.context("the HTTP server task failed")?;
+    let state =
+        Arc::into_inner(state).context("a request still holds the node after the drain timeout")?;
+    state.node.shutdown().await.context("clean shutdown")?;
+    tracing::info!(%worker_id, "stopped");
+    Ok(())
+}
+
+fn describe(database: &DatabaseUrl) -> String {
+    match database {
+        DatabaseUrl::Sqlite(path) => format!("embedded SQLite at {}", path.display()),
+        DatabaseUrl::Postgres(_) => "PostgreSQL".to_owned(),
+    }
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("REINS_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}

@@ -1,0 +1,124 @@
+//! The one error type of the store. Each variant is something a caller can act on: a lost lease
+//! fences the caller, a conflict becomes a 409, an unknown outcome must be reconciled, never retried
+//! blindly.
+
+/// Everything a store operation can fail with.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum Error {
+    /// The caller's `(resource, owner, epoch)` no longer holds the unexpired lease: nothing was
+    /// written.
+    #[error("lease lost: {owner:?} no longer holds {resource_id:?} at epoch {epoch}")]
+    LeaseLost {
+        resource_id: String,
+        owner: String,
+        epoch: i64,
+    },
+    /// The row the operation names does not exist: nothing was written.
+    #[error("not found: {0}")]
+    NotFound(String),
+    /// A uniqueness rule refused the write: nothing was written.
+    #[error("conflict: {0}")]
+    Conflict(String),
+    /// The write may or may not have committed (its acknowledgement never came): re-read and
+    /// reconcile, never retry blindly.
+    #[error("outcome unknown: {0}")]
+    OutcomeUnknown(String),
+    /// The database could not be reached, or stayed busy past the bounded retries.
+    #[error("database unavailable: {0}")]
+    Unavailable(String),
+    /// The database URL is not one the store understands.
+    #[error("invalid database url {url:?}: {reason}")]
+    InvalidUrl { url: String, reason: String },
+    /// Another live node holds the SQLite database.
+    #[error(
+        "sqlite database {path:?} is in use by another node ({holder}); a cluster needs PostgreSQL"
+    )]
+    NodeLockHeld { path: String, holder: String },
+    /// The database carries a schema version this build does not know.
+    #[error("database schema version {found} is newer than this build's {known}")]
+    SchemaTooNew { found: i64, known: i64 },
+    /// A stored value could not be decoded, or the database refused a statement for another
+    /// reason.
+    #[error("database error: {0}")]
+    Database(String),
+}
+
+/// The store's result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// Whether the operation surely wrote nothing and may be tried again after a short wait.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, Error::Unavailable(_))
+    }
+}
+
+impl From<rusqlite::Error> for Error {
+    fn from(error: rusqlite::Error) -> Self {
+        use rusqlite::ErrorCode;
+        match error.sqlite_error_code() {
+            Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => {
+                Error::Unavailable(error.to_string())
+            }
+            Some(ErrorCode::ConstraintViolation) if error.to_string().contains("FOREIGN KEY") => {
+                Error::NotFound(error.to_string())
+            }
+            Some(ErrorCode::ConstraintViolation) => Error::Conflict(error.to_string()),
+            _ => Error::Database(error.to_string()),
+        }
+    }
+}
+
+impl From<tokio_postgres::Error> for Error {
+    fn from(error: tokio_postgres::Error) -> Self {
+        use tokio_postgres::error::SqlState;
+        let Some(code) = error.code() else {
+            // No SQLSTATE: the connection failed or closed, so the server refused nothing.
+            return Error::Unavailable(with_causes(&error));
+        };
+        let message = match error.as_db_error() {
+            Some(db) => db.message().to_string(),
+            None => error.to_string(),
+        };
+        if *code == SqlState::UNIQUE_VIOLATION {
+            Error::Conflict(message)
+        } else if *code == SqlState::FOREIGN_KEY_VIOLATION || code.code() == "RN001" {
+            Error::NotFound(message)
+        } else if [
+            SqlState::T_R_SERIALIZATION_FAILURE,
+            SqlState::T_R_DEADLOCK_DETECTED,
+            SqlState::LOCK_NOT_AVAILABLE,
+            SqlState::QUERY_CANCELED,
+            SqlState::ADMIN_SHUTDOWN,
+            SqlState::CANNOT_CONNECT_NOW,
+            SqlState::TOO_MANY_CONNECTIONS,
+        ]
+        .contains(code)
+        {
+            Error::Unavailable(message)
+        } else {
+            Error::Database(message)
+        }
+    }
+}
+
+/// An error's message followed by its causes, on one line.
+fn with_causes(error: &dyn std::error::Error) -> String {
+    let mut message = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        message.push_str(": ");
+        message.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    message
+}
+
+impl From<deadpool_postgres::PoolError> for Error {
+    fn from(error: deadpool_postgres::PoolError) -> Self {
+        match error {
+            deadpool_postgres::PoolError::Backend(e) => e.into(),
+            other => Error::Unavailable(with_causes(&other)),
+        }
+    }
+}

@@ -1,0 +1,351 @@
+//! All SQL of reins. One schema on two backends with the same behaviour: PostgreSQL for a cluster
+//! of nodes, SQLite for the embedded single-node default. Callers see one [`Store`] whose
+//! operations are the primitives everything else is built from: leases judged by the database
+//! clock, and fenced writes that happen only while the writer still holds its lease.
+//!
+//! The store knows nothing of actors, HTTP or JavaScript.
+
+mod error;
+mod lease;
+mod migrations;
+mod postgres;
+mod sqlite;
+mod write;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Serialize;
+
+pub use error::{Error, Result};
+pub use lease::{Fence, Lease};
+pub use migrations::{MigrationReport, SCHEMA_VERSION};
+pub use write::{NewWorkflow, StepRow, WorkflowRow, WriteOp};
+
+/// Where the data lives, parsed from the configuration's `database` value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DatabaseUrl {
+    /// `sqlite:PATH`: the embedded single-node default.
+    Sqlite(PathBuf),
+    /// `postgres://...` or `postgresql://...`: the cluster store.
+    Postgres(String),
+}
+
+impl DatabaseUrl {
+    /// Parses and checks a database URL without touching the disk or the network.
+    pub fn parse(url: &str) -> Result<Self> {
+        let invalid = |reason: &str| Error::InvalidUrl {
+            url: postgres::redact(url),
+            reason: reason.to_owned(),
+        };
+        if let Some(path) = url.strip_prefix("sqlite:") {
+            let path = path.strip_prefix("//").unwrap_or(path);
+            if path.is_empty() {
+                return Err(invalid(
+                    "sqlite: needs a file path, as in sqlite:reins-data/reins.db",
+                ));
+            }
+            return Ok(DatabaseUrl::Sqlite(PathBuf::from(path)));
+        }
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            use std::str::FromStr;
+            tokio_postgres::Config::from_str(url).map_err(|e| invalid(&e.to_string()))?;
+            return Ok(DatabaseUrl::Postgres(url.to_owned()));
+        }
+        Err(invalid(
+            "expected sqlite:PATH or postgres://USER@HOST:PORT/DATABASE",
+        ))
+    }
+
+    /// The backend's name as shown to operators.
+    pub fn backend(&self) -> Backend {
+        match self {
+            DatabaseUrl::Sqlite(_) => Backend::Sqlite,
+            DatabaseUrl::Postgres(_) => Backend::Postgres,
+        }
+    }
+}
+
+/// Which backend a store runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+/// Sizes and timeouts of the store, from the `[store]` section of the configuration.
+#[derive(Debug, Clone)]
+pub struct StoreOptions {
+    /// PostgreSQL connections, or SQLite read connections.
+    pub pool_size: usize,
+    /// How long a caller waits for a free pooled connection.
+    pub pool_wait_timeout: Duration,
+    /// How long connecting to PostgreSQL may take.
+    pub connect_timeout: Duration,
+    /// The longest a PostgreSQL statement waits for a row lock.
+    pub lock_timeout: Duration,
+    /// The longest a PostgreSQL statement runs.
+    pub statement_timeout: Duration,
+    /// SQLite writes waiting for the writer thread before callers are made to wait.
+    pub write_queue_max: usize,
+    /// SQLite writes committed together in one transaction at most.
+    pub write_batch_max: usize,
+    /// The name written into the SQLite node lock, shown to a node that is refused.
+    pub holder: String,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        StoreOptions {
+            pool_size: 16,
+            pool_wait_timeout: Duration::from_secs(5),
+            connect_timeout: Duration::from_secs(5),
+            lock_timeout: Duration::from_secs(10),
+            statement_timeout: Duration::from_secs(30),
+            write_queue_max: 1024,
+            write_batch_max: 64,
+            holder: format!("pid {}", std::process::id()),
+        }
+    }
+}
+
+/// A node as recorded in the `nodes` table.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct NodeRecord {
+    pub worker_id: String,
+    pub host: String,
+    pub pid: i64,
+    pub version: String,
+    /// Epoch seconds by the database clock; ignored when registering.
+    pub started_at: f64,
+    pub stopped_at: Option<f64>,
+}
+
+/// The retry schedule for transient failures: attempts, first delay, longest delay.
+const RETRY_ATTEMPTS: u32 = 5;
+const RETRY_FIRST_DELAY: Duration = Duration::from_millis(50);
+const RETRY_MAX_DELAY: Duration = Duration::from_secs(1);
+
+/// Runs `operation` again after transient failures that surely wrote nothing (busy database, lock
+/// timeout, serialization failure, no connection), with bounded doubling backoff. Unknown
+/// outcomes are never retried here.
+async fn retry<T, F, Fut>(mut operation: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T>>,
+{
+    let mut delay = RETRY_FIRST_DELAY;
+    let mut attempt = 1;
+    loop {
+        match operation().await {
+            Err(error) if error.is_transient() && attempt < RETRY_ATTEMPTS => {
+                tracing::debug!(%error, attempt, "transient store error, retrying");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(RETRY_MAX_DELAY);
+                attempt += 1;
+            }
+            result => return result,
+        }
+    }
+}
+
+/// The store: one of the two backends behind the same operations.
+pub struct Store {
+    backend: Inner,
+}
+
+enum Inner {
+    Sqlite(sqlite::SqliteStore),
+    Postgres(postgres::PgStore),
+}
+
+/// Calls the same method on whichever backend this store runs on.
+macro_rules! on_backend {
+    ($self:expr, $store:ident => $call:expr) => {
+        match &$self.backend {
+            Inner::Sqlite($store) => $call,
+            Inner::Postgres($store) => $call,
+        }
+    };
+}
+
+impl Store {
+    /// Opens (and for SQLite creates) the database. Does not migrate.
+    pub async fn open(url: &DatabaseUrl, options: &StoreOptions) -> Result<Store> {
+        let backend = match url {
+            DatabaseUrl::Sqlite(path) => Inner::Sqlite(sqlite::SqliteStore::open(path, options)?),
+            DatabaseUrl::Postgres(url) => {
+                Inner::Postgres(postgres::PgStore::open(url, options).await?)
+            }
+        };
+        Ok(Store { backend })
+    }
+
+    /// Which backend this store runs on.
+    pub fn backend(&self) -> Backend {
+        match self.backend {
+            Inner::Sqlite(_) => Backend::Sqlite,
+            Inner::Postgres(_) => Backend::Postgres,
+        }
+    }
+
+    /// Connections in the pool and how many of them are idle (PostgreSQL only).
+    pub fn pool_status(&self) -> Option<(usize, usize)> {
+        match &self.backend {
+            Inner::Sqlite(_) => None,
+            Inner::Postgres(store) => Some(store.pool_status()),
+        }
+    }
+
+    /// Applies every migration this database has not seen, safely when nodes start together.
+    pub async fn migrate(&self) -> Result<MigrationReport> {
+        retry(|| async { on_backend!(self, store => store.migrate().await) }).await
+    }
+
+    /// The newest schema version recorded in the database (0 for an empty one).
+    pub async fn schema_version(&self) -> Result<i64> {
+        on_backend!(self, store => store.schema_version().await)
+    }
+
+    /// The database clock, in epoch seconds.
+    pub async fn now(&self) -> Result<f64> {
+        on_backend!(self, store => store.now().await)
+    }
+
+    /// Takes `resource_id` for `owner` if its lease is free or expired, with epoch + 1. Returns
+    /// `None` while another holder's lease is still valid.
+    pub async fn acquire_lease(
+        &self,
+        resource_id: &str,
+        owner: &str,
+        lease_ms: u64,
+    ) -> Result<Option<Lease>> {
+        retry(|| async {
+            on_backend!(self, store => store.acquire_lease(resource_id, owner, lease_ms).await)
+        })
+        .await
+    }
+
+    /// Extends a lease still held by `fence` to `lease_ms` from now; never moves it backwards.
+    /// Fails with [`Error::LeaseLost`] if the lease expired or was taken over.
+    pub async fn renew_lease(&self, fence: &Fence, lease_ms: u64) -> Result<Lease> {
+        retry(|| async { on_backend!(self, store => store.renew_lease(fence, lease_ms).await) })
+            .await
+    }
+
+    /// Ends a lease now so another node may take it at once. Returns whether it was still held.
+    pub async fn release_lease(&self, fence: &Fence) -> Result<bool> {
+        retry(|| async { on_backend!(self, store => store.release_lease(fence).await) }).await
+    }
+
+    /// The current lease row of a resource, if it ever had one.
+    pub async fn read_lease(&self, resource_id: &str) -> Result<Option<Lease>> {
+        retry(|| async { on_backend!(self, store => store.read_lease(resource_id).await) }).await
+    }
+
+    /// Creates a workflow row, `running` and owned by `owner`, with its first lease (epoch 1), in
+    /// one transaction.
+    pub async fn create_workflow(
+        &self,
+        workflow: NewWorkflow,
+        owner: &str,
+        lease_ms: u64,
+    ) -> Result<Lease> {
+        retry(|| {
+            let workflow = workflow.clone();
+            async move {
+                on_backend!(self, store => store.create_workflow(workflow, owner, lease_ms).await)
+            }
+        })
+        .await
+    }
+
+    /// Applies `ops` atomically if and only if `fence` still holds its unexpired lease, checked in
+    /// the same transaction in a way that conflicts with a concurrent takeover. Otherwise writes
+    /// nothing and fails with [`Error::LeaseLost`].
+    pub async fn fenced_write(&self, fence: &Fence, ops: Vec<WriteOp>) -> Result<()> {
+        retry(|| {
+            let ops = ops.clone();
+            async move { on_backend!(self, store => store.fenced_write(fence, ops).await) }
+        })
+        .await
+    }
+
+    /// One workflow row, without its journal.
+    pub async fn read_workflow(&self, workflow_id: &str) -> Result<Option<WorkflowRow>> {
+        retry(|| async { on_backend!(self, store => store.read_workflow(workflow_id).await) }).await
+    }
+
+    /// A workflow's journal, in the order it was written.
+    pub async fn read_steps(&self, workflow_id: &str) -> Result<Vec<StepRow>> {
+        retry(|| async { on_backend!(self, store => store.read_steps(workflow_id).await) }).await
+    }
+
+    /// Records a node that has started.
+    pub async fn register_node(&self, node: &NodeRecord) -> Result<()> {
+        retry(|| async { on_backend!(self, store => store.register_node(node).await) }).await
+    }
+
+    /// Records that a node stopped cleanly.
+    pub async fn mark_node_stopped(&self, worker_id: &str) -> Result<()> {
+        retry(|| async { on_backend!(self, store => store.mark_node_stopped(worker_id).await) })
+            .await
+    }
+
+    /// Every node that ever started on this database, oldest first.
+    pub async fn list_nodes(&self) -> Result<Vec<NodeRecord>> {
+        retry(|| async { on_backend!(self, store => store.list_nodes().await) }).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn database_urls_parse_or_name_the_problem() {
+        assert_eq!(
+            DatabaseUrl::parse("sqlite:data/reins.db").ok(),
+            Some(DatabaseUrl::Sqlite("data/reins.db".into()))
+        );
+        assert_eq!(
+            DatabaseUrl::parse("sqlite:///tmp/r.db").ok(),
+            Some(DatabaseUrl::Sqlite("/tmp/r.db".into()))
+        );
+        assert!(matches!(
+            DatabaseUrl::parse("postgres://reins@127.0.0.1:5432/reins"),
+            Ok(DatabaseUrl::Postgres(_))
+        ));
+        for bad in ["sqlite:", "mysql://x", "postgres://host:notaport/db", ""] {
+            assert!(
+                matches!(DatabaseUrl::parse(bad), Err(Error::InvalidUrl { .. })),
+                "{bad:?} was accepted"
+            );
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn retry_gives_up_after_five_transient_failures() {
+        let mut calls = 0;
+        let result: Result<()> = retry(|| {
+            calls += 1;
+            async { Err(Error::Unavailable("busy".into())) }
+        })
+        .await;
+        assert!(matches!(result, Err(Error::Unavailable(_))));
+        assert_eq!(calls, RETRY_ATTEMPTS);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn retry_never_repeats_an_unknown_outcome() {
+        let mut calls = 0;
+        let result: Result<()> = retry(|| {
+            calls += 1;
+            async { Err(Error::OutcomeUnknown("ack lost".into())) }
+        })
+        .await;
+        assert!(matches!(result, Err(Error::OutcomeUnknown(_))));
+        assert_eq!(calls, 1);
+    }
+}

@@ -1,0 +1,71 @@
+//! Versioned schema migrations, one SQL file per backend per version. They run at start-up; on
+//! PostgreSQL under a transaction-scoped advisory lock so that nodes starting together apply each
+//! version exactly once, on SQLite inside one `IMMEDIATE` transaction.
+
+/// One schema version.
+pub(crate) struct Migration {
+    pub version: i64,
+    pub name: &'static str,
+    pub postgres: &'static str,
+    pub sqlite: &'static str,
+}
+
+/// Every schema version, oldest first. Append only: a released migration never changes.
+pub(crate) const MIGRATIONS: &[Migration] = &[Migration {
+    version: 1,
+    name: "initial",
+    postgres: include_str!("../migrations/postgres/0001_initial.sql"),
+    sqlite: include_str!("../migrations/sqlite/0001_initial.sql"),
+}];
+
+/// The schema version this build expects.
+pub const SCHEMA_VERSION: i64 = 1;
+
+/// The advisory-lock key PostgreSQL migrations serialise on ("reins" in ASCII).
+pub(crate) const PG_MIGRATION_LOCK: i64 = 0x0072_6569_6e73;
+
+/// What a migration run did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MigrationReport {
+    /// Versions this call applied (empty when another node or an earlier start did).
+    pub applied: Vec<i64>,
+    /// The schema version after the call.
+    pub version: i64,
+}
+
+/// The migrations that still have to run given the versions already recorded.
+pub(crate) fn pending(recorded: &[i64]) -> crate::Result<Vec<&'static Migration>> {
+    if let Some(&found) = recorded.iter().max()
+        && found > SCHEMA_VERSION
+    {
+        return Err(crate::Error::SchemaTooNew {
+            found,
+            known: SCHEMA_VERSION,
+        });
+    }
+    Ok(MIGRATIONS
+        .iter()
+        .filter(|m| !recorded.contains(&m.version))
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_are_consecutive_and_end_at_the_schema_version() {
+        for (index, migration) in MIGRATIONS.iter().enumerate() {
+            assert_eq!(migration.version, index as i64 + 1, "{}", migration.name);
+        }
+        assert_eq!(MIGRATIONS.last().map(|m| m.version), Some(SCHEMA_VERSION));
+    }
+
+    #[test]
+    fn a_newer_schema_is_refused() {
+        let error = pending(&[1, SCHEMA_VERSION + 1]).err();
+        assert!(matches!(error, Some(crate::Error::SchemaTooNew { .. })));
+        assert!(pending(&[1]).is_ok_and(|p| p.is_empty()));
+        assert_eq!(pending(&[]).map(|p| p.len()).ok(), Some(MIGRATIONS.len()));
+    }
+}

@@ -1,0 +1,479 @@
+//! The cluster backend: PostgreSQL through a bounded `deadpool-postgres` pool. A fenced write is
+//! one pipelined round trip: `BEGIN`, the fence (`reins_fence`, which locks the lease row
+//! `FOR SHARE`), each change (which raises if it did not touch its row), `COMMIT`. A statement that
+//! fails aborts the transaction, so the pipelined `COMMIT` becomes a rollback and nothing is
+//! written.
+
+use std::str::FromStr;
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use futures_util::future::join_all;
+use tokio_postgres::types::ToSql;
+use tokio_postgres::{NoTls, Row};
+
+use crate::lease::{Fence, Lease, ttl_seconds};
+use crate::migrations::{self, MigrationReport, PG_MIGRATION_LOCK};
+use crate::write::{NewWorkflow, StepRow, WorkflowRow, WriteOp};
+use crate::{Error, NodeRecord, Result, StoreOptions};
+
+type Param = Box<dyn ToSql + Sync + Send>;
+
+pub(crate) struct PgStore {
+    pool: Pool,
+}
+
+impl PgStore {
+    pub(crate) async fn open(url: &str, options: &StoreOptions) -> Result<Self> {
+        let mut config = tokio_postgres::Config::from_str(url).map_err(|e| Error::InvalidUrl {
+            url: redact(url),
+            reason: e.to_string(),
+        })?;
+        config.connect_timeout(options.connect_timeout);
+        config.application_name("reins");
+        // A statement never waits for a lock longer than this; the fenced write it belongs to
+        // then fails cleanly (nothing written) instead of hanging a caller.
+        config.options(format!(
+            "-c lock_timeout={} -c statement_timeout={}",
+            options.lock_timeout.as_millis(),
+            options.statement_timeout.as_millis()
+        ));
+        let manager = Manager::from_config(
+            config,
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(options.pool_size.max(1))
+            .wait_timeout(Some(options.pool_wait_timeout))
+            .create_timeout(Some(options.connect_timeout))
+            .runtime(Runtime::Tokio1)
+            .build()
+            .map_err(|e| Error::Unavailable(format!("cannot build the connection pool: {e}")))?;
+        // Reachability is checked now, so that a bad address stops start-up with its cause.
+        let client = pool.get().await?;
+        drop(client);
+        Ok(PgStore { pool })
+    }
+
+    pub(crate) fn pool_status(&self) -> (usize, usize) {
+        let status = self.pool.status();
+        (status.size, status.available)
+    }
+
+    pub(crate) async fn migrate(&self) -> Result<MigrationReport> {
+        let mut client = self.pool.get().await?;
+        let transaction = client.transaction().await?;
+        // Nodes starting together queue here; each then sees what the one before it applied.
+        transaction
+            .execute("SELECT pg_advisory_xact_lock($1)", &[&PG_MIGRATION_LOCK])
+            .await?;
+        transaction
+            .batch_execute(
+                "CREATE TABLE IF NOT EXISTS schema_migrations (
+                     version BIGINT PRIMARY KEY, name TEXT NOT NULL,
+                     applied_at DOUBLE PRECISION NOT NULL
+                         DEFAULT extract(epoch FROM clock_timestamp()))",
+            )
+            .await?;
+        let recorded: Vec<i64> = transaction
+            .query("SELECT version FROM schema_migrations", &[])
+            .await?
+            .iter()
+            .map(|row| row.get(0))
+            .collect();
+        let mut applied = Vec::new();
+        for migration in migrations::pending(&recorded)? {
+            transaction.batch_execute(migration.postgres).await?;
+            transaction
+                .execute(
+                    "INSERT INTO schema_migrations (version, name) VALUES ($1, $2)",
+                    &[&migration.version, &migration.name],
+                )
+                .await?;
+            applied.push(migration.version);
+        }
+        transaction.commit().await?;
+        Ok(MigrationReport {
+            applied,
+            version: migrations::SCHEMA_VERSION,
+        })
+    }
+
+    pub(crate) async fn schema_version(&self) -> Result<i64> {
+        let client = self.pool.get().await?;
+        let row = client
+            .query_one("SELECT to_regclass('schema_migrations') IS NOT NULL", &[])
+            .await?;
+        if !row.get::<_, bool>(0) {
+            return Ok(0);
+        }
+        let row = client
+            .query_one(
+                "SELECT coalesce(max(version), 0) FROM schema_migrations",
+                &[],
+            )
+            .await?;
+        Ok(row.get(0))
+    }
+
+    pub(crate) async fn now(&self) -> Result<f64> {
+        let client = self.pool.get().await?;
+        Ok(client.query_one("SELECT reins_now()", &[]).await?.get(0))
+    }
+
+    pub(crate) async fn acquire_lease(
+        &self,
+        resource_id: &str,
+        owner: &str,
+        lease_ms: u64,
+    ) -> Result<Option<Lease>> {
+        let client = self.pool.get().await?;
+        let statement = client
+            .prepare_cached(
+                "INSERT INTO extension_execution_leases AS l (resource_id, owner, epoch, expires_at)
+                 VALUES ($1, $2, 1, reins_now() + $3)
+                 ON CONFLICT (resource_id) DO UPDATE
+                    SET owner = EXCLUDED.owner, epoch = l.epoch + 1,
+                        expires_at = reins_now() + $3
+                  WHERE l.expires_at <= reins_now()
+                 RETURNING epoch, expires_at",
+            )
+            .await?;
+        let row = client
+            .query_opt(&statement, &[&resource_id, &owner, &ttl_seconds(lease_ms)])
+            .await?;
+        Ok(row.map(|row| Lease {
+            resource_id: resource_id.to_owned(),
+            owner: owner.to_owned(),
+            epoch: row.get(0),
+            expires_at: row.get(1),
+        }))
+    }
+
+    pub(crate) async fn renew_lease(&self, fence: &Fence, lease_ms: u64) -> Result<Lease> {
+        let client = self.pool.get().await?;
+        let statement = client
+            .prepare_cached(
+                "UPDATE extension_execution_leases
+                    SET expires_at = GREATEST(expires_at, reins_now() + $4)
+                  WHERE resource_id = $1 AND owner = $2 AND epoch = $3
+                    AND expires_at > reins_now()
+                 RETURNING expires_at",
+            )
+            .await?;
+        let row = client
+            .query_opt(
+                &statement,
+                &[
+                    &fence.resource_id,
+                    &fence.owner,
+                    &fence.epoch,
+                    &ttl_seconds(lease_ms),
+                ],
+            )
+            .await?;
+        match row {
+            Some(row) => Ok(Lease {
+                resource_id: fence.resource_id.clone(),
+                owner: fence.owner.clone(),
+                epoch: fence.epoch,
+                expires_at: row.get(0),
+            }),
+            None => Err(fence.lost()),
+        }
+    }
+
+    pub(crate) async fn release_lease(&self, fence: &Fence) -> Result<bool> {
+        let client = self.pool.get().await?;
+        let released = client
+            .execute(
+                "UPDATE extension_execution_leases SET expires_at = reins_now()
+                  WHERE resource_id = $1 AND owner = $2 AND epoch = $3
+                    AND expires_at > reins_now()",
+                &[&fence.resource_id, &fence.owner, &fence.epoch],
+            )
+            .await?;
+        Ok(released == 1)
+    }
+
+    pub(crate) async fn read_lease(&self, resource_id: &str) -> Result<Option<Lease>> {
+        let client = self.pool.get().await?;
+        let statement = client
+            .prepare_cached(
+                "SELECT owner, epoch, expires_at FROM extension_execution_leases
+                  WHERE resource_id = $1",
+            )
+            .await?;
+        let row = client.query_opt(&statement, &[&resource_id]).await?;
+        Ok(row.map(|row| Lease {
+            resource_id: resource_id.to_owned(),
+            owner: row.get(0),
+            epoch: row.get(1),
+            expires_at: row.get(2),
+        }))
+    }
+
+    pub(crate) async fn create_workflow(
+        &self,
+        workflow: NewWorkflow,
+        owner: &str,
+        lease_ms: u64,
+    ) -> Result<Lease> {
+        let mut client = self.pool.get().await?;
+        let transaction = client.transaction().await?;
+        transaction
+            .execute(
+                "INSERT INTO workflows (id, user_id, request_id, status, owner, fingerprint, data,
+                                        created_at, updated_at)
+                 VALUES ($1, $2, $3, 'running', $4, $5, $6, reins_now(), reins_now())",
+                &[
+                    &workflow.workflow_id,
+                    &workflow.user_id,
+                    &workflow.request_id,
+                    &owner,
+                    &workflow.fingerprint,
+                    &workflow.data,
+                ],
+            )
+            .await?;
+        let row = transaction
+            .query_one(
+                "INSERT INTO extension_execution_leases (resource_id, owner, epoch, expires_at)
+                 VALUES ($1, $2, 1, reins_now() + $3) RETURNING expires_at",
+                &[&workflow.workflow_id, &owner, &ttl_seconds(lease_ms)],
+            )
+            .await?;
+        transaction.commit().await?;
+        Ok(Lease {
+            resource_id: workflow.workflow_id,
+            owner: owner.to_owned(),
+            epoch: 1,
+            expires_at: row.get(0),
+        })
+    }
+
+    pub(crate) async fn fenced_write(&self, fence: &Fence, ops: Vec<WriteOp>) -> Result<()> {
+        let client = self.pool.get().await?;
+        let fence_statement = client
+            .prepare_cached("SELECT reins_fence($1, $2, $3)")
+            .await?;
+        let mut statements = Vec::with_capacity(ops.len());
+        for op in &ops {
+            statements.push(client.prepare_cached(op_sql(op)).await?);
+        }
+        let owned_params: Vec<Vec<Param>> = ops.into_iter().map(op_params).collect();
+        let params: Vec<Vec<&(dyn ToSql + Sync)>> = owned_params
+            .iter()
+            .map(|list| {
+                list.iter()
+                    .map(|p| p.as_ref() as &(dyn ToSql + Sync))
+                    .collect()
+            })
+            .collect();
+        let fence_params: [&(dyn ToSql + Sync); 3] =
+            [&fence.resource_id, &fence.owner, &fence.epoch];
+
+        // Every future is polled once, in this order, before any answer is awaited: that sends the
+        // whole transaction in one round trip, and a caller that goes away afterwards cannot leave
+        // half of it unsent.
+        let begin = client.batch_execute("BEGIN");
+        let check = client.execute(&fence_statement, &fence_params);
+        let changes = join_all(
+            statements
+                .iter()
+                .zip(&params)
+                .map(|(statement, params)| client.execute(statement, params)),
+        );
+        let commit = client.batch_execute("COMMIT");
+        let (begun, checked, changed, committed) = tokio::join!(begin, check, changes, commit);
+
+        if let Err(e) = begun {
+            return Err(Error::OutcomeUnknown(format!("BEGIN failed: {e}")));
+        }
+        if let Err(e) = checked {
+            return Err(match e.code() {
+                Some(code) if code.code() == "RL001" => fence.lost(),
+                _ => uncertain_unless_refused(e),
+            });
+        }
+        if let Some(e) = changed.into_iter().find_map(|r| r.err()) {
+            return Err(uncertain_unless_refused(e));
+        }
+        committed.map_err(uncertain_unless_refused)
+    }
+
+    pub(crate) async fn read_workflow(&self, workflow_id: &str) -> Result<Option<WorkflowRow>> {
+        let client = self.pool.get().await?;
+        let row = client
+            .query_opt(
+                "SELECT user_id, status, owner, fingerprint, data FROM workflows WHERE id = $1",
+                &[&workflow_id],
+            )
+            .await?;
+        Ok(row.map(|row| WorkflowRow {
+            workflow_id: workflow_id.to_owned(),
+            user_id: row.get(0),
+            status: row.get(1),
+            owner: row.get(2),
+            fingerprint: row.get(3),
+            data: row.get(4),
+        }))
+    }
+
+    pub(crate) async fn read_steps(&self, workflow_id: &str) -> Result<Vec<StepRow>> {
+        let client = self.pool.get().await?;
+        let rows = client
+            .query(
+                "SELECT step_id, attempt, kind, status, data FROM workflow_steps
+                  WHERE workflow = $1 ORDER BY created_at, step_id, attempt",
+                &[&workflow_id],
+            )
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|row| StepRow {
+                step_id: row.get(0),
+                attempt: row.get(1),
+                kind: row.get(2),
+                status: row.get(3),
+                data: row.get(4),
+            })
+            .collect())
+    }
+
+    pub(crate) async fn register_node(&self, node: &NodeRecord) -> Result<()> {
+        let client = self.pool.get().await?;
+        client
+            .execute(
+                "INSERT INTO nodes (worker_id, host, pid, version, started_at)
+                 VALUES ($1, $2, $3, $4, reins_now())",
+                &[&node.worker_id, &node.host, &node.pid, &node.version],
+            )
+            .await?;
+        Ok(())
+    }
+
+    pub(crate) async fn mark_node_stopped(&self, worker_id: &str) -> Result<()> {
+        let client = self.pool.get().await?;
+        client
+            .execute(
+                "UPDATE nodes SET stopped_at = reins_now() WHERE worker_id = $1",
+                &[&worker_id],
+            )
+            .await?;
+        Ok(())
+    }
+
+    pub(crate) async fn list_nodes(&self) -> Result<Vec<NodeRecord>> {
+        let client = self.pool.get().await?;
+        let rows = client
+            .query(
+                "SELECT worker_id, host, pid, version, started_at, stopped_at FROM nodes
+                  ORDER BY started_at",
+                &[],
+            )
+            .await?;
+        Ok(rows.iter().map(node_from_row).collect())
+    }
+}
+
+fn node_from_row(row: &Row) -> NodeRecord {
+    NodeRecord {
+        worker_id: row.get(0),
+        host: row.get(1),
+        pid: row.get(2),
+        version: row.get(3),
+        started_at: row.get(4),
+        stopped_at: row.get(5),
+    }
+}
+
+/// An error the server sent about a statement means the transaction rolled back; anything else
+/// (a dropped connection, a timeout) leaves the commit's fate unknown.
+fn uncertain_unless_refused(error: tokio_postgres::Error) -> Error {
+    if error.as_db_error().is_some() {
+        Error::from(error)
+    } else {
+        Error::OutcomeUnknown(error.to_string())
+    }
+}
+
+fn op_sql(op: &WriteOp) -> &'static str {
+    match op {
+        WriteOp::SetWorkflow { .. } => {
+            "WITH changed AS (
+                 UPDATE workflows SET status = $2, data = $3, updated_at = reins_now()
+                  WHERE id = $1 RETURNING 1)
+             SELECT reins_expect((SELECT count(*) FROM changed), 1, 'workflow ' || $1)"
+        }
+        WriteOp::PutStep { .. } => {
+            "INSERT INTO workflow_steps (workflow, step_id, attempt, kind, status, data,
+                                         created_at, updated_at)
+             VALUES ($1, $2, $3, $4, $5, $6, reins_now(), reins_now())
+             ON CONFLICT (workflow, step_id, attempt) DO UPDATE
+                SET kind = EXCLUDED.kind, status = EXCLUDED.status, data = EXCLUDED.data,
+                    updated_at = EXCLUDED.updated_at"
+        }
+    }
+}
+
+fn op_params(op: WriteOp) -> Vec<Param> {
+    match op {
+        WriteOp::SetWorkflow {
+            workflow_id,
+            status,
+            data,
+        } => vec![Box::new(workflow_id), Box::new(status), Box::new(data)],
+        WriteOp::PutStep {
+            workflow_id,
+            step_id,
+            attempt,
+            kind,
+            status,
+            data,
+        } => vec![
+            Box::new(workflow_id),
+            Box::new(step_id),
+            Box::new(attempt),
+            Box::new(kind),
+            Box::new(status),
+            Box::new(data),
+        ],
+    }
+}
+
+/// The URL without its password, for messages.
+pub(crate) fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme_end), Some(at)) if at > scheme_end => {
+            let credentials = &url[scheme_end + 3..at];
+            match credentials.find(':') {
+                Some(colon) => format!(
+                    "{}{}:***{}",
+                    &url[..scheme_end + 3],
+                    &credentials[..colon],
+                    &url[at..]
+                ),
+                None => url.to_owned(),
+            }
+        }
+        _ => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn redact_hides_only_the_password() {
+        assert_eq!(
+            super::redact("postgres://reins:s3cret@db:5432/reins"),
+            "postgres://reins:***@db:5432/reins"
+        );
+        assert_eq!(
+            super::redact("postgres://reins@db/reins"),
+            "postgres://reins@db/reins"
+        );
+    }
+}

@@ -1,0 +1,630 @@
+//! The embedded single-node backend. SQLite allows one writer at a time, so every write goes to
+//! one writer thread that owns the only writing connection. The thread takes every job waiting in
+//! its queue, runs each in its own savepoint of one `IMMEDIATE` transaction, commits once, and only
+//! then answers each job (group commit). Reads use a small pool of connections in WAL mode and never
+//! wait for the writer. A lock file beside the database keeps a second node out.
+
+use std::fs::{File, OpenOptions, TryLockError};
+use std::io::{Read, Seek, Write};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use rusqlite::{Connection, OptionalExtension, params};
+use serde_json::Value;
+use tokio::sync::{Semaphore, mpsc, oneshot};
+
+use crate::lease::{Fence, Lease, ttl_seconds};
+use crate::migrations::{self, MigrationReport};
+use crate::write::{NewWorkflow, StepRow, WorkflowRow, WriteOp};
+use crate::{Error, NodeRecord, Result, StoreOptions};
+
+/// The database clock in SQL: epoch seconds with sub-second precision.
+const NOW: &str = "unixepoch('subsec')";
+
+/// Answers one job once its batch's commit outcome is known.
+type Finish = Box<dyn FnOnce(Result<()>) + Send>;
+
+/// A unit of work for the writer thread.
+trait Job: Send {
+    /// Runs inside a savepoint of the batch's transaction; returns how to answer after commit.
+    fn run(self: Box<Self>, connection: &Connection) -> Finish;
+    /// Answers without running: the batch's transaction could not begin.
+    fn refuse(self: Box<Self>, error: Error);
+}
+
+struct PendingWrite<R, F> {
+    work: F,
+    reply: oneshot::Sender<Result<R>>,
+}
+
+impl<R, F> Job for PendingWrite<R, F>
+where
+    R: Send + 'static,
+    F: FnOnce(&Connection) -> Result<R> + Send,
+{
+    fn run(self: Box<Self>, connection: &Connection) -> Finish {
+        let result = in_savepoint(connection, self.work);
+        let reply = self.reply;
+        Box::new(move |commit: Result<()>| {
+            // The caller may have gone away; its answer then has nobody to go to.
+            let _ = reply.send(commit.and(result));
+        })
+    }
+
+    fn refuse(self: Box<Self>, error: Error) {
+        let _ = self.reply.send(Err(error));
+    }
+}
+
+pub(crate) struct SqliteStore {
+    jobs: mpsc::Sender<Box<dyn Job>>,
+    readers: Arc<ReaderPool>,
+    /// Held for the life of the store: the operating system drops the lock when the process dies,
+    /// so a killed node never leaves the database locked.
+    _node_lock: File,
+}
+
+struct ReaderPool {
+    connections: Mutex<Vec<Connection>>,
+    permits: Semaphore,
+}
+
+impl SqliteStore {
+    pub(crate) fn open(path: &Path, options: &StoreOptions) -> Result<Self> {
+        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::create_dir_all(parent).map_err(|e| {
+                Error::Unavailable(format!("cannot create {}: {e}", parent.display()))
+            })?;
+        }
+        let node_lock = lock_node(path, &options.holder)?;
+        let writer = open_connection(path)?;
+        let readers = (0..options.pool_size.max(1))
+            .map(|_| open_connection(path))
+            .collect::<Result<Vec<_>>>()?;
+        let (jobs, queue) = mpsc::channel(options.write_queue_max.max(1));
+        let batch_max = options.write_batch_max.max(1);
+        std::thread::Builder::new()
+            .name("reins-sqlite-writer".into())
+            .spawn(move || run_writer(writer, queue, batch_max))
+            .map_err(|e| Error::Unavailable(format!("cannot start the sqlite writer: {e}")))?;
+        Ok(SqliteStore {
+            jobs,
+            readers: Arc::new(ReaderPool {
+                permits: Semaphore::new(readers.len()),
+                connections: Mutex::new(readers),
+            }),
+            _node_lock: node_lock,
+        })
+    }
+
+    /// Runs `work` on the writer thread inside a savepoint; answers after the batch commits.
+    async fn write<R: Send + 'static>(
+        &self,
+        work: impl FnOnce(&Connection) -> Result<R> + Send + 'static,
+    ) -> Result<R> {
+        let (reply, answer) = oneshot::channel();
+        let job: Box<dyn Job> = Box::new(PendingWrite { work, reply });
+        self.jobs
+            .send(job)
+            .await
+            .map_err(|_| Error::Unavailable("the sqlite writer has stopped".into()))?;
+        answer.await.map_err(|_| {
+            Error::OutcomeUnknown("the sqlite writer stopped before answering".into())
+        })?
+    }
+
+    /// Runs `work` on a pooled read connection on a blocking thread.
+    async fn read<R: Send + 'static>(
+        &self,
+        work: impl FnOnce(&Connection) -> Result<R> + Send + 'static,
+    ) -> Result<R> {
+        let readers = Arc::clone(&self.readers);
+        let _permit = readers
+            .permits
+            .acquire()
+            .await
+            .map_err(|_| Error::Unavailable("the sqlite reader pool is closed".into()))?;
+        let pool = Arc::clone(&readers);
+        tokio::task::spawn_blocking(move || {
+            let connection = pool
+                .connections
+                .lock()
+                .map_err(|_| Error::Unavailable("the sqlite reader pool is poisoned".into()))?
+                .pop()
+                .ok_or_else(|| Error::Unavailable("no sqlite reader is free".into()))?;
+            let result = work(&connection);
+            if let Ok(mut connections) = pool.connections.lock() {
+                connections.push(connection);
+            }
+            result
+        })
+        .await
+        .map_err(|e| Error::Database(format!("sqlite read task failed: {e}")))?
+    }
+
+    pub(crate) async fn migrate(&self) -> Result<MigrationReport> {
+        self.write(|connection| {
+            connection.execute_batch(
+                "CREATE TABLE IF NOT EXISTS schema_migrations (
+                     version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at REAL NOT NULL)",
+            )?;
+            let recorded = recorded_versions(connection)?;
+            let mut applied = Vec::new();
+            for migration in migrations::pending(&recorded)? {
+                connection.execute_batch(migration.sqlite)?;
+                connection.execute(
+                    &format!("INSERT INTO schema_migrations VALUES (?1, ?2, {NOW})"),
+                    params![migration.version, migration.name],
+                )?;
+                applied.push(migration.version);
+            }
+            Ok(MigrationReport {
+                applied,
+                version: migrations::SCHEMA_VERSION,
+            })
+        })
+        .await
+    }
+
+    pub(crate) async fn schema_version(&self) -> Result<i64> {
+        self.read(|connection| {
+            let exists: bool = connection.query_row(
+                "SELECT count(*) > 0 FROM sqlite_master WHERE name = 'schema_migrations'",
+                [],
+                |row| row.get(0),
+            )?;
+            if !exists {
+                return Ok(0);
+            }
+            Ok(recorded_versions(connection)?
+                .into_iter()
+                .max()
+                .unwrap_or(0))
+        })
+        .await
+    }
+
+    pub(crate) async fn now(&self) -> Result<f64> {
+        self.read(
+            |connection| Ok(connection.query_row(&format!("SELECT {NOW}"), [], |r| r.get(0))?),
+        )
+        .await
+    }
+
+    pub(crate) async fn acquire_lease(
+        &self,
+        resource_id: &str,
+        owner: &str,
+        lease_ms: u64,
+    ) -> Result<Option<Lease>> {
+        let (resource_id, owner) = (resource_id.to_owned(), owner.to_owned());
+        self.write(move |connection| {
+            let granted = connection
+                .query_row(
+                    &format!(
+                        "INSERT INTO extension_execution_leases AS l
+                             (resource_id, owner, epoch, expires_at)
+                         VALUES (?1, ?2, 1, {NOW} + ?3)
+                         ON CONFLICT (resource_id) DO UPDATE
+                            SET owner = excluded.owner, epoch = l.epoch + 1,
+                                expires_at = {NOW} + ?3
+                          WHERE l.expires_at <= {NOW}
+                         RETURNING epoch, expires_at"
+                    ),
+                    params![resource_id, owner, ttl_seconds(lease_ms)],
+                    |row| Ok((row.get(0)?, row.get(1)?)),
+                )
+                .optional()?;
+            Ok(granted.map(|(epoch, expires_at)| Lease {
+                resource_id,
+                owner,
+                epoch,
+                expires_at,
+            }))
+        })
+        .await
+    }
+
+    pub(crate) async fn renew_lease(&self, fence: &Fence, lease_ms: u64) -> Result<Lease> {
+        let fence = fence.clone();
+        self.write(move |connection| {
+            let renewed: Option<f64> = connection
+                .query_row(
+                    &format!(
+                        "UPDATE extension_execution_leases
+                            SET expires_at = max(expires_at, {NOW} + ?4)
+                          WHERE resource_id = ?1 AND owner = ?2 AND epoch = ?3
+                            AND expires_at > {NOW}
+                         RETURNING expires_at"
+                    ),
+                    params![
+                        fence.resource_id,
+                        fence.owner,
+                        fence.epoch,
+                        ttl_seconds(lease_ms)
+                    ],
+                    |row| row.get(0),
+                )
+                .optional()?;
+            match renewed {
+                Some(expires_at) => Ok(Lease {
+                    resource_id: fence.resource_id,
+                    owner: fence.owner,
+                    epoch: fence.epoch,
+                    expires_at,
+                }),
+                None => Err(fence.lost()),
+            }
+        })
+        .await
+    }
+
+    pub(crate) async fn release_lease(&self, fence: &Fence) -> Result<bool> {
+        let fence = fence.clone();
+        self.write(move |connection| {
+            let released = connection.execute(
+                &format!(
+                    "UPDATE extension_execution_leases SET expires_at = {NOW}
+                      WHERE resource_id = ?1 AND owner = ?2 AND epoch = ?3
+                        AND expires_at > {NOW}"
+                ),
+                params![fence.resource_id, fence.owner, fence.epoch],
+            )?;
+            Ok(released == 1)
+        })
+        .await
+    }
+
+    pub(crate) async fn read_lease(&self, resource_id: &str) -> Result<Option<Lease>> {
+        let resource_id = resource_id.to_owned();
+        self.read(move |connection| {
+            Ok(connection
+                .query_row(
+                    "SELECT owner, epoch, expires_at FROM extension_execution_leases
+                      WHERE resource_id = ?1",
+                    [&resource_id],
+                    |row| {
+                        Ok(Lease {
+                            resource_id: resource_id.clone(),
+                            owner: row.get(0)?,
+                            epoch: row.get(1)?,
+                            expires_at: row.get(2)?,
+                        })
+                    },
+                )
+                .optional()?)
+        })
+        .await
+    }
+
+    pub(crate) async fn create_workflow(
+        &self,
+        workflow: NewWorkflow,
+        owner: &str,
+        lease_ms: u64,
+    ) -> Result<Lease> {
+        let owner = owner.to_owned();
+        self.write(move |connection| {
+            connection.execute(
+                &format!(
+                    "INSERT INTO workflows (id, user_id, request_id, status, owner, fingerprint,
+                                            data, created_at, updated_at)
+                     VALUES (?1, ?2, ?3, 'running', ?4, ?5, ?6, {NOW}, {NOW})"
+                ),
+                params![
+                    workflow.workflow_id,
+                    workflow.user_id,
+                    workflow.request_id,
+                    owner,
+                    workflow.fingerprint,
+                    workflow.data.to_string()
+                ],
+            )?;
+            let expires_at = connection.query_row(
+                &format!(
+                    "INSERT INTO extension_execution_leases (resource_id, owner, epoch, expires_at)
+                     VALUES (?1, ?2, 1, {NOW} + ?3) RETURNING expires_at"
+                ),
+                params![workflow.workflow_id, owner, ttl_seconds(lease_ms)],
+                |row| row.get(0),
+            )?;
+            Ok(Lease {
+                resource_id: workflow.workflow_id,
+                owner,
+                epoch: 1,
+                expires_at,
+            })
+        })
+        .await
+    }
+
+    pub(crate) async fn fenced_write(&self, fence: &Fence, ops: Vec<WriteOp>) -> Result<()> {
+        let fence = fence.clone();
+        self.write(move |connection| {
+            let holds: bool = connection.query_row(
+                &format!(
+                    "SELECT count(*) = 1 FROM extension_execution_leases
+                      WHERE resource_id = ?1 AND owner = ?2 AND epoch = ?3 AND expires_at > {NOW}"
+                ),
+                params![fence.resource_id, fence.owner, fence.epoch],
+                |row| row.get(0),
+            )?;
+            if !holds {
+                return Err(fence.lost());
+            }
+            for op in &ops {
+                apply(connection, op)?;
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    pub(crate) async fn read_workflow(&self, workflow_id: &str) -> Result<Option<WorkflowRow>> {
+        let workflow_id = workflow_id.to_owned();
+        self.read(move |connection| {
+            let row = connection
+                .query_row(
+                    "SELECT user_id, status, owner, fingerprint, data FROM workflows WHERE id = ?1",
+                    [&workflow_id],
+                    |row| {
+                        Ok((
+                            row.get::<_, String>(0)?,
+                            row.get::<_, String>(1)?,
+                            row.get::<_, Option<String>>(2)?,
+                            row.get::<_, String>(3)?,
+                            row.get::<_, String>(4)?,
+                        ))
+                    },
+                )
+                .optional()?;
+            row.map(|(user_id, status, owner, fingerprint, data)| {
+                Ok(WorkflowRow {
+                    workflow_id: workflow_id.clone(),
+                    user_id,
+                    status,
+                    owner,
+                    fingerprint,
+                    data: parse_json(&data)?,
+                })
+            })
+            .transpose()
+        })
+        .await
+    }
+
+    pub(crate) async fn read_steps(&self, workflow_id: &str) -> Result<Vec<StepRow>> {
+        let workflow_id = workflow_id.to_owned();
+        self.read(move |connection| {
+            let mut statement = connection.prepare(
+                "SELECT step_id, attempt, kind, status, data FROM workflow_steps
+                  WHERE workflow = ?1 ORDER BY created_at, step_id, attempt",
+            )?;
+            let rows = statement.query_map([&workflow_id], |row| {
+                Ok((
+                    row.get::<_, String>(0)?,
+                    row.get::<_, i32>(1)?,
+                    row.get::<_, String>(2)?,
+                    row.get::<_, String>(3)?,
+                    row.get::<_, String>(4)?,
+                ))
+            })?;
+            rows.map(|row| {
+                let (step_id, attempt, kind, status, data) = row?;
+                Ok(StepRow {
+                    step_id,
+                    attempt,
+                    kind,
+                    status,
+                    data: parse_json(&data)?,
+                })
+            })
+            .collect()
+        })
+        .await
+    }
+
+    pub(crate) async fn register_node(&self, node: &NodeRecord) -> Result<()> {
+        let node = node.clone();
+        self.write(move |connection| {
+            connection.execute(
+                &format!(
+                    "INSERT INTO nodes (worker_id, host, pid, version, started_at)
+                     VALUES (?1, ?2, ?3, ?4, {NOW})"
+                ),
+                params![node.worker_id, node.host, node.pid, node.version],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
+    pub(crate) async fn mark_node_stopped(&self, worker_id: &str) -> Result<()> {
+        let worker_id = worker_id.to_owned();
+        self.write(move |connection| {
+            connection.execute(
+                &format!("UPDATE nodes SET stopped_at = {NOW} WHERE worker_id = ?1"),
+                [&worker_id],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
+    pub(crate) async fn list_nodes(&self) -> Result<Vec<NodeRecord>> {
+        self.read(|connection| {
+            let mut statement = connection.prepare(
+                "SELECT worker_id, host, pid, version, started_at, stopped_at FROM nodes
+                  ORDER BY started_at",
+            )?;
+            let rows = statement.query_map([], |row| {
+                Ok(NodeRecord {
+                    worker_id: row.get(0)?,
+                    host: row.get(1)?,
+                    pid: row.get(2)?,
+                    version: row.get(3)?,
+                    started_at: row.get(4)?,
+                    stopped_at: row.get(5)?,
+                })
+            })?;
+            Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
+        })
+        .await
+    }
+}
+
+/// Applies one ownership-dependent change; the fence has already been checked in this
+/// transaction.
+fn apply(connection: &Connection, op: &WriteOp) -> Result<()> {
+    match op {
+        WriteOp::SetWorkflow {
+            workflow_id,
+            status,
+            data,
+        } => {
+            let changed = connection.execute(
+                &format!(
+                    "UPDATE workflows SET status = ?2, data = ?3, updated_at = {NOW} WHERE id = ?1"
+                ),
+                params![workflow_id, status, data.to_string()],
+            )?;
+            if changed != 1 {
+                return Err(Error::NotFound(format!("workflow {workflow_id:?}")));
+            }
+        }
+        WriteOp::PutStep {
+            workflow_id,
+            step_id,
+            attempt,
+            kind,
+            status,
+            data,
+        } => {
+            connection.execute(
+                &format!(
+                    "INSERT INTO workflow_steps (workflow, step_id, attempt, kind, status, data,
+                                                 created_at, updated_at)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, {NOW}, {NOW})
+                     ON CONFLICT (workflow, step_id, attempt) DO UPDATE
+                        SET kind = excluded.kind, status = excluded.status,
+                            data = excluded.data, updated_at = excluded.updated_at"
+                ),
+                params![
+                    workflow_id,
+                    step_id,
+                    attempt,
+                    kind,
+                    status,
+                    data.to_string()
+                ],
+            )?;
+        }
+    }
+    Ok(())
+}
+
+fn parse_json(text: &str) -> Result<Value> {
+    serde_json::from_str(text).map_err(|e| Error::Database(format!("stored JSON is invalid: {e}")))
+}
+
+fn recorded_versions(connection: &Connection) -> Result<Vec<i64>> {
+    let mut statement = connection.prepare("SELECT version FROM schema_migrations")?;
+    let versions = statement.query_map([], |row| row.get(0))?;
+    Ok(versions.collect::<rusqlite::Result<Vec<i64>>>()?)
+}
+
+fn open_connection(path: &Path) -> Result<Connection> {
+    let connection = Connection::open(path)
+        .map_err(|e| Error::Unavailable(format!("cannot open {}: {e}", path.display())))?;
+    // WAL lets readers run beside the writer; FULL makes every acknowledged commit durable, which
+    // is what "persisted" means everywhere in reins.
+    connection.execute_batch(
+        "PRAGMA journal_mode = WAL;
+         PRAGMA synchronous = FULL;
+         PRAGMA foreign_keys = ON;
+         PRAGMA busy_timeout = 5000;",
+    )?;
+    Ok(connection)
+}
+
+/// Takes the node lock beside the database, or names the node that holds it.
+fn lock_node(database: &Path, holder: &str) -> Result<File> {
+    let mut lock_path = PathBuf::from(database);
+    lock_path.as_mut_os_string().push(".node-lock");
+    let unavailable =
+        |e: std::io::Error| Error::Unavailable(format!("cannot use {}: {e}", lock_path.display()));
+    let mut file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&lock_path)
+        .map_err(unavailable)?;
+    match file.try_lock() {
+        Ok(()) => {}
+        Err(TryLockError::WouldBlock) => {
+            let mut current = String::new();
+            // The holder's name is a courtesy for the message; an unreadable one is still a refusal.
+            let _ = file.read_to_string(&mut current);
+            return Err(Error::NodeLockHeld {
+                path: database.display().to_string(),
+                holder: current.trim().to_string(),
+            });
+        }
+        Err(TryLockError::Error(e)) => return Err(unavailable(e)),
+    }
+    file.set_len(0).map_err(unavailable)?;
+    file.rewind().map_err(unavailable)?;
+    file.write_all(holder.as_bytes()).map_err(unavailable)?;
+    Ok(file)
+}
+
+/// Runs `work` in a savepoint: its writes stay if it succeeds and vanish if it fails, without
+/// touching the other jobs of the batch.
+fn in_savepoint<R>(
+    connection: &Connection,
+    work: impl FnOnce(&Connection) -> Result<R>,
+) -> Result<R> {
+    connection.execute_batch("SAVEPOINT job")?;
+    let result = work(connection);
+    let end = if result.is_ok() {
+        "RELEASE job"
+    } else {
+        "ROLLBACK TO job; RELEASE job"
+    };
+    match connection.execute_batch(end) {
+        Ok(()) => result,
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The writer thread: one transaction per batch of queued jobs, answered after the commit.
+fn run_writer(connection: Connection, mut queue: mpsc::Receiver<Box<dyn Job>>, batch_max: usize) {
+    while let Some(first) = queue.blocking_recv() {
+        let mut batch = vec![first];
+        while batch.len() < batch_max {
+            match queue.try_recv() {
+                Ok(job) => batch.push(job),
+                Err(_) => break,
+            }
+        }
+        if let Err(e) = connection.execute_batch("BEGIN IMMEDIATE") {
+            let error = Error::from(e);
+            for job in batch {
+                job.refuse(error.clone());
+            }
+            continue;
+        }
+        let finishes: Vec<Finish> = batch.into_iter().map(|job| job.run(&connection)).collect();
+        let commit = connection.execute_batch("COMMIT").map_err(|e| {
+            let error = Error::from(e);
+            if let Err(rollback) = connection.execute_batch("ROLLBACK") {
+                tracing::error!(%rollback, "sqlite rollback after a failed commit failed");
+            }
+            error
+        });
+        for finish in finishes {
+            finish(commit.clone());
+        }
+    }
+}

@@ -1,0 +1,56 @@
+//! The writes that need ownership. Each is data, not code, so that one list can be checked
+//! against one fence in one transaction on either backend.
+
+use serde_json::Value;
+
+/// One ownership-dependent change to a workflow's state. A list of them is applied by
+/// [`crate::Store::fenced_write`] atomically, after the fence check, or not at all.
+#[derive(Debug, Clone, PartialEq)]
+pub enum WriteOp {
+    /// Set a workflow's status and data document.
+    SetWorkflow {
+        workflow_id: String,
+        status: String,
+        data: Value,
+    },
+    /// Insert or replace one step attempt of a workflow's journal.
+    PutStep {
+        workflow_id: String,
+        step_id: String,
+        attempt: i32,
+        kind: String,
+        status: String,
+        data: Value,
+    },
+}
+
+/// A workflow row created together with its first lease.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewWorkflow {
+    pub workflow_id: String,
+    pub user_id: String,
+    pub request_id: Option<String>,
+    pub fingerprint: String,
+    pub data: Value,
+}
+
+/// One journal entry as read back.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepRow {
+    pub step_id: String,
+    pub attempt: i32,
+    pub kind: String,
+    pub status: String,
+    pub data: Value,
+}
+
+/// A workflow row as read back (without its journal).
+#[derive(Debug, Clone, PartialEq)]
+pub struct WorkflowRow {
+    pub workflow_id: String,
+    pub user_id: String,
+    pub status: String,
+    pub owner: Option<String>,
+    pub fingerprint: String,
+    pub data: Value,
+}

@@ -1,0 +1,101 @@
+//! Bad configuration stops start-up with one line naming the key or the cause, and leaves nothing
+//! on disk.
+
+use std::net::TcpListener;
+use std::path::Path;
+
+use crate::harness::{free_port, reins_command};
+
+/// Runs `reins serve` in a fresh folder holding only `files`; returns its stderr after checking
+/// that it failed with one line and created nothing.
+fn refused(files: &[(&str, &str)], args: &[&str], env: &[(&str, String)]) -> String {
+    let dir = tempfile::tempdir().expect("temp dir");
+    for (name, text) in files {
+        std::fs::write(dir.path().join(name), text).expect("write file");
+    }
+    let before = listing(dir.path());
+    let output = reins_command(dir.path(), env)
+        .arg("serve")
+        .args(args)
+        .output()
+        .expect("run reins");
+    let stderr = String::from_utf8_lossy(&output.stderr).trim().to_owned();
+    assert!(!output.status.success(), "accepted; stderr: {stderr}");
+    assert_eq!(stderr.lines().count(), 1, "not one line: {stderr}");
+    assert_eq!(listing(dir.path()), before, "a refused start created files");
+    stderr
+}
+
+fn listing(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .expect("read dir")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+#[test]
+fn an_unknown_key_in_the_file_is_named_with_its_line() {
+    let stderr = refused(
+        &[("reins.toml", "lease_seconds = 5\nleese_seconds = 5\n")],
+        &["--config", "reins.toml"],
+        &[],
+    );
+    assert!(
+        stderr.contains("leese_seconds") && stderr.contains("line 2"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn an_unknown_environment_key_is_named() {
+    let stderr = refused(&[], &[], &[("REINS_LEASE_SECS", "5".into())]);
+    assert!(stderr.contains("REINS_LEASE_SECS"), "{stderr}");
+}
+
+#[test]
+fn a_malformed_database_url_is_named() {
+    for url in [
+        "postgres://host:notaport/db",
+        "mysql://localhost/reins",
+        "sqlite:",
+    ] {
+        let stderr = refused(&[], &[], &[("REINS_DATABASE", url.into())]);
+        assert!(stderr.contains("`database`"), "{url}: {stderr}");
+    }
+}
+
+#[test]
+fn a_port_in_use_is_named() {
+    let taken = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = taken.local_addr().expect("addr").to_string();
+    let stderr = refused(&[], &[], &[("REINS_LISTEN", addr.clone())]);
+    assert!(
+        stderr.contains(&addr) && stderr.contains("in use"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn an_unreachable_database_is_named() {
+    let port = free_port();
+    let stderr = refused(
+        &[],
+        &[],
+        &[(
+            "REINS_DATABASE",
+            format!("postgres://reins@127.0.0.1:{port}/reins"),
+        )],
+    );
+    assert!(
+        stderr.contains("database") && stderr.contains("refused"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_missing_config_file_is_named() {
+    let stderr = refused(&[], &["--config", "absent.toml"], &[]);
+    assert!(stderr.contains("absent.toml"), "{stderr}");
+}

@@ -1,0 +1,277 @@
+//! What the integration tests share: a fresh database per test on either backend, the real
+//! `reins` binary started on loopback, and a minimal HTTP client.
+//!
+//! PostgreSQL tests need `REINS_TEST_PG` (an admin URL of a running cluster; `tests/run-all.sh`
+//! starts one). Each test gets its own database in that cluster, so tests run in parallel and
+//! never see each other's rows.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use store::{DatabaseUrl, Store, StoreOptions};
+use tempfile::TempDir;
+
+/// A database of its own for one test.
+pub enum TestDb {
+    Sqlite { dir: TempDir, store: Arc<Store> },
+    Postgres { url: String },
+}
+
+impl TestDb {
+    /// A fresh embedded database in a temporary folder, opened and migrated.
+    pub async fn sqlite() -> TestDb {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let url = DatabaseUrl::Sqlite(dir.path().join("reins.db"));
+        let store = open_migrated(&url).await;
+        TestDb::Sqlite {
+            dir,
+            store: Arc::new(store),
+        }
+    }
+
+    /// A fresh, empty PostgreSQL database in the test cluster (not migrated).
+    pub async fn postgres_empty() -> TestDb {
+        let admin = std::env::var("REINS_TEST_PG").expect(
+            "REINS_TEST_PG is not set: run the suite with tests/run-all.sh, which starts PostgreSQL",
+        );
+        let name = format!("reins_test_{}", uuid::Uuid::new_v4().simple());
+        let (client, connection) = tokio_postgres::connect(&admin, tokio_postgres::NoTls)
+            .await
+            .expect("connect to the test cluster");
+        let connection = tokio::spawn(connection);
+        client
+            .batch_execute(&format!("CREATE DATABASE {name}"))
+            .await
+            .expect("create the test database");
+        drop(client);
+        let _ = connection.await;
+        let (base, _) = admin.rsplit_once('/').expect("admin URL names a database");
+        TestDb::Postgres {
+            url: format!("{base}/{name}"),
+        }
+    }
+
+    /// A fresh PostgreSQL database, migrated.
+    pub async fn postgres() -> TestDb {
+        let db = TestDb::postgres_empty().await;
+        drop(db.store().await);
+        db
+    }
+
+    /// The database URL a node would be configured with.
+    pub fn url(&self) -> String {
+        match self {
+            TestDb::Sqlite { dir, .. } => {
+                format!("sqlite:{}", dir.path().join("reins.db").display())
+            }
+            TestDb::Postgres { url } => url.clone(),
+        }
+    }
+
+    /// A store on this database as one node would have it. On PostgreSQL every call opens a new
+    /// pool (a separate node); SQLite admits one node, so every call shares the same store.
+    pub async fn store(&self) -> Arc<Store> {
+        match self {
+            TestDb::Sqlite { store, .. } => Arc::clone(store),
+            TestDb::Postgres { url } => {
+                Arc::new(open_migrated(&DatabaseUrl::Postgres(url.clone())).await)
+            }
+        }
+    }
+
+    /// A raw PostgreSQL client on this database (PostgreSQL only).
+    pub async fn pg_client(&self) -> tokio_postgres::Client {
+        let TestDb::Postgres { url } = self else {
+            panic!("pg_client on a SQLite test database");
+        };
+        let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+            .await
+            .expect("connect to the test database");
+        tokio::spawn(connection);
+        client
+    }
+}
+
+async fn open_migrated(url: &DatabaseUrl) -> Store {
+    let store = Store::open(url, &StoreOptions::default())
+        .await
+        .expect("open the test store");
+    store.migrate().await.expect("migrate the test store");
+    store
+}
+
+/// Declares one test per backend from one async body taking a [`TestDb`].
+macro_rules! on_both_backends {
+    ($(#[$meta:meta])* async fn $name:ident($db:ident: TestDb) $body:block) => {
+        mod $name {
+            #[allow(unused_imports)]
+            use super::*;
+
+            $(#[$meta])*
+            async fn body($db: $crate::harness::TestDb) $body
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn sqlite() {
+                body($crate::harness::TestDb::sqlite().await).await
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn postgres() {
+                body($crate::harness::TestDb::postgres().await).await
+            }
+        }
+    };
+}
+pub(crate) use on_both_backends;
+
+/// The `reins` binary built from this workspace.
+pub fn reins_bin() -> PathBuf {
+    if let Ok(path) = std::env::var("REINS_TEST_BIN") {
+        return PathBuf::from(path);
+    }
+    let exe = std::env::current_exe().expect("test executable path");
+    // target/<profile>/deps/it-<hash> -> target/<profile>/reins
+    let bin = exe
+        .parent()
+        .and_then(Path::parent)
+        .map(|dir| dir.join("reins"))
+        .expect("target folder");
+    assert!(
+        bin.exists(),
+        "{} is missing: run `cargo build --workspace --bins` first (tests/run-all.sh does)",
+        bin.display()
+    );
+    bin
+}
+
+/// A loopback port nobody listens on right now.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}
+
+/// A `reins` process started by a test; killed if the test drops it while it still runs.
+pub struct ReinsProcess {
+    child: Child,
+    pub addr: SocketAddr,
+}
+
+impl ReinsProcess {
+    /// Starts `reins serve` in `dir` with exactly `env` as its environment (plus PATH).
+    pub fn serve(dir: &Path, addr: SocketAddr, env: &[(&str, String)]) -> ReinsProcess {
+        let child = reins_command(dir, env)
+            .arg("serve")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start reins");
+        ReinsProcess { child, addr }
+    }
+
+    /// Waits until `/health/ready` answers 200, or panics with the process's output.
+    pub fn wait_ready(&mut self, within: Duration) {
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("reins exited early with {status}: {}", self.stderr());
+            }
+            if matches!(http_get(self.addr, "/health/ready"), Ok((200, _))) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("reins at {} was not ready within {within:?}", self.addr);
+    }
+
+    /// Sends `signal` to the process.
+    pub fn signal(&self, signal: i32) {
+        let pid = i32::try_from(self.child.id()).expect("pid fits i32");
+        // SAFETY: kill(2) with a pid this test started and still holds; no memory is involved.
+        let rc = unsafe { libc::kill(pid, signal) };
+        assert_eq!(rc, 0, "kill({pid}, {signal}) failed");
+    }
+
+    /// Waits for the process to exit, at most `within`.
+    pub fn wait_exit(&mut self, within: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+
+    /// Everything the process wrote to stderr (call after it exited).
+    pub fn stderr(&mut self) -> String {
+        let mut text = String::new();
+        if let Some(stderr) = self.child.stderr.as_mut() {
+            let _ = stderr.read_to_string(&mut text);
+        }
+        text
+    }
+}
+
+impl Drop for ReinsProcess {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// `reins` in `dir` with a clean environment: only PATH and `env`.
+pub fn reins_command(dir: &Path, env: &[(&str, String)]) -> Command {
+    let mut command = Command::new(reins_bin());
+    command
+        .current_dir(dir)
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .stdin(Stdio::null());
+    for (key, value) in env {
+        command.env(key, value);
+    }
+    command
+}
+
+/// One HTTP/1.1 GET on a fresh connection: `(status, body)`.
+pub fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response)?;
+    let status = response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| std::io::Error::other(format!("not HTTP: {response:?}")))?;
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_owned())
+        .unwrap_or_default();
+    Ok((status, body))
+}
+
+/// Polls `condition` every 20 ms until it holds, or panics after `within`.
+pub async fn eventually(within: Duration, what: &str, mut condition: impl AsyncFnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        if condition().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("{what} did not happen within {within:?}");
+}

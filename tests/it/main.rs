@@ -1,0 +1,11 @@
+//! The one integration-test binary of reins. Every test starts what it needs for real: a
+//! database of its own (SQLite in a temp folder, or a fresh database in the PostgreSQL cluster that
+//! `tests/run-all.sh` starts), and the real `reins` binary on loopback.
+
+mod harness;
+
+mod bad_config;
+mod fencing;
+mod leases;
+mod migrations;
+mod node_process;

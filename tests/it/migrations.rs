@@ -1,0 +1,92 @@
+//! Migrations: several nodes starting at once against one fresh PostgreSQL all come up, and the
+//! schema is applied exactly once.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use crate::harness::{ReinsProcess, TestDb, free_port};
+
+const TABLES: &[&str] = &[
+    "extension_execution_leases",
+    "nodes",
+    "runs",
+    "schema_migrations",
+    "users",
+    "workflow_artifacts",
+    "workflow_controls",
+    "workflow_slots",
+    "workflow_steps",
+    "workflows",
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_nodes_migrate_one_fresh_postgres_at_once() {
+    let db = TestDb::postgres_empty().await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut nodes: Vec<ReinsProcess> = (0..3)
+        .map(|_| {
+            let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
+            ReinsProcess::serve(
+                dir.path(),
+                addr,
+                &[
+                    ("REINS_DATABASE", db.url()),
+                    ("REINS_LISTEN", addr.to_string()),
+                ],
+            )
+        })
+        .collect();
+    for node in &mut nodes {
+        node.wait_ready(Duration::from_secs(30));
+    }
+
+    let client = db.pg_client().await;
+    let versions: Vec<i64> = client
+        .query(
+            "SELECT version FROM schema_migrations ORDER BY version",
+            &[],
+        )
+        .await
+        .expect("schema_migrations")
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    assert_eq!(versions, (1..=store::SCHEMA_VERSION).collect::<Vec<_>>());
+    let tables: Vec<String> = client
+        .query(
+            "SELECT table_name::text FROM information_schema.tables
+              WHERE table_schema = 'public' ORDER BY table_name",
+            &[],
+        )
+        .await
+        .expect("tables")
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    assert_eq!(tables, TABLES);
+    let registered: i64 = client
+        .query_one("SELECT count(*) FROM nodes WHERE stopped_at IS NULL", &[])
+        .await
+        .expect("nodes")
+        .get(0);
+    assert_eq!(registered, 3);
+
+    for node in &nodes {
+        node.signal(libc::SIGTERM);
+    }
+    for node in &mut nodes {
+        let status = node
+            .wait_exit(Duration::from_secs(5))
+            .expect("exits within 5 s");
+        assert!(status.success(), "exit status {status}");
+    }
+    let stopped: i64 = client
+        .query_one(
+            "SELECT count(*) FROM nodes WHERE stopped_at IS NOT NULL",
+            &[],
+        )
+        .await
+        .expect("nodes")
+        .get(0);
+    assert_eq!(stopped, 3, "every node records its clean stop");
+}

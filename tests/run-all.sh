@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Runs the whole test suite on a fresh Debian machine that has the Rust toolchain:
+#   tests/run-all.sh          build, start a private PostgreSQL, run every test, stop it
+#   tests/run-all.sh bench    the same cluster, then `cargo bench` instead of the tests
+# PostgreSQL comes from Debian's packages (installed if missing). The cluster lives under
+# target/pg-test (or a private temp folder when the postgres user cannot reach target/), listens
+# only on 127.0.0.1 on a free port, and is stopped on exit whatever happens.
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+root=$(pwd)
+mode=${1:-test}
+
+as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
+
+pg_bin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1 || true)
+if [ -z "$pg_bin" ] || [ ! -x "$pg_bin/initdb" ]; then
+  echo "== installing PostgreSQL from Debian's packages"
+  as_root apt-get update -qq
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null
+  pg_bin=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -n 1)
+fi
+
+# PostgreSQL refuses to run as root: as root, the cluster belongs to the postgres user.
+run_pg() { if [ "$(id -u)" -eq 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
+
+pg_dir="$root/target/pg-test"
+mkdir -p "$root/target"
+rm -rf "$pg_dir"
+mkdir -p "$pg_dir"
+if [ "$(id -u)" -eq 0 ]; then
+  chown postgres: "$pg_dir"
+  if ! runuser -u postgres -- test -w "$pg_dir"; then
+    rm -rf "$pg_dir"
+    pg_dir=$(mktemp -d /tmp/reins-pg-test.XXXXXX)
+    chown postgres: "$pg_dir"
+    echo "== the postgres user cannot reach target/; the cluster lives in $pg_dir"
+  fi
+fi
+
+port=""
+for _ in $(seq 1 50); do
+  candidate=$((20000 + RANDOM % 40000))
+  if ! (exec 3<>"/dev/tcp/127.0.0.1/$candidate") 2>/dev/null; then port=$candidate; break; fi
+done
+[ -n "$port" ] || { echo "no free loopback port found" >&2; exit 1; }
+
+stop_pg() { run_pg "$pg_bin/pg_ctl" -D "$pg_dir/data" -m immediate stop >/dev/null 2>&1 || true; }
+trap stop_pg EXIT
+
+echo "== PostgreSQL $("$pg_bin/postgres" --version | awk '{print $3}') on 127.0.0.1:$port ($pg_dir)"
+run_pg "$pg_bin/initdb" -D "$pg_dir/data" -U postgres --auth=trust -E UTF8 >/dev/null
+settings=(-c listen_addresses=127.0.0.1 -c port="$port" -c unix_socket_directories="$pg_dir"
+          -c max_connections=400 -c shared_buffers=128MB)
+if [ "$mode" != bench ]; then
+  # Tests check behaviour, not durability against power loss; benchmarks keep the defaults.
+  settings+=(-c fsync=off -c synchronous_commit=off -c full_page_writes=off)
+fi
+run_pg "$pg_bin/pg_ctl" -D "$pg_dir/data" -l "$pg_dir/server.log" -w -o "${settings[*]}" start >/dev/null
+
+url="postgres://postgres@127.0.0.1:$port/postgres"
+case "$mode" in
+  bench)
+    REINS_BENCH_PG="$url" cargo bench -p store --bench fenced_write
+    ;;
+  *)
+    cargo build --workspace --bins
+    log="$pg_dir/cargo-test.log"
+    set +e
+    REINS_TEST_PG="$url" cargo test --workspace --no-fail-fast 2>&1 | tee "$log"
+    status=${PIPESTATUS[0]}
+    set -e
+    # One closing line over every test binary, so the total is not hidden behind the last
+    # (often empty) doc-test run.
+    awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($i ~ /^passed/) p += $(i-1); if ($i ~ /^failed/) f += $(i-1) } }
+         END { printf "all tests: %d passed, %d failed\n", p, f }' "$log"
+    exit "$status"
+    ;;
+esac
