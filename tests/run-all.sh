@@ -73,7 +73,7 @@ case "$mode" in
     # One closing line over every test binary, so the total is not hidden behind the last
     # (often empty) doc-test run.
     awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($i ~ /^passed/) p += $(i-1); if ($i ~ /^failed/) f += $(i-1) } }
-         END { printf "all tests: %d passed, %d failed\n", p, f }' "$log"
+         END { printf "total: %d passed, %d failed\n", p, f }' "$log"
     exit "$status"
     ;;
 esac
