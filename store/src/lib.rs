@@ -265,11 +265,7 @@ impl Store {
     /// the same transaction in a way that conflicts with a concurrent takeover. Otherwise writes
     /// nothing and fails with [`Error::LeaseLost`].
     pub async fn fenced_write(&self, fence: &Fence, ops: Vec<WriteOp>) -> Result<()> {
-        retry(|| {
-            let ops = ops.clone();
-            async move { on_backend!(self, store => store.fenced_write(fence, ops).await) }
-        })
-        .await
+        retry(|| async { on_backend!(self, store => store.fenced_write(fence, &ops).await) }).await
     }
 
     /// One workflow row, without its journal.

@@ -1,8 +1,8 @@
-//! The cluster backend: PostgreSQL through a bounded `deadpool-postgres` pool. A fenced write is
-//! one pipelined round trip: `BEGIN`, the fence (`reins_fence`, which locks the lease row
-//! `FOR SHARE`), each change (which raises if it did not touch its row), `COMMIT`. A statement that
-//! fails aborts the transaction, so the pipelined `COMMIT` becomes a rollback and nothing is
-//! written.
+//! The cluster backend: PostgreSQL through a bounded `deadpool-postgres` pool. Every change of a
+//! fenced write is one statement that calls the fence first (`reins_fence`, which locks the lease
+//! row `FOR SHARE`) and raises if it did not touch its row. A single change is that one statement;
+//! several are one pipelined round trip `BEGIN; change; change; COMMIT`, where a failing statement
+//! aborts the transaction, so the pipelined `COMMIT` becomes a rollback and nothing is written.
 
 use std::str::FromStr;
 
@@ -15,8 +15,6 @@ use crate::lease::{Fence, Lease, ttl_seconds};
 use crate::migrations::{self, MigrationReport, PG_MIGRATION_LOCK};
 use crate::write::{NewWorkflow, StepRow, WorkflowRow, WriteOp};
 use crate::{Error, NodeRecord, Result, StoreOptions};
-
-type Param = Box<dyn ToSql + Sync + Send>;
 
 pub(crate) struct PgStore {
     pool: Pool,
@@ -254,32 +252,27 @@ impl PgStore {
         })
     }
 
-    pub(crate) async fn fenced_write(&self, fence: &Fence, ops: Vec<WriteOp>) -> Result<()> {
+    pub(crate) async fn fenced_write(&self, fence: &Fence, ops: &[WriteOp]) -> Result<()> {
         let client = self.pool.get().await?;
-        let fence_statement = client
-            .prepare_cached("SELECT reins_fence($1, $2, $3)")
-            .await?;
         let mut statements = Vec::with_capacity(ops.len());
-        for op in &ops {
+        for op in ops {
             statements.push(client.prepare_cached(op_sql(op)).await?);
         }
-        let owned_params: Vec<Vec<Param>> = ops.into_iter().map(op_params).collect();
-        let params: Vec<Vec<&(dyn ToSql + Sync)>> = owned_params
-            .iter()
-            .map(|list| {
-                list.iter()
-                    .map(|p| p.as_ref() as &(dyn ToSql + Sync))
-                    .collect()
-            })
-            .collect();
-        let fence_params: [&(dyn ToSql + Sync); 3] =
-            [&fence.resource_id, &fence.owner, &fence.epoch];
+        let params: Vec<Vec<&(dyn ToSql + Sync)>> =
+            ops.iter().map(|op| op_params(fence, op)).collect();
 
-        // Every future is polled once, in this order, before any answer is awaited: that sends the
-        // whole transaction in one round trip, and a caller that goes away afterwards cannot leave
-        // half of it unsent.
+        if let ([statement], [params]) = (statements.as_slice(), params.as_slice()) {
+            // One change is one statement: PostgreSQL runs it as its own transaction.
+            return client
+                .execute(statement, params)
+                .await
+                .map(|_| ())
+                .map_err(|e| fenced_error(fence, e));
+        }
+        // Several changes: every future is polled once, in this order, before any answer is
+        // awaited. That sends the whole transaction in one round trip, and a caller that goes away
+        // afterwards cannot leave half of it unsent.
         let begin = client.batch_execute("BEGIN");
-        let check = client.execute(&fence_statement, &fence_params);
         let changes = join_all(
             statements
                 .iter()
@@ -287,21 +280,16 @@ impl PgStore {
                 .map(|(statement, params)| client.execute(statement, params)),
         );
         let commit = client.batch_execute("COMMIT");
-        let (begun, checked, changed, committed) = tokio::join!(begin, check, changes, commit);
-
+        let (begun, changed, committed) = tokio::join!(begin, changes, commit);
         if let Err(e) = begun {
             return Err(Error::OutcomeUnknown(format!("BEGIN failed: {e}")));
         }
-        if let Err(e) = checked {
-            return Err(match e.code() {
-                Some(code) if code.code() == "RL001" => fence.lost(),
-                _ => uncertain_unless_refused(e),
-            });
-        }
+        // The first failure is the cause; the statements after it only report the aborted
+        // transaction, and the pipelined COMMIT rolled it back.
         if let Some(e) = changed.into_iter().find_map(|r| r.err()) {
-            return Err(uncertain_unless_refused(e));
+            return Err(fenced_error(fence, e));
         }
-        committed.map_err(uncertain_unless_refused)
+        committed.map_err(|e| fenced_error(fence, e))
     }
 
     pub(crate) async fn read_workflow(&self, workflow_id: &str) -> Result<Option<WorkflowRow>> {
@@ -390,28 +378,36 @@ fn node_from_row(row: &Row) -> NodeRecord {
     }
 }
 
-/// An error the server sent about a statement means the transaction rolled back; anything else
-/// (a dropped connection, a timeout) leaves the commit's fate unknown.
-fn uncertain_unless_refused(error: tokio_postgres::Error) -> Error {
-    if error.as_db_error().is_some() {
-        Error::from(error)
-    } else {
-        Error::OutcomeUnknown(error.to_string())
+/// An error the server sent about a statement means its transaction rolled back: `RL001` is the
+/// fence refusing. Anything else (a dropped connection, a timeout) leaves the commit's fate
+/// unknown.
+fn fenced_error(fence: &Fence, error: tokio_postgres::Error) -> Error {
+    match error.code() {
+        Some(code) if code.code() == "RL001" => fence.lost(),
+        Some(_) => Error::from(error),
+        None => Error::OutcomeUnknown(error.to_string()),
     }
 }
 
+/// Each change as one statement that checks the fence first: `$1..$3` are the fence, the change's
+/// own parameters follow. `reins_fence` raises unless the fence holds and keeps the lease row
+/// locked `FOR SHARE` until the transaction ends.
 fn op_sql(op: &WriteOp) -> &'static str {
     match op {
         WriteOp::SetWorkflow { .. } => {
-            "WITH changed AS (
-                 UPDATE workflows SET status = $2, data = $3, updated_at = reins_now()
-                  WHERE id = $1 RETURNING 1)
-             SELECT reins_expect((SELECT count(*) FROM changed), 1, 'workflow ' || $1)"
+            "WITH fence AS (SELECT reins_fence($1, $2, $3)),
+                  changed AS (
+                      UPDATE workflows SET status = $5, data = $6, updated_at = reins_now()
+                       WHERE id = $4 AND EXISTS (SELECT 1 FROM fence) RETURNING 1)
+             SELECT reins_expect((SELECT count(*) FROM changed), 1, 'workflow ' || $4)"
         }
         WriteOp::PutStep { .. } => {
-            "INSERT INTO workflow_steps (workflow, step_id, attempt, kind, status, data,
+            "WITH fence AS (SELECT reins_fence($1, $2, $3))
+             INSERT INTO workflow_steps (workflow, step_id, attempt, kind, status, data,
                                          created_at, updated_at)
-             VALUES ($1, $2, $3, $4, $5, $6, reins_now(), reins_now())
+             SELECT $4::text, $5::text, $6::integer, $7::text, $8::text, $9::jsonb,
+                    reins_now(), reins_now()
+               FROM fence
              ON CONFLICT (workflow, step_id, attempt) DO UPDATE
                 SET kind = EXCLUDED.kind, status = EXCLUDED.status, data = EXCLUDED.data,
                     updated_at = EXCLUDED.updated_at"
@@ -419,13 +415,18 @@ fn op_sql(op: &WriteOp) -> &'static str {
     }
 }
 
-fn op_params(op: WriteOp) -> Vec<Param> {
+/// The parameters of [`op_sql`]: the fence, then the change's own.
+fn op_params<'a>(fence: &'a Fence, op: &'a WriteOp) -> Vec<&'a (dyn ToSql + Sync)> {
+    let mut params: Vec<&(dyn ToSql + Sync)> = vec![&fence.resource_id, &fence.owner, &fence.epoch];
     match op {
         WriteOp::SetWorkflow {
             workflow_id,
             status,
             data,
-        } => vec![Box::new(workflow_id), Box::new(status), Box::new(data)],
+        } => {
+            let own: [&(dyn ToSql + Sync); 3] = [workflow_id, status, data];
+            params.extend(own);
+        }
         WriteOp::PutStep {
             workflow_id,
             step_id,
@@ -433,15 +434,12 @@ fn op_params(op: WriteOp) -> Vec<Param> {
             kind,
             status,
             data,
-        } => vec![
-            Box::new(workflow_id),
-            Box::new(step_id),
-            Box::new(attempt),
-            Box::new(kind),
-            Box::new(status),
-            Box::new(data),
-        ],
+        } => {
+            let own: [&(dyn ToSql + Sync); 6] = [workflow_id, step_id, attempt, kind, status, data];
+            params.extend(own);
+        }
     }
+    params
 }
 
 /// The URL without its password, for messages.

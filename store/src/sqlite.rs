@@ -18,8 +18,7 @@ use crate::migrations::{self, MigrationReport};
 use crate::write::{NewWorkflow, StepRow, WorkflowRow, WriteOp};
 use crate::{Error, NodeRecord, Result, StoreOptions};
 
-/// The database clock in SQL: epoch seconds with sub-second precision.
-const NOW: &str = "unixepoch('subsec')";
+// The database clock in SQL is `unixepoch('subsec')`: epoch seconds with sub-second precision.
 
 /// Answers one job once its batch's commit outcome is known.
 type Finish = Box<dyn FnOnce(Result<()>) + Send>;
@@ -152,10 +151,11 @@ impl SqliteStore {
             let mut applied = Vec::new();
             for migration in migrations::pending(&recorded)? {
                 connection.execute_batch(migration.sqlite)?;
-                connection.execute(
-                    &format!("INSERT INTO schema_migrations VALUES (?1, ?2, {NOW})"),
-                    params![migration.version, migration.name],
-                )?;
+                connection
+                    .prepare_cached(
+                        "INSERT INTO schema_migrations VALUES (?1, ?2, unixepoch('subsec'))",
+                    )?
+                    .execute(params![migration.version, migration.name])?;
                 applied.push(migration.version);
             }
             Ok(MigrationReport {
@@ -168,11 +168,11 @@ impl SqliteStore {
 
     pub(crate) async fn schema_version(&self) -> Result<i64> {
         self.read(|connection| {
-            let exists: bool = connection.query_row(
-                "SELECT count(*) > 0 FROM sqlite_master WHERE name = 'schema_migrations'",
-                [],
-                |row| row.get(0),
-            )?;
+            let exists: bool = connection
+                .prepare_cached(
+                    "SELECT count(*) > 0 FROM sqlite_master WHERE name = 'schema_migrations'",
+                )?
+                .query_row([], |row| row.get(0))?;
             if !exists {
                 return Ok(0);
             }
@@ -185,9 +185,11 @@ impl SqliteStore {
     }
 
     pub(crate) async fn now(&self) -> Result<f64> {
-        self.read(
-            |connection| Ok(connection.query_row(&format!("SELECT {NOW}"), [], |r| r.get(0))?),
-        )
+        self.read(|connection| {
+            Ok(connection
+                .prepare_cached("SELECT unixepoch('subsec')")?
+                .query_row([], |r| r.get(0))?)
+        })
         .await
     }
 
@@ -200,20 +202,19 @@ impl SqliteStore {
         let (resource_id, owner) = (resource_id.to_owned(), owner.to_owned());
         self.write(move |connection| {
             let granted = connection
-                .query_row(
-                    &format!(
-                        "INSERT INTO extension_execution_leases AS l
+                .prepare_cached(
+                    "INSERT INTO extension_execution_leases AS l
                              (resource_id, owner, epoch, expires_at)
-                         VALUES (?1, ?2, 1, {NOW} + ?3)
+                         VALUES (?1, ?2, 1, unixepoch('subsec') + ?3)
                          ON CONFLICT (resource_id) DO UPDATE
                             SET owner = excluded.owner, epoch = l.epoch + 1,
-                                expires_at = {NOW} + ?3
-                          WHERE l.expires_at <= {NOW}
-                         RETURNING epoch, expires_at"
-                    ),
-                    params![resource_id, owner, ttl_seconds(lease_ms)],
-                    |row| Ok((row.get(0)?, row.get(1)?)),
-                )
+                                expires_at = unixepoch('subsec') + ?3
+                          WHERE l.expires_at <= unixepoch('subsec')
+                         RETURNING epoch, expires_at",
+                )?
+                .query_row(params![resource_id, owner, ttl_seconds(lease_ms)], |row| {
+                    Ok((row.get(0)?, row.get(1)?))
+                })
                 .optional()?;
             Ok(granted.map(|(epoch, expires_at)| Lease {
                 resource_id,
@@ -229,14 +230,14 @@ impl SqliteStore {
         let fence = fence.clone();
         self.write(move |connection| {
             let renewed: Option<f64> = connection
-                .query_row(
-                    &format!(
-                        "UPDATE extension_execution_leases
-                            SET expires_at = max(expires_at, {NOW} + ?4)
+                .prepare_cached(
+                    "UPDATE extension_execution_leases
+                            SET expires_at = max(expires_at, unixepoch('subsec') + ?4)
                           WHERE resource_id = ?1 AND owner = ?2 AND epoch = ?3
-                            AND expires_at > {NOW}
-                         RETURNING expires_at"
-                    ),
+                            AND expires_at > unixepoch('subsec')
+                         RETURNING expires_at",
+                )?
+                .query_row(
                     params![
                         fence.resource_id,
                         fence.owner,
@@ -262,14 +263,13 @@ impl SqliteStore {
     pub(crate) async fn release_lease(&self, fence: &Fence) -> Result<bool> {
         let fence = fence.clone();
         self.write(move |connection| {
-            let released = connection.execute(
-                &format!(
-                    "UPDATE extension_execution_leases SET expires_at = {NOW}
+            let released = connection
+                .prepare_cached(
+                    "UPDATE extension_execution_leases SET expires_at = unixepoch('subsec')
                       WHERE resource_id = ?1 AND owner = ?2 AND epoch = ?3
-                        AND expires_at > {NOW}"
-                ),
-                params![fence.resource_id, fence.owner, fence.epoch],
-            )?;
+                        AND expires_at > unixepoch('subsec')",
+                )?
+                .execute(params![fence.resource_id, fence.owner, fence.epoch])?;
             Ok(released == 1)
         })
         .await
@@ -279,19 +279,18 @@ impl SqliteStore {
         let resource_id = resource_id.to_owned();
         self.read(move |connection| {
             Ok(connection
-                .query_row(
+                .prepare_cached(
                     "SELECT owner, epoch, expires_at FROM extension_execution_leases
                       WHERE resource_id = ?1",
-                    [&resource_id],
-                    |row| {
-                        Ok(Lease {
-                            resource_id: resource_id.clone(),
-                            owner: row.get(0)?,
-                            epoch: row.get(1)?,
-                            expires_at: row.get(2)?,
-                        })
-                    },
-                )
+                )?
+                .query_row([&resource_id], |row| {
+                    Ok(Lease {
+                        resource_id: resource_id.clone(),
+                        owner: row.get(0)?,
+                        epoch: row.get(1)?,
+                        expires_at: row.get(2)?,
+                    })
+                })
                 .optional()?)
         })
         .await
@@ -305,12 +304,10 @@ impl SqliteStore {
     ) -> Result<Lease> {
         let owner = owner.to_owned();
         self.write(move |connection| {
-            connection.execute(
-                &format!(
-                    "INSERT INTO workflows (id, user_id, request_id, status, owner, fingerprint,
+            connection.prepare_cached("INSERT INTO workflows (id, user_id, request_id, status, owner, fingerprint,
                                             data, created_at, updated_at)
-                     VALUES (?1, ?2, ?3, 'running', ?4, ?5, ?6, {NOW}, {NOW})"
-                ),
+                     VALUES (?1, ?2, ?3, 'running', ?4, ?5, ?6, unixepoch('subsec'), unixepoch('subsec'))")?
+.execute(
                 params![
                     workflow.workflow_id,
                     workflow.user_id,
@@ -320,11 +317,9 @@ impl SqliteStore {
                     workflow.data.to_string()
                 ],
             )?;
-            let expires_at = connection.query_row(
-                &format!(
-                    "INSERT INTO extension_execution_leases (resource_id, owner, epoch, expires_at)
-                     VALUES (?1, ?2, 1, {NOW} + ?3) RETURNING expires_at"
-                ),
+            let expires_at = connection.prepare_cached("INSERT INTO extension_execution_leases (resource_id, owner, epoch, expires_at)
+                     VALUES (?1, ?2, 1, unixepoch('subsec') + ?3) RETURNING expires_at")?
+.query_row(
                 params![workflow.workflow_id, owner, ttl_seconds(lease_ms)],
                 |row| row.get(0),
             )?;
@@ -338,14 +333,12 @@ impl SqliteStore {
         .await
     }
 
-    pub(crate) async fn fenced_write(&self, fence: &Fence, ops: Vec<WriteOp>) -> Result<()> {
-        let fence = fence.clone();
+    pub(crate) async fn fenced_write(&self, fence: &Fence, ops: &[WriteOp]) -> Result<()> {
+        let (fence, ops) = (fence.clone(), ops.to_vec());
         self.write(move |connection| {
-            let holds: bool = connection.query_row(
-                &format!(
-                    "SELECT count(*) = 1 FROM extension_execution_leases
-                      WHERE resource_id = ?1 AND owner = ?2 AND epoch = ?3 AND expires_at > {NOW}"
-                ),
+            let holds: bool = connection.prepare_cached("SELECT count(*) = 1 FROM extension_execution_leases
+                      WHERE resource_id = ?1 AND owner = ?2 AND epoch = ?3 AND expires_at > unixepoch('subsec')")?
+.query_row(
                 params![fence.resource_id, fence.owner, fence.epoch],
                 |row| row.get(0),
             )?;
@@ -364,19 +357,18 @@ impl SqliteStore {
         let workflow_id = workflow_id.to_owned();
         self.read(move |connection| {
             let row = connection
-                .query_row(
+                .prepare_cached(
                     "SELECT user_id, status, owner, fingerprint, data FROM workflows WHERE id = ?1",
-                    [&workflow_id],
-                    |row| {
-                        Ok((
-                            row.get::<_, String>(0)?,
-                            row.get::<_, String>(1)?,
-                            row.get::<_, Option<String>>(2)?,
-                            row.get::<_, String>(3)?,
-                            row.get::<_, String>(4)?,
-                        ))
-                    },
-                )
+                )?
+                .query_row([&workflow_id], |row| {
+                    Ok((
+                        row.get::<_, String>(0)?,
+                        row.get::<_, String>(1)?,
+                        row.get::<_, Option<String>>(2)?,
+                        row.get::<_, String>(3)?,
+                        row.get::<_, String>(4)?,
+                    ))
+                })
                 .optional()?;
             row.map(|(user_id, status, owner, fingerprint, data)| {
                 Ok(WorkflowRow {
@@ -427,13 +419,12 @@ impl SqliteStore {
     pub(crate) async fn register_node(&self, node: &NodeRecord) -> Result<()> {
         let node = node.clone();
         self.write(move |connection| {
-            connection.execute(
-                &format!(
+            connection
+                .prepare_cached(
                     "INSERT INTO nodes (worker_id, host, pid, version, started_at)
-                     VALUES (?1, ?2, ?3, ?4, {NOW})"
-                ),
-                params![node.worker_id, node.host, node.pid, node.version],
-            )?;
+                     VALUES (?1, ?2, ?3, ?4, unixepoch('subsec'))",
+                )?
+                .execute(params![node.worker_id, node.host, node.pid, node.version])?;
             Ok(())
         })
         .await
@@ -442,10 +433,11 @@ impl SqliteStore {
     pub(crate) async fn mark_node_stopped(&self, worker_id: &str) -> Result<()> {
         let worker_id = worker_id.to_owned();
         self.write(move |connection| {
-            connection.execute(
-                &format!("UPDATE nodes SET stopped_at = {NOW} WHERE worker_id = ?1"),
-                [&worker_id],
-            )?;
+            connection
+                .prepare_cached(
+                    "UPDATE nodes SET stopped_at = unixepoch('subsec') WHERE worker_id = ?1",
+                )?
+                .execute([&worker_id])?;
             Ok(())
         })
         .await
@@ -482,10 +474,8 @@ fn apply(connection: &Connection, op: &WriteOp) -> Result<()> {
             status,
             data,
         } => {
-            let changed = connection.execute(
-                &format!(
-                    "UPDATE workflows SET status = ?2, data = ?3, updated_at = {NOW} WHERE id = ?1"
-                ),
+            let changed = connection.prepare_cached("UPDATE workflows SET status = ?2, data = ?3, updated_at = unixepoch('subsec') WHERE id = ?1")?
+.execute(
                 params![workflow_id, status, data.to_string()],
             )?;
             if changed != 1 {
@@ -500,24 +490,23 @@ fn apply(connection: &Connection, op: &WriteOp) -> Result<()> {
             status,
             data,
         } => {
-            connection.execute(
-                &format!(
+            connection
+                .prepare_cached(
                     "INSERT INTO workflow_steps (workflow, step_id, attempt, kind, status, data,
                                                  created_at, updated_at)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, {NOW}, {NOW})
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, unixepoch('subsec'), unixepoch('subsec'))
                      ON CONFLICT (workflow, step_id, attempt) DO UPDATE
                         SET kind = excluded.kind, status = excluded.status,
-                            data = excluded.data, updated_at = excluded.updated_at"
-                ),
-                params![
+                            data = excluded.data, updated_at = excluded.updated_at",
+                )?
+                .execute(params![
                     workflow_id,
                     step_id,
                     attempt,
                     kind,
                     status,
                     data.to_string()
-                ],
-            )?;
+                ])?;
         }
     }
     Ok(())
@@ -585,17 +574,18 @@ fn in_savepoint<R>(
     connection: &Connection,
     work: impl FnOnce(&Connection) -> Result<R>,
 ) -> Result<R> {
-    connection.execute_batch("SAVEPOINT job")?;
+    run(connection, "SAVEPOINT job")?;
     let result = work(connection);
-    let end = if result.is_ok() {
-        "RELEASE job"
-    } else {
-        "ROLLBACK TO job; RELEASE job"
-    };
-    match connection.execute_batch(end) {
-        Ok(()) => result,
-        Err(e) => Err(e.into()),
+    if result.is_err() {
+        run(connection, "ROLLBACK TO job")?;
     }
+    run(connection, "RELEASE job")?;
+    result
+}
+
+/// Runs one parameterless statement through the statement cache.
+fn run(connection: &Connection, sql: &str) -> rusqlite::Result<()> {
+    connection.prepare_cached(sql)?.execute([]).map(|_| ())
 }
 
 /// The writer thread: one transaction per batch of queued jobs, answered after the commit.
@@ -608,7 +598,7 @@ fn run_writer(connection: Connection, mut queue: mpsc::Receiver<Box<dyn Job>>, b
                 Err(_) => break,
             }
         }
-        if let Err(e) = connection.execute_batch("BEGIN IMMEDIATE") {
+        if let Err(e) = run(&connection, "BEGIN IMMEDIATE") {
             let error = Error::from(e);
             for job in batch {
                 job.refuse(error.clone());
@@ -616,9 +606,9 @@ fn run_writer(connection: Connection, mut queue: mpsc::Receiver<Box<dyn Job>>, b
             continue;
         }
         let finishes: Vec<Finish> = batch.into_iter().map(|job| job.run(&connection)).collect();
-        let commit = connection.execute_batch("COMMIT").map_err(|e| {
+        let commit = run(&connection, "COMMIT").map_err(|e| {
             let error = Error::from(e);
-            if let Err(rollback) = connection.execute_batch("ROLLBACK") {
+            if let Err(rollback) = run(&connection, "ROLLBACK") {
                 tracing::error!(%rollback, "sqlite rollback after a failed commit failed");
             }
             error
