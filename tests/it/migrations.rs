@@ -4,7 +4,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use crate::harness::{ReinsProcess, TestDb, free_port};
+use crate::harness::{ReinsProcess, TestDb, free_port, http_get};
 
 const TABLES: &[&str] = &[
     "extension_execution_leases",
@@ -89,4 +89,38 @@ async fn three_nodes_migrate_one_fresh_postgres_at_once() {
         .expect("nodes")
         .get(0);
     assert_eq!(stopped, 3, "every node records its clean stop");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_is_503_once_the_schema_is_not_the_one_this_build_needs() {
+    let db = TestDb::postgres().await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
+    let mut node = ReinsProcess::serve(
+        dir.path(),
+        addr,
+        &[
+            ("REINS_DATABASE", db.url()),
+            ("REINS_LISTEN", addr.to_string()),
+        ],
+    );
+    node.wait_ready(Duration::from_secs(30));
+
+    // A newer node migrated the shared database past this build's schema.
+    let client = db.pg_client().await;
+    client
+        .execute(
+            "INSERT INTO schema_migrations (version, name) VALUES ($1, 'from the future')",
+            &[&(store::SCHEMA_VERSION + 1)],
+        )
+        .await
+        .expect("insert");
+    let (status, body) = http_get(addr, "/health/ready").expect("ready");
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("schema_not_current"), "{body}");
+    assert_eq!(
+        http_get(addr, "/health").expect("health").0,
+        200,
+        "alive all the same"
+    );
 }
