@@ -9,6 +9,7 @@ mod error;
 mod lease;
 mod migrations;
 mod postgres;
+mod runs;
 mod sqlite;
 mod write;
 
@@ -20,6 +21,10 @@ use serde::Serialize;
 pub use error::{Error, Result};
 pub use lease::{Fence, Lease};
 pub use migrations::{MigrationReport, SCHEMA_VERSION};
+pub use runs::{
+    Admission, ApprovalAnswer, CancelAction, NewRun, RunOutcome, RunRenewal, RunRow, RunStatus,
+    WorkflowStep, pending_request_id,
+};
 pub use write::{NewWorkflow, StepRow, WorkflowRow, WriteOp};
 
 /// Where the data lives, parsed from the configuration's `database` value.
@@ -287,6 +292,132 @@ impl Store {
     pub async fn mark_node_stopped(&self, worker_id: &str) -> Result<()> {
         retry(|| async { on_backend!(self, store => store.mark_node_stopped(worker_id).await) })
             .await
+    }
+
+    /// Admits a child run: the `runs` row (`pending`, owned by `run.owner`, leased), checked
+    /// against the idempotency key, the thread's one active run, and, for a workflow step, the
+    /// workflow's fence and a free `workflow_slots` slot, all in one transaction.
+    pub async fn admit_run(&self, run: NewRun) -> Result<Admission> {
+        retry(|| {
+            let run = run.clone();
+            async move { on_backend!(self, store => store.admit_run(run).await) }
+        })
+        .await
+    }
+
+    /// One child run.
+    pub async fn read_run(&self, run_id: &str) -> Result<Option<RunRow>> {
+        retry(|| async { on_backend!(self, store => store.read_run(run_id).await) }).await
+    }
+
+    /// Extends a live run's lease if `owner` still owns it and its lease has not expired; the
+    /// answer carries any durable cancel request. When refused, returns the row as it is now.
+    pub async fn renew_run_lease(
+        &self,
+        run_id: &str,
+        owner: &str,
+        lease_ms: u64,
+    ) -> Result<Result<RunRenewal, Option<RunRow>>> {
+        retry(|| async {
+            on_backend!(self, store => store.renew_run_lease(run_id, owner, lease_ms).await)
+        })
+        .await
+    }
+
+    /// Records a durable cancel request on a live run (the first action asked for stands); a run
+    /// waiting for input, which nobody runs, is interrupted at once. Returns the action in force,
+    /// or `None` when the run already has an outcome.
+    pub async fn request_run_cancel(
+        &self,
+        run_id: &str,
+        action: CancelAction,
+    ) -> Result<Option<CancelAction>> {
+        retry(|| async {
+            on_backend!(self, store => store.request_run_cancel(run_id, action).await)
+        })
+        .await
+    }
+
+    /// Moves a run `owner` still owns from `pending`/`running` to another live status
+    /// (`running`, `waiting_for_input`), optionally replacing its metadata.
+    pub async fn update_run_status(
+        &self,
+        run_id: &str,
+        owner: &str,
+        status: RunStatus,
+        metadata: Option<serde_json::Value>,
+    ) -> Result<bool> {
+        retry(|| {
+            let metadata = metadata.clone();
+            async move {
+                on_backend!(self, store => store.update_run_status(run_id, owner, status, metadata).await)
+            }
+        })
+        .await
+    }
+
+    /// The terminal compare-and-set: records `outcome` only if `owner` still owns the row, it is
+    /// still live, and (with `require_not_cancelled`) nobody asked to cancel it. `true` means this
+    /// call's own write was acknowledged.
+    pub async fn finalize_run(
+        &self,
+        run_id: &str,
+        owner: &str,
+        outcome: &RunOutcome,
+        require_not_cancelled: bool,
+    ) -> Result<bool> {
+        retry(|| async {
+            on_backend!(self, store =>
+                store.finalize_run(run_id, owner, outcome, require_not_cancelled).await)
+        })
+        .await
+    }
+
+    /// Records token and message counts on a run whose outcome `owner` has recorded.
+    pub async fn record_run_usage(
+        &self,
+        run_id: &str,
+        owner: &str,
+        total_tokens: i64,
+        message_count: i64,
+    ) -> Result<bool> {
+        retry(|| async {
+            on_backend!(self, store =>
+                store.record_run_usage(run_id, owner, total_tokens, message_count).await)
+        })
+        .await
+    }
+
+    /// Answers the newest pause of `thread_id` if it waits for one of `request_ids`: a single-winner
+    /// compare-and-set across nodes. `None` when there is no such pause or another answer won.
+    pub async fn answer_approval(
+        &self,
+        thread_id: &str,
+        request_ids: &[String],
+    ) -> Result<Option<ApprovalAnswer>> {
+        retry(|| async {
+            on_backend!(self, store => store.answer_approval(thread_id, request_ids).await)
+        })
+        .await
+    }
+
+    /// Undoes an answer, only if nothing was committed on the run since.
+    pub async fn restore_approval(&self, answer: &ApprovalAnswer) -> Result<bool> {
+        retry(|| async { on_backend!(self, store => store.restore_approval(answer).await) }).await
+    }
+
+    /// Claims up to `limit` live runs whose lease expired (their node is gone) and closes them as
+    /// `error` with `stop_reason = orphan_recovered`. Returns the run ids it closed.
+    pub async fn claim_orphan_runs(&self, claimer: &str, limit: u32) -> Result<Vec<String>> {
+        retry(|| async {
+            on_backend!(self, store => store.claim_orphan_runs(claimer, limit).await)
+        })
+        .await
+    }
+
+    /// Slots taken in `workflow_slots` across the cluster.
+    pub async fn count_slots(&self) -> Result<i64> {
+        retry(|| async { on_backend!(self, store => store.count_slots().await) }).await
     }
 
     /// Every node that ever started on this database, oldest first.

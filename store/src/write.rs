@@ -22,6 +22,11 @@ pub enum WriteOp {
         status: String,
         data: Value,
     },
+    /// Give back the `workflow_slots` slot a step held for its child run.
+    ReleaseSlot {
+        workflow_id: String,
+        step_id: String,
+    },
 }
 
 /// A workflow row created together with its first lease.

@@ -9,3 +9,4 @@ mod fencing;
 mod leases;
 mod migrations;
 mod node_process;
+mod runs_store;

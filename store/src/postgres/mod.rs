@@ -16,6 +16,8 @@ use crate::migrations::{self, MigrationReport, PG_MIGRATION_LOCK};
 use crate::write::{NewWorkflow, StepRow, WorkflowRow, WriteOp};
 use crate::{Error, NodeRecord, Result, StoreOptions};
 
+mod runs;
+
 pub(crate) struct PgStore {
     pool: Pool,
 }
@@ -381,7 +383,7 @@ fn node_from_row(row: &Row) -> NodeRecord {
 /// An error the server sent about a statement means its transaction rolled back: `RL001` is the
 /// fence refusing. Anything else (a dropped connection, a timeout) leaves the commit's fate
 /// unknown.
-fn fenced_error(fence: &Fence, error: tokio_postgres::Error) -> Error {
+pub(super) fn fenced_error(fence: &Fence, error: tokio_postgres::Error) -> Error {
     match error.code() {
         Some(code) if code.code() == "RL001" => fence.lost(),
         Some(_) => Error::from(error),
@@ -412,6 +414,11 @@ fn op_sql(op: &WriteOp) -> &'static str {
                 SET kind = EXCLUDED.kind, status = EXCLUDED.status, data = EXCLUDED.data,
                     updated_at = EXCLUDED.updated_at"
         }
+        WriteOp::ReleaseSlot { .. } => {
+            "WITH fence AS (SELECT reins_fence($1, $2, $3))
+             DELETE FROM workflow_slots
+              WHERE workflow = $4 AND step_id = $5 AND EXISTS (SELECT 1 FROM fence)"
+        }
     }
 }
 
@@ -436,6 +443,13 @@ fn op_params<'a>(fence: &'a Fence, op: &'a WriteOp) -> Vec<&'a (dyn ToSql + Sync
             data,
         } => {
             let own: [&(dyn ToSql + Sync); 6] = [workflow_id, step_id, attempt, kind, status, data];
+            params.extend(own);
+        }
+        WriteOp::ReleaseSlot {
+            workflow_id,
+            step_id,
+        } => {
+            let own: [&(dyn ToSql + Sync); 2] = [workflow_id, step_id];
             params.extend(own);
         }
     }

@@ -18,6 +18,8 @@ use crate::migrations::{self, MigrationReport};
 use crate::write::{NewWorkflow, StepRow, WorkflowRow, WriteOp};
 use crate::{Error, NodeRecord, Result, StoreOptions};
 
+mod runs;
+
 // The database clock in SQL is `unixepoch('subsec')`: epoch seconds with sub-second precision.
 
 /// Answers one job once its batch's commit outcome is known.
@@ -304,25 +306,30 @@ impl SqliteStore {
     ) -> Result<Lease> {
         let owner = owner.to_owned();
         self.write(move |connection| {
-            connection.prepare_cached("INSERT INTO workflows (id, user_id, request_id, status, owner, fingerprint,
+            connection
+                .prepare_cached(
+                    "INSERT INTO workflows (id, user_id, request_id, status, owner, fingerprint,
                                             data, created_at, updated_at)
-                     VALUES (?1, ?2, ?3, 'running', ?4, ?5, ?6, unixepoch('subsec'), unixepoch('subsec'))")?
-.execute(
-                params![
+                     VALUES (?1, ?2, ?3, 'running', ?4, ?5, ?6,
+                             unixepoch('subsec'), unixepoch('subsec'))",
+                )?
+                .execute(params![
                     workflow.workflow_id,
                     workflow.user_id,
                     workflow.request_id,
                     owner,
                     workflow.fingerprint,
                     workflow.data.to_string()
-                ],
-            )?;
-            let expires_at = connection.prepare_cached("INSERT INTO extension_execution_leases (resource_id, owner, epoch, expires_at)
-                     VALUES (?1, ?2, 1, unixepoch('subsec') + ?3) RETURNING expires_at")?
-.query_row(
-                params![workflow.workflow_id, owner, ttl_seconds(lease_ms)],
-                |row| row.get(0),
-            )?;
+                ])?;
+            let expires_at = connection
+                .prepare_cached(
+                    "INSERT INTO extension_execution_leases (resource_id, owner, epoch, expires_at)
+                     VALUES (?1, ?2, 1, unixepoch('subsec') + ?3) RETURNING expires_at",
+                )?
+                .query_row(
+                    params![workflow.workflow_id, owner, ttl_seconds(lease_ms)],
+                    |row| row.get(0),
+                )?;
             Ok(Lease {
                 resource_id: workflow.workflow_id,
                 owner,
@@ -336,15 +343,7 @@ impl SqliteStore {
     pub(crate) async fn fenced_write(&self, fence: &Fence, ops: &[WriteOp]) -> Result<()> {
         let (fence, ops) = (fence.clone(), ops.to_vec());
         self.write(move |connection| {
-            let holds: bool = connection.prepare_cached("SELECT count(*) = 1 FROM extension_execution_leases
-                      WHERE resource_id = ?1 AND owner = ?2 AND epoch = ?3 AND expires_at > unixepoch('subsec')")?
-.query_row(
-                params![fence.resource_id, fence.owner, fence.epoch],
-                |row| row.get(0),
-            )?;
-            if !holds {
-                return Err(fence.lost());
-            }
+            check_fence(connection, &fence)?;
             for op in &ops {
                 apply(connection, op)?;
             }
@@ -465,6 +464,22 @@ impl SqliteStore {
     }
 }
 
+/// Fails with [`Error::LeaseLost`] unless `fence` holds its unexpired lease. Inside the writer's
+/// `IMMEDIATE` transaction no takeover can commit before this transaction does.
+pub(super) fn check_fence(connection: &Connection, fence: &Fence) -> Result<()> {
+    let holds: bool = connection
+        .prepare_cached(
+            "SELECT count(*) = 1 FROM extension_execution_leases
+              WHERE resource_id = ?1 AND owner = ?2 AND epoch = ?3
+                AND expires_at > unixepoch('subsec')",
+        )?
+        .query_row(
+            params![fence.resource_id, fence.owner, fence.epoch],
+            |row| row.get(0),
+        )?;
+    if holds { Ok(()) } else { Err(fence.lost()) }
+}
+
 /// Applies one ownership-dependent change; the fence has already been checked in this
 /// transaction.
 fn apply(connection: &Connection, op: &WriteOp) -> Result<()> {
@@ -474,10 +489,12 @@ fn apply(connection: &Connection, op: &WriteOp) -> Result<()> {
             status,
             data,
         } => {
-            let changed = connection.prepare_cached("UPDATE workflows SET status = ?2, data = ?3, updated_at = unixepoch('subsec') WHERE id = ?1")?
-.execute(
-                params![workflow_id, status, data.to_string()],
-            )?;
+            let changed = connection
+                .prepare_cached(
+                    "UPDATE workflows SET status = ?2, data = ?3, updated_at = unixepoch('subsec')
+                      WHERE id = ?1",
+                )?
+                .execute(params![workflow_id, status, data.to_string()])?;
             if changed != 1 {
                 return Err(Error::NotFound(format!("workflow {workflow_id:?}")));
             }
@@ -508,11 +525,19 @@ fn apply(connection: &Connection, op: &WriteOp) -> Result<()> {
                     data.to_string()
                 ])?;
         }
+        WriteOp::ReleaseSlot {
+            workflow_id,
+            step_id,
+        } => {
+            connection
+                .prepare_cached("DELETE FROM workflow_slots WHERE workflow = ?1 AND step_id = ?2")?
+                .execute(params![workflow_id, step_id])?;
+        }
     }
     Ok(())
 }
 
-fn parse_json(text: &str) -> Result<Value> {
+pub(super) fn parse_json(text: &str) -> Result<Value> {
     serde_json::from_str(text).map_err(|e| Error::Database(format!("stored JSON is invalid: {e}")))
 }
 

@@ -1,0 +1,433 @@
+//! Child runs on PostgreSQL. Each compare-and-set is one `UPDATE ... WHERE` on the row's owner,
+//! status or revision: under READ COMMITTED a concurrent writer of the same row makes the second
+//! statement wait and re-check its condition on the new version, so exactly one of two racing
+//! writers wins.
+
+use deadpool_postgres::{Object, Transaction};
+use serde_json::Value;
+use tokio_postgres::Row;
+
+use super::{PgStore, fenced_error};
+use crate::lease::ttl_seconds;
+use crate::runs::{
+    Admission, ApprovalAnswer, CancelAction, NewRun, RunOutcome, RunRenewal, RunRow, RunStatus,
+    pending_request_id, without_pause,
+};
+use crate::{Error, Result};
+
+const SELECT_RUN: &str = "SELECT run_id, thread_id, workflow, step_id, attempt, agent, status,
+    owner_worker_id, lease_expires_at, cancel_action, error, output, idempotency_key,
+    idempotency_request, metadata, total_tokens, message_count, stop_reason, revision, created_at,
+    updated_at FROM runs";
+
+/// The advisory-lock key admissions with a slot serialise on, so that counting the taken slots
+/// and taking one are atomic across the cluster ("slots" in ASCII).
+const SLOTS_LOCK: i64 = 0x0073_6c6f_7473;
+
+fn decode(row: &Row) -> Result<RunRow> {
+    Ok(RunRow {
+        run_id: row.get(0),
+        thread_id: row.get(1),
+        workflow: row.get(2),
+        step_id: row.get(3),
+        attempt: row.get(4),
+        agent: row.get(5),
+        status: RunStatus::parse(row.get(6))?,
+        owner_worker_id: row.get(7),
+        lease_expires_at: row.get(8),
+        cancel_action: row
+            .get::<_, Option<&str>>(9)
+            .map(CancelAction::parse)
+            .transpose()?,
+        error: row.get(10),
+        output: row.get(11),
+        idempotency_key: row.get(12),
+        idempotency_request: row.get(13),
+        metadata: row.get(14),
+        total_tokens: row.get(15),
+        message_count: row.get(16),
+        stop_reason: row.get(17),
+        revision: row.get(18),
+        created_at: row.get(19),
+        updated_at: row.get(20),
+    })
+}
+
+async fn read_by_key(client: &Object, key: &str) -> Result<Option<RunRow>> {
+    let statement = client
+        .prepare_cached(&format!("{SELECT_RUN} WHERE idempotency_key = $1"))
+        .await?;
+    client
+        .query_opt(&statement, &[&key])
+        .await?
+        .as_ref()
+        .map(decode)
+        .transpose()
+}
+
+/// The run an idempotency key already names, if the request matches; a conflict if it does not.
+fn replay(existing: RunRow, request: &Value) -> Result<Admission> {
+    if existing.idempotency_request.as_ref() == Some(request) {
+        Ok(Admission::Existing(existing))
+    } else {
+        Err(Error::Conflict(format!(
+            "idempotency key {:?} was used for a different request",
+            existing.idempotency_key.unwrap_or_default()
+        )))
+    }
+}
+
+/// A commit whose answer never came may have happened.
+fn commit_error(error: tokio_postgres::Error) -> Error {
+    if error.code().is_some() {
+        Error::from(error)
+    } else {
+        Error::OutcomeUnknown(error.to_string())
+    }
+}
+
+async fn admit_in(transaction: &Transaction<'_>, run: &NewRun) -> Result<Admission> {
+    if let Some(step) = &run.step {
+        transaction
+            .execute(
+                "SELECT reins_fence($1, $2, $3)",
+                &[
+                    &step.fence.resource_id,
+                    &step.fence.owner,
+                    &step.fence.epoch,
+                ],
+            )
+            .await
+            .map_err(|e| fenced_error(&step.fence, e))?;
+    }
+    if let Some((key, request)) = &run.idempotency
+        && let Some(row) = transaction
+            .query_opt(&format!("{SELECT_RUN} WHERE idempotency_key = $1"), &[key])
+            .await?
+    {
+        return replay(decode(&row)?, request);
+    }
+    if let Some(step) = &run.step {
+        transaction
+            .execute("SELECT pg_advisory_xact_lock($1)", &[&SLOTS_LOCK])
+            .await?;
+        let held = transaction
+            .execute(
+                "UPDATE workflow_slots SET attempt = $3 WHERE workflow = $1 AND step_id = $2",
+                &[&step.workflow_id, &step.step_id, &step.attempt],
+            )
+            .await?;
+        if held == 0 {
+            let taken: i64 = transaction
+                .query_one("SELECT count(*) FROM workflow_slots", &[])
+                .await?
+                .get(0);
+            if u64::try_from(taken).unwrap_or(u64::MAX) >= step.slots_max {
+                return Ok(Admission::Queued);
+            }
+            transaction
+                .execute(
+                    "INSERT INTO workflow_slots (workflow, step_id, attempt, created_at)
+                     VALUES ($1, $2, $3, reins_now())",
+                    &[&step.workflow_id, &step.step_id, &step.attempt],
+                )
+                .await?;
+        }
+    }
+    let (key, request) = match &run.idempotency {
+        Some((key, request)) => (Some(key), Some(request)),
+        None => (None, None),
+    };
+    transaction
+        .execute(
+            "INSERT INTO runs (run_id, thread_id, workflow, step_id, attempt, agent, status,
+                               owner_worker_id, lease_expires_at, idempotency_key,
+                               idempotency_request, metadata, created_at, updated_at)
+             VALUES ($1, $2, $3, $4, $5, $6, 'pending', $7, reins_now() + $8, $9, $10, $11,
+                     reins_now(), reins_now())",
+            &[
+                &run.run_id,
+                &run.thread_id,
+                &run.step.as_ref().map(|s| &s.workflow_id),
+                &run.step.as_ref().map(|s| &s.step_id),
+                &run.step.as_ref().map(|s| s.attempt),
+                &run.agent,
+                &run.owner,
+                &ttl_seconds(run.lease_ms),
+                &key,
+                &request,
+                &run.metadata,
+            ],
+        )
+        .await?;
+    let row = transaction
+        .query_one(&format!("{SELECT_RUN} WHERE run_id = $1"), &[&run.run_id])
+        .await?;
+    Ok(Admission::Admitted(decode(&row)?))
+}
+
+impl PgStore {
+    pub(crate) async fn admit_run(&self, run: NewRun) -> Result<Admission> {
+        let mut client = self.pool.get().await?;
+        let attempt = async {
+            let transaction = client.transaction().await?;
+            let admission = admit_in(&transaction, &run).await?;
+            transaction.commit().await.map_err(commit_error)?;
+            Ok(admission)
+        }
+        .await;
+        match attempt {
+            Err(Error::Conflict(_)) => {
+                // A racing admission with the same key may have won: the same request gets its
+                // run; anything else is a conflict on the key or on the thread's one active run.
+                if let Some((key, request)) = &run.idempotency
+                    && let Some(existing) = read_by_key(&client, key).await?
+                {
+                    return replay(existing, request);
+                }
+                Err(Error::Conflict(format!(
+                    "thread {:?} already has an active run",
+                    run.thread_id
+                )))
+            }
+            other => other,
+        }
+    }
+
+    pub(crate) async fn read_run(&self, run_id: &str) -> Result<Option<RunRow>> {
+        let client = self.pool.get().await?;
+        let statement = client
+            .prepare_cached(&format!("{SELECT_RUN} WHERE run_id = $1"))
+            .await?;
+        client
+            .query_opt(&statement, &[&run_id])
+            .await?
+            .as_ref()
+            .map(decode)
+            .transpose()
+    }
+
+    pub(crate) async fn renew_run_lease(
+        &self,
+        run_id: &str,
+        owner: &str,
+        lease_ms: u64,
+    ) -> Result<Result<RunRenewal, Option<RunRow>>> {
+        let client = self.pool.get().await?;
+        let statement = client
+            .prepare_cached(
+                "UPDATE runs SET lease_expires_at =
+                        GREATEST(coalesce(lease_expires_at, 0), reins_now() + $3)
+                  WHERE run_id = $1 AND owner_worker_id = $2
+                    AND status IN ('pending', 'running')
+                    AND lease_expires_at > reins_now()
+                 RETURNING lease_expires_at, reins_now(), cancel_action",
+            )
+            .await?;
+        let renewed = client
+            .query_opt(&statement, &[&run_id, &owner, &ttl_seconds(lease_ms)])
+            .await?;
+        match renewed {
+            Some(row) => Ok(Ok(RunRenewal {
+                expires_at: row.get(0),
+                now: row.get(1),
+                cancel_action: row
+                    .get::<_, Option<&str>>(2)
+                    .map(CancelAction::parse)
+                    .transpose()?,
+            })),
+            None => {
+                drop(client);
+                Ok(Err(self.read_run(run_id).await?))
+            }
+        }
+    }
+
+    pub(crate) async fn request_run_cancel(
+        &self,
+        run_id: &str,
+        action: CancelAction,
+    ) -> Result<Option<CancelAction>> {
+        let client = self.pool.get().await?;
+        let row = client
+            .query_opt(
+                "UPDATE runs SET cancel_action = coalesce(cancel_action, $2),
+                        status = CASE status WHEN 'waiting_for_input' THEN 'interrupted'
+                                             ELSE status END,
+                        revision = revision + 1, updated_at = reins_now()
+                  WHERE run_id = $1 AND status IN ('pending', 'running', 'waiting_for_input')
+                 RETURNING cancel_action",
+                &[&run_id, &action.as_str()],
+            )
+            .await
+            .map_err(commit_error)?;
+        row.map(|row| CancelAction::parse(row.get(0))).transpose()
+    }
+
+    pub(crate) async fn update_run_status(
+        &self,
+        run_id: &str,
+        owner: &str,
+        status: RunStatus,
+        metadata: Option<Value>,
+    ) -> Result<bool> {
+        let client = self.pool.get().await?;
+        let statement = client
+            .prepare_cached(
+                "UPDATE runs SET status = $3, metadata = coalesce($4, metadata),
+                        revision = revision + 1, updated_at = reins_now()
+                  WHERE run_id = $1 AND owner_worker_id = $2
+                    AND status IN ('pending', 'running')",
+            )
+            .await?;
+        let changed = client
+            .execute(&statement, &[&run_id, &owner, &status.as_str(), &metadata])
+            .await
+            .map_err(commit_error)?;
+        Ok(changed == 1)
+    }
+
+    pub(crate) async fn finalize_run(
+        &self,
+        run_id: &str,
+        owner: &str,
+        outcome: &RunOutcome,
+        require_not_cancelled: bool,
+    ) -> Result<bool> {
+        let client = self.pool.get().await?;
+        let statement = client
+            .prepare_cached(
+                "UPDATE runs SET status = $3, error = $4, output = $5, stop_reason = $6,
+                        revision = revision + 1, updated_at = reins_now()
+                  WHERE run_id = $1 AND owner_worker_id = $2
+                    AND status IN ('pending', 'running', 'waiting_for_input')
+                    AND (NOT $7 OR cancel_action IS NULL)",
+            )
+            .await?;
+        let changed = client
+            .execute(
+                &statement,
+                &[
+                    &run_id,
+                    &owner,
+                    &outcome.status.as_str(),
+                    &outcome.error,
+                    &outcome.output,
+                    &outcome.stop_reason,
+                    &require_not_cancelled,
+                ],
+            )
+            .await
+            .map_err(commit_error)?;
+        Ok(changed == 1)
+    }
+
+    pub(crate) async fn record_run_usage(
+        &self,
+        run_id: &str,
+        owner: &str,
+        total_tokens: i64,
+        message_count: i64,
+    ) -> Result<bool> {
+        let client = self.pool.get().await?;
+        let changed = client
+            .execute(
+                "UPDATE runs SET total_tokens = $3, message_count = $4, revision = revision + 1,
+                        updated_at = reins_now()
+                  WHERE run_id = $1 AND owner_worker_id = $2
+                    AND status IN ('success', 'error', 'interrupted')",
+                &[&run_id, &owner, &total_tokens, &message_count],
+            )
+            .await
+            .map_err(commit_error)?;
+        Ok(changed == 1)
+    }
+
+    pub(crate) async fn answer_approval(
+        &self,
+        thread_id: &str,
+        request_ids: &[String],
+    ) -> Result<Option<ApprovalAnswer>> {
+        let client = self.pool.get().await?;
+        let newest = client
+            .query_opt(
+                &format!(
+                    "{SELECT_RUN} WHERE thread_id = $1 ORDER BY created_at DESC, run_id DESC LIMIT 1"
+                ),
+                &[&thread_id],
+            )
+            .await?
+            .as_ref()
+            .map(decode)
+            .transpose()?;
+        let Some(paused) = newest.filter(|run| run.status == RunStatus::WaitingForInput) else {
+            return Ok(None);
+        };
+        match pending_request_id(&paused.metadata) {
+            Some(id) if request_ids.iter().any(|r| r == id) => {}
+            _ => return Ok(None),
+        }
+        let row = client
+            .query_opt(
+                "UPDATE runs SET status = 'success', metadata = $3, revision = revision + 1,
+                        updated_at = reins_now()
+                  WHERE run_id = $1 AND status = 'waiting_for_input' AND revision = $2
+                 RETURNING revision",
+                &[
+                    &paused.run_id,
+                    &paused.revision,
+                    &without_pause(&paused.metadata),
+                ],
+            )
+            .await
+            .map_err(commit_error)?;
+        Ok(row.map(|row| ApprovalAnswer {
+            run_id: paused.run_id,
+            thread_id: thread_id.to_owned(),
+            previous_metadata: paused.metadata,
+            revision: row.get(0),
+        }))
+    }
+
+    pub(crate) async fn restore_approval(&self, answer: &ApprovalAnswer) -> Result<bool> {
+        let client = self.pool.get().await?;
+        let changed = client
+            .execute(
+                "UPDATE runs SET status = 'waiting_for_input', metadata = $3,
+                        revision = revision + 1, updated_at = reins_now()
+                  WHERE run_id = $1 AND revision = $2 AND status = 'success'",
+                &[&answer.run_id, &answer.revision, &answer.previous_metadata],
+            )
+            .await
+            .map_err(commit_error)?;
+        Ok(changed == 1)
+    }
+
+    pub(crate) async fn claim_orphan_runs(&self, claimer: &str, limit: u32) -> Result<Vec<String>> {
+        let client = self.pool.get().await?;
+        let rows = client
+            .query(
+                "UPDATE runs SET status = 'error', stop_reason = 'orphan_recovered',
+                        error = 'the node running it stopped renewing its lease',
+                        owner_worker_id = $1, revision = revision + 1, updated_at = reins_now()
+                  WHERE run_id IN (SELECT run_id FROM runs
+                                    WHERE status IN ('pending', 'running')
+                                      AND lease_expires_at <= reins_now()
+                                    LIMIT $2 FOR UPDATE SKIP LOCKED)
+                    AND status IN ('pending', 'running') AND lease_expires_at <= reins_now()
+                 RETURNING run_id",
+                &[&claimer, &i64::from(limit)],
+            )
+            .await
+            .map_err(commit_error)?;
+        Ok(rows.iter().map(|row| row.get(0)).collect())
+    }
+
+    pub(crate) async fn count_slots(&self) -> Result<i64> {
+        let client = self.pool.get().await?;
+        Ok(client
+            .query_one("SELECT count(*) FROM workflow_slots", &[])
+            .await?
+            .get(0))
+    }
+}

@@ -1,0 +1,192 @@
+//! Child runs (the `runs` table): the types their operations take and return. Every write that
+//! depends on owning a run is a compare-and-set on `owner_worker_id` (unique across restarts) and
+//! on the row still being live; a write that finds the row changed writes nothing and says so.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::{Error, Fence};
+
+/// The status of a child run (spec section 6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunStatus {
+    Pending,
+    Running,
+    Success,
+    Error,
+    Interrupted,
+    WaitingForInput,
+}
+
+impl RunStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunStatus::Pending => "pending",
+            RunStatus::Running => "running",
+            RunStatus::Success => "success",
+            RunStatus::Error => "error",
+            RunStatus::Interrupted => "interrupted",
+            RunStatus::WaitingForInput => "waiting_for_input",
+        }
+    }
+
+    pub fn parse(text: &str) -> Result<Self, Error> {
+        Ok(match text {
+            "pending" => RunStatus::Pending,
+            "running" => RunStatus::Running,
+            "success" => RunStatus::Success,
+            "error" => RunStatus::Error,
+            "interrupted" => RunStatus::Interrupted,
+            "waiting_for_input" => RunStatus::WaitingForInput,
+            other => return Err(Error::Database(format!("unknown run status {other:?}"))),
+        })
+    }
+
+    /// Whether the run has an outcome that nothing may change any more.
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            RunStatus::Success | RunStatus::Error | RunStatus::Interrupted
+        )
+    }
+}
+
+/// How a durable cancel request asks a run to stop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CancelAction {
+    /// Stop now; keep what the agent did.
+    Interrupt,
+    /// Stop now and undo what the agent can undo.
+    Rollback,
+}
+
+impl CancelAction {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CancelAction::Interrupt => "interrupt",
+            CancelAction::Rollback => "rollback",
+        }
+    }
+
+    pub fn parse(text: &str) -> Result<Self, Error> {
+        match text {
+            "interrupt" => Ok(CancelAction::Interrupt),
+            "rollback" => Ok(CancelAction::Rollback),
+            other => Err(Error::Database(format!("unknown cancel action {other:?}"))),
+        }
+    }
+}
+
+/// The workflow step a child run executes, and the slot rule it is admitted under.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WorkflowStep {
+    pub workflow_id: String,
+    pub step_id: String,
+    pub attempt: i32,
+    /// Child runs holding a `workflow_slots` slot across the cluster at most
+    /// (`max_active_children`); a step that finds none free is queued.
+    pub slots_max: u64,
+    /// The workflow's lease: admission happens only while it holds, in the same transaction.
+    pub fence: Fence,
+}
+
+/// A child run to admit.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewRun {
+    pub run_id: String,
+    pub thread_id: String,
+    pub agent: String,
+    /// This node's `worker_id`: the run's first owner.
+    pub owner: String,
+    pub lease_ms: u64,
+    /// Same key and same request: the same run. Same key, different request: a conflict.
+    pub idempotency: Option<(String, Value)>,
+    pub metadata: Value,
+    pub step: Option<WorkflowStep>,
+}
+
+/// What admission did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Admission {
+    /// A new run row, `pending`, owned by the caller.
+    Admitted(RunRow),
+    /// The idempotency key named a run admitted before with the same request.
+    Existing(RunRow),
+    /// Every slot is taken; nothing was written. Try again when a slot frees.
+    Queued,
+}
+
+/// A row of `runs`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RunRow {
+    pub run_id: String,
+    pub thread_id: String,
+    pub workflow: Option<String>,
+    pub step_id: Option<String>,
+    pub attempt: Option<i32>,
+    pub agent: String,
+    pub status: RunStatus,
+    pub owner_worker_id: Option<String>,
+    pub lease_expires_at: Option<f64>,
+    pub cancel_action: Option<CancelAction>,
+    pub error: Option<String>,
+    pub output: Option<Value>,
+    pub idempotency_key: Option<String>,
+    pub idempotency_request: Option<Value>,
+    pub metadata: Value,
+    pub total_tokens: i64,
+    pub message_count: i64,
+    pub stop_reason: Option<String>,
+    /// Incremented by every change of the row's status, outcome, metadata or cancel request.
+    pub revision: i64,
+    pub created_at: f64,
+    pub updated_at: f64,
+}
+
+/// A terminal outcome to record.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RunOutcome {
+    pub status: RunStatus,
+    pub error: Option<String>,
+    pub output: Option<Value>,
+    pub stop_reason: Option<String>,
+}
+
+/// An acknowledged lease renewal of a child run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunRenewal {
+    /// The new deadline, epoch seconds by the database clock.
+    pub expires_at: f64,
+    /// The database clock when it renewed, so the caller can turn the deadline into a local one
+    /// without comparing clocks.
+    pub now: f64,
+    /// A durable cancel request waiting for the run, if any.
+    pub cancel_action: Option<CancelAction>,
+}
+
+/// Proof that this caller's answer consumed a pause, and what to put back to undo it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApprovalAnswer {
+    pub run_id: String,
+    pub thread_id: String,
+    /// The metadata the paused run had, `hitl_approval` included.
+    pub previous_metadata: Value,
+    /// The row's revision the answer wrote: a restore happens only if it is still the latest.
+    pub revision: i64,
+}
+
+/// The request id a paused run waits for, from its `metadata.hitl_approval`.
+pub fn pending_request_id(metadata: &Value) -> Option<&str> {
+    metadata.get("hitl_approval")?.get("request_id")?.as_str()
+}
+
+/// The metadata of an answered run: the pause removed, everything else kept.
+pub(crate) fn without_pause(metadata: &Value) -> Value {
+    let mut answered = metadata.clone();
+    if let Some(map) = answered.as_object_mut() {
+        map.remove("hitl_approval");
+    }
+    answered
+}

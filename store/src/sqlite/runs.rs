@@ -1,0 +1,458 @@
+//! Child runs on SQLite. Every write runs on the single writer, so each compare-and-set below is
+//! also serialised against every other write of the node.
+
+use rusqlite::{Connection, OptionalExtension, Row, params};
+use serde_json::Value;
+
+use super::{SqliteStore, check_fence, parse_json};
+use crate::lease::ttl_seconds;
+use crate::runs::{
+    Admission, ApprovalAnswer, CancelAction, NewRun, RunOutcome, RunRenewal, RunRow, RunStatus,
+    pending_request_id, without_pause,
+};
+use crate::{Error, Result};
+
+const RUN_COLUMNS: &str = "run_id, thread_id, workflow, step_id, attempt, agent, status,
+    owner_worker_id, lease_expires_at, cancel_action, error, output, idempotency_key,
+    idempotency_request, metadata, total_tokens, message_count, stop_reason, revision, created_at,
+    updated_at";
+
+fn run_row(row: &Row<'_>) -> rusqlite::Result<RawRun> {
+    Ok(RawRun {
+        run_id: row.get(0)?,
+        thread_id: row.get(1)?,
+        workflow: row.get(2)?,
+        step_id: row.get(3)?,
+        attempt: row.get(4)?,
+        agent: row.get(5)?,
+        status: row.get(6)?,
+        owner_worker_id: row.get(7)?,
+        lease_expires_at: row.get(8)?,
+        cancel_action: row.get(9)?,
+        error: row.get(10)?,
+        output: row.get(11)?,
+        idempotency_key: row.get(12)?,
+        idempotency_request: row.get(13)?,
+        metadata: row.get(14)?,
+        total_tokens: row.get(15)?,
+        message_count: row.get(16)?,
+        stop_reason: row.get(17)?,
+        revision: row.get(18)?,
+        created_at: row.get(19)?,
+        updated_at: row.get(20)?,
+    })
+}
+
+/// A run row as SQLite stores it (JSON as text), before decoding.
+struct RawRun {
+    run_id: String,
+    thread_id: String,
+    workflow: Option<String>,
+    step_id: Option<String>,
+    attempt: Option<i32>,
+    agent: String,
+    status: String,
+    owner_worker_id: Option<String>,
+    lease_expires_at: Option<f64>,
+    cancel_action: Option<String>,
+    error: Option<String>,
+    output: Option<String>,
+    idempotency_key: Option<String>,
+    idempotency_request: Option<String>,
+    metadata: String,
+    total_tokens: i64,
+    message_count: i64,
+    stop_reason: Option<String>,
+    revision: i64,
+    created_at: f64,
+    updated_at: f64,
+}
+
+impl RawRun {
+    fn decode(self) -> Result<RunRow> {
+        Ok(RunRow {
+            run_id: self.run_id,
+            thread_id: self.thread_id,
+            workflow: self.workflow,
+            step_id: self.step_id,
+            attempt: self.attempt,
+            agent: self.agent,
+            status: RunStatus::parse(&self.status)?,
+            owner_worker_id: self.owner_worker_id,
+            lease_expires_at: self.lease_expires_at,
+            cancel_action: self
+                .cancel_action
+                .as_deref()
+                .map(CancelAction::parse)
+                .transpose()?,
+            error: self.error,
+            output: self.output.as_deref().map(parse_json).transpose()?,
+            idempotency_key: self.idempotency_key,
+            idempotency_request: self
+                .idempotency_request
+                .as_deref()
+                .map(parse_json)
+                .transpose()?,
+            metadata: parse_json(&self.metadata)?,
+            total_tokens: self.total_tokens,
+            message_count: self.message_count,
+            stop_reason: self.stop_reason,
+            revision: self.revision,
+            created_at: self.created_at,
+            updated_at: self.updated_at,
+        })
+    }
+}
+
+fn read_run(connection: &Connection, run_id: &str) -> Result<Option<RunRow>> {
+    connection
+        .prepare_cached(&format!("SELECT {RUN_COLUMNS} FROM runs WHERE run_id = ?1"))?
+        .query_row([run_id], run_row)
+        .optional()?
+        .map(RawRun::decode)
+        .transpose()
+}
+
+fn read_run_by_key(connection: &Connection, key: &str) -> Result<Option<RunRow>> {
+    connection
+        .prepare_cached(&format!(
+            "SELECT {RUN_COLUMNS} FROM runs WHERE idempotency_key = ?1"
+        ))?
+        .query_row([key], run_row)
+        .optional()?
+        .map(RawRun::decode)
+        .transpose()
+}
+
+/// The run an idempotency key already names, if the request matches; a conflict if it does not.
+fn replay(existing: RunRow, request: &Value) -> Result<Admission> {
+    if existing.idempotency_request.as_ref() == Some(request) {
+        Ok(Admission::Existing(existing))
+    } else {
+        Err(Error::Conflict(format!(
+            "idempotency key {:?} was used for a different request",
+            existing.idempotency_key.unwrap_or_default()
+        )))
+    }
+}
+
+fn admit(connection: &Connection, run: &NewRun) -> Result<Admission> {
+    if let Some(step) = &run.step {
+        check_fence(connection, &step.fence)?;
+    }
+    if let Some((key, request)) = &run.idempotency
+        && let Some(existing) = read_run_by_key(connection, key)?
+    {
+        return replay(existing, request);
+    }
+    if let Some(step) = &run.step {
+        let held: bool = connection
+            .prepare_cached(
+                "SELECT count(*) > 0 FROM workflow_slots WHERE workflow = ?1 AND step_id = ?2",
+            )?
+            .query_row(params![step.workflow_id, step.step_id], |row| row.get(0))?;
+        if held {
+            connection
+                .prepare_cached(
+                    "UPDATE workflow_slots SET attempt = ?3 WHERE workflow = ?1 AND step_id = ?2",
+                )?
+                .execute(params![step.workflow_id, step.step_id, step.attempt])?;
+        } else {
+            let taken: i64 = connection
+                .prepare_cached("SELECT count(*) FROM workflow_slots")?
+                .query_row([], |row| row.get(0))?;
+            if u64::try_from(taken).unwrap_or(u64::MAX) >= step.slots_max {
+                return Ok(Admission::Queued);
+            }
+            connection
+                .prepare_cached(
+                    "INSERT INTO workflow_slots (workflow, step_id, attempt, created_at)
+                     VALUES (?1, ?2, ?3, unixepoch('subsec'))",
+                )?
+                .execute(params![step.workflow_id, step.step_id, step.attempt])?;
+        }
+    }
+    let (key, request) = match &run.idempotency {
+        Some((key, request)) => (Some(key.as_str()), Some(request.to_string())),
+        None => (None, None),
+    };
+    let inserted = connection
+        .prepare_cached(
+            "INSERT INTO runs (run_id, thread_id, workflow, step_id, attempt, agent, status,
+                               owner_worker_id, lease_expires_at, idempotency_key,
+                               idempotency_request, metadata, created_at, updated_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'pending', ?7, unixepoch('subsec') + ?8, ?9, ?10,
+                     ?11, unixepoch('subsec'), unixepoch('subsec'))",
+        )?
+        .execute(params![
+            run.run_id,
+            run.thread_id,
+            run.step.as_ref().map(|s| &s.workflow_id),
+            run.step.as_ref().map(|s| &s.step_id),
+            run.step.as_ref().map(|s| s.attempt),
+            run.agent,
+            run.owner,
+            ttl_seconds(run.lease_ms),
+            key,
+            request,
+            run.metadata.to_string(),
+        ]);
+    match inserted {
+        Ok(_) => {}
+        Err(e) if e.sqlite_error_code() == Some(rusqlite::ErrorCode::ConstraintViolation) => {
+            return Err(Error::Conflict(format!(
+                "thread {:?} already has an active run",
+                run.thread_id
+            )));
+        }
+        Err(e) => return Err(e.into()),
+    }
+    read_run(connection, &run.run_id)?
+        .map(Admission::Admitted)
+        .ok_or_else(|| Error::Database("an admitted run vanished".into()))
+}
+
+impl SqliteStore {
+    pub(crate) async fn admit_run(&self, run: NewRun) -> Result<Admission> {
+        self.write(move |connection| admit(connection, &run)).await
+    }
+
+    pub(crate) async fn read_run(&self, run_id: &str) -> Result<Option<RunRow>> {
+        let run_id = run_id.to_owned();
+        self.read(move |connection| read_run(connection, &run_id))
+            .await
+    }
+
+    pub(crate) async fn renew_run_lease(
+        &self,
+        run_id: &str,
+        owner: &str,
+        lease_ms: u64,
+    ) -> Result<Result<RunRenewal, Option<RunRow>>> {
+        let (run_id, owner) = (run_id.to_owned(), owner.to_owned());
+        self.write(move |connection| {
+            let renewed = connection
+                .prepare_cached(
+                    "UPDATE runs SET lease_expires_at =
+                            max(coalesce(lease_expires_at, 0), unixepoch('subsec') + ?3)
+                      WHERE run_id = ?1 AND owner_worker_id = ?2
+                        AND status IN ('pending', 'running')
+                        AND lease_expires_at > unixepoch('subsec')
+                     RETURNING lease_expires_at, unixepoch('subsec'), cancel_action",
+                )?
+                .query_row(params![run_id, owner, ttl_seconds(lease_ms)], |row| {
+                    Ok((row.get(0)?, row.get(1)?, row.get::<_, Option<String>>(2)?))
+                })
+                .optional()?;
+            match renewed {
+                Some((expires_at, now, cancel)) => Ok(Ok(RunRenewal {
+                    expires_at,
+                    now,
+                    cancel_action: cancel.as_deref().map(CancelAction::parse).transpose()?,
+                })),
+                None => Ok(Err(read_run(connection, &run_id)?)),
+            }
+        })
+        .await
+    }
+
+    pub(crate) async fn request_run_cancel(
+        &self,
+        run_id: &str,
+        action: CancelAction,
+    ) -> Result<Option<CancelAction>> {
+        let run_id = run_id.to_owned();
+        self.write(move |connection| {
+            let effective: Option<String> = connection
+                .prepare_cached(
+                    "UPDATE runs SET cancel_action = coalesce(cancel_action, ?2),
+                            status = CASE status WHEN 'waiting_for_input' THEN 'interrupted'
+                                                 ELSE status END,
+                            revision = revision + 1, updated_at = unixepoch('subsec')
+                      WHERE run_id = ?1 AND status IN ('pending', 'running', 'waiting_for_input')
+                     RETURNING cancel_action",
+                )?
+                .query_row(params![run_id, action.as_str()], |row| row.get(0))
+                .optional()?;
+            effective.as_deref().map(CancelAction::parse).transpose()
+        })
+        .await
+    }
+
+    pub(crate) async fn update_run_status(
+        &self,
+        run_id: &str,
+        owner: &str,
+        status: RunStatus,
+        metadata: Option<Value>,
+    ) -> Result<bool> {
+        let (run_id, owner) = (run_id.to_owned(), owner.to_owned());
+        self.write(move |connection| {
+            let changed = connection
+                .prepare_cached(
+                    "UPDATE runs SET status = ?3, metadata = coalesce(?4, metadata),
+                            revision = revision + 1, updated_at = unixepoch('subsec')
+                      WHERE run_id = ?1 AND owner_worker_id = ?2
+                        AND status IN ('pending', 'running')",
+                )?
+                .execute(params![
+                    run_id,
+                    owner,
+                    status.as_str(),
+                    metadata.map(|m| m.to_string())
+                ])?;
+            Ok(changed == 1)
+        })
+        .await
+    }
+
+    pub(crate) async fn finalize_run(
+        &self,
+        run_id: &str,
+        owner: &str,
+        outcome: &RunOutcome,
+        require_not_cancelled: bool,
+    ) -> Result<bool> {
+        let (run_id, owner, outcome) = (run_id.to_owned(), owner.to_owned(), outcome.clone());
+        self.write(move |connection| {
+            let changed = connection
+                .prepare_cached(
+                    "UPDATE runs SET status = ?3, error = ?4, output = ?5, stop_reason = ?6,
+                            revision = revision + 1, updated_at = unixepoch('subsec')
+                      WHERE run_id = ?1 AND owner_worker_id = ?2
+                        AND status IN ('pending', 'running', 'waiting_for_input')
+                        AND (?7 = 0 OR cancel_action IS NULL)",
+                )?
+                .execute(params![
+                    run_id,
+                    owner,
+                    outcome.status.as_str(),
+                    outcome.error,
+                    outcome.output.as_ref().map(Value::to_string),
+                    outcome.stop_reason,
+                    require_not_cancelled,
+                ])?;
+            Ok(changed == 1)
+        })
+        .await
+    }
+
+    pub(crate) async fn record_run_usage(
+        &self,
+        run_id: &str,
+        owner: &str,
+        total_tokens: i64,
+        message_count: i64,
+    ) -> Result<bool> {
+        let (run_id, owner) = (run_id.to_owned(), owner.to_owned());
+        self.write(move |connection| {
+            let changed = connection
+                .prepare_cached(
+                    "UPDATE runs SET total_tokens = ?3, message_count = ?4, revision = revision + 1,
+                            updated_at = unixepoch('subsec')
+                      WHERE run_id = ?1 AND owner_worker_id = ?2
+                        AND status IN ('success', 'error', 'interrupted')",
+                )?
+                .execute(params![run_id, owner, total_tokens, message_count])?;
+            Ok(changed == 1)
+        })
+        .await
+    }
+
+    pub(crate) async fn answer_approval(
+        &self,
+        thread_id: &str,
+        request_ids: &[String],
+    ) -> Result<Option<ApprovalAnswer>> {
+        let (thread_id, request_ids) = (thread_id.to_owned(), request_ids.to_vec());
+        self.write(move |connection| {
+            let newest = connection
+                .prepare_cached(&format!(
+                    "SELECT {RUN_COLUMNS} FROM runs WHERE thread_id = ?1
+                      ORDER BY created_at DESC, rowid DESC LIMIT 1"
+                ))?
+                .query_row([&thread_id], run_row)
+                .optional()?
+                .map(RawRun::decode)
+                .transpose()?;
+            let Some(paused) = newest.filter(|run| run.status == RunStatus::WaitingForInput) else {
+                return Ok(None);
+            };
+            match pending_request_id(&paused.metadata) {
+                Some(id) if request_ids.iter().any(|r| r == id) => {}
+                _ => return Ok(None),
+            }
+            let revision: Option<i64> = connection
+                .prepare_cached(
+                    "UPDATE runs SET status = 'success', metadata = ?3, revision = revision + 1,
+                            updated_at = unixepoch('subsec')
+                      WHERE run_id = ?1 AND status = 'waiting_for_input' AND revision = ?2
+                     RETURNING revision",
+                )?
+                .query_row(
+                    params![
+                        paused.run_id,
+                        paused.revision,
+                        without_pause(&paused.metadata).to_string()
+                    ],
+                    |row| row.get(0),
+                )
+                .optional()?;
+            Ok(revision.map(|revision| ApprovalAnswer {
+                run_id: paused.run_id,
+                thread_id,
+                previous_metadata: paused.metadata,
+                revision,
+            }))
+        })
+        .await
+    }
+
+    pub(crate) async fn restore_approval(&self, answer: &ApprovalAnswer) -> Result<bool> {
+        let answer = answer.clone();
+        self.write(move |connection| {
+            let changed = connection
+                .prepare_cached(
+                    "UPDATE runs SET status = 'waiting_for_input', metadata = ?3,
+                            revision = revision + 1, updated_at = unixepoch('subsec')
+                      WHERE run_id = ?1 AND revision = ?2 AND status = 'success'",
+                )?
+                .execute(params![
+                    answer.run_id,
+                    answer.revision,
+                    answer.previous_metadata.to_string()
+                ])?;
+            Ok(changed == 1)
+        })
+        .await
+    }
+
+    pub(crate) async fn claim_orphan_runs(&self, claimer: &str, limit: u32) -> Result<Vec<String>> {
+        let claimer = claimer.to_owned();
+        self.write(move |connection| {
+            let mut statement = connection.prepare_cached(
+                "UPDATE runs SET status = 'error', stop_reason = 'orphan_recovered',
+                        error = 'the node running it stopped renewing its lease',
+                        owner_worker_id = ?1, revision = revision + 1,
+                        updated_at = unixepoch('subsec')
+                  WHERE run_id IN (SELECT run_id FROM runs
+                                    WHERE status IN ('pending', 'running')
+                                      AND lease_expires_at <= unixepoch('subsec')
+                                    LIMIT ?2)
+                 RETURNING run_id",
+            )?;
+            let claimed = statement.query_map(params![claimer, limit], |row| row.get(0))?;
+            Ok(claimed.collect::<rusqlite::Result<Vec<String>>>()?)
+        })
+        .await
+    }
+
+    pub(crate) async fn count_slots(&self) -> Result<i64> {
+        self.read(|connection| {
+            Ok(connection
+                .prepare_cached("SELECT count(*) FROM workflow_slots")?
+                .query_row([], |row| row.get(0))?)
+        })
+        .await
+    }
+}

@@ -1,0 +1,275 @@
+//! The `runs` table's compare-and-set rules, on both backends: admission (idempotency, one active
+//! run per thread, slots), terminal commit authority, durable cancellation, approval answers and
+//! orphan claims.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use store::{Admission, CancelAction, Error, NewRun, RunOutcome, RunStatus, Store, WorkflowStep};
+use tokio::sync::Barrier;
+
+use crate::harness::{eventually, on_both_backends};
+use crate::leases::workflow;
+
+/// A run of `agent` on `thread`, owned by `owner`.
+pub fn new_run(run_id: &str, thread: &str, owner: &str) -> NewRun {
+    NewRun {
+        run_id: run_id.to_owned(),
+        thread_id: thread.to_owned(),
+        agent: "echo".into(),
+        owner: owner.to_owned(),
+        lease_ms: 60_000,
+        idempotency: None,
+        metadata: json!({}),
+        step: None,
+    }
+}
+
+fn outcome(status: RunStatus) -> RunOutcome {
+    RunOutcome {
+        status,
+        error: None,
+        output: Some(json!({"done": true})),
+        stop_reason: None,
+    }
+}
+
+async fn admitted(store: &Store, run: NewRun) -> store::RunRow {
+    match store.admit_run(run).await.expect("admit") {
+        Admission::Admitted(row) => row,
+        other => panic!("not admitted: {other:?}"),
+    }
+}
+
+fn paused_metadata(request_id: &str) -> Value {
+    json!({
+        "hitl_approval": {
+            "request_id": request_id,
+            "actions": [{"tool_call_id": "call-1", "request_id": request_id}],
+        },
+        "retained": true,
+    })
+}
+
+/// A run on `thread` paused for approval `request_id`.
+async fn paused(store: &Store, run_id: &str, thread: &str, request_id: &str) {
+    let run = NewRun {
+        metadata: paused_metadata(request_id),
+        ..new_run(run_id, thread, "node-a")
+    };
+    admitted(store, run).await;
+    assert!(
+        store
+            .update_run_status(run_id, "node-a", RunStatus::WaitingForInput, None)
+            .await
+            .expect("pause")
+    );
+}
+
+on_both_backends! {
+    async fn admission_is_idempotent_per_key_and_keeps_one_active_run_per_thread(db: TestDb) {
+        let store = db.store().await;
+        let keyed = |run_id: &str, request: Value| NewRun {
+            idempotency: Some(("key-1".into(), request)),
+            ..new_run(run_id, "thread-1", "node-a")
+        };
+        let first = admitted(&store, keyed("run-1", json!({"task": "a"}))).await;
+        assert_eq!((first.status, first.owner_worker_id.as_deref()), (RunStatus::Pending, Some("node-a")));
+        assert_eq!(first.idempotency_request, Some(json!({"task": "a"})));
+
+        match store.admit_run(keyed("run-2", json!({"task": "a"}))).await.expect("replay") {
+            Admission::Existing(row) => assert_eq!(row.run_id, "run-1"),
+            other => panic!("the same request made {other:?}"),
+        }
+        let reused = store.admit_run(keyed("run-3", json!({"task": "b"}))).await;
+        assert!(matches!(reused, Err(Error::Conflict(_))), "{reused:?}");
+        let busy = store.admit_run(new_run("run-4", "thread-1", "node-a")).await;
+        assert!(matches!(busy, Err(Error::Conflict(ref m)) if m.contains("thread-1")), "{busy:?}");
+        for absent in ["run-2", "run-3", "run-4"] {
+            assert_eq!(store.read_run(absent).await.expect("read"), None, "{absent} was written");
+        }
+
+        assert!(store.finalize_run("run-1", "node-a", &outcome(RunStatus::Success), true).await.expect("finalize"));
+        admitted(&store, new_run("run-5", "thread-1", "node-a")).await;
+    }
+}
+
+on_both_backends! {
+    async fn a_step_without_a_free_slot_is_queued_and_a_stale_fence_admits_nothing(db: TestDb) {
+        let store = db.store().await;
+        let lease = workflow(&store, "wf", "node-a", 60_000).await;
+        let step = |step_id: &str| WorkflowStep {
+            workflow_id: "wf".into(),
+            step_id: step_id.to_owned(),
+            attempt: 1,
+            slots_max: 2,
+            fence: lease.fence(),
+        };
+        for (n, step_id) in ["s1", "s2"].into_iter().enumerate() {
+            let run = NewRun { step: Some(step(step_id)), ..new_run(&format!("run-{n}"), &format!("t-{n}"), "node-a") };
+            admitted(&store, run).await;
+        }
+        let third = NewRun { step: Some(step("s3")), ..new_run("run-3", "t-3", "node-a") };
+        assert_eq!(store.admit_run(third.clone()).await.expect("admit"), Admission::Queued);
+        assert_eq!(store.read_run("run-3").await.expect("read"), None);
+        assert_eq!(store.count_slots().await.expect("slots"), 2);
+
+        store
+            .fenced_write(&lease.fence(), vec![store::WriteOp::ReleaseSlot {
+                workflow_id: "wf".into(),
+                step_id: "s1".into(),
+            }])
+            .await
+            .expect("release a slot");
+        admitted(&store, third).await;
+        assert_eq!(store.count_slots().await.expect("slots"), 2);
+
+        assert!(store.release_lease(&lease.fence()).await.expect("release"));
+        let stale = NewRun { step: Some(step("s4")), ..new_run("run-4", "t-4", "node-a") };
+        let refused = store.admit_run(stale).await;
+        assert!(matches!(refused, Err(Error::LeaseLost { .. })), "{refused:?}");
+        assert_eq!(store.read_run("run-4").await.expect("read"), None);
+        assert_eq!(store.count_slots().await.expect("slots"), 2);
+    }
+}
+
+on_both_backends! {
+    async fn only_the_owner_of_a_live_row_records_its_outcome_once(db: TestDb) {
+        let store = db.store().await;
+        admitted(&store, new_run("run-1", "thread-1", "node-a")).await;
+        assert!(!store.finalize_run("run-1", "node-b", &outcome(RunStatus::Success), true).await.expect("cas"),
+            "another node recorded an outcome");
+        assert!(!store.record_run_usage("run-1", "node-a", 5, 1).await.expect("usage"),
+            "usage recorded before the outcome");
+        assert!(store.update_run_status("run-1", "node-a", RunStatus::Running, None).await.expect("running"));
+        assert!(store.finalize_run("run-1", "node-a", &outcome(RunStatus::Success), true).await.expect("cas"));
+        let conflicting = RunOutcome { error: Some("late".into()), ..outcome(RunStatus::Error) };
+        assert!(!store.finalize_run("run-1", "node-a", &conflicting, false).await.expect("cas"),
+            "a second outcome overwrote the first");
+        assert!(!store.update_run_status("run-1", "node-a", RunStatus::Running, None).await.expect("cas"),
+            "a live status resurrected a finished run");
+        assert!(store.record_run_usage("run-1", "node-a", 17, 2).await.expect("usage"));
+
+        let row = store.read_run("run-1").await.expect("read").expect("row");
+        assert_eq!((row.status, row.error, row.total_tokens, row.message_count),
+            (RunStatus::Success, None, 17, 2));
+        let renewal = store.renew_run_lease("run-1", "node-a", 60_000).await.expect("renew");
+        assert!(matches!(renewal, Err(Some(ref row)) if row.status == RunStatus::Success), "{renewal:?}");
+    }
+}
+
+on_both_backends! {
+    async fn a_durable_cancel_reaches_the_owner_at_renewal_and_blocks_a_plain_success(db: TestDb) {
+        let store = db.store().await;
+        admitted(&store, new_run("run-1", "thread-1", "node-a")).await;
+        let renewed = store.renew_run_lease("run-1", "node-a", 60_000).await.expect("renew").expect("renewed");
+        assert_eq!(renewed.cancel_action, None);
+        assert!(renewed.expires_at > renewed.now);
+
+        assert_eq!(store.request_run_cancel("run-1", CancelAction::Rollback).await.expect("cancel"),
+            Some(CancelAction::Rollback));
+        assert_eq!(store.request_run_cancel("run-1", CancelAction::Interrupt).await.expect("cancel"),
+            Some(CancelAction::Rollback), "the first action asked for stands");
+        let renewed = store.renew_run_lease("run-1", "node-a", 60_000).await.expect("renew").expect("renewed");
+        assert_eq!(renewed.cancel_action, Some(CancelAction::Rollback));
+
+        assert!(!store.finalize_run("run-1", "node-a", &outcome(RunStatus::Success), true).await.expect("cas"),
+            "a success was recorded over a cancel request");
+        let interrupted = RunOutcome { error: Some("rolled back".into()), ..outcome(RunStatus::Interrupted) };
+        assert!(store.finalize_run("run-1", "node-a", &interrupted, false).await.expect("cas"));
+        assert_eq!(store.request_run_cancel("run-1", CancelAction::Interrupt).await.expect("cancel"), None);
+        assert_eq!(store.read_run("run-1").await.expect("read").map(|r| r.status), Some(RunStatus::Interrupted));
+
+        paused(&store, "run-2", "thread-2", "approval-1").await;
+        store.request_run_cancel("run-2", CancelAction::Interrupt).await.expect("cancel");
+        assert_eq!(store.read_run("run-2").await.expect("read").map(|r| r.status),
+            Some(RunStatus::Interrupted), "a paused run, which nobody runs, ends at once");
+    }
+}
+
+on_both_backends! {
+    async fn an_expired_run_is_claimed_as_an_orphan_and_its_old_owner_is_fenced(db: TestDb) {
+        let store = db.store().await;
+        admitted(&store, NewRun { lease_ms: 200, ..new_run("brief", "thread-1", "dead-node") }).await;
+        admitted(&store, new_run("alive", "thread-2", "node-a")).await;
+        let deadline = store.read_run("brief").await.expect("read").and_then(|r| r.lease_expires_at).expect("lease");
+        eventually(Duration::from_secs(5), "the brief lease expired", async || {
+            store.now().await.expect("now") > deadline
+        })
+        .await;
+        let renewal = store.renew_run_lease("brief", "dead-node", 60_000).await.expect("renew");
+        assert!(matches!(renewal, Err(Some(_))), "an expired run lease was renewed: {renewal:?}");
+
+        assert_eq!(store.claim_orphan_runs("node-b", 10).await.expect("claim"), vec!["brief".to_owned()]);
+        assert!(store.claim_orphan_runs("node-b", 10).await.expect("claim").is_empty());
+        let row = store.read_run("brief").await.expect("read").expect("row");
+        assert_eq!((row.status, row.stop_reason.as_deref(), row.owner_worker_id.as_deref()),
+            (RunStatus::Error, Some("orphan_recovered"), Some("node-b")));
+        assert!(!store.finalize_run("brief", "dead-node", &outcome(RunStatus::Success), true).await.expect("cas"));
+        assert_eq!(store.read_run("alive").await.expect("read").map(|r| r.status), Some(RunStatus::Pending));
+    }
+}
+
+on_both_backends! {
+    async fn an_answer_to_an_older_pause_never_consumes_a_newer_one(db: TestDb) {
+        let (owner, peer) = (db.store().await, db.store().await);
+        paused(&owner, "run-1", "thread", "approval-1").await;
+        let first = owner.answer_approval("thread", &["approval-1".into()]).await.expect("answer")
+            .expect("the first pause is answered");
+        let row = owner.read_run("run-1").await.expect("read").expect("row");
+        assert_eq!((row.status, &row.metadata), (RunStatus::Success, &json!({"retained": true})));
+        assert_eq!(first.previous_metadata, paused_metadata("approval-1"));
+
+        paused(&owner, "run-2", "thread", "approval-2").await;
+        assert_eq!(peer.answer_approval("thread", &["approval-1".into()]).await.expect("answer"), None,
+            "a stale answer consumed the newer pause");
+        assert_eq!(peer.read_run("run-2").await.expect("read").map(|r| r.metadata),
+            Some(paused_metadata("approval-2")));
+
+        let second = peer.answer_approval("thread", &["approval-2".into()]).await.expect("answer")
+            .expect("the current pause is answered");
+        assert!(peer.restore_approval(&second).await.expect("restore"));
+        let restored = peer.read_run("run-2").await.expect("read").expect("row");
+        assert_eq!((restored.status, restored.metadata), (RunStatus::WaitingForInput, paused_metadata("approval-2")));
+        assert!(!peer.restore_approval(&second).await.expect("restore"), "an answer was restored twice");
+
+        // Restoring is refused once anything newer was committed on the run.
+        let third = owner.answer_approval("thread", &["approval-2".into()]).await.expect("answer")
+            .expect("the restored pause is answered again");
+        assert!(owner.record_run_usage("run-2", "node-a", 3, 1).await.expect("usage"));
+        assert!(!owner.restore_approval(&third).await.expect("restore"),
+            "a restore overwrote a newer commit");
+        assert_eq!(owner.read_run("run-2").await.expect("read").map(|r| r.status), Some(RunStatus::Success));
+
+    }
+}
+
+on_both_backends! {
+    async fn two_nodes_answering_the_same_approval_have_exactly_one_winner(db: TestDb) {
+        const ROUNDS: usize = 100;
+        let (a, b) = (db.store().await, db.store().await);
+        for round in 0..ROUNDS {
+            let thread = format!("thread-{round}");
+            paused(&a, &format!("run-{round}"), &thread, "approval").await;
+            let barrier = Arc::new(Barrier::new(2));
+            let answer = |store: Arc<Store>| {
+                let (barrier, thread) = (Arc::clone(&barrier), thread.clone());
+                tokio::spawn(async move {
+                    barrier.wait().await;
+                    store.answer_approval(&thread, &["approval".into()]).await
+                })
+            };
+            let (first, second) = (answer(Arc::clone(&a)), answer(Arc::clone(&b)));
+            let first = first.await.expect("join").expect("answer");
+            let second = second.await.expect("join").expect("answer");
+            assert_eq!(
+                usize::from(first.is_some()) + usize::from(second.is_some()),
+                1,
+                "round {round}: {first:?} / {second:?}"
+            );
+            let row = a.read_run(&format!("run-{round}")).await.expect("read").expect("row");
+            assert_eq!((row.status, row.metadata), (RunStatus::Success, json!({"retained": true})));
+        }
+    }
+}
