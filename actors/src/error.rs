@@ -9,6 +9,20 @@ pub enum Error {
     /// An actor could not be started.
     #[error("cannot start the {actor} actor: {reason}")]
     Spawn { actor: &'static str, reason: String },
+    /// The request names no configured agent.
+    #[error("unknown agent {name:?}; configured: {known}")]
+    UnknownAgent { name: String, known: String },
+    /// A request value is over its configured limit.
+    #[error("{what} is {bytes} bytes, over `{limit_name}` ({limit} bytes)")]
+    TooLarge {
+        what: &'static str,
+        bytes: usize,
+        limit_name: &'static str,
+        limit: usize,
+    },
+    /// A request is malformed.
+    #[error("invalid request: {0}")]
+    InvalidRequest(String),
     /// An actor did not answer in time or has stopped.
     #[error("the {actor} actor did not answer: {reason}")]
     Unanswered { actor: &'static str, reason: String },

@@ -1,12 +1,24 @@
 //! The ractor supervision tree of one reins node. The node supervisor owns the store actor (the
-//! only way actors reach the database); later issues add the lease actor, one supervisor per live
-//! workflow and the child-agent actors beneath them. Callers outside this crate use typed handles
+//! only way actors reach the database), the lease actor (renewals and fencing) and the child-runs
+//! actor, which supervises one child-agent actor per child run; a later issue adds one supervisor
+//! per live workflow. Callers outside this crate use typed handles
 //! ([`Node`], [`StoreHandle`]), never raw `ActorRef`s.
 
+pub mod agents;
+mod child_agent;
+mod child_runs;
+pub mod commit;
 mod error;
+mod faults;
+mod lease_actor;
 mod node;
 mod store_actor;
+pub mod workspace;
 
+pub use child_agent::RunEnd;
+pub use child_runs::{Admitted, RunRequest, RunsHandle, RunsOptions};
 pub use error::Error;
+pub use faults::{FaultAction, StoreFaults};
+pub use lease_actor::LeaseView;
 pub use node::{Node, NodeIdentity, NodeOptions, NodeStatus};
 pub use store_actor::{StoreHandle, StoreHealth};

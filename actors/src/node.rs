@@ -1,6 +1,7 @@
-//! The node supervisor: the root of a node's supervision tree. It starts the store actor linked
-//! beneath it and stops the node if the store actor dies, since a node that cannot persist must
-//! not pretend to run anything. [`Node`] is the handle the binary holds.
+//! The node supervisor: the root of a node's supervision tree. It starts the store actor, the
+//! lease actor and the child-runs actor linked beneath it, and stops the node if any of them dies:
+//! a node that cannot persist or renew must not pretend to run anything. [`Node`] is the handle the
+//! binary holds.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -11,7 +12,11 @@ use store::{NodeRecord, Store};
 use tokio::task::JoinHandle;
 
 use crate::Error;
-use crate::store_actor::{StoreActor, StoreArgs, StoreHandle, StoreMsg};
+use crate::agents::AgentRegistry;
+use crate::child_runs::{ChildRuns, ChildRunsArgs, RunsHandle, RunsOptions};
+use crate::faults::StoreFaults;
+use crate::lease_actor::{LeaseActor, LeaseArgs, LeaseMsg, LeaseView};
+use crate::store_actor::{StoreActor, StoreArgs, StoreHandle};
 
 /// Who this node is. `worker_id` is unique across restarts: host name, process id and a random
 /// suffix.
@@ -41,23 +46,31 @@ impl NodeIdentity {
     }
 }
 
-/// Sizes and timeouts of the node's actors.
+/// Sizes, timeouts and parts of the node's actors.
 #[derive(Debug, Clone)]
 pub struct NodeOptions {
     /// Store requests running at once; more wait in the store actor's mailbox.
     pub store_requests_max: usize,
-    /// How long a caller waits for the store actor's answer.
-    pub store_call_timeout: Duration,
+    /// How long a caller waits for an actor's answer.
+    pub call_timeout: Duration,
     /// How long shutdown waits for the actors to stop.
     pub shutdown_timeout: Duration,
+    pub runs: RunsOptions,
+    pub agents: Arc<AgentRegistry>,
+    /// Test faults on every store call of the node; `None` in production.
+    pub faults: Option<StoreFaults>,
 }
 
-impl Default for NodeOptions {
-    fn default() -> Self {
+impl NodeOptions {
+    /// Options with default sizes and timeouts.
+    pub fn new(runs: RunsOptions, agents: Arc<AgentRegistry>) -> Self {
         NodeOptions {
             store_requests_max: 256,
-            store_call_timeout: Duration::from_secs(30),
+            call_timeout: Duration::from_secs(30),
             shutdown_timeout: Duration::from_secs(5),
+            runs,
+            agents,
+            faults: None,
         }
     }
 }
@@ -74,6 +87,15 @@ pub struct NodeStatus {
 /// Messages of the node supervisor.
 pub enum NodeMsg {
     Status { reply: RpcReplyPort<NodeStatus> },
+    Parts { reply: RpcReplyPort<Parts> },
+}
+
+/// The handles of the node's actors.
+#[derive(Clone)]
+pub struct Parts {
+    store: StoreHandle,
+    lease: ActorRef<LeaseMsg>,
+    runs: RunsHandle,
 }
 
 struct NodeSupervisor;
@@ -87,7 +109,9 @@ struct NodeArgs {
 struct NodeState {
     identity: NodeIdentity,
     started_at: Instant,
-    store_actor: ActorRef<StoreMsg>,
+    parts: Parts,
+    /// The actors whose end ends the node.
+    essential: Vec<ractor::ActorId>,
 }
 
 impl Actor for NodeSupervisor {
@@ -100,20 +124,57 @@ impl Actor for NodeSupervisor {
         myself: ActorRef<Self::Msg>,
         args: NodeArgs,
     ) -> Result<Self::State, ActorProcessingErr> {
+        let worker_id = args.identity.worker_id.clone();
+        let options = args.options;
         let (store_actor, _) = Actor::spawn_linked(
-            Some(format!("store@{}", args.identity.worker_id)),
+            Some(format!("store@{worker_id}")),
             StoreActor,
             StoreArgs {
                 store: args.store,
-                requests_max: args.options.store_requests_max,
+                requests_max: options.store_requests_max,
             },
             myself.get_cell(),
         )
         .await?;
+        let store = StoreHandle::new(
+            store_actor.clone(),
+            options.call_timeout,
+            options.faults.clone(),
+        );
+        let (lease, _) = Actor::spawn_linked(
+            Some(format!("lease@{worker_id}")),
+            LeaseActor,
+            LeaseArgs {
+                store: store.clone(),
+                worker_id: worker_id.clone(),
+                lease_ms: options.runs.lease_ms,
+            },
+            myself.get_cell(),
+        )
+        .await?;
+        let (child_runs, _) = Actor::spawn_linked(
+            Some(format!("child-runs@{worker_id}")),
+            ChildRuns,
+            ChildRunsArgs {
+                store: store.clone(),
+                lease: lease.clone(),
+                agents: options.agents,
+                worker_id,
+                options: options.runs,
+            },
+            myself.get_cell(),
+        )
+        .await?;
+        let essential = vec![store_actor.get_id(), lease.get_id(), child_runs.get_id()];
         Ok(NodeState {
             identity: args.identity,
             started_at: Instant::now(),
-            store_actor,
+            parts: Parts {
+                runs: RunsHandle::new(child_runs, store.clone(), options.call_timeout),
+                store,
+                lease,
+            },
+            essential,
         })
     }
 
@@ -132,6 +193,9 @@ impl Actor for NodeSupervisor {
                     uptime_seconds: state.started_at.elapsed().as_secs_f64(),
                 });
             }
+            NodeMsg::Parts { reply } => {
+                let _ = reply.send(state.parts.clone());
+            }
         }
         Ok(())
     }
@@ -144,16 +208,16 @@ impl Actor for NodeSupervisor {
     ) -> Result<(), ActorProcessingErr> {
         match event {
             SupervisionEvent::ActorTerminated(cell, _, reason)
-                if cell.get_id() == state.store_actor.get_id() =>
+                if state.essential.contains(&cell.get_id()) =>
             {
-                tracing::error!(?reason, "the store actor stopped; stopping the node");
-                myself.stop(Some("store actor stopped".into()));
+                tracing::error!(actor = ?cell.get_name(), ?reason, "an essential actor stopped; stopping the node");
+                myself.stop(Some("an essential actor stopped".into()));
             }
             SupervisionEvent::ActorFailed(cell, error)
-                if cell.get_id() == state.store_actor.get_id() =>
+                if state.essential.contains(&cell.get_id()) =>
             {
-                tracing::error!(%error, "the store actor failed; stopping the node");
-                myself.stop(Some(format!("store actor failed: {error}")));
+                tracing::error!(actor = ?cell.get_name(), %error, "an essential actor failed; stopping the node");
+                myself.stop(Some(format!("an essential actor failed: {error}")));
             }
             _ => {}
         }
@@ -166,8 +230,9 @@ pub struct Node {
     identity: NodeIdentity,
     supervisor: ActorRef<NodeMsg>,
     joined: JoinHandle<()>,
-    store: StoreHandle,
-    options: NodeOptions,
+    parts: Parts,
+    call_timeout: Duration,
+    shutdown_timeout: Duration,
 }
 
 impl Node {
@@ -191,16 +256,26 @@ impl Node {
             actor: "node",
             reason: e.to_string(),
         })?;
-        let store_actor = supervisor
-            .get_children()
-            .into_iter()
-            .next()
-            .map(ActorRef::<StoreMsg>::from)
-            .ok_or_else(|| Error::Spawn {
-                actor: "store",
-                reason: "not found under the node supervisor".into(),
-            })?;
-        let store = StoreHandle::new(store_actor, options.store_call_timeout);
+        let (call_timeout, shutdown_timeout) = (options.call_timeout, options.shutdown_timeout);
+        let parts = match supervisor
+            .call(|reply| NodeMsg::Parts { reply }, Some(call_timeout))
+            .await
+        {
+            Ok(ractor::rpc::CallResult::Success(parts)) => parts,
+            Ok(_) => {
+                return Err(Error::Spawn {
+                    actor: "node",
+                    reason: "no answer from the node supervisor".into(),
+                });
+            }
+            Err(e) => {
+                return Err(Error::Spawn {
+                    actor: "node",
+                    reason: e.to_string(),
+                });
+            }
+        };
+        let store = parts.store.clone();
         store
             .register_node(&NodeRecord {
                 worker_id: identity.worker_id.clone(),
@@ -215,8 +290,9 @@ impl Node {
             identity,
             supervisor,
             joined,
-            store,
-            options,
+            parts,
+            call_timeout,
+            shutdown_timeout,
         })
     }
 
@@ -227,17 +303,35 @@ impl Node {
 
     /// The handle every component uses to reach the database.
     pub fn store(&self) -> StoreHandle {
-        self.store.clone()
+        self.parts.store.clone()
+    }
+
+    /// The handle that starts and cancels child runs on this node.
+    pub fn runs(&self) -> RunsHandle {
+        self.parts.runs.clone()
+    }
+
+    /// The leases this node renews.
+    pub async fn leases(&self) -> Result<Vec<LeaseView>, Error> {
+        match self
+            .parts
+            .lease
+            .call(|reply| LeaseMsg::Leases { reply }, Some(self.call_timeout))
+            .await
+        {
+            Ok(ractor::rpc::CallResult::Success(leases)) => Ok(leases),
+            other => Err(Error::Unanswered {
+                actor: "lease",
+                reason: format!("{other:?}"),
+            }),
+        }
     }
 
     /// The node's own report.
     pub async fn status(&self) -> Result<NodeStatus, Error> {
         let answer = self
             .supervisor
-            .call(
-                |reply| NodeMsg::Status { reply },
-                Some(self.options.store_call_timeout),
-            )
+            .call(|reply| NodeMsg::Status { reply }, Some(self.call_timeout))
             .await;
         match answer {
             Ok(ractor::rpc::CallResult::Success(status)) => Ok(status),
@@ -260,9 +354,13 @@ impl Node {
 
     /// Records a clean stop and stops the tree, waiting at most the shutdown timeout.
     pub async fn shutdown(self) -> Result<(), Error> {
-        let recorded = self.store.mark_node_stopped(&self.identity.worker_id).await;
+        let recorded = self
+            .parts
+            .store
+            .mark_node_stopped(&self.identity.worker_id)
+            .await;
         self.supervisor.stop(Some("shutdown".into()));
-        if tokio::time::timeout(self.options.shutdown_timeout, self.joined)
+        if tokio::time::timeout(self.shutdown_timeout, self.joined)
             .await
             .is_err()
         {

@@ -9,7 +9,12 @@ use std::time::Duration;
 use ractor::rpc::CallResult;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use serde::Serialize;
-use store::{Backend, Fence, Lease, NewWorkflow, NodeRecord, StepRow, Store, WorkflowRow, WriteOp};
+use store::{
+    Admission, ApprovalAnswer, Backend, CancelAction, Fence, Lease, NewRun, NewWorkflow,
+    NodeRecord, RunOutcome, RunRenewal, RunRow, RunStatus, StepRow, Store, WorkflowRow, WriteOp,
+};
+
+use crate::faults::{FaultAction, StoreFaults};
 use tokio::sync::Semaphore;
 
 /// Requests the store actor serves, each with its reply port.
@@ -62,6 +67,60 @@ pub enum StoreMsg {
     MarkNodeStopped {
         worker_id: String,
         reply: RpcReplyPort<store::Result<()>>,
+    },
+    AdmitRun {
+        run: NewRun,
+        reply: RpcReplyPort<store::Result<Admission>>,
+    },
+    ReadRun {
+        run_id: String,
+        reply: RpcReplyPort<store::Result<Option<RunRow>>>,
+    },
+    RenewRunLease {
+        run_id: String,
+        owner: String,
+        lease_ms: u64,
+        reply: RpcReplyPort<store::Result<Result<RunRenewal, Option<RunRow>>>>,
+    },
+    RequestRunCancel {
+        run_id: String,
+        action: CancelAction,
+        reply: RpcReplyPort<store::Result<Option<CancelAction>>>,
+    },
+    UpdateRunStatus {
+        run_id: String,
+        owner: String,
+        status: RunStatus,
+        metadata: Option<serde_json::Value>,
+        reply: RpcReplyPort<store::Result<bool>>,
+    },
+    FinalizeRun {
+        run_id: String,
+        owner: String,
+        outcome: RunOutcome,
+        require_not_cancelled: bool,
+        reply: RpcReplyPort<store::Result<bool>>,
+    },
+    RecordRunUsage {
+        run_id: String,
+        owner: String,
+        total_tokens: i64,
+        message_count: i64,
+        reply: RpcReplyPort<store::Result<bool>>,
+    },
+    AnswerApproval {
+        thread_id: String,
+        request_ids: Vec<String>,
+        reply: RpcReplyPort<store::Result<Option<ApprovalAnswer>>>,
+    },
+    RestoreApproval {
+        answer: ApprovalAnswer,
+        reply: RpcReplyPort<store::Result<bool>>,
+    },
+    ClaimOrphanRuns {
+        claimer: String,
+        limit: u32,
+        reply: RpcReplyPort<store::Result<Vec<String>>>,
     },
 }
 
@@ -180,6 +239,83 @@ async fn serve(store: &Store, message: StoreMsg) {
         StoreMsg::MarkNodeStopped { worker_id, reply } => {
             let _ = reply.send(store.mark_node_stopped(&worker_id).await);
         }
+        StoreMsg::AdmitRun { run, reply } => {
+            let _ = reply.send(store.admit_run(run).await);
+        }
+        StoreMsg::ReadRun { run_id, reply } => {
+            let _ = reply.send(store.read_run(&run_id).await);
+        }
+        StoreMsg::RenewRunLease {
+            run_id,
+            owner,
+            lease_ms,
+            reply,
+        } => {
+            let _ = reply.send(store.renew_run_lease(&run_id, &owner, lease_ms).await);
+        }
+        StoreMsg::RequestRunCancel {
+            run_id,
+            action,
+            reply,
+        } => {
+            let _ = reply.send(store.request_run_cancel(&run_id, action).await);
+        }
+        StoreMsg::UpdateRunStatus {
+            run_id,
+            owner,
+            status,
+            metadata,
+            reply,
+        } => {
+            let _ = reply.send(
+                store
+                    .update_run_status(&run_id, &owner, status, metadata)
+                    .await,
+            );
+        }
+        StoreMsg::FinalizeRun {
+            run_id,
+            owner,
+            outcome,
+            require_not_cancelled,
+            reply,
+        } => {
+            let _ = reply.send(
+                store
+                    .finalize_run(&run_id, &owner, &outcome, require_not_cancelled)
+                    .await,
+            );
+        }
+        StoreMsg::RecordRunUsage {
+            run_id,
+            owner,
+            total_tokens,
+            message_count,
+            reply,
+        } => {
+            let _ = reply.send(
+                store
+                    .record_run_usage(&run_id, &owner, total_tokens, message_count)
+                    .await,
+            );
+        }
+        StoreMsg::AnswerApproval {
+            thread_id,
+            request_ids,
+            reply,
+        } => {
+            let _ = reply.send(store.answer_approval(&thread_id, &request_ids).await);
+        }
+        StoreMsg::RestoreApproval { answer, reply } => {
+            let _ = reply.send(store.restore_approval(&answer).await);
+        }
+        StoreMsg::ClaimOrphanRuns {
+            claimer,
+            limit,
+            reply,
+        } => {
+            let _ = reply.send(store.claim_orphan_runs(&claimer, limit).await);
+        }
     }
 }
 
@@ -188,6 +324,8 @@ async fn serve(store: &Store, message: StoreMsg) {
 pub struct StoreHandle {
     actor: ActorRef<StoreMsg>,
     timeout: Duration,
+    /// Test faults; `None` on every production node.
+    faults: Option<StoreFaults>,
 }
 
 /// Whether an unanswered request may have changed the database.
@@ -198,11 +336,62 @@ enum Effect {
 }
 
 impl StoreHandle {
-    pub(crate) fn new(actor: ActorRef<StoreMsg>, timeout: Duration) -> Self {
-        StoreHandle { actor, timeout }
+    pub(crate) fn new(
+        actor: ActorRef<StoreMsg>,
+        timeout: Duration,
+        faults: Option<StoreFaults>,
+    ) -> Self {
+        StoreHandle {
+            actor,
+            timeout,
+            faults,
+        }
     }
 
+    /// Sends one request, applying any test fault installed for `name`.
     async fn call<T: Send + 'static>(
+        &self,
+        name: &'static str,
+        effect: Effect,
+        message: impl FnOnce(RpcReplyPort<store::Result<T>>) -> StoreMsg,
+    ) -> store::Result<T> {
+        self.call_about(name, None, effect, message).await
+    }
+
+    /// [`StoreHandle::call`] for a request about one run, so faults can single it out.
+    async fn call_about<T: Send + 'static>(
+        &self,
+        name: &'static str,
+        key: Option<&str>,
+        effect: Effect,
+        message: impl FnOnce(RpcReplyPort<store::Result<T>>) -> StoreMsg,
+    ) -> store::Result<T> {
+        let Some(fault) = self.faults.as_ref().and_then(|f| f.take(name, key)) else {
+            return self.send(effect, message).await;
+        };
+        match fault {
+            FaultAction::Fail(error) => Err(error),
+            FaultAction::HoldBefore { reached, release } => {
+                reached.notify_one();
+                release.notified().await;
+                self.send(effect, message).await
+            }
+            FaultAction::HoldAnswer { reached, release } => {
+                let answer = self.send(effect, message).await;
+                reached.notify_one();
+                release.notified().await;
+                answer
+            }
+            FaultAction::DropAnswer => {
+                let _ = self.send(effect, message).await;
+                Err(store::Error::OutcomeUnknown(format!(
+                    "the answer of {name} was lost"
+                )))
+            }
+        }
+    }
+
+    async fn send<T: Send + 'static>(
         &self,
         effect: Effect,
         message: impl FnOnce(RpcReplyPort<store::Result<T>>) -> StoreMsg,
@@ -232,11 +421,13 @@ impl StoreHandle {
         lease_ms: u64,
     ) -> store::Result<Option<Lease>> {
         let (resource_id, owner) = (resource_id.to_owned(), owner.to_owned());
-        self.call(Effect::Write, |reply| StoreMsg::AcquireLease {
-            resource_id,
-            owner,
-            lease_ms,
-            reply,
+        self.call("acquire_lease", Effect::Write, |reply| {
+            StoreMsg::AcquireLease {
+                resource_id,
+                owner,
+                lease_ms,
+                reply,
+            }
         })
         .await
     }
@@ -244,7 +435,7 @@ impl StoreHandle {
     /// See [`Store::renew_lease`].
     pub async fn renew_lease(&self, fence: &Fence, lease_ms: u64) -> store::Result<Lease> {
         let fence = fence.clone();
-        self.call(Effect::Write, |reply| StoreMsg::RenewLease {
+        self.call("renew_lease", Effect::Write, |reply| StoreMsg::RenewLease {
             fence,
             lease_ms,
             reply,
@@ -255,9 +446,8 @@ impl StoreHandle {
     /// See [`Store::release_lease`].
     pub async fn release_lease(&self, fence: &Fence) -> store::Result<bool> {
         let fence = fence.clone();
-        self.call(Effect::Write, |reply| StoreMsg::ReleaseLease {
-            fence,
-            reply,
+        self.call("release_lease", Effect::Write, |reply| {
+            StoreMsg::ReleaseLease { fence, reply }
         })
         .await
     }
@@ -265,7 +455,7 @@ impl StoreHandle {
     /// See [`Store::read_lease`].
     pub async fn read_lease(&self, resource_id: &str) -> store::Result<Option<Lease>> {
         let resource_id = resource_id.to_owned();
-        self.call(Effect::Read, |reply| StoreMsg::ReadLease {
+        self.call("read_lease", Effect::Read, |reply| StoreMsg::ReadLease {
             resource_id,
             reply,
         })
@@ -280,11 +470,13 @@ impl StoreHandle {
         lease_ms: u64,
     ) -> store::Result<Lease> {
         let owner = owner.to_owned();
-        self.call(Effect::Write, |reply| StoreMsg::CreateWorkflow {
-            workflow,
-            owner,
-            lease_ms,
-            reply,
+        self.call("create_workflow", Effect::Write, |reply| {
+            StoreMsg::CreateWorkflow {
+                workflow,
+                owner,
+                lease_ms,
+                reply,
+            }
         })
         .await
     }
@@ -292,10 +484,8 @@ impl StoreHandle {
     /// See [`Store::fenced_write`].
     pub async fn fenced_write(&self, fence: &Fence, ops: Vec<WriteOp>) -> store::Result<()> {
         let fence = fence.clone();
-        self.call(Effect::Write, |reply| StoreMsg::FencedWrite {
-            fence,
-            ops,
-            reply,
+        self.call("fenced_write", Effect::Write, |reply| {
+            StoreMsg::FencedWrite { fence, ops, reply }
         })
         .await
     }
@@ -303,9 +493,8 @@ impl StoreHandle {
     /// See [`Store::read_workflow`].
     pub async fn read_workflow(&self, workflow_id: &str) -> store::Result<Option<WorkflowRow>> {
         let workflow_id = workflow_id.to_owned();
-        self.call(Effect::Read, |reply| StoreMsg::ReadWorkflow {
-            workflow_id,
-            reply,
+        self.call("read_workflow", Effect::Read, |reply| {
+            StoreMsg::ReadWorkflow { workflow_id, reply }
         })
         .await
     }
@@ -313,7 +502,7 @@ impl StoreHandle {
     /// See [`Store::read_steps`].
     pub async fn read_steps(&self, workflow_id: &str) -> store::Result<Vec<StepRow>> {
         let workflow_id = workflow_id.to_owned();
-        self.call(Effect::Read, |reply| StoreMsg::ReadSteps {
+        self.call("read_steps", Effect::Read, |reply| StoreMsg::ReadSteps {
             workflow_id,
             reply,
         })
@@ -322,16 +511,15 @@ impl StoreHandle {
 
     /// Whether the database answers and its schema is the one this build expects.
     pub async fn health(&self) -> store::Result<StoreHealth> {
-        self.call(Effect::Read, |reply| StoreMsg::Health { reply })
+        self.call("health", Effect::Read, |reply| StoreMsg::Health { reply })
             .await
     }
 
     /// Records this node in the `nodes` table.
     pub async fn register_node(&self, node: &NodeRecord) -> store::Result<()> {
         let node = node.clone();
-        self.call(Effect::Write, |reply| StoreMsg::RegisterNode {
-            node,
-            reply,
+        self.call("register_node", Effect::Write, |reply| {
+            StoreMsg::RegisterNode { node, reply }
         })
         .await
     }
@@ -339,9 +527,170 @@ impl StoreHandle {
     /// Records that this node stopped cleanly.
     pub async fn mark_node_stopped(&self, worker_id: &str) -> store::Result<()> {
         let worker_id = worker_id.to_owned();
-        self.call(Effect::Write, |reply| StoreMsg::MarkNodeStopped {
-            worker_id,
+        self.call("mark_node_stopped", Effect::Write, |reply| {
+            StoreMsg::MarkNodeStopped { worker_id, reply }
+        })
+        .await
+    }
+
+    /// See [`Store::admit_run`].
+    pub async fn admit_run(&self, run: NewRun) -> store::Result<Admission> {
+        self.call("admit_run", Effect::Write, |reply| StoreMsg::AdmitRun {
+            run,
             reply,
+        })
+        .await
+    }
+
+    /// See [`Store::read_run`].
+    pub async fn read_run(&self, run_id: &str) -> store::Result<Option<RunRow>> {
+        let run_id = run_id.to_owned();
+        self.call("read_run", Effect::Read, |reply| StoreMsg::ReadRun {
+            run_id,
+            reply,
+        })
+        .await
+    }
+
+    /// See [`Store::renew_run_lease`].
+    pub async fn renew_run_lease(
+        &self,
+        run_id: &str,
+        owner: &str,
+        lease_ms: u64,
+    ) -> store::Result<Result<RunRenewal, Option<RunRow>>> {
+        let key = run_id;
+        let (run_id, owner) = (run_id.to_owned(), owner.to_owned());
+        self.call_about("renew_run_lease", Some(key), Effect::Write, |reply| {
+            StoreMsg::RenewRunLease {
+                run_id,
+                owner,
+                lease_ms,
+                reply,
+            }
+        })
+        .await
+    }
+
+    /// See [`Store::request_run_cancel`].
+    pub async fn request_run_cancel(
+        &self,
+        run_id: &str,
+        action: CancelAction,
+    ) -> store::Result<Option<CancelAction>> {
+        let key = run_id;
+        let run_id = run_id.to_owned();
+        self.call_about("request_run_cancel", Some(key), Effect::Write, |reply| {
+            StoreMsg::RequestRunCancel {
+                run_id,
+                action,
+                reply,
+            }
+        })
+        .await
+    }
+
+    /// See [`Store::update_run_status`].
+    pub async fn update_run_status(
+        &self,
+        run_id: &str,
+        owner: &str,
+        status: RunStatus,
+        metadata: Option<serde_json::Value>,
+    ) -> store::Result<bool> {
+        let key = run_id;
+        let (run_id, owner) = (run_id.to_owned(), owner.to_owned());
+        self.call_about("update_run_status", Some(key), Effect::Write, |reply| {
+            StoreMsg::UpdateRunStatus {
+                run_id,
+                owner,
+                status,
+                metadata,
+                reply,
+            }
+        })
+        .await
+    }
+
+    /// See [`Store::finalize_run`].
+    pub async fn finalize_run(
+        &self,
+        run_id: &str,
+        owner: &str,
+        outcome: &RunOutcome,
+        require_not_cancelled: bool,
+    ) -> store::Result<bool> {
+        let key = run_id;
+        let (run_id, owner, outcome) = (run_id.to_owned(), owner.to_owned(), outcome.clone());
+        self.call_about("finalize_run", Some(key), Effect::Write, |reply| {
+            StoreMsg::FinalizeRun {
+                run_id,
+                owner,
+                outcome,
+                require_not_cancelled,
+                reply,
+            }
+        })
+        .await
+    }
+
+    /// See [`Store::record_run_usage`].
+    pub async fn record_run_usage(
+        &self,
+        run_id: &str,
+        owner: &str,
+        total_tokens: i64,
+        message_count: i64,
+    ) -> store::Result<bool> {
+        let key = run_id;
+        let (run_id, owner) = (run_id.to_owned(), owner.to_owned());
+        self.call_about("record_run_usage", Some(key), Effect::Write, |reply| {
+            StoreMsg::RecordRunUsage {
+                run_id,
+                owner,
+                total_tokens,
+                message_count,
+                reply,
+            }
+        })
+        .await
+    }
+
+    /// See [`Store::answer_approval`].
+    pub async fn answer_approval(
+        &self,
+        thread_id: &str,
+        request_ids: &[String],
+    ) -> store::Result<Option<ApprovalAnswer>> {
+        let (thread_id, request_ids) = (thread_id.to_owned(), request_ids.to_vec());
+        self.call("answer_approval", Effect::Write, |reply| {
+            StoreMsg::AnswerApproval {
+                thread_id,
+                request_ids,
+                reply,
+            }
+        })
+        .await
+    }
+
+    /// See [`Store::restore_approval`].
+    pub async fn restore_approval(&self, answer: &ApprovalAnswer) -> store::Result<bool> {
+        let answer = answer.clone();
+        self.call("restore_approval", Effect::Write, |reply| {
+            StoreMsg::RestoreApproval { answer, reply }
+        })
+        .await
+    }
+
+    /// See [`Store::claim_orphan_runs`].
+    pub async fn claim_orphan_runs(&self, claimer: &str, limit: u32) -> store::Result<Vec<String>> {
+        let claimer = claimer.to_owned();
+        self.call("claim_orphan_runs", Effect::Write, |reply| {
+            StoreMsg::ClaimOrphanRuns {
+                claimer,
+                limit,
+                reply,
+            }
         })
         .await
     }

@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use actors::agents::{AgentConfig, AgentRegistry};
 use serde::{Deserialize, Serialize};
 use store::{DatabaseUrl, StoreOptions};
 
@@ -50,6 +51,10 @@ pub struct Config {
     pub recovery: Recovery,
     /// `text` (default) or `json` log lines.
     pub log_format: LogFormat,
+    /// Thread workspaces (default `<data_dir>/workspaces`). A cluster needs one shared folder.
+    pub workspaces_dir: Option<PathBuf>,
+    /// The agents child runs can use, each with a `name` and a `kind`.
+    pub agents: Vec<AgentConfig>,
     pub limits: Limits,
     pub store: StoreConfig,
     pub shutdown: ShutdownConfig,
@@ -164,6 +169,10 @@ impl Default for Config {
             lease_seconds: 30,
             recovery: Recovery::Manual,
             log_format: LogFormat::Text,
+            workspaces_dir: None,
+            agents: vec![AgentConfig::Scripted {
+                name: "scripted".into(),
+            }],
             limits: Limits::default(),
             store: StoreConfig::default(),
             shutdown: ShutdownConfig::default(),
@@ -172,11 +181,12 @@ impl Default for Config {
 }
 
 /// A configuration that passed every check, with its parsed parts.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Checked {
     pub config: Config,
     pub listen: SocketAddr,
     pub database: DatabaseUrl,
+    pub agents: AgentRegistry,
 }
 
 impl Config {
@@ -230,11 +240,21 @@ impl Config {
         if let Some((key, _)) = positive.iter().find(|(_, value)| *value == 0) {
             return Err(invalid(key, "must be greater than 0".into()));
         }
+        let agents =
+            AgentRegistry::new(&self.agents).map_err(|e| invalid("agents", e.to_string()))?;
         Ok(Checked {
             config: self,
             listen,
             database,
+            agents,
         })
+    }
+
+    /// Where thread workspaces live.
+    pub fn workspaces_dir(&self) -> PathBuf {
+        self.workspaces_dir
+            .clone()
+            .unwrap_or_else(|| self.data_dir.join("workspaces"))
     }
 
     /// The store options this configuration asks for.
@@ -391,6 +411,33 @@ mod tests {
             "{error}"
         );
         assert_eq!(error.lines().count(), 1, "{error}");
+    }
+
+    #[test]
+    fn agents_are_read_with_their_kind_and_checked() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("reins.toml");
+        std::fs::write(&path, "[[agents]]\nname = \"echo\"\nkind = \"scripted\"\n").expect("write");
+        let checked = Config::load(Some(&path), env(&[])).expect("valid");
+        assert!(checked.agents.get("echo").is_some());
+        assert!(
+            checked.agents.get("scripted").is_none(),
+            "the list replaces the default"
+        );
+
+        std::fs::write(&path, "[[agents]]\nname = \"x\"\nkind = \"telepathy\"\n").expect("write");
+        let error = Config::load(Some(&path), env(&[])).unwrap_err().to_string();
+        assert!(error.contains("telepathy"), "{error}");
+        std::fs::write(
+            &path,
+            "[[agents]]\nname = \"x\"\nkind = \"scripted\"\n[[agents]]\nname = \"x\"\nkind = \"scripted\"\n",
+        )
+        .expect("write");
+        let error = Config::load(Some(&path), env(&[])).unwrap_err().to_string();
+        assert!(
+            error.contains("`agents`") && error.contains("twice"),
+            "{error}"
+        );
     }
 
     #[test]

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use actors::{Node, NodeIdentity, NodeOptions};
+use actors::{Node, NodeIdentity, NodeOptions, RunsOptions};
 use anyhow::Context;
 use store::{DatabaseUrl, Store};
 use tokio::net::TcpListener;
@@ -49,13 +49,22 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         .migrate()
         .await
         .context("cannot migrate the database")?;
+    let lease_ms = config.lease_seconds * 1000;
+    let runs = RunsOptions {
+        lease_ms,
+        workspaces_dir: config.workspaces_dir(),
+        fault_dir: std::env::var_os("REINS_FAULT_DIR").map(PathBuf::from),
+        task_bytes_max: usize::try_from(config.limits.frame_bytes_max).unwrap_or(usize::MAX),
+        orphan_sweep: Duration::from_millis(lease_ms),
+    };
     let node = Node::start(
         identity,
         Arc::new(store),
         NodeOptions {
             store_requests_max: config.store.requests_max,
-            store_call_timeout: Duration::from_millis(config.store.call_timeout_ms),
+            call_timeout: Duration::from_millis(config.store.call_timeout_ms),
             shutdown_timeout: Duration::from_millis(config.shutdown.drain_timeout_ms),
+            ..NodeOptions::new(runs, Arc::new(checked.agents))
         },
     )
     .await

@@ -275,3 +275,44 @@ pub async fn eventually(within: Duration, what: &str, mut condition: impl AsyncF
     }
     panic!("{what} did not happen within {within:?}");
 }
+
+/// A node started in this test process on a test database.
+pub struct TestNode {
+    pub node: actors::Node,
+    pub faults: actors::StoreFaults,
+}
+
+impl TestNode {
+    /// Starts a node named `name` on `db` whose leases last `lease_ms`; workspaces and the fault
+    /// folder live in `shared`, as nodes of one cluster share them.
+    pub async fn start(db: &TestDb, name: &str, lease_ms: u64, shared: &Path) -> TestNode {
+        use actors::agents::{AgentConfig, AgentRegistry};
+        let faults = actors::StoreFaults::default();
+        let agents = AgentRegistry::new(&[AgentConfig::Scripted {
+            name: "scripted".into(),
+        }])
+        .expect("agents");
+        let runs = actors::RunsOptions {
+            lease_ms,
+            workspaces_dir: shared.join("workspaces"),
+            fault_dir: Some(shared.join("faults")),
+            task_bytes_max: 48 * 1024,
+            orphan_sweep: Duration::from_millis(lease_ms),
+        };
+        std::fs::create_dir_all(shared.join("faults")).expect("fault dir");
+        let identity = actors::NodeIdentity {
+            worker_id: format!("{name}-{}", uuid::Uuid::new_v4().simple()),
+            host: "test".into(),
+            pid: std::process::id(),
+        };
+        let options = actors::NodeOptions {
+            faults: Some(faults.clone()),
+            call_timeout: Duration::from_secs(10),
+            ..actors::NodeOptions::new(runs, Arc::new(agents))
+        };
+        let node = actors::Node::start(identity, db.store().await, options)
+            .await
+            .expect("start node");
+        TestNode { node, faults }
+    }
+}

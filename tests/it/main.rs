@@ -5,6 +5,7 @@
 mod harness;
 
 mod bad_config;
+mod child_runs;
 mod fencing;
 mod leases;
 mod migrations;

@@ -1,0 +1,186 @@
+//! Agent backends: what a child run executes. Each configured agent has a name, a kind and a
+//! `configuration_version` (a digest of its canonical definition, so a recovery can tell whether a
+//! step would run under the same configuration). Backends run off the actor mailbox, in a task,
+//! and watch a cancel channel.
+
+mod scripted;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use store::CancelAction;
+use tokio::sync::watch;
+
+pub use scripted::ScriptedAgent;
+
+/// One entry of the configuration's `agents` list: its `kind` and that kind's settings.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
+pub enum AgentConfig {
+    /// Built in and deterministic: directed by its task (see [`ScriptedAgent`]).
+    Scripted { name: String },
+}
+
+impl AgentConfig {
+    /// The name steps and requests use to pick this agent.
+    pub fn name(&self) -> &str {
+        match self {
+            AgentConfig::Scripted { name } => name,
+        }
+    }
+}
+
+/// What an agent is asked to do.
+#[derive(Debug, Clone)]
+pub struct AgentRequest {
+    pub run_id: String,
+    pub thread_id: String,
+    /// A string (plain text) or JSON.
+    pub task: Value,
+    /// The thread's `/mnt/user-data/` on disk.
+    pub workspace: PathBuf,
+    /// `REINS_FAULT_DIR`, where tests leave files agents may wait on.
+    pub fault_dir: Option<PathBuf>,
+}
+
+/// How an agent's execution ended.
+#[derive(Debug, Clone, PartialEq)]
+pub enum AgentEnd {
+    Completed {
+        output: Value,
+        total_tokens: i64,
+        message_count: i64,
+    },
+    Failed {
+        message: String,
+    },
+    /// The agent asks a human to approve an action: `metadata.hitl_approval`.
+    WaitingForInput {
+        approval: Value,
+    },
+    /// A cancel request stopped it.
+    Interrupted {
+        action: CancelAction,
+    },
+}
+
+/// A configured agent, ready to run.
+#[derive(Debug)]
+pub struct Agent {
+    pub name: String,
+    pub configuration_version: String,
+    backend: Backend,
+}
+
+#[derive(Debug)]
+enum Backend {
+    Scripted(ScriptedAgent),
+}
+
+impl Agent {
+    /// Runs the agent until it ends or `cancel` carries an action.
+    pub async fn run(
+        &self,
+        request: AgentRequest,
+        cancel: watch::Receiver<Option<CancelAction>>,
+    ) -> AgentEnd {
+        match &self.backend {
+            Backend::Scripted(agent) => agent.run(request, cancel).await,
+        }
+    }
+}
+
+/// Every configured agent by name.
+#[derive(Debug, Default)]
+pub struct AgentRegistry {
+    agents: BTreeMap<String, Arc<Agent>>,
+}
+
+/// Why the `agents` configuration was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentConfigError {
+    #[error("agent name {0:?} is used twice")]
+    Duplicate(String),
+    #[error("agent name {0:?} is invalid: use 1 to 64 letters, digits, '-', '_' or '.'")]
+    Name(String),
+}
+
+impl AgentRegistry {
+    /// Builds the registry, refusing duplicate or malformed names.
+    pub fn new(configs: &[AgentConfig]) -> Result<Self, AgentConfigError> {
+        let mut agents = BTreeMap::new();
+        for config in configs {
+            let name = config.name();
+            let valid = !name.is_empty()
+                && name.len() <= 64
+                && name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
+            if !valid {
+                return Err(AgentConfigError::Name(name.to_owned()));
+            }
+            let backend = match config {
+                AgentConfig::Scripted { .. } => Backend::Scripted(ScriptedAgent),
+            };
+            let agent = Agent {
+                name: name.to_owned(),
+                configuration_version: configuration_version(config),
+                backend,
+            };
+            if agents.insert(name.to_owned(), Arc::new(agent)).is_some() {
+                return Err(AgentConfigError::Duplicate(name.to_owned()));
+            }
+        }
+        Ok(AgentRegistry { agents })
+    }
+
+    pub fn get(&self, name: &str) -> Option<Arc<Agent>> {
+        self.agents.get(name).cloned()
+    }
+
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.agents.keys().map(String::as_str)
+    }
+}
+
+/// A digest of the agent's canonical definition: its JSON with keys in a fixed order.
+fn configuration_version(config: &AgentConfig) -> String {
+    use sha2::{Digest, Sha256};
+    // serde_json writes fields in declaration order, so the same definition always gives the
+    // same text.
+    let canonical = serde_json::to_vec(config).unwrap_or_default();
+    let digest = Sha256::digest(&canonical);
+    digest.iter().take(16).map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scripted(name: &str) -> AgentConfig {
+        AgentConfig::Scripted { name: name.into() }
+    }
+
+    #[test]
+    fn names_are_unique_and_versions_follow_the_definition() {
+        let registry = AgentRegistry::new(&[scripted("echo"), scripted("other")]).expect("valid");
+        let (echo, other) = (
+            registry.get("echo").expect("echo"),
+            registry.get("other").expect("other"),
+        );
+        assert_ne!(echo.configuration_version, other.configuration_version);
+        assert_eq!(
+            echo.configuration_version,
+            AgentRegistry::new(&[scripted("echo")])
+                .expect("valid")
+                .get("echo")
+                .expect("echo")
+                .configuration_version
+        );
+        assert!(AgentRegistry::new(&[scripted("a"), scripted("a")]).is_err());
+        assert!(AgentRegistry::new(&[scripted("no spaces")]).is_err());
+    }
+}

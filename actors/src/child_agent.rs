@@ -1,0 +1,445 @@
+//! The child-agent actor: one per child run this node executes. It marks the run `running`, runs
+//! the agent in a task (never in its handler), and records the outcome with the terminal
+//! compare-and-set, deciding what the answers mean through [`TerminalAuthority`]. The lease actor
+//! renews its lease and tells it about cancel requests and lost ownership; a fenced run stops its
+//! agent and writes nothing more.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use ractor::{Actor, ActorProcessingErr, ActorRef};
+use serde_json::Value;
+use store::{CancelAction, RunOutcome, RunRow, RunStatus};
+use tokio::sync::{oneshot, watch};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use crate::agents::{Agent, AgentEnd, AgentRequest};
+use crate::commit::{AttemptId, Renewal, TerminalAuthority, Verdict};
+use crate::lease_actor::{LeaseEvent, LeaseMsg};
+use crate::store_actor::StoreHandle;
+
+/// How a child run ended, as far as this node knows.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RunEnd {
+    /// This node's own write recorded the outcome.
+    Persisted(RunOutcome),
+    /// The agent asked for approval; the run waits in `waiting_for_input`.
+    WaitingForInput,
+    /// Ownership was lost; the run's fate is not this node's to report.
+    Fenced,
+}
+
+/// Messages of a child-agent actor.
+pub enum ChildMsg {
+    /// The lease actor's news about this run's lease.
+    Lease(LeaseEvent),
+    /// The run was marked `running` (or found not ours any more).
+    Started(store::Result<bool>),
+    /// The agent ended.
+    AgentEnded(AgentEnd),
+    /// The store answered a terminal compare-and-set.
+    Committed {
+        attempt: AttemptId,
+        result: store::Result<bool>,
+    },
+    /// A refused compare-and-set was checked against the row.
+    RefusalChecked {
+        attempt: AttemptId,
+        row: Box<store::Result<Option<RunRow>>>,
+    },
+    /// The pause for approval was recorded (or refused).
+    Paused(store::Result<bool>),
+    /// Completion data was written after the outcome; the run is done.
+    Finished(RunOutcome),
+    /// Stop the agent now (a cancel issued on this node; it is also durable in the store).
+    Cancel(CancelAction),
+}
+
+impl From<LeaseEvent> for ChildMsg {
+    fn from(event: LeaseEvent) -> Self {
+        ChildMsg::Lease(event)
+    }
+}
+
+impl TryFrom<ChildMsg> for LeaseEvent {
+    type Error = String;
+
+    fn try_from(message: ChildMsg) -> Result<Self, Self::Error> {
+        match message {
+            ChildMsg::Lease(event) => Ok(event),
+            _ => Err("not a lease event".into()),
+        }
+    }
+}
+
+pub(crate) struct ChildAgent;
+
+pub(crate) struct ChildArgs {
+    pub row: RunRow,
+    pub agent: Arc<Agent>,
+    pub task: Value,
+    pub workspace: PathBuf,
+    pub fault_dir: Option<PathBuf>,
+    pub store: StoreHandle,
+    pub lease: ActorRef<LeaseMsg>,
+    pub worker_id: String,
+    /// The admission's lease, measured from before the admission was sent.
+    pub deadline: Instant,
+    pub ended: oneshot::Sender<RunEnd>,
+}
+
+pub(crate) struct ChildState {
+    run_id: String,
+    thread_id: String,
+    agent: Arc<Agent>,
+    task: Value,
+    workspace: PathBuf,
+    fault_dir: Option<PathBuf>,
+    store: StoreHandle,
+    lease: ActorRef<LeaseMsg>,
+    worker_id: String,
+    authority: TerminalAuthority,
+    cancel: watch::Sender<Option<CancelAction>>,
+    agent_task: Option<JoinHandle<()>>,
+    /// Token and message counts to record once the outcome is acknowledged.
+    usage: Option<(i64, i64)>,
+    ended: Option<oneshot::Sender<RunEnd>>,
+    /// The outcome is acknowledged and the run is writing its completion data.
+    finishing: bool,
+    span: tracing::Span,
+}
+
+impl ChildState {
+    /// Sends one terminal compare-and-set for `outcome`, if the authority allows one.
+    fn commit(&mut self, myself: &ActorRef<ChildMsg>, outcome: RunOutcome) {
+        let Some(attempt) = self.authority.decide(outcome) else {
+            return;
+        };
+        // A success must not be recorded over a cancel request; an interruption or a failure is
+        // a truthful outcome for a run that was asked to stop.
+        let require_not_cancelled = attempt.outcome.status == RunStatus::Success;
+        let (store, myself) = (self.store.clone(), myself.clone());
+        let (run_id, owner) = (self.run_id.clone(), self.worker_id.clone());
+        tokio::spawn(
+            async move {
+                let result = store
+                    .finalize_run(&run_id, &owner, &attempt.outcome, require_not_cancelled)
+                    .await;
+                let _ = myself.send_message(ChildMsg::Committed {
+                    attempt: attempt.id,
+                    result,
+                });
+            }
+            .instrument(self.span.clone()),
+        );
+    }
+
+    /// Acts on the authority's verdict.
+    fn act(&mut self, myself: &ActorRef<ChildMsg>, verdict: Verdict) {
+        match verdict {
+            Verdict::Wait => {}
+            Verdict::Cancel(action) => {
+                tracing::info!(parent: &self.span, ?action, "cancel request delivered");
+                self.cancel.send_replace(Some(action));
+            }
+            Verdict::Persisted(outcome) => {
+                if self.finishing {
+                    return;
+                }
+                self.finishing = true;
+                self.untrack();
+                let usage = self.usage.take();
+                let (store, myself) = (self.store.clone(), myself.clone());
+                let (run_id, owner) = (self.run_id.clone(), self.worker_id.clone());
+                tokio::spawn(
+                    async move {
+                        if let Some((tokens, messages)) = usage
+                            && let Err(error) = store
+                                .record_run_usage(&run_id, &owner, tokens, messages)
+                                .await
+                        {
+                            tracing::warn!(%error, "token counts were not recorded");
+                        }
+                        let _ = myself.send_message(ChildMsg::Finished(outcome));
+                    }
+                    .instrument(self.span.clone()),
+                );
+            }
+            Verdict::Fenced => {
+                tracing::warn!(parent: &self.span, "ownership lost: the run is fenced");
+                self.stop_agent();
+                self.untrack();
+                self.end(myself, RunEnd::Fenced);
+            }
+        }
+    }
+
+    fn untrack(&self) {
+        // The lease actor stops only with the node; if it is gone, there is nothing to untrack.
+        let _ = self.lease.send_message(LeaseMsg::Untrack {
+            run_id: self.run_id.clone(),
+        });
+    }
+
+    fn stop_agent(&mut self) {
+        self.cancel.send_replace(Some(CancelAction::Interrupt));
+        if let Some(task) = self.agent_task.take() {
+            task.abort();
+        }
+    }
+
+    fn end(&mut self, myself: &ActorRef<ChildMsg>, end: RunEnd) {
+        tracing::info!(parent: &self.span, ?end, "child run ended");
+        if let Some(ended) = self.ended.take() {
+            // Nobody may be waiting for this run any more; the row is the record.
+            let _ = ended.send(end);
+        }
+        myself.stop(None);
+    }
+
+    fn start_agent(&mut self, myself: &ActorRef<ChildMsg>) {
+        let request = AgentRequest {
+            run_id: self.run_id.clone(),
+            thread_id: self.thread_id.clone(),
+            task: self.task.clone(),
+            workspace: self.workspace.clone(),
+            fault_dir: self.fault_dir.clone(),
+        };
+        let (agent, cancel, myself) = (
+            Arc::clone(&self.agent),
+            self.cancel.subscribe(),
+            myself.clone(),
+        );
+        self.agent_task = Some(tokio::spawn(
+            async move {
+                let end = agent.run(request, cancel).await;
+                let _ = myself.send_message(ChildMsg::AgentEnded(end));
+            }
+            .instrument(self.span.clone()),
+        ));
+    }
+}
+
+impl Actor for ChildAgent {
+    type Msg = ChildMsg;
+    type State = ChildState;
+    type Arguments = ChildArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        args: ChildArgs,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        let span = tracing::info_span!(
+            "child_run",
+            run_id = %args.row.run_id,
+            thread_id = %args.row.thread_id,
+            agent = %args.agent.name,
+            workflow = args.row.workflow.as_deref().unwrap_or(""),
+            step_id = args.row.step_id.as_deref().unwrap_or(""),
+        );
+        args.lease.send_message(LeaseMsg::Track {
+            run_id: args.row.run_id.clone(),
+            deadline: args.deadline,
+            notify: myself.get_derived(),
+        })?;
+        let (store, run_id, owner, me) = (
+            args.store.clone(),
+            args.row.run_id.clone(),
+            args.worker_id.clone(),
+            myself.clone(),
+        );
+        tokio::spawn(
+            async move {
+                let started = store
+                    .update_run_status(&run_id, &owner, RunStatus::Running, None)
+                    .await;
+                let _ = me.send_message(ChildMsg::Started(started));
+            }
+            .instrument(span.clone()),
+        );
+        let (cancel, _) = watch::channel(None);
+        Ok(ChildState {
+            run_id: args.row.run_id,
+            thread_id: args.row.thread_id,
+            agent: args.agent,
+            task: args.task,
+            workspace: args.workspace,
+            fault_dir: args.fault_dir,
+            store: args.store,
+            lease: args.lease,
+            worker_id: args.worker_id,
+            authority: TerminalAuthority::new(),
+            cancel,
+            agent_task: None,
+            usage: None,
+            ended: Some(args.ended),
+            finishing: false,
+            span,
+        })
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        message: ChildMsg,
+        state: &mut ChildState,
+    ) -> Result<(), ActorProcessingErr> {
+        if state.authority.is_fenced() {
+            // Nothing more is written for a fenced run; late answers only confirm that.
+            return Ok(());
+        }
+        match message {
+            ChildMsg::Started(Ok(false)) => {
+                tracing::warn!(parent: &state.span, "the run was not ours to start");
+                state.act(&myself, Verdict::Fenced);
+            }
+            ChildMsg::Started(result) => {
+                if let Err(error) = result {
+                    // `pending` and `running` are both live: the run proceeds, its lease and its
+                    // final compare-and-set still guard it.
+                    tracing::warn!(parent: &state.span, %error, "could not mark the run running");
+                }
+                state.start_agent(&myself);
+            }
+            ChildMsg::AgentEnded(end) => {
+                state.agent_task = None;
+                let outcome = match end {
+                    AgentEnd::Completed {
+                        output,
+                        total_tokens,
+                        message_count,
+                    } => {
+                        state.usage = Some((total_tokens, message_count));
+                        RunOutcome {
+                            status: RunStatus::Success,
+                            error: None,
+                            output: Some(output),
+                            stop_reason: None,
+                        }
+                    }
+                    AgentEnd::Failed { message } => RunOutcome {
+                        status: RunStatus::Error,
+                        error: Some(message),
+                        output: None,
+                        stop_reason: Some("agent_failed".into()),
+                    },
+                    AgentEnd::Interrupted { action } => interrupted(action),
+                    AgentEnd::WaitingForInput { approval } => {
+                        let (store, me) = (state.store.clone(), myself.clone());
+                        let (run_id, owner) = (state.run_id.clone(), state.worker_id.clone());
+                        tokio::spawn(
+                            async move {
+                                let metadata = serde_json::json!({ "hitl_approval": approval });
+                                let paused = store
+                                    .update_run_status(
+                                        &run_id,
+                                        &owner,
+                                        RunStatus::WaitingForInput,
+                                        Some(metadata),
+                                    )
+                                    .await;
+                                let _ = me.send_message(ChildMsg::Paused(paused));
+                            }
+                            .instrument(state.span.clone()),
+                        );
+                        return Ok(());
+                    }
+                };
+                state.commit(&myself, outcome);
+            }
+            ChildMsg::Committed {
+                attempt,
+                result: Ok(false),
+            } => {
+                // Before accepting a refusal, see whether the row is still ours and live with a
+                // cancel request: then the truthful outcome is an interruption.
+                let (store, me) = (state.store.clone(), myself.clone());
+                let run_id = state.run_id.clone();
+                tokio::spawn(
+                    async move {
+                        let row = store.read_run(&run_id).await;
+                        let _ = me.send_message(ChildMsg::RefusalChecked {
+                            attempt,
+                            row: Box::new(row),
+                        });
+                    }
+                    .instrument(state.span.clone()),
+                );
+            }
+            ChildMsg::Committed {
+                attempt,
+                result: Ok(true),
+            } => {
+                let verdict = state.authority.on_answer(attempt, true);
+                state.act(&myself, verdict);
+            }
+            ChildMsg::Committed {
+                attempt,
+                result: Err(error),
+            } => {
+                tracing::warn!(parent: &state.span, %error, "terminal write has no acknowledgement");
+                let verdict = state.authority.on_unknown(attempt);
+                state.act(&myself, verdict);
+            }
+            ChildMsg::RefusalChecked { attempt, row } => {
+                if let Ok(Some(row)) = row.as_ref()
+                    && !row.status.is_terminal()
+                    && row.owner_worker_id.as_deref() == Some(state.worker_id.as_str())
+                    && let Some(action) = row.cancel_action
+                {
+                    state.commit(&myself, interrupted(action));
+                }
+                let verdict = state.authority.on_answer(attempt, false);
+                state.act(&myself, verdict);
+            }
+            ChildMsg::Paused(Ok(true)) => {
+                state.untrack();
+                state.end(&myself, RunEnd::WaitingForInput);
+            }
+            ChildMsg::Paused(_) => state.act(&myself, Verdict::Fenced),
+            ChildMsg::Finished(outcome) => {
+                state.end(&myself, RunEnd::Persisted(outcome));
+            }
+            ChildMsg::Lease(event) => {
+                let verdict = match event {
+                    LeaseEvent::Renewed { cancel } => {
+                        state.authority.on_renewal(Renewal::Renewed { cancel })
+                    }
+                    LeaseEvent::Refused => state.authority.on_renewal(Renewal::Refused),
+                    LeaseEvent::Lost => state.authority.on_deadline(),
+                };
+                state.act(&myself, verdict);
+            }
+            ChildMsg::Cancel(action) => {
+                state.cancel.send_replace(Some(action));
+            }
+        }
+        Ok(())
+    }
+
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        state: &mut ChildState,
+    ) -> Result<(), ActorProcessingErr> {
+        if let Some(task) = state.agent_task.take() {
+            task.abort();
+        }
+        Ok(())
+    }
+}
+
+fn interrupted(action: CancelAction) -> RunOutcome {
+    RunOutcome {
+        status: RunStatus::Interrupted,
+        error: Some(match action {
+            CancelAction::Interrupt => "interrupted by a cancel request".into(),
+            CancelAction::Rollback => "rolled back by a cancel request".into(),
+        }),
+        output: None,
+        stop_reason: Some(action.as_str().into()),
+    }
+}

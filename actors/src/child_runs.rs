@@ -1,0 +1,402 @@
+//! The child-runs actor: the front door for child runs on this node, and the supervisor of their
+//! child-agent actors. It checks a request before anything is written (known agent, task size,
+//! thread id), admits it through the store (idempotency, one active run per thread, slots), starts
+//! a linked child-agent actor for an admitted run, relays cancel requests durably, and periodically
+//! closes orphaned runs whose node is gone.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
+use serde_json::Value;
+use store::{Admission, CancelAction, NewRun, RunRow, WorkflowStep};
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+use crate::Error;
+use crate::agents::AgentRegistry;
+use crate::child_agent::{ChildAgent, ChildArgs, ChildMsg, RunEnd};
+use crate::lease_actor::LeaseMsg;
+use crate::store_actor::StoreHandle;
+use crate::workspace;
+
+/// Orphaned runs closed per sweep at most.
+const ORPHAN_SWEEP_LIMIT: u32 = 100;
+
+/// A request to run an agent.
+#[derive(Debug, Clone)]
+pub struct RunRequest {
+    pub thread_id: String,
+    pub agent: String,
+    /// A string (plain text) or JSON.
+    pub task: Value,
+    /// The same key with the same request admits the same run once.
+    pub idempotency_key: Option<String>,
+    pub step: Option<WorkflowStep>,
+}
+
+/// What admission gave the caller.
+#[derive(Debug)]
+pub enum Admitted {
+    /// A new run started on this node; `ended` resolves when it ends.
+    Started {
+        row: RunRow,
+        ended: oneshot::Receiver<RunEnd>,
+    },
+    /// The idempotency key named an earlier run: here it is, as stored.
+    Existing(RunRow),
+    /// No slot is free; nothing was written.
+    Queued,
+}
+
+/// A cheap, cloneable way to start and cancel child runs on this node.
+#[derive(Clone)]
+pub struct RunsHandle {
+    actor: ActorRef<ChildRunsMsg>,
+    store: StoreHandle,
+    timeout: Duration,
+}
+
+impl RunsHandle {
+    pub(crate) fn new(
+        actor: ActorRef<ChildRunsMsg>,
+        store: StoreHandle,
+        timeout: Duration,
+    ) -> Self {
+        RunsHandle {
+            actor,
+            store,
+            timeout,
+        }
+    }
+
+    async fn call<T: Send + 'static>(
+        &self,
+        message: impl FnOnce(RpcReplyPort<T>) -> ChildRunsMsg,
+    ) -> Result<T, Error> {
+        match self.actor.call(message, Some(self.timeout)).await {
+            Ok(ractor::rpc::CallResult::Success(answer)) => Ok(answer),
+            Ok(ractor::rpc::CallResult::Timeout) => Err(Error::Unanswered {
+                actor: "child-runs",
+                reason: format!("no answer within {} ms", self.timeout.as_millis()),
+            }),
+            Ok(ractor::rpc::CallResult::SenderError) => Err(Error::Unanswered {
+                actor: "child-runs",
+                reason: "the request was dropped".into(),
+            }),
+            Err(e) => Err(Error::Unanswered {
+                actor: "child-runs",
+                reason: e.to_string(),
+            }),
+        }
+    }
+
+    /// Checks, admits and starts a child run.
+    pub async fn start(&self, request: RunRequest) -> Result<Admitted, Error> {
+        self.call(|reply| ChildRunsMsg::Admit { request, reply })
+            .await?
+    }
+
+    /// Asks a run to stop, durably: the node running it (this one or another) stops it at its
+    /// next lease renewal at the latest. Returns the action in force, or `None` if the run already
+    /// has an outcome.
+    pub async fn cancel(
+        &self,
+        run_id: &str,
+        action: CancelAction,
+    ) -> Result<Option<CancelAction>, Error> {
+        let run_id = run_id.to_owned();
+        Ok(self
+            .call(|reply| ChildRunsMsg::Cancel {
+                run_id,
+                action,
+                reply,
+            })
+            .await??)
+    }
+
+    /// Answers the newest pause of a thread (see [`store::Store::answer_approval`]).
+    pub async fn answer_approval(
+        &self,
+        thread_id: &str,
+        request_ids: &[String],
+    ) -> Result<Option<store::ApprovalAnswer>, Error> {
+        Ok(self.store.answer_approval(thread_id, request_ids).await?)
+    }
+
+    /// One run as stored.
+    pub async fn get(&self, run_id: &str) -> Result<Option<RunRow>, Error> {
+        Ok(self.store.read_run(run_id).await?)
+    }
+
+    /// The runs executing on this node.
+    pub async fn running(&self) -> Result<Vec<String>, Error> {
+        self.call(|reply| ChildRunsMsg::Running { reply }).await
+    }
+}
+
+/// Messages of the child-runs actor.
+pub enum ChildRunsMsg {
+    Admit {
+        request: RunRequest,
+        reply: RpcReplyPort<Result<Admitted, Error>>,
+    },
+    /// The store answered an admission.
+    AdmissionDone {
+        request: RunRequest,
+        sent: Instant,
+        result: Box<store::Result<Admission>>,
+        reply: RpcReplyPort<Result<Admitted, Error>>,
+    },
+    /// Records a durable cancel request and delivers it at once if the run is here.
+    Cancel {
+        run_id: String,
+        action: CancelAction,
+        reply: RpcReplyPort<store::Result<Option<CancelAction>>>,
+    },
+    /// Closes orphaned runs.
+    SweepOrphans,
+    /// The runs executing on this node.
+    Running { reply: RpcReplyPort<Vec<String>> },
+}
+
+/// Sizes and places the child-runs actor works with.
+#[derive(Debug, Clone)]
+pub struct RunsOptions {
+    pub lease_ms: u64,
+    pub workspaces_dir: PathBuf,
+    pub fault_dir: Option<PathBuf>,
+    /// A task's JSON at most this many bytes (`limits.frame_bytes_max`).
+    pub task_bytes_max: usize,
+    /// How often orphaned runs are looked for.
+    pub orphan_sweep: Duration,
+}
+
+pub(crate) struct ChildRuns;
+
+pub(crate) struct ChildRunsArgs {
+    pub store: StoreHandle,
+    pub lease: ActorRef<LeaseMsg>,
+    pub agents: Arc<AgentRegistry>,
+    pub worker_id: String,
+    pub options: RunsOptions,
+}
+
+pub(crate) struct ChildRunsState {
+    args: ChildRunsArgs,
+    running: HashMap<String, ActorRef<ChildMsg>>,
+}
+
+impl Actor for ChildRuns {
+    type Msg = ChildRunsMsg;
+    type State = ChildRunsState;
+    type Arguments = ChildRunsArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        args: ChildRunsArgs,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        myself.send_interval(args.options.orphan_sweep, || ChildRunsMsg::SweepOrphans);
+        Ok(ChildRunsState {
+            args,
+            running: HashMap::new(),
+        })
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        message: ChildRunsMsg,
+        state: &mut ChildRunsState,
+    ) -> Result<(), ActorProcessingErr> {
+        match message {
+            ChildRunsMsg::Admit { request, reply } => {
+                let run = match check(&state.args, &request) {
+                    Ok(run) => run,
+                    Err(error) => {
+                        let _ = reply.send(Err(error));
+                        return Ok(());
+                    }
+                };
+                let (store, me) = (state.args.store.clone(), myself.clone());
+                tokio::spawn(async move {
+                    let sent = Instant::now();
+                    let result = store.admit_run(run).await;
+                    let _ = me.send_message(ChildRunsMsg::AdmissionDone {
+                        request,
+                        sent,
+                        result: Box::new(result),
+                        reply,
+                    });
+                });
+            }
+            ChildRunsMsg::AdmissionDone {
+                request,
+                sent,
+                result,
+                reply,
+            } => {
+                let answer = match *result {
+                    Ok(Admission::Admitted(row)) => {
+                        start_child(&myself, state, request, sent, row).await
+                    }
+                    Ok(Admission::Existing(row)) => Ok(Admitted::Existing(row)),
+                    Ok(Admission::Queued) => Ok(Admitted::Queued),
+                    Err(error) => Err(Error::Store(error)),
+                };
+                let _ = reply.send(answer);
+            }
+            ChildRunsMsg::Cancel {
+                run_id,
+                action,
+                reply,
+            } => {
+                if let Some(child) = state.running.get(&run_id) {
+                    // The run is here: stop it now; the durable request covers every other node.
+                    let _ = child.send_message(ChildMsg::Cancel(action));
+                }
+                let store = state.args.store.clone();
+                tokio::spawn(async move {
+                    let _ = reply.send(store.request_run_cancel(&run_id, action).await);
+                });
+            }
+            ChildRunsMsg::SweepOrphans => {
+                let (store, worker_id) = (state.args.store.clone(), state.args.worker_id.clone());
+                tokio::spawn(async move {
+                    match store
+                        .claim_orphan_runs(&worker_id, ORPHAN_SWEEP_LIMIT)
+                        .await
+                    {
+                        Ok(claimed) if !claimed.is_empty() => {
+                            tracing::warn!(?claimed, "closed orphaned child runs");
+                        }
+                        Ok(_) => {}
+                        Err(error) => tracing::warn!(%error, "orphan sweep failed"),
+                    }
+                });
+            }
+            ChildRunsMsg::Running { reply } => {
+                let _ = reply.send(state.running.keys().cloned().collect());
+            }
+        }
+        Ok(())
+    }
+
+    async fn handle_supervisor_evt(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        event: SupervisionEvent,
+        state: &mut ChildRunsState,
+    ) -> Result<(), ActorProcessingErr> {
+        match event {
+            SupervisionEvent::ActorTerminated(cell, _, _) => {
+                state
+                    .running
+                    .retain(|_, child| child.get_id() != cell.get_id());
+            }
+            SupervisionEvent::ActorFailed(cell, error) => {
+                // A child that panicked is not restarted in place: its lease lapses and the run is
+                // closed as an orphan (or adopted by a workflow recovery).
+                tracing::error!(%error, "a child-agent actor failed");
+                state
+                    .running
+                    .retain(|_, child| child.get_id() != cell.get_id());
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+}
+
+/// Checks a request before anything is written, and turns it into the row to admit.
+fn check(args: &ChildRunsArgs, request: &RunRequest) -> Result<NewRun, Error> {
+    workspace::check_thread_id(&request.thread_id)
+        .map_err(|e| Error::InvalidRequest(e.to_string()))?;
+    if args.agents.get(&request.agent).is_none() {
+        return Err(Error::UnknownAgent {
+            name: request.agent.clone(),
+            known: args.agents.names().collect::<Vec<_>>().join(", "),
+        });
+    }
+    let task_bytes = request.task.to_string().len();
+    if task_bytes > args.options.task_bytes_max {
+        return Err(Error::TooLarge {
+            what: "task",
+            bytes: task_bytes,
+            limit_name: "frame_bytes_max",
+            limit: args.options.task_bytes_max,
+        });
+    }
+    let run_id = uuid::Uuid::new_v4().simple().to_string();
+    Ok(NewRun {
+        run_id,
+        thread_id: request.thread_id.clone(),
+        agent: request.agent.clone(),
+        owner: args.worker_id.clone(),
+        lease_ms: args.options.lease_ms,
+        idempotency: request
+            .idempotency_key
+            .clone()
+            .map(|key| (key, run_fingerprint(request))),
+        metadata: Value::Object(Default::default()),
+        step: request.step.clone(),
+    })
+}
+
+/// What makes two admissions under one idempotency key the same request.
+fn run_fingerprint(request: &RunRequest) -> Value {
+    serde_json::json!({
+        "thread_id": request.thread_id,
+        "agent": request.agent,
+        "task": request.task,
+        "step": request.step.as_ref().map(|s| (&s.workflow_id, &s.step_id, s.attempt)),
+    })
+}
+
+async fn start_child(
+    myself: &ActorRef<ChildRunsMsg>,
+    state: &mut ChildRunsState,
+    request: RunRequest,
+    sent: Instant,
+    row: RunRow,
+) -> Result<Admitted, Error> {
+    let agent = state
+        .args
+        .agents
+        .get(&request.agent)
+        .ok_or_else(|| Error::UnknownAgent {
+            name: request.agent.clone(),
+            known: String::new(),
+        })?;
+    let workspace = workspace::thread_root(&state.args.options.workspaces_dir, &row.thread_id)
+        .map_err(|e| Error::InvalidRequest(e.to_string()))?;
+    let (ended_tx, ended) = oneshot::channel();
+    let run_id = row.run_id.clone();
+    let (child, _) = Actor::spawn_linked(
+        Some(format!("child-run-{run_id}")),
+        ChildAgent,
+        ChildArgs {
+            row: row.clone(),
+            agent,
+            task: request.task,
+            workspace,
+            fault_dir: state.args.options.fault_dir.clone(),
+            store: state.args.store.clone(),
+            lease: state.args.lease.clone(),
+            worker_id: state.args.worker_id.clone(),
+            deadline: sent + Duration::from_millis(state.args.options.lease_ms),
+            ended: ended_tx,
+        },
+        myself.get_cell(),
+    )
+    .await
+    .map_err(|e| Error::Spawn {
+        actor: "child-agent",
+        reason: e.to_string(),
+    })?;
+    state.running.insert(run_id, child);
+    Ok(Admitted::Started { row, ended })
+}

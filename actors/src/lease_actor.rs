@@ -1,0 +1,286 @@
+//! The lease actor: one per node. Every `lease_ms / 3` it renews the lease of each child run this
+//! node runs, each renewal its own task bounded by that lease's own confirmed deadline, so a slow
+//! renewal never delays another and never outlives its lease. A renewal carries any durable cancel
+//! request back to the run. When a deadline passes without an acknowledged renewal, the run's owner
+//! is told at once that the lease is lost (fencing), whatever its renewal is still doing.
+//!
+//! Deadlines are local `Instant`s derived without comparing clocks: a renewal sent at local time
+//! `sent` that the database answered with `expires_at` at database time `now` holds until
+//! `sent + (expires_at - now)`, which is never later than the database's own deadline.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use ractor::{Actor, ActorProcessingErr, ActorRef, DerivedActorRef, RpcReplyPort};
+use serde::Serialize;
+use store::{CancelAction, RunRenewal, RunRow};
+use tokio::time::Instant;
+
+use crate::store_actor::StoreHandle;
+
+/// What the lease actor tells the owner of a lease.
+#[derive(Debug, Clone, PartialEq)]
+pub enum LeaseEvent {
+    /// The lease was renewed; a durable cancel request may ride along.
+    Renewed { cancel: Option<CancelAction> },
+    /// The store refused the renewal: the row is no longer live and this node's.
+    Refused,
+    /// The confirmed deadline passed without an acknowledged renewal: ownership is lost.
+    Lost,
+}
+
+/// Messages of the lease actor.
+pub enum LeaseMsg {
+    /// Start renewing the lease of `run_id`, which holds until `deadline`.
+    Track {
+        run_id: String,
+        deadline: Instant,
+        notify: DerivedActorRef<LeaseEvent>,
+    },
+    /// Stop renewing `run_id` (its outcome is persisted, or it was fenced).
+    Untrack { run_id: String },
+    /// Time to renew every lease that has no renewal in flight.
+    Tick,
+    /// A renewal task finished.
+    Renewed {
+        run_id: String,
+        sent: Instant,
+        result: Box<RenewalResult>,
+    },
+    /// A lease's deadline may have passed.
+    Deadline { run_id: String },
+    /// The tracked leases, for operators and tests.
+    Leases { reply: RpcReplyPort<Vec<LeaseView>> },
+}
+
+type RenewalResult = Result<store::Result<Result<RunRenewal, Option<RunRow>>>, RenewalTimedOut>;
+
+/// A renewal that could not finish before its lease's deadline.
+#[derive(Debug)]
+pub struct RenewalTimedOut;
+
+/// One tracked lease as operators see it.
+#[derive(Debug, Clone, Serialize)]
+pub struct LeaseView {
+    pub run_id: String,
+    pub remaining_ms: u64,
+    pub renewing: bool,
+    pub refused: bool,
+}
+
+pub(crate) struct LeaseActor;
+
+pub(crate) struct LeaseArgs {
+    pub store: StoreHandle,
+    pub worker_id: String,
+    pub lease_ms: u64,
+}
+
+pub(crate) struct LeaseState {
+    store: StoreHandle,
+    worker_id: String,
+    lease_ms: u64,
+    leases: HashMap<String, Tracked>,
+}
+
+struct Tracked {
+    deadline: Instant,
+    notify: DerivedActorRef<LeaseEvent>,
+    /// A renewal task is running; the next tick does not start another.
+    renewing: bool,
+    /// The store refused a renewal; renewing again cannot help, only the deadline remains.
+    refused: bool,
+}
+
+impl LeaseState {
+    /// Tells the owner of `run_id`; an owner that is gone no longer needs its lease.
+    fn tell(&mut self, run_id: &str, event: LeaseEvent) {
+        let delivered = self
+            .leases
+            .get(run_id)
+            .is_some_and(|lease| lease.notify.send_message(event).is_ok());
+        if !delivered {
+            self.leases.remove(run_id);
+        }
+    }
+}
+
+impl Actor for LeaseActor {
+    type Msg = LeaseMsg;
+    type State = LeaseState;
+    type Arguments = LeaseArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        args: LeaseArgs,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        let period = Duration::from_millis((args.lease_ms / 3).max(1));
+        myself.send_interval(period, || LeaseMsg::Tick);
+        Ok(LeaseState {
+            store: args.store,
+            worker_id: args.worker_id,
+            lease_ms: args.lease_ms,
+            leases: HashMap::new(),
+        })
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        message: LeaseMsg,
+        state: &mut LeaseState,
+    ) -> Result<(), ActorProcessingErr> {
+        match message {
+            LeaseMsg::Track {
+                run_id,
+                deadline,
+                notify,
+            } => {
+                schedule_deadline(&myself, &run_id, deadline);
+                state.leases.insert(
+                    run_id,
+                    Tracked {
+                        deadline,
+                        notify,
+                        renewing: false,
+                        refused: false,
+                    },
+                );
+            }
+            LeaseMsg::Untrack { run_id } => {
+                state.leases.remove(&run_id);
+            }
+            LeaseMsg::Tick => {
+                for (run_id, lease) in &mut state.leases {
+                    if lease.renewing || lease.refused {
+                        continue;
+                    }
+                    lease.renewing = true;
+                    spawn_renewal(
+                        &myself,
+                        &state.store,
+                        run_id,
+                        &state.worker_id,
+                        state.lease_ms,
+                        lease.deadline,
+                    );
+                }
+            }
+            LeaseMsg::Renewed {
+                run_id,
+                sent,
+                result,
+            } => {
+                let Some(lease) = state.leases.get_mut(&run_id) else {
+                    return Ok(());
+                };
+                lease.renewing = false;
+                match *result {
+                    Ok(Ok(Ok(renewal))) => {
+                        let held_for =
+                            Duration::from_secs_f64((renewal.expires_at - renewal.now).max(0.0));
+                        let deadline = sent + held_for;
+                        if deadline > lease.deadline {
+                            lease.deadline = deadline;
+                            schedule_deadline(&myself, &run_id, deadline);
+                        }
+                        state.tell(
+                            &run_id,
+                            LeaseEvent::Renewed {
+                                cancel: renewal.cancel_action,
+                            },
+                        );
+                    }
+                    Ok(Ok(Err(row))) => {
+                        tracing::info!(
+                            run_id,
+                            status = ?row.as_ref().map(|r| r.status),
+                            "run lease renewal refused"
+                        );
+                        lease.refused = true;
+                        state.tell(&run_id, LeaseEvent::Refused);
+                    }
+                    Ok(Err(error)) => {
+                        tracing::warn!(run_id, %error, "run lease renewal failed; retrying next tick");
+                    }
+                    Err(RenewalTimedOut) => {
+                        tracing::warn!(
+                            run_id,
+                            "run lease renewal did not finish before its deadline"
+                        );
+                    }
+                }
+            }
+            LeaseMsg::Deadline { run_id } => {
+                let expired = state
+                    .leases
+                    .get(&run_id)
+                    .is_some_and(|lease| lease.deadline <= Instant::now());
+                if expired {
+                    tracing::warn!(
+                        run_id,
+                        "run lease deadline passed without a renewal: fencing"
+                    );
+                    state.tell(&run_id, LeaseEvent::Lost);
+                    state.leases.remove(&run_id);
+                }
+            }
+            LeaseMsg::Leases { reply } => {
+                let now = Instant::now();
+                let views = state
+                    .leases
+                    .iter()
+                    .map(|(run_id, lease)| LeaseView {
+                        run_id: run_id.clone(),
+                        remaining_ms: u64::try_from(
+                            lease.deadline.saturating_duration_since(now).as_millis(),
+                        )
+                        .unwrap_or(u64::MAX),
+                        renewing: lease.renewing,
+                        refused: lease.refused,
+                    })
+                    .collect();
+                let _ = reply.send(views);
+            }
+        }
+        Ok(())
+    }
+}
+
+fn schedule_deadline(myself: &ActorRef<LeaseMsg>, run_id: &str, deadline: Instant) {
+    let run_id = run_id.to_owned();
+    myself.send_after(
+        deadline.saturating_duration_since(Instant::now()),
+        move || LeaseMsg::Deadline { run_id },
+    );
+}
+
+/// One renewal, bounded by the lease's deadline; its answer comes back as a message. Nothing
+/// awaits it, so a hung store never holds up the actor or its shutdown.
+fn spawn_renewal(
+    myself: &ActorRef<LeaseMsg>,
+    store: &StoreHandle,
+    run_id: &str,
+    worker_id: &str,
+    lease_ms: u64,
+    deadline: Instant,
+) {
+    let (myself, store) = (myself.clone(), store.clone());
+    let (run_id, worker_id) = (run_id.to_owned(), worker_id.to_owned());
+    tokio::spawn(async move {
+        let sent = Instant::now();
+        let result = tokio::time::timeout_at(
+            deadline,
+            store.renew_run_lease(&run_id, &worker_id, lease_ms),
+        )
+        .await
+        .map_err(|_| RenewalTimedOut);
+        // The actor may have stopped meanwhile; the answer then has nobody to go to.
+        let _ = myself.send_message(LeaseMsg::Renewed {
+            run_id,
+            sent,
+            result: Box::new(result),
+        });
+    });
+}
