@@ -352,13 +352,19 @@ impl Node {
         let _ = (&mut self.joined).await;
     }
 
-    /// Records a clean stop and stops the tree, waiting at most the shutdown timeout.
+    /// Records a clean stop and stops the tree, each step waiting at most the shutdown timeout,
+    /// so a hung store cannot hold the process.
     pub async fn shutdown(self) -> Result<(), Error> {
-        let recorded = self
-            .parts
-            .store
-            .mark_node_stopped(&self.identity.worker_id)
-            .await;
+        let recorded = tokio::time::timeout(
+            self.shutdown_timeout,
+            self.parts.store.mark_node_stopped(&self.identity.worker_id),
+        )
+        .await
+        .unwrap_or_else(|_| {
+            Err(store::Error::OutcomeUnknown(
+                "recording the clean stop did not finish within the shutdown timeout".into(),
+            ))
+        });
         self.supervisor.stop(Some("shutdown".into()));
         if tokio::time::timeout(self.shutdown_timeout, self.joined)
             .await

@@ -369,17 +369,35 @@ impl StoreHandle {
         let Some(fault) = self.faults.as_ref().and_then(|f| f.take(name, key)) else {
             return self.send(effect, message).await;
         };
+        // A held call is bounded by the same timeout as a real one: past it, the caller hears
+        // what it would hear from a hung store.
+        let held_too_long = |what: &str| {
+            format!(
+                "{name} held {what} for more than {} ms",
+                self.timeout.as_millis()
+            )
+        };
         match fault {
             FaultAction::Fail(error) => Err(error),
             FaultAction::HoldBefore { reached, release } => {
                 reached.notify_one();
-                release.notified().await;
+                if tokio::time::timeout(self.timeout, release.notified())
+                    .await
+                    .is_err()
+                {
+                    return Err(store::Error::Unavailable(held_too_long("before the store")));
+                }
                 self.send(effect, message).await
             }
             FaultAction::HoldAnswer { reached, release } => {
                 let answer = self.send(effect, message).await;
                 reached.notify_one();
-                release.notified().await;
+                if tokio::time::timeout(self.timeout, release.notified())
+                    .await
+                    .is_err()
+                {
+                    return Err(store::Error::OutcomeUnknown(held_too_long("its answer")));
+                }
                 answer
             }
             FaultAction::DropAnswer => {

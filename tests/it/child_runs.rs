@@ -260,3 +260,59 @@ on_both_backends! {
             "the old owner overwrote the claimer's outcome");
     }
 }
+
+on_both_backends! {
+    async fn two_nodes_answering_one_approval_through_their_actors_have_one_winner(db: TestDb) {
+        const ROUNDS: usize = 100;
+        let shared = tempfile::tempdir().expect("temp dir");
+        let (a, b) = (
+            TestNode::start(&db, "a", LEASE_MS, shared.path()).await,
+            TestNode::start(&db, "b", LEASE_MS, shared.path()).await,
+        );
+        let ask = json!({"ask_approval": {"request_id": "approval", "actions": []}});
+        for round in 0..ROUNDS {
+            let thread = format!("t-{round}");
+            let (run, end) = start(&a, &thread, ask.clone()).await;
+            assert_eq!(ended(end).await, RunEnd::WaitingForInput);
+            let barrier = Arc::new(tokio::sync::Barrier::new(2));
+            let answer = |node: &TestNode| {
+                let (runs, barrier, thread) = (node.node.runs(), Arc::clone(&barrier), thread.clone());
+                tokio::spawn(async move {
+                    barrier.wait().await;
+                    runs.answer_approval(&thread, &["approval".into()]).await
+                })
+            };
+            let (first, second) = (answer(&a), answer(&b));
+            let first = first.await.expect("join").expect("answer");
+            let second = second.await.expect("join").expect("answer");
+            assert_eq!(usize::from(first.is_some()) + usize::from(second.is_some()), 1,
+                "round {round}: {first:?} / {second:?}");
+            assert_eq!(row(&a, &run.run_id).await.status, RunStatus::Success);
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_stops_within_its_shutdown_timeout_while_the_store_hangs() {
+    let db = crate::harness::TestDb::sqlite().await;
+    let shared = tempfile::tempdir().expect("temp dir");
+    let node = TestNode::start(&db, "a", LEASE_MS, shared.path()).await;
+    std::fs::write(shared.path().join("faults/hold_model"), b"").expect("hold");
+    let (_run, _end) = start(&node, "t-1", json!({"hold_while": "hold_model"})).await;
+    let never = Arc::new(Notify::new());
+    for call in ["renew_run_lease", "mark_node_stopped"] {
+        node.faults.add(
+            call,
+            FaultAction::HoldBefore {
+                reached: Arc::new(Notify::new()),
+                release: Arc::clone(&never),
+            },
+            1_000,
+        );
+    }
+    tokio::time::sleep(Duration::from_millis(LEASE_MS / 2)).await;
+    // Shutdown waits at most the shutdown timeout (5 s) to record the stop and as long again
+    // for the actors; a hung store must not stretch that.
+    let stopped = tokio::time::timeout(Duration::from_secs(15), node.node.shutdown()).await;
+    assert!(stopped.is_ok(), "shutdown hung on the store");
+}
