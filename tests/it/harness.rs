@@ -286,12 +286,22 @@ impl TestNode {
     /// Starts a node named `name` on `db` whose leases last `lease_ms`; workspaces and the fault
     /// folder live in `shared`, as nodes of one cluster share them.
     pub async fn start(db: &TestDb, name: &str, lease_ms: u64, shared: &Path) -> TestNode {
-        use actors::agents::{AgentConfig, AgentRegistry};
-        let faults = actors::StoreFaults::default();
-        let agents = AgentRegistry::new(&[AgentConfig::Scripted {
+        let scripted = actors::agents::AgentConfig::Scripted {
             name: "scripted".into(),
-        }])
-        .expect("agents");
+        };
+        TestNode::start_with(db, name, lease_ms, shared, &[scripted]).await
+    }
+
+    /// [`TestNode::start`] with these agents.
+    pub async fn start_with(
+        db: &TestDb,
+        name: &str,
+        lease_ms: u64,
+        shared: &Path,
+        agents: &[actors::agents::AgentConfig],
+    ) -> TestNode {
+        let faults = actors::StoreFaults::default();
+        let agents = actors::agents::AgentRegistry::new(agents).expect("agents");
         let runs = actors::RunsOptions {
             lease_ms,
             workspaces_dir: shared.join("workspaces"),

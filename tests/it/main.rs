@@ -6,6 +6,7 @@ mod harness;
 
 mod bad_config;
 mod child_runs;
+mod command_agent;
 mod fencing;
 mod leases;
 mod migrations;

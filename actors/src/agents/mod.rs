@@ -3,6 +3,7 @@
 //! step would run under the same configuration). Backends run off the actor mailbox, in a task,
 //! and watch a cancel channel.
 
+mod command;
 mod scripted;
 
 use std::collections::BTreeMap;
@@ -14,6 +15,7 @@ use serde_json::Value;
 use store::CancelAction;
 use tokio::sync::watch;
 
+pub use command::{CommandAgent, CommandConfig};
 pub use scripted::ScriptedAgent;
 
 /// One entry of the configuration's `agents` list: its `kind` and that kind's settings.
@@ -22,6 +24,8 @@ pub use scripted::ScriptedAgent;
 pub enum AgentConfig {
     /// Built in and deterministic: directed by its task (see [`ScriptedAgent`]).
     Scripted { name: String },
+    /// A program speaking JSON lines (see [`CommandAgent`]).
+    Command(CommandConfig),
 }
 
 impl AgentConfig {
@@ -29,6 +33,7 @@ impl AgentConfig {
     pub fn name(&self) -> &str {
         match self {
             AgentConfig::Scripted { name } => name,
+            AgentConfig::Command(command) => &command.name,
         }
     }
 }
@@ -78,6 +83,7 @@ pub struct Agent {
 #[derive(Debug)]
 enum Backend {
     Scripted(ScriptedAgent),
+    Command(CommandAgent),
 }
 
 impl Agent {
@@ -89,6 +95,7 @@ impl Agent {
     ) -> AgentEnd {
         match &self.backend {
             Backend::Scripted(agent) => agent.run(request, cancel).await,
+            Backend::Command(agent) => agent.run(request, cancel).await,
         }
     }
 }
@@ -124,6 +131,9 @@ impl AgentRegistry {
             }
             let backend = match config {
                 AgentConfig::Scripted { .. } => Backend::Scripted(ScriptedAgent),
+                AgentConfig::Command(settings) => Backend::Command(CommandAgent {
+                    settings: settings.clone(),
+                }),
             };
             let agent = Agent {
                 name: name.to_owned(),
@@ -182,5 +192,21 @@ mod tests {
         );
         assert!(AgentRegistry::new(&[scripted("a"), scripted("a")]).is_err());
         assert!(AgentRegistry::new(&[scripted("no spaces")]).is_err());
+    }
+
+    #[test]
+    fn a_command_agent_is_read_from_its_kind_with_defaults() {
+        let config: AgentConfig = serde_json::from_value(serde_json::json!({
+            "kind": "command", "name": "coder", "program": "/bin/true", "args": ["-x"]
+        }))
+        .expect("valid");
+        let AgentConfig::Command(command) = &config else {
+            panic!("not a command agent: {config:?}");
+        };
+        assert_eq!((command.name.as_str(), command.grace_ms), ("coder", 5_000));
+        let unknown = serde_json::from_value::<AgentConfig>(serde_json::json!({
+            "kind": "command", "name": "coder", "program": "/bin/true", "shell": true
+        }));
+        assert!(unknown.is_err_and(|e| e.to_string().contains("shell")));
     }
 }

@@ -1,0 +1,314 @@
+//! The `command` agent: runs a program with the thread's workspace as its working folder, in a
+//! process group of its own. The task goes to stdin as one JSON line,
+//! `{"type": "task", "run_id", "thread_id", "task"}`, and stdin is then closed. The program speaks
+//! JSON lines on stdout:
+//!
+//! | line | meaning |
+//! | --- | --- |
+//! | `{"type": "output", "output": any}` | the run's output (the last one counts) |
+//! | `{"type": "progress", ...}` | progress, logged and counted as a message |
+//! | `{"type": "usage", "total_tokens": N}` | the token count recorded for the run |
+//! | `{"type": "approval_request", "request_id", "actions"}` | pause the run for approval |
+//!
+//! Exit status 0 ends the run with the last output; any other exit is `error` with the tail of
+//! stderr. A line that is not one of these, a line over `line_bytes_max`, or more than
+//! `output_bytes_max` on stdout ends the run as `error` and stops the program. Cancellation sends
+//! SIGTERM to the whole process group, then SIGKILL after `grace_ms`.
+
+use std::collections::VecDeque;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use store::CancelAction;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::process::{Child, Command};
+use tokio::sync::watch;
+use tokio_util::codec::{FramedRead, LinesCodec, LinesCodecError};
+
+use super::{AgentEnd, AgentRequest};
+
+/// How often a stopping agent looks for processes left in its group.
+const GROUP_POLL: Duration = Duration::from_millis(20);
+
+/// A `command` agent's entry in the configuration.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct CommandConfig {
+    pub name: String,
+    /// The program to run (a path, or a name looked up in PATH).
+    pub program: PathBuf,
+    #[serde(default)]
+    pub args: Vec<String>,
+    /// How long the program may take after SIGTERM before SIGKILL.
+    #[serde(default = "default_grace_ms")]
+    pub grace_ms: u64,
+    /// The longest stdout line.
+    #[serde(default = "default_line_bytes_max")]
+    pub line_bytes_max: usize,
+    /// All of stdout at most.
+    #[serde(default = "default_output_bytes_max")]
+    pub output_bytes_max: usize,
+    /// How much of stderr's end an error carries.
+    #[serde(default = "default_stderr_tail_bytes")]
+    pub stderr_tail_bytes: usize,
+}
+
+fn default_grace_ms() -> u64 {
+    5_000
+}
+fn default_line_bytes_max() -> usize {
+    64 * 1024
+}
+fn default_output_bytes_max() -> usize {
+    1024 * 1024
+}
+fn default_stderr_tail_bytes() -> usize {
+    4 * 1024
+}
+
+#[derive(Debug)]
+pub struct CommandAgent {
+    pub settings: CommandConfig,
+}
+
+#[derive(Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum Line {
+    Output {
+        output: Value,
+    },
+    Progress {
+        #[serde(flatten)]
+        _rest: serde_json::Map<String, Value>,
+    },
+    Usage {
+        total_tokens: i64,
+    },
+    ApprovalRequest {
+        request_id: String,
+        #[serde(default)]
+        actions: Vec<Value>,
+    },
+}
+
+impl CommandAgent {
+    pub async fn run(
+        &self,
+        request: AgentRequest,
+        mut cancel: watch::Receiver<Option<CancelAction>>,
+    ) -> AgentEnd {
+        let settings = &self.settings;
+        if let Err(e) = tokio::fs::create_dir_all(&request.workspace).await {
+            return failed(format!("cannot create the workspace: {e}"));
+        }
+        let spawned = Command::new(&settings.program)
+            .args(&settings.args)
+            .current_dir(&request.workspace)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .kill_on_drop(true)
+            .spawn();
+        let mut child = match spawned {
+            Ok(child) => child,
+            Err(e) => return failed(format!("cannot start {:?}: {e}", settings.program)),
+        };
+        let group = child.id().and_then(|pid| i32::try_from(pid).ok());
+        let (Some(mut stdin), Some(stdout), Some(stderr)) =
+            (child.stdin.take(), child.stdout.take(), child.stderr.take())
+        else {
+            return failed("the program's pipes were not available".into());
+        };
+        let task = json!({
+            "type": "task",
+            "run_id": request.run_id,
+            "thread_id": request.thread_id,
+            "task": request.task,
+        });
+        let mut line = task.to_string();
+        line.push('\n');
+        // A program that never reads its task still gets to run; its exit decides.
+        let _ = stdin.write_all(line.as_bytes()).await;
+        drop(stdin);
+
+        let stderr_tail = tokio::spawn(read_tail(stderr, settings.stderr_tail_bytes));
+        let mut lines = FramedRead::new(
+            stdout,
+            LinesCodec::new_with_max_length(settings.line_bytes_max),
+        );
+        let mut state = Progress::default();
+        let mut exited = None;
+        let verdict = loop {
+            tokio::select! {
+                next = lines.next() => match next {
+                    None => break None,
+                    Some(Ok(text)) => {
+                        state.bytes += text.len() + 1;
+                        if state.bytes > settings.output_bytes_max {
+                            break Some(failed(format!(
+                                "the program wrote more than output_bytes_max ({} bytes) to stdout",
+                                settings.output_bytes_max
+                            )));
+                        }
+                        match state.read(&text) {
+                            Ok(None) => {}
+                            Ok(Some(end)) => break Some(end),
+                            Err(message) => break Some(failed(message)),
+                        }
+                    }
+                    Some(Err(LinesCodecError::MaxLineLengthExceeded)) => {
+                        break Some(failed(format!(
+                            "line {} is longer than line_bytes_max ({} bytes)",
+                            state.lines + 1,
+                            settings.line_bytes_max
+                        )));
+                    }
+                    Some(Err(LinesCodecError::Io(e))) => {
+                        break Some(failed(format!("reading stdout: {e}")));
+                    }
+                },
+                status = child.wait(), if exited.is_none() => {
+                    // Whatever the program left behind in its group must not hold stdout open
+                    // (or run on) after it; the lines already written are still read.
+                    stop(&mut child, group, settings.grace_ms).await;
+                    exited = Some(status);
+                }
+                action = cancelled(&mut cancel) => {
+                    stop(&mut child, group, settings.grace_ms).await;
+                    return AgentEnd::Interrupted { action };
+                }
+            }
+        };
+        if let Some(end) = verdict {
+            // The run is decided; the program must not outlive it.
+            stop(&mut child, group, settings.grace_ms).await;
+            return end;
+        }
+        let status = match exited {
+            Some(status) => status,
+            None => {
+                let status = child.wait().await;
+                stop(&mut child, group, settings.grace_ms).await;
+                status
+            }
+        };
+        let tail = stderr_tail.await.unwrap_or_default();
+        match status {
+            Ok(status) if status.success() => AgentEnd::Completed {
+                output: state.output.unwrap_or(Value::Null),
+                total_tokens: state.tokens,
+                message_count: state.messages,
+            },
+            Ok(status) => failed(format!("the program exited with {status}: {}", tail.trim())),
+            Err(e) => failed(format!("waiting for the program: {e}")),
+        }
+    }
+}
+
+/// What the program said so far.
+#[derive(Default)]
+struct Progress {
+    lines: usize,
+    bytes: usize,
+    output: Option<Value>,
+    tokens: i64,
+    messages: i64,
+}
+
+impl Progress {
+    /// Reads one stdout line; `Some` ends the run.
+    fn read(&mut self, text: &str) -> Result<Option<AgentEnd>, String> {
+        self.lines += 1;
+        let line: Line = serde_json::from_str(text).map_err(|e| {
+            format!(
+                "stdout line {} is not a protocol line ({e}): {:?}",
+                self.lines,
+                text.chars().take(120).collect::<String>()
+            )
+        })?;
+        match line {
+            Line::Output { output } => self.output = Some(output),
+            Line::Progress { .. } => self.messages += 1,
+            Line::Usage { total_tokens } => self.tokens = total_tokens,
+            Line::ApprovalRequest {
+                request_id,
+                actions,
+            } => {
+                return Ok(Some(AgentEnd::WaitingForInput {
+                    approval: json!({
+                        "kind": "hitl_approval",
+                        "request_id": request_id,
+                        "actions": actions,
+                    }),
+                }));
+            }
+        }
+        Ok(None)
+    }
+}
+
+fn failed(message: String) -> AgentEnd {
+    AgentEnd::Failed { message }
+}
+
+/// Resolves once a cancel action is set (never, if the sender is gone without one).
+async fn cancelled(cancel: &mut watch::Receiver<Option<CancelAction>>) -> CancelAction {
+    let action = cancel
+        .wait_for(Option::is_some)
+        .await
+        .map(|action| action.unwrap_or(CancelAction::Interrupt));
+    match action {
+        Ok(action) => action,
+        Err(_) => std::future::pending().await,
+    }
+}
+
+/// Sends `signal` to the agent's process group, which may already be gone.
+fn kill_group(group: Option<i32>, signal: i32) {
+    if let Some(group) = group {
+        // SAFETY: kill(2) on the process group this agent created; no memory is involved.
+        unsafe { libc::kill(-group, signal) };
+    }
+}
+
+/// Whether any process of the group is left.
+fn group_alive(group: Option<i32>) -> bool {
+    // SAFETY: kill(2) with signal 0 only checks for existence; no memory is involved.
+    group.is_some_and(|group| unsafe { libc::kill(-group, 0) } == 0)
+}
+
+/// SIGTERM to the whole process group; SIGKILL to whatever of it is left after the grace period.
+async fn stop(child: &mut Child, group: Option<i32>, grace_ms: u64) {
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(grace_ms);
+    kill_group(group, libc::SIGTERM);
+    // Reaping the leader first keeps it from counting as alive while a zombie.
+    let _ = tokio::time::timeout_at(deadline, child.wait()).await;
+    while group_alive(group) && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(GROUP_POLL).await;
+    }
+    kill_group(group, libc::SIGKILL);
+    let _ = child.kill().await;
+}
+
+/// Keeps the last `limit` bytes of a stream.
+async fn read_tail(mut stream: impl tokio::io::AsyncRead + Unpin, limit: usize) -> String {
+    let mut tail = VecDeque::with_capacity(limit);
+    let mut buffer = [0u8; 4096];
+    while let Ok(read) = stream.read(&mut buffer).await {
+        if read == 0 {
+            break;
+        }
+        for &byte in &buffer[..read] {
+            if tail.len() == limit {
+                tail.pop_front();
+            }
+            tail.push_back(byte);
+        }
+    }
+    String::from_utf8_lossy(&tail.into_iter().collect::<Vec<_>>()).into_owned()
+}
