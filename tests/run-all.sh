@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the whole test suite on a fresh Debian machine that has the Rust toolchain:
 #   tests/run-all.sh          build, start a private PostgreSQL, run every test, stop it
-#   tests/run-all.sh bench    the same cluster, then `cargo bench` instead of the tests
+#   tests/run-all.sh bench    the same cluster, then the benches instead of the tests
 # PostgreSQL comes from Debian's packages (installed if missing). The cluster lives under
 # target/pg-test (or a private temp folder when the postgres user cannot reach target/), listens
 # only on 127.0.0.1 on a free port, and is stopped on exit whatever happens.
@@ -62,6 +62,7 @@ url="postgres://postgres@127.0.0.1:$port/postgres"
 case "$mode" in
   bench)
     REINS_BENCH_PG="$url" cargo bench -p store --bench fenced_write
+    REINS_BENCH_PG="$url" cargo bench -p actors --bench child_runs
     ;;
   *)
     cargo build --workspace --bins

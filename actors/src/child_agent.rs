@@ -1,6 +1,7 @@
-//! The child-agent actor: one per child run this node executes. It marks the run `running`, runs
-//! the agent in a task (never in its handler), and records the outcome with the terminal
-//! compare-and-set, deciding what the answers mean through [`TerminalAuthority`]. The lease actor
+//! The child-agent actor: one per child run this node executes (admitted `running` and owned by
+//! this node). It runs the agent in a task (never in its handler) and records the outcome, with
+//! its token counts, in one terminal compare-and-set, deciding what the answers mean through
+//! [`TerminalAuthority`]. The lease actor
 //! renews its lease and tells it about cancel requests and lost ownership; a fenced run stops its
 //! agent and writes nothing more.
 
@@ -35,8 +36,6 @@ pub enum RunEnd {
 pub enum ChildMsg {
     /// The lease actor's news about this run's lease.
     Lease(LeaseEvent),
-    /// The run was marked `running` (or found not ours any more).
-    Started(store::Result<bool>),
     /// The agent ended.
     AgentEnded(AgentEnd),
     /// The store answered a terminal compare-and-set.
@@ -51,8 +50,6 @@ pub enum ChildMsg {
     },
     /// The pause for approval was recorded (or refused).
     Paused(store::Result<bool>),
-    /// Completion data was written after the outcome; the run is done.
-    Finished(RunOutcome),
     /// Stop the agent now (a cancel issued on this node; it is also durable in the store).
     Cancel(CancelAction),
 }
@@ -103,11 +100,7 @@ pub(crate) struct ChildState {
     authority: TerminalAuthority,
     cancel: watch::Sender<Option<CancelAction>>,
     agent_task: Option<JoinHandle<()>>,
-    /// Token and message counts to record once the outcome is acknowledged.
-    usage: Option<(i64, i64)>,
     ended: Option<oneshot::Sender<RunEnd>>,
-    /// The outcome is acknowledged and the run is writing its completion data.
-    finishing: bool,
     span: tracing::Span,
 }
 
@@ -145,27 +138,8 @@ impl ChildState {
                 self.cancel.send_replace(Some(action));
             }
             Verdict::Persisted(outcome) => {
-                if self.finishing {
-                    return;
-                }
-                self.finishing = true;
                 self.untrack();
-                let usage = self.usage.take();
-                let (store, myself) = (self.store.clone(), myself.clone());
-                let (run_id, owner) = (self.run_id.clone(), self.worker_id.clone());
-                tokio::spawn(
-                    async move {
-                        if let Some((tokens, messages)) = usage
-                            && let Err(error) = store
-                                .record_run_usage(&run_id, &owner, tokens, messages)
-                                .await
-                        {
-                            tracing::warn!(%error, "token counts were not recorded");
-                        }
-                        let _ = myself.send_message(ChildMsg::Finished(outcome));
-                    }
-                    .instrument(self.span.clone()),
-                );
+                self.end(myself, RunEnd::Persisted(outcome));
             }
             Verdict::Fenced => {
                 tracing::warn!(parent: &self.span, "ownership lost: the run is fenced");
@@ -191,11 +165,13 @@ impl ChildState {
     }
 
     fn end(&mut self, myself: &ActorRef<ChildMsg>, end: RunEnd) {
+        let Some(ended) = self.ended.take() else {
+            // Already ended; the actor is stopping.
+            return;
+        };
         tracing::info!(parent: &self.span, ?end, "child run ended");
-        if let Some(ended) = self.ended.take() {
-            // Nobody may be waiting for this run any more; the row is the record.
-            let _ = ended.send(end);
-        }
+        // Nobody may be waiting for this run any more; the row is the record.
+        let _ = ended.send(end);
         myself.stop(None);
     }
 
@@ -245,21 +221,6 @@ impl Actor for ChildAgent {
             deadline: args.deadline,
             notify: myself.get_derived(),
         })?;
-        let (store, run_id, owner, me) = (
-            args.store.clone(),
-            args.row.run_id.clone(),
-            args.worker_id.clone(),
-            myself.clone(),
-        );
-        tokio::spawn(
-            async move {
-                let started = store
-                    .update_run_status(&run_id, &owner, RunStatus::Running, None)
-                    .await;
-                let _ = me.send_message(ChildMsg::Started(started));
-            }
-            .instrument(span.clone()),
-        );
         let (cancel, _) = watch::channel(None);
         Ok(ChildState {
             run_id: args.row.run_id,
@@ -274,11 +235,18 @@ impl Actor for ChildAgent {
             authority: TerminalAuthority::new(),
             cancel,
             agent_task: None,
-            usage: None,
             ended: Some(args.ended),
-            finishing: false,
             span,
         })
+    }
+
+    async fn post_start(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        state: &mut ChildState,
+    ) -> Result<(), ActorProcessingErr> {
+        state.start_agent(&myself);
+        Ok(())
     }
 
     async fn handle(
@@ -292,18 +260,6 @@ impl Actor for ChildAgent {
             return Ok(());
         }
         match message {
-            ChildMsg::Started(Ok(false)) => {
-                tracing::warn!(parent: &state.span, "the run was not ours to start");
-                state.act(&myself, Verdict::Fenced);
-            }
-            ChildMsg::Started(result) => {
-                if let Err(error) = result {
-                    // `pending` and `running` are both live: the run proceeds, its lease and its
-                    // final compare-and-set still guard it.
-                    tracing::warn!(parent: &state.span, %error, "could not mark the run running");
-                }
-                state.start_agent(&myself);
-            }
             ChildMsg::AgentEnded(end) => {
                 state.agent_task = None;
                 let outcome = match end {
@@ -311,20 +267,21 @@ impl Actor for ChildAgent {
                         output,
                         total_tokens,
                         message_count,
-                    } => {
-                        state.usage = Some((total_tokens, message_count));
-                        RunOutcome {
-                            status: RunStatus::Success,
-                            error: None,
-                            output: Some(output),
-                            stop_reason: None,
-                        }
-                    }
+                    } => RunOutcome {
+                        status: RunStatus::Success,
+                        error: None,
+                        output: Some(output),
+                        stop_reason: None,
+                        total_tokens,
+                        message_count,
+                    },
                     AgentEnd::Failed { message } => RunOutcome {
                         status: RunStatus::Error,
                         error: Some(message),
                         output: None,
                         stop_reason: Some("agent_failed".into()),
+                        total_tokens: 0,
+                        message_count: 0,
                     },
                     AgentEnd::Interrupted { action } => interrupted(action),
                     AgentEnd::WaitingForInput { approval } => {
@@ -400,9 +357,6 @@ impl Actor for ChildAgent {
                 state.end(&myself, RunEnd::WaitingForInput);
             }
             ChildMsg::Paused(_) => state.act(&myself, Verdict::Fenced),
-            ChildMsg::Finished(outcome) => {
-                state.end(&myself, RunEnd::Persisted(outcome));
-            }
             ChildMsg::Lease(event) => {
                 let verdict = match event {
                     LeaseEvent::Renewed { cancel } => {
@@ -441,5 +395,7 @@ fn interrupted(action: CancelAction) -> RunOutcome {
         }),
         output: None,
         stop_reason: Some(action.as_str().into()),
+        total_tokens: 0,
+        message_count: 0,
     }
 }

@@ -211,6 +211,8 @@ mod tests {
             error: error.map(str::to_owned),
             output: None,
             stop_reason: None,
+            total_tokens: 0,
+            message_count: 0,
         }
     }
 

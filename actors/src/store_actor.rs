@@ -101,13 +101,6 @@ pub enum StoreMsg {
         require_not_cancelled: bool,
         reply: RpcReplyPort<store::Result<bool>>,
     },
-    RecordRunUsage {
-        run_id: String,
-        owner: String,
-        total_tokens: i64,
-        message_count: i64,
-        reply: RpcReplyPort<store::Result<bool>>,
-    },
     AnswerApproval {
         thread_id: String,
         request_ids: Vec<String>,
@@ -283,19 +276,6 @@ async fn serve(store: &Store, message: StoreMsg) {
             let _ = reply.send(
                 store
                     .finalize_run(&run_id, &owner, &outcome, require_not_cancelled)
-                    .await,
-            );
-        }
-        StoreMsg::RecordRunUsage {
-            run_id,
-            owner,
-            total_tokens,
-            message_count,
-            reply,
-        } => {
-            let _ = reply.send(
-                store
-                    .record_run_usage(&run_id, &owner, total_tokens, message_count)
                     .await,
             );
         }
@@ -646,28 +626,6 @@ impl StoreHandle {
                 owner,
                 outcome,
                 require_not_cancelled,
-                reply,
-            }
-        })
-        .await
-    }
-
-    /// See [`Store::record_run_usage`].
-    pub async fn record_run_usage(
-        &self,
-        run_id: &str,
-        owner: &str,
-        total_tokens: i64,
-        message_count: i64,
-    ) -> store::Result<bool> {
-        let key = run_id;
-        let (run_id, owner) = (run_id.to_owned(), owner.to_owned());
-        self.call_about("record_run_usage", Some(key), Effect::Write, |reply| {
-            StoreMsg::RecordRunUsage {
-                run_id,
-                owner,
-                total_tokens,
-                message_count,
                 reply,
             }
         })

@@ -373,21 +373,6 @@ impl Store {
         .await
     }
 
-    /// Records token and message counts on a run whose outcome `owner` has recorded.
-    pub async fn record_run_usage(
-        &self,
-        run_id: &str,
-        owner: &str,
-        total_tokens: i64,
-        message_count: i64,
-    ) -> Result<bool> {
-        retry(|| async {
-            on_backend!(self, store =>
-                store.record_run_usage(run_id, owner, total_tokens, message_count).await)
-        })
-        .await
-    }
-
     /// Answers the newest pause of `thread_id` if it waits for one of `request_ids`: a single-winner
     /// compare-and-set across nodes. `None` when there is no such pause or another answer won.
     pub async fn answer_approval(

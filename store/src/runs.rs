@@ -98,7 +98,8 @@ pub struct NewRun {
     pub run_id: String,
     pub thread_id: String,
     pub agent: String,
-    /// This node's `worker_id`: the run's first owner.
+    /// This node's `worker_id`: the run's first owner, which starts it at once (it is admitted
+    /// `running`).
     pub owner: String,
     pub lease_ms: u64,
     /// Same key and same request: the same run. Same key, different request: a conflict.
@@ -152,6 +153,10 @@ pub struct RunOutcome {
     pub error: Option<String>,
     pub output: Option<Value>,
     pub stop_reason: Option<String>,
+    /// Recorded in the same compare-and-set as the outcome, so completion data can never land
+    /// without it.
+    pub total_tokens: i64,
+    pub message_count: i64,
 }
 
 /// An acknowledged lease renewal of a child run.

@@ -32,6 +32,8 @@ fn outcome(status: RunStatus) -> RunOutcome {
         error: None,
         output: Some(json!({"done": true})),
         stop_reason: None,
+        total_tokens: 0,
+        message_count: 0,
     }
 }
 
@@ -75,7 +77,7 @@ on_both_backends! {
             ..new_run(run_id, "thread-1", "node-a")
         };
         let first = admitted(&store, keyed("run-1", json!({"task": "a"}))).await;
-        assert_eq!((first.status, first.owner_worker_id.as_deref()), (RunStatus::Pending, Some("node-a")));
+        assert_eq!((first.status, first.owner_worker_id.as_deref()), (RunStatus::Running, Some("node-a")));
         assert_eq!(first.idempotency_request, Some(json!({"task": "a"})));
 
         match store.admit_run(keyed("run-2", json!({"task": "a"}))).await.expect("replay") {
@@ -140,16 +142,13 @@ on_both_backends! {
         admitted(&store, new_run("run-1", "thread-1", "node-a")).await;
         assert!(!store.finalize_run("run-1", "node-b", &outcome(RunStatus::Success), true).await.expect("cas"),
             "another node recorded an outcome");
-        assert!(!store.record_run_usage("run-1", "node-a", 5, 1).await.expect("usage"),
-            "usage recorded before the outcome");
-        assert!(store.update_run_status("run-1", "node-a", RunStatus::Running, None).await.expect("running"));
-        assert!(store.finalize_run("run-1", "node-a", &outcome(RunStatus::Success), true).await.expect("cas"));
+        let counted = RunOutcome { total_tokens: 17, message_count: 2, ..outcome(RunStatus::Success) };
+        assert!(store.finalize_run("run-1", "node-a", &counted, true).await.expect("cas"));
         let conflicting = RunOutcome { error: Some("late".into()), ..outcome(RunStatus::Error) };
         assert!(!store.finalize_run("run-1", "node-a", &conflicting, false).await.expect("cas"),
             "a second outcome overwrote the first");
         assert!(!store.update_run_status("run-1", "node-a", RunStatus::Running, None).await.expect("cas"),
             "a live status resurrected a finished run");
-        assert!(store.record_run_usage("run-1", "node-a", 17, 2).await.expect("usage"));
 
         let row = store.read_run("run-1").await.expect("read").expect("row");
         assert_eq!((row.status, row.error, row.total_tokens, row.message_count),
@@ -207,7 +206,7 @@ on_both_backends! {
         assert_eq!((row.status, row.stop_reason.as_deref(), row.owner_worker_id.as_deref()),
             (RunStatus::Error, Some("orphan_recovered"), Some("node-b")));
         assert!(!store.finalize_run("brief", "dead-node", &outcome(RunStatus::Success), true).await.expect("cas"));
-        assert_eq!(store.read_run("alive").await.expect("read").map(|r| r.status), Some(RunStatus::Pending));
+        assert_eq!(store.read_run("alive").await.expect("read").map(|r| r.status), Some(RunStatus::Running));
     }
 }
 
@@ -234,11 +233,11 @@ on_both_backends! {
         assert_eq!((restored.status, restored.metadata), (RunStatus::WaitingForInput, paused_metadata("approval-2")));
         assert!(!peer.restore_approval(&second).await.expect("restore"), "an answer was restored twice");
 
-        // Restoring is refused once anything newer was committed on the run.
-        let third = owner.answer_approval("thread", &["approval-2".into()]).await.expect("answer")
+        // Restoring is refused once anything newer was committed on the run: here a second answer
+        // of the restored pause.
+        owner.answer_approval("thread", &["approval-2".into()]).await.expect("answer")
             .expect("the restored pause is answered again");
-        assert!(owner.record_run_usage("run-2", "node-a", 3, 1).await.expect("usage"));
-        assert!(!owner.restore_approval(&third).await.expect("restore"),
+        assert!(!owner.restore_approval(&second).await.expect("restore"),
             "a restore overwrote a newer commit");
         assert_eq!(owner.read_run("run-2").await.expect("read").map(|r| r.status), Some(RunStatus::Success));
 

@@ -143,7 +143,7 @@ async fn admit_in(transaction: &Transaction<'_>, run: &NewRun) -> Result<Admissi
             "INSERT INTO runs (run_id, thread_id, workflow, step_id, attempt, agent, status,
                                owner_worker_id, lease_expires_at, idempotency_key,
                                idempotency_request, metadata, created_at, updated_at)
-             VALUES ($1, $2, $3, $4, $5, $6, 'pending', $7, reins_now() + $8, $9, $10, $11,
+             VALUES ($1, $2, $3, $4, $5, $6, 'running', $7, reins_now() + $8, $9, $10, $11,
                      reins_now(), reins_now())",
             &[
                 &run.run_id,
@@ -298,6 +298,7 @@ impl PgStore {
         let statement = client
             .prepare_cached(
                 "UPDATE runs SET status = $3, error = $4, output = $5, stop_reason = $6,
+                        total_tokens = $8, message_count = $9,
                         revision = revision + 1, updated_at = reins_now()
                   WHERE run_id = $1 AND owner_worker_id = $2
                     AND status IN ('pending', 'running', 'waiting_for_input')
@@ -315,28 +316,9 @@ impl PgStore {
                     &outcome.output,
                     &outcome.stop_reason,
                     &require_not_cancelled,
+                    &outcome.total_tokens,
+                    &outcome.message_count,
                 ],
-            )
-            .await
-            .map_err(commit_error)?;
-        Ok(changed == 1)
-    }
-
-    pub(crate) async fn record_run_usage(
-        &self,
-        run_id: &str,
-        owner: &str,
-        total_tokens: i64,
-        message_count: i64,
-    ) -> Result<bool> {
-        let client = self.pool.get().await?;
-        let changed = client
-            .execute(
-                "UPDATE runs SET total_tokens = $3, message_count = $4, revision = revision + 1,
-                        updated_at = reins_now()
-                  WHERE run_id = $1 AND owner_worker_id = $2
-                    AND status IN ('success', 'error', 'interrupted')",
-                &[&run_id, &owner, &total_tokens, &message_count],
             )
             .await
             .map_err(commit_error)?;

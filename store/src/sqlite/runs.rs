@@ -181,7 +181,7 @@ fn admit(connection: &Connection, run: &NewRun) -> Result<Admission> {
             "INSERT INTO runs (run_id, thread_id, workflow, step_id, attempt, agent, status,
                                owner_worker_id, lease_expires_at, idempotency_key,
                                idempotency_request, metadata, created_at, updated_at)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'pending', ?7, unixepoch('subsec') + ?8, ?9, ?10,
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'running', ?7, unixepoch('subsec') + ?8, ?9, ?10,
                      ?11, unixepoch('subsec'), unixepoch('subsec'))",
         )?
         .execute(params![
@@ -318,6 +318,7 @@ impl SqliteStore {
             let changed = connection
                 .prepare_cached(
                     "UPDATE runs SET status = ?3, error = ?4, output = ?5, stop_reason = ?6,
+                            total_tokens = ?8, message_count = ?9,
                             revision = revision + 1, updated_at = unixepoch('subsec')
                       WHERE run_id = ?1 AND owner_worker_id = ?2
                         AND status IN ('pending', 'running', 'waiting_for_input')
@@ -331,29 +332,9 @@ impl SqliteStore {
                     outcome.output.as_ref().map(Value::to_string),
                     outcome.stop_reason,
                     require_not_cancelled,
+                    outcome.total_tokens,
+                    outcome.message_count,
                 ])?;
-            Ok(changed == 1)
-        })
-        .await
-    }
-
-    pub(crate) async fn record_run_usage(
-        &self,
-        run_id: &str,
-        owner: &str,
-        total_tokens: i64,
-        message_count: i64,
-    ) -> Result<bool> {
-        let (run_id, owner) = (run_id.to_owned(), owner.to_owned());
-        self.write(move |connection| {
-            let changed = connection
-                .prepare_cached(
-                    "UPDATE runs SET total_tokens = ?3, message_count = ?4, revision = revision + 1,
-                            updated_at = unixepoch('subsec')
-                      WHERE run_id = ?1 AND owner_worker_id = ?2
-                        AND status IN ('success', 'error', 'interrupted')",
-                )?
-                .execute(params![run_id, owner, total_tokens, message_count])?;
             Ok(changed == 1)
         })
         .await

@@ -1,0 +1,222 @@
+//! Child runs per second with the scripted agent (admit, mark running, run, terminal
+//! compare-and-set, completion data) through a real node's actors, at 1 and 32 concurrent runs,
+//! beside the store's fenced-write baseline measured in the same process on the same database.
+//!
+//! SQLite always runs (in a temp folder); PostgreSQL runs when `REINS_BENCH_PG` names an admin URL
+//! (`tests/run-all.sh bench` sets it). `REINS_BENCH_RUNS` sets the runs per measurement (default
+//! 640).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use actors::agents::{AgentConfig, AgentRegistry};
+use actors::{Admitted, Node, NodeIdentity, NodeOptions, RunEnd, RunRequest, RunsOptions};
+use serde_json::json;
+use store::{DatabaseUrl, NewWorkflow, Store, StoreOptions, WriteOp};
+
+const CONCURRENCY: [usize; 2] = [1, 32];
+
+#[tokio::main(flavor = "multi_thread")]
+async fn main() {
+    let total: usize = std::env::var("REINS_BENCH_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(640);
+    println!(
+        "{:<9} {:>5} {:<13} {:>9} {:>9} {:>9} {:>7}",
+        "backend", "conc", "kind", "ops/s", "p50 ms", "p99 ms", "ratio"
+    );
+    let dir = tempfile::tempdir().expect("temp dir");
+    let sqlite = DatabaseUrl::Sqlite(dir.path().join("bench.db"));
+    measure("sqlite", &sqlite, dir.path(), total).await;
+    match std::env::var("REINS_BENCH_PG") {
+        Ok(admin) => {
+            let url = fresh_pg_database(&admin).await;
+            measure("postgres", &DatabaseUrl::Postgres(url), dir.path(), total).await;
+        }
+        Err(_) => println!("postgres: skipped (REINS_BENCH_PG is not set)"),
+    }
+}
+
+async fn measure(backend: &str, url: &DatabaseUrl, dir: &std::path::Path, total: usize) {
+    let options = StoreOptions {
+        pool_size: 40,
+        ..StoreOptions::default()
+    };
+    let store = Arc::new(Store::open(url, &options).await.expect("open"));
+    store.migrate().await.expect("migrate");
+    let agents = AgentRegistry::new(&[AgentConfig::Scripted {
+        name: "scripted".into(),
+    }])
+    .expect("agents");
+    let runs = RunsOptions {
+        lease_ms: 30_000,
+        workspaces_dir: dir.join(format!("{backend}-workspaces")),
+        fault_dir: None,
+        task_bytes_max: 48 * 1024,
+        orphan_sweep: Duration::from_secs(30),
+    };
+    let identity = NodeIdentity {
+        worker_id: format!("bench-{backend}"),
+        host: "bench".into(),
+        pid: std::process::id(),
+    };
+    let node = Node::start(
+        identity,
+        Arc::clone(&store),
+        NodeOptions::new(runs, Arc::new(agents)),
+    )
+    .await
+    .expect("node");
+    for concurrency in CONCURRENCY {
+        let baseline = fenced_writes(&store, backend, concurrency, total).await;
+        let child_runs = child_runs(&node, backend, concurrency, total).await;
+        report(backend, concurrency, "fenced write", &baseline, None);
+        let ratio = child_runs.per_second() / baseline.per_second();
+        report(backend, concurrency, "child run", &child_runs, Some(ratio));
+    }
+    node.shutdown().await.expect("shutdown");
+}
+
+struct Run {
+    latencies: Vec<Duration>,
+    wall: Duration,
+}
+
+impl Run {
+    fn per_second(&self) -> f64 {
+        self.latencies.len() as f64 / self.wall.as_secs_f64()
+    }
+
+    fn percentile_ms(&self, p: f64) -> f64 {
+        let mut sorted = self.latencies.clone();
+        sorted.sort();
+        let index = ((sorted.len() as f64 * p) as usize).min(sorted.len() - 1);
+        sorted[index].as_secs_f64() * 1000.0
+    }
+}
+
+fn report(backend: &str, concurrency: usize, kind: &str, run: &Run, ratio: Option<f64>) {
+    let ratio = ratio.map(|r| format!("{r:.2}")).unwrap_or_default();
+    println!(
+        "{backend:<9} {concurrency:>5} {kind:<13} {:>9.0} {:>9.3} {:>9.3} {ratio:>7}",
+        run.per_second(),
+        run.percentile_ms(0.50),
+        run.percentile_ms(0.99),
+    );
+}
+
+async fn child_runs(node: &Node, backend: &str, concurrency: usize, total: usize) -> Run {
+    let per_worker = total / concurrency;
+    let started = Instant::now();
+    let workers: Vec<_> = (0..concurrency)
+        .map(|worker| {
+            let runs = node.runs();
+            let prefix = format!("{backend}-{concurrency}-{worker}");
+            tokio::spawn(async move {
+                let mut latencies = Vec::with_capacity(per_worker);
+                for n in 0..per_worker {
+                    let begun = Instant::now();
+                    let request = RunRequest {
+                        thread_id: format!("{prefix}-{n}"),
+                        agent: "scripted".into(),
+                        task: json!("ping"),
+                        idempotency_key: None,
+                        step: None,
+                    };
+                    let Ok(Admitted::Started { ended, .. }) = runs.start(request).await else {
+                        panic!("a bench run was not started");
+                    };
+                    match ended.await {
+                        Ok(RunEnd::Persisted(_)) => {}
+                        other => panic!("a bench run ended {other:?}"),
+                    }
+                    latencies.push(begun.elapsed());
+                }
+                latencies
+            })
+        })
+        .collect();
+    let mut latencies = Vec::new();
+    for worker in workers {
+        latencies.extend(worker.await.expect("worker"));
+    }
+    Run {
+        latencies,
+        wall: started.elapsed(),
+    }
+}
+
+async fn fenced_writes(store: &Arc<Store>, backend: &str, concurrency: usize, total: usize) -> Run {
+    let per_worker = total / concurrency;
+    let mut fences = Vec::new();
+    for worker in 0..concurrency {
+        let lease = store
+            .create_workflow(
+                NewWorkflow {
+                    workflow_id: format!("wf-{backend}-{concurrency}-{worker}"),
+                    user_id: "bench".into(),
+                    request_id: None,
+                    fingerprint: "bench".into(),
+                    data: json!({}),
+                },
+                "bench",
+                600_000,
+            )
+            .await
+            .expect("workflow");
+        fences.push(lease.fence());
+    }
+    let started = Instant::now();
+    let workers: Vec<_> = fences
+        .into_iter()
+        .map(|fence| {
+            let store = Arc::clone(store);
+            tokio::spawn(async move {
+                let mut latencies = Vec::with_capacity(per_worker);
+                for n in 0..per_worker {
+                    let begun = Instant::now();
+                    let step = WriteOp::PutStep {
+                        workflow_id: fence.resource_id.clone(),
+                        step_id: format!("s-{n}"),
+                        attempt: 1,
+                        kind: "agent".into(),
+                        status: "completed".into(),
+                        data: json!({"n": n}),
+                    };
+                    store.fenced_write(&fence, vec![step]).await.expect("write");
+                    latencies.push(begun.elapsed());
+                }
+                latencies
+            })
+        })
+        .collect();
+    let mut latencies = Vec::new();
+    for worker in workers {
+        latencies.extend(worker.await.expect("worker"));
+    }
+    Run {
+        latencies,
+        wall: started.elapsed(),
+    }
+}
+
+async fn fresh_pg_database(admin: &str) -> String {
+    let name = format!("reins_bench_runs_{}", std::process::id());
+    let (client, connection) = tokio_postgres::connect(admin, tokio_postgres::NoTls)
+        .await
+        .expect("connect to REINS_BENCH_PG");
+    tokio::spawn(connection);
+    // CREATE DATABASE cannot share a transaction, so each statement goes alone.
+    for statement in [
+        format!("DROP DATABASE IF EXISTS {name}"),
+        format!("CREATE DATABASE {name}"),
+    ] {
+        client
+            .batch_execute(&statement)
+            .await
+            .expect("bench database");
+    }
+    let (base, _) = admin.rsplit_once('/').expect("URL names a database");
+    format!("{base}/{name}")
+}
