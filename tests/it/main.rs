@@ -11,4 +11,5 @@ mod fencing;
 mod leases;
 mod migrations;
 mod node_process;
+mod openai_agent;
 mod runs_store;

@@ -29,7 +29,7 @@ use tokio::process::{Child, Command};
 use tokio::sync::watch;
 use tokio_util::codec::{FramedRead, LinesCodec, LinesCodecError};
 
-use super::{AgentEnd, AgentRequest};
+use super::{AgentEnd, AgentRequest, cancelled};
 
 /// How often a stopping agent looks for processes left in its group.
 const GROUP_POLL: Duration = Duration::from_millis(20);
@@ -254,18 +254,6 @@ impl Progress {
 
 fn failed(message: String) -> AgentEnd {
     AgentEnd::Failed { message }
-}
-
-/// Resolves once a cancel action is set (never, if the sender is gone without one).
-async fn cancelled(cancel: &mut watch::Receiver<Option<CancelAction>>) -> CancelAction {
-    let action = cancel
-        .wait_for(Option::is_some)
-        .await
-        .map(|action| action.unwrap_or(CancelAction::Interrupt));
-    match action {
-        Ok(action) => action,
-        Err(_) => std::future::pending().await,
-    }
 }
 
 /// Sends `signal` to the agent's process group, which may already be gone.

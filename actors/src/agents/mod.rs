@@ -4,6 +4,7 @@
 //! and watch a cancel channel.
 
 mod command;
+mod openai;
 mod scripted;
 
 use std::collections::BTreeMap;
@@ -16,6 +17,7 @@ use store::CancelAction;
 use tokio::sync::watch;
 
 pub use command::{CommandAgent, CommandConfig};
+pub use openai::{OpenAiAgent, OpenAiConfig};
 pub use scripted::ScriptedAgent;
 
 /// One entry of the configuration's `agents` list: its `kind` and that kind's settings.
@@ -26,6 +28,9 @@ pub enum AgentConfig {
     Scripted { name: String },
     /// A program speaking JSON lines (see [`CommandAgent`]).
     Command(CommandConfig),
+    /// An OpenAI-compatible chat-completions endpoint (see [`OpenAiAgent`]).
+    #[serde(rename = "openai")]
+    OpenAi(OpenAiConfig),
 }
 
 impl AgentConfig {
@@ -34,6 +39,7 @@ impl AgentConfig {
         match self {
             AgentConfig::Scripted { name } => name,
             AgentConfig::Command(command) => &command.name,
+            AgentConfig::OpenAi(openai) => &openai.name,
         }
     }
 }
@@ -84,6 +90,8 @@ pub struct Agent {
 enum Backend {
     Scripted(ScriptedAgent),
     Command(CommandAgent),
+    /// Boxed: the HTTP client is large, and agents live behind an `Arc` anyway.
+    OpenAi(Box<OpenAiAgent>),
 }
 
 impl Agent {
@@ -96,6 +104,7 @@ impl Agent {
         match &self.backend {
             Backend::Scripted(agent) => agent.run(request, cancel).await,
             Backend::Command(agent) => agent.run(request, cancel).await,
+            Backend::OpenAi(agent) => agent.run(request, cancel).await,
         }
     }
 }
@@ -134,6 +143,9 @@ impl AgentRegistry {
                 AgentConfig::Command(settings) => Backend::Command(CommandAgent {
                     settings: settings.clone(),
                 }),
+                AgentConfig::OpenAi(settings) => {
+                    Backend::OpenAi(Box::new(OpenAiAgent::new(settings.clone())))
+                }
             };
             let agent = Agent {
                 name: name.to_owned(),
@@ -153,6 +165,18 @@ impl AgentRegistry {
 
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.agents.keys().map(String::as_str)
+    }
+}
+
+/// Resolves once a cancel action is set (never, if the sender is gone without one).
+async fn cancelled(cancel: &mut watch::Receiver<Option<CancelAction>>) -> CancelAction {
+    let action = cancel
+        .wait_for(Option::is_some)
+        .await
+        .map(|action| action.unwrap_or(CancelAction::Interrupt));
+    match action {
+        Ok(action) => action,
+        Err(_) => std::future::pending().await,
     }
 }
 

@@ -22,7 +22,7 @@ use serde_json::{Value, json};
 use store::CancelAction;
 use tokio::sync::watch;
 
-use super::{AgentEnd, AgentRequest};
+use super::{AgentEnd, AgentRequest, cancelled};
 use crate::workspace;
 
 /// The longest `sleep_ms` a task may ask for.
@@ -168,18 +168,6 @@ impl ScriptedAgent {
             total_tokens: directives.tokens.unwrap_or(0),
             message_count: 1,
         }
-    }
-}
-
-/// Resolves once a cancel action is set (never, if the sender is gone without one).
-async fn cancelled(cancel: &mut watch::Receiver<Option<CancelAction>>) -> CancelAction {
-    let action = cancel
-        .wait_for(Option::is_some)
-        .await
-        .map(|action| action.unwrap_or(CancelAction::Interrupt));
-    match action {
-        Ok(action) => action,
-        Err(_) => std::future::pending().await,
     }
 }
 

@@ -1,0 +1,288 @@
+//! The `openai` agent against a local stand-in that speaks the real chat-completions wire format:
+//! success (through a node, tokens recorded), 4xx, 5xx with retries, timeout, malformed body.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use actors::agents::{AgentConfig, AgentEnd, AgentRegistry, AgentRequest, OpenAiConfig};
+use actors::{Admitted, RunEnd, RunRequest};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::service::service_fn;
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use serde_json::{Value, json};
+use store::RunStatus;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::harness::{TestDb, TestNode};
+
+/// What the stand-in answers to the n-th request (from 0).
+#[derive(Clone)]
+enum Reply {
+    Json(u16, Value),
+    Text(u16, &'static str),
+    Slow(Duration),
+}
+
+/// A request the stand-in received.
+#[derive(Debug, Clone)]
+struct Received {
+    path: String,
+    authorization: Option<String>,
+    body: Value,
+}
+
+struct StandIn {
+    addr: SocketAddr,
+    received: Arc<Mutex<Vec<Received>>>,
+}
+
+impl StandIn {
+    async fn start(replies: Vec<Reply>) -> StandIn {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let received = Arc::new(Mutex::new(Vec::new()));
+        let log = Arc::clone(&received);
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let (log, replies) = (Arc::clone(&log), replies.clone());
+                tokio::spawn(async move {
+                    let service = service_fn(move |request: Request<hyper::body::Incoming>| {
+                        let (log, replies) = (Arc::clone(&log), replies.clone());
+                        async move {
+                            let path = request.uri().path().to_owned();
+                            let authorization = request
+                                .headers()
+                                .get("authorization")
+                                .and_then(|v| v.to_str().ok())
+                                .map(str::to_owned);
+                            let bytes = request
+                                .into_body()
+                                .collect()
+                                .await
+                                .map(|b| b.to_bytes())
+                                .unwrap_or_default();
+                            let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+                            let n = {
+                                let mut log = log.lock().expect("log");
+                                log.push(Received {
+                                    path,
+                                    authorization,
+                                    body,
+                                });
+                                log.len() - 1
+                            };
+                            let reply = replies[n.min(replies.len() - 1)].clone();
+                            let (status, text) = match reply {
+                                Reply::Json(status, body) => (status, body.to_string()),
+                                Reply::Text(status, text) => (status, text.to_owned()),
+                                Reply::Slow(delay) => {
+                                    tokio::time::sleep(delay).await;
+                                    (200, completion("late", 1).to_string())
+                                }
+                            };
+                            let mut response = Response::new(Full::new(Bytes::from(text)));
+                            *response.status_mut() = StatusCode::from_u16(status).expect("status");
+                            Ok::<_, Infallible>(response)
+                        }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        StandIn { addr, received }
+    }
+
+    fn received(&self) -> Vec<Received> {
+        self.received.lock().expect("log").clone()
+    }
+
+    fn agent(&self, name: &str, timeout_ms: u64) -> AgentConfig {
+        AgentConfig::OpenAi(OpenAiConfig {
+            name: name.into(),
+            base_url: format!("http://{}/v1", self.addr),
+            model: "gpt-test".into(),
+            // Cargo sets this for every test process: a real variable, read at run time.
+            api_key_env: Some("CARGO_PKG_NAME".into()),
+            temperature: Some(0.25),
+            max_tokens: Some(64),
+            system_prompt: Some("be brief".into()),
+            timeout_ms,
+            retries: 2,
+            response_bytes_max: 64 * 1024,
+        })
+    }
+}
+
+fn completion(content: &str, total_tokens: i64) -> Value {
+    json!({
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "created": 1,
+        "model": "gpt-test",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
+                     "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": total_tokens}
+    })
+}
+
+async fn run_agent(config: AgentConfig, task: Value) -> AgentEnd {
+    let name = config.name().to_owned();
+    let registry = AgentRegistry::new(&[config]).expect("agent");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (_cancel, watch) = watch::channel(None);
+    let request = AgentRequest {
+        run_id: "run".into(),
+        thread_id: "thread".into(),
+        task,
+        workspace: dir.path().join("ws"),
+        fault_dir: None,
+    };
+    registry
+        .get(&name)
+        .expect("agent")
+        .run(request, watch)
+        .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_completion_through_a_node_records_content_and_tokens() {
+    let stand_in = StandIn::start(vec![Reply::Json(200, completion("forty-two", 7))]).await;
+    let (db, shared) = (
+        TestDb::sqlite().await,
+        tempfile::tempdir().expect("temp dir"),
+    );
+    let node = TestNode::start_with(
+        &db,
+        "a",
+        3_000,
+        shared.path(),
+        &[stand_in.agent("gpt", 5_000)],
+    )
+    .await;
+    let request = RunRequest {
+        thread_id: "t-1".into(),
+        agent: "gpt".into(),
+        task: json!("what is six times seven?"),
+        idempotency_key: None,
+        step: None,
+    };
+    let Admitted::Started { row, ended } = node.node.runs().start(request).await.expect("start")
+    else {
+        panic!("not started");
+    };
+    let end = tokio::time::timeout(Duration::from_secs(20), ended)
+        .await
+        .expect("ends")
+        .expect("end");
+    assert!(
+        matches!(end, RunEnd::Persisted(ref o) if o.status == RunStatus::Success),
+        "{end:?}"
+    );
+    let stored = node
+        .node
+        .runs()
+        .get(&row.run_id)
+        .await
+        .expect("read")
+        .expect("row");
+    assert_eq!(
+        stored.output,
+        Some(json!({"content": "forty-two", "model": "gpt-test", "finish_reason": "stop"}))
+    );
+    assert_eq!(stored.total_tokens, 7);
+
+    let received = stand_in.received();
+    assert_eq!(received.len(), 1);
+    assert_eq!(received[0].path, "/v1/chat/completions");
+    assert_eq!(received[0].authorization.as_deref(), Some("Bearer tests"));
+    assert_eq!(
+        received[0].body,
+        json!({
+            "model": "gpt-test",
+            "messages": [{"role": "system", "content": "be brief"},
+                         {"role": "user", "content": "what is six times seven?"}],
+            "temperature": 0.25,
+            "max_tokens": 64
+        })
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_4xx_ends_the_run_at_once_with_the_endpoints_message() {
+    let refusal = json!({"error": {"message": "Incorrect API key provided", "type": "invalid_request_error"}});
+    let stand_in = StandIn::start(vec![Reply::Json(401, refusal)]).await;
+    let end = run_agent(stand_in.agent("gpt", 5_000), json!("hi")).await;
+    assert!(
+        matches!(&end, AgentEnd::Failed { message }
+        if message.contains("401") && message.contains("Incorrect API key")),
+        "{end:?}"
+    );
+    assert_eq!(stand_in.received().len(), 1, "a 4xx was retried");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_5xx_is_retried_and_then_reported() {
+    let busy = json!({"error": {"message": "The server had an error"}});
+    let stand_in = StandIn::start(vec![Reply::Json(500, busy.clone())]).await;
+    let end = run_agent(stand_in.agent("gpt", 10_000), json!("hi")).await;
+    assert!(
+        matches!(&end, AgentEnd::Failed { message } if message.contains("500")),
+        "{end:?}"
+    );
+    assert_eq!(stand_in.received().len(), 3, "one call and two retries");
+
+    let recovering = StandIn::start(vec![
+        Reply::Json(503, busy),
+        Reply::Json(200, completion("ok", 3)),
+    ])
+    .await;
+    let end = run_agent(recovering.agent("gpt", 10_000), json!("hi")).await;
+    assert!(
+        matches!(
+            &end,
+            AgentEnd::Completed {
+                total_tokens: 3,
+                ..
+            }
+        ),
+        "{end:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_endpoint_times_out_and_a_malformed_body_is_named() {
+    let slow = StandIn::start(vec![Reply::Slow(Duration::from_secs(5))]).await;
+    let end = run_agent(slow.agent("gpt", 300), json!("hi")).await;
+    assert!(
+        matches!(&end, AgentEnd::Failed { message } if message.contains("within 300 ms")),
+        "{end:?}"
+    );
+
+    let garbled = StandIn::start(vec![Reply::Text(200, "<html>gateway</html>")]).await;
+    let end = run_agent(garbled.agent("gpt", 5_000), json!({"a": 1})).await;
+    assert!(
+        matches!(&end, AgentEnd::Failed { message } if message.contains("not a chat completion")),
+        "{end:?}"
+    );
+    assert_eq!(
+        garbled.received()[0].body["messages"][1]["content"],
+        json!("{\"a\":1}")
+    );
+
+    let mut config = garbled.agent("gpt", 5_000);
+    if let AgentConfig::OpenAi(openai) = &mut config {
+        openai.api_key_env = Some("REINS_TEST_NO_SUCH_KEY".into());
+    }
+    let end = run_agent(config, json!("hi")).await;
+    assert!(
+        matches!(&end, AgentEnd::Failed { message } if message.contains("REINS_TEST_NO_SUCH_KEY")),
+        "{end:?}"
+    );
+}
