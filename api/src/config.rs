@@ -441,6 +441,14 @@ mod tests {
     }
 
     #[test]
+    fn the_example_configuration_in_deploy_is_valid() {
+        let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/reins.example.toml");
+        let checked = Config::load(Some(&example), env(&[])).expect("the example parses");
+        assert!(checked.agents.get("scripted").is_some());
+        assert_eq!(checked.listen.port(), DEFAULT_PORT);
+    }
+
+    #[test]
     fn bad_values_name_their_key() {
         for (variable, value, key) in [
             ("REINS_DATABASE", "mysql://x", "database"),
