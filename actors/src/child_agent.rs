@@ -5,18 +5,19 @@
 //! renews its lease and tells it about cancel requests and lost ownership; a fenced run stops its
 //! agent and writes nothing more.
 
+use std::collections::HashSet;
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use serde_json::Value;
 use store::{CancelAction, RunOutcome, RunRow, RunStatus};
-use tokio::sync::{oneshot, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::agents::{Agent, AgentEnd, AgentRequest};
+use crate::agents::{Agent, AgentControl, AgentEnd, AgentRequest};
 use crate::commit::{AttemptId, Renewal, TerminalAuthority, Verdict};
 use crate::lease_actor::{LeaseEvent, LeaseMsg};
 use crate::store_actor::StoreHandle;
@@ -50,6 +51,10 @@ pub enum ChildMsg {
     },
     /// The pause for approval was recorded (or refused).
     Paused(store::Result<bool>),
+    /// The live agent asks for approval and waits for the answer.
+    AgentPaused(Value),
+    /// The live agent's pause was recorded (or refused).
+    PauseRecorded(store::Result<bool>),
     /// Stop the agent now (a cancel issued on this node; it is also durable in the store).
     Cancel(CancelAction),
 }
@@ -99,6 +104,10 @@ pub(crate) struct ChildState {
     worker_id: String,
     authority: TerminalAuthority,
     cancel: watch::Sender<Option<CancelAction>>,
+    /// Answers for the live agent, and the request ids already handed to it.
+    answers: mpsc::UnboundedSender<Value>,
+    answers_for_agent: Option<mpsc::UnboundedReceiver<Value>>,
+    answered: HashSet<String>,
     agent_task: Option<JoinHandle<()>>,
     ended: Option<oneshot::Sender<RunEnd>>,
     span: tracing::Span,
@@ -150,6 +159,18 @@ impl ChildState {
         }
     }
 
+    /// Hands an approval answer to the live agent, once per request id.
+    fn deliver(&mut self, answer: Value) {
+        let Some(request_id) = answer["request_id"].as_str().map(str::to_owned) else {
+            return;
+        };
+        if self.answered.insert(request_id.clone()) {
+            tracing::info!(parent: &self.span, request_id, "approval answer delivered to the agent");
+            // The agent may have ended meanwhile; its end decides the run.
+            let _ = self.answers.send(answer);
+        }
+    }
+
     fn untrack(&self) {
         // The lease actor stops only with the node; if it is gone, there is nothing to untrack.
         let _ = self.lease.send_message(LeaseMsg::Untrack {
@@ -183,14 +204,28 @@ impl ChildState {
             workspace: self.workspace.clone(),
             fault_dir: self.fault_dir.clone(),
         };
-        let (agent, cancel, myself) = (
-            Arc::clone(&self.agent),
-            self.cancel.subscribe(),
-            myself.clone(),
-        );
+        let (pauses, mut paused) = mpsc::unbounded_channel();
+        let control = AgentControl {
+            cancel: self.cancel.subscribe(),
+            pauses,
+            answers: self
+                .answers_for_agent
+                .take()
+                .unwrap_or_else(|| mpsc::unbounded_channel().1),
+        };
+        let (agent, myself) = (Arc::clone(&self.agent), myself.clone());
         self.agent_task = Some(tokio::spawn(
             async move {
-                let end = agent.run(request, cancel).await;
+                let run = agent.run(request, control);
+                tokio::pin!(run);
+                let end = loop {
+                    tokio::select! {
+                        end = &mut run => break end,
+                        Some(approval) = paused.recv() => {
+                            let _ = myself.send_message(ChildMsg::AgentPaused(approval));
+                        }
+                    }
+                };
                 let _ = myself.send_message(ChildMsg::AgentEnded(end));
             }
             .instrument(self.span.clone()),
@@ -222,6 +257,7 @@ impl Actor for ChildAgent {
             notify: myself.get_derived(),
         })?;
         let (cancel, _) = watch::channel(None);
+        let (answers, answers_for_agent) = mpsc::unbounded_channel();
         Ok(ChildState {
             run_id: args.row.run_id,
             thread_id: args.row.thread_id,
@@ -234,6 +270,9 @@ impl Actor for ChildAgent {
             worker_id: args.worker_id,
             authority: TerminalAuthority::new(),
             cancel,
+            answers,
+            answers_for_agent: Some(answers_for_agent),
+            answered: HashSet::new(),
             agent_task: None,
             ended: Some(args.ended),
             span,
@@ -357,9 +396,40 @@ impl Actor for ChildAgent {
                 state.end(&myself, RunEnd::WaitingForInput);
             }
             ChildMsg::Paused(_) => state.act(&myself, Verdict::Fenced),
+            ChildMsg::AgentPaused(approval) => {
+                let (store, me) = (state.store.clone(), myself.clone());
+                let (run_id, owner) = (state.run_id.clone(), state.worker_id.clone());
+                tokio::spawn(
+                    async move {
+                        let metadata = serde_json::json!({ "hitl_approval": approval });
+                        let recorded = store
+                            .update_run_status(
+                                &run_id,
+                                &owner,
+                                RunStatus::WaitingForInput,
+                                Some(metadata),
+                            )
+                            .await;
+                        let _ = me.send_message(ChildMsg::PauseRecorded(recorded));
+                    }
+                    .instrument(state.span.clone()),
+                );
+            }
+            ChildMsg::PauseRecorded(Ok(true)) => {
+                tracing::info!(parent: &state.span, "the agent waits for an approval");
+            }
+            ChildMsg::PauseRecorded(Ok(false)) => state.act(&myself, Verdict::Fenced),
+            ChildMsg::PauseRecorded(Err(error)) => {
+                // The pause may or may not be recorded; the agent keeps waiting either way, and an
+                // answer can only come for a recorded pause.
+                tracing::warn!(parent: &state.span, %error, "recording the pause has no acknowledgement");
+            }
             ChildMsg::Lease(event) => {
                 let verdict = match event {
-                    LeaseEvent::Renewed { cancel } => {
+                    LeaseEvent::Renewed { cancel, answer } => {
+                        if let Some(answer) = answer {
+                            state.deliver(answer);
+                        }
                         state.authority.on_renewal(Renewal::Renewed { cancel })
                     }
                     LeaseEvent::Refused => state.authority.on_renewal(Renewal::Refused),

@@ -122,8 +122,12 @@ impl RunsHandle {
         &self,
         thread_id: &str,
         request_ids: &[String],
+        answer: &Value,
     ) -> Result<Option<store::ApprovalAnswer>, Error> {
-        Ok(self.store.answer_approval(thread_id, request_ids).await?)
+        Ok(self
+            .store
+            .answer_approval(thread_id, request_ids, answer)
+            .await?)
     }
 
     /// One run as stored.

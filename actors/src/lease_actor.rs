@@ -21,8 +21,12 @@ use crate::store_actor::StoreHandle;
 /// What the lease actor tells the owner of a lease.
 #[derive(Debug, Clone, PartialEq)]
 pub enum LeaseEvent {
-    /// The lease was renewed; a durable cancel request may ride along.
-    Renewed { cancel: Option<CancelAction> },
+    /// The lease was renewed; a durable cancel request, or the answer the run's live agent waits
+    /// for, may ride along.
+    Renewed {
+        cancel: Option<CancelAction>,
+        answer: Option<serde_json::Value>,
+    },
     /// The store refused the renewal: the row is no longer live and this node's.
     Refused,
     /// The confirmed deadline passed without an acknowledged renewal: ownership is lost.
@@ -189,6 +193,7 @@ impl Actor for LeaseActor {
                             &run_id,
                             LeaseEvent::Renewed {
                                 cancel: renewal.cancel_action,
+                                answer: renewal.answer,
                             },
                         );
                     }

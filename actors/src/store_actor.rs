@@ -104,6 +104,7 @@ pub enum StoreMsg {
     AnswerApproval {
         thread_id: String,
         request_ids: Vec<String>,
+        answer: serde_json::Value,
         reply: RpcReplyPort<store::Result<Option<ApprovalAnswer>>>,
     },
     RestoreApproval {
@@ -282,9 +283,14 @@ async fn serve(store: &Store, message: StoreMsg) {
         StoreMsg::AnswerApproval {
             thread_id,
             request_ids,
+            answer,
             reply,
         } => {
-            let _ = reply.send(store.answer_approval(&thread_id, &request_ids).await);
+            let _ = reply.send(
+                store
+                    .answer_approval(&thread_id, &request_ids, &answer)
+                    .await,
+            );
         }
         StoreMsg::RestoreApproval { answer, reply } => {
             let _ = reply.send(store.restore_approval(&answer).await);
@@ -637,12 +643,15 @@ impl StoreHandle {
         &self,
         thread_id: &str,
         request_ids: &[String],
+        answer: &serde_json::Value,
     ) -> store::Result<Option<ApprovalAnswer>> {
-        let (thread_id, request_ids) = (thread_id.to_owned(), request_ids.to_vec());
+        let (thread_id, request_ids, answer) =
+            (thread_id.to_owned(), request_ids.to_vec(), answer.clone());
         self.call("answer_approval", Effect::Write, |reply| {
             StoreMsg::AnswerApproval {
                 thread_id,
                 request_ids,
+                answer,
                 reply,
             }
         })

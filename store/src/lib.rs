@@ -311,7 +311,8 @@ impl Store {
     }
 
     /// Extends a live run's lease if `owner` still owns it and its lease has not expired; the
-    /// answer carries any durable cancel request. When refused, returns the row as it is now.
+    /// answer carries any durable cancel request and any approval answer its live agent waits for.
+    /// When refused, returns the row as it is now.
     pub async fn renew_run_lease(
         &self,
         run_id: &str,
@@ -374,14 +375,18 @@ impl Store {
     }
 
     /// Answers the newest pause of `thread_id` if it waits for one of `request_ids`: a single-winner
-    /// compare-and-set across nodes. `None` when there is no such pause or another answer won.
+    /// compare-and-set across nodes that records `answer` in `metadata.hitl_answer`. A detached
+    /// pause ends its run `success`; an attached one (its agent still alive) goes back to
+    /// `running`, and the owner's next renewal hands the answer to the agent. `None` when there is
+    /// no such pause or another answer won.
     pub async fn answer_approval(
         &self,
         thread_id: &str,
         request_ids: &[String],
+        answer: &serde_json::Value,
     ) -> Result<Option<ApprovalAnswer>> {
         retry(|| async {
-            on_backend!(self, store => store.answer_approval(thread_id, request_ids).await)
+            on_backend!(self, store => store.answer_approval(thread_id, request_ids, answer).await)
         })
         .await
     }

@@ -169,6 +169,9 @@ pub struct RunRenewal {
     pub now: f64,
     /// A durable cancel request waiting for the run, if any.
     pub cancel_action: Option<CancelAction>,
+    /// The answer to the approval the run's live agent waits for, once a human gave it
+    /// (`metadata.hitl_answer`: `{"request_id", "answer"}`).
+    pub answer: Option<Value>,
 }
 
 /// Proof that this caller's answer consumed a pause, and what to put back to undo it.
@@ -180,6 +183,8 @@ pub struct ApprovalAnswer {
     pub previous_metadata: Value,
     /// The row's revision the answer wrote: a restore happens only if it is still the latest.
     pub revision: i64,
+    /// The status the answer moved the run to (`success`, or `running` for an attached agent).
+    pub status: RunStatus,
 }
 
 /// The request id a paused run waits for, from its `metadata.hitl_approval`.
@@ -187,11 +192,39 @@ pub fn pending_request_id(metadata: &Value) -> Option<&str> {
     metadata.get("hitl_approval")?.get("request_id")?.as_str()
 }
 
-/// The metadata of an answered run: the pause removed, everything else kept.
-pub(crate) fn without_pause(metadata: &Value) -> Value {
+/// Whether the paused agent is still alive and waits for its answer (an attached pause, as a
+/// `command` agent makes), rather than having ended its run in the pause.
+pub(crate) fn is_attached(metadata: &Value) -> bool {
+    metadata["hitl_approval"]["attached"] == Value::Bool(true)
+}
+
+/// The metadata of an answered run: the pause replaced by the answer (`hitl_answer`), everything
+/// else kept.
+pub(crate) fn answered(metadata: &Value, request_id: &str, answer: &Value) -> Value {
     let mut answered = metadata.clone();
     if let Some(map) = answered.as_object_mut() {
         map.remove("hitl_approval");
+        map.insert(
+            "hitl_answer".into(),
+            serde_json::json!({"request_id": request_id, "answer": answer}),
+        );
     }
     answered
+}
+
+/// The status an answer moves a paused run to: an attached agent runs on with its answer, a
+/// detached pause ends its run.
+pub(crate) fn status_after_answer(metadata: &Value) -> RunStatus {
+    if is_attached(metadata) {
+        RunStatus::Running
+    } else {
+        RunStatus::Success
+    }
+}
+
+/// The answer a live agent waits for, as a renewal delivers it.
+pub(crate) fn pending_answer(status: RunStatus, metadata: &Value) -> Option<Value> {
+    (status == RunStatus::Running)
+        .then(|| metadata.get("hitl_answer").cloned())
+        .flatten()
 }

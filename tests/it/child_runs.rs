@@ -88,7 +88,7 @@ on_both_backends! {
         let stored = row(&node, &asking.run_id).await;
         assert_eq!(stored.status, RunStatus::WaitingForInput);
         assert_eq!(store::pending_request_id(&stored.metadata), Some("approval-1"));
-        let answer = node.node.runs().answer_approval("t-ask", &["approval-1".into()]).await.expect("answer");
+        let answer = node.node.runs().answer_approval("t-ask", &["approval-1".into()], &json!({"decision": "approve"})).await.expect("answer");
         assert!(answer.is_some());
         assert_eq!(row(&node, &asking.run_id).await.status, RunStatus::Success);
 
@@ -279,7 +279,7 @@ on_both_backends! {
                 let (runs, barrier, thread) = (node.node.runs(), Arc::clone(&barrier), thread.clone());
                 tokio::spawn(async move {
                     barrier.wait().await;
-                    runs.answer_approval(&thread, &["approval".into()]).await
+                    runs.answer_approval(&thread, &["approval".into()], &json!({"decision": "approve"})).await
                 })
             };
             let (first, second) = (answer(&a), answer(&b));

@@ -9,7 +9,7 @@ use actors::{Admitted, RunEnd, RunRequest};
 use serde_json::json;
 use store::{CancelAction, RunStatus};
 
-use crate::harness::{TestDb, TestNode, eventually};
+use crate::harness::{TestDb, TestNode, eventually, on_both_backends};
 
 const LEASE_MS: u64 = 3_000;
 
@@ -225,5 +225,52 @@ async fn garbage_long_lines_and_floods_on_stdout_end_the_run_with_a_clear_error(
             .error
             .expect("error");
         assert!(error.contains(expected), "{agent}: {error}");
+    }
+}
+
+on_both_backends! {
+    async fn a_live_program_pauses_for_approval_and_gets_the_answer_from_another_node_on_stdin(db: TestDb) {
+        let shared = tempfile::tempdir().expect("temp dir");
+        let agent = program(shared.path(), "careful", r#"
+read task
+echo '{"type": "approval_request", "request_id": "deploy-1", "actions": [{"tool": "deploy"}]}'
+read answer
+printf '{"type": "output", "output": %s}\n' "$answer"
+"#);
+        let owner = TestNode::start_with(&db, "owner", LEASE_MS, shared.path(), std::slice::from_ref(&agent)).await;
+        let other = TestNode::start_with(&db, "other", LEASE_MS, shared.path(), &[agent]).await;
+        let request = RunRequest {
+            thread_id: "t-1".into(),
+            agent: "careful".into(),
+            task: json!("ship it"),
+            idempotency_key: None,
+            step: None,
+        };
+        let Admitted::Started { row, ended } = owner.node.runs().start(request).await.expect("start") else {
+            panic!("not started");
+        };
+        eventually(Duration::from_secs(10), "the run waits for approval", async || {
+            let row = other.node.runs().get(&row.run_id).await.expect("read").expect("row");
+            row.status == RunStatus::WaitingForInput && store::pending_request_id(&row.metadata) == Some("deploy-1")
+        })
+        .await;
+        let stale = other.node.runs().answer_approval("t-1", &["deploy-0".into()], &json!({"decision": "approve"})).await;
+        assert_eq!(stale.expect("answer"), None, "an answer to another request consumed the pause");
+        let answered = other.node.runs()
+            .answer_approval("t-1", &["deploy-1".into()], &json!({"decision": "approve", "by": "ada"}))
+            .await
+            .expect("answer")
+            .expect("the pause is answered");
+        assert_eq!(answered.status, RunStatus::Running, "the live program runs on");
+
+        let end = tokio::time::timeout(Duration::from_secs(20), ended).await.expect("ends").expect("end");
+        assert!(matches!(end, RunEnd::Persisted(ref o) if o.status == RunStatus::Success), "{end:?}");
+        let stored = owner.node.runs().get(&row.run_id).await.expect("read").expect("row");
+        assert_eq!(stored.output, Some(json!({
+            "type": "approval_answer",
+            "request_id": "deploy-1",
+            "answer": {"decision": "approve", "by": "ada"}
+        })));
+        assert_eq!(stored.metadata["hitl_answer"]["request_id"], "deploy-1", "the decision is on record");
     }
 }

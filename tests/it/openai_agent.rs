@@ -6,7 +6,9 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use actors::agents::{AgentConfig, AgentEnd, AgentRegistry, AgentRequest, OpenAiConfig};
+use actors::agents::{
+    AgentConfig, AgentControl, AgentEnd, AgentRegistry, AgentRequest, OpenAiConfig,
+};
 use actors::{Admitted, RunEnd, RunRequest};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -147,7 +149,7 @@ async fn run_agent(config: AgentConfig, task: Value) -> AgentEnd {
     registry
         .get(&name)
         .expect("agent")
-        .run(request, watch)
+        .run(request, AgentControl::unanswered(watch))
         .await
 }
 

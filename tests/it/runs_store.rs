@@ -44,6 +44,15 @@ async fn admitted(store: &Store, run: NewRun) -> store::RunRow {
     }
 }
 
+fn approve() -> Value {
+    json!({"decision": "approve", "by": "ada"})
+}
+
+/// The metadata of a run once `request_id` was answered with [`approve`].
+fn answered_metadata(request_id: &str) -> Value {
+    json!({"retained": true, "hitl_answer": {"request_id": request_id, "answer": approve()}})
+}
+
 fn paused_metadata(request_id: &str) -> Value {
     json!({
         "hitl_approval": {
@@ -214,19 +223,19 @@ on_both_backends! {
     async fn an_answer_to_an_older_pause_never_consumes_a_newer_one(db: TestDb) {
         let (owner, peer) = (db.store().await, db.store().await);
         paused(&owner, "run-1", "thread", "approval-1").await;
-        let first = owner.answer_approval("thread", &["approval-1".into()]).await.expect("answer")
+        let first = owner.answer_approval("thread", &["approval-1".into()], &approve()).await.expect("answer")
             .expect("the first pause is answered");
         let row = owner.read_run("run-1").await.expect("read").expect("row");
-        assert_eq!((row.status, &row.metadata), (RunStatus::Success, &json!({"retained": true})));
-        assert_eq!(first.previous_metadata, paused_metadata("approval-1"));
+        assert_eq!((row.status, &row.metadata), (RunStatus::Success, &answered_metadata("approval-1")));
+        assert_eq!((first.previous_metadata, first.status), (paused_metadata("approval-1"), RunStatus::Success));
 
         paused(&owner, "run-2", "thread", "approval-2").await;
-        assert_eq!(peer.answer_approval("thread", &["approval-1".into()]).await.expect("answer"), None,
+        assert_eq!(peer.answer_approval("thread", &["approval-1".into()], &approve()).await.expect("answer"), None,
             "a stale answer consumed the newer pause");
         assert_eq!(peer.read_run("run-2").await.expect("read").map(|r| r.metadata),
             Some(paused_metadata("approval-2")));
 
-        let second = peer.answer_approval("thread", &["approval-2".into()]).await.expect("answer")
+        let second = peer.answer_approval("thread", &["approval-2".into()], &approve()).await.expect("answer")
             .expect("the current pause is answered");
         assert!(peer.restore_approval(&second).await.expect("restore"));
         let restored = peer.read_run("run-2").await.expect("read").expect("row");
@@ -235,7 +244,7 @@ on_both_backends! {
 
         // Restoring is refused once anything newer was committed on the run: here a second answer
         // of the restored pause.
-        owner.answer_approval("thread", &["approval-2".into()]).await.expect("answer")
+        owner.answer_approval("thread", &["approval-2".into()], &approve()).await.expect("answer")
             .expect("the restored pause is answered again");
         assert!(!owner.restore_approval(&second).await.expect("restore"),
             "a restore overwrote a newer commit");
@@ -256,7 +265,7 @@ on_both_backends! {
                 let (barrier, thread) = (Arc::clone(&barrier), thread.clone());
                 tokio::spawn(async move {
                     barrier.wait().await;
-                    store.answer_approval(&thread, &["approval".into()]).await
+                    store.answer_approval(&thread, &["approval".into()], &approve()).await
                 })
             };
             let (first, second) = (answer(Arc::clone(&a)), answer(Arc::clone(&b)));
@@ -268,7 +277,7 @@ on_both_backends! {
                 "round {round}: {first:?} / {second:?}"
             );
             let row = a.read_run(&format!("run-{round}")).await.expect("read").expect("row");
-            assert_eq!((row.status, row.metadata), (RunStatus::Success, json!({"retained": true})));
+            assert_eq!((row.status, row.metadata), (RunStatus::Success, answered_metadata("approval")));
         }
     }
 }

@@ -8,7 +8,12 @@
 //! | `{"type": "output", "output": any}` | the run's output (the last one counts) |
 //! | `{"type": "progress", ...}` | progress, logged and counted as a message |
 //! | `{"type": "usage", "total_tokens": N}` | the token count recorded for the run |
-//! | `{"type": "approval_request", "request_id", "actions"}` | pause the run for approval |
+//! | `{"type": "approval_request", "request_id", "actions"}` | pause for approval (see below) |
+//!
+//! An approval request leaves the program running: the run waits in `waiting_for_input` until a
+//! human answers (on any node), and the answer comes back on stdin as one line,
+//! `{"type": "approval_answer", "request_id", "answer"}`, within one lease renewal. Stdin stays
+//! open for these answers, so a program reads its task as one line, not to end of file.
 //!
 //! Exit status 0 ends the run with the last output; any other exit is `error` with the tail of
 //! stderr. A line that is not one of these, a line over `line_bytes_max`, or more than
@@ -23,13 +28,11 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
-use store::CancelAction;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, Command};
-use tokio::sync::watch;
 use tokio_util::codec::{FramedRead, LinesCodec, LinesCodecError};
 
-use super::{AgentEnd, AgentRequest, cancelled};
+use super::{AgentControl, AgentEnd, AgentRequest, cancelled};
 
 /// How often a stopping agent looks for processes left in its group.
 const GROUP_POLL: Duration = Duration::from_millis(20);
@@ -96,11 +99,12 @@ enum Line {
 }
 
 impl CommandAgent {
-    pub async fn run(
-        &self,
-        request: AgentRequest,
-        mut cancel: watch::Receiver<Option<CancelAction>>,
-    ) -> AgentEnd {
+    pub async fn run(&self, request: AgentRequest, control: AgentControl) -> AgentEnd {
+        let AgentControl {
+            mut cancel,
+            pauses,
+            mut answers,
+        } = control;
         let settings = &self.settings;
         if let Err(e) = tokio::fs::create_dir_all(&request.workspace).await {
             return failed(format!("cannot create the workspace: {e}"));
@@ -134,7 +138,6 @@ impl CommandAgent {
         line.push('\n');
         // A program that never reads its task still gets to run; its exit decides.
         let _ = stdin.write_all(line.as_bytes()).await;
-        drop(stdin);
 
         let stderr_tail = tokio::spawn(read_tail(stderr, settings.stderr_tail_bytes));
         let mut lines = FramedRead::new(
@@ -157,7 +160,10 @@ impl CommandAgent {
                         }
                         match state.read(&text) {
                             Ok(None) => {}
-                            Ok(Some(end)) => break Some(end),
+                            Ok(Some(approval)) => {
+                                // The node records the pause; the program waits on stdin.
+                                let _ = pauses.send(approval);
+                            }
                             Err(message) => break Some(failed(message)),
                         }
                     }
@@ -177,6 +183,16 @@ impl CommandAgent {
                     // (or run on) after it; the lines already written are still read.
                     stop(&mut child, group, settings.grace_ms).await;
                     exited = Some(status);
+                }
+                Some(answer) = answers.recv() => {
+                    let mut line = json!({"type": "approval_answer"});
+                    if let (Some(line), Some(answer)) = (line.as_object_mut(), answer.as_object()) {
+                        line.extend(answer.clone());
+                    }
+                    let mut text = line.to_string();
+                    text.push('\n');
+                    // A program that exited or closed stdin will be judged by its exit.
+                    let _ = stdin.write_all(text.as_bytes()).await;
                 }
                 action = cancelled(&mut cancel) => {
                     stop(&mut child, group, settings.grace_ms).await;
@@ -221,8 +237,8 @@ struct Progress {
 }
 
 impl Progress {
-    /// Reads one stdout line; `Some` ends the run.
-    fn read(&mut self, text: &str) -> Result<Option<AgentEnd>, String> {
+    /// Reads one stdout line; `Some` is an approval request to record.
+    fn read(&mut self, text: &str) -> Result<Option<Value>, String> {
         self.lines += 1;
         let line: Line = serde_json::from_str(text).map_err(|e| {
             format!(
@@ -239,13 +255,12 @@ impl Progress {
                 request_id,
                 actions,
             } => {
-                return Ok(Some(AgentEnd::WaitingForInput {
-                    approval: json!({
-                        "kind": "hitl_approval",
-                        "request_id": request_id,
-                        "actions": actions,
-                    }),
-                }));
+                return Ok(Some(json!({
+                    "kind": "hitl_approval",
+                    "request_id": request_id,
+                    "actions": actions,
+                    "attached": true,
+                })));
             }
         }
         Ok(None)

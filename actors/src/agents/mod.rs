@@ -14,7 +14,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use store::CancelAction;
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 
 pub use command::{CommandAgent, CommandConfig};
 pub use openai::{OpenAiAgent, OpenAiConfig};
@@ -57,6 +57,29 @@ pub struct AgentRequest {
     pub fault_dir: Option<PathBuf>,
 }
 
+/// How a running agent is steered, and how it speaks up while it runs.
+pub struct AgentControl {
+    /// Set when the run must stop, with how.
+    pub cancel: watch::Receiver<Option<CancelAction>>,
+    /// An agent that stays alive while a human decides sends its approval request here.
+    pub pauses: mpsc::UnboundedSender<Value>,
+    /// The answers to those requests: `{"request_id", "answer"}`.
+    pub answers: mpsc::UnboundedReceiver<Value>,
+}
+
+impl AgentControl {
+    /// Control for an agent nobody will answer (its pauses go nowhere): tests and tools.
+    pub fn unanswered(cancel: watch::Receiver<Option<CancelAction>>) -> Self {
+        let (pauses, _) = mpsc::unbounded_channel();
+        let (_, answers) = mpsc::unbounded_channel();
+        AgentControl {
+            cancel,
+            pauses,
+            answers,
+        }
+    }
+}
+
 /// How an agent's execution ended.
 #[derive(Debug, Clone, PartialEq)]
 pub enum AgentEnd {
@@ -68,7 +91,8 @@ pub enum AgentEnd {
     Failed {
         message: String,
     },
-    /// The agent asks a human to approve an action: `metadata.hitl_approval`.
+    /// The agent asks a human to approve an action and ends its run in that pause
+    /// (`metadata.hitl_approval`); the answer ends the run.
     WaitingForInput {
         approval: Value,
     },
@@ -95,16 +119,12 @@ enum Backend {
 }
 
 impl Agent {
-    /// Runs the agent until it ends or `cancel` carries an action.
-    pub async fn run(
-        &self,
-        request: AgentRequest,
-        cancel: watch::Receiver<Option<CancelAction>>,
-    ) -> AgentEnd {
+    /// Runs the agent until it ends or is cancelled.
+    pub async fn run(&self, request: AgentRequest, control: AgentControl) -> AgentEnd {
         match &self.backend {
-            Backend::Scripted(agent) => agent.run(request, cancel).await,
-            Backend::Command(agent) => agent.run(request, cancel).await,
-            Backend::OpenAi(agent) => agent.run(request, cancel).await,
+            Backend::Scripted(agent) => agent.run(request, control.cancel).await,
+            Backend::Command(agent) => agent.run(request, control).await,
+            Backend::OpenAi(agent) => agent.run(request, control.cancel).await,
         }
     }
 }

@@ -11,7 +11,7 @@ use super::{PgStore, fenced_error};
 use crate::lease::ttl_seconds;
 use crate::runs::{
     Admission, ApprovalAnswer, CancelAction, NewRun, RunOutcome, RunRenewal, RunRow, RunStatus,
-    pending_request_id, without_pause,
+    answered, pending_answer, pending_request_id, status_after_answer,
 };
 use crate::{Error, Result};
 
@@ -219,9 +219,9 @@ impl PgStore {
                 "UPDATE runs SET lease_expires_at =
                         GREATEST(coalesce(lease_expires_at, 0), reins_now() + $3)
                   WHERE run_id = $1 AND owner_worker_id = $2
-                    AND status IN ('pending', 'running')
+                    AND status IN ('pending', 'running', 'waiting_for_input')
                     AND lease_expires_at > reins_now()
-                 RETURNING lease_expires_at, reins_now(), cancel_action",
+                 RETURNING lease_expires_at, reins_now(), cancel_action, status, metadata",
             )
             .await?;
         let renewed = client
@@ -235,6 +235,7 @@ impl PgStore {
                     .get::<_, Option<&str>>(2)
                     .map(CancelAction::parse)
                     .transpose()?,
+                answer: pending_answer(RunStatus::parse(row.get(3))?, &row.get::<_, Value>(4)),
             })),
             None => {
                 drop(client);
@@ -329,6 +330,7 @@ impl PgStore {
         &self,
         thread_id: &str,
         request_ids: &[String],
+        answer: &Value,
     ) -> Result<Option<ApprovalAnswer>> {
         let client = self.pool.get().await?;
         let newest = client
@@ -345,20 +347,22 @@ impl PgStore {
         let Some(paused) = newest.filter(|run| run.status == RunStatus::WaitingForInput) else {
             return Ok(None);
         };
-        match pending_request_id(&paused.metadata) {
-            Some(id) if request_ids.iter().any(|r| r == id) => {}
+        let request_id = match pending_request_id(&paused.metadata) {
+            Some(id) if request_ids.iter().any(|r| r == id) => id.to_owned(),
             _ => return Ok(None),
-        }
+        };
+        let status = status_after_answer(&paused.metadata);
         let row = client
             .query_opt(
-                "UPDATE runs SET status = 'success', metadata = $3, revision = revision + 1,
+                "UPDATE runs SET status = $4, metadata = $3, revision = revision + 1,
                         updated_at = reins_now()
                   WHERE run_id = $1 AND status = 'waiting_for_input' AND revision = $2
                  RETURNING revision",
                 &[
                     &paused.run_id,
                     &paused.revision,
-                    &without_pause(&paused.metadata),
+                    &answered(&paused.metadata, &request_id, answer),
+                    &status.as_str(),
                 ],
             )
             .await
@@ -368,6 +372,7 @@ impl PgStore {
             thread_id: thread_id.to_owned(),
             previous_metadata: paused.metadata,
             revision: row.get(0),
+            status,
         }))
     }
 
@@ -377,7 +382,7 @@ impl PgStore {
             .execute(
                 "UPDATE runs SET status = 'waiting_for_input', metadata = $3,
                         revision = revision + 1, updated_at = reins_now()
-                  WHERE run_id = $1 AND revision = $2 AND status = 'success'",
+                  WHERE run_id = $1 AND revision = $2",
                 &[&answer.run_id, &answer.revision, &answer.previous_metadata],
             )
             .await

@@ -8,7 +8,7 @@ use super::{SqliteStore, check_fence, parse_json};
 use crate::lease::ttl_seconds;
 use crate::runs::{
     Admission, ApprovalAnswer, CancelAction, NewRun, RunOutcome, RunRenewal, RunRow, RunStatus,
-    pending_request_id, without_pause,
+    answered, pending_answer, pending_request_id, status_after_answer,
 };
 use crate::{Error, Result};
 
@@ -236,19 +236,27 @@ impl SqliteStore {
                     "UPDATE runs SET lease_expires_at =
                             max(coalesce(lease_expires_at, 0), unixepoch('subsec') + ?3)
                       WHERE run_id = ?1 AND owner_worker_id = ?2
-                        AND status IN ('pending', 'running')
+                        AND status IN ('pending', 'running', 'waiting_for_input')
                         AND lease_expires_at > unixepoch('subsec')
-                     RETURNING lease_expires_at, unixepoch('subsec'), cancel_action",
+                     RETURNING lease_expires_at, unixepoch('subsec'), cancel_action, status,
+                               metadata",
                 )?
                 .query_row(params![run_id, owner, ttl_seconds(lease_ms)], |row| {
-                    Ok((row.get(0)?, row.get(1)?, row.get::<_, Option<String>>(2)?))
+                    Ok((
+                        row.get(0)?,
+                        row.get(1)?,
+                        row.get::<_, Option<String>>(2)?,
+                        row.get::<_, String>(3)?,
+                        row.get::<_, String>(4)?,
+                    ))
                 })
                 .optional()?;
             match renewed {
-                Some((expires_at, now, cancel)) => Ok(Ok(RunRenewal {
+                Some((expires_at, now, cancel, status, metadata)) => Ok(Ok(RunRenewal {
                     expires_at,
                     now,
                     cancel_action: cancel.as_deref().map(CancelAction::parse).transpose()?,
+                    answer: pending_answer(RunStatus::parse(&status)?, &parse_json(&metadata)?),
                 })),
                 None => Ok(Err(read_run(connection, &run_id)?)),
             }
@@ -344,8 +352,10 @@ impl SqliteStore {
         &self,
         thread_id: &str,
         request_ids: &[String],
+        answer: &Value,
     ) -> Result<Option<ApprovalAnswer>> {
-        let (thread_id, request_ids) = (thread_id.to_owned(), request_ids.to_vec());
+        let (thread_id, request_ids, answer) =
+            (thread_id.to_owned(), request_ids.to_vec(), answer.clone());
         self.write(move |connection| {
             let newest = connection
                 .prepare_cached(&format!(
@@ -359,13 +369,14 @@ impl SqliteStore {
             let Some(paused) = newest.filter(|run| run.status == RunStatus::WaitingForInput) else {
                 return Ok(None);
             };
-            match pending_request_id(&paused.metadata) {
-                Some(id) if request_ids.iter().any(|r| r == id) => {}
+            let request_id = match pending_request_id(&paused.metadata) {
+                Some(id) if request_ids.iter().any(|r| r == id) => id.to_owned(),
                 _ => return Ok(None),
-            }
+            };
+            let status = status_after_answer(&paused.metadata);
             let revision: Option<i64> = connection
                 .prepare_cached(
-                    "UPDATE runs SET status = 'success', metadata = ?3, revision = revision + 1,
+                    "UPDATE runs SET status = ?4, metadata = ?3, revision = revision + 1,
                             updated_at = unixepoch('subsec')
                       WHERE run_id = ?1 AND status = 'waiting_for_input' AND revision = ?2
                      RETURNING revision",
@@ -374,7 +385,8 @@ impl SqliteStore {
                     params![
                         paused.run_id,
                         paused.revision,
-                        without_pause(&paused.metadata).to_string()
+                        answered(&paused.metadata, &request_id, &answer).to_string(),
+                        status.as_str(),
                     ],
                     |row| row.get(0),
                 )
@@ -384,6 +396,7 @@ impl SqliteStore {
                 thread_id,
                 previous_metadata: paused.metadata,
                 revision,
+                status,
             }))
         })
         .await
@@ -396,7 +409,7 @@ impl SqliteStore {
                 .prepare_cached(
                     "UPDATE runs SET status = 'waiting_for_input', metadata = ?3,
                             revision = revision + 1, updated_at = unixepoch('subsec')
-                      WHERE run_id = ?1 AND revision = ?2 AND status = 'success'",
+                      WHERE run_id = ?1 AND revision = ?2",
                 )?
                 .execute(params![
                     answer.run_id,
