@@ -57,6 +57,8 @@ pub struct NodeOptions {
     pub shutdown_timeout: Duration,
     pub runs: RunsOptions,
     pub agents: Arc<AgentRegistry>,
+    /// The limits workflow scripts run under (they are part of the runtime version).
+    pub workflow_limits: runtime::Limits,
     /// Test faults on every store call of the node; `None` in production.
     pub faults: Option<StoreFaults>,
 }
@@ -70,6 +72,7 @@ impl NodeOptions {
             shutdown_timeout: Duration::from_secs(5),
             runs,
             agents,
+            workflow_limits: runtime::Limits::default(),
             faults: None,
         }
     }
@@ -80,7 +83,7 @@ impl NodeOptions {
 pub struct NodeStatus {
     pub worker_id: String,
     pub version: &'static str,
-    pub runtime_version: &'static str,
+    pub runtime_version: String,
     pub uptime_seconds: f64,
 }
 
@@ -110,6 +113,8 @@ struct NodeState {
     identity: NodeIdentity,
     started_at: Instant,
     parts: Parts,
+    /// The replay rules this node runs workflows under.
+    runtime_version: String,
     /// The actors whose end ends the node.
     essential: Vec<ractor::ActorId>,
 }
@@ -126,6 +131,7 @@ impl Actor for NodeSupervisor {
     ) -> Result<Self::State, ActorProcessingErr> {
         let worker_id = args.identity.worker_id.clone();
         let options = args.options;
+        let runtime_version = runtime::runtime_version(&options.workflow_limits);
         let (store_actor, _) = Actor::spawn_linked(
             Some(format!("store@{worker_id}")),
             StoreActor,
@@ -169,6 +175,7 @@ impl Actor for NodeSupervisor {
         Ok(NodeState {
             identity: args.identity,
             started_at: Instant::now(),
+            runtime_version,
             parts: Parts {
                 runs: RunsHandle::new(child_runs, store.clone(), options.call_timeout),
                 store,
@@ -189,7 +196,7 @@ impl Actor for NodeSupervisor {
                 let _ = reply.send(NodeStatus {
                     worker_id: state.identity.worker_id.clone(),
                     version: env!("CARGO_PKG_VERSION"),
-                    runtime_version: runtime::RUNTIME_VERSION,
+                    runtime_version: state.runtime_version.clone(),
                     uptime_seconds: state.started_at.elapsed().as_secs_f64(),
                 });
             }

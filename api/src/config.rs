@@ -156,6 +156,21 @@ impl Default for ShutdownConfig {
     }
 }
 
+impl Limits {
+    /// The limits workflow scripts run under.
+    pub fn workflow(&self) -> runtime::Limits {
+        runtime::Limits {
+            script_bytes_max: self.script_bytes_max,
+            frame_bytes_max: self.frame_bytes_max,
+            script_memory_bytes_max: self.script_memory_bytes_max,
+            script_stack_bytes_max: self.script_stack_bytes_max,
+            script_cpu_ms_max: self.script_cpu_ms_max,
+            steps_max: self.steps_max,
+            parallel_max: self.parallel_max,
+        }
+    }
+}
+
 fn millis(duration: Duration) -> u64 {
     u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
@@ -438,6 +453,11 @@ mod tests {
             error.contains("`agents`") && error.contains("twice"),
             "{error}"
         );
+    }
+
+    #[test]
+    fn the_default_workflow_limits_are_the_runtimes_own() {
+        assert_eq!(Limits::default().workflow(), runtime::Limits::default());
     }
 
     #[test]

@@ -64,6 +64,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             store_requests_max: config.store.requests_max,
             call_timeout: Duration::from_millis(config.store.call_timeout_ms),
             shutdown_timeout: Duration::from_millis(config.shutdown.drain_timeout_ms),
+            workflow_limits: config.limits.workflow(),
             ..NodeOptions::new(runs, Arc::new(checked.agents))
         },
     )

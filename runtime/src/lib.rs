@@ -1,8 +1,71 @@
-//! The workflow script sandbox. It will run workflow scripts in QuickJS with time and randomness
-//! injected and no IO of its own (see the durable-workflows issue). Until then it holds the one
-//! thing every node already reports: the version of the replay rules it implements.
+//! The workflow script sandbox. A workflow script runs in QuickJS as the body of an async function
+//! with `args` and the script API (`agent`, `pause`, `humanCheckpoint`, `captureArtifact`,
+//! `readArtifact`, `parallel`). The runtime performs no IO: every API call becomes a command for
+//! its host, answered from the journal on replay or by the host when the step's outcome is known.
+//! Time and randomness are injected, so a replay sees the same values; `WeakRef`,
+//! `FinalizationRegistry`, timers, modules, files and the network are absent.
 
-/// Identifies everything that changes how a journal replays. A node refuses to recover a workflow
-/// whose journal was written under a different runtime version. It changes whenever the script
-/// API, the engine build or a replay-relevant limit changes.
-pub const RUNTIME_VERSION: &str = "reins-runtime-0";
+mod error;
+mod journal;
+mod vm;
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+pub use error::Error;
+pub use journal::{Activation, CallId, CallKind, Command, JournalEntry, Outcome, Status};
+pub use vm::{Vm, VmOptions};
+
+/// The limits a VM enforces (spec section 2), with the spec's defaults.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Limits {
+    pub script_bytes_max: u64,
+    /// Args, and each step's input and output (the old worker's frame size).
+    pub frame_bytes_max: u64,
+    pub script_memory_bytes_max: u64,
+    pub script_stack_bytes_max: u64,
+    /// CPU time between two awaits.
+    pub script_cpu_ms_max: u64,
+    pub steps_max: u64,
+    pub parallel_max: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            script_bytes_max: 64 * 1024,
+            frame_bytes_max: 48 * 1024,
+            script_memory_bytes_max: 64 * 1024 * 1024,
+            script_stack_bytes_max: 1024 * 1024,
+            script_cpu_ms_max: 2_000,
+            steps_max: 10_000,
+            parallel_max: 64,
+        }
+    }
+}
+
+/// The shape of journal entries and outcomes; bump it when it changes.
+const JOURNAL_FORMAT: u32 = 1;
+
+/// A digest of everything that changes how a journal replays: the script API (the prelude), the
+/// journal format, the engine, and the limits a replay must see unchanged (a smaller frame or
+/// step limit could fail a replay that once passed). A node refuses to recover a workflow whose
+/// journal was written under another runtime version.
+pub fn runtime_version(limits: &Limits) -> String {
+    let mut digest = Sha256::new();
+    digest.update(b"reins-runtime-1\0rquickjs-0.14\0");
+    digest.update(include_str!("prelude.js").as_bytes());
+    digest.update(JOURNAL_FORMAT.to_le_bytes());
+    digest.update(limits.frame_bytes_max.to_le_bytes());
+    digest.update(limits.steps_max.to_le_bytes());
+    digest.update(limits.parallel_max.to_le_bytes());
+    digest
+        .finalize()
+        .iter()
+        .take(12)
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,405 @@
+//! The runtime without a database: a tiny host that answers commands, and replays from the
+//! journal it collected.
+
+use serde_json::{Value, json};
+
+use crate::{CallKind, Command, JournalEntry, Limits, Outcome, Status, Vm, VmOptions};
+
+fn options(journal: Vec<JournalEntry>) -> VmOptions {
+    VmOptions {
+        limits: Limits::default(),
+        seed: 42,
+        started_at_ms: 1_000_000,
+        journal,
+    }
+}
+
+/// Runs `script` to the end, answering every command with `answer`; returns the status, the
+/// whole journal, and how many commands the host had to carry out.
+fn drive(
+    script: &str,
+    args: Value,
+    options: VmOptions,
+    mut answer: impl FnMut(&Command) -> Outcome,
+) -> (Status, Vec<JournalEntry>, usize) {
+    let mut journal = options.journal.clone();
+    let mut vm = Vm::start(script, &args, options).expect("start");
+    let mut carried_out = 0;
+    for _ in 0..1_000 {
+        let activation = vm.run();
+        journal.extend(activation.journal);
+        if activation.status != Status::Waiting {
+            return (activation.status, journal, carried_out);
+        }
+        if activation.commands.is_empty() {
+            return (Status::Waiting, journal, carried_out);
+        }
+        for command in activation.commands {
+            carried_out += 1;
+            let outcome = answer(&command);
+            // An outcome over a limit is refused (and fails the run); nothing to record.
+            if let Some(entry) = vm.settle(command.id, outcome, 2_000_000 + i64::from(command.seq))
+            {
+                let seq = entry.seq as usize;
+                journal[seq] = entry;
+            }
+        }
+    }
+    panic!("the script never finished");
+}
+
+fn echo(command: &Command) -> Outcome {
+    Outcome::Resolved(json!({"output": command.args["task"], "step": command.step_id}))
+}
+
+const EVERY_CALL: &str = r#"
+    const first = await agent({stepId: "draft", agentRef: "writer", task: args.topic});
+    const [a, b] = await parallel([
+        () => agent({stepId: "left", agentRef: "writer", task: "l"}),
+        () => agent({stepId: "right", agentRef: "writer", task: "r"}),
+    ]);
+    const captured = await captureArtifact({stepId: "cap", sourceStepId: "draft", path: "/mnt/user-data/out.txt"});
+    const decision = await humanCheckpoint({stepId: "review", sourceStepId: "cap", artifactVersion: 1});
+    const resumed = await pause({stepId: "wait"});
+    const text = await readArtifact({artifactVersion: 1});
+    return {first, a, b, captured, decision, resumed, text, now: Date.now(), later: new Date().getTime(),
+            random: [Math.random(), Math.random()]};
+"#;
+
+fn every_call_answer(command: &Command) -> Outcome {
+    match command.kind {
+        CallKind::HumanCheckpoint => {
+            Outcome::Resolved(json!({"decision": "approve", "decidedBy": "ada"}))
+        }
+        CallKind::Pause => Outcome::Resolved(json!({"input": 7})),
+        CallKind::ReadArtifact => Outcome::Resolved(json!("file text")),
+        CallKind::CaptureArtifact => Outcome::Resolved(json!({"artifactVersion": 1, "bytes": 3})),
+        CallKind::Agent => echo(command),
+    }
+}
+
+#[test]
+fn a_script_using_every_call_completes_and_replays_to_the_same_result_without_commands() {
+    let (status, journal, carried_out) = drive(
+        EVERY_CALL,
+        json!({"topic": "t"}),
+        options(vec![]),
+        every_call_answer,
+    );
+    let Status::Completed(result) = status else {
+        panic!("{status:?}");
+    };
+    assert_eq!(carried_out, 7);
+    assert_eq!(result["first"]["output"], "t");
+    assert_eq!(result["decision"]["decision"], "approve");
+    assert_eq!(result["now"], result["later"]);
+    assert_eq!(
+        result["now"],
+        json!(2_000_006),
+        "time is the last settled step's time"
+    );
+    assert_ne!(result["random"][0], result["random"][1]);
+    let kinds: Vec<_> = journal
+        .iter()
+        .map(|e| (e.seq, e.step_id.as_str()))
+        .collect();
+    assert_eq!(
+        kinds,
+        vec![
+            (0, "draft"),
+            (1, "left"),
+            (2, "right"),
+            (3, "cap"),
+            (4, "review"),
+            (5, "wait"),
+            (6, "read:6")
+        ]
+    );
+
+    let (replayed, _, carried_out) = drive(
+        EVERY_CALL,
+        json!({"topic": "t"}),
+        options(journal),
+        |command| panic!("replay carried out {command:?}"),
+    );
+    assert_eq!(carried_out, 0);
+    assert_eq!(
+        replayed,
+        Status::Completed(result),
+        "a replay saw different values"
+    );
+}
+
+#[test]
+fn a_replay_resumes_an_in_flight_step_and_runs_only_what_is_new() {
+    let (_, journal, _) = drive(
+        EVERY_CALL,
+        json!({"topic": "t"}),
+        options(vec![]),
+        every_call_answer,
+    );
+    let mut partial: Vec<JournalEntry> = journal.into_iter().take(2).collect();
+    partial[1].outcome = None;
+    partial[1].settled_at_ms = None;
+    let mut vm = Vm::start(EVERY_CALL, &json!({"topic": "t"}), options(partial)).expect("start");
+    let activation = vm.run();
+    let commands: Vec<_> = activation
+        .commands
+        .iter()
+        .map(|c| (c.step_id.as_str(), c.in_flight_in_journal))
+        .collect();
+    assert_eq!(commands, vec![("left", true), ("right", false)]);
+    assert_eq!(
+        activation.journal.len(),
+        1,
+        "only the new call is a new journal entry"
+    );
+}
+
+#[test]
+fn a_script_edited_to_call_another_step_fails_with_both_sides_named() {
+    let original = r#"await agent({stepId: "a", agentRef: "x", task: 1}); return 1;"#;
+    let edited = r#"await agent({stepId: "b", agentRef: "x", task: 1}); return 1;"#;
+    let (_, journal, _) = drive(original, json!({}), options(vec![]), echo);
+    let (status, _, carried_out) = drive(edited, json!({}), options(journal), echo);
+    assert_eq!(carried_out, 0, "a diverging replay ran a step");
+    let Status::Failed(message) = status else {
+        panic!("{status:?}")
+    };
+    assert!(
+        message.contains("non-determinism")
+            && message.contains("\"a\"")
+            && message.contains("\"b\""),
+        "{message}"
+    );
+    // Catching the error does not save a diverged run.
+    let catching =
+        r#"try { await agent({stepId: "b", agentRef: "x", task: 1}); } catch (e) {} return 2;"#;
+    let (_, journal, _) = drive(original, json!({}), options(vec![]), echo);
+    let (status, _, _) = drive(catching, json!({}), options(journal), echo);
+    assert!(
+        matches!(status, Status::Failed(ref m) if m.contains("non-determinism")),
+        "{status:?}"
+    );
+}
+
+#[test]
+fn failed_steps_reject_and_bad_arguments_are_clear() {
+    let script = r#"
+        const errors = [];
+        for (const call of [
+            () => agent({agentRef: "x", task: 1}),
+            () => agent({stepId: "a", task: 1}),
+            () => agent({stepId: "a", agentRef: "x"}),
+            () => readArtifact({}),
+            () => humanCheckpoint({stepId: "h", sourceStepId: "a"}),
+            () => agent("not an object"),
+        ]) {
+            try { await call(); } catch (e) { errors.push(e.message); }
+        }
+        await agent({stepId: "dup", agentRef: "x", task: 1});
+        try { await agent({stepId: "dup", agentRef: "x", task: 2}); } catch (e) { errors.push(e.message); }
+        try { await agent({stepId: "boom", agentRef: "x", task: 3}); }
+        catch (e) { errors.push(`${e.name}: ${e.message} (${e.status})`); }
+        return errors;
+    "#;
+    let (status, _, _) = drive(script, json!({}), options(vec![]), |command| {
+        if command.step_id == "boom" {
+            Outcome::Rejected(json!({"message": "the model refused", "status": "error"}))
+        } else {
+            echo(command)
+        }
+    });
+    let Status::Completed(errors) = status else {
+        panic!("{status:?}")
+    };
+    assert_eq!(
+        errors,
+        json!([
+            "agent needs a stepId (a non-empty string)",
+            "agent \"a\" needs an agentRef",
+            "agent \"a\" needs a task",
+            "readArtifact needs an artifactVersion (a positive integer)",
+            "humanCheckpoint \"h\" needs an artifactVersion (a positive integer)",
+            "agent takes one object",
+            "stepId \"dup\" is used twice",
+            "StepError: the model refused (error)",
+        ])
+    );
+    let (status, _, _) = drive(
+        r#"await agent({stepId: "x", agentRef: "a", task: 1});"#,
+        json!({}),
+        options(vec![]),
+        |_| Outcome::Rejected(json!({"message": "gone"})),
+    );
+    assert!(
+        matches!(status, Status::Failed(ref m) if m.contains("gone")),
+        "{status:?}"
+    );
+}
+
+#[test]
+fn a_rejected_checkpoint_throws_unless_asked_to_return() {
+    let script = r#"
+        const kept = await humanCheckpoint({stepId: "h1", sourceStepId: "a", artifactVersion: 2, onReject: "return"});
+        try { await humanCheckpoint({stepId: "h2", sourceStepId: "a", artifactVersion: 2}); }
+        catch (e) { return {kept, thrown: e.message}; }
+    "#;
+    let (status, _, _) = drive(script, json!({}), options(vec![]), |_| {
+        Outcome::Resolved(json!({"decision": "reject", "decidedBy": "bob"}))
+    });
+    assert_eq!(
+        status,
+        Status::Completed(json!({
+            "kept": {"decision": "reject", "decidedBy": "bob"},
+            "thrown": "checkpoint h2 was rejected",
+        }))
+    );
+}
+
+#[test]
+fn a_failing_parallel_branch_cancels_its_outstanding_siblings() {
+    let script = r#"
+        await parallel([
+            () => agent({stepId: "slow", agentRef: "x", task: 1}),
+            () => agent({stepId: "bad", agentRef: "x", task: 2}),
+        ]);
+    "#;
+    let mut vm = Vm::start(script, &json!({}), options(vec![])).expect("start");
+    let first = vm.run();
+    assert_eq!(
+        first.commands.len(),
+        2,
+        "both branches start in one activation"
+    );
+    let bad = first
+        .commands
+        .iter()
+        .find(|c| c.step_id == "bad")
+        .expect("bad");
+    vm.settle(bad.id, Outcome::Rejected(json!({"message": "nope"})), 5)
+        .expect("settle");
+    let second = vm.run();
+    let slow = first
+        .commands
+        .iter()
+        .find(|c| c.step_id == "slow")
+        .expect("slow");
+    assert_eq!(second.cancels, vec![slow.id]);
+    assert!(
+        matches!(second.status, Status::Failed(ref m) if m.contains("nope")),
+        "{:?}",
+        second.status
+    );
+}
+
+#[test]
+fn the_sandbox_has_no_weak_refs_timers_modules_or_io() {
+    let script = r#"
+        const absent = ["WeakRef", "FinalizationRegistry", "setTimeout", "setInterval", "fetch",
+                        "require", "process", "std", "os", "__reins_request", "__reins_settle"]
+            .filter((name) => typeof globalThis[name] !== "undefined");
+        let imported = "no";
+        try { await import("os"); imported = "yes"; } catch (e) { imported = "refused"; }
+        console.log("checked", absent.length);
+        return {absent, imported};
+    "#;
+    let mut vm = Vm::start(script, &json!({}), options(vec![])).expect("start");
+    let activation = vm.run();
+    assert_eq!(
+        activation.status,
+        Status::Completed(json!({"absent": [], "imported": "refused"}))
+    );
+    assert_eq!(activation.logs, vec!["checked 0".to_owned()]);
+}
+
+#[test]
+fn limits_fail_the_run_and_name_the_limit() {
+    let limits = Limits {
+        script_cpu_ms_max: 200,
+        script_memory_bytes_max: 16 << 20,
+        steps_max: 3,
+        parallel_max: 2,
+        frame_bytes_max: 1_000,
+        ..Limits::default()
+    };
+    let with = |journal| VmOptions {
+        limits: limits.clone(),
+        ..options(journal)
+    };
+
+    let script = "x".repeat(limits.script_bytes_max as usize + 1);
+    let error = Vm::start(&script, &json!({}), with(vec![]))
+        .err()
+        .expect("refused");
+    assert!(error.to_string().contains("script_bytes_max"), "{error}");
+    let error = Vm::start("return 1;", &json!({"a": "x".repeat(1_000)}), with(vec![]))
+        .err()
+        .expect("refused");
+    assert!(error.to_string().contains("frame_bytes_max"), "{error}");
+
+    for (script, limit) in [
+        ("while (true) {}", "script_cpu_ms_max"),
+        (
+            "const a = []; while (true) { a.push(new Array(100000).fill(1)); }",
+            "script_memory_bytes_max",
+        ),
+        (
+            "const f = (n) => f(n + 1) + 1; f(0);",
+            "script_stack_bytes_max",
+        ),
+        (
+            "for (let i = 0; i < 4; i++) { await pause({stepId: `p${i}`}); }",
+            "steps_max",
+        ),
+        (
+            r#"await agent({stepId: "big", agentRef: "x", task: "y".repeat(2000)});"#,
+            "frame_bytes_max",
+        ),
+        (
+            "await parallel([() => 1, () => 2, () => 3]);",
+            "parallel_max",
+        ),
+        (
+            r#"try { await parallel([() => 1, () => 2, () => 3]); } catch (e) {} return "caught";"#,
+            "parallel_max",
+        ),
+    ] {
+        let (status, _, _) = drive(script, json!({}), with(vec![]), echo);
+        assert!(
+            matches!(&status, Status::Failed(m) if m.contains(limit)),
+            "{script}: {status:?}"
+        );
+    }
+    let (status, _, _) = drive(
+        r#"await agent({stepId: "a", agentRef: "x", task: 1});"#,
+        json!({}),
+        with(vec![]),
+        |_| Outcome::Resolved(json!("z".repeat(2_000))),
+    );
+    assert!(
+        matches!(&status, Status::Failed(m) if m.contains("frame_bytes_max")),
+        "{status:?}"
+    );
+}
+
+#[test]
+fn the_runtime_version_follows_the_limits_that_change_replay() {
+    let base = crate::runtime_version(&Limits::default());
+    assert_eq!(base, crate::runtime_version(&Limits::default()));
+    assert_ne!(
+        base,
+        crate::runtime_version(&Limits {
+            frame_bytes_max: 1,
+            ..Limits::default()
+        })
+    );
+    assert_eq!(
+        base,
+        crate::runtime_version(&Limits {
+            script_cpu_ms_max: 1,
+            ..Limits::default()
+        }),
+        "a CPU budget does not change what a replay computes"
+    );
+}

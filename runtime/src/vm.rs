@@ -1,0 +1,548 @@
+//! One workflow's QuickJS runtime. [`Vm::start`] installs the script API and starts the script;
+//! [`Vm::run`] is one activation: it runs the script until nothing more can happen without the
+//! host, resolving calls the journal already answers, and hands back the new calls (commands), the
+//! new journal entries and the run's status. The host carries the commands out, reports each
+//! outcome with [`Vm::settle`], and runs the next activation. The VM performs no IO and reads no
+//! clock except to enforce its CPU limit; `Date` and `Math.random` come from the journal and a seed.
+
+use std::cell::RefCell;
+use std::collections::{HashSet, VecDeque};
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use rquickjs::{CatchResultExt, Context, Function, Persistent, Runtime};
+use serde_json::{Value, json};
+
+use crate::Limits;
+use crate::error::Error;
+use crate::journal::{Activation, CallId, CallKind, Command, JournalEntry, Outcome, Status};
+
+const PRELUDE: &str = include_str!("prelude.js");
+
+/// What a VM needs besides the script: the run's inputs and its replay material.
+#[derive(Debug, Clone)]
+pub struct VmOptions {
+    pub limits: Limits,
+    /// Seeds `Math.random`; derive it from the run id so every replay sees the same numbers.
+    pub seed: u64,
+    /// Workflow time at launch (epoch ms): what `Date.now()` shows before any step settles.
+    pub started_at_ms: i64,
+    /// The run's journal so far, in call order.
+    pub journal: Vec<JournalEntry>,
+}
+
+/// A running workflow script.
+pub struct Vm {
+    // Field order is drop order: the saved function must be released before its context, and the
+    // context before the runtime, or QuickJS finds live objects when the runtime is freed.
+    settle_fn: Persistent<Function<'static>>,
+    context: Context,
+    runtime: Runtime,
+    host: Rc<RefCell<Host>>,
+    deadline: Rc<RefCell<Instant>>,
+}
+
+/// The VM's side of the script API, shared with the functions the script calls.
+struct Host {
+    limits: Limits,
+    journal: Vec<JournalEntry>,
+    /// How many journal entries came from the store (replay) rather than from this VM.
+    replayed: usize,
+    next_seq: u32,
+    step_ids: HashSet<String>,
+    /// Calls that have no outcome yet.
+    outstanding: HashSet<CallId>,
+    /// Outcomes to hand to the script at the next opportunity.
+    ///
+    /// Invariant: every `CallId` here or in `outstanding` indexes `journal` (a call's entry is in
+    /// the journal from the moment it is made).
+    ready: VecDeque<(CallId, Outcome)>,
+    commands: Vec<Command>,
+    new_entries: Vec<JournalEntry>,
+    cancels: Vec<CallId>,
+    fatal: Option<String>,
+    result: Option<Result<Value, String>>,
+    clock_ms: i64,
+    rng: u64,
+    logs: Vec<String>,
+}
+
+impl Vm {
+    /// Checks the script and arguments against their limits, installs the API and starts the
+    /// script. Nothing runs past the first await until [`Vm::run`].
+    pub fn start(script: &str, args: &Value, options: VmOptions) -> Result<Vm, Error> {
+        let limits = options.limits.clone();
+        if script.len() as u64 > limits.script_bytes_max {
+            return Err(Error::LimitExceeded(format!(
+                "the script is {} bytes, over script_bytes_max ({})",
+                script.len(),
+                limits.script_bytes_max
+            )));
+        }
+        let args_json = args.to_string();
+        if args_json.len() as u64 > limits.frame_bytes_max {
+            return Err(Error::LimitExceeded(format!(
+                "args are {} bytes, over frame_bytes_max ({})",
+                args_json.len(),
+                limits.frame_bytes_max
+            )));
+        }
+        let runtime = Runtime::new().map_err(engine)?;
+        runtime.set_memory_limit(
+            usize::try_from(limits.script_memory_bytes_max).unwrap_or(usize::MAX),
+        );
+        runtime.set_max_stack_size(
+            usize::try_from(limits.script_stack_bytes_max).unwrap_or(usize::MAX),
+        );
+        let deadline = Rc::new(RefCell::new(Instant::now() + limits.cpu_between_awaits()));
+        let watched = Rc::clone(&deadline);
+        runtime.set_interrupt_handler(Some(Box::new(move || Instant::now() > *watched.borrow())));
+        let context = Context::full(&runtime).map_err(engine)?;
+
+        let step_ids = options
+            .journal
+            .iter()
+            .map(|entry| entry.step_id.clone())
+            .collect();
+        let host = Rc::new(RefCell::new(Host {
+            limits: limits.clone(),
+            replayed: options.journal.len(),
+            journal: options.journal,
+            next_seq: 0,
+            step_ids,
+            outstanding: HashSet::new(),
+            ready: VecDeque::new(),
+            commands: Vec::new(),
+            new_entries: Vec::new(),
+            cancels: Vec::new(),
+            fatal: None,
+            result: None,
+            clock_ms: options.started_at_ms,
+            rng: options.seed,
+            logs: Vec::new(),
+        }));
+        // Step ids are claimed as calls are made, not up front: a replay claims them again.
+        host.borrow_mut().step_ids.clear();
+
+        let settle_fn = context.with(|ctx| -> Result<_, Error> {
+            install(&ctx, &host)?;
+            let globals = ctx.globals();
+            ctx.eval::<(), _>(PRELUDE)
+                .catch(&ctx)
+                .map_err(|e| Error::Engine(format!("the script API failed to install: {e}")))?;
+            let settle: Function = globals.get("__reins_settle").map_err(engine)?;
+            globals.remove("__reins_settle").map_err(engine)?;
+            globals.set("__reins_script", script).map_err(engine)?;
+            globals.set("__reins_args", args_json).map_err(engine)?;
+            ctx.eval::<(), _>(
+                r#"(() => {
+                    const done = __reins_done;
+                    const AsyncFunction = (async function () {}).constructor;
+                    const main = new AsyncFunction("args", __reins_script);
+                    const args = JSON.parse(__reins_args);
+                    delete globalThis.__reins_done;
+                    delete globalThis.__reins_script;
+                    delete globalThis.__reins_args;
+                    // The body starts as a job of the first activation, under its limits.
+                    Promise.resolve().then(() => main(args)).then(
+                        (value) => done(true, JSON.stringify(value === undefined ? null : value)),
+                        (error) => done(false, String(error && error.stack && !(error instanceof Error) ? error.stack : error)),
+                    );
+                })()"#,
+            )
+            .catch(&ctx)
+            .map_err(|e| Error::Script(format!("the script does not compile: {e}")))?;
+            Ok(Persistent::save(&ctx, settle))
+        })?;
+        Ok(Vm {
+            settle_fn,
+            context,
+            runtime,
+            host,
+            deadline,
+        })
+    }
+
+    /// Hands the outcome of call `id` (a command this VM issued) to the script at its next
+    /// activation. `at_ms` is the workflow time the outcome was recorded at. Returns the journal
+    /// entry to persist, or `None` for a call that is not outstanding.
+    pub fn settle(&mut self, id: CallId, outcome: Outcome, at_ms: i64) -> Option<JournalEntry> {
+        let mut host = self.host.borrow_mut();
+        if !host.outstanding.contains(&id) {
+            return None;
+        }
+        let size = match &outcome {
+            Outcome::Resolved(value) | Outcome::Rejected(value) => value.to_string().len(),
+        };
+        if size as u64 > host.limits.frame_bytes_max {
+            let message = format!(
+                "the outcome of step {} is {size} bytes, over frame_bytes_max ({})",
+                host.journal[id.0 as usize].step_id, host.limits.frame_bytes_max
+            );
+            host.fail(message);
+            return None;
+        }
+        let entry = &mut host.journal[id.0 as usize];
+        entry.outcome = Some(outcome.clone());
+        entry.settled_at_ms = Some(at_ms);
+        let entry = entry.clone();
+        host.ready.push_back((id, outcome));
+        Some(entry)
+    }
+
+    /// One activation: runs the script until it waits on the host, finishes or fails.
+    pub fn run(&mut self) -> Activation {
+        self.rearm();
+        loop {
+            if let Err(message) = self.drain_jobs() {
+                self.host.borrow_mut().fail(message);
+            }
+            if self.host.borrow().fatal.is_some() || self.host.borrow().result.is_some() {
+                break;
+            }
+            let next = self.host.borrow_mut().ready.pop_front();
+            let Some((id, outcome)) = next else {
+                break;
+            };
+            self.deliver(id, outcome);
+        }
+        let mut host = self.host.borrow_mut();
+        let status = match (&host.fatal, &host.result) {
+            (Some(message), _) => Status::Failed(message.clone()),
+            (None, Some(Ok(value))) => {
+                let size = value.to_string().len() as u64;
+                if size > host.limits.frame_bytes_max {
+                    Status::Failed(format!(
+                        "the result is {size} bytes, over frame_bytes_max ({})",
+                        host.limits.frame_bytes_max
+                    ))
+                } else {
+                    Status::Completed(value.clone())
+                }
+            }
+            (None, Some(Err(message))) => Status::Failed(name_the_limit(message, &host.limits)),
+            (None, None) => Status::Waiting,
+        };
+        Activation {
+            commands: std::mem::take(&mut host.commands),
+            cancels: std::mem::take(&mut host.cancels),
+            journal: std::mem::take(&mut host.new_entries),
+            status,
+            logs: std::mem::take(&mut host.logs),
+        }
+    }
+
+    /// Memory the runtime holds, in bytes.
+    pub fn memory_bytes(&self) -> i64 {
+        self.runtime.memory_usage().memory_used_size
+    }
+
+    fn rearm(&self) {
+        let limits = &self.host.borrow().limits;
+        *self.deadline.borrow_mut() = Instant::now() + limits.cpu_between_awaits();
+    }
+
+    fn drain_jobs(&self) -> Result<(), String> {
+        loop {
+            match self.runtime.execute_pending_job() {
+                Ok(true) => {}
+                Ok(false) => return Ok(()),
+                Err(exception) => {
+                    let limits = self.host.borrow().limits.clone();
+                    let message = exception.0.with(|ctx| {
+                        ctx.catch().as_exception().map_or_else(
+                            || "the script stopped with an uncatchable error".to_owned(),
+                            |e| e.message().unwrap_or_default(),
+                        )
+                    });
+                    if Instant::now() > *self.deadline.borrow() || message.contains("interrupted") {
+                        return Err(format!(
+                            "the script ran for more than script_cpu_ms_max ({} ms) without awaiting",
+                            limits.script_cpu_ms_max
+                        ));
+                    }
+                    return Err(name_the_limit(&message, &limits));
+                }
+            }
+        }
+    }
+
+    fn deliver(&self, id: CallId, outcome: Outcome) {
+        self.rearm();
+        let (ok, value) = match outcome {
+            Outcome::Resolved(value) => (true, value),
+            Outcome::Rejected(value) => (false, value),
+        };
+        {
+            let mut host = self.host.borrow_mut();
+            host.outstanding.remove(&id);
+            if let Some(at) = host.journal[id.0 as usize].settled_at_ms {
+                host.clock_ms = host.clock_ms.max(at);
+            }
+        }
+        let delivered = self.context.with(|ctx| {
+            let settle = self.settle_fn.clone().restore(&ctx)?;
+            settle.call::<_, ()>((id.0, ok, value.to_string()))
+        });
+        if let Err(error) = delivered {
+            self.host.borrow_mut().fail(format!(
+                "cannot hand a step's outcome to the script: {error}"
+            ));
+        }
+    }
+}
+
+impl Host {
+    fn fail(&mut self, message: String) {
+        if self.fatal.is_none() {
+            self.fatal = Some(message);
+        }
+    }
+
+    /// A call from the script: checks it, matches it against the journal, and answers with
+    /// `{"id"}` or `{"error"}` (a rejected promise for the script).
+    fn request(&mut self, kind: &str, args_json: &str) -> Value {
+        if let Some(message) = &self.fatal {
+            return json!({ "error": message });
+        }
+        let Some(kind) = CallKind::parse(kind) else {
+            return json!({ "error": format!("unknown call {kind:?}") });
+        };
+        if args_json.len() as u64 > self.limits.frame_bytes_max {
+            let message = format!(
+                "the input of a {} call is {} bytes, over frame_bytes_max ({})",
+                kind.as_str(),
+                args_json.len(),
+                self.limits.frame_bytes_max
+            );
+            self.fail(message.clone());
+            return json!({ "error": message });
+        }
+        if u64::from(self.next_seq) >= self.limits.steps_max {
+            let message = format!(
+                "the workflow made more than steps_max ({}) steps",
+                self.limits.steps_max
+            );
+            self.fail(message.clone());
+            return json!({ "error": message });
+        }
+        let args: Value = match serde_json::from_str(args_json) {
+            Ok(args) => args,
+            Err(e) => return json!({ "error": format!("arguments are not JSON: {e}") }),
+        };
+        let step_id = match check_args(kind, &args, self.next_seq) {
+            Ok(step_id) => step_id,
+            Err(message) => return json!({ "error": message }),
+        };
+        if !self.step_ids.insert(step_id.clone()) {
+            return json!({ "error": format!("stepId {step_id:?} is used twice") });
+        }
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let id = CallId(seq);
+        self.outstanding.insert(id);
+        if (seq as usize) < self.replayed {
+            let entry = &self.journal[seq as usize];
+            if entry.kind != kind || entry.step_id != step_id || entry.args != args {
+                let message = format!(
+                    "non-determinism at call {seq}: the journal has {} {:?} with {}, the script \
+                     now calls {} {:?} with {}",
+                    entry.kind.as_str(),
+                    entry.step_id,
+                    entry.args,
+                    kind.as_str(),
+                    step_id,
+                    args
+                );
+                self.fail(message.clone());
+                return json!({ "error": message });
+            }
+            match &entry.outcome {
+                Some(outcome) => self.ready.push_back((id, outcome.clone())),
+                None => self.commands.push(Command {
+                    id,
+                    seq,
+                    kind,
+                    step_id,
+                    args,
+                    in_flight_in_journal: true,
+                }),
+            }
+        } else {
+            let entry = JournalEntry {
+                seq,
+                kind,
+                step_id: step_id.clone(),
+                args: args.clone(),
+                outcome: None,
+                settled_at_ms: None,
+            };
+            self.journal.push(entry.clone());
+            self.new_entries.push(entry);
+            self.commands.push(Command {
+                id,
+                seq,
+                kind,
+                step_id,
+                args,
+                in_flight_in_journal: false,
+            });
+        }
+        json!({ "id": seq })
+    }
+
+    /// The next number of a splitmix64 sequence, as a float in [0, 1).
+    fn random(&mut self) -> f64 {
+        self.rng = self.rng.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.rng;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        (z >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// Outstanding calls made at or after `seq`: the siblings of a failed `parallel`.
+    fn cancel_from(&mut self, seq: u32) {
+        let mut cancels: Vec<CallId> = self
+            .outstanding
+            .iter()
+            .copied()
+            .filter(|id| id.0 >= seq)
+            .collect();
+        cancels.sort();
+        for id in &cancels {
+            self.outstanding.remove(id);
+        }
+        self.ready.retain(|(id, _)| !cancels.contains(id));
+        self.cancels.extend(cancels);
+    }
+}
+
+/// Checks a call's arguments; returns its step id.
+fn check_args(kind: CallKind, args: &Value, seq: u32) -> Result<String, String> {
+    let text = |field: &str| {
+        args.get(field)
+            .and_then(Value::as_str)
+            .filter(|s| !s.is_empty())
+    };
+    let version = |field: &str| args.get(field).and_then(Value::as_u64).filter(|v| *v > 0);
+    let name = kind.as_str();
+    if !kind.has_step_id() {
+        version("artifactVersion")
+            .ok_or_else(|| format!("{name} needs an artifactVersion (a positive integer)"))?;
+        return Ok(format!("read:{seq}"));
+    }
+    let step_id = text("stepId")
+        .ok_or_else(|| format!("{name} needs a stepId (a non-empty string)"))?
+        .to_owned();
+    match kind {
+        CallKind::Agent => {
+            text("agentRef").ok_or_else(|| format!("{name} {step_id:?} needs an agentRef"))?;
+            if args.get("task").is_none_or(Value::is_null) {
+                return Err(format!("{name} {step_id:?} needs a task"));
+            }
+        }
+        CallKind::HumanCheckpoint => {
+            text("sourceStepId")
+                .ok_or_else(|| format!("{name} {step_id:?} needs a sourceStepId"))?;
+            version("artifactVersion").ok_or_else(|| {
+                format!("{name} {step_id:?} needs an artifactVersion (a positive integer)")
+            })?;
+        }
+        CallKind::CaptureArtifact => {
+            text("sourceStepId")
+                .ok_or_else(|| format!("{name} {step_id:?} needs a sourceStepId"))?;
+            text("path").ok_or_else(|| format!("{name} {step_id:?} needs a path"))?;
+        }
+        CallKind::Pause | CallKind::ReadArtifact => {}
+    }
+    Ok(step_id)
+}
+
+/// Engine errors that mean a limit was hit, said in terms of the limit.
+fn name_the_limit(message: &str, limits: &Limits) -> String {
+    if message.contains("out of memory") {
+        format!(
+            "the script used more than script_memory_bytes_max ({} bytes): {message}",
+            limits.script_memory_bytes_max
+        )
+    } else if message.contains("stack overflow") || message.contains("call stack size exceeded") {
+        format!(
+            "the script used more than script_stack_bytes_max ({} bytes): {message}",
+            limits.script_stack_bytes_max
+        )
+    } else {
+        message.to_owned()
+    }
+}
+
+fn engine(error: rquickjs::Error) -> Error {
+    Error::Engine(error.to_string())
+}
+
+/// Installs the host functions the prelude captures and then removes from the global scope.
+fn install(ctx: &rquickjs::Ctx<'_>, host: &Rc<RefCell<Host>>) -> Result<(), Error> {
+    let globals = ctx.globals();
+    let h = Rc::clone(host);
+    let request = Function::new(ctx.clone(), move |kind: String, args: String| -> String {
+        h.borrow_mut().request(&kind, &args).to_string()
+    })
+    .map_err(engine)?;
+    let h = Rc::clone(host);
+    let fail = Function::new(ctx.clone(), move |message: String| {
+        h.borrow_mut().fail(message);
+    })
+    .map_err(engine)?;
+    let h = Rc::clone(host);
+    let now = Function::new(ctx.clone(), move || -> f64 { h.borrow().clock_ms as f64 })
+        .map_err(engine)?;
+    let h = Rc::clone(host);
+    let random =
+        Function::new(ctx.clone(), move || -> f64 { h.borrow_mut().random() }).map_err(engine)?;
+    let h = Rc::clone(host);
+    let log = Function::new(ctx.clone(), move |line: String| {
+        h.borrow_mut().logs.push(line);
+    })
+    .map_err(engine)?;
+    let h = Rc::clone(host);
+    let done = Function::new(ctx.clone(), move |ok: bool, text: String| {
+        let mut host = h.borrow_mut();
+        host.result = Some(if ok {
+            serde_json::from_str(&text).map_err(|e| format!("the result is not JSON: {e}"))
+        } else {
+            Err(text)
+        });
+    })
+    .map_err(engine)?;
+    let h = Rc::clone(host);
+    let mark =
+        Function::new(ctx.clone(), move || -> u32 { h.borrow().next_seq }).map_err(engine)?;
+    let h = Rc::clone(host);
+    let cancel_from = Function::new(ctx.clone(), move |seq: u32| {
+        h.borrow_mut().cancel_from(seq);
+    })
+    .map_err(engine)?;
+    let parallel_max = host.borrow().limits.parallel_max;
+    for (name, function) in [
+        ("__reins_request", request),
+        ("__reins_fail", fail),
+        ("__reins_now", now),
+        ("__reins_random", random),
+        ("__reins_log", log),
+        ("__reins_done", done),
+        ("__reins_mark", mark),
+        ("__reins_cancel_from", cancel_from),
+    ] {
+        globals.set(name, function).map_err(engine)?;
+    }
+    globals
+        .set("__reins_parallel_max", parallel_max as f64)
+        .map_err(engine)?;
+    Ok(())
+}
+
+impl Limits {
+    fn cpu_between_awaits(&self) -> Duration {
+        Duration::from_millis(self.script_cpu_ms_max)
+    }
+}
