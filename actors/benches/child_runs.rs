@@ -178,6 +178,7 @@ async fn fenced_writes(store: &Arc<Store>, backend: &str, concurrency: usize, to
                     let begun = Instant::now();
                     let step = WriteOp::PutStep {
                         workflow_id: fence.resource_id.clone(),
+                        seq: i32::try_from(n).unwrap_or(i32::MAX),
                         step_id: format!("s-{n}"),
                         attempt: 1,
                         kind: "agent".into(),

@@ -149,6 +149,7 @@ async fn fenced(store: &Arc<Store>, backend: &str, writers: usize, ops: usize) -
             for op in 0..ops {
                 let change = WriteOp::PutStep {
                     workflow_id: fence.resource_id.clone(),
+                    seq: i32::try_from(op).unwrap_or(i32::MAX),
                     step_id: format!("step-{op}"),
                     attempt: 1,
                     kind: "agent".into(),

@@ -11,6 +11,7 @@ mod migrations;
 mod postgres;
 mod runs;
 mod sqlite;
+mod workflows;
 mod write;
 
 use std::path::PathBuf;
@@ -25,6 +26,7 @@ pub use runs::{
     Admission, ApprovalAnswer, CancelAction, NewRun, RunOutcome, RunRenewal, RunRow, RunStatus,
     WorkflowStep, pending_request_id,
 };
+pub use workflows::{ControlRow, ControlWrite, LIVE_STATUSES, Launch, LaunchLimits, NewControl};
 pub use write::{NewWorkflow, StepRow, WorkflowRow, WriteOp};
 
 /// Where the data lives, parsed from the configuration's `database` value.
@@ -249,21 +251,60 @@ impl Store {
         retry(|| async { on_backend!(self, store => store.read_lease(resource_id).await) }).await
     }
 
-    /// Creates a workflow row, `running` and owned by `owner`, with its first lease (epoch 1), in
-    /// one transaction.
+    /// Launches a workflow: `running`, owned by `owner`, with its first lease (epoch 1), in one
+    /// transaction that also enforces `limits` over the live workflows of the whole cluster and
+    /// the idempotency of (user, `request_id`): the same request again is the same workflow, a
+    /// different one under the same `request_id` is a conflict.
+    pub async fn launch_workflow(
+        &self,
+        workflow: NewWorkflow,
+        owner: &str,
+        lease_ms: u64,
+        limits: LaunchLimits,
+    ) -> Result<Launch> {
+        retry(|| {
+            let workflow = workflow.clone();
+            async move {
+                on_backend!(self, store =>
+                    store.launch_workflow(workflow, owner, lease_ms, limits).await)
+            }
+        })
+        .await
+    }
+
+    /// [`Store::launch_workflow`] without limits, for a workflow that must be new.
     pub async fn create_workflow(
         &self,
         workflow: NewWorkflow,
         owner: &str,
         lease_ms: u64,
     ) -> Result<Lease> {
+        let id = workflow.workflow_id.clone();
+        match self
+            .launch_workflow(workflow, owner, lease_ms, LaunchLimits::NONE)
+            .await?
+        {
+            Launch::Created(lease) => Ok(lease),
+            Launch::Existing(_) | Launch::Refused { .. } => Err(Error::Conflict(format!(
+                "workflow {id:?} exists under that request id"
+            ))),
+        }
+    }
+
+    /// Records a control (resume, decide, cancel) for a workflow, once: an identical control
+    /// again is `Repeated` (still one row), a different one for the same step attempt is a
+    /// conflict. Any node may write it; the owner carries it out.
+    pub async fn put_control(&self, control: NewControl) -> Result<ControlWrite> {
         retry(|| {
-            let workflow = workflow.clone();
-            async move {
-                on_backend!(self, store => store.create_workflow(workflow, owner, lease_ms).await)
-            }
+            let control = control.clone();
+            async move { on_backend!(self, store => store.put_control(control).await) }
         })
         .await
+    }
+
+    /// Every control of a workflow, oldest first.
+    pub async fn read_controls(&self, workflow_id: &str) -> Result<Vec<ControlRow>> {
+        retry(|| async { on_backend!(self, store => store.read_controls(workflow_id).await) }).await
     }
 
     /// Applies `ops` atomically if and only if `fence` still holds its unexpired lease, checked in

@@ -24,10 +24,16 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         postgres: include_str!("../migrations/postgres/0002_run_authority.sql"),
         sqlite: include_str!("../migrations/sqlite/0002_run_authority.sql"),
     },
+    Migration {
+        version: 3,
+        name: "workflow_journal",
+        postgres: include_str!("../migrations/postgres/0003_workflow_journal.sql"),
+        sqlite: include_str!("../migrations/sqlite/0003_workflow_journal.sql"),
+    },
 ];
 
 /// The schema version this build expects.
-pub const SCHEMA_VERSION: i64 = 2;
+pub const SCHEMA_VERSION: i64 = 3;
 
 /// The advisory-lock key PostgreSQL migrations serialise on ("reins" in ASCII).
 pub(crate) const PG_MIGRATION_LOCK: i64 = 0x0072_6569_6e73;
@@ -73,8 +79,8 @@ mod tests {
     fn a_newer_schema_is_refused() {
         let error = pending(&[1, SCHEMA_VERSION + 1]).err();
         assert!(matches!(error, Some(crate::Error::SchemaTooNew { .. })));
-        assert!(pending(&[1, 2]).is_ok_and(|p| p.is_empty()));
-        assert!(pending(&[1]).is_ok_and(|p| p.len() == 1));
+        assert!(pending(&[1, 2, 3]).is_ok_and(|p| p.is_empty()));
+        assert!(pending(&[1]).is_ok_and(|p| p.len() == 2));
         assert_eq!(pending(&[]).map(|p| p.len()).ok(), Some(MIGRATIONS.len()));
     }
 }

@@ -16,12 +16,16 @@ pub enum WriteOp {
     /// Insert or replace one step attempt of a workflow's journal.
     PutStep {
         workflow_id: String,
+        /// The call's place in the script's order; replay reads the journal by it.
+        seq: i32,
         step_id: String,
         attempt: i32,
         kind: String,
         status: String,
         data: Value,
     },
+    /// Mark a control as carried out.
+    MarkControlApplied { control_id: i64 },
     /// Give back the `workflow_slots` slot a step held for its child run.
     ReleaseSlot {
         workflow_id: String,
@@ -42,6 +46,7 @@ pub struct NewWorkflow {
 /// One journal entry as read back.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StepRow {
+    pub seq: i32,
     pub step_id: String,
     pub attempt: i32,
     pub kind: String,

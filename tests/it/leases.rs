@@ -31,6 +31,7 @@ pub async fn workflow(store: &Store, id: &str, owner: &str, lease_ms: u64) -> st
 /// A journal entry named `step_id`.
 pub fn step(workflow_id: &str, step_id: &str) -> WriteOp {
     WriteOp::PutStep {
+        seq: 0,
         workflow_id: workflow_id.to_owned(),
         step_id: step_id.to_owned(),
         attempt: 1,

@@ -13,3 +13,4 @@ mod migrations;
 mod node_process;
 mod openai_agent;
 mod runs_store;
+mod workflows_store;

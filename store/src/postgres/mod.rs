@@ -13,10 +13,11 @@ use tokio_postgres::{NoTls, Row};
 
 use crate::lease::{Fence, Lease, ttl_seconds};
 use crate::migrations::{self, MigrationReport, PG_MIGRATION_LOCK};
-use crate::write::{NewWorkflow, StepRow, WorkflowRow, WriteOp};
+use crate::write::{StepRow, WorkflowRow, WriteOp};
 use crate::{Error, NodeRecord, Result, StoreOptions};
 
 mod runs;
+mod workflows;
 
 pub(crate) struct PgStore {
     pool: Pool,
@@ -215,45 +216,6 @@ impl PgStore {
         }))
     }
 
-    pub(crate) async fn create_workflow(
-        &self,
-        workflow: NewWorkflow,
-        owner: &str,
-        lease_ms: u64,
-    ) -> Result<Lease> {
-        let mut client = self.pool.get().await?;
-        let transaction = client.transaction().await?;
-        transaction
-            .execute(
-                "INSERT INTO workflows (id, user_id, request_id, status, owner, fingerprint, data,
-                                        created_at, updated_at)
-                 VALUES ($1, $2, $3, 'running', $4, $5, $6, reins_now(), reins_now())",
-                &[
-                    &workflow.workflow_id,
-                    &workflow.user_id,
-                    &workflow.request_id,
-                    &owner,
-                    &workflow.fingerprint,
-                    &workflow.data,
-                ],
-            )
-            .await?;
-        let row = transaction
-            .query_one(
-                "INSERT INTO extension_execution_leases (resource_id, owner, epoch, expires_at)
-                 VALUES ($1, $2, 1, reins_now() + $3) RETURNING expires_at",
-                &[&workflow.workflow_id, &owner, &ttl_seconds(lease_ms)],
-            )
-            .await?;
-        transaction.commit().await?;
-        Ok(Lease {
-            resource_id: workflow.workflow_id,
-            owner: owner.to_owned(),
-            epoch: 1,
-            expires_at: row.get(0),
-        })
-    }
-
     pub(crate) async fn fenced_write(&self, fence: &Fence, ops: &[WriteOp]) -> Result<()> {
         let client = self.pool.get().await?;
         let mut statements = Vec::with_capacity(ops.len());
@@ -316,14 +278,15 @@ impl PgStore {
         let client = self.pool.get().await?;
         let rows = client
             .query(
-                "SELECT step_id, attempt, kind, status, data FROM workflow_steps
-                  WHERE workflow = $1 ORDER BY created_at, step_id, attempt",
+                "SELECT step_id, attempt, kind, status, data, seq FROM workflow_steps
+                  WHERE workflow = $1 ORDER BY seq, attempt",
                 &[&workflow_id],
             )
             .await?;
         Ok(rows
             .iter()
             .map(|row| StepRow {
+                seq: row.get(5),
                 step_id: row.get(0),
                 attempt: row.get(1),
                 kind: row.get(2),
@@ -405,14 +368,19 @@ fn op_sql(op: &WriteOp) -> &'static str {
         }
         WriteOp::PutStep { .. } => {
             "WITH fence AS (SELECT reins_fence($1, $2, $3))
-             INSERT INTO workflow_steps (workflow, step_id, attempt, kind, status, data,
+             INSERT INTO workflow_steps (workflow, step_id, attempt, kind, status, data, seq,
                                          created_at, updated_at)
-             SELECT $4::text, $5::text, $6::integer, $7::text, $8::text, $9::jsonb,
+             SELECT $4::text, $5::text, $6::integer, $7::text, $8::text, $9::jsonb, $10::integer,
                     reins_now(), reins_now()
                FROM fence
              ON CONFLICT (workflow, step_id, attempt) DO UPDATE
                 SET kind = EXCLUDED.kind, status = EXCLUDED.status, data = EXCLUDED.data,
-                    updated_at = EXCLUDED.updated_at"
+                    seq = EXCLUDED.seq, updated_at = EXCLUDED.updated_at"
+        }
+        WriteOp::MarkControlApplied { .. } => {
+            "WITH fence AS (SELECT reins_fence($1, $2, $3))
+             UPDATE workflow_controls SET applied_at = reins_now()
+              WHERE id = $4 AND applied_at IS NULL AND EXISTS (SELECT 1 FROM fence)"
         }
         WriteOp::ReleaseSlot { .. } => {
             "WITH fence AS (SELECT reins_fence($1, $2, $3))
@@ -436,15 +404,18 @@ fn op_params<'a>(fence: &'a Fence, op: &'a WriteOp) -> Vec<&'a (dyn ToSql + Sync
         }
         WriteOp::PutStep {
             workflow_id,
+            seq,
             step_id,
             attempt,
             kind,
             status,
             data,
         } => {
-            let own: [&(dyn ToSql + Sync); 6] = [workflow_id, step_id, attempt, kind, status, data];
+            let own: [&(dyn ToSql + Sync); 7] =
+                [workflow_id, step_id, attempt, kind, status, data, seq];
             params.extend(own);
         }
+        WriteOp::MarkControlApplied { control_id } => params.push(control_id),
         WriteOp::ReleaseSlot {
             workflow_id,
             step_id,

@@ -15,10 +15,11 @@ use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use crate::lease::{Fence, Lease, ttl_seconds};
 use crate::migrations::{self, MigrationReport};
-use crate::write::{NewWorkflow, StepRow, WorkflowRow, WriteOp};
+use crate::write::{StepRow, WorkflowRow, WriteOp};
 use crate::{Error, NodeRecord, Result, StoreOptions};
 
 mod runs;
+mod workflows;
 
 // The database clock in SQL is `unixepoch('subsec')`: epoch seconds with sub-second precision.
 
@@ -298,48 +299,6 @@ impl SqliteStore {
         .await
     }
 
-    pub(crate) async fn create_workflow(
-        &self,
-        workflow: NewWorkflow,
-        owner: &str,
-        lease_ms: u64,
-    ) -> Result<Lease> {
-        let owner = owner.to_owned();
-        self.write(move |connection| {
-            connection
-                .prepare_cached(
-                    "INSERT INTO workflows (id, user_id, request_id, status, owner, fingerprint,
-                                            data, created_at, updated_at)
-                     VALUES (?1, ?2, ?3, 'running', ?4, ?5, ?6,
-                             unixepoch('subsec'), unixepoch('subsec'))",
-                )?
-                .execute(params![
-                    workflow.workflow_id,
-                    workflow.user_id,
-                    workflow.request_id,
-                    owner,
-                    workflow.fingerprint,
-                    workflow.data.to_string()
-                ])?;
-            let expires_at = connection
-                .prepare_cached(
-                    "INSERT INTO extension_execution_leases (resource_id, owner, epoch, expires_at)
-                     VALUES (?1, ?2, 1, unixepoch('subsec') + ?3) RETURNING expires_at",
-                )?
-                .query_row(
-                    params![workflow.workflow_id, owner, ttl_seconds(lease_ms)],
-                    |row| row.get(0),
-                )?;
-            Ok(Lease {
-                resource_id: workflow.workflow_id,
-                owner,
-                epoch: 1,
-                expires_at,
-            })
-        })
-        .await
-    }
-
     pub(crate) async fn fenced_write(&self, fence: &Fence, ops: &[WriteOp]) -> Result<()> {
         let (fence, ops) = (fence.clone(), ops.to_vec());
         self.write(move |connection| {
@@ -388,8 +347,8 @@ impl SqliteStore {
         let workflow_id = workflow_id.to_owned();
         self.read(move |connection| {
             let mut statement = connection.prepare(
-                "SELECT step_id, attempt, kind, status, data FROM workflow_steps
-                  WHERE workflow = ?1 ORDER BY created_at, step_id, attempt",
+                "SELECT step_id, attempt, kind, status, data, seq FROM workflow_steps
+                  WHERE workflow = ?1 ORDER BY seq, attempt",
             )?;
             let rows = statement.query_map([&workflow_id], |row| {
                 Ok((
@@ -398,11 +357,13 @@ impl SqliteStore {
                     row.get::<_, String>(2)?,
                     row.get::<_, String>(3)?,
                     row.get::<_, String>(4)?,
+                    row.get::<_, i32>(5)?,
                 ))
             })?;
             rows.map(|row| {
-                let (step_id, attempt, kind, status, data) = row?;
+                let (step_id, attempt, kind, status, data, seq) = row?;
                 Ok(StepRow {
+                    seq,
                     step_id,
                     attempt,
                     kind,
@@ -501,6 +462,7 @@ fn apply(connection: &Connection, op: &WriteOp) -> Result<()> {
         }
         WriteOp::PutStep {
             workflow_id,
+            seq,
             step_id,
             attempt,
             kind,
@@ -510,11 +472,12 @@ fn apply(connection: &Connection, op: &WriteOp) -> Result<()> {
             connection
                 .prepare_cached(
                     "INSERT INTO workflow_steps (workflow, step_id, attempt, kind, status, data,
-                                                 created_at, updated_at)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, unixepoch('subsec'), unixepoch('subsec'))
+                                                 seq, created_at, updated_at)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, unixepoch('subsec'), unixepoch('subsec'))
                      ON CONFLICT (workflow, step_id, attempt) DO UPDATE
                         SET kind = excluded.kind, status = excluded.status,
-                            data = excluded.data, updated_at = excluded.updated_at",
+                            data = excluded.data, seq = excluded.seq,
+                            updated_at = excluded.updated_at",
                 )?
                 .execute(params![
                     workflow_id,
@@ -522,8 +485,17 @@ fn apply(connection: &Connection, op: &WriteOp) -> Result<()> {
                     attempt,
                     kind,
                     status,
-                    data.to_string()
+                    data.to_string(),
+                    seq
                 ])?;
+        }
+        WriteOp::MarkControlApplied { control_id } => {
+            connection
+                .prepare_cached(
+                    "UPDATE workflow_controls SET applied_at = unixepoch('subsec')
+                      WHERE id = ?1 AND applied_at IS NULL",
+                )?
+                .execute(params![control_id])?;
         }
         WriteOp::ReleaseSlot {
             workflow_id,

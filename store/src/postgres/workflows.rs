@@ -1,0 +1,201 @@
+//! Launching workflows and recording controls on PostgreSQL. Launches serialise on an advisory
+//! lock, so that counting live workflows and inserting one are atomic across the cluster; the
+//! request-id check runs after the lock, so two nodes launching the same request at once agree on
+//! one workflow.
+
+use deadpool_postgres::Transaction;
+use tokio_postgres::Row;
+
+use super::PgStore;
+use crate::lease::ttl_seconds;
+use crate::workflows::{ControlRow, ControlWrite, LIVE_STATUSES, Launch, LaunchLimits, NewControl};
+use crate::{Error, Lease, NewWorkflow, Result, WorkflowRow};
+
+/// The advisory-lock key launches serialise on ("launch" in ASCII).
+const LAUNCH_LOCK: i64 = 0x6c61_756e_6368;
+
+const CONTROL_COLUMNS: &str =
+    "id, workflow, kind, step_id, attempt, body, created_by, applied_at IS NOT NULL";
+
+fn control(row: &Row) -> ControlRow {
+    ControlRow {
+        id: row.get(0),
+        workflow_id: row.get(1),
+        kind: row.get(2),
+        step_id: row.get(3),
+        attempt: row.get(4),
+        body: row.get(5),
+        created_by: row.get(6),
+        applied: row.get(7),
+    }
+}
+
+/// A commit whose answer never came may have happened.
+fn commit_error(error: tokio_postgres::Error) -> Error {
+    if error.code().is_some() {
+        Error::from(error)
+    } else {
+        Error::OutcomeUnknown(error.to_string())
+    }
+}
+
+async fn launch_in(
+    transaction: &Transaction<'_>,
+    workflow: &NewWorkflow,
+    owner: &str,
+    lease_ms: u64,
+    limits: LaunchLimits,
+) -> Result<Launch> {
+    transaction
+        .execute("SELECT pg_advisory_xact_lock($1)", &[&LAUNCH_LOCK])
+        .await?;
+    if let Some(request_id) = &workflow.request_id {
+        let existing = transaction
+            .query_opt(
+                "SELECT id, user_id, status, owner, fingerprint, data FROM workflows
+                  WHERE user_id = $1 AND request_id = $2",
+                &[&workflow.user_id, request_id],
+            )
+            .await?;
+        if let Some(row) = existing {
+            let existing = WorkflowRow {
+                workflow_id: row.get(0),
+                user_id: row.get(1),
+                status: row.get(2),
+                owner: row.get(3),
+                fingerprint: row.get(4),
+                data: row.get(5),
+            };
+            if existing.fingerprint == workflow.fingerprint {
+                return Ok(Launch::Existing(existing));
+            }
+            return Err(Error::Conflict(format!(
+                "request_id {request_id:?} was used for a different workflow"
+            )));
+        }
+    }
+    let live: Vec<&str> = LIVE_STATUSES.to_vec();
+    let counts = transaction
+        .query_one(
+            "SELECT count(*), count(*) FILTER (WHERE user_id = $2) FROM workflows
+              WHERE status = ANY($1)",
+            &[&live, &workflow.user_id],
+        )
+        .await?;
+    let (total, mine): (i64, i64) = (counts.get(0), counts.get(1));
+    if u64::try_from(total).unwrap_or(u64::MAX) >= limits.max_workflows {
+        return Ok(Launch::Refused {
+            limit: "max_workflows",
+            max: limits.max_workflows,
+        });
+    }
+    if u64::try_from(mine).unwrap_or(u64::MAX) >= limits.max_workflows_per_owner {
+        return Ok(Launch::Refused {
+            limit: "max_workflows_per_owner",
+            max: limits.max_workflows_per_owner,
+        });
+    }
+    transaction
+        .execute(
+            "INSERT INTO workflows (id, user_id, request_id, status, owner, fingerprint, data,
+                                    created_at, updated_at)
+             VALUES ($1, $2, $3, 'running', $4, $5, $6, reins_now(), reins_now())",
+            &[
+                &workflow.workflow_id,
+                &workflow.user_id,
+                &workflow.request_id,
+                &owner,
+                &workflow.fingerprint,
+                &workflow.data,
+            ],
+        )
+        .await?;
+    let row = transaction
+        .query_one(
+            "INSERT INTO extension_execution_leases (resource_id, owner, epoch, expires_at)
+             VALUES ($1, $2, 1, reins_now() + $3) RETURNING expires_at",
+            &[&workflow.workflow_id, &owner, &ttl_seconds(lease_ms)],
+        )
+        .await?;
+    Ok(Launch::Created(Lease {
+        resource_id: workflow.workflow_id.clone(),
+        owner: owner.to_owned(),
+        epoch: 1,
+        expires_at: row.get(0),
+    }))
+}
+
+impl PgStore {
+    pub(crate) async fn launch_workflow(
+        &self,
+        workflow: NewWorkflow,
+        owner: &str,
+        lease_ms: u64,
+        limits: LaunchLimits,
+    ) -> Result<Launch> {
+        let mut client = self.pool.get().await?;
+        let transaction = client.transaction().await?;
+        let launch = launch_in(&transaction, &workflow, owner, lease_ms, limits).await?;
+        transaction.commit().await.map_err(commit_error)?;
+        Ok(launch)
+    }
+
+    pub(crate) async fn put_control(&self, new: NewControl) -> Result<ControlWrite> {
+        let client = self.pool.get().await?;
+        let inserted = client
+            .query_opt(
+                &format!(
+                    "INSERT INTO workflow_controls (workflow, kind, step_id, attempt, body,
+                                                    created_by, created_at)
+                     VALUES ($1, $2, $3, $4, $5, $6, reins_now())
+                     ON CONFLICT (workflow, kind, step_id, attempt) DO NOTHING
+                     RETURNING {CONTROL_COLUMNS}"
+                ),
+                &[
+                    &new.workflow_id,
+                    &new.kind,
+                    &new.step_id,
+                    &new.attempt,
+                    &new.body,
+                    &new.created_by,
+                ],
+            )
+            .await
+            .map_err(commit_error)?;
+        if let Some(row) = inserted {
+            return Ok(ControlWrite::Recorded(control(&row)));
+        }
+        let existing = client
+            .query_one(
+                &format!(
+                    "SELECT {CONTROL_COLUMNS} FROM workflow_controls
+                      WHERE workflow = $1 AND kind = $2 AND step_id = $3 AND attempt = $4"
+                ),
+                &[&new.workflow_id, &new.kind, &new.step_id, &new.attempt],
+            )
+            .await?;
+        let existing = control(&existing);
+        if existing.body == new.body {
+            Ok(ControlWrite::Repeated(existing))
+        } else {
+            Err(Error::Conflict(format!(
+                "a different {} was already recorded for step {:?} attempt {}",
+                new.kind, new.step_id, new.attempt
+            )))
+        }
+    }
+
+    pub(crate) async fn read_controls(&self, workflow_id: &str) -> Result<Vec<ControlRow>> {
+        let client = self.pool.get().await?;
+        let rows = client
+            .query(
+                &format!(
+                    "SELECT {CONTROL_COLUMNS} FROM workflow_controls WHERE workflow = $1
+                      ORDER BY id"
+                ),
+                &[&workflow_id],
+            )
+            .await?;
+        Ok(rows.iter().map(control).collect())
+    }
+}

@@ -1,0 +1,209 @@
+//! Launching workflows and recording controls on SQLite. The single writer makes counting live
+//! workflows and inserting one atomic.
+
+use rusqlite::{Connection, OptionalExtension, Row, params};
+
+use super::{SqliteStore, parse_json};
+use crate::lease::ttl_seconds;
+use crate::workflows::{ControlRow, ControlWrite, LIVE_STATUSES, Launch, LaunchLimits, NewControl};
+use crate::{Error, Lease, NewWorkflow, Result, WorkflowRow};
+
+/// `status IN (...)` over the live statuses.
+fn live_list() -> String {
+    LIVE_STATUSES.map(|s| format!("'{s}'")).join(", ")
+}
+
+fn launch(
+    connection: &Connection,
+    workflow: &NewWorkflow,
+    owner: &str,
+    lease_ms: u64,
+    limits: LaunchLimits,
+) -> Result<Launch> {
+    if let Some(request_id) = &workflow.request_id {
+        let existing = connection
+            .prepare_cached(
+                "SELECT id, user_id, status, owner, fingerprint, data FROM workflows
+                  WHERE user_id = ?1 AND request_id = ?2",
+            )?
+            .query_row(params![workflow.user_id, request_id], workflow_row)
+            .optional()?;
+        if let Some((mut existing, data)) = existing {
+            existing.data = parse_json(&data)?;
+            if existing.fingerprint == workflow.fingerprint {
+                return Ok(Launch::Existing(existing));
+            }
+            return Err(Error::Conflict(format!(
+                "request_id {request_id:?} was used for a different workflow"
+            )));
+        }
+    }
+    let live = live_list();
+    let total: i64 = connection
+        .prepare_cached(&format!(
+            "SELECT count(*) FROM workflows WHERE status IN ({live})"
+        ))?
+        .query_row([], |row| row.get(0))?;
+    if u64::try_from(total).unwrap_or(u64::MAX) >= limits.max_workflows {
+        return Ok(Launch::Refused {
+            limit: "max_workflows",
+            max: limits.max_workflows,
+        });
+    }
+    let mine: i64 = connection
+        .prepare_cached(&format!(
+            "SELECT count(*) FROM workflows WHERE user_id = ?1 AND status IN ({live})"
+        ))?
+        .query_row([&workflow.user_id], |row| row.get(0))?;
+    if u64::try_from(mine).unwrap_or(u64::MAX) >= limits.max_workflows_per_owner {
+        return Ok(Launch::Refused {
+            limit: "max_workflows_per_owner",
+            max: limits.max_workflows_per_owner,
+        });
+    }
+    connection
+        .prepare_cached(
+            "INSERT INTO workflows (id, user_id, request_id, status, owner, fingerprint, data,
+                                    created_at, updated_at)
+             VALUES (?1, ?2, ?3, 'running', ?4, ?5, ?6, unixepoch('subsec'), unixepoch('subsec'))",
+        )?
+        .execute(params![
+            workflow.workflow_id,
+            workflow.user_id,
+            workflow.request_id,
+            owner,
+            workflow.fingerprint,
+            workflow.data.to_string()
+        ])?;
+    let expires_at = connection
+        .prepare_cached(
+            "INSERT INTO extension_execution_leases (resource_id, owner, epoch, expires_at)
+             VALUES (?1, ?2, 1, unixepoch('subsec') + ?3) RETURNING expires_at",
+        )?
+        .query_row(
+            params![workflow.workflow_id, owner, ttl_seconds(lease_ms)],
+            |row| row.get(0),
+        )?;
+    Ok(Launch::Created(Lease {
+        resource_id: workflow.workflow_id.clone(),
+        owner: owner.to_owned(),
+        epoch: 1,
+        expires_at,
+    }))
+}
+
+/// A workflow row with its data still JSON text.
+fn workflow_row(row: &Row<'_>) -> rusqlite::Result<(WorkflowRow, String)> {
+    Ok((
+        WorkflowRow {
+            workflow_id: row.get(0)?,
+            user_id: row.get(1)?,
+            status: row.get(2)?,
+            owner: row.get(3)?,
+            fingerprint: row.get(4)?,
+            data: serde_json::Value::Null,
+        },
+        row.get(5)?,
+    ))
+}
+
+fn control_row(row: &Row<'_>) -> rusqlite::Result<(ControlRow, String)> {
+    Ok((
+        ControlRow {
+            id: row.get(0)?,
+            workflow_id: row.get(1)?,
+            kind: row.get(2)?,
+            step_id: row.get(3)?,
+            attempt: row.get(4)?,
+            body: serde_json::Value::Null,
+            created_by: row.get(6)?,
+            applied: row.get::<_, Option<f64>>(7)?.is_some(),
+        },
+        row.get(5)?,
+    ))
+}
+
+const CONTROL_COLUMNS: &str = "id, workflow, kind, step_id, attempt, body, created_by, applied_at";
+
+fn decode_control((mut control, body): (ControlRow, String)) -> Result<ControlRow> {
+    control.body = parse_json(&body)?;
+    Ok(control)
+}
+
+impl SqliteStore {
+    pub(crate) async fn launch_workflow(
+        &self,
+        workflow: NewWorkflow,
+        owner: &str,
+        lease_ms: u64,
+        limits: LaunchLimits,
+    ) -> Result<Launch> {
+        let owner = owner.to_owned();
+        self.write(move |connection| launch(connection, &workflow, &owner, lease_ms, limits))
+            .await
+    }
+
+    pub(crate) async fn put_control(&self, control: NewControl) -> Result<ControlWrite> {
+        self.write(move |connection| {
+            let inserted = connection
+                .prepare_cached(&format!(
+                    "INSERT INTO workflow_controls (workflow, kind, step_id, attempt, body,
+                                                    created_by, created_at)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, unixepoch('subsec'))
+                     ON CONFLICT (workflow, kind, step_id, attempt) DO NOTHING
+                     RETURNING {CONTROL_COLUMNS}"
+                ))?
+                .query_row(
+                    params![
+                        control.workflow_id,
+                        control.kind,
+                        control.step_id,
+                        control.attempt,
+                        control.body.to_string(),
+                        control.created_by
+                    ],
+                    control_row,
+                )
+                .optional()?;
+            if let Some(row) = inserted {
+                return Ok(ControlWrite::Recorded(decode_control(row)?));
+            }
+            let existing = connection
+                .prepare_cached(&format!(
+                    "SELECT {CONTROL_COLUMNS} FROM workflow_controls
+                      WHERE workflow = ?1 AND kind = ?2 AND step_id = ?3 AND attempt = ?4"
+                ))?
+                .query_row(
+                    params![
+                        control.workflow_id,
+                        control.kind,
+                        control.step_id,
+                        control.attempt
+                    ],
+                    control_row,
+                )?;
+            let existing = decode_control(existing)?;
+            if existing.body == control.body {
+                Ok(ControlWrite::Repeated(existing))
+            } else {
+                Err(Error::Conflict(format!(
+                    "a different {} was already recorded for step {:?} attempt {}",
+                    control.kind, control.step_id, control.attempt
+                )))
+            }
+        })
+        .await
+    }
+
+    pub(crate) async fn read_controls(&self, workflow_id: &str) -> Result<Vec<ControlRow>> {
+        let workflow_id = workflow_id.to_owned();
+        self.read(move |connection| {
+            let mut statement = connection.prepare_cached(&format!(
+                "SELECT {CONTROL_COLUMNS} FROM workflow_controls WHERE workflow = ?1 ORDER BY id"
+            ))?;
+            let rows = statement.query_map([&workflow_id], control_row)?;
+            rows.map(|row| decode_control(row?)).collect()
+        })
+        .await
+    }
+}

@@ -1,0 +1,78 @@
+//! Workflows beyond the fenced journal writes: launching (idempotent per user and request id,
+//! under cluster-wide limits counted atomically) and controls (durable requests any node writes
+//! and the owner carries out).
+
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::{Lease, WorkflowRow};
+
+/// Workflow statuses that hold a place under `max_workflows` (everything not terminal).
+pub const LIVE_STATUSES: [&str; 5] = [
+    "running",
+    "paused",
+    "waiting_approval",
+    "cancelling",
+    "needs_reconciliation",
+];
+
+/// The cluster-wide limits a launch is admitted under.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LaunchLimits {
+    pub max_workflows: u64,
+    pub max_workflows_per_owner: u64,
+}
+
+impl LaunchLimits {
+    /// No limit at all (tools and tests).
+    pub const NONE: LaunchLimits = LaunchLimits {
+        max_workflows: u64::MAX,
+        max_workflows_per_owner: u64::MAX,
+    };
+}
+
+/// What a launch did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Launch {
+    /// A new workflow, `running`, leased by the launching node (epoch 1).
+    Created(Lease),
+    /// The same user launched the same request before: that workflow.
+    Existing(WorkflowRow),
+    /// A limit refused it; nothing was written.
+    Refused { limit: &'static str, max: u64 },
+}
+
+/// A durable request to a workflow.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ControlRow {
+    pub id: i64,
+    pub workflow_id: String,
+    /// `resume`, `decide` or `cancel`.
+    pub kind: String,
+    /// The step it answers (`""` for a cancel).
+    pub step_id: String,
+    pub attempt: i32,
+    pub body: Value,
+    pub created_by: Option<String>,
+    pub applied: bool,
+}
+
+/// A control to record.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewControl {
+    pub workflow_id: String,
+    pub kind: String,
+    pub step_id: String,
+    pub attempt: i32,
+    pub body: Value,
+    pub created_by: Option<String>,
+}
+
+/// What recording a control did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ControlWrite {
+    /// This call wrote the row.
+    Recorded(ControlRow),
+    /// An identical control was already recorded: the same answer, still one row.
+    Repeated(ControlRow),
+}
