@@ -10,6 +10,7 @@ mod child_runs;
 pub mod commit;
 mod error;
 mod faults;
+pub mod js_pool;
 mod lease_actor;
 mod node;
 mod store_actor;
