@@ -253,6 +253,7 @@ impl Actor for ChildAgent {
         );
         args.lease.send_message(LeaseMsg::Track {
             run_id: args.row.run_id.clone(),
+            kind: crate::lease_actor::LeaseKind::Run,
             deadline: args.deadline,
             notify: myself.get_derived(),
         })?;

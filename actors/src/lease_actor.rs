@@ -1,5 +1,5 @@
-//! The lease actor: one per node. Every `lease_ms / 3` it renews the lease of each child run this
-//! node runs, each renewal its own task bounded by that lease's own confirmed deadline, so a slow
+//! The lease actor: one per node. Every `lease_ms / 3` it renews the lease of each child run and
+//! each workflow this node owns, each renewal its own task bounded by that lease's own confirmed deadline, so a slow
 //! renewal never delays another and never outlives its lease. A renewal carries any durable cancel
 //! request back to the run. When a deadline passes without an acknowledged renewal, the run's owner
 //! is told at once that the lease is lost (fencing), whatever its renewal is still doing.
@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, DerivedActorRef, RpcReplyPort};
 use serde::Serialize;
-use store::{CancelAction, RunRenewal, RunRow};
+use store::{CancelAction, Fence, RunRenewal, RunRow};
 use tokio::time::Instant;
 
 use crate::store_actor::StoreHandle;
@@ -33,11 +33,22 @@ pub enum LeaseEvent {
     Lost,
 }
 
+/// What a lease belongs to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LeaseKind {
+    /// A child run: its lease is the `runs` row's owner and deadline.
+    Run,
+    /// A workflow: its lease is the `extension_execution_leases` row at this epoch.
+    Workflow { epoch: i64 },
+}
+
 /// Messages of the lease actor.
 pub enum LeaseMsg {
-    /// Start renewing the lease of `run_id`, which holds until `deadline`.
+    /// Start renewing the lease of `run_id` (a run or workflow id), which holds until `deadline`.
     Track {
         run_id: String,
+        kind: LeaseKind,
         deadline: Instant,
         notify: DerivedActorRef<LeaseEvent>,
     },
@@ -66,7 +77,9 @@ pub struct RenewalTimedOut;
 /// One tracked lease as operators see it.
 #[derive(Debug, Clone, Serialize)]
 pub struct LeaseView {
+    /// The run or workflow id.
     pub run_id: String,
+    pub kind: LeaseKind,
     pub remaining_ms: u64,
     pub renewing: bool,
     pub refused: bool,
@@ -88,6 +101,7 @@ pub(crate) struct LeaseState {
 }
 
 struct Tracked {
+    kind: LeaseKind,
     deadline: Instant,
     notify: DerivedActorRef<LeaseEvent>,
     /// A renewal task is running; the next tick does not start another.
@@ -138,6 +152,7 @@ impl Actor for LeaseActor {
         match message {
             LeaseMsg::Track {
                 run_id,
+                kind,
                 deadline,
                 notify,
             } => {
@@ -145,6 +160,7 @@ impl Actor for LeaseActor {
                 state.leases.insert(
                     run_id,
                     Tracked {
+                        kind,
                         deadline,
                         notify,
                         renewing: false,
@@ -165,6 +181,7 @@ impl Actor for LeaseActor {
                         &myself,
                         &state.store,
                         run_id,
+                        &lease.kind,
                         &state.worker_id,
                         state.lease_ms,
                         lease.deadline,
@@ -201,18 +218,18 @@ impl Actor for LeaseActor {
                         tracing::info!(
                             run_id,
                             status = ?row.as_ref().map(|r| r.status),
-                            "run lease renewal refused"
+                            "lease renewal refused"
                         );
                         lease.refused = true;
                         state.tell(&run_id, LeaseEvent::Refused);
                     }
                     Ok(Err(error)) => {
-                        tracing::warn!(run_id, %error, "run lease renewal failed; retrying next tick");
+                        tracing::warn!(run_id, %error, "lease renewal failed; retrying next tick");
                     }
                     Err(RenewalTimedOut) => {
                         tracing::warn!(
                             run_id,
-                            "run lease renewal did not finish before its deadline"
+                            "lease renewal did not finish before its deadline"
                         );
                     }
                 }
@@ -225,7 +242,7 @@ impl Actor for LeaseActor {
                 if expired {
                     tracing::warn!(
                         run_id,
-                        "run lease deadline passed without a renewal: fencing"
+                        "lease deadline passed without a renewal: fencing"
                     );
                     state.tell(&run_id, LeaseEvent::Lost);
                     state.leases.remove(&run_id);
@@ -238,6 +255,7 @@ impl Actor for LeaseActor {
                     .iter()
                     .map(|(run_id, lease)| LeaseView {
                         run_id: run_id.clone(),
+                        kind: lease.kind.clone(),
                         remaining_ms: u64::try_from(
                             lease.deadline.saturating_duration_since(now).as_millis(),
                         )
@@ -267,20 +285,41 @@ fn spawn_renewal(
     myself: &ActorRef<LeaseMsg>,
     store: &StoreHandle,
     run_id: &str,
+    kind: &LeaseKind,
     worker_id: &str,
     lease_ms: u64,
     deadline: Instant,
 ) {
-    let (myself, store) = (myself.clone(), store.clone());
+    let (myself, store, kind) = (myself.clone(), store.clone(), kind.clone());
     let (run_id, worker_id) = (run_id.to_owned(), worker_id.to_owned());
     tokio::spawn(async move {
         let sent = Instant::now();
-        let result = tokio::time::timeout_at(
-            deadline,
-            store.renew_run_lease(&run_id, &worker_id, lease_ms),
-        )
-        .await
-        .map_err(|_| RenewalTimedOut);
+        let renewal = async {
+            match kind {
+                LeaseKind::Run => store.renew_run_lease(&run_id, &worker_id, lease_ms).await,
+                LeaseKind::Workflow { epoch } => {
+                    let fence = Fence {
+                        resource_id: run_id.clone(),
+                        owner: worker_id.clone(),
+                        epoch,
+                    };
+                    // A workflow lease has the same answers as a run's, minus the riders.
+                    match store.renew_lease(&fence, lease_ms).await {
+                        Ok((lease, now)) => Ok(Ok(RunRenewal {
+                            expires_at: lease.expires_at,
+                            now,
+                            cancel_action: None,
+                            answer: None,
+                        })),
+                        Err(store::Error::LeaseLost { .. }) => Ok(Err(None)),
+                        Err(error) => Err(error),
+                    }
+                }
+            }
+        };
+        let result = tokio::time::timeout_at(deadline, renewal)
+            .await
+            .map_err(|_| RenewalTimedOut);
         // The actor may have stopped meanwhile; the answer then has nobody to go to.
         let _ = myself.send_message(LeaseMsg::Renewed {
             run_id,

@@ -20,6 +20,6 @@ pub use child_agent::RunEnd;
 pub use child_runs::{Admitted, RunRequest, RunsHandle, RunsOptions};
 pub use error::Error;
 pub use faults::{FaultAction, StoreFaults};
-pub use lease_actor::LeaseView;
+pub use lease_actor::{LeaseKind, LeaseView};
 pub use node::{Node, NodeIdentity, NodeOptions, NodeStatus};
 pub use store_actor::{StoreHandle, StoreHealth};

@@ -28,7 +28,7 @@ pub enum StoreMsg {
     RenewLease {
         fence: Fence,
         lease_ms: u64,
-        reply: RpcReplyPort<store::Result<Lease>>,
+        reply: RpcReplyPort<store::Result<(Lease, f64)>>,
     },
     ReleaseLease {
         fence: Fence,
@@ -437,7 +437,7 @@ impl StoreHandle {
     }
 
     /// See [`Store::renew_lease`].
-    pub async fn renew_lease(&self, fence: &Fence, lease_ms: u64) -> store::Result<Lease> {
+    pub async fn renew_lease(&self, fence: &Fence, lease_ms: u64) -> store::Result<(Lease, f64)> {
         let fence = fence.clone();
         self.call("renew_lease", Effect::Write, |reply| StoreMsg::RenewLease {
             fence,

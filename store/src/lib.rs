@@ -235,8 +235,9 @@ impl Store {
     }
 
     /// Extends a lease still held by `fence` to `lease_ms` from now; never moves it backwards.
-    /// Fails with [`Error::LeaseLost`] if the lease expired or was taken over.
-    pub async fn renew_lease(&self, fence: &Fence, lease_ms: u64) -> Result<Lease> {
+    /// Fails with [`Error::LeaseLost`] if the lease expired or was taken over. Also returns the
+    /// database clock at the renewal, so the caller can derive its local deadline.
+    pub async fn renew_lease(&self, fence: &Fence, lease_ms: u64) -> Result<(Lease, f64)> {
         retry(|| async { on_backend!(self, store => store.renew_lease(fence, lease_ms).await) })
             .await
     }

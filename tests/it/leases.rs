@@ -88,9 +88,9 @@ on_both_backends! {
         let (store_a, store_b) = (db.store().await, db.store().await);
         let held = workflow(&store_a, "wf", "node-a", 60_000).await;
 
-        let long = store_a.renew_lease(&held.fence(), 120_000).await.expect("renew long");
+        let (long, _) = store_a.renew_lease(&held.fence(), 120_000).await.expect("renew long");
         assert!(long.expires_at >= held.expires_at);
-        let short = store_a.renew_lease(&held.fence(), 10).await.expect("renew short");
+        let (short, _) = store_a.renew_lease(&held.fence(), 10).await.expect("renew short");
         assert_eq!(short.expires_at, long.expires_at, "a renewal moved expires_at backwards");
         assert_eq!(store_a.read_lease("wf").await.expect("read").map(|l| l.expires_at), Some(long.expires_at));
         assert_eq!(store_b.acquire_lease("wf", "node-b", 60_000).await.expect("acquire"), None,

@@ -153,7 +153,7 @@ impl PgStore {
         }))
     }
 
-    pub(crate) async fn renew_lease(&self, fence: &Fence, lease_ms: u64) -> Result<Lease> {
+    pub(crate) async fn renew_lease(&self, fence: &Fence, lease_ms: u64) -> Result<(Lease, f64)> {
         let client = self.pool.get().await?;
         let statement = client
             .prepare_cached(
@@ -161,7 +161,7 @@ impl PgStore {
                     SET expires_at = GREATEST(expires_at, reins_now() + $4)
                   WHERE resource_id = $1 AND owner = $2 AND epoch = $3
                     AND expires_at > reins_now()
-                 RETURNING expires_at",
+                 RETURNING expires_at, reins_now()",
             )
             .await?;
         let row = client
@@ -176,12 +176,15 @@ impl PgStore {
             )
             .await?;
         match row {
-            Some(row) => Ok(Lease {
-                resource_id: fence.resource_id.clone(),
-                owner: fence.owner.clone(),
-                epoch: fence.epoch,
-                expires_at: row.get(0),
-            }),
+            Some(row) => Ok((
+                Lease {
+                    resource_id: fence.resource_id.clone(),
+                    owner: fence.owner.clone(),
+                    epoch: fence.epoch,
+                    expires_at: row.get(0),
+                },
+                row.get(1),
+            )),
             None => Err(fence.lost()),
         }
     }

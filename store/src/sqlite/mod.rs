@@ -229,16 +229,16 @@ impl SqliteStore {
         .await
     }
 
-    pub(crate) async fn renew_lease(&self, fence: &Fence, lease_ms: u64) -> Result<Lease> {
+    pub(crate) async fn renew_lease(&self, fence: &Fence, lease_ms: u64) -> Result<(Lease, f64)> {
         let fence = fence.clone();
         self.write(move |connection| {
-            let renewed: Option<f64> = connection
+            let renewed: Option<(f64, f64)> = connection
                 .prepare_cached(
                     "UPDATE extension_execution_leases
                             SET expires_at = max(expires_at, unixepoch('subsec') + ?4)
                           WHERE resource_id = ?1 AND owner = ?2 AND epoch = ?3
                             AND expires_at > unixepoch('subsec')
-                         RETURNING expires_at",
+                         RETURNING expires_at, unixepoch('subsec')",
                 )?
                 .query_row(
                     params![
@@ -247,16 +247,19 @@ impl SqliteStore {
                         fence.epoch,
                         ttl_seconds(lease_ms)
                     ],
-                    |row| row.get(0),
+                    |row| Ok((row.get(0)?, row.get(1)?)),
                 )
                 .optional()?;
             match renewed {
-                Some(expires_at) => Ok(Lease {
-                    resource_id: fence.resource_id,
-                    owner: fence.owner,
-                    epoch: fence.epoch,
-                    expires_at,
-                }),
+                Some((expires_at, now)) => Ok((
+                    Lease {
+                        resource_id: fence.resource_id,
+                        owner: fence.owner,
+                        epoch: fence.epoch,
+                        expires_at,
+                    },
+                    now,
+                )),
                 None => Err(fence.lost()),
             }
         })
