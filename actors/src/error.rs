@@ -20,6 +20,9 @@ pub enum Error {
         limit_name: &'static str,
         limit: usize,
     },
+    /// A cluster-wide limit refused the request.
+    #[error("refused by `{limit}` ({max})")]
+    LimitReached { limit: &'static str, max: u64 },
     /// A request is malformed.
     #[error("invalid request: {0}")]
     InvalidRequest(String),

@@ -227,10 +227,7 @@ impl Actor for LeaseActor {
                         tracing::warn!(run_id, %error, "lease renewal failed; retrying next tick");
                     }
                     Err(RenewalTimedOut) => {
-                        tracing::warn!(
-                            run_id,
-                            "lease renewal did not finish before its deadline"
-                        );
+                        tracing::warn!(run_id, "lease renewal did not finish before its deadline");
                     }
                 }
             }
@@ -240,10 +237,7 @@ impl Actor for LeaseActor {
                     .get(&run_id)
                     .is_some_and(|lease| lease.deadline <= Instant::now());
                 if expired {
-                    tracing::warn!(
-                        run_id,
-                        "lease deadline passed without a renewal: fencing"
-                    );
+                    tracing::warn!(run_id, "lease deadline passed without a renewal: fencing");
                     state.tell(&run_id, LeaseEvent::Lost);
                     state.leases.remove(&run_id);
                 }

@@ -14,6 +14,8 @@ pub mod js_pool;
 mod lease_actor;
 mod node;
 mod store_actor;
+mod workflow;
+mod workflows;
 pub mod workspace;
 
 pub use child_agent::RunEnd;
@@ -23,3 +25,6 @@ pub use faults::{FaultAction, StoreFaults};
 pub use lease_actor::{LeaseKind, LeaseView};
 pub use node::{Node, NodeIdentity, NodeOptions, NodeStatus};
 pub use store_actor::{StoreHandle, StoreHealth};
+pub use workflows::{
+    LaunchRequest, Launched, WorkflowView, WorkflowsHandle, WorkflowsOptions, fingerprint,
+};

@@ -15,8 +15,10 @@ use crate::Error;
 use crate::agents::AgentRegistry;
 use crate::child_runs::{ChildRuns, ChildRunsArgs, RunsHandle, RunsOptions};
 use crate::faults::StoreFaults;
+use crate::js_pool::JsPool;
 use crate::lease_actor::{LeaseActor, LeaseArgs, LeaseMsg, LeaseView};
 use crate::store_actor::{StoreActor, StoreArgs, StoreHandle};
+use crate::workflows::{Workflows, WorkflowsArgs, WorkflowsHandle, WorkflowsOptions};
 
 /// Who this node is. `worker_id` is unique across restarts: host name, process id and a random
 /// suffix.
@@ -57,8 +59,10 @@ pub struct NodeOptions {
     pub shutdown_timeout: Duration,
     pub runs: RunsOptions,
     pub agents: Arc<AgentRegistry>,
-    /// The limits workflow scripts run under (they are part of the runtime version).
-    pub workflow_limits: runtime::Limits,
+    /// Workflow limits (part of the runtime version) and cluster-wide launch limits.
+    pub workflows: WorkflowsOptions,
+    /// JS threads that run workflow scripts.
+    pub js_threads: usize,
     /// Test faults on every store call of the node; `None` in production.
     pub faults: Option<StoreFaults>,
 }
@@ -66,13 +70,20 @@ pub struct NodeOptions {
 impl NodeOptions {
     /// Options with default sizes and timeouts.
     pub fn new(runs: RunsOptions, agents: Arc<AgentRegistry>) -> Self {
+        let lease_ms = runs.lease_ms;
         NodeOptions {
             store_requests_max: 256,
             call_timeout: Duration::from_secs(30),
             shutdown_timeout: Duration::from_secs(5),
             runs,
             agents,
-            workflow_limits: runtime::Limits::default(),
+            workflows: WorkflowsOptions {
+                limits: runtime::Limits::default(),
+                launch_limits: store::LaunchLimits::NONE,
+                slots_max: 32,
+                lease_ms,
+            },
+            js_threads: 2,
             faults: None,
         }
     }
@@ -99,6 +110,7 @@ pub struct Parts {
     store: StoreHandle,
     lease: ActorRef<LeaseMsg>,
     runs: RunsHandle,
+    workflows: WorkflowsHandle,
 }
 
 struct NodeSupervisor;
@@ -131,7 +143,8 @@ impl Actor for NodeSupervisor {
     ) -> Result<Self::State, ActorProcessingErr> {
         let worker_id = args.identity.worker_id.clone();
         let options = args.options;
-        let runtime_version = runtime::runtime_version(&options.workflow_limits);
+        let runtime_version = runtime::runtime_version(&options.workflows.limits);
+        let js = JsPool::new(options.js_threads)?;
         let (store_actor, _) = Actor::spawn_linked(
             Some(format!("store@{worker_id}")),
             StoreActor,
@@ -165,19 +178,40 @@ impl Actor for NodeSupervisor {
                 store: store.clone(),
                 lease: lease.clone(),
                 agents: options.agents,
-                worker_id,
+                worker_id: worker_id.clone(),
                 options: options.runs,
             },
             myself.get_cell(),
         )
         .await?;
-        let essential = vec![store_actor.get_id(), lease.get_id(), child_runs.get_id()];
+        let runs = RunsHandle::new(child_runs.clone(), store.clone(), options.call_timeout);
+        let (workflows, _) = Actor::spawn_linked(
+            Some(format!("workflows@{worker_id}")),
+            Workflows,
+            WorkflowsArgs {
+                store: store.clone(),
+                runs: runs.clone(),
+                js,
+                lease: lease.clone(),
+                worker_id,
+                options: options.workflows,
+            },
+            myself.get_cell(),
+        )
+        .await?;
+        let essential = vec![
+            store_actor.get_id(),
+            lease.get_id(),
+            child_runs.get_id(),
+            workflows.get_id(),
+        ];
         Ok(NodeState {
             identity: args.identity,
             started_at: Instant::now(),
             runtime_version,
             parts: Parts {
-                runs: RunsHandle::new(child_runs, store.clone(), options.call_timeout),
+                workflows: WorkflowsHandle::new(workflows, store.clone(), options.call_timeout),
+                runs,
                 store,
                 lease,
             },
@@ -316,6 +350,11 @@ impl Node {
     /// The handle that starts and cancels child runs on this node.
     pub fn runs(&self) -> RunsHandle {
         self.parts.runs.clone()
+    }
+
+    /// The handle that launches and controls workflows on this node.
+    pub fn workflows(&self) -> WorkflowsHandle {
+        self.parts.workflows.clone()
     }
 
     /// The leases this node renews.

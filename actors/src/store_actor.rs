@@ -10,8 +10,9 @@ use ractor::rpc::CallResult;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use serde::Serialize;
 use store::{
-    Admission, ApprovalAnswer, Backend, CancelAction, Fence, Lease, NewRun, NewWorkflow,
-    NodeRecord, RunOutcome, RunRenewal, RunRow, RunStatus, StepRow, Store, WorkflowRow, WriteOp,
+    Admission, ApprovalAnswer, Backend, CancelAction, ControlRow, ControlWrite, Fence, Launch,
+    LaunchLimits, Lease, NewControl, NewRun, NewWorkflow, NodeRecord, RunOutcome, RunRenewal,
+    RunRow, RunStatus, StepRow, Store, WorkflowRow, WriteOp,
 };
 
 use crate::faults::{FaultAction, StoreFaults};
@@ -67,6 +68,21 @@ pub enum StoreMsg {
     MarkNodeStopped {
         worker_id: String,
         reply: RpcReplyPort<store::Result<()>>,
+    },
+    LaunchWorkflow {
+        workflow: NewWorkflow,
+        owner: String,
+        lease_ms: u64,
+        limits: LaunchLimits,
+        reply: RpcReplyPort<store::Result<Launch>>,
+    },
+    PutControl {
+        control: NewControl,
+        reply: RpcReplyPort<store::Result<ControlWrite>>,
+    },
+    ReadControls {
+        workflow_id: String,
+        reply: RpcReplyPort<store::Result<Vec<ControlRow>>>,
     },
     AdmitRun {
         run: NewRun,
@@ -232,6 +248,25 @@ async fn serve(store: &Store, message: StoreMsg) {
         }
         StoreMsg::MarkNodeStopped { worker_id, reply } => {
             let _ = reply.send(store.mark_node_stopped(&worker_id).await);
+        }
+        StoreMsg::LaunchWorkflow {
+            workflow,
+            owner,
+            lease_ms,
+            limits,
+            reply,
+        } => {
+            let _ = reply.send(
+                store
+                    .launch_workflow(workflow, &owner, lease_ms, limits)
+                    .await,
+            );
+        }
+        StoreMsg::PutControl { control, reply } => {
+            let _ = reply.send(store.put_control(control).await);
+        }
+        StoreMsg::ReadControls { workflow_id, reply } => {
+            let _ = reply.send(store.read_controls(&workflow_id).await);
         }
         StoreMsg::AdmitRun { run, reply } => {
             let _ = reply.send(store.admit_run(run).await);
@@ -533,6 +568,45 @@ impl StoreHandle {
         let worker_id = worker_id.to_owned();
         self.call("mark_node_stopped", Effect::Write, |reply| {
             StoreMsg::MarkNodeStopped { worker_id, reply }
+        })
+        .await
+    }
+
+    /// See [`Store::launch_workflow`].
+    pub async fn launch_workflow(
+        &self,
+        workflow: NewWorkflow,
+        owner: &str,
+        lease_ms: u64,
+        limits: LaunchLimits,
+    ) -> store::Result<Launch> {
+        let owner = owner.to_owned();
+        self.call("launch_workflow", Effect::Write, |reply| {
+            StoreMsg::LaunchWorkflow {
+                workflow,
+                owner,
+                lease_ms,
+                limits,
+                reply,
+            }
+        })
+        .await
+    }
+
+    /// See [`Store::put_control`].
+    pub async fn put_control(&self, control: NewControl) -> store::Result<ControlWrite> {
+        self.call("put_control", Effect::Write, |reply| StoreMsg::PutControl {
+            control,
+            reply,
+        })
+        .await
+    }
+
+    /// See [`Store::read_controls`].
+    pub async fn read_controls(&self, workflow_id: &str) -> store::Result<Vec<ControlRow>> {
+        let workflow_id = workflow_id.to_owned();
+        self.call("read_controls", Effect::Read, |reply| {
+            StoreMsg::ReadControls { workflow_id, reply }
         })
         .await
     }

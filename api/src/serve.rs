@@ -7,9 +7,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use actors::{Node, NodeIdentity, NodeOptions, RunsOptions};
+use actors::{Node, NodeIdentity, NodeOptions, RunsOptions, WorkflowsOptions};
 use anyhow::Context;
-use store::{DatabaseUrl, Store};
+use store::{DatabaseUrl, LaunchLimits, Store};
 use tokio::net::TcpListener;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
@@ -64,7 +64,15 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             store_requests_max: config.store.requests_max,
             call_timeout: Duration::from_millis(config.store.call_timeout_ms),
             shutdown_timeout: Duration::from_millis(config.shutdown.drain_timeout_ms),
-            workflow_limits: config.limits.workflow(),
+            workflows: WorkflowsOptions {
+                limits: config.limits.workflow(),
+                launch_limits: LaunchLimits {
+                    max_workflows: config.limits.max_workflows,
+                    max_workflows_per_owner: config.limits.max_workflows_per_owner,
+                },
+                slots_max: config.limits.max_active_children,
+                lease_ms,
+            },
             ..NodeOptions::new(runs, Arc::new(checked.agents))
         },
     )

@@ -44,7 +44,7 @@ pub struct NewWorkflow {
 }
 
 /// One journal entry as read back.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct StepRow {
     pub seq: i32,
     pub step_id: String,
@@ -55,7 +55,7 @@ pub struct StepRow {
 }
 
 /// A workflow row as read back (without its journal).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct WorkflowRow {
     pub workflow_id: String,
     pub user_id: String,

@@ -13,4 +13,5 @@ mod migrations;
 mod node_process;
 mod openai_agent;
 mod runs_store;
+mod workflows;
 mod workflows_store;

@@ -1,0 +1,703 @@
+//! The workflow supervisor: one actor per live workflow on its owner node. It drives the script
+//! through the JS pool, and for each command the script issues it persists first (the journal
+//! entry, under the workflow's fence), then acts: admits a child run for an `agent` step, waits for
+//! a `resume` or `decide` control for `pause` and `humanCheckpoint`. Each outcome is persisted
+//! (with the step's slot released or its control marked applied, in the same fenced write) before
+//! the script sees it. A workflow that waits only for people parks: its VM is dropped, and waking
+//! it replays the journal once. When the lease actor reports the lease lost, the supervisor stops
+//! at once; any write already in flight is refused by the epoch check.
+//!
+//! The supervisor awaits its own fenced writes in its handler: a workflow's steps are sequential
+//! by nature, every write is bounded by the store call timeout, and a stale write is refused by
+//! the database whatever the mailbox holds.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use ractor::{Actor, ActorProcessingErr, ActorRef};
+use runtime::{CallId, CallKind, Command, JournalEntry, Outcome, Status, VmOptions};
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+use store::{Fence, RunRow, RunStatus, WorkflowStep, WriteOp};
+use tokio::time::Instant;
+
+use crate::Error;
+use crate::child_agent::RunEnd;
+use crate::child_runs::{Admitted, RunRequest, RunsHandle};
+use crate::js_pool::{Activated, JsPool, Settle, StartSpec};
+use crate::lease_actor::{LeaseEvent, LeaseKind, LeaseMsg};
+use crate::store_actor::StoreHandle;
+
+/// How often a workflow waiting for people looks for their controls.
+const CONTROL_POLL: Duration = Duration::from_millis(200);
+/// How long a step without a free slot waits before asking again.
+const SLOT_RETRY: Duration = Duration::from_millis(200);
+
+/// Messages of a workflow supervisor.
+pub enum WorkflowMsg {
+    /// Start (or replay) the script.
+    Begin,
+    Lease(LeaseEvent),
+    /// A child-run admission answered.
+    Admission {
+        id: CallId,
+        result: Box<Result<Admitted, Error>>,
+    },
+    /// Ask again for a slot.
+    RetryAdmission(CallId),
+    /// A child run this workflow waits for ended.
+    ChildEnded {
+        id: CallId,
+        run_id: String,
+    },
+    /// Look for controls.
+    Poll,
+    /// A call settled without leaving the node (its outcome is known at once).
+    Settled {
+        id: CallId,
+        outcome: Outcome,
+    },
+}
+
+impl From<LeaseEvent> for WorkflowMsg {
+    fn from(event: LeaseEvent) -> Self {
+        WorkflowMsg::Lease(event)
+    }
+}
+
+impl TryFrom<WorkflowMsg> for LeaseEvent {
+    type Error = String;
+
+    fn try_from(message: WorkflowMsg) -> Result<Self, Self::Error> {
+        match message {
+            WorkflowMsg::Lease(event) => Ok(event),
+            _ => Err("not a lease event".into()),
+        }
+    }
+}
+
+/// The parts of a workflow's `data` document the supervisor needs.
+#[derive(Debug, Clone)]
+pub(crate) struct WorkflowDocument {
+    pub script: String,
+    pub args: Value,
+    pub seed: u64,
+    pub started_at_ms: i64,
+    /// The whole document, kept as is when the status changes.
+    pub data: Value,
+}
+
+impl WorkflowDocument {
+    pub(crate) fn from_data(data: Value) -> Result<Self, Error> {
+        let missing = |field: &str| Error::InvalidRequest(format!("workflow data has no {field}"));
+        Ok(WorkflowDocument {
+            script: data["script"]
+                .as_str()
+                .ok_or_else(|| missing("script"))?
+                .to_owned(),
+            args: data["args"].clone(),
+            seed: data["seed"].as_u64().ok_or_else(|| missing("seed"))?,
+            started_at_ms: data["started_at_ms"]
+                .as_i64()
+                .ok_or_else(|| missing("started_at_ms"))?,
+            data,
+        })
+    }
+}
+
+pub(crate) struct WorkflowSupervisor;
+
+pub(crate) struct WorkflowArgs {
+    pub workflow_id: String,
+    pub fence: Fence,
+    pub document: WorkflowDocument,
+    pub store: StoreHandle,
+    pub runs: RunsHandle,
+    pub js: JsPool,
+    pub lease: ActorRef<LeaseMsg>,
+    pub limits: runtime::Limits,
+    pub slots_max: u64,
+    pub deadline: Instant,
+}
+
+/// What an outstanding call waits for.
+#[derive(Debug, Clone, PartialEq)]
+enum Waiting {
+    /// A slot, to admit its child run.
+    Slot,
+    /// Its child run.
+    Child,
+    /// A control of this kind (`resume`, `decide`).
+    Control(&'static str),
+}
+
+pub(crate) struct WorkflowState {
+    args: WorkflowArgs,
+    journal: Vec<JournalEntry>,
+    waiting: BTreeMap<CallId, (Waiting, Command)>,
+    /// The VM is loaded in the JS pool (not parked).
+    loaded: bool,
+    status: &'static str,
+    done: bool,
+    span: tracing::Span,
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+/// The thread an agent step runs on: one per (workflow, step), a valid folder name whatever the
+/// step id is.
+fn thread_for(workflow_id: &str, step_id: &str) -> String {
+    let digest = Sha256::digest(step_id.as_bytes());
+    let suffix: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
+    format!("{workflow_id}-{suffix}")
+}
+
+impl WorkflowState {
+    fn step_op(&self, entry: &JournalEntry, status: &str, extra: Value) -> WriteOp {
+        let mut data = json!({
+            "args": entry.args,
+            "outcome": entry.outcome,
+            "settled_at_ms": entry.settled_at_ms,
+        });
+        if let (Some(data), Some(extra)) = (data.as_object_mut(), extra.as_object()) {
+            data.extend(extra.clone());
+        }
+        WriteOp::PutStep {
+            workflow_id: self.args.workflow_id.clone(),
+            seq: i32::try_from(entry.seq).unwrap_or(i32::MAX),
+            step_id: entry.step_id.clone(),
+            attempt: 1,
+            kind: entry.kind.as_str().to_owned(),
+            status: status.to_owned(),
+            data,
+        }
+    }
+
+    /// A fenced write; a lost lease stops the workflow here.
+    async fn write(&mut self, myself: &ActorRef<WorkflowMsg>, ops: Vec<WriteOp>) -> bool {
+        match self.args.store.fenced_write(&self.args.fence, ops).await {
+            Ok(()) => true,
+            Err(store::Error::LeaseLost { .. }) => {
+                tracing::warn!(parent: &self.span, "lease lost: the workflow stops here");
+                self.stop(myself);
+                false
+            }
+            Err(error) => {
+                // Unknown or failed: the journal may or may not hold the write, so the
+                // workflow stops and recovery, reading the journal, decides.
+                tracing::error!(parent: &self.span, %error, "a journal write failed; stopping");
+                self.stop(myself);
+                false
+            }
+        }
+    }
+
+    fn stop(&mut self, myself: &ActorRef<WorkflowMsg>) {
+        self.done = true;
+        self.args.js.park(&self.args.workflow_id);
+        let _ = self.args.lease.send_message(LeaseMsg::Untrack {
+            run_id: self.args.workflow_id.clone(),
+        });
+        myself.stop(None);
+    }
+
+    fn options(&self) -> VmOptions {
+        VmOptions {
+            limits: self.args.limits.clone(),
+            seed: self.args.document.seed,
+            started_at_ms: self.args.document.started_at_ms,
+            journal: self.journal.clone(),
+        }
+    }
+
+    /// Runs an activation: settles into a loaded VM, or starts (replays) a parked one, whose
+    /// journal already holds the outcomes.
+    async fn activate(&mut self, myself: &ActorRef<WorkflowMsg>, settles: Vec<Settle>) {
+        let start = (!self.loaded).then(|| StartSpec {
+            script: self.args.document.script.clone(),
+            args: self.args.document.args.clone(),
+            options: self.options(),
+        });
+        let settles = if self.loaded { settles } else { Vec::new() };
+        match self
+            .args
+            .js
+            .activate(&self.args.workflow_id, start, settles)
+            .await
+        {
+            Ok(activated) => {
+                self.loaded = true;
+                self.apply(myself, activated).await;
+            }
+            Err(error) => self.finish(myself, Err(error.to_string())).await,
+        }
+    }
+
+    async fn apply(&mut self, myself: &ActorRef<WorkflowMsg>, activated: Activated) {
+        let activation = activated.activation;
+        for line in &activation.logs {
+            tracing::info!(parent: &self.span, script_log = %line, "console.log");
+        }
+        if !activation.journal.is_empty() {
+            let ops = activation
+                .journal
+                .iter()
+                .map(|entry| {
+                    let status = if entry.kind == CallKind::Agent {
+                        "queued"
+                    } else {
+                        "running"
+                    };
+                    self.step_op(entry, status, json!({}))
+                })
+                .collect();
+            if !self.write(myself, ops).await {
+                return;
+            }
+            self.journal.extend(activation.journal);
+        }
+        for id in &activation.cancels {
+            self.waiting.remove(id);
+        }
+        for command in activation.commands {
+            self.begin_command(myself, command).await;
+            if self.done {
+                return;
+            }
+        }
+        match activation.status {
+            Status::Completed(result) => self.finish(myself, Ok(result)).await,
+            Status::Failed(message) => self.finish(myself, Err(message)).await,
+            Status::Waiting => self.settle_status(myself).await,
+        }
+    }
+
+    async fn begin_command(&mut self, myself: &ActorRef<WorkflowMsg>, command: Command) {
+        match command.kind {
+            CallKind::Agent => {
+                self.waiting
+                    .insert(command.id, (Waiting::Slot, command.clone()));
+                self.admit(myself, command.id);
+            }
+            CallKind::Pause => {
+                self.waiting
+                    .insert(command.id, (Waiting::Control("resume"), command));
+                myself.send_after(CONTROL_POLL, || WorkflowMsg::Poll);
+            }
+            CallKind::HumanCheckpoint => {
+                self.waiting
+                    .insert(command.id, (Waiting::Control("decide"), command));
+                myself.send_after(CONTROL_POLL, || WorkflowMsg::Poll);
+            }
+            CallKind::CaptureArtifact | CallKind::ReadArtifact => {
+                // Artifacts land with the rest of the durable-workflows issue; until then the
+                // call fails clearly instead of pretending.
+                let outcome = Outcome::Rejected(json!({
+                    "message": format!("{} is not available on this node yet", command.kind.as_str()),
+                    "status": "error",
+                }));
+                self.waiting
+                    .insert(command.id, (Waiting::Child, command.clone()));
+                // Concluded from the mailbox, after this activation's commands are all begun.
+                let id = command.id;
+                let _ = myself.send_message(WorkflowMsg::Settled { id, outcome });
+            }
+        }
+    }
+
+    /// Asks for the child run of agent call `id` (idempotent: a replayed call finds its run).
+    fn admit(&self, myself: &ActorRef<WorkflowMsg>, id: CallId) {
+        let Some((_, command)) = self.waiting.get(&id) else {
+            return;
+        };
+        let request = RunRequest {
+            thread_id: thread_for(&self.args.workflow_id, &command.step_id),
+            agent: command.args["agentRef"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+            task: command.args["task"].clone(),
+            idempotency_key: Some(format!("{}/{}/1", self.args.workflow_id, command.step_id)),
+            step: Some(WorkflowStep {
+                workflow_id: self.args.workflow_id.clone(),
+                step_id: command.step_id.clone(),
+                attempt: 1,
+                slots_max: self.args.slots_max,
+                fence: self.args.fence.clone(),
+            }),
+        };
+        let (runs, me) = (self.args.runs.clone(), myself.clone());
+        tokio::spawn(async move {
+            let result = runs.start(request).await;
+            let _ = me.send_message(WorkflowMsg::Admission {
+                id,
+                result: Box::new(result),
+            });
+        });
+    }
+
+    /// Records an outcome (with `extra` ops in the same fenced write) and hands it to the script.
+    async fn conclude(
+        &mut self,
+        myself: &ActorRef<WorkflowMsg>,
+        id: CallId,
+        outcome: Outcome,
+        mut extra: Vec<WriteOp>,
+        fields: Value,
+    ) {
+        let Some(_) = self.waiting.remove(&id) else {
+            return;
+        };
+        let at_ms = now_ms();
+        let Some(entry) = self.journal.get_mut(id.0 as usize) else {
+            return;
+        };
+        entry.outcome = Some(outcome.clone());
+        entry.settled_at_ms = Some(at_ms);
+        let entry = entry.clone();
+        let status = match outcome {
+            Outcome::Resolved(_) => "completed",
+            Outcome::Rejected(_) => "failed",
+        };
+        let mut ops = vec![self.step_op(&entry, status, fields)];
+        ops.append(&mut extra);
+        if !self.write(myself, ops).await {
+            return;
+        }
+        if !self.loaded {
+            self.set_status(myself, "running").await;
+        }
+        self.activate(myself, vec![Settle { id, outcome, at_ms }])
+            .await;
+    }
+
+    /// After an activation that left the script waiting: park it if only people can wake it.
+    async fn settle_status(&mut self, myself: &ActorRef<WorkflowMsg>) {
+        let humans: Vec<&'static str> = self
+            .waiting
+            .values()
+            .filter_map(|(waiting, _)| match waiting {
+                Waiting::Control(kind) => Some(*kind),
+                _ => None,
+            })
+            .collect();
+        if humans.is_empty() || humans.len() < self.waiting.len() {
+            return;
+        }
+        self.args.js.park(&self.args.workflow_id);
+        self.loaded = false;
+        let status = if humans.contains(&"decide") {
+            "waiting_approval"
+        } else {
+            "paused"
+        };
+        self.set_status(myself, status).await;
+    }
+
+    async fn set_status(&mut self, myself: &ActorRef<WorkflowMsg>, status: &'static str) {
+        if self.status == status {
+            return;
+        }
+        let op = WriteOp::SetWorkflow {
+            workflow_id: self.args.workflow_id.clone(),
+            status: status.to_owned(),
+            data: self.args.document.data.clone(),
+        };
+        if self.write(myself, vec![op]).await {
+            self.status = status;
+        }
+    }
+
+    async fn finish(&mut self, myself: &ActorRef<WorkflowMsg>, result: Result<Value, String>) {
+        let mut data = self.args.document.data.clone();
+        let status = match &result {
+            Ok(value) => {
+                data["result"] = value.clone();
+                "completed"
+            }
+            Err(message) => {
+                data["error"] = json!(message);
+                "failed"
+            }
+        };
+        tracing::info!(parent: &self.span, status, "workflow finished");
+        let op = WriteOp::SetWorkflow {
+            workflow_id: self.args.workflow_id.clone(),
+            status: status.to_owned(),
+            data,
+        };
+        if self.write(myself, vec![op]).await {
+            if let Err(error) = self.args.store.release_lease(&self.args.fence).await {
+                tracing::warn!(parent: &self.span, %error, "the finished workflow's lease was not released");
+            }
+            self.stop(myself);
+        }
+    }
+
+    async fn on_admission(
+        &mut self,
+        myself: &ActorRef<WorkflowMsg>,
+        id: CallId,
+        result: Result<Admitted, Error>,
+    ) {
+        let Some((_, command)) = self.waiting.get(&id).cloned() else {
+            return;
+        };
+        match result {
+            Ok(Admitted::Started { row, ended }) => {
+                self.waiting.insert(id, (Waiting::Child, command.clone()));
+                let Some(entry) = self.journal.get(id.0 as usize).cloned() else {
+                    return;
+                };
+                let fields = json!({"run_id": row.run_id, "thread_id": row.thread_id});
+                if !self
+                    .write(myself, vec![self.step_op(&entry, "running", fields)])
+                    .await
+                {
+                    return;
+                }
+                let me = myself.clone();
+                let run_id = row.run_id;
+                tokio::spawn(async move {
+                    // Whatever the end (persisted, fenced), the row says what happened.
+                    let _: Result<RunEnd, _> = ended.await;
+                    let _ = me.send_message(WorkflowMsg::ChildEnded { id, run_id });
+                });
+            }
+            Ok(Admitted::Existing(row)) if row.status.is_terminal() => {
+                self.waiting.insert(id, (Waiting::Child, command));
+                self.adopt(myself, id, row).await;
+            }
+            Ok(Admitted::Existing(row)) => {
+                // A child run exists for this step and has no outcome: it may still be running on
+                // a node that is gone. Guessing would risk a second run, so a person decides.
+                tracing::warn!(parent: &self.span, run_id = %row.run_id, "child run outcome unknown");
+                self.reconcile_needed(myself).await;
+            }
+            Ok(Admitted::Queued) => {
+                myself.send_after(SLOT_RETRY, move || WorkflowMsg::RetryAdmission(id));
+            }
+            Err(error) => {
+                let outcome =
+                    Outcome::Rejected(json!({"message": error.to_string(), "status": "error"}));
+                self.waiting.insert(id, (Waiting::Child, command));
+                self.conclude(myself, id, outcome, Vec::new(), json!({}))
+                    .await;
+            }
+        }
+    }
+
+    /// Records a child run's terminal outcome as its step's outcome and frees the slot.
+    async fn adopt(&mut self, myself: &ActorRef<WorkflowMsg>, id: CallId, row: RunRow) {
+        let Some((_, command)) = self.waiting.get(&id).cloned() else {
+            return;
+        };
+        let outcome = if row.status == RunStatus::Success {
+            Outcome::Resolved(json!({
+                "output": row.output,
+                "threadId": row.thread_id,
+                "runId": row.run_id,
+                "status": row.status,
+            }))
+        } else {
+            Outcome::Rejected(json!({
+                "message": row.error.clone().unwrap_or_else(|| format!("the agent run ended {}", row.status.as_str())),
+                "status": row.status,
+                "runId": row.run_id,
+            }))
+        };
+        let release = WriteOp::ReleaseSlot {
+            workflow_id: self.args.workflow_id.clone(),
+            step_id: command.step_id,
+        };
+        let fields = json!({"run_id": row.run_id, "thread_id": row.thread_id});
+        self.conclude(myself, id, outcome, vec![release], fields)
+            .await;
+    }
+
+    async fn reconcile_needed(&mut self, myself: &ActorRef<WorkflowMsg>) {
+        let op = WriteOp::SetWorkflow {
+            workflow_id: self.args.workflow_id.clone(),
+            status: "needs_reconciliation".into(),
+            data: self.args.document.data.clone(),
+        };
+        if self.write(myself, vec![op]).await {
+            self.stop(myself);
+        }
+    }
+
+    async fn poll_controls(&mut self, myself: &ActorRef<WorkflowMsg>) {
+        let wanted: Vec<(CallId, &'static str, String)> = self
+            .waiting
+            .iter()
+            .filter_map(|(id, (waiting, command))| match waiting {
+                Waiting::Control(kind) => Some((*id, *kind, command.step_id.clone())),
+                _ => None,
+            })
+            .collect();
+        if wanted.is_empty() {
+            return;
+        }
+        let controls = match self.args.store.read_controls(&self.args.workflow_id).await {
+            Ok(controls) => controls,
+            Err(error) => {
+                tracing::warn!(parent: &self.span, %error, "reading controls failed");
+                myself.send_after(CONTROL_POLL, || WorkflowMsg::Poll);
+                return;
+            }
+        };
+        for (id, kind, step_id) in wanted {
+            let Some(control) = controls
+                .iter()
+                .find(|c| !c.applied && c.kind == kind && c.step_id == step_id && c.attempt == 1)
+            else {
+                continue;
+            };
+            let outcome = match kind {
+                "resume" => {
+                    Outcome::Resolved(control.body.get("input").cloned().unwrap_or(Value::Null))
+                }
+                _ => Outcome::Resolved(json!({
+                    "decision": control.body["decision"],
+                    "decidedBy": control.created_by,
+                    "decidedAt": now_ms(),
+                    "comment": control.body.get("comment"),
+                })),
+            };
+            let applied = WriteOp::MarkControlApplied {
+                control_id: control.id,
+            };
+            self.conclude(myself, id, outcome, vec![applied], json!({}))
+                .await;
+            if self.done {
+                return;
+            }
+        }
+        if self
+            .waiting
+            .values()
+            .any(|(waiting, _)| matches!(waiting, Waiting::Control(_)))
+        {
+            myself.send_after(CONTROL_POLL, || WorkflowMsg::Poll);
+        }
+    }
+}
+
+impl Actor for WorkflowSupervisor {
+    type Msg = WorkflowMsg;
+    type State = WorkflowState;
+    type Arguments = WorkflowArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        args: WorkflowArgs,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        let span = tracing::info_span!(
+            "workflow",
+            run_id = %args.workflow_id,
+            epoch = args.fence.epoch,
+        );
+        args.lease.send_message(LeaseMsg::Track {
+            run_id: args.workflow_id.clone(),
+            kind: LeaseKind::Workflow {
+                epoch: args.fence.epoch,
+            },
+            deadline: args.deadline,
+            notify: myself.get_derived(),
+        })?;
+        myself.send_message(WorkflowMsg::Begin)?;
+        Ok(WorkflowState {
+            args,
+            journal: Vec::new(),
+            waiting: BTreeMap::new(),
+            loaded: false,
+            status: "running",
+            done: false,
+            span,
+        })
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        message: WorkflowMsg,
+        state: &mut WorkflowState,
+    ) -> Result<(), ActorProcessingErr> {
+        if state.done {
+            return Ok(());
+        }
+        match message {
+            WorkflowMsg::Begin => {
+                match state.args.store.read_steps(&state.args.workflow_id).await {
+                    Ok(steps) => {
+                        state.journal = steps
+                            .into_iter()
+                            .filter_map(|step| journal_entry(&step))
+                            .collect();
+                        state.activate(&myself, Vec::new()).await;
+                    }
+                    Err(error) => {
+                        tracing::error!(parent: &state.span, %error, "cannot read the journal");
+                        state.stop(&myself);
+                    }
+                }
+            }
+            WorkflowMsg::Lease(LeaseEvent::Renewed { .. }) => {}
+            WorkflowMsg::Lease(LeaseEvent::Refused | LeaseEvent::Lost) => {
+                tracing::warn!(parent: &state.span, "lease lost: fenced");
+                state.stop(&myself);
+            }
+            WorkflowMsg::Admission { id, result } => {
+                state.on_admission(&myself, id, *result).await;
+            }
+            WorkflowMsg::RetryAdmission(id) => state.admit(&myself, id),
+            WorkflowMsg::ChildEnded { id, run_id } => {
+                match state.args.store.read_run(&run_id).await {
+                    Ok(Some(row)) if row.status.is_terminal() => {
+                        state.adopt(&myself, id, row).await;
+                    }
+                    Ok(_) | Err(_) => {
+                        // The run's end was not recorded by its node (fenced, or unknown).
+                        state.reconcile_needed(&myself).await;
+                    }
+                }
+            }
+            WorkflowMsg::Poll => state.poll_controls(&myself).await,
+            WorkflowMsg::Settled { id, outcome } => {
+                state
+                    .conclude(&myself, id, outcome, Vec::new(), json!({}))
+                    .await;
+            }
+        }
+        Ok(())
+    }
+
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        state: &mut WorkflowState,
+    ) -> Result<(), ActorProcessingErr> {
+        state.args.js.park(&state.args.workflow_id);
+        Ok(())
+    }
+}
+
+/// A stored step as the runtime's journal entry.
+fn journal_entry(step: &store::StepRow) -> Option<JournalEntry> {
+    Some(JournalEntry {
+        seq: u32::try_from(step.seq).ok()?,
+        kind: CallKind::parse(&step.kind)?,
+        step_id: step.step_id.clone(),
+        args: step.data["args"].clone(),
+        outcome: serde_json::from_value(step.data["outcome"].clone())
+            .ok()
+            .flatten(),
+        settled_at_ms: step.data["settled_at_ms"].as_i64(),
+    })
+}

@@ -1,0 +1,419 @@
+//! The workflows actor: the front door for workflows on this node and the supervisor of their
+//! workflow supervisors. Launch checks the script and arguments against their limits, launches
+//! through the store (idempotent per user and request id, under the cluster-wide limits), and
+//! starts a linked supervisor for a new workflow. [`WorkflowsHandle`] is the Rust API the HTTP
+//! layer calls: launch, get, resume, decide.
+
+use std::collections::HashMap;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
+use serde::Serialize;
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+use store::{
+    ControlRow, ControlWrite, Launch, LaunchLimits, NewControl, NewWorkflow, StepRow, WorkflowRow,
+};
+use tokio::time::Instant;
+
+use crate::Error;
+use crate::child_runs::RunsHandle;
+use crate::js_pool::JsPool;
+use crate::lease_actor::LeaseMsg;
+use crate::store_actor::StoreHandle;
+use crate::workflow::{WorkflowArgs, WorkflowDocument, WorkflowMsg, WorkflowSupervisor};
+
+/// A request to start a workflow.
+#[derive(Debug, Clone)]
+pub struct LaunchRequest {
+    pub user_id: String,
+    pub request_id: Option<String>,
+    pub script: String,
+    pub args: Value,
+}
+
+/// What a launch gave the caller.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Launched {
+    pub run_id: String,
+    /// `false` when the same request had launched it before.
+    pub created: bool,
+}
+
+/// A workflow as stored: its row, journal and controls.
+#[derive(Debug, Clone, Serialize)]
+pub struct WorkflowView {
+    pub row: WorkflowRow,
+    pub steps: Vec<StepRow>,
+    pub controls: Vec<ControlRow>,
+}
+
+/// Limits and sizes the workflows actor works with.
+#[derive(Debug, Clone)]
+pub struct WorkflowsOptions {
+    pub limits: runtime::Limits,
+    pub launch_limits: LaunchLimits,
+    pub slots_max: u64,
+    pub lease_ms: u64,
+}
+
+/// Messages of the workflows actor.
+pub enum WorkflowsMsg {
+    Launch {
+        request: LaunchRequest,
+        reply: RpcReplyPort<Result<Launched, Error>>,
+    },
+    /// The store answered a launch.
+    Launched {
+        workflow: Box<NewWorkflow>,
+        sent: Instant,
+        result: Box<store::Result<Launch>>,
+        reply: RpcReplyPort<Result<Launched, Error>>,
+    },
+    /// The workflows supervised here.
+    Live { reply: RpcReplyPort<Vec<String>> },
+}
+
+pub(crate) struct Workflows;
+
+pub(crate) struct WorkflowsArgs {
+    pub store: StoreHandle,
+    pub runs: RunsHandle,
+    pub js: JsPool,
+    pub lease: ActorRef<LeaseMsg>,
+    pub worker_id: String,
+    pub options: WorkflowsOptions,
+}
+
+pub(crate) struct WorkflowsState {
+    args: WorkflowsArgs,
+    live: HashMap<String, ActorRef<WorkflowMsg>>,
+}
+
+/// The digest a control names to prove it is about this script and these arguments.
+pub fn fingerprint(script: &str, args: &Value) -> String {
+    let mut digest = Sha256::new();
+    digest.update(script.as_bytes());
+    digest.update([0]);
+    digest.update(args.to_string().as_bytes());
+    digest
+        .finalize()
+        .iter()
+        .take(16)
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+impl Actor for Workflows {
+    type Msg = WorkflowsMsg;
+    type State = WorkflowsState;
+    type Arguments = WorkflowsArgs;
+
+    async fn pre_start(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        args: WorkflowsArgs,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        Ok(WorkflowsState {
+            args,
+            live: HashMap::new(),
+        })
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        message: WorkflowsMsg,
+        state: &mut WorkflowsState,
+    ) -> Result<(), ActorProcessingErr> {
+        match message {
+            WorkflowsMsg::Launch { request, reply } => {
+                let workflow = match check(&state.args, &request) {
+                    Ok(workflow) => workflow,
+                    Err(error) => {
+                        let _ = reply.send(Err(error));
+                        return Ok(());
+                    }
+                };
+                let (store, me) = (state.args.store.clone(), myself.clone());
+                let (owner, lease_ms, limits) = (
+                    state.args.worker_id.clone(),
+                    state.args.options.lease_ms,
+                    state.args.options.launch_limits,
+                );
+                tokio::spawn(async move {
+                    let sent = Instant::now();
+                    let result = store
+                        .launch_workflow(workflow.clone(), &owner, lease_ms, limits)
+                        .await;
+                    let _ = me.send_message(WorkflowsMsg::Launched {
+                        workflow: Box::new(workflow),
+                        sent,
+                        result: Box::new(result),
+                        reply,
+                    });
+                });
+            }
+            WorkflowsMsg::Launched {
+                workflow,
+                sent,
+                result,
+                reply,
+            } => {
+                let answer = match *result {
+                    Ok(Launch::Created(lease)) => {
+                        supervise(&myself, state, *workflow, lease, sent).await
+                    }
+                    Ok(Launch::Existing(row)) => Ok(Launched {
+                        run_id: row.workflow_id,
+                        created: false,
+                    }),
+                    Ok(Launch::Refused { limit, max }) => Err(Error::LimitReached { limit, max }),
+                    Err(error) => Err(Error::Store(error)),
+                };
+                let _ = reply.send(answer);
+            }
+            WorkflowsMsg::Live { reply } => {
+                let _ = reply.send(state.live.keys().cloned().collect());
+            }
+        }
+        Ok(())
+    }
+
+    async fn handle_supervisor_evt(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        event: SupervisionEvent,
+        state: &mut WorkflowsState,
+    ) -> Result<(), ActorProcessingErr> {
+        match event {
+            SupervisionEvent::ActorTerminated(cell, _, _) => {
+                state
+                    .live
+                    .retain(|_, child| child.get_id() != cell.get_id());
+            }
+            SupervisionEvent::ActorFailed(cell, error) => {
+                // Never restarted in place: its lease lapses and recovery replays the journal.
+                tracing::error!(%error, "a workflow supervisor failed");
+                state
+                    .live
+                    .retain(|_, child| child.get_id() != cell.get_id());
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+}
+
+/// Checks a launch before anything is written and turns it into the row to launch.
+fn check(args: &WorkflowsArgs, request: &LaunchRequest) -> Result<NewWorkflow, Error> {
+    let limits = &args.options.limits;
+    if request.script.len() as u64 > limits.script_bytes_max {
+        return Err(Error::TooLarge {
+            what: "script",
+            bytes: request.script.len(),
+            limit_name: "script_bytes_max",
+            limit: usize::try_from(limits.script_bytes_max).unwrap_or(usize::MAX),
+        });
+    }
+    let args_bytes = request.args.to_string().len();
+    if args_bytes as u64 > limits.frame_bytes_max {
+        return Err(Error::TooLarge {
+            what: "args",
+            bytes: args_bytes,
+            limit_name: "frame_bytes_max",
+            limit: usize::try_from(limits.frame_bytes_max).unwrap_or(usize::MAX),
+        });
+    }
+    let workflow_id = uuid::Uuid::new_v4().simple().to_string();
+    let seed = u64::from_le_bytes(
+        Sha256::digest(workflow_id.as_bytes())[..8]
+            .try_into()
+            .unwrap_or([0; 8]),
+    );
+    Ok(NewWorkflow {
+        fingerprint: fingerprint(&request.script, &request.args),
+        data: json!({
+            "script": request.script,
+            "args": request.args,
+            "seed": seed,
+            "started_at_ms": now_ms(),
+            "runtime_version": runtime::runtime_version(limits),
+        }),
+        workflow_id,
+        user_id: request.user_id.clone(),
+        request_id: request.request_id.clone(),
+    })
+}
+
+async fn supervise(
+    myself: &ActorRef<WorkflowsMsg>,
+    state: &mut WorkflowsState,
+    workflow: NewWorkflow,
+    lease: store::Lease,
+    sent: Instant,
+) -> Result<Launched, Error> {
+    let document = WorkflowDocument::from_data(workflow.data)?;
+    let options = &state.args.options;
+    let (supervisor, _) = Actor::spawn_linked(
+        Some(format!("workflow-{}", workflow.workflow_id)),
+        WorkflowSupervisor,
+        WorkflowArgs {
+            workflow_id: workflow.workflow_id.clone(),
+            fence: lease.fence(),
+            document,
+            store: state.args.store.clone(),
+            runs: state.args.runs.clone(),
+            js: state.args.js.clone(),
+            lease: state.args.lease.clone(),
+            limits: options.limits.clone(),
+            slots_max: options.slots_max,
+            deadline: sent + Duration::from_millis(options.lease_ms),
+        },
+        myself.get_cell(),
+    )
+    .await
+    .map_err(|e| Error::Spawn {
+        actor: "workflow",
+        reason: e.to_string(),
+    })?;
+    state.live.insert(workflow.workflow_id.clone(), supervisor);
+    Ok(Launched {
+        run_id: workflow.workflow_id,
+        created: true,
+    })
+}
+
+/// A cheap, cloneable way to launch and control workflows on this node.
+#[derive(Clone)]
+pub struct WorkflowsHandle {
+    actor: ActorRef<WorkflowsMsg>,
+    store: StoreHandle,
+    timeout: Duration,
+}
+
+impl WorkflowsHandle {
+    pub(crate) fn new(
+        actor: ActorRef<WorkflowsMsg>,
+        store: StoreHandle,
+        timeout: Duration,
+    ) -> Self {
+        WorkflowsHandle {
+            actor,
+            store,
+            timeout,
+        }
+    }
+
+    async fn call<T: Send + 'static>(
+        &self,
+        message: impl FnOnce(RpcReplyPort<T>) -> WorkflowsMsg,
+    ) -> Result<T, Error> {
+        match self.actor.call(message, Some(self.timeout)).await {
+            Ok(ractor::rpc::CallResult::Success(answer)) => Ok(answer),
+            Ok(ractor::rpc::CallResult::Timeout) => Err(Error::Unanswered {
+                actor: "workflows",
+                reason: format!("no answer within {} ms", self.timeout.as_millis()),
+            }),
+            Ok(ractor::rpc::CallResult::SenderError) => Err(Error::Unanswered {
+                actor: "workflows",
+                reason: "the request was dropped".into(),
+            }),
+            Err(e) => Err(Error::Unanswered {
+                actor: "workflows",
+                reason: e.to_string(),
+            }),
+        }
+    }
+
+    /// Launches a workflow on this node.
+    pub async fn launch(&self, request: LaunchRequest) -> Result<Launched, Error> {
+        self.call(|reply| WorkflowsMsg::Launch { request, reply })
+            .await?
+    }
+
+    /// A workflow with its journal and controls, if it exists.
+    pub async fn get(&self, workflow_id: &str) -> Result<Option<WorkflowView>, Error> {
+        let Some(row) = self.store.read_workflow(workflow_id).await? else {
+            return Ok(None);
+        };
+        Ok(Some(WorkflowView {
+            row,
+            steps: self.store.read_steps(workflow_id).await?,
+            controls: self.store.read_controls(workflow_id).await?,
+        }))
+    }
+
+    /// Records a `resume` of the pause `step_id` (any node; the owner carries it out).
+    pub async fn resume(
+        &self,
+        workflow_id: &str,
+        step_id: &str,
+        input: Value,
+        by: &str,
+    ) -> Result<ControlWrite, Error> {
+        self.control(
+            workflow_id,
+            "resume",
+            step_id,
+            json!({ "input": input }),
+            by,
+        )
+        .await
+    }
+
+    /// Records a decision on the checkpoint `step_id`.
+    pub async fn decide(
+        &self,
+        workflow_id: &str,
+        step_id: &str,
+        artifact_version: u64,
+        decision: &str,
+        by: &str,
+    ) -> Result<ControlWrite, Error> {
+        if decision != "approve" && decision != "reject" {
+            return Err(Error::InvalidRequest(format!(
+                "decision {decision:?} is neither \"approve\" nor \"reject\""
+            )));
+        }
+        // No time in the body: the same decision twice must be the same control.
+        let body = json!({
+            "decision": decision,
+            "artifactVersion": artifact_version,
+        });
+        self.control(workflow_id, "decide", step_id, body, by).await
+    }
+
+    async fn control(
+        &self,
+        workflow_id: &str,
+        kind: &str,
+        step_id: &str,
+        body: Value,
+        by: &str,
+    ) -> Result<ControlWrite, Error> {
+        Ok(self
+            .store
+            .put_control(NewControl {
+                workflow_id: workflow_id.to_owned(),
+                kind: kind.to_owned(),
+                step_id: step_id.to_owned(),
+                attempt: 1,
+                body,
+                created_by: Some(by.to_owned()),
+            })
+            .await?)
+    }
+
+    /// The workflows supervised on this node.
+    pub async fn live(&self) -> Result<Vec<String>, Error> {
+        self.call(|reply| WorkflowsMsg::Live { reply }).await
+    }
+}

@@ -1,0 +1,124 @@
+//! Durable workflows end to end on one node (both backends): a script with agent steps in
+//! sequence and in parallel, a pause, a human checkpoint, completion; controls from the API;
+//! exactly one child run per agent step.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use actors::{LaunchRequest, WorkflowView};
+use serde_json::json;
+use store::ControlWrite;
+
+use crate::harness::{TestNode, eventually, on_both_backends};
+
+const SCRIPT: &str = r#"
+    const draft = await agent({stepId: "draft", agentRef: "scripted",
+                               task: {output: {text: "v1"}, tokens: 3}});
+    const [left, right] = await parallel([
+        () => agent({stepId: "left", agentRef: "scripted", task: "l"}),
+        () => agent({stepId: "right", agentRef: "scripted", task: "r"}),
+    ]);
+    const resumed = await pause({stepId: "hold"});
+    const review = await humanCheckpoint({stepId: "review", sourceStepId: "draft", artifactVersion: 1});
+    console.log("reviewed", review.decision);
+    return {draft: draft.output, left: left.output, right: right.output, resumed,
+            decision: review.decision, by: review.decidedBy, hasTime: Date.now() > 0};
+"#;
+
+async fn view(node: &TestNode, id: &str) -> WorkflowView {
+    node.node
+        .workflows()
+        .get(id)
+        .await
+        .expect("get")
+        .expect("exists")
+}
+
+async fn wait_for_status(node: &TestNode, id: &str, status: &str) {
+    let what = format!("workflow {id} reaches {status}");
+    eventually(Duration::from_secs(20), &what, async || {
+        view(node, id).await.row.status == status
+    })
+    .await;
+}
+
+on_both_backends! {
+    async fn a_workflow_runs_agents_pauses_waits_for_a_decision_and_completes(db: TestDb) {
+        let shared = tempfile::tempdir().expect("temp dir");
+        let node = TestNode::start(&db, "a", 3_000, shared.path()).await;
+        let workflows = node.node.workflows();
+        let request = LaunchRequest {
+            user_id: "ada".into(),
+            request_id: Some("req-1".into()),
+            script: SCRIPT.into(),
+            args: json!({"topic": "x"}),
+        };
+        let launched = workflows.launch(request.clone()).await.expect("launch");
+        assert!(launched.created);
+        let again = workflows.launch(request).await.expect("launch again");
+        assert_eq!((again.run_id.as_str(), again.created), (launched.run_id.as_str(), false));
+        let id = launched.run_id;
+
+        wait_for_status(&node, &id, "paused").await;
+        let resumed = workflows.resume(&id, "hold", json!({"go": true}), "ada").await.expect("resume");
+        assert!(matches!(resumed, ControlWrite::Recorded(_)));
+        let repeated = workflows.resume(&id, "hold", json!({"go": true}), "ada").await.expect("again");
+        assert!(matches!(repeated, ControlWrite::Repeated(_)), "a repeated resume made a second row");
+
+        wait_for_status(&node, &id, "waiting_approval").await;
+        workflows.decide(&id, "review", 1, "approve", "bob").await.expect("decide");
+        wait_for_status(&node, &id, "completed").await;
+
+        let done = view(&node, &id).await;
+        assert_eq!(done.row.data["result"], json!({
+            "draft": {"text": "v1"},
+            "left": {"echo": "l"},
+            "right": {"echo": "r"},
+            "resumed": {"go": true},
+            "decision": "approve",
+            "by": "bob",
+            "hasTime": true,
+        }));
+        let steps: Vec<(i32, &str, &str, &str)> = done.steps.iter()
+            .map(|s| (s.seq, s.step_id.as_str(), s.kind.as_str(), s.status.as_str())).collect();
+        assert_eq!(steps, vec![
+            (0, "draft", "agent", "completed"),
+            (1, "left", "agent", "completed"),
+            (2, "right", "agent", "completed"),
+            (3, "hold", "pause", "completed"),
+            (4, "review", "humanCheckpoint", "completed"),
+        ]);
+        let run_ids: HashSet<&str> = done.steps.iter().filter_map(|s| s.data["run_id"].as_str()).collect();
+        assert_eq!(run_ids.len(), 3, "one child run per agent step");
+        assert!(done.controls.iter().all(|c| c.applied));
+        assert_eq!(node.node.store().read_lease(&id).await.expect("lease").map(|l| l.epoch), Some(1));
+        assert!(node.node.workflows().live().await.expect("live").is_empty(), "a finished workflow keeps no supervisor");
+    }
+}
+
+on_both_backends! {
+    async fn a_failing_step_fails_the_workflow_unless_the_script_catches_it(db: TestDb) {
+        let shared = tempfile::tempdir().expect("temp dir");
+        let node = TestNode::start(&db, "a", 3_000, shared.path()).await;
+        let workflows = node.node.workflows();
+        let launch = |script: &str| LaunchRequest {
+            user_id: "ada".into(),
+            request_id: None,
+            script: script.into(),
+            args: json!({}),
+        };
+        let failing = workflows.launch(launch(
+            r#"await agent({stepId: "a", agentRef: "scripted", task: {fail: "the model refused"}}); return 1;"#,
+        )).await.expect("launch").run_id;
+        let catching = workflows.launch(launch(
+            r#"try { await agent({stepId: "a", agentRef: "oracle", task: "x"}); }
+               catch (e) { return e.message; }"#,
+        )).await.expect("launch").run_id;
+        wait_for_status(&node, &failing, "failed").await;
+        let error = view(&node, &failing).await.row.data["error"].as_str().unwrap_or_default().to_owned();
+        assert!(error.contains("the model refused"), "{error}");
+        wait_for_status(&node, &catching, "completed").await;
+        let result = view(&node, &catching).await.row.data["result"].clone();
+        assert!(result.as_str().is_some_and(|m| m.contains("oracle")), "{result}");
+    }
+}
