@@ -71,6 +71,7 @@ impl NodeOptions {
     /// Options with default sizes and timeouts.
     pub fn new(runs: RunsOptions, agents: Arc<AgentRegistry>) -> Self {
         let lease_ms = runs.lease_ms;
+        let workspaces_dir = runs.workspaces_dir.clone();
         NodeOptions {
             store_requests_max: 256,
             call_timeout: Duration::from_secs(30),
@@ -79,6 +80,8 @@ impl NodeOptions {
             agents,
             workflows: WorkflowsOptions {
                 limits: runtime::Limits::default(),
+                workspaces_dir,
+                artifact_bytes_max: 16 * 1024 * 1024,
                 launch_limits: store::LaunchLimits::NONE,
                 slots_max: 32,
                 lease_ms,

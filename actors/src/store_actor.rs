@@ -10,9 +10,9 @@ use ractor::rpc::CallResult;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use serde::Serialize;
 use store::{
-    Admission, ApprovalAnswer, Backend, CancelAction, ControlRow, ControlWrite, Fence, Launch,
-    LaunchLimits, Lease, NewControl, NewRun, NewWorkflow, NodeRecord, RunOutcome, RunRenewal,
-    RunRow, RunStatus, StepRow, Store, WorkflowRow, WriteOp,
+    Admission, ApprovalAnswer, ArtifactRow, Backend, CancelAction, ControlRow, ControlWrite, Fence,
+    Launch, LaunchLimits, Lease, NewControl, NewRun, NewWorkflow, NodeRecord, RunOutcome,
+    RunRenewal, RunRow, RunStatus, StepRow, Store, WorkflowRow, WriteOp,
 };
 
 use crate::faults::{FaultAction, StoreFaults};
@@ -75,6 +75,15 @@ pub enum StoreMsg {
         lease_ms: u64,
         limits: LaunchLimits,
         reply: RpcReplyPort<store::Result<Launch>>,
+    },
+    ReadArtifact {
+        workflow_id: String,
+        version: i64,
+        reply: RpcReplyPort<store::Result<Option<ArtifactRow>>>,
+    },
+    LastArtifactVersion {
+        workflow_id: String,
+        reply: RpcReplyPort<store::Result<i64>>,
     },
     PutControl {
         control: NewControl,
@@ -261,6 +270,16 @@ async fn serve(store: &Store, message: StoreMsg) {
                     .launch_workflow(workflow, &owner, lease_ms, limits)
                     .await,
             );
+        }
+        StoreMsg::ReadArtifact {
+            workflow_id,
+            version,
+            reply,
+        } => {
+            let _ = reply.send(store.read_artifact(&workflow_id, version).await);
+        }
+        StoreMsg::LastArtifactVersion { workflow_id, reply } => {
+            let _ = reply.send(store.last_artifact_version(&workflow_id).await);
         }
         StoreMsg::PutControl { control, reply } => {
             let _ = reply.send(store.put_control(control).await);
@@ -589,6 +608,32 @@ impl StoreHandle {
                 limits,
                 reply,
             }
+        })
+        .await
+    }
+
+    /// See [`Store::read_artifact`].
+    pub async fn read_artifact(
+        &self,
+        workflow_id: &str,
+        version: i64,
+    ) -> store::Result<Option<ArtifactRow>> {
+        let workflow_id = workflow_id.to_owned();
+        self.call("read_artifact", Effect::Read, |reply| {
+            StoreMsg::ReadArtifact {
+                workflow_id,
+                version,
+                reply,
+            }
+        })
+        .await
+    }
+
+    /// See [`Store::last_artifact_version`].
+    pub async fn last_artifact_version(&self, workflow_id: &str) -> store::Result<i64> {
+        let workflow_id = workflow_id.to_owned();
+        self.call("last_artifact_version", Effect::Read, |reply| {
+            StoreMsg::LastArtifactVersion { workflow_id, reply }
         })
         .await
     }

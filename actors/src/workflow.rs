@@ -52,10 +52,9 @@ pub enum WorkflowMsg {
     },
     /// Look for controls.
     Poll,
-    /// A call settled without leaving the node (its outcome is known at once).
-    Settled {
+    /// Carry out a call that needs no other actor (capture or read an artifact).
+    Local {
         id: CallId,
-        outcome: Outcome,
     },
 }
 
@@ -116,6 +115,8 @@ pub(crate) struct WorkflowArgs {
     pub js: JsPool,
     pub lease: ActorRef<LeaseMsg>,
     pub limits: runtime::Limits,
+    pub workspaces_dir: std::path::PathBuf,
+    pub artifact_bytes_max: u64,
     pub slots_max: u64,
     pub deadline: Instant,
 }
@@ -133,6 +134,8 @@ enum Waiting {
 
 pub(crate) struct WorkflowState {
     args: WorkflowArgs,
+    /// The newest artifact version of this workflow.
+    artifacts: i64,
     journal: Vec<JournalEntry>,
     waiting: BTreeMap<CallId, (Waiting, Command)>,
     /// The VM is loaded in the JS pool (not parked).
@@ -295,17 +298,10 @@ impl WorkflowState {
                 myself.send_after(CONTROL_POLL, || WorkflowMsg::Poll);
             }
             CallKind::CaptureArtifact | CallKind::ReadArtifact => {
-                // Artifacts land with the rest of the durable-workflows issue; until then the
-                // call fails clearly instead of pretending.
-                let outcome = Outcome::Rejected(json!({
-                    "message": format!("{} is not available on this node yet", command.kind.as_str()),
-                    "status": "error",
-                }));
-                self.waiting
-                    .insert(command.id, (Waiting::Child, command.clone()));
-                // Concluded from the mailbox, after this activation's commands are all begun.
                 let id = command.id;
-                let _ = myself.send_message(WorkflowMsg::Settled { id, outcome });
+                self.waiting.insert(id, (Waiting::Child, command));
+                // Carried out from the mailbox, after this activation's commands are all begun.
+                let _ = myself.send_message(WorkflowMsg::Local { id });
             }
         }
     }
@@ -497,9 +493,19 @@ impl WorkflowState {
         let Some((_, command)) = self.waiting.get(&id).cloned() else {
             return;
         };
+        let mut extra = Vec::new();
         let outcome = if row.status == RunStatus::Success {
+            // The output is kept as an immutable artifact version, like a captured file.
+            let content = row
+                .output
+                .as_ref()
+                .map(Value::to_string)
+                .unwrap_or_default();
+            let version =
+                self.next_artifact(&mut extra, &command.step_id, None, content.into_bytes());
             Outcome::Resolved(json!({
                 "output": row.output,
+                "artifactVersion": version,
                 "threadId": row.thread_id,
                 "runId": row.run_id,
                 "status": row.status,
@@ -515,9 +521,95 @@ impl WorkflowState {
             workflow_id: self.args.workflow_id.clone(),
             step_id: command.step_id,
         };
+        extra.push(release);
         let fields = json!({"run_id": row.run_id, "thread_id": row.thread_id});
-        self.conclude(myself, id, outcome, vec![release], fields)
-            .await;
+        self.conclude(myself, id, outcome, extra, fields).await;
+    }
+
+    /// Adds the write of the next artifact version to `ops` and returns its number. The counter
+    /// moves only here; a write that fails stops the workflow, and recovery reads the true newest
+    /// version from the store.
+    fn next_artifact(
+        &mut self,
+        ops: &mut Vec<WriteOp>,
+        source_step_id: &str,
+        path: Option<String>,
+        content: Vec<u8>,
+    ) -> i64 {
+        self.artifacts += 1;
+        ops.push(WriteOp::PutArtifact {
+            workflow_id: self.args.workflow_id.clone(),
+            version: self.artifacts,
+            source_step_id: source_step_id.to_owned(),
+            path,
+            sha256: sha256_hex(&content),
+            content,
+        });
+        self.artifacts
+    }
+
+    /// Captures a file or reads an artifact, and concludes the call.
+    async fn local(&mut self, myself: &ActorRef<WorkflowMsg>, id: CallId) {
+        let Some((_, command)) = self.waiting.get(&id).cloned() else {
+            return;
+        };
+        let mut extra = Vec::new();
+        let outcome = if command.kind == CallKind::CaptureArtifact {
+            match self.read_capture(&command).await {
+                Ok((path, content)) => {
+                    let (bytes, sha256) = (content.len(), sha256_hex(&content));
+                    let version =
+                        self.next_artifact(&mut extra, &command.step_id, Some(path), content);
+                    Outcome::Resolved(
+                        json!({"artifactVersion": version, "bytes": bytes, "sha256": sha256}),
+                    )
+                }
+                Err(message) => Outcome::Rejected(json!({"message": message, "status": "error"})),
+            }
+        } else {
+            let version = command.args["artifactVersion"].as_i64().unwrap_or(0);
+            match self
+                .args
+                .store
+                .read_artifact(&self.args.workflow_id, version)
+                .await
+            {
+                Ok(Some(artifact)) => Outcome::Resolved(artifact_content(artifact.content)),
+                Ok(None) => Outcome::Rejected(json!({
+                    "message": format!("artifact version {version} does not exist"),
+                    "status": "error",
+                })),
+                Err(error) => {
+                    tracing::error!(parent: &self.span, %error, "reading an artifact failed");
+                    self.stop(myself);
+                    return;
+                }
+            }
+        };
+        self.conclude(myself, id, outcome, extra, json!({})).await;
+    }
+
+    /// The bytes of the file a capture names, from the source step's thread workspace. A file
+    /// that is not there is an error, never invented content.
+    async fn read_capture(&self, command: &Command) -> Result<(String, Vec<u8>), String> {
+        let source = command.args["sourceStepId"].as_str().unwrap_or_default();
+        let path = command.args["path"].as_str().unwrap_or_default();
+        let thread = thread_for(&self.args.workflow_id, source);
+        let root = crate::workspace::thread_root(&self.args.workspaces_dir, &thread)
+            .map_err(|e| e.to_string())?;
+        let file = crate::workspace::resolve(&root, path).map_err(|e| e.to_string())?;
+        let cannot =
+            |e: std::io::Error| format!("cannot capture {path:?} from step {source:?}: {e}");
+        let metadata = tokio::fs::metadata(&file).await.map_err(cannot)?;
+        if metadata.len() > self.args.artifact_bytes_max {
+            return Err(format!(
+                "{path:?} is {} bytes, over artifact_bytes_max ({})",
+                metadata.len(),
+                self.args.artifact_bytes_max
+            ));
+        }
+        let content = tokio::fs::read(&file).await.map_err(cannot)?;
+        Ok((path.to_owned(), content))
     }
 
     async fn reconcile_needed(&mut self, myself: &ActorRef<WorkflowMsg>) {
@@ -614,6 +706,7 @@ impl Actor for WorkflowSupervisor {
         myself.send_message(WorkflowMsg::Begin)?;
         Ok(WorkflowState {
             args,
+            artifacts: 0,
             journal: Vec::new(),
             waiting: BTreeMap::new(),
             loaded: false,
@@ -634,7 +727,15 @@ impl Actor for WorkflowSupervisor {
         }
         match message {
             WorkflowMsg::Begin => {
-                match state.args.store.read_steps(&state.args.workflow_id).await {
+                let id = state.args.workflow_id.clone();
+                let journal = match state.args.store.last_artifact_version(&id).await {
+                    Ok(version) => {
+                        state.artifacts = version;
+                        state.args.store.read_steps(&id).await
+                    }
+                    Err(error) => Err(error),
+                };
+                match journal {
                     Ok(steps) => {
                         state.journal = steps
                             .into_iter()
@@ -669,11 +770,7 @@ impl Actor for WorkflowSupervisor {
                 }
             }
             WorkflowMsg::Poll => state.poll_controls(&myself).await,
-            WorkflowMsg::Settled { id, outcome } => {
-                state
-                    .conclude(&myself, id, outcome, Vec::new(), json!({}))
-                    .await;
-            }
+            WorkflowMsg::Local { id } => state.local(&myself, id).await,
         }
         Ok(())
     }
@@ -685,6 +782,27 @@ impl Actor for WorkflowSupervisor {
     ) -> Result<(), ActorProcessingErr> {
         state.args.js.park(&state.args.workflow_id);
         Ok(())
+    }
+}
+
+fn sha256_hex(content: &[u8]) -> String {
+    Sha256::digest(content)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// An artifact's content as `readArtifact` returns it: text when it is UTF-8, base64 otherwise.
+fn artifact_content(content: Vec<u8>) -> Value {
+    match String::from_utf8(content) {
+        Ok(text) => Value::String(text),
+        Err(bytes) => {
+            use base64::Engine;
+            json!({
+                "base64": base64::engine::general_purpose::STANDARD.encode(bytes.as_bytes()),
+                "encoding": "base64",
+            })
+        }
     }
 }
 

@@ -52,6 +52,10 @@ pub struct WorkflowView {
 #[derive(Debug, Clone)]
 pub struct WorkflowsOptions {
     pub limits: runtime::Limits,
+    /// Where thread workspaces live (captures read files there).
+    pub workspaces_dir: std::path::PathBuf,
+    /// An artifact's bytes at most.
+    pub artifact_bytes_max: u64,
     pub launch_limits: LaunchLimits,
     pub slots_max: u64,
     pub lease_ms: u64,
@@ -274,6 +278,8 @@ async fn supervise(
             js: state.args.js.clone(),
             lease: state.args.lease.clone(),
             limits: options.limits.clone(),
+            workspaces_dir: options.workspaces_dir.clone(),
+            artifact_bytes_max: options.artifact_bytes_max,
             slots_max: options.slots_max,
             deadline: sent + Duration::from_millis(options.lease_ms),
         },

@@ -66,6 +66,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             shutdown_timeout: Duration::from_millis(config.shutdown.drain_timeout_ms),
             workflows: WorkflowsOptions {
                 limits: config.limits.workflow(),
+                workspaces_dir: config.workspaces_dir(),
+                artifact_bytes_max: config.limits.artifact_bytes_max,
                 launch_limits: LaunchLimits {
                     max_workflows: config.limits.max_workflows,
                     max_workflows_per_owner: config.limits.max_workflows_per_owner,

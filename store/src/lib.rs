@@ -27,7 +27,7 @@ pub use runs::{
     WorkflowStep, pending_request_id,
 };
 pub use workflows::{ControlRow, ControlWrite, LIVE_STATUSES, Launch, LaunchLimits, NewControl};
-pub use write::{NewWorkflow, StepRow, WorkflowRow, WriteOp};
+pub use write::{ArtifactRow, NewWorkflow, StepRow, WorkflowRow, WriteOp};
 
 /// Where the data lives, parsed from the configuration's `database` value.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -299,6 +299,26 @@ impl Store {
         retry(|| {
             let control = control.clone();
             async move { on_backend!(self, store => store.put_control(control).await) }
+        })
+        .await
+    }
+
+    /// One artifact version of a workflow.
+    pub async fn read_artifact(
+        &self,
+        workflow_id: &str,
+        version: i64,
+    ) -> Result<Option<ArtifactRow>> {
+        retry(|| async {
+            on_backend!(self, store => store.read_artifact(workflow_id, version).await)
+        })
+        .await
+    }
+
+    /// The newest artifact version of a workflow (0 when it has none).
+    pub async fn last_artifact_version(&self, workflow_id: &str) -> Result<i64> {
+        retry(|| async {
+            on_backend!(self, store => store.last_artifact_version(workflow_id).await)
         })
         .await
     }

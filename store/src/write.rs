@@ -26,6 +26,16 @@ pub enum WriteOp {
     },
     /// Mark a control as carried out.
     MarkControlApplied { control_id: i64 },
+    /// Store an immutable artifact version (a captured file, an agent's output). A version that
+    /// exists already is a conflict: versions never change.
+    PutArtifact {
+        workflow_id: String,
+        version: i64,
+        source_step_id: String,
+        path: Option<String>,
+        content: Vec<u8>,
+        sha256: String,
+    },
     /// Give back the `workflow_slots` slot a step held for its child run.
     ReleaseSlot {
         workflow_id: String,
@@ -52,6 +62,16 @@ pub struct StepRow {
     pub kind: String,
     pub status: String,
     pub data: Value,
+}
+
+/// One artifact version as read back.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ArtifactRow {
+    pub version: i64,
+    pub source_step_id: Option<String>,
+    pub path: Option<String>,
+    pub content: Vec<u8>,
+    pub sha256: String,
 }
 
 /// A workflow row as read back (without its journal).

@@ -12,18 +12,42 @@ use store::ControlWrite;
 use crate::harness::{TestNode, eventually, on_both_backends};
 
 const SCRIPT: &str = r#"
-    const draft = await agent({stepId: "draft", agentRef: "scripted",
-                               task: {output: {text: "v1"}, tokens: 3}});
+    const draft = await agent({stepId: "draft", agentRef: "scripted", task: {
+        write: [{path: "/mnt/user-data/outputs/evidence.txt", content: "evidence v1"}],
+        output: {text: "v1"}, tokens: 3}});
     const [left, right] = await parallel([
         () => agent({stepId: "left", agentRef: "scripted", task: "l"}),
         () => agent({stepId: "right", agentRef: "scripted", task: "r"}),
     ]);
+    const captured = await captureArtifact({stepId: "cap", sourceStepId: "draft",
+                                            path: "/mnt/user-data/outputs/evidence.txt"});
     const resumed = await pause({stepId: "hold"});
-    const review = await humanCheckpoint({stepId: "review", sourceStepId: "draft", artifactVersion: 1});
+    const text = await readArtifact({artifactVersion: captured.artifactVersion});
+    const review = await humanCheckpoint({stepId: "review", sourceStepId: "cap",
+                                          artifactVersion: captured.artifactVersion});
     console.log("reviewed", review.decision);
-    return {draft: draft.output, left: left.output, right: right.output, resumed,
-            decision: review.decision, by: review.decidedBy, hasTime: Date.now() > 0};
+    return {draft: draft.output, draftVersion: draft.artifactVersion, left: left.output,
+            right: right.output, captured: [captured.artifactVersion, captured.bytes], text,
+            resumed, decision: review.decision, by: review.decidedBy, hasTime: Date.now() > 0};
 "#;
+
+/// The one file named `name` under the shared workspaces folder.
+fn find_file(root: &std::path::Path, name: &str) -> std::path::PathBuf {
+    let mut found = Vec::new();
+    let mut folders = vec![root.to_path_buf()];
+    while let Some(folder) = folders.pop() {
+        for entry in std::fs::read_dir(&folder).expect("read dir").flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                folders.push(path);
+            } else if path.file_name().is_some_and(|n| n == name) {
+                found.push(path);
+            }
+        }
+    }
+    assert_eq!(found.len(), 1, "{found:?}");
+    found.remove(0)
+}
 
 async fn view(node: &TestNode, id: &str) -> WorkflowView {
     node.node
@@ -60,6 +84,10 @@ on_both_backends! {
         let id = launched.run_id;
 
         wait_for_status(&node, &id, "paused").await;
+        // The source changes after the capture; the captured version must not.
+        let evidence = find_file(&shared.path().join("workspaces"), "evidence.txt");
+        assert_eq!(std::fs::read_to_string(&evidence).expect("evidence"), "evidence v1");
+        std::fs::write(&evidence, "tampered").expect("overwrite");
         let resumed = workflows.resume(&id, "hold", json!({"go": true}), "ada").await.expect("resume");
         assert!(matches!(resumed, ControlWrite::Recorded(_)));
         let repeated = workflows.resume(&id, "hold", json!({"go": true}), "ada").await.expect("again");
@@ -72,21 +100,28 @@ on_both_backends! {
         let done = view(&node, &id).await;
         assert_eq!(done.row.data["result"], json!({
             "draft": {"text": "v1"},
+            "draftVersion": 1,
             "left": {"echo": "l"},
             "right": {"echo": "r"},
+            "captured": [4, 11],
+            "text": "evidence v1",
             "resumed": {"go": true},
             "decision": "approve",
             "by": "bob",
             "hasTime": true,
         }));
+        let artifact = node.node.store().read_artifact(&id, 4).await.expect("read").expect("v4");
+        assert_eq!(artifact.content, b"evidence v1");
         let steps: Vec<(i32, &str, &str, &str)> = done.steps.iter()
             .map(|s| (s.seq, s.step_id.as_str(), s.kind.as_str(), s.status.as_str())).collect();
         assert_eq!(steps, vec![
             (0, "draft", "agent", "completed"),
             (1, "left", "agent", "completed"),
             (2, "right", "agent", "completed"),
-            (3, "hold", "pause", "completed"),
-            (4, "review", "humanCheckpoint", "completed"),
+            (3, "cap", "captureArtifact", "completed"),
+            (4, "hold", "pause", "completed"),
+            (5, "read:5", "readArtifact", "completed"),
+            (6, "review", "humanCheckpoint", "completed"),
         ]);
         let run_ids: HashSet<&str> = done.steps.iter().filter_map(|s| s.data["run_id"].as_str()).collect();
         assert_eq!(run_ids.len(), 3, "one child run per agent step");

@@ -13,7 +13,7 @@ use tokio_postgres::{NoTls, Row};
 
 use crate::lease::{Fence, Lease, ttl_seconds};
 use crate::migrations::{self, MigrationReport, PG_MIGRATION_LOCK};
-use crate::write::{StepRow, WorkflowRow, WriteOp};
+use crate::write::{ArtifactRow, StepRow, WorkflowRow, WriteOp};
 use crate::{Error, NodeRecord, Result, StoreOptions};
 
 mod runs;
@@ -299,6 +299,39 @@ impl PgStore {
             .collect())
     }
 
+    pub(crate) async fn read_artifact(
+        &self,
+        workflow_id: &str,
+        version: i64,
+    ) -> Result<Option<ArtifactRow>> {
+        let client = self.pool.get().await?;
+        let row = client
+            .query_opt(
+                "SELECT version, source_step_id, path, content, sha256 FROM workflow_artifacts
+                  WHERE workflow = $1 AND version = $2",
+                &[&workflow_id, &version],
+            )
+            .await?;
+        Ok(row.map(|row| ArtifactRow {
+            version: row.get(0),
+            source_step_id: row.get(1),
+            path: row.get(2),
+            content: row.get(3),
+            sha256: row.get(4),
+        }))
+    }
+
+    pub(crate) async fn last_artifact_version(&self, workflow_id: &str) -> Result<i64> {
+        let client = self.pool.get().await?;
+        Ok(client
+            .query_one(
+                "SELECT coalesce(max(version), 0) FROM workflow_artifacts WHERE workflow = $1",
+                &[&workflow_id],
+            )
+            .await?
+            .get(0))
+    }
+
     pub(crate) async fn register_node(&self, node: &NodeRecord) -> Result<()> {
         let client = self.pool.get().await?;
         client
@@ -385,6 +418,14 @@ fn op_sql(op: &WriteOp) -> &'static str {
              UPDATE workflow_controls SET applied_at = reins_now()
               WHERE id = $4 AND applied_at IS NULL AND EXISTS (SELECT 1 FROM fence)"
         }
+        WriteOp::PutArtifact { .. } => {
+            "WITH fence AS (SELECT reins_fence($1, $2, $3))
+             INSERT INTO workflow_artifacts (workflow, version, source_step_id, path, content,
+                                             bytes, sha256, created_at)
+             SELECT $4::text, $5::bigint, $6::text, $7::text, $8::bytea, octet_length($8::bytea),
+                    $9::text, reins_now()
+               FROM fence"
+        }
         WriteOp::ReleaseSlot { .. } => {
             "WITH fence AS (SELECT reins_fence($1, $2, $3))
              DELETE FROM workflow_slots
@@ -419,6 +460,18 @@ fn op_params<'a>(fence: &'a Fence, op: &'a WriteOp) -> Vec<&'a (dyn ToSql + Sync
             params.extend(own);
         }
         WriteOp::MarkControlApplied { control_id } => params.push(control_id),
+        WriteOp::PutArtifact {
+            workflow_id,
+            version,
+            source_step_id,
+            path,
+            content,
+            sha256,
+        } => {
+            let own: [&(dyn ToSql + Sync); 6] =
+                [workflow_id, version, source_step_id, path, content, sha256];
+            params.extend(own);
+        }
         WriteOp::ReleaseSlot {
             workflow_id,
             step_id,

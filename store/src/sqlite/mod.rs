@@ -15,7 +15,7 @@ use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use crate::lease::{Fence, Lease, ttl_seconds};
 use crate::migrations::{self, MigrationReport};
-use crate::write::{StepRow, WorkflowRow, WriteOp};
+use crate::write::{ArtifactRow, StepRow, WorkflowRow, WriteOp};
 use crate::{Error, NodeRecord, Result, StoreOptions};
 
 mod runs;
@@ -379,6 +379,44 @@ impl SqliteStore {
         .await
     }
 
+    pub(crate) async fn read_artifact(
+        &self,
+        workflow_id: &str,
+        version: i64,
+    ) -> Result<Option<ArtifactRow>> {
+        let workflow_id = workflow_id.to_owned();
+        self.read(move |connection| {
+            Ok(connection
+                .prepare_cached(
+                    "SELECT version, source_step_id, path, content, sha256 FROM workflow_artifacts
+                      WHERE workflow = ?1 AND version = ?2",
+                )?
+                .query_row(params![workflow_id, version], |row| {
+                    Ok(ArtifactRow {
+                        version: row.get(0)?,
+                        source_step_id: row.get(1)?,
+                        path: row.get(2)?,
+                        content: row.get(3)?,
+                        sha256: row.get(4)?,
+                    })
+                })
+                .optional()?)
+        })
+        .await
+    }
+
+    pub(crate) async fn last_artifact_version(&self, workflow_id: &str) -> Result<i64> {
+        let workflow_id = workflow_id.to_owned();
+        self.read(move |connection| {
+            Ok(connection
+                .prepare_cached(
+                    "SELECT coalesce(max(version), 0) FROM workflow_artifacts WHERE workflow = ?1",
+                )?
+                .query_row([&workflow_id], |row| row.get(0))?)
+        })
+        .await
+    }
+
     pub(crate) async fn register_node(&self, node: &NodeRecord) -> Result<()> {
         let node = node.clone();
         self.write(move |connection| {
@@ -499,6 +537,30 @@ fn apply(connection: &Connection, op: &WriteOp) -> Result<()> {
                       WHERE id = ?1 AND applied_at IS NULL",
                 )?
                 .execute(params![control_id])?;
+        }
+        WriteOp::PutArtifact {
+            workflow_id,
+            version,
+            source_step_id,
+            path,
+            content,
+            sha256,
+        } => {
+            connection
+                .prepare_cached(
+                    "INSERT INTO workflow_artifacts (workflow, version, source_step_id, path,
+                                                     content, bytes, sha256, created_at)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, unixepoch('subsec'))",
+                )?
+                .execute(params![
+                    workflow_id,
+                    version,
+                    source_step_id,
+                    path,
+                    content,
+                    i64::try_from(content.len()).unwrap_or(i64::MAX),
+                    sha256
+                ])?;
         }
         WriteOp::ReleaseSlot {
             workflow_id,
