@@ -20,6 +20,10 @@ pub enum Error {
         limit_name: &'static str,
         limit: usize,
     },
+    /// A rule refused the request (wrong state, incompatible runtime, pending cancel); nothing
+    /// was changed.
+    #[error("refused: {0}")]
+    Refused(String),
     /// A cluster-wide limit refused the request.
     #[error("refused by `{limit}` ({max})")]
     LimitReached { limit: &'static str, max: u64 },

@@ -12,7 +12,7 @@ use serde::Serialize;
 use store::{
     Admission, ApprovalAnswer, ArtifactRow, Backend, CancelAction, ControlRow, ControlWrite, Fence,
     Launch, LaunchLimits, Lease, NewControl, NewRun, NewWorkflow, NodeRecord, RunOutcome,
-    RunRenewal, RunRow, RunStatus, StepRow, Store, WorkflowRow, WriteOp,
+    RunRenewal, RunRow, RunStatus, StepRow, Store, TakeOver, WorkflowRow, WriteOp,
 };
 
 use crate::faults::{FaultAction, StoreFaults};
@@ -61,6 +61,9 @@ pub enum StoreMsg {
     Health {
         reply: RpcReplyPort<store::Result<StoreHealth>>,
     },
+    Now {
+        reply: RpcReplyPort<store::Result<f64>>,
+    },
     RegisterNode {
         node: NodeRecord,
         reply: RpcReplyPort<store::Result<()>>,
@@ -75,6 +78,13 @@ pub enum StoreMsg {
         lease_ms: u64,
         limits: LaunchLimits,
         reply: RpcReplyPort<store::Result<Launch>>,
+    },
+    TakeOverWorkflow {
+        workflow_id: String,
+        owner: String,
+        lease_ms: u64,
+        runtime_version: String,
+        reply: RpcReplyPort<store::Result<TakeOver>>,
     },
     ReadArtifact {
         workflow_id: String,
@@ -252,6 +262,9 @@ async fn serve(store: &Store, message: StoreMsg) {
                 });
             let _ = reply.send(health);
         }
+        StoreMsg::Now { reply } => {
+            let _ = reply.send(store.now().await);
+        }
         StoreMsg::RegisterNode { node, reply } => {
             let _ = reply.send(store.register_node(&node).await);
         }
@@ -268,6 +281,19 @@ async fn serve(store: &Store, message: StoreMsg) {
             let _ = reply.send(
                 store
                     .launch_workflow(workflow, &owner, lease_ms, limits)
+                    .await,
+            );
+        }
+        StoreMsg::TakeOverWorkflow {
+            workflow_id,
+            owner,
+            lease_ms,
+            runtime_version,
+            reply,
+        } => {
+            let _ = reply.send(
+                store
+                    .take_over_workflow(&workflow_id, &owner, lease_ms, &runtime_version)
                     .await,
             );
         }
@@ -568,6 +594,12 @@ impl StoreHandle {
     }
 
     /// Whether the database answers and its schema is the one this build expects.
+    /// The database clock, in epoch seconds.
+    pub async fn now(&self) -> store::Result<f64> {
+        self.call("now", Effect::Read, |reply| StoreMsg::Now { reply })
+            .await
+    }
+
     pub async fn health(&self) -> store::Result<StoreHealth> {
         self.call("health", Effect::Read, |reply| StoreMsg::Health { reply })
             .await
@@ -606,6 +638,31 @@ impl StoreHandle {
                 owner,
                 lease_ms,
                 limits,
+                reply,
+            }
+        })
+        .await
+    }
+
+    /// See [`Store::take_over_workflow`].
+    pub async fn take_over_workflow(
+        &self,
+        workflow_id: &str,
+        owner: &str,
+        lease_ms: u64,
+        runtime_version: &str,
+    ) -> store::Result<TakeOver> {
+        let (workflow_id, owner, runtime_version) = (
+            workflow_id.to_owned(),
+            owner.to_owned(),
+            runtime_version.to_owned(),
+        );
+        self.call("take_over_workflow", Effect::Write, |reply| {
+            StoreMsg::TakeOverWorkflow {
+                workflow_id,
+                owner,
+                lease_ms,
+                runtime_version,
                 reply,
             }
         })

@@ -465,6 +465,14 @@ impl WorkflowState {
                     let _ = me.send_message(WorkflowMsg::ChildEnded { id, run_id });
                 });
             }
+            Ok(Admitted::Existing(row))
+                if row.stop_reason.as_deref() == Some("orphan_recovered") =>
+            {
+                // Closed by the orphan sweep: the agent's real effects are unknown, and guessing
+                // "failed" could make a retry run it twice. A person decides.
+                tracing::warn!(parent: &self.span, run_id = %row.run_id, "child run was orphaned");
+                self.reconcile_needed(myself).await;
+            }
             Ok(Admitted::Existing(row)) if row.status.is_terminal() => {
                 self.waiting.insert(id, (Waiting::Child, command));
                 self.adopt(myself, id, row).await;
@@ -760,7 +768,10 @@ impl Actor for WorkflowSupervisor {
             WorkflowMsg::RetryAdmission(id) => state.admit(&myself, id),
             WorkflowMsg::ChildEnded { id, run_id } => {
                 match state.args.store.read_run(&run_id).await {
-                    Ok(Some(row)) if row.status.is_terminal() => {
+                    Ok(Some(row))
+                        if row.status.is_terminal()
+                            && row.stop_reason.as_deref() != Some("orphan_recovered") =>
+                    {
                         state.adopt(&myself, id, row).await;
                     }
                     Ok(_) | Err(_) => {

@@ -12,7 +12,8 @@ use serde::Serialize;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use store::{
-    ControlRow, ControlWrite, Launch, LaunchLimits, NewControl, NewWorkflow, StepRow, WorkflowRow,
+    ControlRow, ControlWrite, Launch, LaunchLimits, NewControl, NewWorkflow, StepRow, TakeOver,
+    WorkflowRow,
 };
 use tokio::time::Instant;
 
@@ -72,6 +73,18 @@ pub enum WorkflowsMsg {
         workflow: Box<NewWorkflow>,
         sent: Instant,
         result: Box<store::Result<Launch>>,
+        reply: RpcReplyPort<Result<Launched, Error>>,
+    },
+    /// Take over a recoverable workflow and replay it here.
+    Recover {
+        workflow_id: String,
+        reply: RpcReplyPort<Result<Launched, Error>>,
+    },
+    /// The store answered a takeover.
+    TakenOver {
+        workflow_id: String,
+        sent: Instant,
+        result: Box<store::Result<TakeOver>>,
         reply: RpcReplyPort<Result<Launched, Error>>,
     },
     /// The workflows supervised here.
@@ -180,6 +193,61 @@ impl Actor for Workflows {
                         created: false,
                     }),
                     Ok(Launch::Refused { limit, max }) => Err(Error::LimitReached { limit, max }),
+                    Err(error) => Err(Error::Store(error)),
+                };
+                let _ = reply.send(answer);
+            }
+            WorkflowsMsg::Recover { workflow_id, reply } => {
+                let (store, me) = (state.args.store.clone(), myself.clone());
+                let (owner, lease_ms) = (state.args.worker_id.clone(), state.args.options.lease_ms);
+                let runtime_version = runtime::runtime_version(&state.args.options.limits);
+                tokio::spawn(async move {
+                    let sent = Instant::now();
+                    let result = store
+                        .take_over_workflow(&workflow_id, &owner, lease_ms, &runtime_version)
+                        .await;
+                    let _ = me.send_message(WorkflowsMsg::TakenOver {
+                        workflow_id,
+                        sent,
+                        result: Box::new(result),
+                        reply,
+                    });
+                });
+            }
+            WorkflowsMsg::TakenOver {
+                workflow_id,
+                sent,
+                result,
+                reply,
+            } => {
+                let answer = match *result {
+                    Ok(TakeOver::Taken(lease)) => {
+                        match state.args.store.read_workflow(&workflow_id).await {
+                            Ok(Some(row)) => {
+                                let workflow = NewWorkflow {
+                                    workflow_id: row.workflow_id,
+                                    user_id: row.user_id,
+                                    request_id: None,
+                                    fingerprint: row.fingerprint,
+                                    data: row.data,
+                                };
+                                supervise(&myself, state, workflow, lease, sent).await.map(
+                                    |launched| Launched {
+                                        created: false,
+                                        ..launched
+                                    },
+                                )
+                            }
+                            Ok(None) => Err(Error::Store(store::Error::NotFound(format!(
+                                "workflow {workflow_id:?}"
+                            )))),
+                            Err(error) => Err(Error::Store(error)),
+                        }
+                    }
+                    Ok(TakeOver::NotRecoverable(reason)) => {
+                        Err(Error::Refused(format!("not recoverable: {reason}")))
+                    }
+                    Ok(TakeOver::Refused(reason)) => Err(Error::Refused(reason)),
                     Err(error) => Err(Error::Store(error)),
                 };
                 let _ = reply.send(answer);
@@ -416,6 +484,15 @@ impl WorkflowsHandle {
                 created_by: Some(by.to_owned()),
             })
             .await?)
+    }
+
+    /// Takes over a recoverable workflow (live, its owner's lease expired) with epoch + 1 and
+    /// replays it on this node. Refused, with the lease untouched, when this node's runtime
+    /// version differs or a cancellation is pending.
+    pub async fn recover(&self, workflow_id: &str) -> Result<Launched, Error> {
+        let workflow_id = workflow_id.to_owned();
+        self.call(|reply| WorkflowsMsg::Recover { workflow_id, reply })
+            .await?
     }
 
     /// The workflows supervised on this node.

@@ -26,7 +26,9 @@ pub use runs::{
     Admission, ApprovalAnswer, CancelAction, NewRun, RunOutcome, RunRenewal, RunRow, RunStatus,
     WorkflowStep, pending_request_id,
 };
-pub use workflows::{ControlRow, ControlWrite, LIVE_STATUSES, Launch, LaunchLimits, NewControl};
+pub use workflows::{
+    ControlRow, ControlWrite, LIVE_STATUSES, Launch, LaunchLimits, NewControl, TakeOver,
+};
 pub use write::{ArtifactRow, NewWorkflow, StepRow, WorkflowRow, WriteOp};
 
 /// Where the data lives, parsed from the configuration's `database` value.
@@ -290,6 +292,23 @@ impl Store {
                 "workflow {id:?} exists under that request id"
             ))),
         }
+    }
+
+    /// Takes over a `recoverable` workflow (live status, expired lease) for `owner` with epoch +
+    /// 1, in one transaction that first refuses, writing nothing, when the workflow was written
+    /// under another `runtime_version` or a cancellation is pending (only `cancel` may finish it).
+    pub async fn take_over_workflow(
+        &self,
+        workflow_id: &str,
+        owner: &str,
+        lease_ms: u64,
+        runtime_version: &str,
+    ) -> Result<TakeOver> {
+        retry(|| async {
+            on_backend!(self, store =>
+                store.take_over_workflow(workflow_id, owner, lease_ms, runtime_version).await)
+        })
+        .await
     }
 
     /// Records a control (resume, decide, cancel) for a workflow, once: an identical control

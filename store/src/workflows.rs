@@ -42,6 +42,17 @@ pub enum Launch {
     Refused { limit: &'static str, max: u64 },
 }
 
+/// What an attempt to take over a workflow did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TakeOver {
+    /// This node holds the workflow now, at the returned (incremented) epoch.
+    Taken(Lease),
+    /// The workflow is not recoverable: it finished, or its owner's lease is still valid.
+    NotRecoverable(String),
+    /// A rule refused the takeover; nothing was written and the lease is untouched.
+    Refused(String),
+}
+
 /// A durable request to a workflow.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ControlRow {

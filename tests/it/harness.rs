@@ -300,6 +300,18 @@ impl TestNode {
         shared: &Path,
         agents: &[actors::agents::AgentConfig],
     ) -> TestNode {
+        TestNode::start_custom(db, name, lease_ms, shared, agents, |_| {}).await
+    }
+
+    /// [`TestNode::start_with`], letting `adjust` change the node's options.
+    pub async fn start_custom(
+        db: &TestDb,
+        name: &str,
+        lease_ms: u64,
+        shared: &Path,
+        agents: &[actors::agents::AgentConfig],
+        adjust: impl FnOnce(&mut actors::NodeOptions),
+    ) -> TestNode {
         let faults = actors::StoreFaults::default();
         let agents = actors::agents::AgentRegistry::new(agents).expect("agents");
         let runs = actors::RunsOptions {
@@ -315,14 +327,20 @@ impl TestNode {
             host: "test".into(),
             pid: std::process::id(),
         };
-        let options = actors::NodeOptions {
+        let mut options = actors::NodeOptions {
             faults: Some(faults.clone()),
             call_timeout: Duration::from_secs(10),
             ..actors::NodeOptions::new(runs, Arc::new(agents))
         };
+        adjust(&mut options);
         let node = actors::Node::start(identity, db.store().await, options)
             .await
             .expect("start node");
         TestNode { node, faults }
     }
+}
+
+/// The database clock, through a node's store handle.
+pub async fn db_now(store: &actors::StoreHandle) -> f64 {
+    store.now().await.expect("database clock")
 }

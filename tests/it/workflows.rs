@@ -157,3 +157,115 @@ on_both_backends! {
         assert!(result.as_str().is_some_and(|m| m.contains("oracle")), "{result}");
     }
 }
+
+/// Stops `node` the way a crash leaves things for the others (its leases are not released), and
+/// waits, watching through `survivor`, until the workflow's lease has expired by the database
+/// clock.
+async fn crash_and_wait_for_expiry(node: TestNode, survivor: &TestNode, id: &str) {
+    let store = survivor.node.store();
+    let lease = store.read_lease(id).await.expect("lease").expect("leased");
+    node.node.shutdown().await.expect("stop");
+    eventually(
+        Duration::from_secs(10),
+        "the dead owner's lease expired",
+        async || {
+            store
+                .read_lease(id)
+                .await
+                .ok()
+                .flatten()
+                .is_some_and(|l| l.epoch == lease.epoch)
+                && crate::harness::db_now(&store).await > lease.expires_at
+        },
+    )
+    .await;
+}
+
+const RECOVERABLE: &str = r#"
+    const first = await agent({stepId: "first", agentRef: "scripted", task: "one"});
+    const input = await pause({stepId: "hold"});
+    const second = await agent({stepId: "second", agentRef: "scripted", task: "two"});
+    return {first: first.output, input, second: second.output, firstRun: first.runId};
+"#;
+
+on_both_backends! {
+    async fn a_workflow_recovered_on_another_node_replays_without_running_a_step_twice(db: TestDb) {
+        let shared = tempfile::tempdir().expect("temp dir");
+        let owner = TestNode::start(&db, "owner", 1_500, shared.path()).await;
+        let heir = TestNode::start(&db, "heir", 1_500, shared.path()).await;
+        let request = LaunchRequest {
+            user_id: "ada".into(),
+            request_id: None,
+            script: RECOVERABLE.into(),
+            args: json!({}),
+        };
+        let id = owner.node.workflows().launch(request).await.expect("launch").run_id;
+        wait_for_status(&owner, &id, "paused").await;
+        let first_run = view(&owner, &id).await.steps[0].data["run_id"].clone();
+
+        let early = heir.node.workflows().recover(&id).await;
+        assert!(matches!(early, Err(actors::Error::Refused(ref m)) if m.contains("still valid")), "{early:?}");
+
+        crash_and_wait_for_expiry(owner, &heir, &id).await;
+        let recovered = heir.node.workflows().recover(&id).await.expect("recover");
+        assert_eq!(recovered.run_id, id);
+        assert_eq!(heir.node.store().read_lease(&id).await.expect("lease").map(|l| l.epoch), Some(2));
+        heir.node.workflows().resume(&id, "hold", json!("go"), "ada").await.expect("resume");
+        wait_for_status(&heir, &id, "completed").await;
+
+        let done = view(&heir, &id).await;
+        assert_eq!(done.row.data["result"]["first"], json!({"echo": "one"}));
+        assert_eq!(done.row.data["result"]["second"], json!({"echo": "two"}));
+        assert_eq!(done.row.data["result"]["firstRun"], first_run, "the first step ran again");
+        assert_eq!(done.steps[0].data["run_id"], first_run);
+        assert_eq!(done.row.owner.as_deref().map(|o| o.starts_with("heir")), Some(true));
+    }
+}
+
+on_both_backends! {
+    async fn a_step_whose_child_outcome_is_unknown_sends_the_recovered_workflow_to_reconciliation(db: TestDb) {
+        let shared = tempfile::tempdir().expect("temp dir");
+        let owner = TestNode::start(&db, "owner", 1_500, shared.path()).await;
+        let heir = TestNode::start(&db, "heir", 1_500, shared.path()).await;
+        std::fs::write(shared.path().join("faults/hold_model"), b"").expect("hold");
+        let script = r#"const r = await agent({stepId: "slow", agentRef: "scripted",
+                                              task: {hold_while: "hold_model"}}); return r.output;"#;
+        let request = LaunchRequest { user_id: "ada".into(), request_id: None, script: script.into(), args: json!({}) };
+        let id = owner.node.workflows().launch(request).await.expect("launch").run_id;
+        eventually(Duration::from_secs(10), "the child run started", async || {
+            view(&owner, &id).await.steps.first().is_some_and(|s| s.status == "running")
+        })
+        .await;
+        let run_id = view(&owner, &id).await.steps[0].data["run_id"].as_str().expect("run").to_owned();
+
+        crash_and_wait_for_expiry(owner, &heir, &id).await;
+        heir.node.workflows().recover(&id).await.expect("recover");
+        wait_for_status(&heir, &id, "needs_reconciliation").await;
+        let done = view(&heir, &id).await;
+        assert_eq!(done.steps[0].data["run_id"].as_str(), Some(run_id.as_str()),
+            "recovery admitted a second child run");
+        assert!(heir.node.workflows().live().await.expect("live").is_empty());
+    }
+}
+
+on_both_backends! {
+    async fn recovery_under_another_runtime_version_is_refused_with_the_lease_untouched(db: TestDb) {
+        let shared = tempfile::tempdir().expect("temp dir");
+        let owner = TestNode::start(&db, "owner", 1_500, shared.path()).await;
+        let scripted = actors::agents::AgentConfig::Scripted { name: "scripted".into() };
+        let other = TestNode::start_custom(&db, "other", 1_500, shared.path(), &[scripted], |options| {
+            options.workflows.limits.frame_bytes_max = 1_000;
+        })
+        .await;
+        let request = LaunchRequest { user_id: "ada".into(), request_id: None,
+            script: RECOVERABLE.into(), args: json!({}) };
+        let id = owner.node.workflows().launch(request).await.expect("launch").run_id;
+        wait_for_status(&owner, &id, "paused").await;
+        crash_and_wait_for_expiry(owner, &other, &id).await;
+        let before = other.node.store().read_lease(&id).await.expect("lease").expect("leased");
+        let refused = other.node.workflows().recover(&id).await;
+        assert!(matches!(refused, Err(actors::Error::Refused(ref m)) if m.contains("runtime")), "{refused:?}");
+        let after = other.node.store().read_lease(&id).await.expect("lease").expect("leased");
+        assert_eq!(after, before, "a refused recovery touched the lease");
+    }
+}

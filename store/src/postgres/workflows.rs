@@ -8,7 +8,9 @@ use tokio_postgres::Row;
 
 use super::PgStore;
 use crate::lease::ttl_seconds;
-use crate::workflows::{ControlRow, ControlWrite, LIVE_STATUSES, Launch, LaunchLimits, NewControl};
+use crate::workflows::{
+    ControlRow, ControlWrite, LIVE_STATUSES, Launch, LaunchLimits, NewControl, TakeOver,
+};
 use crate::{Error, Lease, NewWorkflow, Result, WorkflowRow};
 
 /// The advisory-lock key launches serialise on ("launch" in ASCII).
@@ -197,5 +199,95 @@ impl PgStore {
             )
             .await?;
         Ok(rows.iter().map(control).collect())
+    }
+}
+
+async fn take_over_in(
+    transaction: &Transaction<'_>,
+    workflow_id: &str,
+    owner: &str,
+    lease_ms: u64,
+    runtime_version: &str,
+) -> Result<TakeOver> {
+    let row = transaction
+        .query_opt(
+            "SELECT status, data->>'runtime_version' FROM workflows WHERE id = $1 FOR UPDATE",
+            &[&workflow_id],
+        )
+        .await?;
+    let Some(row) = row else {
+        return Err(Error::NotFound(format!("workflow {workflow_id:?}")));
+    };
+    let (status, written_under): (String, Option<String>) = (row.get(0), row.get(1));
+    if !LIVE_STATUSES.contains(&status.as_str()) {
+        return Ok(TakeOver::NotRecoverable(format!(
+            "the workflow is {status}"
+        )));
+    }
+    let written_under = written_under.unwrap_or_default();
+    if written_under != runtime_version {
+        return Ok(TakeOver::Refused(format!(
+            "the workflow's journal was written by runtime {written_under:?}, this node runs \
+             {runtime_version:?}"
+        )));
+    }
+    let cancel_pending: bool = transaction
+        .query_one(
+            "SELECT count(*) > 0 FROM workflow_controls
+              WHERE workflow = $1 AND kind = 'cancel' AND applied_at IS NULL",
+            &[&workflow_id],
+        )
+        .await?
+        .get(0);
+    if cancel_pending || status == "cancelling" {
+        return Ok(TakeOver::Refused(
+            "a cancellation is pending: only cancel may finish this workflow".into(),
+        ));
+    }
+    let taken = transaction
+        .query_opt(
+            "UPDATE extension_execution_leases
+                SET owner = $2, epoch = epoch + 1, expires_at = reins_now() + $3
+              WHERE resource_id = $1 AND expires_at <= reins_now()
+             RETURNING epoch, expires_at",
+            &[&workflow_id, &owner, &ttl_seconds(lease_ms)],
+        )
+        .await?;
+    let Some(taken) = taken else {
+        return Ok(TakeOver::NotRecoverable(
+            "its owner's lease is still valid".into(),
+        ));
+    };
+    transaction
+        .execute(
+            "UPDATE workflows SET owner = $2, updated_at = reins_now() WHERE id = $1",
+            &[&workflow_id, &owner],
+        )
+        .await?;
+    Ok(TakeOver::Taken(Lease {
+        resource_id: workflow_id.to_owned(),
+        owner: owner.to_owned(),
+        epoch: taken.get(0),
+        expires_at: taken.get(1),
+    }))
+}
+
+impl PgStore {
+    pub(crate) async fn take_over_workflow(
+        &self,
+        workflow_id: &str,
+        owner: &str,
+        lease_ms: u64,
+        runtime_version: &str,
+    ) -> Result<TakeOver> {
+        let mut client = self.pool.get().await?;
+        let transaction = client.transaction().await?;
+        let outcome =
+            take_over_in(&transaction, workflow_id, owner, lease_ms, runtime_version).await?;
+        // A refusal writes nothing: the transaction is dropped, which rolls it back.
+        if matches!(outcome, TakeOver::Taken(_)) {
+            transaction.commit().await.map_err(commit_error)?;
+        }
+        Ok(outcome)
     }
 }

@@ -5,7 +5,9 @@ use rusqlite::{Connection, OptionalExtension, Row, params};
 
 use super::{SqliteStore, parse_json};
 use crate::lease::ttl_seconds;
-use crate::workflows::{ControlRow, ControlWrite, LIVE_STATUSES, Launch, LaunchLimits, NewControl};
+use crate::workflows::{
+    ControlRow, ControlWrite, LIVE_STATUSES, Launch, LaunchLimits, NewControl, TakeOver,
+};
 use crate::{Error, Lease, NewWorkflow, Result, WorkflowRow};
 
 /// `status IN (...)` over the live statuses.
@@ -203,6 +205,97 @@ impl SqliteStore {
             ))?;
             let rows = statement.query_map([&workflow_id], control_row)?;
             rows.map(|row| decode_control(row?)).collect()
+        })
+        .await
+    }
+}
+
+fn take_over(
+    connection: &Connection,
+    workflow_id: &str,
+    owner: &str,
+    lease_ms: u64,
+    runtime_version: &str,
+) -> Result<TakeOver> {
+    let row = connection
+        .prepare_cached("SELECT status, data FROM workflows WHERE id = ?1")?
+        .query_row([workflow_id], |row| {
+            Ok((row.get::<_, String>(0)?, row.get::<_, String>(1)?))
+        })
+        .optional()?;
+    let Some((status, data)) = row else {
+        return Err(Error::NotFound(format!("workflow {workflow_id:?}")));
+    };
+    if !LIVE_STATUSES.contains(&status.as_str()) {
+        return Ok(TakeOver::NotRecoverable(format!(
+            "the workflow is {status}"
+        )));
+    }
+    let written_under = parse_json(&data)?["runtime_version"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    if written_under != runtime_version {
+        return Ok(TakeOver::Refused(format!(
+            "the workflow's journal was written by runtime {written_under:?}, this node runs \
+             {runtime_version:?}"
+        )));
+    }
+    let cancel_pending: bool = connection
+        .prepare_cached(
+            "SELECT count(*) > 0 FROM workflow_controls
+              WHERE workflow = ?1 AND kind = 'cancel' AND applied_at IS NULL",
+        )?
+        .query_row([workflow_id], |row| row.get(0))?;
+    if cancel_pending || status == "cancelling" {
+        return Ok(TakeOver::Refused(
+            "a cancellation is pending: only cancel may finish this workflow".into(),
+        ));
+    }
+    let taken = connection
+        .prepare_cached(
+            "UPDATE extension_execution_leases
+                SET owner = ?2, epoch = epoch + 1, expires_at = unixepoch('subsec') + ?3
+              WHERE resource_id = ?1 AND expires_at <= unixepoch('subsec')
+             RETURNING epoch, expires_at",
+        )?
+        .query_row(params![workflow_id, owner, ttl_seconds(lease_ms)], |row| {
+            Ok((row.get::<_, i64>(0)?, row.get::<_, f64>(1)?))
+        })
+        .optional()?;
+    let Some((epoch, expires_at)) = taken else {
+        return Ok(TakeOver::NotRecoverable(
+            "its owner's lease is still valid".into(),
+        ));
+    };
+    connection
+        .prepare_cached(
+            "UPDATE workflows SET owner = ?2, updated_at = unixepoch('subsec') WHERE id = ?1",
+        )?
+        .execute(params![workflow_id, owner])?;
+    Ok(TakeOver::Taken(Lease {
+        resource_id: workflow_id.to_owned(),
+        owner: owner.to_owned(),
+        epoch,
+        expires_at,
+    }))
+}
+
+impl SqliteStore {
+    pub(crate) async fn take_over_workflow(
+        &self,
+        workflow_id: &str,
+        owner: &str,
+        lease_ms: u64,
+        runtime_version: &str,
+    ) -> Result<TakeOver> {
+        let (workflow_id, owner, runtime_version) = (
+            workflow_id.to_owned(),
+            owner.to_owned(),
+            runtime_version.to_owned(),
+        );
+        self.write(move |connection| {
+            take_over(connection, &workflow_id, &owner, lease_ms, &runtime_version)
         })
         .await
     }
