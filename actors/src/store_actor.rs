@@ -86,6 +86,14 @@ pub enum StoreMsg {
         runtime_version: String,
         reply: RpcReplyPort<store::Result<TakeOver>>,
     },
+    DeleteWorkflow {
+        workflow_id: String,
+        reply: RpcReplyPort<store::Result<store::Deletion>>,
+    },
+    ListWorkflows {
+        filter: store::ListFilter,
+        reply: RpcReplyPort<store::Result<Vec<WorkflowRow>>>,
+    },
     ReadArtifact {
         workflow_id: String,
         version: i64,
@@ -296,6 +304,12 @@ async fn serve(store: &Store, message: StoreMsg) {
                     .take_over_workflow(&workflow_id, &owner, lease_ms, &runtime_version)
                     .await,
             );
+        }
+        StoreMsg::DeleteWorkflow { workflow_id, reply } => {
+            let _ = reply.send(store.delete_workflow(&workflow_id).await);
+        }
+        StoreMsg::ListWorkflows { filter, reply } => {
+            let _ = reply.send(store.list_workflows(filter).await);
         }
         StoreMsg::ReadArtifact {
             workflow_id,
@@ -665,6 +679,26 @@ impl StoreHandle {
                 runtime_version,
                 reply,
             }
+        })
+        .await
+    }
+
+    /// See [`Store::delete_workflow`].
+    pub async fn delete_workflow(&self, workflow_id: &str) -> store::Result<store::Deletion> {
+        let workflow_id = workflow_id.to_owned();
+        self.call("delete_workflow", Effect::Write, |reply| {
+            StoreMsg::DeleteWorkflow { workflow_id, reply }
+        })
+        .await
+    }
+
+    /// See [`Store::list_workflows`].
+    pub async fn list_workflows(
+        &self,
+        filter: store::ListFilter,
+    ) -> store::Result<Vec<WorkflowRow>> {
+        self.call("list_workflows", Effect::Read, |reply| {
+            StoreMsg::ListWorkflows { filter, reply }
         })
         .await
     }

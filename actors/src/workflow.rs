@@ -32,6 +32,9 @@ use crate::store_actor::StoreHandle;
 const CONTROL_POLL: Duration = Duration::from_millis(200);
 /// How long a step without a free slot waits before asking again.
 const SLOT_RETRY: Duration = Duration::from_millis(200);
+/// How often a workflow that waits for no person looks for a cancel request. (Rows are the truth;
+/// a notification channel can make this a slow safety net later.)
+const CANCEL_POLL: Duration = Duration::from_secs(1);
 
 /// Messages of a workflow supervisor.
 pub enum WorkflowMsg {
@@ -56,6 +59,8 @@ pub enum WorkflowMsg {
     Local {
         id: CallId,
     },
+    /// The cancellation's window closed.
+    CancelDeadline,
 }
 
 impl From<LeaseEvent> for WorkflowMsg {
@@ -118,6 +123,9 @@ pub(crate) struct WorkflowArgs {
     pub workspaces_dir: std::path::PathBuf,
     pub artifact_bytes_max: u64,
     pub slots_max: u64,
+    /// How long a cancellation waits for its child runs to stop before it gives up on observing
+    /// them (and the workflow needs reconciliation).
+    pub cancel_window_ms: u64,
     pub deadline: Instant,
 }
 
@@ -126,8 +134,8 @@ pub(crate) struct WorkflowArgs {
 enum Waiting {
     /// A slot, to admit its child run.
     Slot,
-    /// Its child run.
-    Child,
+    /// Its child run (the run id once admitted).
+    Child(Option<String>),
     /// A control of this kind (`resume`, `decide`).
     Control(&'static str),
 }
@@ -142,6 +150,8 @@ pub(crate) struct WorkflowState {
     loaded: bool,
     status: &'static str,
     done: bool,
+    /// A cancellation in progress: the control to mark applied when it ends.
+    cancelling: Option<i64>,
     span: tracing::Span,
 }
 
@@ -299,7 +309,7 @@ impl WorkflowState {
             }
             CallKind::CaptureArtifact | CallKind::ReadArtifact => {
                 let id = command.id;
-                self.waiting.insert(id, (Waiting::Child, command));
+                self.waiting.insert(id, (Waiting::Child(None), command));
                 // Carried out from the mailbox, after this activation's commands are all begun.
                 let _ = myself.send_message(WorkflowMsg::Local { id });
             }
@@ -346,6 +356,9 @@ impl WorkflowState {
         mut extra: Vec<WriteOp>,
         fields: Value,
     ) {
+        if self.cancelling.is_some() {
+            return;
+        }
         let Some(_) = self.waiting.remove(&id) else {
             return;
         };
@@ -441,12 +454,35 @@ impl WorkflowState {
         id: CallId,
         result: Result<Admitted, Error>,
     ) {
+        if self.cancelling.is_some() {
+            // Admitted after the cancel began: stop it too, and wait for it like the others.
+            if let Ok(Admitted::Started { row, ended }) = result {
+                if let Some((_, command)) = self.waiting.get(&id).cloned() {
+                    self.waiting
+                        .insert(id, (Waiting::Child(Some(row.run_id.clone())), command));
+                }
+                let _ = self
+                    .args
+                    .runs
+                    .cancel(&row.run_id, store::CancelAction::Interrupt)
+                    .await;
+                let (me, run_id) = (myself.clone(), row.run_id);
+                tokio::spawn(async move {
+                    let _ = ended.await;
+                    let _ = me.send_message(WorkflowMsg::ChildEnded { id, run_id });
+                });
+            }
+            return;
+        }
         let Some((_, command)) = self.waiting.get(&id).cloned() else {
             return;
         };
         match result {
             Ok(Admitted::Started { row, ended }) => {
-                self.waiting.insert(id, (Waiting::Child, command.clone()));
+                self.waiting.insert(
+                    id,
+                    (Waiting::Child(Some(row.run_id.clone())), command.clone()),
+                );
                 let Some(entry) = self.journal.get(id.0 as usize).cloned() else {
                     return;
                 };
@@ -474,7 +510,7 @@ impl WorkflowState {
                 self.reconcile_needed(myself).await;
             }
             Ok(Admitted::Existing(row)) if row.status.is_terminal() => {
-                self.waiting.insert(id, (Waiting::Child, command));
+                self.waiting.insert(id, (Waiting::Child(None), command));
                 self.adopt(myself, id, row).await;
             }
             Ok(Admitted::Existing(row)) => {
@@ -489,7 +525,7 @@ impl WorkflowState {
             Err(error) => {
                 let outcome =
                     Outcome::Rejected(json!({"message": error.to_string(), "status": "error"}));
-                self.waiting.insert(id, (Waiting::Child, command));
+                self.waiting.insert(id, (Waiting::Child(None), command));
                 self.conclude(myself, id, outcome, Vec::new(), json!({}))
                     .await;
             }
@@ -632,15 +668,7 @@ impl WorkflowState {
     }
 
     async fn poll_controls(&mut self, myself: &ActorRef<WorkflowMsg>) {
-        let wanted: Vec<(CallId, &'static str, String)> = self
-            .waiting
-            .iter()
-            .filter_map(|(id, (waiting, command))| match waiting {
-                Waiting::Control(kind) => Some((*id, *kind, command.step_id.clone())),
-                _ => None,
-            })
-            .collect();
-        if wanted.is_empty() {
+        if self.cancelling.is_some() {
             return;
         }
         let controls = match self.args.store.read_controls(&self.args.workflow_id).await {
@@ -651,6 +679,18 @@ impl WorkflowState {
                 return;
             }
         };
+        if let Some(cancel) = controls.iter().find(|c| c.kind == "cancel" && !c.applied) {
+            self.begin_cancel(myself, cancel.id).await;
+            return;
+        }
+        let wanted: Vec<(CallId, &'static str, String)> = self
+            .waiting
+            .iter()
+            .filter_map(|(id, (waiting, command))| match waiting {
+                Waiting::Control(kind) => Some((*id, *kind, command.step_id.clone())),
+                _ => None,
+            })
+            .collect();
         for (id, kind, step_id) in wanted {
             let Some(control) = controls
                 .iter()
@@ -678,12 +718,100 @@ impl WorkflowState {
                 return;
             }
         }
-        if self
+        let people = self
             .waiting
             .values()
-            .any(|(waiting, _)| matches!(waiting, Waiting::Control(_)))
-        {
-            myself.send_after(CONTROL_POLL, || WorkflowMsg::Poll);
+            .any(|(waiting, _)| matches!(waiting, Waiting::Control(_)));
+        let next = if people { CONTROL_POLL } else { CANCEL_POLL };
+        myself.send_after(next, || WorkflowMsg::Poll);
+    }
+
+    /// A cancel request: stop the script, interrupt the child runs (durably), and end
+    /// `cancelled` once every child has an outcome, or `needs_reconciliation` if one cannot be
+    /// observed within the window.
+    async fn begin_cancel(&mut self, myself: &ActorRef<WorkflowMsg>, control_id: i64) {
+        tracing::info!(parent: &self.span, "cancelling");
+        self.cancelling = Some(control_id);
+        self.args.js.park(&self.args.workflow_id);
+        self.loaded = false;
+        self.set_status(myself, "cancelling").await;
+        if self.done {
+            return;
+        }
+        let children: Vec<String> = self
+            .waiting
+            .values()
+            .filter_map(|(waiting, _)| match waiting {
+                Waiting::Child(Some(run_id)) => Some(run_id.clone()),
+                _ => None,
+            })
+            .collect();
+        // Calls that have no child run yet are simply dropped.
+        self.waiting
+            .retain(|_, (waiting, _)| matches!(waiting, Waiting::Child(Some(_))));
+        for run_id in children {
+            if let Err(error) = self
+                .args
+                .runs
+                .cancel(&run_id, store::CancelAction::Interrupt)
+                .await
+            {
+                tracing::warn!(parent: &self.span, %error, run_id, "cancel request failed");
+            }
+        }
+        let window = Duration::from_millis(self.args.cancel_window_ms);
+        myself.send_after(window, || WorkflowMsg::CancelDeadline);
+        self.end_cancel_if_quiet(myself).await;
+    }
+
+    /// Ends the cancellation once no child run is outstanding.
+    async fn end_cancel_if_quiet(&mut self, myself: &ActorRef<WorkflowMsg>) {
+        let Some(control_id) = self.cancelling else {
+            return;
+        };
+        if !self.waiting.is_empty() {
+            return;
+        }
+        let op = WriteOp::SetWorkflow {
+            workflow_id: self.args.workflow_id.clone(),
+            status: "cancelled".into(),
+            data: self.args.document.data.clone(),
+        };
+        let applied = WriteOp::MarkControlApplied { control_id };
+        if self.write(myself, vec![op, applied]).await {
+            tracing::info!(parent: &self.span, "cancelled");
+            if let Err(error) = self.args.store.release_lease(&self.args.fence).await {
+                tracing::warn!(parent: &self.span, %error, "the cancelled workflow's lease was not released");
+            }
+            self.stop(myself);
+        }
+    }
+
+    /// A child run ended during a cancellation: record it, free its slot, and see whether the
+    /// cancellation can end.
+    async fn child_ended_while_cancelling(
+        &mut self,
+        myself: &ActorRef<WorkflowMsg>,
+        id: CallId,
+        row: RunRow,
+    ) {
+        let Some((_, command)) = self.waiting.remove(&id) else {
+            return;
+        };
+        let Some(entry) = self.journal.get(id.0 as usize).cloned() else {
+            return;
+        };
+        let fields =
+            json!({"run_id": row.run_id, "thread_id": row.thread_id, "run_status": row.status});
+        let ops = vec![
+            self.step_op(&entry, "cancelled", fields),
+            WriteOp::ReleaseSlot {
+                workflow_id: self.args.workflow_id.clone(),
+                step_id: command.step_id,
+            },
+        ];
+        if self.write(myself, ops).await {
+            self.end_cancel_if_quiet(myself).await;
         }
     }
 }
@@ -712,6 +840,7 @@ impl Actor for WorkflowSupervisor {
             notify: myself.get_derived(),
         })?;
         myself.send_message(WorkflowMsg::Begin)?;
+        myself.send_after(CANCEL_POLL, || WorkflowMsg::Poll);
         Ok(WorkflowState {
             args,
             artifacts: 0,
@@ -720,6 +849,7 @@ impl Actor for WorkflowSupervisor {
             loaded: false,
             status: "running",
             done: false,
+            cancelling: None,
             span,
         })
     }
@@ -766,6 +896,20 @@ impl Actor for WorkflowSupervisor {
                 state.on_admission(&myself, id, *result).await;
             }
             WorkflowMsg::RetryAdmission(id) => state.admit(&myself, id),
+            WorkflowMsg::ChildEnded { id, run_id } if state.cancelling.is_some() => {
+                // An end whose fate is unknown is left to the cancel window.
+                if let Ok(Some(row)) = state.args.store.read_run(&run_id).await
+                    && row.status.is_terminal()
+                {
+                    state.child_ended_while_cancelling(&myself, id, row).await;
+                }
+            }
+            WorkflowMsg::CancelDeadline => {
+                if state.cancelling.is_some() && !state.waiting.is_empty() {
+                    tracing::warn!(parent: &state.span, "a child run's fate was not observed in the cancel window");
+                    state.reconcile_needed(&myself).await;
+                }
+            }
             WorkflowMsg::ChildEnded { id, run_id } => {
                 match state.args.store.read_run(&run_id).await {
                     Ok(Some(row))

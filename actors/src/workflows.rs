@@ -349,6 +349,7 @@ async fn supervise(
             workspaces_dir: options.workspaces_dir.clone(),
             artifact_bytes_max: options.artifact_bytes_max,
             slots_max: options.slots_max,
+            cancel_window_ms: options.lease_ms * 2,
             deadline: sent + Duration::from_millis(options.lease_ms),
         },
         myself.get_cell(),
@@ -473,17 +474,48 @@ impl WorkflowsHandle {
         body: Value,
         by: &str,
     ) -> Result<ControlWrite, Error> {
+        self.control_at(workflow_id, kind, step_id, 1, body, by)
+            .await
+    }
+
+    async fn control_at(
+        &self,
+        workflow_id: &str,
+        kind: &str,
+        step_id: &str,
+        attempt: i32,
+        body: Value,
+        by: &str,
+    ) -> Result<ControlWrite, Error> {
         Ok(self
             .store
             .put_control(NewControl {
                 workflow_id: workflow_id.to_owned(),
                 kind: kind.to_owned(),
                 step_id: step_id.to_owned(),
-                attempt: 1,
+                attempt,
                 body,
                 created_by: Some(by.to_owned()),
             })
             .await?)
+    }
+
+    /// Asks a workflow to stop, durably: the owner interrupts its child runs and ends it
+    /// `cancelled` (or `needs_reconciliation` if a child's fate cannot be observed in time).
+    /// Cancelling again is the same request.
+    pub async fn cancel(&self, workflow_id: &str, by: &str) -> Result<ControlWrite, Error> {
+        self.control_at(workflow_id, "cancel", "", 0, json!({}), by)
+            .await
+    }
+
+    /// Deletes a terminal workflow with everything it holds.
+    pub async fn delete(&self, workflow_id: &str) -> Result<store::Deletion, Error> {
+        Ok(self.store.delete_workflow(workflow_id).await?)
+    }
+
+    /// A page of workflows, oldest first.
+    pub async fn list(&self, filter: store::ListFilter) -> Result<Vec<WorkflowRow>, Error> {
+        Ok(self.store.list_workflows(filter).await?)
     }
 
     /// Takes over a recoverable workflow (live, its owner's lease expired) with epoch + 1 and

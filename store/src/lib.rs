@@ -27,7 +27,8 @@ pub use runs::{
     WorkflowStep, pending_request_id,
 };
 pub use workflows::{
-    ControlRow, ControlWrite, LIVE_STATUSES, Launch, LaunchLimits, NewControl, TakeOver,
+    ControlRow, ControlWrite, Deletion, LIVE_STATUSES, Launch, LaunchLimits, ListFilter,
+    NewControl, TERMINAL_STATUSES, TakeOver,
 };
 pub use write::{ArtifactRow, NewWorkflow, StepRow, WorkflowRow, WriteOp};
 
@@ -318,6 +319,21 @@ impl Store {
         retry(|| {
             let control = control.clone();
             async move { on_backend!(self, store => store.put_control(control).await) }
+        })
+        .await
+    }
+
+    /// Deletes a terminal workflow with its journal, controls, artifacts, slots and lease.
+    pub async fn delete_workflow(&self, workflow_id: &str) -> Result<Deletion> {
+        retry(|| async { on_backend!(self, store => store.delete_workflow(workflow_id).await) })
+            .await
+    }
+
+    /// A page of workflows, oldest first.
+    pub async fn list_workflows(&self, filter: ListFilter) -> Result<Vec<WorkflowRow>> {
+        retry(|| {
+            let filter = filter.clone();
+            async move { on_backend!(self, store => store.list_workflows(filter).await) }
         })
         .await
     }

@@ -87,3 +87,27 @@ pub enum ControlWrite {
     /// An identical control was already recorded: the same answer, still one row.
     Repeated(ControlRow),
 }
+
+/// Workflow statuses that nothing changes any more.
+pub const TERMINAL_STATUSES: [&str; 3] = ["completed", "failed", "cancelled"];
+
+/// What deleting a workflow did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Deletion {
+    /// The workflow, its journal, controls, artifacts, slots and lease are gone.
+    Deleted,
+    /// Only terminal workflows may be deleted; nothing was removed.
+    NotTerminal,
+    NotFound,
+}
+
+/// Which workflows a listing shows, and where a page starts.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ListFilter {
+    /// Only this user's workflows (`None`: everyone's, for an admin).
+    pub user_id: Option<String>,
+    pub status: Option<String>,
+    /// The page starts after this workflow (oldest first).
+    pub after: Option<String>,
+    pub limit: u32,
+}

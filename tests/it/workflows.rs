@@ -269,3 +269,76 @@ on_both_backends! {
         assert_eq!(after, before, "a refused recovery touched the lease");
     }
 }
+
+on_both_backends! {
+    async fn cancel_interrupts_the_child_runs_then_cancels_and_a_terminal_workflow_can_be_deleted(db: TestDb) {
+        let shared = tempfile::tempdir().expect("temp dir");
+        let node = TestNode::start(&db, "a", 1_500, shared.path()).await;
+        let workflows = node.node.workflows();
+        std::fs::write(shared.path().join("faults/hold_model"), b"").expect("hold");
+        let script = r#"await agent({stepId: "slow", agentRef: "scripted", task: {hold_while: "hold_model"}});
+                        return "never";"#;
+        let request = LaunchRequest { user_id: "ada".into(), request_id: None, script: script.into(), args: json!({}) };
+        let id = workflows.launch(request).await.expect("launch").run_id;
+        eventually(Duration::from_secs(10), "the child run started", async || {
+            view(&node, &id).await.steps.first().is_some_and(|s| s.status == "running")
+        })
+        .await;
+        let run_id = view(&node, &id).await.steps[0].data["run_id"].as_str().expect("run").to_owned();
+        let busy = workflows.delete(&id).await.expect("delete");
+        assert_eq!(busy, store::Deletion::NotTerminal, "a live workflow was deleted");
+
+        assert!(matches!(workflows.cancel(&id, "ada").await.expect("cancel"), ControlWrite::Recorded(_)));
+        assert!(matches!(workflows.cancel(&id, "ada").await.expect("again"), ControlWrite::Repeated(_)));
+        wait_for_status(&node, &id, "cancelled").await;
+        let run = node.node.runs().get(&run_id).await.expect("read").expect("run");
+        assert_eq!(run.status, store::RunStatus::Interrupted);
+        let done = view(&node, &id).await;
+        assert_eq!(done.steps[0].status, "cancelled");
+        assert!(done.controls.iter().all(|c| c.applied));
+        assert_eq!(node.node.store().health().await.map(|h| h.schema_current).ok(), Some(true));
+
+        assert_eq!(workflows.delete(&id).await.expect("delete"), store::Deletion::Deleted);
+        assert!(workflows.get(&id).await.expect("get").is_none());
+        assert_eq!(node.node.store().read_lease(&id).await.expect("lease"), None);
+        assert_eq!(workflows.delete(&id).await.expect("delete"), store::Deletion::NotFound);
+    }
+}
+
+on_both_backends! {
+    async fn a_paused_workflow_cancels_at_once_and_listing_is_per_user_and_paged(db: TestDb) {
+        let shared = tempfile::tempdir().expect("temp dir");
+        let node = TestNode::start(&db, "a", 1_500, shared.path()).await;
+        let workflows = node.node.workflows();
+        let launch = |user: &str| LaunchRequest {
+            user_id: user.into(),
+            request_id: None,
+            script: r#"await pause({stepId: "p"}); return 1;"#.into(),
+            args: json!({}),
+        };
+        let mut ada = Vec::new();
+        for _ in 0..3 {
+            ada.push(workflows.launch(launch("ada")).await.expect("launch").run_id);
+        }
+        let bob = workflows.launch(launch("bob")).await.expect("launch").run_id;
+        wait_for_status(&node, &ada[0], "paused").await;
+        workflows.cancel(&ada[0], "ada").await.expect("cancel");
+        wait_for_status(&node, &ada[0], "cancelled").await;
+
+        let filter = |after: Option<String>| store::ListFilter {
+            user_id: Some("ada".into()), status: None, after, limit: 2,
+        };
+        let first = workflows.list(filter(None)).await.expect("list");
+        let second = workflows.list(filter(first.last().map(|w| w.workflow_id.clone()))).await.expect("list");
+        let listed: Vec<String> = first.iter().chain(&second).map(|w| w.workflow_id.clone()).collect();
+        // Pages follow (created_at, id); launches within one clock tick may come in any order.
+        let (mut sorted, mut expected) = (listed.clone(), ada.clone());
+        sorted.sort();
+        expected.sort();
+        assert_eq!((first.len(), sorted), (2, expected), "two pages covering exactly ada's, no repeats");
+        assert!(!listed.contains(&bob));
+        let cancelled = workflows.list(store::ListFilter { status: Some("cancelled".into()), limit: 10,
+            ..Default::default() }).await.expect("list");
+        assert_eq!(cancelled.iter().map(|w| w.workflow_id.as_str()).collect::<Vec<_>>(), vec![ada[0].as_str()]);
+    }
+}

@@ -9,7 +9,8 @@ use tokio_postgres::Row;
 use super::PgStore;
 use crate::lease::ttl_seconds;
 use crate::workflows::{
-    ControlRow, ControlWrite, LIVE_STATUSES, Launch, LaunchLimits, NewControl, TakeOver,
+    ControlRow, ControlWrite, Deletion, LIVE_STATUSES, Launch, LaunchLimits, ListFilter,
+    NewControl, TERMINAL_STATUSES, TakeOver,
 };
 use crate::{Error, Lease, NewWorkflow, Result, WorkflowRow};
 
@@ -289,5 +290,67 @@ impl PgStore {
             transaction.commit().await.map_err(commit_error)?;
         }
         Ok(outcome)
+    }
+}
+
+impl PgStore {
+    pub(crate) async fn delete_workflow(&self, workflow_id: &str) -> Result<Deletion> {
+        let mut client = self.pool.get().await?;
+        let transaction = client.transaction().await?;
+        let status: Option<String> = transaction
+            .query_opt(
+                "SELECT status FROM workflows WHERE id = $1 FOR UPDATE",
+                &[&workflow_id],
+            )
+            .await?
+            .map(|row| row.get(0));
+        let Some(status) = status else {
+            return Ok(Deletion::NotFound);
+        };
+        if !TERMINAL_STATUSES.contains(&status.as_str()) {
+            return Ok(Deletion::NotTerminal);
+        }
+        // The journal, controls, artifacts and slots go with the row (ON DELETE CASCADE).
+        transaction
+            .execute("DELETE FROM workflows WHERE id = $1", &[&workflow_id])
+            .await?;
+        transaction
+            .execute(
+                "DELETE FROM extension_execution_leases WHERE resource_id = $1",
+                &[&workflow_id],
+            )
+            .await?;
+        transaction.commit().await.map_err(commit_error)?;
+        Ok(Deletion::Deleted)
+    }
+
+    pub(crate) async fn list_workflows(&self, filter: ListFilter) -> Result<Vec<WorkflowRow>> {
+        let client = self.pool.get().await?;
+        let rows = client
+            .query(
+                "SELECT id, user_id, status, owner, fingerprint, data FROM workflows
+                  WHERE ($1::text IS NULL OR user_id = $1) AND ($2::text IS NULL OR status = $2)
+                    AND ($3::text IS NULL OR (created_at, id) >
+                         (SELECT created_at, id FROM workflows WHERE id = $3))
+                  ORDER BY created_at, id LIMIT $4",
+                &[
+                    &filter.user_id,
+                    &filter.status,
+                    &filter.after,
+                    &i64::from(filter.limit),
+                ],
+            )
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|row| WorkflowRow {
+                workflow_id: row.get(0),
+                user_id: row.get(1),
+                status: row.get(2),
+                owner: row.get(3),
+                fingerprint: row.get(4),
+                data: row.get(5),
+            })
+            .collect())
     }
 }

@@ -6,7 +6,8 @@ use rusqlite::{Connection, OptionalExtension, Row, params};
 use super::{SqliteStore, parse_json};
 use crate::lease::ttl_seconds;
 use crate::workflows::{
-    ControlRow, ControlWrite, LIVE_STATUSES, Launch, LaunchLimits, NewControl, TakeOver,
+    ControlRow, ControlWrite, Deletion, LIVE_STATUSES, Launch, LaunchLimits, ListFilter,
+    NewControl, TERMINAL_STATUSES, TakeOver,
 };
 use crate::{Error, Lease, NewWorkflow, Result, WorkflowRow};
 
@@ -296,6 +297,56 @@ impl SqliteStore {
         );
         self.write(move |connection| {
             take_over(connection, &workflow_id, &owner, lease_ms, &runtime_version)
+        })
+        .await
+    }
+}
+
+impl SqliteStore {
+    pub(crate) async fn delete_workflow(&self, workflow_id: &str) -> Result<Deletion> {
+        let workflow_id = workflow_id.to_owned();
+        self.write(move |connection| {
+            let status: Option<String> = connection
+                .prepare_cached("SELECT status FROM workflows WHERE id = ?1")?
+                .query_row([&workflow_id], |row| row.get(0))
+                .optional()?;
+            let Some(status) = status else {
+                return Ok(Deletion::NotFound);
+            };
+            if !TERMINAL_STATUSES.contains(&status.as_str()) {
+                return Ok(Deletion::NotTerminal);
+            }
+            // The journal, controls, artifacts and slots go with the row (ON DELETE CASCADE).
+            connection
+                .prepare_cached("DELETE FROM workflows WHERE id = ?1")?
+                .execute([&workflow_id])?;
+            connection
+                .prepare_cached("DELETE FROM extension_execution_leases WHERE resource_id = ?1")?
+                .execute([&workflow_id])?;
+            Ok(Deletion::Deleted)
+        })
+        .await
+    }
+
+    pub(crate) async fn list_workflows(&self, filter: ListFilter) -> Result<Vec<WorkflowRow>> {
+        self.read(move |connection| {
+            let mut statement = connection.prepare_cached(
+                "SELECT id, user_id, status, owner, fingerprint, data FROM workflows
+                  WHERE (?1 IS NULL OR user_id = ?1) AND (?2 IS NULL OR status = ?2)
+                    AND (?3 IS NULL OR (created_at, id) >
+                         (SELECT created_at, id FROM workflows WHERE id = ?3))
+                  ORDER BY created_at, id LIMIT ?4",
+            )?;
+            let rows = statement.query_map(
+                params![filter.user_id, filter.status, filter.after, filter.limit],
+                workflow_row,
+            )?;
+            rows.map(|row| {
+                let (mut workflow, data) = row?;
+                workflow.data = parse_json(&data)?;
+                Ok(workflow)
+            })
+            .collect()
         })
         .await
     }
