@@ -26,5 +26,6 @@ pub use lease_actor::{LeaseKind, LeaseView};
 pub use node::{Node, NodeIdentity, NodeOptions, NodeStatus};
 pub use store_actor::{StoreHandle, StoreHealth};
 pub use workflows::{
-    LaunchRequest, Launched, WorkflowView, WorkflowsHandle, WorkflowsOptions, fingerprint,
+    LaunchRequest, Launched, ReconcileRequest, Resolution, WorkflowView, WorkflowsHandle,
+    WorkflowsOptions, fingerprint,
 };

@@ -84,6 +84,7 @@ pub enum StoreMsg {
         owner: String,
         lease_ms: u64,
         runtime_version: String,
+        reconcile: bool,
         reply: RpcReplyPort<store::Result<TakeOver>>,
     },
     DeleteWorkflow {
@@ -297,11 +298,12 @@ async fn serve(store: &Store, message: StoreMsg) {
             owner,
             lease_ms,
             runtime_version,
+            reconcile,
             reply,
         } => {
             let _ = reply.send(
                 store
-                    .take_over_workflow(&workflow_id, &owner, lease_ms, &runtime_version)
+                    .take_over_workflow(&workflow_id, &owner, lease_ms, &runtime_version, reconcile)
                     .await,
             );
         }
@@ -665,6 +667,7 @@ impl StoreHandle {
         owner: &str,
         lease_ms: u64,
         runtime_version: &str,
+        reconcile: bool,
     ) -> store::Result<TakeOver> {
         let (workflow_id, owner, runtime_version) = (
             workflow_id.to_owned(),
@@ -677,6 +680,7 @@ impl StoreHandle {
                 owner,
                 lease_ms,
                 runtime_version,
+                reconcile,
                 reply,
             }
         })

@@ -144,6 +144,8 @@ pub(crate) struct WorkflowState {
     args: WorkflowArgs,
     /// The newest artifact version of this workflow.
     artifacts: i64,
+    /// The current attempt of each call, by sequence number (1 unless a reconcile retried it).
+    attempts: BTreeMap<u32, i32>,
     journal: Vec<JournalEntry>,
     waiting: BTreeMap<CallId, (Waiting, Command)>,
     /// The VM is loaded in the JS pool (not parked).
@@ -171,6 +173,10 @@ fn thread_for(workflow_id: &str, step_id: &str) -> String {
 }
 
 impl WorkflowState {
+    fn attempt(&self, seq: u32) -> i32 {
+        self.attempts.get(&seq).copied().unwrap_or(1)
+    }
+
     fn step_op(&self, entry: &JournalEntry, status: &str, extra: Value) -> WriteOp {
         let mut data = json!({
             "args": entry.args,
@@ -184,7 +190,7 @@ impl WorkflowState {
             workflow_id: self.args.workflow_id.clone(),
             seq: i32::try_from(entry.seq).unwrap_or(i32::MAX),
             step_id: entry.step_id.clone(),
-            attempt: 1,
+            attempt: self.attempt(entry.seq),
             kind: entry.kind.as_str().to_owned(),
             status: status.to_owned(),
             data,
@@ -328,11 +334,16 @@ impl WorkflowState {
                 .unwrap_or_default()
                 .to_owned(),
             task: command.args["task"].clone(),
-            idempotency_key: Some(format!("{}/{}/1", self.args.workflow_id, command.step_id)),
+            idempotency_key: Some(format!(
+                "{}/{}/{}",
+                self.args.workflow_id,
+                command.step_id,
+                self.attempt(command.seq)
+            )),
             step: Some(WorkflowStep {
                 workflow_id: self.args.workflow_id.clone(),
                 step_id: command.step_id.clone(),
-                attempt: 1,
+                attempt: self.attempt(command.seq),
                 slots_max: self.args.slots_max,
                 fence: self.args.fence.clone(),
             }),
@@ -663,6 +674,11 @@ impl WorkflowState {
             data: self.args.document.data.clone(),
         };
         if self.write(myself, vec![op]).await {
+            // Its slots stay held; its lease is given back so an operator's reconcile can take
+            // the workflow at once.
+            if let Err(error) = self.args.store.release_lease(&self.args.fence).await {
+                tracing::warn!(parent: &self.span, %error, "the lease was not released");
+            }
             self.stop(myself);
         }
     }
@@ -844,6 +860,7 @@ impl Actor for WorkflowSupervisor {
         Ok(WorkflowState {
             args,
             artifacts: 0,
+            attempts: BTreeMap::new(),
             journal: Vec::new(),
             waiting: BTreeMap::new(),
             loaded: false,
@@ -875,10 +892,24 @@ impl Actor for WorkflowSupervisor {
                 };
                 match journal {
                     Ok(steps) => {
-                        state.journal = steps
-                            .into_iter()
-                            .filter_map(|step| journal_entry(&step))
+                        // The journal is the newest attempt of each call, in call order.
+                        let mut newest: BTreeMap<u32, store::StepRow> = BTreeMap::new();
+                        for step in steps {
+                            let Ok(seq) = u32::try_from(step.seq) else {
+                                continue;
+                            };
+                            if newest
+                                .get(&seq)
+                                .is_none_or(|known| known.attempt < step.attempt)
+                            {
+                                newest.insert(seq, step);
+                            }
+                        }
+                        state.attempts = newest
+                            .iter()
+                            .map(|(seq, step)| (*seq, step.attempt))
                             .collect();
+                        state.journal = newest.values().filter_map(journal_entry).collect();
                         state.activate(&myself, Vec::new()).await;
                     }
                     Err(error) => {

@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use store::{
     ControlRow, ControlWrite, Launch, LaunchLimits, NewControl, NewWorkflow, StepRow, TakeOver,
-    WorkflowRow,
+    WorkflowRow, WriteOp,
 };
 use tokio::time::Instant;
 
@@ -87,8 +87,42 @@ pub enum WorkflowsMsg {
         result: Box<store::Result<TakeOver>>,
         reply: RpcReplyPort<Result<Launched, Error>>,
     },
+    /// Settle the uncertain step of a workflow that needs reconciliation, and resume it here.
+    Reconcile {
+        request: Box<ReconcileRequest>,
+        reply: RpcReplyPort<Result<Launched, Error>>,
+    },
+    /// The store answered a reconcile's takeover.
+    TakenForReconcile {
+        request: Box<ReconcileRequest>,
+        sent: Instant,
+        result: Box<store::Result<TakeOver>>,
+        reply: RpcReplyPort<Result<Launched, Error>>,
+    },
     /// The workflows supervised here.
     Live { reply: RpcReplyPort<Vec<String>> },
+}
+
+/// How an operator settles a step whose child run's outcome was unknown, after checking the
+/// child's real effects.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Resolution {
+    /// Run the step again as attempt + 1 (the old child run stays on record).
+    Retry,
+    /// The step failed.
+    Fail,
+    /// The step succeeded with this output.
+    Complete(Value),
+}
+
+/// A reconcile, as an operator asked for it.
+#[derive(Debug, Clone)]
+pub struct ReconcileRequest {
+    pub workflow_id: String,
+    pub step_id: String,
+    pub resolution: Resolution,
+    pub reason: String,
+    pub by: String,
 }
 
 pub(crate) struct Workflows;
@@ -204,7 +238,7 @@ impl Actor for Workflows {
                 tokio::spawn(async move {
                     let sent = Instant::now();
                     let result = store
-                        .take_over_workflow(&workflow_id, &owner, lease_ms, &runtime_version)
+                        .take_over_workflow(&workflow_id, &owner, lease_ms, &runtime_version, false)
                         .await;
                     let _ = me.send_message(WorkflowsMsg::TakenOver {
                         workflow_id,
@@ -246,6 +280,47 @@ impl Actor for Workflows {
                     }
                     Ok(TakeOver::NotRecoverable(reason)) => {
                         Err(Error::Refused(format!("not recoverable: {reason}")))
+                    }
+                    Ok(TakeOver::Refused(reason)) => Err(Error::Refused(reason)),
+                    Err(error) => Err(Error::Store(error)),
+                };
+                let _ = reply.send(answer);
+            }
+            WorkflowsMsg::Reconcile { request, reply } => {
+                let (store, me) = (state.args.store.clone(), myself.clone());
+                let (owner, lease_ms) = (state.args.worker_id.clone(), state.args.options.lease_ms);
+                let runtime_version = runtime::runtime_version(&state.args.options.limits);
+                tokio::spawn(async move {
+                    let sent = Instant::now();
+                    let result = store
+                        .take_over_workflow(
+                            &request.workflow_id,
+                            &owner,
+                            lease_ms,
+                            &runtime_version,
+                            true,
+                        )
+                        .await;
+                    let _ = me.send_message(WorkflowsMsg::TakenForReconcile {
+                        request,
+                        sent,
+                        result: Box::new(result),
+                        reply,
+                    });
+                });
+            }
+            WorkflowsMsg::TakenForReconcile {
+                request,
+                sent,
+                result,
+                reply,
+            } => {
+                let answer = match *result {
+                    Ok(TakeOver::Taken(lease)) => {
+                        reconcile(&myself, state, &request, lease, sent).await
+                    }
+                    Ok(TakeOver::NotRecoverable(reason)) => {
+                        Err(Error::Refused(format!("cannot reconcile: {reason}")))
                     }
                     Ok(TakeOver::Refused(reason)) => Err(Error::Refused(reason)),
                     Err(error) => Err(Error::Store(error)),
@@ -323,6 +398,127 @@ fn check(args: &WorkflowsArgs, request: &LaunchRequest) -> Result<NewWorkflow, E
         user_id: request.user_id.clone(),
         request_id: request.request_id.clone(),
     })
+}
+
+/// Settles the step under the new lease and resumes the workflow by replay.
+async fn reconcile(
+    myself: &ActorRef<WorkflowsMsg>,
+    state: &mut WorkflowsState,
+    request: &ReconcileRequest,
+    lease: store::Lease,
+    sent: Instant,
+) -> Result<Launched, Error> {
+    let store = &state.args.store;
+    let id = &request.workflow_id;
+    let row = store
+        .read_workflow(id)
+        .await?
+        .ok_or_else(|| Error::Store(store::Error::NotFound(format!("workflow {id:?}"))))?;
+    let step = store
+        .read_steps(id)
+        .await?
+        .into_iter()
+        .filter(|step| step.step_id == request.step_id)
+        .max_by_key(|step| step.attempt)
+        .ok_or_else(|| {
+            Error::Store(store::Error::NotFound(format!(
+                "step {:?} of workflow {id:?}",
+                request.step_id
+            )))
+        })?;
+    let record = json!({
+        "by": request.by,
+        "reason": request.reason,
+        "resolution": match &request.resolution {
+            Resolution::Retry => "retry",
+            Resolution::Fail => "fail",
+            Resolution::Complete(_) => "complete",
+        },
+    });
+    let settled = |status: &str, outcome: runtime::Outcome| {
+        let mut data = step.data.clone();
+        data["outcome"] = serde_json::to_value(Some(outcome)).unwrap_or(Value::Null);
+        data["settled_at_ms"] = json!(now_ms());
+        data["reconciled"] = record.clone();
+        WriteOp::PutStep {
+            workflow_id: id.clone(),
+            seq: step.seq,
+            step_id: step.step_id.clone(),
+            attempt: step.attempt,
+            kind: step.kind.clone(),
+            status: status.to_owned(),
+            data,
+        }
+    };
+    let release = WriteOp::ReleaseSlot {
+        workflow_id: id.clone(),
+        step_id: step.step_id.clone(),
+    };
+    let mut ops = match &request.resolution {
+        Resolution::Fail => vec![
+            settled(
+                "failed",
+                runtime::Outcome::Rejected(json!({
+                    "message": format!("reconciled as failed: {}", request.reason),
+                    "status": "error",
+                    "runId": step.data["run_id"],
+                })),
+            ),
+            release,
+        ],
+        Resolution::Complete(output) => vec![
+            settled(
+                "completed",
+                runtime::Outcome::Resolved(json!({
+                    "output": output,
+                    "status": "success",
+                    "runId": step.data["run_id"],
+                    "reconciled": true,
+                })),
+            ),
+            release,
+        ],
+        Resolution::Retry => vec![WriteOp::PutStep {
+            workflow_id: id.clone(),
+            seq: step.seq,
+            step_id: step.step_id.clone(),
+            attempt: step.attempt + 1,
+            kind: step.kind.clone(),
+            status: "queued".into(),
+            data: json!({
+                "args": step.data["args"],
+                "reconciled": record,
+                "previous_run_id": step.data["run_id"],
+            }),
+        }],
+    };
+    if let Some(run_id) = step.data["run_id"].as_str() {
+        // The operator checked the child's effects: if its row is still live, it is closed now,
+        // so the step's thread is free for whatever comes next.
+        ops.push(WriteOp::CloseRun {
+            workflow_id: id.clone(),
+            run_id: run_id.to_owned(),
+        });
+    }
+    ops.push(WriteOp::SetWorkflow {
+        workflow_id: id.clone(),
+        status: "running".into(),
+        data: row.data.clone(),
+    });
+    store.fenced_write(&lease.fence(), ops).await?;
+    let workflow = NewWorkflow {
+        workflow_id: row.workflow_id,
+        user_id: row.user_id,
+        request_id: None,
+        fingerprint: row.fingerprint,
+        data: row.data,
+    };
+    supervise(myself, state, workflow, lease, sent)
+        .await
+        .map(|launched| Launched {
+            created: false,
+            ..launched
+        })
 }
 
 async fn supervise(
@@ -525,6 +721,16 @@ impl WorkflowsHandle {
         let workflow_id = workflow_id.to_owned();
         self.call(|reply| WorkflowsMsg::Recover { workflow_id, reply })
             .await?
+    }
+
+    /// Settles the uncertain step of a workflow in `needs_reconciliation` (retry it as a new
+    /// attempt, fail it, or complete it with an output) and resumes the workflow here by replay.
+    pub async fn reconcile(&self, request: ReconcileRequest) -> Result<Launched, Error> {
+        self.call(|reply| WorkflowsMsg::Reconcile {
+            request: Box::new(request),
+            reply,
+        })
+        .await?
     }
 
     /// The workflows supervised on this node.

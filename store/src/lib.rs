@@ -298,16 +298,20 @@ impl Store {
     /// Takes over a `recoverable` workflow (live status, expired lease) for `owner` with epoch +
     /// 1, in one transaction that first refuses, writing nothing, when the workflow was written
     /// under another `runtime_version` or a cancellation is pending (only `cancel` may finish it).
+    /// With `reconcile`, only a workflow in `needs_reconciliation` is taken (for an operator's
+    /// reconcile); without it, such a workflow is refused (recover cannot settle it).
     pub async fn take_over_workflow(
         &self,
         workflow_id: &str,
         owner: &str,
         lease_ms: u64,
         runtime_version: &str,
+        reconcile: bool,
     ) -> Result<TakeOver> {
         retry(|| async {
-            on_backend!(self, store =>
-                store.take_over_workflow(workflow_id, owner, lease_ms, runtime_version).await)
+            on_backend!(self, store => store
+                .take_over_workflow(workflow_id, owner, lease_ms, runtime_version, reconcile)
+                .await)
         })
         .await
     }

@@ -36,6 +36,9 @@ pub enum WriteOp {
         content: Vec<u8>,
         sha256: String,
     },
+    /// Close a child run of this workflow that is still live, on an operator's word (reconcile):
+    /// it becomes `interrupted` with `stop_reason = reconciled`, freeing its thread.
+    CloseRun { workflow_id: String, run_id: String },
     /// Give back the `workflow_slots` slot a step held for its child run.
     ReleaseSlot {
         workflow_id: String,

@@ -342,3 +342,64 @@ on_both_backends! {
         assert_eq!(cancelled.iter().map(|w| w.workflow_id.as_str()).collect::<Vec<_>>(), vec![ada[0].as_str()]);
     }
 }
+
+on_both_backends! {
+    async fn an_operator_reconciles_an_uncertain_step_by_retry_or_by_completing_it(db: TestDb) {
+        let shared = tempfile::tempdir().expect("temp dir");
+        let owner = TestNode::start(&db, "owner", 1_500, shared.path()).await;
+        let heir = TestNode::start(&db, "heir", 1_500, shared.path()).await;
+        std::fs::write(shared.path().join("faults/hold_model"), b"").expect("hold");
+        let script = r#"const r = await agent({stepId: "slow", agentRef: "scripted",
+                                              task: {hold_while: "hold_model", output: "done"}});
+                        return {output: r.output, run: r.runId};"#;
+        let launch = |workflows: actors::WorkflowsHandle| async move {
+            let request = LaunchRequest { user_id: "ada".into(), request_id: None, script: script.into(), args: json!({}) };
+            workflows.launch(request).await.expect("launch").run_id
+        };
+        let retried = launch(owner.node.workflows()).await;
+        let completed = launch(owner.node.workflows()).await;
+        for id in [&retried, &completed] {
+            eventually(Duration::from_secs(10), "the child run started", async || {
+                view(&owner, id).await.steps.first().is_some_and(|s| s.status == "running")
+            })
+            .await;
+        }
+        let first_run = view(&owner, &retried).await.steps[0].data["run_id"].clone();
+        crash_and_wait_for_expiry(owner, &heir, &retried).await;
+        for id in [&retried, &completed] {
+            heir.node.workflows().recover(id).await.expect("recover");
+            wait_for_status(&heir, id, "needs_reconciliation").await;
+        }
+        let again = heir.node.workflows().recover(&retried).await;
+        assert!(matches!(again, Err(actors::Error::Refused(ref m)) if m.contains("reconcil")), "{again:?}");
+
+        std::fs::remove_file(shared.path().join("faults/hold_model")).expect("release");
+        let request = |id: &str, resolution| actors::ReconcileRequest {
+            workflow_id: id.to_owned(),
+            step_id: "slow".into(),
+            resolution,
+            reason: "checked the agent's effects".into(),
+            by: "root".into(),
+        };
+        heir.node.workflows().reconcile(request(&retried, actors::Resolution::Retry)).await.expect("retry");
+        heir.node.workflows()
+            .reconcile(request(&completed, actors::Resolution::Complete(json!("by hand")))).await.expect("complete");
+
+        wait_for_status(&heir, &retried, "completed").await;
+        wait_for_status(&heir, &completed, "completed").await;
+
+        let done = view(&heir, &retried).await;
+        let attempts: Vec<(i32, String)> = done.steps.iter().map(|s| (s.attempt, s.status.clone())).collect();
+        assert_eq!(attempts, vec![(1, "running".to_owned()), (2, "completed".to_owned())],
+            "the old attempt stays on record beside the new one");
+        assert_eq!(done.row.data["result"]["output"], json!("done"));
+        assert_ne!(done.row.data["result"]["run"], first_run, "the retry is a new child run");
+        assert_eq!(done.steps[0].data["run_id"], first_run, "the old child run stays on record");
+
+        let settled = view(&heir, &completed).await;
+        assert_eq!(settled.row.data["result"]["output"], json!("by hand"));
+        assert_eq!(settled.steps[0].data["reconciled"]["by"], "root");
+        let not_now = heir.node.workflows().reconcile(request(&completed, actors::Resolution::Fail)).await;
+        assert!(matches!(not_now, Err(actors::Error::Refused(_))), "{not_now:?}");
+    }
+}

@@ -426,6 +426,15 @@ fn op_sql(op: &WriteOp) -> &'static str {
                     $9::text, reins_now()
                FROM fence"
         }
+        WriteOp::CloseRun { .. } => {
+            "WITH fence AS (SELECT reins_fence($1, $2, $3))
+             UPDATE runs SET status = 'interrupted', stop_reason = 'reconciled',
+                    error = 'closed by reconcile', revision = revision + 1,
+                    updated_at = reins_now()
+              WHERE run_id = $5 AND workflow = $4
+                AND status IN ('pending', 'running', 'waiting_for_input')
+                AND EXISTS (SELECT 1 FROM fence)"
+        }
         WriteOp::ReleaseSlot { .. } => {
             "WITH fence AS (SELECT reins_fence($1, $2, $3))
              DELETE FROM workflow_slots
@@ -470,6 +479,13 @@ fn op_params<'a>(fence: &'a Fence, op: &'a WriteOp) -> Vec<&'a (dyn ToSql + Sync
         } => {
             let own: [&(dyn ToSql + Sync); 6] =
                 [workflow_id, version, source_step_id, path, content, sha256];
+            params.extend(own);
+        }
+        WriteOp::CloseRun {
+            workflow_id,
+            run_id,
+        } => {
+            let own: [&(dyn ToSql + Sync); 2] = [workflow_id, run_id];
             params.extend(own);
         }
         WriteOp::ReleaseSlot {

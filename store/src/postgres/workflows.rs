@@ -209,6 +209,7 @@ async fn take_over_in(
     owner: &str,
     lease_ms: u64,
     runtime_version: &str,
+    reconcile: bool,
 ) -> Result<TakeOver> {
     let row = transaction
         .query_opt(
@@ -224,6 +225,13 @@ async fn take_over_in(
         return Ok(TakeOver::NotRecoverable(format!(
             "the workflow is {status}"
         )));
+    }
+    if reconcile != (status == "needs_reconciliation") {
+        return Ok(TakeOver::Refused(if reconcile {
+            format!("only a workflow that needs reconciliation can be reconciled; it is {status}")
+        } else {
+            "it needs reconciliation: an operator settles it with reconcile".to_owned()
+        }));
     }
     let written_under = written_under.unwrap_or_default();
     if written_under != runtime_version {
@@ -280,11 +288,19 @@ impl PgStore {
         owner: &str,
         lease_ms: u64,
         runtime_version: &str,
+        reconcile: bool,
     ) -> Result<TakeOver> {
         let mut client = self.pool.get().await?;
         let transaction = client.transaction().await?;
-        let outcome =
-            take_over_in(&transaction, workflow_id, owner, lease_ms, runtime_version).await?;
+        let outcome = take_over_in(
+            &transaction,
+            workflow_id,
+            owner,
+            lease_ms,
+            runtime_version,
+            reconcile,
+        )
+        .await?;
         // A refusal writes nothing: the transaction is dropped, which rolls it back.
         if matches!(outcome, TakeOver::Taken(_)) {
             transaction.commit().await.map_err(commit_error)?;

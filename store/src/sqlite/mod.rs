@@ -562,6 +562,20 @@ fn apply(connection: &Connection, op: &WriteOp) -> Result<()> {
                     sha256
                 ])?;
         }
+        WriteOp::CloseRun {
+            workflow_id,
+            run_id,
+        } => {
+            connection
+                .prepare_cached(
+                    "UPDATE runs SET status = 'interrupted', stop_reason = 'reconciled',
+                            error = 'closed by reconcile', revision = revision + 1,
+                            updated_at = unixepoch('subsec')
+                      WHERE run_id = ?1 AND workflow = ?2
+                        AND status IN ('pending', 'running', 'waiting_for_input')",
+                )?
+                .execute(params![run_id, workflow_id])?;
+        }
         WriteOp::ReleaseSlot {
             workflow_id,
             step_id,

@@ -217,6 +217,7 @@ fn take_over(
     owner: &str,
     lease_ms: u64,
     runtime_version: &str,
+    reconcile: bool,
 ) -> Result<TakeOver> {
     let row = connection
         .prepare_cached("SELECT status, data FROM workflows WHERE id = ?1")?
@@ -231,6 +232,13 @@ fn take_over(
         return Ok(TakeOver::NotRecoverable(format!(
             "the workflow is {status}"
         )));
+    }
+    if reconcile != (status == "needs_reconciliation") {
+        return Ok(TakeOver::Refused(if reconcile {
+            format!("only a workflow that needs reconciliation can be reconciled; it is {status}")
+        } else {
+            "it needs reconciliation: an operator settles it with reconcile".to_owned()
+        }));
     }
     let written_under = parse_json(&data)?["runtime_version"]
         .as_str()
@@ -289,6 +297,7 @@ impl SqliteStore {
         owner: &str,
         lease_ms: u64,
         runtime_version: &str,
+        reconcile: bool,
     ) -> Result<TakeOver> {
         let (workflow_id, owner, runtime_version) = (
             workflow_id.to_owned(),
@@ -296,7 +305,14 @@ impl SqliteStore {
             runtime_version.to_owned(),
         );
         self.write(move |connection| {
-            take_over(connection, &workflow_id, &owner, lease_ms, &runtime_version)
+            take_over(
+                connection,
+                &workflow_id,
+                &owner,
+                lease_ms,
+                &runtime_version,
+                reconcile,
+            )
         })
         .await
     }
