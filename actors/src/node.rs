@@ -85,6 +85,7 @@ impl NodeOptions {
                 launch_limits: store::LaunchLimits::NONE,
                 slots_max: 32,
                 lease_ms,
+                timeout_seconds: 24 * 3600,
             },
             js_threads: 2,
             faults: None,

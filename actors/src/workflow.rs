@@ -61,6 +61,8 @@ pub enum WorkflowMsg {
     },
     /// The cancellation's window closed.
     CancelDeadline,
+    /// The workflow's wall-clock limit passed.
+    TimedOut,
 }
 
 impl From<LeaseEvent> for WorkflowMsg {
@@ -126,6 +128,9 @@ pub(crate) struct WorkflowArgs {
     /// How long a cancellation waits for its child runs to stop before it gives up on observing
     /// them (and the workflow needs reconciliation).
     pub cancel_window_ms: u64,
+    /// The workflow's wall-clock limit from launch (`timeout_seconds`); past it, it is
+    /// cancelled with reason `timeout`.
+    pub timeout_ms: u64,
     pub deadline: Instant,
 }
 
@@ -856,6 +861,12 @@ impl Actor for WorkflowSupervisor {
             notify: myself.get_derived(),
         })?;
         myself.send_message(WorkflowMsg::Begin)?;
+        let deadline_ms = args
+            .document
+            .started_at_ms
+            .saturating_add(i64::try_from(args.timeout_ms).unwrap_or(i64::MAX));
+        let left = u64::try_from(deadline_ms.saturating_sub(now_ms())).unwrap_or(0);
+        myself.send_after(Duration::from_millis(left), || WorkflowMsg::TimedOut);
         myself.send_after(CANCEL_POLL, || WorkflowMsg::Poll);
         Ok(WorkflowState {
             args,
@@ -935,6 +946,29 @@ impl Actor for WorkflowSupervisor {
                     state.child_ended_while_cancelling(&myself, id, row).await;
                 }
             }
+            WorkflowMsg::TimedOut if state.cancelling.is_none() => {
+                tracing::warn!(parent: &state.span, "the workflow ran past timeout_seconds: cancelling");
+                let control = store::NewControl {
+                    workflow_id: state.args.workflow_id.clone(),
+                    kind: "cancel".into(),
+                    step_id: String::new(),
+                    attempt: 0,
+                    body: json!({"reason": "timeout"}),
+                    created_by: None,
+                };
+                match state.args.store.put_control(control).await {
+                    Ok(store::ControlWrite::Recorded(row) | store::ControlWrite::Repeated(row)) => {
+                        state.begin_cancel(&myself, row.id).await;
+                    }
+                    // A cancel was asked for already (with another reason): the poll finds it.
+                    Err(store::Error::Conflict(_)) => {}
+                    Err(error) => {
+                        tracing::error!(parent: &state.span, %error, "cannot record the timeout");
+                        state.stop(&myself);
+                    }
+                }
+            }
+            WorkflowMsg::TimedOut => {}
             WorkflowMsg::CancelDeadline => {
                 if state.cancelling.is_some() && !state.waiting.is_empty() {
                     tracing::warn!(parent: &state.span, "a child run's fate was not observed in the cancel window");

@@ -60,6 +60,8 @@ pub struct WorkflowsOptions {
     pub launch_limits: LaunchLimits,
     pub slots_max: u64,
     pub lease_ms: u64,
+    /// A workflow's wall-clock limit from launch (`timeout_seconds`).
+    pub timeout_seconds: u64,
 }
 
 /// Messages of the workflows actor.
@@ -546,6 +548,7 @@ async fn supervise(
             artifact_bytes_max: options.artifact_bytes_max,
             slots_max: options.slots_max,
             cancel_window_ms: options.lease_ms * 2,
+            timeout_ms: options.timeout_seconds.saturating_mul(1000),
             deadline: sent + Duration::from_millis(options.lease_ms),
         },
         myself.get_cell(),

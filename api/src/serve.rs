@@ -74,6 +74,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
                 },
                 slots_max: config.limits.max_active_children,
                 lease_ms,
+                timeout_seconds: config.limits.timeout_seconds,
             },
             ..NodeOptions::new(runs, Arc::new(checked.agents))
         },

@@ -403,3 +403,25 @@ on_both_backends! {
         assert!(matches!(not_now, Err(actors::Error::Refused(_))), "{not_now:?}");
     }
 }
+
+on_both_backends! {
+    async fn a_workflow_past_its_timeout_is_cancelled_with_reason_timeout(db: TestDb) {
+        let shared = tempfile::tempdir().expect("temp dir");
+        let scripted = actors::agents::AgentConfig::Scripted { name: "scripted".into() };
+        let node = TestNode::start_custom(&db, "a", 1_500, shared.path(), &[scripted], |options| {
+            options.workflows.timeout_seconds = 1;
+        })
+        .await;
+        let request = LaunchRequest {
+            user_id: "ada".into(),
+            request_id: None,
+            script: r#"await pause({stepId: "forever"}); return 1;"#.into(),
+            args: json!({}),
+        };
+        let id = node.node.workflows().launch(request).await.expect("launch").run_id;
+        wait_for_status(&node, &id, "cancelled").await;
+        let done = view(&node, &id).await;
+        let cancel = done.controls.iter().find(|c| c.kind == "cancel").expect("a cancel control");
+        assert_eq!((cancel.body["reason"].as_str(), cancel.applied), (Some("timeout"), true));
+    }
+}
