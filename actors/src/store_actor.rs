@@ -87,6 +87,10 @@ pub enum StoreMsg {
         reconcile: bool,
         reply: RpcReplyPort<store::Result<TakeOver>>,
     },
+    PendingControls {
+        owner: String,
+        reply: RpcReplyPort<store::Result<Vec<String>>>,
+    },
     DeleteWorkflow {
         workflow_id: String,
         reply: RpcReplyPort<store::Result<store::Deletion>>,
@@ -306,6 +310,9 @@ async fn serve(store: &Store, message: StoreMsg) {
                     .take_over_workflow(&workflow_id, &owner, lease_ms, &runtime_version, reconcile)
                     .await,
             );
+        }
+        StoreMsg::PendingControls { owner, reply } => {
+            let _ = reply.send(store.workflows_with_pending_controls(&owner).await);
         }
         StoreMsg::DeleteWorkflow { workflow_id, reply } => {
             let _ = reply.send(store.delete_workflow(&workflow_id).await);
@@ -683,6 +690,15 @@ impl StoreHandle {
                 reconcile,
                 reply,
             }
+        })
+        .await
+    }
+
+    /// See [`Store::workflows_with_pending_controls`].
+    pub async fn workflows_with_pending_controls(&self, owner: &str) -> store::Result<Vec<String>> {
+        let owner = owner.to_owned();
+        self.call("workflows_with_pending_controls", Effect::Read, |reply| {
+            StoreMsg::PendingControls { owner, reply }
         })
         .await
     }

@@ -28,13 +28,8 @@ use crate::js_pool::{Activated, JsPool, Settle, StartSpec};
 use crate::lease_actor::{LeaseEvent, LeaseKind, LeaseMsg};
 use crate::store_actor::StoreHandle;
 
-/// How often a workflow waiting for people looks for their controls.
-const CONTROL_POLL: Duration = Duration::from_millis(200);
 /// How long a step without a free slot waits before asking again.
 const SLOT_RETRY: Duration = Duration::from_millis(200);
-/// How often a workflow that waits for no person looks for a cancel request. (Rows are the truth;
-/// a notification channel can make this a slow safety net later.)
-const CANCEL_POLL: Duration = Duration::from_secs(1);
 
 /// Messages of a workflow supervisor.
 pub enum WorkflowMsg {
@@ -53,7 +48,7 @@ pub enum WorkflowMsg {
         id: CallId,
         run_id: String,
     },
-    /// Look for controls.
+    /// Look for controls (the node's poller found some pending for this workflow).
     Poll,
     /// Carry out a call that needs no other actor (capture or read an artifact).
     Local {
@@ -311,12 +306,10 @@ impl WorkflowState {
             CallKind::Pause => {
                 self.waiting
                     .insert(command.id, (Waiting::Control("resume"), command));
-                myself.send_after(CONTROL_POLL, || WorkflowMsg::Poll);
             }
             CallKind::HumanCheckpoint => {
                 self.waiting
                     .insert(command.id, (Waiting::Control("decide"), command));
-                myself.send_after(CONTROL_POLL, || WorkflowMsg::Poll);
             }
             CallKind::CaptureArtifact | CallKind::ReadArtifact => {
                 let id = command.id;
@@ -695,8 +688,8 @@ impl WorkflowState {
         let controls = match self.args.store.read_controls(&self.args.workflow_id).await {
             Ok(controls) => controls,
             Err(error) => {
+                // The node's poller asks again while the control is pending.
                 tracing::warn!(parent: &self.span, %error, "reading controls failed");
-                myself.send_after(CONTROL_POLL, || WorkflowMsg::Poll);
                 return;
             }
         };
@@ -739,12 +732,6 @@ impl WorkflowState {
                 return;
             }
         }
-        let people = self
-            .waiting
-            .values()
-            .any(|(waiting, _)| matches!(waiting, Waiting::Control(_)));
-        let next = if people { CONTROL_POLL } else { CANCEL_POLL };
-        myself.send_after(next, || WorkflowMsg::Poll);
     }
 
     /// A cancel request: stop the script, interrupt the child runs (durably), and end
@@ -867,7 +854,6 @@ impl Actor for WorkflowSupervisor {
             .saturating_add(i64::try_from(args.timeout_ms).unwrap_or(i64::MAX));
         let left = u64::try_from(deadline_ms.saturating_sub(now_ms())).unwrap_or(0);
         myself.send_after(Duration::from_millis(left), || WorkflowMsg::TimedOut);
-        myself.send_after(CANCEL_POLL, || WorkflowMsg::Poll);
         Ok(WorkflowState {
             args,
             artifacts: 0,

@@ -103,7 +103,16 @@ pub enum WorkflowsMsg {
     },
     /// The workflows supervised here.
     Live { reply: RpcReplyPort<Vec<String>> },
+    /// Time to look for pending controls of this node's workflows.
+    PollControls,
+    /// Workflows of this node with controls to carry out.
+    PendingControls(Vec<String>),
 }
+
+/// How often the node looks for controls (resume, decide, cancel) written for its workflows by
+/// any node. One query per node per period, whatever the number of workflows; the rows are the
+/// truth, and a notification channel can later make this a slow safety net.
+const CONTROL_POLL: Duration = Duration::from_millis(200);
 
 /// How an operator settles a step whose child run's outcome was unknown, after checking the
 /// child's real effects.
@@ -141,6 +150,8 @@ pub(crate) struct WorkflowsArgs {
 pub(crate) struct WorkflowsState {
     args: WorkflowsArgs,
     live: HashMap<String, ActorRef<WorkflowMsg>>,
+    /// A look for pending controls is in flight.
+    polling: bool,
 }
 
 /// The digest a control names to prove it is about this script and these arguments.
@@ -171,12 +182,14 @@ impl Actor for Workflows {
 
     async fn pre_start(
         &self,
-        _myself: ActorRef<Self::Msg>,
+        myself: ActorRef<Self::Msg>,
         args: WorkflowsArgs,
     ) -> Result<Self::State, ActorProcessingErr> {
+        myself.send_interval(CONTROL_POLL, || WorkflowsMsg::PollControls);
         Ok(WorkflowsState {
             args,
             live: HashMap::new(),
+            polling: false,
         })
     }
 
@@ -328,6 +341,34 @@ impl Actor for Workflows {
                     Err(error) => Err(Error::Store(error)),
                 };
                 let _ = reply.send(answer);
+            }
+            WorkflowsMsg::PollControls => {
+                // One poll at a time: a slow store must not pile them up.
+                if state.live.is_empty() || state.polling {
+                    return Ok(());
+                }
+                state.polling = true;
+                let (store, me) = (state.args.store.clone(), myself.clone());
+                let owner = state.args.worker_id.clone();
+                tokio::spawn(async move {
+                    let pending = store
+                        .workflows_with_pending_controls(&owner)
+                        .await
+                        .unwrap_or_else(|error| {
+                            tracing::warn!(%error, "looking for controls failed");
+                            Vec::new()
+                        });
+                    let _ = me.send_message(WorkflowsMsg::PendingControls(pending));
+                });
+            }
+            WorkflowsMsg::PendingControls(pending) => {
+                state.polling = false;
+                for workflow_id in pending {
+                    if let Some(supervisor) = state.live.get(&workflow_id) {
+                        // A supervisor that stopped meanwhile needs no poll.
+                        let _ = supervisor.send_message(WorkflowMsg::Poll);
+                    }
+                }
             }
             WorkflowsMsg::Live { reply } => {
                 let _ = reply.send(state.live.keys().cloned().collect());

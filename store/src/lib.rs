@@ -327,6 +327,15 @@ impl Store {
         .await
     }
 
+    /// The workflows owned by `owner` that have controls not yet carried out: one query for a
+    /// whole node, however many workflows it runs.
+    pub async fn workflows_with_pending_controls(&self, owner: &str) -> Result<Vec<String>> {
+        retry(|| async {
+            on_backend!(self, store => store.workflows_with_pending_controls(owner).await)
+        })
+        .await
+    }
+
     /// Deletes a terminal workflow with its journal, controls, artifacts, slots and lease.
     pub async fn delete_workflow(&self, workflow_id: &str) -> Result<Deletion> {
         retry(|| async { on_backend!(self, store => store.delete_workflow(workflow_id).await) })

@@ -310,6 +310,19 @@ impl PgStore {
 }
 
 impl PgStore {
+    pub(crate) async fn workflows_with_pending_controls(&self, owner: &str) -> Result<Vec<String>> {
+        let client = self.pool.get().await?;
+        let statement = client
+            .prepare_cached(
+                "SELECT DISTINCT c.workflow FROM workflow_controls c
+                   JOIN workflows w ON w.id = c.workflow
+                  WHERE c.applied_at IS NULL AND w.owner = $1",
+            )
+            .await?;
+        let rows = client.query(&statement, &[&owner]).await?;
+        Ok(rows.iter().map(|row| row.get(0)).collect())
+    }
+
     pub(crate) async fn delete_workflow(&self, workflow_id: &str) -> Result<Deletion> {
         let mut client = self.pool.get().await?;
         let transaction = client.transaction().await?;

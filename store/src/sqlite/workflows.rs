@@ -319,6 +319,20 @@ impl SqliteStore {
 }
 
 impl SqliteStore {
+    pub(crate) async fn workflows_with_pending_controls(&self, owner: &str) -> Result<Vec<String>> {
+        let owner = owner.to_owned();
+        self.read(move |connection| {
+            let mut statement = connection.prepare_cached(
+                "SELECT DISTINCT c.workflow FROM workflow_controls c
+                   JOIN workflows w ON w.id = c.workflow
+                  WHERE c.applied_at IS NULL AND w.owner = ?1",
+            )?;
+            let rows = statement.query_map([&owner], |row| row.get(0))?;
+            Ok(rows.collect::<rusqlite::Result<Vec<String>>>()?)
+        })
+        .await
+    }
+
     pub(crate) async fn delete_workflow(&self, workflow_id: &str) -> Result<Deletion> {
         let workflow_id = workflow_id.to_owned();
         self.write(move |connection| {
