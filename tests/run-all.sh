@@ -63,6 +63,7 @@ case "$mode" in
   bench)
     REINS_BENCH_PG="$url" cargo bench -p store --bench fenced_write
     REINS_BENCH_PG="$url" cargo bench -p actors --bench child_runs
+    REINS_BENCH_PG="$url" cargo bench -p actors --bench workflows
     ;;
   *)
     cargo build --workspace --bins

@@ -1,0 +1,281 @@
+//! Workflows of 10 sequential scripted-agent steps through a real node: (a) one at a time, p50/p99
+//! per workflow and per step; (b) many at once (concurrency 32), workflows/s and steps/s; beside
+//! the store's fenced-write baseline at the same concurrency in the same process; and the memory a
+//! parked (paused) workflow costs, from the process's resident set.
+//!
+//! SQLite always runs; PostgreSQL when `REINS_BENCH_PG` names an admin URL. `REINS_BENCH_WORKFLOWS`
+//! sets the workflows of (b) (default 1000), `REINS_BENCH_PARKED` the parked ones (default 10000).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use actors::agents::{AgentConfig, AgentRegistry};
+use actors::{LaunchRequest, Node, NodeIdentity, NodeOptions, RunsOptions, WorkflowsHandle};
+use serde_json::json;
+use store::{DatabaseUrl, NewWorkflow, Store, StoreOptions, WriteOp};
+
+const STEPS: usize = 10;
+const CONCURRENCY: usize = 32;
+
+fn env(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn script() -> String {
+    let mut body = String::new();
+    for n in 0..STEPS {
+        body.push_str(&format!(
+            "await agent({{stepId: \"s{n}\", agentRef: \"scripted\", task: \"t{n}\"}});\n"
+        ));
+    }
+    body.push_str("return 1;");
+    body
+}
+
+#[tokio::main(flavor = "multi_thread")]
+async fn main() {
+    let many = env("REINS_BENCH_WORKFLOWS", 1000);
+    let parked = env("REINS_BENCH_PARKED", 10_000);
+    let dir = tempfile::tempdir().expect("temp dir");
+    measure(
+        "sqlite",
+        &DatabaseUrl::Sqlite(dir.path().join("bench.db")),
+        dir.path(),
+        many,
+        parked,
+    )
+    .await;
+    match std::env::var("REINS_BENCH_PG") {
+        Ok(admin) => {
+            let url = fresh_pg_database(&admin).await;
+            measure(
+                "postgres",
+                &DatabaseUrl::Postgres(url),
+                dir.path(),
+                many,
+                parked,
+            )
+            .await;
+        }
+        Err(_) => println!("postgres: skipped (REINS_BENCH_PG is not set)"),
+    }
+}
+
+async fn measure(
+    backend: &str,
+    url: &DatabaseUrl,
+    dir: &std::path::Path,
+    many: usize,
+    parked: usize,
+) {
+    let options = StoreOptions {
+        pool_size: 40,
+        ..StoreOptions::default()
+    };
+    let store = Arc::new(Store::open(url, &options).await.expect("open"));
+    store.migrate().await.expect("migrate");
+    let agents = AgentRegistry::new(&[AgentConfig::Scripted {
+        name: "scripted".into(),
+    }])
+    .expect("agents");
+    let runs = RunsOptions {
+        lease_ms: 30_000,
+        workspaces_dir: dir.join(format!("{backend}-workspaces")),
+        fault_dir: None,
+        task_bytes_max: 48 * 1024,
+        orphan_sweep: Duration::from_secs(30),
+    };
+    let mut node_options = NodeOptions::new(runs, Arc::new(agents));
+    node_options.workflows.slots_max = 10_000;
+    let identity = NodeIdentity {
+        worker_id: format!("bench-{backend}"),
+        host: "bench".into(),
+        pid: std::process::id(),
+    };
+    let node = Node::start(identity, Arc::clone(&store), node_options)
+        .await
+        .expect("node");
+    let workflows = node.workflows();
+
+    // (a) one at a time
+    let mut per_workflow = Vec::new();
+    for _ in 0..20 {
+        let started = Instant::now();
+        run_one(&workflows, &store).await;
+        per_workflow.push(started.elapsed());
+    }
+    per_workflow.sort();
+    let p = |values: &[Duration], q: f64| {
+        values[((values.len() as f64 * q) as usize).min(values.len() - 1)].as_secs_f64() * 1000.0
+    };
+    println!(
+        "{backend:<9} one at a time: per workflow p50 {:.2} ms p99 {:.2} ms; per step p50 {:.2} ms",
+        p(&per_workflow, 0.5),
+        p(&per_workflow, 0.99),
+        p(&per_workflow, 0.5) / STEPS as f64
+    );
+
+    // (b) many at once, beside fenced writes at the same concurrency
+    let baseline = fenced_writes(&store, backend, CONCURRENCY, many * STEPS / 4).await;
+    let started = Instant::now();
+    let per_worker = many / CONCURRENCY;
+    let workers: Vec<_> = (0..CONCURRENCY)
+        .map(|_| {
+            let (workflows, store) = (workflows.clone(), Arc::clone(&store));
+            tokio::spawn(async move {
+                for _ in 0..per_worker {
+                    run_one(&workflows, &store).await;
+                }
+            })
+        })
+        .collect();
+    for worker in workers {
+        worker.await.expect("worker");
+    }
+    let wall = started.elapsed().as_secs_f64();
+    let done = (per_worker * CONCURRENCY) as f64;
+    let steps_per_second = done * STEPS as f64 / wall;
+    println!(
+        "{backend:<9} {CONCURRENCY} at once: {:.0} workflows/s, {:.0} steps/s; fenced writes {:.0}/s; steps/fenced = {:.2}",
+        done / wall,
+        steps_per_second,
+        baseline,
+        steps_per_second / baseline
+    );
+
+    // memory per parked workflow
+    let before = resident_bytes();
+    let pause = "await pause({stepId: \"p\"}); return 1;";
+    let mut ids = Vec::new();
+    for _ in 0..parked {
+        let request = LaunchRequest {
+            user_id: "bench".into(),
+            request_id: None,
+            script: pause.into(),
+            args: json!({}),
+        };
+        ids.push(workflows.launch(request).await.expect("launch").run_id);
+    }
+    let last = ids.last().cloned().unwrap_or_default();
+    while store
+        .read_workflow(&last)
+        .await
+        .ok()
+        .flatten()
+        .is_none_or(|row| row.status != "paused")
+    {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let after = resident_bytes();
+    println!(
+        "{backend:<9} {parked} parked workflows: resident memory +{:.1} MiB, {:.1} KiB per parked workflow",
+        (after.saturating_sub(before)) as f64 / (1024.0 * 1024.0),
+        (after.saturating_sub(before)) as f64 / 1024.0 / parked.max(1) as f64
+    );
+    node.shutdown().await.expect("shutdown");
+}
+
+/// Launches one 10-step workflow and waits for it to complete.
+async fn run_one(workflows: &WorkflowsHandle, store: &Store) {
+    let request = LaunchRequest {
+        user_id: "bench".into(),
+        request_id: None,
+        script: script(),
+        args: json!({}),
+    };
+    let id = workflows.launch(request).await.expect("launch").run_id;
+    loop {
+        match store.read_workflow(&id).await.expect("read") {
+            Some(row) if row.status == "completed" => return,
+            Some(row) if row.status == "failed" => {
+                panic!("a bench workflow failed: {:?}", row.data)
+            }
+            _ => tokio::time::sleep(Duration::from_millis(2)).await,
+        }
+    }
+}
+
+/// Fenced writes per second at `concurrency`, each writer on its own workflow lease.
+async fn fenced_writes(store: &Arc<Store>, backend: &str, concurrency: usize, total: usize) -> f64 {
+    let per_worker = (total / concurrency).max(1);
+    let mut fences = Vec::new();
+    for worker in 0..concurrency {
+        let lease = store
+            .create_workflow(
+                NewWorkflow {
+                    workflow_id: format!("baseline-{backend}-{worker}"),
+                    user_id: "bench".into(),
+                    request_id: None,
+                    fingerprint: "bench".into(),
+                    data: json!({}),
+                },
+                "bench",
+                600_000,
+            )
+            .await
+            .expect("workflow");
+        fences.push(lease.fence());
+    }
+    let started = Instant::now();
+    let workers: Vec<_> = fences
+        .into_iter()
+        .map(|fence| {
+            let store = Arc::clone(store);
+            tokio::spawn(async move {
+                for n in 0..per_worker {
+                    let step = WriteOp::PutStep {
+                        workflow_id: fence.resource_id.clone(),
+                        seq: i32::try_from(n).unwrap_or(i32::MAX),
+                        step_id: format!("s-{n}"),
+                        attempt: 1,
+                        kind: "agent".into(),
+                        status: "completed".into(),
+                        data: json!({"n": n}),
+                    };
+                    store.fenced_write(&fence, vec![step]).await.expect("write");
+                }
+            })
+        })
+        .collect();
+    for worker in workers {
+        worker.await.expect("worker");
+    }
+    (per_worker * concurrency) as f64 / started.elapsed().as_secs_f64()
+}
+
+/// The process's resident set, in bytes (Linux).
+fn resident_bytes() -> u64 {
+    let pages = std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| {
+            s.split_whitespace()
+                .nth(1)
+                .and_then(|v| v.parse::<u64>().ok())
+        })
+        .unwrap_or(0);
+    pages * 4096
+}
+
+async fn fresh_pg_database(admin: &str) -> String {
+    let name = format!("reins_bench_workflows_{}", std::process::id());
+    let (client, connection) = tokio_postgres::connect(admin, tokio_postgres::NoTls)
+        .await
+        .expect("connect to REINS_BENCH_PG");
+    tokio::spawn(connection);
+    // CREATE DATABASE cannot share a transaction, so each statement goes alone.
+    for statement in [
+        format!("DROP DATABASE IF EXISTS {name}"),
+        format!("CREATE DATABASE {name}"),
+    ] {
+        client
+            .batch_execute(&statement)
+            .await
+            .expect("bench database");
+    }
+    let (base, _) = admin.rsplit_once('/').expect("URL names a database");
+    format!("{base}/{name}")
+}
