@@ -76,21 +76,7 @@ impl RunsHandle {
         &self,
         message: impl FnOnce(RpcReplyPort<T>) -> ChildRunsMsg,
     ) -> Result<T, Error> {
-        match self.actor.call(message, Some(self.timeout)).await {
-            Ok(ractor::rpc::CallResult::Success(answer)) => Ok(answer),
-            Ok(ractor::rpc::CallResult::Timeout) => Err(Error::Unanswered {
-                actor: "child-runs",
-                reason: format!("no answer within {} ms", self.timeout.as_millis()),
-            }),
-            Ok(ractor::rpc::CallResult::SenderError) => Err(Error::Unanswered {
-                actor: "child-runs",
-                reason: "the request was dropped".into(),
-            }),
-            Err(e) => Err(Error::Unanswered {
-                actor: "child-runs",
-                reason: e.to_string(),
-            }),
-        }
+        crate::error::ask(&self.actor, "child-runs", self.timeout, message).await
     }
 
     /// Checks, admits and starts a child run.

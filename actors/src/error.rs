@@ -1,5 +1,34 @@
 //! Errors of the actor layer.
 
+/// Calls `actor` with a timeout and turns every way it can fail to answer into
+/// [`Error::Unanswered`] naming the actor.
+pub(crate) async fn ask<M, T>(
+    actor: &ractor::ActorRef<M>,
+    name: &'static str,
+    timeout: std::time::Duration,
+    message: impl FnOnce(ractor::RpcReplyPort<T>) -> M,
+) -> Result<T, Error>
+where
+    M: ractor::Message,
+    T: Send + 'static,
+{
+    let unanswered = |reason: String| Error::Unanswered {
+        actor: name,
+        reason,
+    };
+    match actor.call(message, Some(timeout)).await {
+        Ok(ractor::rpc::CallResult::Success(answer)) => Ok(answer),
+        Ok(ractor::rpc::CallResult::Timeout) => Err(unanswered(format!(
+            "no answer within {} ms",
+            timeout.as_millis()
+        ))),
+        Ok(ractor::rpc::CallResult::SenderError) => {
+            Err(unanswered("the request was dropped".into()))
+        }
+        Err(e) => Err(unanswered(e.to_string())),
+    }
+}
+
 /// What starting or talking to the node's actors can fail with.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

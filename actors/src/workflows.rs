@@ -631,21 +631,7 @@ impl WorkflowsHandle {
         &self,
         message: impl FnOnce(RpcReplyPort<T>) -> WorkflowsMsg,
     ) -> Result<T, Error> {
-        match self.actor.call(message, Some(self.timeout)).await {
-            Ok(ractor::rpc::CallResult::Success(answer)) => Ok(answer),
-            Ok(ractor::rpc::CallResult::Timeout) => Err(Error::Unanswered {
-                actor: "workflows",
-                reason: format!("no answer within {} ms", self.timeout.as_millis()),
-            }),
-            Ok(ractor::rpc::CallResult::SenderError) => Err(Error::Unanswered {
-                actor: "workflows",
-                reason: "the request was dropped".into(),
-            }),
-            Err(e) => Err(Error::Unanswered {
-                actor: "workflows",
-                reason: e.to_string(),
-            }),
-        }
+        crate::error::ask(&self.actor, "workflows", self.timeout, message).await
     }
 
     /// Launches a workflow on this node.

@@ -187,6 +187,18 @@ pub struct ApprovalAnswer {
     pub status: RunStatus,
 }
 
+/// The run an idempotency key already names, if the request matches; a conflict if it does not.
+pub(crate) fn replay(existing: RunRow, request: &Value) -> Result<Admission, Error> {
+    if existing.idempotency_request.as_ref() == Some(request) {
+        Ok(Admission::Existing(existing))
+    } else {
+        Err(Error::Conflict(format!(
+            "idempotency key {:?} was used for a different request",
+            existing.idempotency_key.unwrap_or_default()
+        )))
+    }
+}
+
 /// The request id a paused run waits for, from its `metadata.hitl_approval`.
 pub fn pending_request_id(metadata: &Value) -> Option<&str> {
     metadata.get("hitl_approval")?.get("request_id")?.as_str()

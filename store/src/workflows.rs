@@ -53,6 +53,41 @@ pub enum TakeOver {
     Refused(String),
 }
 
+/// The rules a takeover is judged by, from what the workflow's row and controls say, before
+/// anything is written. `None` lets it proceed to the lease.
+pub(crate) fn takeover_refusal(
+    status: &str,
+    written_under: &str,
+    runtime_version: &str,
+    cancel_pending: bool,
+    reconcile: bool,
+) -> Option<TakeOver> {
+    if !LIVE_STATUSES.contains(&status) {
+        return Some(TakeOver::NotRecoverable(format!(
+            "the workflow is {status}"
+        )));
+    }
+    if reconcile != (status == "needs_reconciliation") {
+        return Some(TakeOver::Refused(if reconcile {
+            format!("only a workflow that needs reconciliation can be reconciled; it is {status}")
+        } else {
+            "it needs reconciliation: an operator settles it with reconcile".to_owned()
+        }));
+    }
+    if written_under != runtime_version {
+        return Some(TakeOver::Refused(format!(
+            "the workflow's journal was written by runtime {written_under:?}, this node runs \
+             {runtime_version:?}"
+        )));
+    }
+    if cancel_pending || status == "cancelling" {
+        return Some(TakeOver::Refused(
+            "a cancellation is pending: only cancel may finish this workflow".into(),
+        ));
+    }
+    None
+}
+
 /// A durable request to a workflow.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ControlRow {

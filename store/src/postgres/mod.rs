@@ -379,6 +379,16 @@ fn node_from_row(row: &Row) -> NodeRecord {
     }
 }
 
+/// A commit whose answer never came may have happened: without a SQLSTATE from the server, the
+/// outcome is unknown.
+pub(super) fn commit_error(error: tokio_postgres::Error) -> Error {
+    if error.code().is_some() {
+        Error::from(error)
+    } else {
+        Error::OutcomeUnknown(error.to_string())
+    }
+}
+
 /// An error the server sent about a statement means its transaction rolled back: `RL001` is the
 /// fence refusing. Anything else (a dropped connection, a timeout) leaves the commit's fate
 /// unknown.

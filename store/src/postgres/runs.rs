@@ -7,11 +7,11 @@ use deadpool_postgres::{Object, Transaction};
 use serde_json::Value;
 use tokio_postgres::Row;
 
-use super::{PgStore, fenced_error};
+use super::{PgStore, commit_error, fenced_error};
 use crate::lease::ttl_seconds;
 use crate::runs::{
     Admission, ApprovalAnswer, CancelAction, NewRun, RunOutcome, RunRenewal, RunRow, RunStatus,
-    answered, pending_answer, pending_request_id, status_after_answer,
+    answered, pending_answer, pending_request_id, replay, status_after_answer,
 };
 use crate::{Error, Result};
 
@@ -63,27 +63,6 @@ async fn read_by_key(client: &Object, key: &str) -> Result<Option<RunRow>> {
         .as_ref()
         .map(decode)
         .transpose()
-}
-
-/// The run an idempotency key already names, if the request matches; a conflict if it does not.
-fn replay(existing: RunRow, request: &Value) -> Result<Admission> {
-    if existing.idempotency_request.as_ref() == Some(request) {
-        Ok(Admission::Existing(existing))
-    } else {
-        Err(Error::Conflict(format!(
-            "idempotency key {:?} was used for a different request",
-            existing.idempotency_key.unwrap_or_default()
-        )))
-    }
-}
-
-/// A commit whose answer never came may have happened.
-fn commit_error(error: tokio_postgres::Error) -> Error {
-    if error.code().is_some() {
-        Error::from(error)
-    } else {
-        Error::OutcomeUnknown(error.to_string())
-    }
 }
 
 async fn admit_in(transaction: &Transaction<'_>, run: &NewRun) -> Result<Admission> {

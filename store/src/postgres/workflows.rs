@@ -6,8 +6,9 @@
 use deadpool_postgres::Transaction;
 use tokio_postgres::Row;
 
-use super::PgStore;
+use super::{PgStore, commit_error};
 use crate::lease::ttl_seconds;
+use crate::workflows::takeover_refusal;
 use crate::workflows::{
     ControlRow, ControlWrite, Deletion, LIVE_STATUSES, Launch, LaunchLimits, ListFilter,
     NewControl, TERMINAL_STATUSES, TakeOver,
@@ -30,15 +31,6 @@ fn control(row: &Row) -> ControlRow {
         body: row.get(5),
         created_by: row.get(6),
         applied: row.get(7),
-    }
-}
-
-/// A commit whose answer never came may have happened.
-fn commit_error(error: tokio_postgres::Error) -> Error {
-    if error.code().is_some() {
-        Error::from(error)
-    } else {
-        Error::OutcomeUnknown(error.to_string())
     }
 }
 
@@ -221,25 +213,7 @@ async fn take_over_in(
         return Err(Error::NotFound(format!("workflow {workflow_id:?}")));
     };
     let (status, written_under): (String, Option<String>) = (row.get(0), row.get(1));
-    if !LIVE_STATUSES.contains(&status.as_str()) {
-        return Ok(TakeOver::NotRecoverable(format!(
-            "the workflow is {status}"
-        )));
-    }
-    if reconcile != (status == "needs_reconciliation") {
-        return Ok(TakeOver::Refused(if reconcile {
-            format!("only a workflow that needs reconciliation can be reconciled; it is {status}")
-        } else {
-            "it needs reconciliation: an operator settles it with reconcile".to_owned()
-        }));
-    }
     let written_under = written_under.unwrap_or_default();
-    if written_under != runtime_version {
-        return Ok(TakeOver::Refused(format!(
-            "the workflow's journal was written by runtime {written_under:?}, this node runs \
-             {runtime_version:?}"
-        )));
-    }
     let cancel_pending: bool = transaction
         .query_one(
             "SELECT count(*) > 0 FROM workflow_controls
@@ -248,10 +222,14 @@ async fn take_over_in(
         )
         .await?
         .get(0);
-    if cancel_pending || status == "cancelling" {
-        return Ok(TakeOver::Refused(
-            "a cancellation is pending: only cancel may finish this workflow".into(),
-        ));
+    if let Some(refusal) = takeover_refusal(
+        &status,
+        &written_under,
+        runtime_version,
+        cancel_pending,
+        reconcile,
+    ) {
+        return Ok(refusal);
     }
     let taken = transaction
         .query_opt(

@@ -8,7 +8,7 @@ use super::{SqliteStore, check_fence, parse_json};
 use crate::lease::ttl_seconds;
 use crate::runs::{
     Admission, ApprovalAnswer, CancelAction, NewRun, RunOutcome, RunRenewal, RunRow, RunStatus,
-    answered, pending_answer, pending_request_id, status_after_answer,
+    answered, pending_answer, pending_request_id, replay, status_after_answer,
 };
 use crate::{Error, Result};
 
@@ -122,18 +122,6 @@ fn read_run_by_key(connection: &Connection, key: &str) -> Result<Option<RunRow>>
         .optional()?
         .map(RawRun::decode)
         .transpose()
-}
-
-/// The run an idempotency key already names, if the request matches; a conflict if it does not.
-fn replay(existing: RunRow, request: &Value) -> Result<Admission> {
-    if existing.idempotency_request.as_ref() == Some(request) {
-        Ok(Admission::Existing(existing))
-    } else {
-        Err(Error::Conflict(format!(
-            "idempotency key {:?} was used for a different request",
-            existing.idempotency_key.unwrap_or_default()
-        )))
-    }
 }
 
 fn admit(connection: &Connection, run: &NewRun) -> Result<Admission> {

@@ -5,6 +5,7 @@ use rusqlite::{Connection, OptionalExtension, Row, params};
 
 use super::{SqliteStore, parse_json};
 use crate::lease::ttl_seconds;
+use crate::workflows::takeover_refusal;
 use crate::workflows::{
     ControlRow, ControlWrite, Deletion, LIVE_STATUSES, Launch, LaunchLimits, ListFilter,
     NewControl, TERMINAL_STATUSES, TakeOver,
@@ -228,38 +229,24 @@ fn take_over(
     let Some((status, data)) = row else {
         return Err(Error::NotFound(format!("workflow {workflow_id:?}")));
     };
-    if !LIVE_STATUSES.contains(&status.as_str()) {
-        return Ok(TakeOver::NotRecoverable(format!(
-            "the workflow is {status}"
-        )));
-    }
-    if reconcile != (status == "needs_reconciliation") {
-        return Ok(TakeOver::Refused(if reconcile {
-            format!("only a workflow that needs reconciliation can be reconciled; it is {status}")
-        } else {
-            "it needs reconciliation: an operator settles it with reconcile".to_owned()
-        }));
-    }
     let written_under = parse_json(&data)?["runtime_version"]
         .as_str()
         .unwrap_or_default()
         .to_owned();
-    if written_under != runtime_version {
-        return Ok(TakeOver::Refused(format!(
-            "the workflow's journal was written by runtime {written_under:?}, this node runs \
-             {runtime_version:?}"
-        )));
-    }
     let cancel_pending: bool = connection
         .prepare_cached(
             "SELECT count(*) > 0 FROM workflow_controls
               WHERE workflow = ?1 AND kind = 'cancel' AND applied_at IS NULL",
         )?
         .query_row([workflow_id], |row| row.get(0))?;
-    if cancel_pending || status == "cancelling" {
-        return Ok(TakeOver::Refused(
-            "a cancellation is pending: only cancel may finish this workflow".into(),
-        ));
+    if let Some(refusal) = takeover_refusal(
+        &status,
+        &written_under,
+        runtime_version,
+        cancel_pending,
+        reconcile,
+    ) {
+        return Ok(refusal);
     }
     let taken = connection
         .prepare_cached(
