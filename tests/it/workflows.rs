@@ -425,3 +425,62 @@ on_both_backends! {
         assert_eq!((cancel.body["reason"].as_str(), cancel.applied), (Some("timeout"), true));
     }
 }
+
+on_both_backends! {
+    async fn children_beyond_max_active_children_queue_and_run_when_a_slot_frees(db: TestDb) {
+        let shared = tempfile::tempdir().expect("temp dir");
+        let scripted = actors::agents::AgentConfig::Scripted { name: "scripted".into() };
+        let node = TestNode::start_custom(&db, "a", 3_000, shared.path(), &[scripted], |options| {
+            options.workflows.slots_max = 4;
+            options.workflows.launch_limits = store::LaunchLimits {
+                max_workflows: 100,
+                max_workflows_per_owner: 4,
+            };
+        })
+        .await;
+        std::fs::write(shared.path().join("faults/hold_model"), b"").expect("hold");
+        let script = r#"
+            const [a, b] = await parallel([
+                () => agent({stepId: "a", agentRef: "scripted", task: {hold_while: "hold_model", output: 1}}),
+                () => agent({stepId: "b", agentRef: "scripted", task: {hold_while: "hold_model", output: 2}}),
+            ]);
+            return a.output + b.output;"#;
+        let workflows = node.node.workflows();
+        let mut ids = Vec::new();
+        for _ in 0..3 {
+            let request = LaunchRequest { user_id: "ada".into(), request_id: None, script: script.into(), args: json!({}) };
+            ids.push(workflows.launch(request).await.expect("launch").run_id);
+        }
+        let statuses = async || {
+            let mut all = Vec::new();
+            for id in &ids {
+                all.extend(view(&node, id).await.steps.into_iter().map(|s| s.status));
+            }
+            all
+        };
+        eventually(Duration::from_secs(15), "four children run and two queue", async || {
+            let all = statuses().await;
+            all.iter().filter(|s| *s == "running").count() == 4
+                && all.iter().filter(|s| *s == "queued").count() == 2
+        })
+        .await;
+        // Over the per-owner limit while those three are live: two more launches, one refused.
+        let mut refused = 0;
+        for _ in 0..2 {
+            let request = LaunchRequest { user_id: "ada".into(), request_id: None,
+                script: r#"await pause({stepId: "p"}); return 0;"#.into(), args: json!({}) };
+            match workflows.launch(request).await {
+                Ok(_) => {}
+                Err(actors::Error::LimitReached { limit: "max_workflows_per_owner", max: 4 }) => refused += 1,
+                Err(other) => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(refused, 1, "exactly max_workflows_per_owner live workflows are accepted");
+
+        std::fs::remove_file(shared.path().join("faults/hold_model")).expect("release");
+        for id in &ids {
+            wait_for_status(&node, id, "completed").await;
+            assert_eq!(view(&node, id).await.row.data["result"], json!(3));
+        }
+    }
+}
