@@ -484,3 +484,40 @@ on_both_backends! {
         }
     }
 }
+
+on_both_backends! {
+    async fn bad_arguments_to_the_script_api_reject_with_clear_messages(db: TestDb) {
+        let shared = tempfile::tempdir().expect("temp dir");
+        let node = TestNode::start(&db, "a", 3_000, shared.path()).await;
+        let script = r#"
+            const errors = [];
+            const attempt = async (call) => { try { await call(); } catch (e) { errors.push(e.message); } };
+            await attempt(() => agent({agentRef: "scripted", task: "x"}));
+            await attempt(() => agent({stepId: "a", agentRef: "oracle", task: "x"}));
+            await agent({stepId: "b", agentRef: "scripted", task: "x"});
+            await attempt(() => agent({stepId: "b", agentRef: "scripted", task: "again"}));
+            await attempt(() => readArtifact({artifactVersion: 99}));
+            await attempt(() => humanCheckpoint({stepId: "h", sourceStepId: "b"}));
+            await attempt(() => captureArtifact({stepId: "c", sourceStepId: "b", path: "/etc/passwd"}));
+            await attempt(() => captureArtifact({stepId: "d", sourceStepId: "b", path: "missing.txt"}));
+            return errors;
+        "#;
+        let request = LaunchRequest { user_id: "ada".into(), request_id: None, script: script.into(), args: json!({}) };
+        let id = node.node.workflows().launch(request).await.expect("launch").run_id;
+        wait_for_status(&node, &id, "completed").await;
+        let errors = view(&node, &id).await.row.data["result"].clone();
+        let errors: Vec<String> = serde_json::from_value(errors).expect("messages");
+        assert_eq!(errors.len(), 7, "{errors:?}");
+        for (message, expected) in errors.iter().zip([
+            "needs a stepId",
+            "unknown agent \"oracle\"",
+            "stepId \"b\" is used twice",
+            "artifact version 99 does not exist",
+            "needs an artifactVersion",
+            "outside /mnt/user-data/",
+            "cannot capture \"missing.txt\"",
+        ]) {
+            assert!(message.contains(expected), "{message:?} does not say {expected:?}");
+        }
+    }
+}
