@@ -84,7 +84,7 @@ pub enum StoreMsg {
         owner: String,
         lease_ms: u64,
         runtime_version: String,
-        reconcile: bool,
+        purpose: store::Purpose,
         reply: RpcReplyPort<store::Result<TakeOver>>,
     },
     PendingControls {
@@ -302,12 +302,12 @@ async fn serve(store: &Store, message: StoreMsg) {
             owner,
             lease_ms,
             runtime_version,
-            reconcile,
+            purpose,
             reply,
         } => {
             let _ = reply.send(
                 store
-                    .take_over_workflow(&workflow_id, &owner, lease_ms, &runtime_version, reconcile)
+                    .take_over_workflow(&workflow_id, &owner, lease_ms, &runtime_version, purpose)
                     .await,
             );
         }
@@ -674,7 +674,7 @@ impl StoreHandle {
         owner: &str,
         lease_ms: u64,
         runtime_version: &str,
-        reconcile: bool,
+        purpose: store::Purpose,
     ) -> store::Result<TakeOver> {
         let (workflow_id, owner, runtime_version) = (
             workflow_id.to_owned(),
@@ -687,7 +687,7 @@ impl StoreHandle {
                 owner,
                 lease_ms,
                 runtime_version,
-                reconcile,
+                purpose,
                 reply,
             }
         })

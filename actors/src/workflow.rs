@@ -30,6 +30,9 @@ use crate::store_actor::StoreHandle;
 
 /// How long a step without a free slot waits before asking again.
 const SLOT_RETRY: Duration = Duration::from_millis(200);
+/// How often a cancellation looks at the rows of the children it waits for (some may run on a
+/// node that is gone, and only their rows will tell).
+const CHILD_CHECK: Duration = Duration::from_millis(250);
 
 /// Messages of a workflow supervisor.
 pub enum WorkflowMsg {
@@ -58,6 +61,8 @@ pub enum WorkflowMsg {
     CancelDeadline,
     /// The workflow's wall-clock limit passed.
     TimedOut,
+    /// Look at the rows of the child runs a cancellation waits for.
+    CheckChildren,
 }
 
 impl From<LeaseEvent> for WorkflowMsg {
@@ -126,6 +131,9 @@ pub(crate) struct WorkflowArgs {
     /// The workflow's wall-clock limit from launch (`timeout_seconds`); past it, it is
     /// cancelled with reason `timeout`.
     pub timeout_ms: u64,
+    /// Taken over only to finish a pending cancellation (its owner died): the body is never
+    /// replayed.
+    pub cancel_only: bool,
     pub deadline: Instant,
 }
 
@@ -769,7 +777,74 @@ impl WorkflowState {
         }
         let window = Duration::from_millis(self.args.cancel_window_ms);
         myself.send_after(window, || WorkflowMsg::CancelDeadline);
+        myself.send_after(CHILD_CHECK, || WorkflowMsg::CheckChildren);
         self.end_cancel_if_quiet(myself).await;
+    }
+
+    /// A cancellation asked of a workflow whose owner died: the children the journal shows
+    /// running are asked to stop, and the cancellation proceeds from their rows. The script never
+    /// runs.
+    async fn finish_cancel_of_dead_owner(
+        &mut self,
+        myself: &ActorRef<WorkflowMsg>,
+        newest: &BTreeMap<u32, store::StepRow>,
+    ) {
+        for (seq, step) in newest {
+            let (Some(entry), Some(run_id)) = (
+                self.journal.iter().find(|e| e.seq == *seq).cloned(),
+                step.data["run_id"].as_str(),
+            ) else {
+                continue;
+            };
+            if step.status != "running" {
+                continue;
+            }
+            let command = Command {
+                id: CallId(*seq),
+                seq: *seq,
+                kind: entry.kind,
+                step_id: entry.step_id,
+                args: entry.args,
+                in_flight_in_journal: true,
+            };
+            self.waiting.insert(
+                CallId(*seq),
+                (Waiting::Child(Some(run_id.to_owned())), command),
+            );
+        }
+        match self.args.store.read_controls(&self.args.workflow_id).await {
+            Ok(controls) => match controls.iter().find(|c| c.kind == "cancel" && !c.applied) {
+                Some(cancel) => self.begin_cancel(myself, cancel.id).await,
+                None => self.stop(myself),
+            },
+            Err(error) => {
+                tracing::error!(parent: &self.span, %error, "cannot read the controls");
+                self.stop(myself);
+            }
+        }
+    }
+
+    /// Reads the rows of the children a cancellation waits for; an ended one is recorded.
+    async fn check_children(&mut self, myself: &ActorRef<WorkflowMsg>) {
+        let children: Vec<(CallId, String)> = self
+            .waiting
+            .iter()
+            .filter_map(|(id, (waiting, _))| match waiting {
+                Waiting::Child(Some(run_id)) => Some((*id, run_id.clone())),
+                _ => None,
+            })
+            .collect();
+        for (id, run_id) in children {
+            if let Ok(Some(row)) = self.args.store.read_run(&run_id).await
+                && row.status.is_terminal()
+            {
+                self.child_ended_while_cancelling(myself, id, row).await;
+                if self.done {
+                    return;
+                }
+            }
+        }
+        myself.send_after(CHILD_CHECK, || WorkflowMsg::CheckChildren);
     }
 
     /// Ends the cancellation once no child run is outstanding.
@@ -907,7 +982,11 @@ impl Actor for WorkflowSupervisor {
                             .map(|(seq, step)| (*seq, step.attempt))
                             .collect();
                         state.journal = newest.values().filter_map(journal_entry).collect();
-                        state.activate(&myself, Vec::new()).await;
+                        if state.args.cancel_only {
+                            state.finish_cancel_of_dead_owner(&myself, &newest).await;
+                        } else {
+                            state.activate(&myself, Vec::new()).await;
+                        }
                     }
                     Err(error) => {
                         tracing::error!(parent: &state.span, %error, "cannot read the journal");
@@ -955,6 +1034,10 @@ impl Actor for WorkflowSupervisor {
                 }
             }
             WorkflowMsg::TimedOut => {}
+            WorkflowMsg::CheckChildren if state.cancelling.is_some() => {
+                state.check_children(&myself).await;
+            }
+            WorkflowMsg::CheckChildren => {}
             WorkflowMsg::CancelDeadline => {
                 if state.cancelling.is_some() && !state.waiting.is_empty() {
                     tracing::warn!(parent: &state.span, "a child run's fate was not observed in the cancel window");

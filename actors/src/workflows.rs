@@ -89,6 +89,14 @@ pub enum WorkflowsMsg {
         result: Box<store::Result<TakeOver>>,
         reply: RpcReplyPort<Result<Launched, Error>>,
     },
+    /// Finish a cancellation whose workflow's owner is gone, if it is gone.
+    TakeOverToCancel { workflow_id: String },
+    /// The store answered a takeover to cancel.
+    TakenToCancel {
+        workflow_id: String,
+        sent: Instant,
+        result: Box<store::Result<TakeOver>>,
+    },
     /// Settle the uncertain step of a workflow that needs reconciliation, and resume it here.
     Reconcile {
         request: Box<ReconcileRequest>,
@@ -253,7 +261,13 @@ impl Actor for Workflows {
                 tokio::spawn(async move {
                     let sent = Instant::now();
                     let result = store
-                        .take_over_workflow(&workflow_id, &owner, lease_ms, &runtime_version, false)
+                        .take_over_workflow(
+                            &workflow_id,
+                            &owner,
+                            lease_ms,
+                            &runtime_version,
+                            store::Purpose::Recover,
+                        )
                         .await;
                     let _ = me.send_message(WorkflowsMsg::TakenOver {
                         workflow_id,
@@ -301,6 +315,58 @@ impl Actor for Workflows {
                 };
                 let _ = reply.send(answer);
             }
+            WorkflowsMsg::TakeOverToCancel { workflow_id } => {
+                let (store, me) = (state.args.store.clone(), myself.clone());
+                let (owner, lease_ms) = (state.args.worker_id.clone(), state.args.options.lease_ms);
+                let runtime_version = runtime::runtime_version(&state.args.options.limits);
+                tokio::spawn(async move {
+                    let sent = Instant::now();
+                    let result = store
+                        .take_over_workflow(
+                            &workflow_id,
+                            &owner,
+                            lease_ms,
+                            &runtime_version,
+                            store::Purpose::Cancel,
+                        )
+                        .await;
+                    let _ = me.send_message(WorkflowsMsg::TakenToCancel {
+                        workflow_id,
+                        sent,
+                        result: Box::new(result),
+                    });
+                });
+            }
+            WorkflowsMsg::TakenToCancel {
+                workflow_id,
+                sent,
+                result,
+            } => match *result {
+                Ok(TakeOver::Taken(lease)) => {
+                    tracing::info!(run_id = %workflow_id, "finishing the cancellation of a workflow whose owner is gone");
+                    match state.args.store.read_workflow(&workflow_id).await {
+                        Ok(Some(row)) => {
+                            let workflow = NewWorkflow {
+                                workflow_id: row.workflow_id,
+                                user_id: row.user_id,
+                                request_id: None,
+                                fingerprint: row.fingerprint,
+                                data: row.data,
+                            };
+                            if let Err(error) =
+                                start_supervisor(&myself, state, workflow, lease, sent, true).await
+                            {
+                                tracing::error!(%error, "cannot finish the cancellation");
+                            }
+                        }
+                        Ok(None) => {}
+                        Err(error) => tracing::error!(%error, "cannot read the workflow to cancel"),
+                    }
+                }
+                // The owner is alive (its poll finds the cancel), or it already ended.
+                Ok(_) => {}
+                Err(error) => tracing::warn!(%error, "cannot take the workflow over to cancel it"),
+            },
             WorkflowsMsg::Reconcile { request, reply } => {
                 let (store, me) = (state.args.store.clone(), myself.clone());
                 let (owner, lease_ms) = (state.args.worker_id.clone(), state.args.options.lease_ms);
@@ -313,7 +379,7 @@ impl Actor for Workflows {
                             &owner,
                             lease_ms,
                             &runtime_version,
-                            true,
+                            store::Purpose::Reconcile,
                         )
                         .await;
                     let _ = me.send_message(WorkflowsMsg::TakenForReconcile {
@@ -571,6 +637,17 @@ async fn supervise(
     lease: store::Lease,
     sent: Instant,
 ) -> Result<Launched, Error> {
+    start_supervisor(myself, state, workflow, lease, sent, false).await
+}
+
+async fn start_supervisor(
+    myself: &ActorRef<WorkflowsMsg>,
+    state: &mut WorkflowsState,
+    workflow: NewWorkflow,
+    lease: store::Lease,
+    sent: Instant,
+    cancel_only: bool,
+) -> Result<Launched, Error> {
     let document = WorkflowDocument::from_data(workflow.data)?;
     let options = &state.args.options;
     let (supervisor, _) = Actor::spawn_linked(
@@ -590,6 +667,7 @@ async fn supervise(
             slots_max: options.slots_max,
             cancel_window_ms: options.lease_ms * 2,
             timeout_ms: options.timeout_seconds.saturating_mul(1000),
+            cancel_only,
             deadline: sent + Duration::from_millis(options.lease_ms),
         },
         myself.get_cell(),
@@ -730,8 +808,15 @@ impl WorkflowsHandle {
     /// `cancelled` (or `needs_reconciliation` if a child's fate cannot be observed in time).
     /// Cancelling again is the same request.
     pub async fn cancel(&self, workflow_id: &str, by: &str) -> Result<ControlWrite, Error> {
-        self.control_at(workflow_id, "cancel", "", 0, json!({}), by)
-            .await
+        let recorded = self
+            .control_at(workflow_id, "cancel", "", 0, json!({}), by)
+            .await?;
+        // If the owner is gone, this node finishes the cancellation (without replaying the body);
+        // if it is alive, the takeover is refused and the owner's poll finds the request.
+        let _ = self.actor.send_message(WorkflowsMsg::TakeOverToCancel {
+            workflow_id: workflow_id.to_owned(),
+        });
+        Ok(recorded)
     }
 
     /// Deletes a terminal workflow with everything it holds.

@@ -28,7 +28,7 @@ pub use runs::{
 };
 pub use workflows::{
     ControlRow, ControlWrite, Deletion, LIVE_STATUSES, Launch, LaunchLimits, ListFilter,
-    NewControl, TERMINAL_STATUSES, TakeOver,
+    NewControl, Purpose, TERMINAL_STATUSES, TakeOver,
 };
 pub use write::{ArtifactRow, NewWorkflow, StepRow, WorkflowRow, WriteOp};
 
@@ -298,19 +298,20 @@ impl Store {
     /// Takes over a `recoverable` workflow (live status, expired lease) for `owner` with epoch +
     /// 1, in one transaction that first refuses, writing nothing, when the workflow was written
     /// under another `runtime_version` or a cancellation is pending (only `cancel` may finish it).
-    /// With `reconcile`, only a workflow in `needs_reconciliation` is taken (for an operator's
-    /// reconcile); without it, such a workflow is refused (recover cannot settle it).
+    /// `purpose` sets the rules (see [`Purpose`]): a reconcile takes only a workflow that needs
+    /// reconciliation, which a recover refuses; a cancel takes only a workflow with a cancellation
+    /// pending, under any runtime version, since it never replays the body.
     pub async fn take_over_workflow(
         &self,
         workflow_id: &str,
         owner: &str,
         lease_ms: u64,
         runtime_version: &str,
-        reconcile: bool,
+        purpose: crate::workflows::Purpose,
     ) -> Result<TakeOver> {
         retry(|| async {
             on_backend!(self, store => store
-                .take_over_workflow(workflow_id, owner, lease_ms, runtime_version, reconcile)
+                .take_over_workflow(workflow_id, owner, lease_ms, runtime_version, purpose)
                 .await)
         })
         .await

@@ -53,6 +53,17 @@ pub enum TakeOver {
     Refused(String),
 }
 
+/// Why a node takes a workflow over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Purpose {
+    /// Replay it here after its owner died (`recover`).
+    Recover,
+    /// Settle its uncertain step and replay it here (`reconcile`).
+    Reconcile,
+    /// Finish a pending cancellation without ever replaying the body (the owner died).
+    Cancel,
+}
+
 /// The rules a takeover is judged by, from what the workflow's row and controls say, before
 /// anything is written. `None` lets it proceed to the lease.
 pub(crate) fn takeover_refusal(
@@ -60,32 +71,34 @@ pub(crate) fn takeover_refusal(
     written_under: &str,
     runtime_version: &str,
     cancel_pending: bool,
-    reconcile: bool,
+    purpose: Purpose,
 ) -> Option<TakeOver> {
     if !LIVE_STATUSES.contains(&status) {
         return Some(TakeOver::NotRecoverable(format!(
             "the workflow is {status}"
         )));
     }
-    if reconcile != (status == "needs_reconciliation") {
-        return Some(TakeOver::Refused(if reconcile {
-            format!("only a workflow that needs reconciliation can be reconciled; it is {status}")
-        } else {
-            "it needs reconciliation: an operator settles it with reconcile".to_owned()
-        }));
-    }
-    if written_under != runtime_version {
-        return Some(TakeOver::Refused(format!(
+    let cancelling = cancel_pending || status == "cancelling";
+    let refused = |reason: String| Some(TakeOver::Refused(reason));
+    match purpose {
+        Purpose::Cancel if !cancelling => refused("no cancellation was asked for".into()),
+        // A cancellation replays nothing, so any runtime may finish it.
+        Purpose::Cancel => None,
+        Purpose::Reconcile if status != "needs_reconciliation" => refused(format!(
+            "only a workflow that needs reconciliation can be reconciled; it is {status}"
+        )),
+        Purpose::Recover if status == "needs_reconciliation" => {
+            refused("it needs reconciliation: an operator settles it with reconcile".into())
+        }
+        _ if written_under != runtime_version => refused(format!(
             "the workflow's journal was written by runtime {written_under:?}, this node runs \
              {runtime_version:?}"
-        )));
+        )),
+        Purpose::Recover if cancelling => {
+            refused("a cancellation is pending: only cancel may finish this workflow".into())
+        }
+        _ => None,
     }
-    if cancel_pending || status == "cancelling" {
-        return Some(TakeOver::Refused(
-            "a cancellation is pending: only cancel may finish this workflow".into(),
-        ));
-    }
-    None
 }
 
 /// A durable request to a workflow.

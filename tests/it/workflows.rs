@@ -521,3 +521,38 @@ on_both_backends! {
         }
     }
 }
+
+on_both_backends! {
+    async fn a_cancel_asked_after_the_owner_died_is_finished_by_another_node_without_replay(db: TestDb) {
+        let shared = tempfile::tempdir().expect("temp dir");
+        let owner = TestNode::start(&db, "owner", 1_500, shared.path()).await;
+        // The heir runs another runtime version: a cancellation replays nothing, so it may finish it.
+        let scripted = actors::agents::AgentConfig::Scripted { name: "scripted".into() };
+        let heir = TestNode::start_custom(&db, "heir", 1_500, shared.path(), &[scripted], |options| {
+            options.workflows.limits.frame_bytes_max = 1_000;
+        })
+        .await;
+        std::fs::write(shared.path().join("faults/hold_model"), b"").expect("hold");
+        let script = r#"await agent({stepId: "slow", agentRef: "scripted", task: {hold_while: "hold_model"}});
+                        return "never";"#;
+        let request = LaunchRequest { user_id: "ada".into(), request_id: None, script: script.into(), args: json!({}) };
+        let id = owner.node.workflows().launch(request).await.expect("launch").run_id;
+        eventually(Duration::from_secs(10), "the child run started", async || {
+            view(&owner, &id).await.steps.first().is_some_and(|s| s.status == "running")
+        })
+        .await;
+        let run_id = view(&owner, &id).await.steps[0].data["run_id"].as_str().expect("run").to_owned();
+        crash_and_wait_for_expiry(owner, &heir, &id).await;
+
+        let refused = heir.node.workflows().recover(&id).await;
+        assert!(matches!(refused, Err(actors::Error::Refused(_))), "{refused:?}");
+        heir.node.workflows().cancel(&id, "ada").await.expect("cancel");
+        wait_for_status(&heir, &id, "cancelled").await;
+        let done = view(&heir, &id).await;
+        assert_eq!(done.steps.len(), 1, "the body ran again");
+        assert_eq!(done.steps[0].status, "cancelled");
+        assert!(done.controls.iter().all(|c| c.applied));
+        let run = heir.node.runs().get(&run_id).await.expect("read").expect("run");
+        assert!(run.status.is_terminal(), "{run:?}");
+    }
+}

@@ -201,7 +201,7 @@ async fn take_over_in(
     owner: &str,
     lease_ms: u64,
     runtime_version: &str,
-    reconcile: bool,
+    purpose: crate::workflows::Purpose,
 ) -> Result<TakeOver> {
     let row = transaction
         .query_opt(
@@ -227,7 +227,7 @@ async fn take_over_in(
         &written_under,
         runtime_version,
         cancel_pending,
-        reconcile,
+        purpose,
     ) {
         return Ok(refusal);
     }
@@ -266,7 +266,7 @@ impl PgStore {
         owner: &str,
         lease_ms: u64,
         runtime_version: &str,
-        reconcile: bool,
+        purpose: crate::workflows::Purpose,
     ) -> Result<TakeOver> {
         let mut client = self.pool.get().await?;
         let transaction = client.transaction().await?;
@@ -276,7 +276,7 @@ impl PgStore {
             owner,
             lease_ms,
             runtime_version,
-            reconcile,
+            purpose,
         )
         .await?;
         // A refusal writes nothing: the transaction is dropped, which rolls it back.

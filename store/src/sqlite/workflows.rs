@@ -218,7 +218,7 @@ fn take_over(
     owner: &str,
     lease_ms: u64,
     runtime_version: &str,
-    reconcile: bool,
+    purpose: crate::workflows::Purpose,
 ) -> Result<TakeOver> {
     let row = connection
         .prepare_cached("SELECT status, data FROM workflows WHERE id = ?1")?
@@ -244,7 +244,7 @@ fn take_over(
         &written_under,
         runtime_version,
         cancel_pending,
-        reconcile,
+        purpose,
     ) {
         return Ok(refusal);
     }
@@ -284,7 +284,7 @@ impl SqliteStore {
         owner: &str,
         lease_ms: u64,
         runtime_version: &str,
-        reconcile: bool,
+        purpose: crate::workflows::Purpose,
     ) -> Result<TakeOver> {
         let (workflow_id, owner, runtime_version) = (
             workflow_id.to_owned(),
@@ -298,7 +298,7 @@ impl SqliteStore {
                 &owner,
                 lease_ms,
                 &runtime_version,
-                reconcile,
+                purpose,
             )
         })
         .await
