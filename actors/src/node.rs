@@ -86,6 +86,8 @@ impl NodeOptions {
                 slots_max: 32,
                 lease_ms,
                 timeout_seconds: 24 * 3600,
+                automatic_recovery: false,
+                faults: None,
             },
             js_threads: 2,
             faults: None,

@@ -87,6 +87,10 @@ pub enum StoreMsg {
         purpose: store::Purpose,
         reply: RpcReplyPort<store::Result<TakeOver>>,
     },
+    RecoverableWorkflows {
+        limit: u32,
+        reply: RpcReplyPort<store::Result<Vec<String>>>,
+    },
     PendingControls {
         owner: String,
         reply: RpcReplyPort<store::Result<Vec<String>>>,
@@ -310,6 +314,9 @@ async fn serve(store: &Store, message: StoreMsg) {
                     .take_over_workflow(&workflow_id, &owner, lease_ms, &runtime_version, purpose)
                     .await,
             );
+        }
+        StoreMsg::RecoverableWorkflows { limit, reply } => {
+            let _ = reply.send(store.recoverable_workflows(limit).await);
         }
         StoreMsg::PendingControls { owner, reply } => {
             let _ = reply.send(store.workflows_with_pending_controls(&owner).await);
@@ -690,6 +697,14 @@ impl StoreHandle {
                 purpose,
                 reply,
             }
+        })
+        .await
+    }
+
+    /// See [`Store::recoverable_workflows`].
+    pub async fn recoverable_workflows(&self, limit: u32) -> store::Result<Vec<String>> {
+        self.call("recoverable_workflows", Effect::Read, |reply| {
+            StoreMsg::RecoverableWorkflows { limit, reply }
         })
         .await
     }

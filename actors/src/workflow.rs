@@ -134,6 +134,8 @@ pub(crate) struct WorkflowArgs {
     /// Taken over only to finish a pending cancellation (its owner died): the body is never
     /// replayed.
     pub cancel_only: bool,
+    /// Test fault points (`REINS_FAULT_DIR`); `None` in production.
+    pub faults: Option<crate::fault_points::FaultPoints>,
     pub deadline: Instant,
 }
 
@@ -181,6 +183,13 @@ fn thread_for(workflow_id: &str, step_id: &str) -> String {
 }
 
 impl WorkflowState {
+    /// Holds at a test fault point if one is armed here.
+    async fn fault(&self, boundary: &str) {
+        if let Some(faults) = &self.args.faults {
+            faults.reach(boundary, &self.args.workflow_id).await;
+        }
+    }
+
     fn attempt(&self, seq: u32) -> i32 {
         self.attempts.get(&seq).copied().unwrap_or(1)
     }
@@ -355,7 +364,11 @@ impl WorkflowState {
             }),
         };
         let (runs, me) = (self.args.runs.clone(), myself.clone());
+        let (faults, workflow_id) = (self.args.faults.clone(), self.args.workflow_id.clone());
         tokio::spawn(async move {
+            if let Some(faults) = &faults {
+                faults.reach("before_admission", &workflow_id).await;
+            }
             let result = runs.start(request).await;
             let _ = me.send_message(WorkflowMsg::Admission {
                 id,
@@ -394,6 +407,11 @@ impl WorkflowState {
         ops.append(&mut extra);
         if !self.write(myself, ops).await {
             return;
+        }
+        match entry.kind {
+            CallKind::Agent => self.fault("result").await,
+            CallKind::HumanCheckpoint => self.fault("approval").await,
+            _ => {}
         }
         if !self.loaded {
             self.set_status(myself, "running").await;
@@ -496,6 +514,7 @@ impl WorkflowState {
         };
         match result {
             Ok(Admitted::Started { row, ended }) => {
+                self.fault("admission").await;
                 self.waiting.insert(
                     id,
                     (Waiting::Child(Some(row.run_id.clone())), command.clone()),
@@ -584,6 +603,7 @@ impl WorkflowState {
         };
         extra.push(release);
         let fields = json!({"run_id": row.run_id, "thread_id": row.thread_id});
+        self.fault("result_before").await;
         self.conclude(myself, id, outcome, extra, fields).await;
     }
 
@@ -618,6 +638,7 @@ impl WorkflowState {
         let outcome = if command.kind == CallKind::CaptureArtifact {
             match self.read_capture(&command).await {
                 Ok((path, content)) => {
+                    self.fault("capture").await;
                     let (bytes, sha256) = (content.len(), sha256_hex(&content));
                     let version =
                         self.next_artifact(&mut extra, &command.step_id, Some(path), content);
@@ -754,6 +775,7 @@ impl WorkflowState {
         if self.done {
             return;
         }
+        self.fault("cancelling").await;
         let children: Vec<String> = self
             .waiting
             .values()

@@ -62,6 +62,10 @@ pub struct WorkflowsOptions {
     pub lease_ms: u64,
     /// A workflow's wall-clock limit from launch (`timeout_seconds`).
     pub timeout_seconds: u64,
+    /// `recovery: automatic`: this node claims recoverable workflows itself, every lease period.
+    pub automatic_recovery: bool,
+    /// `REINS_FAULT_DIR` fault points (tests only; inert when `None`).
+    pub faults: Option<crate::fault_points::FaultPoints>,
 }
 
 /// Messages of the workflows actor.
@@ -113,9 +117,16 @@ pub enum WorkflowsMsg {
     Live { reply: RpcReplyPort<Vec<String>> },
     /// Time to look for pending controls of this node's workflows.
     PollControls,
+    /// Time to claim recoverable workflows (`recovery: automatic`).
+    ClaimRecoverable,
+    /// Recover these, one by one, with the usual rules.
+    RecoverAll(Vec<String>),
     /// Workflows of this node with controls to carry out.
     PendingControls(Vec<String>),
 }
+
+/// Recoverable workflows claimed per period at most.
+const RECOVERY_BATCH: u32 = 16;
 
 /// How often the node looks for controls (resume, decide, cancel) written for its workflows by
 /// any node. One query per node per period, whatever the number of workflows; the rows are the
@@ -194,6 +205,10 @@ impl Actor for Workflows {
         args: WorkflowsArgs,
     ) -> Result<Self::State, ActorProcessingErr> {
         myself.send_interval(CONTROL_POLL, || WorkflowsMsg::PollControls);
+        if args.options.automatic_recovery {
+            let period = Duration::from_millis(args.options.lease_ms.max(1));
+            myself.send_interval(period, || WorkflowsMsg::ClaimRecoverable);
+        }
         Ok(WorkflowsState {
             args,
             live: HashMap::new(),
@@ -407,6 +422,43 @@ impl Actor for Workflows {
                     Err(error) => Err(Error::Store(error)),
                 };
                 let _ = reply.send(answer);
+            }
+            WorkflowsMsg::ClaimRecoverable => {
+                let (store, me) = (state.args.store.clone(), myself.clone());
+                tokio::spawn(async move {
+                    match store.recoverable_workflows(RECOVERY_BATCH).await {
+                        Ok(ids) if !ids.is_empty() => {
+                            let _ = me.send_message(WorkflowsMsg::RecoverAll(ids));
+                        }
+                        Ok(_) => {}
+                        Err(error) => {
+                            tracing::warn!(%error, "looking for recoverable workflows failed")
+                        }
+                    }
+                });
+            }
+            WorkflowsMsg::RecoverAll(ids) => {
+                for workflow_id in ids {
+                    if state.live.contains_key(&workflow_id) {
+                        continue;
+                    }
+                    let (reply, answer) = ractor::concurrency::oneshot();
+                    let _ = myself.send_message(WorkflowsMsg::Recover {
+                        workflow_id: workflow_id.clone(),
+                        reply: reply.into(),
+                    });
+                    tokio::spawn(async move {
+                        match answer.await {
+                            Ok(Ok(_)) => {
+                                tracing::info!(run_id = %workflow_id, "recovered automatically")
+                            }
+                            Ok(Err(error)) => {
+                                tracing::info!(run_id = %workflow_id, %error, "not recovered")
+                            }
+                            Err(_) => {}
+                        }
+                    });
+                }
             }
             WorkflowsMsg::PollControls => {
                 // One poll at a time: a slow store must not pile them up.
@@ -668,6 +720,7 @@ async fn start_supervisor(
             cancel_window_ms: options.lease_ms * 2,
             timeout_ms: options.timeout_seconds.saturating_mul(1000),
             cancel_only,
+            faults: options.faults.clone(),
             deadline: sent + Duration::from_millis(options.lease_ms),
         },
         myself.get_cell(),

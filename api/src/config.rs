@@ -352,8 +352,16 @@ fn apply_override(table: &mut toml::Table, variable: &str, value: &str) -> Resul
     Ok(())
 }
 
+/// Keys whose default is "not set", so the serialized defaults do not show them.
+const OPTIONAL_KEYS: &[&str] = &["workspaces_dir"];
+
 /// Whether a dotted key path names a field of [`Config`], judged from the serialized defaults.
 fn is_known_key(path: &[String]) -> bool {
+    if let [key] = path
+        && OPTIONAL_KEYS.contains(&key.as_str())
+    {
+        return true;
+    }
     let Ok(toml::Value::Table(defaults)) = toml::Value::try_from(Config::default()) else {
         return false;
     };
@@ -399,6 +407,7 @@ mod tests {
                 ("REINS_STORE__POOL_SIZE", "3"),
                 ("REINS_DATABASE", "postgres://reins@127.0.0.1:5/reins"),
                 ("REINS_FAULT_DIR", "/tmp/x"),
+                ("REINS_WORKSPACES_DIR", "/srv/shared/workspaces"),
                 ("REINS_TEST_PG", "anything"),
                 ("PATH", "/bin"),
             ]),
@@ -406,6 +415,10 @@ mod tests {
         .expect("overrides are valid");
         assert_eq!(checked.config.lease_seconds, 9);
         assert_eq!(checked.config.store.pool_size, 3);
+        assert_eq!(
+            checked.config.workspaces_dir(),
+            PathBuf::from("/srv/shared/workspaces")
+        );
         assert!(matches!(checked.database, DatabaseUrl::Postgres(_)));
     }
 

@@ -75,6 +75,9 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
                 slots_max: config.limits.max_active_children,
                 lease_ms,
                 timeout_seconds: config.limits.timeout_seconds,
+                automatic_recovery: config.recovery == crate::config::Recovery::Automatic,
+                faults: std::env::var_os("REINS_FAULT_DIR")
+                    .map(|dir| actors::FaultPoints::new(PathBuf::from(dir))),
             },
             ..NodeOptions::new(runs, Arc::new(checked.agents))
         },

@@ -328,6 +328,13 @@ impl Store {
         .await
     }
 
+    /// Up to `limit` workflows whose owner's lease expired while they were running or waiting:
+    /// what automatic recovery claims (each claim still goes through the takeover's rules).
+    pub async fn recoverable_workflows(&self, limit: u32) -> Result<Vec<String>> {
+        retry(|| async { on_backend!(self, store => store.recoverable_workflows(limit).await) })
+            .await
+    }
+
     /// The workflows owned by `owner` that have controls not yet carried out: one query for a
     /// whole node, however many workflows it runs.
     pub async fn workflows_with_pending_controls(&self, owner: &str) -> Result<Vec<String>> {

@@ -7,6 +7,7 @@ mod harness;
 mod bad_config;
 mod child_runs;
 mod command_agent;
+mod crash_recovery;
 mod fencing;
 mod leases;
 mod migrations;

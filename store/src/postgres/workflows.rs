@@ -288,6 +288,21 @@ impl PgStore {
 }
 
 impl PgStore {
+    pub(crate) async fn recoverable_workflows(&self, limit: u32) -> Result<Vec<String>> {
+        let client = self.pool.get().await?;
+        let rows = client
+            .query(
+                "SELECT w.id FROM workflows w
+                   JOIN extension_execution_leases l ON l.resource_id = w.id
+                  WHERE w.status IN ('running', 'paused', 'waiting_approval')
+                    AND l.expires_at <= reins_now()
+                  ORDER BY w.created_at LIMIT $1",
+                &[&i64::from(limit)],
+            )
+            .await?;
+        Ok(rows.iter().map(|row| row.get(0)).collect())
+    }
+
     pub(crate) async fn workflows_with_pending_controls(&self, owner: &str) -> Result<Vec<String>> {
         let client = self.pool.get().await?;
         let statement = client

@@ -306,6 +306,21 @@ impl SqliteStore {
 }
 
 impl SqliteStore {
+    pub(crate) async fn recoverable_workflows(&self, limit: u32) -> Result<Vec<String>> {
+        self.read(move |connection| {
+            let mut statement = connection.prepare_cached(
+                "SELECT w.id FROM workflows w
+                   JOIN extension_execution_leases l ON l.resource_id = w.id
+                  WHERE w.status IN ('running', 'paused', 'waiting_approval')
+                    AND l.expires_at <= unixepoch('subsec')
+                  ORDER BY w.created_at LIMIT ?1",
+            )?;
+            let rows = statement.query_map([limit], |row| row.get(0))?;
+            Ok(rows.collect::<rusqlite::Result<Vec<String>>>()?)
+        })
+        .await
+    }
+
     pub(crate) async fn workflows_with_pending_controls(&self, owner: &str) -> Result<Vec<String>> {
         let owner = owner.to_owned();
         self.read(move |connection| {
