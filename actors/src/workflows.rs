@@ -270,27 +270,19 @@ impl Actor for Workflows {
                 let _ = reply.send(answer);
             }
             WorkflowsMsg::Recover { workflow_id, reply } => {
-                let (store, me) = (state.args.store.clone(), myself.clone());
-                let (owner, lease_ms) = (state.args.worker_id.clone(), state.args.options.lease_ms);
-                let runtime_version = runtime::runtime_version(&state.args.options.limits);
-                tokio::spawn(async move {
-                    let sent = Instant::now();
-                    let result = store
-                        .take_over_workflow(
-                            &workflow_id,
-                            &owner,
-                            lease_ms,
-                            &runtime_version,
-                            store::Purpose::Recover,
-                        )
-                        .await;
-                    let _ = me.send_message(WorkflowsMsg::TakenOver {
+                let id = workflow_id.clone();
+                take_over(
+                    state,
+                    &myself,
+                    &id,
+                    store::Purpose::Recover,
+                    move |sent, result| WorkflowsMsg::TakenOver {
                         workflow_id,
                         sent,
-                        result: Box::new(result),
+                        result,
                         reply,
-                    });
-                });
+                    },
+                );
             }
             WorkflowsMsg::TakenOver {
                 workflow_id,
@@ -300,26 +292,14 @@ impl Actor for Workflows {
             } => {
                 let answer = match *result {
                     Ok(TakeOver::Taken(lease)) => {
-                        match state.args.store.read_workflow(&workflow_id).await {
-                            Ok(Some(row)) => {
-                                let workflow = NewWorkflow {
-                                    workflow_id: row.workflow_id,
-                                    user_id: row.user_id,
-                                    request_id: None,
-                                    fingerprint: row.fingerprint,
-                                    data: row.data,
-                                };
-                                supervise(&myself, state, workflow, lease, sent).await.map(
-                                    |launched| Launched {
-                                        created: false,
-                                        ..launched
-                                    },
-                                )
-                            }
-                            Ok(None) => Err(Error::Store(store::Error::NotFound(format!(
-                                "workflow {workflow_id:?}"
-                            )))),
-                            Err(error) => Err(Error::Store(error)),
+                        match stored_workflow(&state.args.store, &workflow_id).await {
+                            Ok(workflow) => supervise(&myself, state, workflow, lease, sent)
+                                .await
+                                .map(|launched| Launched {
+                                    created: false,
+                                    ..launched
+                                }),
+                            Err(error) => Err(error),
                         }
                     }
                     Ok(TakeOver::NotRecoverable(reason)) => {
@@ -331,26 +311,18 @@ impl Actor for Workflows {
                 let _ = reply.send(answer);
             }
             WorkflowsMsg::TakeOverToCancel { workflow_id } => {
-                let (store, me) = (state.args.store.clone(), myself.clone());
-                let (owner, lease_ms) = (state.args.worker_id.clone(), state.args.options.lease_ms);
-                let runtime_version = runtime::runtime_version(&state.args.options.limits);
-                tokio::spawn(async move {
-                    let sent = Instant::now();
-                    let result = store
-                        .take_over_workflow(
-                            &workflow_id,
-                            &owner,
-                            lease_ms,
-                            &runtime_version,
-                            store::Purpose::Cancel,
-                        )
-                        .await;
-                    let _ = me.send_message(WorkflowsMsg::TakenToCancel {
+                let id = workflow_id.clone();
+                take_over(
+                    state,
+                    &myself,
+                    &id,
+                    store::Purpose::Cancel,
+                    move |sent, result| WorkflowsMsg::TakenToCancel {
                         workflow_id,
                         sent,
-                        result: Box::new(result),
-                    });
-                });
+                        result,
+                    },
+                );
             }
             WorkflowsMsg::TakenToCancel {
                 workflow_id,
@@ -359,23 +331,14 @@ impl Actor for Workflows {
             } => match *result {
                 Ok(TakeOver::Taken(lease)) => {
                     tracing::info!(run_id = %workflow_id, "finishing the cancellation of a workflow whose owner is gone");
-                    match state.args.store.read_workflow(&workflow_id).await {
-                        Ok(Some(row)) => {
-                            let workflow = NewWorkflow {
-                                workflow_id: row.workflow_id,
-                                user_id: row.user_id,
-                                request_id: None,
-                                fingerprint: row.fingerprint,
-                                data: row.data,
-                            };
-                            if let Err(error) =
-                                start_supervisor(&myself, state, workflow, lease, sent, true).await
-                            {
-                                tracing::error!(%error, "cannot finish the cancellation");
-                            }
+                    let started = match stored_workflow(&state.args.store, &workflow_id).await {
+                        Ok(workflow) => {
+                            start_supervisor(&myself, state, workflow, lease, sent, true).await
                         }
-                        Ok(None) => {}
-                        Err(error) => tracing::error!(%error, "cannot read the workflow to cancel"),
+                        Err(error) => Err(error),
+                    };
+                    if let Err(error) = started {
+                        tracing::error!(%error, "cannot finish the cancellation");
                     }
                 }
                 // The owner is alive (its poll finds the cancel), or it already ended.
@@ -383,27 +346,19 @@ impl Actor for Workflows {
                 Err(error) => tracing::warn!(%error, "cannot take the workflow over to cancel it"),
             },
             WorkflowsMsg::Reconcile { request, reply } => {
-                let (store, me) = (state.args.store.clone(), myself.clone());
-                let (owner, lease_ms) = (state.args.worker_id.clone(), state.args.options.lease_ms);
-                let runtime_version = runtime::runtime_version(&state.args.options.limits);
-                tokio::spawn(async move {
-                    let sent = Instant::now();
-                    let result = store
-                        .take_over_workflow(
-                            &request.workflow_id,
-                            &owner,
-                            lease_ms,
-                            &runtime_version,
-                            store::Purpose::Reconcile,
-                        )
-                        .await;
-                    let _ = me.send_message(WorkflowsMsg::TakenForReconcile {
+                let id = request.workflow_id.clone();
+                take_over(
+                    state,
+                    &myself,
+                    &id,
+                    store::Purpose::Reconcile,
+                    move |sent, result| WorkflowsMsg::TakenForReconcile {
                         request,
                         sent,
-                        result: Box::new(result),
+                        result,
                         reply,
-                    });
-                });
+                    },
+                );
             }
             WorkflowsMsg::TakenForReconcile {
                 request,
@@ -561,6 +516,48 @@ fn check(args: &WorkflowsArgs, request: &LaunchRequest) -> Result<NewWorkflow, E
     })
 }
 
+/// Starts taking a workflow over for `purpose` in a task; `answer` turns the store's answer into
+/// the message that carries it back to this actor.
+fn take_over(
+    state: &WorkflowsState,
+    myself: &ActorRef<WorkflowsMsg>,
+    workflow_id: &str,
+    purpose: store::Purpose,
+    answer: impl FnOnce(Instant, Box<store::Result<TakeOver>>) -> WorkflowsMsg + Send + 'static,
+) {
+    let (store, me) = (state.args.store.clone(), myself.clone());
+    let (owner, lease_ms) = (state.args.worker_id.clone(), state.args.options.lease_ms);
+    let runtime_version = runtime::runtime_version(&state.args.options.limits);
+    let workflow_id = workflow_id.to_owned();
+    tokio::spawn(async move {
+        let sent = Instant::now();
+        let result = store
+            .take_over_workflow(&workflow_id, &owner, lease_ms, &runtime_version, purpose)
+            .await;
+        let _ = me.send_message(answer(sent, Box::new(result)));
+    });
+}
+
+/// A stored workflow in the shape a supervisor starts from.
+fn as_launched(row: WorkflowRow) -> NewWorkflow {
+    NewWorkflow {
+        workflow_id: row.workflow_id,
+        user_id: row.user_id,
+        request_id: None,
+        fingerprint: row.fingerprint,
+        data: row.data,
+    }
+}
+
+async fn stored_workflow(store: &StoreHandle, workflow_id: &str) -> Result<NewWorkflow, Error> {
+    match store.read_workflow(workflow_id).await? {
+        Some(row) => Ok(as_launched(row)),
+        None => Err(Error::Store(store::Error::NotFound(format!(
+            "workflow {workflow_id:?}"
+        )))),
+    }
+}
+
 /// Settles the step under the new lease and resumes the workflow by replay.
 async fn reconcile(
     myself: &ActorRef<WorkflowsMsg>,
@@ -667,13 +664,7 @@ async fn reconcile(
         data: row.data.clone(),
     });
     store.fenced_write(&lease.fence(), ops).await?;
-    let workflow = NewWorkflow {
-        workflow_id: row.workflow_id,
-        user_id: row.user_id,
-        request_id: None,
-        fingerprint: row.fingerprint,
-        data: row.data,
-    };
+    let workflow = as_launched(row);
     supervise(myself, state, workflow, lease, sent)
         .await
         .map(|launched| Launched {
