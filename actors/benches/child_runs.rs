@@ -6,13 +6,17 @@
 //! (`tests/run-all.sh bench` sets it). `REINS_BENCH_RUNS` sets the runs per measurement (default
 //! 640).
 
+#[path = "../../benches/support.rs"]
+mod support;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actors::agents::{AgentConfig, AgentRegistry};
 use actors::{Admitted, Node, NodeIdentity, NodeOptions, RunEnd, RunRequest, RunsOptions};
 use serde_json::json;
-use store::{DatabaseUrl, NewWorkflow, Store, StoreOptions, WriteOp};
+use store::{DatabaseUrl, Store, StoreOptions};
+use support::{Run, fenced_writes, fresh_pg_database, timed};
 
 const CONCURRENCY: [usize; 2] = [1, 32];
 
@@ -31,7 +35,7 @@ async fn main() {
     measure("sqlite", &sqlite, dir.path(), total).await;
     match std::env::var("REINS_BENCH_PG") {
         Ok(admin) => {
-            let url = fresh_pg_database(&admin).await;
+            let url = fresh_pg_database(&admin, "reins_bench_runs").await;
             measure("postgres", &DatabaseUrl::Postgres(url), dir.path(), total).await;
         }
         Err(_) => println!("postgres: skipped (REINS_BENCH_PG is not set)"),
@@ -69,31 +73,19 @@ async fn measure(backend: &str, url: &DatabaseUrl, dir: &std::path::Path, total:
     .await
     .expect("node");
     for concurrency in CONCURRENCY {
-        let baseline = fenced_writes(&store, backend, concurrency, total).await;
+        let baseline = fenced_writes(
+            &store,
+            &format!("wf-{backend}-{concurrency}"),
+            concurrency,
+            total / concurrency,
+        )
+        .await;
         let child_runs = child_runs(&node, backend, concurrency, total).await;
         report(backend, concurrency, "fenced write", &baseline, None);
         let ratio = child_runs.per_second() / baseline.per_second();
         report(backend, concurrency, "child run", &child_runs, Some(ratio));
     }
     node.shutdown().await.expect("shutdown");
-}
-
-struct Run {
-    latencies: Vec<Duration>,
-    wall: Duration,
-}
-
-impl Run {
-    fn per_second(&self) -> f64 {
-        self.latencies.len() as f64 / self.wall.as_secs_f64()
-    }
-
-    fn percentile_ms(&self, p: f64) -> f64 {
-        let mut sorted = self.latencies.clone();
-        sorted.sort();
-        let index = ((sorted.len() as f64 * p) as usize).min(sorted.len() - 1);
-        sorted[index].as_secs_f64() * 1000.0
-    }
 }
 
 fn report(backend: &str, concurrency: usize, kind: &str, run: &Run, ratio: Option<f64>) {
@@ -108,116 +100,31 @@ fn report(backend: &str, concurrency: usize, kind: &str, run: &Run, ratio: Optio
 
 async fn child_runs(node: &Node, backend: &str, concurrency: usize, total: usize) -> Run {
     let per_worker = total / concurrency;
-    let started = Instant::now();
-    let workers: Vec<_> = (0..concurrency)
-        .map(|worker| {
-            let runs = node.runs();
-            let prefix = format!("{backend}-{concurrency}-{worker}");
-            tokio::spawn(async move {
-                let mut latencies = Vec::with_capacity(per_worker);
-                for n in 0..per_worker {
-                    let begun = Instant::now();
-                    let request = RunRequest {
-                        thread_id: format!("{prefix}-{n}"),
-                        agent: "scripted".into(),
-                        task: json!("ping"),
-                        idempotency_key: None,
-                        step: None,
-                    };
-                    let Ok(Admitted::Started { ended, .. }) = runs.start(request).await else {
-                        panic!("a bench run was not started");
-                    };
-                    match ended.await {
-                        Ok(RunEnd::Persisted(_)) => {}
-                        other => panic!("a bench run ended {other:?}"),
-                    }
-                    latencies.push(begun.elapsed());
+    timed(concurrency, |worker| {
+        let runs = node.runs();
+        let prefix = format!("{backend}-{concurrency}-{worker}");
+        async move {
+            let mut latencies = Vec::with_capacity(per_worker);
+            for n in 0..per_worker {
+                let begun = Instant::now();
+                let request = RunRequest {
+                    thread_id: format!("{prefix}-{n}"),
+                    agent: "scripted".into(),
+                    task: json!("ping"),
+                    idempotency_key: None,
+                    step: None,
+                };
+                let Ok(Admitted::Started { ended, .. }) = runs.start(request).await else {
+                    panic!("a bench run was not started");
+                };
+                match ended.await {
+                    Ok(RunEnd::Persisted(_)) => {}
+                    other => panic!("a bench run ended {other:?}"),
                 }
-                latencies
-            })
-        })
-        .collect();
-    let mut latencies = Vec::new();
-    for worker in workers {
-        latencies.extend(worker.await.expect("worker"));
-    }
-    Run {
-        latencies,
-        wall: started.elapsed(),
-    }
-}
-
-async fn fenced_writes(store: &Arc<Store>, backend: &str, concurrency: usize, total: usize) -> Run {
-    let per_worker = total / concurrency;
-    let mut fences = Vec::new();
-    for worker in 0..concurrency {
-        let lease = store
-            .create_workflow(
-                NewWorkflow {
-                    workflow_id: format!("wf-{backend}-{concurrency}-{worker}"),
-                    user_id: "bench".into(),
-                    request_id: None,
-                    fingerprint: "bench".into(),
-                    data: json!({}),
-                },
-                "bench",
-                600_000,
-            )
-            .await
-            .expect("workflow");
-        fences.push(lease.fence());
-    }
-    let started = Instant::now();
-    let workers: Vec<_> = fences
-        .into_iter()
-        .map(|fence| {
-            let store = Arc::clone(store);
-            tokio::spawn(async move {
-                let mut latencies = Vec::with_capacity(per_worker);
-                for n in 0..per_worker {
-                    let begun = Instant::now();
-                    let step = WriteOp::PutStep {
-                        workflow_id: fence.resource_id.clone(),
-                        seq: i32::try_from(n).unwrap_or(i32::MAX),
-                        step_id: format!("s-{n}"),
-                        attempt: 1,
-                        kind: "agent".into(),
-                        status: "completed".into(),
-                        data: json!({"n": n}),
-                    };
-                    store.fenced_write(&fence, vec![step]).await.expect("write");
-                    latencies.push(begun.elapsed());
-                }
-                latencies
-            })
-        })
-        .collect();
-    let mut latencies = Vec::new();
-    for worker in workers {
-        latencies.extend(worker.await.expect("worker"));
-    }
-    Run {
-        latencies,
-        wall: started.elapsed(),
-    }
-}
-
-async fn fresh_pg_database(admin: &str) -> String {
-    let name = format!("reins_bench_runs_{}", std::process::id());
-    let (client, connection) = tokio_postgres::connect(admin, tokio_postgres::NoTls)
-        .await
-        .expect("connect to REINS_BENCH_PG");
-    tokio::spawn(connection);
-    // CREATE DATABASE cannot share a transaction, so each statement goes alone.
-    for statement in [
-        format!("DROP DATABASE IF EXISTS {name}"),
-        format!("CREATE DATABASE {name}"),
-    ] {
-        client
-            .batch_execute(&statement)
-            .await
-            .expect("bench database");
-    }
-    let (base, _) = admin.rsplit_once('/').expect("URL names a database");
-    format!("{base}/{name}")
+                latencies.push(begun.elapsed());
+            }
+            latencies
+        }
+    })
+    .await
 }

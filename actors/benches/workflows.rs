@@ -6,13 +6,17 @@
 //! SQLite always runs; PostgreSQL when `REINS_BENCH_PG` names an admin URL. `REINS_BENCH_WORKFLOWS`
 //! sets the workflows of (b) (default 1000), `REINS_BENCH_PARKED` the parked ones (default 10000).
 
+#[path = "../../benches/support.rs"]
+mod support;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actors::agents::{AgentConfig, AgentRegistry};
 use actors::{LaunchRequest, Node, NodeIdentity, NodeOptions, RunsOptions, WorkflowsHandle};
 use serde_json::json;
-use store::{DatabaseUrl, NewWorkflow, Store, StoreOptions, WriteOp};
+use store::{DatabaseUrl, Store, StoreOptions};
+use support::{Run, fenced_writes, fresh_pg_database};
 
 const STEPS: usize = 10;
 const CONCURRENCY: usize = 32;
@@ -50,7 +54,7 @@ async fn main() {
     .await;
     match std::env::var("REINS_BENCH_PG") {
         Ok(admin) => {
-            let url = fresh_pg_database(&admin).await;
+            let url = fresh_pg_database(&admin, "reins_bench_workflows").await;
             measure(
                 "postgres",
                 &DatabaseUrl::Postgres(url),
@@ -101,25 +105,34 @@ async fn measure(
     let workflows = node.workflows();
 
     // (a) one at a time
-    let mut per_workflow = Vec::new();
+    let started = Instant::now();
+    let mut latencies = Vec::new();
     for _ in 0..20 {
-        let started = Instant::now();
+        let begun = Instant::now();
         run_one(&workflows, &store).await;
-        per_workflow.push(started.elapsed());
+        latencies.push(begun.elapsed());
     }
-    per_workflow.sort();
-    let p = |values: &[Duration], q: f64| {
-        values[((values.len() as f64 * q) as usize).min(values.len() - 1)].as_secs_f64() * 1000.0
+    let one_at_a_time = Run {
+        latencies,
+        wall: started.elapsed(),
     };
     println!(
         "{backend:<9} one at a time: per workflow p50 {:.2} ms p99 {:.2} ms; per step p50 {:.2} ms",
-        p(&per_workflow, 0.5),
-        p(&per_workflow, 0.99),
-        p(&per_workflow, 0.5) / STEPS as f64
+        one_at_a_time.percentile_ms(0.5),
+        one_at_a_time.percentile_ms(0.99),
+        one_at_a_time.percentile_ms(0.5) / STEPS as f64
     );
 
     // (b) many at once, beside fenced writes at the same concurrency
-    let baseline = fenced_writes(&store, backend, CONCURRENCY, many * STEPS / 4).await;
+    let per_writer = (many * STEPS / 4 / CONCURRENCY).max(1);
+    let baseline = fenced_writes(
+        &store,
+        &format!("baseline-{backend}"),
+        CONCURRENCY,
+        per_writer,
+    )
+    .await
+    .per_second();
     let started = Instant::now();
     let per_worker = many / CONCURRENCY;
     let workers: Vec<_> = (0..CONCURRENCY)
@@ -199,54 +212,6 @@ async fn run_one(workflows: &WorkflowsHandle, store: &Store) {
     }
 }
 
-/// Fenced writes per second at `concurrency`, each writer on its own workflow lease.
-async fn fenced_writes(store: &Arc<Store>, backend: &str, concurrency: usize, total: usize) -> f64 {
-    let per_worker = (total / concurrency).max(1);
-    let mut fences = Vec::new();
-    for worker in 0..concurrency {
-        let lease = store
-            .create_workflow(
-                NewWorkflow {
-                    workflow_id: format!("baseline-{backend}-{worker}"),
-                    user_id: "bench".into(),
-                    request_id: None,
-                    fingerprint: "bench".into(),
-                    data: json!({}),
-                },
-                "bench",
-                600_000,
-            )
-            .await
-            .expect("workflow");
-        fences.push(lease.fence());
-    }
-    let started = Instant::now();
-    let workers: Vec<_> = fences
-        .into_iter()
-        .map(|fence| {
-            let store = Arc::clone(store);
-            tokio::spawn(async move {
-                for n in 0..per_worker {
-                    let step = WriteOp::PutStep {
-                        workflow_id: fence.resource_id.clone(),
-                        seq: i32::try_from(n).unwrap_or(i32::MAX),
-                        step_id: format!("s-{n}"),
-                        attempt: 1,
-                        kind: "agent".into(),
-                        status: "completed".into(),
-                        data: json!({"n": n}),
-                    };
-                    store.fenced_write(&fence, vec![step]).await.expect("write");
-                }
-            })
-        })
-        .collect();
-    for worker in workers {
-        worker.await.expect("worker");
-    }
-    (per_worker * concurrency) as f64 / started.elapsed().as_secs_f64()
-}
-
 /// The process's resident set, in bytes (Linux).
 fn resident_bytes() -> u64 {
     let pages = std::fs::read_to_string("/proc/self/statm")
@@ -258,24 +223,4 @@ fn resident_bytes() -> u64 {
         })
         .unwrap_or(0);
     pages * 4096
-}
-
-async fn fresh_pg_database(admin: &str) -> String {
-    let name = format!("reins_bench_workflows_{}", std::process::id());
-    let (client, connection) = tokio_postgres::connect(admin, tokio_postgres::NoTls)
-        .await
-        .expect("connect to REINS_BENCH_PG");
-    tokio::spawn(connection);
-    // CREATE DATABASE cannot share a transaction, so each statement goes alone.
-    for statement in [
-        format!("DROP DATABASE IF EXISTS {name}"),
-        format!("CREATE DATABASE {name}"),
-    ] {
-        client
-            .batch_execute(&statement)
-            .await
-            .expect("bench database");
-    }
-    let (base, _) = admin.rsplit_once('/').expect("URL names a database");
-    format!("{base}/{name}")
 }

@@ -12,11 +12,15 @@
 //! SQLite admits one writer at a time, so its fairest plain baseline is one connection shared by all
 //! writers (no busy-waiting), each `INSERT` its own transaction.
 
+#[path = "../../benches/support.rs"]
+mod support;
+
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use serde_json::json;
-use store::{DatabaseUrl, Fence, NewWorkflow, Store, StoreOptions, WriteOp};
+use store::{DatabaseUrl, Fence, Store, StoreOptions};
+use support::{Run, fenced_writes, fresh_pg_database, timed, workflows};
 
 const WRITERS: [usize; 2] = [1, 16];
 
@@ -48,41 +52,24 @@ async fn main() {
     for writers in WRITERS {
         let workflows = workflows(&sqlite, &format!("baseline-{writers}"), writers).await;
         let baseline = sqlite_baseline(Arc::clone(&shared), workflows, ops).await;
-        let fenced = fenced(&sqlite, "sqlite", writers, ops).await;
+        let fenced = fenced_writes(&sqlite, &format!("sqlite-{writers}"), writers, ops).await;
         report("sqlite", writers, &baseline, &fenced);
     }
     drop(sqlite);
 
     match std::env::var("REINS_BENCH_PG") {
         Ok(admin) => {
-            let url = fresh_pg_database(&admin).await;
+            let url = fresh_pg_database(&admin, "reins_bench").await;
             let postgres = open(&DatabaseUrl::Postgres(url.clone())).await;
             for writers in WRITERS {
                 let workflows = workflows(&postgres, &format!("baseline-{writers}"), writers).await;
                 let baseline = pg_baseline(&url, workflows, ops).await;
-                let fenced = fenced(&postgres, "postgres", writers, ops).await;
+                let fenced =
+                    fenced_writes(&postgres, &format!("postgres-{writers}"), writers, ops).await;
                 report("postgres", writers, &baseline, &fenced);
             }
         }
         Err(_) => println!("postgres: skipped (REINS_BENCH_PG is not set)"),
-    }
-}
-
-/// Latencies of every write and the wall time of the whole run.
-struct Run {
-    latencies: Vec<Duration>,
-    wall: Duration,
-}
-
-impl Run {
-    fn per_second(&self) -> f64 {
-        self.latencies.len() as f64 / self.wall.as_secs_f64()
-    }
-
-    fn percentile_ms(&mut self, p: f64) -> f64 {
-        self.latencies.sort();
-        let index = ((self.latencies.len() as f64 * p) as usize).min(self.latencies.len() - 1);
-        self.latencies[index].as_secs_f64() * 1000.0
     }
 }
 
@@ -92,10 +79,6 @@ fn report(backend: &str, writers: usize, baseline: &Run, fenced: &Run) {
         ("baseline", baseline, String::new()),
         ("fenced", fenced, format!("{ratio:.2}")),
     ] {
-        let mut run = Run {
-            latencies: run.latencies.clone(),
-            wall: run.wall,
-        };
         println!(
             "{backend:<9} {writers:>7} {kind:<9} {:>10.0} {:>9.3} {:>9.3} {shown:>8}",
             run.per_second(),
@@ -113,60 +96,6 @@ async fn open(url: &DatabaseUrl) -> Arc<Store> {
     let store = Store::open(url, &options).await.expect("open the store");
     store.migrate().await.expect("migrate");
     Arc::new(store)
-}
-
-/// One workflow (with its lease) per writer.
-async fn workflows(store: &Store, prefix: &str, writers: usize) -> Vec<Fence> {
-    let mut fences = Vec::new();
-    for writer in 0..writers {
-        let lease = store
-            .create_workflow(
-                NewWorkflow {
-                    workflow_id: format!("{prefix}-{writer}"),
-                    user_id: "bench".into(),
-                    request_id: None,
-                    fingerprint: "bench".into(),
-                    data: json!({}),
-                },
-                "bench-node",
-                600_000,
-            )
-            .await
-            .expect("create workflow");
-        fences.push(lease.fence());
-    }
-    fences
-}
-
-/// Each writer appends `ops` journal entries to its own workflow, each a fenced write.
-async fn fenced(store: &Arc<Store>, backend: &str, writers: usize, ops: usize) -> Run {
-    let fences = workflows(store, &format!("{backend}-{writers}"), writers).await;
-    timed(writers, move |writer| {
-        let store = Arc::clone(store);
-        let fence = fences[writer].clone();
-        async move {
-            let mut latencies = Vec::with_capacity(ops);
-            for op in 0..ops {
-                let change = WriteOp::PutStep {
-                    workflow_id: fence.resource_id.clone(),
-                    seq: i32::try_from(op).unwrap_or(i32::MAX),
-                    step_id: format!("step-{op}"),
-                    attempt: 1,
-                    kind: "agent".into(),
-                    status: "completed".into(),
-                    data: json!({"output": op}),
-                };
-                let started = Instant::now();
-                store
-                    .fenced_write(&fence, vec![change])
-                    .await
-                    .expect("fenced write");
-                latencies.push(started.elapsed());
-            }
-            latencies
-        }
-    })
-    .await
 }
 
 async fn sqlite_baseline(
@@ -246,42 +175,4 @@ async fn pg_baseline(url: &str, workflows: Vec<Fence>, ops: usize) -> Run {
         }
     })
     .await
-}
-
-/// Runs `writers` copies of `work` at once and gathers their latencies.
-async fn timed<F, Fut>(writers: usize, work: F) -> Run
-where
-    F: Fn(usize) -> Fut,
-    Fut: Future<Output = Vec<Duration>> + Send + 'static,
-{
-    let started = Instant::now();
-    let tasks: Vec<_> = (0..writers).map(|w| tokio::spawn(work(w))).collect();
-    let mut latencies = Vec::new();
-    for task in tasks {
-        latencies.extend(task.await.expect("writer task"));
-    }
-    Run {
-        latencies,
-        wall: started.elapsed(),
-    }
-}
-
-async fn fresh_pg_database(admin: &str) -> String {
-    let name = format!("reins_bench_{}", std::process::id());
-    let (client, connection) = tokio_postgres::connect(admin, tokio_postgres::NoTls)
-        .await
-        .expect("connect to REINS_BENCH_PG");
-    tokio::spawn(connection);
-    // CREATE DATABASE cannot share a transaction, so each statement goes alone.
-    for statement in [
-        format!("DROP DATABASE IF EXISTS {name}"),
-        format!("CREATE DATABASE {name}"),
-    ] {
-        client
-            .batch_execute(&statement)
-            .await
-            .expect("create the bench database");
-    }
-    let (base, _) = admin.rsplit_once('/').expect("URL names a database");
-    format!("{base}/{name}")
 }
