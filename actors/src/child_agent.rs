@@ -171,6 +171,28 @@ impl ChildState {
         }
     }
 
+    /// Records in the background that the run waits for `approval`; the store's answer comes
+    /// back as `answered(result)`.
+    fn record_pause(
+        &self,
+        myself: &ActorRef<ChildMsg>,
+        approval: Value,
+        answered: fn(store::Result<bool>) -> ChildMsg,
+    ) {
+        let (store, me) = (self.store.clone(), myself.clone());
+        let (run_id, owner) = (self.run_id.clone(), self.worker_id.clone());
+        tokio::spawn(
+            async move {
+                let metadata = serde_json::json!({ "hitl_approval": approval });
+                let recorded = store
+                    .update_run_status(&run_id, &owner, RunStatus::WaitingForInput, Some(metadata))
+                    .await;
+                let _ = me.send_message(answered(recorded));
+            }
+            .instrument(self.span.clone()),
+        );
+    }
+
     fn untrack(&self) {
         // The lease actor stops only with the node; if it is gone, there is nothing to untrack.
         let _ = self.lease.send_message(LeaseMsg::Untrack {
@@ -325,23 +347,7 @@ impl Actor for ChildAgent {
                     },
                     AgentEnd::Interrupted { action } => interrupted(action),
                     AgentEnd::WaitingForInput { approval } => {
-                        let (store, me) = (state.store.clone(), myself.clone());
-                        let (run_id, owner) = (state.run_id.clone(), state.worker_id.clone());
-                        tokio::spawn(
-                            async move {
-                                let metadata = serde_json::json!({ "hitl_approval": approval });
-                                let paused = store
-                                    .update_run_status(
-                                        &run_id,
-                                        &owner,
-                                        RunStatus::WaitingForInput,
-                                        Some(metadata),
-                                    )
-                                    .await;
-                                let _ = me.send_message(ChildMsg::Paused(paused));
-                            }
-                            .instrument(state.span.clone()),
-                        );
+                        state.record_pause(&myself, approval, ChildMsg::Paused);
                         return Ok(());
                     }
                 };
@@ -398,23 +404,7 @@ impl Actor for ChildAgent {
             }
             ChildMsg::Paused(_) => state.act(&myself, Verdict::Fenced),
             ChildMsg::AgentPaused(approval) => {
-                let (store, me) = (state.store.clone(), myself.clone());
-                let (run_id, owner) = (state.run_id.clone(), state.worker_id.clone());
-                tokio::spawn(
-                    async move {
-                        let metadata = serde_json::json!({ "hitl_approval": approval });
-                        let recorded = store
-                            .update_run_status(
-                                &run_id,
-                                &owner,
-                                RunStatus::WaitingForInput,
-                                Some(metadata),
-                            )
-                            .await;
-                        let _ = me.send_message(ChildMsg::PauseRecorded(recorded));
-                    }
-                    .instrument(state.span.clone()),
-                );
+                state.record_pause(&myself, approval, ChildMsg::PauseRecorded);
             }
             ChildMsg::PauseRecorded(Ok(true)) => {
                 tracing::info!(parent: &state.span, "the agent waits for an approval");

@@ -281,22 +281,19 @@ impl Actor for ChildRuns {
         event: SupervisionEvent,
         state: &mut ChildRunsState,
     ) -> Result<(), ActorProcessingErr> {
-        match event {
-            SupervisionEvent::ActorTerminated(cell, _, _) => {
-                state
-                    .running
-                    .retain(|_, child| child.get_id() != cell.get_id());
-            }
+        let cell = match event {
+            SupervisionEvent::ActorTerminated(cell, _, _) => cell,
             SupervisionEvent::ActorFailed(cell, error) => {
                 // A child that panicked is not restarted in place: its lease lapses and the run is
                 // closed as an orphan (or adopted by a workflow recovery).
                 tracing::error!(%error, "a child-agent actor failed");
-                state
-                    .running
-                    .retain(|_, child| child.get_id() != cell.get_id());
+                cell
             }
-            _ => {}
-        }
+            _ => return Ok(()),
+        };
+        state
+            .running
+            .retain(|_, child| child.get_id() != cell.get_id());
         Ok(())
     }
 }

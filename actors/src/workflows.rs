@@ -456,21 +456,18 @@ impl Actor for Workflows {
         event: SupervisionEvent,
         state: &mut WorkflowsState,
     ) -> Result<(), ActorProcessingErr> {
-        match event {
-            SupervisionEvent::ActorTerminated(cell, _, _) => {
-                state
-                    .live
-                    .retain(|_, child| child.get_id() != cell.get_id());
-            }
+        let cell = match event {
+            SupervisionEvent::ActorTerminated(cell, _, _) => cell,
             SupervisionEvent::ActorFailed(cell, error) => {
                 // Never restarted in place: its lease lapses and recovery replays the journal.
                 tracing::error!(%error, "a workflow supervisor failed");
-                state
-                    .live
-                    .retain(|_, child| child.get_id() != cell.get_id());
+                cell
             }
-            _ => {}
-        }
+            _ => return Ok(()),
+        };
+        state
+            .live
+            .retain(|_, child| child.get_id() != cell.get_id());
         Ok(())
     }
 }
