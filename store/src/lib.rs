@@ -11,6 +11,7 @@ mod migrations;
 mod postgres;
 mod runs;
 mod sqlite;
+mod users;
 mod workflows;
 mod write;
 
@@ -26,6 +27,7 @@ pub use runs::{
     Admission, ApprovalAnswer, CancelAction, NewRun, RunOutcome, RunRenewal, RunRow, RunStatus,
     WorkflowStep, pending_request_id,
 };
+pub use users::{NewToken, NewUser, TokenRow, UserRow};
 pub use workflows::{
     ControlRow, ControlWrite, Deletion, LIVE_STATUSES, Launch, LaunchLimits, ListFilter,
     NewControl, Purpose, TERMINAL_STATUSES, TakeOver,
@@ -399,6 +401,69 @@ impl Store {
     /// A workflow's journal, in the order it was written.
     pub async fn read_steps(&self, workflow_id: &str) -> Result<Vec<StepRow>> {
         retry(|| async { on_backend!(self, store => store.read_steps(workflow_id).await) }).await
+    }
+
+    /// Creates a user; with `only_if_first`, only while no user exists at all (the first admin),
+    /// atomically across nodes. `false`: nothing was written. A taken email is a conflict.
+    pub async fn create_user(&self, user: NewUser, only_if_first: bool) -> Result<bool> {
+        retry(|| {
+            let user = user.clone();
+            async move { on_backend!(self, store => store.create_user(user, only_if_first).await) }
+        })
+        .await
+    }
+
+    /// The user with this email.
+    pub async fn user_by_email(&self, email: &str) -> Result<Option<UserRow>> {
+        retry(|| async { on_backend!(self, store => store.user_by_email(email).await) }).await
+    }
+
+    /// Opens a session for `user_id` that expires `session_seconds` from now on the database clock.
+    pub async fn open_session(
+        &self,
+        session_id: &str,
+        user_id: &str,
+        session_seconds: u64,
+    ) -> Result<()> {
+        retry(|| async {
+            on_backend!(self, store => store.open_session(session_id, user_id, session_seconds).await)
+        })
+        .await
+    }
+
+    /// The user of a session that is neither revoked nor expired.
+    pub async fn session_user(&self, session_id: &str) -> Result<Option<UserRow>> {
+        retry(|| async { on_backend!(self, store => store.session_user(session_id).await) }).await
+    }
+
+    /// Revokes one session (logout). `false` when no such session exists.
+    pub async fn revoke_session(&self, session_id: &str) -> Result<bool> {
+        retry(|| async { on_backend!(self, store => store.revoke_session(session_id).await) }).await
+    }
+
+    /// Records an API token (its hash only).
+    pub async fn create_token(&self, token: NewToken) -> Result<TokenRow> {
+        retry(|| {
+            let token = token.clone();
+            async move { on_backend!(self, store => store.create_token(token).await) }
+        })
+        .await
+    }
+
+    /// A token that is not revoked, with its user.
+    pub async fn token_user(&self, token_id: &str) -> Result<Option<(TokenRow, UserRow)>> {
+        retry(|| async { on_backend!(self, store => store.token_user(token_id).await) }).await
+    }
+
+    /// A user's tokens, revoked ones included, oldest first.
+    pub async fn list_tokens(&self, user_id: &str) -> Result<Vec<TokenRow>> {
+        retry(|| async { on_backend!(self, store => store.list_tokens(user_id).await) }).await
+    }
+
+    /// Revokes one of a user's tokens. `false` when it does not exist or was revoked before.
+    pub async fn revoke_token(&self, user_id: &str, token_id: &str) -> Result<bool> {
+        retry(|| async { on_backend!(self, store => store.revoke_token(user_id, token_id).await) })
+            .await
     }
 
     /// Records a node that has started.

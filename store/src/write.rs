@@ -86,4 +86,7 @@ pub struct WorkflowRow {
     pub owner: Option<String>,
     pub fingerprint: String,
     pub data: Value,
+    /// Epoch seconds on the database clock.
+    pub created_at: f64,
+    pub updated_at: f64,
 }

@@ -7,10 +7,12 @@ use std::time::Duration;
 use crate::harness::{ReinsProcess, TestDb, free_port, http_get};
 
 const TABLES: &[&str] = &[
+    "api_tokens",
     "extension_execution_leases",
     "nodes",
     "runs",
     "schema_migrations",
+    "user_sessions",
     "users",
     "workflow_artifacts",
     "workflow_controls",

@@ -17,6 +17,7 @@ use crate::write::{ArtifactRow, StepRow, WorkflowRow, WriteOp};
 use crate::{Error, NodeRecord, Result, StoreOptions};
 
 mod runs;
+mod users;
 mod workflows;
 
 pub(crate) struct PgStore {
@@ -263,7 +264,8 @@ impl PgStore {
         let client = self.pool.get().await?;
         let row = client
             .query_opt(
-                "SELECT user_id, status, owner, fingerprint, data FROM workflows WHERE id = $1",
+                "SELECT user_id, status, owner, fingerprint, data, created_at, updated_at
+                   FROM workflows WHERE id = $1",
                 &[&workflow_id],
             )
             .await?;
@@ -274,6 +276,8 @@ impl PgStore {
             owner: row.get(2),
             fingerprint: row.get(3),
             data: row.get(4),
+            created_at: row.get(5),
+            updated_at: row.get(6),
         }))
     }
 

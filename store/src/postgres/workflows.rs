@@ -47,7 +47,7 @@ async fn launch_in(
     if let Some(request_id) = &workflow.request_id {
         let existing = transaction
             .query_opt(
-                "SELECT id, user_id, status, owner, fingerprint, data FROM workflows
+                "SELECT id, user_id, status, owner, fingerprint, data, created_at, updated_at FROM workflows
                   WHERE user_id = $1 AND request_id = $2",
                 &[&workflow.user_id, request_id],
             )
@@ -60,6 +60,8 @@ async fn launch_in(
                 owner: row.get(3),
                 fingerprint: row.get(4),
                 data: row.get(5),
+                created_at: row.get(6),
+                updated_at: row.get(7),
             };
             if existing.fingerprint == workflow.fingerprint {
                 return Ok(Launch::Existing(existing));
@@ -350,7 +352,7 @@ impl PgStore {
         let client = self.pool.get().await?;
         let rows = client
             .query(
-                "SELECT id, user_id, status, owner, fingerprint, data FROM workflows
+                "SELECT id, user_id, status, owner, fingerprint, data, created_at, updated_at FROM workflows
                   WHERE ($1::text IS NULL OR user_id = $1) AND ($2::text IS NULL OR status = $2)
                     AND ($3::text IS NULL OR (created_at, id) >
                          (SELECT created_at, id FROM workflows WHERE id = $3))
@@ -372,6 +374,8 @@ impl PgStore {
                 owner: row.get(3),
                 fingerprint: row.get(4),
                 data: row.get(5),
+                created_at: row.get(6),
+                updated_at: row.get(7),
             })
             .collect())
     }

@@ -19,6 +19,7 @@ use crate::write::{ArtifactRow, StepRow, WorkflowRow, WriteOp};
 use crate::{Error, NodeRecord, Result, StoreOptions};
 
 mod runs;
+mod users;
 mod workflows;
 
 // The database clock in SQL is `unixepoch('subsec')`: epoch seconds with sub-second precision.
@@ -319,7 +320,8 @@ impl SqliteStore {
         self.read(move |connection| {
             let row = connection
                 .prepare_cached(
-                    "SELECT user_id, status, owner, fingerprint, data FROM workflows WHERE id = ?1",
+                    "SELECT user_id, status, owner, fingerprint, data, created_at, updated_at
+                       FROM workflows WHERE id = ?1",
                 )?
                 .query_row([&workflow_id], |row| {
                     Ok((
@@ -328,19 +330,25 @@ impl SqliteStore {
                         row.get::<_, Option<String>>(2)?,
                         row.get::<_, String>(3)?,
                         row.get::<_, String>(4)?,
+                        row.get::<_, f64>(5)?,
+                        row.get::<_, f64>(6)?,
                     ))
                 })
                 .optional()?;
-            row.map(|(user_id, status, owner, fingerprint, data)| {
-                Ok(WorkflowRow {
-                    workflow_id: workflow_id.clone(),
-                    user_id,
-                    status,
-                    owner,
-                    fingerprint,
-                    data: parse_json(&data)?,
-                })
-            })
+            row.map(
+                |(user_id, status, owner, fingerprint, data, created_at, updated_at)| {
+                    Ok(WorkflowRow {
+                        workflow_id: workflow_id.clone(),
+                        user_id,
+                        status,
+                        owner,
+                        fingerprint,
+                        data: parse_json(&data)?,
+                        created_at,
+                        updated_at,
+                    })
+                },
+            )
             .transpose()
         })
         .await

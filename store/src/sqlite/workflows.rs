@@ -27,7 +27,7 @@ fn launch(
     if let Some(request_id) = &workflow.request_id {
         let existing = connection
             .prepare_cached(
-                "SELECT id, user_id, status, owner, fingerprint, data FROM workflows
+                "SELECT id, user_id, status, owner, fingerprint, data, created_at, updated_at FROM workflows
                   WHERE user_id = ?1 AND request_id = ?2",
             )?
             .query_row(params![workflow.user_id, request_id], workflow_row)
@@ -106,6 +106,8 @@ fn workflow_row(row: &Row<'_>) -> rusqlite::Result<(WorkflowRow, String)> {
             owner: row.get(3)?,
             fingerprint: row.get(4)?,
             data: serde_json::Value::Null,
+            created_at: row.get(6)?,
+            updated_at: row.get(7)?,
         },
         row.get(5)?,
     ))
@@ -363,7 +365,7 @@ impl SqliteStore {
     pub(crate) async fn list_workflows(&self, filter: ListFilter) -> Result<Vec<WorkflowRow>> {
         self.read(move |connection| {
             let mut statement = connection.prepare_cached(
-                "SELECT id, user_id, status, owner, fingerprint, data FROM workflows
+                "SELECT id, user_id, status, owner, fingerprint, data, created_at, updated_at FROM workflows
                   WHERE (?1 IS NULL OR user_id = ?1) AND (?2 IS NULL OR status = ?2)
                     AND (?3 IS NULL OR (created_at, id) >
                          (SELECT created_at, id FROM workflows WHERE id = ?3))
