@@ -28,6 +28,6 @@ pub use lease_actor::{LeaseKind, LeaseView};
 pub use node::{Node, NodeIdentity, NodeOptions, NodeStatus};
 pub use store_actor::{StoreHandle, StoreHealth};
 pub use workflows::{
-    LaunchRequest, Launched, ReconcileRequest, Resolution, WorkflowView, WorkflowsHandle,
-    WorkflowsOptions, fingerprint,
+    Decide, LaunchRequest, Launched, ReconcileRequest, Resolution, Resume, WorkflowView,
+    WorkflowsHandle, WorkflowsOptions, fingerprint,
 };

@@ -11,8 +11,9 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use serde::Serialize;
 use store::{
     Admission, ApprovalAnswer, ArtifactRow, Backend, CancelAction, ControlRow, ControlWrite, Fence,
-    Launch, LaunchLimits, Lease, NewControl, NewRun, NewWorkflow, NodeRecord, RunOutcome,
-    RunRenewal, RunRow, RunStatus, StepRow, Store, TakeOver, WorkflowRow, WriteOp,
+    Launch, LaunchLimits, Lease, NewControl, NewRun, NewToken, NewUser, NewWorkflow, NodeRecord,
+    RunOutcome, RunRenewal, RunRow, RunStatus, StepRow, Store, TakeOver, TokenRow, UserRow,
+    WorkflowRow, WriteOp,
 };
 
 use crate::faults::{FaultAction, StoreFaults};
@@ -20,6 +21,8 @@ use tokio::sync::Semaphore;
 
 /// Requests the store actor serves, each with its reply port.
 pub enum StoreMsg {
+    /// Users, sessions and API tokens (the control plane's identities).
+    Users(UsersRequest),
     AcquireLease {
         resource_id: String,
         owner: String,
@@ -229,6 +232,7 @@ impl Actor for StoreActor {
 /// its answer is then discarded.
 async fn serve(store: &Store, message: StoreMsg) {
     match message {
+        StoreMsg::Users(request) => serve_users(store, request).await,
         StoreMsg::AcquireLease {
             resource_id,
             owner,
@@ -422,6 +426,99 @@ pub struct StoreHandle {
     timeout: Duration,
     /// Test faults; `None` on every production node.
     faults: Option<StoreFaults>,
+}
+
+/// Requests about users, sessions and API tokens, each with its reply port.
+pub enum UsersRequest {
+    CreateUser {
+        user: NewUser,
+        only_if_first: bool,
+        reply: RpcReplyPort<store::Result<bool>>,
+    },
+    UserByEmail {
+        email: String,
+        reply: RpcReplyPort<store::Result<Option<UserRow>>>,
+    },
+    OpenSession {
+        session_id: String,
+        user_id: String,
+        session_seconds: u64,
+        reply: RpcReplyPort<store::Result<()>>,
+    },
+    SessionUser {
+        session_id: String,
+        reply: RpcReplyPort<store::Result<Option<UserRow>>>,
+    },
+    RevokeSession {
+        session_id: String,
+        reply: RpcReplyPort<store::Result<bool>>,
+    },
+    CreateToken {
+        token: NewToken,
+        reply: RpcReplyPort<store::Result<TokenRow>>,
+    },
+    TokenUser {
+        token_id: String,
+        reply: RpcReplyPort<store::Result<Option<(TokenRow, UserRow)>>>,
+    },
+    ListTokens {
+        user_id: String,
+        reply: RpcReplyPort<store::Result<Vec<TokenRow>>>,
+    },
+    RevokeToken {
+        user_id: String,
+        token_id: String,
+        reply: RpcReplyPort<store::Result<bool>>,
+    },
+}
+
+async fn serve_users(store: &Store, request: UsersRequest) {
+    match request {
+        UsersRequest::CreateUser {
+            user,
+            only_if_first,
+            reply,
+        } => {
+            let _ = reply.send(store.create_user(user, only_if_first).await);
+        }
+        UsersRequest::UserByEmail { email, reply } => {
+            let _ = reply.send(store.user_by_email(&email).await);
+        }
+        UsersRequest::OpenSession {
+            session_id,
+            user_id,
+            session_seconds,
+            reply,
+        } => {
+            let _ = reply.send(
+                store
+                    .open_session(&session_id, &user_id, session_seconds)
+                    .await,
+            );
+        }
+        UsersRequest::SessionUser { session_id, reply } => {
+            let _ = reply.send(store.session_user(&session_id).await);
+        }
+        UsersRequest::RevokeSession { session_id, reply } => {
+            let _ = reply.send(store.revoke_session(&session_id).await);
+        }
+        UsersRequest::CreateToken { token, reply } => {
+            let _ = reply.send(store.create_token(token).await);
+        }
+        UsersRequest::TokenUser { token_id, reply } => {
+            let _ = reply.send(store.token_user(&token_id).await);
+        }
+        UsersRequest::ListTokens { user_id, reply } => {
+            let _ = reply.send(store.list_tokens(&user_id).await);
+        }
+        UsersRequest::RevokeToken {
+            user_id,
+            token_id,
+            reply,
+        } => {
+            let _ = reply.send(store.revoke_token(&user_id, &token_id).await);
+        }
+    }
 }
 
 /// Whether an unanswered request may have changed the database.
@@ -723,6 +820,103 @@ impl StoreHandle {
         let workflow_id = workflow_id.to_owned();
         self.call("delete_workflow", Effect::Write, |reply| {
             StoreMsg::DeleteWorkflow { workflow_id, reply }
+        })
+        .await
+    }
+
+    /// See [`Store::create_user`].
+    pub async fn create_user(&self, user: NewUser, only_if_first: bool) -> store::Result<bool> {
+        self.call("create_user", Effect::Write, |reply| {
+            StoreMsg::Users(UsersRequest::CreateUser {
+                user,
+                only_if_first,
+                reply,
+            })
+        })
+        .await
+    }
+
+    /// See [`Store::user_by_email`].
+    pub async fn user_by_email(&self, email: &str) -> store::Result<Option<UserRow>> {
+        let email = email.to_owned();
+        self.call("user_by_email", Effect::Read, |reply| {
+            StoreMsg::Users(UsersRequest::UserByEmail { email, reply })
+        })
+        .await
+    }
+
+    /// See [`Store::open_session`].
+    pub async fn open_session(
+        &self,
+        session_id: &str,
+        user_id: &str,
+        session_seconds: u64,
+    ) -> store::Result<()> {
+        let (session_id, user_id) = (session_id.to_owned(), user_id.to_owned());
+        self.call("open_session", Effect::Write, |reply| {
+            StoreMsg::Users(UsersRequest::OpenSession {
+                session_id,
+                user_id,
+                session_seconds,
+                reply,
+            })
+        })
+        .await
+    }
+
+    /// See [`Store::session_user`].
+    pub async fn session_user(&self, session_id: &str) -> store::Result<Option<UserRow>> {
+        let session_id = session_id.to_owned();
+        self.call("session_user", Effect::Read, |reply| {
+            StoreMsg::Users(UsersRequest::SessionUser { session_id, reply })
+        })
+        .await
+    }
+
+    /// See [`Store::revoke_session`].
+    pub async fn revoke_session(&self, session_id: &str) -> store::Result<bool> {
+        let session_id = session_id.to_owned();
+        self.call("revoke_session", Effect::Write, |reply| {
+            StoreMsg::Users(UsersRequest::RevokeSession { session_id, reply })
+        })
+        .await
+    }
+
+    /// See [`Store::create_token`].
+    pub async fn create_token(&self, token: NewToken) -> store::Result<TokenRow> {
+        self.call("create_token", Effect::Write, |reply| {
+            StoreMsg::Users(UsersRequest::CreateToken { token, reply })
+        })
+        .await
+    }
+
+    /// See [`Store::token_user`].
+    pub async fn token_user(&self, token_id: &str) -> store::Result<Option<(TokenRow, UserRow)>> {
+        let token_id = token_id.to_owned();
+        self.call("token_user", Effect::Read, |reply| {
+            StoreMsg::Users(UsersRequest::TokenUser { token_id, reply })
+        })
+        .await
+    }
+
+    /// See [`Store::list_tokens`].
+    pub async fn list_tokens(&self, user_id: &str) -> store::Result<Vec<TokenRow>> {
+        let user_id = user_id.to_owned();
+        self.call("list_tokens", Effect::Read, |reply| {
+            StoreMsg::Users(UsersRequest::ListTokens { user_id, reply })
+        })
+        .await
+    }
+
+    /// See [`Store::revoke_token`].
+    pub async fn revoke_token(&self, user_id: &str, token_id: &str) -> store::Result<bool> {
+        let (user_id, token_id) = (user_id.to_owned(), token_id.to_owned());
+        self.call("revoke_token", Effect::Write, |reply| {
+            StoreMsg::Users(UsersRequest::RevokeToken {
+                user_id,
+                token_id,
+                reply,
+            })
         })
         .await
     }

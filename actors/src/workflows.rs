@@ -41,12 +41,40 @@ pub struct Launched {
     pub created: bool,
 }
 
-/// A workflow as stored: its row, journal and controls.
+/// A workflow as stored: its row, journal, controls and lease.
 #[derive(Debug, Clone, Serialize)]
 pub struct WorkflowView {
     pub row: WorkflowRow,
     pub steps: Vec<StepRow>,
     pub controls: Vec<ControlRow>,
+    pub lease: Option<store::Lease>,
+    /// Live by its stored status, with its lease expired on the database clock: `recover` may
+    /// take it over. Derived on every read, never stored.
+    pub recoverable: bool,
+}
+
+/// A `resume` of a pause, as a caller asked for it.
+#[derive(Debug, Clone)]
+pub struct Resume {
+    pub workflow_id: String,
+    /// The digest of script and args the caller saw; a different one is refused (stale).
+    pub fingerprint: Option<String>,
+    pub step_id: String,
+    pub attempt: i32,
+    pub input: Value,
+}
+
+/// A decision on a checkpoint, as a caller asked for it.
+#[derive(Debug, Clone)]
+pub struct Decide {
+    pub workflow_id: String,
+    pub step_id: String,
+    pub attempt: i32,
+    /// The artifact version the person looked at; the checkpoint must be about this one.
+    pub artifact_version: u64,
+    /// `approve` or `reject`.
+    pub decision: String,
+    pub comment: Option<String>,
 }
 
 /// Limits and sizes the workflows actor works with.
@@ -725,6 +753,10 @@ async fn start_supervisor(
     })
 }
 
+fn not_found(workflow_id: &str) -> Error {
+    Error::Store(store::Error::NotFound(format!("workflow {workflow_id:?}")))
+}
+
 /// A cheap, cloneable way to launch and control workflows on this node.
 #[derive(Clone)]
 pub struct WorkflowsHandle {
@@ -759,68 +791,141 @@ impl WorkflowsHandle {
             .await?
     }
 
-    /// A workflow with its journal and controls, if it exists.
+    /// A workflow with its journal, controls and lease, if it exists.
     pub async fn get(&self, workflow_id: &str) -> Result<Option<WorkflowView>, Error> {
         let Some(row) = self.store.read_workflow(workflow_id).await? else {
             return Ok(None);
         };
+        let lease = self.store.read_lease(workflow_id).await?;
+        let live = store::LIVE_STATUSES.contains(&row.status.as_str())
+            && row.status != "needs_reconciliation";
+        let recoverable = live
+            && match &lease {
+                Some(lease) => lease.expires_at <= self.store.now().await?,
+                None => true,
+            };
         Ok(Some(WorkflowView {
             row,
             steps: self.store.read_steps(workflow_id).await?,
             controls: self.store.read_controls(workflow_id).await?,
+            lease,
+            recoverable,
         }))
     }
 
-    /// Records a `resume` of the pause `step_id` (any node; the owner carries it out).
-    pub async fn resume(
-        &self,
-        workflow_id: &str,
-        step_id: &str,
-        input: Value,
-        by: &str,
-    ) -> Result<ControlWrite, Error> {
-        self.control(
-            workflow_id,
+    /// Records a `resume` of a pause (any node; the owner carries it out). Refused as a conflict
+    /// when the fingerprint is stale or the step is not a pause of this workflow at that attempt.
+    pub async fn resume(&self, request: Resume, by: &str) -> Result<ControlWrite, Error> {
+        if let Some(fingerprint) = &request.fingerprint {
+            let row = self
+                .store
+                .read_workflow(&request.workflow_id)
+                .await?
+                .ok_or_else(|| not_found(&request.workflow_id))?;
+            if &row.fingerprint != fingerprint {
+                return Err(Error::Store(store::Error::Conflict(format!(
+                    "fingerprint {fingerprint:?} is stale: the workflow's is {:?}",
+                    row.fingerprint
+                ))));
+            }
+        }
+        self.journaled_step(
+            &request.workflow_id,
+            &request.step_id,
+            "pause",
+            request.attempt,
+        )
+        .await?;
+        self.control_at(
+            &request.workflow_id,
             "resume",
-            step_id,
-            json!({ "input": input }),
+            &request.step_id,
+            request.attempt,
+            json!({ "input": request.input }),
             by,
         )
         .await
     }
 
-    /// Records a decision on the checkpoint `step_id`.
-    pub async fn decide(
-        &self,
-        workflow_id: &str,
-        step_id: &str,
-        artifact_version: u64,
-        decision: &str,
-        by: &str,
-    ) -> Result<ControlWrite, Error> {
-        if decision != "approve" && decision != "reject" {
+    /// Records a decision on a checkpoint, once: an identical decision again is the same row; a
+    /// different one, or one about another artifact version, is refused as a conflict.
+    pub async fn decide(&self, request: Decide, by: &str) -> Result<ControlWrite, Error> {
+        if request.decision != "approve" && request.decision != "reject" {
             return Err(Error::InvalidRequest(format!(
-                "decision {decision:?} is neither \"approve\" nor \"reject\""
+                "decision {:?} is neither \"approve\" nor \"reject\"",
+                request.decision
             )));
         }
+        let step = self
+            .journaled_step(
+                &request.workflow_id,
+                &request.step_id,
+                "humanCheckpoint",
+                request.attempt,
+            )
+            .await?;
+        let asked = step.data["args"]["artifactVersion"].as_u64();
+        if asked != Some(request.artifact_version) {
+            return Err(Error::Store(store::Error::Conflict(format!(
+                "checkpoint {:?} is about artifact version {}, not {}",
+                request.step_id,
+                asked.map_or_else(|| "none".to_owned(), |v| v.to_string()),
+                request.artifact_version
+            ))));
+        }
         // No time in the body: the same decision twice must be the same control.
-        let body = json!({
-            "decision": decision,
-            "artifactVersion": artifact_version,
+        let mut body = json!({
+            "decision": request.decision,
+            "artifactVersion": request.artifact_version,
         });
-        self.control(workflow_id, "decide", step_id, body, by).await
+        if let Some(comment) = request.comment {
+            body["comment"] = json!(comment);
+        }
+        self.control_at(
+            &request.workflow_id,
+            "decide",
+            &request.step_id,
+            request.attempt,
+            body,
+            by,
+        )
+        .await
     }
 
-    async fn control(
+    /// The journal entry of `step_id`, which must be a `kind` call at `attempt`: a control for a
+    /// step the script has not reached, or of another kind, is a conflict (nothing is recorded).
+    async fn journaled_step(
         &self,
         workflow_id: &str,
-        kind: &str,
         step_id: &str,
-        body: Value,
-        by: &str,
-    ) -> Result<ControlWrite, Error> {
-        self.control_at(workflow_id, kind, step_id, 1, body, by)
-            .await
+        kind: &str,
+        attempt: i32,
+    ) -> Result<StepRow, Error> {
+        let steps = self.store.read_steps(workflow_id).await?;
+        if steps.is_empty() && self.store.read_workflow(workflow_id).await?.is_none() {
+            return Err(not_found(workflow_id));
+        }
+        let conflict = |message: String| Err(Error::Store(store::Error::Conflict(message)));
+        let Some(step) = steps
+            .into_iter()
+            .filter(|s| s.step_id == step_id)
+            .max_by_key(|s| s.attempt)
+        else {
+            return conflict(format!("the workflow has not reached a step {step_id:?}"));
+        };
+        if step.kind != kind {
+            return conflict(format!(
+                "step {step_id:?} is a {} call, not a {kind}",
+                step.kind
+            ));
+        }
+        if step.attempt != attempt {
+            return conflict(format!(
+                "step {step_id:?} is at attempt {}, not {attempt}",
+                step.attempt
+            ));
+        }
+        Ok(step)
     }
 
     async fn control_at(

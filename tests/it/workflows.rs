@@ -5,7 +5,7 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use actors::{LaunchRequest, WorkflowView};
+use actors::{Decide, LaunchRequest, Resume, WorkflowView};
 use serde_json::json;
 use store::ControlWrite;
 
@@ -49,6 +49,16 @@ fn find_file(root: &std::path::Path, name: &str) -> std::path::PathBuf {
     found.remove(0)
 }
 
+fn resume(id: &str, step_id: &str, input: serde_json::Value) -> Resume {
+    Resume {
+        workflow_id: id.into(),
+        fingerprint: None,
+        step_id: step_id.into(),
+        attempt: 1,
+        input,
+    }
+}
+
 async fn view(node: &TestNode, id: &str) -> WorkflowView {
     node.node
         .workflows()
@@ -88,13 +98,22 @@ on_both_backends! {
         let evidence = find_file(&shared.path().join("workspaces"), "evidence.txt");
         assert_eq!(std::fs::read_to_string(&evidence).expect("evidence"), "evidence v1");
         std::fs::write(&evidence, "tampered").expect("overwrite");
-        let resumed = workflows.resume(&id, "hold", json!({"go": true}), "ada").await.expect("resume");
+        let resumed = workflows.resume(resume(&id, "hold", json!({"go": true})), "ada").await.expect("resume");
         assert!(matches!(resumed, ControlWrite::Recorded(_)));
-        let repeated = workflows.resume(&id, "hold", json!({"go": true}), "ada").await.expect("again");
+        let repeated = workflows.resume(resume(&id, "hold", json!({"go": true})), "ada").await.expect("again");
         assert!(matches!(repeated, ControlWrite::Repeated(_)), "a repeated resume made a second row");
 
         wait_for_status(&node, &id, "waiting_approval").await;
-        workflows.decide(&id, "review", 1, "approve", "bob").await.expect("decide");
+        let decide = |artifact_version| Decide {
+            workflow_id: id.clone(), step_id: "review".into(), attempt: 1, artifact_version,
+            decision: "approve".into(), comment: None,
+        };
+        let stale = workflows.decide(decide(1), "bob").await.expect_err("version 1 is not under review");
+        assert!(matches!(stale, actors::Error::Store(store::Error::Conflict(_))), "{stale}");
+        let stale = Resume { fingerprint: Some("0".repeat(64)), ..resume(&id, "hold", json!(null)) };
+        let stale = workflows.resume(stale, "ada").await.expect_err("stale fingerprint");
+        assert!(matches!(stale, actors::Error::Store(store::Error::Conflict(_))), "{stale}");
+        workflows.decide(decide(4), "bob").await.expect("decide");
         wait_for_status(&node, &id, "completed").await;
 
         let done = view(&node, &id).await;
@@ -210,7 +229,7 @@ on_both_backends! {
         let recovered = heir.node.workflows().recover(&id).await.expect("recover");
         assert_eq!(recovered.run_id, id);
         assert_eq!(heir.node.store().read_lease(&id).await.expect("lease").map(|l| l.epoch), Some(2));
-        heir.node.workflows().resume(&id, "hold", json!("go"), "ada").await.expect("resume");
+        heir.node.workflows().resume(resume(&id, "hold", json!("go")), "ada").await.expect("resume");
         wait_for_status(&heir, &id, "completed").await;
 
         let done = view(&heir, &id).await;
