@@ -15,8 +15,9 @@ pub const DEFAULT_PORT: u16 = 7420;
 
 /// Environment variables that start with `REINS_` but are not configuration keys.
 const NOT_CONFIG: &[&str] = &["REINS_CONFIG", "REINS_FAULT_DIR", "REINS_LOG"];
-/// Prefixes of variables that belong to the test and bench harnesses, never to a node.
-const HARNESS_PREFIXES: &[&str] = &["REINS_TEST_", "REINS_BENCH_"];
+/// Prefixes of variables that belong to the test and bench harnesses, never to a node,
+/// and of the command-line client (`REINS_CLI_*`).
+const HARNESS_PREFIXES: &[&str] = &["REINS_TEST_", "REINS_BENCH_", "REINS_CLI_"];
 
 /// Why a configuration was refused.
 #[derive(Debug, thiserror::Error)]
@@ -55,10 +56,68 @@ pub struct Config {
     pub workspaces_dir: Option<PathBuf>,
     /// The agents child runs can use, each with a `name` and a `kind`.
     pub agents: Vec<AgentConfig>,
+    /// Signs session cookies; every node of a cluster needs the same one (`reins keygen` prints
+    /// a new one). Unset on the embedded default: generated once into `<data_dir>/secret`.
+    pub secret: Option<String>,
     pub limits: Limits,
     pub store: StoreConfig,
     pub shutdown: ShutdownConfig,
+    pub http: HttpConfig,
+    pub auth: AuthConfig,
 }
+
+/// Limits of the HTTP control plane.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HttpConfig {
+    /// A request body's bytes at most (413 beyond).
+    pub body_bytes_max: u64,
+    /// A request head's bytes at most (request line and headers; 431 beyond).
+    pub head_bytes_max: u64,
+    /// Workflows per page of a listing at most.
+    pub page_size_max: u32,
+    /// How long `cancel` waits for the workflow to settle before it answers with what it sees.
+    pub cancel_wait_ms: u64,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        HttpConfig {
+            body_bytes_max: 1024 * 1024,
+            head_bytes_max: 64 * 1024,
+            page_size_max: 500,
+            cancel_wait_ms: 5000,
+        }
+    }
+}
+
+/// Sessions and sign-in.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuthConfig {
+    /// A session lasts this long from sign-in (judged by the database clock).
+    pub session_seconds: u64,
+    /// Failed sign-ins from one client address within `login_window_seconds` before further
+    /// attempts are refused with 429 until the window passes.
+    pub login_failures_max: u32,
+    pub login_window_seconds: u64,
+    /// Mark cookies `Secure` (sent over HTTPS only): set it when a TLS proxy fronts the nodes.
+    pub secure_cookies: bool,
+}
+
+impl Default for AuthConfig {
+    fn default() -> Self {
+        AuthConfig {
+            session_seconds: 12 * 3600,
+            login_failures_max: 10,
+            login_window_seconds: 60,
+            secure_cookies: false,
+        }
+    }
+}
+
+/// The shortest secret accepted, in characters.
+pub const SECRET_CHARS_MIN: usize = 32;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -188,9 +247,12 @@ impl Default for Config {
             agents: vec![AgentConfig::Scripted {
                 name: "scripted".into(),
             }],
+            secret: None,
             limits: Limits::default(),
             store: StoreConfig::default(),
             shutdown: ShutdownConfig::default(),
+            http: HttpConfig::default(),
+            auth: AuthConfig::default(),
         }
     }
 }
@@ -243,7 +305,27 @@ impl Config {
                 format!("{} is outside 1..=3600", self.lease_seconds),
             ));
         }
-        let positive: [(&'static str, u64); 7] = [
+        match &self.secret {
+            Some(secret) if secret.chars().count() < SECRET_CHARS_MIN => {
+                return Err(invalid(
+                    "secret",
+                    format!(
+                        "is {} characters, fewer than {SECRET_CHARS_MIN}; `reins keygen` prints one",
+                        secret.chars().count()
+                    ),
+                ));
+            }
+            None if matches!(database, DatabaseUrl::Postgres(_)) => {
+                return Err(invalid(
+                    "secret",
+                    "a cluster on PostgreSQL needs one secret shared by every node; \
+                     `reins keygen` prints one"
+                        .into(),
+                ));
+            }
+            _ => {}
+        }
+        let positive: [(&'static str, u64); 11] = [
             ("store.pool_size", self.store.pool_size as u64),
             ("store.requests_max", self.store.requests_max as u64),
             ("store.write_batch_max", self.store.write_batch_max as u64),
@@ -251,6 +333,10 @@ impl Config {
             ("store.call_timeout_ms", self.store.call_timeout_ms),
             ("limits.script_bytes_max", self.limits.script_bytes_max),
             ("limits.frame_bytes_max", self.limits.frame_bytes_max),
+            ("http.body_bytes_max", self.http.body_bytes_max),
+            ("http.head_bytes_max", self.http.head_bytes_max),
+            ("http.page_size_max", u64::from(self.http.page_size_max)),
+            ("auth.session_seconds", self.auth.session_seconds),
         ];
         if let Some((key, _)) = positive.iter().find(|(_, value)| *value == 0) {
             return Err(invalid(key, "must be greater than 0".into()));
@@ -353,7 +439,7 @@ fn apply_override(table: &mut toml::Table, variable: &str, value: &str) -> Resul
 }
 
 /// Keys whose default is "not set", so the serialized defaults do not show them.
-const OPTIONAL_KEYS: &[&str] = &["workspaces_dir"];
+const OPTIONAL_KEYS: &[&str] = &["workspaces_dir", "secret"];
 
 /// Whether a dotted key path names a field of [`Config`], judged from the serialized defaults.
 fn is_known_key(path: &[String]) -> bool {
@@ -388,6 +474,17 @@ mod tests {
     }
 
     #[test]
+    fn a_cluster_needs_a_secret_and_a_secret_needs_its_length() {
+        let cluster = ("REINS_DATABASE", "postgres://reins@127.0.0.1:5/reins");
+        let refused = Config::load(None, env(&[cluster])).expect_err("no secret");
+        assert!(refused.to_string().contains("`secret`"), "{refused}");
+        let short = Config::load(None, env(&[("REINS_SECRET", "short")])).expect_err("short");
+        assert!(short.to_string().contains("fewer than 32"), "{short}");
+        let exact = "s".repeat(SECRET_CHARS_MIN);
+        Config::load(None, env(&[cluster, ("REINS_SECRET", &exact)])).expect("at the minimum");
+    }
+
+    #[test]
     fn no_file_and_no_environment_is_the_embedded_default() {
         let checked = Config::load(None, env(&[])).expect("defaults are valid");
         assert_eq!(checked.listen.port(), DEFAULT_PORT);
@@ -406,7 +503,9 @@ mod tests {
                 ("REINS_LEASE_SECONDS", "9"),
                 ("REINS_STORE__POOL_SIZE", "3"),
                 ("REINS_DATABASE", "postgres://reins@127.0.0.1:5/reins"),
+                ("REINS_SECRET", "a-secret-long-enough-for-the-check-1234"),
                 ("REINS_FAULT_DIR", "/tmp/x"),
+                ("REINS_CLI_URL", "http://elsewhere"),
                 ("REINS_WORKSPACES_DIR", "/srv/shared/workspaces"),
                 ("REINS_TEST_PG", "anything"),
                 ("PATH", "/bin"),

@@ -1,4 +1,5 @@
-//! The `reins` command: `reins serve` runs a node.
+//! The `reins` command: `reins serve` runs a node; `reins keygen` prints a secret for a cluster;
+//! the other commands are the HTTP client a person uses (see `api::cli`).
 
 use std::process::ExitCode;
 
@@ -8,9 +9,13 @@ use clap::{Parser, Subcommand};
 #[command(
     name = "reins",
     version,
-    about = "A durable orchestrator for AI-agent workflows"
+    about = "A durable orchestrator for AI-agent workflows",
+    after_help = "Exit codes: 0 done; 1 failed; with `run --wait`: 2 the workflow failed or was \
+                  cancelled, 3 it waits for a person, 4 it needs reconciliation."
 )]
 struct Cli {
+    #[command(flatten)]
+    common: api::cli::Common,
     #[command(subcommand)]
     command: Command,
 }
@@ -19,6 +24,10 @@ struct Cli {
 enum Command {
     /// Run a node: the HTTP control plane and the workflows it owns.
     Serve(api::serve::ServeArgs),
+    /// Print a new random secret for `secret` (every node of a cluster needs the same one).
+    Keygen,
+    #[command(flatten)]
+    Client(api::cli::Command),
 }
 
 fn main() -> ExitCode {
@@ -35,11 +44,18 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async {
         match cli.command {
-            Command::Serve(args) => api::serve::run(args).await,
+            Command::Serve(args) => api::serve::run(args).await.map(|()| 0),
+            Command::Keygen => api::http::new_secret()
+                .map(|secret| {
+                    println!("{secret}");
+                    0
+                })
+                .map_err(|e| anyhow::anyhow!("{}", e.message)),
+            Command::Client(command) => api::cli::run(cli.common, command).await,
         }
     });
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => ExitCode::from(code),
         Err(error) => {
             eprintln!("reins: {error:#}");
             ExitCode::FAILURE

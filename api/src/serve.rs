@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use actors::{Node, NodeIdentity, NodeOptions, RunsOptions, WorkflowsOptions};
@@ -100,11 +100,22 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         checked.listen,
         describe(&checked.database)
     );
+    println!(
+        "first time? create the admin: reins init --url http://{} --email you@example.com\n\
+         then: reins run script.js --wait   (API description: http://{}/api/v1/openapi.json)",
+        checked.listen, checked.listen
+    );
 
-    let state = Arc::new(AppState {
+    let secret = match &config.secret {
+        Some(secret) => secret.clone(),
+        None => local_secret(&config.data_dir)?,
+    };
+    let state = Arc::new(AppState::new(
         node,
-        draining: AtomicBool::new(false),
-    });
+        &secret,
+        config.http.clone(),
+        config.auth.clone(),
+    ));
     let (stop, stopping) = watch::channel(false);
     let drain_timeout = Duration::from_millis(config.shutdown.drain_timeout_ms);
     let server = tokio::spawn(http::serve(
@@ -128,6 +139,38 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     state.node.shutdown().await.context("clean shutdown")?;
     tracing::info!(%worker_id, "stopped");
     Ok(())
+}
+
+/// The embedded default's secret when none is configured: made once, kept in `<data_dir>/secret`
+/// (mode 0600) so that sessions survive a restart. A cluster configures one instead.
+fn local_secret(data_dir: &std::path::Path) -> anyhow::Result<String> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = data_dir.join("secret");
+    match std::fs::read_to_string(&path) {
+        Ok(secret) if secret.trim().len() >= crate::config::SECRET_CHARS_MIN => {
+            return Ok(secret.trim().to_owned());
+        }
+        Ok(_) => anyhow::bail!(
+            "{} holds no usable secret; remove it to make a new one",
+            path.display()
+        ),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+        Err(error) => return Err(error).with_context(|| format!("cannot read {}", path.display())),
+    }
+    let secret = http::new_secret().map_err(|e| anyhow::anyhow!("{}", e.message))?;
+    std::fs::create_dir_all(data_dir)
+        .with_context(|| format!("cannot create {}", data_dir.display()))?;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)
+        .with_context(|| format!("cannot create {}", path.display()))?;
+    file.write_all(secret.as_bytes())
+        .and_then(|()| file.sync_all())
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    Ok(secret)
 }
 
 fn describe(database: &DatabaseUrl) -> String {

@@ -236,6 +236,10 @@ pub fn reins_command(dir: &Path, env: &[(&str, String)]) -> Command {
         .env_clear()
         .env("PATH", std::env::var("PATH").unwrap_or_default())
         .stdin(Stdio::null());
+    // A cluster on PostgreSQL needs a shared secret; tests that care pass their own.
+    if !env.iter().any(|(key, _)| *key == "REINS_SECRET") {
+        command.env("REINS_SECRET", "integration-test-secret-0123456789abcdef");
+    }
     for (key, value) in env {
         command.env(key, value);
     }

@@ -6,9 +6,12 @@ mod harness;
 
 mod bad_config;
 mod child_runs;
+mod cli;
 mod command_agent;
 mod crash_recovery;
 mod fencing;
+mod http_api;
+mod http_client;
 mod leases;
 mod migrations;
 mod node_process;

@@ -1,37 +1,89 @@
-//! The HTTP control plane (hyper, HTTP/1.1). For now: `GET /health` (the process is alive) and
-//! `GET /health/ready` (the database answers and its schema is current; 503 otherwise, and while
-//! draining). Every error is JSON `{"error": {"code", "message"}}`.
+//! The HTTP control plane (hyper, HTTP/1.1): the REST API under `/api/v1`, the compatible action
+//! endpoint, sign-in, `/health`, `/health/ready` and `/api/v1/openapi.json`.
+//!
+//! Every request goes the same way: the route table ([`routes`]) finds the route (404/405), the
+//! body is read up to `http.body_bytes_max` (413), the caller is identified (401) and, for a
+//! state-changing request made with a session cookie, its CSRF token is checked (403); then the
+//! route's operation runs. Every refusal is JSON `{"error": {"code", "message"}}` ([`error`]).
+
+mod auth;
+mod error;
+mod openapi;
+mod record;
+mod routes;
+mod users;
+mod wire;
+mod workflows;
 
 use std::convert::Infallible;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use actors::Node;
 use bytes::Bytes;
-use http_body_util::Full;
+use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
-use hyper::header::{CONTENT_TYPE, HeaderValue};
+use hyper::header::{AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, COOKIE, HeaderMap, HeaderValue};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
-use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
-use serde_json::json;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use store::UserRow;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
+use tracing::Instrument;
+
+pub use auth::new_secret;
+pub use error::ApiError;
+
+use crate::config::{AuthConfig, HttpConfig};
+use auth::{LoginThrottle, Secret};
+use routes::{Access, Found, Route};
 
 /// How long readiness waits for the database before answering 503.
 const READY_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long a client may take to send a request's head.
+const HEAD_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// What request handlers share.
 pub struct AppState {
     pub node: Node,
-    /// Set when the node starts draining: readiness then answers 503 so balancers move away.
+    /// Set when the node starts draining: readiness then answers 503 so balancers move away, and
+    /// launches and recoveries are refused.
     pub draining: AtomicBool,
+    secret: Secret,
+    http: HttpConfig,
+    auth: AuthConfig,
+    throttle: LoginThrottle,
 }
 
-type Reply = Response<Full<Bytes>>;
+impl AppState {
+    pub fn new(node: Node, secret: &str, http: HttpConfig, auth: AuthConfig) -> Self {
+        let throttle = LoginThrottle::new(
+            auth.login_failures_max,
+            Duration::from_secs(auth.login_window_seconds),
+        );
+        AppState {
+            node,
+            draining: AtomicBool::new(false),
+            secret: Secret::new(secret),
+            http,
+            auth,
+            throttle,
+        }
+    }
+
+    fn draining(&self) -> bool {
+        self.draining.load(Ordering::SeqCst)
+    }
+}
+
+pub type Reply = Response<Full<Bytes>>;
 
 /// Serves connections from `listener` until `stop` turns true, then stops accepting and waits up to
 /// `drain_timeout` for open connections to finish.
@@ -42,6 +94,10 @@ pub async fn serve(
     drain_timeout: Duration,
 ) {
     let graceful = GracefulShutdown::new();
+    // hyper refuses buffers under 8 KiB.
+    let head_bytes_max = usize::try_from(state.http.head_bytes_max)
+        .unwrap_or(usize::MAX)
+        .max(8192);
     loop {
         tokio::select! {
             accepted = listener.accept() => {
@@ -57,9 +113,12 @@ pub async fn serve(
                 let state = Arc::clone(&state);
                 let service = service_fn(move |request| {
                     let state = Arc::clone(&state);
-                    async move { Ok::<_, Infallible>(route(&state, request).await) }
+                    async move { Ok::<_, Infallible>(handle(&state, request, peer).await) }
                 });
                 let connection = http1::Builder::new()
+                    .timer(TokioTimer::new())
+                    .header_read_timeout(HEAD_TIMEOUT)
+                    .max_buf_size(head_bytes_max)
                     .serve_connection(TokioIo::new(stream), service);
                 let connection = graceful.watch(connection);
                 tokio::spawn(async move {
@@ -85,72 +144,351 @@ async fn stopped(stop: &mut watch::Receiver<bool>) {
     let _ = stop.wait_for(|stopping| *stopping).await.map(|_| ());
 }
 
-async fn route(state: &AppState, request: Request<Incoming>) -> Reply {
-    let response = match (request.method(), request.uri().path()) {
-        (&Method::GET, "/health") => json_reply(StatusCode::OK, json!({"status": "ok"})),
-        (&Method::GET, "/health/ready") => ready(state).await,
-        (_, "/health" | "/health/ready") => error_reply(
-            StatusCode::METHOD_NOT_ALLOWED,
-            "method_not_allowed",
-            &format!("{} is not allowed here", request.method()),
-        ),
-        (_, path) => error_reply(
-            StatusCode::NOT_FOUND,
-            "not_found",
-            &format!("no route for {path:?}"),
-        ),
-    };
-    tracing::debug!(method = %request.method(), path = request.uri().path(),
-        status = response.status().as_u16(), "request");
-    response
+/// Who is calling, once identified.
+#[derive(Debug, Clone)]
+pub struct Principal {
+    pub user: UserRow,
+    /// The session, when the caller signed in with a cookie (not an API token).
+    pub session_id: Option<String>,
 }
 
-async fn ready(state: &AppState) -> Reply {
-    if state.draining.load(Ordering::SeqCst) {
-        return error_reply(
+/// One request on its way to its operation.
+pub struct Ctx<'a> {
+    pub state: &'a AppState,
+    pub route: &'static Route,
+    params: Vec<(&'static str, String)>,
+    query: Option<String>,
+    headers: HeaderMap,
+    body: Bytes,
+    peer: IpAddr,
+    principal: Option<Principal>,
+}
+
+impl Ctx<'_> {
+    /// The caller; routes that are not public always have one.
+    fn principal(&self) -> Result<&Principal, ApiError> {
+        self.principal
+            .as_ref()
+            .ok_or_else(|| ApiError::unauthorized("sign in first"))
+    }
+
+    fn param(&self, name: &str) -> Option<&str> {
+        self.params
+            .iter()
+            .find(|(key, _)| *key == name)
+            .map(|(_, value)| value.as_str())
+    }
+
+    /// The request body as `T`; errors name the field.
+    fn json<T: DeserializeOwned>(&self) -> Result<T, ApiError> {
+        let body: &[u8] = if self.body.iter().all(u8::is_ascii_whitespace) {
+            b"{}"
+        } else {
+            &self.body
+        };
+        let mut deserializer = serde_json::Deserializer::from_slice(body);
+        let value = serde_path_to_error::deserialize(&mut deserializer).map_err(field_error)?;
+        deserializer
+            .end()
+            .map_err(|e| ApiError::bad_request(format!("the body is not one JSON value: {e}")))?;
+        Ok(value)
+    }
+
+    /// The request body as a form.
+    fn form<T: DeserializeOwned>(&self) -> Result<T, ApiError> {
+        let mut fields = serde_json::Map::new();
+        for (key, value) in form_urlencoded::parse(&self.body) {
+            if fields
+                .insert(key.to_string(), value.to_string().into())
+                .is_some()
+            {
+                return Err(ApiError::bad_request(format!(
+                    "form field `{key}` is given twice"
+                )));
+            }
+        }
+        serde_path_to_error::deserialize(serde_json::Value::Object(fields)).map_err(field_error)
+    }
+
+    /// The query string's value of `name`.
+    fn query(&self, name: &str) -> Option<String> {
+        let query = self.query.as_deref()?;
+        form_urlencoded::parse(query.as_bytes())
+            .find(|(key, _)| key == name)
+            .map(|(_, value)| value.into_owned())
+    }
+}
+
+fn field_error<E: std::fmt::Display>(error: serde_path_to_error::Error<E>) -> ApiError {
+    let path = error.path().to_string();
+    if path == "." || path == "?" {
+        ApiError::bad_request(format!("invalid body: {}", error.inner()))
+    } else {
+        ApiError::bad_request(format!("body field `{path}`: {}", error.inner()))
+    }
+}
+
+async fn handle(state: &AppState, request: Request<Incoming>, peer: SocketAddr) -> Reply {
+    let method = request.method().as_str().to_owned();
+    let path = request.uri().path().to_owned();
+    let span = tracing::info_span!("request", %method, %path);
+    async move {
+        let reply = match respond(state, request, peer.ip()).await {
+            Ok(reply) => reply,
+            Err(error) => error_reply(&error),
+        };
+        tracing::debug!(status = reply.status().as_u16(), "request");
+        reply
+    }
+    .instrument(span)
+    .await
+}
+
+async fn respond(
+    state: &AppState,
+    request: Request<Incoming>,
+    peer: IpAddr,
+) -> Result<Reply, ApiError> {
+    let (parts, body) = request.into_parts();
+    // Read first, whatever the route: a connection whose request body was left unread cannot
+    // carry the next request.
+    let body = read_body(&parts.headers, body, state.http.body_bytes_max).await?;
+    let (route, params) = match routes::find(parts.method.as_str(), parts.uri.path()) {
+        Found::Route(route, params) => (route, params),
+        Found::WrongMethod(mut allowed) => {
+            allowed.sort_unstable();
+            return Err(ApiError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                format!(
+                    "{} is not allowed here; allowed: {}",
+                    parts.method,
+                    allowed.join(", ")
+                ),
+            ));
+        }
+        Found::Nothing => {
+            return Err(ApiError::not_found(format!(
+                "no route for {:?}",
+                parts.uri.path()
+            )));
+        }
+    };
+    let principal = match route.access {
+        Access::Public => None,
+        Access::User | Access::Admin => {
+            let principal = authenticate(state, &parts.headers, parts.method.as_str()).await?;
+            if route.access == Access::Admin && !principal.user.is_admin {
+                return Err(ApiError::forbidden(
+                    "admin_only",
+                    "only an admin may do this",
+                ));
+            }
+            Some(principal)
+        }
+    };
+    let ctx = Ctx {
+        state,
+        route,
+        params,
+        query: parts.uri.query().map(str::to_owned),
+        headers: parts.headers,
+        body,
+        peer,
+        principal,
+    };
+    dispatch(&ctx).await
+}
+
+async fn dispatch(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
+    use routes::Op;
+    match ctx.route.op {
+        Op::Health => Ok(json_reply(
+            StatusCode::OK,
+            &wire::HealthReply {
+                status: "ok".into(),
+            },
+        )),
+        Op::Ready => ready(ctx.state).await,
+        Op::OpenApi => Ok(json_reply(StatusCode::OK, openapi::document())),
+        Op::Plugins => Ok(json_reply(StatusCode::OK, workflows::plugins())),
+        Op::Initialize => users::initialize(ctx).await,
+        Op::Login => users::login(ctx).await,
+        Op::Logout => users::logout(ctx).await,
+        Op::Me => users::me(ctx),
+        Op::CreateUser => users::create_user(ctx).await,
+        Op::CreateToken => users::create_token(ctx).await,
+        Op::ListTokens => users::list_tokens(ctx).await,
+        Op::RevokeToken => users::revoke_token(ctx).await,
+        Op::Launch => workflows::launch(ctx).await,
+        Op::List => workflows::list(ctx).await,
+        Op::Get => workflows::get(ctx).await,
+        Op::Resume => workflows::resume(ctx).await,
+        Op::Decide => workflows::decide(ctx).await,
+        Op::Cancel => workflows::cancel(ctx).await,
+        Op::Recover => workflows::recover(ctx).await,
+        Op::Reconcile => workflows::reconcile(ctx).await,
+        Op::Delete => workflows::delete(ctx).await,
+        Op::Artifact => workflows::artifact(ctx).await,
+        Op::ArtifactChunk => workflows::artifact_chunk(ctx).await,
+    }
+}
+
+/// Reads the whole body, refusing one over `limit` bytes (413) before reading it when its length
+/// is declared.
+async fn read_body(headers: &HeaderMap, body: Incoming, limit: u64) -> Result<Bytes, ApiError> {
+    let too_large = |size: String| {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "too_large",
+            format!("the request body is {size} bytes, over `http.body_bytes_max` ({limit} bytes)"),
+        )
+    };
+    let declared = headers
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if let Some(declared) = declared
+        && declared > limit
+    {
+        return Err(too_large(declared.to_string()));
+    }
+    let limit_bytes = usize::try_from(limit).unwrap_or(usize::MAX);
+    match Limited::new(body, limit_bytes).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(error) if error.is::<http_body_util::LengthLimitError>() => {
+            Err(too_large("more than that".into()))
+        }
+        Err(error) => Err(ApiError::bad_request(format!(
+            "the request body could not be read: {error}"
+        ))),
+    }
+}
+
+/// Identifies the caller by API token or session cookie; checks CSRF for cookie sessions.
+async fn authenticate(
+    state: &AppState,
+    headers: &HeaderMap,
+    method: &str,
+) -> Result<Principal, ApiError> {
+    let store = state.node.store();
+    if let Some(value) = headers.get(AUTHORIZATION) {
+        let value = value
+            .to_str()
+            .map_err(|_| ApiError::unauthorized("the Authorization header is not text"))?;
+        let token = value
+            .strip_prefix("Bearer ")
+            .ok_or_else(|| ApiError::unauthorized("Authorization must be `Bearer <token>`"))?;
+        let (token_id, secret) = auth::parse_token(token.trim())
+            .ok_or_else(|| ApiError::unauthorized("the bearer token is not a reins API token"))?;
+        let unknown = || ApiError::unauthorized("the API token is unknown or revoked");
+        let (row, user) = store.token_user(token_id).await?.ok_or_else(unknown)?;
+        if !auth::token_matches(secret, &row.token_hash) {
+            return Err(unknown());
+        }
+        return Ok(Principal {
+            user,
+            session_id: None,
+        });
+    }
+    let cookies = cookie_header(headers);
+    let value = auth::cookie(&cookies, auth::SESSION_COOKIE).ok_or_else(|| {
+        ApiError::unauthorized("sign in first: the request has no session cookie or API token")
+    })?;
+    let claim = auth::verify_session_cookie(&state.secret, value).ok_or_else(|| {
+        ApiError::unauthorized("the session cookie was not signed by this cluster's secret")
+    })?;
+    let user = store
+        .session_user(&claim.session_id)
+        .await?
+        .filter(|user| user.id == claim.user_id && user.token_version == claim.token_version)
+        .ok_or_else(|| {
+            ApiError::unauthorized("the session has ended (signed out, expired or revoked)")
+        })?;
+    if !matches!(method, "GET" | "HEAD" | "OPTIONS") {
+        let expected = state.secret.csrf_token(&claim.session_id);
+        let header = headers
+            .get(auth::CSRF_HEADER)
+            .ok_or_else(|| ApiError::forbidden("csrf", "the X-CSRF-Token header is missing"))?
+            .to_str()
+            .unwrap_or_default();
+        let cookie = auth::cookie(&cookies, auth::CSRF_COOKIE).unwrap_or_default();
+        if !(auth::same(header, &expected) && auth::same(cookie, &expected)) {
+            return Err(ApiError::forbidden(
+                "csrf",
+                "the X-CSRF-Token header does not match this session's csrf_token cookie",
+            ));
+        }
+    }
+    Ok(Principal {
+        user,
+        session_id: Some(claim.session_id),
+    })
+}
+
+/// Every `Cookie` header of a request, joined.
+fn cookie_header(headers: &HeaderMap) -> String {
+    headers
+        .get_all(COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+async fn ready(state: &AppState) -> Result<Reply, ApiError> {
+    if state.draining() {
+        return Err(ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "draining",
             "the node is draining",
-        );
+        ));
     }
     let worker_id = &state.node.identity().worker_id;
+    let unavailable =
+        |code, message: String| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, code, message);
     match tokio::time::timeout(READY_TIMEOUT, state.node.store().health()).await {
-        Ok(Ok(health)) if health.schema_current => json_reply(
+        Ok(Ok(health)) if health.schema_current => Ok(json_reply(
             StatusCode::OK,
-            json!({
+            serde_json::json!({
                 "status": "ready",
                 "worker_id": worker_id,
                 "backend": health.backend,
                 "schema_version": health.schema_version,
             }),
-        ),
-        Ok(Ok(health)) => error_reply(
-            StatusCode::SERVICE_UNAVAILABLE,
+        )),
+        Ok(Ok(health)) => Err(unavailable(
             "schema_not_current",
-            &format!(
+            format!(
                 "the database schema is at version {}, this build needs {}",
                 health.schema_version,
                 store::SCHEMA_VERSION
             ),
-        ),
-        Ok(Err(error)) => error_reply(
-            StatusCode::SERVICE_UNAVAILABLE,
+        )),
+        Ok(Err(error)) => Err(unavailable("database_unavailable", error.to_string())),
+        Err(_) => Err(unavailable(
             "database_unavailable",
-            &error.to_string(),
-        ),
-        Err(_) => error_reply(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "database_unavailable",
-            &format!(
+            format!(
                 "the database did not answer within {} ms",
                 READY_TIMEOUT.as_millis()
             ),
-        ),
+        )),
     }
 }
 
-fn json_reply(status: StatusCode, body: serde_json::Value) -> Reply {
-    let mut response = Response::new(Full::new(Bytes::from(body.to_string())));
+fn json_reply(status: StatusCode, body: impl Serialize) -> Reply {
+    let bytes = match serde_json::to_vec(&body) {
+        Ok(bytes) => bytes,
+        Err(error) => {
+            tracing::error!(%error, "a reply did not serialize");
+            return error_reply(&ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                "the reply could not be written",
+            ));
+        }
+    };
+    let mut response = Response::new(Full::new(Bytes::from(bytes)));
     *response.status_mut() = status;
     response
         .headers_mut()
@@ -159,6 +497,18 @@ fn json_reply(status: StatusCode, body: serde_json::Value) -> Reply {
 }
 
 /// The one error shape of the API.
-pub fn error_reply(status: StatusCode, code: &str, message: &str) -> Reply {
-    json_reply(status, json!({"error": {"code": code, "message": message}}))
+pub fn error_reply(error: &ApiError) -> Reply {
+    let mut response = json_reply(error.status, error.body());
+    if error.status == StatusCode::PAYLOAD_TOO_LARGE {
+        // The rest of the body is not read: this connection cannot carry another request.
+        response
+            .headers_mut()
+            .insert(hyper::header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    if let Some(seconds) = error.retry_after_seconds {
+        response
+            .headers_mut()
+            .insert(hyper::header::RETRY_AFTER, HeaderValue::from(seconds));
+    }
+    response
 }

@@ -1,0 +1,607 @@
+//! The command line a person uses against a running node, through the HTTP API like any other
+//! client: `reins init` and `reins login` (which save an API token), `run`, `get`, `list`,
+//! `resume`, `approve`, `reject`, `cancel`, `recover`, `delete`, `artifact`. Tables for people,
+//! `--json` for scripts.
+//!
+//! Exit codes: 0 done; 1 the command failed (bad input, refused, unreachable); with `run --wait`,
+//! 2 the workflow failed or was cancelled, 3 it waits for a person (paused or waiting for
+//! approval), 4 it needs reconciliation.
+
+mod client;
+mod credentials;
+
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use serde_json::{Value, json};
+
+use client::Client;
+use credentials::Credentials;
+
+/// Exit codes of `run --wait` beyond success and failure.
+pub const EXIT_WORKFLOW_FAILED: u8 = 2;
+pub const EXIT_WAITING_FOR_PERSON: u8 = 3;
+pub const EXIT_NEEDS_RECONCILIATION: u8 = 4;
+
+/// How often `--wait` asks for the workflow's status.
+const WAIT_POLL: Duration = Duration::from_millis(250);
+
+/// Options every client command takes.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Common {
+    /// The node's URL (default: the one saved by `reins login`).
+    #[arg(long, global = true, env = "REINS_CLI_URL")]
+    pub url: Option<String>,
+    /// Print JSON instead of tables.
+    #[arg(long, global = true)]
+    pub json: bool,
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum Command {
+    /// Create the first admin on a new node and sign in as them.
+    Init {
+        #[arg(long)]
+        email: String,
+    },
+    /// Sign in and save an API token for the next commands.
+    Login {
+        #[arg(long)]
+        email: String,
+    },
+    /// Launch a workflow script.
+    Run {
+        /// The script (the body of an async JavaScript function).
+        file: PathBuf,
+        /// The script's `args`, as JSON.
+        #[arg(long, default_value = "{}")]
+        args: String,
+        /// Idempotency key: the same request again gives the same workflow.
+        #[arg(long)]
+        request_id: Option<String>,
+        /// Wait until the workflow ends or waits for a person.
+        #[arg(long)]
+        wait: bool,
+    },
+    /// Show one workflow.
+    Get { id: String },
+    /// List workflows.
+    List {
+        #[arg(long)]
+        status: Option<String>,
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+    },
+    /// Resolve the workflow's pause.
+    Resume {
+        id: String,
+        /// The pause's step (default: the one it waits at).
+        #[arg(long)]
+        step: Option<String>,
+        /// What the pause resolves to, as JSON.
+        #[arg(long)]
+        input: Option<String>,
+    },
+    /// Approve the artifact a checkpoint waits on.
+    Approve {
+        id: String,
+        #[arg(long)]
+        step: Option<String>,
+        #[arg(long)]
+        comment: Option<String>,
+    },
+    /// Reject the artifact a checkpoint waits on.
+    Reject {
+        id: String,
+        #[arg(long)]
+        step: Option<String>,
+        #[arg(long)]
+        comment: Option<String>,
+    },
+    /// Cancel a workflow (durably; idempotent).
+    Cancel { id: String },
+    /// Take over a recoverable workflow on this node and replay it.
+    Recover { id: String },
+    /// Delete a finished workflow and everything it holds.
+    Delete { id: String },
+    /// Download an artifact version.
+    Artifact {
+        id: String,
+        version: i64,
+        /// Where to write it (`-` for standard output).
+        #[arg(short, long)]
+        output: PathBuf,
+    },
+}
+
+/// Runs one client command; the number is the process's exit code.
+pub async fn run(common: Common, command: Command) -> anyhow::Result<u8> {
+    match command {
+        Command::Init { email } => sign_in(&common, &email, true).await,
+        Command::Login { email } => sign_in(&common, &email, false).await,
+        command => {
+            let client = signed_in_client(&common)?;
+            run_signed_in(&common, &client, command).await
+        }
+    }
+}
+
+fn signed_in_client(common: &Common) -> anyhow::Result<Client> {
+    let saved = Credentials::load()?;
+    let url = common
+        .url
+        .clone()
+        .or_else(|| saved.as_ref().map(|c| c.url.clone()))
+        .context(
+            "no server: pass --url, or sign in first with `reins login --url URL --email E`",
+        )?;
+    let token = saved
+        .filter(|c| c.url.trim_end_matches('/') == url.trim_end_matches('/'))
+        .map(|c| c.token);
+    if token.is_none() {
+        bail!("not signed in to {url}: run `reins login --url {url} --email E`");
+    }
+    Ok(Client::new(&url, token))
+}
+
+/// `init` and `login`: a session from the password, then an API token saved for later commands.
+async fn sign_in(common: &Common, email: &str, first_admin: bool) -> anyhow::Result<u8> {
+    let url = common
+        .url
+        .clone()
+        .context("pass --url, for example --url http://127.0.0.1:7420")?;
+    let password = read_password()?;
+    let client = Client::new(&url, None);
+    let answer = if first_admin {
+        let body = json!({"email": email, "password": password}).to_string();
+        client
+            .send(
+                "POST",
+                "/api/v1/auth/initialize",
+                Some("application/json"),
+                body.into_bytes(),
+            )
+            .await?
+    } else {
+        let form: String = form_urlencoded::Serializer::new(String::new())
+            .append_pair("username", email)
+            .append_pair("password", &password)
+            .finish();
+        client
+            .send(
+                "POST",
+                "/api/v1/auth/login/local",
+                Some("application/x-www-form-urlencoded"),
+                form.into_bytes(),
+            )
+            .await?
+    };
+    client::checked(&answer)?;
+    let cookies: Vec<String> = answer
+        .headers
+        .get_all("set-cookie")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .filter_map(|v| v.split(';').next())
+        .map(str::to_owned)
+        .collect();
+    let csrf = cookies
+        .iter()
+        .find_map(|c| c.strip_prefix("csrf_token="))
+        .context("the server set no csrf_token cookie")?
+        .to_owned();
+    let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "this machine".into());
+    let body = json!({"name": format!("reins cli on {host}")}).to_string();
+    let cookie = cookies.join("; ");
+    let created = client
+        .send_with_csrf("/api/v1/auth/tokens", body, &cookie, &csrf)
+        .await?;
+    client::checked(&created)?;
+    let created: Value = serde_json::from_slice(&created.body).context("token reply")?;
+    let token = created["token"].as_str().context("no token in the reply")?;
+    let path = Credentials {
+        url: client.base().to_owned(),
+        email: email.to_owned(),
+        token: token.to_owned(),
+    }
+    .save()?;
+    if common.json {
+        println!(
+            "{}",
+            json!({"url": client.base(), "email": email, "credentials": path})
+        );
+    } else {
+        println!(
+            "signed in to {} as {email}; token saved in {}",
+            client.base(),
+            path.display()
+        );
+    }
+    Ok(0)
+}
+
+fn read_password() -> anyhow::Result<String> {
+    if let Ok(password) = std::env::var("REINS_CLI_PASSWORD") {
+        return Ok(password);
+    }
+    if std::io::stdin().is_terminal() {
+        eprint!("password: ");
+        let _ = std::io::stderr().flush();
+    }
+    let mut line = String::new();
+    std::io::stdin()
+        .read_line(&mut line)
+        .context("cannot read the password from standard input")?;
+    let password = line.trim_end_matches(['\n', '\r']).to_owned();
+    if password.is_empty() {
+        bail!("no password given (standard input, or REINS_CLI_PASSWORD)");
+    }
+    Ok(password)
+}
+
+async fn run_signed_in(common: &Common, client: &Client, command: Command) -> anyhow::Result<u8> {
+    match command {
+        Command::Init { .. } | Command::Login { .. } => unreachable!("handled before"),
+        Command::Run {
+            file,
+            args,
+            request_id,
+            wait,
+        } => {
+            let script = std::fs::read_to_string(&file)
+                .with_context(|| format!("cannot read {}", file.display()))?;
+            let args: Value = serde_json::from_str(&args).context("--args is not JSON")?;
+            let mut body = json!({"script": script, "args": args});
+            if let Some(request_id) = request_id {
+                body["request_id"] = json!(request_id);
+            }
+            let launched = client
+                .json("POST", "/api/v1/workflows", Some(&body))
+                .await?;
+            let run_id = launched["run_id"].as_str().context("no run_id")?.to_owned();
+            if !wait {
+                print_value(common, &launched, || println!("{run_id}"));
+                return Ok(0);
+            }
+            wait_for_rest(common, client, &run_id).await
+        }
+        Command::Get { id } => {
+            let record = get(client, &id).await?;
+            print_value(common, &record, || print_record(&record));
+            Ok(0)
+        }
+        Command::List { status, limit } => {
+            let mut path = format!("/api/v1/workflows?limit={limit}");
+            if let Some(status) = status {
+                path.push_str(&format!("&status={}", encode(&status)));
+            }
+            let page = client.json("GET", &path, None).await?;
+            print_value(common, &page, || {
+                let rows: Vec<Vec<String>> = page["workflows"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|w| {
+                        vec![
+                            text(&w["run_id"]),
+                            text(&w["status"]),
+                            text(&w["owner"]),
+                            format_time(&w["created_at"]),
+                        ]
+                    })
+                    .collect();
+                print_table(&["RUN ID", "STATUS", "OWNER", "CREATED"], &rows);
+            });
+            Ok(0)
+        }
+        Command::Resume { id, step, input } => {
+            let record = get(client, &id).await?;
+            let step = match step {
+                Some(step) => step,
+                None => waiting_step(&record, "pause")?,
+            };
+            let input: Value = match input {
+                Some(input) => serde_json::from_str(&input).context("--input is not JSON")?,
+                None => Value::Null,
+            };
+            let body = json!({"fingerprint": record["fingerprint"], "step_id": step,
+                              "attempt": attempt_of(&record, &step), "input": input});
+            control(common, client, &id, "resume", &body).await
+        }
+        Command::Approve { id, step, comment } => {
+            decide(common, client, &id, step, comment, "approve").await
+        }
+        Command::Reject { id, step, comment } => {
+            decide(common, client, &id, step, comment, "reject").await
+        }
+        Command::Cancel { id } => control(common, client, &id, "cancel", &json!({})).await,
+        Command::Recover { id } => control(common, client, &id, "recover", &json!({})).await,
+        Command::Delete { id } => {
+            let reply = client
+                .json(
+                    "DELETE",
+                    &format!("/api/v1/workflows/{}", encode(&id)),
+                    None,
+                )
+                .await?;
+            print_value(common, &reply, || println!("deleted {id}"));
+            Ok(0)
+        }
+        Command::Artifact {
+            id,
+            version,
+            output,
+        } => {
+            let path = format!("/api/v1/workflows/{}/artifacts/{version}", encode(&id));
+            let answer = client.send("GET", &path, None, Vec::new()).await?;
+            client::checked(&answer)?;
+            if output.as_os_str() == "-" {
+                std::io::stdout().write_all(&answer.body)?;
+            } else {
+                std::fs::write(&output, &answer.body)
+                    .with_context(|| format!("cannot write {}", output.display()))?;
+                if !common.json {
+                    eprintln!("wrote {} bytes to {}", answer.body.len(), output.display());
+                }
+            }
+            Ok(0)
+        }
+    }
+}
+
+async fn get(client: &Client, id: &str) -> anyhow::Result<Value> {
+    Ok(client
+        .json("GET", &format!("/api/v1/workflows/{}", encode(id)), None)
+        .await?)
+}
+
+async fn control(
+    common: &Common,
+    client: &Client,
+    id: &str,
+    action: &str,
+    body: &Value,
+) -> anyhow::Result<u8> {
+    let path = format!("/api/v1/workflows/{}/{action}", encode(id));
+    let reply = client.json("POST", &path, Some(body)).await?;
+    print_value(common, &reply, || {
+        println!("{id}: {}", text(&reply["status"]));
+    });
+    Ok(0)
+}
+
+async fn decide(
+    common: &Common,
+    client: &Client,
+    id: &str,
+    step: Option<String>,
+    comment: Option<String>,
+    decision: &str,
+) -> anyhow::Result<u8> {
+    let record = get(client, id).await?;
+    let step = match step {
+        Some(step) => step,
+        None => waiting_step(&record, "humanCheckpoint")?,
+    };
+    let checkpoint = record["checkpoints"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["step_id"] == step.as_str())
+        .with_context(|| format!("workflow {id} has no checkpoint {step:?}"))?;
+    let mut body = json!({"step_id": step, "attempt": checkpoint["attempt"],
+                          "artifact_version": checkpoint["artifact_version"], "decision": decision});
+    if let Some(comment) = comment {
+        body["comment"] = json!(comment);
+    }
+    control(common, client, id, "decide", &body).await
+}
+
+/// The step of the one checkpoint of `kind` that waits.
+fn waiting_step(record: &Value, kind: &str) -> anyhow::Result<String> {
+    record["checkpoints"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|c| c["kind"] == kind && c["status"] == "waiting")
+        .map(|c| text(&c["step_id"]))
+        .next_back()
+        .with_context(|| {
+            format!(
+                "workflow {} waits at no {kind} (it is {}); name one with --step",
+                text(&record["run_id"]),
+                text(&record["status"])
+            )
+        })
+}
+
+fn attempt_of(record: &Value, step: &str) -> Value {
+    record["checkpoints"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["step_id"] == step)
+        .map_or(json!(1), |c| c["attempt"].clone())
+}
+
+/// `run --wait`: polls until the workflow ends or waits for a person, with a progress line.
+async fn wait_for_rest(common: &Common, client: &Client, run_id: &str) -> anyhow::Result<u8> {
+    let started = Instant::now();
+    let spinner = ['|', '/', '-', '\\'];
+    let terminal = std::io::stderr().is_terminal() && !common.json;
+    let mut last_status = String::new();
+    for tick in 0usize.. {
+        let record = get(client, run_id).await?;
+        let status = text(&record["status"]);
+        let code = match status.as_str() {
+            "completed" => Some(0),
+            "failed" | "cancelled" => Some(EXIT_WORKFLOW_FAILED),
+            "paused" | "waiting_approval" => Some(EXIT_WAITING_FOR_PERSON),
+            "needs_reconciliation" => Some(EXIT_NEEDS_RECONCILIATION),
+            _ => None,
+        };
+        if terminal {
+            let steps = record["steps"].as_array().map_or(0, Vec::len);
+            eprint!(
+                "\r{} {run_id} {status}, {steps} agent steps, {:.1}s   ",
+                spinner[tick % spinner.len()],
+                started.elapsed().as_secs_f64()
+            );
+        } else if status != last_status && !common.json {
+            eprintln!("{run_id}: {status}");
+        }
+        last_status = status;
+        if let Some(code) = code {
+            if terminal {
+                eprintln!();
+            }
+            print_value(common, &record, || print_record(&record));
+            return Ok(code);
+        }
+        tokio::time::sleep(WAIT_POLL).await;
+    }
+    unreachable!("the loop only ends by returning")
+}
+
+fn print_value(common: &Common, value: &Value, human: impl FnOnce()) {
+    if common.json {
+        println!("{value}");
+    } else {
+        human();
+    }
+}
+
+fn print_record(record: &Value) {
+    let field = |name: &str, value: String| println!("{name:<14} {value}");
+    field("run id", text(&record["run_id"]));
+    field("status", text(&record["status"]));
+    field("owner", text(&record["owner"]));
+    field("epoch", text(&record["epoch"]));
+    field("created", format_time(&record["created_at"]));
+    if !record["result"].is_null() {
+        field("result", record["result"].to_string());
+    }
+    if !record["error"].is_null() {
+        field("error", text(&record["error"]));
+    }
+    let steps: Vec<Vec<String>> = record["steps"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|s| {
+            vec![
+                text(&s["step_id"]),
+                text(&s["attempt"]),
+                text(&s["status"]),
+                text(&s["run_id"]),
+                text(&s["artifact_version"]),
+            ]
+        })
+        .collect();
+    if !steps.is_empty() {
+        println!();
+        print_table(
+            &["STEP", "ATTEMPT", "STATUS", "CHILD RUN", "ARTIFACT"],
+            &steps,
+        );
+    }
+    let checkpoints: Vec<Vec<String>> = record["checkpoints"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|c| {
+            vec![
+                text(&c["step_id"]),
+                text(&c["kind"]),
+                text(&c["status"]),
+                text(&c["artifact_version"]),
+                text(&c["decided_by"]),
+            ]
+        })
+        .collect();
+    if !checkpoints.is_empty() {
+        println!();
+        print_table(
+            &["CHECKPOINT", "KIND", "STATUS", "ARTIFACT", "BY"],
+            &checkpoints,
+        );
+    }
+}
+
+fn print_table(headers: &[&str], rows: &[Vec<String>]) {
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
+    for row in rows {
+        for (width, cell) in widths.iter_mut().zip(row) {
+            *width = (*width).max(cell.chars().count());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        let padded: Vec<String> = cells
+            .iter()
+            .zip(&widths)
+            .map(|(cell, width)| format!("{cell:<width$}"))
+            .collect();
+        println!("{}", padded.join("  ").trim_end());
+    };
+    line(headers.to_vec());
+    for row in rows {
+        line(row.iter().map(String::as_str).collect());
+    }
+}
+
+fn text(value: &Value) -> String {
+    match value {
+        Value::Null => "-".to_owned(),
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+fn encode(segment: &str) -> String {
+    form_urlencoded::byte_serialize(segment.as_bytes()).collect()
+}
+
+/// Epoch seconds as `YYYY-MM-DD HH:MM:SSZ` (UTC).
+fn format_time(value: &Value) -> String {
+    let Some(seconds) = value.as_f64() else {
+        return "-".to_owned();
+    };
+    let seconds = seconds as i64;
+    let (days, rest) = (seconds.div_euclid(86_400), seconds.rem_euclid(86_400));
+    // Days to a civil date (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let day_of_era = z.rem_euclid(146_097);
+    let year_of_era =
+        (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
+    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
+    let month_index = (5 * day_of_year + 2) / 153;
+    let day = day_of_year - (153 * month_index + 2) / 5 + 1;
+    let month = if month_index < 10 {
+        month_index + 3
+    } else {
+        month_index - 9
+    };
+    let year = year_of_era + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02}Z",
+        rest / 3600,
+        rest % 3600 / 60,
+        rest % 60
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_print_as_utc_dates() {
+        assert_eq!(format_time(&json!(0.0)), "1970-01-01 00:00:00Z");
+        assert_eq!(format_time(&json!(1_796_003_447.5)), "2026-11-30 01:50:47Z");
+        assert_eq!(format_time(&json!(951_782_400)), "2000-02-29 00:00:00Z");
+        assert_eq!(format_time(&Value::Null), "-");
+    }
+}

@@ -1,0 +1,139 @@
+//! The one error model of the control plane: every refusal is `{"error": {"code", "message"}}`
+//! with the status of spec section 4, mapped here from the actor and store errors in one place.
+
+use hyper::StatusCode;
+
+use super::wire::{ErrorBody, ErrorReply};
+
+/// A refused request: its status, a stable code and a message for people.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{status} {code}: {message}")]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub code: &'static str,
+    pub message: String,
+    /// Sent as `Retry-After` (throttled sign-ins).
+    pub retry_after_seconds: Option<u64>,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            code,
+            message: message.into(),
+            retry_after_seconds: None,
+        }
+    }
+
+    pub fn too_many_attempts(retry_after_seconds: u64) -> Self {
+        ApiError {
+            retry_after_seconds: Some(retry_after_seconds),
+            ..ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "too_many_attempts",
+                format!(
+                    "too many failed sign-ins from this address; try again in {retry_after_seconds} s"
+                ),
+            )
+        }
+    }
+
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        ApiError::new(StatusCode::BAD_REQUEST, "bad_request", message)
+    }
+
+    pub fn unauthorized(message: impl Into<String>) -> Self {
+        ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", message)
+    }
+
+    pub fn forbidden(code: &'static str, message: impl Into<String>) -> Self {
+        ApiError::new(StatusCode::FORBIDDEN, code, message)
+    }
+
+    pub fn not_found(message: impl Into<String>) -> Self {
+        ApiError::new(StatusCode::NOT_FOUND, "not_found", message)
+    }
+
+    pub fn conflict(message: impl Into<String>) -> Self {
+        ApiError::new(StatusCode::CONFLICT, "conflict", message)
+    }
+
+    pub fn refused(message: impl Into<String>) -> Self {
+        ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "refused", message)
+    }
+
+    pub fn draining() -> Self {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "draining",
+            "the node is draining: it takes no new launches or recoveries",
+        )
+    }
+
+    /// The workflow does not exist, or belongs to someone else (the same answer, so that ids
+    /// cannot be probed).
+    pub fn no_workflow(run_id: &str) -> Self {
+        ApiError::not_found(format!("no workflow {run_id:?}"))
+    }
+
+    pub fn body(&self) -> ErrorReply {
+        ErrorReply {
+            error: ErrorBody {
+                code: self.code.to_owned(),
+                message: self.message.clone(),
+            },
+        }
+    }
+}
+
+impl From<store::Error> for ApiError {
+    fn from(error: store::Error) -> Self {
+        let message = error.to_string();
+        match error {
+            store::Error::NotFound(_) => ApiError::not_found(message),
+            store::Error::Conflict(_) => ApiError::conflict(message),
+            store::Error::LeaseLost { .. } => {
+                ApiError::new(StatusCode::CONFLICT, "lease_lost", message)
+            }
+            store::Error::OutcomeUnknown(_) => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "outcome_unknown",
+                format!("{message}; read the workflow again before retrying"),
+            ),
+            store::Error::Unavailable(_) => {
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message)
+            }
+            store::Error::InvalidUrl { .. }
+            | store::Error::NodeLockHeld { .. }
+            | store::Error::SchemaTooNew { .. }
+            | store::Error::Database(_) => {
+                tracing::error!(%message, "store error behind a request");
+                ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
+            }
+        }
+    }
+}
+
+impl From<actors::Error> for ApiError {
+    fn from(error: actors::Error) -> Self {
+        let message = error.to_string();
+        match error {
+            actors::Error::Store(error) => error.into(),
+            actors::Error::TooLarge { .. } => {
+                ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "too_large", message)
+            }
+            actors::Error::UnknownAgent { .. }
+            | actors::Error::Refused(_)
+            | actors::Error::LimitReached { .. } => ApiError::refused(message),
+            actors::Error::InvalidRequest(_) => ApiError::bad_request(message),
+            actors::Error::Unanswered { .. } => {
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message)
+            }
+            actors::Error::Spawn { .. } => {
+                tracing::error!(%message, "actor error behind a request");
+                ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
+            }
+        }
+    }
+}

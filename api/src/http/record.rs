@@ -1,0 +1,139 @@
+//! The workflow record of spec section 3, built from what the store holds: the row, the journal,
+//! the controls and the lease. `steps` are the `agent` calls; `checkpoints` are the places where
+//! the workflow waits for a person (`pause` and `humanCheckpoint`).
+
+use actors::WorkflowView;
+use serde_json::Value;
+use store::{ControlRow, StepRow, WorkflowRow};
+
+use super::wire::{CheckpointRecord, StepRecord, WorkflowRecord, WorkflowSummary};
+
+/// The record `get` answers with.
+pub fn record(view: &WorkflowView) -> WorkflowRecord {
+    let row = &view.row;
+    let data = &row.data;
+    let steps: Vec<StepRecord> = view
+        .steps
+        .iter()
+        .filter(|s| s.kind == "agent")
+        .map(step)
+        .collect();
+    let configuration_version = steps
+        .iter()
+        .rev()
+        .find_map(|s| s.configuration_version.clone());
+    WorkflowRecord {
+        run_id: row.workflow_id.clone(),
+        status: shown_status(row, view.recoverable),
+        stored_status: row.status.clone(),
+        recoverable: view.recoverable,
+        user_id: row.user_id.clone(),
+        owner: row.owner.clone(),
+        epoch: view.lease.as_ref().map(|l| l.epoch),
+        lease_expires_at: view.lease.as_ref().map(|l| l.expires_at),
+        script: text(&data["script"]).unwrap_or_default(),
+        args: data["args"].clone(),
+        fingerprint: row.fingerprint.clone(),
+        runtime_version: text(&data["runtime_version"]),
+        configuration_version,
+        checkpoints: view
+            .steps
+            .iter()
+            .filter(|s| s.kind == "pause" || s.kind == "humanCheckpoint")
+            .map(|s| checkpoint(s, &view.controls))
+            .collect(),
+        steps,
+        result: data.get("result").cloned(),
+        error: text(&data["error"]),
+        created_at: row.created_at,
+        updated_at: row.updated_at,
+    }
+}
+
+/// A listing's line.
+pub fn summary(row: &WorkflowRow) -> WorkflowSummary {
+    WorkflowSummary {
+        run_id: row.workflow_id.clone(),
+        status: row.status.clone(),
+        user_id: row.user_id.clone(),
+        owner: row.owner.clone(),
+        fingerprint: row.fingerprint.clone(),
+        created_at: row.created_at,
+        updated_at: row.updated_at,
+    }
+}
+
+fn shown_status(row: &WorkflowRow, recoverable: bool) -> String {
+    if recoverable {
+        "recoverable".to_owned()
+    } else {
+        row.status.clone()
+    }
+}
+
+fn text(value: &Value) -> Option<String> {
+    value.as_str().map(str::to_owned)
+}
+
+/// `(resolved value, rejection)` of a journal entry's outcome.
+fn outcome(step: &StepRow) -> (Option<&Value>, Option<&Value>) {
+    let outcome = &step.data["outcome"];
+    match outcome["outcome"].as_str() {
+        Some("resolved") => (Some(&outcome["value"]), None),
+        Some("rejected") => (None, Some(&outcome["value"])),
+        _ => (None, None),
+    }
+}
+
+fn step(step: &StepRow) -> StepRecord {
+    let (resolved, rejected) = outcome(step);
+    StepRecord {
+        step_id: step.step_id.clone(),
+        kind: step.kind.clone(),
+        attempt: step.attempt,
+        status: step.status.clone(),
+        thread_id: text(&step.data["thread_id"]),
+        run_id: text(&step.data["run_id"]),
+        configuration_version: text(&step.data["configuration_version"]),
+        output: resolved.map(|v| v["output"].clone()),
+        artifact_version: resolved.and_then(|v| v["artifactVersion"].as_i64()),
+        error: rejected.map(|v| {
+            v["message"]
+                .as_str()
+                .map_or_else(|| v.to_string(), str::to_owned)
+        }),
+    }
+}
+
+fn checkpoint(step: &StepRow, controls: &[ControlRow]) -> CheckpointRecord {
+    let kind = if step.kind == "pause" {
+        "resume"
+    } else {
+        "decide"
+    };
+    let control = controls
+        .iter()
+        .find(|c| c.kind == kind && c.step_id == step.step_id && c.attempt == step.attempt);
+    let (resolved, _) = outcome(step);
+    let status = match control {
+        None => "waiting".to_owned(),
+        Some(_) if kind == "resume" => "resumed".to_owned(),
+        Some(control) => match control.body["decision"].as_str() {
+            Some("approve") => "approved".to_owned(),
+            Some("reject") => "rejected".to_owned(),
+            _ => "waiting".to_owned(),
+        },
+    };
+    CheckpointRecord {
+        step_id: step.step_id.clone(),
+        kind: step.kind.clone(),
+        attempt: step.attempt,
+        source_step_id: text(&step.data["args"]["sourceStepId"]),
+        artifact_version: step.data["args"]["artifactVersion"].as_i64(),
+        status,
+        decided_by: control.and_then(|c| c.created_by.clone()),
+        decided_at: resolved
+            .and_then(|v| v["decidedAt"].as_f64())
+            .map(|ms| ms / 1000.0),
+    }
+}

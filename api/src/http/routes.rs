@@ -1,0 +1,283 @@
+//! The route table: every route's method, path, operation, who may call it, and the types of its
+//! body and reply. The router matches requests against this table and `openapi.json` is
+//! generated from it, so the two cannot disagree.
+
+use schemars::{JsonSchema, Schema, SchemaGenerator};
+
+use super::wire::*;
+
+/// Produces the JSON Schema of a body or reply type.
+pub type SchemaFn = fn(&mut SchemaGenerator) -> Schema;
+
+fn schema<T: JsonSchema>(generator: &mut SchemaGenerator) -> Schema {
+    generator.subschema_for::<T>()
+}
+
+/// Who may call a route.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// Anyone.
+    Public,
+    /// A signed-in user or an API token.
+    User,
+    /// An admin.
+    Admin,
+}
+
+/// What a route's request body is.
+#[derive(Clone, Copy)]
+pub enum Body {
+    None,
+    Json(SchemaFn),
+    /// `application/x-www-form-urlencoded`.
+    Form(SchemaFn),
+}
+
+/// What a route does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    Health,
+    Ready,
+    OpenApi,
+    Plugins,
+    Initialize,
+    Login,
+    Logout,
+    Me,
+    CreateUser,
+    CreateToken,
+    ListTokens,
+    RevokeToken,
+    Launch,
+    List,
+    Get,
+    Resume,
+    Decide,
+    Cancel,
+    Recover,
+    Reconcile,
+    Delete,
+    /// The raw bytes of an artifact version (REST, with `Range`).
+    Artifact,
+    /// One base64 chunk of an artifact (the compatible `get_artifact` action).
+    ArtifactChunk,
+}
+
+/// Where a route's workflow id comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Surface {
+    /// REST: the id is in the path.
+    Rest,
+    /// The compatible action endpoint: the id is `run_id` in the body.
+    Compat,
+}
+
+/// One route.
+#[derive(Clone, Copy)]
+pub struct Route {
+    pub method: &'static str,
+    /// Segments in braces are parameters: `/api/v1/workflows/{id}`.
+    pub path: &'static str,
+    pub op: Op,
+    pub surface: Surface,
+    pub access: Access,
+    pub summary: &'static str,
+    pub body: Body,
+    /// The success status and its reply type (`None`: not JSON).
+    pub success: u16,
+    pub reply: Option<SchemaFn>,
+    /// Query parameters: `(name, description)`.
+    pub query: &'static [(&'static str, &'static str)],
+}
+
+/// The compatible surface's plugin id.
+pub const PLUGIN_ID: &str = "community.workflows";
+
+const REST: &str = "/api/v1/workflows";
+
+/// The path of a compatible action.
+macro_rules! action_path {
+    ($name:literal) => {
+        concat!("/api/plugins/community.workflows/actions/", $name)
+    };
+}
+
+#[allow(clippy::too_many_arguments)]
+const fn route(
+    method: &'static str,
+    path: &'static str,
+    op: Op,
+    access: Access,
+    summary: &'static str,
+    body: Body,
+    success: u16,
+    reply: Option<SchemaFn>,
+) -> Route {
+    Route {
+        method,
+        path,
+        op,
+        surface: Surface::Rest,
+        access,
+        summary,
+        body,
+        success,
+        reply,
+        query: &[],
+    }
+}
+
+const fn action(
+    path: &'static str,
+    op: Op,
+    summary: &'static str,
+    body: SchemaFn,
+    reply: SchemaFn,
+) -> Route {
+    Route {
+        method: "POST",
+        path,
+        op,
+        surface: Surface::Compat,
+        access: Access::User,
+        summary,
+        body: Body::Json(body),
+        success: 200,
+        reply: Some(reply),
+        query: &[],
+    }
+}
+
+/// Every route of the control plane.
+#[rustfmt::skip]
+pub static ROUTES: &[Route] = &[
+    route("GET", "/health", Op::Health, Access::Public, "The process is alive", Body::None, 200, Some(schema::<HealthReply>)),
+    route("GET", "/health/ready", Op::Ready, Access::Public, "The database answers, its schema is this build's, and the node is not draining", Body::None, 200, None),
+    route("GET", "/api/v1/openapi.json", Op::OpenApi, Access::Public, "This description", Body::None, 200, None),
+    route("GET", "/api/plugins", Op::Plugins, Access::Public, "The plugins offered (the compatible surface)", Body::None, 200, Some(schema::<PluginsReply>)),
+    route("POST", "/api/v1/auth/initialize", Op::Initialize, Access::Public, "Create the first admin and sign in (409 once any user exists)", Body::Json(schema::<InitializeBody>), 201, Some(schema::<UserReply>)),
+    route("POST", "/api/v1/auth/login/local", Op::Login, Access::Public, "Sign in with email and password; sets the session and CSRF cookies", Body::Form(schema::<LoginForm>), 200, Some(schema::<UserReply>)),
+    route("POST", "/api/v1/auth/logout", Op::Logout, Access::User, "End this session", Body::None, 200, Some(schema::<UserReply>)),
+    route("GET", "/api/v1/auth/me", Op::Me, Access::User, "Who is signed in", Body::None, 200, Some(schema::<UserReply>)),
+    route("POST", "/api/v1/auth/users", Op::CreateUser, Access::Admin, "Create a user (admins)", Body::Json(schema::<NewUserBody>), 201, Some(schema::<UserReply>)),
+    route("POST", "/api/v1/auth/tokens", Op::CreateToken, Access::User, "Create an API token; its secret is shown only in this reply", Body::Json(schema::<NewTokenBody>), 201, Some(schema::<NewTokenReply>)),
+    route("GET", "/api/v1/auth/tokens", Op::ListTokens, Access::User, "The signed-in user's API tokens (never their secrets)", Body::None, 200, Some(schema::<TokensReply>)),
+    route("DELETE", "/api/v1/auth/tokens/{id}", Op::RevokeToken, Access::User, "Revoke one of the user's API tokens", Body::None, 200, Some(schema::<TokenReply>)),
+    route("POST", REST, Op::Launch, Access::User, "Launch a workflow (201; 200 when the same request launched it before)", Body::Json(schema::<LaunchBody>), 201, Some(schema::<LaunchReply>)),
+    Route {
+        query: &[
+            ("status", "only workflows with this stored status (or `recoverable`)"),
+            ("after", "the page starts after this run_id"),
+            ("limit", "workflows per page (default 50, at most `http.page_size_max`)"),
+        ],
+        ..route("GET", REST, Op::List, Access::User, "A page of workflows, oldest first (an admin sees everyone's)", Body::None, 200, Some(schema::<WorkflowPage>))
+    },
+    route("GET", "/api/v1/workflows/{id}", Op::Get, Access::User, "A workflow with its steps and checkpoints", Body::None, 200, Some(schema::<WorkflowRecord>)),
+    route("POST", "/api/v1/workflows/{id}/resume", Op::Resume, Access::User, "Resolve a pause", Body::Json(schema::<ResumeBody>), 200, Some(schema::<ControlReply>)),
+    route("POST", "/api/v1/workflows/{id}/decide", Op::Decide, Access::User, "Approve or reject a checkpoint's artifact version, once", Body::Json(schema::<DecideBody>), 200, Some(schema::<ControlReply>)),
+    route("POST", "/api/v1/workflows/{id}/cancel", Op::Cancel, Access::User, "Cancel durably (idempotent)", Body::None, 200, Some(schema::<StatusReply>)),
+    route("POST", "/api/v1/workflows/{id}/recover", Op::Recover, Access::User, "Take over a recoverable workflow here and replay it", Body::None, 200, Some(schema::<StatusReply>)),
+    route("POST", "/api/v1/workflows/{id}/reconcile", Op::Reconcile, Access::Admin, "Settle the uncertain step of a workflow in needs_reconciliation (admins)", Body::Json(schema::<ReconcileBody>), 200, Some(schema::<StatusReply>)),
+    route("DELETE", "/api/v1/workflows/{id}", Op::Delete, Access::User, "Delete a terminal workflow and everything it holds", Body::None, 200, Some(schema::<DeletedReply>)),
+    route("GET", "/api/v1/workflows/{id}/artifacts/{version}", Op::Artifact, Access::User, "An artifact's bytes (HTTP Range supported)", Body::None, 200, None),
+    action(action_path!("launch"), Op::Launch, "launch", schema::<LaunchBody>, schema::<LaunchReply>),
+    action(action_path!("get"), Op::Get, "get", schema::<RunBody>, schema::<WorkflowRecord>),
+    action(action_path!("resume"), Op::Resume, "resume", schema::<ResumeBody>, schema::<ControlReply>),
+    action(action_path!("decide"), Op::Decide, "decide", schema::<DecideBody>, schema::<ControlReply>),
+    action(action_path!("cancel"), Op::Cancel, "cancel", schema::<RunBody>, schema::<StatusReply>),
+    action(action_path!("recover"), Op::Recover, "recover", schema::<RunBody>, schema::<StatusReply>),
+    action(action_path!("delete"), Op::Delete, "delete", schema::<RunBody>, schema::<DeletedReply>),
+    action(action_path!("get_artifact"), Op::ArtifactChunk, "get_artifact: chunks of at most 1 MiB", schema::<ArtifactChunkBody>, schema::<ArtifactChunkReply>),
+];
+
+/// What the router found for a request.
+pub enum Found {
+    Route(&'static Route, Vec<(&'static str, String)>),
+    /// The path exists, not with this method.
+    WrongMethod(Vec<&'static str>),
+    Nothing,
+}
+
+/// The route for `method` and `path`, with its path parameters.
+pub fn find(method: &str, path: &str) -> Found {
+    let mut methods = Vec::new();
+    for route in ROUTES {
+        let Some(params) = matches(route.path, path) else {
+            continue;
+        };
+        if route.method == method {
+            return Found::Route(route, params);
+        }
+        methods.push(route.method);
+    }
+    if methods.is_empty() {
+        Found::Nothing
+    } else {
+        Found::WrongMethod(methods)
+    }
+}
+
+fn matches(pattern: &'static str, path: &str) -> Option<Vec<(&'static str, String)>> {
+    let mut params = Vec::new();
+    let mut given = path.split('/');
+    for expected in pattern.split('/') {
+        let segment = given.next()?;
+        match expected.strip_prefix('{').and_then(|e| e.strip_suffix('}')) {
+            Some(name) if !segment.is_empty() => params.push((name, segment.to_owned())),
+            Some(_) => return None,
+            None if expected == segment => {}
+            None => return None,
+        }
+    }
+    given.next().is_none().then_some(params)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_match_with_parameters_and_methods_are_told_apart() {
+        let Found::Route(route, params) = find("GET", "/api/v1/workflows/abc/artifacts/3") else {
+            panic!("no route");
+        };
+        assert_eq!(route.op, Op::Artifact);
+        assert_eq!(
+            params,
+            vec![("id", "abc".to_owned()), ("version", "3".to_owned())]
+        );
+        assert!(matches!(
+            find("PUT", "/api/v1/workflows/abc"),
+            Found::WrongMethod(_)
+        ));
+        assert!(matches!(
+            find("GET", "/api/v1/workflows/abc/extra/x/y"),
+            Found::Nothing
+        ));
+        assert!(matches!(find("GET", "/api/v1/workflows//"), Found::Nothing));
+        let Found::Route(route, _) = find(
+            "POST",
+            "/api/plugins/community.workflows/actions/get_artifact",
+        ) else {
+            panic!("no action route");
+        };
+        assert_eq!(
+            (route.op, route.surface),
+            (Op::ArtifactChunk, Surface::Compat)
+        );
+    }
+
+    #[test]
+    fn no_two_routes_share_a_method_and_path() {
+        for (i, a) in ROUTES.iter().enumerate() {
+            for b in &ROUTES[i + 1..] {
+                assert!(
+                    !(a.method == b.method && a.path == b.path),
+                    "{} {}",
+                    a.method,
+                    a.path
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,231 @@
+//! Sign-in and identities: the first admin, local sign-in with a form, sign-out, `me`, users
+//! created by admins, and API tokens.
+
+use hyper::StatusCode;
+use hyper::header::{HeaderValue, SET_COOKIE};
+use store::{NewToken, NewUser, UserRow};
+
+use super::auth::{self, CSRF_COOKIE, SESSION_COOKIE};
+use super::error::ApiError;
+use super::wire::{
+    InitializeBody, LoginForm, NewTokenBody, NewTokenReply, NewUserBody, TokenReply, TokensReply,
+    UserReply,
+};
+use super::{Ctx, Reply, json_reply};
+
+/// A token's name at most, in characters.
+const TOKEN_NAME_CHARS_MAX: usize = 100;
+
+fn user_reply(user: &UserRow) -> UserReply {
+    UserReply {
+        id: user.id.clone(),
+        email: user.email.clone(),
+        is_admin: user.is_admin,
+    }
+}
+
+/// Creates the first admin (201), or 409 once any user exists; signs them in.
+pub async fn initialize(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
+    let body: InitializeBody = ctx.json()?;
+    let user = create(ctx, body.email, body.password, true, true).await?;
+    let Some(user) = user else {
+        return Err(ApiError::conflict(
+            "already initialized: the first admin exists; sign in instead",
+        ));
+    };
+    signed_in(ctx, &user, StatusCode::CREATED).await
+}
+
+/// Creates a user (admins); a taken email is 409.
+pub async fn create_user(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
+    let body: NewUserBody = ctx.json()?;
+    let user = create(ctx, body.email, body.password, body.is_admin, false)
+        .await?
+        .ok_or_else(|| ApiError::conflict("the user was not created"))?;
+    Ok(json_reply(StatusCode::CREATED, user_reply(&user)))
+}
+
+async fn create(
+    ctx: &Ctx<'_>,
+    email: String,
+    password: String,
+    is_admin: bool,
+    only_if_first: bool,
+) -> Result<Option<UserRow>, ApiError> {
+    auth::check_credentials(&email, &password)?;
+    let password_hash = auth::hash_password(password).await?;
+    let user = NewUser {
+        id: auth::new_id()?,
+        email: email.clone(),
+        password_hash,
+        is_admin,
+    };
+    let store = ctx.state.node.store();
+    let created = match store.create_user(user, only_if_first).await {
+        Err(store::Error::Conflict(_)) => {
+            return Err(ApiError::conflict(format!(
+                "a user with email {email:?} exists"
+            )));
+        }
+        other => other?,
+    };
+    if !created {
+        return Ok(None);
+    }
+    Ok(store.user_by_email(&email).await?)
+}
+
+/// Local sign-in with the form fields `username` (the email) and `password`.
+pub async fn login(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
+    if let Err(seconds) = ctx.state.throttle.check(ctx.peer) {
+        return Err(ApiError::too_many_attempts(seconds));
+    }
+    let form: LoginForm = ctx.form()?;
+    let user = ctx.state.node.store().user_by_email(&form.username).await?;
+    let stored = user.as_ref().map(|u| u.password_hash.clone());
+    let (Some(user), true) = (user, auth::verify_password(stored, form.password).await) else {
+        ctx.state.throttle.failed(ctx.peer);
+        return Err(ApiError::unauthorized("wrong email or password"));
+    };
+    ctx.state.throttle.succeeded(ctx.peer);
+    signed_in(ctx, &user, StatusCode::OK).await
+}
+
+/// Opens a session and answers with its cookies.
+async fn signed_in(ctx: &Ctx<'_>, user: &UserRow, status: StatusCode) -> Result<Reply, ApiError> {
+    let session_id = auth::new_id()?;
+    let seconds = ctx.state.auth.session_seconds;
+    ctx.state
+        .node
+        .store()
+        .open_session(&session_id, &user.id, seconds)
+        .await?;
+    let secret = &ctx.state.secret;
+    let mut reply = json_reply(status, user_reply(user));
+    set_cookies(
+        ctx,
+        &mut reply,
+        &secret.session_cookie(&session_id, user),
+        &secret.csrf_token(&session_id),
+        seconds,
+    )?;
+    Ok(reply)
+}
+
+fn set_cookies(
+    ctx: &Ctx<'_>,
+    reply: &mut Reply,
+    session: &str,
+    csrf: &str,
+    max_age_seconds: u64,
+) -> Result<(), ApiError> {
+    let secure = if ctx.state.auth.secure_cookies {
+        "; Secure"
+    } else {
+        ""
+    };
+    for cookie in [
+        format!(
+            "{SESSION_COOKIE}={session}; Path=/; HttpOnly; SameSite=Lax; Max-Age={max_age_seconds}{secure}"
+        ),
+        // Readable by the page's scripts: they repeat it in X-CSRF-Token.
+        format!("{CSRF_COOKIE}={csrf}; Path=/; SameSite=Lax; Max-Age={max_age_seconds}{secure}"),
+    ] {
+        let value = HeaderValue::try_from(cookie)
+            .map_err(|e| ApiError::bad_request(format!("cannot set a cookie: {e}")))?;
+        reply.headers_mut().append(SET_COOKIE, value);
+    }
+    Ok(())
+}
+
+/// Ends this session (a token-authenticated caller has none to end).
+pub async fn logout(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
+    let principal = ctx.principal()?;
+    if let Some(session_id) = &principal.session_id {
+        ctx.state.node.store().revoke_session(session_id).await?;
+    }
+    let mut reply = json_reply(StatusCode::OK, user_reply(&principal.user));
+    set_cookies(ctx, &mut reply, "", "", 0)?;
+    Ok(reply)
+}
+
+pub fn me(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
+    Ok(json_reply(
+        StatusCode::OK,
+        user_reply(&ctx.principal()?.user),
+    ))
+}
+
+/// A new API token; its secret appears in this reply only.
+pub async fn create_token(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
+    let body: NewTokenBody = ctx.json()?;
+    let name = body.name.trim();
+    let chars = name.chars().count();
+    if chars == 0 || chars > TOKEN_NAME_CHARS_MAX {
+        return Err(ApiError::bad_request(format!(
+            "body field `name`: 1 to {TOKEN_NAME_CHARS_MAX} characters, got {chars}"
+        )));
+    }
+    let (id, token, token_hash) = auth::new_token()?;
+    let row = ctx
+        .state
+        .node
+        .store()
+        .create_token(NewToken {
+            id,
+            user_id: ctx.principal()?.user.id.clone(),
+            name: name.to_owned(),
+            token_hash,
+        })
+        .await?;
+    Ok(json_reply(
+        StatusCode::CREATED,
+        NewTokenReply {
+            id: row.id,
+            name: row.name,
+            token,
+        },
+    ))
+}
+
+fn token_reply(row: store::TokenRow) -> TokenReply {
+    TokenReply {
+        id: row.id,
+        name: row.name,
+        created_at: row.created_at,
+        revoked: row.revoked,
+    }
+}
+
+pub async fn list_tokens(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
+    let rows = ctx
+        .state
+        .node
+        .store()
+        .list_tokens(&ctx.principal()?.user.id)
+        .await?;
+    Ok(json_reply(
+        StatusCode::OK,
+        TokensReply {
+            tokens: rows.into_iter().map(token_reply).collect(),
+        },
+    ))
+}
+
+pub async fn revoke_token(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
+    let token_id = super::workflows::path_id(ctx, "id")?;
+    let user_id = &ctx.principal()?.user.id;
+    let store = ctx.state.node.store();
+    if !store.revoke_token(user_id, &token_id).await? {
+        return Err(ApiError::not_found(format!(
+            "no live API token {token_id:?} of yours"
+        )));
+    }
+    let row = store
+        .list_tokens(user_id)
+        .await?
+        .into_iter()
+        .find(|t| t.id == token_id)
+        .ok_or_else(|| ApiError::not_found(format!("no API token {token_id:?}")))?;
+    Ok(json_reply(StatusCode::OK, token_reply(row)))
+}

@@ -1,0 +1,304 @@
+//! The JSON shapes of the control plane: request bodies (unknown fields refused) and replies. The
+//! route table names these types, and `openapi.json` is generated from them, so the description
+//! cannot drift from what the server parses.
+//!
+//! Bodies of the compatible action endpoint carry `run_id`; the REST routes take it from the path
+//! and accept it in the body only when it names the same workflow.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// `launch`: start a workflow, idempotently per (user, `request_id`).
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LaunchBody {
+    /// The caller's idempotency key: the same request again returns the same `run_id`.
+    pub request_id: Option<String>,
+    /// The workflow script: the body of an async JavaScript function.
+    pub script: String,
+    /// The script's `args` (JSON).
+    #[serde(default)]
+    pub args: Value,
+}
+
+/// A request that names one workflow.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RunBody {
+    pub run_id: Option<String>,
+}
+
+/// `resume`: resolve the `pause` of a step.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ResumeBody {
+    pub run_id: Option<String>,
+    /// The workflow's `fingerprint` as the caller saw it; a stale one is refused (409).
+    pub fingerprint: String,
+    pub step_id: String,
+    pub attempt: i32,
+    /// What the `pause` call resolves to.
+    #[serde(default)]
+    pub input: Value,
+}
+
+/// `decide`: approve or reject the artifact version a checkpoint is about.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DecideBody {
+    pub run_id: Option<String>,
+    pub step_id: String,
+    pub attempt: i32,
+    pub artifact_version: u64,
+    /// `approve` or `reject`.
+    pub decision: String,
+    pub comment: Option<String>,
+}
+
+/// `reconcile` (admins): settle the uncertain step of a workflow in `needs_reconciliation`.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReconcileBody {
+    pub run_id: Option<String>,
+    pub step_id: String,
+    /// `retry` (attempt + 1), `fail`, or `complete` (with `output`).
+    pub resolution: String,
+    pub output: Option<Value>,
+    /// Why: what the operator checked. Kept with the workflow.
+    pub reason: String,
+}
+
+/// `get_artifact`: one chunk of an artifact's bytes.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ArtifactChunkBody {
+    pub run_id: Option<String>,
+    pub version: i64,
+    /// The first byte (default 0).
+    pub offset: Option<u64>,
+    /// Bytes wanted (default and at most 1 MiB).
+    pub length: Option<u64>,
+}
+
+/// `initialize`: the first admin.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct InitializeBody {
+    pub email: String,
+    pub password: String,
+}
+
+/// A new user (admins only).
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NewUserBody {
+    pub email: String,
+    pub password: String,
+    #[serde(default)]
+    pub is_admin: bool,
+}
+
+/// A new API token for the signed-in user.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NewTokenBody {
+    /// What the token is for, as the user will recognise it in a listing.
+    pub name: String,
+}
+
+/// The local sign-in form (`application/x-www-form-urlencoded`).
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LoginForm {
+    /// The user's email.
+    pub username: String,
+    pub password: String,
+}
+
+/// A user as the API shows it.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct UserReply {
+    pub id: String,
+    pub email: String,
+    pub is_admin: bool,
+}
+
+/// A new API token: the only time its secret is shown.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct NewTokenReply {
+    pub id: String,
+    pub name: String,
+    /// Send as `Authorization: Bearer <token>`. It is not shown again.
+    pub token: String,
+}
+
+/// An API token as listed.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct TokenReply {
+    pub id: String,
+    pub name: String,
+    pub created_at: f64,
+    pub revoked: bool,
+}
+
+/// The signed-in user's tokens.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct TokensReply {
+    pub tokens: Vec<TokenReply>,
+}
+
+/// What `launch` did.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct LaunchReply {
+    pub run_id: String,
+    /// `false` when the same request had launched it before.
+    pub created: bool,
+    pub status: String,
+}
+
+/// A control was recorded (or an identical one was already).
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct ControlReply {
+    pub run_id: String,
+    /// `resumed`, `approved` or `rejected`.
+    pub status: String,
+    /// `true` when an identical control had been recorded before (still one row).
+    pub repeated: bool,
+}
+
+/// The workflow's status after an action.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct StatusReply {
+    pub run_id: String,
+    pub status: String,
+}
+
+/// A workflow was deleted.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct DeletedReply {
+    pub run_id: String,
+    pub deleted: bool,
+}
+
+/// One chunk of an artifact.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct ArtifactChunkReply {
+    pub version: i64,
+    pub content_base64: String,
+    pub offset: u64,
+    pub total_bytes: u64,
+    pub sha256: String,
+}
+
+/// One step of a workflow record (the `agent` calls).
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct StepRecord {
+    pub step_id: String,
+    pub kind: String,
+    pub attempt: i32,
+    /// `queued`, `admitting`, `running`, `completed`, `failed` or `cancelled`.
+    pub status: String,
+    pub thread_id: Option<String>,
+    /// The child run, once admitted.
+    pub run_id: Option<String>,
+    pub configuration_version: Option<String>,
+    pub output: Option<Value>,
+    pub artifact_version: Option<i64>,
+    pub error: Option<String>,
+}
+
+/// One place where the workflow waits for a person: a `pause` or a `humanCheckpoint`.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct CheckpointRecord {
+    pub step_id: String,
+    /// `pause` or `humanCheckpoint`.
+    pub kind: String,
+    pub attempt: i32,
+    pub source_step_id: Option<String>,
+    pub artifact_version: Option<i64>,
+    /// `waiting`, then `approved` or `rejected` (a decision) or `resumed` (a pause).
+    pub status: String,
+    pub decided_by: Option<String>,
+    pub decided_at: Option<f64>,
+}
+
+/// A workflow as `get` shows it.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct WorkflowRecord {
+    pub run_id: String,
+    /// The stored status, or `recoverable` when it is live and its owner's lease has expired.
+    pub status: String,
+    /// The status as stored (differs from `status` only when `recoverable`).
+    pub stored_status: String,
+    pub recoverable: bool,
+    pub user_id: String,
+    pub owner: Option<String>,
+    pub epoch: Option<i64>,
+    /// When the owner's lease runs out (epoch seconds, database clock).
+    pub lease_expires_at: Option<f64>,
+    pub script: String,
+    pub args: Value,
+    pub fingerprint: String,
+    pub runtime_version: Option<String>,
+    pub configuration_version: Option<String>,
+    pub steps: Vec<StepRecord>,
+    pub checkpoints: Vec<CheckpointRecord>,
+    pub result: Option<Value>,
+    pub error: Option<String>,
+    pub created_at: f64,
+    pub updated_at: f64,
+}
+
+/// A workflow as a listing shows it.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct WorkflowSummary {
+    pub run_id: String,
+    pub status: String,
+    pub user_id: String,
+    pub owner: Option<String>,
+    pub fingerprint: String,
+    pub created_at: f64,
+    pub updated_at: f64,
+}
+
+/// A page of workflows, oldest first.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct WorkflowPage {
+    pub workflows: Vec<WorkflowSummary>,
+    /// Pass as `after` for the next page; absent on the last one.
+    pub next_after: Option<String>,
+}
+
+/// The plugins this server offers (the compatible surface).
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct PluginsReply {
+    pub plugins: Vec<PluginReply>,
+}
+
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct PluginReply {
+    pub id: String,
+    pub version: String,
+    pub actions: Vec<String>,
+}
+
+/// Liveness.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct HealthReply {
+    pub status: String,
+}
+
+/// The one error shape.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct ErrorReply {
+    pub error: ErrorBody,
+}
+
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct ErrorBody {
+    /// Stable, machine-readable: `not_found`, `conflict`, `csrf`, ...
+    pub code: String,
+    /// For people: names the field, limit or rule.
+    pub message: String,
+}

@@ -1,0 +1,634 @@
+//! The workflow operations, the same for both surfaces: REST takes the workflow id from the path,
+//! the compatible action endpoint from `run_id` in the body. A user sees and controls only their
+//! own workflows (another user's is 404, as if it did not exist); an admin sees all.
+
+use std::time::Duration;
+
+use actors::{Decide, LaunchRequest, ReconcileRequest, Resolution, Resume, WorkflowView};
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD;
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::header::{ACCEPT_RANGES, CONTENT_RANGE, CONTENT_TYPE, ETAG, HeaderValue, RANGE};
+use hyper::{Response, StatusCode};
+use store::{ControlWrite, WorkflowRow};
+
+use super::error::ApiError;
+use super::record;
+use super::routes::{self, Surface};
+use super::wire::*;
+use super::{Ctx, Reply, json_reply};
+
+/// An id's characters at most.
+const ID_CHARS_MAX: usize = 128;
+/// A `get_artifact` chunk's bytes at most.
+pub const CHUNK_BYTES_MAX: u64 = 1024 * 1024;
+/// Workflows per page unless the caller asks for another number.
+const PAGE_SIZE_DEFAULT: u32 = 50;
+/// How often `cancel` looks whether the workflow has settled.
+const CANCEL_POLL: Duration = Duration::from_millis(50);
+
+/// Stored statuses a listing may filter on.
+const STATUSES: [&str; 8] = [
+    "running",
+    "paused",
+    "waiting_approval",
+    "cancelling",
+    "completed",
+    "failed",
+    "cancelled",
+    "needs_reconciliation",
+];
+
+fn check_id(what: &str, id: &str) -> Result<(), ApiError> {
+    let ok = !id.is_empty()
+        && id.len() <= ID_CHARS_MAX
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+    if ok {
+        Ok(())
+    } else {
+        Err(ApiError::bad_request(format!(
+            "{what} {id:?} is not an id (1 to {ID_CHARS_MAX} of A-Z, a-z, 0-9, '-', '_', '.')"
+        )))
+    }
+}
+
+/// A checked id from the path.
+pub fn path_id(ctx: &Ctx<'_>, name: &str) -> Result<String, ApiError> {
+    let id = ctx
+        .param(name)
+        .ok_or_else(|| ApiError::bad_request(format!("the path has no {name}")))?;
+    check_id(name, id)?;
+    Ok(id.to_owned())
+}
+
+/// The workflow a request is about: the path's id (REST; a `run_id` in the body must agree) or
+/// the body's `run_id` (compatible).
+fn run_id(ctx: &Ctx<'_>, body_run_id: Option<String>) -> Result<String, ApiError> {
+    let id = match (ctx.route.surface, body_run_id) {
+        (Surface::Rest, body) => {
+            let id = path_id(ctx, "id")?;
+            if let Some(body) = body
+                && body != id
+            {
+                return Err(ApiError::bad_request(format!(
+                    "body field `run_id` {body:?} names another workflow than the path ({id:?})"
+                )));
+            }
+            id
+        }
+        (Surface::Compat, Some(id)) => id,
+        (Surface::Compat, None) => {
+            return Err(ApiError::bad_request("body field `run_id`: missing"));
+        }
+    };
+    check_id("run_id", &id)?;
+    Ok(id)
+}
+
+/// The workflow's row, if the caller may see it.
+async fn owned_row(ctx: &Ctx<'_>, run_id: &str) -> Result<WorkflowRow, ApiError> {
+    let row = ctx.state.node.store().read_workflow(run_id).await?;
+    visible(ctx, row, run_id)
+}
+
+fn visible<T: Owned>(ctx: &Ctx<'_>, found: Option<T>, run_id: &str) -> Result<T, ApiError> {
+    let principal = ctx.principal()?;
+    match found {
+        Some(found) if principal.user.is_admin || found.user_id() == principal.user.id => Ok(found),
+        _ => Err(ApiError::no_workflow(run_id)),
+    }
+}
+
+trait Owned {
+    fn user_id(&self) -> &str;
+}
+
+impl Owned for WorkflowRow {
+    fn user_id(&self) -> &str {
+        &self.user_id
+    }
+}
+
+impl Owned for WorkflowView {
+    fn user_id(&self) -> &str {
+        &self.row.user_id
+    }
+}
+
+fn refuse_while_draining(ctx: &Ctx<'_>) -> Result<(), ApiError> {
+    if ctx.state.draining() {
+        Err(ApiError::draining())
+    } else {
+        Ok(())
+    }
+}
+
+fn by(ctx: &Ctx<'_>) -> Result<String, ApiError> {
+    Ok(ctx.principal()?.user.email.clone())
+}
+
+pub fn plugins() -> PluginsReply {
+    PluginsReply {
+        plugins: vec![PluginReply {
+            id: routes::PLUGIN_ID.to_owned(),
+            version: env!("CARGO_PKG_VERSION").to_owned(),
+            actions: routes::ROUTES
+                .iter()
+                .filter(|r| r.surface == Surface::Compat)
+                .filter_map(|r| r.path.rsplit('/').next())
+                .map(str::to_owned)
+                .collect(),
+        }],
+    }
+}
+
+pub async fn launch(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
+    refuse_while_draining(ctx)?;
+    let body: LaunchBody = ctx.json()?;
+    if let Some(request_id) = &body.request_id {
+        check_id("request_id", request_id)?;
+    }
+    let launched = ctx
+        .state
+        .node
+        .workflows()
+        .launch(LaunchRequest {
+            user_id: ctx.principal()?.user.id.clone(),
+            request_id: body.request_id,
+            script: body.script,
+            args: body.args,
+        })
+        .await?;
+    let status = match ctx.route.surface {
+        Surface::Rest if launched.created => StatusCode::CREATED,
+        _ => StatusCode::OK,
+    };
+    let current = ctx
+        .state
+        .node
+        .store()
+        .read_workflow(&launched.run_id)
+        .await?
+        .map_or_else(|| "running".to_owned(), |row| row.status);
+    Ok(json_reply(
+        status,
+        LaunchReply {
+            run_id: launched.run_id,
+            created: launched.created,
+            status: current,
+        },
+    ))
+}
+
+pub async fn list(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
+    let principal = ctx.principal()?;
+    let status = ctx.query("status");
+    if let Some(status) = &status
+        && !STATUSES.contains(&status.as_str())
+    {
+        return Err(ApiError::bad_request(format!(
+            "query `status` {status:?} is not one of {}",
+            STATUSES.join(", ")
+        )));
+    }
+    let after = ctx.query("after");
+    if let Some(after) = &after {
+        check_id("after", after)?;
+    }
+    let page_size_max = ctx.state.http.page_size_max;
+    let limit = match ctx.query("limit") {
+        None => PAGE_SIZE_DEFAULT.min(page_size_max),
+        Some(limit) => match limit.parse::<u32>() {
+            Ok(limit) if (1..=page_size_max).contains(&limit) => limit,
+            _ => {
+                return Err(ApiError::bad_request(format!(
+                    "query `limit` {limit:?} is not a number from 1 to {page_size_max} \
+                     (`http.page_size_max`)"
+                )));
+            }
+        },
+    };
+    let mut rows = ctx
+        .state
+        .node
+        .workflows()
+        .list(store::ListFilter {
+            user_id: (!principal.user.is_admin).then(|| principal.user.id.clone()),
+            status,
+            after,
+            limit: limit + 1,
+        })
+        .await?;
+    let more = rows.len() > limit as usize;
+    rows.truncate(limit as usize);
+    Ok(json_reply(
+        StatusCode::OK,
+        WorkflowPage {
+            next_after: more
+                .then(|| rows.last().map(|r| r.workflow_id.clone()))
+                .flatten(),
+            workflows: rows.iter().map(record::summary).collect(),
+        },
+    ))
+}
+
+pub async fn get(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
+    let body: RunBody = match ctx.route.surface {
+        Surface::Compat => ctx.json()?,
+        Surface::Rest => RunBody { run_id: None },
+    };
+    let run_id = run_id(ctx, body.run_id)?;
+    let view = ctx.state.node.workflows().get(&run_id).await?;
+    let view = visible(ctx, view, &run_id)?;
+    Ok(json_reply(StatusCode::OK, record::record(&view)))
+}
+
+fn control_reply(run_id: String, status: &str, written: &ControlWrite) -> ControlReply {
+    ControlReply {
+        run_id,
+        status: status.to_owned(),
+        repeated: matches!(written, ControlWrite::Repeated(_)),
+    }
+}
+
+pub async fn resume(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
+    let body: ResumeBody = ctx.json()?;
+    let run_id = run_id(ctx, body.run_id)?;
+    check_id("step_id", &body.step_id)?;
+    owned_row(ctx, &run_id).await?;
+    let written = ctx
+        .state
+        .node
+        .workflows()
+        .resume(
+            Resume {
+                workflow_id: run_id.clone(),
+                fingerprint: Some(body.fingerprint),
+                step_id: body.step_id,
+                attempt: body.attempt,
+                input: body.input,
+            },
+            &by(ctx)?,
+        )
+        .await?;
+    Ok(json_reply(
+        StatusCode::OK,
+        control_reply(run_id, "resumed", &written),
+    ))
+}
+
+pub async fn decide(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
+    let body: DecideBody = ctx.json()?;
+    let run_id = run_id(ctx, body.run_id)?;
+    check_id("step_id", &body.step_id)?;
+    owned_row(ctx, &run_id).await?;
+    let status = match body.decision.as_str() {
+        "approve" => "approved",
+        "reject" => "rejected",
+        other => {
+            return Err(ApiError::bad_request(format!(
+                "body field `decision`: {other:?} is neither \"approve\" nor \"reject\""
+            )));
+        }
+    };
+    let written = ctx
+        .state
+        .node
+        .workflows()
+        .decide(
+            Decide {
+                workflow_id: run_id.clone(),
+                step_id: body.step_id,
+                attempt: body.attempt,
+                artifact_version: body.artifact_version,
+                decision: body.decision,
+                comment: body.comment,
+            },
+            &by(ctx)?,
+        )
+        .await?;
+    Ok(json_reply(
+        StatusCode::OK,
+        control_reply(run_id, status, &written),
+    ))
+}
+
+/// The body of a body-less REST route, or the compatible action's `run_id` body.
+fn run_body(ctx: &Ctx<'_>) -> Result<String, ApiError> {
+    let body: RunBody = match ctx.route.surface {
+        Surface::Compat => ctx.json()?,
+        Surface::Rest => RunBody { run_id: None },
+    };
+    run_id(ctx, body.run_id)
+}
+
+/// Records the cancel, then waits up to `http.cancel_wait_ms` for the workflow to settle and
+/// answers with the status it sees (`cancelling` while children are still being interrupted).
+pub async fn cancel(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
+    let run_id = run_body(ctx)?;
+    let row = owned_row(ctx, &run_id).await?;
+    match row.status.as_str() {
+        "cancelled" => return Ok(status_reply(run_id, row.status)),
+        "completed" | "failed" => {
+            return Err(ApiError::refused(format!(
+                "the workflow is {}: there is nothing to cancel",
+                row.status
+            )));
+        }
+        _ => {}
+    }
+    let workflows = ctx.state.node.workflows();
+    workflows.cancel(&run_id, &by(ctx)?).await?;
+    let deadline =
+        tokio::time::Instant::now() + Duration::from_millis(ctx.state.http.cancel_wait_ms);
+    let store = ctx.state.node.store();
+    loop {
+        let status = store
+            .read_workflow(&run_id)
+            .await?
+            .map_or_else(|| "deleted".to_owned(), |row| row.status);
+        let settled = matches!(
+            status.as_str(),
+            "cancelled" | "completed" | "failed" | "needs_reconciliation" | "deleted"
+        );
+        if settled || tokio::time::Instant::now() >= deadline {
+            return Ok(status_reply(run_id, status));
+        }
+        tokio::time::sleep(CANCEL_POLL).await;
+    }
+}
+
+fn status_reply(run_id: String, status: String) -> Reply {
+    json_reply(StatusCode::OK, StatusReply { run_id, status })
+}
+
+pub async fn recover(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
+    refuse_while_draining(ctx)?;
+    let run_id = run_body(ctx)?;
+    owned_row(ctx, &run_id).await?;
+    ctx.state.node.workflows().recover(&run_id).await?;
+    let row = owned_row(ctx, &run_id).await?;
+    Ok(status_reply(run_id, row.status))
+}
+
+pub async fn reconcile(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
+    refuse_while_draining(ctx)?;
+    let body: ReconcileBody = ctx.json()?;
+    let run_id = run_id(ctx, body.run_id)?;
+    check_id("step_id", &body.step_id)?;
+    owned_row(ctx, &run_id).await?;
+    let resolution = match (body.resolution.as_str(), body.output) {
+        ("retry", None) => Resolution::Retry,
+        ("fail", None) => Resolution::Fail,
+        ("complete", Some(output)) => Resolution::Complete(output),
+        ("complete", None) => {
+            return Err(ApiError::bad_request(
+                "body field `output`: `complete` needs the step's output",
+            ));
+        }
+        ("retry" | "fail", Some(_)) => {
+            return Err(ApiError::bad_request(
+                "body field `output`: only `complete` takes an output",
+            ));
+        }
+        (other, _) => {
+            return Err(ApiError::bad_request(format!(
+                "body field `resolution`: {other:?} is not retry, fail or complete"
+            )));
+        }
+    };
+    ctx.state
+        .node
+        .workflows()
+        .reconcile(ReconcileRequest {
+            workflow_id: run_id.clone(),
+            step_id: body.step_id,
+            resolution,
+            reason: body.reason,
+            by: by(ctx)?,
+        })
+        .await?;
+    let row = owned_row(ctx, &run_id).await?;
+    Ok(status_reply(run_id, row.status))
+}
+
+pub async fn delete(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
+    let run_id = run_body(ctx)?;
+    owned_row(ctx, &run_id).await?;
+    match ctx.state.node.workflows().delete(&run_id).await? {
+        store::Deletion::Deleted => Ok(json_reply(
+            StatusCode::OK,
+            DeletedReply {
+                run_id,
+                deleted: true,
+            },
+        )),
+        store::Deletion::NotTerminal => Err(ApiError::refused(
+            "only a completed, failed or cancelled workflow can be deleted; cancel it first",
+        )),
+        store::Deletion::NotFound => Err(ApiError::no_workflow(&run_id)),
+    }
+}
+
+async fn artifact_row(
+    ctx: &Ctx<'_>,
+    run_id: &str,
+    version: i64,
+) -> Result<store::ArtifactRow, ApiError> {
+    owned_row(ctx, run_id).await?;
+    ctx.state
+        .node
+        .store()
+        .read_artifact(run_id, version)
+        .await?
+        .ok_or_else(|| {
+            ApiError::not_found(format!(
+                "workflow {run_id:?} has no artifact version {version}"
+            ))
+        })
+}
+
+/// One base64 chunk of an artifact (at most [`CHUNK_BYTES_MAX`]).
+pub async fn artifact_chunk(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
+    let body: ArtifactChunkBody = ctx.json()?;
+    let run_id = run_id(ctx, body.run_id)?;
+    let artifact = artifact_row(ctx, &run_id, body.version).await?;
+    let total = artifact.content.len() as u64;
+    let offset = body.offset.unwrap_or(0);
+    if offset > total {
+        return Err(ApiError::refused(format!(
+            "offset {offset} is past the artifact's end ({total} bytes)"
+        )));
+    }
+    let length = body.length.unwrap_or(CHUNK_BYTES_MAX).min(CHUNK_BYTES_MAX);
+    let end = offset.saturating_add(length).min(total);
+    // Both bounds are within `content`, whose length fits in usize.
+    let chunk = &artifact.content[offset as usize..end as usize];
+    Ok(json_reply(
+        StatusCode::OK,
+        ArtifactChunkReply {
+            version: artifact.version,
+            content_base64: STANDARD.encode(chunk),
+            offset,
+            total_bytes: total,
+            sha256: artifact.sha256,
+        },
+    ))
+}
+
+/// An artifact's bytes, whole or the one range asked for.
+pub async fn artifact(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
+    let run_id = path_id(ctx, "id")?;
+    let version_text = ctx.param("version").unwrap_or_default();
+    let version: i64 = version_text.parse().map_err(|_| {
+        ApiError::bad_request(format!("artifact version {version_text:?} is not a number"))
+    })?;
+    let artifact = artifact_row(ctx, &run_id, version).await?;
+    let total = artifact.content.len() as u64;
+    let content_type = content_type(artifact.path.as_deref(), artifact.source_step_id.is_some());
+    let range = ctx
+        .headers
+        .get(RANGE)
+        .and_then(|v| v.to_str().ok())
+        .map(|v| parse_range(v, total));
+    let (status, start, end) = match range {
+        None | Some(Range::Ignored) => (StatusCode::OK, 0, total),
+        Some(Range::Bytes(start, end)) => (StatusCode::PARTIAL_CONTENT, start, end),
+        Some(Range::Unsatisfiable) => {
+            let mut reply = super::error_reply(&ApiError::new(
+                StatusCode::RANGE_NOT_SATISFIABLE,
+                "range_not_satisfiable",
+                format!("the artifact has {total} bytes"),
+            ));
+            if let Ok(value) = HeaderValue::try_from(format!("bytes */{total}")) {
+                reply.headers_mut().insert(CONTENT_RANGE, value);
+            }
+            return Ok(reply);
+        }
+    };
+    // `start <= end <= total`, and `total` is the length of `content`.
+    let bytes = Bytes::copy_from_slice(&artifact.content[start as usize..end as usize]);
+    let mut reply = Response::new(Full::new(bytes));
+    *reply.status_mut() = status;
+    let headers = reply.headers_mut();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    headers.insert(ACCEPT_RANGES, HeaderValue::from_static("bytes"));
+    if let Ok(etag) = HeaderValue::try_from(format!("\"{}\"", artifact.sha256)) {
+        headers.insert(ETAG, etag);
+    }
+    if status == StatusCode::PARTIAL_CONTENT
+        && let Ok(value) = HeaderValue::try_from(format!("bytes {start}-{}/{total}", end - 1))
+    {
+        headers.insert(CONTENT_RANGE, value);
+    }
+    Ok(reply)
+}
+
+/// What a `Range` header asks for, over `total` bytes.
+#[derive(Debug, PartialEq, Eq)]
+enum Range {
+    /// `[start, end)`.
+    Bytes(u64, u64),
+    /// Syntactically a range, but outside the content: 416.
+    Unsatisfiable,
+    /// Not a single byte range we serve (several ranges, other units): the whole content.
+    Ignored,
+}
+
+fn parse_range(header: &str, total: u64) -> Range {
+    let Some(spec) = header.trim().strip_prefix("bytes=") else {
+        return Range::Ignored;
+    };
+    if spec.contains(',') {
+        return Range::Ignored;
+    }
+    let Some((first, last)) = spec.trim().split_once('-') else {
+        return Range::Ignored;
+    };
+    let (first, last) = (first.trim(), last.trim());
+    match (first.parse::<u64>(), last.parse::<u64>()) {
+        // bytes=-N: the last N bytes.
+        (Err(_), Ok(suffix)) if first.is_empty() => {
+            if suffix == 0 || total == 0 {
+                Range::Unsatisfiable
+            } else {
+                Range::Bytes(total.saturating_sub(suffix), total)
+            }
+        }
+        (Ok(start), Err(_)) if last.is_empty() => {
+            if start >= total {
+                Range::Unsatisfiable
+            } else {
+                Range::Bytes(start, total)
+            }
+        }
+        (Ok(start), Ok(end)) if start <= end => {
+            if start >= total {
+                Range::Unsatisfiable
+            } else {
+                Range::Bytes(start, end.saturating_add(1).min(total))
+            }
+        }
+        _ => Range::Ignored,
+    }
+}
+
+/// The content type of an artifact: an agent's output (a step's, with no file path) is JSON; a
+/// captured file goes by its extension.
+fn content_type(path: Option<&str>, from_step: bool) -> &'static str {
+    let Some(path) = path else {
+        return if from_step {
+            "application/json"
+        } else {
+            "application/octet-stream"
+        };
+    };
+    let extension = path
+        .rsplit_once('.')
+        .map(|(_, e)| e.to_ascii_lowercase())
+        .unwrap_or_default();
+    match extension.as_str() {
+        "txt" | "log" => "text/plain; charset=utf-8",
+        "md" => "text/markdown; charset=utf-8",
+        "csv" => "text/csv; charset=utf-8",
+        "html" | "htm" => "text/html; charset=utf-8",
+        "json" => "application/json",
+        "pdf" => "application/pdf",
+        "png" => "image/png",
+        "jpg" | "jpeg" => "image/jpeg",
+        "gif" => "image/gif",
+        "svg" => "image/svg+xml",
+        "zip" => "application/zip",
+        _ => "application/octet-stream",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_follow_rfc_9110() {
+        assert_eq!(parse_range("bytes=0-3", 10), Range::Bytes(0, 4));
+        assert_eq!(parse_range("bytes=4-", 10), Range::Bytes(4, 10));
+        assert_eq!(parse_range("bytes=-3", 10), Range::Bytes(7, 10));
+        assert_eq!(parse_range("bytes=-30", 10), Range::Bytes(0, 10));
+        assert_eq!(parse_range("bytes=5-100", 10), Range::Bytes(5, 10));
+        assert_eq!(parse_range("bytes=10-", 10), Range::Unsatisfiable);
+        assert_eq!(parse_range("bytes=-0", 10), Range::Unsatisfiable);
+        assert_eq!(parse_range("bytes=0-1,4-5", 10), Range::Ignored);
+        assert_eq!(parse_range("items=0-1", 10), Range::Ignored);
+        assert_eq!(parse_range("bytes=3-1", 10), Range::Ignored);
+    }
+
+    #[test]
+    fn ids_are_checked_before_they_reach_the_store() {
+        assert!(check_id("run_id", "0f3a-b_c.d").is_ok());
+        for bad in ["", "a/b", "a b", "é", &"x".repeat(ID_CHARS_MAX + 1)] {
+            assert!(check_id("run_id", bad).is_err(), "{bad:?}");
+        }
+    }
+}

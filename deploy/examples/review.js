@@ -1,0 +1,12 @@
+// A workflow for `reins run deploy/examples/review.js --wait`: an agent writes a file, the file
+// is captured as an immutable artifact, a person approves it, and a second agent reads it.
+const draft = await agent({stepId: "draft", agentRef: "scripted", task: {
+  write: [{path: "/mnt/user-data/outputs/evidence.txt", content: "the evidence\n"}],
+  output: "drafted"}});
+const file = await captureArtifact({stepId: "file", sourceStepId: "draft",
+                                    path: "/mnt/user-data/outputs/evidence.txt"});
+const review = await humanCheckpoint({stepId: "review", sourceStepId: "file",
+                                      artifactVersion: file.artifactVersion});
+const text = await readArtifact({artifactVersion: file.artifactVersion});
+const summary = await agent({stepId: "summary", agentRef: "scripted", task: text});
+return {decision: review.decision, by: review.decidedBy, summary: summary.output};

@@ -1,0 +1,165 @@
+//! The `reins` command line against a real node, the way a person uses it (the README's example):
+//! create the admin, run a script that waits for approval, approve it, download the captured
+//! artifact and check its bytes; exit codes and `--json` output checked.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::Output;
+
+use serde_json::Value;
+
+use crate::harness::reins_command;
+use crate::http_api::{ADMIN, Db, Node, PASSWORD};
+
+/// The example the README runs.
+fn example() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/examples/review.js")
+}
+
+fn cli(dir: &Path, node: &Node, args: &[&str]) -> Output {
+    let credentials = dir.join("credentials.json").display().to_string();
+    reins_command(
+        dir,
+        &[
+            ("REINS_CLI_CREDENTIALS", credentials),
+            ("REINS_CLI_PASSWORD", PASSWORD.to_owned()),
+            ("REINS_CLI_URL", format!("http://{}", node.addr)),
+        ],
+    )
+    .args(args)
+    .output()
+    .expect("run reins")
+}
+
+fn json_of(output: &Output) -> Value {
+    serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
+        panic!(
+            "not JSON ({e}): {}\nstderr: {}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        )
+    })
+}
+
+fn code(output: &Output) -> i32 {
+    output.status.code().expect("exit code")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_person_runs_approves_and_downloads_through_the_cli() {
+    let db = Db::new(false).await;
+    let node = Node::start(&db, &[]);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let home = dir.path();
+    std::fs::copy(example(), home.join("review.js")).expect("the README's example");
+
+    let init = cli(home, &node, &["init", "--email", ADMIN]);
+    assert_eq!(code(&init), 0, "{}", String::from_utf8_lossy(&init.stderr));
+    let mode = std::fs::metadata(home.join("credentials.json"))
+        .expect("saved")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600, "the token file is the user's alone");
+    let again = cli(home, &node, &["init", "--email", ADMIN]);
+    assert_eq!(code(&again), 1);
+    assert!(String::from_utf8_lossy(&again.stderr).contains("already initialized"));
+
+    let run = cli(
+        home,
+        &node,
+        &[
+            "run",
+            "review.js",
+            "--args",
+            r#"{"topic": "cli"}"#,
+            "--wait",
+            "--json",
+        ],
+    );
+    assert_eq!(
+        code(&run),
+        3,
+        "waits for a person: {}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let record = json_of(&run);
+    assert_eq!(record["status"], "waiting_approval");
+    let id = record["run_id"].as_str().expect("run_id").to_owned();
+    let version = record["checkpoints"][0]["artifact_version"]
+        .as_i64()
+        .expect("version");
+
+    let table = cli(home, &node, &["list"]);
+    assert_eq!(code(&table), 0);
+    let table = String::from_utf8_lossy(&table.stdout);
+    assert!(
+        table.starts_with("RUN ID") && table.contains(&id) && table.contains("waiting_approval"),
+        "{table}"
+    );
+
+    let approve = cli(home, &node, &["approve", &id]);
+    assert_eq!(
+        code(&approve),
+        0,
+        "{}",
+        String::from_utf8_lossy(&approve.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&approve.stdout).trim(),
+        format!("{id}: approved")
+    );
+
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let done = loop {
+        let get = cli(home, &node, &["get", &id, "--json"]);
+        assert_eq!(code(&get), 0);
+        let record = json_of(&get);
+        if record["status"] == "completed" {
+            break record;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never completed: {record}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    assert_eq!(done["result"]["decision"], "approve");
+    assert_eq!(
+        done["result"]["summary"],
+        serde_json::json!({"echo": "the evidence\n"})
+    );
+    assert_eq!(done["checkpoints"][0]["status"], "approved");
+
+    let saved = home.join("evidence.txt");
+    let download = cli(
+        home,
+        &node,
+        &[
+            "artifact",
+            &id,
+            &version.to_string(),
+            "-o",
+            saved.to_str().expect("utf-8"),
+        ],
+    );
+    assert_eq!(
+        code(&download),
+        0,
+        "{}",
+        String::from_utf8_lossy(&download.stderr)
+    );
+    assert_eq!(
+        std::fs::read(&saved).expect("downloaded"),
+        b"the evidence\n"
+    );
+
+    let missing = cli(home, &node, &["get", "no-such-run"]);
+    assert_eq!(code(&missing), 1);
+    assert!(
+        String::from_utf8_lossy(&missing.stderr).contains("no workflow"),
+        "{missing:?}"
+    );
+    let key = cli(home, &node, &["keygen"]);
+    assert_eq!(code(&key), 0);
+    assert!(String::from_utf8_lossy(&key.stdout).trim().len() >= 32);
+}
