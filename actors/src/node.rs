@@ -183,7 +183,7 @@ impl Actor for NodeSupervisor {
             ChildRunsArgs {
                 store: store.clone(),
                 lease: lease.clone(),
-                agents: options.agents,
+                agents: Arc::clone(&options.agents),
                 worker_id: worker_id.clone(),
                 options: options.runs,
             },
@@ -199,6 +199,7 @@ impl Actor for NodeSupervisor {
                 runs: runs.clone(),
                 js,
                 lease: lease.clone(),
+                agents: options.agents,
                 worker_id,
                 options: options.workflows,
             },

@@ -86,7 +86,7 @@ pub enum StoreMsg {
         workflow_id: String,
         owner: String,
         lease_ms: u64,
-        runtime_version: String,
+        versions: store::Versions,
         purpose: store::Purpose,
         reply: RpcReplyPort<store::Result<TakeOver>>,
     },
@@ -309,13 +309,13 @@ async fn serve(store: &Store, message: StoreMsg) {
             workflow_id,
             owner,
             lease_ms,
-            runtime_version,
+            versions,
             purpose,
             reply,
         } => {
             let _ = reply.send(
                 store
-                    .take_over_workflow(&workflow_id, &owner, lease_ms, &runtime_version, purpose)
+                    .take_over_workflow(&workflow_id, &owner, lease_ms, &versions, purpose)
                     .await,
             );
         }
@@ -777,20 +777,17 @@ impl StoreHandle {
         workflow_id: &str,
         owner: &str,
         lease_ms: u64,
-        runtime_version: &str,
+        versions: &store::Versions,
         purpose: store::Purpose,
     ) -> store::Result<TakeOver> {
-        let (workflow_id, owner, runtime_version) = (
-            workflow_id.to_owned(),
-            owner.to_owned(),
-            runtime_version.to_owned(),
-        );
+        let (workflow_id, owner, versions) =
+            (workflow_id.to_owned(), owner.to_owned(), versions.clone());
         self.call("take_over_workflow", Effect::Write, |reply| {
             StoreMsg::TakeOverWorkflow {
                 workflow_id,
                 owner,
                 lease_ms,
-                runtime_version,
+                versions,
                 purpose,
                 reply,
             }

@@ -121,6 +121,8 @@ pub(crate) struct WorkflowArgs {
     pub runs: RunsHandle,
     pub js: JsPool,
     pub lease: ActorRef<LeaseMsg>,
+    /// The agents, to record which definition each step's child ran under.
+    pub agents: std::sync::Arc<crate::agents::AgentRegistry>,
     pub limits: runtime::Limits,
     pub workspaces_dir: std::path::PathBuf,
     pub artifact_bytes_max: u64,
@@ -522,7 +524,7 @@ impl WorkflowState {
                 let Some(entry) = self.journal.get(id.0 as usize).cloned() else {
                     return;
                 };
-                let fields = json!({"run_id": row.run_id, "thread_id": row.thread_id});
+                let fields = self.child_fields(&row);
                 if !self
                     .write(myself, vec![self.step_op(&entry, "running", fields)])
                     .await
@@ -568,6 +570,18 @@ impl WorkflowState {
         }
     }
 
+    /// What an agent step's journal entry says about its child run: which run, on which thread,
+    /// under which definition of its agent.
+    fn child_fields(&self, row: &RunRow) -> Value {
+        let configuration_version = self
+            .args
+            .agents
+            .get(&row.agent)
+            .map(|agent| agent.configuration_version.clone());
+        json!({"run_id": row.run_id, "thread_id": row.thread_id,
+               "configuration_version": configuration_version})
+    }
+
     /// Records a child run's terminal outcome as its step's outcome and frees the slot.
     async fn adopt(&mut self, myself: &ActorRef<WorkflowMsg>, id: CallId, row: RunRow) {
         let Some((_, command)) = self.waiting.get(&id).cloned() else {
@@ -602,7 +616,7 @@ impl WorkflowState {
             step_id: command.step_id,
         };
         extra.push(release);
-        let fields = json!({"run_id": row.run_id, "thread_id": row.thread_id});
+        let fields = self.child_fields(&row);
         self.fault("result_before").await;
         self.conclude(myself, id, outcome, extra, fields).await;
     }
@@ -906,8 +920,8 @@ impl WorkflowState {
         let Some(entry) = self.journal.get(id.0 as usize).cloned() else {
             return;
         };
-        let fields =
-            json!({"run_id": row.run_id, "thread_id": row.thread_id, "run_status": row.status});
+        let mut fields = self.child_fields(&row);
+        fields["run_status"] = json!(row.status);
         let ops = vec![
             self.step_op(&entry, "cancelled", fields),
             WriteOp::ReleaseSlot {

@@ -190,6 +190,7 @@ pub(crate) struct WorkflowsArgs {
     pub runs: RunsHandle,
     pub js: JsPool,
     pub lease: ActorRef<LeaseMsg>,
+    pub agents: std::sync::Arc<crate::agents::AgentRegistry>,
     pub worker_id: String,
     pub options: WorkflowsOptions,
 }
@@ -534,6 +535,7 @@ fn check(args: &WorkflowsArgs, request: &LaunchRequest) -> Result<NewWorkflow, E
             "seed": seed,
             "started_at_ms": now_ms(),
             "runtime_version": runtime::runtime_version(limits),
+            "configuration_version": args.agents.configuration_version(),
         }),
         workflow_id,
         user_id: request.user_id.clone(),
@@ -552,12 +554,15 @@ fn take_over(
 ) {
     let (store, me) = (state.args.store.clone(), myself.clone());
     let (owner, lease_ms) = (state.args.worker_id.clone(), state.args.options.lease_ms);
-    let runtime_version = runtime::runtime_version(&state.args.options.limits);
+    let versions = store::Versions {
+        runtime: runtime::runtime_version(&state.args.options.limits),
+        configuration: state.args.agents.configuration_version(),
+    };
     let workflow_id = workflow_id.to_owned();
     tokio::spawn(async move {
         let sent = Instant::now();
         let result = store
-            .take_over_workflow(&workflow_id, &owner, lease_ms, &runtime_version, purpose)
+            .take_over_workflow(&workflow_id, &owner, lease_ms, &versions, purpose)
             .await;
         let _ = me.send_message(answer(sent, Box::new(result)));
     });
@@ -729,6 +734,7 @@ async fn start_supervisor(
             runs: state.args.runs.clone(),
             js: state.args.js.clone(),
             lease: state.args.lease.clone(),
+            agents: std::sync::Arc::clone(&state.args.agents),
             limits: options.limits.clone(),
             workspaces_dir: options.workspaces_dir.clone(),
             artifact_bytes_max: options.artifact_bytes_max,

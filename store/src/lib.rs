@@ -30,7 +30,7 @@ pub use runs::{
 pub use users::{NewToken, NewUser, TokenRow, UserRow};
 pub use workflows::{
     ControlRow, ControlWrite, Deletion, LIVE_STATUSES, Launch, LaunchLimits, ListFilter,
-    NewControl, Purpose, TERMINAL_STATUSES, TakeOver,
+    NewControl, Purpose, TERMINAL_STATUSES, TakeOver, Versions,
 };
 pub use write::{ArtifactRow, NewWorkflow, StepRow, WorkflowRow, WriteOp};
 
@@ -299,7 +299,8 @@ impl Store {
 
     /// Takes over a `recoverable` workflow (live status, expired lease) for `owner` with epoch +
     /// 1, in one transaction that first refuses, writing nothing, when the workflow was written
-    /// under another `runtime_version` or a cancellation is pending (only `cancel` may finish it).
+    /// under other [`Versions`] (runtime or agent configuration) or a cancellation is pending
+    /// (only `cancel` may finish it).
     /// `purpose` sets the rules (see [`Purpose`]): a reconcile takes only a workflow that needs
     /// reconciliation, which a recover refuses; a cancel takes only a workflow with a cancellation
     /// pending, under any runtime version, since it never replays the body.
@@ -308,12 +309,12 @@ impl Store {
         workflow_id: &str,
         owner: &str,
         lease_ms: u64,
-        runtime_version: &str,
+        versions: &Versions,
         purpose: crate::workflows::Purpose,
     ) -> Result<TakeOver> {
         retry(|| async {
             on_backend!(self, store => store
-                .take_over_workflow(workflow_id, owner, lease_ms, runtime_version, purpose)
+                .take_over_workflow(workflow_id, owner, lease_ms, versions, purpose)
                 .await)
         })
         .await

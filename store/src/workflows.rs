@@ -64,12 +64,22 @@ pub enum Purpose {
     Cancel,
 }
 
+/// What a journal's replay depends on: the runtime (engine, script API, limits) and the
+/// configuration (the agents' definitions). A node replays a workflow only under both of the
+/// versions it was written under.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Versions {
+    pub runtime: String,
+    pub configuration: String,
+}
+
 /// The rules a takeover is judged by, from what the workflow's row and controls say, before
-/// anything is written. `None` lets it proceed to the lease.
+/// anything is written. `None` lets it proceed to the lease. A workflow written before
+/// configuration versions were recorded (none in its data) is judged by its runtime alone.
 pub(crate) fn takeover_refusal(
     status: &str,
-    written_under: &str,
-    runtime_version: &str,
+    written_under: &Versions,
+    ours: &Versions,
     cancel_pending: bool,
     purpose: Purpose,
 ) -> Option<TakeOver> {
@@ -90,10 +100,18 @@ pub(crate) fn takeover_refusal(
         Purpose::Recover if status == "needs_reconciliation" => {
             refused("it needs reconciliation: an operator settles it with reconcile".into())
         }
-        _ if written_under != runtime_version => refused(format!(
-            "the workflow's journal was written by runtime {written_under:?}, this node runs \
-             {runtime_version:?}"
+        _ if written_under.runtime != ours.runtime => refused(format!(
+            "the workflow's journal was written by runtime {:?}, this node runs {:?}",
+            written_under.runtime, ours.runtime
         )),
+        _ if !written_under.configuration.is_empty()
+            && written_under.configuration != ours.configuration =>
+        {
+            refused(format!(
+                "the workflow was launched under agent configuration {:?}, this node has {:?}",
+                written_under.configuration, ours.configuration
+            ))
+        }
         Purpose::Recover if cancelling => {
             refused("a cancellation is pending: only cancel may finish this workflow".into())
         }

@@ -117,6 +117,7 @@ impl Node {
     pub fn api(&self) -> Api {
         Api::new(self.addr)
     }
+
 }
 
 pub const ADMIN: &str = "admin@example.com";
@@ -309,6 +310,11 @@ async fn every_action_works_and_fails_the_same_through_rest_and_actions(postgres
         "{paused}"
     );
     assert_eq!(paused["steps"][0]["status"], "completed");
+    assert!(
+        paused["steps"][0]["configuration_version"].is_string(),
+        "{paused}"
+    );
+    assert!(paused["configuration_version"].is_string() && paused["runtime_version"].is_string());
     let stale = api
         .call(
             "POST",

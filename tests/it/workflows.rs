@@ -290,6 +290,34 @@ on_both_backends! {
 }
 
 on_both_backends! {
+    async fn recovery_under_another_agent_configuration_is_refused_and_the_same_one_recovers(db: TestDb) {
+        let shared = tempfile::tempdir().expect("temp dir");
+        let owner = TestNode::start(&db, "owner", 1_500, shared.path()).await;
+        let agents = [
+            actors::agents::AgentConfig::Scripted { name: "scripted".into() },
+            actors::agents::AgentConfig::Scripted { name: "added".into() },
+        ];
+        let reconfigured = TestNode::start_with(&db, "reconfigured", 1_500, shared.path(), &agents).await;
+        let request = LaunchRequest { user_id: "ada".into(), request_id: None,
+            script: RECOVERABLE.into(), args: json!({}) };
+        let id = owner.node.workflows().launch(request).await.expect("launch").run_id;
+        wait_for_status(&owner, &id, "paused").await;
+        let recorded = view(&owner, &id).await.row.data["configuration_version"].clone();
+        assert!(recorded.as_str().is_some_and(|v| !v.is_empty()), "launch records the configuration: {recorded}");
+        crash_and_wait_for_expiry(owner, &reconfigured, &id).await;
+        let before = reconfigured.node.store().read_lease(&id).await.expect("lease").expect("leased");
+        let refused = reconfigured.node.workflows().recover(&id).await;
+        assert!(matches!(refused, Err(actors::Error::Refused(ref m)) if m.contains("configuration")), "{refused:?}");
+        let after = reconfigured.node.store().read_lease(&id).await.expect("lease").expect("leased");
+        assert_eq!(after, before, "a refused recovery touched the lease");
+        let same = TestNode::start(&db, "same", 1_500, shared.path()).await;
+        same.node.workflows().recover(&id).await.expect("the same configuration recovers");
+        let recovered = same.node.store().read_lease(&id).await.expect("lease").expect("leased");
+        assert_eq!(recovered.epoch, before.epoch + 1);
+    }
+}
+
+on_both_backends! {
     async fn cancel_interrupts_the_child_runs_then_cancels_and_a_terminal_workflow_can_be_deleted(db: TestDb) {
         let shared = tempfile::tempdir().expect("temp dir");
         let node = TestNode::start(&db, "a", 1_500, shared.path()).await;

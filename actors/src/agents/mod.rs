@@ -186,6 +186,25 @@ impl AgentRegistry {
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.agents.keys().map(String::as_str)
     }
+
+    /// A digest of every agent's definition (by name): what a workflow launched here records,
+    /// and what a node must have to replay it.
+    pub fn configuration_version(&self) -> String {
+        use sha2::{Digest, Sha256};
+        let mut digest = Sha256::new();
+        for (name, agent) in &self.agents {
+            digest.update(name.as_bytes());
+            digest.update([0]);
+            digest.update(agent.configuration_version.as_bytes());
+            digest.update([0]);
+        }
+        digest
+            .finalize()
+            .iter()
+            .take(16)
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    }
 }
 
 /// Resolves once a cancel action is set (never, if the sender is gone without one).

@@ -18,10 +18,6 @@ pub fn record(view: &WorkflowView) -> WorkflowRecord {
         .filter(|s| s.kind == "agent")
         .map(step)
         .collect();
-    let configuration_version = steps
-        .iter()
-        .rev()
-        .find_map(|s| s.configuration_version.clone());
     WorkflowRecord {
         run_id: row.workflow_id.clone(),
         status: shown_status(row, view.recoverable),
@@ -35,7 +31,7 @@ pub fn record(view: &WorkflowView) -> WorkflowRecord {
         args: data["args"].clone(),
         fingerprint: row.fingerprint.clone(),
         runtime_version: text(&data["runtime_version"]),
-        configuration_version,
+        configuration_version: text(&data["configuration_version"]),
         checkpoints: view
             .steps
             .iter()

@@ -11,7 +11,7 @@ use crate::lease::ttl_seconds;
 use crate::workflows::takeover_refusal;
 use crate::workflows::{
     ControlRow, ControlWrite, Deletion, LIVE_STATUSES, Launch, LaunchLimits, ListFilter,
-    NewControl, TERMINAL_STATUSES, TakeOver,
+    NewControl, TERMINAL_STATUSES, TakeOver, Versions,
 };
 use crate::{Error, Lease, NewWorkflow, Result, WorkflowRow};
 
@@ -202,20 +202,24 @@ async fn take_over_in(
     workflow_id: &str,
     owner: &str,
     lease_ms: u64,
-    runtime_version: &str,
+    versions: &Versions,
     purpose: crate::workflows::Purpose,
 ) -> Result<TakeOver> {
     let row = transaction
         .query_opt(
-            "SELECT status, data->>'runtime_version' FROM workflows WHERE id = $1 FOR UPDATE",
+            "SELECT status, data->>'runtime_version', data->>'configuration_version'
+               FROM workflows WHERE id = $1 FOR UPDATE",
             &[&workflow_id],
         )
         .await?;
     let Some(row) = row else {
         return Err(Error::NotFound(format!("workflow {workflow_id:?}")));
     };
-    let (status, written_under): (String, Option<String>) = (row.get(0), row.get(1));
-    let written_under = written_under.unwrap_or_default();
+    let status: String = row.get(0);
+    let written_under = Versions {
+        runtime: row.get::<_, Option<String>>(1).unwrap_or_default(),
+        configuration: row.get::<_, Option<String>>(2).unwrap_or_default(),
+    };
     let cancel_pending: bool = transaction
         .query_one(
             "SELECT count(*) > 0 FROM workflow_controls
@@ -224,13 +228,9 @@ async fn take_over_in(
         )
         .await?
         .get(0);
-    if let Some(refusal) = takeover_refusal(
-        &status,
-        &written_under,
-        runtime_version,
-        cancel_pending,
-        purpose,
-    ) {
+    if let Some(refusal) =
+        takeover_refusal(&status, &written_under, versions, cancel_pending, purpose)
+    {
         return Ok(refusal);
     }
     let taken = transaction
@@ -267,7 +267,7 @@ impl PgStore {
         workflow_id: &str,
         owner: &str,
         lease_ms: u64,
-        runtime_version: &str,
+        versions: &Versions,
         purpose: crate::workflows::Purpose,
     ) -> Result<TakeOver> {
         let mut client = self.pool.get().await?;
@@ -277,7 +277,7 @@ impl PgStore {
             workflow_id,
             owner,
             lease_ms,
-            runtime_version,
+            versions,
             purpose,
         )
         .await?;

@@ -8,7 +8,7 @@ use crate::lease::ttl_seconds;
 use crate::workflows::takeover_refusal;
 use crate::workflows::{
     ControlRow, ControlWrite, Deletion, LIVE_STATUSES, Launch, LaunchLimits, ListFilter,
-    NewControl, TERMINAL_STATUSES, TakeOver,
+    NewControl, TERMINAL_STATUSES, TakeOver, Versions,
 };
 use crate::{Error, Lease, NewWorkflow, Result, WorkflowRow};
 
@@ -219,7 +219,7 @@ fn take_over(
     workflow_id: &str,
     owner: &str,
     lease_ms: u64,
-    runtime_version: &str,
+    versions: &Versions,
     purpose: crate::workflows::Purpose,
 ) -> Result<TakeOver> {
     let row = connection
@@ -231,23 +231,21 @@ fn take_over(
     let Some((status, data)) = row else {
         return Err(Error::NotFound(format!("workflow {workflow_id:?}")));
     };
-    let written_under = parse_json(&data)?["runtime_version"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned();
+    let data = parse_json(&data)?;
+    let text = |key: &str| data[key].as_str().unwrap_or_default().to_owned();
+    let written_under = Versions {
+        runtime: text("runtime_version"),
+        configuration: text("configuration_version"),
+    };
     let cancel_pending: bool = connection
         .prepare_cached(
             "SELECT count(*) > 0 FROM workflow_controls
               WHERE workflow = ?1 AND kind = 'cancel' AND applied_at IS NULL",
         )?
         .query_row([workflow_id], |row| row.get(0))?;
-    if let Some(refusal) = takeover_refusal(
-        &status,
-        &written_under,
-        runtime_version,
-        cancel_pending,
-        purpose,
-    ) {
+    if let Some(refusal) =
+        takeover_refusal(&status, &written_under, versions, cancel_pending, purpose)
+    {
         return Ok(refusal);
     }
     let taken = connection
@@ -285,21 +283,18 @@ impl SqliteStore {
         workflow_id: &str,
         owner: &str,
         lease_ms: u64,
-        runtime_version: &str,
+        versions: &Versions,
         purpose: crate::workflows::Purpose,
     ) -> Result<TakeOver> {
-        let (workflow_id, owner, runtime_version) = (
-            workflow_id.to_owned(),
-            owner.to_owned(),
-            runtime_version.to_owned(),
-        );
+        let (workflow_id, owner, versions) =
+            (workflow_id.to_owned(), owner.to_owned(), versions.clone());
         self.write(move |connection| {
             take_over(
                 connection,
                 &workflow_id,
                 &owner,
                 lease_ms,
-                &runtime_version,
+                &versions,
                 purpose,
             )
         })
