@@ -64,6 +64,7 @@ case "$mode" in
     REINS_BENCH_PG="$url" cargo bench -p store --bench fenced_write
     REINS_BENCH_PG="$url" cargo bench -p actors --bench child_runs
     REINS_BENCH_PG="$url" cargo bench -p actors --bench workflows
+    REINS_BENCH_PG="$url" cargo bench -p api --bench http
     ;;
   *)
     cargo build --workspace --bins

@@ -204,12 +204,16 @@ impl Default for StoreConfig {
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ShutdownConfig {
+    /// After SIGTERM, how long the node keeps serving while readiness, launches and recoveries
+    /// answer 503, so that a balancer moves new work away before connections close.
+    pub drain_grace_ms: u64,
     pub drain_timeout_ms: u64,
 }
 
 impl Default for ShutdownConfig {
     fn default() -> Self {
         ShutdownConfig {
+            drain_grace_ms: 0,
             drain_timeout_ms: 3000,
         }
     }

@@ -131,6 +131,14 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         _ = tokio::signal::ctrl_c() => tracing::info!("interrupt: draining"),
     }
     state.draining.store(true, Ordering::SeqCst);
+    let grace = Duration::from_millis(config.shutdown.drain_grace_ms);
+    if !grace.is_zero() {
+        tracing::info!(
+            grace_ms = config.shutdown.drain_grace_ms,
+            "draining: still serving"
+        );
+        tokio::time::sleep(grace).await;
+    }
     // The receiver lives in the server task; if it has ended, there is nothing left to stop.
     let _ = stop.send(true);
     server.await.context("the HTTP server task failed")?;

@@ -81,7 +81,7 @@ impl Db {
 
 /// One real node.
 pub struct Node {
-    _process: ReinsProcess,
+    process: ReinsProcess,
     pub addr: SocketAddr,
     _dir: TempDir,
 }
@@ -108,7 +108,7 @@ impl Node {
         let mut process = ReinsProcess::serve(dir.path(), addr, &env);
         process.wait_ready(Duration::from_secs(30));
         Node {
-            _process: process,
+            process,
             addr,
             _dir: dir,
         }
@@ -118,6 +118,9 @@ impl Node {
         Api::new(self.addr)
     }
 
+    pub fn signal(&self, signal: i32) {
+        self.process.signal(signal);
+    }
 }
 
 pub const ADMIN: &str = "admin@example.com";
@@ -1011,4 +1014,48 @@ async fn a_fuzz_pass_over_every_route_finds_no_5xx_and_leaves_the_node_healthy()
         .to_owned();
     assert_eq!(wait_for(&mut api, &after, "completed").await["result"], 42);
     println!("fuzz: {requests} requests, statuses {statuses:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_draining_node_refuses_launches_and_recoveries_with_503_and_still_answers_reads() {
+    let db = Db::new(false).await;
+    let node = Node::start(&db, &[("REINS_SHUTDOWN__DRAIN_GRACE_MS", "4000".into())]);
+    let mut api = initialize(&node).await;
+    let run = api
+        .action(
+            "launch",
+            json!({"script": "await pause({stepId: 'p'}); return 1;"}),
+        )
+        .await
+        .json()["run_id"]
+        .as_str()
+        .expect("id")
+        .to_owned();
+    wait_for(&mut api, &run, "paused").await;
+    node.signal(libc::SIGTERM);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+    while api.call("GET", "/health/ready", None).await.status != 503 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "readiness never turned 503"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_refused(
+        &api.action("launch", json!({"script": "return 1;"})).await,
+        503,
+        "draining",
+        "draining",
+    );
+    assert_refused(
+        &api.action("recover", json!({"run_id": run})).await,
+        503,
+        "draining",
+        "draining",
+    );
+    assert_eq!(
+        api.action("get", json!({"run_id": run})).await.status,
+        200,
+        "reads are still served"
+    );
 }
