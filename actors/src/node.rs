@@ -418,6 +418,13 @@ impl Node {
                 "recording the clean stop did not finish within the shutdown timeout".into(),
             ))
         });
+        // Workflow supervisors stop first, while their child runs still run: a child that ends
+        // because its node is going away must not read, to its workflow, as an outcome nobody
+        // recorded. The workflows are then left for recovery, as after a crash.
+        self.parts
+            .workflows
+            .stop_supervisors(self.shutdown_timeout)
+            .await;
         self.supervisor.stop(Some("shutdown".into()));
         if tokio::time::timeout(self.shutdown_timeout, self.joined)
             .await

@@ -1000,6 +1000,13 @@ impl WorkflowsHandle {
         .await?
     }
 
+    /// Stops every workflow supervisor of this node and waits for them (node shutdown).
+    pub(crate) async fn stop_supervisors(&self, timeout: Duration) {
+        self.actor
+            .stop_children_and_wait(Some("shutdown".into()), Some(timeout))
+            .await;
+    }
+
     /// The workflows supervised on this node.
     pub async fn live(&self) -> Result<Vec<String>, Error> {
         self.call(|reply| WorkflowsMsg::Live { reply }).await
