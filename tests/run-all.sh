@@ -2,7 +2,8 @@
 # Runs the whole test suite on a fresh Debian machine that has the Rust toolchain:
 #   tests/run-all.sh          build, start a private PostgreSQL, run every test, stop it
 #   tests/run-all.sh bench    the same cluster, then the benches instead of the tests
-# PostgreSQL comes from Debian's packages (installed if missing). The cluster lives under
+# PostgreSQL and nginx come from Debian's packages (installed if missing); the tests start their
+# own private nginx per test on a free loopback port, whatever the package's service does. The cluster lives under
 # target/pg-test (or a private temp folder when the postgres user cannot reach target/), listens
 # only on 127.0.0.1 on a free port, and is stopped on exit whatever happens.
 set -euo pipefail
@@ -14,10 +15,13 @@ mode=${1:-test}
 as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
 
 pg_bin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1 || true)
-if [ -z "$pg_bin" ] || [ ! -x "$pg_bin/initdb" ]; then
-  echo "== installing PostgreSQL from Debian's packages"
+missing=()
+if [ -z "$pg_bin" ] || [ ! -x "$pg_bin/initdb" ]; then missing+=(postgresql); fi
+if [ "$mode" != bench ] && [ ! -x /usr/sbin/nginx ]; then missing+=(nginx); fi
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "== installing ${missing[*]} from Debian's packages"
   as_root apt-get update -qq
-  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
   pg_bin=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -n 1)
 fi
 

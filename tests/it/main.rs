@@ -7,6 +7,7 @@ mod harness;
 mod bad_config;
 mod child_runs;
 mod cli;
+mod cluster;
 mod command_agent;
 mod crash_recovery;
 mod fencing;
