@@ -43,6 +43,16 @@ pub enum LeaseKind {
     Workflow { epoch: i64 },
 }
 
+impl LeaseKind {
+    /// The metrics label.
+    pub fn label(&self) -> &'static str {
+        match self {
+            LeaseKind::Run => "run",
+            LeaseKind::Workflow { .. } => "workflow",
+        }
+    }
+}
+
 /// Messages of the lease actor.
 pub enum LeaseMsg {
     /// Start renewing the lease of `run_id` (a run or workflow id), which holds until `deadline`.
@@ -89,12 +99,14 @@ pub(crate) struct LeaseActor;
 
 pub(crate) struct LeaseArgs {
     pub store: StoreHandle,
+    pub metrics: std::sync::Arc<crate::metrics::Metrics>,
     pub worker_id: String,
     pub lease_ms: u64,
 }
 
 pub(crate) struct LeaseState {
     store: StoreHandle,
+    metrics: std::sync::Arc<crate::metrics::Metrics>,
     worker_id: String,
     lease_ms: u64,
     leases: HashMap<String, Tracked>,
@@ -137,6 +149,7 @@ impl Actor for LeaseActor {
         myself.send_interval(period, || LeaseMsg::Tick);
         Ok(LeaseState {
             store: args.store,
+            metrics: args.metrics,
             worker_id: args.worker_id,
             lease_ms: args.lease_ms,
             leases: HashMap::new(),
@@ -197,8 +210,12 @@ impl Actor for LeaseActor {
                     return Ok(());
                 };
                 lease.renewing = false;
+                let kind = lease.kind.label();
                 match *result {
                     Ok(Ok(Ok(renewal))) => {
+                        state
+                            .metrics
+                            .inc("reins_lease_renewals_total", &[("kind", kind)]);
                         let held_for =
                             Duration::from_secs_f64((renewal.expires_at - renewal.now).max(0.0));
                         let deadline = sent + held_for;
@@ -221,6 +238,9 @@ impl Actor for LeaseActor {
                             "lease renewal refused"
                         );
                         lease.refused = true;
+                        state
+                            .metrics
+                            .inc("reins_lease_losses_total", &[("kind", kind)]);
                         state.tell(&run_id, LeaseEvent::Refused);
                     }
                     Ok(Err(error)) => {
@@ -235,8 +255,12 @@ impl Actor for LeaseActor {
                 let expired = state
                     .leases
                     .get(&run_id)
-                    .is_some_and(|lease| lease.deadline <= Instant::now());
-                if expired {
+                    .filter(|lease| lease.deadline <= Instant::now())
+                    .map(|lease| lease.kind.label());
+                if let Some(kind) = expired {
+                    state
+                        .metrics
+                        .inc("reins_lease_losses_total", &[("kind", kind)]);
                     tracing::warn!(run_id, "lease deadline passed without a renewal: fencing");
                     state.tell(&run_id, LeaseEvent::Lost);
                     state.leases.remove(&run_id);

@@ -13,6 +13,7 @@ mod fault_points;
 mod faults;
 pub mod js_pool;
 mod lease_actor;
+pub mod metrics;
 mod node;
 mod store_actor;
 mod workflow;
@@ -25,7 +26,7 @@ pub use error::Error;
 pub use fault_points::FaultPoints;
 pub use faults::{FaultAction, StoreFaults};
 pub use lease_actor::{LeaseKind, LeaseView};
-pub use node::{Node, NodeIdentity, NodeOptions, NodeStatus};
+pub use node::{ActorView, Node, NodeIdentity, NodeOptions, NodeStatus, QueueView};
 pub use store_actor::{StoreHandle, StoreHealth};
 pub use workflows::{
     Decide, LaunchRequest, Launched, ReconcileRequest, Resolution, Resume, WorkflowView,

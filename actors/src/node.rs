@@ -17,6 +17,7 @@ use crate::child_runs::{ChildRuns, ChildRunsArgs, RunsHandle, RunsOptions};
 use crate::faults::StoreFaults;
 use crate::js_pool::JsPool;
 use crate::lease_actor::{LeaseActor, LeaseArgs, LeaseMsg, LeaseView};
+use crate::metrics::Metrics;
 use crate::store_actor::{StoreActor, StoreArgs, StoreHandle};
 use crate::workflows::{Workflows, WorkflowsArgs, WorkflowsHandle, WorkflowsOptions};
 
@@ -65,6 +66,8 @@ pub struct NodeOptions {
     pub js_threads: usize,
     /// Test faults on every store call of the node; `None` in production.
     pub faults: Option<StoreFaults>,
+    /// Where the node's actors count what happens (rendered by `/metrics`).
+    pub metrics: Arc<Metrics>,
 }
 
 impl NodeOptions {
@@ -91,6 +94,7 @@ impl NodeOptions {
             },
             js_threads: 2,
             faults: None,
+            metrics: Arc::new(Metrics::default()),
         }
     }
 }
@@ -101,7 +105,30 @@ pub struct NodeStatus {
     pub worker_id: String,
     pub version: &'static str,
     pub runtime_version: String,
+    /// The digest of this node's agent definitions (what a recovery must match).
+    pub configuration_version: String,
     pub uptime_seconds: f64,
+}
+
+/// One actor of the live supervision tree, as operators see it.
+#[derive(Debug, Clone, Serialize)]
+pub struct ActorView {
+    pub name: String,
+    pub id: String,
+    pub status: String,
+    /// Messages waiting and running, where the actor can tell: the store actor's requests
+    /// (ractor does not expose mailbox lengths, so other actors report none).
+    pub queue: Option<QueueView>,
+    /// Always 0: no actor is restarted in place. A failed workflow supervisor stops, its lease
+    /// lapses, and recovery replays its journal; a failed core actor stops the node.
+    pub restarts: u32,
+    pub children: Vec<ActorView>,
+}
+
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct QueueView {
+    pub waiting: i64,
+    pub running: i64,
 }
 
 /// Messages of the node supervisor.
@@ -133,6 +160,7 @@ struct NodeState {
     parts: Parts,
     /// The replay rules this node runs workflows under.
     runtime_version: String,
+    configuration_version: String,
     /// The actors whose end ends the node.
     essential: Vec<ractor::ActorId>,
 }
@@ -150,6 +178,7 @@ impl Actor for NodeSupervisor {
         let worker_id = args.identity.worker_id.clone();
         let options = args.options;
         let runtime_version = runtime::runtime_version(&options.workflows.limits);
+        let configuration_version = options.agents.configuration_version();
         let js = JsPool::new(options.js_threads)?;
         let (store_actor, _) = Actor::spawn_linked(
             Some(format!("store@{worker_id}")),
@@ -157,6 +186,7 @@ impl Actor for NodeSupervisor {
             StoreArgs {
                 store: args.store,
                 requests_max: options.store_requests_max,
+                metrics: Arc::clone(&options.metrics),
             },
             myself.get_cell(),
         )
@@ -165,12 +195,14 @@ impl Actor for NodeSupervisor {
             store_actor.clone(),
             options.call_timeout,
             options.faults.clone(),
+            Arc::clone(&options.metrics),
         );
         let (lease, _) = Actor::spawn_linked(
             Some(format!("lease@{worker_id}")),
             LeaseActor,
             LeaseArgs {
                 store: store.clone(),
+                metrics: Arc::clone(&options.metrics),
                 worker_id: worker_id.clone(),
                 lease_ms: options.runs.lease_ms,
             },
@@ -200,6 +232,7 @@ impl Actor for NodeSupervisor {
                 js,
                 lease: lease.clone(),
                 agents: options.agents,
+                metrics: options.metrics,
                 worker_id,
                 options: options.workflows,
             },
@@ -216,6 +249,7 @@ impl Actor for NodeSupervisor {
             identity: args.identity,
             started_at: Instant::now(),
             runtime_version,
+            configuration_version,
             parts: Parts {
                 workflows: WorkflowsHandle::new(workflows, store.clone(), options.call_timeout),
                 runs,
@@ -238,6 +272,7 @@ impl Actor for NodeSupervisor {
                     worker_id: state.identity.worker_id.clone(),
                     version: env!("CARGO_PKG_VERSION"),
                     runtime_version: state.runtime_version.clone(),
+                    configuration_version: state.configuration_version.clone(),
                     uptime_seconds: state.started_at.elapsed().as_secs_f64(),
                 });
             }
@@ -281,6 +316,7 @@ pub struct Node {
     parts: Parts,
     call_timeout: Duration,
     shutdown_timeout: Duration,
+    metrics: Arc<Metrics>,
 }
 
 impl Node {
@@ -341,6 +377,7 @@ impl Node {
             parts,
             call_timeout,
             shutdown_timeout,
+            metrics: options.metrics,
         })
     }
 
@@ -357,6 +394,32 @@ impl Node {
     /// The handle that starts and cancels child runs on this node.
     pub fn runs(&self) -> RunsHandle {
         self.parts.runs.clone()
+    }
+
+    /// The node's counters and histograms.
+    pub fn metrics(&self) -> Arc<Metrics> {
+        Arc::clone(&self.metrics)
+    }
+
+    /// The live supervision tree, from the node supervisor down.
+    pub fn actors(&self) -> ActorView {
+        self.view(&self.supervisor.get_cell())
+    }
+
+    fn view(&self, cell: &ractor::ActorCell) -> ActorView {
+        let name = cell.get_name().unwrap_or_else(|| "(unnamed)".to_owned());
+        let queue = name.starts_with("store@").then(|| {
+            let (waiting, running) = self.metrics.store_queue();
+            QueueView { waiting, running }
+        });
+        ActorView {
+            id: cell.get_id().to_string(),
+            status: format!("{:?}", cell.get_status()),
+            queue,
+            restarts: 0,
+            children: cell.get_children().iter().map(|c| self.view(c)).collect(),
+            name,
+        }
     }
 
     /// The handle that launches and controls workflows on this node.

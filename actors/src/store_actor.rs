@@ -4,6 +4,7 @@
 //! holds up the mailbox.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use ractor::rpc::CallResult;
@@ -12,17 +13,20 @@ use serde::Serialize;
 use store::{
     Admission, ApprovalAnswer, ArtifactRow, Backend, CancelAction, ControlRow, ControlWrite, Fence,
     Launch, LaunchLimits, Lease, NewControl, NewRun, NewToken, NewUser, NewWorkflow, NodeRecord,
-    RunOutcome, RunRenewal, RunRow, RunStatus, StepRow, Store, TakeOver, TokenRow, UserRow,
-    WorkflowRow, WriteOp,
+    RunOutcome, RunRenewal, RunRow, RunStatus, SlotRow, StatusCount, StepRow, Store, TakeOver,
+    TokenRow, UserRow, WorkflowRow, WriteOp,
 };
 
 use crate::faults::{FaultAction, StoreFaults};
+use crate::metrics::Metrics;
 use tokio::sync::Semaphore;
 
 /// Requests the store actor serves, each with its reply port.
 pub enum StoreMsg {
     /// Users, sessions and API tokens (the control plane's identities).
     Users(UsersRequest),
+    /// Counts and lists for operators and metrics.
+    Operators(OperatorsRequest),
     AcquireLease {
         resource_id: String,
         owner: String,
@@ -188,11 +192,13 @@ pub(crate) struct StoreActor;
 pub(crate) struct StoreState {
     store: Arc<Store>,
     in_flight: Arc<Semaphore>,
+    metrics: Arc<Metrics>,
 }
 
 pub(crate) struct StoreArgs {
     pub store: Arc<Store>,
     pub requests_max: usize,
+    pub metrics: Arc<Metrics>,
 }
 
 impl Actor for StoreActor {
@@ -208,6 +214,7 @@ impl Actor for StoreActor {
         Ok(StoreState {
             store: args.store,
             in_flight: Arc::new(Semaphore::new(args.requests_max.max(1))),
+            metrics: args.metrics,
         })
     }
 
@@ -220,8 +227,18 @@ impl Actor for StoreActor {
         // Waiting for a permit here is the back-pressure: the mailbox holds what cannot run yet.
         let permit = Arc::clone(&state.in_flight).acquire_owned().await?;
         let store = Arc::clone(&state.store);
+        let metrics = Arc::clone(&state.metrics);
+        metrics
+            .store_requests_waiting
+            .fetch_sub(1, Ordering::Relaxed);
+        metrics
+            .store_requests_running
+            .fetch_add(1, Ordering::Relaxed);
         tokio::spawn(async move {
             serve(&store, message).await;
+            metrics
+                .store_requests_running
+                .fetch_sub(1, Ordering::Relaxed);
             drop(permit);
         });
         Ok(())
@@ -233,6 +250,7 @@ impl Actor for StoreActor {
 async fn serve(store: &Store, message: StoreMsg) {
     match message {
         StoreMsg::Users(request) => serve_users(store, request).await,
+        StoreMsg::Operators(request) => serve_operators(store, request).await,
         StoreMsg::AcquireLease {
             resource_id,
             owner,
@@ -426,6 +444,44 @@ pub struct StoreHandle {
     timeout: Duration,
     /// Test faults; `None` on every production node.
     faults: Option<StoreFaults>,
+    /// Journal write latency and refused fenced writes are counted here.
+    metrics: Arc<Metrics>,
+}
+
+/// Reads for operators and metrics, each with its reply port.
+pub enum OperatorsRequest {
+    WorkflowCounts {
+        owner: Option<String>,
+        reply: RpcReplyPort<store::Result<Vec<StatusCount>>>,
+    },
+    RunCounts {
+        owner: String,
+        reply: RpcReplyPort<store::Result<Vec<StatusCount>>>,
+    },
+    ListSlots {
+        limit: u32,
+        reply: RpcReplyPort<store::Result<Vec<SlotRow>>>,
+    },
+    CountSlots {
+        reply: RpcReplyPort<store::Result<i64>>,
+    },
+}
+
+async fn serve_operators(store: &Store, request: OperatorsRequest) {
+    match request {
+        OperatorsRequest::WorkflowCounts { owner, reply } => {
+            let _ = reply.send(store.workflow_counts(owner.as_deref()).await);
+        }
+        OperatorsRequest::RunCounts { owner, reply } => {
+            let _ = reply.send(store.run_counts(&owner).await);
+        }
+        OperatorsRequest::ListSlots { limit, reply } => {
+            let _ = reply.send(store.list_slots(limit).await);
+        }
+        OperatorsRequest::CountSlots { reply } => {
+            let _ = reply.send(store.count_slots().await);
+        }
+    }
 }
 
 /// Requests about users, sessions and API tokens, each with its reply port.
@@ -533,11 +589,13 @@ impl StoreHandle {
         actor: ActorRef<StoreMsg>,
         timeout: Duration,
         faults: Option<StoreFaults>,
+        metrics: Arc<Metrics>,
     ) -> Self {
         StoreHandle {
             actor,
             timeout,
             faults,
+            metrics,
         }
     }
 
@@ -612,7 +670,14 @@ impl StoreHandle {
             // The request may have reached the database: its outcome is unknown, not failed.
             Effect::Write => store::Error::OutcomeUnknown(format!("store actor: {reason}")),
         };
-        match self.actor.call(message, Some(self.timeout)).await {
+        let queue = &self.metrics.store_requests_waiting;
+        queue.fetch_add(1, Ordering::Relaxed);
+        let answer = self.actor.call(message, Some(self.timeout)).await;
+        if answer.is_err() {
+            // Never delivered: it is in no queue.
+            queue.fetch_sub(1, Ordering::Relaxed);
+        }
+        match answer {
             Ok(CallResult::Success(result)) => result,
             Ok(CallResult::Timeout) => Err(unanswered(format!(
                 "no answer within {} ms",
@@ -695,10 +760,22 @@ impl StoreHandle {
     /// See [`Store::fenced_write`].
     pub async fn fenced_write(&self, fence: &Fence, ops: Vec<WriteOp>) -> store::Result<()> {
         let fence = fence.clone();
-        self.call("fenced_write", Effect::Write, |reply| {
-            StoreMsg::FencedWrite { fence, ops, reply }
-        })
-        .await
+        let started = std::time::Instant::now();
+        let written = self
+            .call("fenced_write", Effect::Write, |reply| {
+                StoreMsg::FencedWrite { fence, ops, reply }
+            })
+            .await;
+        match &written {
+            Ok(()) => self
+                .metrics
+                .observe("reins_journal_write_seconds", started.elapsed()),
+            Err(store::Error::LeaseLost { .. }) => {
+                self.metrics.inc("reins_fenced_writes_rejected_total", &[]);
+            }
+            Err(_) => {}
+        }
+        written
     }
 
     /// See [`Store::read_workflow`].
@@ -817,6 +894,40 @@ impl StoreHandle {
         let workflow_id = workflow_id.to_owned();
         self.call("delete_workflow", Effect::Write, |reply| {
             StoreMsg::DeleteWorkflow { workflow_id, reply }
+        })
+        .await
+    }
+
+    /// See [`Store::workflow_counts`].
+    pub async fn workflow_counts(&self, owner: Option<&str>) -> store::Result<Vec<StatusCount>> {
+        let owner = owner.map(str::to_owned);
+        self.call("workflow_counts", Effect::Read, |reply| {
+            StoreMsg::Operators(OperatorsRequest::WorkflowCounts { owner, reply })
+        })
+        .await
+    }
+
+    /// See [`Store::run_counts`].
+    pub async fn run_counts(&self, owner: &str) -> store::Result<Vec<StatusCount>> {
+        let owner = owner.to_owned();
+        self.call("run_counts", Effect::Read, |reply| {
+            StoreMsg::Operators(OperatorsRequest::RunCounts { owner, reply })
+        })
+        .await
+    }
+
+    /// See [`Store::list_slots`].
+    pub async fn list_slots(&self, limit: u32) -> store::Result<Vec<SlotRow>> {
+        self.call("list_slots", Effect::Read, |reply| {
+            StoreMsg::Operators(OperatorsRequest::ListSlots { limit, reply })
+        })
+        .await
+    }
+
+    /// See [`Store::count_slots`].
+    pub async fn count_slots(&self) -> store::Result<i64> {
+        self.call("count_slots", Effect::Read, |reply| {
+            StoreMsg::Operators(OperatorsRequest::CountSlots { reply })
         })
         .await
     }

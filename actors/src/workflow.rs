@@ -63,6 +63,10 @@ pub enum WorkflowMsg {
     TimedOut,
     /// Look at the rows of the child runs a cancellation waits for.
     CheckChildren,
+    /// Stop and give the lease up now (an operator's `fence`); answers the epoch given up.
+    GiveUp {
+        reply: ractor::RpcReplyPort<Result<i64, Error>>,
+    },
 }
 
 impl From<LeaseEvent> for WorkflowMsg {
@@ -123,6 +127,7 @@ pub(crate) struct WorkflowArgs {
     pub lease: ActorRef<LeaseMsg>,
     /// The agents, to record which definition each step's child ran under.
     pub agents: std::sync::Arc<crate::agents::AgentRegistry>,
+    pub metrics: std::sync::Arc<crate::metrics::Metrics>,
     pub limits: runtime::Limits,
     pub workspaces_dir: std::path::PathBuf,
     pub artifact_bytes_max: u64,
@@ -297,6 +302,15 @@ impl WorkflowState {
             if !self.write(myself, ops).await {
                 return;
             }
+            // New calls only: a replayed call resolves from the journal and is not here, so a
+            // restart neither counts nor logs a step again.
+            for entry in &activation.journal {
+                let kind = entry.kind.as_str();
+                self.args
+                    .metrics
+                    .inc("reins_steps_started_total", &[("kind", kind)]);
+                tracing::info!(parent: &self.span, step_id = %entry.step_id, kind, "step started");
+            }
             self.journal.extend(activation.journal);
         }
         for id in &activation.cancels {
@@ -410,6 +424,12 @@ impl WorkflowState {
         if !self.write(myself, ops).await {
             return;
         }
+        let kind = entry.kind.as_str();
+        self.args.metrics.inc(
+            "reins_steps_finished_total",
+            &[("kind", kind), ("outcome", status)],
+        );
+        tracing::info!(parent: &self.span, step_id = %entry.step_id, kind, status, "step finished");
         match entry.kind {
             CallKind::Agent => self.fault("result").await,
             CallKind::HumanCheckpoint => self.fault("approval").await,
@@ -472,6 +492,9 @@ impl WorkflowState {
             }
         };
         tracing::info!(parent: &self.span, status, "workflow finished");
+        self.args
+            .metrics
+            .inc("reins_workflows_finished_total", &[("status", status)]);
         let op = WriteOp::SetWorkflow {
             workflow_id: self.args.workflow_id.clone(),
             status: status.to_owned(),
@@ -516,6 +539,9 @@ impl WorkflowState {
         };
         match result {
             Ok(Admitted::Started { row, ended }) => {
+                self.args.metrics.inc("reins_child_runs_started_total", &[]);
+                tracing::info!(parent: &self.span, step_id = %command.step_id,
+                    child_run_id = %row.run_id, "child run admitted");
                 self.fault("admission").await;
                 self.waiting.insert(
                     id,
@@ -544,7 +570,8 @@ impl WorkflowState {
             {
                 // Closed by the orphan sweep: the agent's real effects are unknown, and guessing
                 // "failed" could make a retry run it twice. A person decides.
-                tracing::warn!(parent: &self.span, run_id = %row.run_id, "child run was orphaned");
+                tracing::warn!(parent: &self.span, step_id = %command.step_id,
+                    child_run_id = %row.run_id, "child run was orphaned");
                 self.reconcile_needed(myself).await;
             }
             Ok(Admitted::Existing(row)) if row.status.is_terminal() => {
@@ -554,7 +581,8 @@ impl WorkflowState {
             Ok(Admitted::Existing(row)) => {
                 // A child run exists for this step and has no outcome: it may still be running on
                 // a node that is gone. Guessing would risk a second run, so a person decides.
-                tracing::warn!(parent: &self.span, run_id = %row.run_id, "child run outcome unknown");
+                tracing::warn!(parent: &self.span, step_id = %command.step_id,
+                    child_run_id = %row.run_id, "child run outcome unknown");
                 self.reconcile_needed(myself).await;
             }
             Ok(Admitted::Queued) => {
@@ -587,6 +615,10 @@ impl WorkflowState {
         let Some((_, command)) = self.waiting.get(&id).cloned() else {
             return;
         };
+        self.args.metrics.inc(
+            "reins_child_runs_finished_total",
+            &[("status", row.status.as_str())],
+        );
         let mut extra = Vec::new();
         let outcome = if row.status == RunStatus::Success {
             // The output is kept as an immutable artifact version, like a captured file.
@@ -709,6 +741,10 @@ impl WorkflowState {
     }
 
     async fn reconcile_needed(&mut self, myself: &ActorRef<WorkflowMsg>) {
+        self.args.metrics.inc(
+            "reins_workflows_finished_total",
+            &[("status", "needs_reconciliation")],
+        );
         let op = WriteOp::SetWorkflow {
             workflow_id: self.args.workflow_id.clone(),
             status: "needs_reconciliation".into(),
@@ -899,6 +935,9 @@ impl WorkflowState {
         let applied = WriteOp::MarkControlApplied { control_id };
         if self.write(myself, vec![op, applied]).await {
             tracing::info!(parent: &self.span, "cancelled");
+            self.args
+                .metrics
+                .inc("reins_workflows_finished_total", &[("status", "cancelled")]);
             if let Err(error) = self.args.store.release_lease(&self.args.fence).await {
                 tracing::warn!(parent: &self.span, %error, "the cancelled workflow's lease was not released");
             }
@@ -1095,6 +1134,18 @@ impl Actor for WorkflowSupervisor {
                 }
             }
             WorkflowMsg::Poll => state.poll_controls(&myself).await,
+            WorkflowMsg::GiveUp { reply } => {
+                // Between two handlers nothing is being written: stop first, so nothing more
+                // is, then let the lease go so another node can take the workflow at once.
+                tracing::warn!(parent: &state.span, "fenced by an operator: giving up the lease");
+                state.stop(&myself);
+                let released = state.args.store.release_lease(&state.args.fence).await;
+                let _ = reply.send(
+                    released
+                        .map(|_| state.args.fence.epoch)
+                        .map_err(Error::from),
+                );
+            }
             WorkflowMsg::Local { id } => state.local(&myself, id).await,
         }
         Ok(())

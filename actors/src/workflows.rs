@@ -143,6 +143,13 @@ pub enum WorkflowsMsg {
     },
     /// The workflows supervised here.
     Live { reply: RpcReplyPort<Vec<String>> },
+    /// Stop taking recoveries (manual and automatic): the node is draining.
+    Drain,
+    /// Give up one workflow's lease now (operators moving work); answers the released epoch.
+    Fence {
+        workflow_id: String,
+        reply: RpcReplyPort<Result<i64, Error>>,
+    },
     /// Time to look for pending controls of this node's workflows.
     PollControls,
     /// Time to claim recoverable workflows (`recovery: automatic`).
@@ -191,6 +198,7 @@ pub(crate) struct WorkflowsArgs {
     pub js: JsPool,
     pub lease: ActorRef<LeaseMsg>,
     pub agents: std::sync::Arc<crate::agents::AgentRegistry>,
+    pub metrics: std::sync::Arc<crate::metrics::Metrics>,
     pub worker_id: String,
     pub options: WorkflowsOptions,
 }
@@ -200,6 +208,8 @@ pub(crate) struct WorkflowsState {
     live: HashMap<String, ActorRef<WorkflowMsg>>,
     /// A look for pending controls is in flight.
     polling: bool,
+    /// Draining: no recoveries are taken any more.
+    draining: bool,
 }
 
 /// The digest a control names to prove it is about this script and these arguments.
@@ -242,6 +252,7 @@ impl Actor for Workflows {
             args,
             live: HashMap::new(),
             polling: false,
+            draining: false,
         })
     }
 
@@ -297,6 +308,11 @@ impl Actor for Workflows {
                     Err(error) => Err(Error::Store(error)),
                 };
                 let _ = reply.send(answer);
+            }
+            WorkflowsMsg::Recover { reply, .. } if state.draining => {
+                let _ = reply.send(Err(Error::Refused(
+                    "this node is draining: it takes no recoveries".into(),
+                )));
             }
             WorkflowsMsg::Recover { workflow_id, reply } => {
                 let id = workflow_id.clone();
@@ -407,6 +423,7 @@ impl Actor for Workflows {
                 };
                 let _ = reply.send(answer);
             }
+            WorkflowsMsg::ClaimRecoverable if state.draining => {}
             WorkflowsMsg::ClaimRecoverable => {
                 let (store, me) = (state.args.store.clone(), myself.clone());
                 tokio::spawn(async move {
@@ -475,6 +492,21 @@ impl Actor for Workflows {
             WorkflowsMsg::Live { reply } => {
                 let _ = reply.send(state.live.keys().cloned().collect());
             }
+            WorkflowsMsg::Drain => {
+                tracing::info!("draining: no more recoveries");
+                state.draining = true;
+            }
+            WorkflowsMsg::Fence { workflow_id, reply } => match state.live.get(&workflow_id) {
+                // The supervisor answers once it has stopped writing and let the lease go.
+                Some(supervisor) => {
+                    let _ = supervisor.send_message(WorkflowMsg::GiveUp { reply });
+                }
+                None => {
+                    let _ = reply.send(Err(Error::Refused(format!(
+                        "workflow {workflow_id:?} is not supervised on this node"
+                    ))));
+                }
+            },
         }
         Ok(())
     }
@@ -735,6 +767,7 @@ async fn start_supervisor(
             js: state.args.js.clone(),
             lease: state.args.lease.clone(),
             agents: std::sync::Arc::clone(&state.args.agents),
+            metrics: std::sync::Arc::clone(&state.args.metrics),
             limits: options.limits.clone(),
             workspaces_dir: options.workspaces_dir.clone(),
             artifact_bytes_max: options.artifact_bytes_max,
@@ -1005,6 +1038,19 @@ impl WorkflowsHandle {
         self.actor
             .stop_children_and_wait(Some("shutdown".into()), Some(timeout))
             .await;
+    }
+
+    /// Stops taking recoveries on this node (manual and automatic).
+    pub fn drain(&self) {
+        let _ = self.actor.send_message(WorkflowsMsg::Drain);
+    }
+
+    /// Gives up one workflow's lease now: its supervisor stops writing, then releases the lease,
+    /// so another node can recover it at once. Answers the epoch that was given up.
+    pub async fn fence(&self, workflow_id: &str) -> Result<i64, Error> {
+        let workflow_id = workflow_id.to_owned();
+        self.call(|reply| WorkflowsMsg::Fence { workflow_id, reply })
+            .await?
     }
 
     /// The workflows supervised on this node.

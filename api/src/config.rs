@@ -54,6 +54,8 @@ pub struct Config {
     pub log_format: LogFormat,
     /// Thread workspaces (default `<data_dir>/workspaces`). A cluster needs one shared folder.
     pub workspaces_dir: Option<PathBuf>,
+    /// The admin socket (default `<data_dir>/admin.sock`); one per node.
+    pub admin_socket: Option<PathBuf>,
     /// The agents child runs can use, each with a `name` and a `kind`.
     pub agents: Vec<AgentConfig>,
     /// Signs session cookies; every node of a cluster needs the same one (`reins keygen` prints
@@ -248,6 +250,7 @@ impl Default for Config {
             recovery: Recovery::Manual,
             log_format: LogFormat::Text,
             workspaces_dir: None,
+            admin_socket: None,
             agents: vec![AgentConfig::Scripted {
                 name: "scripted".into(),
             }],
@@ -362,6 +365,26 @@ impl Config {
             .unwrap_or_else(|| self.data_dir.join("workspaces"))
     }
 
+    /// Where the admin socket lives.
+    pub fn admin_socket(&self) -> PathBuf {
+        self.admin_socket
+            .clone()
+            .unwrap_or_else(|| self.data_dir.join("admin.sock"))
+    }
+
+    /// The configuration as operators may see it: secrets replaced, the database URL without
+    /// its password.
+    pub fn redacted(&self) -> serde_json::Value {
+        let mut value = serde_json::to_value(self).unwrap_or_default();
+        if self.secret.is_some() {
+            value["secret"] = serde_json::json!("<redacted>");
+        }
+        if let Ok(url) = DatabaseUrl::parse(&self.database) {
+            value["database"] = serde_json::json!(url.redacted());
+        }
+        value
+    }
+
     /// The store options this configuration asks for.
     pub fn store_options(&self, holder: &str) -> StoreOptions {
         StoreOptions {
@@ -443,7 +466,7 @@ fn apply_override(table: &mut toml::Table, variable: &str, value: &str) -> Resul
 }
 
 /// Keys whose default is "not set", so the serialized defaults do not show them.
-const OPTIONAL_KEYS: &[&str] = &["workspaces_dir", "secret"];
+const OPTIONAL_KEYS: &[&str] = &["workspaces_dir", "secret", "admin_socket"];
 
 /// Whether a dotted key path names a field of [`Config`], judged from the serialized defaults.
 fn is_known_key(path: &[String]) -> bool {

@@ -26,6 +26,8 @@ enum Command {
     Serve(api::serve::ServeArgs),
     /// Print a new random secret for `secret` (every node of a cluster needs the same one).
     Keygen,
+    /// Ask a running node on this host, over its admin socket.
+    Admin(api::admin::client::AdminArgs),
     #[command(flatten)]
     Client(api::cli::Command),
 }
@@ -51,6 +53,7 @@ fn main() -> ExitCode {
                     0
                 })
                 .map_err(|e| anyhow::anyhow!("{}", e.message)),
+            Command::Admin(args) => api::admin::client::run(args, cli.common.json).await,
             Command::Client(command) => api::cli::run(cli.common, command).await,
         }
     });

@@ -14,6 +14,7 @@ use tokio::net::TcpListener;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
 
+use crate::admin;
 use crate::config::{Config, LogFormat};
 use crate::http::{self, AppState};
 
@@ -45,6 +46,10 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     )
     .await
     .context("cannot open the database (config key `database`)")?;
+    // After the store: a second node on one SQLite file hears about the database (the real
+    // conflict) rather than about the socket they would also share.
+    let admin_path = config.admin_socket();
+    admin::socket_free(&admin_path)?;
     let migrated = store
         .migrate()
         .await
@@ -118,6 +123,16 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     ));
     let (stop, stopping) = watch::channel(false);
     let drain_timeout = Duration::from_millis(config.shutdown.drain_timeout_ms);
+    let (admin_listener, admin_socket) = admin::bind(&admin_path)?;
+    let admin_server = tokio::spawn(admin::serve(
+        admin_listener,
+        Arc::new(admin::AdminContext {
+            app: Arc::clone(&state),
+            config: config.redacted(),
+            max_active_children: config.limits.max_active_children,
+        }),
+        stopping.clone(),
+    ));
     let server = tokio::spawn(http::serve(
         listener,
         Arc::clone(&state),
@@ -131,6 +146,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         _ = tokio::signal::ctrl_c() => tracing::info!("interrupt: draining"),
     }
     state.draining.store(true, Ordering::SeqCst);
+    state.node.workflows().drain();
     let grace = Duration::from_millis(config.shutdown.drain_grace_ms);
     if !grace.is_zero() {
         tracing::info!(
@@ -142,6 +158,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     // The receiver lives in the server task; if it has ended, there is nothing left to stop.
     let _ = stop.send(true);
     server.await.context("the HTTP server task failed")?;
+    admin_server.await.context("the admin socket task failed")?;
+    drop(admin_socket);
     let state =
         Arc::into_inner(state).context("a request still holds the node after the drain timeout")?;
     state.node.shutdown().await.context("clean shutdown")?;

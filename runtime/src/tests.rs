@@ -157,6 +157,39 @@ fn a_replay_resumes_an_in_flight_step_and_runs_only_what_is_new() {
 }
 
 #[test]
+fn a_replay_does_not_log_again_what_the_first_run_logged() {
+    let script = r#"
+        console.log("start");
+        await agent({stepId: "a", agentRef: "w", task: "x"});
+        console.log("after a");
+        await agent({stepId: "b", agentRef: "w", task: "y"});
+        console.log("after b");
+        return 1;
+    "#;
+    let mut first = Vm::start(script, &json!({}), options(vec![])).expect("start");
+    let activation = first.run();
+    assert_eq!(activation.logs, vec!["start".to_owned()]);
+    let command = activation.commands[0].clone();
+    let settled = first
+        .settle(command.id, echo(&command), 5)
+        .expect("settled");
+    let activation = first.run();
+    assert_eq!(activation.logs, vec!["after a".to_owned()]);
+    // The node dies with "a" done and "b" journaled; another node replays.
+    let journal = vec![settled, activation.journal[0].clone()];
+    let mut replay = Vm::start(script, &json!({}), options(journal)).expect("replay");
+    let activation = replay.run();
+    assert!(
+        activation.logs.is_empty(),
+        "replay logged again: {:?}",
+        activation.logs
+    );
+    let command = activation.commands[0].clone();
+    replay.settle(command.id, echo(&command), 6);
+    assert_eq!(replay.run().logs, vec!["after b".to_owned()]);
+}
+
+#[test]
 fn a_script_edited_to_call_another_step_fails_with_both_sides_named() {
     let original = r#"await agent({stepId: "a", agentRef: "x", task: 1}); return 1;"#;
     let edited = r#"await agent({stepId: "b", agentRef: "x", task: 1}); return 1;"#;

@@ -501,7 +501,12 @@ fn install(ctx: &rquickjs::Ctx<'_>, host: &Rc<RefCell<Host>>) -> Result<(), Erro
         Function::new(ctx.clone(), move || -> f64 { h.borrow_mut().random() }).map_err(engine)?;
     let h = Rc::clone(host);
     let log = Function::new(ctx.clone(), move |line: String| {
-        h.borrow_mut().logs.push(line);
+        let mut host = h.borrow_mut();
+        // Before the script has made every call of the journal, it is replaying what already
+        // ran, and what it logged then was logged then: once is the truth.
+        if host.next_seq as usize >= host.replayed {
+            host.logs.push(line);
+        }
     })
     .map_err(engine)?;
     let h = Rc::clone(host);

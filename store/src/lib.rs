@@ -8,6 +8,7 @@
 mod error;
 mod lease;
 mod migrations;
+mod operators;
 mod postgres;
 mod runs;
 mod sqlite;
@@ -23,6 +24,7 @@ use serde::Serialize;
 pub use error::{Error, Result};
 pub use lease::{Fence, Lease};
 pub use migrations::{MigrationReport, SCHEMA_VERSION};
+pub use operators::{SlotRow, StatusCount};
 pub use runs::{
     Admission, ApprovalAnswer, CancelAction, NewRun, RunOutcome, RunRenewal, RunRow, RunStatus,
     WorkflowStep, pending_request_id,
@@ -70,6 +72,14 @@ impl DatabaseUrl {
     }
 
     /// The backend's name as shown to operators.
+    /// The URL as it may be shown: a PostgreSQL password replaced.
+    pub fn redacted(&self) -> String {
+        match self {
+            DatabaseUrl::Sqlite(path) => format!("sqlite:{}", path.display()),
+            DatabaseUrl::Postgres(url) => postgres::redact(url),
+        }
+    }
+
     pub fn backend(&self) -> Backend {
         match self {
             DatabaseUrl::Sqlite(_) => Backend::Sqlite,
@@ -465,6 +475,21 @@ impl Store {
     pub async fn revoke_token(&self, user_id: &str, token_id: &str) -> Result<bool> {
         retry(|| async { on_backend!(self, store => store.revoke_token(user_id, token_id).await) })
             .await
+    }
+
+    /// Workflows by status: this node's (`owner`), or everyone's.
+    pub async fn workflow_counts(&self, owner: Option<&str>) -> Result<Vec<StatusCount>> {
+        retry(|| async { on_backend!(self, store => store.workflow_counts(owner).await) }).await
+    }
+
+    /// Child runs owned by `owner`, by status.
+    pub async fn run_counts(&self, owner: &str) -> Result<Vec<StatusCount>> {
+        retry(|| async { on_backend!(self, store => store.run_counts(owner).await) }).await
+    }
+
+    /// The child slots held, oldest first, at most `limit`.
+    pub async fn list_slots(&self, limit: u32) -> Result<Vec<SlotRow>> {
+        retry(|| async { on_backend!(self, store => store.list_slots(limit).await) }).await
     }
 
     /// Records a node that has started.

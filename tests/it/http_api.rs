@@ -81,9 +81,10 @@ impl Db {
 
 /// One real node.
 pub struct Node {
-    process: ReinsProcess,
+    pub process: ReinsProcess,
     pub addr: SocketAddr,
-    _dir: TempDir,
+    /// The node's working folder; its `data_dir` is `data` in it.
+    pub dir: TempDir,
 }
 
 pub const SECRET: &str = "test-secret-shared-by-the-nodes-0123456789";
@@ -107,11 +108,7 @@ impl Node {
         }
         let mut process = ReinsProcess::serve(dir.path(), addr, &env);
         process.wait_ready(Duration::from_secs(30));
-        Node {
-            process,
-            addr,
-            _dir: dir,
-        }
+        Node { process, addr, dir }
     }
 
     pub fn api(&self) -> Api {
@@ -120,6 +117,11 @@ impl Node {
 
     pub fn signal(&self, signal: i32) {
         self.process.signal(signal);
+    }
+
+    /// The node's admin socket (the default, in its data folder).
+    pub fn admin_socket(&self) -> PathBuf {
+        self.dir.path().join("data/admin.sock")
     }
 }
 

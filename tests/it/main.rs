@@ -17,6 +17,7 @@ mod leases;
 mod migrations;
 mod node_process;
 mod openai_agent;
+mod operators;
 mod runs_store;
 mod workflows;
 mod workflows_store;

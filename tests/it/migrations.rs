@@ -26,14 +26,17 @@ async fn three_nodes_migrate_one_fresh_postgres_at_once() {
     let db = TestDb::postgres_empty().await;
     let dir = tempfile::tempdir().expect("temp dir");
     let mut nodes: Vec<ReinsProcess> = (0..3)
-        .map(|_| {
+        .map(|n| {
             let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
+            // Nodes on one host each keep their own folder (and admin socket).
+            let data_dir = dir.path().join(format!("node-{n}"));
             ReinsProcess::serve(
                 dir.path(),
                 addr,
                 &[
                     ("REINS_DATABASE", db.url()),
                     ("REINS_LISTEN", addr.to_string()),
+                    ("REINS_DATA_DIR", data_dir.display().to_string()),
                 ],
             )
         })

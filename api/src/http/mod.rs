@@ -232,16 +232,45 @@ async fn handle(state: &AppState, request: Request<Incoming>, peer: SocketAddr) 
     let method = request.method().as_str().to_owned();
     let path = request.uri().path().to_owned();
     let span = tracing::info_span!("request", %method, %path);
+    // Counted by route template, never by raw path: ids would make the label set unbounded.
+    let route = match routes::find(&method, &path) {
+        Found::Route(route, _) => route.path,
+        Found::WrongMethod(_) => "(method not allowed)",
+        Found::Nothing => "(no route)",
+    };
     async move {
         let reply = match respond(state, request, peer.ip()).await {
             Ok(reply) => reply,
             Err(error) => error_reply(&error),
         };
-        tracing::debug!(status = reply.status().as_u16(), "request");
+        let status = reply.status();
+        tracing::debug!(status = status.as_u16(), "request");
+        state.node.metrics().inc(
+            "reins_http_requests_total",
+            &[
+                ("method", known_method(&method)),
+                ("route", route),
+                ("status", status.as_str()),
+            ],
+        );
         reply
     }
     .instrument(span)
     .await
+}
+
+/// The method as a label: the ones the API uses, anything else as `other`.
+fn known_method(method: &str) -> &'static str {
+    match method {
+        "GET" => "GET",
+        "POST" => "POST",
+        "DELETE" => "DELETE",
+        "HEAD" => "HEAD",
+        "PUT" => "PUT",
+        "PATCH" => "PATCH",
+        "OPTIONS" => "OPTIONS",
+        _ => "other",
+    }
 }
 
 async fn respond(
@@ -310,6 +339,7 @@ async fn dispatch(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
             },
         )),
         Op::Ready => ready(ctx.state).await,
+        Op::Metrics => metrics(ctx.state).await,
         Op::OpenApi => Ok(json_reply(StatusCode::OK, openapi::document())),
         Op::Plugins => Ok(json_reply(StatusCode::OK, workflows::plugins())),
         Op::Initialize => users::initialize(ctx).await,
@@ -434,6 +464,41 @@ fn cookie_header(headers: &HeaderMap) -> String {
         .filter_map(|v| v.to_str().ok())
         .collect::<Vec<_>>()
         .join("; ")
+}
+
+/// The node's counters plus what the database says right now: workflows by status (the whole
+/// cluster) and the store pool.
+async fn metrics(state: &AppState) -> Result<Reply, ApiError> {
+    let mut text = state.node.metrics().render();
+    let store = state.node.store();
+    let counts = store.workflow_counts(None).await?;
+    let samples: Vec<_> = counts
+        .iter()
+        .map(|c| (vec![("status", c.status.as_str())], c.count as f64))
+        .collect();
+    actors::metrics::render_gauge(
+        &mut text,
+        "reins_workflows",
+        "Workflows in the database, by stored status.",
+        &samples,
+    );
+    if let Some((size, idle)) = store.health().await?.pool {
+        actors::metrics::render_gauge(
+            &mut text,
+            "reins_store_pool_connections",
+            "PostgreSQL pool connections open, and idle among them.",
+            &[
+                (vec![("state", "open")], size as f64),
+                (vec![("state", "idle")], idle as f64),
+            ],
+        );
+    }
+    let mut reply = Response::new(Full::new(Bytes::from(text)));
+    reply.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+    );
+    Ok(reply)
 }
 
 async fn ready(state: &AppState) -> Result<Reply, ApiError> {

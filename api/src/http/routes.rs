@@ -38,6 +38,7 @@ pub enum Body {
 pub enum Op {
     Health,
     Ready,
+    Metrics,
     OpenApi,
     Plugins,
     Initialize,
@@ -153,6 +154,7 @@ const fn action(
 pub static ROUTES: &[Route] = &[
     route("GET", "/health", Op::Health, Access::Public, "The process is alive", Body::None, 200, Some(schema::<HealthReply>)),
     route("GET", "/health/ready", Op::Ready, Access::Public, "The database answers, its schema is this build's, and the node is not draining", Body::None, 200, None),
+    route("GET", "/metrics", Op::Metrics, Access::Public, "Prometheus metrics (text format)", Body::None, 200, None),
     route("GET", "/api/v1/openapi.json", Op::OpenApi, Access::Public, "This description", Body::None, 200, None),
     route("GET", "/api/plugins", Op::Plugins, Access::Public, "The plugins offered (the compatible surface)", Body::None, 200, Some(schema::<PluginsReply>)),
     route("POST", "/api/v1/auth/initialize", Op::Initialize, Access::Public, "Create the first admin and sign in (409 once any user exists)", Body::Json(schema::<InitializeBody>), 201, Some(schema::<UserReply>)),

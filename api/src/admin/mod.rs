@@ -1,0 +1,212 @@
+//! The admin socket: one Unix socket per node (mode 0600) speaking JSON lines, for operators on
+//! the node's host. A request is one line `{"command": NAME, ...}`; the answer is one line
+//! `{"ok": true, "result": ...}` or `{"ok": false, "error": "..."}`. Commands read live state
+//! from the node's actors and the store, so whatever later issues add shows up here without a
+//! new protocol. `reins admin` ([`client`]) is the command line over it.
+
+pub mod client;
+mod socket;
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tokio::io::AsyncWriteExt;
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::watch;
+use tokio_util::codec::{FramedRead, LinesCodec, LinesCodecError};
+
+pub use socket::{AdminSocket, Error, bind, check_free as socket_free};
+
+use crate::http::AppState;
+
+/// A request line's bytes at most.
+const REQUEST_BYTES_MAX: usize = 64 * 1024;
+/// How long a command may take before the answer says so.
+const COMMAND_TIMEOUT: Duration = Duration::from_secs(10);
+/// Slots listed at most (the count is always exact).
+const SLOTS_LISTED_MAX: u32 = 1000;
+
+/// What admin commands need besides the node.
+pub struct AdminContext {
+    pub app: Arc<AppState>,
+    /// The effective configuration with secrets redacted.
+    pub config: Value,
+    pub max_active_children: u64,
+}
+
+/// One request.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, tag = "command", rename_all = "snake_case")]
+pub enum Request {
+    Status,
+    Workflows,
+    Leases,
+    Slots,
+    Actors,
+    Drain,
+    Config,
+    Fence { run_id: String },
+}
+
+/// Serves the socket until `stop` turns true, then ends every open connection, so that nothing
+/// holds the node once this returns.
+pub async fn serve(
+    listener: UnixListener,
+    context: Arc<AdminContext>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut connections = tokio::task::JoinSet::new();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    let context = Arc::clone(&context);
+                    connections.spawn(async move { connection(stream, &context).await });
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "admin socket accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+            () = stopped(&mut stop) => break,
+        }
+    }
+    connections.abort_all();
+    while connections.join_next().await.is_some() {}
+}
+
+/// Resolves once `stop` turns true (or its sender is gone, which also means stop).
+async fn stopped(stop: &mut watch::Receiver<bool>) {
+    let _ = stop.wait_for(|stopping| *stopping).await.map(|_| ());
+}
+
+async fn connection(stream: UnixStream, context: &AdminContext) {
+    let (reader, mut writer) = stream.into_split();
+    let mut lines = FramedRead::new(reader, LinesCodec::new_with_max_length(REQUEST_BYTES_MAX));
+    loop {
+        let answer = match lines.next().await {
+            None => return,
+            Some(Err(LinesCodecError::MaxLineLengthExceeded)) => {
+                json!({"ok": false, "error": format!("a request line is at most {REQUEST_BYTES_MAX} bytes")})
+            }
+            Some(Err(LinesCodecError::Io(_))) => return,
+            Some(Ok(line)) => match serde_json::from_str::<Request>(&line) {
+                Err(error) => json!({"ok": false, "error": format!("bad request: {error}")}),
+                Ok(request) => {
+                    match tokio::time::timeout(COMMAND_TIMEOUT, run(context, request)).await {
+                        Ok(Ok(result)) => json!({"ok": true, "result": result}),
+                        Ok(Err(error)) => json!({"ok": false, "error": error}),
+                        Err(_) => json!({"ok": false, "error": format!(
+                            "the command did not finish within {} s", COMMAND_TIMEOUT.as_secs())}),
+                    }
+                }
+            },
+        };
+        let mut bytes = answer.to_string().into_bytes();
+        bytes.push(b'\n');
+        if writer.write_all(&bytes).await.is_err() {
+            return;
+        }
+    }
+}
+
+fn text(error: impl std::fmt::Display) -> String {
+    error.to_string()
+}
+
+/// Carries out one command.
+async fn run(context: &AdminContext, request: Request) -> Result<Value, String> {
+    let node = &context.app.node;
+    let store = node.store();
+    match request {
+        Request::Status => {
+            let status = node.status().await.map_err(text)?;
+            let health = store.health().await.map_err(text)?;
+            let worker_id = &status.worker_id;
+            let workflows = store.workflow_counts(Some(worker_id)).await.map_err(text)?;
+            let runs = store.run_counts(worker_id).await.map_err(text)?;
+            Ok(json!({
+                "worker_id": status.worker_id,
+                "version": status.version,
+                "runtime_version": status.runtime_version,
+                "configuration_version": status.configuration_version,
+                "uptime_seconds": status.uptime_seconds,
+                "backend": health.backend,
+                "schema_version": health.schema_version,
+                "draining": context.app.draining.load(Ordering::SeqCst),
+                "workflows": workflows,
+                "child_runs": runs,
+            }))
+        }
+        Request::Workflows => {
+            let leases = node.leases().await.map_err(text)?;
+            let mut owned = Vec::new();
+            for lease in leases {
+                let actors::LeaseKind::Workflow { epoch } = lease.kind else {
+                    continue;
+                };
+                let status = store
+                    .read_workflow(&lease.run_id)
+                    .await
+                    .map_err(text)?
+                    .map(|row| row.status);
+                owned.push(json!({
+                    "run_id": lease.run_id,
+                    "status": status,
+                    "epoch": epoch,
+                    "lease_remaining_ms": lease.remaining_ms,
+                    "renewing": lease.renewing,
+                }));
+            }
+            Ok(Value::Array(owned))
+        }
+        Request::Leases => {
+            let leases = node.leases().await.map_err(text)?;
+            Ok(Value::Array(
+                leases
+                    .into_iter()
+                    .map(|lease| {
+                        let (kind, epoch) = match lease.kind {
+                            actors::LeaseKind::Run => ("run", None),
+                            actors::LeaseKind::Workflow { epoch } => ("workflow", Some(epoch)),
+                        };
+                        json!({
+                            "resource_id": lease.run_id,
+                            "kind": kind,
+                            "epoch": epoch,
+                            "remaining_ms": lease.remaining_ms,
+                            "renewing": lease.renewing,
+                            "refused": lease.refused,
+                        })
+                    })
+                    .collect(),
+            ))
+        }
+        Request::Slots => {
+            let held = store.count_slots().await.map_err(text)?;
+            let slots = store.list_slots(SLOTS_LISTED_MAX).await.map_err(text)?;
+            Ok(json!({
+                "max_active_children": context.max_active_children,
+                "held": held,
+                "slots": slots,
+            }))
+        }
+        Request::Actors => serde_json::to_value(node.actors()).map_err(text),
+        Request::Drain => {
+            context.app.draining.store(true, Ordering::SeqCst);
+            node.workflows().drain();
+            tracing::info!("draining (admin socket): no new launches or recoveries");
+            Ok(json!({"draining": true}))
+        }
+        Request::Config => Ok(context.config.clone()),
+        Request::Fence { run_id } => {
+            let epoch = node.workflows().fence(&run_id).await.map_err(text)?;
+            Ok(json!({"run_id": run_id, "released_epoch": epoch}))
+        }
+    }
+}

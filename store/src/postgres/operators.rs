@@ -1,0 +1,60 @@
+//! Operator reads on PostgreSQL.
+
+use tokio_postgres::Row;
+
+use super::PgStore;
+use crate::Result;
+use crate::operators::{SlotRow, StatusCount};
+
+fn status_count(row: &Row) -> StatusCount {
+    StatusCount {
+        status: row.get(0),
+        count: row.get(1),
+    }
+}
+
+impl PgStore {
+    pub(crate) async fn workflow_counts(&self, owner: Option<&str>) -> Result<Vec<StatusCount>> {
+        let client = self.pool.get().await?;
+        let rows = client
+            .query(
+                "SELECT status, count(*) FROM workflows WHERE $1::text IS NULL OR owner = $1
+                  GROUP BY status ORDER BY status",
+                &[&owner],
+            )
+            .await?;
+        Ok(rows.iter().map(status_count).collect())
+    }
+
+    pub(crate) async fn run_counts(&self, owner: &str) -> Result<Vec<StatusCount>> {
+        let client = self.pool.get().await?;
+        let rows = client
+            .query(
+                "SELECT status, count(*) FROM runs WHERE owner_worker_id = $1
+                  GROUP BY status ORDER BY status",
+                &[&owner],
+            )
+            .await?;
+        Ok(rows.iter().map(status_count).collect())
+    }
+
+    pub(crate) async fn list_slots(&self, limit: u32) -> Result<Vec<SlotRow>> {
+        let client = self.pool.get().await?;
+        let rows = client
+            .query(
+                "SELECT workflow, step_id, attempt, created_at FROM workflow_slots
+                  ORDER BY created_at, workflow, step_id LIMIT $1",
+                &[&i64::from(limit)],
+            )
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|row| SlotRow {
+                workflow_id: row.get(0),
+                step_id: row.get(1),
+                attempt: row.get(2),
+                created_at: row.get(3),
+            })
+            .collect())
+    }
+}

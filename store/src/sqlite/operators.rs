@@ -1,0 +1,61 @@
+//! Operator reads on SQLite.
+
+use rusqlite::Row;
+
+use super::SqliteStore;
+use crate::Result;
+use crate::operators::{SlotRow, StatusCount};
+
+fn status_count(row: &Row<'_>) -> rusqlite::Result<StatusCount> {
+    Ok(StatusCount {
+        status: row.get(0)?,
+        count: row.get(1)?,
+    })
+}
+
+impl SqliteStore {
+    pub(crate) async fn workflow_counts(&self, owner: Option<&str>) -> Result<Vec<StatusCount>> {
+        let owner = owner.map(str::to_owned);
+        self.read(move |connection| {
+            let mut statement = connection.prepare_cached(
+                "SELECT status, count(*) FROM workflows WHERE ?1 IS NULL OR owner = ?1
+                  GROUP BY status ORDER BY status",
+            )?;
+            let rows = statement.query_map([&owner], status_count)?;
+            Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
+        })
+        .await
+    }
+
+    pub(crate) async fn run_counts(&self, owner: &str) -> Result<Vec<StatusCount>> {
+        let owner = owner.to_owned();
+        self.read(move |connection| {
+            let mut statement = connection.prepare_cached(
+                "SELECT status, count(*) FROM runs WHERE owner_worker_id = ?1
+                  GROUP BY status ORDER BY status",
+            )?;
+            let rows = statement.query_map([&owner], status_count)?;
+            Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
+        })
+        .await
+    }
+
+    pub(crate) async fn list_slots(&self, limit: u32) -> Result<Vec<SlotRow>> {
+        self.read(move |connection| {
+            let mut statement = connection.prepare_cached(
+                "SELECT workflow, step_id, attempt, created_at FROM workflow_slots
+                  ORDER BY created_at, workflow, step_id LIMIT ?1",
+            )?;
+            let rows = statement.query_map([limit], |row| {
+                Ok(SlotRow {
+                    workflow_id: row.get(0)?,
+                    step_id: row.get(1)?,
+                    attempt: row.get(2)?,
+                    created_at: row.get(3)?,
+                })
+            })?;
+            Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
+        })
+        .await
+    }
+}
