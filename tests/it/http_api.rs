@@ -1061,3 +1061,84 @@ async fn a_draining_node_refuses_launches_and_recoveries_with_503_and_still_answ
         "reads are still served"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_admin_recovers_and_reconciles_an_uncertain_step_through_rest() {
+    let db = Db::new(false).await;
+    let faults = tempfile::tempdir().expect("fault dir");
+    std::fs::write(faults.path().join("hold_model"), b"").expect("hold");
+    let node = Node::start(
+        &db,
+        &[("REINS_FAULT_DIR", faults.path().display().to_string())],
+    );
+    let mut api = initialize(&node).await;
+    let script = "const r = await agent({stepId: 'held', agentRef: 'scripted', \
+                  task: {hold_while: 'hold_model', output: 'real'}}); return r.output;";
+    let run = api.action("launch", json!({"script": script})).await.json()["run_id"]
+        .as_str()
+        .expect("id")
+        .to_owned();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while api
+        .call("GET", &format!("/api/v1/workflows/{run}"), None)
+        .await
+        .json()["steps"][0]["status"]
+        != "running"
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the child never ran"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The operator moves the workflow away; its child run goes on, its outcome unknown to
+    // whoever recovers the workflow.
+    crate::operators::admin_json(&node.admin_socket(), &["fence", &run]);
+    wait_for(&mut api, &run, "recoverable").await;
+    let recovered = api
+        .call("POST", &format!("/api/v1/workflows/{run}/recover"), None)
+        .await;
+    assert_eq!(recovered.status, 200, "{recovered:?}");
+    let uncertain = wait_for(&mut api, &run, "needs_reconciliation").await;
+    assert_eq!(
+        uncertain["steps"].as_array().map(Vec::len),
+        Some(1),
+        "no second child run"
+    );
+    let again = api
+        .call("POST", &format!("/api/v1/workflows/{run}/recover"), None)
+        .await;
+    assert_refused(&again, 422, "refused", "reconcil");
+    let bad = api
+        .call(
+            "POST",
+            &format!("/api/v1/workflows/{run}/reconcile"),
+            Some(json!({"step_id": "held", "resolution": "complete", "reason": "checked"})),
+        )
+        .await;
+    assert_refused(&bad, 400, "bad_request", "output");
+    let settled = api
+        .call(
+            "POST",
+            &format!("/api/v1/workflows/{run}/reconcile"),
+            Some(
+                json!({"step_id": "held", "resolution": "complete", "output": "settled by hand",
+                    "reason": "the report exists"}),
+            ),
+        )
+        .await;
+    assert_eq!(settled.status, 200, "{settled:?}");
+    let done = wait_for(&mut api, &run, "completed").await;
+    assert_eq!(done["result"], "settled by hand");
+    let runs = db
+        .sql(&format!(
+            "SELECT count(*) FROM runs WHERE workflow = '{run}'"
+        ))
+        .await;
+    assert_eq!(
+        runs.as_deref(),
+        Some("1"),
+        "the old child run stays on record, alone"
+    );
+    std::fs::remove_file(faults.path().join("hold_model")).expect("release");
+}

@@ -14,7 +14,7 @@ use crate::harness::{ReinsProcess, free_port, reins_command};
 use crate::http_api::{Db, Node, initialize, wait_for};
 use crate::http_client::Api;
 
-fn admin(socket: &Path, args: &[&str]) -> Output {
+pub fn admin(socket: &Path, args: &[&str]) -> Output {
     let dir = socket.parent().expect("socket folder");
     reins_command(dir, &[])
         .arg("admin")
@@ -25,7 +25,7 @@ fn admin(socket: &Path, args: &[&str]) -> Output {
         .expect("run reins admin")
 }
 
-fn admin_json(socket: &Path, args: &[&str]) -> Value {
+pub fn admin_json(socket: &Path, args: &[&str]) -> Value {
     let mut all = args.to_vec();
     all.push("--json");
     let output = admin(socket, &all);
