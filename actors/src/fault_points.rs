@@ -2,7 +2,8 @@
 //! set, the node reads `arm.json` (`{"boundary": NAME}`) there; the first time the workflow code
 //! reaches that boundary, it writes `reached.json` and waits until a file `release` appears (or
 //! the process is killed). Boundaries: `before_admission`, `admission`, `result_before`, `result`,
-//! `approval`, `capture`, `cancelling`.
+//! `approval`, `capture`, `cancelling`. What a released stale owner then meets at admission or
+//! capture is written to `admission_error` or `capture_error` (`LeaseLost` when it was fenced).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -25,6 +26,17 @@ impl FaultPoints {
         FaultPoints {
             dir,
             fired: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    /// Writes what a write at `point` (`admission_error`, `capture_error`) failed with.
+    pub async fn record_error(&self, point: &str, error: &store::Error) {
+        let text = match error {
+            store::Error::LeaseLost { .. } => "LeaseLost".to_owned(),
+            other => other.to_string(),
+        };
+        if let Err(failure) = tokio::fs::write(self.dir.join(point), text).await {
+            tracing::error!(%failure, point, "cannot write the fault record");
         }
     }
 

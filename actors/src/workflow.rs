@@ -171,6 +171,8 @@ pub(crate) struct WorkflowState {
     done: bool,
     /// A cancellation in progress: the control to mark applied when it ends.
     cancelling: Option<i64>,
+    /// What the last failed journal write failed with (fault records for tests).
+    last_write_error: Option<store::Error>,
     span: tracing::Span,
 }
 
@@ -223,7 +225,11 @@ impl WorkflowState {
 
     /// A fenced write; a lost lease stops the workflow here.
     async fn write(&mut self, myself: &ActorRef<WorkflowMsg>, ops: Vec<WriteOp>) -> bool {
-        match self.args.store.fenced_write(&self.args.fence, ops).await {
+        let written = self.args.store.fenced_write(&self.args.fence, ops).await;
+        if let Err(error) = &written {
+            self.last_write_error = Some(error.clone());
+        }
+        match written {
             Ok(()) => true,
             Err(store::Error::LeaseLost { .. }) => {
                 tracing::warn!(parent: &self.span, "lease lost: the workflow stops here");
@@ -386,6 +392,9 @@ impl WorkflowState {
                 faults.reach("before_admission", &workflow_id).await;
             }
             let result = runs.start(request).await;
+            if let (Some(faults), Err(Error::Store(error))) = (&faults, &result) {
+                faults.record_error("admission_error", error).await;
+            }
             let _ = me.send_message(WorkflowMsg::Admission {
                 id,
                 result: Box::new(result),
@@ -588,6 +597,12 @@ impl WorkflowState {
             Ok(Admitted::Queued) => {
                 myself.send_after(SLOT_RETRY, move || WorkflowMsg::RetryAdmission(id));
             }
+            Err(Error::Store(store::Error::LeaseLost { .. })) => {
+                // Fenced at admission: no child run exists, and nothing more is ours to write.
+                tracing::warn!(parent: &self.span, step_id = %command.step_id,
+                    "admission refused: the lease is lost; the workflow stops here");
+                self.stop(myself);
+            }
             Err(error) => {
                 let outcome =
                     Outcome::Rejected(json!({"message": error.to_string(), "status": "error"}));
@@ -714,7 +729,16 @@ impl WorkflowState {
                 }
             }
         };
+        let capture = command.kind == CallKind::CaptureArtifact;
         self.conclude(myself, id, outcome, extra, json!({})).await;
+        if let (true, true, Some(faults), Some(error)) = (
+            capture,
+            self.done,
+            &self.args.faults,
+            &self.last_write_error,
+        ) {
+            faults.record_error("capture_error", error).await;
+        }
     }
 
     /// The bytes of the file a capture names, from the source step's thread workspace. A file
@@ -1014,6 +1038,7 @@ impl Actor for WorkflowSupervisor {
             status: "running",
             done: false,
             cancelling: None,
+            last_write_error: None,
             span,
         })
     }

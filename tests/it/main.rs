@@ -19,5 +19,6 @@ mod node_process;
 mod openai_agent;
 mod operators;
 mod runs_store;
+mod stale_owner;
 mod workflows;
 mod workflows_store;
