@@ -5,6 +5,7 @@
 mod harness;
 
 mod bad_config;
+mod cancel_crash;
 mod child_runs;
 mod cli;
 mod cluster;

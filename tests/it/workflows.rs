@@ -9,7 +9,7 @@ use actors::{Decide, LaunchRequest, Resume, WorkflowView};
 use serde_json::json;
 use store::ControlWrite;
 
-use crate::harness::{TestNode, eventually, on_both_backends};
+use crate::harness::{TestDb, TestNode, eventually, on_both_backends};
 
 const SCRIPT: &str = r#"
     const draft = await agent({stepId: "draft", agentRef: "scripted", task: {
@@ -206,6 +206,58 @@ const RECOVERABLE: &str = r#"
     const second = await agent({stepId: "second", agentRef: "scripted", task: "two"});
     return {first: first.output, input, second: second.output, firstRun: first.runId};
 "#;
+
+/// Replaces a workflow's stored script behind the engine's back (what a tampered or wrongly
+/// migrated row would look like).
+async fn edit_stored_script(db: &TestDb, id: &str, script: &str) {
+    match db {
+        TestDb::Postgres { .. } => {
+            let client = db.pg_client().await;
+            let changed = client
+                .execute(
+                    "UPDATE workflows SET data = jsonb_set(data, '{script}', to_jsonb($2::text)) WHERE id = $1",
+                    &[&id, &script],
+                )
+                .await
+                .expect("edit");
+            assert_eq!(changed, 1);
+        }
+        TestDb::Sqlite { dir, .. } => {
+            let connection = rusqlite::Connection::open(dir.path().join("reins.db")).expect("open");
+            connection
+                .busy_timeout(Duration::from_secs(5))
+                .expect("busy timeout");
+            let changed = connection
+                .execute(
+                    "UPDATE workflows SET data = json_set(data, '$.script', ?2) WHERE id = ?1",
+                    rusqlite::params![id, script],
+                )
+                .expect("edit");
+            assert_eq!(changed, 1);
+        }
+    }
+}
+
+on_both_backends! {
+    async fn a_replay_that_meets_a_different_call_fails_the_workflow_naming_both_sides(db: TestDb) {
+        let shared = tempfile::tempdir().expect("temp dir");
+        let owner = TestNode::start(&db, "owner", 1_500, shared.path()).await;
+        let heir = TestNode::start(&db, "heir", 1_500, shared.path()).await;
+        let request = LaunchRequest { user_id: "ada".into(), request_id: None,
+            script: RECOVERABLE.into(), args: json!({}) };
+        let id = owner.node.workflows().launch(request).await.expect("launch").run_id;
+        wait_for_status(&owner, &id, "paused").await;
+        crash_and_wait_for_expiry(owner, &heir, &id).await;
+        edit_stored_script(&db, &id, &RECOVERABLE.replace(r#"stepId: "first""#, r#"stepId: "renamed""#)).await;
+        heir.node.workflows().recover(&id).await.expect("recover");
+        wait_for_status(&heir, &id, "failed").await;
+        let error = view(&heir, &id).await.row.data["error"].as_str().unwrap_or_default().to_owned();
+        assert!(error.contains("non-determinism") && error.contains("\"first\"") && error.contains("\"renamed\""),
+            "{error}");
+        let agents = view(&heir, &id).await.steps.iter().filter(|s| s.kind == "agent").count();
+        assert_eq!(agents, 1, "the diverging call ran nothing");
+    }
+}
 
 on_both_backends! {
     async fn a_workflow_recovered_on_another_node_replays_without_running_a_step_twice(db: TestDb) {
