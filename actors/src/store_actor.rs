@@ -448,7 +448,7 @@ pub struct StoreHandle {
     metrics: Arc<Metrics>,
 }
 
-/// Reads for operators and metrics, each with its reply port.
+/// Reads for operators, metrics and the API's views, each with its reply port.
 pub enum OperatorsRequest {
     WorkflowCounts {
         owner: Option<String>,
@@ -461,6 +461,10 @@ pub enum OperatorsRequest {
     ListSlots {
         limit: u32,
         reply: RpcReplyPort<store::Result<Vec<SlotRow>>>,
+    },
+    Snapshot {
+        workflow_id: String,
+        reply: RpcReplyPort<store::Result<Option<store::Snapshot>>>,
     },
     CountSlots {
         reply: RpcReplyPort<store::Result<i64>>,
@@ -477,6 +481,9 @@ async fn serve_operators(store: &Store, request: OperatorsRequest) {
         }
         OperatorsRequest::ListSlots { limit, reply } => {
             let _ = reply.send(store.list_slots(limit).await);
+        }
+        OperatorsRequest::Snapshot { workflow_id, reply } => {
+            let _ = reply.send(store.read_snapshot(&workflow_id).await);
         }
         OperatorsRequest::CountSlots { reply } => {
             let _ = reply.send(store.count_slots().await);
@@ -920,6 +927,15 @@ impl StoreHandle {
     pub async fn list_slots(&self, limit: u32) -> store::Result<Vec<SlotRow>> {
         self.call("list_slots", Effect::Read, |reply| {
             StoreMsg::Operators(OperatorsRequest::ListSlots { limit, reply })
+        })
+        .await
+    }
+
+    /// See [`Store::read_snapshot`].
+    pub async fn read_snapshot(&self, workflow_id: &str) -> store::Result<Option<store::Snapshot>> {
+        let workflow_id = workflow_id.to_owned();
+        self.call("read_snapshot", Effect::Read, |reply| {
+            StoreMsg::Operators(OperatorsRequest::Snapshot { workflow_id, reply })
         })
         .await
     }

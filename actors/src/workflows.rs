@@ -832,22 +832,22 @@ impl WorkflowsHandle {
 
     /// A workflow with its journal, controls and lease, if it exists.
     pub async fn get(&self, workflow_id: &str) -> Result<Option<WorkflowView>, Error> {
-        let Some(row) = self.store.read_workflow(workflow_id).await? else {
+        let Some(snapshot) = self.store.read_snapshot(workflow_id).await? else {
             return Ok(None);
         };
-        let lease = self.store.read_lease(workflow_id).await?;
+        let row = snapshot.row;
         let live = store::LIVE_STATUSES.contains(&row.status.as_str())
             && row.status != "needs_reconciliation";
         let recoverable = live
-            && match &lease {
-                Some(lease) => lease.expires_at <= self.store.now().await?,
-                None => true,
-            };
+            && snapshot
+                .lease
+                .as_ref()
+                .is_none_or(|lease| lease.expires_at <= snapshot.db_now);
         Ok(Some(WorkflowView {
             row,
-            steps: self.store.read_steps(workflow_id).await?,
-            controls: self.store.read_controls(workflow_id).await?,
-            lease,
+            steps: snapshot.steps,
+            controls: snapshot.controls,
+            lease: snapshot.lease,
             recoverable,
         }))
     }

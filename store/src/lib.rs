@@ -34,7 +34,7 @@ pub use workflows::{
     ControlRow, ControlWrite, Deletion, LIVE_STATUSES, Launch, LaunchLimits, ListFilter,
     NewControl, Purpose, TERMINAL_STATUSES, TakeOver, Versions,
 };
-pub use write::{ArtifactRow, NewWorkflow, StepRow, WorkflowRow, WriteOp};
+pub use write::{ArtifactRow, NewWorkflow, Snapshot, StepRow, WorkflowRow, WriteOp};
 
 /// Where the data lives, parsed from the configuration's `database` value.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -407,6 +407,12 @@ impl Store {
     /// One workflow row, without its journal.
     pub async fn read_workflow(&self, workflow_id: &str) -> Result<Option<WorkflowRow>> {
         retry(|| async { on_backend!(self, store => store.read_workflow(workflow_id).await) }).await
+    }
+
+    /// A workflow with its lease, the database clock, its journal and its controls, read as of
+    /// one moment (what `get` shows).
+    pub async fn read_snapshot(&self, workflow_id: &str) -> Result<Option<Snapshot>> {
+        retry(|| async { on_backend!(self, store => store.read_snapshot(workflow_id).await) }).await
     }
 
     /// A workflow's journal, in the order it was written.

@@ -90,3 +90,14 @@ pub struct WorkflowRow {
     pub created_at: f64,
     pub updated_at: f64,
 }
+
+/// A workflow with everything a reader shows about it, read together.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Snapshot {
+    pub row: WorkflowRow,
+    pub lease: Option<crate::Lease>,
+    /// The database clock when it was read (to judge the lease).
+    pub db_now: f64,
+    pub steps: Vec<StepRow>,
+    pub controls: Vec<crate::ControlRow>,
+}

@@ -6,14 +6,14 @@
 
 use std::str::FromStr;
 
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use deadpool_postgres::{GenericClient, Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use futures_util::future::join_all;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{NoTls, Row};
 
 use crate::lease::{Fence, Lease, ttl_seconds};
 use crate::migrations::{self, MigrationReport, PG_MIGRATION_LOCK};
-use crate::write::{ArtifactRow, StepRow, WorkflowRow, WriteOp};
+use crate::write::{ArtifactRow, Snapshot, StepRow, WorkflowRow, WriteOp};
 use crate::{Error, NodeRecord, Result, StoreOptions};
 
 mod operators;
@@ -263,45 +263,39 @@ impl PgStore {
 
     pub(crate) async fn read_workflow(&self, workflow_id: &str) -> Result<Option<WorkflowRow>> {
         let client = self.pool.get().await?;
-        let row = client
-            .query_opt(
-                "SELECT user_id, status, owner, fingerprint, data, created_at, updated_at
-                   FROM workflows WHERE id = $1",
-                &[&workflow_id],
-            )
-            .await?;
-        Ok(row.map(|row| WorkflowRow {
-            workflow_id: workflow_id.to_owned(),
-            user_id: row.get(0),
-            status: row.get(1),
-            owner: row.get(2),
-            fingerprint: row.get(3),
-            data: row.get(4),
-            created_at: row.get(5),
-            updated_at: row.get(6),
-        }))
+        Ok(workflow_in(&client, workflow_id)
+            .await?
+            .map(|(row, _, _)| row))
     }
 
     pub(crate) async fn read_steps(&self, workflow_id: &str) -> Result<Vec<StepRow>> {
         let client = self.pool.get().await?;
-        let rows = client
-            .query(
-                "SELECT step_id, attempt, kind, status, data, seq FROM workflow_steps
-                  WHERE workflow = $1 ORDER BY seq, attempt",
-                &[&workflow_id],
-            )
+        steps_in(&client, workflow_id).await
+    }
+
+    /// A workflow with its lease, journal and controls: three queries pipelined on one
+    /// connection in a repeatable-read transaction, so they see one moment.
+    pub(crate) async fn read_snapshot(&self, workflow_id: &str) -> Result<Option<Snapshot>> {
+        let mut client = self.pool.get().await?;
+        let transaction = client
+            .build_transaction()
+            .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+            .read_only(true)
+            .start()
             .await?;
-        Ok(rows
-            .iter()
-            .map(|row| StepRow {
-                seq: row.get(5),
-                step_id: row.get(0),
-                attempt: row.get(1),
-                kind: row.get(2),
-                status: row.get(3),
-                data: row.get(4),
-            })
-            .collect())
+        let (head, steps, controls) = futures_util::try_join!(
+            workflow_in(&transaction, workflow_id),
+            steps_in(&transaction, workflow_id),
+            workflows::controls_in(&transaction, workflow_id),
+        )?;
+        transaction.commit().await?;
+        Ok(head.map(|(row, lease, db_now)| Snapshot {
+            row,
+            lease,
+            db_now,
+            steps,
+            controls,
+        }))
     }
 
     pub(crate) async fn read_artifact(
@@ -531,6 +525,63 @@ pub(crate) fn redact(url: &str) -> String {
         }
         _ => url.to_owned(),
     }
+}
+
+/// A workflow row with its lease and the database clock, in one statement.
+async fn workflow_in(
+    client: &impl GenericClient,
+    workflow_id: &str,
+) -> Result<Option<(WorkflowRow, Option<Lease>, f64)>> {
+    let row = client
+        .query_opt(
+            "SELECT w.user_id, w.status, w.owner, w.fingerprint, w.data, w.created_at,
+                    w.updated_at, l.owner, l.epoch, l.expires_at, reins_now()
+               FROM workflows w
+               LEFT JOIN extension_execution_leases l ON l.resource_id = w.id
+              WHERE w.id = $1",
+            &[&workflow_id],
+        )
+        .await?;
+    Ok(row.map(|row| {
+        let lease = row.get::<_, Option<String>>(7).map(|owner| Lease {
+            resource_id: workflow_id.to_owned(),
+            owner,
+            epoch: row.get(8),
+            expires_at: row.get(9),
+        });
+        let workflow = WorkflowRow {
+            workflow_id: workflow_id.to_owned(),
+            user_id: row.get(0),
+            status: row.get(1),
+            owner: row.get(2),
+            fingerprint: row.get(3),
+            data: row.get(4),
+            created_at: row.get(5),
+            updated_at: row.get(6),
+        };
+        (workflow, lease, row.get(10))
+    }))
+}
+
+async fn steps_in(client: &impl GenericClient, workflow_id: &str) -> Result<Vec<StepRow>> {
+    let rows = client
+        .query(
+            "SELECT step_id, attempt, kind, status, data, seq FROM workflow_steps
+              WHERE workflow = $1 ORDER BY seq, attempt",
+            &[&workflow_id],
+        )
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|row| StepRow {
+            seq: row.get(5),
+            step_id: row.get(0),
+            attempt: row.get(1),
+            kind: row.get(2),
+            status: row.get(3),
+            data: row.get(4),
+        })
+        .collect())
 }
 
 #[cfg(test)]

@@ -184,16 +184,7 @@ impl PgStore {
 
     pub(crate) async fn read_controls(&self, workflow_id: &str) -> Result<Vec<ControlRow>> {
         let client = self.pool.get().await?;
-        let rows = client
-            .query(
-                &format!(
-                    "SELECT {CONTROL_COLUMNS} FROM workflow_controls WHERE workflow = $1
-                      ORDER BY id"
-                ),
-                &[&workflow_id],
-            )
-            .await?;
-        Ok(rows.iter().map(control).collect())
+        controls_in(&client, workflow_id).await
     }
 }
 
@@ -379,4 +370,20 @@ impl PgStore {
             })
             .collect())
     }
+}
+
+/// Every control of a workflow, oldest first.
+pub(super) async fn controls_in(
+    client: &impl deadpool_postgres::GenericClient,
+    workflow_id: &str,
+) -> Result<Vec<ControlRow>> {
+    let rows = client
+        .query(
+            &format!(
+                "SELECT {CONTROL_COLUMNS} FROM workflow_controls WHERE workflow = $1 ORDER BY id"
+            ),
+            &[&workflow_id],
+        )
+        .await?;
+    Ok(rows.iter().map(control).collect())
 }

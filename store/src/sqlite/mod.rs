@@ -15,7 +15,7 @@ use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use crate::lease::{Fence, Lease, ttl_seconds};
 use crate::migrations::{self, MigrationReport};
-use crate::write::{ArtifactRow, StepRow, WorkflowRow, WriteOp};
+use crate::write::{ArtifactRow, Snapshot, StepRow, WorkflowRow, WriteOp};
 use crate::{Error, NodeRecord, Result, StoreOptions};
 
 mod operators;
@@ -190,12 +190,7 @@ impl SqliteStore {
     }
 
     pub(crate) async fn now(&self) -> Result<f64> {
-        self.read(|connection| {
-            Ok(connection
-                .prepare_cached("SELECT unixepoch('subsec')")?
-                .query_row([], |r| r.get(0))?)
-        })
-        .await
+        self.read(now_on).await
     }
 
     pub(crate) async fn acquire_lease(
@@ -285,23 +280,8 @@ impl SqliteStore {
 
     pub(crate) async fn read_lease(&self, resource_id: &str) -> Result<Option<Lease>> {
         let resource_id = resource_id.to_owned();
-        self.read(move |connection| {
-            Ok(connection
-                .prepare_cached(
-                    "SELECT owner, epoch, expires_at FROM extension_execution_leases
-                      WHERE resource_id = ?1",
-                )?
-                .query_row([&resource_id], |row| {
-                    Ok(Lease {
-                        resource_id: resource_id.clone(),
-                        owner: row.get(0)?,
-                        epoch: row.get(1)?,
-                        expires_at: row.get(2)?,
-                    })
-                })
-                .optional()?)
-        })
-        .await
+        self.read(move |connection| lease_on(connection, &resource_id))
+            .await
     }
 
     pub(crate) async fn fenced_write(&self, fence: &Fence, ops: &[WriteOp]) -> Result<()> {
@@ -318,72 +298,31 @@ impl SqliteStore {
 
     pub(crate) async fn read_workflow(&self, workflow_id: &str) -> Result<Option<WorkflowRow>> {
         let workflow_id = workflow_id.to_owned();
-        self.read(move |connection| {
-            let row = connection
-                .prepare_cached(
-                    "SELECT user_id, status, owner, fingerprint, data, created_at, updated_at
-                       FROM workflows WHERE id = ?1",
-                )?
-                .query_row([&workflow_id], |row| {
-                    Ok((
-                        row.get::<_, String>(0)?,
-                        row.get::<_, String>(1)?,
-                        row.get::<_, Option<String>>(2)?,
-                        row.get::<_, String>(3)?,
-                        row.get::<_, String>(4)?,
-                        row.get::<_, f64>(5)?,
-                        row.get::<_, f64>(6)?,
-                    ))
-                })
-                .optional()?;
-            row.map(
-                |(user_id, status, owner, fingerprint, data, created_at, updated_at)| {
-                    Ok(WorkflowRow {
-                        workflow_id: workflow_id.clone(),
-                        user_id,
-                        status,
-                        owner,
-                        fingerprint,
-                        data: parse_json(&data)?,
-                        created_at,
-                        updated_at,
-                    })
-                },
-            )
-            .transpose()
-        })
-        .await
+        self.read(move |connection| workflow_on(connection, &workflow_id))
+            .await
     }
 
     pub(crate) async fn read_steps(&self, workflow_id: &str) -> Result<Vec<StepRow>> {
         let workflow_id = workflow_id.to_owned();
+        self.read(move |connection| steps_on(connection, &workflow_id))
+            .await
+    }
+
+    /// A workflow with its lease, journal and controls, read in one read transaction.
+    pub(crate) async fn read_snapshot(&self, workflow_id: &str) -> Result<Option<Snapshot>> {
+        let workflow_id = workflow_id.to_owned();
         self.read(move |connection| {
-            let mut statement = connection.prepare(
-                "SELECT step_id, attempt, kind, status, data, seq FROM workflow_steps
-                  WHERE workflow = ?1 ORDER BY seq, attempt",
-            )?;
-            let rows = statement.query_map([&workflow_id], |row| {
-                Ok((
-                    row.get::<_, String>(0)?,
-                    row.get::<_, i32>(1)?,
-                    row.get::<_, String>(2)?,
-                    row.get::<_, String>(3)?,
-                    row.get::<_, String>(4)?,
-                    row.get::<_, i32>(5)?,
-                ))
-            })?;
-            rows.map(|row| {
-                let (step_id, attempt, kind, status, data, seq) = row?;
-                Ok(StepRow {
-                    seq,
-                    step_id,
-                    attempt,
-                    kind,
-                    status,
-                    data: parse_json(&data)?,
-                })
-            })
-            .collect()
+            let snapshot = connection.unchecked_transaction()?;
+            let Some(row) = workflow_on(&snapshot, &workflow_id)? else {
+                return Ok(None);
+            };
+            Ok(Some(Snapshot {
+                row,
+                lease: lease_on(&snapshot, &workflow_id)?,
+                db_now: now_on(&snapshot)?,
+                steps: steps_on(&snapshot, &workflow_id)?,
+                controls: workflows::controls_on(&snapshot, &workflow_id)?,
+            }))
         })
         .await
     }
@@ -702,4 +641,90 @@ fn run_writer(connection: Connection, mut queue: mpsc::Receiver<Box<dyn Job>>, b
             finish(commit.clone());
         }
     }
+}
+
+fn now_on(connection: &Connection) -> Result<f64> {
+    Ok(connection
+        .prepare_cached("SELECT unixepoch('subsec')")?
+        .query_row([], |r| r.get(0))?)
+}
+
+fn lease_on(connection: &Connection, resource_id: &str) -> Result<Option<Lease>> {
+    Ok(connection
+        .prepare_cached(
+            "SELECT owner, epoch, expires_at FROM extension_execution_leases WHERE resource_id = ?1",
+        )?
+        .query_row([resource_id], |row| {
+            Ok(Lease {
+                resource_id: resource_id.to_owned(),
+                owner: row.get(0)?,
+                epoch: row.get(1)?,
+                expires_at: row.get(2)?,
+            })
+        })
+        .optional()?)
+}
+
+fn workflow_on(connection: &Connection, workflow_id: &str) -> Result<Option<WorkflowRow>> {
+    let row = connection
+        .prepare_cached(
+            "SELECT user_id, status, owner, fingerprint, data, created_at, updated_at
+               FROM workflows WHERE id = ?1",
+        )?
+        .query_row([workflow_id], |row| {
+            Ok((
+                row.get::<_, String>(0)?,
+                row.get::<_, String>(1)?,
+                row.get::<_, Option<String>>(2)?,
+                row.get::<_, String>(3)?,
+                row.get::<_, String>(4)?,
+                row.get::<_, f64>(5)?,
+                row.get::<_, f64>(6)?,
+            ))
+        })
+        .optional()?;
+    row.map(
+        |(user_id, status, owner, fingerprint, data, created_at, updated_at)| {
+            Ok(WorkflowRow {
+                workflow_id: workflow_id.to_owned(),
+                user_id,
+                status,
+                owner,
+                fingerprint,
+                data: parse_json(&data)?,
+                created_at,
+                updated_at,
+            })
+        },
+    )
+    .transpose()
+}
+
+fn steps_on(connection: &Connection, workflow_id: &str) -> Result<Vec<StepRow>> {
+    let mut statement = connection.prepare_cached(
+        "SELECT step_id, attempt, kind, status, data, seq FROM workflow_steps
+          WHERE workflow = ?1 ORDER BY seq, attempt",
+    )?;
+    let rows = statement.query_map([workflow_id], |row| {
+        Ok((
+            row.get::<_, String>(0)?,
+            row.get::<_, i32>(1)?,
+            row.get::<_, String>(2)?,
+            row.get::<_, String>(3)?,
+            row.get::<_, String>(4)?,
+            row.get::<_, i32>(5)?,
+        ))
+    })?;
+    rows.map(|row| {
+        let (step_id, attempt, kind, status, data, seq) = row?;
+        Ok(StepRow {
+            seq,
+            step_id,
+            attempt,
+            kind,
+            status,
+            data: parse_json(&data)?,
+        })
+    })
+    .collect()
 }

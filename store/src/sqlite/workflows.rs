@@ -203,14 +203,8 @@ impl SqliteStore {
 
     pub(crate) async fn read_controls(&self, workflow_id: &str) -> Result<Vec<ControlRow>> {
         let workflow_id = workflow_id.to_owned();
-        self.read(move |connection| {
-            let mut statement = connection.prepare_cached(&format!(
-                "SELECT {CONTROL_COLUMNS} FROM workflow_controls WHERE workflow = ?1 ORDER BY id"
-            ))?;
-            let rows = statement.query_map([&workflow_id], control_row)?;
-            rows.map(|row| decode_control(row?)).collect()
-        })
-        .await
+        self.read(move |connection| controls_on(connection, &workflow_id))
+            .await
     }
 }
 
@@ -379,4 +373,13 @@ impl SqliteStore {
         })
         .await
     }
+}
+
+/// Every control of a workflow, oldest first.
+pub(super) fn controls_on(connection: &Connection, workflow_id: &str) -> Result<Vec<ControlRow>> {
+    let mut statement = connection.prepare_cached(&format!(
+        "SELECT {CONTROL_COLUMNS} FROM workflow_controls WHERE workflow = ?1 ORDER BY id"
+    ))?;
+    let rows = statement.query_map([workflow_id], control_row)?;
+    rows.map(|row| decode_control(row?)).collect()
 }
