@@ -42,10 +42,16 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         postgres: include_str!("../migrations/postgres/0005_users.sql"),
         sqlite: include_str!("../migrations/sqlite/0005_users.sql"),
     },
+    Migration {
+        version: 6,
+        name: "slot_claim",
+        postgres: include_str!("../migrations/postgres/0006_slot_claim.sql"),
+        sqlite: include_str!("../migrations/sqlite/0006_slot_claim.sql"),
+    },
 ];
 
 /// The schema version this build expects.
-pub const SCHEMA_VERSION: i64 = 5;
+pub const SCHEMA_VERSION: i64 = 6;
 
 /// The advisory-lock key PostgreSQL migrations serialise on ("reins" in ASCII).
 pub(crate) const PG_MIGRATION_LOCK: i64 = 0x0072_6569_6e73;

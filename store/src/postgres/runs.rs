@@ -15,14 +15,21 @@ use crate::runs::{
 };
 use crate::{Error, Result};
 
-const SELECT_RUN: &str = "SELECT run_id, thread_id, workflow, step_id, attempt, agent, status,
-    owner_worker_id, lease_expires_at, cancel_action, error, output, idempotency_key,
-    idempotency_request, metadata, total_tokens, message_count, stop_reason, revision, created_at,
-    updated_at FROM runs";
+/// The columns of a run, in the order [`decode`] reads them.
+macro_rules! run_columns {
+    () => {
+        "run_id, thread_id, workflow, step_id, attempt, agent, status, owner_worker_id,
+         lease_expires_at, cancel_action, error, output, idempotency_key, idempotency_request,
+         metadata, total_tokens, message_count, stop_reason, revision, created_at, updated_at"
+    };
+}
 
-/// The advisory-lock key admissions with a slot serialise on, so that counting the taken slots
-/// and taking one are atomic across the cluster ("slots" in ASCII).
-const SLOTS_LOCK: i64 = 0x0073_6c6f_7473;
+const RUN_COLUMNS: &str = run_columns!();
+const SELECT_RUN: &str = concat!("SELECT ", run_columns!(), " FROM runs");
+
+// Admissions with a slot serialise on the advisory lock "slots" (0x0073_6c6f_7473), taken by
+// `reins_claim_slot` (migration 6), so that counting the taken slots and taking one are atomic
+// across the cluster.
 
 fn decode(row: &Row) -> Result<RunRow> {
     Ok(RunRow {
@@ -86,63 +93,62 @@ async fn admit_in(transaction: &Transaction<'_>, run: &NewRun) -> Result<Admissi
     {
         return replay(decode(&row)?, request);
     }
-    if let Some(step) = &run.step {
-        transaction
-            .execute("SELECT pg_advisory_xact_lock($1)", &[&SLOTS_LOCK])
-            .await?;
-        let held = transaction
-            .execute(
-                "UPDATE workflow_slots SET attempt = $3 WHERE workflow = $1 AND step_id = $2",
-                &[&step.workflow_id, &step.step_id, &step.attempt],
-            )
-            .await?;
-        if held == 0 {
-            let taken: i64 = transaction
-                .query_one("SELECT count(*) FROM workflow_slots", &[])
-                .await?
-                .get(0);
-            if u64::try_from(taken).unwrap_or(u64::MAX) >= step.slots_max {
-                return Ok(Admission::Queued);
-            }
-            transaction
-                .execute(
-                    "INSERT INTO workflow_slots (workflow, step_id, attempt, created_at)
-                     VALUES ($1, $2, $3, reins_now())",
-                    &[&step.workflow_id, &step.step_id, &step.attempt],
-                )
-                .await?;
-        }
-    }
     let (key, request) = match &run.idempotency {
         Some((key, request)) => (Some(key), Some(request)),
         None => (None, None),
     };
-    transaction
-        .execute(
-            "INSERT INTO runs (run_id, thread_id, workflow, step_id, attempt, agent, status,
+    let (workflow_id, step_id, attempt) = (
+        run.step.as_ref().map(|s| &s.workflow_id),
+        run.step.as_ref().map(|s| &s.step_id),
+        run.step.as_ref().map(|s| s.attempt),
+    );
+    let lease_seconds = ttl_seconds(run.lease_ms);
+    let insert_sql = format!(
+        "INSERT INTO runs (run_id, thread_id, workflow, step_id, attempt, agent, status,
                                owner_worker_id, lease_expires_at, idempotency_key,
                                idempotency_request, metadata, created_at, updated_at)
              VALUES ($1, $2, $3, $4, $5, $6, 'running', $7, reins_now() + $8, $9, $10, $11,
-                     reins_now(), reins_now())",
-            &[
-                &run.run_id,
-                &run.thread_id,
-                &run.step.as_ref().map(|s| &s.workflow_id),
-                &run.step.as_ref().map(|s| &s.step_id),
-                &run.step.as_ref().map(|s| s.attempt),
-                &run.agent,
-                &run.owner,
-                &ttl_seconds(run.lease_ms),
-                &key,
-                &request,
-                &run.metadata,
-            ],
-        )
-        .await?;
-    let row = transaction
-        .query_one(&format!("{SELECT_RUN} WHERE run_id = $1"), &[&run.run_id])
-        .await?;
-    Ok(Admission::Admitted(decode(&row)?))
+                     reins_now(), reins_now())
+             RETURNING {RUN_COLUMNS}"
+    );
+    let insert_params: [&(dyn tokio_postgres::types::ToSql + Sync); 11] = [
+        &run.run_id,
+        &run.thread_id,
+        &workflow_id,
+        &step_id,
+        &attempt,
+        &run.agent,
+        &run.owner,
+        &lease_seconds,
+        &key,
+        &request,
+        &run.metadata,
+    ];
+    let insert = transaction.query_one(&insert_sql, &insert_params);
+    let Some(step) = &run.step else {
+        return Ok(Admission::Admitted(decode(&insert.await?)?));
+    };
+    // The slot is claimed last, pipelined with the insert: the cluster-wide slots lock is
+    // taken by the server inside `reins_claim_slot` and held until the commit that follows,
+    // never across a wait for this client.
+    let slots_max = i64::try_from(step.slots_max).unwrap_or(i64::MAX);
+    let claim_params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] =
+        [&step.workflow_id, &step.step_id, &step.attempt, &slots_max];
+    let claim = transaction.execute("SELECT reins_claim_slot($1, $2, $3, $4)", &claim_params);
+    let (inserted, claimed) = futures_util::join!(insert, claim);
+    // A refused insert (the thread's one active run, a racing key) aborted the transaction,
+    // so the claim after it failed too: the insert's error is the one that says why.
+    let inserted = inserted?;
+    match claimed {
+        Err(error) if error.code().is_some_and(|c| c.code() == "RS001") => {
+            // Every slot is taken: the transaction is dropped, so the run was never inserted.
+            Ok(Admission::Queued)
+        }
+        claimed => {
+            claimed?;
+            Ok(Admission::Admitted(decode(&inserted)?))
+        }
+    }
 }
 
 impl PgStore {

@@ -5,6 +5,7 @@
 
 use deadpool_postgres::Transaction;
 use tokio_postgres::Row;
+use tokio_postgres::types::ToSql;
 
 use super::{PgStore, commit_error};
 use crate::lease::ttl_seconds;
@@ -15,8 +16,8 @@ use crate::workflows::{
 };
 use crate::{Error, Lease, NewWorkflow, Result, WorkflowRow};
 
-/// The advisory-lock key launches serialise on ("launch" in ASCII).
-const LAUNCH_LOCK: i64 = 0x6c61_756e_6368;
+// Launches serialise on the advisory lock "launch" (0x6c61_756e_6368), taken by
+// `reins_launch_guard` (migration 6).
 
 const CONTROL_COLUMNS: &str =
     "id, workflow, kind, step_id, attempt, body, created_by, applied_at IS NOT NULL";
@@ -34,91 +35,111 @@ fn control(row: &Row) -> ControlRow {
     }
 }
 
+/// The workflow a user's `request_id` launched, if any.
+async fn launched_by_request(
+    client: &impl deadpool_postgres::GenericClient,
+    user_id: &str,
+    request_id: &str,
+) -> Result<Option<WorkflowRow>> {
+    let row = client
+        .query_opt(
+            "SELECT id, user_id, status, owner, fingerprint, data, created_at, updated_at
+               FROM workflows WHERE user_id = $1 AND request_id = $2",
+            &[&user_id, &request_id],
+        )
+        .await?;
+    Ok(row.map(|row| WorkflowRow {
+        workflow_id: row.get(0),
+        user_id: row.get(1),
+        status: row.get(2),
+        owner: row.get(3),
+        fingerprint: row.get(4),
+        data: row.get(5),
+        created_at: row.get(6),
+        updated_at: row.get(7),
+    }))
+}
+
+/// What a launch under `reins_launch_guard` came to.
+enum Guarded {
+    Created(Lease),
+    Refused(Launch),
+    /// The request was launched before: read it after this transaction.
+    Repeated,
+}
+
 async fn launch_in(
     transaction: &Transaction<'_>,
     workflow: &NewWorkflow,
     owner: &str,
     lease_ms: u64,
     limits: LaunchLimits,
-) -> Result<Launch> {
-    transaction
-        .execute("SELECT pg_advisory_xact_lock($1)", &[&LAUNCH_LOCK])
-        .await?;
-    if let Some(request_id) = &workflow.request_id {
-        let existing = transaction
-            .query_opt(
-                "SELECT id, user_id, status, owner, fingerprint, data, created_at, updated_at FROM workflows
-                  WHERE user_id = $1 AND request_id = $2",
-                &[&workflow.user_id, request_id],
-            )
-            .await?;
-        if let Some(row) = existing {
-            let existing = WorkflowRow {
-                workflow_id: row.get(0),
-                user_id: row.get(1),
-                status: row.get(2),
-                owner: row.get(3),
-                fingerprint: row.get(4),
-                data: row.get(5),
-                created_at: row.get(6),
-                updated_at: row.get(7),
-            };
-            if existing.fingerprint == workflow.fingerprint {
-                return Ok(Launch::Existing(existing));
-            }
-            return Err(Error::Conflict(format!(
-                "request_id {request_id:?} was used for a different workflow"
-            )));
-        }
-    }
+) -> Result<Guarded> {
     let live: Vec<&str> = LIVE_STATUSES.to_vec();
-    let counts = transaction
-        .query_one(
-            "SELECT count(*), count(*) FILTER (WHERE user_id = $2) FROM workflows
-              WHERE status = ANY($1)",
-            &[&live, &workflow.user_id],
-        )
-        .await?;
-    let (total, mine): (i64, i64) = (counts.get(0), counts.get(1));
-    if u64::try_from(total).unwrap_or(u64::MAX) >= limits.max_workflows {
-        return Ok(Launch::Refused {
-            limit: "max_workflows",
-            max: limits.max_workflows,
-        });
-    }
-    if u64::try_from(mine).unwrap_or(u64::MAX) >= limits.max_workflows_per_owner {
-        return Ok(Launch::Refused {
-            limit: "max_workflows_per_owner",
-            max: limits.max_workflows_per_owner,
-        });
-    }
-    transaction
-        .execute(
+    let clamp = |limit: u64| i64::try_from(limit).unwrap_or(i64::MAX);
+    let (max_total, max_mine) = (
+        clamp(limits.max_workflows),
+        clamp(limits.max_workflows_per_owner),
+    );
+    let lease_seconds = ttl_seconds(lease_ms);
+    let guard_params: [&(dyn ToSql + Sync); 5] = [
+        &workflow.user_id,
+        &workflow.request_id,
+        &live,
+        &max_total,
+        &max_mine,
+    ];
+    let insert_params: [&(dyn ToSql + Sync); 6] = [
+        &workflow.workflow_id,
+        &workflow.user_id,
+        &workflow.request_id,
+        &owner,
+        &workflow.fingerprint,
+        &workflow.data,
+    ];
+    let lease_params: [&(dyn ToSql + Sync); 3] = [&workflow.workflow_id, &owner, &lease_seconds];
+    // One round trip: the guard (which takes the launch lock) and both inserts are pipelined;
+    // when the guard refuses, the transaction is aborted and the inserts do nothing.
+    let (guarded, inserted, leased) = futures_util::join!(
+        transaction.execute(
+            "SELECT reins_launch_guard($1, $2, $3, $4, $5)",
+            &guard_params
+        ),
+        transaction.execute(
             "INSERT INTO workflows (id, user_id, request_id, status, owner, fingerprint, data,
                                     created_at, updated_at)
              VALUES ($1, $2, $3, 'running', $4, $5, $6, reins_now(), reins_now())",
-            &[
-                &workflow.workflow_id,
-                &workflow.user_id,
-                &workflow.request_id,
-                &owner,
-                &workflow.fingerprint,
-                &workflow.data,
-            ],
-        )
-        .await?;
-    let row = transaction
-        .query_one(
+            &insert_params,
+        ),
+        transaction.query_one(
             "INSERT INTO extension_execution_leases (resource_id, owner, epoch, expires_at)
              VALUES ($1, $2, 1, reins_now() + $3) RETURNING expires_at",
-            &[&workflow.workflow_id, &owner, &ttl_seconds(lease_ms)],
-        )
-        .await?;
-    Ok(Launch::Created(Lease {
+            &lease_params,
+        ),
+    );
+    match guarded.as_ref().map_err(|e| e.code().map(|c| c.code())) {
+        Err(Some("RW003")) => return Ok(Guarded::Repeated),
+        Err(Some("RW001")) => {
+            return Ok(Guarded::Refused(Launch::Refused {
+                limit: "max_workflows",
+                max: limits.max_workflows,
+            }));
+        }
+        Err(Some("RW002")) => {
+            return Ok(Guarded::Refused(Launch::Refused {
+                limit: "max_workflows_per_owner",
+                max: limits.max_workflows_per_owner,
+            }));
+        }
+        _ => {}
+    }
+    guarded?;
+    inserted?;
+    Ok(Guarded::Created(Lease {
         resource_id: workflow.workflow_id.clone(),
         owner: owner.to_owned(),
         epoch: 1,
-        expires_at: row.get(0),
+        expires_at: leased?.get(0),
     }))
 }
 
@@ -132,9 +153,29 @@ impl PgStore {
     ) -> Result<Launch> {
         let mut client = self.pool.get().await?;
         let transaction = client.transaction().await?;
-        let launch = launch_in(&transaction, &workflow, owner, lease_ms, limits).await?;
-        transaction.commit().await.map_err(commit_error)?;
-        Ok(launch)
+        match launch_in(&transaction, &workflow, owner, lease_ms, limits).await? {
+            Guarded::Created(lease) => {
+                transaction.commit().await.map_err(commit_error)?;
+                Ok(Launch::Created(lease))
+            }
+            Guarded::Refused(refused) => Ok(refused),
+            Guarded::Repeated => {
+                drop(transaction);
+                let request_id = workflow.request_id.as_deref().unwrap_or_default();
+                let existing = launched_by_request(&client, &workflow.user_id, request_id)
+                    .await?
+                    .ok_or_else(|| {
+                        Error::Database(format!("request_id {request_id:?} vanished"))
+                    })?;
+                if existing.fingerprint == workflow.fingerprint {
+                    Ok(Launch::Existing(existing))
+                } else {
+                    Err(Error::Conflict(format!(
+                        "request_id {request_id:?} was used for a different workflow"
+                    )))
+                }
+            }
+        }
     }
 
     pub(crate) async fn put_control(&self, new: NewControl) -> Result<ControlWrite> {

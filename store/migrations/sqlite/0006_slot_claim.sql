@@ -1,0 +1,2 @@
+-- PostgreSQL gains a slot-claiming function in this version; SQLite's single writer already
+-- makes the claim one step, so nothing changes here.
