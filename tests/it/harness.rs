@@ -160,18 +160,42 @@ pub fn free_port() -> u16 {
 pub struct ReinsProcess {
     child: Child,
     pub addr: SocketAddr,
+    /// Everything the process wrote to stderr so far, drained by a thread as it comes: a pipe
+    /// nobody reads fills up, and a node whose log writes block stops answering.
+    stderr: Arc<std::sync::Mutex<Vec<u8>>>,
+    drained: Option<std::thread::JoinHandle<()>>,
 }
 
 impl ReinsProcess {
     /// Starts `reins serve` in `dir` with exactly `env` as its environment (plus PATH).
     pub fn serve(dir: &Path, addr: SocketAddr, env: &[(&str, String)]) -> ReinsProcess {
-        let child = reins_command(dir, env)
+        let mut child = reins_command(dir, env)
             .arg("serve")
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
             .expect("start reins");
-        ReinsProcess { child, addr }
+        let stderr = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let drained = child.stderr.take().map(|mut pipe| {
+            let sink = Arc::clone(&stderr);
+            std::thread::spawn(move || {
+                let mut chunk = [0u8; 8192];
+                while let Ok(read) = pipe.read(&mut chunk) {
+                    if read == 0 {
+                        break;
+                    }
+                    sink.lock()
+                        .expect("stderr buffer")
+                        .extend_from_slice(&chunk[..read]);
+                }
+            })
+        });
+        ReinsProcess {
+            child,
+            addr,
+            stderr,
+            drained,
+        }
     }
 
     /// Waits until `/health/ready` answers 200, or panics with the process's output.
@@ -187,6 +211,11 @@ impl ReinsProcess {
             std::thread::sleep(Duration::from_millis(50));
         }
         panic!("reins at {} was not ready within {within:?}", self.addr);
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     /// Sends `signal` to the process.
@@ -209,13 +238,14 @@ impl ReinsProcess {
         None
     }
 
-    /// Everything the process wrote to stderr (call after it exited).
+    /// Everything the process wrote to stderr (all of it once the process has exited).
     pub fn stderr(&mut self) -> String {
-        let mut text = String::new();
-        if let Some(stderr) = self.child.stderr.as_mut() {
-            let _ = stderr.read_to_string(&mut text);
+        if let Ok(Some(_)) = self.child.try_wait()
+            && let Some(drained) = self.drained.take()
+        {
+            let _ = drained.join();
         }
-        text
+        String::from_utf8_lossy(&self.stderr.lock().expect("stderr buffer")).into_owned()
     }
 }
 

@@ -19,6 +19,7 @@ mod migrations;
 mod node_process;
 mod openai_agent;
 mod operators;
+mod parked;
 mod runs_store;
 mod stale_owner;
 mod workflows;
