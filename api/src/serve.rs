@@ -33,7 +33,8 @@ pub struct ServeArgs {
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let checked = Config::load(args.config.as_deref(), std::env::vars())?;
     let config = checked.config;
-    init_logging(args.log_format.unwrap_or(config.log_format));
+    // Flushes what is still buffered when `run` returns, whatever the way.
+    let _log_writer = init_logging(args.log_format.unwrap_or(config.log_format));
 
     let listener = TcpListener::bind(checked.listen)
         .await
@@ -206,14 +207,27 @@ fn describe(database: &DatabaseUrl) -> String {
     }
 }
 
-fn init_logging(format: LogFormat) {
+/// Log lines buffered for the writer thread at most; past it, lines are dropped rather than
+/// blocking the node.
+const LOG_LINES_BUFFERED_MAX: usize = 128 * 1024;
+
+/// Logs go to stderr through a writer thread: a node whose stderr is slow or stuck (a full pipe,
+/// a stalled log shipper) must keep renewing its leases, so a log write never blocks a runtime
+/// thread. The returned guard flushes on drop.
+fn init_logging(format: LogFormat) -> tracing_appender::non_blocking::WorkerGuard {
     let filter = tracing_subscriber::EnvFilter::try_from_env("REINS_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
+        .lossy(true)
+        .buffered_lines_limit(LOG_LINES_BUFFERED_MAX)
+        .finish(std::io::stderr());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(writer);
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),
     }
+    guard
 }

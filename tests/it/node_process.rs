@@ -96,3 +96,36 @@ fn sigint_drains_like_sigterm() {
         "still listening after exit"
     );
 }
+
+/// A node whose stderr nobody reads (a full pipe, a stuck log shipper) keeps answering: log
+/// lines are dropped rather than blocking the threads that renew leases and serve requests.
+#[test]
+fn a_node_whose_stderr_is_never_read_keeps_serving() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
+    let mut child = crate::harness::reins_command(
+        dir.path(),
+        &[
+            ("REINS_LISTEN", addr.to_string()),
+            // Every request logs a line: far more than a 64 KiB pipe holds.
+            ("REINS_LOG", "debug".into()),
+        ],
+    )
+    .arg("serve")
+    .stdout(std::process::Stdio::null())
+    .stderr(std::process::Stdio::piped())
+    .spawn()
+    .expect("start reins");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !matches!(http_get(addr, "/health/ready"), Ok((200, _))) {
+        assert!(Instant::now() < deadline, "the node never got ready");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for n in 0..3000 {
+        let answer = http_get(addr, &format!("/no/such/route/{n}/{}", "x".repeat(200)));
+        assert!(matches!(answer, Ok((404, _))), "request {n}: {answer:?}");
+    }
+    assert_eq!(http_get(addr, "/health").expect("health").0, 200);
+    let _ = child.kill();
+    let _ = child.wait();
+}
