@@ -21,7 +21,19 @@ if [ "$mode" != bench ] && [ ! -x /usr/sbin/nginx ]; then missing+=(nginx); fi
 if [ ${#missing[@]} -gt 0 ]; then
   echo "== installing ${missing[*]} from Debian's packages"
   as_root apt-get update -qq
-  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+  # The packages must not start their services (the tests start their own servers, and a
+  # service that fails to start on a container would fail the install): policy-rc.d says no,
+  # unless the machine already has a policy of its own.
+  policy=/usr/sbin/policy-rc.d
+  own_policy=""
+  if [ ! -e "$policy" ]; then
+    as_root sh -c "printf '#!/bin/sh\nexit 101\n' > $policy && chmod +x $policy"
+    own_policy=yes
+  fi
+  installed=0
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null || installed=$?
+  if [ -n "$own_policy" ]; then as_root rm -f "$policy"; fi
+  [ "$installed" -eq 0 ] || { echo "installing ${missing[*]} failed" >&2; exit "$installed"; }
   pg_bin=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -n 1)
 fi
 

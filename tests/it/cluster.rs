@@ -21,6 +21,18 @@ struct Nginx {
 
 impl Drop for Nginx {
     fn drop(&mut self) {
+        // SIGTERM: the master stops its workers (after SIGKILL they would live on, orphaned).
+        if let Ok(pid) = i32::try_from(self.child.id()) {
+            // SAFETY: kill(2) on a pid this test started and has not reaped.
+            unsafe { libc::kill(pid, libc::SIGTERM) };
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while std::time::Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
