@@ -34,6 +34,15 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if !matches!(cli.command, Command::Serve(_)) {
+        // A client command piped into `head` should end quietly when the reader goes away,
+        // like other Unix tools; a node keeps ignoring SIGPIPE (a closed socket is an error to
+        // handle, not a reason to die).
+        // SAFETY: setting a signal's disposition to its default before any thread exists.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

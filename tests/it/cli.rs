@@ -153,6 +153,30 @@ async fn a_person_runs_approves_and_downloads_through_the_cli() {
         b"the evidence\n"
     );
 
+    // Piped into a reader that is gone (as `reins list | head` leaves it): a quiet end by SIGPIPE,
+    // never a panic.
+    let credentials = home.join("credentials.json").display().to_string();
+    let mut piped = reins_command(
+        home,
+        &[
+            ("REINS_CLI_CREDENTIALS", credentials),
+            ("REINS_CLI_URL", format!("http://{}", node.addr)),
+        ],
+    )
+    .args(["get", &id])
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::piped())
+    .spawn()
+    .expect("run reins");
+    drop(piped.stdout.take());
+    let ended = piped.wait_with_output().expect("wait");
+    let said = String::from_utf8_lossy(&ended.stderr);
+    assert!(!said.contains("panicked"), "{said}");
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&ended.status),
+        Some(libc::SIGPIPE)
+    );
+
     let missing = cli(home, &node, &["get", "no-such-run"]);
     assert_eq!(code(&missing), 1);
     assert!(
