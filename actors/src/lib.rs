@@ -1,8 +1,9 @@
 //! The ractor supervision tree of one reins node. The node supervisor owns the store actor (the
-//! only way actors reach the database), the lease actor (renewals and fencing) and the child-runs
-//! actor, which supervises one child-agent actor per child run; a later issue adds one supervisor
-//! per live workflow. Callers outside this crate use typed handles
-//! ([`Node`], [`StoreHandle`]), never raw `ActorRef`s.
+//! only way actors reach the database), the lease actor (renewals and fencing), the child-runs
+//! actor, which supervises one child-agent actor per child run, and the workflows actor, which
+//! supervises one workflow supervisor per live workflow. [`metrics::Metrics`] counts what they
+//! do. Callers outside this crate use typed handles ([`Node`], [`StoreHandle`],
+//! [`WorkflowsHandle`]), never raw `ActorRef`s.
 
 pub mod agents;
 mod child_agent;
