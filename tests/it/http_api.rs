@@ -161,6 +161,13 @@ pub async fn wait_for(api: &mut Api, run_id: &str, status: &str) -> Value {
     }
 }
 
+/// Launches `script` through the compatible action and returns its run id.
+pub async fn launch(api: &mut Api, script: &str) -> String {
+    let answer = api.action("launch", json!({"script": script})).await;
+    assert_eq!(answer.status, 200, "{answer:?}");
+    answer.json()["run_id"].as_str().expect("run_id").to_owned()
+}
+
 fn assert_refused(answer: &Answer, status: u16, code: &str, says: &str) {
     assert_eq!(answer.status, status, "{answer:?}");
     let body = answer.json();
@@ -847,16 +854,7 @@ async fn a_fuzz_pass_over_every_route_finds_no_5xx_and_leaves_the_node_healthy()
     let db = Db::new(false).await;
     let node = Node::start(&db, &[("REINS_HTTP__BODY_BYTES_MAX", "65536".into())]);
     let mut api = initialize(&node).await;
-    let run = api
-        .action(
-            "launch",
-            json!({"script": "await pause({stepId: 'p'}); return 1;"}),
-        )
-        .await
-        .json()["run_id"]
-        .as_str()
-        .expect("id")
-        .to_owned();
+    let run = launch(&mut api, "await pause({stepId: 'p'}); return 1;").await;
     // Every route with its own method, so that most requests get past routing.
     let routes: Vec<(&str, String)> = [
         ("GET", "/health"),
@@ -1007,13 +1005,7 @@ async fn a_fuzz_pass_over_every_route_finds_no_5xx_and_leaves_the_node_healthy()
     let health = api.call("GET", "/health/ready", None).await;
     assert_eq!(health.status, 200, "the node is still healthy");
     // The pass may have cancelled or deleted its workflow: a new one still runs to the end.
-    let after = api
-        .action("launch", json!({"script": "return 42;"}))
-        .await
-        .json()["run_id"]
-        .as_str()
-        .expect("id")
-        .to_owned();
+    let after = launch(&mut api, "return 42;").await;
     assert_eq!(wait_for(&mut api, &after, "completed").await["result"], 42);
     println!("fuzz: {requests} requests, statuses {statuses:?}");
 }
@@ -1023,16 +1015,7 @@ async fn a_draining_node_refuses_launches_and_recoveries_with_503_and_still_answ
     let db = Db::new(false).await;
     let node = Node::start(&db, &[("REINS_SHUTDOWN__DRAIN_GRACE_MS", "4000".into())]);
     let mut api = initialize(&node).await;
-    let run = api
-        .action(
-            "launch",
-            json!({"script": "await pause({stepId: 'p'}); return 1;"}),
-        )
-        .await
-        .json()["run_id"]
-        .as_str()
-        .expect("id")
-        .to_owned();
+    let run = launch(&mut api, "await pause({stepId: 'p'}); return 1;").await;
     wait_for(&mut api, &run, "paused").await;
     node.signal(libc::SIGTERM);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(3);

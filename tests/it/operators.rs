@@ -11,7 +11,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use crate::harness::{ReinsProcess, free_port, reins_command};
-use crate::http_api::{Db, Node, initialize, wait_for};
+use crate::http_api::{Db, Node, initialize, launch, wait_for};
 use crate::http_client::Api;
 
 pub fn admin(socket: &Path, args: &[&str]) -> Output {
@@ -57,12 +57,6 @@ fn names(actor: &Value, out: &mut Vec<String>) {
     for child in actor["children"].as_array().into_iter().flatten() {
         names(child, out);
     }
-}
-
-async fn launch(api: &mut Api, script: &str) -> String {
-    let answer = api.action("launch", json!({"script": script})).await;
-    assert_eq!(answer.status, 200, "{answer:?}");
-    answer.json()["run_id"].as_str().expect("run_id").to_owned()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

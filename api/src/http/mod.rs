@@ -232,14 +232,15 @@ async fn handle(state: &AppState, request: Request<Incoming>, peer: SocketAddr) 
     let method = request.method().as_str().to_owned();
     let path = request.uri().path().to_owned();
     let span = tracing::info_span!("request", %method, %path);
+    let found = routes::find(&method, &path);
     // Counted by route template, never by raw path: ids would make the label set unbounded.
-    let route = match routes::find(&method, &path) {
+    let route = match &found {
         Found::Route(route, _) => route.path,
         Found::WrongMethod(_) => "(method not allowed)",
         Found::Nothing => "(no route)",
     };
     async move {
-        let reply = match respond(state, request, peer.ip()).await {
+        let reply = match respond(state, request, found, peer.ip()).await {
             Ok(reply) => reply,
             Err(error) => error_reply(&error),
         };
@@ -276,13 +277,14 @@ fn known_method(method: &str) -> &'static str {
 async fn respond(
     state: &AppState,
     request: Request<Incoming>,
+    found: Found,
     peer: IpAddr,
 ) -> Result<Reply, ApiError> {
     let (parts, body) = request.into_parts();
     // Read first, whatever the route: a connection whose request body was left unread cannot
     // carry the next request.
     let body = read_body(&parts.headers, body, state.http.body_bytes_max).await?;
-    let (route, params) = match routes::find(parts.method.as_str(), parts.uri.path()) {
+    let (route, params) = match found {
         Found::Route(route, params) => (route, params),
         Found::WrongMethod(mut allowed) => {
             allowed.sort_unstable();
