@@ -5,6 +5,7 @@
 //! renews its lease and tells it about cancel requests and lost ownership; a fenced run stops its
 //! agent and writes nothing more.
 
+use crate::mailbox::Post;
 use std::collections::HashSet;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -129,7 +130,7 @@ impl ChildState {
                 let result = store
                     .finalize_run(&run_id, &owner, &attempt.outcome, require_not_cancelled)
                     .await;
-                let _ = myself.send_message(ChildMsg::Committed {
+                let _ = myself.post(ChildMsg::Committed {
                     attempt: attempt.id,
                     result,
                 });
@@ -187,7 +188,7 @@ impl ChildState {
                 let recorded = store
                     .update_run_status(&run_id, &owner, RunStatus::WaitingForInput, Some(metadata))
                     .await;
-                let _ = me.send_message(answered(recorded));
+                let _ = me.post(answered(recorded));
             }
             .instrument(self.span.clone()),
         );
@@ -195,7 +196,7 @@ impl ChildState {
 
     fn untrack(&self) {
         // The lease actor stops only with the node; if it is gone, there is nothing to untrack.
-        let _ = self.lease.send_message(LeaseMsg::Untrack {
+        let _ = self.lease.post(LeaseMsg::Untrack {
             run_id: self.run_id.clone(),
         });
     }
@@ -244,11 +245,11 @@ impl ChildState {
                     tokio::select! {
                         end = &mut run => break end,
                         Some(approval) = paused.recv() => {
-                            let _ = myself.send_message(ChildMsg::AgentPaused(approval));
+                            let _ = myself.post(ChildMsg::AgentPaused(approval));
                         }
                     }
                 };
-                let _ = myself.send_message(ChildMsg::AgentEnded(end));
+                let _ = myself.post(ChildMsg::AgentEnded(end));
             }
             .instrument(self.span.clone()),
         ));
@@ -273,7 +274,7 @@ impl Actor for ChildAgent {
             workflow = args.row.workflow.as_deref().unwrap_or(""),
             step_id = args.row.step_id.as_deref().unwrap_or(""),
         );
-        args.lease.send_message(LeaseMsg::Track {
+        args.lease.post(LeaseMsg::Track {
             run_id: args.row.run_id.clone(),
             kind: crate::lease_actor::LeaseKind::Run,
             deadline: args.deadline,
@@ -317,6 +318,7 @@ impl Actor for ChildAgent {
         message: ChildMsg,
         state: &mut ChildState,
     ) -> Result<(), ActorProcessingErr> {
+        let _turn = crate::mailbox::turn(&myself);
         if state.authority.is_fenced() {
             // Nothing more is written for a fenced run; late answers only confirm that.
             return Ok(());
@@ -364,7 +366,7 @@ impl Actor for ChildAgent {
                 tokio::spawn(
                     async move {
                         let row = store.read_run(&run_id).await;
-                        let _ = me.send_message(ChildMsg::RefusalChecked {
+                        let _ = me.post(ChildMsg::RefusalChecked {
                             attempt,
                             row: Box::new(row),
                         });
@@ -437,9 +439,10 @@ impl Actor for ChildAgent {
 
     async fn post_stop(
         &self,
-        _myself: ActorRef<Self::Msg>,
+        myself: ActorRef<Self::Msg>,
         state: &mut ChildState,
     ) -> Result<(), ActorProcessingErr> {
+        crate::mailbox::forget(myself.get_id());
         if let Some(task) = state.agent_task.take() {
             task.abort();
         }

@@ -4,6 +4,7 @@
 //! a linked child-agent actor for an admitted run, relays cancel requests durably, and periodically
 //! closes orphaned runs whose node is gone.
 
+use crate::mailbox::Post;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -189,11 +190,22 @@ impl Actor for ChildRuns {
         myself: ActorRef<Self::Msg>,
         args: ChildRunsArgs,
     ) -> Result<Self::State, ActorProcessingErr> {
-        myself.send_interval(args.options.orphan_sweep, || ChildRunsMsg::SweepOrphans);
+        crate::mailbox::post_every(&myself, args.options.orphan_sweep, || {
+            ChildRunsMsg::SweepOrphans
+        });
         Ok(ChildRunsState {
             args,
             running: HashMap::new(),
         })
+    }
+
+    async fn post_stop(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        _state: &mut ChildRunsState,
+    ) -> Result<(), ActorProcessingErr> {
+        crate::mailbox::forget(myself.get_id());
+        Ok(())
     }
 
     async fn handle(
@@ -202,6 +214,7 @@ impl Actor for ChildRuns {
         message: ChildRunsMsg,
         state: &mut ChildRunsState,
     ) -> Result<(), ActorProcessingErr> {
+        let _turn = crate::mailbox::turn(&myself);
         match message {
             ChildRunsMsg::Admit { request, reply } => {
                 let run = match check(&state.args, &request) {
@@ -215,7 +228,7 @@ impl Actor for ChildRuns {
                 tokio::spawn(async move {
                     let sent = Instant::now();
                     let result = store.admit_run(run).await;
-                    let _ = me.send_message(ChildRunsMsg::AdmissionDone {
+                    let _ = me.post(ChildRunsMsg::AdmissionDone {
                         request,
                         sent,
                         result: Box::new(result),
@@ -246,7 +259,7 @@ impl Actor for ChildRuns {
             } => {
                 if let Some(child) = state.running.get(&run_id) {
                     // The run is here: stop it now; the durable request covers every other node.
-                    let _ = child.send_message(ChildMsg::Cancel(action));
+                    let _ = child.post(ChildMsg::Cancel(action));
                 }
                 let store = state.args.store.clone();
                 tokio::spawn(async move {

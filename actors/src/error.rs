@@ -16,7 +16,7 @@ where
         actor: name,
         reason,
     };
-    match actor.call(message, Some(timeout)).await {
+    match crate::mailbox::call(actor, message, Some(timeout)).await {
         Ok(ractor::rpc::CallResult::Success(answer)) => Ok(answer),
         Ok(ractor::rpc::CallResult::Timeout) => Err(unanswered(format!(
             "no answer within {} ms",

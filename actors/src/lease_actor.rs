@@ -8,6 +8,7 @@
 //! `sent` that the database answered with `expires_at` at database time `now` holds until
 //! `sent + (expires_at - now)`, which is never later than the database's own deadline.
 
+use crate::mailbox::Post;
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -128,7 +129,7 @@ impl LeaseState {
         let delivered = self
             .leases
             .get(run_id)
-            .is_some_and(|lease| lease.notify.send_message(event).is_ok());
+            .is_some_and(|lease| lease.notify.post(event).is_ok());
         if !delivered {
             self.leases.remove(run_id);
         }
@@ -146,7 +147,7 @@ impl Actor for LeaseActor {
         args: LeaseArgs,
     ) -> Result<Self::State, ActorProcessingErr> {
         let period = Duration::from_millis((args.lease_ms / 3).max(1));
-        myself.send_interval(period, || LeaseMsg::Tick);
+        crate::mailbox::post_every(&myself, period, || LeaseMsg::Tick);
         Ok(LeaseState {
             store: args.store,
             metrics: args.metrics,
@@ -156,12 +157,22 @@ impl Actor for LeaseActor {
         })
     }
 
+    async fn post_stop(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        _state: &mut LeaseState,
+    ) -> Result<(), ActorProcessingErr> {
+        crate::mailbox::forget(myself.get_id());
+        Ok(())
+    }
+
     async fn handle(
         &self,
         myself: ActorRef<Self::Msg>,
         message: LeaseMsg,
         state: &mut LeaseState,
     ) -> Result<(), ActorProcessingErr> {
+        let _turn = crate::mailbox::turn(&myself);
         match message {
             LeaseMsg::Track {
                 run_id,
@@ -291,7 +302,8 @@ impl Actor for LeaseActor {
 
 fn schedule_deadline(myself: &ActorRef<LeaseMsg>, run_id: &str, deadline: Instant) {
     let run_id = run_id.to_owned();
-    myself.send_after(
+    crate::mailbox::post_after(
+        myself,
         deadline.saturating_duration_since(Instant::now()),
         move || LeaseMsg::Deadline { run_id },
     );
@@ -339,7 +351,7 @@ fn spawn_renewal(
             .await
             .map_err(|_| RenewalTimedOut);
         // The actor may have stopped meanwhile; the answer then has nobody to go to.
-        let _ = myself.send_message(LeaseMsg::Renewed {
+        let _ = myself.post(LeaseMsg::Renewed {
             run_id,
             sent,
             result: Box::new(result),

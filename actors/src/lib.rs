@@ -14,6 +14,7 @@ mod fault_points;
 mod faults;
 pub mod js_pool;
 mod lease_actor;
+mod mailbox;
 pub mod metrics;
 mod node;
 mod store_actor;

@@ -116,9 +116,10 @@ pub struct ActorView {
     pub name: String,
     pub id: String,
     pub status: String,
-    /// Messages waiting and running, where the actor can tell: the store actor's requests
-    /// (ractor does not expose mailbox lengths, so other actors report none).
-    pub queue: Option<QueueView>,
+    /// Messages waiting in the mailbox and running in the handler (counted by `mailbox`). For
+    /// the store actor, `waiting` also holds the requests waiting for a connection and `running`
+    /// the requests the database is serving.
+    pub queue: QueueView,
     /// Always 0: no actor is restarted in place. A failed workflow supervisor stops, its lease
     /// lapses, and recovery replays its journal; a failed core actor stops the node.
     pub restarts: u32,
@@ -127,8 +128,8 @@ pub struct ActorView {
 
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct QueueView {
-    pub waiting: i64,
-    pub running: i64,
+    pub waiting: u64,
+    pub running: u64,
 }
 
 /// Messages of the node supervisor.
@@ -260,12 +261,22 @@ impl Actor for NodeSupervisor {
         })
     }
 
+    async fn post_stop(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        _state: &mut NodeState,
+    ) -> Result<(), ActorProcessingErr> {
+        crate::mailbox::forget(myself.get_id());
+        Ok(())
+    }
+
     async fn handle(
         &self,
-        _myself: ActorRef<Self::Msg>,
+        myself: ActorRef<Self::Msg>,
         message: NodeMsg,
         state: &mut NodeState,
     ) -> Result<(), ActorProcessingErr> {
+        let _turn = crate::mailbox::turn(&myself);
         match message {
             NodeMsg::Status { reply } => {
                 let _ = reply.send(NodeStatus {
@@ -341,9 +352,12 @@ impl Node {
             reason: e.to_string(),
         })?;
         let (call_timeout, shutdown_timeout) = (options.call_timeout, options.shutdown_timeout);
-        let parts = match supervisor
-            .call(|reply| NodeMsg::Parts { reply }, Some(call_timeout))
-            .await
+        let parts = match crate::mailbox::call(
+            &supervisor,
+            |reply| NodeMsg::Parts { reply },
+            Some(call_timeout),
+        )
+        .await
         {
             Ok(ractor::rpc::CallResult::Success(parts)) => parts,
             Ok(_) => {
@@ -408,10 +422,20 @@ impl Node {
 
     fn view(&self, cell: &ractor::ActorCell) -> ActorView {
         let name = cell.get_name().unwrap_or_else(|| "(unnamed)".to_owned());
-        let queue = name.starts_with("store@").then(|| {
+        let queue = if name.starts_with("store@") {
             let (waiting, running) = self.metrics.store_queue();
-            QueueView { waiting, running }
-        });
+            // Never negative: each is raised before its request is sent.
+            QueueView {
+                waiting: u64::try_from(waiting).unwrap_or(0),
+                running: u64::try_from(running).unwrap_or(0),
+            }
+        } else {
+            let length = crate::mailbox::length(cell.get_id());
+            QueueView {
+                waiting: length.waiting,
+                running: length.running,
+            }
+        };
         ActorView {
             id: cell.get_id().to_string(),
             status: format!("{:?}", cell.get_status()),
@@ -429,37 +453,18 @@ impl Node {
 
     /// The leases this node renews.
     pub async fn leases(&self) -> Result<Vec<LeaseView>, Error> {
-        match self
-            .parts
-            .lease
-            .call(|reply| LeaseMsg::Leases { reply }, Some(self.call_timeout))
-            .await
-        {
-            Ok(ractor::rpc::CallResult::Success(leases)) => Ok(leases),
-            other => Err(Error::Unanswered {
-                actor: "lease",
-                reason: format!("{other:?}"),
-            }),
-        }
+        crate::error::ask(&self.parts.lease, "lease", self.call_timeout, |reply| {
+            LeaseMsg::Leases { reply }
+        })
+        .await
     }
 
     /// The node's own report.
     pub async fn status(&self) -> Result<NodeStatus, Error> {
-        let answer = self
-            .supervisor
-            .call(|reply| NodeMsg::Status { reply }, Some(self.call_timeout))
-            .await;
-        match answer {
-            Ok(ractor::rpc::CallResult::Success(status)) => Ok(status),
-            Ok(other) => Err(Error::Unanswered {
-                actor: "node",
-                reason: format!("{other:?}"),
-            }),
-            Err(e) => Err(Error::Unanswered {
-                actor: "node",
-                reason: e.to_string(),
-            }),
-        }
+        crate::error::ask(&self.supervisor, "node", self.call_timeout, |reply| {
+            NodeMsg::Status { reply }
+        })
+        .await
     }
 
     /// Resolves when the supervision tree has stopped by itself (a fatal failure).

@@ -218,12 +218,22 @@ impl Actor for StoreActor {
         })
     }
 
+    async fn post_stop(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        _state: &mut StoreState,
+    ) -> Result<(), ActorProcessingErr> {
+        crate::mailbox::forget(myself.get_id());
+        Ok(())
+    }
+
     async fn handle(
         &self,
-        _myself: ActorRef<Self::Msg>,
+        myself: ActorRef<Self::Msg>,
         message: StoreMsg,
         state: &mut StoreState,
     ) -> Result<(), ActorProcessingErr> {
+        let _turn = crate::mailbox::turn(&myself);
         // Waiting for a permit here is the back-pressure: the mailbox holds what cannot run yet.
         let permit = Arc::clone(&state.in_flight).acquire_owned().await?;
         let store = Arc::clone(&state.store);
@@ -679,7 +689,7 @@ impl StoreHandle {
         };
         let queue = &self.metrics.store_requests_waiting;
         queue.fetch_add(1, Ordering::Relaxed);
-        let answer = self.actor.call(message, Some(self.timeout)).await;
+        let answer = crate::mailbox::call(&self.actor, message, Some(self.timeout)).await;
         if answer.is_err() {
             // Never delivered: it is in no queue.
             queue.fetch_sub(1, Ordering::Relaxed);

@@ -11,6 +11,7 @@
 //! by nature, every write is bounded by the store call timeout, and a stale write is refused by
 //! the database whatever the mailbox holds.
 
+use crate::mailbox::Post;
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -249,7 +250,7 @@ impl WorkflowState {
     fn stop(&mut self, myself: &ActorRef<WorkflowMsg>) {
         self.done = true;
         self.args.js.park(&self.args.workflow_id);
-        let _ = self.args.lease.send_message(LeaseMsg::Untrack {
+        let _ = self.args.lease.post(LeaseMsg::Untrack {
             run_id: self.args.workflow_id.clone(),
         });
         myself.stop(None);
@@ -354,7 +355,7 @@ impl WorkflowState {
                 let id = command.id;
                 self.waiting.insert(id, (Waiting::Child(None), command));
                 // Carried out from the mailbox, after this activation's commands are all begun.
-                let _ = myself.send_message(WorkflowMsg::Local { id });
+                let _ = myself.post(WorkflowMsg::Local { id });
             }
         }
     }
@@ -395,7 +396,7 @@ impl WorkflowState {
             if let (Some(faults), Err(Error::Store(error))) = (&faults, &result) {
                 faults.record_error("admission_error", error).await;
             }
-            let _ = me.send_message(WorkflowMsg::Admission {
+            let _ = me.post(WorkflowMsg::Admission {
                 id,
                 result: Box::new(result),
             });
@@ -538,7 +539,7 @@ impl WorkflowState {
                 let (me, run_id) = (myself.clone(), row.run_id);
                 tokio::spawn(async move {
                     let _ = ended.await;
-                    let _ = me.send_message(WorkflowMsg::ChildEnded { id, run_id });
+                    let _ = me.post(WorkflowMsg::ChildEnded { id, run_id });
                 });
             }
             return;
@@ -571,7 +572,7 @@ impl WorkflowState {
                 tokio::spawn(async move {
                     // Whatever the end (persisted, fenced), the row says what happened.
                     let _: Result<RunEnd, _> = ended.await;
-                    let _ = me.send_message(WorkflowMsg::ChildEnded { id, run_id });
+                    let _ = me.post(WorkflowMsg::ChildEnded { id, run_id });
                 });
             }
             Ok(Admitted::Existing(row))
@@ -595,7 +596,9 @@ impl WorkflowState {
                 self.reconcile_needed(myself).await;
             }
             Ok(Admitted::Queued) => {
-                myself.send_after(SLOT_RETRY, move || WorkflowMsg::RetryAdmission(id));
+                crate::mailbox::post_after(myself, SLOT_RETRY, move || {
+                    WorkflowMsg::RetryAdmission(id)
+                });
             }
             Err(Error::Store(store::Error::LeaseLost { .. })) => {
                 // Fenced at admission: no child run exists, and nothing more is ours to write.
@@ -872,8 +875,8 @@ impl WorkflowState {
             }
         }
         let window = Duration::from_millis(self.args.cancel_window_ms);
-        myself.send_after(window, || WorkflowMsg::CancelDeadline);
-        myself.send_after(CHILD_CHECK, || WorkflowMsg::CheckChildren);
+        crate::mailbox::post_after(myself, window, || WorkflowMsg::CancelDeadline);
+        crate::mailbox::post_after(myself, CHILD_CHECK, || WorkflowMsg::CheckChildren);
         self.end_cancel_if_quiet(myself).await;
     }
 
@@ -940,7 +943,7 @@ impl WorkflowState {
                 }
             }
         }
-        myself.send_after(CHILD_CHECK, || WorkflowMsg::CheckChildren);
+        crate::mailbox::post_after(myself, CHILD_CHECK, || WorkflowMsg::CheckChildren);
     }
 
     /// Ends the cancellation once no child run is outstanding.
@@ -1013,7 +1016,7 @@ impl Actor for WorkflowSupervisor {
             run_id = %args.workflow_id,
             epoch = args.fence.epoch,
         );
-        args.lease.send_message(LeaseMsg::Track {
+        args.lease.post(LeaseMsg::Track {
             run_id: args.workflow_id.clone(),
             kind: LeaseKind::Workflow {
                 epoch: args.fence.epoch,
@@ -1021,13 +1024,15 @@ impl Actor for WorkflowSupervisor {
             deadline: args.deadline,
             notify: myself.get_derived(),
         })?;
-        myself.send_message(WorkflowMsg::Begin)?;
+        myself.post(WorkflowMsg::Begin)?;
         let deadline_ms = args
             .document
             .started_at_ms
             .saturating_add(i64::try_from(args.timeout_ms).unwrap_or(i64::MAX));
         let left = u64::try_from(deadline_ms.saturating_sub(now_ms())).unwrap_or(0);
-        myself.send_after(Duration::from_millis(left), || WorkflowMsg::TimedOut);
+        crate::mailbox::post_after(&myself, Duration::from_millis(left), || {
+            WorkflowMsg::TimedOut
+        });
         Ok(WorkflowState {
             args,
             artifacts: 0,
@@ -1049,6 +1054,7 @@ impl Actor for WorkflowSupervisor {
         message: WorkflowMsg,
         state: &mut WorkflowState,
     ) -> Result<(), ActorProcessingErr> {
+        let _turn = crate::mailbox::turn(&myself);
         if state.done {
             return Ok(());
         }
@@ -1178,9 +1184,10 @@ impl Actor for WorkflowSupervisor {
 
     async fn post_stop(
         &self,
-        _myself: ActorRef<Self::Msg>,
+        myself: ActorRef<Self::Msg>,
         state: &mut WorkflowState,
     ) -> Result<(), ActorProcessingErr> {
+        crate::mailbox::forget(myself.get_id());
         state.args.js.park(&state.args.workflow_id);
         Ok(())
     }

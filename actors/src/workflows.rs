@@ -4,6 +4,7 @@
 //! starts a linked supervisor for a new workflow. [`WorkflowsHandle`] is the Rust API the HTTP
 //! layer calls: launch, get, resume, decide.
 
+use crate::mailbox::Post;
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -243,10 +244,10 @@ impl Actor for Workflows {
         myself: ActorRef<Self::Msg>,
         args: WorkflowsArgs,
     ) -> Result<Self::State, ActorProcessingErr> {
-        myself.send_interval(CONTROL_POLL, || WorkflowsMsg::PollControls);
+        crate::mailbox::post_every(&myself, CONTROL_POLL, || WorkflowsMsg::PollControls);
         if args.options.automatic_recovery {
             let period = Duration::from_millis(args.options.lease_ms.max(1));
-            myself.send_interval(period, || WorkflowsMsg::ClaimRecoverable);
+            crate::mailbox::post_every(&myself, period, || WorkflowsMsg::ClaimRecoverable);
         }
         Ok(WorkflowsState {
             args,
@@ -256,12 +257,22 @@ impl Actor for Workflows {
         })
     }
 
+    async fn post_stop(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        _state: &mut WorkflowsState,
+    ) -> Result<(), ActorProcessingErr> {
+        crate::mailbox::forget(myself.get_id());
+        Ok(())
+    }
+
     async fn handle(
         &self,
         myself: ActorRef<Self::Msg>,
         message: WorkflowsMsg,
         state: &mut WorkflowsState,
     ) -> Result<(), ActorProcessingErr> {
+        let _turn = crate::mailbox::turn(&myself);
         match message {
             WorkflowsMsg::Launch { request, reply } => {
                 let workflow = match check(&state.args, &request) {
@@ -282,7 +293,7 @@ impl Actor for Workflows {
                     let result = store
                         .launch_workflow(workflow.clone(), &owner, lease_ms, limits)
                         .await;
-                    let _ = me.send_message(WorkflowsMsg::Launched {
+                    let _ = me.post(WorkflowsMsg::Launched {
                         workflow: Box::new(workflow),
                         sent,
                         result: Box::new(result),
@@ -429,7 +440,7 @@ impl Actor for Workflows {
                 tokio::spawn(async move {
                     match store.recoverable_workflows(RECOVERY_BATCH).await {
                         Ok(ids) if !ids.is_empty() => {
-                            let _ = me.send_message(WorkflowsMsg::RecoverAll(ids));
+                            let _ = me.post(WorkflowsMsg::RecoverAll(ids));
                         }
                         Ok(_) => {}
                         Err(error) => {
@@ -444,7 +455,7 @@ impl Actor for Workflows {
                         continue;
                     }
                     let (reply, answer) = ractor::concurrency::oneshot();
-                    let _ = myself.send_message(WorkflowsMsg::Recover {
+                    let _ = myself.post(WorkflowsMsg::Recover {
                         workflow_id: workflow_id.clone(),
                         reply: reply.into(),
                     });
@@ -477,7 +488,7 @@ impl Actor for Workflows {
                             tracing::warn!(%error, "looking for controls failed");
                             Vec::new()
                         });
-                    let _ = me.send_message(WorkflowsMsg::PendingControls(pending));
+                    let _ = me.post(WorkflowsMsg::PendingControls(pending));
                 });
             }
             WorkflowsMsg::PendingControls(pending) => {
@@ -485,7 +496,7 @@ impl Actor for Workflows {
                 for workflow_id in pending {
                     if let Some(supervisor) = state.live.get(&workflow_id) {
                         // A supervisor that stopped meanwhile needs no poll.
-                        let _ = supervisor.send_message(WorkflowMsg::Poll);
+                        let _ = supervisor.post(WorkflowMsg::Poll);
                     }
                 }
             }
@@ -499,7 +510,7 @@ impl Actor for Workflows {
             WorkflowsMsg::Fence { workflow_id, reply } => match state.live.get(&workflow_id) {
                 // The supervisor answers once it has stopped writing and let the lease go.
                 Some(supervisor) => {
-                    let _ = supervisor.send_message(WorkflowMsg::GiveUp { reply });
+                    let _ = supervisor.post(WorkflowMsg::GiveUp { reply });
                 }
                 None => {
                     let _ = reply.send(Err(Error::Refused(format!(
@@ -596,7 +607,7 @@ fn take_over(
         let result = store
             .take_over_workflow(&workflow_id, &owner, lease_ms, &versions, purpose)
             .await;
-        let _ = me.send_message(answer(sent, Box::new(result)));
+        let _ = me.post(answer(sent, Box::new(result)));
     });
 }
 
@@ -998,7 +1009,7 @@ impl WorkflowsHandle {
             .await?;
         // If the owner is gone, this node finishes the cancellation (without replaying the body);
         // if it is alive, the takeover is refused and the owner's poll finds the request.
-        let _ = self.actor.send_message(WorkflowsMsg::TakeOverToCancel {
+        let _ = self.actor.post(WorkflowsMsg::TakeOverToCancel {
             workflow_id: workflow_id.to_owned(),
         });
         Ok(recorded)
@@ -1042,7 +1053,7 @@ impl WorkflowsHandle {
 
     /// Stops taking recoveries on this node (manual and automatic).
     pub fn drain(&self) {
-        let _ = self.actor.send_message(WorkflowsMsg::Drain);
+        let _ = self.actor.post(WorkflowsMsg::Drain);
     }
 
     /// Gives up one workflow's lease now: its supervisor stops writing, then releases the lease,

@@ -182,14 +182,11 @@ fn print_human(command: &AdminCommand, result: &Value) {
 }
 
 fn tree(actor: &Value, depth: usize, lines: &mut Vec<Vec<String>>) {
-    let queue = match &actor["queue"] {
-        Value::Null => "-".to_owned(),
-        queue => format!(
-            "{} waiting, {} running",
-            text(&queue["waiting"]),
-            text(&queue["running"])
-        ),
-    };
+    let queue = format!(
+        "{} waiting, {} running",
+        text(&actor["queue"]["waiting"]),
+        text(&actor["queue"]["running"])
+    );
     lines.push(vec![
         format!("{}{}", "  ".repeat(depth), text(&actor["name"])),
         text(&actor["status"]),
