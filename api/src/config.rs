@@ -42,9 +42,11 @@ pub enum Error {
 pub struct Config {
     /// Address the HTTP control plane listens on.
     pub listen: String,
-    /// `sqlite:PATH` (embedded, single node) or a `postgres://` URL (cluster).
-    pub database: String,
-    /// Folder for the node's own files (the SQLite database by default, thread workspaces later).
+    /// `sqlite:PATH` (embedded, single node) or a `postgres://` URL (cluster); unset, the
+    /// embedded database in `<data_dir>/reins.db`.
+    pub database: Option<String>,
+    /// Folder for the node's own files: the embedded database, the secret, thread workspaces
+    /// and the admin socket unless they are configured elsewhere.
     pub data_dir: PathBuf,
     /// How long a workflow lease lasts without renewal; renewed every third of it.
     pub lease_seconds: u64,
@@ -244,7 +246,7 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             listen: format!("127.0.0.1:{DEFAULT_PORT}"),
-            database: "sqlite:reins-data/reins.db".into(),
+            database: None,
             data_dir: "reins-data".into(),
             lease_seconds: 30,
             recovery: Recovery::Manual,
@@ -301,11 +303,13 @@ impl Config {
             .listen
             .parse()
             .map_err(|e| invalid("listen", format!("{:?} is not HOST:PORT: {e}", self.listen)))?;
-        let database =
-            DatabaseUrl::parse(&self.database).map_err(|e| invalid("database", e.to_string()))?;
         if self.data_dir.as_os_str().is_empty() {
             return Err(invalid("data_dir", "must not be empty".into()));
         }
+        let database = match &self.database {
+            Some(url) => DatabaseUrl::parse(url).map_err(|e| invalid("database", e.to_string()))?,
+            None => DatabaseUrl::Sqlite(self.data_dir.join("reins.db")),
+        };
         if !(1..=3600).contains(&self.lease_seconds) {
             return Err(invalid(
                 "lease_seconds",
@@ -379,7 +383,7 @@ impl Config {
         if self.secret.is_some() {
             value["secret"] = serde_json::json!("<redacted>");
         }
-        if let Ok(url) = DatabaseUrl::parse(&self.database) {
+        if let Some(Ok(url)) = self.database.as_deref().map(DatabaseUrl::parse) {
             value["database"] = serde_json::json!(url.redacted());
         }
         value
@@ -466,7 +470,7 @@ fn apply_override(table: &mut toml::Table, variable: &str, value: &str) -> Resul
 }
 
 /// Keys whose default is "not set", so the serialized defaults do not show them.
-const OPTIONAL_KEYS: &[&str] = &["workspaces_dir", "secret", "admin_socket"];
+const OPTIONAL_KEYS: &[&str] = &["database", "workspaces_dir", "secret", "admin_socket"];
 
 /// Whether a dotted key path names a field of [`Config`], judged from the serialized defaults.
 fn is_known_key(path: &[String]) -> bool {
@@ -520,6 +524,24 @@ mod tests {
             checked.database,
             DatabaseUrl::Sqlite("reins-data/reins.db".into())
         );
+    }
+
+    #[test]
+    fn the_embedded_database_follows_data_dir_unless_set() {
+        let moved = Config::load(None, env(&[("REINS_DATA_DIR", "/srv/reins")])).expect("valid");
+        assert_eq!(
+            moved.database,
+            DatabaseUrl::Sqlite("/srv/reins/reins.db".into())
+        );
+        let set = Config::load(
+            None,
+            env(&[
+                ("REINS_DATA_DIR", "/srv/reins"),
+                ("REINS_DATABASE", "sqlite:/elsewhere/r.db"),
+            ]),
+        )
+        .expect("valid");
+        assert_eq!(set.database, DatabaseUrl::Sqlite("/elsewhere/r.db".into()));
     }
 
     #[test]

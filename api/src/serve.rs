@@ -39,6 +39,10 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let listener = TcpListener::bind(checked.listen)
         .await
         .with_context(|| format!("cannot listen on {} (config key `listen`)", checked.listen))?;
+    // What the node tells people is where it listens, port 0 included.
+    let listen = listener
+        .local_addr()
+        .context("cannot read the listening address")?;
     let suffix = uuid::Uuid::new_v4().simple().to_string();
     let identity = NodeIdentity::of_this_process(&suffix[..8]);
     let store = Store::open(
@@ -94,7 +98,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let worker_id = node.identity().worker_id.clone();
     tracing::info!(
         %worker_id,
-        listen = %checked.listen,
+        %listen,
         backend = ?checked.database.backend(),
         schema_version = migrated.version,
         applied = ?migrated.applied,
@@ -103,13 +107,13 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     println!(
         "reins {} listening on http://{} (node {worker_id}, {})",
         env!("CARGO_PKG_VERSION"),
-        checked.listen,
+        listen,
         describe(&checked.database)
     );
     println!(
         "first time? create the admin: reins init --url http://{} --email you@example.com\n\
          then: reins run script.js --wait   (API description: http://{}/api/v1/openapi.json)",
-        checked.listen, checked.listen
+        listen, listen
     );
 
     let secret = match &config.secret {
