@@ -113,6 +113,7 @@ async fn child_runs(node: &Node, backend: &str, concurrency: usize, total: usize
                     task: json!("ping"),
                     idempotency_key: None,
                     step: None,
+                    run_id: None,
                 };
                 let Ok(Admitted::Started { ended, .. }) = runs.start(request).await else {
                     panic!("a bench run was not started");

@@ -36,6 +36,9 @@ pub struct RunRequest {
     /// The same key with the same request admits the same run once.
     pub idempotency_key: Option<String>,
     pub step: Option<WorkflowStep>,
+    /// The new run's id, when the caller chose it (a workflow step journals it in the
+    /// admission's own transaction); a fresh one otherwise.
+    pub run_id: Option<String>,
 }
 
 /// What admission gave the caller.
@@ -330,7 +333,10 @@ fn check(args: &ChildRunsArgs, request: &RunRequest) -> Result<NewRun, Error> {
             limit: args.options.task_bytes_max,
         });
     }
-    let run_id = uuid::Uuid::new_v4().simple().to_string();
+    let run_id = request
+        .run_id
+        .clone()
+        .unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string());
     Ok(NewRun {
         run_id,
         thread_id: request.thread_id.clone(),

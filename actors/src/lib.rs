@@ -18,6 +18,7 @@ mod mailbox;
 pub mod metrics;
 mod node;
 mod store_actor;
+mod unwritten;
 mod workflow;
 mod workflows;
 pub mod workspace;

@@ -99,6 +99,9 @@ impl NodeOptions {
     }
 }
 
+/// Stopped-workflow ids kept for a slow [`WorkflowsHandle::stopped`] receiver.
+const STOPPED_BACKLOG: usize = 1024;
+
 /// What the node reports about itself.
 #[derive(Debug, Clone, Serialize)]
 pub struct NodeStatus {
@@ -224,6 +227,7 @@ impl Actor for NodeSupervisor {
         )
         .await?;
         let runs = RunsHandle::new(child_runs.clone(), store.clone(), options.call_timeout);
+        let stopped = tokio::sync::broadcast::channel(STOPPED_BACKLOG).0;
         let (workflows, _) = Actor::spawn_linked(
             Some(format!("workflows@{worker_id}")),
             Workflows,
@@ -236,6 +240,7 @@ impl Actor for NodeSupervisor {
                 metrics: options.metrics,
                 worker_id,
                 options: options.workflows,
+                stopped: stopped.clone(),
             },
             myself.get_cell(),
         )
@@ -252,7 +257,12 @@ impl Actor for NodeSupervisor {
             runtime_version,
             configuration_version,
             parts: Parts {
-                workflows: WorkflowsHandle::new(workflows, store.clone(), options.call_timeout),
+                workflows: WorkflowsHandle::new(
+                    workflows,
+                    store.clone(),
+                    options.call_timeout,
+                    stopped,
+                ),
                 runs,
                 store,
                 lease,

@@ -28,6 +28,7 @@ use crate::child_runs::{Admitted, RunRequest, RunsHandle};
 use crate::js_pool::{Activated, JsPool, Settle, StartSpec};
 use crate::lease_actor::{LeaseEvent, LeaseKind, LeaseMsg};
 use crate::store_actor::StoreHandle;
+use crate::unwritten::{Carried, Journaled, Unwritten};
 
 /// How long a step without a free slot waits before asking again.
 const SLOT_RETRY: Duration = Duration::from_millis(200);
@@ -174,6 +175,10 @@ pub(crate) struct WorkflowState {
     cancelling: Option<i64>,
     /// What the last failed journal write failed with (fault records for tests).
     last_write_error: Option<store::Error>,
+    /// Journal writes decided on and not yet committed; the next write carries them.
+    unwritten: Unwritten,
+    /// The unwritten journal an admission in flight carries.
+    carried: Option<Carried>,
     span: tracing::Span,
 }
 
@@ -226,12 +231,23 @@ impl WorkflowState {
 
     /// A fenced write; a lost lease stops the workflow here.
     async fn write(&mut self, myself: &ActorRef<WorkflowMsg>, ops: Vec<WriteOp>) -> bool {
-        let written = self.args.store.fenced_write(&self.args.fence, ops).await;
+        let Unwritten {
+            ops: mut all,
+            events,
+        } = std::mem::take(&mut self.unwritten);
+        all.extend(ops);
+        if all.is_empty() {
+            return true;
+        }
+        let written = self.args.store.fenced_write(&self.args.fence, all).await;
         if let Err(error) = &written {
             self.last_write_error = Some(error.clone());
         }
         match written {
-            Ok(()) => true,
+            Ok(()) => {
+                self.announce(events).await;
+                true
+            }
             Err(store::Error::LeaseLost { .. }) => {
                 tracing::warn!(parent: &self.span, "lease lost: the workflow stops here");
                 self.stop(myself);
@@ -243,6 +259,39 @@ impl WorkflowState {
                 tracing::error!(parent: &self.span, %error, "a journal write failed; stopping");
                 self.stop(myself);
                 false
+            }
+        }
+    }
+
+    /// What a committed journal write made true: counted and logged once, here, and never by a
+    /// replay (which journals nothing new).
+    async fn announce(&self, events: Vec<Journaled>) {
+        for event in events {
+            match event {
+                Journaled::Started { step_id, kind } => {
+                    let kind = kind.as_str();
+                    self.args
+                        .metrics
+                        .inc("reins_steps_started_total", &[("kind", kind)]);
+                    tracing::info!(parent: &self.span, %step_id, kind, "step started");
+                }
+                Journaled::Finished {
+                    step_id,
+                    kind,
+                    status,
+                } => {
+                    self.args.metrics.inc(
+                        "reins_steps_finished_total",
+                        &[("kind", kind.as_str()), ("outcome", status)],
+                    );
+                    tracing::info!(parent: &self.span, %step_id, kind = kind.as_str(), status,
+                        "step finished");
+                    match kind {
+                        CallKind::Agent => self.fault("result").await,
+                        CallKind::HumanCheckpoint => self.fault("approval").await,
+                        _ => {}
+                    }
+                }
             }
         }
     }
@@ -293,7 +342,12 @@ impl WorkflowState {
         for line in &activation.logs {
             tracing::info!(parent: &self.span, script_log = %line, "console.log");
         }
-        if !activation.journal.is_empty() {
+        if let Some(carried) = self.carry(&activation) {
+            // One new agent call and nothing else to wait for: its entry, and everything
+            // unwritten before it, is journaled by its admission.
+            self.carried = Some(carried);
+            self.journal.extend(activation.journal);
+        } else if !activation.journal.is_empty() {
             let ops = activation
                 .journal
                 .iter()
@@ -306,17 +360,16 @@ impl WorkflowState {
                     self.step_op(entry, status, json!({}))
                 })
                 .collect();
-            if !self.write(myself, ops).await {
-                return;
-            }
             // New calls only: a replayed call resolves from the journal and is not here, so a
             // restart neither counts nor logs a step again.
-            for entry in &activation.journal {
-                let kind = entry.kind.as_str();
-                self.args
-                    .metrics
-                    .inc("reins_steps_started_total", &[("kind", kind)]);
-                tracing::info!(parent: &self.span, step_id = %entry.step_id, kind, "step started");
+            self.unwritten
+                .events
+                .extend(activation.journal.iter().map(|entry| Journaled::Started {
+                    step_id: entry.step_id.clone(),
+                    kind: entry.kind,
+                }));
+            if !self.write(myself, ops).await {
+                return;
             }
             self.journal.extend(activation.journal);
         }
@@ -332,8 +385,50 @@ impl WorkflowState {
         match activation.status {
             Status::Completed(result) => self.finish(myself, Ok(result)).await,
             Status::Failed(message) => self.finish(myself, Err(message)).await,
-            Status::Waiting => self.settle_status(myself).await,
+            Status::Waiting => {
+                // Outcomes settled into a script that now waits on calls already journaled.
+                if self.write(myself, Vec::new()).await {
+                    self.settle_status(myself).await;
+                }
+            }
         }
+    }
+
+    /// The journal an activation can hand to its admission: when it made exactly one new call,
+    /// an agent call, and the workflow waits for nothing else. (With other calls outstanding, a
+    /// later write could commit before the admission and journal outcomes out of order.)
+    fn carry(&mut self, activation: &runtime::Activation) -> Option<Carried> {
+        let ([entry], [command], Status::Waiting) = (
+            activation.journal.as_slice(),
+            activation.commands.as_slice(),
+            &activation.status,
+        ) else {
+            return None;
+        };
+        if entry.kind != CallKind::Agent
+            || command.seq != entry.seq
+            || !self.waiting.is_empty()
+            || self.cancelling.is_some()
+            || self.carried.is_some()
+        {
+            return None;
+        }
+        let run_id = uuid::Uuid::new_v4().simple().to_string();
+        let agent = entry.args["agentRef"].as_str().unwrap_or_default();
+        let thread_id = thread_for(&self.args.workflow_id, &entry.step_id);
+        let fields = self.child_fields(&run_id, &thread_id, agent);
+        let mut before = std::mem::take(&mut self.unwritten);
+        before.events.push(Journaled::Started {
+            step_id: entry.step_id.clone(),
+            kind: entry.kind,
+        });
+        Some(Carried {
+            call: command.id,
+            run_id,
+            before,
+            running: self.step_op(entry, "running", fields),
+            queued: self.step_op(entry, "queued", json!({})),
+        })
     }
 
     async fn begin_command(&mut self, myself: &ActorRef<WorkflowMsg>, command: Command) {
@@ -365,6 +460,7 @@ impl WorkflowState {
         let Some((_, command)) = self.waiting.get(&id) else {
             return;
         };
+        let carried = self.carried.as_ref().filter(|carried| carried.call == id);
         let request = RunRequest {
             thread_id: thread_for(&self.args.workflow_id, &command.step_id),
             agent: command.args["agentRef"]
@@ -384,7 +480,13 @@ impl WorkflowState {
                 attempt: self.attempt(command.seq),
                 slots_max: self.args.slots_max,
                 fence: self.args.fence.clone(),
+                journal: carried.map_or_else(Vec::new, |carried| {
+                    let mut journal = carried.before.ops.clone();
+                    journal.push(carried.running.clone());
+                    journal
+                }),
             }),
+            run_id: carried.map(|carried| carried.run_id.clone()),
         };
         let (runs, me) = (self.args.runs.clone(), myself.clone());
         let (faults, workflow_id) = (self.args.faults.clone(), self.args.workflow_id.clone());
@@ -429,22 +531,15 @@ impl WorkflowState {
             Outcome::Resolved(_) => "completed",
             Outcome::Rejected(_) => "failed",
         };
-        let mut ops = vec![self.step_op(&entry, status, fields)];
-        ops.append(&mut extra);
-        if !self.write(myself, ops).await {
-            return;
-        }
-        let kind = entry.kind.as_str();
-        self.args.metrics.inc(
-            "reins_steps_finished_total",
-            &[("kind", kind), ("outcome", status)],
-        );
-        tracing::info!(parent: &self.span, step_id = %entry.step_id, kind, status, "step finished");
-        match entry.kind {
-            CallKind::Agent => self.fault("result").await,
-            CallKind::HumanCheckpoint => self.fault("approval").await,
-            _ => {}
-        }
+        // Journaled with whatever the workflow writes next (see `unwritten`).
+        let op = self.step_op(&entry, status, fields);
+        self.unwritten.ops.push(op);
+        self.unwritten.ops.append(&mut extra);
+        self.unwritten.events.push(Journaled::Finished {
+            step_id: entry.step_id.clone(),
+            kind: entry.kind,
+            status,
+        });
         if !self.loaded {
             self.set_status(myself, "running").await;
         }
@@ -524,6 +619,31 @@ impl WorkflowState {
         id: CallId,
         result: Result<Admitted, Error>,
     ) {
+        let carried = self.carried.take_if(|carried| carried.call == id);
+        let journaled = carried.is_some() && matches!(result, Ok(Admitted::Started { .. }));
+        if let Err(Error::Store(store::Error::OutcomeUnknown(error))) = &result {
+            // The admission (and any journal it carried) may or may not have committed, and a
+            // child run may exist: recovery reads which, instead of a guess here.
+            tracing::error!(parent: &self.span, %error, "an admission's outcome is unknown; stopping");
+            self.stop(myself);
+            return;
+        }
+        match (carried, &result) {
+            (None, _) | (Some(_), Err(Error::Store(store::Error::LeaseLost { .. }))) => {}
+            (Some(carried), Ok(Admitted::Started { .. })) => {
+                self.announce(carried.before.events).await;
+            }
+            (Some(carried), _) => {
+                // Not admitted: the journal it carried was not written; write it, with the
+                // call as queued.
+                let mut before = carried.before;
+                before.ops.push(carried.queued);
+                self.unwritten.restore(before);
+                if !self.write(myself, Vec::new()).await {
+                    return;
+                }
+            }
+        }
         if self.cancelling.is_some() {
             // Admitted after the cancel began: stop it too, and wait for it like the others.
             if let Ok(Admitted::Started { row, ended }) = result {
@@ -560,10 +680,11 @@ impl WorkflowState {
                 let Some(entry) = self.journal.get(id.0 as usize).cloned() else {
                     return;
                 };
-                let fields = self.child_fields(&row);
-                if !self
-                    .write(myself, vec![self.step_op(&entry, "running", fields)])
-                    .await
+                let fields = self.child_fields(&row.run_id, &row.thread_id, &row.agent);
+                if !journaled
+                    && !self
+                        .write(myself, vec![self.step_op(&entry, "running", fields)])
+                        .await
                 {
                     return;
                 }
@@ -618,13 +739,13 @@ impl WorkflowState {
 
     /// What an agent step's journal entry says about its child run: which run, on which thread,
     /// under which definition of its agent.
-    fn child_fields(&self, row: &RunRow) -> Value {
+    fn child_fields(&self, run_id: &str, thread_id: &str, agent: &str) -> Value {
         let configuration_version = self
             .args
             .agents
-            .get(&row.agent)
+            .get(agent)
             .map(|agent| agent.configuration_version.clone());
-        json!({"run_id": row.run_id, "thread_id": row.thread_id,
+        json!({"run_id": run_id, "thread_id": thread_id,
                "configuration_version": configuration_version})
     }
 
@@ -666,7 +787,7 @@ impl WorkflowState {
             step_id: command.step_id,
         };
         extra.push(release);
-        let fields = self.child_fields(&row);
+        let fields = self.child_fields(&row.run_id, &row.thread_id, &row.agent);
         self.fault("result_before").await;
         self.conclude(myself, id, outcome, extra, fields).await;
     }
@@ -986,7 +1107,7 @@ impl WorkflowState {
         let Some(entry) = self.journal.get(id.0 as usize).cloned() else {
             return;
         };
-        let mut fields = self.child_fields(&row);
+        let mut fields = self.child_fields(&row.run_id, &row.thread_id, &row.agent);
         fields["run_status"] = json!(row.status);
         let ops = vec![
             self.step_op(&entry, "cancelled", fields),
@@ -1044,6 +1165,8 @@ impl Actor for WorkflowSupervisor {
             done: false,
             cancelling: None,
             last_write_error: None,
+            unwritten: Unwritten::default(),
+            carried: None,
             span,
         })
     }

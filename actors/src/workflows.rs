@@ -16,6 +16,7 @@ use store::{
     ControlRow, ControlWrite, Launch, LaunchLimits, NewControl, NewWorkflow, StepRow, TakeOver,
     WorkflowRow, WriteOp,
 };
+use tokio::sync::broadcast;
 use tokio::time::Instant;
 
 use crate::Error;
@@ -202,6 +203,8 @@ pub(crate) struct WorkflowsArgs {
     pub metrics: std::sync::Arc<crate::metrics::Metrics>,
     pub worker_id: String,
     pub options: WorkflowsOptions,
+    /// Where the ids of stopped supervisors go (see [`WorkflowsHandle::stopped`]).
+    pub stopped: broadcast::Sender<String>,
 }
 
 pub(crate) struct WorkflowsState {
@@ -537,9 +540,17 @@ impl Actor for Workflows {
             }
             _ => return Ok(()),
         };
-        state
+        let ended: Vec<String> = state
             .live
-            .retain(|_, child| child.get_id() != cell.get_id());
+            .iter()
+            .filter(|(_, child)| child.get_id() == cell.get_id())
+            .map(|(id, _)| id.clone())
+            .collect();
+        for workflow_id in ended {
+            state.live.remove(&workflow_id);
+            // Nobody listening is fine: it is a cue, never the record.
+            let _ = state.args.stopped.send(workflow_id);
+        }
         Ok(())
     }
 }
@@ -813,6 +824,7 @@ pub struct WorkflowsHandle {
     actor: ActorRef<WorkflowsMsg>,
     store: StoreHandle,
     timeout: Duration,
+    stopped: broadcast::Sender<String>,
 }
 
 impl WorkflowsHandle {
@@ -820,12 +832,22 @@ impl WorkflowsHandle {
         actor: ActorRef<WorkflowsMsg>,
         store: StoreHandle,
         timeout: Duration,
+        stopped: broadcast::Sender<String>,
     ) -> Self {
         WorkflowsHandle {
             actor,
             store,
             timeout,
+            stopped,
         }
+    }
+
+    /// The ids of workflows whose supervisor on this node stops from now on: it finished,
+    /// needs reconciliation, was fenced or given up. A cue to read the workflow, not a record:
+    /// a receiver that falls more than `STOPPED_BACKLOG` (1,024) ids behind misses some
+    /// (`RecvError::Lagged`) and reads the rows it waits for instead.
+    pub fn stopped(&self) -> broadcast::Receiver<String> {
+        self.stopped.subscribe()
     }
 
     async fn call<T: Send + 'static>(

@@ -48,10 +48,16 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         postgres: include_str!("../migrations/postgres/0006_slot_claim.sql"),
         sqlite: include_str!("../migrations/sqlite/0006_slot_claim.sql"),
     },
+    Migration {
+        version: 7,
+        name: "numbered_slots",
+        postgres: include_str!("../migrations/postgres/0007_numbered_slots.sql"),
+        sqlite: include_str!("../migrations/sqlite/0007_numbered_slots.sql"),
+    },
 ];
 
 /// The schema version this build expects.
-pub const SCHEMA_VERSION: i64 = 6;
+pub const SCHEMA_VERSION: i64 = 7;
 
 /// The advisory-lock key PostgreSQL migrations serialise on ("reins" in ASCII).
 pub(crate) const PG_MIGRATION_LOCK: i64 = 0x0072_6569_6e73;

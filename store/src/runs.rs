@@ -90,6 +90,10 @@ pub struct WorkflowStep {
     pub slots_max: u64,
     /// The workflow's lease: admission happens only while it holds, in the same transaction.
     pub fence: Fence,
+    /// Journal writes of the workflow that go with this admission: committed, under `fence`, in
+    /// the admission's transaction if and only if the run is [`Admission::Admitted`]. (Queued,
+    /// an earlier run, or an error: none of them is written, and the caller writes them itself.)
+    pub journal: Vec<crate::WriteOp>,
 }
 
 /// A child run to admit.

@@ -21,6 +21,7 @@ fn request(thread: &str, task: Value) -> RunRequest {
         task,
         idempotency_key: None,
         step: None,
+        run_id: None,
     }
 }
 

@@ -41,6 +41,7 @@ async fn run(node: &TestNode, agent: &str, thread: &str) -> (String, RunEnd) {
         task: json!({"question": "why"}),
         idempotency_key: None,
         step: None,
+        run_id: None,
     };
     let Admitted::Started { row, ended } = node.node.runs().start(request).await.expect("start")
     else {
@@ -152,6 +153,7 @@ wait
         task: json!("go"),
         idempotency_key: None,
         step: None,
+        run_id: None,
     };
     let Admitted::Started { row, ended } = node.node.runs().start(request).await.expect("start")
     else {
@@ -245,6 +247,7 @@ printf '{"type": "output", "output": %s}\n' "$answer"
             task: json!("ship it"),
             idempotency_key: None,
             step: None,
+            run_id: None,
         };
         let Admitted::Started { row, ended } = owner.node.runs().start(request).await.expect("start") else {
             panic!("not started");

@@ -174,6 +174,7 @@ async fn a_completion_through_a_node_records_content_and_tokens() {
         task: json!("what is six times seven?"),
         idempotency_key: None,
         step: None,
+        run_id: None,
     };
     let Admitted::Started { row, ended } = node.node.runs().start(request).await.expect("start")
     else {

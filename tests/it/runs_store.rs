@@ -116,6 +116,7 @@ on_both_backends! {
             attempt: 1,
             slots_max: 2,
             fence: lease.fence(),
+            journal: Vec::new(),
         };
         for (n, step_id) in ["s1", "s2"].into_iter().enumerate() {
             let run = NewRun { step: Some(step(step_id)), ..new_run(&format!("run-{n}"), &format!("t-{n}"), "node-a") };
@@ -142,6 +143,117 @@ on_both_backends! {
         assert!(matches!(refused, Err(Error::LeaseLost { .. })), "{refused:?}");
         assert_eq!(store.read_run("run-4").await.expect("read"), None);
         assert_eq!(store.count_slots().await.expect("slots"), 2);
+    }
+}
+
+on_both_backends! {
+    async fn a_steps_journal_writes_are_committed_with_its_admission_and_only_then(db: TestDb) {
+        let store = db.store().await;
+        let lease = workflow(&store, "wf", "node-a", 60_000).await;
+        let put = |step_id: &str, status: &str| store::WriteOp::PutStep {
+            workflow_id: "wf".into(),
+            seq: 0,
+            step_id: step_id.to_owned(),
+            attempt: 1,
+            kind: "agent".into(),
+            status: status.to_owned(),
+            data: json!({"run": step_id}),
+        };
+        let step = |step_id: &str, slots_max: u64| WorkflowStep {
+            workflow_id: "wf".into(),
+            step_id: step_id.to_owned(),
+            attempt: 1,
+            slots_max,
+            fence: lease.fence(),
+            journal: vec![put(step_id, "running")],
+        };
+        let keyed = |run_id: &str, step_id: &str, slots_max: u64| NewRun {
+            idempotency: Some((format!("wf/{step_id}/1"), json!({"step": step_id}))),
+            step: Some(step(step_id, slots_max)),
+            ..new_run(run_id, &format!("t-{step_id}"), "node-a")
+        };
+        let journaled = || async {
+            let steps = store.read_steps("wf").await.expect("steps");
+            steps.into_iter().map(|s| s.step_id).collect::<Vec<_>>()
+        };
+
+        admitted(&store, keyed("run-a", "a", 1)).await;
+        assert_eq!(journaled().await, ["a"]);
+        // No slot: queued, and its journal write is not made.
+        assert_eq!(store.admit_run(keyed("run-b", "b", 1)).await.expect("admit"), Admission::Queued);
+        assert_eq!(journaled().await, ["a"]);
+        // The same request again finds its run; the journal write is the caller's to make.
+        store
+            .fenced_write(&lease.fence(), vec![put("a", "completed")])
+            .await
+            .expect("complete a");
+        let again = store.admit_run(keyed("run-a2", "a", 1)).await.expect("admit");
+        assert!(matches!(again, Admission::Existing(ref row) if row.run_id == "run-a"), "{again:?}");
+        let steps = store.read_steps("wf").await.expect("steps");
+        assert_eq!(steps[0].status, "completed", "the repeated admission rewrote the journal");
+        // A stale fence writes nothing at all.
+        assert!(store.release_lease(&lease.fence()).await.expect("release"));
+        let stale = store.admit_run(keyed("run-c", "c", 8)).await;
+        assert!(matches!(stale, Err(Error::LeaseLost { .. })), "{stale:?}");
+        assert_eq!(journaled().await, ["a"]);
+        assert_eq!(store.read_run("run-c").await.expect("read"), None);
+    }
+}
+
+on_both_backends! {
+    async fn racing_admissions_never_hold_more_slots_than_the_max_even_after_it_is_lowered(db: TestDb) {
+        let store = Arc::new(db.store().await);
+        let mut fences = Vec::new();
+        for n in 0..24 {
+            fences.push(workflow(&store, &format!("wf-{n}"), "node-a", 60_000).await.fence());
+        }
+        let step = |n: usize, slots_max: u64| WorkflowStep {
+            workflow_id: format!("wf-{n}"),
+            step_id: "s".into(),
+            attempt: 1,
+            slots_max,
+            fence: fences[n].clone(),
+            journal: Vec::new(),
+        };
+        let run = |n: usize, slots_max: u64| NewRun {
+            step: Some(step(n, slots_max)),
+            ..new_run(&format!("run-{n}"), &format!("t-{n}"), "node-a")
+        };
+        let start = Arc::new(Barrier::new(24));
+        let racers: Vec<_> = (0..24)
+            .map(|n| {
+                let (store, start, run) = (Arc::clone(&store), Arc::clone(&start), run(n, 8));
+                tokio::spawn(async move {
+                    start.wait().await;
+                    store.admit_run(run).await.expect("admit")
+                })
+            })
+            .collect();
+        let mut held = Vec::new();
+        for (n, racer) in racers.into_iter().enumerate() {
+            if matches!(racer.await.expect("join"), Admission::Admitted(_)) {
+                held.push(n);
+            }
+        }
+        assert_eq!(held.len(), 8, "admitted: {held:?}");
+        assert_eq!(store.count_slots().await.expect("slots"), 8);
+
+        // The max is lowered to 4 while 8 are held: nothing is admitted until fewer than 4 are.
+        let waiting: Vec<usize> = (0..24).filter(|n| !held.contains(n)).collect();
+        assert_eq!(store.admit_run(run(waiting[0], 4)).await.expect("admit"), Admission::Queued);
+        for n in &held[..5] {
+            store
+                .fenced_write(&fences[*n], vec![store::WriteOp::ReleaseSlot {
+                    workflow_id: format!("wf-{n}"),
+                    step_id: "s".into(),
+                }])
+                .await
+                .expect("release");
+        }
+        assert_eq!(store.count_slots().await.expect("slots"), 3);
+        admitted(&store, run(waiting[0], 4)).await;
+        assert_eq!(store.admit_run(run(waiting[1], 4)).await.expect("admit"), Admission::Queued);
+        assert_eq!(store.count_slots().await.expect("slots"), 4);
     }
 }
 

@@ -563,6 +563,18 @@ on_both_backends! {
                 && all.iter().filter(|s| *s == "queued").count() == 2
         })
         .await;
+        // A sequential call is journaled by its admission; with no slot free it is journaled
+        // queued by itself, with the outcome before it, and admitted later.
+        let sequential = LaunchRequest { user_id: "bob".into(), request_id: None, args: json!({}),
+            script: r#"
+                const first = await agent({stepId: "first", agentRef: "scripted", task: {output: 10}});
+                const second = await agent({stepId: "second", agentRef: "scripted", task: {output: 20}});
+                return first.output + second.output;"#.into() };
+        let bob = workflows.launch(sequential).await.expect("launch").run_id;
+        eventually(Duration::from_secs(15), "the sequential call queues", async || {
+            view(&node, &bob).await.steps.iter().any(|s| s.step_id == "first" && s.status == "queued")
+        })
+        .await;
         // Over the per-owner limit while those three are live: two more launches, one refused.
         let mut refused = 0;
         for _ in 0..2 {
@@ -581,6 +593,13 @@ on_both_backends! {
             wait_for_status(&node, id, "completed").await;
             assert_eq!(view(&node, id).await.row.data["result"], json!(3));
         }
+        wait_for_status(&node, &bob, "completed").await;
+        let done = view(&node, &bob).await;
+        assert_eq!(done.row.data["result"], json!(30));
+        let steps: Vec<_> = done.steps.iter()
+            .map(|s| (s.step_id.as_str(), s.status.as_str(), s.data["run_id"].is_string()))
+            .collect();
+        assert_eq!(steps, [("first", "completed", true), ("second", "completed", true)]);
     }
 }
 

@@ -402,7 +402,7 @@ pub(super) fn fenced_error(fence: &Fence, error: tokio_postgres::Error) -> Error
 /// Each change as one statement that checks the fence first: `$1..$3` are the fence, the change's
 /// own parameters follow. `reins_fence` raises unless the fence holds and keeps the lease row
 /// locked `FOR SHARE` until the transaction ends.
-fn op_sql(op: &WriteOp) -> &'static str {
+pub(super) fn op_sql(op: &WriteOp) -> &'static str {
     match op {
         WriteOp::SetWorkflow { .. } => {
             "WITH fence AS (SELECT reins_fence($1, $2, $3)),
@@ -453,7 +453,7 @@ fn op_sql(op: &WriteOp) -> &'static str {
 }
 
 /// The parameters of [`op_sql`]: the fence, then the change's own.
-fn op_params<'a>(fence: &'a Fence, op: &'a WriteOp) -> Vec<&'a (dyn ToSql + Sync)> {
+pub(super) fn op_params<'a>(fence: &'a Fence, op: &'a WriteOp) -> Vec<&'a (dyn ToSql + Sync)> {
     let mut params: Vec<&(dyn ToSql + Sync)> = vec![&fence.resource_id, &fence.owner, &fence.epoch];
     match op {
         WriteOp::SetWorkflow {

@@ -7,7 +7,7 @@ use deadpool_postgres::{Object, Transaction};
 use serde_json::Value;
 use tokio_postgres::Row;
 
-use super::{PgStore, commit_error, fenced_error};
+use super::{PgStore, commit_error, fenced_error, op_params, op_sql};
 use crate::lease::ttl_seconds;
 use crate::runs::{
     Admission, ApprovalAnswer, CancelAction, NewRun, RunOutcome, RunRenewal, RunRow, RunStatus,
@@ -27,9 +27,9 @@ macro_rules! run_columns {
 const RUN_COLUMNS: &str = run_columns!();
 const SELECT_RUN: &str = concat!("SELECT ", run_columns!(), " FROM runs");
 
-// Admissions with a slot serialise on the advisory lock "slots" (0x0073_6c6f_7473), taken by
-// `reins_claim_slot` (migration 6), so that counting the taken slots and taking one are atomic
-// across the cluster.
+// Admissions with a slot claim a free slot number below `slots_max` in `reins_claim_slot`
+// (migration 7): each number is held once (a unique index), so at most `slots_max` slots are held
+// across the cluster, and two admissions wait on each other only for the same number.
 
 fn decode(row: &Row) -> Result<RunRow> {
     Ok(RunRow {
@@ -128,9 +128,9 @@ async fn admit_in(transaction: &Transaction<'_>, run: &NewRun) -> Result<Admissi
     let Some(step) = &run.step else {
         return Ok(Admission::Admitted(decode(&insert.await?)?));
     };
-    // The slot is claimed last, pipelined with the insert: the cluster-wide slots lock is
-    // taken by the server inside `reins_claim_slot` and held until the commit that follows,
-    // never across a wait for this client.
+    // The slot is claimed last, pipelined with the insert: the slot number's lock is taken by
+    // the server inside `reins_claim_slot` and held until the commit that follows, never across
+    // a wait for this client.
     let slots_max = i64::try_from(step.slots_max).unwrap_or(i64::MAX);
     let claim_params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] =
         [&step.workflow_id, &step.step_id, &step.attempt, &slots_max];
@@ -146,6 +146,26 @@ async fn admit_in(transaction: &Transaction<'_>, run: &NewRun) -> Result<Admissi
         }
         claimed => {
             claimed?;
+            // Admitted: the step's journal writes join the transaction, pipelined.
+            let mut statements = Vec::with_capacity(step.journal.len());
+            for op in &step.journal {
+                statements.push(transaction.prepare_cached(op_sql(op)).await?);
+            }
+            let params: Vec<_> = step
+                .journal
+                .iter()
+                .map(|op| op_params(&step.fence, op))
+                .collect();
+            let journaled = futures_util::future::join_all(
+                statements
+                    .iter()
+                    .zip(&params)
+                    .map(|(statement, params)| transaction.execute(statement, params)),
+            )
+            .await;
+            if let Some(error) = journaled.into_iter().find_map(|r| r.err()) {
+                return Err(fenced_error(&step.fence, error));
+            }
             Ok(Admission::Admitted(decode(&inserted)?))
         }
     }

@@ -432,7 +432,7 @@ pub(super) fn check_fence(connection: &Connection, fence: &Fence) -> Result<()> 
 
 /// Applies one ownership-dependent change; the fence has already been checked in this
 /// transaction.
-fn apply(connection: &Connection, op: &WriteOp) -> Result<()> {
+pub(super) fn apply(connection: &Connection, op: &WriteOp) -> Result<()> {
     match op {
         WriteOp::SetWorkflow {
             workflow_id,

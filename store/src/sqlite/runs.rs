@@ -4,7 +4,7 @@
 use rusqlite::{Connection, OptionalExtension, Row, params};
 use serde_json::Value;
 
-use super::{SqliteStore, check_fence, parse_json};
+use super::{SqliteStore, apply, check_fence, parse_json};
 use crate::lease::ttl_seconds;
 use crate::runs::{
     Admission, ApprovalAnswer, CancelAction, NewRun, RunOutcome, RunRenewal, RunRow, RunStatus,
@@ -194,6 +194,10 @@ fn admit(connection: &Connection, run: &NewRun) -> Result<Admission> {
             )));
         }
         Err(e) => return Err(e.into()),
+    }
+    // The fence was checked in this transaction, and this writer is the only one.
+    for op in run.step.iter().flat_map(|step| &step.journal) {
+        apply(connection, op)?;
     }
     read_run(connection, &run.run_id)?
         .map(Admission::Admitted)

@@ -1,0 +1,58 @@
+//! Journal writes a workflow supervisor has decided on but not yet committed.
+//!
+//! A step's outcome need not be durable before the script sees it, only before anything the
+//! script does next leaves the process: the outcome is journaled in the same transaction as the
+//! next thing the workflow writes (the next call's journal entry, its child run's admission, the
+//! final status). A crash before that transaction finds the step's child run ended, and recovery
+//! adopts the same outcome from it. What happens "once it is durable" (metrics, log lines, test
+//! fault points) waits for that commit, so a replay never counts or logs a step twice.
+
+use runtime::CallKind;
+use store::WriteOp;
+
+/// A step whose journal write became durable.
+#[derive(Debug, Clone)]
+pub(crate) enum Journaled {
+    Started {
+        step_id: String,
+        kind: CallKind,
+    },
+    Finished {
+        step_id: String,
+        kind: CallKind,
+        status: &'static str,
+    },
+}
+
+/// Writes not yet committed, and what they will have made true once they are.
+#[derive(Debug, Default)]
+pub(crate) struct Unwritten {
+    pub ops: Vec<WriteOp>,
+    pub events: Vec<Journaled>,
+}
+
+impl Unwritten {
+    /// Puts `earlier` in front of what is here, keeping the order the writes were decided in.
+    pub fn restore(&mut self, mut earlier: Unwritten) {
+        earlier.ops.append(&mut self.ops);
+        earlier.events.append(&mut self.events);
+        *self = earlier;
+    }
+}
+
+/// The unwritten journal of a workflow handed to the admission of its one pending agent call:
+/// committed in the admission's transaction if the child run is admitted, and written by the
+/// supervisor itself (with the call journaled `queued`) otherwise.
+#[derive(Debug)]
+pub(crate) struct Carried {
+    /// The call being admitted.
+    pub call: runtime::CallId,
+    /// The run id the admission uses, so that the journal entry can name it.
+    pub run_id: String,
+    /// The writes before the call's own entry.
+    pub before: Unwritten,
+    /// The call's entry as `running` with its child run (written with an admission).
+    pub running: WriteOp,
+    /// The call's entry as `queued` (written when the admission did not admit).
+    pub queued: WriteOp,
+}

@@ -1,0 +1,2 @@
+-- PostgreSQL numbers its child slots in this version so that claims stop serialising on one
+-- lock; SQLite's single writer already makes the claim one step, so nothing changes here.
