@@ -3,7 +3,7 @@
 //! statement wait and re-check its condition on the new version, so exactly one of two racing
 //! writers wins.
 
-use deadpool_postgres::{Object, Transaction};
+use deadpool_postgres::Object;
 use serde_json::Value;
 use tokio_postgres::Row;
 
@@ -72,27 +72,9 @@ async fn read_by_key(client: &Object, key: &str) -> Result<Option<RunRow>> {
         .transpose()
 }
 
-async fn admit_in(transaction: &Transaction<'_>, run: &NewRun) -> Result<Admission> {
-    if let Some(step) = &run.step {
-        transaction
-            .execute(
-                "SELECT reins_fence($1, $2, $3)",
-                &[
-                    &step.fence.resource_id,
-                    &step.fence.owner,
-                    &step.fence.epoch,
-                ],
-            )
-            .await
-            .map_err(|e| fenced_error(&step.fence, e))?;
-    }
-    if let Some((key, request)) = &run.idempotency
-        && let Some(row) = transaction
-            .query_opt(&format!("{SELECT_RUN} WHERE idempotency_key = $1"), &[key])
-            .await?
-    {
-        return replay(decode(&row)?, request);
-    }
+/// How a pipelined admission turned out: admitted, or the first statement that failed, in
+/// statement order (the statements after it only report the aborted transaction).
+async fn admit_pipelined(client: &Object, run: &NewRun) -> Result<Admission> {
     let (key, request) = match &run.idempotency {
         Some((key, request)) => (Some(key), Some(request)),
         None => (None, None),
@@ -103,14 +85,16 @@ async fn admit_in(transaction: &Transaction<'_>, run: &NewRun) -> Result<Admissi
         run.step.as_ref().map(|s| s.attempt),
     );
     let lease_seconds = ttl_seconds(run.lease_ms);
-    let insert_sql = format!(
-        "INSERT INTO runs (run_id, thread_id, workflow, step_id, attempt, agent, status,
+    let insert = client
+        .prepare_cached(&format!(
+            "INSERT INTO runs (run_id, thread_id, workflow, step_id, attempt, agent, status,
                                owner_worker_id, lease_expires_at, idempotency_key,
                                idempotency_request, metadata, created_at, updated_at)
              VALUES ($1, $2, $3, $4, $5, $6, 'running', $7, reins_now() + $8, $9, $10, $11,
                      reins_now(), reins_now())
              RETURNING {RUN_COLUMNS}"
-    );
+        ))
+        .await?;
     let insert_params: [&(dyn tokio_postgres::types::ToSql + Sync); 11] = [
         &run.run_id,
         &run.thread_id,
@@ -124,67 +108,83 @@ async fn admit_in(transaction: &Transaction<'_>, run: &NewRun) -> Result<Admissi
         &request,
         &run.metadata,
     ];
-    let insert = transaction.query_one(&insert_sql, &insert_params);
     let Some(step) = &run.step else {
-        return Ok(Admission::Admitted(decode(&insert.await?)?));
+        // One statement is its own transaction; without an answer, its commit is unknown.
+        let inserted = client
+            .query_one(&insert, &insert_params)
+            .await
+            .map_err(commit_error)?;
+        return Ok(Admission::Admitted(decode(&inserted)?));
     };
-    // The slot is claimed last, pipelined with the insert: the slot number's lock is taken by
-    // the server inside `reins_claim_slot` and held until the commit that follows, never across
-    // a wait for this client.
+    let fence = client.prepare_cached("SELECT reins_fence($1, $2, $3)").await?;
+    let claim = client
+        .prepare_cached("SELECT reins_claim_slot($1, $2, $3, $4)")
+        .await?;
+    let mut journal = Vec::with_capacity(step.journal.len());
+    for op in &step.journal {
+        journal.push(client.prepare_cached(op_sql(op)).await?);
+    }
+    let journal_params: Vec<_> = step
+        .journal
+        .iter()
+        .map(|op| op_params(&step.fence, op))
+        .collect();
     let slots_max = i64::try_from(step.slots_max).unwrap_or(i64::MAX);
     let claim_params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] =
         [&step.workflow_id, &step.step_id, &step.attempt, &slots_max];
-    let claim = transaction.execute("SELECT reins_claim_slot($1, $2, $3, $4)", &claim_params);
-    let (inserted, claimed) = futures_util::join!(insert, claim);
-    // A refused insert (the thread's one active run, a racing key) aborted the transaction,
-    // so the claim after it failed too: the insert's error is the one that says why.
-    let inserted = inserted?;
+    let fence_params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] = [
+        &step.fence.resource_id,
+        &step.fence.owner,
+        &step.fence.epoch,
+    ];
+    // Every future is polled once, in this order, before any answer is awaited: the whole
+    // transaction goes in one round trip. The fence comes first and holds the lease row until the
+    // commit; the slot is claimed after the insert, so its lock is held only for the server's
+    // work and the commit.
+    let (begun, fenced, inserted, claimed, journaled, committed) = tokio::join!(
+        client.batch_execute("BEGIN"),
+        client.execute(&fence, &fence_params),
+        client.query_one(&insert, &insert_params),
+        client.execute(&claim, &claim_params),
+        futures_util::future::join_all(
+            journal
+                .iter()
+                .zip(&journal_params)
+                .map(|(statement, params)| client.execute(statement, params)),
+        ),
+        client.batch_execute("COMMIT"),
+    );
+    if let Err(e) = begun {
+        return Err(Error::OutcomeUnknown(format!("BEGIN failed: {e}")));
+    }
+    fenced.map_err(|e| fenced_error(&step.fence, e))?;
+    // A refused insert (the thread's one active run, a repeated key): the caller looks for the
+    // key's run.
+    let inserted = inserted.map_err(|e| fenced_error(&step.fence, e))?;
     match claimed {
+        // Every slot is taken: the pipelined COMMIT rolled the insert back.
         Err(error) if error.code().is_some_and(|c| c.code() == "RS001") => {
-            // Every slot is taken: the transaction is dropped, so the run was never inserted.
-            Ok(Admission::Queued)
+            return Ok(Admission::Queued);
         }
         claimed => {
-            claimed?;
-            // Admitted: the step's journal writes join the transaction, pipelined.
-            let mut statements = Vec::with_capacity(step.journal.len());
-            for op in &step.journal {
-                statements.push(transaction.prepare_cached(op_sql(op)).await?);
-            }
-            let params: Vec<_> = step
-                .journal
-                .iter()
-                .map(|op| op_params(&step.fence, op))
-                .collect();
-            let journaled = futures_util::future::join_all(
-                statements
-                    .iter()
-                    .zip(&params)
-                    .map(|(statement, params)| transaction.execute(statement, params)),
-            )
-            .await;
-            if let Some(error) = journaled.into_iter().find_map(|r| r.err()) {
-                return Err(fenced_error(&step.fence, error));
-            }
-            Ok(Admission::Admitted(decode(&inserted)?))
+            claimed.map_err(|e| fenced_error(&step.fence, e))?;
         }
     }
+    if let Some(e) = journaled.into_iter().find_map(|r| r.err()) {
+        return Err(fenced_error(&step.fence, e));
+    }
+    committed.map_err(commit_error)?;
+    Ok(Admission::Admitted(decode(&inserted)?))
 }
 
 impl PgStore {
     pub(crate) async fn admit_run(&self, run: NewRun) -> Result<Admission> {
-        let mut client = self.pool.get().await?;
-        let attempt = async {
-            let transaction = client.transaction().await?;
-            let admission = admit_in(&transaction, &run).await?;
-            transaction.commit().await.map_err(commit_error)?;
-            Ok(admission)
-        }
-        .await;
-        match attempt {
+        let client = self.pool.get().await?;
+        match admit_pipelined(&client, &run).await {
             Err(Error::Conflict(_)) => {
-                // A racing admission with the same key may have won: the same request gets its
-                // run; anything else is a conflict on the key or on the thread's one active run.
+                // The key admitted a run before (or a racing admission with it won): the same
+                // request gets its run; anything else is a conflict on the key or on the thread's
+                // one active run.
                 if let Some((key, request)) = &run.idempotency
                     && let Some(existing) = read_by_key(&client, key).await?
                 {
