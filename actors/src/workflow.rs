@@ -52,6 +52,9 @@ pub enum WorkflowMsg {
     ChildEnded {
         id: CallId,
         run_id: String,
+        /// The run as this node's own compare-and-set ended it (no need to read it back);
+        /// `None` when another node's word, or none, decides.
+        committed: Option<Box<RunRow>>,
     },
     /// Look for controls (the node's poller found some pending for this workflow).
     Poll,
@@ -659,7 +662,11 @@ impl WorkflowState {
                 let (me, run_id) = (myself.clone(), row.run_id);
                 tokio::spawn(async move {
                     let _ = ended.await;
-                    let _ = me.post(WorkflowMsg::ChildEnded { id, run_id });
+                    let _ = me.post(WorkflowMsg::ChildEnded {
+                        id,
+                        run_id,
+                        committed: None,
+                    });
                 });
             }
             return;
@@ -689,11 +696,20 @@ impl WorkflowState {
                     return;
                 }
                 let me = myself.clone();
-                let run_id = row.run_id;
                 tokio::spawn(async move {
-                    // Whatever the end (persisted, fenced), the row says what happened.
-                    let _: Result<RunEnd, _> = ended.await;
-                    let _ = me.post(WorkflowMsg::ChildEnded { id, run_id });
+                    // An end this node committed is known as committed; any other end (fenced,
+                    // paused, the actor gone) is read from the row.
+                    let committed = match ended.await {
+                        Ok(RunEnd::Persisted(outcome)) => {
+                            Some(Box::new(ended_with(row.clone(), outcome)))
+                        }
+                        _ => None,
+                    };
+                    let _ = me.post(WorkflowMsg::ChildEnded {
+                        id,
+                        run_id: row.run_id,
+                        committed,
+                    });
                 });
             }
             Ok(Admitted::Existing(row))
@@ -1232,7 +1248,7 @@ impl Actor for WorkflowSupervisor {
                 state.on_admission(&myself, id, *result).await;
             }
             WorkflowMsg::RetryAdmission(id) => state.admit(&myself, id),
-            WorkflowMsg::ChildEnded { id, run_id } if state.cancelling.is_some() => {
+            WorkflowMsg::ChildEnded { id, run_id, .. } if state.cancelling.is_some() => {
                 // An end whose fate is unknown is left to the cancel window.
                 if let Ok(Some(row)) = state.args.store.read_run(&run_id).await
                     && row.status.is_terminal()
@@ -1273,8 +1289,16 @@ impl Actor for WorkflowSupervisor {
                     state.reconcile_needed(&myself).await;
                 }
             }
-            WorkflowMsg::ChildEnded { id, run_id } => {
-                match state.args.store.read_run(&run_id).await {
+            WorkflowMsg::ChildEnded {
+                id,
+                run_id,
+                committed,
+            } => {
+                let row = match committed {
+                    Some(row) => Ok(Some(*row)),
+                    None => state.args.store.read_run(&run_id).await,
+                };
+                match row {
                     Ok(Some(row))
                         if row.status.is_terminal()
                             && row.stop_reason.as_deref() != Some("orphan_recovered") =>
@@ -1313,6 +1337,20 @@ impl Actor for WorkflowSupervisor {
         crate::mailbox::forget(myself.get_id());
         state.args.js.park(&state.args.workflow_id);
         Ok(())
+    }
+}
+
+/// The run as admitted, with the outcome this node's compare-and-set gave it (what the row now
+/// holds in the fields an adoption reads; `revision` and `updated_at` stay the admission's).
+fn ended_with(admitted: RunRow, outcome: store::RunOutcome) -> RunRow {
+    RunRow {
+        status: outcome.status,
+        error: outcome.error,
+        output: outcome.output,
+        stop_reason: outcome.stop_reason,
+        total_tokens: outcome.total_tokens,
+        message_count: outcome.message_count,
+        ..admitted
     }
 }
 

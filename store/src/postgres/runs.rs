@@ -116,7 +116,9 @@ async fn admit_pipelined(client: &Object, run: &NewRun) -> Result<Admission> {
             .map_err(commit_error)?;
         return Ok(Admission::Admitted(decode(&inserted)?));
     };
-    let fence = client.prepare_cached("SELECT reins_fence($1, $2, $3)").await?;
+    let fence = client
+        .prepare_cached("SELECT reins_fence($1, $2, $3)")
+        .await?;
     let claim = client
         .prepare_cached("SELECT reins_claim_slot($1, $2, $3, $4)")
         .await?;
