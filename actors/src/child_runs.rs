@@ -219,8 +219,8 @@ impl Actor for ChildRuns {
     ) -> Result<(), ActorProcessingErr> {
         let _turn = crate::mailbox::turn(&myself);
         match message {
-            ChildRunsMsg::Admit { request, reply } => {
-                let run = match check(&state.args, &request) {
+            ChildRunsMsg::Admit { mut request, reply } => {
+                let run = match check(&state.args, &mut request) {
                     Ok(run) => run,
                     Err(error) => {
                         let _ = reply.send(Err(error));
@@ -315,7 +315,7 @@ impl Actor for ChildRuns {
 }
 
 /// Checks a request before anything is written, and turns it into the row to admit.
-fn check(args: &ChildRunsArgs, request: &RunRequest) -> Result<NewRun, Error> {
+fn check(args: &ChildRunsArgs, request: &mut RunRequest) -> Result<NewRun, Error> {
     workspace::check_thread_id(&request.thread_id)
         .map_err(|e| Error::InvalidRequest(e.to_string()))?;
     if args.agents.get(&request.agent).is_none() {
@@ -348,7 +348,11 @@ fn check(args: &ChildRunsArgs, request: &RunRequest) -> Result<NewRun, Error> {
             .clone()
             .map(|key| (key, run_fingerprint(request))),
         metadata: Value::Object(Default::default()),
-        step: request.step.clone(),
+        // The journal goes to the store only; the rest of the request stays to start the run.
+        step: request.step.as_mut().map(|step| WorkflowStep {
+            journal: std::mem::take(&mut step.journal),
+            ..step.clone()
+        }),
     })
 }
 

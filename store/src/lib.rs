@@ -513,11 +513,7 @@ impl Store {
     /// against the idempotency key, the thread's one active run, and, for a workflow step, the
     /// workflow's fence and a free `workflow_slots` slot, all in one transaction.
     pub async fn admit_run(&self, run: NewRun) -> Result<Admission> {
-        retry(|| {
-            let run = run.clone();
-            async move { on_backend!(self, store => store.admit_run(run).await) }
-        })
-        .await
+        retry(|| async { on_backend!(self, store => store.admit_run(&run).await) }).await
     }
 
     /// One child run.

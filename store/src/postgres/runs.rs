@@ -180,9 +180,9 @@ async fn admit_pipelined(client: &Object, run: &NewRun) -> Result<Admission> {
 }
 
 impl PgStore {
-    pub(crate) async fn admit_run(&self, run: NewRun) -> Result<Admission> {
+    pub(crate) async fn admit_run(&self, run: &NewRun) -> Result<Admission> {
         let client = self.pool.get().await?;
-        match admit_pipelined(&client, &run).await {
+        match admit_pipelined(&client, run).await {
             Err(Error::Conflict(_)) => {
                 // The key admitted a run before (or a racing admission with it won): the same
                 // request gets its run; anything else is a conflict on the key or on the thread's

@@ -205,7 +205,9 @@ fn admit(connection: &Connection, run: &NewRun) -> Result<Admission> {
 }
 
 impl SqliteStore {
-    pub(crate) async fn admit_run(&self, run: NewRun) -> Result<Admission> {
+    pub(crate) async fn admit_run(&self, run: &NewRun) -> Result<Admission> {
+        // The writer thread needs its own copy.
+        let run = run.clone();
         self.write(move |connection| admit(connection, &run)).await
     }
 
