@@ -54,10 +54,16 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         postgres: include_str!("../migrations/postgres/0007_numbered_slots.sql"),
         sqlite: include_str!("../migrations/sqlite/0007_numbered_slots.sql"),
     },
+    Migration {
+        version: 8,
+        name: "numbered_launches",
+        postgres: include_str!("../migrations/postgres/0008_numbered_launches.sql"),
+        sqlite: include_str!("../migrations/sqlite/0008_numbered_launches.sql"),
+    },
 ];
 
 /// The schema version this build expects.
-pub const SCHEMA_VERSION: i64 = 7;
+pub const SCHEMA_VERSION: i64 = 8;
 
 /// The advisory-lock key PostgreSQL migrations serialise on ("reins" in ASCII).
 pub(crate) const PG_MIGRATION_LOCK: i64 = 0x0072_6569_6e73;

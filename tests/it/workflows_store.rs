@@ -94,6 +94,69 @@ on_both_backends! {
 }
 
 on_both_backends! {
+    async fn a_finished_workflow_gives_its_place_back_and_a_lowered_limit_counts_what_is_live(db: TestDb) {
+        let store = db.store().await;
+        let limits = LaunchLimits { max_workflows: 3, max_workflows_per_owner: 3 };
+        let mut fences = Vec::new();
+        for n in 0..3 {
+            match store.launch_workflow(new_workflow(&format!("wf-{n}"), "ada", None, "fp"), "node", 60_000, limits)
+                .await.expect("launch")
+            {
+                Launch::Created(lease) => fences.push(lease.fence()),
+                other => panic!("{other:?}"),
+            }
+        }
+        let fourth = || new_workflow("wf-3", "ada", None, "fp");
+        assert_eq!(store.launch_workflow(fourth(), "node", 60_000, limits).await.expect("launch"),
+            Launch::Refused { limit: "max_workflows", max: 3 });
+        let finish = |n: usize| WriteOp::SetWorkflow {
+            workflow_id: format!("wf-{n}"), status: "completed".into(), data: json!({}),
+        };
+        store.fenced_write(&fences[0], vec![finish(0)]).await.expect("finish");
+        assert!(matches!(store.launch_workflow(fourth(), "node", 60_000, limits).await.expect("launch"),
+            Launch::Created(_)), "a finished workflow's place was not given back");
+
+        // The limit drops to 2 with 3 live: nothing more until fewer than 2 are.
+        let lowered = LaunchLimits { max_workflows: 2, max_workflows_per_owner: 2 };
+        let next = |id: &str| new_workflow(id, "bob", None, "fp");
+        assert_eq!(store.launch_workflow(next("bob-0"), "node", 60_000, lowered).await.expect("launch"),
+            Launch::Refused { limit: "max_workflows", max: 2 });
+        store.fenced_write(&fences[1], vec![finish(1)]).await.expect("finish");
+        store.fenced_write(&fences[2], vec![finish(2)]).await.expect("finish");
+        assert!(matches!(store.launch_workflow(next("bob-1"), "node", 60_000, lowered).await.expect("launch"),
+            Launch::Created(_)));
+        assert_eq!(store.launch_workflow(next("bob-2"), "node", 60_000, lowered).await.expect("launch"),
+            Launch::Refused { limit: "max_workflows", max: 2 });
+
+        // Twins with one request_id at once, through two pools: one workflow, and every twin is
+        // told about it.
+        let stores = [Arc::new(store), Arc::new(db.store().await)];
+        let barrier = Arc::new(Barrier::new(16));
+        let twins: Vec<_> = (0..16)
+            .map(|n| {
+                let (store, barrier) = (Arc::clone(&stores[n % 2]), Arc::clone(&barrier));
+                tokio::spawn(async move {
+                    barrier.wait().await;
+                    let twin = new_workflow(&format!("twin-{n}"), "carol", Some("once"), "fp");
+                    store.launch_workflow(twin, "node", 60_000, LaunchLimits::NONE).await.expect("launch")
+                })
+            })
+            .collect();
+        let mut created = Vec::new();
+        let mut existing = Vec::new();
+        for twin in twins {
+            match twin.await.expect("join") {
+                Launch::Created(lease) => created.push(lease.resource_id),
+                Launch::Existing(row) => existing.push(row.workflow_id),
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(created.len(), 1, "{created:?}");
+        assert!(existing.iter().all(|id| *id == created[0]), "{existing:?} vs {created:?}");
+    }
+}
+
+on_both_backends! {
     async fn identical_decisions_leave_one_control_row_and_a_different_one_conflicts(db: TestDb) {
         let stores = [db.store().await, db.store().await];
         stores[0].create_workflow(new_workflow("wf", "ada", None, "fp"), "node", 60_000).await.expect("wf");

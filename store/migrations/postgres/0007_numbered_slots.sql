@@ -5,7 +5,8 @@
 -- number at once, and one of them moves on to the next.
 --
 -- Safety does not rest on the locks: the unique index on slot_no lets each number be held once,
--- and only numbers below the claimer's max are taken, so at most max slots are ever held.
+-- and only numbers below the claimer's max are taken, so at most max slots are ever held. The
+-- locks keep two claimers from reaching for the same number.
 ALTER TABLE workflow_slots ADD COLUMN slot_no INTEGER;
 UPDATE workflow_slots AS w
    SET slot_no = numbered.n
@@ -20,7 +21,10 @@ CREATE OR REPLACE FUNCTION reins_claim_slot(p_workflow TEXT, p_step TEXT, p_atte
                                             p_max BIGINT)
 RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
-    v_slot INTEGER;
+    v_held BIGINT;
+    v_window BIGINT;
+    v_start BIGINT;
+    v_n INTEGER;
 BEGIN
     -- A new attempt of a step keeps the slot the step holds.
     UPDATE workflow_slots SET attempt = p_attempt
@@ -28,33 +32,39 @@ BEGIN
     IF FOUND THEN
         RETURN;
     END IF;
+    -- Numbers are INTEGERs; a max beyond them bounds nothing more.
+    p_max := LEAST(p_max, 2147483647);
+    SELECT count(*) INTO v_held FROM workflow_slots;
     -- Slots numbered at or over this max were taken under a larger one (the max was lowered, or
     -- nodes disagree): then numbers alone do not bound the count, so count, as before, under the
     -- cluster-wide lock of migration 6.
     IF EXISTS (SELECT 1 FROM workflow_slots WHERE slot_no >= p_max) THEN
         PERFORM pg_advisory_xact_lock(495740482675);
-        IF (SELECT count(*) FROM workflow_slots) >= p_max THEN
-            RAISE EXCEPTION 'every child slot is taken' USING ERRCODE = 'RS001';
-        END IF;
+        SELECT count(*) INTO v_held FROM workflow_slots;
     END IF;
-    -- A number whose holder committed after this statement's snapshot looks free and unlocked;
-    -- the unique index turns that into "not inserted", and the next round sees it taken.
-    FOR v_round IN 1..3 LOOP
-        SELECT free.n INTO v_slot
-          FROM (SELECT n::INTEGER AS n FROM generate_series(0, p_max - 1) AS n
-                 WHERE NOT EXISTS (SELECT 1 FROM workflow_slots WHERE slot_no = n)
-                OFFSET 0) AS free
-         WHERE pg_try_advisory_xact_lock(1936486260, free.n)
-         LIMIT 1;
-        IF v_slot IS NULL THEN
-            RAISE EXCEPTION 'every child slot is taken' USING ERRCODE = 'RS001';
-        END IF;
-        INSERT INTO workflow_slots (workflow, step_id, attempt, created_at, slot_no)
-        VALUES (p_workflow, p_step, p_attempt, reins_now(), v_slot)
-        ON CONFLICT (slot_no) DO NOTHING;
-        IF FOUND THEN
-            RETURN;
-        END IF;
+    IF v_held >= p_max THEN
+        RAISE EXCEPTION 'every child slot is taken' USING ERRCODE = 'RS001';
+    END IF;
+    -- The lowest free number is at most the count held, so the search starts at a random place
+    -- in that count plus 64 (the claims in flight), then, if every number there is taken or
+    -- being taken, in all of p_max. A number is checked free again once its lock is taken, by a
+    -- statement whose snapshot comes after any earlier holder's commit.
+    FOREACH v_window IN ARRAY ARRAY[LEAST(p_max, v_held + 64), p_max] LOOP
+        v_start := floor(random() * v_window);
+        FOR v_i IN 0 .. v_window - 1 LOOP
+            v_n := ((v_start + v_i) % v_window)::INTEGER;
+            CONTINUE WHEN EXISTS (SELECT 1 FROM workflow_slots WHERE slot_no = v_n);
+            CONTINUE WHEN NOT pg_try_advisory_xact_lock(1936486260, v_n);
+            CONTINUE WHEN EXISTS (SELECT 1 FROM workflow_slots WHERE slot_no = v_n);
+            -- The unique index is the last word should a number still be taken.
+            INSERT INTO workflow_slots (workflow, step_id, attempt, created_at, slot_no)
+            VALUES (p_workflow, p_step, p_attempt, reins_now(), v_n)
+            ON CONFLICT (slot_no) DO NOTHING;
+            IF FOUND THEN
+                RETURN;
+            END IF;
+        END LOOP;
+        EXIT WHEN v_window >= p_max;
     END LOOP;
     RAISE EXCEPTION 'every child slot is taken' USING ERRCODE = 'RS001';
 END

@@ -82,33 +82,28 @@ async fn launch_in(
         clamp(limits.max_workflows_per_owner),
     );
     let lease_seconds = ttl_seconds(lease_ms);
-    let guard_params: [&(dyn ToSql + Sync); 5] = [
-        &workflow.user_id,
-        &workflow.request_id,
-        &live,
-        &max_total,
-        &max_mine,
-    ];
-    let insert_params: [&(dyn ToSql + Sync); 6] = [
+    let insert_params: [&(dyn ToSql + Sync); 9] = [
         &workflow.workflow_id,
         &workflow.user_id,
         &workflow.request_id,
         &owner,
         &workflow.fingerprint,
         &workflow.data,
+        &live,
+        &max_total,
+        &max_mine,
     ];
     let lease_params: [&(dyn ToSql + Sync); 3] = [&workflow.workflow_id, &owner, &lease_seconds];
-    // One round trip: the guard (which takes the launch lock) and both inserts are pipelined;
-    // when the guard refuses, the transaction is aborted and the inserts do nothing.
-    let (guarded, inserted, leased) = futures_util::join!(
-        transaction.execute(
-            "SELECT reins_launch_guard($1, $2, $3, $4, $5)",
-            &guard_params
-        ),
+    // One round trip: the guard runs inside the insert (it answers with the numbers the row
+    // holds), and the lease insert is pipelined after it; when the guard refuses, the
+    // transaction is aborted and the lease insert does nothing.
+    let (inserted, leased) = futures_util::join!(
         transaction.execute(
             "INSERT INTO workflows (id, user_id, request_id, status, owner, fingerprint, data,
-                                    created_at, updated_at)
-             VALUES ($1, $2, $3, 'running', $4, $5, $6, reins_now(), reins_now())",
+                                    created_at, updated_at, live_no, owner_no)
+             SELECT $1, $2, $3, 'running', $4, $5, $6, reins_now(), reins_now(),
+                    guard.live_no, guard.owner_no
+               FROM reins_launch_guard($2, $3, $7, $8, $9) AS guard",
             &insert_params,
         ),
         transaction.query_one(
@@ -117,8 +112,10 @@ async fn launch_in(
             &lease_params,
         ),
     );
-    match guarded.as_ref().map_err(|e| e.code().map(|c| c.code())) {
+    match inserted.as_ref().map_err(|e| e.code().map(|c| c.code())) {
         Err(Some("RW003")) => return Ok(Guarded::Repeated),
+        // A twin launch with the same request_id committed first (the unique index).
+        Err(Some("23505")) if workflow.request_id.is_some() => return Ok(Guarded::Repeated),
         Err(Some("RW001")) => {
             return Ok(Guarded::Refused(Launch::Refused {
                 limit: "max_workflows",
@@ -133,7 +130,6 @@ async fn launch_in(
         }
         _ => {}
     }
-    guarded?;
     inserted?;
     Ok(Guarded::Created(Lease {
         resource_id: workflow.workflow_id.clone(),

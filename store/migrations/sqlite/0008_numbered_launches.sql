@@ -1,0 +1,2 @@
+-- PostgreSQL numbers its live workflows in this version so that launches stop serialising on
+-- one lock; SQLite's single writer already makes the launch one step, so nothing changes here.
