@@ -624,9 +624,15 @@ impl WorkflowState {
     ) {
         let carried = self.carried.take_if(|carried| carried.call == id);
         let journaled = carried.is_some() && matches!(result, Ok(Admitted::Started { .. }));
-        if let Err(Error::Store(store::Error::OutcomeUnknown(error))) = &result {
-            // The admission (and any journal it carried) may or may not have committed, and a
-            // child run may exist: recovery reads which, instead of a guess here.
+        if let Err(
+            error @ (Error::Store(store::Error::OutcomeUnknown(_))
+            | Error::Unanswered { .. }
+            | Error::Spawn { .. }),
+        ) = &result
+        {
+            // The admission (and any journal it carried) may have committed, and a child run
+            // may exist (unanswered, or admitted but never started): recovery reads which,
+            // instead of a guess here.
             tracing::error!(parent: &self.span, %error, "an admission's outcome is unknown; stopping");
             self.stop(myself);
             return;

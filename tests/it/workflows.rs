@@ -320,6 +320,34 @@ on_both_backends! {
 }
 
 on_both_backends! {
+    async fn an_admission_whose_answer_is_lost_is_left_to_recovery_not_failed(db: TestDb) {
+        let shared = tempfile::tempdir().expect("temp dir");
+        let owner = TestNode::start(&db, "owner", 1_500, shared.path()).await;
+        let heir = TestNode::start(&db, "heir", 1_500, shared.path()).await;
+        // The admission commits (with the step's journal entry) and its answer never comes.
+        owner.faults.add("admit_run", actors::FaultAction::DropAnswer, 1);
+        let script = r#"const r = await agent({stepId: "only", agentRef: "scripted", task: "x"});
+                        return r.output;"#;
+        let request = LaunchRequest { user_id: "ada".into(), request_id: None, script: script.into(), args: json!({}) };
+        let id = owner.node.workflows().launch(request).await.expect("launch").run_id;
+        eventually(Duration::from_secs(10), "the supervisor stopped", async || {
+            owner.node.workflows().live().await.expect("live").is_empty()
+        })
+        .await;
+        let stopped = view(&owner, &id).await;
+        assert_eq!(stopped.row.status, "running", "the step was judged without knowing its outcome");
+        let run_id = stopped.steps[0].data["run_id"].as_str().expect("journaled with its run").to_owned();
+
+        crash_and_wait_for_expiry(owner, &heir, &id).await;
+        heir.node.workflows().recover(&id).await.expect("recover");
+        wait_for_status(&heir, &id, "needs_reconciliation").await;
+        let done = view(&heir, &id).await;
+        assert_eq!(done.steps[0].data["run_id"].as_str(), Some(run_id.as_str()),
+            "recovery admitted a second child run");
+    }
+}
+
+on_both_backends! {
     async fn recovery_under_another_runtime_version_is_refused_with_the_lease_untouched(db: TestDb) {
         let shared = tempfile::tempdir().expect("temp dir");
         let owner = TestNode::start(&db, "owner", 1_500, shared.path()).await;
