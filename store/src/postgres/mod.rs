@@ -532,16 +532,16 @@ async fn workflow_in(
     client: &impl GenericClient,
     workflow_id: &str,
 ) -> Result<Option<(WorkflowRow, Option<Lease>, f64)>> {
-    let row = client
-        .query_opt(
+    let statement = client
+        .prepare_cached(
             "SELECT w.user_id, w.status, w.owner, w.fingerprint, w.data, w.created_at,
                     w.updated_at, l.owner, l.epoch, l.expires_at, reins_now()
                FROM workflows w
                LEFT JOIN extension_execution_leases l ON l.resource_id = w.id
               WHERE w.id = $1",
-            &[&workflow_id],
         )
         .await?;
+    let row = client.query_opt(&statement, &[&workflow_id]).await?;
     Ok(row.map(|row| {
         let lease = row.get::<_, Option<String>>(7).map(|owner| Lease {
             resource_id: workflow_id.to_owned(),
@@ -564,13 +564,13 @@ async fn workflow_in(
 }
 
 async fn steps_in(client: &impl GenericClient, workflow_id: &str) -> Result<Vec<StepRow>> {
-    let rows = client
-        .query(
+    let statement = client
+        .prepare_cached(
             "SELECT step_id, attempt, kind, status, data, seq FROM workflow_steps
               WHERE workflow = $1 ORDER BY seq, attempt",
-            &[&workflow_id],
         )
         .await?;
+    let rows = client.query(&statement, &[&workflow_id]).await?;
     Ok(rows
         .iter()
         .map(|row| StepRow {

@@ -97,20 +97,24 @@ async fn launch_in(
     // One round trip: the guard runs inside the insert (it answers with the numbers the row
     // holds), and the lease insert is pipelined after it; when the guard refuses, the
     // transaction is aborted and the lease insert does nothing.
-    let (inserted, leased) = futures_util::join!(
-        transaction.execute(
+    let insert = transaction
+        .prepare_cached(
             "INSERT INTO workflows (id, user_id, request_id, status, owner, fingerprint, data,
                                     created_at, updated_at, live_no, owner_no)
              SELECT $1, $2, $3, 'running', $4, $5, $6, reins_now(), reins_now(),
                     guard.live_no, guard.owner_no
                FROM reins_launch_guard($2, $3, $7, $8, $9) AS guard",
-            &insert_params,
-        ),
-        transaction.query_one(
+        )
+        .await?;
+    let lease = transaction
+        .prepare_cached(
             "INSERT INTO extension_execution_leases (resource_id, owner, epoch, expires_at)
              VALUES ($1, $2, 1, reins_now() + $3) RETURNING expires_at",
-            &lease_params,
-        ),
+        )
+        .await?;
+    let (inserted, leased) = futures_util::join!(
+        transaction.execute(&insert, &insert_params),
+        transaction.query_one(&lease, &lease_params),
     );
     match inserted.as_ref().map_err(|e| e.code().map(|c| c.code())) {
         Err(Some("RW003")) => return Ok(Guarded::Repeated),
@@ -414,13 +418,11 @@ pub(super) async fn controls_in(
     client: &impl deadpool_postgres::GenericClient,
     workflow_id: &str,
 ) -> Result<Vec<ControlRow>> {
-    let rows = client
-        .query(
-            &format!(
-                "SELECT {CONTROL_COLUMNS} FROM workflow_controls WHERE workflow = $1 ORDER BY id"
-            ),
-            &[&workflow_id],
-        )
+    let statement = client
+        .prepare_cached(&format!(
+            "SELECT {CONTROL_COLUMNS} FROM workflow_controls WHERE workflow = $1 ORDER BY id"
+        ))
         .await?;
+    let rows = client.query(&statement, &[&workflow_id]).await?;
     Ok(rows.iter().map(control).collect())
 }
