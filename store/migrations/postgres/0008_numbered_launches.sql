@@ -18,8 +18,10 @@ UPDATE workflows AS w
          WHERE status IN ('running', 'paused', 'waiting_approval', 'cancelling',
                           'needs_reconciliation')) AS numbered
  WHERE w.id = numbered.id;
-CREATE UNIQUE INDEX workflows_live_no ON workflows (live_no);
-CREATE UNIQUE INDEX workflows_owner_no ON workflows (user_id, owner_no);
+-- Partial: they hold the live workflows only, so counting a user's numbers never walks the
+-- user's finished workflows.
+CREATE UNIQUE INDEX workflows_live_no ON workflows (live_no) WHERE live_no IS NOT NULL;
+CREATE UNIQUE INDEX workflows_owner_no ON workflows (user_id, owner_no) WHERE owner_no IS NOT NULL;
 
 -- Every way a workflow leaves the live statuses (store::LIVE_STATUSES) gives its numbers back;
 -- terminal statuses are final, so a number is never needed again.
