@@ -99,30 +99,31 @@ pub(crate) trait Post<M: Message> {
     fn post(&self, message: M) -> Result<(), MessagingErr<M>>;
 }
 
+/// Counts a message for actor `id`, then sends it with `send`.
+fn counted<M>(
+    id: ActorId,
+    send: impl FnOnce() -> Result<(), MessagingErr<M>>,
+) -> Result<(), MessagingErr<M>> {
+    queue(id).sent();
+    let sent = send();
+    if sent.is_err() {
+        // Only a stopped actor refuses a message: its queue goes with it.
+        forget(id);
+    }
+    sent
+}
+
 #[allow(clippy::disallowed_methods)] // The counted wrappers around ractor's sends.
 impl<M: Message> Post<M> for ActorRef<M> {
     fn post(&self, message: M) -> Result<(), MessagingErr<M>> {
-        let queue = queue(self.get_id());
-        queue.sent();
-        let sent = self.send_message(message);
-        if sent.is_err() {
-            // Only a stopped actor refuses a message: its queue goes with it.
-            forget(self.get_id());
-        }
-        sent
+        counted(self.get_id(), || self.send_message(message))
     }
 }
 
 #[allow(clippy::disallowed_methods)]
 impl<M: Message> Post<M> for DerivedActorRef<M> {
     fn post(&self, message: M) -> Result<(), MessagingErr<M>> {
-        let queue = queue(self.get_cell().get_id());
-        queue.sent();
-        let sent = self.send_message(message);
-        if sent.is_err() {
-            forget(self.get_cell().get_id());
-        }
-        sent
+        counted(self.get_cell().get_id(), || self.send_message(message))
     }
 }
 

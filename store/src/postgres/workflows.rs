@@ -48,7 +48,12 @@ async fn launched_by_request(
             &[&user_id, &request_id],
         )
         .await?;
-    Ok(row.map(|row| WorkflowRow {
+    Ok(row.as_ref().map(workflow_row))
+}
+
+/// A row of `id, user_id, status, owner, fingerprint, data, created_at, updated_at`.
+fn workflow_row(row: &Row) -> WorkflowRow {
+    WorkflowRow {
         workflow_id: row.get(0),
         user_id: row.get(1),
         status: row.get(2),
@@ -57,7 +62,7 @@ async fn launched_by_request(
         data: row.get(5),
         created_at: row.get(6),
         updated_at: row.get(7),
-    }))
+    }
 }
 
 /// What a launch under `reins_launch_guard` came to.
@@ -397,19 +402,7 @@ impl PgStore {
                 ],
             )
             .await?;
-        Ok(rows
-            .iter()
-            .map(|row| WorkflowRow {
-                workflow_id: row.get(0),
-                user_id: row.get(1),
-                status: row.get(2),
-                owner: row.get(3),
-                fingerprint: row.get(4),
-                data: row.get(5),
-                created_at: row.get(6),
-                updated_at: row.get(7),
-            })
-            .collect())
+        Ok(rows.iter().map(workflow_row).collect())
     }
 }
 
