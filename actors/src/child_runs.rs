@@ -333,10 +333,7 @@ fn check(args: &ChildRunsArgs, request: &mut RunRequest) -> Result<NewRun, Error
             limit: args.options.task_bytes_max,
         });
     }
-    let run_id = request
-        .run_id
-        .clone()
-        .unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string());
+    let run_id = request.run_id.clone().unwrap_or_else(crate::ids::new_id);
     Ok(NewRun {
         run_id,
         thread_id: request.thread_id.clone(),

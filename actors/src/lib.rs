@@ -12,6 +12,7 @@ pub mod commit;
 mod error;
 mod fault_points;
 mod faults;
+mod ids;
 pub mod js_pool;
 mod lease_actor;
 mod mailbox;

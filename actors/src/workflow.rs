@@ -416,7 +416,7 @@ impl WorkflowState {
         {
             return None;
         }
-        let run_id = uuid::Uuid::new_v4().simple().to_string();
+        let run_id = crate::ids::new_id();
         let agent = entry.args["agentRef"].as_str().unwrap_or_default();
         let thread_id = thread_for(&self.args.workflow_id, &entry.step_id);
         let fields = self.child_fields(&run_id, &thread_id, agent);

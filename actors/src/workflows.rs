@@ -575,7 +575,7 @@ fn check(args: &WorkflowsArgs, request: &LaunchRequest) -> Result<NewWorkflow, E
             limit: usize::try_from(limits.frame_bytes_max).unwrap_or(usize::MAX),
         });
     }
-    let workflow_id = uuid::Uuid::new_v4().simple().to_string();
+    let workflow_id = crate::ids::new_id();
     let seed = u64::from_le_bytes(
         Sha256::digest(workflow_id.as_bytes())[..8]
             .try_into()

@@ -546,6 +546,10 @@ fn recorded_versions(connection: &Connection) -> Result<Vec<i64>> {
     Ok(versions.collect::<rusqlite::Result<Vec<i64>>>()?)
 }
 
+/// Prepared statements kept per connection. The writer runs every write statement of the store
+/// (about seventy); with rusqlite's default of 16 it re-parsed most of them on every job.
+const STATEMENT_CACHE_CAPACITY: usize = 256;
+
 fn open_connection(path: &Path) -> Result<Connection> {
     let connection = Connection::open(path)
         .map_err(|e| Error::Unavailable(format!("cannot open {}: {e}", path.display())))?;
@@ -557,6 +561,7 @@ fn open_connection(path: &Path) -> Result<Connection> {
          PRAGMA foreign_keys = ON;
          PRAGMA busy_timeout = 5000;",
     )?;
+    connection.set_prepared_statement_cache_capacity(STATEMENT_CACHE_CAPACITY);
     Ok(connection)
 }
 
