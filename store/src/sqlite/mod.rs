@@ -554,10 +554,12 @@ fn open_connection(path: &Path) -> Result<Connection> {
     let connection = Connection::open(path)
         .map_err(|e| Error::Unavailable(format!("cannot open {}: {e}", path.display())))?;
     // WAL lets readers run beside the writer; FULL makes every acknowledged commit durable, which
-    // is what "persisted" means everywhere in reins.
+    // is what "persisted" means everywhere in reins. Temporary storage in memory keeps each job's
+    // savepoint journal off the disk: it only ever serves a rollback of this transaction.
     connection.execute_batch(
         "PRAGMA journal_mode = WAL;
          PRAGMA synchronous = FULL;
+         PRAGMA temp_store = MEMORY;
          PRAGMA foreign_keys = ON;
          PRAGMA busy_timeout = 5000;",
     )?;
