@@ -60,10 +60,16 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         postgres: include_str!("../migrations/postgres/0008_numbered_launches.sql"),
         sqlite: include_str!("../migrations/sqlite/0008_numbered_launches.sql"),
     },
+    Migration {
+        version: 9,
+        name: "sparse_slot_claim",
+        postgres: include_str!("../migrations/postgres/0009_sparse_slot_claim.sql"),
+        sqlite: include_str!("../migrations/sqlite/0009_sparse_slot_claim.sql"),
+    },
 ];
 
 /// The schema version this build expects.
-pub const SCHEMA_VERSION: i64 = 8;
+pub const SCHEMA_VERSION: i64 = 9;
 
 /// The advisory-lock key PostgreSQL migrations serialise on ("reins" in ASCII).
 pub(crate) const PG_MIGRATION_LOCK: i64 = 0x0072_6569_6e73;

@@ -258,6 +258,54 @@ on_both_backends! {
 }
 
 on_both_backends! {
+    async fn a_max_of_zero_admits_none_and_racing_admissions_fill_a_wide_max_exactly(db: TestDb) {
+        // With 40 of 48 numbers free at first, claims take random numbers; the last ones find
+        // them taken and count. Either way exactly the max is held.
+        let store = Arc::new(db.store().await);
+        let racers = 48;
+        let max = 40;
+        let mut fences = Vec::new();
+        for n in 0..racers {
+            fences.push(workflow(&store, &format!("wide-{n}"), "node-a", 60_000).await.fence());
+        }
+        let run = |n: usize, slots_max: u64| NewRun {
+            step: Some(WorkflowStep {
+                workflow_id: format!("wide-{n}"),
+                step_id: "s".into(),
+                attempt: 1,
+                slots_max,
+                fence: fences[n].clone(),
+                journal: Vec::new(),
+            }),
+            ..new_run(&format!("wide-run-{n}"), &format!("wide-t-{n}"), "node-a")
+        };
+        // A max of zero admits nothing, even with every number free.
+        assert_eq!(store.admit_run(run(0, 0)).await.expect("admit"), Admission::Queued);
+        assert_eq!(store.count_slots().await.expect("slots"), 0);
+        let start = Arc::new(Barrier::new(racers));
+        let tasks: Vec<_> = (0..racers)
+            .map(|n| {
+                let (store, start, run) = (Arc::clone(&store), Arc::clone(&start), run(n, max));
+                tokio::spawn(async move {
+                    start.wait().await;
+                    store.admit_run(run).await.expect("admit")
+                })
+            })
+            .collect();
+        let mut admitted_count = 0;
+        for task in tasks {
+            match task.await.expect("join") {
+                Admission::Admitted(_) => admitted_count += 1,
+                Admission::Queued => {}
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        assert_eq!(admitted_count, 40);
+        assert_eq!(store.count_slots().await.expect("slots"), 40);
+    }
+}
+
+on_both_backends! {
     async fn only_the_owner_of_a_live_row_records_its_outcome_once(db: TestDb) {
         let store = db.store().await;
         admitted(&store, new_run("run-1", "thread-1", "node-a")).await;

@@ -1,0 +1,2 @@
+-- PostgreSQL's slot claim stops counting the held slots first in this version; SQLite counts a
+-- small B-tree inside its single writer, so nothing changes here.
