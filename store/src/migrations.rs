@@ -66,10 +66,16 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         postgres: include_str!("../migrations/postgres/0009_sparse_slot_claim.sql"),
         sqlite: include_str!("../migrations/sqlite/0009_sparse_slot_claim.sql"),
     },
+    Migration {
+        version: 10,
+        name: "sparse_launch_numbers",
+        postgres: include_str!("../migrations/postgres/0010_sparse_launch_numbers.sql"),
+        sqlite: include_str!("../migrations/sqlite/0010_sparse_launch_numbers.sql"),
+    },
 ];
 
 /// The schema version this build expects.
-pub const SCHEMA_VERSION: i64 = 9;
+pub const SCHEMA_VERSION: i64 = 10;
 
 /// The advisory-lock key PostgreSQL migrations serialise on ("reins" in ASCII).
 pub(crate) const PG_MIGRATION_LOCK: i64 = 0x0072_6569_6e73;

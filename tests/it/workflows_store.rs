@@ -94,6 +94,43 @@ on_both_backends! {
 }
 
 on_both_backends! {
+    async fn limits_of_zero_launch_nothing_and_wide_limits_fill_exactly(db: TestDb) {
+        let store = Arc::new(db.store().await);
+        for (limits, refused) in [
+            (LaunchLimits { max_workflows: 0, max_workflows_per_owner: 5 }, "max_workflows"),
+            (LaunchLimits { max_workflows: 5, max_workflows_per_owner: 0 }, "max_workflows_per_owner"),
+        ] {
+            let launch = store.launch_workflow(new_workflow("none", "ada", None, "fp"), "node", 60_000, limits)
+                .await.expect("launch");
+            assert_eq!(launch, Launch::Refused { limit: refused, max: 0 });
+        }
+        // 48 users racing for 40 places: the first take random free numbers, the last find them
+        // taken and count; either way exactly 40 launch.
+        let limits = LaunchLimits { max_workflows: 40, max_workflows_per_owner: 40 };
+        let barrier = Arc::new(Barrier::new(48));
+        let launches: Vec<_> = (0..48)
+            .map(|n| {
+                let (store, barrier) = (Arc::clone(&store), Arc::clone(&barrier));
+                tokio::spawn(async move {
+                    barrier.wait().await;
+                    let workflow = new_workflow(&format!("wide-{n}"), &format!("user-{n}"), None, "fp");
+                    store.launch_workflow(workflow, "node", 60_000, limits).await.expect("launch")
+                })
+            })
+            .collect();
+        let mut created = 0;
+        for launch in launches {
+            match launch.await.expect("join") {
+                Launch::Created(_) => created += 1,
+                Launch::Refused { limit: "max_workflows", max: 40 } => {}
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        assert_eq!(created, 40);
+    }
+}
+
+on_both_backends! {
     async fn a_finished_workflow_gives_its_place_back_and_a_lowered_limit_counts_what_is_live(db: TestDb) {
         let store = db.store().await;
         let limits = LaunchLimits { max_workflows: 3, max_workflows_per_owner: 3 };

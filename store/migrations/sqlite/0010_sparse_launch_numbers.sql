@@ -1,0 +1,2 @@
+-- PostgreSQL's launch stops counting the live workflows first in this version; SQLite's single
+-- writer counts them in the launch as before, so nothing changes here.
