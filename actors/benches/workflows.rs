@@ -123,11 +123,12 @@ async fn measure(
         one_at_a_time.percentile_ms(0.5) / STEPS as f64
     );
 
-    // (b) many at once, beside fenced writes at the same concurrency
-    let per_writer = (many * STEPS / 4 / CONCURRENCY).max(1);
-    let baseline = fenced_writes(
+    // (b) many at once, beside fenced writes at the same concurrency, measured just before and
+    // just after (their mean is the baseline: on a busy 2-core machine one short run drifts)
+    let per_writer = (many * STEPS / 2 / CONCURRENCY).max(1);
+    let before = fenced_writes(
         &store,
-        &format!("baseline-{backend}"),
+        &format!("baseline-before-{backend}"),
         CONCURRENCY,
         per_writer,
     )
@@ -149,10 +150,19 @@ async fn measure(
         worker.await.expect("worker");
     }
     let wall = started.elapsed().as_secs_f64();
+    let after = fenced_writes(
+        &store,
+        &format!("baseline-after-{backend}"),
+        CONCURRENCY,
+        per_writer,
+    )
+    .await
+    .per_second();
+    let baseline = (before + after) / 2.0;
     let done = (per_worker * CONCURRENCY) as f64;
     let steps_per_second = done * STEPS as f64 / wall;
     println!(
-        "{backend:<9} {CONCURRENCY} at once: {:.0} workflows/s, {:.0} steps/s; fenced writes {:.0}/s; steps/fenced = {:.2}",
+        "{backend:<9} {CONCURRENCY} at once: {:.0} workflows/s, {:.0} steps/s; fenced writes {:.0}/s (before {before:.0}, after {after:.0}); steps/fenced = {:.2}",
         done / wall,
         steps_per_second,
         baseline,
