@@ -72,10 +72,16 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         postgres: include_str!("../migrations/postgres/0010_sparse_launch_numbers.sql"),
         sqlite: include_str!("../migrations/sqlite/0010_sparse_launch_numbers.sql"),
     },
+    Migration {
+        version: 11,
+        name: "live_counts",
+        postgres: include_str!("../migrations/postgres/0011_live_counts.sql"),
+        sqlite: include_str!("../migrations/sqlite/0011_live_counts.sql"),
+    },
 ];
 
 /// The schema version this build expects.
-pub const SCHEMA_VERSION: i64 = 10;
+pub const SCHEMA_VERSION: i64 = 11;
 
 /// The advisory-lock key PostgreSQL migrations serialise on ("reins" in ASCII).
 pub(crate) const PG_MIGRATION_LOCK: i64 = 0x0072_6569_6e73;

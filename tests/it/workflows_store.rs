@@ -131,6 +131,39 @@ on_both_backends! {
 }
 
 on_both_backends! {
+    async fn every_live_status_holds_a_place_and_every_terminal_one_gives_it_back(db: TestDb) {
+        let store = db.store().await;
+        let limits = LaunchLimits { max_workflows: 1, max_workflows_per_owner: 1 };
+        let set = |id: &str, status: &str| WriteOp::SetWorkflow {
+            workflow_id: id.to_owned(), status: status.to_owned(), data: json!({}),
+        };
+        for (n, terminal) in store::TERMINAL_STATUSES.iter().enumerate() {
+            let id = format!("held-{n}");
+            let fence = match store.launch_workflow(new_workflow(&id, "ada", None, "fp"), "node", 60_000, limits)
+                .await.expect("launch")
+            {
+                Launch::Created(lease) => lease.fence(),
+                other => panic!("{terminal}: the place was not given back: {other:?}"),
+            };
+            for live in store::LIVE_STATUSES {
+                store.fenced_write(&fence, vec![set(&id, live)]).await.expect("set");
+                let other = new_workflow(&format!("other-{n}-{live}"), "bob", None, "fp");
+                assert_eq!(store.launch_workflow(other, "node", 60_000, limits).await.expect("launch"),
+                    Launch::Refused { limit: "max_workflows", max: 1 }, "{live} gave its place away");
+                let same_owner = LaunchLimits { max_workflows: 2, max_workflows_per_owner: 1 };
+                let mine = new_workflow(&format!("mine-{n}-{live}"), "ada", None, "fp");
+                assert_eq!(store.launch_workflow(mine, "node", 60_000, same_owner).await.expect("launch"),
+                    Launch::Refused { limit: "max_workflows_per_owner", max: 1 });
+            }
+            store.fenced_write(&fence, vec![set(&id, terminal)]).await.expect("set");
+        }
+        let last = new_workflow("last", "bob", None, "fp");
+        assert!(matches!(store.launch_workflow(last, "node", 60_000, limits).await.expect("launch"),
+            Launch::Created(_)));
+    }
+}
+
+on_both_backends! {
     async fn a_finished_workflow_gives_its_place_back_and_a_lowered_limit_counts_what_is_live(db: TestDb) {
         let store = db.store().await;
         let limits = LaunchLimits { max_workflows: 3, max_workflows_per_owner: 3 };

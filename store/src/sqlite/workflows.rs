@@ -7,15 +7,10 @@ use super::{SqliteStore, parse_json};
 use crate::lease::ttl_seconds;
 use crate::workflows::takeover_refusal;
 use crate::workflows::{
-    ControlRow, ControlWrite, Deletion, LIVE_STATUSES, Launch, LaunchLimits, ListFilter,
-    NewControl, TERMINAL_STATUSES, TakeOver, Versions,
+    ControlRow, ControlWrite, Deletion, Launch, LaunchLimits, ListFilter, NewControl,
+    TERMINAL_STATUSES, TakeOver, Versions,
 };
 use crate::{Error, Lease, NewWorkflow, Result, WorkflowRow};
-
-/// `status IN (...)` over the live statuses.
-fn live_list() -> String {
-    LIVE_STATUSES.map(|s| format!("'{s}'")).join(", ")
-}
 
 fn launch(
     connection: &Connection,
@@ -42,11 +37,10 @@ fn launch(
             )));
         }
     }
-    let live = live_list();
+    // Counts kept by triggers (migration 11) in every transaction that changes a workflow's
+    // status, so they are exact here, inside the writer's transaction.
     let total: i64 = connection
-        .prepare_cached(&format!(
-            "SELECT count(*) FROM workflows WHERE status IN ({live})"
-        ))?
+        .prepare_cached("SELECT live FROM live_workflows_total WHERE id = 1")?
         .query_row([], |row| row.get(0))?;
     if u64::try_from(total).unwrap_or(u64::MAX) >= limits.max_workflows {
         return Ok(Launch::Refused {
@@ -55,10 +49,10 @@ fn launch(
         });
     }
     let mine: i64 = connection
-        .prepare_cached(&format!(
-            "SELECT count(*) FROM workflows WHERE user_id = ?1 AND status IN ({live})"
-        ))?
-        .query_row([&workflow.user_id], |row| row.get(0))?;
+        .prepare_cached("SELECT live FROM live_workflows_by_user WHERE user_id = ?1")?
+        .query_row([&workflow.user_id], |row| row.get(0))
+        .optional()?
+        .unwrap_or(0);
     if u64::try_from(mine).unwrap_or(u64::MAX) >= limits.max_workflows_per_owner {
         return Ok(Launch::Refused {
             limit: "max_workflows_per_owner",

@@ -1,0 +1,2 @@
+-- SQLite keeps its live-workflow counts in tables from this version; PostgreSQL launches take
+-- numbers (migrations 8 and 10) and count only when crowded, so nothing changes here.
