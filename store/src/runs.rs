@@ -7,6 +7,16 @@ use serde_json::Value;
 
 use crate::{Error, Fence};
 
+/// The columns of a run, in the order both backends' row readers take them.
+macro_rules! run_columns {
+    () => {
+        "run_id, thread_id, workflow, step_id, attempt, agent, status, owner_worker_id,
+         lease_expires_at, cancel_action, error, output, idempotency_key, idempotency_request,
+         metadata, total_tokens, message_count, stop_reason, revision, created_at, updated_at"
+    };
+}
+pub(crate) use run_columns;
+
 /// The status of a child run (spec section 6).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

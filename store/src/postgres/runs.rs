@@ -9,20 +9,12 @@ use tokio_postgres::Row;
 
 use super::{PgStore, commit_error, fenced_error, op_params, op_sql};
 use crate::lease::ttl_seconds;
+use crate::runs::run_columns;
 use crate::runs::{
     Admission, ApprovalAnswer, CancelAction, NewRun, RunOutcome, RunRenewal, RunRow, RunStatus,
     answered, pending_answer, pending_request_id, replay, status_after_answer,
 };
 use crate::{Error, Result};
-
-/// The columns of a run, in the order [`decode`] reads them.
-macro_rules! run_columns {
-    () => {
-        "run_id, thread_id, workflow, step_id, attempt, agent, status, owner_worker_id,
-         lease_expires_at, cancel_action, error, output, idempotency_key, idempotency_request,
-         metadata, total_tokens, message_count, stop_reason, revision, created_at, updated_at"
-    };
-}
 
 const RUN_COLUMNS: &str = run_columns!();
 const SELECT_RUN: &str = concat!("SELECT ", run_columns!(), " FROM runs");

@@ -285,7 +285,8 @@ impl SqliteStore {
     }
 
     pub(crate) async fn fenced_write(&self, fence: &Fence, ops: &[WriteOp]) -> Result<()> {
-        let (fence, ops) = (fence.clone(), ops.to_vec());
+        let fence = fence.clone();
+        let ops: Vec<Encoded> = ops.iter().map(Encoded::new).collect();
         self.write(move |connection| {
             check_fence(connection, &fence)?;
             for op in &ops {
@@ -432,19 +433,70 @@ pub(super) fn check_fence(connection: &Connection, fence: &Fence) -> Result<()> 
 
 /// Applies one ownership-dependent change; the fence has already been checked in this
 /// transaction.
-pub(super) fn apply(connection: &Connection, op: &WriteOp) -> Result<()> {
-    match op {
+/// A write op whose JSON is already text. Encoding (and dropping the document) happens on the
+/// caller's thread, so the single writer, which every write of the node waits for, only binds.
+pub(super) struct Encoded {
+    /// The op, its `data` document left `Null` once encoded.
+    op: WriteOp,
+    /// The `data` document of a `SetWorkflow` or `PutStep`, as JSON text.
+    data: String,
+}
+
+impl Encoded {
+    pub(super) fn new(op: &WriteOp) -> Encoded {
+        let (op, data) = match op {
+            WriteOp::SetWorkflow {
+                workflow_id,
+                status,
+                data,
+            } => (
+                WriteOp::SetWorkflow {
+                    workflow_id: workflow_id.clone(),
+                    status: status.clone(),
+                    data: Value::Null,
+                },
+                data.to_string(),
+            ),
+            WriteOp::PutStep {
+                workflow_id,
+                seq,
+                step_id,
+                attempt,
+                kind,
+                status,
+                data,
+            } => (
+                WriteOp::PutStep {
+                    workflow_id: workflow_id.clone(),
+                    seq: *seq,
+                    step_id: step_id.clone(),
+                    attempt: *attempt,
+                    kind: kind.clone(),
+                    status: status.clone(),
+                    data: Value::Null,
+                },
+                data.to_string(),
+            ),
+            other => (other.clone(), String::new()),
+        };
+        Encoded { op, data }
+    }
+}
+
+pub(super) fn apply(connection: &Connection, encoded: &Encoded) -> Result<()> {
+    let data = &encoded.data;
+    match &encoded.op {
         WriteOp::SetWorkflow {
             workflow_id,
             status,
-            data,
+            data: _,
         } => {
             let changed = connection
                 .prepare_cached(
                     "UPDATE workflows SET status = ?2, data = ?3, updated_at = unixepoch('subsec')
                       WHERE id = ?1",
                 )?
-                .execute(params![workflow_id, status, data.to_string()])?;
+                .execute(params![workflow_id, status, data])?;
             if changed != 1 {
                 return Err(Error::NotFound(format!("workflow {workflow_id:?}")));
             }
@@ -456,7 +508,7 @@ pub(super) fn apply(connection: &Connection, op: &WriteOp) -> Result<()> {
             attempt,
             kind,
             status,
-            data,
+            data: _,
         } => {
             connection
                 .prepare_cached(
@@ -474,7 +526,7 @@ pub(super) fn apply(connection: &Connection, op: &WriteOp) -> Result<()> {
                     attempt,
                     kind,
                     status,
-                    data.to_string(),
+                    data,
                     seq
                 ])?;
         }

@@ -4,18 +4,14 @@
 use rusqlite::{Connection, OptionalExtension, Row, params};
 use serde_json::Value;
 
-use super::{SqliteStore, apply, check_fence, parse_json};
+use super::{Encoded, SqliteStore, apply, check_fence, parse_json};
 use crate::lease::ttl_seconds;
 use crate::runs::{
     Admission, ApprovalAnswer, CancelAction, NewRun, RunOutcome, RunRenewal, RunRow, RunStatus,
-    answered, pending_answer, pending_request_id, replay, status_after_answer,
+    WorkflowStep, answered, pending_answer, pending_request_id, replay, run_columns,
+    status_after_answer,
 };
 use crate::{Error, Result};
-
-const RUN_COLUMNS: &str = "run_id, thread_id, workflow, step_id, attempt, agent, status,
-    owner_worker_id, lease_expires_at, cancel_action, error, output, idempotency_key,
-    idempotency_request, metadata, total_tokens, message_count, stop_reason, revision, created_at,
-    updated_at";
 
 fn run_row(row: &Row<'_>) -> rusqlite::Result<RawRun> {
     Ok(RawRun {
@@ -106,7 +102,11 @@ impl RawRun {
 
 fn read_run(connection: &Connection, run_id: &str) -> Result<Option<RunRow>> {
     connection
-        .prepare_cached(&format!("SELECT {RUN_COLUMNS} FROM runs WHERE run_id = ?1"))?
+        .prepare_cached(concat!(
+            "SELECT ",
+            run_columns!(),
+            " FROM runs WHERE run_id = ?1"
+        ))?
         .query_row([run_id], run_row)
         .optional()?
         .map(RawRun::decode)
@@ -115,8 +115,10 @@ fn read_run(connection: &Connection, run_id: &str) -> Result<Option<RunRow>> {
 
 fn read_run_by_key(connection: &Connection, key: &str) -> Result<Option<RunRow>> {
     connection
-        .prepare_cached(&format!(
-            "SELECT {RUN_COLUMNS} FROM runs WHERE idempotency_key = ?1"
+        .prepare_cached(concat!(
+            "SELECT ",
+            run_columns!(),
+            " FROM runs WHERE idempotency_key = ?1"
         ))?
         .query_row([key], run_row)
         .optional()?
@@ -124,7 +126,53 @@ fn read_run_by_key(connection: &Connection, key: &str) -> Result<Option<RunRow>>
         .transpose()
 }
 
-fn admit(connection: &Connection, run: &NewRun) -> Result<Admission> {
+/// An admission made ready for the writer on the caller's thread: its JSON is text and its
+/// journal is encoded, so the single writer only binds them.
+struct Ready {
+    /// The run, without its metadata document and its step's journal (both below).
+    run: NewRun,
+    metadata: String,
+    request: Option<String>,
+    journal: Vec<Encoded>,
+}
+
+impl Ready {
+    fn new(run: &NewRun) -> Ready {
+        Ready {
+            run: NewRun {
+                run_id: run.run_id.clone(),
+                thread_id: run.thread_id.clone(),
+                agent: run.agent.clone(),
+                owner: run.owner.clone(),
+                lease_ms: run.lease_ms,
+                idempotency: run.idempotency.clone(),
+                metadata: Value::Null,
+                step: run.step.as_ref().map(|step| WorkflowStep {
+                    workflow_id: step.workflow_id.clone(),
+                    step_id: step.step_id.clone(),
+                    attempt: step.attempt,
+                    slots_max: step.slots_max,
+                    fence: step.fence.clone(),
+                    journal: Vec::new(),
+                }),
+            },
+            metadata: run.metadata.to_string(),
+            request: run
+                .idempotency
+                .as_ref()
+                .map(|(_, request)| request.to_string()),
+            journal: run
+                .step
+                .iter()
+                .flat_map(|step| &step.journal)
+                .map(Encoded::new)
+                .collect(),
+        }
+    }
+}
+
+fn admit(connection: &Connection, ready: &Ready) -> Result<Admission> {
+    let run = &ready.run;
     if let Some(step) = &run.step {
         check_fence(connection, &step.fence)?;
     }
@@ -160,33 +208,35 @@ fn admit(connection: &Connection, run: &NewRun) -> Result<Admission> {
                 .execute(params![step.workflow_id, step.step_id, step.attempt])?;
         }
     }
-    let (key, request) = match &run.idempotency {
-        Some((key, request)) => (Some(key.as_str()), Some(request.to_string())),
-        None => (None, None),
-    };
+    let key = run.idempotency.as_ref().map(|(key, _)| key.as_str());
     let inserted = connection
-        .prepare_cached(
+        .prepare_cached(concat!(
             "INSERT INTO runs (run_id, thread_id, workflow, step_id, attempt, agent, status,
                                owner_worker_id, lease_expires_at, idempotency_key,
                                idempotency_request, metadata, created_at, updated_at)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'running', ?7, unixepoch('subsec') + ?8, ?9, ?10,
-                     ?11, unixepoch('subsec'), unixepoch('subsec'))",
-        )?
-        .execute(params![
-            run.run_id,
-            run.thread_id,
-            run.step.as_ref().map(|s| &s.workflow_id),
-            run.step.as_ref().map(|s| &s.step_id),
-            run.step.as_ref().map(|s| s.attempt),
-            run.agent,
-            run.owner,
-            ttl_seconds(run.lease_ms),
-            key,
-            request,
-            run.metadata.to_string(),
-        ]);
-    match inserted {
-        Ok(_) => {}
+                     ?11, unixepoch('subsec'), unixepoch('subsec'))
+             RETURNING ",
+            run_columns!()
+        ))?
+        .query_row(
+            params![
+                run.run_id,
+                run.thread_id,
+                run.step.as_ref().map(|s| &s.workflow_id),
+                run.step.as_ref().map(|s| &s.step_id),
+                run.step.as_ref().map(|s| s.attempt),
+                run.agent,
+                run.owner,
+                ttl_seconds(run.lease_ms),
+                key,
+                ready.request,
+                ready.metadata,
+            ],
+            run_row,
+        );
+    let inserted = match inserted {
+        Ok(inserted) => inserted,
         Err(e) if e.sqlite_error_code() == Some(rusqlite::ErrorCode::ConstraintViolation) => {
             return Err(Error::Conflict(format!(
                 "thread {:?} already has an active run",
@@ -194,21 +244,20 @@ fn admit(connection: &Connection, run: &NewRun) -> Result<Admission> {
             )));
         }
         Err(e) => return Err(e.into()),
-    }
+    };
     // The fence was checked in this transaction, and this writer is the only one.
-    for op in run.step.iter().flat_map(|step| &step.journal) {
+    for op in &ready.journal {
         apply(connection, op)?;
     }
-    read_run(connection, &run.run_id)?
-        .map(Admission::Admitted)
-        .ok_or_else(|| Error::Database("an admitted run vanished".into()))
+    Ok(Admission::Admitted(inserted.decode()?))
 }
 
 impl SqliteStore {
     pub(crate) async fn admit_run(&self, run: &NewRun) -> Result<Admission> {
         // The writer thread needs its own copy.
-        let run = run.clone();
-        self.write(move |connection| admit(connection, &run)).await
+        let ready = Ready::new(run);
+        self.write(move |connection| admit(connection, &ready))
+            .await
     }
 
     pub(crate) async fn read_run(&self, run_id: &str) -> Result<Option<RunRow>> {
@@ -352,9 +401,10 @@ impl SqliteStore {
             (thread_id.to_owned(), request_ids.to_vec(), answer.clone());
         self.write(move |connection| {
             let newest = connection
-                .prepare_cached(&format!(
-                    "SELECT {RUN_COLUMNS} FROM runs WHERE thread_id = ?1
-                      ORDER BY created_at DESC, rowid DESC LIMIT 1"
+                .prepare_cached(concat!(
+                    "SELECT ",
+                    run_columns!(),
+                    " FROM runs WHERE thread_id = ?1 ORDER BY created_at DESC, rowid DESC LIMIT 1"
                 ))?
                 .query_row([&thread_id], run_row)
                 .optional()?
