@@ -9,6 +9,10 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use store::{Fence, NewWorkflow, Store, WriteOp};
 
+/// The allocator of the `reins` binary (`api/src/main.rs`), so the benches measure what runs.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Latencies of every operation and the wall time of the whole run.
 pub struct Run {
     pub latencies: Vec<Duration>,
