@@ -286,7 +286,7 @@ impl SqliteStore {
 
     pub(crate) async fn fenced_write(&self, fence: &Fence, ops: &[WriteOp]) -> Result<()> {
         let fence = fence.clone();
-        let ops: Vec<Encoded> = ops.iter().map(Encoded::new).collect();
+        let ops: Vec<Encoded> = ops.iter().cloned().map(Encoded::new).collect();
         self.write(move |connection| {
             check_fence(connection, &fence)?;
             for op in &ops {
@@ -431,8 +431,6 @@ pub(super) fn check_fence(connection: &Connection, fence: &Fence) -> Result<()> 
     if holds { Ok(()) } else { Err(fence.lost()) }
 }
 
-/// Applies one ownership-dependent change; the fence has already been checked in this
-/// transaction.
 /// A write op whose JSON is already text. Encoding (and dropping the document) happens on the
 /// caller's thread, so the single writer, which every write of the node waits for, only binds.
 pub(super) struct Encoded {
@@ -443,46 +441,19 @@ pub(super) struct Encoded {
 }
 
 impl Encoded {
-    pub(super) fn new(op: &WriteOp) -> Encoded {
-        let (op, data) = match op {
-            WriteOp::SetWorkflow {
-                workflow_id,
-                status,
-                data,
-            } => (
-                WriteOp::SetWorkflow {
-                    workflow_id: workflow_id.clone(),
-                    status: status.clone(),
-                    data: Value::Null,
-                },
-                data.to_string(),
-            ),
-            WriteOp::PutStep {
-                workflow_id,
-                seq,
-                step_id,
-                attempt,
-                kind,
-                status,
-                data,
-            } => (
-                WriteOp::PutStep {
-                    workflow_id: workflow_id.clone(),
-                    seq: *seq,
-                    step_id: step_id.clone(),
-                    attempt: *attempt,
-                    kind: kind.clone(),
-                    status: status.clone(),
-                    data: Value::Null,
-                },
-                data.to_string(),
-            ),
-            other => (other.clone(), String::new()),
+    pub(super) fn new(mut op: WriteOp) -> Encoded {
+        let data = match &mut op {
+            WriteOp::SetWorkflow { data, .. } | WriteOp::PutStep { data, .. } => {
+                std::mem::take(data).to_string()
+            }
+            _ => String::new(),
         };
         Encoded { op, data }
     }
 }
 
+/// Applies one ownership-dependent change; the fence has already been checked in this
+/// transaction.
 pub(super) fn apply(connection: &Connection, encoded: &Encoded) -> Result<()> {
     let data = &encoded.data;
     match &encoded.op {

@@ -8,8 +8,7 @@ use super::{Encoded, SqliteStore, apply, check_fence, parse_json};
 use crate::lease::ttl_seconds;
 use crate::runs::{
     Admission, ApprovalAnswer, CancelAction, NewRun, RunOutcome, RunRenewal, RunRow, RunStatus,
-    WorkflowStep, answered, pending_answer, pending_request_id, replay, run_columns,
-    status_after_answer,
+    answered, pending_answer, pending_request_id, replay, run_columns, status_after_answer,
 };
 use crate::{Error, Result};
 
@@ -138,35 +137,20 @@ struct Ready {
 
 impl Ready {
     fn new(run: &NewRun) -> Ready {
+        let mut run = run.clone();
+        let journal = run
+            .step
+            .as_mut()
+            .map(|step| std::mem::take(&mut step.journal))
+            .unwrap_or_default();
         Ready {
-            run: NewRun {
-                run_id: run.run_id.clone(),
-                thread_id: run.thread_id.clone(),
-                agent: run.agent.clone(),
-                owner: run.owner.clone(),
-                lease_ms: run.lease_ms,
-                idempotency: run.idempotency.clone(),
-                metadata: Value::Null,
-                step: run.step.as_ref().map(|step| WorkflowStep {
-                    workflow_id: step.workflow_id.clone(),
-                    step_id: step.step_id.clone(),
-                    attempt: step.attempt,
-                    slots_max: step.slots_max,
-                    fence: step.fence.clone(),
-                    journal: Vec::new(),
-                }),
-            },
-            metadata: run.metadata.to_string(),
+            metadata: std::mem::take(&mut run.metadata).to_string(),
             request: run
                 .idempotency
                 .as_ref()
                 .map(|(_, request)| request.to_string()),
-            journal: run
-                .step
-                .iter()
-                .flat_map(|step| &step.journal)
-                .map(Encoded::new)
-                .collect(),
+            journal: journal.into_iter().map(Encoded::new).collect(),
+            run,
         }
     }
 }
