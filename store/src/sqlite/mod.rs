@@ -82,6 +82,10 @@ impl SqliteStore {
         }
         let node_lock = lock_node(path, &options.holder)?;
         let writer = open_connection(path)?;
+        // The writer's temporary storage is in memory, which keeps each job's savepoint journal
+        // off the disk: it only ever serves a rollback inside the open transaction. (Readers keep
+        // the default: a large sort of theirs may spill to a file.)
+        writer.execute_batch("PRAGMA temp_store = MEMORY;")?;
         let readers = (0..options.pool_size.max(1))
             .map(|_| open_connection(path))
             .collect::<Result<Vec<_>>>()?;
@@ -577,12 +581,10 @@ fn open_connection(path: &Path) -> Result<Connection> {
     let connection = Connection::open(path)
         .map_err(|e| Error::Unavailable(format!("cannot open {}: {e}", path.display())))?;
     // WAL lets readers run beside the writer; FULL makes every acknowledged commit durable, which
-    // is what "persisted" means everywhere in reins. Temporary storage in memory keeps each job's
-    // savepoint journal off the disk: it only ever serves a rollback of this transaction.
+    // is what "persisted" means everywhere in reins.
     connection.execute_batch(
         "PRAGMA journal_mode = WAL;
          PRAGMA synchronous = FULL;
-         PRAGMA temp_store = MEMORY;
          PRAGMA foreign_keys = ON;
          PRAGMA busy_timeout = 5000;",
     )?;
