@@ -78,10 +78,16 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         postgres: include_str!("../migrations/postgres/0011_live_counts.sql"),
         sqlite: include_str!("../migrations/sqlite/0011_live_counts.sql"),
     },
+    Migration {
+        version: 12,
+        name: "unused_run_index",
+        postgres: include_str!("../migrations/postgres/0012_unused_run_index.sql"),
+        sqlite: include_str!("../migrations/sqlite/0012_unused_run_index.sql"),
+    },
 ];
 
 /// The schema version this build expects.
-pub const SCHEMA_VERSION: i64 = 11;
+pub const SCHEMA_VERSION: i64 = 12;
 
 /// The advisory-lock key PostgreSQL migrations serialise on ("reins" in ASCII).
 pub(crate) const PG_MIGRATION_LOCK: i64 = 0x0072_6569_6e73;
