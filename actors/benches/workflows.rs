@@ -15,7 +15,10 @@ use std::time::{Duration, Instant};
 use actors::agents::{AgentConfig, AgentRegistry};
 use actors::{LaunchRequest, Node, NodeIdentity, NodeOptions, RunsOptions, WorkflowsHandle};
 use serde_json::json;
-use store::{DatabaseUrl, Store, StoreOptions};
+use store::{
+    Admission, DatabaseUrl, Launch, LaunchLimits, NewRun, NewWorkflow, RunOutcome, RunStatus,
+    Store, StoreOptions, WorkflowStep, WriteOp,
+};
 use support::{Run, fenced_writes, fresh_pg_database};
 
 const STEPS: usize = 10;
@@ -169,6 +172,14 @@ async fn measure(
         steps_per_second / baseline
     );
 
+    // (c) the store's part alone: the writes these workflows made, straight to the store
+    let floor = store_writes_of_workflows(&store, backend, many).await;
+    println!(
+        "{backend:<9} {CONCURRENCY} at once, the store's writes alone: {floor:.0} steps/s; floor/fenced = {:.2}, node/floor = {:.2}",
+        floor / baseline,
+        steps_per_second / floor
+    );
+
     // memory per parked workflow
     let before = resident_bytes();
     let pause = "await pause({stepId: \"p\"}); return 1;";
@@ -231,6 +242,149 @@ async fn run_one(workflows: &WorkflowsHandle, store: &Store) {
             _ => {}
         }
     }
+}
+
+/// Steps per second when only the store works: `many` workflows at concurrency 32, each making
+/// the very writes a node makes for a 10-step scripted workflow (launch; per step an admission
+/// that carries the previous step's outcome, its artifact and slot release and the new step's
+/// entry, then the child's outcome compare-and-set; the end and the lease's release), with no
+/// actors, no JavaScript and no agent. The node can never beat this figure; the distance to it
+/// is what the node itself costs.
+async fn store_writes_of_workflows(store: &Arc<Store>, backend: &str, many: usize) -> f64 {
+    let per_worker = many / CONCURRENCY;
+    let run = support::timed(CONCURRENCY, |_| {
+        let store = Arc::clone(store);
+        let owner = format!("floor-{backend}");
+        async move {
+            let mut latencies = Vec::with_capacity(per_worker);
+            for _ in 0..per_worker {
+                let begun = Instant::now();
+                store_writes_of_one(&store, &owner, &new_id()).await;
+                latencies.push(begun.elapsed());
+            }
+            latencies
+        }
+    })
+    .await;
+    run.per_second() * STEPS as f64
+}
+
+async fn store_writes_of_one(store: &Store, owner: &str, workflow_id: &str) {
+    let workflow = NewWorkflow {
+        workflow_id: workflow_id.into(),
+        user_id: "bench".into(),
+        request_id: None,
+        fingerprint: "0".repeat(64),
+        data: json!({"script": script(), "args": {}, "seed": 1, "started_at_ms": 0,
+                     "runtime_version": "0".repeat(64), "configuration_version": "0".repeat(64)}),
+    };
+    let Launch::Created(lease) = store
+        .launch_workflow(workflow, owner, 30_000, LaunchLimits::NONE)
+        .await
+        .expect("launch")
+    else {
+        panic!("a bench workflow was not created");
+    };
+    let fence = lease.fence();
+    let step = |n: usize, status: &str, run_id: &str| {
+        let mut data = json!({"args": {"stepId": format!("s{n}"), "agentRef": "scripted", "task": format!("t{n}")},
+                              "outcome": null, "settled_at_ms": null,
+                              "run_id": run_id, "thread_id": format!("{workflow_id}-{n:016x}"),
+                              "configuration_version": "0".repeat(64)});
+        if status == "completed" {
+            data["outcome"] = json!({"output": format!("t{n}"), "artifactVersion": n + 1,
+                                     "threadId": format!("{workflow_id}-{n:016x}"), "runId": run_id,
+                                     "status": "success"});
+            data["settled_at_ms"] = json!(1);
+        }
+        WriteOp::PutStep {
+            workflow_id: workflow_id.into(),
+            seq: i32::try_from(n).unwrap_or(i32::MAX),
+            step_id: format!("s{n}"),
+            attempt: 1,
+            kind: "agent".into(),
+            status: status.into(),
+            data,
+        }
+    };
+    let ended = |n: usize, run_id: &str| {
+        vec![
+            step(n, "completed", run_id),
+            WriteOp::PutArtifact {
+                workflow_id: workflow_id.into(),
+                version: i64::try_from(n + 1).unwrap_or(i64::MAX),
+                source_step_id: format!("s{n}"),
+                path: None,
+                content: format!("\"t{n}\"").into_bytes(),
+                sha256: "0".repeat(64),
+            },
+            WriteOp::ReleaseSlot {
+                workflow_id: workflow_id.into(),
+                step_id: format!("s{n}"),
+            },
+        ]
+    };
+    let mut previous: Option<String> = None;
+    for n in 0..STEPS {
+        let run_id = new_id();
+        let mut journal = previous
+            .as_deref()
+            .map(|run_id| ended(n - 1, run_id))
+            .unwrap_or_default();
+        journal.push(step(n, "running", &run_id));
+        let run = NewRun {
+            run_id: run_id.clone(),
+            thread_id: format!("{workflow_id}-{n:016x}"),
+            agent: "scripted".into(),
+            owner: owner.into(),
+            lease_ms: 30_000,
+            idempotency: Some((
+                format!("{workflow_id}/s{n}/1"),
+                json!({"agent": "scripted", "task": format!("t{n}")}),
+            )),
+            metadata: json!({}),
+            step: Some(WorkflowStep {
+                workflow_id: workflow_id.into(),
+                step_id: format!("s{n}"),
+                attempt: 1,
+                slots_max: 10_000,
+                fence: fence.clone(),
+                journal,
+            }),
+        };
+        let Admission::Admitted(_) = store.admit_run(run).await.expect("admit") else {
+            panic!("a bench step was not admitted");
+        };
+        let outcome = RunOutcome {
+            status: RunStatus::Success,
+            error: None,
+            output: Some(json!(format!("t{n}"))),
+            stop_reason: None,
+            total_tokens: 0,
+            message_count: 0,
+        };
+        assert!(
+            store
+                .finalize_run(&run_id, owner, &outcome, true)
+                .await
+                .expect("finalize"),
+            "a bench outcome was refused"
+        );
+        previous = Some(run_id);
+    }
+    let mut last = ended(STEPS - 1, previous.as_deref().unwrap_or_default());
+    last.push(WriteOp::SetWorkflow {
+        workflow_id: workflow_id.into(),
+        status: "completed".into(),
+        data: json!({"result": 1}),
+    });
+    store.fenced_write(&fence, last).await.expect("finish");
+    store.release_lease(&fence).await.expect("release");
+}
+
+/// An id as the node makes them (time-ordered, so rows land where the node's would).
+fn new_id() -> String {
+    uuid::Uuid::now_v7().simple().to_string()
 }
 
 /// The process's resident set, in bytes (Linux).
