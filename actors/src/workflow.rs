@@ -608,10 +608,8 @@ impl WorkflowState {
             status: status.to_owned(),
             data,
         };
-        if self.write(myself, vec![op]).await {
-            if let Err(error) = self.args.store.release_lease(&self.args.fence).await {
-                tracing::warn!(parent: &self.span, %error, "the finished workflow's lease was not released");
-            }
+        // The end and the lease's release are one write.
+        if self.write(myself, vec![op, WriteOp::ReleaseLease]).await {
             self.stop(myself);
         }
     }
@@ -920,12 +918,9 @@ impl WorkflowState {
             status: "needs_reconciliation".into(),
             data: self.args.document.data.clone(),
         };
-        if self.write(myself, vec![op]).await {
-            // Its slots stay held; its lease is given back so an operator's reconcile can take
-            // the workflow at once.
-            if let Err(error) = self.args.store.release_lease(&self.args.fence).await {
-                tracing::warn!(parent: &self.span, %error, "the lease was not released");
-            }
+        // Its slots stay held; its lease is given back in the same write, so an operator's
+        // reconcile can take the workflow at once.
+        if self.write(myself, vec![op, WriteOp::ReleaseLease]).await {
             self.stop(myself);
         }
     }
@@ -1103,14 +1098,14 @@ impl WorkflowState {
             data: self.args.document.data.clone(),
         };
         let applied = WriteOp::MarkControlApplied { control_id };
-        if self.write(myself, vec![op, applied]).await {
+        if self
+            .write(myself, vec![op, applied, WriteOp::ReleaseLease])
+            .await
+        {
             tracing::info!(parent: &self.span, "cancelled");
             self.args
                 .metrics
                 .inc("reins_workflows_finished_total", &[("status", "cancelled")]);
-            if let Err(error) = self.args.store.release_lease(&self.args.fence).await {
-                tracing::warn!(parent: &self.span, %error, "the cancelled workflow's lease was not released");
-            }
             self.stop(myself);
         }
     }

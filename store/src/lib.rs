@@ -400,7 +400,8 @@ impl Store {
     /// Applies `ops` atomically if and only if `fence` still holds its unexpired lease, checked in
     /// the same transaction in a way that conflicts with a concurrent takeover. Otherwise writes
     /// nothing and fails with [`Error::LeaseLost`].
-    pub async fn fenced_write(&self, fence: &Fence, ops: Vec<WriteOp>) -> Result<()> {
+    pub async fn fenced_write(&self, fence: &Fence, mut ops: Vec<WriteOp>) -> Result<()> {
+        write::release_last(&mut ops);
         retry(|| async { on_backend!(self, store => store.fenced_write(fence, &ops).await) }).await
     }
 
@@ -512,7 +513,10 @@ impl Store {
     /// Admits a child run: the `runs` row (`pending`, owned by `run.owner`, leased), checked
     /// against the idempotency key, the thread's one active run, and, for a workflow step, the
     /// workflow's fence and a free `workflow_slots` slot, all in one transaction.
-    pub async fn admit_run(&self, run: NewRun) -> Result<Admission> {
+    pub async fn admit_run(&self, mut run: NewRun) -> Result<Admission> {
+        if let Some(step) = &mut run.step {
+            write::release_last(&mut step.journal);
+        }
         retry(|| async { on_backend!(self, store => store.admit_run(&run).await) }).await
     }
 

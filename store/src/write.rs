@@ -44,6 +44,17 @@ pub enum WriteOp {
         workflow_id: String,
         step_id: String,
     },
+    /// Give up the lease the write is fenced by: it expires now. The write that ends a workflow
+    /// carries it, so the end and the release are one transaction. It is applied after every
+    /// other change of its write, wherever it stands in the list (see [`release_last`]).
+    ReleaseLease,
+}
+
+/// Moves any [`WriteOp::ReleaseLease`] behind the other changes, keeping their order: inside the
+/// transaction a released lease no longer fences (PostgreSQL checks the fence per change), and
+/// outside it the order is invisible.
+pub(crate) fn release_last(ops: &mut [WriteOp]) {
+    ops.sort_by_key(|op| matches!(op, WriteOp::ReleaseLease));
 }
 
 /// A workflow row created together with its first lease.

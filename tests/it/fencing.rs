@@ -167,3 +167,39 @@ async fn postgres_a_takeover_waits_for_a_fenced_write_in_flight() {
     assert!(matches!(stale, Err(Error::LeaseLost { .. })), "{stale:?}");
     assert!(new_store.read_steps("wf").await.expect("steps").is_empty());
 }
+
+on_both_backends! {
+    async fn a_workflow_that_ends_gives_its_lease_back_in_the_same_write_or_not_at_all(db: TestDb) {
+        let store = db.store().await;
+        let end = |workflow_id: &str| WriteOp::SetWorkflow {
+            workflow_id: workflow_id.into(),
+            status: "completed".into(),
+            data: json!({"result": 1}),
+        };
+
+        // A write that fails keeps the lease: nobody else can take the workflow. (The release
+        // comes first in the list, and is still applied last.)
+        let held = workflow(&store, "wf", "node-a", 60_000).await;
+        let failed = store
+            .fenced_write(&held.fence(), vec![WriteOp::ReleaseLease, end("no-such-workflow")])
+            .await;
+        assert!(matches!(failed, Err(Error::NotFound(_))), "{failed:?}");
+        assert!(store.acquire_lease("wf", "node-b", 60_000).await.expect("acquire").is_none(),
+            "a failed write released the lease");
+
+        // The end and the release commit together: the lease is free at once.
+        store.fenced_write(&held.fence(), vec![end("wf"), WriteOp::ReleaseLease]).await.expect("end");
+        assert_eq!(store.read_workflow("wf").await.expect("read").expect("row").status, "completed");
+        let next = store.acquire_lease("wf", "node-b", 60_000).await.expect("acquire")
+            .expect("the ended workflow's lease is free");
+        assert_eq!(next.epoch, held.epoch + 1);
+
+        // The old owner can no longer release (or end) anything: the new lease stands.
+        let stale = store.fenced_write(&held.fence(), vec![WriteOp::ReleaseLease]).await;
+        assert!(matches!(stale, Err(Error::LeaseLost { .. })), "{stale:?}");
+        let lease = store.read_lease("wf").await.expect("read lease").expect("lease");
+        assert_eq!((lease.owner.as_str(), lease.epoch), ("node-b", next.epoch));
+        assert!(store.acquire_lease("wf", "node-c", 60_000).await.expect("acquire").is_none(),
+            "a stale release freed the new owner's lease");
+    }
+}

@@ -449,6 +449,12 @@ pub(super) fn op_sql(op: &WriteOp) -> &'static str {
              DELETE FROM workflow_slots
               WHERE workflow = $4 AND step_id = $5 AND EXISTS (SELECT 1 FROM fence)"
         }
+        WriteOp::ReleaseLease => {
+            "WITH fence AS (SELECT reins_fence($1, $2, $3))
+             UPDATE extension_execution_leases SET expires_at = reins_now()
+              WHERE resource_id = $1 AND owner = $2 AND epoch = $3
+                AND EXISTS (SELECT 1 FROM fence)"
+        }
     }
 }
 
@@ -504,6 +510,7 @@ pub(super) fn op_params<'a>(fence: &'a Fence, op: &'a WriteOp) -> Vec<&'a (dyn T
             let own: [&(dyn ToSql + Sync); 2] = [workflow_id, step_id];
             params.extend(own);
         }
+        WriteOp::ReleaseLease => {}
     }
     params
 }

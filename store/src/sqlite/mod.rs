@@ -294,7 +294,7 @@ impl SqliteStore {
         self.write(move |connection| {
             check_fence(connection, &fence)?;
             for op in &ops {
-                apply(connection, op)?;
+                apply(connection, &fence, op)?;
             }
             Ok(())
         })
@@ -456,9 +456,9 @@ impl Encoded {
     }
 }
 
-/// Applies one ownership-dependent change; the fence has already been checked in this
+/// Applies one ownership-dependent change; `fence` has already been checked in this
 /// transaction.
-pub(super) fn apply(connection: &Connection, encoded: &Encoded) -> Result<()> {
+pub(super) fn apply(connection: &Connection, fence: &Fence, encoded: &Encoded) -> Result<()> {
     let data = &encoded.data;
     match &encoded.op {
         WriteOp::SetWorkflow {
@@ -558,6 +558,14 @@ pub(super) fn apply(connection: &Connection, encoded: &Encoded) -> Result<()> {
             connection
                 .prepare_cached("DELETE FROM workflow_slots WHERE workflow = ?1 AND step_id = ?2")?
                 .execute(params![workflow_id, step_id])?;
+        }
+        WriteOp::ReleaseLease => {
+            connection
+                .prepare_cached(
+                    "UPDATE extension_execution_leases SET expires_at = unixepoch('subsec')
+                      WHERE resource_id = ?1 AND owner = ?2 AND epoch = ?3",
+                )?
+                .execute(params![fence.resource_id, fence.owner, fence.epoch])?;
         }
     }
     Ok(())

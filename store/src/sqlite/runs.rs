@@ -229,9 +229,12 @@ fn admit(connection: &Connection, ready: &Ready) -> Result<Admission> {
         }
         Err(e) => return Err(e.into()),
     };
-    // The fence was checked in this transaction, and this writer is the only one.
-    for op in &ready.journal {
-        apply(connection, op)?;
+    // The fence was checked in this transaction, and this writer is the only one. (A journal
+    // comes only with a workflow step.)
+    if let Some(step) = &run.step {
+        for op in &ready.journal {
+            apply(connection, &step.fence, op)?;
+        }
     }
     Ok(Admission::Admitted(inserted.decode()?))
 }
