@@ -143,12 +143,24 @@ pub(crate) struct WorkflowArgs {
     /// The workflow's wall-clock limit from launch (`timeout_seconds`); past it, it is
     /// cancelled with reason `timeout`.
     pub timeout_ms: u64,
-    /// Taken over only to finish a pending cancellation (its owner died): the body is never
-    /// replayed.
-    pub cancel_only: bool,
+    /// How it begins: fresh from its launch, or by replaying what the journal holds.
+    pub start: Start,
     /// Test fault points (`REINS_FAULT_DIR`); `None` in production.
     pub faults: Option<crate::fault_points::FaultPoints>,
     pub deadline: Instant,
+}
+
+/// How a supervisor begins.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum Start {
+    /// Launched just now under this lease (epoch 1): its journal is empty and it has no
+    /// artifact, so there is nothing to read before the script starts.
+    Fresh,
+    /// Taken over (recover, reconcile): the journal is read and replayed.
+    Replay,
+    /// Taken over only to finish a pending cancellation (its owner died): the journal is read,
+    /// and the body is never replayed.
+    CancelOnly,
 }
 
 /// What an outstanding call waits for.
@@ -1199,6 +1211,9 @@ impl Actor for WorkflowSupervisor {
             return Ok(());
         }
         match message {
+            WorkflowMsg::Begin if state.args.start == Start::Fresh => {
+                state.activate(&myself, Vec::new()).await;
+            }
             WorkflowMsg::Begin => {
                 let id = state.args.workflow_id.clone();
                 let journal = match state.args.store.last_artifact_version(&id).await {
@@ -1228,7 +1243,7 @@ impl Actor for WorkflowSupervisor {
                             .map(|(seq, step)| (*seq, step.attempt))
                             .collect();
                         state.journal = newest.values().filter_map(journal_entry).collect();
-                        if state.args.cancel_only {
+                        if state.args.start == Start::CancelOnly {
                             state.finish_cancel_of_dead_owner(&myself, &newest).await;
                         } else {
                             state.activate(&myself, Vec::new()).await;

@@ -24,7 +24,7 @@ use crate::child_runs::RunsHandle;
 use crate::js_pool::JsPool;
 use crate::lease_actor::LeaseMsg;
 use crate::store_actor::StoreHandle;
-use crate::workflow::{WorkflowArgs, WorkflowDocument, WorkflowMsg, WorkflowSupervisor};
+use crate::workflow::{Start, WorkflowArgs, WorkflowDocument, WorkflowMsg, WorkflowSupervisor};
 
 /// A request to start a workflow.
 #[derive(Debug, Clone)]
@@ -312,7 +312,7 @@ impl Actor for Workflows {
             } => {
                 let answer = match *result {
                     Ok(Launch::Created(lease)) => {
-                        supervise(&myself, state, *workflow, lease, sent).await
+                        start_supervisor(&myself, state, *workflow, lease, sent, Start::Fresh).await
                     }
                     Ok(Launch::Existing(row)) => Ok(Launched {
                         run_id: row.workflow_id,
@@ -352,12 +352,19 @@ impl Actor for Workflows {
                 let answer = match *result {
                     Ok(TakeOver::Taken(lease)) => {
                         match stored_workflow(&state.args.store, &workflow_id).await {
-                            Ok(workflow) => supervise(&myself, state, workflow, lease, sent)
-                                .await
-                                .map(|launched| Launched {
-                                    created: false,
-                                    ..launched
-                                }),
+                            Ok(workflow) => start_supervisor(
+                                &myself,
+                                state,
+                                workflow,
+                                lease,
+                                sent,
+                                Start::Replay,
+                            )
+                            .await
+                            .map(|launched| Launched {
+                                created: false,
+                                ..launched
+                            }),
                             Err(error) => Err(error),
                         }
                     }
@@ -392,7 +399,15 @@ impl Actor for Workflows {
                     tracing::info!(run_id = %workflow_id, "finishing the cancellation of a workflow whose owner is gone");
                     let started = match stored_workflow(&state.args.store, &workflow_id).await {
                         Ok(workflow) => {
-                            start_supervisor(&myself, state, workflow, lease, sent, true).await
+                            start_supervisor(
+                                &myself,
+                                state,
+                                workflow,
+                                lease,
+                                sent,
+                                Start::CancelOnly,
+                            )
+                            .await
                         }
                         Err(error) => Err(error),
                     };
@@ -749,22 +764,12 @@ async fn reconcile(
     });
     store.fenced_write(&lease.fence(), ops).await?;
     let workflow = as_launched(row);
-    supervise(myself, state, workflow, lease, sent)
+    start_supervisor(myself, state, workflow, lease, sent, Start::Replay)
         .await
         .map(|launched| Launched {
             created: false,
             ..launched
         })
-}
-
-async fn supervise(
-    myself: &ActorRef<WorkflowsMsg>,
-    state: &mut WorkflowsState,
-    workflow: NewWorkflow,
-    lease: store::Lease,
-    sent: Instant,
-) -> Result<Launched, Error> {
-    start_supervisor(myself, state, workflow, lease, sent, false).await
 }
 
 async fn start_supervisor(
@@ -773,7 +778,7 @@ async fn start_supervisor(
     workflow: NewWorkflow,
     lease: store::Lease,
     sent: Instant,
-    cancel_only: bool,
+    start: Start,
 ) -> Result<Launched, Error> {
     let document = WorkflowDocument::from_data(workflow.data)?;
     let options = &state.args.options;
@@ -796,7 +801,7 @@ async fn start_supervisor(
             slots_max: options.slots_max,
             cancel_window_ms: options.lease_ms * 2,
             timeout_ms: options.timeout_seconds.saturating_mul(1000),
-            cancel_only,
+            start,
             faults: options.faults.clone(),
             deadline: sent + Duration::from_millis(options.lease_ms),
         },
