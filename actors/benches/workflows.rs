@@ -174,6 +174,7 @@ async fn measure(
 
     // (c) the store's part alone: the writes these workflows made, straight to the store
     let floor = store_writes_of_workflows(&store, backend, many).await;
+    same_rows_as_the_node(&workflows, &store, backend).await;
     println!(
         "{backend:<9} {CONCURRENCY} at once, the store's writes alone: {floor:.0} steps/s; floor/fenced = {:.2}, node/floor = {:.2}",
         floor / baseline,
@@ -216,7 +217,7 @@ async fn measure(
 /// Launches one 10-step workflow and waits for it to complete: its supervisor's stop is the cue
 /// to read the row, so waiting costs the node nothing (polling the row would compete with the
 /// workflows for the store).
-async fn run_one(workflows: &WorkflowsHandle, store: &Store) {
+async fn run_one(workflows: &WorkflowsHandle, store: &Store) -> String {
     let mut stopped = workflows.stopped();
     let request = LaunchRequest {
         user_id: "bench".into(),
@@ -235,7 +236,7 @@ async fn run_one(workflows: &WorkflowsHandle, store: &Store) {
             _ => {}
         }
         match store.read_workflow(&id).await.expect("read") {
-            Some(row) if row.status == "completed" => return,
+            Some(row) if row.status == "completed" => return id,
             Some(row) if row.status == "failed" => {
                 panic!("a bench workflow failed: {:?}", row.data)
             }
@@ -292,9 +293,10 @@ async fn store_writes_of_one(store: &Store, owner: &str, workflow_id: &str) {
                               "run_id": run_id, "thread_id": format!("{workflow_id}-{n:016x}"),
                               "configuration_version": "0".repeat(64)});
         if status == "completed" {
-            data["outcome"] = json!({"output": format!("t{n}"), "artifactVersion": n + 1,
-                                     "threadId": format!("{workflow_id}-{n:016x}"), "runId": run_id,
-                                     "status": "success"});
+            data["outcome"] = json!({"outcome": "resolved",
+                                     "value": {"output": format!("t{n}"), "artifactVersion": n + 1,
+                                               "threadId": format!("{workflow_id}-{n:016x}"),
+                                               "runId": run_id, "status": "success"}});
             data["settled_at_ms"] = json!(1);
         }
         WriteOp::PutStep {
@@ -380,6 +382,65 @@ async fn store_writes_of_one(store: &Store, owner: &str, workflow_id: &str) {
     });
     last.push(WriteOp::ReleaseLease);
     store.fenced_write(&fence, last).await.expect("finish");
+}
+
+/// Checks that the floor still makes the rows a node makes (a floor that wrote less would flatter
+/// it): one workflow each way, compared by status, journal, artifacts and lease.
+async fn same_rows_as_the_node(workflows: &WorkflowsHandle, store: &Store, backend: &str) {
+    let by_node = run_one(workflows, store).await;
+    let by_floor = new_id();
+    store_writes_of_one(store, &format!("floor-{backend}"), &by_floor).await;
+    let (node, floor) = (
+        rows_of(store, &by_node).await,
+        rows_of(store, &by_floor).await,
+    );
+    assert_eq!(
+        node, floor,
+        "the floor no longer writes what the node writes: update store_writes_of_one"
+    );
+    assert_eq!(
+        store.count_slots().await.expect("slots"),
+        0,
+        "a finished workflow still holds a slot"
+    );
+}
+
+/// What a finished workflow left: its status, its journal (step, kind, status, whether it names
+/// a child run, whether it has an outcome), its newest artifact version, and whether its lease
+/// was given back.
+async fn rows_of(store: &Store, workflow_id: &str) -> impl PartialEq + std::fmt::Debug {
+    let status = store
+        .read_workflow(workflow_id)
+        .await
+        .expect("read")
+        .map(|row| row.status);
+    let steps: Vec<_> = store
+        .read_steps(workflow_id)
+        .await
+        .expect("steps")
+        .into_iter()
+        .map(|step| {
+            (
+                step.seq,
+                step.step_id,
+                step.kind,
+                step.status,
+                step.data["run_id"].is_string(),
+                step.data["outcome"]["value"]["artifactVersion"].as_i64(),
+            )
+        })
+        .collect();
+    let artifacts = store
+        .last_artifact_version(workflow_id)
+        .await
+        .expect("artifacts");
+    let now = store.now().await.expect("clock");
+    let released = store
+        .read_lease(workflow_id)
+        .await
+        .expect("lease")
+        .map(|lease| lease.expires_at <= now);
+    (status, steps, artifacts, released)
 }
 
 /// An id as the node makes them (time-ordered, so rows land where the node's would).
