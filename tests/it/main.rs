@@ -11,6 +11,7 @@ mod cli;
 mod cluster;
 mod command_agent;
 mod crash_recovery;
+mod faults;
 mod fencing;
 mod http_api;
 mod http_client;
