@@ -35,6 +35,17 @@ const SLOT_RETRY: Duration = Duration::from_millis(200);
 /// How often a cancellation looks at the rows of the children it waits for (some may run on a
 /// node that is gone, and only their rows will tell).
 const CHILD_CHECK: Duration = Duration::from_millis(250);
+/// The first wait before asking the store again after it proved it wrote nothing (the database
+/// was unreachable); each further try waits twice as long, up to [`STORE_RETRY_MAX`].
+const STORE_RETRY_FIRST: Duration = Duration::from_millis(50);
+const STORE_RETRY_MAX: Duration = Duration::from_secs(2);
+
+/// The wait before try `attempt` (1 for the first retry) of a store call that wrote nothing.
+pub(crate) fn store_backoff(attempt: u32) -> Duration {
+    STORE_RETRY_FIRST
+        .saturating_mul(1u32 << attempt.saturating_sub(1).min(10))
+        .min(STORE_RETRY_MAX)
+}
 
 /// Messages of a workflow supervisor.
 pub enum WorkflowMsg {
@@ -194,7 +205,18 @@ pub(crate) struct WorkflowState {
     unwritten: Unwritten,
     /// The unwritten journal an admission in flight carries.
     carried: Option<Carried>,
+    /// How often each call's admission found the database unavailable in a row (its backoff).
+    admission_tries: BTreeMap<CallId, u32>,
+    /// How many reads found the database unavailable (the backoff of the next retry).
+    read_tries: u32,
     span: tracing::Span,
+}
+
+/// When a workflow's wall-clock limit (`timeout_seconds` from launch) passes, in epoch ms.
+fn deadline_ms(args: &WorkflowArgs) -> i64 {
+    args.document
+        .started_at_ms
+        .saturating_add(i64::try_from(args.timeout_ms).unwrap_or(i64::MAX))
 }
 
 fn now_ms() -> i64 {
@@ -218,6 +240,11 @@ impl WorkflowState {
         if let Some(faults) = &self.args.faults {
             faults.reach(boundary, &self.args.workflow_id).await;
         }
+    }
+
+    /// When the workflow's wall-clock limit (`timeout_seconds` from launch) passes, in epoch ms.
+    fn deadline_ms(&self) -> i64 {
+        deadline_ms(&self.args)
     }
 
     fn attempt(&self, seq: u32) -> i32 {
@@ -254,7 +281,29 @@ impl WorkflowState {
         if all.is_empty() {
             return true;
         }
-        let written = self.args.store.fenced_write(&self.args.fence, all).await;
+        let mut tries = 0;
+        let written = loop {
+            let written = self
+                .args
+                .store
+                .fenced_write(&self.args.fence, all.clone())
+                .await;
+            match written {
+                // The store proved nothing was written (the database is unreachable): an outage
+                // costs this workflow time, never its outcome. The fence decides once the
+                // database is back: if the lease lapsed meanwhile, the write is refused and
+                // another node (or this one) recovers the workflow from its journal.
+                Err(error) if error.is_transient() && now_ms() < self.deadline_ms() => {
+                    tries += 1;
+                    if tries == 1 {
+                        tracing::warn!(parent: &self.span, %error,
+                            "a journal write found the database unavailable; retrying");
+                    }
+                    tokio::time::sleep(store_backoff(tries)).await;
+                }
+                written => break written,
+            }
+        };
         if let Err(error) = &written {
             self.last_write_error = Some(error.clone());
         }
@@ -632,6 +681,9 @@ impl WorkflowState {
         id: CallId,
         result: Result<Admitted, Error>,
     ) {
+        if !matches!(&result, Err(Error::Store(error)) if error.is_transient()) {
+            self.admission_tries.remove(&id);
+        }
         let carried = self.carried.take_if(|carried| carried.call == id);
         let journaled = carried.is_some() && matches!(result, Ok(Admitted::Started { .. }));
         if let Err(
@@ -752,6 +804,19 @@ impl WorkflowState {
                 crate::mailbox::post_after(myself, SLOT_RETRY, move || {
                     WorkflowMsg::RetryAdmission(id)
                 });
+            }
+            Err(Error::Store(error)) if error.is_transient() => {
+                // Nothing was written: the database is unreachable. That is never the step's
+                // failure; the admission is asked again (the idempotency key makes a repeat
+                // find the same run) until the database answers or the workflow times out.
+                let tries = self.admission_tries.entry(id).or_insert(0);
+                *tries += 1;
+                let wait = store_backoff(*tries);
+                if wait == STORE_RETRY_FIRST {
+                    tracing::warn!(parent: &self.span, step_id = %command.step_id, %error,
+                        "an admission found the database unavailable; retrying");
+                }
+                crate::mailbox::post_after(myself, wait, move || WorkflowMsg::RetryAdmission(id));
             }
             Err(Error::Store(store::Error::LeaseLost { .. })) => {
                 // Fenced at admission: no child run exists, and nothing more is ours to write.
@@ -878,6 +943,12 @@ impl WorkflowState {
                     "message": format!("artifact version {version} does not exist"),
                     "status": "error",
                 })),
+                Err(error) if error.is_transient() => {
+                    self.read_tries += 1;
+                    let wait = store_backoff(self.read_tries);
+                    crate::mailbox::post_after(myself, wait, move || WorkflowMsg::Local { id });
+                    return;
+                }
                 Err(error) => {
                     tracing::error!(parent: &self.span, %error, "reading an artifact failed");
                     self.stop(myself);
@@ -1175,11 +1246,7 @@ impl Actor for WorkflowSupervisor {
             notify: myself.get_derived(),
         })?;
         myself.post(WorkflowMsg::Begin)?;
-        let deadline_ms = args
-            .document
-            .started_at_ms
-            .saturating_add(i64::try_from(args.timeout_ms).unwrap_or(i64::MAX));
-        let left = u64::try_from(deadline_ms.saturating_sub(now_ms())).unwrap_or(0);
+        let left = u64::try_from(deadline_ms(&args).saturating_sub(now_ms())).unwrap_or(0);
         crate::mailbox::post_after(&myself, Duration::from_millis(left), || {
             WorkflowMsg::TimedOut
         });
@@ -1196,6 +1263,8 @@ impl Actor for WorkflowSupervisor {
             last_write_error: None,
             unwritten: Unwritten::default(),
             carried: None,
+            admission_tries: BTreeMap::new(),
+            read_tries: 0,
             span,
         })
     }
@@ -1249,6 +1318,13 @@ impl Actor for WorkflowSupervisor {
                             state.activate(&myself, Vec::new()).await;
                         }
                     }
+                    Err(error) if error.is_transient() => {
+                        state.read_tries += 1;
+                        tracing::warn!(parent: &state.span, %error,
+                            "cannot read the journal yet; retrying");
+                        let wait = store_backoff(state.read_tries);
+                        crate::mailbox::post_after(&myself, wait, || WorkflowMsg::Begin);
+                    }
                     Err(error) => {
                         tracing::error!(parent: &state.span, %error, "cannot read the journal");
                         state.stop(&myself);
@@ -1288,6 +1364,11 @@ impl Actor for WorkflowSupervisor {
                     }
                     // A cancel was asked for already (with another reason): the poll finds it.
                     Err(store::Error::Conflict(_)) => {}
+                    Err(error) if error.is_transient() => {
+                        state.read_tries += 1;
+                        let wait = store_backoff(state.read_tries);
+                        crate::mailbox::post_after(&myself, wait, || WorkflowMsg::TimedOut);
+                    }
                     Err(error) => {
                         tracing::error!(parent: &state.span, %error, "cannot record the timeout");
                         state.stop(&myself);
@@ -1320,6 +1401,19 @@ impl Actor for WorkflowSupervisor {
                             && row.stop_reason.as_deref() != Some("orphan_recovered") =>
                     {
                         state.adopt(&myself, id, row).await;
+                    }
+                    Err(error) if error.is_transient() => {
+                        // The row could not be read (the database is unreachable): read it
+                        // again later; an outage says nothing about the child.
+                        state.read_tries += 1;
+                        let wait = store_backoff(state.read_tries);
+                        crate::mailbox::post_after(&myself, wait, move || {
+                            WorkflowMsg::ChildEnded {
+                                id,
+                                run_id,
+                                committed: None,
+                            }
+                        });
                     }
                     Ok(_) | Err(_) => {
                         // The run's end was not recorded by its node (fenced, or unknown).

@@ -21,6 +21,7 @@ mod node_process;
 mod openai_agent;
 mod operators;
 mod parked;
+mod private_pg;
 mod runs_store;
 mod stale_owner;
 mod workflows;

@@ -251,7 +251,7 @@ impl PgStore {
         let commit = client.batch_execute("COMMIT");
         let (begun, changed, committed) = tokio::join!(begin, changes, commit);
         if let Err(e) = begun {
-            return Err(Error::OutcomeUnknown(format!("BEGIN failed: {e}")));
+            return Err(begin_error(e));
         }
         // The first failure is the cause; the statements after it only report the aborted
         // transaction, and the pipelined COMMIT rolled it back.
@@ -375,6 +375,27 @@ fn node_from_row(row: &Row) -> NodeRecord {
         version: row.get(3),
         started_at: row.get(4),
         stopped_at: row.get(5),
+    }
+}
+
+/// A pipelined `BEGIN` that failed. When the server ended the session over it (shutting down,
+/// crashed, not yet accepting work: SQLSTATE class 57P), it ran nothing after it, so nothing of
+/// the transaction was written and it may be tried again. Anything else leaves the fate of the
+/// statements sent behind it unknown.
+pub(super) fn begin_error(error: tokio_postgres::Error) -> Error {
+    use tokio_postgres::error::SqlState;
+    match error.code() {
+        Some(code)
+            if [
+                SqlState::ADMIN_SHUTDOWN,
+                SqlState::CRASH_SHUTDOWN,
+                SqlState::CANNOT_CONNECT_NOW,
+            ]
+            .contains(code) =>
+        {
+            Error::Unavailable(format!("BEGIN refused: {error}"))
+        }
+        _ => Error::OutcomeUnknown(format!("BEGIN failed: {error}")),
     }
 }
 
