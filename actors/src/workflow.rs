@@ -47,6 +47,66 @@ pub(crate) fn store_backoff(attempt: u32) -> Duration {
         .min(STORE_RETRY_MAX)
 }
 
+/// Why a workflow needs an operator's reconcile: each reason is a fact about one child run that
+/// this node cannot settle without guessing at the agent's real effects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ReconciliationReason {
+    /// The orphan sweep closed the step's child run after its node died.
+    OrphanedChild,
+    /// The step's child run exists with no outcome (it may still run on a node that is gone).
+    ChildOutcomeUnknown,
+    /// The child run ended without its node recording the end (fenced, or its answer lost).
+    ChildEndUnrecorded,
+    /// A cancellation could not observe a child's end within its window (`2 × lease`).
+    CancelWindowPassed,
+}
+
+impl ReconciliationReason {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            ReconciliationReason::OrphanedChild => "orphaned_child",
+            ReconciliationReason::ChildOutcomeUnknown => "child_outcome_unknown",
+            ReconciliationReason::ChildEndUnrecorded => "child_end_unrecorded",
+            ReconciliationReason::CancelWindowPassed => "cancel_window_passed",
+        }
+    }
+
+    fn message(self) -> &'static str {
+        match self {
+            ReconciliationReason::OrphanedChild => {
+                "the child run's node died and the orphan sweep closed it; what the agent did is unknown"
+            }
+            ReconciliationReason::ChildOutcomeUnknown => {
+                "the child run has no outcome and may still run on a node that is gone"
+            }
+            ReconciliationReason::ChildEndUnrecorded => {
+                "the child run ended without its node recording the end; its outcome is unknown"
+            }
+            ReconciliationReason::CancelWindowPassed => {
+                "the cancellation could not observe the child run's end within its window"
+            }
+        }
+    }
+}
+
+/// What a workflow sent to `needs_reconciliation` records about why.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Reconciliation {
+    reason: ReconciliationReason,
+    step_id: String,
+    run_id: String,
+}
+
+impl Reconciliation {
+    fn of_step(reason: ReconciliationReason, step_id: &str, run_id: &str) -> Self {
+        Reconciliation {
+            reason,
+            step_id: step_id.to_owned(),
+            run_id: run_id.to_owned(),
+        }
+    }
+}
+
 /// Messages of a workflow supervisor.
 pub enum WorkflowMsg {
     /// Start (or replay) the script.
@@ -205,6 +265,9 @@ pub(crate) struct WorkflowState {
     unwritten: Unwritten,
     /// The unwritten journal an admission in flight carries.
     carried: Option<Carried>,
+    /// Calls the script no longer awaits whose admission or child run is still on its way
+    /// (with the child's run id once known): they end as `cancelled`, never as outcomes.
+    detached: BTreeMap<CallId, (Option<String>, Command)>,
     /// How often each call's admission found the database unavailable in a row (its backoff).
     admission_tries: BTreeMap<CallId, u32>,
     /// How many reads found the database unavailable (the backoff of the next retry).
@@ -438,9 +501,15 @@ impl WorkflowState {
             self.journal.extend(activation.journal);
         }
         for id in &activation.cancels {
-            self.waiting.remove(id);
+            self.detach(*id);
         }
         for command in activation.commands {
+            if activation.cancels.contains(&command.id) {
+                // A replay re-made a call the script no longer awaits (a failed `parallel`
+                // left it behind): nothing is begun for it. A child run it may have is asked
+                // to stop, and its slot given back, by the workflow's end at the latest.
+                continue;
+            }
             self.begin_command(myself, command).await;
             if self.done {
                 return;
@@ -569,6 +638,115 @@ impl WorkflowState {
         });
     }
 
+    /// The script no longer awaits call `id` (a `parallel` it belongs to failed). A call still
+    /// waiting for its admission or its child is kept apart from the script's calls: its child
+    /// run is asked to stop, durably, and its end is journaled as `cancelled` with its slot
+    /// given back; anything else is simply dropped.
+    fn detach(&mut self, id: CallId) {
+        match self.waiting.remove(&id) {
+            Some((Waiting::Slot, command)) => {
+                self.detached.insert(id, (None, command));
+            }
+            Some((Waiting::Child(Some(run_id)), command)) => {
+                self.stop_child(&run_id);
+                self.detached.insert(id, (Some(run_id), command));
+            }
+            _ => {}
+        }
+    }
+
+    /// The child runs this workflow knows to be live: those the script waits for and those it
+    /// left behind.
+    fn live_children(&self) -> Vec<String> {
+        let waited = self
+            .waiting
+            .values()
+            .filter_map(|(waiting, _)| match waiting {
+                Waiting::Child(Some(run_id)) => Some(run_id.clone()),
+                _ => None,
+            });
+        let detached = self
+            .detached
+            .values()
+            .filter_map(|(run_id, _)| run_id.clone());
+        waited.chain(detached).collect()
+    }
+
+    /// Asks a child run to stop (durably; at once when it runs on this node), without waiting.
+    fn stop_child(&self, run_id: &str) {
+        let (runs, run_id, span) = (self.args.runs.clone(), run_id.to_owned(), self.span.clone());
+        tokio::spawn(async move {
+            if let Err(error) = runs.cancel(&run_id, store::CancelAction::Interrupt).await {
+                // The workflow's end asks again, in its own write.
+                tracing::warn!(parent: &span, %error, %run_id, "cancel request failed");
+            }
+        });
+    }
+
+    /// An admission answered for a detached call: a run it started is stopped at once and
+    /// followed to its end; a run that exists from before is asked to stop (its slot is given
+    /// back by the workflow's end).
+    fn admitted_detached(
+        &mut self,
+        myself: &ActorRef<WorkflowMsg>,
+        id: CallId,
+        result: Result<Admitted, Error>,
+    ) {
+        let Some((_, command)) = self.detached.remove(&id) else {
+            return;
+        };
+        match result {
+            Ok(Admitted::Started { row, ended }) => {
+                self.stop_child(&row.run_id);
+                self.detached
+                    .insert(id, (Some(row.run_id.clone()), command));
+                let me = myself.clone();
+                tokio::spawn(async move {
+                    let _ = ended.await;
+                    let _ = me.post(WorkflowMsg::ChildEnded {
+                        id,
+                        run_id: row.run_id,
+                        committed: None,
+                    });
+                });
+            }
+            Ok(Admitted::Existing(row)) if !row.status.is_terminal() => {
+                self.stop_child(&row.run_id);
+            }
+            _ => {}
+        }
+    }
+
+    /// A detached call's child run ended: its step is journaled `cancelled` and its slot is
+    /// given back.
+    async fn detached_child_ended(
+        &mut self,
+        myself: &ActorRef<WorkflowMsg>,
+        id: CallId,
+        run_id: &str,
+    ) {
+        let Some((_, command)) = self.detached.remove(&id) else {
+            return;
+        };
+        let Some(entry) = self.journal.get(id.0 as usize).cloned() else {
+            return;
+        };
+        let mut fields = self.child_fields(
+            run_id,
+            &thread_for(&self.args.workflow_id, &command.step_id),
+            command.args["agentRef"].as_str().unwrap_or_default(),
+        );
+        fields["detached"] = json!(true);
+        self.unwritten
+            .ops
+            .push(self.step_op(&entry, "cancelled", fields));
+        self.unwritten.ops.push(WriteOp::ReleaseSlot {
+            workflow_id: self.args.workflow_id.clone(),
+            step_id: command.step_id,
+        });
+        self.write(myself, Vec::new()).await;
+    }
+
     /// Records an outcome (with `extra` ops in the same fenced write) and hands it to the script.
     async fn conclude(
         &mut self,
@@ -669,8 +847,21 @@ impl WorkflowState {
             status: status.to_owned(),
             data,
         };
-        // The end and the lease's release are one write.
-        if self.write(myself, vec![op, WriteOp::ReleaseLease]).await {
+        // The end, a durable stop request to every child run still live (a sibling a failed
+        // step left running), every slot given back and the lease's release are one write.
+        let workflow_id = self.args.workflow_id.clone();
+        let ops = vec![
+            op,
+            WriteOp::CancelRuns {
+                workflow_id: workflow_id.clone(),
+            },
+            WriteOp::ReleaseSlots { workflow_id },
+            WriteOp::ReleaseLease,
+        ];
+        if self.write(myself, ops).await {
+            for run_id in self.live_children() {
+                self.stop_child(&run_id);
+            }
             self.stop(myself);
         }
     }
@@ -714,6 +905,10 @@ impl WorkflowState {
                     return;
                 }
             }
+        }
+        if self.detached.contains_key(&id) {
+            self.admitted_detached(myself, id, result);
+            return;
         }
         if self.cancelling.is_some() {
             // Admitted after the cancel began: stop it too, and wait for it like the others.
@@ -785,9 +980,12 @@ impl WorkflowState {
             {
                 // Closed by the orphan sweep: the agent's real effects are unknown, and guessing
                 // "failed" could make a retry run it twice. A person decides.
-                tracing::warn!(parent: &self.span, step_id = %command.step_id,
-                    child_run_id = %row.run_id, "child run was orphaned");
-                self.reconcile_needed(myself).await;
+                let why = Reconciliation::of_step(
+                    ReconciliationReason::OrphanedChild,
+                    &command.step_id,
+                    &row.run_id,
+                );
+                self.reconcile_needed(myself, why).await;
             }
             Ok(Admitted::Existing(row)) if row.status.is_terminal() => {
                 self.waiting.insert(id, (Waiting::Child(None), command));
@@ -796,9 +994,12 @@ impl WorkflowState {
             Ok(Admitted::Existing(row)) => {
                 // A child run exists for this step and has no outcome: it may still be running on
                 // a node that is gone. Guessing would risk a second run, so a person decides.
-                tracing::warn!(parent: &self.span, step_id = %command.step_id,
-                    child_run_id = %row.run_id, "child run outcome unknown");
-                self.reconcile_needed(myself).await;
+                let why = Reconciliation::of_step(
+                    ReconciliationReason::ChildOutcomeUnknown,
+                    &command.step_id,
+                    &row.run_id,
+                );
+                self.reconcile_needed(myself, why).await;
             }
             Ok(Admitted::Queued) => {
                 crate::mailbox::post_after(myself, SLOT_RETRY, move || {
@@ -991,15 +1192,32 @@ impl WorkflowState {
         Ok((path.to_owned(), content))
     }
 
-    async fn reconcile_needed(&mut self, myself: &ActorRef<WorkflowMsg>) {
+    /// Ends this owner's part: the workflow waits for an operator, with `why` recorded in its
+    /// data (`reconciliation`), logged and counted.
+    async fn reconcile_needed(&mut self, myself: &ActorRef<WorkflowMsg>, why: Reconciliation) {
+        tracing::warn!(parent: &self.span, reason = why.reason.as_str(), step_id = %why.step_id,
+            child_run_id = %why.run_id, message = %why.reason.message(),
+            "the workflow needs reconciliation");
         self.args.metrics.inc(
             "reins_workflows_finished_total",
             &[("status", "needs_reconciliation")],
         );
+        self.args.metrics.inc(
+            "reins_reconciliations_needed_total",
+            &[("reason", why.reason.as_str())],
+        );
+        let mut data = self.args.document.data.clone();
+        data["reconciliation"] = json!({
+            "reason": why.reason.as_str(),
+            "message": why.reason.message(),
+            "step_id": why.step_id,
+            "run_id": why.run_id,
+            "at_ms": now_ms(),
+        });
         let op = WriteOp::SetWorkflow {
             workflow_id: self.args.workflow_id.clone(),
             status: "needs_reconciliation".into(),
-            data: self.args.document.data.clone(),
+            data,
         };
         // Its slots stay held; its lease is given back in the same write, so an operator's
         // reconcile can take the workflow at once.
@@ -1082,9 +1300,16 @@ impl WorkflowState {
                 _ => None,
             })
             .collect();
-        // Calls that have no child run yet are simply dropped.
+        // Calls that have no child run yet are simply dropped; the children of calls the
+        // script left behind were asked to stop already, and are waited for like the others.
         self.waiting
             .retain(|_, (waiting, _)| matches!(waiting, Waiting::Child(Some(_))));
+        for (id, (run_id, command)) in std::mem::take(&mut self.detached) {
+            if let Some(run_id) = run_id {
+                self.waiting
+                    .insert(id, (Waiting::Child(Some(run_id)), command));
+            }
+        }
         for run_id in children {
             if let Err(error) = self
                 .args
@@ -1181,8 +1406,11 @@ impl WorkflowState {
             data: self.args.document.data.clone(),
         };
         let applied = WriteOp::MarkControlApplied { control_id };
+        let slots = WriteOp::ReleaseSlots {
+            workflow_id: self.args.workflow_id.clone(),
+        };
         if self
-            .write(myself, vec![op, applied, WriteOp::ReleaseLease])
+            .write(myself, vec![op, applied, slots, WriteOp::ReleaseLease])
             .await
         {
             tracing::info!(parent: &self.span, "cancelled");
@@ -1265,6 +1493,7 @@ impl Actor for WorkflowSupervisor {
             carried: None,
             admission_tries: BTreeMap::new(),
             read_tries: 0,
+            detached: BTreeMap::new(),
             span,
         })
     }
@@ -1382,9 +1611,26 @@ impl Actor for WorkflowSupervisor {
             WorkflowMsg::CheckChildren => {}
             WorkflowMsg::CancelDeadline => {
                 if state.cancelling.is_some() && !state.waiting.is_empty() {
-                    tracing::warn!(parent: &state.span, "a child run's fate was not observed in the cancel window");
-                    state.reconcile_needed(&myself).await;
+                    let (step_id, run_id) = state
+                        .waiting
+                        .values()
+                        .find_map(|(waiting, command)| match waiting {
+                            Waiting::Child(Some(run_id)) => {
+                                Some((command.step_id.clone(), run_id.clone()))
+                            }
+                            _ => None,
+                        })
+                        .unwrap_or_default();
+                    let why = Reconciliation::of_step(
+                        ReconciliationReason::CancelWindowPassed,
+                        &step_id,
+                        &run_id,
+                    );
+                    state.reconcile_needed(&myself, why).await;
                 }
+            }
+            WorkflowMsg::ChildEnded { id, run_id, .. } if state.detached.contains_key(&id) => {
+                state.detached_child_ended(&myself, id, &run_id).await;
             }
             WorkflowMsg::ChildEnded {
                 id,
@@ -1417,7 +1663,17 @@ impl Actor for WorkflowSupervisor {
                     }
                     Ok(_) | Err(_) => {
                         // The run's end was not recorded by its node (fenced, or unknown).
-                        state.reconcile_needed(&myself).await;
+                        let step_id = state
+                            .waiting
+                            .get(&id)
+                            .map(|(_, command)| command.step_id.clone())
+                            .unwrap_or_default();
+                        let why = Reconciliation::of_step(
+                            ReconciliationReason::ChildEndUnrecorded,
+                            &step_id,
+                            &run_id,
+                        );
+                        state.reconcile_needed(&myself, why).await;
                     }
                 }
             }

@@ -1088,6 +1088,31 @@ async fn an_admin_recovers_and_reconciles_an_uncertain_step_through_rest() {
         Some(1),
         "no second child run"
     );
+    // Why it waits is on record: which step, which child run, what is unknown.
+    let why = &uncertain["reconciliation"];
+    assert_eq!(why["reason"], "child_outcome_unknown", "{uncertain}");
+    assert_eq!(why["step_id"], "held");
+    assert_eq!(why["run_id"], uncertain["steps"][0]["run_id"]);
+    assert!(
+        why["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("no outcome")),
+        "{why}"
+    );
+    let listed = crate::operators::admin_json(&node.admin_socket(), &["reconciliations"]);
+    assert_eq!(listed[0]["run_id"], run.as_str(), "{listed}");
+    assert_eq!(
+        listed[0]["reconciliation"]["reason"],
+        "child_outcome_unknown"
+    );
+    let metrics = crate::operators::scrape(&mut api).await;
+    assert_eq!(
+        crate::operators::value(
+            &metrics,
+            "reins_reconciliations_needed_total{reason=\"child_outcome_unknown\"}"
+        ),
+        1.0
+    );
     let again = api
         .call("POST", &format!("/api/v1/workflows/{run}/recover"), None)
         .await;
@@ -1113,6 +1138,11 @@ async fn an_admin_recovers_and_reconciles_an_uncertain_step_through_rest() {
     assert_eq!(settled.status, 200, "{settled:?}");
     let done = wait_for(&mut api, &run, "completed").await;
     assert_eq!(done["result"], "settled by hand");
+    assert_eq!(
+        done["reconciliation"],
+        Value::Null,
+        "settled: no reason any more"
+    );
     let runs = db
         .sql(&format!(
             "SELECT count(*) FROM runs WHERE workflow = '{run}'"

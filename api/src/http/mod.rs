@@ -9,7 +9,7 @@
 mod auth;
 mod error;
 mod openapi;
-mod record;
+pub(crate) mod record;
 mod routes;
 mod users;
 mod wire;

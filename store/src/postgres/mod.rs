@@ -456,19 +456,32 @@ pub(super) fn op_sql(op: &WriteOp) -> &'static str {
                     $9::text, reins_now()
                FROM fence"
         }
-        WriteOp::CloseRun { .. } => {
+        WriteOp::CloseStepRuns { .. } => {
             "WITH fence AS (SELECT reins_fence($1, $2, $3))
              UPDATE runs SET status = 'interrupted', stop_reason = 'reconciled',
                     error = 'closed by reconcile', revision = revision + 1,
                     updated_at = reins_now()
-              WHERE run_id = $5 AND workflow = $4
+              WHERE idempotency_key = $4 || '/' || $5 || '/' || $6::integer
                 AND status IN ('pending', 'running', 'waiting_for_input')
                 AND EXISTS (SELECT 1 FROM fence)"
+        }
+        WriteOp::CancelRuns { .. } => {
+            "WITH fence AS (SELECT reins_fence($1, $2, $3))
+             UPDATE runs SET cancel_action = coalesce(cancel_action, 'interrupt'),
+                    status = CASE status WHEN 'waiting_for_input' THEN 'interrupted'
+                                         ELSE status END,
+                    revision = revision + 1, updated_at = reins_now()
+              WHERE workflow = $4 AND status IN ('pending', 'running', 'waiting_for_input')
+                AND cancel_action IS NULL AND EXISTS (SELECT 1 FROM fence)"
         }
         WriteOp::ReleaseSlot { .. } => {
             "WITH fence AS (SELECT reins_fence($1, $2, $3))
              DELETE FROM workflow_slots
               WHERE workflow = $4 AND step_id = $5 AND EXISTS (SELECT 1 FROM fence)"
+        }
+        WriteOp::ReleaseSlots { .. } => {
+            "WITH fence AS (SELECT reins_fence($1, $2, $3))
+             DELETE FROM workflow_slots WHERE workflow = $4 AND EXISTS (SELECT 1 FROM fence)"
         }
         WriteOp::ReleaseLease => {
             "WITH fence AS (SELECT reins_fence($1, $2, $3))
@@ -517,19 +530,23 @@ pub(super) fn op_params<'a>(fence: &'a Fence, op: &'a WriteOp) -> Vec<&'a (dyn T
                 [workflow_id, version, source_step_id, path, content, sha256];
             params.extend(own);
         }
-        WriteOp::CloseRun {
-            workflow_id,
-            run_id,
-        } => {
-            let own: [&(dyn ToSql + Sync); 2] = [workflow_id, run_id];
-            params.extend(own);
-        }
         WriteOp::ReleaseSlot {
             workflow_id,
             step_id,
         } => {
             let own: [&(dyn ToSql + Sync); 2] = [workflow_id, step_id];
             params.extend(own);
+        }
+        WriteOp::CloseStepRuns {
+            workflow_id,
+            step_id,
+            attempt,
+        } => {
+            let own: [&(dyn ToSql + Sync); 3] = [workflow_id, step_id, attempt];
+            params.extend(own);
+        }
+        WriteOp::CancelRuns { workflow_id } | WriteOp::ReleaseSlots { workflow_id } => {
+            params.push(workflow_id);
         }
         WriteOp::ReleaseLease => {}
     }
