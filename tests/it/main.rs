@@ -14,6 +14,7 @@ mod crash_recovery;
 mod fencing;
 mod http_api;
 mod http_client;
+mod http_edge;
 mod leases;
 mod migrations;
 mod node_process;
