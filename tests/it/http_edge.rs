@@ -9,6 +9,23 @@ use crate::http_api::{Db, Node, initialize, launch, wait_for};
 /// The policy every reply carries (`api/src/http/mod.rs`).
 const SANDBOX_POLICY: &str = "sandbox; default-src 'none'; frame-ancestors 'none'";
 
+/// One test per backend from one async body taking `postgres: bool`.
+macro_rules! both_backends {
+    ($name:ident) => {
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn sqlite() {
+                super::$name(false).await
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn postgres() {
+                super::$name(true).await
+            }
+        }
+    };
+}
+
 fn header<'a>(answer: &'a crate::http_client::Answer, name: &str) -> &'a str {
     answer
         .headers
@@ -115,3 +132,118 @@ async fn a_captured_html_artifact_is_served_as_an_attachment_that_cannot_run() {
     assert_eq!(header(&refused, "x-content-type-options"), "nosniff");
     assert_eq!(header(&refused, "content-security-policy"), SANDBOX_POLICY);
 }
+
+/// Emails are one address whatever their case; weak passwords and addresses shaped like markup
+/// are refused; users from before normalisation are lowered by the migration unless two of them
+/// would merge, and those still sign in as stored.
+async fn emails_are_normalised_and_passwords_have_a_minimum(postgres: bool) {
+    let db = Db::new(postgres).await;
+    let node = Node::start(&db, &[]);
+    let mut admin = initialize(&node).await;
+    let password = "twelve chars";
+    let create = |email: &str, password: &str| json!({"email": email, "password": password});
+    let created = admin
+        .call(
+            "POST",
+            "/api/v1/auth/users",
+            Some(create(" BOB@X.io ", password)),
+        )
+        .await;
+    assert_eq!(created.status, 201, "{created:?}");
+    assert_eq!(created.json()["email"], "bob@x.io");
+    let again = admin
+        .call(
+            "POST",
+            "/api/v1/auth/users",
+            Some(create("bob@x.io", password)),
+        )
+        .await;
+    assert_eq!(again.status, 409, "{again:?}");
+    for typed in ["bob@x.io", "Bob@X.IO", "  bob@x.io"] {
+        let signed_in = node.api().login(typed, "twelve%20chars").await;
+        assert_eq!(signed_in.status, 200, "{typed}: {signed_in:?}");
+    }
+    for (email, weak, status) in [
+        ("<script>@x", password, 400),
+        ("a b@x.io", password, 400),
+        ("carol@x.io", "aaaaaaaa", 422),
+        ("carol@x.io", "elevenchars", 422),
+        ("carol@x.io", "CAROL@x.io", 422),
+    ] {
+        let refused = admin
+            .call("POST", "/api/v1/auth/users", Some(create(email, weak)))
+            .await;
+        assert_eq!(refused.status, status, "{email} {weak}: {refused:?}");
+    }
+    let weak_first = node
+        .api()
+        .call(
+            "POST",
+            "/api/v1/auth/initialize",
+            Some(create("x@y.io", "short")),
+        )
+        .await;
+    assert_eq!(weak_first.status, 422, "{weak_first:?}");
+
+    // Users from before: put the schema back one version, add mixed-case rows, migrate again.
+    drop(node);
+    let hash = db
+        .sql("SELECT password_hash FROM users WHERE email = 'bob@x.io'")
+        .await
+        .expect("bob's hash");
+    for (id, email, created_at) in [
+        ("old-1", "Dave@Example.COM", 1),
+        ("old-2", "DAVE@example.com", 2),
+        ("old-3", "Erin@X.io", 3),
+        ("old-4", "erin@x.io", 4),
+        ("old-5", "Frank@X.io", 5),
+    ] {
+        db.sql(&format!(
+            "INSERT INTO users (id, email, password_hash, created_at) \
+             VALUES ('{id}', '{email}', '{hash}', {created_at})"
+        ))
+        .await;
+    }
+    db.sql("DELETE FROM schema_migrations WHERE version = 13")
+        .await;
+    let node = Node::start(&db, &[]);
+    let email_of = |id: &'static str| {
+        let db = &db;
+        async move {
+            db.sql(&format!("SELECT email FROM users WHERE id = '{id}'"))
+                .await
+                .expect("row")
+        }
+    };
+    assert_eq!(
+        email_of("old-1").await,
+        "dave@example.com",
+        "the oldest is lowered"
+    );
+    assert_eq!(
+        email_of("old-2").await,
+        "DAVE@example.com",
+        "its twin is kept"
+    );
+    assert_eq!(
+        email_of("old-3").await,
+        "Erin@X.io",
+        "a lowercase twin exists"
+    );
+    assert_eq!(email_of("old-5").await, "frank@x.io");
+    for (typed, id) in [
+        ("dave@example.com", "old-1"),
+        ("Dave@Example.COM", "old-1"),
+        ("FRANK@x.io", "old-5"),
+        ("ERIN@x.io", "old-4"),
+        // The twins the migration kept sign in exactly as stored.
+        ("DAVE@example.com", "old-2"),
+        ("Erin@X.io", "old-3"),
+    ] {
+        let signed_in = node.api().login(typed, "twelve%20chars").await;
+        assert_eq!(signed_in.status, 200, "{typed}: {signed_in:?}");
+        assert_eq!(signed_in.json()["id"], id, "{typed}");
+    }
+}
+
+both_backends!(emails_are_normalised_and_passwords_have_a_minimum);

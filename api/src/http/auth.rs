@@ -29,10 +29,13 @@ pub const CSRF_COOKIE: &str = "csrf_token";
 pub const CSRF_HEADER: &str = "x-csrf-token";
 /// API tokens start with this, so that a leaked one is recognisable (and greppable).
 const TOKEN_PREFIX: &str = "reins_";
-/// Shortest password accepted.
-pub const PASSWORD_CHARS_MIN: usize = 8;
-/// Longest password or email accepted (argon2 takes any length; this bounds the work).
-pub const CREDENTIAL_CHARS_MAX: usize = 256;
+/// Shortest password accepted, in characters.
+pub const PASSWORD_CHARS_MIN: usize = 12;
+/// Longest password accepted (argon2 takes any length; this bounds the work).
+pub const PASSWORD_CHARS_MAX: usize = 256;
+/// Longest email accepted, in bytes (RFC 5321's path limit), and its parts.
+pub const EMAIL_BYTES_MAX: usize = 254;
+const EMAIL_LOCAL_BYTES_MAX: usize = 64;
 
 type HmacSha256 = Hmac<Sha256>;
 
@@ -166,25 +169,62 @@ pub fn same(a: &str, b: &str) -> bool {
             == 0
 }
 
-/// Checks an email and password before anything is hashed or stored.
-pub fn check_credentials(email: &str, password: &str) -> Result<(), ApiError> {
-    let email_ok = email.len() <= CREDENTIAL_CHARS_MAX
-        && email
-            .split_once('@')
-            .is_some_and(|(local, domain)| !local.is_empty() && !domain.is_empty())
-        && !email.chars().any(char::is_whitespace);
-    if !email_ok {
+/// The one form of an email that is stored and looked up: trimmed, ASCII letters in lower case
+/// (the migration that normalised existing rows lowers exactly those, on both backends).
+pub fn normalize_email(email: &str) -> String {
+    email.trim().to_ascii_lowercase()
+}
+
+/// Whether a normalised email is shaped like `local@domain`: one `@`, bounded parts, no
+/// whitespace, control characters or characters that quote or delimit markup and headers, and a
+/// domain of non-empty labels of letters, digits and inner hyphens.
+fn email_shaped(email: &str) -> bool {
+    const FORBIDDEN: &[char] = &[
+        '<', '>', '"', '\'', '`', '(', ')', '[', ']', '\\', ',', ';', ':', '@', '/',
+    ];
+    let Some((local, domain)) = email.split_once('@') else {
+        return false;
+    };
+    let local_ok = !local.is_empty()
+        && local.len() <= EMAIL_LOCAL_BYTES_MAX
+        && !local.starts_with('.')
+        && !local.ends_with('.')
+        && !local.contains("..")
+        && !local
+            .chars()
+            .any(|c| c.is_whitespace() || c.is_control() || FORBIDDEN.contains(&c));
+    let domain_ok = domain.split('.').all(|label| {
+        !label.is_empty()
+            && !label.starts_with('-')
+            && !label.ends_with('-')
+            && label.chars().all(|c| c.is_alphanumeric() || c == '-')
+    });
+    email.len() <= EMAIL_BYTES_MAX && local_ok && domain_ok
+}
+
+/// Checks a new user's email and password before anything is hashed or stored; answers the
+/// email in its normalised form.
+pub fn check_credentials(email: &str, password: &str) -> Result<String, ApiError> {
+    let normalized = normalize_email(email);
+    if !email_shaped(&normalized) {
         return Err(ApiError::bad_request(format!(
             "email {email:?} is not an address like name@example.com"
         )));
     }
     let chars = password.chars().count();
-    if !(PASSWORD_CHARS_MIN..=CREDENTIAL_CHARS_MAX).contains(&chars) {
+    if !(PASSWORD_CHARS_MIN..=PASSWORD_CHARS_MAX).contains(&chars) {
         return Err(ApiError::refused(format!(
-            "a password has {PASSWORD_CHARS_MIN} to {CREDENTIAL_CHARS_MAX} characters, this one {chars}"
+            "a password has {PASSWORD_CHARS_MIN} to {PASSWORD_CHARS_MAX} characters, this one {chars}"
         )));
     }
-    Ok(())
+    let lowered = normalize_email(password);
+    let local = normalized.split_once('@').map_or("", |(local, _)| local);
+    if lowered == normalized || lowered == local {
+        return Err(ApiError::refused(
+            "the password must not be the email or its part before the @",
+        ));
+    }
+    Ok(normalized)
 }
 
 /// An argon2id hash of `password` (off the async threads: it is slow on purpose).
@@ -354,6 +394,49 @@ mod tests {
         assert!(throttle.check(address).is_err());
         throttle.succeeded(address);
         assert!(throttle.check(address).is_ok());
+    }
+
+    #[test]
+    fn emails_are_normalised_and_checked_for_shape() {
+        let password = "a long enough password";
+        assert_eq!(
+            check_credentials("  Bob@Example.COM ", password).expect("valid"),
+            "bob@example.com"
+        );
+        check_credentials("admin@localhost", password).expect("a domain without dots");
+        check_credentials("first.last+tag@sub.example-x.io", password).expect("valid");
+        for bad in [
+            "<script>@x",
+            "a@b@c",
+            "noat",
+            "@x.io",
+            "a@",
+            "a b@x.io",
+            "a@x..io",
+            "a@-x.io",
+            "a\"b@x.io",
+            "a'b@x.io",
+            ".a@x.io",
+            "a..b@x.io",
+            "a@x.io/",
+            "a@x\u{7}.io",
+            &format!("{}@x.io", "a".repeat(65)),
+            &format!("a@{}.io", "b".repeat(251)),
+        ] {
+            let error = check_credentials(bad, password).expect_err(bad);
+            assert_eq!(error.status, hyper::StatusCode::BAD_REQUEST, "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_password_has_twelve_characters_and_is_not_the_email() {
+        let email = "bob@example.com";
+        assert!(check_credentials(email, "aaaaaaaa").is_err());
+        assert!(check_credentials(email, &"a".repeat(11)).is_err());
+        assert!(check_credentials(email, &"a".repeat(12)).is_ok());
+        assert!(check_credentials(email, &"a".repeat(PASSWORD_CHARS_MAX + 1)).is_err());
+        assert!(check_credentials(email, "BOB@example.com").is_err());
+        assert!(check_credentials("bobbybobbybob@x.io", "BobbyBobbyBob").is_err());
     }
 
     #[tokio::test]

@@ -52,7 +52,7 @@ async fn create(
     is_admin: bool,
     only_if_first: bool,
 ) -> Result<Option<UserRow>, ApiError> {
-    auth::check_credentials(&email, &password)?;
+    let email = auth::check_credentials(&email, &password)?;
     let password_hash = auth::hash_password(password).await?;
     let user = NewUser {
         id: auth::new_id()?,
@@ -81,7 +81,7 @@ pub async fn login(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
         return Err(ApiError::too_many_attempts(seconds));
     }
     let form: LoginForm = ctx.form()?;
-    let user = ctx.state.node.store().user_by_email(&form.username).await?;
+    let user = user_by_email(ctx, &form.username).await?;
     let stored = user.as_ref().map(|u| u.password_hash.clone());
     let (Some(user), true) = (user, auth::verify_password(stored, form.password).await) else {
         ctx.state.throttle.failed(ctx.peer);
@@ -89,6 +89,25 @@ pub async fn login(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
     };
     ctx.state.throttle.succeeded(ctx.peer);
     signed_in(ctx, &user, StatusCode::OK).await
+}
+
+/// The user an email names. Emails are stored normalised, except a user from before that whose
+/// address differs from another's only in case (the migration kept it as it was): that one is
+/// found exactly as typed, everyone else by the normalised form.
+async fn user_by_email(ctx: &Ctx<'_>, typed: &str) -> Result<Option<UserRow>, ApiError> {
+    let store = ctx.state.node.store();
+    let trimmed = typed.trim();
+    if trimmed.len() > auth::EMAIL_BYTES_MAX {
+        return Ok(None);
+    }
+    if let Some(user) = store.user_by_email(trimmed).await? {
+        return Ok(Some(user));
+    }
+    let normalized = auth::normalize_email(trimmed);
+    if normalized == trimmed {
+        return Ok(None);
+    }
+    Ok(store.user_by_email(&normalized).await?)
 }
 
 /// Opens a session and answers with its cookies.
