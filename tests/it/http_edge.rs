@@ -4,7 +4,8 @@
 
 use serde_json::json;
 
-use crate::http_api::{Db, Node, initialize, launch, wait_for};
+use crate::http_api::{ADMIN, Db, Node, PASSWORD, initialize, launch, wait_for};
+use crate::http_client::{Answer, Api};
 
 /// The policy every reply carries (`api/src/http/mod.rs`).
 const SANDBOX_POLICY: &str = "sandbox; default-src 'none'; frame-ancestors 'none'";
@@ -26,7 +27,7 @@ macro_rules! both_backends {
     };
 }
 
-fn header<'a>(answer: &'a crate::http_client::Answer, name: &str) -> &'a str {
+fn header<'a>(answer: &'a Answer, name: &str) -> &'a str {
     answer
         .headers
         .get(name)
@@ -247,3 +248,274 @@ async fn emails_are_normalised_and_passwords_have_a_minimum(postgres: bool) {
 }
 
 both_backends!(emails_are_normalised_and_passwords_have_a_minimum);
+
+/// The most memory the process has held so far (`VmHWM`), in MiB.
+fn peak_memory_mib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
+    let kib: u64 = status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmHWM:"))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .expect("VmHWM");
+    kib / 1024
+}
+
+/// The most memory a node may reach while it checks a burst of sign-ins.
+const SIGN_IN_BURST_MIB_MAX: u64 = 400;
+
+/// Signs in with the form, `forwarded_for` in `X-Forwarded-For` when given.
+async fn login_from(api: &mut Api, email: &str, password: &str, forwarded_for: &str) -> Answer {
+    let form = format!(
+        "username={}&password={}",
+        email.replace('@', "%40"),
+        password.replace(' ', "+")
+    );
+    let headers: Vec<(&str, &str)> = if forwarded_for.is_empty() {
+        Vec::new()
+    } else {
+        vec![("x-forwarded-for", forwarded_for)]
+    };
+    api.send(
+        "POST",
+        "/api/v1/auth/login/local",
+        Some("application/x-www-form-urlencoded"),
+        form.into_bytes(),
+        &headers,
+    )
+    .await
+}
+
+/// Sends `attempts` sign-ins at once; `attempt(n)` is `(email, password, forwarded_for)`.
+async fn burst(
+    node: &Node,
+    attempts: usize,
+    attempt: impl Fn(usize) -> (String, String, String),
+) -> Vec<Answer> {
+    let tasks: Vec<_> = (0..attempts)
+        .map(|n| {
+            let mut api = node.api();
+            let (email, password, forwarded_for) = attempt(n);
+            tokio::spawn(
+                async move { login_from(&mut api, &email, &password, &forwarded_for).await },
+            )
+        })
+        .collect();
+    let mut answers = Vec::new();
+    for task in tasks {
+        answers.push(task.await.expect("sign-in task"));
+    }
+    answers
+}
+
+fn codes(answers: &[Answer]) -> std::collections::BTreeMap<(u16, String), usize> {
+    let mut codes = std::collections::BTreeMap::new();
+    for answer in answers {
+        let code = answer.json()["error"]["code"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        *codes.entry((answer.status, code)).or_insert(0) += 1;
+    }
+    codes
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_hundred_concurrent_wrong_sign_ins_spend_only_the_budget() {
+    let db = Db::new(false).await;
+    let node = Node::start(&db, &[("REINS_AUTH__LOGIN_FAILURES_MAX", "5".into())]);
+    initialize(&node).await;
+    let answers = burst(&node, 300, |n| {
+        (ADMIN.to_owned(), format!("wrong guess {n}"), String::new())
+    })
+    .await;
+    let codes = codes(&answers);
+    let unauthorized = answers.iter().filter(|a| a.status == 401).count();
+    // Refused by the budget, or by the bound on hashing while the budget's few were checked.
+    let throttled = answers.iter().filter(|a| a.status == 429).count();
+    assert!(unauthorized <= 5, "{codes:?}");
+    assert_eq!(unauthorized + throttled, 300, "{codes:?}");
+    let peak = peak_memory_mib(node.process.pid());
+    println!("300 concurrent wrong sign-ins: {codes:?}, node peak memory {peak} MiB");
+    assert!(peak < SIGN_IN_BURST_MIB_MAX, "peak {peak} MiB");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_node_checks_at_most_password_hashes_max_passwords_at_once() {
+    let db = Db::new(false).await;
+    // Every attempt from its own address (through a trusted proxy) on its own account: no
+    // budget refuses any of them, only the node-wide bound on hashing.
+    let node = Node::start(
+        &db,
+        &[
+            ("REINS_HTTP__TRUSTED_PROXIES", r#"["127.0.0.1"]"#.into()),
+            ("REINS_AUTH__PASSWORD_HASHES_MAX", "2".into()),
+        ],
+    );
+    initialize(&node).await;
+    let answers = burst(&node, 300, |n| {
+        (
+            format!("user-{n}@example.com"),
+            "a wrong password".to_owned(),
+            format!("198.51.{}.{}", n / 250, n % 250 + 1),
+        )
+    })
+    .await;
+    let codes = codes(&answers);
+    let busy = answers
+        .iter()
+        .filter(|a| a.status == 429 && a.json()["error"]["code"] == "password_checks_busy")
+        .inspect(|a| assert_eq!(header(a, "retry-after"), "1"))
+        .count();
+    let unauthorized = answers.iter().filter(|a| a.status == 401).count();
+    assert!(busy > 0, "{codes:?}");
+    assert_eq!(busy + unauthorized, 300, "{codes:?}");
+    let peak = peak_memory_mib(node.process.pid());
+    println!("300 concurrent sign-ins from 300 addresses: {codes:?}, node peak memory {peak} MiB");
+    assert!(peak < SIGN_IN_BURST_MIB_MAX, "peak {peak} MiB");
+    // A busy answer spent no budget: the same attempts, one at a time, are all checked.
+    let mut api = node.api();
+    for n in 0..3 {
+        let answer = login_from(&mut api, ADMIN, "a wrong password", &format!("192.0.2.{n}")).await;
+        assert_eq!(answer.status, 401, "{answer:?}");
+    }
+    assert_eq!(
+        login_from(&mut api, ADMIN, PASSWORD, "192.0.2.1")
+            .await
+            .status,
+        200
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sign_in_takes_only_a_form_from_this_site() {
+    let db = Db::new(false).await;
+    let node = Node::start(&db, &[]);
+    let evil = [("origin", "https://evil.example")];
+    let first_admin =
+        serde_json::to_vec(&json!({"email": ADMIN, "password": PASSWORD})).expect("json");
+    let forged = node
+        .api()
+        .send(
+            "POST",
+            "/api/v1/auth/initialize",
+            Some("text/plain"),
+            first_admin.clone(),
+            &evil,
+        )
+        .await;
+    assert_eq!(
+        (forged.status, forged.json()["error"]["code"].clone()),
+        (403, json!("cross_origin")),
+        "{forged:?}"
+    );
+    initialize(&node).await;
+    let form = format!(
+        "username={}&password={}",
+        ADMIN.replace('@', "%40"),
+        PASSWORD.replace(' ', "+")
+    );
+    let plain = node
+        .api()
+        .send(
+            "POST",
+            "/api/v1/auth/login/local",
+            Some("text/plain"),
+            form.clone().into_bytes(),
+            &[],
+        )
+        .await;
+    assert_eq!(plain.status, 415, "{plain:?}");
+    assert!(!plain.headers.contains_key("set-cookie"));
+    let multipart = node
+        .api()
+        .send(
+            "POST",
+            "/api/v1/auth/login/local",
+            Some("multipart/form-data; boundary=x"),
+            form.clone().into_bytes(),
+            &[],
+        )
+        .await;
+    assert_eq!(multipart.status, 415, "{multipart:?}");
+    let form_type = Some("application/x-www-form-urlencoded");
+    let cross_site = node
+        .api()
+        .send(
+            "POST",
+            "/api/v1/auth/login/local",
+            form_type,
+            form.clone().into_bytes(),
+            &evil,
+        )
+        .await;
+    assert_eq!(cross_site.status, 403, "{cross_site:?}");
+    assert!(!cross_site.headers.contains_key("set-cookie"));
+    let own_site = format!("http://{}", node.addr);
+    let same_site = node
+        .api()
+        .send(
+            "POST",
+            "/api/v1/auth/login/local",
+            Some("application/x-www-form-urlencoded; charset=UTF-8"),
+            form.into_bytes(),
+            &[("origin", &own_site)],
+        )
+        .await;
+    assert_eq!(same_site.status, 200, "{same_site:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_noisy_neighbour_behind_a_shared_address_does_not_lock_out_another_user() {
+    let db = Db::new(false).await;
+    let node = Node::start(
+        &db,
+        &[
+            ("REINS_HTTP__TRUSTED_PROXIES", r#"["127.0.0.0/8"]"#.into()),
+            ("REINS_AUTH__LOGIN_FAILURES_MAX", "3".into()),
+        ],
+    );
+    let mut admin = initialize(&node).await;
+    let bob = "bob@example.com";
+    let created = admin
+        .call(
+            "POST",
+            "/api/v1/auth/users",
+            Some(json!({"email": bob, "password": PASSWORD})),
+        )
+        .await;
+    assert_eq!(created.status, 201, "{created:?}");
+    let shared = "203.0.113.7";
+    let mut api = node.api();
+    for _ in 0..3 {
+        let failed = login_from(&mut api, "noisy@example.com", "wrong password", shared).await;
+        assert_eq!(failed.status, 401, "{failed:?}");
+    }
+    let locked = login_from(&mut api, "noisy@example.com", "wrong password", shared).await;
+    assert_eq!(locked.status, 429, "{locked:?}");
+    assert_eq!(
+        login_from(&mut api, bob, PASSWORD, shared).await.status,
+        200,
+        "bob behind the same address is not locked out"
+    );
+    // Someone guessing bob's password from that address locks that pair only: bob elsewhere
+    // still signs in, and a forged left part of X-Forwarded-For changes nothing.
+    for _ in 0..3 {
+        login_from(&mut api, bob, "wrong password", shared).await;
+    }
+    assert_eq!(
+        login_from(&mut api, bob, PASSWORD, shared).await.status,
+        429
+    );
+    let forged = format!("198.51.100.9, {shared}");
+    assert_eq!(
+        login_from(&mut api, bob, PASSWORD, &forged).await.status,
+        429
+    );
+    assert_eq!(
+        login_from(&mut api, bob, PASSWORD, "198.51.100.1")
+            .await
+            .status,
+        200
+    );
+}

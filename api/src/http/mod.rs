@@ -43,8 +43,8 @@ use tracing::Instrument;
 pub use auth::new_secret;
 pub use error::ApiError;
 
-use crate::config::{AuthConfig, HttpConfig};
-use auth::{LoginThrottle, Secret};
+use crate::config::{AddressRange, AuthConfig, HttpConfig};
+use auth::{LoginBudgets, LoginThrottle, PasswordHashing, Secret};
 use routes::{Access, Found, Route};
 
 /// The `Content-Security-Policy` of every reply: a sandboxed document with no sources at all.
@@ -64,14 +64,20 @@ pub struct AppState {
     http: HttpConfig,
     auth: AuthConfig,
     throttle: LoginThrottle,
+    /// Bounds the password hashing of the whole node.
+    hashing: PasswordHashing,
 }
 
 impl AppState {
     pub fn new(node: Node, secret: &str, http: HttpConfig, auth: AuthConfig) -> Self {
-        let throttle = LoginThrottle::new(
-            auth.login_failures_max,
-            Duration::from_secs(auth.login_window_seconds),
-        );
+        let throttle = LoginThrottle::new(LoginBudgets {
+            pair_failures_max: auth.login_failures_max,
+            address_failures_max: auth.login_address_failures_max,
+            account_failures_max: auth.login_account_failures_max,
+            window: Duration::from_secs(auth.login_window_seconds),
+        });
+        let hashing =
+            PasswordHashing::new(usize::try_from(auth.password_hashes_max).unwrap_or(usize::MAX));
         AppState {
             node,
             draining: AtomicBool::new(false),
@@ -79,6 +85,7 @@ impl AppState {
             http,
             auth,
             throttle,
+            hashing,
         }
     }
 
@@ -164,7 +171,9 @@ pub struct Ctx<'a> {
     query: Option<String>,
     headers: HeaderMap,
     body: Bytes,
-    peer: IpAddr,
+    /// The client's address: the peer's, or from `X-Forwarded-For` when the peer is a trusted
+    /// proxy.
+    client: IpAddr,
     principal: Option<Principal>,
 }
 
@@ -221,6 +230,50 @@ impl Ctx<'_> {
             .find(|(key, _)| key == name)
             .map(|(_, value)| value.into_owned())
     }
+}
+
+/// Refuses a request a browser sent from another site: an `Origin` (`null` included) whose
+/// host and port are not the request's `Host`. Requests without `Origin` (not from a browser's
+/// cross-site form or script) pass.
+fn same_origin(headers: &HeaderMap) -> Result<(), ApiError> {
+    let Some(origin) = headers.get(hyper::header::ORIGIN) else {
+        return Ok(());
+    };
+    let cross_site = |why: String| {
+        ApiError::forbidden(
+            "cross_origin",
+            format!("sign-in is accepted from this site only: {why}"),
+        )
+    };
+    let origin = origin
+        .to_str()
+        .map_err(|_| cross_site("the Origin header is not text".into()))?
+        .to_ascii_lowercase();
+    let host = headers
+        .get(hyper::header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_ascii_lowercase();
+    let (scheme, authority) = origin
+        .split_once("://")
+        .ok_or_else(|| cross_site(format!("origin {origin:?} names no site")))?;
+    let default_port = match scheme {
+        "http" => ":80",
+        "https" => ":443",
+        _ => return Err(cross_site(format!("origin {origin:?} is not http(s)"))),
+    };
+    let without_default = |authority: &str| -> String {
+        authority
+            .strip_suffix(default_port)
+            .unwrap_or(authority)
+            .to_owned()
+    };
+    if without_default(authority) != without_default(&host) {
+        return Err(cross_site(format!(
+            "origin {origin:?} is not this host ({host:?})"
+        )));
+    }
+    Ok(())
 }
 
 fn field_error<E: std::fmt::Display>(error: serde_path_to_error::Error<E>) -> ApiError {
@@ -329,6 +382,7 @@ async fn respond(
             )));
         }
     };
+    let client = client_address(peer, &parts.headers, &state.http.trusted_proxies);
     let principal = match route.access {
         Access::Public => None,
         Access::User | Access::Admin => {
@@ -349,7 +403,7 @@ async fn respond(
         query: parts.uri.query().map(str::to_owned),
         headers: parts.headers,
         body,
-        peer,
+        client,
         principal,
     };
     dispatch(&ctx).await
@@ -419,6 +473,35 @@ async fn read_body(headers: &HeaderMap, body: Incoming, limit: u64) -> Result<By
             "the request body could not be read: {error}"
         ))),
     }
+}
+
+/// The client's address. A request from a trusted proxy is from the right-most address of
+/// `X-Forwarded-For` that is not itself a trusted proxy (each proxy appends the address it was
+/// called from, so entries to the left of an untrusted one may be forged); anything else is from
+/// its peer.
+fn client_address(peer: IpAddr, headers: &HeaderMap, trusted: &[AddressRange]) -> IpAddr {
+    let is_trusted = |address: IpAddr| trusted.iter().any(|range| range.contains(address));
+    let peer = peer.to_canonical();
+    if !is_trusted(peer) {
+        return peer;
+    }
+    let forwarded: Vec<&str> = headers
+        .get_all("x-forwarded-for")
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(','))
+        .collect();
+    let mut client = peer;
+    for entry in forwarded.iter().rev() {
+        let Ok(address) = entry.trim().parse::<IpAddr>() else {
+            break;
+        };
+        client = address.to_canonical();
+        if !is_trusted(client) {
+            break;
+        }
+    }
+    client
 }
 
 /// Identifies the caller by API token or session cookie; checks CSRF for cookie sessions.
@@ -602,4 +685,82 @@ pub fn error_reply(error: &ApiError) -> Reply {
             .insert(hyper::header::RETRY_AFTER, HeaderValue::from(seconds));
     }
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        for (name, value) in pairs {
+            headers.append(*name, HeaderValue::from_str(value).expect("value"));
+        }
+        headers
+    }
+
+    fn ranges(texts: &[&str]) -> Vec<AddressRange> {
+        texts
+            .iter()
+            .map(|t| AddressRange::try_from((*t).to_owned()).expect("range"))
+            .collect()
+    }
+
+    #[test]
+    fn the_client_is_the_right_most_untrusted_forwarded_address() {
+        let trusted = ranges(&["10.0.0.0/8", "127.0.0.1"]);
+        let proxy: IpAddr = [10, 1, 1, 1].into();
+        let forwarded = headers(&[("x-forwarded-for", "6.6.6.6, 1.2.3.4, 10.2.2.2")]);
+        assert_eq!(
+            client_address(proxy, &forwarded, &trusted),
+            IpAddr::from([1, 2, 3, 4])
+        );
+        let split = headers(&[
+            ("x-forwarded-for", "6.6.6.6"),
+            ("x-forwarded-for", "1.2.3.4"),
+        ]);
+        assert_eq!(
+            client_address(proxy, &split, &trusted),
+            IpAddr::from([1, 2, 3, 4])
+        );
+        // From anyone else the header is not believed.
+        let stranger: IpAddr = [8, 8, 8, 8].into();
+        assert_eq!(client_address(stranger, &forwarded, &trusted), stranger);
+        // Garbage stops the walk at the last address known good.
+        let garbage = headers(&[("x-forwarded-for", "1.2.3.4, junk, 10.2.2.2")]);
+        assert_eq!(
+            client_address(proxy, &garbage, &trusted),
+            IpAddr::from([10, 2, 2, 2])
+        );
+        assert_eq!(client_address(proxy, &HeaderMap::new(), &trusted), proxy);
+        assert_eq!(client_address(proxy, &forwarded, &[]), proxy);
+    }
+
+    #[test]
+    fn only_an_origin_naming_the_host_may_sign_in() {
+        let host = ("host", "reins.example.com");
+        assert!(same_origin(&headers(&[host])).is_ok());
+        for good in [
+            "https://reins.example.com",
+            "https://reins.example.com:443",
+            "http://REINS.example.com",
+        ] {
+            assert!(
+                same_origin(&headers(&[host, ("origin", good)])).is_ok(),
+                "{good}"
+            );
+        }
+        for bad in [
+            "https://evil.example",
+            "null",
+            "https://reins.example.com:8443",
+            "file://reins.example.com",
+        ] {
+            let error = same_origin(&headers(&[host, ("origin", bad)])).expect_err(bad);
+            assert_eq!(error.status, StatusCode::FORBIDDEN, "{bad}");
+        }
+        let with_port = ("host", "127.0.0.1:7420");
+        assert!(same_origin(&headers(&[with_port, ("origin", "http://127.0.0.1:7420")])).is_ok());
+        assert!(same_origin(&headers(&[with_port, ("origin", "http://127.0.0.1")])).is_err());
+    }
 }
