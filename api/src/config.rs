@@ -82,6 +82,15 @@ pub struct HttpConfig {
     pub page_size_max: u32,
     /// How long `cancel` waits for the workflow to settle before it answers with what it sees.
     pub cancel_wait_ms: u64,
+    /// How long a connection may take to send a request's head, counted from when it opens or
+    /// finishes its previous request (so also how long an idle keep-alive connection stays).
+    pub head_timeout_ms: u64,
+    /// How long a request's body may take to arrive in full (408 and the connection closed).
+    pub body_timeout_ms: u64,
+    /// Connections open at once at most. One more closes the oldest that is not running a
+    /// request (or is refused when all are); lowered at start to what the file descriptor limit
+    /// allows.
+    pub connections_max: u64,
     /// Proxies whose `X-Forwarded-For` is believed (addresses or CIDR ranges): a request from
     /// one of them is from the right-most address of that header that is not a trusted proxy.
     pub trusted_proxies: Vec<AddressRange>,
@@ -94,6 +103,9 @@ impl Default for HttpConfig {
             head_bytes_max: 64 * 1024,
             page_size_max: 500,
             cancel_wait_ms: 5000,
+            head_timeout_ms: 10_000,
+            body_timeout_ms: 30_000,
+            connections_max: 1024,
             trusted_proxies: Vec::new(),
         }
     }
@@ -415,7 +427,7 @@ impl Config {
             }
             _ => {}
         }
-        let positive: [(&'static str, u64); 16] = [
+        let positive: [(&'static str, u64); 19] = [
             ("store.pool_size", self.store.pool_size as u64),
             ("store.requests_max", self.store.requests_max as u64),
             ("store.write_batch_max", self.store.write_batch_max as u64),
@@ -426,6 +438,9 @@ impl Config {
             ("http.body_bytes_max", self.http.body_bytes_max),
             ("http.head_bytes_max", self.http.head_bytes_max),
             ("http.page_size_max", u64::from(self.http.page_size_max)),
+            ("http.head_timeout_ms", self.http.head_timeout_ms),
+            ("http.body_timeout_ms", self.http.body_timeout_ms),
+            ("http.connections_max", self.http.connections_max),
             ("auth.session_seconds", self.auth.session_seconds),
             (
                 "auth.login_failures_max",

@@ -2,11 +2,15 @@
 //! endpoint, sign-in, `/health`, `/health/ready` and `/api/v1/openapi.json`.
 //!
 //! Every request goes the same way: the route table ([`routes`]) finds the route (404/405), the
-//! body is read up to `http.body_bytes_max` (413), the caller is identified (401) and, for a
-//! state-changing request made with a session cookie, its CSRF token is checked (403); then the
-//! route's operation runs. Every refusal is JSON `{"error": {"code", "message"}}` ([`error`]).
+//! body is read up to `http.body_bytes_max` (413) within `http.body_timeout_ms` (408), the
+//! caller is identified (401) and, for a state-changing request made with a session cookie, its
+//! CSRF token is checked (403); then the route's operation runs. Every refusal is JSON
+//! `{"error": {"code", "message"}}` ([`error`]), and every reply carries headers that keep it
+//! from running as a page ([`harden`]). Connections are capped and their slow clients closed
+//! ([`connections`]).
 
 mod auth;
+mod connections;
 mod error;
 mod openapi;
 mod record;
@@ -45,14 +49,13 @@ pub use error::ApiError;
 
 use crate::config::{AddressRange, AuthConfig, HttpConfig};
 use auth::{LoginBudgets, LoginThrottle, PasswordHashing, Secret};
+use connections::Connections;
 use routes::{Access, Found, Route};
 
 /// The `Content-Security-Policy` of every reply: a sandboxed document with no sources at all.
 const CONTENT_SECURITY_POLICY: &str = "sandbox; default-src 'none'; frame-ancestors 'none'";
 /// How long readiness waits for the database before answering 503.
 const READY_TIMEOUT: Duration = Duration::from_secs(2);
-/// How long a client may take to send a request's head.
-const HEAD_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// What request handlers share.
 pub struct AppState {
@@ -96,6 +99,23 @@ impl AppState {
 
 pub type Reply = Response<Full<Bytes>>;
 
+/// Connections the kernel may hold for the node before it accepts them (capped by
+/// `net.core.somaxconn`). Past it, new connections' handshakes are dropped and retried after a
+/// second, so a burst of connections larger than the queue would delay a `/health` probe.
+const LISTEN_BACKLOG: u32 = 4096;
+
+/// Listens on `address` with a queue of [`LISTEN_BACKLOG`] connections.
+pub fn bind(address: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if address.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(address)?;
+    socket.listen(LISTEN_BACKLOG)
+}
+
 /// Serves connections from `listener` until `stop` turns true, then stops accepting and waits up to
 /// `drain_timeout` for open connections to finish.
 pub async fn serve(
@@ -105,10 +125,17 @@ pub async fn serve(
     drain_timeout: Duration,
 ) {
     let graceful = GracefulShutdown::new();
-    // hyper refuses buffers under 8 KiB.
-    let head_bytes_max = usize::try_from(state.http.head_bytes_max)
-        .unwrap_or(usize::MAX)
-        .max(8192);
+    let head_bytes_max = usize::try_from(state.http.head_bytes_max).unwrap_or(usize::MAX);
+    let head_timeout = Duration::from_millis(state.http.head_timeout_ms);
+    let connections_max = connections::connections_that_fit(state.http.connections_max);
+    if connections_max < state.http.connections_max {
+        tracing::warn!(
+            connections_max,
+            "`http.connections_max` ({}) is more than the file descriptor limit allows",
+            state.http.connections_max
+        );
+    }
+    let connections = Connections::new(usize::try_from(connections_max).unwrap_or(usize::MAX));
     loop {
         tokio::select! {
             accepted = listener.accept() => {
@@ -121,21 +148,43 @@ pub async fn serve(
                         continue;
                     }
                 };
+                let Some(admitted) = connections.admit().await else {
+                    tracing::debug!(%peer, "refused a connection: every open one runs a request");
+                    continue;
+                };
                 let state = Arc::clone(&state);
+                let running = Arc::clone(&admitted.running);
                 let service = service_fn(move |request| {
                     let state = Arc::clone(&state);
-                    async move { Ok::<_, Infallible>(handle(&state, request, peer).await) }
+                    let running = Arc::clone(&running);
+                    async move {
+                        let reply = handle(&state, request, peer, &running).await;
+                        running.store(false, Ordering::SeqCst);
+                        Ok::<_, Infallible>(reply)
+                    }
                 });
                 let connection = http1::Builder::new()
                     .timer(TokioTimer::new())
-                    .header_read_timeout(HEAD_TIMEOUT)
-                    .max_buf_size(head_bytes_max)
+                    // hyper starts this timer again as soon as a connection waits for its next
+                    // request, so it is the idle keep-alive timeout as well.
+                    .header_read_timeout(head_timeout)
+                    .max_header_size(head_bytes_max)
+                    // hyper refuses buffers under 8 KiB.
+                    .max_buf_size(head_bytes_max.max(8192))
                     .serve_connection(TokioIo::new(stream), service);
                 let connection = graceful.watch(connection);
                 tokio::spawn(async move {
-                    if let Err(error) = connection.await {
-                        tracing::debug!(%peer, %error, "connection ended with an error");
+                    tokio::select! {
+                        ended = connection => {
+                            if let Err(error) = ended {
+                                tracing::debug!(%peer, %error, "connection ended with an error");
+                            }
+                        }
+                        () = admitted.close.notified() => {
+                            tracing::debug!(%peer, "closed to make room for a new connection");
+                        }
                     }
+                    drop(admitted);
                 });
             }
             () = stopped(&mut stop) => break,
@@ -285,7 +334,12 @@ fn field_error<E: std::fmt::Display>(error: serde_path_to_error::Error<E>) -> Ap
     }
 }
 
-async fn handle(state: &AppState, request: Request<Incoming>, peer: SocketAddr) -> Reply {
+async fn handle(
+    state: &AppState,
+    request: Request<Incoming>,
+    peer: SocketAddr,
+    running: &AtomicBool,
+) -> Reply {
     let method = request.method().as_str().to_owned();
     let path = request.uri().path().to_owned();
     let span = tracing::info_span!("request", %method, %path);
@@ -297,7 +351,7 @@ async fn handle(state: &AppState, request: Request<Incoming>, peer: SocketAddr) 
         Found::Nothing => "(no route)",
     };
     async move {
-        let mut reply = match respond(state, request, found, peer.ip()).await {
+        let mut reply = match respond(state, request, found, peer.ip(), running).await {
             Ok(reply) => reply,
             Err(error) => error_reply(&error),
         };
@@ -356,11 +410,29 @@ async fn respond(
     request: Request<Incoming>,
     found: Found,
     peer: IpAddr,
+    running: &AtomicBool,
 ) -> Result<Reply, ApiError> {
     let (parts, body) = request.into_parts();
     // Read first, whatever the route: a connection whose request body was left unread cannot
-    // carry the next request.
-    let body = read_body(&parts.headers, body, state.http.body_bytes_max).await?;
+    // carry the next request. A body that takes longer than its timeout is refused (408) and its
+    // connection closed, so that a client sending a byte now and then cannot hold it.
+    let body_timeout = Duration::from_millis(state.http.body_timeout_ms);
+    let body = tokio::time::timeout(
+        body_timeout,
+        read_body(&parts.headers, body, state.http.body_bytes_max),
+    )
+    .await
+    .map_err(|_| {
+        ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "request_timeout",
+            format!(
+                "the request body did not arrive within `http.body_timeout_ms` ({} ms)",
+                state.http.body_timeout_ms
+            ),
+        )
+    })??;
+    running.store(true, Ordering::SeqCst);
     let (route, params) = match found {
         Found::Route(route, params) => (route, params),
         Found::WrongMethod(mut allowed) => {
@@ -673,7 +745,10 @@ fn json_reply(status: StatusCode, body: impl Serialize) -> Reply {
 /// The one error shape of the API.
 pub fn error_reply(error: &ApiError) -> Reply {
     let mut response = json_reply(error.status, error.body());
-    if error.status == StatusCode::PAYLOAD_TOO_LARGE {
+    if matches!(
+        error.status,
+        StatusCode::PAYLOAD_TOO_LARGE | StatusCode::REQUEST_TIMEOUT
+    ) {
         // The rest of the body is not read: this connection cannot carry another request.
         response
             .headers_mut()
