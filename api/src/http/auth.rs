@@ -309,17 +309,17 @@ impl LoginThrottle {
             (
                 current(&counts.pairs, &pair_key, window, now),
                 self.budgets.pair_failures_max,
-                "this address on this account",
+                "from this address on this account",
             ),
             (
                 current(&counts.addresses, &address, window, now),
                 self.budgets.address_failures_max,
-                "this address",
+                "from this address",
             ),
             (
                 current(&counts.accounts, account, window, now),
                 self.budgets.account_failures_max,
-                "this account",
+                "on this account",
             ),
         ];
         let refused = checks
@@ -575,7 +575,7 @@ mod tests {
         let _second = throttle.reserve(address, "a@x").expect("second");
         // Two checks in flight: a third is refused before either has an answer.
         let refused = throttle.reserve(address, "a@x").expect_err("third");
-        assert_eq!(refused.budget, "this address on this account");
+        assert_eq!(refused.budget, "from this address on this account");
         assert!(refused.retry_after_seconds >= 1);
         throttle.succeeded(first);
         throttle
@@ -604,7 +604,7 @@ mod tests {
             spray.reserve(address, &format!("u{n}@x")).expect("counted");
         }
         let refused = spray.reserve(address, "u9@x").expect_err("address spent");
-        assert_eq!(refused.budget, "this address");
+        assert_eq!(refused.budget, "from this address");
 
         let guess = throttle(3, 100, 4);
         for n in 0..4u8 {
@@ -615,7 +615,7 @@ mod tests {
         let refused = guess
             .reserve([10, 0, 2, 1].into(), "victim@x")
             .expect_err("account spent");
-        assert_eq!(refused.budget, "this account");
+        assert_eq!(refused.budget, "on this account");
     }
 
     #[test]

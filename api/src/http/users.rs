@@ -110,7 +110,7 @@ pub async fn login(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
             refused.retry_after_seconds,
             "too_many_attempts",
             format!(
-                "too many failed sign-ins from {}; try again in {} s",
+                "too many failed sign-ins {}; try again in {} s",
                 refused.budget, refused.retry_after_seconds
             ),
         )
