@@ -741,6 +741,7 @@ async fn sessions_expire_tokens_skip_csrf_until_revoked_and_sign_in_is_throttled
         &[
             ("REINS_AUTH__SESSION_SECONDS", "2".into()),
             ("REINS_AUTH__LOGIN_FAILURES_MAX", "3".into()),
+            ("REINS_AUTH__LOGIN_ADDRESS_FAILURES_MAX", "4".into()),
         ],
     );
     let mut api = initialize(&node).await;
@@ -795,7 +796,9 @@ async fn sessions_expire_tokens_skip_csrf_until_revoked_and_sign_in_is_throttled
         "revoked",
     );
 
-    // Sign-in: wrong passwords count per address; past the limit even the right one waits.
+    // Sign-in: wrong passwords count per address and account; past the limit even the right
+    // one waits. Another account from the same address has its own budget, until the address
+    // has spent its own.
     let mut guesser = node.api();
     for _ in 0..3 {
         assert_refused(
@@ -810,9 +813,15 @@ async fn sessions_expire_tokens_skip_csrf_until_revoked_and_sign_in_is_throttled
     assert!(throttled.headers.contains_key("retry-after"));
     assert_refused(
         &guesser.login("nobody@example.com", PASSWORD).await,
+        401,
+        "unauthorized",
+        "wrong email or password",
+    );
+    assert_refused(
+        &guesser.login("somebody@example.com", PASSWORD).await,
         429,
         "too_many_attempts",
-        "",
+        "this address",
     );
 }
 

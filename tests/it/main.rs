@@ -15,6 +15,7 @@ mod faults;
 mod fencing;
 mod http_api;
 mod http_client;
+mod http_edge;
 mod leases;
 mod migrations;
 mod node_process;
