@@ -6,6 +6,7 @@ mod harness;
 
 mod bad_config;
 mod cancel_crash;
+mod chaos;
 mod child_runs;
 mod cli;
 mod cluster;
