@@ -218,3 +218,49 @@ async fn console_log_stays_within_its_limits_in_the_nodes_log() {
     );
     assert!(stderr.len() < 100_000, "{} bytes of log", stderr.len());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_script_that_cannot_get_memory_within_the_nodes_total_fails_naming_the_limit() {
+    const TOTAL: u64 = 6 * 1024 * 1024;
+    let db = Db::new(false).await;
+    let node = Node::start(
+        &db,
+        &[("REINS_LIMITS__JS_MEMORY_TOTAL_BYTES", TOTAL.to_string())],
+    );
+    let mut api = initialize(&node).await;
+    // About 4.9 MiB held while its agent sleeps: less than the 2 MiB a script needs to start is
+    // left of the total.
+    let holding = launch(
+        &mut api,
+        "const big = new Array(300000).fill(1.5);
+         await agent({stepId: 'a', agentRef: 'scripted', task: {sleep_ms: 600000}});
+         return big.length;",
+    )
+    .await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let record = api.action("get", json!({"run_id": holding})).await.json();
+        if record["steps"][0]["status"] == "running" {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{record}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let starved = launch(&mut api, "return 1;").await;
+    let record = ended_within(&mut api, &starved, Duration::from_secs(5)).await;
+    assert_eq!(record["status"], "failed", "{record}");
+    let error = record["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("no memory for this workflow's script")
+            && error.contains(&format!("js_memory_total_bytes ({TOTAL})")),
+        "{error:?}"
+    );
+    // The holder's memory comes back when it ends; then a script starts again.
+    let cancelled = api
+        .call("POST", &format!("/api/v1/workflows/{holding}/cancel"), None)
+        .await;
+    assert_eq!(cancelled.status, 200, "{cancelled:?}");
+    wait_for(&mut api, &holding, "cancelled").await;
+    let after = launch(&mut api, "return 1;").await;
+    wait_for(&mut api, &after, "completed").await;
+}
