@@ -31,6 +31,10 @@
   const isArray = Array.isArray;
   const assign = Object.assign;
   const hasOwn = Object.hasOwn;
+  const apply = Reflect.apply;
+  const toWellFormed = String.prototype.toWellFormed;
+  // Text for the host: a lone surrogate (which UTF-8 cannot carry) becomes U+FFFD.
+  const wellFormed = (text) => apply(toWellFormed, text, []);
   const freeze = Object.freeze;
   // Calls waiting for the host, by call id; no prototype, so no script-made method is consulted.
   const pending = Object.create(null);
@@ -84,7 +88,7 @@
       try {
         value = await main(args);
       } catch (error) {
-        done(false, describe(error));
+        done(false, wellFormed(describe(error)));
         return;
       }
       const encoded = encode(value === undefined ? null : value);
@@ -158,8 +162,8 @@
   };
   const print = (...values) => {
     const line = values.map(show).join(" ");
-    if (line.length > logLineMax) log(line.slice(0, logLineMax), true);
-    else log(line, false);
+    if (line.length > logLineMax) log(wellFormed(line.slice(0, logLineMax)), true);
+    else log(wellFormed(line), false);
   };
   globalThis.console = { log: print, info: print, warn: print, error: print };
 

@@ -685,3 +685,31 @@ fn step_ids_follow_the_control_planes_grammar_when_the_call_is_made() {
     );
     assert_eq!(journal.len(), 1, "a refused call is not journaled");
 }
+
+#[test]
+fn a_lone_surrogate_reaches_the_host_as_a_replacement_character() {
+    let limits = Limits {
+        log_line_bytes_max: 10,
+        ..Limits::default()
+    };
+    let with = VmOptions {
+        limits,
+        ..options(vec![])
+    };
+    // The prelude cuts this line inside a surrogate pair.
+    let script = r#"console.log("a" + "😀".repeat(50)); console.log("x\ud800"); throw "\udc00!";"#;
+    let activation = Vm::start(script, &json!({}), with).expect("start").run();
+    assert_eq!(
+        activation.logs,
+        vec![
+            "a😀😀 [cut: over log_line_bytes_max (10)]".to_owned(),
+            "x\u{fffd}".to_owned()
+        ]
+    );
+    assert_eq!(activation.status, Status::Failed("\u{fffd}!".into()));
+    let (status, _, _) = drive(r#"return "\ud800";"#, json!({}), options(vec![]), echo);
+    assert!(
+        matches!(&status, Status::Failed(m) if m.contains("the result cannot be encoded as JSON")),
+        "{status:?}"
+    );
+}

@@ -724,7 +724,9 @@ fn install(ctx: &rquickjs::Ctx<'_>, host: &Rc<RefCell<Host>>) -> Result<(), Erro
     let done = Function::new(ctx.clone(), move |ok: bool, text: String| {
         let mut host = h.borrow_mut();
         host.result = Some(if ok {
-            serde_json::from_str(&text).map_err(|e| format!("the result is not JSON: {e}"))
+            // What the engine's JSON.stringify writes and serde refuses: a lone surrogate.
+            serde_json::from_str(&text)
+                .map_err(|e| format!("the result cannot be encoded as JSON: {e}"))
         } else {
             Err(text)
         });
