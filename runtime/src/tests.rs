@@ -539,11 +539,17 @@ fn a_script_that_does_not_compile_is_refused_with_its_own_line_and_column() {
             "(line 2, column 11)",
         ),
         ("await agent({stepId: 'a'}\n", "SyntaxError"),
+        ("return 1;\u{0}", "the script does not compile"),
+        (
+            &format!("return {}1{};", "(".repeat(30_000), ")".repeat(30_000)),
+            "RangeError: Maximum call stack size exceeded",
+        ),
     ] {
         let checked = crate::check_script(script, &Limits::default());
         assert!(
             matches!(&checked, Err(crate::Error::Script(m)) if m.contains(says)),
-            "{script}: {checked:?}"
+            "{}: {checked:?}",
+            &script[..script.len().min(40)]
         );
         let started = Vm::start(script, &json!({}), options(vec![])).err();
         assert_eq!(started, checked.err(), "the check and the start agree");
