@@ -2,7 +2,8 @@
 //! with `args` and the script API (`agent`, `pause`, `humanCheckpoint`, `captureArtifact`,
 //! `readArtifact`, `parallel`). The runtime performs no IO: every API call becomes a command for
 //! its host, answered from the journal on replay or by the host when the step's outcome is known.
-//! Time and randomness are injected, so a replay sees the same values; `WeakRef`,
+//! Time (`Date`, `performance.now()`) and randomness are injected, so a replay sees the same
+//! values; `WeakRef`,
 //! `FinalizationRegistry`, timers, modules, files and the network are absent.
 
 mod error;
