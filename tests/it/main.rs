@@ -25,6 +25,7 @@ mod operators;
 mod parked;
 mod private_pg;
 mod runs_store;
+mod scripts;
 mod stale_owner;
 mod workflows;
 mod workflows_store;
