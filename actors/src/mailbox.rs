@@ -147,7 +147,9 @@ where
     answer
 }
 
-/// Sends the message `build` makes to `actor` after `delay`.
+/// Sends the message `build` makes to `actor` after `delay`. The timer's task holds the actor's
+/// cell (with its channels) until it fires, whether the actor still runs or not: a timer that
+/// may outlive its actor by long is a [`Timer`].
 #[allow(clippy::disallowed_methods)]
 pub(crate) fn post_after<M, F>(
     actor: &ActorRef<M>,
@@ -165,6 +167,26 @@ where
         queue.sent();
         build()
     })
+}
+
+/// A [`post_after`] timer that is cancelled when dropped. Kept in the state of the actor it
+/// wakes, it goes with that state however the actor stops, and so does its hold on the actor.
+pub(crate) struct Timer<M: Message>(JoinHandle<Result<(), MessagingErr<M>>>);
+
+impl<M: Message> Timer<M> {
+    /// Sends the message `build` makes to `actor` after `delay`, unless dropped first.
+    pub(crate) fn after<F>(actor: &ActorRef<M>, delay: Duration, build: F) -> Timer<M>
+    where
+        F: FnOnce() -> M + Send + 'static,
+    {
+        Timer(post_after(actor, delay, build))
+    }
+}
+
+impl<M: Message> Drop for Timer<M> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// Sends the message `build` makes to `actor` every `period`, for as long as it runs.
@@ -282,5 +304,39 @@ mod tests {
         // A send to a stopped actor fails and leaves nothing behind.
         assert!(actor.post(GateMsg::Work).is_err());
         assert!(!QUEUES.lock().expect("lock").contains_key(&id));
+    }
+
+    #[tokio::test]
+    async fn a_dropped_timer_never_fires_and_lets_go_of_what_it_holds() {
+        let gate = Arc::new(Semaphore::new(0));
+        let (actor, task) = Actor::spawn(None, Gate, Arc::clone(&gate))
+            .await
+            .expect("spawn");
+        // The timer's task holds what its message is built from, as it holds the actor.
+        let held = Arc::new(());
+        let timer = {
+            let held = Arc::clone(&held);
+            Timer::after(&actor, Duration::from_millis(50), move || {
+                drop(held);
+                GateMsg::Work
+            })
+        };
+        assert_eq!(Arc::strong_count(&held), 2);
+        drop(timer);
+        for _ in 0..200 {
+            if Arc::strong_count(&held) == 1 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert_eq!(Arc::strong_count(&held), 1, "the aborted task let go");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let idle = QueueLength {
+            waiting: 0,
+            running: 0,
+        };
+        assert_eq!(length(actor.get_id()), idle, "nothing was sent");
+        actor.stop(None);
+        task.await.expect("stopped");
     }
 }

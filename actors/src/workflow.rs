@@ -11,7 +11,7 @@
 //! by nature, every write is bounded by the store call timeout, and a stale write is refused by
 //! the database whatever the mailbox holds.
 
-use crate::mailbox::Post;
+use crate::mailbox::{Post, Timer};
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -275,6 +275,9 @@ pub(crate) struct WorkflowState {
     /// How many reads found the database unavailable (the backoff of the next retry).
     read_tries: u32,
     span: tracing::Span,
+    /// The `timeout_seconds` timer, cancelled with this state: it would hold the stopped
+    /// actor's cell for a day (the default) after the workflow ended.
+    _timeout: Timer<WorkflowMsg>,
 }
 
 /// When a workflow's wall-clock limit (`timeout_seconds` from launch) passes, in epoch ms.
@@ -1479,7 +1482,7 @@ impl Actor for WorkflowSupervisor {
         })?;
         myself.post(WorkflowMsg::Begin)?;
         let left = u64::try_from(deadline_ms(&args).saturating_sub(now_ms())).unwrap_or(0);
-        crate::mailbox::post_after(&myself, Duration::from_millis(left), || {
+        let timeout = Timer::after(&myself, Duration::from_millis(left), || {
             WorkflowMsg::TimedOut
         });
         Ok(WorkflowState {
@@ -1500,6 +1503,7 @@ impl Actor for WorkflowSupervisor {
             read_tries: 0,
             detached: BTreeMap::new(),
             span,
+            _timeout: timeout,
         })
     }
 

@@ -18,6 +18,7 @@ mod http_api;
 mod http_client;
 mod http_edge;
 mod leases;
+mod memory;
 mod migrations;
 mod node_process;
 mod openai_agent;
