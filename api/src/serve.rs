@@ -59,11 +59,22 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         .migrate()
         .await
         .context("cannot migrate the database")?;
+    let agent_records_dir = actors::agents::records_dir(&config.data_dir);
+    // Before anything is admitted: no agent a dead node process started on this host may run on
+    // beside what this node is about to recover or retry.
+    let leftovers = actors::agents::ProcessRecords::new(agent_records_dir.clone())
+        .kill_leftovers()
+        .with_context(|| format!("cannot clean up {}", agent_records_dir.display()))?;
+    for leftover in leftovers {
+        tracing::warn!(run_id = %leftover.run_id, group = leftover.group,
+            processes = leftover.processes, "killed an agent left by a node process that is gone");
+    }
     let lease_ms = config.lease_seconds * 1000;
     let runs = RunsOptions {
         lease_ms,
         workspaces_dir: config.workspaces_dir(),
         fault_dir: std::env::var_os("REINS_FAULT_DIR").map(PathBuf::from),
+        agent_records_dir: Some(agent_records_dir),
         task_bytes_max: usize::try_from(config.limits.frame_bytes_max).unwrap_or(usize::MAX),
         orphan_sweep: Duration::from_millis(lease_ms),
     };

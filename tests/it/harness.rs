@@ -352,6 +352,7 @@ impl TestNode {
             lease_ms,
             workspaces_dir: shared.join("workspaces"),
             fault_dir: Some(shared.join("faults")),
+            agent_records_dir: None,
             task_bytes_max: 48 * 1024,
             orphan_sweep: Duration::from_millis(lease_ms),
         };

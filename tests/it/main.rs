@@ -4,6 +4,7 @@
 
 mod harness;
 
+mod agent_processes;
 mod bad_config;
 mod cancel_crash;
 mod child_runs;
