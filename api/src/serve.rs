@@ -31,6 +31,10 @@ pub struct ServeArgs {
 
 /// Runs a node until SIGTERM or Ctrl-C, then drains and returns.
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
+    // Everything the node creates (database, secret, workspaces, agents' files) is its own: no
+    // other local user may read a password hash or a result.
+    // SAFETY: umask(2) only sets this process's file mode mask; no memory is involved.
+    unsafe { libc::umask(0o077) };
     let checked = Config::load(args.config.as_deref(), std::env::vars())?;
     let config = checked.config;
     // Flushes what is still buffered when `run` returns, whatever the way.
@@ -59,6 +63,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         .migrate()
         .await
         .context("cannot migrate the database")?;
+    private_dir(&config.data_dir)?;
+    private_dir(&config.workspaces_dir())?;
     let agent_records_dir = actors::agents::records_dir(&config.data_dir);
     // Before anything is admitted: no agent a dead node process started on this host may run on
     // beside what this node is about to recover or retry.
@@ -201,8 +207,7 @@ fn local_secret(data_dir: &std::path::Path) -> anyhow::Result<String> {
         Err(error) => return Err(error).with_context(|| format!("cannot read {}", path.display())),
     }
     let secret = http::new_secret().map_err(|e| anyhow::anyhow!("{}", e.message))?;
-    std::fs::create_dir_all(data_dir)
-        .with_context(|| format!("cannot create {}", data_dir.display()))?;
+    private_dir(data_dir)?;
     let mut file = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
@@ -213,6 +218,26 @@ fn local_secret(data_dir: &std::path::Path) -> anyhow::Result<String> {
         .and_then(|()| file.sync_all())
         .with_context(|| format!("cannot write {}", path.display()))?;
     Ok(secret)
+}
+
+/// Creates `dir` (and its missing parents) with mode 0700. One that exists is left as it is,
+/// with a warning when other users may enter it.
+fn private_dir(dir: &std::path::Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .with_context(|| format!("cannot create {}", dir.display()))?;
+    let mode = std::fs::metadata(dir)
+        .with_context(|| format!("cannot read {}", dir.display()))?
+        .permissions()
+        .mode();
+    if mode & 0o077 != 0 {
+        tracing::warn!(dir = %dir.display(), mode = format!("{:o}", mode & 0o777),
+            "other local users may read the node's files: chmod 700 this folder");
+    }
+    Ok(())
 }
 
 fn describe(database: &DatabaseUrl) -> String {

@@ -17,6 +17,7 @@ mod http_api;
 mod http_client;
 mod leases;
 mod migrations;
+mod node_files;
 mod node_process;
 mod openai_agent;
 mod operators;

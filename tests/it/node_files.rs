@@ -1,0 +1,92 @@
+//! The files of the real binary on disk: on the embedded default, the data folder and everything
+//! in it (database, secret, admin socket, workspaces and what agents write there) belong to the
+//! node's user alone.
+
+use std::net::SocketAddr;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::time::Duration;
+
+use crate::agent_processes::write_config;
+use crate::harness::{ReinsProcess, free_port, reins_command};
+use crate::http_api::{Node, initialize, launch, wait_for};
+
+/// Every path under `root` (itself included) with its permission bits.
+fn modes(root: &Path) -> Vec<(String, bool, u32)> {
+    let mut found = Vec::new();
+    let mut pending = vec![root.to_path_buf()];
+    while let Some(path) = pending.pop() {
+        let metadata = std::fs::symlink_metadata(&path).expect("metadata");
+        if metadata.is_dir() {
+            for entry in std::fs::read_dir(&path).expect("read dir") {
+                pending.push(entry.expect("entry").path());
+            }
+        }
+        let name = path
+            .strip_prefix(root)
+            .expect("under root")
+            .display()
+            .to_string();
+        found.push((
+            name,
+            metadata.is_dir(),
+            metadata.permissions().mode() & 0o777,
+        ));
+    }
+    found
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_data_folder_and_every_file_in_it_are_the_nodes_alone() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let files = tempfile::tempdir().expect("temp dir");
+    let config = write_config(
+        files.path(),
+        &[(
+            "writer",
+            "read task\nmkdir -p outputs\necho 'hello' > outputs/report.txt\n\
+             echo '{\"type\": \"output\", \"output\": \"written\"}'",
+            "",
+        )],
+    );
+    let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
+    // The embedded default: no database, data folder or secret configured.
+    let mut command = reins_command(
+        dir.path(),
+        &[("REINS_LISTEN", addr.to_string()), ("REINS_CONFIG", config)],
+    );
+    command.env_remove("REINS_SECRET");
+    let mut process = ReinsProcess::serve_command(command, addr);
+    process.wait_ready(Duration::from_secs(30));
+    let node = Node { process, addr, dir };
+    let mut api = initialize(&node).await;
+    let run = launch(
+        &mut api,
+        r#"await agent({stepId: "w", agentRef: "writer", task: "x"});
+           const c = await captureArtifact({stepId: "c", sourceStepId: "w",
+                                            path: "/mnt/user-data/outputs/report.txt"});
+           return c.artifactVersion;"#,
+    )
+    .await;
+    wait_for(&mut api, &run, "completed").await;
+
+    let found = modes(&node.dir.path().join("reins-data"));
+    for expected in [
+        "reins.db",
+        "reins.db-wal",
+        "secret",
+        "admin.sock",
+        "report.txt",
+    ] {
+        assert!(
+            found.iter().any(|(name, _, _)| name.ends_with(expected)),
+            "{expected} is not in the data folder: {found:?}"
+        );
+    }
+    let open: Vec<_> = found
+        .iter()
+        .filter(|(_, is_dir, mode)| *mode != if *is_dir { 0o700 } else { 0o600 })
+        .map(|(name, _, mode)| format!("{name} {mode:o}"))
+        .collect();
+    assert!(open.is_empty(), "readable by other users: {open:?}");
+}
