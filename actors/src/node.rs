@@ -85,6 +85,7 @@ impl NodeOptions {
                 limits: runtime::Limits::default(),
                 workspaces_dir,
                 artifact_bytes_max: 16 * 1024 * 1024,
+                capture_timeout: Duration::from_secs(10),
                 launch_limits: store::LaunchLimits::NONE,
                 slots_max: 32,
                 lease_ms,

@@ -87,6 +87,8 @@ pub struct WorkflowsOptions {
     pub workspaces_dir: std::path::PathBuf,
     /// An artifact's bytes at most.
     pub artifact_bytes_max: u64,
+    /// How long a capture's read may take before the capture fails.
+    pub capture_timeout: Duration,
     pub launch_limits: LaunchLimits,
     pub slots_max: u64,
     pub lease_ms: u64,
@@ -798,6 +800,7 @@ async fn start_supervisor(
             limits: options.limits.clone(),
             workspaces_dir: options.workspaces_dir.clone(),
             artifact_bytes_max: options.artifact_bytes_max,
+            capture_timeout: options.capture_timeout,
             slots_max: options.slots_max,
             cancel_window_ms: options.lease_ms * 2,
             timeout_ms: options.timeout_seconds.saturating_mul(1000),

@@ -95,6 +95,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
                 limits: config.limits.workflow(),
                 workspaces_dir: config.workspaces_dir(),
                 artifact_bytes_max: config.limits.artifact_bytes_max,
+                capture_timeout: Duration::from_millis(config.limits.capture_timeout_ms),
                 launch_limits: LaunchLimits {
                     max_workflows: config.limits.max_workflows,
                     max_workflows_per_owner: config.limits.max_workflows_per_owner,

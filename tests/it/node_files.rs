@@ -1,15 +1,16 @@
 //! The files of the real binary on disk: on the embedded default, the data folder and everything
 //! in it (database, secret, admin socket, workspaces and what agents write there) belong to the
-//! node's user alone.
+//! node's user alone; a capture reads regular files only (a FIFO fails the step, and the node
+//! still cancels and stops).
 
 use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::agent_processes::write_config;
 use crate::harness::{ReinsProcess, free_port, reins_command};
-use crate::http_api::{Node, initialize, launch, wait_for};
+use crate::http_api::{Db, Node, initialize, launch, wait_for};
 
 /// Every path under `root` (itself included) with its permission bits.
 fn modes(root: &Path) -> Vec<(String, bool, u32)> {
@@ -89,4 +90,56 @@ async fn the_data_folder_and_every_file_in_it_are_the_nodes_alone() {
         .map(|(name, _, mode)| format!("{name} {mode:o}"))
         .collect();
     assert!(open.is_empty(), "readable by other users: {open:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn capturing_a_fifo_fails_the_step_at_once_and_cancel_and_sigterm_still_work() {
+    let db = Db::new(false).await;
+    let files = tempfile::tempdir().expect("temp dir");
+    let config = write_config(
+        files.path(),
+        &[(
+            "fifo",
+            "read task\nmkfifo pipe\necho '{\"type\": \"output\", \"output\": \"made\"}'",
+            "",
+        )],
+    );
+    let mut node = Node::start(&db, &[("REINS_CONFIG", config)]);
+    let mut api = initialize(&node).await;
+    let run = launch(
+        &mut api,
+        r#"await agent({stepId: "f", agentRef: "fifo", task: "x"});
+           try {
+               await captureArtifact({stepId: "c", sourceStepId: "f", path: "/mnt/user-data/pipe"});
+           } catch (e) {
+               console.log("capture refused: " + e.message);
+           }
+           return await pause({stepId: "p"});"#,
+    )
+    .await;
+    wait_for(&mut api, &run, "paused").await;
+    let log = node.process.stderr();
+    assert!(
+        log.contains("capture refused") && log.contains("a FIFO, not a regular file"),
+        "{log}"
+    );
+
+    let asked = Instant::now();
+    let answer = api
+        .call("POST", &format!("/api/v1/workflows/{run}/cancel"), None)
+        .await;
+    assert!(answer.status < 300, "{answer:?}");
+    wait_for(&mut api, &run, "cancelled").await;
+    assert!(
+        asked.elapsed() < Duration::from_secs(10),
+        "cancel took {:?}",
+        asked.elapsed()
+    );
+
+    node.signal(libc::SIGTERM);
+    let status = node
+        .process
+        .wait_exit(Duration::from_secs(10))
+        .expect("the node exits within 10 s of SIGTERM");
+    assert!(status.success(), "{status}");
 }
