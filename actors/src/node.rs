@@ -229,6 +229,7 @@ impl Actor for NodeSupervisor {
         .await?;
         let runs = RunsHandle::new(child_runs.clone(), store.clone(), options.call_timeout);
         let stopped = tokio::sync::broadcast::channel(STOPPED_BACKLOG).0;
+        let workspaces_dir = options.workflows.workspaces_dir.clone();
         let (workflows, _) = Actor::spawn_linked(
             Some(format!("workflows@{worker_id}")),
             Workflows,
@@ -263,6 +264,7 @@ impl Actor for NodeSupervisor {
                     store.clone(),
                     options.call_timeout,
                     stopped,
+                    workspaces_dir,
                 ),
                 runs,
                 store,

@@ -208,7 +208,7 @@ fn now_ms() -> i64 {
 
 /// The thread an agent step runs on: one per (workflow, step), a valid folder name whatever the
 /// step id is.
-fn thread_for(workflow_id: &str, step_id: &str) -> String {
+pub(crate) fn thread_for(workflow_id: &str, step_id: &str) -> String {
     let digest = Sha256::digest(step_id.as_bytes());
     let suffix: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
     format!("{workflow_id}-{suffix}")

@@ -1,11 +1,11 @@
 //! The files of the real binary on disk: on the embedded default, the data folder and everything
 //! in it (database, secret, admin socket, workspaces and what agents write there) belong to the
 //! node's user alone; a capture reads regular files only (a FIFO fails the step, and the node
-//! still cancels and stops).
+//! still cancels and stops); deleting a workflow removes its workspaces, and nothing outside.
 
 use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crate::agent_processes::write_config;
@@ -142,4 +142,55 @@ async fn capturing_a_fifo_fails_the_step_at_once_and_cancel_and_sigterm_still_wo
         .wait_exit(Duration::from_secs(10))
         .expect("the node exits within 10 s of SIGTERM");
     assert!(status.success(), "{status}");
+}
+
+/// The folders under `workspaces` whose name starts with `prefix`.
+fn threads_of(workspaces: &Path, prefix: &str) -> Vec<PathBuf> {
+    std::fs::read_dir(workspaces)
+        .map(|entries| {
+            entries
+                .flatten()
+                .map(|entry| entry.path())
+                .filter(|path| {
+                    path.file_name()
+                        .is_some_and(|name| name.to_string_lossy().starts_with(prefix))
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_a_workflow_removes_its_workspaces_and_nothing_outside_them() {
+    let db = Db::new(false).await;
+    let node = Node::start(&db, &[]);
+    let workspaces = node.dir.path().join("data/workspaces");
+    let mut api = initialize(&node).await;
+    let script = r#"
+        for (const stepId of ["a", "b"]) {
+            await agent({stepId, agentRef: "scripted", task: {
+                write: [{path: "/mnt/user-data/outputs/report.txt", content: stepId}],
+                output: stepId}});
+        }
+        return "done";"#;
+    let deleted = launch(&mut api, script).await;
+    let kept = launch(&mut api, script).await;
+    for run in [&deleted, &kept] {
+        wait_for(&mut api, run, "completed").await;
+        assert_eq!(threads_of(&workspaces, run).len(), 2, "{run}");
+    }
+    // An agent may leave a symlink to anywhere in its workspace: deleting follows none.
+    let outside = tempfile::tempdir().expect("temp dir");
+    std::fs::write(outside.path().join("precious.txt"), b"keep me").expect("write");
+    let thread = threads_of(&workspaces, &deleted).remove(0);
+    std::os::unix::fs::symlink(outside.path(), thread.join("user-data/outputs/escape"))
+        .expect("symlink");
+
+    let answer = api
+        .call("DELETE", &format!("/api/v1/workflows/{deleted}"), None)
+        .await;
+    assert_eq!(answer.status, 200, "{answer:?}");
+    assert_eq!(threads_of(&workspaces, &deleted), Vec::<PathBuf>::new());
+    assert_eq!(threads_of(&workspaces, &kept).len(), 2);
+    assert!(outside.path().join("precious.txt").exists());
 }
