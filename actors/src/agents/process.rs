@@ -215,8 +215,15 @@ unsafe fn guard_loop(program: libc::pid_t, read: RawFd) -> ! {
         let (count, timeout_ms) = if pidfd >= 0 { (2, -1) } else { (1, 50) };
         loop {
             let mut status = 0;
-            if libc::waitpid(program, &mut status, libc::WNOHANG) == program {
-                end_like(status);
+            match libc::waitpid(program, &mut status, libc::WNOHANG) {
+                waited if waited == program => end_like(status),
+                // The program cannot be waited for (it is not this guard's child any more):
+                // nothing is left to guard but its group.
+                -1 if *libc::__errno_location() != libc::EINTR => {
+                    libc::kill(0, libc::SIGKILL);
+                    libc::_exit(127);
+                }
+                _ => {}
             }
             let ready = libc::poll(watched.as_mut_ptr(), count, timeout_ms);
             if ready > 0 && watched[0].revents != 0 {
