@@ -65,6 +65,15 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         .context("cannot migrate the database")?;
     private_dir(&config.data_dir)?;
     private_dir(&config.workspaces_dir())?;
+    if let DatabaseUrl::Sqlite(database) = &checked.database {
+        // Made by an older node, or by hand, they may still be open to other users.
+        for suffix in ["", "-wal", "-shm", ".node-lock"] {
+            let mut file = database.clone().into_os_string();
+            file.push(suffix);
+            private_file(std::path::Path::new(&file))?;
+        }
+    }
+    private_file(&config.data_dir.join("secret"))?;
     let agent_records_dir = actors::agents::records_dir(&config.data_dir);
     // Before anything is admitted: no agent a dead node process started on this host may run on
     // beside what this node is about to recover or retry.
@@ -219,6 +228,25 @@ fn local_secret(data_dir: &std::path::Path) -> anyhow::Result<String> {
         .and_then(|()| file.sync_all())
         .with_context(|| format!("cannot write {}", path.display()))?;
     Ok(secret)
+}
+
+/// Takes group and other permissions away from the node's own file `file`, if it exists with
+/// any.
+fn private_file(file: &std::path::Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = match std::fs::metadata(file) {
+        Ok(metadata) => metadata.permissions().mode(),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(error) => return Err(error).with_context(|| format!("cannot read {}", file.display())),
+    };
+    if mode & 0o077 != 0 {
+        let private = mode & 0o700;
+        std::fs::set_permissions(file, std::fs::Permissions::from_mode(private))
+            .with_context(|| format!("cannot make {} private", file.display()))?;
+        tracing::warn!(file = %file.display(), was = format!("{:o}", mode & 0o777),
+            now = format!("{private:o}"), "other local users could read this file: made it private");
+    }
+    Ok(())
 }
 
 /// Creates `dir` (and its missing parents) with mode 0700. One that exists is left as it is,

@@ -92,6 +92,39 @@ async fn the_data_folder_and_every_file_in_it_are_the_nodes_alone() {
     assert!(open.is_empty(), "readable by other users: {open:?}");
 }
 
+/// A data folder from before (or made by hand) open to other users: the node's own files in it
+/// are made private, and the folder, which may hold more than the node's files, is warned about.
+#[test]
+fn an_existing_data_folders_files_are_made_private_and_its_mode_is_warned_about() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let data = dir.path().join("reins-data");
+    std::fs::create_dir(&data).expect("mkdir");
+    std::fs::set_permissions(&data, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    rusqlite::Connection::open(data.join("reins.db")).expect("an empty database");
+    std::fs::write(data.join("secret"), "s".repeat(40)).expect("secret");
+    for file in ["reins.db", "secret"] {
+        std::fs::set_permissions(data.join(file), std::fs::Permissions::from_mode(0o644))
+            .expect("chmod");
+    }
+    let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
+    let mut command = reins_command(dir.path(), &[("REINS_LISTEN", addr.to_string())]);
+    command.env_remove("REINS_SECRET");
+    let mut process = ReinsProcess::serve_command(command, addr);
+    process.wait_ready(Duration::from_secs(30));
+    for file in ["reins.db", "secret"] {
+        let mode = std::fs::metadata(data.join(file))
+            .expect("metadata")
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600, "{file}");
+    }
+    let log = process.stderr();
+    assert!(
+        log.contains("other local users may read the node's files"),
+        "{log}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn capturing_a_fifo_fails_the_step_at_once_and_cancel_and_sigterm_still_work() {
     let db = Db::new(false).await;
