@@ -560,6 +560,101 @@ mod tests {
         assert!(own.started > 0);
     }
 
+    /// A process group of its own running `sleep`, killed when dropped.
+    struct Sleeper(std::process::Child);
+
+    impl Sleeper {
+        fn start() -> Sleeper {
+            use std::os::unix::process::CommandExt;
+            let child = std::process::Command::new("sleep")
+                .arg("30")
+                .process_group(0)
+                .spawn()
+                .expect("sleep");
+            Sleeper(child)
+        }
+
+        fn group(&self) -> i32 {
+            i32::try_from(self.0.id()).expect("pid")
+        }
+
+        fn alive(&mut self) -> bool {
+            matches!(self.0.try_wait(), Ok(None))
+        }
+    }
+
+    impl Drop for Sleeper {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+
+    fn write_record(dir: &Path, run_id: &str, record: &Record) {
+        std::fs::write(dir.join(run_id), record.encode()).expect("record");
+    }
+
+    #[test]
+    fn leftovers_of_a_gone_node_are_killed_and_nothing_else() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let records = ProcessRecords::new(dir.path().to_path_buf());
+        let own_pid = i32::try_from(std::process::id()).expect("pid");
+        let own = stat_of(own_pid).expect("own stat");
+        let boot = boot_id().expect("boot id");
+        let (mut gone, mut live, mut reused) =
+            (Sleeper::start(), Sleeper::start(), Sleeper::start());
+        let record = |group: i32, owner_started: u64, leader_started: u64| Record {
+            owner_pid: own_pid,
+            owner_started,
+            group,
+            leader_started,
+            boot_id: boot.clone(),
+        };
+        let started = |sleeper: &Sleeper| stat_of(sleeper.group()).expect("stat").started;
+        // A node process that is gone (same pid, another start time) left `gone`.
+        write_record(
+            dir.path(),
+            "gone",
+            &record(gone.group(), own.started + 1, started(&gone)),
+        );
+        // This live process owns `live`.
+        write_record(
+            dir.path(),
+            "live",
+            &record(live.group(), own.started, started(&live)),
+        );
+        // The recorded leader started earlier than what now runs under its pid: a reused pid.
+        let earlier = started(&reused) - 1;
+        write_record(
+            dir.path(),
+            "reused",
+            &record(reused.group(), own.started + 1, earlier),
+        );
+
+        let killed = records.kill_leftovers().expect("kill leftovers");
+        assert_eq!(
+            killed,
+            vec![Leftover {
+                run_id: "gone".into(),
+                group: gone.group(),
+                processes: 1
+            }]
+        );
+        assert!(!gone.alive() && live.alive() && reused.alive());
+        let mut left: Vec<String> = std::fs::read_dir(dir.path())
+            .expect("read dir")
+            .map(|entry| {
+                entry
+                    .expect("entry")
+                    .file_name()
+                    .to_string_lossy()
+                    .into_owned()
+            })
+            .collect();
+        left.sort();
+        assert_eq!(left, vec!["live".to_owned()]);
+    }
+
     #[test]
     fn records_round_trip() {
         let record = Record {
