@@ -58,6 +58,8 @@ pub enum ChildMsg {
     PauseRecorded(store::Result<bool>),
     /// Stop the agent now (a cancel issued on this node; it is also durable in the store).
     Cancel(CancelAction),
+    /// Send the terminal compare-and-set for this outcome again (the last one wrote nothing).
+    Commit(RunOutcome),
 }
 
 impl From<LeaseEvent> for ChildMsg {
@@ -112,6 +114,8 @@ pub(crate) struct ChildState {
     answers_for_agent: Option<mpsc::UnboundedReceiver<Value>>,
     answered: HashSet<String>,
     agent_task: Option<JoinHandle<()>>,
+    /// Terminal writes that found the database unavailable so far (the backoff of the next).
+    commit_tries: u32,
     ended: Option<oneshot::Sender<RunEnd>>,
     span: tracing::Span,
 }
@@ -302,6 +306,7 @@ impl Actor for ChildAgent {
             answers_for_agent: Some(answers_for_agent),
             answered: HashSet::new(),
             agent_task: None,
+            commit_tries: 0,
             ended: Some(args.ended),
             span,
         })
@@ -385,6 +390,21 @@ impl Actor for ChildAgent {
                 let verdict = state.authority.on_answer(attempt, true);
                 state.act(&myself, verdict);
             }
+            ChildMsg::Committed {
+                attempt,
+                result: Err(error),
+            } if error.is_transient() => {
+                // Nothing was written (the database is unreachable): send the outcome again
+                // after a wait, while the lease holds; an outage is not a lost answer.
+                if let Some(outcome) = state.authority.on_not_written(attempt) {
+                    state.commit_tries += 1;
+                    tracing::warn!(parent: &state.span, %error, tries = state.commit_tries,
+                        "the terminal write found the database unavailable; retrying");
+                    let wait = crate::workflow::store_backoff(state.commit_tries);
+                    crate::mailbox::post_after(&myself, wait, move || ChildMsg::Commit(outcome));
+                }
+            }
+            ChildMsg::Commit(outcome) => state.commit(&myself, outcome),
             ChildMsg::Committed {
                 attempt,
                 result: Err(error),

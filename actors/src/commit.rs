@@ -147,6 +147,17 @@ impl TerminalAuthority {
         Verdict::Wait
     }
 
+    /// Attempt `id` surely wrote nothing (the store proved it: the database was unreachable).
+    /// Returns the outcome to send again, after a wait: the decided one, unless ownership was
+    /// lost, an outcome is acknowledged, or another attempt of ours is in flight and will settle.
+    pub fn on_not_written(&mut self, id: AttemptId) -> Option<RunOutcome> {
+        self.in_flight.remove(&id)?;
+        if self.fenced || self.acknowledged.is_some() || !self.in_flight.is_empty() {
+            return None;
+        }
+        self.decided.clone()
+    }
+
     /// The lease actor renewed the run's lease, or was refused.
     pub fn on_renewal(&mut self, renewal: Renewal) -> Verdict {
         if self.fenced {
@@ -222,6 +233,46 @@ mod tests {
 
     fn sent(authority: &mut TerminalAuthority, outcome: RunOutcome) -> AttemptId {
         authority.decide(outcome).expect("an attempt to send").id
+    }
+
+    #[test]
+    fn a_write_that_surely_wrote_nothing_is_sent_again_until_acknowledged() {
+        let mut authority = TerminalAuthority::new();
+        let first = sent(&mut authority, success());
+        assert_eq!(authority.on_not_written(first), Some(success()));
+        assert_eq!(authority.on_not_written(first), None, "answered once");
+        // Nothing of ours is in flight and nothing was lost: a renewal keeps the run.
+        assert_eq!(
+            authority.on_renewal(Renewal::Renewed { cancel: None }),
+            Verdict::Wait
+        );
+        let second = authority.decide(success()).expect("sent again").id;
+        assert_eq!(
+            authority.on_answer(second, true),
+            Verdict::Persisted(success())
+        );
+    }
+
+    #[test]
+    fn a_write_that_wrote_nothing_is_not_sent_again_once_fenced_or_superseded() {
+        let mut authority = TerminalAuthority::new();
+        let first = sent(&mut authority, success());
+        assert_eq!(authority.on_deadline(), Verdict::Fenced);
+        assert_eq!(authority.on_not_written(first), None);
+
+        let mut authority = TerminalAuthority::new();
+        let first = sent(&mut authority, success());
+        let interrupted = outcome(RunStatus::Interrupted, Some("cancelled"));
+        let second = sent(&mut authority, interrupted.clone());
+        assert_eq!(
+            authority.on_not_written(first),
+            None,
+            "the newer attempt settles"
+        );
+        assert_eq!(
+            authority.on_answer(second, true),
+            Verdict::Persisted(interrupted)
+        );
     }
 
     #[test]

@@ -22,6 +22,7 @@ const DESCRIPTIONS: &[(&str, &str, &str)] = &[
     ("reins_child_runs_started_total", "counter", "Child runs admitted for workflow steps."),
     ("reins_child_runs_finished_total", "counter", "Child runs whose terminal outcome a workflow recorded, by status."),
     ("reins_workflows_finished_total", "counter", "Workflows that reached a final or waiting-for-an-operator status on this node, by status."),
+    ("reins_reconciliations_needed_total", "counter", "Workflows this node sent to needs_reconciliation, by reason."),
     ("reins_lease_renewals_total", "counter", "Lease renewals acknowledged, by kind (run or workflow)."),
     ("reins_lease_losses_total", "counter", "Leases lost (renewal refused or deadline passed), by kind."),
     ("reins_fenced_writes_rejected_total", "counter", "Fenced writes the database refused because the lease was lost."),

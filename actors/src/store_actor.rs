@@ -96,7 +96,8 @@ pub enum StoreMsg {
     },
     RecoverableWorkflows {
         limit: u32,
-        reply: RpcReplyPort<store::Result<Vec<String>>>,
+        versions: store::Versions,
+        reply: RpcReplyPort<store::Result<Vec<store::Orphaned>>>,
     },
     PendingControls {
         owner: String,
@@ -347,8 +348,12 @@ async fn serve(store: &Store, message: StoreMsg) {
                     .await,
             );
         }
-        StoreMsg::RecoverableWorkflows { limit, reply } => {
-            let _ = reply.send(store.recoverable_workflows(limit).await);
+        StoreMsg::RecoverableWorkflows {
+            limit,
+            versions,
+            reply,
+        } => {
+            let _ = reply.send(store.recoverable_workflows(limit, &versions).await);
         }
         StoreMsg::PendingControls { owner, reply } => {
             let _ = reply.send(store.workflows_with_pending_controls(&owner).await);
@@ -890,9 +895,18 @@ impl StoreHandle {
     }
 
     /// See [`Store::recoverable_workflows`].
-    pub async fn recoverable_workflows(&self, limit: u32) -> store::Result<Vec<String>> {
+    pub async fn recoverable_workflows(
+        &self,
+        limit: u32,
+        versions: &store::Versions,
+    ) -> store::Result<Vec<store::Orphaned>> {
+        let versions = versions.clone();
         self.call("recoverable_workflows", Effect::Read, |reply| {
-            StoreMsg::RecoverableWorkflows { limit, reply }
+            StoreMsg::RecoverableWorkflows {
+                limit,
+                versions,
+                reply,
+            }
         })
         .await
     }

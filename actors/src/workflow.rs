@@ -35,6 +35,77 @@ const SLOT_RETRY: Duration = Duration::from_millis(200);
 /// How often a cancellation looks at the rows of the children it waits for (some may run on a
 /// node that is gone, and only their rows will tell).
 const CHILD_CHECK: Duration = Duration::from_millis(250);
+/// The first wait before asking the store again after it proved it wrote nothing (the database
+/// was unreachable); each further try waits twice as long, up to [`STORE_RETRY_MAX`].
+const STORE_RETRY_FIRST: Duration = Duration::from_millis(50);
+const STORE_RETRY_MAX: Duration = Duration::from_secs(2);
+
+/// The wait before try `attempt` (1 for the first retry) of a store call that wrote nothing.
+pub(crate) fn store_backoff(attempt: u32) -> Duration {
+    STORE_RETRY_FIRST
+        .saturating_mul(1u32 << attempt.saturating_sub(1).min(10))
+        .min(STORE_RETRY_MAX)
+}
+
+/// Why a workflow needs an operator's reconcile: each reason is a fact about one child run that
+/// this node cannot settle without guessing at the agent's real effects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ReconciliationReason {
+    /// The orphan sweep closed the step's child run after its node died.
+    OrphanedChild,
+    /// The step's child run exists with no outcome (it may still run on a node that is gone).
+    ChildOutcomeUnknown,
+    /// The child run ended without its node recording the end (fenced, or its answer lost).
+    ChildEndUnrecorded,
+    /// A cancellation could not observe a child's end within its window (`2 × lease`).
+    CancelWindowPassed,
+}
+
+impl ReconciliationReason {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            ReconciliationReason::OrphanedChild => "orphaned_child",
+            ReconciliationReason::ChildOutcomeUnknown => "child_outcome_unknown",
+            ReconciliationReason::ChildEndUnrecorded => "child_end_unrecorded",
+            ReconciliationReason::CancelWindowPassed => "cancel_window_passed",
+        }
+    }
+
+    fn message(self) -> &'static str {
+        match self {
+            ReconciliationReason::OrphanedChild => {
+                "the child run's node died and the orphan sweep closed it; what the agent did is unknown"
+            }
+            ReconciliationReason::ChildOutcomeUnknown => {
+                "the child run has no outcome and may still run on a node that is gone"
+            }
+            ReconciliationReason::ChildEndUnrecorded => {
+                "the child run ended without its node recording the end; its outcome is unknown"
+            }
+            ReconciliationReason::CancelWindowPassed => {
+                "the cancellation could not observe the child run's end within its window"
+            }
+        }
+    }
+}
+
+/// What a workflow sent to `needs_reconciliation` records about why.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Reconciliation {
+    reason: ReconciliationReason,
+    step_id: String,
+    run_id: String,
+}
+
+impl Reconciliation {
+    fn of_step(reason: ReconciliationReason, step_id: &str, run_id: &str) -> Self {
+        Reconciliation {
+            reason,
+            step_id: step_id.to_owned(),
+            run_id: run_id.to_owned(),
+        }
+    }
+}
 
 /// Messages of a workflow supervisor.
 pub enum WorkflowMsg {
@@ -196,7 +267,21 @@ pub(crate) struct WorkflowState {
     unwritten: Unwritten,
     /// The unwritten journal an admission in flight carries.
     carried: Option<Carried>,
+    /// Calls the script no longer awaits whose admission or child run is still on its way
+    /// (with the child's run id once known): they end as `cancelled`, never as outcomes.
+    detached: BTreeMap<CallId, (Option<String>, Command)>,
+    /// How often each call's admission found the database unavailable in a row (its backoff).
+    admission_tries: BTreeMap<CallId, u32>,
+    /// How many reads found the database unavailable (the backoff of the next retry).
+    read_tries: u32,
     span: tracing::Span,
+}
+
+/// When a workflow's wall-clock limit (`timeout_seconds` from launch) passes, in epoch ms.
+fn deadline_ms(args: &WorkflowArgs) -> i64 {
+    args.document
+        .started_at_ms
+        .saturating_add(i64::try_from(args.timeout_ms).unwrap_or(i64::MAX))
 }
 
 fn now_ms() -> i64 {
@@ -220,6 +305,11 @@ impl WorkflowState {
         if let Some(faults) = &self.args.faults {
             faults.reach(boundary, &self.args.workflow_id).await;
         }
+    }
+
+    /// When the workflow's wall-clock limit (`timeout_seconds` from launch) passes, in epoch ms.
+    fn deadline_ms(&self) -> i64 {
+        deadline_ms(&self.args)
     }
 
     fn attempt(&self, seq: u32) -> i32 {
@@ -256,7 +346,29 @@ impl WorkflowState {
         if all.is_empty() {
             return true;
         }
-        let written = self.args.store.fenced_write(&self.args.fence, all).await;
+        let mut tries = 0;
+        let written = loop {
+            let written = self
+                .args
+                .store
+                .fenced_write(&self.args.fence, all.clone())
+                .await;
+            match written {
+                // The store proved nothing was written (the database is unreachable): an outage
+                // costs this workflow time, never its outcome. The fence decides once the
+                // database is back: if the lease lapsed meanwhile, the write is refused and
+                // another node (or this one) recovers the workflow from its journal.
+                Err(error) if error.is_transient() && now_ms() < self.deadline_ms() => {
+                    tries += 1;
+                    if tries == 1 {
+                        tracing::warn!(parent: &self.span, %error,
+                            "a journal write found the database unavailable; retrying");
+                    }
+                    tokio::time::sleep(store_backoff(tries)).await;
+                }
+                written => break written,
+            }
+        };
         if let Err(error) = &written {
             self.last_write_error = Some(error.clone());
         }
@@ -391,9 +503,15 @@ impl WorkflowState {
             self.journal.extend(activation.journal);
         }
         for id in &activation.cancels {
-            self.waiting.remove(id);
+            self.detach(*id);
         }
         for command in activation.commands {
+            if activation.cancels.contains(&command.id) {
+                // A replay re-made a call the script no longer awaits (a failed `parallel`
+                // left it behind): nothing is begun for it. A child run it may have is asked
+                // to stop, and its slot given back, by the workflow's end at the latest.
+                continue;
+            }
             self.begin_command(myself, command).await;
             if self.done {
                 return;
@@ -522,6 +640,115 @@ impl WorkflowState {
         });
     }
 
+    /// The script no longer awaits call `id` (a `parallel` it belongs to failed). A call still
+    /// waiting for its admission or its child is kept apart from the script's calls: its child
+    /// run is asked to stop, durably, and its end is journaled as `cancelled` with its slot
+    /// given back; anything else is simply dropped.
+    fn detach(&mut self, id: CallId) {
+        match self.waiting.remove(&id) {
+            Some((Waiting::Slot, command)) => {
+                self.detached.insert(id, (None, command));
+            }
+            Some((Waiting::Child(Some(run_id)), command)) => {
+                self.stop_child(&run_id);
+                self.detached.insert(id, (Some(run_id), command));
+            }
+            _ => {}
+        }
+    }
+
+    /// The child runs this workflow knows to be live: those the script waits for and those it
+    /// left behind.
+    fn live_children(&self) -> Vec<String> {
+        let waited = self
+            .waiting
+            .values()
+            .filter_map(|(waiting, _)| match waiting {
+                Waiting::Child(Some(run_id)) => Some(run_id.clone()),
+                _ => None,
+            });
+        let detached = self
+            .detached
+            .values()
+            .filter_map(|(run_id, _)| run_id.clone());
+        waited.chain(detached).collect()
+    }
+
+    /// Asks a child run to stop (durably; at once when it runs on this node), without waiting.
+    fn stop_child(&self, run_id: &str) {
+        let (runs, run_id, span) = (self.args.runs.clone(), run_id.to_owned(), self.span.clone());
+        tokio::spawn(async move {
+            if let Err(error) = runs.cancel(&run_id, store::CancelAction::Interrupt).await {
+                // The workflow's end asks again, in its own write.
+                tracing::warn!(parent: &span, %error, %run_id, "cancel request failed");
+            }
+        });
+    }
+
+    /// An admission answered for a detached call: a run it started is stopped at once and
+    /// followed to its end; a run that exists from before is asked to stop (its slot is given
+    /// back by the workflow's end).
+    fn admitted_detached(
+        &mut self,
+        myself: &ActorRef<WorkflowMsg>,
+        id: CallId,
+        result: Result<Admitted, Error>,
+    ) {
+        let Some((_, command)) = self.detached.remove(&id) else {
+            return;
+        };
+        match result {
+            Ok(Admitted::Started { row, ended }) => {
+                self.stop_child(&row.run_id);
+                self.detached
+                    .insert(id, (Some(row.run_id.clone()), command));
+                let me = myself.clone();
+                tokio::spawn(async move {
+                    let _ = ended.await;
+                    let _ = me.post(WorkflowMsg::ChildEnded {
+                        id,
+                        run_id: row.run_id,
+                        committed: None,
+                    });
+                });
+            }
+            Ok(Admitted::Existing(row)) if !row.status.is_terminal() => {
+                self.stop_child(&row.run_id);
+            }
+            _ => {}
+        }
+    }
+
+    /// A detached call's child run ended: its step is journaled `cancelled` and its slot is
+    /// given back.
+    async fn detached_child_ended(
+        &mut self,
+        myself: &ActorRef<WorkflowMsg>,
+        id: CallId,
+        run_id: &str,
+    ) {
+        let Some((_, command)) = self.detached.remove(&id) else {
+            return;
+        };
+        let Some(entry) = self.journal.get(id.0 as usize).cloned() else {
+            return;
+        };
+        let mut fields = self.child_fields(
+            run_id,
+            &thread_for(&self.args.workflow_id, &command.step_id),
+            command.args["agentRef"].as_str().unwrap_or_default(),
+        );
+        fields["detached"] = json!(true);
+        self.unwritten
+            .ops
+            .push(self.step_op(&entry, "cancelled", fields));
+        self.unwritten.ops.push(WriteOp::ReleaseSlot {
+            workflow_id: self.args.workflow_id.clone(),
+            step_id: command.step_id,
+        });
+        self.write(myself, Vec::new()).await;
+    }
+
     /// Records an outcome (with `extra` ops in the same fenced write) and hands it to the script.
     async fn conclude(
         &mut self,
@@ -622,8 +849,21 @@ impl WorkflowState {
             status: status.to_owned(),
             data,
         };
-        // The end and the lease's release are one write.
-        if self.write(myself, vec![op, WriteOp::ReleaseLease]).await {
+        // The end, a durable stop request to every child run still live (a sibling a failed
+        // step left running), every slot given back and the lease's release are one write.
+        let workflow_id = self.args.workflow_id.clone();
+        let ops = vec![
+            op,
+            WriteOp::CancelRuns {
+                workflow_id: workflow_id.clone(),
+            },
+            WriteOp::ReleaseSlots { workflow_id },
+            WriteOp::ReleaseLease,
+        ];
+        if self.write(myself, ops).await {
+            for run_id in self.live_children() {
+                self.stop_child(&run_id);
+            }
             self.stop(myself);
         }
     }
@@ -634,6 +874,9 @@ impl WorkflowState {
         id: CallId,
         result: Result<Admitted, Error>,
     ) {
+        if !matches!(&result, Err(Error::Store(error)) if error.is_transient()) {
+            self.admission_tries.remove(&id);
+        }
         let carried = self.carried.take_if(|carried| carried.call == id);
         let journaled = carried.is_some() && matches!(result, Ok(Admitted::Started { .. }));
         if let Err(
@@ -664,6 +907,10 @@ impl WorkflowState {
                     return;
                 }
             }
+        }
+        if self.detached.contains_key(&id) {
+            self.admitted_detached(myself, id, result);
+            return;
         }
         if self.cancelling.is_some() {
             // Admitted after the cancel began: stop it too, and wait for it like the others.
@@ -735,9 +982,12 @@ impl WorkflowState {
             {
                 // Closed by the orphan sweep: the agent's real effects are unknown, and guessing
                 // "failed" could make a retry run it twice. A person decides.
-                tracing::warn!(parent: &self.span, step_id = %command.step_id,
-                    child_run_id = %row.run_id, "child run was orphaned");
-                self.reconcile_needed(myself).await;
+                let why = Reconciliation::of_step(
+                    ReconciliationReason::OrphanedChild,
+                    &command.step_id,
+                    &row.run_id,
+                );
+                self.reconcile_needed(myself, why).await;
             }
             Ok(Admitted::Existing(row)) if row.status.is_terminal() => {
                 self.waiting.insert(id, (Waiting::Child(None), command));
@@ -746,14 +996,30 @@ impl WorkflowState {
             Ok(Admitted::Existing(row)) => {
                 // A child run exists for this step and has no outcome: it may still be running on
                 // a node that is gone. Guessing would risk a second run, so a person decides.
-                tracing::warn!(parent: &self.span, step_id = %command.step_id,
-                    child_run_id = %row.run_id, "child run outcome unknown");
-                self.reconcile_needed(myself).await;
+                let why = Reconciliation::of_step(
+                    ReconciliationReason::ChildOutcomeUnknown,
+                    &command.step_id,
+                    &row.run_id,
+                );
+                self.reconcile_needed(myself, why).await;
             }
             Ok(Admitted::Queued) => {
                 crate::mailbox::post_after(myself, SLOT_RETRY, move || {
                     WorkflowMsg::RetryAdmission(id)
                 });
+            }
+            Err(Error::Store(error)) if error.is_transient() => {
+                // Nothing was written: the database is unreachable. That is never the step's
+                // failure; the admission is asked again (the idempotency key makes a repeat
+                // find the same run) until the database answers or the workflow times out.
+                let tries = self.admission_tries.entry(id).or_insert(0);
+                *tries += 1;
+                let wait = store_backoff(*tries);
+                if wait == STORE_RETRY_FIRST {
+                    tracing::warn!(parent: &self.span, step_id = %command.step_id, %error,
+                        "an admission found the database unavailable; retrying");
+                }
+                crate::mailbox::post_after(myself, wait, move || WorkflowMsg::RetryAdmission(id));
             }
             Err(Error::Store(store::Error::LeaseLost { .. })) => {
                 // Fenced at admission: no child run exists, and nothing more is ours to write.
@@ -880,6 +1146,12 @@ impl WorkflowState {
                     "message": format!("artifact version {version} does not exist"),
                     "status": "error",
                 })),
+                Err(error) if error.is_transient() => {
+                    self.read_tries += 1;
+                    let wait = store_backoff(self.read_tries);
+                    crate::mailbox::post_after(myself, wait, move || WorkflowMsg::Local { id });
+                    return;
+                }
                 Err(error) => {
                     tracing::error!(parent: &self.span, %error, "reading an artifact failed");
                     self.stop(myself);
@@ -919,15 +1191,32 @@ impl WorkflowState {
         Ok((path.to_owned(), content))
     }
 
-    async fn reconcile_needed(&mut self, myself: &ActorRef<WorkflowMsg>) {
+    /// Ends this owner's part: the workflow waits for an operator, with `why` recorded in its
+    /// data (`reconciliation`), logged and counted.
+    async fn reconcile_needed(&mut self, myself: &ActorRef<WorkflowMsg>, why: Reconciliation) {
+        tracing::warn!(parent: &self.span, reason = why.reason.as_str(), step_id = %why.step_id,
+            child_run_id = %why.run_id, message = %why.reason.message(),
+            "the workflow needs reconciliation");
         self.args.metrics.inc(
             "reins_workflows_finished_total",
             &[("status", "needs_reconciliation")],
         );
+        self.args.metrics.inc(
+            "reins_reconciliations_needed_total",
+            &[("reason", why.reason.as_str())],
+        );
+        let mut data = self.args.document.data.clone();
+        data["reconciliation"] = json!({
+            "reason": why.reason.as_str(),
+            "message": why.reason.message(),
+            "step_id": why.step_id,
+            "run_id": why.run_id,
+            "at_ms": now_ms(),
+        });
         let op = WriteOp::SetWorkflow {
             workflow_id: self.args.workflow_id.clone(),
             status: "needs_reconciliation".into(),
-            data: self.args.document.data.clone(),
+            data,
         };
         // Its slots stay held; its lease is given back in the same write, so an operator's
         // reconcile can take the workflow at once.
@@ -1010,9 +1299,16 @@ impl WorkflowState {
                 _ => None,
             })
             .collect();
-        // Calls that have no child run yet are simply dropped.
+        // Calls that have no child run yet are simply dropped; the children of calls the
+        // script left behind were asked to stop already, and are waited for like the others.
         self.waiting
             .retain(|_, (waiting, _)| matches!(waiting, Waiting::Child(Some(_))));
+        for (id, (run_id, command)) in std::mem::take(&mut self.detached) {
+            if let Some(run_id) = run_id {
+                self.waiting
+                    .insert(id, (Waiting::Child(Some(run_id)), command));
+            }
+        }
         for run_id in children {
             if let Err(error) = self
                 .args
@@ -1109,8 +1405,11 @@ impl WorkflowState {
             data: self.args.document.data.clone(),
         };
         let applied = WriteOp::MarkControlApplied { control_id };
+        let slots = WriteOp::ReleaseSlots {
+            workflow_id: self.args.workflow_id.clone(),
+        };
         if self
-            .write(myself, vec![op, applied, WriteOp::ReleaseLease])
+            .write(myself, vec![op, applied, slots, WriteOp::ReleaseLease])
             .await
         {
             tracing::info!(parent: &self.span, "cancelled");
@@ -1174,11 +1473,7 @@ impl Actor for WorkflowSupervisor {
             notify: myself.get_derived(),
         })?;
         myself.post(WorkflowMsg::Begin)?;
-        let deadline_ms = args
-            .document
-            .started_at_ms
-            .saturating_add(i64::try_from(args.timeout_ms).unwrap_or(i64::MAX));
-        let left = u64::try_from(deadline_ms.saturating_sub(now_ms())).unwrap_or(0);
+        let left = u64::try_from(deadline_ms(&args).saturating_sub(now_ms())).unwrap_or(0);
         crate::mailbox::post_after(&myself, Duration::from_millis(left), || {
             WorkflowMsg::TimedOut
         });
@@ -1195,6 +1490,9 @@ impl Actor for WorkflowSupervisor {
             last_write_error: None,
             unwritten: Unwritten::default(),
             carried: None,
+            admission_tries: BTreeMap::new(),
+            read_tries: 0,
+            detached: BTreeMap::new(),
             span,
         })
     }
@@ -1248,6 +1546,13 @@ impl Actor for WorkflowSupervisor {
                             state.activate(&myself, Vec::new()).await;
                         }
                     }
+                    Err(error) if error.is_transient() => {
+                        state.read_tries += 1;
+                        tracing::warn!(parent: &state.span, %error,
+                            "cannot read the journal yet; retrying");
+                        let wait = store_backoff(state.read_tries);
+                        crate::mailbox::post_after(&myself, wait, || WorkflowMsg::Begin);
+                    }
                     Err(error) => {
                         tracing::error!(parent: &state.span, %error, "cannot read the journal");
                         state.stop(&myself);
@@ -1287,6 +1592,11 @@ impl Actor for WorkflowSupervisor {
                     }
                     // A cancel was asked for already (with another reason): the poll finds it.
                     Err(store::Error::Conflict(_)) => {}
+                    Err(error) if error.is_transient() => {
+                        state.read_tries += 1;
+                        let wait = store_backoff(state.read_tries);
+                        crate::mailbox::post_after(&myself, wait, || WorkflowMsg::TimedOut);
+                    }
                     Err(error) => {
                         tracing::error!(parent: &state.span, %error, "cannot record the timeout");
                         state.stop(&myself);
@@ -1300,9 +1610,26 @@ impl Actor for WorkflowSupervisor {
             WorkflowMsg::CheckChildren => {}
             WorkflowMsg::CancelDeadline => {
                 if state.cancelling.is_some() && !state.waiting.is_empty() {
-                    tracing::warn!(parent: &state.span, "a child run's fate was not observed in the cancel window");
-                    state.reconcile_needed(&myself).await;
+                    let (step_id, run_id) = state
+                        .waiting
+                        .values()
+                        .find_map(|(waiting, command)| match waiting {
+                            Waiting::Child(Some(run_id)) => {
+                                Some((command.step_id.clone(), run_id.clone()))
+                            }
+                            _ => None,
+                        })
+                        .unwrap_or_default();
+                    let why = Reconciliation::of_step(
+                        ReconciliationReason::CancelWindowPassed,
+                        &step_id,
+                        &run_id,
+                    );
+                    state.reconcile_needed(&myself, why).await;
                 }
+            }
+            WorkflowMsg::ChildEnded { id, run_id, .. } if state.detached.contains_key(&id) => {
+                state.detached_child_ended(&myself, id, &run_id).await;
             }
             WorkflowMsg::ChildEnded {
                 id,
@@ -1320,9 +1647,32 @@ impl Actor for WorkflowSupervisor {
                     {
                         state.adopt(&myself, id, row).await;
                     }
+                    Err(error) if error.is_transient() => {
+                        // The row could not be read (the database is unreachable): read it
+                        // again later; an outage says nothing about the child.
+                        state.read_tries += 1;
+                        let wait = store_backoff(state.read_tries);
+                        crate::mailbox::post_after(&myself, wait, move || {
+                            WorkflowMsg::ChildEnded {
+                                id,
+                                run_id,
+                                committed: None,
+                            }
+                        });
+                    }
                     Ok(_) | Err(_) => {
                         // The run's end was not recorded by its node (fenced, or unknown).
-                        state.reconcile_needed(&myself).await;
+                        let step_id = state
+                            .waiting
+                            .get(&id)
+                            .map(|(_, command)| command.step_id.clone())
+                            .unwrap_or_default();
+                        let why = Reconciliation::of_step(
+                            ReconciliationReason::ChildEndUnrecorded,
+                            &step_id,
+                            &run_id,
+                        );
+                        state.reconcile_needed(&myself, why).await;
                     }
                 }
             }

@@ -125,11 +125,19 @@ pub enum WorkflowsMsg {
         result: Box<store::Result<TakeOver>>,
         reply: RpcReplyPort<Result<Launched, Error>>,
     },
-    /// Finish a cancellation whose workflow's owner is gone, if it is gone.
-    TakeOverToCancel { workflow_id: String },
+    /// Finish a cancellation whose workflow's owner is gone, if it is gone; while the owner's
+    /// lease is valid, ask again when it may have run out (`tries` so far). `done` hears when
+    /// this try is decided.
+    TakeOverToCancel {
+        workflow_id: String,
+        tries: u32,
+        done: Option<RpcReplyPort<()>>,
+    },
     /// The store answered a takeover to cancel.
     TakenToCancel {
         workflow_id: String,
+        tries: u32,
+        done: Option<RpcReplyPort<()>>,
         sent: Instant,
         result: Box<store::Result<TakeOver>>,
     },
@@ -158,14 +166,24 @@ pub enum WorkflowsMsg {
     PollControls,
     /// Time to claim recoverable workflows (`recovery: automatic`).
     ClaimRecoverable,
-    /// Recover these, one by one, with the usual rules.
-    RecoverAll(Vec<String>),
+    /// A claim's takeovers are all decided; `full` when it found a whole batch, so more may
+    /// be waiting and the next claim starts at once.
+    Claimed { full: bool },
     /// Workflows of this node with controls to carry out.
     PendingControls(Vec<String>),
 }
 
-/// Recoverable workflows claimed per period at most.
-const RECOVERY_BATCH: u32 = 16;
+/// Recoverable workflows claimed per query; a full batch is followed by another claim at once,
+/// so any number of orphaned workflows is taken over within a claim period or two.
+const RECOVERY_BATCH: u32 = 64;
+
+/// The longest wait between two claims of automatic recovery (shorter when the lease is): an
+/// orphaned workflow is claimed within this much of its owner's lease running out.
+const CLAIM_PERIOD_MAX: Duration = Duration::from_secs(1);
+
+/// How often a cancellation asked of a workflow whose owner's lease was still valid is tried
+/// again, a lease period apart (the owner, if alive, carries it out itself meanwhile).
+const CANCEL_TAKEOVER_TRIES: u32 = 10;
 
 /// How often the node looks for controls (resume, decide, cancel) written for its workflows by
 /// any node. One query per node per period, whatever the number of workflows; the rows are the
@@ -216,6 +234,8 @@ pub(crate) struct WorkflowsState {
     polling: bool,
     /// Draining: no recoveries are taken any more.
     draining: bool,
+    /// A claim of automatic recovery is under way.
+    claiming: bool,
 }
 
 /// The digest a control names to prove it is about this script and these arguments.
@@ -251,7 +271,7 @@ impl Actor for Workflows {
     ) -> Result<Self::State, ActorProcessingErr> {
         crate::mailbox::post_every(&myself, CONTROL_POLL, || WorkflowsMsg::PollControls);
         if args.options.automatic_recovery {
-            let period = Duration::from_millis(args.options.lease_ms.max(1));
+            let period = Duration::from_millis(args.options.lease_ms.max(1)).min(CLAIM_PERIOD_MAX);
             crate::mailbox::post_every(&myself, period, || WorkflowsMsg::ClaimRecoverable);
         }
         Ok(WorkflowsState {
@@ -259,6 +279,7 @@ impl Actor for Workflows {
             live: HashMap::new(),
             polling: false,
             draining: false,
+            claiming: false,
         })
     }
 
@@ -373,12 +394,19 @@ impl Actor for Workflows {
                     Ok(TakeOver::NotRecoverable(reason)) => {
                         Err(Error::Refused(format!("not recoverable: {reason}")))
                     }
+                    Ok(TakeOver::LeaseHeld) => Err(Error::Refused(
+                        "not recoverable: its owner's lease is still valid".into(),
+                    )),
                     Ok(TakeOver::Refused(reason)) => Err(Error::Refused(reason)),
                     Err(error) => Err(Error::Store(error)),
                 };
                 let _ = reply.send(answer);
             }
-            WorkflowsMsg::TakeOverToCancel { workflow_id } => {
+            WorkflowsMsg::TakeOverToCancel {
+                workflow_id,
+                tries,
+                done,
+            } => {
                 let id = workflow_id.clone();
                 take_over(
                     state,
@@ -387,6 +415,8 @@ impl Actor for Workflows {
                     store::Purpose::Cancel,
                     move |sent, result| WorkflowsMsg::TakenToCancel {
                         workflow_id,
+                        tries,
+                        done,
                         sent,
                         result,
                     },
@@ -394,6 +424,8 @@ impl Actor for Workflows {
             }
             WorkflowsMsg::TakenToCancel {
                 workflow_id,
+                tries,
+                done,
                 sent,
                 result,
             } => match *result {
@@ -416,10 +448,27 @@ impl Actor for Workflows {
                     if let Err(error) = started {
                         tracing::error!(%error, "cannot finish the cancellation");
                     }
+                    reply_done(done);
                 }
-                // The owner is alive (its poll finds the cancel), or it already ended.
-                Ok(_) => {}
-                Err(error) => tracing::warn!(%error, "cannot take the workflow over to cancel it"),
+                // The owner may be alive (its poll finds the cancel and carries it out), or dead
+                // with a lease not yet run out: look again when it may have.
+                Ok(TakeOver::LeaseHeld) if tries + 1 < CANCEL_TAKEOVER_TRIES => {
+                    let wait = Duration::from_millis(state.args.options.lease_ms.max(1));
+                    crate::mailbox::post_after(&myself, wait, move || {
+                        WorkflowsMsg::TakeOverToCancel {
+                            workflow_id,
+                            tries: tries + 1,
+                            done: None,
+                        }
+                    });
+                    reply_done(done);
+                }
+                // It already ended, or no cancellation is pending any more.
+                Ok(_) => reply_done(done),
+                Err(error) => {
+                    tracing::warn!(%error, "cannot take the workflow over to cancel it");
+                    reply_done(done);
+                }
             },
             WorkflowsMsg::Reconcile { request, reply } => {
                 let id = request.workflow_id.clone();
@@ -449,47 +498,42 @@ impl Actor for Workflows {
                     Ok(TakeOver::NotRecoverable(reason)) => {
                         Err(Error::Refused(format!("cannot reconcile: {reason}")))
                     }
+                    Ok(TakeOver::LeaseHeld) => Err(Error::Refused(
+                        "cannot reconcile: its owner's lease is still valid".into(),
+                    )),
                     Ok(TakeOver::Refused(reason)) => Err(Error::Refused(reason)),
                     Err(error) => Err(Error::Store(error)),
                 };
                 let _ = reply.send(answer);
             }
-            WorkflowsMsg::ClaimRecoverable if state.draining => {}
+            WorkflowsMsg::ClaimRecoverable if state.draining || state.claiming => {}
             WorkflowsMsg::ClaimRecoverable => {
+                state.claiming = true;
+                let versions = our_versions(state);
                 let (store, me) = (state.args.store.clone(), myself.clone());
+                let live: std::collections::HashSet<String> = state.live.keys().cloned().collect();
                 tokio::spawn(async move {
-                    match store.recoverable_workflows(RECOVERY_BATCH).await {
-                        Ok(ids) if !ids.is_empty() => {
-                            let _ = me.post(WorkflowsMsg::RecoverAll(ids));
+                    let full = match store.recoverable_workflows(RECOVERY_BATCH, &versions).await {
+                        Ok(orphaned) => {
+                            let full = orphaned.len() == RECOVERY_BATCH as usize;
+                            let orphaned = orphaned
+                                .into_iter()
+                                .filter(|orphan| !live.contains(&orphan.workflow_id));
+                            claim_all(&me, orphaned).await;
+                            full
                         }
-                        Ok(_) => {}
                         Err(error) => {
-                            tracing::warn!(%error, "looking for recoverable workflows failed")
+                            tracing::warn!(%error, "looking for recoverable workflows failed");
+                            false
                         }
-                    }
+                    };
+                    let _ = me.post(WorkflowsMsg::Claimed { full });
                 });
             }
-            WorkflowsMsg::RecoverAll(ids) => {
-                for workflow_id in ids {
-                    if state.live.contains_key(&workflow_id) {
-                        continue;
-                    }
-                    let (reply, answer) = ractor::concurrency::oneshot();
-                    let _ = myself.post(WorkflowsMsg::Recover {
-                        workflow_id: workflow_id.clone(),
-                        reply: reply.into(),
-                    });
-                    tokio::spawn(async move {
-                        match answer.await {
-                            Ok(Ok(_)) => {
-                                tracing::info!(run_id = %workflow_id, "recovered automatically")
-                            }
-                            Ok(Err(error)) => {
-                                tracing::info!(run_id = %workflow_id, %error, "not recovered")
-                            }
-                            Err(_) => {}
-                        }
-                    });
+            WorkflowsMsg::Claimed { full } => {
+                state.claiming = false;
+                if full {
+                    let _ = myself.post(WorkflowsMsg::ClaimRecoverable);
                 }
             }
             WorkflowsMsg::PollControls => {
@@ -614,6 +658,59 @@ fn check(args: &WorkflowsArgs, request: &LaunchRequest) -> Result<NewWorkflow, E
     })
 }
 
+/// Tells whoever waits for a takeover to cancel that this try is decided.
+fn reply_done(done: Option<RpcReplyPort<()>>) {
+    if let Some(done) = done {
+        let _ = done.send(());
+    }
+}
+
+/// The versions this node replays journals under.
+fn our_versions(state: &WorkflowsState) -> store::Versions {
+    store::Versions {
+        runtime: runtime::runtime_version(&state.args.options.limits),
+        configuration: state.args.agents.configuration_version(),
+    }
+}
+
+/// Takes over every orphaned workflow of a claim, all at once, each with the usual rules (a
+/// pending cancellation is finished without replaying the body), and returns when every
+/// takeover is decided.
+async fn claim_all(
+    workflows: &ActorRef<WorkflowsMsg>,
+    orphaned: impl Iterator<Item = store::Orphaned>,
+) {
+    let mut decided = Vec::new();
+    for orphan in orphaned {
+        let workflow_id = orphan.workflow_id;
+        if orphan.cancel_pending {
+            let (done, answer) = ractor::concurrency::oneshot();
+            let _ = workflows.post(WorkflowsMsg::TakeOverToCancel {
+                workflow_id,
+                tries: 0,
+                done: Some(done.into()),
+            });
+            decided.push(tokio::spawn(async move {
+                let _ = answer.await;
+            }));
+            continue;
+        }
+        let (reply, answer) = ractor::concurrency::oneshot();
+        let _ = workflows.post(WorkflowsMsg::Recover {
+            workflow_id: workflow_id.clone(),
+            reply: reply.into(),
+        });
+        decided.push(tokio::spawn(async move {
+            match answer.await {
+                Ok(Ok(_)) => tracing::info!(run_id = %workflow_id, "recovered automatically"),
+                Ok(Err(error)) => tracing::info!(run_id = %workflow_id, %error, "not recovered"),
+                Err(_) => {}
+            }
+        }));
+    }
+    futures_util::future::join_all(decided).await;
+}
+
 /// Starts taking a workflow over for `purpose` in a task; `answer` turns the store's answer into
 /// the message that carries it back to this actor.
 fn take_over(
@@ -625,10 +722,7 @@ fn take_over(
 ) {
     let (store, me) = (state.args.store.clone(), myself.clone());
     let (owner, lease_ms) = (state.args.worker_id.clone(), state.args.options.lease_ms);
-    let versions = store::Versions {
-        runtime: runtime::runtime_version(&state.args.options.limits),
-        configuration: state.args.agents.configuration_version(),
-    };
+    let versions = our_versions(state);
     let workflow_id = workflow_id.to_owned();
     tokio::spawn(async move {
         let sent = Instant::now();
@@ -737,35 +831,60 @@ async fn reconcile(
             ),
             release,
         ],
-        Resolution::Retry => vec![WriteOp::PutStep {
-            workflow_id: id.clone(),
-            seq: step.seq,
-            step_id: step.step_id.clone(),
-            attempt: step.attempt + 1,
-            kind: step.kind.clone(),
-            status: "queued".into(),
-            data: json!({
-                "args": step.data["args"],
-                "reconciled": record,
-                "previous_run_id": step.data["run_id"],
-            }),
-        }],
+        Resolution::Retry => {
+            // The old attempt is closed as cancelled (it never gets an outcome; its record says
+            // it was reconciled with a retry), and the new one is queued; the old attempt's
+            // slot is given back, the new one claims its own.
+            let mut old = step.data.clone();
+            old["reconciled"] = record.clone();
+            vec![
+                WriteOp::PutStep {
+                    workflow_id: id.clone(),
+                    seq: step.seq,
+                    step_id: step.step_id.clone(),
+                    attempt: step.attempt,
+                    kind: step.kind.clone(),
+                    status: "cancelled".into(),
+                    data: old,
+                },
+                WriteOp::PutStep {
+                    workflow_id: id.clone(),
+                    seq: step.seq,
+                    step_id: step.step_id.clone(),
+                    attempt: step.attempt + 1,
+                    kind: step.kind.clone(),
+                    status: "queued".into(),
+                    data: json!({
+                        "args": step.data["args"],
+                        "reconciled": record,
+                        "previous_run_id": step.data["run_id"],
+                    }),
+                },
+                release,
+            ]
+        }
     };
-    if let Some(run_id) = step.data["run_id"].as_str() {
-        // The operator checked the child's effects: if its row is still live, it is closed now,
-        // so the step's thread is free for whatever comes next.
-        ops.push(WriteOp::CloseRun {
-            workflow_id: id.clone(),
-            run_id: run_id.to_owned(),
-        });
+    // The operator checked the child's effects: every run of the step's attempt that is still
+    // live is closed now (found by the attempt's idempotency key, so also a run admitted after
+    // its journal entry was written as queued, which the journal never named), so the step's
+    // thread is free for whatever comes next.
+    ops.push(WriteOp::CloseStepRuns {
+        workflow_id: id.clone(),
+        step_id: step.step_id.clone(),
+        attempt: step.attempt,
+    });
+    // Settled: the reason it waited is kept in the step's `reconciled` record, not here.
+    let mut data = row.data.clone();
+    if let Some(fields) = data.as_object_mut() {
+        fields.remove("reconciliation");
     }
     ops.push(WriteOp::SetWorkflow {
         workflow_id: id.clone(),
         status: "running".into(),
-        data: row.data.clone(),
+        data: data.clone(),
     });
     store.fenced_write(&lease.fence(), ops).await?;
-    let workflow = as_launched(row);
+    let workflow = as_launched(WorkflowRow { data, ..row });
     start_supervisor(myself, state, workflow, lease, sent, Start::Replay)
         .await
         .map(|launched| Launched {
@@ -1042,9 +1161,12 @@ impl WorkflowsHandle {
             .control_at(workflow_id, "cancel", "", 0, json!({}), by)
             .await?;
         // If the owner is gone, this node finishes the cancellation (without replaying the body);
-        // if it is alive, the takeover is refused and the owner's poll finds the request.
+        // if it is alive, the takeover is refused and the owner's poll finds the request. An
+        // owner that died with its lease still valid is looked at again once it may have run out.
         let _ = self.actor.post(WorkflowsMsg::TakeOverToCancel {
             workflow_id: workflow_id.to_owned(),
+            tries: 0,
+            done: None,
         });
         Ok(recorded)
     }

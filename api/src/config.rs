@@ -2,7 +2,7 @@
 //! before anything touches the disk or the network. Every error names the key (and, for the file,
 //! the line) it is about.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -82,6 +82,18 @@ pub struct HttpConfig {
     pub page_size_max: u32,
     /// How long `cancel` waits for the workflow to settle before it answers with what it sees.
     pub cancel_wait_ms: u64,
+    /// How long a connection may take to send a request's head, counted from when it opens or
+    /// finishes its previous request (so also how long an idle keep-alive connection stays).
+    pub head_timeout_ms: u64,
+    /// How long a request's body may take to arrive in full (408 and the connection closed).
+    pub body_timeout_ms: u64,
+    /// Connections open at once at most. One more closes the oldest that is not running a
+    /// request (or is refused when all are); lowered at start to what the file descriptor limit
+    /// allows.
+    pub connections_max: u64,
+    /// Proxies whose `X-Forwarded-For` is believed (addresses or CIDR ranges): a request from
+    /// one of them is from the right-most address of that header that is not a trusted proxy.
+    pub trusted_proxies: Vec<AddressRange>,
 }
 
 impl Default for HttpConfig {
@@ -91,7 +103,76 @@ impl Default for HttpConfig {
             head_bytes_max: 64 * 1024,
             page_size_max: 500,
             cancel_wait_ms: 5000,
+            head_timeout_ms: 10_000,
+            body_timeout_ms: 30_000,
+            connections_max: 1024,
+            trusted_proxies: Vec::new(),
         }
+    }
+}
+
+/// An IP address or a CIDR range (`10.0.0.0/8`, `fd00::/8`), written as text in the file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct AddressRange {
+    network: IpAddr,
+    prefix_bits: u8,
+}
+
+impl AddressRange {
+    /// Whether `address` is in the range (an IPv4-mapped IPv6 address counts as its IPv4 one).
+    pub fn contains(&self, address: IpAddr) -> bool {
+        match (self.network, address.to_canonical()) {
+            (IpAddr::V4(network), IpAddr::V4(address)) => {
+                let mask = u32::MAX
+                    .checked_shl(32 - u32::from(self.prefix_bits))
+                    .unwrap_or(0);
+                u32::from(network) & mask == u32::from(address) & mask
+            }
+            (IpAddr::V6(network), IpAddr::V6(address)) => {
+                let mask = u128::MAX
+                    .checked_shl(128 - u32::from(self.prefix_bits))
+                    .unwrap_or(0);
+                u128::from(network) & mask == u128::from(address) & mask
+            }
+            _ => false,
+        }
+    }
+}
+
+impl TryFrom<String> for AddressRange {
+    type Error = String;
+
+    fn try_from(text: String) -> Result<Self, String> {
+        let (address, prefix) = match text.split_once('/') {
+            Some((address, prefix)) => (address, Some(prefix)),
+            None => (text.as_str(), None),
+        };
+        let network: IpAddr = address
+            .trim()
+            .parse()
+            .map_err(|_| format!("{text:?} is not an IP address or CIDR range"))?;
+        let network = network.to_canonical();
+        let width = if network.is_ipv4() { 32 } else { 128 };
+        let prefix_bits = match prefix {
+            None => width,
+            Some(prefix) => prefix
+                .trim()
+                .parse::<u8>()
+                .ok()
+                .filter(|bits| *bits <= width)
+                .ok_or_else(|| format!("{text:?} has a prefix outside 0..={width}"))?,
+        };
+        Ok(AddressRange {
+            network,
+            prefix_bits,
+        })
+    }
+}
+
+impl From<AddressRange> for String {
+    fn from(range: AddressRange) -> String {
+        format!("{}/{}", range.network, range.prefix_bits)
     }
 }
 
@@ -101,10 +182,17 @@ impl Default for HttpConfig {
 pub struct AuthConfig {
     /// A session lasts this long from sign-in (judged by the database clock).
     pub session_seconds: u64,
-    /// Failed sign-ins from one client address within `login_window_seconds` before further
-    /// attempts are refused with 429 until the window passes.
+    /// Failed sign-ins of one client address on one account within `login_window_seconds`
+    /// before further attempts of that pair are refused with 429 until the window passes.
     pub login_failures_max: u32,
+    /// Failed sign-ins of one client address on any accounts within the window.
+    pub login_address_failures_max: u32,
+    /// Failed sign-ins on one account from any addresses within the window.
+    pub login_account_failures_max: u32,
     pub login_window_seconds: u64,
+    /// Password hashes (sign-in checks, new users) the whole node computes at once; each holds
+    /// argon2id's 19 MiB. A sign-in that finds them all busy is refused at once with 429.
+    pub password_hashes_max: u32,
     /// Mark cookies `Secure` (sent over HTTPS only): set it when a TLS proxy fronts the nodes.
     pub secure_cookies: bool,
 }
@@ -114,7 +202,10 @@ impl Default for AuthConfig {
         AuthConfig {
             session_seconds: 12 * 3600,
             login_failures_max: 10,
+            login_address_failures_max: 100,
+            login_account_failures_max: 50,
             login_window_seconds: 60,
+            password_hashes_max: 4,
             secure_cookies: false,
         }
     }
@@ -339,7 +430,7 @@ impl Config {
             }
             _ => {}
         }
-        let positive: [(&'static str, u64); 12] = [
+        let positive: [(&'static str, u64); 20] = [
             ("store.pool_size", self.store.pool_size as u64),
             ("store.requests_max", self.store.requests_max as u64),
             ("store.write_batch_max", self.store.write_batch_max as u64),
@@ -351,7 +442,27 @@ impl Config {
             ("http.body_bytes_max", self.http.body_bytes_max),
             ("http.head_bytes_max", self.http.head_bytes_max),
             ("http.page_size_max", u64::from(self.http.page_size_max)),
+            ("http.head_timeout_ms", self.http.head_timeout_ms),
+            ("http.body_timeout_ms", self.http.body_timeout_ms),
+            ("http.connections_max", self.http.connections_max),
             ("auth.session_seconds", self.auth.session_seconds),
+            (
+                "auth.login_failures_max",
+                u64::from(self.auth.login_failures_max),
+            ),
+            (
+                "auth.login_address_failures_max",
+                u64::from(self.auth.login_address_failures_max),
+            ),
+            (
+                "auth.login_account_failures_max",
+                u64::from(self.auth.login_account_failures_max),
+            ),
+            ("auth.login_window_seconds", self.auth.login_window_seconds),
+            (
+                "auth.password_hashes_max",
+                u64::from(self.auth.password_hashes_max),
+            ),
         ];
         if let Some((key, _)) = positive.iter().find(|(_, value)| *value == 0) {
             return Err(invalid(key, "must be greater than 0".into()));
@@ -435,7 +546,8 @@ fn read_file(path: &Path) -> Result<toml::Table, Error> {
 
 /// Sets the key a `REINS_*` variable names: `REINS_LEASE_SECONDS` is `lease_seconds`,
 /// `REINS_STORE__POOL_SIZE` is `store.pool_size`. Values are read as TOML when they parse as a
-/// number or boolean, and as strings otherwise.
+/// number, boolean or array (`REINS_HTTP__TRUSTED_PROXIES='["10.0.0.0/8"]'`), and as strings
+/// otherwise.
 fn apply_override(table: &mut toml::Table, variable: &str, value: &str) -> Result<(), Error> {
     let Some(name) = variable.strip_prefix("REINS_") else {
         return Ok(());
@@ -453,7 +565,7 @@ fn apply_override(table: &mut toml::Table, variable: &str, value: &str) -> Resul
     let parsed = toml::from_str::<toml::Table>(&format!("v = {value}"))
         .ok()
         .and_then(|mut t| t.remove("v"))
-        .filter(|v| !matches!(v, toml::Value::Table(_) | toml::Value::Array(_)))
+        .filter(|v| !matches!(v, toml::Value::Table(_)))
         .unwrap_or_else(|| toml::Value::String(value.to_owned()));
     let (last, parents) = path.split_last().ok_or_else(|| Error::Environment {
         variable: variable.to_owned(),
@@ -631,6 +743,41 @@ mod tests {
         let checked = Config::load(Some(&example), env(&[])).expect("the example parses");
         assert!(checked.agents.get("scripted").is_some());
         assert_eq!(checked.listen.port(), DEFAULT_PORT);
+    }
+
+    #[test]
+    fn trusted_proxies_are_addresses_or_ranges() {
+        let checked = Config::load(
+            None,
+            env(&[(
+                "REINS_HTTP__TRUSTED_PROXIES",
+                r#"["10.0.0.0/8", "127.0.0.1", "fd00::/8"]"#,
+            )]),
+        )
+        .expect("valid");
+        let proxies = &checked.config.http.trusted_proxies;
+        let contains = |address: &str| {
+            let address: IpAddr = address.parse().expect("address");
+            proxies.iter().any(|range| range.contains(address))
+        };
+        assert!(contains("10.200.3.4"));
+        assert!(contains("127.0.0.1"));
+        assert!(contains("::ffff:127.0.0.1"));
+        assert!(contains("fd12::1"));
+        assert!(!contains("127.0.0.2"));
+        assert!(!contains("11.0.0.1"));
+        assert!(!contains("fe80::1"));
+        let all = AddressRange::try_from("0.0.0.0/0".to_owned()).expect("valid");
+        assert!(all.contains("8.8.8.8".parse().expect("address")));
+        for bad in [r#"["10.0.0.0/33"]"#, r#"["nowhere"]"#, r#"["::/129"]"#] {
+            let error = Config::load(None, env(&[("REINS_HTTP__TRUSTED_PROXIES", bad)]))
+                .expect_err(bad)
+                .to_string();
+            assert!(
+                error.contains("CIDR") || error.contains("prefix"),
+                "{error}"
+            );
+        }
     }
 
     #[test]

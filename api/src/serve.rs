@@ -10,7 +10,6 @@ use std::time::Duration;
 use actors::{Node, NodeIdentity, NodeOptions, RunsOptions, WorkflowsOptions};
 use anyhow::Context;
 use store::{DatabaseUrl, LaunchLimits, Store};
-use tokio::net::TcpListener;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
 
@@ -40,8 +39,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     // Flushes what is still buffered when `run` returns, whatever the way.
     let _log_writer = init_logging(args.log_format.unwrap_or(config.log_format));
 
-    let listener = TcpListener::bind(checked.listen)
-        .await
+    let listener = http::bind(checked.listen)
         .with_context(|| format!("cannot listen on {} (config key `listen`)", checked.listen))?;
     // What the node tells people is where it listens, port 0 included.
     let listen = listener

@@ -32,7 +32,7 @@ pub use runs::{
 pub use users::{NewToken, NewUser, TokenRow, UserRow};
 pub use workflows::{
     ControlRow, ControlWrite, Deletion, LIVE_STATUSES, Launch, LaunchLimits, ListFilter,
-    NewControl, Purpose, TERMINAL_STATUSES, TakeOver, Versions,
+    NewControl, Orphaned, Purpose, TERMINAL_STATUSES, TakeOver, Versions,
 };
 pub use write::{ArtifactRow, NewWorkflow, Snapshot, StepRow, WorkflowRow, WriteOp};
 
@@ -341,11 +341,19 @@ impl Store {
         .await
     }
 
-    /// Up to `limit` workflows whose owner's lease expired while they were running or waiting:
-    /// what automatic recovery claims (each claim still goes through the takeover's rules).
-    pub async fn recoverable_workflows(&self, limit: u32) -> Result<Vec<String>> {
-        retry(|| async { on_backend!(self, store => store.recoverable_workflows(limit).await) })
-            .await
+    /// Up to `limit` live workflows whose owner's lease expired, in a random order, that a node
+    /// running `versions` may take: what automatic recovery claims (each claim still goes
+    /// through the takeover's rules). A workflow with a pending cancellation is listed whatever
+    /// its versions, flagged, since only a cancel takeover may finish it.
+    pub async fn recoverable_workflows(
+        &self,
+        limit: u32,
+        versions: &Versions,
+    ) -> Result<Vec<Orphaned>> {
+        retry(|| async {
+            on_backend!(self, store => store.recoverable_workflows(limit, versions).await)
+        })
+        .await
     }
 
     /// The workflows owned by `owner` that have controls not yet carried out: one query for a

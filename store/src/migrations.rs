@@ -84,10 +84,22 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         postgres: include_str!("../migrations/postgres/0012_unused_run_index.sql"),
         sqlite: include_str!("../migrations/sqlite/0012_unused_run_index.sql"),
     },
+    Migration {
+        version: 13,
+        name: "normalised_emails",
+        postgres: include_str!("../migrations/postgres/0013_normalised_emails.sql"),
+        sqlite: include_str!("../migrations/sqlite/0013_normalised_emails.sql"),
+    },
+    Migration {
+        version: 14,
+        name: "live_runs_by_workflow",
+        postgres: include_str!("../migrations/postgres/0014_live_runs_by_workflow.sql"),
+        sqlite: include_str!("../migrations/sqlite/0014_live_runs_by_workflow.sql"),
+    },
 ];
 
 /// The schema version this build expects.
-pub const SCHEMA_VERSION: i64 = 12;
+pub const SCHEMA_VERSION: i64 = 14;
 
 /// The advisory-lock key PostgreSQL migrations serialise on ("reins" in ASCII).
 pub(crate) const PG_MIGRATION_LOCK: i64 = 0x0072_6569_6e73;

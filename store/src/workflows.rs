@@ -47,10 +47,22 @@ pub enum Launch {
 pub enum TakeOver {
     /// This node holds the workflow now, at the returned (incremented) epoch.
     Taken(Lease),
-    /// The workflow is not recoverable: it finished, or its owner's lease is still valid.
+    /// The workflow is not recoverable: it finished.
     NotRecoverable(String),
+    /// Its owner's lease is still valid (by the database clock): nothing was written. Asking
+    /// again once that lease has run out may succeed.
+    LeaseHeld,
     /// A rule refused the takeover; nothing was written and the lease is untouched.
     Refused(String),
+}
+
+/// A workflow whose owner's lease ran out while it was live, as automatic recovery claims it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Orphaned {
+    pub workflow_id: String,
+    /// A cancellation is pending (or under way): the claim is for [`Purpose::Cancel`], which
+    /// never replays the body.
+    pub cancel_pending: bool,
 }
 
 /// Why a node takes a workflow over.

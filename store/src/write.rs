@@ -36,14 +36,25 @@ pub enum WriteOp {
         content: Vec<u8>,
         sha256: String,
     },
-    /// Close a child run of this workflow that is still live, on an operator's word (reconcile):
-    /// it becomes `interrupted` with `stop_reason = reconciled`, freeing its thread.
-    CloseRun { workflow_id: String, run_id: String },
+    /// Close every live child run of one step attempt of this workflow (found by the attempt's
+    /// idempotency key, `workflow/step/attempt`, whatever the journal names), on an operator's
+    /// word (reconcile): they become `interrupted` with `stop_reason = reconciled`.
+    CloseStepRuns {
+        workflow_id: String,
+        step_id: String,
+        attempt: i32,
+    },
+    /// Ask every live child run of this workflow to stop (`cancel_action = interrupt`, as a
+    /// cancel does; a run waiting for input is interrupted at once). The write that ends a
+    /// workflow carries it, so no child outlives its workflow's end unasked.
+    CancelRuns { workflow_id: String },
     /// Give back the `workflow_slots` slot a step held for its child run.
     ReleaseSlot {
         workflow_id: String,
         step_id: String,
     },
+    /// Give back every slot this workflow holds. The write that ends a workflow carries it.
+    ReleaseSlots { workflow_id: String },
     /// Give up the lease the write is fenced by: it expires now. The write that ends a workflow
     /// carries it, so the end and the release are one transaction. It is applied after every
     /// other change of its write, wherever it stands in the list (see [`release_last`]).

@@ -741,6 +741,7 @@ async fn sessions_expire_tokens_skip_csrf_until_revoked_and_sign_in_is_throttled
         &[
             ("REINS_AUTH__SESSION_SECONDS", "2".into()),
             ("REINS_AUTH__LOGIN_FAILURES_MAX", "3".into()),
+            ("REINS_AUTH__LOGIN_ADDRESS_FAILURES_MAX", "4".into()),
         ],
     );
     let mut api = initialize(&node).await;
@@ -795,7 +796,9 @@ async fn sessions_expire_tokens_skip_csrf_until_revoked_and_sign_in_is_throttled
         "revoked",
     );
 
-    // Sign-in: wrong passwords count per address; past the limit even the right one waits.
+    // Sign-in: wrong passwords count per address and account; past the limit even the right
+    // one waits. Another account from the same address has its own budget, until the address
+    // has spent its own.
     let mut guesser = node.api();
     for _ in 0..3 {
         assert_refused(
@@ -810,9 +813,15 @@ async fn sessions_expire_tokens_skip_csrf_until_revoked_and_sign_in_is_throttled
     assert!(throttled.headers.contains_key("retry-after"));
     assert_refused(
         &guesser.login("nobody@example.com", PASSWORD).await,
+        401,
+        "unauthorized",
+        "wrong email or password",
+    );
+    assert_refused(
+        &guesser.login("somebody@example.com", PASSWORD).await,
         429,
         "too_many_attempts",
-        "",
+        "this address",
     );
 }
 
@@ -1088,6 +1097,31 @@ async fn an_admin_recovers_and_reconciles_an_uncertain_step_through_rest() {
         Some(1),
         "no second child run"
     );
+    // Why it waits is on record: which step, which child run, what is unknown.
+    let why = &uncertain["reconciliation"];
+    assert_eq!(why["reason"], "child_outcome_unknown", "{uncertain}");
+    assert_eq!(why["step_id"], "held");
+    assert_eq!(why["run_id"], uncertain["steps"][0]["run_id"]);
+    assert!(
+        why["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("no outcome")),
+        "{why}"
+    );
+    let listed = crate::operators::admin_json(&node.admin_socket(), &["reconciliations"]);
+    assert_eq!(listed[0]["run_id"], run.as_str(), "{listed}");
+    assert_eq!(
+        listed[0]["reconciliation"]["reason"],
+        "child_outcome_unknown"
+    );
+    let metrics = crate::operators::scrape(&mut api).await;
+    assert_eq!(
+        crate::operators::value(
+            &metrics,
+            "reins_reconciliations_needed_total{reason=\"child_outcome_unknown\"}"
+        ),
+        1.0
+    );
     let again = api
         .call("POST", &format!("/api/v1/workflows/{run}/recover"), None)
         .await;
@@ -1113,6 +1147,11 @@ async fn an_admin_recovers_and_reconciles_an_uncertain_step_through_rest() {
     assert_eq!(settled.status, 200, "{settled:?}");
     let done = wait_for(&mut api, &run, "completed").await;
     assert_eq!(done["result"], "settled by hand");
+    assert_eq!(
+        done["reconciliation"],
+        Value::Null,
+        "settled: no reason any more"
+    );
     let runs = db
         .sql(&format!(
             "SELECT count(*) FROM runs WHERE workflow = '{run}'"

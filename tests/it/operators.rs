@@ -320,7 +320,7 @@ fn parse_metrics(text: &str) -> BTreeMap<String, f64> {
     samples
 }
 
-async fn scrape(api: &mut Api) -> BTreeMap<String, f64> {
+pub async fn scrape(api: &mut Api) -> BTreeMap<String, f64> {
     let answer = api.call("GET", "/metrics", None).await;
     assert_eq!(answer.status, 200);
     assert!(
@@ -332,7 +332,7 @@ async fn scrape(api: &mut Api) -> BTreeMap<String, f64> {
     parse_metrics(&String::from_utf8_lossy(&answer.body))
 }
 
-fn value(samples: &BTreeMap<String, f64>, series: &str) -> f64 {
+pub fn value(samples: &BTreeMap<String, f64>, series: &str) -> f64 {
     samples.get(series).copied().unwrap_or(0.0)
 }
 

@@ -524,8 +524,8 @@ on_both_backends! {
 
         let done = view(&heir, &retried).await;
         let attempts: Vec<(i32, String)> = done.steps.iter().map(|s| (s.attempt, s.status.clone())).collect();
-        assert_eq!(attempts, vec![(1, "running".to_owned()), (2, "completed".to_owned())],
-            "the old attempt stays on record beside the new one");
+        assert_eq!(attempts, vec![(1, "cancelled".to_owned()), (2, "completed".to_owned())],
+            "the old attempt stays on record beside the new one, closed");
         assert_eq!(done.row.data["result"]["output"], json!("done"));
         assert_ne!(done.row.data["result"]["run"], first_run, "the retry is a new child run");
         assert_eq!(done.steps[0].data["run_id"], first_run, "the old child run stays on record");

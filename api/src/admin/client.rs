@@ -40,6 +40,8 @@ pub enum AdminCommand {
     Config,
     /// Give up one workflow's lease now, so another node can recover it.
     Fence { run_id: String },
+    /// Workflows across the cluster that wait for an operator's reconcile, with the reason.
+    Reconciliations,
 }
 
 /// Sends one command and prints the answer; `Ok(1)` when the node refused it.
@@ -92,6 +94,7 @@ fn name(command: &AdminCommand) -> &'static str {
         AdminCommand::Drain => "drain",
         AdminCommand::Config => "config",
         AdminCommand::Fence { .. } => "fence",
+        AdminCommand::Reconciliations => "reconciliations",
     }
 }
 
@@ -178,6 +181,23 @@ fn print_human(command: &AdminCommand, result: &Value) {
             "{run_id}: lease given up at epoch {}",
             text(&result["released_epoch"])
         ),
+        AdminCommand::Reconciliations => {
+            let lines: Vec<Vec<String>> = result
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|item| {
+                    let why = &item["reconciliation"];
+                    vec![
+                        text(&item["run_id"]),
+                        text(&why["step_id"]),
+                        text(&why["run_id"]),
+                        text(&why["reason"]),
+                    ]
+                })
+                .collect();
+            print_table(&["WORKFLOW", "STEP", "CHILD RUN", "REASON"], &lines);
+        }
     }
 }
 

@@ -29,6 +29,8 @@ const REQUEST_BYTES_MAX: usize = 64 * 1024;
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(10);
 /// Slots listed at most (the count is always exact).
 const SLOTS_LISTED_MAX: u32 = 1000;
+/// Workflows waiting for reconciliation listed at most, oldest first.
+const RECONCILIATIONS_LISTED_MAX: u32 = 1000;
 
 /// What admin commands need besides the node.
 pub struct AdminContext {
@@ -50,6 +52,7 @@ pub enum Request {
     Drain,
     Config,
     Fence { run_id: String },
+    Reconciliations,
 }
 
 /// Serves the socket until `stop` turns true, then ends every open connection, so that nothing
@@ -204,6 +207,26 @@ async fn run(context: &AdminContext, request: Request) -> Result<Value, String> 
             Ok(json!({"draining": true}))
         }
         Request::Config => Ok(context.config.clone()),
+        Request::Reconciliations => {
+            let filter = store::ListFilter {
+                user_id: None,
+                status: Some("needs_reconciliation".into()),
+                after: None,
+                limit: RECONCILIATIONS_LISTED_MAX,
+            };
+            let rows = node.workflows().list(filter).await.map_err(text)?;
+            Ok(Value::Array(
+                rows.iter()
+                    .map(|row| {
+                        json!({
+                            "run_id": row.workflow_id,
+                            "user_id": row.user_id,
+                            "reconciliation": crate::http::record::reconciliation(row),
+                        })
+                    })
+                    .collect(),
+            ))
+        }
         Request::Fence { run_id } => {
             let epoch = node.workflows().fence(&run_id).await.map_err(text)?;
             Ok(json!({"run_id": run_id, "released_epoch": epoch}))

@@ -26,16 +26,15 @@ impl ApiError {
         }
     }
 
-    pub fn too_many_attempts(retry_after_seconds: u64) -> Self {
+    /// 429 with `Retry-After`.
+    pub fn too_many_attempts(
+        retry_after_seconds: u64,
+        code: &'static str,
+        message: impl Into<String>,
+    ) -> Self {
         ApiError {
             retry_after_seconds: Some(retry_after_seconds),
-            ..ApiError::new(
-                StatusCode::TOO_MANY_REQUESTS,
-                "too_many_attempts",
-                format!(
-                    "too many failed sign-ins from this address; try again in {retry_after_seconds} s"
-                ),
-            )
+            ..ApiError::new(StatusCode::TOO_MANY_REQUESTS, code, message)
         }
     }
 

@@ -2,14 +2,18 @@
 //! endpoint, sign-in, `/health`, `/health/ready` and `/api/v1/openapi.json`.
 //!
 //! Every request goes the same way: the route table ([`routes`]) finds the route (404/405), the
-//! body is read up to `http.body_bytes_max` (413), the caller is identified (401) and, for a
-//! state-changing request made with a session cookie, its CSRF token is checked (403); then the
-//! route's operation runs. Every refusal is JSON `{"error": {"code", "message"}}` ([`error`]).
+//! body is read up to `http.body_bytes_max` (413) within `http.body_timeout_ms` (408), the
+//! caller is identified (401) and, for a state-changing request made with a session cookie, its
+//! CSRF token is checked (403); then the route's operation runs. Every refusal is JSON
+//! `{"error": {"code", "message"}}` ([`error`]), and every reply carries headers that keep it
+//! from running as a page ([`harden`]). Connections are capped and their slow clients closed
+//! ([`connections`]).
 
 mod auth;
+mod connections;
 mod error;
 mod openapi;
-mod record;
+pub(crate) mod record;
 mod routes;
 mod users;
 mod wire;
@@ -25,7 +29,9 @@ use actors::Node;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
-use hyper::header::{AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, COOKIE, HeaderMap, HeaderValue};
+use hyper::header::{
+    AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, COOKIE, HeaderMap, HeaderName, HeaderValue,
+};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Request, Response, StatusCode};
@@ -41,14 +47,15 @@ use tracing::Instrument;
 pub use auth::new_secret;
 pub use error::ApiError;
 
-use crate::config::{AuthConfig, HttpConfig};
-use auth::{LoginThrottle, Secret};
+use crate::config::{AddressRange, AuthConfig, HttpConfig};
+use auth::{LoginBudgets, LoginThrottle, PasswordHashing, Secret};
+use connections::Connections;
 use routes::{Access, Found, Route};
 
+/// The `Content-Security-Policy` of every reply: a sandboxed document with no sources at all.
+const CONTENT_SECURITY_POLICY: &str = "sandbox; default-src 'none'; frame-ancestors 'none'";
 /// How long readiness waits for the database before answering 503.
 const READY_TIMEOUT: Duration = Duration::from_secs(2);
-/// How long a client may take to send a request's head.
-const HEAD_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// What request handlers share.
 pub struct AppState {
@@ -60,14 +67,20 @@ pub struct AppState {
     http: HttpConfig,
     auth: AuthConfig,
     throttle: LoginThrottle,
+    /// Bounds the password hashing of the whole node.
+    hashing: PasswordHashing,
 }
 
 impl AppState {
     pub fn new(node: Node, secret: &str, http: HttpConfig, auth: AuthConfig) -> Self {
-        let throttle = LoginThrottle::new(
-            auth.login_failures_max,
-            Duration::from_secs(auth.login_window_seconds),
-        );
+        let throttle = LoginThrottle::new(LoginBudgets {
+            pair_failures_max: auth.login_failures_max,
+            address_failures_max: auth.login_address_failures_max,
+            account_failures_max: auth.login_account_failures_max,
+            window: Duration::from_secs(auth.login_window_seconds),
+        });
+        let hashing =
+            PasswordHashing::new(usize::try_from(auth.password_hashes_max).unwrap_or(usize::MAX));
         AppState {
             node,
             draining: AtomicBool::new(false),
@@ -75,6 +88,7 @@ impl AppState {
             http,
             auth,
             throttle,
+            hashing,
         }
     }
 
@@ -85,6 +99,23 @@ impl AppState {
 
 pub type Reply = Response<Full<Bytes>>;
 
+/// Connections the kernel may hold for the node before it accepts them (capped by
+/// `net.core.somaxconn`). Past it, new connections' handshakes are dropped and retried after a
+/// second, so a burst of connections larger than the queue would delay a `/health` probe.
+const LISTEN_BACKLOG: u32 = 4096;
+
+/// Listens on `address` with a queue of [`LISTEN_BACKLOG`] connections.
+pub fn bind(address: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if address.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(address)?;
+    socket.listen(LISTEN_BACKLOG)
+}
+
 /// Serves connections from `listener` until `stop` turns true, then stops accepting and waits up to
 /// `drain_timeout` for open connections to finish.
 pub async fn serve(
@@ -94,10 +125,17 @@ pub async fn serve(
     drain_timeout: Duration,
 ) {
     let graceful = GracefulShutdown::new();
-    // hyper refuses buffers under 8 KiB.
-    let head_bytes_max = usize::try_from(state.http.head_bytes_max)
-        .unwrap_or(usize::MAX)
-        .max(8192);
+    let head_bytes_max = usize::try_from(state.http.head_bytes_max).unwrap_or(usize::MAX);
+    let head_timeout = Duration::from_millis(state.http.head_timeout_ms);
+    let connections_max = connections::connections_that_fit(state.http.connections_max);
+    if connections_max < state.http.connections_max {
+        tracing::warn!(
+            connections_max,
+            "`http.connections_max` ({}) is more than the file descriptor limit allows",
+            state.http.connections_max
+        );
+    }
+    let connections = Connections::new(usize::try_from(connections_max).unwrap_or(usize::MAX));
     loop {
         tokio::select! {
             accepted = listener.accept() => {
@@ -110,21 +148,43 @@ pub async fn serve(
                         continue;
                     }
                 };
+                let Some(admitted) = connections.admit().await else {
+                    tracing::debug!(%peer, "refused a connection: every open one runs a request");
+                    continue;
+                };
                 let state = Arc::clone(&state);
+                let running = Arc::clone(&admitted.running);
                 let service = service_fn(move |request| {
                     let state = Arc::clone(&state);
-                    async move { Ok::<_, Infallible>(handle(&state, request, peer).await) }
+                    let running = Arc::clone(&running);
+                    async move {
+                        let reply = handle(&state, request, peer, &running).await;
+                        running.store(false, Ordering::SeqCst);
+                        Ok::<_, Infallible>(reply)
+                    }
                 });
                 let connection = http1::Builder::new()
                     .timer(TokioTimer::new())
-                    .header_read_timeout(HEAD_TIMEOUT)
-                    .max_buf_size(head_bytes_max)
+                    // hyper starts this timer again as soon as a connection waits for its next
+                    // request, so it is the idle keep-alive timeout as well.
+                    .header_read_timeout(head_timeout)
+                    .max_header_size(head_bytes_max)
+                    // hyper refuses buffers under 8 KiB.
+                    .max_buf_size(head_bytes_max.max(8192))
                     .serve_connection(TokioIo::new(stream), service);
                 let connection = graceful.watch(connection);
                 tokio::spawn(async move {
-                    if let Err(error) = connection.await {
-                        tracing::debug!(%peer, %error, "connection ended with an error");
+                    tokio::select! {
+                        ended = connection => {
+                            if let Err(error) = ended {
+                                tracing::debug!(%peer, %error, "connection ended with an error");
+                            }
+                        }
+                        () = admitted.close.notified() => {
+                            tracing::debug!(%peer, "closed to make room for a new connection");
+                        }
                     }
+                    drop(admitted);
                 });
             }
             () = stopped(&mut stop) => break,
@@ -160,7 +220,9 @@ pub struct Ctx<'a> {
     query: Option<String>,
     headers: HeaderMap,
     body: Bytes,
-    peer: IpAddr,
+    /// The client's address: the peer's, or from `X-Forwarded-For` when the peer is a trusted
+    /// proxy.
+    client: IpAddr,
     principal: Option<Principal>,
 }
 
@@ -219,6 +281,50 @@ impl Ctx<'_> {
     }
 }
 
+/// Refuses a request a browser sent from another site: an `Origin` (`null` included) whose
+/// host and port are not the request's `Host`. Requests without `Origin` (not from a browser's
+/// cross-site form or script) pass.
+fn same_origin(headers: &HeaderMap) -> Result<(), ApiError> {
+    let Some(origin) = headers.get(hyper::header::ORIGIN) else {
+        return Ok(());
+    };
+    let cross_site = |why: String| {
+        ApiError::forbidden(
+            "cross_origin",
+            format!("sign-in is accepted from this site only: {why}"),
+        )
+    };
+    let origin = origin
+        .to_str()
+        .map_err(|_| cross_site("the Origin header is not text".into()))?
+        .to_ascii_lowercase();
+    let host = headers
+        .get(hyper::header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_ascii_lowercase();
+    let (scheme, authority) = origin
+        .split_once("://")
+        .ok_or_else(|| cross_site(format!("origin {origin:?} names no site")))?;
+    let default_port = match scheme {
+        "http" => ":80",
+        "https" => ":443",
+        _ => return Err(cross_site(format!("origin {origin:?} is not http(s)"))),
+    };
+    let without_default = |authority: &str| -> String {
+        authority
+            .strip_suffix(default_port)
+            .unwrap_or(authority)
+            .to_owned()
+    };
+    if without_default(authority) != without_default(&host) {
+        return Err(cross_site(format!(
+            "origin {origin:?} is not this host ({host:?})"
+        )));
+    }
+    Ok(())
+}
+
 fn field_error<E: std::fmt::Display>(error: serde_path_to_error::Error<E>) -> ApiError {
     let path = error.path().to_string();
     if path == "." || path == "?" {
@@ -228,7 +334,12 @@ fn field_error<E: std::fmt::Display>(error: serde_path_to_error::Error<E>) -> Ap
     }
 }
 
-async fn handle(state: &AppState, request: Request<Incoming>, peer: SocketAddr) -> Reply {
+async fn handle(
+    state: &AppState,
+    request: Request<Incoming>,
+    peer: SocketAddr,
+    running: &AtomicBool,
+) -> Reply {
     let method = request.method().as_str().to_owned();
     let path = request.uri().path().to_owned();
     let span = tracing::info_span!("request", %method, %path);
@@ -240,10 +351,11 @@ async fn handle(state: &AppState, request: Request<Incoming>, peer: SocketAddr) 
         Found::Nothing => "(no route)",
     };
     async move {
-        let reply = match respond(state, request, found, peer.ip()).await {
+        let mut reply = match respond(state, request, found, peer.ip(), running).await {
             Ok(reply) => reply,
             Err(error) => error_reply(&error),
         };
+        harden(&mut reply);
         let status = reply.status();
         tracing::debug!(status = status.as_u16(), "request");
         state.node.metrics().inc(
@@ -258,6 +370,25 @@ async fn handle(state: &AppState, request: Request<Incoming>, peer: SocketAddr) 
     }
     .instrument(span)
     .await
+}
+
+/// Headers on every reply so that no answer of this origin (an artifact's stored bytes above
+/// all) can run as a page, be sniffed into a runnable type or be framed by another site. The API
+/// serves no page of its own, so the policy allows nothing.
+fn harden(reply: &mut Reply) {
+    let headers = reply.headers_mut();
+    headers.insert(
+        HeaderName::from_static("x-content-type-options"),
+        HeaderValue::from_static("nosniff"),
+    );
+    headers.insert(
+        HeaderName::from_static("content-security-policy"),
+        HeaderValue::from_static(CONTENT_SECURITY_POLICY),
+    );
+    headers.insert(
+        HeaderName::from_static("x-frame-options"),
+        HeaderValue::from_static("DENY"),
+    );
 }
 
 /// The method as a label: the ones the API uses, anything else as `other`.
@@ -279,11 +410,29 @@ async fn respond(
     request: Request<Incoming>,
     found: Found,
     peer: IpAddr,
+    running: &AtomicBool,
 ) -> Result<Reply, ApiError> {
     let (parts, body) = request.into_parts();
     // Read first, whatever the route: a connection whose request body was left unread cannot
-    // carry the next request.
-    let body = read_body(&parts.headers, body, state.http.body_bytes_max).await?;
+    // carry the next request. A body that takes longer than its timeout is refused (408) and its
+    // connection closed, so that a client sending a byte now and then cannot hold it.
+    let body_timeout = Duration::from_millis(state.http.body_timeout_ms);
+    let body = tokio::time::timeout(
+        body_timeout,
+        read_body(&parts.headers, body, state.http.body_bytes_max),
+    )
+    .await
+    .map_err(|_| {
+        ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "request_timeout",
+            format!(
+                "the request body did not arrive within `http.body_timeout_ms` ({} ms)",
+                state.http.body_timeout_ms
+            ),
+        )
+    })??;
+    running.store(true, Ordering::SeqCst);
     let (route, params) = match found {
         Found::Route(route, params) => (route, params),
         Found::WrongMethod(mut allowed) => {
@@ -305,6 +454,7 @@ async fn respond(
             )));
         }
     };
+    let client = client_address(peer, &parts.headers, &state.http.trusted_proxies);
     let principal = match route.access {
         Access::Public => None,
         Access::User | Access::Admin => {
@@ -325,7 +475,7 @@ async fn respond(
         query: parts.uri.query().map(str::to_owned),
         headers: parts.headers,
         body,
-        peer,
+        client,
         principal,
     };
     dispatch(&ctx).await
@@ -395,6 +545,35 @@ async fn read_body(headers: &HeaderMap, body: Incoming, limit: u64) -> Result<By
             "the request body could not be read: {error}"
         ))),
     }
+}
+
+/// The client's address. A request from a trusted proxy is from the right-most address of
+/// `X-Forwarded-For` that is not itself a trusted proxy (each proxy appends the address it was
+/// called from, so entries to the left of an untrusted one may be forged); anything else is from
+/// its peer.
+fn client_address(peer: IpAddr, headers: &HeaderMap, trusted: &[AddressRange]) -> IpAddr {
+    let is_trusted = |address: IpAddr| trusted.iter().any(|range| range.contains(address));
+    let peer = peer.to_canonical();
+    if !is_trusted(peer) {
+        return peer;
+    }
+    let forwarded: Vec<&str> = headers
+        .get_all("x-forwarded-for")
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(','))
+        .collect();
+    let mut client = peer;
+    for entry in forwarded.iter().rev() {
+        let Ok(address) = entry.trim().parse::<IpAddr>() else {
+            break;
+        };
+        client = address.to_canonical();
+        if !is_trusted(client) {
+            break;
+        }
+    }
+    client
 }
 
 /// Identifies the caller by API token or session cookie; checks CSRF for cookie sessions.
@@ -566,7 +745,10 @@ fn json_reply(status: StatusCode, body: impl Serialize) -> Reply {
 /// The one error shape of the API.
 pub fn error_reply(error: &ApiError) -> Reply {
     let mut response = json_reply(error.status, error.body());
-    if error.status == StatusCode::PAYLOAD_TOO_LARGE {
+    if matches!(
+        error.status,
+        StatusCode::PAYLOAD_TOO_LARGE | StatusCode::REQUEST_TIMEOUT
+    ) {
         // The rest of the body is not read: this connection cannot carry another request.
         response
             .headers_mut()
@@ -578,4 +760,82 @@ pub fn error_reply(error: &ApiError) -> Reply {
             .insert(hyper::header::RETRY_AFTER, HeaderValue::from(seconds));
     }
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        for (name, value) in pairs {
+            headers.append(*name, HeaderValue::from_str(value).expect("value"));
+        }
+        headers
+    }
+
+    fn ranges(texts: &[&str]) -> Vec<AddressRange> {
+        texts
+            .iter()
+            .map(|t| AddressRange::try_from((*t).to_owned()).expect("range"))
+            .collect()
+    }
+
+    #[test]
+    fn the_client_is_the_right_most_untrusted_forwarded_address() {
+        let trusted = ranges(&["10.0.0.0/8", "127.0.0.1"]);
+        let proxy: IpAddr = [10, 1, 1, 1].into();
+        let forwarded = headers(&[("x-forwarded-for", "6.6.6.6, 1.2.3.4, 10.2.2.2")]);
+        assert_eq!(
+            client_address(proxy, &forwarded, &trusted),
+            IpAddr::from([1, 2, 3, 4])
+        );
+        let split = headers(&[
+            ("x-forwarded-for", "6.6.6.6"),
+            ("x-forwarded-for", "1.2.3.4"),
+        ]);
+        assert_eq!(
+            client_address(proxy, &split, &trusted),
+            IpAddr::from([1, 2, 3, 4])
+        );
+        // From anyone else the header is not believed.
+        let stranger: IpAddr = [8, 8, 8, 8].into();
+        assert_eq!(client_address(stranger, &forwarded, &trusted), stranger);
+        // Garbage stops the walk at the last address known good.
+        let garbage = headers(&[("x-forwarded-for", "1.2.3.4, junk, 10.2.2.2")]);
+        assert_eq!(
+            client_address(proxy, &garbage, &trusted),
+            IpAddr::from([10, 2, 2, 2])
+        );
+        assert_eq!(client_address(proxy, &HeaderMap::new(), &trusted), proxy);
+        assert_eq!(client_address(proxy, &forwarded, &[]), proxy);
+    }
+
+    #[test]
+    fn only_an_origin_naming_the_host_may_sign_in() {
+        let host = ("host", "reins.example.com");
+        assert!(same_origin(&headers(&[host])).is_ok());
+        for good in [
+            "https://reins.example.com",
+            "https://reins.example.com:443",
+            "http://REINS.example.com",
+        ] {
+            assert!(
+                same_origin(&headers(&[host, ("origin", good)])).is_ok(),
+                "{good}"
+            );
+        }
+        for bad in [
+            "https://evil.example",
+            "null",
+            "https://reins.example.com:8443",
+            "file://reins.example.com",
+        ] {
+            let error = same_origin(&headers(&[host, ("origin", bad)])).expect_err(bad);
+            assert_eq!(error.status, StatusCode::FORBIDDEN, "{bad}");
+        }
+        let with_port = ("host", "127.0.0.1:7420");
+        assert!(same_origin(&headers(&[with_port, ("origin", "http://127.0.0.1:7420")])).is_ok());
+        assert!(same_origin(&headers(&[with_port, ("origin", "http://127.0.0.1")])).is_err());
+    }
 }

@@ -6,7 +6,9 @@ use actors::WorkflowView;
 use serde_json::Value;
 use store::{ControlRow, StepRow, WorkflowRow};
 
-use super::wire::{CheckpointRecord, StepRecord, WorkflowRecord, WorkflowSummary};
+use super::wire::{
+    CheckpointRecord, ReconciliationRecord, StepRecord, WorkflowRecord, WorkflowSummary,
+};
 
 /// The record `get` answers with.
 pub fn record(view: &WorkflowView) -> WorkflowRecord {
@@ -41,6 +43,7 @@ pub fn record(view: &WorkflowView) -> WorkflowRecord {
         steps,
         result: data.get("result").cloned(),
         error: text(&data["error"]),
+        reconciliation: reconciliation(row),
         created_at: row.created_at,
         updated_at: row.updated_at,
     }
@@ -57,6 +60,22 @@ pub fn summary(row: &WorkflowRow) -> WorkflowSummary {
         created_at: row.created_at,
         updated_at: row.updated_at,
     }
+}
+
+/// The recorded reason of a workflow that waits for an operator's reconcile.
+pub fn reconciliation(row: &WorkflowRow) -> Option<ReconciliationRecord> {
+    if row.status != "needs_reconciliation" {
+        return None;
+    }
+    let why = &row.data["reconciliation"];
+    Some(ReconciliationRecord {
+        reason: text(&why["reason"]).unwrap_or_else(|| "unrecorded".to_owned()),
+        message: text(&why["message"])
+            .unwrap_or_else(|| "recorded before reasons were kept".to_owned()),
+        step_id: text(&why["step_id"]).unwrap_or_default(),
+        run_id: text(&why["run_id"]).unwrap_or_default(),
+        at: why["at_ms"].as_f64().map(|ms| ms / 1000.0),
+    })
 }
 
 fn shown_status(row: &WorkflowRow, recoverable: bool) -> String {

@@ -2,7 +2,7 @@
 //! created by admins, and API tokens.
 
 use hyper::StatusCode;
-use hyper::header::{HeaderValue, SET_COOKIE};
+use hyper::header::{CONTENT_TYPE, HeaderValue, SET_COOKIE};
 use store::{NewToken, NewUser, UserRow};
 
 use super::auth::{self, CSRF_COOKIE, SESSION_COOKIE};
@@ -13,6 +13,8 @@ use super::wire::{
 };
 use super::{Ctx, Reply, json_reply};
 
+/// The only body sign-in accepts.
+const FORM_CONTENT_TYPE: &str = "application/x-www-form-urlencoded";
 /// A token's name at most, in characters.
 const TOKEN_NAME_CHARS_MAX: usize = 100;
 
@@ -26,6 +28,7 @@ fn user_reply(user: &UserRow) -> UserReply {
 
 /// Creates the first admin (201), or 409 once any user exists; signs them in.
 pub async fn initialize(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
+    super::same_origin(&ctx.headers)?;
     let body: InitializeBody = ctx.json()?;
     let user = create(ctx, body.email, body.password, true, true).await?;
     let Some(user) = user else {
@@ -52,8 +55,8 @@ async fn create(
     is_admin: bool,
     only_if_first: bool,
 ) -> Result<Option<UserRow>, ApiError> {
-    auth::check_credentials(&email, &password)?;
-    let password_hash = auth::hash_password(password).await?;
+    let email = auth::check_credentials(&email, &password)?;
+    let password_hash = ctx.state.hashing.hash(password).await?;
     let user = NewUser {
         id: auth::new_id()?,
         email: email.clone(),
@@ -75,20 +78,82 @@ async fn create(
     Ok(store.user_by_email(&email).await?)
 }
 
-/// Local sign-in with the form fields `username` (the email) and `password`.
+/// Local sign-in with the form fields `username` (the email) and `password`, from this site
+/// only (a cross-site `Origin` is 403; any body but a form is 415, so that no cross-site
+/// `text/plain` post can sign a browser in). The attempt is counted as failed before the
+/// password is checked, and a success gives it back ([`auth::LoginThrottle`]).
 pub async fn login(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
-    if let Err(seconds) = ctx.state.throttle.check(ctx.peer) {
-        return Err(ApiError::too_many_attempts(seconds));
+    super::same_origin(&ctx.headers)?;
+    let content_type = ctx
+        .headers
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
+    let media_type = content_type.split(';').next().unwrap_or_default().trim();
+    if !media_type.eq_ignore_ascii_case(FORM_CONTENT_TYPE) {
+        return Err(ApiError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+            format!("sign-in takes a {FORM_CONTENT_TYPE} form, not {content_type:?}"),
+        ));
     }
     let form: LoginForm = ctx.form()?;
-    let user = ctx.state.node.store().user_by_email(&form.username).await?;
+    let account = auth::normalize_email(&form.username);
+    // The budget key is bounded like an email, whatever was typed.
+    let account = match account.char_indices().nth(auth::EMAIL_BYTES_MAX) {
+        Some((end, _)) => &account[..end],
+        None => account.as_str(),
+    };
+    let throttle = &ctx.state.throttle;
+    let reservation = throttle.reserve(ctx.client, account).map_err(|refused| {
+        ApiError::too_many_attempts(
+            refused.retry_after_seconds,
+            "too_many_attempts",
+            format!(
+                "too many failed sign-ins {}; try again in {} s",
+                refused.budget, refused.retry_after_seconds
+            ),
+        )
+    })?;
+    let user = match user_by_email(ctx, &form.username).await {
+        Ok(user) => user,
+        Err(error) => {
+            throttle.refund(reservation);
+            return Err(error);
+        }
+    };
     let stored = user.as_ref().map(|u| u.password_hash.clone());
-    let (Some(user), true) = (user, auth::verify_password(stored, form.password).await) else {
-        ctx.state.throttle.failed(ctx.peer);
+    let matches = match ctx.state.hashing.verify(stored, form.password).await {
+        Ok(matches) => matches,
+        Err(busy) => {
+            throttle.refund(reservation);
+            return Err(busy);
+        }
+    };
+    let (Some(user), true) = (user, matches) else {
         return Err(ApiError::unauthorized("wrong email or password"));
     };
-    ctx.state.throttle.succeeded(ctx.peer);
+    throttle.succeeded(reservation);
     signed_in(ctx, &user, StatusCode::OK).await
+}
+
+/// The user an email names. Emails are stored normalised, except a user from before that whose
+/// address differs from another's only in case (the migration kept it as it was): that one is
+/// found exactly as typed, everyone else by the normalised form.
+async fn user_by_email(ctx: &Ctx<'_>, typed: &str) -> Result<Option<UserRow>, ApiError> {
+    let store = ctx.state.node.store();
+    let trimmed = typed.trim();
+    if trimmed.len() > auth::EMAIL_BYTES_MAX {
+        return Ok(None);
+    }
+    if let Some(user) = store.user_by_email(trimmed).await? {
+        return Ok(Some(user));
+    }
+    let normalized = auth::normalize_email(trimmed);
+    if normalized == trimmed {
+        return Ok(None);
+    }
+    Ok(store.user_by_email(&normalized).await?)
 }
 
 /// Opens a session and answers with its cookies.

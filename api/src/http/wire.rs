@@ -246,8 +246,25 @@ pub struct WorkflowRecord {
     pub checkpoints: Vec<CheckpointRecord>,
     pub result: Option<Value>,
     pub error: Option<String>,
+    /// Why the workflow waits for an operator's `reconcile` (only in `needs_reconciliation`).
+    pub reconciliation: Option<ReconciliationRecord>,
     pub created_at: f64,
     pub updated_at: f64,
+}
+
+/// Why a workflow needs reconciliation: which step, which child run, and what is unknown.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct ReconciliationRecord {
+    /// `orphaned_child`, `child_outcome_unknown`, `child_end_unrecorded` or
+    /// `cancel_window_passed`.
+    pub reason: String,
+    /// What is unknown, in a sentence.
+    pub message: String,
+    pub step_id: String,
+    /// The child run whose effects an operator must check.
+    pub run_id: String,
+    /// When it was recorded (epoch seconds, the owner's clock).
+    pub at: Option<f64>,
 }
 
 /// A workflow as a listing shows it.

@@ -9,7 +9,9 @@ use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use bytes::Bytes;
 use http_body_util::Full;
-use hyper::header::{ACCEPT_RANGES, CONTENT_RANGE, CONTENT_TYPE, ETAG, HeaderValue, RANGE};
+use hyper::header::{
+    ACCEPT_RANGES, CONTENT_DISPOSITION, CONTENT_RANGE, CONTENT_TYPE, ETAG, HeaderValue, RANGE,
+};
 use hyper::{Response, StatusCode};
 use store::{ControlWrite, WorkflowRow};
 
@@ -488,7 +490,7 @@ pub async fn artifact(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
     })?;
     let artifact = artifact_row(ctx, &run_id, version).await?;
     let total = artifact.content.len() as u64;
-    let content_type = content_type(artifact.path.as_deref(), artifact.source_step_id.is_some());
+    let served = served(artifact.path.as_deref(), artifact.source_step_id.is_some());
     let range = ctx
         .headers
         .get(RANGE)
@@ -514,7 +516,15 @@ pub async fn artifact(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
     let mut reply = Response::new(Full::new(bytes));
     *reply.status_mut() = status;
     let headers = reply.headers_mut();
-    headers.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static(served.content_type));
+    // The name keeps only characters that are valid in a header.
+    if let Ok(value) = HeaderValue::try_from(disposition(
+        &served,
+        artifact.path.as_deref(),
+        artifact.version,
+    )) {
+        headers.insert(CONTENT_DISPOSITION, value);
+    }
     headers.insert(ACCEPT_RANGES, HeaderValue::from_static("bytes"));
     if let Ok(etag) = HeaderValue::try_from(format!("\"{}\"", artifact.sha256)) {
         headers.insert(ETAG, etag);
@@ -576,14 +586,32 @@ fn parse_range(header: &str, total: u64) -> Range {
     }
 }
 
-/// The content type of an artifact: an agent's output (a step's, with no file path) is JSON; a
-/// captured file goes by its extension.
-fn content_type(path: Option<&str>, from_step: bool) -> &'static str {
+/// How an artifact is served: its content type, and whether a browser may show it inline.
+#[derive(Debug, PartialEq, Eq)]
+struct Served {
+    content_type: &'static str,
+    inline: bool,
+}
+
+/// How an artifact is served. Stored bytes are anyone's (an agent's, a script's): only types a
+/// browser never runs are shown inline (plain text, JSON, raster images); every other type goes
+/// out as an attachment, and a type a browser could run as a page (HTML, SVG, XML, anything
+/// unknown) as `application/octet-stream`. An agent's output (a step's, with no file path) is
+/// JSON; a captured file goes by its extension.
+fn served(path: Option<&str>, from_step: bool) -> Served {
+    let inline = |content_type| Served {
+        content_type,
+        inline: true,
+    };
+    let attachment = |content_type| Served {
+        content_type,
+        inline: false,
+    };
     let Some(path) = path else {
         return if from_step {
-            "application/json"
+            inline("application/json")
         } else {
-            "application/octet-stream"
+            attachment("application/octet-stream")
         };
     };
     let extension = path
@@ -591,19 +619,40 @@ fn content_type(path: Option<&str>, from_step: bool) -> &'static str {
         .map(|(_, e)| e.to_ascii_lowercase())
         .unwrap_or_default();
     match extension.as_str() {
-        "txt" | "log" => "text/plain; charset=utf-8",
-        "md" => "text/markdown; charset=utf-8",
-        "csv" => "text/csv; charset=utf-8",
-        "html" | "htm" => "text/html; charset=utf-8",
-        "json" => "application/json",
-        "pdf" => "application/pdf",
-        "png" => "image/png",
-        "jpg" | "jpeg" => "image/jpeg",
-        "gif" => "image/gif",
-        "svg" => "image/svg+xml",
-        "zip" => "application/zip",
-        _ => "application/octet-stream",
+        "txt" | "log" => inline("text/plain; charset=utf-8"),
+        "json" => inline("application/json"),
+        "png" => inline("image/png"),
+        "jpg" | "jpeg" => inline("image/jpeg"),
+        "gif" => inline("image/gif"),
+        "webp" => inline("image/webp"),
+        "md" => attachment("text/markdown; charset=utf-8"),
+        "csv" => attachment("text/csv; charset=utf-8"),
+        "pdf" => attachment("application/pdf"),
+        "zip" => attachment("application/zip"),
+        _ => attachment("application/octet-stream"),
     }
+}
+
+/// The `Content-Disposition` of an artifact: its file name reduced to characters that need no
+/// quoting, or `artifact-<version>` when nothing is left of it.
+fn disposition(served: &Served, path: Option<&str>, version: i64) -> String {
+    let name: String = path
+        .and_then(|p| p.rsplit('/').next())
+        .unwrap_or_default()
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'))
+        .collect();
+    let name = if name.trim_matches('.').is_empty() {
+        format!("artifact-{version}")
+    } else {
+        name
+    };
+    let kind = if served.inline {
+        "inline"
+    } else {
+        "attachment"
+    };
+    format!("{kind}; filename=\"{name}\"")
 }
 
 #[cfg(test)]
@@ -622,6 +671,50 @@ mod tests {
         assert_eq!(parse_range("bytes=0-1,4-5", 10), Range::Ignored);
         assert_eq!(parse_range("items=0-1", 10), Range::Ignored);
         assert_eq!(parse_range("bytes=3-1", 10), Range::Ignored);
+    }
+
+    #[test]
+    fn only_inert_types_are_served_inline() {
+        for (path, content_type) in [
+            ("/o/x.html", "application/octet-stream"),
+            ("/o/x.HTM", "application/octet-stream"),
+            ("/o/x.svg", "application/octet-stream"),
+            ("/o/x.xml", "application/octet-stream"),
+            ("/o/x.xhtml", "application/octet-stream"),
+            ("/o/noextension", "application/octet-stream"),
+            ("/o/x.pdf", "application/pdf"),
+        ] {
+            assert_eq!(
+                served(Some(path), true),
+                Served {
+                    content_type,
+                    inline: false
+                },
+                "{path}"
+            );
+        }
+        assert!(served(Some("/o/a.txt"), true).inline);
+        assert!(served(Some("/o/a.PNG"), true).inline);
+        assert!(served(None, true).inline);
+        assert!(!served(None, false).inline);
+    }
+
+    #[test]
+    fn a_disposition_names_the_file_with_safe_characters_only() {
+        let html = served(Some("/o/x.html"), true);
+        assert_eq!(
+            disposition(&html, Some("/mnt/user-data/outputs/r\"e p;o<r>t.html"), 3),
+            "attachment; filename=\"report.html\""
+        );
+        assert_eq!(
+            disposition(&html, Some("/o/\"\"\""), 3),
+            "attachment; filename=\"artifact-3\""
+        );
+        let text = served(Some("/o/a.txt"), true);
+        assert_eq!(
+            disposition(&text, None, 2),
+            "inline; filename=\"artifact-2\""
+        );
     }
 
     #[test]

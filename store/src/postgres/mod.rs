@@ -251,7 +251,7 @@ impl PgStore {
         let commit = client.batch_execute("COMMIT");
         let (begun, changed, committed) = tokio::join!(begin, changes, commit);
         if let Err(e) = begun {
-            return Err(Error::OutcomeUnknown(format!("BEGIN failed: {e}")));
+            return Err(begin_error(e));
         }
         // The first failure is the cause; the statements after it only report the aborted
         // transaction, and the pipelined COMMIT rolled it back.
@@ -378,6 +378,27 @@ fn node_from_row(row: &Row) -> NodeRecord {
     }
 }
 
+/// A pipelined `BEGIN` that failed. When the server ended the session over it (shutting down,
+/// crashed, not yet accepting work: SQLSTATE class 57P), it ran nothing after it, so nothing of
+/// the transaction was written and it may be tried again. Anything else leaves the fate of the
+/// statements sent behind it unknown.
+pub(super) fn begin_error(error: tokio_postgres::Error) -> Error {
+    use tokio_postgres::error::SqlState;
+    match error.code() {
+        Some(code)
+            if [
+                SqlState::ADMIN_SHUTDOWN,
+                SqlState::CRASH_SHUTDOWN,
+                SqlState::CANNOT_CONNECT_NOW,
+            ]
+            .contains(code) =>
+        {
+            Error::Unavailable(format!("BEGIN refused: {error}"))
+        }
+        _ => Error::OutcomeUnknown(format!("BEGIN failed: {error}")),
+    }
+}
+
 /// A commit whose answer never came may have happened: without a SQLSTATE from the server, the
 /// outcome is unknown.
 pub(super) fn commit_error(error: tokio_postgres::Error) -> Error {
@@ -435,19 +456,32 @@ pub(super) fn op_sql(op: &WriteOp) -> &'static str {
                     $9::text, reins_now()
                FROM fence"
         }
-        WriteOp::CloseRun { .. } => {
+        WriteOp::CloseStepRuns { .. } => {
             "WITH fence AS (SELECT reins_fence($1, $2, $3))
              UPDATE runs SET status = 'interrupted', stop_reason = 'reconciled',
                     error = 'closed by reconcile', revision = revision + 1,
                     updated_at = reins_now()
-              WHERE run_id = $5 AND workflow = $4
+              WHERE idempotency_key = $4 || '/' || $5 || '/' || $6::integer
                 AND status IN ('pending', 'running', 'waiting_for_input')
                 AND EXISTS (SELECT 1 FROM fence)"
+        }
+        WriteOp::CancelRuns { .. } => {
+            "WITH fence AS (SELECT reins_fence($1, $2, $3))
+             UPDATE runs SET cancel_action = coalesce(cancel_action, 'interrupt'),
+                    status = CASE status WHEN 'waiting_for_input' THEN 'interrupted'
+                                         ELSE status END,
+                    revision = revision + 1, updated_at = reins_now()
+              WHERE workflow = $4 AND status IN ('pending', 'running', 'waiting_for_input')
+                AND cancel_action IS NULL AND EXISTS (SELECT 1 FROM fence)"
         }
         WriteOp::ReleaseSlot { .. } => {
             "WITH fence AS (SELECT reins_fence($1, $2, $3))
              DELETE FROM workflow_slots
               WHERE workflow = $4 AND step_id = $5 AND EXISTS (SELECT 1 FROM fence)"
+        }
+        WriteOp::ReleaseSlots { .. } => {
+            "WITH fence AS (SELECT reins_fence($1, $2, $3))
+             DELETE FROM workflow_slots WHERE workflow = $4 AND EXISTS (SELECT 1 FROM fence)"
         }
         WriteOp::ReleaseLease => {
             "WITH fence AS (SELECT reins_fence($1, $2, $3))
@@ -496,19 +530,23 @@ pub(super) fn op_params<'a>(fence: &'a Fence, op: &'a WriteOp) -> Vec<&'a (dyn T
                 [workflow_id, version, source_step_id, path, content, sha256];
             params.extend(own);
         }
-        WriteOp::CloseRun {
-            workflow_id,
-            run_id,
-        } => {
-            let own: [&(dyn ToSql + Sync); 2] = [workflow_id, run_id];
-            params.extend(own);
-        }
         WriteOp::ReleaseSlot {
             workflow_id,
             step_id,
         } => {
             let own: [&(dyn ToSql + Sync); 2] = [workflow_id, step_id];
             params.extend(own);
+        }
+        WriteOp::CloseStepRuns {
+            workflow_id,
+            step_id,
+            attempt,
+        } => {
+            let own: [&(dyn ToSql + Sync); 3] = [workflow_id, step_id, attempt];
+            params.extend(own);
+        }
+        WriteOp::CancelRuns { workflow_id } | WriteOp::ReleaseSlots { workflow_id } => {
+            params.push(workflow_id);
         }
         WriteOp::ReleaseLease => {}
     }

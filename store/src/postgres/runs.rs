@@ -7,7 +7,7 @@ use deadpool_postgres::Object;
 use serde_json::Value;
 use tokio_postgres::Row;
 
-use super::{PgStore, commit_error, fenced_error, op_params, op_sql};
+use super::{PgStore, begin_error, commit_error, fenced_error, op_params, op_sql};
 use crate::lease::ttl_seconds;
 use crate::runs::run_columns;
 use crate::runs::{
@@ -149,7 +149,7 @@ async fn admit_pipelined(client: &Object, run: &NewRun) -> Result<Admission> {
         client.batch_execute("COMMIT"),
     );
     if let Err(e) = begun {
-        return Err(Error::OutcomeUnknown(format!("BEGIN failed: {e}")));
+        return Err(begin_error(e));
     }
     fenced.map_err(|e| fenced_error(&step.fence, e))?;
     // A refused insert (the thread's one active run, a repeated key): the caller looks for the

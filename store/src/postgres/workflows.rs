@@ -12,7 +12,7 @@ use crate::lease::ttl_seconds;
 use crate::workflows::takeover_refusal;
 use crate::workflows::{
     ControlRow, ControlWrite, Deletion, LIVE_STATUSES, Launch, LaunchLimits, ListFilter,
-    NewControl, TERMINAL_STATUSES, TakeOver, Versions,
+    NewControl, Orphaned, TERMINAL_STATUSES, TakeOver, Versions,
 };
 use crate::{Error, Lease, NewWorkflow, Result, WorkflowRow};
 
@@ -280,9 +280,7 @@ async fn take_over_in(
         )
         .await?;
     let Some(taken) = taken else {
-        return Ok(TakeOver::NotRecoverable(
-            "its owner's lease is still valid".into(),
-        ));
+        return Ok(TakeOver::LeaseHeld);
     };
     transaction
         .execute(
@@ -327,19 +325,30 @@ impl PgStore {
 }
 
 impl PgStore {
-    pub(crate) async fn recoverable_workflows(&self, limit: u32) -> Result<Vec<String>> {
+    pub(crate) async fn recoverable_workflows(
+        &self,
+        limit: u32,
+        versions: &Versions,
+    ) -> Result<Vec<Orphaned>> {
         let client = self.pool.get().await?;
+        let statement = client.prepare_cached(RECOVERABLE).await?;
         let rows = client
             .query(
-                "SELECT w.id FROM workflows w
-                   JOIN extension_execution_leases l ON l.resource_id = w.id
-                  WHERE w.status IN ('running', 'paused', 'waiting_approval')
-                    AND l.expires_at <= reins_now()
-                  ORDER BY w.created_at LIMIT $1",
-                &[&i64::from(limit)],
+                &statement,
+                &[
+                    &i64::from(limit),
+                    &versions.runtime,
+                    &versions.configuration,
+                ],
             )
             .await?;
-        Ok(rows.iter().map(|row| row.get(0)).collect())
+        Ok(rows
+            .iter()
+            .map(|row| Orphaned {
+                workflow_id: row.get(0),
+                cancel_pending: row.get(1),
+            })
+            .collect())
     }
 
     pub(crate) async fn workflows_with_pending_controls(&self, owner: &str) -> Result<Vec<String>> {
@@ -419,3 +428,25 @@ pub(super) async fn controls_in(
     let rows = client.query(&statement, &[&workflow_id]).await?;
     Ok(rows.iter().map(control).collect())
 }
+
+/// Live workflows whose owner's lease ran out, in a random order (so that nodes claiming at once
+/// spread over them, and none that is refused for long can starve the others), with whether a
+/// cancellation is pending. Only what this node may take is listed: a pending cancellation
+/// (which any runtime may finish), or a journal written under this node's runtime and agent
+/// configuration (the takeover's rules, `takeover_refusal`).
+const RECOVERABLE: &str = "
+    SELECT id, cancel_pending FROM (
+        SELECT w.id,
+               w.status = 'cancelling' OR EXISTS (
+                   SELECT 1 FROM workflow_controls c
+                    WHERE c.workflow = w.id AND c.kind = 'cancel' AND c.applied_at IS NULL
+               ) AS cancel_pending,
+               coalesce(w.data->>'runtime_version', '') AS runtime,
+               coalesce(w.data->>'configuration_version', '') AS configuration
+          FROM workflows w
+          JOIN extension_execution_leases l ON l.resource_id = w.id
+         WHERE w.status IN ('running', 'paused', 'waiting_approval', 'cancelling')
+           AND l.expires_at <= reins_now()
+    ) orphaned
+     WHERE cancel_pending OR (runtime = $2 AND configuration IN ('', $3))
+     ORDER BY random() LIMIT $1";

@@ -543,20 +543,6 @@ pub(super) fn apply(connection: &Connection, fence: &Fence, encoded: &Encoded) -
                     sha256
                 ])?;
         }
-        WriteOp::CloseRun {
-            workflow_id,
-            run_id,
-        } => {
-            connection
-                .prepare_cached(
-                    "UPDATE runs SET status = 'interrupted', stop_reason = 'reconciled',
-                            error = 'closed by reconcile', revision = revision + 1,
-                            updated_at = unixepoch('subsec')
-                      WHERE run_id = ?1 AND workflow = ?2
-                        AND status IN ('pending', 'running', 'waiting_for_input')",
-                )?
-                .execute(params![run_id, workflow_id])?;
-        }
         WriteOp::ReleaseSlot {
             workflow_id,
             step_id,
@@ -564,6 +550,39 @@ pub(super) fn apply(connection: &Connection, fence: &Fence, encoded: &Encoded) -
             connection
                 .prepare_cached("DELETE FROM workflow_slots WHERE workflow = ?1 AND step_id = ?2")?
                 .execute(params![workflow_id, step_id])?;
+        }
+        WriteOp::CloseStepRuns {
+            workflow_id,
+            step_id,
+            attempt,
+        } => {
+            connection
+                .prepare_cached(
+                    "UPDATE runs SET status = 'interrupted', stop_reason = 'reconciled',
+                            error = 'closed by reconcile', revision = revision + 1,
+                            updated_at = unixepoch('subsec')
+                      WHERE idempotency_key = ?1 || '/' || ?2 || '/' || ?3
+                        AND status IN ('pending', 'running', 'waiting_for_input')",
+                )?
+                .execute(params![workflow_id, step_id, attempt])?;
+        }
+        WriteOp::CancelRuns { workflow_id } => {
+            connection
+                .prepare_cached(
+                    "UPDATE runs SET cancel_action = coalesce(cancel_action, 'interrupt'),
+                            status = CASE status WHEN 'waiting_for_input' THEN 'interrupted'
+                                                 ELSE status END,
+                            revision = revision + 1, updated_at = unixepoch('subsec')
+                      WHERE workflow = ?1
+                        AND status IN ('pending', 'running', 'waiting_for_input')
+                        AND cancel_action IS NULL",
+                )?
+                .execute(params![workflow_id])?;
+        }
+        WriteOp::ReleaseSlots { workflow_id } => {
+            connection
+                .prepare_cached("DELETE FROM workflow_slots WHERE workflow = ?1")?
+                .execute(params![workflow_id])?;
         }
         WriteOp::ReleaseLease => {
             connection

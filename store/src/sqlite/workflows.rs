@@ -7,7 +7,7 @@ use super::{SqliteStore, parse_json};
 use crate::lease::ttl_seconds;
 use crate::workflows::takeover_refusal;
 use crate::workflows::{
-    ControlRow, ControlWrite, Deletion, Launch, LaunchLimits, ListFilter, NewControl,
+    ControlRow, ControlWrite, Deletion, Launch, LaunchLimits, ListFilter, NewControl, Orphaned,
     TERMINAL_STATUSES, TakeOver, Versions,
 };
 use crate::{Error, Lease, NewWorkflow, Result, WorkflowRow};
@@ -248,9 +248,7 @@ fn take_over(
         })
         .optional()?;
     let Some((epoch, expires_at)) = taken else {
-        return Ok(TakeOver::NotRecoverable(
-            "its owner's lease is still valid".into(),
-        ));
+        return Ok(TakeOver::LeaseHeld);
     };
     connection
         .prepare_cached(
@@ -291,17 +289,40 @@ impl SqliteStore {
 }
 
 impl SqliteStore {
-    pub(crate) async fn recoverable_workflows(&self, limit: u32) -> Result<Vec<String>> {
+    /// See the PostgreSQL backend's `RECOVERABLE`: the same list, by the same rules.
+    pub(crate) async fn recoverable_workflows(
+        &self,
+        limit: u32,
+        versions: &Versions,
+    ) -> Result<Vec<Orphaned>> {
+        let (runtime, configuration) = (versions.runtime.clone(), versions.configuration.clone());
         self.read(move |connection| {
             let mut statement = connection.prepare_cached(
-                "SELECT w.id FROM workflows w
-                   JOIN extension_execution_leases l ON l.resource_id = w.id
-                  WHERE w.status IN ('running', 'paused', 'waiting_approval')
-                    AND l.expires_at <= unixepoch('subsec')
-                  ORDER BY w.created_at LIMIT ?1",
+                "SELECT id, cancel_pending FROM (
+                     SELECT w.id,
+                            w.status = 'cancelling' OR EXISTS (
+                                SELECT 1 FROM workflow_controls c
+                                 WHERE c.workflow = w.id AND c.kind = 'cancel'
+                                   AND c.applied_at IS NULL
+                            ) AS cancel_pending,
+                            coalesce(json_extract(w.data, '$.runtime_version'), '') AS runtime,
+                            coalesce(json_extract(w.data, '$.configuration_version'), '')
+                                AS configuration
+                       FROM workflows w
+                       JOIN extension_execution_leases l ON l.resource_id = w.id
+                      WHERE w.status IN ('running', 'paused', 'waiting_approval', 'cancelling')
+                        AND l.expires_at <= unixepoch('subsec')
+                 )
+                  WHERE cancel_pending OR (runtime = ?2 AND configuration IN ('', ?3))
+                  ORDER BY random() LIMIT ?1",
             )?;
-            let rows = statement.query_map([limit], |row| row.get(0))?;
-            Ok(rows.collect::<rusqlite::Result<Vec<String>>>()?)
+            let rows = statement.query_map(params![limit, runtime, configuration], |row| {
+                Ok(Orphaned {
+                    workflow_id: row.get(0)?,
+                    cancel_pending: row.get(1)?,
+                })
+            })?;
+            Ok(rows.collect::<rusqlite::Result<Vec<Orphaned>>>()?)
         })
         .await
     }
