@@ -24,9 +24,9 @@
 //!
 //! **Records.** Each agent's group (the guard's pid and start time, with the node process's own)
 //! is written to a file of `<data_dir>/agents/` while it runs. A node that starts kills, before
-//! anything is admitted, every group recorded there by a process that is gone (same boot, every
-//! member started no earlier than the recorded leader, the leader itself if alive started at the
-//! recorded time: a reused pid is never signalled) and removes the records.
+//! anything is admitted, every group recorded there by a process that is gone (same boot and pid
+//! namespace, every member started no earlier than the recorded leader, the leader itself if
+//! alive started at the recorded time: a reused pid is never signalled) and removes the records.
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
@@ -286,14 +286,15 @@ struct Record {
     /// The group (the guard's pid) and when its leader started, in clock ticks since boot.
     group: i32,
     leader_started: u64,
-    boot_id: String,
+    /// The boot and the pid namespace these pids belong to (see [`pid_space`]).
+    pid_space: String,
 }
 
 impl Record {
     fn encode(&self) -> String {
         format!(
             "{} {} {} {} {}\n",
-            self.owner_pid, self.owner_started, self.group, self.leader_started, self.boot_id
+            self.owner_pid, self.owner_started, self.group, self.leader_started, self.pid_space
         )
     }
 
@@ -304,7 +305,7 @@ impl Record {
             owner_started: parts.next()?.parse().ok()?,
             group: parts.next()?.parse().ok()?,
             leader_started: parts.next()?.parse().ok()?,
-            boot_id: parts.next()?.to_owned(),
+            pid_space: parts.next()?.to_owned(),
         };
         parts.next().is_none().then_some(record)
     }
@@ -338,10 +339,13 @@ fn stat_of(pid: i32) -> Option<Stat> {
     parse_stat(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
 }
 
-fn boot_id() -> io::Result<String> {
-    Ok(std::fs::read_to_string("/proc/sys/kernel/random/boot_id")?
-        .trim()
-        .to_owned())
+/// What the pids of this process belong to: this boot of the kernel and this pid namespace. A
+/// pid recorded under another (before a reboot, in a container since restarted) names nothing
+/// here, whatever runs under it now.
+fn pid_space() -> io::Result<String> {
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id")?;
+    let namespace = std::fs::read_link("/proc/self/ns/pid")?;
+    Ok(format!("{}/{}", boot.trim(), namespace.display()).replace(char::is_whitespace, ""))
 }
 
 /// Where this node keeps the records of its agents' groups.
@@ -381,7 +385,7 @@ impl ProcessRecords {
             owner_started: owner.started,
             group,
             leader_started: leader.started,
-            boot_id: boot_id()?,
+            pid_space: pid_space()?,
         };
         tokio::fs::write(self.path(run_id), record.encode()).await?;
         Ok(true)
@@ -405,7 +409,7 @@ impl ProcessRecords {
             .recursive(true)
             .mode(0o700)
             .create(&self.dir)?;
-        let boot = boot_id()?;
+        let space = pid_space()?;
         let mut killed = Vec::new();
         for entry in std::fs::read_dir(&self.dir)? {
             let entry = entry?;
@@ -416,10 +420,10 @@ impl ProcessRecords {
             if let Some(record) = &record {
                 let owner_alive = stat_of(record.owner_pid)
                     .is_some_and(|owner| owner.started == record.owner_started);
-                if owner_alive && record.boot_id == boot {
+                if owner_alive && record.pid_space == space {
                     continue;
                 }
-                if record.boot_id == boot {
+                if record.pid_space == space {
                     let processes = kill_group_if_ours(record);
                     if processes > 0 {
                         killed.push(Leftover {
@@ -600,15 +604,19 @@ mod tests {
         let records = ProcessRecords::new(dir.path().to_path_buf());
         let own_pid = i32::try_from(std::process::id()).expect("pid");
         let own = stat_of(own_pid).expect("own stat");
-        let boot = boot_id().expect("boot id");
-        let (mut gone, mut live, mut reused) =
-            (Sleeper::start(), Sleeper::start(), Sleeper::start());
+        let space = pid_space().expect("pid space");
+        let (mut gone, mut live, mut reused, mut elsewhere) = (
+            Sleeper::start(),
+            Sleeper::start(),
+            Sleeper::start(),
+            Sleeper::start(),
+        );
         let record = |group: i32, owner_started: u64, leader_started: u64| Record {
             owner_pid: own_pid,
             owner_started,
             group,
             leader_started,
-            boot_id: boot.clone(),
+            pid_space: space.clone(),
         };
         let started = |sleeper: &Sleeper| stat_of(sleeper.group()).expect("stat").started;
         // A node process that is gone (same pid, another start time) left `gone`.
@@ -630,6 +638,12 @@ mod tests {
             "reused",
             &record(reused.group(), own.started + 1, earlier),
         );
+        // Recorded in another pid namespace (or before a reboot): its pids name nothing here.
+        let other_space = Record {
+            pid_space: "another-boot/pid:[1]".into(),
+            ..record(elsewhere.group(), own.started + 1, started(&elsewhere))
+        };
+        write_record(dir.path(), "elsewhere", &other_space);
 
         let killed = records.kill_leftovers().expect("kill leftovers");
         assert_eq!(
@@ -640,7 +654,7 @@ mod tests {
                 processes: 1
             }]
         );
-        assert!(!gone.alive() && live.alive() && reused.alive());
+        assert!(!gone.alive() && live.alive() && reused.alive() && elsewhere.alive());
         let mut left: Vec<String> = std::fs::read_dir(dir.path())
             .expect("read dir")
             .map(|entry| {
@@ -662,7 +676,7 @@ mod tests {
             owner_started: 2,
             group: 3,
             leader_started: 4,
-            boot_id: "b".into(),
+            pid_space: "b".into(),
         };
         assert_eq!(Record::decode(&record.encode()), Some(record));
         assert_eq!(Record::decode("1 2 3"), None);
