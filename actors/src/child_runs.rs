@@ -379,7 +379,7 @@ async fn start_child(
         .get(&request.agent)
         .ok_or_else(|| Error::UnknownAgent {
             name: request.agent.clone(),
-            known: String::new(),
+            known: state.args.agents.names().collect::<Vec<_>>().join(", "),
         })?;
     let workspace = workspace::thread_root(&state.args.options.workspaces_dir, &row.thread_id)
         .map_err(|e| Error::InvalidRequest(e.to_string()))?;

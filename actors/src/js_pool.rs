@@ -3,13 +3,20 @@
 //! actors talk to it through messages: no JavaScript ever runs in an actor handler. A workflow
 //! that parks (waits for a human, a slot, a control) drops its VM here; waking it replays the
 //! journal once.
+//!
+//! The pool bounds the memory of all its VMs together (`js_memory_total_bytes`). A loaded VM
+//! holds what it used at the end of its last activation; a running activation holds what it may
+//! grow to (its grant: `script_memory_bytes_max`, or less when the total is nearly taken); a
+//! parked VM holds nothing. A VM that cannot get the memory to start fails its workflow with a
+//! message naming the limit, rather than waiting: the memory it would wait for may be held by
+//! workflows that wait on it (for a slot, say), and a wait nobody sees is how a node wedges.
 
 use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::mpsc;
+use std::sync::{Arc, Mutex, mpsc};
 
-use runtime::{Activation, CallId, JournalEntry, Outcome, Vm, VmOptions};
+use runtime::{Activation, CallId, JournalEntry, Limits, Outcome, Vm, VmOptions};
 use serde_json::Value;
 use tokio::sync::oneshot;
 
@@ -51,6 +58,58 @@ pub enum JsError {
     /// The pool has stopped.
     #[error("the JS worker pool has stopped")]
     Stopped,
+    /// The node's scripts together hold so much of `js_memory_total_bytes` that another VM
+    /// cannot start.
+    #[error(
+        "no memory for this workflow's script: the node's scripts hold {held} bytes of \
+         js_memory_total_bytes ({total}), and a script needs {needed} bytes to start"
+    )]
+    OutOfMemory { held: u64, total: u64, needed: u64 },
+}
+
+/// What a new VM needs at least to install the script API and compile a script (a fresh VM
+/// holds about 150 KiB).
+pub const VM_START_BYTES_MIN: u64 = 2 * 1024 * 1024;
+
+/// The memory all VMs of the pool may use together.
+#[derive(Debug)]
+struct MemoryBudget {
+    total: u64,
+    held: Mutex<u64>,
+}
+
+impl MemoryBudget {
+    /// Takes up to `wanted` bytes more; returns how many it took.
+    fn take(&self, wanted: u64) -> u64 {
+        let mut held = self.lock();
+        let taken = wanted.min(self.total.saturating_sub(*held));
+        *held += taken;
+        taken
+    }
+
+    fn give(&self, bytes: u64) {
+        let mut held = self.lock();
+        *held = held.saturating_sub(bytes);
+    }
+
+    fn held(&self) -> u64 {
+        *self.lock()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, u64> {
+        // A number is never left half-written: a poisoned lock still holds a good one.
+        self.held
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// A VM on its thread, with the memory it holds of the budget.
+struct Loaded {
+    vm: Vm,
+    held: u64,
+    /// Its `script_memory_bytes_max`.
+    memory_max: u64,
 }
 
 enum Job {
@@ -66,26 +125,62 @@ enum Job {
     Loaded {
         reply: oneshot::Sender<usize>,
     },
+    Check {
+        script: String,
+        limits: Box<Limits>,
+        reply: oneshot::Sender<Result<(), runtime::Error>>,
+    },
 }
 
 /// A handle to the pool; cloning shares the threads.
 #[derive(Clone)]
 pub struct JsPool {
     workers: Vec<mpsc::Sender<Job>>,
+    memory: Arc<MemoryBudget>,
 }
 
 impl JsPool {
-    /// Starts `threads` JS threads (at least one).
-    pub fn new(threads: usize) -> std::io::Result<Self> {
+    /// Starts `threads` JS threads (at least one), whose VMs together use at most
+    /// `memory_total_bytes`.
+    pub fn new(threads: usize, memory_total_bytes: u64) -> std::io::Result<Self> {
+        let memory = Arc::new(MemoryBudget {
+            total: memory_total_bytes,
+            held: Mutex::new(0),
+        });
         let mut workers = Vec::new();
         for n in 0..threads.max(1) {
             let (sender, receiver) = mpsc::channel();
+            let memory = Arc::clone(&memory);
             std::thread::Builder::new()
                 .name(format!("reins-js-{n}"))
-                .spawn(move || serve(receiver))?;
+                .spawn(move || serve(receiver, &memory))?;
             workers.push(sender);
         }
-        Ok(JsPool { workers })
+        Ok(JsPool { workers, memory })
+    }
+
+    /// Bytes of `js_memory_total_bytes` the loaded VMs hold now.
+    pub fn memory_held_bytes(&self) -> u64 {
+        self.memory.held()
+    }
+
+    /// Checks that `script` compiles, without running it, on the JS thread of `workflow_id`
+    /// (a compile is short and bounded by `script_bytes_max`; no actor's turn waits on it).
+    pub async fn check(
+        &self,
+        workflow_id: &str,
+        script: String,
+        limits: Limits,
+    ) -> Result<(), JsError> {
+        let (reply, answer) = oneshot::channel();
+        self.worker(workflow_id)
+            .send(Job::Check {
+                script,
+                limits: Box::new(limits),
+                reply,
+            })
+            .map_err(|_| JsError::Stopped)?;
+        Ok(answer.await.map_err(|_| JsError::Stopped)??)
     }
 
     fn worker(&self, workflow_id: &str) -> &mpsc::Sender<Job> {
@@ -137,8 +232,8 @@ impl JsPool {
 }
 
 /// One JS thread: owns the VMs of the workflows hashed to it.
-fn serve(jobs: mpsc::Receiver<Job>) {
-    let mut vms: HashMap<String, Vm> = HashMap::new();
+fn serve(jobs: mpsc::Receiver<Job>, memory: &MemoryBudget) {
+    let mut vms: HashMap<String, Loaded> = HashMap::new();
     while let Ok(job) = jobs.recv() {
         match job {
             Job::Activate {
@@ -148,47 +243,95 @@ fn serve(jobs: mpsc::Receiver<Job>) {
                 reply,
             } => {
                 let result = catch_unwind(AssertUnwindSafe(|| {
-                    activate(&mut vms, &workflow_id, start, settles)
+                    activate(&mut vms, memory, &workflow_id, start, settles)
                 }))
                 .unwrap_or_else(|_| {
-                    vms.remove(&workflow_id);
+                    if let Some(loaded) = vms.remove(&workflow_id) {
+                        memory.give(loaded.held);
+                    }
                     Err(JsError::Crashed(workflow_id.clone()))
                 });
                 // The caller may have gone away; the VM stays loaded for its next activation.
                 let _ = reply.send(result);
             }
             Job::Park { workflow_id } => {
-                vms.remove(&workflow_id);
+                if let Some(loaded) = vms.remove(&workflow_id) {
+                    memory.give(loaded.held);
+                }
             }
             Job::Loaded { reply } => {
                 let _ = reply.send(vms.len());
+            }
+            Job::Check {
+                script,
+                limits,
+                reply,
+            } => {
+                let result = catch_unwind(|| runtime::check_script(&script, &limits))
+                    .unwrap_or_else(|_| Err(runtime::Error::Engine("the compiler failed".into())));
+                let _ = reply.send(result);
             }
         }
     }
 }
 
 fn activate(
-    vms: &mut HashMap<String, Vm>,
+    vms: &mut HashMap<String, Loaded>,
+    memory: &MemoryBudget,
     workflow_id: &str,
     start: Option<Box<StartSpec>>,
     settles: Vec<Settle>,
 ) -> Result<Activated, JsError> {
-    if !vms.contains_key(workflow_id) {
+    if let Some(loaded) = vms.get_mut(workflow_id) {
+        // Room to grow in this activation, as far as the budget allows.
+        loaded.held += memory.take(loaded.memory_max.saturating_sub(loaded.held));
+        loaded.vm.set_memory_grant(loaded.held);
+    } else {
         let spec = start.ok_or_else(|| JsError::NotLoaded(workflow_id.to_owned()))?;
-        let vm = Vm::start(&spec.script, &spec.args, spec.options)?;
-        vms.insert(workflow_id.to_owned(), vm);
+        let memory_max = spec.options.limits.script_memory_bytes_max;
+        let granted = memory.take(memory_max);
+        let needed = VM_START_BYTES_MIN.min(memory_max);
+        if granted < needed {
+            memory.give(granted);
+            return Err(JsError::OutOfMemory {
+                held: memory.held(),
+                total: memory.total,
+                needed,
+            });
+        }
+        let vm = match Vm::start_within(&spec.script, &spec.args, spec.options, granted) {
+            Ok(vm) => vm,
+            Err(error) => {
+                memory.give(granted);
+                return Err(error.into());
+            }
+        };
+        vms.insert(
+            workflow_id.to_owned(),
+            Loaded {
+                vm,
+                held: granted,
+                memory_max,
+            },
+        );
     }
-    let vm = vms
+    let loaded = vms
         .get_mut(workflow_id)
         .ok_or_else(|| JsError::NotLoaded(workflow_id.to_owned()))?;
     let settled = settles
         .into_iter()
-        .filter_map(|settle| vm.settle(settle.id, settle.outcome, settle.at_ms))
+        .filter_map(|settle| loaded.vm.settle(settle.id, settle.outcome, settle.at_ms))
         .collect();
-    let activation = vm.run();
-    if activation.status != runtime::Status::Waiting {
+    let activation = loaded.vm.run();
+    if activation.status == runtime::Status::Waiting {
+        // Between activations the VM holds what it uses: it allocates nothing until it runs.
+        let used = u64::try_from(loaded.vm.memory_bytes()).unwrap_or(0);
+        let kept = used.min(loaded.held);
+        memory.give(loaded.held - kept);
+        loaded.held = kept;
+    } else if let Some(loaded) = vms.remove(workflow_id) {
         // A finished run needs its runtime no more.
-        vms.remove(workflow_id);
+        memory.give(loaded.held);
     }
     Ok(Activated {
         activation,
@@ -214,13 +357,14 @@ mod tests {
                 seed: 1,
                 started_at_ms: 0,
                 journal,
+                logged_bytes: 0,
             },
         }
     }
 
     #[tokio::test]
     async fn a_vm_lives_on_its_thread_between_activations_and_parking_drops_it() {
-        let pool = JsPool::new(2).expect("pool");
+        let pool = JsPool::new(2, 1 << 30).expect("pool");
         let first = pool
             .activate("wf", Some(spec(vec![])), vec![])
             .await
@@ -266,7 +410,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_script_over_a_limit_is_refused_at_start() {
-        let pool = JsPool::new(1).expect("pool");
+        let pool = JsPool::new(1, 1 << 30).expect("pool");
         let mut too_big = spec(vec![]);
         too_big.options.limits.script_bytes_max = 10;
         let refused = pool.activate("wf", Some(too_big), vec![]).await;
@@ -274,5 +418,81 @@ mod tests {
             matches!(&refused, Err(JsError::Start(e)) if e.to_string().contains("script_bytes_max")),
             "{refused:?}"
         );
+    }
+
+    fn script(script: &str) -> StartSpec {
+        StartSpec {
+            script: script.into(),
+            ..spec(vec![])
+        }
+    }
+
+    #[tokio::test]
+    async fn the_pools_scripts_together_stay_within_the_memory_total() {
+        const MIB: u64 = 1024 * 1024;
+        let pool = JsPool::new(2, 11 * MIB / 2).expect("pool");
+        // About 4 MiB held while it waits for its agent.
+        let hungry = r#"const big = new Array(250000).fill(1.5);
+                        await agent({stepId: "a", agentRef: "x", task: 1});
+                        return big.length;"#;
+        let first = pool
+            .activate("a", Some(script(hungry)), vec![])
+            .await
+            .expect("a");
+        assert_eq!(first.activation.status, Status::Waiting);
+        let held = pool.memory_held_bytes();
+        assert!((3 * MIB..4 * MIB + MIB / 2).contains(&held), "{held}");
+
+        // Less than a start needs is left: refused, naming the limit, and nothing is held for it.
+        let small = r#"await agent({stepId: "a", agentRef: "x", task: 1});
+                       const more = new Array(250000).fill(2.5);
+                       return more.length;"#;
+        let refused = pool.activate("b", Some(script(small)), vec![]).await;
+        assert!(
+            matches!(&refused, Err(e @ JsError::OutOfMemory { .. }) if e.to_string().contains("js_memory_total_bytes")),
+            "{refused:?}"
+        );
+        assert_eq!(pool.memory_held_bytes(), held);
+
+        // A parked VM holds nothing: now it starts.
+        pool.park("a");
+        assert_eq!(pool.loaded().await, 0);
+        assert_eq!(pool.memory_held_bytes(), 0);
+        let b = pool
+            .activate("b", Some(script(small)), vec![])
+            .await
+            .expect("b");
+        // a comes back and holds its 4 MiB again; b, woken, can grow only into what is left.
+        let a = pool
+            .activate("a", Some(script(hungry)), vec![])
+            .await
+            .expect("a again");
+        assert_eq!(a.activation.status, Status::Waiting);
+        let settle = Settle {
+            id: b.activation.commands[0].id,
+            outcome: Outcome::Resolved(json!({"v": 1})),
+            at_ms: 5,
+        };
+        let grown = pool
+            .activate("b", None, vec![settle])
+            .await
+            .expect("b runs");
+        assert!(
+            matches!(&grown.activation.status, Status::Failed(m) if m.contains("js_memory_total_bytes")),
+            "{:?}",
+            grown.activation.status
+        );
+        // Everything given back when the runs end.
+        let settle = Settle {
+            id: a.activation.commands[0].id,
+            outcome: Outcome::Resolved(json!({"v": 1})),
+            at_ms: 5,
+        };
+        let done = pool
+            .activate("a", None, vec![settle])
+            .await
+            .expect("a ends");
+        assert_eq!(done.activation.status, Status::Completed(json!(250000)));
+        assert_eq!(pool.memory_held_bytes(), 0);
     }
 }

@@ -64,6 +64,9 @@ pub struct NodeOptions {
     pub workflows: WorkflowsOptions,
     /// JS threads that run workflow scripts.
     pub js_threads: usize,
+    /// The memory all loaded workflow scripts of the node may use together (parked ones hold
+    /// none); see `js_pool`.
+    pub js_memory_total_bytes: u64,
     /// Test faults on every store call of the node; `None` in production.
     pub faults: Option<StoreFaults>,
     /// Where the node's actors count what happens (rendered by `/metrics`).
@@ -94,6 +97,7 @@ impl NodeOptions {
                 faults: None,
             },
             js_threads: 2,
+            js_memory_total_bytes: 512 * 1024 * 1024,
             faults: None,
             metrics: Arc::new(Metrics::default()),
         }
@@ -184,7 +188,7 @@ impl Actor for NodeSupervisor {
         let options = args.options;
         let runtime_version = runtime::runtime_version(&options.workflows.limits);
         let configuration_version = options.agents.configuration_version();
-        let js = JsPool::new(options.js_threads)?;
+        let js = JsPool::new(options.js_threads, options.js_memory_total_bytes)?;
         let (store_actor, _) = Actor::spawn_linked(
             Some(format!("store@{worker_id}")),
             StoreActor,

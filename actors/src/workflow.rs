@@ -257,6 +257,8 @@ pub(crate) struct WorkflowState {
     waiting: BTreeMap<CallId, (Waiting, Command)>,
     /// The VM is loaded in the JS pool (not parked).
     loaded: bool,
+    /// `console.log` bytes the script logged on this node (bounded per workflow, across parks).
+    logged_bytes: u64,
     status: &'static str,
     done: bool,
     /// A cancellation in progress: the control to mark applied when it ends.
@@ -440,6 +442,7 @@ impl WorkflowState {
             seed: self.args.document.seed,
             started_at_ms: self.args.document.started_at_ms,
             journal: self.journal.clone(),
+            logged_bytes: self.logged_bytes,
         }
     }
 
@@ -469,6 +472,7 @@ impl WorkflowState {
     async fn apply(&mut self, myself: &ActorRef<WorkflowMsg>, activated: Activated) {
         let activation = activated.activation;
         for line in &activation.logs {
+            self.logged_bytes += line.len() as u64;
             tracing::info!(parent: &self.span, script_log = %line, "console.log");
         }
         if let Some(carried) = self.carry(&activation) {
@@ -1484,6 +1488,7 @@ impl Actor for WorkflowSupervisor {
             journal: Vec::new(),
             waiting: BTreeMap::new(),
             loaded: false,
+            logged_bytes: 0,
             status: "running",
             done: false,
             cancelling: None,

@@ -21,7 +21,7 @@ use tokio::time::Instant;
 
 use crate::Error;
 use crate::child_runs::RunsHandle;
-use crate::js_pool::JsPool;
+use crate::js_pool::{JsError, JsPool};
 use crate::lease_actor::LeaseMsg;
 use crate::store_actor::StoreHandle;
 use crate::workflow::{Start, WorkflowArgs, WorkflowDocument, WorkflowMsg, WorkflowSupervisor};
@@ -308,13 +308,35 @@ impl Actor for Workflows {
                         return Ok(());
                     }
                 };
-                let (store, me) = (state.args.store.clone(), myself.clone());
-                let (owner, lease_ms, limits) = (
+                let (store, js, me) = (
+                    state.args.store.clone(),
+                    state.args.js.clone(),
+                    myself.clone(),
+                );
+                let (owner, lease_ms, limits, script_limits) = (
                     state.args.worker_id.clone(),
                     state.args.options.lease_ms,
                     state.args.options.launch_limits,
+                    state.args.options.limits.clone(),
                 );
                 tokio::spawn(async move {
+                    // Compiled (never run) on a JS thread before anything is written: a script
+                    // that cannot compile is refused with its own line and column.
+                    if let Err(error) = js
+                        .check(&workflow.workflow_id, request.script, script_limits)
+                        .await
+                    {
+                        let _ = reply.send(Err(match error {
+                            JsError::Start(runtime::Error::Script(message)) => {
+                                Error::InvalidRequest(message)
+                            }
+                            other => Error::Unanswered {
+                                actor: "js-pool",
+                                reason: other.to_string(),
+                            },
+                        }));
+                        return;
+                    }
                     let sent = Instant::now();
                     let result = store
                         .launch_workflow(workflow.clone(), &owner, lease_ms, limits)

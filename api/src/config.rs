@@ -246,6 +246,11 @@ pub struct Limits {
     pub max_workflows_per_owner: u64,
     pub max_active_children: u64,
     pub timeout_seconds: u64,
+    /// The memory all loaded scripts of the node may use together (parked ones hold none).
+    pub js_memory_total_bytes: u64,
+    pub log_lines_per_activation_max: u64,
+    pub log_line_bytes_max: u64,
+    pub log_bytes_per_workflow_max: u64,
 }
 
 impl Default for Limits {
@@ -264,6 +269,10 @@ impl Default for Limits {
             max_workflows_per_owner: 100,
             max_active_children: 32,
             timeout_seconds: 24 * 3600,
+            js_memory_total_bytes: 512 * 1024 * 1024,
+            log_lines_per_activation_max: 1_000,
+            log_line_bytes_max: 4 * 1024,
+            log_bytes_per_workflow_max: 1024 * 1024,
         }
     }
 }
@@ -328,6 +337,9 @@ impl Limits {
             script_cpu_ms_max: self.script_cpu_ms_max,
             steps_max: self.steps_max,
             parallel_max: self.parallel_max,
+            log_lines_per_activation_max: self.log_lines_per_activation_max,
+            log_line_bytes_max: self.log_line_bytes_max,
+            log_bytes_per_workflow_max: self.log_bytes_per_workflow_max,
         }
     }
 }
@@ -430,7 +442,7 @@ impl Config {
             }
             _ => {}
         }
-        let positive: [(&'static str, u64); 20] = [
+        let positive: [(&'static str, u64); 21] = [
             ("store.pool_size", self.store.pool_size as u64),
             ("store.requests_max", self.store.requests_max as u64),
             ("store.write_batch_max", self.store.write_batch_max as u64),
@@ -439,6 +451,7 @@ impl Config {
             ("limits.script_bytes_max", self.limits.script_bytes_max),
             ("limits.frame_bytes_max", self.limits.frame_bytes_max),
             ("limits.capture_timeout_ms", self.limits.capture_timeout_ms),
+            ("limits.log_line_bytes_max", self.limits.log_line_bytes_max),
             ("http.body_bytes_max", self.http.body_bytes_max),
             ("http.head_bytes_max", self.http.head_bytes_max),
             ("http.page_size_max", u64::from(self.http.page_size_max)),
@@ -466,6 +479,15 @@ impl Config {
         ];
         if let Some((key, _)) = positive.iter().find(|(_, value)| *value == 0) {
             return Err(invalid(key, "must be greater than 0".into()));
+        }
+        if self.limits.js_memory_total_bytes < actors::js_pool::VM_START_BYTES_MIN {
+            return Err(invalid(
+                "limits.js_memory_total_bytes",
+                format!(
+                    "must be at least {} (what one script needs to start)",
+                    actors::js_pool::VM_START_BYTES_MIN
+                ),
+            ));
         }
         let agents =
             AgentRegistry::new(&self.agents).map_err(|e| invalid("agents", e.to_string()))?;
@@ -787,9 +809,32 @@ mod tests {
             ("REINS_LISTEN", "nowhere", "listen"),
             ("REINS_LEASE_SECONDS", "0", "lease_seconds"),
             ("REINS_STORE__POOL_SIZE", "0", "store.pool_size"),
+            (
+                "REINS_LIMITS__LOG_LINE_BYTES_MAX",
+                "0",
+                "limits.log_line_bytes_max",
+            ),
         ] {
             let error = Config::load(None, env(&[(variable, value)])).unwrap_err();
             assert!(error.to_string().contains(key), "{error}");
         }
+    }
+
+    #[test]
+    fn the_js_memory_total_has_room_for_at_least_one_script() {
+        let least = actors::js_pool::VM_START_BYTES_MIN;
+        let at = |bytes: u64| {
+            Config::load(
+                None,
+                env(&[("REINS_LIMITS__JS_MEMORY_TOTAL_BYTES", &bytes.to_string())]),
+            )
+        };
+        let checked = at(least).expect("the least total is valid");
+        assert_eq!(checked.config.limits.js_memory_total_bytes, least);
+        let error = at(least - 1).unwrap_err().to_string();
+        assert!(
+            error.contains("limits.js_memory_total_bytes") && error.contains(&least.to_string()),
+            "{error}"
+        );
     }
 }

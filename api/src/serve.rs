@@ -114,6 +114,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
                 faults: std::env::var_os("REINS_FAULT_DIR")
                     .map(|dir| actors::FaultPoints::new(PathBuf::from(dir))),
             },
+            js_memory_total_bytes: config.limits.js_memory_total_bytes,
             ..NodeOptions::new(runs, Arc::new(checked.agents))
         },
     )

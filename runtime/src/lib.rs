@@ -2,10 +2,12 @@
 //! with `args` and the script API (`agent`, `pause`, `humanCheckpoint`, `captureArtifact`,
 //! `readArtifact`, `parallel`). The runtime performs no IO: every API call becomes a command for
 //! its host, answered from the journal on replay or by the host when the step's outcome is known.
-//! Time and randomness are injected, so a replay sees the same values; `WeakRef`,
+//! Time (`Date`, `performance.now()`) and randomness are injected, so a replay sees the same
+//! values; `WeakRef`,
 //! `FinalizationRegistry`, timers, modules, files and the network are absent.
 
 mod error;
+mod id;
 mod journal;
 mod vm;
 
@@ -13,8 +15,9 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 pub use error::Error;
+pub use id::{ID_CHARS_MAX, ID_GRAMMAR, is_id};
 pub use journal::{Activation, CallId, CallKind, Command, JournalEntry, Outcome, Status};
-pub use vm::{Vm, VmOptions};
+pub use vm::{Vm, VmOptions, check_script};
 
 /// The limits a VM enforces (spec section 2), with the spec's defaults.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -28,6 +31,12 @@ pub struct Limits {
     pub script_cpu_ms_max: u64,
     pub steps_max: u64,
     pub parallel_max: u64,
+    /// `console.log` lines kept per activation; the rest are dropped, and one line says so.
+    pub log_lines_per_activation_max: u64,
+    /// A `console.log` line's bytes at most; a longer line is cut.
+    pub log_line_bytes_max: u64,
+    /// `console.log` bytes kept per workflow (on the node that runs it); then lines are dropped.
+    pub log_bytes_per_workflow_max: u64,
 }
 
 impl Default for Limits {
@@ -40,6 +49,9 @@ impl Default for Limits {
             script_cpu_ms_max: 2_000,
             steps_max: 10_000,
             parallel_max: 64,
+            log_lines_per_activation_max: 1_000,
+            log_line_bytes_max: 4 * 1024,
+            log_bytes_per_workflow_max: 1024 * 1024,
         }
     }
 }

@@ -2,6 +2,11 @@
 // the host (`__reins_request`), which answers it from the journal on replay or later, when the
 // step's outcome is known (`__reins_settle`). Nothing here reads a clock or makes a random number:
 // time and randomness come from the host, so a replay sees the same values.
+//
+// The script may replace any global or prototype method (`JSON.stringify = () => 5`). What the API
+// needs is captured here, before the script runs, and every value the script hands over (a result,
+// a thrown value, a call's arguments, a logged value) is encoded inside a `try`: whatever the
+// script does, the host hears of it as text, and the workflow ends instead of waiting forever.
 (() => {
   "use strict";
   const request = globalThis.__reins_request;
@@ -9,35 +14,102 @@
   const now = globalThis.__reins_now;
   const random = globalThis.__reins_random;
   const log = globalThis.__reins_log;
+  const done = globalThis.__reins_done;
   const parallelMax = globalThis.__reins_parallel_max;
+  const logLineMax = globalThis.__reins_log_line_chars_max;
   const mark = globalThis.__reins_mark;
   const cancelFrom = globalThis.__reins_cancel_from;
-  const pending = new Map();
+  const stringify = JSON.stringify;
+  const parse = JSON.parse;
+  const toText = String;
+  const RealError = Error;
+  const RealTypeError = TypeError;
+  const RealPromise = Promise;
+  const promiseAll = Promise.all.bind(Promise);
+  const promiseResolve = Promise.resolve.bind(Promise);
+  const promiseReject = Promise.reject.bind(Promise);
+  const isArray = Array.isArray;
+  const assign = Object.assign;
+  const hasOwn = Object.hasOwn;
+  const apply = Reflect.apply;
+  const toWellFormed = String.prototype.toWellFormed;
+  // Text for the host: a lone surrogate (which UTF-8 cannot carry) becomes U+FFFD.
+  const wellFormed = (text) => apply(toWellFormed, text, []);
+  const freeze = Object.freeze;
+  // Calls waiting for the host, by call id; no prototype, so no script-made method is consulted.
+  const pending = Object.create(null);
 
-  class StepError extends Error {
+  // A thrown value as text, even when its own conversion throws.
+  const describe = (error) => {
+    try {
+      if (error !== null && typeof error === "object" && !(error instanceof RealError) && typeof error.stack === "string") {
+        return error.stack;
+      }
+      return toText(error);
+    } catch (_) {
+      return `a thrown ${typeof error} that cannot be converted to text`;
+    }
+  };
+
+  // A value's JSON text with the engine's own JSON.stringify, or why it has none. (No prototype:
+  // a getter the script put on Object.prototype is never read.)
+  const encode = (value) => {
+    try {
+      const text = stringify(value);
+      if (typeof text === "string") return { __proto__: null, text };
+      return { __proto__: null, error: `a ${typeof value} has no JSON form` };
+    } catch (error) {
+      return { __proto__: null, error: describe(error) };
+    }
+  };
+
+  class StepError extends RealError {
     constructor(detail) {
       super(detail.message || "step failed");
       this.name = "StepError";
-      Object.assign(this, detail);
+      assign(this, detail);
     }
   }
 
   globalThis.__reins_settle = (id, ok, json) => {
-    const waiter = pending.get(id);
+    const waiter = pending[id];
     if (!waiter) return;
-    pending.delete(id);
-    const value = json === undefined ? undefined : JSON.parse(json);
+    delete pending[id];
+    const value = json === undefined ? undefined : parse(json);
     if (ok) waiter.resolve(value);
     else waiter.reject(new StepError(value));
   };
 
+  // Starts the script's body as the first job, and reports how it ended.
+  globalThis.__reins_start = (main, argsJson) => {
+    const args = parse(argsJson);
+    promiseResolve().then(async () => {
+      let value;
+      try {
+        value = await main(args);
+      } catch (error) {
+        done(false, wellFormed(describe(error)));
+        return;
+      }
+      const encoded = encode(value === undefined ? null : value);
+      if (encoded.error === undefined) done(true, encoded.text);
+      else done(false, `the result cannot be encoded as JSON: ${encoded.error}`);
+    });
+  };
+
   function call(kind, args) {
-    if (args === null || typeof args !== "object" || Array.isArray(args)) {
-      return Promise.reject(new TypeError(`${kind} takes one object`));
+    if (args === null || typeof args !== "object" || isArray(args)) {
+      return promiseReject(new RealTypeError(`${kind} takes one object`));
     }
-    const answer = JSON.parse(request(kind, JSON.stringify(args)));
-    if (answer.error) return Promise.reject(new TypeError(answer.error));
-    return new Promise((resolve, reject) => pending.set(answer.id, { resolve, reject }));
+    const encoded = encode(args);
+    if (encoded.error !== undefined) {
+      return promiseReject(new RealTypeError(`the arguments of ${kind} cannot be encoded as JSON: ${encoded.error}`));
+    }
+    const answer = parse(request(kind, encoded.text));
+    if (hasOwn(answer, "error")) return promiseReject(new RealTypeError(answer.error));
+    return new RealPromise((resolve, reject) => {
+      pending[answer.id] = { resolve, reject };
+    });
   }
 
   globalThis.agent = (args) => call("agent", args);
@@ -52,13 +124,13 @@
     return decision;
   };
   globalThis.parallel = async (thunks) => {
-    if (!Array.isArray(thunks)) throw new TypeError("parallel takes an array of functions");
+    if (!isArray(thunks)) throw new RealTypeError("parallel takes an array of functions");
     if (thunks.length > parallelMax) {
       fail(`parallel with ${thunks.length} thunks is over parallel_max (${parallelMax})`);
     }
     const first = mark();
     try {
-      return await Promise.all(thunks.map((thunk) => thunk()));
+      return await promiseAll(thunks.map((thunk) => thunk()));
     } catch (error) {
       // Fail fast: the siblings still outstanding are cancelled.
       cancelFrom(first);
@@ -78,20 +150,28 @@
   }
   globalThis.Date = WorkflowDate;
   Math.random = () => random();
+  // Milliseconds of workflow time since launch: it advances as steps settle, like `Date`.
+  const origin = now();
+  globalThis.performance = freeze({ now: () => now() - origin, timeOrigin: origin });
 
-  const show = (value) => (typeof value === "string" ? value : JSON.stringify(value));
-  globalThis.console = {
-    log: (...values) => log(values.map(show).join(" ")),
-    info: (...values) => log(values.map(show).join(" ")),
-    warn: (...values) => log(values.map(show).join(" ")),
-    error: (...values) => log(values.map(show).join(" ")),
+  // One line per call; a line longer than the host keeps is cut here, before it leaves the VM.
+  const show = (value) => {
+    if (typeof value === "string") return value;
+    const encoded = encode(value);
+    return encoded.error === undefined ? encoded.text : describe(value);
   };
+  const print = (...values) => {
+    const line = values.map(show).join(" ");
+    if (line.length > logLineMax) log(wellFormed(line.slice(0, logLineMax)), true);
+    else log(wellFormed(line), false);
+  };
+  globalThis.console = { log: print, info: print, warn: print, error: print };
 
   // Garbage collection is not deterministic; nothing may observe it.
   delete globalThis.WeakRef;
   delete globalThis.FinalizationRegistry;
-  for (const name of ["__reins_request", "__reins_fail", "__reins_now", "__reins_random", "__reins_log", "__reins_parallel_max",
-                      "__reins_mark", "__reins_cancel_from"]) {
+  for (const name of ["__reins_request", "__reins_fail", "__reins_now", "__reins_random", "__reins_log", "__reins_done",
+                      "__reins_parallel_max", "__reins_log_line_chars_max", "__reins_mark", "__reins_cancel_from"]) {
     delete globalThis[name];
   }
 })();

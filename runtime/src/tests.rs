@@ -11,6 +11,7 @@ fn options(journal: Vec<JournalEntry>) -> VmOptions {
         seed: 42,
         started_at_ms: 1_000_000,
         journal,
+        logged_bytes: 0,
     }
 }
 
@@ -434,5 +435,287 @@ fn the_runtime_version_follows_the_limits_that_change_replay() {
             ..Limits::default()
         }),
         "a CPU budget does not change what a replay computes"
+    );
+}
+
+#[test]
+fn every_value_a_script_returns_or_throws_ends_the_run() {
+    let failing = [
+        (
+            "return () => 1;",
+            "the result cannot be encoded as JSON: a function has no JSON form",
+        ),
+        ("return Symbol('s');", "a symbol has no JSON form"),
+        (
+            "return 10n;",
+            "the result cannot be encoded as JSON: TypeError",
+        ),
+        (
+            "return {toJSON() { throw 1; }};",
+            "the result cannot be encoded as JSON: 1",
+        ),
+        (
+            "const a = {}; a.a = a; return a;",
+            "the result cannot be encoded as JSON: TypeError",
+        ),
+        (
+            "return {toJSON() { throw {toString() { throw 1; }}; }};",
+            "a thrown object that cannot be converted to text",
+        ),
+        (
+            "throw {toString() { throw 1; }};",
+            "a thrown object that cannot be converted to text",
+        ),
+        (
+            "throw new Proxy({}, {get() { throw 1; }, getPrototypeOf() { throw 2; }});",
+            "a thrown object that cannot be converted to text",
+        ),
+        ("throw 10n;", "10"),
+        ("await new Promise(() => {});", "nothing can settle"),
+        (
+            r#"await agent({stepId: "a", agentRef: "x", task: 10n});"#,
+            "the arguments of agent cannot be encoded as JSON: TypeError",
+        ),
+        (
+            r#"await pause({stepId: "p", input: {toJSON() { throw {toString() { throw 1; }}; }}});"#,
+            "the arguments of pause cannot be encoded as JSON: a thrown object",
+        ),
+        (
+            r#"await humanCheckpoint({stepId: "h", sourceStepId: "a", artifactVersion: 1, x: () => 1, y: 1n});"#,
+            "the arguments of humanCheckpoint cannot be encoded as JSON",
+        ),
+        (
+            "await parallel([() => { throw {toString() { throw 1; }}; }]);",
+            "a thrown object that cannot be converted to text",
+        ),
+        (
+            r#"await parallel([() => agent({stepId: "a", agentRef: "x", task: 1}), () => { throw 10n; }]);"#,
+            "10",
+        ),
+    ];
+    for (script, says) in failing {
+        let (status, _, _) = drive(script, json!({}), options(vec![]), echo);
+        assert!(
+            matches!(&status, Status::Failed(m) if m.contains(says)),
+            "{script}: {status:?}"
+        );
+    }
+    // The script's own JSON functions are not the ones its values are encoded with.
+    for (script, result) in [
+        ("JSON.stringify = () => 5; return {a: 1};", json!({"a": 1})),
+        (
+            r#"JSON.stringify = () => 5; JSON.parse = () => 6; String = () => 7;
+               const a = await agent({stepId: "a", agentRef: "x", task: {n: 1}});
+               return a.output;"#,
+            json!({"n": 1}),
+        ),
+        ("return undefined;", Value::Null),
+        (
+            "Promise.prototype.then = function () {}; await agent({stepId: 'a', agentRef: 'x', task: 1}); return 1;",
+            json!(1),
+        ),
+        (
+            r#"Object.defineProperty(Object.prototype, "error", {get() { return "x"; }});
+               Object.defineProperty(Object.prototype, "text", {get() { return "y"; }});
+               await agent({stepId: "a", agentRef: "x", task: 1});
+               return {a: 1};"#,
+            json!({"a": 1}),
+        ),
+    ] {
+        let (status, _, _) = drive(script, json!({}), options(vec![]), echo);
+        assert_eq!(status, Status::Completed(result), "{script}");
+    }
+}
+
+#[test]
+fn a_script_that_does_not_compile_is_refused_with_its_own_line_and_column() {
+    for (script, says) in [
+        (
+            "return 1 +;",
+            "SyntaxError: unexpected token in expression: ';' (line 1, column 11)",
+        ),
+        (
+            "const a = 1;\nconst b = ;\nreturn a;",
+            "(line 2, column 11)",
+        ),
+        ("await agent({stepId: 'a'}\n", "SyntaxError"),
+        ("return 1;\u{0}", "the script does not compile"),
+        (
+            &format!("return {}1{};", "(".repeat(30_000), ")".repeat(30_000)),
+            "RangeError: Maximum call stack size exceeded",
+        ),
+    ] {
+        let checked = crate::check_script(script, &Limits::default());
+        assert!(
+            matches!(&checked, Err(crate::Error::Script(m)) if m.contains(says)),
+            "{}: {checked:?}",
+            &script[..script.len().min(40)]
+        );
+        let started = Vm::start(script, &json!({}), options(vec![])).err();
+        assert_eq!(started, checked.err(), "the check and the start agree");
+    }
+    for script in [
+        "return 1; // a comment on the last line",
+        "with ({a: 1}) { return a + args.n; }",
+        "const x = await pause({stepId: 'p'}); return x;",
+        // Compiled, never run: the loop after the body's end would never end.
+        "}); while (true) {} (function () {",
+    ] {
+        assert_eq!(
+            crate::check_script(script, &Limits::default()),
+            Ok(()),
+            "{script}"
+        );
+    }
+    let too_big = "1;".repeat(40_000);
+    assert!(matches!(
+        crate::check_script(&too_big, &Limits::default()),
+        Err(crate::Error::LimitExceeded(m)) if m.contains("script_bytes_max")
+    ));
+}
+
+#[test]
+fn console_log_is_bounded_per_line_per_activation_and_per_workflow() {
+    let cut_x = "xxxxxxxxxx [cut: over log_line_bytes_max (10)]";
+    let cut_e = "ééééé [cut: over log_line_bytes_max (10)]";
+    // Room for the first two activations' six lines, the two cut lines and one line more.
+    let budget = 30 + cut_x.len() as u64 + cut_e.len() as u64 + 10;
+    let limits = Limits {
+        log_lines_per_activation_max: 3,
+        log_line_bytes_max: 10,
+        log_bytes_per_workflow_max: budget,
+        ..Limits::default()
+    };
+    let with = |logged_bytes| VmOptions {
+        limits: limits.clone(),
+        logged_bytes,
+        ..options(vec![])
+    };
+    let script = r#"
+        for (let i = 0; i < 3; i++) console.log(`line${i}`);
+        await pause({stepId: "p1"});
+        for (let i = 0; i < 5; i++) console.log(`more${i}`);
+        await pause({stepId: "p2"});
+        console.log("x".repeat(10000000));
+        console.log("é".repeat(6));
+        await pause({stepId: "p3"});
+        for (let i = 0; i < 3; i++) console.log("0123456789");
+        return 1;
+    "#;
+    let mut vm = Vm::start(script, &json!({}), with(0)).expect("start");
+    let mut activations = Vec::new();
+    loop {
+        let activation = vm.run();
+        activations.push(activation.logs.clone());
+        let Some(command) = activation.commands.first() else {
+            break;
+        };
+        vm.settle(command.id, Outcome::Resolved(Value::Null), 5);
+    }
+    let dropped =
+        format!("2 console.log lines dropped: over log_bytes_per_workflow_max ({budget} bytes)");
+    assert_eq!(
+        activations,
+        vec![
+            // At the limit: nothing dropped, nothing said.
+            vec!["line0", "line1", "line2"],
+            vec![
+                "more0",
+                "more1",
+                "more2",
+                "2 console.log lines dropped: over log_lines_per_activation_max (3)"
+            ],
+            // Cut at a character boundary, and marked.
+            vec![cut_x, cut_e],
+            // The workflow's budget has room for exactly one line more.
+            vec!["0123456789", dropped.as_str()],
+        ]
+    );
+    // The count carries across a park: a VM that starts with the budget spent keeps nothing.
+    let mut vm =
+        Vm::start(r#"console.log("a"); return 1;"#, &json!({}), with(budget)).expect("start");
+    assert_eq!(
+        vm.run().logs,
+        vec![format!(
+            "1 console.log lines dropped: over log_bytes_per_workflow_max ({budget} bytes)"
+        )]
+    );
+}
+
+#[test]
+fn performance_now_is_workflow_time_and_replays_the_same() {
+    let script = r#"
+        const before = performance.now();
+        let spin = 0;
+        for (let i = 0; i < 1000000; i++) spin += i;
+        const same = performance.now();
+        await agent({stepId: "a", agentRef: "x", task: 1});
+        return [before, same, performance.now(), performance.timeOrigin, Date.now()];
+    "#;
+    let (first, journal, _) = drive(script, json!({}), options(vec![]), echo);
+    assert_eq!(
+        first,
+        Status::Completed(json!([0, 0, 1_000_000, 1_000_000, 2_000_000]))
+    );
+    let (replayed, _, carried_out) = drive(script, json!({}), options(journal), echo);
+    assert_eq!(carried_out, 0);
+    assert_eq!(replayed, first, "a replay saw other values");
+}
+
+#[test]
+fn step_ids_follow_the_control_planes_grammar_when_the_call_is_made() {
+    let script = r#"
+        const errors = [];
+        for (const call of [
+            () => humanCheckpoint({stepId: "ok?", sourceStepId: "a", artifactVersion: 1}),
+            () => pause({stepId: "x".repeat(129)}),
+            () => captureArtifact({stepId: "c", sourceStepId: "a b", path: "/mnt/user-data/f"}),
+        ]) {
+            try { await call(); } catch (e) { errors.push(e.message); }
+        }
+        await pause({stepId: "A-z_0.9" + "x".repeat(121)});
+        return errors;
+    "#;
+    let (status, journal, _) = drive(script, json!({}), options(vec![]), echo);
+    let grammar = crate::ID_GRAMMAR;
+    assert_eq!(
+        status,
+        Status::Completed(json!([
+            format!("humanCheckpoint stepId \"ok?\" is not an id ({grammar})"),
+            format!(
+                "pause stepId \"{}\" is not an id ({grammar})",
+                "x".repeat(129)
+            ),
+            format!("captureArtifact sourceStepId \"a b\" is not an id ({grammar})"),
+        ]))
+    );
+    assert_eq!(journal.len(), 1, "a refused call is not journaled");
+}
+
+#[test]
+fn a_lone_surrogate_reaches_the_host_as_a_replacement_character() {
+    let limits = Limits {
+        log_line_bytes_max: 10,
+        ..Limits::default()
+    };
+    let with = VmOptions {
+        limits,
+        ..options(vec![])
+    };
+    // The prelude cuts this line inside a surrogate pair.
+    let script = r#"console.log("a" + "😀".repeat(50)); console.log("x\ud800"); throw "\udc00!";"#;
+    let activation = Vm::start(script, &json!({}), with).expect("start").run();
+    assert_eq!(
+        activation.logs,
+        vec![
+            "a😀😀 [cut: over log_line_bytes_max (10)]".to_owned(),
+            "x\u{fffd}".to_owned()
+        ]
+    );
+    assert_eq!(activation.status, Status::Failed("\u{fffd}!".into()));
+    let (status, _, _) = drive(r#"return "\ud800";"#, json!({}), options(vec![]), echo);
+    assert!(
+        matches!(&status, Status::Failed(m) if m.contains("the result cannot be encoded as JSON")),
+        "{status:?}"
     );
 }

@@ -10,7 +10,8 @@ use std::collections::{HashSet, VecDeque};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use rquickjs::{CatchResultExt, Context, Function, Persistent, Runtime};
+use rquickjs::context::EvalOptions;
+use rquickjs::{CatchResultExt, CaughtError, Context, Ctx, Function, Persistent, Runtime};
 use serde_json::{Value, json};
 
 use crate::Limits;
@@ -29,6 +30,9 @@ pub struct VmOptions {
     pub started_at_ms: i64,
     /// The run's journal so far, in call order.
     pub journal: Vec<JournalEntry>,
+    /// `console.log` bytes the script already logged in earlier lives of its VM on this node
+    /// (the host keeps the count across parks; see `log_bytes_per_workflow_max`).
+    pub logged_bytes: u64,
 }
 
 /// A running workflow script.
@@ -65,12 +69,32 @@ struct Host {
     clock_ms: i64,
     rng: u64,
     logs: Vec<String>,
+    /// `console.log` bytes kept in this VM's life, plus `VmOptions::logged_bytes`.
+    logged_bytes: u64,
+    /// Lines kept and dropped in this activation.
+    log_lines: u64,
+    log_lines_dropped: u64,
+    /// Bytes the host let this VM use, when less than `script_memory_bytes_max` (the node's
+    /// scripts together were near their total): an out-of-memory error then says so.
+    memory_grant: Option<u64>,
 }
 
 impl Vm {
     /// Checks the script and arguments against their limits, installs the API and starts the
     /// script. Nothing runs past the first await until [`Vm::run`].
     pub fn start(script: &str, args: &Value, options: VmOptions) -> Result<Vm, Error> {
+        let memory_bytes = options.limits.script_memory_bytes_max;
+        Vm::start_within(script, args, options, memory_bytes)
+    }
+
+    /// [`Vm::start`] with at most `memory_bytes` of memory (the host's share for this VM, at most
+    /// `script_memory_bytes_max`).
+    pub fn start_within(
+        script: &str,
+        args: &Value,
+        options: VmOptions,
+        memory_bytes: u64,
+    ) -> Result<Vm, Error> {
         let limits = options.limits.clone();
         if script.len() as u64 > limits.script_bytes_max {
             return Err(Error::LimitExceeded(format!(
@@ -87,13 +111,8 @@ impl Vm {
                 limits.frame_bytes_max
             )));
         }
-        let runtime = Runtime::new().map_err(engine)?;
-        runtime.set_memory_limit(
-            usize::try_from(limits.script_memory_bytes_max).unwrap_or(usize::MAX),
-        );
-        runtime.set_max_stack_size(
-            usize::try_from(limits.script_stack_bytes_max).unwrap_or(usize::MAX),
-        );
+        let memory_bytes = memory_bytes.min(limits.script_memory_bytes_max);
+        let runtime = sandbox_runtime(&limits, memory_bytes)?;
         let deadline = Rc::new(RefCell::new(Instant::now() + limits.cpu_between_awaits()));
         let watched = Rc::clone(&deadline);
         runtime.set_interrupt_handler(Some(Box::new(move || Instant::now() > *watched.borrow())));
@@ -120,6 +139,10 @@ impl Vm {
             clock_ms: options.started_at_ms,
             rng: options.seed,
             logs: Vec::new(),
+            logged_bytes: options.logged_bytes,
+            log_lines: 0,
+            log_lines_dropped: 0,
+            memory_grant: (memory_bytes < limits.script_memory_bytes_max).then_some(memory_bytes),
         }));
         // Step ids are claimed as calls are made, not up front: a replay claims them again.
         host.borrow_mut().step_ids.clear();
@@ -131,27 +154,15 @@ impl Vm {
                 .catch(&ctx)
                 .map_err(|e| Error::Engine(format!("the script API failed to install: {e}")))?;
             let settle: Function = globals.get("__reins_settle").map_err(engine)?;
+            let begin: Function = globals.get("__reins_start").map_err(engine)?;
             globals.remove("__reins_settle").map_err(engine)?;
-            globals.set("__reins_script", script).map_err(engine)?;
-            globals.set("__reins_args", args_json).map_err(engine)?;
-            ctx.eval::<(), _>(
-                r#"(() => {
-                    const done = __reins_done;
-                    const AsyncFunction = (async function () {}).constructor;
-                    const main = new AsyncFunction("args", __reins_script);
-                    const args = JSON.parse(__reins_args);
-                    delete globalThis.__reins_done;
-                    delete globalThis.__reins_script;
-                    delete globalThis.__reins_args;
-                    // The body starts as a job of the first activation, under its limits.
-                    Promise.resolve().then(() => main(args)).then(
-                        (value) => done(true, JSON.stringify(value === undefined ? null : value)),
-                        (error) => done(false, String(error && error.stack && !(error instanceof Error) ? error.stack : error)),
-                    );
-                })()"#,
-            )
-            .catch(&ctx)
-            .map_err(|e| Error::Script(format!("the script does not compile: {e}")))?;
+            globals.remove("__reins_start").map_err(engine)?;
+            let main = evaluate_body(&ctx, script)?;
+            // The body starts as a job of the first activation, under its limits.
+            begin
+                .call::<_, ()>((main, args_json))
+                .catch(&ctx)
+                .map_err(|e| Error::Engine(format!("the script could not start: {e}")))?;
             Ok(Persistent::save(&ctx, settle))
         })?;
         Ok(Vm {
@@ -207,6 +218,15 @@ impl Vm {
             self.deliver(id, outcome);
         }
         let mut host = self.host.borrow_mut();
+        if host.fatal.is_none() && host.result.is_none() && host.outstanding.is_empty() {
+            // No step is outstanding and no job is pending: nothing can ever settle what the
+            // script awaits (a promise it never resolves, or a script that broke the API).
+            host.fail(
+                "the script waits for a promise that nothing can settle (no step is outstanding)"
+                    .into(),
+            );
+        }
+        host.say_dropped_logs();
         let status = match (&host.fatal, &host.result) {
             (Some(message), _) => Status::Failed(message.clone()),
             (None, Some(Ok(value))) => {
@@ -220,7 +240,9 @@ impl Vm {
                     Status::Completed(value.clone())
                 }
             }
-            (None, Some(Err(message))) => Status::Failed(name_the_limit(message, &host.limits)),
+            (None, Some(Err(message))) => {
+                Status::Failed(name_the_limit(message, &host.limits, host.memory_grant))
+            }
             (None, None) => Status::Waiting,
         };
         Activation {
@@ -237,6 +259,16 @@ impl Vm {
         self.runtime.memory_usage().memory_used_size
     }
 
+    /// Lets the VM use at most `bytes` of memory from now on (at most `script_memory_bytes_max`):
+    /// the host's share for it while the node's scripts together are near their total.
+    pub fn set_memory_grant(&mut self, bytes: u64) {
+        let mut host = self.host.borrow_mut();
+        let bytes = bytes.min(host.limits.script_memory_bytes_max);
+        host.memory_grant = (bytes < host.limits.script_memory_bytes_max).then_some(bytes);
+        self.runtime
+            .set_memory_limit(usize::try_from(bytes).unwrap_or(usize::MAX));
+    }
+
     fn rearm(&self) {
         let limits = &self.host.borrow().limits;
         *self.deadline.borrow_mut() = Instant::now() + limits.cpu_between_awaits();
@@ -248,7 +280,10 @@ impl Vm {
                 Ok(true) => {}
                 Ok(false) => return Ok(()),
                 Err(exception) => {
-                    let limits = self.host.borrow().limits.clone();
+                    let (limits, grant) = {
+                        let host = self.host.borrow();
+                        (host.limits.clone(), host.memory_grant)
+                    };
                     let message = exception.0.with(|ctx| {
                         ctx.catch().as_exception().map_or_else(
                             || "the script stopped with an uncatchable error".to_owned(),
@@ -261,7 +296,7 @@ impl Vm {
                             limits.script_cpu_ms_max
                         ));
                     }
-                    return Err(name_the_limit(&message, &limits));
+                    return Err(name_the_limit(&message, &limits, grant));
                 }
             }
         }
@@ -296,6 +331,49 @@ impl Host {
     fn fail(&mut self, message: String) {
         if self.fatal.is_none() {
             self.fatal = Some(message);
+        }
+    }
+
+    /// A `console.log` line, kept within the log limits.
+    /// `cut`: the prelude already cut the line (to `log_line_bytes_max` UTF-16 units).
+    fn log(&mut self, mut line: String, cut: bool) {
+        if self.log_lines >= self.limits.log_lines_per_activation_max {
+            self.log_lines_dropped += 1;
+            return;
+        }
+        let line_max = usize::try_from(self.limits.log_line_bytes_max).unwrap_or(usize::MAX);
+        if cut || line.len() > line_max {
+            line.truncate(line.floor_char_boundary(line_max));
+            line.push_str(&format!(" [cut: over log_line_bytes_max ({line_max})]"));
+        }
+        let bytes = line.len() as u64;
+        if self.logged_bytes + bytes > self.limits.log_bytes_per_workflow_max {
+            self.log_lines_dropped += 1;
+            return;
+        }
+        self.log_lines += 1;
+        self.logged_bytes += bytes;
+        self.logs.push(line);
+    }
+
+    /// Ends an activation's log: one line saying how many lines were dropped, if any.
+    fn say_dropped_logs(&mut self) {
+        let dropped = std::mem::take(&mut self.log_lines_dropped);
+        let kept = std::mem::take(&mut self.log_lines);
+        if dropped > 0 {
+            let limit = if kept >= self.limits.log_lines_per_activation_max {
+                format!(
+                    "log_lines_per_activation_max ({})",
+                    self.limits.log_lines_per_activation_max
+                )
+            } else {
+                format!(
+                    "log_bytes_per_workflow_max ({} bytes)",
+                    self.limits.log_bytes_per_workflow_max
+                )
+            };
+            self.logs
+                .push(format!("{dropped} console.log lines dropped: over {limit}"));
         }
     }
 
@@ -435,6 +513,16 @@ fn check_args(kind: CallKind, args: &Value, seq: u32) -> Result<String, String> 
     let step_id = text("stepId")
         .ok_or_else(|| format!("{name} needs a stepId (a non-empty string)"))?
         .to_owned();
+    // The control plane names steps by the same grammar (`reins approve RUN --step ID`).
+    let check_id = |field: &str| match text(field) {
+        Some(id) if !crate::is_id(id) => Err(format!(
+            "{name} {field} {id:?} is not an id ({})",
+            crate::ID_GRAMMAR
+        )),
+        _ => Ok(()),
+    };
+    check_id("stepId")?;
+    check_id("sourceStepId")?;
     match kind {
         CallKind::Agent => {
             text("agentRef").ok_or_else(|| format!("{name} {step_id:?} needs an agentRef"))?;
@@ -460,8 +548,14 @@ fn check_args(kind: CallKind, args: &Value, seq: u32) -> Result<String, String> 
 }
 
 /// Engine errors that mean a limit was hit, said in terms of the limit.
-fn name_the_limit(message: &str, limits: &Limits) -> String {
-    if message.contains("out of memory") {
+fn name_the_limit(message: &str, limits: &Limits, memory_grant: Option<u64>) -> String {
+    if let (true, Some(grant)) = (message.contains("out of memory"), memory_grant) {
+        format!(
+            "the script used more than the {grant} bytes it was given: the node's scripts \
+             together were near js_memory_total_bytes (script_memory_bytes_max is {}): {message}",
+            limits.script_memory_bytes_max
+        )
+    } else if message.contains("out of memory") {
         format!(
             "the script used more than script_memory_bytes_max ({} bytes): {message}",
             limits.script_memory_bytes_max
@@ -474,6 +568,123 @@ fn name_the_limit(message: &str, limits: &Limits) -> String {
     } else {
         message.to_owned()
     }
+}
+
+/// The text a script is compiled as: the body of an async function of `args`, opening on the
+/// script's first line so that an error's line number is the script's own (on the first line,
+/// the column counts the prefix, which [`compile_error`] takes off).
+const BODY_PREFIX: &str = "(async function (args) {";
+/// On a line of its own, so that a comment on the script's last line ends before it.
+const BODY_SUFFIX: &str = "\n})";
+/// The file name errors and stack traces show for the script.
+const SCRIPT_FILE: &str = "script";
+
+fn body_source(script: &str) -> String {
+    format!("{BODY_PREFIX}{script}{BODY_SUFFIX}")
+}
+
+/// A runtime with the sandbox's memory and stack limits.
+fn sandbox_runtime(limits: &Limits, memory_bytes: u64) -> Result<Runtime, Error> {
+    let runtime = Runtime::new().map_err(engine)?;
+    runtime.set_memory_limit(usize::try_from(memory_bytes).unwrap_or(usize::MAX));
+    runtime
+        .set_max_stack_size(usize::try_from(limits.script_stack_bytes_max).unwrap_or(usize::MAX));
+    Ok(runtime)
+}
+
+/// Evaluates the script's body into the async function the prelude starts. Sloppy mode, as a
+/// `Function` body would be.
+fn evaluate_body<'js>(ctx: &Ctx<'js>, script: &str) -> Result<rquickjs::Value<'js>, Error> {
+    let mut options = EvalOptions::default();
+    options.strict = false;
+    options.filename = Some(SCRIPT_FILE.to_owned());
+    ctx.eval_with_options(body_source(script), options)
+        .catch(ctx)
+        .map_err(|e| Error::Script(compile_error(e)))
+}
+
+/// Checks that `script` compiles as a workflow body, without running any of it (no API is
+/// installed, nothing is evaluated) and within the script's size and memory limits. The error
+/// names the script's own line and column.
+pub fn check_script(script: &str, limits: &Limits) -> Result<(), Error> {
+    if script.len() as u64 > limits.script_bytes_max {
+        return Err(Error::LimitExceeded(format!(
+            "the script is {} bytes, over script_bytes_max ({})",
+            script.len(),
+            limits.script_bytes_max
+        )));
+    }
+    let runtime = sandbox_runtime(limits, limits.script_memory_bytes_max)?;
+    let context =
+        Context::custom::<rquickjs::context::intrinsic::Eval>(&runtime).map_err(engine)?;
+    context.with(|ctx| {
+        compile_only(&ctx, &body_source(script))
+            .catch(&ctx)
+            .map_err(|e| Error::Script(compile_error(e)))
+    })
+}
+
+/// Compiles `source` as global sloppy-mode code into bytecode and drops it: nothing of it runs.
+/// rquickjs compiles without running only modules, which are strict, and a workflow body is not;
+/// so this calls QuickJS's `JS_Eval` with `JS_EVAL_FLAG_COMPILE_ONLY` itself.
+fn compile_only(ctx: &Ctx<'_>, source: &str) -> rquickjs::Result<()> {
+    let text = std::ffi::CString::new(source)?;
+    let file = std::ffi::CString::new(SCRIPT_FILE)?;
+    let flags =
+        (rquickjs::qjs::JS_EVAL_TYPE_GLOBAL | rquickjs::qjs::JS_EVAL_FLAG_COMPILE_ONLY) as i32;
+    // SAFETY: `text` and `file` are NUL-terminated and outlive the call, and `text` holds
+    // `source.len()` bytes before its NUL, as JS_Eval requires. JS_Eval returns a value the caller
+    // owns; `Value::from_raw` takes that ownership and frees it on drop.
+    let compiled = unsafe {
+        let raw = rquickjs::qjs::JS_Eval(
+            ctx.as_raw().as_ptr(),
+            text.as_ptr(),
+            source.len() as _,
+            file.as_ptr(),
+            flags,
+        );
+        rquickjs::Value::from_raw(ctx.clone(), raw)
+    };
+    if compiled.is_exception() {
+        Err(rquickjs::Error::Exception)
+    } else {
+        Ok(())
+    }
+}
+
+/// A compile error in the script's own terms: the engine's message and the script's line and
+/// column (from the error's `script:LINE:COLUMN` position).
+fn compile_error(error: CaughtError<'_>) -> String {
+    let CaughtError::Exception(exception) = error else {
+        return format!("the script does not compile: {error}");
+    };
+    let name: String = exception
+        .get("name")
+        .unwrap_or_else(|_| "SyntaxError".to_owned());
+    let message = exception.message().unwrap_or_default();
+    let position = exception.stack().and_then(|stack| script_position(&stack));
+    match position {
+        Some((line, column)) => {
+            format!("the script does not compile: {name}: {message} (line {line}, column {column})")
+        }
+        None => format!("the script does not compile: {name}: {message}"),
+    }
+}
+
+/// The first `script:LINE:COLUMN` of a stack, in the script's own numbering.
+fn script_position(stack: &str) -> Option<(u64, u64)> {
+    let at = stack.find(&format!("{SCRIPT_FILE}:"))? + SCRIPT_FILE.len() + 1;
+    let mut numbers = stack[at..]
+        .split(|c: char| !c.is_ascii_digit())
+        .map(str::parse::<u64>);
+    let line = numbers.next()?.ok()?;
+    let column = numbers.next()?.ok()?;
+    let column = if line == 1 {
+        column.saturating_sub(BODY_PREFIX.len() as u64)
+    } else {
+        column
+    };
+    Some((line, column))
 }
 
 fn engine(error: rquickjs::Error) -> Error {
@@ -500,12 +711,12 @@ fn install(ctx: &rquickjs::Ctx<'_>, host: &Rc<RefCell<Host>>) -> Result<(), Erro
     let random =
         Function::new(ctx.clone(), move || -> f64 { h.borrow_mut().random() }).map_err(engine)?;
     let h = Rc::clone(host);
-    let log = Function::new(ctx.clone(), move |line: String| {
+    let log = Function::new(ctx.clone(), move |line: String, cut: bool| {
         let mut host = h.borrow_mut();
         // Before the script has made every call of the journal, it is replaying what already
         // ran, and what it logged then was logged then: once is the truth.
         if host.next_seq as usize >= host.replayed {
-            host.logs.push(line);
+            host.log(line, cut);
         }
     })
     .map_err(engine)?;
@@ -513,7 +724,9 @@ fn install(ctx: &rquickjs::Ctx<'_>, host: &Rc<RefCell<Host>>) -> Result<(), Erro
     let done = Function::new(ctx.clone(), move |ok: bool, text: String| {
         let mut host = h.borrow_mut();
         host.result = Some(if ok {
-            serde_json::from_str(&text).map_err(|e| format!("the result is not JSON: {e}"))
+            // What the engine's JSON.stringify writes and serde refuses: a lone surrogate.
+            serde_json::from_str(&text)
+                .map_err(|e| format!("the result cannot be encoded as JSON: {e}"))
         } else {
             Err(text)
         });
@@ -527,7 +740,10 @@ fn install(ctx: &rquickjs::Ctx<'_>, host: &Rc<RefCell<Host>>) -> Result<(), Erro
         h.borrow_mut().cancel_from(seq);
     })
     .map_err(engine)?;
-    let parallel_max = host.borrow().limits.parallel_max;
+    let (parallel_max, log_line_max) = {
+        let limits = &host.borrow().limits;
+        (limits.parallel_max, limits.log_line_bytes_max)
+    };
     for (name, function) in [
         ("__reins_request", request),
         ("__reins_fail", fail),
@@ -542,6 +758,11 @@ fn install(ctx: &rquickjs::Ctx<'_>, host: &Rc<RefCell<Host>>) -> Result<(), Erro
     }
     globals
         .set("__reins_parallel_max", parallel_max as f64)
+        .map_err(engine)?;
+    // A line's UTF-16 units at most, so that no longer string leaves the VM; the host cuts to
+    // bytes.
+    globals
+        .set("__reins_log_line_chars_max", log_line_max as f64)
         .map_err(engine)?;
     Ok(())
 }

@@ -187,3 +187,124 @@ async fn a_person_runs_approves_and_downloads_through_the_cli() {
     assert_eq!(code(&key), 0);
     assert!(String::from_utf8_lossy(&key.stdout).trim().len() >= 32);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_operator_lists_and_reconciles_every_uncertain_workflow_with_one_command() {
+    let db = Db::new(false).await;
+    let faults = tempfile::tempdir().expect("fault dir");
+    std::fs::write(faults.path().join("hold_model"), b"").expect("hold");
+    let node = Node::start(
+        &db,
+        &[("REINS_FAULT_DIR", faults.path().display().to_string())],
+    );
+    let dir = tempfile::tempdir().expect("temp dir");
+    let home = dir.path();
+    assert_eq!(code(&cli(home, &node, &["init", "--email", ADMIN])), 0);
+    let script = home.join("held.js");
+    std::fs::write(
+        &script,
+        "return (await agent({stepId: 'held', agentRef: 'scripted', \
+         task: {hold_while: 'hold_model', output: 'real'}})).output;",
+    )
+    .expect("script");
+    let mut ids = Vec::new();
+    for _ in 0..2 {
+        let run = cli(home, &node, &["run", "held.js", "--json"]);
+        assert_eq!(code(&run), 0, "{}", String::from_utf8_lossy(&run.stderr));
+        ids.push(json_of(&run)["run_id"].as_str().expect("id").to_owned());
+    }
+    // Each is moved away from its owner while its child runs, then recovered: its child's
+    // outcome is unknown, so it waits for an operator.
+    for id in &ids {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        loop {
+            let get = json_of(&cli(home, &node, &["get", id, "--json"]));
+            if get["steps"][0]["status"] == "running" {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the child never ran: {get}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        crate::operators::admin_json(&node.admin_socket(), &["fence", id]);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        loop {
+            let recovered = cli(home, &node, &["recover", id]);
+            let get = json_of(&cli(home, &node, &["get", id, "--json"]));
+            if get["status"] == "needs_reconciliation" {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "never needed reconciliation: {get} {}",
+                String::from_utf8_lossy(&recovered.stderr)
+            );
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    }
+
+    let dry = cli(
+        home,
+        &node,
+        &[
+            "reconcile",
+            "--all",
+            "--retry",
+            "--reason",
+            "checked",
+            "--dry-run",
+            "--json",
+        ],
+    );
+    assert_eq!(code(&dry), 0, "{}", String::from_utf8_lossy(&dry.stderr));
+    let listed = json_of(&dry);
+    assert_eq!(listed.as_array().map(Vec::len), Some(2), "{listed}");
+    assert_eq!(listed[0]["step_id"], "held");
+    assert_eq!(listed[0]["reason"], "child_outcome_unknown");
+    for id in &ids {
+        let get = json_of(&cli(home, &node, &["get", id, "--json"]));
+        assert_eq!(
+            get["status"], "needs_reconciliation",
+            "a dry run changed {id}"
+        );
+    }
+    let bad = cli(home, &node, &["reconcile", &ids[0], "--reason", "checked"]);
+    assert_ne!(code(&bad), 0, "no resolution given");
+
+    std::fs::remove_file(faults.path().join("hold_model")).expect("release the model");
+    let settled = cli(
+        home,
+        &node,
+        &[
+            "reconcile",
+            "--all",
+            "--retry",
+            "--reason",
+            "checked the model's log",
+            "--json",
+        ],
+    );
+    assert_eq!(
+        code(&settled),
+        0,
+        "{}",
+        String::from_utf8_lossy(&settled.stderr)
+    );
+    for id in &ids {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        loop {
+            let get = json_of(&cli(home, &node, &["get", id, "--json"]));
+            if get["status"] == "completed" {
+                assert_eq!(get["result"], "real");
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "never completed: {get}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
+}

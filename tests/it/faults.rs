@@ -501,3 +501,31 @@ async fn automatic_recovery_takes_over_any_number_of_orphans_within_a_claim_peri
         "the last orphan was taken {after_expiry:.1} s after its lease ran out"
     );
 }
+
+on_both_backends! {
+    async fn the_orphan_sweep_gives_back_the_slot_of_a_dead_nodes_child(db: TestDb) {
+        let shared = tempfile::tempdir().expect("temp dir");
+        let owner = TestNode::start(&db, "owner", 1_500, shared.path()).await;
+        let heir = TestNode::start(&db, "heir", 1_500, shared.path()).await;
+        std::fs::write(shared.path().join("faults/hold_model"), b"").expect("hold");
+        let script = r#"return (await agent({stepId: "slow", agentRef: "scripted",
+                            task: {hold_while: "hold_model"}})).output;"#;
+        let id = owner.node.workflows().launch(launch(script, json!({}))).await.expect("launch").run_id;
+        eventually(Duration::from_secs(10), "the child run started", async || {
+            view(&owner, &id).await.steps.first().is_some_and(|s| s.status == "running")
+        }).await;
+        assert_eq!(slots_of(&db, &id).await, vec!["slow".to_owned()]);
+        crash(owner).await;
+        // Before the fix the slot stayed held until an operator reconciled the workflow.
+        eventually(Duration::from_secs(20), "the sweep closes the run and frees its slot", async || {
+            let closed = run_of_step(&db, &id, "slow").await
+                .is_some_and(|run| run.stop_reason.as_deref() == Some("orphan_recovered"));
+            closed && slots_of(&db, &id).await.is_empty()
+        }).await;
+        heir.node.workflows().recover(&id).await.expect("recover");
+        let waiting = wait_for_status(&heir, &id, "needs_reconciliation").await;
+        assert_eq!(waiting.row.data["reconciliation"]["reason"], "orphaned_child");
+        assert!(slots_of(&db, &id).await.is_empty());
+        std::fs::remove_file(shared.path().join("faults/hold_model")).expect("release");
+    }
+}

@@ -104,6 +104,39 @@ pub enum Command {
     Cancel { id: String },
     /// Take over a recoverable workflow on this node and replay it.
     Recover { id: String },
+    /// Settle the uncertain step of a workflow that needs reconciliation (admins), after
+    /// checking what its child run really did; `--all` settles every such workflow the same way.
+    Reconcile {
+        /// The workflow (not with `--all`).
+        #[arg(required_unless_present = "all", conflicts_with = "all")]
+        id: Option<String>,
+        /// The uncertain step (default: the one the workflow's record names).
+        #[arg(long, conflicts_with = "all")]
+        step: Option<String>,
+        /// Run the step again as a new attempt (its live runs are closed first).
+        #[arg(long, group = "resolution")]
+        retry: bool,
+        /// Fail the step.
+        #[arg(long, group = "resolution")]
+        fail: bool,
+        /// Complete the step with this output (JSON).
+        #[arg(
+            long,
+            group = "resolution",
+            value_name = "JSON",
+            conflicts_with = "all"
+        )]
+        complete: Option<String>,
+        /// Why: what the operator checked (kept in the step's record).
+        #[arg(long)]
+        reason: String,
+        /// Every workflow that needs reconciliation.
+        #[arg(long)]
+        all: bool,
+        /// List what would be done, and do nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
     /// Delete a finished workflow and everything it holds.
     Delete { id: String },
     /// Download an artifact version.
@@ -318,6 +351,92 @@ async fn run_signed_in(common: &Common, client: &Client, command: Command) -> an
         }
         Command::Cancel { id } => control(common, client, &id, "cancel", &json!({})).await,
         Command::Recover { id } => control(common, client, &id, "recover", &json!({})).await,
+        Command::Reconcile {
+            id,
+            step,
+            retry,
+            fail,
+            complete,
+            reason,
+            // `--all` is the absence of an id (clap makes them exclusive).
+            all: _,
+            dry_run,
+        } => {
+            let (resolution, output) = match (retry, fail, complete) {
+                (true, _, _) => ("retry", None),
+                (_, true, _) => ("fail", None),
+                (_, _, Some(output)) => (
+                    "complete",
+                    Some(serde_json::from_str::<Value>(&output).context("--complete is not JSON")?),
+                ),
+                _ => bail!("say how to settle it: --retry, --fail or --complete JSON"),
+            };
+            let ids = match id {
+                Some(id) => vec![id],
+                None => waiting_for_reconcile(client).await?,
+            };
+            let mut refused = 0;
+            let mut done = Vec::new();
+            for id in ids {
+                let record = get(client, &id).await?;
+                let Some(step) = step
+                    .clone()
+                    .or_else(|| {
+                        record["reconciliation"]["step_id"]
+                            .as_str()
+                            .map(str::to_owned)
+                    })
+                    .filter(|step| !step.is_empty())
+                else {
+                    eprintln!("{id}: its record names no uncertain step; give one with --step");
+                    refused += 1;
+                    continue;
+                };
+                let why = text(&record["reconciliation"]["reason"]);
+                if dry_run {
+                    done.push(
+                        json!({"run_id": id, "step_id": step, "resolution": resolution,
+                                     "reason": why, "dry_run": true}),
+                    );
+                    continue;
+                }
+                let mut body = json!({"step_id": step, "resolution": resolution, "reason": reason});
+                if let Some(output) = &output {
+                    body["output"] = output.clone();
+                }
+                let path = format!("/api/v1/workflows/{}/reconcile", encode(&id));
+                match client.json("POST", &path, Some(&body)).await {
+                    Ok(_) => done.push(json!({"run_id": id, "step_id": step,
+                                              "resolution": resolution, "reason": why})),
+                    Err(error) => {
+                        eprintln!("{id}: {error}");
+                        refused += 1;
+                    }
+                }
+            }
+            let done = Value::Array(done);
+            print_value(common, &done, || {
+                let rows: Vec<Vec<String>> = done
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|d| {
+                        vec![
+                            text(&d["run_id"]),
+                            text(&d["step_id"]),
+                            text(&d["reason"]),
+                            format!(
+                                "{}{}",
+                                text(&d["resolution"]),
+                                if dry_run { " (dry run)" } else { "" }
+                            ),
+                        ]
+                    })
+                    .collect();
+                print_table(&["RUN ID", "STEP", "WHY IT WAITED", "RESOLUTION"], &rows);
+            });
+            Ok(if refused == 0 { 0 } else { 1 })
+        }
         Command::Delete { id } => {
             let reply = client
                 .json(
@@ -347,6 +466,30 @@ async fn run_signed_in(common: &Common, client: &Client, command: Command) -> an
                 }
             }
             Ok(0)
+        }
+    }
+}
+
+/// Every workflow that waits for an operator's reconcile, oldest first, page by page.
+async fn waiting_for_reconcile(client: &Client) -> anyhow::Result<Vec<String>> {
+    let mut ids = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let mut path = "/api/v1/workflows?status=needs_reconciliation&limit=100".to_owned();
+        if let Some(after) = &after {
+            path.push_str(&format!("&after={}", encode(after)));
+        }
+        let page = client.json("GET", &path, None).await?;
+        ids.extend(
+            page["workflows"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|w| w["run_id"].as_str().map(str::to_owned)),
+        );
+        match page["next_after"].as_str() {
+            Some(next) => after = Some(next.to_owned()),
+            None => return Ok(ids),
         }
     }
 }

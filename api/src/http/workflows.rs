@@ -21,8 +21,6 @@ use super::routes::{self, Surface};
 use super::wire::*;
 use super::{Ctx, Reply, json_reply};
 
-/// An id's characters at most.
-const ID_CHARS_MAX: usize = 128;
 /// A `get_artifact` chunk's bytes at most.
 pub const CHUNK_BYTES_MAX: u64 = 1024 * 1024;
 /// Workflows per page unless the caller asks for another number.
@@ -42,17 +40,14 @@ const STATUSES: [&str; 8] = [
     "needs_reconciliation",
 ];
 
+/// Ids follow the runtime's one grammar, which a script's step ids follow too.
 fn check_id(what: &str, id: &str) -> Result<(), ApiError> {
-    let ok = !id.is_empty()
-        && id.len() <= ID_CHARS_MAX
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
-    if ok {
+    if runtime::is_id(id) {
         Ok(())
     } else {
         Err(ApiError::bad_request(format!(
-            "{what} {id:?} is not an id (1 to {ID_CHARS_MAX} of A-Z, a-z, 0-9, '-', '_', '.')"
+            "{what} {id:?} is not an id ({})",
+            runtime::ID_GRAMMAR
         )))
     }
 }
@@ -720,7 +715,13 @@ mod tests {
     #[test]
     fn ids_are_checked_before_they_reach_the_store() {
         assert!(check_id("run_id", "0f3a-b_c.d").is_ok());
-        for bad in ["", "a/b", "a b", "é", &"x".repeat(ID_CHARS_MAX + 1)] {
+        for bad in [
+            "",
+            "a/b",
+            "a b",
+            "é",
+            &"x".repeat(runtime::ID_CHARS_MAX + 1),
+        ] {
             assert!(check_id("run_id", bad).is_err(), "{bad:?}");
         }
     }

@@ -393,15 +393,24 @@ impl PgStore {
         let client = self.pool.get().await?;
         let rows = client
             .query(
-                "UPDATE runs SET status = 'error', stop_reason = 'orphan_recovered',
-                        error = 'the node running it stopped renewing its lease',
-                        owner_worker_id = $1, revision = revision + 1, updated_at = reins_now()
-                  WHERE run_id IN (SELECT run_id FROM runs
-                                    WHERE status IN ('pending', 'running')
-                                      AND lease_expires_at <= reins_now()
-                                    LIMIT $2 FOR UPDATE SKIP LOCKED)
-                    AND status IN ('pending', 'running') AND lease_expires_at <= reins_now()
-                 RETURNING run_id",
+                // A closed run is no longer live, so the workflow slot its step held is given
+                // back in the same statement: a dead node's children never keep slots.
+                "WITH closed AS (
+                     UPDATE runs SET status = 'error', stop_reason = 'orphan_recovered',
+                            error = 'the node running it stopped renewing its lease',
+                            owner_worker_id = $1, revision = revision + 1,
+                            updated_at = reins_now()
+                      WHERE run_id IN (SELECT run_id FROM runs
+                                        WHERE status IN ('pending', 'running')
+                                          AND lease_expires_at <= reins_now()
+                                        LIMIT $2 FOR UPDATE SKIP LOCKED)
+                        AND status IN ('pending', 'running') AND lease_expires_at <= reins_now()
+                     RETURNING run_id, workflow, step_id, attempt),
+                 freed AS (
+                     DELETE FROM workflow_slots s USING closed c
+                      WHERE s.workflow = c.workflow AND s.step_id = c.step_id
+                        AND s.attempt = c.attempt)
+                 SELECT run_id FROM closed",
                 &[&claimer, &i64::from(limit)],
             )
             .await

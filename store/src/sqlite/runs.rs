@@ -464,10 +464,30 @@ impl SqliteStore {
                                     WHERE status IN ('pending', 'running')
                                       AND lease_expires_at <= unixepoch('subsec')
                                     LIMIT ?2)
-                 RETURNING run_id",
+                 RETURNING run_id, workflow, step_id, attempt",
             )?;
-            let claimed = statement.query_map(params![claimer, limit], |row| row.get(0))?;
-            Ok(claimed.collect::<rusqlite::Result<Vec<String>>>()?)
+            let claimed = statement
+                .query_map(params![claimer, limit], |row| {
+                    Ok((
+                        row.get::<_, String>(0)?,
+                        row.get::<_, Option<String>>(1)?,
+                        row.get::<_, Option<String>>(2)?,
+                        row.get::<_, Option<i64>>(3)?,
+                    ))
+                })?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            // A closed run is no longer live, so the workflow slot its step held is given back
+            // in the same transaction: a dead node's children never keep slots.
+            let mut free = connection.prepare_cached(
+                "DELETE FROM workflow_slots WHERE workflow = ?1 AND step_id = ?2 AND attempt = ?3",
+            )?;
+            for (_, workflow, step_id, attempt) in &claimed {
+                if let (Some(workflow), Some(step_id), Some(attempt)) = (workflow, step_id, attempt)
+                {
+                    free.execute(params![workflow, step_id, attempt])?;
+                }
+            }
+            Ok(claimed.into_iter().map(|(run_id, ..)| run_id).collect())
         })
         .await
     }
