@@ -92,6 +92,7 @@ async fn measure(
         lease_ms: 30_000,
         workspaces_dir: dir.join(format!("{backend}-workspaces")),
         fault_dir: None,
+        agent_records_dir: None,
         task_bytes_max: 48 * 1024,
         orphan_sweep: Duration::from_secs(30),
     };

@@ -18,7 +18,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::agents::{Agent, AgentControl, AgentEnd, AgentRequest};
+use crate::agents::{Agent, AgentControl, AgentEnd, AgentRequest, ProcessRecords};
 use crate::commit::{AttemptId, Renewal, TerminalAuthority, Verdict};
 use crate::lease_actor::{LeaseEvent, LeaseMsg};
 use crate::store_actor::StoreHandle;
@@ -87,6 +87,7 @@ pub(crate) struct ChildArgs {
     pub task: Value,
     pub workspace: PathBuf,
     pub fault_dir: Option<PathBuf>,
+    pub process_records: Option<ProcessRecords>,
     pub store: StoreHandle,
     pub lease: ActorRef<LeaseMsg>,
     pub worker_id: String,
@@ -102,6 +103,7 @@ pub(crate) struct ChildState {
     task: Value,
     workspace: PathBuf,
     fault_dir: Option<PathBuf>,
+    process_records: Option<ProcessRecords>,
     store: StoreHandle,
     lease: ActorRef<LeaseMsg>,
     worker_id: String,
@@ -230,6 +232,7 @@ impl ChildState {
             task: self.task.clone(),
             workspace: self.workspace.clone(),
             fault_dir: self.fault_dir.clone(),
+            process_records: self.process_records.clone(),
         };
         let (pauses, mut paused) = mpsc::unbounded_channel();
         let control = AgentControl {
@@ -293,6 +296,7 @@ impl Actor for ChildAgent {
             task: args.task,
             workspace: args.workspace,
             fault_dir: args.fault_dir,
+            process_records: args.process_records,
             store: args.store,
             lease: args.lease,
             worker_id: args.worker_id,

@@ -17,7 +17,7 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use crate::Error;
-use crate::agents::AgentRegistry;
+use crate::agents::{AgentRegistry, ProcessRecords};
 use crate::child_agent::{ChildAgent, ChildArgs, ChildMsg, RunEnd};
 use crate::lease_actor::LeaseMsg;
 use crate::store_actor::StoreHandle;
@@ -162,6 +162,9 @@ pub struct RunsOptions {
     pub lease_ms: u64,
     pub workspaces_dir: PathBuf,
     pub fault_dir: Option<PathBuf>,
+    /// Where `command` agents record their process groups (`<data_dir>/agents`), so that the
+    /// next node process on this host kills what a dead one left; `None` records nothing.
+    pub agent_records_dir: Option<PathBuf>,
     /// A task's JSON at most this many bytes (`limits.frame_bytes_max`).
     pub task_bytes_max: usize,
     /// How often orphaned runs are looked for.
@@ -391,6 +394,12 @@ async fn start_child(
             task: request.task,
             workspace,
             fault_dir: state.args.options.fault_dir.clone(),
+            process_records: state
+                .args
+                .options
+                .agent_records_dir
+                .clone()
+                .map(ProcessRecords::new),
             store: state.args.store.clone(),
             lease: state.args.lease.clone(),
             worker_id: state.args.worker_id.clone(),

@@ -6,6 +6,7 @@
 //! [`WorkflowsHandle`]), never raw `ActorRef`s.
 
 pub mod agents;
+mod capture;
 mod child_agent;
 mod child_runs;
 pub mod commit;

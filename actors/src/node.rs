@@ -88,6 +88,7 @@ impl NodeOptions {
                 limits: runtime::Limits::default(),
                 workspaces_dir,
                 artifact_bytes_max: 16 * 1024 * 1024,
+                capture_timeout: Duration::from_secs(10),
                 launch_limits: store::LaunchLimits::NONE,
                 slots_max: 32,
                 lease_ms,
@@ -232,6 +233,7 @@ impl Actor for NodeSupervisor {
         .await?;
         let runs = RunsHandle::new(child_runs.clone(), store.clone(), options.call_timeout);
         let stopped = tokio::sync::broadcast::channel(STOPPED_BACKLOG).0;
+        let workspaces_dir = options.workflows.workspaces_dir.clone();
         let (workflows, _) = Actor::spawn_linked(
             Some(format!("workflows@{worker_id}")),
             Workflows,
@@ -266,6 +268,7 @@ impl Actor for NodeSupervisor {
                     store.clone(),
                     options.call_timeout,
                     stopped,
+                    workspaces_dir,
                 ),
                 runs,
                 store,

@@ -207,6 +207,8 @@ pub(crate) struct WorkflowArgs {
     pub limits: runtime::Limits,
     pub workspaces_dir: std::path::PathBuf,
     pub artifact_bytes_max: u64,
+    /// How long a capture's read may take (`limits.capture_timeout_ms`).
+    pub capture_timeout: Duration,
     pub slots_max: u64,
     /// How long a cancellation waits for its child runs to stop before it gives up on observing
     /// them (and the workflow needs reconciliation).
@@ -296,7 +298,7 @@ fn now_ms() -> i64 {
 
 /// The thread an agent step runs on: one per (workflow, step), a valid folder name whatever the
 /// step id is.
-fn thread_for(workflow_id: &str, step_id: &str) -> String {
+pub(crate) fn thread_for(workflow_id: &str, step_id: &str) -> String {
     let digest = Sha256::digest(step_id.as_bytes());
     let suffix: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
     format!("{workflow_id}-{suffix}")
@@ -1177,25 +1179,22 @@ impl WorkflowState {
     }
 
     /// The bytes of the file a capture names, from the source step's thread workspace. A file
-    /// that is not there is an error, never invented content.
+    /// that is not there, or not a regular file, is an error, never invented content.
     async fn read_capture(&self, command: &Command) -> Result<(String, Vec<u8>), String> {
         let source = command.args["sourceStepId"].as_str().unwrap_or_default();
         let path = command.args["path"].as_str().unwrap_or_default();
         let thread = thread_for(&self.args.workflow_id, source);
         let root = crate::workspace::thread_root(&self.args.workspaces_dir, &thread)
             .map_err(|e| e.to_string())?;
-        let file = crate::workspace::resolve(&root, path).map_err(|e| e.to_string())?;
-        let cannot =
-            |e: std::io::Error| format!("cannot capture {path:?} from step {source:?}: {e}");
-        let metadata = tokio::fs::metadata(&file).await.map_err(cannot)?;
-        if metadata.len() > self.args.artifact_bytes_max {
-            return Err(format!(
-                "{path:?} is {} bytes, over artifact_bytes_max ({})",
-                metadata.len(),
-                self.args.artifact_bytes_max
-            ));
-        }
-        let content = tokio::fs::read(&file).await.map_err(cannot)?;
+        // Read off this turn, with a deadline: the file may be a FIFO or sit on a stuck disk.
+        let content = crate::capture::read(crate::capture::CaptureRequest {
+            root,
+            path: path.to_owned(),
+            source_step_id: source.to_owned(),
+            bytes_max: self.args.artifact_bytes_max,
+            timeout: self.args.capture_timeout,
+        })
+        .await?;
         Ok((path.to_owned(), content))
     }
 

@@ -87,6 +87,8 @@ pub struct WorkflowsOptions {
     pub workspaces_dir: std::path::PathBuf,
     /// An artifact's bytes at most.
     pub artifact_bytes_max: u64,
+    /// How long a capture's read may take before the capture fails.
+    pub capture_timeout: Duration,
     pub launch_limits: LaunchLimits,
     pub slots_max: u64,
     pub lease_ms: u64,
@@ -939,6 +941,7 @@ async fn start_supervisor(
             limits: options.limits.clone(),
             workspaces_dir: options.workspaces_dir.clone(),
             artifact_bytes_max: options.artifact_bytes_max,
+            capture_timeout: options.capture_timeout,
             slots_max: options.slots_max,
             cancel_window_ms: options.lease_ms * 2,
             timeout_ms: options.timeout_seconds.saturating_mul(1000),
@@ -971,6 +974,8 @@ pub struct WorkflowsHandle {
     store: StoreHandle,
     timeout: Duration,
     stopped: broadcast::Sender<String>,
+    /// Where the threads of workflows' agent steps live (removed with their workflow).
+    workspaces_dir: std::path::PathBuf,
 }
 
 impl WorkflowsHandle {
@@ -979,12 +984,14 @@ impl WorkflowsHandle {
         store: StoreHandle,
         timeout: Duration,
         stopped: broadcast::Sender<String>,
+        workspaces_dir: std::path::PathBuf,
     ) -> Self {
         WorkflowsHandle {
             actor,
             store,
             timeout,
             stopped,
+            workspaces_dir,
         }
     }
 
@@ -1186,9 +1193,39 @@ impl WorkflowsHandle {
         Ok(recorded)
     }
 
-    /// Deletes a terminal workflow with everything it holds.
+    /// Deletes a terminal workflow with everything it holds: its rows, then the workspaces of
+    /// its agent steps' threads (see [`crate::workspace::remove_thread`]). The journal is read
+    /// first, since it is what names those threads.
     pub async fn delete(&self, workflow_id: &str) -> Result<store::Deletion, Error> {
-        Ok(self.store.delete_workflow(workflow_id).await?)
+        let steps = self.store.read_steps(workflow_id).await?;
+        let deletion = self.store.delete_workflow(workflow_id).await?;
+        if deletion != store::Deletion::Deleted {
+            return Ok(deletion);
+        }
+        let threads: std::collections::BTreeSet<String> = steps
+            .iter()
+            .filter(|step| step.kind == runtime::CallKind::Agent.as_str())
+            .map(|step| crate::workflow::thread_for(workflow_id, &step.step_id))
+            .collect();
+        let workspaces_dir = self.workspaces_dir.clone();
+        let removed = tokio::task::spawn_blocking(move || {
+            threads
+                .iter()
+                .map(|thread| crate::workspace::remove_thread(&workspaces_dir, thread))
+                .find_map(Result::err)
+        })
+        .await;
+        // The workflow is gone either way; what is left on disk is only logged.
+        match removed {
+            Ok(None) => {}
+            Ok(Some(error)) => {
+                tracing::warn!(%workflow_id, %error, "cannot remove a deleted workflow's workspace");
+            }
+            Err(error) => {
+                tracing::warn!(%workflow_id, %error, "removing a deleted workflow's workspaces failed");
+            }
+        }
+        Ok(deletion)
     }
 
     /// A page of workflows, oldest first.

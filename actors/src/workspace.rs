@@ -79,6 +79,26 @@ pub fn resolve(root: &Path, path: &str) -> Result<PathBuf, WorkspaceError> {
     Ok(resolved)
 }
 
+/// Removes the folder of `thread_id` with all it holds. Symlinks in it are removed, never
+/// followed (`std::fs::remove_dir_all` opens every level relative to its parent without
+/// following links), and a thread folder that is itself a symlink loses only the link. A thread
+/// with no folder is fine.
+pub fn remove_thread(workspaces_dir: &Path, thread_id: &str) -> Result<(), WorkspaceError> {
+    check_thread_id(thread_id)?;
+    let folder = workspaces_dir.join(thread_id);
+    let io = |e: std::io::Error| WorkspaceError::Io {
+        path: folder.display().to_string(),
+        reason: e.to_string(),
+    };
+    let removed = match std::fs::symlink_metadata(&folder) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(io(e)),
+        Ok(metadata) if metadata.is_dir() => std::fs::remove_dir_all(&folder),
+        Ok(_) => std::fs::remove_file(&folder),
+    };
+    removed.map_err(io)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -115,6 +135,24 @@ mod tests {
         std::fs::create_dir_all(&root).expect("mkdir");
         std::os::unix::fs::symlink(dir.path(), root.join("escape")).expect("symlink");
         assert!(resolve(&root, "escape/file.txt").is_err());
+    }
+
+    #[test]
+    fn removing_a_thread_never_follows_a_symlink_out() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let (workspaces, outside) = (dir.path().join("ws"), dir.path().join("outside"));
+        std::fs::create_dir_all(workspaces.join("t1/user-data/deep")).expect("mkdir");
+        std::fs::create_dir_all(&outside).expect("mkdir");
+        std::fs::write(outside.join("keep.txt"), b"keep").expect("write");
+        std::os::unix::fs::symlink(&outside, workspaces.join("t1/user-data/deep/out"))
+            .expect("symlink");
+        std::os::unix::fs::symlink(&outside, workspaces.join("t2")).expect("symlink");
+        remove_thread(&workspaces, "t1").expect("remove t1");
+        remove_thread(&workspaces, "t2").expect("remove t2");
+        remove_thread(&workspaces, "t3").expect("nothing to remove");
+        assert!(!workspaces.join("t1").exists() && !workspaces.join("t2").exists());
+        assert!(outside.join("keep.txt").exists());
+        assert!(remove_thread(&workspaces, "../outside").is_err());
     }
 
     #[test]

@@ -235,6 +235,8 @@ pub struct Limits {
     pub script_bytes_max: u64,
     pub frame_bytes_max: u64,
     pub artifact_bytes_max: u64,
+    /// How long reading a captured file may take before the capture fails.
+    pub capture_timeout_ms: u64,
     pub script_memory_bytes_max: u64,
     pub script_stack_bytes_max: u64,
     pub script_cpu_ms_max: u64,
@@ -257,6 +259,7 @@ impl Default for Limits {
             script_bytes_max: 64 * 1024,
             frame_bytes_max: 48 * 1024,
             artifact_bytes_max: 16 * 1024 * 1024,
+            capture_timeout_ms: 10_000,
             script_memory_bytes_max: 64 * 1024 * 1024,
             script_stack_bytes_max: 1024 * 1024,
             script_cpu_ms_max: 2000,
@@ -439,7 +442,7 @@ impl Config {
             }
             _ => {}
         }
-        let positive: [(&'static str, u64); 20] = [
+        let positive: [(&'static str, u64); 21] = [
             ("store.pool_size", self.store.pool_size as u64),
             ("store.requests_max", self.store.requests_max as u64),
             ("store.write_batch_max", self.store.write_batch_max as u64),
@@ -447,6 +450,7 @@ impl Config {
             ("store.call_timeout_ms", self.store.call_timeout_ms),
             ("limits.script_bytes_max", self.limits.script_bytes_max),
             ("limits.frame_bytes_max", self.limits.frame_bytes_max),
+            ("limits.capture_timeout_ms", self.limits.capture_timeout_ms),
             ("limits.log_line_bytes_max", self.limits.log_line_bytes_max),
             ("http.body_bytes_max", self.http.body_bytes_max),
             ("http.head_bytes_max", self.http.head_bytes_max),

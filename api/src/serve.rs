@@ -30,6 +30,10 @@ pub struct ServeArgs {
 
 /// Runs a node until SIGTERM or Ctrl-C, then drains and returns.
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
+    // Everything the node creates (database, secret, workspaces, agents' files) is its own: no
+    // other local user may read a password hash or a result.
+    // SAFETY: umask(2) only sets this process's file mode mask; no memory is involved.
+    unsafe { libc::umask(0o077) };
     let checked = Config::load(args.config.as_deref(), std::env::vars())?;
     let config = checked.config;
     // Flushes what is still buffered when `run` returns, whatever the way.
@@ -57,11 +61,33 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         .migrate()
         .await
         .context("cannot migrate the database")?;
+    private_dir(&config.data_dir)?;
+    private_dir(&config.workspaces_dir())?;
+    if let DatabaseUrl::Sqlite(database) = &checked.database {
+        // Made by an older node, or by hand, they may still be open to other users.
+        for suffix in ["", "-wal", "-shm", ".node-lock"] {
+            let mut file = database.clone().into_os_string();
+            file.push(suffix);
+            private_file(std::path::Path::new(&file))?;
+        }
+    }
+    private_file(&config.data_dir.join("secret"))?;
+    let agent_records_dir = actors::agents::records_dir(&config.data_dir);
+    // Before anything is admitted: no agent a dead node process started on this host may run on
+    // beside what this node is about to recover or retry.
+    let leftovers = actors::agents::ProcessRecords::new(agent_records_dir.clone())
+        .kill_leftovers()
+        .with_context(|| format!("cannot clean up {}", agent_records_dir.display()))?;
+    for leftover in leftovers {
+        tracing::warn!(run_id = %leftover.run_id, group = leftover.group,
+            processes = leftover.processes, "killed an agent left by a node process that is gone");
+    }
     let lease_ms = config.lease_seconds * 1000;
     let runs = RunsOptions {
         lease_ms,
         workspaces_dir: config.workspaces_dir(),
         fault_dir: std::env::var_os("REINS_FAULT_DIR").map(PathBuf::from),
+        agent_records_dir: Some(agent_records_dir),
         task_bytes_max: usize::try_from(config.limits.frame_bytes_max).unwrap_or(usize::MAX),
         orphan_sweep: Duration::from_millis(lease_ms),
     };
@@ -76,6 +102,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
                 limits: config.limits.workflow(),
                 workspaces_dir: config.workspaces_dir(),
                 artifact_bytes_max: config.limits.artifact_bytes_max,
+                capture_timeout: Duration::from_millis(config.limits.capture_timeout_ms),
                 launch_limits: LaunchLimits {
                     max_workflows: config.limits.max_workflows,
                     max_workflows_per_owner: config.limits.max_workflows_per_owner,
@@ -189,8 +216,7 @@ fn local_secret(data_dir: &std::path::Path) -> anyhow::Result<String> {
         Err(error) => return Err(error).with_context(|| format!("cannot read {}", path.display())),
     }
     let secret = http::new_secret().map_err(|e| anyhow::anyhow!("{}", e.message))?;
-    std::fs::create_dir_all(data_dir)
-        .with_context(|| format!("cannot create {}", data_dir.display()))?;
+    private_dir(data_dir)?;
     let mut file = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
@@ -201,6 +227,45 @@ fn local_secret(data_dir: &std::path::Path) -> anyhow::Result<String> {
         .and_then(|()| file.sync_all())
         .with_context(|| format!("cannot write {}", path.display()))?;
     Ok(secret)
+}
+
+/// Takes group and other permissions away from the node's own file `file`, if it exists with
+/// any.
+fn private_file(file: &std::path::Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = match std::fs::metadata(file) {
+        Ok(metadata) => metadata.permissions().mode(),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(error) => return Err(error).with_context(|| format!("cannot read {}", file.display())),
+    };
+    if mode & 0o077 != 0 {
+        let private = mode & 0o700;
+        std::fs::set_permissions(file, std::fs::Permissions::from_mode(private))
+            .with_context(|| format!("cannot make {} private", file.display()))?;
+        tracing::warn!(file = %file.display(), was = format!("{:o}", mode & 0o777),
+            now = format!("{private:o}"), "other local users could read this file: made it private");
+    }
+    Ok(())
+}
+
+/// Creates `dir` (and its missing parents) with mode 0700. One that exists is left as it is,
+/// with a warning when other users may enter it.
+fn private_dir(dir: &std::path::Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .with_context(|| format!("cannot create {}", dir.display()))?;
+    let mode = std::fs::metadata(dir)
+        .with_context(|| format!("cannot read {}", dir.display()))?
+        .permissions()
+        .mode();
+    if mode & 0o077 != 0 {
+        tracing::warn!(dir = %dir.display(), mode = format!("{:o}", mode & 0o777),
+            "other local users may read the node's files: chmod 700 this folder");
+    }
+    Ok(())
 }
 
 fn describe(database: &DatabaseUrl) -> String {

@@ -99,3 +99,20 @@ fn a_missing_config_file_is_named() {
     let stderr = refused(&[], &["--config", "absent.toml"], &[]);
     assert!(stderr.contains("absent.toml"), "{stderr}");
 }
+
+#[test]
+fn a_command_agents_malformed_environment_is_named() {
+    let stderr = refused(
+        &[(
+            "reins.toml",
+            "[[agents]]\nname = \"coder\"\nkind = \"command\"\nprogram = \"/bin/true\"\n\
+             env = { \"A=B\" = \"x\" }\n",
+        )],
+        &["--config", "reins.toml"],
+        &[],
+    );
+    assert!(
+        stderr.contains("`agents`") && stderr.contains("\"coder\"") && stderr.contains("A=B"),
+        "{stderr}"
+    );
+}

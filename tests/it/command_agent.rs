@@ -23,6 +23,8 @@ fn program(dir: &Path, name: &str, body: &str) -> AgentConfig {
         name: name.into(),
         program: path,
         args: vec![],
+        env: Default::default(),
+        env_pass: vec![],
         grace_ms: 2_000,
         line_bytes_max: 1024,
         output_bytes_max: 64 * 1024,

@@ -169,7 +169,12 @@ pub struct ReinsProcess {
 impl ReinsProcess {
     /// Starts `reins serve` in `dir` with exactly `env` as its environment (plus PATH).
     pub fn serve(dir: &Path, addr: SocketAddr, env: &[(&str, String)]) -> ReinsProcess {
-        let mut child = reins_command(dir, env)
+        ReinsProcess::serve_command(reins_command(dir, env), addr)
+    }
+
+    /// Starts `reins serve` from `command` (as [`reins_command`] makes it, then adjusted).
+    pub fn serve_command(mut command: Command, addr: SocketAddr) -> ReinsProcess {
+        let mut child = command
             .arg("serve")
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -352,6 +357,7 @@ impl TestNode {
             lease_ms,
             workspaces_dir: shared.join("workspaces"),
             fault_dir: Some(shared.join("faults")),
+            agent_records_dir: None,
             task_bytes_max: 48 * 1024,
             orphan_sweep: Duration::from_millis(lease_ms),
         };

@@ -4,6 +4,7 @@
 
 mod harness;
 
+mod agent_processes;
 mod bad_config;
 mod cancel_crash;
 mod chaos;
@@ -20,6 +21,7 @@ mod http_edge;
 mod leases;
 mod memory;
 mod migrations;
+mod node_files;
 mod node_process;
 mod openai_agent;
 mod operators;

@@ -145,6 +145,7 @@ async fn run_agent(config: AgentConfig, task: Value) -> AgentEnd {
         task,
         workspace: dir.path().join("ws"),
         fault_dir: None,
+        process_records: None,
     };
     registry
         .get(&name)

@@ -19,8 +19,13 @@
 //! stderr. A line that is not one of these, a line over `line_bytes_max`, or more than
 //! `output_bytes_max` on stdout ends the run as `error` and stops the program. Cancellation sends
 //! SIGTERM to the whole process group, then SIGKILL after `grace_ms`.
+//!
+//! The program starts with a clean environment (see [`super::process`]: `PATH`, `HOME`, `LANG`,
+//! then `env_pass` and `env`), under a guard that kills its whole group if the node dies. Its
+//! stderr is untrusted text: only its last `stderr_tail_bytes` are kept, with control characters
+//! escaped, so that it reads as one value wherever the error goes (the run's row, the log).
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
@@ -32,7 +37,10 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, Command};
 use tokio_util::codec::{FramedRead, LinesCodec, LinesCodecError};
 
-use super::{AgentControl, AgentEnd, AgentRequest, cancelled};
+use store::CancelAction;
+use tokio::sync::{mpsc, watch};
+
+use super::{AgentControl, AgentEnd, AgentRequest, cancelled, process};
 
 /// How often a stopping agent looks for processes left in its group.
 const GROUP_POLL: Duration = Duration::from_millis(20);
@@ -46,6 +54,13 @@ pub struct CommandConfig {
     pub program: PathBuf,
     #[serde(default)]
     pub args: Vec<String>,
+    /// Variables set in the program's environment (after `env_pass`, so these win).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    /// Variables of the node's environment passed on to the program when set there. Nothing
+    /// else of the node's environment is (see [`super::process`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env_pass: Vec<String>,
     /// How long the program may take after SIGTERM before SIGKILL.
     #[serde(default = "default_grace_ms")]
     pub grace_ms: u64,
@@ -101,28 +116,68 @@ enum Line {
 impl CommandAgent {
     pub async fn run(&self, request: AgentRequest, control: AgentControl) -> AgentEnd {
         let AgentControl {
-            mut cancel,
+            cancel,
             pauses,
             mut answers,
         } = control;
         let settings = &self.settings;
-        if let Err(e) = tokio::fs::create_dir_all(&request.workspace).await {
+        let created = tokio::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&request.workspace)
+            .await;
+        if let Err(e) = created {
             return failed(format!("cannot create the workspace: {e}"));
         }
-        let spawned = Command::new(&settings.program)
+        let mut command = Command::new(&settings.program);
+        command
             .args(&settings.args)
+            .env_clear()
+            .envs(process::environment(settings, |name| {
+                std::env::var_os(name)
+            }))
             .current_dir(&request.workspace)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .process_group(0)
-            .kill_on_drop(true)
-            .spawn();
-        let mut child = match spawned {
+            .kill_on_drop(true);
+        if let Err(e) = process::guard(&mut command) {
+            return failed(format!("cannot guard {:?}: {e}", settings.program));
+        }
+        let mut child = match command.spawn() {
             Ok(child) => child,
             Err(e) => return failed(format!("cannot start {:?}: {e}", settings.program)),
         };
         let group = child.id().and_then(|pid| i32::try_from(pid).ok());
+        let records = request.process_records.as_ref();
+        if let (Some(records), Some(group)) = (records, group)
+            && let Err(e) = records.record(&request.run_id, group).await
+        {
+            stop(&mut child, Some(group), settings.grace_ms).await;
+            return failed(format!("cannot record the program's process group: {e}"));
+        }
+        let end = self
+            .drive(&request, cancel, pauses, &mut answers, &mut child, group)
+            .await;
+        if let Some(records) = records {
+            records.forget(&request.run_id).await;
+        }
+        end
+    }
+
+    /// Talks to the started program until its run is decided, and leaves nothing of its group
+    /// running.
+    async fn drive(
+        &self,
+        request: &AgentRequest,
+        mut cancel: watch::Receiver<Option<CancelAction>>,
+        pauses: mpsc::UnboundedSender<Value>,
+        answers: &mut mpsc::UnboundedReceiver<Value>,
+        child: &mut Child,
+        group: Option<i32>,
+    ) -> AgentEnd {
+        let settings = &self.settings;
         let (Some(mut stdin), Some(stdout), Some(stderr)) =
             (child.stdin.take(), child.stdout.take(), child.stderr.take())
         else {
@@ -181,7 +236,7 @@ impl CommandAgent {
                 status = child.wait(), if exited.is_none() => {
                     // Whatever the program left behind in its group must not hold stdout open
                     // (or run on) after it; the lines already written are still read.
-                    stop(&mut child, group, settings.grace_ms).await;
+                    stop(child, group, settings.grace_ms).await;
                     exited = Some(status);
                 }
                 Some(answer) = answers.recv() => {
@@ -195,21 +250,21 @@ impl CommandAgent {
                     let _ = stdin.write_all(text.as_bytes()).await;
                 }
                 action = cancelled(&mut cancel) => {
-                    stop(&mut child, group, settings.grace_ms).await;
+                    stop(child, group, settings.grace_ms).await;
                     return AgentEnd::Interrupted { action };
                 }
             }
         };
         if let Some(end) = verdict {
             // The run is decided; the program must not outlive it.
-            stop(&mut child, group, settings.grace_ms).await;
+            stop(child, group, settings.grace_ms).await;
             return end;
         }
         let status = match exited {
             Some(status) => status,
             None => {
                 let status = child.wait().await;
-                stop(&mut child, group, settings.grace_ms).await;
+                stop(child, group, settings.grace_ms).await;
                 status
             }
         };
@@ -220,7 +275,7 @@ impl CommandAgent {
                 total_tokens: state.tokens,
                 message_count: state.messages,
             },
-            Ok(status) => failed(format!("the program exited with {status}: {}", tail.trim())),
+            Ok(status) => failed(format!("the program exited with {status}: {tail}")),
             Err(e) => failed(format!("waiting for the program: {e}")),
         }
     }
@@ -298,7 +353,7 @@ async fn stop(child: &mut Child, group: Option<i32>, grace_ms: u64) {
     let _ = child.kill().await;
 }
 
-/// Keeps the last `limit` bytes of a stream.
+/// Keeps the last `limit` bytes of a stream, as untrusted text (see [`untrusted_text`]).
 async fn read_tail(mut stream: impl tokio::io::AsyncRead + Unpin, limit: usize) -> String {
     let mut tail = VecDeque::with_capacity(limit);
     let mut buffer = [0u8; 4096];
@@ -313,5 +368,35 @@ async fn read_tail(mut stream: impl tokio::io::AsyncRead + Unpin, limit: usize) 
             tail.push_back(byte);
         }
     }
-    String::from_utf8_lossy(&tail.into_iter().collect::<Vec<_>>()).into_owned()
+    untrusted_text(&String::from_utf8_lossy(
+        &tail.into_iter().collect::<Vec<_>>(),
+    ))
+}
+
+/// A program's text made safe to carry as one value: trimmed, and every control character
+/// (newlines, carriage returns, terminal escapes) escaped, so that it cannot start a line of its
+/// own or pose as another field in a log.
+fn untrusted_text(text: &str) -> String {
+    let mut safe = String::with_capacity(text.len());
+    for c in text.trim().chars() {
+        if c.is_control() {
+            safe.extend(c.escape_default());
+        } else {
+            safe.push(c);
+        }
+    }
+    safe
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn untrusted_text_cannot_start_a_line_or_a_terminal_escape() {
+        assert_eq!(
+            untrusted_text("  oops\nlevel=INFO run_id=forged\r\u{1b}[2J\t done \n"),
+            "oops\\nlevel=INFO run_id=forged\\r\\u{1b}[2J\\t done"
+        );
+    }
 }

@@ -5,6 +5,7 @@
 
 mod command;
 mod openai;
+mod process;
 mod scripted;
 
 use std::collections::BTreeMap;
@@ -18,6 +19,7 @@ use tokio::sync::{mpsc, watch};
 
 pub use command::{CommandAgent, CommandConfig};
 pub use openai::{OpenAiAgent, OpenAiConfig};
+pub use process::{Leftover, ProcessRecords, records_dir};
 pub use scripted::ScriptedAgent;
 
 /// One entry of the configuration's `agents` list: its `kind` and that kind's settings.
@@ -55,6 +57,8 @@ pub struct AgentRequest {
     pub workspace: PathBuf,
     /// `REINS_FAULT_DIR`, where tests leave files agents may wait on.
     pub fault_dir: Option<PathBuf>,
+    /// Where a process agent records its process group while it runs (see [`ProcessRecords`]).
+    pub process_records: Option<ProcessRecords>,
 }
 
 /// How a running agent is steered, and how it speaks up while it runs.
@@ -142,6 +146,8 @@ pub enum AgentConfigError {
     Duplicate(String),
     #[error("agent name {0:?} is invalid: use 1 to 64 letters, digits, '-', '_' or '.'")]
     Name(String),
+    #[error("agent {agent:?}: {message}")]
+    Environment { agent: String, message: String },
 }
 
 impl AgentRegistry {
@@ -160,9 +166,17 @@ impl AgentRegistry {
             }
             let backend = match config {
                 AgentConfig::Scripted { .. } => Backend::Scripted(ScriptedAgent),
-                AgentConfig::Command(settings) => Backend::Command(CommandAgent {
-                    settings: settings.clone(),
-                }),
+                AgentConfig::Command(settings) => {
+                    process::check_environment(settings).map_err(|message| {
+                        AgentConfigError::Environment {
+                            agent: name.to_owned(),
+                            message,
+                        }
+                    })?;
+                    Backend::Command(CommandAgent {
+                        settings: settings.clone(),
+                    })
+                }
                 AgentConfig::OpenAi(settings) => {
                     Backend::OpenAi(Box::new(OpenAiAgent::new(settings.clone())))
                 }

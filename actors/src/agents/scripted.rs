@@ -199,6 +199,7 @@ mod tests {
             task,
             workspace,
             fault_dir,
+            process_records: None,
         }
     }
 

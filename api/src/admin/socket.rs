@@ -6,7 +6,7 @@
 //! to its path: `link` fails rather than replace a file, so two nodes racing for one path cannot
 //! both win, and nobody can connect before the mode is right.
 
-use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use tokio::net::UnixListener;
@@ -81,7 +81,11 @@ pub fn bind(path: &Path) -> Result<(UnixListener, AdminSocket), Error> {
         std::fs::remove_file(path).map_err(io)?;
     }
     let folder = path.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(folder).map_err(io)?;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(folder)
+        .map_err(io)?;
     let private = folder.join(format!(".admin-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&private);
     std::fs::create_dir(&private).map_err(io)?;

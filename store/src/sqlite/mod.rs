@@ -76,9 +76,15 @@ struct ReaderPool {
 impl SqliteStore {
     pub(crate) fn open(path: &Path, options: &StoreOptions) -> Result<Self> {
         if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-            std::fs::create_dir_all(parent).map_err(|e| {
-                Error::Unavailable(format!("cannot create {}: {e}", parent.display()))
-            })?;
+            use std::os::unix::fs::DirBuilderExt;
+            // The database holds password hashes and results: its folder is the node's alone.
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(parent)
+                .map_err(|e| {
+                    Error::Unavailable(format!("cannot create {}: {e}", parent.display()))
+                })?;
         }
         let node_lock = lock_node(path, &options.holder)?;
         let writer = open_connection(path)?;

@@ -1,0 +1,236 @@
+//! `command` agents as processes of the real binary: they see none of the node's environment but
+//! what their configuration names, they die with a node killed by SIGKILL (a grandchild too), and
+//! a node that starts kills what a dead node process left behind before it admits anything.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use crate::http_api::{Db, Node, SECRET, initialize, launch, wait_for};
+
+/// Writes `config.toml` into `dir` with the scripted agent and one `command` agent per entry of
+/// `agents`: (name, shell script body, extra TOML keys). Returns the file's path.
+pub fn write_config(dir: &Path, agents: &[(&str, &str, &str)]) -> String {
+    use std::os::unix::fs::PermissionsExt;
+    let mut config = String::from("[[agents]]\nname = \"scripted\"\nkind = \"scripted\"\n");
+    for (name, body, extra) in agents {
+        let program = dir.join(format!("{name}.sh"));
+        std::fs::write(&program, format!("#!/bin/sh\n{body}\n")).expect("write script");
+        std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        config.push_str(&format!(
+            "\n[[agents]]\nname = \"{name}\"\nkind = \"command\"\nprogram = \"{}\"\n{extra}\n",
+            program.display()
+        ));
+    }
+    let path = dir.join("config.toml");
+    std::fs::write(&path, config).expect("write config");
+    path.display().to_string()
+}
+
+/// The state letter of process `pid` (`R`, `S`, `T` stopped, `Z` ended but not reaped...).
+fn state(pid: i32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(')')?;
+    rest.split_whitespace().next()?.chars().next()
+}
+
+/// Whether `pid` runs (a zombie nobody reaped yet does not count).
+pub fn alive(pid: i32) -> bool {
+    state(pid).is_some_and(|state| state != 'Z')
+}
+
+/// Processes a test's agent wrote into files; whatever still runs is killed when dropped.
+struct Pids {
+    dir: PathBuf,
+}
+
+impl Pids {
+    fn read(&self, name: &str) -> Option<i32> {
+        std::fs::read_to_string(self.dir.join(name))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    }
+
+    /// Waits until every file of `names` holds a pid.
+    fn wait_for(&self, names: &[&str]) -> Vec<i32> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let pids: Option<Vec<i32>> = names.iter().map(|name| self.read(name)).collect();
+            if let Some(pids) = pids {
+                return pids;
+            }
+            assert!(Instant::now() < deadline, "the agent never wrote {names:?}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Pids {
+    fn drop(&mut self) {
+        for name in ["guard", "leader", "child"] {
+            if let Some(pid) = self.read(name).filter(|pid| alive(*pid)) {
+                // SAFETY: kill(2) on a process this test's agent started; no memory is involved.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+        }
+    }
+}
+
+/// A configuration with agent `sleeper`, which records its guard (its parent), itself and a
+/// grandchild in `pids`, then runs for long.
+fn sleeper_config(dir: &Path, pids: &Path) -> String {
+    let extra = format!("env = {{ PIDS = \"{}\" }}", pids.display());
+    write_config(
+        dir,
+        &[(
+            "sleeper",
+            "read task\necho $PPID > \"$PIDS/guard\"\nsleep 600 &\necho $! > \"$PIDS/child\"\n\
+             echo $$ > \"$PIDS/leader\"\nwait",
+            &extra,
+        )],
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_agent_sees_none_of_the_nodes_secrets_and_only_what_its_config_names() {
+    let db = Db::new(false).await;
+    let files = tempfile::tempdir().expect("temp dir");
+    let config = write_config(
+        files.path(),
+        &[(
+            "leaky",
+            "read task\nenv >&2\nprintf '\\nFORGED_LINE level=ERROR run_id=forged\\n' >&2\nexit 3",
+            "stderr_tail_bytes = 65536\nenv_pass = [\"PASS_ME\", \"NOT_SET\"]\n\
+             env = { GREETING = \"hello from config\" }",
+        )],
+    );
+    let mut node = Node::start(
+        &db,
+        &[
+            ("REINS_CONFIG", config),
+            ("OPENAI_API_KEY", "sk-test-must-not-leak".into()),
+            ("PASS_ME", "passed-value".into()),
+        ],
+    );
+    let mut api = initialize(&node).await;
+    let run = launch(
+        &mut api,
+        r#"return await agent({stepId: "a", agentRef: "leaky", task: "x"});"#,
+    )
+    .await;
+    let record = wait_for(&mut api, &run, "failed").await.to_string();
+    for named in [
+        "GREETING=hello from config",
+        "PASS_ME=passed-value",
+        "PATH=",
+        "HOME=",
+        "LANG=",
+    ] {
+        assert!(record.contains(named), "{named:?} is missing: {record}");
+    }
+    for leak in [
+        "REINS_",
+        "sk-test-must-not-leak",
+        "OPENAI_API_KEY",
+        SECRET,
+        "NOT_SET",
+    ] {
+        assert!(!record.contains(leak), "{leak:?} leaked: {record}");
+    }
+    let log = node.process.stderr();
+    for leak in ["sk-test-must-not-leak", SECRET, "REINS_DATABASE="] {
+        assert!(!log.contains(leak), "{leak:?} leaked into the log: {log}");
+    }
+    assert!(
+        !log.lines().any(|line| line.starts_with("FORGED_LINE")),
+        "the agent's stderr wrote a line of the node's log: {log}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_agent_and_its_children_die_with_a_node_killed_by_sigkill() {
+    let db = Db::new(false).await;
+    let files = tempfile::tempdir().expect("temp dir");
+    let pids = Pids {
+        dir: files.path().join("pids"),
+    };
+    std::fs::create_dir(&pids.dir).expect("pids folder");
+    let config = sleeper_config(files.path(), &pids.dir);
+    let mut node = Node::start(&db, &[("REINS_CONFIG", config)]);
+    let mut api = initialize(&node).await;
+    launch(
+        &mut api,
+        r#"return await agent({stepId: "s", agentRef: "sleeper", task: "x"});"#,
+    )
+    .await;
+    let agents = pids.wait_for(&["guard", "leader", "child"]);
+    assert!(agents.iter().all(|pid| alive(*pid)), "{agents:?}");
+    node.signal(libc::SIGKILL);
+    node.process
+        .wait_exit(Duration::from_secs(10))
+        .expect("the node dies");
+    let died = Instant::now();
+    while agents.iter().any(|pid| alive(*pid)) {
+        assert!(
+            died.elapsed() < Duration::from_secs(1),
+            "agent processes outlived their node by a second: {:?}",
+            agents.iter().filter(|pid| alive(**pid)).collect::<Vec<_>>()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// What no guard could kill (here the guard itself was killed, and the node with it before it
+/// could stop the group) is killed by the next node process on the same data folder before it
+/// becomes ready.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_starting_node_kills_the_agents_a_dead_node_process_left_running() {
+    let db = Db::new(false).await;
+    let files = tempfile::tempdir().expect("temp dir");
+    let pids = Pids {
+        dir: files.path().join("pids"),
+    };
+    std::fs::create_dir(&pids.dir).expect("pids folder");
+    let config = sleeper_config(files.path(), &pids.dir);
+    let data_dir = files.path().join("data").display().to_string();
+    let env = [("REINS_CONFIG", config), ("REINS_DATA_DIR", data_dir)];
+    let mut node = Node::start(&db, &env);
+    let mut api = initialize(&node).await;
+    launch(
+        &mut api,
+        r#"return await agent({stepId: "s", agentRef: "sleeper", task: "x"});"#,
+    )
+    .await;
+    let agents = pids.wait_for(&["guard", "leader", "child"]);
+    let (guard, leader, child) = (agents[0], agents[1], agents[2]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    // The node is held still while its agent's guard is killed, so it never stops the group.
+    node.signal(libc::SIGSTOP);
+    let node_pid = i32::try_from(node.process.pid()).expect("pid");
+    while state(node_pid) != Some('T') {
+        assert!(Instant::now() < deadline, "the node never stopped");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // SAFETY: kill(2) on the guard this test's agent reported; no memory is involved.
+    assert_eq!(unsafe { libc::kill(guard, libc::SIGKILL) }, 0);
+    while alive(guard) || alive(leader) {
+        assert!(Instant::now() < deadline, "the program outlived its guard");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    node.signal(libc::SIGKILL);
+    node.process
+        .wait_exit(Duration::from_secs(10))
+        .expect("the node dies");
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        alive(child),
+        "nothing should have killed the grandchild yet"
+    );
+
+    let _again = Node::start(&db, &env);
+    assert!(
+        !alive(child),
+        "an agent process of a dead node still runs after a restart"
+    );
+}
