@@ -83,6 +83,36 @@ impl TestDb {
         }
     }
 
+    /// Changes rows behind the engine's back (what a tampered row, or a crash at an awkward
+    /// moment, leaves): `postgres` or `sqlite` runs with the text parameters `params` ($1 or
+    /// ?1 onwards). Answers how many rows changed.
+    pub async fn tamper(&self, postgres: &str, sqlite: &str, params: &[&str]) -> u64 {
+        match self {
+            TestDb::Postgres { .. } => {
+                let params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = params
+                    .iter()
+                    .map(|p| p as &(dyn tokio_postgres::types::ToSql + Sync))
+                    .collect();
+                self.pg_client()
+                    .await
+                    .execute(postgres, &params)
+                    .await
+                    .expect("tamper")
+            }
+            TestDb::Sqlite { dir, .. } => {
+                let connection =
+                    rusqlite::Connection::open(dir.path().join("reins.db")).expect("open");
+                connection
+                    .busy_timeout(Duration::from_secs(5))
+                    .expect("busy timeout");
+                let changed = connection
+                    .execute(sqlite, rusqlite::params_from_iter(params.iter()))
+                    .expect("tamper");
+                u64::try_from(changed).expect("a row count")
+            }
+        }
+    }
+
     /// A raw PostgreSQL client on this database (PostgreSQL only).
     pub async fn pg_client(&self) -> tokio_postgres::Client {
         let TestDb::Postgres { url } = self else {

@@ -229,32 +229,14 @@ const RECOVERABLE: &str = r#"
 /// Replaces a workflow's stored script behind the engine's back (what a tampered or wrongly
 /// migrated row would look like).
 async fn edit_stored_script(db: &TestDb, id: &str, script: &str) {
-    match db {
-        TestDb::Postgres { .. } => {
-            let client = db.pg_client().await;
-            let changed = client
-                .execute(
-                    "UPDATE workflows SET data = jsonb_set(data, '{script}', to_jsonb($2::text)) WHERE id = $1",
-                    &[&id, &script],
-                )
-                .await
-                .expect("edit");
-            assert_eq!(changed, 1);
-        }
-        TestDb::Sqlite { dir, .. } => {
-            let connection = rusqlite::Connection::open(dir.path().join("reins.db")).expect("open");
-            connection
-                .busy_timeout(Duration::from_secs(5))
-                .expect("busy timeout");
-            let changed = connection
-                .execute(
-                    "UPDATE workflows SET data = json_set(data, '$.script', ?2) WHERE id = ?1",
-                    rusqlite::params![id, script],
-                )
-                .expect("edit");
-            assert_eq!(changed, 1);
-        }
-    }
+    let changed = db
+        .tamper(
+            "UPDATE workflows SET data = jsonb_set(data, '{script}', to_jsonb($2::text)) WHERE id = $1",
+            "UPDATE workflows SET data = json_set(data, '$.script', ?2) WHERE id = ?1",
+            &[id, script],
+        )
+        .await;
+    assert_eq!(changed, 1);
 }
 
 on_both_backends! {
