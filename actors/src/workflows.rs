@@ -895,6 +895,16 @@ async fn reconcile(
         step_id: step.step_id.clone(),
         attempt: step.attempt,
     });
+    // It held no place under the limits while it waited for an operator: it takes them back
+    // before it counts as live again, or the reconcile is refused with nothing written.
+    let limits = state.args.options.launch_limits;
+    let clamp = |limit: u64| i64::try_from(limit).unwrap_or(i64::MAX);
+    ops.push(WriteOp::TakePlaces {
+        workflow_id: id.clone(),
+        user_id: row.user_id.clone(),
+        max_workflows: clamp(limits.max_workflows),
+        max_workflows_per_owner: clamp(limits.max_workflows_per_owner),
+    });
     // Settled: the reason it waited is kept in the step's `reconciled` record, not here.
     let mut data = row.data.clone();
     if let Some(fields) = data.as_object_mut() {
@@ -905,7 +915,19 @@ async fn reconcile(
         status: "running".into(),
         data: data.clone(),
     });
-    store.fenced_write(&lease.fence(), ops).await?;
+    let written = state.args.store.fenced_write(&lease.fence(), ops).await;
+    if let Err(store::Error::LimitReached(limit)) = &written {
+        // Nothing was written; the lease taken for the reconcile is given back so that the
+        // operator can try again once a place is free.
+        let _ = state.args.store.release_lease(&lease.fence()).await;
+        let (limit, max) = if limit == "max_workflows" {
+            ("max_workflows", limits.max_workflows)
+        } else {
+            ("max_workflows_per_owner", limits.max_workflows_per_owner)
+        };
+        return Err(Error::LimitReached { limit, max });
+    }
+    written?;
     let workflow = as_launched(WorkflowRow { data, ..row });
     start_supervisor(myself, state, workflow, lease, sent, Start::Replay)
         .await

@@ -19,6 +19,10 @@ pub enum Error {
     /// A uniqueness rule refused the write: nothing was written.
     #[error("conflict: {0}")]
     Conflict(String),
+    /// A cluster-wide limit (`max_workflows` or `max_workflows_per_owner`, named here) refused
+    /// the write: nothing was written.
+    #[error("limit reached: {0}")]
+    LimitReached(String),
     /// The write may or may not have committed (its acknowledgement never came): re-read and
     /// reconcile, never retry blindly.
     #[error("outcome unknown: {0}")]
@@ -80,6 +84,12 @@ impl From<tokio_postgres::Error> for Error {
             Some(db) => db.message().to_string(),
             None => error.to_string(),
         };
+        if code.code() == "RW001" {
+            return Error::LimitReached("max_workflows".into());
+        }
+        if code.code() == "RW002" {
+            return Error::LimitReached("max_workflows_per_owner".into());
+        }
         if *code == SqlState::UNIQUE_VIOLATION {
             Error::Conflict(message)
         } else if *code == SqlState::FOREIGN_KEY_VIOLATION || code.code() == "RN001" {

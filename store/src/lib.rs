@@ -31,8 +31,8 @@ pub use runs::{
 };
 pub use users::{NewToken, NewUser, TokenRow, UserRow};
 pub use workflows::{
-    ControlRow, ControlWrite, Deletion, LIVE_STATUSES, Launch, LaunchLimits, ListFilter,
-    NewControl, Orphaned, Purpose, TERMINAL_STATUSES, TakeOver, Versions,
+    COUNTED_STATUSES, ControlRow, ControlWrite, Deletion, LIVE_STATUSES, Launch, LaunchLimits,
+    ListFilter, NewControl, Orphaned, Purpose, TERMINAL_STATUSES, TakeOver, Versions,
 };
 pub use write::{ArtifactRow, NewWorkflow, Snapshot, StepRow, WorkflowRow, WriteOp};
 

@@ -96,10 +96,16 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         postgres: include_str!("../migrations/postgres/0014_live_runs_by_workflow.sql"),
         sqlite: include_str!("../migrations/sqlite/0014_live_runs_by_workflow.sql"),
     },
+    Migration {
+        version: 15,
+        name: "reconciliation_holds_no_place",
+        postgres: include_str!("../migrations/postgres/0015_reconciliation_holds_no_place.sql"),
+        sqlite: include_str!("../migrations/sqlite/0015_reconciliation_holds_no_place.sql"),
+    },
 ];
 
 /// The schema version this build expects.
-pub const SCHEMA_VERSION: i64 = 14;
+pub const SCHEMA_VERSION: i64 = 15;
 
 /// The advisory-lock key PostgreSQL migrations serialise on ("reins" in ASCII).
 pub(crate) const PG_MIGRATION_LOCK: i64 = 0x0072_6569_6e73;

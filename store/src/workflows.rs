@@ -7,7 +7,7 @@ use serde_json::Value;
 
 use crate::{Lease, WorkflowRow};
 
-/// Workflow statuses that hold a place under `max_workflows` (everything not terminal).
+/// Workflow statuses that are not terminal: a takeover (recover, reconcile, cancel) may apply.
 pub const LIVE_STATUSES: [&str; 5] = [
     "running",
     "paused",
@@ -15,6 +15,14 @@ pub const LIVE_STATUSES: [&str; 5] = [
     "cancelling",
     "needs_reconciliation",
 ];
+
+/// Workflow statuses that hold a place under `max_workflows` and `max_workflows_per_owner`: the
+/// live set of spec section 3. `needs_reconciliation` holds none, so that nobody is locked out by
+/// workflows only an operator can settle; a reconcile takes the places back or is refused.
+pub const COUNTED_STATUSES: [&str; 4] = ["running", "paused", "waiting_approval", "cancelling"];
+
+/// [`COUNTED_STATUSES`] as a slice with a static life, a statement parameter on PostgreSQL.
+pub(crate) static COUNTED: &[&str] = &COUNTED_STATUSES;
 
 /// The cluster-wide limits a launch is admitted under.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -55,6 +55,16 @@ pub enum WriteOp {
     },
     /// Give back every slot this workflow holds. The write that ends a workflow carries it.
     ReleaseSlots { workflow_id: String },
+    /// Give a workflow coming back from `needs_reconciliation` (which holds no place under the
+    /// limits) its places under `max_workflows` and its owner's `max_workflows_per_owner`, as a
+    /// launch takes them; with none free the write is refused (`Error::LimitReached`). It must
+    /// come before the change of status in its write.
+    TakePlaces {
+        workflow_id: String,
+        user_id: String,
+        max_workflows: i64,
+        max_workflows_per_owner: i64,
+    },
     /// Give up the lease the write is fenced by: it expires now. The write that ends a workflow
     /// carries it, so the end and the release are one transaction. It is applied after every
     /// other change of its write, wherever it stands in the list (see [`release_last`]).

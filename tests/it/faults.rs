@@ -511,3 +511,49 @@ on_both_backends! {
         std::fs::remove_file(shared.path().join("faults/hold_model")).expect("release");
     }
 }
+
+on_both_backends! {
+    async fn a_workflow_waiting_for_reconciliation_holds_no_place_under_the_limits(db: TestDb) {
+        let shared = tempfile::tempdir().expect("temp dir");
+        let scripted = || vec![actors::agents::AgentConfig::Scripted { name: "scripted".into() }];
+        let one_each = |options: &mut actors::NodeOptions| {
+            options.workflows.launch_limits.max_workflows_per_owner = 1;
+        };
+        let owner = TestNode::start_custom(&db, "owner", 1_500, shared.path(), &scripted(), one_each).await;
+        let heir = TestNode::start_custom(&db, "heir", 1_500, shared.path(), &scripted(), one_each).await;
+        let hold = shared.path().join("faults/hold_model");
+        std::fs::write(&hold, b"").expect("hold");
+        let uncertain = r#"return (await agent({stepId: "slow", agentRef: "scripted",
+                               task: {hold_while: "hold_model", output: "done"}})).output;"#;
+        let id = owner.node.workflows().launch(launch(uncertain, json!({}))).await.expect("launch").run_id;
+        eventually(Duration::from_secs(10), "the child run started", async || {
+            view(&owner, &id).await.steps.first().is_some_and(|s| s.status == "running")
+        }).await;
+        owner.node.workflows().fence(&id).await.expect("fence");
+        heir.node.workflows().recover(&id).await.expect("recover");
+        wait_for_status(&heir, &id, "needs_reconciliation").await;
+
+        // Before the fix this launch was refused: the uncertain workflow held the user's one place.
+        let other = heir.node.workflows().launch(launch(HOLD, json!({}))).await
+            .expect("a workflow only an operator can settle holds no place").run_id;
+        wait_for_status(&heir, &other, "paused").await;
+        let request = || actors::ReconcileRequest {
+            workflow_id: id.clone(), step_id: "slow".into(), resolution: actors::Resolution::Retry,
+            reason: "checked".into(), by: "op".into(),
+        };
+        // Its place is taken now: the reconcile is refused, and nothing is written.
+        let refused = heir.node.workflows().reconcile(request()).await;
+        assert!(matches!(refused, Err(actors::Error::LimitReached { limit: "max_workflows_per_owner", .. })),
+            "{refused:?}");
+        assert_eq!(view(&heir, &id).await.row.status, "needs_reconciliation");
+        heir.node.workflows().cancel(&other, "ada").await.expect("cancel");
+        wait_for_status(&heir, &other, "cancelled").await;
+        std::fs::remove_file(&hold).expect("release the model");
+        heir.node.workflows().reconcile(request()).await.expect("a place is free again");
+        let done = wait_for_status(&heir, &id, "completed").await;
+        assert_eq!(done.row.data["result"], json!("done"));
+        // And it counted while it ran: the user's one place is free once more.
+        let again = heir.node.workflows().launch(launch(HOLD, json!({}))).await.expect("launch");
+        wait_for_status(&heir, &again.run_id, "paused").await;
+    }
+}

@@ -131,7 +131,7 @@ on_both_backends! {
 }
 
 on_both_backends! {
-    async fn every_live_status_holds_a_place_and_every_terminal_one_gives_it_back(db: TestDb) {
+    async fn every_counted_status_holds_a_place_and_reconciliation_or_an_end_gives_it_back(db: TestDb) {
         let store = db.store().await;
         let limits = LaunchLimits { max_workflows: 1, max_workflows_per_owner: 1 };
         let set = |id: &str, status: &str| WriteOp::SetWorkflow {
@@ -145,7 +145,7 @@ on_both_backends! {
                 Launch::Created(lease) => lease.fence(),
                 other => panic!("{terminal}: the place was not given back: {other:?}"),
             };
-            for live in store::LIVE_STATUSES {
+            for live in store::COUNTED_STATUSES {
                 store.fenced_write(&fence, vec![set(&id, live)]).await.expect("set");
                 let other = new_workflow(&format!("other-{n}-{live}"), "bob", None, "fp");
                 assert_eq!(store.launch_workflow(other, "node", 60_000, limits).await.expect("launch"),
@@ -155,6 +155,16 @@ on_both_backends! {
                 assert_eq!(store.launch_workflow(mine, "node", 60_000, same_owner).await.expect("launch"),
                     Launch::Refused { limit: "max_workflows_per_owner", max: 1 });
             }
+            // Waiting for an operator holds no place: another workflow may launch meanwhile.
+            store.fenced_write(&fence, vec![set(&id, "needs_reconciliation")]).await.expect("set");
+            let meanwhile = new_workflow(&format!("meanwhile-{n}"), "ada", None, "fp");
+            let Launch::Created(lease) = store.launch_workflow(meanwhile, "node", 60_000, limits)
+                .await.expect("launch")
+            else {
+                panic!("needs_reconciliation kept its place");
+            };
+            store.fenced_write(&lease.fence(), vec![set(&format!("meanwhile-{n}"), terminal)])
+                .await.expect("end it");
             store.fenced_write(&fence, vec![set(&id, terminal)]).await.expect("set");
         }
         let last = new_workflow("last", "bob", None, "fp");

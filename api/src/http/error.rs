@@ -91,6 +91,7 @@ impl From<store::Error> for ApiError {
         let message = error.to_string();
         match error {
             store::Error::NotFound(_) => ApiError::not_found(message),
+            store::Error::LimitReached(_) => ApiError::refused(message),
             store::Error::Conflict(_) => ApiError::conflict(message),
             store::Error::LeaseLost { .. } => {
                 ApiError::new(StatusCode::CONFLICT, "lease_lost", message)

@@ -479,6 +479,13 @@ pub(super) fn op_sql(op: &WriteOp) -> &'static str {
              DELETE FROM workflow_slots
               WHERE workflow = $4 AND step_id = $5 AND EXISTS (SELECT 1 FROM fence)"
         }
+        WriteOp::TakePlaces { .. } => {
+            "WITH fence AS (SELECT reins_fence($1, $2, $3)),
+                  places AS (SELECT guard.live_no, guard.owner_no
+                               FROM fence, reins_launch_guard($5, NULL, $6, $7, $8) AS guard)
+             UPDATE workflows w SET live_no = places.live_no, owner_no = places.owner_no
+               FROM places WHERE w.id = $4"
+        }
         WriteOp::ReleaseSlots { .. } => {
             "WITH fence AS (SELECT reins_fence($1, $2, $3))
              DELETE FROM workflow_slots WHERE workflow = $4 AND EXISTS (SELECT 1 FROM fence)"
@@ -547,6 +554,21 @@ pub(super) fn op_params<'a>(fence: &'a Fence, op: &'a WriteOp) -> Vec<&'a (dyn T
         }
         WriteOp::CancelRuns { workflow_id } | WriteOp::ReleaseSlots { workflow_id } => {
             params.push(workflow_id);
+        }
+        WriteOp::TakePlaces {
+            workflow_id,
+            user_id,
+            max_workflows,
+            max_workflows_per_owner,
+        } => {
+            let own: [&(dyn ToSql + Sync); 5] = [
+                workflow_id,
+                user_id,
+                &crate::workflows::COUNTED,
+                max_workflows,
+                max_workflows_per_owner,
+            ];
+            params.extend(own);
         }
         WriteOp::ReleaseLease => {}
     }

@@ -11,7 +11,7 @@ use super::{PgStore, commit_error};
 use crate::lease::ttl_seconds;
 use crate::workflows::takeover_refusal;
 use crate::workflows::{
-    ControlRow, ControlWrite, Deletion, LIVE_STATUSES, Launch, LaunchLimits, ListFilter,
+    COUNTED_STATUSES, ControlRow, ControlWrite, Deletion, Launch, LaunchLimits, ListFilter,
     NewControl, Orphaned, TERMINAL_STATUSES, TakeOver, Versions,
 };
 use crate::{Error, Lease, NewWorkflow, Result, WorkflowRow};
@@ -80,7 +80,7 @@ async fn launch_in(
     lease_ms: u64,
     limits: LaunchLimits,
 ) -> Result<Guarded> {
-    let live: Vec<&str> = LIVE_STATUSES.to_vec();
+    let live: Vec<&str> = COUNTED_STATUSES.to_vec();
     let clamp = |limit: u64| i64::try_from(limit).unwrap_or(i64::MAX);
     let (max_total, max_mine) = (
         clamp(limits.max_workflows),

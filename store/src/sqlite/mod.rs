@@ -579,6 +579,29 @@ pub(super) fn apply(connection: &Connection, fence: &Fence, encoded: &Encoded) -
                 )?
                 .execute(params![workflow_id])?;
         }
+        WriteOp::TakePlaces {
+            user_id,
+            max_workflows,
+            max_workflows_per_owner,
+            ..
+        } => {
+            // The counts kept by triggers (migrations 11 and 15) are exact inside the writer's
+            // transaction; the workflow itself, in needs_reconciliation, is not among them.
+            let total: i64 = connection
+                .prepare_cached("SELECT live FROM live_workflows_total WHERE id = 1")?
+                .query_row([], |row| row.get(0))?;
+            if total >= *max_workflows {
+                return Err(Error::LimitReached("max_workflows".into()));
+            }
+            let mine: i64 = connection
+                .prepare_cached("SELECT live FROM live_workflows_by_user WHERE user_id = ?1")?
+                .query_row([user_id], |row| row.get(0))
+                .optional()?
+                .unwrap_or(0);
+            if mine >= *max_workflows_per_owner {
+                return Err(Error::LimitReached("max_workflows_per_owner".into()));
+            }
+        }
         WriteOp::ReleaseSlots { workflow_id } => {
             connection
                 .prepare_cached("DELETE FROM workflow_slots WHERE workflow = ?1")?
