@@ -35,6 +35,9 @@ const SLOT_RETRY: Duration = Duration::from_millis(200);
 /// How often a cancellation looks at the rows of the children it waits for (some may run on a
 /// node that is gone, and only their rows will tell).
 const CHILD_CHECK: Duration = Duration::from_millis(250);
+/// The stop reason of a supervisor that left its workflow live (see `WorkflowState::stop`).
+pub(crate) const ABANDONED: &str = "abandoned";
+
 /// The first wait before asking the store again after it proved it wrote nothing (the database
 /// was unreachable); each further try waits twice as long, up to [`STORE_RETRY_MAX`].
 const STORE_RETRY_FIRST: Duration = Duration::from_millis(50);
@@ -430,13 +433,27 @@ impl WorkflowState {
         }
     }
 
+    /// Stops supervising a workflow that is still live (the lease lost, a write whose outcome
+    /// is unknown, a read that failed): the supervisor stops with [`ABANDONED`], and the node
+    /// takes the workflow back by the usual takeover once its lease has run out, whatever the
+    /// recovery mode (another node may win; the takeover decides).
     fn stop(&mut self, myself: &ActorRef<WorkflowMsg>) {
+        self.halt(myself, Some(ABANDONED.to_owned()));
+    }
+
+    /// Stops after the workflow ended (its lease released in the same write) or was given up
+    /// on an operator's word: nothing is to be taken back.
+    fn end(&mut self, myself: &ActorRef<WorkflowMsg>) {
+        self.halt(myself, None);
+    }
+
+    fn halt(&mut self, myself: &ActorRef<WorkflowMsg>, reason: Option<String>) {
         self.done = true;
         self.args.js.park(&self.args.workflow_id);
         let _ = self.args.lease.post(LeaseMsg::Untrack {
             run_id: self.args.workflow_id.clone(),
         });
-        myself.stop(None);
+        myself.stop(reason);
     }
 
     fn options(&self) -> VmOptions {
@@ -871,7 +888,7 @@ impl WorkflowState {
             for run_id in self.live_children() {
                 self.stop_child(&run_id);
             }
-            self.stop(myself);
+            self.end(myself);
         }
     }
 
@@ -1228,7 +1245,7 @@ impl WorkflowState {
         // Its slots stay held; its lease is given back in the same write, so an operator's
         // reconcile can take the workflow at once.
         if self.write(myself, vec![op, WriteOp::ReleaseLease]).await {
-            self.stop(myself);
+            self.end(myself);
         }
     }
 
@@ -1423,7 +1440,7 @@ impl WorkflowState {
             self.args
                 .metrics
                 .inc("reins_workflows_finished_total", &[("status", "cancelled")]);
-            self.stop(myself);
+            self.end(myself);
         }
     }
 
@@ -1690,7 +1707,7 @@ impl Actor for WorkflowSupervisor {
                 // Between two handlers nothing is being written: stop first, so nothing more
                 // is, then let the lease go so another node can take the workflow at once.
                 tracing::warn!(parent: &state.span, "fenced by an operator: giving up the lease");
-                state.stop(&myself);
+                state.end(&myself);
                 let released = state.args.store.release_lease(&state.args.fence).await;
                 let _ = reply.send(
                     released

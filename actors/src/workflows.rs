@@ -164,6 +164,16 @@ pub enum WorkflowsMsg {
     },
     /// Time to look for pending controls of this node's workflows.
     PollControls,
+    /// Take back a workflow this node's supervisor left live (it lost the lease, or a write's
+    /// outcome was unknown), once its lease has run out: `tries` so far.
+    TakeBack { workflow_id: String, tries: u32 },
+    /// The store answered a takeover to take a workflow back.
+    TakenBack {
+        workflow_id: String,
+        tries: u32,
+        sent: Instant,
+        result: Box<store::Result<TakeOver>>,
+    },
     /// Time to claim recoverable workflows (`recovery: automatic`).
     ClaimRecoverable,
     /// A claim's takeovers are all decided; `full` when it found a whole batch, so more may
@@ -180,6 +190,10 @@ const RECOVERY_BATCH: u32 = 64;
 /// The longest wait between two claims of automatic recovery (shorter when the lease is): an
 /// orphaned workflow is claimed within this much of its owner's lease running out.
 const CLAIM_PERIOD_MAX: Duration = Duration::from_secs(1);
+
+/// How often the node tries to take back a workflow its own supervisor left live, a lease
+/// period apart (the database may still be unreachable, or the lease not yet run out).
+const TAKE_BACK_TRIES: u32 = 20;
 
 /// How often a cancellation asked of a workflow whose owner's lease was still valid is tried
 /// again, a lease period apart (the owner, if alive, carries it out itself meanwhile).
@@ -528,6 +542,85 @@ impl Actor for Workflows {
                 };
                 let _ = reply.send(answer);
             }
+            WorkflowsMsg::TakeBack { workflow_id, .. }
+                if state.draining || state.live.contains_key(&workflow_id) => {}
+            WorkflowsMsg::TakeBack { workflow_id, tries } => {
+                let id = workflow_id.clone();
+                take_over(
+                    state,
+                    &myself,
+                    &id,
+                    store::Purpose::Recover,
+                    move |sent, result| WorkflowsMsg::TakenBack {
+                        workflow_id,
+                        tries,
+                        sent,
+                        result,
+                    },
+                );
+            }
+            WorkflowsMsg::TakenBack {
+                workflow_id,
+                tries,
+                sent,
+                result,
+            } => match *result {
+                Ok(TakeOver::Taken(lease)) => {
+                    let started = match stored_workflow(&state.args.store, &workflow_id).await {
+                        Ok(workflow) => {
+                            start_supervisor(&myself, state, workflow, lease, sent, Start::Replay)
+                                .await
+                        }
+                        Err(error) => Err(error),
+                    };
+                    match started {
+                        Ok(_) => tracing::info!(run_id = %workflow_id, "taken back"),
+                        Err(error) => {
+                            tracing::error!(run_id = %workflow_id, %error, "cannot take it back");
+                        }
+                    }
+                }
+                Ok(TakeOver::LeaseHeld) if tries + 1 < TAKE_BACK_TRIES => {
+                    // Still this node's own lease, running out: ask again when it has. Another
+                    // node's lease means that node took the workflow over: it is not ours to
+                    // take back.
+                    let (store, me) = (state.args.store.clone(), myself.clone());
+                    let ours = state.args.worker_id.clone();
+                    let wait = Duration::from_millis(state.args.options.lease_ms.max(1));
+                    tokio::spawn(async move {
+                        if let Ok(Some(lease)) = store.read_lease(&workflow_id).await
+                            && lease.owner == ours
+                        {
+                            crate::mailbox::post_after(&me, wait, move || WorkflowsMsg::TakeBack {
+                                workflow_id,
+                                tries: tries + 1,
+                            });
+                        }
+                    });
+                }
+                Err(error) if error.is_transient() && tries + 1 < TAKE_BACK_TRIES => {
+                    let wait = Duration::from_millis(state.args.options.lease_ms.max(1));
+                    crate::mailbox::post_after(&myself, wait, move || WorkflowsMsg::TakeBack {
+                        workflow_id,
+                        tries: tries + 1,
+                    });
+                }
+                // A cancellation is pending (or another rule refused): a cancel takeover
+                // finishes it if one is asked for; otherwise the workflow waits as it is.
+                Ok(TakeOver::Refused(_)) => {
+                    let _ = myself.post(WorkflowsMsg::TakeOverToCancel {
+                        workflow_id,
+                        tries: 0,
+                        done: None,
+                    });
+                }
+                Ok(outcome) => {
+                    tracing::info!(run_id = %workflow_id, ?outcome, "not taken back");
+                }
+                Err(error) => {
+                    tracing::warn!(run_id = %workflow_id, %error, "cannot take it back");
+                }
+            },
             WorkflowsMsg::ClaimRecoverable if state.draining || state.claiming => {}
             WorkflowsMsg::ClaimRecoverable => {
                 state.claiming = true;
@@ -610,12 +703,16 @@ impl Actor for Workflows {
 
     async fn handle_supervisor_evt(
         &self,
-        _myself: ActorRef<Self::Msg>,
+        myself: ActorRef<Self::Msg>,
         event: SupervisionEvent,
         state: &mut WorkflowsState,
     ) -> Result<(), ActorProcessingErr> {
+        let mut abandoned = false;
         let cell = match event {
-            SupervisionEvent::ActorTerminated(cell, _, _) => cell,
+            SupervisionEvent::ActorTerminated(cell, _, reason) => {
+                abandoned = reason.as_deref() == Some(crate::workflow::ABANDONED);
+                cell
+            }
             SupervisionEvent::ActorFailed(cell, error) => {
                 // Never restarted in place: its lease lapses and recovery replays the journal.
                 tracing::error!(%error, "a workflow supervisor failed");
@@ -631,6 +728,16 @@ impl Actor for Workflows {
             .collect();
         for workflow_id in ended {
             state.live.remove(&workflow_id);
+            if abandoned && !state.draining {
+                // Left live with a lease that runs out within a lease period: take it back
+                // then (its journal decides what happens next), in either recovery mode.
+                let wait = Duration::from_millis(state.args.options.lease_ms.max(1) + 100);
+                let id = workflow_id.clone();
+                crate::mailbox::post_after(&myself, wait, move || WorkflowsMsg::TakeBack {
+                    workflow_id: id,
+                    tries: 0,
+                });
+            }
             // Nobody listening is fine: it is a cue, never the record.
             let _ = state.args.stopped.send(workflow_id);
         }

@@ -557,3 +557,30 @@ on_both_backends! {
         wait_for_status(&heir, &again.run_id, "paused").await;
     }
 }
+
+on_both_backends! {
+    async fn a_node_takes_back_what_an_outage_longer_than_its_lease_made_it_drop(db: TestDb) {
+        let shared = tempfile::tempdir().expect("temp dir");
+        // Manual recovery: nobody else would ever take the workflow over.
+        let node = TestNode::start(&db, "a", 1_500, shared.path()).await;
+        let script = r#"const input = await pause({stepId: "hold"});
+                        const a = await agent({stepId: "a", agentRef: "scripted", task: "one"});
+                        return [input, a.output];"#;
+        let id = node.node.workflows().launch(launch(script, json!({}))).await.expect("launch").run_id;
+        wait_for_status(&node, &id, "paused").await;
+        // The database is gone for longer than the lease: renewals fail, and so does the
+        // resumed workflow's next write until the lease has run out.
+        node.faults.add("renew_lease", unavailable(), 8);
+        node.faults.add("fenced_write", unavailable(), 6);
+        node.node.workflows().resume(actors::Resume {
+            workflow_id: id.clone(), fingerprint: None, step_id: "hold".into(), attempt: 1,
+            input: json!("go"),
+        }, "ada").await.expect("resume");
+        // Before the fix the workflow stayed recoverable until an operator recovered it.
+        let done = wait_for_status(&node, &id, "completed").await;
+        assert_eq!(done.row.data["result"], json!(["go", {"echo": "one"}]));
+        assert_eq!(done.lease.expect("lease").epoch, 2, "taken back under a new epoch");
+        let runs = child_runs(&db, &id).await;
+        assert_eq!(runs.len(), 1, "{runs:?}");
+    }
+}
