@@ -30,8 +30,9 @@ type Finish = Box<dyn FnOnce(Result<()>) + Send>;
 
 /// A unit of work for the writer thread.
 trait Job: Send {
-    /// Runs inside a savepoint of the batch's transaction; returns how to answer after commit.
-    fn run(self: Box<Self>, connection: &Connection) -> Finish;
+    /// Runs inside a savepoint of the batch's transaction; returns how to answer after commit,
+    /// and the job's own error if it failed.
+    fn run(self: Box<Self>, connection: &Connection) -> (Finish, Option<Error>);
     /// Answers without running: the batch's transaction could not begin.
     fn refuse(self: Box<Self>, error: Error);
 }
@@ -46,13 +47,15 @@ where
     R: Send + 'static,
     F: FnOnce(&Connection) -> Result<R> + Send,
 {
-    fn run(self: Box<Self>, connection: &Connection) -> Finish {
+    fn run(self: Box<Self>, connection: &Connection) -> (Finish, Option<Error>) {
         let result = in_savepoint(connection, self.work);
+        let failure = result.as_ref().err().cloned();
         let reply = self.reply;
-        Box::new(move |commit: Result<()>| {
+        let finish: Finish = Box::new(move |commit: Result<()>| {
             // The caller may have gone away; its answer then has nobody to go to.
             let _ = reply.send(commit.and(result));
-        })
+        });
+        (finish, failure)
     }
 
     fn refuse(self: Box<Self>, error: Error) {
@@ -63,6 +66,8 @@ where
 pub(crate) struct SqliteStore {
     jobs: mpsc::Sender<Box<dyn Job>>,
     readers: Arc<ReaderPool>,
+    /// The folder of the database, whose free space the write probe checks.
+    folder: PathBuf,
     /// Held for the life of the store: the operating system drops the lock when the process dies,
     /// so a killed node never leaves the database locked.
     _node_lock: File,
@@ -107,6 +112,11 @@ impl SqliteStore {
                 permits: Semaphore::new(readers.len()),
                 connections: Mutex::new(readers),
             }),
+            folder: path
+                .parent()
+                .filter(|p| !p.as_os_str().is_empty())
+                .unwrap_or(Path::new("."))
+                .to_path_buf(),
             _node_lock: node_lock,
         })
     }
@@ -195,6 +205,30 @@ impl SqliteStore {
                 .into_iter()
                 .max()
                 .unwrap_or(0))
+        })
+        .await
+    }
+
+    pub(crate) async fn write_probe(&self) -> Result<()> {
+        // A write that failed for a full disk leaves its frames' room at the end of the
+        // write-ahead log, so a small write succeeds there while the disk is still full: only
+        // free space on the file system tells that bigger writes will fit again.
+        let free = free_bytes(&self.folder)?;
+        if free < DISK_FREE_MIN {
+            return Err(Error::DiskFull(format!(
+                "{free} bytes free in {}, fewer than {DISK_FREE_MIN}",
+                self.folder.display()
+            )));
+        }
+        self.write(|connection| {
+            // Rewrites the newest migration's row unchanged: a write that always needs new space
+            // on disk (a page in the write-ahead log).
+            run(
+                connection,
+                "UPDATE schema_migrations SET name = name
+                  WHERE version = (SELECT max(version) FROM schema_migrations)",
+            )?;
+            Ok(())
         })
         .await
     }
@@ -606,6 +640,32 @@ fn recorded_versions(connection: &Connection) -> Result<Vec<i64>> {
     Ok(versions.collect::<rusqlite::Result<Vec<i64>>>()?)
 }
 
+/// The free space the database's file system needs before the write probe tries a write.
+const DISK_FREE_MIN: u64 = 1 << 20;
+
+/// The bytes an unprivileged process may still write on the file system holding `folder`.
+fn free_bytes(folder: &Path) -> Result<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let unavailable = |e: std::io::Error| {
+        Error::Unavailable(format!(
+            "cannot read the free space of {}: {e}",
+            folder.display()
+        ))
+    };
+    let path = std::ffi::CString::new(folder.as_os_str().as_bytes())
+        .map_err(|e| unavailable(std::io::Error::other(e)))?;
+    let mut stats = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+    // SAFETY: `path` is a NUL-terminated string and `stats` a buffer of the type statvfs(3)
+    // fills; it is read only after the call reported success.
+    let stats = unsafe {
+        if libc::statvfs(path.as_ptr(), stats.as_mut_ptr()) != 0 {
+            return Err(unavailable(std::io::Error::last_os_error()));
+        }
+        stats.assume_init()
+    };
+    Ok(stats.f_bavail.saturating_mul(stats.f_frsize))
+}
+
 /// Prepared statements kept per connection. The writer runs every write statement of the store
 /// (about seventy); with rusqlite's default of 16 it re-parsed most of them on every job.
 const STATEMENT_CACHE_CAPACITY: usize = 256;
@@ -658,13 +718,17 @@ fn lock_node(database: &Path, holder: &str) -> Result<File> {
 }
 
 /// Runs `work` in a savepoint: its writes stay if it succeeds and vanish if it fails, without
-/// touching the other jobs of the batch.
+/// touching the other jobs of the batch. Some failures (a full disk, an I/O error) make SQLite
+/// roll back the whole transaction instead; the writer then sees no transaction left.
 fn in_savepoint<R>(
     connection: &Connection,
     work: impl FnOnce(&Connection) -> Result<R>,
 ) -> Result<R> {
     run(connection, "SAVEPOINT job")?;
     let result = work(connection);
+    if connection.is_autocommit() {
+        return result;
+    }
     if result.is_err() {
         run(connection, "ROLLBACK TO job")?;
     }
@@ -694,18 +758,48 @@ fn run_writer(connection: Connection, mut queue: mpsc::Receiver<Box<dyn Job>>, b
             }
             continue;
         }
-        let finishes: Vec<Finish> = batch.into_iter().map(|job| job.run(&connection)).collect();
-        let commit = run(&connection, "COMMIT").map_err(|e| {
-            let error = Error::from(e);
-            if let Err(rollback) = run(&connection, "ROLLBACK") {
-                tracing::error!(%rollback, "sqlite rollback after a failed commit failed");
+        let mut finishes = Vec::with_capacity(batch.len());
+        let mut jobs = batch.into_iter();
+        let mut ended = None;
+        for job in jobs.by_ref() {
+            let (finish, failure) = job.run(&connection);
+            finishes.push(finish);
+            if connection.is_autocommit() {
+                // SQLite rolled the whole transaction back (a full disk does that): nothing of
+                // the batch was written, so every job hears why, and the rest never run.
+                ended = Some(failure.unwrap_or_else(|| {
+                    Error::Database("the sqlite transaction ended before its commit".into())
+                }));
+                break;
             }
-            error
-        });
+        }
+        let commit = match ended {
+            Some(error) => {
+                for job in jobs {
+                    job.refuse(error.clone());
+                }
+                Err(error)
+            }
+            None => commit_batch(&connection),
+        };
         for finish in finishes {
             finish(commit.clone());
         }
     }
+}
+
+/// Commits the batch's transaction, or rolls it back if the commit failed (a full disk may have
+/// refused the write-ahead log's growth) and SQLite left it open.
+fn commit_batch(connection: &Connection) -> Result<()> {
+    run(connection, "COMMIT").map_err(|e| {
+        let error = Error::from(e);
+        if !connection.is_autocommit()
+            && let Err(rollback) = run(connection, "ROLLBACK")
+        {
+            tracing::error!(%rollback, "sqlite rollback after a failed commit failed");
+        }
+        error
+    })
 }
 
 fn now_on(connection: &Connection) -> Result<f64> {
