@@ -1,6 +1,7 @@
 //! The real binary on the embedded default with its data folder on a small tmpfs that fills up:
 //! writes answer 503 `disk_full` and say so, readiness turns 503 while they fail and 200 once one
-//! succeeds again, and the database holds nothing half-written.
+//! succeeds again, a running workflow waits for the space instead of failing its step, and the
+//! database holds nothing half-written.
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -10,6 +11,7 @@ use std::time::Duration;
 
 use serde_json::json;
 
+use crate::agent_processes::write_config;
 use crate::harness::{ReinsProcess, free_port, http_get, reins_command};
 use crate::http_api::{ADMIN, PASSWORD};
 use crate::http_client::Api;
@@ -79,13 +81,32 @@ fn fill(path: &Path) {
     }
 }
 
-async fn launch(api: &mut Api) -> crate::http_client::Answer {
-    api.call(
-        "POST",
-        "/api/v1/workflows",
-        Some(json!({"script": "return await pause({stepId: \"p\"});"})),
-    )
-    .await
+async fn launch(api: &mut Api, script: &str) -> crate::http_client::Answer {
+    api.call("POST", "/api/v1/workflows", Some(json!({"script": script})))
+        .await
+}
+
+const PAUSE: &str = r#"return await pause({stepId: "p"});"#;
+
+async fn status(api: &mut Api, run: &str) -> String {
+    let answer = api
+        .call("GET", &format!("/api/v1/workflows/{run}"), None)
+        .await;
+    assert_eq!(answer.status, 200, "{answer:?}");
+    answer.json()["status"].as_str().expect("status").to_owned()
+}
+
+/// Waits until `path` exists, at most 20 s.
+async fn appears(path: &Path) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while !path.exists() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{} never appeared",
+            path.display()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// `/health/ready` until it answers `status`, at most 20 s; returns its body.
@@ -116,8 +137,27 @@ async fn a_full_disk_answers_503_disk_full_and_readiness_follows_it() {
     let dir = tempfile::tempdir().expect("temp dir");
     let data = dir.path().join("reins-data");
     let tmpfs = Tmpfs::mount(&data, "4M");
+    let files = tempfile::tempdir().expect("temp dir");
+    let (started, gate) = (files.path().join("started"), files.path().join("gate"));
+    // An agent that ends only once the test opens its gate, which it does with the disk full.
+    let config = write_config(
+        files.path(),
+        &[(
+            "waiter",
+            &format!(
+                "read task\ntouch {}\nwhile [ ! -e {} ]; do sleep 0.05; done\n\
+                 echo '{{\"type\": \"output\", \"output\": \"done\"}}'",
+                started.display(),
+                gate.display()
+            ),
+            "",
+        )],
+    );
     let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
-    let mut command = reins_command(dir.path(), &[("REINS_LISTEN", addr.to_string())]);
+    let mut command = reins_command(
+        dir.path(),
+        &[("REINS_LISTEN", addr.to_string()), ("REINS_CONFIG", config)],
+    );
     command.env_remove("REINS_SECRET");
     let mut process = ReinsProcess::serve_command(command, addr);
     process.wait_ready(Duration::from_secs(30));
@@ -131,12 +171,19 @@ async fn a_full_disk_answers_503_disk_full_and_readiness_follows_it() {
         )
         .await;
     assert_eq!(answer.status, 201, "{answer:?}");
-    let before = launch(&mut api).await;
+    let before = launch(
+        &mut api,
+        r#"const a = await agent({stepId: "a", agentRef: "waiter", task: "x"});
+           return a;"#,
+    )
+    .await;
     assert_eq!(before.status, 201, "{before:?}");
+    let running = before.json()["run_id"].as_str().expect("run_id").to_owned();
+    appears(&started).await;
 
     let filler = data.join("filler");
     fill(&filler);
-    let full = launch(&mut api).await;
+    let full = launch(&mut api, PAUSE).await;
     assert_eq!(full.status, 503, "{full:?}");
     let body = full.json();
     assert_eq!(body["error"]["code"], "disk_full", "{body}");
@@ -152,11 +199,28 @@ async fn a_full_disk_answers_503_disk_full_and_readiness_follows_it() {
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let (still, body) = http_get(addr, "/health/ready").expect("ready");
     assert_eq!(still, 503, "{body}");
+    // The agent ends while nothing can be written: its workflow waits for the space.
+    std::fs::write(&gate, "").expect("open the gate");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(status(&mut api, &running).await, "running");
 
     std::fs::remove_file(&filler).expect("free the space");
     ready_becomes(addr, 200).await;
-    let after = launch(&mut api).await;
+    let after = launch(&mut api, PAUSE).await;
     assert_eq!(after.status, 201, "{after:?}");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let now = status(&mut api, &running).await;
+        if now == "completed" {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the workflow that waited for space is {now}: {}",
+            process.stderr()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 
     process.signal(libc::SIGTERM);
     let stopped = process.wait_exit(Duration::from_secs(10));

@@ -887,3 +887,104 @@ fn steps_on(connection: &Connection, workflow_id: &str) -> Result<Vec<StepRow>> 
     })
     .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A tmpfs of `size` mounted at `path`; unmounted when dropped, also when the test panics.
+    struct Tmpfs(PathBuf);
+
+    impl Tmpfs {
+        fn mount(path: &Path, size: &str) -> Tmpfs {
+            // SAFETY: geteuid(2) has no preconditions and touches no memory.
+            let uid = unsafe { libc::geteuid() };
+            assert_eq!(
+                uid, 0,
+                "this test mounts a small tmpfs to fill a disk for real, which needs root (or \
+                 CAP_SYS_ADMIN); it runs as uid {uid}: run the tests as root (as CI does)"
+            );
+            std::fs::create_dir_all(path).expect("mount point");
+            let mounted = std::process::Command::new("mount")
+                .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+                .arg(path)
+                .output()
+                .expect("run mount");
+            assert!(
+                mounted.status.success(),
+                "mounting a tmpfs at {} failed although the test runs as root (no CAP_SYS_ADMIN \
+                 in this container?): {}",
+                path.display(),
+                String::from_utf8_lossy(&mounted.stderr)
+            );
+            Tmpfs(path.to_path_buf())
+        }
+    }
+
+    impl Drop for Tmpfs {
+        fn drop(&mut self) {
+            let unmounted = std::process::Command::new("umount").arg(&self.0).status();
+            if !matches!(unmounted, Ok(status) if status.success()) {
+                // Still busy (the writer thread closing its connection): detach it instead.
+                let _ = std::process::Command::new("umount")
+                    .arg("-l")
+                    .arg(&self.0)
+                    .status();
+            }
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_batch_that_a_full_disk_rolls_back_writes_nothing_and_every_job_hears_why() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let _tmpfs = Tmpfs::mount(&dir.path().join("small"), "1M");
+        let path = dir.path().join("small/reins.db");
+        let store = SqliteStore::open(&path, &StoreOptions::default()).expect("open");
+        store
+            .write(|c| Ok(c.execute_batch("CREATE TABLE t (x BLOB)")?))
+            .await
+            .expect("create");
+
+        // The writer is held while the next two jobs queue, so they run in one batch: the first
+        // overflows the page cache and SQLite rolls the whole transaction back for the full
+        // disk; the second, small, must not commit on its own after that.
+        let (entered, held) = tokio::sync::oneshot::channel();
+        let (release, released) = std::sync::mpsc::channel::<()>();
+        let hold = store.write(move |_| {
+            let _ = entered.send(());
+            let _ = released.recv();
+            Ok(())
+        });
+        let batch = async {
+            held.await.expect("the writer runs the holding job");
+            let big =
+                store.write(|c| Ok(c.execute("INSERT INTO t VALUES (zeroblob(4000000))", [])?));
+            let small = store.write(|c| Ok(c.execute("INSERT INTO t VALUES (x'01')", [])?));
+            let go = async {
+                release.send(()).expect("release the writer");
+            };
+            let (big, small, ()) = tokio::join!(big, small, go);
+            (big, small)
+        };
+        let (held, (big, small)) = tokio::join!(hold, batch);
+        held.expect("the holding job");
+        assert!(matches!(big, Err(Error::DiskFull(_))), "{big:?}");
+        assert!(matches!(small, Err(Error::DiskFull(_))), "{small:?}");
+
+        let rows: i64 = store
+            .read(|c| Ok(c.query_row("SELECT count(*) FROM t", [], |r| r.get(0))?))
+            .await
+            .expect("count");
+        assert_eq!(rows, 0, "a job of the rolled-back batch committed");
+        store
+            .write(|c| Ok(c.execute("INSERT INTO t VALUES (x'02')", [])?))
+            .await
+            .expect("a small write fits again");
+        let integrity: String = store
+            .read(|c| Ok(c.query_row("PRAGMA integrity_check", [], |r| r.get(0))?))
+            .await
+            .expect("integrity check");
+        assert_eq!(integrity, "ok");
+        drop(store);
+    }
+}
