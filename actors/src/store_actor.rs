@@ -4,7 +4,7 @@
 //! holds up the mailbox.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use ractor::rpc::CallResult;
@@ -67,6 +67,9 @@ pub enum StoreMsg {
     },
     Health {
         reply: RpcReplyPort<store::Result<StoreHealth>>,
+    },
+    WriteProbe {
+        reply: RpcReplyPort<store::Result<()>>,
     },
     Now {
         reply: RpcReplyPort<store::Result<f64>>,
@@ -186,6 +189,8 @@ pub struct StoreHealth {
     pub schema_current: bool,
     /// Connections in the PostgreSQL pool and how many are idle.
     pub pool: Option<(usize, usize)>,
+    /// A write failed for a full disk and no write has succeeded since.
+    pub disk_full: bool,
 }
 
 pub(crate) struct StoreActor;
@@ -309,8 +314,12 @@ async fn serve(store: &Store, message: StoreMsg) {
                     schema_version,
                     schema_current: schema_version == store::SCHEMA_VERSION,
                     pool: store.pool_status(),
+                    disk_full: false,
                 });
             let _ = reply.send(health);
+        }
+        StoreMsg::WriteProbe { reply } => {
+            let _ = reply.send(store.write_probe().await);
         }
         StoreMsg::Now { reply } => {
             let _ = reply.send(store.now().await);
@@ -461,6 +470,9 @@ pub struct StoreHandle {
     faults: Option<StoreFaults>,
     /// Journal write latency and refused fenced writes are counted here.
     metrics: Arc<Metrics>,
+    /// Set when any call answers [`store::Error::DiskFull`], cleared when a write probe
+    /// succeeds; shared by every clone, read by readiness.
+    disk_full: Arc<AtomicBool>,
 }
 
 /// Reads for operators, metrics and the API's views, each with its reply port.
@@ -618,6 +630,7 @@ impl StoreHandle {
             timeout,
             faults,
             metrics,
+            disk_full: Arc::new(AtomicBool::new(false)),
         }
     }
 
@@ -700,7 +713,12 @@ impl StoreHandle {
             queue.fetch_sub(1, Ordering::Relaxed);
         }
         match answer {
-            Ok(CallResult::Success(result)) => result,
+            Ok(CallResult::Success(result)) => {
+                if let Err(store::Error::DiskFull(_)) = &result {
+                    self.disk_full.store(true, Ordering::Relaxed);
+                }
+                result
+            }
             Ok(CallResult::Timeout) => Err(unanswered(format!(
                 "no answer within {} ms",
                 self.timeout.as_millis()
@@ -819,16 +837,34 @@ impl StoreHandle {
         .await
     }
 
-    /// Whether the database answers and its schema is the one this build expects.
     /// The database clock, in epoch seconds.
     pub async fn now(&self) -> store::Result<f64> {
         self.call("now", Effect::Read, |reply| StoreMsg::Now { reply })
             .await
     }
 
+    /// Whether the database answers, its schema is the one this build expects, and (after a
+    /// write failed for a full disk) whether it can write again. Only then does it write: one
+    /// probe per call until a probe succeeds, since a full disk fails writes and never reads,
+    /// and a write that changes nothing succeeds even on a full disk.
     pub async fn health(&self) -> store::Result<StoreHealth> {
-        self.call("health", Effect::Read, |reply| StoreMsg::Health { reply })
-            .await
+        let mut health = self
+            .call("health", Effect::Read, |reply| StoreMsg::Health { reply })
+            .await?;
+        if self.disk_full.load(Ordering::Relaxed) {
+            match self
+                .call("write_probe", Effect::Write, |reply| StoreMsg::WriteProbe {
+                    reply,
+                })
+                .await
+            {
+                Ok(()) => self.disk_full.store(false, Ordering::Relaxed),
+                Err(store::Error::DiskFull(_)) => {}
+                Err(error) => return Err(error),
+            }
+            health.disk_full = self.disk_full.load(Ordering::Relaxed);
+        }
+        Ok(health)
     }
 
     /// Records this node in the `nodes` table.

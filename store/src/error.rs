@@ -27,6 +27,10 @@ pub enum Error {
     /// reconcile, never retry blindly.
     #[error("outcome unknown: {0}")]
     OutcomeUnknown(String),
+    /// The database's disk is full (SQLite `SQLITE_FULL`, PostgreSQL SQLSTATE 53100): the
+    /// statement's transaction rolled back, so nothing was written.
+    #[error("the database's disk is full: nothing was written ({0})")]
+    DiskFull(String),
     /// The database could not be reached, or stayed busy past the bounded retries.
     #[error("database unavailable: {0}")]
     Unavailable(String),
@@ -51,9 +55,11 @@ pub enum Error {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
-    /// Whether the operation surely wrote nothing and may be tried again after a short wait.
+    /// Whether the operation surely wrote nothing and may be tried again after a wait. A full
+    /// disk counts: it is no step's fault, and a workflow waits (with backoff, until its deadline)
+    /// for an operator to free space rather than failing a step or stopping.
     pub fn is_transient(&self) -> bool {
-        matches!(self, Error::Unavailable(_))
+        matches!(self, Error::Unavailable(_) | Error::DiskFull(_))
     }
 }
 
@@ -64,6 +70,7 @@ impl From<rusqlite::Error> for Error {
             Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => {
                 Error::Unavailable(error.to_string())
             }
+            Some(ErrorCode::DiskFull) => Error::DiskFull(error.to_string()),
             Some(ErrorCode::ConstraintViolation) if error.to_string().contains("FOREIGN KEY") => {
                 Error::NotFound(error.to_string())
             }
@@ -92,6 +99,8 @@ impl From<tokio_postgres::Error> for Error {
         }
         if *code == SqlState::UNIQUE_VIOLATION {
             Error::Conflict(message)
+        } else if *code == SqlState::DISK_FULL {
+            Error::DiskFull(message)
         } else if *code == SqlState::FOREIGN_KEY_VIOLATION || code.code() == "RN001" {
             Error::NotFound(message)
         } else if [

@@ -149,8 +149,8 @@ const RETRY_ATTEMPTS: u32 = 5;
 const RETRY_FIRST_DELAY: Duration = Duration::from_millis(50);
 const RETRY_MAX_DELAY: Duration = Duration::from_secs(1);
 
-/// Runs `operation` again after transient failures that surely wrote nothing (busy database, lock
-/// timeout, serialization failure, no connection), with bounded doubling backoff. Unknown
+/// Runs `operation` again after failures that surely wrote nothing and clear quickly (busy
+/// database, lock timeout, serialization failure, no connection), with bounded doubling backoff. Unknown
 /// outcomes are never retried here.
 async fn retry<T, F, Fut>(mut operation: F) -> Result<T>
 where
@@ -161,7 +161,9 @@ where
     let mut attempt = 1;
     loop {
         match operation().await {
-            Err(error) if error.is_transient() && attempt < RETRY_ATTEMPTS => {
+            // Only a busy or unreachable database clears within these retries; a full disk waits
+            // for an operator, so it goes back to the caller at once.
+            Err(error @ Error::Unavailable(_)) if attempt < RETRY_ATTEMPTS => {
                 tracing::debug!(%error, attempt, "transient store error, retrying");
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(RETRY_MAX_DELAY);
@@ -228,6 +230,12 @@ impl Store {
     /// The newest schema version recorded in the database (0 for an empty one).
     pub async fn schema_version(&self) -> Result<i64> {
         on_backend!(self, store => store.schema_version().await)
+    }
+
+    /// Writes one small row unchanged and commits it: whether the database can write right now
+    /// (a full disk fails writes, never reads). Fails with [`Error::DiskFull`] while it cannot.
+    pub async fn write_probe(&self) -> Result<()> {
+        on_backend!(self, store => store.write_probe().await)
     }
 
     /// The database clock, in epoch seconds.

@@ -13,6 +13,7 @@ mod cli;
 mod cluster;
 mod command_agent;
 mod crash_recovery;
+mod disk_full;
 mod faults;
 mod fencing;
 mod http_api;

@@ -104,6 +104,10 @@ impl From<store::Error> for ApiError {
             store::Error::Unavailable(_) => {
                 ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message)
             }
+            store::Error::DiskFull(_) => {
+                tracing::error!(%message, "the database's disk is full");
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "disk_full", message)
+            }
             store::Error::InvalidUrl { .. }
             | store::Error::NodeLockHeld { .. }
             | store::Error::SchemaTooNew { .. }

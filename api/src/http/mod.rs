@@ -694,6 +694,10 @@ async fn ready(state: &AppState) -> Result<Reply, ApiError> {
     let unavailable =
         |code, message: String| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, code, message);
     match tokio::time::timeout(READY_TIMEOUT, state.node.store().health()).await {
+        Ok(Ok(health)) if health.disk_full => Err(unavailable(
+            "disk_full",
+            "the database's disk is full: writes fail until space is freed".into(),
+        )),
         Ok(Ok(health)) if health.schema_current => Ok(json_reply(
             StatusCode::OK,
             serde_json::json!({

@@ -30,8 +30,9 @@ type Finish = Box<dyn FnOnce(Result<()>) + Send>;
 
 /// A unit of work for the writer thread.
 trait Job: Send {
-    /// Runs inside a savepoint of the batch's transaction; returns how to answer after commit.
-    fn run(self: Box<Self>, connection: &Connection) -> Finish;
+    /// Runs inside a savepoint of the batch's transaction; returns how to answer after commit,
+    /// and the job's own error if it failed.
+    fn run(self: Box<Self>, connection: &Connection) -> (Finish, Option<Error>);
     /// Answers without running: the batch's transaction could not begin.
     fn refuse(self: Box<Self>, error: Error);
 }
@@ -46,13 +47,15 @@ where
     R: Send + 'static,
     F: FnOnce(&Connection) -> Result<R> + Send,
 {
-    fn run(self: Box<Self>, connection: &Connection) -> Finish {
+    fn run(self: Box<Self>, connection: &Connection) -> (Finish, Option<Error>) {
         let result = in_savepoint(connection, self.work);
+        let failure = result.as_ref().err().cloned();
         let reply = self.reply;
-        Box::new(move |commit: Result<()>| {
+        let finish: Finish = Box::new(move |commit: Result<()>| {
             // The caller may have gone away; its answer then has nobody to go to.
             let _ = reply.send(commit.and(result));
-        })
+        });
+        (finish, failure)
     }
 
     fn refuse(self: Box<Self>, error: Error) {
@@ -63,6 +66,8 @@ where
 pub(crate) struct SqliteStore {
     jobs: mpsc::Sender<Box<dyn Job>>,
     readers: Arc<ReaderPool>,
+    /// The folder of the database, whose free space the write probe checks.
+    folder: PathBuf,
     /// Held for the life of the store: the operating system drops the lock when the process dies,
     /// so a killed node never leaves the database locked.
     _node_lock: File,
@@ -107,6 +112,11 @@ impl SqliteStore {
                 permits: Semaphore::new(readers.len()),
                 connections: Mutex::new(readers),
             }),
+            folder: path
+                .parent()
+                .filter(|p| !p.as_os_str().is_empty())
+                .unwrap_or(Path::new("."))
+                .to_path_buf(),
             _node_lock: node_lock,
         })
     }
@@ -195,6 +205,30 @@ impl SqliteStore {
                 .into_iter()
                 .max()
                 .unwrap_or(0))
+        })
+        .await
+    }
+
+    pub(crate) async fn write_probe(&self) -> Result<()> {
+        // A write that failed for a full disk leaves its frames' room at the end of the
+        // write-ahead log, so a small write succeeds there while the disk is still full: only
+        // free space on the file system tells that bigger writes will fit again.
+        let free = free_bytes(&self.folder)?;
+        if free < DISK_FREE_MIN {
+            return Err(Error::DiskFull(format!(
+                "{free} bytes free in {}, fewer than {DISK_FREE_MIN}",
+                self.folder.display()
+            )));
+        }
+        self.write(|connection| {
+            // Rewrites the newest migration's row unchanged: a write that always needs new space
+            // on disk (a page in the write-ahead log).
+            run(
+                connection,
+                "UPDATE schema_migrations SET name = name
+                  WHERE version = (SELECT max(version) FROM schema_migrations)",
+            )?;
+            Ok(())
         })
         .await
     }
@@ -629,6 +663,32 @@ fn recorded_versions(connection: &Connection) -> Result<Vec<i64>> {
     Ok(versions.collect::<rusqlite::Result<Vec<i64>>>()?)
 }
 
+/// The free space the database's file system needs before the write probe tries a write.
+const DISK_FREE_MIN: u64 = 1 << 20;
+
+/// The bytes an unprivileged process may still write on the file system holding `folder`.
+fn free_bytes(folder: &Path) -> Result<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let unavailable = |e: std::io::Error| {
+        Error::Unavailable(format!(
+            "cannot read the free space of {}: {e}",
+            folder.display()
+        ))
+    };
+    let path = std::ffi::CString::new(folder.as_os_str().as_bytes())
+        .map_err(|e| unavailable(std::io::Error::other(e)))?;
+    let mut stats = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+    // SAFETY: `path` is a NUL-terminated string and `stats` a buffer of the type statvfs(3)
+    // fills; it is read only after the call reported success.
+    let stats = unsafe {
+        if libc::statvfs(path.as_ptr(), stats.as_mut_ptr()) != 0 {
+            return Err(unavailable(std::io::Error::last_os_error()));
+        }
+        stats.assume_init()
+    };
+    Ok(stats.f_bavail.saturating_mul(stats.f_frsize))
+}
+
 /// Prepared statements kept per connection. The writer runs every write statement of the store
 /// (about seventy); with rusqlite's default of 16 it re-parsed most of them on every job.
 const STATEMENT_CACHE_CAPACITY: usize = 256;
@@ -681,13 +741,17 @@ fn lock_node(database: &Path, holder: &str) -> Result<File> {
 }
 
 /// Runs `work` in a savepoint: its writes stay if it succeeds and vanish if it fails, without
-/// touching the other jobs of the batch.
+/// touching the other jobs of the batch. Some failures (a full disk, an I/O error) make SQLite
+/// roll back the whole transaction instead; the writer then sees no transaction left.
 fn in_savepoint<R>(
     connection: &Connection,
     work: impl FnOnce(&Connection) -> Result<R>,
 ) -> Result<R> {
     run(connection, "SAVEPOINT job")?;
     let result = work(connection);
+    if connection.is_autocommit() {
+        return result;
+    }
     if result.is_err() {
         run(connection, "ROLLBACK TO job")?;
     }
@@ -717,18 +781,48 @@ fn run_writer(connection: Connection, mut queue: mpsc::Receiver<Box<dyn Job>>, b
             }
             continue;
         }
-        let finishes: Vec<Finish> = batch.into_iter().map(|job| job.run(&connection)).collect();
-        let commit = run(&connection, "COMMIT").map_err(|e| {
-            let error = Error::from(e);
-            if let Err(rollback) = run(&connection, "ROLLBACK") {
-                tracing::error!(%rollback, "sqlite rollback after a failed commit failed");
+        let mut finishes = Vec::with_capacity(batch.len());
+        let mut jobs = batch.into_iter();
+        let mut ended = None;
+        for job in jobs.by_ref() {
+            let (finish, failure) = job.run(&connection);
+            finishes.push(finish);
+            if connection.is_autocommit() {
+                // SQLite rolled the whole transaction back (a full disk does that): nothing of
+                // the batch was written, so every job hears why, and the rest never run.
+                ended = Some(failure.unwrap_or_else(|| {
+                    Error::Database("the sqlite transaction ended before its commit".into())
+                }));
+                break;
             }
-            error
-        });
+        }
+        let commit = match ended {
+            Some(error) => {
+                for job in jobs {
+                    job.refuse(error.clone());
+                }
+                Err(error)
+            }
+            None => commit_batch(&connection),
+        };
         for finish in finishes {
             finish(commit.clone());
         }
     }
+}
+
+/// Commits the batch's transaction, or rolls it back if the commit failed (a full disk may have
+/// refused the write-ahead log's growth) and SQLite left it open.
+fn commit_batch(connection: &Connection) -> Result<()> {
+    run(connection, "COMMIT").map_err(|e| {
+        let error = Error::from(e);
+        if !connection.is_autocommit()
+            && let Err(rollback) = run(connection, "ROLLBACK")
+        {
+            tracing::error!(%rollback, "sqlite rollback after a failed commit failed");
+        }
+        error
+    })
 }
 
 fn now_on(connection: &Connection) -> Result<f64> {
@@ -815,4 +909,105 @@ fn steps_on(connection: &Connection, workflow_id: &str) -> Result<Vec<StepRow>> 
         })
     })
     .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A tmpfs of `size` mounted at `path`; unmounted when dropped, also when the test panics.
+    struct Tmpfs(PathBuf);
+
+    impl Tmpfs {
+        fn mount(path: &Path, size: &str) -> Tmpfs {
+            // SAFETY: geteuid(2) has no preconditions and touches no memory.
+            let uid = unsafe { libc::geteuid() };
+            assert_eq!(
+                uid, 0,
+                "this test mounts a small tmpfs to fill a disk for real, which needs root (or \
+                 CAP_SYS_ADMIN); it runs as uid {uid}: run the tests as root (as CI does)"
+            );
+            std::fs::create_dir_all(path).expect("mount point");
+            let mounted = std::process::Command::new("mount")
+                .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+                .arg(path)
+                .output()
+                .expect("run mount");
+            assert!(
+                mounted.status.success(),
+                "mounting a tmpfs at {} failed although the test runs as root (no CAP_SYS_ADMIN \
+                 in this container?): {}",
+                path.display(),
+                String::from_utf8_lossy(&mounted.stderr)
+            );
+            Tmpfs(path.to_path_buf())
+        }
+    }
+
+    impl Drop for Tmpfs {
+        fn drop(&mut self) {
+            let unmounted = std::process::Command::new("umount").arg(&self.0).status();
+            if !matches!(unmounted, Ok(status) if status.success()) {
+                // Still busy (the writer thread closing its connection): detach it instead.
+                let _ = std::process::Command::new("umount")
+                    .arg("-l")
+                    .arg(&self.0)
+                    .status();
+            }
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_batch_that_a_full_disk_rolls_back_writes_nothing_and_every_job_hears_why() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let _tmpfs = Tmpfs::mount(&dir.path().join("small"), "1M");
+        let path = dir.path().join("small/reins.db");
+        let store = SqliteStore::open(&path, &StoreOptions::default()).expect("open");
+        store
+            .write(|c| Ok(c.execute_batch("CREATE TABLE t (x BLOB)")?))
+            .await
+            .expect("create");
+
+        // The writer is held while the next two jobs queue, so they run in one batch: the first
+        // overflows the page cache and SQLite rolls the whole transaction back for the full
+        // disk; the second, small, must not commit on its own after that.
+        let (entered, held) = tokio::sync::oneshot::channel();
+        let (release, released) = std::sync::mpsc::channel::<()>();
+        let hold = store.write(move |_| {
+            let _ = entered.send(());
+            let _ = released.recv();
+            Ok(())
+        });
+        let batch = async {
+            held.await.expect("the writer runs the holding job");
+            let big =
+                store.write(|c| Ok(c.execute("INSERT INTO t VALUES (zeroblob(4000000))", [])?));
+            let small = store.write(|c| Ok(c.execute("INSERT INTO t VALUES (x'01')", [])?));
+            let go = async {
+                release.send(()).expect("release the writer");
+            };
+            let (big, small, ()) = tokio::join!(big, small, go);
+            (big, small)
+        };
+        let (held, (big, small)) = tokio::join!(hold, batch);
+        held.expect("the holding job");
+        assert!(matches!(big, Err(Error::DiskFull(_))), "{big:?}");
+        assert!(matches!(small, Err(Error::DiskFull(_))), "{small:?}");
+
+        let rows: i64 = store
+            .read(|c| Ok(c.query_row("SELECT count(*) FROM t", [], |r| r.get(0))?))
+            .await
+            .expect("count");
+        assert_eq!(rows, 0, "a job of the rolled-back batch committed");
+        store
+            .write(|c| Ok(c.execute("INSERT INTO t VALUES (x'02')", [])?))
+            .await
+            .expect("a small write fits again");
+        let integrity: String = store
+            .read(|c| Ok(c.query_row("PRAGMA integrity_check", [], |r| r.get(0))?))
+            .await
+            .expect("integrity check");
+        assert_eq!(integrity, "ok");
+        drop(store);
+    }
 }
