@@ -114,7 +114,8 @@ pub(crate) struct ChildState {
     answers_for_agent: Option<mpsc::UnboundedReceiver<Value>>,
     answered: HashSet<String>,
     agent_task: Option<JoinHandle<()>>,
-    /// Terminal writes that found the database unavailable so far (the backoff of the next).
+    /// Terminal writes in a row that wrote nothing (the database unavailable or its disk full):
+    /// the backoff of the next.
     commit_tries: u32,
     ended: Option<oneshot::Sender<RunEnd>>,
     span: tracing::Span,
@@ -399,7 +400,7 @@ impl Actor for ChildAgent {
                 if let Some(outcome) = state.authority.on_not_written(attempt) {
                     state.commit_tries += 1;
                     tracing::warn!(parent: &state.span, %error, tries = state.commit_tries,
-                        "the terminal write found the database unavailable; retrying");
+                        "the terminal write wrote nothing (database unavailable or its disk full); retrying");
                     let wait = crate::workflow::store_backoff(state.commit_tries);
                     crate::mailbox::post_after(&myself, wait, move || ChildMsg::Commit(outcome));
                 }

@@ -275,9 +275,9 @@ pub(crate) struct WorkflowState {
     /// Calls the script no longer awaits whose admission or child run is still on its way
     /// (with the child's run id once known): they end as `cancelled`, never as outcomes.
     detached: BTreeMap<CallId, (Option<String>, Command)>,
-    /// How often each call's admission found the database unavailable in a row (its backoff).
+    /// How often each call's admission wrote nothing in a row (its backoff).
     admission_tries: BTreeMap<CallId, u32>,
-    /// How many reads found the database unavailable (the backoff of the next retry).
+    /// How many reads found the database unavailable or its disk full (the next retry's backoff).
     read_tries: u32,
     span: tracing::Span,
     /// The `timeout_seconds` timer, cancelled with this state: it would hold the stopped
@@ -370,7 +370,7 @@ impl WorkflowState {
                     tries += 1;
                     if tries == 1 {
                         tracing::warn!(parent: &self.span, %error,
-                            "a journal write found the database unavailable; retrying");
+                            "a journal write wrote nothing (database unavailable or its disk full); retrying");
                     }
                     tokio::time::sleep(store_backoff(tries)).await;
                 }
@@ -1041,7 +1041,7 @@ impl WorkflowState {
                 let wait = store_backoff(*tries);
                 if wait == STORE_RETRY_FIRST {
                     tracing::warn!(parent: &self.span, step_id = %command.step_id, %error,
-                        "an admission found the database unavailable; retrying");
+                        "an admission wrote nothing (database unavailable or its disk full); retrying");
                 }
                 crate::mailbox::post_after(myself, wait, move || WorkflowMsg::RetryAdmission(id));
             }
