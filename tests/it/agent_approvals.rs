@@ -292,3 +292,44 @@ async fn run_wait_exits_3_while_an_agent_asks_and_the_cli_answers_it() {
         json!({"decision": "reject", "comment": "not today"})
     );
 }
+
+both!(a_live_command_agent_gets_the_answer_on_stdin_and_its_step_completes_with_it);
+async fn a_live_command_agent_gets_the_answer_on_stdin_and_its_step_completes_with_it(
+    postgres: bool,
+) {
+    let db = Db::new(postgres).await;
+    let programs = tempfile::tempdir().expect("temp dir");
+    let config = crate::agent_processes::write_config(
+        programs.path(),
+        &[(
+            "careful",
+            r#"read task
+echo '{"type": "approval_request", "request_id": "deploy-1", "actions": [{"tool": "deploy"}]}'
+read answer
+printf '{"type": "output", "output": %s}\n' "$answer""#,
+            "",
+        )],
+    );
+    let node = Node::start(&db, &[("REINS_CONFIG", config)]);
+    let mut api = initialize(&node).await;
+    let run_id = launch(
+        &mut api,
+        "const r = await agent({stepId: 'ask', agentRef: 'careful', task: 'ship'}); \
+         return r.output.answer;",
+    )
+    .await;
+    let step = wait_for_request(&mut api, &run_id).await;
+    assert_eq!(step["approval"]["request_id"], "deploy-1", "{step}");
+    let answered = api
+        .call(
+            "POST",
+            &answer_path(&run_id),
+            Some(json!({"decision": "reject", "comment": "not yet", "request_id": "deploy-1"})),
+        )
+        .await;
+    assert_eq!(answered.status, 200, "{answered:?}");
+    let record = wait_for(&mut api, &run_id, "completed").await;
+    assert_eq!(record["result"]["decision"], "reject", "{record}");
+    assert_eq!(record["result"]["comment"], "not yet", "{record}");
+    assert_eq!(record["result"]["by"], ADMIN, "{record}");
+}
