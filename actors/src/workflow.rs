@@ -35,6 +35,9 @@ const SLOT_RETRY: Duration = Duration::from_millis(200);
 /// How often a cancellation looks at the rows of the children it waits for (some may run on a
 /// node that is gone, and only their rows will tell).
 const CHILD_CHECK: Duration = Duration::from_millis(250);
+/// How often a step whose agent ended its run in a pause for approval looks whether a person
+/// answered it (on any node).
+const PAUSED_CHILD_POLL: Duration = Duration::from_millis(250);
 /// The stop reason of a supervisor that left its workflow live (see `WorkflowState::stop`).
 pub(crate) const ABANDONED: &str = "abandoned";
 
@@ -1092,13 +1095,20 @@ impl WorkflowState {
                 .unwrap_or_default();
             let version =
                 self.next_artifact(&mut extra, &command.step_id, None, content.into_bytes());
-            Outcome::Resolved(json!({
+            let mut resolved = json!({
                 "output": row.output,
                 "artifactVersion": version,
                 "threadId": row.thread_id,
                 "runId": row.run_id,
                 "status": row.status,
-            }))
+            });
+            // A person's answer to the agent's approval request, when it asked one.
+            if let (Some(map), Some(answer)) =
+                (resolved.as_object_mut(), row.metadata.get("hitl_answer"))
+            {
+                map.insert("approval".into(), answer.clone());
+            }
+            Outcome::Resolved(resolved)
         } else {
             Outcome::Rejected(json!({
                 "message": row.error.clone().unwrap_or_else(|| format!("the agent run ended {}", row.status.as_str())),
@@ -1672,6 +1682,17 @@ impl Actor for WorkflowSupervisor {
                             && row.stop_reason.as_deref() != Some("orphan_recovered") =>
                     {
                         state.adopt(&myself, id, row).await;
+                    }
+                    Ok(Some(row)) if row.status == RunStatus::WaitingForInput => {
+                        // The agent ended its run in a pause: a person's answer (on any node)
+                        // ends the run, so follow the row until it does.
+                        crate::mailbox::post_after(&myself, PAUSED_CHILD_POLL, move || {
+                            WorkflowMsg::ChildEnded {
+                                id,
+                                run_id,
+                                committed: None,
+                            }
+                        });
                     }
                     Err(error) if error.is_transient() => {
                         // The row could not be read (the database is unreachable): read it

@@ -50,6 +50,8 @@ pub struct WorkflowView {
     pub steps: Vec<StepRow>,
     pub controls: Vec<ControlRow>,
     pub lease: Option<store::Lease>,
+    /// The child runs that asked a person for approval (see [`store::Snapshot::approval_runs`]).
+    pub approval_runs: Vec<store::RunRow>,
     /// Live by its stored status, with its lease expired on the database clock: `recover` may
     /// take it over. Derived on every read, never stored.
     pub recoverable: bool,
@@ -1163,6 +1165,7 @@ impl WorkflowsHandle {
             steps: snapshot.steps,
             controls: snapshot.controls,
             lease: snapshot.lease,
+            approval_runs: snapshot.approval_runs,
             recoverable,
         }))
     }

@@ -132,4 +132,8 @@ pub struct Snapshot {
     pub db_now: f64,
     pub steps: Vec<StepRow>,
     pub controls: Vec<crate::ControlRow>,
+    /// The workflow's child runs that asked for approval: those waiting for an answer
+    /// (`waiting_for_input`) and those that carry one (`metadata.hitl_answer`), read in the same
+    /// snapshot with one query.
+    pub approval_runs: Vec<crate::RunRow>,
 }

@@ -16,7 +16,7 @@ fn example() -> std::path::PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/examples/review.js")
 }
 
-fn cli(dir: &Path, node: &Node, args: &[&str]) -> Output {
+pub fn cli(dir: &Path, node: &Node, args: &[&str]) -> Output {
     let credentials = dir.join("credentials.json").display().to_string();
     reins_command(
         dir,
@@ -31,7 +31,7 @@ fn cli(dir: &Path, node: &Node, args: &[&str]) -> Output {
     .expect("run reins")
 }
 
-fn json_of(output: &Output) -> Value {
+pub fn json_of(output: &Output) -> Value {
     serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
         panic!(
             "not JSON ({e}): {}\nstderr: {}",
@@ -41,7 +41,7 @@ fn json_of(output: &Output) -> Value {
     })
 }
 
-fn code(output: &Output) -> i32 {
+pub fn code(output: &Output) -> i32 {
     output.status.code().expect("exit code")
 }
 

@@ -168,7 +168,7 @@ pub async fn launch(api: &mut Api, script: &str) -> String {
     answer.json()["run_id"].as_str().expect("run_id").to_owned()
 }
 
-fn assert_refused(answer: &Answer, status: u16, code: &str, says: &str) {
+pub fn assert_refused(answer: &Answer, status: u16, code: &str, says: &str) {
     assert_eq!(answer.status, status, "{answer:?}");
     let body = answer.json();
     assert_eq!(body["error"]["code"], code, "{body}");

@@ -4,6 +4,7 @@
 
 mod harness;
 
+mod agent_approvals;
 mod agent_processes;
 mod bad_config;
 mod cancel_crash;

@@ -1,11 +1,11 @@
 //! The command line a person uses against a running node, through the HTTP API like any other
 //! client: `reins init` and `reins login` (which save an API token), `run`, `get`, `list`,
-//! `resume`, `approve`, `reject`, `cancel`, `recover`, `delete`, `artifact`. Tables for people,
+//! `resume`, `approve`, `reject`, `answer`, `cancel`, `recover`, `delete`, `artifact`. Tables for people,
 //! `--json` for scripts.
 //!
 //! Exit codes: 0 done; 1 the command failed (bad input, refused, unreachable); with `run --wait`,
-//! 2 the workflow failed or was cancelled, 3 it waits for a person (paused or waiting for
-//! approval), 4 it needs reconciliation.
+//! 2 the workflow failed or was cancelled, 3 it waits for a person (paused, waiting for
+//! approval, or a step's agent waits for an answer), 4 it needs reconciliation.
 
 mod client;
 mod credentials;
@@ -97,6 +97,20 @@ pub enum Command {
         id: String,
         #[arg(long)]
         step: Option<String>,
+        #[arg(long)]
+        comment: Option<String>,
+    },
+    /// Answer what a step's agent asked to do (its pending approval request).
+    Answer {
+        id: String,
+        /// The step whose agent asked.
+        step: String,
+        /// Let the agent do it.
+        #[arg(long, group = "decision", required = true)]
+        approve: bool,
+        /// Refuse it.
+        #[arg(long, group = "decision", required = true)]
+        reject: bool,
         #[arg(long)]
         comment: Option<String>,
     },
@@ -349,6 +363,33 @@ async fn run_signed_in(common: &Common, client: &Client, command: Command) -> an
         Command::Reject { id, step, comment } => {
             decide(common, client, &id, step, comment, "reject").await
         }
+        Command::Answer {
+            id,
+            step,
+            approve,
+            reject: _,
+            comment,
+        } => {
+            let decision = if approve { "approve" } else { "reject" };
+            let mut body = json!({"decision": decision});
+            if let Some(comment) = comment {
+                body["comment"] = json!(comment);
+            }
+            let path = format!(
+                "/api/v1/workflows/{}/steps/{}/answer",
+                encode(&id),
+                encode(&step)
+            );
+            let reply = client.json("POST", &path, Some(&body)).await?;
+            print_value(common, &reply, || {
+                println!(
+                    "{id} {step}: request {} {}",
+                    text(&reply["request_id"]),
+                    text(&reply["status"])
+                );
+            });
+            Ok(0)
+        }
         Command::Cancel { id } => control(common, client, &id, "cancel", &json!({})).await,
         Command::Recover { id } => control(common, client, &id, "recover", &json!({})).await,
         Command::Reconcile {
@@ -583,6 +624,7 @@ async fn wait_for_rest(common: &Common, client: &Client, run_id: &str) -> anyhow
             "failed" | "cancelled" => Some(EXIT_WORKFLOW_FAILED),
             "paused" | "waiting_approval" => Some(EXIT_WAITING_FOR_PERSON),
             "needs_reconciliation" => Some(EXIT_NEEDS_RECONCILIATION),
+            _ if agent_waits(&record) => Some(EXIT_WAITING_FOR_PERSON),
             _ => None,
         };
         if terminal {
@@ -606,6 +648,15 @@ async fn wait_for_rest(common: &Common, client: &Client, run_id: &str) -> anyhow
         tokio::time::sleep(WAIT_POLL).await;
     }
     unreachable!("the loop only ends by returning")
+}
+
+/// Whether a step's agent waits for a person's answer to its approval request.
+fn agent_waits(record: &Value) -> bool {
+    record["steps"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|s| s["status"] == "waiting_for_input")
 }
 
 fn print_value(common: &Common, value: &Value, human: impl FnOnce()) {

@@ -507,6 +507,7 @@ async fn dispatch(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
         Op::Get => workflows::get(ctx).await,
         Op::Resume => workflows::resume(ctx).await,
         Op::Decide => workflows::decide(ctx).await,
+        Op::Answer => workflows::answer(ctx).await,
         Op::Cancel => workflows::cancel(ctx).await,
         Op::Recover => workflows::recover(ctx).await,
         Op::Reconcile => workflows::reconcile(ctx).await,

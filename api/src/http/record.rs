@@ -1,13 +1,16 @@
 //! The workflow record of spec section 3, built from what the store holds: the row, the journal,
 //! the controls and the lease. `steps` are the `agent` calls; `checkpoints` are the places where
-//! the workflow waits for a person (`pause` and `humanCheckpoint`).
+//! the workflow waits for a person (`pause` and `humanCheckpoint`). A step whose agent asked for
+//! approval shows the request, read from its child run's row (`metadata.hitl_approval` while it
+//! waits, `metadata.hitl_answer` once answered) in the same snapshot.
 
 use actors::WorkflowView;
 use serde_json::Value;
-use store::{ControlRow, StepRow, WorkflowRow};
+use store::{ControlRow, RunRow, RunStatus, StepRow, WorkflowRow};
 
 use super::wire::{
-    CheckpointRecord, ReconciliationRecord, StepRecord, WorkflowRecord, WorkflowSummary,
+    ApprovalRecord, CheckpointRecord, ReconciliationRecord, StepRecord, WorkflowRecord,
+    WorkflowSummary,
 };
 
 /// The record `get` answers with.
@@ -18,7 +21,7 @@ pub fn record(view: &WorkflowView) -> WorkflowRecord {
         .steps
         .iter()
         .filter(|s| s.kind == "agent")
-        .map(step)
+        .map(|s| step(s, &view.approval_runs))
         .collect();
     WorkflowRecord {
         run_id: row.workflow_id.clone(),
@@ -100,15 +103,25 @@ fn outcome(step: &StepRow) -> (Option<&Value>, Option<&Value>) {
     }
 }
 
-fn step(step: &StepRow) -> StepRecord {
+fn step(step: &StepRow, approval_runs: &[RunRow]) -> StepRecord {
     let (resolved, rejected) = outcome(step);
+    let run_id = text(&step.data["run_id"]);
+    let approval = run_id
+        .as_deref()
+        .and_then(|id| approval_runs.iter().find(|run| run.run_id == id))
+        .and_then(approval);
+    let waiting = approval.as_ref().is_some_and(|a| a.status == "waiting");
     StepRecord {
         step_id: step.step_id.clone(),
         kind: step.kind.clone(),
         attempt: step.attempt,
-        status: step.status.clone(),
+        status: if waiting && step.status == "running" {
+            "waiting_for_input".to_owned()
+        } else {
+            step.status.clone()
+        },
         thread_id: text(&step.data["thread_id"]),
-        run_id: text(&step.data["run_id"]),
+        run_id,
         configuration_version: text(&step.data["configuration_version"]),
         output: resolved.map(|v| v["output"].clone()),
         artifact_version: resolved.and_then(|v| v["artifactVersion"].as_i64()),
@@ -117,7 +130,34 @@ fn step(step: &StepRow) -> StepRecord {
                 .as_str()
                 .map_or_else(|| v.to_string(), str::to_owned)
         }),
+        approval,
     }
+}
+
+/// The approval request of a child run: the pending one, or the answered one.
+pub fn approval(run: &RunRow) -> Option<ApprovalRecord> {
+    let asked = &run.metadata["hitl_approval"];
+    if run.status == RunStatus::WaitingForInput
+        && let Some(request_id) = store::pending_request_id(&run.metadata)
+    {
+        return Some(ApprovalRecord {
+            run_id: run.run_id.clone(),
+            request_id: request_id.to_owned(),
+            actions: asked["actions"].clone(),
+            status: "waiting".to_owned(),
+            asked_at: Some(run.updated_at),
+            answer: None,
+        });
+    }
+    let answered = run.metadata.get("hitl_answer")?;
+    Some(ApprovalRecord {
+        run_id: run.run_id.clone(),
+        request_id: text(&answered["request_id"]).unwrap_or_default(),
+        actions: answered["answer"]["actions"].clone(),
+        status: "answered".to_owned(),
+        asked_at: None,
+        answer: Some(answered["answer"].clone()),
+    })
 }
 
 fn checkpoint(step: &StepRow, controls: &[ControlRow]) -> CheckpointRecord {

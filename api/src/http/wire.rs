@@ -56,6 +56,20 @@ pub struct DecideBody {
     pub comment: Option<String>,
 }
 
+/// `answer`: approve or reject what a step's agent asked to do (its newest pending request).
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AnswerBody {
+    pub run_id: Option<String>,
+    /// The step that asked (REST: the path's; the compatible action: required here).
+    pub step_id: Option<String>,
+    /// `approve` or `reject`.
+    pub decision: String,
+    pub comment: Option<String>,
+    /// The request answered; the step's pending one when absent.
+    pub request_id: Option<String>,
+}
+
 /// `reconcile` (admins): settle the uncertain step of a workflow in `needs_reconciliation`.
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -167,6 +181,19 @@ pub struct ControlReply {
     pub repeated: bool,
 }
 
+/// What `answer` recorded.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct AnswerReply {
+    pub run_id: String,
+    pub step_id: String,
+    /// The agent's request that was answered.
+    pub request_id: String,
+    /// `approved` or `rejected`.
+    pub status: String,
+    /// `true` when the same answer had been given before (it counts once).
+    pub repeated: bool,
+}
+
 /// The workflow's status after an action.
 #[derive(Debug, Clone, Serialize, JsonSchema)]
 pub struct StatusReply {
@@ -197,7 +224,8 @@ pub struct StepRecord {
     pub step_id: String,
     pub kind: String,
     pub attempt: i32,
-    /// `queued`, `admitting`, `running`, `completed`, `failed` or `cancelled`.
+    /// `queued`, `admitting`, `running`, `waiting_for_input` (its agent asked for approval and
+    /// waits for a person's `answer`), `completed`, `failed` or `cancelled`.
     pub status: String,
     pub thread_id: Option<String>,
     /// The child run, once admitted.
@@ -206,6 +234,24 @@ pub struct StepRecord {
     pub output: Option<Value>,
     pub artifact_version: Option<i64>,
     pub error: Option<String>,
+    /// The agent's newest approval request, when it asked one.
+    pub approval: Option<ApprovalRecord>,
+}
+
+/// An agent's request for a person's approval, and its answer.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct ApprovalRecord {
+    /// The child run that asked.
+    pub run_id: String,
+    pub request_id: String,
+    /// What the agent asks to do, as it described it.
+    pub actions: Value,
+    /// `waiting` or `answered`.
+    pub status: String,
+    /// When the run paused (epoch seconds, database clock), while it waits.
+    pub asked_at: Option<f64>,
+    /// The answer given: `{"decision", "comment", "by"}`.
+    pub answer: Option<Value>,
 }
 
 /// One place where the workflow waits for a person: a `pause` or a `humanCheckpoint`.

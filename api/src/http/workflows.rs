@@ -313,6 +313,141 @@ pub async fn decide(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
     ))
 }
 
+/// Answers the newest pending approval request of a step's agent: one answer wins across the
+/// cluster (the store's compare-and-set); the same answer again is a repeat, a different one a
+/// conflict. A detached pause ends the child run, an attached one goes back to running and the
+/// agent gets the answer at its owner's next lease renewal; either way the workflow goes on.
+pub async fn answer(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
+    let body: AnswerBody = ctx.json()?;
+    let run_id = run_id(ctx, body.run_id)?;
+    let step_id = match (ctx.route.surface, body.step_id) {
+        (Surface::Rest, body) => {
+            let step_id = path_id(ctx, "step")?;
+            if let Some(body) = body
+                && body != step_id
+            {
+                return Err(ApiError::bad_request(format!(
+                    "body field `step_id` {body:?} names another step than the path ({step_id:?})"
+                )));
+            }
+            step_id
+        }
+        (Surface::Compat, Some(step_id)) => step_id,
+        (Surface::Compat, None) => {
+            return Err(ApiError::bad_request("body field `step_id`: missing"));
+        }
+    };
+    check_id("step_id", &step_id)?;
+    if let Some(request_id) = &body.request_id {
+        check_id("request_id", request_id)?;
+    }
+    let status = match body.decision.as_str() {
+        "approve" => "approved",
+        "reject" => "rejected",
+        other => {
+            return Err(ApiError::bad_request(format!(
+                "body field `decision`: {other:?} is neither \"approve\" nor \"reject\""
+            )));
+        }
+    };
+    owned_row(ctx, &run_id).await?;
+    let store = ctx.state.node.store();
+    let step = store
+        .read_steps(&run_id)
+        .await?
+        .into_iter()
+        .filter(|s| s.kind == "agent" && s.step_id == step_id)
+        .max_by_key(|s| s.attempt)
+        .ok_or_else(|| {
+            ApiError::not_found(format!("workflow {run_id:?} has no agent step {step_id:?}"))
+        })?;
+    let not_waiting = || {
+        ApiError::refused(format!(
+            "step {step_id:?} of workflow {run_id:?} does not wait for input"
+        ))
+    };
+    let child_run_id = step.data["run_id"]
+        .as_str()
+        .map(str::to_owned)
+        .ok_or_else(not_waiting)?;
+    let child = store
+        .read_run(&child_run_id)
+        .await?
+        .filter(|run| run.workflow.as_deref() == Some(run_id.as_str()))
+        .ok_or_else(not_waiting)?;
+    let pending = store::pending_request_id(&child.metadata)
+        .filter(|_| child.status == store::RunStatus::WaitingForInput)
+        .map(str::to_owned);
+    let request_id = body.request_id.clone().or(pending.clone());
+    let given = serde_json::json!({
+        "decision": body.decision,
+        "comment": body.comment,
+        "by": by(ctx)?,
+        "actions": child.metadata["hitl_approval"]["actions"],
+    });
+    if let Some(request_id) = &request_id
+        && pending.as_ref() == Some(request_id)
+        && ctx
+            .state
+            .node
+            .runs()
+            .answer_approval(&child.thread_id, std::slice::from_ref(request_id), &given)
+            .await?
+            .is_some()
+    {
+        return Ok(answer_reply(run_id, step_id, request_id, status, false));
+    }
+    // Not ours to answer: someone answered first, or nothing waits. The row tells which.
+    let now = store
+        .read_run(&child_run_id)
+        .await?
+        .ok_or_else(not_waiting)?;
+    let Some(recorded) = now.metadata.get("hitl_answer") else {
+        return Err(if now.status == store::RunStatus::WaitingForInput {
+            ApiError::conflict(format!(
+                "step {step_id:?} waits for request {:?}, not {:?}",
+                store::pending_request_id(&now.metadata).unwrap_or_default(),
+                request_id.unwrap_or_default()
+            ))
+        } else {
+            not_waiting()
+        });
+    };
+    let recorded_id = recorded["request_id"].as_str().unwrap_or_default();
+    if request_id.as_deref().is_some_and(|id| id != recorded_id) {
+        return Err(not_waiting());
+    }
+    let same = recorded["answer"]["decision"] == given["decision"]
+        && recorded["answer"]["comment"] == given["comment"];
+    if same {
+        Ok(answer_reply(run_id, step_id, recorded_id, status, true))
+    } else {
+        Err(ApiError::conflict(format!(
+            "request {recorded_id:?} of step {step_id:?} was already answered: {}",
+            recorded["answer"]["decision"]
+        )))
+    }
+}
+
+fn answer_reply(
+    run_id: String,
+    step_id: String,
+    request_id: &str,
+    status: &str,
+    repeated: bool,
+) -> Reply {
+    json_reply(
+        StatusCode::OK,
+        AnswerReply {
+            run_id,
+            step_id,
+            request_id: request_id.to_owned(),
+            status: status.to_owned(),
+            repeated,
+        },
+    )
+}
+
 /// The body of a body-less REST route, or the compatible action's `run_id` body.
 fn run_body(ctx: &Ctx<'_>) -> Result<String, ApiError> {
     let body: RunBody = match ctx.route.surface {

@@ -289,10 +289,11 @@ impl PgStore {
             .read_only(true)
             .start()
             .await?;
-        let (head, steps, controls) = futures_util::try_join!(
+        let (head, steps, controls, approval_runs) = futures_util::try_join!(
             workflow_in(&transaction, workflow_id),
             steps_in(&transaction, workflow_id),
             workflows::controls_in(&transaction, workflow_id),
+            runs::approval_runs_in(&transaction, workflow_id),
         )?;
         transaction.commit().await?;
         Ok(head.map(|(row, lease, db_now)| Snapshot {
@@ -301,6 +302,7 @@ impl PgStore {
             db_now,
             steps,
             controls,
+            approval_runs,
         }))
     }
 

@@ -52,6 +52,27 @@ fn decode(row: &Row) -> Result<RunRow> {
     })
 }
 
+/// The workflow's child runs that asked for approval (waiting for the answer, or carrying it),
+/// oldest first; the index on `(workflow, step_id, attempt)` finds them.
+pub(super) async fn approval_runs_in(
+    client: &impl deadpool_postgres::GenericClient,
+    workflow_id: &str,
+) -> Result<Vec<RunRow>> {
+    let statement = client
+        .prepare_cached(&format!(
+            "{SELECT_RUN} WHERE workflow = $1
+               AND (status = 'waiting_for_input' OR metadata -> 'hitl_answer' IS NOT NULL)
+             ORDER BY created_at, run_id"
+        ))
+        .await?;
+    client
+        .query(&statement, &[&workflow_id])
+        .await?
+        .iter()
+        .map(decode)
+        .collect()
+}
+
 async fn read_by_key(client: &Object, key: &str) -> Result<Option<RunRow>> {
     let statement = client
         .prepare_cached(&format!("{SELECT_RUN} WHERE idempotency_key = $1"))

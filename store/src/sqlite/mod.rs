@@ -367,6 +367,7 @@ impl SqliteStore {
                 db_now: now_on(&snapshot)?,
                 steps: steps_on(&snapshot, &workflow_id)?,
                 controls: workflows::controls_on(&snapshot, &workflow_id)?,
+                approval_runs: runs::approval_runs_on(&snapshot, &workflow_id)?,
             }))
         })
         .await

@@ -112,6 +112,20 @@ fn read_run(connection: &Connection, run_id: &str) -> Result<Option<RunRow>> {
         .transpose()
 }
 
+/// The workflow's child runs that asked for approval (waiting for the answer, or carrying it),
+/// oldest first; the index on `(workflow, step_id, attempt)` finds them.
+pub(super) fn approval_runs_on(connection: &Connection, workflow_id: &str) -> Result<Vec<RunRow>> {
+    let mut statement = connection.prepare_cached(concat!(
+        "SELECT ",
+        run_columns!(),
+        " FROM runs WHERE workflow = ?1
+            AND (status = 'waiting_for_input' OR json_extract(metadata, '$.hitl_answer') IS NOT NULL)
+          ORDER BY created_at, run_id"
+    ))?;
+    let rows = statement.query_map([workflow_id], run_row)?;
+    rows.map(|row| row?.decode()).collect()
+}
+
 fn read_run_by_key(connection: &Connection, key: &str) -> Result<Option<RunRow>> {
     connection
         .prepare_cached(concat!(
