@@ -1020,6 +1020,18 @@ impl WorkflowState {
                 self.waiting.insert(id, (Waiting::Child(None), command));
                 self.adopt(myself, id, row).await;
             }
+            Ok(Admitted::Existing(row)) if row.status == RunStatus::WaitingForInput => {
+                // Its agent asked a person before this workflow changed hands: the answer (given
+                // on any node) decides the run, so follow the row as the first owner did.
+                let run_id = row.run_id;
+                self.waiting
+                    .insert(id, (Waiting::Child(Some(run_id.clone())), command));
+                let _ = myself.post(WorkflowMsg::ChildEnded {
+                    id,
+                    run_id,
+                    committed: None,
+                });
+            }
             Ok(Admitted::Existing(row)) => {
                 // A child run exists for this step and has no outcome: it may still be running on
                 // a node that is gone. Guessing would risk a second run, so a person decides.

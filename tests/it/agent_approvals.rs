@@ -333,3 +333,62 @@ printf '{"type": "output", "output": %s}\n' "$answer""#,
     assert_eq!(record["result"]["comment"], "not yet", "{record}");
     assert_eq!(record["result"]["by"], ADMIN, "{record}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_request_still_waits_for_its_answer_after_the_workflow_changes_hands() {
+    let db = Db::new(true).await;
+    let quick = [
+        ("REINS_LEASE_SECONDS", "2".to_owned()),
+        ("REINS_RECOVERY", "automatic".to_owned()),
+    ];
+    let a = Node::start(&db, &quick);
+    let b = Node::start(&db, &quick);
+    let mut on_a = initialize(&a).await;
+    let mut on_b = b.api();
+    on_b.cookies = on_a.cookies.clone();
+    let run_id = launch(&mut on_a, ASKING).await;
+    wait_for_request(&mut on_b, &run_id).await;
+    let owner = on_b.action("get", json!({"run_id": run_id})).await.json()["owner"].clone();
+    let (dead, mut survivor) = if owner
+        .as_str()
+        .is_some_and(|o| o.contains(&a.process.pid().to_string()))
+    {
+        (a, on_b)
+    } else {
+        (b, on_a)
+    };
+    dead.signal(libc::SIGKILL);
+    // Taken over by the survivor, the step still waits for a person: before the fix the
+    // replayed admission found the waiting run and sent the workflow to needs_reconciliation.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let record = survivor
+            .action("get", json!({"run_id": run_id}))
+            .await
+            .json();
+        assert_ne!(record["status"], "needs_reconciliation", "{record}");
+        if record["owner"] != owner && record["epoch"].as_i64() >= Some(2) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never taken over: {record}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    wait_for_request(&mut survivor, &run_id).await;
+    let answered = survivor
+        .call(
+            "POST",
+            &answer_path(&run_id),
+            Some(json!({"decision": "approve", "comment": "go"})),
+        )
+        .await;
+    assert_eq!(answered.status, 200, "{answered:?}");
+    let done = wait_for(&mut survivor, &run_id, "completed").await;
+    assert_eq!(
+        done["result"],
+        json!({"decision": "approve", "comment": "go"})
+    );
+}
