@@ -379,6 +379,10 @@ pub struct Checked {
     pub listen: SocketAddr,
     pub database: DatabaseUrl,
     pub agents: AgentRegistry,
+    /// `REINS_*` variables that name no configuration key: ignored, each with a line that names
+    /// it (and the closest key). A stray variable in a wrapper's environment must not stop a
+    /// node; an unknown key in the file still does.
+    pub warnings: Vec<String>,
 }
 
 impl Config {
@@ -392,15 +396,20 @@ impl Config {
             Some(path) => read_file(path)?,
             None => toml::Table::new(),
         };
+        let mut warnings = Vec::new();
         for (variable, value) in environment {
-            apply_override(&mut table, &variable, &value)?;
+            if let Some(warning) = apply_override(&mut table, &variable, &value)? {
+                warnings.push(warning);
+            }
         }
         let config =
             Config::deserialize(toml::Value::Table(table)).map_err(|e| Error::Environment {
                 variable: "REINS_*".into(),
                 message: e.message().to_owned(),
             })?;
-        config.check()
+        let mut checked = config.check()?;
+        checked.warnings = warnings;
+        Ok(checked)
     }
 
     fn check(self) -> Result<Checked, Error> {
@@ -496,6 +505,7 @@ impl Config {
             listen,
             database,
             agents,
+            warnings: Vec::new(),
         })
     }
 
@@ -569,20 +579,30 @@ fn read_file(path: &Path) -> Result<toml::Table, Error> {
 /// Sets the key a `REINS_*` variable names: `REINS_LEASE_SECONDS` is `lease_seconds`,
 /// `REINS_STORE__POOL_SIZE` is `store.pool_size`. Values are read as TOML when they parse as a
 /// number, boolean or array (`REINS_HTTP__TRUSTED_PROXIES='["10.0.0.0/8"]'`), and as strings
-/// otherwise.
-fn apply_override(table: &mut toml::Table, variable: &str, value: &str) -> Result<(), Error> {
+/// otherwise. A variable that names no key is ignored and answered with a warning naming it.
+fn apply_override(
+    table: &mut toml::Table,
+    variable: &str,
+    value: &str,
+) -> Result<Option<String>, Error> {
     let Some(name) = variable.strip_prefix("REINS_") else {
-        return Ok(());
+        return Ok(None);
     };
     if NOT_CONFIG.contains(&variable) || HARNESS_PREFIXES.iter().any(|p| variable.starts_with(p)) {
-        return Ok(());
+        return Ok(None);
     }
     let path: Vec<String> = name.split("__").map(|part| part.to_lowercase()).collect();
     if !is_known_key(&path) {
-        return Err(Error::Environment {
-            variable: variable.to_owned(),
-            message: format!("`{}` is not a configuration key", path.join(".")),
-        });
+        let key = path.join(".");
+        let hint = closest_key(&key)
+            .map(|close| {
+                let variable = format!("REINS_{}", close.replace('.', "__").to_uppercase());
+                format!("; did you mean `{variable}` (`{close}`)?")
+            })
+            .unwrap_or_default();
+        return Ok(Some(format!(
+            "ignoring `{variable}`: `{key}` is not a configuration key{hint}"
+        )));
     }
     let parsed = toml::from_str::<toml::Table>(&format!("v = {value}"))
         .ok()
@@ -604,13 +624,59 @@ fn apply_override(table: &mut toml::Table, variable: &str, value: &str) -> Resul
         })?;
     }
     target.insert(last.clone(), parsed);
-    Ok(())
+    Ok(None)
 }
 
 /// Keys whose default is "not set", so the serialized defaults do not show them.
 const OPTIONAL_KEYS: &[&str] = &["database", "workspaces_dir", "secret", "admin_socket"];
 
 /// Whether a dotted key path names a field of [`Config`], judged from the serialized defaults.
+/// Every configuration key, dotted (`store.pool_size`).
+fn known_keys() -> Vec<String> {
+    fn walk(table: &toml::Table, prefix: &str, keys: &mut Vec<String>) {
+        for (name, value) in table {
+            let key = if prefix.is_empty() {
+                name.clone()
+            } else {
+                format!("{prefix}.{name}")
+            };
+            match value {
+                toml::Value::Table(inner) => walk(inner, &key, keys),
+                _ => keys.push(key),
+            }
+        }
+    }
+    let mut keys: Vec<String> = OPTIONAL_KEYS.iter().map(|k| (*k).to_owned()).collect();
+    if let Ok(toml::Value::Table(defaults)) = toml::Value::try_from(Config::default()) {
+        walk(&defaults, "", &mut keys);
+    }
+    keys
+}
+
+/// The key closest to `key` by edit distance, when it is close (a typo, not another word).
+fn closest_key(key: &str) -> Option<String> {
+    let distance = |a: &str, b: &str| {
+        let b: Vec<char> = b.chars().collect();
+        let mut row: Vec<usize> = (0..=b.len()).collect();
+        for (i, ca) in a.chars().enumerate() {
+            let mut previous = row[0];
+            row[0] = i + 1;
+            for (j, cb) in b.iter().enumerate() {
+                let substituted = previous + usize::from(ca != *cb);
+                previous = row[j + 1];
+                row[j + 1] = substituted.min(row[j] + 1).min(row[j + 1] + 1);
+            }
+        }
+        row[b.len()]
+    };
+    known_keys()
+        .into_iter()
+        .map(|known| (distance(key, &known), known))
+        .filter(|(d, known)| *d <= 3.max(known.len() / 4) && *d < known.len())
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, known)| known)
+}
+
 fn is_known_key(path: &[String]) -> bool {
     if let [key] = path
         && OPTIONAL_KEYS.contains(&key.as_str())
@@ -709,9 +775,24 @@ mod tests {
     }
 
     #[test]
-    fn an_unknown_environment_key_is_named() {
-        let error = Config::load(None, env(&[("REINS_LEASE_SECOND", "9")])).unwrap_err();
-        assert!(error.to_string().contains("REINS_LEASE_SECOND"), "{error}");
+    fn an_unknown_environment_variable_is_a_warning_naming_it_and_the_closest_key() {
+        let checked = Config::load(
+            None,
+            env(&[("REINS_LEASE_SECOND", "9"), ("REINS_BIN", "/usr/bin/reins")]),
+        )
+        .expect("a stray variable does not stop the node");
+        let warnings = checked.warnings.join("\n");
+        assert!(
+            warnings.contains("`REINS_LEASE_SECOND`")
+                && warnings.contains("did you mean `REINS_LEASE_SECONDS`"),
+            "{warnings}"
+        );
+        assert!(warnings.contains("`REINS_BIN`"), "{warnings}");
+        assert_eq!(checked.warnings.len(), 2);
+        assert_eq!(
+            checked.config.lease_seconds,
+            Config::default().lease_seconds
+        );
     }
 
     #[test]

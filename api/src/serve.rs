@@ -38,6 +38,9 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let config = checked.config;
     // Flushes what is still buffered when `run` returns, whatever the way.
     let _log_writer = init_logging(args.log_format.unwrap_or(config.log_format));
+    for warning in &checked.warnings {
+        tracing::warn!("{warning}");
+    }
 
     let listener = http::bind(checked.listen)
         .with_context(|| format!("cannot listen on {} (config key `listen`)", checked.listen))?;

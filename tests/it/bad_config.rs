@@ -49,9 +49,34 @@ fn an_unknown_key_in_the_file_is_named_with_its_line() {
 }
 
 #[test]
-fn an_unknown_environment_key_is_named() {
-    let stderr = refused(&[], &[], &[("REINS_LEASE_SECS", "5".into())]);
-    assert!(stderr.contains("REINS_LEASE_SECS"), "{stderr}");
+fn an_unknown_environment_variable_is_a_warning_naming_it_not_a_refusal() {
+    // A wrapper script's own REINS_* variable must not stop the node; a typo is named with the
+    // key it was probably meant to be (an unknown key in the file stays fatal, above).
+    let dir = tempfile::tempdir().expect("temp dir");
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
+    let mut node = crate::harness::ReinsProcess::serve(
+        dir.path(),
+        addr,
+        &[
+            ("REINS_LISTEN", addr.to_string()),
+            (
+                "REINS_DATA_DIR",
+                dir.path().join("data").display().to_string(),
+            ),
+            ("REINS_LEASE_SECS", "5".into()),
+            ("REINS_BIN", "/usr/local/bin/reins".into()),
+        ],
+    );
+    node.wait_ready(std::time::Duration::from_secs(30));
+    node.signal(libc::SIGTERM);
+    node.wait_exit(std::time::Duration::from_secs(30));
+    let stderr = node.stderr();
+    assert!(
+        stderr.contains("REINS_LEASE_SECS")
+            && stderr.contains("did you mean `REINS_LEASE_SECONDS`"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("REINS_BIN"), "{stderr}");
 }
 
 #[test]

@@ -764,6 +764,21 @@ async fn sessions_expire_tokens_skip_csrf_until_revoked_and_sign_in_is_throttled
         .action("launch", json!({"script": "return 5;"}))
         .await;
     assert_eq!(launched.status, 200, "{launched:?}");
+    // The scheme is case-insensitive, as HTTP says.
+    for scheme in ["bearer", "BEARER"] {
+        let header = format!("{scheme} {token}");
+        let answer = node
+            .api()
+            .send(
+                "GET",
+                "/api/v1/auth/me",
+                None,
+                Vec::new(),
+                &[("authorization", &header)],
+            )
+            .await;
+        assert_eq!(answer.status, 200, "{scheme}: {answer:?}");
+    }
     let mut forged = node.api();
     forged.bearer = Some(format!("{}x", &token[..token.len() - 1]));
     assert_refused(

@@ -588,8 +588,11 @@ async fn authenticate(
         let value = value
             .to_str()
             .map_err(|_| ApiError::unauthorized("the Authorization header is not text"))?;
+        // The scheme is case-insensitive (RFC 9110): `bearer` and `BEARER` are `Bearer`.
         let token = value
-            .strip_prefix("Bearer ")
+            .split_once(' ')
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map(|(_, token)| token)
             .ok_or_else(|| ApiError::unauthorized("Authorization must be `Bearer <token>`"))?;
         let (token_id, secret) = auth::parse_token(token.trim())
             .ok_or_else(|| ApiError::unauthorized("the bearer token is not a reins API token"))?;
