@@ -412,22 +412,7 @@ impl Actor for Workflows {
             } => {
                 let answer = match *result {
                     Ok(TakeOver::Taken(lease)) => {
-                        match stored_workflow(&state.args.store, &workflow_id).await {
-                            Ok(workflow) => start_supervisor(
-                                &myself,
-                                state,
-                                workflow,
-                                lease,
-                                sent,
-                                Start::Replay,
-                            )
-                            .await
-                            .map(|launched| Launched {
-                                created: false,
-                                ..launched
-                            }),
-                            Err(error) => Err(error),
-                        }
+                        start_taken(&myself, state, &workflow_id, lease, sent, Start::Replay).await
                     }
                     Ok(TakeOver::NotRecoverable(reason)) => {
                         Err(Error::Refused(format!("not recoverable: {reason}")))
@@ -469,20 +454,9 @@ impl Actor for Workflows {
             } => match *result {
                 Ok(TakeOver::Taken(lease)) => {
                     tracing::info!(run_id = %workflow_id, "finishing the cancellation of a workflow whose owner is gone");
-                    let started = match stored_workflow(&state.args.store, &workflow_id).await {
-                        Ok(workflow) => {
-                            start_supervisor(
-                                &myself,
-                                state,
-                                workflow,
-                                lease,
-                                sent,
-                                Start::CancelOnly,
-                            )
-                            .await
-                        }
-                        Err(error) => Err(error),
-                    };
+                    let started =
+                        start_taken(&myself, state, &workflow_id, lease, sent, Start::CancelOnly)
+                            .await;
                     if let Err(error) = started {
                         tracing::error!(%error, "cannot finish the cancellation");
                     }
@@ -568,13 +542,8 @@ impl Actor for Workflows {
                 result,
             } => match *result {
                 Ok(TakeOver::Taken(lease)) => {
-                    let started = match stored_workflow(&state.args.store, &workflow_id).await {
-                        Ok(workflow) => {
-                            start_supervisor(&myself, state, workflow, lease, sent, Start::Replay)
-                                .await
-                        }
-                        Err(error) => Err(error),
-                    };
+                    let started =
+                        start_taken(&myself, state, &workflow_id, lease, sent, Start::Replay).await;
                     match started {
                         Ok(_) => tracing::info!(run_id = %workflow_id, "taken back"),
                         Err(error) => {
@@ -873,6 +842,23 @@ fn as_launched(row: WorkflowRow) -> NewWorkflow {
         fingerprint: row.fingerprint,
         data: row.data,
     }
+}
+
+/// Starts the supervisor of a workflow this node has just taken over, from its stored row.
+async fn start_taken(
+    myself: &ActorRef<WorkflowsMsg>,
+    state: &mut WorkflowsState,
+    workflow_id: &str,
+    lease: store::Lease,
+    sent: Instant,
+    start: Start,
+) -> Result<Launched, Error> {
+    let workflow = stored_workflow(&state.args.store, workflow_id).await?;
+    let launched = start_supervisor(myself, state, workflow, lease, sent, start).await?;
+    Ok(Launched {
+        created: false,
+        ..launched
+    })
 }
 
 async fn stored_workflow(store: &StoreHandle, workflow_id: &str) -> Result<NewWorkflow, Error> {

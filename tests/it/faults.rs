@@ -5,10 +5,11 @@
 
 use std::time::Duration;
 
-use actors::{FaultAction, LaunchRequest, WorkflowView};
+use actors::{FaultAction, LaunchRequest};
 use serde_json::{Value, json};
 
 use crate::harness::{TestDb, TestNode, eventually, on_both_backends};
+use crate::workflows::{view, wait_for_status};
 
 fn launch(script: &str, args: Value) -> LaunchRequest {
     LaunchRequest {
@@ -17,24 +18,6 @@ fn launch(script: &str, args: Value) -> LaunchRequest {
         script: script.into(),
         args,
     }
-}
-
-async fn view(node: &TestNode, id: &str) -> WorkflowView {
-    node.node
-        .workflows()
-        .get(id)
-        .await
-        .expect("get")
-        .expect("exists")
-}
-
-async fn wait_for_status(node: &TestNode, id: &str, status: &str) -> WorkflowView {
-    let what = format!("workflow {id} reaches {status}");
-    eventually(Duration::from_secs(30), &what, async || {
-        view(node, id).await.row.status == status
-    })
-    .await;
-    view(node, id).await
 }
 
 /// Doubles spread over many magnitudes, from a fixed xorshift stream: about one in ten of such

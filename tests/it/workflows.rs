@@ -59,7 +59,7 @@ fn resume(id: &str, step_id: &str, input: serde_json::Value) -> Resume {
     }
 }
 
-async fn view(node: &TestNode, id: &str) -> WorkflowView {
+pub(crate) async fn view(node: &TestNode, id: &str) -> WorkflowView {
     node.node
         .workflows()
         .get(id)
@@ -68,12 +68,14 @@ async fn view(node: &TestNode, id: &str) -> WorkflowView {
         .expect("exists")
 }
 
-async fn wait_for_status(node: &TestNode, id: &str, status: &str) {
+/// Waits until the workflow has `status`, and answers it as it is then.
+pub(crate) async fn wait_for_status(node: &TestNode, id: &str, status: &str) -> WorkflowView {
     let what = format!("workflow {id} reaches {status}");
-    eventually(Duration::from_secs(20), &what, async || {
+    eventually(Duration::from_secs(30), &what, async || {
         view(node, id).await.row.status == status
     })
     .await;
+    view(node, id).await
 }
 
 on_both_backends! {
