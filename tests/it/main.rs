@@ -32,5 +32,6 @@ mod private_pg;
 mod runs_store;
 mod scripts;
 mod stale_owner;
+mod wake;
 mod workflows;
 mod workflows_store;
