@@ -26,7 +26,7 @@ mod workflows;
 pub(crate) struct PgStore {
     pool: Pool,
     /// How the change listener connects: the pool's settings under its own application name.
-    listen_config: tokio_postgres::Config,
+    listen_config: Box<tokio_postgres::Config>,
     /// The change bus and its listening task, started by the first subscriber.
     listener: OnceLock<(Changes, AbortOnDrop)>,
 }
@@ -67,7 +67,7 @@ impl PgStore {
         drop(client);
         Ok(PgStore {
             pool,
-            listen_config,
+            listen_config: Box::new(listen_config),
             listener: OnceLock::new(),
         })
     }
@@ -76,7 +76,7 @@ impl PgStore {
     pub(crate) fn changes(&self) -> Changes {
         let (changes, _) = self.listener.get_or_init(|| {
             let changes = Changes::new();
-            let task = tokio::spawn(listen(self.listen_config.clone(), changes.clone()));
+            let task = tokio::spawn(listen((*self.listen_config).clone(), changes.clone()));
             (changes, AbortOnDrop(task))
         });
         changes.clone()
