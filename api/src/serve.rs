@@ -116,6 +116,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
                 automatic_recovery: config.recovery == crate::config::Recovery::Automatic,
                 faults: std::env::var_os("REINS_FAULT_DIR")
                     .map(|dir| actors::FaultPoints::new(PathBuf::from(dir))),
+                wake_fallback: Duration::from_millis(config.wake_fallback_ms),
             },
             js_memory_total_bytes: config.limits.js_memory_total_bytes,
             ..NodeOptions::new(runs, Arc::new(checked.agents))
