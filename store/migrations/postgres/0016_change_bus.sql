@@ -47,18 +47,23 @@ END $$;
 CREATE TRIGGER workflow_slots_notify AFTER DELETE ON workflow_slots
     FOR EACH STATEMENT EXECUTE FUNCTION reins_notify_slot();
 
-CREATE OR REPLACE FUNCTION reins_notify_recoverable() RETURNS trigger LANGUAGE plpgsql AS $$
+CREATE OR REPLACE FUNCTION reins_notify_released() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    IF TG_TABLE_NAME = 'nodes' OR EXISTS (
-        SELECT 1 FROM workflows WHERE id = NEW.resource_id
-           AND status IN ('running', 'paused', 'waiting_approval', 'cancelling')) THEN
+    IF EXISTS (SELECT 1 FROM workflows WHERE id = NEW.resource_id
+                  AND status IN ('running', 'paused', 'waiting_approval', 'cancelling')) THEN
         PERFORM pg_notify('reins_changes', 'n:');
     END IF;
     RETURN NULL;
 END $$;
 CREATE TRIGGER leases_notify_released AFTER UPDATE OF expires_at ON extension_execution_leases
     FOR EACH ROW WHEN (NEW.expires_at < OLD.expires_at)
-    EXECUTE FUNCTION reins_notify_recoverable();
+    EXECUTE FUNCTION reins_notify_released();
+
+CREATE OR REPLACE FUNCTION reins_notify_stopped() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('reins_changes', 'n:');
+    RETURN NULL;
+END $$;
 CREATE TRIGGER nodes_notify_stopped AFTER UPDATE OF stopped_at ON nodes
     FOR EACH ROW WHEN (NEW.stopped_at IS NOT NULL AND OLD.stopped_at IS NULL)
-    EXECUTE FUNCTION reins_notify_recoverable();
+    EXECUTE FUNCTION reins_notify_stopped();
