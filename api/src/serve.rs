@@ -190,6 +190,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         );
         tokio::time::sleep(grace).await;
     }
+    // Waiting requests answer now rather than be cut off with their connections.
+    state.stop_waiters();
     // The receiver lives in the server task; if it has ended, there is nothing left to stop.
     let _ = stop.send(true);
     server.await.context("the HTTP server task failed")?;

@@ -2,13 +2,31 @@
 //! the nodes that act on it across a cluster, and the wait API (`?wait=`) that answers as soon
 //! as a workflow ends or waits for a person, on both backends.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use serde_json::json;
+use serde_json::{Value, json};
 use store::{Change, Fence, NewControl, NewWorkflow, WriteOp};
 use tokio::sync::broadcast;
 
-use crate::harness::on_both_backends;
+use crate::harness::{eventually, on_both_backends};
+use crate::http_api::{Db, Node, PASSWORD, assert_refused, initialize, launch};
+use crate::http_client::{Answer, Api};
+
+macro_rules! both {
+    ($name:ident) => {
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn sqlite() {
+                super::$name(false).await
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn postgres() {
+                super::$name(true).await
+            }
+        }
+    };
+}
 
 /// The next change that is not a resync, within a generous bound.
 async fn next_change(changes: &mut broadcast::Receiver<Change>) -> Change {
@@ -78,3 +96,249 @@ on_both_backends! {
         assert_eq!(next_change(&mut changes).await, Change::Status("wf-bus".into()));
     }
 }
+
+/// The fallback of every wake-up, an hour: a test that passes with it proves no timer is
+/// involved.
+const NO_FALLBACK: (&str, &str) = ("REINS_WAKE_FALLBACK_MS", "3600000");
+
+fn env(pairs: &[(&'static str, &str)]) -> Vec<(&'static str, String)> {
+    pairs.iter().map(|(k, v)| (*k, (*v).to_owned())).collect()
+}
+
+/// A workflow that waits at a checkpoint about its agent's output.
+const CHECKPOINT: &str = r#"
+    const a = await agent({stepId: "a", agentRef: "scripted", task: {output: "draft"}});
+    const review = await humanCheckpoint({stepId: "review", sourceStepId: "a",
+                                          artifactVersion: a.artifactVersion});
+    return review.decision;
+"#;
+
+/// One agent step of about `ms` milliseconds.
+fn sleeping(ms: u64) -> String {
+    format!(
+        r#"const a = await agent({{stepId: "a", agentRef: "scripted", task: {{sleep_ms: {ms}, output: "slept"}}}});
+           return a.output;"#
+    )
+}
+
+/// Launches through REST with `?wait=`, answering the reply and how long it took.
+async fn launch_waiting(api: &mut Api, script: &str, wait: &str) -> (Answer, Duration) {
+    let started = Instant::now();
+    let answer = api
+        .call(
+            "POST",
+            &format!("/api/v1/workflows?wait={wait}"),
+            Some(json!({"script": script})),
+        )
+        .await;
+    (answer, started.elapsed())
+}
+
+async fn get_waiting(api: &mut Api, run_id: &str, wait: &str) -> (Answer, Duration) {
+    let started = Instant::now();
+    let answer = api
+        .call(
+            "GET",
+            &format!("/api/v1/workflows/{run_id}?wait={wait}"),
+            None,
+        )
+        .await;
+    (answer, started.elapsed())
+}
+
+/// Approves the checkpoint `review` of `record`'s workflow through `api`.
+async fn approve(api: &mut Api, record: &Value) {
+    let run_id = record["run_id"].as_str().expect("run_id");
+    let checkpoint = record["checkpoints"]
+        .as_array()
+        .and_then(|all| all.iter().find(|c| c["step_id"] == "review"))
+        .expect("the checkpoint");
+    let decided = api
+        .call(
+            "POST",
+            &format!("/api/v1/workflows/{run_id}/decide"),
+            Some(
+                json!({"step_id": "review", "attempt": checkpoint["attempt"],
+                        "artifact_version": checkpoint["artifact_version"],
+                        "decision": "approve"}),
+            ),
+        )
+        .await;
+    assert_eq!(decided.status, 200, "{decided:?}");
+}
+
+async fn waits_answer_at_the_end_at_a_checkpoint_and_at_the_deadline(postgres: bool) {
+    let db = Db::new(postgres).await;
+    let node = Node::start(&db, &env(&[NO_FALLBACK]));
+    let mut api = initialize(&node).await;
+
+    // A ~50 ms workflow: the launch answers with its result as soon as it completes.
+    let (done, took) = launch_waiting(&mut api, &sleeping(50), "30s").await;
+    assert_eq!(done.status, 201, "{done:?}");
+    let done = done.json();
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(done["result"], "slept");
+    assert_eq!(
+        done["created"], true,
+        "the launch's own fields stay: {done}"
+    );
+    assert!(took < Duration::from_secs(10), "the wait took {took:?}");
+    let step = &done["steps"][0];
+    let (started, finished) = (step["started_at"].as_f64(), step["finished_at"].as_f64());
+    assert!(
+        matches!((started, finished), (Some(s), Some(f)) if f >= s && f - s < 60.0),
+        "a step carries when it started and finished: {step}"
+    );
+
+    // At a checkpoint the wait ends too; a decision wakes a second waiter at the end.
+    let (waiting, took) = launch_waiting(&mut api, CHECKPOINT, "30s").await;
+    assert_eq!(waiting.status, 201, "{waiting:?}");
+    let waiting = waiting.json();
+    assert_eq!(waiting["status"], "waiting_approval", "{waiting}");
+    assert!(took < Duration::from_secs(10), "the wait took {took:?}");
+    // Decided: the checkpoint waits for nobody any more, so a wait goes on until the owner,
+    // woken by the decision (no timer: the fallback is an hour), has carried it out.
+    approve(&mut api, &waiting).await;
+    let run_id = waiting["run_id"].as_str().expect("run_id").to_owned();
+    let (ended, took) = get_waiting(&mut api, &run_id, "30s").await;
+    assert_eq!(ended.status, 200, "{ended:?}");
+    assert_eq!(ended.json()["status"], "completed", "{:?}", ended.json());
+    assert_eq!(ended.json()["result"], "approve");
+    assert!(took < Duration::from_secs(10), "the wait took {took:?}");
+
+    // Nothing happens: the deadline answers 200 with the record as it is.
+    let held = launch(&mut api, &sleeping(600_000)).await;
+    let (running, took) = get_waiting(&mut api, &held, "500ms").await;
+    assert_eq!(running.status, 200, "{running:?}");
+    assert_eq!(running.json()["status"], "running");
+    assert!(
+        took >= Duration::from_millis(500),
+        "answered before its deadline: {took:?}"
+    );
+
+    // The compatible surface takes `wait_ms`.
+    let compat = api
+        .action("get", json!({"run_id": held, "wait_ms": 300}))
+        .await;
+    assert_eq!(compat.status, 200, "{compat:?}");
+    assert_eq!(compat.json()["status"], "running");
+    let launched = api
+        .action("launch", json!({"script": sleeping(10), "wait_ms": 30_000}))
+        .await;
+    assert_eq!(launched.status, 200, "{launched:?}");
+    assert_eq!(
+        launched.json()["status"],
+        "completed",
+        "{:?}",
+        launched.json()
+    );
+
+    // A wait that is not a duration is refused, naming it; another user's workflow is 404.
+    for bad in ["soon", "30", "1.5s", "-1s", "1h"] {
+        let (refused, _) = get_waiting(&mut api, &held, bad).await;
+        assert_refused(&refused, 400, "bad_request", &format!("{bad:?}"));
+    }
+    let created = api
+        .call(
+            "POST",
+            "/api/v1/auth/users",
+            Some(json!({"email": "bob@example.com", "password": PASSWORD})),
+        )
+        .await;
+    assert_eq!(created.status, 201, "{created:?}");
+    let mut bob = node.api();
+    assert_eq!(bob.login("bob@example.com", PASSWORD).await.status, 200);
+    let (hidden, _) = get_waiting(&mut bob, &held, "5s").await;
+    assert_refused(&hidden, 404, "not_found", &held);
+}
+
+both!(waits_answer_at_the_end_at_a_checkpoint_and_at_the_deadline);
+
+/// Sends a waiting `GET` on a raw connection and returns it unanswered (dropping it is a
+/// client that went away).
+fn raw_waiter(node: &Node, api: &Api, run_id: &str) -> std::net::TcpStream {
+    use std::io::Write;
+    let cookies: Vec<String> = api
+        .cookies
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    let mut stream = std::net::TcpStream::connect(node.addr).expect("connect");
+    write!(
+        stream,
+        "GET /api/v1/workflows/{run_id}?wait=60s HTTP/1.1\r\nHost: {}\r\nCookie: {}\r\n\r\n",
+        node.addr,
+        cookies.join("; ")
+    )
+    .expect("send");
+    stream
+}
+
+/// A raw waiter that holds a waiter's place: sent again while its answer comes at once (it
+/// met the place taken).
+async fn parked_waiter(node: &Node, api: &Api, run_id: &str) -> std::net::TcpStream {
+    for _ in 0..50 {
+        let stream = raw_waiter(node, api, run_id);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        stream.set_nonblocking(true).expect("nonblocking");
+        let mut byte = [0u8; 1];
+        match stream.peek(&mut byte) {
+            Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => return stream,
+            _ => continue,
+        }
+    }
+    panic!("the raw waiter never held a place");
+}
+
+async fn waits_are_capped_and_counted_and_a_gone_client_frees_its_place(postgres: bool) {
+    let db = Db::new(postgres).await;
+    let node = Node::start(
+        &db,
+        &env(&[
+            NO_FALLBACK,
+            ("REINS_HTTP__WAIT_MAX_MS", "1000"),
+            ("REINS_HTTP__WAITERS_MAX", "1"),
+        ]),
+    );
+    let mut api = initialize(&node).await;
+    let held = launch(&mut api, &sleeping(600_000)).await;
+
+    // Ten minutes asked, `http.wait_max_ms` given.
+    let (capped, took) = get_waiting(&mut api, &held, "10m").await;
+    assert_eq!(capped.status, 200, "{capped:?}");
+    assert_eq!(capped.json()["status"], "running");
+    assert!(
+        took >= Duration::from_millis(1000) && took < Duration::from_secs(10),
+        "a 10m wait capped at 1000 ms took {took:?}"
+    );
+
+    // One waiter at most: a second is 503 with Retry-After, and a launch that would wait
+    // launches nothing.
+    let parked = parked_waiter(&node, &api, &held).await;
+    let (busy, _) = get_waiting(&mut api, &held, "10ms").await;
+    assert_refused(&busy, 503, "waiters_busy", "http.waiters_max");
+    assert_eq!(
+        busy.headers.get("retry-after").map(|v| v.to_str().ok()),
+        Some(Some("1"))
+    );
+    let before = api.call("GET", "/api/v1/workflows", None).await.json()["workflows"]
+        .as_array()
+        .map(Vec::len);
+    let (refused, _) = launch_waiting(&mut api, &sleeping(1), "5s").await;
+    assert_refused(&refused, 503, "waiters_busy", "http.waiters_max");
+    let after = api.call("GET", "/api/v1/workflows", None).await.json()["workflows"]
+        .as_array()
+        .map(Vec::len);
+    assert_eq!(before, after, "a refused waiting launch launched something");
+
+    // The client goes away: its place is free again.
+    drop(parked);
+    eventually(
+        Duration::from_secs(10),
+        "the gone client's place came back",
+        async || get_waiting(&mut api, &held, "10ms").await.0.status == 200,
+    )
+    .await;
+}
+
+both!(waits_are_capped_and_counted_and_a_gone_client_frees_its_place);

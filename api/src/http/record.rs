@@ -131,6 +131,8 @@ fn step(step: &StepRow, approval_runs: &[RunRow]) -> StepRecord {
                 .map_or_else(|| v.to_string(), str::to_owned)
         }),
         approval,
+        started_at: step.created_at,
+        finished_at: step.data["settled_at_ms"].as_f64().map(|ms| ms / 1000.0),
     }
 }
 

@@ -20,6 +20,19 @@ pub struct LaunchBody {
     /// The script's `args` (JSON).
     #[serde(default)]
     pub args: Value,
+    /// Wait up to this many milliseconds (at most `http.wait_max_ms`) for the workflow to end
+    /// or wait for a person, and answer with its record (REST: `?wait=DURATION` instead).
+    pub wait_ms: Option<u64>,
+}
+
+/// `get`: one workflow, at once or once it ends or waits for a person.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct GetBody {
+    pub run_id: Option<String>,
+    /// Wait up to this many milliseconds (at most `http.wait_max_ms`) for the workflow to end
+    /// or wait for a person (REST: `?wait=DURATION`).
+    pub wait_ms: Option<u64>,
 }
 
 /// A request that names one workflow.
@@ -171,6 +184,24 @@ pub struct LaunchReply {
     pub status: String,
 }
 
+/// A launch that waited (`?wait=`, `wait_ms`): the workflow's record as the wait ended, with
+/// the launch's own `created` beside `run_id` and `status`.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct LaunchedRecord {
+    #[serde(flatten)]
+    pub record: WorkflowRecord,
+    /// `false` when the same request had launched it before.
+    pub created: bool,
+}
+
+/// What a launch answers: the launch alone, or the record once the wait ended.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+#[serde(untagged)]
+pub enum LaunchAnswer {
+    Launched(LaunchReply),
+    Waited(Box<LaunchedRecord>),
+}
+
 /// A control was recorded (or an identical one was already).
 #[derive(Debug, Clone, Serialize, JsonSchema)]
 pub struct ControlReply {
@@ -236,6 +267,11 @@ pub struct StepRecord {
     pub error: Option<String>,
     /// The agent's newest approval request, when it asked one.
     pub approval: Option<ApprovalRecord>,
+    /// When the call was journaled (epoch seconds, database clock; for a step that waited for
+    /// a slot, when it began to wait).
+    pub started_at: f64,
+    /// When its outcome was recorded (epoch seconds, the owner's clock), once it has one.
+    pub finished_at: Option<f64>,
 }
 
 /// An agent's request for a person's approval, and its answer.

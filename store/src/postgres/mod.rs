@@ -667,7 +667,7 @@ async fn workflow_in(
 async fn steps_in(client: &impl GenericClient, workflow_id: &str) -> Result<Vec<StepRow>> {
     let statement = client
         .prepare_cached(
-            "SELECT step_id, attempt, kind, status, data, seq FROM workflow_steps
+            "SELECT step_id, attempt, kind, status, data, seq, created_at FROM workflow_steps
               WHERE workflow = $1 ORDER BY seq, attempt",
         )
         .await?;
@@ -681,6 +681,7 @@ async fn steps_in(client: &impl GenericClient, workflow_id: &str) -> Result<Vec<
             kind: row.get(2),
             status: row.get(3),
             data: row.get(4),
+            created_at: row.get(6),
         })
         .collect())
 }

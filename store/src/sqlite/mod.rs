@@ -919,7 +919,7 @@ fn workflow_on(connection: &Connection, workflow_id: &str) -> Result<Option<Work
 
 fn steps_on(connection: &Connection, workflow_id: &str) -> Result<Vec<StepRow>> {
     let mut statement = connection.prepare_cached(
-        "SELECT step_id, attempt, kind, status, data, seq FROM workflow_steps
+        "SELECT step_id, attempt, kind, status, data, seq, created_at FROM workflow_steps
           WHERE workflow = ?1 ORDER BY seq, attempt",
     )?;
     let rows = statement.query_map([workflow_id], |row| {
@@ -930,10 +930,11 @@ fn steps_on(connection: &Connection, workflow_id: &str) -> Result<Vec<StepRow>> 
             row.get::<_, String>(3)?,
             row.get::<_, String>(4)?,
             row.get::<_, i32>(5)?,
+            row.get::<_, f64>(6)?,
         ))
     })?;
     rows.map(|row| {
-        let (step_id, attempt, kind, status, data, seq) = row?;
+        let (step_id, attempt, kind, status, data, seq, created_at) = row?;
         Ok(StepRow {
             seq,
             step_id,
@@ -941,6 +942,7 @@ fn steps_on(connection: &Connection, workflow_id: &str) -> Result<Vec<StepRow>> 
             kind,
             status,
             data: parse_json(&data)?,
+            created_at,
         })
     })
     .collect()
