@@ -342,3 +342,143 @@ async fn waits_are_capped_and_counted_and_a_gone_client_frees_its_place(postgres
 }
 
 both!(waits_are_capped_and_counted_and_a_gone_client_frees_its_place);
+
+/// Two real nodes on one PostgreSQL database, both signed in as the first admin.
+async fn two_nodes(extra: &[(&'static str, &str)]) -> (Db, Node, Api, Node, Api) {
+    let db = Db::new(true).await;
+    let a = Node::start(&db, &env(extra));
+    let b = Node::start(&db, &env(extra));
+    let api_a = initialize(&a).await;
+    let mut api_b = b.api();
+    assert_eq!(
+        api_b.login(crate::http_api::ADMIN, PASSWORD).await.status,
+        200
+    );
+    (db, a, api_a, b, api_b)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_decision_on_one_node_resumes_a_workflow_owned_by_another_with_no_timer() {
+    let (_db, _a, mut api_a, _b, mut api_b) = two_nodes(&[NO_FALLBACK]).await;
+    let (waiting, _) = launch_waiting(&mut api_a, CHECKPOINT, "30s").await;
+    let waiting = waiting.json();
+    assert_eq!(waiting["status"], "waiting_approval", "{waiting}");
+    let run_id = waiting["run_id"].as_str().expect("run_id").to_owned();
+    // Decided on B, waited for on B: A (the owner) hears the control, B hears the end.
+    approve(&mut api_b, &waiting).await;
+    let (ended, took) = get_waiting(&mut api_b, &run_id, "30s").await;
+    assert_eq!(ended.json()["status"], "completed", "{:?}", ended.json());
+    assert!(took < Duration::from_secs(10), "the wait took {took:?}");
+    assert_eq!(
+        ended.json()["owner"],
+        waiting["owner"],
+        "the workflow stayed on its owner"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_slot_freed_on_one_node_admits_a_step_queued_on_another_with_no_timer() {
+    let (_db, _a, mut api_a, _b, mut api_b) =
+        two_nodes(&[NO_FALLBACK, ("REINS_LIMITS__MAX_ACTIVE_CHILDREN", "1")]).await;
+    // A holds the only slot for a second; B's step queues behind it.
+    let first = launch(&mut api_a, &sleeping(1000)).await;
+    eventually(
+        Duration::from_secs(10),
+        "A's step holds the slot",
+        async || {
+            let record = api_a
+                .call("GET", &format!("/api/v1/workflows/{first}"), None)
+                .await
+                .json();
+            record["steps"][0]["status"] == "running"
+        },
+    )
+    .await;
+    let (second, took) = launch_waiting(&mut api_b, &sleeping(10), "30s").await;
+    let second = second.json();
+    assert_eq!(second["status"], "completed", "{second}");
+    assert!(
+        took < Duration::from_secs(15),
+        "the queued step waited {took:?}"
+    );
+    let (first, _) = get_waiting(&mut api_a, &first, "30s").await;
+    assert_eq!(first.json()["status"], "completed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_killed_listen_connection_reconnects_and_its_resync_catches_what_it_missed() {
+    let db = Db::new(true).await;
+    let node = Node::start(&db, &env(&[NO_FALLBACK]));
+    let mut api = initialize(&node).await;
+    let (waiting, _) = launch_waiting(&mut api, CHECKPOINT, "30s").await;
+    let waiting = waiting.json();
+    assert_eq!(waiting["status"], "waiting_approval", "{waiting}");
+    let run_id = waiting["run_id"].as_str().expect("run_id").to_owned();
+    let Db::Postgres(test_db) = &db else {
+        unreachable!("a PostgreSQL database")
+    };
+    let admin = test_db.pg_client().await;
+    let name: String = admin
+        .query_one("SELECT current_database()", &[])
+        .await
+        .expect("database")
+        .get(0);
+    let listener = || async {
+        admin
+            .query_opt(
+                "SELECT pid FROM pg_stat_activity WHERE datname = $1 AND application_name = $2",
+                &[&name, &store::LISTEN_APPLICATION_NAME],
+            )
+            .await
+            .expect("activity")
+            .map(|row| row.get::<_, i32>(0))
+    };
+    let killed = listener().await.expect("the node listens");
+    // ALTER DATABASE runs from another database than the one it changes.
+    let (server, connection) = tokio_postgres::connect(
+        &std::env::var("REINS_TEST_PG").expect("REINS_TEST_PG"),
+        tokio_postgres::NoTls,
+    )
+    .await
+    .expect("connect to the server");
+    tokio::spawn(connection);
+
+    // The listener is killed and kept out while a decision commits: the node cannot hear it.
+    server
+        .execute(
+            &format!("ALTER DATABASE {name} ALLOW_CONNECTIONS false"),
+            &[],
+        )
+        .await
+        .expect("keep new connections out");
+    let terminated: bool = admin
+        .query_one("SELECT pg_terminate_backend($1)", &[&killed])
+        .await
+        .expect("terminate")
+        .get(0);
+    assert!(terminated);
+    approve(&mut api, &waiting).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let missed = api
+        .call("GET", &format!("/api/v1/workflows/{run_id}"), None)
+        .await
+        .json();
+    assert_eq!(
+        missed["status"], "waiting_approval",
+        "the decision was heard without a listener"
+    );
+    server
+        .execute(
+            &format!("ALTER DATABASE {name} ALLOW_CONNECTIONS true"),
+            &[],
+        )
+        .await
+        .expect("let connections in");
+
+    // It reconnects, and its resync finds the decision: no timer (the fallback is an hour).
+    let (ended, took) = get_waiting(&mut api, &run_id, "30s").await;
+    assert_eq!(ended.json()["status"], "completed", "{:?}", ended.json());
+    assert!(took < Duration::from_secs(10), "the wait took {took:?}");
+    let again = listener().await.expect("the node listens again");
+    assert_ne!(again, killed);
+}
