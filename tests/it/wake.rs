@@ -482,3 +482,119 @@ async fn a_killed_listen_connection_reconnects_and_its_resync_catches_what_it_mi
     let again = listener().await.expect("the node listens again");
     assert_ne!(again, killed);
 }
+
+/// Transactions committed or rolled back in database `name` so far, read from another database
+/// (so the reading itself is not counted). PostgreSQL publishes a backend's counts when it goes
+/// idle, at the latest 10 s after its last statement.
+async fn transactions(server: &tokio_postgres::Client, name: &str) -> i64 {
+    server
+        .query_one(
+            "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = $1",
+            &[&name],
+        )
+        .await
+        .expect("database statistics")
+        .get(0)
+}
+
+/// The transactions a node runs in a quiet period: counts published before it (11 s of
+/// nothing first), then 3 s, then 11 s for the period's own counts to be published.
+async fn quiet_transactions(server: &tokio_postgres::Client, name: &str) -> i64 {
+    const PUBLISHED: Duration = Duration::from_secs(11);
+    tokio::time::sleep(PUBLISHED).await;
+    let before = transactions(server, name).await;
+    tokio::time::sleep(Duration::from_secs(3) + PUBLISHED).await;
+    transactions(server, name).await - before
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_thousand_parked_waiters_run_no_query_while_nothing_happens() {
+    const WAITERS: usize = 1000;
+    let db = Db::new(true).await;
+    // Long leases: their renewals (a third of a lease) fall outside the periods measured.
+    let node = Node::start(
+        &db,
+        &env(&[
+            NO_FALLBACK,
+            ("REINS_LEASE_SECONDS", "600"),
+            ("REINS_HTTP__CONNECTIONS_MAX", "4096"),
+        ]),
+    );
+    let mut api = initialize(&node).await;
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        held.push(launch(&mut api, &sleeping(600_000)).await);
+    }
+    for id in &held {
+        eventually(Duration::from_secs(10), "the step runs", async || {
+            let record = api
+                .call("GET", &format!("/api/v1/workflows/{id}"), None)
+                .await
+                .json();
+            record["steps"][0]["status"] == "running"
+        })
+        .await;
+    }
+    let Db::Postgres(test_db) = &db else {
+        unreachable!("a PostgreSQL database")
+    };
+    let name: String = test_db
+        .pg_client()
+        .await
+        .query_one("SELECT current_database()", &[])
+        .await
+        .expect("database")
+        .get(0);
+    let (server, connection) = tokio_postgres::connect(
+        &std::env::var("REINS_TEST_PG").expect("REINS_TEST_PG"),
+        tokio_postgres::NoTls,
+    )
+    .await
+    .expect("connect to the server");
+    tokio::spawn(connection);
+
+    let background = quiet_transactions(&server, &name).await;
+    let waiters: Vec<_> = (0..WAITERS)
+        .map(|i| {
+            let (mut api, id) = (api.clone(), held[i % held.len()].clone());
+            tokio::spawn(async move { get_waiting(&mut api, &id, "60s").await })
+        })
+        .collect();
+    // Every waiter has read its workflow once and is parked.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let parked = waiters
+        .iter()
+        .filter(|waiter| !waiter.is_finished())
+        .count();
+    assert_eq!(parked, WAITERS, "waiters answered before anything happened");
+    let with_waiters = quiet_transactions(&server, &name).await;
+    assert!(
+        with_waiters <= background + 2,
+        "{WAITERS} parked waiters ran {with_waiters} transactions in a quiet period; the node \
+         alone ran {background}"
+    );
+    eprintln!(
+        "quiet period: {background} transactions alone, {with_waiters} with {WAITERS} waiters"
+    );
+
+    // A change wakes them: each answers with the record.
+    let cancelled = api
+        .call(
+            "POST",
+            &format!("/api/v1/workflows/{}/cancel", held[0]),
+            None,
+        )
+        .await;
+    assert_eq!(cancelled.status, 200, "{cancelled:?}");
+    let mut answered = 0;
+    for (i, waiter) in waiters.into_iter().enumerate() {
+        if i % held.len() == 0 {
+            let (answer, _) = waiter.await.expect("waiter");
+            assert_eq!(answer.json()["status"], "cancelled", "{:?}", answer.json());
+            answered += 1;
+        } else {
+            waiter.abort();
+        }
+    }
+    assert_eq!(answered, WAITERS / held.len());
+}
