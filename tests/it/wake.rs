@@ -598,3 +598,67 @@ async fn a_thousand_parked_waiters_run_no_query_while_nothing_happens() {
     }
     assert_eq!(answered, WAITERS / held.len());
 }
+
+/// `GET /api/v1/workflows/{id}` requests the node answered so far.
+async fn gets_answered(api: &mut Api) -> u64 {
+    let text = api.call("GET", "/metrics", None).await;
+    String::from_utf8_lossy(&text.body)
+        .lines()
+        .filter(|line| {
+            line.starts_with("reins_http_requests_total{")
+                && line.contains("method=\"GET\"")
+                && line.contains("route=\"/api/v1/workflows/{id}\"")
+        })
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn reins_run_and_get_wait_on_the_server_and_never_poll() {
+    use crate::cli::{cli, code, json_of};
+    let db = Db::new(false).await;
+    // The server waits at most a second: a 2.5 s workflow takes the client a few waits.
+    let node = Node::start(
+        &db,
+        &env(&[NO_FALLBACK, ("REINS_HTTP__WAIT_MAX_MS", "1000")]),
+    );
+    let dir = tempfile::tempdir().expect("temp dir");
+    let home = dir.path();
+    std::fs::write(home.join("slow.js"), sleeping(2500)).expect("script");
+    std::fs::write(home.join("review.js"), CHECKPOINT).expect("script");
+    let init = cli(home, &node, &["init", "--email", crate::http_api::ADMIN]);
+    assert_eq!(code(&init), 0, "{}", String::from_utf8_lossy(&init.stderr));
+    let mut api = node.api();
+    let gets_before = gets_answered(&mut api).await;
+
+    let run = cli(home, &node, &["run", "slow.js", "--wait", "--json"]);
+    assert_eq!(code(&run), 0, "{}", String::from_utf8_lossy(&run.stderr));
+    let record = json_of(&run);
+    assert_eq!(record["status"], "completed", "{record}");
+    assert_eq!(record["result"], "slept");
+    let gets = gets_answered(&mut api).await - gets_before;
+    assert!(
+        (1..=4).contains(&gets),
+        "a 2.5 s workflow under a 1 s server wait took {gets} gets (a poll would take many)"
+    );
+
+    let launched = cli(home, &node, &["run", "review.js", "--json"]);
+    assert_eq!(
+        code(&launched),
+        0,
+        "{}",
+        String::from_utf8_lossy(&launched.stderr)
+    );
+    let run_id = json_of(&launched)["run_id"]
+        .as_str()
+        .expect("run_id")
+        .to_owned();
+    let waited = cli(home, &node, &["get", &run_id, "--wait", "--json"]);
+    assert_eq!(
+        code(&waited),
+        3,
+        "waits for a person: {}",
+        String::from_utf8_lossy(&waited.stderr)
+    );
+    assert_eq!(json_of(&waited)["status"], "waiting_approval");
+}
