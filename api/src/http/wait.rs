@@ -118,27 +118,9 @@ impl Waiters {
                     ),
                 )
             })?;
-        Ok(Permit {
-            _permit: permit,
-            registry: Arc::clone(&self.registry),
-            stopping: self.stopping.subscribe(),
-        })
+        Ok(Permit { _permit: permit })
     }
 
-    /// Wakes every waiter to answer now (the node stops serving).
-    pub fn stop(&self) {
-        self.stopping.send_replace(true);
-    }
-}
-
-/// A waiter's place: held for as long as the request waits.
-pub struct Permit {
-    _permit: OwnedSemaphorePermit,
-    registry: Arc<Mutex<Registry>>,
-    stopping: watch::Receiver<bool>,
-}
-
-impl Permit {
     /// Starts hearing the changes of `workflow_id`. Taken before the first read, so that a
     /// change committed after that read is never missed.
     pub fn watch(&self, workflow_id: &str) -> Watch {
@@ -152,10 +134,20 @@ impl Permit {
         Watch {
             workflow_id: workflow_id.to_owned(),
             changes,
-            stopping: self.stopping.clone(),
+            stopping: self.stopping.subscribe(),
             registry: Arc::clone(&self.registry),
         }
     }
+
+    /// Wakes every waiter to answer now (the node stops serving).
+    pub fn stop(&self) {
+        self.stopping.send_replace(true);
+    }
+}
+
+/// A waiter's place under `http.waiters_max`: held for as long as the request waits.
+pub struct Permit {
+    _permit: OwnedSemaphorePermit,
 }
 
 /// One waiter's subscription to one workflow's changes; leaves the registry when dropped.

@@ -25,8 +25,6 @@ use super::{Ctx, Reply, json_reply, wait};
 pub const CHUNK_BYTES_MAX: u64 = 1024 * 1024;
 /// Workflows per page unless the caller asks for another number.
 const PAGE_SIZE_DEFAULT: u32 = 50;
-/// How often `cancel` looks whether the workflow has settled.
-const CANCEL_POLL: Duration = Duration::from_millis(50);
 
 /// Stored statuses a listing may filter on.
 const STATUSES: [&str; 8] = [
@@ -171,11 +169,11 @@ async fn wait_for(
     ctx: &Ctx<'_>,
     run_id: &str,
     wait: Duration,
-    permit: wait::Permit,
+    _permit: wait::Permit,
 ) -> Result<WorkflowRecord, ApiError> {
     let deadline = tokio::time::Instant::now() + wait;
     // Watched before the first read, so a change committed after it is heard.
-    let mut watch = permit.watch(run_id);
+    let mut watch = ctx.state.waiters.watch(run_id);
     let mut over = false;
     loop {
         let view = ctx.state.node.workflows().get(run_id).await?;
@@ -539,10 +537,13 @@ pub async fn cancel(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
         _ => {}
     }
     let workflows = ctx.state.node.workflows();
+    // Watched before the cancel is recorded: the status changes it causes are all heard.
+    let mut watch = ctx.state.waiters.watch(&run_id);
     workflows.cancel(&run_id, &by(ctx)?).await?;
     let deadline =
         tokio::time::Instant::now() + Duration::from_millis(ctx.state.http.cancel_wait_ms);
     let store = ctx.state.node.store();
+    let mut over = false;
     loop {
         let status = store
             .read_workflow(&run_id)
@@ -552,10 +553,10 @@ pub async fn cancel(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
             status.as_str(),
             "cancelled" | "completed" | "failed" | "needs_reconciliation" | "deleted"
         );
-        if settled || tokio::time::Instant::now() >= deadline {
+        if settled || over {
             return Ok(status_reply(run_id, status));
         }
-        tokio::time::sleep(CANCEL_POLL).await;
+        over = !watch.changed(deadline).await;
     }
 }
 
