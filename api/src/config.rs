@@ -750,6 +750,33 @@ mod tests {
     }
 
     #[test]
+    fn the_wake_fallback_is_a_slow_fallback_and_the_wait_limits_are_positive() {
+        let fallback = |ms: &str| Config::load(None, env(&[("REINS_WAKE_FALLBACK_MS", ms)]));
+        for edge in ["1000", "86400000"] {
+            assert_eq!(
+                fallback(edge)
+                    .expect(edge)
+                    .config
+                    .wake_fallback_ms
+                    .to_string(),
+                edge
+            );
+        }
+        for outside in ["999", "86400001"] {
+            let refused = fallback(outside).expect_err(outside);
+            assert!(
+                refused.to_string().contains("wake_fallback_ms"),
+                "{refused}"
+            );
+        }
+        for key in ["REINS_HTTP__WAIT_MAX_MS", "REINS_HTTP__WAITERS_MAX"] {
+            let refused = Config::load(None, env(&[(key, "0")])).expect_err(key);
+            assert!(refused.to_string().contains("greater than 0"), "{refused}");
+            Config::load(None, env(&[(key, "1")])).expect("one is enough");
+        }
+    }
+
+    #[test]
     fn no_file_and_no_environment_is_the_embedded_default() {
         let checked = Config::load(None, env(&[])).expect("defaults are valid");
         assert_eq!(checked.listen.port(), DEFAULT_PORT);
