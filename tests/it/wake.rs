@@ -70,6 +70,29 @@ on_both_backends! {
             )
             .await
             .expect("launch");
+
+        // A write the fence refuses changes nothing, so it announces nothing: the next change
+        // heard is the control recorded after it.
+        let stale = Fence { epoch: lease.epoch + 1, ..lease.fence() };
+        let set = |status: &str| WriteOp::SetWorkflow {
+            workflow_id: "wf-bus".into(),
+            status: status.into(),
+            data: json!({"script": "return 1;"}),
+        };
+        assert!(store.fenced_write(&stale, vec![set("paused")]).await.is_err());
+        // Nor does a write that changed the status and then failed: it all rolled back.
+        let artifact = WriteOp::PutArtifact {
+            workflow_id: "wf-bus".into(),
+            version: 1,
+            source_step_id: "a".into(),
+            path: None,
+            content: b"x".to_vec(),
+            sha256: "2d711642b726b04401627ca9fbac32f5c8530fb1903cc4db02258717921a4881".into(),
+        };
+        let failed = store
+            .fenced_write(&lease.fence(), vec![set("paused"), artifact.clone(), artifact])
+            .await;
+        assert!(failed.is_err(), "a second version 1 was written");
         store
             .put_control(NewControl {
                 workflow_id: "wf-bus".into(),
@@ -82,16 +105,6 @@ on_both_backends! {
             .await
             .expect("control");
         assert_eq!(next_change(&mut changes).await, Change::Control("wf-bus".into()));
-
-        // A write the fence refuses changes nothing, so it announces nothing: the next change
-        // heard is the one after it.
-        let stale = Fence { epoch: lease.epoch + 1, ..lease.fence() };
-        let set = |status: &str| WriteOp::SetWorkflow {
-            workflow_id: "wf-bus".into(),
-            status: status.into(),
-            data: json!({"script": "return 1;"}),
-        };
-        assert!(store.fenced_write(&stale, vec![set("paused")]).await.is_err());
         store.fenced_write(&lease.fence(), vec![set("completed")]).await.expect("end");
         assert_eq!(next_change(&mut changes).await, Change::Status("wf-bus".into()));
     }
