@@ -64,6 +64,10 @@ pub enum Op {
     Artifact,
     /// One base64 chunk of an artifact (the compatible `get_artifact` action).
     ArtifactChunk,
+    /// Everything that waits for the caller.
+    Inbox,
+    Nodes,
+    Slots,
 }
 
 /// Where a route's workflow id comes from.
@@ -184,6 +188,9 @@ pub static ROUTES: &[Route] = &[
     route("POST", "/api/v1/workflows/{id}/recover", Op::Recover, Access::User, "Take over a recoverable workflow here and replay it", Body::None, 200, Some(schema::<StatusReply>)),
     route("POST", "/api/v1/workflows/{id}/reconcile", Op::Reconcile, Access::Admin, "Settle the uncertain step of a workflow in needs_reconciliation (admins)", Body::Json(schema::<ReconcileBody>), 200, Some(schema::<StatusReply>)),
     route("DELETE", "/api/v1/workflows/{id}", Op::Delete, Access::User, "Delete a terminal workflow and everything it holds", Body::None, 200, Some(schema::<DeletedReply>)),
+    route("GET", "/api/v1/inbox", Op::Inbox, Access::User, "Every pause, checkpoint and agent's request waiting for the caller (an admin: for anyone), oldest first", Body::None, 200, Some(schema::<InboxReply>)),
+    route("GET", "/api/v1/admin/nodes", Op::Nodes, Access::Admin, "The nodes that started on this database, newest first (admins)", Body::None, 200, Some(schema::<NodesReply>)),
+    route("GET", "/api/v1/admin/slots", Op::Slots, Access::Admin, "The child slots held across the cluster, oldest first (admins)", Body::None, 200, Some(schema::<SlotsReply>)),
     route("GET", "/api/v1/workflows/{id}/artifacts/{version}", Op::Artifact, Access::User, "An artifact's bytes (HTTP Range supported)", Body::None, 200, None),
     action(action_path!("launch"), Op::Launch, "launch", schema::<LaunchBody>, schema::<LaunchReply>),
     action(action_path!("get"), Op::Get, "get", schema::<RunBody>, schema::<WorkflowRecord>),
