@@ -120,11 +120,36 @@ async fn a_person_signs_in_launches_the_review_and_approves_it_from_the_inbox() 
     initialize(&node).await;
     let browser = Browser::start("review", 1280, 900);
 
-    // Not signed in: the page asks to sign in.
+    // Not signed in: the page asks to sign in, with the focus in the email field; the keyboard
+    // alone signs in (Tab to the password, Enter), and the focus is always visible.
     browser.goto(&url(&node, ""));
     browser.find("#sign-in", WAIT);
+    assert_eq!(
+        browser.run(
+            "return [document.getElementById('nav'), document.getElementById('who')] \
+                 .map((e) => e.offsetParent === null);",
+            json!([])
+        ),
+        json!([true, true]),
+        "signed out, the header shows no navigation and no sign-out"
+    );
+    browser.wait_until(
+        "the focus in the email field",
+        "return document.activeElement && document.activeElement.type === 'email';",
+        WAIT,
+    );
+    browser.keys(&format!("{ADMIN}\u{E004}"));
+    assert_eq!(
+        browser.run(
+            "const e = document.activeElement; \
+             return [e.type, getComputedStyle(e).outlineStyle, getComputedStyle(e).outlineWidth];",
+            json!([])
+        ),
+        json!(["password", "solid", "3px"]),
+        "the focused field shows its focus"
+    );
     browser.screenshot("01-sign-in");
-    sign_in(&browser, &node, ADMIN);
+    browser.keys(&format!("{PASSWORD}\u{E007}"));
     browser.wait_for_text("Nothing waits for you.", WAIT);
     browser.screenshot("02-inbox-empty");
 

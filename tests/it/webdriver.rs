@@ -304,6 +304,26 @@ impl Browser {
         path
     }
 
+    /// Types `keys` on the keyboard into whatever has the focus (`\u{E004}` is Tab, `\u{E007}`
+    /// Enter).
+    pub fn keys(&self, keys: &str) {
+        let actions: Vec<Value> = keys
+            .chars()
+            .flat_map(|c| {
+                let key = c.to_string();
+                [
+                    json!({"type": "keyDown", "value": key}),
+                    json!({"type": "keyUp", "value": key}),
+                ]
+            })
+            .collect();
+        self.command(
+            "POST",
+            "/actions",
+            Some(json!({"actions": [{"type": "key", "id": "keyboard", "actions": actions}]})),
+        );
+    }
+
     /// Resizes the window (for the phone-sized screenshots).
     pub fn resize(&self, width: u32, height: u32) {
         self.command(

@@ -107,8 +107,9 @@ function rerender(container, build) {
   }
 }
 
-/** When the status line was last written (a navigation right after keeps it). */
+/** When the status line was last written: the navigation right after keeps it, once. */
 let saidAt = 0;
+let carried = false;
 
 /** The status line under the header (announced to screen readers). */
 function say(message, kind = "info") {
@@ -116,6 +117,7 @@ function say(message, kind = "info") {
   status.textContent = message || "";
   status.className = `status status-${kind}`;
   saidAt = Date.now();
+  carried = false;
 }
 
 function errorText(error) {
@@ -207,7 +209,7 @@ async function api(method, path, body, {form, quiet401} = {}) {
   if (!response.ok) {
     const error = data && data.error ? data.error
       : {code: `http_${response.status}`, message: `${response.status} ${response.statusText}`};
-    if (response.status === 401 && !quiet401) sessionEnded(error.message);
+    if (response.status === 401 && !quiet401) sessionEnded();
     throw new ApiError(response.status, error.code, error.message);
   }
   return data;
@@ -238,7 +240,7 @@ async function fillPreview(url, version, body) {
   const response = await fetch(url, {credentials: "same-origin",
     headers: {Range: `bytes=0-${PREVIEW_BYTES_MAX - 1}`}});
   if (response.status === 401) {
-    sessionEnded("the session has ended");
+    sessionEnded();
     return;
   }
   if (!response.ok) throw new Error(`${response.status} ${response.statusText}`);
@@ -299,10 +301,10 @@ function isAdmin() {
   return Boolean(state.user && (state.user.is_admin || state.user.role === "admin"));
 }
 
-function sessionEnded(message) {
+function sessionEnded() {
   if (!state.user) return;
   state.user = null;
-  state.signInMessage = `Your session has ended (${message}). Sign in again.`;
+  state.signInMessage = "Your session has ended (signed out, expired or revoked). Sign in again.";
   if (!location.hash.startsWith("#/sign-in")) state.returnTo = location.hash || "#/inbox";
   location.hash = "#/sign-in";
 }
@@ -357,12 +359,15 @@ async function route() {
   const main = document.getElementById("main");
   main.replaceChildren(h("p", {class: "loading"}, "Loading…"));
   // What was said about the previous page is stale, unless it led here (a launch, a sign-in).
-  if (Date.now() - saidAt > 1500) say("");
+  if (carried || Date.now() - saidAt > 1500) say("");
+  else carried = true;
   try {
     const shown = await page(main, hash.match(pattern).slice(1));
     if (generation !== state.generation) return;
     state.page = shown || null;
     document.title = shown && shown.title ? `${shown.title} · reins` : "reins";
+    // A keyboard or screen-reader user lands on the new page, not on the link they left.
+    if (!main.contains(document.activeElement)) main.focus({preventScroll: true});
     schedulePoll();
   } catch (error) {
     if (generation !== state.generation || error.status === 401) return;
@@ -831,8 +836,8 @@ function preview(previews, runId, version, purpose = "list") {
 }
 
 function stepEntry(record, step, now, previews) {
-  const ended = typeof step.ended_at === "number";
-  const took = ended ? `took ${duration(step.ended_at - step.started_at)}`
+  const ended = typeof step.finished_at === "number";
+  const took = ended ? `took ${duration(step.finished_at - step.started_at)}`
     : `running for ${duration(now - step.started_at)}`;
   const li = h("li", {class: `entry entry-${step.status}`, "data-step": step.step_id},
     h("div", {class: "entry-head"}, h("strong", {}, step.step_id), " ",

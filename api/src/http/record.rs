@@ -132,7 +132,7 @@ fn step(step: &StepRow, approval_runs: &[RunRow]) -> StepRecord {
         }),
         approval,
         started_at: step.created_at,
-        ended_at: settled_at(step),
+        finished_at: settled_at(step),
     }
 }
 

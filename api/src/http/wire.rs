@@ -236,10 +236,11 @@ pub struct StepRecord {
     pub error: Option<String>,
     /// The agent's newest approval request, when it asked one.
     pub approval: Option<ApprovalRecord>,
-    /// When the call was journaled (epoch seconds, database clock).
+    /// When the call was journaled (epoch seconds, database clock; for a step that waited for
+    /// a slot, when it began to wait).
     pub started_at: f64,
-    /// When its outcome was recorded (epoch seconds, workflow time); absent while it runs.
-    pub ended_at: Option<f64>,
+    /// When its outcome was recorded (epoch seconds, the owner's clock), once it has one.
+    pub finished_at: Option<f64>,
 }
 
 /// An agent's request for a person's approval, and its answer.
