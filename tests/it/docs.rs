@@ -387,6 +387,11 @@ fn snippets(markdown: &str) -> (Vec<Snippet>, usize) {
     let mut skipped = 0;
     let mut lines = markdown.lines().enumerate();
     while let Some((index, line)) = lines.next() {
+        assert!(
+            !line.contains("```") || line.starts_with("```"),
+            "line {}: a fence that does not open its line is not a fence",
+            index + 1
+        );
         let Some(info) = line.strip_prefix("```js") else {
             continue;
         };
@@ -645,4 +650,73 @@ fn the_nginx_example_passes_nginx_t() {
         "nginx -t refused deploy/nginx.conf: {said}"
     );
     assert!(said.contains("syntax is ok"), "{said}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Links
+
+/// A heading's anchor as GitHub makes it: lower case, punctuation dropped, spaces as `-`.
+fn anchor(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter(|c| c.is_alphanumeric() || matches!(c, ' ' | '-' | '_'))
+        .map(|c| if c == ' ' { '-' } else { c })
+        .collect()
+}
+
+fn anchors(markdown: &str) -> Vec<String> {
+    let mut fenced = false;
+    let mut found = Vec::new();
+    for line in markdown.lines() {
+        if line.starts_with("```") {
+            fenced = !fenced;
+        } else if !fenced && line.starts_with('#') {
+            found.push(anchor(line.trim_start_matches('#')));
+        }
+    }
+    found
+}
+
+#[test]
+fn every_relative_link_of_the_docs_leads_somewhere() {
+    let root = repository();
+    let mut pages = vec![root.join("README.md"), root.join("examples/README.md")];
+    for entry in std::fs::read_dir(root.join("docs")).expect("docs/") {
+        pages.push(entry.expect("entry").path());
+    }
+    let mut broken = Vec::new();
+    let mut checked = 0;
+    for page in &pages {
+        let text = std::fs::read_to_string(page).expect("a page");
+        for (_, rest) in text
+            .match_indices("](")
+            .map(|(at, _)| text.split_at(at + 2))
+        {
+            let Some(target) = rest.split(')').next() else {
+                continue;
+            };
+            if target.starts_with("http") || target.contains(' ') {
+                continue;
+            }
+            let (file, fragment) = target.split_once('#').unwrap_or((target, ""));
+            let file = if file.is_empty() {
+                page.clone()
+            } else {
+                page.parent().expect("a folder").join(file)
+            };
+            checked += 1;
+            if !file.exists() {
+                broken.push(format!("{}: {target} (no such file)", page.display()));
+            } else if !fragment.is_empty() {
+                let text = std::fs::read_to_string(&file).unwrap_or_default();
+                if !anchors(&text).iter().any(|a| a == fragment) {
+                    broken.push(format!("{}: {target} (no such heading)", page.display()));
+                }
+            }
+        }
+    }
+    assert!(checked > 30, "only {checked} links found");
+    assert!(broken.is_empty(), "{}", broken.join("\n"));
 }
