@@ -1012,7 +1012,8 @@ impl WorkflowState {
                 let me = myself.clone();
                 tokio::spawn(async move {
                     // An end this node committed is known as committed; any other end (fenced,
-                    // paused, the actor gone) is read from the row.
+                    // paused, answered, the actor gone) is read from the row, so the step's
+                    // result is what a takeover would read.
                     let committed = match ended.await {
                         Ok(RunEnd::Persisted(outcome)) => {
                             Some(Box::new(ended_with(row.clone(), outcome)))
