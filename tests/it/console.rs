@@ -15,7 +15,7 @@ use crate::webdriver::Browser;
 const WAIT: Duration = Duration::from_secs(30);
 
 /// The review example, as a newcomer would paste it into the launch form.
-const REVIEW: &str = include_str!("../../deploy/examples/review.js");
+const REVIEW: &str = include_str!("../../examples/review.js");
 
 /// One agent step that asks to deploy, then returns the answer it got.
 const ASKING: &str = r#"

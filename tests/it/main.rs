@@ -16,6 +16,7 @@ mod command_agent;
 mod console;
 mod crash_recovery;
 mod disk_full;
+mod docs;
 mod faults;
 mod fencing;
 mod http_api;

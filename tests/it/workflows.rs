@@ -242,6 +242,42 @@ async fn edit_stored_script(db: &TestDb, id: &str, script: &str) {
 }
 
 on_both_backends! {
+    async fn an_unreadable_journal_row_stops_the_replay_and_names_the_row(db: TestDb) {
+        let shared = tempfile::tempdir().expect("temp dir");
+        let owner = TestNode::start(&db, "owner", 1_500, shared.path()).await;
+        let heir = TestNode::start(&db, "heir", 1_500, shared.path()).await;
+        let request = LaunchRequest { user_id: "ada".into(), request_id: None,
+            script: RECOVERABLE.into(), args: json!({}) };
+        let id = owner.node.workflows().launch(request).await.expect("launch").run_id;
+        wait_for_status(&owner, &id, "paused").await;
+        crash_and_wait_for_expiry(owner, &heir, &id).await;
+        let changed = db
+            .tamper(
+                "UPDATE workflow_steps SET data = jsonb_set(data, '{outcome}', '42')
+                  WHERE workflow = $1 AND step_id = $2",
+                "UPDATE workflow_steps SET data = json_set(data, '$.outcome', 42)
+                  WHERE workflow = ?1 AND step_id = ?2",
+                &[&id, "first"],
+            )
+            .await;
+        assert_eq!(changed, 1);
+        heir.node.workflows().recover(&id).await.expect("recover");
+        wait_for_status(&heir, &id, "needs_reconciliation").await;
+        let data = view(&heir, &id).await.row.data;
+        let why = &data["reconciliation"];
+        assert_eq!(why["reason"], "journal_unreadable");
+        assert_eq!(why["step_id"], "first");
+        let message = why["message"].as_str().unwrap_or_default();
+        assert!(message.contains("call 0") && message.contains("\"first\""), "{message}");
+        let agents = view(&heir, &id).await.steps.iter().filter(|s| s.kind == "agent").count();
+        assert_eq!(agents, 1, "nothing was run again around the unreadable row");
+        // A cancel replays nothing, so it ends the workflow whatever its journal holds.
+        heir.node.workflows().cancel(&id, "ada").await.expect("cancel");
+        wait_for_status(&heir, &id, "cancelled").await;
+    }
+}
+
+on_both_backends! {
     async fn a_replay_that_meets_a_different_call_fails_the_workflow_naming_both_sides(db: TestDb) {
         let shared = tempfile::tempdir().expect("temp dir");
         let owner = TestNode::start(&db, "owner", 1_500, shared.path()).await;

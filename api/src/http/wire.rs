@@ -308,8 +308,8 @@ pub struct WorkflowRecord {
 /// Why a workflow needs reconciliation: which step, which child run, and what is unknown.
 #[derive(Debug, Clone, Serialize, JsonSchema)]
 pub struct ReconciliationRecord {
-    /// `orphaned_child`, `child_outcome_unknown`, `child_end_unrecorded` or
-    /// `cancel_window_passed`.
+    /// `orphaned_child`, `child_outcome_unknown`, `child_end_unrecorded`,
+    /// `cancel_window_passed` or `journal_unreadable`.
     pub reason: String,
     /// What is unknown, in a sentence.
     pub message: String,
