@@ -439,6 +439,87 @@ async fn stored_html_and_script_stay_inert_text_or_a_download() {
     browser.screenshot("03-workflow-inert");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_pause_is_resumed_a_workflow_cancelled_and_deleted_and_the_list_pages() {
+    let db = Db::new(false).await;
+    let node = Node::start(&db, &[]);
+    let mut api = initialize(&node).await;
+    let first = launch(&mut api, "return 0;").await;
+    wait_for(&mut api, &first, "completed").await;
+    for _ in 0..26 {
+        launch(&mut api, "return 1;").await;
+    }
+    let pausing = launch(&mut api, PAUSING).await;
+    let doomed = launch(&mut api, PAUSING).await;
+    wait_for(&mut api, &pausing, "paused").await;
+    wait_for(&mut api, &doomed, "paused").await;
+    let browser = Browser::start("controls", 1280, 900);
+    sign_in(&browser, &node, ADMIN);
+
+    // The list: newest first, 25 a page; the oldest is on the second page.
+    browser.goto(&url(&node, "#/workflows"));
+    browser.find(&format!("tr[data-run='{doomed}']"), WAIT);
+    let first_row = browser.run(
+        "return document.querySelector('tbody tr').dataset.run;",
+        json!([]),
+    );
+    assert_eq!(first_row, doomed.as_str(), "newest first");
+    assert!(browser.all(&format!("tr[data-run='{first}']")).is_empty());
+    browser.wait_for_text("Page 1 of 2 · 29 workflows", WAIT);
+    browser.screenshot("01-workflows-page-1");
+    browser.find(".pager button:last-child", WAIT).click();
+    browser.find(&format!("tr[data-run='{first}']"), WAIT);
+    browser.wait_for_text("Page 2 of 2", WAIT);
+    browser.screenshot("02-workflows-page-2");
+    // Filtered by status.
+    browser.find(".filters select", WAIT);
+    browser.run(
+        "const s = document.querySelector('.filters select'); s.value = 'paused'; \
+         s.dispatchEvent(new Event('change'));",
+        json!([]),
+    );
+    browser.wait_for_text("Page 1 of 1 · 2 workflows", WAIT);
+
+    // A pause resumed from the inbox with an input.
+    browser.goto(&url(&node, "#/inbox"));
+    let item = format!("[data-item='{pausing}/wait-here/1']");
+    browser
+        .find(&format!("{item} textarea[name=input]"), WAIT)
+        .type_text(r#"{"answer": 42}"#);
+    browser.screenshot("03-inbox-pauses");
+    browser
+        .find(&format!("{item} button[data-action=resume]"), WAIT)
+        .click();
+    let record = wait_for(&mut api, &pausing, "completed").await;
+    assert_eq!(record["result"], json!({"answer": 42}), "{record}");
+
+    // Cancelled from its page, then deleted (the console asks before it deletes).
+    browser.goto(&url(&node, &format!("#/workflows/{doomed}")));
+    browser.find("button[data-action=cancel]", WAIT).click();
+    browser.wait_until(
+        "the workflow page turning cancelled",
+        "return document.querySelector('#workflow-status').textContent === 'cancelled';",
+        WAIT,
+    );
+    browser.wait_for_text("unanswered", WAIT);
+    assert!(
+        browser.all("button[data-action=resume]").is_empty(),
+        "nothing to answer in a cancelled workflow"
+    );
+    browser.find(".confirm button.danger", WAIT).click();
+    browser.screenshot("04-delete-asks");
+    browser.find(".confirm button.danger", WAIT).click();
+    browser.wait_until(
+        "back on the list",
+        "return location.hash === '#/workflows';",
+        WAIT,
+    );
+    let gone = api
+        .call("GET", &format!("/api/v1/workflows/{doomed}"), None)
+        .await;
+    assert_eq!(gone.status, 404, "{gone:?}");
+}
+
 /// A pause, a checkpoint and an agent's request; a pause beside a running agent (the workflow
 /// stays `running`); and a completed workflow: the inbox shows exactly what waits, oldest first.
 const PAUSING: &str = r#"return await pause({stepId: "wait-here"});"#;

@@ -335,6 +335,8 @@ async function route() {
   state.page = null;
   state.pollDelay = POLL_MS;
   const hash = location.hash || "#/inbox";
+  // The inbox's count is read by the inbox page only: elsewhere it would go stale.
+  document.getElementById("inbox-count").textContent = "";
   const found = ROUTES.find(([pattern]) => pattern.test(hash));
   if (!found) {
     location.hash = state.user ? "#/inbox" : "#/sign-in";
@@ -852,9 +854,7 @@ function stepEntry(record, step, now, previews) {
     const approval = step.approval;
     li.append(h("div", {class: "approval"}, h("h3", {}, "The agent asked to do"),
       json(approval.actions),
-      approval.status === "waiting"
-        ? answerForm(record.run_id, step.step_id, approval.request_id)
-        : h("p", {class: "meta"}, "Answered: ", json(approval.answer))));
+      approvalState(record, step, approval)));
   }
   if (step.artifact_version != null) {
     li.append(h("p", {class: "meta"}, `Output kept as artifact version ${step.artifact_version}.`));
@@ -862,16 +862,33 @@ function stepEntry(record, step, now, previews) {
   return li;
 }
 
+/** Whether people may still act on the workflow's questions (it runs, or waits for them). */
+function answerable(record) {
+  return LIVE.has(record.status) && record.stored_status !== "cancelling";
+}
+
+/** An agent's request: its answer, the form to answer it, or that nobody can any more. */
+function approvalState(record, step, approval) {
+  if (approval.status !== "waiting") {
+    return h("div", {}, h("p", {class: "meta"}, "Answered:"), json(approval.answer));
+  }
+  if (!answerable(record)) return h("p", {class: "meta"}, "Never answered.");
+  return answerForm(record.run_id, step.step_id, approval.request_id);
+}
+
 function checkpointEntry(record, checkpoint, previews) {
-  const li = h("li", {class: `entry entry-${checkpoint.status}`, "data-step": checkpoint.step_id},
+  // A question the workflow ended without: nobody can answer it any more.
+  const status = checkpoint.status === "waiting" && !answerable(record) ? "unanswered"
+    : checkpoint.status;
+  const li = h("li", {class: `entry entry-${status}`, "data-step": checkpoint.step_id},
     h("div", {class: "entry-head"}, h("strong", {}, checkpoint.step_id), " ",
       h("span", {class: "kind"}, checkpoint.kind), ` · attempt ${checkpoint.attempt} `,
-      badge(checkpoint.status)),
+      badge(status)),
     h("p", {class: "meta"}, "waiting since ", time(checkpoint.started_at),
       checkpoint.decided_at ? [" · decided ", time(checkpoint.decided_at),
         ` after ${duration(checkpoint.decided_at - checkpoint.started_at)}`] : null,
       checkpoint.decided_by ? ` by ${checkpoint.decided_by}` : null));
-  if (checkpoint.status !== "waiting") return li;
+  if (status !== "waiting") return li;
   if (checkpoint.kind === "humanCheckpoint") {
     if (checkpoint.artifact_version != null) {
       li.append(preview(previews, record.run_id, checkpoint.artifact_version, "checkpoint"));
