@@ -7,13 +7,21 @@
 //   images (png, jpeg, gif, webp) as an <img> from a blob URL, anything else is a download link.
 // - State-changing requests repeat the `csrf_token` cookie in `X-CSRF-Token`, as the API requires
 //   of cookie sessions. A 401 means the session ended: back to sign-in with a message.
-// - Live updates: the page shown re-reads what it shows every POLL_MS while the tab is visible,
-//   backing off to POLL_MS_MAX after errors; a hidden tab does not poll at all.
+// - Live updates: a page that names an event stream (Server-Sent Events) reads again when an
+//   event arrives, and polls every POLL_MS_WITH_STREAM as a safety net; without a stream (the
+//   node has none, or it failed) it reads again every POLL_MS. Errors back off to POLL_MS_MAX;
+//   a hidden tab neither polls nor keeps its stream open.
 
 /** How often the page shown re-reads what it shows, in milliseconds. */
 const POLL_MS = 2000;
 /** The longest wait between two reads after repeated errors, in milliseconds. */
 const POLL_MS_MAX = 30000;
+/** How often a page whose event stream is open reads again anyway, in milliseconds. */
+const POLL_MS_WITH_STREAM = 15000;
+/** The event kinds a stream may send (SSE delivers a named event only to its own listener). */
+const EVENT_KINDS = ["message", "status", "step_journaled", "step_started", "pause_waiting",
+  "checkpoint_waiting", "step_finished", "pause_resumed", "checkpoint_decided",
+  "cancel_requested", "artifact", "approval_requested", "approval_answered"];
 /** Workflows read at most for the list (the list pages and sorts what it read). */
 const LIST_WORKFLOWS_MAX = 5000;
 /** Workflows per page of the list. */
@@ -295,6 +303,11 @@ const state = {
   generation: 0,
   pollTimer: null,
   pollDelay: POLL_MS,
+  /** The page's open event stream, if any. */
+  stream: null,
+  /** A refresh running because of an event, and whether another event came meanwhile. */
+  cueRunning: false,
+  cueAgain: false,
 };
 
 function isAdmin() {
@@ -332,6 +345,7 @@ const ROUTES = [
 async function route() {
   const generation = ++state.generation;
   clearTimeout(state.pollTimer);
+  closeStream();
   state.page = null;
   state.pollDelay = POLL_MS;
   const hash = location.hash || "#/inbox";
@@ -370,6 +384,7 @@ async function route() {
     document.title = shown && shown.title ? `${shown.title} · reins` : "reins";
     // A keyboard or screen-reader user lands on the new page, not on the link they left.
     if (!main.contains(document.activeElement)) main.focus({preventScroll: true});
+    openStream();
     schedulePoll();
   } catch (error) {
     if (generation !== state.generation || error.status === 401) return;
@@ -378,10 +393,72 @@ async function route() {
   }
 }
 
+/** How long the poll waits while nothing fails: long while an event stream does the work. */
+function pollBase() {
+  const streamed = state.stream && state.stream.readyState === EventSource.OPEN;
+  return streamed && !(state.page && state.page.pollAlways) ? POLL_MS_WITH_STREAM : POLL_MS;
+}
+
 function schedulePoll() {
   clearTimeout(state.pollTimer);
   if (document.hidden || !state.page || !state.page.refresh) return;
-  state.pollTimer = setTimeout(poll, state.pollDelay);
+  state.pollTimer = setTimeout(poll, Math.max(state.pollDelay, pollBase()));
+}
+
+/** Opens the shown page's event stream; a stream that fails leaves the page to its poll. */
+function openStream() {
+  closeStream();
+  const page = state.page;
+  if (!page || !page.events || typeof EventSource !== "function" || document.hidden) return;
+  const source = new EventSource(page.events, {withCredentials: true});
+  state.stream = source;
+  source.addEventListener("open", () => {
+    if (state.stream !== source) return;
+    document.body.dataset.live = "stream";
+    schedulePoll();
+  });
+  source.addEventListener("error", () => {
+    // CONNECTING: the browser tries again by itself. CLOSED: refused (no such stream on this
+    // node, too many streams): the poll takes over.
+    if (state.stream === source && source.readyState === EventSource.CLOSED) {
+      closeStream();
+      schedulePoll();
+    }
+  });
+  for (const kind of EVENT_KINDS) {
+    source.addEventListener(kind, (event) => {
+      if (state.stream !== source) return;
+      if (page.endsWith && page.endsWith(event)) closeStream();
+      cue();
+    });
+  }
+}
+
+function closeStream() {
+  if (state.stream) state.stream.close();
+  state.stream = null;
+  document.body.dataset.live = "poll";
+}
+
+/** Reads the page again for an event; a burst of events costs one read more at most. */
+async function cue() {
+  if (state.cueRunning) {
+    state.cueAgain = true;
+    return;
+  }
+  state.cueRunning = true;
+  const page = state.page;
+  try {
+    do {
+      state.cueAgain = false;
+      if (page !== state.page) break;
+      await page.refresh();
+    } while (state.cueAgain);
+  } catch (error) {
+    if (error.status !== 401) schedulePoll();
+  } finally {
+    state.cueRunning = false;
+  }
 }
 
 async function poll() {
@@ -390,7 +467,7 @@ async function poll() {
   if (!page) return;
   try {
     await page.refresh();
-    if (state.pollDelay !== POLL_MS) say("");
+    if (state.pollDelay > pollBase()) say("");
     state.pollDelay = POLL_MS;
   } catch (error) {
     if (error.status === 401) return;
@@ -471,7 +548,9 @@ async function inboxPage(main) {
     h("p", {class: "lead"}, "Everything that waits for you, oldest first."), more, list);
   const previews = new Map();
   let last = null;
-  const page = {title: "Inbox"};
+  // Status changes come as events; an agent's request does not change a status, so the inbox
+  // polls at its usual pace as well.
+  const page = {title: "Inbox", events: "/api/v1/events", pollAlways: true};
   page.refresh = async (force) => {
     const inbox = await api("GET", "/api/v1/inbox");
     const count = inbox.items.length;
@@ -655,7 +734,7 @@ async function workflowsPage(main) {
           h("td", {"data-label": "Updated"}, time(w.updated_at)))))),
       pager]);
   };
-  const page = {title: "Workflows"};
+  const page = {title: "Workflows", events: "/api/v1/events"};
   page.refresh = async (force) => {
     const all = [];
     let after = null;
@@ -735,7 +814,12 @@ async function workflowPage(main, [runId]) {
     h("span", {}, runId)), region);
   const previews = new Map();
   let last = null;
-  const page = {title: `Workflow ${runId}`};
+  const page = {
+    title: `Workflow ${runId}`,
+    events: `${workflowPath(runId)}/events`,
+    // The stream ends after the final status; without this the browser would open it again.
+    endsWith: (event) => event.type === "status" && TERMINAL.has(statusOf(event)),
+  };
   page.refresh = async (force) => {
     let record;
     try {
@@ -748,6 +832,8 @@ async function workflowPage(main, [runId]) {
       }
       throw error;
     }
+    // An ended workflow has nothing more to stream.
+    if (TERMINAL.has(record.status)) page.events = null;
     const signature = JSON.stringify(record);
     if (!force && signature === last) {
       updateRunningTimes(region, record);
@@ -758,6 +844,15 @@ async function workflowPage(main, [runId]) {
   };
   await page.refresh();
   return page;
+}
+
+/** The status an event's JSON data names, if any. */
+function statusOf(event) {
+  try {
+    return JSON.parse(event.data).status;
+  } catch {
+    return undefined;
+  }
 }
 
 function renderWorkflow(record, previews) {
@@ -1159,8 +1254,13 @@ async function slotsPage(main) {
 async function start() {
   document.getElementById("sign-out").addEventListener("click", signOut);
   document.addEventListener("visibilitychange", () => {
-    if (document.hidden) clearTimeout(state.pollTimer);
-    else poll();
+    if (document.hidden) {
+      clearTimeout(state.pollTimer);
+      closeStream();
+    } else {
+      openStream();
+      poll();
+    }
   });
   try {
     state.user = await api("GET", "/api/v1/auth/me", undefined, {quiet401: true});
