@@ -562,6 +562,8 @@ async fn the_inbox_shows_what_waits_for_the_caller_oldest_first_within_its_bound
     let checking = launch(&mut admin, CHECKING).await;
     wait_for(&mut admin, &checking, "waiting_approval").await;
     let asking = launch(&mut admin, ASKING).await;
+    // Each waits before the next is launched: the inbox orders by how long each has waited.
+    poll_inbox(&mut admin, 3).await;
     let beside = launch(&mut admin, PAUSE_BESIDE_AN_AGENT).await;
 
     let expected = [

@@ -79,6 +79,13 @@ function duration(seconds) {
   return `${Math.floor(minutes / 60)} h ${minutes % 60} min`;
 }
 
+function bytes(count) {
+  if (typeof count !== "number") return "";
+  if (count < 1024) return `${count} bytes`;
+  if (count < 1024 * 1024) return `${(count / 1024).toFixed(1)} KiB`;
+  return `${(count / 1024 / 1024).toFixed(1)} MiB`;
+}
+
 function badge(status) {
   return h("span", {class: `badge badge-${String(status).replace(/[^a-z_]/g, "")}`}, status);
 }
@@ -231,13 +238,16 @@ function workflowPath(runId) {
 // Artifacts: previews decided by the server's media type.
 
 /** A preview of artifact `version` of `runId`, filled in once its bytes arrive. */
-function artifactPreview(runId, version) {
+function artifactPreview(runId, version, about = null) {
   const url = `${workflowPath(runId)}/artifacts/${encodeURIComponent(version)}`;
-  const download = h("a", {href: url, download: `artifact-${version}`, class: "download"},
+  const name = about && about.name ? about.name : `artifact-${version}`;
+  const download = h("a", {href: url, download: name, class: "download"},
     `Download version ${version}`);
   const body = h("div", {class: "preview-body"}, "Loading the preview…");
+  const facts = about ? [` · ${name}`, ` · ${bytes(about.bytes)}`, ` · ${about.media_type}`,
+    about.step_id ? ` · from step ${about.step_id}` : null] : [];
   const box = h("figure", {class: "artifact", "data-artifact": version}, body,
-    h("figcaption", {}, `Artifact version ${version} · `, download));
+    h("figcaption", {}, `Artifact version ${version}`, facts, " · ", download));
   fillPreview(url, version, body).catch((error) => {
     body.replaceChildren(h("span", {class: "error"}, `No preview: ${errorText(error)}`));
   });
@@ -663,13 +673,18 @@ function resumeForm(runId, stepId, attempt, fingerprint) {
 
 // The workflows list ---------------------------------------------------------------------------
 
-const listFilters = {status: "", owner: "", page: 0};
+/**
+ * The list's filters and where it is. `cursors[i]` is the `after` of page i when the node pages
+ * newest first itself (its answer has `next`); otherwise the list reads everything (at most
+ * LIST_WORKFLOWS_MAX) and pages it here.
+ */
+const listFilters = {status: "", owner: "", page: 0, cursors: [null]};
 
 async function workflowsPage(main) {
-  const search = h("input", {type: "search", placeholder: "a run id", "data-keep": "search",
-    autocomplete: "off"});
+  const search = h("input", {type: "search", placeholder: "a run id or request id",
+    "data-keep": "search", autocomplete: "off"});
   const status = h("select", {}, h("option", {value: ""}, "any"),
-    STATUSES.map((s) => h("option", {value: s}, s)));
+    [...STATUSES, "recoverable"].map((s) => h("option", {value: s}, s)));
   status.value = listFilters.status;
   const owner = h("select", {}, h("option", {value: ""}, "anyone"));
   let emails = new Map();
@@ -689,12 +704,13 @@ async function workflowsPage(main) {
     event.preventDefault();
     const id = search.value.trim();
     if (!/^[A-Za-z0-9._-]{1,128}$/.test(id)) {
-      say(`${JSON.stringify(id)} is not a run id`, "error");
+      say(`${JSON.stringify(id)} is neither a run id nor a request id`, "error");
       return;
     }
     try {
-      await api("GET", workflowPath(id));
-      location.hash = `#/workflows/${id}`;
+      const runId = await findWorkflow(id);
+      if (runId) location.hash = `#/workflows/${runId}`;
+      else say(`No workflow has the run id or request id ${JSON.stringify(id)}.`, "error");
     } catch (error) {
       if (error.status !== 401) say(errorText(error), "error");
     }
@@ -705,28 +721,20 @@ async function workflowsPage(main) {
   main.replaceChildren(h("h1", {}, "Workflows"), h("div", {class: "toolbar"}, find, filters),
     launchForm(), table);
   let last = null;
-  let rows = [];
-  const draw = () => {
-    const pages = Math.max(1, Math.ceil(rows.length / LIST_PAGE_SIZE));
-    listFilters.page = Math.min(listFilters.page, pages - 1);
-    const shown = rows.slice(listFilters.page * LIST_PAGE_SIZE,
-      (listFilters.page + 1) * LIST_PAGE_SIZE);
+  const move = (by) => async () => {
+    listFilters.page += by;
+    await refreshNow();
+  };
+  const draw = (rows, {newer, older, count}) => {
     const pager = h("nav", {class: "pager", "aria-label": "Pages"},
-      actionButton("Newer", async () => {
-        listFilters.page -= 1;
-        draw();
-      }, {disabled: listFilters.page === 0}),
-      h("span", {}, `Page ${listFilters.page + 1} of ${pages} · ${rows.length} workflows`),
-      actionButton("Older", async () => {
-        listFilters.page += 1;
-        draw();
-      }, {disabled: listFilters.page >= pages - 1}));
+      actionButton("Newer", move(-1), {disabled: !newer}),
+      h("span", {}, count), actionButton("Older", move(1), {disabled: !older}));
     rerender(table, () => rows.length === 0 ? h("p", {class: "empty"}, "No workflows.") : [
       h("table", {class: "list"},
         h("thead", {}, h("tr", {}, h("th", {scope: "col"}, "Run"), h("th", {scope: "col"}, "Status"),
           isAdmin() ? h("th", {scope: "col"}, "Owner") : null, h("th", {scope: "col"}, "Started"),
           h("th", {scope: "col"}, "Updated"))),
-        h("tbody", {}, shown.map((w) => h("tr", {"data-run": w.run_id},
+        h("tbody", {}, rows.map((w) => h("tr", {"data-run": w.run_id},
           h("td", {"data-label": "Run"}, h("a", {href: `#/workflows/${w.run_id}`}, w.run_id)),
           h("td", {"data-label": "Status"}, badge(w.status)),
           isAdmin() ? h("td", {"data-label": "Owner"}, ownerName(w.user_id, emails)) : null,
@@ -734,38 +742,82 @@ async function workflowsPage(main) {
           h("td", {"data-label": "Updated"}, time(w.updated_at)))))),
       pager]);
   };
+  const query = (after, limit) => {
+    const q = new URLSearchParams({limit: String(limit)});
+    if (listFilters.status) q.set("status", listFilters.status);
+    if (listFilters.owner) q.set("user_id", listFilters.owner);
+    if (after) q.set("after", after);
+    return `/api/v1/workflows?${q}`;
+  };
   const page = {title: "Workflows", events: "/api/v1/events"};
   page.refresh = async (force) => {
-    const all = [];
-    let after = null;
-    do {
-      const query = new URLSearchParams({limit: "500"});
-      if (listFilters.status) query.set("status", listFilters.status);
-      if (after) query.set("after", after);
-      const answer = await api("GET", `/api/v1/workflows?${query}`);
-      all.push(...answer.workflows);
-      after = answer.next_after || null;
-    } while (after && all.length < LIST_WORKFLOWS_MAX);
-    const mine = listFilters.owner ? all.filter((w) => w.user_id === listFilters.owner) : all;
-    mine.sort((a, b) => b.created_at - a.created_at || (a.run_id < b.run_id ? 1 : -1));
-    const signature = JSON.stringify(mine);
+    listFilters.page = Math.max(0, Math.min(listFilters.page, listFilters.cursors.length - 1));
+    const first = await api("GET", query(listFilters.cursors[listFilters.page], LIST_PAGE_SIZE));
+    let rows;
+    let where;
+    if ("next" in first) {
+      // The node pages newest first: one request per page.
+      rows = first.workflows;
+      listFilters.cursors.length = listFilters.page + 1;
+      if (first.next) listFilters.cursors.push(first.next);
+      where = {newer: listFilters.page > 0, older: Boolean(first.next),
+        count: `Page ${listFilters.page + 1}`};
+    } else {
+      // An older node pages oldest first: read everything, sort and page it here.
+      const all = [...first.workflows];
+      let after = first.next_after || null;
+      while (after && all.length < LIST_WORKFLOWS_MAX) {
+        const answer = await api("GET", query(after, 500));
+        all.push(...answer.workflows);
+        after = answer.next_after || null;
+      }
+      const mine = listFilters.owner ? all.filter((w) => w.user_id === listFilters.owner) : all;
+      mine.sort((a, b) => b.created_at - a.created_at || (a.run_id < b.run_id ? 1 : -1));
+      const pages = Math.max(1, Math.ceil(mine.length / LIST_PAGE_SIZE));
+      listFilters.cursors = Array.from({length: pages}, () => null);
+      listFilters.page = Math.min(listFilters.page, pages - 1);
+      rows = mine.slice(listFilters.page * LIST_PAGE_SIZE, (listFilters.page + 1) * LIST_PAGE_SIZE);
+      where = {newer: listFilters.page > 0, older: listFilters.page < pages - 1,
+        count: `Page ${listFilters.page + 1} of ${pages} · ${mine.length} workflows`};
+    }
+    const signature = JSON.stringify([rows, where]);
     if (!force && signature === last) return;
     last = signature;
-    rows = mine;
-    draw();
+    draw(rows, where);
+  };
+  const restart = async () => {
+    listFilters.page = 0;
+    listFilters.cursors = [null];
+    await refreshNow();
   };
   status.addEventListener("change", async () => {
     listFilters.status = status.value;
-    listFilters.page = 0;
-    await refreshNow();
+    await restart();
   });
   owner.addEventListener("change", async () => {
     listFilters.owner = owner.value;
-    listFilters.page = 0;
-    await refreshNow();
+    await restart();
   });
   await page.refresh();
   return page;
+}
+
+/**
+ * The run id `id` names: a workflow with that run id, or else the caller's (or, for an admin,
+ * anyone's) newest workflow launched with that request id. `null` when there is none.
+ */
+async function findWorkflow(id) {
+  try {
+    await api("GET", workflowPath(id));
+    return id;
+  } catch (error) {
+    if (error.status !== 404) throw error;
+  }
+  const answer = await api("GET", `/api/v1/workflows?${new URLSearchParams({request_id: id,
+    limit: "1"})}`);
+  // A node without `next` in its pages is older than the request_id filter, and ignores it.
+  if (!("next" in answer)) return null;
+  return answer.workflows.length ? answer.workflows[0].run_id : null;
 }
 
 /** A workflow's owner as people know them: "you", their email, or their id. */
@@ -910,15 +962,21 @@ function renderWorkflow(record, previews) {
         typeof line === "string" ? line : JSON.stringify(line)).join("\n"))));
   }
 
-  const versions = new Set();
-  for (const step of record.steps) if (step.artifact_version != null) versions.add(step.artifact_version);
-  for (const c of record.checkpoints) if (c.artifact_version != null) versions.add(c.artifact_version);
-  for (const a of Array.isArray(record.artifacts) ? record.artifacts : []) {
-    if (a && a.version != null) versions.add(a.version);
+  // Every version the record lists (a node that lists none: those its steps name).
+  const artifacts = new Map();
+  for (const step of record.steps) {
+    if (step.artifact_version != null) artifacts.set(step.artifact_version, null);
   }
-  if (versions.size) {
+  for (const c of record.checkpoints) {
+    if (c.artifact_version != null) artifacts.set(c.artifact_version, null);
+  }
+  for (const a of Array.isArray(record.artifacts) ? record.artifacts : []) {
+    if (a && a.version != null) artifacts.set(a.version, a);
+  }
+  if (artifacts.size) {
     parts.push(h("section", {class: "artifacts"}, h("h2", {}, "Artifacts"),
-      [...versions].sort((a, b) => a - b).map((v) => preview(previews, record.run_id, v))));
+      [...artifacts.keys()].sort((a, b) => a - b).map((v) =>
+        preview(previews, record.run_id, v, "list", artifacts.get(v)))));
   }
   parts.push(h("details", {class: "card"}, h("summary", {}, "Script and arguments"),
     h("pre", {class: "script"}, record.script), json(record.args)));
@@ -926,9 +984,9 @@ function renderWorkflow(record, previews) {
 }
 
 /** A cached preview element: artifacts never change, so each is fetched once per page. */
-function preview(previews, runId, version, purpose = "list") {
-  const key = `${purpose}/${runId}/${version}`;
-  if (!previews.has(key)) previews.set(key, artifactPreview(runId, version));
+function preview(previews, runId, version, purpose = "list", about = null) {
+  const key = `${purpose}/${runId}/${version}/${about ? "about" : ""}`;
+  if (!previews.has(key)) previews.set(key, artifactPreview(runId, version, about));
   return previews.get(key);
 }
 
@@ -952,7 +1010,9 @@ function stepEntry(record, step, now, previews) {
       approvalState(record, step, approval)));
   }
   if (step.artifact_version != null) {
-    li.append(h("p", {class: "meta"}, `Output kept as artifact version ${step.artifact_version}.`));
+    const what = {captureArtifact: "Captured as artifact version",
+      readArtifact: "Read artifact version"}[step.kind] || "Output kept as artifact version";
+    li.append(h("p", {class: "meta"}, `${what} ${step.artifact_version}.`));
   }
   return li;
 }
@@ -1134,10 +1194,12 @@ const ROLES = ["user", "approver", "admin"];
 
 async function usersPage(main) {
   const list = h("div", {id: "users"});
-  const email = h("input", {type: "email", required: true, autocomplete: "off"});
-  const password = h("input", {type: "password", required: true, autocomplete: "new-password"});
-  const role = h("select", {}, ROLES.map((r) => h("option", {value: r}, r)));
-  const form = h("form", {class: "card"}, h("h2", {}, "New user"), field("Email", email),
+  const email = h("input", {type: "email", name: "email", required: true, autocomplete: "off"});
+  const password = h("input", {type: "password", name: "password", required: true,
+    autocomplete: "new-password"});
+  const role = h("select", {name: "role"}, ROLES.map((r) => h("option", {value: r}, r)));
+  const form = h("form", {class: "card", id: "new-user"}, h("h2", {}, "New user"),
+    field("Email", email),
     field("Password", password), field("Role", role),
     h("button", {type: "submit", class: "primary"}, "Create"));
   form.addEventListener("submit", async (event) => {
@@ -1169,38 +1231,39 @@ async function usersPage(main) {
 
 function userCard(user) {
   const path = `/api/v1/auth/users/${encodeURIComponent(user.id)}`;
-  const role = h("select", {"data-keep": `role/${user.id}`}, ROLES.map((r) =>
+  const role = h("select", {name: "role", "data-keep": `role/${user.id}`}, ROLES.map((r) =>
     h("option", {value: r}, r)));
   role.value = user.role || (user.is_admin ? "admin" : "user");
-  const password = h("input", {type: "password", autocomplete: "new-password",
+  const password = h("input", {type: "password", name: "password", autocomplete: "new-password",
     "data-keep": `password/${user.id}`});
   const done = (what) => async () => {
     say(`${what}: ${user.email}.`, "ok");
     await refreshNow();
   };
   return h("li", {class: "card item", "data-user": user.id},
-    h("h2", {}, user.email, " ", user.disabled ? badge("disabled") : null),
+    h("h2", {}, user.email, " ", user.disabled ? badge("disabled") : null,
+      state.user && user.id === state.user.id ? h("span", {class: "kind"}, " (you)") : null),
     h("p", {class: "meta"}, `Created `, time(user.created_at), " · last sign-in ",
       user.last_login_at ? time(user.last_login_at) : "never"),
     h("div", {class: "row"}, field("Role", role), actionButton("Save role", async () => {
       await api("PATCH", path, {role: role.value});
       await done("Role saved")();
-    })),
+    }, {"data-action": "role"})),
     h("div", {class: "row"}, field("New password", password), actionButton("Reset password",
       async () => {
         await api("POST", `${path}/password`, {password: password.value});
         password.value = "";
         await done("Password reset; their sessions ended")();
-      })),
+      }, {"data-action": "password"})),
     h("div", {class: "buttons"},
       actionButton(user.disabled ? "Enable" : "Disable", async () => {
         await api("PATCH", path, {disabled: !user.disabled});
         await done(user.disabled ? "Enabled" : "Disabled")();
-      }),
+      }, {"data-action": user.disabled ? "enable" : "disable"}),
       actionButton("Sign out everywhere", async () => {
         await api("POST", `${path}/sign-out`);
         await done("Signed out everywhere")();
-      }),
+      }, {"data-action": "sign-out"}),
       confirmButton("Delete", `Delete ${user.email}?`, async () => {
         await api("DELETE", path);
         await done("Deleted")();
