@@ -477,11 +477,12 @@ async function poll() {
   if (!page) return;
   try {
     await page.refresh();
-    if (state.pollDelay > pollBase()) say("");
+    // The last read failed and said so: say that it works again by saying nothing.
+    if (state.pollDelay > POLL_MS) say("");
     state.pollDelay = POLL_MS;
   } catch (error) {
     if (error.status === 401) return;
-    state.pollDelay = Math.min(state.pollDelay * 2, POLL_MS_MAX);
+    state.pollDelay = Math.min(Math.max(state.pollDelay, pollBase()) * 2, POLL_MS_MAX);
     say(`Live updates paused: ${errorText(error)}; trying again in ${duration(state.pollDelay / 1000)}.`,
       "error");
   }
