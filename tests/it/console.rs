@@ -520,6 +520,63 @@ async fn a_pause_is_resumed_a_workflow_cancelled_and_deleted_and_the_list_pages(
     assert_eq!(gone.status, 404, "{gone:?}");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_admin_recovers_and_reconciles_an_uncertain_step_from_the_workflow_page() {
+    let db = Db::new(false).await;
+    let faults = tempfile::tempdir().expect("fault dir");
+    std::fs::write(faults.path().join("hold_model"), b"").expect("hold");
+    let node = Node::start(
+        &db,
+        &[("REINS_FAULT_DIR", faults.path().display().to_string())],
+    );
+    let mut api = initialize(&node).await;
+    let run_id = launch(
+        &mut api,
+        "const r = await agent({stepId: 'held', agentRef: 'scripted', \
+         task: {hold_while: 'hold_model', output: 'real'}}); return r.output;",
+    )
+    .await;
+    let browser = Browser::start("reconcile", 1280, 900);
+    sign_in(&browser, &node, ADMIN);
+    browser.goto(&url(&node, &format!("#/workflows/{run_id}")));
+    browser.wait_until(
+        "the step running",
+        "const s = document.querySelector('[data-step=held] .badge'); \
+         return s !== null && s.textContent === 'running';",
+        WAIT,
+    );
+    // The operator moves the workflow away while its child runs: recoverable, then, recovered,
+    // its step's outcome is unknown.
+    crate::operators::admin_json(&node.admin_socket(), &["fence", &run_id]);
+    browser.find("button[data-action=recover]", WAIT);
+    browser.screenshot("01-recoverable");
+    browser.find("button[data-action=recover]", WAIT).click();
+    browser.find("form.reconcile", WAIT);
+    browser.wait_for_text("needs_reconciliation", WAIT);
+    browser.screenshot("02-needs-reconciliation");
+    browser.run(
+        "document.querySelector('form.reconcile select[name=resolution]').value = 'complete';",
+        json!([]),
+    );
+    browser
+        .find("form.reconcile textarea[name=output]", WAIT)
+        .type_text(r#""checked by hand""#);
+    browser
+        .find("form.reconcile input[name=reason]", WAIT)
+        .type_text("the agent's effects were checked");
+    browser
+        .find("form.reconcile button[type=submit]", WAIT)
+        .click();
+    let record = wait_for(&mut api, &run_id, "completed").await;
+    assert_eq!(record["result"], "checked by hand", "{record}");
+    browser.wait_until(
+        "the page turning completed",
+        "return document.querySelector('#workflow-status').textContent === 'completed';",
+        WAIT,
+    );
+    browser.screenshot("03-reconciled");
+}
+
 /// A pause, a checkpoint and an agent's request; a pause beside a running agent (the workflow
 /// stays `running`); and a completed workflow: the inbox shows exactly what waits, oldest first.
 const PAUSING: &str = r#"return await pause({stepId: "wait-here"});"#;
