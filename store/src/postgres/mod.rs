@@ -129,7 +129,10 @@ impl PgStore {
 
     pub(crate) async fn now(&self) -> Result<f64> {
         let client = self.pool.get().await?;
-        Ok(client.query_one("SELECT reins_now()", &[]).await?.get(0))
+        Ok(client
+            .query_one(&client.prepare_cached("SELECT reins_now()").await?, &[])
+            .await?
+            .get(0))
     }
 
     pub(crate) async fn acquire_lease(
@@ -201,9 +204,13 @@ impl PgStore {
         let client = self.pool.get().await?;
         let released = client
             .execute(
-                "UPDATE extension_execution_leases SET expires_at = reins_now()
+                &client
+                    .prepare_cached(
+                        "UPDATE extension_execution_leases SET expires_at = reins_now()
                   WHERE resource_id = $1 AND owner = $2 AND epoch = $3
                     AND expires_at > reins_now()",
+                    )
+                    .await?,
                 &[&fence.resource_id, &fence.owner, &fence.epoch],
             )
             .await?;
@@ -314,8 +321,12 @@ impl PgStore {
         let client = self.pool.get().await?;
         let row = client
             .query_opt(
-                "SELECT version, source_step_id, path, content, sha256 FROM workflow_artifacts
-                  WHERE workflow = $1 AND version = $2",
+                &client
+                    .prepare_cached(
+                        "SELECT version, source_step_id, path, content, sha256
+                           FROM workflow_artifacts WHERE workflow = $1 AND version = $2",
+                    )
+                    .await?,
                 &[&workflow_id, &version],
             )
             .await?;
@@ -332,7 +343,12 @@ impl PgStore {
         let client = self.pool.get().await?;
         Ok(client
             .query_one(
-                "SELECT coalesce(max(version), 0) FROM workflow_artifacts WHERE workflow = $1",
+                &client
+                    .prepare_cached(
+                        "SELECT coalesce(max(version), 0) FROM workflow_artifacts
+                          WHERE workflow = $1",
+                    )
+                    .await?,
                 &[&workflow_id],
             )
             .await?
@@ -343,8 +359,12 @@ impl PgStore {
         let client = self.pool.get().await?;
         client
             .execute(
-                "INSERT INTO nodes (worker_id, host, pid, version, started_at)
+                &client
+                    .prepare_cached(
+                        "INSERT INTO nodes (worker_id, host, pid, version, started_at)
                  VALUES ($1, $2, $3, $4, reins_now())",
+                    )
+                    .await?,
                 &[&node.worker_id, &node.host, &node.pid, &node.version],
             )
             .await?;
@@ -355,7 +375,11 @@ impl PgStore {
         let client = self.pool.get().await?;
         client
             .execute(
-                "UPDATE nodes SET stopped_at = reins_now() WHERE worker_id = $1",
+                &client
+                    .prepare_cached(
+                        "UPDATE nodes SET stopped_at = reins_now() WHERE worker_id = $1",
+                    )
+                    .await?,
                 &[&worker_id],
             )
             .await?;
@@ -366,8 +390,12 @@ impl PgStore {
         let client = self.pool.get().await?;
         let rows = client
             .query(
-                "SELECT worker_id, host, pid, version, started_at, stopped_at FROM nodes
+                &client
+                    .prepare_cached(
+                        "SELECT worker_id, host, pid, version, started_at, stopped_at FROM nodes
                   ORDER BY started_at",
+                    )
+                    .await?,
                 &[],
             )
             .await?;

@@ -18,8 +18,12 @@ impl PgStore {
         let client = self.pool.get().await?;
         let rows = client
             .query(
-                "SELECT status, count(*) FROM workflows WHERE $1::text IS NULL OR owner = $1
-                  GROUP BY status ORDER BY status",
+                &client
+                    .prepare_cached(
+                        "SELECT status, count(*) FROM workflows
+                          WHERE $1::text IS NULL OR owner = $1 GROUP BY status ORDER BY status",
+                    )
+                    .await?,
                 &[&owner],
             )
             .await?;
@@ -30,8 +34,12 @@ impl PgStore {
         let client = self.pool.get().await?;
         let rows = client
             .query(
-                "SELECT status, count(*) FROM runs WHERE owner_worker_id = $1
+                &client
+                    .prepare_cached(
+                        "SELECT status, count(*) FROM runs WHERE owner_worker_id = $1
                   GROUP BY status ORDER BY status",
+                    )
+                    .await?,
                 &[&owner],
             )
             .await?;
@@ -42,8 +50,12 @@ impl PgStore {
         let client = self.pool.get().await?;
         let rows = client
             .query(
-                "SELECT workflow, step_id, attempt, created_at FROM workflow_slots
+                &client
+                    .prepare_cached(
+                        "SELECT workflow, step_id, attempt, created_at FROM workflow_slots
                   ORDER BY created_at, workflow, step_id LIMIT $1",
+                    )
+                    .await?,
                 &[&i64::from(limit)],
             )
             .await?;

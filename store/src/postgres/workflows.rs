@@ -19,8 +19,12 @@ use crate::{Error, Lease, NewWorkflow, Result, WorkflowRow};
 // Launches serialise on the advisory lock "launch" (0x6c61_756e_6368), taken by
 // `reins_launch_guard` (migration 6).
 
-const CONTROL_COLUMNS: &str =
-    "id, workflow, kind, step_id, attempt, body, created_by, applied_at IS NOT NULL";
+/// The columns `control` decodes, as one literal for `concat!` (SQL is never formatted per call).
+macro_rules! control_columns {
+    () => {
+        "id, workflow, kind, step_id, attempt, body, created_by, applied_at IS NOT NULL"
+    };
+}
 
 fn control(row: &Row) -> ControlRow {
     ControlRow {
@@ -43,8 +47,12 @@ async fn launched_by_request(
 ) -> Result<Option<WorkflowRow>> {
     let row = client
         .query_opt(
-            "SELECT id, user_id, status, owner, fingerprint, data, created_at, updated_at
+            &client
+                .prepare_cached(
+                    "SELECT id, user_id, status, owner, fingerprint, data, created_at, updated_at
                FROM workflows WHERE user_id = $1 AND request_id = $2",
+                )
+                .await?,
             &[&user_id, &request_id],
         )
         .await?;
@@ -187,13 +195,16 @@ impl PgStore {
         let client = self.pool.get().await?;
         let inserted = client
             .query_opt(
-                &format!(
-                    "INSERT INTO workflow_controls (workflow, kind, step_id, attempt, body,
-                                                    created_by, created_at)
-                     VALUES ($1, $2, $3, $4, $5, $6, reins_now())
-                     ON CONFLICT (workflow, kind, step_id, attempt) DO NOTHING
-                     RETURNING {CONTROL_COLUMNS}"
-                ),
+                &client
+                    .prepare_cached(concat!(
+                        "INSERT INTO workflow_controls (workflow, kind, step_id, attempt, body,
+                                                        created_by, created_at)
+                         VALUES ($1, $2, $3, $4, $5, $6, reins_now())
+                         ON CONFLICT (workflow, kind, step_id, attempt) DO NOTHING
+                         RETURNING ",
+                        control_columns!()
+                    ))
+                    .await?,
                 &[
                     &new.workflow_id,
                     &new.kind,
@@ -210,10 +221,14 @@ impl PgStore {
         }
         let existing = client
             .query_one(
-                &format!(
-                    "SELECT {CONTROL_COLUMNS} FROM workflow_controls
-                      WHERE workflow = $1 AND kind = $2 AND step_id = $3 AND attempt = $4"
-                ),
+                &client
+                    .prepare_cached(concat!(
+                        "SELECT ",
+                        control_columns!(),
+                        " FROM workflow_controls
+                          WHERE workflow = $1 AND kind = $2 AND step_id = $3 AND attempt = $4"
+                    ))
+                    .await?,
                 &[&new.workflow_id, &new.kind, &new.step_id, &new.attempt],
             )
             .await?;
@@ -244,8 +259,12 @@ async fn take_over_in(
 ) -> Result<TakeOver> {
     let row = transaction
         .query_opt(
-            "SELECT status, data->>'runtime_version', data->>'configuration_version'
+            &transaction
+                .prepare_cached(
+                    "SELECT status, data->>'runtime_version', data->>'configuration_version'
                FROM workflows WHERE id = $1 FOR UPDATE",
+                )
+                .await?,
             &[&workflow_id],
         )
         .await?;
@@ -259,8 +278,12 @@ async fn take_over_in(
     };
     let cancel_pending: bool = transaction
         .query_one(
-            "SELECT count(*) > 0 FROM workflow_controls
+            &transaction
+                .prepare_cached(
+                    "SELECT count(*) > 0 FROM workflow_controls
               WHERE workflow = $1 AND kind = 'cancel' AND applied_at IS NULL",
+                )
+                .await?,
             &[&workflow_id],
         )
         .await?
@@ -272,10 +295,14 @@ async fn take_over_in(
     }
     let taken = transaction
         .query_opt(
-            "UPDATE extension_execution_leases
+            &transaction
+                .prepare_cached(
+                    "UPDATE extension_execution_leases
                 SET owner = $2, epoch = epoch + 1, expires_at = reins_now() + $3
               WHERE resource_id = $1 AND expires_at <= reins_now()
              RETURNING epoch, expires_at",
+                )
+                .await?,
             &[&workflow_id, &owner, &ttl_seconds(lease_ms)],
         )
         .await?;
@@ -284,7 +311,11 @@ async fn take_over_in(
     };
     transaction
         .execute(
-            "UPDATE workflows SET owner = $2, updated_at = reins_now() WHERE id = $1",
+            &transaction
+                .prepare_cached(
+                    "UPDATE workflows SET owner = $2, updated_at = reins_now() WHERE id = $1",
+                )
+                .await?,
             &[&workflow_id, &owner],
         )
         .await?;
@@ -369,7 +400,9 @@ impl PgStore {
         let transaction = client.transaction().await?;
         let status: Option<String> = transaction
             .query_opt(
-                "SELECT status FROM workflows WHERE id = $1 FOR UPDATE",
+                &transaction
+                    .prepare_cached("SELECT status FROM workflows WHERE id = $1 FOR UPDATE")
+                    .await?,
                 &[&workflow_id],
             )
             .await?
@@ -382,11 +415,18 @@ impl PgStore {
         }
         // The journal, controls, artifacts and slots go with the row (ON DELETE CASCADE).
         transaction
-            .execute("DELETE FROM workflows WHERE id = $1", &[&workflow_id])
+            .execute(
+                &transaction
+                    .prepare_cached("DELETE FROM workflows WHERE id = $1")
+                    .await?,
+                &[&workflow_id],
+            )
             .await?;
         transaction
             .execute(
-                "DELETE FROM extension_execution_leases WHERE resource_id = $1",
+                &transaction
+                    .prepare_cached("DELETE FROM extension_execution_leases WHERE resource_id = $1")
+                    .await?,
                 &[&workflow_id],
             )
             .await?;
@@ -421,8 +461,10 @@ pub(super) async fn controls_in(
     workflow_id: &str,
 ) -> Result<Vec<ControlRow>> {
     let statement = client
-        .prepare_cached(&format!(
-            "SELECT {CONTROL_COLUMNS} FROM workflow_controls WHERE workflow = $1 ORDER BY id"
+        .prepare_cached(concat!(
+            "SELECT ",
+            control_columns!(),
+            " FROM workflow_controls WHERE workflow = $1 ORDER BY id"
         ))
         .await?;
     let rows = client.query(&statement, &[&workflow_id]).await?;
