@@ -33,5 +33,6 @@ mod private_pg;
 mod runs_store;
 mod scripts;
 mod stale_owner;
+mod users;
 mod workflows;
 mod workflows_store;

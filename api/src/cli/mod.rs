@@ -1,7 +1,7 @@
 //! The command line a person uses against a running node, through the HTTP API like any other
 //! client: `reins init` and `reins login` (which save an API token), `run`, `get`, `list`,
-//! `resume`, `approve`, `reject`, `answer`, `cancel`, `recover`, `delete`, `artifact`. Tables for people,
-//! `--json` for scripts.
+//! `resume`, `approve`, `reject`, `answer`, `cancel`, `recover`, `delete`, `artifact`, and user
+//! management (`users ...`, `password`, in [`users`]). Tables for people, `--json` for scripts.
 //!
 //! Exit codes: 0 done; 1 the command failed (bad input, refused, unreachable); with `run --wait`,
 //! 2 the workflow failed or was cancelled, 3 it waits for a person (paused, waiting for
@@ -9,6 +9,7 @@
 
 mod client;
 mod credentials;
+mod users;
 
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
@@ -161,6 +162,14 @@ pub enum Command {
         #[arg(short, long)]
         output: PathBuf,
     },
+    /// Manage users (admins).
+    Users {
+        #[command(subcommand)]
+        command: users::UsersCommand,
+    },
+    /// Change your own password (current, then new, from standard input); your other
+    /// sessions end.
+    Password,
 }
 
 /// Runs one client command; the number is the process's exit code.
@@ -199,7 +208,7 @@ async fn sign_in(common: &Common, email: &str, first_admin: bool) -> anyhow::Res
         .url
         .clone()
         .context("pass --url, for example --url http://127.0.0.1:7420")?;
-    let password = read_password()?;
+    let password = read_password_from("REINS_CLI_PASSWORD", "password")?;
     let client = Client::new(&url, None);
     let answer = if first_admin {
         let body = json!({"email": email, "password": password}).to_string();
@@ -269,21 +278,23 @@ async fn sign_in(common: &Common, email: &str, first_admin: bool) -> anyhow::Res
     Ok(0)
 }
 
-fn read_password() -> anyhow::Result<String> {
-    if let Ok(password) = std::env::var("REINS_CLI_PASSWORD") {
+/// A password from the environment variable `variable`, or else a line of standard input
+/// (prompted with `what` on a terminal).
+fn read_password_from(variable: &str, what: &str) -> anyhow::Result<String> {
+    if let Ok(password) = std::env::var(variable) {
         return Ok(password);
     }
     if std::io::stdin().is_terminal() {
-        eprint!("password: ");
+        eprint!("{what}: ");
         let _ = std::io::stderr().flush();
     }
     let mut line = String::new();
     std::io::stdin()
         .read_line(&mut line)
-        .context("cannot read the password from standard input")?;
+        .with_context(|| format!("cannot read the {what} from standard input"))?;
     let password = line.trim_end_matches(['\n', '\r']).to_owned();
     if password.is_empty() {
-        bail!("no password given (standard input, or REINS_CLI_PASSWORD)");
+        bail!("no {what} given (standard input, or {variable})");
     }
     Ok(password)
 }
@@ -291,6 +302,8 @@ fn read_password() -> anyhow::Result<String> {
 async fn run_signed_in(common: &Common, client: &Client, command: Command) -> anyhow::Result<u8> {
     match command {
         Command::Init { .. } | Command::Login { .. } => unreachable!("handled before"),
+        Command::Users { command } => users::run(common, client, command).await,
+        Command::Password => users::change_own_password(common, client).await,
         Command::Run {
             file,
             args,

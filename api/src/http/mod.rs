@@ -459,7 +459,7 @@ async fn respond(
         Access::Public => None,
         Access::User | Access::Admin => {
             let principal = authenticate(state, &parts.headers, parts.method.as_str()).await?;
-            if route.access == Access::Admin && !principal.user.is_admin {
+            if route.access == Access::Admin && !principal.user.is_admin() {
                 return Err(ApiError::forbidden(
                     "admin_only",
                     "only an admin may do this",
@@ -499,6 +499,13 @@ async fn dispatch(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
         Op::Logout => users::logout(ctx).await,
         Op::Me => users::me(ctx),
         Op::CreateUser => users::create_user(ctx).await,
+        Op::ListUsers => users::list_users(ctx).await,
+        Op::ChangeUser => users::change_user(ctx).await,
+        Op::ResetPassword => users::reset_password(ctx).await,
+        Op::SignOutUser => users::sign_out_user(ctx).await,
+        Op::DeleteUser => users::delete_user(ctx).await,
+        Op::ChangePassword => users::change_password(ctx).await,
+        Op::SignOutEverywhere => users::sign_out_everywhere(ctx).await,
         Op::CreateToken => users::create_token(ctx).await,
         Op::ListTokens => users::list_tokens(ctx).await,
         Op::RevokeToken => users::revoke_token(ctx).await,

@@ -46,6 +46,17 @@ pub enum Op {
     Logout,
     Me,
     CreateUser,
+    ListUsers,
+    /// Change a user's role, or disable or enable them.
+    ChangeUser,
+    /// An admin sets a user's password.
+    ResetPassword,
+    /// An admin ends every session of a user.
+    SignOutUser,
+    DeleteUser,
+    /// A user changes their own password.
+    ChangePassword,
+    SignOutEverywhere,
     CreateToken,
     ListTokens,
     RevokeToken,
@@ -164,6 +175,13 @@ pub static ROUTES: &[Route] = &[
     route("POST", "/api/v1/auth/logout", Op::Logout, Access::User, "End this session", Body::None, 200, Some(schema::<UserReply>)),
     route("GET", "/api/v1/auth/me", Op::Me, Access::User, "Who is signed in", Body::None, 200, Some(schema::<UserReply>)),
     route("POST", "/api/v1/auth/users", Op::CreateUser, Access::Admin, "Create a user (admins)", Body::Json(schema::<NewUserBody>), 201, Some(schema::<UserReply>)),
+    route("GET", "/api/v1/auth/users", Op::ListUsers, Access::Admin, "Every user, oldest first (admins)", Body::None, 200, Some(schema::<UsersReply>)),
+    route("PATCH", "/api/v1/auth/users/{id}", Op::ChangeUser, Access::Admin, "Change a user's role, or disable (ends their sessions, refuses their API tokens) or enable them (admins; 409 last_admin)", Body::Json(schema::<UserChangeBody>), 200, Some(schema::<UserReply>)),
+    route("DELETE", "/api/v1/auth/users/{id}", Op::DeleteUser, Access::Admin, "Delete a user with their sessions and API tokens (admins; 409 for yourself or a user with a live workflow)", Body::None, 200, Some(schema::<DeletedUserReply>)),
+    route("POST", "/api/v1/auth/users/{id}/password", Op::ResetPassword, Access::Admin, "Set a user's password and end their sessions (admins)", Body::Json(schema::<PasswordResetBody>), 200, Some(schema::<UserReply>)),
+    route("POST", "/api/v1/auth/users/{id}/sign-out", Op::SignOutUser, Access::Admin, "End every session of a user (admins)", Body::None, 200, Some(schema::<UserReply>)),
+    route("POST", "/api/v1/auth/me/password", Op::ChangePassword, Access::User, "Change your own password; your other sessions end", Body::Json(schema::<PasswordChangeBody>), 200, Some(schema::<UserReply>)),
+    route("POST", "/api/v1/auth/sign-out-everywhere", Op::SignOutEverywhere, Access::User, "End every session of yours, this one too", Body::None, 200, Some(schema::<UserReply>)),
     route("POST", "/api/v1/auth/tokens", Op::CreateToken, Access::User, "Create an API token; its secret is shown only in this reply", Body::Json(schema::<NewTokenBody>), 201, Some(schema::<NewTokenReply>)),
     route("GET", "/api/v1/auth/tokens", Op::ListTokens, Access::User, "The signed-in user's API tokens (never their secrets)", Body::None, 200, Some(schema::<TokensReply>)),
     route("DELETE", "/api/v1/auth/tokens/{id}", Op::RevokeToken, Access::User, "Revoke one of the user's API tokens", Body::None, 200, Some(schema::<TokenReply>)),

@@ -103,14 +103,71 @@ pub struct InitializeBody {
     pub password: String,
 }
 
+/// What a user may do: `user` (their own workflows), `approver` (also see every workflow and
+/// resume, decide and answer on any), `admin` (everything, users included).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum RoleName {
+    User,
+    Approver,
+    Admin,
+}
+
+impl From<RoleName> for store::Role {
+    fn from(role: RoleName) -> Self {
+        match role {
+            RoleName::User => store::Role::User,
+            RoleName::Approver => store::Role::Approver,
+            RoleName::Admin => store::Role::Admin,
+        }
+    }
+}
+
+impl From<store::Role> for RoleName {
+    fn from(role: store::Role) -> Self {
+        match role {
+            store::Role::User => RoleName::User,
+            store::Role::Approver => RoleName::Approver,
+            store::Role::Admin => RoleName::Admin,
+        }
+    }
+}
+
 /// A new user (admins only).
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct NewUserBody {
     pub email: String,
     pub password: String,
+    /// The older way to say `"role": "admin"`; when both are given they must agree.
     #[serde(default)]
-    pub is_admin: bool,
+    pub is_admin: Option<bool>,
+    /// Default `user` (`admin` with `is_admin: true`).
+    pub role: Option<RoleName>,
+}
+
+/// What an admin changes about a user; at least one field.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct UserChangeBody {
+    pub role: Option<RoleName>,
+    /// `true` ends the user's sessions and makes their API tokens refuse (401) until enabled.
+    pub disabled: Option<bool>,
+}
+
+/// An admin sets a user's password (their sessions end).
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PasswordResetBody {
+    pub password: String,
+}
+
+/// A user changes their own password (their other sessions end).
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PasswordChangeBody {
+    pub current_password: String,
+    pub new_password: String,
 }
 
 /// A new API token for the signed-in user.
@@ -119,6 +176,9 @@ pub struct NewUserBody {
 pub struct NewTokenBody {
     /// What the token is for, as the user will recognise it in a listing.
     pub name: String,
+    /// The token stops working this many days after it is made (1 to `auth.token_days_max`);
+    /// without it the token lasts until revoked.
+    pub expires_in_days: Option<u32>,
 }
 
 /// The local sign-in form (`application/x-www-form-urlencoded`).
@@ -135,7 +195,27 @@ pub struct LoginForm {
 pub struct UserReply {
     pub id: String,
     pub email: String,
+    pub role: RoleName,
+    /// `role == "admin"` (kept for older clients).
     pub is_admin: bool,
+    pub disabled: bool,
+    /// Epoch seconds (database clock).
+    pub created_at: f64,
+    /// The last sign-in that opened a session; `null` before the first.
+    pub last_login_at: Option<f64>,
+}
+
+/// Every user, oldest first (admins).
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct UsersReply {
+    pub users: Vec<UserReply>,
+}
+
+/// A user was deleted.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct DeletedUserReply {
+    pub id: String,
+    pub deleted: bool,
 }
 
 /// A new API token: the only time its secret is shown.
@@ -145,6 +225,8 @@ pub struct NewTokenReply {
     pub name: String,
     /// Send as `Authorization: Bearer <token>`. It is not shown again.
     pub token: String,
+    /// When it stops working (epoch seconds, database clock); `null`: never.
+    pub expires_at: Option<f64>,
 }
 
 /// An API token as listed.
@@ -154,6 +236,8 @@ pub struct TokenReply {
     pub name: String,
     pub created_at: f64,
     pub revoked: bool,
+    /// When it stops working (epoch seconds, database clock); `null`: never.
+    pub expires_at: Option<f64>,
 }
 
 /// The signed-in user's tokens.

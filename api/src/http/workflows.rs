@@ -1,6 +1,8 @@
 //! The workflow operations, the same for both surfaces: REST takes the workflow id from the path,
 //! the compatible action endpoint from `run_id` in the body. A user sees and controls only their
-//! own workflows (another user's is 404, as if it did not exist); an admin sees all.
+//! own workflows (another user's is 404, as if it did not exist); an admin sees and controls
+//! all; an approver sees all and may resume, decide and answer on any, but cancels, recovers and
+//! deletes only their own (403 `owner_only` for another's, which they can see anyway).
 
 use std::time::Duration;
 
@@ -85,17 +87,46 @@ fn run_id(ctx: &Ctx<'_>, body_run_id: Option<String>) -> Result<String, ApiError
     Ok(id)
 }
 
-/// The workflow's row, if the caller may see it.
-async fn owned_row(ctx: &Ctx<'_>, run_id: &str) -> Result<WorkflowRow, ApiError> {
-    let row = ctx.state.node.store().read_workflow(run_id).await?;
-    visible(ctx, row, run_id)
+/// What a caller wants to do with a workflow, which decides who may.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Act {
+    /// Read it: get, list, its artifacts.
+    Read,
+    /// Resume a pause, decide a checkpoint, answer an agent: an approver may on anyone's.
+    Answer,
+    /// Cancel, recover, reconcile, delete: its owner or an admin only.
+    Control,
 }
 
-fn visible<T: Owned>(ctx: &Ctx<'_>, found: Option<T>, run_id: &str) -> Result<T, ApiError> {
-    let principal = ctx.principal()?;
-    match found {
-        Some(found) if principal.user.is_admin || found.user_id() == principal.user.id => Ok(found),
-        _ => Err(ApiError::no_workflow(run_id)),
+/// The workflow's row, if the caller may `act` on it.
+async fn owned_row(ctx: &Ctx<'_>, run_id: &str, act: Act) -> Result<WorkflowRow, ApiError> {
+    let row = ctx.state.node.store().read_workflow(run_id).await?;
+    visible(ctx, row, run_id, act)
+}
+
+fn visible<T: Owned>(
+    ctx: &Ctx<'_>,
+    found: Option<T>,
+    run_id: &str,
+    act: Act,
+) -> Result<T, ApiError> {
+    let user = &ctx.principal()?.user;
+    let Some(found) = found else {
+        return Err(ApiError::no_workflow(run_id));
+    };
+    if user.is_admin() || found.user_id() == user.id {
+        return Ok(found);
+    }
+    match (user.sees_every_workflow(), act) {
+        (true, Act::Read | Act::Answer) => Ok(found),
+        (true, Act::Control) => Err(ApiError::forbidden(
+            "owner_only",
+            format!(
+                "workflow {run_id:?} is another user's: only its owner or an admin may cancel, \
+                 recover, reconcile or delete it"
+            ),
+        )),
+        (false, _) => Err(ApiError::no_workflow(run_id)),
     }
 }
 
@@ -213,7 +244,7 @@ pub async fn list(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
         .node
         .workflows()
         .list(store::ListFilter {
-            user_id: (!principal.user.is_admin).then(|| principal.user.id.clone()),
+            user_id: (!principal.user.sees_every_workflow()).then(|| principal.user.id.clone()),
             status,
             after,
             limit: limit + 1,
@@ -239,7 +270,7 @@ pub async fn get(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
     };
     let run_id = run_id(ctx, body.run_id)?;
     let view = ctx.state.node.workflows().get(&run_id).await?;
-    let view = visible(ctx, view, &run_id)?;
+    let view = visible(ctx, view, &run_id, Act::Read)?;
     Ok(json_reply(StatusCode::OK, record::record(&view)))
 }
 
@@ -255,7 +286,7 @@ pub async fn resume(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
     let body: ResumeBody = ctx.json()?;
     let run_id = run_id(ctx, body.run_id)?;
     check_id("step_id", &body.step_id)?;
-    owned_row(ctx, &run_id).await?;
+    owned_row(ctx, &run_id, Act::Answer).await?;
     let written = ctx
         .state
         .node
@@ -281,7 +312,7 @@ pub async fn decide(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
     let body: DecideBody = ctx.json()?;
     let run_id = run_id(ctx, body.run_id)?;
     check_id("step_id", &body.step_id)?;
-    owned_row(ctx, &run_id).await?;
+    owned_row(ctx, &run_id, Act::Answer).await?;
     let status = match body.decision.as_str() {
         "approve" => "approved",
         "reject" => "rejected",
@@ -350,7 +381,7 @@ pub async fn answer(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
             )));
         }
     };
-    owned_row(ctx, &run_id).await?;
+    owned_row(ctx, &run_id, Act::Answer).await?;
     let store = ctx.state.node.store();
     let step = store
         .read_steps(&run_id)
@@ -461,7 +492,7 @@ fn run_body(ctx: &Ctx<'_>) -> Result<String, ApiError> {
 /// answers with the status it sees (`cancelling` while children are still being interrupted).
 pub async fn cancel(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
     let run_id = run_body(ctx)?;
-    let row = owned_row(ctx, &run_id).await?;
+    let row = owned_row(ctx, &run_id, Act::Control).await?;
     match row.status.as_str() {
         "cancelled" => return Ok(status_reply(run_id, row.status)),
         "completed" | "failed" => {
@@ -500,9 +531,9 @@ fn status_reply(run_id: String, status: String) -> Reply {
 pub async fn recover(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
     refuse_while_draining(ctx)?;
     let run_id = run_body(ctx)?;
-    owned_row(ctx, &run_id).await?;
+    owned_row(ctx, &run_id, Act::Control).await?;
     ctx.state.node.workflows().recover(&run_id).await?;
-    let row = owned_row(ctx, &run_id).await?;
+    let row = owned_row(ctx, &run_id, Act::Control).await?;
     Ok(status_reply(run_id, row.status))
 }
 
@@ -511,7 +542,7 @@ pub async fn reconcile(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
     let body: ReconcileBody = ctx.json()?;
     let run_id = run_id(ctx, body.run_id)?;
     check_id("step_id", &body.step_id)?;
-    owned_row(ctx, &run_id).await?;
+    owned_row(ctx, &run_id, Act::Control).await?;
     let resolution = match (body.resolution.as_str(), body.output) {
         ("retry", None) => Resolution::Retry,
         ("fail", None) => Resolution::Fail,
@@ -543,13 +574,13 @@ pub async fn reconcile(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
             by: by(ctx)?,
         })
         .await?;
-    let row = owned_row(ctx, &run_id).await?;
+    let row = owned_row(ctx, &run_id, Act::Control).await?;
     Ok(status_reply(run_id, row.status))
 }
 
 pub async fn delete(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
     let run_id = run_body(ctx)?;
-    owned_row(ctx, &run_id).await?;
+    owned_row(ctx, &run_id, Act::Control).await?;
     match ctx.state.node.workflows().delete(&run_id).await? {
         store::Deletion::Deleted => Ok(json_reply(
             StatusCode::OK,
@@ -570,7 +601,7 @@ async fn artifact_row(
     run_id: &str,
     version: i64,
 ) -> Result<store::ArtifactRow, ApiError> {
-    owned_row(ctx, run_id).await?;
+    owned_row(ctx, run_id, Act::Read).await?;
     ctx.state
         .node
         .store()
