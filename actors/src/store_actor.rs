@@ -112,7 +112,7 @@ pub enum StoreMsg {
     },
     ListWorkflows {
         filter: store::ListFilter,
-        reply: RpcReplyPort<store::Result<Vec<WorkflowRow>>>,
+        reply: RpcReplyPort<store::Result<Vec<store::ListedWorkflow>>>,
     },
     ReadArtifact {
         workflow_id: String,
@@ -1252,7 +1252,7 @@ impl StoreHandle {
     pub async fn list_workflows(
         &self,
         filter: store::ListFilter,
-    ) -> store::Result<Vec<WorkflowRow>> {
+    ) -> store::Result<Vec<store::ListedWorkflow>> {
         self.call("list_workflows", Effect::Read, |reply| {
             StoreMsg::ListWorkflows { filter, reply }
         })

@@ -1346,8 +1346,11 @@ impl WorkflowsHandle {
         Ok(deletion)
     }
 
-    /// A page of workflows, oldest first.
-    pub async fn list(&self, filter: store::ListFilter) -> Result<Vec<WorkflowRow>, Error> {
+    /// A page of workflows, newest first.
+    pub async fn list(
+        &self,
+        filter: store::ListFilter,
+    ) -> Result<Vec<store::ListedWorkflow>, Error> {
         Ok(self.store.list_workflows(filter).await?)
     }
 

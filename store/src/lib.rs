@@ -34,7 +34,8 @@ pub use users::{
 };
 pub use workflows::{
     COUNTED_STATUSES, ControlRow, ControlWrite, Deletion, LIVE_STATUSES, Launch, LaunchLimits,
-    ListFilter, NewControl, Orphaned, Purpose, TERMINAL_STATUSES, TakeOver, Versions,
+    ListCursor, ListFilter, ListedWorkflow, NewControl, Orphaned, Purpose, StatusFilter,
+    TERMINAL_STATUSES, TakeOver, Versions,
 };
 pub use write::{ArtifactRow, NewWorkflow, Snapshot, StepRow, WorkflowRow, WriteOp};
 
@@ -381,8 +382,8 @@ impl Store {
             .await
     }
 
-    /// A page of workflows, oldest first.
-    pub async fn list_workflows(&self, filter: ListFilter) -> Result<Vec<WorkflowRow>> {
+    /// A page of workflows, newest first.
+    pub async fn list_workflows(&self, filter: ListFilter) -> Result<Vec<ListedWorkflow>> {
         retry(|| {
             let filter = filter.clone();
             async move { on_backend!(self, store => store.list_workflows(filter).await) }

@@ -22,6 +22,7 @@ mod http_api;
 mod http_client;
 mod http_edge;
 mod leases;
+mod listing;
 mod memory;
 mod migrations;
 mod node_files;

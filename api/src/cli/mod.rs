@@ -68,12 +68,16 @@ pub enum Command {
     },
     /// Show one workflow.
     Get { id: String },
-    /// List workflows.
+    /// List workflows, newest first, a page at a time.
     List {
+        /// A stored status, or `recoverable`.
         #[arg(long)]
         status: Option<String>,
         #[arg(long, default_value_t = 50)]
         limit: u32,
+        /// Start after this position (the `more:` line of the previous page).
+        #[arg(long)]
+        after: Option<String>,
     },
     /// Resolve the workflow's pause.
     Resume {
@@ -332,10 +336,19 @@ async fn run_signed_in(common: &Common, client: &Client, command: Command) -> an
             print_value(common, &record, || print_record(&record));
             Ok(0)
         }
-        Command::List { status, limit } => {
+        Command::List {
+            status,
+            limit,
+            after,
+        } => {
             let mut path = format!("/api/v1/workflows?limit={limit}");
+            let mut more = format!("reins list --limit {limit}");
             if let Some(status) = status {
                 path.push_str(&format!("&status={}", encode(&status)));
+                more.push_str(&format!(" --status {status}"));
+            }
+            if let Some(after) = after {
+                path.push_str(&format!("&after={}", encode(&after)));
             }
             let page = client.json("GET", &path, None).await?;
             print_value(common, &page, || {
@@ -353,6 +366,9 @@ async fn run_signed_in(common: &Common, client: &Client, command: Command) -> an
                     })
                     .collect();
                 print_table(&["RUN ID", "STATUS", "OWNER", "CREATED"], &rows);
+                if let Some(next) = page["next"].as_str() {
+                    println!("more: {more} --after {next}");
+                }
             });
             Ok(0)
         }
@@ -524,7 +540,7 @@ async fn run_signed_in(common: &Common, client: &Client, command: Command) -> an
     }
 }
 
-/// Every workflow that waits for an operator's reconcile, oldest first, page by page.
+/// Every workflow that waits for an operator's reconcile, newest first, page by page.
 async fn waiting_for_reconcile(client: &Client) -> anyhow::Result<Vec<String>> {
     let mut ids = Vec::new();
     let mut after: Option<String> = None;
@@ -541,7 +557,7 @@ async fn waiting_for_reconcile(client: &Client) -> anyhow::Result<Vec<String>> {
                 .flatten()
                 .filter_map(|w| w["run_id"].as_str().map(str::to_owned)),
         );
-        match page["next_after"].as_str() {
+        match page["next"].as_str() {
             Some(next) => after = Some(next.to_owned()),
             None => return Ok(ids),
         }

@@ -6,7 +6,7 @@
 
 use actors::WorkflowView;
 use serde_json::Value;
-use store::{ControlRow, RunRow, RunStatus, StepRow, WorkflowRow};
+use store::{ControlRow, ListedWorkflow, RunRow, RunStatus, StepRow, WorkflowRow};
 
 use super::wire::{
     ApprovalRecord, CheckpointRecord, ReconciliationRecord, StepRecord, WorkflowRecord,
@@ -53,10 +53,13 @@ pub fn record(view: &WorkflowView) -> WorkflowRecord {
 }
 
 /// A listing's line.
-pub fn summary(row: &WorkflowRow) -> WorkflowSummary {
+pub fn summary(listed: &ListedWorkflow) -> WorkflowSummary {
+    let row = &listed.row;
     WorkflowSummary {
         run_id: row.workflow_id.clone(),
-        status: row.status.clone(),
+        status: shown_status(row, listed.recoverable),
+        stored_status: row.status.clone(),
+        recoverable: listed.recoverable,
         user_id: row.user_id.clone(),
         owner: row.owner.clone(),
         fingerprint: row.fingerprint.clone(),

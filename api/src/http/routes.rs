@@ -188,11 +188,11 @@ pub static ROUTES: &[Route] = &[
     route("POST", REST, Op::Launch, Access::User, "Launch a workflow (201; 200 when the same request launched it before)", Body::Json(schema::<LaunchBody>), 201, Some(schema::<LaunchReply>)),
     Route {
         query: &[
-            ("status", "only workflows with this stored status (or `recoverable`)"),
-            ("after", "the page starts after this run_id"),
+            ("status", "only workflows with this stored status, or `recoverable` (live, the owner's lease expired: what `get` shows as `recoverable`)"),
+            ("after", "the page starts after this position: the previous page's `next`"),
             ("limit", "workflows per page (default 50, at most `http.page_size_max`)"),
         ],
-        ..route("GET", REST, Op::List, Access::User, "A page of workflows, oldest first (an admin sees everyone's)", Body::None, 200, Some(schema::<WorkflowPage>))
+        ..route("GET", REST, Op::List, Access::User, "A page of workflows, newest first (admins and approvers see everyone's)", Body::None, 200, Some(schema::<WorkflowPage>))
     },
     route("GET", "/api/v1/workflows/{id}", Op::Get, Access::User, "A workflow with its steps and checkpoints", Body::None, 200, Some(schema::<WorkflowRecord>)),
     route("POST", "/api/v1/workflows/{id}/resume", Op::Resume, Access::User, "Resolve a pause", Body::Json(schema::<ResumeBody>), 200, Some(schema::<ControlReply>)),

@@ -401,7 +401,11 @@ pub struct ReconciliationRecord {
 #[derive(Debug, Clone, Serialize, JsonSchema)]
 pub struct WorkflowSummary {
     pub run_id: String,
+    /// As `get` shows it: the stored status, or `recoverable` when it is live and its owner's
+    /// lease has expired.
     pub status: String,
+    pub stored_status: String,
+    pub recoverable: bool,
     pub user_id: String,
     pub owner: Option<String>,
     pub fingerprint: String,
@@ -409,11 +413,14 @@ pub struct WorkflowSummary {
     pub updated_at: f64,
 }
 
-/// A page of workflows, oldest first.
+/// A page of workflows, newest first.
 #[derive(Debug, Clone, Serialize, JsonSchema)]
 pub struct WorkflowPage {
     pub workflows: Vec<WorkflowSummary>,
-    /// Pass as `after` for the next page; absent on the last one.
+    /// Pass as `after` for the next page; `null` on the last one. A position, not an offset:
+    /// workflows launched meanwhile do not shift the pages that follow.
+    pub next: Option<String>,
+    /// The same as `next` (for older clients).
     pub next_after: Option<String>,
 }
 

@@ -213,19 +213,20 @@ pub async fn launch(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
 
 pub async fn list(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
     let principal = ctx.principal()?;
-    let status = ctx.query("status");
-    if let Some(status) = &status
-        && !STATUSES.contains(&status.as_str())
-    {
-        return Err(ApiError::bad_request(format!(
-            "query `status` {status:?} is not one of {}",
-            STATUSES.join(", ")
-        )));
-    }
-    let after = ctx.query("after");
-    if let Some(after) = &after {
-        check_id("after", after)?;
-    }
+    let status = match ctx.query("status") {
+        None => None,
+        Some(status) if status == "recoverable" => Some(store::StatusFilter::Recoverable),
+        Some(status) if STATUSES.contains(&status.as_str()) => {
+            Some(store::StatusFilter::Stored(status))
+        }
+        Some(status) => {
+            return Err(ApiError::bad_request(format!(
+                "query `status` {status:?} is not one of {}, recoverable",
+                STATUSES.join(", ")
+            )));
+        }
+    };
+    let after = ctx.query("after").map(|c| parse_cursor(&c)).transpose()?;
     let page_size_max = ctx.state.http.page_size_max;
     let limit = match ctx.query("limit") {
         None => PAGE_SIZE_DEFAULT.min(page_size_max),
@@ -252,15 +253,40 @@ pub async fn list(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
         .await?;
     let more = rows.len() > limit as usize;
     rows.truncate(limit as usize);
+    let next = more
+        .then(|| rows.last().map(|listed| cursor(&listed.row)))
+        .flatten();
     Ok(json_reply(
         StatusCode::OK,
         WorkflowPage {
-            next_after: more
-                .then(|| rows.last().map(|r| r.workflow_id.clone()))
-                .flatten(),
             workflows: rows.iter().map(record::summary).collect(),
+            next_after: next.clone(),
+            next,
         },
     ))
+}
+
+/// A listing's position after `row`: `<created_at>_<run_id>`, the creation time written as the
+/// shortest decimal that reads back as the same number (so the position is exact).
+fn cursor(row: &WorkflowRow) -> String {
+    format!("{}_{}", row.created_at, row.workflow_id)
+}
+
+fn parse_cursor(text: &str) -> Result<store::ListCursor, ApiError> {
+    let refused = || {
+        ApiError::bad_request(format!(
+            "query `after` {text:?} is not a position a listing gave as `next`"
+        ))
+    };
+    let (created_at, workflow_id) = text.split_once('_').ok_or_else(refused)?;
+    let created_at: f64 = created_at.parse().map_err(|_| refused())?;
+    if !created_at.is_finite() || !runtime::is_id(workflow_id) {
+        return Err(refused());
+    }
+    Ok(store::ListCursor {
+        created_at,
+        workflow_id: workflow_id.to_owned(),
+    })
 }
 
 pub async fn get(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
