@@ -528,7 +528,7 @@ impl Config {
     }
 
     /// The configuration as operators may see it: secrets replaced, the database URL without
-    /// its password.
+    /// its password, and the paths that default from `data_dir` as the node uses them.
     pub fn redacted(&self) -> serde_json::Value {
         let mut value = serde_json::to_value(self).unwrap_or_default();
         if self.secret.is_some() {
@@ -537,6 +537,9 @@ impl Config {
         if let Some(Ok(url)) = self.database.as_deref().map(DatabaseUrl::parse) {
             value["database"] = serde_json::json!(url.redacted());
         }
+        // What the node uses, defaults included, rather than the unset option.
+        value["admin_socket"] = serde_json::json!(self.admin_socket());
+        value["workspaces_dir"] = serde_json::json!(self.workspaces_dir());
         value
     }
 

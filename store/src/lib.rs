@@ -37,7 +37,7 @@ pub use workflows::{
     ListCursor, ListFilter, ListedWorkflow, NewControl, Orphaned, Purpose, StatusFilter,
     TERMINAL_STATUSES, TakeOver, Versions,
 };
-pub use write::{ArtifactRow, NewWorkflow, Snapshot, StepRow, WorkflowRow, WriteOp};
+pub use write::{ArtifactInfo, ArtifactRow, NewWorkflow, Snapshot, StepRow, WorkflowRow, WriteOp};
 
 /// Where the data lives, parsed from the configuration's `database` value.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -318,8 +318,8 @@ async fn every_action_works_and_fails_the_same_through_rest_and_actions(postgres
     assert_eq!(paused["checkpoints"][0]["status"], "waiting");
     assert_eq!(
         paused["steps"].as_array().map(Vec::len),
-        Some(1),
-        "{paused}"
+        Some(2),
+        "the agent and the capture: {paused}"
     );
     assert_eq!(paused["steps"][0]["status"], "completed");
     assert!(

@@ -25,6 +25,7 @@ mod leases;
 mod listing;
 mod memory;
 mod migrations;
+mod newcomer;
 mod node_files;
 mod node_process;
 mod openai_agent;

@@ -158,13 +158,14 @@ pub enum Command {
     },
     /// Delete a finished workflow and everything it holds.
     Delete { id: String },
-    /// Download an artifact version.
+    /// Download an artifact version: to standard output (like curl) unless that is a
+    /// terminal, or to a file.
     Artifact {
         id: String,
         version: i64,
-        /// Where to write it (`-` for standard output).
+        /// Where to write it (`-`: standard output, even a terminal).
         #[arg(short, long)]
-        output: PathBuf,
+        output: Option<PathBuf>,
     },
     /// Manage users (admins).
     Users {
@@ -523,11 +524,21 @@ async fn run_signed_in(common: &Common, client: &Client, command: Command) -> an
             version,
             output,
         } => {
+            // Bytes of any kind thrown at a terminal can garble it: there, ask for a choice.
+            if output.is_none() && std::io::stdout().is_terminal() {
+                bail!(
+                    "standard output is a terminal: pass -o FILE to save the artifact, or -o - \
+                     to print it here anyway"
+                );
+            }
             let path = format!("/api/v1/workflows/{}/artifacts/{version}", encode(&id));
             let answer = client.send("GET", &path, None, Vec::new()).await?;
             client::checked(&answer)?;
+            let output = output.unwrap_or_else(|| PathBuf::from("-"));
             if output.as_os_str() == "-" {
-                std::io::stdout().write_all(&answer.body)?;
+                let mut stdout = std::io::stdout().lock();
+                stdout.write_all(&answer.body)?;
+                stdout.flush()?;
             } else {
                 std::fs::write(&output, &answer.body)
                     .with_context(|| format!("cannot write {}", output.display()))?;
@@ -659,7 +670,7 @@ async fn wait_for_rest(common: &Common, client: &Client, run_id: &str) -> anyhow
         if terminal {
             let steps = record["steps"].as_array().map_or(0, Vec::len);
             eprint!(
-                "\r{} {run_id} {status}, {steps} agent steps, {:.1}s   ",
+                "\r{} {run_id} {status}, {steps} steps, {:.1}s   ",
                 spinner[tick % spinner.len()],
                 started.elapsed().as_secs_f64()
             );
@@ -716,6 +727,7 @@ fn print_record(record: &Value) {
         .map(|s| {
             vec![
                 text(&s["step_id"]),
+                text(&s["kind"]),
                 text(&s["attempt"]),
                 text(&s["status"]),
                 text(&s["run_id"]),
@@ -726,9 +738,27 @@ fn print_record(record: &Value) {
     if !steps.is_empty() {
         println!();
         print_table(
-            &["STEP", "ATTEMPT", "STATUS", "CHILD RUN", "ARTIFACT"],
+            &["STEP", "KIND", "ATTEMPT", "STATUS", "CHILD RUN", "ARTIFACT"],
             &steps,
         );
+    }
+    let artifacts: Vec<Vec<String>> = record["artifacts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|a| {
+            vec![
+                text(&a["version"]),
+                text(&a["step_id"]),
+                text(&a["name"]),
+                text(&a["bytes"]),
+                text(&a["media_type"]),
+            ]
+        })
+        .collect();
+    if !artifacts.is_empty() {
+        println!();
+        print_table(&["ARTIFACT", "STEP", "NAME", "BYTES", "TYPE"], &artifacts);
     }
     let checkpoints: Vec<Vec<String>> = record["checkpoints"]
         .as_array()

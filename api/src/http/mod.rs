@@ -527,11 +527,16 @@ async fn dispatch(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
 /// Reads the whole body, refusing one over `limit` bytes (413) before reading it when its length
 /// is declared.
 async fn read_body(headers: &HeaderMap, body: Incoming, limit: u64) -> Result<Bytes, ApiError> {
-    let too_large = |size: String| {
+    let too_large = |declared: Option<u64>| {
+        let size = match declared {
+            Some(declared) => format!("{declared} bytes"),
+            // Sent without a length (chunked): refused as soon as it passed the limit.
+            None => "longer than that".to_owned(),
+        };
         ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
             "too_large",
-            format!("the request body is {size} bytes, over `http.body_bytes_max` ({limit} bytes)"),
+            format!("the request body is over `http.body_bytes_max` ({limit} bytes): it is {size}"),
         )
     };
     let declared = headers
@@ -541,14 +546,12 @@ async fn read_body(headers: &HeaderMap, body: Incoming, limit: u64) -> Result<By
     if let Some(declared) = declared
         && declared > limit
     {
-        return Err(too_large(declared.to_string()));
+        return Err(too_large(Some(declared)));
     }
     let limit_bytes = usize::try_from(limit).unwrap_or(usize::MAX);
     match Limited::new(body, limit_bytes).collect().await {
         Ok(collected) => Ok(collected.to_bytes()),
-        Err(error) if error.is::<http_body_util::LengthLimitError>() => {
-            Err(too_large("more than that".into()))
-        }
+        Err(error) if error.is::<http_body_util::LengthLimitError>() => Err(too_large(None)),
         Err(error) => Err(ApiError::bad_request(format!(
             "the request body could not be read: {error}"
         ))),

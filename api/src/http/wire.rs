@@ -302,10 +302,12 @@ pub struct ArtifactChunkReply {
     pub sha256: String,
 }
 
-/// One step of a workflow record (the `agent` calls).
+/// One step of a workflow record: an `agent` call, a `captureArtifact` or a `readArtifact`, in
+/// the order the script made them.
 #[derive(Debug, Clone, Serialize, JsonSchema)]
 pub struct StepRecord {
     pub step_id: String,
+    /// `agent`, `captureArtifact` or `readArtifact`.
     pub kind: String,
     pub attempt: i32,
     /// `queued`, `admitting`, `running`, `waiting_for_input` (its agent asked for approval and
@@ -315,7 +317,9 @@ pub struct StepRecord {
     /// The child run, once admitted.
     pub run_id: Option<String>,
     pub configuration_version: Option<String>,
+    /// An agent's output (a capture's and a read's result are in `artifacts`).
     pub output: Option<Value>,
+    /// The version an agent's output or a capture became, or the version a read read.
     pub artifact_version: Option<i64>,
     pub error: Option<String>,
     /// The agent's newest approval request, when it asked one.
@@ -374,12 +378,32 @@ pub struct WorkflowRecord {
     pub configuration_version: Option<String>,
     pub steps: Vec<StepRecord>,
     pub checkpoints: Vec<CheckpointRecord>,
+    /// Every artifact version, oldest first (the bytes at `.../artifacts/{version}`).
+    pub artifacts: Vec<ArtifactRecord>,
     pub result: Option<Value>,
     pub error: Option<String>,
     /// Why the workflow waits for an operator's `reconcile` (only in `needs_reconciliation`).
     pub reconciliation: Option<ReconciliationRecord>,
     pub created_at: f64,
     pub updated_at: f64,
+}
+
+/// An artifact version as a record lists it.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct ArtifactRecord {
+    pub version: i64,
+    /// The step that made it: the agent whose output it is, or the `captureArtifact`.
+    pub step_id: Option<String>,
+    /// The captured file's path in the workspace (`null` for an agent's output).
+    pub path: Option<String>,
+    /// The file name a download gets.
+    pub name: String,
+    pub bytes: i64,
+    /// The `Content-Type` it is served with.
+    pub media_type: String,
+    pub sha256: String,
+    /// Epoch seconds.
+    pub created_at: f64,
 }
 
 /// Why a workflow needs reconciliation: which step, which child run, and what is unknown.

@@ -775,9 +775,9 @@ fn parse_range(header: &str, total: u64) -> Range {
 
 /// How an artifact is served: its content type, and whether a browser may show it inline.
 #[derive(Debug, PartialEq, Eq)]
-struct Served {
-    content_type: &'static str,
-    inline: bool,
+pub(super) struct Served {
+    pub content_type: &'static str,
+    pub inline: bool,
 }
 
 /// How an artifact is served. Stored bytes are anyone's (an agent's, a script's): only types a
@@ -785,7 +785,7 @@ struct Served {
 /// out as an attachment, and a type a browser could run as a page (HTML, SVG, XML, anything
 /// unknown) as `application/octet-stream`. An agent's output (a step's, with no file path) is
 /// JSON; a captured file goes by its extension.
-fn served(path: Option<&str>, from_step: bool) -> Served {
+pub(super) fn served(path: Option<&str>, from_step: bool) -> Served {
     let inline = |content_type| Served {
         content_type,
         inline: true,
@@ -820,20 +820,25 @@ fn served(path: Option<&str>, from_step: bool) -> Served {
     }
 }
 
-/// The `Content-Disposition` of an artifact: its file name reduced to characters that need no
-/// quoting, or `artifact-<version>` when nothing is left of it.
-fn disposition(served: &Served, path: Option<&str>, version: i64) -> String {
+/// The file name a download of an artifact gets: its path's last part reduced to characters
+/// that need no quoting, or `artifact-<version>` when nothing is left of it.
+pub(super) fn file_name(path: Option<&str>, version: i64) -> String {
     let name: String = path
         .and_then(|p| p.rsplit('/').next())
         .unwrap_or_default()
         .chars()
         .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'))
         .collect();
-    let name = if name.trim_matches('.').is_empty() {
+    if name.trim_matches('.').is_empty() {
         format!("artifact-{version}")
     } else {
         name
-    };
+    }
+}
+
+/// The `Content-Disposition` of an artifact, naming it by [`file_name`].
+fn disposition(served: &Served, path: Option<&str>, version: i64) -> String {
+    let name = file_name(path, version);
     let kind = if served.inline {
         "inline"
     } else {
