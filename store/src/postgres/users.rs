@@ -1,6 +1,7 @@
 //! Users, sessions and API tokens on PostgreSQL.
 
-use tokio_postgres::{Row, Transaction};
+use deadpool_postgres::{GenericClient, Transaction};
+use tokio_postgres::Row;
 
 use super::{PgStore, commit_error};
 use crate::Result;
@@ -14,14 +15,29 @@ use crate::workflows::LIVE_STATUSES;
 /// leave no enabled admin see the others ("users" in ASCII).
 const USERS_LOCK: i64 = 0x0075_7365_7273;
 
-const USER_COLUMNS: &str = "u.id, u.email, u.password_hash, u.role, u.disabled, u.token_version, \
-                            u.created_at, u.last_login_at";
-/// Where the token's columns start in a row of [`USER_COLUMNS`] then [`JOINED_TOKEN_COLUMNS`].
+/// The columns `user` decodes, as one literal for `concat!` (SQL is never formatted per call).
+macro_rules! user_columns {
+    () => {
+        "u.id, u.email, u.password_hash, u.role, u.disabled, u.token_version, u.created_at,
+         u.last_login_at"
+    };
+}
+/// Where the token's columns start in a row of `user_columns!` then `token_columns!`.
 const TOKEN_AFTER_USER: usize = 8;
-const TOKEN_COLUMNS: &str =
-    "id, user_id, name, token_hash, created_at, revoked_at IS NOT NULL, expires_at";
-const JOINED_TOKEN_COLUMNS: &str = "t.id, t.user_id, t.name, t.token_hash, t.created_at, \
-                                    t.revoked_at IS NOT NULL, t.expires_at";
+/// The columns `token` decodes.
+macro_rules! token_columns {
+    () => {
+        "t.id, t.user_id, t.name, t.token_hash, t.created_at, t.revoked_at IS NOT NULL,
+         t.expires_at"
+    };
+}
+
+/// One user by a condition on `u`.
+macro_rules! select_user {
+    ($clause:literal) => {
+        concat!("SELECT ", user_columns!(), " FROM users u ", $clause)
+    };
+}
 
 fn user(row: &Row) -> UserRow {
     UserRow {
@@ -53,21 +69,37 @@ async fn locked_user(
     transaction: &Transaction<'_>,
     user_id: &str,
 ) -> Result<Option<(UserRow, i64)>> {
-    transaction
-        .execute("SELECT pg_advisory_xact_lock($1)", &[&USERS_LOCK])
+    lock_users(transaction).await?;
+    let statement = transaction
+        .prepare_cached(concat!(
+            "SELECT ",
+            user_columns!(),
+            ", (SELECT count(*) FROM users o
+                 WHERE o.role = 'admin' AND NOT o.disabled AND o.id <> u.id)
+               FROM users u WHERE u.id = $1 FOR UPDATE"
+        ))
         .await?;
-    let row = transaction
-        .query_opt(
-            &format!(
-                "SELECT {USER_COLUMNS},
-                        (SELECT count(*) FROM users o
-                          WHERE o.role = 'admin' AND NOT o.disabled AND o.id <> u.id)
-                   FROM users u WHERE u.id = $1 FOR UPDATE"
-            ),
-            &[&user_id],
-        )
-        .await?;
+    let row = transaction.query_opt(&statement, &[&user_id]).await?;
     Ok(row.map(|row| (user(&row), row.get(TOKEN_AFTER_USER))))
+}
+
+/// Takes the users lock until the transaction ends.
+async fn lock_users(transaction: &Transaction<'_>) -> Result<()> {
+    let statement = transaction
+        .prepare_cached("SELECT pg_advisory_xact_lock($1)")
+        .await?;
+    transaction.execute(&statement, &[&USERS_LOCK]).await?;
+    Ok(())
+}
+
+/// One statement, prepared once per connection, run with `params`; the rows it changed.
+async fn execute(
+    client: &impl GenericClient,
+    sql: &str,
+    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+) -> Result<u64> {
+    let statement = client.prepare_cached(sql).await?;
+    Ok(client.execute(&statement, params).await?)
 }
 
 /// Ends the user's sessions: every one (the `token_version` bump refuses every cookie at once)
@@ -79,26 +111,29 @@ async fn end_sessions_in(
 ) -> Result<bool> {
     let found = match keep {
         None => {
-            transaction
-                .execute(
-                    "UPDATE users SET token_version = token_version + 1 WHERE id = $1",
-                    &[&user_id],
-                )
-                .await?
+            execute(
+                transaction,
+                "UPDATE users SET token_version = token_version + 1 WHERE id = $1",
+                &[&user_id],
+            )
+            .await?
         }
         Some(_) => {
-            transaction
-                .execute("SELECT 1 FROM users WHERE id = $1", &[&user_id])
-                .await?
+            execute(
+                transaction,
+                "SELECT 1 FROM users WHERE id = $1",
+                &[&user_id],
+            )
+            .await?
         }
     };
-    transaction
-        .execute(
-            "UPDATE user_sessions SET revoked = TRUE
-              WHERE user_id = $1 AND NOT revoked AND ($2::text IS NULL OR id <> $2)",
-            &[&user_id, &keep],
-        )
-        .await?;
+    execute(
+        transaction,
+        "UPDATE user_sessions SET revoked = TRUE
+          WHERE user_id = $1 AND NOT revoked AND ($2::text IS NULL OR id <> $2)",
+        &[&user_id, &keep],
+    )
+    .await?;
     Ok(found == 1)
 }
 
@@ -108,57 +143,49 @@ impl PgStore {
         let transaction = client.transaction().await?;
         // Two nodes initialising at once: the lock makes the emptiness check and the insert one
         // step, so exactly one first user exists.
-        transaction
-            .execute("SELECT pg_advisory_xact_lock($1)", &[&USERS_LOCK])
-            .await?;
-        let inserted = transaction
-            .execute(
-                "INSERT INTO users (id, email, password_hash, role, created_at)
-                 SELECT $1, $2, $3, $4, reins_now()
-                  WHERE NOT $5 OR NOT EXISTS (SELECT 1 FROM users)",
-                &[
-                    &new.id,
-                    &new.email,
-                    &new.password_hash,
-                    &new.role.as_str(),
-                    &only_if_first,
-                ],
-            )
-            .await?;
+        lock_users(&transaction).await?;
+        let inserted = execute(
+            &transaction,
+            "INSERT INTO users (id, email, password_hash, role, created_at)
+             SELECT $1, $2, $3, $4, reins_now()
+              WHERE NOT $5 OR NOT EXISTS (SELECT 1 FROM users)",
+            &[
+                &new.id,
+                &new.email,
+                &new.password_hash,
+                &new.role.as_str(),
+                &only_if_first,
+            ],
+        )
+        .await?;
         transaction.commit().await.map_err(commit_error)?;
         Ok(inserted == 1)
     }
 
     pub(crate) async fn user_by_email(&self, email: &str) -> Result<Option<UserRow>> {
         let client = self.pool.get().await?;
-        let row = client
-            .query_opt(
-                &format!("SELECT {USER_COLUMNS} FROM users u WHERE u.email = $1"),
-                &[&email],
-            )
+        let statement = client
+            .prepare_cached(select_user!("WHERE u.email = $1"))
             .await?;
+        let row = client.query_opt(&statement, &[&email]).await?;
         Ok(row.as_ref().map(user))
     }
 
     pub(crate) async fn user_by_id(&self, user_id: &str) -> Result<Option<UserRow>> {
         let client = self.pool.get().await?;
-        let row = client
-            .query_opt(
-                &format!("SELECT {USER_COLUMNS} FROM users u WHERE u.id = $1"),
-                &[&user_id],
-            )
+        let statement = client
+            .prepare_cached(select_user!("WHERE u.id = $1"))
             .await?;
+        let row = client.query_opt(&statement, &[&user_id]).await?;
         Ok(row.as_ref().map(user))
     }
 
     pub(crate) async fn list_users(&self) -> Result<Vec<UserRow>> {
         let client = self.pool.get().await?;
-        let rows = client
-            .query(
-                &format!("SELECT {USER_COLUMNS} FROM users u ORDER BY u.created_at, u.id"),
-                &[],
-            )
+        let statement = client
+            .prepare_cached(select_user!("ORDER BY u.created_at, u.id"))
             .await?;
+        let rows = client.query(&statement, &[]).await?;
         Ok(rows.iter().map(user).collect())
     }
 
@@ -175,22 +202,20 @@ impl PgStore {
         if leaves_no_admin(&current, change, other_admins) {
             return Ok(UserChanged::LastAdmin);
         }
-        transaction
-            .execute(
-                "UPDATE users SET role = COALESCE($2, role), disabled = COALESCE($3, disabled)
-                  WHERE id = $1",
-                &[&user_id, &change.role.map(Role::as_str), &change.disabled],
-            )
-            .await?;
+        execute(
+            &transaction,
+            "UPDATE users SET role = COALESCE($2, role), disabled = COALESCE($3, disabled)
+              WHERE id = $1",
+            &[&user_id, &change.role.map(Role::as_str), &change.disabled],
+        )
+        .await?;
         if change.disabled == Some(true) {
             end_sessions_in(&transaction, user_id, None).await?;
         }
-        let row = transaction
-            .query_one(
-                &format!("SELECT {USER_COLUMNS} FROM users u WHERE u.id = $1"),
-                &[&user_id],
-            )
+        let statement = transaction
+            .prepare_cached(select_user!("WHERE u.id = $1"))
             .await?;
+        let row = transaction.query_one(&statement, &[&user_id]).await?;
         transaction.commit().await.map_err(commit_error)?;
         Ok(UserChanged::Changed(user(&row)))
     }
@@ -203,12 +228,12 @@ impl PgStore {
     ) -> Result<bool> {
         let mut client = self.pool.get().await?;
         let transaction = client.transaction().await?;
-        let changed = transaction
-            .execute(
-                "UPDATE users SET password_hash = $2 WHERE id = $1",
-                &[&user_id, &password_hash],
-            )
-            .await?;
+        let changed = execute(
+            &transaction,
+            "UPDATE users SET password_hash = $2 WHERE id = $1",
+            &[&user_id, &password_hash],
+        )
+        .await?;
         if changed == 1 {
             end_sessions_in(&transaction, user_id, keep_session).await?;
         }
@@ -234,11 +259,13 @@ impl PgStore {
         let Some((current, other_admins)) = locked_user(&transaction, user_id).await? else {
             return Ok(UserDeletion::NotFound);
         };
-        let live: i64 = transaction
-            .query_one(
+        let statement = transaction
+            .prepare_cached(
                 "SELECT count(*) FROM workflows WHERE user_id = $1 AND status = ANY($2)",
-                &[&user_id, &LIVE_STATUSES.as_slice()],
             )
+            .await?;
+        let live: i64 = transaction
+            .query_one(&statement, &[&user_id, &LIVE_STATUSES.as_slice()])
             .await?
             .get(0);
         if live > 0 {
@@ -252,9 +279,7 @@ impl PgStore {
             return Ok(UserDeletion::LastAdmin);
         }
         // Sessions and API tokens go with the row (ON DELETE CASCADE).
-        transaction
-            .execute("DELETE FROM users WHERE id = $1", &[&user_id])
-            .await?;
+        execute(&transaction, "DELETE FROM users WHERE id = $1", &[&user_id]).await?;
         transaction.commit().await.map_err(commit_error)?;
         Ok(UserDeletion::Deleted)
     }
@@ -266,23 +291,25 @@ impl PgStore {
         session_seconds: u64,
     ) -> Result<()> {
         let client = self.pool.get().await?;
-        client
-            .execute(
-                "WITH opened AS (
-                     INSERT INTO user_sessions (id, user_id, expires_at)
-                     VALUES ($1, $2, reins_now() + $3))
-                 UPDATE users SET last_login_at = reins_now() WHERE id = $2",
-                &[&session_id, &user_id, &(session_seconds as f64)],
-            )
-            .await?;
+        execute(
+            &client,
+            "WITH opened AS (
+                 INSERT INTO user_sessions (id, user_id, expires_at)
+                 VALUES ($1, $2, reins_now() + $3))
+             UPDATE users SET last_login_at = reins_now() WHERE id = $2",
+            &[&session_id, &user_id, &(session_seconds as f64)],
+        )
+        .await?;
         Ok(())
     }
 
     pub(crate) async fn session_user(&self, session_id: &str) -> Result<Option<UserRow>> {
         let client = self.pool.get().await?;
         let statement = client
-            .prepare_cached(&format!(
-                "SELECT {USER_COLUMNS} FROM user_sessions s JOIN users u ON u.id = s.user_id
+            .prepare_cached(concat!(
+                "SELECT ",
+                user_columns!(),
+                " FROM user_sessions s JOIN users u ON u.id = s.user_id
                   WHERE s.id = $1 AND NOT s.revoked AND s.expires_at > reins_now()
                     AND NOT u.disabled"
             ))
@@ -293,23 +320,27 @@ impl PgStore {
 
     pub(crate) async fn revoke_session(&self, session_id: &str) -> Result<bool> {
         let client = self.pool.get().await?;
-        let changed = client
-            .execute(
-                "UPDATE user_sessions SET revoked = TRUE WHERE id = $1",
-                &[&session_id],
-            )
-            .await?;
+        let changed = execute(
+            &client,
+            "UPDATE user_sessions SET revoked = TRUE WHERE id = $1",
+            &[&session_id],
+        )
+        .await?;
         Ok(changed == 1)
     }
 
     pub(crate) async fn create_token(&self, new: NewToken) -> Result<TokenRow> {
         let client = self.pool.get().await?;
+        let statement = client
+            .prepare_cached(concat!(
+                "INSERT INTO api_tokens AS t (id, user_id, name, token_hash, expires_at)
+                 VALUES ($1, $2, $3, $4, reins_now() + $5) RETURNING ",
+                token_columns!()
+            ))
+            .await?;
         let row = client
             .query_one(
-                &format!(
-                    "INSERT INTO api_tokens (id, user_id, name, token_hash, expires_at)
-                     VALUES ($1, $2, $3, $4, reins_now() + $5) RETURNING {TOKEN_COLUMNS}"
-                ),
+                &statement,
                 &[
                     &new.id,
                     &new.user_id,
@@ -325,9 +356,12 @@ impl PgStore {
     pub(crate) async fn token_user(&self, token_id: &str) -> Result<Option<(TokenRow, UserRow)>> {
         let client = self.pool.get().await?;
         let statement = client
-            .prepare_cached(&format!(
-                "SELECT {USER_COLUMNS}, {JOINED_TOKEN_COLUMNS}
-                   FROM api_tokens t JOIN users u ON u.id = t.user_id
+            .prepare_cached(concat!(
+                "SELECT ",
+                user_columns!(),
+                ", ",
+                token_columns!(),
+                " FROM api_tokens t JOIN users u ON u.id = t.user_id
                   WHERE t.id = $1 AND t.revoked_at IS NULL
                     AND (t.expires_at IS NULL OR t.expires_at > reins_now())
                     AND NOT u.disabled"
@@ -339,27 +373,26 @@ impl PgStore {
 
     pub(crate) async fn list_tokens(&self, user_id: &str) -> Result<Vec<TokenRow>> {
         let client = self.pool.get().await?;
-        let rows = client
-            .query(
-                &format!(
-                    "SELECT {JOINED_TOKEN_COLUMNS} FROM api_tokens t WHERE t.user_id = $1
-                      ORDER BY t.created_at, t.id"
-                ),
-                &[&user_id],
-            )
+        let statement = client
+            .prepare_cached(concat!(
+                "SELECT ",
+                token_columns!(),
+                " FROM api_tokens t WHERE t.user_id = $1 ORDER BY t.created_at, t.id"
+            ))
             .await?;
+        let rows = client.query(&statement, &[&user_id]).await?;
         Ok(rows.iter().map(|row| token(row, 0)).collect())
     }
 
     pub(crate) async fn revoke_token(&self, user_id: &str, token_id: &str) -> Result<bool> {
         let client = self.pool.get().await?;
-        let changed = client
-            .execute(
-                "UPDATE api_tokens SET revoked_at = reins_now()
-                  WHERE id = $1 AND user_id = $2 AND revoked_at IS NULL",
-                &[&token_id, &user_id],
-            )
-            .await?;
+        let changed = execute(
+            &client,
+            "UPDATE api_tokens SET revoked_at = reins_now()
+              WHERE id = $1 AND user_id = $2 AND revoked_at IS NULL",
+            &[&token_id, &user_id],
+        )
+        .await?;
         Ok(changed == 1)
     }
 }

@@ -12,14 +12,28 @@ use crate::users::{
 };
 use crate::workflows::LIVE_STATUSES;
 
-const USER_COLUMNS: &str = "u.id, u.email, u.password_hash, u.role, u.disabled, u.token_version, \
-                            u.created_at, u.last_login_at";
-/// Where the token's columns start in a row of [`USER_COLUMNS`] then [`JOINED_TOKEN_COLUMNS`].
+/// The columns `user` decodes, as one literal for `concat!` (SQL is never formatted per call).
+macro_rules! user_columns {
+    () => {
+        "u.id, u.email, u.password_hash, u.role, u.disabled, u.token_version, u.created_at,
+         u.last_login_at"
+    };
+}
+/// Where the token's columns start in a row of `user_columns!` then `token_columns!`.
 const TOKEN_AFTER_USER: usize = 8;
-const TOKEN_COLUMNS: &str =
-    "id, user_id, name, token_hash, created_at, revoked_at IS NOT NULL, expires_at";
-const JOINED_TOKEN_COLUMNS: &str = "t.id, t.user_id, t.name, t.token_hash, t.created_at, \
-                                    t.revoked_at IS NOT NULL, t.expires_at";
+/// The columns `token` decodes (of `api_tokens t`).
+macro_rules! token_columns {
+    () => {
+        "t.id, t.user_id, t.name, t.token_hash, t.created_at, t.revoked_at IS NOT NULL,
+         t.expires_at"
+    };
+}
+/// The same columns of a row `RETURNING` gives, which SQLite does not let an alias name.
+macro_rules! returned_token_columns {
+    () => {
+        "id, user_id, name, token_hash, created_at, revoked_at IS NOT NULL, expires_at"
+    };
+}
 
 fn user(row: &Row<'_>) -> rusqlite::Result<UserRow> {
     Ok(UserRow {
@@ -48,8 +62,10 @@ fn token(row: &Row<'_>, at: usize) -> rusqlite::Result<TokenRow> {
 
 fn user_on(connection: &Connection, user_id: &str) -> Result<Option<UserRow>> {
     Ok(connection
-        .prepare_cached(&format!(
-            "SELECT {USER_COLUMNS} FROM users u WHERE u.id = ?1"
+        .prepare_cached(concat!(
+            "SELECT ",
+            user_columns!(),
+            " FROM users u WHERE u.id = ?1"
         ))?
         .query_row([user_id], user)
         .optional()?)
@@ -107,8 +123,10 @@ impl SqliteStore {
         let email = email.to_owned();
         self.read(move |connection| {
             Ok(connection
-                .prepare_cached(&format!(
-                    "SELECT {USER_COLUMNS} FROM users u WHERE u.email = ?1"
+                .prepare_cached(concat!(
+                    "SELECT ",
+                    user_columns!(),
+                    " FROM users u WHERE u.email = ?1"
                 ))?
                 .query_row([&email], user)
                 .optional()?)
@@ -124,8 +142,10 @@ impl SqliteStore {
 
     pub(crate) async fn list_users(&self) -> Result<Vec<UserRow>> {
         self.read(move |connection| {
-            let mut statement = connection.prepare_cached(&format!(
-                "SELECT {USER_COLUMNS} FROM users u ORDER BY u.created_at, u.id"
+            let mut statement = connection.prepare_cached(concat!(
+                "SELECT ",
+                user_columns!(),
+                " FROM users u ORDER BY u.created_at, u.id"
             ))?;
             let rows = statement.query_map([], user)?;
             Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
@@ -265,8 +285,10 @@ impl SqliteStore {
         let session_id = session_id.to_owned();
         self.read(move |connection| {
             Ok(connection
-                .prepare_cached(&format!(
-                    "SELECT {USER_COLUMNS} FROM user_sessions s JOIN users u ON u.id = s.user_id
+                .prepare_cached(concat!(
+                    "SELECT ",
+                    user_columns!(),
+                    " FROM user_sessions s JOIN users u ON u.id = s.user_id
                       WHERE s.id = ?1 AND NOT s.revoked AND s.expires_at > unixepoch('subsec')
                         AND NOT u.disabled"
                 ))?
@@ -290,9 +312,10 @@ impl SqliteStore {
     pub(crate) async fn create_token(&self, new: NewToken) -> Result<TokenRow> {
         self.write(move |connection| {
             Ok(connection
-                .prepare_cached(&format!(
+                .prepare_cached(concat!(
                     "INSERT INTO api_tokens (id, user_id, name, token_hash, expires_at)
-                     VALUES (?1, ?2, ?3, ?4, unixepoch('subsec') + ?5) RETURNING {TOKEN_COLUMNS}"
+                     VALUES (?1, ?2, ?3, ?4, unixepoch('subsec') + ?5) RETURNING ",
+                    returned_token_columns!()
                 ))?
                 .query_row(
                     params![
@@ -312,9 +335,12 @@ impl SqliteStore {
         let token_id = token_id.to_owned();
         self.read(move |connection| {
             Ok(connection
-                .prepare_cached(&format!(
-                    "SELECT {USER_COLUMNS}, {JOINED_TOKEN_COLUMNS}
-                       FROM api_tokens t JOIN users u ON u.id = t.user_id
+                .prepare_cached(concat!(
+                    "SELECT ",
+                    user_columns!(),
+                    ", ",
+                    token_columns!(),
+                    " FROM api_tokens t JOIN users u ON u.id = t.user_id
                       WHERE t.id = ?1 AND t.revoked_at IS NULL
                         AND (t.expires_at IS NULL OR t.expires_at > unixepoch('subsec'))
                         AND NOT u.disabled"
@@ -330,9 +356,10 @@ impl SqliteStore {
     pub(crate) async fn list_tokens(&self, user_id: &str) -> Result<Vec<TokenRow>> {
         let user_id = user_id.to_owned();
         self.read(move |connection| {
-            let mut statement = connection.prepare_cached(&format!(
-                "SELECT {JOINED_TOKEN_COLUMNS} FROM api_tokens t WHERE t.user_id = ?1
-                  ORDER BY t.created_at, t.id"
+            let mut statement = connection.prepare_cached(concat!(
+                "SELECT ",
+                token_columns!(),
+                " FROM api_tokens t WHERE t.user_id = ?1 ORDER BY t.created_at, t.id"
             ))?;
             let rows = statement.query_map([&user_id], |row| token(row, 0))?;
             Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
