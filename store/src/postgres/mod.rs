@@ -13,7 +13,7 @@ use tokio_postgres::{NoTls, Row};
 
 use crate::lease::{Fence, Lease, ttl_seconds};
 use crate::migrations::{self, MigrationReport, PG_MIGRATION_LOCK};
-use crate::write::{ArtifactRow, Snapshot, StepRow, WorkflowRow, WriteOp};
+use crate::write::{ArtifactInfo, ArtifactRow, Snapshot, StepRow, WorkflowRow, WriteOp};
 use crate::{Error, NodeRecord, Result, StoreOptions};
 
 mod operators;
@@ -296,11 +296,12 @@ impl PgStore {
             .read_only(true)
             .start()
             .await?;
-        let (head, steps, controls, approval_runs) = futures_util::try_join!(
+        let (head, steps, controls, approval_runs, artifacts) = futures_util::try_join!(
             workflow_in(&transaction, workflow_id),
             steps_in(&transaction, workflow_id),
             workflows::controls_in(&transaction, workflow_id),
             runs::approval_runs_in(&transaction, workflow_id),
+            artifacts_in(&transaction, workflow_id),
         )?;
         transaction.commit().await?;
         Ok(head.map(|(row, lease, db_now)| Snapshot {
@@ -310,6 +311,7 @@ impl PgStore {
             steps,
             controls,
             approval_runs,
+            artifacts,
         }))
     }
 
@@ -668,6 +670,27 @@ async fn workflow_in(
         };
         (workflow, lease, row.get(10))
     }))
+}
+
+async fn artifacts_in(client: &impl GenericClient, workflow_id: &str) -> Result<Vec<ArtifactInfo>> {
+    let statement = client
+        .prepare_cached(
+            "SELECT version, source_step_id, path, bytes, sha256, created_at FROM workflow_artifacts
+              WHERE workflow = $1 ORDER BY version",
+        )
+        .await?;
+    let rows = client.query(&statement, &[&workflow_id]).await?;
+    Ok(rows
+        .iter()
+        .map(|row| ArtifactInfo {
+            version: row.get(0),
+            source_step_id: row.get(1),
+            path: row.get(2),
+            bytes: row.get(3),
+            sha256: row.get(4),
+            created_at: row.get(5),
+        })
+        .collect())
 }
 
 async fn steps_in(client: &impl GenericClient, workflow_id: &str) -> Result<Vec<StepRow>> {

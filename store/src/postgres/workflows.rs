@@ -11,8 +11,9 @@ use super::{PgStore, commit_error};
 use crate::lease::ttl_seconds;
 use crate::workflows::takeover_refusal;
 use crate::workflows::{
-    COUNTED_STATUSES, ControlRow, ControlWrite, Deletion, Launch, LaunchLimits, ListFilter,
-    NewControl, Orphaned, TERMINAL_STATUSES, TakeOver, Versions,
+    COUNTED, COUNTED_STATUSES, ControlRow, ControlWrite, Deletion, Launch, LaunchLimits,
+    ListFilter, ListedWorkflow, NewControl, Orphaned, StatusFilter, TERMINAL_STATUSES, TakeOver,
+    Versions,
 };
 use crate::{Error, Lease, NewWorkflow, Result, WorkflowRow};
 
@@ -434,24 +435,51 @@ impl PgStore {
         Ok(Deletion::Deleted)
     }
 
-    pub(crate) async fn list_workflows(&self, filter: ListFilter) -> Result<Vec<WorkflowRow>> {
+    pub(crate) async fn list_workflows(&self, filter: ListFilter) -> Result<Vec<ListedWorkflow>> {
         let client = self.pool.get().await?;
+        let statement = client
+            .prepare_cached(
+                "SELECT w.id, w.user_id, w.status, w.owner, w.fingerprint, w.data, w.created_at,
+                        w.updated_at,
+                        w.status = ANY($7) AND (l.expires_at IS NULL OR l.expires_at <= reins_now())
+                   FROM workflows w LEFT JOIN extension_execution_leases l ON l.resource_id = w.id
+                  WHERE ($1::text IS NULL OR w.user_id = $1)
+                    AND ($2::text IS NULL OR w.status = $2)
+                    AND (NOT $6 OR (w.status = ANY($7)
+                                    AND (l.expires_at IS NULL OR l.expires_at <= reins_now())))
+                    AND ($3::float8 IS NULL OR (w.created_at, w.id) < ($3, $4::text))
+                  ORDER BY w.created_at DESC, w.id DESC LIMIT $5",
+            )
+            .await?;
+        let (stored, recoverable) = match filter.status {
+            None => (None, false),
+            Some(StatusFilter::Stored(status)) => (Some(status), false),
+            Some(StatusFilter::Recoverable) => (None, true),
+        };
+        let (after_created_at, after_id) = filter
+            .after
+            .map_or((None, None), |c| (Some(c.created_at), Some(c.workflow_id)));
         let rows = client
             .query(
-                "SELECT id, user_id, status, owner, fingerprint, data, created_at, updated_at FROM workflows
-                  WHERE ($1::text IS NULL OR user_id = $1) AND ($2::text IS NULL OR status = $2)
-                    AND ($3::text IS NULL OR (created_at, id) >
-                         (SELECT created_at, id FROM workflows WHERE id = $3))
-                  ORDER BY created_at, id LIMIT $4",
+                &statement,
                 &[
                     &filter.user_id,
-                    &filter.status,
-                    &filter.after,
+                    &stored,
+                    &after_created_at,
+                    &after_id,
                     &i64::from(filter.limit),
+                    &recoverable,
+                    &COUNTED,
                 ],
             )
             .await?;
-        Ok(rows.iter().map(workflow_row).collect())
+        Ok(rows
+            .iter()
+            .map(|row| ListedWorkflow {
+                row: workflow_row(row),
+                recoverable: row.get(8),
+            })
+            .collect())
     }
 }
 
