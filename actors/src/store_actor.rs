@@ -14,7 +14,7 @@ use store::{
     Admission, ApprovalAnswer, ArtifactRow, Backend, CancelAction, ControlRow, ControlWrite, Fence,
     Launch, LaunchLimits, Lease, NewControl, NewRun, NewToken, NewUser, NewWorkflow, NodeRecord,
     RunOutcome, RunRenewal, RunRow, RunStatus, SlotRow, StatusCount, StepRow, Store, TakeOver,
-    TokenRow, UserRow, WorkflowRow, WriteOp,
+    TokenRow, UserChange, UserChanged, UserDeletion, UserRow, WorkflowRow, WriteOp,
 };
 
 use crate::faults::{FaultAction, StoreFaults};
@@ -112,7 +112,7 @@ pub enum StoreMsg {
     },
     ListWorkflows {
         filter: store::ListFilter,
-        reply: RpcReplyPort<store::Result<Vec<WorkflowRow>>>,
+        reply: RpcReplyPort<store::Result<Vec<store::ListedWorkflow>>>,
     },
     ReadArtifact {
         workflow_id: String,
@@ -548,6 +548,33 @@ pub enum UsersRequest {
         email: String,
         reply: RpcReplyPort<store::Result<Option<UserRow>>>,
     },
+    UserById {
+        user_id: String,
+        reply: RpcReplyPort<store::Result<Option<UserRow>>>,
+    },
+    ListUsers {
+        reply: RpcReplyPort<store::Result<Vec<UserRow>>>,
+    },
+    ChangeUser {
+        user_id: String,
+        change: UserChange,
+        reply: RpcReplyPort<store::Result<UserChanged>>,
+    },
+    SetPassword {
+        user_id: String,
+        password_hash: String,
+        keep_session: Option<String>,
+        reply: RpcReplyPort<store::Result<bool>>,
+    },
+    EndSessions {
+        user_id: String,
+        keep_session: Option<String>,
+        reply: RpcReplyPort<store::Result<bool>>,
+    },
+    DeleteUser {
+        user_id: String,
+        reply: RpcReplyPort<store::Result<UserDeletion>>,
+    },
     OpenSession {
         session_id: String,
         user_id: String,
@@ -592,6 +619,41 @@ async fn serve_users(store: &Store, request: UsersRequest) {
         }
         UsersRequest::UserByEmail { email, reply } => {
             let _ = reply.send(store.user_by_email(&email).await);
+        }
+        UsersRequest::UserById { user_id, reply } => {
+            let _ = reply.send(store.user_by_id(&user_id).await);
+        }
+        UsersRequest::ListUsers { reply } => {
+            let _ = reply.send(store.list_users().await);
+        }
+        UsersRequest::ChangeUser {
+            user_id,
+            change,
+            reply,
+        } => {
+            let _ = reply.send(store.change_user(&user_id, change).await);
+        }
+        UsersRequest::SetPassword {
+            user_id,
+            password_hash,
+            keep_session,
+            reply,
+        } => {
+            let _ = reply.send(
+                store
+                    .set_password(&user_id, &password_hash, keep_session.as_deref())
+                    .await,
+            );
+        }
+        UsersRequest::EndSessions {
+            user_id,
+            keep_session,
+            reply,
+        } => {
+            let _ = reply.send(store.end_sessions(&user_id, keep_session.as_deref()).await);
+        }
+        UsersRequest::DeleteUser { user_id, reply } => {
+            let _ = reply.send(store.delete_user(&user_id).await);
         }
         UsersRequest::OpenSession {
             session_id,
@@ -1073,6 +1135,87 @@ impl StoreHandle {
         .await
     }
 
+    /// See [`Store::user_by_id`].
+    pub async fn user_by_id(&self, user_id: &str) -> store::Result<Option<UserRow>> {
+        let user_id = user_id.to_owned();
+        self.call("user_by_id", Effect::Read, |reply| {
+            StoreMsg::Users(UsersRequest::UserById { user_id, reply })
+        })
+        .await
+    }
+
+    /// See [`Store::list_users`].
+    pub async fn list_users(&self) -> store::Result<Vec<UserRow>> {
+        self.call("list_users", Effect::Read, |reply| {
+            StoreMsg::Users(UsersRequest::ListUsers { reply })
+        })
+        .await
+    }
+
+    /// See [`Store::change_user`].
+    pub async fn change_user(
+        &self,
+        user_id: &str,
+        change: UserChange,
+    ) -> store::Result<UserChanged> {
+        let user_id = user_id.to_owned();
+        self.call("change_user", Effect::Write, |reply| {
+            StoreMsg::Users(UsersRequest::ChangeUser {
+                user_id,
+                change,
+                reply,
+            })
+        })
+        .await
+    }
+
+    /// See [`Store::set_password`].
+    pub async fn set_password(
+        &self,
+        user_id: &str,
+        password_hash: String,
+        keep_session: Option<&str>,
+    ) -> store::Result<bool> {
+        let user_id = user_id.to_owned();
+        let keep_session = keep_session.map(str::to_owned);
+        self.call("set_password", Effect::Write, |reply| {
+            StoreMsg::Users(UsersRequest::SetPassword {
+                user_id,
+                password_hash,
+                keep_session,
+                reply,
+            })
+        })
+        .await
+    }
+
+    /// See [`Store::end_sessions`].
+    pub async fn end_sessions(
+        &self,
+        user_id: &str,
+        keep_session: Option<&str>,
+    ) -> store::Result<bool> {
+        let user_id = user_id.to_owned();
+        let keep_session = keep_session.map(str::to_owned);
+        self.call("end_sessions", Effect::Write, |reply| {
+            StoreMsg::Users(UsersRequest::EndSessions {
+                user_id,
+                keep_session,
+                reply,
+            })
+        })
+        .await
+    }
+
+    /// See [`Store::delete_user`].
+    pub async fn delete_user(&self, user_id: &str) -> store::Result<UserDeletion> {
+        let user_id = user_id.to_owned();
+        self.call("delete_user", Effect::Write, |reply| {
+            StoreMsg::Users(UsersRequest::DeleteUser { user_id, reply })
+        })
+        .await
+    }
+
     /// See [`Store::open_session`].
     pub async fn open_session(
         &self,
@@ -1153,7 +1296,7 @@ impl StoreHandle {
     pub async fn list_workflows(
         &self,
         filter: store::ListFilter,
-    ) -> store::Result<Vec<WorkflowRow>> {
+    ) -> store::Result<Vec<store::ListedWorkflow>> {
         self.call("list_workflows", Effect::Read, |reply| {
             StoreMsg::ListWorkflows { filter, reply }
         })

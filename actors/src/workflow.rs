@@ -1599,9 +1599,15 @@ impl Actor for WorkflowSupervisor {
                             .map(|(seq, step)| (*seq, step.attempt))
                             .collect();
                         match journal {
-                            // A cancel replays nothing: it ends every live child run of the
-                            // workflow whatever its journal holds.
-                            _ if state.args.start == Start::CancelOnly => {
+                            // A cancel replays nothing: it waits for the children its journal
+                            // shows running, and its end stops every live child run of the
+                            // workflow, so an unreadable journal only leaves nothing to wait for.
+                            journal if state.args.start == Start::CancelOnly => {
+                                state.journal = journal.unwrap_or_else(|unreadable| {
+                                    tracing::warn!(parent: &state.span, %unreadable,
+                                        "the journal cannot be read; cancelling without it");
+                                    Vec::new()
+                                });
                                 state.finish_cancel_of_dead_owner(&myself, &newest).await;
                             }
                             Ok(journal) => {

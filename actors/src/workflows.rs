@@ -52,6 +52,8 @@ pub struct WorkflowView {
     pub lease: Option<store::Lease>,
     /// The child runs that asked a person for approval (see [`store::Snapshot::approval_runs`]).
     pub approval_runs: Vec<store::RunRow>,
+    /// Every artifact version, without its bytes (see [`store::Snapshot::artifacts`]).
+    pub artifacts: Vec<store::ArtifactInfo>,
     /// Live by its stored status, with its lease expired on the database clock: `recover` may
     /// take it over. Derived on every read, never stored.
     pub recoverable: bool,
@@ -1152,6 +1154,7 @@ impl WorkflowsHandle {
             controls: snapshot.controls,
             lease: snapshot.lease,
             approval_runs: snapshot.approval_runs,
+            artifacts: snapshot.artifacts,
             recoverable,
         }))
     }
@@ -1346,8 +1349,11 @@ impl WorkflowsHandle {
         Ok(deletion)
     }
 
-    /// A page of workflows, oldest first.
-    pub async fn list(&self, filter: store::ListFilter) -> Result<Vec<WorkflowRow>, Error> {
+    /// A page of workflows, newest first.
+    pub async fn list(
+        &self,
+        filter: store::ListFilter,
+    ) -> Result<Vec<store::ListedWorkflow>, Error> {
         Ok(self.store.list_workflows(filter).await?)
     }
 

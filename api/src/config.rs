@@ -199,6 +199,8 @@ pub struct AuthConfig {
     pub password_hashes_max: u32,
     /// Mark cookies `Secure` (sent over HTTPS only): set it when a TLS proxy fronts the nodes.
     pub secure_cookies: bool,
+    /// The longest life an API token may be given with `expires_in_days`, in days.
+    pub token_days_max: u32,
 }
 
 impl Default for AuthConfig {
@@ -211,6 +213,7 @@ impl Default for AuthConfig {
             login_window_seconds: 60,
             password_hashes_max: 4,
             secure_cookies: false,
+            token_days_max: 365,
         }
     }
 }
@@ -455,7 +458,7 @@ impl Config {
             }
             _ => {}
         }
-        let positive: [(&'static str, u64); 22] = [
+        let positive: [(&'static str, u64); 23] = [
             ("store.pool_size", self.store.pool_size as u64),
             ("store.requests_max", self.store.requests_max as u64),
             ("store.write_batch_max", self.store.write_batch_max as u64),
@@ -493,6 +496,7 @@ impl Config {
                 "auth.password_hashes_max",
                 u64::from(self.auth.password_hashes_max),
             ),
+            ("auth.token_days_max", u64::from(self.auth.token_days_max)),
         ];
         if let Some((key, _)) = positive.iter().find(|(_, value)| *value == 0) {
             return Err(invalid(key, "must be greater than 0".into()));
@@ -532,7 +536,7 @@ impl Config {
     }
 
     /// The configuration as operators may see it: secrets replaced, the database URL without
-    /// its password.
+    /// its password, and the paths that default from `data_dir` as the node uses them.
     pub fn redacted(&self) -> serde_json::Value {
         let mut value = serde_json::to_value(self).unwrap_or_default();
         if self.secret.is_some() {
@@ -541,6 +545,9 @@ impl Config {
         if let Some(Ok(url)) = self.database.as_deref().map(DatabaseUrl::parse) {
             value["database"] = serde_json::json!(url.redacted());
         }
+        // What the node uses, defaults included, rather than the unset option.
+        value["admin_socket"] = serde_json::json!(self.admin_socket());
+        value["workspaces_dir"] = serde_json::json!(self.workspaces_dir());
         value
     }
 

@@ -139,10 +139,21 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         listen,
         describe(&checked.database)
     );
+    // The first-time hint only while it is true: once any user exists, `init` is refused.
+    let no_user_yet = node
+        .store()
+        .list_users()
+        .await
+        .is_ok_and(|users| users.is_empty());
+    if no_user_yet {
+        println!(
+            "first time? create the admin: reins init --url http://{listen} --email you@example.com"
+        );
+    } else {
+        println!("sign in: reins login --url http://{listen} --email you@example.com");
+    }
     println!(
-        "first time? create the admin: reins init --url http://{} --email you@example.com\n\
-         then: reins run script.js --wait   (API description: http://{}/api/v1/openapi.json)",
-        listen, listen
+        "then: reins run script.js --wait   (API description: http://{listen}/api/v1/openapi.json)"
     );
 
     let secret = match &config.secret {

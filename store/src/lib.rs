@@ -29,12 +29,15 @@ pub use runs::{
     Admission, ApprovalAnswer, CancelAction, NewRun, RunOutcome, RunRenewal, RunRow, RunStatus,
     WorkflowStep, pending_request_id,
 };
-pub use users::{NewToken, NewUser, TokenRow, UserRow};
+pub use users::{
+    NewToken, NewUser, Role, TokenRow, UserChange, UserChanged, UserDeletion, UserRow,
+};
 pub use workflows::{
     COUNTED_STATUSES, ControlRow, ControlWrite, Deletion, LIVE_STATUSES, Launch, LaunchLimits,
-    ListFilter, NewControl, Orphaned, Purpose, TERMINAL_STATUSES, TakeOver, Versions,
+    ListCursor, ListFilter, ListedWorkflow, NewControl, Orphaned, Purpose, StatusFilter,
+    TERMINAL_STATUSES, TakeOver, Versions,
 };
-pub use write::{ArtifactRow, NewWorkflow, Snapshot, StepRow, WorkflowRow, WriteOp};
+pub use write::{ArtifactInfo, ArtifactRow, NewWorkflow, Snapshot, StepRow, WorkflowRow, WriteOp};
 
 /// Where the data lives, parsed from the configuration's `database` value.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -379,8 +382,8 @@ impl Store {
             .await
     }
 
-    /// A page of workflows, oldest first.
-    pub async fn list_workflows(&self, filter: ListFilter) -> Result<Vec<WorkflowRow>> {
+    /// A page of workflows, newest first.
+    pub async fn list_workflows(&self, filter: ListFilter) -> Result<Vec<ListedWorkflow>> {
         retry(|| {
             let filter = filter.clone();
             async move { on_backend!(self, store => store.list_workflows(filter).await) }
@@ -452,7 +455,57 @@ impl Store {
         retry(|| async { on_backend!(self, store => store.user_by_email(email).await) }).await
     }
 
-    /// Opens a session for `user_id` that expires `session_seconds` from now on the database clock.
+    /// The user with this id.
+    pub async fn user_by_id(&self, user_id: &str) -> Result<Option<UserRow>> {
+        retry(|| async { on_backend!(self, store => store.user_by_id(user_id).await) }).await
+    }
+
+    /// Every user, oldest first.
+    pub async fn list_users(&self) -> Result<Vec<UserRow>> {
+        retry(|| async { on_backend!(self, store => store.list_users().await) }).await
+    }
+
+    /// Changes a user's role or disables or enables them, unless that would leave no enabled
+    /// admin (checked and changed atomically across nodes). Disabling ends every session of
+    /// the user in the same transaction.
+    pub async fn change_user(&self, user_id: &str, change: UserChange) -> Result<UserChanged> {
+        retry(|| async { on_backend!(self, store => store.change_user(user_id, change).await) })
+            .await
+    }
+
+    /// Sets a user's password hash and, in the same transaction, ends their sessions: every one,
+    /// or every one but `keep_session` (the caller's own, when they change their password).
+    /// `false`: no such user.
+    pub async fn set_password(
+        &self,
+        user_id: &str,
+        password_hash: &str,
+        keep_session: Option<&str>,
+    ) -> Result<bool> {
+        retry(|| async {
+            on_backend!(self, store => store.set_password(user_id, password_hash, keep_session).await)
+        })
+        .await
+    }
+
+    /// Ends a user's sessions: every one (and every cookie minted for them, by bumping
+    /// `token_version`), or every one but `keep_session`. API tokens are not sessions and stay.
+    /// `false`: no such user.
+    pub async fn end_sessions(&self, user_id: &str, keep_session: Option<&str>) -> Result<bool> {
+        retry(|| async {
+            on_backend!(self, store => store.end_sessions(user_id, keep_session).await)
+        })
+        .await
+    }
+
+    /// Deletes a user with their sessions and API tokens, unless they own a live workflow or are
+    /// the last enabled admin. Their finished workflows stay (an admin still sees them).
+    pub async fn delete_user(&self, user_id: &str) -> Result<UserDeletion> {
+        retry(|| async { on_backend!(self, store => store.delete_user(user_id).await) }).await
+    }
+
+    /// Opens a session for `user_id` that expires `session_seconds` from now on the database clock,
+    /// and records the sign-in as the user's `last_login_at`.
     pub async fn open_session(
         &self,
         session_id: &str,
@@ -465,7 +518,7 @@ impl Store {
         .await
     }
 
-    /// The user of a session that is neither revoked nor expired.
+    /// The enabled user of a session that is neither revoked nor expired.
     pub async fn session_user(&self, session_id: &str) -> Result<Option<UserRow>> {
         retry(|| async { on_backend!(self, store => store.session_user(session_id).await) }).await
     }
@@ -484,7 +537,7 @@ impl Store {
         .await
     }
 
-    /// A token that is not revoked, with its user.
+    /// A token that is neither revoked nor expired, with its user, who is not disabled.
     pub async fn token_user(&self, token_id: &str) -> Result<Option<(TokenRow, UserRow)>> {
         retry(|| async { on_backend!(self, store => store.token_user(token_id).await) }).await
     }

@@ -102,10 +102,22 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         postgres: include_str!("../migrations/postgres/0015_reconciliation_holds_no_place.sql"),
         sqlite: include_str!("../migrations/sqlite/0015_reconciliation_holds_no_place.sql"),
     },
+    Migration {
+        version: 16,
+        name: "user_management",
+        postgres: include_str!("../migrations/postgres/0016_user_management.sql"),
+        sqlite: include_str!("../migrations/sqlite/0016_user_management.sql"),
+    },
+    Migration {
+        version: 17,
+        name: "workflows_newest_first",
+        postgres: include_str!("../migrations/postgres/0017_workflows_newest_first.sql"),
+        sqlite: include_str!("../migrations/sqlite/0017_workflows_newest_first.sql"),
+    },
 ];
 
 /// The schema version this build expects.
-pub const SCHEMA_VERSION: i64 = 15;
+pub const SCHEMA_VERSION: i64 = 17;
 
 /// The advisory-lock key PostgreSQL migrations serialise on ("reins" in ASCII).
 pub(crate) const PG_MIGRATION_LOCK: i64 = 0x0072_6569_6e73;

@@ -138,4 +138,20 @@ pub struct Snapshot {
     /// (`waiting_for_input`) and those that carry one (`metadata.hitl_answer`), read in the same
     /// snapshot with one query.
     pub approval_runs: Vec<crate::RunRow>,
+    /// Every artifact version of the workflow, without its bytes, oldest first.
+    pub artifacts: Vec<ArtifactInfo>,
+}
+
+/// An artifact version as a record lists it: everything but its bytes.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct ArtifactInfo {
+    pub version: i64,
+    /// The step that made it: the agent step whose output it is, or the capture.
+    pub source_step_id: Option<String>,
+    /// The captured file's path (an agent's output has none).
+    pub path: Option<String>,
+    pub bytes: i64,
+    pub sha256: String,
+    /// Epoch seconds.
+    pub created_at: f64,
 }

@@ -479,21 +479,24 @@ on_both_backends! {
         workflows.cancel(&ada[0], "ada").await.expect("cancel");
         wait_for_status(&node, &ada[0], "cancelled").await;
 
-        let filter = |after: Option<String>| store::ListFilter {
-            user_id: Some("ada".into()), status: None, after, limit: 2,
+        let filter = |after: Option<store::ListCursor>| store::ListFilter {
+            user_id: Some("ada".into()), status: None, request_id: None, after, limit: 2,
         };
         let first = workflows.list(filter(None)).await.expect("list");
-        let second = workflows.list(filter(first.last().map(|w| w.workflow_id.clone()))).await.expect("list");
-        let listed: Vec<String> = first.iter().chain(&second).map(|w| w.workflow_id.clone()).collect();
+        let cursor = first.last().map(|w| store::ListCursor {
+            created_at: w.row.created_at, workflow_id: w.row.workflow_id.clone() });
+        let second = workflows.list(filter(cursor)).await.expect("list");
+        let listed: Vec<String> = first.iter().chain(&second).map(|w| w.row.workflow_id.clone()).collect();
         // Pages follow (created_at, id); launches within one clock tick may come in any order.
         let (mut sorted, mut expected) = (listed.clone(), ada.clone());
         sorted.sort();
         expected.sort();
         assert_eq!((first.len(), sorted), (2, expected), "two pages covering exactly ada's, no repeats");
         assert!(!listed.contains(&bob));
-        let cancelled = workflows.list(store::ListFilter { status: Some("cancelled".into()), limit: 10,
+        let cancelled = workflows.list(store::ListFilter {
+            status: Some(store::StatusFilter::Stored("cancelled".into())), limit: 10,
             ..Default::default() }).await.expect("list");
-        assert_eq!(cancelled.iter().map(|w| w.workflow_id.as_str()).collect::<Vec<_>>(), vec![ada[0].as_str()]);
+        assert_eq!(cancelled.iter().map(|w| w.row.workflow_id.as_str()).collect::<Vec<_>>(), vec![ada[0].as_str()]);
     }
 }
 

@@ -14,11 +14,12 @@ use super::{Ctx, Reply, json_reply};
 /// The inbox: the store names the live workflows that wait for a person (at most
 /// `http.inbox_workflows_max`, oldest first); each is read as `get` reads it, and its waiting
 /// checkpoints and agents' requests become items, sorted by how long they have waited. A user
-/// sees their own workflows, an admin everyone's.
+/// sees their own workflows, an approver and an admin everyone's.
 pub async fn inbox(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
     let principal = ctx.principal()?;
     let limit = ctx.state.http.inbox_workflows_max;
-    let user_id = (!principal.user.is_admin).then_some(principal.user.id.as_str());
+    let sees_all = principal.user.sees_every_workflow();
+    let user_id = (!sees_all).then_some(principal.user.id.as_str());
     let mut run_ids = ctx
         .state
         .node
@@ -33,7 +34,7 @@ pub async fn inbox(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
         let Some(view) = ctx.state.node.workflows().get(&run_id).await? else {
             continue;
         };
-        if !principal.user.is_admin && view.row.user_id != principal.user.id {
+        if !sees_all && view.row.user_id != principal.user.id {
             continue;
         }
         items.extend(waiting_items(&record::record(&view)));

@@ -509,7 +509,7 @@ async fn respond(
         Access::Public => None,
         Access::User | Access::Admin => {
             let principal = authenticate(state, &parts.headers, parts.method.as_str()).await?;
-            if route.access == Access::Admin && !principal.user.is_admin {
+            if route.access == Access::Admin && !principal.user.is_admin() {
                 return Err(ApiError::forbidden(
                     "admin_only",
                     "only an admin may do this",
@@ -549,6 +549,13 @@ async fn dispatch(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
         Op::Logout => users::logout(ctx).await,
         Op::Me => users::me(ctx),
         Op::CreateUser => users::create_user(ctx).await,
+        Op::ListUsers => users::list_users(ctx).await,
+        Op::ChangeUser => users::change_user(ctx).await,
+        Op::ResetPassword => users::reset_password(ctx).await,
+        Op::SignOutUser => users::sign_out_user(ctx).await,
+        Op::DeleteUser => users::delete_user(ctx).await,
+        Op::ChangePassword => users::change_password(ctx).await,
+        Op::SignOutEverywhere => users::sign_out_everywhere(ctx).await,
         Op::CreateToken => users::create_token(ctx).await,
         Op::ListTokens => users::list_tokens(ctx).await,
         Op::RevokeToken => users::revoke_token(ctx).await,
@@ -573,11 +580,16 @@ async fn dispatch(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
 /// Reads the whole body, refusing one over `limit` bytes (413) before reading it when its length
 /// is declared.
 async fn read_body(headers: &HeaderMap, body: Incoming, limit: u64) -> Result<Bytes, ApiError> {
-    let too_large = |size: String| {
+    let too_large = |declared: Option<u64>| {
+        let size = match declared {
+            Some(declared) => format!("{declared} bytes"),
+            // Sent without a length (chunked): refused as soon as it passed the limit.
+            None => "longer than that".to_owned(),
+        };
         ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
             "too_large",
-            format!("the request body is {size} bytes, over `http.body_bytes_max` ({limit} bytes)"),
+            format!("the request body is over `http.body_bytes_max` ({limit} bytes): it is {size}"),
         )
     };
     let declared = headers
@@ -587,14 +599,12 @@ async fn read_body(headers: &HeaderMap, body: Incoming, limit: u64) -> Result<By
     if let Some(declared) = declared
         && declared > limit
     {
-        return Err(too_large(declared.to_string()));
+        return Err(too_large(Some(declared)));
     }
     let limit_bytes = usize::try_from(limit).unwrap_or(usize::MAX);
     match Limited::new(body, limit_bytes).collect().await {
         Ok(collected) => Ok(collected.to_bytes()),
-        Err(error) if error.is::<http_body_util::LengthLimitError>() => {
-            Err(too_large("more than that".into()))
-        }
+        Err(error) if error.is::<http_body_util::LengthLimitError>() => Err(too_large(None)),
         Err(error) => Err(ApiError::bad_request(format!(
             "the request body could not be read: {error}"
         ))),

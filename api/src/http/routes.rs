@@ -46,6 +46,17 @@ pub enum Op {
     Logout,
     Me,
     CreateUser,
+    ListUsers,
+    /// Change a user's role, or disable or enable them.
+    ChangeUser,
+    /// An admin sets a user's password.
+    ResetPassword,
+    /// An admin ends every session of a user.
+    SignOutUser,
+    DeleteUser,
+    /// A user changes their own password.
+    ChangePassword,
+    SignOutEverywhere,
     CreateToken,
     ListTokens,
     RevokeToken,
@@ -168,17 +179,26 @@ pub static ROUTES: &[Route] = &[
     route("POST", "/api/v1/auth/logout", Op::Logout, Access::User, "End this session", Body::None, 200, Some(schema::<UserReply>)),
     route("GET", "/api/v1/auth/me", Op::Me, Access::User, "Who is signed in", Body::None, 200, Some(schema::<UserReply>)),
     route("POST", "/api/v1/auth/users", Op::CreateUser, Access::Admin, "Create a user (admins)", Body::Json(schema::<NewUserBody>), 201, Some(schema::<UserReply>)),
+    route("GET", "/api/v1/auth/users", Op::ListUsers, Access::Admin, "Every user, oldest first (admins)", Body::None, 200, Some(schema::<UsersReply>)),
+    route("PATCH", "/api/v1/auth/users/{id}", Op::ChangeUser, Access::Admin, "Change a user's role, or disable (ends their sessions, refuses their API tokens) or enable them (admins; 409 last_admin)", Body::Json(schema::<UserChangeBody>), 200, Some(schema::<UserReply>)),
+    route("DELETE", "/api/v1/auth/users/{id}", Op::DeleteUser, Access::Admin, "Delete a user with their sessions and API tokens (admins; 409 for yourself or a user with a live workflow)", Body::None, 200, Some(schema::<DeletedUserReply>)),
+    route("POST", "/api/v1/auth/users/{id}/password", Op::ResetPassword, Access::Admin, "Set a user's password and end their sessions (admins)", Body::Json(schema::<PasswordResetBody>), 200, Some(schema::<UserReply>)),
+    route("POST", "/api/v1/auth/users/{id}/sign-out", Op::SignOutUser, Access::Admin, "End every session of a user (admins)", Body::None, 200, Some(schema::<UserReply>)),
+    route("POST", "/api/v1/auth/me/password", Op::ChangePassword, Access::User, "Change your own password; your other sessions end", Body::Json(schema::<PasswordChangeBody>), 200, Some(schema::<UserReply>)),
+    route("POST", "/api/v1/auth/sign-out-everywhere", Op::SignOutEverywhere, Access::User, "End every session of yours, this one too", Body::None, 200, Some(schema::<UserReply>)),
     route("POST", "/api/v1/auth/tokens", Op::CreateToken, Access::User, "Create an API token; its secret is shown only in this reply", Body::Json(schema::<NewTokenBody>), 201, Some(schema::<NewTokenReply>)),
     route("GET", "/api/v1/auth/tokens", Op::ListTokens, Access::User, "The signed-in user's API tokens (never their secrets)", Body::None, 200, Some(schema::<TokensReply>)),
     route("DELETE", "/api/v1/auth/tokens/{id}", Op::RevokeToken, Access::User, "Revoke one of the user's API tokens", Body::None, 200, Some(schema::<TokenReply>)),
     route("POST", REST, Op::Launch, Access::User, "Launch a workflow (201; 200 when the same request launched it before)", Body::Json(schema::<LaunchBody>), 201, Some(schema::<LaunchReply>)),
     Route {
         query: &[
-            ("status", "only workflows with this stored status (or `recoverable`)"),
-            ("after", "the page starts after this run_id"),
+            ("status", "only workflows with this stored status, or `recoverable` (live, the owner's lease expired: what `get` shows as `recoverable`)"),
+            ("after", "the page starts after this position: the previous page's `next`"),
             ("limit", "workflows per page (default 50, at most `http.page_size_max`)"),
+            ("request_id", "only the workflow launched with this request_id"),
+            ("user_id", "only this user's workflows (for those who see everyone's)"),
         ],
-        ..route("GET", REST, Op::List, Access::User, "A page of workflows, oldest first (an admin sees everyone's)", Body::None, 200, Some(schema::<WorkflowPage>))
+        ..route("GET", REST, Op::List, Access::User, "A page of workflows, newest first (admins and approvers see everyone's)", Body::None, 200, Some(schema::<WorkflowPage>))
     },
     route("GET", "/api/v1/workflows/{id}", Op::Get, Access::User, "A workflow with its steps and checkpoints", Body::None, 200, Some(schema::<WorkflowRecord>)),
     route("POST", "/api/v1/workflows/{id}/resume", Op::Resume, Access::User, "Resolve a pause", Body::Json(schema::<ResumeBody>), 200, Some(schema::<ControlReply>)),

@@ -13,7 +13,7 @@ use tokio_postgres::{NoTls, Row};
 
 use crate::lease::{Fence, Lease, ttl_seconds};
 use crate::migrations::{self, MigrationReport, PG_MIGRATION_LOCK};
-use crate::write::{ArtifactRow, Snapshot, StepRow, WorkflowRow, WriteOp};
+use crate::write::{ArtifactInfo, ArtifactRow, Snapshot, StepRow, WorkflowRow, WriteOp};
 use crate::{Error, NodeRecord, Result, StoreOptions};
 
 mod operators;
@@ -129,7 +129,10 @@ impl PgStore {
 
     pub(crate) async fn now(&self) -> Result<f64> {
         let client = self.pool.get().await?;
-        Ok(client.query_one("SELECT reins_now()", &[]).await?.get(0))
+        Ok(client
+            .query_one(&client.prepare_cached("SELECT reins_now()").await?, &[])
+            .await?
+            .get(0))
     }
 
     pub(crate) async fn acquire_lease(
@@ -201,9 +204,13 @@ impl PgStore {
         let client = self.pool.get().await?;
         let released = client
             .execute(
-                "UPDATE extension_execution_leases SET expires_at = reins_now()
+                &client
+                    .prepare_cached(
+                        "UPDATE extension_execution_leases SET expires_at = reins_now()
                   WHERE resource_id = $1 AND owner = $2 AND epoch = $3
                     AND expires_at > reins_now()",
+                    )
+                    .await?,
                 &[&fence.resource_id, &fence.owner, &fence.epoch],
             )
             .await?;
@@ -289,11 +296,12 @@ impl PgStore {
             .read_only(true)
             .start()
             .await?;
-        let (head, steps, controls, approval_runs) = futures_util::try_join!(
+        let (head, steps, controls, approval_runs, artifacts) = futures_util::try_join!(
             workflow_in(&transaction, workflow_id),
             steps_in(&transaction, workflow_id),
             workflows::controls_in(&transaction, workflow_id),
             runs::approval_runs_in(&transaction, workflow_id),
+            artifacts_in(&transaction, workflow_id),
         )?;
         transaction.commit().await?;
         Ok(head.map(|(row, lease, db_now)| Snapshot {
@@ -303,6 +311,7 @@ impl PgStore {
             steps,
             controls,
             approval_runs,
+            artifacts,
         }))
     }
 
@@ -314,8 +323,12 @@ impl PgStore {
         let client = self.pool.get().await?;
         let row = client
             .query_opt(
-                "SELECT version, source_step_id, path, content, sha256 FROM workflow_artifacts
-                  WHERE workflow = $1 AND version = $2",
+                &client
+                    .prepare_cached(
+                        "SELECT version, source_step_id, path, content, sha256
+                           FROM workflow_artifacts WHERE workflow = $1 AND version = $2",
+                    )
+                    .await?,
                 &[&workflow_id, &version],
             )
             .await?;
@@ -332,7 +345,12 @@ impl PgStore {
         let client = self.pool.get().await?;
         Ok(client
             .query_one(
-                "SELECT coalesce(max(version), 0) FROM workflow_artifacts WHERE workflow = $1",
+                &client
+                    .prepare_cached(
+                        "SELECT coalesce(max(version), 0) FROM workflow_artifacts
+                          WHERE workflow = $1",
+                    )
+                    .await?,
                 &[&workflow_id],
             )
             .await?
@@ -343,8 +361,12 @@ impl PgStore {
         let client = self.pool.get().await?;
         client
             .execute(
-                "INSERT INTO nodes (worker_id, host, pid, version, started_at)
+                &client
+                    .prepare_cached(
+                        "INSERT INTO nodes (worker_id, host, pid, version, started_at)
                  VALUES ($1, $2, $3, $4, reins_now())",
+                    )
+                    .await?,
                 &[&node.worker_id, &node.host, &node.pid, &node.version],
             )
             .await?;
@@ -355,7 +377,11 @@ impl PgStore {
         let client = self.pool.get().await?;
         client
             .execute(
-                "UPDATE nodes SET stopped_at = reins_now() WHERE worker_id = $1",
+                &client
+                    .prepare_cached(
+                        "UPDATE nodes SET stopped_at = reins_now() WHERE worker_id = $1",
+                    )
+                    .await?,
                 &[&worker_id],
             )
             .await?;
@@ -366,8 +392,12 @@ impl PgStore {
         let client = self.pool.get().await?;
         let rows = client
             .query(
-                "SELECT worker_id, host, pid, version, started_at, stopped_at FROM nodes
-                  ORDER BY started_at DESC, worker_id LIMIT $1",
+                &client
+                    .prepare_cached(
+                        "SELECT worker_id, host, pid, version, started_at, stopped_at FROM nodes
+                          ORDER BY started_at DESC, worker_id LIMIT $1",
+                    )
+                    .await?,
                 &[&i64::from(limit)],
             )
             .await?;
@@ -640,6 +670,27 @@ async fn workflow_in(
         };
         (workflow, lease, row.get(10))
     }))
+}
+
+async fn artifacts_in(client: &impl GenericClient, workflow_id: &str) -> Result<Vec<ArtifactInfo>> {
+    let statement = client
+        .prepare_cached(
+            "SELECT version, source_step_id, path, bytes, sha256, created_at FROM workflow_artifacts
+              WHERE workflow = $1 ORDER BY version",
+        )
+        .await?;
+    let rows = client.query(&statement, &[&workflow_id]).await?;
+    Ok(rows
+        .iter()
+        .map(|row| ArtifactInfo {
+            version: row.get(0),
+            source_step_id: row.get(1),
+            path: row.get(2),
+            bytes: row.get(3),
+            sha256: row.get(4),
+            created_at: row.get(5),
+        })
+        .collect())
 }
 
 async fn steps_in(client: &impl GenericClient, workflow_id: &str) -> Result<Vec<StepRow>> {

@@ -15,7 +15,7 @@ use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use crate::lease::{Fence, Lease, ttl_seconds};
 use crate::migrations::{self, MigrationReport};
-use crate::write::{ArtifactRow, Snapshot, StepRow, WorkflowRow, WriteOp};
+use crate::write::{ArtifactInfo, ArtifactRow, Snapshot, StepRow, WorkflowRow, WriteOp};
 use crate::{Error, NodeRecord, Result, StoreOptions};
 
 mod operators;
@@ -368,6 +368,7 @@ impl SqliteStore {
                 steps: steps_on(&snapshot, &workflow_id)?,
                 controls: workflows::controls_on(&snapshot, &workflow_id)?,
                 approval_runs: runs::approval_runs_on(&snapshot, &workflow_id)?,
+                artifacts: artifacts_on(&snapshot, &workflow_id)?,
             }))
         })
         .await
@@ -881,6 +882,24 @@ fn workflow_on(connection: &Connection, workflow_id: &str) -> Result<Option<Work
         },
     )
     .transpose()
+}
+
+fn artifacts_on(connection: &Connection, workflow_id: &str) -> Result<Vec<ArtifactInfo>> {
+    let mut statement = connection.prepare_cached(
+        "SELECT version, source_step_id, path, bytes, sha256, created_at FROM workflow_artifacts
+          WHERE workflow = ?1 ORDER BY version",
+    )?;
+    let rows = statement.query_map([workflow_id], |row| {
+        Ok(ArtifactInfo {
+            version: row.get(0)?,
+            source_step_id: row.get(1)?,
+            path: row.get(2)?,
+            bytes: row.get(3)?,
+            sha256: row.get(4)?,
+            created_at: row.get(5)?,
+        })
+    })?;
+    Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
 }
 
 fn steps_on(connection: &Connection, workflow_id: &str) -> Result<Vec<StepRow>> {

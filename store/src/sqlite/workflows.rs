@@ -7,8 +7,8 @@ use super::{SqliteStore, parse_json};
 use crate::lease::ttl_seconds;
 use crate::workflows::takeover_refusal;
 use crate::workflows::{
-    ControlRow, ControlWrite, Deletion, Launch, LaunchLimits, ListFilter, NewControl, Orphaned,
-    TERMINAL_STATUSES, TakeOver, Versions,
+    ControlRow, ControlWrite, Deletion, Launch, LaunchLimits, ListFilter, ListedWorkflow,
+    NewControl, Orphaned, StatusFilter, TERMINAL_STATUSES, TakeOver, Versions,
 };
 use crate::{Error, Lease, NewWorkflow, Result, WorkflowRow};
 
@@ -366,23 +366,49 @@ impl SqliteStore {
         .await
     }
 
-    pub(crate) async fn list_workflows(&self, filter: ListFilter) -> Result<Vec<WorkflowRow>> {
+    pub(crate) async fn list_workflows(&self, filter: ListFilter) -> Result<Vec<ListedWorkflow>> {
         self.read(move |connection| {
+            // The four statuses are `COUNTED_STATUSES`.
             let mut statement = connection.prepare_cached(
-                "SELECT id, user_id, status, owner, fingerprint, data, created_at, updated_at FROM workflows
-                  WHERE (?1 IS NULL OR user_id = ?1) AND (?2 IS NULL OR status = ?2)
-                    AND (?3 IS NULL OR (created_at, id) >
-                         (SELECT created_at, id FROM workflows WHERE id = ?3))
-                  ORDER BY created_at, id LIMIT ?4",
+                "SELECT w.id, w.user_id, w.status, w.owner, w.fingerprint, w.data, w.created_at,
+                        w.updated_at,
+                        w.status IN ('running', 'paused', 'waiting_approval', 'cancelling')
+                          AND (l.expires_at IS NULL OR l.expires_at <= unixepoch('subsec'))
+                   FROM workflows w LEFT JOIN extension_execution_leases l ON l.resource_id = w.id
+                  WHERE (?1 IS NULL OR w.user_id = ?1) AND (?2 IS NULL OR w.status = ?2)
+                    AND (NOT ?6 OR (w.status IN ('running', 'paused', 'waiting_approval', 'cancelling')
+                          AND (l.expires_at IS NULL OR l.expires_at <= unixepoch('subsec'))))
+                    AND (?3 IS NULL OR (w.created_at, w.id) < (?3, ?4))
+                    AND (?7 IS NULL OR w.request_id = ?7)
+                  ORDER BY w.created_at DESC, w.id DESC LIMIT ?5",
             )?;
+            let (stored, recoverable) = match filter.status {
+                None => (None, false),
+                Some(StatusFilter::Stored(status)) => (Some(status), false),
+                Some(StatusFilter::Recoverable) => (None, true),
+            };
+            let (after_created_at, after_id) = filter
+                .after
+                .map_or((None, None), |c| (Some(c.created_at), Some(c.workflow_id)));
             let rows = statement.query_map(
-                params![filter.user_id, filter.status, filter.after, filter.limit],
-                workflow_row,
+                params![
+                    filter.user_id,
+                    stored,
+                    after_created_at,
+                    after_id,
+                    filter.limit,
+                    recoverable,
+                    filter.request_id
+                ],
+                |row| Ok((workflow_row(row)?, row.get::<_, bool>(8)?)),
             )?;
             rows.map(|row| {
-                let (mut workflow, data) = row?;
+                let ((mut workflow, data), recoverable) = row?;
                 workflow.data = parse_json(&data)?;
-                Ok(workflow)
+                Ok(ListedWorkflow {
+                    row: workflow,
+                    recoverable,
+                })
             })
             .collect()
         })
