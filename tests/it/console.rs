@@ -880,6 +880,57 @@ async fn the_inbox_shows_what_waits_for_the_caller_oldest_first_within_its_bound
     let hers = launch(&mut carol, PAUSING).await;
     let inbox = poll_inbox(&mut carol, 1).await;
     assert_eq!(inbox["items"][0]["run_id"], hers.as_str(), "{inbox}");
+
+    // The list by owner and by request id: an admin may name anyone, a user only finds her own.
+    let carol_id = inbox["items"][0]["user_id"]
+        .as_str()
+        .expect("user")
+        .to_owned();
+    let admin_id = items[0]["user_id"].as_str().expect("user").to_owned();
+    let listed = |answer: crate::http_client::Answer| -> Vec<String> {
+        assert_eq!(answer.status, 200, "{answer:?}");
+        answer.json()["workflows"]
+            .as_array()
+            .expect("workflows")
+            .iter()
+            .map(|w| w["run_id"].as_str().unwrap_or_default().to_owned())
+            .collect()
+    };
+    let path = |query: &str| format!("/api/v1/workflows?{query}");
+    assert_eq!(
+        listed(
+            admin
+                .call("GET", &path(&format!("user_id={carol_id}")), None)
+                .await
+        ),
+        vec![hers.clone()]
+    );
+    assert_eq!(
+        listed(
+            carol
+                .call("GET", &path(&format!("user_id={admin_id}")), None)
+                .await
+        ),
+        vec![hers.clone()],
+        "a user's listing is her own whatever she names"
+    );
+    let tagged = admin
+        .call(
+            "POST",
+            "/api/v1/workflows",
+            Some(json!({"script": "return 3;", "request_id": "tag-1"})),
+        )
+        .await;
+    let tagged = tagged.json()["run_id"].as_str().expect("run_id").to_owned();
+    assert_eq!(
+        listed(admin.call("GET", &path("request_id=tag-1"), None).await),
+        vec![tagged]
+    );
+    assert!(listed(carol.call("GET", &path("request_id=tag-1"), None).await).is_empty());
+    let bad = admin
+        .call("GET", &path("request_id=no%20spaces"), None)
+        .await;
+    assert_eq!(bad.status, 400, "{bad:?}");
     for path in ["/api/v1/admin/nodes", "/api/v1/admin/slots"] {
         let refused = carol.call("GET", path, None).await;
         assert_eq!(refused.status, 403, "{path}: {refused:?}");
