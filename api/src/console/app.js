@@ -324,6 +324,11 @@ function isAdmin() {
   return Boolean(state.user && (state.user.is_admin || state.user.role === "admin"));
 }
 
+/** An approver or an admin: sees, and may answer on, everyone's workflows. */
+function seesAll() {
+  return isAdmin() || Boolean(state.user && state.user.role === "approver");
+}
+
 function sessionEnded() {
   if (!state.user) return;
   state.user = null;
@@ -918,7 +923,7 @@ function renderWorkflow(record, previews) {
       " · started ", time(record.created_at), " · updated ", time(record.updated_at),
       LIVE.has(record.status) ? null
         : ` · took ${duration(record.updated_at - record.created_at)}`),
-    admin && !mine ? h("p", {class: "meta"}, `Owner: ${ownerName(record.user_id, new Map())}`)
+    seesAll() && !mine ? h("p", {class: "meta"}, `Owner: ${ownerName(record.user_id, new Map())}`)
       : null);
 
   const actions = h("div", {class: "buttons actions"});
@@ -1040,7 +1045,8 @@ function checkpointEntry(record, checkpoint, previews) {
     h("div", {class: "entry-head"}, h("strong", {}, checkpoint.step_id), " ",
       h("span", {class: "kind"}, checkpoint.kind), ` · attempt ${checkpoint.attempt} `,
       badge(status)),
-    h("p", {class: "meta"}, "waiting since ", time(checkpoint.started_at),
+    h("p", {class: "meta"}, status === "waiting" ? "waiting since " : "asked ",
+      time(checkpoint.started_at),
       checkpoint.decided_at ? [" · decided ", time(checkpoint.decided_at),
         ` after ${duration(checkpoint.decided_at - checkpoint.started_at)}`] : null,
       checkpoint.decided_by ? ` by ${checkpoint.decided_by}` : null));
