@@ -21,7 +21,8 @@ const POLL_MS_WITH_STREAM = 15000;
 /** The event kinds a stream may send (SSE delivers a named event only to its own listener). */
 const EVENT_KINDS = ["message", "status", "step_journaled", "step_started", "pause_waiting",
   "checkpoint_waiting", "step_finished", "pause_resumed", "checkpoint_decided",
-  "cancel_requested", "artifact", "approval_requested", "approval_answered"];
+  "cancel_requested", "artifact", "approval_requested", "approval_answered", "log",
+  "log_truncated"];
 /** Workflows read at most for the list (the list pages and sorts what it read). */
 const LIST_WORKFLOWS_MAX = 5000;
 /** Workflows per page of the list. */
@@ -425,7 +426,10 @@ function openStream() {
   closeStream();
   const page = state.page;
   if (!page || !page.events || typeof EventSource !== "function" || document.hidden) return;
-  const source = new EventSource(page.events, {withCredentials: true});
+  // A stream opened again (the tab was hidden) goes on after the last event the page saw.
+  const url = page.resumable && page.lastEventId
+    ? `${page.events}?${new URLSearchParams({after: page.lastEventId})}` : page.events;
+  const source = new EventSource(url, {withCredentials: true});
   state.stream = source;
   source.addEventListener("open", () => {
     if (state.stream !== source) return;
@@ -443,7 +447,9 @@ function openStream() {
   for (const kind of EVENT_KINDS) {
     source.addEventListener(kind, (event) => {
       if (state.stream !== source) return;
+      if (event.lastEventId) page.lastEventId = event.lastEventId;
       if (page.endsWith && page.endsWith(event)) closeStream();
+      if (page.onEvent && page.onEvent(event)) return;
       cue();
     });
   }
@@ -868,15 +874,39 @@ function launchForm() {
 
 async function workflowPage(main, [runId]) {
   const region = h("div", {id: "workflow"});
+  // The script's console.log lines come as `log` events of its stream (replayed from the first
+  // when the page opens it), so they are kept apart from what each read of the record draws.
+  const logLines = h("pre", {class: "logs"});
+  const logs = h("section", {class: "card", id: "logs", hidden: true},
+    h("h2", {}, "console.log"), logLines);
   main.replaceChildren(h("p", {class: "crumbs"}, h("a", {href: "#/workflows"}, "Workflows"), " / ",
-    h("span", {}, runId)), region);
+    h("span", {}, runId)), region, logs);
   const previews = new Map();
+  const logged = new Set();
   let last = null;
   const page = {
     title: `Workflow ${runId}`,
     events: `${workflowPath(runId)}/events`,
+    resumable: true,
     // The stream ends after the final status; without this the browser would open it again.
     endsWith: (event) => event.type === "status" && TERMINAL.has(statusOf(event)),
+    /** Takes a `log` event; answers whether the event changes nothing else on the page. */
+    onEvent: (event) => {
+      if (event.type !== "log" && event.type !== "log_truncated") return false;
+      if (logged.has(event.lastEventId)) return true;
+      logged.add(event.lastEventId);
+      let data = {};
+      try {
+        data = JSON.parse(event.data);
+      } catch {
+        return true;
+      }
+      const line = event.type === "log" ? String(data.line)
+        : "(later lines are over the workflow's log bounds: in the node's log only)";
+      logLines.append(logLines.textContent ? `\n${line}` : line);
+      logs.hidden = false;
+      return true;
+    },
   };
   page.refresh = async (force) => {
     let record;
@@ -890,8 +920,6 @@ async function workflowPage(main, [runId]) {
       }
       throw error;
     }
-    // An ended workflow has nothing more to stream.
-    if (TERMINAL.has(record.status)) page.events = null;
     const signature = JSON.stringify(record);
     if (!force && signature === last) {
       updateRunningTimes(region, record);
@@ -960,13 +988,6 @@ function renderWorkflow(record, previews) {
   parts.push(h("section", {class: "timeline-box"}, h("h2", {}, "Timeline"),
     entries.length ? h("ol", {class: "timeline"}, entries.map((e) => e.node))
       : h("p", {class: "empty"}, "No steps yet.")));
-
-  const logs = Array.isArray(record.logs) ? record.logs : null;
-  if (logs && logs.length) {
-    parts.push(h("section", {class: "card"}, h("h2", {}, "console.log"),
-      h("pre", {class: "logs"}, logs.map((line) =>
-        typeof line === "string" ? line : JSON.stringify(line)).join("\n"))));
-  }
 
   // Every version the record lists (a node that lists none: those its steps name).
   const artifacts = new Map();
