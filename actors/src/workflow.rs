@@ -802,10 +802,11 @@ impl WorkflowState {
             Outcome::Resolved(_) => "completed",
             Outcome::Rejected(_) => "failed",
         };
-        // Journaled with whatever the workflow writes next (see `unwritten`).
+        // Journaled with whatever the workflow writes next (see `unwritten`). The artifact the
+        // outcome names goes first, so the step's `step_finished` event can give its size.
         let op = self.step_op(&entry, status, fields);
-        self.unwritten.ops.push(op);
         self.unwritten.ops.append(&mut extra);
+        self.unwritten.ops.push(op);
         self.unwritten.events.push(Journaled::Finished {
             step_id: entry.step_id.clone(),
             kind: entry.kind,

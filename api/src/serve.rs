@@ -154,6 +154,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         &secret,
         config.http.clone(),
         config.auth.clone(),
+        config.events.clone(),
     ));
     let (stop, stopping) = watch::channel(false);
     let drain_timeout = Duration::from_millis(config.shutdown.drain_timeout_ms);

@@ -102,10 +102,16 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         postgres: include_str!("../migrations/postgres/0015_reconciliation_holds_no_place.sql"),
         sqlite: include_str!("../migrations/sqlite/0015_reconciliation_holds_no_place.sql"),
     },
+    Migration {
+        version: 16,
+        name: "workflow_events",
+        postgres: include_str!("../migrations/postgres/0016_workflow_events.sql"),
+        sqlite: include_str!("../migrations/sqlite/0016_workflow_events.sql"),
+    },
 ];
 
 /// The schema version this build expects.
-pub const SCHEMA_VERSION: i64 = 15;
+pub const SCHEMA_VERSION: i64 = 16;
 
 /// The advisory-lock key PostgreSQL migrations serialise on ("reins" in ASCII).
 pub(crate) const PG_MIGRATION_LOCK: i64 = 0x0072_6569_6e73;

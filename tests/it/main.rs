@@ -15,6 +15,7 @@ mod cluster;
 mod command_agent;
 mod crash_recovery;
 mod disk_full;
+mod events;
 mod faults;
 mod fencing;
 mod http_api;

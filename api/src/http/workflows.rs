@@ -8,7 +8,6 @@ use actors::{Decide, LaunchRequest, ReconcileRequest, Resolution, Resume, Workfl
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use bytes::Bytes;
-use http_body_util::Full;
 use hyper::header::{
     ACCEPT_RANGES, CONTENT_DISPOSITION, CONTENT_RANGE, CONTENT_TYPE, ETAG, HeaderValue, RANGE,
 };
@@ -86,7 +85,7 @@ fn run_id(ctx: &Ctx<'_>, body_run_id: Option<String>) -> Result<String, ApiError
 }
 
 /// The workflow's row, if the caller may see it.
-async fn owned_row(ctx: &Ctx<'_>, run_id: &str) -> Result<WorkflowRow, ApiError> {
+pub(super) async fn owned_row(ctx: &Ctx<'_>, run_id: &str) -> Result<WorkflowRow, ApiError> {
     let row = ctx.state.node.store().read_workflow(run_id).await?;
     visible(ctx, row, run_id)
 }
@@ -643,7 +642,7 @@ pub async fn artifact(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
     };
     // `start <= end <= total`, and `total` is the length of `content`.
     let bytes = Bytes::copy_from_slice(&artifact.content[start as usize..end as usize]);
-    let mut reply = Response::new(Full::new(bytes));
+    let mut reply = Response::new(super::full(bytes));
     *reply.status_mut() = status;
     let headers = reply.headers_mut();
     headers.insert(CONTENT_TYPE, HeaderValue::from_static(served.content_type));

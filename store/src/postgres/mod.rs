@@ -16,6 +16,7 @@ use crate::migrations::{self, MigrationReport, PG_MIGRATION_LOCK};
 use crate::write::{ArtifactRow, Snapshot, StepRow, WorkflowRow, WriteOp};
 use crate::{Error, NodeRecord, Result, StoreOptions};
 
+mod events;
 mod operators;
 mod runs;
 mod users;

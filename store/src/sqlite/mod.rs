@@ -18,6 +18,7 @@ use crate::migrations::{self, MigrationReport};
 use crate::write::{ArtifactRow, Snapshot, StepRow, WorkflowRow, WriteOp};
 use crate::{Error, NodeRecord, Result, StoreOptions};
 
+mod events;
 mod operators;
 mod runs;
 mod users;
