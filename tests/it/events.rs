@@ -190,6 +190,8 @@ async fn the_whole_story_in_order(postgres: bool) {
     let agent = by_kind("step_finished", "a");
     assert_eq!(agent["status"], "completed");
     assert_eq!(agent["total_tokens"], 42);
+    assert!(agent["child_run_id"].is_string(), "{agent}");
+    assert!(live.iter().all(|e| e.data["run_id"] == run_id.as_str()));
     assert_eq!(agent["output_bytes"], "\"drafted\"".len());
     assert!(
         agent["duration_ms"].as_i64().is_some_and(|ms| ms >= 0),
@@ -655,4 +657,69 @@ async fn reins_watch_prints_the_events_and_exits_at_the_end() {
         events.last().map(|e| e["status"].clone()),
         Some(json!("failed"))
     );
+}
+
+/// A step's agent asking a person and the answer are events of the workflow, with who answered.
+async fn an_agents_approval_request_and_its_answer_are_events(postgres: bool) {
+    let db = Db::new(postgres).await;
+    let node = Node::start(&db, &[]);
+    let mut api = initialize(&node).await;
+    let run_id = launch(
+        &mut api,
+        r#"const r = await agent({stepId: "ask", agentRef: "scripted", task: {
+               ask_approval: {request_id: "deploy-1", actions: [{tool: "deploy"}]}}});
+           return r.approval.answer.decision;"#,
+    )
+    .await;
+    let mut stream = api.stream(&events_path(&run_id), &[]).await;
+    let mut seen = Vec::new();
+    until(&mut stream, &mut seen, "approval_requested", Some("ask")).await;
+    let asked = seen.last().expect("the request").data.clone();
+    assert_eq!(asked["request_id"], "deploy-1");
+    assert_eq!(asked["attempt"], 1);
+    let answered = api
+        .call(
+            "POST",
+            &format!("/api/v1/workflows/{run_id}/steps/ask/answer"),
+            Some(json!({"decision": "approve", "comment": "go"})),
+        )
+        .await;
+    assert_eq!(answered.status, 200, "{answered:?}");
+    let (rest, end) = stream.rest(WAIT).await;
+    seen.extend(rest);
+    assert_eq!(end, SseEnd::Ended);
+    assert_numbered(&seen);
+    let answer = seen
+        .iter()
+        .find(|e| e.event == "approval_answered")
+        .unwrap_or_else(|| panic!("no answer: {seen:#?}"));
+    assert_eq!(answer.data["decision"], "approve");
+    assert_eq!(answer.data["by"], crate::http_api::ADMIN);
+    assert_eq!(answer.data["child_run_id"], asked["child_run_id"]);
+    assert!(seen.iter().all(|e| e.data["run_id"] == run_id.as_str()));
+    assert_eq!(
+        kinds(&seen),
+        [
+            "status running",
+            "step_journaled ask",
+            "step_started ask",
+            "approval_requested ask",
+            "approval_answered ask",
+            "artifact ask",
+            "step_finished ask",
+            "status completed",
+        ]
+    );
+}
+
+mod an_agents_approval_request_and_its_answer_are_events {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn sqlite() {
+        super::an_agents_approval_request_and_its_answer_are_events(false).await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn postgres() {
+        super::an_agents_approval_request_and_its_answer_are_events(true).await
+    }
 }

@@ -165,16 +165,12 @@ fn start_after(ctx: &Ctx<'_>) -> Result<Option<i64>, ApiError> {
 
 /// One event as SSE: `id`, `event` (its kind) and one line of JSON data.
 fn frame(event: &EventRow) -> Bytes {
-    let mut body = serde_json::Map::new();
+    // The kind's fields first, so that no field can stand for the event's own.
+    let mut body = event.data.as_object().cloned().unwrap_or_default();
     body.insert("id".into(), event.seq.into());
     body.insert("run_id".into(), event.workflow_id.clone().into());
     body.insert("kind".into(), event.kind.clone().into());
     body.insert("at".into(), event.created_at.into());
-    if let Some(fields) = event.data.as_object() {
-        for (key, value) in fields {
-            body.insert(key.clone(), value.clone());
-        }
-    }
     let data = serde_json::Value::Object(body).to_string();
     Bytes::from(format!(
         "id: {}\nevent: {}\ndata: {data}\n\n",

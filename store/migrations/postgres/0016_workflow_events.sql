@@ -120,7 +120,7 @@ BEGIN
         PERFORM reins_event(NEW.workflow, 'step_finished',
             jsonb_build_object(
                 'step_id', NEW.step_id, 'attempt', NEW.attempt, 'step_kind', NEW.kind,
-                'status', NEW.status, 'run_id', v_run,
+                'status', NEW.status, 'child_run_id', v_run,
                 'duration_ms', round((NEW.updated_at - NEW.created_at) * 1000)::bigint,
                 'output_bytes', (SELECT bytes FROM workflow_artifacts
                                   WHERE workflow = NEW.workflow AND version = v_version),
@@ -175,14 +175,14 @@ BEGIN
     IF NEW.status = 'waiting_for_input' AND OLD.status <> 'waiting_for_input' THEN
         PERFORM reins_event(NEW.workflow, 'approval_requested',
             jsonb_build_object('step_id', NEW.step_id, 'attempt', NEW.attempt,
-                               'run_id', NEW.run_id,
+                               'child_run_id', NEW.run_id,
                                'request_id', NEW.metadata->'hitl_approval'->'request_id'));
     END IF;
     IF NEW.metadata->'hitl_answer' IS NOT NULL
        AND NEW.metadata->'hitl_answer' IS DISTINCT FROM OLD.metadata->'hitl_answer' THEN
         PERFORM reins_event(NEW.workflow, 'approval_answered',
             jsonb_build_object('step_id', NEW.step_id, 'attempt', NEW.attempt,
-                               'run_id', NEW.run_id,
+                               'child_run_id', NEW.run_id,
                                'request_id', NEW.metadata->'hitl_answer'->'request_id',
                                'decision', NEW.metadata->'hitl_answer'->'answer'->'decision',
                                'by', NEW.metadata->'hitl_answer'->'answer'->'by'));

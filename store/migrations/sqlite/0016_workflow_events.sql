@@ -68,7 +68,7 @@ BEGIN
     SELECT id, event_seq, 'step_finished', json_object(
                'step_id', NEW.step_id, 'attempt', NEW.attempt, 'step_kind', NEW.kind,
                'status', NEW.status,
-               'run_id', coalesce(json_extract(NEW.data, '$.run_id'),
+               'child_run_id', coalesce(json_extract(NEW.data, '$.run_id'),
                                   json_extract(NEW.data, '$.outcome.value.runId')),
                'duration_ms', CAST(round((NEW.updated_at - NEW.created_at) * 1000) AS INTEGER),
                'output_bytes', (SELECT bytes FROM workflow_artifacts
@@ -99,7 +99,7 @@ BEGIN
     SELECT id, event_seq, 'step_finished', json_object(
                'step_id', NEW.step_id, 'attempt', NEW.attempt, 'step_kind', NEW.kind,
                'status', NEW.status,
-               'run_id', coalesce(json_extract(NEW.data, '$.run_id'),
+               'child_run_id', coalesce(json_extract(NEW.data, '$.run_id'),
                                   json_extract(NEW.data, '$.outcome.value.runId')),
                'duration_ms', CAST(round((NEW.updated_at - NEW.created_at) * 1000) AS INTEGER),
                'output_bytes', (SELECT bytes FROM workflow_artifacts
@@ -153,14 +153,14 @@ WHEN NEW.workflow IS NOT NULL
 BEGIN
     UPDATE workflows SET event_seq = event_seq + 1 WHERE id = NEW.workflow AND (NEW.status = 'waiting_for_input' AND OLD.status <> 'waiting_for_input');
     INSERT INTO workflow_events (workflow, seq, kind, data, created_at)
-    SELECT id, event_seq, 'approval_requested', json_object('step_id', NEW.step_id, 'attempt', NEW.attempt, 'run_id', NEW.run_id,
+    SELECT id, event_seq, 'approval_requested', json_object('step_id', NEW.step_id, 'attempt', NEW.attempt, 'child_run_id', NEW.run_id,
                            'request_id', json_extract(NEW.metadata, '$.hitl_approval.request_id')), unixepoch('subsec')
       FROM workflows WHERE id = NEW.workflow AND (NEW.status = 'waiting_for_input' AND OLD.status <> 'waiting_for_input');
     UPDATE workflows SET event_seq = event_seq + 1 WHERE id = NEW.workflow AND (json_extract(NEW.metadata, '$.hitl_answer') IS NOT NULL
                      AND json_extract(NEW.metadata, '$.hitl_answer')
                          IS NOT json_extract(OLD.metadata, '$.hitl_answer'));
     INSERT INTO workflow_events (workflow, seq, kind, data, created_at)
-    SELECT id, event_seq, 'approval_answered', json_object('step_id', NEW.step_id, 'attempt', NEW.attempt, 'run_id', NEW.run_id,
+    SELECT id, event_seq, 'approval_answered', json_object('step_id', NEW.step_id, 'attempt', NEW.attempt, 'child_run_id', NEW.run_id,
                            'request_id', json_extract(NEW.metadata, '$.hitl_answer.request_id'),
                            'decision', json_extract(NEW.metadata, '$.hitl_answer.answer.decision'),
                            'by', json_extract(NEW.metadata, '$.hitl_answer.answer.by')), unixepoch('subsec')
