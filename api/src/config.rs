@@ -286,6 +286,11 @@ pub struct Limits {
     pub log_lines_per_activation_max: u64,
     pub log_line_bytes_max: u64,
     pub log_bytes_per_workflow_max: u64,
+    /// `console.log` lines a workflow keeps as durable `log` events at most, whichever nodes
+    /// ran it.
+    pub log_events_per_workflow_max: u64,
+    /// The bytes of the lines a workflow keeps as `log` events at most.
+    pub log_event_bytes_per_workflow_max: u64,
 }
 
 impl Default for Limits {
@@ -308,6 +313,8 @@ impl Default for Limits {
             log_lines_per_activation_max: 1_000,
             log_line_bytes_max: 4 * 1024,
             log_bytes_per_workflow_max: 1024 * 1024,
+            log_events_per_workflow_max: 1000,
+            log_event_bytes_per_workflow_max: 256 * 1024,
         }
     }
 }

@@ -344,7 +344,7 @@ async fn a_client_that_reads_nothing_is_cut_off(postgres: bool) {
         &db,
         &[
             ("REINS_EVENTS__STREAM_BUFFER_BYTES_MAX", "4096".into()),
-            ("REINS_EVENTS__STREAM_STALL_MS", "300".into()),
+            ("REINS_EVENTS__STREAM_STALL_MS", "1000".into()),
             ("REINS_EVENTS__STREAMS_MAX", "1".into()),
             // hyper's own write buffer follows the head limit (8 KiB at least).
             ("REINS_HTTP__HEAD_BYTES_MAX", "8192".into()),
@@ -721,5 +721,97 @@ mod an_agents_approval_request_and_its_answer_are_events {
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn postgres() {
         super::an_agents_approval_request_and_its_answer_are_events(true).await
+    }
+}
+
+/// `console.log` lines are `log` events, committed with the workflow's next write, within
+/// `limits.log_events_per_workflow_max` lines and `limits.log_event_bytes_per_workflow_max`
+/// bytes per workflow: the first line over either is one `log_truncated` event.
+async fn console_log_lines_are_bounded_events(postgres: bool) {
+    let db = Db::new(postgres).await;
+    let node = Node::start(
+        &db,
+        &[
+            ("REINS_LIMITS__LOG_EVENTS_PER_WORKFLOW_MAX", "3".into()),
+            (
+                "REINS_LIMITS__LOG_EVENT_BYTES_PER_WORKFLOW_MAX",
+                "1000".into(),
+            ),
+        ],
+    );
+    let mut api = initialize(&node).await;
+    let lines = |events: &[Sse]| -> Vec<String> {
+        events
+            .iter()
+            .filter(|e| e.event.starts_with("log"))
+            .map(|e| match e.event.as_str() {
+                "log" => e.data["line"].as_str().unwrap_or("?").to_owned(),
+                other => other.to_owned(),
+            })
+            .collect()
+    };
+
+    let run_id = launch(
+        &mut api,
+        r#"console.log("one");
+           await agent({stepId: "a", agentRef: "scripted", task: {output: 1}});
+           console.log("two", {n: 2});
+           console.log("three");
+           await agent({stepId: "b", agentRef: "scripted", task: {output: 2}});
+           console.log("four");
+           console.log("five");
+           return "done";"#,
+    )
+    .await;
+    let (events, end) = api
+        .stream(&events_path(&run_id), &[])
+        .await
+        .rest(WAIT)
+        .await;
+    assert_eq!(end, SseEnd::Ended);
+    assert_numbered(&events);
+    assert_eq!(
+        lines(&events),
+        ["one", "two {\"n\":2}", "three", "log_truncated"],
+        "{events:#?}"
+    );
+    let position = |kind: &str, step: &str| {
+        events
+            .iter()
+            .position(|e| e.event == kind && e.data["step_id"] == step)
+            .expect("event")
+    };
+    let first = events.iter().position(|e| e.event == "log").expect("a log");
+    assert!(
+        first < position("step_journaled", "a"),
+        "logged before the step"
+    );
+
+    // The byte bound: one long line fits, the next does not.
+    let run_id = launch(
+        &mut api,
+        r#"console.log("x".repeat(900)); console.log("y".repeat(200)); return 1;"#,
+    )
+    .await;
+    let (events, _) = api
+        .stream(&events_path(&run_id), &[])
+        .await
+        .rest(WAIT)
+        .await;
+    assert_eq!(
+        lines(&events),
+        ["x".repeat(900), "log_truncated".to_owned()]
+    );
+}
+
+mod console_log_lines_are_bounded_events {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn sqlite() {
+        super::console_log_lines_are_bounded_events(false).await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn postgres() {
+        super::console_log_lines_are_bounded_events(true).await
     }
 }

@@ -183,6 +183,9 @@ pub struct SseStream {
     pub headers: HeaderMap,
     body: hyper::body::Incoming,
     buffer: Vec<u8>,
+    /// How much of `buffer` holds no message end: large events arrive in many frames, and
+    /// scanning each again from the start would keep a slow debug build from reading on time.
+    scanned: usize,
     /// Comments seen (keep-alives).
     pub comments: usize,
 }
@@ -203,8 +206,14 @@ impl SseStream {
     pub async fn next(&mut self, within: std::time::Duration) -> Result<Sse, SseEnd> {
         let deadline = tokio::time::Instant::now() + within;
         loop {
-            if let Some(end) = self.buffer.windows(2).position(|w| w == b"\n\n") {
+            let found = self.buffer[self.scanned..]
+                .windows(2)
+                .position(|w| w == b"\n\n")
+                .map(|at| self.scanned + at);
+            self.scanned = self.buffer.len().saturating_sub(1);
+            if let Some(end) = found {
                 let message: Vec<u8> = self.buffer.drain(..end + 2).collect();
+                self.scanned = 0;
                 let text = String::from_utf8(message).expect("utf-8 event");
                 let (mut id, mut event, mut data) = (None, String::new(), None);
                 let mut comment = false;
@@ -287,6 +296,7 @@ impl Api {
             headers,
             body: response.into_body(),
             buffer: Vec::new(),
+            scanned: 0,
             comments: 0,
         }
     }

@@ -9,6 +9,10 @@
 -- also take a number of the cluster-wide feed (`event_feed`, one row, locked the same way), so the
 -- feed's numbers commit in order too.
 ALTER TABLE workflows ADD COLUMN event_seq BIGINT NOT NULL DEFAULT 0;
+-- `console.log` lines kept as events, their bytes, and lines dropped over the bounds.
+ALTER TABLE workflows ADD COLUMN log_events BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE workflows ADD COLUMN log_bytes BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE workflows ADD COLUMN log_dropped BIGINT NOT NULL DEFAULT 0;
 
 CREATE TABLE event_feed (
     id   INTEGER PRIMARY KEY CHECK (id = 1),
@@ -197,3 +201,37 @@ CREATE TRIGGER runs_approval_event AFTER UPDATE OF status, metadata ON runs
                OR (NEW.metadata->'hitl_answer' IS NOT NULL
                    AND NEW.metadata->'hitl_answer' IS DISTINCT FROM OLD.metadata->'hitl_answer')))
     EXECUTE FUNCTION reins_approval_event();
+
+-- `console.log` lines as `log` events, at most p_events_max lines and p_bytes_max bytes of
+-- lines per workflow; the first line over either becomes one `log_truncated` event, and the
+-- later ones are dropped (counted in `log_dropped`).
+CREATE FUNCTION reins_log(p_workflow TEXT, p_lines TEXT[], p_events_max BIGINT,
+                          p_bytes_max BIGINT) RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    v_kept BIGINT;
+    v_bytes BIGINT;
+    v_dropped BIGINT;
+    v_line TEXT;
+BEGIN
+    SELECT log_events, log_bytes, log_dropped INTO v_kept, v_bytes, v_dropped
+      FROM workflows WHERE id = p_workflow;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'RN001', MESSAGE = 'workflow ' || p_workflow;
+    END IF;
+    FOREACH v_line IN ARRAY p_lines LOOP
+        IF v_dropped = 0 AND v_kept < p_events_max
+           AND v_bytes + octet_length(v_line) <= p_bytes_max THEN
+            v_kept := v_kept + 1;
+            v_bytes := v_bytes + octet_length(v_line);
+            PERFORM reins_event(p_workflow, 'log', jsonb_build_object('line', v_line));
+        ELSE
+            v_dropped := v_dropped + 1;
+            IF v_dropped = 1 THEN
+                PERFORM reins_event(p_workflow, 'log_truncated',
+                    jsonb_build_object('events_max', p_events_max, 'bytes_max', p_bytes_max));
+            END IF;
+        END IF;
+    END LOOP;
+    UPDATE workflows SET log_events = v_kept, log_bytes = v_bytes, log_dropped = v_dropped
+     WHERE id = p_workflow;
+END $$;

@@ -5,6 +5,10 @@
 -- taken from `workflows.event_seq` and `event_feed` commit in order. The events and their JSON
 -- are those of the PostgreSQL migration of the same number.
 ALTER TABLE workflows ADD COLUMN event_seq INTEGER NOT NULL DEFAULT 0;
+-- `console.log` lines kept as events, their bytes, and lines dropped over the bounds.
+ALTER TABLE workflows ADD COLUMN log_events INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE workflows ADD COLUMN log_bytes INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE workflows ADD COLUMN log_dropped INTEGER NOT NULL DEFAULT 0;
 
 CREATE TABLE event_feed (
     id   INTEGER PRIMARY KEY CHECK (id = 1),

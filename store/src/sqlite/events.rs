@@ -1,6 +1,6 @@
 //! Reading workflow events and the feed on SQLite.
 
-use rusqlite::{Row, params};
+use rusqlite::{OptionalExtension, Row, params};
 
 use super::{SqliteStore, parse_json};
 use crate::{EventPage, EventRow, Result};
@@ -99,4 +99,66 @@ impl SqliteStore {
         })
         .await
     }
+}
+
+/// Appends `console.log` lines as `log` events within the workflow's durable bounds (see
+/// [`crate::WriteOp::PutLogs`]); the same rules as `reins_log` on PostgreSQL.
+pub(super) fn put_logs(
+    connection: &rusqlite::Connection,
+    workflow_id: &str,
+    lines: &[String],
+    events_max: i64,
+    bytes_max: i64,
+) -> Result<()> {
+    let Some((mut kept, mut bytes, mut dropped)) = connection
+        .prepare_cached("SELECT log_events, log_bytes, log_dropped FROM workflows WHERE id = ?1")?
+        .query_row([workflow_id], |row| {
+            Ok((
+                row.get::<_, i64>(0)?,
+                row.get::<_, i64>(1)?,
+                row.get::<_, i64>(2)?,
+            ))
+        })
+        .optional()?
+    else {
+        return Err(crate::Error::NotFound(format!("workflow {workflow_id:?}")));
+    };
+    for line in lines {
+        let size = i64::try_from(line.len()).unwrap_or(i64::MAX);
+        let event = if dropped == 0 && kept < events_max && bytes.saturating_add(size) <= bytes_max
+        {
+            kept += 1;
+            bytes += size;
+            Some(("log", serde_json::json!({ "line": line })))
+        } else {
+            dropped += 1;
+            (dropped == 1).then(|| {
+                (
+                    "log_truncated",
+                    serde_json::json!({
+                        "events_max": events_max,
+                        "bytes_max": bytes_max,
+                    }),
+                )
+            })
+        };
+        if let Some((kind, data)) = event {
+            connection
+                .prepare_cached("UPDATE workflows SET event_seq = event_seq + 1 WHERE id = ?1")?
+                .execute([workflow_id])?;
+            connection
+                .prepare_cached(
+                    "INSERT INTO workflow_events (workflow, seq, kind, data, created_at)
+                     SELECT id, event_seq, ?2, ?3, unixepoch('subsec') FROM workflows
+                      WHERE id = ?1",
+                )?
+                .execute(params![workflow_id, kind, data.to_string()])?;
+        }
+    }
+    connection
+        .prepare_cached(
+            "UPDATE workflows SET log_events = ?2, log_bytes = ?3, log_dropped = ?4 WHERE id = ?1",
+        )?
+        .execute(params![workflow_id, kept, bytes, dropped])?;
+    Ok(())
 }
