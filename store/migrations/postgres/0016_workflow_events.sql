@@ -97,40 +97,54 @@ CREATE TRIGGER workflows_launch_event AFTER INSERT ON workflows
 -- agent's output, a captured file) and its child run's token counts.
 CREATE FUNCTION reins_step_events() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
+    v_kinds TEXT[] := '{}';
+    v_data JSONB[] := '{}';
     v_run TEXT;
     v_version BIGINT;
+    v_tokens BIGINT;
+    v_messages BIGINT;
+    v_last BIGINT;
 BEGIN
     IF TG_OP = 'INSERT' THEN
-        PERFORM reins_event(NEW.workflow, 'step_journaled',
-            jsonb_build_object('step_id', NEW.step_id, 'attempt', NEW.attempt, 'step_kind', NEW.kind,
-                               'seq', NEW.seq));
+        v_kinds := v_kinds || 'step_journaled'::text;
+        v_data := v_data || jsonb_build_object('step_id', NEW.step_id, 'attempt', NEW.attempt,
+                                               'step_kind', NEW.kind, 'seq', NEW.seq);
     ELSIF NEW.status = OLD.status THEN
         RETURN NULL;
     END IF;
     IF NEW.status = 'running' THEN
-        PERFORM reins_event(NEW.workflow,
-            CASE NEW.kind WHEN 'pause' THEN 'pause_waiting'
-                          WHEN 'humanCheckpoint' THEN 'checkpoint_waiting'
-                          ELSE 'step_started' END,
-            CASE NEW.kind WHEN 'humanCheckpoint' THEN
+        v_kinds := v_kinds || CASE NEW.kind WHEN 'pause' THEN 'pause_waiting'
+                                            WHEN 'humanCheckpoint' THEN 'checkpoint_waiting'
+                                            ELSE 'step_started' END;
+        v_data := v_data || CASE NEW.kind WHEN 'humanCheckpoint' THEN
                 jsonb_build_object('step_id', NEW.step_id, 'attempt', NEW.attempt,
                                    'step_kind', NEW.kind,
                                    'artifact_version', NEW.data->'args'->'artifactVersion')
             ELSE jsonb_build_object('step_id', NEW.step_id, 'attempt', NEW.attempt,
-                                    'step_kind', NEW.kind) END);
+                                    'step_kind', NEW.kind) END;
     ELSIF NEW.status IN ('completed', 'failed', 'cancelled') THEN
         v_run := coalesce(NEW.data->>'run_id', NEW.data->'outcome'->'value'->>'runId');
         v_version := (NEW.data->'outcome'->'value'->>'artifactVersion')::bigint;
-        PERFORM reins_event(NEW.workflow, 'step_finished',
-            jsonb_build_object(
+        SELECT total_tokens, message_count INTO v_tokens, v_messages
+          FROM runs WHERE run_id = v_run;
+        v_kinds := v_kinds || 'step_finished'::text;
+        v_data := v_data || jsonb_build_object(
                 'step_id', NEW.step_id, 'attempt', NEW.attempt, 'step_kind', NEW.kind,
                 'status', NEW.status, 'child_run_id', v_run,
                 'duration_ms', round((NEW.updated_at - NEW.created_at) * 1000)::bigint,
                 'output_bytes', (SELECT bytes FROM workflow_artifacts
                                   WHERE workflow = NEW.workflow AND version = v_version),
-                'total_tokens', (SELECT total_tokens FROM runs WHERE run_id = v_run),
-                'message_count', (SELECT message_count FROM runs WHERE run_id = v_run)));
+                'total_tokens', v_tokens, 'message_count', v_messages);
     END IF;
+    IF cardinality(v_kinds) = 0 THEN
+        RETURN NULL;
+    END IF;
+    -- One update of the workflow's row for all of this row's events (one or two).
+    UPDATE workflows SET event_seq = event_seq + cardinality(v_kinds) WHERE id = NEW.workflow
+    RETURNING event_seq INTO v_last;
+    INSERT INTO workflow_events (workflow, seq, kind, data, created_at)
+    SELECT NEW.workflow, v_last - cardinality(v_kinds) + e.n, e.kind, v_data[e.n], reins_now()
+      FROM unnest(v_kinds) WITH ORDINALITY AS e(kind, n);
     RETURN NULL;
 END $$;
 
