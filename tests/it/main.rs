@@ -16,6 +16,7 @@ mod command_agent;
 mod crash_recovery;
 mod disk_full;
 mod docs;
+mod events;
 mod faults;
 mod fencing;
 mod http_api;
