@@ -30,8 +30,8 @@ pub enum RunEnd {
     /// not (so the admitted row with this outcome is the row).
     Persisted(RunOutcome),
     /// This node's own write recorded the outcome after a person answered the agent's request:
-    /// the row also holds the answer, so it is read back.
-    PersistedAnswered,
+    /// the row also holds the answer, so whoever needs the whole row reads it back.
+    PersistedAnswered(RunOutcome),
     /// The agent asked for approval; the run waits in `waiting_for_input`.
     WaitingForInput,
     /// Ownership was lost; the run's fate is not this node's to report.
@@ -163,7 +163,7 @@ impl ChildState {
                 let end = if self.answered.is_empty() {
                     RunEnd::Persisted(outcome)
                 } else {
-                    RunEnd::PersistedAnswered
+                    RunEnd::PersistedAnswered(outcome)
                 };
                 self.end(myself, end);
             }

@@ -11,12 +11,14 @@ use ractor::rpc::CallResult;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use serde::Serialize;
 use store::{
-    Admission, ApprovalAnswer, ArtifactRow, Backend, CancelAction, ControlRow, ControlWrite, Fence,
-    Launch, LaunchLimits, Lease, NewControl, NewRun, NewToken, NewUser, NewWorkflow, NodeRecord,
-    RunOutcome, RunRenewal, RunRow, RunStatus, SlotRow, StatusCount, StepRow, Store, TakeOver,
-    TokenRow, UserChange, UserChanged, UserDeletion, UserRow, WorkflowRow, WriteOp,
+    Admission, ApprovalAnswer, ArtifactRow, Backend, CancelAction, ControlRow, ControlWrite,
+    EventPage, EventRow, Fence, Launch, LaunchLimits, Lease, NewControl, NewRun, NewToken, NewUser,
+    NewWorkflow, NodeRecord, RunOutcome, RunRenewal, RunRow, RunStatus, SlotRow, StatusCount,
+    StepRow, Store, TakeOver, TokenRow, UserChange, UserChanged, UserDeletion, UserRow,
+    WorkflowRow, WriteOp,
 };
 
+use crate::events::EventWakes;
 use crate::faults::{FaultAction, StoreFaults};
 use crate::metrics::Metrics;
 use tokio::sync::Semaphore;
@@ -27,6 +29,8 @@ pub enum StoreMsg {
     Users(UsersRequest),
     /// Counts and lists for operators and metrics.
     Operators(OperatorsRequest),
+    /// Workflow events and the feed.
+    Events(EventsRequest),
     AcquireLease {
         resource_id: String,
         owner: String,
@@ -267,6 +271,7 @@ async fn serve(store: &Store, message: StoreMsg) {
     match message {
         StoreMsg::Users(request) => serve_users(store, request).await,
         StoreMsg::Operators(request) => serve_operators(store, request).await,
+        StoreMsg::Events(request) => serve_events(store, request).await,
         StoreMsg::AcquireLease {
             resource_id,
             owner,
@@ -473,6 +478,8 @@ pub struct StoreHandle {
     /// Set when any call answers [`store::Error::DiskFull`], cleared when a write probe
     /// succeeds; shared by every clone, read by readiness.
     disk_full: Arc<AtomicBool>,
+    /// Told after each write that may have written workflow events (see [`EventWakes`]).
+    wakes: Arc<EventWakes>,
 }
 
 /// Reads for operators, metrics and the API's views, each with its reply port.
@@ -533,6 +540,49 @@ async fn serve_operators(store: &Store, request: OperatorsRequest) {
             reply,
         } => {
             let _ = reply.send(store.waiting_workflows(user_id.as_deref(), limit).await);
+        }
+    }
+}
+
+/// Reads of workflow events and the feed, each with its reply port.
+pub enum EventsRequest {
+    Workflow {
+        workflow_id: String,
+        after: i64,
+        limit: u32,
+        reply: RpcReplyPort<store::Result<Option<EventPage>>>,
+    },
+    Feed {
+        after: i64,
+        user_id: Option<String>,
+        limit: u32,
+        reply: RpcReplyPort<store::Result<Vec<EventRow>>>,
+    },
+    FeedHead {
+        reply: RpcReplyPort<store::Result<i64>>,
+    },
+}
+
+async fn serve_events(store: &Store, request: EventsRequest) {
+    match request {
+        EventsRequest::Workflow {
+            workflow_id,
+            after,
+            limit,
+            reply,
+        } => {
+            let _ = reply.send(store.read_events(&workflow_id, after, limit).await);
+        }
+        EventsRequest::Feed {
+            after,
+            user_id,
+            limit,
+            reply,
+        } => {
+            let _ = reply.send(store.read_feed(after, user_id.as_deref(), limit).await);
+        }
+        EventsRequest::FeedHead { reply } => {
+            let _ = reply.send(store.feed_head().await);
         }
     }
 }
@@ -692,6 +742,11 @@ async fn serve_users(store: &Store, request: UsersRequest) {
     }
 }
 
+/// Whether a change may move its workflow to another status (an event of the feed).
+fn changes_status(op: &WriteOp) -> bool {
+    matches!(op, WriteOp::SetWorkflow { .. })
+}
+
 /// Whether an unanswered request may have changed the database.
 #[derive(Clone, Copy)]
 enum Effect {
@@ -712,6 +767,21 @@ impl StoreHandle {
             faults,
             metrics,
             disk_full: Arc::new(AtomicBool::new(false)),
+            wakes: Arc::new(EventWakes::default()),
+        }
+    }
+
+    /// What wakes this node's event streams; a change bus that hears of commits on other nodes
+    /// tells it too.
+    pub fn event_wakes(&self) -> &Arc<EventWakes> {
+        &self.wakes
+    }
+
+    /// Wakes the streams of `workflow_id` after a write that may have committed (a write whose
+    /// outcome is unknown may have): a wake is only a hint to read again.
+    fn wake<T>(&self, workflow_id: &str, status_changed: bool, written: &store::Result<T>) {
+        if matches!(written, Ok(_) | Err(store::Error::OutcomeUnknown(_))) {
+            self.wakes.committed(workflow_id, status_changed);
         }
     }
 
@@ -867,26 +937,33 @@ impl StoreHandle {
         lease_ms: u64,
     ) -> store::Result<Lease> {
         let owner = owner.to_owned();
-        self.call("create_workflow", Effect::Write, |reply| {
-            StoreMsg::CreateWorkflow {
-                workflow,
-                owner,
-                lease_ms,
-                reply,
-            }
-        })
-        .await
+        let workflow_id = workflow.workflow_id.clone();
+        let created = self
+            .call("create_workflow", Effect::Write, |reply| {
+                StoreMsg::CreateWorkflow {
+                    workflow,
+                    owner,
+                    lease_ms,
+                    reply,
+                }
+            })
+            .await;
+        self.wake(&workflow_id, true, &created);
+        created
     }
 
     /// See [`Store::fenced_write`].
     pub async fn fenced_write(&self, fence: &Fence, ops: Vec<WriteOp>) -> store::Result<()> {
+        let status_changed = ops.iter().any(changes_status);
         let fence = fence.clone();
+        let workflow_id = fence.resource_id.clone();
         let started = std::time::Instant::now();
         let written = self
             .call("fenced_write", Effect::Write, |reply| {
                 StoreMsg::FencedWrite { fence, ops, reply }
             })
             .await;
+        self.wake(&workflow_id, status_changed, &written);
         match &written {
             Ok(()) => self
                 .metrics
@@ -904,6 +981,52 @@ impl StoreHandle {
         let workflow_id = workflow_id.to_owned();
         self.call("read_workflow", Effect::Read, |reply| {
             StoreMsg::ReadWorkflow { workflow_id, reply }
+        })
+        .await
+    }
+
+    /// See [`Store::read_events`].
+    pub async fn read_events(
+        &self,
+        workflow_id: &str,
+        after: i64,
+        limit: u32,
+    ) -> store::Result<Option<EventPage>> {
+        let workflow_id = workflow_id.to_owned();
+        self.call("read_events", Effect::Read, |reply| {
+            StoreMsg::Events(EventsRequest::Workflow {
+                workflow_id,
+                after,
+                limit,
+                reply,
+            })
+        })
+        .await
+    }
+
+    /// See [`Store::read_feed`].
+    pub async fn read_feed(
+        &self,
+        after: i64,
+        user_id: Option<&str>,
+        limit: u32,
+    ) -> store::Result<Vec<EventRow>> {
+        let user_id = user_id.map(str::to_owned);
+        self.call("read_feed", Effect::Read, |reply| {
+            StoreMsg::Events(EventsRequest::Feed {
+                after,
+                user_id,
+                limit,
+                reply,
+            })
+        })
+        .await
+    }
+
+    /// See [`Store::feed_head`].
+    pub async fn feed_head(&self) -> store::Result<i64> {
+        self.call("feed_head", Effect::Read, |reply| {
+            StoreMsg::Events(EventsRequest::FeedHead { reply })
         })
         .await
     }
@@ -975,16 +1098,20 @@ impl StoreHandle {
         limits: LaunchLimits,
     ) -> store::Result<Launch> {
         let owner = owner.to_owned();
-        self.call("launch_workflow", Effect::Write, |reply| {
-            StoreMsg::LaunchWorkflow {
-                workflow,
-                owner,
-                lease_ms,
-                limits,
-                reply,
-            }
-        })
-        .await
+        let workflow_id = workflow.workflow_id.clone();
+        let launched = self
+            .call("launch_workflow", Effect::Write, |reply| {
+                StoreMsg::LaunchWorkflow {
+                    workflow,
+                    owner,
+                    lease_ms,
+                    limits,
+                    reply,
+                }
+            })
+            .await;
+        self.wake(&workflow_id, true, &launched);
+        launched
     }
 
     /// See [`Store::take_over_workflow`].
@@ -996,19 +1123,23 @@ impl StoreHandle {
         versions: &store::Versions,
         purpose: store::Purpose,
     ) -> store::Result<TakeOver> {
+        let woken = workflow_id.to_owned();
         let (workflow_id, owner, versions) =
             (workflow_id.to_owned(), owner.to_owned(), versions.clone());
-        self.call("take_over_workflow", Effect::Write, |reply| {
-            StoreMsg::TakeOverWorkflow {
-                workflow_id,
-                owner,
-                lease_ms,
-                versions,
-                purpose,
-                reply,
-            }
-        })
-        .await
+        let taken = self
+            .call("take_over_workflow", Effect::Write, |reply| {
+                StoreMsg::TakeOverWorkflow {
+                    workflow_id,
+                    owner,
+                    lease_ms,
+                    versions,
+                    purpose,
+                    reply,
+                }
+            })
+            .await;
+        self.wake(&woken, true, &taken);
+        taken
     }
 
     /// See [`Store::recoverable_workflows`].
@@ -1331,11 +1462,15 @@ impl StoreHandle {
 
     /// See [`Store::put_control`].
     pub async fn put_control(&self, control: NewControl) -> store::Result<ControlWrite> {
-        self.call("put_control", Effect::Write, |reply| StoreMsg::PutControl {
-            control,
-            reply,
-        })
-        .await
+        let workflow_id = control.workflow_id.clone();
+        let written = self
+            .call("put_control", Effect::Write, |reply| StoreMsg::PutControl {
+                control,
+                reply,
+            })
+            .await;
+        self.wake(&workflow_id, false, &written);
+        written
     }
 
     /// See [`Store::read_controls`].
@@ -1349,11 +1484,22 @@ impl StoreHandle {
 
     /// See [`Store::admit_run`].
     pub async fn admit_run(&self, run: NewRun) -> store::Result<Admission> {
-        self.call("admit_run", Effect::Write, |reply| StoreMsg::AdmitRun {
-            run,
-            reply,
-        })
-        .await
+        let step = run.step.as_ref().map(|step| {
+            (
+                step.workflow_id.clone(),
+                step.journal.iter().any(changes_status),
+            )
+        });
+        let admitted = self
+            .call("admit_run", Effect::Write, |reply| StoreMsg::AdmitRun {
+                run,
+                reply,
+            })
+            .await;
+        if let Some((workflow_id, status_changed)) = step {
+            self.wake(&workflow_id, status_changed, &admitted);
+        }
+        admitted
     }
 
     /// See [`Store::read_run`].

@@ -235,6 +235,9 @@ pub(crate) struct WorkflowArgs {
     pub limits: runtime::Limits,
     pub workspaces_dir: std::path::PathBuf,
     pub artifact_bytes_max: u64,
+    /// `console.log` lines kept as events per workflow at most, and their bytes.
+    pub log_events_max: u64,
+    pub log_event_bytes_max: u64,
     /// How long a capture's read may take (`limits.capture_timeout_ms`).
     pub capture_timeout: Duration,
     pub slots_max: u64,
@@ -519,6 +522,15 @@ impl WorkflowState {
         for line in &activation.logs {
             self.logged_bytes += line.len() as u64;
             tracing::info!(parent: &self.span, script_log = %line, "console.log");
+        }
+        if !activation.logs.is_empty() {
+            // Kept as `log` events with whatever the workflow writes next, like an outcome.
+            self.unwritten.ops.push(WriteOp::PutLogs {
+                workflow_id: self.args.workflow_id.clone(),
+                lines: activation.logs.clone(),
+                events_max: i64::try_from(self.args.log_events_max).unwrap_or(i64::MAX),
+                bytes_max: i64::try_from(self.args.log_event_bytes_max).unwrap_or(i64::MAX),
+            });
         }
         if let Some(carried) = self.carry(&activation) {
             // One new agent call and nothing else to wait for: its entry, and everything
@@ -824,10 +836,11 @@ impl WorkflowState {
             Outcome::Resolved(_) => "completed",
             Outcome::Rejected(_) => "failed",
         };
-        // Journaled with whatever the workflow writes next (see `unwritten`).
+        // Journaled with whatever the workflow writes next (see `unwritten`). The artifact the
+        // outcome names goes first, so the step's `step_finished` event can give its size.
         let op = self.step_op(&entry, status, fields);
-        self.unwritten.ops.push(op);
         self.unwritten.ops.append(&mut extra);
+        self.unwritten.ops.push(op);
         self.unwritten.events.push(Journaled::Finished {
             step_id: entry.step_id.clone(),
             kind: entry.kind,

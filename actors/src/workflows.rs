@@ -91,6 +91,10 @@ pub struct WorkflowsOptions {
     pub workspaces_dir: std::path::PathBuf,
     /// An artifact's bytes at most.
     pub artifact_bytes_max: u64,
+    /// `console.log` lines a workflow keeps as events at most, whichever nodes ran it.
+    pub log_events_max: u64,
+    /// The bytes of those lines at most.
+    pub log_event_bytes_max: u64,
     /// How long a capture's read may take before the capture fails.
     pub capture_timeout: Duration,
     pub launch_limits: LaunchLimits,
@@ -1060,6 +1064,8 @@ async fn start_supervisor(
             limits: options.limits.clone(),
             workspaces_dir: options.workspaces_dir.clone(),
             artifact_bytes_max: options.artifact_bytes_max,
+            log_events_max: options.log_events_max,
+            log_event_bytes_max: options.log_event_bytes_max,
             capture_timeout: options.capture_timeout,
             slots_max: options.slots_max,
             cancel_window_ms: options.lease_ms * 2,

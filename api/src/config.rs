@@ -68,6 +68,41 @@ pub struct Config {
     pub shutdown: ShutdownConfig,
     pub http: HttpConfig,
     pub auth: AuthConfig,
+    pub events: EventsConfig,
+}
+
+/// Event streams: `GET /api/v1/workflows/{id}/events` and `GET /api/v1/events`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EventsConfig {
+    /// How often a stream reads its events again when nothing woke it: the fallback for commits
+    /// this node does not hear of (those of other nodes, until a change bus tells it).
+    pub poll_ms: u64,
+    /// How often a stream sends a keep-alive comment.
+    pub keepalive_ms: u64,
+    /// Events one read of a stream fetches at most.
+    pub batch_max: u32,
+    /// Bytes of events a stream holds for its client at most; past it the stream waits for
+    /// the client to read.
+    pub stream_buffer_bytes_max: u64,
+    /// How long a stream waits for a client that reads nothing while its buffer is full before
+    /// it disconnects it.
+    pub stream_stall_ms: u64,
+    /// Streams open at once on a node at most (503 `streams_busy` beyond).
+    pub streams_max: u32,
+}
+
+impl Default for EventsConfig {
+    fn default() -> Self {
+        EventsConfig {
+            poll_ms: 1000,
+            keepalive_ms: 15_000,
+            batch_max: 100,
+            stream_buffer_bytes_max: 256 * 1024,
+            stream_stall_ms: 10_000,
+            streams_max: 1024,
+        }
+    }
 }
 
 /// Limits of the HTTP control plane.
@@ -258,6 +293,11 @@ pub struct Limits {
     pub log_lines_per_activation_max: u64,
     pub log_line_bytes_max: u64,
     pub log_bytes_per_workflow_max: u64,
+    /// `console.log` lines a workflow keeps as durable `log` events at most, whichever nodes
+    /// ran it.
+    pub log_events_per_workflow_max: u64,
+    /// The bytes of the lines a workflow keeps as `log` events at most.
+    pub log_event_bytes_per_workflow_max: u64,
 }
 
 impl Default for Limits {
@@ -280,6 +320,8 @@ impl Default for Limits {
             log_lines_per_activation_max: 1_000,
             log_line_bytes_max: 4 * 1024,
             log_bytes_per_workflow_max: 1024 * 1024,
+            log_events_per_workflow_max: 1000,
+            log_event_bytes_per_workflow_max: 256 * 1024,
         }
     }
 }
@@ -375,6 +417,7 @@ impl Default for Config {
             shutdown: ShutdownConfig::default(),
             http: HttpConfig::default(),
             auth: AuthConfig::default(),
+            events: EventsConfig::default(),
         }
     }
 }
@@ -458,7 +501,7 @@ impl Config {
             }
             _ => {}
         }
-        let positive: [(&'static str, u64); 23] = [
+        let positive: [(&'static str, u64); 29] = [
             ("store.pool_size", self.store.pool_size as u64),
             ("store.requests_max", self.store.requests_max as u64),
             ("store.write_batch_max", self.store.write_batch_max as u64),
@@ -478,6 +521,15 @@ impl Config {
             ("http.head_timeout_ms", self.http.head_timeout_ms),
             ("http.body_timeout_ms", self.http.body_timeout_ms),
             ("http.connections_max", self.http.connections_max),
+            ("events.poll_ms", self.events.poll_ms),
+            ("events.keepalive_ms", self.events.keepalive_ms),
+            ("events.batch_max", u64::from(self.events.batch_max)),
+            (
+                "events.stream_buffer_bytes_max",
+                self.events.stream_buffer_bytes_max,
+            ),
+            ("events.stream_stall_ms", self.events.stream_stall_ms),
+            ("events.streams_max", u64::from(self.events.streams_max)),
             ("auth.session_seconds", self.auth.session_seconds),
             (
                 "auth.login_failures_max",

@@ -105,6 +105,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
                 limits: config.limits.workflow(),
                 workspaces_dir: config.workspaces_dir(),
                 artifact_bytes_max: config.limits.artifact_bytes_max,
+                log_events_max: config.limits.log_events_per_workflow_max,
+                log_event_bytes_max: config.limits.log_event_bytes_per_workflow_max,
                 capture_timeout: Duration::from_millis(config.limits.capture_timeout_ms),
                 launch_limits: LaunchLimits {
                     max_workflows: config.limits.max_workflows,
@@ -165,6 +167,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         &secret,
         config.http.clone(),
         config.auth.clone(),
+        config.events.clone(),
     ));
     let (stop, stopping) = watch::channel(false);
     let drain_timeout = Duration::from_millis(config.shutdown.drain_timeout_ms);

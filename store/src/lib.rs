@@ -6,6 +6,7 @@
 //! The store knows nothing of actors, HTTP or JavaScript.
 
 mod error;
+mod events;
 mod lease;
 mod migrations;
 mod operators;
@@ -22,6 +23,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 pub use error::{Error, Result};
+pub use events::{EventPage, EventRow, FINAL_STATUSES};
 pub use lease::{Fence, Lease};
 pub use migrations::{MigrationReport, SCHEMA_VERSION};
 pub use operators::{SlotRow, StatusCount};
@@ -438,6 +440,37 @@ impl Store {
     /// A workflow's journal, in the order it was written.
     pub async fn read_steps(&self, workflow_id: &str) -> Result<Vec<StepRow>> {
         retry(|| async { on_backend!(self, store => store.read_steps(workflow_id).await) }).await
+    }
+
+    /// A workflow's events numbered after `after`, at most `limit`, with its status; `None`
+    /// when there is no such workflow.
+    pub async fn read_events(
+        &self,
+        workflow_id: &str,
+        after: i64,
+        limit: u32,
+    ) -> Result<Option<EventPage>> {
+        retry(|| async {
+            on_backend!(self, store => store.read_events(workflow_id, after, limit).await)
+        })
+        .await
+    }
+
+    /// Status changes of every workflow (or of `user_id`'s) whose feed number is after `after`,
+    /// at most `limit`, oldest first; each with its feed number as `seq`.
+    pub async fn read_feed(
+        &self,
+        after: i64,
+        user_id: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<EventRow>> {
+        retry(|| async { on_backend!(self, store => store.read_feed(after, user_id, limit).await) })
+            .await
+    }
+
+    /// The feed's newest number (0 before any launch).
+    pub async fn feed_head(&self) -> Result<i64> {
+        retry(|| async { on_backend!(self, store => store.feed_head().await) }).await
     }
 
     /// Creates a user; with `only_if_first`, only while no user exists at all (the first admin),

@@ -114,10 +114,16 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         postgres: include_str!("../migrations/postgres/0017_workflows_newest_first.sql"),
         sqlite: include_str!("../migrations/sqlite/0017_workflows_newest_first.sql"),
     },
+    Migration {
+        version: 18,
+        name: "workflow_events",
+        postgres: include_str!("../migrations/postgres/0018_workflow_events.sql"),
+        sqlite: include_str!("../migrations/sqlite/0018_workflow_events.sql"),
+    },
 ];
 
 /// The schema version this build expects.
-pub const SCHEMA_VERSION: i64 = 17;
+pub const SCHEMA_VERSION: i64 = 18;
 
 /// The advisory-lock key PostgreSQL migrations serialise on ("reins" in ASCII).
 pub(crate) const PG_MIGRATION_LOCK: i64 = 0x0072_6569_6e73;

@@ -65,6 +65,16 @@ pub enum WriteOp {
         max_workflows: i64,
         max_workflows_per_owner: i64,
     },
+    /// Keep `console.log` lines as `log` events of the workflow, within its durable bounds: at
+    /// most `events_max` lines and `bytes_max` bytes of lines per workflow, whichever node ran
+    /// it; the first line over either is replaced by one `log_truncated` event, and later ones
+    /// are dropped.
+    PutLogs {
+        workflow_id: String,
+        lines: Vec<String>,
+        events_max: i64,
+        bytes_max: i64,
+    },
     /// Give up the lease the write is fenced by: it expires now. The write that ends a workflow
     /// carries it, so the end and the release are one transaction. It is applied after every
     /// other change of its write, wherever it stands in the list (see [`release_last`]).

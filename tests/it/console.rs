@@ -170,6 +170,12 @@ async fn a_person_signs_in_launches_the_review_and_approves_it_from_the_inbox() 
         .to_owned();
     browser.wait_for_text("waiting_approval", WAIT);
     browser.wait_for_text("the evidence", WAIT);
+    // The page follows the workflow's event stream (its poll is only a slow safety net).
+    browser.wait_until(
+        "the workflow page following its event stream",
+        "return document.body.dataset.live === 'stream';",
+        WAIT,
+    );
     browser.screenshot("03-workflow-waiting");
     // From here on the page must never load again: this marker would be gone.
     browser.run("window.__sameDocument = 'yes';", json!([]));
@@ -353,6 +359,7 @@ async fn stored_html_and_script_stay_inert_text_or_a_download() {
             write: [{{path: "/mnt/user-data/outputs/notes.txt", content: {payload}}},
                     {{path: "/mnt/user-data/outputs/page.html", content: {payload}}}],
             output: {payload}}}}});
+        console.log("logged:", {payload});
         const text = await captureArtifact({{stepId: "text", sourceStepId: "w",
                                              path: "/mnt/user-data/outputs/notes.txt"}});
         const html = await captureArtifact({{stepId: "html", sourceStepId: "w",
@@ -403,6 +410,13 @@ async fn stored_html_and_script_stay_inert_text_or_a_download() {
         "return document.querySelectorAll('.preview-body').length >= 3 && \
          [...document.querySelectorAll('.preview-body')].every((b) => \
              !b.textContent.startsWith('Loading'));",
+        WAIT,
+    );
+    // Its console.log line, from the event stream, as text.
+    browser.wait_until(
+        "the console.log line shown",
+        "const l = document.querySelector('#logs pre'); \
+         return l !== null && l.textContent.startsWith('logged: <script>');",
         WAIT,
     );
     let output = browser.find("[data-step=w] .output pre", WAIT).text();

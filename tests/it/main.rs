@@ -17,6 +17,7 @@ mod console;
 mod crash_recovery;
 mod disk_full;
 mod docs;
+mod events;
 mod faults;
 mod fencing;
 mod http_api;

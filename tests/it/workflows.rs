@@ -203,8 +203,9 @@ async fn recovery_leaves_the_one_run_to_an_operator(
 
 async fn crash_and_wait_for_expiry(node: TestNode, survivor: &TestNode, id: &str) {
     let store = survivor.node.store();
-    let lease = store.read_lease(id).await.expect("lease").expect("leased");
+    // Read after the stop: a renewal just before it would move the expiry past one read earlier.
     node.node.shutdown().await.expect("stop");
+    let lease = store.read_lease(id).await.expect("lease").expect("leased");
     eventually(
         Duration::from_secs(10),
         "the dead owner's lease expired",

@@ -1,15 +1,18 @@
 //! The command line a person uses against a running node, through the HTTP API like any other
 //! client: `reins init` and `reins login` (which save an API token), `run`, `get`, `list`,
-//! `resume`, `approve`, `reject`, `answer`, `cancel`, `recover`, `delete`, `artifact`, and user
-//! management (`users ...`, `password`, in [`users`]). Tables for people, `--json` for scripts.
+//! `resume`, `approve`, `reject`, `answer`, `cancel`, `recover`, `delete`, `artifact`, `watch`,
+//! and user management (`users ...`, `password`, in [`users`]). Tables for people, `--json` for
+//! scripts.
 //!
 //! Exit codes: 0 done; 1 the command failed (bad input, refused, unreachable); with `run --wait`,
 //! 2 the workflow failed or was cancelled, 3 it waits for a person (paused, waiting for
-//! approval, or a step's agent waits for an answer), 4 it needs reconciliation.
+//! approval, or a step's agent waits for an answer), 4 it needs reconciliation; `watch` ends
+//! with the same codes when the workflow ends (0, 2) or needs reconciliation (4).
 
 mod client;
 mod credentials;
 mod users;
+mod watch;
 
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
@@ -68,6 +71,8 @@ pub enum Command {
     },
     /// Show one workflow.
     Get { id: String },
+    /// Print a workflow's events as they happen, until it ends.
+    Watch { id: String },
     /// List workflows, newest first, a page at a time.
     List {
         /// A stored status, or `recoverable`.
@@ -337,6 +342,7 @@ async fn run_signed_in(common: &Common, client: &Client, command: Command) -> an
             print_value(common, &record, || print_record(&record));
             Ok(0)
         }
+        Command::Watch { id } => watch::watch(client, &id, common.json).await,
         Command::List {
             status,
             limit,

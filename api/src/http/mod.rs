@@ -14,6 +14,7 @@
 mod auth;
 mod connections;
 mod error;
+mod events;
 mod inbox;
 mod openapi;
 pub(crate) mod record;
@@ -50,7 +51,7 @@ use tracing::Instrument;
 pub use auth::new_secret;
 pub use error::ApiError;
 
-use crate::config::{AddressRange, AuthConfig, HttpConfig};
+use crate::config::{AddressRange, AuthConfig, EventsConfig, HttpConfig};
 use crate::console;
 use auth::{LoginBudgets, LoginThrottle, PasswordHashing, Secret};
 use connections::Connections;
@@ -73,10 +74,18 @@ pub struct AppState {
     throttle: LoginThrottle,
     /// Bounds the password hashing of the whole node.
     hashing: PasswordHashing,
+    /// The event streams: their limits and places.
+    streams: events::EventStreams,
 }
 
 impl AppState {
-    pub fn new(node: Node, secret: &str, http: HttpConfig, auth: AuthConfig) -> Self {
+    pub fn new(
+        node: Node,
+        secret: &str,
+        http: HttpConfig,
+        auth: AuthConfig,
+        events: EventsConfig,
+    ) -> Self {
         let throttle = LoginThrottle::new(LoginBudgets {
             pair_failures_max: auth.login_failures_max,
             address_failures_max: auth.login_address_failures_max,
@@ -93,6 +102,7 @@ impl AppState {
             auth,
             throttle,
             hashing,
+            streams: events::EventStreams::new(events),
         }
     }
 
@@ -101,7 +111,15 @@ impl AppState {
     }
 }
 
-pub type Reply = Response<Full<Bytes>>;
+/// A reply's body: whole, or an event stream that its task writes as events commit.
+pub type ReplyBody = http_body_util::Either<Full<Bytes>, events::EventBody>;
+
+pub type Reply = Response<ReplyBody>;
+
+/// A whole body.
+fn full(bytes: impl Into<Bytes>) -> ReplyBody {
+    http_body_util::Either::Left(Full::new(bytes.into()))
+}
 
 /// Connections the kernel may hold for the node before it accepts them (capped by
 /// `net.core.somaxconn`). Past it, new connections' handshakes are dropped and retried after a
@@ -158,11 +176,13 @@ pub async fn serve(
                 };
                 let state = Arc::clone(&state);
                 let running = Arc::clone(&admitted.running);
+                let close = Arc::clone(&admitted.close);
                 let service = service_fn(move |request| {
                     let state = Arc::clone(&state);
                     let running = Arc::clone(&running);
+                    let close = Arc::clone(&close);
                     async move {
-                        let reply = handle(&state, request, peer, &running).await;
+                        let reply = handle(&state, request, peer, &running, close).await;
                         running.store(false, Ordering::SeqCst);
                         Ok::<_, Infallible>(reply)
                     }
@@ -195,6 +215,8 @@ pub async fn serve(
         }
     }
     drop(listener);
+    // Event streams never end by themselves; the drain would wait for them.
+    state.streams.stop();
     if tokio::time::timeout(drain_timeout, graceful.shutdown())
         .await
         .is_err()
@@ -228,6 +250,8 @@ pub struct Ctx<'a> {
     /// proxy.
     client: IpAddr,
     principal: Option<Principal>,
+    /// Closes the request's connection (an event stream's client that reads nothing).
+    close: Arc<tokio::sync::Notify>,
 }
 
 impl Ctx<'_> {
@@ -343,6 +367,7 @@ async fn handle(
     request: Request<Incoming>,
     peer: SocketAddr,
     running: &AtomicBool,
+    close: Arc<tokio::sync::Notify>,
 ) -> Reply {
     let method = request.method().as_str().to_owned();
     let path = request.uri().path().to_owned();
@@ -358,7 +383,7 @@ async fn handle(
         Found::Nothing => "(no route)",
     };
     async move {
-        let mut reply = match respond(state, request, found, peer.ip(), running).await {
+        let mut reply = match respond(state, request, found, peer.ip(), running, close).await {
             Ok(reply) => reply,
             Err(error) => error_reply(&error),
         };
@@ -384,7 +409,7 @@ async fn handle(
 fn console_reply(state: &AppState, method: &str, path: &str) -> Reply {
     let (reply, route) = match console::asset(path) {
         Some(asset) => {
-            let mut reply = Response::new(Full::new(Bytes::from_static(asset.body)));
+            let mut reply = Response::new(full(Bytes::from_static(asset.body)));
             let headers = reply.headers_mut();
             for (name, value) in [
                 ("content-type", asset.content_type),
@@ -461,6 +486,7 @@ async fn respond(
     found: Found,
     peer: IpAddr,
     running: &AtomicBool,
+    close: Arc<tokio::sync::Notify>,
 ) -> Result<Reply, ApiError> {
     let (parts, body) = request.into_parts();
     // Read first, whatever the route: a connection whose request body was left unread cannot
@@ -527,6 +553,7 @@ async fn respond(
         body,
         client,
         principal,
+        close,
     };
     dispatch(&ctx).await
 }
@@ -571,6 +598,8 @@ async fn dispatch(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
         Op::Delete => workflows::delete(ctx).await,
         Op::Artifact => workflows::artifact(ctx).await,
         Op::ArtifactChunk => workflows::artifact_chunk(ctx).await,
+        Op::WorkflowEvents => events::workflow_events(ctx).await,
+        Op::Events => events::feed(ctx).await,
         Op::Inbox => inbox::inbox(ctx).await,
         Op::Nodes => inbox::nodes(ctx).await,
         Op::Slots => inbox::slots(ctx).await,
@@ -741,7 +770,7 @@ async fn metrics(state: &AppState) -> Result<Reply, ApiError> {
             ],
         );
     }
-    let mut reply = Response::new(Full::new(Bytes::from(text)));
+    let mut reply = Response::new(full(text));
     reply.headers_mut().insert(
         CONTENT_TYPE,
         HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
@@ -805,7 +834,7 @@ fn json_reply(status: StatusCode, body: impl Serialize) -> Reply {
             ));
         }
     };
-    let mut response = Response::new(Full::new(Bytes::from(bytes)));
+    let mut response = Response::new(full(bytes));
     *response.status_mut() = status;
     response
         .headers_mut()

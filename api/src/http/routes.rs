@@ -75,6 +75,10 @@ pub enum Op {
     Artifact,
     /// One base64 chunk of an artifact (the compatible `get_artifact` action).
     ArtifactChunk,
+    /// A workflow's events (Server-Sent Events).
+    WorkflowEvents,
+    /// Status changes of every workflow the caller may see (Server-Sent Events).
+    Events,
     /// Everything that waits for the caller.
     Inbox,
     Nodes,
@@ -208,7 +212,15 @@ pub static ROUTES: &[Route] = &[
     route("POST", "/api/v1/workflows/{id}/recover", Op::Recover, Access::User, "Take over a recoverable workflow here and replay it", Body::None, 200, Some(schema::<StatusReply>)),
     route("POST", "/api/v1/workflows/{id}/reconcile", Op::Reconcile, Access::Admin, "Settle the uncertain step of a workflow in needs_reconciliation (admins)", Body::Json(schema::<ReconcileBody>), 200, Some(schema::<StatusReply>)),
     route("DELETE", "/api/v1/workflows/{id}", Op::Delete, Access::User, "Delete a terminal workflow and everything it holds", Body::None, 200, Some(schema::<DeletedReply>)),
-    route("GET", "/api/v1/inbox", Op::Inbox, Access::User, "Every pause, checkpoint and agent's request waiting for the caller (an admin: for anyone), oldest first", Body::None, 200, Some(schema::<InboxReply>)),
+    Route {
+        query: &[("after", "replay the events after this id (the `Last-Event-ID` header wins)")],
+        ..route("GET", "/api/v1/workflows/{id}/events", Op::WorkflowEvents, Access::User, "The workflow's events as Server-Sent Events (text/event-stream): replayed after an id, then followed; the stream ends after the final status", Body::None, 200, None)
+    },
+    Route {
+        query: &[("after", "replay the status changes after this id (the `Last-Event-ID` header wins); without either, from now")],
+        ..route("GET", "/api/v1/events", Op::Events, Access::User, "Status changes of every workflow the caller may see (an admin: everyone's) as Server-Sent Events", Body::None, 200, None)
+    },
+    route("GET", "/api/v1/inbox", Op::Inbox, Access::User, "Every pause, checkpoint and agent's request waiting for the caller (an approver or admin: for anyone), oldest first", Body::None, 200, Some(schema::<InboxReply>)),
     route("GET", "/api/v1/admin/nodes", Op::Nodes, Access::Admin, "The nodes that started on this database, newest first (admins)", Body::None, 200, Some(schema::<NodesReply>)),
     route("GET", "/api/v1/admin/slots", Op::Slots, Access::Admin, "The child slots held across the cluster, oldest first (admins)", Body::None, 200, Some(schema::<SlotsReply>)),
     route("GET", "/api/v1/workflows/{id}/artifacts/{version}", Op::Artifact, Access::User, "An artifact's bytes (HTTP Range supported)", Body::None, 200, None),

@@ -10,7 +10,6 @@ use actors::{Decide, LaunchRequest, ReconcileRequest, Resolution, Resume, Workfl
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use bytes::Bytes;
-use http_body_util::Full;
 use hyper::header::{
     ACCEPT_RANGES, CONTENT_DISPOSITION, CONTENT_RANGE, CONTENT_TYPE, ETAG, HeaderValue, RANGE,
 };
@@ -89,7 +88,7 @@ fn run_id(ctx: &Ctx<'_>, body_run_id: Option<String>) -> Result<String, ApiError
 
 /// What a caller wants to do with a workflow, which decides who may.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Act {
+pub(super) enum Act {
     /// Read it: get, list, its artifacts.
     Read,
     /// Resume a pause, decide a checkpoint, answer an agent: an approver may on anyone's.
@@ -99,7 +98,11 @@ enum Act {
 }
 
 /// The workflow's row, if the caller may `act` on it.
-async fn owned_row(ctx: &Ctx<'_>, run_id: &str, act: Act) -> Result<WorkflowRow, ApiError> {
+pub(super) async fn owned_row(
+    ctx: &Ctx<'_>,
+    run_id: &str,
+    act: Act,
+) -> Result<WorkflowRow, ApiError> {
     let row = ctx.state.node.store().read_workflow(run_id).await?;
     visible(ctx, row, run_id, act)
 }
@@ -714,7 +717,7 @@ pub async fn artifact(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
     };
     // `start <= end <= total`, and `total` is the length of `content`.
     let bytes = Bytes::copy_from_slice(&artifact.content[start as usize..end as usize]);
-    let mut reply = Response::new(Full::new(bytes));
+    let mut reply = Response::new(super::full(bytes));
     *reply.status_mut() = status;
     let headers = reply.headers_mut();
     headers.insert(CONTENT_TYPE, HeaderValue::from_static(served.content_type));

@@ -16,6 +16,7 @@ use crate::migrations::{self, MigrationReport, PG_MIGRATION_LOCK};
 use crate::write::{ArtifactInfo, ArtifactRow, Snapshot, StepRow, WorkflowRow, WriteOp};
 use crate::{Error, NodeRecord, Result, StoreOptions};
 
+mod events;
 mod operators;
 mod runs;
 mod users;
@@ -528,6 +529,10 @@ pub(super) fn op_sql(op: &WriteOp) -> &'static str {
             "WITH fence AS (SELECT reins_fence($1, $2, $3))
              DELETE FROM workflow_slots WHERE workflow = $4 AND EXISTS (SELECT 1 FROM fence)"
         }
+        WriteOp::PutLogs { .. } => {
+            "WITH fence AS (SELECT reins_fence($1, $2, $3))
+             SELECT reins_log($4, $5, $6, $7) FROM fence"
+        }
         WriteOp::ReleaseLease => {
             "WITH fence AS (SELECT reins_fence($1, $2, $3))
              UPDATE extension_execution_leases SET expires_at = reins_now()
@@ -606,6 +611,15 @@ pub(super) fn op_params<'a>(fence: &'a Fence, op: &'a WriteOp) -> Vec<&'a (dyn T
                 max_workflows,
                 max_workflows_per_owner,
             ];
+            params.extend(own);
+        }
+        WriteOp::PutLogs {
+            workflow_id,
+            lines,
+            events_max,
+            bytes_max,
+        } => {
+            let own: [&(dyn ToSql + Sync); 4] = [workflow_id, lines, events_max, bytes_max];
             params.extend(own);
         }
         WriteOp::ReleaseLease => {}

@@ -18,6 +18,7 @@ use crate::migrations::{self, MigrationReport};
 use crate::write::{ArtifactInfo, ArtifactRow, Snapshot, StepRow, WorkflowRow, WriteOp};
 use crate::{Error, NodeRecord, Result, StoreOptions};
 
+mod events;
 mod operators;
 mod runs;
 mod users;
@@ -643,6 +644,12 @@ pub(super) fn apply(connection: &Connection, fence: &Fence, encoded: &Encoded) -
                 .prepare_cached("DELETE FROM workflow_slots WHERE workflow = ?1")?
                 .execute(params![workflow_id])?;
         }
+        WriteOp::PutLogs {
+            workflow_id,
+            lines,
+            events_max,
+            bytes_max,
+        } => events::put_logs(connection, workflow_id, lines, *events_max, *bytes_max)?,
         WriteOp::ReleaseLease => {
             connection
                 .prepare_cached(
