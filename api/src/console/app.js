@@ -23,8 +23,6 @@ const EVENT_KINDS = ["message", "status", "step_journaled", "step_started", "pau
   "checkpoint_waiting", "step_finished", "pause_resumed", "checkpoint_decided",
   "cancel_requested", "artifact", "approval_requested", "approval_answered", "log",
   "log_truncated"];
-/** Workflows read at most for the list (the list pages and sorts what it read). */
-const LIST_WORKFLOWS_MAX = 5000;
 /** Workflows per page of the list. */
 const LIST_PAGE_SIZE = 25;
 /** Bytes of an artifact fetched for its preview; a longer text shows its beginning. */
@@ -685,11 +683,7 @@ function resumeForm(runId, stepId, attempt, fingerprint) {
 
 // The workflows list ---------------------------------------------------------------------------
 
-/**
- * The list's filters and where it is. `cursors[i]` is the `after` of page i when the node pages
- * newest first itself (its answer has `next`); otherwise the list reads everything (at most
- * LIST_WORKFLOWS_MAX) and pages it here.
- */
+/** The list's filters and where it is: `cursors[i]` is the `after` of page i (newest first). */
 const listFilters = {status: "", owner: "", page: 0, cursors: [null]};
 
 async function workflowsPage(main) {
@@ -754,8 +748,8 @@ async function workflowsPage(main) {
           h("td", {"data-label": "Updated"}, time(w.updated_at)))))),
       pager]);
   };
-  const query = (after, limit) => {
-    const q = new URLSearchParams({limit: String(limit)});
+  const query = (after) => {
+    const q = new URLSearchParams({limit: String(LIST_PAGE_SIZE)});
     if (listFilters.status) q.set("status", listFilters.status);
     if (listFilters.owner) q.set("user_id", listFilters.owner);
     if (after) q.set("after", after);
@@ -764,38 +758,15 @@ async function workflowsPage(main) {
   const page = {title: "Workflows", events: "/api/v1/events"};
   page.refresh = async (force) => {
     listFilters.page = Math.max(0, Math.min(listFilters.page, listFilters.cursors.length - 1));
-    const first = await api("GET", query(listFilters.cursors[listFilters.page], LIST_PAGE_SIZE));
-    let rows;
-    let where;
-    if ("next" in first) {
-      // The node pages newest first: one request per page.
-      rows = first.workflows;
-      listFilters.cursors.length = listFilters.page + 1;
-      if (first.next) listFilters.cursors.push(first.next);
-      where = {newer: listFilters.page > 0, older: Boolean(first.next),
-        count: `Page ${listFilters.page + 1}`};
-    } else {
-      // An older node pages oldest first: read everything, sort and page it here.
-      const all = [...first.workflows];
-      let after = first.next_after || null;
-      while (after && all.length < LIST_WORKFLOWS_MAX) {
-        const answer = await api("GET", query(after, 500));
-        all.push(...answer.workflows);
-        after = answer.next_after || null;
-      }
-      const mine = listFilters.owner ? all.filter((w) => w.user_id === listFilters.owner) : all;
-      mine.sort((a, b) => b.created_at - a.created_at || (a.run_id < b.run_id ? 1 : -1));
-      const pages = Math.max(1, Math.ceil(mine.length / LIST_PAGE_SIZE));
-      listFilters.cursors = Array.from({length: pages}, () => null);
-      listFilters.page = Math.min(listFilters.page, pages - 1);
-      rows = mine.slice(listFilters.page * LIST_PAGE_SIZE, (listFilters.page + 1) * LIST_PAGE_SIZE);
-      where = {newer: listFilters.page > 0, older: listFilters.page < pages - 1,
-        count: `Page ${listFilters.page + 1} of ${pages} · ${mine.length} workflows`};
-    }
-    const signature = JSON.stringify([rows, where]);
+    const answer = await api("GET", query(listFilters.cursors[listFilters.page]));
+    listFilters.cursors.length = listFilters.page + 1;
+    if (answer.next) listFilters.cursors.push(answer.next);
+    const where = {newer: listFilters.page > 0, older: Boolean(answer.next),
+      count: `Page ${listFilters.page + 1}`};
+    const signature = JSON.stringify([answer.workflows, where]);
     if (!force && signature === last) return;
     last = signature;
-    draw(rows, where);
+    draw(answer.workflows, where);
   };
   const restart = async () => {
     listFilters.page = 0;
@@ -827,8 +798,6 @@ async function findWorkflow(id) {
   }
   const answer = await api("GET", `/api/v1/workflows?${new URLSearchParams({request_id: id,
     limit: "1"})}`);
-  // A node without `next` in its pages is older than the request_id filter, and ignores it.
-  if (!("next" in answer)) return null;
   return answer.workflows.length ? answer.workflows[0].run_id : null;
 }
 
@@ -989,21 +958,9 @@ function renderWorkflow(record, previews) {
     entries.length ? h("ol", {class: "timeline"}, entries.map((e) => e.node))
       : h("p", {class: "empty"}, "No steps yet.")));
 
-  // Every version the record lists (a node that lists none: those its steps name).
-  const artifacts = new Map();
-  for (const step of record.steps) {
-    if (step.artifact_version != null) artifacts.set(step.artifact_version, null);
-  }
-  for (const c of record.checkpoints) {
-    if (c.artifact_version != null) artifacts.set(c.artifact_version, null);
-  }
-  for (const a of Array.isArray(record.artifacts) ? record.artifacts : []) {
-    if (a && a.version != null) artifacts.set(a.version, a);
-  }
-  if (artifacts.size) {
+  if (record.artifacts.length) {
     parts.push(h("section", {class: "artifacts"}, h("h2", {}, "Artifacts"),
-      [...artifacts.keys()].sort((a, b) => a - b).map((v) =>
-        preview(previews, record.run_id, v, "list", artifacts.get(v)))));
+      record.artifacts.map((a) => preview(previews, record.run_id, a.version, "list", a))));
   }
   parts.push(h("details", {class: "card"}, h("summary", {}, "Script and arguments"),
     h("pre", {class: "script"}, record.script), json(record.args)));
@@ -1012,7 +969,7 @@ function renderWorkflow(record, previews) {
 
 /** A cached preview element: artifacts never change, so each is fetched once per page. */
 function preview(previews, runId, version, purpose = "list", about = null) {
-  const key = `${purpose}/${runId}/${version}/${about ? "about" : ""}`;
+  const key = `${purpose}/${runId}/${version}`;
   if (!previews.has(key)) previews.set(key, artifactPreview(runId, version, about));
   return previews.get(key);
 }
