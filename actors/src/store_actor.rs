@@ -503,6 +503,15 @@ pub enum OperatorsRequest {
     CountSlots {
         reply: RpcReplyPort<store::Result<i64>>,
     },
+    ListNodes {
+        limit: u32,
+        reply: RpcReplyPort<store::Result<Vec<NodeRecord>>>,
+    },
+    WaitingWorkflows {
+        user_id: Option<String>,
+        limit: u32,
+        reply: RpcReplyPort<store::Result<Vec<String>>>,
+    },
 }
 
 async fn serve_operators(store: &Store, request: OperatorsRequest) {
@@ -521,6 +530,16 @@ async fn serve_operators(store: &Store, request: OperatorsRequest) {
         }
         OperatorsRequest::CountSlots { reply } => {
             let _ = reply.send(store.count_slots().await);
+        }
+        OperatorsRequest::ListNodes { limit, reply } => {
+            let _ = reply.send(store.list_nodes(limit).await);
+        }
+        OperatorsRequest::WaitingWorkflows {
+            user_id,
+            limit,
+            reply,
+        } => {
+            let _ = reply.send(store.waiting_workflows(user_id.as_deref(), limit).await);
         }
     }
 }
@@ -1197,6 +1216,31 @@ impl StoreHandle {
     pub async fn count_slots(&self) -> store::Result<i64> {
         self.call("count_slots", Effect::Read, |reply| {
             StoreMsg::Operators(OperatorsRequest::CountSlots { reply })
+        })
+        .await
+    }
+
+    /// See [`Store::list_nodes`].
+    pub async fn list_nodes(&self, limit: u32) -> store::Result<Vec<NodeRecord>> {
+        self.call("list_nodes", Effect::Read, |reply| {
+            StoreMsg::Operators(OperatorsRequest::ListNodes { limit, reply })
+        })
+        .await
+    }
+
+    /// See [`Store::waiting_workflows`].
+    pub async fn waiting_workflows(
+        &self,
+        user_id: Option<&str>,
+        limit: u32,
+    ) -> store::Result<Vec<String>> {
+        let user_id = user_id.map(str::to_owned);
+        self.call("waiting_workflows", Effect::Read, |reply| {
+            StoreMsg::Operators(OperatorsRequest::WaitingWorkflows {
+                user_id,
+                limit,
+                reply,
+            })
         })
         .await
     }

@@ -1935,6 +1935,7 @@ mod tests {
             kind: "agent".to_owned(),
             status: "completed".to_owned(),
             data,
+            created_at: 0.0,
         }
     }
 

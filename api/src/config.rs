@@ -113,8 +113,11 @@ pub struct HttpConfig {
     pub body_bytes_max: u64,
     /// A request head's bytes at most (request line and headers; 431 beyond).
     pub head_bytes_max: u64,
-    /// Workflows per page of a listing at most.
+    /// Workflows per page of a listing at most (also the rows of the admin nodes and slots
+    /// lists).
     pub page_size_max: u32,
+    /// Workflows the inbox reads at most (one snapshot each); more waiting is shown as `more`.
+    pub inbox_workflows_max: u32,
     /// How long `cancel` waits for the workflow to settle before it answers with what it sees.
     pub cancel_wait_ms: u64,
     /// How long a connection may take to send a request's head, counted from when it opens or
@@ -137,6 +140,7 @@ impl Default for HttpConfig {
             body_bytes_max: 1024 * 1024,
             head_bytes_max: 64 * 1024,
             page_size_max: 500,
+            inbox_workflows_max: 100,
             cancel_wait_ms: 5000,
             head_timeout_ms: 10_000,
             body_timeout_ms: 30_000,
@@ -497,7 +501,7 @@ impl Config {
             }
             _ => {}
         }
-        let positive: [(&'static str, u64); 28] = [
+        let positive: [(&'static str, u64); 29] = [
             ("store.pool_size", self.store.pool_size as u64),
             ("store.requests_max", self.store.requests_max as u64),
             ("store.write_batch_max", self.store.write_batch_max as u64),
@@ -510,6 +514,10 @@ impl Config {
             ("http.body_bytes_max", self.http.body_bytes_max),
             ("http.head_bytes_max", self.http.head_bytes_max),
             ("http.page_size_max", u64::from(self.http.page_size_max)),
+            (
+                "http.inbox_workflows_max",
+                u64::from(self.http.inbox_workflows_max),
+            ),
             ("http.head_timeout_ms", self.http.head_timeout_ms),
             ("http.body_timeout_ms", self.http.body_timeout_ms),
             ("http.connections_max", self.http.connections_max),

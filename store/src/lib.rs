@@ -596,6 +596,21 @@ impl Store {
         retry(|| async { on_backend!(self, store => store.run_counts(owner).await) }).await
     }
 
+    /// The live workflows that wait for a person (a pause or a human checkpoint without its
+    /// control, or a step whose agent asked for approval), `user_id`'s or everyone's, oldest first,
+    /// at most `limit`. Running workflows are the candidates that need a look at their journal and
+    /// live runs (both indexed by workflow); paused ones wait by their status alone.
+    pub async fn waiting_workflows(
+        &self,
+        user_id: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<String>> {
+        retry(|| async {
+            on_backend!(self, store => store.waiting_workflows(user_id, limit).await)
+        })
+        .await
+    }
+
     /// The child slots held, oldest first, at most `limit`.
     pub async fn list_slots(&self, limit: u32) -> Result<Vec<SlotRow>> {
         retry(|| async { on_backend!(self, store => store.list_slots(limit).await) }).await
@@ -727,9 +742,9 @@ impl Store {
         retry(|| async { on_backend!(self, store => store.count_slots().await) }).await
     }
 
-    /// Every node that ever started on this database, oldest first.
-    pub async fn list_nodes(&self) -> Result<Vec<NodeRecord>> {
-        retry(|| async { on_backend!(self, store => store.list_nodes().await) }).await
+    /// The nodes that started on this database, newest first, at most `limit`.
+    pub async fn list_nodes(&self, limit: u32) -> Result<Vec<NodeRecord>> {
+        retry(|| async { on_backend!(self, store => store.list_nodes(limit).await) }).await
     }
 }
 

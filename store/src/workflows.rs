@@ -194,6 +194,8 @@ pub struct ListFilter {
     /// Only this user's workflows (`None`: everyone's, for an admin).
     pub user_id: Option<String>,
     pub status: Option<StatusFilter>,
+    /// Only the workflow launched with this `request_id` (one per user).
+    pub request_id: Option<String>,
     /// The page starts after this position (the last workflow of the previous page).
     pub after: Option<ListCursor>,
     pub limit: u32,

@@ -107,6 +107,8 @@ pub struct StepRow {
     pub kind: String,
     pub status: String,
     pub data: Value,
+    /// When the entry was first journaled (epoch seconds, database clock).
+    pub created_at: f64,
 }
 
 /// One artifact version as read back.

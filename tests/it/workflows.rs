@@ -481,7 +481,7 @@ on_both_backends! {
         wait_for_status(&node, &ada[0], "cancelled").await;
 
         let filter = |after: Option<store::ListCursor>| store::ListFilter {
-            user_id: Some("ada".into()), status: None, after, limit: 2,
+            user_id: Some("ada".into()), status: None, request_id: None, after, limit: 2,
         };
         let first = workflows.list(filter(None)).await.expect("list");
         let cursor = first.last().map(|w| store::ListCursor {

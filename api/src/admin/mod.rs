@@ -211,6 +211,7 @@ async fn run(context: &AdminContext, request: Request) -> Result<Value, String> 
             let filter = store::ListFilter {
                 user_id: None,
                 status: Some(store::StatusFilter::Stored("needs_reconciliation".into())),
+                request_id: None,
                 after: None,
                 limit: RECONCILIATIONS_LISTED_MAX,
             };

@@ -1,5 +1,7 @@
 //! The HTTP control plane (hyper, HTTP/1.1): the REST API under `/api/v1`, the compatible action
-//! endpoint, sign-in, `/health`, `/health/ready` and `/api/v1/openapi.json`.
+//! endpoint, sign-in, `/health`, `/health/ready` and `/api/v1/openapi.json`; and the files of
+//! the browser console ([`crate::console`]), answered before the route table with their own
+//! headers.
 //!
 //! Every request goes the same way: the route table ([`routes`]) finds the route (404/405), the
 //! body is read up to `http.body_bytes_max` (413) within `http.body_timeout_ms` (408), the
@@ -13,6 +15,7 @@ mod auth;
 mod connections;
 mod error;
 mod events;
+mod inbox;
 mod openapi;
 pub(crate) mod record;
 mod routes;
@@ -49,6 +52,7 @@ pub use auth::new_secret;
 pub use error::ApiError;
 
 use crate::config::{AddressRange, AuthConfig, EventsConfig, HttpConfig};
+use crate::console;
 use auth::{LoginBudgets, LoginThrottle, PasswordHashing, Secret};
 use connections::Connections;
 use routes::{Access, Found, Route};
@@ -367,6 +371,9 @@ async fn handle(
 ) -> Reply {
     let method = request.method().as_str().to_owned();
     let path = request.uri().path().to_owned();
+    if matches!(method.as_str(), "GET" | "HEAD") && console::owns(&path) {
+        return console_reply(state, &method, &path);
+    }
     let span = tracing::info_span!("request", %method, %path);
     let found = routes::find(&method, &path);
     // Counted by route template, never by raw path: ids would make the label set unbounded.
@@ -395,6 +402,49 @@ async fn handle(
     }
     .instrument(span)
     .await
+}
+
+/// A file of the browser console (its own headers: [`console::CONTENT_SECURITY_POLICY`]), or a
+/// 404 under the API's hardened headers for a console path that names no file.
+fn console_reply(state: &AppState, method: &str, path: &str) -> Reply {
+    let (reply, route) = match console::asset(path) {
+        Some(asset) => {
+            let mut reply = Response::new(full(Bytes::from_static(asset.body)));
+            let headers = reply.headers_mut();
+            for (name, value) in [
+                ("content-type", asset.content_type),
+                ("content-security-policy", console::CONTENT_SECURITY_POLICY),
+                ("x-content-type-options", "nosniff"),
+                ("referrer-policy", "no-referrer"),
+                ("x-frame-options", "DENY"),
+                ("cross-origin-opener-policy", "same-origin"),
+                // A new binary may bring new files under the same names.
+                ("cache-control", "no-cache"),
+            ] {
+                headers.insert(
+                    HeaderName::from_static(name),
+                    HeaderValue::from_static(value),
+                );
+            }
+            (reply, "(console)")
+        }
+        None => {
+            let mut reply = error_reply(&ApiError::not_found(format!(
+                "the console has no file {path:?}"
+            )));
+            harden(&mut reply);
+            (reply, "(no route)")
+        }
+    };
+    state.node.metrics().inc(
+        "reins_http_requests_total",
+        &[
+            ("method", known_method(method)),
+            ("route", route),
+            ("status", reply.status().as_str()),
+        ],
+    );
+    reply
 }
 
 /// Headers on every reply so that no answer of this origin (an artifact's stored bytes above
@@ -550,6 +600,9 @@ async fn dispatch(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
         Op::ArtifactChunk => workflows::artifact_chunk(ctx).await,
         Op::WorkflowEvents => events::workflow_events(ctx).await,
         Op::Events => events::feed(ctx).await,
+        Op::Inbox => inbox::inbox(ctx).await,
+        Op::Nodes => inbox::nodes(ctx).await,
+        Op::Slots => inbox::slots(ctx).await,
     }
 }
 

@@ -146,6 +146,8 @@ fn step(step: &StepRow, approval_runs: &[RunRow]) -> StepRecord {
                 .map_or_else(|| v.to_string(), str::to_owned)
         }),
         approval,
+        started_at: step.created_at,
+        finished_at: settled_at(step),
     }
 }
 
@@ -221,5 +223,11 @@ fn checkpoint(step: &StepRow, controls: &[ControlRow]) -> CheckpointRecord {
         decided_at: resolved
             .and_then(|v| v["decidedAt"].as_f64())
             .map(|ms| ms / 1000.0),
+        started_at: step.created_at,
     }
+}
+
+/// When a journal entry's outcome was recorded, in epoch seconds.
+fn settled_at(step: &StepRow) -> Option<f64> {
+    step.data["settled_at_ms"].as_f64().map(|ms| ms / 1000.0)
 }

@@ -79,6 +79,10 @@ pub enum Op {
     WorkflowEvents,
     /// Status changes of every workflow the caller may see (Server-Sent Events).
     Events,
+    /// Everything that waits for the caller.
+    Inbox,
+    Nodes,
+    Slots,
 }
 
 /// Where a route's workflow id comes from.
@@ -195,6 +199,8 @@ pub static ROUTES: &[Route] = &[
             ("status", "only workflows with this stored status, or `recoverable` (live, the owner's lease expired: what `get` shows as `recoverable`)"),
             ("after", "the page starts after this position: the previous page's `next`"),
             ("limit", "workflows per page (default 50, at most `http.page_size_max`)"),
+            ("request_id", "only the workflow launched with this request_id"),
+            ("user_id", "only this user's workflows (for those who see everyone's)"),
         ],
         ..route("GET", REST, Op::List, Access::User, "A page of workflows, newest first (admins and approvers see everyone's)", Body::None, 200, Some(schema::<WorkflowPage>))
     },
@@ -214,6 +220,9 @@ pub static ROUTES: &[Route] = &[
         query: &[("after", "replay the status changes after this id (the `Last-Event-ID` header wins); without either, from now")],
         ..route("GET", "/api/v1/events", Op::Events, Access::User, "Status changes of every workflow the caller may see (an admin: everyone's) as Server-Sent Events", Body::None, 200, None)
     },
+    route("GET", "/api/v1/inbox", Op::Inbox, Access::User, "Every pause, checkpoint and agent's request waiting for the caller (an approver or admin: for anyone), oldest first", Body::None, 200, Some(schema::<InboxReply>)),
+    route("GET", "/api/v1/admin/nodes", Op::Nodes, Access::Admin, "The nodes that started on this database, newest first (admins)", Body::None, 200, Some(schema::<NodesReply>)),
+    route("GET", "/api/v1/admin/slots", Op::Slots, Access::Admin, "The child slots held across the cluster, oldest first (admins)", Body::None, 200, Some(schema::<SlotsReply>)),
     route("GET", "/api/v1/workflows/{id}/artifacts/{version}", Op::Artifact, Access::User, "An artifact's bytes (HTTP Range supported)", Body::None, 200, None),
     action(action_path!("launch"), Op::Launch, "launch", schema::<LaunchBody>, schema::<LaunchReply>),
     action(action_path!("get"), Op::Get, "get", schema::<RunBody>, schema::<WorkflowRecord>),

@@ -324,6 +324,11 @@ pub struct StepRecord {
     pub error: Option<String>,
     /// The agent's newest approval request, when it asked one.
     pub approval: Option<ApprovalRecord>,
+    /// When the call was journaled (epoch seconds, database clock; for a step that waited for
+    /// a slot, when it began to wait).
+    pub started_at: f64,
+    /// When its outcome was recorded (epoch seconds, the owner's clock), once it has one.
+    pub finished_at: Option<f64>,
 }
 
 /// An agent's request for a person's approval, and its answer.
@@ -355,6 +360,8 @@ pub struct CheckpointRecord {
     pub status: String,
     pub decided_by: Option<String>,
     pub decided_at: Option<f64>,
+    /// When the workflow began to wait here (epoch seconds, database clock).
+    pub started_at: f64,
 }
 
 /// A workflow as `get` shows it.
@@ -446,6 +453,74 @@ pub struct WorkflowPage {
     pub next: Option<String>,
     /// The same as `next` (for older clients).
     pub next_after: Option<String>,
+}
+
+/// Everything that waits for the caller: pauses, checkpoints and agents' requests of the
+/// workflows they may see, oldest first.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct InboxReply {
+    pub items: Vec<InboxItem>,
+    /// `true` when more workflows wait than `http.inbox_workflows_max`: the items are those of
+    /// the oldest ones.
+    pub more: bool,
+}
+
+/// One question waiting for a person.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct InboxItem {
+    /// `pause` (answer with `resume`), `humanCheckpoint` (`decide`) or `agent_request`
+    /// (`answer`).
+    pub kind: String,
+    pub run_id: String,
+    pub step_id: String,
+    pub attempt: i32,
+    /// The workflow's owner (a user id).
+    pub user_id: String,
+    /// The workflow's fingerprint, which `resume` takes.
+    pub fingerprint: String,
+    /// Since when it waits (epoch seconds, database clock).
+    pub since: f64,
+    /// The artifact version a checkpoint is about.
+    pub artifact_version: Option<i64>,
+    pub source_step_id: Option<String>,
+    /// What the agent asks (an `agent_request`).
+    pub approval: Option<ApprovalRecord>,
+}
+
+/// A node as `GET /api/v1/admin/nodes` lists it.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct NodeReply {
+    pub worker_id: String,
+    pub host: String,
+    pub pid: i64,
+    pub version: String,
+    pub started_at: f64,
+    /// Absent while it runs (or if it died without recording its stop).
+    pub stopped_at: Option<f64>,
+}
+
+/// The nodes that started on this database, newest first.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct NodesReply {
+    pub nodes: Vec<NodeReply>,
+}
+
+/// A held child slot.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct SlotReply {
+    pub run_id: String,
+    pub step_id: String,
+    pub attempt: i32,
+    pub created_at: f64,
+}
+
+/// The child slots held across the cluster.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct SlotsReply {
+    /// Slots held in all.
+    pub held: i64,
+    /// The oldest of them.
+    pub slots: Vec<SlotReply>,
 }
 
 /// The plugins this server offers (the compatible surface).

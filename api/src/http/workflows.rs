@@ -230,6 +230,19 @@ pub async fn list(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
         }
     };
     let after = ctx.query("after").map(|c| parse_cursor(&c)).transpose()?;
+    let request_id = ctx.query("request_id");
+    if let Some(request_id) = &request_id {
+        check_id("request_id", request_id)?;
+    }
+    // Whose: a user's own always; one who sees every workflow may name an owner.
+    let user_id = if principal.user.sees_every_workflow() {
+        ctx.query("user_id")
+    } else {
+        Some(principal.user.id.clone())
+    };
+    if let Some(user_id) = &user_id {
+        check_id("user_id", user_id)?;
+    }
     let page_size_max = ctx.state.http.page_size_max;
     let limit = match ctx.query("limit") {
         None => PAGE_SIZE_DEFAULT.min(page_size_max),
@@ -248,8 +261,9 @@ pub async fn list(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
         .node
         .workflows()
         .list(store::ListFilter {
-            user_id: (!principal.user.sees_every_workflow()).then(|| principal.user.id.clone()),
+            user_id,
             status,
+            request_id,
             after,
             limit: limit + 1,
         })

@@ -389,17 +389,17 @@ impl PgStore {
         Ok(())
     }
 
-    pub(crate) async fn list_nodes(&self) -> Result<Vec<NodeRecord>> {
+    pub(crate) async fn list_nodes(&self, limit: u32) -> Result<Vec<NodeRecord>> {
         let client = self.pool.get().await?;
         let rows = client
             .query(
                 &client
                     .prepare_cached(
                         "SELECT worker_id, host, pid, version, started_at, stopped_at FROM nodes
-                  ORDER BY started_at",
+                          ORDER BY started_at DESC, worker_id LIMIT $1",
                     )
                     .await?,
-                &[],
+                &[&i64::from(limit)],
             )
             .await?;
         Ok(rows.iter().map(node_from_row).collect())
@@ -710,7 +710,7 @@ async fn artifacts_in(client: &impl GenericClient, workflow_id: &str) -> Result<
 async fn steps_in(client: &impl GenericClient, workflow_id: &str) -> Result<Vec<StepRow>> {
     let statement = client
         .prepare_cached(
-            "SELECT step_id, attempt, kind, status, data, seq FROM workflow_steps
+            "SELECT step_id, attempt, kind, status, data, seq, created_at FROM workflow_steps
               WHERE workflow = $1 ORDER BY seq, attempt",
         )
         .await?;
@@ -724,6 +724,7 @@ async fn steps_in(client: &impl GenericClient, workflow_id: &str) -> Result<Vec<
             kind: row.get(2),
             status: row.get(3),
             data: row.get(4),
+            created_at: row.get(6),
         })
         .collect())
 }

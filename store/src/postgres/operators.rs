@@ -69,4 +69,34 @@ impl PgStore {
             })
             .collect())
     }
+
+    pub(crate) async fn waiting_workflows(
+        &self,
+        user_id: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<String>> {
+        let client = self.pool.get().await?;
+        let rows = client
+            .query(
+                &client
+                    .prepare_cached(
+                        "SELECT w.id FROM workflows w
+                          WHERE ($1::text IS NULL OR w.user_id = $1)
+                            AND w.status IN ('running', 'paused', 'waiting_approval')
+                            AND (w.status IN ('paused', 'waiting_approval')
+                                 OR EXISTS (SELECT 1 FROM runs r
+                                             WHERE r.workflow = w.id
+                                               AND r.status = 'waiting_for_input')
+                                 OR EXISTS (SELECT 1 FROM workflow_steps s
+                                             WHERE s.workflow = w.id
+                                               AND s.kind IN ('pause', 'humanCheckpoint')
+                                               AND s.status = 'running'))
+                          ORDER BY w.created_at, w.id LIMIT $2",
+                    )
+                    .await?,
+                &[&user_id, &i64::from(limit)],
+            )
+            .await?;
+        Ok(rows.iter().map(|row| row.get(0)).collect())
+    }
 }

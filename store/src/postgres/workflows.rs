@@ -448,6 +448,7 @@ impl PgStore {
                     AND (NOT $6 OR (w.status = ANY($7)
                                     AND (l.expires_at IS NULL OR l.expires_at <= reins_now())))
                     AND ($3::float8 IS NULL OR (w.created_at, w.id) < ($3, $4::text))
+                    AND ($8::text IS NULL OR w.request_id = $8)
                   ORDER BY w.created_at DESC, w.id DESC LIMIT $5",
             )
             .await?;
@@ -470,6 +471,7 @@ impl PgStore {
                     &i64::from(filter.limit),
                     &recoverable,
                     &COUNTED,
+                    &filter.request_id,
                 ],
             )
             .await?;

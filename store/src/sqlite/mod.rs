@@ -440,13 +440,13 @@ impl SqliteStore {
         .await
     }
 
-    pub(crate) async fn list_nodes(&self) -> Result<Vec<NodeRecord>> {
-        self.read(|connection| {
-            let mut statement = connection.prepare(
+    pub(crate) async fn list_nodes(&self, limit: u32) -> Result<Vec<NodeRecord>> {
+        self.read(move |connection| {
+            let mut statement = connection.prepare_cached(
                 "SELECT worker_id, host, pid, version, started_at, stopped_at FROM nodes
-                  ORDER BY started_at",
+                  ORDER BY started_at DESC, worker_id LIMIT ?1",
             )?;
-            let rows = statement.query_map([], |row| {
+            let rows = statement.query_map([limit], |row| {
                 Ok(NodeRecord {
                     worker_id: row.get(0)?,
                     host: row.get(1)?,
@@ -911,7 +911,7 @@ fn artifacts_on(connection: &Connection, workflow_id: &str) -> Result<Vec<Artifa
 
 fn steps_on(connection: &Connection, workflow_id: &str) -> Result<Vec<StepRow>> {
     let mut statement = connection.prepare_cached(
-        "SELECT step_id, attempt, kind, status, data, seq FROM workflow_steps
+        "SELECT step_id, attempt, kind, status, data, seq, created_at FROM workflow_steps
           WHERE workflow = ?1 ORDER BY seq, attempt",
     )?;
     let rows = statement.query_map([workflow_id], |row| {
@@ -922,10 +922,11 @@ fn steps_on(connection: &Connection, workflow_id: &str) -> Result<Vec<StepRow>> 
             row.get::<_, String>(3)?,
             row.get::<_, String>(4)?,
             row.get::<_, i32>(5)?,
+            row.get::<_, f64>(6)?,
         ))
     })?;
     rows.map(|row| {
-        let (step_id, attempt, kind, status, data, seq) = row?;
+        let (step_id, attempt, kind, status, data, seq, created_at) = row?;
         Ok(StepRow {
             seq,
             step_id,
@@ -933,6 +934,7 @@ fn steps_on(connection: &Connection, workflow_id: &str) -> Result<Vec<StepRow>> 
             kind,
             status,
             data: parse_json(&data)?,
+            created_at,
         })
     })
     .collect()

@@ -379,6 +379,7 @@ impl SqliteStore {
                     AND (NOT ?6 OR (w.status IN ('running', 'paused', 'waiting_approval', 'cancelling')
                           AND (l.expires_at IS NULL OR l.expires_at <= unixepoch('subsec'))))
                     AND (?3 IS NULL OR (w.created_at, w.id) < (?3, ?4))
+                    AND (?7 IS NULL OR w.request_id = ?7)
                   ORDER BY w.created_at DESC, w.id DESC LIMIT ?5",
             )?;
             let (stored, recoverable) = match filter.status {
@@ -396,7 +397,8 @@ impl SqliteStore {
                     after_created_at,
                     after_id,
                     filter.limit,
-                    recoverable
+                    recoverable,
+                    filter.request_id
                 ],
                 |row| Ok((workflow_row(row)?, row.get::<_, bool>(8)?)),
             )?;
