@@ -88,7 +88,12 @@ impl PgStore {
     pub(crate) async fn feed_head(&self) -> Result<i64> {
         let client = self.pool.get().await?;
         Ok(client
-            .query_one("SELECT seq FROM event_feed WHERE id = 1", &[])
+            .query_one(
+                &client
+                    .prepare_cached("SELECT seq FROM event_feed WHERE id = 1")
+                    .await?,
+                &[],
+            )
             .await?
             .get(0))
     }

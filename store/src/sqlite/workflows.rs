@@ -123,7 +123,12 @@ fn control_row(row: &Row<'_>) -> rusqlite::Result<(ControlRow, String)> {
     ))
 }
 
-const CONTROL_COLUMNS: &str = "id, workflow, kind, step_id, attempt, body, created_by, applied_at";
+/// The columns `control_row` reads, as one literal for `concat!` (SQL is never formatted per call).
+macro_rules! control_columns {
+    () => {
+        "id, workflow, kind, step_id, attempt, body, created_by, applied_at"
+    };
+}
 
 fn decode_control((mut control, body): (ControlRow, String)) -> Result<ControlRow> {
     control.body = parse_json(&body)?;
@@ -146,12 +151,13 @@ impl SqliteStore {
     pub(crate) async fn put_control(&self, control: NewControl) -> Result<ControlWrite> {
         self.write(move |connection| {
             let inserted = connection
-                .prepare_cached(&format!(
+                .prepare_cached(concat!(
                     "INSERT INTO workflow_controls (workflow, kind, step_id, attempt, body,
                                                     created_by, created_at)
                      VALUES (?1, ?2, ?3, ?4, ?5, ?6, unixepoch('subsec'))
                      ON CONFLICT (workflow, kind, step_id, attempt) DO NOTHING
-                     RETURNING {CONTROL_COLUMNS}"
+                     RETURNING ",
+                    control_columns!()
                 ))?
                 .query_row(
                     params![
@@ -169,8 +175,10 @@ impl SqliteStore {
                 return Ok(ControlWrite::Recorded(decode_control(row)?));
             }
             let existing = connection
-                .prepare_cached(&format!(
-                    "SELECT {CONTROL_COLUMNS} FROM workflow_controls
+                .prepare_cached(concat!(
+                    "SELECT ",
+                    control_columns!(),
+                    " FROM workflow_controls
                       WHERE workflow = ?1 AND kind = ?2 AND step_id = ?3 AND attempt = ?4"
                 ))?
                 .query_row(
@@ -418,8 +426,10 @@ impl SqliteStore {
 
 /// Every control of a workflow, oldest first.
 pub(super) fn controls_on(connection: &Connection, workflow_id: &str) -> Result<Vec<ControlRow>> {
-    let mut statement = connection.prepare_cached(&format!(
-        "SELECT {CONTROL_COLUMNS} FROM workflow_controls WHERE workflow = ?1 ORDER BY id"
+    let mut statement = connection.prepare_cached(concat!(
+        "SELECT ",
+        control_columns!(),
+        " FROM workflow_controls WHERE workflow = ?1 ORDER BY id"
     ))?;
     let rows = statement.query_map([workflow_id], control_row)?;
     rows.map(|row| decode_control(row?)).collect()
