@@ -2,7 +2,8 @@
 # Runs the whole test suite on a fresh Debian machine that has the Rust toolchain:
 #   tests/run-all.sh          build, start a private PostgreSQL, run every test, stop it
 #   tests/run-all.sh bench    the same cluster, then the benches instead of the tests
-# PostgreSQL and nginx come from Debian's packages (installed if missing); the tests start their
+# PostgreSQL, nginx, openssl, chromium and chromium-driver come from Debian's packages (installed
+# if missing); the tests start their
 # own private nginx per test on a free loopback port, whatever the package's service does. The cluster lives under
 # target/pg-test (or a private temp folder when the postgres user cannot reach target/), listens
 # only on 127.0.0.1 on a free port, and is stopped on exit whatever happens.
@@ -18,6 +19,11 @@ pg_bin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1 || tr
 missing=()
 if [ -z "$pg_bin" ] || [ ! -x "$pg_bin/initdb" ]; then missing+=(postgresql); fi
 if [ "$mode" != bench ] && [ ! -x /usr/sbin/nginx ]; then missing+=(nginx); fi
+# The nginx example's check makes a test certificate with openssl.
+if [ "$mode" != bench ] && ! command -v openssl >/dev/null; then missing+=(openssl); fi
+# The console's tests drive Debian's headless chromium through chromedriver (WebDriver).
+if [ "$mode" != bench ] && ! command -v chromium >/dev/null; then missing+=(chromium); fi
+if [ "$mode" != bench ] && ! command -v chromedriver >/dev/null; then missing+=(chromium-driver); fi
 if [ ${#missing[@]} -gt 0 ]; then
   echo "== installing ${missing[*]} from Debian's packages"
   as_root apt-get update -qq

@@ -26,8 +26,12 @@ use crate::store_actor::StoreHandle;
 /// How a child run ended, as far as this node knows.
 #[derive(Debug, Clone, PartialEq)]
 pub enum RunEnd {
-    /// This node's own write recorded the outcome.
+    /// This node's own write recorded the outcome, and the row holds nothing the admission did
+    /// not (so the admitted row with this outcome is the row).
     Persisted(RunOutcome),
+    /// This node's own write recorded the outcome after a person answered the agent's request:
+    /// the row also holds the answer, so whoever needs the whole row reads it back.
+    PersistedAnswered(RunOutcome),
     /// The agent asked for approval; the run waits in `waiting_for_input`.
     WaitingForInput,
     /// Ownership was lost; the run's fate is not this node's to report.
@@ -156,7 +160,12 @@ impl ChildState {
             }
             Verdict::Persisted(outcome) => {
                 self.untrack();
-                self.end(myself, RunEnd::Persisted(outcome));
+                let end = if self.answered.is_empty() {
+                    RunEnd::Persisted(outcome)
+                } else {
+                    RunEnd::PersistedAnswered(outcome)
+                };
+                self.end(myself, end);
             }
             Verdict::Fenced => {
                 tracing::warn!(parent: &self.span, "ownership lost: the run is fenced");

@@ -11,6 +11,7 @@ mod child_agent;
 mod child_runs;
 pub mod commit;
 mod error;
+pub mod events;
 mod fault_points;
 mod faults;
 mod ids;

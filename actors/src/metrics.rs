@@ -28,6 +28,7 @@ const DESCRIPTIONS: &[(&str, &str, &str)] = &[
     ("reins_fenced_writes_rejected_total", "counter", "Fenced writes the database refused because the lease was lost."),
     ("reins_journal_write_seconds", "histogram", "Latency of a workflow's fenced journal writes."),
     ("reins_http_requests_total", "counter", "HTTP requests answered, by route and status."),
+    ("reins_event_streams_disconnected_total", "counter", "Event streams cut off because their client left a full buffer unread for events.stream_stall_ms."),
 ];
 
 #[derive(Default, Debug)]

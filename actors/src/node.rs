@@ -88,6 +88,8 @@ impl NodeOptions {
                 limits: runtime::Limits::default(),
                 workspaces_dir,
                 artifact_bytes_max: 16 * 1024 * 1024,
+                log_events_max: 1000,
+                log_event_bytes_max: 256 * 1024,
                 capture_timeout: Duration::from_secs(10),
                 launch_limits: store::LaunchLimits::NONE,
                 slots_max: 32,

@@ -11,12 +11,14 @@ use ractor::rpc::CallResult;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use serde::Serialize;
 use store::{
-    Admission, ApprovalAnswer, ArtifactRow, Backend, CancelAction, ControlRow, ControlWrite, Fence,
-    Launch, LaunchLimits, Lease, NewControl, NewRun, NewToken, NewUser, NewWorkflow, NodeRecord,
-    RunOutcome, RunRenewal, RunRow, RunStatus, SlotRow, StatusCount, StepRow, Store, TakeOver,
-    TokenRow, UserRow, WorkflowRow, WriteOp,
+    Admission, ApprovalAnswer, ArtifactRow, Backend, CancelAction, ControlRow, ControlWrite,
+    EventPage, EventRow, Fence, Launch, LaunchLimits, Lease, NewControl, NewRun, NewToken, NewUser,
+    NewWorkflow, NodeRecord, RunOutcome, RunRenewal, RunRow, RunStatus, SlotRow, StatusCount,
+    StepRow, Store, TakeOver, TokenRow, UserChange, UserChanged, UserDeletion, UserRow,
+    WorkflowRow, WriteOp,
 };
 
+use crate::events::EventWakes;
 use crate::faults::{FaultAction, StoreFaults};
 use crate::metrics::Metrics;
 use tokio::sync::Semaphore;
@@ -27,6 +29,8 @@ pub enum StoreMsg {
     Users(UsersRequest),
     /// Counts and lists for operators and metrics.
     Operators(OperatorsRequest),
+    /// Workflow events and the feed.
+    Events(EventsRequest),
     AcquireLease {
         resource_id: String,
         owner: String,
@@ -112,7 +116,7 @@ pub enum StoreMsg {
     },
     ListWorkflows {
         filter: store::ListFilter,
-        reply: RpcReplyPort<store::Result<Vec<WorkflowRow>>>,
+        reply: RpcReplyPort<store::Result<Vec<store::ListedWorkflow>>>,
     },
     ReadArtifact {
         workflow_id: String,
@@ -267,6 +271,7 @@ async fn serve(store: &Store, message: StoreMsg) {
     match message {
         StoreMsg::Users(request) => serve_users(store, request).await,
         StoreMsg::Operators(request) => serve_operators(store, request).await,
+        StoreMsg::Events(request) => serve_events(store, request).await,
         StoreMsg::AcquireLease {
             resource_id,
             owner,
@@ -473,6 +478,8 @@ pub struct StoreHandle {
     /// Set when any call answers [`store::Error::DiskFull`], cleared when a write probe
     /// succeeds; shared by every clone, read by readiness.
     disk_full: Arc<AtomicBool>,
+    /// Told after each write that may have written workflow events (see [`EventWakes`]).
+    wakes: Arc<EventWakes>,
 }
 
 /// Reads for operators, metrics and the API's views, each with its reply port.
@@ -496,6 +503,15 @@ pub enum OperatorsRequest {
     CountSlots {
         reply: RpcReplyPort<store::Result<i64>>,
     },
+    ListNodes {
+        limit: u32,
+        reply: RpcReplyPort<store::Result<Vec<NodeRecord>>>,
+    },
+    WaitingWorkflows {
+        user_id: Option<String>,
+        limit: u32,
+        reply: RpcReplyPort<store::Result<Vec<String>>>,
+    },
 }
 
 async fn serve_operators(store: &Store, request: OperatorsRequest) {
@@ -515,6 +531,59 @@ async fn serve_operators(store: &Store, request: OperatorsRequest) {
         OperatorsRequest::CountSlots { reply } => {
             let _ = reply.send(store.count_slots().await);
         }
+        OperatorsRequest::ListNodes { limit, reply } => {
+            let _ = reply.send(store.list_nodes(limit).await);
+        }
+        OperatorsRequest::WaitingWorkflows {
+            user_id,
+            limit,
+            reply,
+        } => {
+            let _ = reply.send(store.waiting_workflows(user_id.as_deref(), limit).await);
+        }
+    }
+}
+
+/// Reads of workflow events and the feed, each with its reply port.
+pub enum EventsRequest {
+    Workflow {
+        workflow_id: String,
+        after: i64,
+        limit: u32,
+        reply: RpcReplyPort<store::Result<Option<EventPage>>>,
+    },
+    Feed {
+        after: i64,
+        user_id: Option<String>,
+        limit: u32,
+        reply: RpcReplyPort<store::Result<Vec<EventRow>>>,
+    },
+    FeedHead {
+        reply: RpcReplyPort<store::Result<i64>>,
+    },
+}
+
+async fn serve_events(store: &Store, request: EventsRequest) {
+    match request {
+        EventsRequest::Workflow {
+            workflow_id,
+            after,
+            limit,
+            reply,
+        } => {
+            let _ = reply.send(store.read_events(&workflow_id, after, limit).await);
+        }
+        EventsRequest::Feed {
+            after,
+            user_id,
+            limit,
+            reply,
+        } => {
+            let _ = reply.send(store.read_feed(after, user_id.as_deref(), limit).await);
+        }
+        EventsRequest::FeedHead { reply } => {
+            let _ = reply.send(store.feed_head().await);
+        }
     }
 }
 
@@ -528,6 +597,33 @@ pub enum UsersRequest {
     UserByEmail {
         email: String,
         reply: RpcReplyPort<store::Result<Option<UserRow>>>,
+    },
+    UserById {
+        user_id: String,
+        reply: RpcReplyPort<store::Result<Option<UserRow>>>,
+    },
+    ListUsers {
+        reply: RpcReplyPort<store::Result<Vec<UserRow>>>,
+    },
+    ChangeUser {
+        user_id: String,
+        change: UserChange,
+        reply: RpcReplyPort<store::Result<UserChanged>>,
+    },
+    SetPassword {
+        user_id: String,
+        password_hash: String,
+        keep_session: Option<String>,
+        reply: RpcReplyPort<store::Result<bool>>,
+    },
+    EndSessions {
+        user_id: String,
+        keep_session: Option<String>,
+        reply: RpcReplyPort<store::Result<bool>>,
+    },
+    DeleteUser {
+        user_id: String,
+        reply: RpcReplyPort<store::Result<UserDeletion>>,
     },
     OpenSession {
         session_id: String,
@@ -574,6 +670,41 @@ async fn serve_users(store: &Store, request: UsersRequest) {
         UsersRequest::UserByEmail { email, reply } => {
             let _ = reply.send(store.user_by_email(&email).await);
         }
+        UsersRequest::UserById { user_id, reply } => {
+            let _ = reply.send(store.user_by_id(&user_id).await);
+        }
+        UsersRequest::ListUsers { reply } => {
+            let _ = reply.send(store.list_users().await);
+        }
+        UsersRequest::ChangeUser {
+            user_id,
+            change,
+            reply,
+        } => {
+            let _ = reply.send(store.change_user(&user_id, change).await);
+        }
+        UsersRequest::SetPassword {
+            user_id,
+            password_hash,
+            keep_session,
+            reply,
+        } => {
+            let _ = reply.send(
+                store
+                    .set_password(&user_id, &password_hash, keep_session.as_deref())
+                    .await,
+            );
+        }
+        UsersRequest::EndSessions {
+            user_id,
+            keep_session,
+            reply,
+        } => {
+            let _ = reply.send(store.end_sessions(&user_id, keep_session.as_deref()).await);
+        }
+        UsersRequest::DeleteUser { user_id, reply } => {
+            let _ = reply.send(store.delete_user(&user_id).await);
+        }
         UsersRequest::OpenSession {
             session_id,
             user_id,
@@ -611,6 +742,11 @@ async fn serve_users(store: &Store, request: UsersRequest) {
     }
 }
 
+/// Whether a change may move its workflow to another status (an event of the feed).
+fn changes_status(op: &WriteOp) -> bool {
+    matches!(op, WriteOp::SetWorkflow { .. })
+}
+
 /// Whether an unanswered request may have changed the database.
 #[derive(Clone, Copy)]
 enum Effect {
@@ -631,6 +767,21 @@ impl StoreHandle {
             faults,
             metrics,
             disk_full: Arc::new(AtomicBool::new(false)),
+            wakes: Arc::new(EventWakes::default()),
+        }
+    }
+
+    /// What wakes this node's event streams; a change bus that hears of commits on other nodes
+    /// tells it too.
+    pub fn event_wakes(&self) -> &Arc<EventWakes> {
+        &self.wakes
+    }
+
+    /// Wakes the streams of `workflow_id` after a write that may have committed (a write whose
+    /// outcome is unknown may have): a wake is only a hint to read again.
+    fn wake<T>(&self, workflow_id: &str, status_changed: bool, written: &store::Result<T>) {
+        if matches!(written, Ok(_) | Err(store::Error::OutcomeUnknown(_))) {
+            self.wakes.committed(workflow_id, status_changed);
         }
     }
 
@@ -786,26 +937,33 @@ impl StoreHandle {
         lease_ms: u64,
     ) -> store::Result<Lease> {
         let owner = owner.to_owned();
-        self.call("create_workflow", Effect::Write, |reply| {
-            StoreMsg::CreateWorkflow {
-                workflow,
-                owner,
-                lease_ms,
-                reply,
-            }
-        })
-        .await
+        let workflow_id = workflow.workflow_id.clone();
+        let created = self
+            .call("create_workflow", Effect::Write, |reply| {
+                StoreMsg::CreateWorkflow {
+                    workflow,
+                    owner,
+                    lease_ms,
+                    reply,
+                }
+            })
+            .await;
+        self.wake(&workflow_id, true, &created);
+        created
     }
 
     /// See [`Store::fenced_write`].
     pub async fn fenced_write(&self, fence: &Fence, ops: Vec<WriteOp>) -> store::Result<()> {
+        let status_changed = ops.iter().any(changes_status);
         let fence = fence.clone();
+        let workflow_id = fence.resource_id.clone();
         let started = std::time::Instant::now();
         let written = self
             .call("fenced_write", Effect::Write, |reply| {
                 StoreMsg::FencedWrite { fence, ops, reply }
             })
             .await;
+        self.wake(&workflow_id, status_changed, &written);
         match &written {
             Ok(()) => self
                 .metrics
@@ -823,6 +981,52 @@ impl StoreHandle {
         let workflow_id = workflow_id.to_owned();
         self.call("read_workflow", Effect::Read, |reply| {
             StoreMsg::ReadWorkflow { workflow_id, reply }
+        })
+        .await
+    }
+
+    /// See [`Store::read_events`].
+    pub async fn read_events(
+        &self,
+        workflow_id: &str,
+        after: i64,
+        limit: u32,
+    ) -> store::Result<Option<EventPage>> {
+        let workflow_id = workflow_id.to_owned();
+        self.call("read_events", Effect::Read, |reply| {
+            StoreMsg::Events(EventsRequest::Workflow {
+                workflow_id,
+                after,
+                limit,
+                reply,
+            })
+        })
+        .await
+    }
+
+    /// See [`Store::read_feed`].
+    pub async fn read_feed(
+        &self,
+        after: i64,
+        user_id: Option<&str>,
+        limit: u32,
+    ) -> store::Result<Vec<EventRow>> {
+        let user_id = user_id.map(str::to_owned);
+        self.call("read_feed", Effect::Read, |reply| {
+            StoreMsg::Events(EventsRequest::Feed {
+                after,
+                user_id,
+                limit,
+                reply,
+            })
+        })
+        .await
+    }
+
+    /// See [`Store::feed_head`].
+    pub async fn feed_head(&self) -> store::Result<i64> {
+        self.call("feed_head", Effect::Read, |reply| {
+            StoreMsg::Events(EventsRequest::FeedHead { reply })
         })
         .await
     }
@@ -894,16 +1098,20 @@ impl StoreHandle {
         limits: LaunchLimits,
     ) -> store::Result<Launch> {
         let owner = owner.to_owned();
-        self.call("launch_workflow", Effect::Write, |reply| {
-            StoreMsg::LaunchWorkflow {
-                workflow,
-                owner,
-                lease_ms,
-                limits,
-                reply,
-            }
-        })
-        .await
+        let workflow_id = workflow.workflow_id.clone();
+        let launched = self
+            .call("launch_workflow", Effect::Write, |reply| {
+                StoreMsg::LaunchWorkflow {
+                    workflow,
+                    owner,
+                    lease_ms,
+                    limits,
+                    reply,
+                }
+            })
+            .await;
+        self.wake(&workflow_id, true, &launched);
+        launched
     }
 
     /// See [`Store::take_over_workflow`].
@@ -915,19 +1123,23 @@ impl StoreHandle {
         versions: &store::Versions,
         purpose: store::Purpose,
     ) -> store::Result<TakeOver> {
+        let woken = workflow_id.to_owned();
         let (workflow_id, owner, versions) =
             (workflow_id.to_owned(), owner.to_owned(), versions.clone());
-        self.call("take_over_workflow", Effect::Write, |reply| {
-            StoreMsg::TakeOverWorkflow {
-                workflow_id,
-                owner,
-                lease_ms,
-                versions,
-                purpose,
-                reply,
-            }
-        })
-        .await
+        let taken = self
+            .call("take_over_workflow", Effect::Write, |reply| {
+                StoreMsg::TakeOverWorkflow {
+                    workflow_id,
+                    owner,
+                    lease_ms,
+                    versions,
+                    purpose,
+                    reply,
+                }
+            })
+            .await;
+        self.wake(&woken, true, &taken);
+        taken
     }
 
     /// See [`Store::recoverable_workflows`].
@@ -1008,6 +1220,31 @@ impl StoreHandle {
         .await
     }
 
+    /// See [`Store::list_nodes`].
+    pub async fn list_nodes(&self, limit: u32) -> store::Result<Vec<NodeRecord>> {
+        self.call("list_nodes", Effect::Read, |reply| {
+            StoreMsg::Operators(OperatorsRequest::ListNodes { limit, reply })
+        })
+        .await
+    }
+
+    /// See [`Store::waiting_workflows`].
+    pub async fn waiting_workflows(
+        &self,
+        user_id: Option<&str>,
+        limit: u32,
+    ) -> store::Result<Vec<String>> {
+        let user_id = user_id.map(str::to_owned);
+        self.call("waiting_workflows", Effect::Read, |reply| {
+            StoreMsg::Operators(OperatorsRequest::WaitingWorkflows {
+                user_id,
+                limit,
+                reply,
+            })
+        })
+        .await
+    }
+
     /// See [`Store::create_user`].
     pub async fn create_user(&self, user: NewUser, only_if_first: bool) -> store::Result<bool> {
         self.call("create_user", Effect::Write, |reply| {
@@ -1025,6 +1262,87 @@ impl StoreHandle {
         let email = email.to_owned();
         self.call("user_by_email", Effect::Read, |reply| {
             StoreMsg::Users(UsersRequest::UserByEmail { email, reply })
+        })
+        .await
+    }
+
+    /// See [`Store::user_by_id`].
+    pub async fn user_by_id(&self, user_id: &str) -> store::Result<Option<UserRow>> {
+        let user_id = user_id.to_owned();
+        self.call("user_by_id", Effect::Read, |reply| {
+            StoreMsg::Users(UsersRequest::UserById { user_id, reply })
+        })
+        .await
+    }
+
+    /// See [`Store::list_users`].
+    pub async fn list_users(&self) -> store::Result<Vec<UserRow>> {
+        self.call("list_users", Effect::Read, |reply| {
+            StoreMsg::Users(UsersRequest::ListUsers { reply })
+        })
+        .await
+    }
+
+    /// See [`Store::change_user`].
+    pub async fn change_user(
+        &self,
+        user_id: &str,
+        change: UserChange,
+    ) -> store::Result<UserChanged> {
+        let user_id = user_id.to_owned();
+        self.call("change_user", Effect::Write, |reply| {
+            StoreMsg::Users(UsersRequest::ChangeUser {
+                user_id,
+                change,
+                reply,
+            })
+        })
+        .await
+    }
+
+    /// See [`Store::set_password`].
+    pub async fn set_password(
+        &self,
+        user_id: &str,
+        password_hash: String,
+        keep_session: Option<&str>,
+    ) -> store::Result<bool> {
+        let user_id = user_id.to_owned();
+        let keep_session = keep_session.map(str::to_owned);
+        self.call("set_password", Effect::Write, |reply| {
+            StoreMsg::Users(UsersRequest::SetPassword {
+                user_id,
+                password_hash,
+                keep_session,
+                reply,
+            })
+        })
+        .await
+    }
+
+    /// See [`Store::end_sessions`].
+    pub async fn end_sessions(
+        &self,
+        user_id: &str,
+        keep_session: Option<&str>,
+    ) -> store::Result<bool> {
+        let user_id = user_id.to_owned();
+        let keep_session = keep_session.map(str::to_owned);
+        self.call("end_sessions", Effect::Write, |reply| {
+            StoreMsg::Users(UsersRequest::EndSessions {
+                user_id,
+                keep_session,
+                reply,
+            })
+        })
+        .await
+    }
+
+    /// See [`Store::delete_user`].
+    pub async fn delete_user(&self, user_id: &str) -> store::Result<UserDeletion> {
+        let user_id = user_id.to_owned();
+        self.call("delete_user", Effect::Write, |reply| {
+            StoreMsg::Users(UsersRequest::DeleteUser { user_id, reply })
         })
         .await
     }
@@ -1109,7 +1427,7 @@ impl StoreHandle {
     pub async fn list_workflows(
         &self,
         filter: store::ListFilter,
-    ) -> store::Result<Vec<WorkflowRow>> {
+    ) -> store::Result<Vec<store::ListedWorkflow>> {
         self.call("list_workflows", Effect::Read, |reply| {
             StoreMsg::ListWorkflows { filter, reply }
         })
@@ -1144,11 +1462,15 @@ impl StoreHandle {
 
     /// See [`Store::put_control`].
     pub async fn put_control(&self, control: NewControl) -> store::Result<ControlWrite> {
-        self.call("put_control", Effect::Write, |reply| StoreMsg::PutControl {
-            control,
-            reply,
-        })
-        .await
+        let workflow_id = control.workflow_id.clone();
+        let written = self
+            .call("put_control", Effect::Write, |reply| StoreMsg::PutControl {
+                control,
+                reply,
+            })
+            .await;
+        self.wake(&workflow_id, false, &written);
+        written
     }
 
     /// See [`Store::read_controls`].
@@ -1162,11 +1484,22 @@ impl StoreHandle {
 
     /// See [`Store::admit_run`].
     pub async fn admit_run(&self, run: NewRun) -> store::Result<Admission> {
-        self.call("admit_run", Effect::Write, |reply| StoreMsg::AdmitRun {
-            run,
-            reply,
-        })
-        .await
+        let step = run.step.as_ref().map(|step| {
+            (
+                step.workflow_id.clone(),
+                step.journal.iter().any(changes_status),
+            )
+        });
+        let admitted = self
+            .call("admit_run", Effect::Write, |reply| StoreMsg::AdmitRun {
+                run,
+                reply,
+            })
+            .await;
+        if let Some((workflow_id, status_changed)) = step {
+            self.wake(&workflow_id, status_changed, &admitted);
+        }
+        admitted
     }
 
     /// See [`Store::read_run`].

@@ -60,6 +60,9 @@ pub(crate) enum ReconciliationReason {
     ChildEndUnrecorded,
     /// A cancellation could not observe a child's end within its window (`2 × lease`).
     CancelWindowPassed,
+    /// A row of the journal cannot be read, or a call is missing from it: replaying around it
+    /// would put every later call on the wrong outcome.
+    JournalUnreadable,
 }
 
 impl ReconciliationReason {
@@ -69,6 +72,7 @@ impl ReconciliationReason {
             ReconciliationReason::ChildOutcomeUnknown => "child_outcome_unknown",
             ReconciliationReason::ChildEndUnrecorded => "child_end_unrecorded",
             ReconciliationReason::CancelWindowPassed => "cancel_window_passed",
+            ReconciliationReason::JournalUnreadable => "journal_unreadable",
         }
     }
 
@@ -86,6 +90,9 @@ impl ReconciliationReason {
             ReconciliationReason::CancelWindowPassed => {
                 "the cancellation could not observe the child run's end within its window"
             }
+            ReconciliationReason::JournalUnreadable => {
+                "a journal row cannot be read or is missing; the workflow is not replayed around it"
+            }
         }
     }
 }
@@ -96,6 +103,8 @@ pub(crate) struct Reconciliation {
     reason: ReconciliationReason,
     step_id: String,
     run_id: String,
+    /// The sentence recorded for people: the reason's own, or one naming what was found.
+    message: String,
 }
 
 impl Reconciliation {
@@ -104,6 +113,19 @@ impl Reconciliation {
             reason,
             step_id: step_id.to_owned(),
             run_id: run_id.to_owned(),
+            message: reason.message().to_owned(),
+        }
+    }
+
+    fn of_journal(unreadable: &UnreadableJournal) -> Self {
+        Reconciliation {
+            reason: ReconciliationReason::JournalUnreadable,
+            step_id: unreadable.step_id.clone(),
+            run_id: String::new(),
+            message: format!(
+                "{}: {unreadable}",
+                ReconciliationReason::JournalUnreadable.message()
+            ),
         }
     }
 }
@@ -217,6 +239,9 @@ pub(crate) struct WorkflowArgs {
     pub limits: runtime::Limits,
     pub workspaces_dir: std::path::PathBuf,
     pub artifact_bytes_max: u64,
+    /// `console.log` lines kept as events per workflow at most, and their bytes.
+    pub log_events_max: u64,
+    pub log_event_bytes_max: u64,
     /// How long a capture's read may take (`limits.capture_timeout_ms`).
     pub capture_timeout: Duration,
     pub slots_max: u64,
@@ -510,6 +535,15 @@ impl WorkflowState {
         for line in &activation.logs {
             self.logged_bytes += line.len() as u64;
             tracing::info!(parent: &self.span, script_log = %line, "console.log");
+        }
+        if !activation.logs.is_empty() {
+            // Kept as `log` events with whatever the workflow writes next, like an outcome.
+            self.unwritten.ops.push(WriteOp::PutLogs {
+                workflow_id: self.args.workflow_id.clone(),
+                lines: activation.logs.clone(),
+                events_max: i64::try_from(self.args.log_events_max).unwrap_or(i64::MAX),
+                bytes_max: i64::try_from(self.args.log_event_bytes_max).unwrap_or(i64::MAX),
+            });
         }
         if let Some(carried) = self.carry(&activation) {
             // One new agent call and nothing else to wait for: its entry, and everything
@@ -815,10 +849,11 @@ impl WorkflowState {
             Outcome::Resolved(_) => "completed",
             Outcome::Rejected(_) => "failed",
         };
-        // Journaled with whatever the workflow writes next (see `unwritten`).
+        // Journaled with whatever the workflow writes next (see `unwritten`). The artifact the
+        // outcome names goes first, so the step's `step_finished` event can give its size.
         let op = self.step_op(&entry, status, fields);
-        self.unwritten.ops.push(op);
         self.unwritten.ops.append(&mut extra);
+        self.unwritten.ops.push(op);
         self.unwritten.events.push(Journaled::Finished {
             step_id: entry.step_id.clone(),
             kind: entry.kind,
@@ -1007,7 +1042,8 @@ impl WorkflowState {
                 let me = myself.clone();
                 tokio::spawn(async move {
                     // An end this node committed is known as committed; any other end (fenced,
-                    // paused, the actor gone) is read from the row.
+                    // paused, answered, the actor gone) is read from the row, so the step's
+                    // result is what a takeover would read.
                     let committed = match ended.await {
                         Ok(RunEnd::Persisted(outcome)) => {
                             Some(Box::new(ended_with(row.clone(), outcome)))
@@ -1271,7 +1307,7 @@ impl WorkflowState {
     /// data (`reconciliation`), logged and counted.
     async fn reconcile_needed(&mut self, myself: &ActorRef<WorkflowMsg>, why: Reconciliation) {
         tracing::warn!(parent: &self.span, reason = why.reason.as_str(), step_id = %why.step_id,
-            child_run_id = %why.run_id, message = %why.reason.message(),
+            child_run_id = %why.run_id, message = %why.message,
             "the workflow needs reconciliation");
         self.args.metrics.inc(
             "reins_workflows_finished_total",
@@ -1284,7 +1320,7 @@ impl WorkflowState {
         let mut data = self.args.document.data.clone();
         data["reconciliation"] = json!({
             "reason": why.reason.as_str(),
-            "message": why.reason.message(),
+            "message": why.message,
             "step_id": why.step_id,
             "run_id": why.run_id,
             "at_ms": now_ms(),
@@ -1602,28 +1638,31 @@ impl Actor for WorkflowSupervisor {
                 };
                 match journal {
                     Ok(steps) => {
-                        // The journal is the newest attempt of each call, in call order.
-                        let mut newest: BTreeMap<u32, store::StepRow> = BTreeMap::new();
-                        for step in steps {
-                            let Ok(seq) = u32::try_from(step.seq) else {
-                                continue;
-                            };
-                            if newest
-                                .get(&seq)
-                                .is_none_or(|known| known.attempt < step.attempt)
-                            {
-                                newest.insert(seq, step);
-                            }
-                        }
+                        let (newest, journal) = newest_attempts(steps);
                         state.attempts = newest
                             .iter()
                             .map(|(seq, step)| (*seq, step.attempt))
                             .collect();
-                        state.journal = newest.values().filter_map(journal_entry).collect();
-                        if state.args.start == Start::CancelOnly {
-                            state.finish_cancel_of_dead_owner(&myself, &newest).await;
-                        } else {
-                            state.activate(&myself, Vec::new()).await;
+                        match journal {
+                            // A cancel replays nothing: it waits for the children its journal
+                            // shows running, and its end stops every live child run of the
+                            // workflow, so an unreadable journal only leaves nothing to wait for.
+                            journal if state.args.start == Start::CancelOnly => {
+                                state.journal = journal.unwrap_or_else(|unreadable| {
+                                    tracing::warn!(parent: &state.span, %unreadable,
+                                        "the journal cannot be read; cancelling without it");
+                                    Vec::new()
+                                });
+                                state.finish_cancel_of_dead_owner(&myself, &newest).await;
+                            }
+                            Ok(journal) => {
+                                state.journal = journal;
+                                state.activate(&myself, Vec::new()).await;
+                            }
+                            Err(unreadable) => {
+                                let why = Reconciliation::of_journal(&unreadable);
+                                state.reconcile_needed(&myself, why).await;
+                            }
                         }
                     }
                     Err(error) if error.is_transient() => {
@@ -1857,16 +1896,157 @@ fn artifact_content(content: Vec<u8>) -> Value {
     }
 }
 
+/// A journal row that cannot be replayed: the workflow is never replayed around it.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("journal call {seq} (step {step_id:?}, attempt {attempt}): {problem}")]
+pub(crate) struct UnreadableJournal {
+    seq: i32,
+    step_id: String,
+    attempt: i32,
+    problem: String,
+}
+
+/// The newest attempt of each call, and the journal they make: read whole, every row parsed and
+/// the calls numbered 0, 1, 2, ... with none missing, or the first row that breaks this named.
+/// Dropping a row would shift every later call onto the wrong outcome.
+fn newest_attempts(
+    steps: Vec<store::StepRow>,
+) -> (
+    BTreeMap<u32, store::StepRow>,
+    Result<Vec<JournalEntry>, UnreadableJournal>,
+) {
+    let unreadable = |step: &store::StepRow, problem: String| UnreadableJournal {
+        seq: step.seq,
+        step_id: step.step_id.clone(),
+        attempt: step.attempt,
+        problem,
+    };
+    let mut newest: BTreeMap<u32, store::StepRow> = BTreeMap::new();
+    let mut out_of_range = None;
+    for step in steps {
+        let Ok(seq) = u32::try_from(step.seq) else {
+            out_of_range.get_or_insert_with(|| {
+                unreadable(&step, "its call number is out of range".to_owned())
+            });
+            continue;
+        };
+        if newest
+            .get(&seq)
+            .is_none_or(|known| known.attempt < step.attempt)
+        {
+            newest.insert(seq, step);
+        }
+    }
+    let journal = match out_of_range {
+        Some(error) => Err(error),
+        None => (0u32..)
+            .zip(&newest)
+            .map(|(expected, (seq, step))| {
+                if *seq != expected {
+                    return Err(UnreadableJournal {
+                        // Invariant: `expected` is below `seq`, which came from an `i32`.
+                        seq: i32::try_from(expected).unwrap_or(i32::MAX),
+                        step_id: String::new(),
+                        attempt: 0,
+                        problem: format!("missing (the next call journaled is {seq})"),
+                    });
+                }
+                journal_entry(*seq, step).map_err(|problem| unreadable(step, problem))
+            })
+            .collect(),
+    };
+    (newest, journal)
+}
+
 /// A stored step as the runtime's journal entry.
-fn journal_entry(step: &store::StepRow) -> Option<JournalEntry> {
-    Some(JournalEntry {
-        seq: u32::try_from(step.seq).ok()?,
-        kind: CallKind::parse(&step.kind)?,
+fn journal_entry(seq: u32, step: &store::StepRow) -> Result<JournalEntry, String> {
+    let kind = CallKind::parse(&step.kind)
+        .ok_or_else(|| format!("{:?} is not a kind of call", step.kind))?;
+    let outcome = serde_json::from_value(step.data["outcome"].clone())
+        .map_err(|e| format!("its outcome cannot be read: {e}"))?;
+    let settled_at_ms = match &step.data["settled_at_ms"] {
+        Value::Null => None,
+        at => Some(
+            at.as_i64()
+                .ok_or_else(|| format!("its settled_at_ms {at} is not a whole number"))?,
+        ),
+    };
+    Ok(JournalEntry {
+        seq,
+        kind,
         step_id: step.step_id.clone(),
         args: step.data["args"].clone(),
-        outcome: serde_json::from_value(step.data["outcome"].clone())
-            .ok()
-            .flatten(),
-        settled_at_ms: step.data["settled_at_ms"].as_i64(),
+        outcome,
+        settled_at_ms,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(seq: i32, step_id: &str, attempt: i32, data: Value) -> store::StepRow {
+        store::StepRow {
+            seq,
+            step_id: step_id.to_owned(),
+            attempt,
+            kind: "agent".to_owned(),
+            status: "completed".to_owned(),
+            data,
+            created_at: 0.0,
+        }
+    }
+
+    fn settled(value: i64) -> Value {
+        json!({"args": {}, "outcome": {"outcome": "resolved", "value": value}, "settled_at_ms": 7})
+    }
+
+    #[test]
+    fn the_journal_is_the_newest_attempt_of_each_call_in_order() {
+        let (newest, journal) = newest_attempts(vec![
+            row(1, "b", 1, settled(2)),
+            row(0, "a", 1, settled(1)),
+            row(1, "b", 2, json!({"args": {}})),
+        ]);
+        let journal = journal.expect("readable");
+        assert_eq!(newest[&1].attempt, 2);
+        assert_eq!(journal.len(), 2);
+        assert_eq!(journal[0].outcome, Some(Outcome::Resolved(json!(1))));
+        assert_eq!(journal[0].settled_at_ms, Some(7));
+        assert_eq!((journal[1].seq, journal[1].outcome.clone()), (1, None));
+    }
+
+    #[test]
+    fn a_missing_call_is_named_never_skipped() {
+        let error = newest_attempts(vec![row(0, "a", 1, settled(1)), row(2, "c", 1, settled(3))])
+            .1
+            .expect_err("a gap");
+        assert_eq!((error.seq, error.step_id.as_str()), (1, ""));
+        assert!(
+            error.to_string().contains("next call journaled is 2"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn an_unreadable_row_is_named_never_dropped() {
+        let bad_outcome = json!({"args": {}, "outcome": 42});
+        let error = newest_attempts(vec![
+            row(0, "a", 1, settled(1)),
+            row(1, "b", 3, bad_outcome),
+        ])
+        .1
+        .expect_err("unreadable outcome");
+        assert_eq!(
+            (error.seq, error.step_id.as_str(), error.attempt),
+            (1, "b", 3)
+        );
+        let mut bad_kind = row(0, "a", 1, settled(1));
+        bad_kind.kind = "teleport".to_owned();
+        assert!(newest_attempts(vec![bad_kind]).1.is_err());
+        let bad_time = json!({"args": {}, "settled_at_ms": "noon"});
+        assert!(newest_attempts(vec![row(0, "a", 1, bad_time)]).1.is_err());
+        let (newest, journal) = newest_attempts(vec![row(-1, "z", 1, settled(1))]);
+        assert!(newest.is_empty() && journal.is_err());
+    }
 }

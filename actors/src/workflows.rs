@@ -52,6 +52,8 @@ pub struct WorkflowView {
     pub lease: Option<store::Lease>,
     /// The child runs that asked a person for approval (see [`store::Snapshot::approval_runs`]).
     pub approval_runs: Vec<store::RunRow>,
+    /// Every artifact version, without its bytes (see [`store::Snapshot::artifacts`]).
+    pub artifacts: Vec<store::ArtifactInfo>,
     /// Live by its stored status, with its lease expired on the database clock: `recover` may
     /// take it over. Derived on every read, never stored.
     pub recoverable: bool,
@@ -89,6 +91,10 @@ pub struct WorkflowsOptions {
     pub workspaces_dir: std::path::PathBuf,
     /// An artifact's bytes at most.
     pub artifact_bytes_max: u64,
+    /// `console.log` lines a workflow keeps as events at most, whichever nodes ran it.
+    pub log_events_max: u64,
+    /// The bytes of those lines at most.
+    pub log_event_bytes_max: u64,
     /// How long a capture's read may take before the capture fails.
     pub capture_timeout: Duration,
     pub launch_limits: LaunchLimits,
@@ -769,8 +775,20 @@ fn listen(
 /// What a committed change means for this node: a control for a workflow it runs wakes that
 /// supervisor; an answer to a child's request wakes the supervisor that waits for it; a freed
 /// slot wakes the oldest steps waiting for one; released leases wake automatic recovery; a
-/// resync does all of it. A status change is for waiters, not for this actor.
+/// resync does all of it. Controls, status changes and requests for input also wake this
+/// node's event streams of that workflow (their events were written by the same commit); other
+/// event kinds (a step's) are not announced, and a stream on another node than the owner reads
+/// them at its `events.poll_ms`.
 fn changed(myself: &ActorRef<WorkflowsMsg>, state: &mut WorkflowsState, change: Change) {
+    let wakes = state.args.store.event_wakes();
+    match &change {
+        Change::Status(workflow_id) => wakes.committed(workflow_id, true),
+        Change::Control(workflow_id) | Change::Input(workflow_id) => {
+            wakes.committed(workflow_id, false);
+        }
+        Change::Resync => wakes.resync(),
+        Change::SlotFreed | Change::Recoverable => {}
+    }
     match change {
         Change::Control(workflow_id) => {
             if let Some(supervisor) = state.live.get(&workflow_id) {
@@ -1155,6 +1173,8 @@ async fn start_supervisor(
             limits: options.limits.clone(),
             workspaces_dir: options.workspaces_dir.clone(),
             artifact_bytes_max: options.artifact_bytes_max,
+            log_events_max: options.log_events_max,
+            log_event_bytes_max: options.log_event_bytes_max,
             capture_timeout: options.capture_timeout,
             slots_max: options.slots_max,
             cancel_window_ms: options.lease_ms * 2,
@@ -1251,6 +1271,7 @@ impl WorkflowsHandle {
             controls: snapshot.controls,
             lease: snapshot.lease,
             approval_runs: snapshot.approval_runs,
+            artifacts: snapshot.artifacts,
             recoverable,
         }))
     }
@@ -1445,8 +1466,11 @@ impl WorkflowsHandle {
         Ok(deletion)
     }
 
-    /// A page of workflows, oldest first.
-    pub async fn list(&self, filter: store::ListFilter) -> Result<Vec<WorkflowRow>, Error> {
+    /// A page of workflows, newest first.
+    pub async fn list(
+        &self,
+        filter: store::ListFilter,
+    ) -> Result<Vec<store::ListedWorkflow>, Error> {
         Ok(self.store.list_workflows(filter).await?)
     }
 

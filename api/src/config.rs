@@ -78,6 +78,41 @@ pub struct Config {
     pub shutdown: ShutdownConfig,
     pub http: HttpConfig,
     pub auth: AuthConfig,
+    pub events: EventsConfig,
+}
+
+/// Event streams: `GET /api/v1/workflows/{id}/events` and `GET /api/v1/events`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EventsConfig {
+    /// How often a stream reads its events again when nothing woke it: the fallback for commits
+    /// this node does not hear of (those of other nodes, until a change bus tells it).
+    pub poll_ms: u64,
+    /// How often a stream sends a keep-alive comment.
+    pub keepalive_ms: u64,
+    /// Events one read of a stream fetches at most.
+    pub batch_max: u32,
+    /// Bytes of events a stream holds for its client at most; past it the stream waits for
+    /// the client to read.
+    pub stream_buffer_bytes_max: u64,
+    /// How long a stream waits for a client that reads nothing while its buffer is full before
+    /// it disconnects it.
+    pub stream_stall_ms: u64,
+    /// Streams open at once on a node at most (503 `streams_busy` beyond).
+    pub streams_max: u32,
+}
+
+impl Default for EventsConfig {
+    fn default() -> Self {
+        EventsConfig {
+            poll_ms: 1000,
+            keepalive_ms: 15_000,
+            batch_max: 100,
+            stream_buffer_bytes_max: 256 * 1024,
+            stream_stall_ms: 10_000,
+            streams_max: 1024,
+        }
+    }
 }
 
 /// Limits of the HTTP control plane.
@@ -88,8 +123,11 @@ pub struct HttpConfig {
     pub body_bytes_max: u64,
     /// A request head's bytes at most (request line and headers; 431 beyond).
     pub head_bytes_max: u64,
-    /// Workflows per page of a listing at most.
+    /// Workflows per page of a listing at most (also the rows of the admin nodes and slots
+    /// lists).
     pub page_size_max: u32,
+    /// Workflows the inbox reads at most (one snapshot each); more waiting is shown as `more`.
+    pub inbox_workflows_max: u32,
     /// How long `cancel` waits for the workflow to settle before it answers with what it sees.
     pub cancel_wait_ms: u64,
     /// The longest a `?wait=` (or `wait_ms`) request waits for a workflow to end or wait for a
@@ -118,6 +156,7 @@ impl Default for HttpConfig {
             body_bytes_max: 1024 * 1024,
             head_bytes_max: 64 * 1024,
             page_size_max: 500,
+            inbox_workflows_max: 100,
             cancel_wait_ms: 5000,
             wait_max_ms: 60_000,
             waiters_max: 1024,
@@ -213,6 +252,8 @@ pub struct AuthConfig {
     pub password_hashes_max: u32,
     /// Mark cookies `Secure` (sent over HTTPS only): set it when a TLS proxy fronts the nodes.
     pub secure_cookies: bool,
+    /// The longest life an API token may be given with `expires_in_days`, in days.
+    pub token_days_max: u32,
 }
 
 impl Default for AuthConfig {
@@ -225,6 +266,7 @@ impl Default for AuthConfig {
             login_window_seconds: 60,
             password_hashes_max: 4,
             secure_cookies: false,
+            token_days_max: 365,
         }
     }
 }
@@ -269,6 +311,11 @@ pub struct Limits {
     pub log_lines_per_activation_max: u64,
     pub log_line_bytes_max: u64,
     pub log_bytes_per_workflow_max: u64,
+    /// `console.log` lines a workflow keeps as durable `log` events at most, whichever nodes
+    /// ran it.
+    pub log_events_per_workflow_max: u64,
+    /// The bytes of the lines a workflow keeps as `log` events at most.
+    pub log_event_bytes_per_workflow_max: u64,
 }
 
 impl Default for Limits {
@@ -291,6 +338,8 @@ impl Default for Limits {
             log_lines_per_activation_max: 1_000,
             log_line_bytes_max: 4 * 1024,
             log_bytes_per_workflow_max: 1024 * 1024,
+            log_events_per_workflow_max: 1000,
+            log_event_bytes_per_workflow_max: 256 * 1024,
         }
     }
 }
@@ -387,6 +436,7 @@ impl Default for Config {
             shutdown: ShutdownConfig::default(),
             http: HttpConfig::default(),
             auth: AuthConfig::default(),
+            events: EventsConfig::default(),
         }
     }
 }
@@ -479,7 +529,7 @@ impl Config {
             }
             _ => {}
         }
-        let positive: [(&'static str, u64); 23] = [
+        let positive: [(&'static str, u64); 31] = [
             ("store.pool_size", self.store.pool_size as u64),
             ("store.requests_max", self.store.requests_max as u64),
             ("store.write_batch_max", self.store.write_batch_max as u64),
@@ -492,11 +542,24 @@ impl Config {
             ("http.body_bytes_max", self.http.body_bytes_max),
             ("http.head_bytes_max", self.http.head_bytes_max),
             ("http.page_size_max", u64::from(self.http.page_size_max)),
+            (
+                "http.inbox_workflows_max",
+                u64::from(self.http.inbox_workflows_max),
+            ),
             ("http.head_timeout_ms", self.http.head_timeout_ms),
             ("http.body_timeout_ms", self.http.body_timeout_ms),
             ("http.connections_max", self.http.connections_max),
             ("http.wait_max_ms", self.http.wait_max_ms),
             ("http.waiters_max", self.http.waiters_max),
+            ("events.poll_ms", self.events.poll_ms),
+            ("events.keepalive_ms", self.events.keepalive_ms),
+            ("events.batch_max", u64::from(self.events.batch_max)),
+            (
+                "events.stream_buffer_bytes_max",
+                self.events.stream_buffer_bytes_max,
+            ),
+            ("events.stream_stall_ms", self.events.stream_stall_ms),
+            ("events.streams_max", u64::from(self.events.streams_max)),
             ("auth.session_seconds", self.auth.session_seconds),
             (
                 "auth.login_failures_max",
@@ -515,6 +578,7 @@ impl Config {
                 "auth.password_hashes_max",
                 u64::from(self.auth.password_hashes_max),
             ),
+            ("auth.token_days_max", u64::from(self.auth.token_days_max)),
         ];
         if let Some((key, _)) = positive.iter().find(|(_, value)| *value == 0) {
             return Err(invalid(key, "must be greater than 0".into()));
@@ -554,7 +618,7 @@ impl Config {
     }
 
     /// The configuration as operators may see it: secrets replaced, the database URL without
-    /// its password.
+    /// its password, and the paths that default from `data_dir` as the node uses them.
     pub fn redacted(&self) -> serde_json::Value {
         let mut value = serde_json::to_value(self).unwrap_or_default();
         if self.secret.is_some() {
@@ -563,6 +627,9 @@ impl Config {
         if let Some(Ok(url)) = self.database.as_deref().map(DatabaseUrl::parse) {
             value["database"] = serde_json::json!(url.redacted());
         }
+        // What the node uses, defaults included, rather than the unset option.
+        value["admin_socket"] = serde_json::json!(self.admin_socket());
+        value["workspaces_dir"] = serde_json::json!(self.workspaces_dir());
         value
     }
 

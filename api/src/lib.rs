@@ -4,5 +4,6 @@
 pub mod admin;
 pub mod cli;
 pub mod config;
+pub mod console;
 pub mod http;
 pub mod serve;

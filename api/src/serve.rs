@@ -105,6 +105,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
                 limits: config.limits.workflow(),
                 workspaces_dir: config.workspaces_dir(),
                 artifact_bytes_max: config.limits.artifact_bytes_max,
+                log_events_max: config.limits.log_events_per_workflow_max,
+                log_event_bytes_max: config.limits.log_event_bytes_per_workflow_max,
                 capture_timeout: Duration::from_millis(config.limits.capture_timeout_ms),
                 launch_limits: LaunchLimits {
                     max_workflows: config.limits.max_workflows,
@@ -140,10 +142,21 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         listen,
         describe(&checked.database)
     );
+    // The first-time hint only while it is true: once any user exists, `init` is refused.
+    let no_user_yet = node
+        .store()
+        .list_users()
+        .await
+        .is_ok_and(|users| users.is_empty());
+    if no_user_yet {
+        println!(
+            "first time? create the admin: reins init --url http://{listen} --email you@example.com"
+        );
+    } else {
+        println!("sign in: reins login --url http://{listen} --email you@example.com");
+    }
     println!(
-        "first time? create the admin: reins init --url http://{} --email you@example.com\n\
-         then: reins run script.js --wait   (API description: http://{}/api/v1/openapi.json)",
-        listen, listen
+        "then: reins run script.js --wait   (API description: http://{listen}/api/v1/openapi.json)"
     );
 
     let secret = match &config.secret {
@@ -155,6 +168,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         &secret,
         config.http.clone(),
         config.auth.clone(),
+        config.events.clone(),
     ));
     let (stop, stopping) = watch::channel(false);
     let drain_timeout = Duration::from_millis(config.shutdown.drain_timeout_ms);

@@ -6,7 +6,7 @@
 //! also has a slow fallback timer, and [`Change::Resync`] tells it to re-check everything.
 //!
 //! On PostgreSQL the changes are `NOTIFY`s on the channel `reins_changes`, sent by triggers
-//! (migration 16) inside the transaction that makes the change, so they are delivered only if
+//! (migration 19) inside the transaction that makes the change, so they are delivered only if
 //! it commits; one dedicated connection per node (`application_name = reins-listen`, never
 //! from the pool) `LISTEN`s, reconnects with backoff, and sends `Resync` after every connect. On
 //! SQLite the same triggers are temporary ones of the writer's connection that collect payloads

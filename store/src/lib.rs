@@ -7,6 +7,7 @@
 
 mod changes;
 mod error;
+mod events;
 mod lease;
 mod migrations;
 mod operators;
@@ -24,6 +25,7 @@ use serde::Serialize;
 
 pub use changes::{Change, Changes, LISTEN_APPLICATION_NAME};
 pub use error::{Error, Result};
+pub use events::{EventPage, EventRow, FINAL_STATUSES};
 pub use lease::{Fence, Lease};
 pub use migrations::{MigrationReport, SCHEMA_VERSION};
 pub use operators::{SlotRow, StatusCount};
@@ -31,12 +33,15 @@ pub use runs::{
     Admission, ApprovalAnswer, CancelAction, NewRun, RunOutcome, RunRenewal, RunRow, RunStatus,
     WorkflowStep, pending_request_id,
 };
-pub use users::{NewToken, NewUser, TokenRow, UserRow};
+pub use users::{
+    NewToken, NewUser, Role, TokenRow, UserChange, UserChanged, UserDeletion, UserRow,
+};
 pub use workflows::{
     COUNTED_STATUSES, ControlRow, ControlWrite, Deletion, LIVE_STATUSES, Launch, LaunchLimits,
-    ListFilter, NewControl, Orphaned, Purpose, TERMINAL_STATUSES, TakeOver, Versions,
+    ListCursor, ListFilter, ListedWorkflow, NewControl, Orphaned, Purpose, StatusFilter,
+    TERMINAL_STATUSES, TakeOver, Versions,
 };
-pub use write::{ArtifactRow, NewWorkflow, Snapshot, StepRow, WorkflowRow, WriteOp};
+pub use write::{ArtifactInfo, ArtifactRow, NewWorkflow, Snapshot, StepRow, WorkflowRow, WriteOp};
 
 /// Where the data lives, parsed from the configuration's `database` value.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -390,8 +395,8 @@ impl Store {
             .await
     }
 
-    /// A page of workflows, oldest first.
-    pub async fn list_workflows(&self, filter: ListFilter) -> Result<Vec<WorkflowRow>> {
+    /// A page of workflows, newest first.
+    pub async fn list_workflows(&self, filter: ListFilter) -> Result<Vec<ListedWorkflow>> {
         retry(|| {
             let filter = filter.clone();
             async move { on_backend!(self, store => store.list_workflows(filter).await) }
@@ -448,6 +453,37 @@ impl Store {
         retry(|| async { on_backend!(self, store => store.read_steps(workflow_id).await) }).await
     }
 
+    /// A workflow's events numbered after `after`, at most `limit`, with its status; `None`
+    /// when there is no such workflow.
+    pub async fn read_events(
+        &self,
+        workflow_id: &str,
+        after: i64,
+        limit: u32,
+    ) -> Result<Option<EventPage>> {
+        retry(|| async {
+            on_backend!(self, store => store.read_events(workflow_id, after, limit).await)
+        })
+        .await
+    }
+
+    /// Status changes of every workflow (or of `user_id`'s) whose feed number is after `after`,
+    /// at most `limit`, oldest first; each with its feed number as `seq`.
+    pub async fn read_feed(
+        &self,
+        after: i64,
+        user_id: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<EventRow>> {
+        retry(|| async { on_backend!(self, store => store.read_feed(after, user_id, limit).await) })
+            .await
+    }
+
+    /// The feed's newest number (0 before any launch).
+    pub async fn feed_head(&self) -> Result<i64> {
+        retry(|| async { on_backend!(self, store => store.feed_head().await) }).await
+    }
+
     /// Creates a user; with `only_if_first`, only while no user exists at all (the first admin),
     /// atomically across nodes. `false`: nothing was written. A taken email is a conflict.
     pub async fn create_user(&self, user: NewUser, only_if_first: bool) -> Result<bool> {
@@ -463,7 +499,57 @@ impl Store {
         retry(|| async { on_backend!(self, store => store.user_by_email(email).await) }).await
     }
 
-    /// Opens a session for `user_id` that expires `session_seconds` from now on the database clock.
+    /// The user with this id.
+    pub async fn user_by_id(&self, user_id: &str) -> Result<Option<UserRow>> {
+        retry(|| async { on_backend!(self, store => store.user_by_id(user_id).await) }).await
+    }
+
+    /// Every user, oldest first.
+    pub async fn list_users(&self) -> Result<Vec<UserRow>> {
+        retry(|| async { on_backend!(self, store => store.list_users().await) }).await
+    }
+
+    /// Changes a user's role or disables or enables them, unless that would leave no enabled
+    /// admin (checked and changed atomically across nodes). Disabling ends every session of
+    /// the user in the same transaction.
+    pub async fn change_user(&self, user_id: &str, change: UserChange) -> Result<UserChanged> {
+        retry(|| async { on_backend!(self, store => store.change_user(user_id, change).await) })
+            .await
+    }
+
+    /// Sets a user's password hash and, in the same transaction, ends their sessions: every one,
+    /// or every one but `keep_session` (the caller's own, when they change their password).
+    /// `false`: no such user.
+    pub async fn set_password(
+        &self,
+        user_id: &str,
+        password_hash: &str,
+        keep_session: Option<&str>,
+    ) -> Result<bool> {
+        retry(|| async {
+            on_backend!(self, store => store.set_password(user_id, password_hash, keep_session).await)
+        })
+        .await
+    }
+
+    /// Ends a user's sessions: every one (and every cookie minted for them, by bumping
+    /// `token_version`), or every one but `keep_session`. API tokens are not sessions and stay.
+    /// `false`: no such user.
+    pub async fn end_sessions(&self, user_id: &str, keep_session: Option<&str>) -> Result<bool> {
+        retry(|| async {
+            on_backend!(self, store => store.end_sessions(user_id, keep_session).await)
+        })
+        .await
+    }
+
+    /// Deletes a user with their sessions and API tokens, unless they own a live workflow or are
+    /// the last enabled admin. Their finished workflows stay (an admin still sees them).
+    pub async fn delete_user(&self, user_id: &str) -> Result<UserDeletion> {
+        retry(|| async { on_backend!(self, store => store.delete_user(user_id).await) }).await
+    }
+
+    /// Opens a session for `user_id` that expires `session_seconds` from now on the database clock,
+    /// and records the sign-in as the user's `last_login_at`.
     pub async fn open_session(
         &self,
         session_id: &str,
@@ -476,7 +562,7 @@ impl Store {
         .await
     }
 
-    /// The user of a session that is neither revoked nor expired.
+    /// The enabled user of a session that is neither revoked nor expired.
     pub async fn session_user(&self, session_id: &str) -> Result<Option<UserRow>> {
         retry(|| async { on_backend!(self, store => store.session_user(session_id).await) }).await
     }
@@ -495,7 +581,7 @@ impl Store {
         .await
     }
 
-    /// A token that is not revoked, with its user.
+    /// A token that is neither revoked nor expired, with its user, who is not disabled.
     pub async fn token_user(&self, token_id: &str) -> Result<Option<(TokenRow, UserRow)>> {
         retry(|| async { on_backend!(self, store => store.token_user(token_id).await) }).await
     }
@@ -519,6 +605,21 @@ impl Store {
     /// Child runs owned by `owner`, by status.
     pub async fn run_counts(&self, owner: &str) -> Result<Vec<StatusCount>> {
         retry(|| async { on_backend!(self, store => store.run_counts(owner).await) }).await
+    }
+
+    /// The live workflows that wait for a person (a pause or a human checkpoint without its
+    /// control, or a step whose agent asked for approval), `user_id`'s or everyone's, oldest first,
+    /// at most `limit`. Running workflows are the candidates that need a look at their journal and
+    /// live runs (both indexed by workflow); paused ones wait by their status alone.
+    pub async fn waiting_workflows(
+        &self,
+        user_id: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<String>> {
+        retry(|| async {
+            on_backend!(self, store => store.waiting_workflows(user_id, limit).await)
+        })
+        .await
     }
 
     /// The child slots held, oldest first, at most `limit`.
@@ -652,9 +753,9 @@ impl Store {
         retry(|| async { on_backend!(self, store => store.count_slots().await) }).await
     }
 
-    /// Every node that ever started on this database, oldest first.
-    pub async fn list_nodes(&self) -> Result<Vec<NodeRecord>> {
-        retry(|| async { on_backend!(self, store => store.list_nodes().await) }).await
+    /// The nodes that started on this database, newest first, at most `limit`.
+    pub async fn list_nodes(&self, limit: u32) -> Result<Vec<NodeRecord>> {
+        retry(|| async { on_backend!(self, store => store.list_nodes(limit).await) }).await
     }
 }
 

@@ -104,14 +104,32 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
     },
     Migration {
         version: 16,
+        name: "user_management",
+        postgres: include_str!("../migrations/postgres/0016_user_management.sql"),
+        sqlite: include_str!("../migrations/sqlite/0016_user_management.sql"),
+    },
+    Migration {
+        version: 17,
+        name: "workflows_newest_first",
+        postgres: include_str!("../migrations/postgres/0017_workflows_newest_first.sql"),
+        sqlite: include_str!("../migrations/sqlite/0017_workflows_newest_first.sql"),
+    },
+    Migration {
+        version: 18,
+        name: "workflow_events",
+        postgres: include_str!("../migrations/postgres/0018_workflow_events.sql"),
+        sqlite: include_str!("../migrations/sqlite/0018_workflow_events.sql"),
+    },
+    Migration {
+        version: 19,
         name: "change_bus",
-        postgres: include_str!("../migrations/postgres/0016_change_bus.sql"),
-        sqlite: include_str!("../migrations/sqlite/0016_change_bus.sql"),
+        postgres: include_str!("../migrations/postgres/0019_change_bus.sql"),
+        sqlite: include_str!("../migrations/sqlite/0019_change_bus.sql"),
     },
 ];
 
 /// The schema version this build expects.
-pub const SCHEMA_VERSION: i64 = 16;
+pub const SCHEMA_VERSION: i64 = 19;
 
 /// The advisory-lock key PostgreSQL migrations serialise on ("reins" in ASCII).
 pub(crate) const PG_MIGRATION_LOCK: i64 = 0x0072_6569_6e73;

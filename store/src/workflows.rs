@@ -187,13 +187,43 @@ pub enum Deletion {
     NotFound,
 }
 
-/// Which workflows a listing shows, and where a page starts.
+/// Which workflows a listing shows, and where a page starts. A listing is newest first, by
+/// `(created_at, id)` descending.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ListFilter {
     /// Only this user's workflows (`None`: everyone's, for an admin).
     pub user_id: Option<String>,
-    pub status: Option<String>,
-    /// The page starts after this workflow (oldest first).
-    pub after: Option<String>,
+    pub status: Option<StatusFilter>,
+    /// Only the workflow launched with this `request_id` (one per user).
+    pub request_id: Option<String>,
+    /// The page starts after this position (the last workflow of the previous page).
+    pub after: Option<ListCursor>,
     pub limit: u32,
+}
+
+/// Which status a listing keeps.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StatusFilter {
+    /// This stored status.
+    Stored(String),
+    /// What `get` shows as `recoverable`: a status of [`COUNTED_STATUSES`] (live, not waiting
+    /// for an operator) with no lease, or a lease expired on the database clock.
+    Recoverable,
+}
+
+/// A position in a listing: a workflow's `(created_at, id)`. It names no row, so a page goes on
+/// from where the previous one ended even when that workflow has been deleted since, and
+/// workflows launched meanwhile (newer) never shift what comes next.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ListCursor {
+    pub created_at: f64,
+    pub workflow_id: String,
+}
+
+/// One line of a listing.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ListedWorkflow {
+    pub row: WorkflowRow,
+    /// As [`StatusFilter::Recoverable`] decides, when the page was read.
+    pub recoverable: bool,
 }

@@ -65,6 +65,16 @@ pub enum WriteOp {
         max_workflows: i64,
         max_workflows_per_owner: i64,
     },
+    /// Keep `console.log` lines as `log` events of the workflow, within its durable bounds: at
+    /// most `events_max` lines and `bytes_max` bytes of lines per workflow, whichever node ran
+    /// it; the first line over either is replaced by one `log_truncated` event, and later ones
+    /// are dropped.
+    PutLogs {
+        workflow_id: String,
+        lines: Vec<String>,
+        events_max: i64,
+        bytes_max: i64,
+    },
     /// Give up the lease the write is fenced by: it expires now. The write that ends a workflow
     /// carries it, so the end and the release are one transaction. It is applied after every
     /// other change of its write, wherever it stands in the list (see [`release_last`]).
@@ -97,7 +107,7 @@ pub struct StepRow {
     pub kind: String,
     pub status: String,
     pub data: Value,
-    /// When the call was first journaled (epoch seconds, database clock).
+    /// When the entry was first journaled (epoch seconds, database clock).
     pub created_at: f64,
 }
 
@@ -138,4 +148,20 @@ pub struct Snapshot {
     /// (`waiting_for_input`) and those that carry one (`metadata.hitl_answer`), read in the same
     /// snapshot with one query.
     pub approval_runs: Vec<crate::RunRow>,
+    /// Every artifact version of the workflow, without its bytes, oldest first.
+    pub artifacts: Vec<ArtifactInfo>,
+}
+
+/// An artifact version as a record lists it: everything but its bytes.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct ArtifactInfo {
+    pub version: i64,
+    /// The step that made it: the agent step whose output it is, or the capture.
+    pub source_step_id: Option<String>,
+    /// The captured file's path (an agent's output has none).
+    pub path: Option<String>,
+    pub bytes: i64,
+    pub sha256: String,
+    /// Epoch seconds.
+    pub created_at: f64,
 }

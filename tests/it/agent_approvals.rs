@@ -315,7 +315,7 @@ printf '{"type": "output", "output": %s}\n' "$answer""#,
     let run_id = launch(
         &mut api,
         "const r = await agent({stepId: 'ask', agentRef: 'careful', task: 'ship'}); \
-         return r.output.answer;",
+         return {...r.output.answer, approval: r.approval};",
     )
     .await;
     let step = wait_for_request(&mut api, &run_id).await;
@@ -332,6 +332,10 @@ printf '{"type": "output", "output": %s}\n' "$answer""#,
     assert_eq!(record["result"]["decision"], "reject", "{record}");
     assert_eq!(record["result"]["comment"], "not yet", "{record}");
     assert_eq!(record["result"]["by"], ADMIN, "{record}");
+    // The step's result carries the answer as it would after a takeover (read from the row).
+    let approval = &record["result"]["approval"];
+    assert_eq!(approval["request_id"], "deploy-1", "{record}");
+    assert_eq!(approval["answer"]["decision"], "reject", "{record}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

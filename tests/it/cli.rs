@@ -13,7 +13,7 @@ use crate::http_api::{ADMIN, Db, Node, PASSWORD};
 
 /// The example the README runs.
 fn example() -> std::path::PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/examples/review.js")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/review.js")
 }
 
 pub fn cli(dir: &Path, node: &Node, args: &[&str]) -> Output {

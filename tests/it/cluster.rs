@@ -38,7 +38,7 @@ impl Drop for Nginx {
     }
 }
 
-fn nginx_binary() -> PathBuf {
+pub(crate) fn nginx_binary() -> PathBuf {
     ["/usr/sbin/nginx", "/usr/local/sbin/nginx", "/usr/bin/nginx"]
         .iter()
         .map(PathBuf::from)

@@ -269,7 +269,7 @@ printf '{"type": "output", "output": %s}\n' "$answer"
         assert_eq!(answered.status, RunStatus::Running, "the live program runs on");
 
         let end = tokio::time::timeout(Duration::from_secs(20), ended).await.expect("ends").expect("end");
-        assert!(matches!(end, RunEnd::Persisted(ref o) if o.status == RunStatus::Success), "{end:?}");
+        assert!(matches!(end, RunEnd::PersistedAnswered(ref o) if o.status == RunStatus::Success), "{end:?}");
         let stored = owner.node.runs().get(&row.run_id).await.expect("read").expect("row");
         assert_eq!(stored.output, Some(json!({
             "type": "approval_answer",

@@ -318,8 +318,8 @@ async fn every_action_works_and_fails_the_same_through_rest_and_actions(postgres
     assert_eq!(paused["checkpoints"][0]["status"], "waiting");
     assert_eq!(
         paused["steps"].as_array().map(Vec::len),
-        Some(1),
-        "{paused}"
+        Some(2),
+        "the agent and the capture: {paused}"
     );
     assert_eq!(paused["steps"][0]["status"], "completed");
     assert!(
@@ -890,6 +890,12 @@ async fn a_fuzz_pass_over_every_route_finds_no_5xx_and_leaves_the_node_healthy()
         ("POST", "/api/v1/auth/logout"),
         ("GET", "/api/v1/auth/me"),
         ("POST", "/api/v1/auth/users"),
+        ("GET", "/api/v1/auth/users"),
+        ("PATCH", "/api/v1/auth/users/x"),
+        ("DELETE", "/api/v1/auth/users/x"),
+        ("POST", "/api/v1/auth/users/x/password"),
+        ("POST", "/api/v1/auth/users/x/sign-out"),
+        ("POST", "/api/v1/auth/me/password"),
         ("POST", "/api/v1/auth/tokens"),
         ("GET", "/api/v1/auth/tokens"),
         ("DELETE", "/api/v1/auth/tokens/x"),

@@ -168,3 +168,136 @@ impl Api {
         .await
     }
 }
+
+/// One Server-Sent Event as a test reads it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sse {
+    pub id: i64,
+    pub event: String,
+    pub data: Value,
+}
+
+/// An open event stream, read as it comes.
+pub struct SseStream {
+    pub status: u16,
+    pub headers: HeaderMap,
+    body: hyper::body::Incoming,
+    buffer: Vec<u8>,
+    /// How much of `buffer` holds no message end: large events arrive in many frames, and
+    /// scanning each again from the start would keep a slow debug build from reading on time.
+    scanned: usize,
+    /// Comments seen (keep-alives).
+    pub comments: usize,
+}
+
+/// How reading a stream stopped.
+#[derive(Debug, PartialEq)]
+pub enum SseEnd {
+    /// The body ended cleanly.
+    Ended,
+    /// The connection failed under it.
+    Failed(String),
+    /// Nothing came within the time asked.
+    Quiet,
+}
+
+impl SseStream {
+    /// The next event, or how the stream stopped.
+    pub async fn next(&mut self, within: std::time::Duration) -> Result<Sse, SseEnd> {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            let found = self.buffer[self.scanned..]
+                .windows(2)
+                .position(|w| w == b"\n\n")
+                .map(|at| self.scanned + at);
+            self.scanned = self.buffer.len().saturating_sub(1);
+            if let Some(end) = found {
+                let message: Vec<u8> = self.buffer.drain(..end + 2).collect();
+                self.scanned = 0;
+                let text = String::from_utf8(message).expect("utf-8 event");
+                let (mut id, mut event, mut data) = (None, String::new(), None);
+                let mut comment = false;
+                for line in text.lines() {
+                    if let Some(value) = line.strip_prefix("id: ") {
+                        id = Some(value.parse().expect("numeric id"));
+                    } else if let Some(value) = line.strip_prefix("event: ") {
+                        event = value.to_owned();
+                    } else if let Some(value) = line.strip_prefix("data: ") {
+                        data = Some(serde_json::from_str(value).expect("JSON data"));
+                    } else if line.starts_with(':') {
+                        comment = true;
+                    }
+                }
+                if comment && id.is_none() {
+                    self.comments += 1;
+                    continue;
+                }
+                return Ok(Sse {
+                    id: id.expect("an id"),
+                    event,
+                    data: data.expect("data"),
+                });
+            }
+            let frame = match tokio::time::timeout_at(deadline, self.body.frame()).await {
+                Err(_) => return Err(SseEnd::Quiet),
+                Ok(None) => return Err(SseEnd::Ended),
+                Ok(Some(Err(error))) => return Err(SseEnd::Failed(format!("{error:?}"))),
+                Ok(Some(Ok(frame))) => frame,
+            };
+            if let Ok(data) = frame.into_data() {
+                self.buffer.extend_from_slice(&data);
+            }
+        }
+    }
+
+    /// Every event until the stream ends (each within `within`), and how it ended.
+    pub async fn rest(&mut self, within: std::time::Duration) -> (Vec<Sse>, SseEnd) {
+        let mut events = Vec::new();
+        loop {
+            match self.next(within).await {
+                Ok(event) => events.push(event),
+                Err(end) => return (events, end),
+            }
+        }
+    }
+}
+
+impl Api {
+    /// Opens an event stream (`GET`), with extra headers such as `Last-Event-ID`.
+    pub async fn stream(&mut self, path: &str, headers: &[(&str, &str)]) -> SseStream {
+        let mut request = Request::builder()
+            .method(Method::GET)
+            .uri(format!("http://{}{path}", self.addr))
+            .header("accept", "text/event-stream");
+        if let Some(token) = &self.bearer {
+            request = request.header("authorization", format!("Bearer {token}"));
+        }
+        if !self.cookies.is_empty() {
+            let cookie = self
+                .cookies
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join("; ");
+            request = request.header("cookie", cookie);
+        }
+        for (name, value) in headers {
+            request = request.header(
+                HeaderName::from_bytes(name.as_bytes()).expect("name"),
+                HeaderValue::from_str(value).expect("value"),
+            );
+        }
+        let request = request.body(Full::new(Bytes::new())).expect("request");
+        let response = self.client.request(request).await.expect("stream request");
+        let status = response.status().as_u16();
+        let headers = response.headers().clone();
+        SseStream {
+            status,
+            headers,
+            body: response.into_body(),
+            buffer: Vec::new(),
+            scanned: 0,
+            comments: 0,
+        }
+    }
+}

@@ -8,6 +8,7 @@ use crate::harness::{ReinsProcess, TestDb, free_port, http_get};
 
 const TABLES: &[&str] = &[
     "api_tokens",
+    "event_feed",
     "extension_execution_leases",
     "nodes",
     "runs",
@@ -16,6 +17,7 @@ const TABLES: &[&str] = &[
     "users",
     "workflow_artifacts",
     "workflow_controls",
+    "workflow_events",
     "workflow_slots",
     "workflow_steps",
     "workflows",

@@ -24,7 +24,7 @@ use crate::harness::{TestDb, TestNode};
 
 /// What the stand-in answers to the n-th request (from 0).
 #[derive(Clone)]
-enum Reply {
+pub(crate) enum Reply {
     Json(u16, Value),
     Text(u16, &'static str),
     Slow(Duration),
@@ -32,19 +32,19 @@ enum Reply {
 
 /// A request the stand-in received.
 #[derive(Debug, Clone)]
-struct Received {
-    path: String,
-    authorization: Option<String>,
-    body: Value,
+pub(crate) struct Received {
+    pub(crate) path: String,
+    pub(crate) authorization: Option<String>,
+    pub(crate) body: Value,
 }
 
-struct StandIn {
-    addr: SocketAddr,
+pub(crate) struct StandIn {
+    pub(crate) addr: SocketAddr,
     received: Arc<Mutex<Vec<Received>>>,
 }
 
 impl StandIn {
-    async fn start(replies: Vec<Reply>) -> StandIn {
+    pub(crate) async fn start(replies: Vec<Reply>) -> StandIn {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
         let received = Arc::new(Mutex::new(Vec::new()));
@@ -101,7 +101,7 @@ impl StandIn {
         StandIn { addr, received }
     }
 
-    fn received(&self) -> Vec<Received> {
+    pub(crate) fn received(&self) -> Vec<Received> {
         self.received.lock().expect("log").clone()
     }
 
@@ -122,7 +122,7 @@ impl StandIn {
     }
 }
 
-fn completion(content: &str, total_tokens: i64) -> Value {
+pub(crate) fn completion(content: &str, total_tokens: i64) -> Value {
     json!({
         "id": "chatcmpl-1",
         "object": "chat.completion",

@@ -203,8 +203,9 @@ async fn recovery_leaves_the_one_run_to_an_operator(
 
 async fn crash_and_wait_for_expiry(node: TestNode, survivor: &TestNode, id: &str) {
     let store = survivor.node.store();
-    let lease = store.read_lease(id).await.expect("lease").expect("leased");
+    // Read after the stop: a renewal just before it would move the expiry past one read earlier.
     node.node.shutdown().await.expect("stop");
+    let lease = store.read_lease(id).await.expect("lease").expect("leased");
     eventually(
         Duration::from_secs(10),
         "the dead owner's lease expired",
@@ -239,6 +240,42 @@ async fn edit_stored_script(db: &TestDb, id: &str, script: &str) {
         )
         .await;
     assert_eq!(changed, 1);
+}
+
+on_both_backends! {
+    async fn an_unreadable_journal_row_stops_the_replay_and_names_the_row(db: TestDb) {
+        let shared = tempfile::tempdir().expect("temp dir");
+        let owner = TestNode::start(&db, "owner", 1_500, shared.path()).await;
+        let heir = TestNode::start(&db, "heir", 1_500, shared.path()).await;
+        let request = LaunchRequest { user_id: "ada".into(), request_id: None,
+            script: RECOVERABLE.into(), args: json!({}) };
+        let id = owner.node.workflows().launch(request).await.expect("launch").run_id;
+        wait_for_status(&owner, &id, "paused").await;
+        crash_and_wait_for_expiry(owner, &heir, &id).await;
+        let changed = db
+            .tamper(
+                "UPDATE workflow_steps SET data = jsonb_set(data, '{outcome}', '42')
+                  WHERE workflow = $1 AND step_id = $2",
+                "UPDATE workflow_steps SET data = json_set(data, '$.outcome', 42)
+                  WHERE workflow = ?1 AND step_id = ?2",
+                &[&id, "first"],
+            )
+            .await;
+        assert_eq!(changed, 1);
+        heir.node.workflows().recover(&id).await.expect("recover");
+        wait_for_status(&heir, &id, "needs_reconciliation").await;
+        let data = view(&heir, &id).await.row.data;
+        let why = &data["reconciliation"];
+        assert_eq!(why["reason"], "journal_unreadable");
+        assert_eq!(why["step_id"], "first");
+        let message = why["message"].as_str().unwrap_or_default();
+        assert!(message.contains("call 0") && message.contains("\"first\""), "{message}");
+        let agents = view(&heir, &id).await.steps.iter().filter(|s| s.kind == "agent").count();
+        assert_eq!(agents, 1, "nothing was run again around the unreadable row");
+        // A cancel replays nothing, so it ends the workflow whatever its journal holds.
+        heir.node.workflows().cancel(&id, "ada").await.expect("cancel");
+        wait_for_status(&heir, &id, "cancelled").await;
+    }
 }
 
 on_both_backends! {
@@ -443,21 +480,24 @@ on_both_backends! {
         workflows.cancel(&ada[0], "ada").await.expect("cancel");
         wait_for_status(&node, &ada[0], "cancelled").await;
 
-        let filter = |after: Option<String>| store::ListFilter {
-            user_id: Some("ada".into()), status: None, after, limit: 2,
+        let filter = |after: Option<store::ListCursor>| store::ListFilter {
+            user_id: Some("ada".into()), status: None, request_id: None, after, limit: 2,
         };
         let first = workflows.list(filter(None)).await.expect("list");
-        let second = workflows.list(filter(first.last().map(|w| w.workflow_id.clone()))).await.expect("list");
-        let listed: Vec<String> = first.iter().chain(&second).map(|w| w.workflow_id.clone()).collect();
+        let cursor = first.last().map(|w| store::ListCursor {
+            created_at: w.row.created_at, workflow_id: w.row.workflow_id.clone() });
+        let second = workflows.list(filter(cursor)).await.expect("list");
+        let listed: Vec<String> = first.iter().chain(&second).map(|w| w.row.workflow_id.clone()).collect();
         // Pages follow (created_at, id); launches within one clock tick may come in any order.
         let (mut sorted, mut expected) = (listed.clone(), ada.clone());
         sorted.sort();
         expected.sort();
         assert_eq!((first.len(), sorted), (2, expected), "two pages covering exactly ada's, no repeats");
         assert!(!listed.contains(&bob));
-        let cancelled = workflows.list(store::ListFilter { status: Some("cancelled".into()), limit: 10,
+        let cancelled = workflows.list(store::ListFilter {
+            status: Some(store::StatusFilter::Stored("cancelled".into())), limit: 10,
             ..Default::default() }).await.expect("list");
-        assert_eq!(cancelled.iter().map(|w| w.workflow_id.as_str()).collect::<Vec<_>>(), vec![ada[0].as_str()]);
+        assert_eq!(cancelled.iter().map(|w| w.row.workflow_id.as_str()).collect::<Vec<_>>(), vec![ada[0].as_str()]);
     }
 }
 

@@ -29,7 +29,7 @@ const REQUEST_BYTES_MAX: usize = 64 * 1024;
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(10);
 /// Slots listed at most (the count is always exact).
 const SLOTS_LISTED_MAX: u32 = 1000;
-/// Workflows waiting for reconciliation listed at most, oldest first.
+/// Workflows waiting for reconciliation listed at most, newest first.
 const RECONCILIATIONS_LISTED_MAX: u32 = 1000;
 
 /// What admin commands need besides the node.
@@ -210,13 +210,15 @@ async fn run(context: &AdminContext, request: Request) -> Result<Value, String> 
         Request::Reconciliations => {
             let filter = store::ListFilter {
                 user_id: None,
-                status: Some("needs_reconciliation".into()),
+                status: Some(store::StatusFilter::Stored("needs_reconciliation".into())),
+                request_id: None,
                 after: None,
                 limit: RECONCILIATIONS_LISTED_MAX,
             };
             let rows = node.workflows().list(filter).await.map_err(text)?;
             Ok(Value::Array(
                 rows.iter()
+                    .map(|listed| &listed.row)
                     .map(|row| {
                         json!({
                             "run_id": row.workflow_id,

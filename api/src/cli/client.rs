@@ -108,6 +108,37 @@ impl Client {
         })
     }
 
+    /// A `GET` whose body is read as it comes (an event stream), with `Last-Event-ID` when
+    /// resuming. The answer's status is not checked.
+    pub async fn stream(
+        &self,
+        path: &str,
+        last_event_id: Option<i64>,
+    ) -> Result<hyper::Response<hyper::body::Incoming>, Error> {
+        let url = format!("{}{path}", self.base);
+        let unreachable = |reason: String| Error::Unreachable {
+            url: url.clone(),
+            reason,
+        };
+        let mut request = Request::builder()
+            .method("GET")
+            .uri(&url)
+            .header("accept", "text/event-stream");
+        if let Some(token) = &self.token {
+            request = request.header("authorization", format!("Bearer {token}"));
+        }
+        if let Some(id) = last_event_id {
+            request = request.header("last-event-id", id.to_string());
+        }
+        let request = request
+            .body(Full::new(Bytes::new()))
+            .map_err(|e| unreachable(e.to_string()))?;
+        self.http
+            .request(request)
+            .await
+            .map_err(|e| unreachable(error_chain(&e)))
+    }
+
     /// A JSON POST made with a browser session (cookie plus CSRF header), as sign-in needs once to
     /// create the API token the CLI keeps.
     pub async fn send_with_csrf(

@@ -1,14 +1,18 @@
 //! The command line a person uses against a running node, through the HTTP API like any other
 //! client: `reins init` and `reins login` (which save an API token), `run`, `get`, `list`,
-//! `resume`, `approve`, `reject`, `answer`, `cancel`, `recover`, `delete`, `artifact`. Tables for people,
-//! `--json` for scripts.
+//! `resume`, `approve`, `reject`, `answer`, `cancel`, `recover`, `delete`, `artifact`, `watch`,
+//! and user management (`users ...`, `password`, in [`users`]). Tables for people, `--json` for
+//! scripts.
 //!
 //! Exit codes: 0 done; 1 the command failed (bad input, refused, unreachable); with `run --wait`,
 //! 2 the workflow failed or was cancelled, 3 it waits for a person (paused, waiting for
-//! approval, or a step's agent waits for an answer), 4 it needs reconciliation.
+//! approval, or a step's agent waits for an answer), 4 it needs reconciliation; `watch` ends
+//! with the same codes when the workflow ends (0, 2) or needs reconciliation (4).
 
 mod client;
 mod credentials;
+mod users;
+mod watch;
 
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
@@ -74,12 +78,18 @@ pub enum Command {
         #[arg(long)]
         wait: bool,
     },
-    /// List workflows.
+    /// Print a workflow's events as they happen, until it ends.
+    Watch { id: String },
+    /// List workflows, newest first, a page at a time.
     List {
+        /// A stored status, or `recoverable`.
         #[arg(long)]
         status: Option<String>,
         #[arg(long, default_value_t = 50)]
         limit: u32,
+        /// Start after this position (the `more:` line of the previous page).
+        #[arg(long)]
+        after: Option<String>,
     },
     /// Resolve the workflow's pause.
     Resume {
@@ -160,14 +170,23 @@ pub enum Command {
     },
     /// Delete a finished workflow and everything it holds.
     Delete { id: String },
-    /// Download an artifact version.
+    /// Download an artifact version: to standard output (like curl) unless that is a
+    /// terminal, or to a file.
     Artifact {
         id: String,
         version: i64,
-        /// Where to write it (`-` for standard output).
+        /// Where to write it (`-`: standard output, even a terminal).
         #[arg(short, long)]
-        output: PathBuf,
+        output: Option<PathBuf>,
     },
+    /// Manage users (admins).
+    Users {
+        #[command(subcommand)]
+        command: users::UsersCommand,
+    },
+    /// Change your own password (current, then new, from standard input); your other
+    /// sessions end.
+    Password,
 }
 
 /// Runs one client command; the number is the process's exit code.
@@ -206,7 +225,7 @@ async fn sign_in(common: &Common, email: &str, first_admin: bool) -> anyhow::Res
         .url
         .clone()
         .context("pass --url, for example --url http://127.0.0.1:7420")?;
-    let password = read_password()?;
+    let password = read_password_from("REINS_CLI_PASSWORD", "password")?;
     let client = Client::new(&url, None);
     let answer = if first_admin {
         let body = json!({"email": email, "password": password}).to_string();
@@ -276,21 +295,23 @@ async fn sign_in(common: &Common, email: &str, first_admin: bool) -> anyhow::Res
     Ok(0)
 }
 
-fn read_password() -> anyhow::Result<String> {
-    if let Ok(password) = std::env::var("REINS_CLI_PASSWORD") {
+/// A password from the environment variable `variable`, or else a line of standard input
+/// (prompted with `what` on a terminal).
+fn read_password_from(variable: &str, what: &str) -> anyhow::Result<String> {
+    if let Ok(password) = std::env::var(variable) {
         return Ok(password);
     }
     if std::io::stdin().is_terminal() {
-        eprint!("password: ");
+        eprint!("{what}: ");
         let _ = std::io::stderr().flush();
     }
     let mut line = String::new();
     std::io::stdin()
         .read_line(&mut line)
-        .context("cannot read the password from standard input")?;
+        .with_context(|| format!("cannot read the {what} from standard input"))?;
     let password = line.trim_end_matches(['\n', '\r']).to_owned();
     if password.is_empty() {
-        bail!("no password given (standard input, or REINS_CLI_PASSWORD)");
+        bail!("no {what} given (standard input, or {variable})");
     }
     Ok(password)
 }
@@ -298,6 +319,8 @@ fn read_password() -> anyhow::Result<String> {
 async fn run_signed_in(common: &Common, client: &Client, command: Command) -> anyhow::Result<u8> {
     match command {
         Command::Init { .. } | Command::Login { .. } => unreachable!("handled before"),
+        Command::Users { command } => users::run(common, client, command).await,
+        Command::Password => users::change_own_password(common, client).await,
         Command::Run {
             file,
             args,
@@ -333,10 +356,20 @@ async fn run_signed_in(common: &Common, client: &Client, command: Command) -> an
             let record = get_waiting(client, &id).await?;
             wait_for_rest(common, client, &id, record).await
         }
-        Command::List { status, limit } => {
+        Command::Watch { id } => watch::watch(client, &id, common.json).await,
+        Command::List {
+            status,
+            limit,
+            after,
+        } => {
             let mut path = format!("/api/v1/workflows?limit={limit}");
+            let mut more = format!("reins list --limit {limit}");
             if let Some(status) = status {
                 path.push_str(&format!("&status={}", encode(&status)));
+                more.push_str(&format!(" --status {status}"));
+            }
+            if let Some(after) = after {
+                path.push_str(&format!("&after={}", encode(&after)));
             }
             let page = client.json("GET", &path, None).await?;
             print_value(common, &page, || {
@@ -354,6 +387,9 @@ async fn run_signed_in(common: &Common, client: &Client, command: Command) -> an
                     })
                     .collect();
                 print_table(&["RUN ID", "STATUS", "OWNER", "CREATED"], &rows);
+                if let Some(next) = page["next"].as_str() {
+                    println!("more: {more} --after {next}");
+                }
             });
             Ok(0)
         }
@@ -508,11 +544,21 @@ async fn run_signed_in(common: &Common, client: &Client, command: Command) -> an
             version,
             output,
         } => {
+            // Bytes of any kind thrown at a terminal can garble it: there, ask for a choice.
+            if output.is_none() && std::io::stdout().is_terminal() {
+                bail!(
+                    "standard output is a terminal: pass -o FILE to save the artifact, or -o - \
+                     to print it here anyway"
+                );
+            }
             let path = format!("/api/v1/workflows/{}/artifacts/{version}", encode(&id));
             let answer = client.send("GET", &path, None, Vec::new()).await?;
             client::checked(&answer)?;
+            let output = output.unwrap_or_else(|| PathBuf::from("-"));
             if output.as_os_str() == "-" {
-                std::io::stdout().write_all(&answer.body)?;
+                let mut stdout = std::io::stdout().lock();
+                stdout.write_all(&answer.body)?;
+                stdout.flush()?;
             } else {
                 std::fs::write(&output, &answer.body)
                     .with_context(|| format!("cannot write {}", output.display()))?;
@@ -525,7 +571,7 @@ async fn run_signed_in(common: &Common, client: &Client, command: Command) -> an
     }
 }
 
-/// Every workflow that waits for an operator's reconcile, oldest first, page by page.
+/// Every workflow that waits for an operator's reconcile, newest first, page by page.
 async fn waiting_for_reconcile(client: &Client) -> anyhow::Result<Vec<String>> {
     let mut ids = Vec::new();
     let mut after: Option<String> = None;
@@ -542,7 +588,7 @@ async fn waiting_for_reconcile(client: &Client) -> anyhow::Result<Vec<String>> {
                 .flatten()
                 .filter_map(|w| w["run_id"].as_str().map(str::to_owned)),
         );
-        match page["next_after"].as_str() {
+        match page["next"].as_str() {
             Some(next) => after = Some(next.to_owned()),
             None => return Ok(ids),
         }
@@ -655,7 +701,7 @@ async fn wait_for_rest(
         if terminal {
             let steps = record["steps"].as_array().map_or(0, Vec::len);
             eprint!(
-                "\r{run_id} {status}, {steps} agent steps, {:.1}s   ",
+                "\r{run_id} {status}, {steps} steps, {:.1}s   ",
                 started.elapsed().as_secs_f64()
             );
         } else if status != last_status && !common.json {
@@ -710,6 +756,7 @@ fn print_record(record: &Value) {
         .map(|s| {
             vec![
                 text(&s["step_id"]),
+                text(&s["kind"]),
                 text(&s["attempt"]),
                 text(&s["status"]),
                 text(&s["run_id"]),
@@ -720,9 +767,27 @@ fn print_record(record: &Value) {
     if !steps.is_empty() {
         println!();
         print_table(
-            &["STEP", "ATTEMPT", "STATUS", "CHILD RUN", "ARTIFACT"],
+            &["STEP", "KIND", "ATTEMPT", "STATUS", "CHILD RUN", "ARTIFACT"],
             &steps,
         );
+    }
+    let artifacts: Vec<Vec<String>> = record["artifacts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|a| {
+            vec![
+                text(&a["version"]),
+                text(&a["step_id"]),
+                text(&a["name"]),
+                text(&a["bytes"]),
+                text(&a["media_type"]),
+            ]
+        })
+        .collect();
+    if !artifacts.is_empty() {
+        println!();
+        print_table(&["ARTIFACT", "STEP", "NAME", "BYTES", "TYPE"], &artifacts);
     }
     let checkpoints: Vec<Vec<String>> = record["checkpoints"]
         .as_array()

@@ -522,8 +522,11 @@ mod tests {
             id: "u1".into(),
             email: "a@b.c".into(),
             password_hash: String::new(),
-            is_admin: false,
+            role: store::Role::User,
+            disabled: false,
             token_version,
+            created_at: 0.0,
+            last_login_at: None,
         }
     }
 

@@ -1,5 +1,7 @@
 //! The HTTP control plane (hyper, HTTP/1.1): the REST API under `/api/v1`, the compatible action
-//! endpoint, sign-in, `/health`, `/health/ready` and `/api/v1/openapi.json`.
+//! endpoint, sign-in, `/health`, `/health/ready` and `/api/v1/openapi.json`; and the files of
+//! the browser console ([`crate::console`]), answered before the route table with their own
+//! headers.
 //!
 //! Every request goes the same way: the route table ([`routes`]) finds the route (404/405), the
 //! body is read up to `http.body_bytes_max` (413) within `http.body_timeout_ms` (408), the
@@ -12,6 +14,8 @@
 mod auth;
 mod connections;
 mod error;
+mod events;
+mod inbox;
 mod openapi;
 pub(crate) mod record;
 mod routes;
@@ -48,7 +52,8 @@ use tracing::Instrument;
 pub use auth::new_secret;
 pub use error::ApiError;
 
-use crate::config::{AddressRange, AuthConfig, HttpConfig};
+use crate::config::{AddressRange, AuthConfig, EventsConfig, HttpConfig};
+use crate::console;
 use auth::{LoginBudgets, LoginThrottle, PasswordHashing, Secret};
 use connections::Connections;
 use routes::{Access, Found, Route};
@@ -72,10 +77,18 @@ pub struct AppState {
     hashing: PasswordHashing,
     /// Requests waiting for a workflow (`?wait=`), bounded by `http.waiters_max`.
     waiters: wait::Waiters,
+    /// The event streams: their limits and places.
+    streams: events::EventStreams,
 }
 
 impl AppState {
-    pub fn new(node: Node, secret: &str, http: HttpConfig, auth: AuthConfig) -> Self {
+    pub fn new(
+        node: Node,
+        secret: &str,
+        http: HttpConfig,
+        auth: AuthConfig,
+        events: EventsConfig,
+    ) -> Self {
         let throttle = LoginThrottle::new(LoginBudgets {
             pair_failures_max: auth.login_failures_max,
             address_failures_max: auth.login_address_failures_max,
@@ -94,6 +107,7 @@ impl AppState {
             throttle,
             hashing,
             waiters,
+            streams: events::EventStreams::new(events),
         }
     }
 
@@ -107,7 +121,15 @@ impl AppState {
     }
 }
 
-pub type Reply = Response<Full<Bytes>>;
+/// A reply's body: whole, or an event stream that its task writes as events commit.
+pub type ReplyBody = http_body_util::Either<Full<Bytes>, events::EventBody>;
+
+pub type Reply = Response<ReplyBody>;
+
+/// A whole body.
+fn full(bytes: impl Into<Bytes>) -> ReplyBody {
+    http_body_util::Either::Left(Full::new(bytes.into()))
+}
 
 /// Connections the kernel may hold for the node before it accepts them (capped by
 /// `net.core.somaxconn`). Past it, new connections' handshakes are dropped and retried after a
@@ -164,11 +186,13 @@ pub async fn serve(
                 };
                 let state = Arc::clone(&state);
                 let running = Arc::clone(&admitted.running);
+                let close = Arc::clone(&admitted.close);
                 let service = service_fn(move |request| {
                     let state = Arc::clone(&state);
                     let running = Arc::clone(&running);
+                    let close = Arc::clone(&close);
                     async move {
-                        let reply = handle(&state, request, peer, &running).await;
+                        let reply = handle(&state, request, peer, &running, close).await;
                         running.store(false, Ordering::SeqCst);
                         Ok::<_, Infallible>(reply)
                     }
@@ -201,6 +225,8 @@ pub async fn serve(
         }
     }
     drop(listener);
+    // Event streams never end by themselves; the drain would wait for them.
+    state.streams.stop();
     if tokio::time::timeout(drain_timeout, graceful.shutdown())
         .await
         .is_err()
@@ -234,6 +260,8 @@ pub struct Ctx<'a> {
     /// proxy.
     client: IpAddr,
     principal: Option<Principal>,
+    /// Closes the request's connection (an event stream's client that reads nothing).
+    close: Arc<tokio::sync::Notify>,
 }
 
 impl Ctx<'_> {
@@ -349,9 +377,13 @@ async fn handle(
     request: Request<Incoming>,
     peer: SocketAddr,
     running: &AtomicBool,
+    close: Arc<tokio::sync::Notify>,
 ) -> Reply {
     let method = request.method().as_str().to_owned();
     let path = request.uri().path().to_owned();
+    if matches!(method.as_str(), "GET" | "HEAD") && console::owns(&path) {
+        return console_reply(state, &method, &path);
+    }
     let span = tracing::info_span!("request", %method, %path);
     let found = routes::find(&method, &path);
     // Counted by route template, never by raw path: ids would make the label set unbounded.
@@ -361,7 +393,7 @@ async fn handle(
         Found::Nothing => "(no route)",
     };
     async move {
-        let mut reply = match respond(state, request, found, peer.ip(), running).await {
+        let mut reply = match respond(state, request, found, peer.ip(), running, close).await {
             Ok(reply) => reply,
             Err(error) => error_reply(&error),
         };
@@ -380,6 +412,49 @@ async fn handle(
     }
     .instrument(span)
     .await
+}
+
+/// A file of the browser console (its own headers: [`console::CONTENT_SECURITY_POLICY`]), or a
+/// 404 under the API's hardened headers for a console path that names no file.
+fn console_reply(state: &AppState, method: &str, path: &str) -> Reply {
+    let (reply, route) = match console::asset(path) {
+        Some(asset) => {
+            let mut reply = Response::new(full(Bytes::from_static(asset.body)));
+            let headers = reply.headers_mut();
+            for (name, value) in [
+                ("content-type", asset.content_type),
+                ("content-security-policy", console::CONTENT_SECURITY_POLICY),
+                ("x-content-type-options", "nosniff"),
+                ("referrer-policy", "no-referrer"),
+                ("x-frame-options", "DENY"),
+                ("cross-origin-opener-policy", "same-origin"),
+                // A new binary may bring new files under the same names.
+                ("cache-control", "no-cache"),
+            ] {
+                headers.insert(
+                    HeaderName::from_static(name),
+                    HeaderValue::from_static(value),
+                );
+            }
+            (reply, "(console)")
+        }
+        None => {
+            let mut reply = error_reply(&ApiError::not_found(format!(
+                "the console has no file {path:?}"
+            )));
+            harden(&mut reply);
+            (reply, "(no route)")
+        }
+    };
+    state.node.metrics().inc(
+        "reins_http_requests_total",
+        &[
+            ("method", known_method(method)),
+            ("route", route),
+            ("status", reply.status().as_str()),
+        ],
+    );
+    reply
 }
 
 /// Headers on every reply so that no answer of this origin (an artifact's stored bytes above
@@ -421,6 +496,7 @@ async fn respond(
     found: Found,
     peer: IpAddr,
     running: &AtomicBool,
+    close: Arc<tokio::sync::Notify>,
 ) -> Result<Reply, ApiError> {
     let (parts, body) = request.into_parts();
     // Read first, whatever the route: a connection whose request body was left unread cannot
@@ -469,7 +545,7 @@ async fn respond(
         Access::Public => None,
         Access::User | Access::Admin => {
             let principal = authenticate(state, &parts.headers, parts.method.as_str()).await?;
-            if route.access == Access::Admin && !principal.user.is_admin {
+            if route.access == Access::Admin && !principal.user.is_admin() {
                 return Err(ApiError::forbidden(
                     "admin_only",
                     "only an admin may do this",
@@ -487,6 +563,7 @@ async fn respond(
         body,
         client,
         principal,
+        close,
     };
     dispatch(&ctx).await
 }
@@ -509,6 +586,13 @@ async fn dispatch(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
         Op::Logout => users::logout(ctx).await,
         Op::Me => users::me(ctx),
         Op::CreateUser => users::create_user(ctx).await,
+        Op::ListUsers => users::list_users(ctx).await,
+        Op::ChangeUser => users::change_user(ctx).await,
+        Op::ResetPassword => users::reset_password(ctx).await,
+        Op::SignOutUser => users::sign_out_user(ctx).await,
+        Op::DeleteUser => users::delete_user(ctx).await,
+        Op::ChangePassword => users::change_password(ctx).await,
+        Op::SignOutEverywhere => users::sign_out_everywhere(ctx).await,
         Op::CreateToken => users::create_token(ctx).await,
         Op::ListTokens => users::list_tokens(ctx).await,
         Op::RevokeToken => users::revoke_token(ctx).await,
@@ -524,17 +608,27 @@ async fn dispatch(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
         Op::Delete => workflows::delete(ctx).await,
         Op::Artifact => workflows::artifact(ctx).await,
         Op::ArtifactChunk => workflows::artifact_chunk(ctx).await,
+        Op::WorkflowEvents => events::workflow_events(ctx).await,
+        Op::Events => events::feed(ctx).await,
+        Op::Inbox => inbox::inbox(ctx).await,
+        Op::Nodes => inbox::nodes(ctx).await,
+        Op::Slots => inbox::slots(ctx).await,
     }
 }
 
 /// Reads the whole body, refusing one over `limit` bytes (413) before reading it when its length
 /// is declared.
 async fn read_body(headers: &HeaderMap, body: Incoming, limit: u64) -> Result<Bytes, ApiError> {
-    let too_large = |size: String| {
+    let too_large = |declared: Option<u64>| {
+        let size = match declared {
+            Some(declared) => format!("{declared} bytes"),
+            // Sent without a length (chunked): refused as soon as it passed the limit.
+            None => "longer than that".to_owned(),
+        };
         ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
             "too_large",
-            format!("the request body is {size} bytes, over `http.body_bytes_max` ({limit} bytes)"),
+            format!("the request body is over `http.body_bytes_max` ({limit} bytes): it is {size}"),
         )
     };
     let declared = headers
@@ -544,14 +638,12 @@ async fn read_body(headers: &HeaderMap, body: Incoming, limit: u64) -> Result<By
     if let Some(declared) = declared
         && declared > limit
     {
-        return Err(too_large(declared.to_string()));
+        return Err(too_large(Some(declared)));
     }
     let limit_bytes = usize::try_from(limit).unwrap_or(usize::MAX);
     match Limited::new(body, limit_bytes).collect().await {
         Ok(collected) => Ok(collected.to_bytes()),
-        Err(error) if error.is::<http_body_util::LengthLimitError>() => {
-            Err(too_large("more than that".into()))
-        }
+        Err(error) if error.is::<http_body_util::LengthLimitError>() => Err(too_large(None)),
         Err(error) => Err(ApiError::bad_request(format!(
             "the request body could not be read: {error}"
         ))),
@@ -688,7 +780,7 @@ async fn metrics(state: &AppState) -> Result<Reply, ApiError> {
             ],
         );
     }
-    let mut reply = Response::new(Full::new(Bytes::from(text)));
+    let mut reply = Response::new(full(text));
     reply.headers_mut().insert(
         CONTENT_TYPE,
         HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
@@ -752,7 +844,7 @@ fn json_reply(status: StatusCode, body: impl Serialize) -> Reply {
             ));
         }
     };
-    let mut response = Response::new(Full::new(Bytes::from(bytes)));
+    let mut response = Response::new(full(bytes));
     *response.status_mut() = status;
     response
         .headers_mut()

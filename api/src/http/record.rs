@@ -1,16 +1,17 @@
 //! The workflow record of spec section 3, built from what the store holds: the row, the journal,
-//! the controls and the lease. `steps` are the `agent` calls; `checkpoints` are the places where
-//! the workflow waits for a person (`pause` and `humanCheckpoint`). A step whose agent asked for
+//! the controls, the lease and the artifact versions. `steps` are the `agent`, `captureArtifact`
+//! and `readArtifact` calls; `checkpoints` are the places where the workflow waits for a person
+//! (`pause` and `humanCheckpoint`); `artifacts` every version without its bytes. A step whose agent asked for
 //! approval shows the request, read from its child run's row (`metadata.hitl_approval` while it
 //! waits, `metadata.hitl_answer` once answered) in the same snapshot.
 
 use actors::WorkflowView;
 use serde_json::Value;
-use store::{ControlRow, RunRow, RunStatus, StepRow, WorkflowRow};
+use store::{ArtifactInfo, ControlRow, ListedWorkflow, RunRow, RunStatus, StepRow, WorkflowRow};
 
 use super::wire::{
-    ApprovalRecord, CheckpointRecord, ReconciliationRecord, StepRecord, WorkflowRecord,
-    WorkflowSummary,
+    ApprovalRecord, ArtifactRecord, CheckpointRecord, ReconciliationRecord, StepRecord,
+    WorkflowRecord, WorkflowSummary,
 };
 
 /// The record `get` answers with.
@@ -20,7 +21,12 @@ pub fn record(view: &WorkflowView) -> WorkflowRecord {
     let steps: Vec<StepRecord> = view
         .steps
         .iter()
-        .filter(|s| s.kind == "agent")
+        .filter(|s| {
+            matches!(
+                s.kind.as_str(),
+                "agent" | "captureArtifact" | "readArtifact"
+            )
+        })
         .map(|s| step(s, &view.approval_runs))
         .collect();
     WorkflowRecord {
@@ -44,6 +50,7 @@ pub fn record(view: &WorkflowView) -> WorkflowRecord {
             .map(|s| checkpoint(s, &view.controls))
             .collect(),
         steps,
+        artifacts: view.artifacts.iter().map(artifact).collect(),
         result: data.get("result").cloned(),
         error: text(&data["error"]),
         reconciliation: reconciliation(row),
@@ -53,10 +60,13 @@ pub fn record(view: &WorkflowView) -> WorkflowRecord {
 }
 
 /// A listing's line.
-pub fn summary(row: &WorkflowRow) -> WorkflowSummary {
+pub fn summary(listed: &ListedWorkflow) -> WorkflowSummary {
+    let row = &listed.row;
     WorkflowSummary {
         run_id: row.workflow_id.clone(),
-        status: row.status.clone(),
+        status: shown_status(row, listed.recoverable),
+        stored_status: row.status.clone(),
+        recoverable: listed.recoverable,
         user_id: row.user_id.clone(),
         owner: row.owner.clone(),
         fingerprint: row.fingerprint.clone(),
@@ -123,8 +133,13 @@ fn step(step: &StepRow, approval_runs: &[RunRow]) -> StepRecord {
         thread_id: text(&step.data["thread_id"]),
         run_id,
         configuration_version: text(&step.data["configuration_version"]),
-        output: resolved.map(|v| v["output"].clone()),
-        artifact_version: resolved.and_then(|v| v["artifactVersion"].as_i64()),
+        output: resolved
+            .filter(|_| step.kind == "agent")
+            .map(|v| v["output"].clone()),
+        artifact_version: match step.kind.as_str() {
+            "readArtifact" => step.data["args"]["artifactVersion"].as_i64(),
+            _ => resolved.and_then(|v| v["artifactVersion"].as_i64()),
+        },
         error: rejected.map(|v| {
             v["message"]
                 .as_str()
@@ -132,7 +147,23 @@ fn step(step: &StepRow, approval_runs: &[RunRow]) -> StepRecord {
         }),
         approval,
         started_at: step.created_at,
-        finished_at: step.data["settled_at_ms"].as_f64().map(|ms| ms / 1000.0),
+        finished_at: settled_at(step),
+    }
+}
+
+fn artifact(info: &ArtifactInfo) -> ArtifactRecord {
+    let path = info.path.as_deref();
+    ArtifactRecord {
+        version: info.version,
+        step_id: info.source_step_id.clone(),
+        path: info.path.clone(),
+        name: super::workflows::file_name(path, info.version),
+        bytes: info.bytes,
+        media_type: super::workflows::served(path, info.source_step_id.is_some())
+            .content_type
+            .to_owned(),
+        sha256: info.sha256.clone(),
+        created_at: info.created_at,
     }
 }
 
@@ -192,5 +223,11 @@ fn checkpoint(step: &StepRow, controls: &[ControlRow]) -> CheckpointRecord {
         decided_at: resolved
             .and_then(|v| v["decidedAt"].as_f64())
             .map(|ms| ms / 1000.0),
+        started_at: step.created_at,
     }
+}
+
+/// When a journal entry's outcome was recorded, in epoch seconds.
+fn settled_at(step: &StepRow) -> Option<f64> {
+    step.data["settled_at_ms"].as_f64().map(|ms| ms / 1000.0)
 }

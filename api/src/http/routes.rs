@@ -46,6 +46,17 @@ pub enum Op {
     Logout,
     Me,
     CreateUser,
+    ListUsers,
+    /// Change a user's role, or disable or enable them.
+    ChangeUser,
+    /// An admin sets a user's password.
+    ResetPassword,
+    /// An admin ends every session of a user.
+    SignOutUser,
+    DeleteUser,
+    /// A user changes their own password.
+    ChangePassword,
+    SignOutEverywhere,
     CreateToken,
     ListTokens,
     RevokeToken,
@@ -64,6 +75,14 @@ pub enum Op {
     Artifact,
     /// One base64 chunk of an artifact (the compatible `get_artifact` action).
     ArtifactChunk,
+    /// A workflow's events (Server-Sent Events).
+    WorkflowEvents,
+    /// Status changes of every workflow the caller may see (Server-Sent Events).
+    Events,
+    /// Everything that waits for the caller.
+    Inbox,
+    Nodes,
+    Slots,
 }
 
 /// Where a route's workflow id comes from.
@@ -164,6 +183,13 @@ pub static ROUTES: &[Route] = &[
     route("POST", "/api/v1/auth/logout", Op::Logout, Access::User, "End this session", Body::None, 200, Some(schema::<UserReply>)),
     route("GET", "/api/v1/auth/me", Op::Me, Access::User, "Who is signed in", Body::None, 200, Some(schema::<UserReply>)),
     route("POST", "/api/v1/auth/users", Op::CreateUser, Access::Admin, "Create a user (admins)", Body::Json(schema::<NewUserBody>), 201, Some(schema::<UserReply>)),
+    route("GET", "/api/v1/auth/users", Op::ListUsers, Access::Admin, "Every user, oldest first (admins)", Body::None, 200, Some(schema::<UsersReply>)),
+    route("PATCH", "/api/v1/auth/users/{id}", Op::ChangeUser, Access::Admin, "Change a user's role, or disable (ends their sessions, refuses their API tokens) or enable them (admins; 409 last_admin)", Body::Json(schema::<UserChangeBody>), 200, Some(schema::<UserReply>)),
+    route("DELETE", "/api/v1/auth/users/{id}", Op::DeleteUser, Access::Admin, "Delete a user with their sessions and API tokens (admins; 409 for yourself or a user with a live workflow)", Body::None, 200, Some(schema::<DeletedUserReply>)),
+    route("POST", "/api/v1/auth/users/{id}/password", Op::ResetPassword, Access::Admin, "Set a user's password and end their sessions (admins)", Body::Json(schema::<PasswordResetBody>), 200, Some(schema::<UserReply>)),
+    route("POST", "/api/v1/auth/users/{id}/sign-out", Op::SignOutUser, Access::Admin, "End every session of a user (admins)", Body::None, 200, Some(schema::<UserReply>)),
+    route("POST", "/api/v1/auth/me/password", Op::ChangePassword, Access::User, "Change your own password; your other sessions end", Body::Json(schema::<PasswordChangeBody>), 200, Some(schema::<UserReply>)),
+    route("POST", "/api/v1/auth/sign-out-everywhere", Op::SignOutEverywhere, Access::User, "End every session of yours, this one too", Body::None, 200, Some(schema::<UserReply>)),
     route("POST", "/api/v1/auth/tokens", Op::CreateToken, Access::User, "Create an API token; its secret is shown only in this reply", Body::Json(schema::<NewTokenBody>), 201, Some(schema::<NewTokenReply>)),
     route("GET", "/api/v1/auth/tokens", Op::ListTokens, Access::User, "The signed-in user's API tokens (never their secrets)", Body::None, 200, Some(schema::<TokensReply>)),
     route("DELETE", "/api/v1/auth/tokens/{id}", Op::RevokeToken, Access::User, "Revoke one of the user's API tokens", Body::None, 200, Some(schema::<TokenReply>)),
@@ -173,11 +199,13 @@ pub static ROUTES: &[Route] = &[
     },
     Route {
         query: &[
-            ("status", "only workflows with this stored status (or `recoverable`)"),
-            ("after", "the page starts after this run_id"),
+            ("status", "only workflows with this stored status, or `recoverable` (live, the owner's lease expired: what `get` shows as `recoverable`)"),
+            ("after", "the page starts after this position: the previous page's `next`"),
             ("limit", "workflows per page (default 50, at most `http.page_size_max`)"),
+            ("request_id", "only the workflow launched with this request_id"),
+            ("user_id", "only this user's workflows (for those who see everyone's)"),
         ],
-        ..route("GET", REST, Op::List, Access::User, "A page of workflows, oldest first (an admin sees everyone's)", Body::None, 200, Some(schema::<WorkflowPage>))
+        ..route("GET", REST, Op::List, Access::User, "A page of workflows, newest first (admins and approvers see everyone's)", Body::None, 200, Some(schema::<WorkflowPage>))
     },
     Route {
         query: &[("wait", "wait this long (500ms, 30s, 2m; at most `http.wait_max_ms`) for the workflow to end or wait for a person; then 200 with the record as it is")],
@@ -190,6 +218,17 @@ pub static ROUTES: &[Route] = &[
     route("POST", "/api/v1/workflows/{id}/recover", Op::Recover, Access::User, "Take over a recoverable workflow here and replay it", Body::None, 200, Some(schema::<StatusReply>)),
     route("POST", "/api/v1/workflows/{id}/reconcile", Op::Reconcile, Access::Admin, "Settle the uncertain step of a workflow in needs_reconciliation (admins)", Body::Json(schema::<ReconcileBody>), 200, Some(schema::<StatusReply>)),
     route("DELETE", "/api/v1/workflows/{id}", Op::Delete, Access::User, "Delete a terminal workflow and everything it holds", Body::None, 200, Some(schema::<DeletedReply>)),
+    Route {
+        query: &[("after", "replay the events after this id (the `Last-Event-ID` header wins)")],
+        ..route("GET", "/api/v1/workflows/{id}/events", Op::WorkflowEvents, Access::User, "The workflow's events as Server-Sent Events (text/event-stream): replayed after an id, then followed; the stream ends after the final status", Body::None, 200, None)
+    },
+    Route {
+        query: &[("after", "replay the status changes after this id (the `Last-Event-ID` header wins); without either, from now")],
+        ..route("GET", "/api/v1/events", Op::Events, Access::User, "Status changes of every workflow the caller may see (an admin: everyone's) as Server-Sent Events", Body::None, 200, None)
+    },
+    route("GET", "/api/v1/inbox", Op::Inbox, Access::User, "Every pause, checkpoint and agent's request waiting for the caller (an approver or admin: for anyone), oldest first", Body::None, 200, Some(schema::<InboxReply>)),
+    route("GET", "/api/v1/admin/nodes", Op::Nodes, Access::Admin, "The nodes that started on this database, newest first (admins)", Body::None, 200, Some(schema::<NodesReply>)),
+    route("GET", "/api/v1/admin/slots", Op::Slots, Access::Admin, "The child slots held across the cluster, oldest first (admins)", Body::None, 200, Some(schema::<SlotsReply>)),
     route("GET", "/api/v1/workflows/{id}/artifacts/{version}", Op::Artifact, Access::User, "An artifact's bytes (HTTP Range supported)", Body::None, 200, None),
     action(action_path!("launch"), Op::Launch, "launch", schema::<LaunchBody>, schema::<LaunchAnswer>),
     action(action_path!("get"), Op::Get, "get", schema::<GetBody>, schema::<WorkflowRecord>),

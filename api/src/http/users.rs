@@ -1,15 +1,21 @@
-//! Sign-in and identities: the first admin, local sign-in with a form, sign-out, `me`, users
-//! created by admins, and API tokens.
+//! Sign-in and identities: the first admin, local sign-in with a form, sign-out, `me`, API
+//! tokens, and user management (admins list, create, change the role of, disable, reset the
+//! password of, sign out and delete users; everyone changes their own password and may sign out
+//! everywhere).
+//!
+//! Every change to a user is read by the very next request on every node: sessions and tokens
+//! are checked against the `users` row on each request (no cache).
 
 use hyper::StatusCode;
 use hyper::header::{CONTENT_TYPE, HeaderValue, SET_COOKIE};
-use store::{NewToken, NewUser, UserRow};
+use store::{NewToken, NewUser, Role, UserChange, UserChanged, UserDeletion, UserRow};
 
 use super::auth::{self, CSRF_COOKIE, SESSION_COOKIE};
 use super::error::ApiError;
 use super::wire::{
-    InitializeBody, LoginForm, NewTokenBody, NewTokenReply, NewUserBody, TokenReply, TokensReply,
-    UserReply,
+    DeletedUserReply, InitializeBody, LoginForm, NewTokenBody, NewTokenReply, NewUserBody,
+    PasswordChangeBody, PasswordResetBody, RoleName, TokenReply, TokensReply, UserChangeBody,
+    UserReply, UsersReply,
 };
 use super::{Ctx, Reply, json_reply};
 
@@ -17,12 +23,17 @@ use super::{Ctx, Reply, json_reply};
 const FORM_CONTENT_TYPE: &str = "application/x-www-form-urlencoded";
 /// A token's name at most, in characters.
 const TOKEN_NAME_CHARS_MAX: usize = 100;
+const SECONDS_PER_DAY: f64 = 86_400.0;
 
 fn user_reply(user: &UserRow) -> UserReply {
     UserReply {
         id: user.id.clone(),
         email: user.email.clone(),
-        is_admin: user.is_admin,
+        role: user.role.into(),
+        is_admin: user.is_admin(),
+        disabled: user.disabled,
+        created_at: user.created_at,
+        last_login_at: user.last_login_at,
     }
 }
 
@@ -30,7 +41,7 @@ fn user_reply(user: &UserRow) -> UserReply {
 pub async fn initialize(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
     super::same_origin(&ctx.headers)?;
     let body: InitializeBody = ctx.json()?;
-    let user = create(ctx, body.email, body.password, true, true).await?;
+    let user = create(ctx, body.email, body.password, Role::Admin, true).await?;
     let Some(user) = user else {
         return Err(ApiError::conflict(
             "already initialized: the first admin exists; sign in instead",
@@ -42,7 +53,18 @@ pub async fn initialize(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
 /// Creates a user (admins); a taken email is 409.
 pub async fn create_user(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
     let body: NewUserBody = ctx.json()?;
-    let user = create(ctx, body.email, body.password, body.is_admin, false)
+    let role = match (body.role, body.is_admin) {
+        (Some(role), Some(is_admin)) if (role == RoleName::Admin) != is_admin => {
+            return Err(ApiError::bad_request(format!(
+                "body fields `role` ({}) and `is_admin` ({is_admin}) disagree; give `role` only",
+                Role::from(role).as_str()
+            )));
+        }
+        (Some(role), _) => role.into(),
+        (None, Some(true)) => Role::Admin,
+        (None, _) => Role::User,
+    };
+    let user = create(ctx, body.email, body.password, role, false)
         .await?
         .ok_or_else(|| ApiError::conflict("the user was not created"))?;
     Ok(json_reply(StatusCode::CREATED, user_reply(&user)))
@@ -52,7 +74,7 @@ async fn create(
     ctx: &Ctx<'_>,
     email: String,
     password: String,
-    is_admin: bool,
+    role: Role,
     only_if_first: bool,
 ) -> Result<Option<UserRow>, ApiError> {
     let email = auth::check_credentials(&email, &password)?;
@@ -61,7 +83,7 @@ async fn create(
         id: auth::new_id()?,
         email: email.clone(),
         password_hash,
-        is_admin,
+        role,
     };
     let store = ctx.state.node.store();
     let created = match store.create_user(user, only_if_first).await {
@@ -134,6 +156,16 @@ pub async fn login(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
         return Err(ApiError::unauthorized("wrong email or password"));
     };
     throttle.succeeded(reservation);
+    if user.disabled {
+        return Err(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "account_disabled",
+            format!(
+                "the account {:?} is disabled; an admin may enable it",
+                user.email
+            ),
+        ));
+    }
     signed_in(ctx, &user, StatusCode::OK).await
 }
 
@@ -231,6 +263,17 @@ pub async fn create_token(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
             "body field `name`: 1 to {TOKEN_NAME_CHARS_MAX} characters, got {chars}"
         )));
     }
+    let days_max = ctx.state.auth.token_days_max;
+    let lifetime_seconds = match body.expires_in_days {
+        None => None,
+        Some(days) if (1..=days_max).contains(&days) => Some(f64::from(days) * SECONDS_PER_DAY),
+        Some(days) => {
+            return Err(ApiError::bad_request(format!(
+                "body field `expires_in_days`: {days} is not from 1 to {days_max} \
+                 (`auth.token_days_max`)"
+            )));
+        }
+    };
     let (id, token, token_hash) = auth::new_token()?;
     let row = ctx
         .state
@@ -241,6 +284,7 @@ pub async fn create_token(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
             user_id: ctx.principal()?.user.id.clone(),
             name: name.to_owned(),
             token_hash,
+            lifetime_seconds,
         })
         .await?;
     Ok(json_reply(
@@ -249,6 +293,7 @@ pub async fn create_token(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
             id: row.id,
             name: row.name,
             token,
+            expires_at: row.expires_at,
         },
     ))
 }
@@ -259,6 +304,7 @@ fn token_reply(row: store::TokenRow) -> TokenReply {
         name: row.name,
         created_at: row.created_at,
         revoked: row.revoked,
+        expires_at: row.expires_at,
     }
 }
 
@@ -293,4 +339,185 @@ pub async fn revoke_token(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
         .find(|t| t.id == token_id)
         .ok_or_else(|| ApiError::not_found(format!("no API token {token_id:?}")))?;
     Ok(json_reply(StatusCode::OK, token_reply(row)))
+}
+
+/// Every user, oldest first (admins).
+pub async fn list_users(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
+    let users = ctx.state.node.store().list_users().await?;
+    Ok(json_reply(
+        StatusCode::OK,
+        UsersReply {
+            users: users.iter().map(user_reply).collect(),
+        },
+    ))
+}
+
+/// The user a path names (404 when there is none).
+async fn path_user(ctx: &Ctx<'_>) -> Result<UserRow, ApiError> {
+    let user_id = super::workflows::path_id(ctx, "id")?;
+    ctx.state
+        .node
+        .store()
+        .user_by_id(&user_id)
+        .await?
+        .ok_or_else(|| no_user(&user_id))
+}
+
+fn no_user(user_id: &str) -> ApiError {
+    ApiError::not_found(format!("no user {user_id:?}"))
+}
+
+fn last_admin(email: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::CONFLICT,
+        "last_admin",
+        format!("{email:?} is the last enabled admin; make another admin first"),
+    )
+}
+
+/// Changes a user's role or disables or enables them (admins). Disabling ends the user's
+/// sessions and makes their API tokens refuse; the last enabled admin cannot be disabled or
+/// demoted (409 `last_admin`).
+pub async fn change_user(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
+    let body: UserChangeBody = ctx.json()?;
+    let user_id = super::workflows::path_id(ctx, "id")?;
+    if body.role.is_none() && body.disabled.is_none() {
+        return Err(ApiError::bad_request(
+            "the body changes nothing: give `role`, `disabled` or both",
+        ));
+    }
+    let change = UserChange {
+        role: body.role.map(Role::from),
+        disabled: body.disabled,
+    };
+    let store = ctx.state.node.store();
+    match store.change_user(&user_id, change).await? {
+        UserChanged::Changed(user) => Ok(json_reply(StatusCode::OK, user_reply(&user))),
+        UserChanged::NotFound => Err(no_user(&user_id)),
+        UserChanged::LastAdmin => {
+            let email = store
+                .user_by_id(&user_id)
+                .await?
+                .map_or(user_id.clone(), |user| user.email);
+            Err(last_admin(&email))
+        }
+    }
+}
+
+/// Sets a user's password (admins) and ends every session of theirs; their API tokens stay.
+pub async fn reset_password(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
+    let body: PasswordResetBody = ctx.json()?;
+    let user = path_user(ctx).await?;
+    auth::check_credentials(&user.email, &body.password)?;
+    let password_hash = ctx.state.hashing.hash(body.password).await?;
+    let store = ctx.state.node.store();
+    if !store.set_password(&user.id, password_hash, None).await? {
+        return Err(no_user(&user.id));
+    }
+    let user = store
+        .user_by_id(&user.id)
+        .await?
+        .ok_or_else(|| no_user(&user.id))?;
+    Ok(json_reply(StatusCode::OK, user_reply(&user)))
+}
+
+/// Ends every session of a user (admins); their API tokens stay.
+pub async fn sign_out_user(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
+    let user = path_user(ctx).await?;
+    if !ctx.state.node.store().end_sessions(&user.id, None).await? {
+        return Err(no_user(&user.id));
+    }
+    Ok(json_reply(StatusCode::OK, user_reply(&user)))
+}
+
+/// Deletes a user (admins) with their sessions and API tokens: not the caller (409
+/// `own_account`), nor one who owns a live workflow (409 `live_workflows`).
+pub async fn delete_user(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
+    let user = path_user(ctx).await?;
+    if user.id == ctx.principal()?.user.id {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "own_account",
+            "you cannot delete your own account; another admin can",
+        ));
+    }
+    match ctx.state.node.store().delete_user(&user.id).await? {
+        UserDeletion::Deleted => Ok(json_reply(
+            StatusCode::OK,
+            DeletedUserReply {
+                id: user.id,
+                deleted: true,
+            },
+        )),
+        UserDeletion::NotFound => Err(no_user(&user.id)),
+        UserDeletion::OwnsLiveWorkflows(live) => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "live_workflows",
+            format!(
+                "{:?} owns {live} live workflow(s); cancel them (or wait for them to end) first",
+                user.email
+            ),
+        )),
+        UserDeletion::LastAdmin => Err(last_admin(&user.email)),
+    }
+}
+
+/// Changes the caller's own password, given the current one, and ends their other sessions
+/// (this one stays). A wrong current password spends the sign-in budgets like a failed sign-in,
+/// so a stolen session cannot guess it faster than the sign-in form could.
+pub async fn change_password(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
+    let body: PasswordChangeBody = ctx.json()?;
+    let principal = ctx.principal()?;
+    let user = &principal.user;
+    auth::check_credentials(&user.email, &body.new_password)?;
+    let throttle = &ctx.state.throttle;
+    let reservation = throttle
+        .reserve(ctx.client, &user.email)
+        .map_err(|refused| {
+            ApiError::too_many_attempts(
+                refused.retry_after_seconds,
+                "too_many_attempts",
+                format!(
+                    "too many wrong passwords {}; try again in {} s",
+                    refused.budget, refused.retry_after_seconds
+                ),
+            )
+        })?;
+    let matches = match ctx
+        .state
+        .hashing
+        .verify(Some(user.password_hash.clone()), body.current_password)
+        .await
+    {
+        Ok(matches) => matches,
+        Err(busy) => {
+            throttle.refund(reservation);
+            return Err(busy);
+        }
+    };
+    if !matches {
+        return Err(ApiError::forbidden(
+            "wrong_password",
+            "the current password is wrong",
+        ));
+    }
+    throttle.succeeded(reservation);
+    let password_hash = ctx.state.hashing.hash(body.new_password).await?;
+    let store = ctx.state.node.store();
+    if !store
+        .set_password(&user.id, password_hash, principal.session_id.as_deref())
+        .await?
+    {
+        return Err(no_user(&user.id));
+    }
+    Ok(json_reply(StatusCode::OK, user_reply(user)))
+}
+
+/// Ends every session of the caller, this one too (API tokens stay).
+pub async fn sign_out_everywhere(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
+    let user = &ctx.principal()?.user;
+    ctx.state.node.store().end_sessions(&user.id, None).await?;
+    let mut reply = json_reply(StatusCode::OK, user_reply(user));
+    set_cookies(ctx, &mut reply, "", "", 0)?;
+    Ok(reply)
 }

@@ -116,14 +116,71 @@ pub struct InitializeBody {
     pub password: String,
 }
 
+/// What a user may do: `user` (their own workflows), `approver` (also see every workflow and
+/// resume, decide and answer on any), `admin` (everything, users included).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum RoleName {
+    User,
+    Approver,
+    Admin,
+}
+
+impl From<RoleName> for store::Role {
+    fn from(role: RoleName) -> Self {
+        match role {
+            RoleName::User => store::Role::User,
+            RoleName::Approver => store::Role::Approver,
+            RoleName::Admin => store::Role::Admin,
+        }
+    }
+}
+
+impl From<store::Role> for RoleName {
+    fn from(role: store::Role) -> Self {
+        match role {
+            store::Role::User => RoleName::User,
+            store::Role::Approver => RoleName::Approver,
+            store::Role::Admin => RoleName::Admin,
+        }
+    }
+}
+
 /// A new user (admins only).
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct NewUserBody {
     pub email: String,
     pub password: String,
+    /// The older way to say `"role": "admin"`; when both are given they must agree.
     #[serde(default)]
-    pub is_admin: bool,
+    pub is_admin: Option<bool>,
+    /// Default `user` (`admin` with `is_admin: true`).
+    pub role: Option<RoleName>,
+}
+
+/// What an admin changes about a user; at least one field.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct UserChangeBody {
+    pub role: Option<RoleName>,
+    /// `true` ends the user's sessions and makes their API tokens refuse (401) until enabled.
+    pub disabled: Option<bool>,
+}
+
+/// An admin sets a user's password (their sessions end).
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PasswordResetBody {
+    pub password: String,
+}
+
+/// A user changes their own password (their other sessions end).
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PasswordChangeBody {
+    pub current_password: String,
+    pub new_password: String,
 }
 
 /// A new API token for the signed-in user.
@@ -132,6 +189,9 @@ pub struct NewUserBody {
 pub struct NewTokenBody {
     /// What the token is for, as the user will recognise it in a listing.
     pub name: String,
+    /// The token stops working this many days after it is made (1 to `auth.token_days_max`);
+    /// without it the token lasts until revoked.
+    pub expires_in_days: Option<u32>,
 }
 
 /// The local sign-in form (`application/x-www-form-urlencoded`).
@@ -148,7 +208,27 @@ pub struct LoginForm {
 pub struct UserReply {
     pub id: String,
     pub email: String,
+    pub role: RoleName,
+    /// `role == "admin"` (kept for older clients).
     pub is_admin: bool,
+    pub disabled: bool,
+    /// Epoch seconds (database clock).
+    pub created_at: f64,
+    /// The last sign-in that opened a session; `null` before the first.
+    pub last_login_at: Option<f64>,
+}
+
+/// Every user, oldest first (admins).
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct UsersReply {
+    pub users: Vec<UserReply>,
+}
+
+/// A user was deleted.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct DeletedUserReply {
+    pub id: String,
+    pub deleted: bool,
 }
 
 /// A new API token: the only time its secret is shown.
@@ -158,6 +238,8 @@ pub struct NewTokenReply {
     pub name: String,
     /// Send as `Authorization: Bearer <token>`. It is not shown again.
     pub token: String,
+    /// When it stops working (epoch seconds, database clock); `null`: never.
+    pub expires_at: Option<f64>,
 }
 
 /// An API token as listed.
@@ -167,6 +249,8 @@ pub struct TokenReply {
     pub name: String,
     pub created_at: f64,
     pub revoked: bool,
+    /// When it stops working (epoch seconds, database clock); `null`: never.
+    pub expires_at: Option<f64>,
 }
 
 /// The signed-in user's tokens.
@@ -249,10 +333,12 @@ pub struct ArtifactChunkReply {
     pub sha256: String,
 }
 
-/// One step of a workflow record (the `agent` calls).
+/// One step of a workflow record: an `agent` call, a `captureArtifact` or a `readArtifact`, in
+/// the order the script made them.
 #[derive(Debug, Clone, Serialize, JsonSchema)]
 pub struct StepRecord {
     pub step_id: String,
+    /// `agent`, `captureArtifact` or `readArtifact`.
     pub kind: String,
     pub attempt: i32,
     /// `queued`, `admitting`, `running`, `waiting_for_input` (its agent asked for approval and
@@ -262,7 +348,9 @@ pub struct StepRecord {
     /// The child run, once admitted.
     pub run_id: Option<String>,
     pub configuration_version: Option<String>,
+    /// An agent's output (a capture's and a read's result are in `artifacts`).
     pub output: Option<Value>,
+    /// The version an agent's output or a capture became, or the version a read read.
     pub artifact_version: Option<i64>,
     pub error: Option<String>,
     /// The agent's newest approval request, when it asked one.
@@ -303,6 +391,8 @@ pub struct CheckpointRecord {
     pub status: String,
     pub decided_by: Option<String>,
     pub decided_at: Option<f64>,
+    /// When the workflow began to wait here (epoch seconds, database clock).
+    pub started_at: f64,
 }
 
 /// A workflow as `get` shows it.
@@ -326,6 +416,8 @@ pub struct WorkflowRecord {
     pub configuration_version: Option<String>,
     pub steps: Vec<StepRecord>,
     pub checkpoints: Vec<CheckpointRecord>,
+    /// Every artifact version, oldest first (the bytes at `.../artifacts/{version}`).
+    pub artifacts: Vec<ArtifactRecord>,
     pub result: Option<Value>,
     pub error: Option<String>,
     /// Why the workflow waits for an operator's `reconcile` (only in `needs_reconciliation`).
@@ -334,11 +426,29 @@ pub struct WorkflowRecord {
     pub updated_at: f64,
 }
 
+/// An artifact version as a record lists it.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct ArtifactRecord {
+    pub version: i64,
+    /// The step that made it: the agent whose output it is, or the `captureArtifact`.
+    pub step_id: Option<String>,
+    /// The captured file's path in the workspace (`null` for an agent's output).
+    pub path: Option<String>,
+    /// The file name a download gets.
+    pub name: String,
+    pub bytes: i64,
+    /// The `Content-Type` it is served with.
+    pub media_type: String,
+    pub sha256: String,
+    /// Epoch seconds.
+    pub created_at: f64,
+}
+
 /// Why a workflow needs reconciliation: which step, which child run, and what is unknown.
 #[derive(Debug, Clone, Serialize, JsonSchema)]
 pub struct ReconciliationRecord {
-    /// `orphaned_child`, `child_outcome_unknown`, `child_end_unrecorded` or
-    /// `cancel_window_passed`.
+    /// `orphaned_child`, `child_outcome_unknown`, `child_end_unrecorded`,
+    /// `cancel_window_passed` or `journal_unreadable`.
     pub reason: String,
     /// What is unknown, in a sentence.
     pub message: String,
@@ -353,7 +463,11 @@ pub struct ReconciliationRecord {
 #[derive(Debug, Clone, Serialize, JsonSchema)]
 pub struct WorkflowSummary {
     pub run_id: String,
+    /// As `get` shows it: the stored status, or `recoverable` when it is live and its owner's
+    /// lease has expired.
     pub status: String,
+    pub stored_status: String,
+    pub recoverable: bool,
     pub user_id: String,
     pub owner: Option<String>,
     pub fingerprint: String,
@@ -361,12 +475,83 @@ pub struct WorkflowSummary {
     pub updated_at: f64,
 }
 
-/// A page of workflows, oldest first.
+/// A page of workflows, newest first.
 #[derive(Debug, Clone, Serialize, JsonSchema)]
 pub struct WorkflowPage {
     pub workflows: Vec<WorkflowSummary>,
-    /// Pass as `after` for the next page; absent on the last one.
+    /// Pass as `after` for the next page; `null` on the last one. A position, not an offset:
+    /// workflows launched meanwhile do not shift the pages that follow.
+    pub next: Option<String>,
+    /// The same as `next` (for older clients).
     pub next_after: Option<String>,
+}
+
+/// Everything that waits for the caller: pauses, checkpoints and agents' requests of the
+/// workflows they may see, oldest first.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct InboxReply {
+    pub items: Vec<InboxItem>,
+    /// `true` when more workflows wait than `http.inbox_workflows_max`: the items are those of
+    /// the oldest ones.
+    pub more: bool,
+}
+
+/// One question waiting for a person.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct InboxItem {
+    /// `pause` (answer with `resume`), `humanCheckpoint` (`decide`) or `agent_request`
+    /// (`answer`).
+    pub kind: String,
+    pub run_id: String,
+    pub step_id: String,
+    pub attempt: i32,
+    /// The workflow's owner (a user id).
+    pub user_id: String,
+    /// The workflow's fingerprint, which `resume` takes.
+    pub fingerprint: String,
+    /// Since when it waits (epoch seconds, database clock).
+    pub since: f64,
+    /// The artifact version a checkpoint is about.
+    pub artifact_version: Option<i64>,
+    pub source_step_id: Option<String>,
+    /// What the agent asks (an `agent_request`).
+    pub approval: Option<ApprovalRecord>,
+}
+
+/// A node as `GET /api/v1/admin/nodes` lists it.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct NodeReply {
+    pub worker_id: String,
+    pub host: String,
+    pub pid: i64,
+    pub version: String,
+    pub started_at: f64,
+    /// Absent while it runs (or if it died without recording its stop).
+    pub stopped_at: Option<f64>,
+}
+
+/// The nodes that started on this database, newest first.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct NodesReply {
+    pub nodes: Vec<NodeReply>,
+}
+
+/// A held child slot.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct SlotReply {
+    pub run_id: String,
+    pub step_id: String,
+    pub attempt: i32,
+    pub created_at: f64,
+}
+
+/// The child slots held across the cluster.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct SlotsReply {
+    /// Slots held in all.
+    pub held: i64,
+    /// The oldest of them.
+    pub slots: Vec<SlotReply>,
 }
 
 /// The plugins this server offers (the compatible surface).

@@ -1,6 +1,8 @@
 //! The workflow operations, the same for both surfaces: REST takes the workflow id from the path,
 //! the compatible action endpoint from `run_id` in the body. A user sees and controls only their
-//! own workflows (another user's is 404, as if it did not exist); an admin sees all.
+//! own workflows (another user's is 404, as if it did not exist); an admin sees and controls
+//! all; an approver sees all and may resume, decide and answer on any, but cancels, recovers and
+//! deletes only their own (403 `owner_only` for another's, which they can see anyway).
 
 use std::time::Duration;
 
@@ -8,7 +10,6 @@ use actors::{Decide, LaunchRequest, ReconcileRequest, Resolution, Resume, Workfl
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use bytes::Bytes;
-use http_body_util::Full;
 use hyper::header::{
     ACCEPT_RANGES, CONTENT_DISPOSITION, CONTENT_RANGE, CONTENT_TYPE, ETAG, HeaderValue, RANGE,
 };
@@ -83,17 +84,50 @@ fn run_id(ctx: &Ctx<'_>, body_run_id: Option<String>) -> Result<String, ApiError
     Ok(id)
 }
 
-/// The workflow's row, if the caller may see it.
-async fn owned_row(ctx: &Ctx<'_>, run_id: &str) -> Result<WorkflowRow, ApiError> {
-    let row = ctx.state.node.store().read_workflow(run_id).await?;
-    visible(ctx, row, run_id)
+/// What a caller wants to do with a workflow, which decides who may.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Act {
+    /// Read it: get, list, its artifacts.
+    Read,
+    /// Resume a pause, decide a checkpoint, answer an agent: an approver may on anyone's.
+    Answer,
+    /// Cancel, recover, reconcile, delete: its owner or an admin only.
+    Control,
 }
 
-fn visible<T: Owned>(ctx: &Ctx<'_>, found: Option<T>, run_id: &str) -> Result<T, ApiError> {
-    let principal = ctx.principal()?;
-    match found {
-        Some(found) if principal.user.is_admin || found.user_id() == principal.user.id => Ok(found),
-        _ => Err(ApiError::no_workflow(run_id)),
+/// The workflow's row, if the caller may `act` on it.
+pub(super) async fn owned_row(
+    ctx: &Ctx<'_>,
+    run_id: &str,
+    act: Act,
+) -> Result<WorkflowRow, ApiError> {
+    let row = ctx.state.node.store().read_workflow(run_id).await?;
+    visible(ctx, row, run_id, act)
+}
+
+fn visible<T: Owned>(
+    ctx: &Ctx<'_>,
+    found: Option<T>,
+    run_id: &str,
+    act: Act,
+) -> Result<T, ApiError> {
+    let user = &ctx.principal()?.user;
+    let Some(found) = found else {
+        return Err(ApiError::no_workflow(run_id));
+    };
+    if user.is_admin() || found.user_id() == user.id {
+        return Ok(found);
+    }
+    match (user.sees_every_workflow(), act) {
+        (true, Act::Read | Act::Answer) => Ok(found),
+        (true, Act::Control) => Err(ApiError::forbidden(
+            "owner_only",
+            format!(
+                "workflow {run_id:?} is another user's: only its owner or an admin may cancel, \
+                 recover, reconcile or delete it"
+            ),
+        )),
+        (false, _) => Err(ApiError::no_workflow(run_id)),
     }
 }
 
@@ -177,7 +211,7 @@ async fn wait_for(
     let mut over = false;
     loop {
         let view = ctx.state.node.workflows().get(run_id).await?;
-        let record = record::record(&visible(ctx, view, run_id)?);
+        let record = record::record(&visible(ctx, view, run_id, Act::Read)?);
         if over || wait::settled(&record) {
             return Ok(record);
         }
@@ -238,18 +272,32 @@ pub async fn launch(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
 
 pub async fn list(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
     let principal = ctx.principal()?;
-    let status = ctx.query("status");
-    if let Some(status) = &status
-        && !STATUSES.contains(&status.as_str())
-    {
-        return Err(ApiError::bad_request(format!(
-            "query `status` {status:?} is not one of {}",
-            STATUSES.join(", ")
-        )));
+    let status = match ctx.query("status") {
+        None => None,
+        Some(status) if status == "recoverable" => Some(store::StatusFilter::Recoverable),
+        Some(status) if STATUSES.contains(&status.as_str()) => {
+            Some(store::StatusFilter::Stored(status))
+        }
+        Some(status) => {
+            return Err(ApiError::bad_request(format!(
+                "query `status` {status:?} is not one of {}, recoverable",
+                STATUSES.join(", ")
+            )));
+        }
+    };
+    let after = ctx.query("after").map(|c| parse_cursor(&c)).transpose()?;
+    let request_id = ctx.query("request_id");
+    if let Some(request_id) = &request_id {
+        check_id("request_id", request_id)?;
     }
-    let after = ctx.query("after");
-    if let Some(after) = &after {
-        check_id("after", after)?;
+    // Whose: a user's own always; one who sees every workflow may name an owner.
+    let user_id = if principal.user.sees_every_workflow() {
+        ctx.query("user_id")
+    } else {
+        Some(principal.user.id.clone())
+    };
+    if let Some(user_id) = &user_id {
+        check_id("user_id", user_id)?;
     }
     let page_size_max = ctx.state.http.page_size_max;
     let limit = match ctx.query("limit") {
@@ -269,23 +317,49 @@ pub async fn list(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
         .node
         .workflows()
         .list(store::ListFilter {
-            user_id: (!principal.user.is_admin).then(|| principal.user.id.clone()),
+            user_id,
             status,
+            request_id,
             after,
             limit: limit + 1,
         })
         .await?;
     let more = rows.len() > limit as usize;
     rows.truncate(limit as usize);
+    let next = more
+        .then(|| rows.last().map(|listed| cursor(&listed.row)))
+        .flatten();
     Ok(json_reply(
         StatusCode::OK,
         WorkflowPage {
-            next_after: more
-                .then(|| rows.last().map(|r| r.workflow_id.clone()))
-                .flatten(),
             workflows: rows.iter().map(record::summary).collect(),
+            next_after: next.clone(),
+            next,
         },
     ))
+}
+
+/// A listing's position after `row`: `<created_at>_<run_id>`, the creation time written as the
+/// shortest decimal that reads back as the same number (so the position is exact).
+fn cursor(row: &WorkflowRow) -> String {
+    format!("{}_{}", row.created_at, row.workflow_id)
+}
+
+fn parse_cursor(text: &str) -> Result<store::ListCursor, ApiError> {
+    let refused = || {
+        ApiError::bad_request(format!(
+            "query `after` {text:?} is not a position a listing gave as `next`"
+        ))
+    };
+    let (created_at, workflow_id) = text.split_once('_').ok_or_else(refused)?;
+    let created_at: f64 = created_at.parse().map_err(|_| refused())?;
+    if !created_at.is_finite() || !runtime::is_id(workflow_id) {
+        return Err(refused());
+    }
+    Ok(store::ListCursor {
+        created_at,
+        workflow_id: workflow_id.to_owned(),
+    })
 }
 
 pub async fn get(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
@@ -303,7 +377,7 @@ pub async fn get(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
         return Ok(json_reply(StatusCode::OK, record));
     }
     let view = ctx.state.node.workflows().get(&run_id).await?;
-    let view = visible(ctx, view, &run_id)?;
+    let view = visible(ctx, view, &run_id, Act::Read)?;
     Ok(json_reply(StatusCode::OK, record::record(&view)))
 }
 
@@ -319,7 +393,7 @@ pub async fn resume(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
     let body: ResumeBody = ctx.json()?;
     let run_id = run_id(ctx, body.run_id)?;
     check_id("step_id", &body.step_id)?;
-    owned_row(ctx, &run_id).await?;
+    owned_row(ctx, &run_id, Act::Answer).await?;
     let written = ctx
         .state
         .node
@@ -345,7 +419,7 @@ pub async fn decide(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
     let body: DecideBody = ctx.json()?;
     let run_id = run_id(ctx, body.run_id)?;
     check_id("step_id", &body.step_id)?;
-    owned_row(ctx, &run_id).await?;
+    owned_row(ctx, &run_id, Act::Answer).await?;
     let status = match body.decision.as_str() {
         "approve" => "approved",
         "reject" => "rejected",
@@ -414,7 +488,7 @@ pub async fn answer(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
             )));
         }
     };
-    owned_row(ctx, &run_id).await?;
+    owned_row(ctx, &run_id, Act::Answer).await?;
     let store = ctx.state.node.store();
     let step = store
         .read_steps(&run_id)
@@ -525,7 +599,7 @@ fn run_body(ctx: &Ctx<'_>) -> Result<String, ApiError> {
 /// answers with the status it sees (`cancelling` while children are still being interrupted).
 pub async fn cancel(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
     let run_id = run_body(ctx)?;
-    let row = owned_row(ctx, &run_id).await?;
+    let row = owned_row(ctx, &run_id, Act::Control).await?;
     match row.status.as_str() {
         "cancelled" => return Ok(status_reply(run_id, row.status)),
         "completed" | "failed" => {
@@ -567,9 +641,9 @@ fn status_reply(run_id: String, status: String) -> Reply {
 pub async fn recover(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
     refuse_while_draining(ctx)?;
     let run_id = run_body(ctx)?;
-    owned_row(ctx, &run_id).await?;
+    owned_row(ctx, &run_id, Act::Control).await?;
     ctx.state.node.workflows().recover(&run_id).await?;
-    let row = owned_row(ctx, &run_id).await?;
+    let row = owned_row(ctx, &run_id, Act::Control).await?;
     Ok(status_reply(run_id, row.status))
 }
 
@@ -578,7 +652,7 @@ pub async fn reconcile(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
     let body: ReconcileBody = ctx.json()?;
     let run_id = run_id(ctx, body.run_id)?;
     check_id("step_id", &body.step_id)?;
-    owned_row(ctx, &run_id).await?;
+    owned_row(ctx, &run_id, Act::Control).await?;
     let resolution = match (body.resolution.as_str(), body.output) {
         ("retry", None) => Resolution::Retry,
         ("fail", None) => Resolution::Fail,
@@ -610,13 +684,13 @@ pub async fn reconcile(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
             by: by(ctx)?,
         })
         .await?;
-    let row = owned_row(ctx, &run_id).await?;
+    let row = owned_row(ctx, &run_id, Act::Control).await?;
     Ok(status_reply(run_id, row.status))
 }
 
 pub async fn delete(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
     let run_id = run_body(ctx)?;
-    owned_row(ctx, &run_id).await?;
+    owned_row(ctx, &run_id, Act::Control).await?;
     match ctx.state.node.workflows().delete(&run_id).await? {
         store::Deletion::Deleted => Ok(json_reply(
             StatusCode::OK,
@@ -637,7 +711,7 @@ async fn artifact_row(
     run_id: &str,
     version: i64,
 ) -> Result<store::ArtifactRow, ApiError> {
-    owned_row(ctx, run_id).await?;
+    owned_row(ctx, run_id, Act::Read).await?;
     ctx.state
         .node
         .store()
@@ -710,7 +784,7 @@ pub async fn artifact(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
     };
     // `start <= end <= total`, and `total` is the length of `content`.
     let bytes = Bytes::copy_from_slice(&artifact.content[start as usize..end as usize]);
-    let mut reply = Response::new(Full::new(bytes));
+    let mut reply = Response::new(super::full(bytes));
     *reply.status_mut() = status;
     let headers = reply.headers_mut();
     headers.insert(CONTENT_TYPE, HeaderValue::from_static(served.content_type));
@@ -785,9 +859,9 @@ fn parse_range(header: &str, total: u64) -> Range {
 
 /// How an artifact is served: its content type, and whether a browser may show it inline.
 #[derive(Debug, PartialEq, Eq)]
-struct Served {
-    content_type: &'static str,
-    inline: bool,
+pub(super) struct Served {
+    pub content_type: &'static str,
+    pub inline: bool,
 }
 
 /// How an artifact is served. Stored bytes are anyone's (an agent's, a script's): only types a
@@ -795,7 +869,7 @@ struct Served {
 /// out as an attachment, and a type a browser could run as a page (HTML, SVG, XML, anything
 /// unknown) as `application/octet-stream`. An agent's output (a step's, with no file path) is
 /// JSON; a captured file goes by its extension.
-fn served(path: Option<&str>, from_step: bool) -> Served {
+pub(super) fn served(path: Option<&str>, from_step: bool) -> Served {
     let inline = |content_type| Served {
         content_type,
         inline: true,
@@ -830,20 +904,25 @@ fn served(path: Option<&str>, from_step: bool) -> Served {
     }
 }
 
-/// The `Content-Disposition` of an artifact: its file name reduced to characters that need no
-/// quoting, or `artifact-<version>` when nothing is left of it.
-fn disposition(served: &Served, path: Option<&str>, version: i64) -> String {
+/// The file name a download of an artifact gets: its path's last part reduced to characters
+/// that need no quoting, or `artifact-<version>` when nothing is left of it.
+pub(super) fn file_name(path: Option<&str>, version: i64) -> String {
     let name: String = path
         .and_then(|p| p.rsplit('/').next())
         .unwrap_or_default()
         .chars()
         .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'))
         .collect();
-    let name = if name.trim_matches('.').is_empty() {
+    if name.trim_matches('.').is_empty() {
         format!("artifact-{version}")
     } else {
         name
-    };
+    }
+}
+
+/// The `Content-Disposition` of an artifact, naming it by [`file_name`].
+fn disposition(served: &Served, path: Option<&str>, version: i64) -> String {
+    let name = file_name(path, version);
     let kind = if served.inline {
         "inline"
     } else {

@@ -15,9 +15,10 @@ use tokio_postgres::{NoTls, Row};
 use crate::changes::{AbortOnDrop, CHANGES_CHANNEL_SQL, Change, Changes, listen_backoff};
 use crate::lease::{Fence, Lease, ttl_seconds};
 use crate::migrations::{self, MigrationReport, PG_MIGRATION_LOCK};
-use crate::write::{ArtifactRow, Snapshot, StepRow, WorkflowRow, WriteOp};
+use crate::write::{ArtifactInfo, ArtifactRow, Snapshot, StepRow, WorkflowRow, WriteOp};
 use crate::{Error, NodeRecord, Result, StoreOptions};
 
+mod events;
 mod operators;
 mod runs;
 mod users;
@@ -151,7 +152,10 @@ impl PgStore {
 
     pub(crate) async fn now(&self) -> Result<f64> {
         let client = self.pool.get().await?;
-        Ok(client.query_one("SELECT reins_now()", &[]).await?.get(0))
+        Ok(client
+            .query_one(&client.prepare_cached("SELECT reins_now()").await?, &[])
+            .await?
+            .get(0))
     }
 
     pub(crate) async fn acquire_lease(
@@ -223,9 +227,13 @@ impl PgStore {
         let client = self.pool.get().await?;
         let released = client
             .execute(
-                "UPDATE extension_execution_leases SET expires_at = reins_now()
+                &client
+                    .prepare_cached(
+                        "UPDATE extension_execution_leases SET expires_at = reins_now()
                   WHERE resource_id = $1 AND owner = $2 AND epoch = $3
                     AND expires_at > reins_now()",
+                    )
+                    .await?,
                 &[&fence.resource_id, &fence.owner, &fence.epoch],
             )
             .await?;
@@ -311,11 +319,12 @@ impl PgStore {
             .read_only(true)
             .start()
             .await?;
-        let (head, steps, controls, approval_runs) = futures_util::try_join!(
+        let (head, steps, controls, approval_runs, artifacts) = futures_util::try_join!(
             workflow_in(&transaction, workflow_id),
             steps_in(&transaction, workflow_id),
             workflows::controls_in(&transaction, workflow_id),
             runs::approval_runs_in(&transaction, workflow_id),
+            artifacts_in(&transaction, workflow_id),
         )?;
         transaction.commit().await?;
         Ok(head.map(|(row, lease, db_now)| Snapshot {
@@ -325,6 +334,7 @@ impl PgStore {
             steps,
             controls,
             approval_runs,
+            artifacts,
         }))
     }
 
@@ -336,8 +346,12 @@ impl PgStore {
         let client = self.pool.get().await?;
         let row = client
             .query_opt(
-                "SELECT version, source_step_id, path, content, sha256 FROM workflow_artifacts
-                  WHERE workflow = $1 AND version = $2",
+                &client
+                    .prepare_cached(
+                        "SELECT version, source_step_id, path, content, sha256
+                           FROM workflow_artifacts WHERE workflow = $1 AND version = $2",
+                    )
+                    .await?,
                 &[&workflow_id, &version],
             )
             .await?;
@@ -354,7 +368,12 @@ impl PgStore {
         let client = self.pool.get().await?;
         Ok(client
             .query_one(
-                "SELECT coalesce(max(version), 0) FROM workflow_artifacts WHERE workflow = $1",
+                &client
+                    .prepare_cached(
+                        "SELECT coalesce(max(version), 0) FROM workflow_artifacts
+                          WHERE workflow = $1",
+                    )
+                    .await?,
                 &[&workflow_id],
             )
             .await?
@@ -365,8 +384,12 @@ impl PgStore {
         let client = self.pool.get().await?;
         client
             .execute(
-                "INSERT INTO nodes (worker_id, host, pid, version, started_at)
+                &client
+                    .prepare_cached(
+                        "INSERT INTO nodes (worker_id, host, pid, version, started_at)
                  VALUES ($1, $2, $3, $4, reins_now())",
+                    )
+                    .await?,
                 &[&node.worker_id, &node.host, &node.pid, &node.version],
             )
             .await?;
@@ -377,20 +400,28 @@ impl PgStore {
         let client = self.pool.get().await?;
         client
             .execute(
-                "UPDATE nodes SET stopped_at = reins_now() WHERE worker_id = $1",
+                &client
+                    .prepare_cached(
+                        "UPDATE nodes SET stopped_at = reins_now() WHERE worker_id = $1",
+                    )
+                    .await?,
                 &[&worker_id],
             )
             .await?;
         Ok(())
     }
 
-    pub(crate) async fn list_nodes(&self) -> Result<Vec<NodeRecord>> {
+    pub(crate) async fn list_nodes(&self, limit: u32) -> Result<Vec<NodeRecord>> {
         let client = self.pool.get().await?;
         let rows = client
             .query(
-                "SELECT worker_id, host, pid, version, started_at, stopped_at FROM nodes
-                  ORDER BY started_at",
-                &[],
+                &client
+                    .prepare_cached(
+                        "SELECT worker_id, host, pid, version, started_at, stopped_at FROM nodes
+                          ORDER BY started_at DESC, worker_id LIMIT $1",
+                    )
+                    .await?,
+                &[&i64::from(limit)],
             )
             .await?;
         Ok(rows.iter().map(node_from_row).collect())
@@ -520,6 +551,10 @@ pub(super) fn op_sql(op: &WriteOp) -> &'static str {
             "WITH fence AS (SELECT reins_fence($1, $2, $3))
              DELETE FROM workflow_slots WHERE workflow = $4 AND EXISTS (SELECT 1 FROM fence)"
         }
+        WriteOp::PutLogs { .. } => {
+            "WITH fence AS (SELECT reins_fence($1, $2, $3))
+             SELECT reins_log($4, $5, $6, $7) FROM fence"
+        }
         WriteOp::ReleaseLease => {
             "WITH fence AS (SELECT reins_fence($1, $2, $3))
              UPDATE extension_execution_leases SET expires_at = reins_now()
@@ -600,6 +635,15 @@ pub(super) fn op_params<'a>(fence: &'a Fence, op: &'a WriteOp) -> Vec<&'a (dyn T
             ];
             params.extend(own);
         }
+        WriteOp::PutLogs {
+            workflow_id,
+            lines,
+            events_max,
+            bytes_max,
+        } => {
+            let own: [&(dyn ToSql + Sync); 4] = [workflow_id, lines, events_max, bytes_max];
+            params.extend(own);
+        }
         WriteOp::ReleaseLease => {}
     }
     params
@@ -662,6 +706,27 @@ async fn workflow_in(
         };
         (workflow, lease, row.get(10))
     }))
+}
+
+async fn artifacts_in(client: &impl GenericClient, workflow_id: &str) -> Result<Vec<ArtifactInfo>> {
+    let statement = client
+        .prepare_cached(
+            "SELECT version, source_step_id, path, bytes, sha256, created_at FROM workflow_artifacts
+              WHERE workflow = $1 ORDER BY version",
+        )
+        .await?;
+    let rows = client.query(&statement, &[&workflow_id]).await?;
+    Ok(rows
+        .iter()
+        .map(|row| ArtifactInfo {
+            version: row.get(0),
+            source_step_id: row.get(1),
+            path: row.get(2),
+            bytes: row.get(3),
+            sha256: row.get(4),
+            created_at: row.get(5),
+        })
+        .collect())
 }
 
 async fn steps_in(client: &impl GenericClient, workflow_id: &str) -> Result<Vec<StepRow>> {

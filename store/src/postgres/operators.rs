@@ -18,8 +18,12 @@ impl PgStore {
         let client = self.pool.get().await?;
         let rows = client
             .query(
-                "SELECT status, count(*) FROM workflows WHERE $1::text IS NULL OR owner = $1
-                  GROUP BY status ORDER BY status",
+                &client
+                    .prepare_cached(
+                        "SELECT status, count(*) FROM workflows
+                          WHERE $1::text IS NULL OR owner = $1 GROUP BY status ORDER BY status",
+                    )
+                    .await?,
                 &[&owner],
             )
             .await?;
@@ -30,8 +34,12 @@ impl PgStore {
         let client = self.pool.get().await?;
         let rows = client
             .query(
-                "SELECT status, count(*) FROM runs WHERE owner_worker_id = $1
+                &client
+                    .prepare_cached(
+                        "SELECT status, count(*) FROM runs WHERE owner_worker_id = $1
                   GROUP BY status ORDER BY status",
+                    )
+                    .await?,
                 &[&owner],
             )
             .await?;
@@ -42,8 +50,12 @@ impl PgStore {
         let client = self.pool.get().await?;
         let rows = client
             .query(
-                "SELECT workflow, step_id, attempt, created_at FROM workflow_slots
+                &client
+                    .prepare_cached(
+                        "SELECT workflow, step_id, attempt, created_at FROM workflow_slots
                   ORDER BY created_at, workflow, step_id LIMIT $1",
+                    )
+                    .await?,
                 &[&i64::from(limit)],
             )
             .await?;
@@ -56,5 +68,35 @@ impl PgStore {
                 created_at: row.get(3),
             })
             .collect())
+    }
+
+    pub(crate) async fn waiting_workflows(
+        &self,
+        user_id: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<String>> {
+        let client = self.pool.get().await?;
+        let rows = client
+            .query(
+                &client
+                    .prepare_cached(
+                        "SELECT w.id FROM workflows w
+                          WHERE ($1::text IS NULL OR w.user_id = $1)
+                            AND w.status IN ('running', 'paused', 'waiting_approval')
+                            AND (w.status IN ('paused', 'waiting_approval')
+                                 OR EXISTS (SELECT 1 FROM runs r
+                                             WHERE r.workflow = w.id
+                                               AND r.status = 'waiting_for_input')
+                                 OR EXISTS (SELECT 1 FROM workflow_steps s
+                                             WHERE s.workflow = w.id
+                                               AND s.kind IN ('pause', 'humanCheckpoint')
+                                               AND s.status = 'running'))
+                          ORDER BY w.created_at, w.id LIMIT $2",
+                    )
+                    .await?,
+                &[&user_id, &i64::from(limit)],
+            )
+            .await?;
+        Ok(rows.iter().map(|row| row.get(0)).collect())
     }
 }

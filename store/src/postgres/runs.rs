@@ -16,8 +16,13 @@ use crate::runs::{
 };
 use crate::{Error, Result};
 
-const RUN_COLUMNS: &str = run_columns!();
-const SELECT_RUN: &str = concat!("SELECT ", run_columns!(), " FROM runs");
+/// `SELECT <run columns> FROM runs` followed by the given clauses, as one literal (SQL is never
+/// formatted per call).
+macro_rules! select_run {
+    ($($clause:literal),+) => {
+        concat!("SELECT ", run_columns!(), " FROM runs ", $($clause),+)
+    };
+}
 
 // Admissions with a slot claim a free slot number below `slots_max` in `reins_claim_slot`
 // (migration 7): each number is held once (a unique index), so at most `slots_max` slots are held
@@ -59,8 +64,8 @@ pub(super) async fn approval_runs_in(
     workflow_id: &str,
 ) -> Result<Vec<RunRow>> {
     let statement = client
-        .prepare_cached(&format!(
-            "{SELECT_RUN} WHERE workflow = $1
+        .prepare_cached(select_run!(
+            "WHERE workflow = $1
                AND (status = 'waiting_for_input' OR metadata -> 'hitl_answer' IS NOT NULL)
              ORDER BY created_at, run_id"
         ))
@@ -75,7 +80,7 @@ pub(super) async fn approval_runs_in(
 
 async fn read_by_key(client: &Object, key: &str) -> Result<Option<RunRow>> {
     let statement = client
-        .prepare_cached(&format!("{SELECT_RUN} WHERE idempotency_key = $1"))
+        .prepare_cached(select_run!("WHERE idempotency_key = $1"))
         .await?;
     client
         .query_opt(&statement, &[&key])
@@ -99,13 +104,14 @@ async fn admit_pipelined(client: &Object, run: &NewRun) -> Result<Admission> {
     );
     let lease_seconds = ttl_seconds(run.lease_ms);
     let insert = client
-        .prepare_cached(&format!(
+        .prepare_cached(concat!(
             "INSERT INTO runs (run_id, thread_id, workflow, step_id, attempt, agent, status,
                                owner_worker_id, lease_expires_at, idempotency_key,
                                idempotency_request, metadata, created_at, updated_at)
              VALUES ($1, $2, $3, $4, $5, $6, 'running', $7, reins_now() + $8, $9, $10, $11,
                      reins_now(), reins_now())
-             RETURNING {RUN_COLUMNS}"
+             RETURNING ",
+            run_columns!()
         ))
         .await?;
     let insert_params: [&(dyn tokio_postgres::types::ToSql + Sync); 11] = [
@@ -217,7 +223,7 @@ impl PgStore {
     pub(crate) async fn read_run(&self, run_id: &str) -> Result<Option<RunRow>> {
         let client = self.pool.get().await?;
         let statement = client
-            .prepare_cached(&format!("{SELECT_RUN} WHERE run_id = $1"))
+            .prepare_cached(select_run!("WHERE run_id = $1"))
             .await?;
         client
             .query_opt(&statement, &[&run_id])
@@ -272,12 +278,16 @@ impl PgStore {
         let client = self.pool.get().await?;
         let row = client
             .query_opt(
-                "UPDATE runs SET cancel_action = coalesce(cancel_action, $2),
+                &client
+                    .prepare_cached(
+                        "UPDATE runs SET cancel_action = coalesce(cancel_action, $2),
                         status = CASE status WHEN 'waiting_for_input' THEN 'interrupted'
                                              ELSE status END,
                         revision = revision + 1, updated_at = reins_now()
                   WHERE run_id = $1 AND status IN ('pending', 'running', 'waiting_for_input')
                  RETURNING cancel_action",
+                    )
+                    .await?,
                 &[&run_id, &action.as_str()],
             )
             .await
@@ -355,9 +365,11 @@ impl PgStore {
         let client = self.pool.get().await?;
         let newest = client
             .query_opt(
-                &format!(
-                    "{SELECT_RUN} WHERE thread_id = $1 ORDER BY created_at DESC, run_id DESC LIMIT 1"
-                ),
+                &client
+                    .prepare_cached(select_run!(
+                        "WHERE thread_id = $1 ORDER BY created_at DESC, run_id DESC LIMIT 1"
+                    ))
+                    .await?,
                 &[&thread_id],
             )
             .await?
@@ -374,10 +386,14 @@ impl PgStore {
         let status = status_after_answer(&paused.metadata);
         let row = client
             .query_opt(
-                "UPDATE runs SET status = $4, metadata = $3, revision = revision + 1,
+                &client
+                    .prepare_cached(
+                        "UPDATE runs SET status = $4, metadata = $3, revision = revision + 1,
                         updated_at = reins_now()
                   WHERE run_id = $1 AND status = 'waiting_for_input' AND revision = $2
                  RETURNING revision",
+                    )
+                    .await?,
                 &[
                     &paused.run_id,
                     &paused.revision,
@@ -400,9 +416,13 @@ impl PgStore {
         let client = self.pool.get().await?;
         let changed = client
             .execute(
-                "UPDATE runs SET status = 'waiting_for_input', metadata = $3,
+                &client
+                    .prepare_cached(
+                        "UPDATE runs SET status = 'waiting_for_input', metadata = $3,
                         revision = revision + 1, updated_at = reins_now()
                   WHERE run_id = $1 AND revision = $2",
+                    )
+                    .await?,
                 &[&answer.run_id, &answer.revision, &answer.previous_metadata],
             )
             .await
@@ -416,7 +436,9 @@ impl PgStore {
             .query(
                 // A closed run is no longer live, so the workflow slot its step held is given
                 // back in the same statement: a dead node's children never keep slots.
-                "WITH closed AS (
+                &client
+                    .prepare_cached(
+                        "WITH closed AS (
                      UPDATE runs SET status = 'error', stop_reason = 'orphan_recovered',
                             error = 'the node running it stopped renewing its lease',
                             owner_worker_id = $1, revision = revision + 1,
@@ -432,6 +454,8 @@ impl PgStore {
                       WHERE s.workflow = c.workflow AND s.step_id = c.step_id
                         AND s.attempt = c.attempt)
                  SELECT run_id FROM closed",
+                    )
+                    .await?,
                 &[&claimer, &i64::from(limit)],
             )
             .await
@@ -442,7 +466,12 @@ impl PgStore {
     pub(crate) async fn count_slots(&self) -> Result<i64> {
         let client = self.pool.get().await?;
         Ok(client
-            .query_one("SELECT count(*) FROM workflow_slots", &[])
+            .query_one(
+                &client
+                    .prepare_cached("SELECT count(*) FROM workflow_slots")
+                    .await?,
+                &[],
+            )
             .await?
             .get(0))
     }

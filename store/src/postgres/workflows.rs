@@ -11,16 +11,21 @@ use super::{PgStore, commit_error};
 use crate::lease::ttl_seconds;
 use crate::workflows::takeover_refusal;
 use crate::workflows::{
-    COUNTED_STATUSES, ControlRow, ControlWrite, Deletion, Launch, LaunchLimits, ListFilter,
-    NewControl, Orphaned, TERMINAL_STATUSES, TakeOver, Versions,
+    COUNTED, COUNTED_STATUSES, ControlRow, ControlWrite, Deletion, Launch, LaunchLimits,
+    ListFilter, ListedWorkflow, NewControl, Orphaned, StatusFilter, TERMINAL_STATUSES, TakeOver,
+    Versions,
 };
 use crate::{Error, Lease, NewWorkflow, Result, WorkflowRow};
 
 // Launches serialise on the advisory lock "launch" (0x6c61_756e_6368), taken by
 // `reins_launch_guard` (migration 6).
 
-const CONTROL_COLUMNS: &str =
-    "id, workflow, kind, step_id, attempt, body, created_by, applied_at IS NOT NULL";
+/// The columns `control` decodes, as one literal for `concat!` (SQL is never formatted per call).
+macro_rules! control_columns {
+    () => {
+        "id, workflow, kind, step_id, attempt, body, created_by, applied_at IS NOT NULL"
+    };
+}
 
 fn control(row: &Row) -> ControlRow {
     ControlRow {
@@ -43,8 +48,12 @@ async fn launched_by_request(
 ) -> Result<Option<WorkflowRow>> {
     let row = client
         .query_opt(
-            "SELECT id, user_id, status, owner, fingerprint, data, created_at, updated_at
+            &client
+                .prepare_cached(
+                    "SELECT id, user_id, status, owner, fingerprint, data, created_at, updated_at
                FROM workflows WHERE user_id = $1 AND request_id = $2",
+                )
+                .await?,
             &[&user_id, &request_id],
         )
         .await?;
@@ -187,13 +196,16 @@ impl PgStore {
         let client = self.pool.get().await?;
         let inserted = client
             .query_opt(
-                &format!(
-                    "INSERT INTO workflow_controls (workflow, kind, step_id, attempt, body,
-                                                    created_by, created_at)
-                     VALUES ($1, $2, $3, $4, $5, $6, reins_now())
-                     ON CONFLICT (workflow, kind, step_id, attempt) DO NOTHING
-                     RETURNING {CONTROL_COLUMNS}"
-                ),
+                &client
+                    .prepare_cached(concat!(
+                        "INSERT INTO workflow_controls (workflow, kind, step_id, attempt, body,
+                                                        created_by, created_at)
+                         VALUES ($1, $2, $3, $4, $5, $6, reins_now())
+                         ON CONFLICT (workflow, kind, step_id, attempt) DO NOTHING
+                         RETURNING ",
+                        control_columns!()
+                    ))
+                    .await?,
                 &[
                     &new.workflow_id,
                     &new.kind,
@@ -210,10 +222,14 @@ impl PgStore {
         }
         let existing = client
             .query_one(
-                &format!(
-                    "SELECT {CONTROL_COLUMNS} FROM workflow_controls
-                      WHERE workflow = $1 AND kind = $2 AND step_id = $3 AND attempt = $4"
-                ),
+                &client
+                    .prepare_cached(concat!(
+                        "SELECT ",
+                        control_columns!(),
+                        " FROM workflow_controls
+                          WHERE workflow = $1 AND kind = $2 AND step_id = $3 AND attempt = $4"
+                    ))
+                    .await?,
                 &[&new.workflow_id, &new.kind, &new.step_id, &new.attempt],
             )
             .await?;
@@ -244,8 +260,12 @@ async fn take_over_in(
 ) -> Result<TakeOver> {
     let row = transaction
         .query_opt(
-            "SELECT status, data->>'runtime_version', data->>'configuration_version'
+            &transaction
+                .prepare_cached(
+                    "SELECT status, data->>'runtime_version', data->>'configuration_version'
                FROM workflows WHERE id = $1 FOR UPDATE",
+                )
+                .await?,
             &[&workflow_id],
         )
         .await?;
@@ -259,8 +279,12 @@ async fn take_over_in(
     };
     let cancel_pending: bool = transaction
         .query_one(
-            "SELECT count(*) > 0 FROM workflow_controls
+            &transaction
+                .prepare_cached(
+                    "SELECT count(*) > 0 FROM workflow_controls
               WHERE workflow = $1 AND kind = 'cancel' AND applied_at IS NULL",
+                )
+                .await?,
             &[&workflow_id],
         )
         .await?
@@ -272,10 +296,14 @@ async fn take_over_in(
     }
     let taken = transaction
         .query_opt(
-            "UPDATE extension_execution_leases
+            &transaction
+                .prepare_cached(
+                    "UPDATE extension_execution_leases
                 SET owner = $2, epoch = epoch + 1, expires_at = reins_now() + $3
               WHERE resource_id = $1 AND expires_at <= reins_now()
              RETURNING epoch, expires_at",
+                )
+                .await?,
             &[&workflow_id, &owner, &ttl_seconds(lease_ms)],
         )
         .await?;
@@ -284,7 +312,11 @@ async fn take_over_in(
     };
     transaction
         .execute(
-            "UPDATE workflows SET owner = $2, updated_at = reins_now() WHERE id = $1",
+            &transaction
+                .prepare_cached(
+                    "UPDATE workflows SET owner = $2, updated_at = reins_now() WHERE id = $1",
+                )
+                .await?,
             &[&workflow_id, &owner],
         )
         .await?;
@@ -369,7 +401,9 @@ impl PgStore {
         let transaction = client.transaction().await?;
         let status: Option<String> = transaction
             .query_opt(
-                "SELECT status FROM workflows WHERE id = $1 FOR UPDATE",
+                &transaction
+                    .prepare_cached("SELECT status FROM workflows WHERE id = $1 FOR UPDATE")
+                    .await?,
                 &[&workflow_id],
             )
             .await?
@@ -382,11 +416,18 @@ impl PgStore {
         }
         // The journal, controls, artifacts and slots go with the row (ON DELETE CASCADE).
         transaction
-            .execute("DELETE FROM workflows WHERE id = $1", &[&workflow_id])
+            .execute(
+                &transaction
+                    .prepare_cached("DELETE FROM workflows WHERE id = $1")
+                    .await?,
+                &[&workflow_id],
+            )
             .await?;
         transaction
             .execute(
-                "DELETE FROM extension_execution_leases WHERE resource_id = $1",
+                &transaction
+                    .prepare_cached("DELETE FROM extension_execution_leases WHERE resource_id = $1")
+                    .await?,
                 &[&workflow_id],
             )
             .await?;
@@ -394,24 +435,53 @@ impl PgStore {
         Ok(Deletion::Deleted)
     }
 
-    pub(crate) async fn list_workflows(&self, filter: ListFilter) -> Result<Vec<WorkflowRow>> {
+    pub(crate) async fn list_workflows(&self, filter: ListFilter) -> Result<Vec<ListedWorkflow>> {
         let client = self.pool.get().await?;
+        let statement = client
+            .prepare_cached(
+                "SELECT w.id, w.user_id, w.status, w.owner, w.fingerprint, w.data, w.created_at,
+                        w.updated_at,
+                        w.status = ANY($7) AND (l.expires_at IS NULL OR l.expires_at <= reins_now())
+                   FROM workflows w LEFT JOIN extension_execution_leases l ON l.resource_id = w.id
+                  WHERE ($1::text IS NULL OR w.user_id = $1)
+                    AND ($2::text IS NULL OR w.status = $2)
+                    AND (NOT $6 OR (w.status = ANY($7)
+                                    AND (l.expires_at IS NULL OR l.expires_at <= reins_now())))
+                    AND ($3::float8 IS NULL OR (w.created_at, w.id) < ($3, $4::text))
+                    AND ($8::text IS NULL OR w.request_id = $8)
+                  ORDER BY w.created_at DESC, w.id DESC LIMIT $5",
+            )
+            .await?;
+        let (stored, recoverable) = match filter.status {
+            None => (None, false),
+            Some(StatusFilter::Stored(status)) => (Some(status), false),
+            Some(StatusFilter::Recoverable) => (None, true),
+        };
+        let (after_created_at, after_id) = filter
+            .after
+            .map_or((None, None), |c| (Some(c.created_at), Some(c.workflow_id)));
         let rows = client
             .query(
-                "SELECT id, user_id, status, owner, fingerprint, data, created_at, updated_at FROM workflows
-                  WHERE ($1::text IS NULL OR user_id = $1) AND ($2::text IS NULL OR status = $2)
-                    AND ($3::text IS NULL OR (created_at, id) >
-                         (SELECT created_at, id FROM workflows WHERE id = $3))
-                  ORDER BY created_at, id LIMIT $4",
+                &statement,
                 &[
                     &filter.user_id,
-                    &filter.status,
-                    &filter.after,
+                    &stored,
+                    &after_created_at,
+                    &after_id,
                     &i64::from(filter.limit),
+                    &recoverable,
+                    &COUNTED,
+                    &filter.request_id,
                 ],
             )
             .await?;
-        Ok(rows.iter().map(workflow_row).collect())
+        Ok(rows
+            .iter()
+            .map(|row| ListedWorkflow {
+                row: workflow_row(row),
+                recoverable: row.get(8),
+            })
+            .collect())
     }
 }
 
@@ -421,8 +491,10 @@ pub(super) async fn controls_in(
     workflow_id: &str,
 ) -> Result<Vec<ControlRow>> {
     let statement = client
-        .prepare_cached(&format!(
-            "SELECT {CONTROL_COLUMNS} FROM workflow_controls WHERE workflow = $1 ORDER BY id"
+        .prepare_cached(concat!(
+            "SELECT ",
+            control_columns!(),
+            " FROM workflow_controls WHERE workflow = $1 ORDER BY id"
         ))
         .await?;
     let rows = client.query(&statement, &[&workflow_id]).await?;

@@ -1,4 +1,4 @@
-//! The change bus on SQLite (see `crate::changes`): the triggers of migration 16's PostgreSQL side
+//! The change bus on SQLite (see `crate::changes`): the triggers of migration 19's PostgreSQL side
 //! as temporary triggers of the writer's connection, which collect payloads in a temporary
 //! table (in memory: the writer's `temp_store`). A job's savepoint rolled back takes its
 //! payloads with it; the writer drains the rest into its batch just before `COMMIT` and hands

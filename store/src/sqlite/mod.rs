@@ -16,10 +16,11 @@ use tokio::sync::{Semaphore, mpsc, oneshot};
 use crate::changes::Changes;
 use crate::lease::{Fence, Lease, ttl_seconds};
 use crate::migrations::{self, MigrationReport};
-use crate::write::{ArtifactRow, Snapshot, StepRow, WorkflowRow, WriteOp};
+use crate::write::{ArtifactInfo, ArtifactRow, Snapshot, StepRow, WorkflowRow, WriteOp};
 use crate::{Error, NodeRecord, Result, StoreOptions};
 
 mod changes;
+mod events;
 mod operators;
 mod runs;
 mod users;
@@ -383,6 +384,7 @@ impl SqliteStore {
                 steps: steps_on(&snapshot, &workflow_id)?,
                 controls: workflows::controls_on(&snapshot, &workflow_id)?,
                 approval_runs: runs::approval_runs_on(&snapshot, &workflow_id)?,
+                artifacts: artifacts_on(&snapshot, &workflow_id)?,
             }))
         })
         .await
@@ -453,13 +455,13 @@ impl SqliteStore {
         .await
     }
 
-    pub(crate) async fn list_nodes(&self) -> Result<Vec<NodeRecord>> {
-        self.read(|connection| {
-            let mut statement = connection.prepare(
+    pub(crate) async fn list_nodes(&self, limit: u32) -> Result<Vec<NodeRecord>> {
+        self.read(move |connection| {
+            let mut statement = connection.prepare_cached(
                 "SELECT worker_id, host, pid, version, started_at, stopped_at FROM nodes
-                  ORDER BY started_at",
+                  ORDER BY started_at DESC, worker_id LIMIT ?1",
             )?;
-            let rows = statement.query_map([], |row| {
+            let rows = statement.query_map([limit], |row| {
                 Ok(NodeRecord {
                     worker_id: row.get(0)?,
                     host: row.get(1)?,
@@ -657,6 +659,12 @@ pub(super) fn apply(connection: &Connection, fence: &Fence, encoded: &Encoded) -
                 .prepare_cached("DELETE FROM workflow_slots WHERE workflow = ?1")?
                 .execute(params![workflow_id])?;
         }
+        WriteOp::PutLogs {
+            workflow_id,
+            lines,
+            events_max,
+            bytes_max,
+        } => events::put_logs(connection, workflow_id, lines, *events_max, *bytes_max)?,
         WriteOp::ReleaseLease => {
             connection
                 .prepare_cached(
@@ -915,6 +923,24 @@ fn workflow_on(connection: &Connection, workflow_id: &str) -> Result<Option<Work
         },
     )
     .transpose()
+}
+
+fn artifacts_on(connection: &Connection, workflow_id: &str) -> Result<Vec<ArtifactInfo>> {
+    let mut statement = connection.prepare_cached(
+        "SELECT version, source_step_id, path, bytes, sha256, created_at FROM workflow_artifacts
+          WHERE workflow = ?1 ORDER BY version",
+    )?;
+    let rows = statement.query_map([workflow_id], |row| {
+        Ok(ArtifactInfo {
+            version: row.get(0)?,
+            source_step_id: row.get(1)?,
+            path: row.get(2)?,
+            bytes: row.get(3)?,
+            sha256: row.get(4)?,
+            created_at: row.get(5)?,
+        })
+    })?;
+    Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
 }
 
 fn steps_on(connection: &Connection, workflow_id: &str) -> Result<Vec<StepRow>> {

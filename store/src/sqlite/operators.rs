@@ -58,4 +58,30 @@ impl SqliteStore {
         })
         .await
     }
+
+    pub(crate) async fn waiting_workflows(
+        &self,
+        user_id: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<String>> {
+        let user_id = user_id.map(str::to_owned);
+        self.read(move |connection| {
+            let mut statement = connection.prepare_cached(
+                "SELECT w.id FROM workflows w
+                  WHERE (?1 IS NULL OR w.user_id = ?1)
+                    AND w.status IN ('running', 'paused', 'waiting_approval')
+                    AND (w.status IN ('paused', 'waiting_approval')
+                         OR EXISTS (SELECT 1 FROM runs r
+                                     WHERE r.workflow = w.id AND r.status = 'waiting_for_input')
+                         OR EXISTS (SELECT 1 FROM workflow_steps s
+                                     WHERE s.workflow = w.id
+                                       AND s.kind IN ('pause', 'humanCheckpoint')
+                                       AND s.status = 'running'))
+                  ORDER BY w.created_at, w.id LIMIT ?2",
+            )?;
+            let rows = statement.query_map(rusqlite::params![user_id, limit], |row| row.get(0))?;
+            Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
+        })
+        .await
+    }
 }

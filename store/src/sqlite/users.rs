@@ -1,23 +1,50 @@
-//! Users, sessions and API tokens on SQLite.
+//! Users, sessions and API tokens on SQLite. Every write runs on the one writer thread, inside
+//! its transaction, so the last-admin check and the change it guards cannot interleave with
+//! another.
 
-use rusqlite::{OptionalExtension, Row, params};
+use rusqlite::{Connection, OptionalExtension, Row, params};
 
 use super::SqliteStore;
 use crate::Result;
-use crate::users::{NewToken, NewUser, TokenRow, UserRow};
+use crate::users::{
+    NewToken, NewUser, Role, TokenRow, UserChange, UserChanged, UserDeletion, UserRow,
+    leaves_no_admin,
+};
+use crate::workflows::LIVE_STATUSES;
 
-const USER_COLUMNS: &str = "u.id, u.email, u.password_hash, u.is_admin, u.token_version";
-const TOKEN_COLUMNS: &str = "id, user_id, name, token_hash, created_at, revoked_at IS NOT NULL";
-const JOINED_TOKEN_COLUMNS: &str =
-    "t.id, t.user_id, t.name, t.token_hash, t.created_at, t.revoked_at IS NOT NULL";
+/// The columns `user` decodes, as one literal for `concat!` (SQL is never formatted per call).
+macro_rules! user_columns {
+    () => {
+        "u.id, u.email, u.password_hash, u.role, u.disabled, u.token_version, u.created_at,
+         u.last_login_at"
+    };
+}
+/// Where the token's columns start in a row of `user_columns!` then `token_columns!`.
+const TOKEN_AFTER_USER: usize = 8;
+/// The columns `token` decodes (of `api_tokens t`).
+macro_rules! token_columns {
+    () => {
+        "t.id, t.user_id, t.name, t.token_hash, t.created_at, t.revoked_at IS NOT NULL,
+         t.expires_at"
+    };
+}
+/// The same columns of a row `RETURNING` gives, which SQLite does not let an alias name.
+macro_rules! returned_token_columns {
+    () => {
+        "id, user_id, name, token_hash, created_at, revoked_at IS NOT NULL, expires_at"
+    };
+}
 
 fn user(row: &Row<'_>) -> rusqlite::Result<UserRow> {
     Ok(UserRow {
         id: row.get(0)?,
         email: row.get(1)?,
         password_hash: row.get(2)?,
-        is_admin: row.get(3)?,
-        token_version: row.get(4)?,
+        role: Role::stored(&row.get::<_, String>(3)?),
+        disabled: row.get(4)?,
+        token_version: row.get(5)?,
+        created_at: row.get(6)?,
+        last_login_at: row.get(7)?,
     })
 }
 
@@ -29,7 +56,46 @@ fn token(row: &Row<'_>, at: usize) -> rusqlite::Result<TokenRow> {
         token_hash: row.get(at + 3)?,
         created_at: row.get(at + 4)?,
         revoked: row.get(at + 5)?,
+        expires_at: row.get(at + 6)?,
     })
+}
+
+fn user_on(connection: &Connection, user_id: &str) -> Result<Option<UserRow>> {
+    Ok(connection
+        .prepare_cached(concat!(
+            "SELECT ",
+            user_columns!(),
+            " FROM users u WHERE u.id = ?1"
+        ))?
+        .query_row([user_id], user)
+        .optional()?)
+}
+
+/// Enabled admins other than `user_id`.
+fn other_admins(connection: &Connection, user_id: &str) -> Result<i64> {
+    Ok(connection
+        .prepare_cached(
+            "SELECT count(*) FROM users WHERE role = 'admin' AND NOT disabled AND id <> ?1",
+        )?
+        .query_row([user_id], |row| row.get(0))?)
+}
+
+/// Ends the user's sessions: every one (the `token_version` bump refuses every cookie at once)
+/// or every one but `keep`.
+fn end_sessions_on(connection: &Connection, user_id: &str, keep: Option<&str>) -> Result<bool> {
+    let found = match keep {
+        None => connection
+            .prepare_cached("UPDATE users SET token_version = token_version + 1 WHERE id = ?1")?
+            .execute([user_id])?,
+        Some(_) => usize::from(user_on(connection, user_id)?.is_some()),
+    };
+    connection
+        .prepare_cached(
+            "UPDATE user_sessions SET revoked = 1
+              WHERE user_id = ?1 AND NOT revoked AND (?2 IS NULL OR id <> ?2)",
+        )?
+        .execute(params![user_id, keep])?;
+    Ok(found == 1)
 }
 
 impl SqliteStore {
@@ -37,7 +103,7 @@ impl SqliteStore {
         self.write(move |connection| {
             let inserted = connection
                 .prepare_cached(
-                    "INSERT INTO users (id, email, password_hash, is_admin, created_at)
+                    "INSERT INTO users (id, email, password_hash, role, created_at)
                      SELECT ?1, ?2, ?3, ?4, unixepoch('subsec')
                       WHERE NOT ?5 OR NOT EXISTS (SELECT 1 FROM users)",
                 )?
@@ -45,7 +111,7 @@ impl SqliteStore {
                     new.id,
                     new.email,
                     new.password_hash,
-                    new.is_admin,
+                    new.role.as_str(),
                     only_if_first
                 ])?;
             Ok(inserted == 1)
@@ -57,11 +123,136 @@ impl SqliteStore {
         let email = email.to_owned();
         self.read(move |connection| {
             Ok(connection
-                .prepare_cached(&format!(
-                    "SELECT {USER_COLUMNS} FROM users u WHERE u.email = ?1"
+                .prepare_cached(concat!(
+                    "SELECT ",
+                    user_columns!(),
+                    " FROM users u WHERE u.email = ?1"
                 ))?
                 .query_row([&email], user)
                 .optional()?)
+        })
+        .await
+    }
+
+    pub(crate) async fn user_by_id(&self, user_id: &str) -> Result<Option<UserRow>> {
+        let user_id = user_id.to_owned();
+        self.read(move |connection| user_on(connection, &user_id))
+            .await
+    }
+
+    pub(crate) async fn list_users(&self) -> Result<Vec<UserRow>> {
+        self.read(move |connection| {
+            let mut statement = connection.prepare_cached(concat!(
+                "SELECT ",
+                user_columns!(),
+                " FROM users u ORDER BY u.created_at, u.id"
+            ))?;
+            let rows = statement.query_map([], user)?;
+            Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
+        })
+        .await
+    }
+
+    pub(crate) async fn change_user(
+        &self,
+        user_id: &str,
+        change: UserChange,
+    ) -> Result<UserChanged> {
+        let user_id = user_id.to_owned();
+        self.write(move |connection| {
+            let Some(current) = user_on(connection, &user_id)? else {
+                return Ok(UserChanged::NotFound);
+            };
+            if leaves_no_admin(&current, change, other_admins(connection, &user_id)?) {
+                return Ok(UserChanged::LastAdmin);
+            }
+            connection
+                .prepare_cached(
+                    "UPDATE users SET role = coalesce(?2, role), disabled = coalesce(?3, disabled)
+                      WHERE id = ?1",
+                )?
+                .execute(params![
+                    user_id,
+                    change.role.map(Role::as_str),
+                    change.disabled
+                ])?;
+            if change.disabled == Some(true) {
+                end_sessions_on(connection, &user_id, None)?;
+            }
+            let changed = user_on(connection, &user_id)?;
+            Ok(changed.map_or(UserChanged::NotFound, UserChanged::Changed))
+        })
+        .await
+    }
+
+    pub(crate) async fn set_password(
+        &self,
+        user_id: &str,
+        password_hash: &str,
+        keep_session: Option<&str>,
+    ) -> Result<bool> {
+        let (user_id, password_hash) = (user_id.to_owned(), password_hash.to_owned());
+        let keep_session = keep_session.map(str::to_owned);
+        self.write(move |connection| {
+            let changed = connection
+                .prepare_cached("UPDATE users SET password_hash = ?2 WHERE id = ?1")?
+                .execute([&user_id, &password_hash])?;
+            if changed == 1 {
+                end_sessions_on(connection, &user_id, keep_session.as_deref())?;
+            }
+            Ok(changed == 1)
+        })
+        .await
+    }
+
+    pub(crate) async fn end_sessions(
+        &self,
+        user_id: &str,
+        keep_session: Option<&str>,
+    ) -> Result<bool> {
+        let user_id = user_id.to_owned();
+        let keep_session = keep_session.map(str::to_owned);
+        self.write(move |connection| end_sessions_on(connection, &user_id, keep_session.as_deref()))
+            .await
+    }
+
+    pub(crate) async fn delete_user(&self, user_id: &str) -> Result<UserDeletion> {
+        let user_id = user_id.to_owned();
+        self.write(move |connection| {
+            let Some(current) = user_on(connection, &user_id)? else {
+                return Ok(UserDeletion::NotFound);
+            };
+            let live: i64 = connection
+                .prepare_cached(
+                    "SELECT count(*) FROM workflows
+                      WHERE user_id = ?1 AND status IN (?2, ?3, ?4, ?5, ?6)",
+                )?
+                .query_row(
+                    params![
+                        user_id,
+                        LIVE_STATUSES[0],
+                        LIVE_STATUSES[1],
+                        LIVE_STATUSES[2],
+                        LIVE_STATUSES[3],
+                        LIVE_STATUSES[4]
+                    ],
+                    |row| row.get(0),
+                )?;
+            if live > 0 {
+                return Ok(UserDeletion::OwnsLiveWorkflows(live));
+            }
+            let gone = UserChange {
+                disabled: Some(true),
+                ..UserChange::default()
+            };
+            if leaves_no_admin(&current, gone, other_admins(connection, &user_id)?) {
+                return Ok(UserDeletion::LastAdmin);
+            }
+            // Sessions and API tokens go with the row (ON DELETE CASCADE).
+            connection
+                .prepare_cached("DELETE FROM users WHERE id = ?1")?
+                .execute([&user_id])?;
+            Ok(UserDeletion::Deleted)
         })
         .await
     }
@@ -80,6 +271,11 @@ impl SqliteStore {
                      VALUES (?1, ?2, unixepoch('subsec') + ?3)",
                 )?
                 .execute(params![session_id, user_id, session_seconds as f64])?;
+            connection
+                .prepare_cached(
+                    "UPDATE users SET last_login_at = unixepoch('subsec') WHERE id = ?1",
+                )?
+                .execute([&user_id])?;
             Ok(())
         })
         .await
@@ -89,9 +285,12 @@ impl SqliteStore {
         let session_id = session_id.to_owned();
         self.read(move |connection| {
             Ok(connection
-                .prepare_cached(&format!(
-                    "SELECT {USER_COLUMNS} FROM user_sessions s JOIN users u ON u.id = s.user_id
-                      WHERE s.id = ?1 AND NOT s.revoked AND s.expires_at > unixepoch('subsec')"
+                .prepare_cached(concat!(
+                    "SELECT ",
+                    user_columns!(),
+                    " FROM user_sessions s JOIN users u ON u.id = s.user_id
+                      WHERE s.id = ?1 AND NOT s.revoked AND s.expires_at > unixepoch('subsec')
+                        AND NOT u.disabled"
                 ))?
                 .query_row([&session_id], user)
                 .optional()?)
@@ -113,12 +312,19 @@ impl SqliteStore {
     pub(crate) async fn create_token(&self, new: NewToken) -> Result<TokenRow> {
         self.write(move |connection| {
             Ok(connection
-                .prepare_cached(&format!(
-                    "INSERT INTO api_tokens (id, user_id, name, token_hash)
-                     VALUES (?1, ?2, ?3, ?4) RETURNING {TOKEN_COLUMNS}"
+                .prepare_cached(concat!(
+                    "INSERT INTO api_tokens (id, user_id, name, token_hash, expires_at)
+                     VALUES (?1, ?2, ?3, ?4, unixepoch('subsec') + ?5) RETURNING ",
+                    returned_token_columns!()
                 ))?
                 .query_row(
-                    params![new.id, new.user_id, new.name, new.token_hash],
+                    params![
+                        new.id,
+                        new.user_id,
+                        new.name,
+                        new.token_hash,
+                        new.lifetime_seconds
+                    ],
                     |row| token(row, 0),
                 )?)
         })
@@ -129,12 +335,19 @@ impl SqliteStore {
         let token_id = token_id.to_owned();
         self.read(move |connection| {
             Ok(connection
-                .prepare_cached(&format!(
-                    "SELECT {USER_COLUMNS}, {JOINED_TOKEN_COLUMNS}
-                       FROM api_tokens t JOIN users u ON u.id = t.user_id
-                      WHERE t.id = ?1 AND t.revoked_at IS NULL"
+                .prepare_cached(concat!(
+                    "SELECT ",
+                    user_columns!(),
+                    ", ",
+                    token_columns!(),
+                    " FROM api_tokens t JOIN users u ON u.id = t.user_id
+                      WHERE t.id = ?1 AND t.revoked_at IS NULL
+                        AND (t.expires_at IS NULL OR t.expires_at > unixepoch('subsec'))
+                        AND NOT u.disabled"
                 ))?
-                .query_row([&token_id], |row| Ok((token(row, 5)?, user(row)?)))
+                .query_row([&token_id], |row| {
+                    Ok((token(row, TOKEN_AFTER_USER)?, user(row)?))
+                })
                 .optional()?)
         })
         .await
@@ -143,9 +356,10 @@ impl SqliteStore {
     pub(crate) async fn list_tokens(&self, user_id: &str) -> Result<Vec<TokenRow>> {
         let user_id = user_id.to_owned();
         self.read(move |connection| {
-            let mut statement = connection.prepare_cached(&format!(
-                "SELECT {JOINED_TOKEN_COLUMNS} FROM api_tokens t WHERE t.user_id = ?1
-                  ORDER BY t.created_at, t.id"
+            let mut statement = connection.prepare_cached(concat!(
+                "SELECT ",
+                token_columns!(),
+                " FROM api_tokens t WHERE t.user_id = ?1 ORDER BY t.created_at, t.id"
             ))?;
             let rows = statement.query_map([&user_id], |row| token(row, 0))?;
             Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)

@@ -7,8 +7,8 @@ use super::{SqliteStore, parse_json};
 use crate::lease::ttl_seconds;
 use crate::workflows::takeover_refusal;
 use crate::workflows::{
-    ControlRow, ControlWrite, Deletion, Launch, LaunchLimits, ListFilter, NewControl, Orphaned,
-    TERMINAL_STATUSES, TakeOver, Versions,
+    ControlRow, ControlWrite, Deletion, Launch, LaunchLimits, ListFilter, ListedWorkflow,
+    NewControl, Orphaned, StatusFilter, TERMINAL_STATUSES, TakeOver, Versions,
 };
 use crate::{Error, Lease, NewWorkflow, Result, WorkflowRow};
 
@@ -123,7 +123,12 @@ fn control_row(row: &Row<'_>) -> rusqlite::Result<(ControlRow, String)> {
     ))
 }
 
-const CONTROL_COLUMNS: &str = "id, workflow, kind, step_id, attempt, body, created_by, applied_at";
+/// The columns `control_row` reads, as one literal for `concat!` (SQL is never formatted per call).
+macro_rules! control_columns {
+    () => {
+        "id, workflow, kind, step_id, attempt, body, created_by, applied_at"
+    };
+}
 
 fn decode_control((mut control, body): (ControlRow, String)) -> Result<ControlRow> {
     control.body = parse_json(&body)?;
@@ -146,12 +151,13 @@ impl SqliteStore {
     pub(crate) async fn put_control(&self, control: NewControl) -> Result<ControlWrite> {
         self.write(move |connection| {
             let inserted = connection
-                .prepare_cached(&format!(
+                .prepare_cached(concat!(
                     "INSERT INTO workflow_controls (workflow, kind, step_id, attempt, body,
                                                     created_by, created_at)
                      VALUES (?1, ?2, ?3, ?4, ?5, ?6, unixepoch('subsec'))
                      ON CONFLICT (workflow, kind, step_id, attempt) DO NOTHING
-                     RETURNING {CONTROL_COLUMNS}"
+                     RETURNING ",
+                    control_columns!()
                 ))?
                 .query_row(
                     params![
@@ -169,8 +175,10 @@ impl SqliteStore {
                 return Ok(ControlWrite::Recorded(decode_control(row)?));
             }
             let existing = connection
-                .prepare_cached(&format!(
-                    "SELECT {CONTROL_COLUMNS} FROM workflow_controls
+                .prepare_cached(concat!(
+                    "SELECT ",
+                    control_columns!(),
+                    " FROM workflow_controls
                       WHERE workflow = ?1 AND kind = ?2 AND step_id = ?3 AND attempt = ?4"
                 ))?
                 .query_row(
@@ -366,23 +374,49 @@ impl SqliteStore {
         .await
     }
 
-    pub(crate) async fn list_workflows(&self, filter: ListFilter) -> Result<Vec<WorkflowRow>> {
+    pub(crate) async fn list_workflows(&self, filter: ListFilter) -> Result<Vec<ListedWorkflow>> {
         self.read(move |connection| {
+            // The four statuses are `COUNTED_STATUSES`.
             let mut statement = connection.prepare_cached(
-                "SELECT id, user_id, status, owner, fingerprint, data, created_at, updated_at FROM workflows
-                  WHERE (?1 IS NULL OR user_id = ?1) AND (?2 IS NULL OR status = ?2)
-                    AND (?3 IS NULL OR (created_at, id) >
-                         (SELECT created_at, id FROM workflows WHERE id = ?3))
-                  ORDER BY created_at, id LIMIT ?4",
+                "SELECT w.id, w.user_id, w.status, w.owner, w.fingerprint, w.data, w.created_at,
+                        w.updated_at,
+                        w.status IN ('running', 'paused', 'waiting_approval', 'cancelling')
+                          AND (l.expires_at IS NULL OR l.expires_at <= unixepoch('subsec'))
+                   FROM workflows w LEFT JOIN extension_execution_leases l ON l.resource_id = w.id
+                  WHERE (?1 IS NULL OR w.user_id = ?1) AND (?2 IS NULL OR w.status = ?2)
+                    AND (NOT ?6 OR (w.status IN ('running', 'paused', 'waiting_approval', 'cancelling')
+                          AND (l.expires_at IS NULL OR l.expires_at <= unixepoch('subsec'))))
+                    AND (?3 IS NULL OR (w.created_at, w.id) < (?3, ?4))
+                    AND (?7 IS NULL OR w.request_id = ?7)
+                  ORDER BY w.created_at DESC, w.id DESC LIMIT ?5",
             )?;
+            let (stored, recoverable) = match filter.status {
+                None => (None, false),
+                Some(StatusFilter::Stored(status)) => (Some(status), false),
+                Some(StatusFilter::Recoverable) => (None, true),
+            };
+            let (after_created_at, after_id) = filter
+                .after
+                .map_or((None, None), |c| (Some(c.created_at), Some(c.workflow_id)));
             let rows = statement.query_map(
-                params![filter.user_id, filter.status, filter.after, filter.limit],
-                workflow_row,
+                params![
+                    filter.user_id,
+                    stored,
+                    after_created_at,
+                    after_id,
+                    filter.limit,
+                    recoverable,
+                    filter.request_id
+                ],
+                |row| Ok((workflow_row(row)?, row.get::<_, bool>(8)?)),
             )?;
             rows.map(|row| {
-                let (mut workflow, data) = row?;
+                let ((mut workflow, data), recoverable) = row?;
                 workflow.data = parse_json(&data)?;
-                Ok(workflow)
+                Ok(ListedWorkflow {
+                    row: workflow,
+                    recoverable,
+                })
             })
             .collect()
         })
@@ -392,8 +426,10 @@ impl SqliteStore {
 
 /// Every control of a workflow, oldest first.
 pub(super) fn controls_on(connection: &Connection, workflow_id: &str) -> Result<Vec<ControlRow>> {
-    let mut statement = connection.prepare_cached(&format!(
-        "SELECT {CONTROL_COLUMNS} FROM workflow_controls WHERE workflow = ?1 ORDER BY id"
+    let mut statement = connection.prepare_cached(concat!(
+        "SELECT ",
+        control_columns!(),
+        " FROM workflow_controls WHERE workflow = ?1 ORDER BY id"
     ))?;
     let rows = statement.query_map([workflow_id], control_row)?;
     rows.map(|row| decode_control(row?)).collect()

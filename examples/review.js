@@ -1,5 +1,12 @@
-// A workflow for `reins run deploy/examples/review.js --wait`: an agent writes a file, the file
-// is captured as an immutable artifact, a person approves it, and a second agent reads it.
+// Review with capture and approval: an agent writes a file, the file is captured as an immutable
+// artifact, a person approves it, and a second agent reads the approved text.
+//
+//   reins run examples/review.js --wait      # exits 3: it waits at the checkpoint "review"
+//   reins artifact RUN_ID 2 -o -             # read what you are asked to approve
+//   reins approve RUN_ID --comment "looks right"
+//
+// Ends `completed` with {"decision": "approve", "by": "<your email>",
+// "summary": {"echo": "the evidence\n"}}.
 const draft = await agent({stepId: "draft", agentRef: "scripted", task: {
   write: [{path: "/mnt/user-data/outputs/evidence.txt", content: "the evidence\n"}],
   output: "drafted"}});

@@ -1,0 +1,122 @@
+//! What waits for people, and what operators look at from the console: the inbox (every pause,
+//! human checkpoint and agent's approval request of the workflows the caller may see, oldest
+//! first) and the admin lists of nodes and child slots.
+
+use hyper::StatusCode;
+
+use super::error::ApiError;
+use super::record;
+use super::wire::{
+    InboxItem, InboxReply, NodeReply, NodesReply, SlotReply, SlotsReply, WorkflowRecord,
+};
+use super::{Ctx, Reply, json_reply};
+
+/// The inbox: the store names the live workflows that wait for a person (at most
+/// `http.inbox_workflows_max`, oldest first); each is read as `get` reads it, and its waiting
+/// checkpoints and agents' requests become items, sorted by how long they have waited. A user
+/// sees their own workflows, an approver and an admin everyone's.
+pub async fn inbox(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
+    let principal = ctx.principal()?;
+    let limit = ctx.state.http.inbox_workflows_max;
+    let sees_all = principal.user.sees_every_workflow();
+    let user_id = (!sees_all).then_some(principal.user.id.as_str());
+    let mut run_ids = ctx
+        .state
+        .node
+        .store()
+        .waiting_workflows(user_id, limit.saturating_add(1))
+        .await?;
+    let more = run_ids.len() > limit as usize;
+    run_ids.truncate(limit as usize);
+    let mut items = Vec::new();
+    for run_id in run_ids {
+        // Deleted or ended since the store named it: nothing waits there any more.
+        let Some(view) = ctx.state.node.workflows().get(&run_id).await? else {
+            continue;
+        };
+        if !sees_all && view.row.user_id != principal.user.id {
+            continue;
+        }
+        items.extend(waiting_items(&record::record(&view)));
+    }
+    items.sort_by(|a, b| a.since.total_cmp(&b.since));
+    Ok(json_reply(StatusCode::OK, InboxReply { items, more }))
+}
+
+/// The questions a workflow record shows as waiting.
+fn waiting_items(record: &WorkflowRecord) -> Vec<InboxItem> {
+    let item = |kind: &str, step_id: &str, attempt: i32, since: f64| InboxItem {
+        kind: kind.to_owned(),
+        run_id: record.run_id.clone(),
+        step_id: step_id.to_owned(),
+        attempt,
+        user_id: record.user_id.clone(),
+        fingerprint: record.fingerprint.clone(),
+        since,
+        artifact_version: None,
+        source_step_id: None,
+        approval: None,
+    };
+    let checkpoints = record
+        .checkpoints
+        .iter()
+        .filter(|c| c.status == "waiting")
+        .map(|c| InboxItem {
+            artifact_version: c.artifact_version,
+            source_step_id: c.source_step_id.clone(),
+            ..item(&c.kind, &c.step_id, c.attempt, c.started_at)
+        });
+    let requests = record.steps.iter().filter_map(|step| {
+        let approval = step.approval.as_ref().filter(|a| a.status == "waiting")?;
+        Some(InboxItem {
+            approval: Some(approval.clone()),
+            ..item(
+                "agent_request",
+                &step.step_id,
+                step.attempt,
+                approval.asked_at.unwrap_or(step.started_at),
+            )
+        })
+    });
+    checkpoints.chain(requests).collect()
+}
+
+/// The nodes that started on this database, newest first (admins).
+pub async fn nodes(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
+    let rows = ctx
+        .state
+        .node
+        .store()
+        .list_nodes(ctx.state.http.page_size_max)
+        .await?;
+    let nodes = rows
+        .into_iter()
+        .map(|n| NodeReply {
+            worker_id: n.worker_id,
+            host: n.host,
+            pid: n.pid,
+            version: n.version,
+            started_at: n.started_at,
+            stopped_at: n.stopped_at,
+        })
+        .collect();
+    Ok(json_reply(StatusCode::OK, NodesReply { nodes }))
+}
+
+/// The child slots held across the cluster, oldest first (admins).
+pub async fn slots(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
+    let store = ctx.state.node.store();
+    let held = store.count_slots().await?;
+    let slots = store
+        .list_slots(ctx.state.http.page_size_max)
+        .await?
+        .into_iter()
+        .map(|s| SlotReply {
+            run_id: s.workflow_id,
+            step_id: s.step_id,
+            attempt: s.attempt,
+            created_at: s.created_at,
+        })
+        .collect();
+    Ok(json_reply(StatusCode::OK, SlotsReply { held, slots }))
+}

@@ -1,0 +1,100 @@
+//! Reading workflow events and the feed on PostgreSQL.
+
+use tokio_postgres::Row;
+
+use super::PgStore;
+use crate::{EventPage, EventRow, Result};
+
+fn event(row: &Row, first: usize) -> EventRow {
+    EventRow {
+        workflow_id: row.get(first),
+        seq: row.get(first + 1),
+        kind: row.get(first + 2),
+        data: row.get(first + 3),
+        created_at: row.get(first + 4),
+    }
+}
+
+impl PgStore {
+    pub(crate) async fn read_events(
+        &self,
+        workflow_id: &str,
+        after: i64,
+        limit: u32,
+    ) -> Result<Option<EventPage>> {
+        let client = self.pool.get().await?;
+        // One statement, so the status and the events are of one snapshot.
+        let statement = client
+            .prepare_cached(
+                "SELECT w.status, w.event_seq, e.workflow, e.seq, e.kind, e.data, e.created_at
+                   FROM workflows w
+                   LEFT JOIN LATERAL (SELECT * FROM workflow_events
+                                       WHERE workflow = w.id AND seq > $2
+                                       ORDER BY seq LIMIT $3) e ON true
+                  WHERE w.id = $1
+                  ORDER BY e.seq",
+            )
+            .await?;
+        let rows = client
+            .query(&statement, &[&workflow_id, &after, &i64::from(limit)])
+            .await?;
+        let Some(first) = rows.first() else {
+            return Ok(None);
+        };
+        Ok(Some(EventPage {
+            status: first.get(0),
+            last_seq: first.get(1),
+            events: rows
+                .iter()
+                .filter(|row| row.get::<_, Option<String>>(2).is_some())
+                .map(|row| event(row, 2))
+                .collect(),
+        }))
+    }
+
+    pub(crate) async fn read_feed(
+        &self,
+        after: i64,
+        user_id: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<EventRow>> {
+        let client = self.pool.get().await?;
+        let limit = i64::from(limit);
+        let rows = match user_id {
+            None => {
+                let statement = client
+                    .prepare_cached(
+                        "SELECT workflow, feed_seq, kind, data, created_at FROM workflow_events
+                          WHERE feed_seq > $1 ORDER BY feed_seq LIMIT $2",
+                    )
+                    .await?;
+                client.query(&statement, &[&after, &limit]).await?
+            }
+            Some(user_id) => {
+                let statement = client
+                    .prepare_cached(
+                        "SELECT workflow, feed_seq, kind, data, created_at FROM workflow_events
+                          WHERE user_id = $1 AND feed_seq > $2 ORDER BY feed_seq LIMIT $3",
+                    )
+                    .await?;
+                client
+                    .query(&statement, &[&user_id, &after, &limit])
+                    .await?
+            }
+        };
+        Ok(rows.iter().map(|row| event(row, 0)).collect())
+    }
+
+    pub(crate) async fn feed_head(&self) -> Result<i64> {
+        let client = self.pool.get().await?;
+        Ok(client
+            .query_one(
+                &client
+                    .prepare_cached("SELECT seq FROM event_feed WHERE id = 1")
+                    .await?,
+                &[],
+            )
+            .await?
+            .get(0))
+    }
+}

@@ -1,0 +1,164 @@
+//! Reading workflow events and the feed on SQLite.
+
+use rusqlite::{OptionalExtension, Row, params};
+
+use super::{SqliteStore, parse_json};
+use crate::{EventPage, EventRow, Result};
+
+/// An event's columns from `first` on, its data still text.
+fn event(row: &Row, first: usize) -> rusqlite::Result<(EventRow, String)> {
+    Ok((
+        EventRow {
+            workflow_id: row.get(first)?,
+            seq: row.get(first + 1)?,
+            kind: row.get(first + 2)?,
+            data: serde_json::Value::Null,
+            created_at: row.get(first + 4)?,
+        },
+        row.get(first + 3)?,
+    ))
+}
+
+fn feed_event(row: &Row) -> rusqlite::Result<(EventRow, String)> {
+    event(row, 0)
+}
+
+fn decoded((mut event, data): (EventRow, String)) -> Result<EventRow> {
+    event.data = parse_json(&data)?;
+    Ok(event)
+}
+
+impl SqliteStore {
+    pub(crate) async fn read_events(
+        &self,
+        workflow_id: &str,
+        after: i64,
+        limit: u32,
+    ) -> Result<Option<EventPage>> {
+        let workflow_id = workflow_id.to_owned();
+        self.read(move |connection| {
+            // One statement, so the status and the events are of one snapshot.
+            let mut statement = connection.prepare_cached(
+                "SELECT w.status, w.event_seq, e.workflow, e.seq, e.kind, e.data, e.created_at
+                   FROM workflows w
+                   LEFT JOIN (SELECT * FROM workflow_events
+                               WHERE workflow = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3) e
+                     ON e.workflow = w.id
+                  WHERE w.id = ?1
+                  ORDER BY e.seq",
+            )?;
+            let mut rows = statement.query(params![workflow_id, after, limit])?;
+            let mut page: Option<EventPage> = None;
+            while let Some(row) = rows.next()? {
+                let page = page.get_or_insert(EventPage {
+                    events: Vec::new(),
+                    status: row.get(0)?,
+                    last_seq: row.get(1)?,
+                });
+                if row.get::<_, Option<String>>(2)?.is_some() {
+                    page.events.push(decoded(event(row, 2)?)?);
+                }
+            }
+            Ok(page)
+        })
+        .await
+    }
+
+    pub(crate) async fn read_feed(
+        &self,
+        after: i64,
+        user_id: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<EventRow>> {
+        let user_id = user_id.map(str::to_owned);
+        self.read(move |connection| {
+            let mut statement = match &user_id {
+                None => connection.prepare_cached(
+                    "SELECT workflow, feed_seq, kind, data, created_at FROM workflow_events
+                      WHERE feed_seq > ?1 ORDER BY feed_seq LIMIT ?2",
+                )?,
+                Some(_) => connection.prepare_cached(
+                    "SELECT workflow, feed_seq, kind, data, created_at FROM workflow_events
+                      WHERE user_id = ?3 AND feed_seq > ?1 ORDER BY feed_seq LIMIT ?2",
+                )?,
+            };
+            let rows = match &user_id {
+                None => statement.query_map(params![after, limit], feed_event)?,
+                Some(user_id) => statement.query_map(params![after, limit, user_id], feed_event)?,
+            };
+            rows.map(|row| decoded(row?)).collect()
+        })
+        .await
+    }
+
+    pub(crate) async fn feed_head(&self) -> Result<i64> {
+        self.read(|connection| {
+            Ok(connection
+                .prepare_cached("SELECT seq FROM event_feed WHERE id = 1")?
+                .query_row([], |row| row.get(0))?)
+        })
+        .await
+    }
+}
+
+/// Appends `console.log` lines as `log` events within the workflow's durable bounds (see
+/// [`crate::WriteOp::PutLogs`]); the same rules as `reins_log` on PostgreSQL.
+pub(super) fn put_logs(
+    connection: &rusqlite::Connection,
+    workflow_id: &str,
+    lines: &[String],
+    events_max: i64,
+    bytes_max: i64,
+) -> Result<()> {
+    let Some((mut kept, mut bytes, mut dropped)) = connection
+        .prepare_cached("SELECT log_events, log_bytes, log_dropped FROM workflows WHERE id = ?1")?
+        .query_row([workflow_id], |row| {
+            Ok((
+                row.get::<_, i64>(0)?,
+                row.get::<_, i64>(1)?,
+                row.get::<_, i64>(2)?,
+            ))
+        })
+        .optional()?
+    else {
+        return Err(crate::Error::NotFound(format!("workflow {workflow_id:?}")));
+    };
+    for line in lines {
+        let size = i64::try_from(line.len()).unwrap_or(i64::MAX);
+        let event = if dropped == 0 && kept < events_max && bytes.saturating_add(size) <= bytes_max
+        {
+            kept += 1;
+            bytes += size;
+            Some(("log", serde_json::json!({ "line": line })))
+        } else {
+            dropped += 1;
+            (dropped == 1).then(|| {
+                (
+                    "log_truncated",
+                    serde_json::json!({
+                        "events_max": events_max,
+                        "bytes_max": bytes_max,
+                    }),
+                )
+            })
+        };
+        if let Some((kind, data)) = event {
+            connection
+                .prepare_cached("UPDATE workflows SET event_seq = event_seq + 1 WHERE id = ?1")?
+                .execute([workflow_id])?;
+            connection
+                .prepare_cached(
+                    "INSERT INTO workflow_events (workflow, seq, kind, data, created_at)
+                     SELECT id, event_seq, ?2, ?3, unixepoch('subsec') FROM workflows
+                      WHERE id = ?1",
+                )?
+                .execute(params![workflow_id, kind, data.to_string()])?;
+        }
+    }
+    connection
+        .prepare_cached(
+            "UPDATE workflows SET log_events = ?2, log_bytes = ?3, log_dropped = ?4 WHERE id = ?1",
+        )?
+        .execute(params![workflow_id, kept, bytes, dropped])?;
+    Ok(())
+}

@@ -1,0 +1,640 @@
+//! User management through the real binary, on both backends: admins list, create, change the
+//! role of, disable and enable, reset the password of, sign out and delete users; a user changes
+//! their own password and signs out everywhere; API tokens expire. Every change counts on the
+//! very next request (401), the last enabled admin cannot be taken away (409 `last_admin`), and
+//! the approver role may see and answer every workflow but control only its own.
+
+use serde_json::{Value, json};
+
+use crate::http_api::{ADMIN, Db, Node, PASSWORD, assert_refused, initialize, launch, wait_for};
+use crate::http_client::Api;
+
+macro_rules! both {
+    ($name:ident) => {
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn sqlite() {
+                super::$name(false).await
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn postgres() {
+                super::$name(true).await
+            }
+        }
+    };
+}
+
+const BOB: &str = "bob@example.com";
+const CAROL: &str = "carol@example.com";
+const NEW_PASSWORD: &str = "a brand new passphrase";
+
+async fn create(admin: &mut Api, email: &str, role: Option<&str>) -> Value {
+    let mut body = json!({"email": email, "password": PASSWORD});
+    if let Some(role) = role {
+        body["role"] = json!(role);
+    }
+    let created = admin.call("POST", "/api/v1/auth/users", Some(body)).await;
+    assert_eq!(created.status, 201, "{created:?}");
+    created.json()
+}
+
+async fn signed_in(node: &Node, email: &str, password: &str) -> Api {
+    let mut api = node.api();
+    let answer = api.login(email, password).await;
+    assert_eq!(answer.status, 200, "{answer:?}");
+    api
+}
+
+async fn bearer(node: &Node, api: &mut Api, body: Value) -> Api {
+    let created = api.call("POST", "/api/v1/auth/tokens", Some(body)).await;
+    assert_eq!(created.status, 201, "{created:?}");
+    let mut machine = node.api();
+    machine.bearer = Some(created.json()["token"].as_str().expect("token").to_owned());
+    machine
+}
+
+async fn me(api: &mut Api) -> u16 {
+    api.call("GET", "/api/v1/auth/me", None).await.status
+}
+
+async fn patch(admin: &mut Api, id: &str, body: Value) -> crate::http_client::Answer {
+    admin
+        .call("PATCH", &format!("/api/v1/auth/users/{id}"), Some(body))
+        .await
+}
+
+fn id_of(user: &Value) -> String {
+    user["id"].as_str().expect("id").to_owned()
+}
+
+both!(admins_manage_users_and_every_change_counts_on_the_next_request);
+async fn admins_manage_users_and_every_change_counts_on_the_next_request(postgres: bool) {
+    let db = Db::new(postgres).await;
+    let node = Node::start(&db, &[]);
+    let mut admin = initialize(&node).await;
+
+    let bob = create(&mut admin, BOB, None).await;
+    assert_eq!(bob["role"], "user");
+    assert_eq!(bob["is_admin"], false);
+    assert_eq!(bob["disabled"], false);
+    assert_eq!(bob["last_login_at"], Value::Null);
+    let bob_id = id_of(&bob);
+    let carol = create(&mut admin, CAROL, Some("approver")).await;
+    assert_eq!(carol["role"], "approver");
+    let carol_id = id_of(&carol);
+    let disagree = admin
+        .call(
+            "POST",
+            "/api/v1/auth/users",
+            Some(json!({"email": "x@example.com", "password": PASSWORD,
+                        "role": "user", "is_admin": true})),
+        )
+        .await;
+    assert_refused(&disagree, 400, "bad_request", "disagree");
+    let unknown_role = admin
+        .call(
+            "POST",
+            "/api/v1/auth/users",
+            Some(json!({"email": "x@example.com", "password": PASSWORD, "role": "boss"})),
+        )
+        .await;
+    assert_refused(&unknown_role, 400, "bad_request", "role");
+
+    // The list, oldest first, with the sign-in times.
+    let mut bob_session = signed_in(&node, BOB, PASSWORD).await;
+    let mut bob_machine = bearer(&node, &mut bob_session, json!({"name": "bob's"})).await;
+    let listed = admin.call("GET", "/api/v1/auth/users", None).await;
+    assert_eq!(listed.status, 200, "{listed:?}");
+    let users = listed.json()["users"].clone();
+    let emails: Vec<&str> = users
+        .as_array()
+        .expect("users")
+        .iter()
+        .map(|u| u["email"].as_str().expect("email"))
+        .collect();
+    assert_eq!(emails, [ADMIN, BOB, CAROL]);
+    for user in users.as_array().expect("users") {
+        for field in [
+            "id",
+            "email",
+            "role",
+            "disabled",
+            "created_at",
+            "last_login_at",
+        ] {
+            assert!(user.get(field).is_some(), "{field} in {user}");
+        }
+    }
+    assert!(users[1]["last_login_at"].as_f64().is_some(), "{users}");
+    assert_eq!(users[2]["last_login_at"], Value::Null);
+    assert_refused(
+        &bob_session.call("GET", "/api/v1/auth/users", None).await,
+        403,
+        "admin_only",
+        "admin",
+    );
+    assert_refused(
+        &patch(&mut bob_session, &carol_id, json!({"disabled": true})).await,
+        403,
+        "admin_only",
+        "admin",
+    );
+    assert_refused(
+        &patch(&mut admin, &bob_id, json!({})).await,
+        400,
+        "bad_request",
+        "changes nothing",
+    );
+    assert_refused(
+        &patch(&mut admin, "0123", json!({"disabled": true})).await,
+        404,
+        "not_found",
+        "0123",
+    );
+
+    // Disabled: the session and the token are refused at once, sign-in too; enabled: the token
+    // works again, the ended session stays ended.
+    let disabled = patch(&mut admin, &bob_id, json!({"disabled": true})).await;
+    assert_eq!(disabled.status, 200, "{disabled:?}");
+    assert_eq!(disabled.json()["disabled"], true);
+    assert_eq!(me(&mut bob_session).await, 401);
+    assert_eq!(me(&mut bob_machine).await, 401);
+    let mut refused = node.api();
+    assert_refused(
+        &refused.login(BOB, PASSWORD).await,
+        401,
+        "account_disabled",
+        "disabled",
+    );
+    let enabled = patch(&mut admin, &bob_id, json!({"disabled": false})).await;
+    assert_eq!(enabled.json()["disabled"], false, "{enabled:?}");
+    assert_eq!(me(&mut bob_machine).await, 200);
+    assert_eq!(me(&mut bob_session).await, 401);
+    let mut bob_session = signed_in(&node, BOB, PASSWORD).await;
+
+    // The last enabled admin can be neither disabled nor demoted; with a second admin, it can.
+    let admin_id = id_of(&admin.call("GET", "/api/v1/auth/me", None).await.json());
+    for change in [json!({"disabled": true}), json!({"role": "approver"})] {
+        assert_refused(
+            &patch(&mut admin, &admin_id, change).await,
+            409,
+            "last_admin",
+            ADMIN,
+        );
+    }
+    let promoted = patch(&mut admin, &carol_id, json!({"role": "admin"})).await;
+    assert_eq!(promoted.json()["is_admin"], true, "{promoted:?}");
+    let mut carol_session = signed_in(&node, CAROL, PASSWORD).await;
+    let demoted = patch(&mut carol_session, &admin_id, json!({"disabled": true})).await;
+    assert_eq!(demoted.status, 200, "{demoted:?}");
+    assert_eq!(me(&mut admin).await, 401);
+    assert_refused(
+        &patch(&mut carol_session, &carol_id, json!({"role": "user"})).await,
+        409,
+        "last_admin",
+        CAROL,
+    );
+    let back = patch(&mut carol_session, &admin_id, json!({"disabled": false})).await;
+    assert_eq!(back.status, 200, "{back:?}");
+    let mut admin = signed_in(&node, ADMIN, PASSWORD).await;
+    let approver = patch(&mut admin, &carol_id, json!({"role": "approver"})).await;
+    assert_eq!(approver.json()["role"], "approver", "{approver:?}");
+
+    // An admin's reset: the rules of a password, then every session of the user ends, and only
+    // the new password signs in; the user's API token stays.
+    let weak = admin
+        .call(
+            "POST",
+            &format!("/api/v1/auth/users/{bob_id}/password"),
+            Some(json!({"password": "short"})),
+        )
+        .await;
+    assert_refused(&weak, 422, "refused", "12 to 256");
+    let reset = admin
+        .call(
+            "POST",
+            &format!("/api/v1/auth/users/{bob_id}/password"),
+            Some(json!({"password": NEW_PASSWORD})),
+        )
+        .await;
+    assert_eq!(reset.status, 200, "{reset:?}");
+    assert_eq!(me(&mut bob_session).await, 401);
+    assert_eq!(me(&mut bob_machine).await, 200);
+    assert_eq!(node.api().login(BOB, PASSWORD).await.status, 401);
+    let mut bob_session = signed_in(&node, BOB, NEW_PASSWORD).await;
+
+    // An admin signs a user out everywhere: sessions end, tokens stay.
+    let signed_out = admin
+        .call(
+            "POST",
+            &format!("/api/v1/auth/users/{bob_id}/sign-out"),
+            None,
+        )
+        .await;
+    assert_eq!(signed_out.status, 200, "{signed_out:?}");
+    assert_eq!(me(&mut bob_session).await, 401);
+    assert_eq!(me(&mut bob_machine).await, 200);
+
+    // Changing one's own password: the current one is checked, and the other sessions end.
+    let mut bob_one = signed_in(&node, BOB, NEW_PASSWORD).await;
+    let mut bob_two = signed_in(&node, BOB, NEW_PASSWORD).await;
+    let wrong = bob_one
+        .call(
+            "POST",
+            "/api/v1/auth/me/password",
+            Some(json!({"current_password": "not the password", "new_password": PASSWORD})),
+        )
+        .await;
+    assert_refused(&wrong, 403, "wrong_password", "wrong");
+    assert_eq!(me(&mut bob_two).await, 200, "a wrong password ends nothing");
+    let changed = bob_one
+        .call(
+            "POST",
+            "/api/v1/auth/me/password",
+            Some(json!({"current_password": NEW_PASSWORD, "new_password": PASSWORD})),
+        )
+        .await;
+    assert_eq!(changed.status, 200, "{changed:?}");
+    assert_eq!(me(&mut bob_one).await, 200, "this session stays");
+    assert_eq!(me(&mut bob_two).await, 401, "the other one ends");
+    assert_eq!(node.api().login(BOB, NEW_PASSWORD).await.status, 401);
+
+    // Sign out everywhere: every session of the caller, this one too.
+    let mut bob_three = signed_in(&node, BOB, PASSWORD).await;
+    let everywhere = bob_one
+        .call("POST", "/api/v1/auth/sign-out-everywhere", None)
+        .await;
+    assert_eq!(everywhere.status, 200, "{everywhere:?}");
+    assert_eq!(me(&mut bob_one).await, 401);
+    assert_eq!(me(&mut bob_three).await, 401);
+    assert_eq!(me(&mut bob_machine).await, 200);
+
+    // Deleting: not yourself, not a user with a live workflow; then their token goes too.
+    assert_refused(
+        &admin
+            .call("DELETE", &format!("/api/v1/auth/users/{admin_id}"), None)
+            .await,
+        409,
+        "own_account",
+        "your own",
+    );
+    let live = launch(&mut bob_machine, "await pause({stepId: 'p'}); return 1;").await;
+    wait_for(&mut bob_machine, &live, "paused").await;
+    assert_refused(
+        &admin
+            .call("DELETE", &format!("/api/v1/auth/users/{bob_id}"), None)
+            .await,
+        409,
+        "live_workflows",
+        "1 live workflow",
+    );
+    assert_eq!(
+        me(&mut bob_machine).await,
+        200,
+        "a refused delete changes nothing"
+    );
+    let cancelled = admin
+        .call("POST", &format!("/api/v1/workflows/{live}/cancel"), None)
+        .await;
+    assert_eq!(cancelled.json()["status"], "cancelled", "{cancelled:?}");
+    let deleted = admin
+        .call("DELETE", &format!("/api/v1/auth/users/{bob_id}"), None)
+        .await;
+    assert_eq!(deleted.status, 200, "{deleted:?}");
+    assert_eq!(deleted.json(), json!({"id": bob_id, "deleted": true}));
+    assert_eq!(me(&mut bob_machine).await, 401);
+    assert_eq!(node.api().login(BOB, PASSWORD).await.status, 401);
+    assert_refused(
+        &admin
+            .call("DELETE", &format!("/api/v1/auth/users/{bob_id}"), None)
+            .await,
+        404,
+        "not_found",
+        &bob_id,
+    );
+    let left = admin.call("GET", "/api/v1/auth/users", None).await.json();
+    assert_eq!(left["users"].as_array().map(Vec::len), Some(2), "{left}");
+    // The finished workflow stays for the admins.
+    let kept = admin
+        .call("GET", &format!("/api/v1/workflows/{live}"), None)
+        .await;
+    assert_eq!(kept.status, 200, "{kept:?}");
+}
+
+both!(tokens_expire_within_the_configured_limit);
+async fn tokens_expire_within_the_configured_limit(postgres: bool) {
+    let db = Db::new(postgres).await;
+    let node = Node::start(&db, &[("REINS_AUTH__TOKEN_DAYS_MAX", "30".to_owned())]);
+    let mut admin = initialize(&node).await;
+    for days in [0, 31] {
+        let refused = admin
+            .call(
+                "POST",
+                "/api/v1/auth/tokens",
+                Some(json!({"name": "t", "expires_in_days": days})),
+            )
+            .await;
+        assert_refused(&refused, 400, "bad_request", "auth.token_days_max");
+    }
+    let created = admin
+        .call(
+            "POST",
+            "/api/v1/auth/tokens",
+            Some(json!({"name": "month", "expires_in_days": 30})),
+        )
+        .await;
+    assert_eq!(created.status, 201, "{created:?}");
+    let created = created.json();
+    let expires_at = created["expires_at"].as_f64().expect("expires_at");
+    let listed = admin.call("GET", "/api/v1/auth/tokens", None).await.json();
+    let row = listed["tokens"]
+        .as_array()
+        .expect("tokens")
+        .iter()
+        .find(|t| t["id"] == created["id"])
+        .expect("listed")
+        .clone();
+    assert_eq!(row["expires_at"].as_f64(), Some(expires_at));
+    let created_at = row["created_at"].as_f64().expect("created_at");
+    assert!(
+        (expires_at - created_at - 30.0 * 86_400.0).abs() < 5.0,
+        "{row}"
+    );
+    let mut month = node.api();
+    month.bearer = Some(created["token"].as_str().expect("token").to_owned());
+    assert_eq!(me(&mut month).await, 200);
+    let forever = bearer(&node, &mut admin, json!({"name": "forever"})).await;
+    let listed = admin.call("GET", "/api/v1/auth/tokens", None).await.json();
+    assert!(
+        listed["tokens"]
+            .as_array()
+            .expect("tokens")
+            .iter()
+            .any(|t| t["name"] == "forever" && t["expires_at"].is_null()),
+        "{listed}"
+    );
+
+    // Its time passes (moved in the database): refused on the next request.
+    let id = created["id"].as_str().expect("id");
+    db.sql(&format!(
+        "UPDATE api_tokens SET expires_at = created_at - 1 WHERE id = '{id}'"
+    ))
+    .await;
+    let expired = month.call("GET", "/api/v1/auth/me", None).await;
+    assert_refused(&expired, 401, "unauthorized", "API token");
+    let mut forever = forever;
+    assert_eq!(me(&mut forever).await, 200);
+}
+
+both!(an_approver_sees_and_answers_every_workflow_but_controls_only_their_own);
+async fn an_approver_sees_and_answers_every_workflow_but_controls_only_their_own(postgres: bool) {
+    let db = Db::new(postgres).await;
+    let node = Node::start(&db, &[]);
+    let mut admin = initialize(&node).await;
+    create(&mut admin, BOB, None).await;
+    create(&mut admin, CAROL, Some("approver")).await;
+    create(&mut admin, "dave@example.com", None).await;
+    let mut bob = signed_in(&node, BOB, PASSWORD).await;
+    let mut carol = signed_in(&node, CAROL, PASSWORD).await;
+    let mut dave = signed_in(&node, "dave@example.com", PASSWORD).await;
+
+    let script = r#"
+        await agent({stepId: "a", agentRef: "scripted", task: {
+            write: [{path: "/mnt/user-data/outputs/r.txt", content: "to review"}], output: "ok"}});
+        const f = await captureArtifact({stepId: "file", sourceStepId: "a",
+                                         path: "/mnt/user-data/outputs/r.txt"});
+        const resumed = await pause({stepId: "p"});
+        const review = await humanCheckpoint({stepId: "review", sourceStepId: "file",
+                                              artifactVersion: f.artifactVersion});
+        return {resumed, decision: review.decision};
+    "#;
+    let run = launch(&mut bob, script).await;
+    let record = wait_for(&mut bob, &run, "paused").await;
+
+    // Seen: the listing and the record (the artifact below). A plain user sees none of it.
+    let page = carol.call("GET", "/api/v1/workflows", None).await.json();
+    assert!(
+        page["workflows"]
+            .as_array()
+            .expect("workflows")
+            .iter()
+            .any(|w| w["run_id"] == run.as_str()),
+        "{page}"
+    );
+    assert_eq!(
+        carol
+            .call("GET", &format!("/api/v1/workflows/{run}"), None)
+            .await
+            .status,
+        200
+    );
+    assert_eq!(
+        dave.call("GET", "/api/v1/workflows", None).await.json()["workflows"],
+        json!([])
+    );
+    assert_refused(
+        &dave
+            .call("GET", &format!("/api/v1/workflows/{run}"), None)
+            .await,
+        404,
+        "not_found",
+        &run,
+    );
+
+    // Refused: cancel, recover, delete (403, they see it), reconcile and users (admins only).
+    for action in ["cancel", "recover"] {
+        assert_refused(
+            &carol
+                .call("POST", &format!("/api/v1/workflows/{run}/{action}"), None)
+                .await,
+            403,
+            "owner_only",
+            "owner or an admin",
+        );
+    }
+    assert_refused(
+        &carol
+            .call("DELETE", &format!("/api/v1/workflows/{run}"), None)
+            .await,
+        403,
+        "owner_only",
+        "owner or an admin",
+    );
+    assert_refused(
+        &carol
+            .call(
+                "POST",
+                &format!("/api/v1/workflows/{run}/reconcile"),
+                Some(json!({"step_id": "a", "resolution": "fail", "reason": "x"})),
+            )
+            .await,
+        403,
+        "admin_only",
+        "admin",
+    );
+    assert_refused(
+        &carol.call("GET", "/api/v1/auth/users", None).await,
+        403,
+        "admin_only",
+        "admin",
+    );
+
+    // Allowed: resume the pause and decide the checkpoint, on both surfaces.
+    let resumed = carol
+        .call(
+            "POST",
+            &format!("/api/v1/workflows/{run}/resume"),
+            Some(json!({"fingerprint": record["fingerprint"], "step_id": "p",
+                        "attempt": 1, "input": "go"})),
+        )
+        .await;
+    assert_eq!(resumed.status, 200, "{resumed:?}");
+    let waiting = wait_for(&mut bob, &run, "waiting_approval").await;
+    let checkpoint = waiting["checkpoints"]
+        .as_array()
+        .expect("checkpoints")
+        .iter()
+        .find(|c| c["step_id"] == "review")
+        .expect("review")
+        .clone();
+    let artifact = format!(
+        "/api/v1/workflows/{run}/artifacts/{}",
+        checkpoint["artifact_version"]
+    );
+    assert_eq!(
+        carol.call("GET", &artifact, None).await.body.as_ref(),
+        b"to review"
+    );
+    let decided = carol
+        .action(
+            "decide",
+            json!({"run_id": run, "step_id": "review", "attempt": checkpoint["attempt"],
+                   "artifact_version": checkpoint["artifact_version"],
+                   "decision": "approve", "comment": "fine"}),
+        )
+        .await;
+    assert_eq!(decided.status, 200, "{decided:?}");
+    let done = wait_for(&mut bob, &run, "completed").await;
+    assert_eq!(
+        done["result"],
+        json!({"resumed": "go", "decision": "approve"})
+    );
+    let decided_by = done["checkpoints"]
+        .as_array()
+        .expect("checkpoints")
+        .iter()
+        .find(|c| c["step_id"] == "review")
+        .map(|c| c["decided_by"].clone());
+    assert_eq!(decided_by, Some(json!(CAROL)));
+
+    // Their own workflow, they control like anyone.
+    let own = launch(&mut carol, "await pause({stepId: 'p'}); return 1;").await;
+    wait_for(&mut carol, &own, "paused").await;
+    let cancelled = carol
+        .call("POST", &format!("/api/v1/workflows/{own}/cancel"), None)
+        .await;
+    assert_eq!(cancelled.json()["status"], "cancelled", "{cancelled:?}");
+    assert_eq!(
+        carol
+            .call("DELETE", &format!("/api/v1/workflows/{run}"), None)
+            .await
+            .status,
+        403
+    );
+    assert_eq!(
+        bob.call("DELETE", &format!("/api/v1/workflows/{run}"), None)
+            .await
+            .status,
+        200
+    );
+}
+
+/// `reins users ...` and `reins password` through the binary, as an admin would type them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_admin_manages_users_from_the_command_line() {
+    use crate::cli::{cli, code, json_of};
+
+    let db = Db::new(false).await;
+    let node = Node::start(&db, &[]);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let home = dir.path();
+    let ok = |output: &std::process::Output| {
+        assert_eq!(
+            code(output),
+            0,
+            "{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    };
+    ok(&cli(home, &node, &["init", "--email", ADMIN]));
+
+    let created = cli(
+        home,
+        &node,
+        &["users", "create", BOB, "--role", "approver", "--json"],
+    );
+    ok(&created);
+    let bob = json_of(&created);
+    assert_eq!(bob["role"], "approver");
+    let listed = cli(home, &node, &["users", "list"]);
+    ok(&listed);
+    let table = String::from_utf8_lossy(&listed.stdout).to_string();
+    assert!(
+        table.contains("LAST SIGN-IN") && table.contains(BOB),
+        "{table}"
+    );
+
+    let set = cli(home, &node, &["users", "set-role", BOB, "user", "--json"]);
+    ok(&set);
+    assert_eq!(json_of(&set)["role"], "user");
+    let disabled = cli(home, &node, &["users", "disable", BOB, "--json"]);
+    ok(&disabled);
+    assert_eq!(json_of(&disabled)["disabled"], true);
+    assert_eq!(node.api().login(BOB, PASSWORD).await.status, 401);
+    let enabled = cli(home, &node, &["users", "enable", &id_of(&bob), "--json"]);
+    ok(&enabled);
+    assert_eq!(json_of(&enabled)["disabled"], false);
+    let mut bob_session = signed_in(&node, BOB, PASSWORD).await;
+    ok(&cli(home, &node, &["users", "sign-out", BOB]));
+    assert_eq!(me(&mut bob_session).await, 401);
+    let mut bob_session = signed_in(&node, BOB, PASSWORD).await;
+    ok(&cli(home, &node, &["users", "reset-password", BOB]));
+    assert_eq!(me(&mut bob_session).await, 401);
+    let last = cli(home, &node, &["users", "disable", ADMIN]);
+    assert_eq!(code(&last), 1);
+    assert!(
+        String::from_utf8_lossy(&last.stderr).contains("last_admin"),
+        "{}",
+        String::from_utf8_lossy(&last.stderr)
+    );
+
+    // `reins password`: the current one from REINS_CLI_PASSWORD, the new one from
+    // REINS_CLI_NEW_PASSWORD; the saved token goes on working.
+    let changed = crate::harness::reins_command(
+        home,
+        &[
+            (
+                "REINS_CLI_CREDENTIALS",
+                home.join("credentials.json").display().to_string(),
+            ),
+            ("REINS_CLI_PASSWORD", PASSWORD.to_owned()),
+            ("REINS_CLI_NEW_PASSWORD", NEW_PASSWORD.to_owned()),
+            ("REINS_CLI_URL", format!("http://{}", node.addr)),
+        ],
+    )
+    .arg("password")
+    .output()
+    .expect("run reins");
+    ok(&changed);
+    assert_eq!(node.api().login(ADMIN, PASSWORD).await.status, 401);
+    assert_eq!(node.api().login(ADMIN, NEW_PASSWORD).await.status, 200);
+    ok(&cli(home, &node, &["users", "delete", BOB]));
+    let listed = json_of(&cli(home, &node, &["users", "list", "--json"]));
+    assert_eq!(
+        listed["users"].as_array().map(Vec::len),
+        Some(1),
+        "{listed}"
+    );
+}
