@@ -46,6 +46,21 @@ impl EventWakes {
         }
     }
 
+    /// Commits may have been missed (the change bus reconnected, or fell behind): every stream
+    /// of this node reads again.
+    pub fn resync(&self) {
+        let workflows = self
+            .workflows
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        for sender in workflows.values() {
+            sender.send_modify(|count| *count = count.wrapping_add(1));
+        }
+        drop(workflows);
+        self.feed
+            .send_modify(|count| *count = count.wrapping_add(1));
+    }
+
     /// Wakes for one workflow's events, until dropped.
     pub fn workflow(self: &Arc<Self>, workflow_id: &str) -> WorkflowWake {
         let mut workflows = self

@@ -189,6 +189,22 @@ impl<M: Message> Drop for Timer<M> {
     }
 }
 
+/// A task that feeds an actor (a subscription turned into messages), aborted when dropped: kept
+/// in the actor's state, it ends with that state however the actor stops.
+pub(crate) struct Task(tokio::task::JoinHandle<()>);
+
+impl Task {
+    pub(crate) fn spawn(future: impl Future<Output = ()> + Send + 'static) -> Task {
+        Task(tokio::spawn(future))
+    }
+}
+
+impl Drop for Task {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// Sends the message `build` makes to `actor` every `period`, for as long as it runs.
 #[allow(clippy::disallowed_methods)]
 pub(crate) fn post_every<M, F>(actor: &ActorRef<M>, period: Duration, build: F) -> JoinHandle<()>

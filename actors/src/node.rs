@@ -97,6 +97,7 @@ impl NodeOptions {
                 timeout_seconds: 24 * 3600,
                 automatic_recovery: false,
                 faults: None,
+                wake_fallback: Duration::from_secs(1),
             },
             js_threads: 2,
             js_memory_total_bytes: 512 * 1024 * 1024,
@@ -155,6 +156,7 @@ pub struct Parts {
     lease: ActorRef<LeaseMsg>,
     runs: RunsHandle,
     workflows: WorkflowsHandle,
+    changes: store::Changes,
 }
 
 struct NodeSupervisor;
@@ -191,6 +193,7 @@ impl Actor for NodeSupervisor {
         let runtime_version = runtime::runtime_version(&options.workflows.limits);
         let configuration_version = options.agents.configuration_version();
         let js = JsPool::new(options.js_threads, options.js_memory_total_bytes)?;
+        let changes = args.store.changes();
         let (store_actor, _) = Actor::spawn_linked(
             Some(format!("store@{worker_id}")),
             StoreActor,
@@ -249,6 +252,7 @@ impl Actor for NodeSupervisor {
                 worker_id,
                 options: options.workflows,
                 stopped: stopped.clone(),
+                changes: changes.clone(),
             },
             myself.get_cell(),
         )
@@ -275,6 +279,7 @@ impl Actor for NodeSupervisor {
                 runs,
                 store,
                 lease,
+                changes,
             },
             essential,
         })
@@ -422,6 +427,11 @@ impl Node {
     /// The handle every component uses to reach the database.
     pub fn store(&self) -> StoreHandle {
         self.parts.store.clone()
+    }
+
+    /// The change bus: what committed on any node that someone may be waiting for.
+    pub fn changes(&self) -> store::Changes {
+        self.parts.changes.clone()
     }
 
     /// The handle that starts and cancels child runs on this node.

@@ -30,14 +30,9 @@ use crate::lease_actor::{LeaseEvent, LeaseKind, LeaseMsg};
 use crate::store_actor::StoreHandle;
 use crate::unwritten::{Carried, Journaled, Unwritten};
 
-/// How long a step without a free slot waits before asking again.
-const SLOT_RETRY: Duration = Duration::from_millis(200);
 /// How often a cancellation looks at the rows of the children it waits for (some may run on a
 /// node that is gone, and only their rows will tell).
 const CHILD_CHECK: Duration = Duration::from_millis(250);
-/// How often a step whose agent ended its run in a pause for approval looks whether a person
-/// answered it (on any node).
-const PAUSED_CHILD_POLL: Duration = Duration::from_millis(250);
 /// The stop reason of a supervisor that left its workflow live (see `WorkflowState::stop`).
 pub(crate) const ABANDONED: &str = "abandoned";
 
@@ -145,8 +140,17 @@ pub enum WorkflowMsg {
         id: CallId,
         result: Box<Result<Admitted, Error>>,
     },
-    /// Ask again for a slot.
+    /// Ask again for a slot (after the store wrote nothing).
     RetryAdmission(CallId),
+    /// A child slot was freed (the change bus): ask again for every call waiting for one.
+    SlotFreed,
+    /// The fallback of a call waiting for a slot: ask again, unless a cue did already.
+    SlotCheck(CallId),
+    /// A child run of this workflow began or stopped waiting for a person (the change bus): read
+    /// again the rows of the children that wait for an answer.
+    InputChanged,
+    /// The fallback of a child that waits for an answer: read its row, unless a cue did already.
+    AnswerCheck(CallId),
     /// A child run this workflow waits for ended.
     ChildEnded {
         id: CallId,
@@ -252,6 +256,10 @@ pub(crate) struct WorkflowArgs {
     /// Test fault points (`REINS_FAULT_DIR`); `None` in production.
     pub faults: Option<crate::fault_points::FaultPoints>,
     pub deadline: Instant,
+    /// How long a step waits for a cue (a freed slot, an answer) before it looks anyway.
+    pub wake_fallback: Duration,
+    /// The workflows actor, told when a step waits for a slot (it hands out the cues).
+    pub workflows: ActorRef<crate::workflows::WorkflowsMsg>,
 }
 
 /// How a supervisor begins.
@@ -305,6 +313,11 @@ pub(crate) struct WorkflowState {
     detached: BTreeMap<CallId, (Option<String>, Command)>,
     /// How often each call's admission wrote nothing in a row (its backoff).
     admission_tries: BTreeMap<CallId, u32>,
+    /// Calls refused for want of a slot, not asked again yet: a cue or the fallback asks once.
+    slot_waits: std::collections::BTreeSet<CallId>,
+    /// Children whose run waits for a person's answer, by call, with their run id, not read
+    /// again yet: a cue or the fallback reads each once.
+    answer_waits: BTreeMap<CallId, String>,
     /// How many reads found the database unavailable or its disk full (the next retry's backoff).
     read_tries: u32,
     span: tracing::Span,
@@ -954,6 +967,7 @@ impl WorkflowState {
             self.stop(myself);
             return;
         }
+        let mut ask_again_now = false;
         match (carried, &result) {
             (None, _) | (Some(_), Err(Error::Store(store::Error::LeaseLost { .. }))) => {}
             (Some(carried), Ok(Admitted::Started { .. })) => {
@@ -968,6 +982,9 @@ impl WorkflowState {
                 if !self.write(myself, Vec::new()).await {
                     return;
                 }
+                // A slot freed before the queued entry committed announced nobody waiting
+                // (the cue is sent only while a step is queued): ask once more at once.
+                ask_again_now = true;
             }
         }
         if self.detached.contains_key(&id) {
@@ -1078,9 +1095,22 @@ impl WorkflowState {
                 );
                 self.reconcile_needed(myself, why).await;
             }
+            Ok(Admitted::Queued) if ask_again_now => {
+                self.slot_waits.insert(id);
+                let _ = myself.post(WorkflowMsg::SlotCheck(id));
+            }
             Ok(Admitted::Queued) => {
-                crate::mailbox::post_after(myself, SLOT_RETRY, move || {
-                    WorkflowMsg::RetryAdmission(id)
+                // Woken by a freed slot (the workflows actor hands the cues out), or by the
+                // fallback, whichever comes first; the other then finds nothing to do.
+                self.slot_waits.insert(id);
+                let _ = self
+                    .args
+                    .workflows
+                    .post(crate::workflows::WorkflowsMsg::SlotWanted(
+                        self.args.workflow_id.clone(),
+                    ));
+                crate::mailbox::post_after(myself, self.args.wake_fallback, move || {
+                    WorkflowMsg::SlotCheck(id)
                 });
             }
             Err(Error::Store(error)) if error.is_transient() => {
@@ -1574,6 +1604,8 @@ impl Actor for WorkflowSupervisor {
             unwritten: Unwritten::default(),
             carried: None,
             admission_tries: BTreeMap::new(),
+            slot_waits: std::collections::BTreeSet::new(),
+            answer_waits: BTreeMap::new(),
             read_tries: 0,
             detached: BTreeMap::new(),
             span,
@@ -1655,6 +1687,34 @@ impl Actor for WorkflowSupervisor {
                 state.on_admission(&myself, id, *result).await;
             }
             WorkflowMsg::RetryAdmission(id) => state.admit(&myself, id),
+            WorkflowMsg::SlotCheck(id) => {
+                if state.slot_waits.remove(&id) {
+                    state.admit(&myself, id);
+                }
+            }
+            WorkflowMsg::SlotFreed => {
+                for id in std::mem::take(&mut state.slot_waits) {
+                    state.admit(&myself, id);
+                }
+            }
+            WorkflowMsg::AnswerCheck(id) => {
+                if let Some(run_id) = state.answer_waits.remove(&id) {
+                    let _ = myself.post(WorkflowMsg::ChildEnded {
+                        id,
+                        run_id,
+                        committed: None,
+                    });
+                }
+            }
+            WorkflowMsg::InputChanged => {
+                for (id, run_id) in std::mem::take(&mut state.answer_waits) {
+                    let _ = myself.post(WorkflowMsg::ChildEnded {
+                        id,
+                        run_id,
+                        committed: None,
+                    });
+                }
+            }
             WorkflowMsg::ChildEnded { id, run_id, .. } if state.cancelling.is_some() => {
                 // An end whose fate is unknown is left to the cancel window.
                 if let Ok(Some(row)) = state.args.store.read_run(&run_id).await
@@ -1736,13 +1796,11 @@ impl Actor for WorkflowSupervisor {
                     }
                     Ok(Some(row)) if row.status == RunStatus::WaitingForInput => {
                         // The agent ended its run in a pause: a person's answer (on any node)
-                        // ends the run, so follow the row until it does.
-                        crate::mailbox::post_after(&myself, PAUSED_CHILD_POLL, move || {
-                            WorkflowMsg::ChildEnded {
-                                id,
-                                run_id,
-                                committed: None,
-                            }
+                        // ends the run, and announces it on the change bus; the fallback
+                        // reads the row should the cue be lost.
+                        state.answer_waits.insert(id, run_id);
+                        crate::mailbox::post_after(&myself, state.args.wake_fallback, move || {
+                            WorkflowMsg::AnswerCheck(id)
                         });
                     }
                     Err(error) if error.is_transient() => {

@@ -13,8 +13,8 @@ use serde::Serialize;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use store::{
-    ControlRow, ControlWrite, Launch, LaunchLimits, NewControl, NewWorkflow, StepRow, TakeOver,
-    WorkflowRow, WriteOp,
+    Change, ControlRow, ControlWrite, Launch, LaunchLimits, NewControl, NewWorkflow, StepRow,
+    TakeOver, WorkflowRow, WriteOp,
 };
 use tokio::sync::broadcast;
 use tokio::time::Instant;
@@ -106,6 +106,10 @@ pub struct WorkflowsOptions {
     pub automatic_recovery: bool,
     /// `REINS_FAULT_DIR` fault points (tests only; inert when `None`).
     pub faults: Option<crate::fault_points::FaultPoints>,
+    /// The slow fallback of every wake-up the change bus brings (`cluster.wake_fallback_ms`):
+    /// how often controls are looked for, and how long a step without a slot or a step whose
+    /// agent waits for a person waits before it looks again, should a cue be lost.
+    pub wake_fallback: Duration,
 }
 
 /// Messages of the workflows actor.
@@ -189,7 +193,15 @@ pub enum WorkflowsMsg {
     Claimed { full: bool },
     /// Workflows of this node with controls to carry out.
     PendingControls(Vec<String>),
+    /// The change bus announced a committed change (or that changes may have been missed).
+    Changed(Change),
+    /// A supervisor of this node has a step waiting for a child slot: wake it when one frees.
+    SlotWanted(String),
 }
+
+/// Supervisors woken per freed slot (a cue may stand for several slots freed in one write);
+/// those refused again wait for the next cue, or their fallback.
+const SLOT_WAKES_MAX: usize = 16;
 
 /// Recoverable workflows claimed per query; a full batch is followed by another claim at once,
 /// so any number of orphaned workflows is taken over within a claim period or two.
@@ -206,11 +218,6 @@ const TAKE_BACK_TRIES: u32 = 20;
 /// How often a cancellation asked of a workflow whose owner's lease was still valid is tried
 /// again, a lease period apart (the owner, if alive, carries it out itself meanwhile).
 const CANCEL_TAKEOVER_TRIES: u32 = 10;
-
-/// How often the node looks for controls (resume, decide, cancel) written for its workflows by
-/// any node. One query per node per period, whatever the number of workflows; the rows are the
-/// truth, and a notification channel can later make this a slow safety net.
-const CONTROL_POLL: Duration = Duration::from_millis(200);
 
 /// How an operator settles a step whose child run's outcome was unknown, after checking the
 /// child's real effects.
@@ -247,6 +254,9 @@ pub(crate) struct WorkflowsArgs {
     pub options: WorkflowsOptions,
     /// Where the ids of stopped supervisors go (see [`WorkflowsHandle::stopped`]).
     pub stopped: broadcast::Sender<String>,
+    /// The change bus: controls, freed slots, answered approvals and recoverable work wake the
+    /// actor instead of a timer.
+    pub changes: store::Changes,
 }
 
 pub(crate) struct WorkflowsState {
@@ -258,6 +268,10 @@ pub(crate) struct WorkflowsState {
     draining: bool,
     /// A claim of automatic recovery is under way.
     claiming: bool,
+    /// Supervisors with a step waiting for a child slot, oldest first, each once.
+    slot_waiters: std::collections::VecDeque<String>,
+    /// The task that hands the change bus to this actor (stopped with it).
+    _listening: crate::mailbox::Task,
 }
 
 /// The digest a control names to prove it is about this script and these arguments.
@@ -291,17 +305,25 @@ impl Actor for Workflows {
         myself: ActorRef<Self::Msg>,
         args: WorkflowsArgs,
     ) -> Result<Self::State, ActorProcessingErr> {
-        crate::mailbox::post_every(&myself, CONTROL_POLL, || WorkflowsMsg::PollControls);
+        // Controls arrive on the change bus; the poll is the fallback for a lost cue.
+        crate::mailbox::post_every(&myself, args.options.wake_fallback, || {
+            WorkflowsMsg::PollControls
+        });
         if args.options.automatic_recovery {
+            // A lease running out is a matter of time, which no cue announces: this period
+            // stays (a released lease or a stopped node also wakes a claim at once).
             let period = Duration::from_millis(args.options.lease_ms.max(1)).min(CLAIM_PERIOD_MAX);
             crate::mailbox::post_every(&myself, period, || WorkflowsMsg::ClaimRecoverable);
         }
+        let listening = listen(&myself, args.changes.subscribe());
         Ok(WorkflowsState {
             args,
             live: HashMap::new(),
             polling: false,
             draining: false,
             claiming: false,
+            slot_waiters: std::collections::VecDeque::new(),
+            _listening: listening,
         })
     }
 
@@ -656,6 +678,12 @@ impl Actor for Workflows {
                     }
                 }
             }
+            WorkflowsMsg::Changed(change) => changed(&myself, state, change),
+            WorkflowsMsg::SlotWanted(workflow_id) => {
+                if !state.slot_waiters.contains(&workflow_id) {
+                    state.slot_waiters.push_back(workflow_id);
+                }
+            }
             WorkflowsMsg::Live { reply } => {
                 let _ = reply.send(state.live.keys().cloned().collect());
             }
@@ -705,6 +733,7 @@ impl Actor for Workflows {
             .collect();
         for workflow_id in ended {
             state.live.remove(&workflow_id);
+            state.slot_waiters.retain(|waiter| waiter != &workflow_id);
             if abandoned && !state.draining {
                 // Left live with a lease that runs out within a lease period: take it back
                 // then (its journal decides what happens next), in either recovery mode.
@@ -719,6 +748,86 @@ impl Actor for Workflows {
             let _ = state.args.stopped.send(workflow_id);
         }
         Ok(())
+    }
+}
+
+/// Hands every change the bus announces to the actor, as a message; a receiver that fell
+/// behind has missed some, which is a resync.
+fn listen(
+    myself: &ActorRef<WorkflowsMsg>,
+    mut changes: broadcast::Receiver<Change>,
+) -> crate::mailbox::Task {
+    let me = myself.clone();
+    crate::mailbox::Task::spawn(async move {
+        loop {
+            let change = match changes.recv().await {
+                Ok(change) => change,
+                Err(broadcast::error::RecvError::Lagged(_)) => Change::Resync,
+                Err(broadcast::error::RecvError::Closed) => return,
+            };
+            if me.post(WorkflowsMsg::Changed(change)).is_err() {
+                return;
+            }
+        }
+    })
+}
+
+/// What a committed change means for this node: a control for a workflow it runs wakes that
+/// supervisor; an answer to a child's request wakes the supervisor that waits for it; a freed
+/// slot wakes the oldest steps waiting for one; released leases wake automatic recovery; a
+/// resync does all of it. Controls, status changes and requests for input also wake this
+/// node's event streams of that workflow (their events were written by the same commit); other
+/// event kinds (a step's) are not announced, and a stream on another node than the owner reads
+/// them at its `events.poll_ms`.
+fn changed(myself: &ActorRef<WorkflowsMsg>, state: &mut WorkflowsState, change: Change) {
+    let wakes = state.args.store.event_wakes();
+    match &change {
+        Change::Status(workflow_id) => wakes.committed(workflow_id, true),
+        Change::Control(workflow_id) | Change::Input(workflow_id) => {
+            wakes.committed(workflow_id, false);
+        }
+        Change::Resync => wakes.resync(),
+        Change::SlotFreed | Change::Recoverable => {}
+    }
+    match change {
+        Change::Control(workflow_id) => {
+            if let Some(supervisor) = state.live.get(&workflow_id) {
+                let _ = supervisor.post(WorkflowMsg::Poll);
+            }
+        }
+        Change::Input(workflow_id) => {
+            if let Some(supervisor) = state.live.get(&workflow_id) {
+                let _ = supervisor.post(WorkflowMsg::InputChanged);
+            }
+        }
+        Change::SlotFreed => wake_slot_waiters(state, SLOT_WAKES_MAX),
+        Change::Recoverable => {
+            if state.args.options.automatic_recovery {
+                let _ = myself.post(WorkflowsMsg::ClaimRecoverable);
+            }
+        }
+        Change::Status(_) => {}
+        Change::Resync => {
+            let _ = myself.post(WorkflowsMsg::PollControls);
+            wake_slot_waiters(state, usize::MAX);
+            for supervisor in state.live.values() {
+                let _ = supervisor.post(WorkflowMsg::InputChanged);
+            }
+            if state.args.options.automatic_recovery {
+                let _ = myself.post(WorkflowsMsg::ClaimRecoverable);
+            }
+        }
+    }
+}
+
+/// Tells up to `count` of the oldest supervisors waiting for a slot to ask again; those refused
+/// again say so anew.
+fn wake_slot_waiters(state: &mut WorkflowsState, count: usize) {
+    let count = count.min(state.slot_waiters.len());
+    for workflow_id in state.slot_waiters.drain(..count) {
+        if let Some(supervisor) = state.live.get(&workflow_id) {
+            let _ = supervisor.post(WorkflowMsg::SlotFreed);
+        }
     }
 }
 
@@ -1073,6 +1182,8 @@ async fn start_supervisor(
             start,
             faults: options.faults.clone(),
             deadline: sent + Duration::from_millis(options.lease_ms),
+            wake_fallback: options.wake_fallback,
+            workflows: myself.clone(),
         },
         myself.get_cell(),
     )

@@ -36,6 +36,12 @@ pub enum Error {
     Invalid { key: &'static str, message: String },
 }
 
+/// The fallback period of the change bus's wake-ups by default, and its bounds: below a second
+/// the fallback would be polling again; above a day it would not be a fallback.
+const WAKE_FALLBACK_MS_DEFAULT: u64 = 1000;
+const WAKE_FALLBACK_MS_MIN: u64 = 1000;
+const WAKE_FALLBACK_MS_MAX: u64 = 86_400_000;
+
 /// The whole configuration of a node.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
@@ -52,6 +58,10 @@ pub struct Config {
     pub lease_seconds: u64,
     /// `manual` or `automatic` recovery of workflows whose owner died.
     pub recovery: Recovery,
+    /// Controls, freed slots and answered approvals wake the node that waits for them through
+    /// the change bus; this is the slow fallback period after which it looks anyway, should a
+    /// cue have been lost (1,000 to 86,400,000).
+    pub wake_fallback_ms: u64,
     /// `text` (default) or `json` log lines.
     pub log_format: LogFormat,
     /// Thread workspaces (default `<data_dir>/workspaces`). A cluster needs one shared folder.
@@ -120,6 +130,12 @@ pub struct HttpConfig {
     pub inbox_workflows_max: u32,
     /// How long `cancel` waits for the workflow to settle before it answers with what it sees.
     pub cancel_wait_ms: u64,
+    /// The longest a `?wait=` (or `wait_ms`) request waits for a workflow to end or wait for a
+    /// person; a longer wait asked for is cut to this.
+    pub wait_max_ms: u64,
+    /// Requests waiting (`?wait=`) at once on this node at most; one more is answered 503 with
+    /// `Retry-After`.
+    pub waiters_max: u64,
     /// How long a connection may take to send a request's head, counted from when it opens or
     /// finishes its previous request (so also how long an idle keep-alive connection stays).
     pub head_timeout_ms: u64,
@@ -142,6 +158,8 @@ impl Default for HttpConfig {
             page_size_max: 500,
             inbox_workflows_max: 100,
             cancel_wait_ms: 5000,
+            wait_max_ms: 60_000,
+            waiters_max: 1024,
             head_timeout_ms: 10_000,
             body_timeout_ms: 30_000,
             connections_max: 1024,
@@ -405,6 +423,7 @@ impl Default for Config {
             data_dir: "reins-data".into(),
             lease_seconds: 30,
             recovery: Recovery::Manual,
+            wake_fallback_ms: WAKE_FALLBACK_MS_DEFAULT,
             log_format: LogFormat::Text,
             workspaces_dir: None,
             admin_socket: None,
@@ -481,6 +500,15 @@ impl Config {
                 format!("{} is outside 1..=3600", self.lease_seconds),
             ));
         }
+        if !(WAKE_FALLBACK_MS_MIN..=WAKE_FALLBACK_MS_MAX).contains(&self.wake_fallback_ms) {
+            return Err(invalid(
+                "wake_fallback_ms",
+                format!(
+                    "{} is outside {WAKE_FALLBACK_MS_MIN}..={WAKE_FALLBACK_MS_MAX}",
+                    self.wake_fallback_ms
+                ),
+            ));
+        }
         match &self.secret {
             Some(secret) if secret.chars().count() < SECRET_CHARS_MIN => {
                 return Err(invalid(
@@ -501,7 +529,7 @@ impl Config {
             }
             _ => {}
         }
-        let positive: [(&'static str, u64); 29] = [
+        let positive: [(&'static str, u64); 31] = [
             ("store.pool_size", self.store.pool_size as u64),
             ("store.requests_max", self.store.requests_max as u64),
             ("store.write_batch_max", self.store.write_batch_max as u64),
@@ -521,6 +549,8 @@ impl Config {
             ("http.head_timeout_ms", self.http.head_timeout_ms),
             ("http.body_timeout_ms", self.http.body_timeout_ms),
             ("http.connections_max", self.http.connections_max),
+            ("http.wait_max_ms", self.http.wait_max_ms),
+            ("http.waiters_max", self.http.waiters_max),
             ("events.poll_ms", self.events.poll_ms),
             ("events.keepalive_ms", self.events.keepalive_ms),
             ("events.batch_max", u64::from(self.events.batch_max)),
@@ -784,6 +814,33 @@ mod tests {
         assert!(short.to_string().contains("fewer than 32"), "{short}");
         let exact = "s".repeat(SECRET_CHARS_MIN);
         Config::load(None, env(&[cluster, ("REINS_SECRET", &exact)])).expect("at the minimum");
+    }
+
+    #[test]
+    fn the_wake_fallback_is_a_slow_fallback_and_the_wait_limits_are_positive() {
+        let fallback = |ms: &str| Config::load(None, env(&[("REINS_WAKE_FALLBACK_MS", ms)]));
+        for edge in ["1000", "86400000"] {
+            assert_eq!(
+                fallback(edge)
+                    .expect(edge)
+                    .config
+                    .wake_fallback_ms
+                    .to_string(),
+                edge
+            );
+        }
+        for outside in ["999", "86400001"] {
+            let refused = fallback(outside).expect_err(outside);
+            assert!(
+                refused.to_string().contains("wake_fallback_ms"),
+                "{refused}"
+            );
+        }
+        for key in ["REINS_HTTP__WAIT_MAX_MS", "REINS_HTTP__WAITERS_MAX"] {
+            let refused = Config::load(None, env(&[(key, "0")])).expect_err(key);
+            assert!(refused.to_string().contains("greater than 0"), "{refused}");
+            Config::load(None, env(&[(key, "1")])).expect("one is enough");
+        }
     }
 
     #[test]

@@ -118,6 +118,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
                 automatic_recovery: config.recovery == crate::config::Recovery::Automatic,
                 faults: std::env::var_os("REINS_FAULT_DIR")
                     .map(|dir| actors::FaultPoints::new(PathBuf::from(dir))),
+                wake_fallback: Duration::from_millis(config.wake_fallback_ms),
             },
             js_memory_total_bytes: config.limits.js_memory_total_bytes,
             ..NodeOptions::new(runs, Arc::new(checked.agents))
@@ -203,6 +204,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         );
         tokio::time::sleep(grace).await;
     }
+    // Waiting requests answer now rather than be cut off with their connections.
+    state.stop_waiters();
     // The receiver lives in the server task; if it has ended, there is nothing left to stop.
     let _ = stop.send(true);
     server.await.context("the HTTP server task failed")?;

@@ -5,6 +5,7 @@
 //!
 //! The store knows nothing of actors, HTTP or JavaScript.
 
+mod changes;
 mod error;
 mod events;
 mod lease;
@@ -22,6 +23,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+pub use changes::{Change, Changes, LISTEN_APPLICATION_NAME};
 pub use error::{Error, Result};
 pub use events::{EventPage, EventRow, FINAL_STATUSES};
 pub use lease::{Fence, Lease};
@@ -216,6 +218,15 @@ impl Store {
         match self.backend {
             Inner::Sqlite(_) => Backend::Sqlite,
             Inner::Postgres(_) => Backend::Postgres,
+        }
+    }
+
+    /// The change bus: cues, after each commit, that something waited for may have happened
+    /// (see [`Change`]). On PostgreSQL the first call opens the node's listening connection.
+    pub fn changes(&self) -> Changes {
+        match &self.backend {
+            Inner::Sqlite(store) => store.changes(),
+            Inner::Postgres(store) => store.changes(),
         }
     }
 

@@ -120,10 +120,16 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         postgres: include_str!("../migrations/postgres/0018_workflow_events.sql"),
         sqlite: include_str!("../migrations/sqlite/0018_workflow_events.sql"),
     },
+    Migration {
+        version: 19,
+        name: "change_bus",
+        postgres: include_str!("../migrations/postgres/0019_change_bus.sql"),
+        sqlite: include_str!("../migrations/sqlite/0019_change_bus.sql"),
+    },
 ];
 
 /// The schema version this build expects.
-pub const SCHEMA_VERSION: i64 = 18;
+pub const SCHEMA_VERSION: i64 = 19;
 
 /// The advisory-lock key PostgreSQL migrations serialise on ("reins" in ASCII).
 pub(crate) const PG_MIGRATION_LOCK: i64 = 0x0072_6569_6e73;

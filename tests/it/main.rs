@@ -38,6 +38,7 @@ mod runs_store;
 mod scripts;
 mod stale_owner;
 mod users;
+mod wake;
 mod webdriver;
 mod workflows;
 mod workflows_store;

@@ -16,7 +16,7 @@ mod watch;
 
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::{Context, bail};
 use serde_json::{Value, json};
@@ -29,8 +29,10 @@ pub const EXIT_WORKFLOW_FAILED: u8 = 2;
 pub const EXIT_WAITING_FOR_PERSON: u8 = 3;
 pub const EXIT_NEEDS_RECONCILIATION: u8 = 4;
 
-/// How often `--wait` asks for the workflow's status.
-const WAIT_POLL: Duration = Duration::from_millis(250);
+/// The wait each request of `--wait` asks the server for. The server answers as soon as the
+/// workflow ends or waits for a person, or at its own `http.wait_max_ms`, after which the client
+/// asks again: it never polls.
+const WAIT_PER_REQUEST: &str = "10m";
 
 /// Options every client command takes.
 #[derive(Debug, Clone, clap::Args)]
@@ -70,7 +72,12 @@ pub enum Command {
         wait: bool,
     },
     /// Show one workflow.
-    Get { id: String },
+    Get {
+        id: String,
+        /// Wait until the workflow ends or waits for a person (exit codes as `run --wait`).
+        #[arg(long)]
+        wait: bool,
+    },
     /// Print a workflow's events as they happen, until it ends.
     Watch { id: String },
     /// List workflows, newest first, a page at a time.
@@ -327,20 +334,27 @@ async fn run_signed_in(common: &Common, client: &Client, command: Command) -> an
             if let Some(request_id) = request_id {
                 body["request_id"] = json!(request_id);
             }
-            let launched = client
-                .json("POST", "/api/v1/workflows", Some(&body))
-                .await?;
+            let path = if wait {
+                format!("/api/v1/workflows?wait={WAIT_PER_REQUEST}")
+            } else {
+                "/api/v1/workflows".to_owned()
+            };
+            let launched = client.json("POST", &path, Some(&body)).await?;
             let run_id = launched["run_id"].as_str().context("no run_id")?.to_owned();
             if !wait {
                 print_value(common, &launched, || println!("{run_id}"));
                 return Ok(0);
             }
-            wait_for_rest(common, client, &run_id).await
+            wait_for_rest(common, client, &run_id, launched).await
         }
-        Command::Get { id } => {
+        Command::Get { id, wait: false } => {
             let record = get(client, &id).await?;
             print_value(common, &record, || print_record(&record));
             Ok(0)
+        }
+        Command::Get { id, wait: true } => {
+            let record = get_waiting(client, &id).await?;
+            wait_for_rest(common, client, &id, record).await
         }
         Command::Watch { id } => watch::watch(client, &id, common.json).await,
         Command::List {
@@ -587,6 +601,13 @@ async fn get(client: &Client, id: &str) -> anyhow::Result<Value> {
         .await?)
 }
 
+/// The record once the workflow ends or waits for a person, or as it is when the server's wait
+/// ran out.
+async fn get_waiting(client: &Client, id: &str) -> anyhow::Result<Value> {
+    let path = format!("/api/v1/workflows/{}?wait={WAIT_PER_REQUEST}", encode(id));
+    Ok(client.json("GET", &path, None).await?)
+}
+
 async fn control(
     common: &Common,
     client: &Client,
@@ -656,14 +677,18 @@ fn attempt_of(record: &Value, step: &str) -> Value {
         .map_or(json!(1), |c| c["attempt"].clone())
 }
 
-/// `run --wait`: polls until the workflow ends or waits for a person, with a progress line.
-async fn wait_for_rest(common: &Common, client: &Client, run_id: &str) -> anyhow::Result<u8> {
+/// `run --wait`, `get --wait`: asks the server to wait (`?wait=`) until the workflow ends or
+/// waits for a person, again whenever the server's wait runs out first, with a progress line.
+async fn wait_for_rest(
+    common: &Common,
+    client: &Client,
+    run_id: &str,
+    mut record: Value,
+) -> anyhow::Result<u8> {
     let started = Instant::now();
-    let spinner = ['|', '/', '-', '\\'];
     let terminal = std::io::stderr().is_terminal() && !common.json;
     let mut last_status = String::new();
-    for tick in 0usize.. {
-        let record = get(client, run_id).await?;
+    loop {
         let status = text(&record["status"]);
         let code = match status.as_str() {
             "completed" => Some(0),
@@ -676,8 +701,7 @@ async fn wait_for_rest(common: &Common, client: &Client, run_id: &str) -> anyhow
         if terminal {
             let steps = record["steps"].as_array().map_or(0, Vec::len);
             eprint!(
-                "\r{} {run_id} {status}, {steps} steps, {:.1}s   ",
-                spinner[tick % spinner.len()],
+                "\r{run_id} {status}, {steps} steps, {:.1}s   ",
                 started.elapsed().as_secs_f64()
             );
         } else if status != last_status && !common.json {
@@ -691,9 +715,8 @@ async fn wait_for_rest(common: &Common, client: &Client, run_id: &str) -> anyhow
             print_value(common, &record, || print_record(&record));
             return Ok(code);
         }
-        tokio::time::sleep(WAIT_POLL).await;
+        record = get_waiting(client, run_id).await?;
     }
-    unreachable!("the loop only ends by returning")
 }
 
 /// Whether a step's agent waits for a person's answer to its approval request.

@@ -20,6 +20,7 @@ mod openapi;
 pub(crate) mod record;
 mod routes;
 mod users;
+mod wait;
 mod wire;
 mod workflows;
 
@@ -74,6 +75,8 @@ pub struct AppState {
     throttle: LoginThrottle,
     /// Bounds the password hashing of the whole node.
     hashing: PasswordHashing,
+    /// Requests waiting for a workflow (`?wait=`), bounded by `http.waiters_max`.
+    waiters: wait::Waiters,
     /// The event streams: their limits and places.
     streams: events::EventStreams,
 }
@@ -94,6 +97,7 @@ impl AppState {
         });
         let hashing =
             PasswordHashing::new(usize::try_from(auth.password_hashes_max).unwrap_or(usize::MAX));
+        let waiters = wait::Waiters::new(&node.changes(), http.waiters_max);
         AppState {
             node,
             draining: AtomicBool::new(false),
@@ -102,8 +106,14 @@ impl AppState {
             auth,
             throttle,
             hashing,
+            waiters,
             streams: events::EventStreams::new(events),
         }
+    }
+
+    /// Answers every waiting request now with what it sees (the node stops serving).
+    pub fn stop_waiters(&self) {
+        self.waiters.stop();
     }
 
     fn draining(&self) -> bool {

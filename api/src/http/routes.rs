@@ -193,7 +193,10 @@ pub static ROUTES: &[Route] = &[
     route("POST", "/api/v1/auth/tokens", Op::CreateToken, Access::User, "Create an API token; its secret is shown only in this reply", Body::Json(schema::<NewTokenBody>), 201, Some(schema::<NewTokenReply>)),
     route("GET", "/api/v1/auth/tokens", Op::ListTokens, Access::User, "The signed-in user's API tokens (never their secrets)", Body::None, 200, Some(schema::<TokensReply>)),
     route("DELETE", "/api/v1/auth/tokens/{id}", Op::RevokeToken, Access::User, "Revoke one of the user's API tokens", Body::None, 200, Some(schema::<TokenReply>)),
-    route("POST", REST, Op::Launch, Access::User, "Launch a workflow (201; 200 when the same request launched it before)", Body::Json(schema::<LaunchBody>), 201, Some(schema::<LaunchReply>)),
+    Route {
+        query: &[("wait", "wait this long (500ms, 30s, 2m; at most `http.wait_max_ms`) for the workflow to end or wait for a person, and answer with its record")],
+        ..route("POST", REST, Op::Launch, Access::User, "Launch a workflow (201; 200 when the same request launched it before)", Body::Json(schema::<LaunchBody>), 201, Some(schema::<LaunchAnswer>))
+    },
     Route {
         query: &[
             ("status", "only workflows with this stored status, or `recoverable` (live, the owner's lease expired: what `get` shows as `recoverable`)"),
@@ -204,7 +207,10 @@ pub static ROUTES: &[Route] = &[
         ],
         ..route("GET", REST, Op::List, Access::User, "A page of workflows, newest first (admins and approvers see everyone's)", Body::None, 200, Some(schema::<WorkflowPage>))
     },
-    route("GET", "/api/v1/workflows/{id}", Op::Get, Access::User, "A workflow with its steps and checkpoints", Body::None, 200, Some(schema::<WorkflowRecord>)),
+    Route {
+        query: &[("wait", "wait this long (500ms, 30s, 2m; at most `http.wait_max_ms`) for the workflow to end or wait for a person; then 200 with the record as it is")],
+        ..route("GET", "/api/v1/workflows/{id}", Op::Get, Access::User, "A workflow with its steps and checkpoints", Body::None, 200, Some(schema::<WorkflowRecord>))
+    },
     route("POST", "/api/v1/workflows/{id}/resume", Op::Resume, Access::User, "Resolve a pause", Body::Json(schema::<ResumeBody>), 200, Some(schema::<ControlReply>)),
     route("POST", "/api/v1/workflows/{id}/decide", Op::Decide, Access::User, "Approve or reject a checkpoint's artifact version, once", Body::Json(schema::<DecideBody>), 200, Some(schema::<ControlReply>)),
     route("POST", "/api/v1/workflows/{id}/steps/{step}/answer", Op::Answer, Access::User, "Approve or reject what a step's agent asked to do (its newest pending request), once", Body::Json(schema::<AnswerBody>), 200, Some(schema::<AnswerReply>)),
@@ -224,8 +230,8 @@ pub static ROUTES: &[Route] = &[
     route("GET", "/api/v1/admin/nodes", Op::Nodes, Access::Admin, "The nodes that started on this database, newest first (admins)", Body::None, 200, Some(schema::<NodesReply>)),
     route("GET", "/api/v1/admin/slots", Op::Slots, Access::Admin, "The child slots held across the cluster, oldest first (admins)", Body::None, 200, Some(schema::<SlotsReply>)),
     route("GET", "/api/v1/workflows/{id}/artifacts/{version}", Op::Artifact, Access::User, "An artifact's bytes (HTTP Range supported)", Body::None, 200, None),
-    action(action_path!("launch"), Op::Launch, "launch", schema::<LaunchBody>, schema::<LaunchReply>),
-    action(action_path!("get"), Op::Get, "get", schema::<RunBody>, schema::<WorkflowRecord>),
+    action(action_path!("launch"), Op::Launch, "launch", schema::<LaunchBody>, schema::<LaunchAnswer>),
+    action(action_path!("get"), Op::Get, "get", schema::<GetBody>, schema::<WorkflowRecord>),
     action(action_path!("resume"), Op::Resume, "resume", schema::<ResumeBody>, schema::<ControlReply>),
     action(action_path!("decide"), Op::Decide, "decide", schema::<DecideBody>, schema::<ControlReply>),
     action(action_path!("answer"), Op::Answer, "answer", schema::<AnswerBody>, schema::<AnswerReply>),

@@ -20,6 +20,19 @@ pub struct LaunchBody {
     /// The script's `args` (JSON).
     #[serde(default)]
     pub args: Value,
+    /// Wait up to this many milliseconds (at most `http.wait_max_ms`) for the workflow to end
+    /// or wait for a person, and answer with its record (REST: `?wait=DURATION` instead).
+    pub wait_ms: Option<u64>,
+}
+
+/// `get`: one workflow, at once or once it ends or waits for a person.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct GetBody {
+    pub run_id: Option<String>,
+    /// Wait up to this many milliseconds (at most `http.wait_max_ms`) for the workflow to end
+    /// or wait for a person (REST: `?wait=DURATION`).
+    pub wait_ms: Option<u64>,
 }
 
 /// A request that names one workflow.
@@ -253,6 +266,24 @@ pub struct LaunchReply {
     /// `false` when the same request had launched it before.
     pub created: bool,
     pub status: String,
+}
+
+/// A launch that waited (`?wait=`, `wait_ms`): the workflow's record as the wait ended, with
+/// the launch's own `created` beside `run_id` and `status`.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct LaunchedRecord {
+    #[serde(flatten)]
+    pub record: WorkflowRecord,
+    /// `false` when the same request had launched it before.
+    pub created: bool,
+}
+
+/// What a launch answers: the launch alone, or the record once the wait ended.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+#[serde(untagged)]
+pub enum LaunchAnswer {
+    Launched(LaunchReply),
+    Waited(Box<LaunchedRecord>),
 }
 
 /// A control was recorded (or an identical one was already).

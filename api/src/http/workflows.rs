@@ -20,14 +20,12 @@ use super::error::ApiError;
 use super::record;
 use super::routes::{self, Surface};
 use super::wire::*;
-use super::{Ctx, Reply, json_reply};
+use super::{Ctx, Reply, json_reply, wait};
 
 /// A `get_artifact` chunk's bytes at most.
 pub const CHUNK_BYTES_MAX: u64 = 1024 * 1024;
 /// Workflows per page unless the caller asks for another number.
 const PAGE_SIZE_DEFAULT: u32 = 50;
-/// How often `cancel` looks whether the workflow has settled.
-const CANCEL_POLL: Duration = Duration::from_millis(50);
 
 /// Stored statuses a listing may filter on.
 const STATUSES: [&str; 8] = [
@@ -176,12 +174,60 @@ pub fn plugins() -> PluginsReply {
     }
 }
 
+/// How long a request asks to wait: `?wait=DURATION` on REST, `wait_ms` in the body on
+/// either surface (not both), at most `http.wait_max_ms`. `None`: answer at once.
+fn asked_wait(ctx: &Ctx<'_>, wait_ms: Option<u64>) -> Result<Option<Duration>, ApiError> {
+    let query = match ctx.route.surface {
+        Surface::Rest => ctx.query("wait"),
+        Surface::Compat => None,
+    };
+    let asked = match (query, wait_ms) {
+        (Some(_), Some(_)) => {
+            return Err(ApiError::bad_request(
+                "give the wait once: query `wait` or body field `wait_ms`",
+            ));
+        }
+        (Some(text), None) => wait::parse_duration(&text)?,
+        (None, Some(ms)) => Duration::from_millis(ms),
+        (None, None) => return Ok(None),
+    };
+    Ok(Some(
+        asked.min(Duration::from_millis(ctx.state.http.wait_max_ms)),
+    ))
+}
+
+/// Reads the record until the workflow ends or waits for a person, or `wait` has passed (then
+/// the record as it is). Between reads the request is parked on the change bus: no query runs
+/// while nothing happens to the workflow.
+async fn wait_for(
+    ctx: &Ctx<'_>,
+    run_id: &str,
+    wait: Duration,
+    _permit: wait::Permit,
+) -> Result<WorkflowRecord, ApiError> {
+    let deadline = tokio::time::Instant::now() + wait;
+    // Watched before the first read, so a change committed after it is heard.
+    let mut watch = ctx.state.waiters.watch(run_id);
+    let mut over = false;
+    loop {
+        let view = ctx.state.node.workflows().get(run_id).await?;
+        let record = record::record(&visible(ctx, view, run_id, Act::Read)?);
+        if over || wait::settled(&record) {
+            return Ok(record);
+        }
+        over = !watch.changed(deadline).await;
+    }
+}
+
 pub async fn launch(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
     refuse_while_draining(ctx)?;
     let body: LaunchBody = ctx.json()?;
     if let Some(request_id) = &body.request_id {
         check_id("request_id", request_id)?;
     }
+    let wait = asked_wait(ctx, body.wait_ms)?;
+    // A waiter's place is taken before anything is launched: a refusal launches nothing.
+    let permit = wait.map(|_| ctx.state.waiters.admit()).transpose()?;
     let launched = ctx
         .state
         .node
@@ -197,6 +243,16 @@ pub async fn launch(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
         Surface::Rest if launched.created => StatusCode::CREATED,
         _ => StatusCode::OK,
     };
+    if let (Some(wait), Some(permit)) = (wait, permit) {
+        let record = wait_for(ctx, &launched.run_id, wait, permit).await?;
+        return Ok(json_reply(
+            status,
+            LaunchAnswer::Waited(Box::new(LaunchedRecord {
+                record,
+                created: launched.created,
+            })),
+        ));
+    }
     let current = ctx
         .state
         .node
@@ -206,11 +262,11 @@ pub async fn launch(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
         .map_or_else(|| "running".to_owned(), |row| row.status);
     Ok(json_reply(
         status,
-        LaunchReply {
+        LaunchAnswer::Launched(LaunchReply {
             run_id: launched.run_id,
             created: launched.created,
             status: current,
-        },
+        }),
     ))
 }
 
@@ -307,11 +363,19 @@ fn parse_cursor(text: &str) -> Result<store::ListCursor, ApiError> {
 }
 
 pub async fn get(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
-    let body: RunBody = match ctx.route.surface {
+    let body: GetBody = match ctx.route.surface {
         Surface::Compat => ctx.json()?,
-        Surface::Rest => RunBody { run_id: None },
+        Surface::Rest => GetBody {
+            run_id: None,
+            wait_ms: None,
+        },
     };
     let run_id = run_id(ctx, body.run_id)?;
+    if let Some(wait) = asked_wait(ctx, body.wait_ms)? {
+        let permit = ctx.state.waiters.admit()?;
+        let record = wait_for(ctx, &run_id, wait, permit).await?;
+        return Ok(json_reply(StatusCode::OK, record));
+    }
     let view = ctx.state.node.workflows().get(&run_id).await?;
     let view = visible(ctx, view, &run_id, Act::Read)?;
     Ok(json_reply(StatusCode::OK, record::record(&view)))
@@ -547,10 +611,13 @@ pub async fn cancel(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
         _ => {}
     }
     let workflows = ctx.state.node.workflows();
+    // Watched before the cancel is recorded: the status changes it causes are all heard.
+    let mut watch = ctx.state.waiters.watch(&run_id);
     workflows.cancel(&run_id, &by(ctx)?).await?;
     let deadline =
         tokio::time::Instant::now() + Duration::from_millis(ctx.state.http.cancel_wait_ms);
     let store = ctx.state.node.store();
+    let mut over = false;
     loop {
         let status = store
             .read_workflow(&run_id)
@@ -560,10 +627,10 @@ pub async fn cancel(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
             status.as_str(),
             "cancelled" | "completed" | "failed" | "needs_reconciliation" | "deleted"
         );
-        if settled || tokio::time::Instant::now() >= deadline {
+        if settled || over {
             return Ok(status_reply(run_id, status));
         }
-        tokio::time::sleep(CANCEL_POLL).await;
+        over = !watch.changed(deadline).await;
     }
 }
 

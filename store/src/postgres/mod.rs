@@ -5,12 +5,14 @@
 //! aborts the transaction, so the pipelined `COMMIT` becomes a rollback and nothing is written.
 
 use std::str::FromStr;
+use std::sync::OnceLock;
 
 use deadpool_postgres::{GenericClient, Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use futures_util::future::join_all;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{NoTls, Row};
 
+use crate::changes::{AbortOnDrop, CHANGES_CHANNEL_SQL, Change, Changes, listen_backoff};
 use crate::lease::{Fence, Lease, ttl_seconds};
 use crate::migrations::{self, MigrationReport, PG_MIGRATION_LOCK};
 use crate::write::{ArtifactInfo, ArtifactRow, Snapshot, StepRow, WorkflowRow, WriteOp};
@@ -24,6 +26,10 @@ mod workflows;
 
 pub(crate) struct PgStore {
     pool: Pool,
+    /// How the change listener connects: the pool's settings under its own application name.
+    listen_config: Box<tokio_postgres::Config>,
+    /// The change bus and its listening task, started by the first subscriber.
+    listener: OnceLock<(Changes, AbortOnDrop)>,
 }
 
 impl PgStore {
@@ -33,6 +39,8 @@ impl PgStore {
             reason: e.to_string(),
         })?;
         config.connect_timeout(options.connect_timeout);
+        let mut listen_config = config.clone();
+        listen_config.application_name(crate::changes::LISTEN_APPLICATION_NAME);
         config.application_name("reins");
         // A statement never waits for a lock longer than this; the fenced write it belongs to
         // then fails cleanly (nothing written) instead of hanging a caller.
@@ -58,7 +66,21 @@ impl PgStore {
         // Reachability is checked now, so that a bad address stops start-up with its cause.
         let client = pool.get().await?;
         drop(client);
-        Ok(PgStore { pool })
+        Ok(PgStore {
+            pool,
+            listen_config: Box::new(listen_config),
+            listener: OnceLock::new(),
+        })
+    }
+
+    /// The change bus; the first call starts the node's listening connection.
+    pub(crate) fn changes(&self) -> Changes {
+        let (changes, _) = self.listener.get_or_init(|| {
+            let changes = Changes::new();
+            let task = tokio::spawn(listen((*self.listen_config).clone(), changes.clone()));
+            (changes, AbortOnDrop(task))
+        });
+        changes.clone()
     }
 
     pub(crate) fn pool_status(&self) -> (usize, usize) {
@@ -727,6 +749,63 @@ async fn steps_in(client: &impl GenericClient, workflow_id: &str) -> Result<Vec<
             created_at: row.get(6),
         })
         .collect())
+}
+
+/// The change listener: one connection of its own (never the pool's) that `LISTEN`s, hands
+/// every notification on, and after any failure connects again with backoff. Each connect ends
+/// with [`Change::Resync`], since whatever committed while it was away was not heard.
+async fn listen(config: tokio_postgres::Config, changes: Changes) {
+    let mut failures = 0u32;
+    loop {
+        match listening(&config, &changes, &mut failures).await {
+            Ok(()) => tracing::warn!("the change listener's connection closed; reconnecting"),
+            Err(error) => {
+                tracing::warn!(%error, "the change listener's connection failed; reconnecting");
+            }
+        }
+        failures += 1;
+        tokio::time::sleep(listen_backoff(failures)).await;
+    }
+}
+
+/// One connection's life: connect, `LISTEN`, resync, then hand notifications on until it ends.
+async fn listening(
+    config: &tokio_postgres::Config,
+    changes: &Changes,
+    failures: &mut u32,
+) -> std::result::Result<(), tokio_postgres::Error> {
+    use futures_util::StreamExt;
+    use tokio_postgres::AsyncMessage;
+
+    let (client, mut connection) = config.connect(NoTls).await?;
+    let mut messages =
+        futures_util::stream::poll_fn(move |context| connection.poll_message(context));
+    let listen = client.batch_execute(CHANGES_CHANNEL_SQL);
+    tokio::pin!(listen);
+    // The connection only makes progress while its messages are polled, so both go together.
+    loop {
+        tokio::select! {
+            listened = &mut listen => {
+                listened?;
+                break;
+            }
+            message = messages.next() => match message {
+                Some(Ok(AsyncMessage::Notification(note))) => changes.send_payload(note.payload()),
+                Some(Ok(_)) => {}
+                Some(Err(error)) => return Err(error),
+                None => return Ok(()),
+            },
+        }
+    }
+    *failures = 0;
+    changes.send(Change::Resync);
+    while let Some(message) = messages.next().await {
+        match message? {
+            AsyncMessage::Notification(note) => changes.send_payload(note.payload()),
+            _ => continue,
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -13,11 +13,13 @@ use rusqlite::{Connection, OptionalExtension, params};
 use serde_json::Value;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
+use crate::changes::Changes;
 use crate::lease::{Fence, Lease, ttl_seconds};
 use crate::migrations::{self, MigrationReport};
 use crate::write::{ArtifactInfo, ArtifactRow, Snapshot, StepRow, WorkflowRow, WriteOp};
 use crate::{Error, NodeRecord, Result, StoreOptions};
 
+mod changes;
 mod events;
 mod operators;
 mod runs;
@@ -69,6 +71,8 @@ pub(crate) struct SqliteStore {
     readers: Arc<ReaderPool>,
     /// The folder of the database, whose free space the write probe checks.
     folder: PathBuf,
+    /// Where the writer hands on what each commit changed.
+    changes: Changes,
     /// Held for the life of the store: the operating system drops the lock when the process dies,
     /// so a killed node never leaves the database locked.
     _node_lock: File,
@@ -98,6 +102,9 @@ impl SqliteStore {
         // off the disk: it only ever serves a rollback inside the open transaction. (Readers keep
         // the default: a large sort of theirs may spill to a file.)
         writer.execute_batch("PRAGMA temp_store = MEMORY;")?;
+        writer.execute_batch(changes::TABLE)?;
+        let changes = Changes::new();
+        let announce = changes.clone();
         let readers = (0..options.pool_size.max(1))
             .map(|_| open_connection(path))
             .collect::<Result<Vec<_>>>()?;
@@ -105,7 +112,7 @@ impl SqliteStore {
         let batch_max = options.write_batch_max.max(1);
         std::thread::Builder::new()
             .name("reins-sqlite-writer".into())
-            .spawn(move || run_writer(writer, queue, batch_max))
+            .spawn(move || run_writer(writer, queue, batch_max, &announce))
             .map_err(|e| Error::Unavailable(format!("cannot start the sqlite writer: {e}")))?;
         Ok(SqliteStore {
             jobs,
@@ -118,8 +125,13 @@ impl SqliteStore {
                 .filter(|p| !p.as_os_str().is_empty())
                 .unwrap_or(Path::new("."))
                 .to_path_buf(),
+            changes,
             _node_lock: node_lock,
         })
+    }
+
+    pub(crate) fn changes(&self) -> Changes {
+        self.changes.clone()
     }
 
     /// Runs `work` on the writer thread inside a savepoint; answers after the batch commits.
@@ -184,6 +196,9 @@ impl SqliteStore {
                     .execute(params![migration.version, migration.name])?;
                 applied.push(migration.version);
             }
+            // The change bus's triggers name the migrated tables; they live on this (the
+            // writer's) connection only.
+            connection.execute_batch(changes::TRIGGERS)?;
             Ok(MigrationReport {
                 applied,
                 version: migrations::SCHEMA_VERSION,
@@ -774,7 +789,12 @@ fn run(connection: &Connection, sql: &str) -> rusqlite::Result<()> {
 }
 
 /// The writer thread: one transaction per batch of queued jobs, answered after the commit.
-fn run_writer(connection: Connection, mut queue: mpsc::Receiver<Box<dyn Job>>, batch_max: usize) {
+fn run_writer(
+    connection: Connection,
+    mut queue: mpsc::Receiver<Box<dyn Job>>,
+    batch_max: usize,
+    announce: &Changes,
+) {
     while let Some(first) = queue.blocking_recv() {
         let mut batch = vec![first];
         while batch.len() < batch_max {
@@ -812,7 +832,21 @@ fn run_writer(connection: Connection, mut queue: mpsc::Receiver<Box<dyn Job>>, b
                 }
                 Err(error)
             }
-            None => commit_batch(&connection),
+            None => {
+                // What the batch changed, taken inside its transaction; a cue is never worth
+                // failing a batch over, so a failed drain is logged and the batch commits.
+                let payloads = changes::drain(&connection).unwrap_or_else(|error| {
+                    tracing::warn!(%error, "cannot collect the batch's changes");
+                    Vec::new()
+                });
+                let commit = commit_batch(&connection);
+                if commit.is_ok() {
+                    for payload in &payloads {
+                        announce.send_payload(payload);
+                    }
+                }
+                commit
+            }
         };
         for finish in finishes {
             finish(commit.clone());

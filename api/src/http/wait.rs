@@ -1,0 +1,256 @@
+//! Waiting for a workflow (`?wait=DURATION`, `wait_ms`): a request parks until the workflow ends
+//! or waits for a person, or until its time is up. A parked request costs no query: it is woken
+//! by the change bus (a status change, a child run's request for input, or a resync), reads the
+//! record once, and parks again if it must still wait. Waiters are counted against
+//! `http.waiters_max` (503 with `Retry-After` beyond it); each holds a permit and a place in the
+//! registry that a dropped request (a client that went away) gives back.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use store::{Change, Changes};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, broadcast, watch};
+
+use super::error::ApiError;
+use super::wire::WorkflowRecord;
+
+/// Statuses where nothing happens any more without an operator, or ever again.
+const SETTLED_STATUSES: [&str; 4] = ["completed", "failed", "cancelled", "needs_reconciliation"];
+
+/// Whether a waiter may answer: the workflow ended, or waits for a person: a pause or a
+/// checkpoint nobody has answered yet (once a person has, the owner is about to carry it out),
+/// an agent's request for approval, an operator's reconcile.
+pub fn settled(record: &WorkflowRecord) -> bool {
+    let at_checkpoint = matches!(record.stored_status.as_str(), "paused" | "waiting_approval")
+        && record
+            .checkpoints
+            .iter()
+            .any(|checkpoint| checkpoint.status == "waiting");
+    SETTLED_STATUSES.contains(&record.stored_status.as_str())
+        || at_checkpoint
+        || record
+            .steps
+            .iter()
+            .any(|step| step.status == "waiting_for_input")
+}
+
+/// Parses a wait: a whole number with the unit `ms`, `s` or `m` (`500ms`, `30s`, `2m`).
+pub fn parse_duration(text: &str) -> Result<Duration, ApiError> {
+    let invalid = || {
+        ApiError::bad_request(format!(
+            "query `wait` {text:?} is not a duration: a whole number with ms, s or m, as in \
+             500ms, 30s or 2m"
+        ))
+    };
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .ok_or_else(invalid)?;
+    let (number, unit) = text.split_at(split);
+    if number.is_empty() {
+        return Err(invalid());
+    }
+    let number: u64 = number.parse().map_err(|_| invalid())?;
+    let millis = match unit {
+        "ms" => Some(number),
+        "s" => number.checked_mul(1000),
+        "m" => number.checked_mul(60_000),
+        _ => None,
+    }
+    .ok_or_else(invalid)?;
+    Ok(Duration::from_millis(millis))
+}
+
+/// The waiters of one node: their permits, and who waits for which workflow.
+pub struct Waiters {
+    permits: Arc<Semaphore>,
+    limit: u64,
+    registry: Arc<Mutex<Registry>>,
+    /// Raised when the node stops serving: every waiter answers with what it sees.
+    stopping: watch::Sender<bool>,
+    /// The task that hands the change bus to the waiters; ends with the node's bus.
+    _dispatch: AbortOnDrop,
+}
+
+/// Who waits for which workflow: a counter each change of it bumps, and how many wait on it.
+#[derive(Default)]
+struct Registry {
+    by_workflow: HashMap<String, (watch::Sender<u64>, usize)>,
+}
+
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+impl Waiters {
+    /// Waiters fed by `changes`, at most `limit` at once.
+    pub fn new(changes: &Changes, limit: u64) -> Waiters {
+        let registry = Arc::new(Mutex::new(Registry::default()));
+        let dispatch = tokio::spawn(dispatch(changes.subscribe(), Arc::clone(&registry)));
+        Waiters {
+            permits: Arc::new(Semaphore::new(
+                usize::try_from(limit).unwrap_or(Semaphore::MAX_PERMITS),
+            )),
+            limit,
+            registry,
+            stopping: watch::channel(false).0,
+            _dispatch: AbortOnDrop(dispatch),
+        }
+    }
+
+    /// Takes a waiter's place, or refuses with 503 while `http.waiters_max` wait already.
+    pub fn admit(&self) -> Result<Permit, ApiError> {
+        let permit = Arc::clone(&self.permits)
+            .try_acquire_owned()
+            .map_err(|_| ApiError {
+                retry_after_seconds: Some(1),
+                ..ApiError::new(
+                    hyper::StatusCode::SERVICE_UNAVAILABLE,
+                    "waiters_busy",
+                    format!(
+                        "{} requests wait already (`http.waiters_max`): ask again, or without \
+                         `wait`",
+                        self.limit
+                    ),
+                )
+            })?;
+        Ok(Permit { _permit: permit })
+    }
+
+    /// Starts hearing the changes of `workflow_id`. Taken before the first read, so that a
+    /// change committed after that read is never missed.
+    pub fn watch(&self, workflow_id: &str) -> Watch {
+        let mut registry = lock(&self.registry);
+        let entry = registry
+            .by_workflow
+            .entry(workflow_id.to_owned())
+            .or_insert_with(|| (watch::channel(0).0, 0));
+        entry.1 += 1;
+        let changes = entry.0.subscribe();
+        Watch {
+            workflow_id: workflow_id.to_owned(),
+            changes,
+            stopping: self.stopping.subscribe(),
+            registry: Arc::clone(&self.registry),
+        }
+    }
+
+    /// Wakes every waiter to answer now (the node stops serving).
+    pub fn stop(&self) {
+        self.stopping.send_replace(true);
+    }
+}
+
+/// A waiter's place under `http.waiters_max`: held for as long as the request waits.
+pub struct Permit {
+    _permit: OwnedSemaphorePermit,
+}
+
+/// One waiter's subscription to one workflow's changes; leaves the registry when dropped.
+pub struct Watch {
+    workflow_id: String,
+    changes: watch::Receiver<u64>,
+    stopping: watch::Receiver<bool>,
+    registry: Arc<Mutex<Registry>>,
+}
+
+impl Watch {
+    /// Waits until the workflow may have changed (`true`), or the deadline or the node's stop
+    /// came first (`false`).
+    pub async fn changed(&mut self, deadline: tokio::time::Instant) -> bool {
+        if *self.stopping.borrow() {
+            return false;
+        }
+        tokio::select! {
+            changed = self.changes.changed() => changed.is_ok(),
+            _ = self.stopping.changed() => false,
+            () = tokio::time::sleep_until(deadline) => false,
+        }
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        let mut registry = lock(&self.registry);
+        if let Some(entry) = registry.by_workflow.get_mut(&self.workflow_id) {
+            entry.1 -= 1;
+            if entry.1 == 0 {
+                registry.by_workflow.remove(&self.workflow_id);
+            }
+        }
+    }
+}
+
+/// The registry's lock; a panic while holding it cannot leave it inconsistent (each change is
+/// one map operation), so a poisoned lock is used as it is.
+fn lock(registry: &Mutex<Registry>) -> std::sync::MutexGuard<'_, Registry> {
+    registry
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Hands each change to the waiters of its workflow; a resync, or changes missed by lagging,
+/// wakes every waiter to read once.
+async fn dispatch(mut changes: broadcast::Receiver<Change>, registry: Arc<Mutex<Registry>>) {
+    loop {
+        let change = match changes.recv().await {
+            Ok(change) => change,
+            Err(broadcast::error::RecvError::Lagged(_)) => Change::Resync,
+            Err(broadcast::error::RecvError::Closed) => return,
+        };
+        let registry = lock(&registry);
+        match change {
+            Change::Status(id) | Change::Input(id) => {
+                if let Some((sender, _)) = registry.by_workflow.get(&id) {
+                    sender.send_modify(|version| *version = version.wrapping_add(1));
+                }
+            }
+            Change::Resync => {
+                for (sender, _) in registry.by_workflow.values() {
+                    sender.send_modify(|version| *version = version.wrapping_add(1));
+                }
+            }
+            Change::Control(_) | Change::SlotFreed | Change::Recoverable => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_have_a_unit_and_nothing_else() {
+        assert_eq!(
+            parse_duration("500ms").ok(),
+            Some(Duration::from_millis(500))
+        );
+        assert_eq!(parse_duration("30s").ok(), Some(Duration::from_secs(30)));
+        assert_eq!(parse_duration("2m").ok(), Some(Duration::from_secs(120)));
+        assert_eq!(parse_duration("0s").ok(), Some(Duration::ZERO));
+        for bad in [
+            "",
+            "30",
+            "s",
+            "1.5s",
+            "-1s",
+            "30 s",
+            "30sec",
+            "1h",
+            "ms",
+            "99999999999999999999m",
+        ] {
+            let refused = parse_duration(bad).expect_err(bad);
+            assert_eq!(refused.status, hyper::StatusCode::BAD_REQUEST, "{bad:?}");
+            assert!(
+                refused.message.contains(&format!("{bad:?}")),
+                "{}",
+                refused.message
+            );
+        }
+    }
+}

@@ -1,0 +1,677 @@
+//! Wake-ups instead of timers: the change bus of the store (a cue after each commit, ids only),
+//! the nodes that act on it across a cluster, and the wait API (`?wait=`) that answers as soon
+//! as a workflow ends or waits for a person, on both backends.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use store::{Change, Fence, NewControl, NewWorkflow, WriteOp};
+use tokio::sync::broadcast;
+
+use crate::harness::{eventually, on_both_backends};
+use crate::http_api::{Db, Node, PASSWORD, assert_refused, initialize, launch};
+use crate::http_client::{Answer, Api};
+
+macro_rules! both {
+    ($name:ident) => {
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn sqlite() {
+                super::$name(false).await
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn postgres() {
+                super::$name(true).await
+            }
+        }
+    };
+}
+
+/// The next change that is not a resync, within a generous bound.
+async fn next_change(changes: &mut broadcast::Receiver<Change>) -> Change {
+    tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            match changes.recv().await {
+                Ok(Change::Resync) => continue,
+                Ok(change) => return change,
+                Err(error) => panic!("the bus failed: {error}"),
+            }
+        }
+    })
+    .await
+    .expect("a change within 10 s")
+}
+
+/// Waits until the bus is listening (PostgreSQL announces its first connect with a resync).
+async fn listening(store: &store::Store, changes: &mut broadcast::Receiver<Change>) {
+    if store.backend() == store::Backend::Postgres {
+        let first = tokio::time::timeout(Duration::from_secs(10), changes.recv()).await;
+        assert!(matches!(first, Ok(Ok(Change::Resync))), "{first:?}");
+    }
+}
+
+on_both_backends! {
+    async fn committed_changes_are_announced_by_id_and_rolled_back_ones_never(db: TestDb) {
+        let store = db.store().await;
+        let mut changes = store.changes().subscribe();
+        listening(&store, &mut changes).await;
+        let lease = store
+            .create_workflow(
+                NewWorkflow {
+                    workflow_id: "wf-bus".into(),
+                    user_id: "ada".into(),
+                    request_id: None,
+                    fingerprint: "fp".into(),
+                    data: json!({"script": "return 1;"}),
+                },
+                "node-a",
+                60_000,
+            )
+            .await
+            .expect("launch");
+
+        // A write the fence refuses changes nothing, so it announces nothing: the next change
+        // heard is the control recorded after it.
+        let stale = Fence { epoch: lease.epoch + 1, ..lease.fence() };
+        let set = |status: &str| WriteOp::SetWorkflow {
+            workflow_id: "wf-bus".into(),
+            status: status.into(),
+            data: json!({"script": "return 1;"}),
+        };
+        assert!(store.fenced_write(&stale, vec![set("paused")]).await.is_err());
+        // Nor does a write that changed the status and then failed: it all rolled back.
+        let artifact = WriteOp::PutArtifact {
+            workflow_id: "wf-bus".into(),
+            version: 1,
+            source_step_id: "a".into(),
+            path: None,
+            content: b"x".to_vec(),
+            sha256: "2d711642b726b04401627ca9fbac32f5c8530fb1903cc4db02258717921a4881".into(),
+        };
+        let failed = store
+            .fenced_write(&lease.fence(), vec![set("paused"), artifact.clone(), artifact])
+            .await;
+        assert!(failed.is_err(), "a second version 1 was written");
+        store
+            .put_control(NewControl {
+                workflow_id: "wf-bus".into(),
+                kind: "cancel".into(),
+                step_id: String::new(),
+                attempt: 0,
+                body: json!({}),
+                created_by: Some("ada".into()),
+            })
+            .await
+            .expect("control");
+        assert_eq!(next_change(&mut changes).await, Change::Control("wf-bus".into()));
+        store.fenced_write(&lease.fence(), vec![set("completed")]).await.expect("end");
+        assert_eq!(next_change(&mut changes).await, Change::Status("wf-bus".into()));
+    }
+}
+
+/// The fallback of every wake-up, an hour: a test that passes with it proves no timer is
+/// involved.
+const NO_FALLBACK: (&str, &str) = ("REINS_WAKE_FALLBACK_MS", "3600000");
+
+fn env(pairs: &[(&'static str, &str)]) -> Vec<(&'static str, String)> {
+    pairs.iter().map(|(k, v)| (*k, (*v).to_owned())).collect()
+}
+
+/// A workflow that waits at a checkpoint about its agent's output.
+const CHECKPOINT: &str = r#"
+    const a = await agent({stepId: "a", agentRef: "scripted", task: {output: "draft"}});
+    const review = await humanCheckpoint({stepId: "review", sourceStepId: "a",
+                                          artifactVersion: a.artifactVersion});
+    return review.decision;
+"#;
+
+/// One agent step of about `ms` milliseconds.
+fn sleeping(ms: u64) -> String {
+    format!(
+        r#"const a = await agent({{stepId: "a", agentRef: "scripted", task: {{sleep_ms: {ms}, output: "slept"}}}});
+           return a.output;"#
+    )
+}
+
+/// Launches through REST with `?wait=`, answering the reply and how long it took.
+async fn launch_waiting(api: &mut Api, script: &str, wait: &str) -> (Answer, Duration) {
+    let started = Instant::now();
+    let answer = api
+        .call(
+            "POST",
+            &format!("/api/v1/workflows?wait={wait}"),
+            Some(json!({"script": script})),
+        )
+        .await;
+    (answer, started.elapsed())
+}
+
+async fn get_waiting(api: &mut Api, run_id: &str, wait: &str) -> (Answer, Duration) {
+    let started = Instant::now();
+    let answer = api
+        .call(
+            "GET",
+            &format!("/api/v1/workflows/{run_id}?wait={wait}"),
+            None,
+        )
+        .await;
+    (answer, started.elapsed())
+}
+
+/// Approves the checkpoint `review` of `record`'s workflow through `api`.
+async fn approve(api: &mut Api, record: &Value) {
+    let run_id = record["run_id"].as_str().expect("run_id");
+    let checkpoint = record["checkpoints"]
+        .as_array()
+        .and_then(|all| all.iter().find(|c| c["step_id"] == "review"))
+        .expect("the checkpoint");
+    let decided = api
+        .call(
+            "POST",
+            &format!("/api/v1/workflows/{run_id}/decide"),
+            Some(
+                json!({"step_id": "review", "attempt": checkpoint["attempt"],
+                        "artifact_version": checkpoint["artifact_version"],
+                        "decision": "approve"}),
+            ),
+        )
+        .await;
+    assert_eq!(decided.status, 200, "{decided:?}");
+}
+
+async fn waits_answer_at_the_end_at_a_checkpoint_and_at_the_deadline(postgres: bool) {
+    let db = Db::new(postgres).await;
+    let node = Node::start(&db, &env(&[NO_FALLBACK]));
+    let mut api = initialize(&node).await;
+
+    // A ~50 ms workflow: the launch answers with its result as soon as it completes.
+    let (done, took) = launch_waiting(&mut api, &sleeping(50), "30s").await;
+    assert_eq!(done.status, 201, "{done:?}");
+    let done = done.json();
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(done["result"], "slept");
+    assert_eq!(
+        done["created"], true,
+        "the launch's own fields stay: {done}"
+    );
+    assert!(took < Duration::from_secs(10), "the wait took {took:?}");
+    let step = &done["steps"][0];
+    let (started, finished) = (step["started_at"].as_f64(), step["finished_at"].as_f64());
+    assert!(
+        matches!((started, finished), (Some(s), Some(f)) if f >= s && f - s < 60.0),
+        "a step carries when it started and finished: {step}"
+    );
+
+    // At a checkpoint the wait ends too; a decision wakes a second waiter at the end.
+    let (waiting, took) = launch_waiting(&mut api, CHECKPOINT, "30s").await;
+    assert_eq!(waiting.status, 201, "{waiting:?}");
+    let waiting = waiting.json();
+    assert_eq!(waiting["status"], "waiting_approval", "{waiting}");
+    assert!(took < Duration::from_secs(10), "the wait took {took:?}");
+    // Decided: the checkpoint waits for nobody any more, so a wait goes on until the owner,
+    // woken by the decision (no timer: the fallback is an hour), has carried it out.
+    approve(&mut api, &waiting).await;
+    let run_id = waiting["run_id"].as_str().expect("run_id").to_owned();
+    let (ended, took) = get_waiting(&mut api, &run_id, "30s").await;
+    assert_eq!(ended.status, 200, "{ended:?}");
+    assert_eq!(ended.json()["status"], "completed", "{:?}", ended.json());
+    assert_eq!(ended.json()["result"], "approve");
+    assert!(took < Duration::from_secs(10), "the wait took {took:?}");
+
+    // Nothing happens: the deadline answers 200 with the record as it is.
+    let held = launch(&mut api, &sleeping(600_000)).await;
+    let (running, took) = get_waiting(&mut api, &held, "500ms").await;
+    assert_eq!(running.status, 200, "{running:?}");
+    assert_eq!(running.json()["status"], "running");
+    assert!(
+        took >= Duration::from_millis(500),
+        "answered before its deadline: {took:?}"
+    );
+
+    // The compatible surface takes `wait_ms`.
+    let compat = api
+        .action("get", json!({"run_id": held, "wait_ms": 300}))
+        .await;
+    assert_eq!(compat.status, 200, "{compat:?}");
+    assert_eq!(compat.json()["status"], "running");
+    let launched = api
+        .action("launch", json!({"script": sleeping(10), "wait_ms": 30_000}))
+        .await;
+    assert_eq!(launched.status, 200, "{launched:?}");
+    assert_eq!(
+        launched.json()["status"],
+        "completed",
+        "{:?}",
+        launched.json()
+    );
+
+    // A wait that is not a duration is refused, naming it; another user's workflow is 404.
+    for bad in ["soon", "30", "1.5s", "-1s", "1h"] {
+        let (refused, _) = get_waiting(&mut api, &held, bad).await;
+        assert_refused(&refused, 400, "bad_request", &format!("{bad:?}"));
+    }
+    let created = api
+        .call(
+            "POST",
+            "/api/v1/auth/users",
+            Some(json!({"email": "bob@example.com", "password": PASSWORD})),
+        )
+        .await;
+    assert_eq!(created.status, 201, "{created:?}");
+    let mut bob = node.api();
+    assert_eq!(bob.login("bob@example.com", PASSWORD).await.status, 200);
+    let (hidden, _) = get_waiting(&mut bob, &held, "5s").await;
+    assert_refused(&hidden, 404, "not_found", &held);
+}
+
+both!(waits_answer_at_the_end_at_a_checkpoint_and_at_the_deadline);
+
+/// Sends a waiting `GET` on a raw connection and returns it unanswered (dropping it is a
+/// client that went away).
+fn raw_waiter(node: &Node, api: &Api, run_id: &str) -> std::net::TcpStream {
+    use std::io::Write;
+    let cookies: Vec<String> = api
+        .cookies
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    let mut stream = std::net::TcpStream::connect(node.addr).expect("connect");
+    write!(
+        stream,
+        "GET /api/v1/workflows/{run_id}?wait=60s HTTP/1.1\r\nHost: {}\r\nCookie: {}\r\n\r\n",
+        node.addr,
+        cookies.join("; ")
+    )
+    .expect("send");
+    stream
+}
+
+/// A raw waiter that holds a waiter's place: sent again while its answer comes at once (it
+/// met the place taken).
+async fn parked_waiter(node: &Node, api: &Api, run_id: &str) -> std::net::TcpStream {
+    for _ in 0..50 {
+        let stream = raw_waiter(node, api, run_id);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        stream.set_nonblocking(true).expect("nonblocking");
+        let mut byte = [0u8; 1];
+        match stream.peek(&mut byte) {
+            Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => return stream,
+            _ => continue,
+        }
+    }
+    panic!("the raw waiter never held a place");
+}
+
+async fn waits_are_capped_and_counted_and_a_gone_client_frees_its_place(postgres: bool) {
+    let db = Db::new(postgres).await;
+    let node = Node::start(
+        &db,
+        &env(&[
+            NO_FALLBACK,
+            ("REINS_HTTP__WAIT_MAX_MS", "1000"),
+            ("REINS_HTTP__WAITERS_MAX", "1"),
+        ]),
+    );
+    let mut api = initialize(&node).await;
+    let held = launch(&mut api, &sleeping(600_000)).await;
+
+    // Ten minutes asked, `http.wait_max_ms` given.
+    let (capped, took) = get_waiting(&mut api, &held, "10m").await;
+    assert_eq!(capped.status, 200, "{capped:?}");
+    assert_eq!(capped.json()["status"], "running");
+    assert!(
+        took >= Duration::from_millis(1000) && took < Duration::from_secs(10),
+        "a 10m wait capped at 1000 ms took {took:?}"
+    );
+
+    // One waiter at most: a second is 503 with Retry-After, and a launch that would wait
+    // launches nothing.
+    let parked = parked_waiter(&node, &api, &held).await;
+    let (busy, _) = get_waiting(&mut api, &held, "10ms").await;
+    assert_refused(&busy, 503, "waiters_busy", "http.waiters_max");
+    assert_eq!(
+        busy.headers.get("retry-after").map(|v| v.to_str().ok()),
+        Some(Some("1"))
+    );
+    let before = api.call("GET", "/api/v1/workflows", None).await.json()["workflows"]
+        .as_array()
+        .map(Vec::len);
+    let (refused, _) = launch_waiting(&mut api, &sleeping(1), "5s").await;
+    assert_refused(&refused, 503, "waiters_busy", "http.waiters_max");
+    let after = api.call("GET", "/api/v1/workflows", None).await.json()["workflows"]
+        .as_array()
+        .map(Vec::len);
+    assert_eq!(before, after, "a refused waiting launch launched something");
+
+    // The client goes away: its place is free again.
+    drop(parked);
+    eventually(
+        Duration::from_secs(10),
+        "the gone client's place came back",
+        async || get_waiting(&mut api, &held, "10ms").await.0.status == 200,
+    )
+    .await;
+}
+
+both!(waits_are_capped_and_counted_and_a_gone_client_frees_its_place);
+
+/// Two real nodes on one PostgreSQL database, both signed in as the first admin.
+async fn two_nodes(extra: &[(&'static str, &str)]) -> (Db, Node, Api, Node, Api) {
+    let db = Db::new(true).await;
+    let a = Node::start(&db, &env(extra));
+    let b = Node::start(&db, &env(extra));
+    let api_a = initialize(&a).await;
+    let mut api_b = b.api();
+    assert_eq!(
+        api_b.login(crate::http_api::ADMIN, PASSWORD).await.status,
+        200
+    );
+    (db, a, api_a, b, api_b)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_decision_on_one_node_resumes_a_workflow_owned_by_another_with_no_timer() {
+    let (_db, _a, mut api_a, _b, mut api_b) = two_nodes(&[NO_FALLBACK]).await;
+    let (waiting, _) = launch_waiting(&mut api_a, CHECKPOINT, "30s").await;
+    let waiting = waiting.json();
+    assert_eq!(waiting["status"], "waiting_approval", "{waiting}");
+    let run_id = waiting["run_id"].as_str().expect("run_id").to_owned();
+    // Decided on B, waited for on B: A (the owner) hears the control, B hears the end.
+    approve(&mut api_b, &waiting).await;
+    let (ended, took) = get_waiting(&mut api_b, &run_id, "30s").await;
+    assert_eq!(ended.json()["status"], "completed", "{:?}", ended.json());
+    assert!(took < Duration::from_secs(10), "the wait took {took:?}");
+    assert_eq!(
+        ended.json()["owner"],
+        waiting["owner"],
+        "the workflow stayed on its owner"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_slot_freed_on_one_node_admits_a_step_queued_on_another_with_no_timer() {
+    let (_db, _a, mut api_a, _b, mut api_b) =
+        two_nodes(&[NO_FALLBACK, ("REINS_LIMITS__MAX_ACTIVE_CHILDREN", "1")]).await;
+    // A holds the only slot for a second; B's step queues behind it.
+    let first = launch(&mut api_a, &sleeping(1000)).await;
+    eventually(
+        Duration::from_secs(10),
+        "A's step holds the slot",
+        async || {
+            let record = api_a
+                .call("GET", &format!("/api/v1/workflows/{first}"), None)
+                .await
+                .json();
+            record["steps"][0]["status"] == "running"
+        },
+    )
+    .await;
+    let (second, took) = launch_waiting(&mut api_b, &sleeping(10), "30s").await;
+    let second = second.json();
+    assert_eq!(second["status"], "completed", "{second}");
+    assert!(
+        took < Duration::from_secs(15),
+        "the queued step waited {took:?}"
+    );
+    let (first, _) = get_waiting(&mut api_a, &first, "30s").await;
+    assert_eq!(first.json()["status"], "completed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_killed_listen_connection_reconnects_and_its_resync_catches_what_it_missed() {
+    let db = Db::new(true).await;
+    let node = Node::start(&db, &env(&[NO_FALLBACK]));
+    let mut api = initialize(&node).await;
+    let (waiting, _) = launch_waiting(&mut api, CHECKPOINT, "30s").await;
+    let waiting = waiting.json();
+    assert_eq!(waiting["status"], "waiting_approval", "{waiting}");
+    let run_id = waiting["run_id"].as_str().expect("run_id").to_owned();
+    let Db::Postgres(test_db) = &db else {
+        unreachable!("a PostgreSQL database")
+    };
+    let admin = test_db.pg_client().await;
+    let name: String = admin
+        .query_one("SELECT current_database()", &[])
+        .await
+        .expect("database")
+        .get(0);
+    let listener = || async {
+        admin
+            .query_opt(
+                "SELECT pid FROM pg_stat_activity WHERE datname = $1 AND application_name = $2",
+                &[&name, &store::LISTEN_APPLICATION_NAME],
+            )
+            .await
+            .expect("activity")
+            .map(|row| row.get::<_, i32>(0))
+    };
+    let killed = listener().await.expect("the node listens");
+    // ALTER DATABASE runs from another database than the one it changes.
+    let (server, connection) = tokio_postgres::connect(
+        &std::env::var("REINS_TEST_PG").expect("REINS_TEST_PG"),
+        tokio_postgres::NoTls,
+    )
+    .await
+    .expect("connect to the server");
+    tokio::spawn(connection);
+
+    // The listener is killed and kept out while a decision commits: the node cannot hear it.
+    server
+        .execute(
+            &format!("ALTER DATABASE {name} ALLOW_CONNECTIONS false"),
+            &[],
+        )
+        .await
+        .expect("keep new connections out");
+    let terminated: bool = admin
+        .query_one("SELECT pg_terminate_backend($1)", &[&killed])
+        .await
+        .expect("terminate")
+        .get(0);
+    assert!(terminated);
+    approve(&mut api, &waiting).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let missed = api
+        .call("GET", &format!("/api/v1/workflows/{run_id}"), None)
+        .await
+        .json();
+    assert_eq!(
+        missed["status"], "waiting_approval",
+        "the decision was heard without a listener"
+    );
+    server
+        .execute(
+            &format!("ALTER DATABASE {name} ALLOW_CONNECTIONS true"),
+            &[],
+        )
+        .await
+        .expect("let connections in");
+
+    // It reconnects, and its resync finds the decision: no timer (the fallback is an hour).
+    let (ended, took) = get_waiting(&mut api, &run_id, "30s").await;
+    assert_eq!(ended.json()["status"], "completed", "{:?}", ended.json());
+    assert!(took < Duration::from_secs(10), "the wait took {took:?}");
+    let again = listener().await.expect("the node listens again");
+    assert_ne!(again, killed);
+}
+
+/// Transactions committed or rolled back in database `name` so far, read from another database
+/// (so the reading itself is not counted). PostgreSQL publishes a backend's counts when it goes
+/// idle, at the latest 10 s after its last statement.
+async fn transactions(server: &tokio_postgres::Client, name: &str) -> i64 {
+    server
+        .query_one(
+            "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = $1",
+            &[&name],
+        )
+        .await
+        .expect("database statistics")
+        .get(0)
+}
+
+/// The transactions a node runs in a quiet period: counts published before it (11 s of
+/// nothing first), then 3 s, then 11 s for the period's own counts to be published.
+async fn quiet_transactions(server: &tokio_postgres::Client, name: &str) -> i64 {
+    const PUBLISHED: Duration = Duration::from_secs(11);
+    tokio::time::sleep(PUBLISHED).await;
+    let before = transactions(server, name).await;
+    tokio::time::sleep(Duration::from_secs(3) + PUBLISHED).await;
+    transactions(server, name).await - before
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_thousand_parked_waiters_run_no_query_while_nothing_happens() {
+    const WAITERS: usize = 1000;
+    let db = Db::new(true).await;
+    // Long leases: their renewals (a third of a lease) fall outside the periods measured.
+    let node = Node::start(
+        &db,
+        &env(&[
+            NO_FALLBACK,
+            ("REINS_LEASE_SECONDS", "600"),
+            ("REINS_HTTP__CONNECTIONS_MAX", "4096"),
+        ]),
+    );
+    let mut api = initialize(&node).await;
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        held.push(launch(&mut api, &sleeping(600_000)).await);
+    }
+    for id in &held {
+        eventually(Duration::from_secs(10), "the step runs", async || {
+            let record = api
+                .call("GET", &format!("/api/v1/workflows/{id}"), None)
+                .await
+                .json();
+            record["steps"][0]["status"] == "running"
+        })
+        .await;
+    }
+    let Db::Postgres(test_db) = &db else {
+        unreachable!("a PostgreSQL database")
+    };
+    let name: String = test_db
+        .pg_client()
+        .await
+        .query_one("SELECT current_database()", &[])
+        .await
+        .expect("database")
+        .get(0);
+    let (server, connection) = tokio_postgres::connect(
+        &std::env::var("REINS_TEST_PG").expect("REINS_TEST_PG"),
+        tokio_postgres::NoTls,
+    )
+    .await
+    .expect("connect to the server");
+    tokio::spawn(connection);
+
+    let background = quiet_transactions(&server, &name).await;
+    let waiters: Vec<_> = (0..WAITERS)
+        .map(|i| {
+            let (mut api, id) = (api.clone(), held[i % held.len()].clone());
+            tokio::spawn(async move { get_waiting(&mut api, &id, "60s").await })
+        })
+        .collect();
+    // Every waiter has read its workflow once and is parked.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let parked = waiters
+        .iter()
+        .filter(|waiter| !waiter.is_finished())
+        .count();
+    assert_eq!(parked, WAITERS, "waiters answered before anything happened");
+    let with_waiters = quiet_transactions(&server, &name).await;
+    assert!(
+        with_waiters <= background + 2,
+        "{WAITERS} parked waiters ran {with_waiters} transactions in a quiet period; the node \
+         alone ran {background}"
+    );
+    eprintln!(
+        "quiet period: {background} transactions alone, {with_waiters} with {WAITERS} waiters"
+    );
+
+    // A change wakes them: each answers with the record.
+    let cancelled = api
+        .call(
+            "POST",
+            &format!("/api/v1/workflows/{}/cancel", held[0]),
+            None,
+        )
+        .await;
+    assert_eq!(cancelled.status, 200, "{cancelled:?}");
+    let mut answered = 0;
+    for (i, waiter) in waiters.into_iter().enumerate() {
+        if i % held.len() == 0 {
+            let (answer, _) = waiter.await.expect("waiter");
+            assert_eq!(answer.json()["status"], "cancelled", "{:?}", answer.json());
+            answered += 1;
+        } else {
+            waiter.abort();
+        }
+    }
+    assert_eq!(answered, WAITERS / held.len());
+}
+
+/// `GET /api/v1/workflows/{id}` requests the node answered so far.
+async fn gets_answered(api: &mut Api) -> u64 {
+    let text = api.call("GET", "/metrics", None).await;
+    String::from_utf8_lossy(&text.body)
+        .lines()
+        .filter(|line| {
+            line.starts_with("reins_http_requests_total{")
+                && line.contains("method=\"GET\"")
+                && line.contains("route=\"/api/v1/workflows/{id}\"")
+        })
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn reins_run_and_get_wait_on_the_server_and_never_poll() {
+    use crate::cli::{cli, code, json_of};
+    let db = Db::new(false).await;
+    // The server waits at most a second: a 2.5 s workflow takes the client a few waits.
+    let node = Node::start(
+        &db,
+        &env(&[NO_FALLBACK, ("REINS_HTTP__WAIT_MAX_MS", "1000")]),
+    );
+    let dir = tempfile::tempdir().expect("temp dir");
+    let home = dir.path();
+    std::fs::write(home.join("slow.js"), sleeping(2500)).expect("script");
+    std::fs::write(home.join("review.js"), CHECKPOINT).expect("script");
+    let init = cli(home, &node, &["init", "--email", crate::http_api::ADMIN]);
+    assert_eq!(code(&init), 0, "{}", String::from_utf8_lossy(&init.stderr));
+    let mut api = node.api();
+    let gets_before = gets_answered(&mut api).await;
+
+    let run = cli(home, &node, &["run", "slow.js", "--wait", "--json"]);
+    assert_eq!(code(&run), 0, "{}", String::from_utf8_lossy(&run.stderr));
+    let record = json_of(&run);
+    assert_eq!(record["status"], "completed", "{record}");
+    assert_eq!(record["result"], "slept");
+    let gets = gets_answered(&mut api).await - gets_before;
+    assert!(
+        (1..=4).contains(&gets),
+        "a 2.5 s workflow under a 1 s server wait took {gets} gets (a poll would take many)"
+    );
+
+    let launched = cli(home, &node, &["run", "review.js", "--json"]);
+    assert_eq!(
+        code(&launched),
+        0,
+        "{}",
+        String::from_utf8_lossy(&launched.stderr)
+    );
+    let run_id = json_of(&launched)["run_id"]
+        .as_str()
+        .expect("run_id")
+        .to_owned();
+    let waited = cli(home, &node, &["get", &run_id, "--wait", "--json"]);
+    assert_eq!(
+        code(&waited),
+        3,
+        "waits for a person: {}",
+        String::from_utf8_lossy(&waited.stderr)
+    );
+    assert_eq!(json_of(&waited)["status"], "waiting_approval");
+}
