@@ -126,10 +126,16 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         postgres: include_str!("../migrations/postgres/0019_change_bus.sql"),
         sqlite: include_str!("../migrations/sqlite/0019_change_bus.sql"),
     },
+    Migration {
+        version: 20,
+        name: "runs_that_asked",
+        postgres: include_str!("../migrations/postgres/0020_runs_that_asked.sql"),
+        sqlite: include_str!("../migrations/sqlite/0020_runs_that_asked.sql"),
+    },
 ];
 
 /// The schema version this build expects.
-pub const SCHEMA_VERSION: i64 = 19;
+pub const SCHEMA_VERSION: i64 = 20;
 
 /// The advisory-lock key PostgreSQL migrations serialise on ("reins" in ASCII).
 pub(crate) const PG_MIGRATION_LOCK: i64 = 0x0072_6569_6e73;
