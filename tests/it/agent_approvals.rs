@@ -7,6 +7,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use crate::cli::{cli, code, json_of};
+use crate::harness::both;
 use crate::http_api::{ADMIN, Db, Node, PASSWORD, assert_refused, initialize, launch, wait_for};
 use crate::http_client::Api;
 
@@ -41,22 +42,6 @@ async fn wait_for_request(api: &mut Api, run_id: &str) -> Value {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-}
-
-macro_rules! both {
-    ($name:ident) => {
-        mod $name {
-            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn sqlite() {
-                super::$name(false).await
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn postgres() {
-                super::$name(true).await
-            }
-        }
-    };
 }
 
 both!(an_agents_request_is_shown_answered_once_and_the_workflow_goes_on_with_it);

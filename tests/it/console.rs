@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
+use crate::harness::both;
 use crate::harness::http_get;
 use crate::http_api::{ADMIN, Db, Node, PASSWORD, initialize, launch, wait_for};
 use crate::webdriver::Browser;
@@ -787,22 +788,6 @@ const PAUSE_BESIDE_AN_AGENT: &str = r#"
         () => agent({stepId: "slow", agentRef: "scripted", task: {sleep_ms: 600000}}),
     ]);
 "#;
-
-macro_rules! both {
-    ($name:ident) => {
-        mod $name {
-            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn sqlite() {
-                super::$name(false).await
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn postgres() {
-                super::$name(true).await
-            }
-        }
-    };
-}
 
 both!(the_inbox_shows_what_waits_for_the_caller_oldest_first_within_its_bound);
 async fn the_inbox_shows_what_waits_for_the_caller_oldest_first_within_its_bound(postgres: bool) {

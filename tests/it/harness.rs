@@ -158,6 +158,25 @@ macro_rules! on_both_backends {
 }
 pub(crate) use on_both_backends;
 
+/// Two tests, `sqlite` and `postgres`, from one async function `$name(postgres: bool)` of the
+/// calling module (the shape of the tests that start the real binary).
+macro_rules! both {
+    ($name:ident) => {
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn sqlite() {
+                super::$name(false).await
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn postgres() {
+                super::$name(true).await
+            }
+        }
+    };
+}
+pub(crate) use both;
+
 /// The `reins` binary built from this workspace.
 pub fn reins_bin() -> PathBuf {
     if let Ok(path) = std::env::var("REINS_TEST_BIN") {

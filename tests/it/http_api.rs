@@ -10,6 +10,7 @@ use base64::Engine;
 use serde_json::{Value, json};
 use tempfile::TempDir;
 
+use crate::harness::both;
 use crate::harness::{ReinsProcess, TestDb, free_port};
 use crate::http_client::{Answer, Api};
 
@@ -187,22 +188,6 @@ const SCRIPT: &str = r#"
                                           artifactVersion: f.artifactVersion});
     return {version: f.artifactVersion, resumed, decision: review.decision};
 "#;
-
-macro_rules! both {
-    ($name:ident) => {
-        mod $name {
-            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn sqlite() {
-                super::$name(false).await
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn postgres() {
-                super::$name(true).await
-            }
-        }
-    };
-}
 
 both!(every_action_works_and_fails_the_same_through_rest_and_actions);
 async fn every_action_works_and_fails_the_same_through_rest_and_actions(postgres: bool) {

@@ -11,29 +11,13 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+use crate::harness::both;
 use crate::harness::http_get;
 use crate::http_api::{ADMIN, Db, Node, PASSWORD, initialize, launch, wait_for};
 use crate::http_client::{Answer, Api};
 
 /// The policy every reply carries (`api/src/http/mod.rs`).
 const SANDBOX_POLICY: &str = "sandbox; default-src 'none'; frame-ancestors 'none'";
-
-/// One test per backend from one async body taking `postgres: bool`.
-macro_rules! both_backends {
-    ($name:ident) => {
-        mod $name {
-            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn sqlite() {
-                super::$name(false).await
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn postgres() {
-                super::$name(true).await
-            }
-        }
-    };
-}
 
 fn header<'a>(answer: &'a Answer, name: &str) -> &'a str {
     answer
@@ -255,7 +239,7 @@ async fn emails_are_normalised_and_passwords_have_a_minimum(postgres: bool) {
     }
 }
 
-both_backends!(emails_are_normalised_and_passwords_have_a_minimum);
+both!(emails_are_normalised_and_passwords_have_a_minimum);
 
 /// The most memory the process has held so far (`VmHWM`), in MiB.
 fn peak_memory_mib(pid: u32) -> u64 {

@@ -8,24 +8,9 @@ use std::collections::HashSet;
 use serde_json::{Value, json};
 
 use crate::cli::{cli, code};
+use crate::harness::both;
 use crate::http_api::{Db, Node, assert_refused, initialize, launch, wait_for};
 use crate::http_client::Api;
-
-macro_rules! both {
-    ($name:ident) => {
-        mod $name {
-            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn sqlite() {
-                super::$name(false).await
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn postgres() {
-                super::$name(true).await
-            }
-        }
-    };
-}
 
 const PAGE: usize = 5;
 

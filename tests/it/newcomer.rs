@@ -12,24 +12,9 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use crate::cli::{cli, code};
+use crate::harness::both;
 use crate::harness::{free_port, reins_command};
 use crate::http_api::{ADMIN, Db, Node, initialize, launch, wait_for};
-
-macro_rules! both {
-    ($name:ident) => {
-        mod $name {
-            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn sqlite() {
-                super::$name(false).await
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn postgres() {
-                super::$name(true).await
-            }
-        }
-    };
-}
 
 const REPORT: &str = "hello report";
 

@@ -6,24 +6,9 @@
 
 use serde_json::{Value, json};
 
+use crate::harness::both;
 use crate::http_api::{ADMIN, Db, Node, PASSWORD, assert_refused, initialize, launch, wait_for};
 use crate::http_client::Api;
-
-macro_rules! both {
-    ($name:ident) => {
-        mod $name {
-            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn sqlite() {
-                super::$name(false).await
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn postgres() {
-                super::$name(true).await
-            }
-        }
-    };
-}
 
 const BOB: &str = "bob@example.com";
 const CAROL: &str = "carol@example.com";

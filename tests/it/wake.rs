@@ -8,25 +8,10 @@ use serde_json::{Value, json};
 use store::{Change, Fence, NewControl, NewWorkflow, WriteOp};
 use tokio::sync::broadcast;
 
+use crate::harness::both;
 use crate::harness::{eventually, on_both_backends};
 use crate::http_api::{Db, Node, PASSWORD, assert_refused, initialize, launch};
 use crate::http_client::{Answer, Api};
-
-macro_rules! both {
-    ($name:ident) => {
-        mod $name {
-            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn sqlite() {
-                super::$name(false).await
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn postgres() {
-                super::$name(true).await
-            }
-        }
-    };
-}
 
 /// The next change that is not a resync, within a generous bound.
 async fn next_change(changes: &mut broadcast::Receiver<Change>) -> Change {
