@@ -8,7 +8,9 @@
 use std::cell::RefCell;
 use std::collections::{HashSet, VecDeque};
 use std::rc::Rc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use crate::cpu_clock::thread_cpu_time;
 
 use rquickjs::context::EvalOptions;
 use rquickjs::{CatchResultExt, CaughtError, Context, Ctx, Function, Persistent, Runtime};
@@ -43,7 +45,8 @@ pub struct Vm {
     context: Context,
     runtime: Runtime,
     host: Rc<RefCell<Host>>,
-    deadline: Rc<RefCell<Instant>>,
+    /// The thread CPU time (`thread_cpu_time`) past which the running script is interrupted.
+    deadline: Rc<RefCell<Duration>>,
 }
 
 /// The VM's side of the script API, shared with the functions the script calls.
@@ -113,9 +116,13 @@ impl Vm {
         }
         let memory_bytes = memory_bytes.min(limits.script_memory_bytes_max);
         let runtime = sandbox_runtime(&limits, memory_bytes)?;
-        let deadline = Rc::new(RefCell::new(Instant::now() + limits.cpu_between_awaits()));
+        let deadline = Rc::new(RefCell::new(
+            thread_cpu_time() + limits.cpu_between_awaits(),
+        ));
         let watched = Rc::clone(&deadline);
-        runtime.set_interrupt_handler(Some(Box::new(move || Instant::now() > *watched.borrow())));
+        runtime.set_interrupt_handler(Some(Box::new(move || {
+            thread_cpu_time() > *watched.borrow()
+        })));
         let context = Context::full(&runtime).map_err(engine)?;
 
         let step_ids = options
@@ -271,7 +278,7 @@ impl Vm {
 
     fn rearm(&self) {
         let limits = &self.host.borrow().limits;
-        *self.deadline.borrow_mut() = Instant::now() + limits.cpu_between_awaits();
+        *self.deadline.borrow_mut() = thread_cpu_time() + limits.cpu_between_awaits();
     }
 
     fn drain_jobs(&self) -> Result<(), String> {
@@ -290,7 +297,9 @@ impl Vm {
                             |e| e.message().unwrap_or_default(),
                         )
                     });
-                    if Instant::now() > *self.deadline.borrow() || message.contains("interrupted") {
+                    if thread_cpu_time() > *self.deadline.borrow()
+                        || message.contains("interrupted")
+                    {
                         return Err(format!(
                             "the script ran for more than script_cpu_ms_max ({} ms) without awaiting",
                             limits.script_cpu_ms_max
