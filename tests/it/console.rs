@@ -40,7 +40,7 @@ fn sign_in(browser: &Browser, node: &Node, email: &str) {
     browser
         .find("#sign-in input[type=password]", WAIT)
         .type_text(PASSWORD);
-    browser.find("#sign-in button[type=submit]", WAIT).click();
+    browser.click_on("#sign-in button[type=submit]", WAIT);
     browser.wait_until(
         "signing in",
         "return !document.getElementById('who').hidden;",
@@ -155,14 +155,12 @@ async fn a_person_signs_in_launches_the_review_and_approves_it_from_the_inbox() 
     browser.screenshot("02-inbox-empty");
 
     // Launch the review example from the workflows page.
-    browser.find("a[data-nav=workflows]", WAIT).click();
-    browser.find("details.card summary", WAIT).click();
+    browser.click_on("a[data-nav=workflows]", WAIT);
+    browser.click_on("details.card summary", WAIT);
     browser
         .find("textarea[name=script]", WAIT)
         .type_text(REVIEW);
-    browser
-        .find("form.launch button[type=submit]", WAIT)
-        .click();
+    browser.click_on("form.launch button[type=submit]", WAIT);
     browser.find("#workflow-status", WAIT);
     let run_id = browser
         .run("return location.hash.split('/')[2];", json!([]))
@@ -205,9 +203,7 @@ async fn a_person_signs_in_launches_the_review_and_approves_it_from_the_inbox() 
     browser
         .find(&format!("{item} textarea[name=comment]"), WAIT)
         .type_text("looks right to me");
-    browser
-        .find(&format!("{item} button[data-action=approve]"), WAIT)
-        .click();
+    browser.click_on(&format!("{item} button[data-action=approve]"), WAIT);
     browser.wait_for_text("Nothing waits for you.", WAIT);
     assert!(
         browser.title().starts_with("(0) Inbox"),
@@ -284,9 +280,7 @@ async fn an_agents_request_is_answered_from_the_inbox_and_another_user_sees_noth
     browser
         .find(&format!("{item} textarea[name=comment]"), WAIT)
         .type_text("go ahead");
-    browser
-        .find(&format!("{item} button[data-action=approve]"), WAIT)
-        .click();
+    browser.click_on(&format!("{item} button[data-action=approve]"), WAIT);
     let record = wait_for(&mut api, &run_id, "completed").await;
     assert_eq!(
         record["result"],
@@ -307,7 +301,7 @@ async fn an_agents_request_is_answered_from_the_inbox_and_another_user_sees_noth
     browser.goto(&url(&node, "#/tokens"));
     browser.find("#tokens", WAIT);
     browser.find("input[name=name]", WAIT).type_text("ci");
-    browser.find("form.card button[type=submit]", WAIT).click();
+    browser.click_on("form.card button[type=submit]", WAIT);
     browser.wait_for_text("it is not shown again", WAIT);
     browser.find("[data-token]", WAIT);
     browser.screenshot("04-tokens");
@@ -388,9 +382,7 @@ async fn stored_html_and_script_stay_inert_text_or_a_download() {
     assert!(html_version.contains("Download version"), "{html_version}");
     assert_inert(&browser, "inbox");
     browser.screenshot("01-inbox-html-artifact");
-    browser
-        .find(&format!("{item} button[data-action=approve]"), WAIT)
-        .click();
+    browser.click_on(&format!("{item} button[data-action=approve]"), WAIT);
     let item = format!("[data-item='{run_id}/check-text/1']");
     browser.wait_until(
         "the text artifact previewed as text",
@@ -483,12 +475,12 @@ async fn a_pause_is_resumed_a_workflow_cancelled_and_deleted_and_the_list_pages(
     assert_eq!(browser.all("tbody tr").len(), 25);
     browser.wait_for_text("Page 1", WAIT);
     browser.screenshot("01-workflows-page-1");
-    browser.find(".pager button:last-child", WAIT).click();
+    browser.click_on(".pager button:last-child", WAIT);
     browser.find(&format!("tr[data-run='{first}']"), WAIT);
     browser.wait_for_text("Page 2", WAIT);
     assert_eq!(browser.all("tbody tr").len(), 4);
     browser.screenshot("02-workflows-page-2");
-    browser.find(".pager button:first-child", WAIT).click();
+    browser.click_on(".pager button:first-child", WAIT);
     browser.find(&format!("tr[data-run='{doomed}']"), WAIT);
     // Filtered by status.
     browser.find(".filters select", WAIT);
@@ -518,7 +510,7 @@ async fn a_pause_is_resumed_a_workflow_cancelled_and_deleted_and_the_list_pages(
     browser
         .find("input[type=search]", WAIT)
         .type_text("nightly-7");
-    browser.find("form.search button", WAIT).click();
+    browser.click_on("form.search button", WAIT);
     browser.wait_until(
         "the workflow found by its request id",
         &format!("return location.hash === '#/workflows/{nightly}';"),
@@ -532,15 +524,13 @@ async fn a_pause_is_resumed_a_workflow_cancelled_and_deleted_and_the_list_pages(
         .find(&format!("{item} textarea[name=input]"), WAIT)
         .type_text(r#"{"answer": 42}"#);
     browser.screenshot("03-inbox-pauses");
-    browser
-        .find(&format!("{item} button[data-action=resume]"), WAIT)
-        .click();
+    browser.click_on(&format!("{item} button[data-action=resume]"), WAIT);
     let record = wait_for(&mut api, &pausing, "completed").await;
     assert_eq!(record["result"], json!({"answer": 42}), "{record}");
 
     // Cancelled from its page, then deleted (the console asks before it deletes).
     browser.goto(&url(&node, &format!("#/workflows/{doomed}")));
-    browser.find("button[data-action=cancel]", WAIT).click();
+    browser.click_on("button[data-action=cancel]", WAIT);
     browser.wait_until(
         "the workflow page turning cancelled",
         "return document.querySelector('#workflow-status').textContent === 'cancelled';",
@@ -551,9 +541,9 @@ async fn a_pause_is_resumed_a_workflow_cancelled_and_deleted_and_the_list_pages(
         browser.all("button[data-action=resume]").is_empty(),
         "nothing to answer in a cancelled workflow"
     );
-    browser.find(".confirm button.danger", WAIT).click();
+    browser.click_on(".confirm button.danger", WAIT);
     browser.screenshot("04-delete-asks");
-    browser.find(".confirm button.danger", WAIT).click();
+    browser.click_on(".confirm button.danger", WAIT);
     browser.wait_until(
         "back on the list",
         "return location.hash === '#/workflows';",
@@ -595,7 +585,7 @@ async fn an_admin_recovers_and_reconciles_an_uncertain_step_from_the_workflow_pa
     crate::operators::admin_json(&node.admin_socket(), &["fence", &run_id]);
     browser.find("button[data-action=recover]", WAIT);
     browser.screenshot("01-recoverable");
-    browser.find("button[data-action=recover]", WAIT).click();
+    browser.click_on("button[data-action=recover]", WAIT);
     browser.find("form.reconcile", WAIT);
     browser.wait_for_text("needs_reconciliation", WAIT);
     browser.screenshot("02-needs-reconciliation");
@@ -609,9 +599,7 @@ async fn an_admin_recovers_and_reconciles_an_uncertain_step_from_the_workflow_pa
     browser
         .find("form.reconcile input[name=reason]", WAIT)
         .type_text("the agent's effects were checked");
-    browser
-        .find("form.reconcile button[type=submit]", WAIT)
-        .click();
+    browser.click_on("form.reconcile button[type=submit]", WAIT);
     let record = wait_for(&mut api, &run_id, "completed").await;
     assert_eq!(record["result"], "checked by hand", "{record}");
     browser.wait_until(
@@ -656,7 +644,7 @@ async fn an_admin_manages_users_and_an_approver_answers_anyones_checkpoint() {
             "document.querySelector('#new-user select[name=role]').value = arguments[0];",
             json!([role]),
         );
-        browser.find("#new-user button[type=submit]", WAIT).click();
+        browser.click_on("#new-user button[type=submit]", WAIT);
         browser.wait_for_text(&format!("Created {email}."), WAIT);
     }
     let ann = user_id(&mut admin, "ann@example.com").await;
@@ -668,48 +656,36 @@ async fn an_admin_manages_users_and_an_approver_answers_anyones_checkpoint() {
     // Dan: disabled (his session ends), enabled, a new password, signed out everywhere, deleted.
     let mut dan_api = node.api();
     assert_eq!(dan_api.login("dan@example.com", PASSWORD).await.status, 200);
-    browser
-        .find(&format!("{} button[data-action=disable]", card(&dan)), WAIT)
-        .click();
+    browser.click_on(&format!("{} button[data-action=disable]", card(&dan)), WAIT);
     browser.find(&format!("{} button[data-action=enable]", card(&dan)), WAIT);
     assert_eq!(
         dan_api.call("GET", "/api/v1/auth/me", None).await.status,
         401
     );
-    browser
-        .find(&format!("{} button[data-action=enable]", card(&dan)), WAIT)
-        .click();
+    browser.click_on(&format!("{} button[data-action=enable]", card(&dan)), WAIT);
     browser.find(&format!("{} button[data-action=disable]", card(&dan)), WAIT);
     let fresh = "another correct horse";
     browser
         .find(&format!("{} input[name=password]", card(&dan)), WAIT)
         .type_text(fresh);
-    browser
-        .find(
-            &format!("{} button[data-action=password]", card(&dan)),
-            WAIT,
-        )
-        .click();
+    browser.click_on(
+        &format!("{} button[data-action=password]", card(&dan)),
+        WAIT,
+    );
     browser.wait_for_text("Password reset", WAIT);
     assert_eq!(dan_api.login("dan@example.com", PASSWORD).await.status, 401);
     assert_eq!(dan_api.login("dan@example.com", fresh).await.status, 200);
-    browser
-        .find(
-            &format!("{} button[data-action=sign-out]", card(&dan)),
-            WAIT,
-        )
-        .click();
+    browser.click_on(
+        &format!("{} button[data-action=sign-out]", card(&dan)),
+        WAIT,
+    );
     browser.wait_for_text("Signed out everywhere", WAIT);
     assert_eq!(
         dan_api.call("GET", "/api/v1/auth/me", None).await.status,
         401
     );
-    browser
-        .find(&format!("{} .confirm button.danger", card(&dan)), WAIT)
-        .click();
-    browser
-        .find(&format!("{} .confirm button.danger", card(&dan)), WAIT)
-        .click();
+    browser.click_on(&format!("{} .confirm button.danger", card(&dan)), WAIT);
+    browser.click_on(&format!("{} .confirm button.danger", card(&dan)), WAIT);
     browser.wait_until(
         "dan's card gone",
         &format!(
@@ -723,22 +699,18 @@ async fn an_admin_manages_users_and_an_approver_answers_anyones_checkpoint() {
         "document.querySelector(arguments[0] + ' select[name=role]').value = 'approver';",
         json!([card(&ann)]),
     );
-    browser
-        .find(&format!("{} button[data-action=role]", card(&ann)), WAIT)
-        .click();
+    browser.click_on(&format!("{} button[data-action=role]", card(&ann)), WAIT);
     browser.wait_for_text("Role saved", WAIT);
     browser.screenshot("02-users-changed");
 
     // Ann, an approver, answers the admin's checkpoint but sees no admin page.
-    browser.find("#sign-out", WAIT).click();
+    browser.click_on("#sign-out", WAIT);
     browser.find("#sign-in", WAIT);
     sign_in(&browser, &node, "ann@example.com");
     assert!(browser.all("[data-admin]:not([hidden])").is_empty());
     browser.goto(&url(&node, "#/inbox"));
     let item = format!("[data-item='{checking}/look/1']");
-    browser
-        .find(&format!("{item} button[data-action=approve]"), WAIT)
-        .click();
+    browser.click_on(&format!("{item} button[data-action=approve]"), WAIT);
     let record = wait_for(&mut admin, &checking, "completed").await;
     assert_eq!(record["checkpoints"][0]["decided_by"], "ann@example.com");
     browser.goto(&url(&node, &format!("#/workflows/{checking}")));
@@ -756,11 +728,11 @@ async fn an_admin_manages_users_and_an_approver_answers_anyones_checkpoint() {
     let inputs = browser.all("input[type=password]");
     inputs[0].type_text(PASSWORD);
     inputs[1].type_text("ann's brand new password");
-    browser.find("form.card button[type=submit]", WAIT).click();
+    browser.click_on("form.card button[type=submit]", WAIT);
     browser.wait_for_text("Your password is changed", WAIT);
     browser.screenshot("04-account");
-    browser.find(".confirm button.danger", WAIT).click();
-    browser.find(".confirm button.danger", WAIT).click();
+    browser.click_on(".confirm button.danger", WAIT);
+    browser.click_on(".confirm button.danger", WAIT);
     browser.find("#sign-in", WAIT);
     browser.wait_for_text("signed out everywhere", WAIT);
     let mut ann_api = node.api();

@@ -256,6 +256,27 @@ impl Browser {
         }
     }
 
+    /// Waits up to `within` for an element `css` selects and clicks it. The page re-renders on
+    /// live updates, so an element found may be replaced before the click lands: a stale one is
+    /// found again.
+    pub fn click_on(&self, css: &str, within: Duration) {
+        let deadline = Instant::now() + within;
+        loop {
+            let element = self.find(css, within);
+            let path = format!("/session/{}/element/{}/click", self.session, element.id);
+            match self.raw("POST", &path, Some(json!({}))) {
+                Ok(_) => return,
+                Err(error) if error.starts_with("stale element reference") => {
+                    assert!(
+                        Instant::now() < deadline,
+                        "{css:?} kept going stale: {error}"
+                    );
+                }
+                Err(error) => panic!("POST {path}: {error}"),
+            }
+        }
+    }
+
     /// Waits up to `within` for `condition` (a script answering a boolean) to hold.
     pub fn wait_until(&self, what: &str, condition: &str, within: Duration) {
         let deadline = Instant::now() + within;
@@ -370,14 +391,6 @@ pub struct Element<'a> {
 }
 
 impl Element<'_> {
-    pub fn click(&self) {
-        self.browser.command(
-            "POST",
-            &format!("/element/{}/click", self.id),
-            Some(json!({})),
-        );
-    }
-
     /// Types `text` into the element (after what it holds).
     pub fn type_text(&self, text: &str) {
         self.browser.command(
