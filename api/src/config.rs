@@ -148,6 +148,27 @@ pub struct HttpConfig {
     /// Proxies whose `X-Forwarded-For` is believed (addresses or CIDR ranges): a request from
     /// one of them is from the right-most address of that header that is not a trusted proxy.
     pub trusted_proxies: Vec<AddressRange>,
+    /// Who may read `GET /metrics` (addresses or CIDR ranges, judged on the client address);
+    /// anyone else gets 403. Loopback and the private networks by default.
+    pub metrics_from: Vec<AddressRange>,
+    /// How long the database's part of `/metrics` (workflows by status, the pool) is reused:
+    /// however often `/metrics` is asked, the database counts at most once in this period.
+    pub metrics_refresh_ms: u64,
+}
+
+/// Loopback and the private networks (RFC 1918, RFC 4193 unique local addresses).
+fn private_networks() -> Vec<AddressRange> {
+    [
+        "127.0.0.0/8",
+        "::1/128",
+        "10.0.0.0/8",
+        "172.16.0.0/12",
+        "192.168.0.0/16",
+        "fc00::/7",
+    ]
+    .into_iter()
+    .filter_map(|range| AddressRange::try_from(range.to_owned()).ok())
+    .collect()
 }
 
 impl Default for HttpConfig {
@@ -164,6 +185,8 @@ impl Default for HttpConfig {
             body_timeout_ms: 30_000,
             connections_max: 1024,
             trusted_proxies: Vec::new(),
+            metrics_from: private_networks(),
+            metrics_refresh_ms: 1000,
         }
     }
 }
@@ -529,7 +552,7 @@ impl Config {
             }
             _ => {}
         }
-        let positive: [(&'static str, u64); 31] = [
+        let positive: [(&'static str, u64); 32] = [
             ("store.pool_size", self.store.pool_size as u64),
             ("store.requests_max", self.store.requests_max as u64),
             ("store.write_batch_max", self.store.write_batch_max as u64),
@@ -551,6 +574,7 @@ impl Config {
             ("http.connections_max", self.http.connections_max),
             ("http.wait_max_ms", self.http.wait_max_ms),
             ("http.waiters_max", self.http.waiters_max),
+            ("http.metrics_refresh_ms", self.http.metrics_refresh_ms),
             ("events.poll_ms", self.events.poll_ms),
             ("events.keepalive_ms", self.events.keepalive_ms),
             ("events.batch_max", u64::from(self.events.batch_max)),

@@ -28,7 +28,7 @@ use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use actors::{Node, StoreHandle};
 use bytes::Bytes;
@@ -79,6 +79,8 @@ pub struct AppState {
     waiters: wait::Waiters,
     /// The event streams: their limits and places.
     streams: events::EventStreams,
+    /// The database's part of `/metrics` and when it was counted (see `http.metrics_refresh_ms`).
+    database_gauges: tokio::sync::Mutex<Option<(Instant, String)>>,
 }
 
 impl AppState {
@@ -108,6 +110,7 @@ impl AppState {
             hashing,
             waiters,
             streams: events::EventStreams::new(events),
+            database_gauges: tokio::sync::Mutex::new(None),
         }
     }
 
@@ -578,7 +581,7 @@ async fn dispatch(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
             },
         )),
         Op::Ready => ready(ctx.state).await,
-        Op::Metrics => metrics(ctx.state).await,
+        Op::Metrics => metrics(ctx).await,
         Op::OpenApi => Ok(json_reply(StatusCode::OK, openapi::document())),
         Op::Plugins => Ok(json_reply(StatusCode::OK, workflows::plugins())),
         Op::Initialize => users::initialize(ctx).await,
@@ -801,10 +804,47 @@ fn cookie_header(headers: &HeaderMap) -> String {
         .join("; ")
 }
 
-/// The node's counters plus what the database says right now: workflows by status (the whole
-/// cluster) and the store pool.
-async fn metrics(state: &AppState) -> Result<Reply, ApiError> {
+/// The node's counters plus what the database says (counted at most once every
+/// `http.metrics_refresh_ms`), for the clients `http.metrics_from` names.
+async fn metrics(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
+    let state = ctx.state;
+    if !state
+        .http
+        .metrics_from
+        .iter()
+        .any(|range| range.contains(ctx.client))
+    {
+        return Err(ApiError::forbidden(
+            "metrics_forbidden",
+            format!(
+                "{} is not in `http.metrics_from`: metrics are served to the private network",
+                ctx.client
+            ),
+        ));
+    }
     let mut text = state.node.metrics().render();
+    let mut database = state.database_gauges.lock().await;
+    let refresh = Duration::from_millis(state.http.metrics_refresh_ms);
+    match &*database {
+        Some((counted, gauges)) if counted.elapsed() < refresh => text.push_str(gauges),
+        _ => {
+            let gauges = database_gauges(state).await?;
+            text.push_str(&gauges);
+            *database = Some((Instant::now(), gauges));
+        }
+    }
+    drop(database);
+    let mut reply = Response::new(full(text));
+    reply.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+    );
+    Ok(reply)
+}
+
+/// Workflows by stored status (the whole cluster) and the store pool, as Prometheus text.
+async fn database_gauges(state: &AppState) -> Result<String, ApiError> {
+    let mut text = String::new();
     let store = state.node.store();
     let counts = store.workflow_counts(None).await?;
     let samples: Vec<_> = counts
@@ -828,12 +868,7 @@ async fn metrics(state: &AppState) -> Result<Reply, ApiError> {
             ],
         );
     }
-    let mut reply = Response::new(full(text));
-    reply.headers_mut().insert(
-        CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
-    );
-    Ok(reply)
+    Ok(text)
 }
 
 async fn ready(state: &AppState) -> Result<Reply, ApiError> {
