@@ -629,6 +629,7 @@ pub enum UsersRequest {
         session_id: String,
         user_id: String,
         session_seconds: u64,
+        sessions_max: u32,
         reply: RpcReplyPort<store::Result<()>>,
     },
     SessionUser {
@@ -709,11 +710,12 @@ async fn serve_users(store: &Store, request: UsersRequest) {
             session_id,
             user_id,
             session_seconds,
+            sessions_max,
             reply,
         } => {
             let _ = reply.send(
                 store
-                    .open_session(&session_id, &user_id, session_seconds)
+                    .open_session(&session_id, &user_id, session_seconds, sessions_max)
                     .await,
             );
         }
@@ -1353,6 +1355,7 @@ impl StoreHandle {
         session_id: &str,
         user_id: &str,
         session_seconds: u64,
+        sessions_max: u32,
     ) -> store::Result<()> {
         let (session_id, user_id) = (session_id.to_owned(), user_id.to_owned());
         self.call("open_session", Effect::Write, |reply| {
@@ -1360,6 +1363,7 @@ impl StoreHandle {
                 session_id,
                 user_id,
                 session_seconds,
+                sessions_max,
                 reply,
             })
         })

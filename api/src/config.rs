@@ -277,6 +277,10 @@ pub struct AuthConfig {
     pub secure_cookies: bool,
     /// The longest life an API token may be given with `expires_in_days`, in days.
     pub token_days_max: u32,
+    /// A user's live API tokens at most; creating one more is refused (422) until one is revoked.
+    pub tokens_per_user_max: u32,
+    /// A user's live sessions at most; signing in once more ends their oldest session.
+    pub sessions_per_user_max: u32,
 }
 
 impl Default for AuthConfig {
@@ -290,6 +294,8 @@ impl Default for AuthConfig {
             password_hashes_max: 4,
             secure_cookies: false,
             token_days_max: 365,
+            tokens_per_user_max: 100,
+            sessions_per_user_max: 100,
         }
     }
 }
@@ -552,7 +558,7 @@ impl Config {
             }
             _ => {}
         }
-        let positive: [(&'static str, u64); 32] = [
+        let positive: [(&'static str, u64); 34] = [
             ("store.pool_size", self.store.pool_size as u64),
             ("store.requests_max", self.store.requests_max as u64),
             ("store.write_batch_max", self.store.write_batch_max as u64),
@@ -603,6 +609,14 @@ impl Config {
                 u64::from(self.auth.password_hashes_max),
             ),
             ("auth.token_days_max", u64::from(self.auth.token_days_max)),
+            (
+                "auth.tokens_per_user_max",
+                u64::from(self.auth.tokens_per_user_max),
+            ),
+            (
+                "auth.sessions_per_user_max",
+                u64::from(self.auth.sessions_per_user_max),
+            ),
         ];
         if let Some((key, _)) = positive.iter().find(|(_, value)| *value == 0) {
             return Err(invalid(key, "must be greater than 0".into()));

@@ -549,15 +549,17 @@ impl Store {
     }
 
     /// Opens a session for `user_id` that expires `session_seconds` from now on the database clock,
-    /// and records the sign-in as the user's `last_login_at`.
+    /// and records the sign-in as the user's `last_login_at`. The user's ended sessions are
+    /// deleted, and their oldest live ones beyond `sessions_max` (this one included) end.
     pub async fn open_session(
         &self,
         session_id: &str,
         user_id: &str,
         session_seconds: u64,
+        sessions_max: u32,
     ) -> Result<()> {
         retry(|| async {
-            on_backend!(self, store => store.open_session(session_id, user_id, session_seconds).await)
+            on_backend!(self, store => store.open_session(session_id, user_id, session_seconds, sessions_max).await)
         })
         .await
     }

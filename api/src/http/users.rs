@@ -195,7 +195,12 @@ async fn signed_in(ctx: &Ctx<'_>, user: &UserRow, status: StatusCode) -> Result<
     ctx.state
         .node
         .store()
-        .open_session(&session_id, &user.id, seconds)
+        .open_session(
+            &session_id,
+            &user.id,
+            seconds,
+            ctx.state.auth.sessions_per_user_max,
+        )
         .await?;
     let secret = &ctx.state.secret;
     let mut reply = json_reply(status, user_reply(user));
@@ -285,6 +290,7 @@ pub async fn create_token(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
             name: name.to_owned(),
             token_hash,
             lifetime_seconds,
+            live_max: ctx.state.auth.tokens_per_user_max,
         })
         .await?;
     Ok(json_reply(
