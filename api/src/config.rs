@@ -100,6 +100,8 @@ pub struct EventsConfig {
     pub stream_stall_ms: u64,
     /// Streams open at once on a node at most (503 `streams_busy` beyond).
     pub streams_max: u32,
+    /// Event streams one user holds open at once on a node at most (429 `streams_busy`).
+    pub streams_per_user_max: u32,
 }
 
 impl Default for EventsConfig {
@@ -111,6 +113,7 @@ impl Default for EventsConfig {
             stream_buffer_bytes_max: 256 * 1024,
             stream_stall_ms: 10_000,
             streams_max: 1024,
+            streams_per_user_max: 64,
         }
     }
 }
@@ -136,6 +139,8 @@ pub struct HttpConfig {
     /// Requests waiting (`?wait=`) at once on this node at most; one more is answered 503 with
     /// `Retry-After`.
     pub waiters_max: u64,
+    /// Requests of one user waiting at once on this node at most (429 `waiters_busy`).
+    pub waiters_per_user_max: u64,
     /// How long a connection may take to send a request's head, counted from when it opens or
     /// finishes its previous request (so also how long an idle keep-alive connection stays).
     pub head_timeout_ms: u64,
@@ -181,6 +186,7 @@ impl Default for HttpConfig {
             cancel_wait_ms: 5000,
             wait_max_ms: 60_000,
             waiters_max: 1024,
+            waiters_per_user_max: 512,
             head_timeout_ms: 10_000,
             body_timeout_ms: 30_000,
             connections_max: 1024,
@@ -558,7 +564,7 @@ impl Config {
             }
             _ => {}
         }
-        let positive: [(&'static str, u64); 34] = [
+        let positive: [(&'static str, u64); 36] = [
             ("store.pool_size", self.store.pool_size as u64),
             ("store.requests_max", self.store.requests_max as u64),
             ("store.write_batch_max", self.store.write_batch_max as u64),
@@ -580,6 +586,7 @@ impl Config {
             ("http.connections_max", self.http.connections_max),
             ("http.wait_max_ms", self.http.wait_max_ms),
             ("http.waiters_max", self.http.waiters_max),
+            ("http.waiters_per_user_max", self.http.waiters_per_user_max),
             ("http.metrics_refresh_ms", self.http.metrics_refresh_ms),
             ("events.poll_ms", self.events.poll_ms),
             ("events.keepalive_ms", self.events.keepalive_ms),
@@ -590,6 +597,10 @@ impl Config {
             ),
             ("events.stream_stall_ms", self.events.stream_stall_ms),
             ("events.streams_max", u64::from(self.events.streams_max)),
+            (
+                "events.streams_per_user_max",
+                u64::from(self.events.streams_per_user_max),
+            ),
             ("auth.session_seconds", self.auth.session_seconds),
             (
                 "auth.login_failures_max",

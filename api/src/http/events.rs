@@ -26,6 +26,7 @@ use store::{EventRow, FINAL_STATUSES, UserRow};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 
+use super::per_user::PerUser;
 use super::{ApiError, Credential, Ctx, Reply, ReplyBody};
 use crate::config::EventsConfig;
 
@@ -34,6 +35,8 @@ use crate::config::EventsConfig;
 pub struct EventStreams {
     config: EventsConfig,
     open: Arc<Semaphore>,
+    /// Each user's streams, at most `events.streams_per_user_max`.
+    per_user: PerUser,
     stop: CancellationToken,
 }
 
@@ -41,6 +44,11 @@ impl EventStreams {
     pub fn new(config: EventsConfig) -> Self {
         let streams_max = usize::try_from(config.streams_max).unwrap_or(usize::MAX);
         EventStreams {
+            per_user: PerUser::new(
+                "events.streams_per_user_max",
+                "streams_busy",
+                u64::from(config.streams_per_user_max),
+            ),
             config,
             open: Arc::new(Semaphore::new(streams_max)),
             stop: CancellationToken::new(),
@@ -193,6 +201,7 @@ fn open(
     follow: impl FnOnce(Sender, CancellationToken) -> tokio::task::JoinHandle<()>,
 ) -> Result<Reply, ApiError> {
     let streams = &ctx.state.streams;
+    let users_place = streams.per_user.take(&ctx.principal()?.user.id)?;
     let place = Arc::clone(&streams.open).try_acquire_owned().map_err(|_| {
         ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -216,7 +225,7 @@ fn open(
     // The place is given back when the stream's task ends, however it ends.
     tokio::spawn(async move {
         let _ = task.await;
-        drop(place);
+        drop((place, users_place));
     });
     let mut reply = Reply::new(ReplyBody::Right(EventBody { frames: receiver }));
     let headers = reply.headers_mut();

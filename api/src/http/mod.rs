@@ -17,6 +17,7 @@ mod error;
 mod events;
 mod inbox;
 mod openapi;
+mod per_user;
 pub(crate) mod record;
 mod routes;
 mod users;
@@ -99,7 +100,8 @@ impl AppState {
         });
         let hashing =
             PasswordHashing::new(usize::try_from(auth.password_hashes_max).unwrap_or(usize::MAX));
-        let waiters = wait::Waiters::new(&node.changes(), http.waiters_max);
+        let waiters =
+            wait::Waiters::new(&node.changes(), http.waiters_max, http.waiters_per_user_max);
         AppState {
             node,
             draining: AtomicBool::new(false),
