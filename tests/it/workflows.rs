@@ -737,7 +737,7 @@ on_both_backends! {
 }
 
 on_both_backends! {
-    async fn a_recover_held_in_the_store_does_not_delay_a_launch_on_the_same_node(db: TestDb) {
+    async fn a_recover_held_in_the_store_delays_no_launch_and_refuses_a_second_recover(db: TestDb) {
         let shared = tempfile::tempdir().expect("temp dir");
         let owner = TestNode::start(&db, "owner", 1_500, shared.path()).await;
         let heir = TestNode::start(&db, "heir", 1_500, shared.path()).await;
@@ -761,6 +761,10 @@ on_both_backends! {
         tokio::time::timeout(Duration::from_secs(10), reached.notified()).await.expect("the recover reads");
         let launched = workflows.launch(request("return 1;")).await.expect("a launch while the recover waits");
         wait_for_status(&heir, &launched.run_id, "completed").await;
+        // A second recover of it on this node is refused at once: one takeover at a time, so
+        // never two supervisors of one workflow on a node.
+        let again = workflows.recover(&id).await;
+        assert!(matches!(again, Err(actors::Error::Supervised { ref workflow_id }) if *workflow_id == id), "{again:?}");
         assert!(!recovering.is_finished(), "the recover ended before its read was released");
 
         release.notify_one();
