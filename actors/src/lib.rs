@@ -28,7 +28,7 @@ pub mod workspace;
 
 pub use child_agent::RunEnd;
 pub use child_runs::{Admitted, RunRequest, RunsHandle, RunsOptions};
-pub use error::Error;
+pub use error::{Error, Takeover};
 pub use fault_points::FaultPoints;
 pub use faults::{FaultAction, StoreFaults};
 pub use lease_actor::{LeaseKind, LeaseView};

@@ -1421,13 +1421,16 @@ impl WorkflowState {
                     .insert(id, (Waiting::Child(Some(run_id)), command));
             }
         }
-        for run_id in children {
-            if let Err(error) = self
-                .args
-                .runs
-                .cancel(&run_id, store::CancelAction::Interrupt)
-                .await
-            {
+        // All at once: one slow cancel request must not hold back the others.
+        let runs = &self.args.runs;
+        let asked = children
+            .iter()
+            .map(|run_id| runs.cancel(run_id, store::CancelAction::Interrupt));
+        for (run_id, asked) in children
+            .iter()
+            .zip(futures_util::future::join_all(asked).await)
+        {
+            if let Err(error) = asked {
                 tracing::warn!(parent: &self.span, %error, run_id, "cancel request failed");
             }
         }
