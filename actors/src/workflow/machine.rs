@@ -3142,4 +3142,173 @@ mod tests {
         };
         assert_eq!(drive(&mut m, none), ["halt abandoned"]);
     }
+
+    #[test]
+    fn a_call_the_script_no_longer_awaits_has_its_child_stopped_and_journaled_cancelled() {
+        let mut m = machine(Start::Fresh);
+        drive(&mut m, Event::Begin);
+        assert_eq!(
+            drive(
+                &mut m,
+                activation(vec![agent(0, "a"), agent(1, "b")], Status::Waiting)
+            ),
+            [
+                "write [step a queued, step b queued]",
+                "count reins_steps_started_total",
+                "count reins_steps_started_total",
+                "admit 0 carrying 0",
+                "admit 1 carrying 0",
+            ]
+        );
+        let started = Admission::Started(run_row("run-a", RunStatus::Running));
+        drive(
+            &mut m,
+            Event::Admission {
+                id: CallId(0),
+                result: started,
+            },
+        );
+        let failed = Event::ChildEnded {
+            id: CallId(0),
+            run_id: "run-a".into(),
+            committed: Some(Box::new(run_row("run-a", RunStatus::Error))),
+        };
+        assert_eq!(drive(&mut m, failed)[2], "activate loaded [\"rejected\"]");
+        // The `parallel` failed: call 1, still waiting for its admission, is left behind.
+        let left_behind = Event::Activated {
+            result: Ok(Activation {
+                commands: Vec::new(),
+                cancels: vec![CallId(1)],
+                journal: Vec::new(),
+                status: Status::Waiting,
+                logs: Vec::new(),
+            }),
+            run_id: "unused".into(),
+        };
+        assert_eq!(
+            drive(&mut m, left_behind),
+            [
+                "write [release slot a, step a failed]",
+                "count reins_steps_finished_total",
+                "fault result",
+            ]
+        );
+        let started = Admission::Started(run_row("run-b", RunStatus::Running));
+        assert_eq!(
+            drive(
+                &mut m,
+                Event::Admission {
+                    id: CallId(1),
+                    result: started,
+                }
+            ),
+            ["cancel child run-b awaited=false", "follow 1"]
+        );
+        let ended = Event::ChildEnded {
+            id: CallId(1),
+            run_id: "run-b".into(),
+            committed: None,
+        };
+        let (described, effects) = drive_with(&mut m, ended, NOW, |_| None);
+        assert_eq!(described, ["write [step b cancelled, release slot b]"]);
+        let Some(WriteOp::PutStep { data, .. }) = written(&effects).into_iter().next() else {
+            panic!("the step");
+        };
+        assert_eq!(
+            (&data["detached"], &data["run_id"]),
+            (&json!(true), &json!("run-b"))
+        );
+    }
+
+    #[test]
+    fn a_replayed_step_whose_child_the_orphan_sweep_closed_goes_to_an_operator() {
+        let mut m = machine(Start::Fresh);
+        drive(&mut m, Event::Begin);
+        drive(
+            &mut m,
+            activation(vec![agent(0, "a"), agent(1, "b")], Status::Waiting),
+        );
+        let mut orphan = run_row("run-old", RunStatus::Interrupted);
+        orphan.stop_reason = Some("orphan_recovered".into());
+        let (described, effects) = drive_with(
+            &mut m,
+            Event::Admission {
+                id: CallId(0),
+                result: Admission::Existing(orphan),
+            },
+            NOW,
+            |_| None,
+        );
+        assert_eq!(
+            described[2],
+            "write [workflow needs_reconciliation, release lease]"
+        );
+        let Some(WriteOp::SetWorkflow { data, .. }) = written(&effects).into_iter().next() else {
+            panic!("the reconciliation");
+        };
+        assert_eq!(data["reconciliation"]["reason"], "orphaned_child");
+        assert_eq!(data["reconciliation"]["run_id"], "run-old");
+    }
+
+    #[test]
+    fn a_read_artifact_call_answers_its_bytes_and_waits_out_an_outage() {
+        let mut m = machine(Start::Fresh);
+        drive(&mut m, Event::Begin);
+        let read = call(
+            0,
+            CallKind::ReadArtifact,
+            "read:0",
+            json!({"artifactVersion": 3}),
+        );
+        drive(&mut m, activation(vec![read], Status::Waiting));
+        let id = CallId(0);
+        assert_eq!(drive(&mut m, Event::Local { id }), ["read artifact 3"]);
+        let outage = Event::ArtifactRead {
+            id,
+            version: 3,
+            result: Err(store::Error::Unavailable("down".into())),
+        };
+        assert_eq!(
+            drive(&mut m, outage),
+            ["after 50ms Local { id: CallId(0) }"]
+        );
+        let bytes = Event::ArtifactRead {
+            id,
+            version: 3,
+            result: Ok(Some(vec![0xff, 0x00])),
+        };
+        let (_, effects) = drive_with(&mut m, bytes, NOW, |_| None);
+        let Some(Effect::Activate { settles, .. }) = effects.first() else {
+            panic!("an activation");
+        };
+        assert_eq!(
+            settles[0].outcome,
+            Outcome::Resolved(json!({"base64": "/wA=", "encoding": "base64"}))
+        );
+
+        let mut m = machine(Start::Fresh);
+        drive(&mut m, Event::Begin);
+        let read = call(
+            0,
+            CallKind::ReadArtifact,
+            "read:0",
+            json!({"artifactVersion": 3}),
+        );
+        drive(&mut m, activation(vec![read], Status::Waiting));
+        let missing = Event::ArtifactRead {
+            id,
+            version: 3,
+            result: Ok(None),
+        };
+        let (_, effects) = drive_with(&mut m, missing, NOW, |_| None);
+        let Some(Effect::Activate { settles, .. }) = effects.first() else {
+            panic!("an activation");
+        };
+        assert_eq!(
+            settles[0].outcome,
+            Outcome::Rejected(
+                json!({"message": "artifact version 3 does not exist", "status": "error"})
+            )
+        );
+    }
 }
