@@ -114,6 +114,44 @@ impl WorkflowStatus {
     }
 }
 
+/// A journal entry's status (`workflow_steps.status`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum StepStatus {
+    /// An agent call waiting for a slot (its admission not yet made).
+    Queued,
+    /// Begun: its child run admitted, or waiting for a person, a capture or a read.
+    Running,
+    Completed,
+    Failed,
+    /// Ended by a cancellation, or left behind by a failed `parallel`.
+    Cancelled,
+}
+
+impl StepStatus {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            StepStatus::Queued => "queued",
+            StepStatus::Running => "running",
+            StepStatus::Completed => "completed",
+            StepStatus::Failed => "failed",
+            StepStatus::Cancelled => "cancelled",
+        }
+    }
+
+    /// The status a stored string names, if any.
+    pub(crate) fn parse(stored: &str) -> Option<Self> {
+        [
+            StepStatus::Queued,
+            StepStatus::Running,
+            StepStatus::Completed,
+            StepStatus::Failed,
+            StepStatus::Cancelled,
+        ]
+        .into_iter()
+        .find(|status| status.as_str() == stored)
+    }
+}
+
 /// What a control asks of a workflow (`workflow_controls.kind`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ControlKind {
@@ -756,7 +794,7 @@ impl WorkflowMachine {
         }
     }
 
-    fn step_op(&self, entry: &JournalEntry, status: &str, extra: Value) -> WriteOp {
+    fn step_op(&self, entry: &JournalEntry, status: StepStatus, extra: Value) -> WriteOp {
         let mut data = json!({
             "args": entry.args,
             "outcome": entry.outcome,
@@ -771,7 +809,7 @@ impl WorkflowMachine {
             step_id: entry.step_id.clone(),
             attempt: self.attempt(entry.seq),
             kind: entry.kind.as_str().to_owned(),
-            status: status.to_owned(),
+            status: status.as_str().to_owned(),
             data,
         }
     }
@@ -863,10 +901,11 @@ impl WorkflowMachine {
                         name: "reins_steps_finished_total",
                         labels: vec![
                             ("kind", kind.as_str().to_owned()),
-                            ("outcome", status.to_owned()),
+                            ("outcome", status.as_str().to_owned()),
                         ],
                     });
-                    tracing::info!(parent: &self.span, %step_id, kind = kind.as_str(), status,
+                    tracing::info!(parent: &self.span, %step_id, kind = kind.as_str(),
+                        status = status.as_str(),
                         "step finished");
                     match kind {
                         CallKind::Agent => out.push(Effect::Fault("result")),
@@ -990,9 +1029,9 @@ impl WorkflowMachine {
                 .iter()
                 .map(|entry| {
                     let status = if entry.kind == CallKind::Agent {
-                        "queued"
+                        StepStatus::Queued
                     } else {
-                        "running"
+                        StepStatus::Running
                     };
                     self.step_op(entry, status, json!({}))
                 })
@@ -1062,8 +1101,8 @@ impl WorkflowMachine {
             call: command.id,
             run_id,
             before,
-            running: self.step_op(entry, "running", fields),
-            queued: self.step_op(entry, "queued", json!({})),
+            running: self.step_op(entry, StepStatus::Running, fields),
+            queued: self.step_op(entry, StepStatus::Queued, json!({})),
         })
     }
 
@@ -1203,7 +1242,7 @@ impl WorkflowMachine {
         fields["detached"] = json!(true);
         self.unwritten
             .ops
-            .push(self.step_op(&entry, "cancelled", fields));
+            .push(self.step_op(&entry, StepStatus::Cancelled, fields));
         self.unwritten.ops.push(WriteOp::ReleaseSlot {
             workflow_id: self.config.workflow_id.clone(),
             step_id: command.step_id,
@@ -1234,8 +1273,8 @@ impl WorkflowMachine {
         entry.settled_at_ms = Some(now);
         let entry = entry.clone();
         let status = match outcome {
-            Outcome::Resolved(_) => "completed",
-            Outcome::Rejected(_) => "failed",
+            Outcome::Resolved(_) => StepStatus::Completed,
+            Outcome::Rejected(_) => StepStatus::Failed,
         };
         // Journaled with whatever the workflow writes next (see `unwritten`). The artifact the
         // outcome names goes first, so the step's `step_finished` event can give its size.
@@ -1411,7 +1450,7 @@ impl WorkflowMachine {
                 };
                 if !journaled {
                     let fields = self.child_fields(&row.run_id, &row.thread_id, &row.agent);
-                    let op = self.step_op(&entry, "running", fields);
+                    let op = self.step_op(&entry, StepStatus::Running, fields);
                     self.write(out, vec![op]);
                 }
                 out.push(Effect::FollowChild { id });
@@ -1885,7 +1924,7 @@ impl WorkflowMachine {
             ) else {
                 continue;
             };
-            if step.status != "running" {
+            if StepStatus::parse(&step.status) != Some(StepStatus::Running) {
                 continue;
             }
             let command = Command {
@@ -2001,7 +2040,7 @@ impl WorkflowMachine {
         let mut fields = self.child_fields(&row.run_id, &row.thread_id, &row.agent);
         fields["run_status"] = json!(row.status);
         let ops = vec![
-            self.step_op(&entry, "cancelled", fields),
+            self.step_op(&entry, StepStatus::Cancelled, fields),
             WriteOp::ReleaseSlot {
                 workflow_id: self.config.workflow_id.clone(),
                 step_id: command.step_id,
@@ -2314,6 +2353,11 @@ mod tests {
             assert_eq!(ControlKind::parse(kind.as_str()), Some(kind));
         }
         assert_eq!(ControlKind::parse("approve"), None);
+        for status in ["queued", "running", "completed", "failed", "cancelled"] {
+            let parsed = StepStatus::parse(status).expect("a step status");
+            assert_eq!(parsed.as_str(), status);
+        }
+        assert_eq!(StepStatus::parse("done"), None);
     }
 
     #[test]
