@@ -21,7 +21,6 @@ mod mailbox;
 pub mod metrics;
 mod node;
 mod store_actor;
-mod unwritten;
 mod workflow;
 mod workflows;
 pub mod workspace;
@@ -34,6 +33,7 @@ pub use faults::{FaultAction, StoreFaults};
 pub use lease_actor::{LeaseKind, LeaseView};
 pub use node::{ActorView, Node, NodeIdentity, NodeOptions, NodeStatus, QueueView};
 pub use store_actor::{StoreHandle, StoreHealth};
+pub use workflow::{ControlKind, WorkflowStatus};
 pub use workflows::{
     Decide, LaunchRequest, Launched, ReconcileRequest, Resolution, Resume, WorkflowView,
     WorkflowsHandle, WorkflowsOptions, fingerprint,
