@@ -140,9 +140,10 @@ impl From<actors::Error> for ApiError {
             | actors::Error::LeaseHeld { .. }
             | actors::Error::TakeoverRefused { .. }
             | actors::Error::Supervised { .. }
-            | actors::Error::Draining
             | actors::Error::NotSupervised { .. }
             | actors::Error::LimitReached { .. } => ApiError::refused(message),
+            // A recover that raced the HTTP layer's own check: the same answer as that check.
+            actors::Error::Draining => ApiError::draining(),
             actors::Error::InvalidRequest(_) => ApiError::bad_request(message),
             actors::Error::Unanswered { .. } => {
                 ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message)
@@ -293,9 +294,9 @@ mod tests {
             (
                 Error::Draining,
                 (
-                    422,
-                    "refused",
-                    "refused: this node is draining: it takes no recoveries",
+                    503,
+                    "draining",
+                    "the node is draining: it takes no new launches or recoveries",
                 ),
             ),
             (
