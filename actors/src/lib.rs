@@ -6,35 +6,31 @@
 //! [`WorkflowsHandle`]), never raw `ActorRef`s.
 
 pub mod agents;
-mod capture;
-mod child_agent;
-mod child_runs;
-pub mod commit;
+mod child_run;
 mod error;
 pub mod events;
 mod fault_points;
 mod faults;
 mod ids;
 pub mod js_pool;
-mod lease_actor;
+mod lease;
 mod mailbox;
 pub mod metrics;
 mod node;
 mod store_actor;
 mod workflow;
-mod workflows;
 pub mod workspace;
 
-pub use child_agent::RunEnd;
-pub use child_runs::{Admitted, RunRequest, RunsHandle, RunsOptions};
+pub use child_run::agent::RunEnd;
+pub use child_run::{Admitted, RunRequest, RunsHandle, RunsOptions};
 pub use error::{Error, Takeover};
 pub use fault_points::FaultPoints;
 pub use faults::{FaultAction, StoreFaults};
-pub use lease_actor::{LeaseKind, LeaseView};
+pub use lease::{LeaseKind, LeaseView};
 pub use node::{ActorView, Node, NodeIdentity, NodeOptions, NodeStatus, QueueView};
 pub use store_actor::{StoreHandle, StoreHealth};
-pub use workflow::{ControlKind, WorkflowStatus};
-pub use workflows::{
+pub use workflow::front_door::{
     Decide, LaunchRequest, Launched, ReconcileRequest, Resolution, Resume, WorkflowView,
     WorkflowsHandle, WorkflowsOptions, fingerprint,
 };
+pub use workflow::{ControlKind, WorkflowStatus};

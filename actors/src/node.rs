@@ -13,13 +13,13 @@ use tokio::task::JoinHandle;
 
 use crate::Error;
 use crate::agents::AgentRegistry;
-use crate::child_runs::{ChildRuns, ChildRunsArgs, RunsHandle, RunsOptions};
+use crate::child_run::{ChildRuns, ChildRunsArgs, RunsHandle, RunsOptions};
 use crate::faults::StoreFaults;
 use crate::js_pool::JsPool;
-use crate::lease_actor::{LeaseActor, LeaseArgs, LeaseMsg, LeaseView};
+use crate::lease::{LeaseActor, LeaseArgs, LeaseMsg, LeaseView};
 use crate::metrics::Metrics;
 use crate::store_actor::{StoreActor, StoreArgs, StoreHandle};
-use crate::workflows::{Workflows, WorkflowsArgs, WorkflowsHandle, WorkflowsOptions};
+use crate::workflow::front_door::{Workflows, WorkflowsArgs, WorkflowsHandle, WorkflowsOptions};
 
 /// Who this node is. `worker_id` is unique across restarts: host name, process id and a random
 /// suffix.

@@ -32,7 +32,7 @@ use super::journal::{UnreadableJournal, newest_attempts};
 use super::unwritten::{Carried, Journaled, Unwritten};
 use crate::Error;
 use crate::agents::AgentRegistry;
-use crate::child_runs::RunRequest;
+use crate::child_run::RunRequest;
 use crate::js_pool::{Settle, StartSpec};
 
 /// Milliseconds since the Unix epoch.

@@ -12,6 +12,8 @@
 //! by nature, every write is bounded by the store call timeout, and a stale write is refused by
 //! the database whatever the mailbox holds.
 
+pub(crate) mod capture;
+pub(crate) mod front_door;
 mod journal;
 mod machine;
 mod unwritten;
@@ -26,10 +28,10 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use crate::Error;
-use crate::child_agent::RunEnd;
-use crate::child_runs::{Admitted, RunRequest, RunsHandle};
+use crate::child_run::agent::RunEnd;
+use crate::child_run::{Admitted, RunRequest, RunsHandle};
 use crate::js_pool::JsPool;
-use crate::lease_actor::{LeaseEvent, LeaseKind, LeaseMsg};
+use crate::lease::{LeaseEvent, LeaseKind, LeaseMsg};
 use crate::mailbox::{Post, Timer};
 use crate::store_actor::StoreHandle;
 use machine::{Admission, Effect, Event, MachineConfig, WorkflowMachine};
@@ -115,7 +117,7 @@ pub(crate) struct WorkflowArgs {
     /// How long a step waits for a cue (a freed slot, an answer) before it looks anyway.
     pub wake_fallback: Duration,
     /// The workflows actor, told when a step waits for a slot (it hands out the cues).
-    pub workflows: ActorRef<crate::workflows::WorkflowsMsg>,
+    pub workflows: ActorRef<crate::workflow::front_door::WorkflowsMsg>,
 }
 
 /// What the interpreter performs effects with.
@@ -131,7 +133,7 @@ struct Io {
     artifact_bytes_max: u64,
     capture_timeout: Duration,
     faults: Option<crate::fault_points::FaultPoints>,
-    workflows: ActorRef<crate::workflows::WorkflowsMsg>,
+    workflows: ActorRef<crate::workflow::front_door::WorkflowsMsg>,
 }
 
 pub(crate) struct WorkflowState {
@@ -299,7 +301,7 @@ impl WorkflowState {
             Effect::SlotWanted => {
                 let _ = io
                     .workflows
-                    .post(crate::workflows::WorkflowsMsg::SlotWanted(
+                    .post(crate::workflow::front_door::WorkflowsMsg::SlotWanted(
                         io.workflow_id.clone(),
                     ));
                 None
@@ -370,7 +372,7 @@ impl WorkflowState {
         let root = crate::workspace::thread_root(&self.io.workspaces_dir, thread_id)
             .map_err(|e| e.to_string())?;
         // Read off this turn, with a deadline: the file may be a FIFO or sit on a stuck disk.
-        let content = crate::capture::read(crate::capture::CaptureRequest {
+        let content = crate::workflow::capture::read(crate::workflow::capture::CaptureRequest {
             root,
             path: path.clone(),
             source_step_id,

@@ -19,8 +19,8 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::agents::{Agent, AgentControl, AgentEnd, AgentRequest, ProcessRecords};
-use crate::commit::{AttemptId, Renewal, TerminalAuthority, Verdict};
-use crate::lease_actor::{LeaseEvent, LeaseMsg};
+use crate::child_run::commit::{AttemptId, Renewal, TerminalAuthority, Verdict};
+use crate::lease::{LeaseEvent, LeaseMsg};
 use crate::store_actor::StoreHandle;
 
 /// How a child run ended, as far as this node knows.
@@ -293,7 +293,7 @@ impl Actor for ChildAgent {
         );
         args.lease.post(LeaseMsg::Track {
             run_id: args.row.run_id.clone(),
-            kind: crate::lease_actor::LeaseKind::Run,
+            kind: crate::lease::LeaseKind::Run,
             deadline: args.deadline,
             notify: myself.get_derived(),
         })?;

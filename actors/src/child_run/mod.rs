@@ -2,7 +2,11 @@
 //! child-agent actors. It checks a request before anything is written (known agent, task size,
 //! thread id), admits it through the store (idempotency, one active run per thread, slots), starts
 //! a linked child-agent actor for an admitted run, relays cancel requests durably, and periodically
-//! closes orphaned runs whose node is gone.
+//! closes orphaned runs whose node is gone. `agent.rs` is the child-agent actor of one run;
+//! `commit.rs` the pure rules of its terminal commit authority.
+
+pub(crate) mod agent;
+pub(crate) mod commit;
 
 use crate::mailbox::Post;
 use std::collections::HashMap;
@@ -18,8 +22,8 @@ use tokio::time::Instant;
 
 use crate::Error;
 use crate::agents::{AgentRegistry, ProcessRecords};
-use crate::child_agent::{ChildAgent, ChildArgs, ChildMsg, RunEnd};
-use crate::lease_actor::LeaseMsg;
+use crate::child_run::agent::{ChildAgent, ChildArgs, ChildMsg, RunEnd};
+use crate::lease::LeaseMsg;
 use crate::store_actor::StoreHandle;
 use crate::workspace;
 

@@ -19,10 +19,10 @@ use store::{
 use tokio::sync::broadcast;
 use tokio::time::Instant;
 
-use crate::child_runs::RunsHandle;
+use crate::child_run::RunsHandle;
 use crate::error::{Error, Takeover};
 use crate::js_pool::{JsError, JsPool};
-use crate::lease_actor::LeaseMsg;
+use crate::lease::LeaseMsg;
 use crate::store_actor::StoreHandle;
 use crate::workflow::{Start, WorkflowArgs, WorkflowDocument, WorkflowMsg, WorkflowSupervisor};
 

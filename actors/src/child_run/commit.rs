@@ -66,6 +66,8 @@ pub struct TerminalAuthority {
     next_attempt: u64,
 }
 
+/// `acknowledged`, `is_pending`, `may_record_usage` and `stage` exist for the reference
+/// scenarios below: the child-agent actor asks `decide`, `on_answer`, `on_renewal` and the like.
 impl TerminalAuthority {
     pub fn new() -> Self {
         Self::default()
@@ -77,17 +79,20 @@ impl TerminalAuthority {
     }
 
     /// The acknowledged outcome, if any.
+    #[cfg(test)]
     pub fn acknowledged(&self) -> Option<&RunOutcome> {
         self.acknowledged.as_ref()
     }
 
     /// Whether a commit is staged or in flight without an acknowledgement.
+    #[cfg(test)]
     pub fn is_pending(&self) -> bool {
         self.acknowledged.is_none() && !self.fenced && self.decided.is_some()
     }
 
     /// Whether token counts and other completion data may be written: only after this node's own
     /// acknowledged outcome, so they can never terminalise or recreate a row.
+    #[cfg(test)]
     pub fn may_record_usage(&self) -> bool {
         self.acknowledged.is_some() && !self.fenced
     }
@@ -107,6 +112,7 @@ impl TerminalAuthority {
     }
 
     /// Records a decision without sending it yet (the commit is staged).
+    #[cfg(test)]
     pub fn stage(&mut self, outcome: RunOutcome) {
         if !self.fenced && self.acknowledged.is_none() {
             self.decided = Some(outcome);
