@@ -1,0 +1,9 @@
+//! The store's conformance suite: the same behavioural tests against PostgreSQL, SQLite and the
+//! simulation store (see `harness.rs`). PostgreSQL tests need `REINS_TEST_PG`.
+
+mod events;
+mod fencing;
+mod harness;
+mod leases;
+mod runs;
+mod workflows;
