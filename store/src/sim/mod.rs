@@ -11,6 +11,7 @@
 //! tests as PostgreSQL and SQLite; where they disagree, the real stores are the truth.
 
 mod runs;
+mod users;
 mod workflows;
 
 use std::collections::BTreeMap;
@@ -117,6 +118,8 @@ struct State {
     feed_seq: i64,
     /// Counter for insertion orders.
     inserted: u64,
+    /// Users, sessions, API tokens and nodes.
+    people: users::People,
 }
 
 impl SimStore {

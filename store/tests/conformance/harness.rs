@@ -11,19 +11,29 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use store::{
-    Controls, DatabaseUrl, Events, Launch, LaunchLimits, Lease, Leases, NewWorkflow, Runs, Schema,
-    SimClock, SimStore, Store, StoreOptions, Workflows, WriteOp,
+    Controls, DatabaseUrl, Events, Launch, LaunchLimits, Lease, Leases, NewWorkflow, Operators,
+    Runs, Schema, SimClock, SimStore, Store, StoreOptions, Users, Workflows, WriteOp,
 };
 use tempfile::TempDir;
 
-/// Every trait the suite covers: what the simulation store implements.
+/// Every trait of the store.
 pub trait Subject:
-    Schema + Leases + Workflows + Controls + Runs + Events + Send + Sync + 'static
+    Schema + Leases + Workflows + Controls + Runs + Events + Users + Operators + Send + Sync + 'static
 {
 }
 
-impl<S: Schema + Leases + Workflows + Controls + Runs + Events + Send + Sync + 'static> Subject
-    for S
+impl<S> Subject for S where
+    S: Schema
+        + Leases
+        + Workflows
+        + Controls
+        + Runs
+        + Events
+        + Users
+        + Operators
+        + Send
+        + Sync
+        + 'static
 {
 }
 

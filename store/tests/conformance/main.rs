@@ -5,5 +5,7 @@ mod events;
 mod fencing;
 mod harness;
 mod leases;
+mod operators;
 mod runs;
+mod users;
 mod workflows;
