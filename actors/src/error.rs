@@ -29,7 +29,31 @@ where
     }
 }
 
-/// What starting or talking to the node's actors can fail with.
+/// What a takeover was asked for, as its refusals say it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Takeover {
+    /// `recover`: replay the workflow here after its owner died.
+    Recover,
+    /// `reconcile`: settle the uncertain step, then replay here.
+    Reconcile,
+    /// Finish a dead owner's cancellation without replaying the body.
+    Cancel,
+}
+
+impl std::fmt::Display for Takeover {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Takeover::Recover => "not recoverable",
+            Takeover::Reconcile => "cannot reconcile",
+            Takeover::Cancel => "cannot finish the cancellation",
+        })
+    }
+}
+
+/// What starting or talking to the node's actors can fail with. The store's own refusals come
+/// through as [`Error::Store`]; every rule of this layer has a kind of its own, so a caller (the
+/// HTTP mapping) reads the rule, never a database error made up for it. The messages begin with
+/// `not found:`, `conflict:` or `refused:` as the clients of the HTTP API have always read them.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// A store operation failed.
@@ -49,10 +73,69 @@ pub enum Error {
         limit_name: &'static str,
         limit: usize,
     },
-    /// A rule refused the request (wrong state, incompatible runtime, pending cancel); nothing
-    /// was changed.
-    #[error("refused: {0}")]
-    Refused(String),
+    /// The workflow the request names does not exist (or was deleted meanwhile).
+    #[error("not found: workflow {workflow_id:?}")]
+    NoWorkflow { workflow_id: String },
+    /// The step the request names is not in the workflow's journal.
+    #[error("not found: step {step_id:?} of workflow {workflow_id:?}")]
+    NoStep {
+        workflow_id: String,
+        step_id: String,
+    },
+    /// A control named a digest of script and args that is not the workflow's: its caller saw
+    /// another workflow than this one.
+    #[error("conflict: fingerprint {given:?} is stale: the workflow's is {current:?}")]
+    StaleFingerprint { given: String, current: String },
+    /// A control names a step the script has not reached.
+    #[error("conflict: the workflow has not reached a step {step_id:?}")]
+    StepNotReached { step_id: String },
+    /// A control names a step that is another kind of call than the control answers.
+    #[error("conflict: step {step_id:?} is a {kind} call, not a {expected}")]
+    WrongStepKind {
+        step_id: String,
+        kind: String,
+        expected: &'static str,
+    },
+    /// A control names another attempt of the step than the one the workflow is at.
+    #[error("conflict: step {step_id:?} is at attempt {current}, not {given}")]
+    WrongAttempt {
+        step_id: String,
+        current: i32,
+        given: i32,
+    },
+    /// A decision about another artifact version than the one its checkpoint shows.
+    #[error(
+        "conflict: checkpoint {step_id:?} is about artifact version {}, not {given}",
+        under_review.map_or_else(|| "none".to_owned(), |v| v.to_string())
+    )]
+    StaleArtifactVersion {
+        step_id: String,
+        under_review: Option<u64>,
+        given: u64,
+    },
+    /// A takeover of a workflow that is no longer live (it ended): nothing was changed.
+    #[error("refused: {action}: {reason}")]
+    NotLive { action: Takeover, reason: String },
+    /// A takeover while the owner's lease is still valid: nothing was changed; asking again
+    /// once it has run out may succeed.
+    #[error("refused: {action}: its owner's lease is still valid")]
+    LeaseHeld { action: Takeover },
+    /// The store's takeover rules refused it (another runtime or agent configuration, a
+    /// pending cancel, the wrong status for this takeover): nothing was changed.
+    #[error("refused: {reason}")]
+    TakeoverRefused { reason: String },
+    /// A takeover of a workflow this node supervises already, or is taking over already: a
+    /// node never runs two supervisors of one workflow.
+    #[error(
+        "refused: workflow {workflow_id:?} is supervised on this node, or being taken over by it"
+    )]
+    Supervised { workflow_id: String },
+    /// This node is draining: it takes no recoveries.
+    #[error("refused: this node is draining: it takes no recoveries")]
+    Draining,
+    /// An operator's fence of a workflow this node does not supervise.
+    #[error("refused: workflow {workflow_id:?} is not supervised on this node")]
+    NotSupervised { workflow_id: String },
     /// A cluster-wide limit refused the request.
     #[error("refused by `{limit}` ({max})")]
     LimitReached { limit: &'static str, max: u64 },

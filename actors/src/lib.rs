@@ -21,19 +21,19 @@ mod mailbox;
 pub mod metrics;
 mod node;
 mod store_actor;
-mod unwritten;
 mod workflow;
 mod workflows;
 pub mod workspace;
 
 pub use child_agent::RunEnd;
 pub use child_runs::{Admitted, RunRequest, RunsHandle, RunsOptions};
-pub use error::Error;
+pub use error::{Error, Takeover};
 pub use fault_points::FaultPoints;
 pub use faults::{FaultAction, StoreFaults};
 pub use lease_actor::{LeaseKind, LeaseView};
 pub use node::{ActorView, Node, NodeIdentity, NodeOptions, NodeStatus, QueueView};
 pub use store_actor::{StoreHandle, StoreHealth};
+pub use workflow::{ControlKind, WorkflowStatus};
 pub use workflows::{
     Decide, LaunchRequest, Launched, ReconcileRequest, Resolution, Resume, WorkflowView,
     WorkflowsHandle, WorkflowsOptions, fingerprint,

@@ -687,11 +687,12 @@ impl StoreHandle {
         session_id: &str,
         user_id: &str,
         session_seconds: u64,
+        sessions_max: u32,
     ) -> store::Result<()> {
         let (session_id, user_id) = (session_id.to_owned(), user_id.to_owned());
         self.call(Operation::OpenSession, move |store| async move {
             store
-                .open_session(&session_id, &user_id, session_seconds)
+                .open_session(&session_id, &user_id, session_seconds, sessions_max)
                 .await
         })
         .await

@@ -19,8 +19,8 @@ use store::{
 use tokio::sync::broadcast;
 use tokio::time::Instant;
 
-use crate::Error;
 use crate::child_runs::RunsHandle;
+use crate::error::{Error, Takeover};
 use crate::js_pool::{JsError, JsPool};
 use crate::lease_actor::LeaseMsg;
 use crate::store_actor::StoreHandle;
@@ -130,13 +130,6 @@ pub enum WorkflowsMsg {
         workflow_id: String,
         reply: RpcReplyPort<Result<Launched, Error>>,
     },
-    /// The store answered a takeover.
-    TakenOver {
-        workflow_id: String,
-        sent: Instant,
-        result: Box<store::Result<TakeOver>>,
-        reply: RpcReplyPort<Result<Launched, Error>>,
-    },
     /// Finish a cancellation whose workflow's owner is gone, if it is gone; while the owner's
     /// lease is valid, ask again when it may have run out (`tries` so far). `done` hears when
     /// this try is decided.
@@ -145,25 +138,17 @@ pub enum WorkflowsMsg {
         tries: u32,
         done: Option<RpcReplyPort<()>>,
     },
-    /// The store answered a takeover to cancel.
-    TakenToCancel {
-        workflow_id: String,
-        tries: u32,
-        done: Option<RpcReplyPort<()>>,
-        sent: Instant,
-        result: Box<store::Result<TakeOver>>,
-    },
     /// Settle the uncertain step of a workflow that needs reconciliation, and resume it here.
     Reconcile {
         request: Box<ReconcileRequest>,
         reply: RpcReplyPort<Result<Launched, Error>>,
     },
-    /// The store answered a reconcile's takeover.
-    TakenForReconcile {
-        request: Box<ReconcileRequest>,
-        sent: Instant,
-        result: Box<store::Result<TakeOver>>,
-        reply: RpcReplyPort<Result<Launched, Error>>,
+    /// A takeover's task has finished (see [`take_over`]): the workflow taken over and read
+    /// back (and settled, for a reconcile), ready for its supervisor, or why not.
+    TakenOver {
+        workflow_id: String,
+        result: Box<Result<Ready, Error>>,
+        asked: Asked,
     },
     /// The workflows supervised here.
     Live { reply: RpcReplyPort<Vec<String>> },
@@ -179,13 +164,6 @@ pub enum WorkflowsMsg {
     /// Take back a workflow this node's supervisor left live (it lost the lease, or a write's
     /// outcome was unknown), once its lease has run out: `tries` so far.
     TakeBack { workflow_id: String, tries: u32 },
-    /// The store answered a takeover to take a workflow back.
-    TakenBack {
-        workflow_id: String,
-        tries: u32,
-        sent: Instant,
-        result: Box<store::Result<TakeOver>>,
-    },
     /// Time to claim recoverable workflows (`recovery: automatic`).
     ClaimRecoverable,
     /// A claim's takeovers are all decided; `full` when it found a whole batch, so more may
@@ -197,6 +175,50 @@ pub enum WorkflowsMsg {
     Changed(Change),
     /// A supervisor of this node has a step waiting for a child slot: wake it when one frees.
     SlotWanted(String),
+}
+
+/// Who asked for a takeover, and what follows it: the message goes to the takeover's task
+/// and comes back with its result.
+pub enum Asked {
+    /// `recover` (an operator's, or a claim of automatic recovery): the caller hears the answer.
+    Recover(RpcReplyPort<Result<Launched, Error>>),
+    /// `reconcile`: the task settles the step under the new lease before the supervisor starts.
+    Reconcile {
+        request: Box<ReconcileRequest>,
+        reply: RpcReplyPort<Result<Launched, Error>>,
+    },
+    /// Finish a dead owner's cancellation without replaying the body.
+    Cancel {
+        tries: u32,
+        done: Option<RpcReplyPort<()>>,
+    },
+    /// Take back a workflow this node's own supervisor left live.
+    TakeBack { tries: u32 },
+}
+
+impl Asked {
+    fn action(&self) -> Takeover {
+        match self {
+            Asked::Recover(_) | Asked::TakeBack { .. } => Takeover::Recover,
+            Asked::Reconcile { .. } => Takeover::Reconcile,
+            Asked::Cancel { .. } => Takeover::Cancel,
+        }
+    }
+
+    fn start(&self) -> Start {
+        match self {
+            Asked::Cancel { .. } => Start::CancelOnly,
+            _ => Start::Replay,
+        }
+    }
+}
+
+/// A workflow this node has taken over and read back: what its supervisor starts from.
+pub struct Ready {
+    workflow: NewWorkflow,
+    lease: store::Lease,
+    /// When the takeover was sent: the lease's local deadline counts from here.
+    sent: Instant,
 }
 
 /// Supervisors woken per freed slot (a cue may stand for several slots freed in one write);
@@ -262,6 +284,9 @@ pub(crate) struct WorkflowsArgs {
 pub(crate) struct WorkflowsState {
     args: WorkflowsArgs,
     live: HashMap<String, ActorRef<WorkflowMsg>>,
+    /// Workflows with a takeover task in flight on this node: none is taken over twice at
+    /// once, and none that has a supervisor here is taken over again.
+    taking_over: std::collections::HashSet<String>,
     /// A look for pending controls is in flight.
     polling: bool,
     /// Draining: no recoveries are taken any more.
@@ -319,6 +344,7 @@ impl Actor for Workflows {
         Ok(WorkflowsState {
             args,
             live: HashMap::new(),
+            taking_over: std::collections::HashSet::new(),
             polling: false,
             draining: false,
             claiming: false,
@@ -413,213 +439,43 @@ impl Actor for Workflows {
                 let _ = reply.send(answer);
             }
             WorkflowsMsg::Recover { reply, .. } if state.draining => {
-                let _ = reply.send(Err(Error::Refused(
-                    "this node is draining: it takes no recoveries".into(),
-                )));
+                let _ = reply.send(Err(Error::Draining));
             }
             WorkflowsMsg::Recover { workflow_id, reply } => {
-                let id = workflow_id.clone();
-                take_over(
-                    state,
-                    &myself,
-                    &id,
-                    store::Purpose::Recover,
-                    move |sent, result| WorkflowsMsg::TakenOver {
-                        workflow_id,
-                        sent,
-                        result,
-                        reply,
-                    },
-                );
-            }
-            WorkflowsMsg::TakenOver {
-                workflow_id,
-                sent,
-                result,
-                reply,
-            } => {
-                let answer = match *result {
-                    Ok(TakeOver::Taken(lease)) => {
-                        start_taken(&myself, state, &workflow_id, lease, sent, Start::Replay).await
-                    }
-                    Ok(TakeOver::NotRecoverable(reason)) => {
-                        Err(Error::Refused(format!("not recoverable: {reason}")))
-                    }
-                    Ok(TakeOver::LeaseHeld) => Err(Error::Refused(
-                        "not recoverable: its owner's lease is still valid".into(),
-                    )),
-                    Ok(TakeOver::Refused(reason)) => Err(Error::Refused(reason)),
-                    Err(error) => Err(Error::Store(error)),
-                };
-                let _ = reply.send(answer);
+                take_over(state, &myself, workflow_id, Asked::Recover(reply));
             }
             WorkflowsMsg::TakeOverToCancel {
                 workflow_id,
                 tries,
                 done,
             } => {
-                let id = workflow_id.clone();
-                take_over(
-                    state,
-                    &myself,
-                    &id,
-                    store::Purpose::Cancel,
-                    move |sent, result| WorkflowsMsg::TakenToCancel {
-                        workflow_id,
-                        tries,
-                        done,
-                        sent,
-                        result,
-                    },
-                );
+                take_over(state, &myself, workflow_id, Asked::Cancel { tries, done });
             }
-            WorkflowsMsg::TakenToCancel {
-                workflow_id,
-                tries,
-                done,
-                sent,
-                result,
-            } => match *result {
-                Ok(TakeOver::Taken(lease)) => {
-                    tracing::info!(run_id = %workflow_id, "finishing the cancellation of a workflow whose owner is gone");
-                    let started =
-                        start_taken(&myself, state, &workflow_id, lease, sent, Start::CancelOnly)
-                            .await;
-                    if let Err(error) = started {
-                        tracing::error!(%error, "cannot finish the cancellation");
-                    }
-                    reply_done(done);
-                }
-                // The owner may be alive (its poll finds the cancel and carries it out), or dead
-                // with a lease not yet run out: look again when it may have.
-                Ok(TakeOver::LeaseHeld) if tries + 1 < CANCEL_TAKEOVER_TRIES => {
-                    let wait = Duration::from_millis(state.args.options.lease_ms.max(1));
-                    crate::mailbox::post_after(&myself, wait, move || {
-                        WorkflowsMsg::TakeOverToCancel {
-                            workflow_id,
-                            tries: tries + 1,
-                            done: None,
-                        }
-                    });
-                    reply_done(done);
-                }
-                // It already ended, or no cancellation is pending any more.
-                Ok(_) => reply_done(done),
-                Err(error) => {
-                    tracing::warn!(%error, "cannot take the workflow over to cancel it");
-                    reply_done(done);
-                }
-            },
             WorkflowsMsg::Reconcile { request, reply } => {
-                let id = request.workflow_id.clone();
+                let workflow_id = request.workflow_id.clone();
                 take_over(
                     state,
                     &myself,
-                    &id,
-                    store::Purpose::Reconcile,
-                    move |sent, result| WorkflowsMsg::TakenForReconcile {
-                        request,
-                        sent,
-                        result,
-                        reply,
-                    },
+                    workflow_id,
+                    Asked::Reconcile { request, reply },
                 );
             }
-            WorkflowsMsg::TakenForReconcile {
-                request,
-                sent,
-                result,
-                reply,
-            } => {
-                let answer = match *result {
-                    Ok(TakeOver::Taken(lease)) => {
-                        reconcile(&myself, state, &request, lease, sent).await
-                    }
-                    Ok(TakeOver::NotRecoverable(reason)) => {
-                        Err(Error::Refused(format!("cannot reconcile: {reason}")))
-                    }
-                    Ok(TakeOver::LeaseHeld) => Err(Error::Refused(
-                        "cannot reconcile: its owner's lease is still valid".into(),
-                    )),
-                    Ok(TakeOver::Refused(reason)) => Err(Error::Refused(reason)),
-                    Err(error) => Err(Error::Store(error)),
-                };
-                let _ = reply.send(answer);
-            }
-            WorkflowsMsg::TakeBack { workflow_id, .. }
-                if state.draining || state.live.contains_key(&workflow_id) => {}
+            WorkflowsMsg::TakeBack { .. } if state.draining => {}
             WorkflowsMsg::TakeBack { workflow_id, tries } => {
-                let id = workflow_id.clone();
-                take_over(
-                    state,
-                    &myself,
-                    &id,
-                    store::Purpose::Recover,
-                    move |sent, result| WorkflowsMsg::TakenBack {
-                        workflow_id,
-                        tries,
-                        sent,
-                        result,
-                    },
-                );
+                take_over(state, &myself, workflow_id, Asked::TakeBack { tries });
             }
-            WorkflowsMsg::TakenBack {
+            WorkflowsMsg::TakenOver {
                 workflow_id,
-                tries,
-                sent,
                 result,
-            } => match *result {
-                Ok(TakeOver::Taken(lease)) => {
-                    let started =
-                        start_taken(&myself, state, &workflow_id, lease, sent, Start::Replay).await;
-                    match started {
-                        Ok(_) => tracing::info!(run_id = %workflow_id, "taken back"),
-                        Err(error) => {
-                            tracing::error!(run_id = %workflow_id, %error, "cannot take it back");
-                        }
-                    }
-                }
-                Ok(TakeOver::LeaseHeld) if tries + 1 < TAKE_BACK_TRIES => {
-                    // Still this node's own lease, running out: ask again when it has. Another
-                    // node's lease means that node took the workflow over: it is not ours to
-                    // take back.
-                    let (store, me) = (state.args.store.clone(), myself.clone());
-                    let ours = state.args.worker_id.clone();
-                    let wait = Duration::from_millis(state.args.options.lease_ms.max(1));
-                    tokio::spawn(async move {
-                        if let Ok(Some(lease)) = store.read_lease(&workflow_id).await
-                            && lease.owner == ours
-                        {
-                            crate::mailbox::post_after(&me, wait, move || WorkflowsMsg::TakeBack {
-                                workflow_id,
-                                tries: tries + 1,
-                            });
-                        }
-                    });
-                }
-                Err(error) if error.is_transient() && tries + 1 < TAKE_BACK_TRIES => {
-                    let wait = Duration::from_millis(state.args.options.lease_ms.max(1));
-                    crate::mailbox::post_after(&myself, wait, move || WorkflowsMsg::TakeBack {
-                        workflow_id,
-                        tries: tries + 1,
-                    });
-                }
-                // A cancellation is pending (or another rule refused): a cancel takeover
-                // finishes it if one is asked for; otherwise the workflow waits as it is.
-                Ok(TakeOver::Refused(_)) => {
-                    let _ = myself.post(WorkflowsMsg::TakeOverToCancel {
-                        workflow_id,
-                        tries: 0,
-                        done: None,
-                    });
-                }
-                Ok(outcome) => {
-                    tracing::info!(run_id = %workflow_id, ?outcome, "not taken back");
-                }
-                Err(error) => {
-                    tracing::warn!(run_id = %workflow_id, %error, "cannot take it back");
-                }
-            },
+                asked,
+            } => {
+                state.taking_over.remove(&workflow_id);
+                let started = match *result {
+                    Ok(ready) => start_ready(&myself, state, ready, asked.start()).await,
+                    Err(error) => Err(error),
+                };
+                after_takeover(&myself, state, workflow_id, started, asked);
+            }
             WorkflowsMsg::ClaimRecoverable if state.draining || state.claiming => {}
             WorkflowsMsg::ClaimRecoverable => {
                 state.claiming = true;
@@ -697,9 +553,7 @@ impl Actor for Workflows {
                     let _ = supervisor.post(WorkflowMsg::GiveUp { reply });
                 }
                 None => {
-                    let _ = reply.send(Err(Error::Refused(format!(
-                        "workflow {workflow_id:?} is not supervised on this node"
-                    ))));
+                    let _ = reply.send(Err(Error::NotSupervised { workflow_id }));
                 }
             },
         }
@@ -926,25 +780,57 @@ async fn claim_all(
     futures_util::future::join_all(decided).await;
 }
 
-/// Starts taking a workflow over for `purpose` in a task; `answer` turns the store's answer into
-/// the message that carries it back to this actor.
+/// Takes a workflow over in a task, which also reads it back (and, for a reconcile, settles its
+/// step): nothing of it runs on the actor's turn. The result comes back as
+/// [`WorkflowsMsg::TakenOver`], where the supervisor starts. A workflow supervised here, or with
+/// a takeover in flight here, is not taken over again: the asker hears
+/// [`Error::Supervised`] at once.
 fn take_over(
-    state: &WorkflowsState,
+    state: &mut WorkflowsState,
     myself: &ActorRef<WorkflowsMsg>,
-    workflow_id: &str,
-    purpose: store::Purpose,
-    answer: impl FnOnce(Instant, Box<store::Result<TakeOver>>) -> WorkflowsMsg + Send + 'static,
+    workflow_id: String,
+    asked: Asked,
 ) {
+    if state.live.contains_key(&workflow_id) || !state.taking_over.insert(workflow_id.clone()) {
+        let supervised = Err(Error::Supervised {
+            workflow_id: workflow_id.clone(),
+        });
+        after_takeover(myself, state, workflow_id, supervised, asked);
+        return;
+    }
     let (store, me) = (state.args.store.clone(), myself.clone());
     let (owner, lease_ms) = (state.args.worker_id.clone(), state.args.options.lease_ms);
-    let versions = our_versions(state);
-    let workflow_id = workflow_id.to_owned();
+    let (versions, limits) = (our_versions(state), state.args.options.launch_limits);
     tokio::spawn(async move {
-        let sent = Instant::now();
-        let result = store
-            .take_over_workflow(&workflow_id, &owner, lease_ms, &versions, purpose)
-            .await;
-        let _ = me.post(answer(sent, Box::new(result)));
+        let result = async {
+            let sent = Instant::now();
+            let purpose = match asked.action() {
+                Takeover::Recover => store::Purpose::Recover,
+                Takeover::Reconcile => store::Purpose::Reconcile,
+                Takeover::Cancel => store::Purpose::Cancel,
+            };
+            let answer = store
+                .take_over_workflow(&workflow_id, &owner, lease_ms, &versions, purpose)
+                .await;
+            let lease = taken(asked.action(), answer)?;
+            let workflow = match &asked {
+                Asked::Reconcile { request, .. } => {
+                    reconcile(&store, limits, request, &lease).await?
+                }
+                _ => stored_workflow(&store, &workflow_id).await?,
+            };
+            Ok(Ready {
+                workflow,
+                lease,
+                sent,
+            })
+        }
+        .await;
+        let _ = me.post(WorkflowsMsg::TakenOver {
+            workflow_id,
+            result: Box::new(result),
+            asked,
+        });
     });
 }
 
@@ -959,57 +845,163 @@ fn as_launched(row: WorkflowRow) -> NewWorkflow {
     }
 }
 
-/// Starts the supervisor of a workflow this node has just taken over, from its stored row.
-async fn start_taken(
+/// Starts the supervisor of a workflow this node has taken over, unless one supervises it
+/// here already (then the lease just taken is given back, in a task). Runs on the actor's turn,
+/// so no two supervisors of one workflow ever start on this node.
+async fn start_ready(
     myself: &ActorRef<WorkflowsMsg>,
     state: &mut WorkflowsState,
-    workflow_id: &str,
-    lease: store::Lease,
-    sent: Instant,
+    ready: Ready,
     start: Start,
 ) -> Result<Launched, Error> {
-    let workflow = stored_workflow(&state.args.store, workflow_id).await?;
-    let launched = start_supervisor(myself, state, workflow, lease, sent, start).await?;
+    let workflow_id = ready.workflow.workflow_id.clone();
+    if state.live.contains_key(&workflow_id) {
+        let (store, fence) = (state.args.store.clone(), ready.lease.fence());
+        tokio::spawn(async move {
+            let _ = store.release_lease(&fence).await;
+        });
+        return Err(Error::Supervised { workflow_id });
+    }
+    let launched = start_supervisor(
+        myself,
+        state,
+        ready.workflow,
+        ready.lease,
+        ready.sent,
+        start,
+    )
+    .await?;
     Ok(Launched {
         created: false,
         ..launched
     })
 }
 
-async fn stored_workflow(store: &StoreHandle, workflow_id: &str) -> Result<NewWorkflow, Error> {
-    match store.read_workflow(workflow_id).await? {
-        Some(row) => Ok(as_launched(row)),
-        None => Err(Error::Store(store::Error::NotFound(format!(
-            "workflow {workflow_id:?}"
-        )))),
+/// What follows a takeover's end, for whoever asked for it.
+fn after_takeover(
+    myself: &ActorRef<WorkflowsMsg>,
+    state: &WorkflowsState,
+    workflow_id: String,
+    started: Result<Launched, Error>,
+    asked: Asked,
+) {
+    let lease_period = Duration::from_millis(state.args.options.lease_ms.max(1));
+    match asked {
+        Asked::Recover(reply) | Asked::Reconcile { reply, .. } => {
+            let _ = reply.send(started);
+        }
+        Asked::Cancel { tries, done } => {
+            match started {
+                Ok(_) => {
+                    tracing::info!(run_id = %workflow_id, "finishing the cancellation of a workflow whose owner is gone");
+                }
+                // The owner may be alive (its poll finds the cancel and carries it out), or dead
+                // with a lease not yet run out: look again when it may have.
+                Err(Error::LeaseHeld { .. } | Error::Supervised { .. })
+                    if tries + 1 < CANCEL_TAKEOVER_TRIES =>
+                {
+                    crate::mailbox::post_after(myself, lease_period, move || {
+                        WorkflowsMsg::TakeOverToCancel {
+                            workflow_id,
+                            tries: tries + 1,
+                            done: None,
+                        }
+                    });
+                }
+                // It already ended, or no cancellation is pending any more.
+                Err(
+                    Error::LeaseHeld { .. }
+                    | Error::Supervised { .. }
+                    | Error::NotLive { .. }
+                    | Error::TakeoverRefused { .. },
+                ) => {}
+                Err(error @ Error::Store(_)) => {
+                    tracing::warn!(run_id = %workflow_id, %error, "cannot take the workflow over to cancel it");
+                }
+                Err(error) => {
+                    tracing::error!(run_id = %workflow_id, %error, "cannot finish the cancellation");
+                }
+            }
+            reply_done(done);
+        }
+        Asked::TakeBack { tries } => match started {
+            Ok(_) => tracing::info!(run_id = %workflow_id, "taken back"),
+            Err(Error::LeaseHeld { .. }) if tries + 1 < TAKE_BACK_TRIES => {
+                // Still this node's own lease, running out: ask again when it has. Another
+                // node's lease means that node took the workflow over: it is not ours to
+                // take back.
+                let (store, me) = (state.args.store.clone(), myself.clone());
+                let ours = state.args.worker_id.clone();
+                tokio::spawn(async move {
+                    if let Ok(Some(lease)) = store.read_lease(&workflow_id).await
+                        && lease.owner == ours
+                    {
+                        crate::mailbox::post_after(&me, lease_period, move || {
+                            WorkflowsMsg::TakeBack {
+                                workflow_id,
+                                tries: tries + 1,
+                            }
+                        });
+                    }
+                });
+            }
+            Err(Error::Store(error)) if error.is_transient() && tries + 1 < TAKE_BACK_TRIES => {
+                crate::mailbox::post_after(myself, lease_period, move || WorkflowsMsg::TakeBack {
+                    workflow_id,
+                    tries: tries + 1,
+                });
+            }
+            // A cancellation is pending (or another rule refused): a cancel takeover
+            // finishes it if one is asked for; otherwise the workflow waits as it is.
+            Err(Error::TakeoverRefused { .. }) => {
+                let _ = myself.post(WorkflowsMsg::TakeOverToCancel {
+                    workflow_id,
+                    tries: 0,
+                    done: None,
+                });
+            }
+            Err(
+                error
+                @ (Error::LeaseHeld { .. } | Error::NotLive { .. } | Error::Supervised { .. }),
+            ) => {
+                tracing::info!(run_id = %workflow_id, %error, "not taken back");
+            }
+            Err(error) => {
+                tracing::warn!(run_id = %workflow_id, %error, "cannot take it back");
+            }
+        },
     }
 }
 
-/// Settles the step under the new lease and resumes the workflow by replay.
+async fn stored_workflow(store: &StoreHandle, workflow_id: &str) -> Result<NewWorkflow, Error> {
+    match store.read_workflow(workflow_id).await? {
+        Some(row) => Ok(as_launched(row)),
+        None => Err(not_found(workflow_id)),
+    }
+}
+
+/// Settles the step under the new lease (in the takeover's task) and answers the workflow its
+/// supervisor resumes by replay.
 async fn reconcile(
-    myself: &ActorRef<WorkflowsMsg>,
-    state: &mut WorkflowsState,
+    store: &StoreHandle,
+    limits: LaunchLimits,
     request: &ReconcileRequest,
-    lease: store::Lease,
-    sent: Instant,
-) -> Result<Launched, Error> {
-    let store = &state.args.store;
+    lease: &store::Lease,
+) -> Result<NewWorkflow, Error> {
     let id = &request.workflow_id;
     let row = store
         .read_workflow(id)
         .await?
-        .ok_or_else(|| Error::Store(store::Error::NotFound(format!("workflow {id:?}"))))?;
+        .ok_or_else(|| not_found(id))?;
     let step = store
         .read_steps(id)
         .await?
         .into_iter()
         .filter(|step| step.step_id == request.step_id)
         .max_by_key(|step| step.attempt)
-        .ok_or_else(|| {
-            Error::Store(store::Error::NotFound(format!(
-                "step {:?} of workflow {id:?}",
-                request.step_id
-            )))
+        .ok_or_else(|| Error::NoStep {
+            workflow_id: id.clone(),
+            step_id: request.step_id.clone(),
         })?;
     let record = json!({
         "by": request.by,
@@ -1107,7 +1099,6 @@ async fn reconcile(
     });
     // It held no place under the limits while it waited for an operator: it takes them back
     // before it counts as live again, or the reconcile is refused with nothing written.
-    let limits = state.args.options.launch_limits;
     let clamp = |limit: u64| i64::try_from(limit).unwrap_or(i64::MAX);
     ops.push(WriteOp::TakePlaces {
         workflow_id: id.clone(),
@@ -1125,11 +1116,11 @@ async fn reconcile(
         status: "running".into(),
         data: data.clone(),
     });
-    let written = state.args.store.fenced_write(&lease.fence(), ops).await;
+    let written = store.fenced_write(&lease.fence(), ops).await;
     if let Err(store::Error::LimitReached(limit)) = &written {
         // Nothing was written; the lease taken for the reconcile is given back so that the
         // operator can try again once a place is free.
-        let _ = state.args.store.release_lease(&lease.fence()).await;
+        let _ = store.release_lease(&lease.fence()).await;
         let (limit, max) = if limit == "max_workflows" {
             ("max_workflows", limits.max_workflows)
         } else {
@@ -1138,13 +1129,7 @@ async fn reconcile(
         return Err(Error::LimitReached { limit, max });
     }
     written?;
-    let workflow = as_launched(WorkflowRow { data, ..row });
-    start_supervisor(myself, state, workflow, lease, sent, Start::Replay)
-        .await
-        .map(|launched| Launched {
-            created: false,
-            ..launched
-        })
+    Ok(as_launched(WorkflowRow { data, ..row }))
 }
 
 async fn start_supervisor(
@@ -1200,7 +1185,19 @@ async fn start_supervisor(
 }
 
 fn not_found(workflow_id: &str) -> Error {
-    Error::Store(store::Error::NotFound(format!("workflow {workflow_id:?}")))
+    Error::NoWorkflow {
+        workflow_id: workflow_id.to_owned(),
+    }
+}
+
+/// The lease of a takeover for `action` the store granted, or why it did not.
+fn taken(action: Takeover, answer: store::Result<TakeOver>) -> Result<store::Lease, Error> {
+    match answer? {
+        TakeOver::Taken(lease) => Ok(lease),
+        TakeOver::NotRecoverable(reason) => Err(Error::NotLive { action, reason }),
+        TakeOver::LeaseHeld => Err(Error::LeaseHeld { action }),
+        TakeOver::Refused(reason) => Err(Error::TakeoverRefused { reason }),
+    }
 }
 
 /// A cheap, cloneable way to launch and control workflows on this node.
@@ -1286,10 +1283,10 @@ impl WorkflowsHandle {
                 .await?
                 .ok_or_else(|| not_found(&request.workflow_id))?;
             if &row.fingerprint != fingerprint {
-                return Err(Error::Store(store::Error::Conflict(format!(
-                    "fingerprint {fingerprint:?} is stale: the workflow's is {:?}",
-                    row.fingerprint
-                ))));
+                return Err(Error::StaleFingerprint {
+                    given: fingerprint.clone(),
+                    current: row.fingerprint,
+                });
             }
         }
         self.journaled_step(
@@ -1327,14 +1324,13 @@ impl WorkflowsHandle {
                 request.attempt,
             )
             .await?;
-        let asked = step.data["args"]["artifactVersion"].as_u64();
-        if asked != Some(request.artifact_version) {
-            return Err(Error::Store(store::Error::Conflict(format!(
-                "checkpoint {:?} is about artifact version {}, not {}",
-                request.step_id,
-                asked.map_or_else(|| "none".to_owned(), |v| v.to_string()),
-                request.artifact_version
-            ))));
+        let under_review = step.data["args"]["artifactVersion"].as_u64();
+        if under_review != Some(request.artifact_version) {
+            return Err(Error::StaleArtifactVersion {
+                step_id: request.step_id,
+                under_review,
+                given: request.artifact_version,
+            });
         }
         // No time in the body: the same decision twice must be the same control.
         let mut body = json!({
@@ -1361,32 +1357,35 @@ impl WorkflowsHandle {
         &self,
         workflow_id: &str,
         step_id: &str,
-        kind: &str,
+        kind: &'static str,
         attempt: i32,
     ) -> Result<StepRow, Error> {
         let steps = self.store.read_steps(workflow_id).await?;
         if steps.is_empty() && self.store.read_workflow(workflow_id).await?.is_none() {
             return Err(not_found(workflow_id));
         }
-        let conflict = |message: String| Err(Error::Store(store::Error::Conflict(message)));
         let Some(step) = steps
             .into_iter()
             .filter(|s| s.step_id == step_id)
             .max_by_key(|s| s.attempt)
         else {
-            return conflict(format!("the workflow has not reached a step {step_id:?}"));
+            return Err(Error::StepNotReached {
+                step_id: step_id.to_owned(),
+            });
         };
         if step.kind != kind {
-            return conflict(format!(
-                "step {step_id:?} is a {} call, not a {kind}",
-                step.kind
-            ));
+            return Err(Error::WrongStepKind {
+                step_id: step_id.to_owned(),
+                kind: step.kind,
+                expected: kind,
+            });
         }
         if step.attempt != attempt {
-            return conflict(format!(
-                "step {step_id:?} is at attempt {}, not {attempt}",
-                step.attempt
-            ));
+            return Err(Error::WrongAttempt {
+                step_id: step_id.to_owned(),
+                current: step.attempt,
+                given: attempt,
+            });
         }
         Ok(step)
     }

@@ -100,6 +100,8 @@ pub struct EventsConfig {
     pub stream_stall_ms: u64,
     /// Streams open at once on a node at most (503 `streams_busy` beyond).
     pub streams_max: u32,
+    /// Event streams one user holds open at once on a node at most (429 `streams_busy`).
+    pub streams_per_user_max: u32,
 }
 
 impl Default for EventsConfig {
@@ -111,6 +113,7 @@ impl Default for EventsConfig {
             stream_buffer_bytes_max: 256 * 1024,
             stream_stall_ms: 10_000,
             streams_max: 1024,
+            streams_per_user_max: 64,
         }
     }
 }
@@ -136,6 +139,8 @@ pub struct HttpConfig {
     /// Requests waiting (`?wait=`) at once on this node at most; one more is answered 503 with
     /// `Retry-After`.
     pub waiters_max: u64,
+    /// Requests of one user waiting at once on this node at most (429 `waiters_busy`).
+    pub waiters_per_user_max: u64,
     /// How long a connection may take to send a request's head, counted from when it opens or
     /// finishes its previous request (so also how long an idle keep-alive connection stays).
     pub head_timeout_ms: u64,
@@ -148,6 +153,27 @@ pub struct HttpConfig {
     /// Proxies whose `X-Forwarded-For` is believed (addresses or CIDR ranges): a request from
     /// one of them is from the right-most address of that header that is not a trusted proxy.
     pub trusted_proxies: Vec<AddressRange>,
+    /// Who may read `GET /metrics` (addresses or CIDR ranges, judged on the client address);
+    /// anyone else gets 403. Loopback and the private networks by default.
+    pub metrics_from: Vec<AddressRange>,
+    /// How long the database's part of `/metrics` (workflows by status, the pool) is reused:
+    /// however often `/metrics` is asked, the database counts at most once in this period.
+    pub metrics_refresh_ms: u64,
+}
+
+/// Loopback and the private networks (RFC 1918, RFC 4193 unique local addresses).
+fn private_networks() -> Vec<AddressRange> {
+    [
+        "127.0.0.0/8",
+        "::1/128",
+        "10.0.0.0/8",
+        "172.16.0.0/12",
+        "192.168.0.0/16",
+        "fc00::/7",
+    ]
+    .into_iter()
+    .filter_map(|range| AddressRange::try_from(range.to_owned()).ok())
+    .collect()
 }
 
 impl Default for HttpConfig {
@@ -160,10 +186,13 @@ impl Default for HttpConfig {
             cancel_wait_ms: 5000,
             wait_max_ms: 60_000,
             waiters_max: 1024,
+            waiters_per_user_max: 512,
             head_timeout_ms: 10_000,
             body_timeout_ms: 30_000,
             connections_max: 1024,
             trusted_proxies: Vec::new(),
+            metrics_from: private_networks(),
+            metrics_refresh_ms: 1000,
         }
     }
 }
@@ -254,6 +283,10 @@ pub struct AuthConfig {
     pub secure_cookies: bool,
     /// The longest life an API token may be given with `expires_in_days`, in days.
     pub token_days_max: u32,
+    /// A user's live API tokens at most; creating one more is refused (422) until one is revoked.
+    pub tokens_per_user_max: u32,
+    /// A user's live sessions at most; signing in once more ends their oldest session.
+    pub sessions_per_user_max: u32,
 }
 
 impl Default for AuthConfig {
@@ -267,6 +300,8 @@ impl Default for AuthConfig {
             password_hashes_max: 4,
             secure_cookies: false,
             token_days_max: 365,
+            tokens_per_user_max: 100,
+            sessions_per_user_max: 100,
         }
     }
 }
@@ -529,7 +564,7 @@ impl Config {
             }
             _ => {}
         }
-        let positive: [(&'static str, u64); 31] = [
+        let positive: [(&'static str, u64); 36] = [
             ("store.pool_size", self.store.pool_size as u64),
             ("store.requests_max", self.store.requests_max as u64),
             ("store.write_batch_max", self.store.write_batch_max as u64),
@@ -551,6 +586,8 @@ impl Config {
             ("http.connections_max", self.http.connections_max),
             ("http.wait_max_ms", self.http.wait_max_ms),
             ("http.waiters_max", self.http.waiters_max),
+            ("http.waiters_per_user_max", self.http.waiters_per_user_max),
+            ("http.metrics_refresh_ms", self.http.metrics_refresh_ms),
             ("events.poll_ms", self.events.poll_ms),
             ("events.keepalive_ms", self.events.keepalive_ms),
             ("events.batch_max", u64::from(self.events.batch_max)),
@@ -560,6 +597,10 @@ impl Config {
             ),
             ("events.stream_stall_ms", self.events.stream_stall_ms),
             ("events.streams_max", u64::from(self.events.streams_max)),
+            (
+                "events.streams_per_user_max",
+                u64::from(self.events.streams_per_user_max),
+            ),
             ("auth.session_seconds", self.auth.session_seconds),
             (
                 "auth.login_failures_max",
@@ -579,6 +620,14 @@ impl Config {
                 u64::from(self.auth.password_hashes_max),
             ),
             ("auth.token_days_max", u64::from(self.auth.token_days_max)),
+            (
+                "auth.tokens_per_user_max",
+                u64::from(self.auth.tokens_per_user_max),
+            ),
+            (
+                "auth.sessions_per_user_max",
+                u64::from(self.auth.sessions_per_user_max),
+            ),
         ];
         if let Some((key, _)) = positive.iter().find(|(_, value)| *value == 0) {
             return Err(invalid(key, "must be greater than 0".into()));

@@ -24,6 +24,8 @@
   const toText = String;
   const RealError = Error;
   const RealTypeError = TypeError;
+  const RealInternalError = InternalError;
+  const RealRangeError = RangeError;
   const RealPromise = Promise;
   const promiseAll = Promise.all.bind(Promise);
   const promiseResolve = Promise.resolve.bind(Promise);
@@ -50,6 +52,20 @@
       return `a thrown ${typeof error} that cannot be converted to text`;
     }
   };
+
+  // The engine limit a thrown value stands for ("memory", "stack"), or "". QuickJS has no error
+  // codes: it is the engine's own error class, captured above, with the fixed message the engine
+  // gives it; an error a step or the script made that only says such words is none.
+  const limitOf = (error) => {
+    try {
+      if (error instanceof RealInternalError && error.message === "out of memory") return "memory";
+      if (error instanceof RealRangeError && error.message === "Maximum call stack size exceeded") return "stack";
+    } catch (_) {
+      // A proxy or a getter that throws is no engine error.
+    }
+    return "";
+  };
+  globalThis.__reins_limit_of = limitOf;
 
   // A value's JSON text with the engine's own JSON.stringify, or why it has none. (No prototype:
   // a getter the script put on Object.prototype is never read.)
@@ -88,12 +104,12 @@
       try {
         value = await main(args);
       } catch (error) {
-        done(false, wellFormed(describe(error)));
+        done(false, wellFormed(describe(error)), limitOf(error));
         return;
       }
       const encoded = encode(value === undefined ? null : value);
-      if (encoded.error === undefined) done(true, encoded.text);
-      else done(false, `the result cannot be encoded as JSON: ${encoded.error}`);
+      if (encoded.error === undefined) done(true, encoded.text, "");
+      else done(false, `the result cannot be encoded as JSON: ${encoded.error}`, "");
     });
   };
 

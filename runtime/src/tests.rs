@@ -527,6 +527,59 @@ fn every_value_a_script_returns_or_throws_ends_the_run() {
     }
 }
 
+/// An engine limit is told by the engine's own error class, never by words in a message: a
+/// step that failed saying "out of memory", or an error the script made saying "stack
+/// overflow", fails the workflow with its own message, not as a limit of the script's.
+#[test]
+fn words_in_a_failure_do_not_make_it_an_engine_limit() {
+    let limits = Limits {
+        script_memory_bytes_max: 16 << 20,
+        ..Limits::default()
+    };
+    let with = || VmOptions {
+        limits: limits.clone(),
+        ..options(vec![])
+    };
+    let gpu = |_: &Command| {
+        Outcome::Rejected(json!({"message": "CUDA out of memory", "status": "error"}))
+    };
+    for (script, says) in [
+        (
+            r#"await agent({stepId: "train", agentRef: "x", task: 1});"#,
+            "StepError: CUDA out of memory",
+        ),
+        (
+            r#"throw new Error("stack overflow in the parser");"#,
+            "Error: stack overflow in the parser",
+        ),
+        (
+            r#"throw new TypeError("call stack size exceeded by the agent");"#,
+            "TypeError: call stack size exceeded by the agent",
+        ),
+        (r#"throw "interrupted";"#, "interrupted"),
+    ] {
+        let (status, _, _) = drive(script, json!({}), with(), gpu);
+        assert_eq!(status, Status::Failed(says.to_owned()), "{script}");
+    }
+    // The engine's own errors still name their limits, caught and thrown again or not.
+    for (script, limit) in [
+        (
+            "try { const a = []; while (true) { a.push(new Array(100000).fill(1)); } } catch (e) { throw e; }",
+            "script_memory_bytes_max",
+        ),
+        (
+            "const f = (n) => f(n + 1) + 1; try { f(0); } catch (e) { throw e; }",
+            "script_stack_bytes_max",
+        ),
+    ] {
+        let (status, _, _) = drive(script, json!({}), with(), echo);
+        assert!(
+            matches!(&status, Status::Failed(m) if m.contains(limit)),
+            "{script}: {status:?}"
+        );
+    }
+}
+
 #[test]
 fn a_script_that_does_not_compile_is_refused_with_its_own_line_and_column() {
     for (script, says) in [

@@ -42,11 +42,41 @@ pub struct Vm {
     // Field order is drop order: the saved function must be released before its context, and the
     // context before the runtime, or QuickJS finds live objects when the runtime is freed.
     settle_fn: Persistent<Function<'static>>,
+    /// The prelude's `limitOf`: the engine limit a thrown value stands for.
+    limit_of_fn: Persistent<Function<'static>>,
     context: Context,
     runtime: Runtime,
     host: Rc<RefCell<Host>>,
     /// The thread CPU time (`thread_cpu_time`) past which the running script is interrupted.
     deadline: Rc<RefCell<Duration>>,
+    /// Set by the interrupt handler when it stops the script: the one way an activation
+    /// learns that its CPU limit ended it (the engine's error says only "interrupted").
+    interrupted: Rc<std::cell::Cell<bool>>,
+}
+
+/// An engine limit a script's failure stands for, as the prelude's `limitOf` tells it by the
+/// engine's own error class.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum EngineLimit {
+    Memory,
+    Stack,
+}
+
+impl EngineLimit {
+    fn from_tag(tag: &str) -> Option<EngineLimit> {
+        match tag {
+            "memory" => Some(EngineLimit::Memory),
+            "stack" => Some(EngineLimit::Stack),
+            _ => None,
+        }
+    }
+}
+
+/// How a script ended without a result: its message, and the engine limit it stands for.
+#[derive(Debug, Clone, PartialEq)]
+struct Failure {
+    message: String,
+    limit: Option<EngineLimit>,
 }
 
 /// The VM's side of the script API, shared with the functions the script calls.
@@ -68,7 +98,7 @@ struct Host {
     new_entries: Vec<JournalEntry>,
     cancels: Vec<CallId>,
     fatal: Option<String>,
-    result: Option<Result<Value, String>>,
+    result: Option<Result<Value, Failure>>,
     clock_ms: i64,
     rng: u64,
     logs: Vec<String>,
@@ -119,9 +149,14 @@ impl Vm {
         let deadline = Rc::new(RefCell::new(
             thread_cpu_time() + limits.cpu_between_awaits(),
         ));
-        let watched = Rc::clone(&deadline);
+        let interrupted = Rc::new(std::cell::Cell::new(false));
+        let (watched, stopped) = (Rc::clone(&deadline), Rc::clone(&interrupted));
         runtime.set_interrupt_handler(Some(Box::new(move || {
-            thread_cpu_time() > *watched.borrow()
+            let over = thread_cpu_time() > *watched.borrow();
+            if over {
+                stopped.set(true);
+            }
+            over
         })));
         let context = Context::full(&runtime).map_err(engine)?;
 
@@ -154,7 +189,7 @@ impl Vm {
         // Step ids are claimed as calls are made, not up front: a replay claims them again.
         host.borrow_mut().step_ids.clear();
 
-        let settle_fn = context.with(|ctx| -> Result<_, Error> {
+        let (settle_fn, limit_of_fn) = context.with(|ctx| -> Result<_, Error> {
             install(&ctx, &host)?;
             let globals = ctx.globals();
             ctx.eval::<(), _>(PRELUDE)
@@ -162,22 +197,29 @@ impl Vm {
                 .map_err(|e| Error::Engine(format!("the script API failed to install: {e}")))?;
             let settle: Function = globals.get("__reins_settle").map_err(engine)?;
             let begin: Function = globals.get("__reins_start").map_err(engine)?;
+            let limit_of: Function = globals.get("__reins_limit_of").map_err(engine)?;
             globals.remove("__reins_settle").map_err(engine)?;
             globals.remove("__reins_start").map_err(engine)?;
+            globals.remove("__reins_limit_of").map_err(engine)?;
             let main = evaluate_body(&ctx, script)?;
             // The body starts as a job of the first activation, under its limits.
             begin
                 .call::<_, ()>((main, args_json))
                 .catch(&ctx)
                 .map_err(|e| Error::Engine(format!("the script could not start: {e}")))?;
-            Ok(Persistent::save(&ctx, settle))
+            Ok((
+                Persistent::save(&ctx, settle),
+                Persistent::save(&ctx, limit_of),
+            ))
         })?;
         Ok(Vm {
             settle_fn,
+            limit_of_fn,
             context,
             runtime,
             host,
             deadline,
+            interrupted,
         })
     }
 
@@ -247,9 +289,12 @@ impl Vm {
                     Status::Completed(value.clone())
                 }
             }
-            (None, Some(Err(message))) => {
-                Status::Failed(name_the_limit(message, &host.limits, host.memory_grant))
-            }
+            (None, Some(Err(failure))) => Status::Failed(name_the_limit(
+                &failure.message,
+                failure.limit,
+                &host.limits,
+                host.memory_grant,
+            )),
             (None, None) => Status::Waiting,
         };
         Activation {
@@ -277,6 +322,7 @@ impl Vm {
     }
 
     fn rearm(&self) {
+        self.interrupted.set(false);
         let limits = &self.host.borrow().limits;
         *self.deadline.borrow_mut() = thread_cpu_time() + limits.cpu_between_awaits();
     }
@@ -291,24 +337,42 @@ impl Vm {
                         let host = self.host.borrow();
                         (host.limits.clone(), host.memory_grant)
                     };
-                    let message = exception.0.with(|ctx| {
-                        ctx.catch().as_exception().map_or_else(
-                            || "the script stopped with an uncatchable error".to_owned(),
-                            |e| e.message().unwrap_or_default(),
-                        )
+                    let interrupted =
+                        self.interrupted.get() || thread_cpu_time() > *self.deadline.borrow();
+                    let failure = exception.0.with(|ctx| {
+                        // Caught in every case, so that no exception stays pending.
+                        let thrown = ctx.catch();
+                        (!interrupted).then(|| self.failure_of(&ctx, thrown))
                     });
-                    if thread_cpu_time() > *self.deadline.borrow()
-                        || message.contains("interrupted")
-                    {
-                        return Err(format!(
+                    return Err(match failure {
+                        None => format!(
                             "the script ran for more than script_cpu_ms_max ({} ms) without awaiting",
                             limits.script_cpu_ms_max
-                        ));
-                    }
-                    return Err(name_the_limit(&message, &limits, grant));
+                        ),
+                        Some(failure) => {
+                            name_the_limit(&failure.message, failure.limit, &limits, grant)
+                        }
+                    });
                 }
             }
         }
+    }
+
+    /// What a value thrown out of a job says, and the engine limit it stands for.
+    fn failure_of<'js>(&self, ctx: &Ctx<'js>, thrown: rquickjs::Value<'js>) -> Failure {
+        let limit = self
+            .limit_of_fn
+            .clone()
+            .restore(ctx)
+            .and_then(|limit_of| limit_of.call::<_, String>((thrown.clone(),)))
+            .ok()
+            .as_deref()
+            .and_then(EngineLimit::from_tag);
+        let message = thrown.as_exception().map_or_else(
+            || "the script stopped with an uncatchable error".to_owned(),
+            |e| e.message().unwrap_or_default(),
+        );
+        Failure { message, limit }
     }
 
     fn deliver(&self, id: CallId, outcome: Outcome) {
@@ -556,26 +620,28 @@ fn check_args(kind: CallKind, args: &Value, seq: u32) -> Result<String, String> 
     Ok(step_id)
 }
 
-/// Engine errors that mean a limit was hit, said in terms of the limit.
-fn name_the_limit(message: &str, limits: &Limits, memory_grant: Option<u64>) -> String {
-    if let (true, Some(grant)) = (message.contains("out of memory"), memory_grant) {
-        format!(
+/// A failure that stands for an engine limit, said in terms of the limit.
+fn name_the_limit(
+    message: &str,
+    limit: Option<EngineLimit>,
+    limits: &Limits,
+    memory_grant: Option<u64>,
+) -> String {
+    match (limit, memory_grant) {
+        (Some(EngineLimit::Memory), Some(grant)) => format!(
             "the script used more than the {grant} bytes it was given: the node's scripts \
              together were near js_memory_total_bytes (script_memory_bytes_max is {}): {message}",
             limits.script_memory_bytes_max
-        )
-    } else if message.contains("out of memory") {
-        format!(
+        ),
+        (Some(EngineLimit::Memory), None) => format!(
             "the script used more than script_memory_bytes_max ({} bytes): {message}",
             limits.script_memory_bytes_max
-        )
-    } else if message.contains("stack overflow") || message.contains("call stack size exceeded") {
-        format!(
+        ),
+        (Some(EngineLimit::Stack), _) => format!(
             "the script used more than script_stack_bytes_max ({} bytes): {message}",
             limits.script_stack_bytes_max
-        )
-    } else {
-        message.to_owned()
+        ),
+        (None, _) => message.to_owned(),
     }
 }
 
@@ -730,14 +796,19 @@ fn install(ctx: &rquickjs::Ctx<'_>, host: &Rc<RefCell<Host>>) -> Result<(), Erro
     })
     .map_err(engine)?;
     let h = Rc::clone(host);
-    let done = Function::new(ctx.clone(), move |ok: bool, text: String| {
+    let done = Function::new(ctx.clone(), move |ok: bool, text: String, limit: String| {
         let mut host = h.borrow_mut();
         host.result = Some(if ok {
             // What the engine's JSON.stringify writes and serde refuses: a lone surrogate.
-            serde_json::from_str(&text)
-                .map_err(|e| format!("the result cannot be encoded as JSON: {e}"))
+            serde_json::from_str(&text).map_err(|e| Failure {
+                message: format!("the result cannot be encoded as JSON: {e}"),
+                limit: None,
+            })
         } else {
-            Err(text)
+            Err(Failure {
+                message: text,
+                limit: EngineLimit::from_tag(&limit),
+            })
         });
     })
     .map_err(engine)?;

@@ -63,19 +63,28 @@ impl Error {
     }
 }
 
+/// SQLite's errors by their (extended) result codes, never by their text: busy or locked is
+/// transient, a full disk is `DiskFull`, a foreign key that names no row is `NotFound`, a
+/// uniqueness rule is `Conflict`; any other constraint (`CHECK`, `NOT NULL`) is a statement the
+/// store should never have sent, as on PostgreSQL.
 impl From<rusqlite::Error> for Error {
     fn from(error: rusqlite::Error) -> Self {
-        use rusqlite::ErrorCode;
-        match error.sqlite_error_code() {
-            Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => {
-                Error::Unavailable(error.to_string())
-            }
-            Some(ErrorCode::DiskFull) => Error::DiskFull(error.to_string()),
-            Some(ErrorCode::ConstraintViolation) if error.to_string().contains("FOREIGN KEY") => {
-                Error::NotFound(error.to_string())
-            }
-            Some(ErrorCode::ConstraintViolation) => Error::Conflict(error.to_string()),
-            _ => Error::Database(error.to_string()),
+        use rusqlite::ffi;
+        let rusqlite::Error::SqliteFailure(failure, _) = &error else {
+            return Error::Database(error.to_string());
+        };
+        match failure.extended_code {
+            ffi::SQLITE_CONSTRAINT_FOREIGNKEY => Error::NotFound(error.to_string()),
+            ffi::SQLITE_CONSTRAINT_UNIQUE
+            | ffi::SQLITE_CONSTRAINT_PRIMARYKEY
+            | ffi::SQLITE_CONSTRAINT_ROWID => Error::Conflict(error.to_string()),
+            _ => match failure.code {
+                rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked => {
+                    Error::Unavailable(error.to_string())
+                }
+                rusqlite::ErrorCode::DiskFull => Error::DiskFull(error.to_string()),
+                _ => Error::Database(error.to_string()),
+            },
         }
     }
 }
@@ -139,5 +148,73 @@ impl From<deadpool_postgres::PoolError> for Error {
             deadpool_postgres::PoolError::Backend(e) => e.into(),
             other => Error::Unavailable(with_causes(&other)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Error;
+
+    /// Real SQLite refusals, each classified by its result code.
+    #[test]
+    fn sqlite_errors_are_classified_by_their_result_codes() {
+        let connection = rusqlite::Connection::open_in_memory().expect("open");
+        connection
+            .execute_batch(
+                "PRAGMA foreign_keys = ON;
+                 CREATE TABLE parent (id TEXT PRIMARY KEY);
+                 CREATE TABLE child (id INTEGER PRIMARY KEY,
+                                     parent TEXT NOT NULL REFERENCES parent (id),
+                                     name TEXT UNIQUE,
+                                     n INTEGER CHECK (n > 0));
+                 INSERT INTO parent VALUES ('p');
+                 INSERT INTO child VALUES (1, 'p', 'a', 1);",
+            )
+            .expect("schema");
+        let refused = |sql: &str| Error::from(connection.execute(sql, []).expect_err(sql));
+        assert!(matches!(
+            refused("INSERT INTO child VALUES (2, 'nobody', 'b', 1)"),
+            Error::NotFound(_)
+        ));
+        assert!(matches!(
+            refused("INSERT INTO child VALUES (2, 'p', 'a', 1)"),
+            Error::Conflict(_)
+        ));
+        assert!(matches!(
+            refused("INSERT INTO parent VALUES ('p')"),
+            Error::Conflict(_)
+        ));
+        assert!(matches!(
+            refused("INSERT INTO child VALUES (1, 'p', 'c', 1)"),
+            Error::Conflict(_)
+        ));
+        assert!(matches!(
+            refused("INSERT INTO child VALUES (2, 'p', 'b', 0)"),
+            Error::Database(_)
+        ));
+        assert!(matches!(
+            refused("INSERT INTO child VALUES (2, NULL, 'b', 1)"),
+            Error::Database(_)
+        ));
+        assert!(matches!(
+            refused("INSERT INTO nowhere VALUES (1)"),
+            Error::Database(_)
+        ));
+
+        // A second connection finds the first one's write lock: busy, transient.
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("busy.db");
+        let holder = rusqlite::Connection::open(&path).expect("open");
+        holder
+            .execute_batch("CREATE TABLE t (x); BEGIN IMMEDIATE; INSERT INTO t VALUES (1);")
+            .expect("hold the write lock");
+        let other = rusqlite::Connection::open(&path).expect("open");
+        other
+            .busy_timeout(std::time::Duration::ZERO)
+            .expect("no busy wait");
+        let busy = other
+            .execute("INSERT INTO t VALUES (2)", [])
+            .expect_err("locked");
+        assert!(matches!(Error::from(busy), Error::Unavailable(_)));
     }
 }

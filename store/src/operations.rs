@@ -393,14 +393,23 @@ operations! {
         /// are the last enabled admin. Their finished workflows stay (an admin still sees them).
         write DeleteUser: fn delete_user(&self, user_id: &str) -> UserDeletion;
         /// Opens a session for `user_id` that expires `session_seconds` from now on the database
-        /// clock, and records the sign-in as the user's `last_login_at`.
-        write OpenSession:
-        fn open_session(&self, session_id: &str, user_id: &str, session_seconds: u64) -> ();
+        /// clock, and records the sign-in as the user's `last_login_at`. The user's ended
+        /// sessions are deleted, and their oldest live ones beyond `sessions_max` (this one
+        /// included) end.
+        write OpenSession: fn open_session(
+            &self,
+            session_id: &str,
+            user_id: &str,
+            session_seconds: u64,
+            sessions_max: u32
+        ) -> ();
         /// The enabled user of a session that is neither revoked nor expired.
         read SessionUser: fn session_user(&self, session_id: &str) -> Option<UserRow>;
         /// Revokes one session (logout). `false` when no such session exists.
         write RevokeSession: fn revoke_session(&self, session_id: &str) -> bool;
-        /// Records an API token (its hash only).
+        /// Records an API token (its hash only). The user's revoked and expired tokens are
+        /// deleted first; one more than `token.live_max` live ones is refused
+        /// ([`crate::Error::LimitReached`]).
         write CreateToken: fn create_token(&self, token: NewToken) -> TokenRow;
         /// A token that is neither revoked nor expired, with its user, who is not disabled.
         read TokenUser: fn token_user(&self, token_id: &str) -> Option<(TokenRow, UserRow)>;

@@ -133,6 +133,9 @@ pub struct NewToken {
     pub token_hash: String,
     /// It expires this long after it is recorded (database clock); `None`: never.
     pub lifetime_seconds: Option<f64>,
+    /// The user's live tokens at most (`auth.tokens_per_user_max`), this one included: one more
+    /// is refused (`LimitReached`). Revoked and expired tokens are deleted when one is created.
+    pub live_max: u32,
 }
 
 /// Whether `change` would take away the last enabled admin: `user` is one now, is not after it,

@@ -815,3 +815,107 @@ mod console_log_lines_are_bounded_events {
         super::console_log_lines_are_bounded_events(true).await
     }
 }
+
+/// A stream is one long request: it ends once its caller could no longer make one. A signed-out
+/// session's streams, a revoked token's stream and a disabled user's feed end at the next
+/// keep-alive; an approver's feed narrows to their own workflows once they are made a user.
+async fn a_stream_ends_with_its_callers_credential(postgres: bool) {
+    let db = Db::new(postgres).await;
+    let node = Node::start(&db, &[("REINS_EVENTS__KEEPALIVE_MS", "200".into())]);
+    let mut admin = initialize(&node).await;
+    let ann = approver(&mut admin, "ann@example.com").await;
+    let bob = approver(&mut admin, "bob@example.com").await;
+    let signed_in = async |email: &str| {
+        let mut api = node.api();
+        let answer = api.login(email, "another long password").await;
+        assert_eq!(answer.status, 200, "{answer:?}");
+        api
+    };
+    let mut ann_session = signed_in("ann@example.com").await;
+    let mut bob_session = signed_in("bob@example.com").await;
+    let paused = launch(&mut ann_session, r#"await pause({stepId: "p"}); return 1;"#).await;
+    let mut token = {
+        let created = ann_session
+            .call("POST", "/api/v1/auth/tokens", Some(json!({"name": "t"})))
+            .await;
+        assert_eq!(created.status, 201, "{created:?}");
+        let mut api = node.api();
+        api.bearer = Some(created.json()["token"].as_str().expect("token").to_owned());
+        api
+    };
+    let listed = ann_session.call("GET", "/api/v1/auth/tokens", None).await;
+    let token_row = listed.json()["tokens"][0]["id"]
+        .as_str()
+        .expect("token id")
+        .to_owned();
+
+    let mut by_session = ann_session.stream(&events_path(&paused), &[]).await;
+    let mut by_token = token.stream(&events_path(&paused), &[]).await;
+    let mut feed = bob_session.stream("/api/v1/events", &[]).await;
+    for stream in [&by_session, &by_token, &feed] {
+        assert_eq!(stream.status, 200);
+    }
+    // Streams that outlive a few keep-alives stay open while their callers may still see.
+    let quiet = Duration::from_millis(700);
+    for stream in [&mut by_session, &mut by_token] {
+        let (_, end) = stream.rest(quiet).await;
+        assert_eq!(end, SseEnd::Quiet);
+    }
+
+    // Revoked: the token's stream ends; the session's goes on.
+    let revoked = ann_session
+        .call("DELETE", &format!("/api/v1/auth/tokens/{token_row}"), None)
+        .await;
+    assert_eq!(revoked.status, 200, "{revoked:?}");
+    assert_eq!(by_token.rest(WAIT).await.1, SseEnd::Ended);
+    assert_eq!(by_session.rest(quiet).await.1, SseEnd::Quiet);
+
+    // Bob, an approver, sees Ann's workflows in his feed; made a user, he no longer does.
+    let sees = async |feed: &mut SseStream, api: &mut Api, expect: bool| {
+        launch(api, "return 1;").await;
+        let events = feed.rest(Duration::from_millis(1500)).await.0;
+        assert_eq!(!events.is_empty(), expect, "{events:#?}");
+    };
+    sees(&mut feed, &mut ann_session, true).await;
+    let demoted = admin
+        .call(
+            "PATCH",
+            &format!("/api/v1/auth/users/{bob}"),
+            Some(json!({"role": "user"})),
+        )
+        .await;
+    assert_eq!(demoted.status, 200, "{demoted:?}");
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    sees(&mut feed, &mut ann_session, false).await;
+
+    // Disabled: Ann's session stream ends.
+    let disabled = admin
+        .call(
+            "PATCH",
+            &format!("/api/v1/auth/users/{ann}"),
+            Some(json!({"disabled": true})),
+        )
+        .await;
+    assert_eq!(disabled.status, 200, "{disabled:?}");
+    assert_eq!(by_session.rest(WAIT).await.1, SseEnd::Ended);
+    // Bob signs out: his feed ends too.
+    let out = bob_session.call("POST", "/api/v1/auth/logout", None).await;
+    assert_eq!(out.status, 200, "{out:?}");
+    assert_eq!(feed.rest(WAIT).await.1, SseEnd::Ended);
+}
+
+crate::harness::both!(a_stream_ends_with_its_callers_credential);
+
+/// Creates an approver; returns their id.
+async fn approver(admin: &mut Api, email: &str) -> String {
+    let created = admin
+        .call(
+            "POST",
+            "/api/v1/auth/users",
+            Some(json!({"email": email, "password": "another long password",
+                        "role": "approver"})),
+        )
+        .await;
+    assert_eq!(created.status, 201, "{created:?}");
+    created.json()["id"].as_str().expect("id").to_owned()
+}

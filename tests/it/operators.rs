@@ -336,10 +336,60 @@ pub fn value(samples: &BTreeMap<String, f64>, series: &str) -> f64 {
     samples.get(series).copied().unwrap_or(0.0)
 }
 
+/// `/metrics` needs no sign-in, so it is for the private network only (judged on the client
+/// address a trusted proxy forwards), and however often it is asked the database counts its
+/// workflows at most once per `http.metrics_refresh_ms`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn metrics_are_for_the_private_network_and_count_the_database_once_a_period() {
+    let db = Db::new(false).await;
+    let node = Node::start(
+        &db,
+        &[
+            ("REINS_HTTP__TRUSTED_PROXIES", r#"["127.0.0.1"]"#.into()),
+            ("REINS_HTTP__METRICS_REFRESH_MS", "3600000".into()),
+        ],
+    );
+    let mut api = initialize(&node).await;
+    let from = async |api: &mut Api, address: &str| {
+        api.send(
+            "GET",
+            "/metrics",
+            None,
+            Vec::new(),
+            &[("x-forwarded-for", address)],
+        )
+        .await
+    };
+    for stranger in ["203.0.113.9", "2001:db8::1", "172.32.0.1"] {
+        let refused = from(&mut api, stranger).await;
+        assert_eq!(refused.status, 403, "{stranger}: {refused:?}");
+        assert_eq!(refused.json()["error"]["code"], "metrics_forbidden");
+    }
+    for private in ["10.1.2.3", "192.168.0.7", "172.16.5.5", "fd00::5"] {
+        assert_eq!(from(&mut api, private).await.status, 200, "{private}");
+    }
+    let paused = "reins_workflows{status=\"paused\"}";
+    assert_eq!(value(&scrape(&mut api).await, paused), 0.0);
+    let id = launch(&mut api, "await pause({stepId: 'p'}); return 1;").await;
+    wait_for(&mut api, &id, "paused").await;
+    let cached = scrape(&mut api).await;
+    assert_eq!(
+        value(&cached, paused),
+        0.0,
+        "counted again within the period"
+    );
+    assert_eq!(
+        value(&cached, "reins_steps_started_total{kind=\"pause\"}"),
+        1.0,
+        "the node's own counters are always fresh"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn metrics_parse_as_prometheus_text_and_move_as_workflows_run() {
     let db = Db::new(true).await;
-    let node = Node::start(&db, &[]);
+    // The database's gauges are counted afresh at every scrape.
+    let node = Node::start(&db, &[("REINS_HTTP__METRICS_REFRESH_MS", "1".into())]);
     let mut api = initialize(&node).await;
     let before = scrape(&mut api).await;
     for name in [

@@ -623,3 +623,61 @@ async fn an_admin_manages_users_from_the_command_line() {
         "{listed}"
     );
 }
+
+/// A user's live API tokens and sessions are bounded: one token more is refused until one is
+/// revoked (the revoked one is then deleted), and one sign-in more ends the oldest session.
+async fn tokens_and_sessions_per_user_are_bounded(postgres: bool) {
+    let db = Db::new(postgres).await;
+    let node = Node::start(
+        &db,
+        &[
+            ("REINS_AUTH__TOKENS_PER_USER_MAX", "3".into()),
+            ("REINS_AUTH__SESSIONS_PER_USER_MAX", "2".into()),
+        ],
+    );
+    let mut first = initialize(&node).await;
+    let mut second = signed_in(&node, ADMIN, PASSWORD).await;
+    assert_eq!(me(&mut first).await, 200, "two sessions fit");
+    let mut third = signed_in(&node, ADMIN, PASSWORD).await;
+    assert_eq!(me(&mut first).await, 401, "the oldest session ended");
+    assert_eq!(me(&mut second).await, 200);
+    assert_eq!(me(&mut third).await, 200);
+
+    let create = async |api: &mut Api, name: &str| {
+        api.call("POST", "/api/v1/auth/tokens", Some(json!({"name": name})))
+            .await
+    };
+    let mut ids = Vec::new();
+    for name in ["a", "b", "c"] {
+        let created = create(&mut third, name).await;
+        assert_eq!(created.status, 201, "{created:?}");
+        ids.push(created.json()["id"].as_str().expect("id").to_owned());
+    }
+    assert_refused(
+        &create(&mut third, "d").await,
+        422,
+        "refused",
+        "auth.tokens_per_user_max (3)",
+    );
+    let revoked = third
+        .call("DELETE", &format!("/api/v1/auth/tokens/{}", ids[0]), None)
+        .await;
+    assert_eq!(revoked.status, 200, "{revoked:?}");
+    let listed = third.call("GET", "/api/v1/auth/tokens", None).await.json();
+    assert_eq!(
+        listed["tokens"].as_array().map(Vec::len),
+        Some(3),
+        "{listed}"
+    );
+    assert_eq!(create(&mut third, "d").await.status, 201);
+    let listed = third.call("GET", "/api/v1/auth/tokens", None).await.json();
+    let names: Vec<_> = listed["tokens"]
+        .as_array()
+        .expect("tokens")
+        .iter()
+        .map(|t| t["name"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    assert_eq!(names, ["b", "c", "d"], "the revoked token is gone");
+}
+
+both!(tokens_and_sessions_per_user_are_bounded);

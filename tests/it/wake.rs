@@ -341,6 +341,61 @@ async fn waits_are_capped_and_counted_and_a_gone_client_frees_its_place(postgres
 
 both!(waits_are_capped_and_counted_and_a_gone_client_frees_its_place);
 
+/// One user cannot take every place of a node: past `http.waiters_per_user_max` their next
+/// wait, and past `events.streams_per_user_max` their next stream, is 429, while another user
+/// still waits and streams; a place given back is theirs again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_user_cannot_take_every_wait_or_stream_of_a_node() {
+    let db = Db::new(false).await;
+    let node = Node::start(
+        &db,
+        &env(&[
+            NO_FALLBACK,
+            ("REINS_HTTP__WAITERS_PER_USER_MAX", "1"),
+            ("REINS_EVENTS__STREAMS_PER_USER_MAX", "1"),
+        ]),
+    );
+    let mut admin = initialize(&node).await;
+    let created = admin
+        .call(
+            "POST",
+            "/api/v1/auth/users",
+            Some(json!({"email": "bob@example.com", "password": PASSWORD, "role": "approver"})),
+        )
+        .await;
+    assert_eq!(created.status, 201, "{created:?}");
+    let mut bob = node.api();
+    assert_eq!(bob.login("bob@example.com", PASSWORD).await.status, 200);
+    let held = launch(&mut admin, &sleeping(600_000)).await;
+
+    let parked = parked_waiter(&node, &admin, &held).await;
+    let (busy, _) = get_waiting(&mut admin, &held, "10ms").await;
+    assert_refused(&busy, 429, "waiters_busy", "http.waiters_per_user_max");
+    let (refused, _) = launch_waiting(&mut admin, &sleeping(1), "5s").await;
+    assert_refused(&refused, 429, "waiters_busy", "http.waiters_per_user_max");
+    assert_eq!(get_waiting(&mut bob, &held, "10ms").await.0.status, 200);
+    drop(parked);
+    eventually(
+        Duration::from_secs(10),
+        "the gone client's place came back",
+        async || get_waiting(&mut admin, &held, "10ms").await.0.status == 200,
+    )
+    .await;
+
+    let feed = admin.stream("/api/v1/events", &[]).await;
+    assert_eq!(feed.status, 200);
+    let second = admin.stream("/api/v1/events", &[]).await;
+    assert_eq!(second.status, 429);
+    assert_eq!(bob.stream("/api/v1/events", &[]).await.status, 200);
+    drop(feed);
+    eventually(
+        Duration::from_secs(10),
+        "the closed stream's place came back",
+        async || admin.stream("/api/v1/events", &[]).await.status == 200,
+    )
+    .await;
+}
+
 /// Two real nodes on one PostgreSQL database, both signed in as the first admin.
 async fn two_nodes(extra: &[(&'static str, &str)]) -> (Db, Node, Api, Node, Api) {
     let db = Db::new(true).await;
@@ -516,6 +571,7 @@ async fn a_thousand_parked_waiters_run_no_query_while_nothing_happens() {
             NO_FALLBACK,
             ("REINS_LEASE_SECONDS", "600"),
             ("REINS_HTTP__CONNECTIONS_MAX", "4096"),
+            ("REINS_HTTP__WAITERS_PER_USER_MAX", "4096"),
         ]),
     );
     let mut api = initialize(&node).await;

@@ -3,11 +3,13 @@
 //! exactly one child run per agent step.
 
 use std::collections::HashSet;
+use std::sync::Arc;
 use std::time::Duration;
 
-use actors::{Decide, LaunchRequest, Resume, WorkflowView};
+use actors::{Decide, FaultAction, LaunchRequest, Resume, WorkflowView};
 use serde_json::json;
 use store::ControlWrite;
+use tokio::sync::Notify;
 
 use crate::harness::{TestDb, TestNode, eventually, on_both_backends};
 
@@ -111,10 +113,10 @@ on_both_backends! {
             decision: "approve".into(), comment: None,
         };
         let stale = workflows.decide(decide(1), "bob").await.expect_err("version 1 is not under review");
-        assert!(matches!(stale, actors::Error::Store(store::Error::Conflict(_))), "{stale}");
+        assert!(matches!(stale, actors::Error::StaleArtifactVersion { under_review: Some(4), given: 1, .. }), "{stale}");
         let stale = Resume { fingerprint: Some("0".repeat(64)), ..resume(&id, "hold", json!(null)) };
         let stale = workflows.resume(stale, "ada").await.expect_err("stale fingerprint");
-        assert!(matches!(stale, actors::Error::Store(store::Error::Conflict(_))), "{stale}");
+        assert!(matches!(stale, actors::Error::StaleFingerprint { .. }), "{stale}");
         workflows.decide(decide(4), "bob").await.expect("decide");
         wait_for_status(&node, &id, "completed").await;
 
@@ -315,7 +317,7 @@ on_both_backends! {
         let first_run = view(&owner, &id).await.steps[0].data["run_id"].clone();
 
         let early = heir.node.workflows().recover(&id).await;
-        assert!(matches!(early, Err(actors::Error::Refused(ref m)) if m.contains("still valid")), "{early:?}");
+        assert!(matches!(early, Err(actors::Error::LeaseHeld { action: actors::Takeover::Recover })), "{early:?}");
 
         crash_and_wait_for_expiry(owner, &heir, &id).await;
         let recovered = heir.node.workflows().recover(&id).await.expect("recover");
@@ -391,7 +393,7 @@ on_both_backends! {
         crash_and_wait_for_expiry(owner, &other, &id).await;
         let before = other.node.store().read_lease(&id).await.expect("lease").expect("leased");
         let refused = other.node.workflows().recover(&id).await;
-        assert!(matches!(refused, Err(actors::Error::Refused(ref m)) if m.contains("runtime")), "{refused:?}");
+        assert!(matches!(refused, Err(actors::Error::TakeoverRefused { ref reason }) if reason.contains("runtime")), "{refused:?}");
         let after = other.node.store().read_lease(&id).await.expect("lease").expect("leased");
         assert_eq!(after, before, "a refused recovery touched the lease");
     }
@@ -415,7 +417,7 @@ on_both_backends! {
         crash_and_wait_for_expiry(owner, &reconfigured, &id).await;
         let before = reconfigured.node.store().read_lease(&id).await.expect("lease").expect("leased");
         let refused = reconfigured.node.workflows().recover(&id).await;
-        assert!(matches!(refused, Err(actors::Error::Refused(ref m)) if m.contains("configuration")), "{refused:?}");
+        assert!(matches!(refused, Err(actors::Error::TakeoverRefused { ref reason }) if reason.contains("configuration")), "{refused:?}");
         let after = reconfigured.node.store().read_lease(&id).await.expect("lease").expect("leased");
         assert_eq!(after, before, "a refused recovery touched the lease");
         let same = TestNode::start(&db, "same", 1_500, shared.path()).await;
@@ -529,7 +531,7 @@ on_both_backends! {
             wait_for_status(&heir, id, "needs_reconciliation").await;
         }
         let again = heir.node.workflows().recover(&retried).await;
-        assert!(matches!(again, Err(actors::Error::Refused(ref m)) if m.contains("reconcil")), "{again:?}");
+        assert!(matches!(again, Err(actors::Error::TakeoverRefused { ref reason }) if reason.contains("reconcil")), "{again:?}");
 
         std::fs::remove_file(shared.path().join("faults/hold_model")).expect("release");
         let request = |id: &str, resolution| actors::ReconcileRequest {
@@ -558,7 +560,7 @@ on_both_backends! {
         assert_eq!(settled.row.data["result"]["output"], json!("by hand"));
         assert_eq!(settled.steps[0].data["reconciled"]["by"], "root");
         let not_now = heir.node.workflows().reconcile(request(&completed, actors::Resolution::Fail)).await;
-        assert!(matches!(not_now, Err(actors::Error::Refused(_))), "{not_now:?}");
+        assert!(matches!(not_now, Err(actors::Error::NotLive { action: actors::Takeover::Reconcile, .. })), "{not_now:?}");
     }
 }
 
@@ -722,7 +724,7 @@ on_both_backends! {
         crash_and_wait_for_expiry(owner, &heir, &id).await;
 
         let refused = heir.node.workflows().recover(&id).await;
-        assert!(matches!(refused, Err(actors::Error::Refused(_))), "{refused:?}");
+        assert!(matches!(refused, Err(actors::Error::TakeoverRefused { ref reason }) if reason.contains("runtime")), "{refused:?}");
         heir.node.workflows().cancel(&id, "ada").await.expect("cancel");
         wait_for_status(&heir, &id, "cancelled").await;
         let done = view(&heir, &id).await;
@@ -731,5 +733,89 @@ on_both_backends! {
         assert!(done.controls.iter().all(|c| c.applied));
         let run = heir.node.runs().get(&run_id).await.expect("read").expect("run");
         assert!(run.status.is_terminal(), "{run:?}");
+    }
+}
+
+on_both_backends! {
+    async fn a_recover_held_in_the_store_delays_no_launch_and_refuses_a_second_recover(db: TestDb) {
+        let shared = tempfile::tempdir().expect("temp dir");
+        let owner = TestNode::start(&db, "owner", 1_500, shared.path()).await;
+        let heir = TestNode::start(&db, "heir", 1_500, shared.path()).await;
+        let request = |script: &str| LaunchRequest { user_id: "ada".into(), request_id: None,
+            script: script.into(), args: json!({}) };
+        let id = owner.node.workflows().launch(request(RECOVERABLE)).await.expect("launch").run_id;
+        wait_for_status(&owner, &id, "paused").await;
+        crash_and_wait_for_expiry(owner, &heir, &id).await;
+
+        // The recover's read of the workflow it has taken over waits in the store until released.
+        let (reached, release) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+        heir.faults.add("read_workflow", FaultAction::HoldBefore {
+            reached: Arc::clone(&reached),
+            release: Arc::clone(&release),
+        }, 1);
+        let workflows = heir.node.workflows();
+        let recovering = tokio::spawn({
+            let (workflows, id) = (workflows.clone(), id.clone());
+            async move { workflows.recover(&id).await }
+        });
+        tokio::time::timeout(Duration::from_secs(10), reached.notified()).await.expect("the recover reads");
+        let launched = workflows.launch(request("return 1;")).await.expect("a launch while the recover waits");
+        wait_for_status(&heir, &launched.run_id, "completed").await;
+        // A second recover of it on this node is refused at once: one takeover at a time, so
+        // never two supervisors of one workflow on a node.
+        let again = workflows.recover(&id).await;
+        assert!(matches!(again, Err(actors::Error::Supervised { ref workflow_id }) if *workflow_id == id), "{again:?}");
+        assert!(!recovering.is_finished(), "the recover ended before its read was released");
+
+        release.notify_one();
+        recovering.await.expect("join").expect("recover");
+        workflows.resume(resume(&id, "hold", json!("go")), "ada").await.expect("resume");
+        wait_for_status(&heir, &id, "completed").await;
+    }
+}
+
+on_both_backends! {
+    async fn a_cancel_asks_every_child_run_to_stop_at_once(db: TestDb) {
+        let shared = tempfile::tempdir().expect("temp dir");
+        let scripted = actors::agents::AgentConfig::Scripted { name: "scripted".into() };
+        // A held store call gives up after the call timeout: longer than this test waits, so a
+        // cancel request that waits for another one's answer never reaches the store in time.
+        let node = TestNode::start_custom(&db, "a", 1_500, shared.path(), &[scripted], |options| {
+            options.call_timeout = Duration::from_secs(120);
+        })
+        .await;
+        let workflows = node.node.workflows();
+        std::fs::write(shared.path().join("faults/hold_model"), b"").expect("hold");
+        let script = r#"await parallel(["a", "b", "c"].map((stepId) => () =>
+                            agent({stepId, agentRef: "scripted", task: {hold_while: "hold_model"}})));
+                        return "never";"#;
+        let request = LaunchRequest { user_id: "ada".into(), request_id: None, script: script.into(), args: json!({}) };
+        let id = workflows.launch(request).await.expect("launch").run_id;
+        eventually(Duration::from_secs(10), "the three child runs started", async || {
+            let steps = view(&node, &id).await.steps;
+            steps.len() == 3 && steps.iter().all(|s| s.status == "running")
+        })
+        .await;
+        let mut held = Vec::new();
+        for step in view(&node, &id).await.steps {
+            let run_id = step.data["run_id"].as_str().expect("run").to_owned();
+            let (reached, release) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+            node.faults.add_for("request_run_cancel", &run_id, FaultAction::HoldBefore {
+                reached: Arc::clone(&reached),
+                release: Arc::clone(&release),
+            }, 1);
+            held.push((run_id, reached, release));
+        }
+
+        workflows.cancel(&id, "ada").await.expect("cancel");
+        for (run_id, reached, _) in &held {
+            tokio::time::timeout(Duration::from_secs(30), reached.notified())
+                .await
+                .unwrap_or_else(|_| panic!("the cancel request of {run_id} waited for another one's answer"));
+        }
+        for (_, _, release) in &held {
+            release.notify_one();
+        }
+        wait_for_status(&node, &id, "cancelled").await;
     }
 }

@@ -148,6 +148,8 @@ pub enum AgentConfigError {
     Name(String),
     #[error("agent {agent:?}: {message}")]
     Environment { agent: String, message: String },
+    #[error("agent {agent:?}: {message}")]
+    Program { agent: String, message: String },
 }
 
 impl AgentRegistry {
@@ -167,6 +169,12 @@ impl AgentRegistry {
             let backend = match config {
                 AgentConfig::Scripted { .. } => Backend::Scripted(ScriptedAgent),
                 AgentConfig::Command(settings) => {
+                    process::check_program(&settings.program).map_err(|message| {
+                        AgentConfigError::Program {
+                            agent: name.to_owned(),
+                            message,
+                        }
+                    })?;
                     process::check_environment(settings).map_err(|message| {
                         AgentConfigError::Environment {
                             agent: name.to_owned(),
@@ -285,5 +293,18 @@ mod tests {
             "kind": "command", "name": "coder", "program": "/bin/true", "shell": true
         }));
         assert!(unknown.is_err_and(|e| e.to_string().contains("shell")));
+    }
+
+    #[test]
+    fn a_relative_program_is_refused_when_the_node_starts() {
+        let config: AgentConfig = serde_json::from_value(serde_json::json!({
+            "kind": "command", "name": "coder", "program": "agents/coder.sh"
+        }))
+        .expect("valid");
+        let refused = AgentRegistry::new(&[config]);
+        assert!(
+            matches!(&refused, Err(AgentConfigError::Program { agent, .. }) if agent == "coder"),
+            "{refused:?}"
+        );
     }
 }

@@ -29,10 +29,10 @@
 //! alive started at the recorded time: a reused pid is never signalled) and removes the records.
 
 use std::collections::BTreeMap;
-use std::ffi::OsString;
+use std::ffi::{OsStr, OsString};
 use std::io;
 use std::os::fd::RawFd;
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -71,7 +71,31 @@ pub(super) fn environment(
     for (name, value) in &settings.env {
         environment.insert(OsString::from(name), OsString::from(value));
     }
+    if let Some(path) = environment.get_mut(OsStr::new("PATH")) {
+        *path = absolute_entries(path);
+    }
     environment
+}
+
+/// Why a `program` was refused: a relative path (`bin/agent`) would be looked up from the
+/// step's workspace, which agents write, so an agent could choose what the next one runs.
+pub(super) fn check_program(program: &Path) -> Result<(), String> {
+    let bare = program.components().count() == 1
+        && matches!(program.components().next(), Some(Component::Normal(_)));
+    if program.is_absolute() || bare {
+        return Ok(());
+    }
+    Err(format!(
+        "program {program:?} is a relative path, which would be looked up from the step's \
+         workspace: give an absolute path or a bare name found in PATH"
+    ))
+}
+
+/// `PATH` without its relative entries (`.`, an empty one, `bin`): those would be looked up from
+/// the step's workspace, which agents write.
+fn absolute_entries(path: &OsStr) -> OsString {
+    let entries = std::env::split_paths(path).filter(|entry| entry.is_absolute());
+    std::env::join_paths(entries).unwrap_or_default()
 }
 
 /// Why an `env` or `env_pass` entry was refused: what the name or value breaks.
@@ -535,6 +559,40 @@ mod tests {
         .map(|(k, v)| (k.into(), v.into()))
         .collect();
         assert_eq!(got, expected);
+    }
+
+    #[test]
+    fn a_program_is_an_absolute_path_or_a_bare_name() {
+        for good in ["/usr/bin/agent", "agent", "my-agent.sh"] {
+            assert_eq!(check_program(Path::new(good)), Ok(()), "{good}");
+        }
+        for bad in ["bin/agent", "./agent", "../agent", "", ".", ".."] {
+            let refused = check_program(Path::new(bad));
+            assert!(
+                refused
+                    .as_ref()
+                    .is_err_and(|e| e.contains("looked up from the step's workspace")),
+                "{bad}: {refused:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_programs_path_keeps_only_absolute_entries() {
+        let settings = |env: &[(&str, &str)]| config(env, &[]);
+        let path_of = |settings: &CommandConfig, node: &'static str| {
+            environment(settings, |name| (name == "PATH").then(|| node.into()))
+                .get(OsStr::new("PATH"))
+                .cloned()
+        };
+        assert_eq!(
+            path_of(&settings(&[]), ".:/usr/bin::bin:/bin"),
+            Some(OsString::from("/usr/bin:/bin"))
+        );
+        assert_eq!(
+            path_of(&settings(&[("PATH", "tools:/opt/x/bin")]), "/usr/bin"),
+            Some(OsString::from("/opt/x/bin"))
+        );
     }
 
     #[test]

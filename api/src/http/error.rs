@@ -127,8 +127,21 @@ impl From<actors::Error> for ApiError {
             actors::Error::TooLarge { .. } => {
                 ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "too_large", message)
             }
+            actors::Error::NoWorkflow { .. } | actors::Error::NoStep { .. } => {
+                ApiError::not_found(message)
+            }
+            actors::Error::StaleFingerprint { .. }
+            | actors::Error::StepNotReached { .. }
+            | actors::Error::WrongStepKind { .. }
+            | actors::Error::WrongAttempt { .. }
+            | actors::Error::StaleArtifactVersion { .. } => ApiError::conflict(message),
             actors::Error::UnknownAgent { .. }
-            | actors::Error::Refused(_)
+            | actors::Error::NotLive { .. }
+            | actors::Error::LeaseHeld { .. }
+            | actors::Error::TakeoverRefused { .. }
+            | actors::Error::Supervised { .. }
+            | actors::Error::Draining
+            | actors::Error::NotSupervised { .. }
             | actors::Error::LimitReached { .. } => ApiError::refused(message),
             actors::Error::InvalidRequest(_) => ApiError::bad_request(message),
             actors::Error::Unanswered { .. } => {
@@ -138,6 +151,164 @@ impl From<actors::Error> for ApiError {
                 tracing::error!(%message, "actor error behind a request");
                 ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use actors::{Error, Takeover};
+
+    fn mapped(error: Error) -> (u16, &'static str, String) {
+        let api = ApiError::from(error);
+        (api.status.as_u16(), api.code, api.message)
+    }
+
+    /// The rules of the actors layer answer with the statuses, codes and messages their clients
+    /// had while they came through as made-up database errors (`store::Error::NotFound`,
+    /// `Conflict`) or as one `Refused(String)`.
+    #[test]
+    fn every_rule_of_the_actors_layer_keeps_its_status_code_and_message() {
+        let id = || "w1".to_owned();
+        let step = || "review".to_owned();
+        let cases = [
+            (
+                Error::NoWorkflow { workflow_id: id() },
+                (404, "not_found", r#"not found: workflow "w1""#),
+            ),
+            (
+                Error::NoStep {
+                    workflow_id: id(),
+                    step_id: step(),
+                },
+                (
+                    404,
+                    "not_found",
+                    r#"not found: step "review" of workflow "w1""#,
+                ),
+            ),
+            (
+                Error::StaleFingerprint {
+                    given: "ab".into(),
+                    current: "cd".into(),
+                },
+                (
+                    409,
+                    "conflict",
+                    r#"conflict: fingerprint "ab" is stale: the workflow's is "cd""#,
+                ),
+            ),
+            (
+                Error::StepNotReached { step_id: step() },
+                (
+                    409,
+                    "conflict",
+                    r#"conflict: the workflow has not reached a step "review""#,
+                ),
+            ),
+            (
+                Error::WrongStepKind {
+                    step_id: step(),
+                    kind: "pause".into(),
+                    expected: "humanCheckpoint",
+                },
+                (
+                    409,
+                    "conflict",
+                    r#"conflict: step "review" is a pause call, not a humanCheckpoint"#,
+                ),
+            ),
+            (
+                Error::WrongAttempt {
+                    step_id: step(),
+                    current: 2,
+                    given: 1,
+                },
+                (
+                    409,
+                    "conflict",
+                    r#"conflict: step "review" is at attempt 2, not 1"#,
+                ),
+            ),
+            (
+                Error::StaleArtifactVersion {
+                    step_id: step(),
+                    under_review: Some(4),
+                    given: 1,
+                },
+                (
+                    409,
+                    "conflict",
+                    r#"conflict: checkpoint "review" is about artifact version 4, not 1"#,
+                ),
+            ),
+            (
+                Error::StaleArtifactVersion {
+                    step_id: step(),
+                    under_review: None,
+                    given: 1,
+                },
+                (
+                    409,
+                    "conflict",
+                    r#"conflict: checkpoint "review" is about artifact version none, not 1"#,
+                ),
+            ),
+            (
+                Error::NotLive {
+                    action: Takeover::Recover,
+                    reason: "the workflow is completed".into(),
+                },
+                (
+                    422,
+                    "refused",
+                    "refused: not recoverable: the workflow is completed",
+                ),
+            ),
+            (
+                Error::LeaseHeld {
+                    action: Takeover::Reconcile,
+                },
+                (
+                    422,
+                    "refused",
+                    "refused: cannot reconcile: its owner's lease is still valid",
+                ),
+            ),
+            (
+                Error::TakeoverRefused {
+                    reason: "no cancellation was asked for".into(),
+                },
+                (422, "refused", "refused: no cancellation was asked for"),
+            ),
+            (
+                Error::Supervised { workflow_id: id() },
+                (
+                    422,
+                    "refused",
+                    r#"refused: workflow "w1" is supervised on this node, or being taken over by it"#,
+                ),
+            ),
+            (
+                Error::Draining,
+                (
+                    422,
+                    "refused",
+                    "refused: this node is draining: it takes no recoveries",
+                ),
+            ),
+            (
+                Error::NotSupervised { workflow_id: id() },
+                (
+                    422,
+                    "refused",
+                    r#"refused: workflow "w1" is not supervised on this node"#,
+                ),
+            ),
+        ];
+        for (error, (status, code, message)) in cases {
+            assert_eq!(mapped(error), (status, code, message.to_owned()));
         }
     }
 }

@@ -22,11 +22,12 @@ use bytes::Bytes;
 use hyper::StatusCode;
 use hyper::body::{Frame, SizeHint};
 use hyper::header::{CACHE_CONTROL, CONTENT_TYPE, HeaderName, HeaderValue};
-use store::{EventRow, FINAL_STATUSES};
+use store::{EventRow, FINAL_STATUSES, UserRow};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 
-use super::{ApiError, Ctx, Reply, ReplyBody};
+use super::per_user::PerUser;
+use super::{ApiError, Credential, Ctx, Reply, ReplyBody};
 use crate::config::EventsConfig;
 
 /// The streams of a node: their limits, the permits of `events.streams_max`, and the signal
@@ -34,6 +35,8 @@ use crate::config::EventsConfig;
 pub struct EventStreams {
     config: EventsConfig,
     open: Arc<Semaphore>,
+    /// Each user's streams, at most `events.streams_per_user_max`.
+    per_user: PerUser,
     stop: CancellationToken,
 }
 
@@ -41,6 +44,11 @@ impl EventStreams {
     pub fn new(config: EventsConfig) -> Self {
         let streams_max = usize::try_from(config.streams_max).unwrap_or(usize::MAX);
         EventStreams {
+            per_user: PerUser::new(
+                "events.streams_per_user_max",
+                "streams_busy",
+                u64::from(config.streams_per_user_max),
+            ),
             config,
             open: Arc::new(Semaphore::new(streams_max)),
             stop: CancellationToken::new(),
@@ -193,6 +201,7 @@ fn open(
     follow: impl FnOnce(Sender, CancellationToken) -> tokio::task::JoinHandle<()>,
 ) -> Result<Reply, ApiError> {
     let streams = &ctx.state.streams;
+    let users_place = streams.per_user.take(&ctx.principal()?.user.id)?;
     let place = Arc::clone(&streams.open).try_acquire_owned().map_err(|_| {
         ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -216,7 +225,7 @@ fn open(
     // The place is given back when the stream's task ends, however it ends.
     tokio::spawn(async move {
         let _ = task.await;
-        drop(place);
+        drop((place, users_place));
     });
     let mut reply = Reply::new(ReplyBody::Right(EventBody { frames: receiver }));
     let headers = reply.headers_mut();
@@ -230,8 +239,20 @@ fn open(
     Ok(reply)
 }
 
+/// Who a stream's caller is at a keep-alive.
+enum Caller {
+    Is(UserRow),
+    /// The credential no longer names an enabled user: the stream ends.
+    Gone,
+    /// The store did not answer: the stream goes on and asks again at the next keep-alive.
+    Unchecked,
+}
+
 /// What a stream's task needs, taken from the request (the task outlives it).
 struct Follow {
+    /// The caller's credential, asked again at every keep-alive: a stream ends once its caller
+    /// is signed out, revoked or disabled, as the next request would be refused.
+    credential: Credential,
     store: StoreHandle,
     wakes: Arc<EventWakes>,
     config: EventsConfig,
@@ -239,13 +260,29 @@ struct Follow {
 }
 
 impl Follow {
-    fn of(ctx: &Ctx<'_>) -> Self {
+    fn of(ctx: &Ctx<'_>) -> Result<Self, ApiError> {
         let store = ctx.state.node.store();
-        Follow {
+        Ok(Follow {
+            credential: ctx.principal()?.credential.clone(),
             wakes: Arc::clone(store.event_wakes()),
             store,
             config: ctx.state.streams.config.clone(),
             metrics: ctx.state.node.metrics(),
+        })
+    }
+
+    /// The caller as the store knows them now.
+    async fn caller(&self) -> Caller {
+        match self.credential.user(&self.store).await {
+            Ok(user) => Caller::Is(user),
+            Err(error) if error.status == StatusCode::UNAUTHORIZED => {
+                tracing::debug!("event stream's caller is signed out: ended");
+                Caller::Gone
+            }
+            Err(error) => {
+                tracing::debug!(message = %error.message, "event stream's caller not checked");
+                Caller::Unchecked
+            }
         }
     }
 
@@ -267,12 +304,14 @@ pub async fn workflow_events(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
         .param("id")
         .ok_or_else(|| ApiError::bad_request("the path names no workflow"))?
         .to_owned();
-    super::workflows::owned_row(ctx, &run_id, super::workflows::Act::Read).await?;
+    let row = super::workflows::owned_row(ctx, &run_id, super::workflows::Act::Read).await?;
     let after = start_after(ctx)?.unwrap_or(0);
-    let follow = Follow::of(ctx);
+    let follow = Follow::of(ctx)?;
     open(ctx, move |sender, stop| {
         tokio::spawn(async move {
-            if let Err(why) = follow_workflow(&follow, &sender, &stop, &run_id, after).await {
+            let owner = row.user_id;
+            if let Err(why) = follow_workflow(&follow, &sender, &stop, &run_id, &owner, after).await
+            {
                 follow.stopped(&sender, why, &run_id);
             }
         })
@@ -284,6 +323,7 @@ async fn follow_workflow(
     sender: &Sender,
     stop: &CancellationToken,
     run_id: &str,
+    owner: &str,
     mut after: i64,
 ) -> Result<(), Stop> {
     let mut wake = follow.wakes.workflow(run_id);
@@ -323,7 +363,14 @@ async fn follow_workflow(
         tokio::select! {
             () = wake.changed() => {}
             _ = poll.tick() => {}
-            _ = keepalive.tick() => sender.send(Bytes::from_static(b": keep-alive\n\n")).await?,
+            _ = keepalive.tick() => {
+                match follow.caller().await {
+                    Caller::Is(user) if user.id == owner || user.sees_every_workflow() => {}
+                    Caller::Unchecked => {}
+                    Caller::Is(_) | Caller::Gone => return Ok(()),
+                }
+                sender.send(Bytes::from_static(b": keep-alive\n\n")).await?;
+            }
             () = stop.cancelled() => return Ok(()),
             () = sender.frames.closed() => return Ok(()),
         }
@@ -334,16 +381,15 @@ async fn follow_workflow(
 /// from `Last-Event-ID`/`?after=`, or from now.
 pub async fn feed(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
     let principal = ctx.principal()?;
-    let user_id = (!principal.user.sees_every_workflow()).then(|| principal.user.id.clone());
-    let follow = Follow::of(ctx);
+    let user_id = feed_of(&principal.user);
+    let follow = Follow::of(ctx)?;
     let after = match start_after(ctx)? {
         Some(after) => after,
         None => follow.store.feed_head().await?,
     };
     open(ctx, move |sender, stop| {
         tokio::spawn(async move {
-            if let Err(why) = follow_feed(&follow, &sender, &stop, user_id.as_deref(), after).await
-            {
+            if let Err(why) = follow_feed(&follow, &sender, &stop, user_id, after).await {
                 follow.stopped(&sender, why, "feed");
             }
         })
@@ -354,7 +400,7 @@ async fn follow_feed(
     follow: &Follow,
     sender: &Sender,
     stop: &CancellationToken,
-    user_id: Option<&str>,
+    mut user_id: Option<String>,
     mut after: i64,
 ) -> Result<(), Stop> {
     let mut wake = follow.wakes.feed();
@@ -364,7 +410,7 @@ async fn follow_feed(
         loop {
             let events = match follow
                 .store
-                .read_feed(after, user_id, follow.config.batch_max)
+                .read_feed(after, user_id.as_deref(), follow.config.batch_max)
                 .await
             {
                 Ok(events) => events,
@@ -384,11 +430,24 @@ async fn follow_feed(
         tokio::select! {
             _ = wake.changed() => {}
             _ = poll.tick() => {}
-            _ = keepalive.tick() => sender.send(Bytes::from_static(b": keep-alive\n\n")).await?,
+            _ = keepalive.tick() => {
+                // A role taken away narrows the feed from now on.
+                match follow.caller().await {
+                    Caller::Is(user) => user_id = feed_of(&user),
+                    Caller::Unchecked => {}
+                    Caller::Gone => return Ok(()),
+                }
+                sender.send(Bytes::from_static(b": keep-alive\n\n")).await?;
+            }
             () = stop.cancelled() => return Ok(()),
             () = sender.frames.closed() => return Ok(()),
         }
     }
+}
+
+/// Whose workflows a user's feed shows: `None` for everyone's.
+fn feed_of(user: &UserRow) -> Option<String> {
+    (!user.sees_every_workflow()).then(|| user.id.clone())
 }
 
 /// A timer whose first tick is one period from now.

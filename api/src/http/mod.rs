@@ -17,6 +17,7 @@ mod error;
 mod events;
 mod inbox;
 mod openapi;
+mod per_user;
 pub(crate) mod record;
 mod routes;
 mod users;
@@ -28,9 +29,9 @@ use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use actors::Node;
+use actors::{Node, StoreHandle};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
@@ -79,6 +80,8 @@ pub struct AppState {
     waiters: wait::Waiters,
     /// The event streams: their limits and places.
     streams: events::EventStreams,
+    /// The database's part of `/metrics` and when it was counted (see `http.metrics_refresh_ms`).
+    database_gauges: tokio::sync::Mutex<Option<(Instant, String)>>,
 }
 
 impl AppState {
@@ -97,7 +100,8 @@ impl AppState {
         });
         let hashing =
             PasswordHashing::new(usize::try_from(auth.password_hashes_max).unwrap_or(usize::MAX));
-        let waiters = wait::Waiters::new(&node.changes(), http.waiters_max);
+        let waiters =
+            wait::Waiters::new(&node.changes(), http.waiters_max, http.waiters_per_user_max);
         AppState {
             node,
             draining: AtomicBool::new(false),
@@ -108,6 +112,7 @@ impl AppState {
             hashing,
             waiters,
             streams: events::EventStreams::new(events),
+            database_gauges: tokio::sync::Mutex::new(None),
         }
     }
 
@@ -244,8 +249,8 @@ async fn stopped(stop: &mut watch::Receiver<bool>) {
 #[derive(Debug, Clone)]
 pub struct Principal {
     pub user: UserRow,
-    /// The session, when the caller signed in with a cookie (not an API token).
-    pub session_id: Option<String>,
+    /// How the caller proved who they are.
+    pub credential: Credential,
 }
 
 /// One request on its way to its operation.
@@ -578,7 +583,7 @@ async fn dispatch(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
             },
         )),
         Op::Ready => ready(ctx.state).await,
-        Op::Metrics => metrics(ctx.state).await,
+        Op::Metrics => metrics(ctx).await,
         Op::OpenApi => Ok(json_reply(StatusCode::OK, openapi::document())),
         Op::Plugins => Ok(json_reply(StatusCode::OK, workflows::plugins())),
         Op::Initialize => users::initialize(ctx).await,
@@ -685,50 +690,18 @@ async fn authenticate(
     headers: &HeaderMap,
     method: &str,
 ) -> Result<Principal, ApiError> {
-    let store = state.node.store();
-    if let Some(value) = headers.get(AUTHORIZATION) {
-        let value = value
-            .to_str()
-            .map_err(|_| ApiError::unauthorized("the Authorization header is not text"))?;
-        // The scheme is case-insensitive (RFC 9110): `bearer` and `BEARER` are `Bearer`.
-        let token = value
-            .split_once(' ')
-            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-            .map(|(_, token)| token)
-            .ok_or_else(|| ApiError::unauthorized("Authorization must be `Bearer <token>`"))?;
-        let (token_id, secret) = auth::parse_token(token.trim())
-            .ok_or_else(|| ApiError::unauthorized("the bearer token is not a reins API token"))?;
-        let unknown = || ApiError::unauthorized("the API token is unknown or revoked");
-        let (row, user) = store.token_user(token_id).await?.ok_or_else(unknown)?;
-        if !auth::token_matches(secret, &row.token_hash) {
-            return Err(unknown());
-        }
-        return Ok(Principal {
-            user,
-            session_id: None,
-        });
-    }
-    let cookies = cookie_header(headers);
-    let value = auth::cookie(&cookies, auth::SESSION_COOKIE).ok_or_else(|| {
-        ApiError::unauthorized("sign in first: the request has no session cookie or API token")
-    })?;
-    let claim = auth::verify_session_cookie(&state.secret, value).ok_or_else(|| {
-        ApiError::unauthorized("the session cookie was not signed by this cluster's secret")
-    })?;
-    let user = store
-        .session_user(&claim.session_id)
-        .await?
-        .filter(|user| user.id == claim.user_id && user.token_version == claim.token_version)
-        .ok_or_else(|| {
-            ApiError::unauthorized("the session has ended (signed out, expired or revoked)")
-        })?;
-    if !matches!(method, "GET" | "HEAD" | "OPTIONS") {
+    let credential = Credential::of(state, headers)?;
+    let user = credential.user(&state.node.store()).await?;
+    if let Credential::Session(claim) = &credential
+        && !matches!(method, "GET" | "HEAD" | "OPTIONS")
+    {
         let expected = state.secret.csrf_token(&claim.session_id);
         let header = headers
             .get(auth::CSRF_HEADER)
             .ok_or_else(|| ApiError::forbidden("csrf", "the X-CSRF-Token header is missing"))?
             .to_str()
             .unwrap_or_default();
+        let cookies = cookie_header(headers);
         let cookie = auth::cookie(&cookies, auth::CSRF_COOKIE).unwrap_or_default();
         if !(auth::same(header, &expected) && auth::same(cookie, &expected)) {
             return Err(ApiError::forbidden(
@@ -737,10 +710,90 @@ async fn authenticate(
             ));
         }
     }
-    Ok(Principal {
-        user,
-        session_id: Some(claim.session_id),
-    })
+    Ok(Principal { user, credential })
+}
+
+/// What a request proves its caller with: an API token, or a session cookie whose signature
+/// was checked. Kept by a request that outlives its start (an event stream), which asks again
+/// whether it still names a user.
+#[derive(Clone)]
+pub enum Credential {
+    Token { token_id: String, secret: String },
+    Session(auth::SessionClaim),
+}
+
+/// Never prints a token's secret.
+impl std::fmt::Debug for Credential {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Credential::Token { token_id, .. } => write!(f, "Token({token_id})"),
+            Credential::Session(claim) => write!(f, "Session({})", claim.session_id),
+        }
+    }
+}
+
+impl Credential {
+    fn of(state: &AppState, headers: &HeaderMap) -> Result<Self, ApiError> {
+        if let Some(value) = headers.get(AUTHORIZATION) {
+            let value = value
+                .to_str()
+                .map_err(|_| ApiError::unauthorized("the Authorization header is not text"))?;
+            // The scheme is case-insensitive (RFC 9110): `bearer` and `BEARER` are `Bearer`.
+            let token = value
+                .split_once(' ')
+                .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+                .map(|(_, token)| token)
+                .ok_or_else(|| ApiError::unauthorized("Authorization must be `Bearer <token>`"))?;
+            let (token_id, secret) = auth::parse_token(token.trim()).ok_or_else(|| {
+                ApiError::unauthorized("the bearer token is not a reins API token")
+            })?;
+            return Ok(Credential::Token {
+                token_id: token_id.to_owned(),
+                secret: secret.to_owned(),
+            });
+        }
+        let cookies = cookie_header(headers);
+        let value = auth::cookie(&cookies, auth::SESSION_COOKIE).ok_or_else(|| {
+            ApiError::unauthorized("sign in first: the request has no session cookie or API token")
+        })?;
+        auth::verify_session_cookie(&state.secret, value)
+            .map(Credential::Session)
+            .ok_or_else(|| {
+                ApiError::unauthorized("the session cookie was not signed by this cluster's secret")
+            })
+    }
+
+    /// The user this credential names now: unauthorized once the token is revoked or expired,
+    /// the session signed out, expired or revoked, or the user disabled.
+    pub async fn user(&self, store: &StoreHandle) -> Result<UserRow, ApiError> {
+        match self {
+            Credential::Token { token_id, secret } => {
+                let unknown = || ApiError::unauthorized("the API token is unknown or revoked");
+                let (row, user) = store.token_user(token_id).await?.ok_or_else(unknown)?;
+                if !auth::token_matches(secret, &row.token_hash) {
+                    return Err(unknown());
+                }
+                Ok(user)
+            }
+            Credential::Session(claim) => store
+                .session_user(&claim.session_id)
+                .await?
+                .filter(|user| {
+                    user.id == claim.user_id && user.token_version == claim.token_version
+                })
+                .ok_or_else(|| {
+                    ApiError::unauthorized("the session has ended (signed out, expired or revoked)")
+                }),
+        }
+    }
+
+    /// The session, when the caller signed in with a cookie (not an API token).
+    pub fn session_id(&self) -> Option<&str> {
+        match self {
+            Credential::Session(claim) => Some(&claim.session_id),
+            Credential::Token { .. } => None,
+        }
+    }
 }
 
 /// Every `Cookie` header of a request, joined.
@@ -753,10 +806,47 @@ fn cookie_header(headers: &HeaderMap) -> String {
         .join("; ")
 }
 
-/// The node's counters plus what the database says right now: workflows by status (the whole
-/// cluster) and the store pool.
-async fn metrics(state: &AppState) -> Result<Reply, ApiError> {
+/// The node's counters plus what the database says (counted at most once every
+/// `http.metrics_refresh_ms`), for the clients `http.metrics_from` names.
+async fn metrics(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
+    let state = ctx.state;
+    if !state
+        .http
+        .metrics_from
+        .iter()
+        .any(|range| range.contains(ctx.client))
+    {
+        return Err(ApiError::forbidden(
+            "metrics_forbidden",
+            format!(
+                "{} is not in `http.metrics_from`: metrics are served to the private network",
+                ctx.client
+            ),
+        ));
+    }
     let mut text = state.node.metrics().render();
+    let mut database = state.database_gauges.lock().await;
+    let refresh = Duration::from_millis(state.http.metrics_refresh_ms);
+    match &*database {
+        Some((counted, gauges)) if counted.elapsed() < refresh => text.push_str(gauges),
+        _ => {
+            let gauges = database_gauges(state).await?;
+            text.push_str(&gauges);
+            *database = Some((Instant::now(), gauges));
+        }
+    }
+    drop(database);
+    let mut reply = Response::new(full(text));
+    reply.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+    );
+    Ok(reply)
+}
+
+/// Workflows by stored status (the whole cluster) and the store pool, as Prometheus text.
+async fn database_gauges(state: &AppState) -> Result<String, ApiError> {
+    let mut text = String::new();
     let store = state.node.store();
     let counts = store.workflow_counts(None).await?;
     let samples: Vec<_> = counts
@@ -780,12 +870,7 @@ async fn metrics(state: &AppState) -> Result<Reply, ApiError> {
             ],
         );
     }
-    let mut reply = Response::new(full(text));
-    reply.headers_mut().insert(
-        CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
-    );
-    Ok(reply)
+    Ok(text)
 }
 
 async fn ready(state: &AppState) -> Result<Reply, ApiError> {

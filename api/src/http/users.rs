@@ -195,7 +195,12 @@ async fn signed_in(ctx: &Ctx<'_>, user: &UserRow, status: StatusCode) -> Result<
     ctx.state
         .node
         .store()
-        .open_session(&session_id, &user.id, seconds)
+        .open_session(
+            &session_id,
+            &user.id,
+            seconds,
+            ctx.state.auth.sessions_per_user_max,
+        )
         .await?;
     let secret = &ctx.state.secret;
     let mut reply = json_reply(status, user_reply(user));
@@ -238,7 +243,7 @@ fn set_cookies(
 /// Ends this session (a token-authenticated caller has none to end).
 pub async fn logout(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
     let principal = ctx.principal()?;
-    if let Some(session_id) = &principal.session_id {
+    if let Some(session_id) = principal.credential.session_id() {
         ctx.state.node.store().revoke_session(session_id).await?;
     }
     let mut reply = json_reply(StatusCode::OK, user_reply(&principal.user));
@@ -285,6 +290,7 @@ pub async fn create_token(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
             name: name.to_owned(),
             token_hash,
             lifetime_seconds,
+            live_max: ctx.state.auth.tokens_per_user_max,
         })
         .await?;
     Ok(json_reply(
@@ -505,7 +511,7 @@ pub async fn change_password(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
     let password_hash = ctx.state.hashing.hash(body.new_password).await?;
     let store = ctx.state.node.store();
     if !store
-        .set_password(&user.id, password_hash, principal.session_id.as_deref())
+        .set_password(&user.id, password_hash, principal.credential.session_id())
         .await?
     {
         return Err(no_user(&user.id));

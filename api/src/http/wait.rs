@@ -13,6 +13,7 @@ use store::{Change, Changes};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, broadcast, watch};
 
 use super::error::ApiError;
+use super::per_user::{PerUser, Place};
 use super::wire::WorkflowRecord;
 
 /// Statuses where nothing happens any more without an operator, or ever again.
@@ -65,6 +66,8 @@ pub fn parse_duration(text: &str) -> Result<Duration, ApiError> {
 pub struct Waiters {
     permits: Arc<Semaphore>,
     limit: u64,
+    /// Each user's waiters, at most `http.waiters_per_user_max`.
+    per_user: PerUser,
     registry: Arc<Mutex<Registry>>,
     /// Raised when the node stops serving: every waiter answers with what it sees.
     stopping: watch::Sender<bool>,
@@ -87,8 +90,8 @@ impl Drop for AbortOnDrop {
 }
 
 impl Waiters {
-    /// Waiters fed by `changes`, at most `limit` at once.
-    pub fn new(changes: &Changes, limit: u64) -> Waiters {
+    /// Waiters fed by `changes`, at most `limit` at once and `per_user_max` of one user.
+    pub fn new(changes: &Changes, limit: u64, per_user_max: u64) -> Waiters {
         let registry = Arc::new(Mutex::new(Registry::default()));
         let dispatch = tokio::spawn(dispatch(changes.subscribe(), Arc::clone(&registry)));
         Waiters {
@@ -96,14 +99,17 @@ impl Waiters {
                 usize::try_from(limit).unwrap_or(Semaphore::MAX_PERMITS),
             )),
             limit,
+            per_user: PerUser::new("http.waiters_per_user_max", "waiters_busy", per_user_max),
             registry,
             stopping: watch::channel(false).0,
             _dispatch: AbortOnDrop(dispatch),
         }
     }
 
-    /// Takes a waiter's place, or refuses with 503 while `http.waiters_max` wait already.
-    pub fn admit(&self) -> Result<Permit, ApiError> {
+    /// Takes a waiter's place for `user_id`, or refuses: 429 while they hold
+    /// `http.waiters_per_user_max` already, 503 while `http.waiters_max` wait on the node.
+    pub fn admit(&self, user_id: &str) -> Result<Permit, ApiError> {
+        let place = self.per_user.take(user_id)?;
         let permit = Arc::clone(&self.permits)
             .try_acquire_owned()
             .map_err(|_| ApiError {
@@ -118,7 +124,10 @@ impl Waiters {
                     ),
                 )
             })?;
-        Ok(Permit { _permit: permit })
+        Ok(Permit {
+            _permit: permit,
+            _place: place,
+        })
     }
 
     /// Starts hearing the changes of `workflow_id`. Taken before the first read, so that a
@@ -148,6 +157,7 @@ impl Waiters {
 /// A waiter's place under `http.waiters_max`: held for as long as the request waits.
 pub struct Permit {
     _permit: OwnedSemaphorePermit,
+    _place: Place,
 }
 
 /// One waiter's subscription to one workflow's changes; leaves the registry when dropped.

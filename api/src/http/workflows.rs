@@ -227,7 +227,8 @@ pub async fn launch(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
     }
     let wait = asked_wait(ctx, body.wait_ms)?;
     // A waiter's place is taken before anything is launched: a refusal launches nothing.
-    let permit = wait.map(|_| ctx.state.waiters.admit()).transpose()?;
+    let user_id = &ctx.principal()?.user.id;
+    let permit = wait.map(|_| ctx.state.waiters.admit(user_id)).transpose()?;
     let launched = ctx
         .state
         .node
@@ -372,7 +373,7 @@ pub async fn get(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
     };
     let run_id = run_id(ctx, body.run_id)?;
     if let Some(wait) = asked_wait(ctx, body.wait_ms)? {
-        let permit = ctx.state.waiters.admit()?;
+        let permit = ctx.state.waiters.admit(&ctx.principal()?.user.id)?;
         let record = wait_for(ctx, &run_id, wait, permit).await?;
         return Ok(json_reply(StatusCode::OK, record));
     }

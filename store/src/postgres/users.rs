@@ -4,12 +4,12 @@ use deadpool_postgres::{GenericClient, Transaction};
 use tokio_postgres::Row;
 
 use super::{PgStore, commit_error};
-use crate::Result;
 use crate::users::{
     NewToken, NewUser, Role, TokenRow, UserChange, UserChanged, UserDeletion, UserRow,
     leaves_no_admin,
 };
 use crate::workflows::LIVE_STATUSES;
+use crate::{Error, Result};
 
 /// The lock that makes "create the first user" atomic across nodes, and every change that could
 /// leave no enabled admin see the others ("users" in ASCII).
@@ -289,17 +289,37 @@ impl PgStore {
         session_id: &str,
         user_id: &str,
         session_seconds: u64,
+        sessions_max: u32,
     ) -> Result<()> {
-        let client = self.pool.get().await?;
+        let mut client = self.pool.get().await?;
+        let transaction = client.transaction().await?;
+        let keep_others = i64::from(sessions_max.max(1)) - 1;
+        // Locked first: two sign-ins of one user at once count each other's sessions.
         execute(
-            &client,
-            "WITH opened AS (
-                 INSERT INTO user_sessions (id, user_id, expires_at)
-                 VALUES ($1, $2, reins_now() + $3))
-             UPDATE users SET last_login_at = reins_now() WHERE id = $2",
+            &transaction,
+            "UPDATE users SET last_login_at = reins_now() WHERE id = $1",
+            &[&user_id],
+        )
+        .await?;
+        execute(
+            &transaction,
+            "DELETE FROM user_sessions
+              WHERE user_id = $1
+                AND (revoked OR expires_at <= reins_now()
+                     OR id IN (SELECT id FROM user_sessions
+                                WHERE user_id = $1 AND NOT revoked AND expires_at > reins_now()
+                                ORDER BY expires_at DESC, id DESC OFFSET $2))",
+            &[&user_id, &keep_others],
+        )
+        .await?;
+        execute(
+            &transaction,
+            "INSERT INTO user_sessions (id, user_id, expires_at)
+             VALUES ($1, $2, reins_now() + $3)",
             &[&session_id, &user_id, &(session_seconds as f64)],
         )
         .await?;
+        transaction.commit().await.map_err(commit_error)?;
         Ok(())
     }
 
@@ -330,15 +350,46 @@ impl PgStore {
     }
 
     pub(crate) async fn create_token(&self, new: NewToken) -> Result<TokenRow> {
-        let client = self.pool.get().await?;
-        let statement = client
+        let mut client = self.pool.get().await?;
+        let transaction = client.transaction().await?;
+        // Locked first: two creations for one user at once count each other's tokens.
+        let locked = execute(
+            &transaction,
+            "SELECT 1 FROM users WHERE id = $1 FOR UPDATE",
+            &[&new.user_id],
+        )
+        .await?;
+        if locked == 0 {
+            return Err(Error::NotFound(format!("user {:?}", new.user_id)));
+        }
+        execute(
+            &transaction,
+            "DELETE FROM api_tokens
+              WHERE user_id = $1 AND (revoked_at IS NOT NULL OR expires_at <= reins_now())",
+            &[&new.user_id],
+        )
+        .await?;
+        let statement = transaction
+            .prepare_cached("SELECT count(*) FROM api_tokens WHERE user_id = $1")
+            .await?;
+        let live: i64 = transaction
+            .query_one(&statement, &[&new.user_id])
+            .await?
+            .get(0);
+        if live >= i64::from(new.live_max) {
+            return Err(Error::LimitReached(format!(
+                "auth.tokens_per_user_max ({}): revoke a token first",
+                new.live_max
+            )));
+        }
+        let statement = transaction
             .prepare_cached(concat!(
                 "INSERT INTO api_tokens AS t (id, user_id, name, token_hash, expires_at)
                  VALUES ($1, $2, $3, $4, reins_now() + $5) RETURNING ",
                 token_columns!()
             ))
             .await?;
-        let row = client
+        let row = transaction
             .query_one(
                 &statement,
                 &[
@@ -350,6 +401,7 @@ impl PgStore {
                 ],
             )
             .await?;
+        transaction.commit().await.map_err(commit_error)?;
         Ok(token(&row, 0))
     }
 

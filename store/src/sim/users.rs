@@ -245,16 +245,43 @@ impl crate::Users for SimStore {
         session_id: &str,
         user_id: &str,
         session_seconds: u64,
+        sessions_max: u32,
     ) -> Result<()> {
         self.write(|state, now| {
             let people = &mut state.people;
-            if people.sessions.contains_key(session_id) {
+            if !people.users.contains_key(user_id) {
+                return Err(Error::NotFound(format!("user {user_id:?}")));
+            }
+            // The user's ended sessions go, and their newest live ones stay up to the bound,
+            // this one included.
+            let keep_others = usize::try_from(sessions_max.max(1) - 1).unwrap_or(usize::MAX);
+            let mut live: Vec<(f64, &String)> = people
+                .sessions
+                .iter()
+                .filter(|(_, session)| {
+                    session.user_id == user_id && !session.revoked && session.expires_at > now
+                })
+                .map(|(id, session)| (session.expires_at, id))
+                .collect();
+            live.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| b.1.cmp(a.1)));
+            let kept: Vec<String> = live
+                .into_iter()
+                .take(keep_others)
+                .map(|(_, id)| id.clone())
+                .collect();
+            let ends =
+                |id: &String, session: &Session| session.user_id == user_id && !kept.contains(id);
+            if people
+                .sessions
+                .get(session_id)
+                .is_some_and(|session| !ends(&session_id.to_owned(), session))
+            {
                 return Err(Error::Conflict(format!("session {session_id:?} exists")));
             }
-            let Some(user) = people.users.get_mut(user_id) else {
-                return Err(Error::NotFound(format!("user {user_id:?}")));
-            };
-            user.last_login_at = Some(now);
+            people.sessions.retain(|id, session| !ends(id, session));
+            if let Some(user) = people.users.get_mut(user_id) {
+                user.last_login_at = Some(now);
+            }
             people.sessions.insert(
                 session_id.to_owned(),
                 Session {
@@ -293,12 +320,29 @@ impl crate::Users for SimStore {
     async fn create_token(&self, token: NewToken) -> Result<TokenRow> {
         self.write(|state, now| {
             let people = &mut state.people;
-            if people.tokens.contains_key(&token.id) {
-                return Err(Error::Conflict(format!("token {:?} exists", token.id)));
-            }
             if !people.users.contains_key(&token.user_id) {
                 return Err(Error::NotFound(format!("user {:?}", token.user_id)));
             }
+            // The user's revoked and expired tokens go; the rest count against the bound.
+            let ended = |row: &TokenRow| {
+                row.user_id == token.user_id
+                    && (row.revoked || row.expires_at.is_some_and(|at| at <= now))
+            };
+            let live = people
+                .tokens
+                .values()
+                .filter(|row| row.user_id == token.user_id && !ended(row))
+                .count();
+            if live >= usize::try_from(token.live_max).unwrap_or(usize::MAX) {
+                return Err(Error::LimitReached(format!(
+                    "auth.tokens_per_user_max ({}): revoke a token first",
+                    token.live_max
+                )));
+            }
+            if people.tokens.get(&token.id).is_some_and(|row| !ended(row)) {
+                return Err(Error::Conflict(format!("token {:?} exists", token.id)));
+            }
+            people.tokens.retain(|_, row| !ended(row));
             let row = TokenRow {
                 id: token.id,
                 user_id: token.user_id,

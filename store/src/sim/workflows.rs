@@ -179,8 +179,9 @@ impl State {
                 control.workflow_id
             )));
         }
+        // A check constraint refuses it, which the real stores report as a database error.
         if !CONTROL_KINDS.contains(&control.kind.as_str()) {
-            return Err(Error::Conflict(format!(
+            return Err(Error::Database(format!(
                 "unknown control kind {:?}",
                 control.kind
             )));

@@ -5,12 +5,12 @@
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
 use super::SqliteStore;
-use crate::Result;
 use crate::users::{
     NewToken, NewUser, Role, TokenRow, UserChange, UserChanged, UserDeletion, UserRow,
     leaves_no_admin,
 };
 use crate::workflows::LIVE_STATUSES;
+use crate::{Error, Result};
 
 /// The columns `user` decodes, as one literal for `concat!` (SQL is never formatted per call).
 macro_rules! user_columns {
@@ -262,9 +262,23 @@ impl SqliteStore {
         session_id: &str,
         user_id: &str,
         session_seconds: u64,
+        sessions_max: u32,
     ) -> Result<()> {
         let (session_id, user_id) = (session_id.to_owned(), user_id.to_owned());
+        let keep_others = i64::from(sessions_max.max(1)) - 1;
         self.write(move |connection| {
+            connection
+                .prepare_cached(
+                    "DELETE FROM user_sessions
+                      WHERE user_id = ?1
+                        AND (revoked OR expires_at <= unixepoch('subsec')
+                             OR id IN (SELECT id FROM user_sessions
+                                        WHERE user_id = ?1 AND NOT revoked
+                                          AND expires_at > unixepoch('subsec')
+                                        ORDER BY expires_at DESC, id DESC
+                                        LIMIT -1 OFFSET ?2))",
+                )?
+                .execute(params![user_id, keep_others])?;
             connection
                 .prepare_cached(
                     "INSERT INTO user_sessions (id, user_id, expires_at)
@@ -311,6 +325,22 @@ impl SqliteStore {
 
     pub(crate) async fn create_token(&self, new: NewToken) -> Result<TokenRow> {
         self.write(move |connection| {
+            connection
+                .prepare_cached(
+                    "DELETE FROM api_tokens
+                      WHERE user_id = ?1
+                        AND (revoked_at IS NOT NULL OR expires_at <= unixepoch('subsec'))",
+                )?
+                .execute([&new.user_id])?;
+            let live: i64 = connection
+                .prepare_cached("SELECT count(*) FROM api_tokens WHERE user_id = ?1")?
+                .query_row([&new.user_id], |row| row.get(0))?;
+            if live >= i64::from(new.live_max) {
+                return Err(Error::LimitReached(format!(
+                    "auth.tokens_per_user_max ({}): revoke a token first",
+                    new.live_max
+                )));
+            }
             Ok(connection
                 .prepare_cached(concat!(
                     "INSERT INTO api_tokens (id, user_id, name, token_hash, expires_at)

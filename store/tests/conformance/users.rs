@@ -23,6 +23,7 @@ fn token(id: &str, user_id: &str, lifetime_seconds: Option<f64>) -> NewToken {
         name: format!("token {id}"),
         token_hash: format!("sha-{id}"),
         lifetime_seconds,
+        live_max: 10,
     }
 }
 
@@ -64,7 +65,7 @@ conformance! {
         let UserChanged::Changed(bob) = store.change_user("bob", promote).await.expect("promote")
         else { panic!("not changed") };
         assert_eq!(bob.role, Role::Admin);
-        store.open_session("s-ada", "ada", 3_600).await.expect("session");
+        store.open_session("s-ada", "ada", 3_600, 10).await.expect("session");
         assert!(store.session_user("s-ada").await.expect("session").is_some());
         let UserChanged::Changed(ada) = store.change_user("ada", disable).await.expect("disable")
         else { panic!("not changed") };
@@ -82,10 +83,10 @@ conformance! {
     async fn sessions_end_one_by_one_or_all_but_the_callers_and_expire(db) {
         let store = db.store().await;
         store.create_user(new_user("ada", Role::User), false).await.expect("ada");
-        let missing = store.open_session("s-x", "nobody", 60).await;
+        let missing = store.open_session("s-x", "nobody", 60, 10).await;
         assert!(matches!(missing, Err(Error::NotFound(_))), "{missing:?}");
         for session in ["s-1", "s-2", "s-3"] {
-            store.open_session(session, "ada", 3_600).await.expect("session");
+            store.open_session(session, "ada", 3_600, 10).await.expect("session");
         }
         let ada = store.user_by_id("ada").await.expect("read").expect("ada");
         assert!(ada.last_login_at.is_some());
@@ -105,7 +106,7 @@ conformance! {
         assert_eq!(store.user_by_id("ada").await.expect("read").map(|u| u.token_version), Some(1));
         assert!(!store.end_sessions("nobody", None).await.expect("end"));
 
-        store.open_session("s-brief", "ada", 1).await.expect("session");
+        store.open_session("s-brief", "ada", 1, 10).await.expect("session");
         assert!(store.session_user("s-brief").await.expect("session").is_some());
         let deadline = store.now().await.expect("now") + 1.0;
         db.pass(&store, deadline).await;
@@ -150,7 +151,7 @@ conformance! {
         store.create_user(new_user("ada", Role::Admin), false).await.expect("ada");
         store.create_user(new_user("tester", Role::User), false).await.expect("tester");
         let lease = workflow(&*store, "wf", "node", 60_000).await;
-        store.open_session("s", "tester", 3_600).await.expect("session");
+        store.open_session("s", "tester", 3_600, 10).await.expect("session");
         store.create_token(token("t", "tester", None)).await.expect("token");
         assert_eq!(store.delete_user("tester").await.expect("delete"), UserDeletion::OwnsLiveWorkflows(1));
         store.fenced_write(&lease.fence(), vec![WriteOp::SetWorkflow {
@@ -163,5 +164,49 @@ conformance! {
         assert!(store.list_tokens("tester").await.expect("list").is_empty());
         assert!(store.read_workflow("wf").await.expect("read").is_some(), "a finished workflow went with its user");
         assert_eq!(store.delete_user("tester").await.expect("delete"), UserDeletion::NotFound);
+    }
+}
+
+conformance! {
+    async fn a_user_keeps_their_newest_sessions_up_to_the_bound(db) {
+        let store = db.store().await;
+        store.create_user(new_user("ada", Role::User), false).await.expect("ada");
+        store.create_user(new_user("bob", Role::User), false).await.expect("bob");
+        store.open_session("s-bob", "bob", 500, 1).await.expect("session");
+        // Ordered by expiry, whatever the clock: s-1 ends first.
+        for (session, seconds) in [("s-1", 1_000), ("s-2", 2_000), ("s-3", 3_000)] {
+            store.open_session(session, "ada", seconds, 2).await.expect("session");
+        }
+        assert_eq!(store.session_user("s-1").await.expect("session"), None, "a session over the bound held");
+        for session in ["s-2", "s-3", "s-bob"] {
+            assert!(store.session_user(session).await.expect("session").is_some(), "{session} ended");
+        }
+        // An ended session is deleted and counts for nothing: s-3 stays beside the new one.
+        assert!(store.revoke_session("s-2").await.expect("revoke"));
+        store.open_session("s-4", "ada", 4_000, 2).await.expect("session");
+        assert!(!store.revoke_session("s-2").await.expect("revoke"), "an ended session was kept");
+        assert!(store.session_user("s-3").await.expect("session").is_some());
+        assert!(store.session_user("s-4").await.expect("session").is_some());
+        let taken = store.open_session("s-bob", "ada", 60, 2).await;
+        assert!(matches!(taken, Err(Error::Conflict(_))), "{taken:?}");
+        assert!(store.session_user("s-4").await.expect("session").is_some(), "a refused sign-in ended a session");
+    }
+}
+
+conformance! {
+    async fn a_user_has_at_most_their_bound_of_live_tokens_and_ended_ones_go(db) {
+        let store = db.store().await;
+        store.create_user(new_user("ada", Role::User), false).await.expect("ada");
+        let bounded = |id: &str| NewToken { live_max: 2, ..token(id, "ada", None) };
+        store.create_token(bounded("t-1")).await.expect("token");
+        store.create_token(bounded("t-2")).await.expect("token");
+        let over = store.create_token(bounded("t-3")).await;
+        assert!(matches!(over, Err(Error::LimitReached(ref m)) if m.contains("tokens_per_user_max")), "{over:?}");
+        assert!(store.revoke_token("ada", "t-1").await.expect("revoke"));
+        assert_eq!(store.list_tokens("ada").await.expect("list").len(), 2, "a refused token changed the list");
+        store.create_token(bounded("t-3")).await.expect("a revoked token frees its place");
+        let listed: Vec<String> = store.list_tokens("ada").await.expect("list").into_iter().map(|t| t.id).collect();
+        assert_eq!(listed.len(), 2);
+        assert!(listed.contains(&"t-2".into()) && listed.contains(&"t-3".into()), "{listed:?}");
     }
 }

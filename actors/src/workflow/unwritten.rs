@@ -10,6 +10,8 @@
 use runtime::CallKind;
 use store::WriteOp;
 
+use super::machine::StepStatus;
+
 /// A step whose journal write became durable.
 #[derive(Debug, Clone)]
 pub(crate) enum Journaled {
@@ -20,7 +22,7 @@ pub(crate) enum Journaled {
     Finished {
         step_id: String,
         kind: CallKind,
-        status: &'static str,
+        status: StepStatus,
     },
 }
 
