@@ -1,7 +1,7 @@
 //! One behavioural test, three stores: every test of the suite is an async body generic over the
 //! store's traits, run by [`conformance!`] against PostgreSQL (a database of its own in the test
-//! cluster named by `REINS_TEST_PG`), SQLite (a temporary folder) and the simulation store (on a
-//! clock the test moves). Where they disagree, the real stores are the truth.
+//! cluster named by `REINS_TEST_PG`, dropped once the test passed), SQLite (a temporary folder)
+//! and the simulation store (on a clock the test moves). Where they disagree, the real stores are the truth.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -49,6 +49,28 @@ pub struct TestDb<S> {
     _dir: Option<TempDir>,
 }
 
+/// A PostgreSQL test database, dropped by [`Dropping::drop_database`] once its test passed (a
+/// failed test's stays, to be looked at).
+pub struct Dropping {
+    admin: String,
+    name: String,
+}
+
+impl Dropping {
+    pub async fn drop_database(self) {
+        let (client, connection) = tokio_postgres::connect(&self.admin, tokio_postgres::NoTls)
+            .await
+            .expect("connect to the test cluster");
+        let connection = tokio::spawn(connection);
+        client
+            .batch_execute(&format!("DROP DATABASE {} WITH (FORCE)", self.name))
+            .await
+            .expect("drop the test database");
+        drop(client);
+        let _ = connection.await;
+    }
+}
+
 impl TestDb<Store> {
     /// A fresh embedded database in a temporary folder, opened and migrated.
     pub async fn sqlite() -> Self {
@@ -65,8 +87,8 @@ impl TestDb<Store> {
         }
     }
 
-    /// A fresh PostgreSQL database in the test cluster, migrated.
-    pub async fn postgres() -> Self {
+    /// A fresh PostgreSQL database in the test cluster, migrated, and how to drop it.
+    pub async fn postgres() -> (Self, Dropping) {
         let admin = std::env::var("REINS_TEST_PG").expect(
             "REINS_TEST_PG is not set: the conformance suite needs a PostgreSQL cluster \
              (tests/run-all.sh starts one)",
@@ -85,14 +107,15 @@ impl TestDb<Store> {
         let (base, _) = admin.rsplit_once('/').expect("admin URL names a database");
         let url = DatabaseUrl::Postgres(format!("{base}/{name}"));
         drop(open_migrated(&url).await);
-        TestDb {
+        let db = TestDb {
             open: Box::new(move || {
                 let url = url.clone();
                 Box::pin(async move { Arc::new(open_migrated(&url).await) })
             }),
             clock: None,
             _dir: None,
-        }
+        };
+        (db, Dropping { admin, name })
     }
 }
 
@@ -187,7 +210,9 @@ macro_rules! conformance {
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn postgres() {
-                body($crate::harness::TestDb::postgres().await).await
+                let (db, dropping) = $crate::harness::TestDb::postgres().await;
+                body(db).await;
+                dropping.drop_database().await;
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
