@@ -21,6 +21,51 @@ pub enum TestDb {
     Postgres { url: String },
 }
 
+/// A passing test's PostgreSQL database is dropped (a failed one's stays, to be looked at): the
+/// suite makes hundreds, and a developer's cluster would otherwise keep every one.
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        let TestDb::Postgres { url } = self else {
+            return;
+        };
+        if std::thread::panicking() {
+            return;
+        }
+        // Only a database this harness made in the test cluster (not a private server's).
+        let (Ok(admin), Some((base, name))) =
+            (std::env::var("REINS_TEST_PG"), url.rsplit_once('/'))
+        else {
+            return;
+        };
+        if !(admin.starts_with(base) && name.starts_with("reins_test_")) {
+            return;
+        }
+        let name = name.to_owned();
+        // Drop cannot await, and may run on a runtime's thread: a thread with its own runtime.
+        let dropped = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime to drop the test database");
+            runtime.block_on(async {
+                let (client, connection) =
+                    tokio_postgres::connect(&admin, tokio_postgres::NoTls).await?;
+                let connection = tokio::spawn(connection);
+                let dropped = client
+                    .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+                    .await;
+                drop(client);
+                let _ = connection.await;
+                dropped
+            })
+        })
+        .join();
+        if let Ok(Err(error)) = dropped {
+            eprintln!("the test database was not dropped: {error}");
+        }
+    }
+}
+
 impl TestDb {
     /// A fresh embedded database in a temporary folder, opened and migrated.
     pub async fn sqlite() -> TestDb {
