@@ -171,8 +171,10 @@ pub enum WorkflowMsg {
     TimedOut,
     /// Look at the rows of the child runs a cancellation waits for.
     CheckChildren,
-    /// Stop and give the lease up now (an operator's `fence`); answers the epoch given up.
+    /// Stop and give the lease up now (an operator's `fence`, or the node's clean stop);
+    /// answers the epoch given up.
     GiveUp {
+        shutdown: bool,
         reply: ractor::RpcReplyPort<Result<i64, Error>>,
     },
 }
@@ -1833,10 +1835,14 @@ impl Actor for WorkflowSupervisor {
                 }
             }
             WorkflowMsg::Poll => state.poll_controls(&myself).await,
-            WorkflowMsg::GiveUp { reply } => {
+            WorkflowMsg::GiveUp { shutdown, reply } => {
                 // Between two handlers nothing is being written: stop first, so nothing more
                 // is, then let the lease go so another node can take the workflow at once.
-                tracing::warn!(parent: &state.span, "fenced by an operator: giving up the lease");
+                if shutdown {
+                    tracing::info!(parent: &state.span, "the node stops: giving up the lease");
+                } else {
+                    tracing::warn!(parent: &state.span, "fenced by an operator: giving up the lease");
+                }
                 state.end(&myself);
                 let released = state.args.store.release_lease(&state.args.fence).await;
                 let _ = reply.send(
