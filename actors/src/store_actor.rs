@@ -561,6 +561,11 @@ pub enum EventsRequest {
     FeedHead {
         reply: RpcReplyPort<store::Result<i64>>,
     },
+    Watch {
+        workflow_id: String,
+        watch_ms: u64,
+        reply: RpcReplyPort<store::Result<()>>,
+    },
 }
 
 async fn serve_events(store: &Store, request: EventsRequest) {
@@ -583,6 +588,13 @@ async fn serve_events(store: &Store, request: EventsRequest) {
         }
         EventsRequest::FeedHead { reply } => {
             let _ = reply.send(store.feed_head().await);
+        }
+        EventsRequest::Watch {
+            workflow_id,
+            watch_ms,
+            reply,
+        } => {
+            let _ = reply.send(store.watch_events(&workflow_id, watch_ms).await);
         }
     }
 }
@@ -998,6 +1010,19 @@ impl StoreHandle {
                 workflow_id,
                 after,
                 limit,
+                reply,
+            })
+        })
+        .await
+    }
+
+    /// See [`Store::watch_events`].
+    pub async fn watch_events(&self, workflow_id: &str, watch_ms: u64) -> store::Result<()> {
+        let workflow_id = workflow_id.to_owned();
+        self.call("watch_events", Effect::Write, |reply| {
+            StoreMsg::Events(EventsRequest::Watch {
+                workflow_id,
+                watch_ms,
                 reply,
             })
         })

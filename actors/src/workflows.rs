@@ -781,15 +781,15 @@ fn listen(
 /// What a committed change means for this node: a control for a workflow it runs wakes that
 /// supervisor; an answer to a child's request wakes the supervisor that waits for it; a freed
 /// slot wakes the oldest steps waiting for one; released leases wake automatic recovery; a
-/// resync does all of it. Controls, status changes and requests for input also wake this
-/// node's event streams of that workflow (their events were written by the same commit); other
-/// event kinds (a step's) are not announced, and a stream on another node than the owner reads
-/// them at its `events.poll_ms`.
+/// resync does all of it. Each of these changes but a freed slot and a released lease also
+/// wakes this node's event streams of its workflow (its events committed with it); a status
+/// change wakes the feed's streams too. On PostgreSQL, an event of a workflow that some stream
+/// watches is announced by itself (`Change::Event`), whichever node wrote it.
 fn changed(myself: &ActorRef<WorkflowsMsg>, state: &mut WorkflowsState, change: Change) {
     let wakes = state.args.store.event_wakes();
     match &change {
         Change::Status(workflow_id) => wakes.committed(workflow_id, true),
-        Change::Control(workflow_id) | Change::Input(workflow_id) => {
+        Change::Control(workflow_id) | Change::Input(workflow_id) | Change::Event(workflow_id) => {
             wakes.committed(workflow_id, false);
         }
         Change::Resync => wakes.resync(),
@@ -812,7 +812,7 @@ fn changed(myself: &ActorRef<WorkflowsMsg>, state: &mut WorkflowsState, change: 
                 let _ = myself.post(WorkflowsMsg::ClaimRecoverable);
             }
         }
-        Change::Status(_) => {}
+        Change::Status(_) | Change::Event(_) => {}
         Change::Resync => {
             let _ = myself.post(WorkflowsMsg::PollControls);
             wake_slot_waiters(state, usize::MAX);

@@ -467,6 +467,21 @@ impl Store {
         .await
     }
 
+    /// An event stream watches `workflow_id`'s events for the next `watch_ms`: until then, on
+    /// PostgreSQL, every commit that writes events of it announces [`Change::Event`] to every
+    /// node (an unwatched workflow's step events notify nobody, which keeps the cluster-wide
+    /// `NOTIFY` lock out of ordinary steps). Watch before reading, so an event that commits
+    /// after the read is announced. On SQLite there is one node, whose own writes wake its
+    /// streams: nothing to do. An unknown workflow is no error (a stream then finds nothing).
+    pub async fn watch_events(&self, workflow_id: &str, watch_ms: u64) -> Result<()> {
+        match &self.backend {
+            Inner::Postgres(store) => {
+                retry(|| async { store.watch_events(workflow_id, watch_ms).await }).await
+            }
+            Inner::Sqlite(_) => Ok(()),
+        }
+    }
+
     /// Status changes of every workflow (or of `user_id`'s) whose feed number is after `after`,
     /// at most `limit`, oldest first; each with its feed number as `seq`.
     pub async fn read_feed(
