@@ -1836,6 +1836,15 @@ impl Actor for WorkflowSupervisor {
             }
             WorkflowMsg::Poll => state.poll_controls(&myself).await,
             WorkflowMsg::GiveUp { shutdown, reply } => {
+                // At a clean stop, a child run of this node stops with it while its run is
+                // still leased: a new owner would have to take it for an orphan. Such a
+                // workflow keeps its lease and is recovered once that runs out, as after a crash.
+                if shutdown && (state.waiting.values()).any(|(w, _)| matches!(w, Waiting::Child(_)))
+                {
+                    let refused = Error::Refused("a child run of it is in flight".into());
+                    let _ = reply.send(Err(refused));
+                    return Ok(());
+                }
                 // Between two handlers nothing is being written: stop first, so nothing more
                 // is, then let the lease go so another node can take the workflow at once.
                 if shutdown {

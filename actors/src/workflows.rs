@@ -1502,7 +1502,7 @@ impl WorkflowsHandle {
     /// Stops every workflow supervisor of this node and waits for them (node shutdown). Each
     /// first gives its lease up after its last write (fenced on its epoch; the release wakes
     /// automatic recovery on the other nodes), so another node takes the workflow over at once
-    /// instead of when the lease would have run out.
+    /// instead of when the lease would have run out; one whose child run is in flight keeps it.
     pub(crate) async fn stop_supervisors(&self, timeout: Duration) {
         let give_up = async {
             let live = self.live().await.unwrap_or_default();
@@ -1518,8 +1518,9 @@ impl WorkflowsHandle {
                 .into_iter()
                 .filter_map(|given| given.and_then(|r| r).err())
             {
-                // A workflow that ended meanwhile holds nothing; any other's lease runs out by
-                // itself, as after a crash.
+                // A workflow that ended meanwhile holds nothing, one with a child run in flight
+                // keeps its lease (refused both); any other's lease runs out by itself, as after
+                // a crash.
                 if !matches!(failed, Error::Refused(_)) {
                     tracing::warn!(error = %failed, "a workflow's lease was not given up at shutdown");
                 }
