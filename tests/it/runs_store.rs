@@ -174,6 +174,59 @@ on_both_backends! {
     }
 }
 
+/// On PostgreSQL a slot is a number; the next step's claim tries first the number its own
+/// admission freed (migration 22) instead of probing for a free one: among a thousand numbers the
+/// step takes the one the step before held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_workflows_next_step_takes_the_very_number_its_admission_frees() {
+    let db = TestDb::postgres().await;
+    let store = db.store().await;
+    let client = db.pg_client().await;
+    let lease = workflow(&store, "wf", "node-a", 60_000).await;
+    let step = |step_id: &str, journal: Vec<store::WriteOp>| WorkflowStep {
+        workflow_id: "wf".into(),
+        step_id: step_id.to_owned(),
+        attempt: 1,
+        slots_max: 1_000,
+        fence: lease.fence(),
+        journal,
+    };
+    let number = async |step_id: &str| -> i32 {
+        client
+            .query_one(
+                "SELECT slot_no FROM workflow_slots WHERE workflow = 'wf' AND step_id = $1",
+                &[&step_id],
+            )
+            .await
+            .expect("slot")
+            .get(0)
+    };
+    let first = NewRun {
+        step: Some(step("s0", Vec::new())),
+        ..new_run("run-0", "t-0", "node-a")
+    };
+    admitted(&store, first).await;
+    for n in 1..4 {
+        let before = format!("s{}", n - 1);
+        let held = number(&before).await;
+        let release = store::WriteOp::ReleaseSlot {
+            workflow_id: "wf".into(),
+            step_id: before,
+        };
+        let run_id = format!("run-{n}");
+        let next = NewRun {
+            step: Some(step(&format!("s{n}"), vec![release])),
+            ..new_run(&run_id, &format!("t-{n}"), "node-a")
+        };
+        admitted(&store, next).await;
+        assert_eq!(
+            number(&format!("s{n}")).await,
+            held,
+            "step {n} took another number"
+        );
+    }
+}
+
 on_both_backends! {
     async fn a_steps_journal_writes_are_committed_with_its_admission_and_only_then(db: TestDb) {
         let store = db.store().await;
