@@ -136,6 +136,10 @@ pub enum Error {
     /// An operator's fence of a workflow this node does not supervise.
     #[error("refused: workflow {workflow_id:?} is not supervised on this node")]
     NotSupervised { workflow_id: String },
+    /// At the node's clean stop, a workflow with a child run in flight keeps its lease: the
+    /// child stops with the node while its run is still leased.
+    #[error("refused: workflow {workflow_id:?} keeps its lease: a child run of it is in flight")]
+    ChildInFlight { workflow_id: String },
     /// A cluster-wide limit refused the request.
     #[error("refused by `{limit}` ({max})")]
     LimitReached { limit: &'static str, max: u64 },

@@ -389,6 +389,15 @@ impl StoreHandle {
         .await
     }
 
+    /// See [`Store::watch_events`].
+    pub async fn watch_events(&self, workflow_id: &str, watch_ms: u64) -> store::Result<()> {
+        let workflow_id = workflow_id.to_owned();
+        self.call(Operation::WatchEvents, move |store| async move {
+            store.watch_events(&workflow_id, watch_ms).await
+        })
+        .await
+    }
+
     /// See [`Store::read_steps`].
     pub async fn read_steps(&self, workflow_id: &str) -> store::Result<Vec<StepRow>> {
         let workflow_id = workflow_id.to_owned();

@@ -1,12 +1,13 @@
 //! The change bus: a cue, sent only once a change committed, that something a node may be waiting
 //! for happened: a control was recorded, a workflow's status changed, a child run began or stopped
-//! waiting for a person, a child slot was freed while a step waits for one, or a live workflow's
-//! lease was given up (or a node stopped). A change carries ids only, never data: whoever hears it
+//! waiting for a person, a child slot was freed while a step waits for one, a live workflow's
+//! lease was given up (or a node stopped), or an event of a workflow some stream watches was
+//! written. A change carries ids only, never data: whoever hears it
 //! reads the committed rows it cares about. Hearing nothing proves nothing, so every consumer
 //! also has a slow fallback timer, and [`Change::Resync`] tells it to re-check everything.
 //!
 //! On PostgreSQL the changes are `NOTIFY`s on the channel `reins_changes`, sent by triggers
-//! (migration 19) inside the transaction that makes the change, so they are delivered only if
+//! (migrations 19 and 21) inside the transaction that makes the change, so they are delivered only if
 //! it commits; one dedicated connection per node (`application_name = reins-listen`, never
 //! from the pool) `LISTEN`s, reconnects with backoff, and sends `Resync` after every connect. On
 //! SQLite the same triggers are temporary ones of the writer's connection that collect payloads
@@ -15,7 +16,9 @@
 //! The payload is `KIND:ID` (at most 130 bytes, far below `NOTIFY`'s 8,000): `c:WORKFLOW`
 //! (a control recorded), `w:WORKFLOW` (status changed), `r:WORKFLOW` (a child run of it began or
 //! stopped waiting for input), `s:` (a slot freed while a step is queued), `n:` (a live
-//! workflow's lease released, or a node stopped: recovery may find work). Identical payloads of
+//! workflow's lease released, or a node stopped: recovery may find work), `e:WORKFLOW` (events of
+//! it committed while an event stream watches it: its streams read again; migration 21).
+//! Identical payloads of
 //! one transaction arrive once (PostgreSQL collapses them), which loses nothing: each names only
 //! what to read again.
 
@@ -46,6 +49,9 @@ pub enum Change {
     SlotFreed,
     /// A live workflow's lease was given up, or a node stopped: recovery may find work.
     Recoverable,
+    /// Events of this workflow committed while some event stream watches it
+    /// ([`crate::Store::watch_events`]): a step's, a log line, an artifact...
+    Event(String),
     /// Changes may have been missed (the listener reconnected, a subscriber lagged): re-check
     /// everything that is waited on.
     Resync,
@@ -61,6 +67,7 @@ impl Change {
             "c" if !id.is_empty() => Some(Change::Control(id)),
             "w" if !id.is_empty() => Some(Change::Status(id)),
             "r" if !id.is_empty() => Some(Change::Input(id)),
+            "e" if !id.is_empty() => Some(Change::Event(id)),
             "s" => Some(Change::SlotFreed),
             "n" => Some(Change::Recoverable),
             _ => None,
@@ -70,7 +77,9 @@ impl Change {
     /// The workflow a change is about, if it is about one.
     pub fn workflow_id(&self) -> Option<&str> {
         match self {
-            Change::Control(id) | Change::Status(id) | Change::Input(id) => Some(id),
+            Change::Control(id) | Change::Status(id) | Change::Input(id) | Change::Event(id) => {
+                Some(id)
+            }
             Change::SlotFreed | Change::Recoverable | Change::Resync => None,
         }
     }
@@ -137,9 +146,10 @@ mod tests {
         assert_eq!(Change::parse("c:w1"), Some(Change::Control("w1".into())));
         assert_eq!(Change::parse("w:w1"), Some(Change::Status("w1".into())));
         assert_eq!(Change::parse("r:w1"), Some(Change::Input("w1".into())));
+        assert_eq!(Change::parse("e:w1"), Some(Change::Event("w1".into())));
         assert_eq!(Change::parse("s:"), Some(Change::SlotFreed));
         assert_eq!(Change::parse("n:"), Some(Change::Recoverable));
-        for unknown in ["", "c:", "x:1", "c", "w"] {
+        for unknown in ["", "c:", "e:", "x:1", "c", "w"] {
             assert_eq!(Change::parse(unknown), None, "{unknown:?}");
         }
     }

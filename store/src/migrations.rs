@@ -132,10 +132,22 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         postgres: include_str!("../migrations/postgres/0020_runs_that_asked.sql"),
         sqlite: include_str!("../migrations/sqlite/0020_runs_that_asked.sql"),
     },
+    Migration {
+        version: 21,
+        name: "event_bus",
+        postgres: include_str!("../migrations/postgres/0021_event_bus.sql"),
+        sqlite: include_str!("../migrations/sqlite/0021_event_bus.sql"),
+    },
+    Migration {
+        version: 22,
+        name: "freed_slot_first",
+        postgres: include_str!("../migrations/postgres/0022_freed_slot_first.sql"),
+        sqlite: include_str!("../migrations/sqlite/0022_freed_slot_first.sql"),
+    },
 ];
 
 /// The schema version this build expects.
-pub const SCHEMA_VERSION: i64 = 20;
+pub const SCHEMA_VERSION: i64 = 22;
 
 /// The advisory-lock key PostgreSQL migrations serialise on ("reins" in ASCII).
 pub(crate) const PG_MIGRATION_LOCK: i64 = 0x0072_6569_6e73;

@@ -357,6 +357,14 @@ operations! {
         fn read_feed(&self, after: i64, user_id: Option<&str>, limit: u32) -> Vec<EventRow>;
         /// The feed's newest number (0 before any launch).
         read FeedHead: fn feed_head(&self) -> i64;
+        /// An event stream watches `workflow_id`'s events for the next `watch_ms`: until then,
+        /// on PostgreSQL, every commit that writes events of it announces `Change::Event` to
+        /// every node (an unwatched workflow's step events notify nobody, which keeps the
+        /// cluster-wide `NOTIFY` lock out of ordinary steps). Watch before reading, so an event
+        /// that commits after the read is announced. On SQLite (one node, whose own writes wake
+        /// its streams) and in the simulation there is nothing to do. An unknown workflow is no
+        /// error (a stream then finds nothing).
+        write WatchEvents: fn watch_events(&self, workflow_id: &str, watch_ms: u64) -> ();
     }
 
     /// Users, their sessions and API tokens.

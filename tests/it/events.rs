@@ -333,6 +333,41 @@ mod a_resumed_stream_gets_exactly_what_it_missed {
     }
 }
 
+/// A stream on node B of a workflow owned by node A hears A's step events from the change bus:
+/// the stream's fallback read (`events.poll_ms`) is an hour, and after the resume the workflow
+/// changes no status while its steps start and finish (a second later, then ten minutes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stream_on_another_node_hears_step_events_with_no_fallback_read() {
+    let db = Db::new(true).await;
+    let hour = [("REINS_EVENTS__POLL_MS", "3600000".to_owned())];
+    let owner = Node::start(&db, &hour);
+    let other = Node::start(&db, &hour);
+    let mut api = initialize(&owner).await;
+    let run_id = launch(
+        &mut api,
+        r#"
+        await pause({stepId: "p"});
+        await agent({stepId: "quick", agentRef: "scripted", task: {sleep_ms: 1000}});
+        await agent({stepId: "slow", agentRef: "scripted", task: {sleep_ms: 600000}});
+        return "never";
+    "#,
+    )
+    .await;
+    let mut on_other = other.api();
+    on_other.cookies = api.cookies.clone();
+    let mut stream = on_other.stream(&events_path(&run_id), &[]).await;
+    assert_eq!(stream.status, 200);
+    let mut seen = Vec::new();
+    until_status(&mut stream, &mut seen, "paused").await;
+    resume(&mut api, &run_id, "p").await;
+    until(&mut stream, &mut seen, "step_finished", Some("quick")).await;
+    until(&mut stream, &mut seen, "step_started", Some("slow")).await;
+    let cancelled = api
+        .call("POST", &format!("/api/v1/workflows/{run_id}/cancel"), None)
+        .await;
+    assert_eq!(cancelled.status, 200, "{cancelled:?}");
+}
+
 /// A client that reads nothing while its workflow writes hundreds of events is disconnected once
 /// its stream's buffer (`events.stream_buffer_bytes_max`) stays full for
 /// `events.stream_stall_ms`; the stream's place under `events.streams_max` is given back.

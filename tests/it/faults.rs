@@ -327,7 +327,8 @@ on_both_backends! {
     }
 }
 
-/// Stops `node` the way a crash leaves things (its leases are not given back).
+/// Stops `node` (a clean stop: a workflow with a child run in flight keeps its lease until it
+/// runs out, as after a crash; any other gives its lease up).
 async fn crash(node: TestNode) {
     node.node.shutdown().await.expect("stop");
 }

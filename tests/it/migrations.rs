@@ -17,6 +17,7 @@ const TABLES: &[&str] = &[
     "users",
     "workflow_artifacts",
     "workflow_controls",
+    "workflow_event_seqs",
     "workflow_events",
     "workflow_slots",
     "workflow_steps",

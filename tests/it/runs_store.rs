@@ -2,6 +2,9 @@
 //! (admission, slots, commit authority, cancellation, approvals, orphans) are the store's
 //! conformance suite (`store/tests/conformance`).
 
+use serde_json::json;
+use store::{Admission, Launch, LaunchLimits, NewRun, NewWorkflow, WorkflowStep};
+
 use crate::harness::{TestDb, on_both_backends};
 
 /// The plan of the read `get` makes of a workflow's runs that asked a person (the statement of
@@ -55,5 +58,73 @@ on_both_backends! {
     async fn the_runs_that_asked_are_read_through_an_index_never_a_scan(db: TestDb) {
         let plan = plan_of_the_runs_that_asked(&db).await;
         assert!(plan.contains("runs_asked_by_workflow"), "{plan}");
+    }
+}
+
+/// On PostgreSQL a slot is a number; the next step's claim tries first the number its own
+/// admission freed (migration 22) instead of probing for a free one: among a thousand numbers the
+/// step takes the one the step before held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_workflows_next_step_takes_the_very_number_its_admission_frees() {
+    let db = TestDb::postgres().await;
+    let store = db.store().await;
+    let client = db.pg_client().await;
+    let workflow = NewWorkflow {
+        workflow_id: "wf".into(),
+        user_id: "ada".into(),
+        request_id: None,
+        fingerprint: "fp".into(),
+        data: json!({}),
+    };
+    let launched = store
+        .launch_workflow(workflow, "node-a", 60_000, LaunchLimits::NONE)
+        .await
+        .expect("launch");
+    let Launch::Created(lease) = launched else {
+        panic!("not created: {launched:?}");
+    };
+    let step = |step_id: &str, journal: Vec<store::WriteOp>| WorkflowStep {
+        workflow_id: "wf".into(),
+        step_id: step_id.to_owned(),
+        attempt: 1,
+        slots_max: 1_000,
+        fence: lease.fence(),
+        journal,
+    };
+    let run = |n: u32, journal: Vec<store::WriteOp>| NewRun {
+        run_id: format!("run-{n}"),
+        thread_id: format!("t-{n}"),
+        agent: "echo".into(),
+        owner: "node-a".into(),
+        lease_ms: 60_000,
+        idempotency: None,
+        metadata: json!({}),
+        step: Some(step(&format!("s{n}"), journal)),
+    };
+    let number = async |step_id: &str| -> i32 {
+        client
+            .query_one(
+                "SELECT slot_no FROM workflow_slots WHERE workflow = 'wf' AND step_id = $1",
+                &[&step_id],
+            )
+            .await
+            .expect("slot")
+            .get(0)
+    };
+    let admitted = |admission: Admission| assert!(matches!(admission, Admission::Admitted(_)));
+    admitted(store.admit_run(run(0, Vec::new())).await.expect("admit"));
+    for n in 1..4 {
+        let before = format!("s{}", n - 1);
+        let held = number(&before).await;
+        let release = store::WriteOp::ReleaseSlot {
+            workflow_id: "wf".into(),
+            step_id: before,
+        };
+        admitted(store.admit_run(run(n, vec![release])).await.expect("admit"));
+        assert_eq!(
+            number(&format!("s{n}")).await,
+            held,
+            "step {n} took another number"
+        );
     }
 }

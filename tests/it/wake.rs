@@ -716,3 +716,50 @@ async fn reins_run_and_get_wait_on_the_server_and_never_poll() {
     );
     assert_eq!(json_of(&waited)["status"], "waiting_approval");
 }
+
+/// A node stopped with SIGTERM gives the leases of the workflows it stops up, after its last
+/// write: another node takes them over at once (the lease is ten minutes, the fallback an hour),
+/// and nothing runs twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_clean_stop_hands_its_workflows_to_another_node_at_once() {
+    let (db, mut a, mut api_a, _b, mut api_b) = two_nodes(&[
+        NO_FALLBACK,
+        ("REINS_LEASE_SECONDS", "600"),
+        ("REINS_RECOVERY", "automatic"),
+    ])
+    .await;
+    let (waiting, _) = launch_waiting(&mut api_a, CHECKPOINT, "30s").await;
+    let waiting = waiting.json();
+    assert_eq!(waiting["status"], "waiting_approval", "{waiting}");
+    let run_id = waiting["run_id"].as_str().expect("run_id").to_owned();
+    let owner_a = waiting["owner"].clone();
+
+    a.signal(libc::SIGTERM);
+    assert!(
+        a.process.wait_exit(Duration::from_secs(10)).is_some(),
+        "A exits after SIGTERM"
+    );
+    let mut taken = Value::Null;
+    eventually(
+        Duration::from_secs(20),
+        "B takes the workflow over",
+        async || {
+            taken = api_b
+                .call("GET", &format!("/api/v1/workflows/{run_id}"), None)
+                .await
+                .json();
+            taken["owner"] != owner_a && taken["status"] == "waiting_approval"
+        },
+    )
+    .await;
+
+    approve(&mut api_b, &taken).await;
+    let (ended, _) = get_waiting(&mut api_b, &run_id, "30s").await;
+    assert_eq!(ended.json()["status"], "completed", "{:?}", ended.json());
+    let runs = db
+        .sql(&format!(
+            "SELECT count(*) FROM runs WHERE workflow = '{run_id}'"
+        ))
+        .await;
+    assert_eq!(runs.as_deref(), Some("1"), "the agent step ran once");
+}

@@ -181,9 +181,9 @@ on_both_backends! {
     }
 }
 
-/// Stops `node` the way a crash leaves things for the others (its leases are not released), and
-/// waits, watching through `survivor`, until the workflow's lease has expired by the database
-/// clock.
+/// Stops `node` (a workflow with a child run in flight keeps its lease, as after a crash; any
+/// other gives it up at the clean stop), and waits, watching through `survivor`, until the
+/// workflow's lease has expired by the database clock.
 /// The owner dies; `heir` recovers a workflow whose step's child run `run_id` has no known end:
 /// the workflow waits for an operator, still with that one run.
 async fn recovery_leaves_the_one_run_to_an_operator(

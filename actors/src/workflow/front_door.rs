@@ -154,9 +154,11 @@ pub enum WorkflowsMsg {
     Live { reply: RpcReplyPort<Vec<String>> },
     /// Stop taking recoveries (manual and automatic): the node is draining.
     Drain,
-    /// Give up one workflow's lease now (operators moving work); answers the released epoch.
+    /// Give up one workflow's lease now (operators moving work, or the node stopping cleanly);
+    /// answers the released epoch.
     Fence {
         workflow_id: String,
+        shutdown: bool,
         reply: RpcReplyPort<Result<i64, Error>>,
     },
     /// Time to look for pending controls of this node's workflows.
@@ -547,10 +549,14 @@ impl Actor for Workflows {
                 tracing::info!("draining: no more recoveries");
                 state.draining = true;
             }
-            WorkflowsMsg::Fence { workflow_id, reply } => match state.live.get(&workflow_id) {
+            WorkflowsMsg::Fence {
+                workflow_id,
+                shutdown,
+                reply,
+            } => match state.live.get(&workflow_id) {
                 // The supervisor answers once it has stopped writing and let the lease go.
                 Some(supervisor) => {
-                    let _ = supervisor.post(WorkflowMsg::GiveUp { reply });
+                    let _ = supervisor.post(WorkflowMsg::GiveUp { shutdown, reply });
                 }
                 None => {
                     let _ = reply.send(Err(Error::NotSupervised { workflow_id }));
@@ -629,15 +635,15 @@ fn listen(
 /// What a committed change means for this node: a control for a workflow it runs wakes that
 /// supervisor; an answer to a child's request wakes the supervisor that waits for it; a freed
 /// slot wakes the oldest steps waiting for one; released leases wake automatic recovery; a
-/// resync does all of it. Controls, status changes and requests for input also wake this
-/// node's event streams of that workflow (their events were written by the same commit); other
-/// event kinds (a step's) are not announced, and a stream on another node than the owner reads
-/// them at its `events.poll_ms`.
+/// resync does all of it. Each of these changes but a freed slot and a released lease also
+/// wakes this node's event streams of its workflow (its events committed with it); a status
+/// change wakes the feed's streams too. On PostgreSQL, an event of a workflow that some stream
+/// watches is announced by itself (`Change::Event`), whichever node wrote it.
 fn changed(myself: &ActorRef<WorkflowsMsg>, state: &mut WorkflowsState, change: Change) {
     let wakes = state.args.store.event_wakes();
     match &change {
         Change::Status(workflow_id) => wakes.committed(workflow_id, true),
-        Change::Control(workflow_id) | Change::Input(workflow_id) => {
+        Change::Control(workflow_id) | Change::Input(workflow_id) | Change::Event(workflow_id) => {
             wakes.committed(workflow_id, false);
         }
         Change::Resync => wakes.resync(),
@@ -660,7 +666,7 @@ fn changed(myself: &ActorRef<WorkflowsMsg>, state: &mut WorkflowsState, change: 
                 let _ = myself.post(WorkflowsMsg::ClaimRecoverable);
             }
         }
-        Change::Status(_) => {}
+        Change::Status(_) | Change::Event(_) => {}
         Change::Resync => {
             let _ = myself.post(WorkflowsMsg::PollControls);
             wake_slot_waiters(state, usize::MAX);
@@ -1492,8 +1498,39 @@ impl WorkflowsHandle {
         .await?
     }
 
-    /// Stops every workflow supervisor of this node and waits for them (node shutdown).
+    /// Stops every workflow supervisor of this node and waits for them (node shutdown). Each
+    /// first gives its lease up after its last write (fenced on its epoch; the release wakes
+    /// automatic recovery on the other nodes), so another node takes the workflow over at once
+    /// instead of when the lease would have run out; one whose child run is in flight keeps it.
     pub(crate) async fn stop_supervisors(&self, timeout: Duration) {
+        let give_up = async {
+            let live = self.live().await.unwrap_or_default();
+            let given_up = futures_util::future::join_all(live.into_iter().map(|workflow_id| {
+                self.call(|reply| WorkflowsMsg::Fence {
+                    workflow_id,
+                    shutdown: true,
+                    reply,
+                })
+            }))
+            .await;
+            for failed in given_up
+                .into_iter()
+                .filter_map(|given| given.and_then(|r| r).err())
+            {
+                // A workflow that ended meanwhile holds nothing, one with a child run in flight
+                // keeps its lease (refused both); any other's lease runs out by itself, as after
+                // a crash.
+                if !matches!(
+                    failed,
+                    Error::NotSupervised { .. } | Error::ChildInFlight { .. }
+                ) {
+                    tracing::warn!(error = %failed, "a workflow's lease was not given up at shutdown");
+                }
+            }
+        };
+        if tokio::time::timeout(timeout, give_up).await.is_err() {
+            tracing::warn!("giving the leases up did not finish within the shutdown timeout");
+        }
         self.actor
             .stop_children_and_wait(Some("shutdown".into()), Some(timeout))
             .await;
@@ -1508,8 +1545,12 @@ impl WorkflowsHandle {
     /// so another node can recover it at once. Answers the epoch that was given up.
     pub async fn fence(&self, workflow_id: &str) -> Result<i64, Error> {
         let workflow_id = workflow_id.to_owned();
-        self.call(|reply| WorkflowsMsg::Fence { workflow_id, reply })
-            .await?
+        self.call(|reply| WorkflowsMsg::Fence {
+            workflow_id,
+            shutdown: false,
+            reply,
+        })
+        .await?
     }
 
     /// The workflows supervised on this node.

@@ -477,8 +477,9 @@ pub(crate) enum Event {
     CheckChildren,
     /// The lease actor reports the lease refused or lost.
     LeaseLost,
-    /// An operator's `fence`: stop now (the actor gives the lease up).
-    GiveUp,
+    /// An operator's `fence`, or the node's clean stop (`shutdown`): stop now (the actor gives
+    /// the lease up).
+    GiveUp { shutdown: bool },
     /// Resume work the machine put off ([`Effect::Then`]).
     Then(Then),
 }
@@ -758,10 +759,14 @@ impl WorkflowMachine {
                 tracing::warn!(parent: &self.span, "lease lost: fenced");
                 self.halt(&mut out, true);
             }
-            Event::GiveUp => {
+            Event::GiveUp { shutdown } => {
                 // Between two events nothing is being written: stop first, so nothing more is,
                 // then the actor lets the lease go so another node can take the workflow at once.
-                tracing::warn!(parent: &self.span, "fenced by an operator: giving up the lease");
+                if shutdown {
+                    tracing::info!(parent: &self.span, "the node stops: giving up the lease");
+                } else {
+                    tracing::warn!(parent: &self.span, "fenced by an operator: giving up the lease");
+                }
                 self.halt(&mut out, false);
             }
             Event::Then(Then::Controls { controls, wanted }) => {
@@ -770,6 +775,17 @@ impl WorkflowMachine {
             Event::Then(Then::CaptureConcluded) => self.capturing = false,
         }
         out
+    }
+
+    /// Whether the workflow may give its lease up at the node's clean stop, for another node to
+    /// take it over at once: not while a child run of it is in flight, since that run stops
+    /// with the node while its own lease holds, and a new owner would have to take it for an
+    /// orphan. Such a workflow is recovered when the leases run out, as after a crash.
+    pub(crate) fn may_hand_over(&self) -> bool {
+        !self
+            .waiting
+            .values()
+            .any(|(waiting, _)| matches!(waiting, Waiting::Child(_)))
     }
 
     fn attempt(&self, seq: u32) -> i32 {

@@ -58,8 +58,10 @@ pub(crate) enum WorkflowMsg {
     InputChanged,
     /// Look for controls (the node's poller found some pending for this workflow).
     Poll,
-    /// Stop and give the lease up now (an operator's `fence`); answers the epoch given up.
+    /// Stop and give the lease up now (an operator's `fence`, or the node's clean stop);
+    /// answers the epoch given up.
     GiveUp {
+        shutdown: bool,
         reply: ractor::RpcReplyPort<Result<i64, Error>>,
     },
 }
@@ -493,8 +495,13 @@ impl Actor for WorkflowSupervisor {
             WorkflowMsg::SlotFreed => state.run(&myself, Event::SlotFreed).await,
             WorkflowMsg::InputChanged => state.run(&myself, Event::InputChanged).await,
             WorkflowMsg::Poll => state.run(&myself, Event::Poll).await,
-            WorkflowMsg::GiveUp { reply } => {
-                state.run(&myself, Event::GiveUp).await;
+            WorkflowMsg::GiveUp { shutdown, reply } => {
+                if shutdown && !state.machine.may_hand_over() {
+                    let workflow_id = state.io.workflow_id.clone();
+                    let _ = reply.send(Err(Error::ChildInFlight { workflow_id }));
+                    return Ok(());
+                }
+                state.run(&myself, Event::GiveUp { shutdown }).await;
                 let released = state.io.store.release_lease(&state.io.fence).await;
                 let _ = reply.send(released.map(|_| state.io.fence.epoch).map_err(Error::from));
             }

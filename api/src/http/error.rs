@@ -141,6 +141,7 @@ impl From<actors::Error> for ApiError {
             | actors::Error::TakeoverRefused { .. }
             | actors::Error::Supervised { .. }
             | actors::Error::NotSupervised { .. }
+            | actors::Error::ChildInFlight { .. }
             | actors::Error::LimitReached { .. } => ApiError::refused(message),
             // A recover that raced the HTTP layer's own check: the same answer as that check.
             actors::Error::Draining => ApiError::draining(),

@@ -7,7 +7,9 @@
 //! connection through a buffer of `events.stream_buffer_bytes_max` bytes: a client that leaves
 //! it full for `events.stream_stall_ms` is disconnected, so a stream never holds more than that
 //! for anyone. It reads again when [`actors::events::EventWakes`] wakes it (a commit of this
-//! node) or every `events.poll_ms` (commits elsewhere), and sends a keep-alive comment every
+//! node, or one of another node that the change bus announced: a workflow stream watches its
+//! workflow, so that on PostgreSQL each of its events is announced) or every `events.poll_ms`
+//! (the fallback for an announcement lost), and sends a keep-alive comment every
 //! `events.keepalive_ms`. At most `events.streams_max` streams run on a node (503 beyond); they
 //! end when the node stops serving.
 
@@ -327,6 +329,9 @@ async fn follow_workflow(
     mut after: i64,
 ) -> Result<(), Stop> {
     let mut wake = follow.wakes.workflow(run_id);
+    // Watched before the first read: whatever commits after it is announced to this node.
+    watch(follow, run_id).await;
+    let mut rewatch = every(WATCH_MS / 3);
     let mut poll = every(follow.config.poll_ms);
     let mut keepalive = every(follow.config.keepalive_ms);
     loop {
@@ -360,20 +365,38 @@ async fn follow_workflow(
                 break;
             }
         }
-        tokio::select! {
-            () = wake.changed() => {}
-            _ = poll.tick() => {}
-            _ = keepalive.tick() => {
-                match follow.caller().await {
-                    Caller::Is(user) if user.id == owner || user.sees_every_workflow() => {}
-                    Caller::Unchecked => {}
-                    Caller::Is(_) | Caller::Gone => return Ok(()),
+        // Until something may have committed: renewing the watch or keeping the connection
+        // alive reads nothing.
+        loop {
+            tokio::select! {
+                () = wake.changed() => break,
+                _ = poll.tick() => break,
+                _ = rewatch.tick() => watch(follow, run_id).await,
+                _ = keepalive.tick() => {
+                    match follow.caller().await {
+                        Caller::Is(user) if user.id == owner || user.sees_every_workflow() => {}
+                        Caller::Unchecked => {}
+                        Caller::Is(_) | Caller::Gone => return Ok(()),
+                    }
+                    sender.send(Bytes::from_static(b": keep-alive\n\n")).await?;
                 }
-                sender.send(Bytes::from_static(b": keep-alive\n\n")).await?;
+                () = stop.cancelled() => return Ok(()),
+                () = sender.frames.closed() => return Ok(()),
             }
-            () = stop.cancelled() => return Ok(()),
-            () = sender.frames.closed() => return Ok(()),
         }
+    }
+}
+
+/// How long a stream's watch of its workflow's events lasts in the database
+/// ([`store::Store::watch_events`]); the stream renews it every third of that while it runs, and
+/// one that ends leaves it to lapse.
+const WATCH_MS: u64 = 60_000;
+
+/// Tells the database this stream watches `run_id`'s events. Should that fail, the fallback read
+/// (`events.poll_ms`) still finds what other nodes commit.
+async fn watch(follow: &Follow, run_id: &str) {
+    if let Err(error) = follow.store.watch_events(run_id, WATCH_MS).await {
+        tracing::debug!(%error, run_id, "watching a workflow's events failed");
     }
 }
 

@@ -224,7 +224,7 @@ async fn dispatch(mut changes: broadcast::Receiver<Change>, registry: Arc<Mutex<
                     sender.send_modify(|version| *version = version.wrapping_add(1));
                 }
             }
-            Change::Control(_) | Change::SlotFreed | Change::Recoverable => {}
+            Change::Control(_) | Change::SlotFreed | Change::Recoverable | Change::Event(_) => {}
         }
     }
 }

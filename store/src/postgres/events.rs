@@ -3,6 +3,7 @@
 use tokio_postgres::Row;
 
 use super::PgStore;
+use crate::lease::ttl_seconds;
 use crate::{EventPage, EventRow, Result};
 
 fn event(row: &Row, first: usize) -> EventRow {
@@ -26,8 +27,9 @@ impl PgStore {
         // One statement, so the status and the events are of one snapshot.
         let statement = client
             .prepare_cached(
-                "SELECT w.status, w.event_seq, e.workflow, e.seq, e.kind, e.data, e.created_at
+                "SELECT w.status, n.seq, e.workflow, e.seq, e.kind, e.data, e.created_at
                    FROM workflows w
+                   JOIN workflow_event_seqs n ON n.workflow = w.id
                    LEFT JOIN LATERAL (SELECT * FROM workflow_events
                                        WHERE workflow = w.id AND seq > $2
                                        ORDER BY seq LIMIT $3) e ON true
@@ -50,6 +52,22 @@ impl PgStore {
                 .map(|row| event(row, 2))
                 .collect(),
         }))
+    }
+
+    /// Moves the watch forward only: two streams of one workflow keep the later of the two.
+    pub(crate) async fn watch_events(&self, workflow_id: &str, watch_ms: u64) -> Result<()> {
+        let client = self.pool.get().await?;
+        let statement = client
+            .prepare_cached(
+                "UPDATE workflow_event_seqs
+                    SET watched_until = GREATEST(watched_until, reins_now() + $2)
+                  WHERE workflow = $1",
+            )
+            .await?;
+        client
+            .execute(&statement, &[&workflow_id, &ttl_seconds(watch_ms)])
+            .await?;
+        Ok(())
     }
 
     pub(crate) async fn read_feed(

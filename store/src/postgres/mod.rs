@@ -535,10 +535,12 @@ pub(super) fn op_sql(op: &WriteOp) -> &'static str {
               WHERE workflow = $4 AND status IN ('pending', 'running', 'waiting_for_input')
                 AND cancel_action IS NULL AND EXISTS (SELECT 1 FROM fence)"
         }
+        // The number freed is left to a slot claim later in the same transaction (migration 22).
         WriteOp::ReleaseSlot { .. } => {
             "WITH fence AS (SELECT reins_fence($1, $2, $3))
              DELETE FROM workflow_slots
-              WHERE workflow = $4 AND step_id = $5 AND EXISTS (SELECT 1 FROM fence)"
+              WHERE workflow = $4 AND step_id = $5 AND EXISTS (SELECT 1 FROM fence)
+             RETURNING set_config('reins.freed_slot', coalesce(slot_no::text, ''), true)"
         }
         WriteOp::TakePlaces { .. } => {
             "WITH fence AS (SELECT reins_fence($1, $2, $3)),

@@ -160,19 +160,22 @@ async fn admit_pipelined(client: &Object, run: &NewRun) -> Result<Admission> {
     ];
     // Every future is polled once, in this order, before any answer is awaited: the whole
     // transaction goes in one round trip. The fence comes first and holds the lease row until the
-    // commit; the slot is claimed after the insert, so its lock is held only for the server's
-    // work and the commit.
-    let (begun, fenced, inserted, claimed, journaled, committed) = tokio::join!(
+    // commit. The slot is claimed last: after the journal, which releases the slot of the
+    // workflow's step before (its outcome's `ReleaseSlot` is carried here), so a workflow going
+    // from one step to the next keeps its place under `slots_max` (claimed first, that slot still
+    // counted: with as many workflows as slots, every other admission was refused and queued);
+    // and the claim's lock is held only for the server's work and the commit.
+    let (begun, fenced, inserted, journaled, claimed, committed) = tokio::join!(
         client.batch_execute("BEGIN"),
         client.execute(&fence, &fence_params),
         client.query_one(&insert, &insert_params),
-        client.execute(&claim, &claim_params),
         futures_util::future::join_all(
             journal
                 .iter()
                 .zip(&journal_params)
                 .map(|(statement, params)| client.execute(statement, params)),
         ),
+        client.execute(&claim, &claim_params),
         client.batch_execute("COMMIT"),
     );
     if let Err(e) = begun {
@@ -182,17 +185,17 @@ async fn admit_pipelined(client: &Object, run: &NewRun) -> Result<Admission> {
     // A refused insert (the thread's one active run, a repeated key): the caller looks for the
     // key's run.
     let inserted = inserted.map_err(|e| fenced_error(&step.fence, e))?;
+    if let Some(e) = journaled.into_iter().find_map(|r| r.err()) {
+        return Err(fenced_error(&step.fence, e));
+    }
     match claimed {
-        // Every slot is taken: the pipelined COMMIT rolled the insert back.
+        // Every slot is taken: the pipelined COMMIT rolled the insert and the journal back.
         Err(error) if error.code().is_some_and(|c| c.code() == "RS001") => {
             return Ok(Admission::Queued);
         }
         claimed => {
             claimed.map_err(|e| fenced_error(&step.fence, e))?;
         }
-    }
-    if let Some(e) = journaled.into_iter().find_map(|r| r.err()) {
-        return Err(fenced_error(&step.fence, e));
     }
     committed.map_err(commit_error)?;
     Ok(Admission::Admitted(decode(&inserted)?))

@@ -803,4 +803,8 @@ impl crate::Events for SimStore {
     async fn feed_head(&self) -> Result<i64> {
         self.read(|state, _| Ok(state.feed_seq))
     }
+
+    async fn watch_events(&self, _workflow_id: &str, _watch_ms: u64) -> Result<()> {
+        Ok(())
+    }
 }

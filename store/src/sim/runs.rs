@@ -7,7 +7,7 @@ use crate::lease::ttl_seconds;
 use crate::runs::{answered, pending_answer, pending_request_id, replay, status_after_answer};
 use crate::{
     Admission, ApprovalAnswer, CancelAction, Error, NewRun, Result, RunOutcome, RunRenewal, RunRow,
-    RunStatus, SlotRow,
+    RunStatus, SlotRow, WriteOp,
 };
 
 /// The change a durable cancel request makes to a live run: the first action asked for stands,
@@ -45,7 +45,23 @@ impl State {
                 .slots
                 .contains_key(&(step.workflow_id.clone(), step.step_id.clone()));
             if !held {
-                if u64::try_from(self.slots.len()).unwrap_or(u64::MAX) >= step.slots_max {
+                // The slots the carried journal gives back are free for this step (the real
+                // stores apply the journal before they claim).
+                let released = step
+                    .journal
+                    .iter()
+                    .filter(|op| match op {
+                        WriteOp::ReleaseSlot {
+                            workflow_id,
+                            step_id,
+                        } => self
+                            .slots
+                            .contains_key(&(workflow_id.clone(), step_id.clone())),
+                        _ => false,
+                    })
+                    .count();
+                let taken = self.slots.len().saturating_sub(released);
+                if u64::try_from(taken).unwrap_or(u64::MAX) >= step.slots_max {
                     return Ok(Admission::Queued);
                 }
                 self.exists(&step.workflow_id)?;

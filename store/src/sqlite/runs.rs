@@ -10,6 +10,7 @@ use crate::runs::{
     Admission, ApprovalAnswer, CancelAction, NewRun, RunOutcome, RunRenewal, RunRow, RunStatus,
     answered, pending_answer, pending_request_id, replay, run_columns, status_after_answer,
 };
+use crate::write::WriteOp;
 use crate::{Error, Result};
 
 fn run_row(row: &Row<'_>) -> rusqlite::Result<RawRun> {
@@ -169,6 +170,40 @@ impl Ready {
     }
 }
 
+/// Slots held now that `journal` releases when it is applied, below, in the admission's own
+/// transaction (the outcome of the workflow's step before carries its `ReleaseSlot`): they count
+/// as free, or a workflow going from one step to the next would be refused the place it holds
+/// (with as many workflows as slots, every other admission was refused and queued).
+fn released_by(connection: &Connection, journal: &[Encoded]) -> Result<i64> {
+    let mut steps = std::collections::BTreeSet::new();
+    for encoded in journal {
+        match &encoded.op {
+            WriteOp::ReleaseSlot {
+                workflow_id,
+                step_id,
+            } => {
+                steps.insert((workflow_id, step_id));
+            }
+            // Every slot of the workflow: nothing else of the journal can release more.
+            WriteOp::ReleaseSlots { workflow_id } => {
+                return Ok(connection
+                    .prepare_cached("SELECT count(*) FROM workflow_slots WHERE workflow = ?1")?
+                    .query_row(params![workflow_id], |row| row.get(0))?);
+            }
+            _ => {}
+        }
+    }
+    let mut released = 0;
+    for (workflow_id, step_id) in steps {
+        released += connection
+            .prepare_cached(
+                "SELECT count(*) FROM workflow_slots WHERE workflow = ?1 AND step_id = ?2",
+            )?
+            .query_row(params![workflow_id, step_id], |row| row.get::<_, i64>(0))?;
+    }
+    Ok(released)
+}
+
 fn admit(connection: &Connection, ready: &Ready) -> Result<Admission> {
     let run = &ready.run;
     if let Some(step) = &run.step {
@@ -195,6 +230,7 @@ fn admit(connection: &Connection, ready: &Ready) -> Result<Admission> {
             let taken: i64 = connection
                 .prepare_cached("SELECT count(*) FROM workflow_slots")?
                 .query_row([], |row| row.get(0))?;
+            let taken = taken - released_by(connection, &ready.journal)?;
             if u64::try_from(taken).unwrap_or(u64::MAX) >= step.slots_max {
                 return Ok(Admission::Queued);
             }

@@ -105,6 +105,34 @@ conformance! {
 }
 
 conformance! {
+    /// A step's admission carries the release of the slot of the workflow's step before: that
+    /// slot is free for it. Claimed before the release was applied, it was still counted, and
+    /// with as many workflows as slots every other admission was refused and queued.
+    async fn a_workflows_next_step_takes_the_slot_its_admission_releases(db) {
+        let store = db.store().await;
+        let lease = workflow(&*store, "wf", "node-a", 60_000).await;
+        let step = |step_id: &str, journal: Vec<store::WriteOp>| WorkflowStep {
+            workflow_id: "wf".into(),
+            step_id: step_id.to_owned(),
+            attempt: 1,
+            slots_max: 1,
+            fence: lease.fence(),
+            journal,
+        };
+        let first = NewRun { step: Some(step("s1", Vec::new())), ..new_run("run-1", "t-1", "node-a") };
+        admitted(&*store, first).await;
+        let release = store::WriteOp::ReleaseSlot { workflow_id: "wf".into(), step_id: "s1".into() };
+        let next = NewRun { step: Some(step("s2", vec![release])), ..new_run("run-2", "t-2", "node-a") };
+        admitted(&*store, next).await;
+        assert_eq!(store.count_slots().await.expect("slots"), 1);
+        // Without a release the only slot is still taken.
+        let third = NewRun { step: Some(step("s3", Vec::new())), ..new_run("run-3", "t-3", "node-a") };
+        assert_eq!(store.admit_run(third).await.expect("admit"), Admission::Queued);
+        assert_eq!(store.count_slots().await.expect("slots"), 1);
+    }
+}
+
+conformance! {
     async fn a_step_without_a_free_slot_is_queued_and_a_stale_fence_admits_nothing(db) {
         let store = db.store().await;
         let lease = workflow(&*store, "wf", "node-a", 60_000).await;

@@ -1,0 +1,4 @@
+-- Migration 21 of PostgreSQL moves the event counter off the workflow's row and notifies the
+-- streams of other nodes of every event of a watched workflow. SQLite has one node, whose
+-- store handle wakes its streams after each of its writes, and a workflow row that is cheap to
+-- update in place: nothing changes here.

@@ -1,0 +1,2 @@
+-- Migration 22 of PostgreSQL makes a slot claim try first the number its own transaction
+-- freed. SQLite's slots carry no numbers: nothing changes here.
