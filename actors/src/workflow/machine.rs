@@ -780,12 +780,13 @@ impl WorkflowMachine {
     /// Whether the workflow may give its lease up at the node's clean stop, for another node to
     /// take it over at once: not while a child run of it is in flight, since that run stops
     /// with the node while its own lease holds, and a new owner would have to take it for an
-    /// orphan. Such a workflow is recovered when the leases run out, as after a crash.
+    /// orphan; nor while a call waits for its slot, whose admission may be starting such a run
+    /// right now. Such a workflow is recovered when the leases run out, as after a crash.
     pub(crate) fn may_hand_over(&self) -> bool {
         !self
             .waiting
             .values()
-            .any(|(waiting, _)| matches!(waiting, Waiting::Child(_)))
+            .any(|(waiting, _)| matches!(waiting, Waiting::Child(_) | Waiting::Slot))
     }
 
     fn attempt(&self, seq: u32) -> i32 {
@@ -2376,6 +2377,24 @@ mod tests {
             assert_eq!(parsed.as_str(), status);
         }
         assert_eq!(StepStatus::parse("done"), None);
+    }
+
+    #[test]
+    fn a_workflow_hands_itself_over_at_a_clean_stop_only_with_no_child_in_flight() {
+        let mut m = machine(Start::Fresh);
+        drive(&mut m, Event::Begin);
+        assert!(m.may_hand_over(), "nothing in flight yet");
+        drive(&mut m, activation(vec![agent(0, "a")], Status::Waiting));
+        assert!(!m.may_hand_over(), "its admission is in flight");
+        let started = Admission::Started(run_row("run-new", RunStatus::Running));
+        drive(
+            &mut m,
+            Event::Admission {
+                id: CallId(0),
+                result: started,
+            },
+        );
+        assert!(!m.may_hand_over(), "its child run is in flight");
     }
 
     #[test]
