@@ -1,10 +1,13 @@
 //! Store faults for tests: a [`StoreFaults`] installed on a node makes chosen store calls hold
 //! before they reach the database, hold or lose their answer after they committed, or fail. This
 //! is how the races of terminal commit authority are made deterministic instead of timing luck.
+//! Rules name an [`Operation`] (by its method's name, checked when the rule is added); each call
+//! of the store handle names its operation, so matching is a comparison, not a lookup.
 //! Production nodes install none, and then nothing here runs.
 
 use std::sync::{Arc, Mutex};
 
+use store::Operation;
 use tokio::sync::Notify;
 
 /// What to do to a matching store call.
@@ -28,7 +31,7 @@ pub enum FaultAction {
 
 #[derive(Clone)]
 struct Rule {
-    call: &'static str,
+    call: Operation,
     /// Only calls about this run (or other key); `None` matches every call of that name.
     key: Option<String>,
     action: FaultAction,
@@ -49,17 +52,30 @@ impl std::fmt::Debug for StoreFaults {
 }
 
 impl StoreFaults {
-    /// Applies `action` to the next `times` calls named `call` (the `StoreHandle` method name).
-    pub fn add(&self, call: &'static str, action: FaultAction, times: usize) {
+    /// Applies `action` to the next `times` calls of the operation named `call` (the store
+    /// method's name, [`Operation::name`]).
+    ///
+    /// # Panics
+    ///
+    /// When `call` names no store operation: a fault that could never fire is the test's
+    /// mistake, better told at once than found as a test that proves nothing.
+    pub fn add(&self, call: &str, action: FaultAction, times: usize) {
         self.push(call, None, action, times);
     }
 
     /// Like [`StoreFaults::add`], for calls about `key` only (a run id).
-    pub fn add_for(&self, call: &'static str, key: &str, action: FaultAction, times: usize) {
+    ///
+    /// # Panics
+    ///
+    /// As [`StoreFaults::add`].
+    pub fn add_for(&self, call: &str, key: &str, action: FaultAction, times: usize) {
         self.push(call, Some(key.to_owned()), action, times);
     }
 
-    fn push(&self, call: &'static str, key: Option<String>, action: FaultAction, times: usize) {
+    fn push(&self, call: &str, key: Option<String>, action: FaultAction, times: usize) {
+        let Some(call) = Operation::parse(call) else {
+            panic!("no store operation is named {call:?}");
+        };
         if let Ok(mut rules) = self.rules.lock() {
             rules.push(Rule {
                 call,
@@ -77,7 +93,7 @@ impl StoreFaults {
         }
     }
 
-    pub(crate) fn take(&self, call: &str, key: Option<&str>) -> Option<FaultAction> {
+    pub(crate) fn take(&self, call: Operation, key: Option<&str>) -> Option<FaultAction> {
         let mut rules = self.rules.lock().ok()?;
         let index = rules.iter().position(|rule| {
             rule.call == call

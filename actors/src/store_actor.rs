@@ -1,8 +1,13 @@
 //! The store actor: the front door to the database for every actor. It never runs a query in its
-//! own handler: each request becomes a task bounded by a semaphore (`store_requests_max` in
-//! flight), so independent requests proceed in parallel on the store's pool and a slow query never
-//! holds up the mailbox.
+//! own handler: each request is a job over the store ([`StoreMsg`]) that becomes a task bounded by
+//! a semaphore (`store_requests_max` in flight), so independent requests proceed in parallel on the
+//! store's pool and a slow query never holds up the mailbox. There is one message for every
+//! operation: a job calls the store's typed method and answers its own caller. [`StoreHandle`]
+//! is the typed API the actors use; each of its methods names its [`Operation`] (test faults and
+//! whether an unanswered call may have written come from it) and the call it makes.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -13,177 +18,21 @@ use serde::Serialize;
 use store::{
     Admission, ApprovalAnswer, ArtifactRow, Backend, CancelAction, ControlRow, ControlWrite,
     EventPage, EventRow, Fence, Launch, LaunchLimits, Lease, NewControl, NewRun, NewToken, NewUser,
-    NewWorkflow, NodeRecord, RunOutcome, RunRenewal, RunRow, RunStatus, SlotRow, StatusCount,
-    StepRow, Store, TakeOver, TokenRow, UserChange, UserChanged, UserDeletion, UserRow,
-    WorkflowRow, WriteOp,
+    NewWorkflow, NodeRecord, Operation, RunOutcome, RunRenewal, RunRow, RunStatus, SlotRow,
+    StatusCount, StepRow, Store, TakeOver, TokenRow, UserChange, UserChanged, UserDeletion,
+    UserRow, WorkflowRow, WriteOp,
 };
+use tokio::sync::Semaphore;
 
 use crate::events::EventWakes;
 use crate::faults::{FaultAction, StoreFaults};
 use crate::metrics::Metrics;
-use tokio::sync::Semaphore;
 
-/// Requests the store actor serves, each with its reply port.
-pub enum StoreMsg {
-    /// Users, sessions and API tokens (the control plane's identities).
-    Users(UsersRequest),
-    /// Counts and lists for operators and metrics.
-    Operators(OperatorsRequest),
-    /// Workflow events and the feed.
-    Events(EventsRequest),
-    AcquireLease {
-        resource_id: String,
-        owner: String,
-        lease_ms: u64,
-        reply: RpcReplyPort<store::Result<Option<Lease>>>,
-    },
-    RenewLease {
-        fence: Fence,
-        lease_ms: u64,
-        reply: RpcReplyPort<store::Result<(Lease, f64)>>,
-    },
-    ReleaseLease {
-        fence: Fence,
-        reply: RpcReplyPort<store::Result<bool>>,
-    },
-    ReadLease {
-        resource_id: String,
-        reply: RpcReplyPort<store::Result<Option<Lease>>>,
-    },
-    CreateWorkflow {
-        workflow: NewWorkflow,
-        owner: String,
-        lease_ms: u64,
-        reply: RpcReplyPort<store::Result<Lease>>,
-    },
-    FencedWrite {
-        fence: Fence,
-        ops: Vec<WriteOp>,
-        reply: RpcReplyPort<store::Result<()>>,
-    },
-    ReadWorkflow {
-        workflow_id: String,
-        reply: RpcReplyPort<store::Result<Option<WorkflowRow>>>,
-    },
-    ReadSteps {
-        workflow_id: String,
-        reply: RpcReplyPort<store::Result<Vec<StepRow>>>,
-    },
-    Health {
-        reply: RpcReplyPort<store::Result<StoreHealth>>,
-    },
-    WriteProbe {
-        reply: RpcReplyPort<store::Result<()>>,
-    },
-    Now {
-        reply: RpcReplyPort<store::Result<f64>>,
-    },
-    RegisterNode {
-        node: NodeRecord,
-        reply: RpcReplyPort<store::Result<()>>,
-    },
-    MarkNodeStopped {
-        worker_id: String,
-        reply: RpcReplyPort<store::Result<()>>,
-    },
-    LaunchWorkflow {
-        workflow: NewWorkflow,
-        owner: String,
-        lease_ms: u64,
-        limits: LaunchLimits,
-        reply: RpcReplyPort<store::Result<Launch>>,
-    },
-    TakeOverWorkflow {
-        workflow_id: String,
-        owner: String,
-        lease_ms: u64,
-        versions: store::Versions,
-        purpose: store::Purpose,
-        reply: RpcReplyPort<store::Result<TakeOver>>,
-    },
-    RecoverableWorkflows {
-        limit: u32,
-        versions: store::Versions,
-        reply: RpcReplyPort<store::Result<Vec<store::Orphaned>>>,
-    },
-    PendingControls {
-        owner: String,
-        reply: RpcReplyPort<store::Result<Vec<String>>>,
-    },
-    DeleteWorkflow {
-        workflow_id: String,
-        reply: RpcReplyPort<store::Result<store::Deletion>>,
-    },
-    ListWorkflows {
-        filter: store::ListFilter,
-        reply: RpcReplyPort<store::Result<Vec<store::ListedWorkflow>>>,
-    },
-    ReadArtifact {
-        workflow_id: String,
-        version: i64,
-        reply: RpcReplyPort<store::Result<Option<ArtifactRow>>>,
-    },
-    LastArtifactVersion {
-        workflow_id: String,
-        reply: RpcReplyPort<store::Result<i64>>,
-    },
-    PutControl {
-        control: NewControl,
-        reply: RpcReplyPort<store::Result<ControlWrite>>,
-    },
-    ReadControls {
-        workflow_id: String,
-        reply: RpcReplyPort<store::Result<Vec<ControlRow>>>,
-    },
-    AdmitRun {
-        run: NewRun,
-        reply: RpcReplyPort<store::Result<Admission>>,
-    },
-    ReadRun {
-        run_id: String,
-        reply: RpcReplyPort<store::Result<Option<RunRow>>>,
-    },
-    RenewRunLease {
-        run_id: String,
-        owner: String,
-        lease_ms: u64,
-        reply: RpcReplyPort<store::Result<Result<RunRenewal, Option<RunRow>>>>,
-    },
-    RequestRunCancel {
-        run_id: String,
-        action: CancelAction,
-        reply: RpcReplyPort<store::Result<Option<CancelAction>>>,
-    },
-    UpdateRunStatus {
-        run_id: String,
-        owner: String,
-        status: RunStatus,
-        metadata: Option<serde_json::Value>,
-        reply: RpcReplyPort<store::Result<bool>>,
-    },
-    FinalizeRun {
-        run_id: String,
-        owner: String,
-        outcome: RunOutcome,
-        require_not_cancelled: bool,
-        reply: RpcReplyPort<store::Result<bool>>,
-    },
-    AnswerApproval {
-        thread_id: String,
-        request_ids: Vec<String>,
-        answer: serde_json::Value,
-        reply: RpcReplyPort<store::Result<Option<ApprovalAnswer>>>,
-    },
-    RestoreApproval {
-        answer: ApprovalAnswer,
-        reply: RpcReplyPort<store::Result<bool>>,
-    },
-    ClaimOrphanRuns {
-        claimer: String,
-        limit: u32,
-        reply: RpcReplyPort<store::Result<Vec<String>>>,
-    },
-}
+/// The work of one request: a call on the store that sends its own answer.
+type Job = Box<dyn FnOnce(Arc<Store>) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send>;
+
+/// A request the store actor serves: one job over the store, whatever the operation.
+pub struct StoreMsg(Job);
 
 /// What readiness needs to know about the database.
 #[derive(Debug, Clone, Serialize)]
@@ -240,13 +89,12 @@ impl Actor for StoreActor {
     async fn handle(
         &self,
         myself: ActorRef<Self::Msg>,
-        message: StoreMsg,
+        StoreMsg(job): StoreMsg,
         state: &mut StoreState,
     ) -> Result<(), ActorProcessingErr> {
         let _turn = crate::mailbox::turn(&myself);
         // Waiting for a permit here is the back-pressure: the mailbox holds what cannot run yet.
         let permit = Arc::clone(&state.in_flight).acquire_owned().await?;
-        let store = Arc::clone(&state.store);
         let metrics = Arc::clone(&state.metrics);
         metrics
             .store_requests_waiting
@@ -254,215 +102,15 @@ impl Actor for StoreActor {
         metrics
             .store_requests_running
             .fetch_add(1, Ordering::Relaxed);
+        let work = job(Arc::clone(&state.store));
         tokio::spawn(async move {
-            serve(&store, message).await;
+            work.await;
             metrics
                 .store_requests_running
                 .fetch_sub(1, Ordering::Relaxed);
             drop(permit);
         });
         Ok(())
-    }
-}
-
-/// Runs one request against the store and answers it. A caller that gave up has dropped its port;
-/// its answer is then discarded.
-async fn serve(store: &Store, message: StoreMsg) {
-    match message {
-        StoreMsg::Users(request) => serve_users(store, request).await,
-        StoreMsg::Operators(request) => serve_operators(store, request).await,
-        StoreMsg::Events(request) => serve_events(store, request).await,
-        StoreMsg::AcquireLease {
-            resource_id,
-            owner,
-            lease_ms,
-            reply,
-        } => {
-            let _ = reply.send(store.acquire_lease(&resource_id, &owner, lease_ms).await);
-        }
-        StoreMsg::RenewLease {
-            fence,
-            lease_ms,
-            reply,
-        } => {
-            let _ = reply.send(store.renew_lease(&fence, lease_ms).await);
-        }
-        StoreMsg::ReleaseLease { fence, reply } => {
-            let _ = reply.send(store.release_lease(&fence).await);
-        }
-        StoreMsg::ReadLease { resource_id, reply } => {
-            let _ = reply.send(store.read_lease(&resource_id).await);
-        }
-        StoreMsg::CreateWorkflow {
-            workflow,
-            owner,
-            lease_ms,
-            reply,
-        } => {
-            let _ = reply.send(store.create_workflow(workflow, &owner, lease_ms).await);
-        }
-        StoreMsg::FencedWrite { fence, ops, reply } => {
-            let _ = reply.send(store.fenced_write(&fence, ops).await);
-        }
-        StoreMsg::ReadWorkflow { workflow_id, reply } => {
-            let _ = reply.send(store.read_workflow(&workflow_id).await);
-        }
-        StoreMsg::ReadSteps { workflow_id, reply } => {
-            let _ = reply.send(store.read_steps(&workflow_id).await);
-        }
-        StoreMsg::Health { reply } => {
-            let health = store
-                .schema_version()
-                .await
-                .map(|schema_version| StoreHealth {
-                    backend: store.backend(),
-                    schema_version,
-                    schema_current: schema_version == store::SCHEMA_VERSION,
-                    pool: store.pool_status(),
-                    disk_full: false,
-                });
-            let _ = reply.send(health);
-        }
-        StoreMsg::WriteProbe { reply } => {
-            let _ = reply.send(store.write_probe().await);
-        }
-        StoreMsg::Now { reply } => {
-            let _ = reply.send(store.now().await);
-        }
-        StoreMsg::RegisterNode { node, reply } => {
-            let _ = reply.send(store.register_node(&node).await);
-        }
-        StoreMsg::MarkNodeStopped { worker_id, reply } => {
-            let _ = reply.send(store.mark_node_stopped(&worker_id).await);
-        }
-        StoreMsg::LaunchWorkflow {
-            workflow,
-            owner,
-            lease_ms,
-            limits,
-            reply,
-        } => {
-            let _ = reply.send(
-                store
-                    .launch_workflow(workflow, &owner, lease_ms, limits)
-                    .await,
-            );
-        }
-        StoreMsg::TakeOverWorkflow {
-            workflow_id,
-            owner,
-            lease_ms,
-            versions,
-            purpose,
-            reply,
-        } => {
-            let _ = reply.send(
-                store
-                    .take_over_workflow(&workflow_id, &owner, lease_ms, &versions, purpose)
-                    .await,
-            );
-        }
-        StoreMsg::RecoverableWorkflows {
-            limit,
-            versions,
-            reply,
-        } => {
-            let _ = reply.send(store.recoverable_workflows(limit, &versions).await);
-        }
-        StoreMsg::PendingControls { owner, reply } => {
-            let _ = reply.send(store.workflows_with_pending_controls(&owner).await);
-        }
-        StoreMsg::DeleteWorkflow { workflow_id, reply } => {
-            let _ = reply.send(store.delete_workflow(&workflow_id).await);
-        }
-        StoreMsg::ListWorkflows { filter, reply } => {
-            let _ = reply.send(store.list_workflows(filter).await);
-        }
-        StoreMsg::ReadArtifact {
-            workflow_id,
-            version,
-            reply,
-        } => {
-            let _ = reply.send(store.read_artifact(&workflow_id, version).await);
-        }
-        StoreMsg::LastArtifactVersion { workflow_id, reply } => {
-            let _ = reply.send(store.last_artifact_version(&workflow_id).await);
-        }
-        StoreMsg::PutControl { control, reply } => {
-            let _ = reply.send(store.put_control(control).await);
-        }
-        StoreMsg::ReadControls { workflow_id, reply } => {
-            let _ = reply.send(store.read_controls(&workflow_id).await);
-        }
-        StoreMsg::AdmitRun { run, reply } => {
-            let _ = reply.send(store.admit_run(run).await);
-        }
-        StoreMsg::ReadRun { run_id, reply } => {
-            let _ = reply.send(store.read_run(&run_id).await);
-        }
-        StoreMsg::RenewRunLease {
-            run_id,
-            owner,
-            lease_ms,
-            reply,
-        } => {
-            let _ = reply.send(store.renew_run_lease(&run_id, &owner, lease_ms).await);
-        }
-        StoreMsg::RequestRunCancel {
-            run_id,
-            action,
-            reply,
-        } => {
-            let _ = reply.send(store.request_run_cancel(&run_id, action).await);
-        }
-        StoreMsg::UpdateRunStatus {
-            run_id,
-            owner,
-            status,
-            metadata,
-            reply,
-        } => {
-            let _ = reply.send(
-                store
-                    .update_run_status(&run_id, &owner, status, metadata)
-                    .await,
-            );
-        }
-        StoreMsg::FinalizeRun {
-            run_id,
-            owner,
-            outcome,
-            require_not_cancelled,
-            reply,
-        } => {
-            let _ = reply.send(
-                store
-                    .finalize_run(&run_id, &owner, &outcome, require_not_cancelled)
-                    .await,
-            );
-        }
-        StoreMsg::AnswerApproval {
-            thread_id,
-            request_ids,
-            answer,
-            reply,
-        } => {
-            let _ = reply.send(
-                store
-                    .answer_approval(&thread_id, &request_ids, &answer)
-                    .await,
-            );
-        }
-        StoreMsg::RestoreApproval { answer, reply } => {
-            let _ = reply.send(store.restore_approval(&answer).await);
-        }
-        StoreMsg::ClaimOrphanRuns {
-            claimer,
-            limit,
-            reply,
-        } => {
-            let _ = reply.send(store.claim_orphan_runs(&claimer, limit).await);
-        }
     }
 }
 
@@ -482,278 +130,9 @@ pub struct StoreHandle {
     wakes: Arc<EventWakes>,
 }
 
-/// Reads for operators, metrics and the API's views, each with its reply port.
-pub enum OperatorsRequest {
-    WorkflowCounts {
-        owner: Option<String>,
-        reply: RpcReplyPort<store::Result<Vec<StatusCount>>>,
-    },
-    RunCounts {
-        owner: String,
-        reply: RpcReplyPort<store::Result<Vec<StatusCount>>>,
-    },
-    ListSlots {
-        limit: u32,
-        reply: RpcReplyPort<store::Result<Vec<SlotRow>>>,
-    },
-    Snapshot {
-        workflow_id: String,
-        reply: RpcReplyPort<store::Result<Option<store::Snapshot>>>,
-    },
-    CountSlots {
-        reply: RpcReplyPort<store::Result<i64>>,
-    },
-    ListNodes {
-        limit: u32,
-        reply: RpcReplyPort<store::Result<Vec<NodeRecord>>>,
-    },
-    WaitingWorkflows {
-        user_id: Option<String>,
-        limit: u32,
-        reply: RpcReplyPort<store::Result<Vec<String>>>,
-    },
-}
-
-async fn serve_operators(store: &Store, request: OperatorsRequest) {
-    match request {
-        OperatorsRequest::WorkflowCounts { owner, reply } => {
-            let _ = reply.send(store.workflow_counts(owner.as_deref()).await);
-        }
-        OperatorsRequest::RunCounts { owner, reply } => {
-            let _ = reply.send(store.run_counts(&owner).await);
-        }
-        OperatorsRequest::ListSlots { limit, reply } => {
-            let _ = reply.send(store.list_slots(limit).await);
-        }
-        OperatorsRequest::Snapshot { workflow_id, reply } => {
-            let _ = reply.send(store.read_snapshot(&workflow_id).await);
-        }
-        OperatorsRequest::CountSlots { reply } => {
-            let _ = reply.send(store.count_slots().await);
-        }
-        OperatorsRequest::ListNodes { limit, reply } => {
-            let _ = reply.send(store.list_nodes(limit).await);
-        }
-        OperatorsRequest::WaitingWorkflows {
-            user_id,
-            limit,
-            reply,
-        } => {
-            let _ = reply.send(store.waiting_workflows(user_id.as_deref(), limit).await);
-        }
-    }
-}
-
-/// Reads of workflow events and the feed, each with its reply port.
-pub enum EventsRequest {
-    Workflow {
-        workflow_id: String,
-        after: i64,
-        limit: u32,
-        reply: RpcReplyPort<store::Result<Option<EventPage>>>,
-    },
-    Feed {
-        after: i64,
-        user_id: Option<String>,
-        limit: u32,
-        reply: RpcReplyPort<store::Result<Vec<EventRow>>>,
-    },
-    FeedHead {
-        reply: RpcReplyPort<store::Result<i64>>,
-    },
-}
-
-async fn serve_events(store: &Store, request: EventsRequest) {
-    match request {
-        EventsRequest::Workflow {
-            workflow_id,
-            after,
-            limit,
-            reply,
-        } => {
-            let _ = reply.send(store.read_events(&workflow_id, after, limit).await);
-        }
-        EventsRequest::Feed {
-            after,
-            user_id,
-            limit,
-            reply,
-        } => {
-            let _ = reply.send(store.read_feed(after, user_id.as_deref(), limit).await);
-        }
-        EventsRequest::FeedHead { reply } => {
-            let _ = reply.send(store.feed_head().await);
-        }
-    }
-}
-
-/// Requests about users, sessions and API tokens, each with its reply port.
-pub enum UsersRequest {
-    CreateUser {
-        user: NewUser,
-        only_if_first: bool,
-        reply: RpcReplyPort<store::Result<bool>>,
-    },
-    UserByEmail {
-        email: String,
-        reply: RpcReplyPort<store::Result<Option<UserRow>>>,
-    },
-    UserById {
-        user_id: String,
-        reply: RpcReplyPort<store::Result<Option<UserRow>>>,
-    },
-    ListUsers {
-        reply: RpcReplyPort<store::Result<Vec<UserRow>>>,
-    },
-    ChangeUser {
-        user_id: String,
-        change: UserChange,
-        reply: RpcReplyPort<store::Result<UserChanged>>,
-    },
-    SetPassword {
-        user_id: String,
-        password_hash: String,
-        keep_session: Option<String>,
-        reply: RpcReplyPort<store::Result<bool>>,
-    },
-    EndSessions {
-        user_id: String,
-        keep_session: Option<String>,
-        reply: RpcReplyPort<store::Result<bool>>,
-    },
-    DeleteUser {
-        user_id: String,
-        reply: RpcReplyPort<store::Result<UserDeletion>>,
-    },
-    OpenSession {
-        session_id: String,
-        user_id: String,
-        session_seconds: u64,
-        sessions_max: u32,
-        reply: RpcReplyPort<store::Result<()>>,
-    },
-    SessionUser {
-        session_id: String,
-        reply: RpcReplyPort<store::Result<Option<UserRow>>>,
-    },
-    RevokeSession {
-        session_id: String,
-        reply: RpcReplyPort<store::Result<bool>>,
-    },
-    CreateToken {
-        token: NewToken,
-        reply: RpcReplyPort<store::Result<TokenRow>>,
-    },
-    TokenUser {
-        token_id: String,
-        reply: RpcReplyPort<store::Result<Option<(TokenRow, UserRow)>>>,
-    },
-    ListTokens {
-        user_id: String,
-        reply: RpcReplyPort<store::Result<Vec<TokenRow>>>,
-    },
-    RevokeToken {
-        user_id: String,
-        token_id: String,
-        reply: RpcReplyPort<store::Result<bool>>,
-    },
-}
-
-async fn serve_users(store: &Store, request: UsersRequest) {
-    match request {
-        UsersRequest::CreateUser {
-            user,
-            only_if_first,
-            reply,
-        } => {
-            let _ = reply.send(store.create_user(user, only_if_first).await);
-        }
-        UsersRequest::UserByEmail { email, reply } => {
-            let _ = reply.send(store.user_by_email(&email).await);
-        }
-        UsersRequest::UserById { user_id, reply } => {
-            let _ = reply.send(store.user_by_id(&user_id).await);
-        }
-        UsersRequest::ListUsers { reply } => {
-            let _ = reply.send(store.list_users().await);
-        }
-        UsersRequest::ChangeUser {
-            user_id,
-            change,
-            reply,
-        } => {
-            let _ = reply.send(store.change_user(&user_id, change).await);
-        }
-        UsersRequest::SetPassword {
-            user_id,
-            password_hash,
-            keep_session,
-            reply,
-        } => {
-            let _ = reply.send(
-                store
-                    .set_password(&user_id, &password_hash, keep_session.as_deref())
-                    .await,
-            );
-        }
-        UsersRequest::EndSessions {
-            user_id,
-            keep_session,
-            reply,
-        } => {
-            let _ = reply.send(store.end_sessions(&user_id, keep_session.as_deref()).await);
-        }
-        UsersRequest::DeleteUser { user_id, reply } => {
-            let _ = reply.send(store.delete_user(&user_id).await);
-        }
-        UsersRequest::OpenSession {
-            session_id,
-            user_id,
-            session_seconds,
-            sessions_max,
-            reply,
-        } => {
-            let _ = reply.send(
-                store
-                    .open_session(&session_id, &user_id, session_seconds, sessions_max)
-                    .await,
-            );
-        }
-        UsersRequest::SessionUser { session_id, reply } => {
-            let _ = reply.send(store.session_user(&session_id).await);
-        }
-        UsersRequest::RevokeSession { session_id, reply } => {
-            let _ = reply.send(store.revoke_session(&session_id).await);
-        }
-        UsersRequest::CreateToken { token, reply } => {
-            let _ = reply.send(store.create_token(token).await);
-        }
-        UsersRequest::TokenUser { token_id, reply } => {
-            let _ = reply.send(store.token_user(&token_id).await);
-        }
-        UsersRequest::ListTokens { user_id, reply } => {
-            let _ = reply.send(store.list_tokens(&user_id).await);
-        }
-        UsersRequest::RevokeToken {
-            user_id,
-            token_id,
-            reply,
-        } => {
-            let _ = reply.send(store.revoke_token(&user_id, &token_id).await);
-        }
-    }
-}
-
 /// Whether a change may move its workflow to another status (an event of the feed).
 fn changes_status(op: &WriteOp) -> bool {
     matches!(op, WriteOp::SetWorkflow { .. })
-}
-
-/// Whether an unanswered request may have changed the database.
-#[derive(Clone, Copy)]
-enum Effect {
-    Read,
-    Write,
 }
 
 impl StoreHandle {
@@ -787,27 +166,33 @@ impl StoreHandle {
         }
     }
 
-    /// Sends one request, applying any test fault installed for `name`.
-    async fn call<T: Send + 'static>(
-        &self,
-        name: &'static str,
-        effect: Effect,
-        message: impl FnOnce(RpcReplyPort<store::Result<T>>) -> StoreMsg,
-    ) -> store::Result<T> {
-        self.call_about(name, None, effect, message).await
+    /// Runs `work` on the store through the actor as `operation`, applying any test fault
+    /// installed for it.
+    async fn call<T, F, Fut>(&self, operation: Operation, work: F) -> store::Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(Arc<Store>) -> Fut + Send + 'static,
+        Fut: Future<Output = store::Result<T>> + Send + 'static,
+    {
+        self.call_about(operation, None, work).await
     }
 
     /// [`StoreHandle::call`] for a request about one run, so faults can single it out.
-    async fn call_about<T: Send + 'static>(
+    async fn call_about<T, F, Fut>(
         &self,
-        name: &'static str,
+        operation: Operation,
         key: Option<&str>,
-        effect: Effect,
-        message: impl FnOnce(RpcReplyPort<store::Result<T>>) -> StoreMsg,
-    ) -> store::Result<T> {
-        let Some(fault) = self.faults.as_ref().and_then(|f| f.take(name, key)) else {
-            return self.send(effect, message).await;
+        work: F,
+    ) -> store::Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(Arc<Store>) -> Fut + Send + 'static,
+        Fut: Future<Output = store::Result<T>> + Send + 'static,
+    {
+        let Some(fault) = self.faults.as_ref().and_then(|f| f.take(operation, key)) else {
+            return self.send(operation, work).await;
         };
+        let name = operation.name();
         // A held call is bounded by the same timeout as a real one: past it, the caller hears
         // what it would hear from a hung store.
         let held_too_long = |what: &str| {
@@ -826,10 +211,10 @@ impl StoreHandle {
                 {
                     return Err(store::Error::Unavailable(held_too_long("before the store")));
                 }
-                self.send(effect, message).await
+                self.send(operation, work).await
             }
             FaultAction::HoldAnswer { reached, release } => {
-                let answer = self.send(effect, message).await;
+                let answer = self.send(operation, work).await;
                 reached.notify_one();
                 if tokio::time::timeout(self.timeout, release.notified())
                     .await
@@ -840,7 +225,7 @@ impl StoreHandle {
                 answer
             }
             FaultAction::DropAnswer => {
-                let _ = self.send(effect, message).await;
+                let _ = self.send(operation, work).await;
                 Err(store::Error::OutcomeUnknown(format!(
                     "the answer of {name} was lost"
                 )))
@@ -848,15 +233,27 @@ impl StoreHandle {
         }
     }
 
-    async fn send<T: Send + 'static>(
-        &self,
-        effect: Effect,
-        message: impl FnOnce(RpcReplyPort<store::Result<T>>) -> StoreMsg,
-    ) -> store::Result<T> {
-        let unanswered = |reason: String| match effect {
-            Effect::Read => store::Error::Unavailable(format!("store actor: {reason}")),
-            // The request may have reached the database: its outcome is unknown, not failed.
-            Effect::Write => store::Error::OutcomeUnknown(format!("store actor: {reason}")),
+    async fn send<T, F, Fut>(&self, operation: Operation, work: F) -> store::Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(Arc<Store>) -> Fut + Send + 'static,
+        Fut: Future<Output = store::Result<T>> + Send + 'static,
+    {
+        let unanswered = |reason: String| {
+            if operation.writes() {
+                // The request may have reached the database: its outcome is unknown, not failed.
+                store::Error::OutcomeUnknown(format!("store actor: {reason}"))
+            } else {
+                store::Error::Unavailable(format!("store actor: {reason}"))
+            }
+        };
+        let message = |reply: RpcReplyPort<store::Result<T>>| {
+            // A caller that gave up has dropped its port; its answer is then discarded.
+            StoreMsg(Box::new(move |store| {
+                Box::pin(async move {
+                    let _ = reply.send(work(store).await);
+                })
+            }))
         };
         let queue = &self.metrics.store_requests_waiting;
         queue.fetch_add(1, Ordering::Relaxed);
@@ -890,13 +287,8 @@ impl StoreHandle {
         lease_ms: u64,
     ) -> store::Result<Option<Lease>> {
         let (resource_id, owner) = (resource_id.to_owned(), owner.to_owned());
-        self.call("acquire_lease", Effect::Write, |reply| {
-            StoreMsg::AcquireLease {
-                resource_id,
-                owner,
-                lease_ms,
-                reply,
-            }
+        self.call(Operation::AcquireLease, move |store| async move {
+            store.acquire_lease(&resource_id, &owner, lease_ms).await
         })
         .await
     }
@@ -904,10 +296,8 @@ impl StoreHandle {
     /// See [`Store::renew_lease`].
     pub async fn renew_lease(&self, fence: &Fence, lease_ms: u64) -> store::Result<(Lease, f64)> {
         let fence = fence.clone();
-        self.call("renew_lease", Effect::Write, |reply| StoreMsg::RenewLease {
-            fence,
-            lease_ms,
-            reply,
+        self.call(Operation::RenewLease, move |store| async move {
+            store.renew_lease(&fence, lease_ms).await
         })
         .await
     }
@@ -915,8 +305,8 @@ impl StoreHandle {
     /// See [`Store::release_lease`].
     pub async fn release_lease(&self, fence: &Fence) -> store::Result<bool> {
         let fence = fence.clone();
-        self.call("release_lease", Effect::Write, |reply| {
-            StoreMsg::ReleaseLease { fence, reply }
+        self.call(Operation::ReleaseLease, move |store| async move {
+            store.release_lease(&fence).await
         })
         .await
     }
@@ -924,45 +314,21 @@ impl StoreHandle {
     /// See [`Store::read_lease`].
     pub async fn read_lease(&self, resource_id: &str) -> store::Result<Option<Lease>> {
         let resource_id = resource_id.to_owned();
-        self.call("read_lease", Effect::Read, |reply| StoreMsg::ReadLease {
-            resource_id,
-            reply,
+        self.call(Operation::ReadLease, move |store| async move {
+            store.read_lease(&resource_id).await
         })
         .await
-    }
-
-    /// See [`Store::create_workflow`].
-    pub async fn create_workflow(
-        &self,
-        workflow: NewWorkflow,
-        owner: &str,
-        lease_ms: u64,
-    ) -> store::Result<Lease> {
-        let owner = owner.to_owned();
-        let workflow_id = workflow.workflow_id.clone();
-        let created = self
-            .call("create_workflow", Effect::Write, |reply| {
-                StoreMsg::CreateWorkflow {
-                    workflow,
-                    owner,
-                    lease_ms,
-                    reply,
-                }
-            })
-            .await;
-        self.wake(&workflow_id, true, &created);
-        created
     }
 
     /// See [`Store::fenced_write`].
     pub async fn fenced_write(&self, fence: &Fence, ops: Vec<WriteOp>) -> store::Result<()> {
         let status_changed = ops.iter().any(changes_status);
-        let fence = fence.clone();
         let workflow_id = fence.resource_id.clone();
+        let fence = fence.clone();
         let started = std::time::Instant::now();
         let written = self
-            .call("fenced_write", Effect::Write, |reply| {
-                StoreMsg::FencedWrite { fence, ops, reply }
+            .call(Operation::FencedWrite, move |store| async move {
+                store.fenced_write(&fence, ops).await
             })
             .await;
         self.wake(&workflow_id, status_changed, &written);
@@ -981,8 +347,8 @@ impl StoreHandle {
     /// See [`Store::read_workflow`].
     pub async fn read_workflow(&self, workflow_id: &str) -> store::Result<Option<WorkflowRow>> {
         let workflow_id = workflow_id.to_owned();
-        self.call("read_workflow", Effect::Read, |reply| {
-            StoreMsg::ReadWorkflow { workflow_id, reply }
+        self.call(Operation::ReadWorkflow, move |store| async move {
+            store.read_workflow(&workflow_id).await
         })
         .await
     }
@@ -995,13 +361,8 @@ impl StoreHandle {
         limit: u32,
     ) -> store::Result<Option<EventPage>> {
         let workflow_id = workflow_id.to_owned();
-        self.call("read_events", Effect::Read, |reply| {
-            StoreMsg::Events(EventsRequest::Workflow {
-                workflow_id,
-                after,
-                limit,
-                reply,
-            })
+        self.call(Operation::ReadEvents, move |store| async move {
+            store.read_events(&workflow_id, after, limit).await
         })
         .await
     }
@@ -1014,21 +375,16 @@ impl StoreHandle {
         limit: u32,
     ) -> store::Result<Vec<EventRow>> {
         let user_id = user_id.map(str::to_owned);
-        self.call("read_feed", Effect::Read, |reply| {
-            StoreMsg::Events(EventsRequest::Feed {
-                after,
-                user_id,
-                limit,
-                reply,
-            })
+        self.call(Operation::ReadFeed, move |store| async move {
+            store.read_feed(after, user_id.as_deref(), limit).await
         })
         .await
     }
 
     /// See [`Store::feed_head`].
     pub async fn feed_head(&self) -> store::Result<i64> {
-        self.call("feed_head", Effect::Read, |reply| {
-            StoreMsg::Events(EventsRequest::FeedHead { reply })
+        self.call(Operation::FeedHead, |store| async move {
+            store.feed_head().await
         })
         .await
     }
@@ -1036,16 +392,15 @@ impl StoreHandle {
     /// See [`Store::read_steps`].
     pub async fn read_steps(&self, workflow_id: &str) -> store::Result<Vec<StepRow>> {
         let workflow_id = workflow_id.to_owned();
-        self.call("read_steps", Effect::Read, |reply| StoreMsg::ReadSteps {
-            workflow_id,
-            reply,
+        self.call(Operation::ReadSteps, move |store| async move {
+            store.read_steps(&workflow_id).await
         })
         .await
     }
 
     /// The database clock, in epoch seconds.
     pub async fn now(&self) -> store::Result<f64> {
-        self.call("now", Effect::Read, |reply| StoreMsg::Now { reply })
+        self.call(Operation::Now, |store| async move { store.now().await })
             .await
     }
 
@@ -1055,12 +410,21 @@ impl StoreHandle {
     /// and a write that changes nothing succeeds even on a full disk.
     pub async fn health(&self) -> store::Result<StoreHealth> {
         let mut health = self
-            .call("health", Effect::Read, |reply| StoreMsg::Health { reply })
+            .call(Operation::SchemaVersion, |store| async move {
+                let schema_version = store.schema_version().await?;
+                Ok(StoreHealth {
+                    backend: store.backend(),
+                    schema_version,
+                    schema_current: schema_version == store::SCHEMA_VERSION,
+                    pool: store.pool_status(),
+                    disk_full: false,
+                })
+            })
             .await?;
         if self.disk_full.load(Ordering::Relaxed) {
             match self
-                .call("write_probe", Effect::Write, |reply| StoreMsg::WriteProbe {
-                    reply,
+                .call(Operation::WriteProbe, |store| async move {
+                    store.write_probe().await
                 })
                 .await
             {
@@ -1076,8 +440,8 @@ impl StoreHandle {
     /// Records this node in the `nodes` table.
     pub async fn register_node(&self, node: &NodeRecord) -> store::Result<()> {
         let node = node.clone();
-        self.call("register_node", Effect::Write, |reply| {
-            StoreMsg::RegisterNode { node, reply }
+        self.call(Operation::RegisterNode, move |store| async move {
+            store.register_node(&node).await
         })
         .await
     }
@@ -1085,8 +449,8 @@ impl StoreHandle {
     /// Records that this node stopped cleanly.
     pub async fn mark_node_stopped(&self, worker_id: &str) -> store::Result<()> {
         let worker_id = worker_id.to_owned();
-        self.call("mark_node_stopped", Effect::Write, |reply| {
-            StoreMsg::MarkNodeStopped { worker_id, reply }
+        self.call(Operation::MarkNodeStopped, move |store| async move {
+            store.mark_node_stopped(&worker_id).await
         })
         .await
     }
@@ -1102,14 +466,10 @@ impl StoreHandle {
         let owner = owner.to_owned();
         let workflow_id = workflow.workflow_id.clone();
         let launched = self
-            .call("launch_workflow", Effect::Write, |reply| {
-                StoreMsg::LaunchWorkflow {
-                    workflow,
-                    owner,
-                    lease_ms,
-                    limits,
-                    reply,
-                }
+            .call(Operation::LaunchWorkflow, move |store| async move {
+                store
+                    .launch_workflow(workflow, &owner, lease_ms, limits)
+                    .await
             })
             .await;
         self.wake(&workflow_id, true, &launched);
@@ -1129,15 +489,10 @@ impl StoreHandle {
         let (workflow_id, owner, versions) =
             (workflow_id.to_owned(), owner.to_owned(), versions.clone());
         let taken = self
-            .call("take_over_workflow", Effect::Write, |reply| {
-                StoreMsg::TakeOverWorkflow {
-                    workflow_id,
-                    owner,
-                    lease_ms,
-                    versions,
-                    purpose,
-                    reply,
-                }
+            .call(Operation::TakeOverWorkflow, move |store| async move {
+                store
+                    .take_over_workflow(&workflow_id, &owner, lease_ms, &versions, purpose)
+                    .await
             })
             .await;
         self.wake(&woken, true, &taken);
@@ -1151,12 +506,8 @@ impl StoreHandle {
         versions: &store::Versions,
     ) -> store::Result<Vec<store::Orphaned>> {
         let versions = versions.clone();
-        self.call("recoverable_workflows", Effect::Read, |reply| {
-            StoreMsg::RecoverableWorkflows {
-                limit,
-                versions,
-                reply,
-            }
+        self.call(Operation::RecoverableWorkflows, move |store| async move {
+            store.recoverable_workflows(limit, &versions).await
         })
         .await
     }
@@ -1164,8 +515,8 @@ impl StoreHandle {
     /// See [`Store::workflows_with_pending_controls`].
     pub async fn workflows_with_pending_controls(&self, owner: &str) -> store::Result<Vec<String>> {
         let owner = owner.to_owned();
-        self.call("workflows_with_pending_controls", Effect::Read, |reply| {
-            StoreMsg::PendingControls { owner, reply }
+        self.call(Operation::PendingControls, move |store| async move {
+            store.workflows_with_pending_controls(&owner).await
         })
         .await
     }
@@ -1173,8 +524,8 @@ impl StoreHandle {
     /// See [`Store::delete_workflow`].
     pub async fn delete_workflow(&self, workflow_id: &str) -> store::Result<store::Deletion> {
         let workflow_id = workflow_id.to_owned();
-        self.call("delete_workflow", Effect::Write, |reply| {
-            StoreMsg::DeleteWorkflow { workflow_id, reply }
+        self.call(Operation::DeleteWorkflow, move |store| async move {
+            store.delete_workflow(&workflow_id).await
         })
         .await
     }
@@ -1182,8 +533,8 @@ impl StoreHandle {
     /// See [`Store::workflow_counts`].
     pub async fn workflow_counts(&self, owner: Option<&str>) -> store::Result<Vec<StatusCount>> {
         let owner = owner.map(str::to_owned);
-        self.call("workflow_counts", Effect::Read, |reply| {
-            StoreMsg::Operators(OperatorsRequest::WorkflowCounts { owner, reply })
+        self.call(Operation::WorkflowCounts, move |store| async move {
+            store.workflow_counts(owner.as_deref()).await
         })
         .await
     }
@@ -1191,16 +542,16 @@ impl StoreHandle {
     /// See [`Store::run_counts`].
     pub async fn run_counts(&self, owner: &str) -> store::Result<Vec<StatusCount>> {
         let owner = owner.to_owned();
-        self.call("run_counts", Effect::Read, |reply| {
-            StoreMsg::Operators(OperatorsRequest::RunCounts { owner, reply })
+        self.call(Operation::RunCounts, move |store| async move {
+            store.run_counts(&owner).await
         })
         .await
     }
 
     /// See [`Store::list_slots`].
     pub async fn list_slots(&self, limit: u32) -> store::Result<Vec<SlotRow>> {
-        self.call("list_slots", Effect::Read, |reply| {
-            StoreMsg::Operators(OperatorsRequest::ListSlots { limit, reply })
+        self.call(Operation::ListSlots, move |store| async move {
+            store.list_slots(limit).await
         })
         .await
     }
@@ -1208,24 +559,24 @@ impl StoreHandle {
     /// See [`Store::read_snapshot`].
     pub async fn read_snapshot(&self, workflow_id: &str) -> store::Result<Option<store::Snapshot>> {
         let workflow_id = workflow_id.to_owned();
-        self.call("read_snapshot", Effect::Read, |reply| {
-            StoreMsg::Operators(OperatorsRequest::Snapshot { workflow_id, reply })
+        self.call(Operation::ReadSnapshot, move |store| async move {
+            store.read_snapshot(&workflow_id).await
         })
         .await
     }
 
     /// See [`Store::count_slots`].
     pub async fn count_slots(&self) -> store::Result<i64> {
-        self.call("count_slots", Effect::Read, |reply| {
-            StoreMsg::Operators(OperatorsRequest::CountSlots { reply })
+        self.call(Operation::CountSlots, |store| async move {
+            store.count_slots().await
         })
         .await
     }
 
     /// See [`Store::list_nodes`].
     pub async fn list_nodes(&self, limit: u32) -> store::Result<Vec<NodeRecord>> {
-        self.call("list_nodes", Effect::Read, |reply| {
-            StoreMsg::Operators(OperatorsRequest::ListNodes { limit, reply })
+        self.call(Operation::ListNodes, move |store| async move {
+            store.list_nodes(limit).await
         })
         .await
     }
@@ -1237,24 +588,16 @@ impl StoreHandle {
         limit: u32,
     ) -> store::Result<Vec<String>> {
         let user_id = user_id.map(str::to_owned);
-        self.call("waiting_workflows", Effect::Read, |reply| {
-            StoreMsg::Operators(OperatorsRequest::WaitingWorkflows {
-                user_id,
-                limit,
-                reply,
-            })
+        self.call(Operation::WaitingWorkflows, move |store| async move {
+            store.waiting_workflows(user_id.as_deref(), limit).await
         })
         .await
     }
 
     /// See [`Store::create_user`].
     pub async fn create_user(&self, user: NewUser, only_if_first: bool) -> store::Result<bool> {
-        self.call("create_user", Effect::Write, |reply| {
-            StoreMsg::Users(UsersRequest::CreateUser {
-                user,
-                only_if_first,
-                reply,
-            })
+        self.call(Operation::CreateUser, move |store| async move {
+            store.create_user(user, only_if_first).await
         })
         .await
     }
@@ -1262,8 +605,8 @@ impl StoreHandle {
     /// See [`Store::user_by_email`].
     pub async fn user_by_email(&self, email: &str) -> store::Result<Option<UserRow>> {
         let email = email.to_owned();
-        self.call("user_by_email", Effect::Read, |reply| {
-            StoreMsg::Users(UsersRequest::UserByEmail { email, reply })
+        self.call(Operation::UserByEmail, move |store| async move {
+            store.user_by_email(&email).await
         })
         .await
     }
@@ -1271,16 +614,16 @@ impl StoreHandle {
     /// See [`Store::user_by_id`].
     pub async fn user_by_id(&self, user_id: &str) -> store::Result<Option<UserRow>> {
         let user_id = user_id.to_owned();
-        self.call("user_by_id", Effect::Read, |reply| {
-            StoreMsg::Users(UsersRequest::UserById { user_id, reply })
+        self.call(Operation::UserById, move |store| async move {
+            store.user_by_id(&user_id).await
         })
         .await
     }
 
     /// See [`Store::list_users`].
     pub async fn list_users(&self) -> store::Result<Vec<UserRow>> {
-        self.call("list_users", Effect::Read, |reply| {
-            StoreMsg::Users(UsersRequest::ListUsers { reply })
+        self.call(Operation::ListUsers, |store| async move {
+            store.list_users().await
         })
         .await
     }
@@ -1292,12 +635,8 @@ impl StoreHandle {
         change: UserChange,
     ) -> store::Result<UserChanged> {
         let user_id = user_id.to_owned();
-        self.call("change_user", Effect::Write, |reply| {
-            StoreMsg::Users(UsersRequest::ChangeUser {
-                user_id,
-                change,
-                reply,
-            })
+        self.call(Operation::ChangeUser, move |store| async move {
+            store.change_user(&user_id, change).await
         })
         .await
     }
@@ -1311,13 +650,10 @@ impl StoreHandle {
     ) -> store::Result<bool> {
         let user_id = user_id.to_owned();
         let keep_session = keep_session.map(str::to_owned);
-        self.call("set_password", Effect::Write, |reply| {
-            StoreMsg::Users(UsersRequest::SetPassword {
-                user_id,
-                password_hash,
-                keep_session,
-                reply,
-            })
+        self.call(Operation::SetPassword, move |store| async move {
+            store
+                .set_password(&user_id, &password_hash, keep_session.as_deref())
+                .await
         })
         .await
     }
@@ -1330,12 +666,8 @@ impl StoreHandle {
     ) -> store::Result<bool> {
         let user_id = user_id.to_owned();
         let keep_session = keep_session.map(str::to_owned);
-        self.call("end_sessions", Effect::Write, |reply| {
-            StoreMsg::Users(UsersRequest::EndSessions {
-                user_id,
-                keep_session,
-                reply,
-            })
+        self.call(Operation::EndSessions, move |store| async move {
+            store.end_sessions(&user_id, keep_session.as_deref()).await
         })
         .await
     }
@@ -1343,8 +675,8 @@ impl StoreHandle {
     /// See [`Store::delete_user`].
     pub async fn delete_user(&self, user_id: &str) -> store::Result<UserDeletion> {
         let user_id = user_id.to_owned();
-        self.call("delete_user", Effect::Write, |reply| {
-            StoreMsg::Users(UsersRequest::DeleteUser { user_id, reply })
+        self.call(Operation::DeleteUser, move |store| async move {
+            store.delete_user(&user_id).await
         })
         .await
     }
@@ -1358,14 +690,10 @@ impl StoreHandle {
         sessions_max: u32,
     ) -> store::Result<()> {
         let (session_id, user_id) = (session_id.to_owned(), user_id.to_owned());
-        self.call("open_session", Effect::Write, |reply| {
-            StoreMsg::Users(UsersRequest::OpenSession {
-                session_id,
-                user_id,
-                session_seconds,
-                sessions_max,
-                reply,
-            })
+        self.call(Operation::OpenSession, move |store| async move {
+            store
+                .open_session(&session_id, &user_id, session_seconds, sessions_max)
+                .await
         })
         .await
     }
@@ -1373,8 +701,8 @@ impl StoreHandle {
     /// See [`Store::session_user`].
     pub async fn session_user(&self, session_id: &str) -> store::Result<Option<UserRow>> {
         let session_id = session_id.to_owned();
-        self.call("session_user", Effect::Read, |reply| {
-            StoreMsg::Users(UsersRequest::SessionUser { session_id, reply })
+        self.call(Operation::SessionUser, move |store| async move {
+            store.session_user(&session_id).await
         })
         .await
     }
@@ -1382,16 +710,16 @@ impl StoreHandle {
     /// See [`Store::revoke_session`].
     pub async fn revoke_session(&self, session_id: &str) -> store::Result<bool> {
         let session_id = session_id.to_owned();
-        self.call("revoke_session", Effect::Write, |reply| {
-            StoreMsg::Users(UsersRequest::RevokeSession { session_id, reply })
+        self.call(Operation::RevokeSession, move |store| async move {
+            store.revoke_session(&session_id).await
         })
         .await
     }
 
     /// See [`Store::create_token`].
     pub async fn create_token(&self, token: NewToken) -> store::Result<TokenRow> {
-        self.call("create_token", Effect::Write, |reply| {
-            StoreMsg::Users(UsersRequest::CreateToken { token, reply })
+        self.call(Operation::CreateToken, move |store| async move {
+            store.create_token(token).await
         })
         .await
     }
@@ -1399,8 +727,8 @@ impl StoreHandle {
     /// See [`Store::token_user`].
     pub async fn token_user(&self, token_id: &str) -> store::Result<Option<(TokenRow, UserRow)>> {
         let token_id = token_id.to_owned();
-        self.call("token_user", Effect::Read, |reply| {
-            StoreMsg::Users(UsersRequest::TokenUser { token_id, reply })
+        self.call(Operation::TokenUser, move |store| async move {
+            store.token_user(&token_id).await
         })
         .await
     }
@@ -1408,8 +736,8 @@ impl StoreHandle {
     /// See [`Store::list_tokens`].
     pub async fn list_tokens(&self, user_id: &str) -> store::Result<Vec<TokenRow>> {
         let user_id = user_id.to_owned();
-        self.call("list_tokens", Effect::Read, |reply| {
-            StoreMsg::Users(UsersRequest::ListTokens { user_id, reply })
+        self.call(Operation::ListTokens, move |store| async move {
+            store.list_tokens(&user_id).await
         })
         .await
     }
@@ -1417,12 +745,8 @@ impl StoreHandle {
     /// See [`Store::revoke_token`].
     pub async fn revoke_token(&self, user_id: &str, token_id: &str) -> store::Result<bool> {
         let (user_id, token_id) = (user_id.to_owned(), token_id.to_owned());
-        self.call("revoke_token", Effect::Write, |reply| {
-            StoreMsg::Users(UsersRequest::RevokeToken {
-                user_id,
-                token_id,
-                reply,
-            })
+        self.call(Operation::RevokeToken, move |store| async move {
+            store.revoke_token(&user_id, &token_id).await
         })
         .await
     }
@@ -1432,8 +756,8 @@ impl StoreHandle {
         &self,
         filter: store::ListFilter,
     ) -> store::Result<Vec<store::ListedWorkflow>> {
-        self.call("list_workflows", Effect::Read, |reply| {
-            StoreMsg::ListWorkflows { filter, reply }
+        self.call(Operation::ListWorkflows, move |store| async move {
+            store.list_workflows(filter).await
         })
         .await
     }
@@ -1445,12 +769,8 @@ impl StoreHandle {
         version: i64,
     ) -> store::Result<Option<ArtifactRow>> {
         let workflow_id = workflow_id.to_owned();
-        self.call("read_artifact", Effect::Read, |reply| {
-            StoreMsg::ReadArtifact {
-                workflow_id,
-                version,
-                reply,
-            }
+        self.call(Operation::ReadArtifact, move |store| async move {
+            store.read_artifact(&workflow_id, version).await
         })
         .await
     }
@@ -1458,8 +778,8 @@ impl StoreHandle {
     /// See [`Store::last_artifact_version`].
     pub async fn last_artifact_version(&self, workflow_id: &str) -> store::Result<i64> {
         let workflow_id = workflow_id.to_owned();
-        self.call("last_artifact_version", Effect::Read, |reply| {
-            StoreMsg::LastArtifactVersion { workflow_id, reply }
+        self.call(Operation::LastArtifactVersion, move |store| async move {
+            store.last_artifact_version(&workflow_id).await
         })
         .await
     }
@@ -1468,9 +788,8 @@ impl StoreHandle {
     pub async fn put_control(&self, control: NewControl) -> store::Result<ControlWrite> {
         let workflow_id = control.workflow_id.clone();
         let written = self
-            .call("put_control", Effect::Write, |reply| StoreMsg::PutControl {
-                control,
-                reply,
+            .call(Operation::PutControl, move |store| async move {
+                store.put_control(control).await
             })
             .await;
         self.wake(&workflow_id, false, &written);
@@ -1480,8 +799,8 @@ impl StoreHandle {
     /// See [`Store::read_controls`].
     pub async fn read_controls(&self, workflow_id: &str) -> store::Result<Vec<ControlRow>> {
         let workflow_id = workflow_id.to_owned();
-        self.call("read_controls", Effect::Read, |reply| {
-            StoreMsg::ReadControls { workflow_id, reply }
+        self.call(Operation::ReadControls, move |store| async move {
+            store.read_controls(&workflow_id).await
         })
         .await
     }
@@ -1495,9 +814,8 @@ impl StoreHandle {
             )
         });
         let admitted = self
-            .call("admit_run", Effect::Write, |reply| StoreMsg::AdmitRun {
-                run,
-                reply,
+            .call(Operation::AdmitRun, move |store| async move {
+                store.admit_run(run).await
             })
             .await;
         if let Some((workflow_id, status_changed)) = step {
@@ -1509,9 +827,8 @@ impl StoreHandle {
     /// See [`Store::read_run`].
     pub async fn read_run(&self, run_id: &str) -> store::Result<Option<RunRow>> {
         let run_id = run_id.to_owned();
-        self.call("read_run", Effect::Read, |reply| StoreMsg::ReadRun {
-            run_id,
-            reply,
+        self.call(Operation::ReadRun, move |store| async move {
+            store.read_run(&run_id).await
         })
         .await
     }
@@ -1525,14 +842,11 @@ impl StoreHandle {
     ) -> store::Result<Result<RunRenewal, Option<RunRow>>> {
         let key = run_id;
         let (run_id, owner) = (run_id.to_owned(), owner.to_owned());
-        self.call_about("renew_run_lease", Some(key), Effect::Write, |reply| {
-            StoreMsg::RenewRunLease {
-                run_id,
-                owner,
-                lease_ms,
-                reply,
-            }
-        })
+        self.call_about(
+            Operation::RenewRunLease,
+            Some(key),
+            move |store| async move { store.renew_run_lease(&run_id, &owner, lease_ms).await },
+        )
         .await
     }
 
@@ -1544,13 +858,11 @@ impl StoreHandle {
     ) -> store::Result<Option<CancelAction>> {
         let key = run_id;
         let run_id = run_id.to_owned();
-        self.call_about("request_run_cancel", Some(key), Effect::Write, |reply| {
-            StoreMsg::RequestRunCancel {
-                run_id,
-                action,
-                reply,
-            }
-        })
+        self.call_about(
+            Operation::RequestRunCancel,
+            Some(key),
+            move |store| async move { store.request_run_cancel(&run_id, action).await },
+        )
         .await
     }
 
@@ -1564,15 +876,15 @@ impl StoreHandle {
     ) -> store::Result<bool> {
         let key = run_id;
         let (run_id, owner) = (run_id.to_owned(), owner.to_owned());
-        self.call_about("update_run_status", Some(key), Effect::Write, |reply| {
-            StoreMsg::UpdateRunStatus {
-                run_id,
-                owner,
-                status,
-                metadata,
-                reply,
-            }
-        })
+        self.call_about(
+            Operation::UpdateRunStatus,
+            Some(key),
+            move |store| async move {
+                store
+                    .update_run_status(&run_id, &owner, status, metadata)
+                    .await
+            },
+        )
         .await
     }
 
@@ -1586,14 +898,10 @@ impl StoreHandle {
     ) -> store::Result<bool> {
         let key = run_id;
         let (run_id, owner, outcome) = (run_id.to_owned(), owner.to_owned(), outcome.clone());
-        self.call_about("finalize_run", Some(key), Effect::Write, |reply| {
-            StoreMsg::FinalizeRun {
-                run_id,
-                owner,
-                outcome,
-                require_not_cancelled,
-                reply,
-            }
+        self.call_about(Operation::FinalizeRun, Some(key), move |store| async move {
+            store
+                .finalize_run(&run_id, &owner, &outcome, require_not_cancelled)
+                .await
         })
         .await
     }
@@ -1607,13 +915,10 @@ impl StoreHandle {
     ) -> store::Result<Option<ApprovalAnswer>> {
         let (thread_id, request_ids, answer) =
             (thread_id.to_owned(), request_ids.to_vec(), answer.clone());
-        self.call("answer_approval", Effect::Write, |reply| {
-            StoreMsg::AnswerApproval {
-                thread_id,
-                request_ids,
-                answer,
-                reply,
-            }
+        self.call(Operation::AnswerApproval, move |store| async move {
+            store
+                .answer_approval(&thread_id, &request_ids, &answer)
+                .await
         })
         .await
     }
@@ -1621,8 +926,8 @@ impl StoreHandle {
     /// See [`Store::restore_approval`].
     pub async fn restore_approval(&self, answer: &ApprovalAnswer) -> store::Result<bool> {
         let answer = answer.clone();
-        self.call("restore_approval", Effect::Write, |reply| {
-            StoreMsg::RestoreApproval { answer, reply }
+        self.call(Operation::RestoreApproval, move |store| async move {
+            store.restore_approval(&answer).await
         })
         .await
     }
@@ -1630,13 +935,144 @@ impl StoreHandle {
     /// See [`Store::claim_orphan_runs`].
     pub async fn claim_orphan_runs(&self, claimer: &str, limit: u32) -> store::Result<Vec<String>> {
         let claimer = claimer.to_owned();
-        self.call("claim_orphan_runs", Effect::Write, |reply| {
-            StoreMsg::ClaimOrphanRuns {
-                claimer,
-                limit,
-                reply,
-            }
+        self.call(Operation::ClaimOrphanRuns, move |store| async move {
+            store.claim_orphan_runs(&claimer, limit).await
         })
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+    use store::{DatabaseUrl, StoreOptions};
+
+    use super::*;
+
+    /// A store actor on a fresh SQLite database, and a handle to it with `faults`.
+    async fn handle(dir: &tempfile::TempDir, faults: StoreFaults) -> (StoreHandle, Arc<Metrics>) {
+        let url = DatabaseUrl::Sqlite(dir.path().join("reins.db"));
+        let store = Store::open(&url, &StoreOptions::default())
+            .await
+            .expect("open");
+        store.migrate().await.expect("migrate");
+        let metrics = Arc::new(Metrics::default());
+        let args = StoreArgs {
+            store: Arc::new(store),
+            requests_max: 2,
+            metrics: Arc::clone(&metrics),
+        };
+        let (actor, _) = Actor::spawn(None, StoreActor, args).await.expect("spawn");
+        let timeout = Duration::from_secs(5);
+        let handle = StoreHandle::new(actor, timeout, Some(faults), Arc::clone(&metrics));
+        (handle, metrics)
+    }
+
+    fn workflow(id: &str) -> NewWorkflow {
+        NewWorkflow {
+            workflow_id: id.to_owned(),
+            user_id: "u".into(),
+            request_id: None,
+            fingerprint: "fp".into(),
+            data: json!({}),
+        }
+    }
+
+    fn done(id: &str) -> WriteOp {
+        WriteOp::SetWorkflow {
+            workflow_id: id.to_owned(),
+            status: "completed".into(),
+            data: json!({}),
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn every_request_is_a_job_that_answers_its_caller_and_leaves_the_gauges_at_rest() {
+        let dir = tempfile::tempdir().expect("dir");
+        let (store, metrics) = handle(&dir, StoreFaults::default()).await;
+        let calls: Vec<_> = (0..8)
+            .map(|n| {
+                let store = store.clone();
+                tokio::spawn(async move {
+                    let id = format!("wf-{n}");
+                    store
+                        .launch_workflow(workflow(&id), "node", 60_000, LaunchLimits::NONE)
+                        .await
+                })
+            })
+            .collect();
+        for call in calls {
+            let launched = call.await.expect("join").expect("launch");
+            assert!(matches!(launched, Launch::Created(_)), "{launched:?}");
+        }
+        let row = store
+            .read_workflow("wf-7")
+            .await
+            .expect("read")
+            .expect("row");
+        assert_eq!(row.status, "running");
+        assert_eq!(
+            store.health().await.expect("health").schema_version,
+            store::SCHEMA_VERSION
+        );
+        // A job's task counts itself out just after it answered.
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        let at_rest = || {
+            metrics.store_requests_waiting.load(Ordering::Relaxed) == 0
+                && metrics.store_requests_running.load(Ordering::Relaxed) == 0
+        };
+        while !at_rest() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the gauges never came back to 0"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn faults_take_the_calls_of_their_operation_and_run_only_as_often_as_asked() {
+        let dir = tempfile::tempdir().expect("dir");
+        let faults = StoreFaults::default();
+        let (store, _) = handle(&dir, faults.clone()).await;
+        let Launch::Created(lease) = store
+            .launch_workflow(workflow("wf"), "node", 60_000, LaunchLimits::NONE)
+            .await
+            .expect("launch")
+        else {
+            panic!("not created");
+        };
+        faults.add("fenced_write", FaultAction::DropAnswer, 1);
+        faults.add(
+            "read_workflow",
+            FaultAction::Fail(store::Error::Unavailable("refused".into())),
+            1,
+        );
+        // The lost answer: the write committed, the caller cannot know.
+        let lost = store.fenced_write(&lease.fence(), vec![done("wf")]).await;
+        assert!(
+            matches!(lost, Err(store::Error::OutcomeUnknown(_))),
+            "{lost:?}"
+        );
+        let failed = store.read_workflow("wf").await;
+        assert!(
+            matches!(failed, Err(store::Error::Unavailable(_))),
+            "{failed:?}"
+        );
+        let row = store.read_workflow("wf").await.expect("read").expect("row");
+        assert_eq!(
+            row.status, "completed",
+            "the write whose answer was lost committed"
+        );
+        store
+            .fenced_write(&lease.fence(), vec![done("wf")])
+            .await
+            .expect("a rule runs only as often as asked");
+    }
+
+    #[test]
+    #[should_panic(expected = "no store operation is named \"fenced_writes\"")]
+    fn a_fault_for_no_operation_is_refused_when_it_is_added() {
+        StoreFaults::default().add("fenced_writes", FaultAction::DropAnswer, 1);
     }
 }

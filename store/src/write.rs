@@ -88,6 +88,20 @@ pub(crate) fn release_last(ops: &mut [WriteOp]) {
     ops.sort_by_key(|op| matches!(op, WriteOp::ReleaseLease));
 }
 
+/// `ops` with any [`WriteOp::ReleaseLease`] last (see [`release_last`]).
+pub(crate) fn ordered(mut ops: Vec<WriteOp>) -> Vec<WriteOp> {
+    release_last(&mut ops);
+    ops
+}
+
+/// `run` with its step's journal writes [`ordered`].
+pub(crate) fn ordered_run(mut run: crate::NewRun) -> crate::NewRun {
+    if let Some(step) = &mut run.step {
+        release_last(&mut step.journal);
+    }
+    run
+}
+
 /// A workflow row created together with its first lease.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NewWorkflow {

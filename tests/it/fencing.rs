@@ -1,85 +1,43 @@
-//! Fenced writes: all or nothing, and never after a takeover.
+//! Fenced writes on PostgreSQL, where many nodes write at once: a takeover waits for a fenced
+//! write in flight. What every store must do with fenced writes is the store's conformance suite
+//! (`store/tests/conformance`).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::json;
-use store::{Error, WriteOp};
+use store::{Error, NewWorkflow, Store, WriteOp};
 
-use crate::harness::{TestDb, eventually, on_both_backends};
-use crate::leases::{step, workflow};
+use crate::harness::{TestDb, eventually};
 
-on_both_backends! {
-    async fn a_failing_change_rolls_back_the_whole_fenced_write(db: TestDb) {
-        let store = db.store().await;
-        let lease = workflow(&store, "wf", "node-a", 60_000).await;
-        let missing = WriteOp::SetWorkflow {
-            workflow_id: "no-such-workflow".into(),
-            status: "completed".into(),
-            data: json!({}),
-        };
-        let result = store.fenced_write(&lease.fence(), vec![step("wf", "s1"), missing]).await;
-        assert!(matches!(result, Err(Error::NotFound(_))), "{result:?}");
-        assert!(store.read_steps("wf").await.expect("steps").is_empty(), "half a write landed");
-
-        let done = WriteOp::SetWorkflow {
-            workflow_id: "wf".into(),
-            status: "completed".into(),
-            data: json!({"result": 42}),
-        };
-        store.fenced_write(&lease.fence(), vec![step("wf", "s1"), done]).await.expect("write");
-        let row = store.read_workflow("wf").await.expect("read").expect("row");
-        assert_eq!((row.status.as_str(), &row.data), ("completed", &json!({"result": 42})));
-        assert_eq!(store.read_steps("wf").await.expect("steps").len(), 1);
-    }
+/// A workflow row (and its first lease, held by `owner`) to write steps into.
+async fn workflow(store: &Store, id: &str, owner: &str, lease_ms: u64) -> store::Lease {
+    store
+        .create_workflow(
+            NewWorkflow {
+                workflow_id: id.to_owned(),
+                user_id: "tester".into(),
+                request_id: None,
+                fingerprint: "fp".into(),
+                data: json!({}),
+            },
+            owner,
+            lease_ms,
+        )
+        .await
+        .expect("create workflow")
 }
 
-on_both_backends! {
-    async fn no_fenced_write_lands_after_a_takeover(db: TestDb) {
-        // The old owner writes as fast as it can on a short lease that it does not renew; the new
-        // owner takes over the moment the lease expires. Every write the old owner starts after
-        // the takeover returned must be refused, and exactly the acknowledged writes are stored.
-        let (old_store, new_store) = (db.store().await, db.store().await);
-        let held = workflow(&old_store, "wf", "old", 400).await;
-        let taken_over = Arc::new(AtomicBool::new(false));
-        let writer = {
-            let (store, taken_over, fence) = (Arc::clone(&old_store), Arc::clone(&taken_over), held.fence());
-            tokio::spawn(async move {
-                let mut log = Vec::new();
-                for i in 0..100_000 {
-                    let started_after_takeover = taken_over.load(Ordering::SeqCst);
-                    let result = store.fenced_write(&fence, vec![step("wf", &format!("old-{i}"))]).await;
-                    let lost = matches!(result, Err(Error::LeaseLost { .. }));
-                    assert!(lost || result.is_ok(), "write {i}: {result:?}");
-                    log.push((format!("old-{i}"), result.is_ok(), started_after_takeover));
-                    if lost && started_after_takeover && log.iter().rev().take(20).all(|e| !e.1) {
-                        break;
-                    }
-                }
-                log
-            })
-        };
-        let started = Instant::now();
-        let lease = loop {
-            if let Some(lease) = new_store.acquire_lease("wf", "new", 60_000).await.expect("acquire") {
-                break lease;
-            }
-            assert!(started.elapsed() < Duration::from_secs(10), "no takeover after expiry");
-        };
-        taken_over.store(true, Ordering::SeqCst);
-        new_store.fenced_write(&lease.fence(), vec![step("wf", "new-0")]).await.expect("new owner writes");
-        let log = writer.await.expect("writer");
-
-        let late: Vec<_> = log.iter().filter(|(_, ok, after)| *ok && *after).collect();
-        assert!(late.is_empty(), "writes acknowledged after the takeover: {late:?}");
-        let stored: Vec<String> = new_store.read_steps("wf").await.expect("steps")
-            .into_iter().map(|s| s.step_id).collect();
-        for (name, ok, _) in &log {
-            assert_eq!(stored.contains(name), *ok, "{name}: acknowledged={ok}, stored={}", !ok);
-        }
-        assert!(log.iter().any(|(_, ok, _)| *ok), "the old owner never wrote: the test proved nothing");
-        assert!(stored.contains(&"new-0".to_owned()));
+/// A journal entry named `step_id`.
+fn step(workflow_id: &str, step_id: &str) -> WriteOp {
+    WriteOp::PutStep {
+        seq: 0,
+        workflow_id: workflow_id.to_owned(),
+        step_id: step_id.to_owned(),
+        attempt: 1,
+        kind: "agent".into(),
+        status: "completed".into(),
+        data: json!({"output": step_id}),
     }
 }
 
@@ -166,40 +124,4 @@ async fn postgres_a_takeover_waits_for_a_fenced_write_in_flight() {
         .await;
     assert!(matches!(stale, Err(Error::LeaseLost { .. })), "{stale:?}");
     assert!(new_store.read_steps("wf").await.expect("steps").is_empty());
-}
-
-on_both_backends! {
-    async fn a_workflow_that_ends_gives_its_lease_back_in_the_same_write_or_not_at_all(db: TestDb) {
-        let store = db.store().await;
-        let end = |workflow_id: &str| WriteOp::SetWorkflow {
-            workflow_id: workflow_id.into(),
-            status: "completed".into(),
-            data: json!({"result": 1}),
-        };
-
-        // A write that fails keeps the lease: nobody else can take the workflow. (The release
-        // comes first in the list, and is still applied last.)
-        let held = workflow(&store, "wf", "node-a", 60_000).await;
-        let failed = store
-            .fenced_write(&held.fence(), vec![WriteOp::ReleaseLease, end("no-such-workflow")])
-            .await;
-        assert!(matches!(failed, Err(Error::NotFound(_))), "{failed:?}");
-        assert!(store.acquire_lease("wf", "node-b", 60_000).await.expect("acquire").is_none(),
-            "a failed write released the lease");
-
-        // The end and the release commit together: the lease is free at once.
-        store.fenced_write(&held.fence(), vec![end("wf"), WriteOp::ReleaseLease]).await.expect("end");
-        assert_eq!(store.read_workflow("wf").await.expect("read").expect("row").status, "completed");
-        let next = store.acquire_lease("wf", "node-b", 60_000).await.expect("acquire")
-            .expect("the ended workflow's lease is free");
-        assert_eq!(next.epoch, held.epoch + 1);
-
-        // The old owner can no longer release (or end) anything: the new lease stands.
-        let stale = store.fenced_write(&held.fence(), vec![WriteOp::ReleaseLease]).await;
-        assert!(matches!(stale, Err(Error::LeaseLost { .. })), "{stale:?}");
-        let lease = store.read_lease("wf").await.expect("read lease").expect("lease");
-        assert_eq!((lease.owner.as_str(), lease.epoch), ("node-b", next.epoch));
-        assert!(store.acquire_lease("wf", "node-c", 60_000).await.expect("acquire").is_none(),
-            "a stale release freed the new owner's lease");
-    }
 }

@@ -2,56 +2,23 @@
 //! lease is lost and never shortens a lease.
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use serde_json::json;
-use store::{Error, Fence, NewWorkflow, Store, WriteOp};
+use store::{Error, Fence};
 use tokio::sync::Barrier;
 
-use crate::harness::{eventually, on_both_backends};
+use crate::harness::{conformance, step, workflow};
 
-/// A workflow row (and its first lease, held by `owner`) to write steps into.
-pub async fn workflow(store: &Store, id: &str, owner: &str, lease_ms: u64) -> store::Lease {
-    store
-        .create_workflow(
-            NewWorkflow {
-                workflow_id: id.to_owned(),
-                user_id: "tester".into(),
-                request_id: None,
-                fingerprint: "fp".into(),
-                data: json!({}),
-            },
-            owner,
-            lease_ms,
-        )
-        .await
-        .expect("create workflow")
-}
-
-/// A journal entry named `step_id`.
-pub fn step(workflow_id: &str, step_id: &str) -> WriteOp {
-    WriteOp::PutStep {
-        seq: 0,
-        workflow_id: workflow_id.to_owned(),
-        step_id: step_id.to_owned(),
-        attempt: 1,
-        kind: "agent".into(),
-        status: "completed".into(),
-        data: json!({"output": step_id}),
-    }
-}
-
-on_both_backends! {
-    async fn two_contenders_race_for_an_expired_lease_and_exactly_one_wins(db: TestDb) {
+conformance! {
+    async fn two_contenders_race_for_an_expired_lease_and_exactly_one_wins(db) {
         const ROUNDS: usize = 200;
         let (store_a, store_b) = (db.store().await, db.store().await);
-        let first = workflow(&store_a, "wf", "seed", 60_000).await;
+        let first = workflow(&*store_a, "wf", "seed", 60_000).await;
         assert!(store_a.release_lease(&first.fence()).await.expect("release"));
         let mut stale: Fence = first.fence();
         let mut last_epoch = first.epoch;
         for round in 0..ROUNDS {
             let barrier = Arc::new(Barrier::new(2));
-            let contend = |store: Arc<Store>, name: &'static str| {
+            let contend = |store: Arc<S>, name: &'static str| {
                 let barrier = Arc::clone(&barrier);
                 tokio::spawn(async move {
                     barrier.wait().await;
@@ -83,10 +50,10 @@ on_both_backends! {
     }
 }
 
-on_both_backends! {
-    async fn renewal_is_refused_after_a_takeover_and_never_shortens_a_lease(db: TestDb) {
+conformance! {
+    async fn renewal_is_refused_after_a_takeover_and_never_shortens_a_lease(db) {
         let (store_a, store_b) = (db.store().await, db.store().await);
-        let held = workflow(&store_a, "wf", "node-a", 60_000).await;
+        let held = workflow(&*store_a, "wf", "node-a", 60_000).await;
 
         let (long, _) = store_a.renew_lease(&held.fence(), 120_000).await.expect("renew long");
         assert!(long.expires_at >= held.expires_at);
@@ -98,12 +65,8 @@ on_both_backends! {
 
         // A short lease that runs out: renewal after the deadline is refused even before anyone
         // takes over, and stays refused after the takeover.
-        let brief = workflow(&store_a, "wf-brief", "node-a", 300).await;
-        let deadline = brief.expires_at;
-        eventually(Duration::from_secs(5), "the brief lease expired", async || {
-            store_a.now().await.expect("now") > deadline
-        })
-        .await;
+        let brief = workflow(&*store_a, "wf-brief", "node-a", 300).await;
+        db.pass(&store_a, brief.expires_at).await;
         let late = store_a.renew_lease(&brief.fence(), 60_000).await;
         assert!(matches!(late, Err(Error::LeaseLost { .. })), "{late:?}");
         let taken = store_b.acquire_lease("wf-brief", "node-b", 60_000).await.expect("acquire")
@@ -116,5 +79,22 @@ on_both_backends! {
         store_b.renew_lease(&taken.fence(), 60_000).await.expect("the new owner renews");
         let lease = store_a.read_lease("wf-brief").await.expect("read").expect("row");
         assert_eq!((lease.owner.as_str(), lease.epoch), ("node-b", taken.epoch));
+    }
+}
+
+conformance! {
+    async fn a_free_resource_is_leased_at_epoch_one_and_a_released_one_at_once(db) {
+        let store = db.store().await;
+        assert_eq!(store.read_lease("job").await.expect("read"), None);
+        let first = store.acquire_lease("job", "node-a", 60_000).await.expect("acquire").expect("free");
+        assert_eq!((first.owner.as_str(), first.epoch), ("node-a", 1));
+        assert!(first.expires_at > store.now().await.expect("now"));
+        assert_eq!(store.acquire_lease("job", "node-b", 60_000).await.expect("acquire"), None);
+        assert!(store.release_lease(&first.fence()).await.expect("release"));
+        assert!(!store.release_lease(&first.fence()).await.expect("release"), "released twice");
+        let second = store.acquire_lease("job", "node-b", 60_000).await.expect("acquire")
+            .expect("a released lease is free at once");
+        assert_eq!((second.owner.as_str(), second.epoch), ("node-b", 2));
+        assert_eq!(store.read_lease("job").await.expect("read"), Some(second));
     }
 }

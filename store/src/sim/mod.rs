@@ -1,0 +1,806 @@
+//! The in-memory simulation store: the semantics of the real stores as plain Rust data, for a
+//! deterministic simulation to drive. No threads, no IO and no clock of its own: time is a
+//! [`SimClock`] the caller moves. Every operation takes the state's lock, reads the clock once
+//! (as a SQL statement reads the database clock once) and finishes before it returns, so
+//! operations are atomic and serial, as on SQLite's single writer. A write checks everything that
+//! can refuse it before it changes anything, so a refused write leaves the state as it was.
+//!
+//! Events are written where the real stores' triggers write them (migration 18): a launch and a
+//! change of status, a journal entry, a control, an artifact, an approval asked and answered,
+//! `console.log` lines. The conformance suite (`store/tests/conformance`) holds it to the same
+//! tests as PostgreSQL and SQLite; where they disagree, the real stores are the truth.
+
+mod runs;
+mod users;
+mod workflows;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use serde_json::{Value, json};
+
+use crate::lease::ttl_seconds;
+use crate::write::{ArtifactRow, StepRow, WorkflowRow, WriteOp};
+use crate::{
+    ControlRow, Error, EventPage, EventRow, Fence, Lease, MigrationReport, Result, RunRow,
+    RunStatus, SCHEMA_VERSION, SlotRow,
+};
+
+/// The simulated clock: epoch milliseconds that move only when the caller moves them.
+#[derive(Debug, Clone, Default)]
+pub struct SimClock {
+    millis: Arc<AtomicU64>,
+}
+
+impl SimClock {
+    /// A clock that reads `millis` (epoch milliseconds) until moved.
+    pub fn at(millis: u64) -> SimClock {
+        SimClock {
+            millis: Arc::new(AtomicU64::new(millis)),
+        }
+    }
+
+    /// Moves the clock forward by `millis`.
+    pub fn advance(&self, millis: u64) {
+        self.millis.fetch_add(millis, Ordering::SeqCst);
+    }
+
+    /// Epoch milliseconds now.
+    pub fn millis(&self) -> u64 {
+        self.millis.load(Ordering::SeqCst)
+    }
+
+    /// Epoch seconds now, as the database clock reads.
+    pub fn seconds(&self) -> f64 {
+        // Milliseconds of any realistic epoch fit in f64 exactly.
+        self.millis() as f64 / 1000.0
+    }
+}
+
+/// The simulation store. Clones share one state.
+#[derive(Debug, Clone)]
+pub struct SimStore {
+    clock: SimClock,
+    state: Arc<Mutex<State>>,
+}
+
+/// One journal entry with when it last changed.
+#[derive(Debug, Clone)]
+struct Step {
+    row: StepRow,
+    updated_at: f64,
+    /// Insertion order, the tie-break of `(seq, attempt)`.
+    order: u64,
+}
+
+/// One artifact version.
+#[derive(Debug, Clone)]
+struct Artifact {
+    row: ArtifactRow,
+    created_at: f64,
+}
+
+/// A workflow with everything that goes with it (deleted with it).
+#[derive(Debug, Clone)]
+struct Workflow {
+    row: WorkflowRow,
+    request_id: Option<String>,
+    event_seq: i64,
+    log_events: i64,
+    log_bytes: i64,
+    log_dropped: i64,
+    steps: BTreeMap<(String, i32), Step>,
+    artifacts: BTreeMap<i64, Artifact>,
+    events: Vec<Event>,
+}
+
+/// One event, with its place in the feed (status events only).
+#[derive(Debug, Clone)]
+struct Event {
+    row: EventRow,
+    feed_seq: Option<i64>,
+}
+
+/// Everything the store holds.
+#[derive(Debug, Default)]
+struct State {
+    leases: BTreeMap<String, Lease>,
+    workflows: BTreeMap<String, Workflow>,
+    /// By id: ids grow, so this is oldest first.
+    controls: BTreeMap<i64, ControlRow>,
+    last_control_id: i64,
+    /// By (workflow, step): a step holds at most one slot.
+    slots: BTreeMap<(String, String), SlotRow>,
+    runs: BTreeMap<String, RunRow>,
+    /// Insertion order of runs, the tie-break of `created_at`.
+    run_order: BTreeMap<String, u64>,
+    feed_seq: i64,
+    /// Counter for insertion orders.
+    inserted: u64,
+    /// Users, sessions, API tokens and nodes.
+    people: users::People,
+}
+
+impl SimStore {
+    /// An empty store on `clock`.
+    pub fn new(clock: SimClock) -> SimStore {
+        SimStore {
+            clock,
+            state: Arc::new(Mutex::new(State::default())),
+        }
+    }
+
+    /// The clock this store reads.
+    pub fn clock(&self) -> &SimClock {
+        &self.clock
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while the lock was held left a state some test already failed on; the
+        // simulation carries on with it rather than poisoning every later call.
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Reads the state at one moment.
+    fn read<T>(&self, read: impl FnOnce(&State, f64) -> Result<T>) -> Result<T> {
+        let now = self.clock.seconds();
+        read(&self.lock(), now)
+    }
+
+    /// Changes the state at one moment. All or nothing is the writer's duty: every operation
+    /// checks everything that can refuse it before it changes anything (a list of changes is
+    /// checked whole by [`State::check_ops`] first), so an error leaves the state as it was.
+    fn write<T>(&self, write: impl FnOnce(&mut State, f64) -> Result<T>) -> Result<T> {
+        let now = self.clock.seconds();
+        write(&mut self.lock(), now)
+    }
+}
+
+impl State {
+    fn next_order(&mut self) -> u64 {
+        self.inserted += 1;
+        self.inserted
+    }
+
+    /// Whether `fence` holds its unexpired lease at `now`.
+    fn holds(&self, fence: &Fence, now: f64) -> bool {
+        self.leases.get(&fence.resource_id).is_some_and(|lease| {
+            lease.owner == fence.owner && lease.epoch == fence.epoch && lease.expires_at > now
+        })
+    }
+
+    fn check_fence(&self, fence: &Fence, now: f64) -> Result<()> {
+        if self.holds(fence, now) {
+            Ok(())
+        } else {
+            Err(fence.lost())
+        }
+    }
+
+    fn workflow_mut(&mut self, workflow_id: &str) -> Result<&mut Workflow> {
+        self.workflows
+            .get_mut(workflow_id)
+            .ok_or_else(|| Error::NotFound(format!("workflow {workflow_id:?}")))
+    }
+
+    /// Appends an event to a workflow (a no-op for one that does not exist, as a trigger's
+    /// `INSERT ... SELECT` finds no row).
+    fn event(&mut self, workflow_id: &str, kind: &str, data: Value, now: f64) {
+        if let Some(workflow) = self.workflows.get_mut(workflow_id) {
+            workflow.event_seq += 1;
+            workflow.events.push(Event {
+                row: EventRow {
+                    workflow_id: workflow_id.to_owned(),
+                    seq: workflow.event_seq,
+                    kind: kind.to_owned(),
+                    data,
+                    created_at: now,
+                },
+                feed_seq: None,
+            });
+        }
+    }
+
+    /// A status event, which is also one of the feed.
+    fn status_event(&mut self, workflow_id: &str, status: &str, previous: Option<&str>, now: f64) {
+        self.feed_seq += 1;
+        let feed_seq = self.feed_seq;
+        self.event(
+            workflow_id,
+            "status",
+            json!({"status": status, "previous": previous}),
+            now,
+        );
+        if let Some(event) = self
+            .workflows
+            .get_mut(workflow_id)
+            .and_then(|workflow| workflow.events.last_mut())
+        {
+            event.feed_seq = Some(feed_seq);
+        }
+    }
+
+    /// Sets a workflow's status (with its event when it changes).
+    fn set_status(&mut self, workflow_id: &str, status: &str, now: f64) -> Result<()> {
+        let workflow = self.workflow_mut(workflow_id)?;
+        let previous = std::mem::replace(&mut workflow.row.status, status.to_owned());
+        workflow.row.updated_at = now;
+        if previous != status {
+            self.status_event(workflow_id, status, Some(&previous), now);
+        }
+        Ok(())
+    }
+
+    /// The events a journal entry's status writes (`step_started`/`pause_waiting`/
+    /// `checkpoint_waiting` when running, `step_finished` when it ended).
+    fn step_status_events(&mut self, workflow_id: &str, step: &Step, now: f64) {
+        let row = &step.row;
+        match row.status.as_str() {
+            "running" => {
+                let (kind, data) = match row.kind.as_str() {
+                    "pause" => ("pause_waiting", step_fields(row)),
+                    "humanCheckpoint" => {
+                        let mut data = step_fields(row);
+                        data["artifact_version"] = row.data["args"]["artifactVersion"].clone();
+                        ("checkpoint_waiting", data)
+                    }
+                    _ => ("step_started", step_fields(row)),
+                };
+                self.event(workflow_id, kind, data, now);
+            }
+            "completed" | "failed" | "cancelled" => {
+                let run_id = match &row.data["run_id"] {
+                    Value::Null => row.data["outcome"]["value"]["runId"].clone(),
+                    id => id.clone(),
+                };
+                let run = run_id.as_str().and_then(|id| self.runs.get(id));
+                let output_bytes = row.data["outcome"]["value"]["artifactVersion"]
+                    .as_i64()
+                    .and_then(|version| {
+                        self.workflows
+                            .get(workflow_id)
+                            .and_then(|workflow| workflow.artifacts.get(&version))
+                            .map(|artifact| artifact.row.content.len())
+                    });
+                let mut data = step_fields(row);
+                data["status"] = json!(row.status);
+                data["child_run_id"] = run_id.clone();
+                // Whole milliseconds, as the triggers round them.
+                data["duration_ms"] =
+                    json!(((step.updated_at - row.created_at) * 1000.0).round() as i64);
+                data["output_bytes"] = json!(output_bytes);
+                data["total_tokens"] = json!(run.map(|run| run.total_tokens));
+                data["message_count"] = json!(run.map(|run| run.message_count));
+                self.event(workflow_id, "step_finished", data, now);
+            }
+            _ => {}
+        }
+    }
+
+    /// The approval events a change of a child run writes.
+    fn run_events(&mut self, before: &RunRow, now: f64) {
+        let Some(after) = self.runs.get(&before.run_id).cloned() else {
+            return;
+        };
+        let Some(workflow_id) = after.workflow.clone() else {
+            return;
+        };
+        let fields = |run: &RunRow| json!({"step_id": run.step_id, "attempt": run.attempt, "child_run_id": run.run_id});
+        if after.status == RunStatus::WaitingForInput && before.status != RunStatus::WaitingForInput
+        {
+            let mut data = fields(&after);
+            data["request_id"] = after.metadata["hitl_approval"]["request_id"].clone();
+            self.event(&workflow_id, "approval_requested", data, now);
+        }
+        let answer = &after.metadata["hitl_answer"];
+        if !answer.is_null() && *answer != before.metadata["hitl_answer"] {
+            let mut data = fields(&after);
+            data["request_id"] = answer["request_id"].clone();
+            data["decision"] = answer["answer"]["decision"].clone();
+            data["by"] = answer["answer"]["by"].clone();
+            self.event(&workflow_id, "approval_answered", data, now);
+        }
+    }
+
+    fn exists(&self, workflow_id: &str) -> Result<()> {
+        if self.workflows.contains_key(workflow_id) {
+            Ok(())
+        } else {
+            Err(Error::NotFound(format!("workflow {workflow_id:?}")))
+        }
+    }
+
+    /// Fails as applying `ops` in order would, without changing anything: what makes a list of
+    /// changes all or nothing. (No change creates or deletes a workflow; only artifact versions
+    /// and, through statuses, the places under the limits change along the list.)
+    fn check_ops(&self, ops: &[WriteOp]) -> Result<()> {
+        let mut statuses: BTreeMap<&str, &str> = BTreeMap::new();
+        let mut versions: Vec<(&str, i64)> = Vec::new();
+        for op in ops {
+            match op {
+                WriteOp::SetWorkflow {
+                    workflow_id,
+                    status,
+                    ..
+                } => {
+                    self.exists(workflow_id)?;
+                    statuses.insert(workflow_id, status);
+                }
+                WriteOp::PutStep { workflow_id, .. } | WriteOp::PutLogs { workflow_id, .. } => {
+                    self.exists(workflow_id)?;
+                }
+                WriteOp::PutArtifact {
+                    workflow_id,
+                    version,
+                    ..
+                } => {
+                    self.exists(workflow_id)?;
+                    let stored = self.workflows[workflow_id.as_str()]
+                        .artifacts
+                        .contains_key(version);
+                    if stored || versions.contains(&(workflow_id, *version)) {
+                        return Err(artifact_exists(workflow_id, *version));
+                    }
+                    versions.push((workflow_id, *version));
+                }
+                WriteOp::TakePlaces {
+                    user_id,
+                    max_workflows,
+                    max_workflows_per_owner,
+                    ..
+                } => {
+                    self.check_places(user_id, *max_workflows, *max_workflows_per_owner, &statuses)?
+                }
+                WriteOp::MarkControlApplied { .. }
+                | WriteOp::CloseStepRuns { .. }
+                | WriteOp::CancelRuns { .. }
+                | WriteOp::ReleaseSlot { .. }
+                | WriteOp::ReleaseSlots { .. }
+                | WriteOp::ReleaseLease => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Refuses when no place is free under the limits, counting each workflow at its status in
+    /// `statuses` if it is there (changes earlier in the same write).
+    fn check_places(
+        &self,
+        user_id: &str,
+        max_workflows: i64,
+        max_workflows_per_owner: i64,
+        statuses: &BTreeMap<&str, &str>,
+    ) -> Result<()> {
+        let counted = |user: Option<&str>| {
+            let count = self
+                .workflows
+                .values()
+                .filter(|workflow| {
+                    let id = workflow.row.workflow_id.as_str();
+                    let status = statuses.get(id).copied().unwrap_or(&workflow.row.status);
+                    crate::COUNTED_STATUSES.contains(&status)
+                        && user.is_none_or(|user| workflow.row.user_id == user)
+                })
+                .count();
+            i64::try_from(count).unwrap_or(i64::MAX)
+        };
+        if counted(None) >= max_workflows {
+            return Err(Error::LimitReached("max_workflows".into()));
+        }
+        if counted(Some(user_id)) >= max_workflows_per_owner {
+            return Err(Error::LimitReached("max_workflows_per_owner".into()));
+        }
+        Ok(())
+    }
+
+    /// Applies one ownership-dependent change; `fence` has been checked at `now`, and the list
+    /// it belongs to by [`State::check_ops`].
+    fn apply(&mut self, fence: &Fence, op: &WriteOp, now: f64) -> Result<()> {
+        match op {
+            WriteOp::SetWorkflow {
+                workflow_id,
+                status,
+                data,
+            } => {
+                self.workflow_mut(workflow_id)?.row.data = data.clone();
+                self.set_status(workflow_id, status, now)?;
+            }
+            WriteOp::PutStep {
+                workflow_id,
+                seq,
+                step_id,
+                attempt,
+                kind,
+                status,
+                data,
+            } => self.put_step(
+                workflow_id,
+                *seq,
+                step_id,
+                *attempt,
+                kind,
+                status,
+                data,
+                now,
+            )?,
+            WriteOp::MarkControlApplied { control_id } => {
+                if let Some(control) = self.controls.get_mut(control_id) {
+                    control.applied = true;
+                }
+            }
+            WriteOp::PutArtifact {
+                workflow_id,
+                version,
+                source_step_id,
+                path,
+                content,
+                sha256,
+            } => {
+                let workflow = self.workflow_mut(workflow_id)?;
+                if workflow.artifacts.contains_key(version) {
+                    return Err(artifact_exists(workflow_id, *version));
+                }
+                workflow.artifacts.insert(
+                    *version,
+                    Artifact {
+                        row: ArtifactRow {
+                            version: *version,
+                            source_step_id: Some(source_step_id.clone()),
+                            path: path.clone(),
+                            content: content.clone(),
+                            sha256: sha256.clone(),
+                        },
+                        created_at: now,
+                    },
+                );
+                let data = json!({
+                    "version": version,
+                    "bytes": content.len(),
+                    "step_id": source_step_id,
+                    "name": path,
+                });
+                self.event(workflow_id, "artifact", data, now);
+            }
+            WriteOp::CloseStepRuns {
+                workflow_id,
+                step_id,
+                attempt,
+            } => {
+                let key = format!("{workflow_id}/{step_id}/{attempt}");
+                self.change_runs(
+                    |run| run.idempotency_key.as_deref() == Some(&key) && !run.status.is_terminal(),
+                    |run| {
+                        run.status = RunStatus::Interrupted;
+                        run.stop_reason = Some("reconciled".into());
+                        run.error = Some("closed by reconcile".into());
+                    },
+                    now,
+                );
+            }
+            WriteOp::CancelRuns { workflow_id } => self.change_runs(
+                |run| {
+                    run.workflow.as_deref() == Some(workflow_id)
+                        && !run.status.is_terminal()
+                        && run.cancel_action.is_none()
+                },
+                runs::ask_to_cancel(crate::CancelAction::Interrupt),
+                now,
+            ),
+            WriteOp::ReleaseSlot {
+                workflow_id,
+                step_id,
+            } => {
+                self.slots.remove(&(workflow_id.clone(), step_id.clone()));
+            }
+            WriteOp::ReleaseSlots { workflow_id } => {
+                self.slots
+                    .retain(|(workflow, _), _| workflow != workflow_id);
+            }
+            WriteOp::TakePlaces {
+                user_id,
+                max_workflows,
+                max_workflows_per_owner,
+                ..
+            } => self.check_places(
+                user_id,
+                *max_workflows,
+                *max_workflows_per_owner,
+                &BTreeMap::new(),
+            )?,
+            WriteOp::PutLogs {
+                workflow_id,
+                lines,
+                events_max,
+                bytes_max,
+            } => self.put_logs(workflow_id, lines, *events_max, *bytes_max, now)?,
+            WriteOp::ReleaseLease => {
+                if let Some(lease) = self.leases.get_mut(&fence.resource_id)
+                    && lease.owner == fence.owner
+                    && lease.epoch == fence.epoch
+                {
+                    lease.expires_at = now;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn put_step(
+        &mut self,
+        workflow_id: &str,
+        seq: i32,
+        step_id: &str,
+        attempt: i32,
+        kind: &str,
+        status: &str,
+        data: &Value,
+        now: f64,
+    ) -> Result<()> {
+        let order = self.next_order();
+        let workflow = self.workflow_mut(workflow_id)?;
+        let key = (step_id.to_owned(), attempt);
+        let previous = workflow.steps.get(&key).cloned();
+        let step = Step {
+            row: StepRow {
+                seq,
+                step_id: step_id.to_owned(),
+                attempt,
+                kind: kind.to_owned(),
+                status: status.to_owned(),
+                data: data.clone(),
+                created_at: previous.as_ref().map_or(now, |step| step.row.created_at),
+            },
+            updated_at: now,
+            order: previous.as_ref().map_or(order, |step| step.order),
+        };
+        workflow.steps.insert(key, step.clone());
+        match previous {
+            None => {
+                let mut fields = step_fields(&step.row);
+                fields["seq"] = json!(seq);
+                self.event(workflow_id, "step_journaled", fields, now);
+                self.step_status_events(workflow_id, &step, now);
+            }
+            Some(previous) if previous.row.status != status => {
+                self.step_status_events(workflow_id, &step, now);
+            }
+            Some(_) => {}
+        }
+        Ok(())
+    }
+
+    /// Changes every run `matches` selects with `change`, counting a revision each, and writes
+    /// the events the changes call for.
+    fn change_runs(
+        &mut self,
+        matches: impl Fn(&RunRow) -> bool,
+        change: impl Fn(&mut RunRow),
+        now: f64,
+    ) {
+        let chosen: Vec<String> = self
+            .runs
+            .values()
+            .filter(|run| matches(run))
+            .map(|run| run.run_id.clone())
+            .collect();
+        for run_id in chosen {
+            if let Some(run) = self.runs.get_mut(&run_id) {
+                let before = run.clone();
+                change(run);
+                run.revision += 1;
+                run.updated_at = now;
+                self.run_events(&before, now);
+            }
+        }
+    }
+
+    /// Live workflows holding a place under the limits (the counted statuses), everyone's or
+    /// one user's.
+    fn counted(&self, user_id: Option<&str>) -> i64 {
+        let count = self
+            .workflows
+            .values()
+            .filter(|workflow| {
+                crate::COUNTED_STATUSES.contains(&workflow.row.status.as_str())
+                    && user_id.is_none_or(|user| workflow.row.user_id == user)
+            })
+            .count();
+        i64::try_from(count).unwrap_or(i64::MAX)
+    }
+
+    fn put_logs(
+        &mut self,
+        workflow_id: &str,
+        lines: &[String],
+        events_max: i64,
+        bytes_max: i64,
+        now: f64,
+    ) -> Result<()> {
+        let workflow = self.workflow_mut(workflow_id)?;
+        let (mut kept, mut bytes, mut dropped) = (
+            workflow.log_events,
+            workflow.log_bytes,
+            workflow.log_dropped,
+        );
+        let mut events = Vec::new();
+        for line in lines {
+            let size = i64::try_from(line.len()).unwrap_or(i64::MAX);
+            if dropped == 0 && kept < events_max && bytes.saturating_add(size) <= bytes_max {
+                kept += 1;
+                bytes += size;
+                events.push(("log", json!({ "line": line })));
+            } else {
+                dropped += 1;
+                if dropped == 1 {
+                    events.push((
+                        "log_truncated",
+                        json!({"events_max": events_max, "bytes_max": bytes_max}),
+                    ));
+                }
+            }
+        }
+        (
+            workflow.log_events,
+            workflow.log_bytes,
+            workflow.log_dropped,
+        ) = (kept, bytes, dropped);
+        for (kind, data) in events {
+            self.event(workflow_id, kind, data, now);
+        }
+        Ok(())
+    }
+}
+
+fn artifact_exists(workflow_id: &str, version: i64) -> Error {
+    Error::Conflict(format!(
+        "artifact version {version} of workflow {workflow_id:?} exists"
+    ))
+}
+
+/// The fields every journal event carries.
+fn step_fields(row: &StepRow) -> Value {
+    json!({"step_id": row.step_id, "attempt": row.attempt, "step_kind": row.kind})
+}
+
+impl crate::Schema for SimStore {
+    async fn migrate(&self) -> Result<MigrationReport> {
+        Ok(MigrationReport {
+            applied: Vec::new(),
+            version: SCHEMA_VERSION,
+        })
+    }
+
+    async fn schema_version(&self) -> Result<i64> {
+        Ok(SCHEMA_VERSION)
+    }
+
+    async fn write_probe(&self) -> Result<()> {
+        Ok(())
+    }
+}
+
+impl crate::Leases for SimStore {
+    async fn now(&self) -> Result<f64> {
+        Ok(self.clock.seconds())
+    }
+
+    async fn acquire_lease(
+        &self,
+        resource_id: &str,
+        owner: &str,
+        lease_ms: u64,
+    ) -> Result<Option<Lease>> {
+        self.write(|state, now| {
+            let epoch = match state.leases.get(resource_id) {
+                Some(lease) if lease.expires_at > now => return Ok(None),
+                Some(lease) => lease.epoch + 1,
+                None => 1,
+            };
+            let lease = Lease {
+                resource_id: resource_id.to_owned(),
+                owner: owner.to_owned(),
+                epoch,
+                expires_at: now + ttl_seconds(lease_ms),
+            };
+            state.leases.insert(resource_id.to_owned(), lease.clone());
+            Ok(Some(lease))
+        })
+    }
+
+    async fn renew_lease(&self, fence: &Fence, lease_ms: u64) -> Result<(Lease, f64)> {
+        self.write(|state, now| {
+            state.check_fence(fence, now)?;
+            let lease = state
+                .leases
+                .get_mut(&fence.resource_id)
+                .ok_or_else(|| fence.lost())?;
+            lease.expires_at = lease.expires_at.max(now + ttl_seconds(lease_ms));
+            Ok((lease.clone(), now))
+        })
+    }
+
+    async fn release_lease(&self, fence: &Fence) -> Result<bool> {
+        self.write(|state, now| {
+            if !state.holds(fence, now) {
+                return Ok(false);
+            }
+            if let Some(lease) = state.leases.get_mut(&fence.resource_id) {
+                lease.expires_at = now;
+            }
+            Ok(true)
+        })
+    }
+
+    async fn read_lease(&self, resource_id: &str) -> Result<Option<Lease>> {
+        self.read(|state, _| Ok(state.leases.get(resource_id).cloned()))
+    }
+
+    async fn fenced_write(&self, fence: &Fence, ops: Vec<WriteOp>) -> Result<()> {
+        let ops = crate::write::ordered(ops);
+        self.write(|state, now| {
+            state.check_fence(fence, now)?;
+            state.check_ops(&ops)?;
+            for op in &ops {
+                state.apply(fence, op, now)?;
+            }
+            Ok(())
+        })
+    }
+}
+
+impl crate::Events for SimStore {
+    async fn read_events(
+        &self,
+        workflow_id: &str,
+        after: i64,
+        limit: u32,
+    ) -> Result<Option<EventPage>> {
+        self.read(|state, _| {
+            Ok(state.workflows.get(workflow_id).map(|workflow| EventPage {
+                events: workflow
+                    .events
+                    .iter()
+                    .filter(|event| event.row.seq > after)
+                    .take(limit as usize)
+                    .map(|event| event.row.clone())
+                    .collect(),
+                status: workflow.row.status.clone(),
+                last_seq: workflow.event_seq,
+            }))
+        })
+    }
+
+    async fn read_feed(
+        &self,
+        after: i64,
+        user_id: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<EventRow>> {
+        self.read(|state, _| {
+            let mut feed: Vec<EventRow> = state
+                .workflows
+                .values()
+                .filter(|workflow| user_id.is_none_or(|user| workflow.row.user_id == user))
+                .flat_map(|workflow| &workflow.events)
+                .filter_map(|event| {
+                    let seq = event.feed_seq.filter(|seq| *seq > after)?;
+                    Some(EventRow {
+                        seq,
+                        ..event.row.clone()
+                    })
+                })
+                .collect();
+            feed.sort_by_key(|event| event.seq);
+            feed.truncate(limit as usize);
+            Ok(feed)
+        })
+    }
+
+    async fn feed_head(&self) -> Result<i64> {
+        self.read(|state, _| Ok(state.feed_seq))
+    }
+}

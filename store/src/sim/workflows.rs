@@ -1,0 +1,476 @@
+//! Workflows and controls in the simulation store, by the rules of `sqlite/workflows.rs`.
+
+use std::collections::BTreeMap;
+
+use serde_json::json;
+
+use super::{SimStore, State, Workflow};
+use crate::lease::ttl_seconds;
+use crate::workflows::takeover_refusal;
+use crate::write::{ArtifactInfo, ArtifactRow, Snapshot, StepRow, WorkflowRow};
+use crate::{
+    COUNTED_STATUSES, ControlRow, ControlWrite, Deletion, Error, Launch, LaunchLimits, Lease,
+    ListFilter, ListedWorkflow, NewControl, NewWorkflow, Orphaned, Purpose, Result, StatusFilter,
+    TERMINAL_STATUSES, TakeOver, Versions,
+};
+
+/// The control kinds the schema allows.
+const CONTROL_KINDS: [&str; 3] = ["resume", "decide", "cancel"];
+
+impl State {
+    fn launch(
+        &mut self,
+        new: NewWorkflow,
+        owner: &str,
+        lease_ms: u64,
+        limits: LaunchLimits,
+        now: f64,
+    ) -> Result<Launch> {
+        if let Some(request_id) = &new.request_id
+            && let Some(existing) = self.workflows.values().find(|workflow| {
+                workflow.row.user_id == new.user_id
+                    && workflow.request_id.as_ref() == Some(request_id)
+            })
+        {
+            if existing.row.fingerprint == new.fingerprint {
+                return Ok(Launch::Existing(existing.row.clone()));
+            }
+            return Err(Error::Conflict(format!(
+                "request_id {request_id:?} was used for a different workflow"
+            )));
+        }
+        let counted = |user: Option<&str>| u64::try_from(self.counted(user)).unwrap_or(u64::MAX);
+        if counted(None) >= limits.max_workflows {
+            return Ok(Launch::Refused {
+                limit: "max_workflows",
+                max: limits.max_workflows,
+            });
+        }
+        if counted(Some(&new.user_id)) >= limits.max_workflows_per_owner {
+            return Ok(Launch::Refused {
+                limit: "max_workflows_per_owner",
+                max: limits.max_workflows_per_owner,
+            });
+        }
+        if self.workflows.contains_key(&new.workflow_id) {
+            return Err(Error::Conflict(format!(
+                "workflow {:?} exists",
+                new.workflow_id
+            )));
+        }
+        if self.leases.contains_key(&new.workflow_id) {
+            return Err(Error::Conflict(format!(
+                "resource {:?} has a lease",
+                new.workflow_id
+            )));
+        }
+        let lease = Lease {
+            resource_id: new.workflow_id.clone(),
+            owner: owner.to_owned(),
+            epoch: 1,
+            expires_at: now + ttl_seconds(lease_ms),
+        };
+        self.leases.insert(new.workflow_id.clone(), lease.clone());
+        self.workflows.insert(
+            new.workflow_id.clone(),
+            Workflow {
+                row: WorkflowRow {
+                    workflow_id: new.workflow_id.clone(),
+                    user_id: new.user_id,
+                    status: "running".into(),
+                    owner: Some(owner.to_owned()),
+                    fingerprint: new.fingerprint,
+                    data: new.data,
+                    created_at: now,
+                    updated_at: now,
+                },
+                request_id: new.request_id,
+                event_seq: 0,
+                log_events: 0,
+                log_bytes: 0,
+                log_dropped: 0,
+                steps: BTreeMap::new(),
+                artifacts: BTreeMap::new(),
+                events: Vec::new(),
+            },
+        );
+        self.status_event(&new.workflow_id, "running", None, now);
+        Ok(Launch::Created(lease))
+    }
+
+    fn cancel_pending(&self, workflow_id: &str) -> bool {
+        self.controls.values().any(|control| {
+            control.workflow_id == workflow_id && control.kind == "cancel" && !control.applied
+        })
+    }
+
+    fn take_over(
+        &mut self,
+        workflow_id: &str,
+        owner: &str,
+        lease_ms: u64,
+        versions: &Versions,
+        purpose: Purpose,
+        now: f64,
+    ) -> Result<TakeOver> {
+        let workflow = self
+            .workflows
+            .get(workflow_id)
+            .ok_or_else(|| Error::NotFound(format!("workflow {workflow_id:?}")))?;
+        let text = |key: &str| {
+            workflow.row.data[key]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned()
+        };
+        let written_under = Versions {
+            runtime: text("runtime_version"),
+            configuration: text("configuration_version"),
+        };
+        let status = workflow.row.status.clone();
+        if let Some(refusal) = takeover_refusal(
+            &status,
+            &written_under,
+            versions,
+            self.cancel_pending(workflow_id),
+            purpose,
+        ) {
+            return Ok(refusal);
+        }
+        let Some(lease) = self
+            .leases
+            .get_mut(workflow_id)
+            .filter(|lease| lease.expires_at <= now)
+        else {
+            return Ok(TakeOver::LeaseHeld);
+        };
+        lease.owner = owner.to_owned();
+        lease.epoch += 1;
+        lease.expires_at = now + ttl_seconds(lease_ms);
+        let lease = lease.clone();
+        let workflow = self.workflow_mut(workflow_id)?;
+        workflow.row.owner = Some(owner.to_owned());
+        workflow.row.updated_at = now;
+        Ok(TakeOver::Taken(lease))
+    }
+
+    /// Whether a workflow is what `get` shows as recoverable: counted, with no lease or an
+    /// expired one.
+    fn recoverable(&self, workflow: &Workflow, now: f64) -> bool {
+        COUNTED_STATUSES.contains(&workflow.row.status.as_str())
+            && self
+                .leases
+                .get(&workflow.row.workflow_id)
+                .is_none_or(|lease| lease.expires_at <= now)
+    }
+
+    fn controls_of(&self, workflow_id: &str) -> Vec<ControlRow> {
+        self.controls
+            .values()
+            .filter(|control| control.workflow_id == workflow_id)
+            .cloned()
+            .collect()
+    }
+
+    fn put_control(&mut self, control: NewControl, now: f64) -> Result<ControlWrite> {
+        if !self.workflows.contains_key(&control.workflow_id) {
+            return Err(Error::NotFound(format!(
+                "workflow {:?}",
+                control.workflow_id
+            )));
+        }
+        if !CONTROL_KINDS.contains(&control.kind.as_str()) {
+            return Err(Error::Conflict(format!(
+                "unknown control kind {:?}",
+                control.kind
+            )));
+        }
+        if let Some(existing) = self.controls.values().find(|row| {
+            row.workflow_id == control.workflow_id
+                && row.kind == control.kind
+                && row.step_id == control.step_id
+                && row.attempt == control.attempt
+        }) {
+            return if existing.body == control.body {
+                Ok(ControlWrite::Repeated(existing.clone()))
+            } else {
+                Err(Error::Conflict(format!(
+                    "a different {} was already recorded for step {:?} attempt {}",
+                    control.kind, control.step_id, control.attempt
+                )))
+            };
+        }
+        self.last_control_id += 1;
+        let row = ControlRow {
+            id: self.last_control_id,
+            workflow_id: control.workflow_id,
+            kind: control.kind,
+            step_id: control.step_id,
+            attempt: control.attempt,
+            body: control.body,
+            created_by: control.created_by,
+            applied: false,
+        };
+        self.controls.insert(row.id, row.clone());
+        let (kind, data) = match row.kind.as_str() {
+            "decide" => (
+                "checkpoint_decided",
+                json!({
+                    "step_id": row.step_id,
+                    "attempt": row.attempt,
+                    "decision": row.body["decision"],
+                    "artifact_version": row.body["artifactVersion"],
+                    "comment": row.body["comment"],
+                    "by": row.created_by,
+                }),
+            ),
+            "resume" => (
+                "pause_resumed",
+                json!({"step_id": row.step_id, "attempt": row.attempt, "by": row.created_by}),
+            ),
+            _ => ("cancel_requested", json!({"by": row.created_by})),
+        };
+        self.event(&row.workflow_id, kind, data, now);
+        Ok(ControlWrite::Recorded(row))
+    }
+
+    fn snapshot(&self, workflow_id: &str, now: f64) -> Option<Snapshot> {
+        let workflow = self.workflows.get(workflow_id)?;
+        let mut approval_runs: Vec<_> = self
+            .runs
+            .values()
+            .filter(|run| {
+                run.workflow.as_deref() == Some(workflow_id)
+                    && (run.status == crate::RunStatus::WaitingForInput
+                        || !run.metadata["hitl_answer"].is_null())
+            })
+            .cloned()
+            .collect();
+        approval_runs.sort_by(|a, b| {
+            a.created_at
+                .total_cmp(&b.created_at)
+                .then_with(|| a.run_id.cmp(&b.run_id))
+        });
+        Some(Snapshot {
+            row: workflow.row.clone(),
+            lease: self.leases.get(workflow_id).cloned(),
+            db_now: now,
+            steps: steps_of(workflow),
+            controls: self.controls_of(workflow_id),
+            approval_runs,
+            artifacts: workflow
+                .artifacts
+                .values()
+                .map(|artifact| ArtifactInfo {
+                    version: artifact.row.version,
+                    source_step_id: artifact.row.source_step_id.clone(),
+                    path: artifact.row.path.clone(),
+                    bytes: i64::try_from(artifact.row.content.len()).unwrap_or(i64::MAX),
+                    sha256: artifact.row.sha256.clone(),
+                    created_at: artifact.created_at,
+                })
+                .collect(),
+        })
+    }
+}
+
+/// A workflow's journal by `(seq, attempt)`, in the order written within a tie.
+fn steps_of(workflow: &Workflow) -> Vec<StepRow> {
+    let mut steps: Vec<_> = workflow.steps.values().collect();
+    steps.sort_by_key(|step| (step.row.seq, step.row.attempt, step.order));
+    steps.into_iter().map(|step| step.row.clone()).collect()
+}
+
+impl crate::Workflows for SimStore {
+    async fn launch_workflow(
+        &self,
+        workflow: NewWorkflow,
+        owner: &str,
+        lease_ms: u64,
+        limits: LaunchLimits,
+    ) -> Result<Launch> {
+        self.write(|state, now| state.launch(workflow, owner, lease_ms, limits, now))
+    }
+
+    async fn take_over_workflow(
+        &self,
+        workflow_id: &str,
+        owner: &str,
+        lease_ms: u64,
+        versions: &Versions,
+        purpose: Purpose,
+    ) -> Result<TakeOver> {
+        self.write(|state, now| {
+            state.take_over(workflow_id, owner, lease_ms, versions, purpose, now)
+        })
+    }
+
+    async fn recoverable_workflows(
+        &self,
+        limit: u32,
+        versions: &Versions,
+    ) -> Result<Vec<Orphaned>> {
+        self.read(|state, now| {
+            Ok(state
+                .workflows
+                .values()
+                .filter(|workflow| {
+                    COUNTED_STATUSES.contains(&workflow.row.status.as_str())
+                        && state
+                            .leases
+                            .get(&workflow.row.workflow_id)
+                            .is_some_and(|lease| lease.expires_at <= now)
+                })
+                .filter_map(|workflow| {
+                    let id = &workflow.row.workflow_id;
+                    let cancel_pending =
+                        workflow.row.status == "cancelling" || state.cancel_pending(id);
+                    let data = &workflow.row.data;
+                    let runtime = data["runtime_version"].as_str().unwrap_or_default();
+                    let configuration = data["configuration_version"].as_str().unwrap_or_default();
+                    let ours = runtime == versions.runtime
+                        && (configuration.is_empty() || configuration == versions.configuration);
+                    (cancel_pending || ours).then(|| Orphaned {
+                        workflow_id: id.clone(),
+                        cancel_pending,
+                    })
+                })
+                .take(limit as usize)
+                .collect())
+        })
+    }
+
+    async fn delete_workflow(&self, workflow_id: &str) -> Result<Deletion> {
+        self.write(|state, _| {
+            let Some(workflow) = state.workflows.get(workflow_id) else {
+                return Ok(Deletion::NotFound);
+            };
+            if !TERMINAL_STATUSES.contains(&workflow.row.status.as_str()) {
+                return Ok(Deletion::NotTerminal);
+            }
+            state.workflows.remove(workflow_id);
+            state
+                .controls
+                .retain(|_, control| control.workflow_id != workflow_id);
+            state
+                .slots
+                .retain(|(workflow, _), _| workflow != workflow_id);
+            state.leases.remove(workflow_id);
+            Ok(Deletion::Deleted)
+        })
+    }
+
+    async fn list_workflows(&self, filter: ListFilter) -> Result<Vec<ListedWorkflow>> {
+        self.read(|state, now| {
+            let mut listed: Vec<ListedWorkflow> = state
+                .workflows
+                .values()
+                .filter(|workflow| {
+                    let row = &workflow.row;
+                    filter
+                        .user_id
+                        .as_ref()
+                        .is_none_or(|user| row.user_id == *user)
+                        && match &filter.status {
+                            None => true,
+                            Some(StatusFilter::Stored(status)) => row.status == *status,
+                            Some(StatusFilter::Recoverable) => state.recoverable(workflow, now),
+                        }
+                        && filter.after.as_ref().is_none_or(|after| {
+                            (row.created_at, &row.workflow_id)
+                                < (after.created_at, &after.workflow_id)
+                        })
+                        && filter
+                            .request_id
+                            .as_ref()
+                            .is_none_or(|request| workflow.request_id.as_ref() == Some(request))
+                })
+                .map(|workflow| ListedWorkflow {
+                    row: workflow.row.clone(),
+                    recoverable: state.recoverable(workflow, now),
+                })
+                .collect();
+            listed.sort_by(|a, b| {
+                b.row
+                    .created_at
+                    .total_cmp(&a.row.created_at)
+                    .then_with(|| b.row.workflow_id.cmp(&a.row.workflow_id))
+            });
+            listed.truncate(filter.limit as usize);
+            Ok(listed)
+        })
+    }
+
+    async fn read_workflow(&self, workflow_id: &str) -> Result<Option<WorkflowRow>> {
+        self.read(|state, _| {
+            Ok(state
+                .workflows
+                .get(workflow_id)
+                .map(|workflow| workflow.row.clone()))
+        })
+    }
+
+    async fn read_steps(&self, workflow_id: &str) -> Result<Vec<StepRow>> {
+        self.read(|state, _| {
+            Ok(state
+                .workflows
+                .get(workflow_id)
+                .map(steps_of)
+                .unwrap_or_default())
+        })
+    }
+
+    async fn read_snapshot(&self, workflow_id: &str) -> Result<Option<Snapshot>> {
+        self.read(|state, now| Ok(state.snapshot(workflow_id, now)))
+    }
+
+    async fn read_artifact(&self, workflow_id: &str, version: i64) -> Result<Option<ArtifactRow>> {
+        self.read(|state, _| {
+            Ok(state
+                .workflows
+                .get(workflow_id)
+                .and_then(|workflow| workflow.artifacts.get(&version))
+                .map(|artifact| artifact.row.clone()))
+        })
+    }
+
+    async fn last_artifact_version(&self, workflow_id: &str) -> Result<i64> {
+        self.read(|state, _| {
+            Ok(state
+                .workflows
+                .get(workflow_id)
+                .and_then(|workflow| workflow.artifacts.keys().next_back().copied())
+                .unwrap_or(0))
+        })
+    }
+}
+
+impl crate::Controls for SimStore {
+    async fn put_control(&self, control: NewControl) -> Result<ControlWrite> {
+        self.write(|state, now| state.put_control(control, now))
+    }
+
+    async fn read_controls(&self, workflow_id: &str) -> Result<Vec<ControlRow>> {
+        self.read(|state, _| Ok(state.controls_of(workflow_id)))
+    }
+
+    async fn workflows_with_pending_controls(&self, owner: &str) -> Result<Vec<String>> {
+        self.read(|state, _| {
+            let mut pending: Vec<String> = state
+                .controls
+                .values()
+                .filter(|control| !control.applied)
+                .filter(|control| {
+                    state
+                        .workflows
+                        .get(&control.workflow_id)
+                        .is_some_and(|workflow| workflow.row.owner.as_deref() == Some(owner))
+                })
+                .map(|control| control.workflow_id.clone())
+                .collect();
+            pending.sort();
+            pending.dedup();
+            Ok(pending)
+        })
+    }
+}

@@ -1,0 +1,285 @@
+//! Fenced writes: all or nothing, and never after a takeover, whatever they change.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use store::{Admission, Error, NewControl, NewRun, RunStatus, WorkflowStep, WriteOp};
+
+use crate::harness::{conformance, step, workflow};
+
+conformance! {
+    async fn a_failing_change_rolls_back_the_whole_fenced_write(db) {
+        let store = db.store().await;
+        let lease = workflow(&*store, "wf", "node-a", 60_000).await;
+        let missing = WriteOp::SetWorkflow {
+            workflow_id: "no-such-workflow".into(),
+            status: "completed".into(),
+            data: json!({}),
+        };
+        let result = store.fenced_write(&lease.fence(), vec![step("wf", "s1"), missing]).await;
+        assert!(matches!(result, Err(Error::NotFound(_))), "{result:?}");
+        assert!(store.read_steps("wf").await.expect("steps").is_empty(), "half a write landed");
+
+        let artifact = |version: i64| WriteOp::PutArtifact {
+            workflow_id: "wf".into(),
+            version,
+            source_step_id: "s1".into(),
+            path: None,
+            content: b"bytes".to_vec(),
+            sha256: "hash".into(),
+        };
+        store.fenced_write(&lease.fence(), vec![artifact(1)]).await.expect("artifact 1");
+        let again = store.fenced_write(&lease.fence(), vec![step("wf", "s2"), artifact(1)]).await;
+        assert!(matches!(again, Err(Error::Conflict(_))), "a version changed: {again:?}");
+        assert!(store.read_steps("wf").await.expect("steps").is_empty(), "half a write landed");
+        assert_eq!(store.last_artifact_version("wf").await.expect("last"), 1);
+
+        let done = WriteOp::SetWorkflow {
+            workflow_id: "wf".into(),
+            status: "completed".into(),
+            data: json!({"result": 42}),
+        };
+        store.fenced_write(&lease.fence(), vec![step("wf", "s1"), done]).await.expect("write");
+        let row = store.read_workflow("wf").await.expect("read").expect("row");
+        assert_eq!((row.status.as_str(), &row.data), ("completed", &json!({"result": 42})));
+        assert_eq!(store.read_steps("wf").await.expect("steps").len(), 1);
+    }
+}
+
+conformance! {
+    async fn no_fenced_write_lands_after_a_takeover(db) {
+        // The old owner writes as fast as it can on a short lease that it does not renew; the new
+        // owner takes over the moment the lease expires. Every write the old owner starts after
+        // the takeover returned must be refused, and exactly the acknowledged writes are stored.
+        let (old_store, new_store) = (db.store().await, db.store().await);
+        let held = workflow(&*old_store, "wf", "old", 400).await;
+        let taken_over = Arc::new(AtomicBool::new(false));
+        let wrote = Arc::new(tokio::sync::Notify::new());
+        let writer = {
+            let (store, taken_over, fence) = (Arc::clone(&old_store), Arc::clone(&taken_over), held.fence());
+            let wrote = Arc::clone(&wrote);
+            tokio::spawn(async move {
+                let mut log = Vec::new();
+                for i in 0..100_000 {
+                    let started_after_takeover = taken_over.load(Ordering::SeqCst);
+                    let result = store.fenced_write(&fence, vec![step("wf", &format!("old-{i}"))]).await;
+                    let lost = matches!(result, Err(Error::LeaseLost { .. }));
+                    assert!(lost || result.is_ok(), "write {i}: {result:?}");
+                    if result.is_ok() {
+                        wrote.notify_one();
+                    }
+                    log.push((format!("old-{i}"), result.is_ok(), started_after_takeover));
+                    if lost && started_after_takeover && log.iter().rev().take(20).all(|e| !e.1) {
+                        break;
+                    }
+                    tokio::task::yield_now().await;
+                }
+                log
+            })
+        };
+        // The takeover starts once the old owner has written (the simulation's clock would
+        // otherwise run its lease out before it wrote at all).
+        wrote.notified().await;
+        let started = Instant::now();
+        let lease = loop {
+            if let Some(lease) = new_store.acquire_lease("wf", "new", 60_000).await.expect("acquire") {
+                break lease;
+            }
+            assert!(started.elapsed() < Duration::from_secs(10), "no takeover after expiry");
+            db.tick().await;
+        };
+        taken_over.store(true, Ordering::SeqCst);
+        new_store.fenced_write(&lease.fence(), vec![step("wf", "new-0")]).await.expect("new owner writes");
+        let log = writer.await.expect("writer");
+
+        let late: Vec<_> = log.iter().filter(|(_, ok, after)| *ok && *after).collect();
+        assert!(late.is_empty(), "writes acknowledged after the takeover: {late:?}");
+        let stored: Vec<String> = new_store.read_steps("wf").await.expect("steps")
+            .into_iter().map(|s| s.step_id).collect();
+        for (name, ok, _) in &log {
+            assert_eq!(stored.contains(name), *ok, "{name}: acknowledged={ok}, stored={}", !ok);
+        }
+        assert!(log.iter().any(|(_, ok, _)| *ok), "the old owner never wrote: the test proved nothing");
+        assert!(stored.contains(&"new-0".to_owned()));
+    }
+}
+
+conformance! {
+    async fn a_workflow_that_ends_gives_its_lease_back_in_the_same_write_or_not_at_all(db) {
+        let store = db.store().await;
+        let end = |workflow_id: &str| WriteOp::SetWorkflow {
+            workflow_id: workflow_id.into(),
+            status: "completed".into(),
+            data: json!({"result": 1}),
+        };
+
+        // A write that fails keeps the lease: nobody else can take the workflow. (The release
+        // comes first in the list, and is still applied last.)
+        let held = workflow(&*store, "wf", "node-a", 60_000).await;
+        let failed = store
+            .fenced_write(&held.fence(), vec![WriteOp::ReleaseLease, end("no-such-workflow")])
+            .await;
+        assert!(matches!(failed, Err(Error::NotFound(_))), "{failed:?}");
+        assert!(store.acquire_lease("wf", "node-b", 60_000).await.expect("acquire").is_none(),
+            "a failed write released the lease");
+
+        // The release first in the list is still applied after the end: both commit.
+        store.fenced_write(&held.fence(), vec![WriteOp::ReleaseLease, end("wf")]).await.expect("end");
+        assert_eq!(store.read_workflow("wf").await.expect("read").expect("row").status, "completed");
+        let next = store.acquire_lease("wf", "node-b", 60_000).await.expect("acquire")
+            .expect("the ended workflow's lease is free");
+        assert_eq!(next.epoch, held.epoch + 1);
+
+        // The old owner can no longer release (or end) anything: the new lease stands.
+        let stale = store.fenced_write(&held.fence(), vec![WriteOp::ReleaseLease]).await;
+        assert!(matches!(stale, Err(Error::LeaseLost { .. })), "{stale:?}");
+        let lease = store.read_lease("wf").await.expect("read lease").expect("lease");
+        assert_eq!((lease.owner.as_str(), lease.epoch), ("node-b", next.epoch));
+        assert!(store.acquire_lease("wf", "node-c", 60_000).await.expect("acquire").is_none(),
+            "a stale release freed the new owner's lease");
+    }
+}
+
+/// One write of each kind for workflow `wf` (with a live child run of step `s`, attempt 1, and
+/// control `control_id`), named by kind. The match has no catch-all: a new kind of write does
+/// not compile until it is named here, and so tested for its fence below.
+fn every_kind_of_write(control_id: i64) -> Vec<(&'static str, WriteOp)> {
+    let wf = || "wf".to_owned();
+    let writes = vec![
+        WriteOp::SetWorkflow {
+            workflow_id: wf(),
+            status: "completed".into(),
+            data: json!({"late": true}),
+        },
+        WriteOp::PutStep {
+            workflow_id: wf(),
+            seq: 9,
+            step_id: "late".into(),
+            attempt: 1,
+            kind: "agent".into(),
+            status: "completed".into(),
+            data: json!({}),
+        },
+        WriteOp::MarkControlApplied { control_id },
+        WriteOp::PutArtifact {
+            workflow_id: wf(),
+            version: 1,
+            source_step_id: "s".into(),
+            path: Some("out.txt".into()),
+            content: b"late".to_vec(),
+            sha256: "hash".into(),
+        },
+        WriteOp::CloseStepRuns {
+            workflow_id: wf(),
+            step_id: "s".into(),
+            attempt: 1,
+        },
+        WriteOp::CancelRuns { workflow_id: wf() },
+        WriteOp::ReleaseSlot {
+            workflow_id: wf(),
+            step_id: "s".into(),
+        },
+        WriteOp::ReleaseSlots { workflow_id: wf() },
+        WriteOp::TakePlaces {
+            workflow_id: wf(),
+            user_id: "tester".into(),
+            max_workflows: 0,
+            max_workflows_per_owner: 0,
+        },
+        WriteOp::PutLogs {
+            workflow_id: wf(),
+            lines: vec!["late".into()],
+            events_max: 10,
+            bytes_max: 100,
+        },
+        WriteOp::ReleaseLease,
+    ];
+    writes
+        .into_iter()
+        .map(|op| {
+            let kind = match &op {
+                WriteOp::SetWorkflow { .. } => "SetWorkflow",
+                WriteOp::PutStep { .. } => "PutStep",
+                WriteOp::MarkControlApplied { .. } => "MarkControlApplied",
+                WriteOp::PutArtifact { .. } => "PutArtifact",
+                WriteOp::CloseStepRuns { .. } => "CloseStepRuns",
+                WriteOp::CancelRuns { .. } => "CancelRuns",
+                WriteOp::ReleaseSlot { .. } => "ReleaseSlot",
+                WriteOp::ReleaseSlots { .. } => "ReleaseSlots",
+                WriteOp::TakePlaces { .. } => "TakePlaces",
+                WriteOp::PutLogs { .. } => "PutLogs",
+                WriteOp::ReleaseLease => "ReleaseLease",
+            };
+            (kind, op)
+        })
+        .collect()
+}
+
+conformance! {
+    async fn a_stale_epoch_is_refused_for_every_kind_of_write_and_changes_nothing(db) {
+        let (old, new) = (db.store().await, db.store().await);
+        let stale = workflow(&*old, "wf", "node-a", 300).await;
+        let admitted = old
+            .admit_run(NewRun {
+                run_id: "run".into(),
+                thread_id: "thread".into(),
+                agent: "echo".into(),
+                owner: "node-a".into(),
+                lease_ms: 60_000,
+                idempotency: Some(("wf/s/1".into(), json!({}))),
+                metadata: json!({}),
+                step: Some(WorkflowStep {
+                    workflow_id: "wf".into(),
+                    step_id: "s".into(),
+                    attempt: 1,
+                    slots_max: 8,
+                    fence: stale.fence(),
+                    journal: vec![step("wf", "s")],
+                }),
+            })
+            .await
+            .expect("admit");
+        assert!(matches!(admitted, Admission::Admitted(_)), "{admitted:?}");
+        let control = NewControl {
+            workflow_id: "wf".into(),
+            kind: "cancel".into(),
+            step_id: String::new(),
+            attempt: 0,
+            body: json!({}),
+            created_by: None,
+        };
+        let control_id = match old.put_control(control).await.expect("control") {
+            store::ControlWrite::Recorded(row) => row.id,
+            other => panic!("{other:?}"),
+        };
+        db.pass(&old, stale.expires_at).await;
+        let current = new.acquire_lease("wf", "node-b", 60_000).await.expect("acquire").expect("taken");
+        assert_eq!(current.epoch, stale.epoch + 1);
+
+        let before = new.read_snapshot("wf").await.expect("snapshot").expect("wf");
+        let events_before = new.read_events("wf", 0, 1_000).await.expect("events").expect("wf");
+        for (kind, op) in every_kind_of_write(control_id) {
+            let refused = old.fenced_write(&stale.fence(), vec![op]).await;
+            assert!(matches!(refused, Err(Error::LeaseLost { .. })), "{kind}: {refused:?}");
+        }
+        let after = new.read_snapshot("wf").await.expect("snapshot").expect("wf");
+        assert_eq!(after.row, before.row);
+        assert_eq!(after.lease, Some(current.clone()), "a stale write moved the lease");
+        assert_eq!(after.steps, before.steps);
+        assert_eq!(after.controls, before.controls);
+        assert_eq!(after.artifacts, before.artifacts);
+        assert_eq!(new.count_slots().await.expect("slots"), 1, "a stale write freed a slot");
+        let run = new.read_run("run").await.expect("read").expect("run");
+        assert_eq!((run.status, run.cancel_action), (RunStatus::Running, None));
+        let events_after = new.read_events("wf", 0, 1_000).await.expect("events").expect("wf");
+        assert_eq!(events_after, events_before, "a stale write left an event");
+
+        // The current owner's writes of the same kinds land.
+        new.fenced_write(&current.fence(), vec![WriteOp::MarkControlApplied { control_id }])
+            .await
+            .expect("the current owner writes");
+        assert!(new.read_controls("wf").await.expect("controls")[0].applied);
+    }
+}

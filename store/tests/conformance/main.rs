@@ -1,0 +1,11 @@
+//! The store's conformance suite: the same behavioural tests against PostgreSQL, SQLite and the
+//! simulation store (see `harness.rs`). PostgreSQL tests need `REINS_TEST_PG`.
+
+mod events;
+mod fencing;
+mod harness;
+mod leases;
+mod operators;
+mod runs;
+mod users;
+mod workflows;

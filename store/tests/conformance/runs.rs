@@ -1,0 +1,438 @@
+//! The compare-and-set rules of child runs: admission (idempotency, one active
+//! run per thread, slots), terminal commit authority, durable cancellation, approval answers and
+//! orphan claims.
+
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+use store::{Admission, CancelAction, Error, NewRun, RunOutcome, RunStatus, WorkflowStep};
+use tokio::sync::Barrier;
+
+use crate::harness::{Subject, conformance, workflow};
+
+/// A run of `agent` on `thread`, owned by `owner`.
+pub fn new_run(run_id: &str, thread: &str, owner: &str) -> NewRun {
+    NewRun {
+        run_id: run_id.to_owned(),
+        thread_id: thread.to_owned(),
+        agent: "echo".into(),
+        owner: owner.to_owned(),
+        lease_ms: 60_000,
+        idempotency: None,
+        metadata: json!({}),
+        step: None,
+    }
+}
+
+fn outcome(status: RunStatus) -> RunOutcome {
+    RunOutcome {
+        status,
+        error: None,
+        output: Some(json!({"done": true})),
+        stop_reason: None,
+        total_tokens: 0,
+        message_count: 0,
+    }
+}
+
+async fn admitted<S: Subject>(store: &S, run: NewRun) -> store::RunRow {
+    match store.admit_run(run).await.expect("admit") {
+        Admission::Admitted(row) => row,
+        other => panic!("not admitted: {other:?}"),
+    }
+}
+
+fn approve() -> Value {
+    json!({"decision": "approve", "by": "ada"})
+}
+
+/// The metadata of a run once `request_id` was answered with [`approve`].
+fn answered_metadata(request_id: &str) -> Value {
+    json!({"retained": true, "hitl_answer": {"request_id": request_id, "answer": approve()}})
+}
+
+fn paused_metadata(request_id: &str) -> Value {
+    json!({
+        "hitl_approval": {
+            "request_id": request_id,
+            "actions": [{"tool_call_id": "call-1", "request_id": request_id}],
+        },
+        "retained": true,
+    })
+}
+
+/// A run on `thread` paused for approval `request_id`.
+async fn paused<S: Subject>(store: &S, run_id: &str, thread: &str, request_id: &str) {
+    let run = NewRun {
+        metadata: paused_metadata(request_id),
+        ..new_run(run_id, thread, "node-a")
+    };
+    admitted(store, run).await;
+    assert!(
+        store
+            .update_run_status(run_id, "node-a", RunStatus::WaitingForInput, None)
+            .await
+            .expect("pause")
+    );
+}
+
+conformance! {
+    async fn admission_is_idempotent_per_key_and_keeps_one_active_run_per_thread(db) {
+        let store = db.store().await;
+        let keyed = |run_id: &str, request: Value| NewRun {
+            idempotency: Some(("key-1".into(), request)),
+            ..new_run(run_id, "thread-1", "node-a")
+        };
+        let first = admitted(&*store, keyed("run-1", json!({"task": "a"}))).await;
+        assert_eq!((first.status, first.owner_worker_id.as_deref()), (RunStatus::Running, Some("node-a")));
+        assert_eq!(first.idempotency_request, Some(json!({"task": "a"})));
+
+        match store.admit_run(keyed("run-2", json!({"task": "a"}))).await.expect("replay") {
+            Admission::Existing(row) => assert_eq!(row.run_id, "run-1"),
+            other => panic!("the same request made {other:?}"),
+        }
+        let reused = store.admit_run(keyed("run-3", json!({"task": "b"}))).await;
+        assert!(matches!(reused, Err(Error::Conflict(_))), "{reused:?}");
+        let busy = store.admit_run(new_run("run-4", "thread-1", "node-a")).await;
+        assert!(matches!(busy, Err(Error::Conflict(ref m)) if m.contains("thread-1")), "{busy:?}");
+        for absent in ["run-2", "run-3", "run-4"] {
+            assert_eq!(store.read_run(absent).await.expect("read"), None, "{absent} was written");
+        }
+
+        assert!(store.finalize_run("run-1", "node-a", &outcome(RunStatus::Success), true).await.expect("finalize"));
+        admitted(&*store, new_run("run-5", "thread-1", "node-a")).await;
+    }
+}
+
+conformance! {
+    async fn a_step_without_a_free_slot_is_queued_and_a_stale_fence_admits_nothing(db) {
+        let store = db.store().await;
+        let lease = workflow(&*store, "wf", "node-a", 60_000).await;
+        let step = |step_id: &str| WorkflowStep {
+            workflow_id: "wf".into(),
+            step_id: step_id.to_owned(),
+            attempt: 1,
+            slots_max: 2,
+            fence: lease.fence(),
+            journal: Vec::new(),
+        };
+        for (n, step_id) in ["s1", "s2"].into_iter().enumerate() {
+            let run = NewRun { step: Some(step(step_id)), ..new_run(&format!("run-{n}"), &format!("t-{n}"), "node-a") };
+            admitted(&*store, run).await;
+        }
+        let third = NewRun { step: Some(step("s3")), ..new_run("run-3", "t-3", "node-a") };
+        assert_eq!(store.admit_run(third.clone()).await.expect("admit"), Admission::Queued);
+        assert_eq!(store.read_run("run-3").await.expect("read"), None);
+        assert_eq!(store.count_slots().await.expect("slots"), 2);
+
+        store
+            .fenced_write(&lease.fence(), vec![store::WriteOp::ReleaseSlot {
+                workflow_id: "wf".into(),
+                step_id: "s1".into(),
+            }])
+            .await
+            .expect("release a slot");
+        admitted(&*store, third).await;
+        assert_eq!(store.count_slots().await.expect("slots"), 2);
+
+        assert!(store.release_lease(&lease.fence()).await.expect("release"));
+        let stale = NewRun { step: Some(step("s4")), ..new_run("run-4", "t-4", "node-a") };
+        let refused = store.admit_run(stale).await;
+        assert!(matches!(refused, Err(Error::LeaseLost { .. })), "{refused:?}");
+        assert_eq!(store.read_run("run-4").await.expect("read"), None);
+        assert_eq!(store.count_slots().await.expect("slots"), 2);
+    }
+}
+
+conformance! {
+    async fn a_steps_journal_writes_are_committed_with_its_admission_and_only_then(db) {
+        let store = db.store().await;
+        let lease = workflow(&*store, "wf", "node-a", 60_000).await;
+        let put = |step_id: &str, status: &str| store::WriteOp::PutStep {
+            workflow_id: "wf".into(),
+            seq: 0,
+            step_id: step_id.to_owned(),
+            attempt: 1,
+            kind: "agent".into(),
+            status: status.to_owned(),
+            data: json!({"run": step_id}),
+        };
+        let step = |step_id: &str, slots_max: u64| WorkflowStep {
+            workflow_id: "wf".into(),
+            step_id: step_id.to_owned(),
+            attempt: 1,
+            slots_max,
+            fence: lease.fence(),
+            journal: vec![put(step_id, "running")],
+        };
+        let keyed = |run_id: &str, step_id: &str, slots_max: u64| NewRun {
+            idempotency: Some((format!("wf/{step_id}/1"), json!({"step": step_id}))),
+            step: Some(step(step_id, slots_max)),
+            ..new_run(run_id, &format!("t-{step_id}"), "node-a")
+        };
+        let journaled = || async {
+            let steps = store.read_steps("wf").await.expect("steps");
+            steps.into_iter().map(|s| s.step_id).collect::<Vec<_>>()
+        };
+
+        admitted(&*store, keyed("run-a", "a", 1)).await;
+        assert_eq!(journaled().await, ["a"]);
+        // No slot: queued, and its journal write is not made.
+        assert_eq!(store.admit_run(keyed("run-b", "b", 1)).await.expect("admit"), Admission::Queued);
+        assert_eq!(journaled().await, ["a"]);
+        // The same request again finds its run; the journal write is the caller's to make.
+        store
+            .fenced_write(&lease.fence(), vec![put("a", "completed")])
+            .await
+            .expect("complete a");
+        let again = store.admit_run(keyed("run-a2", "a", 1)).await.expect("admit");
+        assert!(matches!(again, Admission::Existing(ref row) if row.run_id == "run-a"), "{again:?}");
+        let steps = store.read_steps("wf").await.expect("steps");
+        assert_eq!(steps[0].status, "completed", "the repeated admission rewrote the journal");
+        // A stale fence writes nothing at all.
+        assert!(store.release_lease(&lease.fence()).await.expect("release"));
+        let stale = store.admit_run(keyed("run-c", "c", 8)).await;
+        assert!(matches!(stale, Err(Error::LeaseLost { .. })), "{stale:?}");
+        assert_eq!(journaled().await, ["a"]);
+        assert_eq!(store.read_run("run-c").await.expect("read"), None);
+    }
+}
+
+conformance! {
+    async fn racing_admissions_never_hold_more_slots_than_the_max_even_after_it_is_lowered(db) {
+        let store = db.store().await;
+        let mut fences = Vec::new();
+        for n in 0..24 {
+            fences.push(workflow(&*store, &format!("wf-{n}"), "node-a", 60_000).await.fence());
+        }
+        let step = |n: usize, slots_max: u64| WorkflowStep {
+            workflow_id: format!("wf-{n}"),
+            step_id: "s".into(),
+            attempt: 1,
+            slots_max,
+            fence: fences[n].clone(),
+            journal: Vec::new(),
+        };
+        let run = |n: usize, slots_max: u64| NewRun {
+            step: Some(step(n, slots_max)),
+            ..new_run(&format!("run-{n}"), &format!("t-{n}"), "node-a")
+        };
+        let start = Arc::new(Barrier::new(24));
+        let racers: Vec<_> = (0..24)
+            .map(|n| {
+                let (store, start, run) = (Arc::clone(&store), Arc::clone(&start), run(n, 8));
+                tokio::spawn(async move {
+                    start.wait().await;
+                    store.admit_run(run).await.expect("admit")
+                })
+            })
+            .collect();
+        let mut held = Vec::new();
+        for (n, racer) in racers.into_iter().enumerate() {
+            if matches!(racer.await.expect("join"), Admission::Admitted(_)) {
+                held.push(n);
+            }
+        }
+        assert_eq!(held.len(), 8, "admitted: {held:?}");
+        assert_eq!(store.count_slots().await.expect("slots"), 8);
+
+        // The max is lowered to 4 while 8 are held: nothing is admitted until fewer than 4 are.
+        let waiting: Vec<usize> = (0..24).filter(|n| !held.contains(n)).collect();
+        assert_eq!(store.admit_run(run(waiting[0], 4)).await.expect("admit"), Admission::Queued);
+        for n in &held[..5] {
+            store
+                .fenced_write(&fences[*n], vec![store::WriteOp::ReleaseSlot {
+                    workflow_id: format!("wf-{n}"),
+                    step_id: "s".into(),
+                }])
+                .await
+                .expect("release");
+        }
+        assert_eq!(store.count_slots().await.expect("slots"), 3);
+        admitted(&*store, run(waiting[0], 4)).await;
+        assert_eq!(store.admit_run(run(waiting[1], 4)).await.expect("admit"), Admission::Queued);
+        assert_eq!(store.count_slots().await.expect("slots"), 4);
+    }
+}
+
+conformance! {
+    async fn a_max_of_zero_admits_none_and_racing_admissions_fill_a_wide_max_exactly(db) {
+        // With 40 of 48 numbers free at first, claims take random numbers; the last ones find
+        // them taken and count. Either way exactly the max is held.
+        let store = db.store().await;
+        let racers = 48;
+        let max = 40;
+        let mut fences = Vec::new();
+        for n in 0..racers {
+            fences.push(workflow(&*store, &format!("wide-{n}"), "node-a", 60_000).await.fence());
+        }
+        let run = |n: usize, slots_max: u64| NewRun {
+            step: Some(WorkflowStep {
+                workflow_id: format!("wide-{n}"),
+                step_id: "s".into(),
+                attempt: 1,
+                slots_max,
+                fence: fences[n].clone(),
+                journal: Vec::new(),
+            }),
+            ..new_run(&format!("wide-run-{n}"), &format!("wide-t-{n}"), "node-a")
+        };
+        // A max of zero admits nothing, even with every number free.
+        assert_eq!(store.admit_run(run(0, 0)).await.expect("admit"), Admission::Queued);
+        assert_eq!(store.count_slots().await.expect("slots"), 0);
+        let start = Arc::new(Barrier::new(racers));
+        let tasks: Vec<_> = (0..racers)
+            .map(|n| {
+                let (store, start, run) = (Arc::clone(&store), Arc::clone(&start), run(n, max));
+                tokio::spawn(async move {
+                    start.wait().await;
+                    store.admit_run(run).await.expect("admit")
+                })
+            })
+            .collect();
+        let mut admitted_count = 0;
+        for task in tasks {
+            match task.await.expect("join") {
+                Admission::Admitted(_) => admitted_count += 1,
+                Admission::Queued => {}
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        assert_eq!(admitted_count, 40);
+        assert_eq!(store.count_slots().await.expect("slots"), 40);
+    }
+}
+
+conformance! {
+    async fn only_the_owner_of_a_live_row_records_its_outcome_once(db) {
+        let store = db.store().await;
+        admitted(&*store, new_run("run-1", "thread-1", "node-a")).await;
+        assert!(!store.finalize_run("run-1", "node-b", &outcome(RunStatus::Success), true).await.expect("cas"),
+            "another node recorded an outcome");
+        let counted = RunOutcome { total_tokens: 17, message_count: 2, ..outcome(RunStatus::Success) };
+        assert!(store.finalize_run("run-1", "node-a", &counted, true).await.expect("cas"));
+        let conflicting = RunOutcome { error: Some("late".into()), ..outcome(RunStatus::Error) };
+        assert!(!store.finalize_run("run-1", "node-a", &conflicting, false).await.expect("cas"),
+            "a second outcome overwrote the first");
+        assert!(!store.update_run_status("run-1", "node-a", RunStatus::Running, None).await.expect("cas"),
+            "a live status resurrected a finished run");
+
+        let row = store.read_run("run-1").await.expect("read").expect("row");
+        assert_eq!((row.status, row.error, row.total_tokens, row.message_count),
+            (RunStatus::Success, None, 17, 2));
+        let renewal = store.renew_run_lease("run-1", "node-a", 60_000).await.expect("renew");
+        assert!(matches!(renewal, Err(Some(ref row)) if row.status == RunStatus::Success), "{renewal:?}");
+    }
+}
+
+conformance! {
+    async fn a_durable_cancel_reaches_the_owner_at_renewal_and_blocks_a_plain_success(db) {
+        let store = db.store().await;
+        admitted(&*store, new_run("run-1", "thread-1", "node-a")).await;
+        let renewed = store.renew_run_lease("run-1", "node-a", 60_000).await.expect("renew").expect("renewed");
+        assert_eq!(renewed.cancel_action, None);
+        assert!(renewed.expires_at > renewed.now);
+
+        assert_eq!(store.request_run_cancel("run-1", CancelAction::Rollback).await.expect("cancel"),
+            Some(CancelAction::Rollback));
+        assert_eq!(store.request_run_cancel("run-1", CancelAction::Interrupt).await.expect("cancel"),
+            Some(CancelAction::Rollback), "the first action asked for stands");
+        let renewed = store.renew_run_lease("run-1", "node-a", 60_000).await.expect("renew").expect("renewed");
+        assert_eq!(renewed.cancel_action, Some(CancelAction::Rollback));
+
+        assert!(!store.finalize_run("run-1", "node-a", &outcome(RunStatus::Success), true).await.expect("cas"),
+            "a success was recorded over a cancel request");
+        let interrupted = RunOutcome { error: Some("rolled back".into()), ..outcome(RunStatus::Interrupted) };
+        assert!(store.finalize_run("run-1", "node-a", &interrupted, false).await.expect("cas"));
+        assert_eq!(store.request_run_cancel("run-1", CancelAction::Interrupt).await.expect("cancel"), None);
+        assert_eq!(store.read_run("run-1").await.expect("read").map(|r| r.status), Some(RunStatus::Interrupted));
+
+        paused(&*store, "run-2", "thread-2", "approval-1").await;
+        store.request_run_cancel("run-2", CancelAction::Interrupt).await.expect("cancel");
+        assert_eq!(store.read_run("run-2").await.expect("read").map(|r| r.status),
+            Some(RunStatus::Interrupted), "a paused run, which nobody runs, ends at once");
+    }
+}
+
+conformance! {
+    async fn an_expired_run_is_claimed_as_an_orphan_and_its_old_owner_is_fenced(db) {
+        let store = db.store().await;
+        admitted(&*store, NewRun { lease_ms: 200, ..new_run("brief", "thread-1", "dead-node") }).await;
+        admitted(&*store, new_run("alive", "thread-2", "node-a")).await;
+        let deadline = store.read_run("brief").await.expect("read").and_then(|r| r.lease_expires_at).expect("lease");
+        db.pass(&store, deadline).await;
+        let renewal = store.renew_run_lease("brief", "dead-node", 60_000).await.expect("renew");
+        assert!(matches!(renewal, Err(Some(_))), "an expired run lease was renewed: {renewal:?}");
+
+        assert_eq!(store.claim_orphan_runs("node-b", 10).await.expect("claim"), vec!["brief".to_owned()]);
+        assert!(store.claim_orphan_runs("node-b", 10).await.expect("claim").is_empty());
+        let row = store.read_run("brief").await.expect("read").expect("row");
+        assert_eq!((row.status, row.stop_reason.as_deref(), row.owner_worker_id.as_deref()),
+            (RunStatus::Error, Some("orphan_recovered"), Some("node-b")));
+        assert!(!store.finalize_run("brief", "dead-node", &outcome(RunStatus::Success), true).await.expect("cas"));
+        assert_eq!(store.read_run("alive").await.expect("read").map(|r| r.status), Some(RunStatus::Running));
+    }
+}
+
+conformance! {
+    async fn an_answer_to_an_older_pause_never_consumes_a_newer_one(db) {
+        let (owner, peer) = (db.store().await, db.store().await);
+        paused(&*owner, "run-1", "thread", "approval-1").await;
+        let first = owner.answer_approval("thread", &["approval-1".into()], &approve()).await.expect("answer")
+            .expect("the first pause is answered");
+        let row = owner.read_run("run-1").await.expect("read").expect("row");
+        assert_eq!((row.status, &row.metadata), (RunStatus::Success, &answered_metadata("approval-1")));
+        assert_eq!((first.previous_metadata, first.status), (paused_metadata("approval-1"), RunStatus::Success));
+
+        paused(&*owner, "run-2", "thread", "approval-2").await;
+        assert_eq!(peer.answer_approval("thread", &["approval-1".into()], &approve()).await.expect("answer"), None,
+            "a stale answer consumed the newer pause");
+        assert_eq!(peer.read_run("run-2").await.expect("read").map(|r| r.metadata),
+            Some(paused_metadata("approval-2")));
+
+        let second = peer.answer_approval("thread", &["approval-2".into()], &approve()).await.expect("answer")
+            .expect("the current pause is answered");
+        assert!(peer.restore_approval(&second).await.expect("restore"));
+        let restored = peer.read_run("run-2").await.expect("read").expect("row");
+        assert_eq!((restored.status, restored.metadata), (RunStatus::WaitingForInput, paused_metadata("approval-2")));
+        assert!(!peer.restore_approval(&second).await.expect("restore"), "an answer was restored twice");
+
+        // Restoring is refused once anything newer was committed on the run: here a second answer
+        // of the restored pause.
+        owner.answer_approval("thread", &["approval-2".into()], &approve()).await.expect("answer")
+            .expect("the restored pause is answered again");
+        assert!(!owner.restore_approval(&second).await.expect("restore"),
+            "a restore overwrote a newer commit");
+        assert_eq!(owner.read_run("run-2").await.expect("read").map(|r| r.status), Some(RunStatus::Success));
+
+    }
+}
+
+conformance! {
+    async fn two_nodes_answering_the_same_approval_have_exactly_one_winner(db) {
+        const ROUNDS: usize = 100;
+        let (a, b) = (db.store().await, db.store().await);
+        for round in 0..ROUNDS {
+            let thread = format!("thread-{round}");
+            paused(&*a, &format!("run-{round}"), &thread, "approval").await;
+            let barrier = Arc::new(Barrier::new(2));
+            let answer = |store: Arc<S>| {
+                let (barrier, thread) = (Arc::clone(&barrier), thread.clone());
+                tokio::spawn(async move {
+                    barrier.wait().await;
+                    store.answer_approval(&thread, &["approval".into()], &approve()).await
+                })
+            };
+            let (first, second) = (answer(Arc::clone(&a)), answer(Arc::clone(&b)));
+            let first = first.await.expect("join").expect("answer");
+            let second = second.await.expect("join").expect("answer");
+            assert_eq!(
+                usize::from(first.is_some()) + usize::from(second.is_some()),
+                1,
+                "round {round}: {first:?} / {second:?}"
+            );
+            let row = a.read_run(&format!("run-{round}")).await.expect("read").expect("row");
+            assert_eq!((row.status, row.metadata), (RunStatus::Success, answered_metadata("approval")));
+        }
+    }
+}

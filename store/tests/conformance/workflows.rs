@@ -1,0 +1,547 @@
+//! Launching workflows and recording controls: idempotency per user and
+//! request id, cluster-wide limits counted atomically, one control row per decision, the journal
+//! read in call order.
+
+use std::sync::Arc;
+
+use serde_json::json;
+use store::{ControlWrite, Error, Launch, LaunchLimits, NewControl, NewWorkflow, WriteOp};
+use tokio::sync::Barrier;
+
+use crate::harness::{Subject, conformance};
+
+fn new_workflow(id: &str, user: &str, request: Option<&str>, fingerprint: &str) -> NewWorkflow {
+    NewWorkflow {
+        workflow_id: id.to_owned(),
+        user_id: user.to_owned(),
+        request_id: request.map(str::to_owned),
+        fingerprint: fingerprint.to_owned(),
+        data: json!({"script": "return 1;"}),
+    }
+}
+
+/// A workflow launched without limits, with its first lease.
+async fn created<S: Subject>(store: &S, workflow: NewWorkflow) -> store::Lease {
+    match store
+        .launch_workflow(workflow, "node", 60_000, LaunchLimits::NONE)
+        .await
+        .expect("launch")
+    {
+        Launch::Created(lease) => lease,
+        other => panic!("not created: {other:?}"),
+    }
+}
+
+fn decide(workflow: &str, body: serde_json::Value) -> NewControl {
+    NewControl {
+        workflow_id: workflow.to_owned(),
+        kind: "decide".into(),
+        step_id: "review".into(),
+        attempt: 1,
+        body,
+        created_by: Some("ada".into()),
+    }
+}
+
+conformance! {
+    async fn a_launch_is_idempotent_per_user_and_request_id(db) {
+        let store = db.store().await;
+        let launch = |id: &str, user: &str, fingerprint: &str| {
+            store.launch_workflow(new_workflow(id, user, Some("req-1"), fingerprint), "node-a", 60_000,
+                LaunchLimits::NONE)
+        };
+        assert!(matches!(launch("wf-1", "ada", "fp-1").await.expect("launch"), Launch::Created(_)));
+        match launch("wf-2", "ada", "fp-1").await.expect("launch") {
+            Launch::Existing(row) => assert_eq!(row.workflow_id, "wf-1"),
+            other => panic!("the same request made {other:?}"),
+        }
+        let different = launch("wf-3", "ada", "fp-2").await;
+        assert!(matches!(different, Err(Error::Conflict(ref m)) if m.contains("req-1")), "{different:?}");
+        assert!(matches!(launch("wf-4", "bob", "fp-2").await.expect("launch"), Launch::Created(_)),
+            "request ids are per user");
+        for absent in ["wf-2", "wf-3"] {
+            assert_eq!(store.read_workflow(absent).await.expect("read"), None);
+        }
+    }
+}
+
+conformance! {
+    async fn concurrent_launches_never_exceed_the_per_owner_and_cluster_limits(db) {
+        let limits = LaunchLimits { max_workflows: 6, max_workflows_per_owner: 4 };
+        let stores: Vec<Arc<S>> = vec![db.store().await, db.store().await];
+        let barrier = Arc::new(Barrier::new(5));
+        let launches: Vec<_> = (0..5)
+            .map(|n| {
+                let (store, barrier) = (Arc::clone(&stores[n % 2]), Arc::clone(&barrier));
+                tokio::spawn(async move {
+                    barrier.wait().await;
+                    let workflow = new_workflow(&format!("wf-{n}"), "ada", Some(&format!("r-{n}")), "fp");
+                    store.launch_workflow(workflow, "node", 60_000, limits).await
+                })
+            })
+            .collect();
+        let mut created = 0;
+        let mut refused = Vec::new();
+        for launch in launches {
+            match launch.await.expect("join").expect("launch") {
+                Launch::Created(_) => created += 1,
+                Launch::Refused { limit, max } => refused.push((limit, max)),
+                Launch::Existing(row) => panic!("no request was repeated: {row:?}"),
+            }
+        }
+        assert_eq!(created, 4, "exactly max_workflows_per_owner launches are accepted");
+        assert_eq!(refused, vec![("max_workflows_per_owner", 4)]);
+
+        let store = &stores[0];
+        for n in 0..2 {
+            let workflow = new_workflow(&format!("bob-{n}"), "bob", None, "fp");
+            assert!(matches!(store.launch_workflow(workflow, "node", 60_000, limits).await.expect("launch"),
+                Launch::Created(_)));
+        }
+        let over = store.launch_workflow(new_workflow("carol-0", "carol", None, "fp"), "node", 60_000, limits)
+            .await.expect("launch");
+        assert_eq!(over, Launch::Refused { limit: "max_workflows", max: 6 });
+        assert_eq!(store.read_workflow("carol-0").await.expect("read"), None);
+    }
+}
+
+conformance! {
+    async fn limits_of_zero_launch_nothing_and_wide_limits_fill_exactly(db) {
+        let store = db.store().await;
+        for (limits, refused) in [
+            (LaunchLimits { max_workflows: 0, max_workflows_per_owner: 5 }, "max_workflows"),
+            (LaunchLimits { max_workflows: 5, max_workflows_per_owner: 0 }, "max_workflows_per_owner"),
+        ] {
+            let launch = store.launch_workflow(new_workflow("none", "ada", None, "fp"), "node", 60_000, limits)
+                .await.expect("launch");
+            assert_eq!(launch, Launch::Refused { limit: refused, max: 0 });
+        }
+        // 48 users racing for 40 places: the first take random free numbers, the last find them
+        // taken and count; either way exactly 40 launch.
+        let limits = LaunchLimits { max_workflows: 40, max_workflows_per_owner: 40 };
+        let barrier = Arc::new(Barrier::new(48));
+        let launches: Vec<_> = (0..48)
+            .map(|n| {
+                let (store, barrier) = (Arc::clone(&store), Arc::clone(&barrier));
+                tokio::spawn(async move {
+                    barrier.wait().await;
+                    let workflow = new_workflow(&format!("wide-{n}"), &format!("user-{n}"), None, "fp");
+                    store.launch_workflow(workflow, "node", 60_000, limits).await.expect("launch")
+                })
+            })
+            .collect();
+        let mut created = 0;
+        for launch in launches {
+            match launch.await.expect("join") {
+                Launch::Created(_) => created += 1,
+                Launch::Refused { limit: "max_workflows", max: 40 } => {}
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        assert_eq!(created, 40);
+    }
+}
+
+conformance! {
+    async fn every_counted_status_holds_a_place_and_reconciliation_or_an_end_gives_it_back(db) {
+        let store = db.store().await;
+        let limits = LaunchLimits { max_workflows: 1, max_workflows_per_owner: 1 };
+        let set = |id: &str, status: &str| WriteOp::SetWorkflow {
+            workflow_id: id.to_owned(), status: status.to_owned(), data: json!({}),
+        };
+        for (n, terminal) in store::TERMINAL_STATUSES.iter().enumerate() {
+            let id = format!("held-{n}");
+            let fence = match store.launch_workflow(new_workflow(&id, "ada", None, "fp"), "node", 60_000, limits)
+                .await.expect("launch")
+            {
+                Launch::Created(lease) => lease.fence(),
+                other => panic!("{terminal}: the place was not given back: {other:?}"),
+            };
+            for live in store::COUNTED_STATUSES {
+                store.fenced_write(&fence, vec![set(&id, live)]).await.expect("set");
+                let other = new_workflow(&format!("other-{n}-{live}"), "bob", None, "fp");
+                assert_eq!(store.launch_workflow(other, "node", 60_000, limits).await.expect("launch"),
+                    Launch::Refused { limit: "max_workflows", max: 1 }, "{live} gave its place away");
+                let same_owner = LaunchLimits { max_workflows: 2, max_workflows_per_owner: 1 };
+                let mine = new_workflow(&format!("mine-{n}-{live}"), "ada", None, "fp");
+                assert_eq!(store.launch_workflow(mine, "node", 60_000, same_owner).await.expect("launch"),
+                    Launch::Refused { limit: "max_workflows_per_owner", max: 1 });
+            }
+            // Waiting for an operator holds no place: another workflow may launch meanwhile.
+            store.fenced_write(&fence, vec![set(&id, "needs_reconciliation")]).await.expect("set");
+            let meanwhile = new_workflow(&format!("meanwhile-{n}"), "ada", None, "fp");
+            let Launch::Created(lease) = store.launch_workflow(meanwhile, "node", 60_000, limits)
+                .await.expect("launch")
+            else {
+                panic!("needs_reconciliation kept its place");
+            };
+            store.fenced_write(&lease.fence(), vec![set(&format!("meanwhile-{n}"), terminal)])
+                .await.expect("end it");
+            store.fenced_write(&fence, vec![set(&id, terminal)]).await.expect("set");
+        }
+        let last = new_workflow("last", "bob", None, "fp");
+        assert!(matches!(store.launch_workflow(last, "node", 60_000, limits).await.expect("launch"),
+            Launch::Created(_)));
+    }
+}
+
+conformance! {
+    async fn a_finished_workflow_gives_its_place_back_and_a_lowered_limit_counts_what_is_live(db) {
+        let store = db.store().await;
+        let limits = LaunchLimits { max_workflows: 3, max_workflows_per_owner: 3 };
+        let mut fences = Vec::new();
+        for n in 0..3 {
+            match store.launch_workflow(new_workflow(&format!("wf-{n}"), "ada", None, "fp"), "node", 60_000, limits)
+                .await.expect("launch")
+            {
+                Launch::Created(lease) => fences.push(lease.fence()),
+                other => panic!("{other:?}"),
+            }
+        }
+        let fourth = || new_workflow("wf-3", "ada", None, "fp");
+        assert_eq!(store.launch_workflow(fourth(), "node", 60_000, limits).await.expect("launch"),
+            Launch::Refused { limit: "max_workflows", max: 3 });
+        let finish = |n: usize| WriteOp::SetWorkflow {
+            workflow_id: format!("wf-{n}"), status: "completed".into(), data: json!({}),
+        };
+        store.fenced_write(&fences[0], vec![finish(0)]).await.expect("finish");
+        assert!(matches!(store.launch_workflow(fourth(), "node", 60_000, limits).await.expect("launch"),
+            Launch::Created(_)), "a finished workflow's place was not given back");
+
+        // The limit drops to 2 with 3 live: nothing more until fewer than 2 are.
+        let lowered = LaunchLimits { max_workflows: 2, max_workflows_per_owner: 2 };
+        let next = |id: &str| new_workflow(id, "bob", None, "fp");
+        assert_eq!(store.launch_workflow(next("bob-0"), "node", 60_000, lowered).await.expect("launch"),
+            Launch::Refused { limit: "max_workflows", max: 2 });
+        store.fenced_write(&fences[1], vec![finish(1)]).await.expect("finish");
+        store.fenced_write(&fences[2], vec![finish(2)]).await.expect("finish");
+        assert!(matches!(store.launch_workflow(next("bob-1"), "node", 60_000, lowered).await.expect("launch"),
+            Launch::Created(_)));
+        assert_eq!(store.launch_workflow(next("bob-2"), "node", 60_000, lowered).await.expect("launch"),
+            Launch::Refused { limit: "max_workflows", max: 2 });
+
+        // Twins with one request_id at once, through two pools: one workflow, and every twin is
+        // told about it.
+        let stores = [store, db.store().await];
+        let barrier = Arc::new(Barrier::new(16));
+        let twins: Vec<_> = (0..16)
+            .map(|n| {
+                let (store, barrier) = (Arc::clone(&stores[n % 2]), Arc::clone(&barrier));
+                tokio::spawn(async move {
+                    barrier.wait().await;
+                    let twin = new_workflow(&format!("twin-{n}"), "carol", Some("once"), "fp");
+                    store.launch_workflow(twin, "node", 60_000, LaunchLimits::NONE).await.expect("launch")
+                })
+            })
+            .collect();
+        let mut created = Vec::new();
+        let mut existing = Vec::new();
+        for twin in twins {
+            match twin.await.expect("join") {
+                Launch::Created(lease) => created.push(lease.resource_id),
+                Launch::Existing(row) => existing.push(row.workflow_id),
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(created.len(), 1, "{created:?}");
+        assert!(existing.iter().all(|id| *id == created[0]), "{existing:?} vs {created:?}");
+    }
+}
+
+conformance! {
+    async fn identical_decisions_leave_one_control_row_and_a_different_one_conflicts(db) {
+        let stores = [db.store().await, db.store().await];
+        created(&*stores[0], new_workflow("wf", "ada", None, "fp")).await;
+        let approve = json!({"decision": "approve", "artifactVersion": 1});
+        let barrier = Arc::new(Barrier::new(8));
+        let writes: Vec<_> = (0..8)
+            .map(|n| {
+                let (store, barrier, body) = (Arc::clone(&stores[n % 2]), Arc::clone(&barrier), approve.clone());
+                tokio::spawn(async move {
+                    barrier.wait().await;
+                    store.put_control(decide("wf", body)).await
+                })
+            })
+            .collect();
+        let mut recorded = 0;
+        for write in writes {
+            match write.await.expect("join").expect("put") {
+                ControlWrite::Recorded(_) => recorded += 1,
+                ControlWrite::Repeated(row) => assert_eq!(row.body, approve),
+            }
+        }
+        assert_eq!(recorded, 1, "exactly one writer recorded the decision");
+        let controls = stores[0].read_controls("wf").await.expect("controls");
+        assert_eq!(controls.len(), 1);
+        assert!(!controls[0].applied);
+
+        let other = stores[0].put_control(decide("wf", json!({"decision": "approve", "artifactVersion": 2}))).await;
+        assert!(matches!(other, Err(Error::Conflict(_))), "{other:?}");
+        let unknown = stores[0].put_control(decide("no-such-workflow", approve.clone())).await;
+        assert!(matches!(unknown, Err(Error::NotFound(_))), "{unknown:?}");
+    }
+}
+
+conformance! {
+    async fn the_journal_reads_back_in_call_order_and_controls_are_applied_under_the_fence(db) {
+        let store = db.store().await;
+        let lease = created(&*store, new_workflow("wf", "ada", None, "fp")).await;
+        let step = |seq: i32, step_id: &str| WriteOp::PutStep {
+            workflow_id: "wf".into(),
+            seq,
+            step_id: step_id.into(),
+            attempt: 1,
+            kind: "agent".into(),
+            status: "running".into(),
+            data: json!({}),
+        };
+        store.fenced_write(&lease.fence(), vec![step(2, "c")]).await.expect("c");
+        store.fenced_write(&lease.fence(), vec![step(0, "a"), step(1, "b")]).await.expect("a, b");
+        let order: Vec<(i32, String)> = store.read_steps("wf").await.expect("steps")
+            .into_iter().map(|s| (s.seq, s.step_id)).collect();
+        assert_eq!(order, vec![(0, "a".into()), (1, "b".into()), (2, "c".into())]);
+
+        let ControlWrite::Recorded(control) = store.put_control(decide("wf", json!({"decision": "approve"})))
+            .await.expect("put") else { panic!("not recorded") };
+        assert!(store.release_lease(&lease.fence()).await.expect("release"));
+        let stale = store.fenced_write(&lease.fence(), vec![WriteOp::MarkControlApplied { control_id: control.id }]).await;
+        assert!(matches!(stale, Err(Error::LeaseLost { .. })), "{stale:?}");
+        assert!(!store.read_controls("wf").await.expect("controls")[0].applied);
+        let lease = store.acquire_lease("wf", "node-b", 60_000).await.expect("acquire").expect("taken");
+        store.fenced_write(&lease.fence(), vec![WriteOp::MarkControlApplied { control_id: control.id }])
+            .await.expect("applied");
+        assert!(store.read_controls("wf").await.expect("controls")[0].applied);
+    }
+}
+
+/// Sets a workflow's status (and its data) under `lease`.
+async fn set<S: Subject>(store: &S, lease: &store::Lease, status: &str, data: serde_json::Value) {
+    store
+        .fenced_write(
+            &lease.fence(),
+            vec![WriteOp::SetWorkflow {
+                workflow_id: lease.resource_id.clone(),
+                status: status.to_owned(),
+                data,
+            }],
+        )
+        .await
+        .expect("set status");
+}
+
+conformance! {
+    async fn a_takeover_follows_its_rules_and_steps_the_epoch(db) {
+        use store::{Purpose, TakeOver, Versions};
+        let store = db.store().await;
+        let ours = Versions { runtime: "rt-1".into(), configuration: "cfg-1".into() };
+        let written = json!({"runtime_version": "rt-1", "configuration_version": "cfg-1"});
+        let missing = store.take_over_workflow("nope", "node-b", 60_000, &ours, Purpose::Recover).await;
+        assert!(matches!(missing, Err(Error::NotFound(_))), "{missing:?}");
+
+        let mut workflow = new_workflow("wf", "ada", None, "fp");
+        workflow.data = written.clone();
+        let held = match store.launch_workflow(workflow, "node-a", 300, LaunchLimits::NONE).await.expect("launch") {
+            Launch::Created(lease) => lease,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(store.take_over_workflow("wf", "node-b", 60_000, &ours, Purpose::Recover).await.expect("take"),
+            TakeOver::LeaseHeld);
+        assert!(store.recoverable_workflows(10, &ours).await.expect("list").is_empty());
+        db.pass(&store, held.expires_at).await;
+        assert_eq!(store.recoverable_workflows(10, &ours).await.expect("list"),
+            vec![store::Orphaned { workflow_id: "wf".into(), cancel_pending: false }]);
+        let theirs = Versions { runtime: "rt-2".into(), configuration: "cfg-1".into() };
+        assert!(store.recoverable_workflows(10, &theirs).await.expect("list").is_empty());
+        assert!(matches!(
+            store.take_over_workflow("wf", "node-b", 60_000, &theirs, Purpose::Recover).await.expect("take"),
+            TakeOver::Refused(_)));
+        assert!(matches!(
+            store.take_over_workflow("wf", "node-b", 60_000, &ours, Purpose::Reconcile).await.expect("take"),
+            TakeOver::Refused(_)));
+        assert!(matches!(
+            store.take_over_workflow("wf", "node-b", 60_000, &ours, Purpose::Cancel).await.expect("take"),
+            TakeOver::Refused(_)));
+        assert_eq!(store.read_lease("wf").await.expect("lease").map(|l| l.epoch), Some(1),
+            "a refused takeover touched the lease");
+
+        let TakeOver::Taken(taken) =
+            store.take_over_workflow("wf", "node-b", 60_000, &ours, Purpose::Recover).await.expect("take")
+        else { panic!("not taken") };
+        assert_eq!((taken.owner.as_str(), taken.epoch), ("node-b", 2));
+        assert_eq!(store.read_workflow("wf").await.expect("read").and_then(|w| w.owner), Some("node-b".into()));
+        assert_eq!(store.take_over_workflow("wf", "node-c", 60_000, &ours, Purpose::Recover).await.expect("take"),
+            TakeOver::LeaseHeld);
+
+        // A pending cancellation: only a cancel takeover, under any runtime, may finish it.
+        store.put_control(NewControl {
+            workflow_id: "wf".into(), kind: "cancel".into(), step_id: String::new(), attempt: 0,
+            body: json!({}), created_by: None,
+        }).await.expect("cancel");
+        store.fenced_write(&taken.fence(), vec![WriteOp::ReleaseLease]).await.expect("release");
+        assert_eq!(store.recoverable_workflows(10, &theirs).await.expect("list"),
+            vec![store::Orphaned { workflow_id: "wf".into(), cancel_pending: true }]);
+        assert!(matches!(
+            store.take_over_workflow("wf", "node-c", 60_000, &ours, Purpose::Recover).await.expect("take"),
+            TakeOver::Refused(_)));
+        let TakeOver::Taken(cancelling) =
+            store.take_over_workflow("wf", "node-c", 60_000, &theirs, Purpose::Cancel).await.expect("take")
+        else { panic!("a cancel takeover was refused") };
+        assert_eq!(cancelling.epoch, 3);
+
+        set(&*store, &cancelling, "cancelled", written).await;
+        store.fenced_write(&cancelling.fence(), vec![WriteOp::ReleaseLease]).await.expect("release");
+        assert!(matches!(
+            store.take_over_workflow("wf", "node-d", 60_000, &ours, Purpose::Recover).await.expect("take"),
+            TakeOver::NotRecoverable(_)));
+        assert!(store.recoverable_workflows(10, &ours).await.expect("list").is_empty());
+    }
+}
+
+conformance! {
+    async fn listings_are_newest_first_by_page_and_filter(db) {
+        use store::{ListCursor, ListFilter, StatusFilter};
+        let store = db.store().await;
+        let mut leases = Vec::new();
+        for n in 0..5 {
+            let user = if n % 2 == 0 { "ada" } else { "bob" };
+            let request = format!("r-{n}");
+            let workflow = new_workflow(&format!("wf-{n}"), user, Some(&request), "fp");
+            leases.push(created(&*store, workflow).await);
+            db.tick().await;
+        }
+        set(&*store, &leases[1], "completed", json!({})).await;
+        store.fenced_write(&leases[2].fence(), vec![WriteOp::ReleaseLease]).await.expect("release");
+
+        let ids = |listed: &[store::ListedWorkflow]| {
+            listed.iter().map(|w| w.row.workflow_id.clone()).collect::<Vec<_>>()
+        };
+        let all = store.list_workflows(ListFilter { limit: 10, ..ListFilter::default() }).await.expect("list");
+        assert_eq!(ids(&all).len(), 5);
+        let created_at: Vec<f64> = all.iter().map(|w| w.row.created_at).collect();
+        assert!(created_at.windows(2).all(|pair| pair[0] >= pair[1]), "not newest first: {created_at:?}");
+
+        // Pages of two, each after the last of the previous one, see every workflow once.
+        let mut paged = Vec::new();
+        let mut after = None;
+        loop {
+            let page = store.list_workflows(ListFilter { limit: 2, after: after.clone(), ..ListFilter::default() })
+                .await.expect("page");
+            if page.is_empty() {
+                break;
+            }
+            let last = &page[page.len() - 1].row;
+            after = Some(ListCursor { created_at: last.created_at, workflow_id: last.workflow_id.clone() });
+            paged.extend(ids(&page));
+        }
+        assert_eq!(paged, ids(&all));
+
+        let adas = store.list_workflows(ListFilter { user_id: Some("ada".into()), limit: 10, ..ListFilter::default() })
+            .await.expect("list");
+        let mut adas = ids(&adas);
+        adas.sort();
+        assert_eq!(adas, ["wf-0", "wf-2", "wf-4"]);
+        let done = store.list_workflows(ListFilter {
+            status: Some(StatusFilter::Stored("completed".into())), limit: 10, ..ListFilter::default()
+        }).await.expect("list");
+        assert_eq!(ids(&done), ["wf-1"]);
+        let recoverable = store.list_workflows(ListFilter {
+            status: Some(StatusFilter::Recoverable), limit: 10, ..ListFilter::default()
+        }).await.expect("list");
+        assert_eq!(ids(&recoverable), ["wf-2"]);
+        assert!(recoverable[0].recoverable);
+        assert!(all.iter().filter(|w| w.row.workflow_id != "wf-2").all(|w| !w.recoverable));
+        let by_request = store.list_workflows(ListFilter {
+            user_id: Some("bob".into()), request_id: Some("r-3".into()), limit: 10, ..ListFilter::default()
+        }).await.expect("list");
+        assert_eq!(ids(&by_request), ["wf-3"]);
+    }
+}
+
+conformance! {
+    async fn only_a_finished_workflow_is_deleted_and_with_everything_it_had(db) {
+        use store::{Deletion, NewRun, WorkflowStep};
+        let store = db.store().await;
+        let lease = created(&*store, new_workflow("wf", "ada", None, "fp")).await;
+        let run = NewRun {
+            run_id: "run".into(), thread_id: "thread".into(), agent: "echo".into(),
+            owner: "node".into(), lease_ms: 60_000, idempotency: None, metadata: json!({}),
+            step: Some(WorkflowStep {
+                workflow_id: "wf".into(), step_id: "s".into(), attempt: 1, slots_max: 8,
+                fence: lease.fence(),
+                journal: vec![WriteOp::PutStep {
+                    workflow_id: "wf".into(), seq: 0, step_id: "s".into(), attempt: 1,
+                    kind: "agent".into(), status: "running".into(), data: json!({}),
+                }],
+            }),
+        };
+        store.admit_run(run).await.expect("admit");
+        store.put_control(decide("wf", json!({"decision": "approve"}))).await.expect("decide");
+        assert_eq!(store.delete_workflow("wf").await.expect("delete"), Deletion::NotTerminal);
+        assert_eq!(store.count_slots().await.expect("slots"), 1);
+
+        set(&*store, &lease, "completed", json!({})).await;
+        assert_eq!(store.delete_workflow("wf").await.expect("delete"), Deletion::Deleted);
+        assert_eq!(store.read_workflow("wf").await.expect("read"), None);
+        assert!(store.read_steps("wf").await.expect("steps").is_empty());
+        assert!(store.read_controls("wf").await.expect("controls").is_empty());
+        assert_eq!(store.read_lease("wf").await.expect("lease"), None);
+        assert_eq!(store.read_events("wf", 0, 10).await.expect("events"), None);
+        assert_eq!(store.count_slots().await.expect("slots"), 0);
+        assert_eq!(store.delete_workflow("wf").await.expect("delete"), Deletion::NotFound);
+        // The id is free again.
+        created(&*store, new_workflow("wf", "ada", None, "fp")).await;
+    }
+}
+
+conformance! {
+    async fn a_snapshot_reads_everything_a_get_shows_and_pending_controls_are_found_by_owner(db) {
+        use store::{NewRun, RunStatus, WorkflowStep};
+        let store = db.store().await;
+        let lease = created(&*store, new_workflow("wf", "ada", None, "fp")).await;
+        assert_eq!(store.workflows_with_pending_controls("node").await.expect("pending"), Vec::<String>::new());
+        store.fenced_write(&lease.fence(), vec![
+            WriteOp::PutStep {
+                workflow_id: "wf".into(), seq: 0, step_id: "review".into(), attempt: 1,
+                kind: "humanCheckpoint".into(), status: "running".into(), data: json!({"n": 1}),
+            },
+            WriteOp::PutArtifact {
+                workflow_id: "wf".into(), version: 1, source_step_id: "draft".into(), path: None,
+                content: b"draft".to_vec(), sha256: "h1".into(),
+            },
+        ]).await.expect("journal");
+        let ControlWrite::Recorded(control) = store.put_control(decide("wf", json!({"decision": "approve"})))
+            .await.expect("decide") else { panic!("not recorded") };
+        assert_eq!(store.workflows_with_pending_controls("node").await.expect("pending"), ["wf"]);
+        assert!(store.workflows_with_pending_controls("other-node").await.expect("pending").is_empty());
+        let run = NewRun {
+            run_id: "run".into(), thread_id: "thread".into(), agent: "echo".into(),
+            owner: "node".into(), lease_ms: 60_000, idempotency: None, metadata: json!({}),
+            step: Some(WorkflowStep {
+                workflow_id: "wf".into(), step_id: "ask".into(), attempt: 1, slots_max: 8,
+                fence: lease.fence(), journal: Vec::new(),
+            }),
+        };
+        store.admit_run(run).await.expect("admit");
+        let snapshot = store.read_snapshot("wf").await.expect("snapshot").expect("wf");
+        assert!(snapshot.approval_runs.is_empty(), "a run that asked nothing is listed");
+        store.update_run_status("run", "node", RunStatus::WaitingForInput,
+            Some(json!({"hitl_approval": {"request_id": "r"}}))).await.expect("ask");
+
+        let snapshot = store.read_snapshot("wf").await.expect("snapshot").expect("wf");
+        assert_eq!(snapshot.row, store.read_workflow("wf").await.expect("read").expect("row"));
+        assert_eq!(snapshot.lease, Some(lease.clone()));
+        assert!(snapshot.db_now < lease.expires_at);
+        assert_eq!(snapshot.steps, store.read_steps("wf").await.expect("steps"));
+        assert_eq!(snapshot.controls, vec![control.clone()]);
+        assert_eq!(snapshot.approval_runs.iter().map(|r| r.run_id.as_str()).collect::<Vec<_>>(), ["run"]);
+        let artifact = &snapshot.artifacts[0];
+        assert_eq!((artifact.version, artifact.bytes, artifact.path.as_deref(), artifact.sha256.as_str()),
+            (1, 5, None, "h1"));
+        assert_eq!(store.read_artifact("wf", 1).await.expect("artifact").map(|a| a.content), Some(b"draft".to_vec()));
+        assert_eq!(store.read_artifact("wf", 2).await.expect("artifact"), None);
+
+        store.fenced_write(&lease.fence(), vec![WriteOp::MarkControlApplied { control_id: control.id }])
+            .await.expect("applied");
+        assert!(store.workflows_with_pending_controls("node").await.expect("pending").is_empty());
+    }
+}
