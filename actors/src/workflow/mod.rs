@@ -14,6 +14,8 @@
 
 mod journal;
 mod machine;
+#[cfg(test)]
+mod sim;
 mod unwritten;
 
 use std::collections::{BTreeMap, VecDeque};

@@ -1,0 +1,1197 @@
+//! Deterministic simulation of workflows: the real [`WorkflowMachine`] and the real QuickJS
+//! [`Vm`] against [`SimStore`], with simulated nodes, agents, people and time, all driven by one
+//! seed.
+//!
+//! One thread, no tokio, no wall clock and no hash-ordered map: a run is a function of its seed.
+//! [`Sim`] keeps a queue of deliveries ordered by (simulated time, insertion); each delivery is
+//! an event for one supervisor's machine, an admission's answer, an agent's end, a node's tick
+//! (lease renewals, the controls poller, recovery of orphaned workflows, the orphan-run sweep), a
+//! person's look at the waiting steps, or a fault. [`Sim::deliver`] interprets the machine's
+//! effects as the actor in `mod.rs` does, depth first and nothing after a halt, but
+//! synchronously: store calls go to the `SimStore` (its futures never wait), activations to the
+//! workflow's `Vm`, admissions and agents' ends and timers come back through the queue.
+//!
+//! After a run, [`Sim::oracle`] checks what must hold whatever the faults: at most one child run
+//! per (workflow, step, attempt); every completed workflow's result is its script's fault-free
+//! result; no write was applied under a fence that did not hold; every decision was applied
+//! once, to the artifact version it names; no workflow is stuck past the simulated-time bound.
+//!
+//! A failing seed names itself; `REINS_SIM_SEED=N cargo test -p actors sim -- --nocapture` runs
+//! that seed alone and prints its trace. `REINS_SIM_SEEDS=N` runs seeds `0..N` (2,000 by
+//! default).
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use futures_util::FutureExt;
+use runtime::{CallId, Status, Vm};
+use serde_json::{Value, json};
+use store::{
+    CancelAction, Controls, Fence, LaunchLimits, Leases, NewControl, NewRun, NewWorkflow, Purpose,
+    RunOutcome, RunRow, RunStatus, Runs, SimClock, SimStore, TakeOver, Versions, WorkflowStep,
+    Workflows,
+};
+
+use super::machine::{
+    Admission, Effect, Event, MachineConfig, Start, WorkflowDocument, WorkflowMachine,
+    WorkflowStatus,
+};
+use crate::agents::AgentRegistry;
+use crate::child_runs::{RunRequest, run_fingerprint};
+use crate::js_pool::StartSpec;
+
+/// Where simulated time starts (epoch ms).
+const EPOCH_MS: u64 = 1_700_000_000_000;
+/// The lease of a workflow and of a child run.
+const LEASE_MS: u64 = 3_000;
+/// How often a node renews its leases, polls for controls and recovers orphans.
+const TICK_MS: i64 = 500;
+/// How often the simulated people look for steps waiting for them.
+const PERSON_MS: i64 = 700;
+/// A run that has not settled by this much simulated time is stuck.
+const BOUND_MS: i64 = 600_000;
+/// The node every workflow is launched by.
+const USER: &str = "sim-user";
+
+/// A xorshift64 generator: the only source of choice in a run.
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64) -> Rng {
+        // Spread small seeds; zero is xorshift's fixed point.
+        Rng((seed ^ 0x9E37_79B9_7F4A_7C15).wrapping_mul(0xBF58_476D_1CE4_E5B9) | 1)
+    }
+
+    fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.0 = x;
+        x
+    }
+
+    /// A number in `0..n` (`n` > 0).
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// A script of the mix, with what a person answers it.
+struct Script {
+    name: &'static str,
+    source: &'static str,
+}
+
+const SCRIPTS: &[Script] = &[
+    Script {
+        name: "sequential",
+        source: r#"const a = await agent({stepId: "a", agentRef: "scripted", task: "one"});
+const b = await agent({stepId: "b", agentRef: "scripted", task: {after: a.output}});
+return [a.output, b.output, a.status];"#,
+    },
+    Script {
+        name: "parallel",
+        source: r#"const rs = await parallel(["x", "y", "z"].map((n) => () =>
+  agent({stepId: `part-${n}`, agentRef: "scripted", task: n})));
+return rs.map((r) => r.output);"#,
+    },
+    Script {
+        name: "pause",
+        source: r#"const first = await agent({stepId: "first", agentRef: "scripted", task: 1});
+const input = await pause({stepId: "go", message: "say go"});
+return {first: first.output, input};"#,
+    },
+    Script {
+        name: "checkpoint",
+        source: r#"await agent({stepId: "draft", agentRef: "scripted", task: "draft"});
+const file = await captureArtifact({stepId: "plan", sourceStepId: "draft",
+                                    path: "outputs/plan.txt"});
+const review = await humanCheckpoint({stepId: "review", sourceStepId: "plan",
+                                      artifactVersion: file.artifactVersion});
+const again = await readArtifact({artifactVersion: file.artifactVersion});
+return {version: file.artifactVersion, bytes: file.bytes, decision: review.decision,
+        comment: review.comment, text: again};"#,
+    },
+    Script {
+        name: "caught failure",
+        source: r#"let caught = null;
+try {
+  await agent({stepId: "broken", agentRef: "scripted", task: {fail: "no such branch"}});
+} catch (e) {
+  caught = {name: e.name, message: e.message, status: e.status};
+}
+const after = await agent({stepId: "after", agentRef: "scripted", task: "after"});
+return {caught, after: after.output};"#,
+    },
+];
+
+/// What the simulated agent answers a task: a task `{fail: why}` fails with `why`; any other
+/// succeeds with `{echo: task}`.
+fn agent_outcome(task: &Value) -> RunOutcome {
+    match task.get("fail").and_then(Value::as_str) {
+        Some(why) => RunOutcome {
+            status: RunStatus::Error,
+            error: Some(why.to_owned()),
+            output: None,
+            stop_reason: Some("agent_failed".into()),
+            total_tokens: 0,
+            message_count: 0,
+        },
+        None => RunOutcome {
+            status: RunStatus::Success,
+            error: None,
+            output: Some(json!({ "echo": task })),
+            stop_reason: None,
+            total_tokens: 1,
+            message_count: 1,
+        },
+    }
+}
+
+/// How a workflow ended, as the oracle compares it.
+#[derive(Debug, Clone, PartialEq)]
+enum Ending {
+    Completed(Value),
+    Failed(Value),
+    /// Live, cancelled or waiting for an operator: its status and data.
+    Other(String, Value),
+}
+
+/// Which faults a run injects.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Faults {
+    /// Nodes crash (everything in memory lost) and restart later.
+    crashes: bool,
+}
+
+impl Faults {
+    const NONE: Faults = Faults { crashes: false };
+    const ALL: Faults = Faults { crashes: true };
+}
+
+/// One simulated node.
+struct Node {
+    name: String,
+    alive: bool,
+    /// Bumped by each crash: work of an earlier life is dropped when it comes due.
+    life: u64,
+    /// The supervisors this node runs, by workflow.
+    supervisors: BTreeMap<String, Supervisor>,
+}
+
+/// One workflow supervisor: its machine, its VM (when loaded) and its fence.
+struct Supervisor {
+    id: u64,
+    fence: Fence,
+    machine: WorkflowMachine,
+    vm: Option<Vm>,
+}
+
+/// Where a machine's event goes: a supervisor, which may be gone by then.
+#[derive(Debug, Clone, PartialEq)]
+struct Target {
+    node: usize,
+    workflow_id: String,
+    supervisor: u64,
+}
+
+/// A child run an agent of a node is running.
+struct Child {
+    node: usize,
+    life: u64,
+    task: Value,
+    admitted: RunRow,
+    /// The supervisor whose call admitted it, and that call.
+    caller: (Target, CallId),
+    /// The caller follows it (the machine asked to): it hears of the run's end.
+    followed: bool,
+    /// A cancel request reached it: it ends interrupted.
+    cancelled: bool,
+}
+
+/// Something due at a moment.
+enum Due {
+    Machine(Target, Event),
+    Admit {
+        target: Target,
+        life: u64,
+        id: CallId,
+        request: RunRequest,
+    },
+    AgentEnd(String),
+    Tick(usize),
+    Person,
+    Crash(usize),
+    Restart(usize),
+}
+
+struct Sim {
+    rng: Rng,
+    faults: Faults,
+    clock: SimClock,
+    store: SimStore,
+    queue: BTreeMap<(i64, u64), Due>,
+    inserted: u64,
+    nodes: Vec<Node>,
+    /// Each workflow's script, by id.
+    workflows: BTreeMap<String, usize>,
+    children: BTreeMap<String, Child>,
+    /// Every run admitted, for the oracle.
+    admitted: BTreeSet<String>,
+    next_id: u64,
+    agents: Arc<AgentRegistry>,
+    versions: Versions,
+    violations: Vec<String>,
+    trace: Vec<String>,
+    tracing: bool,
+}
+
+fn now_or_never<T>(future: impl std::future::Future<Output = T>) -> T {
+    future
+        .now_or_never()
+        .expect("the simulation store never waits")
+}
+
+impl Sim {
+    fn new(seed: u64, faults: Faults, nodes: usize) -> Sim {
+        let clock = SimClock::at(EPOCH_MS);
+        let limits = runtime::Limits::default();
+        let agents = Arc::new(AgentRegistry::default());
+        let versions = Versions {
+            runtime: runtime::runtime_version(&limits),
+            configuration: agents.configuration_version(),
+        };
+        Sim {
+            rng: Rng::new(seed),
+            faults,
+            store: SimStore::new(clock.clone()),
+            clock,
+            queue: BTreeMap::new(),
+            inserted: 0,
+            nodes: (0..nodes)
+                .map(|n| Node {
+                    name: format!("node-{n}"),
+                    alive: true,
+                    life: 0,
+                    supervisors: BTreeMap::new(),
+                })
+                .collect(),
+            workflows: BTreeMap::new(),
+            children: BTreeMap::new(),
+            admitted: BTreeSet::new(),
+            next_id: 0,
+            agents,
+            versions,
+            violations: Vec::new(),
+            trace: Vec::new(),
+            tracing: false,
+        }
+    }
+
+    fn now(&self) -> i64 {
+        i64::try_from(self.clock.millis()).expect("simulated time fits i64")
+    }
+
+    fn at(&mut self, delay_ms: i64, due: Due) {
+        self.inserted += 1;
+        let at = self.now() + delay_ms.max(0);
+        self.queue.insert((at, self.inserted), due);
+    }
+
+    fn fresh_id(&mut self, prefix: &str) -> String {
+        self.next_id += 1;
+        format!("{prefix}-{}", self.next_id)
+    }
+
+    fn note(&mut self, line: impl FnOnce() -> String) {
+        if self.tracing {
+            let line = format!("{:>7} {}", self.now() - EPOCH_MS as i64, line());
+            self.trace.push(line);
+        }
+    }
+
+    fn violation(&mut self, what: String) {
+        self.note(|| format!("VIOLATION {what}"));
+        self.violations.push(what);
+    }
+
+    /// Launches workflow `index` of the mix running `script` on `node`.
+    fn launch(&mut self, node: usize, index: usize, script: usize) {
+        let workflow_id = format!("wf-{index}");
+        let data = json!({
+            "script": SCRIPTS[script].source,
+            "args": {"index": index},
+            "seed": index as u64 + 1,
+            "started_at_ms": self.now(),
+            "runtime_version": self.versions.runtime,
+            "configuration_version": self.versions.configuration,
+        });
+        let launched = now_or_never(self.store.launch_workflow(
+            NewWorkflow {
+                workflow_id: workflow_id.clone(),
+                user_id: USER.into(),
+                request_id: None,
+                fingerprint: format!("script-{script}"),
+                data: data.clone(),
+            },
+            &self.nodes[node].name,
+            LEASE_MS,
+            LaunchLimits::NONE,
+        ));
+        self.workflows.insert(workflow_id.clone(), script);
+        match launched {
+            Ok(store::Launch::Created(lease)) => {
+                self.supervise(node, &workflow_id, lease.fence(), data, Start::Fresh);
+            }
+            other => self.violation(format!("launch of {workflow_id} answered {other:?}")),
+        }
+    }
+
+    /// Starts a supervisor for `workflow_id` on `node` under `fence`, and begins it.
+    fn supervise(
+        &mut self,
+        node: usize,
+        workflow_id: &str,
+        fence: Fence,
+        data: Value,
+        start: Start,
+    ) {
+        let document = match WorkflowDocument::from_data(data) {
+            Ok(document) => document,
+            Err(error) => return self.violation(format!("{workflow_id}: {error}")),
+        };
+        self.next_id += 1;
+        let id = self.next_id;
+        let machine = WorkflowMachine::new(
+            MachineConfig {
+                workflow_id: workflow_id.to_owned(),
+                fence: fence.clone(),
+                document,
+                agents: Arc::clone(&self.agents),
+                limits: runtime::Limits::default(),
+                slots_max: 32,
+                log_events_max: 100,
+                log_event_bytes_max: 10_000,
+                cancel_window_ms: LEASE_MS * 2,
+                timeout_ms: 86_400_000,
+                start,
+                wake_fallback: Duration::from_millis(1_000),
+            },
+            tracing::Span::none(),
+        );
+        self.note(|| {
+            format!(
+                "{workflow_id} supervised on node-{node} at epoch {} ({start:?})",
+                fence.epoch
+            )
+        });
+        self.nodes[node].supervisors.insert(
+            workflow_id.to_owned(),
+            Supervisor {
+                id,
+                fence,
+                machine,
+                vm: None,
+            },
+        );
+        let target = Target {
+            node,
+            workflow_id: workflow_id.to_owned(),
+            supervisor: id,
+        };
+        self.at(0, Due::Machine(target, Event::Begin));
+    }
+
+    /// Runs until every workflow settled or the bound passed.
+    fn run(&mut self) {
+        let end = self.now() + BOUND_MS;
+        for node in 0..self.nodes.len() {
+            let offset = self.rng.below(TICK_MS as u64) as i64;
+            self.at(offset, Due::Tick(node));
+        }
+        self.at(PERSON_MS, Due::Person);
+        if self.faults.crashes {
+            let crashes = self.rng.below(3);
+            for _ in 0..crashes {
+                let node = self.rng.below(self.nodes.len() as u64) as usize;
+                let when = self.rng.below(5_000) as i64;
+                self.at(when, Due::Crash(node));
+            }
+        }
+        while let Some(((at, _), due)) = self.queue.pop_first() {
+            if at > end || self.settled() {
+                break;
+            }
+            let now = self.now();
+            if at > now {
+                self.clock
+                    .advance(u64::try_from(at - now).expect("time moves forward"));
+            }
+            self.perform_due(due);
+        }
+    }
+
+    /// Whether every workflow is final or waits for an operator.
+    fn settled(&self) -> bool {
+        self.workflows.keys().all(|workflow_id| {
+            match now_or_never(self.store.read_workflow(workflow_id)) {
+                Ok(Some(row)) => WorkflowStatus::parse(&row.status).is_some_and(|status| {
+                    status.is_final() || status == WorkflowStatus::NeedsReconciliation
+                }),
+                _ => false,
+            }
+        })
+    }
+
+    fn perform_due(&mut self, due: Due) {
+        match due {
+            Due::Machine(target, event) => self.deliver(&target, event),
+            Due::Admit {
+                target,
+                life,
+                id,
+                request,
+            } => self.admit(target, life, id, request),
+            Due::AgentEnd(run_id) => self.agent_end(&run_id),
+            Due::Tick(node) => {
+                self.tick(node);
+                self.at(TICK_MS, Due::Tick(node));
+            }
+            Due::Person => {
+                self.person();
+                self.at(PERSON_MS, Due::Person);
+            }
+            Due::Crash(node) => {
+                if self.nodes[node].alive {
+                    self.note(|| format!("node-{node} crashes"));
+                    let node_state = &mut self.nodes[node];
+                    node_state.alive = false;
+                    node_state.life += 1;
+                    node_state.supervisors.clear();
+                    self.children.retain(|_, child| child.node != node);
+                    let down = 500 + self.rng.below(8_000) as i64;
+                    self.at(down, Due::Restart(node));
+                }
+            }
+            Due::Restart(node) => {
+                self.note(|| format!("node-{node} restarts"));
+                self.nodes[node].alive = true;
+            }
+        }
+    }
+
+    /// Feeds `event` to the supervisor `target` names, if it is still there, and performs what
+    /// its machine answers, depth first, nothing after a halt (as `WorkflowState::run`).
+    fn deliver(&mut self, target: &Target, event: Event) {
+        let node = &mut self.nodes[target.node];
+        let Some(mut supervisor) = node.supervisors.remove(&target.workflow_id) else {
+            return;
+        };
+        if supervisor.id != target.supervisor || !node.alive {
+            node.supervisors
+                .insert(target.workflow_id.clone(), supervisor);
+            return;
+        }
+        if supervisor.machine.is_halted() {
+            return;
+        }
+        self.note(|| {
+            format!("{} <- {event:?}", target.workflow_id)
+                .chars()
+                .take(300)
+                .collect()
+        });
+        let now = self.now();
+        let mut queue: VecDeque<Effect> = supervisor.machine.on(event, now).into();
+        let mut halted = false;
+        while let Some(effect) = queue.pop_front() {
+            if let Effect::Halt { abandoned } = effect {
+                self.note(|| format!("{} halts (abandoned: {abandoned})", target.workflow_id));
+                halted = true;
+                break;
+            }
+            if let Some(answer) = self.perform(target, &mut supervisor, effect) {
+                let now = self.now();
+                for effect in supervisor.machine.on(answer, now).into_iter().rev() {
+                    queue.push_front(effect);
+                }
+            }
+        }
+        if !halted {
+            self.nodes[target.node]
+                .supervisors
+                .insert(target.workflow_id.clone(), supervisor);
+        }
+    }
+
+    /// Performs one effect for `supervisor`; answers the event its result is, if it has one.
+    fn perform(
+        &mut self,
+        target: &Target,
+        supervisor: &mut Supervisor,
+        effect: Effect,
+    ) -> Option<Event> {
+        let workflow_id = target.workflow_id.as_str();
+        match effect {
+            Effect::ReadJournal => {
+                let read = now_or_never(self.store.last_artifact_version(workflow_id)).and_then(
+                    |version| {
+                        now_or_never(self.store.read_steps(workflow_id))
+                            .map(|steps| (version, steps))
+                    },
+                );
+                Some(Event::JournalRead(read))
+            }
+            Effect::Activate { start, settles } => {
+                let result = activate(&mut supervisor.vm, start, settles);
+                Some(Event::Activated {
+                    result,
+                    run_id: self.fresh_id("run"),
+                })
+            }
+            Effect::Write(ops) => {
+                let fence = supervisor.fence.clone();
+                let holds = self.holds(&fence);
+                let written = now_or_never(self.store.fenced_write(&fence, ops));
+                if written.is_ok() && !holds {
+                    self.violation(format!(
+                        "{workflow_id}: a write under a stale fence {fence:?} was applied"
+                    ));
+                }
+                Some(match written {
+                    Ok(()) => Event::Written,
+                    Err(error) => Event::WriteFailed(error),
+                })
+            }
+            Effect::Admit { id, request } => {
+                let life = self.nodes[target.node].life;
+                let delay = self.rng.below(30) as i64;
+                self.at(
+                    delay,
+                    Due::Admit {
+                        target: target.clone(),
+                        life,
+                        id,
+                        request,
+                    },
+                );
+                None
+            }
+            Effect::FollowChild { id } => {
+                if let Some(child) = self.children.values_mut().find(|child| {
+                    child.caller.0.supervisor == target.supervisor && child.caller.1 == id
+                }) {
+                    child.followed = true;
+                }
+                None
+            }
+            Effect::CancelChildren { run_ids, .. } => {
+                for run_id in run_ids {
+                    let _ = now_or_never(
+                        self.store
+                            .request_run_cancel(&run_id, CancelAction::Interrupt),
+                    );
+                    let delay = self.rng.below(200) as i64;
+                    self.interrupt(run_id, delay);
+                }
+                None
+            }
+            Effect::ReadRun {
+                id,
+                run_id,
+                purpose,
+            } => {
+                let result = now_or_never(self.store.read_run(&run_id));
+                Some(Event::RunRead {
+                    id,
+                    run_id,
+                    purpose,
+                    result,
+                })
+            }
+            Effect::ReadControls(purpose) => Some(Event::Controls {
+                purpose,
+                result: now_or_never(self.store.read_controls(workflow_id)),
+            }),
+            Effect::PutControl(control) => Some(Event::TimeoutRecorded(now_or_never(
+                self.store.put_control(control),
+            ))),
+            Effect::Capture {
+                id,
+                path,
+                source_step_id,
+                ..
+            } => Some(Event::Captured {
+                id,
+                result: Ok((
+                    path.clone(),
+                    format!("{source_step_id}:{path}\n").into_bytes(),
+                )),
+            }),
+            Effect::ReadArtifact { id, version } => Some(Event::ArtifactRead {
+                id,
+                version,
+                result: now_or_never(self.store.read_artifact(workflow_id, version))
+                    .map(|artifact| artifact.map(|artifact| artifact.content)),
+            }),
+            Effect::Post(event) => {
+                self.at(0, Due::Machine(target.clone(), event));
+                None
+            }
+            Effect::After { delay, event } => {
+                let delay = i64::try_from(delay.as_millis()).unwrap_or(i64::MAX);
+                self.at(delay, Due::Machine(target.clone(), event));
+                None
+            }
+            Effect::Park => {
+                supervisor.vm = None;
+                None
+            }
+            Effect::Sleep(delay) => {
+                self.clock
+                    .advance(u64::try_from(delay.as_millis()).unwrap_or(u64::MAX));
+                None
+            }
+            Effect::Then(then) => Some(Event::Then(then)),
+            Effect::SlotWanted
+            | Effect::Count { .. }
+            | Effect::Fault(_)
+            | Effect::RecordFault { .. } => None,
+            Effect::Halt { .. } => unreachable!("a halt is handled by the caller"),
+        }
+    }
+
+    /// A cancel request reached the agent of `run_id`: it ends interrupted after `delay_ms`.
+    fn interrupt(&mut self, run_id: String, delay_ms: i64) {
+        if let Some(child) = self.children.get_mut(&run_id)
+            && !child.cancelled
+        {
+            child.cancelled = true;
+            self.at(delay_ms, Due::AgentEnd(run_id));
+        }
+    }
+
+    /// Whether `fence` holds its lease now (what a fenced write must find).
+    fn holds(&self, fence: &Fence) -> bool {
+        let now = self.clock.seconds();
+        now_or_never(self.store.read_lease(&fence.resource_id))
+            .ok()
+            .flatten()
+            .is_some_and(|lease| {
+                lease.owner == fence.owner && lease.epoch == fence.epoch && lease.expires_at > now
+            })
+    }
+
+    /// An admission's task (as `ChildRuns` runs it): admits through the store and, for a run
+    /// admitted, starts its agent; the answer goes to the supervisor.
+    fn admit(&mut self, target: Target, life: u64, id: CallId, mut request: RunRequest) {
+        let node = &self.nodes[target.node];
+        if node.life != life || !node.alive {
+            return;
+        }
+        let owner = node.name.clone();
+        let run_id = request
+            .run_id
+            .clone()
+            .unwrap_or_else(|| self.fresh_id("run"));
+        let fence = request.step.as_ref().map(|step| step.fence.clone());
+        let holds = fence.as_ref().is_some_and(|fence| self.holds(fence));
+        let run = NewRun {
+            run_id,
+            thread_id: request.thread_id.clone(),
+            agent: request.agent.clone(),
+            owner,
+            lease_ms: LEASE_MS,
+            idempotency: request
+                .idempotency_key
+                .clone()
+                .map(|key| (key, run_fingerprint(&request))),
+            metadata: json!({}),
+            step: request.step.as_mut().map(|step| WorkflowStep {
+                journal: std::mem::take(&mut step.journal),
+                ..step.clone()
+            }),
+        };
+        let answer = now_or_never(self.store.admit_run(run));
+        let result = match answer {
+            Ok(store::Admission::Admitted(row)) => {
+                if !holds {
+                    self.violation(format!(
+                        "{}: an admission under a stale fence {fence:?} was applied",
+                        target.workflow_id
+                    ));
+                }
+                self.admitted.insert(row.run_id.clone());
+                let duration = 100 + self.rng.below(2_000) as i64;
+                self.at(duration, Due::AgentEnd(row.run_id.clone()));
+                self.children.insert(
+                    row.run_id.clone(),
+                    Child {
+                        node: target.node,
+                        life,
+                        task: request.task.clone(),
+                        admitted: row.clone(),
+                        caller: (target.clone(), id),
+                        followed: false,
+                        cancelled: false,
+                    },
+                );
+                Admission::Started(row)
+            }
+            Ok(store::Admission::Existing(row)) => Admission::Existing(row),
+            Ok(store::Admission::Queued) => Admission::Queued,
+            Err(error) => Admission::Failed(crate::Error::Store(error)),
+        };
+        self.deliver(&target, Event::Admission { id, result });
+    }
+
+    /// A simulated agent ends its run: commits its outcome by compare-and-set (as `ChildAgent`
+    /// does) and tells the supervisor following it.
+    fn agent_end(&mut self, run_id: &str) {
+        let Some(child) = self.children.get(run_id) else {
+            return;
+        };
+        let node = &self.nodes[child.node];
+        if node.life != child.life || !node.alive {
+            self.children.remove(run_id);
+            return;
+        }
+        let outcome = if child.cancelled {
+            RunOutcome {
+                status: RunStatus::Interrupted,
+                error: Some("interrupted by a cancel request".into()),
+                output: None,
+                stop_reason: Some(CancelAction::Interrupt.as_str().into()),
+                total_tokens: 0,
+                message_count: 0,
+            }
+        } else {
+            agent_outcome(&child.task)
+        };
+        let require_not_cancelled = outcome.status == RunStatus::Success;
+        let owner = node.name.clone();
+        let committed =
+            now_or_never(
+                self.store
+                    .finalize_run(run_id, &owner, &outcome, require_not_cancelled),
+            );
+        let Some(child) = self.children.remove(run_id) else {
+            return;
+        };
+        self.note(|| {
+            format!(
+                "agent {run_id} ends {:?}: committed {committed:?}",
+                outcome.status
+            )
+        });
+        let committed = matches!(committed, Ok(true))
+            .then(|| Box::new(super::ended_with(child.admitted.clone(), outcome)));
+        if child.followed {
+            let (target, id) = child.caller;
+            self.deliver(
+                &target,
+                Event::ChildEnded {
+                    id,
+                    run_id: run_id.to_owned(),
+                    committed,
+                },
+            );
+        }
+    }
+
+    /// A node's periodic work: renew its leases (a refused renewal is a lost lease), poll for
+    /// controls, close orphaned runs and take over orphaned workflows.
+    fn tick(&mut self, node: usize) {
+        if !self.nodes[node].alive {
+            return;
+        }
+        let name = self.nodes[node].name.clone();
+        let fences: Vec<(String, u64, Fence)> = self.nodes[node]
+            .supervisors
+            .iter()
+            .map(|(workflow_id, supervisor)| {
+                (workflow_id.clone(), supervisor.id, supervisor.fence.clone())
+            })
+            .collect();
+        for (workflow_id, supervisor, fence) in fences {
+            if now_or_never(self.store.renew_lease(&fence, LEASE_MS)).is_err() {
+                let target = Target {
+                    node,
+                    workflow_id,
+                    supervisor,
+                };
+                self.deliver(&target, Event::LeaseLost);
+            }
+        }
+        let runs: Vec<String> = self
+            .children
+            .iter()
+            .filter(|(_, child)| child.node == node)
+            .map(|(run_id, _)| run_id.clone())
+            .collect();
+        for run_id in runs {
+            match now_or_never(self.store.renew_run_lease(&run_id, &name, LEASE_MS)) {
+                Ok(Ok(renewal)) if renewal.cancel_action.is_some() => self.interrupt(run_id, 0),
+                Ok(Err(_)) => {
+                    // Fenced or ended elsewhere: the agent stops, and its follower reads the row.
+                    if let Some(child) = self.children.remove(&run_id)
+                        && child.followed
+                    {
+                        let (target, id) = child.caller;
+                        self.deliver(
+                            &target,
+                            Event::ChildEnded {
+                                id,
+                                run_id,
+                                committed: None,
+                            },
+                        );
+                    }
+                }
+                Ok(Ok(_)) | Err(_) => {}
+            }
+        }
+        if let Ok(pending) = now_or_never(self.store.workflows_with_pending_controls(&name)) {
+            for workflow_id in pending {
+                if let Some(supervisor) = self.nodes[node].supervisors.get(&workflow_id) {
+                    let target = Target {
+                        node,
+                        workflow_id,
+                        supervisor: supervisor.id,
+                    };
+                    self.deliver(&target, Event::Poll);
+                }
+            }
+        }
+        let _ = now_or_never(self.store.claim_orphan_runs(&name, 100));
+        let orphaned = now_or_never(self.store.recoverable_workflows(10, &self.versions));
+        for orphan in orphaned.unwrap_or_default() {
+            let purpose = if orphan.cancel_pending {
+                Purpose::Cancel
+            } else {
+                Purpose::Recover
+            };
+            let taken = now_or_never(self.store.take_over_workflow(
+                &orphan.workflow_id,
+                &name,
+                LEASE_MS,
+                &self.versions,
+                purpose,
+            ));
+            if let Ok(TakeOver::Taken(lease)) = taken {
+                let Ok(Some(row)) = now_or_never(self.store.read_workflow(&orphan.workflow_id))
+                else {
+                    continue;
+                };
+                let start = if orphan.cancel_pending {
+                    Start::CancelOnly
+                } else {
+                    Start::Replay
+                };
+                self.supervise(node, &orphan.workflow_id, lease.fence(), row.data, start);
+            }
+        }
+    }
+
+    /// The people: each step waiting for one (a pause, a checkpoint) is answered, by a control
+    /// recorded as the HTTP API records it; the owner's poller finds it.
+    fn person(&mut self) {
+        let ids: Vec<String> = self.workflows.keys().cloned().collect();
+        for workflow_id in ids {
+            let Ok(steps) = now_or_never(self.store.read_steps(&workflow_id)) else {
+                continue;
+            };
+            for step in steps {
+                if step.status != "running" {
+                    continue;
+                }
+                let (kind, body) = match step.kind.as_str() {
+                    "pause" => ("resume", json!({"input": {"go": step.step_id}})),
+                    "humanCheckpoint" => (
+                        "decide",
+                        json!({"decision": "approve",
+                               "artifactVersion": step.data["args"]["artifactVersion"],
+                               "comment": "fine"}),
+                    ),
+                    _ => continue,
+                };
+                let _ = now_or_never(self.store.put_control(NewControl {
+                    workflow_id: workflow_id.clone(),
+                    kind: kind.into(),
+                    step_id: step.step_id.clone(),
+                    attempt: step.attempt,
+                    body,
+                    created_by: Some("ann@example.com".into()),
+                }));
+            }
+        }
+    }
+
+    /// How each workflow ended.
+    fn endings(&self) -> BTreeMap<String, Ending> {
+        self.workflows
+            .keys()
+            .map(|workflow_id| {
+                let row = now_or_never(self.store.read_workflow(workflow_id))
+                    .ok()
+                    .flatten();
+                let ending = match row {
+                    Some(row) if row.status == "completed" => {
+                        Ending::Completed(row.data["result"].clone())
+                    }
+                    Some(row) if row.status == "failed" => {
+                        Ending::Failed(row.data["error"].clone())
+                    }
+                    Some(row) => Ending::Other(row.status, row.data),
+                    None => Ending::Other("missing".into(), Value::Null),
+                };
+                (workflow_id.clone(), ending)
+            })
+            .collect()
+    }
+
+    /// Checks what must hold after any run (see the module documentation).
+    fn oracle(&mut self, baseline: &[Ending]) {
+        let mut per_step: BTreeMap<(String, String, i32), Vec<String>> = BTreeMap::new();
+        for run_id in self.admitted.clone() {
+            match now_or_never(self.store.read_run(&run_id)) {
+                Ok(Some(row)) => per_step
+                    .entry((
+                        row.workflow.unwrap_or_default(),
+                        row.step_id.unwrap_or_default(),
+                        row.attempt.unwrap_or_default(),
+                    ))
+                    .or_default()
+                    .push(run_id),
+                other => self.violation(format!("admitted run {run_id} reads {other:?}")),
+            }
+        }
+        for (step, runs) in per_step {
+            if runs.len() > 1 {
+                self.violation(format!(
+                    "step {step:?} has {} child runs: {runs:?}",
+                    runs.len()
+                ));
+            }
+        }
+        for (workflow_id, ending) in self.endings() {
+            let script = self.workflows[&workflow_id];
+            let expected = &baseline[script];
+            match &ending {
+                Ending::Completed(_) | Ending::Failed(_) => {
+                    if &ending != expected {
+                        self.violation(format!(
+                            "{workflow_id} ({}) ended {ending:?}, its fault-free run {expected:?}",
+                            SCRIPTS[script].name
+                        ));
+                    }
+                }
+                Ending::Other(status, data) if status == "needs_reconciliation" => {
+                    if data["reconciliation"]["reason"].as_str().is_none() {
+                        self.violation(format!(
+                            "{workflow_id} needs reconciliation for no recorded reason"
+                        ));
+                    }
+                    if self.faults == Faults::NONE {
+                        self.violation(format!(
+                            "{workflow_id} needs reconciliation with no fault: {data}"
+                        ));
+                    }
+                }
+                Ending::Other(status, _) => {
+                    self.violation(format!(
+                        "{workflow_id} is stuck {status} after {BOUND_MS} ms"
+                    ));
+                }
+            }
+            self.check_decisions(&workflow_id);
+        }
+    }
+
+    /// Every decision applied was applied to the checkpoint it names, bound to its artifact
+    /// version, and the checkpoint's journal holds that one decision.
+    fn check_decisions(&mut self, workflow_id: &str) {
+        let controls = now_or_never(self.store.read_controls(workflow_id)).unwrap_or_default();
+        let steps = now_or_never(self.store.read_steps(workflow_id)).unwrap_or_default();
+        let decided: Vec<_> = controls
+            .iter()
+            .filter(|control| control.kind == "decide")
+            .collect();
+        for control in &decided {
+            let Some(step) = steps
+                .iter()
+                .find(|step| step.step_id == control.step_id && step.attempt == control.attempt)
+            else {
+                self.violation(format!(
+                    "{workflow_id}: decision {} names no step",
+                    control.id
+                ));
+                continue;
+            };
+            if step.data["args"]["artifactVersion"] != control.body["artifactVersion"] {
+                self.violation(format!(
+                    "{workflow_id}: decision {} on version {} of a checkpoint on {}",
+                    control.id,
+                    control.body["artifactVersion"],
+                    step.data["args"]["artifactVersion"]
+                ));
+            }
+            if step.status == "completed"
+                && step.data["outcome"]["value"]["decision"] != control.body["decision"]
+            {
+                self.violation(format!(
+                    "{workflow_id}: checkpoint {} holds {} but decision {} said {}",
+                    step.step_id, step.data["outcome"], control.id, control.body["decision"]
+                ));
+            }
+        }
+        let applied = decided.iter().filter(|control| control.applied).count();
+        let completed = steps
+            .iter()
+            .filter(|step| step.kind == "humanCheckpoint" && step.status == "completed")
+            .count();
+        if applied != completed {
+            self.violation(format!(
+                "{workflow_id}: {applied} decisions applied for {completed} decided checkpoints"
+            ));
+        }
+    }
+}
+
+/// Runs an activation on the workflow's VM as the JS pool does: starts it from `start` when it
+/// is not loaded, hands it the settles, runs it, and drops it once the script ended.
+fn activate(
+    vm: &mut Option<Vm>,
+    start: Option<Box<StartSpec>>,
+    settles: Vec<crate::js_pool::Settle>,
+) -> Result<runtime::Activation, String> {
+    if vm.is_none() {
+        let spec = start.ok_or_else(|| "the workflow's VM is not loaded".to_owned())?;
+        let started =
+            Vm::start(&spec.script, &spec.args, spec.options).map_err(|e| e.to_string())?;
+        *vm = Some(started);
+    }
+    let loaded = vm.as_mut().expect("loaded just above");
+    for settle in settles {
+        loaded.settle(settle.id, settle.outcome, settle.at_ms);
+    }
+    let activation = loaded.run();
+    if activation.status != Status::Waiting {
+        *vm = None;
+    }
+    Ok(activation)
+}
+
+/// The fault-free result of each script: one workflow alone on one node, nothing injected.
+fn baseline() -> &'static [Ending] {
+    static BASELINE: OnceLock<Vec<Ending>> = OnceLock::new();
+    BASELINE.get_or_init(|| {
+        (0..SCRIPTS.len())
+            .map(|script| {
+                let mut sim = Sim::new(0, Faults::NONE, 1);
+                sim.launch(0, 0, script);
+                sim.run();
+                sim.endings().remove("wf-0").expect("launched")
+            })
+            .collect()
+    })
+}
+
+/// Runs one seed: its mix of workflows on its nodes, with `faults`; answers the violations and
+/// the trace (when `tracing`).
+fn run_seed(seed: u64, faults: Faults, tracing: bool) -> (Vec<String>, Vec<String>) {
+    let baseline = baseline();
+    let mut rng = Rng::new(seed);
+    let nodes = 2 + rng.below(2) as usize;
+    let mut sim = Sim::new(seed, faults, nodes);
+    sim.tracing = tracing;
+    let workflows = 1 + rng.below(4) as usize;
+    for index in 0..workflows {
+        let node = rng.below(nodes as u64) as usize;
+        let script = rng.below(SCRIPTS.len() as u64) as usize;
+        sim.launch(node, index, script);
+    }
+    sim.run();
+    sim.oracle(baseline);
+    (sim.violations, sim.trace)
+}
+
+/// Runs the seeds the environment asks for (`REINS_SIM_SEED` one, `REINS_SIM_SEEDS` how
+/// many from `first`) and fails naming the first seed that broke a rule.
+fn run_seeds(first: u64, faults: Faults) {
+    let single = std::env::var("REINS_SIM_SEED")
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok());
+    let seeds: Vec<u64> = match single {
+        Some(seed) => vec![seed],
+        None => {
+            let count = std::env::var("REINS_SIM_SEEDS")
+                .ok()
+                .and_then(|s| s.parse::<u64>().ok())
+                .unwrap_or(2_000);
+            (first..first + count).collect()
+        }
+    };
+    for seed in seeds {
+        let (violations, trace) = run_seed(seed, faults, single.is_some());
+        if single.is_some() {
+            for line in &trace {
+                println!("{line}");
+            }
+        }
+        assert!(
+            violations.is_empty(),
+            "simulation seed {seed} ({faults:?}) broke the rules: {violations:#?}\n\
+             reproduce: REINS_SIM_SEED={seed} cargo test -p actors sim -- --nocapture"
+        );
+    }
+}
+
+#[test]
+fn sim_baseline_is_what_each_script_returns() {
+    let baseline = baseline();
+    assert_eq!(
+        baseline[0],
+        Ending::Completed(
+            json!([{"echo": "one"}, {"echo": {"after": {"echo": "one"}}}, "success"])
+        )
+    );
+    assert_eq!(
+        baseline[1],
+        Ending::Completed(json!([{"echo": "x"}, {"echo": "y"}, {"echo": "z"}]))
+    );
+    assert_eq!(
+        baseline[2],
+        Ending::Completed(json!({"first": {"echo": 1}, "input": {"go": "go"}}))
+    );
+    assert_eq!(
+        baseline[3],
+        Ending::Completed(json!({"version": 2, "bytes": 23, "decision": "approve",
+                                 "comment": "fine", "text": "draft:outputs/plan.txt\n"}))
+    );
+    assert_eq!(
+        baseline[4],
+        Ending::Completed(
+            json!({"caught": {"name": "StepError", "message": "no such branch",
+                                            "status": "error"},
+                                 "after": {"echo": "after"}})
+        )
+    );
+}
+
+#[test]
+fn sim_seed_replays_identically() {
+    for seed in [1, 2, 3] {
+        assert_eq!(
+            run_seed(seed, Faults::ALL, true),
+            run_seed(seed, Faults::ALL, true)
+        );
+    }
+}
+
+#[test]
+fn sim_fault_free_seeds() {
+    run_seeds(0, Faults::NONE);
+}
