@@ -171,6 +171,29 @@ impl Faults {
     const ALL: Faults = Faults { crashes: true };
 }
 
+/// What a run's faults did, summed over seeds, so a mix shows that its faults bite.
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+struct Stats {
+    workflows: u64,
+    completed: u64,
+    needs_reconciliation: u64,
+    crashes: u64,
+    takeovers: u64,
+    /// Writes and carried admissions the store refused for a fence that no longer held.
+    stale_refused: u64,
+}
+
+impl Stats {
+    fn add(&mut self, other: Stats) {
+        self.workflows += other.workflows;
+        self.completed += other.completed;
+        self.needs_reconciliation += other.needs_reconciliation;
+        self.crashes += other.crashes;
+        self.takeovers += other.takeovers;
+        self.stale_refused += other.stale_refused;
+    }
+}
+
 /// One simulated node.
 struct Node {
     name: String,
@@ -244,6 +267,7 @@ struct Sim {
     agents: Arc<AgentRegistry>,
     versions: Versions,
     violations: Vec<String>,
+    stats: Stats,
     trace: Vec<String>,
     tracing: bool,
 }
@@ -285,6 +309,7 @@ impl Sim {
             agents,
             versions,
             violations: Vec::new(),
+            stats: Stats::default(),
             trace: Vec::new(),
             tracing: false,
         }
@@ -466,6 +491,7 @@ impl Sim {
             Due::Crash(node) => {
                 if self.nodes[node].alive {
                     self.note(|| format!("node-{node} crashes"));
+                    self.stats.crashes += 1;
                     let node_state = &mut self.nodes[node];
                     node_state.alive = false;
                     node_state.life += 1;
@@ -555,6 +581,9 @@ impl Sim {
                 let fence = supervisor.fence.clone();
                 let holds = self.holds(&fence);
                 let written = now_or_never(self.store.fenced_write(&fence, ops));
+                if matches!(written, Err(store::Error::LeaseLost { .. })) {
+                    self.stats.stale_refused += 1;
+                }
                 if written.is_ok() && !holds {
                     self.violation(format!(
                         "{workflow_id}: a write under a stale fence {fence:?} was applied"
@@ -881,6 +910,7 @@ impl Sim {
                 purpose,
             ));
             if let Ok(TakeOver::Taken(lease)) = taken {
+                self.stats.takeovers += 1;
                 let Ok(Some(row)) = now_or_never(self.store.read_workflow(&orphan.workflow_id))
                 else {
                     continue;
@@ -977,6 +1007,14 @@ impl Sim {
             }
         }
         for (workflow_id, ending) in self.endings() {
+            self.stats.workflows += 1;
+            match &ending {
+                Ending::Completed(_) => self.stats.completed += 1,
+                Ending::Other(status, _) if status == "needs_reconciliation" => {
+                    self.stats.needs_reconciliation += 1;
+                }
+                _ => {}
+            }
             let script = self.workflows[&workflow_id];
             let expected = &baseline[script];
             match &ending {
@@ -1099,9 +1137,16 @@ fn baseline() -> &'static [Ending] {
     })
 }
 
-/// Runs one seed: its mix of workflows on its nodes, with `faults`; answers the violations and
-/// the trace (when `tracing`).
-fn run_seed(seed: u64, faults: Faults, tracing: bool) -> (Vec<String>, Vec<String>) {
+/// What one seed's run left: the rules it broke, its trace (when asked for) and its stats.
+#[derive(Debug, PartialEq)]
+struct Run {
+    violations: Vec<String>,
+    trace: Vec<String>,
+    stats: Stats,
+}
+
+/// Runs one seed: its mix of workflows on its nodes, with `faults`.
+fn run_seed(seed: u64, faults: Faults, tracing: bool) -> Run {
     let baseline = baseline();
     let mut rng = Rng::new(seed);
     let nodes = 2 + rng.below(2) as usize;
@@ -1115,12 +1160,17 @@ fn run_seed(seed: u64, faults: Faults, tracing: bool) -> (Vec<String>, Vec<Strin
     }
     sim.run();
     sim.oracle(baseline);
-    (sim.violations, sim.trace)
+    Run {
+        violations: sim.violations,
+        trace: sim.trace,
+        stats: sim.stats,
+    }
 }
 
 /// Runs the seeds the environment asks for (`REINS_SIM_SEED` one, `REINS_SIM_SEEDS` how
-/// many from `first`) and fails naming the first seed that broke a rule.
-fn run_seeds(first: u64, faults: Faults) {
+/// many from `first`) and fails naming the first seed that broke a rule and the test (`name`)
+/// that reruns it. Answers the stats of every seed run.
+fn run_seeds(name: &str, first: u64, faults: Faults) -> Stats {
     let single = std::env::var("REINS_SIM_SEED")
         .ok()
         .and_then(|s| s.parse::<u64>().ok());
@@ -1134,19 +1184,22 @@ fn run_seeds(first: u64, faults: Faults) {
             (first..first + count).collect()
         }
     };
+    let mut stats = Stats::default();
     for seed in seeds {
-        let (violations, trace) = run_seed(seed, faults, single.is_some());
-        if single.is_some() {
-            for line in &trace {
-                println!("{line}");
-            }
+        let run = run_seed(seed, faults, single.is_some());
+        for line in &run.trace {
+            println!("{line}");
         }
         assert!(
-            violations.is_empty(),
-            "simulation seed {seed} ({faults:?}) broke the rules: {violations:#?}\n\
-             reproduce: REINS_SIM_SEED={seed} cargo test -p actors sim -- --nocapture"
+            run.violations.is_empty(),
+            "simulation seed {seed} ({faults:?}) broke the rules: {:#?}\n\
+             reproduce: REINS_SIM_SEED={seed} cargo test -p actors {name} -- --nocapture",
+            run.violations
         );
+        stats.add(run.stats);
     }
+    println!("{name}: {stats:?}");
+    stats
 }
 
 #[test]
@@ -1193,5 +1246,16 @@ fn sim_seed_replays_identically() {
 
 #[test]
 fn sim_fault_free_seeds() {
-    run_seeds(0, Faults::NONE);
+    let stats = run_seeds("sim_fault_free_seeds", 0, Faults::NONE);
+    assert_eq!(stats.completed, stats.workflows, "{stats:?}");
+}
+
+#[test]
+fn sim_crash_seeds() {
+    let stats = run_seeds("sim_crash_seeds", 1_000_000, Faults::ALL);
+    if stats.workflows >= 1_000 {
+        // The faults bite: workflows were taken over after a crash, and some of them finished.
+        assert!(stats.crashes > 0 && stats.takeovers > 0, "{stats:?}");
+        assert!(stats.completed < stats.workflows, "{stats:?}");
+    }
 }
