@@ -30,12 +30,12 @@ use serde_json::{Value, json};
 use store::{
     CancelAction, Controls, Fence, LaunchLimits, Leases, NewControl, NewRun, NewWorkflow, Purpose,
     RunOutcome, RunRow, RunStatus, Runs, SimClock, SimStore, TakeOver, Versions, WorkflowStep,
-    Workflows,
+    Workflows, WriteOp,
 };
 
 use super::machine::{
-    Admission, Effect, Event, MachineConfig, Start, WorkflowDocument, WorkflowMachine,
-    WorkflowStatus,
+    Admission, ControlsFor, Effect, Event, MachineConfig, RunReadFor, Start, WorkflowDocument,
+    WorkflowMachine, WorkflowStatus,
 };
 use crate::agents::AgentRegistry;
 use crate::child_runs::{RunRequest, run_fingerprint};
@@ -51,7 +51,9 @@ const TICK_MS: i64 = 500;
 const PERSON_MS: i64 = 700;
 /// A run that has not settled by this much simulated time is stuck.
 const BOUND_MS: i64 = 600_000;
-/// The node every workflow is launched by.
+/// Seeds each fault mix runs in `cargo test` (`REINS_SIM_SEEDS` overrides it).
+const SEEDS_PER_MIX: u64 = 600;
+/// The user every workflow is launched by.
 const USER: &str = "sim-user";
 
 /// A xorshift64 generator: the only source of choice in a run.
@@ -164,11 +166,118 @@ enum Ending {
 struct Faults {
     /// Nodes crash (everything in memory lost) and restart later.
     crashes: bool,
+    /// Store answers are lost (the call applied or not: "outcome unknown") or delayed, and
+    /// calls fail with a transient `Unavailable` (nothing applied).
+    store: bool,
 }
 
 impl Faults {
-    const NONE: Faults = Faults { crashes: false };
-    const ALL: Faults = Faults { crashes: true };
+    const NONE: Faults = Faults {
+        crashes: false,
+        store: false,
+    };
+    const CRASHES: Faults = Faults {
+        crashes: true,
+        store: false,
+    };
+    const STORE: Faults = Faults {
+        crashes: false,
+        store: true,
+    };
+    const ALL: Faults = Faults {
+        crashes: true,
+        store: true,
+    };
+}
+
+/// What happens to one store call of a supervisor.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Answer {
+    /// Applied and answered at once.
+    Now,
+    /// Not applied: the database was unreachable (`Unavailable`).
+    Unavailable,
+    /// Applied, and the answer lost: "outcome unknown".
+    LostApplied,
+    /// Not applied, and the caller cannot tell: "outcome unknown".
+    LostUnapplied,
+    /// Applied and answered this much later; the supervisor waits for it.
+    Delayed(i64),
+}
+
+/// A store call of a supervisor, performed when its answer is due.
+#[derive(Clone)]
+enum Call {
+    Write(Vec<WriteOp>),
+    ReadJournal,
+    ReadRun {
+        id: CallId,
+        run_id: String,
+        purpose: RunReadFor,
+    },
+    ReadControls(ControlsFor),
+    PutControl(NewControl),
+    ReadArtifact {
+        id: CallId,
+        version: i64,
+    },
+}
+
+impl Call {
+    fn writes(&self) -> bool {
+        matches!(self, Call::Write(_) | Call::PutControl(_))
+    }
+
+    /// The event of this call failing with `error`.
+    fn failed(self, error: store::Error) -> Event {
+        match self {
+            Call::Write(_) => Event::WriteFailed(error),
+            Call::ReadJournal => Event::JournalRead(Err(error)),
+            Call::ReadRun {
+                id,
+                run_id,
+                purpose,
+            } => Event::RunRead {
+                id,
+                run_id,
+                purpose,
+                result: Err(error),
+            },
+            Call::ReadControls(purpose) => Event::Controls {
+                purpose,
+                result: Err(error),
+            },
+            Call::PutControl(_) => Event::TimeoutRecorded(Err(error)),
+            Call::ReadArtifact { id, version } => Event::ArtifactRead {
+                id,
+                version,
+                result: Err(error),
+            },
+        }
+    }
+}
+
+/// What a supervisor waits for while a store answer is delayed: the rest of its batch and the
+/// call whose answer it waits for; messages that come meanwhile wait in its mailbox.
+struct Suspended {
+    queue: VecDeque<Effect>,
+    /// `None`: a wait of its own (a write's backoff).
+    call: Option<Call>,
+}
+
+impl Performed {
+    fn answer(event: Event) -> Performed {
+        Performed::Answer(Box::new(event))
+    }
+}
+
+/// What performing an effect gave.
+enum Performed {
+    Done,
+    /// The event its result is, to feed at once.
+    Answer(Box<Event>),
+    /// The supervisor waits this long, then performs the call (if any) and goes on.
+    Later(i64, Option<Call>),
 }
 
 /// What a run's faults did, summed over seeds, so a mix shows that its faults bite.
@@ -210,6 +319,10 @@ struct Supervisor {
     fence: Fence,
     machine: WorkflowMachine,
     vm: Option<Vm>,
+    /// Waiting for a delayed store answer.
+    suspended: Option<Suspended>,
+    /// Events that came while it was suspended, oldest first.
+    mailbox: VecDeque<Event>,
 }
 
 /// Where a machine's event goes: a supervisor, which may be gone by then.
@@ -234,6 +347,9 @@ struct Child {
     cancelled: bool,
 }
 
+/// A run's end kept for its caller: the run id and the row its compare-and-set committed.
+type KeptEnd = (String, Option<Box<RunRow>>);
+
 /// Something due at a moment.
 enum Due {
     Machine(Target, Event),
@@ -248,6 +364,8 @@ enum Due {
     Person,
     Crash(usize),
     Restart(usize),
+    /// A delayed store answer of a supervisor is due.
+    Resume(Target),
 }
 
 struct Sim {
@@ -261,6 +379,9 @@ struct Sim {
     /// Each workflow's script, by id.
     workflows: BTreeMap<String, usize>,
     children: BTreeMap<String, Child>,
+    /// Ends of runs whose caller had not asked to follow them yet, by (supervisor, call): the
+    /// receiver `WorkflowState::started` keeps.
+    ended: BTreeMap<(u64, CallId), KeptEnd>,
     /// Every run admitted, for the oracle.
     admitted: BTreeSet<String>,
     next_id: u64,
@@ -304,6 +425,7 @@ impl Sim {
                 .collect(),
             workflows: BTreeMap::new(),
             children: BTreeMap::new(),
+            ended: BTreeMap::new(),
             admitted: BTreeSet::new(),
             next_id: 0,
             agents,
@@ -419,6 +541,8 @@ impl Sim {
                 fence,
                 machine,
                 vm: None,
+                suspended: None,
+                mailbox: VecDeque::new(),
             },
         );
         let target = Target {
@@ -446,7 +570,9 @@ impl Sim {
             }
         }
         while let Some(((at, _), due)) = self.queue.pop_first() {
-            if at > end || self.settled() {
+            // Looked at when the people look: nothing settles a workflow between two of their
+            // rounds that a round later would not see.
+            if at > end || (matches!(due, Due::Person) && self.settled()) {
                 break;
             }
             let now = self.now();
@@ -501,6 +627,7 @@ impl Sim {
                     self.at(down, Due::Restart(node));
                 }
             }
+            Due::Resume(target) => self.resume(&target),
             Due::Restart(node) => {
                 self.note(|| format!("node-{node} restarts"));
                 self.nodes[node].alive = true;
@@ -508,19 +635,35 @@ impl Sim {
         }
     }
 
-    /// Feeds `event` to the supervisor `target` names, if it is still there, and performs what
-    /// its machine answers, depth first, nothing after a halt (as `WorkflowState::run`).
-    fn deliver(&mut self, target: &Target, event: Event) {
+    /// The supervisor `target` names, taken out to be driven, if it is still there.
+    fn take(&mut self, target: &Target) -> Option<Supervisor> {
         let node = &mut self.nodes[target.node];
-        let Some(mut supervisor) = node.supervisors.remove(&target.workflow_id) else {
-            return;
-        };
-        if supervisor.id != target.supervisor || !node.alive {
+        if !node.alive {
+            return None;
+        }
+        let supervisor = node.supervisors.remove(&target.workflow_id)?;
+        if supervisor.id != target.supervisor {
             node.supervisors
                 .insert(target.workflow_id.clone(), supervisor);
-            return;
+            return None;
         }
         if supervisor.machine.is_halted() {
+            return None;
+        }
+        Some(supervisor)
+    }
+
+    /// Feeds `event` to the supervisor `target` names, if it is still there (into its mailbox
+    /// while it waits for a store answer).
+    fn deliver(&mut self, target: &Target, event: Event) {
+        let Some(mut supervisor) = self.take(target) else {
+            return;
+        };
+        if supervisor.suspended.is_some() {
+            supervisor.mailbox.push_back(event);
+            self.nodes[target.node]
+                .supervisors
+                .insert(target.workflow_id.clone(), supervisor);
             return;
         }
         self.note(|| {
@@ -530,57 +673,122 @@ impl Sim {
                 .collect()
         });
         let now = self.now();
-        let mut queue: VecDeque<Effect> = supervisor.machine.on(event, now).into();
-        let mut halted = false;
-        while let Some(effect) = queue.pop_front() {
-            if let Effect::Halt { abandoned } = effect {
-                self.note(|| format!("{} halts (abandoned: {abandoned})", target.workflow_id));
-                halted = true;
-                break;
-            }
-            if let Some(answer) = self.perform(target, &mut supervisor, effect) {
-                let now = self.now();
-                for effect in supervisor.machine.on(answer, now).into_iter().rev() {
-                    queue.push_front(effect);
-                }
-            }
-        }
-        if !halted {
+        let queue = supervisor.machine.on(event, now).into();
+        self.drive(target, supervisor, queue);
+    }
+
+    /// A delayed store answer came: the call is performed now and the supervisor goes on.
+    fn resume(&mut self, target: &Target) {
+        let Some(mut supervisor) = self.take(target) else {
+            return;
+        };
+        let Some(Suspended { mut queue, call }) = supervisor.suspended.take() else {
             self.nodes[target.node]
                 .supervisors
                 .insert(target.workflow_id.clone(), supervisor);
+            return;
+        };
+        if let Some(call) = call {
+            let answer = self.call(target, &supervisor.fence, call);
+            self.note(|| format!("{} <- (delayed) {answer:?}", target.workflow_id));
+            let now = self.now();
+            for effect in supervisor.machine.on(answer, now).into_iter().rev() {
+                queue.push_front(effect);
+            }
+        }
+        self.drive(target, supervisor, queue);
+    }
+
+    /// Performs a supervisor's effects, depth first, nothing after a halt (as
+    /// `WorkflowState::run`); then the events its mailbox holds, one batch each. Stops early
+    /// when a store answer is delayed: the supervisor waits, suspended, for `Due::Resume`.
+    fn drive(&mut self, target: &Target, mut supervisor: Supervisor, mut queue: VecDeque<Effect>) {
+        loop {
+            while let Some(effect) = queue.pop_front() {
+                if let Effect::Halt { abandoned } = effect {
+                    self.note(|| format!("{} halts (abandoned: {abandoned})", target.workflow_id));
+                    return;
+                }
+                match self.perform(target, &mut supervisor, effect) {
+                    Performed::Done => {}
+                    Performed::Answer(answer) => {
+                        let now = self.now();
+                        for effect in supervisor.machine.on(*answer, now).into_iter().rev() {
+                            queue.push_front(effect);
+                        }
+                    }
+                    Performed::Later(delay, call) => {
+                        supervisor.suspended = Some(Suspended { queue, call });
+                        self.at(delay, Due::Resume(target.clone()));
+                        self.nodes[target.node]
+                            .supervisors
+                            .insert(target.workflow_id.clone(), supervisor);
+                        return;
+                    }
+                }
+            }
+            let Some(event) = supervisor.mailbox.pop_front() else {
+                break;
+            };
+            self.note(|| {
+                format!("{} <- (mailbox) {event:?}", target.workflow_id)
+                    .chars()
+                    .take(300)
+                    .collect()
+            });
+            let now = self.now();
+            queue = supervisor.machine.on(event, now).into();
+        }
+        self.nodes[target.node]
+            .supervisors
+            .insert(target.workflow_id.clone(), supervisor);
+    }
+
+    /// What happens to the next store call (see [`Answer`]).
+    fn answer(&mut self, writes: bool) -> Answer {
+        if !self.faults.store {
+            return Answer::Now;
+        }
+        match self.rng.below(1000) {
+            0..20 => Answer::Unavailable,
+            20..30 if writes => Answer::LostApplied,
+            30..40 if writes => Answer::LostUnapplied,
+            40..60 => Answer::Delayed(100 + self.rng.below(6_000) as i64),
+            _ => Answer::Now,
         }
     }
 
-    /// Performs one effect for `supervisor`; answers the event its result is, if it has one.
-    fn perform(
-        &mut self,
-        target: &Target,
-        supervisor: &mut Supervisor,
-        effect: Effect,
-    ) -> Option<Event> {
+    /// A supervisor's store call, with the store faults of the run.
+    fn store_call(&mut self, target: &Target, fence: &Fence, call: Call) -> Performed {
+        let answer = self.answer(call.writes());
+        if answer != Answer::Now {
+            self.note(|| format!("{}: store answer {answer:?}", target.workflow_id));
+        }
+        match answer {
+            Answer::Now => Performed::answer(self.call(target, fence, call)),
+            Answer::Unavailable => {
+                Performed::answer(call.failed(store::Error::Unavailable("simulated outage".into())))
+            }
+            Answer::LostApplied => {
+                let _ = self.call(target, fence, call.clone());
+                Performed::answer(
+                    call.failed(store::Error::OutcomeUnknown("simulated loss".into())),
+                )
+            }
+            Answer::LostUnapplied => Performed::answer(
+                call.failed(store::Error::OutcomeUnknown("simulated loss".into())),
+            ),
+            Answer::Delayed(delay) => Performed::Later(delay, Some(call)),
+        }
+    }
+
+    /// Performs a supervisor's store call now; answers its event.
+    fn call(&mut self, target: &Target, fence: &Fence, call: Call) -> Event {
         let workflow_id = target.workflow_id.as_str();
-        match effect {
-            Effect::ReadJournal => {
-                let read = now_or_never(self.store.last_artifact_version(workflow_id)).and_then(
-                    |version| {
-                        now_or_never(self.store.read_steps(workflow_id))
-                            .map(|steps| (version, steps))
-                    },
-                );
-                Some(Event::JournalRead(read))
-            }
-            Effect::Activate { start, settles } => {
-                let result = activate(&mut supervisor.vm, start, settles);
-                Some(Event::Activated {
-                    result,
-                    run_id: self.fresh_id("run"),
-                })
-            }
-            Effect::Write(ops) => {
-                let fence = supervisor.fence.clone();
-                let holds = self.holds(&fence);
-                let written = now_or_never(self.store.fenced_write(&fence, ops));
+        match call {
+            Call::Write(ops) => {
+                let holds = self.holds(fence);
+                let written = now_or_never(self.store.fenced_write(fence, ops));
                 if matches!(written, Err(store::Error::LeaseLost { .. })) {
                     self.stats.stale_refused += 1;
                 }
@@ -589,11 +797,62 @@ impl Sim {
                         "{workflow_id}: a write under a stale fence {fence:?} was applied"
                     ));
                 }
-                Some(match written {
+                match written {
                     Ok(()) => Event::Written,
                     Err(error) => Event::WriteFailed(error),
+                }
+            }
+            Call::ReadJournal => Event::JournalRead(
+                now_or_never(self.store.last_artifact_version(workflow_id)).and_then(|version| {
+                    now_or_never(self.store.read_steps(workflow_id)).map(|steps| (version, steps))
+                }),
+            ),
+            Call::ReadRun {
+                id,
+                run_id,
+                purpose,
+            } => {
+                let result = now_or_never(self.store.read_run(&run_id));
+                Event::RunRead {
+                    id,
+                    run_id,
+                    purpose,
+                    result,
+                }
+            }
+            Call::ReadControls(purpose) => Event::Controls {
+                purpose,
+                result: now_or_never(self.store.read_controls(workflow_id)),
+            },
+            Call::PutControl(control) => {
+                Event::TimeoutRecorded(now_or_never(self.store.put_control(control)))
+            }
+            Call::ReadArtifact { id, version } => Event::ArtifactRead {
+                id,
+                version,
+                result: now_or_never(self.store.read_artifact(workflow_id, version))
+                    .map(|artifact| artifact.map(|artifact| artifact.content)),
+            },
+        }
+    }
+
+    /// Performs one effect for `supervisor`.
+    fn perform(
+        &mut self,
+        target: &Target,
+        supervisor: &mut Supervisor,
+        effect: Effect,
+    ) -> Performed {
+        match effect {
+            Effect::ReadJournal => self.store_call(target, &supervisor.fence, Call::ReadJournal),
+            Effect::Activate { start, settles } => {
+                let result = activate(&mut supervisor.vm, start, settles);
+                Performed::answer(Event::Activated {
+                    result,
+                    run_id: self.fresh_id("run"),
                 })
             }
+            Effect::Write(ops) => self.store_call(target, &supervisor.fence, Call::Write(ops)),
             Effect::Admit { id, request } => {
                 let life = self.nodes[target.node].life;
                 let delay = self.rng.below(30) as i64;
@@ -606,15 +865,23 @@ impl Sim {
                         request,
                     },
                 );
-                None
+                Performed::Done
             }
             Effect::FollowChild { id } => {
-                if let Some(child) = self.children.values_mut().find(|child| {
+                if let Some((run_id, committed)) = self.ended.remove(&(target.supervisor, id)) {
+                    // It ended before the machine asked to follow it: the end was kept.
+                    let ended = Event::ChildEnded {
+                        id,
+                        run_id,
+                        committed,
+                    };
+                    self.at(0, Due::Machine(target.clone(), ended));
+                } else if let Some(child) = self.children.values_mut().find(|child| {
                     child.caller.0.supervisor == target.supervisor && child.caller.1 == id
                 }) {
                     child.followed = true;
                 }
-                None
+                Performed::Done
             }
             Effect::CancelChildren { run_ids, .. } => {
                 for run_id in run_ids {
@@ -625,69 +892,65 @@ impl Sim {
                     let delay = self.rng.below(200) as i64;
                     self.interrupt(run_id, delay);
                 }
-                None
+                Performed::Done
             }
             Effect::ReadRun {
                 id,
                 run_id,
                 purpose,
-            } => {
-                let result = now_or_never(self.store.read_run(&run_id));
-                Some(Event::RunRead {
+            } => self.store_call(
+                target,
+                &supervisor.fence,
+                Call::ReadRun {
                     id,
                     run_id,
                     purpose,
-                    result,
-                })
+                },
+            ),
+            Effect::ReadControls(purpose) => {
+                self.store_call(target, &supervisor.fence, Call::ReadControls(purpose))
             }
-            Effect::ReadControls(purpose) => Some(Event::Controls {
-                purpose,
-                result: now_or_never(self.store.read_controls(workflow_id)),
-            }),
-            Effect::PutControl(control) => Some(Event::TimeoutRecorded(now_or_never(
-                self.store.put_control(control),
-            ))),
+            Effect::PutControl(control) => {
+                self.store_call(target, &supervisor.fence, Call::PutControl(control))
+            }
             Effect::Capture {
                 id,
                 path,
                 source_step_id,
                 ..
-            } => Some(Event::Captured {
+            } => Performed::answer(Event::Captured {
                 id,
                 result: Ok((
                     path.clone(),
                     format!("{source_step_id}:{path}\n").into_bytes(),
                 )),
             }),
-            Effect::ReadArtifact { id, version } => Some(Event::ArtifactRead {
-                id,
-                version,
-                result: now_or_never(self.store.read_artifact(workflow_id, version))
-                    .map(|artifact| artifact.map(|artifact| artifact.content)),
-            }),
+            Effect::ReadArtifact { id, version } => self.store_call(
+                target,
+                &supervisor.fence,
+                Call::ReadArtifact { id, version },
+            ),
             Effect::Post(event) => {
                 self.at(0, Due::Machine(target.clone(), event));
-                None
+                Performed::Done
             }
             Effect::After { delay, event } => {
                 let delay = i64::try_from(delay.as_millis()).unwrap_or(i64::MAX);
                 self.at(delay, Due::Machine(target.clone(), event));
-                None
+                Performed::Done
             }
             Effect::Park => {
                 supervisor.vm = None;
-                None
+                Performed::Done
             }
             Effect::Sleep(delay) => {
-                self.clock
-                    .advance(u64::try_from(delay.as_millis()).unwrap_or(u64::MAX));
-                None
+                Performed::Later(i64::try_from(delay.as_millis()).unwrap_or(i64::MAX), None)
             }
-            Effect::Then(then) => Some(Event::Then(then)),
+            Effect::Then(then) => Performed::answer(Event::Then(then)),
             Effect::SlotWanted
             | Effect::Count { .. }
             | Effect::Fault(_)
-            | Effect::RecordFault { .. } => None,
+            | Effect::RecordFault { .. } => Performed::Done,
             Effect::Halt { .. } => unreachable!("a halt is handled by the caller"),
         }
     }
@@ -721,6 +984,43 @@ impl Sim {
             return;
         }
         let owner = node.name.clone();
+        let answer = self.answer(true);
+        if answer != Answer::Now {
+            self.note(|| format!("{}: admission answer {answer:?}", target.workflow_id));
+        }
+        let failed = |error| Admission::Failed(crate::Error::Store(error));
+        let lost = || store::Error::OutcomeUnknown("simulated loss".into());
+        match answer {
+            Answer::Delayed(delay) => {
+                let due = Due::Admit {
+                    target,
+                    life,
+                    id,
+                    request,
+                };
+                return self.at(delay, due);
+            }
+            Answer::Unavailable => {
+                let outage = store::Error::Unavailable("simulated outage".into());
+                return self.deliver(
+                    &target,
+                    Event::Admission {
+                        id,
+                        result: failed(outage),
+                    },
+                );
+            }
+            Answer::LostUnapplied => {
+                return self.deliver(
+                    &target,
+                    Event::Admission {
+                        id,
+                        result: failed(lost()),
+                    },
+                );
+            }
+            Answer::Now | Answer::LostApplied => {}
+        }
         let run_id = request
             .run_id
             .clone()
@@ -743,8 +1043,13 @@ impl Sim {
                 ..step.clone()
             }),
         };
-        let answer = now_or_never(self.store.admit_run(run));
-        let result = match answer {
+        let admitted = now_or_never(self.store.admit_run(run));
+        let result = match admitted {
+            Ok(store::Admission::Admitted(row)) if answer == Answer::LostApplied => {
+                // The row is there, and no agent runs it: the caller never heard of it.
+                self.admitted.insert(row.run_id);
+                failed(lost())
+            }
             Ok(store::Admission::Admitted(row)) => {
                 if !holds {
                     self.violation(format!(
@@ -769,6 +1074,7 @@ impl Sim {
                 );
                 Admission::Started(row)
             }
+            Ok(_) if answer == Answer::LostApplied => failed(lost()),
             Ok(store::Admission::Existing(row)) => Admission::Existing(row),
             Ok(store::Admission::Queued) => Admission::Queued,
             Err(error) => Admission::Failed(crate::Error::Store(error)),
@@ -817,8 +1123,8 @@ impl Sim {
         });
         let committed = matches!(committed, Ok(true))
             .then(|| Box::new(super::ended_with(child.admitted.clone(), outcome)));
+        let (target, id) = child.caller;
         if child.followed {
-            let (target, id) = child.caller;
             self.deliver(
                 &target,
                 Event::ChildEnded {
@@ -827,6 +1133,9 @@ impl Sim {
                     committed,
                 },
             );
+        } else {
+            self.ended
+                .insert((target.supervisor, id), (run_id.to_owned(), committed));
         }
     }
 
@@ -1180,7 +1489,7 @@ fn run_seeds(name: &str, first: u64, faults: Faults) -> Stats {
             let count = std::env::var("REINS_SIM_SEEDS")
                 .ok()
                 .and_then(|s| s.parse::<u64>().ok())
-                .unwrap_or(2_000);
+                .unwrap_or(SEEDS_PER_MIX);
             (first..first + count).collect()
         }
     };
@@ -1252,10 +1561,21 @@ fn sim_fault_free_seeds() {
 
 #[test]
 fn sim_crash_seeds() {
-    let stats = run_seeds("sim_crash_seeds", 1_000_000, Faults::ALL);
+    let stats = run_seeds("sim_crash_seeds", 1_000_000, Faults::CRASHES);
     if stats.workflows >= 1_000 {
         // The faults bite: workflows were taken over after a crash, and some of them finished.
         assert!(stats.crashes > 0 && stats.takeovers > 0, "{stats:?}");
         assert!(stats.completed < stats.workflows, "{stats:?}");
+    }
+}
+
+#[test]
+fn sim_store_fault_seeds() {
+    let stats = run_seeds("sim_store_fault_seeds", 2_000_000, Faults::STORE);
+    if stats.workflows >= 1_000 {
+        assert!(
+            stats.takeovers > 0 && stats.completed > stats.workflows / 2,
+            "{stats:?}"
+        );
     }
 }
