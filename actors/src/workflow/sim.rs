@@ -169,24 +169,33 @@ struct Faults {
     /// Store answers are lost (the call applied or not: "outcome unknown") or delayed, and
     /// calls fail with a transient `Unavailable` (nothing applied).
     store: bool,
+    /// A node's process pauses past its leases and resumes later, still believing it owns
+    /// its workflows and runs.
+    pauses: bool,
 }
 
 impl Faults {
     const NONE: Faults = Faults {
         crashes: false,
         store: false,
+        pauses: false,
     };
     const CRASHES: Faults = Faults {
         crashes: true,
-        store: false,
+        ..Faults::NONE
     };
     const STORE: Faults = Faults {
-        crashes: false,
         store: true,
+        ..Faults::NONE
+    };
+    const PAUSES: Faults = Faults {
+        pauses: true,
+        ..Faults::NONE
     };
     const ALL: Faults = Faults {
         crashes: true,
         store: true,
+        pauses: true,
     };
 }
 
@@ -287,6 +296,7 @@ struct Stats {
     completed: u64,
     needs_reconciliation: u64,
     crashes: u64,
+    pauses: u64,
     takeovers: u64,
     /// Writes and carried admissions the store refused for a fence that no longer held.
     stale_refused: u64,
@@ -298,6 +308,7 @@ impl Stats {
         self.completed += other.completed;
         self.needs_reconciliation += other.needs_reconciliation;
         self.crashes += other.crashes;
+        self.pauses += other.pauses;
         self.takeovers += other.takeovers;
         self.stale_refused += other.stale_refused;
     }
@@ -307,6 +318,8 @@ impl Stats {
 struct Node {
     name: String,
     alive: bool,
+    /// Paused until then (epoch ms): nothing of this node runs before.
+    paused_until: i64,
     /// Bumped by each crash: work of an earlier life is dropped when it comes due.
     life: u64,
     /// The supervisors this node runs, by workflow.
@@ -364,6 +377,8 @@ enum Due {
     Person,
     Crash(usize),
     Restart(usize),
+    /// The node's process stops for a while (a long GC, a stopped VM, SIGSTOP).
+    Pause(usize),
     /// A delayed store answer of a supervisor is due.
     Resume(Target),
 }
@@ -419,6 +434,7 @@ impl Sim {
                 .map(|n| Node {
                     name: format!("node-{n}"),
                     alive: true,
+                    paused_until: 0,
                     life: 0,
                     supervisors: BTreeMap::new(),
                 })
@@ -569,6 +585,14 @@ impl Sim {
                 self.at(when, Due::Crash(node));
             }
         }
+        if self.faults.pauses {
+            let pauses = 1 + self.rng.below(2);
+            for _ in 0..pauses {
+                let node = self.rng.below(self.nodes.len() as u64) as usize;
+                let when = self.rng.below(4_000) as i64;
+                self.at(when, Due::Pause(node));
+            }
+        }
         while let Some(((at, _), due)) = self.queue.pop_first() {
             // Looked at when the people look: nothing settles a workflow between two of their
             // rounds that a round later would not see.
@@ -580,7 +604,28 @@ impl Sim {
                 self.clock
                     .advance(u64::try_from(at - now).expect("time moves forward"));
             }
+            if let Some(node) = self.node_of(&due)
+                && self.nodes[node].paused_until > at
+            {
+                // A paused process does nothing: its work waits, in order, for it to resume.
+                let until = self.nodes[node].paused_until;
+                self.inserted += 1;
+                self.queue.insert((until, self.inserted), due);
+                continue;
+            }
             self.perform_due(due);
+        }
+    }
+
+    /// The node whose process does `due`, if a node's.
+    fn node_of(&self, due: &Due) -> Option<usize> {
+        match due {
+            Due::Machine(target, _) | Due::Admit { target, .. } | Due::Resume(target) => {
+                Some(target.node)
+            }
+            Due::AgentEnd(run_id) => self.children.get(run_id).map(|child| child.node),
+            Due::Tick(node) => Some(*node),
+            Due::Person | Due::Crash(_) | Due::Restart(_) | Due::Pause(_) => None,
         }
     }
 
@@ -628,6 +673,14 @@ impl Sim {
                 }
             }
             Due::Resume(target) => self.resume(&target),
+            Due::Pause(node) => {
+                let pause = LEASE_MS as i64 + 500 + self.rng.below(6_000) as i64;
+                self.note(|| format!("node-{node} pauses for {pause} ms"));
+                self.stats.pauses += 1;
+                let until = self.now() + pause;
+                let node = &mut self.nodes[node];
+                node.paused_until = node.paused_until.max(until);
+            }
             Due::Restart(node) => {
                 self.note(|| format!("node-{node} restarts"));
                 self.nodes[node].alive = true;
@@ -1577,5 +1630,14 @@ fn sim_store_fault_seeds() {
             stats.takeovers > 0 && stats.completed > stats.workflows / 2,
             "{stats:?}"
         );
+    }
+}
+
+#[test]
+fn sim_pause_seeds() {
+    let stats = run_seeds("sim_pause_seeds", 3_000_000, Faults::PAUSES);
+    if stats.workflows >= 1_000 {
+        // Paused owners lost their workflows to takeovers and kept writing: refused.
+        assert!(stats.takeovers > 0 && stats.stale_refused > 0, "{stats:?}");
     }
 }
