@@ -11,14 +11,20 @@
 //! synchronously: store calls go to the `SimStore` (its futures never wait), activations to the
 //! workflow's `Vm`, admissions and agents' ends and timers come back through the queue.
 //!
+//! Faults come in mixes ([`Faults`]), one test each with seeds of its own: node crashes, store
+//! faults (outages, lost answers applied or not, late answers), paused processes that outlive
+//! their leases, controls from several nodes (repeated, contradicted, polled everywhere).
+//!
 //! After a run, [`Sim::oracle`] checks what must hold whatever the faults: at most one child run
 //! per (workflow, step, attempt); every completed workflow's result is its script's fault-free
-//! result; no write was applied under a fence that did not hold; every decision was applied
-//! once, to the artifact version it names; no workflow is stuck past the simulated-time bound.
+//! result (a replay that diverged shows here); no write was applied under a fence that did not
+//! hold; every decision was applied once, to the artifact version it names; every approval
+//! answered twice had one winner, whose answer the run holds; no workflow is stuck past the
+//! simulated-time bound (it ended, or waits for an operator with its reason recorded).
 //!
-//! A failing seed names itself; `REINS_SIM_SEED=N cargo test -p actors sim -- --nocapture` runs
-//! that seed alone and prints its trace. `REINS_SIM_SEEDS=N` runs seeds `0..N` (2,000 by
-//! default).
+//! A failing seed names itself and its test; `REINS_SIM_SEED=N cargo test -p actors TEST --
+//! --nocapture` runs that seed alone and prints its trace, the same every time.
+//! `REINS_SIM_SEEDS=N` runs N seeds per mix ([`SEEDS_PER_MIX`] by default).
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::{Arc, OnceLock};
@@ -80,7 +86,7 @@ impl Rng {
     }
 }
 
-/// A script of the mix, with what a person answers it.
+/// A script of the mix.
 struct Script {
     name: &'static str,
     source: &'static str,
