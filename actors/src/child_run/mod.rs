@@ -361,7 +361,7 @@ fn check(args: &ChildRunsArgs, request: &mut RunRequest) -> Result<NewRun, Error
 }
 
 /// What makes two admissions under one idempotency key the same request.
-fn run_fingerprint(request: &RunRequest) -> Value {
+pub(crate) fn run_fingerprint(request: &RunRequest) -> Value {
     serde_json::json!({
         "thread_id": request.thread_id,
         "agent": request.agent,

@@ -1065,8 +1065,13 @@ impl WorkflowMachine {
             self.write(out, ops);
             self.journal.extend(activation.journal);
         }
+        // The stops of the calls the script left behind wait for the outcome that made it
+        // leave them (in `unwritten`) to be durable: a cancel that left the process before the
+        // failure that caused it would leave a replay with two failed siblings and nothing to
+        // say which failed first.
+        let mut stops = Vec::new();
         for id in &activation.cancels {
-            self.detach(out, *id);
+            self.detach(&mut stops, *id);
         }
         for command in activation.commands {
             if activation.cancels.contains(&command.id) {
@@ -1078,11 +1083,13 @@ impl WorkflowMachine {
             self.begin_command(out, command);
         }
         match activation.status {
+            // The end's write comes first, then it stops every live child, detached or not.
             Status::Completed(result) => self.finish(out, Ok(result)),
             Status::Failed(message) => self.finish(out, Err(message)),
             Status::Waiting => {
                 // Outcomes settled into a script that now waits on calls already journaled.
                 self.write(out, Vec::new());
+                out.extend(stops);
                 self.settle_status(out);
             }
         }
@@ -3299,6 +3306,91 @@ mod tests {
             (&data["detached"], &data["run_id"]),
             (&json!(true), &json!("run-b"))
         );
+    }
+
+    /// Found by the simulation (seed 2000440 of `sim_store_fault_seeds`): the stop of a
+    /// sibling a failed `parallel` left running went out before the failure that caused it was
+    /// journaled; that write's answer was lost, and the replay found the sibling interrupted
+    /// and the failure both in their rows, and settled the sibling's first.
+    #[test]
+    fn a_left_behind_sibling_is_stopped_only_after_the_failure_that_left_it_is_journaled() {
+        let mut m = machine(Start::Fresh);
+        drive(&mut m, Event::Begin);
+        drive(
+            &mut m,
+            activation(vec![agent(0, "a"), agent(1, "b")], Status::Waiting),
+        );
+        for (id, run_id) in [(0, "run-a"), (1, "run-b")] {
+            let started = Admission::Started(run_row(run_id, RunStatus::Running));
+            drive(
+                &mut m,
+                Event::Admission {
+                    id: CallId(id),
+                    result: started,
+                },
+            );
+        }
+        let failed = Event::ChildEnded {
+            id: CallId(0),
+            run_id: "run-a".into(),
+            committed: Some(Box::new(run_row("run-a", RunStatus::Error))),
+        };
+        drive(&mut m, failed);
+        let left_behind = || Event::Activated {
+            result: Ok(Activation {
+                commands: Vec::new(),
+                cancels: vec![CallId(1)],
+                journal: Vec::new(),
+                status: Status::Waiting,
+                logs: Vec::new(),
+            }),
+            run_id: "unused".into(),
+        };
+        let mut late = m;
+        assert_eq!(
+            drive(&mut late, left_behind()),
+            [
+                "write [release slot a, step a failed]",
+                "count reins_steps_finished_total",
+                "fault result",
+                "cancel child run-b awaited=false",
+            ]
+        );
+        // The write fails for good: the workflow stops, and nobody asks run-b to stop: the
+        // takeover replays the failure first and stops it then.
+        let mut lost = machine(Start::Fresh);
+        drive(&mut lost, Event::Begin);
+        drive(
+            &mut lost,
+            activation(vec![agent(0, "a"), agent(1, "b")], Status::Waiting),
+        );
+        for (id, run_id) in [(0, "run-a"), (1, "run-b")] {
+            let started = Admission::Started(run_row(run_id, RunStatus::Running));
+            drive(
+                &mut lost,
+                Event::Admission {
+                    id: CallId(id),
+                    result: started,
+                },
+            );
+        }
+        let failed = Event::ChildEnded {
+            id: CallId(0),
+            run_id: "run-a".into(),
+            committed: Some(Box::new(run_row("run-a", RunStatus::Error))),
+        };
+        drive(&mut lost, failed);
+        let (described, _) = drive_with(&mut lost, left_behind(), NOW, |effect| {
+            matches!(effect, Effect::Write(_))
+                .then(|| Event::WriteFailed(store::Error::OutcomeUnknown("?".into())))
+        });
+        assert!(
+            !described
+                .iter()
+                .any(|effect| effect.starts_with("cancel child")),
+            "{described:?}"
+        );
+        assert_eq!(described.last().map(String::as_str), Some("halt abandoned"));
     }
 
     #[test]

@@ -16,6 +16,8 @@ pub(crate) mod capture;
 pub(crate) mod front_door;
 mod journal;
 mod machine;
+#[cfg(test)]
+mod sim;
 mod unwritten;
 
 use std::collections::{BTreeMap, VecDeque};

@@ -1,0 +1,1881 @@
+//! Deterministic simulation of workflows: the real [`WorkflowMachine`] and the real QuickJS
+//! [`Vm`] against [`SimStore`], with simulated nodes, agents, people and time, all driven by one
+//! seed.
+//!
+//! One thread, no tokio, no wall clock and no hash-ordered map: a run is a function of its seed.
+//! [`Sim`] keeps a queue of deliveries ordered by (simulated time, insertion); each delivery is
+//! an event for one supervisor's machine, an admission's answer, an agent's end, a node's tick
+//! (lease renewals, the controls poller, recovery of orphaned workflows, the orphan-run sweep), a
+//! person's look at the waiting steps, or a fault. [`Sim::deliver`] interprets the machine's
+//! effects as the actor in `mod.rs` does, depth first and nothing after a halt, but
+//! synchronously: store calls go to the `SimStore` (its futures never wait), activations to the
+//! workflow's `Vm`, admissions and agents' ends and timers come back through the queue.
+//!
+//! Faults come in mixes ([`Faults`]), one test each with seeds of its own: node crashes, store
+//! faults (outages, lost answers applied or not, late answers), paused processes that outlive
+//! their leases, controls from several nodes (repeated, contradicted, polled everywhere).
+//!
+//! After a run, [`Sim::oracle`] checks what must hold whatever the faults: at most one child run
+//! per (workflow, step, attempt); every completed workflow's result is its script's fault-free
+//! result (a replay that diverged shows here); no write was applied under a fence that did not
+//! hold; every decision was applied once, to the artifact version it names; every approval
+//! answered twice had one winner, whose answer the run holds; no workflow is stuck past the
+//! simulated-time bound (it ended, or waits for an operator with its reason recorded).
+//!
+//! A failing seed names itself and its test; `REINS_SIM_SEED=N cargo test -p actors TEST --
+//! --nocapture` runs that seed alone and prints its trace, the same every time.
+//! `REINS_SIM_SEEDS=N` runs N seeds per mix ([`SEEDS_PER_MIX`] by default).
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use futures_util::FutureExt;
+use runtime::{CallId, Status, Vm};
+use serde_json::{Value, json};
+use store::{
+    CancelAction, ControlWrite, Controls, Fence, LaunchLimits, Leases, NewControl, NewRun,
+    NewWorkflow, Purpose, RunOutcome, RunRow, RunStatus, Runs, SimClock, SimStore, TakeOver,
+    Versions, WorkflowStep, Workflows, WriteOp,
+};
+
+use super::machine::{
+    Admission, ControlsFor, Effect, Event, MachineConfig, RunReadFor, Start, WorkflowDocument,
+    WorkflowMachine, WorkflowStatus,
+};
+use crate::agents::AgentRegistry;
+use crate::child_run::{RunRequest, run_fingerprint};
+use crate::js_pool::StartSpec;
+
+/// Where simulated time starts (epoch ms).
+const EPOCH_MS: u64 = 1_700_000_000_000;
+/// The lease of a workflow and of a child run.
+const LEASE_MS: u64 = 3_000;
+/// How often a node renews its leases, polls for controls and recovers orphans.
+const TICK_MS: i64 = 500;
+/// How often the simulated people look for steps waiting for them.
+const PERSON_MS: i64 = 700;
+/// A run that has not settled by this much simulated time is stuck.
+const BOUND_MS: i64 = 600_000;
+/// Seeds each fault mix runs in `cargo test` (`REINS_SIM_SEEDS` overrides it).
+const SEEDS_PER_MIX: u64 = 600;
+/// The user every workflow is launched by.
+const USER: &str = "sim-user";
+
+/// A xorshift64 generator: the only source of choice in a run.
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64) -> Rng {
+        // Spread small seeds; zero is xorshift's fixed point.
+        Rng((seed ^ 0x9E37_79B9_7F4A_7C15).wrapping_mul(0xBF58_476D_1CE4_E5B9) | 1)
+    }
+
+    fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.0 = x;
+        x
+    }
+
+    /// A number in `0..n` (`n` > 0).
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// A script of the mix.
+struct Script {
+    name: &'static str,
+    source: &'static str,
+}
+
+const SCRIPTS: &[Script] = &[
+    Script {
+        name: "sequential",
+        source: r#"const a = await agent({stepId: "a", agentRef: "scripted", task: "one"});
+const b = await agent({stepId: "b", agentRef: "scripted", task: {after: a.output}});
+return [a.output, b.output, a.status];"#,
+    },
+    Script {
+        name: "parallel",
+        source: r#"const rs = await parallel(["x", "y", "z"].map((n) => () =>
+  agent({stepId: `part-${n}`, agentRef: "scripted", task: n})));
+return rs.map((r) => r.output);"#,
+    },
+    Script {
+        name: "pause",
+        source: r#"const first = await agent({stepId: "first", agentRef: "scripted", task: 1});
+const input = await pause({stepId: "go", message: "say go"});
+return {first: first.output, input};"#,
+    },
+    Script {
+        name: "checkpoint",
+        source: r#"await agent({stepId: "draft", agentRef: "scripted", task: "draft"});
+const file = await captureArtifact({stepId: "plan", sourceStepId: "draft",
+                                    path: "outputs/plan.txt"});
+const review = await humanCheckpoint({stepId: "review", sourceStepId: "plan",
+                                      artifactVersion: file.artifactVersion});
+const again = await readArtifact({artifactVersion: file.artifactVersion});
+return {version: file.artifactVersion, bytes: file.bytes, decision: review.decision,
+        comment: review.comment, text: again};"#,
+    },
+    Script {
+        name: "caught failure",
+        source: r#"let caught = null;
+try {
+  await agent({stepId: "broken", agentRef: "scripted", task: {fail: "no such branch"}});
+} catch (e) {
+  caught = {name: e.name, message: e.message, status: e.status};
+}
+const after = await agent({stepId: "after", agentRef: "scripted", task: "after"});
+return {caught, after: after.output};"#,
+    },
+    Script {
+        name: "fail fast",
+        source: r#"try {
+  await parallel([
+    () => agent({stepId: "slow", agentRef: "scripted", task: {hang: true}}),
+    () => agent({stepId: "broken", agentRef: "scripted", task: {fail: "boom"}}),
+  ]);
+} catch (e) {
+  return e.message;
+}"#,
+    },
+    Script {
+        name: "approval",
+        source: r#"const r = await agent({stepId: "deploy", agentRef: "scripted", task: {
+  ask_approval: {request_id: "deploy-1", actions: [{tool: "deploy", env: "staging"}]}}});
+return {decision: r.approval.answer.decision, status: r.status};"#,
+    },
+];
+
+/// What the simulated agent answers a task: a task `{fail: why}` fails with `why`; any other
+/// succeeds with `{echo: task}` (a task `{hang: true}` never ends unless cancelled, and one
+/// `{ask_approval}` pauses for a person: see [`Sim::agent_end`]).
+fn agent_outcome(task: &Value) -> RunOutcome {
+    match task.get("fail").and_then(Value::as_str) {
+        Some(why) => RunOutcome {
+            status: RunStatus::Error,
+            error: Some(why.to_owned()),
+            output: None,
+            stop_reason: Some("agent_failed".into()),
+            total_tokens: 0,
+            message_count: 0,
+        },
+        None => RunOutcome {
+            status: RunStatus::Success,
+            error: None,
+            output: Some(json!({ "echo": task })),
+            stop_reason: None,
+            total_tokens: 1,
+            message_count: 1,
+        },
+    }
+}
+
+/// How a workflow ended, as the oracle compares it.
+#[derive(Debug, Clone, PartialEq)]
+enum Ending {
+    Completed(Value),
+    Failed(Value),
+    /// Live, cancelled or waiting for an operator: its status and data.
+    Other(String, Value),
+}
+
+/// Which faults a run injects.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Faults {
+    /// Nodes crash (everything in memory lost) and restart later.
+    crashes: bool,
+    /// Store answers are lost (the call applied or not: "outcome unknown") or delayed, and
+    /// calls fail with a transient `Unavailable` (nothing applied).
+    store: bool,
+    /// A node's process pauses past its leases and resumes later, still believing it owns
+    /// its workflows and runs.
+    pauses: bool,
+    /// Controls come from several nodes: each recorded again (the same) and contradicted (a
+    /// different decision or input, which must be refused), and every supervisor of the
+    /// workflow on every node told to poll, late, twice, in any order.
+    controls: bool,
+}
+
+impl Faults {
+    const NONE: Faults = Faults {
+        crashes: false,
+        store: false,
+        pauses: false,
+        controls: false,
+    };
+    const CRASHES: Faults = Faults {
+        crashes: true,
+        ..Faults::NONE
+    };
+    const STORE: Faults = Faults {
+        store: true,
+        ..Faults::NONE
+    };
+    const PAUSES: Faults = Faults {
+        pauses: true,
+        ..Faults::NONE
+    };
+    const CONTROLS: Faults = Faults {
+        controls: true,
+        ..Faults::NONE
+    };
+    const ALL: Faults = Faults {
+        crashes: true,
+        store: true,
+        pauses: true,
+        controls: true,
+    };
+}
+
+/// What happens to one store call of a supervisor.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Answer {
+    /// Applied and answered at once.
+    Now,
+    /// Not applied: the database was unreachable (`Unavailable`).
+    Unavailable,
+    /// Applied, and the answer lost: "outcome unknown".
+    LostApplied,
+    /// Not applied, and the caller cannot tell: "outcome unknown".
+    LostUnapplied,
+    /// Applied and answered this much later; the supervisor waits for it.
+    Delayed(i64),
+}
+
+/// A store call of a supervisor, performed when its answer is due.
+#[derive(Clone)]
+enum Call {
+    Write(Vec<WriteOp>),
+    ReadJournal,
+    ReadRun {
+        id: CallId,
+        run_id: String,
+        purpose: RunReadFor,
+    },
+    ReadControls(ControlsFor),
+    PutControl(NewControl),
+    ReadArtifact {
+        id: CallId,
+        version: i64,
+    },
+}
+
+impl Call {
+    fn writes(&self) -> bool {
+        matches!(self, Call::Write(_) | Call::PutControl(_))
+    }
+
+    /// The event of this call failing with `error`.
+    fn failed(self, error: store::Error) -> Event {
+        match self {
+            Call::Write(_) => Event::WriteFailed(error),
+            Call::ReadJournal => Event::JournalRead(Err(error)),
+            Call::ReadRun {
+                id,
+                run_id,
+                purpose,
+            } => Event::RunRead {
+                id,
+                run_id,
+                purpose,
+                result: Err(error),
+            },
+            Call::ReadControls(purpose) => Event::Controls {
+                purpose,
+                result: Err(error),
+            },
+            Call::PutControl(_) => Event::TimeoutRecorded(Err(error)),
+            Call::ReadArtifact { id, version } => Event::ArtifactRead {
+                id,
+                version,
+                result: Err(error),
+            },
+        }
+    }
+}
+
+/// What a supervisor waits for while a store answer is delayed: the rest of its batch and the
+/// call whose answer it waits for; messages that come meanwhile wait in its mailbox.
+struct Suspended {
+    queue: VecDeque<Effect>,
+    /// `None`: a wait of its own (a write's backoff).
+    call: Option<Call>,
+}
+
+impl Performed {
+    fn answer(event: Event) -> Performed {
+        Performed::Answer(Box::new(event))
+    }
+}
+
+/// What performing an effect gave.
+enum Performed {
+    Done,
+    /// The event its result is, to feed at once.
+    Answer(Box<Event>),
+    /// The supervisor waits this long, then performs the call (if any) and goes on.
+    Later(i64, Option<Call>),
+}
+
+/// What a run's faults did, summed over seeds, so a mix shows that its faults bite.
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+struct Stats {
+    workflows: u64,
+    completed: u64,
+    needs_reconciliation: u64,
+    crashes: u64,
+    pauses: u64,
+    takeovers: u64,
+    /// Writes and carried admissions the store refused for a fence that no longer held.
+    stale_refused: u64,
+}
+
+impl Stats {
+    fn add(&mut self, other: Stats) {
+        self.workflows += other.workflows;
+        self.completed += other.completed;
+        self.needs_reconciliation += other.needs_reconciliation;
+        self.crashes += other.crashes;
+        self.pauses += other.pauses;
+        self.takeovers += other.takeovers;
+        self.stale_refused += other.stale_refused;
+    }
+}
+
+/// One simulated node.
+struct Node {
+    name: String,
+    alive: bool,
+    /// Paused until then (epoch ms): nothing of this node runs before.
+    paused_until: i64,
+    /// Bumped by each crash: work of an earlier life is dropped when it comes due.
+    life: u64,
+    /// The supervisors this node runs, by workflow.
+    supervisors: BTreeMap<String, Supervisor>,
+}
+
+/// One workflow supervisor: its machine, its VM (when loaded) and its fence.
+struct Supervisor {
+    id: u64,
+    fence: Fence,
+    machine: WorkflowMachine,
+    vm: Option<Vm>,
+    /// Waiting for a delayed store answer.
+    suspended: Option<Suspended>,
+    /// Events that came while it was suspended, oldest first.
+    mailbox: VecDeque<Event>,
+}
+
+/// Where a machine's event goes: a supervisor, which may be gone by then.
+#[derive(Debug, Clone, PartialEq)]
+struct Target {
+    node: usize,
+    workflow_id: String,
+    supervisor: u64,
+}
+
+/// A child run an agent of a node is running.
+struct Child {
+    node: usize,
+    life: u64,
+    task: Value,
+    admitted: RunRow,
+    /// The supervisor whose call admitted it, and that call.
+    caller: (Target, CallId),
+    /// The caller follows it (the machine asked to): it hears of the run's end.
+    followed: bool,
+    /// A cancel request reached it: it ends interrupted.
+    cancelled: bool,
+}
+
+/// A run's end kept for its caller: the run id and the row its compare-and-set committed.
+type KeptEnd = (String, Option<Box<RunRow>>);
+
+/// Something due at a moment.
+enum Due {
+    Machine(Target, Event),
+    Admit {
+        target: Target,
+        life: u64,
+        id: CallId,
+        request: RunRequest,
+    },
+    AgentEnd(String),
+    Tick(usize),
+    Person,
+    Crash(usize),
+    Restart(usize),
+    /// The node's process stops for a while (a long GC, a stopped VM, SIGSTOP).
+    Pause(usize),
+    /// A delayed store answer of a supervisor is due.
+    Resume(Target),
+}
+
+struct Sim {
+    rng: Rng,
+    faults: Faults,
+    clock: SimClock,
+    store: SimStore,
+    queue: BTreeMap<(i64, u64), Due>,
+    inserted: u64,
+    nodes: Vec<Node>,
+    /// Each workflow's script, by id.
+    workflows: BTreeMap<String, usize>,
+    children: BTreeMap<String, Child>,
+    /// Ends of runs whose caller had not asked to follow them yet, by (supervisor, call): the
+    /// receiver `WorkflowState::started` keeps.
+    ended: BTreeMap<(u64, CallId), KeptEnd>,
+    /// Each approval answered: its run and the comment of the answer that won.
+    approvals: Vec<(String, String)>,
+    /// Every run admitted, for the oracle.
+    admitted: BTreeSet<String>,
+    next_id: u64,
+    agents: Arc<AgentRegistry>,
+    versions: Versions,
+    violations: Vec<String>,
+    stats: Stats,
+    trace: Vec<String>,
+    tracing: bool,
+}
+
+fn now_or_never<T>(future: impl std::future::Future<Output = T>) -> T {
+    future
+        .now_or_never()
+        .expect("the simulation store never waits")
+}
+
+impl Sim {
+    fn new(seed: u64, faults: Faults, nodes: usize) -> Sim {
+        let clock = SimClock::at(EPOCH_MS);
+        let limits = runtime::Limits::default();
+        let agents = Arc::new(AgentRegistry::default());
+        let versions = Versions {
+            runtime: runtime::runtime_version(&limits),
+            configuration: agents.configuration_version(),
+        };
+        Sim {
+            rng: Rng::new(seed),
+            faults,
+            store: SimStore::new(clock.clone()),
+            clock,
+            queue: BTreeMap::new(),
+            inserted: 0,
+            nodes: (0..nodes)
+                .map(|n| Node {
+                    name: format!("node-{n}"),
+                    alive: true,
+                    paused_until: 0,
+                    life: 0,
+                    supervisors: BTreeMap::new(),
+                })
+                .collect(),
+            workflows: BTreeMap::new(),
+            children: BTreeMap::new(),
+            ended: BTreeMap::new(),
+            admitted: BTreeSet::new(),
+            approvals: Vec::new(),
+            next_id: 0,
+            agents,
+            versions,
+            violations: Vec::new(),
+            stats: Stats::default(),
+            trace: Vec::new(),
+            tracing: false,
+        }
+    }
+
+    fn now(&self) -> i64 {
+        i64::try_from(self.clock.millis()).expect("simulated time fits i64")
+    }
+
+    fn at(&mut self, delay_ms: i64, due: Due) {
+        self.inserted += 1;
+        let at = self.now() + delay_ms.max(0);
+        self.queue.insert((at, self.inserted), due);
+    }
+
+    fn fresh_id(&mut self, prefix: &str) -> String {
+        self.next_id += 1;
+        format!("{prefix}-{}", self.next_id)
+    }
+
+    fn note(&mut self, line: impl FnOnce() -> String) {
+        if self.tracing {
+            let line = format!("{:>7} {}", self.now() - EPOCH_MS as i64, line());
+            self.trace.push(line);
+        }
+    }
+
+    fn violation(&mut self, what: String) {
+        self.note(|| format!("VIOLATION {what}"));
+        self.violations.push(what);
+    }
+
+    /// Launches workflow `index` of the mix running `script` on `node`.
+    fn launch(&mut self, node: usize, index: usize, script: usize) {
+        let workflow_id = format!("wf-{index}");
+        let data = json!({
+            "script": SCRIPTS[script].source,
+            "args": {"index": index},
+            "seed": index as u64 + 1,
+            "started_at_ms": self.now(),
+            "runtime_version": self.versions.runtime,
+            "configuration_version": self.versions.configuration,
+        });
+        let launched = now_or_never(self.store.launch_workflow(
+            NewWorkflow {
+                workflow_id: workflow_id.clone(),
+                user_id: USER.into(),
+                request_id: None,
+                fingerprint: format!("script-{script}"),
+                data: data.clone(),
+            },
+            &self.nodes[node].name,
+            LEASE_MS,
+            LaunchLimits::NONE,
+        ));
+        self.workflows.insert(workflow_id.clone(), script);
+        match launched {
+            Ok(store::Launch::Created(lease)) => {
+                self.supervise(node, &workflow_id, lease.fence(), data, Start::Fresh);
+            }
+            other => self.violation(format!("launch of {workflow_id} answered {other:?}")),
+        }
+    }
+
+    /// Starts a supervisor for `workflow_id` on `node` under `fence`, and begins it.
+    fn supervise(
+        &mut self,
+        node: usize,
+        workflow_id: &str,
+        fence: Fence,
+        data: Value,
+        start: Start,
+    ) {
+        let document = match WorkflowDocument::from_data(data) {
+            Ok(document) => document,
+            Err(error) => return self.violation(format!("{workflow_id}: {error}")),
+        };
+        self.next_id += 1;
+        let id = self.next_id;
+        let machine = WorkflowMachine::new(
+            MachineConfig {
+                workflow_id: workflow_id.to_owned(),
+                fence: fence.clone(),
+                document,
+                agents: Arc::clone(&self.agents),
+                limits: runtime::Limits::default(),
+                slots_max: 32,
+                log_events_max: 100,
+                log_event_bytes_max: 10_000,
+                cancel_window_ms: LEASE_MS * 2,
+                timeout_ms: 86_400_000,
+                start,
+                wake_fallback: Duration::from_millis(1_000),
+            },
+            tracing::Span::none(),
+        );
+        self.note(|| {
+            format!(
+                "{workflow_id} supervised on node-{node} at epoch {} ({start:?})",
+                fence.epoch
+            )
+        });
+        self.nodes[node].supervisors.insert(
+            workflow_id.to_owned(),
+            Supervisor {
+                id,
+                fence,
+                machine,
+                vm: None,
+                suspended: None,
+                mailbox: VecDeque::new(),
+            },
+        );
+        let target = Target {
+            node,
+            workflow_id: workflow_id.to_owned(),
+            supervisor: id,
+        };
+        self.at(0, Due::Machine(target, Event::Begin));
+    }
+
+    /// Runs until every workflow settled or the bound passed.
+    fn run(&mut self) {
+        let end = self.now() + BOUND_MS;
+        for node in 0..self.nodes.len() {
+            let offset = self.rng.below(TICK_MS as u64) as i64;
+            self.at(offset, Due::Tick(node));
+        }
+        self.at(PERSON_MS, Due::Person);
+        if self.faults.crashes {
+            let crashes = self.rng.below(3);
+            for _ in 0..crashes {
+                let node = self.rng.below(self.nodes.len() as u64) as usize;
+                let when = self.rng.below(5_000) as i64;
+                self.at(when, Due::Crash(node));
+            }
+        }
+        if self.faults.pauses {
+            let pauses = 1 + self.rng.below(2);
+            for _ in 0..pauses {
+                let node = self.rng.below(self.nodes.len() as u64) as usize;
+                let when = self.rng.below(4_000) as i64;
+                self.at(when, Due::Pause(node));
+            }
+        }
+        while let Some(((at, _), due)) = self.queue.pop_first() {
+            // Looked at when the people look: nothing settles a workflow between two of their
+            // rounds that a round later would not see.
+            if at > end || (matches!(due, Due::Person) && self.settled()) {
+                break;
+            }
+            let now = self.now();
+            if at > now {
+                self.clock
+                    .advance(u64::try_from(at - now).expect("time moves forward"));
+            }
+            if let Some(node) = self.node_of(&due)
+                && self.nodes[node].paused_until > at
+            {
+                // A paused process does nothing: its work waits, in order, for it to resume.
+                let until = self.nodes[node].paused_until;
+                self.inserted += 1;
+                self.queue.insert((until, self.inserted), due);
+                continue;
+            }
+            self.perform_due(due);
+        }
+    }
+
+    /// The node whose process does `due`, if a node's.
+    fn node_of(&self, due: &Due) -> Option<usize> {
+        match due {
+            Due::Machine(target, _) | Due::Admit { target, .. } | Due::Resume(target) => {
+                Some(target.node)
+            }
+            Due::AgentEnd(run_id) => self.children.get(run_id).map(|child| child.node),
+            Due::Tick(node) => Some(*node),
+            Due::Person | Due::Crash(_) | Due::Restart(_) | Due::Pause(_) => None,
+        }
+    }
+
+    /// Whether every workflow is final or waits for an operator.
+    fn settled(&self) -> bool {
+        self.workflows.keys().all(|workflow_id| {
+            match now_or_never(self.store.read_workflow(workflow_id)) {
+                Ok(Some(row)) => WorkflowStatus::parse(&row.status).is_some_and(|status| {
+                    status.is_final() || status == WorkflowStatus::NeedsReconciliation
+                }),
+                _ => false,
+            }
+        })
+    }
+
+    fn perform_due(&mut self, due: Due) {
+        match due {
+            Due::Machine(target, event) => self.deliver(&target, event),
+            Due::Admit {
+                target,
+                life,
+                id,
+                request,
+            } => self.admit(target, life, id, request),
+            Due::AgentEnd(run_id) => self.agent_end(&run_id),
+            Due::Tick(node) => {
+                self.tick(node);
+                self.at(TICK_MS, Due::Tick(node));
+            }
+            Due::Person => {
+                self.person();
+                self.at(PERSON_MS, Due::Person);
+            }
+            Due::Crash(node) => {
+                if self.nodes[node].alive {
+                    self.note(|| format!("node-{node} crashes"));
+                    self.stats.crashes += 1;
+                    let node_state = &mut self.nodes[node];
+                    node_state.alive = false;
+                    node_state.life += 1;
+                    node_state.supervisors.clear();
+                    self.children.retain(|_, child| child.node != node);
+                    let down = 500 + self.rng.below(8_000) as i64;
+                    self.at(down, Due::Restart(node));
+                }
+            }
+            Due::Resume(target) => self.resume(&target),
+            Due::Pause(node) => {
+                let pause = LEASE_MS as i64 + 500 + self.rng.below(6_000) as i64;
+                self.note(|| format!("node-{node} pauses for {pause} ms"));
+                self.stats.pauses += 1;
+                let until = self.now() + pause;
+                let node = &mut self.nodes[node];
+                node.paused_until = node.paused_until.max(until);
+            }
+            Due::Restart(node) => {
+                self.note(|| format!("node-{node} restarts"));
+                self.nodes[node].alive = true;
+            }
+        }
+    }
+
+    /// The supervisor `target` names, taken out to be driven, if it is still there. (A machine
+    /// that decided to halt may still be performing its last batch: only new messages are
+    /// dropped, as the actor drops them.)
+    fn take(&mut self, target: &Target) -> Option<Supervisor> {
+        let node = &mut self.nodes[target.node];
+        if !node.alive {
+            return None;
+        }
+        let supervisor = node.supervisors.remove(&target.workflow_id)?;
+        if supervisor.id != target.supervisor {
+            node.supervisors
+                .insert(target.workflow_id.clone(), supervisor);
+            return None;
+        }
+        Some(supervisor)
+    }
+
+    /// Feeds `event` to the supervisor `target` names, if it is still there (into its mailbox
+    /// while it waits for a store answer).
+    fn deliver(&mut self, target: &Target, event: Event) {
+        let Some(mut supervisor) = self.take(target) else {
+            return;
+        };
+        if supervisor.machine.is_halted() && supervisor.suspended.is_none() {
+            return;
+        }
+        if supervisor.suspended.is_some() {
+            supervisor.mailbox.push_back(event);
+            self.nodes[target.node]
+                .supervisors
+                .insert(target.workflow_id.clone(), supervisor);
+            return;
+        }
+        self.note(|| {
+            format!("{} <- {event:?}", target.workflow_id)
+                .chars()
+                .take(300)
+                .collect()
+        });
+        let now = self.now();
+        let queue = supervisor.machine.on(event, now).into();
+        self.drive(target, supervisor, queue);
+    }
+
+    /// A delayed store answer came: the call is performed now and the supervisor goes on.
+    fn resume(&mut self, target: &Target) {
+        let Some(mut supervisor) = self.take(target) else {
+            return;
+        };
+        let Some(Suspended { mut queue, call }) = supervisor.suspended.take() else {
+            self.nodes[target.node]
+                .supervisors
+                .insert(target.workflow_id.clone(), supervisor);
+            return;
+        };
+        if let Some(call) = call {
+            let answer = self.call(target, &supervisor.fence, call);
+            self.note(|| format!("{} <- (delayed) {answer:?}", target.workflow_id));
+            let now = self.now();
+            for effect in supervisor.machine.on(answer, now).into_iter().rev() {
+                queue.push_front(effect);
+            }
+        }
+        self.drive(target, supervisor, queue);
+    }
+
+    /// Performs a supervisor's effects, depth first, nothing after a halt (as
+    /// `WorkflowState::run`); then the events its mailbox holds, one batch each. Stops early
+    /// when a store answer is delayed: the supervisor waits, suspended, for `Due::Resume`.
+    fn drive(&mut self, target: &Target, mut supervisor: Supervisor, mut queue: VecDeque<Effect>) {
+        loop {
+            while let Some(effect) = queue.pop_front() {
+                if let Effect::Halt { abandoned } = effect {
+                    self.note(|| format!("{} halts (abandoned: {abandoned})", target.workflow_id));
+                    return;
+                }
+                self.note(|| {
+                    format!("{} -> {effect:?}", target.workflow_id)
+                        .chars()
+                        .take(240)
+                        .collect()
+                });
+                match self.perform(target, &mut supervisor, effect) {
+                    Performed::Done => {}
+                    Performed::Answer(answer) => {
+                        let now = self.now();
+                        for effect in supervisor.machine.on(*answer, now).into_iter().rev() {
+                            queue.push_front(effect);
+                        }
+                    }
+                    Performed::Later(delay, call) => {
+                        supervisor.suspended = Some(Suspended { queue, call });
+                        self.at(delay, Due::Resume(target.clone()));
+                        self.nodes[target.node]
+                            .supervisors
+                            .insert(target.workflow_id.clone(), supervisor);
+                        return;
+                    }
+                }
+            }
+            if supervisor.machine.is_halted() {
+                break;
+            }
+            let Some(event) = supervisor.mailbox.pop_front() else {
+                break;
+            };
+            self.note(|| {
+                format!("{} <- (mailbox) {event:?}", target.workflow_id)
+                    .chars()
+                    .take(300)
+                    .collect()
+            });
+            let now = self.now();
+            queue = supervisor.machine.on(event, now).into();
+        }
+        self.nodes[target.node]
+            .supervisors
+            .insert(target.workflow_id.clone(), supervisor);
+    }
+
+    /// What happens to the next store call (see [`Answer`]).
+    fn answer(&mut self, writes: bool) -> Answer {
+        if !self.faults.store {
+            return Answer::Now;
+        }
+        match self.rng.below(1000) {
+            0..20 => Answer::Unavailable,
+            20..30 if writes => Answer::LostApplied,
+            30..40 if writes => Answer::LostUnapplied,
+            40..60 => Answer::Delayed(100 + self.rng.below(6_000) as i64),
+            _ => Answer::Now,
+        }
+    }
+
+    /// A supervisor's store call, with the store faults of the run.
+    fn store_call(&mut self, target: &Target, fence: &Fence, call: Call) -> Performed {
+        let answer = self.answer(call.writes());
+        if answer != Answer::Now {
+            self.note(|| format!("{}: store answer {answer:?}", target.workflow_id));
+        }
+        match answer {
+            Answer::Now => Performed::answer(self.call(target, fence, call)),
+            Answer::Unavailable => {
+                Performed::answer(call.failed(store::Error::Unavailable("simulated outage".into())))
+            }
+            Answer::LostApplied => {
+                let _ = self.call(target, fence, call.clone());
+                Performed::answer(
+                    call.failed(store::Error::OutcomeUnknown("simulated loss".into())),
+                )
+            }
+            Answer::LostUnapplied => Performed::answer(
+                call.failed(store::Error::OutcomeUnknown("simulated loss".into())),
+            ),
+            Answer::Delayed(delay) => Performed::Later(delay, Some(call)),
+        }
+    }
+
+    /// Performs a supervisor's store call now; answers its event.
+    fn call(&mut self, target: &Target, fence: &Fence, call: Call) -> Event {
+        let workflow_id = target.workflow_id.as_str();
+        match call {
+            Call::Write(ops) => {
+                let holds = self.holds(fence);
+                let written = now_or_never(self.store.fenced_write(fence, ops));
+                if matches!(written, Err(store::Error::LeaseLost { .. })) {
+                    self.stats.stale_refused += 1;
+                }
+                if written.is_ok() && !holds {
+                    self.violation(format!(
+                        "{workflow_id}: a write under a stale fence {fence:?} was applied"
+                    ));
+                }
+                match written {
+                    Ok(()) => Event::Written,
+                    Err(error) => Event::WriteFailed(error),
+                }
+            }
+            Call::ReadJournal => Event::JournalRead(
+                now_or_never(self.store.last_artifact_version(workflow_id)).and_then(|version| {
+                    now_or_never(self.store.read_steps(workflow_id)).map(|steps| (version, steps))
+                }),
+            ),
+            Call::ReadRun {
+                id,
+                run_id,
+                purpose,
+            } => {
+                let result = now_or_never(self.store.read_run(&run_id));
+                Event::RunRead {
+                    id,
+                    run_id,
+                    purpose,
+                    result,
+                }
+            }
+            Call::ReadControls(purpose) => Event::Controls {
+                purpose,
+                result: now_or_never(self.store.read_controls(workflow_id)),
+            },
+            Call::PutControl(control) => {
+                Event::TimeoutRecorded(now_or_never(self.store.put_control(control)))
+            }
+            Call::ReadArtifact { id, version } => Event::ArtifactRead {
+                id,
+                version,
+                result: now_or_never(self.store.read_artifact(workflow_id, version))
+                    .map(|artifact| artifact.map(|artifact| artifact.content)),
+            },
+        }
+    }
+
+    /// Performs one effect for `supervisor`.
+    fn perform(
+        &mut self,
+        target: &Target,
+        supervisor: &mut Supervisor,
+        effect: Effect,
+    ) -> Performed {
+        match effect {
+            Effect::ReadJournal => self.store_call(target, &supervisor.fence, Call::ReadJournal),
+            Effect::Activate { start, settles } => {
+                let result = activate(&mut supervisor.vm, start, settles);
+                Performed::answer(Event::Activated {
+                    result,
+                    run_id: self.fresh_id("run"),
+                })
+            }
+            Effect::Write(ops) => self.store_call(target, &supervisor.fence, Call::Write(ops)),
+            Effect::Admit { id, request } => {
+                let life = self.nodes[target.node].life;
+                let delay = self.rng.below(30) as i64;
+                self.at(
+                    delay,
+                    Due::Admit {
+                        target: target.clone(),
+                        life,
+                        id,
+                        request,
+                    },
+                );
+                Performed::Done
+            }
+            Effect::FollowChild { id } => {
+                if let Some((run_id, committed)) = self.ended.remove(&(target.supervisor, id)) {
+                    // It ended before the machine asked to follow it: the end was kept.
+                    let ended = Event::ChildEnded {
+                        id,
+                        run_id,
+                        committed,
+                    };
+                    self.at(0, Due::Machine(target.clone(), ended));
+                } else if let Some(child) = self.children.values_mut().find(|child| {
+                    child.caller.0.supervisor == target.supervisor && child.caller.1 == id
+                }) {
+                    child.followed = true;
+                }
+                Performed::Done
+            }
+            Effect::CancelChildren { run_ids, .. } => {
+                for run_id in run_ids {
+                    let _ = now_or_never(
+                        self.store
+                            .request_run_cancel(&run_id, CancelAction::Interrupt),
+                    );
+                    let delay = self.rng.below(200) as i64;
+                    self.interrupt(run_id, delay);
+                }
+                Performed::Done
+            }
+            Effect::ReadRun {
+                id,
+                run_id,
+                purpose,
+            } => self.store_call(
+                target,
+                &supervisor.fence,
+                Call::ReadRun {
+                    id,
+                    run_id,
+                    purpose,
+                },
+            ),
+            Effect::ReadControls(purpose) => {
+                self.store_call(target, &supervisor.fence, Call::ReadControls(purpose))
+            }
+            Effect::PutControl(control) => {
+                self.store_call(target, &supervisor.fence, Call::PutControl(control))
+            }
+            Effect::Capture {
+                id,
+                path,
+                source_step_id,
+                ..
+            } => Performed::answer(Event::Captured {
+                id,
+                result: Ok((
+                    path.clone(),
+                    format!("{source_step_id}:{path}\n").into_bytes(),
+                )),
+            }),
+            Effect::ReadArtifact { id, version } => self.store_call(
+                target,
+                &supervisor.fence,
+                Call::ReadArtifact { id, version },
+            ),
+            Effect::Post(event) => {
+                self.at(0, Due::Machine(target.clone(), event));
+                Performed::Done
+            }
+            Effect::After { delay, event } => {
+                let delay = i64::try_from(delay.as_millis()).unwrap_or(i64::MAX);
+                self.at(delay, Due::Machine(target.clone(), event));
+                Performed::Done
+            }
+            Effect::Park => {
+                supervisor.vm = None;
+                Performed::Done
+            }
+            Effect::Sleep(delay) => {
+                Performed::Later(i64::try_from(delay.as_millis()).unwrap_or(i64::MAX), None)
+            }
+            Effect::Then(then) => Performed::answer(Event::Then(then)),
+            Effect::SlotWanted
+            | Effect::Count { .. }
+            | Effect::Fault(_)
+            | Effect::RecordFault { .. } => Performed::Done,
+            Effect::Halt { .. } => unreachable!("a halt is handled by the caller"),
+        }
+    }
+
+    /// A cancel request reached the agent of `run_id`: it ends interrupted after `delay_ms`.
+    fn interrupt(&mut self, run_id: String, delay_ms: i64) {
+        if let Some(child) = self.children.get_mut(&run_id)
+            && !child.cancelled
+        {
+            child.cancelled = true;
+            self.at(delay_ms, Due::AgentEnd(run_id));
+        }
+    }
+
+    /// Whether `fence` holds its lease now (what a fenced write must find).
+    fn holds(&self, fence: &Fence) -> bool {
+        let now = self.clock.seconds();
+        now_or_never(self.store.read_lease(&fence.resource_id))
+            .ok()
+            .flatten()
+            .is_some_and(|lease| {
+                lease.owner == fence.owner && lease.epoch == fence.epoch && lease.expires_at > now
+            })
+    }
+
+    /// An admission's task (as `ChildRuns` runs it): admits through the store and, for a run
+    /// admitted, starts its agent; the answer goes to the supervisor.
+    fn admit(&mut self, target: Target, life: u64, id: CallId, mut request: RunRequest) {
+        let node = &self.nodes[target.node];
+        if node.life != life || !node.alive {
+            return;
+        }
+        let owner = node.name.clone();
+        let answer = self.answer(true);
+        if answer != Answer::Now {
+            self.note(|| format!("{}: admission answer {answer:?}", target.workflow_id));
+        }
+        let failed = |error| Admission::Failed(crate::Error::Store(error));
+        let lost = || store::Error::OutcomeUnknown("simulated loss".into());
+        match answer {
+            Answer::Delayed(delay) => {
+                let due = Due::Admit {
+                    target,
+                    life,
+                    id,
+                    request,
+                };
+                return self.at(delay, due);
+            }
+            Answer::Unavailable => {
+                let outage = store::Error::Unavailable("simulated outage".into());
+                return self.deliver(
+                    &target,
+                    Event::Admission {
+                        id,
+                        result: failed(outage),
+                    },
+                );
+            }
+            Answer::LostUnapplied => {
+                return self.deliver(
+                    &target,
+                    Event::Admission {
+                        id,
+                        result: failed(lost()),
+                    },
+                );
+            }
+            Answer::Now | Answer::LostApplied => {}
+        }
+        let run_id = request
+            .run_id
+            .clone()
+            .unwrap_or_else(|| self.fresh_id("run"));
+        let fence = request.step.as_ref().map(|step| step.fence.clone());
+        let holds = fence.as_ref().is_some_and(|fence| self.holds(fence));
+        let run = NewRun {
+            run_id,
+            thread_id: request.thread_id.clone(),
+            agent: request.agent.clone(),
+            owner,
+            lease_ms: LEASE_MS,
+            idempotency: request
+                .idempotency_key
+                .clone()
+                .map(|key| (key, run_fingerprint(&request))),
+            metadata: json!({}),
+            step: request.step.as_mut().map(|step| WorkflowStep {
+                journal: std::mem::take(&mut step.journal),
+                ..step.clone()
+            }),
+        };
+        let admitted = now_or_never(self.store.admit_run(run));
+        let result = match admitted {
+            Ok(store::Admission::Admitted(row)) if answer == Answer::LostApplied => {
+                // The row is there, and no agent runs it: the caller never heard of it.
+                self.admitted.insert(row.run_id);
+                failed(lost())
+            }
+            Ok(store::Admission::Admitted(row)) => {
+                if !holds {
+                    self.violation(format!(
+                        "{}: an admission under a stale fence {fence:?} was applied",
+                        target.workflow_id
+                    ));
+                }
+                self.admitted.insert(row.run_id.clone());
+                let duration = 100 + self.rng.below(2_000) as i64;
+                self.at(duration, Due::AgentEnd(row.run_id.clone()));
+                self.children.insert(
+                    row.run_id.clone(),
+                    Child {
+                        node: target.node,
+                        life,
+                        task: request.task.clone(),
+                        admitted: row.clone(),
+                        caller: (target.clone(), id),
+                        followed: false,
+                        cancelled: false,
+                    },
+                );
+                Admission::Started(row)
+            }
+            Ok(_) if answer == Answer::LostApplied => failed(lost()),
+            Ok(store::Admission::Existing(row)) => Admission::Existing(row),
+            Ok(store::Admission::Queued) => Admission::Queued,
+            Err(error) => Admission::Failed(crate::Error::Store(error)),
+        };
+        self.deliver(&target, Event::Admission { id, result });
+    }
+
+    /// A simulated agent ends its run: commits its outcome by compare-and-set (as `ChildAgent`
+    /// does) and tells the supervisor following it.
+    fn agent_end(&mut self, run_id: &str) {
+        let Some(child) = self.children.get(run_id) else {
+            return;
+        };
+        let node = &self.nodes[child.node];
+        if node.life != child.life || !node.alive {
+            self.children.remove(run_id);
+            return;
+        }
+        if !child.cancelled && child.task.get("hang").is_some() {
+            // It hangs until a cancel request reaches it.
+            return;
+        }
+        if !child.cancelled && child.task.get("ask_approval").is_some() {
+            return self.agent_asks(run_id);
+        }
+        let outcome = if child.cancelled {
+            RunOutcome {
+                status: RunStatus::Interrupted,
+                error: Some("interrupted by a cancel request".into()),
+                output: None,
+                stop_reason: Some(CancelAction::Interrupt.as_str().into()),
+                total_tokens: 0,
+                message_count: 0,
+            }
+        } else {
+            agent_outcome(&child.task)
+        };
+        let require_not_cancelled = outcome.status == RunStatus::Success;
+        let owner = node.name.clone();
+        let committed =
+            now_or_never(
+                self.store
+                    .finalize_run(run_id, &owner, &outcome, require_not_cancelled),
+            );
+        let Some(child) = self.children.remove(run_id) else {
+            return;
+        };
+        self.note(|| {
+            format!(
+                "agent {run_id} ends {:?}: committed {committed:?}",
+                outcome.status
+            )
+        });
+        let committed = matches!(committed, Ok(true))
+            .then(|| Box::new(super::ended_with(child.admitted.clone(), outcome)));
+        let (target, id) = child.caller;
+        if child.followed {
+            self.deliver(
+                &target,
+                Event::ChildEnded {
+                    id,
+                    run_id: run_id.to_owned(),
+                    committed,
+                },
+            );
+        } else {
+            self.ended
+                .insert((target.supervisor, id), (run_id.to_owned(), committed));
+        }
+    }
+
+    /// The agent of `run_id` asks a person before it acts: the run waits in
+    /// `waiting_for_input` (as `ChildAgent` records a paused agent) and the agent's part ends;
+    /// a person's answer ends the run.
+    fn agent_asks(&mut self, run_id: &str) {
+        let Some(child) = self.children.remove(run_id) else {
+            return;
+        };
+        let owner = self.nodes[child.node].name.clone();
+        let ask = &child.task["ask_approval"];
+        let approval = json!({"kind": "hitl_approval", "request_id": ask["request_id"],
+                              "actions": ask["actions"]});
+        let recorded = now_or_never(self.store.update_run_status(
+            run_id,
+            &owner,
+            RunStatus::WaitingForInput,
+            Some(json!({ "hitl_approval": approval })),
+        ));
+        self.note(|| format!("agent {run_id} asks for approval: recorded {recorded:?}"));
+        let (target, id) = child.caller;
+        // Not committed by this node: the caller reads the row.
+        if child.followed {
+            let ended = Event::ChildEnded {
+                id,
+                run_id: run_id.to_owned(),
+                committed: None,
+            };
+            self.deliver(&target, ended);
+        } else {
+            self.ended
+                .insert((target.supervisor, id), (run_id.to_owned(), None));
+        }
+    }
+
+    /// A node's periodic work: renew its leases (a refused renewal is a lost lease), poll for
+    /// controls, close orphaned runs and take over orphaned workflows.
+    fn tick(&mut self, node: usize) {
+        if !self.nodes[node].alive {
+            return;
+        }
+        let name = self.nodes[node].name.clone();
+        let fences: Vec<(String, u64, Fence)> = self.nodes[node]
+            .supervisors
+            .iter()
+            .map(|(workflow_id, supervisor)| {
+                (workflow_id.clone(), supervisor.id, supervisor.fence.clone())
+            })
+            .collect();
+        for (workflow_id, supervisor, fence) in fences {
+            if now_or_never(self.store.renew_lease(&fence, LEASE_MS)).is_err() {
+                let target = Target {
+                    node,
+                    workflow_id,
+                    supervisor,
+                };
+                self.deliver(&target, Event::LeaseLost);
+            }
+        }
+        let runs: Vec<String> = self
+            .children
+            .iter()
+            .filter(|(_, child)| child.node == node)
+            .map(|(run_id, _)| run_id.clone())
+            .collect();
+        for run_id in runs {
+            match now_or_never(self.store.renew_run_lease(&run_id, &name, LEASE_MS)) {
+                Ok(Ok(renewal)) if renewal.cancel_action.is_some() => self.interrupt(run_id, 0),
+                Ok(Err(_)) => {
+                    // Fenced or ended elsewhere: the agent stops, and its follower reads the row.
+                    if let Some(child) = self.children.remove(&run_id)
+                        && child.followed
+                    {
+                        let (target, id) = child.caller;
+                        self.deliver(
+                            &target,
+                            Event::ChildEnded {
+                                id,
+                                run_id,
+                                committed: None,
+                            },
+                        );
+                    }
+                }
+                Ok(Ok(_)) | Err(_) => {}
+            }
+        }
+        if let Ok(pending) = now_or_never(self.store.workflows_with_pending_controls(&name)) {
+            for workflow_id in pending {
+                if let Some(supervisor) = self.nodes[node].supervisors.get(&workflow_id) {
+                    let target = Target {
+                        node,
+                        workflow_id,
+                        supervisor: supervisor.id,
+                    };
+                    self.deliver(&target, Event::Poll);
+                }
+            }
+        }
+        let _ = now_or_never(self.store.claim_orphan_runs(&name, 100));
+        let orphaned = now_or_never(self.store.recoverable_workflows(10, &self.versions));
+        for orphan in orphaned.unwrap_or_default() {
+            let purpose = if orphan.cancel_pending {
+                Purpose::Cancel
+            } else {
+                Purpose::Recover
+            };
+            let taken = now_or_never(self.store.take_over_workflow(
+                &orphan.workflow_id,
+                &name,
+                LEASE_MS,
+                &self.versions,
+                purpose,
+            ));
+            if let Ok(TakeOver::Taken(lease)) = taken {
+                self.stats.takeovers += 1;
+                let Ok(Some(row)) = now_or_never(self.store.read_workflow(&orphan.workflow_id))
+                else {
+                    continue;
+                };
+                let start = if orphan.cancel_pending {
+                    Start::CancelOnly
+                } else {
+                    Start::Replay
+                };
+                self.supervise(node, &orphan.workflow_id, lease.fence(), row.data, start);
+            }
+        }
+    }
+
+    /// The people: each step waiting for one (a pause, a checkpoint) is answered, by a control
+    /// recorded as the HTTP API records it; the owner's poller finds it.
+    fn person(&mut self) {
+        let ids: Vec<String> = self.workflows.keys().cloned().collect();
+        for workflow_id in ids {
+            let Ok(steps) = now_or_never(self.store.read_steps(&workflow_id)) else {
+                continue;
+            };
+            for step in steps {
+                if step.kind == "agent" {
+                    self.answer_agent(&step);
+                    continue;
+                }
+                if step.status != "running" {
+                    continue;
+                }
+                let (kind, body) = match step.kind.as_str() {
+                    "pause" => ("resume", json!({"input": {"go": step.step_id}})),
+                    "humanCheckpoint" => (
+                        "decide",
+                        json!({"decision": "approve",
+                               "artifactVersion": step.data["args"]["artifactVersion"],
+                               "comment": "fine"}),
+                    ),
+                    _ => continue,
+                };
+                let control = NewControl {
+                    workflow_id: workflow_id.clone(),
+                    kind: kind.into(),
+                    step_id: step.step_id.clone(),
+                    attempt: step.attempt,
+                    body,
+                    created_by: Some("ann@example.com".into()),
+                };
+                let recorded = now_or_never(self.store.put_control(control.clone()));
+                if !self.faults.controls {
+                    continue;
+                }
+                if recorded.is_ok() {
+                    // Another person, on another node, says the same: one row.
+                    let again = NewControl {
+                        created_by: Some("bob@example.com".into()),
+                        ..control.clone()
+                    };
+                    match now_or_never(self.store.put_control(again)) {
+                        Ok(ControlWrite::Repeated(_)) => {}
+                        other => self.violation(format!(
+                            "{workflow_id}: the same {kind} again answered {other:?}"
+                        )),
+                    }
+                    // And a third contradicts them: refused, whatever the first said.
+                    let mut body = control.body.clone();
+                    body[if kind == "decide" {
+                        "decision"
+                    } else {
+                        "input"
+                    }] = json!("reject");
+                    let contrary = NewControl {
+                        body,
+                        created_by: Some("eve@example.com".into()),
+                        ..control
+                    };
+                    if let Ok(written) = now_or_never(self.store.put_control(contrary)) {
+                        self.violation(format!(
+                            "{workflow_id}: a contrary {kind} was recorded: {written:?}"
+                        ));
+                    }
+                }
+                self.poll_everywhere(&workflow_id);
+            }
+        }
+    }
+
+    /// Tells every supervisor of `workflow_id` on every node (its owner, a stale one, none) to
+    /// poll, each twice, late and in any order: the nodes that recorded a control say so.
+    fn poll_everywhere(&mut self, workflow_id: &str) {
+        let targets: Vec<Target> = self
+            .nodes
+            .iter()
+            .enumerate()
+            .filter_map(|(node, state)| {
+                state.supervisors.get(workflow_id).map(|supervisor| Target {
+                    node,
+                    workflow_id: workflow_id.to_owned(),
+                    supervisor: supervisor.id,
+                })
+            })
+            .collect();
+        for target in targets {
+            for _ in 0..2 {
+                let delay = self.rng.below(1_500) as i64;
+                self.at(delay, Due::Machine(target.clone(), Event::Poll));
+            }
+        }
+    }
+
+    /// Answers an agent step's run that waits for a person, twice, from two nodes: the first
+    /// answer wins, the second finds nothing to answer.
+    fn answer_agent(&mut self, step: &store::StepRow) {
+        let Some(run_id) = step.data["run_id"].as_str() else {
+            return;
+        };
+        let Ok(Some(run)) = now_or_never(self.store.read_run(run_id)) else {
+            return;
+        };
+        if run.status != RunStatus::WaitingForInput {
+            return;
+        }
+        let Some(request_id) = run.metadata["hitl_approval"]["request_id"].as_str() else {
+            return;
+        };
+        let request_ids = [request_id.to_owned()];
+        let first = self.rng.below(2);
+        let winners: Vec<String> = [first, 1 - first]
+            .into_iter()
+            .filter_map(|node| {
+                let comment = format!("from node-{node}");
+                let answer = json!({"decision": "approve", "comment": comment});
+                let answered = now_or_never(self.store.answer_approval(
+                    &run.thread_id,
+                    &request_ids,
+                    &answer,
+                ));
+                matches!(answered, Ok(Some(_))).then_some(comment)
+            })
+            .collect();
+        self.note(|| format!("people answer {run_id}: won by {winners:?}"));
+        if winners != [format!("from node-{first}")] {
+            self.violation(format!(
+                "{run_id}: two answers to one approval were won by {winners:?}"
+            ));
+        }
+        self.approvals.push((run_id.to_owned(), winners.concat()));
+    }
+
+    /// How each workflow ended.
+    fn endings(&self) -> BTreeMap<String, Ending> {
+        self.workflows
+            .keys()
+            .map(|workflow_id| {
+                let row = now_or_never(self.store.read_workflow(workflow_id))
+                    .ok()
+                    .flatten();
+                let ending = match row {
+                    Some(row) if row.status == "completed" => {
+                        Ending::Completed(row.data["result"].clone())
+                    }
+                    Some(row) if row.status == "failed" => {
+                        Ending::Failed(row.data["error"].clone())
+                    }
+                    Some(row) => Ending::Other(row.status, row.data),
+                    None => Ending::Other("missing".into(), Value::Null),
+                };
+                (workflow_id.clone(), ending)
+            })
+            .collect()
+    }
+
+    /// Checks what must hold after any run (see the module documentation).
+    fn oracle(&mut self, baseline: &[Ending]) {
+        let mut per_step: BTreeMap<(String, String, i32), Vec<String>> = BTreeMap::new();
+        for run_id in self.admitted.clone() {
+            match now_or_never(self.store.read_run(&run_id)) {
+                Ok(Some(row)) => per_step
+                    .entry((
+                        row.workflow.unwrap_or_default(),
+                        row.step_id.unwrap_or_default(),
+                        row.attempt.unwrap_or_default(),
+                    ))
+                    .or_default()
+                    .push(run_id),
+                other => self.violation(format!("admitted run {run_id} reads {other:?}")),
+            }
+        }
+        for (run_id, winner) in self.approvals.clone() {
+            let row = now_or_never(self.store.read_run(&run_id));
+            let held = row.map(|row| row.map(|row| row.metadata["hitl_answer"].clone()));
+            let holds_winner = matches!(&held, Ok(Some(answer))
+                if answer["answer"]["comment"].as_str() == Some(winner.as_str()));
+            if !holds_winner {
+                self.violation(format!("{run_id} holds {held:?}, not the answer that won"));
+            }
+        }
+        for (step, runs) in per_step {
+            if runs.len() > 1 {
+                self.violation(format!(
+                    "step {step:?} has {} child runs: {runs:?}",
+                    runs.len()
+                ));
+            }
+        }
+        for (workflow_id, ending) in self.endings() {
+            self.stats.workflows += 1;
+            match &ending {
+                Ending::Completed(_) => self.stats.completed += 1,
+                Ending::Other(status, _) if status == "needs_reconciliation" => {
+                    self.stats.needs_reconciliation += 1;
+                }
+                _ => {}
+            }
+            let script = self.workflows[&workflow_id];
+            let expected = &baseline[script];
+            match &ending {
+                Ending::Completed(_) | Ending::Failed(_) => {
+                    if &ending != expected {
+                        self.violation(format!(
+                            "{workflow_id} ({}) ended {ending:?}, its fault-free run {expected:?}",
+                            SCRIPTS[script].name
+                        ));
+                    }
+                }
+                Ending::Other(status, data) if status == "needs_reconciliation" => {
+                    if data["reconciliation"]["reason"].as_str().is_none() {
+                        self.violation(format!(
+                            "{workflow_id} needs reconciliation for no recorded reason"
+                        ));
+                    }
+                    if self.faults == Faults::NONE {
+                        self.violation(format!(
+                            "{workflow_id} needs reconciliation with no fault: {data}"
+                        ));
+                    }
+                }
+                Ending::Other(status, _) => {
+                    self.violation(format!(
+                        "{workflow_id} is stuck {status} after {BOUND_MS} ms"
+                    ));
+                }
+            }
+            self.check_decisions(&workflow_id);
+        }
+    }
+
+    /// Every decision applied was applied to the checkpoint it names, bound to its artifact
+    /// version, and the checkpoint's journal holds that one decision.
+    fn check_decisions(&mut self, workflow_id: &str) {
+        let controls = now_or_never(self.store.read_controls(workflow_id)).unwrap_or_default();
+        let steps = now_or_never(self.store.read_steps(workflow_id)).unwrap_or_default();
+        let decided: Vec<_> = controls
+            .iter()
+            .filter(|control| control.kind == "decide")
+            .collect();
+        for control in &decided {
+            let Some(step) = steps
+                .iter()
+                .find(|step| step.step_id == control.step_id && step.attempt == control.attempt)
+            else {
+                self.violation(format!(
+                    "{workflow_id}: decision {} names no step",
+                    control.id
+                ));
+                continue;
+            };
+            if step.data["args"]["artifactVersion"] != control.body["artifactVersion"] {
+                self.violation(format!(
+                    "{workflow_id}: decision {} on version {} of a checkpoint on {}",
+                    control.id,
+                    control.body["artifactVersion"],
+                    step.data["args"]["artifactVersion"]
+                ));
+            }
+            if step.status == "completed"
+                && step.data["outcome"]["value"]["decision"] != control.body["decision"]
+            {
+                self.violation(format!(
+                    "{workflow_id}: checkpoint {} holds {} but decision {} said {}",
+                    step.step_id, step.data["outcome"], control.id, control.body["decision"]
+                ));
+            }
+        }
+        let applied = decided.iter().filter(|control| control.applied).count();
+        let completed = steps
+            .iter()
+            .filter(|step| step.kind == "humanCheckpoint" && step.status == "completed")
+            .count();
+        if applied != completed {
+            self.violation(format!(
+                "{workflow_id}: {applied} decisions applied for {completed} decided checkpoints"
+            ));
+        }
+    }
+}
+
+/// Runs an activation on the workflow's VM as the JS pool does: starts it from `start` when it
+/// is not loaded, hands it the settles, runs it, and drops it once the script ended.
+fn activate(
+    vm: &mut Option<Vm>,
+    start: Option<Box<StartSpec>>,
+    settles: Vec<crate::js_pool::Settle>,
+) -> Result<runtime::Activation, String> {
+    if vm.is_none() {
+        let spec = start.ok_or_else(|| "the workflow's VM is not loaded".to_owned())?;
+        let started =
+            Vm::start(&spec.script, &spec.args, spec.options).map_err(|e| e.to_string())?;
+        *vm = Some(started);
+    }
+    let loaded = vm.as_mut().expect("loaded just above");
+    for settle in settles {
+        loaded.settle(settle.id, settle.outcome, settle.at_ms);
+    }
+    let activation = loaded.run();
+    if activation.status != Status::Waiting {
+        *vm = None;
+    }
+    Ok(activation)
+}
+
+/// The fault-free result of each script: one workflow alone on one node, nothing injected.
+fn baseline() -> &'static [Ending] {
+    static BASELINE: OnceLock<Vec<Ending>> = OnceLock::new();
+    BASELINE.get_or_init(|| {
+        (0..SCRIPTS.len())
+            .map(|script| {
+                let mut sim = Sim::new(0, Faults::NONE, 1);
+                sim.launch(0, 0, script);
+                sim.run();
+                sim.endings().remove("wf-0").expect("launched")
+            })
+            .collect()
+    })
+}
+
+/// What one seed's run left: the rules it broke, its trace (when asked for) and its stats.
+#[derive(Debug, PartialEq)]
+struct Run {
+    violations: Vec<String>,
+    trace: Vec<String>,
+    stats: Stats,
+}
+
+/// Runs one seed: its mix of workflows on its nodes, with `faults`.
+fn run_seed(seed: u64, faults: Faults, tracing: bool) -> Run {
+    let baseline = baseline();
+    let mut rng = Rng::new(seed);
+    let nodes = 2 + rng.below(2) as usize;
+    let mut sim = Sim::new(seed, faults, nodes);
+    sim.tracing = tracing;
+    let workflows = 1 + rng.below(4) as usize;
+    for index in 0..workflows {
+        let node = rng.below(nodes as u64) as usize;
+        let script = rng.below(SCRIPTS.len() as u64) as usize;
+        sim.launch(node, index, script);
+    }
+    sim.run();
+    sim.oracle(baseline);
+    Run {
+        violations: sim.violations,
+        trace: sim.trace,
+        stats: sim.stats,
+    }
+}
+
+/// Runs the seeds the environment asks for (`REINS_SIM_SEED` one, `REINS_SIM_SEEDS` how
+/// many from `first`) and fails naming the first seed that broke a rule and the test (`name`)
+/// that reruns it. Answers the stats of every seed run.
+fn run_seeds(name: &str, first: u64, faults: Faults) -> Stats {
+    let single = std::env::var("REINS_SIM_SEED")
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok());
+    let seeds: Vec<u64> = match single {
+        Some(seed) => vec![seed],
+        None => {
+            let count = std::env::var("REINS_SIM_SEEDS")
+                .ok()
+                .and_then(|s| s.parse::<u64>().ok())
+                .unwrap_or(SEEDS_PER_MIX);
+            (first..first + count).collect()
+        }
+    };
+    let mut stats = Stats::default();
+    for seed in seeds {
+        let run = run_seed(seed, faults, single.is_some());
+        for line in &run.trace {
+            println!("{line}");
+        }
+        assert!(
+            run.violations.is_empty(),
+            "simulation seed {seed} ({faults:?}) broke the rules: {:#?}\n\
+             reproduce: REINS_SIM_SEED={seed} cargo test -p actors {name} -- --nocapture",
+            run.violations
+        );
+        stats.add(run.stats);
+    }
+    println!("{name}: {stats:?}");
+    stats
+}
+
+#[test]
+fn sim_baseline_is_what_each_script_returns() {
+    let baseline = baseline();
+    assert_eq!(
+        baseline[0],
+        Ending::Completed(
+            json!([{"echo": "one"}, {"echo": {"after": {"echo": "one"}}}, "success"])
+        )
+    );
+    assert_eq!(
+        baseline[1],
+        Ending::Completed(json!([{"echo": "x"}, {"echo": "y"}, {"echo": "z"}]))
+    );
+    assert_eq!(
+        baseline[2],
+        Ending::Completed(json!({"first": {"echo": 1}, "input": {"go": "go"}}))
+    );
+    assert_eq!(
+        baseline[3],
+        Ending::Completed(json!({"version": 2, "bytes": 23, "decision": "approve",
+                                 "comment": "fine", "text": "draft:outputs/plan.txt\n"}))
+    );
+    assert_eq!(
+        baseline[4],
+        Ending::Completed(
+            json!({"caught": {"name": "StepError", "message": "no such branch",
+                                            "status": "error"},
+                                 "after": {"echo": "after"}})
+        )
+    );
+    assert_eq!(baseline[5], Ending::Completed(json!("boom")));
+    assert_eq!(
+        baseline[6],
+        Ending::Completed(json!({"decision": "approve", "status": "success"}))
+    );
+}
+
+#[test]
+fn sim_seed_replays_identically() {
+    for seed in [1, 2, 3] {
+        assert_eq!(
+            run_seed(seed, Faults::ALL, true),
+            run_seed(seed, Faults::ALL, true)
+        );
+    }
+}
+
+#[test]
+fn sim_fault_free_seeds() {
+    let stats = run_seeds("sim_fault_free_seeds", 0, Faults::NONE);
+    assert_eq!(stats.completed, stats.workflows, "{stats:?}");
+}
+
+#[test]
+fn sim_crash_seeds() {
+    let stats = run_seeds("sim_crash_seeds", 1_000_000, Faults::CRASHES);
+    if stats.workflows >= 1_000 {
+        // The faults bite: workflows were taken over after a crash, and some of them finished.
+        assert!(stats.crashes > 0 && stats.takeovers > 0, "{stats:?}");
+        assert!(stats.completed < stats.workflows, "{stats:?}");
+    }
+}
+
+#[test]
+fn sim_store_fault_seeds() {
+    let stats = run_seeds("sim_store_fault_seeds", 2_000_000, Faults::STORE);
+    if stats.workflows >= 1_000 {
+        assert!(
+            stats.takeovers > 0 && stats.completed > stats.workflows / 2,
+            "{stats:?}"
+        );
+    }
+}
+
+#[test]
+fn sim_pause_seeds() {
+    let stats = run_seeds("sim_pause_seeds", 3_000_000, Faults::PAUSES);
+    if stats.workflows >= 1_000 {
+        // Paused owners lost their workflows to takeovers and kept writing: refused.
+        assert!(stats.takeovers > 0 && stats.stale_refused > 0, "{stats:?}");
+    }
+}
+
+#[test]
+fn sim_control_seeds() {
+    let stats = run_seeds("sim_control_seeds", 4_000_000, Faults::CONTROLS);
+    if stats.workflows >= 1_000 {
+        assert_eq!(stats.completed, stats.workflows, "{stats:?}");
+    }
+}
+
+#[test]
+fn sim_all_fault_seeds() {
+    let stats = run_seeds("sim_all_fault_seeds", 5_000_000, Faults::ALL);
+    if stats.workflows >= 1_000 {
+        assert!(
+            stats.takeovers > 0 && stats.completed > stats.workflows / 2,
+            "{stats:?}"
+        );
+    }
+}
+#[test]
+fn tmp_print_baseline() {
+    for (i, e) in baseline().iter().enumerate() {
+        println!("BASE {i} {e:?}");
+    }
+}
+
+/// The stop of a sibling a failed `parallel` left running went out before the failure that
+/// caused it was journaled; that write's answer was lost (not applied), and the takeover's
+/// replay settled the interrupted sibling first: the workflow completed with "interrupted by
+/// a cancel request" instead of "boom".
+#[test]
+fn seed_2000440_a_parallel_stops_its_siblings_only_once_the_failure_is_journaled() {
+    let run = run_seed(2_000_440, Faults::STORE, false);
+    assert_eq!(run.violations, Vec::<String>::new());
+}
