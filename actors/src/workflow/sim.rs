@@ -22,6 +22,10 @@
 //! answered twice had one winner, whose answer the run holds; no workflow is stuck past the
 //! simulated-time bound (it ended, or waits for an operator with its reason recorded).
 //!
+//! An operator ([`Sim::operator`]) reconciles each workflow that needs it as the front door
+//! does, and the workflow runs on; the oracle holds it to its script and its journal to the
+//! reconcile.
+//!
 //! A failing seed names itself and its test; `REINS_SIM_SEED=N cargo test -p actors TEST --
 //! --nocapture` runs that seed alone and prints its trace, the same every time.
 //! `REINS_SIM_SEEDS=N` runs N seeds per mix ([`SEEDS_PER_MIX`] by default).
@@ -39,6 +43,7 @@ use store::{
     Versions, WorkflowStep, Workflows, WriteOp,
 };
 
+use super::front_door::{ReconcileRequest, Resolution, reconcile_writes};
 use super::machine::{
     Admission, ControlsFor, Effect, Event, MachineConfig, RunReadFor, Start, WorkflowDocument,
     WorkflowMachine, WorkflowStatus,
@@ -61,6 +66,8 @@ const BOUND_MS: i64 = 600_000;
 const SEEDS_PER_MIX: u64 = 600;
 /// The user every workflow is launched by.
 const USER: &str = "sim-user";
+/// Reconciles an operator makes of one workflow before leaving it as it is.
+const RECONCILES_MAX: usize = 3;
 
 /// A xorshift64 generator: the only source of choice in a run.
 struct Rng(u64);
@@ -174,6 +181,15 @@ fn agent_outcome(task: &Value) -> RunOutcome {
             message_count: 1,
         },
     }
+}
+
+/// A reconcile the operator made: what it settled, and whether the outcome it gave the step is
+/// the one the step's child would have given (then the workflow's result is its fault-free one).
+#[derive(Debug, Clone)]
+struct Reconciled {
+    step_id: String,
+    resolution: Resolution,
+    faithful: bool,
 }
 
 /// How a workflow ended, as the oracle compares it.
@@ -329,6 +345,8 @@ struct Stats {
     workflows: u64,
     completed: u64,
     needs_reconciliation: u64,
+    /// Reconciles the operator made (each settled a step and resumed its workflow).
+    reconciled: u64,
     crashes: u64,
     pauses: u64,
     takeovers: u64,
@@ -341,6 +359,7 @@ impl Stats {
         self.workflows += other.workflows;
         self.completed += other.completed;
         self.needs_reconciliation += other.needs_reconciliation;
+        self.reconciled += other.reconciled;
         self.crashes += other.crashes;
         self.pauses += other.pauses;
         self.takeovers += other.takeovers;
@@ -435,6 +454,10 @@ struct Sim {
     approvals: Vec<(String, String)>,
     /// Every run admitted, for the oracle.
     admitted: BTreeSet<String>,
+    /// The reconciles the operator made of each workflow, in order.
+    reconciles: BTreeMap<String, Vec<Reconciled>>,
+    /// Workflows whose reconcile was refused: the operator leaves them as they are.
+    unreconciled: BTreeSet<String>,
     next_id: u64,
     agents: Arc<AgentRegistry>,
     versions: Versions,
@@ -479,6 +502,8 @@ impl Sim {
             children: BTreeMap::new(),
             ended: BTreeMap::new(),
             admitted: BTreeSet::new(),
+            reconciles: BTreeMap::new(),
+            unreconciled: BTreeSet::new(),
             approvals: Vec::new(),
             next_id: 0,
             agents,
@@ -671,7 +696,9 @@ impl Sim {
         self.workflows.keys().all(|workflow_id| {
             match now_or_never(self.store.read_workflow(workflow_id)) {
                 Ok(Some(row)) => WorkflowStatus::parse(&row.status).is_some_and(|status| {
-                    status.is_final() || status == WorkflowStatus::NeedsReconciliation
+                    status.is_final()
+                        || (status == WorkflowStatus::NeedsReconciliation
+                            && !self.operator_may_reconcile(workflow_id))
                 }),
                 _ => false,
             }
@@ -1375,11 +1402,155 @@ impl Sim {
         }
     }
 
+    /// Whether the operator would still reconcile `workflow_id` if it needed it.
+    fn operator_may_reconcile(&self, workflow_id: &str) -> bool {
+        !self.unreconciled.contains(workflow_id)
+            && self
+                .reconciles
+                .get(workflow_id)
+                .is_none_or(|made| made.len() < RECONCILES_MAX)
+    }
+
+    /// The operator: a workflow that needs reconciliation is settled as `reconcile` settles it
+    /// (a takeover for `Purpose::Reconcile` on a live node, then the front door's one fenced
+    /// write) with a resolution of the seed's choosing, and resumed there by replay. `complete`
+    /// supplies what the step's child would have answered, as an operator who checked its
+    /// effects would. Left as it is after [`RECONCILES_MAX`] reconciles.
+    fn operator(&mut self, workflow_id: &str) {
+        let Ok(Some(row)) = now_or_never(self.store.read_workflow(workflow_id)) else {
+            return;
+        };
+        if row.status != "needs_reconciliation" || !self.operator_may_reconcile(workflow_id) {
+            return;
+        }
+        let alive: Vec<usize> = (0..self.nodes.len())
+            .filter(|&node| self.nodes[node].alive && self.nodes[node].paused_until <= self.now())
+            .collect();
+        if alive.is_empty() {
+            return;
+        }
+        let node = alive[self.rng.below(alive.len() as u64) as usize];
+        let step_id = row.data["reconciliation"]["step_id"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        let Ok(steps) = now_or_never(self.store.read_steps(workflow_id)) else {
+            return;
+        };
+        let task = steps
+            .iter()
+            .filter(|step| step.step_id == step_id)
+            .max_by_key(|step| step.attempt)
+            .map(|step| step.data["args"]["task"].clone());
+        // `complete` is what an operator says of a child that would have succeeded, with the
+        // output it would have given; any step may be retried or failed.
+        let completes = task.as_ref().filter(|task| {
+            task.get("hang").is_none()
+                && task.get("ask_approval").is_none()
+                && agent_outcome(task).status == RunStatus::Success
+        });
+        let (resolution, faithful) = match (self.rng.below(3), completes) {
+            (0, Some(task)) => (
+                Resolution::Complete(json!({ "echo": task })),
+                // A completed reconcile keeps no artifact of the output, as the child's end
+                // does: the artifact versions the script numbers later come one lower.
+                !SCRIPTS[self.workflows[workflow_id]]
+                    .source
+                    .contains("artifactVersion"),
+            ),
+            (1, _) => (Resolution::Fail, false),
+            _ => (Resolution::Retry, true),
+        };
+        let request = ReconcileRequest {
+            workflow_id: workflow_id.to_owned(),
+            step_id: step_id.clone(),
+            resolution: resolution.clone(),
+            reason: "checked by the operator".into(),
+            by: "operator@example.com".into(),
+        };
+        let name = self.nodes[node].name.clone();
+        let taken = now_or_never(self.store.take_over_workflow(
+            workflow_id,
+            &name,
+            LEASE_MS,
+            &self.versions,
+            Purpose::Reconcile,
+        ));
+        let lease = match taken {
+            Ok(TakeOver::Taken(lease)) => lease,
+            other => {
+                return self.note(|| format!("operator: reconcile of {workflow_id}: {other:?}"));
+            }
+        };
+        let written = reconcile_writes(row, steps, LaunchLimits::NONE, &request, self.now())
+            .map_err(|error| error.to_string())
+            .and_then(|(ops, row)| {
+                now_or_never(self.store.fenced_write(&lease.fence(), ops))
+                    .map(|()| row)
+                    .map_err(|error| error.to_string())
+            });
+        self.note(|| {
+            format!(
+                "operator reconciles {workflow_id} step {step_id:?} on {name} with \
+                 {resolution:?}: {:?}",
+                written.as_ref().map(|_| ())
+            )
+        });
+        match written {
+            Ok(row) => {
+                self.reconciles
+                    .entry(workflow_id.to_owned())
+                    .or_default()
+                    .push(Reconciled {
+                        step_id,
+                        resolution: resolution.clone(),
+                        faithful,
+                    });
+                self.stats.reconciled += 1;
+                self.supervise(node, workflow_id, lease.fence(), row.data, Start::Replay);
+                if self.faults.controls {
+                    self.reconcile_again(workflow_id, node, request);
+                }
+            }
+            Err(error) => {
+                // Nothing was written: the lease is given back and the workflow waits as it
+                // is. Every step the machine names for reconciliation is in its journal.
+                self.unreconciled.insert(workflow_id.to_owned());
+                let _ = now_or_never(self.store.release_lease(&lease.fence()));
+                self.violation(format!(
+                    "{workflow_id}: the reconcile of {step_id:?} failed: {error}"
+                ));
+            }
+        }
+    }
+
+    /// A second operator, on another node, reconciles the same step the same way at once:
+    /// the workflow runs again, so the takeover is refused with nothing written.
+    fn reconcile_again(&mut self, workflow_id: &str, first: usize, request: ReconcileRequest) {
+        let node = (first + 1) % self.nodes.len();
+        let name = self.nodes[node].name.clone();
+        let taken = now_or_never(self.store.take_over_workflow(
+            workflow_id,
+            &name,
+            LEASE_MS,
+            &self.versions,
+            Purpose::Reconcile,
+        ));
+        self.note(|| format!("a second operator reconciles {workflow_id}: {taken:?}"));
+        if !matches!(taken, Ok(TakeOver::Refused(_) | TakeOver::LeaseHeld)) {
+            self.violation(format!(
+                "{workflow_id}: a second reconcile of {:?} answered {taken:?}",
+                request.step_id
+            ));
+        }
+    }
+
     /// The people: each step waiting for one (a pause, a checkpoint) is answered, by a control
     /// recorded as the HTTP API records it; the owner's poller finds it.
     fn person(&mut self) {
         let ids: Vec<String> = self.workflows.keys().cloned().collect();
         for workflow_id in ids {
+            self.operator(&workflow_id);
             let Ok(steps) = now_or_never(self.store.read_steps(&workflow_id)) else {
                 continue;
             };
@@ -1577,7 +1748,29 @@ impl Sim {
             }
             let script = self.workflows[&workflow_id];
             let expected = &baseline[script];
+            let reconciled = self
+                .reconciles
+                .get(&workflow_id)
+                .cloned()
+                .unwrap_or_default();
+            self.check_reconciled(&workflow_id, &reconciled);
+            let faithful = reconciled.iter().all(|made| made.faithful);
             match &ending {
+                Ending::Completed(_) | Ending::Failed(_) if !faithful => {
+                    // An outcome the child would not have given: the script's result follows
+                    // from it, which a failed step's message shows unless the script caught it
+                    // and went on without it.
+                    let failed = reconciled
+                        .iter()
+                        .any(|made| made.resolution == Resolution::Fail);
+                    let shown = format!("{ending:?}").contains("reconciled as failed");
+                    if failed && !shown && SCRIPTS[script].name != "fail fast" {
+                        self.violation(format!(
+                            "{workflow_id} ({}) ended {ending:?} after {reconciled:?}",
+                            SCRIPTS[script].name
+                        ));
+                    }
+                }
                 Ending::Completed(_) | Ending::Failed(_) => {
                     if &ending != expected {
                         self.violation(format!(
@@ -1605,6 +1798,35 @@ impl Sim {
                 }
             }
             self.check_decisions(&workflow_id);
+        }
+    }
+
+    /// Every reconcile the operator made is on record in its step's journal: the attempt it
+    /// settled holds the resolution, and a retry queued the next attempt.
+    fn check_reconciled(&mut self, workflow_id: &str, reconciled: &[Reconciled]) {
+        let steps = now_or_never(self.store.read_steps(workflow_id)).unwrap_or_default();
+        for made in reconciled {
+            let name = match made.resolution {
+                Resolution::Retry => "retry",
+                Resolution::Fail => "fail",
+                Resolution::Complete(_) => "complete",
+            };
+            let settled = steps.iter().find(|step| {
+                step.step_id == made.step_id && step.data["reconciled"]["resolution"] == name
+            });
+            // A retry closed the attempt it settled and queued the next one.
+            let recorded = settled.is_some_and(|settled| {
+                made.resolution != Resolution::Retry
+                    || (settled.status == "cancelled"
+                        && steps.iter().any(|step| {
+                            step.step_id == made.step_id && step.attempt == settled.attempt + 1
+                        }))
+            });
+            if !recorded {
+                self.violation(format!(
+                    "{workflow_id}: the reconcile {made:?} is not on record in the journal"
+                ));
+            }
         }
     }
 
@@ -1822,6 +2044,8 @@ fn sim_crash_seeds() {
         // The faults bite: workflows were taken over after a crash, and some of them finished.
         assert!(stats.crashes > 0 && stats.takeovers > 0, "{stats:?}");
         assert!(stats.completed < stats.workflows, "{stats:?}");
+        // Agents died with their nodes, and the operator settled their steps.
+        assert!(stats.reconciled > 0, "{stats:?}");
     }
 }
 
@@ -1842,6 +2066,7 @@ fn sim_pause_seeds() {
     if stats.workflows >= 1_000 {
         // Paused owners lost their workflows to takeovers and kept writing: refused.
         assert!(stats.takeovers > 0 && stats.stale_refused > 0, "{stats:?}");
+        assert!(stats.reconciled > 0, "{stats:?}");
     }
 }
 
