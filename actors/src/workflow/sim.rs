@@ -24,7 +24,8 @@
 //!
 //! An operator ([`Sim::operator`]) reconciles each workflow that needs it as the front door
 //! does, and the workflow runs on; the oracle holds it to its script and its journal to the
-//! reconcile.
+//! reconcile. Operators also `recover` workflows by hand ([`Sim::recover`]); in half the seeds
+//! with crashes or pauses no node recovers automatically, and only the operator does.
 //!
 //! A failing seed names itself and its test; `REINS_SIM_SEED=N cargo test -p actors TEST --
 //! --nocapture` runs that seed alone and prints its trace, the same every time.
@@ -347,6 +348,8 @@ struct Stats {
     needs_reconciliation: u64,
     /// Reconciles the operator made (each settled a step and resumed its workflow).
     reconciled: u64,
+    /// Workflows an operator's `recover` took over.
+    recovered: u64,
     crashes: u64,
     pauses: u64,
     takeovers: u64,
@@ -360,6 +363,7 @@ impl Stats {
         self.completed += other.completed;
         self.needs_reconciliation += other.needs_reconciliation;
         self.reconciled += other.reconciled;
+        self.recovered += other.recovered;
         self.crashes += other.crashes;
         self.pauses += other.pauses;
         self.takeovers += other.takeovers;
@@ -434,6 +438,8 @@ enum Due {
     Pause(usize),
     /// A delayed store answer of a supervisor is due.
     Resume(Target),
+    /// An operator asks a node to recover a workflow (`recover`, not the automatic claim).
+    Recover(usize, String),
 }
 
 struct Sim {
@@ -458,6 +464,8 @@ struct Sim {
     reconciles: BTreeMap<String, Vec<Reconciled>>,
     /// Workflows whose reconcile was refused: the operator leaves them as they are.
     unreconciled: BTreeSet<String>,
+    /// Nodes claim no orphaned workflows (`recovery: manual`): the operator recovers them.
+    manual_recovery: bool,
     next_id: u64,
     agents: Arc<AgentRegistry>,
     versions: Versions,
@@ -504,6 +512,7 @@ impl Sim {
             admitted: BTreeSet::new(),
             reconciles: BTreeMap::new(),
             unreconciled: BTreeSet::new(),
+            manual_recovery: false,
             approvals: Vec::new(),
             next_id: 0,
             agents,
@@ -647,6 +656,18 @@ impl Sim {
                 self.at(when, Due::Crash(node));
             }
         }
+        if self.faults.crashes || self.faults.pauses {
+            self.manual_recovery = self.rng.below(2) == 0;
+            // Operators recover workflows by hand too, whenever they like: most asks find the
+            // owner's lease valid, some find the workflow orphaned before automatic recovery.
+            let workflows: Vec<String> = self.workflows.keys().cloned().collect();
+            for _ in 0..self.rng.below(4) {
+                let node = self.rng.below(self.nodes.len() as u64) as usize;
+                let workflow = self.rng.below(workflows.len() as u64) as usize;
+                let when = self.rng.below(12_000) as i64;
+                self.at(when, Due::Recover(node, workflows[workflow].clone()));
+            }
+        }
         if self.faults.pauses {
             let pauses = 1 + self.rng.below(2);
             for _ in 0..pauses {
@@ -687,6 +708,7 @@ impl Sim {
             }
             Due::AgentEnd(run_id) => self.children.get(run_id).map(|child| child.node),
             Due::Tick(node) => Some(*node),
+            Due::Recover(node, _) => Some(*node),
             Due::Person | Due::Crash(_) | Due::Restart(_) | Due::Pause(_) => None,
         }
     }
@@ -737,6 +759,7 @@ impl Sim {
                 }
             }
             Due::Resume(target) => self.resume(&target),
+            Due::Recover(node, workflow_id) => self.recover(node, &workflow_id),
             Due::Pause(node) => {
                 let pause = LEASE_MS as i64 + 500 + self.rng.below(6_000) as i64;
                 self.note(|| format!("node-{node} pauses for {pause} ms"));
@@ -1372,6 +1395,9 @@ impl Sim {
             }
         }
         let _ = now_or_never(self.store.claim_orphan_runs(&name, 100));
+        if self.manual_recovery {
+            return;
+        }
         let orphaned = now_or_never(self.store.recoverable_workflows(10, &self.versions));
         for orphan in orphaned.unwrap_or_default() {
             let purpose = if orphan.cancel_pending {
@@ -1399,6 +1425,57 @@ impl Sim {
                 };
                 self.supervise(node, &orphan.workflow_id, lease.fence(), row.data, start);
             }
+        }
+    }
+
+    /// An operator's `recover` of `workflow_id` on `node`, as the front door does it: refused
+    /// while a supervisor of it runs there (`Supervised`); otherwise a takeover for
+    /// `Purpose::Recover`, and a supervisor that resumes by replay. A lease still valid must
+    /// refuse the takeover (`LeaseHeld`); a workflow that needs reconciliation, or has a cancel
+    /// pending, refuses it too.
+    fn recover(&mut self, node: usize, workflow_id: &str) {
+        if !self.nodes[node].alive || self.nodes[node].supervisors.contains_key(workflow_id) {
+            return;
+        }
+        let now = self.clock.seconds();
+        let held = now_or_never(self.store.read_lease(workflow_id))
+            .ok()
+            .flatten()
+            .is_some_and(|lease| lease.expires_at > now);
+        let name = self.nodes[node].name.clone();
+        let taken = now_or_never(self.store.take_over_workflow(
+            workflow_id,
+            &name,
+            LEASE_MS,
+            &self.versions,
+            Purpose::Recover,
+        ));
+        self.note(|| format!("operator recovers {workflow_id} on {name}: {taken:?}"));
+        let Ok(TakeOver::Taken(lease)) = taken else {
+            return;
+        };
+        if held {
+            self.violation(format!(
+                "{workflow_id}: recover took it over from a lease still valid"
+            ));
+        }
+        self.stats.recovered += 1;
+        match now_or_never(self.store.read_workflow(workflow_id)) {
+            Ok(Some(row)) => {
+                self.supervise(node, workflow_id, lease.fence(), row.data, Start::Replay)
+            }
+            other => self.violation(format!("{workflow_id}: recovered, then read {other:?}")),
+        }
+    }
+
+    /// With `recovery: manual`, the operator looks for workflows whose owner is gone (as the
+    /// API's `recoverable` shows them) and recovers each on a node of their choosing.
+    fn recover_orphans(&mut self) {
+        let orphaned = now_or_never(self.store.recoverable_workflows(10, &self.versions));
+        for orphan in orphaned.unwrap_or_default() {
+            let node = self.rng.below(self.nodes.len() as u64) as usize;
+            let delay = self.rng.below(300) as i64;
+            self.at(delay, Due::Recover(node, orphan.workflow_id));
         }
     }
 
@@ -1549,6 +1626,9 @@ impl Sim {
     /// recorded as the HTTP API records it; the owner's poller finds it.
     fn person(&mut self) {
         let ids: Vec<String> = self.workflows.keys().cloned().collect();
+        if self.manual_recovery {
+            self.recover_orphans();
+        }
         for workflow_id in ids {
             self.operator(&workflow_id);
             let Ok(steps) = now_or_never(self.store.read_steps(&workflow_id)) else {
@@ -2044,8 +2124,9 @@ fn sim_crash_seeds() {
         // The faults bite: workflows were taken over after a crash, and some of them finished.
         assert!(stats.crashes > 0 && stats.takeovers > 0, "{stats:?}");
         assert!(stats.completed < stats.workflows, "{stats:?}");
-        // Agents died with their nodes, and the operator settled their steps.
-        assert!(stats.reconciled > 0, "{stats:?}");
+        // Agents died with their nodes, and the operator settled their steps; with
+        // `recovery: manual` the operator recovered the workflows of the dead nodes.
+        assert!(stats.reconciled > 0 && stats.recovered > 0, "{stats:?}");
     }
 }
 
@@ -2066,7 +2147,7 @@ fn sim_pause_seeds() {
     if stats.workflows >= 1_000 {
         // Paused owners lost their workflows to takeovers and kept writing: refused.
         assert!(stats.takeovers > 0 && stats.stale_refused > 0, "{stats:?}");
-        assert!(stats.reconciled > 0, "{stats:?}");
+        assert!(stats.reconciled > 0 && stats.recovered > 0, "{stats:?}");
     }
 }
 
