@@ -22,6 +22,11 @@
 //! answered twice had one winner, whose answer the run holds; no workflow is stuck past the
 //! simulated-time bound (it ended, or waits for an operator with its reason recorded).
 //!
+//! A simulated agent commits its outcome as `ChildAgent` does: one [`TerminalAuthority`] per
+//! run decides, from the answers of its compare-and-sets (with the store faults of the run:
+//! sent again after an outage, unknown when the answer is lost, late) and its lease renewals,
+//! whether the outcome is persisted or the run fenced; the caller hears which.
+//!
 //! An operator ([`Sim::operator`]) reconciles each workflow that needs it as the front door
 //! does, and the workflow runs on; the oracle holds it to its script and its journal to the
 //! reconcile. Operators also `recover` workflows by hand ([`Sim::recover`]); in half the seeds
@@ -50,6 +55,8 @@ use super::machine::{
     WorkflowMachine, WorkflowStatus,
 };
 use crate::agents::AgentRegistry;
+use crate::child_run::agent::interrupted;
+use crate::child_run::commit::{AttemptId, Renewal, TerminalAuthority, Verdict};
 use crate::child_run::{RunRequest, run_fingerprint};
 use crate::js_pool::StartSpec;
 
@@ -350,6 +357,8 @@ struct Stats {
     reconciled: u64,
     /// Workflows an operator's `recover` took over.
     recovered: u64,
+    /// Child terminal writes whose answer was lost.
+    commits_unknown: u64,
     crashes: u64,
     pauses: u64,
     takeovers: u64,
@@ -364,6 +373,7 @@ impl Stats {
         self.needs_reconciliation += other.needs_reconciliation;
         self.reconciled += other.reconciled;
         self.recovered += other.recovered;
+        self.commits_unknown += other.commits_unknown;
         self.crashes += other.crashes;
         self.pauses += other.pauses;
         self.takeovers += other.takeovers;
@@ -415,6 +425,12 @@ struct Child {
     followed: bool,
     /// A cancel request reached it: it ends interrupted.
     cancelled: bool,
+    /// The agent's part is over: only its terminal write is left.
+    finished: bool,
+    /// Decides, as for `ChildAgent`, whether its outcome is persisted, pending or lost.
+    authority: TerminalAuthority,
+    /// Terminal writes in a row that wrote nothing: the backoff of the next.
+    commit_tries: u32,
 }
 
 /// A run's end kept for its caller: the run id and the row its compare-and-set committed.
@@ -440,6 +456,10 @@ enum Due {
     Resume(Target),
     /// An operator asks a node to recover a workflow (`recover`, not the automatic claim).
     Recover(usize, String),
+    /// A child's terminal write that wrote nothing is sent again.
+    Commit(String, RunOutcome),
+    /// The late answer of a child's terminal write is due (the write is applied now).
+    Committed(String, AttemptId, RunOutcome),
 }
 
 struct Sim {
@@ -706,7 +726,9 @@ impl Sim {
             Due::Machine(target, _) | Due::Admit { target, .. } | Due::Resume(target) => {
                 Some(target.node)
             }
-            Due::AgentEnd(run_id) => self.children.get(run_id).map(|child| child.node),
+            Due::AgentEnd(run_id) | Due::Commit(run_id, _) | Due::Committed(run_id, ..) => {
+                self.children.get(run_id).map(|child| child.node)
+            }
             Due::Tick(node) => Some(*node),
             Due::Recover(node, _) => Some(*node),
             Due::Person | Due::Crash(_) | Due::Restart(_) | Due::Pause(_) => None,
@@ -760,6 +782,11 @@ impl Sim {
             }
             Due::Resume(target) => self.resume(&target),
             Due::Recover(node, workflow_id) => self.recover(node, &workflow_id),
+            Due::Commit(run_id, outcome) => self.commit(&run_id, outcome),
+            Due::Committed(run_id, attempt, outcome) => {
+                let finalized = self.finalize(&run_id, &outcome);
+                self.on_committed(&run_id, attempt, finalized);
+            }
             Due::Pause(node) => {
                 let pause = LEASE_MS as i64 + 500 + self.rng.below(6_000) as i64;
                 self.note(|| format!("node-{node} pauses for {pause} ms"));
@@ -1221,6 +1248,9 @@ impl Sim {
                         caller: (target.clone(), id),
                         followed: false,
                         cancelled: false,
+                        finished: false,
+                        authority: TerminalAuthority::new(),
+                        commit_tries: 0,
                     },
                 );
                 Admission::Started(row)
@@ -1244,6 +1274,10 @@ impl Sim {
             self.children.remove(run_id);
             return;
         }
+        if child.finished {
+            // Its outcome is decided; a cancel request that comes now changes nothing.
+            return;
+        }
         if !child.cancelled && child.task.get("hang").is_some() {
             // It hangs until a cancel request reaches it.
             return;
@@ -1252,35 +1286,126 @@ impl Sim {
             return self.agent_asks(run_id);
         }
         let outcome = if child.cancelled {
-            RunOutcome {
-                status: RunStatus::Interrupted,
-                error: Some("interrupted by a cancel request".into()),
-                output: None,
-                stop_reason: Some(CancelAction::Interrupt.as_str().into()),
-                total_tokens: 0,
-                message_count: 0,
-            }
+            interrupted(CancelAction::Interrupt)
         } else {
             agent_outcome(&child.task)
         };
+        if let Some(child) = self.children.get_mut(run_id) {
+            child.finished = true;
+        }
+        self.commit(run_id, outcome);
+    }
+
+    /// Sends the terminal compare-and-set of a child's `outcome`, as `ChildAgent::commit` does,
+    /// if its authority allows one, with the store faults of the run: an outage (nothing
+    /// written) is sent again after a backoff, a lost answer leaves the outcome unknown until
+    /// a renewal or the lease's end fences the run, a late one is applied when it comes.
+    fn commit(&mut self, run_id: &str, outcome: RunOutcome) {
+        let Some(child) = self.children.get_mut(run_id) else {
+            return;
+        };
+        let Some(attempt) = child.authority.decide(outcome) else {
+            return;
+        };
+        let answer = self.answer(true);
+        self.note(|| {
+            format!(
+                "agent {run_id} commits {:?}: {answer:?}",
+                attempt.outcome.status
+            )
+        });
+        match answer {
+            Answer::Now => {
+                let finalized = self.finalize(run_id, &attempt.outcome);
+                self.on_committed(run_id, attempt.id, finalized);
+            }
+            Answer::Unavailable => {
+                let Some(child) = self.children.get_mut(run_id) else {
+                    return;
+                };
+                if let Some(outcome) = child.authority.on_not_written(attempt.id) {
+                    child.commit_tries += 1;
+                    let wait = super::store_backoff(child.commit_tries);
+                    let wait = i64::try_from(wait.as_millis()).unwrap_or(i64::MAX);
+                    self.at(wait, Due::Commit(run_id.to_owned(), outcome));
+                }
+            }
+            Answer::LostApplied | Answer::LostUnapplied => {
+                if answer == Answer::LostApplied {
+                    let _ = self.finalize(run_id, &attempt.outcome);
+                }
+                self.stats.commits_unknown += 1;
+                if let Some(child) = self.children.get_mut(run_id) {
+                    let verdict = child.authority.on_unknown(attempt.id);
+                    self.act(run_id, verdict);
+                }
+            }
+            Answer::Delayed(delay) => {
+                let due = Due::Committed(run_id.to_owned(), attempt.id, attempt.outcome);
+                self.at(delay, due);
+            }
+        }
+    }
+
+    /// Performs a child's terminal compare-and-set now.
+    fn finalize(&mut self, run_id: &str, outcome: &RunOutcome) -> store::Result<bool> {
+        let Some(child) = self.children.get(run_id) else {
+            return Ok(false);
+        };
+        let owner = self.nodes[child.node].name.clone();
+        // A success must not be recorded over a cancel request.
         let require_not_cancelled = outcome.status == RunStatus::Success;
-        let owner = node.name.clone();
-        let committed =
-            now_or_never(
-                self.store
-                    .finalize_run(run_id, &owner, &outcome, require_not_cancelled),
-            );
+        now_or_never(
+            self.store
+                .finalize_run(run_id, &owner, outcome, require_not_cancelled),
+        )
+    }
+
+    /// The answer of a child's terminal write: acknowledged, or refused (then, as
+    /// `ChildAgent` does, a row still live and ours with a cancel request is committed as
+    /// interrupted first).
+    fn on_committed(&mut self, run_id: &str, attempt: AttemptId, finalized: store::Result<bool>) {
+        self.note(|| format!("agent {run_id} committed: {finalized:?}"));
+        let finalized = match finalized {
+            Ok(finalized) => finalized,
+            Err(error) => {
+                // The simulation store answers no error of its own; a fault is injected above.
+                return self.violation(format!("{run_id}: finalize_run answered {error}"));
+            }
+        };
+        if !finalized {
+            let Some(child) = self.children.get(run_id) else {
+                return;
+            };
+            let owner = self.nodes[child.node].name.clone();
+            if let Ok(Some(row)) = now_or_never(self.store.read_run(run_id))
+                && !row.status.is_terminal()
+                && row.owner_worker_id.as_deref() == Some(owner.as_str())
+                && let Some(action) = row.cancel_action
+            {
+                self.commit(run_id, interrupted(action));
+            }
+        }
+        if let Some(child) = self.children.get_mut(run_id) {
+            let verdict = child.authority.on_answer(attempt, finalized);
+            self.act(run_id, verdict);
+        }
+    }
+
+    /// Acts on a child's authority's verdict, as `ChildState::act` does.
+    fn act(&mut self, run_id: &str, verdict: Verdict) {
+        let committed = match verdict {
+            Verdict::Wait => return,
+            Verdict::Cancel(_) => return self.interrupt(run_id.to_owned(), 0),
+            Verdict::Persisted(outcome) => Some(outcome),
+            Verdict::Fenced => None,
+        };
         let Some(child) = self.children.remove(run_id) else {
             return;
         };
-        self.note(|| {
-            format!(
-                "agent {run_id} ends {:?}: committed {committed:?}",
-                outcome.status
-            )
-        });
-        let committed = matches!(committed, Ok(true))
-            .then(|| Box::new(super::ended_with(child.admitted.clone(), outcome)));
+        self.note(|| format!("agent {run_id} ends: persisted {committed:?}"));
+        let committed =
+            committed.map(|outcome| Box::new(super::ended_with(child.admitted.clone(), outcome)));
         let (target, id) = child.caller;
         if child.followed {
             self.deliver(
@@ -1361,25 +1486,18 @@ impl Sim {
             .map(|(run_id, _)| run_id.clone())
             .collect();
         for run_id in runs {
-            match now_or_never(self.store.renew_run_lease(&run_id, &name, LEASE_MS)) {
-                Ok(Ok(renewal)) if renewal.cancel_action.is_some() => self.interrupt(run_id, 0),
-                Ok(Err(_)) => {
-                    // Fenced or ended elsewhere: the agent stops, and its follower reads the row.
-                    if let Some(child) = self.children.remove(&run_id)
-                        && child.followed
-                    {
-                        let (target, id) = child.caller;
-                        self.deliver(
-                            &target,
-                            Event::ChildEnded {
-                                id,
-                                run_id,
-                                committed: None,
-                            },
-                        );
-                    }
-                }
-                Ok(Ok(_)) | Err(_) => {}
+            // As the lease actor tells `ChildAgent`: a refused renewal (fenced or ended
+            // elsewhere) stops the agent, and its follower reads the row.
+            let renewal = match now_or_never(self.store.renew_run_lease(&run_id, &name, LEASE_MS)) {
+                Ok(Ok(renewal)) => Renewal::Renewed {
+                    cancel: renewal.cancel_action,
+                },
+                Ok(Err(_)) => Renewal::Refused,
+                Err(_) => continue,
+            };
+            if let Some(child) = self.children.get_mut(&run_id) {
+                let verdict = child.authority.on_renewal(renewal);
+                self.act(&run_id, verdict);
             }
         }
         if let Ok(pending) = now_or_never(self.store.workflows_with_pending_controls(&name)) {
@@ -2138,6 +2256,8 @@ fn sim_store_fault_seeds() {
             stats.takeovers > 0 && stats.completed > stats.workflows / 2,
             "{stats:?}"
         );
+        // Children's terminal writes lost their answers too.
+        assert!(stats.commits_unknown > 0, "{stats:?}");
     }
 }
 
