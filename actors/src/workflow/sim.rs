@@ -2305,3 +2305,14 @@ fn seed_2000440_a_parallel_stops_its_siblings_only_once_the_failure_is_journaled
     let run = run_seed(2_000_440, Faults::STORE, false);
     assert_eq!(run.violations, Vec::<String>::new());
 }
+
+/// A reconcile's retry admitted the step's next run, whose agent asked a person for approval;
+/// the journal write naming the run lost its answer (not applied) and the owner stopped. The
+/// operator's recover adopted the waiting run without writing it into the journal: the step
+/// stayed `queued` with no run id, nobody could see which run to answer, and the workflow
+/// waited forever.
+#[test]
+fn seed_5003486_a_waiting_run_adopted_on_replay_is_named_in_the_journal() {
+    let run = run_seed(5_003_486, Faults::ALL, false);
+    assert_eq!(run.violations, Vec::<String>::new());
+}
