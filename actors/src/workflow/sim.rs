@@ -30,7 +30,9 @@
 //! An operator ([`Sim::operator`]) reconciles each workflow that needs it as the front door
 //! does, and the workflow runs on; the oracle holds it to its script and its journal to the
 //! reconcile. Operators also `recover` workflows by hand ([`Sim::recover`]); in half the seeds
-//! with crashes or pauses no node recovers automatically, and only the operator does.
+//! with crashes or pauses no node recovers automatically, and only the operator does. In some
+//! seeds of the all-faults mix the workflow timeout is a few seconds: a workflow may then end
+//! cancelled, by its timeout only.
 //!
 //! A failing seed names itself and its test; `REINS_SIM_SEED=N cargo test -p actors TEST --
 //! --nocapture` runs that seed alone and prints its trace, the same every time.
@@ -74,6 +76,8 @@ const BOUND_MS: i64 = 600_000;
 const SEEDS_PER_MIX: u64 = 600;
 /// The user every workflow is launched by.
 const USER: &str = "sim-user";
+/// Every node's `timeout_seconds` (in ms), unless the seed picks a short one.
+const TIMEOUT_MS: u64 = 86_400_000;
 /// Reconciles an operator makes of one workflow before leaving it as it is.
 const RECONCILES_MAX: usize = 3;
 
@@ -224,6 +228,9 @@ struct Faults {
     /// different decision or input, which must be refused), and every supervisor of the
     /// workflow on every node told to poll, late, twice, in any order.
     controls: bool,
+    /// In a quarter of the seeds every node's `timeout_seconds` is a few seconds: workflows
+    /// still live then are cancelled.
+    timeouts: bool,
 }
 
 impl Faults {
@@ -232,6 +239,7 @@ impl Faults {
         store: false,
         pauses: false,
         controls: false,
+        timeouts: false,
     };
     const CRASHES: Faults = Faults {
         crashes: true,
@@ -254,6 +262,7 @@ impl Faults {
         store: true,
         pauses: true,
         controls: true,
+        timeouts: true,
     };
 }
 
@@ -359,6 +368,8 @@ struct Stats {
     recovered: u64,
     /// Child terminal writes whose answer was lost.
     commits_unknown: u64,
+    /// Workflows their timeout cancelled.
+    timed_out: u64,
     crashes: u64,
     pauses: u64,
     takeovers: u64,
@@ -374,6 +385,7 @@ impl Stats {
         self.reconciled += other.reconciled;
         self.recovered += other.recovered;
         self.commits_unknown += other.commits_unknown;
+        self.timed_out += other.timed_out;
         self.crashes += other.crashes;
         self.pauses += other.pauses;
         self.takeovers += other.takeovers;
@@ -486,6 +498,9 @@ struct Sim {
     unreconciled: BTreeSet<String>,
     /// Nodes claim no orphaned workflows (`recovery: manual`): the operator recovers them.
     manual_recovery: bool,
+    /// Every node's `timeout_seconds`, in ms: a workflow still live this long after its launch
+    /// is cancelled.
+    timeout_ms: u64,
     next_id: u64,
     agents: Arc<AgentRegistry>,
     versions: Versions,
@@ -533,6 +548,7 @@ impl Sim {
             reconciles: BTreeMap::new(),
             unreconciled: BTreeSet::new(),
             manual_recovery: false,
+            timeout_ms: TIMEOUT_MS,
             approvals: Vec::new(),
             next_id: 0,
             agents,
@@ -629,7 +645,7 @@ impl Sim {
                 log_events_max: 100,
                 log_event_bytes_max: 10_000,
                 cancel_window_ms: LEASE_MS * 2,
-                timeout_ms: 86_400_000,
+                timeout_ms: self.timeout_ms,
                 start,
                 wake_fallback: Duration::from_millis(1_000),
             },
@@ -657,6 +673,12 @@ impl Sim {
             workflow_id: workflow_id.to_owned(),
             supervisor: id,
         };
+        // As the actor arms its timer: the deadline counts from the launch, not from here.
+        let deadline = self.nodes[node].supervisors[workflow_id]
+            .machine
+            .deadline_ms();
+        let left = deadline.saturating_sub(self.now());
+        self.at(left, Due::Machine(target.clone(), Event::TimedOut));
         self.at(0, Due::Machine(target, Event::Begin));
     }
 
@@ -1089,6 +1111,12 @@ impl Sim {
                 self.store_call(target, &supervisor.fence, Call::ReadControls(purpose))
             }
             Effect::PutControl(control) => {
+                if self.now() < supervisor.machine.deadline_ms() {
+                    self.violation(format!(
+                        "{}: the timeout's cancel was recorded before the deadline",
+                        target.workflow_id
+                    ));
+                }
                 self.store_call(target, &supervisor.fence, Call::PutControl(control))
             }
             Effect::Capture {
@@ -1569,6 +1597,14 @@ impl Sim {
             Purpose::Recover,
         ));
         self.note(|| format!("operator recovers {workflow_id} on {name}: {taken:?}"));
+        let cancel_pending = matches!(taken, Ok(TakeOver::Refused(_)))
+            && now_or_never(self.store.read_controls(workflow_id))
+                .is_ok_and(|controls| controls.iter().any(|c| c.kind == "cancel" && !c.applied));
+        if cancel_pending {
+            // Only a cancel may finish it: the operator cancels it again, which takes the
+            // workflow over to finish the cancellation, as the front door does.
+            return self.finish_cancel(node, workflow_id);
+        }
         let Ok(TakeOver::Taken(lease)) = taken else {
             return;
         };
@@ -1583,6 +1619,32 @@ impl Sim {
                 self.supervise(node, workflow_id, lease.fence(), row.data, Start::Replay)
             }
             other => self.violation(format!("{workflow_id}: recovered, then read {other:?}")),
+        }
+    }
+
+    /// Takes `workflow_id` over on `node` to finish its pending cancellation (`Purpose::Cancel`,
+    /// nothing replayed).
+    fn finish_cancel(&mut self, node: usize, workflow_id: &str) {
+        let name = self.nodes[node].name.clone();
+        let taken = now_or_never(self.store.take_over_workflow(
+            workflow_id,
+            &name,
+            LEASE_MS,
+            &self.versions,
+            Purpose::Cancel,
+        ));
+        self.note(|| format!("operator cancels {workflow_id} on {name}: {taken:?}"));
+        if let Ok(TakeOver::Taken(lease)) = taken
+            && let Ok(Some(row)) = now_or_never(self.store.read_workflow(workflow_id))
+        {
+            self.stats.recovered += 1;
+            self.supervise(
+                node,
+                workflow_id,
+                lease.fence(),
+                row.data,
+                Start::CancelOnly,
+            );
         }
     }
 
@@ -1989,6 +2051,21 @@ impl Sim {
                         ));
                     }
                 }
+                Ending::Other(status, _) if status == "cancelled" => {
+                    // Only its timeout cancels a workflow here.
+                    let controls =
+                        now_or_never(self.store.read_controls(&workflow_id)).unwrap_or_default();
+                    let timed_out = controls.iter().any(|control| {
+                        control.kind == "cancel"
+                            && control.applied
+                            && control.body["reason"] == "timeout"
+                    });
+                    if timed_out {
+                        self.stats.timed_out += 1;
+                    } else {
+                        self.violation(format!("{workflow_id} was cancelled with no timeout"));
+                    }
+                }
                 Ending::Other(status, _) => {
                     self.violation(format!(
                         "{workflow_id} is stuck {status} after {BOUND_MS} ms"
@@ -2133,9 +2210,16 @@ fn run_seed(seed: u64, faults: Faults, tracing: bool) -> Run {
     let mut sim = Sim::new(seed, faults, nodes);
     sim.tracing = tracing;
     let workflows = 1 + rng.below(4) as usize;
-    for index in 0..workflows {
-        let node = rng.below(nodes as u64) as usize;
-        let script = rng.below(SCRIPTS.len() as u64) as usize;
+    let launches: Vec<(usize, usize)> = (0..workflows)
+        .map(|_| {
+            let node = rng.below(nodes as u64) as usize;
+            (node, rng.below(SCRIPTS.len() as u64) as usize)
+        })
+        .collect();
+    if faults.timeouts && rng.below(4) == 0 {
+        sim.timeout_ms = 1_000 + rng.below(15_000);
+    }
+    for (index, (node, script)) in launches.into_iter().enumerate() {
         sim.launch(node, index, script);
     }
     sim.run();
@@ -2287,6 +2371,8 @@ fn sim_all_fault_seeds() {
             stats.takeovers > 0 && stats.completed > stats.workflows / 2,
             "{stats:?}"
         );
+        // Short timeouts cancelled workflows still live at their deadline.
+        assert!(stats.timed_out > 0, "{stats:?}");
     }
 }
 #[test]
@@ -2313,6 +2399,11 @@ fn seed_2000440_a_parallel_stops_its_siblings_only_once_the_failure_is_journaled
 /// waited forever.
 #[test]
 fn seed_5003486_a_waiting_run_adopted_on_replay_is_named_in_the_journal() {
-    let run = run_seed(5_003_486, Faults::ALL, false);
+    // Found before the mix had timeouts: the same run without them.
+    let faults = Faults {
+        timeouts: false,
+        ..Faults::ALL
+    };
+    let run = run_seed(5_003_486, faults, false);
     assert_eq!(run.violations, Vec::<String>::new());
 }
