@@ -484,7 +484,7 @@ impl Actor for ChildAgent {
     }
 }
 
-fn interrupted(action: CancelAction) -> RunOutcome {
+pub(crate) fn interrupted(action: CancelAction) -> RunOutcome {
     RunOutcome {
         status: RunStatus::Interrupted,
         error: Some(match action {

@@ -999,9 +999,37 @@ async fn reconcile(
         .read_workflow(id)
         .await?
         .ok_or_else(|| not_found(id))?;
-    let step = store
-        .read_steps(id)
-        .await?
+    let steps = store.read_steps(id).await?;
+    let (ops, row) = reconcile_writes(row, steps, limits, request, now_ms())?;
+    let written = store.fenced_write(&lease.fence(), ops).await;
+    if let Err(store::Error::LimitReached(limit)) = &written {
+        // Nothing was written; the lease taken for the reconcile is given back so that the
+        // operator can try again once a place is free.
+        let _ = store.release_lease(&lease.fence()).await;
+        let (limit, max) = if limit == "max_workflows" {
+            ("max_workflows", limits.max_workflows)
+        } else {
+            ("max_workflows_per_owner", limits.max_workflows_per_owner)
+        };
+        return Err(Error::LimitReached { limit, max });
+    }
+    written?;
+    Ok(as_launched(row))
+}
+
+/// The one fenced write that settles the step a reconcile names, from the workflow's row and
+/// journal as read under the reconcile's lease, and the row as it will stand (running, its
+/// reason for waiting removed). Pure: the deterministic simulation settles its workflows with
+/// it too.
+pub(super) fn reconcile_writes(
+    row: WorkflowRow,
+    steps: Vec<StepRow>,
+    limits: LaunchLimits,
+    request: &ReconcileRequest,
+    now_ms: i64,
+) -> Result<(Vec<WriteOp>, WorkflowRow), Error> {
+    let id = &request.workflow_id;
+    let step = steps
         .into_iter()
         .filter(|step| step.step_id == request.step_id)
         .max_by_key(|step| step.attempt)
@@ -1021,7 +1049,7 @@ async fn reconcile(
     let settled = |status: &str, outcome: runtime::Outcome| {
         let mut data = step.data.clone();
         data["outcome"] = serde_json::to_value(Some(outcome)).unwrap_or(Value::Null);
-        data["settled_at_ms"] = json!(now_ms());
+        data["settled_at_ms"] = json!(now_ms);
         data["reconciled"] = record.clone();
         WriteOp::PutStep {
             workflow_id: id.clone(),
@@ -1122,20 +1150,7 @@ async fn reconcile(
         status: "running".into(),
         data: data.clone(),
     });
-    let written = store.fenced_write(&lease.fence(), ops).await;
-    if let Err(store::Error::LimitReached(limit)) = &written {
-        // Nothing was written; the lease taken for the reconcile is given back so that the
-        // operator can try again once a place is free.
-        let _ = store.release_lease(&lease.fence()).await;
-        let (limit, max) = if limit == "max_workflows" {
-            ("max_workflows", limits.max_workflows)
-        } else {
-            ("max_workflows_per_owner", limits.max_workflows_per_owner)
-        };
-        return Err(Error::LimitReached { limit, max });
-    }
-    written?;
-    Ok(as_launched(WorkflowRow { data, ..row }))
+    Ok((ops, WorkflowRow { data, ..row }))
 }
 
 async fn start_supervisor(

@@ -1497,7 +1497,14 @@ impl WorkflowMachine {
             }
             Admission::Existing(row) if row.status == RunStatus::WaitingForInput => {
                 // Its agent asked a person before this workflow changed hands: the answer (given
-                // on any node) decides the run, so follow the row as the first owner did.
+                // on any node) decides the run, so follow the row as the first owner did. The
+                // journal may not name the run (the first owner's write of it may never have
+                // committed): it is written again, so the step shows the run a person answers.
+                if let Some(entry) = self.journal.get(id.0 as usize).cloned() {
+                    let fields = self.child_fields(&row.run_id, &row.thread_id, &row.agent);
+                    let op = self.step_op(&entry, StepStatus::Running, fields);
+                    self.write(out, vec![op]);
+                }
                 let run_id = row.run_id;
                 self.waiting
                     .insert(id, (Waiting::Child(Some(run_id.clone())), command));
