@@ -2375,13 +2375,6 @@ fn sim_all_fault_seeds() {
         assert!(stats.timed_out > 0, "{stats:?}");
     }
 }
-#[test]
-fn tmp_print_baseline() {
-    for (i, e) in baseline().iter().enumerate() {
-        println!("BASE {i} {e:?}");
-    }
-}
-
 /// The stop of a sibling a failed `parallel` left running went out before the failure that
 /// caused it was journaled; that write's answer was lost (not applied), and the takeover's
 /// replay settled the interrupted sibling first: the workflow completed with "interrupted by
