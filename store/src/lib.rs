@@ -28,7 +28,7 @@ use serde::Serialize;
 pub use changes::{Change, Changes, LISTEN_APPLICATION_NAME};
 pub use error::{Error, Result};
 pub use events::{EventPage, EventRow, FINAL_STATUSES};
-pub use lease::{Fence, Lease};
+pub use lease::{Epoch, Fence, Lease};
 pub use migrations::{MigrationReport, SCHEMA_VERSION};
 pub use operations::{
     Controls, Events, Leases, Operation, Operators, Runs, Schema, Users, Workflows,

@@ -58,7 +58,7 @@ on_both_backends! {
 
         // A write the fence refuses changes nothing, so it announces nothing: the next change
         // heard is the control recorded after it.
-        let stale = Fence { epoch: lease.epoch + 1, ..lease.fence() };
+        let stale = Fence { epoch: lease.epoch.next(), ..lease.fence() };
         let set = |status: &str| WriteOp::SetWorkflow {
             workflow_id: "wf-bus".into(),
             status: status.into(),

@@ -2113,6 +2113,7 @@ mod tests {
     //! effect as the test says.
 
     use super::*;
+    use store::Epoch;
 
     const WORKFLOW: &str = "wf-1";
     const STARTED_AT: Millis = 1_000_000;
@@ -2127,7 +2128,7 @@ mod tests {
             fence: Fence {
                 resource_id: WORKFLOW.into(),
                 owner: "node-a".into(),
-                epoch: 3,
+                epoch: Epoch::new(3),
             },
             document: WorkflowDocument::from_data(data).expect("a whole document"),
             agents: Arc::new(AgentRegistry::default()),
@@ -2423,7 +2424,7 @@ mod tests {
         assert_eq!(request.run_id.as_deref(), Some("run-new"));
         assert_eq!(request.idempotency_key.as_deref(), Some("wf-1/a/1"));
         let step = request.step.as_ref().expect("a workflow step");
-        assert_eq!((step.fence.epoch, step.slots_max), (3, 4));
+        assert_eq!((step.fence.epoch, step.slots_max), (Epoch::new(3), 4));
         assert_eq!(op(&step.journal[0]), "step a running");
 
         let started = Admission::Started(run_row("run-new", RunStatus::Running));
@@ -2928,7 +2929,7 @@ mod tests {
                     Event::WriteFailed(store::Error::LeaseLost {
                         resource_id: WORKFLOW.into(),
                         owner: "node-a".into(),
-                        epoch: 3,
+                        epoch: Epoch::new(3),
                     })
                 })
             },
@@ -2981,7 +2982,7 @@ mod tests {
             Event::WriteFailed(store::Error::LeaseLost {
                 resource_id: WORKFLOW.into(),
                 owner: "node-a".into(),
-                epoch: 3,
+                epoch: Epoch::new(3),
             })
         };
         let (described, _) = drive_with(&mut m, captured, NOW, |effect| match effect {

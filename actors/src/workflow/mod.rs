@@ -25,7 +25,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use runtime::CallId;
-use store::{Fence, RunRow};
+use store::{Epoch, Fence, RunRow};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
@@ -64,7 +64,7 @@ pub(crate) enum WorkflowMsg {
     /// answers the epoch given up.
     GiveUp {
         shutdown: bool,
-        reply: ractor::RpcReplyPort<Result<i64, Error>>,
+        reply: ractor::RpcReplyPort<Result<Epoch, Error>>,
     },
 }
 
@@ -411,7 +411,7 @@ impl Actor for WorkflowSupervisor {
         let span = tracing::info_span!(
             "workflow",
             run_id = %args.workflow_id,
-            epoch = args.fence.epoch,
+            epoch = args.fence.epoch.get(),
         );
         args.lease.post(LeaseMsg::Track {
             run_id: args.workflow_id.clone(),

@@ -36,7 +36,7 @@ pub fn record(view: &WorkflowView) -> WorkflowRecord {
         recoverable: view.recoverable,
         user_id: row.user_id.clone(),
         owner: row.owner.clone(),
-        epoch: view.lease.as_ref().map(|l| l.epoch),
+        epoch: view.lease.as_ref().map(|l| l.epoch.get()),
         lease_expires_at: view.lease.as_ref().map(|l| l.expires_at),
         script: text(&data["script"]).unwrap_or_default(),
         args: data["args"].clone(),

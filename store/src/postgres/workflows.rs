@@ -15,7 +15,7 @@ use crate::workflows::{
     ListFilter, ListedWorkflow, NewControl, Orphaned, StatusFilter, TERMINAL_STATUSES, TakeOver,
     Versions,
 };
-use crate::{Error, Lease, NewWorkflow, Result, WorkflowRow};
+use crate::{Epoch, Error, Lease, NewWorkflow, Result, WorkflowRow};
 
 // Launches serialise on the advisory lock "launch" (0x6c61_756e_6368), taken by
 // `reins_launch_guard` (migration 6).
@@ -152,7 +152,7 @@ async fn launch_in(
     Ok(Guarded::Created(Lease {
         resource_id: workflow.workflow_id.clone(),
         owner: owner.to_owned(),
-        epoch: 1,
+        epoch: Epoch::FIRST,
         expires_at: leased?.get(0),
     }))
 }

@@ -9,9 +9,9 @@ use crate::lease::ttl_seconds;
 use crate::workflows::takeover_refusal;
 use crate::write::{ArtifactInfo, ArtifactRow, Snapshot, StepRow, WorkflowRow};
 use crate::{
-    COUNTED_STATUSES, ControlRow, ControlWrite, Deletion, Error, Launch, LaunchLimits, Lease,
-    ListFilter, ListedWorkflow, NewControl, NewWorkflow, Orphaned, Purpose, Result, StatusFilter,
-    TERMINAL_STATUSES, TakeOver, Versions,
+    COUNTED_STATUSES, ControlRow, ControlWrite, Deletion, Epoch, Error, Launch, LaunchLimits,
+    Lease, ListFilter, ListedWorkflow, NewControl, NewWorkflow, Orphaned, Purpose, Result,
+    StatusFilter, TERMINAL_STATUSES, TakeOver, Versions,
 };
 
 /// The control kinds the schema allows.
@@ -67,7 +67,7 @@ impl State {
         let lease = Lease {
             resource_id: new.workflow_id.clone(),
             owner: owner.to_owned(),
-            epoch: 1,
+            epoch: Epoch::FIRST,
             expires_at: now + ttl_seconds(lease_ms),
         };
         self.leases.insert(new.workflow_id.clone(), lease.clone());
@@ -145,7 +145,7 @@ impl State {
             return Ok(TakeOver::LeaseHeld);
         };
         lease.owner = owner.to_owned();
-        lease.epoch += 1;
+        lease.epoch = lease.epoch.next();
         lease.expires_at = now + ttl_seconds(lease_ms);
         let lease = lease.clone();
         let workflow = self.workflow_mut(workflow_id)?;

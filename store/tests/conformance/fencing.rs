@@ -130,7 +130,7 @@ conformance! {
         assert_eq!(store.read_workflow("wf").await.expect("read").expect("row").status, "completed");
         let next = store.acquire_lease("wf", "node-b", 60_000).await.expect("acquire")
             .expect("the ended workflow's lease is free");
-        assert_eq!(next.epoch, held.epoch + 1);
+        assert_eq!(next.epoch, held.epoch.next());
 
         // The old owner can no longer release (or end) anything: the new lease stands.
         let stale = store.fenced_write(&held.fence(), vec![WriteOp::ReleaseLease]).await;
@@ -256,7 +256,7 @@ conformance! {
         };
         db.pass(&old, stale.expires_at).await;
         let current = new.acquire_lease("wf", "node-b", 60_000).await.expect("acquire").expect("taken");
-        assert_eq!(current.epoch, stale.epoch + 1);
+        assert_eq!(current.epoch, stale.epoch.next());
 
         let before = new.read_snapshot("wf").await.expect("snapshot").expect("wf");
         let events_before = new.read_events("wf", 0, 1_000).await.expect("events").expect("wf");

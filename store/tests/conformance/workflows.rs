@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use serde_json::json;
-use store::{ControlWrite, Error, Launch, LaunchLimits, NewControl, NewWorkflow, WriteOp};
+use store::{ControlWrite, Epoch, Error, Launch, LaunchLimits, NewControl, NewWorkflow, WriteOp};
 use tokio::sync::Barrier;
 
 use crate::harness::{Subject, conformance};
@@ -361,13 +361,13 @@ conformance! {
         assert!(matches!(
             store.take_over_workflow("wf", "node-b", 60_000, &ours, Purpose::Cancel).await.expect("take"),
             TakeOver::Refused(_)));
-        assert_eq!(store.read_lease("wf").await.expect("lease").map(|l| l.epoch), Some(1),
+        assert_eq!(store.read_lease("wf").await.expect("lease").map(|l| l.epoch), Some(Epoch::FIRST),
             "a refused takeover touched the lease");
 
         let TakeOver::Taken(taken) =
             store.take_over_workflow("wf", "node-b", 60_000, &ours, Purpose::Recover).await.expect("take")
         else { panic!("not taken") };
-        assert_eq!((taken.owner.as_str(), taken.epoch), ("node-b", 2));
+        assert_eq!((taken.owner.as_str(), taken.epoch), ("node-b", Epoch::new(2)));
         assert_eq!(store.read_workflow("wf").await.expect("read").and_then(|w| w.owner), Some("node-b".into()));
         assert_eq!(store.take_over_workflow("wf", "node-c", 60_000, &ours, Purpose::Recover).await.expect("take"),
             TakeOver::LeaseHeld);
@@ -386,7 +386,7 @@ conformance! {
         let TakeOver::Taken(cancelling) =
             store.take_over_workflow("wf", "node-c", 60_000, &theirs, Purpose::Cancel).await.expect("take")
         else { panic!("a cancel takeover was refused") };
-        assert_eq!(cancelling.epoch, 3);
+        assert_eq!(cancelling.epoch, Epoch::new(3));
 
         set(&*store, &cancelling, "cancelled", written).await;
         store.fenced_write(&cancelling.fence(), vec![WriteOp::ReleaseLease]).await.expect("release");
