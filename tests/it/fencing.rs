@@ -63,7 +63,7 @@ async fn postgres_a_takeover_waits_for_a_fenced_write_in_flight() {
         tokio::spawn(async move {
             let done = WriteOp::SetWorkflow {
                 workflow_id: "wf".into(),
-                status: "completed".into(),
+                status: store::WorkflowStatus::Completed,
                 data: json!({"by": "old"}),
             };
             store.fenced_write(&fence, vec![done]).await

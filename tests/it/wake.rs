@@ -61,7 +61,7 @@ on_both_backends! {
         let stale = Fence { epoch: lease.epoch.next(), ..lease.fence() };
         let set = |status: &str| WriteOp::SetWorkflow {
             workflow_id: "wf-bus".into(),
-            status: status.into(),
+            status: store::WorkflowStatus::parse(status).expect("a status"),
             data: json!({"script": "return 1;"}),
         };
         assert!(store.fenced_write(&stale, vec![set("paused")]).await.is_err());

@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use store::{
     Change, ControlRow, ControlWrite, Epoch, Launch, LaunchLimits, NewControl, NewWorkflow,
-    StepRow, TakeOver, WorkflowRow, WriteOp,
+    StepRow, TakeOver, WorkflowRow, WorkflowStatus, WriteOp,
 };
 use tokio::sync::broadcast;
 use tokio::time::Instant;
@@ -1119,7 +1119,7 @@ async fn reconcile(
     }
     ops.push(WriteOp::SetWorkflow {
         workflow_id: id.clone(),
-        status: "running".into(),
+        status: WorkflowStatus::Running,
         data: data.clone(),
     });
     let written = store.fenced_write(&lease.fence(), ops).await;
@@ -1261,9 +1261,8 @@ impl WorkflowsHandle {
             return Ok(None);
         };
         let row = snapshot.row;
-        let live = store::LIVE_STATUSES.contains(&row.status.as_str())
-            && row.status != "needs_reconciliation";
-        let recoverable = live
+        let recoverable = WorkflowStatus::parse(&row.status)
+            .is_some_and(WorkflowStatus::holds_place)
             && snapshot
                 .lease
                 .as_ref()

@@ -38,7 +38,7 @@ use crate::mailbox::{Post, Timer};
 use crate::store_actor::StoreHandle;
 use machine::{Admission, Effect, Event, MachineConfig, WorkflowMachine};
 
-pub use machine::{ControlKind, WorkflowStatus};
+pub use machine::ControlKind;
 pub(crate) use machine::{Start, WorkflowDocument, store_backoff, thread_for};
 
 /// The stop reason of a supervisor that left its workflow live (see `Effect::Halt`).

@@ -36,12 +36,12 @@ use serde_json::{Value, json};
 use store::{
     CancelAction, ControlWrite, Controls, Fence, LaunchLimits, Leases, NewControl, NewRun,
     NewWorkflow, Purpose, RunOutcome, RunRow, RunStatus, Runs, SimClock, SimStore, TakeOver,
-    Versions, WorkflowStep, Workflows, WriteOp,
+    Versions, WorkflowStatus, WorkflowStep, Workflows, WriteOp,
 };
 
 use super::machine::{
     Admission, ControlsFor, Effect, Event, MachineConfig, RunReadFor, Start, WorkflowDocument,
-    WorkflowMachine, WorkflowStatus,
+    WorkflowMachine,
 };
 use crate::agents::AgentRegistry;
 use crate::child_run::{RunRequest, run_fingerprint};

@@ -327,7 +327,7 @@ impl State {
                     ..
                 } => {
                     self.exists(workflow_id)?;
-                    statuses.insert(workflow_id, status);
+                    statuses.insert(workflow_id, status.as_str());
                 }
                 WriteOp::PutStep { workflow_id, .. } | WriteOp::PutLogs { workflow_id, .. } => {
                     self.exists(workflow_id)?;
@@ -406,7 +406,7 @@ impl State {
                 data,
             } => {
                 self.workflow_mut(workflow_id)?.row.data = data.clone();
-                self.set_status(workflow_id, status, now)?;
+                self.set_status(workflow_id, status.as_str(), now)?;
             }
             WriteOp::PutStep {
                 workflow_id,

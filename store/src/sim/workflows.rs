@@ -9,9 +9,9 @@ use crate::lease::ttl_seconds;
 use crate::workflows::takeover_refusal;
 use crate::write::{ArtifactInfo, ArtifactRow, Snapshot, StepRow, WorkflowRow};
 use crate::{
-    COUNTED_STATUSES, ControlRow, ControlWrite, Deletion, Epoch, Error, Launch, LaunchLimits,
-    Lease, ListFilter, ListedWorkflow, NewControl, NewWorkflow, Orphaned, Purpose, Result,
-    StatusFilter, TERMINAL_STATUSES, TakeOver, Versions,
+    COUNTED_STATUSES, ControlRow, ControlWrite, Deletion, Epoch, Error, FINAL_STATUSES, Launch,
+    LaunchLimits, Lease, ListFilter, ListedWorkflow, NewControl, NewWorkflow, Orphaned, Purpose,
+    Result, StatusFilter, TakeOver, Versions,
 };
 
 /// The control kinds the schema allows.
@@ -346,7 +346,7 @@ impl crate::Workflows for SimStore {
             let Some(workflow) = state.workflows.get(workflow_id) else {
                 return Ok(Deletion::NotFound);
             };
-            if !TERMINAL_STATUSES.contains(&workflow.row.status.as_str()) {
+            if !FINAL_STATUSES.contains(&workflow.row.status.as_str()) {
                 return Ok(Deletion::NotTerminal);
             }
             state.workflows.remove(workflow_id);

@@ -8,9 +8,9 @@ use crate::lease::ttl_seconds;
 use crate::workflows::takeover_refusal;
 use crate::workflows::{
     ControlRow, ControlWrite, Deletion, Launch, LaunchLimits, ListFilter, ListedWorkflow,
-    NewControl, Orphaned, StatusFilter, TERMINAL_STATUSES, TakeOver, Versions,
+    NewControl, Orphaned, StatusFilter, TakeOver, Versions,
 };
-use crate::{Epoch, Error, Lease, NewWorkflow, Result, WorkflowRow};
+use crate::{Epoch, Error, FINAL_STATUSES, Lease, NewWorkflow, Result, WorkflowRow};
 
 fn launch(
     connection: &Connection,
@@ -359,7 +359,7 @@ impl SqliteStore {
             let Some(status) = status else {
                 return Ok(Deletion::NotFound);
             };
-            if !TERMINAL_STATUSES.contains(&status.as_str()) {
+            if !FINAL_STATUSES.contains(&status.as_str()) {
                 return Ok(Deletion::NotTerminal);
             }
             // The journal, controls, artifacts and slots go with the row (ON DELETE CASCADE).

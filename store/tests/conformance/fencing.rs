@@ -15,7 +15,7 @@ conformance! {
         let lease = workflow(&*store, "wf", "node-a", 60_000).await;
         let missing = WriteOp::SetWorkflow {
             workflow_id: "no-such-workflow".into(),
-            status: "completed".into(),
+            status: store::WorkflowStatus::Completed,
             data: json!({}),
         };
         let result = store.fenced_write(&lease.fence(), vec![step("wf", "s1"), missing]).await;
@@ -38,7 +38,7 @@ conformance! {
 
         let done = WriteOp::SetWorkflow {
             workflow_id: "wf".into(),
-            status: "completed".into(),
+            status: store::WorkflowStatus::Completed,
             data: json!({"result": 42}),
         };
         store.fenced_write(&lease.fence(), vec![step("wf", "s1"), done]).await.expect("write");
@@ -111,7 +111,7 @@ conformance! {
         let store = db.store().await;
         let end = |workflow_id: &str| WriteOp::SetWorkflow {
             workflow_id: workflow_id.into(),
-            status: "completed".into(),
+            status: store::WorkflowStatus::Completed,
             data: json!({"result": 1}),
         };
 
@@ -150,7 +150,7 @@ fn every_kind_of_write(control_id: i64) -> Vec<(&'static str, WriteOp)> {
     let writes = vec![
         WriteOp::SetWorkflow {
             workflow_id: wf(),
-            status: "completed".into(),
+            status: store::WorkflowStatus::Completed,
             data: json!({"late": true}),
         },
         WriteOp::PutStep {

@@ -147,9 +147,9 @@ conformance! {
         let store = db.store().await;
         let limits = LaunchLimits { max_workflows: 1, max_workflows_per_owner: 1 };
         let set = |id: &str, status: &str| WriteOp::SetWorkflow {
-            workflow_id: id.to_owned(), status: status.to_owned(), data: json!({}),
+            workflow_id: id.to_owned(), status: store::WorkflowStatus::parse(status).expect("a status"), data: json!({}),
         };
-        for (n, terminal) in store::TERMINAL_STATUSES.iter().enumerate() {
+        for (n, terminal) in store::FINAL_STATUSES.iter().enumerate() {
             let id = format!("held-{n}");
             let fence = match store.launch_workflow(new_workflow(&id, "ada", None, "fp"), "node", 60_000, limits)
                 .await.expect("launch")
@@ -202,7 +202,7 @@ conformance! {
         assert_eq!(store.launch_workflow(fourth(), "node", 60_000, limits).await.expect("launch"),
             Launch::Refused { limit: "max_workflows", max: 3 });
         let finish = |n: usize| WriteOp::SetWorkflow {
-            workflow_id: format!("wf-{n}"), status: "completed".into(), data: json!({}),
+            workflow_id: format!("wf-{n}"), status: store::WorkflowStatus::Completed, data: json!({}),
         };
         store.fenced_write(&fences[0], vec![finish(0)]).await.expect("finish");
         assert!(matches!(store.launch_workflow(fourth(), "node", 60_000, limits).await.expect("launch"),
@@ -321,7 +321,7 @@ async fn set<S: Subject>(store: &S, lease: &store::Lease, status: &str, data: se
             &lease.fence(),
             vec![WriteOp::SetWorkflow {
                 workflow_id: lease.resource_id.clone(),
-                status: status.to_owned(),
+                status: store::WorkflowStatus::parse(status).expect("a status"),
                 data,
             }],
         )
