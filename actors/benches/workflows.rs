@@ -378,7 +378,7 @@ async fn store_writes_of_one(store: &Store, owner: &str, workflow_id: &str) {
     let mut last = ended(STEPS - 1, previous.as_deref().unwrap_or_default());
     last.push(WriteOp::SetWorkflow {
         workflow_id: workflow_id.into(),
-        status: "completed".into(),
+        status: store::WorkflowStatus::Completed,
         data: json!({"result": 1}),
     });
     last.push(WriteOp::ReleaseLease);

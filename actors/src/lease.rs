@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, DerivedActorRef, RpcReplyPort};
 use serde::Serialize;
-use store::{CancelAction, Fence, RunRenewal, RunRow};
+use store::{CancelAction, Epoch, Fence, RunRenewal, RunRow};
 use tokio::time::Instant;
 
 use crate::store_actor::StoreHandle;
@@ -41,7 +41,7 @@ pub enum LeaseKind {
     /// A child run: its lease is the `runs` row's owner and deadline.
     Run,
     /// A workflow: its lease is the `extension_execution_leases` row at this epoch.
-    Workflow { epoch: i64 },
+    Workflow { epoch: Epoch },
 }
 
 impl LeaseKind {

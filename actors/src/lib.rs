@@ -29,8 +29,8 @@ pub use faults::{FaultAction, StoreFaults};
 pub use lease::{LeaseKind, LeaseView};
 pub use node::{ActorView, Node, NodeIdentity, NodeOptions, NodeStatus, QueueView};
 pub use store_actor::{StoreHandle, StoreHealth};
+pub use workflow::ControlKind;
 pub use workflow::front_door::{
     Decide, LaunchRequest, Launched, ReconcileRequest, Resolution, Resume, WorkflowView,
     WorkflowsHandle, WorkflowsOptions, fingerprint,
 };
-pub use workflow::{ControlKind, WorkflowStatus};

@@ -990,7 +990,7 @@ mod tests {
     fn done(id: &str) -> WriteOp {
         WriteOp::SetWorkflow {
             workflow_id: id.to_owned(),
-            status: "completed".into(),
+            status: store::WorkflowStatus::Completed,
             data: json!({}),
         }
     }

@@ -11,7 +11,7 @@ pub enum Error {
     LeaseLost {
         resource_id: String,
         owner: String,
-        epoch: i64,
+        epoch: crate::Epoch,
     },
     /// The row the operation names does not exist: nothing was written.
     #[error("not found: {0}")]

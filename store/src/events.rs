@@ -4,9 +4,7 @@
 
 use serde_json::Value;
 
-/// The statuses after which a workflow writes no more events (a deleted one has none at all).
-/// `needs_reconciliation` is not among them: a reconcile sends the workflow on.
-pub const FINAL_STATUSES: &[&str] = &["completed", "failed", "cancelled"];
+use crate::WorkflowStatus;
 
 /// One event.
 #[derive(Debug, Clone, PartialEq)]
@@ -40,6 +38,6 @@ impl EventPage {
     pub fn ended(&self, after: i64) -> bool {
         self.events.is_empty()
             && after >= self.last_seq
-            && FINAL_STATUSES.contains(&self.status.as_str())
+            && WorkflowStatus::parse(&self.status).is_some_and(WorkflowStatus::is_final)
     }
 }

@@ -16,6 +16,7 @@ mod postgres;
 mod runs;
 mod sim;
 mod sqlite;
+mod status;
 mod users;
 mod workflows;
 mod write;
@@ -27,8 +28,8 @@ use serde::Serialize;
 
 pub use changes::{Change, Changes, LISTEN_APPLICATION_NAME};
 pub use error::{Error, Result};
-pub use events::{EventPage, EventRow, FINAL_STATUSES};
-pub use lease::{Fence, Lease};
+pub use events::{EventPage, EventRow};
+pub use lease::{Epoch, Fence, Lease};
 pub use migrations::{MigrationReport, SCHEMA_VERSION};
 pub use operations::{
     Controls, Events, Leases, Operation, Operators, Runs, Schema, Users, Workflows,
@@ -39,13 +40,13 @@ pub use runs::{
     WorkflowStep, pending_request_id,
 };
 pub use sim::{SimClock, SimStore};
+pub use status::{COUNTED_STATUSES, FINAL_STATUSES, LIVE_STATUSES, WorkflowStatus};
 pub use users::{
     NewToken, NewUser, Role, TokenRow, UserChange, UserChanged, UserDeletion, UserRow,
 };
 pub use workflows::{
-    COUNTED_STATUSES, ControlRow, ControlWrite, Deletion, LIVE_STATUSES, Launch, LaunchLimits,
-    ListCursor, ListFilter, ListedWorkflow, NewControl, Orphaned, Purpose, StatusFilter,
-    TERMINAL_STATUSES, TakeOver, Versions,
+    ControlRow, ControlWrite, Deletion, Launch, LaunchLimits, ListCursor, ListFilter,
+    ListedWorkflow, NewControl, Orphaned, Purpose, StatusFilter, TakeOver, Versions,
 };
 pub use write::{ArtifactInfo, ArtifactRow, NewWorkflow, Snapshot, StepRow, WorkflowRow, WriteOp};
 

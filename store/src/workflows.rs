@@ -5,21 +5,7 @@
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::{Lease, WorkflowRow};
-
-/// Workflow statuses that are not terminal: a takeover (recover, reconcile, cancel) may apply.
-pub const LIVE_STATUSES: [&str; 5] = [
-    "running",
-    "paused",
-    "waiting_approval",
-    "cancelling",
-    "needs_reconciliation",
-];
-
-/// Workflow statuses that hold a place under `max_workflows` and `max_workflows_per_owner`: the
-/// live set of spec section 3. `needs_reconciliation` holds none, so that nobody is locked out by
-/// workflows only an operator can settle; a reconcile takes the places back or is refused.
-pub const COUNTED_STATUSES: [&str; 4] = ["running", "paused", "waiting_approval", "cancelling"];
+use crate::{COUNTED_STATUSES, Lease, WorkflowRow, WorkflowStatus};
 
 /// [`COUNTED_STATUSES`] as a slice with a static life, a statement parameter on PostgreSQL.
 pub(crate) static COUNTED: &[&str] = &COUNTED_STATUSES;
@@ -103,21 +89,21 @@ pub(crate) fn takeover_refusal(
     cancel_pending: bool,
     purpose: Purpose,
 ) -> Option<TakeOver> {
-    if !LIVE_STATUSES.contains(&status) {
+    let Some(status) = WorkflowStatus::parse(status).filter(|status| status.is_live()) else {
         return Some(TakeOver::NotRecoverable(format!(
             "the workflow is {status}"
         )));
-    }
-    let cancelling = cancel_pending || status == "cancelling";
+    };
+    let cancelling = cancel_pending || status == WorkflowStatus::Cancelling;
     let refused = |reason: String| Some(TakeOver::Refused(reason));
     match purpose {
         Purpose::Cancel if !cancelling => refused("no cancellation was asked for".into()),
         // A cancellation replays nothing, so any runtime may finish it.
         Purpose::Cancel => None,
-        Purpose::Reconcile if status != "needs_reconciliation" => refused(format!(
+        Purpose::Reconcile if status != WorkflowStatus::NeedsReconciliation => refused(format!(
             "only a workflow that needs reconciliation can be reconciled; it is {status}"
         )),
-        Purpose::Recover if status == "needs_reconciliation" => {
+        Purpose::Recover if status == WorkflowStatus::NeedsReconciliation => {
             refused("it needs reconciliation: an operator settles it with reconcile".into())
         }
         _ if written_under.runtime != ours.runtime => refused(format!(
@@ -173,9 +159,6 @@ pub enum ControlWrite {
     /// An identical control was already recorded: the same answer, still one row.
     Repeated(ControlRow),
 }
-
-/// Workflow statuses that nothing changes any more.
-pub const TERMINAL_STATUSES: [&str; 3] = ["completed", "failed", "cancelled"];
 
 /// What deleting a workflow did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

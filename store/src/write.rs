@@ -3,6 +3,8 @@
 
 use serde_json::Value;
 
+use crate::WorkflowStatus;
+
 /// One ownership-dependent change to a workflow's state. A list of them is applied by
 /// [`crate::Store::fenced_write`] atomically, after the fence check, or not at all.
 #[derive(Debug, Clone, PartialEq)]
@@ -10,7 +12,7 @@ pub enum WriteOp {
     /// Set a workflow's status and data document.
     SetWorkflow {
         workflow_id: String,
-        status: String,
+        status: WorkflowStatus,
         data: Value,
     },
     /// Insert or replace one step attempt of a workflow's journal.

@@ -108,7 +108,7 @@ on_both_backends! {
             .await.expect("launch").run_id;
         let done = wait_for_status(&node, &id, "completed").await;
         assert_eq!(done.row.data["result"], json!([{"echo": "one"}, {"echo": "two"}]));
-        assert_eq!(done.lease.expect("lease").epoch, 1, "the outage cost a takeover");
+        assert_eq!(done.lease.expect("lease").epoch, store::Epoch::FIRST, "the outage cost a takeover");
         let runs = child_runs(&db, &id).await;
         assert_eq!(runs.len(), 2, "{runs:?}");
     }
@@ -133,7 +133,7 @@ on_both_backends! {
         }, "ada").await.expect("resume");
         let done = wait_for_status(&node, &id, "completed").await;
         assert_eq!(done.row.data["result"]["output"], json!({"echo": "one"}));
-        assert_eq!(done.lease.expect("lease").epoch, 1, "the outage cost a takeover");
+        assert_eq!(done.lease.expect("lease").epoch, store::Epoch::FIRST, "the outage cost a takeover");
     }
 }
 
@@ -451,7 +451,7 @@ async fn automatic_recovery_takes_over_any_number_of_orphans_within_a_claim_peri
                     .await
                     .ok()
                     .flatten()
-                    .is_some_and(|lease| lease.epoch == 2)
+                    .is_some_and(|lease| lease.epoch.get() == 2)
                 {
                     taken += 1;
                 }
@@ -563,7 +563,7 @@ on_both_backends! {
         // Before the fix the workflow stayed recoverable until an operator recovered it.
         let done = wait_for_status(&node, &id, "completed").await;
         assert_eq!(done.row.data["result"], json!(["go", {"echo": "one"}]));
-        assert_eq!(done.lease.expect("lease").epoch, 2, "taken back under a new epoch");
+        assert_eq!(done.lease.expect("lease").epoch.get(), 2, "taken back under a new epoch");
         let runs = child_runs(&db, &id).await;
         assert_eq!(runs.len(), 1, "{runs:?}");
     }

@@ -63,7 +63,7 @@ async fn postgres_a_takeover_waits_for_a_fenced_write_in_flight() {
         tokio::spawn(async move {
             let done = WriteOp::SetWorkflow {
                 workflow_id: "wf".into(),
-                status: "completed".into(),
+                status: store::WorkflowStatus::Completed,
                 data: json!({"by": "old"}),
             };
             store.fenced_write(&fence, vec![done]).await
@@ -118,7 +118,7 @@ async fn postgres_a_takeover_waits_for_a_fenced_write_in_flight() {
         .expect("join")
         .expect("acquire")
         .expect("takeover after the write");
-    assert_eq!(lease.epoch, held.epoch + 1);
+    assert_eq!(lease.epoch, held.epoch.next());
     let stale = old_store
         .fenced_write(&held.fence(), vec![step("wf", "late")])
         .await;

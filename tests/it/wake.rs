@@ -58,10 +58,10 @@ on_both_backends! {
 
         // A write the fence refuses changes nothing, so it announces nothing: the next change
         // heard is the control recorded after it.
-        let stale = Fence { epoch: lease.epoch + 1, ..lease.fence() };
+        let stale = Fence { epoch: lease.epoch.next(), ..lease.fence() };
         let set = |status: &str| WriteOp::SetWorkflow {
             workflow_id: "wf-bus".into(),
-            status: status.into(),
+            status: store::WorkflowStatus::parse(status).expect("a status"),
             data: json!({"script": "return 1;"}),
         };
         assert!(store.fenced_write(&stale, vec![set("paused")]).await.is_err());

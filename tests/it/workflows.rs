@@ -149,7 +149,7 @@ on_both_backends! {
         let run_ids: HashSet<&str> = done.steps.iter().filter_map(|s| s.data["run_id"].as_str()).collect();
         assert_eq!(run_ids.len(), 3, "one child run per agent step");
         assert!(done.controls.iter().all(|c| c.applied));
-        assert_eq!(node.node.store().read_lease(&id).await.expect("lease").map(|l| l.epoch), Some(1));
+        assert_eq!(node.node.store().read_lease(&id).await.expect("lease").map(|l| l.epoch.get()), Some(1));
         assert!(node.node.workflows().live().await.expect("live").is_empty(), "a finished workflow keeps no supervisor");
     }
 }
@@ -322,7 +322,7 @@ on_both_backends! {
         crash_and_wait_for_expiry(owner, &heir, &id).await;
         let recovered = heir.node.workflows().recover(&id).await.expect("recover");
         assert_eq!(recovered.run_id, id);
-        assert_eq!(heir.node.store().read_lease(&id).await.expect("lease").map(|l| l.epoch), Some(2));
+        assert_eq!(heir.node.store().read_lease(&id).await.expect("lease").map(|l| l.epoch.get()), Some(2));
         heir.node.workflows().resume(resume(&id, "hold", json!("go")), "ada").await.expect("resume");
         wait_for_status(&heir, &id, "completed").await;
 
@@ -427,7 +427,7 @@ on_both_backends! {
         let same = TestNode::start(&db, "same", 1_500, shared.path()).await;
         same.node.workflows().recover(&id).await.expect("the same configuration recovers");
         let recovered = same.node.store().read_lease(&id).await.expect("lease").expect("leased");
-        assert_eq!(recovered.epoch, before.epoch + 1);
+        assert_eq!(recovered.epoch, before.epoch.next());
     }
 }
 

@@ -13,8 +13,8 @@ use serde::Serialize;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use store::{
-    Change, ControlRow, ControlWrite, Launch, LaunchLimits, NewControl, NewWorkflow, StepRow,
-    TakeOver, WorkflowRow, WriteOp,
+    Change, ControlRow, ControlWrite, Epoch, Launch, LaunchLimits, NewControl, NewWorkflow,
+    StepRow, TakeOver, WorkflowRow, WorkflowStatus, WriteOp,
 };
 use tokio::sync::broadcast;
 use tokio::time::Instant;
@@ -159,7 +159,7 @@ pub enum WorkflowsMsg {
     Fence {
         workflow_id: String,
         shutdown: bool,
-        reply: RpcReplyPort<Result<i64, Error>>,
+        reply: RpcReplyPort<Result<Epoch, Error>>,
     },
     /// Time to look for pending controls of this node's workflows.
     PollControls,
@@ -1147,7 +1147,7 @@ pub(super) fn reconcile_writes(
     }
     ops.push(WriteOp::SetWorkflow {
         workflow_id: id.clone(),
-        status: "running".into(),
+        status: WorkflowStatus::Running,
         data: data.clone(),
     });
     Ok((ops, WorkflowRow { data, ..row }))
@@ -1276,9 +1276,8 @@ impl WorkflowsHandle {
             return Ok(None);
         };
         let row = snapshot.row;
-        let live = store::LIVE_STATUSES.contains(&row.status.as_str())
-            && row.status != "needs_reconciliation";
-        let recoverable = live
+        let recoverable = WorkflowStatus::parse(&row.status)
+            .is_some_and(WorkflowStatus::holds_place)
             && snapshot
                 .lease
                 .as_ref()
@@ -1558,7 +1557,7 @@ impl WorkflowsHandle {
 
     /// Gives up one workflow's lease now: its supervisor stops writing, then releases the lease,
     /// so another node can recover it at once. Answers the epoch that was given up.
-    pub async fn fence(&self, workflow_id: &str) -> Result<i64, Error> {
+    pub async fn fence(&self, workflow_id: &str) -> Result<Epoch, Error> {
         let workflow_id = workflow_id.to_owned();
         self.call(|reply| WorkflowsMsg::Fence {
             workflow_id,

@@ -26,7 +26,10 @@ use std::time::Duration;
 use runtime::{Activation, CallId, CallKind, Command, JournalEntry, Outcome, Status, VmOptions};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
-use store::{ControlRow, ControlWrite, Fence, NewControl, RunRow, RunStatus, StepRow, WriteOp};
+use store::{
+    ControlRow, ControlWrite, Fence, NewControl, RunRow, RunStatus, StepRow, WorkflowStatus,
+    WriteOp,
+};
 
 use super::journal::{UnreadableJournal, newest_attempts};
 use super::unwritten::{Carried, Journaled, Unwritten};
@@ -52,66 +55,6 @@ pub(crate) fn store_backoff(attempt: u32) -> Duration {
     STORE_RETRY_FIRST
         .saturating_mul(1u32 << attempt.saturating_sub(1).min(10))
         .min(STORE_RETRY_MAX)
-}
-
-/// A workflow's status as stored (`workflows.status`). The store keeps it as text; this is the
-/// one place that says which statuses are live.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WorkflowStatus {
-    Running,
-    Paused,
-    WaitingApproval,
-    Cancelling,
-    NeedsReconciliation,
-    Completed,
-    Failed,
-    Cancelled,
-}
-
-impl WorkflowStatus {
-    pub const ALL: [WorkflowStatus; 8] = [
-        WorkflowStatus::Running,
-        WorkflowStatus::Paused,
-        WorkflowStatus::WaitingApproval,
-        WorkflowStatus::Cancelling,
-        WorkflowStatus::NeedsReconciliation,
-        WorkflowStatus::Completed,
-        WorkflowStatus::Failed,
-        WorkflowStatus::Cancelled,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            WorkflowStatus::Running => "running",
-            WorkflowStatus::Paused => "paused",
-            WorkflowStatus::WaitingApproval => "waiting_approval",
-            WorkflowStatus::Cancelling => "cancelling",
-            WorkflowStatus::NeedsReconciliation => "needs_reconciliation",
-            WorkflowStatus::Completed => "completed",
-            WorkflowStatus::Failed => "failed",
-            WorkflowStatus::Cancelled => "cancelled",
-        }
-    }
-
-    /// The status a stored string names, if any.
-    pub fn parse(stored: &str) -> Option<Self> {
-        Self::ALL
-            .into_iter()
-            .find(|status| status.as_str() == stored)
-    }
-
-    /// Final: nothing more happens to the workflow.
-    pub fn is_final(self) -> bool {
-        matches!(
-            self,
-            WorkflowStatus::Completed | WorkflowStatus::Failed | WorkflowStatus::Cancelled
-        )
-    }
-
-    /// Live: not final, so a takeover (recover, reconcile, cancel) may apply.
-    pub fn is_live(self) -> bool {
-        !self.is_final()
-    }
 }
 
 /// A journal entry's status (`workflow_steps.status`).
@@ -835,7 +778,7 @@ impl WorkflowMachine {
     fn set_workflow(&self, status: WorkflowStatus, data: Value) -> WriteOp {
         WriteOp::SetWorkflow {
             workflow_id: self.config.workflow_id.clone(),
-            status: status.as_str().to_owned(),
+            status,
             data,
         }
     }
@@ -2120,6 +2063,7 @@ mod tests {
     //! effect as the test says.
 
     use super::*;
+    use store::Epoch;
 
     const WORKFLOW: &str = "wf-1";
     const STARTED_AT: Millis = 1_000_000;
@@ -2134,7 +2078,7 @@ mod tests {
             fence: Fence {
                 resource_id: WORKFLOW.into(),
                 owner: "node-a".into(),
-                epoch: 3,
+                epoch: Epoch::new(3),
             },
             document: WorkflowDocument::from_data(data).expect("a whole document"),
             agents: Arc::new(AgentRegistry::default()),
@@ -2361,23 +2305,7 @@ mod tests {
     }
 
     #[test]
-    fn live_and_final_statuses_are_the_stores_lists() {
-        let live: Vec<&str> = WorkflowStatus::ALL
-            .into_iter()
-            .filter(|status| status.is_live())
-            .map(WorkflowStatus::as_str)
-            .collect();
-        let last: Vec<&str> = WorkflowStatus::ALL
-            .into_iter()
-            .filter(|status| status.is_final())
-            .map(WorkflowStatus::as_str)
-            .collect();
-        assert_eq!(live, store::LIVE_STATUSES);
-        assert_eq!(last, store::FINAL_STATUSES);
-        for status in WorkflowStatus::ALL {
-            assert_eq!(WorkflowStatus::parse(status.as_str()), Some(status));
-        }
-        assert_eq!(WorkflowStatus::parse("asleep"), None);
+    fn control_kinds_and_step_statuses_read_back_from_their_stored_text() {
         for kind in [
             ControlKind::Resume,
             ControlKind::Decide,
@@ -2430,7 +2358,7 @@ mod tests {
         assert_eq!(request.run_id.as_deref(), Some("run-new"));
         assert_eq!(request.idempotency_key.as_deref(), Some("wf-1/a/1"));
         let step = request.step.as_ref().expect("a workflow step");
-        assert_eq!((step.fence.epoch, step.slots_max), (3, 4));
+        assert_eq!((step.fence.epoch, step.slots_max), (Epoch::new(3), 4));
         assert_eq!(op(&step.journal[0]), "step a running");
 
         let started = Admission::Started(run_row("run-new", RunStatus::Running));
@@ -2935,7 +2863,7 @@ mod tests {
                     Event::WriteFailed(store::Error::LeaseLost {
                         resource_id: WORKFLOW.into(),
                         owner: "node-a".into(),
-                        epoch: 3,
+                        epoch: Epoch::new(3),
                     })
                 })
             },
@@ -2988,7 +2916,7 @@ mod tests {
             Event::WriteFailed(store::Error::LeaseLost {
                 resource_id: WORKFLOW.into(),
                 owner: "node-a".into(),
-                epoch: 3,
+                epoch: Epoch::new(3),
             })
         };
         let (described, _) = drive_with(&mut m, captured, NOW, |effect| match effect {

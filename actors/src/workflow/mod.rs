@@ -25,7 +25,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use runtime::CallId;
-use store::{Fence, RunRow};
+use store::{Epoch, Fence, RunRow};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
@@ -38,7 +38,7 @@ use crate::mailbox::{Post, Timer};
 use crate::store_actor::StoreHandle;
 use machine::{Admission, Effect, Event, MachineConfig, WorkflowMachine};
 
-pub use machine::{ControlKind, WorkflowStatus};
+pub use machine::ControlKind;
 pub(crate) use machine::{Start, WorkflowDocument, store_backoff, thread_for};
 
 /// The stop reason of a supervisor that left its workflow live (see `Effect::Halt`).
@@ -64,7 +64,7 @@ pub(crate) enum WorkflowMsg {
     /// answers the epoch given up.
     GiveUp {
         shutdown: bool,
-        reply: ractor::RpcReplyPort<Result<i64, Error>>,
+        reply: ractor::RpcReplyPort<Result<Epoch, Error>>,
     },
 }
 
@@ -411,7 +411,7 @@ impl Actor for WorkflowSupervisor {
         let span = tracing::info_span!(
             "workflow",
             run_id = %args.workflow_id,
-            epoch = args.fence.epoch,
+            epoch = args.fence.epoch.get(),
         );
         args.lease.post(LeaseMsg::Track {
             run_id: args.workflow_id.clone(),

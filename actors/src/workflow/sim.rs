@@ -48,13 +48,13 @@ use serde_json::{Value, json};
 use store::{
     CancelAction, ControlWrite, Controls, Fence, LaunchLimits, Leases, NewControl, NewRun,
     NewWorkflow, Purpose, RunOutcome, RunRow, RunStatus, Runs, SimClock, SimStore, TakeOver,
-    Versions, WorkflowStep, Workflows, WriteOp,
+    Versions, WorkflowStatus, WorkflowStep, Workflows, WriteOp,
 };
 
 use super::front_door::{ReconcileRequest, Resolution, reconcile_writes};
 use super::machine::{
     Admission, ControlsFor, Effect, Event, MachineConfig, RunReadFor, Start, WorkflowDocument,
-    WorkflowMachine, WorkflowStatus,
+    WorkflowMachine,
 };
 use crate::agents::AgentRegistry;
 use crate::child_run::agent::interrupted;

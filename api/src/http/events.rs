@@ -24,7 +24,7 @@ use bytes::Bytes;
 use hyper::StatusCode;
 use hyper::body::{Frame, SizeHint};
 use hyper::header::{CACHE_CONTROL, CONTENT_TYPE, HeaderName, HeaderValue};
-use store::{EventRow, FINAL_STATUSES, UserRow};
+use store::{EventRow, UserRow, WorkflowStatus};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 
@@ -193,7 +193,8 @@ fn is_final(event: &EventRow) -> bool {
     event.kind == "status"
         && event.data["status"]
             .as_str()
-            .is_some_and(|status| FINAL_STATUSES.contains(&status))
+            .and_then(WorkflowStatus::parse)
+            .is_some_and(WorkflowStatus::is_final)
 }
 
 /// Starts a stream: takes a place under `events.streams_max` (503 without one), and answers

@@ -7,7 +7,10 @@
 
 use actors::WorkflowView;
 use serde_json::Value;
-use store::{ArtifactInfo, ControlRow, ListedWorkflow, RunRow, RunStatus, StepRow, WorkflowRow};
+use store::{
+    ArtifactInfo, ControlRow, ListedWorkflow, RunRow, RunStatus, StepRow, WorkflowRow,
+    WorkflowStatus,
+};
 
 use super::wire::{
     ApprovalRecord, ArtifactRecord, CheckpointRecord, ReconciliationRecord, StepRecord,
@@ -36,7 +39,7 @@ pub fn record(view: &WorkflowView) -> WorkflowRecord {
         recoverable: view.recoverable,
         user_id: row.user_id.clone(),
         owner: row.owner.clone(),
-        epoch: view.lease.as_ref().map(|l| l.epoch),
+        epoch: view.lease.as_ref().map(|l| l.epoch.get()),
         lease_expires_at: view.lease.as_ref().map(|l| l.expires_at),
         script: text(&data["script"]).unwrap_or_default(),
         args: data["args"].clone(),
@@ -77,7 +80,7 @@ pub fn summary(listed: &ListedWorkflow) -> WorkflowSummary {
 
 /// The recorded reason of a workflow that waits for an operator's reconcile.
 pub fn reconciliation(row: &WorkflowRow) -> Option<ReconciliationRecord> {
-    if row.status != "needs_reconciliation" {
+    if WorkflowStatus::parse(&row.status) != Some(WorkflowStatus::NeedsReconciliation) {
         return None;
     }
     let why = &row.data["reconciliation"];

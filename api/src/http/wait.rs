@@ -9,26 +9,29 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use store::{Change, Changes};
+use store::{Change, Changes, WorkflowStatus};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, broadcast, watch};
 
 use super::error::ApiError;
 use super::per_user::{PerUser, Place};
 use super::wire::WorkflowRecord;
 
-/// Statuses where nothing happens any more without an operator, or ever again.
-const SETTLED_STATUSES: [&str; 4] = ["completed", "failed", "cancelled", "needs_reconciliation"];
-
 /// Whether a waiter may answer: the workflow ended, or waits for a person: a pause or a
 /// checkpoint nobody has answered yet (once a person has, the owner is about to carry it out),
 /// an agent's request for approval, an operator's reconcile.
 pub fn settled(record: &WorkflowRecord) -> bool {
-    let at_checkpoint = matches!(record.stored_status.as_str(), "paused" | "waiting_approval")
-        && record
-            .checkpoints
-            .iter()
-            .any(|checkpoint| checkpoint.status == "waiting");
-    SETTLED_STATUSES.contains(&record.stored_status.as_str())
+    let stored = WorkflowStatus::parse(&record.stored_status);
+    // Nothing happens any more without an operator, or ever again.
+    let ended = stored
+        .is_some_and(|status| status.is_final() || status == WorkflowStatus::NeedsReconciliation);
+    let at_checkpoint = matches!(
+        stored,
+        Some(WorkflowStatus::Paused | WorkflowStatus::WaitingApproval)
+    ) && record
+        .checkpoints
+        .iter()
+        .any(|checkpoint| checkpoint.status == "waiting");
+    ended
         || at_checkpoint
         || record
             .steps

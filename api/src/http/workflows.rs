@@ -14,7 +14,7 @@ use hyper::header::{
     ACCEPT_RANGES, CONTENT_DISPOSITION, CONTENT_RANGE, CONTENT_TYPE, ETAG, HeaderValue, RANGE,
 };
 use hyper::{Response, StatusCode};
-use store::{ControlWrite, WorkflowRow};
+use store::{ControlWrite, WorkflowRow, WorkflowStatus};
 
 use super::error::ApiError;
 use super::record;
@@ -26,18 +26,6 @@ use super::{Ctx, Reply, json_reply, wait};
 pub const CHUNK_BYTES_MAX: u64 = 1024 * 1024;
 /// Workflows per page unless the caller asks for another number.
 const PAGE_SIZE_DEFAULT: u32 = 50;
-
-/// Stored statuses a listing may filter on.
-const STATUSES: [&str; 8] = [
-    "running",
-    "paused",
-    "waiting_approval",
-    "cancelling",
-    "completed",
-    "failed",
-    "cancelled",
-    "needs_reconciliation",
-];
 
 /// Ids follow the runtime's one grammar, which a script's step ids follow too.
 fn check_id(what: &str, id: &str) -> Result<(), ApiError> {
@@ -276,13 +264,13 @@ pub async fn list(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
     let status = match ctx.query("status") {
         None => None,
         Some(status) if status == "recoverable" => Some(store::StatusFilter::Recoverable),
-        Some(status) if STATUSES.contains(&status.as_str()) => {
+        Some(status) if WorkflowStatus::parse(&status).is_some() => {
             Some(store::StatusFilter::Stored(status))
         }
         Some(status) => {
             return Err(ApiError::bad_request(format!(
                 "query `status` {status:?} is not one of {}, recoverable",
-                STATUSES.join(", ")
+                WorkflowStatus::ALL.map(WorkflowStatus::as_str).join(", ")
             )));
         }
     };

@@ -4,11 +4,11 @@ use deadpool_postgres::{GenericClient, Transaction};
 use tokio_postgres::Row;
 
 use super::{PgStore, commit_error};
+use crate::LIVE_STATUSES;
 use crate::users::{
     NewToken, NewUser, Role, TokenRow, UserChange, UserChanged, UserDeletion, UserRow,
     leaves_no_admin,
 };
-use crate::workflows::LIVE_STATUSES;
 use crate::{Error, Result};
 
 /// The lock that makes "create the first user" atomic across nodes, and every change that could

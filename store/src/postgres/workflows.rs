@@ -11,11 +11,12 @@ use super::{PgStore, commit_error};
 use crate::lease::ttl_seconds;
 use crate::workflows::takeover_refusal;
 use crate::workflows::{
-    COUNTED, COUNTED_STATUSES, ControlRow, ControlWrite, Deletion, Launch, LaunchLimits,
-    ListFilter, ListedWorkflow, NewControl, Orphaned, StatusFilter, TERMINAL_STATUSES, TakeOver,
-    Versions,
+    COUNTED, ControlRow, ControlWrite, Deletion, Launch, LaunchLimits, ListFilter, ListedWorkflow,
+    NewControl, Orphaned, StatusFilter, TakeOver, Versions,
 };
-use crate::{Error, Lease, NewWorkflow, Result, WorkflowRow};
+use crate::{
+    COUNTED_STATUSES, Epoch, Error, FINAL_STATUSES, Lease, NewWorkflow, Result, WorkflowRow,
+};
 
 // Launches serialise on the advisory lock "launch" (0x6c61_756e_6368), taken by
 // `reins_launch_guard` (migration 6).
@@ -152,7 +153,7 @@ async fn launch_in(
     Ok(Guarded::Created(Lease {
         resource_id: workflow.workflow_id.clone(),
         owner: owner.to_owned(),
-        epoch: 1,
+        epoch: Epoch::FIRST,
         expires_at: leased?.get(0),
     }))
 }
@@ -411,7 +412,7 @@ impl PgStore {
         let Some(status) = status else {
             return Ok(Deletion::NotFound);
         };
-        if !TERMINAL_STATUSES.contains(&status.as_str()) {
+        if !FINAL_STATUSES.contains(&status.as_str()) {
             return Ok(Deletion::NotTerminal);
         }
         // The journal, controls, artifacts and slots go with the row (ON DELETE CASCADE).

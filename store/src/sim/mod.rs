@@ -23,7 +23,7 @@ use serde_json::{Value, json};
 use crate::lease::ttl_seconds;
 use crate::write::{ArtifactRow, StepRow, WorkflowRow, WriteOp};
 use crate::{
-    ControlRow, Error, EventPage, EventRow, Fence, Lease, MigrationReport, Result, RunRow,
+    ControlRow, Epoch, Error, EventPage, EventRow, Fence, Lease, MigrationReport, Result, RunRow,
     RunStatus, SCHEMA_VERSION, SlotRow,
 };
 
@@ -327,7 +327,7 @@ impl State {
                     ..
                 } => {
                     self.exists(workflow_id)?;
-                    statuses.insert(workflow_id, status);
+                    statuses.insert(workflow_id, status.as_str());
                 }
                 WriteOp::PutStep { workflow_id, .. } | WriteOp::PutLogs { workflow_id, .. } => {
                     self.exists(workflow_id)?;
@@ -406,7 +406,7 @@ impl State {
                 data,
             } => {
                 self.workflow_mut(workflow_id)?.row.data = data.clone();
-                self.set_status(workflow_id, status, now)?;
+                self.set_status(workflow_id, status.as_str(), now)?;
             }
             WriteOp::PutStep {
                 workflow_id,
@@ -697,8 +697,8 @@ impl crate::Leases for SimStore {
         self.write(|state, now| {
             let epoch = match state.leases.get(resource_id) {
                 Some(lease) if lease.expires_at > now => return Ok(None),
-                Some(lease) => lease.epoch + 1,
-                None => 1,
+                Some(lease) => lease.epoch.next(),
+                None => Epoch::FIRST,
             };
             let lease = Lease {
                 resource_id: resource_id.to_owned(),

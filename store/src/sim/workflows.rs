@@ -9,9 +9,9 @@ use crate::lease::ttl_seconds;
 use crate::workflows::takeover_refusal;
 use crate::write::{ArtifactInfo, ArtifactRow, Snapshot, StepRow, WorkflowRow};
 use crate::{
-    COUNTED_STATUSES, ControlRow, ControlWrite, Deletion, Error, Launch, LaunchLimits, Lease,
-    ListFilter, ListedWorkflow, NewControl, NewWorkflow, Orphaned, Purpose, Result, StatusFilter,
-    TERMINAL_STATUSES, TakeOver, Versions,
+    COUNTED_STATUSES, ControlRow, ControlWrite, Deletion, Epoch, Error, FINAL_STATUSES, Launch,
+    LaunchLimits, Lease, ListFilter, ListedWorkflow, NewControl, NewWorkflow, Orphaned, Purpose,
+    Result, StatusFilter, TakeOver, Versions,
 };
 
 /// The control kinds the schema allows.
@@ -67,7 +67,7 @@ impl State {
         let lease = Lease {
             resource_id: new.workflow_id.clone(),
             owner: owner.to_owned(),
-            epoch: 1,
+            epoch: Epoch::FIRST,
             expires_at: now + ttl_seconds(lease_ms),
         };
         self.leases.insert(new.workflow_id.clone(), lease.clone());
@@ -145,7 +145,7 @@ impl State {
             return Ok(TakeOver::LeaseHeld);
         };
         lease.owner = owner.to_owned();
-        lease.epoch += 1;
+        lease.epoch = lease.epoch.next();
         lease.expires_at = now + ttl_seconds(lease_ms);
         let lease = lease.clone();
         let workflow = self.workflow_mut(workflow_id)?;
@@ -346,7 +346,7 @@ impl crate::Workflows for SimStore {
             let Some(workflow) = state.workflows.get(workflow_id) else {
                 return Ok(Deletion::NotFound);
             };
-            if !TERMINAL_STATUSES.contains(&workflow.row.status.as_str()) {
+            if !FINAL_STATUSES.contains(&workflow.row.status.as_str()) {
                 return Ok(Deletion::NotTerminal);
             }
             state.workflows.remove(workflow_id);

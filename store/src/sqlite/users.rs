@@ -5,11 +5,11 @@
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
 use super::SqliteStore;
+use crate::LIVE_STATUSES;
 use crate::users::{
     NewToken, NewUser, Role, TokenRow, UserChange, UserChanged, UserDeletion, UserRow,
     leaves_no_admin,
 };
-use crate::workflows::LIVE_STATUSES;
 use crate::{Error, Result};
 
 /// The columns `user` decodes, as one literal for `concat!` (SQL is never formatted per call).

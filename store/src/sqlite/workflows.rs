@@ -8,9 +8,9 @@ use crate::lease::ttl_seconds;
 use crate::workflows::takeover_refusal;
 use crate::workflows::{
     ControlRow, ControlWrite, Deletion, Launch, LaunchLimits, ListFilter, ListedWorkflow,
-    NewControl, Orphaned, StatusFilter, TERMINAL_STATUSES, TakeOver, Versions,
+    NewControl, Orphaned, StatusFilter, TakeOver, Versions,
 };
-use crate::{Error, Lease, NewWorkflow, Result, WorkflowRow};
+use crate::{Epoch, Error, FINAL_STATUSES, Lease, NewWorkflow, Result, WorkflowRow};
 
 fn launch(
     connection: &Connection,
@@ -85,7 +85,7 @@ fn launch(
     Ok(Launch::Created(Lease {
         resource_id: workflow.workflow_id.clone(),
         owner: owner.to_owned(),
-        epoch: 1,
+        epoch: Epoch::FIRST,
         expires_at,
     }))
 }
@@ -252,7 +252,7 @@ fn take_over(
              RETURNING epoch, expires_at",
         )?
         .query_row(params![workflow_id, owner, ttl_seconds(lease_ms)], |row| {
-            Ok((row.get::<_, i64>(0)?, row.get::<_, f64>(1)?))
+            Ok((row.get::<_, Epoch>(0)?, row.get::<_, f64>(1)?))
         })
         .optional()?;
     let Some((epoch, expires_at)) = taken else {
@@ -359,7 +359,7 @@ impl SqliteStore {
             let Some(status) = status else {
                 return Ok(Deletion::NotFound);
             };
-            if !TERMINAL_STATUSES.contains(&status.as_str()) {
+            if !FINAL_STATUSES.contains(&status.as_str()) {
                 return Ok(Deletion::NotTerminal);
             }
             // The journal, controls, artifacts and slots go with the row (ON DELETE CASCADE).

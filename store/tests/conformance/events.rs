@@ -65,7 +65,7 @@ conformance! {
             path: Some("out.txt".into()), content: b"hello".to_vec(), sha256: "h".into(),
         }]).await.expect("artifact");
         store.fenced_write(&fence, vec![WriteOp::SetWorkflow {
-            workflow_id: "wf".into(), status: "completed".into(), data: json!({}),
+            workflow_id: "wf".into(), status: store::WorkflowStatus::Completed, data: json!({}),
         }]).await.expect("end");
 
         let events = events(&*store).await;
@@ -111,12 +111,12 @@ conformance! {
         let store::Launch::Created(b) = b else { panic!("{b:?}") };
         for (lease, status) in [(&a, "paused"), (&b, "failed"), (&a, "completed")] {
             store.fenced_write(&lease.fence(), vec![WriteOp::SetWorkflow {
-                workflow_id: lease.resource_id.clone(), status: status.into(), data: json!({}),
+                workflow_id: lease.resource_id.clone(), status: store::WorkflowStatus::parse(status).expect("a status"), data: json!({}),
             }]).await.expect("status");
         }
         // Setting the same status again is no change.
         store.fenced_write(&a.fence(), vec![WriteOp::SetWorkflow {
-            workflow_id: "wf".into(), status: "completed".into(), data: json!({"n": 2}),
+            workflow_id: "wf".into(), status: store::WorkflowStatus::Completed, data: json!({"n": 2}),
         }]).await.expect("same status");
 
         let feed = store.read_feed(0, None, 100).await.expect("feed");

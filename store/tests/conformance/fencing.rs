@@ -15,7 +15,7 @@ conformance! {
         let lease = workflow(&*store, "wf", "node-a", 60_000).await;
         let missing = WriteOp::SetWorkflow {
             workflow_id: "no-such-workflow".into(),
-            status: "completed".into(),
+            status: store::WorkflowStatus::Completed,
             data: json!({}),
         };
         let result = store.fenced_write(&lease.fence(), vec![step("wf", "s1"), missing]).await;
@@ -38,7 +38,7 @@ conformance! {
 
         let done = WriteOp::SetWorkflow {
             workflow_id: "wf".into(),
-            status: "completed".into(),
+            status: store::WorkflowStatus::Completed,
             data: json!({"result": 42}),
         };
         store.fenced_write(&lease.fence(), vec![step("wf", "s1"), done]).await.expect("write");
@@ -111,7 +111,7 @@ conformance! {
         let store = db.store().await;
         let end = |workflow_id: &str| WriteOp::SetWorkflow {
             workflow_id: workflow_id.into(),
-            status: "completed".into(),
+            status: store::WorkflowStatus::Completed,
             data: json!({"result": 1}),
         };
 
@@ -130,7 +130,7 @@ conformance! {
         assert_eq!(store.read_workflow("wf").await.expect("read").expect("row").status, "completed");
         let next = store.acquire_lease("wf", "node-b", 60_000).await.expect("acquire")
             .expect("the ended workflow's lease is free");
-        assert_eq!(next.epoch, held.epoch + 1);
+        assert_eq!(next.epoch, held.epoch.next());
 
         // The old owner can no longer release (or end) anything: the new lease stands.
         let stale = store.fenced_write(&held.fence(), vec![WriteOp::ReleaseLease]).await;
@@ -150,7 +150,7 @@ fn every_kind_of_write(control_id: i64) -> Vec<(&'static str, WriteOp)> {
     let writes = vec![
         WriteOp::SetWorkflow {
             workflow_id: wf(),
-            status: "completed".into(),
+            status: store::WorkflowStatus::Completed,
             data: json!({"late": true}),
         },
         WriteOp::PutStep {
@@ -256,7 +256,7 @@ conformance! {
         };
         db.pass(&old, stale.expires_at).await;
         let current = new.acquire_lease("wf", "node-b", 60_000).await.expect("acquire").expect("taken");
-        assert_eq!(current.epoch, stale.epoch + 1);
+        assert_eq!(current.epoch, stale.epoch.next());
 
         let before = new.read_snapshot("wf").await.expect("snapshot").expect("wf");
         let events_before = new.read_events("wf", 0, 1_000).await.expect("events").expect("wf");

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use store::{Error, Fence};
+use store::{Epoch, Error, Fence};
 use tokio::sync::Barrier;
 
 use crate::harness::{conformance, step, workflow};
@@ -32,7 +32,7 @@ conformance! {
                 (Some(lease), None) | (None, Some(lease)) => lease,
                 (a, b) => panic!("round {round}: winners {a:?} and {b:?}"),
             };
-            assert_eq!(winner.epoch, last_epoch + 1, "round {round}: epochs must step by one");
+            assert_eq!(winner.epoch, last_epoch.next(), "round {round}: epochs must step by one");
             last_epoch = winner.epoch;
 
             let refused = store_a.fenced_write(&stale, vec![step("wf", &format!("stale-{round}"))]).await;
@@ -71,7 +71,7 @@ conformance! {
         assert!(matches!(late, Err(Error::LeaseLost { .. })), "{late:?}");
         let taken = store_b.acquire_lease("wf-brief", "node-b", 60_000).await.expect("acquire")
             .expect("an expired lease can be taken over");
-        assert_eq!(taken.epoch, brief.epoch + 1);
+        assert_eq!(taken.epoch, brief.epoch.next());
         let renewed = store_a.renew_lease(&brief.fence(), 60_000).await;
         assert!(matches!(renewed, Err(Error::LeaseLost { .. })), "{renewed:?}");
         assert!(!store_a.release_lease(&brief.fence()).await.expect("release"),
@@ -87,14 +87,14 @@ conformance! {
         let store = db.store().await;
         assert_eq!(store.read_lease("job").await.expect("read"), None);
         let first = store.acquire_lease("job", "node-a", 60_000).await.expect("acquire").expect("free");
-        assert_eq!((first.owner.as_str(), first.epoch), ("node-a", 1));
+        assert_eq!((first.owner.as_str(), first.epoch), ("node-a", Epoch::FIRST));
         assert!(first.expires_at > store.now().await.expect("now"));
         assert_eq!(store.acquire_lease("job", "node-b", 60_000).await.expect("acquire"), None);
         assert!(store.release_lease(&first.fence()).await.expect("release"));
         assert!(!store.release_lease(&first.fence()).await.expect("release"), "released twice");
         let second = store.acquire_lease("job", "node-b", 60_000).await.expect("acquire")
             .expect("a released lease is free at once");
-        assert_eq!((second.owner.as_str(), second.epoch), ("node-b", 2));
+        assert_eq!((second.owner.as_str(), second.epoch), ("node-b", Epoch::new(2)));
         assert_eq!(store.read_lease("job").await.expect("read"), Some(second));
     }
 }

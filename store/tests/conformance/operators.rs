@@ -37,7 +37,7 @@ conformance! {
             db.tick().await;
         }
         let set = |n: usize, status: &str| WriteOp::SetWorkflow {
-            workflow_id: format!("wf-{n}"), status: status.into(), data: json!({}),
+            workflow_id: format!("wf-{n}"), status: store::WorkflowStatus::parse(status).expect("a status"), data: json!({}),
         };
         store.fenced_write(&leases[0].fence(), vec![set(0, "paused")]).await.expect("pause");
         store.fenced_write(&leases[1].fence(), vec![put("wf-1", "check", "humanCheckpoint")]).await.expect("ask");

@@ -155,7 +155,7 @@ conformance! {
         store.create_token(token("t", "tester", None)).await.expect("token");
         assert_eq!(store.delete_user("tester").await.expect("delete"), UserDeletion::OwnsLiveWorkflows(1));
         store.fenced_write(&lease.fence(), vec![WriteOp::SetWorkflow {
-            workflow_id: "wf".into(), status: "completed".into(), data: json!({}),
+            workflow_id: "wf".into(), status: store::WorkflowStatus::Completed, data: json!({}),
         }]).await.expect("end");
         assert_eq!(store.delete_user("tester").await.expect("delete"), UserDeletion::Deleted);
         assert_eq!(store.user_by_id("tester").await.expect("read"), None);

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use serde_json::json;
-use store::{ControlWrite, Error, Launch, LaunchLimits, NewControl, NewWorkflow, WriteOp};
+use store::{ControlWrite, Epoch, Error, Launch, LaunchLimits, NewControl, NewWorkflow, WriteOp};
 use tokio::sync::Barrier;
 
 use crate::harness::{Subject, conformance};
@@ -147,9 +147,9 @@ conformance! {
         let store = db.store().await;
         let limits = LaunchLimits { max_workflows: 1, max_workflows_per_owner: 1 };
         let set = |id: &str, status: &str| WriteOp::SetWorkflow {
-            workflow_id: id.to_owned(), status: status.to_owned(), data: json!({}),
+            workflow_id: id.to_owned(), status: store::WorkflowStatus::parse(status).expect("a status"), data: json!({}),
         };
-        for (n, terminal) in store::TERMINAL_STATUSES.iter().enumerate() {
+        for (n, terminal) in store::FINAL_STATUSES.iter().enumerate() {
             let id = format!("held-{n}");
             let fence = match store.launch_workflow(new_workflow(&id, "ada", None, "fp"), "node", 60_000, limits)
                 .await.expect("launch")
@@ -202,7 +202,7 @@ conformance! {
         assert_eq!(store.launch_workflow(fourth(), "node", 60_000, limits).await.expect("launch"),
             Launch::Refused { limit: "max_workflows", max: 3 });
         let finish = |n: usize| WriteOp::SetWorkflow {
-            workflow_id: format!("wf-{n}"), status: "completed".into(), data: json!({}),
+            workflow_id: format!("wf-{n}"), status: store::WorkflowStatus::Completed, data: json!({}),
         };
         store.fenced_write(&fences[0], vec![finish(0)]).await.expect("finish");
         assert!(matches!(store.launch_workflow(fourth(), "node", 60_000, limits).await.expect("launch"),
@@ -321,7 +321,7 @@ async fn set<S: Subject>(store: &S, lease: &store::Lease, status: &str, data: se
             &lease.fence(),
             vec![WriteOp::SetWorkflow {
                 workflow_id: lease.resource_id.clone(),
-                status: status.to_owned(),
+                status: store::WorkflowStatus::parse(status).expect("a status"),
                 data,
             }],
         )
@@ -361,13 +361,13 @@ conformance! {
         assert!(matches!(
             store.take_over_workflow("wf", "node-b", 60_000, &ours, Purpose::Cancel).await.expect("take"),
             TakeOver::Refused(_)));
-        assert_eq!(store.read_lease("wf").await.expect("lease").map(|l| l.epoch), Some(1),
+        assert_eq!(store.read_lease("wf").await.expect("lease").map(|l| l.epoch), Some(Epoch::FIRST),
             "a refused takeover touched the lease");
 
         let TakeOver::Taken(taken) =
             store.take_over_workflow("wf", "node-b", 60_000, &ours, Purpose::Recover).await.expect("take")
         else { panic!("not taken") };
-        assert_eq!((taken.owner.as_str(), taken.epoch), ("node-b", 2));
+        assert_eq!((taken.owner.as_str(), taken.epoch), ("node-b", Epoch::new(2)));
         assert_eq!(store.read_workflow("wf").await.expect("read").and_then(|w| w.owner), Some("node-b".into()));
         assert_eq!(store.take_over_workflow("wf", "node-c", 60_000, &ours, Purpose::Recover).await.expect("take"),
             TakeOver::LeaseHeld);
@@ -386,7 +386,7 @@ conformance! {
         let TakeOver::Taken(cancelling) =
             store.take_over_workflow("wf", "node-c", 60_000, &theirs, Purpose::Cancel).await.expect("take")
         else { panic!("a cancel takeover was refused") };
-        assert_eq!(cancelling.epoch, 3);
+        assert_eq!(cancelling.epoch, Epoch::new(3));
 
         set(&*store, &cancelling, "cancelled", written).await;
         store.fenced_write(&cancelling.fence(), vec![WriteOp::ReleaseLease]).await.expect("release");
