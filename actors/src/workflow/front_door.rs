@@ -1161,7 +1161,7 @@ async fn start_supervisor(
     sent: Instant,
     start: Start,
 ) -> Result<Launched, Error> {
-    let document = WorkflowDocument::from_data(workflow.data)?;
+    let document = WorkflowDocument::from_data(&workflow.workflow_id, workflow.data)?;
     let options = &state.args.options;
     let (supervisor, _) = Actor::spawn_linked(
         Some(format!("workflow-{}", workflow.workflow_id)),

@@ -221,8 +221,15 @@ pub(crate) struct WorkflowDocument {
 }
 
 impl WorkflowDocument {
-    pub(crate) fn from_data(data: Value) -> Result<Self, Error> {
-        let missing = |field: &str| Error::InvalidRequest(format!("workflow data has no {field}"));
+    /// Reads the stored document of `workflow_id`. A document without one of the fields its
+    /// launch wrote is a stored value that cannot be decoded (500), never the caller's bad
+    /// request: no request of the caller's wrote it.
+    pub(crate) fn from_data(workflow_id: &str, data: Value) -> Result<Self, Error> {
+        let missing = |field: &str| {
+            Error::Store(store::Error::Database(format!(
+                "workflow {workflow_id:?}: its stored document has no {field}"
+            )))
+        };
         Ok(WorkflowDocument {
             script: data["script"]
                 .as_str()
@@ -2080,7 +2087,7 @@ mod tests {
                 owner: "node-a".into(),
                 epoch: Epoch::new(3),
             },
-            document: WorkflowDocument::from_data(data).expect("a whole document"),
+            document: WorkflowDocument::from_data(WORKFLOW, data).expect("a whole document"),
             agents: Arc::new(AgentRegistry::default()),
             limits: runtime::Limits::default(),
             slots_max: 4,
@@ -3418,5 +3425,22 @@ mod tests {
                 json!({"message": "artifact version 3 does not exist", "status": "error"})
             )
         );
+    }
+
+    /// A stored document its launch could not have written is a decoding error of the store
+    /// (answered 500), never a bad request of whoever asked for the takeover (400).
+    #[test]
+    fn a_document_missing_a_field_is_a_stored_value_that_cannot_be_decoded() {
+        let error = WorkflowDocument::from_data(WORKFLOW, json!({"args": {}, "seed": 1}))
+            .expect_err("no script");
+        match error {
+            Error::Store(store::Error::Database(message)) => {
+                assert!(
+                    message.contains("wf-1") && message.contains("script"),
+                    "{message}"
+                );
+            }
+            other => panic!("expected a store decoding error, got {other:?}"),
+        }
     }
 }

@@ -628,7 +628,7 @@ impl Sim {
         data: Value,
         start: Start,
     ) {
-        let document = match WorkflowDocument::from_data(data) {
+        let document = match WorkflowDocument::from_data(workflow_id, data) {
             Ok(document) => document,
             Err(error) => return self.violation(format!("{workflow_id}: {error}")),
         };
