@@ -89,7 +89,7 @@ pub async fn fenced_writes(store: &Arc<Store>, prefix: &str, writers: usize, ops
                     step_id: format!("step-{op}"),
                     attempt: 1,
                     kind: "agent".into(),
-                    status: "completed".into(),
+                    status: store::StepStatus::Completed,
                     data: json!({"output": op}),
                 };
                 let started = Instant::now();

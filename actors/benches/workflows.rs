@@ -201,7 +201,7 @@ async fn measure(
         .await
         .ok()
         .flatten()
-        .is_none_or(|row| row.status != "paused")
+        .is_none_or(|row| row.status != store::WorkflowStatus::Paused)
     {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -237,8 +237,8 @@ async fn run_one(workflows: &WorkflowsHandle, store: &Store) -> String {
             _ => {}
         }
         match store.read_workflow(&id).await.expect("read") {
-            Some(row) if row.status == "completed" => return id,
-            Some(row) if row.status == "failed" => {
+            Some(row) if row.status == store::WorkflowStatus::Completed => return id,
+            Some(row) if row.status == store::WorkflowStatus::Failed => {
                 panic!("a bench workflow failed: {:?}", row.data)
             }
             _ => {}
@@ -288,12 +288,12 @@ async fn store_writes_of_one(store: &Store, owner: &str, workflow_id: &str) {
         panic!("a bench workflow was not created");
     };
     let fence = lease.fence();
-    let step = |n: usize, status: &str, run_id: &str| {
+    let step = |n: usize, status: store::StepStatus, run_id: &str| {
         let mut data = json!({"args": {"stepId": format!("s{n}"), "agentRef": "scripted", "task": format!("t{n}")},
                               "outcome": null, "settled_at_ms": null,
                               "run_id": run_id, "thread_id": format!("{workflow_id}-{n:016x}"),
                               "configuration_version": "0".repeat(64)});
-        if status == "completed" {
+        if status == store::StepStatus::Completed {
             data["outcome"] = json!({"outcome": "resolved",
                                      "value": {"output": format!("t{n}"), "artifactVersion": n + 1,
                                                "threadId": format!("{workflow_id}-{n:016x}"),
@@ -306,13 +306,13 @@ async fn store_writes_of_one(store: &Store, owner: &str, workflow_id: &str) {
             step_id: format!("s{n}"),
             attempt: 1,
             kind: "agent".into(),
-            status: status.into(),
+            status,
             data,
         }
     };
     let ended = |n: usize, run_id: &str| {
         vec![
-            step(n, "completed", run_id),
+            step(n, store::StepStatus::Completed, run_id),
             WriteOp::PutArtifact {
                 workflow_id: workflow_id.into(),
                 version: i64::try_from(n + 1).unwrap_or(i64::MAX),
@@ -334,7 +334,7 @@ async fn store_writes_of_one(store: &Store, owner: &str, workflow_id: &str) {
             .as_deref()
             .map(|run_id| ended(n - 1, run_id))
             .unwrap_or_default();
-        journal.push(step(n, "running", &run_id));
+        journal.push(step(n, store::StepStatus::Running, &run_id));
         let run = NewRun {
             run_id: run_id.clone(),
             thread_id: format!("{workflow_id}-{n:016x}"),

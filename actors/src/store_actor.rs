@@ -1019,7 +1019,7 @@ mod tests {
             .await
             .expect("read")
             .expect("row");
-        assert_eq!(row.status, "running");
+        assert_eq!(row.status, store::WorkflowStatus::Running);
         assert_eq!(
             store.health().await.expect("health").schema_version,
             store::SCHEMA_VERSION
@@ -1070,7 +1070,8 @@ mod tests {
         );
         let row = store.read_workflow("wf").await.expect("read").expect("row");
         assert_eq!(
-            row.status, "completed",
+            row.status,
+            store::WorkflowStatus::Completed,
             "the write whose answer was lost committed"
         );
         store

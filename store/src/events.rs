@@ -28,7 +28,7 @@ pub struct EventRow {
 pub struct EventPage {
     /// At most the limit asked for, oldest first.
     pub events: Vec<EventRow>,
-    pub status: String,
+    pub status: WorkflowStatus,
     /// The workflow's newest event number.
     pub last_seq: i64,
 }
@@ -36,8 +36,6 @@ pub struct EventPage {
 impl EventPage {
     /// Whether a reader that has everything up to `after` has seen the workflow's last event.
     pub fn ended(&self, after: i64) -> bool {
-        self.events.is_empty()
-            && after >= self.last_seq
-            && WorkflowStatus::parse(&self.status).is_some_and(WorkflowStatus::is_final)
+        self.events.is_empty() && after >= self.last_seq && self.status.is_final()
     }
 }

@@ -36,11 +36,11 @@ pub use operations::{
 };
 pub use operators::{SlotRow, StatusCount};
 pub use runs::{
-    Admission, ApprovalAnswer, CancelAction, NewRun, RunOutcome, RunRenewal, RunRow, RunStatus,
-    WorkflowStep, pending_request_id,
+    Admission, ApprovalAnswer, CancelAction, NewRun, RunOutcome, RunRenewal, RunRow, WorkflowStep,
+    pending_request_id,
 };
 pub use sim::{SimClock, SimStore};
-pub use status::{COUNTED_STATUSES, FINAL_STATUSES, LIVE_STATUSES, WorkflowStatus};
+pub use status::{COUNTED_STATUSES, LIVE_STATUSES, RunStatus, StepStatus, WorkflowStatus};
 pub use users::{
     NewToken, NewUser, Role, TokenRow, UserChange, UserChanged, UserDeletion, UserRow,
 };

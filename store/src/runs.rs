@@ -5,7 +5,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::{Error, Fence};
+use crate::{Error, Fence, RunStatus};
 
 /// The columns of a run, in the order both backends' row readers take them.
 macro_rules! run_columns {
@@ -16,51 +16,6 @@ macro_rules! run_columns {
     };
 }
 pub(crate) use run_columns;
-
-/// The status of a child run (spec section 6).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum RunStatus {
-    Pending,
-    Running,
-    Success,
-    Error,
-    Interrupted,
-    WaitingForInput,
-}
-
-impl RunStatus {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RunStatus::Pending => "pending",
-            RunStatus::Running => "running",
-            RunStatus::Success => "success",
-            RunStatus::Error => "error",
-            RunStatus::Interrupted => "interrupted",
-            RunStatus::WaitingForInput => "waiting_for_input",
-        }
-    }
-
-    pub fn parse(text: &str) -> Result<Self, Error> {
-        Ok(match text {
-            "pending" => RunStatus::Pending,
-            "running" => RunStatus::Running,
-            "success" => RunStatus::Success,
-            "error" => RunStatus::Error,
-            "interrupted" => RunStatus::Interrupted,
-            "waiting_for_input" => RunStatus::WaitingForInput,
-            other => return Err(Error::Database(format!("unknown run status {other:?}"))),
-        })
-    }
-
-    /// Whether the run has an outcome that nothing may change any more.
-    pub fn is_terminal(self) -> bool {
-        matches!(
-            self,
-            RunStatus::Success | RunStatus::Error | RunStatus::Interrupted
-        )
-    }
-}
 
 /// How a durable cancel request asks a run to stop.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

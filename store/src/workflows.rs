@@ -83,17 +83,17 @@ pub struct Versions {
 /// anything is written. `None` lets it proceed to the lease. A workflow written before
 /// configuration versions were recorded (none in its data) is judged by its runtime alone.
 pub(crate) fn takeover_refusal(
-    status: &str,
+    status: WorkflowStatus,
     written_under: &Versions,
     ours: &Versions,
     cancel_pending: bool,
     purpose: Purpose,
 ) -> Option<TakeOver> {
-    let Some(status) = WorkflowStatus::parse(status).filter(|status| status.is_live()) else {
+    if status.is_final() {
         return Some(TakeOver::NotRecoverable(format!(
             "the workflow is {status}"
         )));
-    };
+    }
     let cancelling = cancel_pending || status == WorkflowStatus::Cancelling;
     let refused = |reason: String| Some(TakeOver::Refused(reason));
     match purpose {
@@ -188,7 +188,7 @@ pub struct ListFilter {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StatusFilter {
     /// This stored status.
-    Stored(String),
+    Stored(WorkflowStatus),
     /// What `get` shows as `recoverable`: a status of [`COUNTED_STATUSES`] (live, not waiting
     /// for an operator) with no lease, or a lease expired on the database clock.
     Recoverable,

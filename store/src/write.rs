@@ -3,7 +3,7 @@
 
 use serde_json::Value;
 
-use crate::WorkflowStatus;
+use crate::{StepStatus, WorkflowStatus};
 
 /// One ownership-dependent change to a workflow's state. A list of them is applied by
 /// [`crate::Store::fenced_write`] atomically, after the fence check, or not at all.
@@ -23,7 +23,7 @@ pub enum WriteOp {
         step_id: String,
         attempt: i32,
         kind: String,
-        status: String,
+        status: StepStatus,
         data: Value,
     },
     /// Mark a control as carried out.
@@ -121,7 +121,7 @@ pub struct StepRow {
     pub step_id: String,
     pub attempt: i32,
     pub kind: String,
-    pub status: String,
+    pub status: StepStatus,
     pub data: Value,
     /// When the entry was first journaled (epoch seconds, database clock).
     pub created_at: f64,
@@ -142,7 +142,7 @@ pub struct ArtifactRow {
 pub struct WorkflowRow {
     pub workflow_id: String,
     pub user_id: String,
-    pub status: String,
+    pub status: WorkflowStatus,
     pub owner: Option<String>,
     pub fingerprint: String,
     pub data: Value,

@@ -257,7 +257,7 @@ on_both_backends! {
         }).await;
         let steps = db.store().await.read_steps(&id).await.expect("steps");
         let slow = steps.iter().find(|step| step.step_id == "slow").expect("slow journaled");
-        assert_eq!(slow.status, "cancelled", "{:?}", slow.data);
+        assert_eq!(slow.status.as_str(), "cancelled", "{:?}", slow.data);
         node.node.workflows().resume(actors::Resume {
             workflow_id: id.clone(), fingerprint: None, step_id: "hold".into(), attempt: 1,
             input: json!(null),
@@ -294,7 +294,7 @@ on_both_backends! {
                         return r.output;"#;
         let id = owner.node.workflows().launch(launch(script, json!({}))).await.expect("launch").run_id;
         eventually(Duration::from_secs(10), "the child run started", async || {
-            view(&owner, &id).await.steps.first().is_some_and(|s| s.status == "running")
+            view(&owner, &id).await.steps.first().is_some_and(|s| s.status.as_str() == "running")
         }).await;
         let old_run = view(&owner, &id).await.steps[0].data["run_id"].as_str().expect("run").to_owned();
         // The owner loses the workflow's lease; its child run lives on, still renewed.
@@ -321,7 +321,7 @@ on_both_backends! {
         assert_eq!(done.row.data["result"], json!("done"));
         assert_eq!(done.row.data.get("reconciliation"), None, "settled: no reason any more");
         let attempts: Vec<(i32, String)> = done.steps.iter()
-            .map(|step| (step.attempt, step.status.clone())).collect();
+            .map(|step| (step.attempt, step.status.as_str().to_owned())).collect();
         assert_eq!(attempts, vec![(1, "cancelled".to_owned()), (2, "completed".to_owned())]);
         assert_eq!(slots_of(&db, &id).await, Vec::<String>::new());
     }
@@ -394,7 +394,7 @@ on_both_backends! {
             eventually(Duration::from_secs(30), "recovered by the heir", async || {
                 view(&heir, id).await.row.owner.is_some_and(|owner| owner.starts_with("heir"))
             }).await;
-            assert_eq!(view(&heir, id).await.row.status, "paused");
+            assert_eq!(view(&heir, id).await.row.status.as_str(), "paused");
         }
     }
 }
@@ -478,7 +478,7 @@ on_both_backends! {
                             task: {hold_while: "hold_model"}})).output;"#;
         let id = owner.node.workflows().launch(launch(script, json!({}))).await.expect("launch").run_id;
         eventually(Duration::from_secs(10), "the child run started", async || {
-            view(&owner, &id).await.steps.first().is_some_and(|s| s.status == "running")
+            view(&owner, &id).await.steps.first().is_some_and(|s| s.status.as_str() == "running")
         }).await;
         assert_eq!(slots_of(&db, &id).await, vec!["slow".to_owned()]);
         crash(owner).await;
@@ -511,7 +511,7 @@ on_both_backends! {
                                task: {hold_while: "hold_model", output: "done"}})).output;"#;
         let id = owner.node.workflows().launch(launch(uncertain, json!({}))).await.expect("launch").run_id;
         eventually(Duration::from_secs(10), "the child run started", async || {
-            view(&owner, &id).await.steps.first().is_some_and(|s| s.status == "running")
+            view(&owner, &id).await.steps.first().is_some_and(|s| s.status.as_str() == "running")
         }).await;
         owner.node.workflows().fence(&id).await.expect("fence");
         heir.node.workflows().recover(&id).await.expect("recover");
@@ -529,7 +529,7 @@ on_both_backends! {
         let refused = heir.node.workflows().reconcile(request()).await;
         assert!(matches!(refused, Err(actors::Error::LimitReached { limit: "max_workflows_per_owner", .. })),
             "{refused:?}");
-        assert_eq!(view(&heir, &id).await.row.status, "needs_reconciliation");
+        assert_eq!(view(&heir, &id).await.row.status.as_str(), "needs_reconciliation");
         heir.node.workflows().cancel(&other, "ada").await.expect("cancel");
         wait_for_status(&heir, &other, "cancelled").await;
         std::fs::remove_file(&hold).expect("release the model");

@@ -74,7 +74,7 @@ pub(crate) async fn view(node: &TestNode, id: &str) -> WorkflowView {
 pub(crate) async fn wait_for_status(node: &TestNode, id: &str, status: &str) -> WorkflowView {
     let what = format!("workflow {id} reaches {status}");
     eventually(Duration::from_secs(30), &what, async || {
-        view(node, id).await.row.status == status
+        view(node, id).await.row.status.as_str() == status
     })
     .await;
     view(node, id).await
@@ -346,7 +346,7 @@ on_both_backends! {
         let request = LaunchRequest { user_id: "ada".into(), request_id: None, script: script.into(), args: json!({}) };
         let id = owner.node.workflows().launch(request).await.expect("launch").run_id;
         eventually(Duration::from_secs(10), "the child run started", async || {
-            view(&owner, &id).await.steps.first().is_some_and(|s| s.status == "running")
+            view(&owner, &id).await.steps.first().is_some_and(|s| s.status.as_str() == "running")
         })
         .await;
         let run_id = view(&owner, &id).await.steps[0].data["run_id"].as_str().expect("run").to_owned();
@@ -375,7 +375,7 @@ on_both_backends! {
         })
         .await;
         let stopped = view(&owner, &id).await;
-        assert_eq!(stopped.row.status, "running", "the step was judged without knowing its outcome");
+        assert_eq!(stopped.row.status.as_str(), "running", "the step was judged without knowing its outcome");
         let run_id = stopped.steps[0].data["run_id"].as_str().expect("journaled with its run").to_owned();
         recovery_leaves_the_one_run_to_an_operator(owner, &heir, &id, &run_id).await;
     }
@@ -442,7 +442,7 @@ on_both_backends! {
         let request = LaunchRequest { user_id: "ada".into(), request_id: None, script: script.into(), args: json!({}) };
         let id = workflows.launch(request).await.expect("launch").run_id;
         eventually(Duration::from_secs(10), "the child run started", async || {
-            view(&node, &id).await.steps.first().is_some_and(|s| s.status == "running")
+            view(&node, &id).await.steps.first().is_some_and(|s| s.status.as_str() == "running")
         })
         .await;
         let run_id = view(&node, &id).await.steps[0].data["run_id"].as_str().expect("run").to_owned();
@@ -455,7 +455,7 @@ on_both_backends! {
         let run = node.node.runs().get(&run_id).await.expect("read").expect("run");
         assert_eq!(run.status, store::RunStatus::Interrupted);
         let done = view(&node, &id).await;
-        assert_eq!(done.steps[0].status, "cancelled");
+        assert_eq!(done.steps[0].status.as_str(), "cancelled");
         assert!(done.controls.iter().all(|c| c.applied));
         assert_eq!(node.node.store().health().await.map(|h| h.schema_current).ok(), Some(true));
 
@@ -501,7 +501,7 @@ on_both_backends! {
         assert_eq!((first.len(), sorted), (2, expected), "two pages covering exactly ada's, no repeats");
         assert!(!listed.contains(&bob));
         let cancelled = workflows.list(store::ListFilter {
-            status: Some(store::StatusFilter::Stored("cancelled".into())), limit: 10,
+            status: Some(store::StatusFilter::Stored(store::WorkflowStatus::Cancelled)), limit: 10,
             ..Default::default() }).await.expect("list");
         assert_eq!(cancelled.iter().map(|w| w.row.workflow_id.as_str()).collect::<Vec<_>>(), vec![ada[0].as_str()]);
     }
@@ -524,7 +524,7 @@ on_both_backends! {
         let completed = launch(owner.node.workflows()).await;
         for id in [&retried, &completed] {
             eventually(Duration::from_secs(10), "the child run started", async || {
-                view(&owner, id).await.steps.first().is_some_and(|s| s.status == "running")
+                view(&owner, id).await.steps.first().is_some_and(|s| s.status.as_str() == "running")
             })
             .await;
         }
@@ -553,7 +553,7 @@ on_both_backends! {
         wait_for_status(&heir, &completed, "completed").await;
 
         let done = view(&heir, &retried).await;
-        let attempts: Vec<(i32, String)> = done.steps.iter().map(|s| (s.attempt, s.status.clone())).collect();
+        let attempts: Vec<(i32, String)> = done.steps.iter().map(|s| (s.attempt, s.status.as_str().to_owned())).collect();
         assert_eq!(attempts, vec![(1, "cancelled".to_owned()), (2, "completed".to_owned())],
             "the old attempt stays on record beside the new one, closed");
         assert_eq!(done.row.data["result"]["output"], json!("done"));
@@ -624,8 +624,8 @@ on_both_backends! {
         };
         eventually(Duration::from_secs(15), "four children run and two queue", async || {
             let all = statuses().await;
-            all.iter().filter(|s| *s == "running").count() == 4
-                && all.iter().filter(|s| *s == "queued").count() == 2
+            all.iter().filter(|s| **s == store::StepStatus::Running).count() == 4
+                && all.iter().filter(|s| **s == store::StepStatus::Queued).count() == 2
         })
         .await;
         // A sequential call is journaled by its admission; with no slot free it is journaled
@@ -637,7 +637,7 @@ on_both_backends! {
                 return first.output + second.output;"#.into() };
         let bob = workflows.launch(sequential).await.expect("launch").run_id;
         eventually(Duration::from_secs(15), "the sequential call queues", async || {
-            view(&node, &bob).await.steps.iter().any(|s| s.step_id == "first" && s.status == "queued")
+            view(&node, &bob).await.steps.iter().any(|s| s.step_id == "first" && s.status.as_str() == "queued")
         })
         .await;
         // Over the per-owner limit while those three are live: two more launches, one refused.
@@ -721,7 +721,7 @@ on_both_backends! {
         let request = LaunchRequest { user_id: "ada".into(), request_id: None, script: script.into(), args: json!({}) };
         let id = owner.node.workflows().launch(request).await.expect("launch").run_id;
         eventually(Duration::from_secs(10), "the child run started", async || {
-            view(&owner, &id).await.steps.first().is_some_and(|s| s.status == "running")
+            view(&owner, &id).await.steps.first().is_some_and(|s| s.status.as_str() == "running")
         })
         .await;
         let run_id = view(&owner, &id).await.steps[0].data["run_id"].as_str().expect("run").to_owned();
@@ -733,10 +733,10 @@ on_both_backends! {
         wait_for_status(&heir, &id, "cancelled").await;
         let done = view(&heir, &id).await;
         assert_eq!(done.steps.len(), 1, "the body ran again");
-        assert_eq!(done.steps[0].status, "cancelled");
+        assert_eq!(done.steps[0].status.as_str(), "cancelled");
         assert!(done.controls.iter().all(|c| c.applied));
         let run = heir.node.runs().get(&run_id).await.expect("read").expect("run");
-        assert!(run.status.is_terminal(), "{run:?}");
+        assert!(run.status.is_final(), "{run:?}");
     }
 }
 
@@ -797,7 +797,7 @@ on_both_backends! {
         let id = workflows.launch(request).await.expect("launch").run_id;
         eventually(Duration::from_secs(10), "the three child runs started", async || {
             let steps = view(&node, &id).await.steps;
-            steps.len() == 3 && steps.iter().all(|s| s.status == "running")
+            steps.len() == 3 && steps.iter().all(|s| s.status.as_str() == "running")
         })
         .await;
         let mut held = Vec::new();

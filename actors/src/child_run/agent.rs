@@ -425,7 +425,7 @@ impl Actor for ChildAgent {
             }
             ChildMsg::RefusalChecked { attempt, row } => {
                 if let Ok(Some(row)) = row.as_ref()
-                    && !row.status.is_terminal()
+                    && !row.status.is_final()
                     && row.owner_worker_id.as_deref() == Some(state.worker_id.as_str())
                     && let Some(action) = row.cancel_action
                 {

@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use store::{
     Change, ControlRow, ControlWrite, Epoch, Launch, LaunchLimits, NewControl, NewWorkflow,
-    StepRow, TakeOver, WorkflowRow, WorkflowStatus, WriteOp,
+    StepRow, StepStatus, TakeOver, WorkflowRow, WorkflowStatus, WriteOp,
 };
 use tokio::sync::broadcast;
 use tokio::time::Instant;
@@ -1046,7 +1046,7 @@ pub(super) fn reconcile_writes(
             Resolution::Complete(_) => "complete",
         },
     });
-    let settled = |status: &str, outcome: runtime::Outcome| {
+    let settled = |status: StepStatus, outcome: runtime::Outcome| {
         let mut data = step.data.clone();
         data["outcome"] = serde_json::to_value(Some(outcome)).unwrap_or(Value::Null);
         data["settled_at_ms"] = json!(now_ms);
@@ -1057,7 +1057,7 @@ pub(super) fn reconcile_writes(
             step_id: step.step_id.clone(),
             attempt: step.attempt,
             kind: step.kind.clone(),
-            status: status.to_owned(),
+            status,
             data,
         }
     };
@@ -1068,7 +1068,7 @@ pub(super) fn reconcile_writes(
     let mut ops = match &request.resolution {
         Resolution::Fail => vec![
             settled(
-                "failed",
+                StepStatus::Failed,
                 runtime::Outcome::Rejected(json!({
                     "message": format!("reconciled as failed: {}", request.reason),
                     "status": "error",
@@ -1079,7 +1079,7 @@ pub(super) fn reconcile_writes(
         ],
         Resolution::Complete(output) => vec![
             settled(
-                "completed",
+                StepStatus::Completed,
                 runtime::Outcome::Resolved(json!({
                     "output": output,
                     "status": "success",
@@ -1102,7 +1102,7 @@ pub(super) fn reconcile_writes(
                     step_id: step.step_id.clone(),
                     attempt: step.attempt,
                     kind: step.kind.clone(),
-                    status: "cancelled".into(),
+                    status: StepStatus::Cancelled,
                     data: old,
                 },
                 WriteOp::PutStep {
@@ -1111,7 +1111,7 @@ pub(super) fn reconcile_writes(
                     step_id: step.step_id.clone(),
                     attempt: step.attempt + 1,
                     kind: step.kind.clone(),
-                    status: "queued".into(),
+                    status: StepStatus::Queued,
                     data: json!({
                         "args": step.data["args"],
                         "reconciled": record,
@@ -1276,8 +1276,7 @@ impl WorkflowsHandle {
             return Ok(None);
         };
         let row = snapshot.row;
-        let recoverable = WorkflowStatus::parse(&row.status)
-            .is_some_and(WorkflowStatus::holds_place)
+        let recoverable = row.status.holds_place()
             && snapshot
                 .lease
                 .as_ref()

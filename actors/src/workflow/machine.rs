@@ -27,8 +27,8 @@ use runtime::{Activation, CallId, CallKind, Command, JournalEntry, Outcome, Stat
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use store::{
-    ControlRow, ControlWrite, Fence, NewControl, RunRow, RunStatus, StepRow, WorkflowStatus,
-    WriteOp,
+    ControlRow, ControlWrite, Fence, NewControl, RunRow, RunStatus, StepRow, StepStatus,
+    WorkflowStatus, WriteOp,
 };
 
 use super::journal::{UnreadableJournal, newest_attempts};
@@ -55,44 +55,6 @@ pub(crate) fn store_backoff(attempt: u32) -> Duration {
     STORE_RETRY_FIRST
         .saturating_mul(1u32 << attempt.saturating_sub(1).min(10))
         .min(STORE_RETRY_MAX)
-}
-
-/// A journal entry's status (`workflow_steps.status`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum StepStatus {
-    /// An agent call waiting for a slot (its admission not yet made).
-    Queued,
-    /// Begun: its child run admitted, or waiting for a person, a capture or a read.
-    Running,
-    Completed,
-    Failed,
-    /// Ended by a cancellation, or left behind by a failed `parallel`.
-    Cancelled,
-}
-
-impl StepStatus {
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            StepStatus::Queued => "queued",
-            StepStatus::Running => "running",
-            StepStatus::Completed => "completed",
-            StepStatus::Failed => "failed",
-            StepStatus::Cancelled => "cancelled",
-        }
-    }
-
-    /// The status a stored string names, if any.
-    pub(crate) fn parse(stored: &str) -> Option<Self> {
-        [
-            StepStatus::Queued,
-            StepStatus::Running,
-            StepStatus::Completed,
-            StepStatus::Failed,
-            StepStatus::Cancelled,
-        ]
-        .into_iter()
-        .find(|status| status.as_str() == stored)
-    }
 }
 
 /// What a control asks of a workflow (`workflow_controls.kind`).
@@ -667,7 +629,7 @@ impl WorkflowMachine {
                 ..
             } => {
                 if let Ok(Some(row)) = result
-                    && row.status.is_terminal()
+                    && row.status.is_final()
                 {
                     self.child_ended_while_cancelling(&mut out, id, row);
                 }
@@ -770,7 +732,7 @@ impl WorkflowMachine {
             step_id: entry.step_id.clone(),
             attempt: self.attempt(entry.seq),
             kind: entry.kind.as_str().to_owned(),
-            status: status.as_str().to_owned(),
+            status,
             data,
         }
     }
@@ -1183,7 +1145,7 @@ impl WorkflowMachine {
                 self.detached.insert(id, (Some(row.run_id), command));
                 out.push(Effect::FollowChild { id });
             }
-            Admission::Existing(row) if !row.status.is_terminal() => {
+            Admission::Existing(row) if !row.status.is_final() => {
                 out.push(Effect::CancelChildren {
                     run_ids: vec![row.run_id],
                     awaited: false,
@@ -1434,7 +1396,7 @@ impl WorkflowMachine {
                 );
                 self.reconcile_needed(out, why, now);
             }
-            Admission::Existing(row) if row.status.is_terminal() => {
+            Admission::Existing(row) if row.status.is_final() => {
                 self.waiting.insert(id, (Waiting::Child(None), command));
                 self.adopt(out, id, row, now);
             }
@@ -1535,7 +1497,7 @@ impl WorkflowMachine {
     ) {
         match row {
             Ok(Some(row))
-                if row.status.is_terminal()
+                if row.status.is_final()
                     && row.stop_reason.as_deref() != Some("orphan_recovered") =>
             {
                 self.adopt(out, id, row, now);
@@ -1900,7 +1862,7 @@ impl WorkflowMachine {
             ) else {
                 continue;
             };
-            if StepStatus::parse(&step.status) != Some(StepStatus::Running) {
+            if step.status != StepStatus::Running {
                 continue;
             }
             let command = Command {
@@ -2305,7 +2267,7 @@ mod tests {
     }
 
     #[test]
-    fn control_kinds_and_step_statuses_read_back_from_their_stored_text() {
+    fn control_kinds_read_back_from_their_stored_text() {
         for kind in [
             ControlKind::Resume,
             ControlKind::Decide,
@@ -2314,11 +2276,6 @@ mod tests {
             assert_eq!(ControlKind::parse(kind.as_str()), Some(kind));
         }
         assert_eq!(ControlKind::parse("approve"), None);
-        for status in ["queued", "running", "completed", "failed", "cancelled"] {
-            let parsed = StepStatus::parse(status).expect("a step status");
-            assert_eq!(parsed.as_str(), status);
-        }
-        assert_eq!(StepStatus::parse("done"), None);
     }
 
     #[test]
@@ -2432,7 +2389,7 @@ mod tests {
             step_id: "a".into(),
             attempt,
             kind: "agent".into(),
-            status: "running".into(),
+            status: StepStatus::Running,
             data,
             created_at: 0.0,
         };
@@ -3140,7 +3097,7 @@ mod tests {
             step_id: "a".into(),
             attempt: 1,
             kind: "agent".into(),
-            status: "running".into(),
+            status: StepStatus::Running,
             data: json!({"args": {"agentRef": "echo"}, "run_id": "run-old"}),
             created_at: 0.0,
         };

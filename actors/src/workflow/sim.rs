@@ -47,8 +47,8 @@ use runtime::{CallId, Status, Vm};
 use serde_json::{Value, json};
 use store::{
     CancelAction, ControlWrite, Controls, Fence, LaunchLimits, Leases, NewControl, NewRun,
-    NewWorkflow, Purpose, RunOutcome, RunRow, RunStatus, Runs, SimClock, SimStore, TakeOver,
-    Versions, WorkflowStatus, WorkflowStep, Workflows, WriteOp,
+    NewWorkflow, Purpose, RunOutcome, RunRow, RunStatus, Runs, SimClock, SimStore, StepStatus,
+    TakeOver, Versions, WorkflowStatus, WorkflowStep, Workflows, WriteOp,
 };
 
 use super::front_door::{ReconcileRequest, Resolution, reconcile_writes};
@@ -209,8 +209,9 @@ struct Reconciled {
 enum Ending {
     Completed(Value),
     Failed(Value),
-    /// Live, cancelled or waiting for an operator: its status and data.
-    Other(String, Value),
+    /// Live, cancelled or waiting for an operator: its status (`None`: the row is missing) and
+    /// data.
+    Other(Option<WorkflowStatus>, Value),
 }
 
 /// Which faults a run injects.
@@ -761,11 +762,11 @@ impl Sim {
     fn settled(&self) -> bool {
         self.workflows.keys().all(|workflow_id| {
             match now_or_never(self.store.read_workflow(workflow_id)) {
-                Ok(Some(row)) => WorkflowStatus::parse(&row.status).is_some_and(|status| {
-                    status.is_final()
-                        || (status == WorkflowStatus::NeedsReconciliation
+                Ok(Some(row)) => {
+                    row.status.is_final()
+                        || (row.status == WorkflowStatus::NeedsReconciliation
                             && !self.operator_may_reconcile(workflow_id))
-                }),
+                }
                 _ => false,
             }
         })
@@ -1407,7 +1408,7 @@ impl Sim {
             };
             let owner = self.nodes[child.node].name.clone();
             if let Ok(Some(row)) = now_or_never(self.store.read_run(run_id))
-                && !row.status.is_terminal()
+                && !row.status.is_final()
                 && row.owner_worker_id.as_deref() == Some(owner.as_str())
                 && let Some(action) = row.cancel_action
             {
@@ -1677,7 +1678,9 @@ impl Sim {
         let Ok(Some(row)) = now_or_never(self.store.read_workflow(workflow_id)) else {
             return;
         };
-        if row.status != "needs_reconciliation" || !self.operator_may_reconcile(workflow_id) {
+        if row.status != WorkflowStatus::NeedsReconciliation
+            || !self.operator_may_reconcile(workflow_id)
+        {
             return;
         }
         let alive: Vec<usize> = (0..self.nodes.len())
@@ -1819,7 +1822,7 @@ impl Sim {
                     self.answer_agent(&step);
                     continue;
                 }
-                if step.status != "running" {
+                if step.status != StepStatus::Running {
                     continue;
                 }
                 let (kind, body) = match step.kind.as_str() {
@@ -1950,14 +1953,14 @@ impl Sim {
                     .ok()
                     .flatten();
                 let ending = match row {
-                    Some(row) if row.status == "completed" => {
+                    Some(row) if row.status == WorkflowStatus::Completed => {
                         Ending::Completed(row.data["result"].clone())
                     }
-                    Some(row) if row.status == "failed" => {
+                    Some(row) if row.status == WorkflowStatus::Failed => {
                         Ending::Failed(row.data["error"].clone())
                     }
-                    Some(row) => Ending::Other(row.status, row.data),
-                    None => Ending::Other("missing".into(), Value::Null),
+                    Some(row) => Ending::Other(Some(row.status), row.data),
+                    None => Ending::Other(None, Value::Null),
                 };
                 (workflow_id.clone(), ending)
             })
@@ -2001,7 +2004,7 @@ impl Sim {
             self.stats.workflows += 1;
             match &ending {
                 Ending::Completed(_) => self.stats.completed += 1,
-                Ending::Other(status, _) if status == "needs_reconciliation" => {
+                Ending::Other(Some(WorkflowStatus::NeedsReconciliation), _) => {
                     self.stats.needs_reconciliation += 1;
                 }
                 _ => {}
@@ -2039,7 +2042,7 @@ impl Sim {
                         ));
                     }
                 }
-                Ending::Other(status, data) if status == "needs_reconciliation" => {
+                Ending::Other(Some(WorkflowStatus::NeedsReconciliation), data) => {
                     if data["reconciliation"]["reason"].as_str().is_none() {
                         self.violation(format!(
                             "{workflow_id} needs reconciliation for no recorded reason"
@@ -2051,7 +2054,7 @@ impl Sim {
                         ));
                     }
                 }
-                Ending::Other(status, _) if status == "cancelled" => {
+                Ending::Other(Some(WorkflowStatus::Cancelled), _) => {
                     // Only its timeout cancels a workflow here.
                     let controls =
                         now_or_never(self.store.read_controls(&workflow_id)).unwrap_or_default();
@@ -2068,7 +2071,8 @@ impl Sim {
                 }
                 Ending::Other(status, _) => {
                     self.violation(format!(
-                        "{workflow_id} is stuck {status} after {BOUND_MS} ms"
+                        "{workflow_id} is stuck {} after {BOUND_MS} ms",
+                        status.map_or("missing", WorkflowStatus::as_str)
                     ));
                 }
             }
@@ -2092,7 +2096,7 @@ impl Sim {
             // A retry closed the attempt it settled and queued the next one.
             let recorded = settled.is_some_and(|settled| {
                 made.resolution != Resolution::Retry
-                    || (settled.status == "cancelled"
+                    || (settled.status == StepStatus::Cancelled
                         && steps.iter().any(|step| {
                             step.step_id == made.step_id && step.attempt == settled.attempt + 1
                         }))
@@ -2133,7 +2137,7 @@ impl Sim {
                     step.data["args"]["artifactVersion"]
                 ));
             }
-            if step.status == "completed"
+            if step.status == StepStatus::Completed
                 && step.data["outcome"]["value"]["decision"] != control.body["decision"]
             {
                 self.violation(format!(
@@ -2145,7 +2149,7 @@ impl Sim {
         let applied = decided.iter().filter(|control| control.applied).count();
         let completed = steps
             .iter()
-            .filter(|step| step.kind == "humanCheckpoint" && step.status == "completed")
+            .filter(|step| step.kind == "humanCheckpoint" && step.status == StepStatus::Completed)
             .count();
         if applied != completed {
             self.violation(format!(

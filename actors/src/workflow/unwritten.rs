@@ -10,7 +10,7 @@
 use runtime::CallKind;
 use store::WriteOp;
 
-use super::machine::StepStatus;
+use store::StepStatus;
 
 /// A step whose journal write became durable.
 #[derive(Debug, Clone)]

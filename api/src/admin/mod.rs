@@ -210,7 +210,9 @@ async fn run(context: &AdminContext, request: Request) -> Result<Value, String> 
         Request::Reconciliations => {
             let filter = store::ListFilter {
                 user_id: None,
-                status: Some(store::StatusFilter::Stored("needs_reconciliation".into())),
+                status: Some(store::StatusFilter::Stored(
+                    store::WorkflowStatus::NeedsReconciliation,
+                )),
                 request_id: None,
                 after: None,
                 limit: RECONCILIATIONS_LISTED_MAX,

@@ -248,7 +248,9 @@ pub async fn launch(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
         .store()
         .read_workflow(&launched.run_id)
         .await?
-        .map_or_else(|| "running".to_owned(), |row| row.status);
+        .map_or(WorkflowStatus::Running, |row| row.status)
+        .as_str()
+        .to_owned();
     Ok(json_reply(
         status,
         LaunchAnswer::Launched(LaunchReply {
@@ -264,15 +266,15 @@ pub async fn list(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
     let status = match ctx.query("status") {
         None => None,
         Some(status) if status == "recoverable" => Some(store::StatusFilter::Recoverable),
-        Some(status) if WorkflowStatus::parse(&status).is_some() => {
-            Some(store::StatusFilter::Stored(status))
-        }
-        Some(status) => {
-            return Err(ApiError::bad_request(format!(
-                "query `status` {status:?} is not one of {}, recoverable",
-                WorkflowStatus::ALL.map(WorkflowStatus::as_str).join(", ")
-            )));
-        }
+        Some(status) => match WorkflowStatus::parse(&status) {
+            Some(stored) => Some(store::StatusFilter::Stored(stored)),
+            None => {
+                return Err(ApiError::bad_request(format!(
+                    "query `status` {status:?} is not one of {}, recoverable",
+                    WorkflowStatus::ALL.map(WorkflowStatus::as_str).join(", ")
+                )));
+            }
+        },
     };
     let after = ctx.query("after").map(|c| parse_cursor(&c)).transpose()?;
     let request_id = ctx.query("request_id");
@@ -589,9 +591,9 @@ fn run_body(ctx: &Ctx<'_>) -> Result<String, ApiError> {
 pub async fn cancel(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
     let run_id = run_body(ctx)?;
     let row = owned_row(ctx, &run_id, Act::Control).await?;
-    match row.status.as_str() {
-        "cancelled" => return Ok(status_reply(run_id, row.status)),
-        "completed" | "failed" => {
+    match row.status {
+        WorkflowStatus::Cancelled => return Ok(status_reply(run_id, row.status.as_str())),
+        WorkflowStatus::Completed | WorkflowStatus::Failed => {
             return Err(ApiError::refused(format!(
                 "the workflow is {}: there is nothing to cancel",
                 row.status
@@ -608,23 +610,28 @@ pub async fn cancel(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
     let store = ctx.state.node.store();
     let mut over = false;
     loop {
-        let status = store
-            .read_workflow(&run_id)
-            .await?
-            .map_or_else(|| "deleted".to_owned(), |row| row.status);
-        let settled = matches!(
-            status.as_str(),
-            "cancelled" | "completed" | "failed" | "needs_reconciliation" | "deleted"
-        );
+        let status = store.read_workflow(&run_id).await?.map(|row| row.status);
+        let settled = status.is_none_or(|status| {
+            status.is_final() || status == WorkflowStatus::NeedsReconciliation
+        });
         if settled || over {
-            return Ok(status_reply(run_id, status));
+            return Ok(status_reply(
+                run_id,
+                status.map_or("deleted", WorkflowStatus::as_str),
+            ));
         }
         over = !watch.changed(deadline).await;
     }
 }
 
-fn status_reply(run_id: String, status: String) -> Reply {
-    json_reply(StatusCode::OK, StatusReply { run_id, status })
+fn status_reply(run_id: String, status: &str) -> Reply {
+    json_reply(
+        StatusCode::OK,
+        StatusReply {
+            run_id,
+            status: status.to_owned(),
+        },
+    )
 }
 
 pub async fn recover(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
@@ -633,7 +640,7 @@ pub async fn recover(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
     owned_row(ctx, &run_id, Act::Control).await?;
     ctx.state.node.workflows().recover(&run_id).await?;
     let row = owned_row(ctx, &run_id, Act::Control).await?;
-    Ok(status_reply(run_id, row.status))
+    Ok(status_reply(run_id, row.status.as_str()))
 }
 
 pub async fn reconcile(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
@@ -674,7 +681,7 @@ pub async fn reconcile(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
         })
         .await?;
     let row = owned_row(ctx, &run_id, Act::Control).await?;
-    Ok(status_reply(run_id, row.status))
+    Ok(status_reply(run_id, row.status.as_str()))
 }
 
 pub async fn delete(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {

@@ -4,7 +4,7 @@ use tokio_postgres::Row;
 
 use super::PgStore;
 use crate::lease::ttl_seconds;
-use crate::{EventPage, EventRow, Result};
+use crate::{EventPage, EventRow, Result, WorkflowStatus};
 
 fn event(row: &Row, first: usize) -> EventRow {
     EventRow {
@@ -44,7 +44,7 @@ impl PgStore {
             return Ok(None);
         };
         Ok(Some(EventPage {
-            status: first.get(0),
+            status: WorkflowStatus::read(first.get(0), workflow_id)?,
             last_seq: first.get(1),
             events: rows
                 .iter()

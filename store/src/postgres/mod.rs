@@ -16,7 +16,7 @@ use crate::changes::{AbortOnDrop, CHANGES_CHANNEL_SQL, Change, Changes, listen_b
 use crate::lease::{Fence, Lease, ttl_seconds};
 use crate::migrations::{self, MigrationReport, PG_MIGRATION_LOCK};
 use crate::write::{ArtifactInfo, ArtifactRow, Snapshot, StepRow, WorkflowRow, WriteOp};
-use crate::{Error, NodeRecord, Result, StoreOptions};
+use crate::{Error, NodeRecord, Result, StepStatus, StoreOptions, WorkflowStatus};
 
 mod events;
 mod operators;
@@ -689,7 +689,7 @@ async fn workflow_in(
         )
         .await?;
     let row = client.query_opt(&statement, &[&workflow_id]).await?;
-    Ok(row.map(|row| {
+    row.map(|row| {
         let lease = row.get::<_, Option<String>>(7).map(|owner| Lease {
             resource_id: workflow_id.to_owned(),
             owner,
@@ -699,15 +699,16 @@ async fn workflow_in(
         let workflow = WorkflowRow {
             workflow_id: workflow_id.to_owned(),
             user_id: row.get(0),
-            status: row.get(1),
+            status: WorkflowStatus::read(row.get(1), workflow_id)?,
             owner: row.get(2),
             fingerprint: row.get(3),
             data: row.get(4),
             created_at: row.get(5),
             updated_at: row.get(6),
         };
-        (workflow, lease, row.get(10))
-    }))
+        Ok((workflow, lease, row.get(10)))
+    })
+    .transpose()
 }
 
 async fn artifacts_in(client: &impl GenericClient, workflow_id: &str) -> Result<Vec<ArtifactInfo>> {
@@ -739,18 +740,20 @@ async fn steps_in(client: &impl GenericClient, workflow_id: &str) -> Result<Vec<
         )
         .await?;
     let rows = client.query(&statement, &[&workflow_id]).await?;
-    Ok(rows
-        .iter()
-        .map(|row| StepRow {
-            seq: row.get(5),
-            step_id: row.get(0),
-            attempt: row.get(1),
-            kind: row.get(2),
-            status: row.get(3),
-            data: row.get(4),
-            created_at: row.get(6),
+    rows.iter()
+        .map(|row| {
+            let seq = row.get(5);
+            Ok(StepRow {
+                seq,
+                step_id: row.get(0),
+                attempt: row.get(1),
+                kind: row.get(2),
+                status: StepStatus::read(row.get(3), workflow_id, seq)?,
+                data: row.get(4),
+                created_at: row.get(6),
+            })
         })
-        .collect())
+        .collect()
 }
 
 /// The change listener: one connection of its own (never the pool's) that `LISTEN`s, hands

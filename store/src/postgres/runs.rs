@@ -11,10 +11,10 @@ use super::{PgStore, begin_error, commit_error, fenced_error, op_params, op_sql}
 use crate::lease::ttl_seconds;
 use crate::runs::run_columns;
 use crate::runs::{
-    Admission, ApprovalAnswer, CancelAction, NewRun, RunOutcome, RunRenewal, RunRow, RunStatus,
-    answered, pending_answer, pending_request_id, replay, status_after_answer,
+    Admission, ApprovalAnswer, CancelAction, NewRun, RunOutcome, RunRenewal, RunRow, answered,
+    pending_answer, pending_request_id, replay, status_after_answer,
 };
-use crate::{Error, Result};
+use crate::{Error, Result, RunStatus};
 
 /// `SELECT <run columns> FROM runs` followed by the given clauses, as one literal (SQL is never
 /// formatted per call).
@@ -29,14 +29,15 @@ macro_rules! select_run {
 // across the cluster, and two admissions wait on each other only for the same number.
 
 fn decode(row: &Row) -> Result<RunRow> {
+    let run_id: String = row.get(0);
     Ok(RunRow {
-        run_id: row.get(0),
+        status: RunStatus::read(row.get(6), &run_id)?,
+        run_id,
         thread_id: row.get(1),
         workflow: row.get(2),
         step_id: row.get(3),
         attempt: row.get(4),
         agent: row.get(5),
-        status: RunStatus::parse(row.get(6))?,
         owner_worker_id: row.get(7),
         lease_expires_at: row.get(8),
         cancel_action: row
@@ -264,7 +265,10 @@ impl PgStore {
                     .get::<_, Option<&str>>(2)
                     .map(CancelAction::parse)
                     .transpose()?,
-                answer: pending_answer(RunStatus::parse(row.get(3))?, &row.get::<_, Value>(4)),
+                answer: pending_answer(
+                    RunStatus::read(row.get(3), run_id)?,
+                    &row.get::<_, Value>(4),
+                ),
             })),
             None => {
                 drop(client);

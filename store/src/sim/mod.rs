@@ -24,7 +24,7 @@ use crate::lease::ttl_seconds;
 use crate::write::{ArtifactRow, StepRow, WorkflowRow, WriteOp};
 use crate::{
     ControlRow, Epoch, Error, EventPage, EventRow, Fence, Lease, MigrationReport, Result, RunRow,
-    RunStatus, SCHEMA_VERSION, SlotRow,
+    RunStatus, SCHEMA_VERSION, SlotRow, StepStatus, WorkflowStatus,
 };
 
 /// The simulated clock: epoch milliseconds that move only when the caller moves them.
@@ -205,7 +205,13 @@ impl State {
     }
 
     /// A status event, which is also one of the feed.
-    fn status_event(&mut self, workflow_id: &str, status: &str, previous: Option<&str>, now: f64) {
+    fn status_event(
+        &mut self,
+        workflow_id: &str,
+        status: WorkflowStatus,
+        previous: Option<WorkflowStatus>,
+        now: f64,
+    ) {
         self.feed_seq += 1;
         let feed_seq = self.feed_seq;
         self.event(
@@ -224,12 +230,12 @@ impl State {
     }
 
     /// Sets a workflow's status (with its event when it changes).
-    fn set_status(&mut self, workflow_id: &str, status: &str, now: f64) -> Result<()> {
+    fn set_status(&mut self, workflow_id: &str, status: WorkflowStatus, now: f64) -> Result<()> {
         let workflow = self.workflow_mut(workflow_id)?;
-        let previous = std::mem::replace(&mut workflow.row.status, status.to_owned());
+        let previous = std::mem::replace(&mut workflow.row.status, status);
         workflow.row.updated_at = now;
         if previous != status {
-            self.status_event(workflow_id, status, Some(&previous), now);
+            self.status_event(workflow_id, status, Some(previous), now);
         }
         Ok(())
     }
@@ -238,8 +244,8 @@ impl State {
     /// `checkpoint_waiting` when running, `step_finished` when it ended).
     fn step_status_events(&mut self, workflow_id: &str, step: &Step, now: f64) {
         let row = &step.row;
-        match row.status.as_str() {
-            "running" => {
+        match row.status {
+            StepStatus::Running => {
                 let (kind, data) = match row.kind.as_str() {
                     "pause" => ("pause_waiting", step_fields(row)),
                     "humanCheckpoint" => {
@@ -251,7 +257,7 @@ impl State {
                 };
                 self.event(workflow_id, kind, data, now);
             }
-            "completed" | "failed" | "cancelled" => {
+            status if status.is_final() => {
                 let run_id = match &row.data["run_id"] {
                     Value::Null => row.data["outcome"]["value"]["runId"].clone(),
                     id => id.clone(),
@@ -317,7 +323,7 @@ impl State {
     /// changes all or nothing. (No change creates or deletes a workflow; only artifact versions
     /// and, through statuses, the places under the limits change along the list.)
     fn check_ops(&self, ops: &[WriteOp]) -> Result<()> {
-        let mut statuses: BTreeMap<&str, &str> = BTreeMap::new();
+        let mut statuses: BTreeMap<&str, WorkflowStatus> = BTreeMap::new();
         let mut versions: Vec<(&str, i64)> = Vec::new();
         for op in ops {
             match op {
@@ -327,7 +333,7 @@ impl State {
                     ..
                 } => {
                     self.exists(workflow_id)?;
-                    statuses.insert(workflow_id, status.as_str());
+                    statuses.insert(workflow_id, *status);
                 }
                 WriteOp::PutStep { workflow_id, .. } | WriteOp::PutLogs { workflow_id, .. } => {
                     self.exists(workflow_id)?;
@@ -372,7 +378,7 @@ impl State {
         user_id: &str,
         max_workflows: i64,
         max_workflows_per_owner: i64,
-        statuses: &BTreeMap<&str, &str>,
+        statuses: &BTreeMap<&str, WorkflowStatus>,
     ) -> Result<()> {
         let counted = |user: Option<&str>| {
             let count = self
@@ -380,9 +386,8 @@ impl State {
                 .values()
                 .filter(|workflow| {
                     let id = workflow.row.workflow_id.as_str();
-                    let status = statuses.get(id).copied().unwrap_or(&workflow.row.status);
-                    crate::COUNTED_STATUSES.contains(&status)
-                        && user.is_none_or(|user| workflow.row.user_id == user)
+                    let status = statuses.get(id).copied().unwrap_or(workflow.row.status);
+                    status.holds_place() && user.is_none_or(|user| workflow.row.user_id == user)
                 })
                 .count();
             i64::try_from(count).unwrap_or(i64::MAX)
@@ -406,7 +411,7 @@ impl State {
                 data,
             } => {
                 self.workflow_mut(workflow_id)?.row.data = data.clone();
-                self.set_status(workflow_id, status.as_str(), now)?;
+                self.set_status(workflow_id, *status, now)?;
             }
             WriteOp::PutStep {
                 workflow_id,
@@ -422,7 +427,7 @@ impl State {
                 step_id,
                 *attempt,
                 kind,
-                status,
+                *status,
                 data,
                 now,
             )?,
@@ -471,7 +476,7 @@ impl State {
             } => {
                 let key = format!("{workflow_id}/{step_id}/{attempt}");
                 self.change_runs(
-                    |run| run.idempotency_key.as_deref() == Some(&key) && !run.status.is_terminal(),
+                    |run| run.idempotency_key.as_deref() == Some(&key) && !run.status.is_final(),
                     |run| {
                         run.status = RunStatus::Interrupted;
                         run.stop_reason = Some("reconciled".into());
@@ -483,7 +488,7 @@ impl State {
             WriteOp::CancelRuns { workflow_id } => self.change_runs(
                 |run| {
                     run.workflow.as_deref() == Some(workflow_id)
-                        && !run.status.is_terminal()
+                        && !run.status.is_final()
                         && run.cancel_action.is_none()
                 },
                 runs::ask_to_cancel(crate::CancelAction::Interrupt),
@@ -536,7 +541,7 @@ impl State {
         step_id: &str,
         attempt: i32,
         kind: &str,
-        status: &str,
+        status: StepStatus,
         data: &Value,
         now: f64,
     ) -> Result<()> {
@@ -550,7 +555,7 @@ impl State {
                 step_id: step_id.to_owned(),
                 attempt,
                 kind: kind.to_owned(),
-                status: status.to_owned(),
+                status,
                 data: data.clone(),
                 created_at: previous.as_ref().map_or(now, |step| step.row.created_at),
             },
@@ -605,7 +610,7 @@ impl State {
             .workflows
             .values()
             .filter(|workflow| {
-                crate::COUNTED_STATUSES.contains(&workflow.row.status.as_str())
+                workflow.row.status.holds_place()
                     && user_id.is_none_or(|user| workflow.row.user_id == user)
             })
             .count();
@@ -768,7 +773,7 @@ impl crate::Events for SimStore {
                     .take(limit as usize)
                     .map(|event| event.row.clone())
                     .collect(),
-                status: workflow.row.status.clone(),
+                status: workflow.row.status,
                 last_seq: workflow.event_seq,
             }))
         })

@@ -21,11 +21,6 @@ pub(super) fn ask_to_cancel(action: CancelAction) -> impl Fn(&mut RunRow) {
     }
 }
 
-/// Whether a run holds its thread's one active place (`pending` or `running`).
-fn active(status: RunStatus) -> bool {
-    matches!(status, RunStatus::Pending | RunStatus::Running)
-}
-
 impl State {
     fn admit(&mut self, run: NewRun, now: f64) -> Result<Admission> {
         if let Some(step) = &run.step {
@@ -70,7 +65,7 @@ impl State {
         let thread_busy = self
             .runs
             .values()
-            .any(|row| row.thread_id == run.thread_id && active(row.status));
+            .any(|row| row.thread_id == run.thread_id && row.status.is_active());
         if thread_busy || self.runs.contains_key(&run.run_id) {
             return Err(Error::Conflict(format!(
                 "thread {:?} already has an active run",
@@ -139,12 +134,12 @@ impl State {
         change(&mut after);
         after.revision += 1;
         after.updated_at = now;
-        if active(after.status)
-            && !active(before.status)
+        if after.status.is_active()
+            && !before.status.is_active()
             && self.runs.values().any(|other| {
                 other.run_id != after.run_id
                     && other.thread_id == after.thread_id
-                    && active(other.status)
+                    && other.status.is_active()
             })
         {
             return Err(Error::Conflict(format!(
@@ -209,7 +204,9 @@ impl State {
         let orphans: Vec<String> = self
             .runs
             .values()
-            .filter(|run| active(run.status) && run.lease_expires_at.is_some_and(|at| at <= now))
+            .filter(|run| {
+                run.status.is_active() && run.lease_expires_at.is_some_and(|at| at <= now)
+            })
             .take(limit as usize)
             .map(|run| run.run_id.clone())
             .collect();
@@ -249,7 +246,7 @@ impl State {
 
 /// Whether `owner` owns a live run.
 fn owned_live(run: &RunRow, owner: &str) -> bool {
-    run.owner_worker_id.as_deref() == Some(owner) && !run.status.is_terminal()
+    run.owner_worker_id.as_deref() == Some(owner) && !run.status.is_final()
 }
 
 impl crate::Runs for SimStore {
@@ -296,7 +293,7 @@ impl crate::Runs for SimStore {
         self.write(|state, now| {
             let changed = state.change_run(
                 run_id,
-                |run| !run.status.is_terminal(),
+                |run| !run.status.is_final(),
                 ask_to_cancel(action),
                 now,
             )?;
@@ -314,7 +311,7 @@ impl crate::Runs for SimStore {
         self.write(|state, now| {
             let changed = state.change_run(
                 run_id,
-                |run| run.owner_worker_id.as_deref() == Some(owner) && active(run.status),
+                |run| run.owner_worker_id.as_deref() == Some(owner) && run.status.is_active(),
                 |run| {
                     run.status = status;
                     if let Some(metadata) = metadata {

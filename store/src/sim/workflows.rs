@@ -9,9 +9,9 @@ use crate::lease::ttl_seconds;
 use crate::workflows::takeover_refusal;
 use crate::write::{ArtifactInfo, ArtifactRow, Snapshot, StepRow, WorkflowRow};
 use crate::{
-    COUNTED_STATUSES, ControlRow, ControlWrite, Deletion, Epoch, Error, FINAL_STATUSES, Launch,
-    LaunchLimits, Lease, ListFilter, ListedWorkflow, NewControl, NewWorkflow, Orphaned, Purpose,
-    Result, StatusFilter, TakeOver, Versions,
+    ControlRow, ControlWrite, Deletion, Epoch, Error, Launch, LaunchLimits, Lease, ListFilter,
+    ListedWorkflow, NewControl, NewWorkflow, Orphaned, Purpose, Result, StatusFilter, TakeOver,
+    Versions, WorkflowStatus,
 };
 
 /// The control kinds the schema allows.
@@ -77,7 +77,7 @@ impl State {
                 row: WorkflowRow {
                     workflow_id: new.workflow_id.clone(),
                     user_id: new.user_id,
-                    status: "running".into(),
+                    status: WorkflowStatus::Running,
                     owner: Some(owner.to_owned()),
                     fingerprint: new.fingerprint,
                     data: new.data,
@@ -94,7 +94,7 @@ impl State {
                 events: Vec::new(),
             },
         );
-        self.status_event(&new.workflow_id, "running", None, now);
+        self.status_event(&new.workflow_id, WorkflowStatus::Running, None, now);
         Ok(Launch::Created(lease))
     }
 
@@ -127,9 +127,8 @@ impl State {
             runtime: text("runtime_version"),
             configuration: text("configuration_version"),
         };
-        let status = workflow.row.status.clone();
         if let Some(refusal) = takeover_refusal(
-            &status,
+            workflow.row.status,
             &written_under,
             versions,
             self.cancel_pending(workflow_id),
@@ -157,7 +156,7 @@ impl State {
     /// Whether a workflow is what `get` shows as recoverable: counted, with no lease or an
     /// expired one.
     fn recoverable(&self, workflow: &Workflow, now: f64) -> bool {
-        COUNTED_STATUSES.contains(&workflow.row.status.as_str())
+        workflow.row.status.holds_place()
             && self
                 .leases
                 .get(&workflow.row.workflow_id)
@@ -316,7 +315,7 @@ impl crate::Workflows for SimStore {
                 .workflows
                 .values()
                 .filter(|workflow| {
-                    COUNTED_STATUSES.contains(&workflow.row.status.as_str())
+                    workflow.row.status.holds_place()
                         && state
                             .leases
                             .get(&workflow.row.workflow_id)
@@ -324,8 +323,8 @@ impl crate::Workflows for SimStore {
                 })
                 .filter_map(|workflow| {
                     let id = &workflow.row.workflow_id;
-                    let cancel_pending =
-                        workflow.row.status == "cancelling" || state.cancel_pending(id);
+                    let cancel_pending = workflow.row.status == WorkflowStatus::Cancelling
+                        || state.cancel_pending(id);
                     let data = &workflow.row.data;
                     let runtime = data["runtime_version"].as_str().unwrap_or_default();
                     let configuration = data["configuration_version"].as_str().unwrap_or_default();
@@ -346,7 +345,7 @@ impl crate::Workflows for SimStore {
             let Some(workflow) = state.workflows.get(workflow_id) else {
                 return Ok(Deletion::NotFound);
             };
-            if !FINAL_STATUSES.contains(&workflow.row.status.as_str()) {
+            if !workflow.row.status.is_final() {
                 return Ok(Deletion::NotTerminal);
             }
             state.workflows.remove(workflow_id);

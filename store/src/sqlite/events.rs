@@ -3,7 +3,7 @@
 use rusqlite::{OptionalExtension, Row, params};
 
 use super::{SqliteStore, parse_json};
-use crate::{EventPage, EventRow, Result};
+use crate::{EventPage, EventRow, Result, WorkflowStatus};
 
 /// An event's columns from `first` on, its data still text.
 fn event(row: &Row, first: usize) -> rusqlite::Result<(EventRow, String)> {
@@ -50,11 +50,14 @@ impl SqliteStore {
             let mut rows = statement.query(params![workflow_id, after, limit])?;
             let mut page: Option<EventPage> = None;
             while let Some(row) = rows.next()? {
-                let page = page.get_or_insert(EventPage {
-                    events: Vec::new(),
-                    status: row.get(0)?,
-                    last_seq: row.get(1)?,
-                });
+                let page = match &mut page {
+                    Some(page) => page,
+                    None => page.insert(EventPage {
+                        events: Vec::new(),
+                        status: WorkflowStatus::read(&row.get::<_, String>(0)?, &workflow_id)?,
+                        last_seq: row.get(1)?,
+                    }),
+                };
                 if row.get::<_, Option<String>>(2)?.is_some() {
                     page.events.push(decoded(event(row, 2)?)?);
                 }

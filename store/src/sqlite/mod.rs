@@ -17,7 +17,7 @@ use crate::changes::Changes;
 use crate::lease::{Fence, Lease, ttl_seconds};
 use crate::migrations::{self, MigrationReport};
 use crate::write::{ArtifactInfo, ArtifactRow, Snapshot, StepRow, WorkflowRow, WriteOp};
-use crate::{Error, NodeRecord, Result, StoreOptions};
+use crate::{Error, NodeRecord, Result, StepStatus, StoreOptions, WorkflowStatus};
 
 mod changes;
 mod events;
@@ -913,7 +913,7 @@ fn workflow_on(connection: &Connection, workflow_id: &str) -> Result<Option<Work
             Ok(WorkflowRow {
                 workflow_id: workflow_id.to_owned(),
                 user_id,
-                status,
+                status: WorkflowStatus::read(&status, workflow_id)?,
                 owner,
                 fingerprint,
                 data: parse_json(&data)?,
@@ -966,7 +966,7 @@ fn steps_on(connection: &Connection, workflow_id: &str) -> Result<Vec<StepRow>> 
             step_id,
             attempt,
             kind,
-            status,
+            status: StepStatus::read(&status, workflow_id, seq)?,
             data: parse_json(&data)?,
             created_at,
         })

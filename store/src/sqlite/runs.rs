@@ -7,11 +7,11 @@ use serde_json::Value;
 use super::{Encoded, SqliteStore, apply, check_fence, parse_json};
 use crate::lease::ttl_seconds;
 use crate::runs::{
-    Admission, ApprovalAnswer, CancelAction, NewRun, RunOutcome, RunRenewal, RunRow, RunStatus,
-    answered, pending_answer, pending_request_id, replay, run_columns, status_after_answer,
+    Admission, ApprovalAnswer, CancelAction, NewRun, RunOutcome, RunRenewal, RunRow, answered,
+    pending_answer, pending_request_id, replay, run_columns, status_after_answer,
 };
 use crate::write::WriteOp;
-use crate::{Error, Result};
+use crate::{Error, Result, RunStatus};
 
 fn run_row(row: &Row<'_>) -> rusqlite::Result<RawRun> {
     Ok(RawRun {
@@ -67,13 +67,13 @@ struct RawRun {
 impl RawRun {
     fn decode(self) -> Result<RunRow> {
         Ok(RunRow {
+            status: RunStatus::read(&self.status, &self.run_id)?,
             run_id: self.run_id,
             thread_id: self.thread_id,
             workflow: self.workflow,
             step_id: self.step_id,
             attempt: self.attempt,
             agent: self.agent,
-            status: RunStatus::parse(&self.status)?,
             owner_worker_id: self.owner_worker_id,
             lease_expires_at: self.lease_expires_at,
             cancel_action: self
@@ -336,7 +336,10 @@ impl SqliteStore {
                     expires_at,
                     now,
                     cancel_action: cancel.as_deref().map(CancelAction::parse).transpose()?,
-                    answer: pending_answer(RunStatus::parse(&status)?, &parse_json(&metadata)?),
+                    answer: pending_answer(
+                        RunStatus::read(&status, &run_id)?,
+                        &parse_json(&metadata)?,
+                    ),
                 })),
                 None => Ok(Err(read_run(connection, &run_id)?)),
             }

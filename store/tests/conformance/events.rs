@@ -13,7 +13,7 @@ fn put(step_id: &str, kind: &str, status: &str, data: Value) -> WriteOp {
         step_id: step_id.to_owned(),
         attempt: 1,
         kind: kind.to_owned(),
-        status: status.to_owned(),
+        status: store::StepStatus::parse(status).expect("a step status"),
         data,
     }
 }

@@ -127,7 +127,7 @@ conformance! {
 
         // The release first in the list is still applied after the end: both commit.
         store.fenced_write(&held.fence(), vec![WriteOp::ReleaseLease, end("wf")]).await.expect("end");
-        assert_eq!(store.read_workflow("wf").await.expect("read").expect("row").status, "completed");
+        assert_eq!(store.read_workflow("wf").await.expect("read").expect("row").status, store::WorkflowStatus::Completed);
         let next = store.acquire_lease("wf", "node-b", 60_000).await.expect("acquire")
             .expect("the ended workflow's lease is free");
         assert_eq!(next.epoch, held.epoch.next());
@@ -159,7 +159,7 @@ fn every_kind_of_write(control_id: i64) -> Vec<(&'static str, WriteOp)> {
             step_id: "late".into(),
             attempt: 1,
             kind: "agent".into(),
-            status: "completed".into(),
+            status: store::StepStatus::Completed,
             data: json!({}),
         },
         WriteOp::MarkControlApplied { control_id },

@@ -255,7 +255,7 @@ pub fn step(workflow_id: &str, step_id: &str) -> WriteOp {
         step_id: step_id.to_owned(),
         attempt: 1,
         kind: "agent".into(),
-        status: "completed".into(),
+        status: store::StepStatus::Completed,
         data: json!({"output": step_id}),
     }
 }

@@ -23,7 +23,7 @@ fn put(workflow_id: &str, step_id: &str, kind: &str) -> WriteOp {
         step_id: step_id.to_owned(),
         attempt: 1,
         kind: kind.to_owned(),
-        status: "running".into(),
+        status: store::StepStatus::Running,
         data: json!({}),
     }
 }

@@ -182,7 +182,7 @@ conformance! {
             step_id: step_id.to_owned(),
             attempt: 1,
             kind: "agent".into(),
-            status: status.to_owned(),
+            status: store::StepStatus::parse(status).expect("a step status"),
             data: json!({"run": step_id}),
         };
         let step = |step_id: &str, slots_max: u64| WorkflowStep {
@@ -216,7 +216,7 @@ conformance! {
         let again = store.admit_run(keyed("run-a2", "a", 1)).await.expect("admit");
         assert!(matches!(again, Admission::Existing(ref row) if row.run_id == "run-a"), "{again:?}");
         let steps = store.read_steps("wf").await.expect("steps");
-        assert_eq!(steps[0].status, "completed", "the repeated admission rewrote the journal");
+        assert_eq!(steps[0].status, store::StepStatus::Completed, "the repeated admission rewrote the journal");
         // A stale fence writes nothing at all.
         assert!(store.release_lease(&lease.fence()).await.expect("release"));
         let stale = store.admit_run(keyed("run-c", "c", 8)).await;

@@ -149,7 +149,8 @@ conformance! {
         let set = |id: &str, status: &str| WriteOp::SetWorkflow {
             workflow_id: id.to_owned(), status: store::WorkflowStatus::parse(status).expect("a status"), data: json!({}),
         };
-        for (n, terminal) in store::FINAL_STATUSES.iter().enumerate() {
+        let terminals = store::WorkflowStatus::ALL.into_iter().filter(|status| status.is_final());
+        for (n, terminal) in terminals.map(store::WorkflowStatus::as_str).enumerate() {
             let id = format!("held-{n}");
             let fence = match store.launch_workflow(new_workflow(&id, "ada", None, "fp"), "node", 60_000, limits)
                 .await.expect("launch")
@@ -292,7 +293,7 @@ conformance! {
             step_id: step_id.into(),
             attempt: 1,
             kind: "agent".into(),
-            status: "running".into(),
+            status: store::StepStatus::Running,
             data: json!({}),
         };
         store.fenced_write(&lease.fence(), vec![step(2, "c")]).await.expect("c");
@@ -441,7 +442,7 @@ conformance! {
         adas.sort();
         assert_eq!(adas, ["wf-0", "wf-2", "wf-4"]);
         let done = store.list_workflows(ListFilter {
-            status: Some(StatusFilter::Stored("completed".into())), limit: 10, ..ListFilter::default()
+            status: Some(StatusFilter::Stored(store::WorkflowStatus::Completed)), limit: 10, ..ListFilter::default()
         }).await.expect("list");
         assert_eq!(ids(&done), ["wf-1"]);
         let recoverable = store.list_workflows(ListFilter {
@@ -470,7 +471,7 @@ conformance! {
                 fence: lease.fence(),
                 journal: vec![WriteOp::PutStep {
                     workflow_id: "wf".into(), seq: 0, step_id: "s".into(), attempt: 1,
-                    kind: "agent".into(), status: "running".into(), data: json!({}),
+                    kind: "agent".into(), status: store::StepStatus::Running, data: json!({}),
                 }],
             }),
         };
@@ -502,7 +503,7 @@ conformance! {
         store.fenced_write(&lease.fence(), vec![
             WriteOp::PutStep {
                 workflow_id: "wf".into(), seq: 0, step_id: "review".into(), attempt: 1,
-                kind: "humanCheckpoint".into(), status: "running".into(), data: json!({"n": 1}),
+                kind: "humanCheckpoint".into(), status: store::StepStatus::Running, data: json!({"n": 1}),
             },
             WriteOp::PutArtifact {
                 workflow_id: "wf".into(), version: 1, source_step_id: "draft".into(), path: None,
