@@ -57,7 +57,7 @@ pub async fn workflows(store: &Store, prefix: &str, writers: usize) -> Vec<Fence
         let lease = store
             .create_workflow(
                 NewWorkflow {
-                    workflow_id: format!("{prefix}-{writer}"),
+                    workflow_id: format!("{prefix}-{writer}").into(),
                     user_id: "bench".into(),
                     request_id: None,
                     fingerprint: "bench".into(),

@@ -4,12 +4,12 @@
 
 use serde_json::Value;
 
-use crate::WorkflowStatus;
+use crate::{WorkflowId, WorkflowStatus};
 
 /// One event.
 #[derive(Debug, Clone, PartialEq)]
 pub struct EventRow {
-    pub workflow_id: String,
+    pub workflow_id: WorkflowId,
     /// The workflow's own number of the event: 1, 2, 3, ... without gaps. For an event of the
     /// feed, the feed's number instead.
     pub seq: i64,

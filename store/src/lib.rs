@@ -8,6 +8,7 @@
 mod changes;
 mod error;
 mod events;
+mod ids;
 mod lease;
 mod migrations;
 mod operations;
@@ -29,6 +30,7 @@ use serde::Serialize;
 pub use changes::{Change, Changes, LISTEN_APPLICATION_NAME};
 pub use error::{Error, Result};
 pub use events::{EventPage, EventRow};
+pub use ids::{RunId, WorkflowId};
 pub use lease::{Epoch, Fence, Lease};
 pub use migrations::{MigrationReport, SCHEMA_VERSION};
 pub use operations::{

@@ -5,7 +5,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::{Error, Fence, RunStatus};
+use crate::{Error, Fence, RunId, RunStatus, WorkflowId};
 
 /// The columns of a run, in the order both backends' row readers take them.
 macro_rules! run_columns {
@@ -47,7 +47,7 @@ impl CancelAction {
 /// The workflow step a child run executes, and the slot rule it is admitted under.
 #[derive(Debug, Clone, PartialEq)]
 pub struct WorkflowStep {
-    pub workflow_id: String,
+    pub workflow_id: WorkflowId,
     pub step_id: String,
     pub attempt: i32,
     /// Child runs holding a `workflow_slots` slot across the cluster at most
@@ -64,7 +64,7 @@ pub struct WorkflowStep {
 /// A child run to admit.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NewRun {
-    pub run_id: String,
+    pub run_id: RunId,
     pub thread_id: String,
     pub agent: String,
     /// This node's `worker_id`: the run's first owner, which starts it at once (it is admitted
@@ -91,9 +91,9 @@ pub enum Admission {
 /// A row of `runs`.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct RunRow {
-    pub run_id: String,
+    pub run_id: RunId,
     pub thread_id: String,
-    pub workflow: Option<String>,
+    pub workflow: Option<WorkflowId>,
     pub step_id: Option<String>,
     pub attempt: Option<i32>,
     pub agent: String,
@@ -146,7 +146,7 @@ pub struct RunRenewal {
 /// Proof that this caller's answer consumed a pause, and what to put back to undo it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ApprovalAnswer {
-    pub run_id: String,
+    pub run_id: RunId,
     pub thread_id: String,
     /// The metadata the paused run had, `hitl_approval` included.
     pub previous_metadata: Value,

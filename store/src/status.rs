@@ -10,7 +10,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize, Serializer};
 
-use crate::Error;
+use crate::{Error, RunId, WorkflowId};
 
 /// Implements what every stored status has from its `ALL` and `as_str`: `parse`, `Display`,
 /// serialization as the stored text, binding to SQL as that text on both backends.
@@ -104,7 +104,7 @@ impl WorkflowStatus {
     }
 
     /// A workflow row's stored status, or the store error naming the row.
-    pub(crate) fn read(stored: &str, workflow_id: &str) -> Result<Self, Error> {
+    pub(crate) fn read(stored: &str, workflow_id: &WorkflowId) -> Result<Self, Error> {
         Self::parse(stored).ok_or_else(|| {
             Error::Database(format!(
                 "workflow {workflow_id:?} has an unknown status {stored:?}"
@@ -179,7 +179,7 @@ impl StepStatus {
     }
 
     /// A journal row's stored status, or the store error naming the row.
-    pub(crate) fn read(stored: &str, workflow_id: &str, seq: i32) -> Result<Self, Error> {
+    pub(crate) fn read(stored: &str, workflow_id: &WorkflowId, seq: i32) -> Result<Self, Error> {
         Self::parse(stored).ok_or_else(|| {
             Error::Database(format!(
                 "journal entry {seq} of workflow {workflow_id:?} has an unknown status {stored:?}"
@@ -241,7 +241,7 @@ impl RunStatus {
     }
 
     /// A run row's stored status, or the store error naming the row.
-    pub(crate) fn read(stored: &str, run_id: &str) -> Result<Self, Error> {
+    pub(crate) fn read(stored: &str, run_id: &RunId) -> Result<Self, Error> {
         Self::parse(stored).ok_or_else(|| {
             Error::Database(format!("run {run_id:?} has an unknown status {stored:?}"))
         })
@@ -333,22 +333,22 @@ mod tests {
     fn an_unknown_stored_status_is_an_error_naming_its_row() {
         let message = |error: Error| error.to_string();
         assert_eq!(
-            WorkflowStatus::read("asleep", "wf-1").map_err(message),
+            WorkflowStatus::read("asleep", &WorkflowId::new("wf-1")).map_err(message),
             Err("database error: workflow \"wf-1\" has an unknown status \"asleep\"".to_owned())
         );
         assert_eq!(
-            StepStatus::read("asleep", "wf-1", 3).map_err(message),
+            StepStatus::read("asleep", &WorkflowId::new("wf-1"), 3).map_err(message),
             Err(
                 "database error: journal entry 3 of workflow \"wf-1\" has an unknown status \"asleep\""
                     .to_owned()
             )
         );
         assert_eq!(
-            RunStatus::read("asleep", "run-1").map_err(message),
+            RunStatus::read("asleep", &RunId::new("run-1")).map_err(message),
             Err("database error: run \"run-1\" has an unknown status \"asleep\"".to_owned())
         );
         assert_eq!(
-            WorkflowStatus::read("paused", "wf-1").ok(),
+            WorkflowStatus::read("paused", &WorkflowId::new("wf-1")).ok(),
             Some(WorkflowStatus::Paused)
         );
     }

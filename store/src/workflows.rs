@@ -5,7 +5,7 @@
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::{COUNTED_STATUSES, Lease, WorkflowRow, WorkflowStatus};
+use crate::{COUNTED_STATUSES, Lease, WorkflowId, WorkflowRow, WorkflowStatus};
 
 /// [`COUNTED_STATUSES`] as a slice with a static life, a statement parameter on PostgreSQL.
 pub(crate) static COUNTED: &[&str] = &COUNTED_STATUSES;
@@ -53,7 +53,7 @@ pub enum TakeOver {
 /// A workflow whose owner's lease ran out while it was live, as automatic recovery claims it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Orphaned {
-    pub workflow_id: String,
+    pub workflow_id: WorkflowId,
     /// A cancellation is pending (or under way): the claim is for [`Purpose::Cancel`], which
     /// never replays the body.
     pub cancel_pending: bool,
@@ -129,7 +129,7 @@ pub(crate) fn takeover_refusal(
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ControlRow {
     pub id: i64,
-    pub workflow_id: String,
+    pub workflow_id: WorkflowId,
     /// `resume`, `decide` or `cancel`.
     pub kind: String,
     /// The step it answers (`""` for a cancel).
@@ -143,7 +143,7 @@ pub struct ControlRow {
 /// A control to record.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NewControl {
-    pub workflow_id: String,
+    pub workflow_id: WorkflowId,
     pub kind: String,
     pub step_id: String,
     pub attempt: i32,
@@ -200,7 +200,7 @@ pub enum StatusFilter {
 #[derive(Debug, Clone, PartialEq)]
 pub struct ListCursor {
     pub created_at: f64,
-    pub workflow_id: String,
+    pub workflow_id: WorkflowId,
 }
 
 /// One line of a listing.

@@ -93,7 +93,7 @@ async fn a_workflows_next_step_takes_the_very_number_its_admission_frees() {
         journal,
     };
     let run = |n: u32, journal: Vec<store::WriteOp>| NewRun {
-        run_id: format!("run-{n}"),
+        run_id: format!("run-{n}").into(),
         thread_id: format!("t-{n}"),
         agent: "echo".into(),
         owner: "node-a".into(),
@@ -198,8 +198,8 @@ on_both_backends! {
             .await;
         assert_eq!(changed, 1);
         let named = r#"journal entry 0 of workflow "wf" has an unknown status "admitting""#;
-        assert_eq!(unreadable(store.read_steps("wf").await), named);
-        assert_eq!(unreadable(store.read_snapshot("wf").await), named);
+        assert_eq!(unreadable(store.read_steps(&store::WorkflowId::from("wf")).await), named);
+        assert_eq!(unreadable(store.read_snapshot(&store::WorkflowId::from("wf")).await), named);
     }
 }
 
@@ -221,15 +221,34 @@ async fn a_workflow_or_run_status_this_build_does_not_know_is_an_error_naming_th
         .await
         .expect("tamper");
     let workflow = r#"workflow "wf" has an unknown status "asleep""#;
-    assert_eq!(unreadable(store.read_workflow("wf").await), workflow);
-    assert_eq!(unreadable(store.read_snapshot("wf").await), workflow);
-    assert_eq!(unreadable(store.read_events("wf", 0, 10).await), workflow);
+    assert_eq!(
+        unreadable(store.read_workflow(&store::WorkflowId::from("wf")).await),
+        workflow
+    );
+    assert_eq!(
+        unreadable(store.read_snapshot(&store::WorkflowId::from("wf")).await),
+        workflow
+    );
+    assert_eq!(
+        unreadable(
+            store
+                .read_events(&store::WorkflowId::from("wf"), 0, 10)
+                .await
+        ),
+        workflow
+    );
     let everyone = store::ListFilter {
         limit: 10,
         ..store::ListFilter::default()
     };
     assert_eq!(unreadable(store.list_workflows(everyone).await), workflow);
-    assert_eq!(unreadable(store.delete_workflow("wf").await), workflow);
+    assert_eq!(
+        unreadable(store.delete_workflow(&store::WorkflowId::from("wf")).await),
+        workflow
+    );
     let run = r#"run "run" has an unknown status "asleep""#;
-    assert_eq!(unreadable(store.read_run("run").await), run);
+    assert_eq!(
+        unreadable(store.read_run(&store::RunId::from("run")).await),
+        run
+    );
 }

@@ -33,7 +33,7 @@ pub fn record(view: &WorkflowView) -> WorkflowRecord {
         .map(|s| step(s, &view.approval_runs))
         .collect();
     WorkflowRecord {
-        run_id: row.workflow_id.clone(),
+        run_id: row.workflow_id.as_str().to_owned(),
         status: shown_status(row, view.recoverable),
         stored_status: row.status.as_str().to_owned(),
         recoverable: view.recoverable,
@@ -66,7 +66,7 @@ pub fn record(view: &WorkflowView) -> WorkflowRecord {
 pub fn summary(listed: &ListedWorkflow) -> WorkflowSummary {
     let row = &listed.row;
     WorkflowSummary {
-        run_id: row.workflow_id.clone(),
+        run_id: row.workflow_id.as_str().to_owned(),
         status: shown_status(row, listed.recoverable),
         stored_status: row.status.as_str().to_owned(),
         recoverable: listed.recoverable,
@@ -177,7 +177,7 @@ pub fn approval(run: &RunRow) -> Option<ApprovalRecord> {
         && let Some(request_id) = store::pending_request_id(&run.metadata)
     {
         return Some(ApprovalRecord {
-            run_id: run.run_id.clone(),
+            run_id: run.run_id.as_str().to_owned(),
             request_id: request_id.to_owned(),
             actions: asked["actions"].clone(),
             status: "waiting".to_owned(),
@@ -187,7 +187,7 @@ pub fn approval(run: &RunRow) -> Option<ApprovalRecord> {
     }
     let answered = run.metadata.get("hitl_answer")?;
     Some(ApprovalRecord {
-        run_id: run.run_id.clone(),
+        run_id: run.run_id.as_str().to_owned(),
         request_id: text(&answered["request_id"]).unwrap_or_default(),
         actions: answered["answer"]["actions"].clone(),
         status: "answered".to_owned(),

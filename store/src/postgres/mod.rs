@@ -16,7 +16,7 @@ use crate::changes::{AbortOnDrop, CHANGES_CHANNEL_SQL, Change, Changes, listen_b
 use crate::lease::{Fence, Lease, ttl_seconds};
 use crate::migrations::{self, MigrationReport, PG_MIGRATION_LOCK};
 use crate::write::{ArtifactInfo, ArtifactRow, Snapshot, StepRow, WorkflowRow, WriteOp};
-use crate::{Error, NodeRecord, Result, StepStatus, StoreOptions, WorkflowStatus};
+use crate::{Error, NodeRecord, Result, StepStatus, StoreOptions, WorkflowId, WorkflowStatus};
 
 mod events;
 mod operators;
@@ -160,7 +160,7 @@ impl PgStore {
 
     pub(crate) async fn acquire_lease(
         &self,
-        resource_id: &str,
+        resource_id: &WorkflowId,
         owner: &str,
         lease_ms: u64,
     ) -> Result<Option<Lease>> {
@@ -240,7 +240,7 @@ impl PgStore {
         Ok(released == 1)
     }
 
-    pub(crate) async fn read_lease(&self, resource_id: &str) -> Result<Option<Lease>> {
+    pub(crate) async fn read_lease(&self, resource_id: &WorkflowId) -> Result<Option<Lease>> {
         let client = self.pool.get().await?;
         let statement = client
             .prepare_cached(
@@ -297,21 +297,24 @@ impl PgStore {
         committed.map_err(|e| fenced_error(fence, e))
     }
 
-    pub(crate) async fn read_workflow(&self, workflow_id: &str) -> Result<Option<WorkflowRow>> {
+    pub(crate) async fn read_workflow(
+        &self,
+        workflow_id: &WorkflowId,
+    ) -> Result<Option<WorkflowRow>> {
         let client = self.pool.get().await?;
         Ok(workflow_in(&client, workflow_id)
             .await?
             .map(|(row, _, _)| row))
     }
 
-    pub(crate) async fn read_steps(&self, workflow_id: &str) -> Result<Vec<StepRow>> {
+    pub(crate) async fn read_steps(&self, workflow_id: &WorkflowId) -> Result<Vec<StepRow>> {
         let client = self.pool.get().await?;
         steps_in(&client, workflow_id).await
     }
 
     /// A workflow with its lease, journal and controls: three queries pipelined on one
     /// connection in a repeatable-read transaction, so they see one moment.
-    pub(crate) async fn read_snapshot(&self, workflow_id: &str) -> Result<Option<Snapshot>> {
+    pub(crate) async fn read_snapshot(&self, workflow_id: &WorkflowId) -> Result<Option<Snapshot>> {
         let mut client = self.pool.get().await?;
         let transaction = client
             .build_transaction()
@@ -340,7 +343,7 @@ impl PgStore {
 
     pub(crate) async fn read_artifact(
         &self,
-        workflow_id: &str,
+        workflow_id: &WorkflowId,
         version: i64,
     ) -> Result<Option<ArtifactRow>> {
         let client = self.pool.get().await?;
@@ -364,7 +367,7 @@ impl PgStore {
         }))
     }
 
-    pub(crate) async fn last_artifact_version(&self, workflow_id: &str) -> Result<i64> {
+    pub(crate) async fn last_artifact_version(&self, workflow_id: &WorkflowId) -> Result<i64> {
         let client = self.pool.get().await?;
         Ok(client
             .query_one(
@@ -677,7 +680,7 @@ pub(crate) fn redact(url: &str) -> String {
 /// A workflow row with its lease and the database clock, in one statement.
 async fn workflow_in(
     client: &impl GenericClient,
-    workflow_id: &str,
+    workflow_id: &WorkflowId,
 ) -> Result<Option<(WorkflowRow, Option<Lease>, f64)>> {
     let statement = client
         .prepare_cached(
@@ -711,7 +714,10 @@ async fn workflow_in(
     .transpose()
 }
 
-async fn artifacts_in(client: &impl GenericClient, workflow_id: &str) -> Result<Vec<ArtifactInfo>> {
+async fn artifacts_in(
+    client: &impl GenericClient,
+    workflow_id: &WorkflowId,
+) -> Result<Vec<ArtifactInfo>> {
     let statement = client
         .prepare_cached(
             "SELECT version, source_step_id, path, bytes, sha256, created_at FROM workflow_artifacts
@@ -732,7 +738,7 @@ async fn artifacts_in(client: &impl GenericClient, workflow_id: &str) -> Result<
         .collect())
 }
 
-async fn steps_in(client: &impl GenericClient, workflow_id: &str) -> Result<Vec<StepRow>> {
+async fn steps_in(client: &impl GenericClient, workflow_id: &WorkflowId) -> Result<Vec<StepRow>> {
     let statement = client
         .prepare_cached(
             "SELECT step_id, attempt, kind, status, data, seq, created_at FROM workflow_steps

@@ -14,7 +14,7 @@ use crate::runs::{
     Admission, ApprovalAnswer, CancelAction, NewRun, RunOutcome, RunRenewal, RunRow, answered,
     pending_answer, pending_request_id, replay, status_after_answer,
 };
-use crate::{Error, Result, RunStatus};
+use crate::{Error, Result, RunId, RunStatus, WorkflowId};
 
 /// `SELECT <run columns> FROM runs` followed by the given clauses, as one literal (SQL is never
 /// formatted per call).
@@ -29,7 +29,7 @@ macro_rules! select_run {
 // across the cluster, and two admissions wait on each other only for the same number.
 
 fn decode(row: &Row) -> Result<RunRow> {
-    let run_id: String = row.get(0);
+    let run_id: RunId = row.get(0);
     Ok(RunRow {
         status: RunStatus::read(row.get(6), &run_id)?,
         run_id,
@@ -62,7 +62,7 @@ fn decode(row: &Row) -> Result<RunRow> {
 /// oldest first; the index on `(workflow, step_id, attempt)` finds them.
 pub(super) async fn approval_runs_in(
     client: &impl deadpool_postgres::GenericClient,
-    workflow_id: &str,
+    workflow_id: &WorkflowId,
 ) -> Result<Vec<RunRow>> {
     let statement = client
         .prepare_cached(select_run!(
@@ -224,7 +224,7 @@ impl PgStore {
         }
     }
 
-    pub(crate) async fn read_run(&self, run_id: &str) -> Result<Option<RunRow>> {
+    pub(crate) async fn read_run(&self, run_id: &RunId) -> Result<Option<RunRow>> {
         let client = self.pool.get().await?;
         let statement = client
             .prepare_cached(select_run!("WHERE run_id = $1"))
@@ -239,7 +239,7 @@ impl PgStore {
 
     pub(crate) async fn renew_run_lease(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         owner: &str,
         lease_ms: u64,
     ) -> Result<Result<RunRenewal, Option<RunRow>>> {
@@ -279,7 +279,7 @@ impl PgStore {
 
     pub(crate) async fn request_run_cancel(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         action: CancelAction,
     ) -> Result<Option<CancelAction>> {
         let client = self.pool.get().await?;
@@ -304,7 +304,7 @@ impl PgStore {
 
     pub(crate) async fn update_run_status(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         owner: &str,
         status: RunStatus,
         metadata: Option<Value>,
@@ -327,7 +327,7 @@ impl PgStore {
 
     pub(crate) async fn finalize_run(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         owner: &str,
         outcome: &RunOutcome,
         require_not_cancelled: bool,
@@ -437,7 +437,7 @@ impl PgStore {
         Ok(changed == 1)
     }
 
-    pub(crate) async fn claim_orphan_runs(&self, claimer: &str, limit: u32) -> Result<Vec<String>> {
+    pub(crate) async fn claim_orphan_runs(&self, claimer: &str, limit: u32) -> Result<Vec<RunId>> {
         let client = self.pool.get().await?;
         let rows = client
             .query(

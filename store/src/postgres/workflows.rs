@@ -15,7 +15,8 @@ use crate::workflows::{
     NewControl, Orphaned, StatusFilter, TakeOver, Versions,
 };
 use crate::{
-    COUNTED_STATUSES, Epoch, Error, Lease, NewWorkflow, Result, WorkflowRow, WorkflowStatus,
+    COUNTED_STATUSES, Epoch, Error, Lease, NewWorkflow, Result, WorkflowId, WorkflowRow,
+    WorkflowStatus,
 };
 
 // Launches serialise on the advisory lock "launch" (0x6c61_756e_6368), taken by
@@ -63,7 +64,7 @@ async fn launched_by_request(
 
 /// A row of `id, user_id, status, owner, fingerprint, data, created_at, updated_at`.
 fn workflow_row(row: &Row) -> Result<WorkflowRow> {
-    let workflow_id: String = row.get(0);
+    let workflow_id: WorkflowId = row.get(0);
     Ok(WorkflowRow {
         status: WorkflowStatus::read(row.get(2), &workflow_id)?,
         workflow_id,
@@ -246,7 +247,7 @@ impl PgStore {
         }
     }
 
-    pub(crate) async fn read_controls(&self, workflow_id: &str) -> Result<Vec<ControlRow>> {
+    pub(crate) async fn read_controls(&self, workflow_id: &WorkflowId) -> Result<Vec<ControlRow>> {
         let client = self.pool.get().await?;
         controls_in(&client, workflow_id).await
     }
@@ -254,7 +255,7 @@ impl PgStore {
 
 async fn take_over_in(
     transaction: &Transaction<'_>,
-    workflow_id: &str,
+    workflow_id: &WorkflowId,
     owner: &str,
     lease_ms: u64,
     versions: &Versions,
@@ -333,7 +334,7 @@ async fn take_over_in(
 impl PgStore {
     pub(crate) async fn take_over_workflow(
         &self,
-        workflow_id: &str,
+        workflow_id: &WorkflowId,
         owner: &str,
         lease_ms: u64,
         versions: &Versions,
@@ -385,7 +386,10 @@ impl PgStore {
             .collect())
     }
 
-    pub(crate) async fn workflows_with_pending_controls(&self, owner: &str) -> Result<Vec<String>> {
+    pub(crate) async fn workflows_with_pending_controls(
+        &self,
+        owner: &str,
+    ) -> Result<Vec<WorkflowId>> {
         let client = self.pool.get().await?;
         let statement = client
             .prepare_cached(
@@ -398,7 +402,7 @@ impl PgStore {
         Ok(rows.iter().map(|row| row.get(0)).collect())
     }
 
-    pub(crate) async fn delete_workflow(&self, workflow_id: &str) -> Result<Deletion> {
+    pub(crate) async fn delete_workflow(&self, workflow_id: &WorkflowId) -> Result<Deletion> {
         let mut client = self.pool.get().await?;
         let transaction = client.transaction().await?;
         let status = transaction
@@ -492,7 +496,7 @@ impl PgStore {
 /// Every control of a workflow, oldest first.
 pub(super) async fn controls_in(
     client: &impl deadpool_postgres::GenericClient,
-    workflow_id: &str,
+    workflow_id: &WorkflowId,
 ) -> Result<Vec<ControlRow>> {
     let statement = client
         .prepare_cached(concat!(

@@ -23,8 +23,8 @@ use serde_json::{Value, json};
 use crate::lease::ttl_seconds;
 use crate::write::{ArtifactRow, StepRow, WorkflowRow, WriteOp};
 use crate::{
-    ControlRow, Epoch, Error, EventPage, EventRow, Fence, Lease, MigrationReport, Result, RunRow,
-    RunStatus, SCHEMA_VERSION, SlotRow, StepStatus, WorkflowStatus,
+    ControlRow, Epoch, Error, EventPage, EventRow, Fence, Lease, MigrationReport, Result, RunId,
+    RunRow, RunStatus, SCHEMA_VERSION, SlotRow, StepStatus, WorkflowId, WorkflowStatus,
 };
 
 /// The simulated clock: epoch milliseconds that move only when the caller moves them.
@@ -105,16 +105,16 @@ struct Event {
 /// Everything the store holds.
 #[derive(Debug, Default)]
 struct State {
-    leases: BTreeMap<String, Lease>,
-    workflows: BTreeMap<String, Workflow>,
+    leases: BTreeMap<WorkflowId, Lease>,
+    workflows: BTreeMap<WorkflowId, Workflow>,
     /// By id: ids grow, so this is oldest first.
     controls: BTreeMap<i64, ControlRow>,
     last_control_id: i64,
     /// By (workflow, step): a step holds at most one slot.
-    slots: BTreeMap<(String, String), SlotRow>,
-    runs: BTreeMap<String, RunRow>,
+    slots: BTreeMap<(WorkflowId, String), SlotRow>,
+    runs: BTreeMap<RunId, RunRow>,
     /// Insertion order of runs, the tie-break of `created_at`.
-    run_order: BTreeMap<String, u64>,
+    run_order: BTreeMap<RunId, u64>,
     feed_seq: i64,
     /// Counter for insertion orders.
     inserted: u64,
@@ -180,7 +180,7 @@ impl State {
         }
     }
 
-    fn workflow_mut(&mut self, workflow_id: &str) -> Result<&mut Workflow> {
+    fn workflow_mut(&mut self, workflow_id: &WorkflowId) -> Result<&mut Workflow> {
         self.workflows
             .get_mut(workflow_id)
             .ok_or_else(|| Error::NotFound(format!("workflow {workflow_id:?}")))
@@ -188,7 +188,7 @@ impl State {
 
     /// Appends an event to a workflow (a no-op for one that does not exist, as a trigger's
     /// `INSERT ... SELECT` finds no row).
-    fn event(&mut self, workflow_id: &str, kind: &str, data: Value, now: f64) {
+    fn event(&mut self, workflow_id: &WorkflowId, kind: &str, data: Value, now: f64) {
         if let Some(workflow) = self.workflows.get_mut(workflow_id) {
             workflow.event_seq += 1;
             workflow.events.push(Event {
@@ -207,7 +207,7 @@ impl State {
     /// A status event, which is also one of the feed.
     fn status_event(
         &mut self,
-        workflow_id: &str,
+        workflow_id: &WorkflowId,
         status: WorkflowStatus,
         previous: Option<WorkflowStatus>,
         now: f64,
@@ -230,7 +230,12 @@ impl State {
     }
 
     /// Sets a workflow's status (with its event when it changes).
-    fn set_status(&mut self, workflow_id: &str, status: WorkflowStatus, now: f64) -> Result<()> {
+    fn set_status(
+        &mut self,
+        workflow_id: &WorkflowId,
+        status: WorkflowStatus,
+        now: f64,
+    ) -> Result<()> {
         let workflow = self.workflow_mut(workflow_id)?;
         let previous = std::mem::replace(&mut workflow.row.status, status);
         workflow.row.updated_at = now;
@@ -242,7 +247,7 @@ impl State {
 
     /// The events a journal entry's status writes (`step_started`/`pause_waiting`/
     /// `checkpoint_waiting` when running, `step_finished` when it ended).
-    fn step_status_events(&mut self, workflow_id: &str, step: &Step, now: f64) {
+    fn step_status_events(&mut self, workflow_id: &WorkflowId, step: &Step, now: f64) {
         let row = &step.row;
         match row.status {
             StepStatus::Running => {
@@ -262,7 +267,9 @@ impl State {
                     Value::Null => row.data["outcome"]["value"]["runId"].clone(),
                     id => id.clone(),
                 };
-                let run = run_id.as_str().and_then(|id| self.runs.get(id));
+                let run = run_id
+                    .as_str()
+                    .and_then(|id| self.runs.get(&RunId::new(id)));
                 let output_bytes = row.data["outcome"]["value"]["artifactVersion"]
                     .as_i64()
                     .and_then(|version| {
@@ -311,7 +318,7 @@ impl State {
         }
     }
 
-    fn exists(&self, workflow_id: &str) -> Result<()> {
+    fn exists(&self, workflow_id: &WorkflowId) -> Result<()> {
         if self.workflows.contains_key(workflow_id) {
             Ok(())
         } else {
@@ -323,8 +330,8 @@ impl State {
     /// changes all or nothing. (No change creates or deletes a workflow; only artifact versions
     /// and, through statuses, the places under the limits change along the list.)
     fn check_ops(&self, ops: &[WriteOp]) -> Result<()> {
-        let mut statuses: BTreeMap<&str, WorkflowStatus> = BTreeMap::new();
-        let mut versions: Vec<(&str, i64)> = Vec::new();
+        let mut statuses: BTreeMap<&WorkflowId, WorkflowStatus> = BTreeMap::new();
+        let mut versions: Vec<(&WorkflowId, i64)> = Vec::new();
         for op in ops {
             match op {
                 WriteOp::SetWorkflow {
@@ -344,9 +351,7 @@ impl State {
                     ..
                 } => {
                     self.exists(workflow_id)?;
-                    let stored = self.workflows[workflow_id.as_str()]
-                        .artifacts
-                        .contains_key(version);
+                    let stored = self.workflows[workflow_id].artifacts.contains_key(version);
                     if stored || versions.contains(&(workflow_id, *version)) {
                         return Err(artifact_exists(workflow_id, *version));
                     }
@@ -378,14 +383,14 @@ impl State {
         user_id: &str,
         max_workflows: i64,
         max_workflows_per_owner: i64,
-        statuses: &BTreeMap<&str, WorkflowStatus>,
+        statuses: &BTreeMap<&WorkflowId, WorkflowStatus>,
     ) -> Result<()> {
         let counted = |user: Option<&str>| {
             let count = self
                 .workflows
                 .values()
                 .filter(|workflow| {
-                    let id = workflow.row.workflow_id.as_str();
+                    let id = &workflow.row.workflow_id;
                     let status = statuses.get(id).copied().unwrap_or(workflow.row.status);
                     status.holds_place() && user.is_none_or(|user| workflow.row.user_id == user)
                 })
@@ -487,7 +492,7 @@ impl State {
             }
             WriteOp::CancelRuns { workflow_id } => self.change_runs(
                 |run| {
-                    run.workflow.as_deref() == Some(workflow_id)
+                    run.workflow.as_ref() == Some(workflow_id)
                         && !run.status.is_final()
                         && run.cancel_action.is_none()
                 },
@@ -536,7 +541,7 @@ impl State {
     #[allow(clippy::too_many_arguments)]
     fn put_step(
         &mut self,
-        workflow_id: &str,
+        workflow_id: &WorkflowId,
         seq: i32,
         step_id: &str,
         attempt: i32,
@@ -586,7 +591,7 @@ impl State {
         change: impl Fn(&mut RunRow),
         now: f64,
     ) {
-        let chosen: Vec<String> = self
+        let chosen: Vec<RunId> = self
             .runs
             .values()
             .filter(|run| matches(run))
@@ -619,7 +624,7 @@ impl State {
 
     fn put_logs(
         &mut self,
-        workflow_id: &str,
+        workflow_id: &WorkflowId,
         lines: &[String],
         events_max: i64,
         bytes_max: i64,
@@ -660,7 +665,7 @@ impl State {
     }
 }
 
-fn artifact_exists(workflow_id: &str, version: i64) -> Error {
+fn artifact_exists(workflow_id: &WorkflowId, version: i64) -> Error {
     Error::Conflict(format!(
         "artifact version {version} of workflow {workflow_id:?} exists"
     ))
@@ -695,7 +700,7 @@ impl crate::Leases for SimStore {
 
     async fn acquire_lease(
         &self,
-        resource_id: &str,
+        resource_id: &WorkflowId,
         owner: &str,
         lease_ms: u64,
     ) -> Result<Option<Lease>> {
@@ -740,7 +745,7 @@ impl crate::Leases for SimStore {
         })
     }
 
-    async fn read_lease(&self, resource_id: &str) -> Result<Option<Lease>> {
+    async fn read_lease(&self, resource_id: &WorkflowId) -> Result<Option<Lease>> {
         self.read(|state, _| Ok(state.leases.get(resource_id).cloned()))
     }
 
@@ -760,7 +765,7 @@ impl crate::Leases for SimStore {
 impl crate::Events for SimStore {
     async fn read_events(
         &self,
-        workflow_id: &str,
+        workflow_id: &WorkflowId,
         after: i64,
         limit: u32,
     ) -> Result<Option<EventPage>> {
@@ -809,7 +814,7 @@ impl crate::Events for SimStore {
         self.read(|state, _| Ok(state.feed_seq))
     }
 
-    async fn watch_events(&self, _workflow_id: &str, _watch_ms: u64) -> Result<()> {
+    async fn watch_events(&self, _workflow_id: &WorkflowId, _watch_ms: u64) -> Result<()> {
         Ok(())
     }
 }

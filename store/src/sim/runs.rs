@@ -6,8 +6,8 @@ use super::{SimStore, State};
 use crate::lease::ttl_seconds;
 use crate::runs::{answered, pending_answer, pending_request_id, replay, status_after_answer};
 use crate::{
-    Admission, ApprovalAnswer, CancelAction, Error, NewRun, Result, RunOutcome, RunRenewal, RunRow,
-    RunStatus, SlotRow, WriteOp,
+    Admission, ApprovalAnswer, CancelAction, Error, NewRun, Result, RunId, RunOutcome, RunRenewal,
+    RunRow, RunStatus, SlotRow, WriteOp,
 };
 
 /// The change a durable cancel request makes to a live run: the first action asked for stands,
@@ -122,7 +122,7 @@ impl State {
     /// Whether it changed.
     fn change_run(
         &mut self,
-        run_id: &str,
+        run_id: &RunId,
         allowed: impl FnOnce(&RunRow) -> bool,
         change: impl FnOnce(&mut RunRow),
         now: f64,
@@ -200,8 +200,8 @@ impl State {
         }))
     }
 
-    fn claim_orphans(&mut self, claimer: &str, limit: u32, now: f64) -> Result<Vec<String>> {
-        let orphans: Vec<String> = self
+    fn claim_orphans(&mut self, claimer: &str, limit: u32, now: f64) -> Result<Vec<RunId>> {
+        let orphans: Vec<RunId> = self
             .runs
             .values()
             .filter(|run| {
@@ -255,13 +255,13 @@ impl crate::Runs for SimStore {
         self.write(|state, now| state.admit(run, now))
     }
 
-    async fn read_run(&self, run_id: &str) -> Result<Option<RunRow>> {
+    async fn read_run(&self, run_id: &RunId) -> Result<Option<RunRow>> {
         self.read(|state, _| Ok(state.runs.get(run_id).cloned()))
     }
 
     async fn renew_run_lease(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         owner: &str,
         lease_ms: u64,
     ) -> Result<Result<RunRenewal, Option<RunRow>>> {
@@ -287,7 +287,7 @@ impl crate::Runs for SimStore {
 
     async fn request_run_cancel(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         action: CancelAction,
     ) -> Result<Option<CancelAction>> {
         self.write(|state, now| {
@@ -303,7 +303,7 @@ impl crate::Runs for SimStore {
 
     async fn update_run_status(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         owner: &str,
         status: RunStatus,
         metadata: Option<Value>,
@@ -326,7 +326,7 @@ impl crate::Runs for SimStore {
 
     async fn finalize_run(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         owner: &str,
         outcome: &RunOutcome,
         require_not_cancelled: bool,
@@ -376,7 +376,7 @@ impl crate::Runs for SimStore {
         })
     }
 
-    async fn claim_orphan_runs(&self, claimer: &str, limit: u32) -> Result<Vec<String>> {
+    async fn claim_orphan_runs(&self, claimer: &str, limit: u32) -> Result<Vec<RunId>> {
         self.write(|state, now| state.claim_orphans(claimer, limit, now))
     }
 

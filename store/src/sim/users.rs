@@ -7,7 +7,7 @@ use super::{SimStore, State};
 use crate::users::leaves_no_admin;
 use crate::{
     Error, NewToken, NewUser, NodeRecord, Result, RunStatus, SlotRow, StatusCount, StepStatus,
-    TokenRow, UserChange, UserChanged, UserDeletion, UserRow, WorkflowStatus,
+    TokenRow, UserChange, UserChanged, UserDeletion, UserRow, WorkflowId, WorkflowStatus,
 };
 
 /// One signed-in browser.
@@ -82,7 +82,7 @@ fn counts<'a>(statuses: impl Iterator<Item = &'a str>) -> Vec<StatusCount> {
 
 impl State {
     /// Whether a live workflow waits for a person: a pause or checkpoint, or an agent's question.
-    fn waits_for_a_person(&self, workflow_id: &str) -> bool {
+    fn waits_for_a_person(&self, workflow_id: &WorkflowId) -> bool {
         let Some(workflow) = self.workflows.get(workflow_id) else {
             return false;
         };
@@ -90,7 +90,7 @@ impl State {
             WorkflowStatus::Paused | WorkflowStatus::WaitingApproval => true,
             WorkflowStatus::Running => {
                 self.runs.values().any(|run| {
-                    run.workflow.as_deref() == Some(workflow_id)
+                    run.workflow.as_ref() == Some(workflow_id)
                         && run.status == RunStatus::WaitingForInput
                 }) || workflow.steps.values().any(|step| {
                     matches!(step.row.kind.as_str(), "pause" | "humanCheckpoint")
@@ -423,7 +423,11 @@ impl crate::Operators for SimStore {
         })
     }
 
-    async fn waiting_workflows(&self, user_id: Option<&str>, limit: u32) -> Result<Vec<String>> {
+    async fn waiting_workflows(
+        &self,
+        user_id: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<WorkflowId>> {
         self.read(|state, _| {
             let mut waiting: Vec<_> = state
                 .workflows

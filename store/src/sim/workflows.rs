@@ -11,7 +11,7 @@ use crate::write::{ArtifactInfo, ArtifactRow, Snapshot, StepRow, WorkflowRow};
 use crate::{
     ControlRow, ControlWrite, Deletion, Epoch, Error, Launch, LaunchLimits, Lease, ListFilter,
     ListedWorkflow, NewControl, NewWorkflow, Orphaned, Purpose, Result, StatusFilter, TakeOver,
-    Versions, WorkflowStatus,
+    Versions, WorkflowId, WorkflowStatus,
 };
 
 /// The control kinds the schema allows.
@@ -98,15 +98,15 @@ impl State {
         Ok(Launch::Created(lease))
     }
 
-    fn cancel_pending(&self, workflow_id: &str) -> bool {
+    fn cancel_pending(&self, workflow_id: &WorkflowId) -> bool {
         self.controls.values().any(|control| {
-            control.workflow_id == workflow_id && control.kind == "cancel" && !control.applied
+            control.workflow_id == *workflow_id && control.kind == "cancel" && !control.applied
         })
     }
 
     fn take_over(
         &mut self,
-        workflow_id: &str,
+        workflow_id: &WorkflowId,
         owner: &str,
         lease_ms: u64,
         versions: &Versions,
@@ -163,10 +163,10 @@ impl State {
                 .is_none_or(|lease| lease.expires_at <= now)
     }
 
-    fn controls_of(&self, workflow_id: &str) -> Vec<ControlRow> {
+    fn controls_of(&self, workflow_id: &WorkflowId) -> Vec<ControlRow> {
         self.controls
             .values()
-            .filter(|control| control.workflow_id == workflow_id)
+            .filter(|control| control.workflow_id == *workflow_id)
             .cloned()
             .collect()
     }
@@ -234,13 +234,13 @@ impl State {
         Ok(ControlWrite::Recorded(row))
     }
 
-    fn snapshot(&self, workflow_id: &str, now: f64) -> Option<Snapshot> {
+    fn snapshot(&self, workflow_id: &WorkflowId, now: f64) -> Option<Snapshot> {
         let workflow = self.workflows.get(workflow_id)?;
         let mut approval_runs: Vec<_> = self
             .runs
             .values()
             .filter(|run| {
-                run.workflow.as_deref() == Some(workflow_id)
+                run.workflow.as_ref() == Some(workflow_id)
                     && (run.status == crate::RunStatus::WaitingForInput
                         || !run.metadata["hitl_answer"].is_null())
             })
@@ -294,7 +294,7 @@ impl crate::Workflows for SimStore {
 
     async fn take_over_workflow(
         &self,
-        workflow_id: &str,
+        workflow_id: &WorkflowId,
         owner: &str,
         lease_ms: u64,
         versions: &Versions,
@@ -340,7 +340,7 @@ impl crate::Workflows for SimStore {
         })
     }
 
-    async fn delete_workflow(&self, workflow_id: &str) -> Result<Deletion> {
+    async fn delete_workflow(&self, workflow_id: &WorkflowId) -> Result<Deletion> {
         self.write(|state, _| {
             let Some(workflow) = state.workflows.get(workflow_id) else {
                 return Ok(Deletion::NotFound);
@@ -351,7 +351,7 @@ impl crate::Workflows for SimStore {
             state.workflows.remove(workflow_id);
             state
                 .controls
-                .retain(|_, control| control.workflow_id != workflow_id);
+                .retain(|_, control| control.workflow_id != *workflow_id);
             state
                 .slots
                 .retain(|(workflow, _), _| workflow != workflow_id);
@@ -401,7 +401,7 @@ impl crate::Workflows for SimStore {
         })
     }
 
-    async fn read_workflow(&self, workflow_id: &str) -> Result<Option<WorkflowRow>> {
+    async fn read_workflow(&self, workflow_id: &WorkflowId) -> Result<Option<WorkflowRow>> {
         self.read(|state, _| {
             Ok(state
                 .workflows
@@ -410,7 +410,7 @@ impl crate::Workflows for SimStore {
         })
     }
 
-    async fn read_steps(&self, workflow_id: &str) -> Result<Vec<StepRow>> {
+    async fn read_steps(&self, workflow_id: &WorkflowId) -> Result<Vec<StepRow>> {
         self.read(|state, _| {
             Ok(state
                 .workflows
@@ -420,11 +420,15 @@ impl crate::Workflows for SimStore {
         })
     }
 
-    async fn read_snapshot(&self, workflow_id: &str) -> Result<Option<Snapshot>> {
+    async fn read_snapshot(&self, workflow_id: &WorkflowId) -> Result<Option<Snapshot>> {
         self.read(|state, now| Ok(state.snapshot(workflow_id, now)))
     }
 
-    async fn read_artifact(&self, workflow_id: &str, version: i64) -> Result<Option<ArtifactRow>> {
+    async fn read_artifact(
+        &self,
+        workflow_id: &WorkflowId,
+        version: i64,
+    ) -> Result<Option<ArtifactRow>> {
         self.read(|state, _| {
             Ok(state
                 .workflows
@@ -434,7 +438,7 @@ impl crate::Workflows for SimStore {
         })
     }
 
-    async fn last_artifact_version(&self, workflow_id: &str) -> Result<i64> {
+    async fn last_artifact_version(&self, workflow_id: &WorkflowId) -> Result<i64> {
         self.read(|state, _| {
             Ok(state
                 .workflows
@@ -450,13 +454,13 @@ impl crate::Controls for SimStore {
         self.write(|state, now| state.put_control(control, now))
     }
 
-    async fn read_controls(&self, workflow_id: &str) -> Result<Vec<ControlRow>> {
+    async fn read_controls(&self, workflow_id: &WorkflowId) -> Result<Vec<ControlRow>> {
         self.read(|state, _| Ok(state.controls_of(workflow_id)))
     }
 
-    async fn workflows_with_pending_controls(&self, owner: &str) -> Result<Vec<String>> {
+    async fn workflows_with_pending_controls(&self, owner: &str) -> Result<Vec<WorkflowId>> {
         self.read(|state, _| {
-            let mut pending: Vec<String> = state
+            let mut pending: Vec<WorkflowId> = state
                 .controls
                 .values()
                 .filter(|control| !control.applied)

@@ -10,7 +10,7 @@ use crate::workflows::{
     ControlRow, ControlWrite, Deletion, Launch, LaunchLimits, ListFilter, ListedWorkflow,
     NewControl, Orphaned, StatusFilter, TakeOver, Versions,
 };
-use crate::{Epoch, Error, Lease, NewWorkflow, Result, WorkflowRow, WorkflowStatus};
+use crate::{Epoch, Error, Lease, NewWorkflow, Result, WorkflowId, WorkflowRow, WorkflowStatus};
 
 fn launch(
     connection: &Connection,
@@ -92,7 +92,7 @@ fn launch(
 
 /// A workflow row as SQLite stores it (its status and data as text), before decoding.
 struct RawWorkflow {
-    workflow_id: String,
+    workflow_id: WorkflowId,
     user_id: String,
     status: String,
     owner: Option<String>,
@@ -227,7 +227,7 @@ impl SqliteStore {
         .await
     }
 
-    pub(crate) async fn read_controls(&self, workflow_id: &str) -> Result<Vec<ControlRow>> {
+    pub(crate) async fn read_controls(&self, workflow_id: &WorkflowId) -> Result<Vec<ControlRow>> {
         let workflow_id = workflow_id.to_owned();
         self.read(move |connection| controls_on(connection, &workflow_id))
             .await
@@ -236,7 +236,7 @@ impl SqliteStore {
 
 fn take_over(
     connection: &Connection,
-    workflow_id: &str,
+    workflow_id: &WorkflowId,
     owner: &str,
     lease_ms: u64,
     versions: &Versions,
@@ -299,7 +299,7 @@ fn take_over(
 impl SqliteStore {
     pub(crate) async fn take_over_workflow(
         &self,
-        workflow_id: &str,
+        workflow_id: &WorkflowId,
         owner: &str,
         lease_ms: u64,
         versions: &Versions,
@@ -360,7 +360,10 @@ impl SqliteStore {
         .await
     }
 
-    pub(crate) async fn workflows_with_pending_controls(&self, owner: &str) -> Result<Vec<String>> {
+    pub(crate) async fn workflows_with_pending_controls(
+        &self,
+        owner: &str,
+    ) -> Result<Vec<WorkflowId>> {
         let owner = owner.to_owned();
         self.read(move |connection| {
             let mut statement = connection.prepare_cached(
@@ -369,12 +372,12 @@ impl SqliteStore {
                   WHERE c.applied_at IS NULL AND w.owner = ?1",
             )?;
             let rows = statement.query_map([&owner], |row| row.get(0))?;
-            Ok(rows.collect::<rusqlite::Result<Vec<String>>>()?)
+            Ok(rows.collect::<rusqlite::Result<Vec<WorkflowId>>>()?)
         })
         .await
     }
 
-    pub(crate) async fn delete_workflow(&self, workflow_id: &str) -> Result<Deletion> {
+    pub(crate) async fn delete_workflow(&self, workflow_id: &WorkflowId) -> Result<Deletion> {
         let workflow_id = workflow_id.to_owned();
         self.write(move |connection| {
             let status: Option<String> = connection
@@ -449,7 +452,10 @@ impl SqliteStore {
 }
 
 /// Every control of a workflow, oldest first.
-pub(super) fn controls_on(connection: &Connection, workflow_id: &str) -> Result<Vec<ControlRow>> {
+pub(super) fn controls_on(
+    connection: &Connection,
+    workflow_id: &WorkflowId,
+) -> Result<Vec<ControlRow>> {
     let mut statement = connection.prepare_cached(concat!(
         "SELECT ",
         control_columns!(),
