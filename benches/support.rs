@@ -57,7 +57,7 @@ pub async fn workflows(store: &Store, prefix: &str, writers: usize) -> Vec<Fence
         let lease = store
             .create_workflow(
                 NewWorkflow {
-                    workflow_id: format!("{prefix}-{writer}"),
+                    workflow_id: format!("{prefix}-{writer}").into(),
                     user_id: "bench".into(),
                     request_id: None,
                     fingerprint: "bench".into(),
@@ -89,7 +89,7 @@ pub async fn fenced_writes(store: &Arc<Store>, prefix: &str, writers: usize, ops
                     step_id: format!("step-{op}"),
                     attempt: 1,
                     kind: "agent".into(),
-                    status: "completed".into(),
+                    status: store::StepStatus::Completed,
                     data: json!({"output": op}),
                 };
                 let started = Instant::now();

@@ -16,8 +16,8 @@ use actors::agents::{AgentConfig, AgentRegistry};
 use actors::{LaunchRequest, Node, NodeIdentity, NodeOptions, RunsOptions, WorkflowsHandle};
 use serde_json::json;
 use store::{
-    Admission, DatabaseUrl, Launch, LaunchLimits, NewRun, NewWorkflow, RunOutcome, RunStatus,
-    Store, StoreOptions, WorkflowStep, WriteOp,
+    Admission, DatabaseUrl, Launch, LaunchLimits, NewRun, NewWorkflow, RunId, RunOutcome,
+    RunStatus, Store, StoreOptions, WorkflowId, WorkflowStep, WriteOp,
 };
 use support::{Run, fenced_writes, fresh_pg_database};
 
@@ -193,15 +193,15 @@ async fn measure(
             script: pause.into(),
             args: json!({}),
         };
-        ids.push(workflows.launch(request).await.expect("launch").run_id);
+        ids.push(workflows.launch(request).await.expect("launch").workflow_id);
     }
-    let last = ids.last().cloned().unwrap_or_default();
-    while store
-        .read_workflow(&last)
-        .await
-        .ok()
-        .flatten()
-        .is_none_or(|row| row.status != "paused")
+    while let Some(last) = ids.last()
+        && store
+            .read_workflow(last)
+            .await
+            .ok()
+            .flatten()
+            .is_none_or(|row| row.status != store::WorkflowStatus::Paused)
     {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -218,7 +218,7 @@ async fn measure(
 /// Launches one 10-step workflow and waits for it to complete: its supervisor's stop is the cue
 /// to read the row, so waiting costs the node nothing (polling the row would compete with the
 /// workflows for the store).
-async fn run_one(workflows: &WorkflowsHandle, store: &Store) -> String {
+async fn run_one(workflows: &WorkflowsHandle, store: &Store) -> WorkflowId {
     let mut stopped = workflows.stopped();
     let request = LaunchRequest {
         user_id: "bench".into(),
@@ -226,7 +226,7 @@ async fn run_one(workflows: &WorkflowsHandle, store: &Store) -> String {
         script: script(),
         args: json!({}),
     };
-    let id = workflows.launch(request).await.expect("launch").run_id;
+    let id = workflows.launch(request).await.expect("launch").workflow_id;
     loop {
         match tokio::time::timeout(Duration::from_secs(1), stopped.recv()).await {
             Ok(Ok(other)) if other != id => continue,
@@ -237,8 +237,8 @@ async fn run_one(workflows: &WorkflowsHandle, store: &Store) -> String {
             _ => {}
         }
         match store.read_workflow(&id).await.expect("read") {
-            Some(row) if row.status == "completed" => return id,
-            Some(row) if row.status == "failed" => {
+            Some(row) if row.status == store::WorkflowStatus::Completed => return id,
+            Some(row) if row.status == store::WorkflowStatus::Failed => {
                 panic!("a bench workflow failed: {:?}", row.data)
             }
             _ => {}
@@ -288,12 +288,12 @@ async fn store_writes_of_one(store: &Store, owner: &str, workflow_id: &str) {
         panic!("a bench workflow was not created");
     };
     let fence = lease.fence();
-    let step = |n: usize, status: &str, run_id: &str| {
+    let step = |n: usize, status: store::StepStatus, run_id: &str| {
         let mut data = json!({"args": {"stepId": format!("s{n}"), "agentRef": "scripted", "task": format!("t{n}")},
                               "outcome": null, "settled_at_ms": null,
                               "run_id": run_id, "thread_id": format!("{workflow_id}-{n:016x}"),
                               "configuration_version": "0".repeat(64)});
-        if status == "completed" {
+        if status == store::StepStatus::Completed {
             data["outcome"] = json!({"outcome": "resolved",
                                      "value": {"output": format!("t{n}"), "artifactVersion": n + 1,
                                                "threadId": format!("{workflow_id}-{n:016x}"),
@@ -306,13 +306,13 @@ async fn store_writes_of_one(store: &Store, owner: &str, workflow_id: &str) {
             step_id: format!("s{n}"),
             attempt: 1,
             kind: "agent".into(),
-            status: status.into(),
+            status,
             data,
         }
     };
     let ended = |n: usize, run_id: &str| {
         vec![
-            step(n, "completed", run_id),
+            step(n, store::StepStatus::Completed, run_id),
             WriteOp::PutArtifact {
                 workflow_id: workflow_id.into(),
                 version: i64::try_from(n + 1).unwrap_or(i64::MAX),
@@ -327,14 +327,14 @@ async fn store_writes_of_one(store: &Store, owner: &str, workflow_id: &str) {
             },
         ]
     };
-    let mut previous: Option<String> = None;
+    let mut previous: Option<RunId> = None;
     for n in 0..STEPS {
-        let run_id = new_id();
+        let run_id = RunId::new(new_id());
         let mut journal = previous
-            .as_deref()
-            .map(|run_id| ended(n - 1, run_id))
+            .as_ref()
+            .map(|run_id| ended(n - 1, run_id.as_str()))
             .unwrap_or_default();
-        journal.push(step(n, "running", &run_id));
+        journal.push(step(n, store::StepStatus::Running, run_id.as_str()));
         let run = NewRun {
             run_id: run_id.clone(),
             thread_id: format!("{workflow_id}-{n:016x}"),
@@ -375,7 +375,7 @@ async fn store_writes_of_one(store: &Store, owner: &str, workflow_id: &str) {
         );
         previous = Some(run_id);
     }
-    let mut last = ended(STEPS - 1, previous.as_deref().unwrap_or_default());
+    let mut last = ended(STEPS - 1, previous.as_ref().map_or("", RunId::as_str));
     last.push(WriteOp::SetWorkflow {
         workflow_id: workflow_id.into(),
         status: store::WorkflowStatus::Completed,
@@ -391,6 +391,7 @@ async fn same_rows_as_the_node(workflows: &WorkflowsHandle, store: &Store, backe
     let by_node = run_one(workflows, store).await;
     let by_floor = new_id();
     store_writes_of_one(store, &format!("floor-{backend}"), &by_floor).await;
+    let by_floor = WorkflowId::new(by_floor);
     let (node, floor) = (
         rows_of(store, &by_node).await,
         rows_of(store, &by_floor).await,
@@ -409,7 +410,7 @@ async fn same_rows_as_the_node(workflows: &WorkflowsHandle, store: &Store, backe
 /// What a finished workflow left: its status, its journal (step, kind, status, whether it names
 /// a child run, whether it has an outcome), its newest artifact version, and whether its lease
 /// was given back.
-async fn rows_of(store: &Store, workflow_id: &str) -> impl PartialEq + std::fmt::Debug {
+async fn rows_of(store: &Store, workflow_id: &WorkflowId) -> impl PartialEq + std::fmt::Debug {
     let status = store
         .read_workflow(workflow_id)
         .await

@@ -1,5 +1,7 @@
 //! Errors of the actor layer.
 
+use store::WorkflowId;
+
 /// Calls `actor` with a timeout and turns every way it can fail to answer into
 /// [`Error::Unanswered`] naming the actor.
 pub(crate) async fn ask<M, T>(
@@ -75,11 +77,11 @@ pub enum Error {
     },
     /// The workflow the request names does not exist (or was deleted meanwhile).
     #[error("not found: workflow {workflow_id:?}")]
-    NoWorkflow { workflow_id: String },
+    NoWorkflow { workflow_id: WorkflowId },
     /// The step the request names is not in the workflow's journal.
     #[error("not found: step {step_id:?} of workflow {workflow_id:?}")]
     NoStep {
-        workflow_id: String,
+        workflow_id: WorkflowId,
         step_id: String,
     },
     /// A control named a digest of script and args that is not the workflow's: its caller saw
@@ -129,17 +131,17 @@ pub enum Error {
     #[error(
         "refused: workflow {workflow_id:?} is supervised on this node, or being taken over by it"
     )]
-    Supervised { workflow_id: String },
+    Supervised { workflow_id: WorkflowId },
     /// This node is draining: it takes no recoveries.
     #[error("refused: this node is draining: it takes no recoveries")]
     Draining,
     /// An operator's fence of a workflow this node does not supervise.
     #[error("refused: workflow {workflow_id:?} is not supervised on this node")]
-    NotSupervised { workflow_id: String },
+    NotSupervised { workflow_id: WorkflowId },
     /// At the node's clean stop, a workflow with a child run in flight keeps its lease: the
     /// child stops with the node while its run is still leased.
     #[error("refused: workflow {workflow_id:?} keeps its lease: a child run of it is in flight")]
-    ChildInFlight { workflow_id: String },
+    ChildInFlight { workflow_id: WorkflowId },
     /// A cluster-wide limit refused the request.
     #[error("refused by `{limit}` ({max})")]
     LimitReached { limit: &'static str, max: u64 },

@@ -11,11 +11,12 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
+use store::WorkflowId;
 use tokio::sync::watch;
 
 /// One sender per workflow some stream of this node follows, and one for the feed.
 pub struct EventWakes {
-    workflows: Mutex<HashMap<String, watch::Sender<u64>>>,
+    workflows: Mutex<HashMap<WorkflowId, watch::Sender<u64>>>,
     feed: watch::Sender<u64>,
 }
 
@@ -31,7 +32,7 @@ impl Default for EventWakes {
 impl EventWakes {
     /// Something that may have written events of `workflow_id` committed; with
     /// `status_changed`, maybe a status change too, which the feed streams show.
-    pub fn committed(&self, workflow_id: &str, status_changed: bool) {
+    pub fn committed(&self, workflow_id: &WorkflowId, status_changed: bool) {
         let workflows = self
             .workflows
             .lock()
@@ -62,7 +63,7 @@ impl EventWakes {
     }
 
     /// Wakes for one workflow's events, until dropped.
-    pub fn workflow(self: &Arc<Self>, workflow_id: &str) -> WorkflowWake {
+    pub fn workflow(self: &Arc<Self>, workflow_id: &WorkflowId) -> WorkflowWake {
         let mut workflows = self
             .workflows
             .lock()
@@ -95,7 +96,7 @@ impl EventWakes {
 /// A stream's wake for one workflow; the workflow's sender goes when its last wake does.
 pub struct WorkflowWake {
     wakes: Arc<EventWakes>,
-    workflow_id: String,
+    workflow_id: WorkflowId,
     receiver: watch::Receiver<u64>,
 }
 
@@ -134,16 +135,16 @@ mod tests {
     #[tokio::test]
     async fn a_commit_wakes_that_workflows_streams_and_the_last_one_cleans_up() {
         let wakes = Arc::new(EventWakes::default());
-        let mut first = wakes.workflow("a");
-        let mut second = wakes.workflow("a");
-        let mut other = wakes.workflow("b");
+        let mut first = wakes.workflow(&WorkflowId::from("a"));
+        let mut second = wakes.workflow(&WorkflowId::from("a"));
+        let mut other = wakes.workflow(&WorkflowId::from("b"));
         let mut feed = wakes.feed();
-        wakes.committed("a", false);
+        wakes.committed(&WorkflowId::from("a"), false);
         first.changed().await;
         second.changed().await;
         assert!(!other.receiver.has_changed().unwrap_or(true));
         assert!(!feed.has_changed().unwrap_or(true));
-        wakes.committed("b", true);
+        wakes.committed(&WorkflowId::from("b"), true);
         other.changed().await;
         assert!(feed.changed().await.is_ok());
         drop(first);

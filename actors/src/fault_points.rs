@@ -10,6 +10,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use store::WorkflowId;
+
 /// How often a held boundary looks for its `release` file.
 const RELEASE_POLL: Duration = Duration::from_millis(20);
 
@@ -41,7 +43,7 @@ impl FaultPoints {
     }
 
     /// Holds here if `boundary` is the armed one and has not held before in this process.
-    pub async fn reach(&self, boundary: &str, run_id: &str) {
+    pub async fn reach(&self, boundary: &str, workflow_id: &WorkflowId) {
         let armed = tokio::fs::read(self.dir.join("arm.json"))
             .await
             .ok()
@@ -52,12 +54,12 @@ impl FaultPoints {
         }
         tracing::warn!(
             boundary,
-            run_id,
+            %workflow_id,
             "fault point reached: holding until released"
         );
         let reached = serde_json::json!({
             "boundary": boundary,
-            "run_id": run_id,
+            "run_id": workflow_id,
             "pid": std::process::id(),
         });
         if let Err(error) =

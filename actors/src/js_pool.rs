@@ -18,6 +18,7 @@ use std::sync::{Arc, Mutex, mpsc};
 
 use runtime::{Activation, CallId, JournalEntry, Limits, Outcome, Vm, VmOptions};
 use serde_json::Value;
+use store::WorkflowId;
 use tokio::sync::oneshot;
 
 /// What starting a VM needs.
@@ -51,10 +52,10 @@ pub enum JsError {
     Start(#[from] runtime::Error),
     /// No VM is loaded for the workflow and no start was given.
     #[error("workflow {0:?} has no runtime loaded")]
-    NotLoaded(String),
+    NotLoaded(WorkflowId),
     /// The JS thread panicked while running the workflow; its VM was dropped.
     #[error("the script engine failed while running workflow {0:?}")]
-    Crashed(String),
+    Crashed(WorkflowId),
     /// The pool has stopped.
     #[error("the JS worker pool has stopped")]
     Stopped,
@@ -114,13 +115,13 @@ struct Loaded {
 
 enum Job {
     Activate {
-        workflow_id: String,
+        workflow_id: WorkflowId,
         start: Option<Box<StartSpec>>,
         settles: Vec<Settle>,
         reply: oneshot::Sender<Result<Activated, JsError>>,
     },
     Park {
-        workflow_id: String,
+        workflow_id: WorkflowId,
     },
     Loaded {
         reply: oneshot::Sender<usize>,
@@ -168,7 +169,7 @@ impl JsPool {
     /// (a compile is short and bounded by `script_bytes_max`; no actor's turn waits on it).
     pub async fn check(
         &self,
-        workflow_id: &str,
+        workflow_id: &WorkflowId,
         script: String,
         limits: Limits,
     ) -> Result<(), JsError> {
@@ -183,7 +184,7 @@ impl JsPool {
         Ok(answer.await.map_err(|_| JsError::Stopped)??)
     }
 
-    fn worker(&self, workflow_id: &str) -> &mpsc::Sender<Job> {
+    fn worker(&self, workflow_id: &WorkflowId) -> &mpsc::Sender<Job> {
         let mut hasher = DefaultHasher::new();
         workflow_id.hash(&mut hasher);
         let index = usize::try_from(hasher.finish() % self.workers.len() as u64).unwrap_or(0);
@@ -194,7 +195,7 @@ impl JsPool {
     /// one activation.
     pub async fn activate(
         &self,
-        workflow_id: &str,
+        workflow_id: &WorkflowId,
         start: Option<StartSpec>,
         settles: Vec<Settle>,
     ) -> Result<Activated, JsError> {
@@ -211,7 +212,7 @@ impl JsPool {
     }
 
     /// Drops the workflow's VM; the next activation must start (replay) it again.
-    pub fn park(&self, workflow_id: &str) {
+    pub fn park(&self, workflow_id: &WorkflowId) {
         // A stopped pool holds no VM to drop.
         let _ = self.worker(workflow_id).send(Job::Park {
             workflow_id: workflow_id.to_owned(),
@@ -233,7 +234,7 @@ impl JsPool {
 
 /// One JS thread: owns the VMs of the workflows hashed to it.
 fn serve(jobs: mpsc::Receiver<Job>, memory: &MemoryBudget) {
-    let mut vms: HashMap<String, Loaded> = HashMap::new();
+    let mut vms: HashMap<WorkflowId, Loaded> = HashMap::new();
     while let Ok(job) = jobs.recv() {
         match job {
             Job::Activate {
@@ -276,9 +277,9 @@ fn serve(jobs: mpsc::Receiver<Job>, memory: &MemoryBudget) {
 }
 
 fn activate(
-    vms: &mut HashMap<String, Loaded>,
+    vms: &mut HashMap<WorkflowId, Loaded>,
     memory: &MemoryBudget,
-    workflow_id: &str,
+    workflow_id: &WorkflowId,
     start: Option<Box<StartSpec>>,
     settles: Vec<Settle>,
 ) -> Result<Activated, JsError> {
@@ -366,7 +367,7 @@ mod tests {
     async fn a_vm_lives_on_its_thread_between_activations_and_parking_drops_it() {
         let pool = JsPool::new(2, 1 << 30).expect("pool");
         let first = pool
-            .activate("wf", Some(spec(vec![])), vec![])
+            .activate(&WorkflowId::from("wf"), Some(spec(vec![])), vec![])
             .await
             .expect("start");
         assert_eq!(first.activation.status, Status::Waiting);
@@ -379,7 +380,7 @@ mod tests {
             at_ms: 5,
         };
         let done = pool
-            .activate("wf", None, vec![settle.clone()])
+            .activate(&WorkflowId::from("wf"), None, vec![settle.clone()])
             .await
             .expect("run");
         assert_eq!(done.activation.status, Status::Completed(json!(42)));
@@ -388,20 +389,22 @@ mod tests {
 
         // Parked in the middle, then woken: the journal replays and nothing runs twice.
         let again = pool
-            .activate("wf-2", Some(spec(vec![])), vec![])
+            .activate(&WorkflowId::from("wf-2"), Some(spec(vec![])), vec![])
             .await
             .expect("start");
-        pool.park("wf-2");
+        pool.park(&WorkflowId::from("wf-2"));
         assert_eq!(pool.loaded().await, 0);
         assert_eq!(
-            pool.activate("wf-2", None, vec![]).await.err(),
+            pool.activate(&WorkflowId::from("wf-2"), None, vec![])
+                .await
+                .err(),
             Some(JsError::NotLoaded("wf-2".into()))
         );
         let mut journal = again.activation.journal;
         journal[0].outcome = Some(Outcome::Resolved(json!({"v": 1})));
         journal[0].settled_at_ms = Some(9);
         let woken = pool
-            .activate("wf-2", Some(spec(journal)), vec![])
+            .activate(&WorkflowId::from("wf-2"), Some(spec(journal)), vec![])
             .await
             .expect("replay");
         assert!(woken.activation.commands.is_empty(), "a replay ran a step");
@@ -413,7 +416,9 @@ mod tests {
         let pool = JsPool::new(1, 1 << 30).expect("pool");
         let mut too_big = spec(vec![]);
         too_big.options.limits.script_bytes_max = 10;
-        let refused = pool.activate("wf", Some(too_big), vec![]).await;
+        let refused = pool
+            .activate(&WorkflowId::from("wf"), Some(too_big), vec![])
+            .await;
         assert!(
             matches!(&refused, Err(JsError::Start(e)) if e.to_string().contains("script_bytes_max")),
             "{refused:?}"
@@ -436,7 +441,7 @@ mod tests {
                         await agent({stepId: "a", agentRef: "x", task: 1});
                         return big.length;"#;
         let first = pool
-            .activate("a", Some(script(hungry)), vec![])
+            .activate(&WorkflowId::from("a"), Some(script(hungry)), vec![])
             .await
             .expect("a");
         assert_eq!(first.activation.status, Status::Waiting);
@@ -447,7 +452,9 @@ mod tests {
         let small = r#"await agent({stepId: "a", agentRef: "x", task: 1});
                        const more = new Array(250000).fill(2.5);
                        return more.length;"#;
-        let refused = pool.activate("b", Some(script(small)), vec![]).await;
+        let refused = pool
+            .activate(&WorkflowId::from("b"), Some(script(small)), vec![])
+            .await;
         assert!(
             matches!(&refused, Err(e @ JsError::OutOfMemory { .. }) if e.to_string().contains("js_memory_total_bytes")),
             "{refused:?}"
@@ -455,16 +462,16 @@ mod tests {
         assert_eq!(pool.memory_held_bytes(), held);
 
         // A parked VM holds nothing: now it starts.
-        pool.park("a");
+        pool.park(&WorkflowId::from("a"));
         assert_eq!(pool.loaded().await, 0);
         assert_eq!(pool.memory_held_bytes(), 0);
         let b = pool
-            .activate("b", Some(script(small)), vec![])
+            .activate(&WorkflowId::from("b"), Some(script(small)), vec![])
             .await
             .expect("b");
         // a comes back and holds its 4 MiB again; b, woken, can grow only into what is left.
         let a = pool
-            .activate("a", Some(script(hungry)), vec![])
+            .activate(&WorkflowId::from("a"), Some(script(hungry)), vec![])
             .await
             .expect("a again");
         assert_eq!(a.activation.status, Status::Waiting);
@@ -474,7 +481,7 @@ mod tests {
             at_ms: 5,
         };
         let grown = pool
-            .activate("b", None, vec![settle])
+            .activate(&WorkflowId::from("b"), None, vec![settle])
             .await
             .expect("b runs");
         assert!(
@@ -489,7 +496,7 @@ mod tests {
             at_ms: 5,
         };
         let done = pool
-            .activate("a", None, vec![settle])
+            .activate(&WorkflowId::from("a"), None, vec![settle])
             .await
             .expect("a ends");
         assert_eq!(done.activation.status, Status::Completed(json!(250000)));

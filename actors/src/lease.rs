@@ -13,8 +13,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, DerivedActorRef, RpcReplyPort};
-use serde::Serialize;
-use store::{CancelAction, Epoch, Fence, RunRenewal, RunRow};
+use store::{CancelAction, Epoch, Fence, RunId, RunRenewal, RunRow, WorkflowId};
 use tokio::time::Instant;
 
 use crate::store_actor::StoreHandle;
@@ -34,47 +33,79 @@ pub enum LeaseEvent {
     Lost,
 }
 
-/// What a lease belongs to.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum LeaseKind {
+/// A lease this node holds, with what renewing it takes: a child run's or a workflow's, each
+/// named by its own kind of id, so one cannot be renewed as the other:
+///
+/// ```compile_fail,E0308
+/// let lease = actors::Leased::Run(store::WorkflowId::new("wf-1"));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Leased {
     /// A child run: its lease is the `runs` row's owner and deadline.
-    Run,
+    Run(RunId),
     /// A workflow: its lease is the `extension_execution_leases` row at this epoch.
-    Workflow { epoch: Epoch },
+    Workflow {
+        workflow_id: WorkflowId,
+        epoch: Epoch,
+    },
 }
 
-impl LeaseKind {
+impl Leased {
     /// The metrics label.
     pub fn label(&self) -> &'static str {
         match self {
-            LeaseKind::Run => "run",
-            LeaseKind::Workflow { .. } => "workflow",
+            Leased::Run(_) => "run",
+            Leased::Workflow { .. } => "workflow",
+        }
+    }
+
+    /// The resource, whatever the epoch: what the lease actor tracks it by.
+    pub fn key(&self) -> LeaseKey {
+        match self {
+            Leased::Run(run_id) => LeaseKey::Run(run_id.clone()),
+            Leased::Workflow { workflow_id, .. } => LeaseKey::Workflow(workflow_id.clone()),
+        }
+    }
+}
+
+/// The resource a tracked lease is for: a lease taken again at a later epoch replaces the one
+/// before it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum LeaseKey {
+    Run(RunId),
+    Workflow(WorkflowId),
+}
+
+impl LeaseKey {
+    /// The id, for logs.
+    fn id(&self) -> &str {
+        match self {
+            LeaseKey::Run(run_id) => run_id.as_str(),
+            LeaseKey::Workflow(workflow_id) => workflow_id.as_str(),
         }
     }
 }
 
 /// Messages of the lease actor.
 pub enum LeaseMsg {
-    /// Start renewing the lease of `run_id` (a run or workflow id), which holds until `deadline`.
+    /// Start renewing `lease`, which holds until `deadline`.
     Track {
-        run_id: String,
-        kind: LeaseKind,
+        lease: Leased,
         deadline: Instant,
         notify: DerivedActorRef<LeaseEvent>,
     },
-    /// Stop renewing `run_id` (its outcome is persisted, or it was fenced).
-    Untrack { run_id: String },
+    /// Stop renewing a lease (its outcome is persisted, or it was fenced).
+    Untrack { key: LeaseKey },
     /// Time to renew every lease that has no renewal in flight.
     Tick,
     /// A renewal task finished.
     Renewed {
-        run_id: String,
+        key: LeaseKey,
         sent: Instant,
         result: Box<RenewalResult>,
     },
     /// A lease's deadline may have passed.
-    Deadline { run_id: String },
+    Deadline { key: LeaseKey },
     /// The tracked leases, for operators and tests.
     Leases { reply: RpcReplyPort<Vec<LeaseView>> },
 }
@@ -86,11 +117,9 @@ type RenewalResult = Result<store::Result<Result<RunRenewal, Option<RunRow>>>, R
 pub struct RenewalTimedOut;
 
 /// One tracked lease as operators see it.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone)]
 pub struct LeaseView {
-    /// The run or workflow id.
-    pub run_id: String,
-    pub kind: LeaseKind,
+    pub lease: Leased,
     pub remaining_ms: u64,
     pub renewing: bool,
     pub refused: bool,
@@ -110,11 +139,11 @@ pub(crate) struct LeaseState {
     metrics: std::sync::Arc<crate::metrics::Metrics>,
     worker_id: String,
     lease_ms: u64,
-    leases: HashMap<String, Tracked>,
+    leases: HashMap<LeaseKey, Tracked>,
 }
 
 struct Tracked {
-    kind: LeaseKind,
+    lease: Leased,
     deadline: Instant,
     notify: DerivedActorRef<LeaseEvent>,
     /// A renewal task is running; the next tick does not start another.
@@ -124,14 +153,14 @@ struct Tracked {
 }
 
 impl LeaseState {
-    /// Tells the owner of `run_id`; an owner that is gone no longer needs its lease.
-    fn tell(&mut self, run_id: &str, event: LeaseEvent) {
+    /// Tells the owner of the lease `key`; an owner that is gone no longer needs its lease.
+    fn tell(&mut self, key: &LeaseKey, event: LeaseEvent) {
         let delivered = self
             .leases
-            .get(run_id)
+            .get(key)
             .is_some_and(|lease| lease.notify.post(event).is_ok());
         if !delivered {
-            self.leases.remove(run_id);
+            self.leases.remove(key);
         }
     }
 }
@@ -175,16 +204,16 @@ impl Actor for LeaseActor {
         let _turn = crate::mailbox::turn(&myself);
         match message {
             LeaseMsg::Track {
-                run_id,
-                kind,
+                lease,
                 deadline,
                 notify,
             } => {
-                schedule_deadline(&myself, &run_id, deadline);
+                let key = lease.key();
+                schedule_deadline(&myself, &key, deadline);
                 state.leases.insert(
-                    run_id,
+                    key,
                     Tracked {
-                        kind,
+                        lease,
                         deadline,
                         notify,
                         renewing: false,
@@ -192,36 +221,32 @@ impl Actor for LeaseActor {
                     },
                 );
             }
-            LeaseMsg::Untrack { run_id } => {
-                state.leases.remove(&run_id);
+            LeaseMsg::Untrack { key } => {
+                state.leases.remove(&key);
             }
             LeaseMsg::Tick => {
-                for (run_id, lease) in &mut state.leases {
-                    if lease.renewing || lease.refused {
+                for tracked in state.leases.values_mut() {
+                    if tracked.renewing || tracked.refused {
                         continue;
                     }
-                    lease.renewing = true;
+                    tracked.renewing = true;
                     spawn_renewal(
                         &myself,
                         &state.store,
-                        run_id,
-                        &lease.kind,
+                        &tracked.lease,
                         &state.worker_id,
                         state.lease_ms,
-                        lease.deadline,
+                        tracked.deadline,
                     );
                 }
             }
-            LeaseMsg::Renewed {
-                run_id,
-                sent,
-                result,
-            } => {
-                let Some(lease) = state.leases.get_mut(&run_id) else {
+            LeaseMsg::Renewed { key, sent, result } => {
+                let Some(lease) = state.leases.get_mut(&key) else {
                     return Ok(());
                 };
                 lease.renewing = false;
-                let kind = lease.kind.label();
+                let kind = lease.lease.label();
+                let resource_id = key.id();
                 match *result {
                     Ok(Ok(Ok(renewal))) => {
                         state
@@ -232,10 +257,10 @@ impl Actor for LeaseActor {
                         let deadline = sent + held_for;
                         if deadline > lease.deadline {
                             lease.deadline = deadline;
-                            schedule_deadline(&myself, &run_id, deadline);
+                            schedule_deadline(&myself, &key, deadline);
                         }
                         state.tell(
-                            &run_id,
+                            &key,
                             LeaseEvent::Renewed {
                                 cancel: renewal.cancel_action,
                                 answer: renewal.answer,
@@ -244,7 +269,7 @@ impl Actor for LeaseActor {
                     }
                     Ok(Ok(Err(row))) => {
                         tracing::info!(
-                            run_id,
+                            resource_id,
                             status = ?row.as_ref().map(|r| r.status),
                             "lease renewal refused"
                         );
@@ -252,39 +277,44 @@ impl Actor for LeaseActor {
                         state
                             .metrics
                             .inc("reins_lease_losses_total", &[("kind", kind)]);
-                        state.tell(&run_id, LeaseEvent::Refused);
+                        state.tell(&key, LeaseEvent::Refused);
                     }
                     Ok(Err(error)) => {
-                        tracing::warn!(run_id, %error, "lease renewal failed; retrying next tick");
+                        tracing::warn!(resource_id, %error, "lease renewal failed; retrying next tick");
                     }
                     Err(RenewalTimedOut) => {
-                        tracing::warn!(run_id, "lease renewal did not finish before its deadline");
+                        tracing::warn!(
+                            resource_id,
+                            "lease renewal did not finish before its deadline"
+                        );
                     }
                 }
             }
-            LeaseMsg::Deadline { run_id } => {
+            LeaseMsg::Deadline { key } => {
                 let expired = state
                     .leases
-                    .get(&run_id)
+                    .get(&key)
                     .filter(|lease| lease.deadline <= Instant::now())
-                    .map(|lease| lease.kind.label());
+                    .map(|lease| lease.lease.label());
                 if let Some(kind) = expired {
                     state
                         .metrics
                         .inc("reins_lease_losses_total", &[("kind", kind)]);
-                    tracing::warn!(run_id, "lease deadline passed without a renewal: fencing");
-                    state.tell(&run_id, LeaseEvent::Lost);
-                    state.leases.remove(&run_id);
+                    tracing::warn!(
+                        resource_id = key.id(),
+                        "lease deadline passed without a renewal: fencing"
+                    );
+                    state.tell(&key, LeaseEvent::Lost);
+                    state.leases.remove(&key);
                 }
             }
             LeaseMsg::Leases { reply } => {
                 let now = Instant::now();
                 let views = state
                     .leases
-                    .iter()
-                    .map(|(run_id, lease)| LeaseView {
-                        run_id: run_id.clone(),
-                        kind: lease.kind.clone(),
+                    .values()
+                    .map(|lease| LeaseView {
+                        lease: lease.lease.clone(),
                         remaining_ms: u64::try_from(
                             lease.deadline.saturating_duration_since(now).as_millis(),
                         )
@@ -300,12 +330,12 @@ impl Actor for LeaseActor {
     }
 }
 
-fn schedule_deadline(myself: &ActorRef<LeaseMsg>, run_id: &str, deadline: Instant) {
-    let run_id = run_id.to_owned();
+fn schedule_deadline(myself: &ActorRef<LeaseMsg>, key: &LeaseKey, deadline: Instant) {
+    let key = key.clone();
     crate::mailbox::post_after(
         myself,
         deadline.saturating_duration_since(Instant::now()),
-        move || LeaseMsg::Deadline { run_id },
+        move || LeaseMsg::Deadline { key },
     );
 }
 
@@ -314,22 +344,22 @@ fn schedule_deadline(myself: &ActorRef<LeaseMsg>, run_id: &str, deadline: Instan
 fn spawn_renewal(
     myself: &ActorRef<LeaseMsg>,
     store: &StoreHandle,
-    run_id: &str,
-    kind: &LeaseKind,
+    lease: &Leased,
     worker_id: &str,
     lease_ms: u64,
     deadline: Instant,
 ) {
-    let (myself, store, kind) = (myself.clone(), store.clone(), kind.clone());
-    let (run_id, worker_id) = (run_id.to_owned(), worker_id.to_owned());
+    let (myself, store, lease) = (myself.clone(), store.clone(), lease.clone());
+    let worker_id = worker_id.to_owned();
     tokio::spawn(async move {
         let sent = Instant::now();
+        let key = lease.key();
         let renewal = async {
-            match kind {
-                LeaseKind::Run => store.renew_run_lease(&run_id, &worker_id, lease_ms).await,
-                LeaseKind::Workflow { epoch } => {
+            match lease {
+                Leased::Run(run_id) => store.renew_run_lease(&run_id, &worker_id, lease_ms).await,
+                Leased::Workflow { workflow_id, epoch } => {
                     let fence = Fence {
-                        resource_id: run_id.clone(),
+                        resource_id: workflow_id,
                         owner: worker_id.clone(),
                         epoch,
                     };
@@ -352,7 +382,7 @@ fn spawn_renewal(
             .map_err(|_| RenewalTimedOut);
         // The actor may have stopped meanwhile; the answer then has nobody to go to.
         let _ = myself.post(LeaseMsg::Renewed {
-            run_id,
+            key,
             sent,
             result: Box::new(result),
         });

@@ -26,7 +26,7 @@ pub use child_run::{Admitted, RunRequest, RunsHandle, RunsOptions};
 pub use error::{Error, Takeover};
 pub use fault_points::FaultPoints;
 pub use faults::{FaultAction, StoreFaults};
-pub use lease::{LeaseKind, LeaseView};
+pub use lease::{LeaseView, Leased};
 pub use node::{ActorView, Node, NodeIdentity, NodeOptions, NodeStatus, QueueView};
 pub use store_actor::{StoreHandle, StoreHealth};
 pub use workflow::ControlKind;

@@ -18,9 +18,9 @@ use serde::Serialize;
 use store::{
     Admission, ApprovalAnswer, ArtifactRow, Backend, CancelAction, ControlRow, ControlWrite,
     EventPage, EventRow, Fence, Launch, LaunchLimits, Lease, NewControl, NewRun, NewToken, NewUser,
-    NewWorkflow, NodeRecord, Operation, RunOutcome, RunRenewal, RunRow, RunStatus, SlotRow,
+    NewWorkflow, NodeRecord, Operation, RunId, RunOutcome, RunRenewal, RunRow, RunStatus, SlotRow,
     StatusCount, StepRow, Store, TakeOver, TokenRow, UserChange, UserChanged, UserDeletion,
-    UserRow, WorkflowRow, WriteOp,
+    UserRow, WorkflowId, WorkflowRow, WriteOp,
 };
 use tokio::sync::Semaphore;
 
@@ -160,7 +160,7 @@ impl StoreHandle {
 
     /// Wakes the streams of `workflow_id` after a write that may have committed (a write whose
     /// outcome is unknown may have): a wake is only a hint to read again.
-    fn wake<T>(&self, workflow_id: &str, status_changed: bool, written: &store::Result<T>) {
+    fn wake<T>(&self, workflow_id: &WorkflowId, status_changed: bool, written: &store::Result<T>) {
         if matches!(written, Ok(_) | Err(store::Error::OutcomeUnknown(_))) {
             self.wakes.committed(workflow_id, status_changed);
         }
@@ -282,7 +282,7 @@ impl StoreHandle {
     /// See [`Store::acquire_lease`].
     pub async fn acquire_lease(
         &self,
-        resource_id: &str,
+        resource_id: &WorkflowId,
         owner: &str,
         lease_ms: u64,
     ) -> store::Result<Option<Lease>> {
@@ -312,7 +312,7 @@ impl StoreHandle {
     }
 
     /// See [`Store::read_lease`].
-    pub async fn read_lease(&self, resource_id: &str) -> store::Result<Option<Lease>> {
+    pub async fn read_lease(&self, resource_id: &WorkflowId) -> store::Result<Option<Lease>> {
         let resource_id = resource_id.to_owned();
         self.call(Operation::ReadLease, move |store| async move {
             store.read_lease(&resource_id).await
@@ -345,7 +345,10 @@ impl StoreHandle {
     }
 
     /// See [`Store::read_workflow`].
-    pub async fn read_workflow(&self, workflow_id: &str) -> store::Result<Option<WorkflowRow>> {
+    pub async fn read_workflow(
+        &self,
+        workflow_id: &WorkflowId,
+    ) -> store::Result<Option<WorkflowRow>> {
         let workflow_id = workflow_id.to_owned();
         self.call(Operation::ReadWorkflow, move |store| async move {
             store.read_workflow(&workflow_id).await
@@ -356,7 +359,7 @@ impl StoreHandle {
     /// See [`Store::read_events`].
     pub async fn read_events(
         &self,
-        workflow_id: &str,
+        workflow_id: &WorkflowId,
         after: i64,
         limit: u32,
     ) -> store::Result<Option<EventPage>> {
@@ -390,7 +393,7 @@ impl StoreHandle {
     }
 
     /// See [`Store::watch_events`].
-    pub async fn watch_events(&self, workflow_id: &str, watch_ms: u64) -> store::Result<()> {
+    pub async fn watch_events(&self, workflow_id: &WorkflowId, watch_ms: u64) -> store::Result<()> {
         let workflow_id = workflow_id.to_owned();
         self.call(Operation::WatchEvents, move |store| async move {
             store.watch_events(&workflow_id, watch_ms).await
@@ -399,7 +402,7 @@ impl StoreHandle {
     }
 
     /// See [`Store::read_steps`].
-    pub async fn read_steps(&self, workflow_id: &str) -> store::Result<Vec<StepRow>> {
+    pub async fn read_steps(&self, workflow_id: &WorkflowId) -> store::Result<Vec<StepRow>> {
         let workflow_id = workflow_id.to_owned();
         self.call(Operation::ReadSteps, move |store| async move {
             store.read_steps(&workflow_id).await
@@ -488,7 +491,7 @@ impl StoreHandle {
     /// See [`Store::take_over_workflow`].
     pub async fn take_over_workflow(
         &self,
-        workflow_id: &str,
+        workflow_id: &WorkflowId,
         owner: &str,
         lease_ms: u64,
         versions: &store::Versions,
@@ -522,7 +525,10 @@ impl StoreHandle {
     }
 
     /// See [`Store::workflows_with_pending_controls`].
-    pub async fn workflows_with_pending_controls(&self, owner: &str) -> store::Result<Vec<String>> {
+    pub async fn workflows_with_pending_controls(
+        &self,
+        owner: &str,
+    ) -> store::Result<Vec<WorkflowId>> {
         let owner = owner.to_owned();
         self.call(Operation::PendingControls, move |store| async move {
             store.workflows_with_pending_controls(&owner).await
@@ -531,7 +537,10 @@ impl StoreHandle {
     }
 
     /// See [`Store::delete_workflow`].
-    pub async fn delete_workflow(&self, workflow_id: &str) -> store::Result<store::Deletion> {
+    pub async fn delete_workflow(
+        &self,
+        workflow_id: &WorkflowId,
+    ) -> store::Result<store::Deletion> {
         let workflow_id = workflow_id.to_owned();
         self.call(Operation::DeleteWorkflow, move |store| async move {
             store.delete_workflow(&workflow_id).await
@@ -566,7 +575,10 @@ impl StoreHandle {
     }
 
     /// See [`Store::read_snapshot`].
-    pub async fn read_snapshot(&self, workflow_id: &str) -> store::Result<Option<store::Snapshot>> {
+    pub async fn read_snapshot(
+        &self,
+        workflow_id: &WorkflowId,
+    ) -> store::Result<Option<store::Snapshot>> {
         let workflow_id = workflow_id.to_owned();
         self.call(Operation::ReadSnapshot, move |store| async move {
             store.read_snapshot(&workflow_id).await
@@ -595,7 +607,7 @@ impl StoreHandle {
         &self,
         user_id: Option<&str>,
         limit: u32,
-    ) -> store::Result<Vec<String>> {
+    ) -> store::Result<Vec<WorkflowId>> {
         let user_id = user_id.map(str::to_owned);
         self.call(Operation::WaitingWorkflows, move |store| async move {
             store.waiting_workflows(user_id.as_deref(), limit).await
@@ -774,7 +786,7 @@ impl StoreHandle {
     /// See [`Store::read_artifact`].
     pub async fn read_artifact(
         &self,
-        workflow_id: &str,
+        workflow_id: &WorkflowId,
         version: i64,
     ) -> store::Result<Option<ArtifactRow>> {
         let workflow_id = workflow_id.to_owned();
@@ -785,7 +797,7 @@ impl StoreHandle {
     }
 
     /// See [`Store::last_artifact_version`].
-    pub async fn last_artifact_version(&self, workflow_id: &str) -> store::Result<i64> {
+    pub async fn last_artifact_version(&self, workflow_id: &WorkflowId) -> store::Result<i64> {
         let workflow_id = workflow_id.to_owned();
         self.call(Operation::LastArtifactVersion, move |store| async move {
             store.last_artifact_version(&workflow_id).await
@@ -806,7 +818,7 @@ impl StoreHandle {
     }
 
     /// See [`Store::read_controls`].
-    pub async fn read_controls(&self, workflow_id: &str) -> store::Result<Vec<ControlRow>> {
+    pub async fn read_controls(&self, workflow_id: &WorkflowId) -> store::Result<Vec<ControlRow>> {
         let workflow_id = workflow_id.to_owned();
         self.call(Operation::ReadControls, move |store| async move {
             store.read_controls(&workflow_id).await
@@ -834,7 +846,7 @@ impl StoreHandle {
     }
 
     /// See [`Store::read_run`].
-    pub async fn read_run(&self, run_id: &str) -> store::Result<Option<RunRow>> {
+    pub async fn read_run(&self, run_id: &RunId) -> store::Result<Option<RunRow>> {
         let run_id = run_id.to_owned();
         self.call(Operation::ReadRun, move |store| async move {
             store.read_run(&run_id).await
@@ -845,11 +857,11 @@ impl StoreHandle {
     /// See [`Store::renew_run_lease`].
     pub async fn renew_run_lease(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         owner: &str,
         lease_ms: u64,
     ) -> store::Result<Result<RunRenewal, Option<RunRow>>> {
-        let key = run_id;
+        let key = run_id.as_str();
         let (run_id, owner) = (run_id.to_owned(), owner.to_owned());
         self.call_about(
             Operation::RenewRunLease,
@@ -862,10 +874,10 @@ impl StoreHandle {
     /// See [`Store::request_run_cancel`].
     pub async fn request_run_cancel(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         action: CancelAction,
     ) -> store::Result<Option<CancelAction>> {
-        let key = run_id;
+        let key = run_id.as_str();
         let run_id = run_id.to_owned();
         self.call_about(
             Operation::RequestRunCancel,
@@ -878,12 +890,12 @@ impl StoreHandle {
     /// See [`Store::update_run_status`].
     pub async fn update_run_status(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         owner: &str,
         status: RunStatus,
         metadata: Option<serde_json::Value>,
     ) -> store::Result<bool> {
-        let key = run_id;
+        let key = run_id.as_str();
         let (run_id, owner) = (run_id.to_owned(), owner.to_owned());
         self.call_about(
             Operation::UpdateRunStatus,
@@ -900,12 +912,12 @@ impl StoreHandle {
     /// See [`Store::finalize_run`].
     pub async fn finalize_run(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         owner: &str,
         outcome: &RunOutcome,
         require_not_cancelled: bool,
     ) -> store::Result<bool> {
-        let key = run_id;
+        let key = run_id.as_str();
         let (run_id, owner, outcome) = (run_id.to_owned(), owner.to_owned(), outcome.clone());
         self.call_about(Operation::FinalizeRun, Some(key), move |store| async move {
             store
@@ -942,7 +954,7 @@ impl StoreHandle {
     }
 
     /// See [`Store::claim_orphan_runs`].
-    pub async fn claim_orphan_runs(&self, claimer: &str, limit: u32) -> store::Result<Vec<String>> {
+    pub async fn claim_orphan_runs(&self, claimer: &str, limit: u32) -> store::Result<Vec<RunId>> {
         let claimer = claimer.to_owned();
         self.call(Operation::ClaimOrphanRuns, move |store| async move {
             store.claim_orphan_runs(&claimer, limit).await
@@ -979,7 +991,7 @@ mod tests {
 
     fn workflow(id: &str) -> NewWorkflow {
         NewWorkflow {
-            workflow_id: id.to_owned(),
+            workflow_id: WorkflowId::new(id),
             user_id: "u".into(),
             request_id: None,
             fingerprint: "fp".into(),
@@ -989,7 +1001,7 @@ mod tests {
 
     fn done(id: &str) -> WriteOp {
         WriteOp::SetWorkflow {
-            workflow_id: id.to_owned(),
+            workflow_id: WorkflowId::new(id),
             status: store::WorkflowStatus::Completed,
             data: json!({}),
         }
@@ -1015,11 +1027,11 @@ mod tests {
             assert!(matches!(launched, Launch::Created(_)), "{launched:?}");
         }
         let row = store
-            .read_workflow("wf-7")
+            .read_workflow(&WorkflowId::from("wf-7"))
             .await
             .expect("read")
             .expect("row");
-        assert_eq!(row.status, "running");
+        assert_eq!(row.status, store::WorkflowStatus::Running);
         assert_eq!(
             store.health().await.expect("health").schema_version,
             store::SCHEMA_VERSION
@@ -1063,14 +1075,19 @@ mod tests {
             matches!(lost, Err(store::Error::OutcomeUnknown(_))),
             "{lost:?}"
         );
-        let failed = store.read_workflow("wf").await;
+        let failed = store.read_workflow(&WorkflowId::from("wf")).await;
         assert!(
             matches!(failed, Err(store::Error::Unavailable(_))),
             "{failed:?}"
         );
-        let row = store.read_workflow("wf").await.expect("read").expect("row");
+        let row = store
+            .read_workflow(&WorkflowId::from("wf"))
+            .await
+            .expect("read")
+            .expect("row");
         assert_eq!(
-            row.status, "completed",
+            row.status,
+            store::WorkflowStatus::Completed,
             "the write whose answer was lost committed"
         );
         store

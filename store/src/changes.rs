@@ -26,6 +26,8 @@ use std::time::Duration;
 
 use tokio::sync::broadcast;
 
+use crate::WorkflowId;
+
 /// The statement the listener runs on each connect: the channel the triggers notify.
 pub(crate) const CHANGES_CHANNEL_SQL: &str = "LISTEN reins_changes";
 
@@ -40,18 +42,18 @@ const BACKLOG: usize = 4096;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Change {
     /// A control (resume, decide, cancel) was recorded for this workflow: its owner acts on it.
-    Control(String),
+    Control(WorkflowId),
     /// This workflow's status changed (terminal, waiting for a person, back to running...).
-    Status(String),
+    Status(WorkflowId),
     /// A child run of this workflow began or stopped waiting for a person's answer.
-    Input(String),
+    Input(WorkflowId),
     /// A child slot was freed while some step waits for one.
     SlotFreed,
     /// A live workflow's lease was given up, or a node stopped: recovery may find work.
     Recoverable,
     /// Events of this workflow committed while some event stream watches it
     /// ([`crate::Store::watch_events`]): a step's, a log line, an artifact...
-    Event(String),
+    Event(WorkflowId),
     /// Changes may have been missed (the listener reconnected, a subscriber lagged): re-check
     /// everything that is waited on.
     Resync,
@@ -62,12 +64,12 @@ impl Change {
     /// ignored.
     pub fn parse(payload: &str) -> Option<Change> {
         let (kind, id) = payload.split_once(':')?;
-        let id = id.to_owned();
+        let id = WorkflowId::new(id);
         match kind {
-            "c" if !id.is_empty() => Some(Change::Control(id)),
-            "w" if !id.is_empty() => Some(Change::Status(id)),
-            "r" if !id.is_empty() => Some(Change::Input(id)),
-            "e" if !id.is_empty() => Some(Change::Event(id)),
+            "c" if !id.as_str().is_empty() => Some(Change::Control(id)),
+            "w" if !id.as_str().is_empty() => Some(Change::Status(id)),
+            "r" if !id.as_str().is_empty() => Some(Change::Input(id)),
+            "e" if !id.as_str().is_empty() => Some(Change::Event(id)),
             "s" => Some(Change::SlotFreed),
             "n" => Some(Change::Recoverable),
             _ => None,
@@ -75,7 +77,7 @@ impl Change {
     }
 
     /// The workflow a change is about, if it is about one.
-    pub fn workflow_id(&self) -> Option<&str> {
+    pub fn workflow_id(&self) -> Option<&WorkflowId> {
         match self {
             Change::Control(id) | Change::Status(id) | Change::Input(id) | Change::Event(id) => {
                 Some(id)
@@ -143,10 +145,22 @@ mod tests {
 
     #[test]
     fn payloads_parse_and_unknown_ones_are_ignored() {
-        assert_eq!(Change::parse("c:w1"), Some(Change::Control("w1".into())));
-        assert_eq!(Change::parse("w:w1"), Some(Change::Status("w1".into())));
-        assert_eq!(Change::parse("r:w1"), Some(Change::Input("w1".into())));
-        assert_eq!(Change::parse("e:w1"), Some(Change::Event("w1".into())));
+        assert_eq!(
+            Change::parse("c:w1"),
+            Some(Change::Control(WorkflowId::new("w1")))
+        );
+        assert_eq!(
+            Change::parse("w:w1"),
+            Some(Change::Status(WorkflowId::new("w1")))
+        );
+        assert_eq!(
+            Change::parse("r:w1"),
+            Some(Change::Input(WorkflowId::new("w1")))
+        );
+        assert_eq!(
+            Change::parse("e:w1"),
+            Some(Change::Event(WorkflowId::new("w1")))
+        );
         assert_eq!(Change::parse("s:"), Some(Change::SlotFreed));
         assert_eq!(Change::parse("n:"), Some(Change::Recoverable));
         for unknown in ["", "c:", "e:", "x:1", "c", "w"] {

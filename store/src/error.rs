@@ -9,7 +9,7 @@ pub enum Error {
     /// written.
     #[error("lease lost: {owner:?} no longer holds {resource_id:?} at epoch {epoch}")]
     LeaseLost {
-        resource_id: String,
+        resource_id: crate::WorkflowId,
         owner: String,
         epoch: crate::Epoch,
     },

@@ -4,12 +4,12 @@
 
 use serde_json::Value;
 
-use crate::WorkflowStatus;
+use crate::{WorkflowId, WorkflowStatus};
 
 /// One event.
 #[derive(Debug, Clone, PartialEq)]
 pub struct EventRow {
-    pub workflow_id: String,
+    pub workflow_id: WorkflowId,
     /// The workflow's own number of the event: 1, 2, 3, ... without gaps. For an event of the
     /// feed, the feed's number instead.
     pub seq: i64,
@@ -28,7 +28,7 @@ pub struct EventRow {
 pub struct EventPage {
     /// At most the limit asked for, oldest first.
     pub events: Vec<EventRow>,
-    pub status: String,
+    pub status: WorkflowStatus,
     /// The workflow's newest event number.
     pub last_seq: i64,
 }
@@ -36,8 +36,6 @@ pub struct EventPage {
 impl EventPage {
     /// Whether a reader that has everything up to `after` has seen the workflow's last event.
     pub fn ended(&self, after: i64) -> bool {
-        self.events.is_empty()
-            && after >= self.last_seq
-            && WorkflowStatus::parse(&self.status).is_some_and(WorkflowStatus::is_final)
+        self.events.is_empty() && after >= self.last_seq && self.status.is_final()
     }
 }

@@ -5,6 +5,8 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+use crate::WorkflowId;
+
 /// The generation of a lease: 1 when a resource is first leased, one more at every takeover.
 /// A writer proves it still owns a resource by the epoch it holds; stored and serialized as the
 /// bare number.
@@ -82,7 +84,7 @@ impl<'a> tokio_postgres::types::FromSql<'a> for Epoch {
 /// A lease row as stored in `extension_execution_leases`.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Lease {
-    pub resource_id: String,
+    pub resource_id: WorkflowId,
     pub owner: String,
     /// Incremented by every takeover; the fence every ownership-dependent write carries.
     pub epoch: Epoch,
@@ -105,7 +107,7 @@ impl Lease {
 /// and has not expired, checked in the same transaction as the write.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
 pub struct Fence {
-    pub resource_id: String,
+    pub resource_id: WorkflowId,
     pub owner: String,
     pub epoch: Epoch,
 }
@@ -133,7 +135,7 @@ mod tests {
     #[test]
     fn an_epoch_reaches_json_as_the_bare_number_it_is_stored_as() {
         let lease = Lease {
-            resource_id: "wf".to_owned(),
+            resource_id: WorkflowId::new("wf"),
             owner: "node-a".to_owned(),
             epoch: Epoch::FIRST.next(),
             expires_at: 1.5,

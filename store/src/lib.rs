@@ -8,6 +8,7 @@
 mod changes;
 mod error;
 mod events;
+mod ids;
 mod lease;
 mod migrations;
 mod operations;
@@ -29,6 +30,7 @@ use serde::Serialize;
 pub use changes::{Change, Changes, LISTEN_APPLICATION_NAME};
 pub use error::{Error, Result};
 pub use events::{EventPage, EventRow};
+pub use ids::{RunId, WorkflowId};
 pub use lease::{Epoch, Fence, Lease};
 pub use migrations::{MigrationReport, SCHEMA_VERSION};
 pub use operations::{
@@ -36,11 +38,11 @@ pub use operations::{
 };
 pub use operators::{SlotRow, StatusCount};
 pub use runs::{
-    Admission, ApprovalAnswer, CancelAction, NewRun, RunOutcome, RunRenewal, RunRow, RunStatus,
-    WorkflowStep, pending_request_id,
+    Admission, ApprovalAnswer, CancelAction, NewRun, RunOutcome, RunRenewal, RunRow, WorkflowStep,
+    pending_request_id,
 };
 pub use sim::{SimClock, SimStore};
-pub use status::{COUNTED_STATUSES, FINAL_STATUSES, LIVE_STATUSES, WorkflowStatus};
+pub use status::{COUNTED_STATUSES, LIVE_STATUSES, RunStatus, StepStatus, WorkflowStatus};
 pub use users::{
     NewToken, NewUser, Role, TokenRow, UserChange, UserChanged, UserDeletion, UserRow,
 };

@@ -18,9 +18,9 @@ use crate::{
     Admission, ApprovalAnswer, ArtifactRow, CancelAction, ControlRow, ControlWrite, Deletion,
     EventPage, EventRow, Fence, Launch, LaunchLimits, Lease, ListFilter, ListedWorkflow,
     MigrationReport, NewControl, NewRun, NewToken, NewUser, NewWorkflow, NodeRecord, Orphaned,
-    Purpose, Result, RunOutcome, RunRenewal, RunRow, RunStatus, SlotRow, Snapshot, StatusCount,
-    StepRow, Store, TakeOver, TokenRow, UserChange, UserChanged, UserDeletion, UserRow, Versions,
-    WorkflowRow, WriteOp, retry,
+    Purpose, Result, RunId, RunOutcome, RunRenewal, RunRow, RunStatus, SlotRow, Snapshot,
+    StatusCount, StepRow, Store, TakeOver, TokenRow, UserChange, UserChanged, UserDeletion,
+    UserRow, Versions, WorkflowId, WorkflowRow, WriteOp, retry,
 };
 
 /// Calls an operation on a real backend: its inherent method of the same name and arguments, or
@@ -197,7 +197,7 @@ operations! {
         /// Takes `resource_id` for `owner` if its lease is free or expired, with epoch + 1.
         /// Returns `None` while another holder's lease is still valid.
         write AcquireLease:
-        fn acquire_lease(&self, resource_id: &str, owner: &str, lease_ms: u64) -> Option<Lease>;
+        fn acquire_lease(&self, resource_id: &WorkflowId, owner: &str, lease_ms: u64) -> Option<Lease>;
         /// Extends a lease still held by `fence` to `lease_ms` from now; never moves it
         /// backwards. Fails with [`crate::Error::LeaseLost`] if the lease expired or was taken
         /// over. Also returns the database clock at the renewal, so the caller can derive its
@@ -207,7 +207,7 @@ operations! {
         /// held.
         write ReleaseLease: fn release_lease(&self, fence: &Fence) -> bool;
         /// The current lease row of a resource, if it ever had one.
-        read ReadLease: fn read_lease(&self, resource_id: &str) -> Option<Lease>;
+        read ReadLease: fn read_lease(&self, resource_id: &WorkflowId) -> Option<Lease>;
         /// Applies `ops` atomically if and only if `fence` still holds its unexpired lease,
         /// checked in the same transaction in a way that conflicts with a concurrent takeover.
         /// Otherwise writes nothing and fails with [`crate::Error::LeaseLost`]. A
@@ -238,7 +238,7 @@ operations! {
         /// any runtime version, since it never replays the body.
         write TakeOverWorkflow: fn take_over_workflow(
             &self,
-            workflow_id: &str,
+            workflow_id: &WorkflowId,
             owner: &str,
             lease_ms: u64,
             versions: &Versions,
@@ -251,21 +251,21 @@ operations! {
         read RecoverableWorkflows:
         fn recoverable_workflows(&self, limit: u32, versions: &Versions) -> Vec<Orphaned>;
         /// Deletes a terminal workflow with its journal, controls, artifacts, slots and lease.
-        write DeleteWorkflow: fn delete_workflow(&self, workflow_id: &str) -> Deletion;
+        write DeleteWorkflow: fn delete_workflow(&self, workflow_id: &WorkflowId) -> Deletion;
         /// A page of workflows, newest first.
         read ListWorkflows: fn list_workflows(&self, filter: ListFilter) -> Vec<ListedWorkflow>;
         /// One workflow row, without its journal.
-        read ReadWorkflow: fn read_workflow(&self, workflow_id: &str) -> Option<WorkflowRow>;
+        read ReadWorkflow: fn read_workflow(&self, workflow_id: &WorkflowId) -> Option<WorkflowRow>;
         /// A workflow's journal, in the order it was written.
-        read ReadSteps: fn read_steps(&self, workflow_id: &str) -> Vec<StepRow>;
+        read ReadSteps: fn read_steps(&self, workflow_id: &WorkflowId) -> Vec<StepRow>;
         /// A workflow with its lease, the database clock, its journal and its controls, read as
         /// of one moment (what `get` shows).
-        read ReadSnapshot: fn read_snapshot(&self, workflow_id: &str) -> Option<Snapshot>;
+        read ReadSnapshot: fn read_snapshot(&self, workflow_id: &WorkflowId) -> Option<Snapshot>;
         /// One artifact version of a workflow.
         read ReadArtifact:
-        fn read_artifact(&self, workflow_id: &str, version: i64) -> Option<ArtifactRow>;
+        fn read_artifact(&self, workflow_id: &WorkflowId, version: i64) -> Option<ArtifactRow>;
         /// The newest artifact version of a workflow (0 when it has none).
-        read LastArtifactVersion: fn last_artifact_version(&self, workflow_id: &str) -> i64;
+        read LastArtifactVersion: fn last_artifact_version(&self, workflow_id: &WorkflowId) -> i64;
     }
 
     /// Controls: durable requests (resume, decide, cancel) any node records and the owner
@@ -276,10 +276,10 @@ operations! {
         /// may write it; the owner carries it out.
         write PutControl: fn put_control(&self, control: NewControl) -> ControlWrite;
         /// Every control of a workflow, oldest first.
-        read ReadControls: fn read_controls(&self, workflow_id: &str) -> Vec<ControlRow>;
+        read ReadControls: fn read_controls(&self, workflow_id: &WorkflowId) -> Vec<ControlRow>;
         /// The workflows owned by `owner` that have controls not yet carried out: one query for
         /// a whole node, however many workflows it runs.
-        read PendingControls: fn workflows_with_pending_controls(&self, owner: &str) -> Vec<String>;
+        read PendingControls: fn workflows_with_pending_controls(&self, owner: &str) -> Vec<WorkflowId>;
     }
 
     /// Child runs: admission under slots and idempotency keys, leases of their own, the
@@ -291,13 +291,13 @@ operations! {
         write AdmitRun: fn admit_run(&self, run: NewRun) -> Admission
             => |store| store.admit_run(&crate::write::ordered_run(run));
         /// One child run.
-        read ReadRun: fn read_run(&self, run_id: &str) -> Option<RunRow>;
+        read ReadRun: fn read_run(&self, run_id: &RunId) -> Option<RunRow>;
         /// Extends a live run's lease if `owner` still owns it and its lease has not expired;
         /// the answer carries any durable cancel request and any approval answer its live agent
         /// waits for. When refused, returns the row as it is now.
         write RenewRunLease: fn renew_run_lease(
             &self,
-            run_id: &str,
+            run_id: &RunId,
             owner: &str,
             lease_ms: u64
         ) -> Result<RunRenewal, Option<RunRow>>;
@@ -305,12 +305,12 @@ operations! {
         /// a run waiting for input, which nobody runs, is interrupted at once. Returns the
         /// action in force, or `None` when the run already has an outcome.
         write RequestRunCancel:
-        fn request_run_cancel(&self, run_id: &str, action: CancelAction) -> Option<CancelAction>;
+        fn request_run_cancel(&self, run_id: &RunId, action: CancelAction) -> Option<CancelAction>;
         /// Moves a run `owner` still owns from `pending`/`running` to another live status
         /// (`running`, `waiting_for_input`), optionally replacing its metadata.
         write UpdateRunStatus: fn update_run_status(
             &self,
-            run_id: &str,
+            run_id: &RunId,
             owner: &str,
             status: RunStatus,
             metadata: Option<Value>
@@ -320,7 +320,7 @@ operations! {
         /// `true` means this call's own write was acknowledged.
         write FinalizeRun: fn finalize_run(
             &self,
-            run_id: &str,
+            run_id: &RunId,
             owner: &str,
             outcome: &RunOutcome,
             require_not_cancelled: bool
@@ -340,7 +340,7 @@ operations! {
         write RestoreApproval: fn restore_approval(&self, answer: &ApprovalAnswer) -> bool;
         /// Claims up to `limit` live runs whose lease expired (their node is gone) and closes
         /// them as `error` with `stop_reason = orphan_recovered`. Returns the run ids it closed.
-        write ClaimOrphanRuns: fn claim_orphan_runs(&self, claimer: &str, limit: u32) -> Vec<String>;
+        write ClaimOrphanRuns: fn claim_orphan_runs(&self, claimer: &str, limit: u32) -> Vec<RunId>;
         /// Slots taken in `workflow_slots` across the cluster.
         read CountSlots: fn count_slots(&self) -> i64;
     }
@@ -350,7 +350,7 @@ operations! {
         /// A workflow's events numbered after `after`, at most `limit`, with its status; `None`
         /// when there is no such workflow.
         read ReadEvents:
-        fn read_events(&self, workflow_id: &str, after: i64, limit: u32) -> Option<EventPage>;
+        fn read_events(&self, workflow_id: &WorkflowId, after: i64, limit: u32) -> Option<EventPage>;
         /// Status changes of every workflow (or of `user_id`'s) whose feed number is after
         /// `after`, at most `limit`, oldest first; each with its feed number as `seq`.
         read ReadFeed:
@@ -364,7 +364,7 @@ operations! {
         /// that commits after the read is announced. On SQLite (one node, whose own writes wake
         /// its streams) and in the simulation there is nothing to do. An unknown workflow is no
         /// error (a stream then finds nothing).
-        write WatchEvents: fn watch_events(&self, workflow_id: &str, watch_ms: u64) -> ();
+        write WatchEvents: fn watch_events(&self, workflow_id: &WorkflowId, watch_ms: u64) -> ();
     }
 
     /// Users, their sessions and API tokens.
@@ -437,7 +437,7 @@ operations! {
         /// control, or a step whose agent asked for approval), `user_id`'s or everyone's, oldest
         /// first, at most `limit`.
         read WaitingWorkflows:
-        fn waiting_workflows(&self, user_id: Option<&str>, limit: u32) -> Vec<String>;
+        fn waiting_workflows(&self, user_id: Option<&str>, limit: u32) -> Vec<WorkflowId>;
         /// The child slots held, oldest first, at most `limit`.
         read ListSlots: fn list_slots(&self, limit: u32) -> Vec<SlotRow>;
         /// Records a node that has started.

@@ -13,7 +13,7 @@ pub struct StatusCount {
 /// One held child slot (`workflow_slots`).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct SlotRow {
-    pub workflow_id: String,
+    pub workflow_id: crate::WorkflowId,
     pub step_id: String,
     pub attempt: i32,
     pub created_at: f64,

@@ -5,7 +5,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::{Error, Fence};
+use crate::{Error, Fence, RunId, RunStatus, WorkflowId};
 
 /// The columns of a run, in the order both backends' row readers take them.
 macro_rules! run_columns {
@@ -16,51 +16,6 @@ macro_rules! run_columns {
     };
 }
 pub(crate) use run_columns;
-
-/// The status of a child run (spec section 6).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum RunStatus {
-    Pending,
-    Running,
-    Success,
-    Error,
-    Interrupted,
-    WaitingForInput,
-}
-
-impl RunStatus {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RunStatus::Pending => "pending",
-            RunStatus::Running => "running",
-            RunStatus::Success => "success",
-            RunStatus::Error => "error",
-            RunStatus::Interrupted => "interrupted",
-            RunStatus::WaitingForInput => "waiting_for_input",
-        }
-    }
-
-    pub fn parse(text: &str) -> Result<Self, Error> {
-        Ok(match text {
-            "pending" => RunStatus::Pending,
-            "running" => RunStatus::Running,
-            "success" => RunStatus::Success,
-            "error" => RunStatus::Error,
-            "interrupted" => RunStatus::Interrupted,
-            "waiting_for_input" => RunStatus::WaitingForInput,
-            other => return Err(Error::Database(format!("unknown run status {other:?}"))),
-        })
-    }
-
-    /// Whether the run has an outcome that nothing may change any more.
-    pub fn is_terminal(self) -> bool {
-        matches!(
-            self,
-            RunStatus::Success | RunStatus::Error | RunStatus::Interrupted
-        )
-    }
-}
 
 /// How a durable cancel request asks a run to stop.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -92,7 +47,7 @@ impl CancelAction {
 /// The workflow step a child run executes, and the slot rule it is admitted under.
 #[derive(Debug, Clone, PartialEq)]
 pub struct WorkflowStep {
-    pub workflow_id: String,
+    pub workflow_id: WorkflowId,
     pub step_id: String,
     pub attempt: i32,
     /// Child runs holding a `workflow_slots` slot across the cluster at most
@@ -109,7 +64,7 @@ pub struct WorkflowStep {
 /// A child run to admit.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NewRun {
-    pub run_id: String,
+    pub run_id: RunId,
     pub thread_id: String,
     pub agent: String,
     /// This node's `worker_id`: the run's first owner, which starts it at once (it is admitted
@@ -136,9 +91,9 @@ pub enum Admission {
 /// A row of `runs`.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct RunRow {
-    pub run_id: String,
+    pub run_id: RunId,
     pub thread_id: String,
-    pub workflow: Option<String>,
+    pub workflow: Option<WorkflowId>,
     pub step_id: Option<String>,
     pub attempt: Option<i32>,
     pub agent: String,
@@ -191,7 +146,7 @@ pub struct RunRenewal {
 /// Proof that this caller's answer consumed a pause, and what to put back to undo it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ApprovalAnswer {
-    pub run_id: String,
+    pub run_id: RunId,
     pub thread_id: String,
     /// The metadata the paused run had, `hitl_approval` included.
     pub previous_metadata: Value,

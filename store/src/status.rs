@@ -1,11 +1,66 @@
-//! A workflow's status: the one definition of which statuses exist, which are live, which hold a
-//! place under the launch limits and which are final. The database keeps it as text
-//! (`workflows.status`); [`WorkflowStatus::as_str`] and [`WorkflowStatus::parse`] are the two
-//! directions, and the string lists SQL binds are derived from the enum here.
+//! The statuses of what the store keeps, each the one definition of which statuses exist and
+//! which are final: a workflow's (`workflows.status`: also which are live and which hold a place
+//! under the launch limits), a journal entry's (`workflow_steps.status`) and a child run's
+//! (`runs.status`). The database keeps each as text; `as_str` and `parse` are the two directions,
+//! each binds to SQL as its text, and a row read back with a text none of them names is a store
+//! error naming the row, never a default. The string lists SQL binds are derived from
+//! [`WorkflowStatus`] here.
 
 use std::fmt;
 
-use serde::{Serialize, Serializer};
+use serde::{Deserialize, Serialize, Serializer};
+
+use crate::{Error, RunId, WorkflowId};
+
+/// Implements what every stored status has from its `ALL` and `as_str`: `parse`, `Display`,
+/// serialization as the stored text, binding to SQL as that text on both backends.
+macro_rules! stored_text {
+    ($status:ident) => {
+        impl $status {
+            /// The status a stored text names, if any.
+            pub fn parse(stored: &str) -> Option<Self> {
+                Self::ALL
+                    .into_iter()
+                    .find(|status| status.as_str() == stored)
+            }
+        }
+
+        impl fmt::Display for $status {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+
+        impl Serialize for $status {
+            fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                serializer.serialize_str(self.as_str())
+            }
+        }
+
+        impl rusqlite::ToSql for $status {
+            fn to_sql(&self) -> rusqlite::Result<rusqlite::types::ToSqlOutput<'_>> {
+                Ok(self.as_str().into())
+            }
+        }
+
+        impl tokio_postgres::types::ToSql for $status {
+            fn to_sql(
+                &self,
+                ty: &tokio_postgres::types::Type,
+                out: &mut tokio_postgres::types::private::BytesMut,
+            ) -> Result<tokio_postgres::types::IsNull, Box<dyn std::error::Error + Sync + Send>>
+            {
+                self.as_str().to_sql(ty, out)
+            }
+
+            fn accepts(ty: &tokio_postgres::types::Type) -> bool {
+                <&str as tokio_postgres::types::ToSql>::accepts(ty)
+            }
+
+            tokio_postgres::types::to_sql_checked!();
+        }
+    };
+}
 
 /// A workflow's status as stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -48,11 +103,13 @@ impl WorkflowStatus {
         }
     }
 
-    /// The status a stored text names, if any.
-    pub fn parse(stored: &str) -> Option<Self> {
-        Self::ALL
-            .into_iter()
-            .find(|status| status.as_str() == stored)
+    /// A workflow row's stored status, or the store error naming the row.
+    pub(crate) fn read(stored: &str, workflow_id: &WorkflowId) -> Result<Self, Error> {
+        Self::parse(stored).ok_or_else(|| {
+            Error::Database(format!(
+                "workflow {workflow_id:?} has an unknown status {stored:?}"
+            ))
+        })
     }
 
     /// Final: nothing changes the workflow any more, and it writes no more events.
@@ -77,46 +134,127 @@ impl WorkflowStatus {
     }
 }
 
-impl fmt::Display for WorkflowStatus {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+stored_text!(WorkflowStatus);
+
+/// A journal entry's status (`workflow_steps.status`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum StepStatus {
+    /// An agent call waiting for a slot (its admission not yet made).
+    Queued,
+    /// Begun: its child run admitted, or waiting for a person, a capture or a read.
+    Running,
+    Completed,
+    Failed,
+    /// Ended by a cancellation, or left behind by a failed `parallel`.
+    Cancelled,
+}
+
+impl StepStatus {
+    /// Every status.
+    pub const ALL: [StepStatus; 5] = [
+        StepStatus::Queued,
+        StepStatus::Running,
+        StepStatus::Completed,
+        StepStatus::Failed,
+        StepStatus::Cancelled,
+    ];
+
+    /// The stored text.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            StepStatus::Queued => "queued",
+            StepStatus::Running => "running",
+            StepStatus::Completed => "completed",
+            StepStatus::Failed => "failed",
+            StepStatus::Cancelled => "cancelled",
+        }
+    }
+
+    /// Final: the entry holds its call's outcome, and replay answers the call from it.
+    pub const fn is_final(self) -> bool {
+        matches!(
+            self,
+            StepStatus::Completed | StepStatus::Failed | StepStatus::Cancelled
+        )
+    }
+
+    /// A journal row's stored status, or the store error naming the row.
+    pub(crate) fn read(stored: &str, workflow_id: &WorkflowId, seq: i32) -> Result<Self, Error> {
+        Self::parse(stored).ok_or_else(|| {
+            Error::Database(format!(
+                "journal entry {seq} of workflow {workflow_id:?} has an unknown status {stored:?}"
+            ))
+        })
     }
 }
 
-impl Serialize for WorkflowStatus {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_str(self.as_str())
+stored_text!(StepStatus);
+
+/// The status of a child run (`runs.status`, spec section 6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunStatus {
+    /// Admitted, not yet started by its owner.
+    Pending,
+    Running,
+    Success,
+    Error,
+    Interrupted,
+    /// Paused for a person's answer (`metadata.hitl_approval`).
+    WaitingForInput,
+}
+
+impl RunStatus {
+    /// Every status.
+    pub const ALL: [RunStatus; 6] = [
+        RunStatus::Pending,
+        RunStatus::Running,
+        RunStatus::Success,
+        RunStatus::Error,
+        RunStatus::Interrupted,
+        RunStatus::WaitingForInput,
+    ];
+
+    /// The stored text.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            RunStatus::Pending => "pending",
+            RunStatus::Running => "running",
+            RunStatus::Success => "success",
+            RunStatus::Error => "error",
+            RunStatus::Interrupted => "interrupted",
+            RunStatus::WaitingForInput => "waiting_for_input",
+        }
+    }
+
+    /// Final: the run has an outcome that nothing may change any more.
+    pub const fn is_final(self) -> bool {
+        matches!(
+            self,
+            RunStatus::Success | RunStatus::Error | RunStatus::Interrupted
+        )
+    }
+
+    /// Holds its thread's one active place (`pending` or `running`).
+    pub const fn is_active(self) -> bool {
+        matches!(self, RunStatus::Pending | RunStatus::Running)
+    }
+
+    /// A run row's stored status, or the store error naming the row.
+    pub(crate) fn read(stored: &str, run_id: &RunId) -> Result<Self, Error> {
+        Self::parse(stored).ok_or_else(|| {
+            Error::Database(format!("run {run_id:?} has an unknown status {stored:?}"))
+        })
     }
 }
 
-impl rusqlite::ToSql for WorkflowStatus {
-    fn to_sql(&self) -> rusqlite::Result<rusqlite::types::ToSqlOutput<'_>> {
-        Ok(self.as_str().into())
-    }
-}
-
-impl tokio_postgres::types::ToSql for WorkflowStatus {
-    fn to_sql(
-        &self,
-        ty: &tokio_postgres::types::Type,
-        out: &mut tokio_postgres::types::private::BytesMut,
-    ) -> Result<tokio_postgres::types::IsNull, Box<dyn std::error::Error + Sync + Send>> {
-        self.as_str().to_sql(ty, out)
-    }
-
-    fn accepts(ty: &tokio_postgres::types::Type) -> bool {
-        <&str as tokio_postgres::types::ToSql>::accepts(ty)
-    }
-
-    tokio_postgres::types::to_sql_checked!();
-}
+stored_text!(RunStatus);
 
 /// A set of statuses, for deriving its stored texts at compile time.
 #[derive(Clone, Copy)]
 enum Set {
     Live,
     Counted,
-    Final,
 }
 
 impl Set {
@@ -124,7 +262,6 @@ impl Set {
         match self {
             Set::Live => status.is_live(),
             Set::Counted => status.holds_place(),
-            Set::Final => status.is_final(),
         }
     }
 }
@@ -160,9 +297,6 @@ pub const LIVE_STATUSES: [&str; 5] = stored(Set::Live);
 /// [`WorkflowStatus::holds_place`] as stored texts.
 pub const COUNTED_STATUSES: [&str; 4] = stored(Set::Counted);
 
-/// [`WorkflowStatus::is_final`] as stored texts.
-pub const FINAL_STATUSES: [&str; 3] = stored(Set::Final);
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -178,6 +312,45 @@ mod tests {
         }
         assert_eq!(WorkflowStatus::parse("asleep"), None);
         assert_eq!(WorkflowStatus::parse("recoverable"), None);
+        assert_eq!(
+            StepStatus::ALL.map(StepStatus::as_str),
+            ["queued", "running", "completed", "failed", "cancelled"]
+        );
+        for status in StepStatus::ALL {
+            assert_eq!(StepStatus::parse(status.as_str()), Some(status));
+        }
+        for status in RunStatus::ALL {
+            assert_eq!(RunStatus::parse(status.as_str()), Some(status));
+            let json = serde_json::to_value(status).expect("serializes");
+            assert_eq!(json, serde_json::json!(status.as_str()));
+            assert_eq!(serde_json::from_value::<RunStatus>(json).ok(), Some(status));
+        }
+        assert_eq!(StepStatus::parse("waiting_for_input"), None);
+        assert_eq!(RunStatus::parse("completed"), None);
+    }
+
+    #[test]
+    fn an_unknown_stored_status_is_an_error_naming_its_row() {
+        let message = |error: Error| error.to_string();
+        assert_eq!(
+            WorkflowStatus::read("asleep", &WorkflowId::new("wf-1")).map_err(message),
+            Err("database error: workflow \"wf-1\" has an unknown status \"asleep\"".to_owned())
+        );
+        assert_eq!(
+            StepStatus::read("asleep", &WorkflowId::new("wf-1"), 3).map_err(message),
+            Err(
+                "database error: journal entry 3 of workflow \"wf-1\" has an unknown status \"asleep\""
+                    .to_owned()
+            )
+        );
+        assert_eq!(
+            RunStatus::read("asleep", &RunId::new("run-1")).map_err(message),
+            Err("database error: run \"run-1\" has an unknown status \"asleep\"".to_owned())
+        );
+        assert_eq!(
+            WorkflowStatus::read("paused", &WorkflowId::new("wf-1")).ok(),
+            Some(WorkflowStatus::Paused)
+        );
     }
 
     #[test]
@@ -196,6 +369,5 @@ mod tests {
             COUNTED_STATUSES,
             ["running", "paused", "waiting_approval", "cancelling"]
         );
-        assert_eq!(FINAL_STATUSES, ["completed", "failed", "cancelled"]);
     }
 }

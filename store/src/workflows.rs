@@ -5,7 +5,7 @@
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::{COUNTED_STATUSES, Lease, WorkflowRow, WorkflowStatus};
+use crate::{COUNTED_STATUSES, Lease, WorkflowId, WorkflowRow, WorkflowStatus};
 
 /// [`COUNTED_STATUSES`] as a slice with a static life, a statement parameter on PostgreSQL.
 pub(crate) static COUNTED: &[&str] = &COUNTED_STATUSES;
@@ -53,7 +53,7 @@ pub enum TakeOver {
 /// A workflow whose owner's lease ran out while it was live, as automatic recovery claims it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Orphaned {
-    pub workflow_id: String,
+    pub workflow_id: WorkflowId,
     /// A cancellation is pending (or under way): the claim is for [`Purpose::Cancel`], which
     /// never replays the body.
     pub cancel_pending: bool,
@@ -83,17 +83,17 @@ pub struct Versions {
 /// anything is written. `None` lets it proceed to the lease. A workflow written before
 /// configuration versions were recorded (none in its data) is judged by its runtime alone.
 pub(crate) fn takeover_refusal(
-    status: &str,
+    status: WorkflowStatus,
     written_under: &Versions,
     ours: &Versions,
     cancel_pending: bool,
     purpose: Purpose,
 ) -> Option<TakeOver> {
-    let Some(status) = WorkflowStatus::parse(status).filter(|status| status.is_live()) else {
+    if status.is_final() {
         return Some(TakeOver::NotRecoverable(format!(
             "the workflow is {status}"
         )));
-    };
+    }
     let cancelling = cancel_pending || status == WorkflowStatus::Cancelling;
     let refused = |reason: String| Some(TakeOver::Refused(reason));
     match purpose {
@@ -129,7 +129,7 @@ pub(crate) fn takeover_refusal(
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ControlRow {
     pub id: i64,
-    pub workflow_id: String,
+    pub workflow_id: WorkflowId,
     /// `resume`, `decide` or `cancel`.
     pub kind: String,
     /// The step it answers (`""` for a cancel).
@@ -143,7 +143,7 @@ pub struct ControlRow {
 /// A control to record.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NewControl {
-    pub workflow_id: String,
+    pub workflow_id: WorkflowId,
     pub kind: String,
     pub step_id: String,
     pub attempt: i32,
@@ -188,7 +188,7 @@ pub struct ListFilter {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StatusFilter {
     /// This stored status.
-    Stored(String),
+    Stored(WorkflowStatus),
     /// What `get` shows as `recoverable`: a status of [`COUNTED_STATUSES`] (live, not waiting
     /// for an operator) with no lease, or a lease expired on the database clock.
     Recoverable,
@@ -200,7 +200,7 @@ pub enum StatusFilter {
 #[derive(Debug, Clone, PartialEq)]
 pub struct ListCursor {
     pub created_at: f64,
-    pub workflow_id: String,
+    pub workflow_id: WorkflowId,
 }
 
 /// One line of a listing.

@@ -3,7 +3,7 @@
 
 use serde_json::Value;
 
-use crate::WorkflowStatus;
+use crate::{StepStatus, WorkflowId, WorkflowStatus};
 
 /// One ownership-dependent change to a workflow's state. A list of them is applied by
 /// [`crate::Store::fenced_write`] atomically, after the fence check, or not at all.
@@ -11,19 +11,19 @@ use crate::WorkflowStatus;
 pub enum WriteOp {
     /// Set a workflow's status and data document.
     SetWorkflow {
-        workflow_id: String,
+        workflow_id: WorkflowId,
         status: WorkflowStatus,
         data: Value,
     },
     /// Insert or replace one step attempt of a workflow's journal.
     PutStep {
-        workflow_id: String,
+        workflow_id: WorkflowId,
         /// The call's place in the script's order; replay reads the journal by it.
         seq: i32,
         step_id: String,
         attempt: i32,
         kind: String,
-        status: String,
+        status: StepStatus,
         data: Value,
     },
     /// Mark a control as carried out.
@@ -31,7 +31,7 @@ pub enum WriteOp {
     /// Store an immutable artifact version (a captured file, an agent's output). A version that
     /// exists already is a conflict: versions never change.
     PutArtifact {
-        workflow_id: String,
+        workflow_id: WorkflowId,
         version: i64,
         source_step_id: String,
         path: Option<String>,
@@ -42,27 +42,27 @@ pub enum WriteOp {
     /// idempotency key, `workflow/step/attempt`, whatever the journal names), on an operator's
     /// word (reconcile): they become `interrupted` with `stop_reason = reconciled`.
     CloseStepRuns {
-        workflow_id: String,
+        workflow_id: WorkflowId,
         step_id: String,
         attempt: i32,
     },
     /// Ask every live child run of this workflow to stop (`cancel_action = interrupt`, as a
     /// cancel does; a run waiting for input is interrupted at once). The write that ends a
     /// workflow carries it, so no child outlives its workflow's end unasked.
-    CancelRuns { workflow_id: String },
+    CancelRuns { workflow_id: WorkflowId },
     /// Give back the `workflow_slots` slot a step held for its child run.
     ReleaseSlot {
-        workflow_id: String,
+        workflow_id: WorkflowId,
         step_id: String,
     },
     /// Give back every slot this workflow holds. The write that ends a workflow carries it.
-    ReleaseSlots { workflow_id: String },
+    ReleaseSlots { workflow_id: WorkflowId },
     /// Give a workflow coming back from `needs_reconciliation` (which holds no place under the
     /// limits) its places under `max_workflows` and its owner's `max_workflows_per_owner`, as a
     /// launch takes them; with none free the write is refused (`Error::LimitReached`). It must
     /// come before the change of status in its write.
     TakePlaces {
-        workflow_id: String,
+        workflow_id: WorkflowId,
         user_id: String,
         max_workflows: i64,
         max_workflows_per_owner: i64,
@@ -72,7 +72,7 @@ pub enum WriteOp {
     /// it; the first line over either is replaced by one `log_truncated` event, and later ones
     /// are dropped.
     PutLogs {
-        workflow_id: String,
+        workflow_id: WorkflowId,
         lines: Vec<String>,
         events_max: i64,
         bytes_max: i64,
@@ -107,7 +107,7 @@ pub(crate) fn ordered_run(mut run: crate::NewRun) -> crate::NewRun {
 /// A workflow row created together with its first lease.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NewWorkflow {
-    pub workflow_id: String,
+    pub workflow_id: WorkflowId,
     pub user_id: String,
     pub request_id: Option<String>,
     pub fingerprint: String,
@@ -121,7 +121,7 @@ pub struct StepRow {
     pub step_id: String,
     pub attempt: i32,
     pub kind: String,
-    pub status: String,
+    pub status: StepStatus,
     pub data: Value,
     /// When the entry was first journaled (epoch seconds, database clock).
     pub created_at: f64,
@@ -140,9 +140,9 @@ pub struct ArtifactRow {
 /// A workflow row as read back (without its journal).
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct WorkflowRow {
-    pub workflow_id: String,
+    pub workflow_id: WorkflowId,
     pub user_id: String,
-    pub status: String,
+    pub status: WorkflowStatus,
     pub owner: Option<String>,
     pub fingerprint: String,
     pub data: Value,

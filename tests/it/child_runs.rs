@@ -45,7 +45,7 @@ async fn ended(ended: oneshot::Receiver<RunEnd>) -> RunEnd {
         .expect("the run reports its end")
 }
 
-async fn row(node: &TestNode, run_id: &str) -> RunRow {
+async fn row(node: &TestNode, run_id: &store::RunId) -> RunRow {
     node.node
         .runs()
         .get(run_id)
@@ -179,7 +179,7 @@ on_both_backends! {
         let (run, end) = start(&node, "t-1", json!({"tokens": 7})).await;
         tokio::time::timeout(Duration::from_secs(5), reached.notified()).await.expect("the commit landed");
         eventually(Duration::from_secs(5), "a renewal is refused by the committed row", async || {
-            node.node.leases().await.expect("leases").iter().any(|l| l.run_id == run.run_id && l.refused)
+            node.node.leases().await.expect("leases").iter().any(|l| l.lease == actors::Leased::Run(run.run_id.clone()) && l.refused)
         })
         .await;
         release.notify_one();
@@ -217,7 +217,7 @@ on_both_backends! {
         let (slow, slow_end) = start(&node, "t-slow", json!({"hold_while": "hold_model"})).await;
         let (fast, fast_end) = start(&node, "t-fast", json!({"hold_while": "hold_model"})).await;
         let hung = Arc::new(Notify::new());
-        node.faults.add_for("renew_run_lease", &slow.run_id, FaultAction::HoldBefore {
+        node.faults.add_for("renew_run_lease", slow.run_id.as_str(), FaultAction::HoldBefore {
             reached: Arc::new(Notify::new()),
             release: Arc::clone(&hung),
         }, 1_000);
@@ -248,7 +248,7 @@ on_both_backends! {
         std::fs::write(shared.path().join("faults/hold_model"), b"").expect("hold");
         let (run, end) = start(&owner, "t-1", json!({"hold_while": "hold_model"})).await;
         // The owner's renewals stop reaching the store, as if its network were cut.
-        owner.faults.add_for("renew_run_lease", &run.run_id, FaultAction::Fail(
+        owner.faults.add_for("renew_run_lease", run.run_id.as_str(), FaultAction::Fail(
             store::Error::Unavailable("cut off".into())), 1_000);
         eventually(Duration::from_secs(10), "the peer closed the orphan", async || {
             row(&peer, &run.run_id).await.stop_reason.as_deref() == Some("orphan_recovered")

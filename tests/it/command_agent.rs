@@ -36,7 +36,7 @@ async fn node_with(db: &TestDb, shared: &Path, agents: &[AgentConfig]) -> TestNo
     TestNode::start_with(db, "a", LEASE_MS, shared, agents).await
 }
 
-async fn run(node: &TestNode, agent: &str, thread: &str) -> (String, RunEnd) {
+async fn run(node: &TestNode, agent: &str, thread: &str) -> (store::RunId, RunEnd) {
     let request = RunRequest {
         thread_id: thread.into(),
         agent: agent.into(),

@@ -95,7 +95,7 @@ async fn run(boundary: Option<&str>, hold_draft: bool, tamper: bool) -> Ended {
     {
         let store = db.store().await;
         let workflow = NewWorkflow {
-            workflow_id: id.clone(),
+            workflow_id: store::WorkflowId::from(id.clone()),
             user_id: "ada".into(),
             request_id: None,
             fingerprint: "fp".into(),
@@ -121,7 +121,7 @@ async fn run(boundary: Option<&str>, hold_draft: bool, tamper: bool) -> Ended {
             ("resume", "hold", json!({"input": "go"})),
         ] {
             let control = NewControl {
-                workflow_id: id.clone(),
+                workflow_id: store::WorkflowId::from(id.clone()),
                 kind: kind.into(),
                 step_id: step_id.into(),
                 attempt: 1,

@@ -50,8 +50,8 @@ on_both_backends! {
             return {args: args.xs, agent: echoed.output.xs};
         "#;
         let id = node.node.workflows().launch(launch(script, json!({"xs": numbers})))
-            .await.expect("launch").run_id;
-        let done = wait_for_status(&node, &id, "completed").await;
+            .await.expect("launch").workflow_id;
+        let done = wait_for_status(&node, id.as_str(), "completed").await;
         for field in ["args", "agent"] {
             let back: Vec<f64> = serde_json::from_value(done.row.data["result"][field].clone())
                 .expect("numbers");
@@ -75,11 +75,17 @@ fn unavailable() -> FaultAction {
 /// The child runs of a workflow's steps, as the store holds them.
 async fn child_runs(db: &TestDb, workflow_id: &str) -> Vec<(String, i64, String)> {
     let store = db.store().await;
-    let steps = store.read_steps(workflow_id).await.expect("steps");
+    let steps = store
+        .read_steps(&store::WorkflowId::new(workflow_id))
+        .await
+        .expect("steps");
     let mut runs = Vec::new();
     for step in steps {
         if let Some(run_id) = step.data["run_id"].as_str()
-            && let Some(run) = store.read_run(run_id).await.expect("run")
+            && let Some(run) = store
+                .read_run(&store::RunId::new(run_id))
+                .await
+                .expect("run")
         {
             runs.push((
                 step.step_id.clone(),
@@ -105,11 +111,11 @@ on_both_backends! {
         // first one failed its step, and the workflow with it.
         node.faults.add("admit_run", unavailable(), 5);
         let id = node.node.workflows().launch(launch(TWO_STEPS, json!({})))
-            .await.expect("launch").run_id;
-        let done = wait_for_status(&node, &id, "completed").await;
+            .await.expect("launch").workflow_id;
+        let done = wait_for_status(&node, id.as_str(), "completed").await;
         assert_eq!(done.row.data["result"], json!([{"echo": "one"}, {"echo": "two"}]));
         assert_eq!(done.lease.expect("lease").epoch, store::Epoch::FIRST, "the outage cost a takeover");
-        let runs = child_runs(&db, &id).await;
+        let runs = child_runs(&db, id.as_str()).await;
         assert_eq!(runs.len(), 2, "{runs:?}");
     }
 }
@@ -124,14 +130,14 @@ on_both_backends! {
             return await agent({stepId: "a", agentRef: "scripted", task: "one"});
         "#;
         let id = node.node.workflows().launch(launch(script, json!({})))
-            .await.expect("launch").run_id;
-        wait_for_status(&node, &id, "paused").await;
+            .await.expect("launch").workflow_id;
+        wait_for_status(&node, id.as_str(), "paused").await;
         node.faults.add("fenced_write", unavailable(), 5);
         node.node.workflows().resume(actors::Resume {
             workflow_id: id.clone(), fingerprint: None, step_id: "hold".into(), attempt: 1,
             input: json!(null),
         }, "ada").await.expect("resume");
-        let done = wait_for_status(&node, &id, "completed").await;
+        let done = wait_for_status(&node, id.as_str(), "completed").await;
         assert_eq!(done.row.data["result"]["output"], json!({"echo": "one"}));
         assert_eq!(done.lease.expect("lease").epoch, store::Epoch::FIRST, "the outage cost a takeover");
     }
@@ -145,10 +151,10 @@ on_both_backends! {
         // its deadline and the workflow sent to needs_reconciliation.
         node.faults.add("finalize_run", unavailable(), 5);
         let id = node.node.workflows().launch(launch(TWO_STEPS, json!({})))
-            .await.expect("launch").run_id;
-        let done = wait_for_status(&node, &id, "completed").await;
+            .await.expect("launch").workflow_id;
+        let done = wait_for_status(&node, id.as_str(), "completed").await;
         assert_eq!(done.row.data["result"], json!([{"echo": "one"}, {"echo": "two"}]));
-        let runs = child_runs(&db, &id).await;
+        let runs = child_runs(&db, id.as_str()).await;
         assert!(runs.iter().all(|(_, _, status)| status == "success"), "{runs:?}");
     }
 }
@@ -174,7 +180,7 @@ async fn a_postgresql_restart_costs_workflows_time_not_their_outcome() {
             .workflows()
             .launch(launch(script, json!({})))
             .await;
-        ids.push(launched.expect("launch").run_id);
+        ids.push(launched.expect("launch").workflow_id);
     }
     tokio::time::sleep(Duration::from_millis(250)).await;
     // About a second without the database, with steps running and admissions on their way.
@@ -187,9 +193,9 @@ async fn a_postgresql_restart_costs_workflows_time_not_their_outcome() {
     .await
     .expect("restart the database");
     for id in &ids {
-        let done = wait_for_status(&node, id, "completed").await;
+        let done = wait_for_status(&node, id.as_str(), "completed").await;
         assert_eq!(done.row.data["result"], json!(["a", "b", "c", "d"]), "{id}");
-        let runs = child_runs(&db, id).await;
+        let runs = child_runs(&db, id.as_str()).await;
         assert_eq!(runs.len(), 4, "one child run per step: {runs:?}");
     }
     drop(pg);
@@ -208,11 +214,18 @@ async fn slots_of(db: &TestDb, workflow_id: &str) -> Vec<String> {
 /// The status of the child run of `step_id`, found by its idempotency key's attempt 1.
 async fn run_of_step(db: &TestDb, workflow_id: &str, step_id: &str) -> Option<store::RunRow> {
     let store = db.store().await;
-    for step in store.read_steps(workflow_id).await.expect("steps") {
+    for step in store
+        .read_steps(&store::WorkflowId::new(workflow_id))
+        .await
+        .expect("steps")
+    {
         if step.step_id == step_id
             && let Some(run_id) = step.data["run_id"].as_str()
         {
-            return store.read_run(run_id).await.expect("run");
+            return store
+                .read_run(&store::RunId::new(run_id))
+                .await
+                .expect("run");
         }
     }
     None
@@ -230,11 +243,11 @@ on_both_backends! {
         let shared = tempfile::tempdir().expect("temp dir");
         let node = TestNode::start(&db, "a", 3_000, shared.path()).await;
         let id = node.node.workflows().launch(launch(FAIL_FAST, json!({})))
-            .await.expect("launch").run_id;
-        wait_for_status(&node, &id, "failed").await;
-        assert_eq!(slots_of(&db, &id).await, Vec::<String>::new(), "the end gives every slot back");
+            .await.expect("launch").workflow_id;
+        wait_for_status(&node, id.as_str(), "failed").await;
+        assert_eq!(slots_of(&db, id.as_str()).await, Vec::<String>::new(), "the end gives every slot back");
         eventually(Duration::from_secs(10), "the sibling's child run is interrupted", async || {
-            run_of_step(&db, &id, "slow").await
+            run_of_step(&db, id.as_str(), "slow").await
                 .is_some_and(|run| run.status == store::RunStatus::Interrupted)
         }).await;
     }
@@ -248,21 +261,21 @@ on_both_backends! {
             "try {{ {FAIL_FAST} }} catch (e) {{ }}\nawait pause({{stepId: \"hold\"}});\nreturn 1;"
         );
         let id = node.node.workflows().launch(launch(&script, json!({})))
-            .await.expect("launch").run_id;
-        wait_for_status(&node, &id, "paused").await;
+            .await.expect("launch").workflow_id;
+        wait_for_status(&node, id.as_str(), "paused").await;
         eventually(Duration::from_secs(10), "the sibling is interrupted and its slot free", async || {
-            let stopped = run_of_step(&db, &id, "slow").await
+            let stopped = run_of_step(&db, id.as_str(), "slow").await
                 .is_some_and(|run| run.status == store::RunStatus::Interrupted);
-            stopped && slots_of(&db, &id).await.is_empty()
+            stopped && slots_of(&db, id.as_str()).await.is_empty()
         }).await;
         let steps = db.store().await.read_steps(&id).await.expect("steps");
         let slow = steps.iter().find(|step| step.step_id == "slow").expect("slow journaled");
-        assert_eq!(slow.status, "cancelled", "{:?}", slow.data);
+        assert_eq!(slow.status.as_str(), "cancelled", "{:?}", slow.data);
         node.node.workflows().resume(actors::Resume {
             workflow_id: id.clone(), fingerprint: None, step_id: "hold".into(), attempt: 1,
             input: json!(null),
         }, "ada").await.expect("resume");
-        let done = wait_for_status(&node, &id, "completed").await;
+        let done = wait_for_status(&node, id.as_str(), "completed").await;
         assert_eq!(done.row.data["result"], json!(1));
     }
 }
@@ -292,16 +305,16 @@ on_both_backends! {
         let script = r#"const r = await agent({stepId: "slow", agentRef: "scripted",
                             task: {hold_while: "hold_model", output: "done"}});
                         return r.output;"#;
-        let id = owner.node.workflows().launch(launch(script, json!({}))).await.expect("launch").run_id;
+        let id = owner.node.workflows().launch(launch(script, json!({}))).await.expect("launch").workflow_id;
         eventually(Duration::from_secs(10), "the child run started", async || {
-            view(&owner, &id).await.steps.first().is_some_and(|s| s.status == "running")
+            view(&owner, id.as_str()).await.steps.first().is_some_and(|s| s.status.as_str() == "running")
         }).await;
-        let old_run = view(&owner, &id).await.steps[0].data["run_id"].as_str().expect("run").to_owned();
+        let old_run = view(&owner, id.as_str()).await.steps[0].data["run_id"].as_str().expect("run").to_owned();
         // The owner loses the workflow's lease; its child run lives on, still renewed.
         owner.node.workflows().fence(&id).await.expect("fence");
-        forget_the_run_in_the_journal(&db, &id, "slow").await;
+        forget_the_run_in_the_journal(&db, id.as_str(), "slow").await;
         heir.node.workflows().recover(&id).await.expect("recover");
-        let waiting = wait_for_status(&heir, &id, "needs_reconciliation").await;
+        let waiting = wait_for_status(&heir, id.as_str(), "needs_reconciliation").await;
         let why = &waiting.row.data["reconciliation"];
         assert_eq!(
             (why["reason"].as_str(), why["step_id"].as_str(), why["run_id"].as_str()),
@@ -313,17 +326,17 @@ on_both_backends! {
             workflow_id: id.clone(), step_id: "slow".into(), resolution: actors::Resolution::Retry,
             reason: "the operator checked: nothing happened".into(), by: "op".into(),
         }).await.expect("reconcile");
-        let old = db.store().await.read_run(&old_run).await.expect("read").expect("old run");
+        let old = db.store().await.read_run(&store::RunId::new(old_run)).await.expect("read").expect("old run");
         assert_eq!((old.status, old.stop_reason.as_deref()),
                    (store::RunStatus::Interrupted, Some("reconciled")), "the old run was left live");
         std::fs::remove_file(&hold).expect("release the model");
-        let done = wait_for_status(&heir, &id, "completed").await;
+        let done = wait_for_status(&heir, id.as_str(), "completed").await;
         assert_eq!(done.row.data["result"], json!("done"));
         assert_eq!(done.row.data.get("reconciliation"), None, "settled: no reason any more");
         let attempts: Vec<(i32, String)> = done.steps.iter()
-            .map(|step| (step.attempt, step.status.clone())).collect();
+            .map(|step| (step.attempt, step.status.as_str().to_owned())).collect();
         assert_eq!(attempts, vec![(1, "cancelled".to_owned()), (2, "completed".to_owned())]);
-        assert_eq!(slots_of(&db, &id).await, Vec::<String>::new());
+        assert_eq!(slots_of(&db, id.as_str()).await, Vec::<String>::new());
     }
 }
 
@@ -351,12 +364,12 @@ on_both_backends! {
         let owner = TestNode::start(&db, "owner", 1_500, shared.path()).await;
         // No automatic recovery: only the cancel itself can finish the job.
         let other = TestNode::start(&db, "other", 1_500, shared.path()).await;
-        let id = owner.node.workflows().launch(launch(HOLD, json!({}))).await.expect("launch").run_id;
-        wait_for_status(&owner, &id, "paused").await;
+        let id = owner.node.workflows().launch(launch(HOLD, json!({}))).await.expect("launch").workflow_id;
+        wait_for_status(&owner, id.as_str(), "paused").await;
         crash(owner).await;
         // The dead owner's lease is still valid: the first takeover to cancel is refused.
         other.node.workflows().cancel(&id, "ada").await.expect("cancel");
-        let done = wait_for_status(&other, &id, "cancelled").await;
+        let done = wait_for_status(&other, id.as_str(), "cancelled").await;
         assert!(done.controls.iter().all(|control| control.applied));
     }
 }
@@ -371,11 +384,11 @@ on_both_backends! {
         let mut cancelled = Vec::new();
         let mut recovered = Vec::new();
         for n in 0..40 {
-            let id = workflows.launch(launch(HOLD, json!({}))).await.expect("launch").run_id;
+            let id = workflows.launch(launch(HOLD, json!({}))).await.expect("launch").workflow_id;
             if n < 20 { cancelled.push(id) } else { recovered.push(id) }
         }
         for id in cancelled.iter().chain(&recovered) {
-            wait_for_status(&owner, id, "paused").await;
+            wait_for_status(&owner, id.as_str(), "paused").await;
         }
         crash(owner).await;
         let store = db.store().await;
@@ -388,13 +401,13 @@ on_both_backends! {
         }
         let heir = heir_with_automatic_recovery(&db, shared.path()).await;
         for id in &cancelled {
-            wait_for_status(&heir, id, "cancelled").await;
+            wait_for_status(&heir, id.as_str(), "cancelled").await;
         }
         for id in &recovered {
             eventually(Duration::from_secs(30), "recovered by the heir", async || {
-                view(&heir, id).await.row.owner.is_some_and(|owner| owner.starts_with("heir"))
+                view(&heir, id.as_str()).await.row.owner.is_some_and(|owner| owner.starts_with("heir"))
             }).await;
-            assert_eq!(view(&heir, id).await.row.status, "paused");
+            assert_eq!(view(&heir, id.as_str()).await.row.status.as_str(), "paused");
         }
     }
 }
@@ -413,11 +426,11 @@ async fn automatic_recovery_takes_over_any_number_of_orphans_within_a_claim_peri
                 .launch(launch(HOLD, json!({})))
                 .await
                 .expect("launch")
-                .run_id,
+                .workflow_id,
         );
     }
     for id in &ids {
-        wait_for_status(&owner, id, "paused").await;
+        wait_for_status(&owner, id.as_str(), "paused").await;
     }
     let store = owner.node.store();
     let newest_expiry = {
@@ -476,22 +489,22 @@ on_both_backends! {
         std::fs::write(shared.path().join("faults/hold_model"), b"").expect("hold");
         let script = r#"return (await agent({stepId: "slow", agentRef: "scripted",
                             task: {hold_while: "hold_model"}})).output;"#;
-        let id = owner.node.workflows().launch(launch(script, json!({}))).await.expect("launch").run_id;
+        let id = owner.node.workflows().launch(launch(script, json!({}))).await.expect("launch").workflow_id;
         eventually(Duration::from_secs(10), "the child run started", async || {
-            view(&owner, &id).await.steps.first().is_some_and(|s| s.status == "running")
+            view(&owner, id.as_str()).await.steps.first().is_some_and(|s| s.status.as_str() == "running")
         }).await;
-        assert_eq!(slots_of(&db, &id).await, vec!["slow".to_owned()]);
+        assert_eq!(slots_of(&db, id.as_str()).await, vec!["slow".to_owned()]);
         crash(owner).await;
         // Before the fix the slot stayed held until an operator reconciled the workflow.
         eventually(Duration::from_secs(20), "the sweep closes the run and frees its slot", async || {
-            let closed = run_of_step(&db, &id, "slow").await
+            let closed = run_of_step(&db, id.as_str(), "slow").await
                 .is_some_and(|run| run.stop_reason.as_deref() == Some("orphan_recovered"));
-            closed && slots_of(&db, &id).await.is_empty()
+            closed && slots_of(&db, id.as_str()).await.is_empty()
         }).await;
         heir.node.workflows().recover(&id).await.expect("recover");
-        let waiting = wait_for_status(&heir, &id, "needs_reconciliation").await;
+        let waiting = wait_for_status(&heir, id.as_str(), "needs_reconciliation").await;
         assert_eq!(waiting.row.data["reconciliation"]["reason"], "orphaned_child");
-        assert!(slots_of(&db, &id).await.is_empty());
+        assert!(slots_of(&db, id.as_str()).await.is_empty());
         std::fs::remove_file(shared.path().join("faults/hold_model")).expect("release");
     }
 }
@@ -509,18 +522,18 @@ on_both_backends! {
         std::fs::write(&hold, b"").expect("hold");
         let uncertain = r#"return (await agent({stepId: "slow", agentRef: "scripted",
                                task: {hold_while: "hold_model", output: "done"}})).output;"#;
-        let id = owner.node.workflows().launch(launch(uncertain, json!({}))).await.expect("launch").run_id;
+        let id = owner.node.workflows().launch(launch(uncertain, json!({}))).await.expect("launch").workflow_id;
         eventually(Duration::from_secs(10), "the child run started", async || {
-            view(&owner, &id).await.steps.first().is_some_and(|s| s.status == "running")
+            view(&owner, id.as_str()).await.steps.first().is_some_and(|s| s.status.as_str() == "running")
         }).await;
         owner.node.workflows().fence(&id).await.expect("fence");
         heir.node.workflows().recover(&id).await.expect("recover");
-        wait_for_status(&heir, &id, "needs_reconciliation").await;
+        wait_for_status(&heir, id.as_str(), "needs_reconciliation").await;
 
         // Before the fix this launch was refused: the uncertain workflow held the user's one place.
         let other = heir.node.workflows().launch(launch(HOLD, json!({}))).await
-            .expect("a workflow only an operator can settle holds no place").run_id;
-        wait_for_status(&heir, &other, "paused").await;
+            .expect("a workflow only an operator can settle holds no place").workflow_id;
+        wait_for_status(&heir, other.as_str(), "paused").await;
         let request = || actors::ReconcileRequest {
             workflow_id: id.clone(), step_id: "slow".into(), resolution: actors::Resolution::Retry,
             reason: "checked".into(), by: "op".into(),
@@ -529,16 +542,16 @@ on_both_backends! {
         let refused = heir.node.workflows().reconcile(request()).await;
         assert!(matches!(refused, Err(actors::Error::LimitReached { limit: "max_workflows_per_owner", .. })),
             "{refused:?}");
-        assert_eq!(view(&heir, &id).await.row.status, "needs_reconciliation");
+        assert_eq!(view(&heir, id.as_str()).await.row.status.as_str(), "needs_reconciliation");
         heir.node.workflows().cancel(&other, "ada").await.expect("cancel");
-        wait_for_status(&heir, &other, "cancelled").await;
+        wait_for_status(&heir, other.as_str(), "cancelled").await;
         std::fs::remove_file(&hold).expect("release the model");
         heir.node.workflows().reconcile(request()).await.expect("a place is free again");
-        let done = wait_for_status(&heir, &id, "completed").await;
+        let done = wait_for_status(&heir, id.as_str(), "completed").await;
         assert_eq!(done.row.data["result"], json!("done"));
         // And it counted while it ran: the user's one place is free once more.
         let again = heir.node.workflows().launch(launch(HOLD, json!({}))).await.expect("launch");
-        wait_for_status(&heir, &again.run_id, "paused").await;
+        wait_for_status(&heir, again.workflow_id.as_str(), "paused").await;
     }
 }
 
@@ -550,8 +563,8 @@ on_both_backends! {
         let script = r#"const input = await pause({stepId: "hold"});
                         const a = await agent({stepId: "a", agentRef: "scripted", task: "one"});
                         return [input, a.output];"#;
-        let id = node.node.workflows().launch(launch(script, json!({}))).await.expect("launch").run_id;
-        wait_for_status(&node, &id, "paused").await;
+        let id = node.node.workflows().launch(launch(script, json!({}))).await.expect("launch").workflow_id;
+        wait_for_status(&node, id.as_str(), "paused").await;
         // The database is gone for longer than the lease: renewals fail, and so does the
         // resumed workflow's next write until the lease has run out.
         node.faults.add("renew_lease", unavailable(), 8);
@@ -561,10 +574,10 @@ on_both_backends! {
             input: json!("go"),
         }, "ada").await.expect("resume");
         // Before the fix the workflow stayed recoverable until an operator recovered it.
-        let done = wait_for_status(&node, &id, "completed").await;
+        let done = wait_for_status(&node, id.as_str(), "completed").await;
         assert_eq!(done.row.data["result"], json!(["go", {"echo": "one"}]));
         assert_eq!(done.lease.expect("lease").epoch.get(), 2, "taken back under a new epoch");
-        let runs = child_runs(&db, &id).await;
+        let runs = child_runs(&db, id.as_str()).await;
         assert_eq!(runs.len(), 1, "{runs:?}");
     }
 }

@@ -15,7 +15,7 @@ async fn workflow(store: &Store, id: &str, owner: &str, lease_ms: u64) -> store:
     store
         .create_workflow(
             NewWorkflow {
-                workflow_id: id.to_owned(),
+                workflow_id: store::WorkflowId::new(id),
                 user_id: "tester".into(),
                 request_id: None,
                 fingerprint: "fp".into(),
@@ -32,11 +32,11 @@ async fn workflow(store: &Store, id: &str, owner: &str, lease_ms: u64) -> store:
 fn step(workflow_id: &str, step_id: &str) -> WriteOp {
     WriteOp::PutStep {
         seq: 0,
-        workflow_id: workflow_id.to_owned(),
+        workflow_id: store::WorkflowId::new(workflow_id),
         step_id: step_id.to_owned(),
         attempt: 1,
         kind: "agent".into(),
-        status: "completed".into(),
+        status: store::StepStatus::Completed,
         data: json!({"output": step_id}),
     }
 }
@@ -95,7 +95,11 @@ async fn postgres_a_takeover_waits_for_a_fenced_write_in_flight() {
 
     let takeover = {
         let store = Arc::clone(&new_store);
-        tokio::spawn(async move { store.acquire_lease("wf", "new", 60_000).await })
+        tokio::spawn(async move {
+            store
+                .acquire_lease(&store::WorkflowId::from("wf"), "new", 60_000)
+                .await
+        })
     };
     eventually(
         Duration::from_secs(5),
@@ -123,5 +127,11 @@ async fn postgres_a_takeover_waits_for_a_fenced_write_in_flight() {
         .fenced_write(&held.fence(), vec![step("wf", "late")])
         .await;
     assert!(matches!(stale, Err(Error::LeaseLost { .. })), "{stale:?}");
-    assert!(new_store.read_steps("wf").await.expect("steps").is_empty());
+    assert!(
+        new_store
+            .read_steps(&store::WorkflowId::from("wf"))
+            .await
+            .expect("steps")
+            .is_empty()
+    );
 }

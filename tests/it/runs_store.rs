@@ -1,9 +1,10 @@
-//! How the runs that asked a person are read, on both backends. The rules of child runs
+//! How the runs that asked a person are read, on both backends, and that a status read back
+//! which this build does not know is an error naming its row. The rules of child runs
 //! (admission, slots, commit authority, cancellation, approvals, orphans) are the store's
 //! conformance suite (`store/tests/conformance`).
 
 use serde_json::json;
-use store::{Admission, Launch, LaunchLimits, NewRun, NewWorkflow, WorkflowStep};
+use store::{Admission, Launch, LaunchLimits, Lease, NewRun, NewWorkflow, Store, WorkflowStep};
 
 use crate::harness::{TestDb, on_both_backends};
 
@@ -92,7 +93,7 @@ async fn a_workflows_next_step_takes_the_very_number_its_admission_frees() {
         journal,
     };
     let run = |n: u32, journal: Vec<store::WriteOp>| NewRun {
-        run_id: format!("run-{n}"),
+        run_id: format!("run-{n}").into(),
         thread_id: format!("t-{n}"),
         agent: "echo".into(),
         owner: "node-a".into(),
@@ -127,4 +128,127 @@ async fn a_workflows_next_step_takes_the_very_number_its_admission_frees() {
             "step {n} took another number"
         );
     }
+}
+
+/// Launches `wf` with one running journal entry (`a`, seq 0) and one admitted child run (`run`).
+async fn workflow_with_a_step_and_a_run(store: &Store) -> Lease {
+    let workflow = NewWorkflow {
+        workflow_id: "wf".into(),
+        user_id: "ada".into(),
+        request_id: None,
+        fingerprint: "fp".into(),
+        data: json!({}),
+    };
+    let Launch::Created(lease) = store
+        .launch_workflow(workflow, "node-a", 60_000, LaunchLimits::NONE)
+        .await
+        .expect("launch")
+    else {
+        panic!("not created");
+    };
+    let entry = store::WriteOp::PutStep {
+        workflow_id: "wf".into(),
+        seq: 0,
+        step_id: "a".into(),
+        attempt: 1,
+        kind: "agent".into(),
+        status: store::StepStatus::Running,
+        data: json!({}),
+    };
+    store
+        .fenced_write(&lease.fence(), vec![entry])
+        .await
+        .expect("journal");
+    let run = NewRun {
+        run_id: "run".into(),
+        thread_id: "t".into(),
+        agent: "echo".into(),
+        owner: "node-a".into(),
+        lease_ms: 60_000,
+        idempotency: None,
+        metadata: json!({}),
+        step: None,
+    };
+    let admitted = store.admit_run(run).await.expect("admit");
+    assert!(matches!(admitted, Admission::Admitted(_)));
+    lease
+}
+
+/// The message of a store error that a stored value could not be read, or a panic.
+fn unreadable<T: std::fmt::Debug>(read: store::Result<T>) -> String {
+    match read {
+        Err(store::Error::Database(message)) => message,
+        other => panic!("read back as {other:?}"),
+    }
+}
+
+on_both_backends! {
+    /// `admitting` is in the schema's list of journal statuses, but nothing writes it: a row
+    /// that holds it fails every read of the journal, naming the row, instead of being read as
+    /// some other status.
+    async fn a_journal_status_this_build_does_not_know_is_an_error_naming_the_row(db: TestDb) {
+        let store = db.store().await;
+        workflow_with_a_step_and_a_run(&store).await;
+        let changed = db
+            .tamper(
+                "UPDATE workflow_steps SET status = 'admitting' WHERE workflow = $1",
+                "UPDATE workflow_steps SET status = 'admitting' WHERE workflow = ?1",
+                &["wf"],
+            )
+            .await;
+        assert_eq!(changed, 1);
+        let named = r#"journal entry 0 of workflow "wf" has an unknown status "admitting""#;
+        assert_eq!(unreadable(store.read_steps(&store::WorkflowId::from("wf")).await), named);
+        assert_eq!(unreadable(store.read_snapshot(&store::WorkflowId::from("wf")).await), named);
+    }
+}
+
+/// The same for a workflow's and a child run's status, on PostgreSQL, whose check constraints
+/// are dropped to store a status no build knows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_workflow_or_run_status_this_build_does_not_know_is_an_error_naming_the_row() {
+    let db = TestDb::postgres().await;
+    let store = db.store().await;
+    workflow_with_a_step_and_a_run(&store).await;
+    db.pg_client()
+        .await
+        .batch_execute(
+            "ALTER TABLE workflows DROP CONSTRAINT workflows_status_check;
+             ALTER TABLE runs DROP CONSTRAINT runs_status_check;
+             UPDATE workflows SET status = 'asleep' WHERE id = 'wf';
+             UPDATE runs SET status = 'asleep' WHERE run_id = 'run';",
+        )
+        .await
+        .expect("tamper");
+    let workflow = r#"workflow "wf" has an unknown status "asleep""#;
+    assert_eq!(
+        unreadable(store.read_workflow(&store::WorkflowId::from("wf")).await),
+        workflow
+    );
+    assert_eq!(
+        unreadable(store.read_snapshot(&store::WorkflowId::from("wf")).await),
+        workflow
+    );
+    assert_eq!(
+        unreadable(
+            store
+                .read_events(&store::WorkflowId::from("wf"), 0, 10)
+                .await
+        ),
+        workflow
+    );
+    let everyone = store::ListFilter {
+        limit: 10,
+        ..store::ListFilter::default()
+    };
+    assert_eq!(unreadable(store.list_workflows(everyone).await), workflow);
+    assert_eq!(
+        unreadable(store.delete_workflow(&store::WorkflowId::from("wf")).await),
+        workflow
+    );
+    let run = r#"run "run" has an unknown status "asleep""#;
+    assert_eq!(
+        unreadable(store.read_run(&store::RunId::from("run")).await),
+        run
+    );
 }

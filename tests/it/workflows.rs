@@ -64,7 +64,7 @@ fn resume(id: &str, step_id: &str, input: serde_json::Value) -> Resume {
 pub(crate) async fn view(node: &TestNode, id: &str) -> WorkflowView {
     node.node
         .workflows()
-        .get(id)
+        .get(&store::WorkflowId::new(id))
         .await
         .expect("get")
         .expect("exists")
@@ -74,7 +74,7 @@ pub(crate) async fn view(node: &TestNode, id: &str) -> WorkflowView {
 pub(crate) async fn wait_for_status(node: &TestNode, id: &str, status: &str) -> WorkflowView {
     let what = format!("workflow {id} reaches {status}");
     eventually(Duration::from_secs(30), &what, async || {
-        view(node, id).await.row.status == status
+        view(node, id).await.row.status.as_str() == status
     })
     .await;
     view(node, id).await
@@ -94,33 +94,33 @@ on_both_backends! {
         let launched = workflows.launch(request.clone()).await.expect("launch");
         assert!(launched.created);
         let again = workflows.launch(request).await.expect("launch again");
-        assert_eq!((again.run_id.as_str(), again.created), (launched.run_id.as_str(), false));
-        let id = launched.run_id;
+        assert_eq!((&again.workflow_id, again.created), (&launched.workflow_id, false));
+        let id = launched.workflow_id;
 
-        wait_for_status(&node, &id, "paused").await;
+        wait_for_status(&node, id.as_str(), "paused").await;
         // The source changes after the capture; the captured version must not.
         let evidence = find_file(&shared.path().join("workspaces"), "evidence.txt");
         assert_eq!(std::fs::read_to_string(&evidence).expect("evidence"), "evidence v1");
         std::fs::write(&evidence, "tampered").expect("overwrite");
-        let resumed = workflows.resume(resume(&id, "hold", json!({"go": true})), "ada").await.expect("resume");
+        let resumed = workflows.resume(resume(id.as_str(), "hold", json!({"go": true})), "ada").await.expect("resume");
         assert!(matches!(resumed, ControlWrite::Recorded(_)));
-        let repeated = workflows.resume(resume(&id, "hold", json!({"go": true})), "ada").await.expect("again");
+        let repeated = workflows.resume(resume(id.as_str(), "hold", json!({"go": true})), "ada").await.expect("again");
         assert!(matches!(repeated, ControlWrite::Repeated(_)), "a repeated resume made a second row");
 
-        wait_for_status(&node, &id, "waiting_approval").await;
+        wait_for_status(&node, id.as_str(), "waiting_approval").await;
         let decide = |artifact_version| Decide {
             workflow_id: id.clone(), step_id: "review".into(), attempt: 1, artifact_version,
             decision: "approve".into(), comment: None,
         };
         let stale = workflows.decide(decide(1), "bob").await.expect_err("version 1 is not under review");
         assert!(matches!(stale, actors::Error::StaleArtifactVersion { under_review: Some(4), given: 1, .. }), "{stale}");
-        let stale = Resume { fingerprint: Some("0".repeat(64)), ..resume(&id, "hold", json!(null)) };
+        let stale = Resume { fingerprint: Some("0".repeat(64)), ..resume(id.as_str(), "hold", json!(null)) };
         let stale = workflows.resume(stale, "ada").await.expect_err("stale fingerprint");
         assert!(matches!(stale, actors::Error::StaleFingerprint { .. }), "{stale}");
         workflows.decide(decide(4), "bob").await.expect("decide");
-        wait_for_status(&node, &id, "completed").await;
+        wait_for_status(&node, id.as_str(), "completed").await;
 
-        let done = view(&node, &id).await;
+        let done = view(&node, id.as_str()).await;
         assert_eq!(done.row.data["result"], json!({
             "draft": {"text": "v1"},
             "draftVersion": 1,
@@ -167,16 +167,16 @@ on_both_backends! {
         };
         let failing = workflows.launch(launch(
             r#"await agent({stepId: "a", agentRef: "scripted", task: {fail: "the model refused"}}); return 1;"#,
-        )).await.expect("launch").run_id;
+        )).await.expect("launch").workflow_id;
         let catching = workflows.launch(launch(
             r#"try { await agent({stepId: "a", agentRef: "oracle", task: "x"}); }
                catch (e) { return e.message; }"#,
-        )).await.expect("launch").run_id;
-        wait_for_status(&node, &failing, "failed").await;
-        let error = view(&node, &failing).await.row.data["error"].as_str().unwrap_or_default().to_owned();
+        )).await.expect("launch").workflow_id;
+        wait_for_status(&node, failing.as_str(), "failed").await;
+        let error = view(&node, failing.as_str()).await.row.data["error"].as_str().unwrap_or_default().to_owned();
         assert!(error.contains("the model refused"), "{error}");
-        wait_for_status(&node, &catching, "completed").await;
-        let result = view(&node, &catching).await.row.data["result"].clone();
+        wait_for_status(&node, catching.as_str(), "completed").await;
+        let result = view(&node, catching.as_str()).await.row.data["result"].clone();
         assert!(result.as_str().is_some_and(|m| m.contains("oracle")), "{result}");
     }
 }
@@ -193,7 +193,11 @@ async fn recovery_leaves_the_one_run_to_an_operator(
     run_id: &str,
 ) {
     crash_and_wait_for_expiry(owner, heir, id).await;
-    heir.node.workflows().recover(id).await.expect("recover");
+    heir.node
+        .workflows()
+        .recover(&store::WorkflowId::new(id))
+        .await
+        .expect("recover");
     wait_for_status(heir, id, "needs_reconciliation").await;
     let done = view(heir, id).await;
     assert_eq!(
@@ -207,13 +211,17 @@ async fn crash_and_wait_for_expiry(node: TestNode, survivor: &TestNode, id: &str
     let store = survivor.node.store();
     // Read after the stop: a renewal just before it would move the expiry past one read earlier.
     node.node.shutdown().await.expect("stop");
-    let lease = store.read_lease(id).await.expect("lease").expect("leased");
+    let lease = store
+        .read_lease(&store::WorkflowId::new(id))
+        .await
+        .expect("lease")
+        .expect("leased");
     eventually(
         Duration::from_secs(10),
         "the dead owner's lease expired",
         async || {
             store
-                .read_lease(id)
+                .read_lease(&store::WorkflowId::new(id))
                 .await
                 .ok()
                 .flatten()
@@ -251,32 +259,32 @@ on_both_backends! {
         let heir = TestNode::start(&db, "heir", 1_500, shared.path()).await;
         let request = LaunchRequest { user_id: "ada".into(), request_id: None,
             script: RECOVERABLE.into(), args: json!({}) };
-        let id = owner.node.workflows().launch(request).await.expect("launch").run_id;
-        wait_for_status(&owner, &id, "paused").await;
-        crash_and_wait_for_expiry(owner, &heir, &id).await;
+        let id = owner.node.workflows().launch(request).await.expect("launch").workflow_id;
+        wait_for_status(&owner, id.as_str(), "paused").await;
+        crash_and_wait_for_expiry(owner, &heir, id.as_str()).await;
         let changed = db
             .tamper(
                 "UPDATE workflow_steps SET data = jsonb_set(data, '{outcome}', '42')
                   WHERE workflow = $1 AND step_id = $2",
                 "UPDATE workflow_steps SET data = json_set(data, '$.outcome', 42)
                   WHERE workflow = ?1 AND step_id = ?2",
-                &[&id, "first"],
+                &[id.as_str(), "first"],
             )
             .await;
         assert_eq!(changed, 1);
         heir.node.workflows().recover(&id).await.expect("recover");
-        wait_for_status(&heir, &id, "needs_reconciliation").await;
-        let data = view(&heir, &id).await.row.data;
+        wait_for_status(&heir, id.as_str(), "needs_reconciliation").await;
+        let data = view(&heir, id.as_str()).await.row.data;
         let why = &data["reconciliation"];
         assert_eq!(why["reason"], "journal_unreadable");
         assert_eq!(why["step_id"], "first");
         let message = why["message"].as_str().unwrap_or_default();
         assert!(message.contains("call 0") && message.contains("\"first\""), "{message}");
-        let agents = view(&heir, &id).await.steps.iter().filter(|s| s.kind == "agent").count();
+        let agents = view(&heir, id.as_str()).await.steps.iter().filter(|s| s.kind == "agent").count();
         assert_eq!(agents, 1, "nothing was run again around the unreadable row");
         // A cancel replays nothing, so it ends the workflow whatever its journal holds.
         heir.node.workflows().cancel(&id, "ada").await.expect("cancel");
-        wait_for_status(&heir, &id, "cancelled").await;
+        wait_for_status(&heir, id.as_str(), "cancelled").await;
     }
 }
 
@@ -287,16 +295,16 @@ on_both_backends! {
         let heir = TestNode::start(&db, "heir", 1_500, shared.path()).await;
         let request = LaunchRequest { user_id: "ada".into(), request_id: None,
             script: RECOVERABLE.into(), args: json!({}) };
-        let id = owner.node.workflows().launch(request).await.expect("launch").run_id;
-        wait_for_status(&owner, &id, "paused").await;
-        crash_and_wait_for_expiry(owner, &heir, &id).await;
-        edit_stored_script(&db, &id, &RECOVERABLE.replace(r#"stepId: "first""#, r#"stepId: "renamed""#)).await;
+        let id = owner.node.workflows().launch(request).await.expect("launch").workflow_id;
+        wait_for_status(&owner, id.as_str(), "paused").await;
+        crash_and_wait_for_expiry(owner, &heir, id.as_str()).await;
+        edit_stored_script(&db, id.as_str(), &RECOVERABLE.replace(r#"stepId: "first""#, r#"stepId: "renamed""#)).await;
         heir.node.workflows().recover(&id).await.expect("recover");
-        wait_for_status(&heir, &id, "failed").await;
-        let error = view(&heir, &id).await.row.data["error"].as_str().unwrap_or_default().to_owned();
+        wait_for_status(&heir, id.as_str(), "failed").await;
+        let error = view(&heir, id.as_str()).await.row.data["error"].as_str().unwrap_or_default().to_owned();
         assert!(error.contains("non-determinism") && error.contains("\"first\"") && error.contains("\"renamed\""),
             "{error}");
-        let agents = view(&heir, &id).await.steps.iter().filter(|s| s.kind == "agent").count();
+        let agents = view(&heir, id.as_str()).await.steps.iter().filter(|s| s.kind == "agent").count();
         assert_eq!(agents, 1, "the diverging call ran nothing");
     }
 }
@@ -312,21 +320,21 @@ on_both_backends! {
             script: RECOVERABLE.into(),
             args: json!({}),
         };
-        let id = owner.node.workflows().launch(request).await.expect("launch").run_id;
-        wait_for_status(&owner, &id, "paused").await;
-        let first_run = view(&owner, &id).await.steps[0].data["run_id"].clone();
+        let id = owner.node.workflows().launch(request).await.expect("launch").workflow_id;
+        wait_for_status(&owner, id.as_str(), "paused").await;
+        let first_run = view(&owner, id.as_str()).await.steps[0].data["run_id"].clone();
 
         let early = heir.node.workflows().recover(&id).await;
         assert!(matches!(early, Err(actors::Error::LeaseHeld { action: actors::Takeover::Recover })), "{early:?}");
 
-        crash_and_wait_for_expiry(owner, &heir, &id).await;
+        crash_and_wait_for_expiry(owner, &heir, id.as_str()).await;
         let recovered = heir.node.workflows().recover(&id).await.expect("recover");
-        assert_eq!(recovered.run_id, id);
+        assert_eq!(recovered.workflow_id, id);
         assert_eq!(heir.node.store().read_lease(&id).await.expect("lease").map(|l| l.epoch.get()), Some(2));
-        heir.node.workflows().resume(resume(&id, "hold", json!("go")), "ada").await.expect("resume");
-        wait_for_status(&heir, &id, "completed").await;
+        heir.node.workflows().resume(resume(id.as_str(), "hold", json!("go")), "ada").await.expect("resume");
+        wait_for_status(&heir, id.as_str(), "completed").await;
 
-        let done = view(&heir, &id).await;
+        let done = view(&heir, id.as_str()).await;
         assert_eq!(done.row.data["result"]["first"], json!({"echo": "one"}));
         assert_eq!(done.row.data["result"]["second"], json!({"echo": "two"}));
         assert_eq!(done.row.data["result"]["firstRun"], first_run, "the first step ran again");
@@ -344,13 +352,13 @@ on_both_backends! {
         let script = r#"const r = await agent({stepId: "slow", agentRef: "scripted",
                                               task: {hold_while: "hold_model"}}); return r.output;"#;
         let request = LaunchRequest { user_id: "ada".into(), request_id: None, script: script.into(), args: json!({}) };
-        let id = owner.node.workflows().launch(request).await.expect("launch").run_id;
+        let id = owner.node.workflows().launch(request).await.expect("launch").workflow_id;
         eventually(Duration::from_secs(10), "the child run started", async || {
-            view(&owner, &id).await.steps.first().is_some_and(|s| s.status == "running")
+            view(&owner, id.as_str()).await.steps.first().is_some_and(|s| s.status.as_str() == "running")
         })
         .await;
-        let run_id = view(&owner, &id).await.steps[0].data["run_id"].as_str().expect("run").to_owned();
-        recovery_leaves_the_one_run_to_an_operator(owner, &heir, &id, &run_id).await;
+        let run_id = view(&owner, id.as_str()).await.steps[0].data["run_id"].as_str().expect("run").to_owned();
+        recovery_leaves_the_one_run_to_an_operator(owner, &heir, id.as_str(), &run_id).await;
         // The supervisor stops just after the status it wrote became visible.
         eventually(Duration::from_secs(10), "the heir's supervisor stopped", async || {
             heir.node.workflows().live().await.expect("live").is_empty()
@@ -369,15 +377,15 @@ on_both_backends! {
         let script = r#"const r = await agent({stepId: "only", agentRef: "scripted", task: "x"});
                         return r.output;"#;
         let request = LaunchRequest { user_id: "ada".into(), request_id: None, script: script.into(), args: json!({}) };
-        let id = owner.node.workflows().launch(request).await.expect("launch").run_id;
+        let id = owner.node.workflows().launch(request).await.expect("launch").workflow_id;
         eventually(Duration::from_secs(10), "the supervisor stopped", async || {
             owner.node.workflows().live().await.expect("live").is_empty()
         })
         .await;
-        let stopped = view(&owner, &id).await;
-        assert_eq!(stopped.row.status, "running", "the step was judged without knowing its outcome");
+        let stopped = view(&owner, id.as_str()).await;
+        assert_eq!(stopped.row.status.as_str(), "running", "the step was judged without knowing its outcome");
         let run_id = stopped.steps[0].data["run_id"].as_str().expect("journaled with its run").to_owned();
-        recovery_leaves_the_one_run_to_an_operator(owner, &heir, &id, &run_id).await;
+        recovery_leaves_the_one_run_to_an_operator(owner, &heir, id.as_str(), &run_id).await;
     }
 }
 
@@ -392,9 +400,9 @@ on_both_backends! {
         .await;
         let request = LaunchRequest { user_id: "ada".into(), request_id: None,
             script: RECOVERABLE.into(), args: json!({}) };
-        let id = owner.node.workflows().launch(request).await.expect("launch").run_id;
-        wait_for_status(&owner, &id, "paused").await;
-        crash_and_wait_for_expiry(owner, &other, &id).await;
+        let id = owner.node.workflows().launch(request).await.expect("launch").workflow_id;
+        wait_for_status(&owner, id.as_str(), "paused").await;
+        crash_and_wait_for_expiry(owner, &other, id.as_str()).await;
         let before = other.node.store().read_lease(&id).await.expect("lease").expect("leased");
         let refused = other.node.workflows().recover(&id).await;
         assert!(matches!(refused, Err(actors::Error::TakeoverRefused { ref reason }) if reason.contains("runtime")), "{refused:?}");
@@ -414,11 +422,11 @@ on_both_backends! {
         let reconfigured = TestNode::start_with(&db, "reconfigured", 1_500, shared.path(), &agents).await;
         let request = LaunchRequest { user_id: "ada".into(), request_id: None,
             script: RECOVERABLE.into(), args: json!({}) };
-        let id = owner.node.workflows().launch(request).await.expect("launch").run_id;
-        wait_for_status(&owner, &id, "paused").await;
-        let recorded = view(&owner, &id).await.row.data["configuration_version"].clone();
+        let id = owner.node.workflows().launch(request).await.expect("launch").workflow_id;
+        wait_for_status(&owner, id.as_str(), "paused").await;
+        let recorded = view(&owner, id.as_str()).await.row.data["configuration_version"].clone();
         assert!(recorded.as_str().is_some_and(|v| !v.is_empty()), "launch records the configuration: {recorded}");
-        crash_and_wait_for_expiry(owner, &reconfigured, &id).await;
+        crash_and_wait_for_expiry(owner, &reconfigured, id.as_str()).await;
         let before = reconfigured.node.store().read_lease(&id).await.expect("lease").expect("leased");
         let refused = reconfigured.node.workflows().recover(&id).await;
         assert!(matches!(refused, Err(actors::Error::TakeoverRefused { ref reason }) if reason.contains("configuration")), "{refused:?}");
@@ -440,22 +448,22 @@ on_both_backends! {
         let script = r#"await agent({stepId: "slow", agentRef: "scripted", task: {hold_while: "hold_model"}});
                         return "never";"#;
         let request = LaunchRequest { user_id: "ada".into(), request_id: None, script: script.into(), args: json!({}) };
-        let id = workflows.launch(request).await.expect("launch").run_id;
+        let id = workflows.launch(request).await.expect("launch").workflow_id;
         eventually(Duration::from_secs(10), "the child run started", async || {
-            view(&node, &id).await.steps.first().is_some_and(|s| s.status == "running")
+            view(&node, id.as_str()).await.steps.first().is_some_and(|s| s.status.as_str() == "running")
         })
         .await;
-        let run_id = view(&node, &id).await.steps[0].data["run_id"].as_str().expect("run").to_owned();
+        let run_id = view(&node, id.as_str()).await.steps[0].data["run_id"].as_str().expect("run").to_owned();
         let busy = workflows.delete(&id).await.expect("delete");
         assert_eq!(busy, store::Deletion::NotTerminal, "a live workflow was deleted");
 
         assert!(matches!(workflows.cancel(&id, "ada").await.expect("cancel"), ControlWrite::Recorded(_)));
         assert!(matches!(workflows.cancel(&id, "ada").await.expect("again"), ControlWrite::Repeated(_)));
-        wait_for_status(&node, &id, "cancelled").await;
-        let run = node.node.runs().get(&run_id).await.expect("read").expect("run");
+        wait_for_status(&node, id.as_str(), "cancelled").await;
+        let run = node.node.runs().get(&store::RunId::new(run_id)).await.expect("read").expect("run");
         assert_eq!(run.status, store::RunStatus::Interrupted);
-        let done = view(&node, &id).await;
-        assert_eq!(done.steps[0].status, "cancelled");
+        let done = view(&node, id.as_str()).await;
+        assert_eq!(done.steps[0].status.as_str(), "cancelled");
         assert!(done.controls.iter().all(|c| c.applied));
         assert_eq!(node.node.store().health().await.map(|h| h.schema_current).ok(), Some(true));
 
@@ -479,12 +487,12 @@ on_both_backends! {
         };
         let mut ada = Vec::new();
         for _ in 0..3 {
-            ada.push(workflows.launch(launch("ada")).await.expect("launch").run_id);
+            ada.push(workflows.launch(launch("ada")).await.expect("launch").workflow_id);
         }
-        let bob = workflows.launch(launch("bob")).await.expect("launch").run_id;
-        wait_for_status(&node, &ada[0], "paused").await;
+        let bob = workflows.launch(launch("bob")).await.expect("launch").workflow_id;
+        wait_for_status(&node, ada[0].as_str(), "paused").await;
         workflows.cancel(&ada[0], "ada").await.expect("cancel");
-        wait_for_status(&node, &ada[0], "cancelled").await;
+        wait_for_status(&node, ada[0].as_str(), "cancelled").await;
 
         let filter = |after: Option<store::ListCursor>| store::ListFilter {
             user_id: Some("ada".into()), status: None, request_id: None, after, limit: 2,
@@ -493,7 +501,7 @@ on_both_backends! {
         let cursor = first.last().map(|w| store::ListCursor {
             created_at: w.row.created_at, workflow_id: w.row.workflow_id.clone() });
         let second = workflows.list(filter(cursor)).await.expect("list");
-        let listed: Vec<String> = first.iter().chain(&second).map(|w| w.row.workflow_id.clone()).collect();
+        let listed: Vec<store::WorkflowId> = first.iter().chain(&second).map(|w| w.row.workflow_id.clone()).collect();
         // Pages follow (created_at, id); launches within one clock tick may come in any order.
         let (mut sorted, mut expected) = (listed.clone(), ada.clone());
         sorted.sort();
@@ -501,7 +509,7 @@ on_both_backends! {
         assert_eq!((first.len(), sorted), (2, expected), "two pages covering exactly ada's, no repeats");
         assert!(!listed.contains(&bob));
         let cancelled = workflows.list(store::ListFilter {
-            status: Some(store::StatusFilter::Stored("cancelled".into())), limit: 10,
+            status: Some(store::StatusFilter::Stored(store::WorkflowStatus::Cancelled)), limit: 10,
             ..Default::default() }).await.expect("list");
         assert_eq!(cancelled.iter().map(|w| w.row.workflow_id.as_str()).collect::<Vec<_>>(), vec![ada[0].as_str()]);
     }
@@ -518,52 +526,52 @@ on_both_backends! {
                         return {output: r.output, run: r.runId};"#;
         let launch = |workflows: actors::WorkflowsHandle| async move {
             let request = LaunchRequest { user_id: "ada".into(), request_id: None, script: script.into(), args: json!({}) };
-            workflows.launch(request).await.expect("launch").run_id
+            workflows.launch(request).await.expect("launch").workflow_id
         };
         let retried = launch(owner.node.workflows()).await;
         let completed = launch(owner.node.workflows()).await;
         for id in [&retried, &completed] {
             eventually(Duration::from_secs(10), "the child run started", async || {
-                view(&owner, id).await.steps.first().is_some_and(|s| s.status == "running")
+                view(&owner, id.as_str()).await.steps.first().is_some_and(|s| s.status.as_str() == "running")
             })
             .await;
         }
-        let first_run = view(&owner, &retried).await.steps[0].data["run_id"].clone();
-        crash_and_wait_for_expiry(owner, &heir, &retried).await;
+        let first_run = view(&owner, retried.as_str()).await.steps[0].data["run_id"].clone();
+        crash_and_wait_for_expiry(owner, &heir, retried.as_str()).await;
         for id in [&retried, &completed] {
             heir.node.workflows().recover(id).await.expect("recover");
-            wait_for_status(&heir, id, "needs_reconciliation").await;
+            wait_for_status(&heir, id.as_str(), "needs_reconciliation").await;
         }
         let again = heir.node.workflows().recover(&retried).await;
         assert!(matches!(again, Err(actors::Error::TakeoverRefused { ref reason }) if reason.contains("reconcil")), "{again:?}");
 
         std::fs::remove_file(shared.path().join("faults/hold_model")).expect("release");
         let request = |id: &str, resolution| actors::ReconcileRequest {
-            workflow_id: id.to_owned(),
+            workflow_id: store::WorkflowId::new(id),
             step_id: "slow".into(),
             resolution,
             reason: "checked the agent's effects".into(),
             by: "root".into(),
         };
-        heir.node.workflows().reconcile(request(&retried, actors::Resolution::Retry)).await.expect("retry");
+        heir.node.workflows().reconcile(request(retried.as_str(), actors::Resolution::Retry)).await.expect("retry");
         heir.node.workflows()
-            .reconcile(request(&completed, actors::Resolution::Complete(json!("by hand")))).await.expect("complete");
+            .reconcile(request(completed.as_str(), actors::Resolution::Complete(json!("by hand")))).await.expect("complete");
 
-        wait_for_status(&heir, &retried, "completed").await;
-        wait_for_status(&heir, &completed, "completed").await;
+        wait_for_status(&heir, retried.as_str(), "completed").await;
+        wait_for_status(&heir, completed.as_str(), "completed").await;
 
-        let done = view(&heir, &retried).await;
-        let attempts: Vec<(i32, String)> = done.steps.iter().map(|s| (s.attempt, s.status.clone())).collect();
+        let done = view(&heir, retried.as_str()).await;
+        let attempts: Vec<(i32, String)> = done.steps.iter().map(|s| (s.attempt, s.status.as_str().to_owned())).collect();
         assert_eq!(attempts, vec![(1, "cancelled".to_owned()), (2, "completed".to_owned())],
             "the old attempt stays on record beside the new one, closed");
         assert_eq!(done.row.data["result"]["output"], json!("done"));
         assert_ne!(done.row.data["result"]["run"], first_run, "the retry is a new child run");
         assert_eq!(done.steps[0].data["run_id"], first_run, "the old child run stays on record");
 
-        let settled = view(&heir, &completed).await;
+        let settled = view(&heir, completed.as_str()).await;
         assert_eq!(settled.row.data["result"]["output"], json!("by hand"));
         assert_eq!(settled.steps[0].data["reconciled"]["by"], "root");
-        let not_now = heir.node.workflows().reconcile(request(&completed, actors::Resolution::Fail)).await;
+        let not_now = heir.node.workflows().reconcile(request(completed.as_str(), actors::Resolution::Fail)).await;
         assert!(matches!(not_now, Err(actors::Error::NotLive { action: actors::Takeover::Reconcile, .. })), "{not_now:?}");
     }
 }
@@ -582,9 +590,9 @@ on_both_backends! {
             script: r#"await pause({stepId: "forever"}); return 1;"#.into(),
             args: json!({}),
         };
-        let id = node.node.workflows().launch(request).await.expect("launch").run_id;
-        wait_for_status(&node, &id, "cancelled").await;
-        let done = view(&node, &id).await;
+        let id = node.node.workflows().launch(request).await.expect("launch").workflow_id;
+        wait_for_status(&node, id.as_str(), "cancelled").await;
+        let done = view(&node, id.as_str()).await;
         let cancel = done.controls.iter().find(|c| c.kind == "cancel").expect("a cancel control");
         assert_eq!((cancel.body["reason"].as_str(), cancel.applied), (Some("timeout"), true));
     }
@@ -613,19 +621,19 @@ on_both_backends! {
         let mut ids = Vec::new();
         for _ in 0..3 {
             let request = LaunchRequest { user_id: "ada".into(), request_id: None, script: script.into(), args: json!({}) };
-            ids.push(workflows.launch(request).await.expect("launch").run_id);
+            ids.push(workflows.launch(request).await.expect("launch").workflow_id);
         }
         let statuses = async || {
             let mut all = Vec::new();
             for id in &ids {
-                all.extend(view(&node, id).await.steps.into_iter().map(|s| s.status));
+                all.extend(view(&node, id.as_str()).await.steps.into_iter().map(|s| s.status));
             }
             all
         };
         eventually(Duration::from_secs(15), "four children run and two queue", async || {
             let all = statuses().await;
-            all.iter().filter(|s| *s == "running").count() == 4
-                && all.iter().filter(|s| *s == "queued").count() == 2
+            all.iter().filter(|s| **s == store::StepStatus::Running).count() == 4
+                && all.iter().filter(|s| **s == store::StepStatus::Queued).count() == 2
         })
         .await;
         // A sequential call is journaled by its admission; with no slot free it is journaled
@@ -635,9 +643,9 @@ on_both_backends! {
                 const first = await agent({stepId: "first", agentRef: "scripted", task: {output: 10}});
                 const second = await agent({stepId: "second", agentRef: "scripted", task: {output: 20}});
                 return first.output + second.output;"#.into() };
-        let bob = workflows.launch(sequential).await.expect("launch").run_id;
+        let bob = workflows.launch(sequential).await.expect("launch").workflow_id;
         eventually(Duration::from_secs(15), "the sequential call queues", async || {
-            view(&node, &bob).await.steps.iter().any(|s| s.step_id == "first" && s.status == "queued")
+            view(&node, bob.as_str()).await.steps.iter().any(|s| s.step_id == "first" && s.status.as_str() == "queued")
         })
         .await;
         // Over the per-owner limit while those three are live: two more launches, one refused.
@@ -655,11 +663,11 @@ on_both_backends! {
 
         std::fs::remove_file(shared.path().join("faults/hold_model")).expect("release");
         for id in &ids {
-            wait_for_status(&node, id, "completed").await;
-            assert_eq!(view(&node, id).await.row.data["result"], json!(3));
+            wait_for_status(&node, id.as_str(), "completed").await;
+            assert_eq!(view(&node, id.as_str()).await.row.data["result"], json!(3));
         }
-        wait_for_status(&node, &bob, "completed").await;
-        let done = view(&node, &bob).await;
+        wait_for_status(&node, bob.as_str(), "completed").await;
+        let done = view(&node, bob.as_str()).await;
         assert_eq!(done.row.data["result"], json!(30));
         let steps: Vec<_> = done.steps.iter()
             .map(|s| (s.step_id.as_str(), s.status.as_str(), s.data["run_id"].is_string()))
@@ -686,9 +694,9 @@ on_both_backends! {
             return errors;
         "#;
         let request = LaunchRequest { user_id: "ada".into(), request_id: None, script: script.into(), args: json!({}) };
-        let id = node.node.workflows().launch(request).await.expect("launch").run_id;
-        wait_for_status(&node, &id, "completed").await;
-        let errors = view(&node, &id).await.row.data["result"].clone();
+        let id = node.node.workflows().launch(request).await.expect("launch").workflow_id;
+        wait_for_status(&node, id.as_str(), "completed").await;
+        let errors = view(&node, id.as_str()).await.row.data["result"].clone();
         let errors: Vec<String> = serde_json::from_value(errors).expect("messages");
         assert_eq!(errors.len(), 7, "{errors:?}");
         for (message, expected) in errors.iter().zip([
@@ -719,24 +727,24 @@ on_both_backends! {
         let script = r#"await agent({stepId: "slow", agentRef: "scripted", task: {hold_while: "hold_model"}});
                         return "never";"#;
         let request = LaunchRequest { user_id: "ada".into(), request_id: None, script: script.into(), args: json!({}) };
-        let id = owner.node.workflows().launch(request).await.expect("launch").run_id;
+        let id = owner.node.workflows().launch(request).await.expect("launch").workflow_id;
         eventually(Duration::from_secs(10), "the child run started", async || {
-            view(&owner, &id).await.steps.first().is_some_and(|s| s.status == "running")
+            view(&owner, id.as_str()).await.steps.first().is_some_and(|s| s.status.as_str() == "running")
         })
         .await;
-        let run_id = view(&owner, &id).await.steps[0].data["run_id"].as_str().expect("run").to_owned();
-        crash_and_wait_for_expiry(owner, &heir, &id).await;
+        let run_id = view(&owner, id.as_str()).await.steps[0].data["run_id"].as_str().expect("run").to_owned();
+        crash_and_wait_for_expiry(owner, &heir, id.as_str()).await;
 
         let refused = heir.node.workflows().recover(&id).await;
         assert!(matches!(refused, Err(actors::Error::TakeoverRefused { ref reason }) if reason.contains("runtime")), "{refused:?}");
         heir.node.workflows().cancel(&id, "ada").await.expect("cancel");
-        wait_for_status(&heir, &id, "cancelled").await;
-        let done = view(&heir, &id).await;
+        wait_for_status(&heir, id.as_str(), "cancelled").await;
+        let done = view(&heir, id.as_str()).await;
         assert_eq!(done.steps.len(), 1, "the body ran again");
-        assert_eq!(done.steps[0].status, "cancelled");
+        assert_eq!(done.steps[0].status.as_str(), "cancelled");
         assert!(done.controls.iter().all(|c| c.applied));
-        let run = heir.node.runs().get(&run_id).await.expect("read").expect("run");
-        assert!(run.status.is_terminal(), "{run:?}");
+        let run = heir.node.runs().get(&store::RunId::new(run_id)).await.expect("read").expect("run");
+        assert!(run.status.is_final(), "{run:?}");
     }
 }
 
@@ -747,9 +755,9 @@ on_both_backends! {
         let heir = TestNode::start(&db, "heir", 1_500, shared.path()).await;
         let request = |script: &str| LaunchRequest { user_id: "ada".into(), request_id: None,
             script: script.into(), args: json!({}) };
-        let id = owner.node.workflows().launch(request(RECOVERABLE)).await.expect("launch").run_id;
-        wait_for_status(&owner, &id, "paused").await;
-        crash_and_wait_for_expiry(owner, &heir, &id).await;
+        let id = owner.node.workflows().launch(request(RECOVERABLE)).await.expect("launch").workflow_id;
+        wait_for_status(&owner, id.as_str(), "paused").await;
+        crash_and_wait_for_expiry(owner, &heir, id.as_str()).await;
 
         // The recover's read of the workflow it has taken over waits in the store until released.
         let (reached, release) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
@@ -764,7 +772,7 @@ on_both_backends! {
         });
         tokio::time::timeout(Duration::from_secs(10), reached.notified()).await.expect("the recover reads");
         let launched = workflows.launch(request("return 1;")).await.expect("a launch while the recover waits");
-        wait_for_status(&heir, &launched.run_id, "completed").await;
+        wait_for_status(&heir, launched.workflow_id.as_str(), "completed").await;
         // A second recover of it on this node is refused at once: one takeover at a time, so
         // never two supervisors of one workflow on a node.
         let again = workflows.recover(&id).await;
@@ -773,8 +781,8 @@ on_both_backends! {
 
         release.notify_one();
         recovering.await.expect("join").expect("recover");
-        workflows.resume(resume(&id, "hold", json!("go")), "ada").await.expect("resume");
-        wait_for_status(&heir, &id, "completed").await;
+        workflows.resume(resume(id.as_str(), "hold", json!("go")), "ada").await.expect("resume");
+        wait_for_status(&heir, id.as_str(), "completed").await;
     }
 }
 
@@ -794,14 +802,14 @@ on_both_backends! {
                             agent({stepId, agentRef: "scripted", task: {hold_while: "hold_model"}})));
                         return "never";"#;
         let request = LaunchRequest { user_id: "ada".into(), request_id: None, script: script.into(), args: json!({}) };
-        let id = workflows.launch(request).await.expect("launch").run_id;
+        let id = workflows.launch(request).await.expect("launch").workflow_id;
         eventually(Duration::from_secs(10), "the three child runs started", async || {
-            let steps = view(&node, &id).await.steps;
-            steps.len() == 3 && steps.iter().all(|s| s.status == "running")
+            let steps = view(&node, id.as_str()).await.steps;
+            steps.len() == 3 && steps.iter().all(|s| s.status.as_str() == "running")
         })
         .await;
         let mut held = Vec::new();
-        for step in view(&node, &id).await.steps {
+        for step in view(&node, id.as_str()).await.steps {
             let run_id = step.data["run_id"].as_str().expect("run").to_owned();
             let (reached, release) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
             node.faults.add_for("request_run_cancel", &run_id, FaultAction::HoldBefore {
@@ -820,6 +828,6 @@ on_both_backends! {
         for (_, _, release) in &held {
             release.notify_one();
         }
-        wait_for_status(&node, &id, "cancelled").await;
+        wait_for_status(&node, id.as_str(), "cancelled").await;
     }
 }

@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use store::CancelAction;
+use store::{CancelAction, RunId};
 use tokio::sync::{mpsc, watch};
 
 pub use command::{CommandAgent, CommandConfig};
@@ -49,7 +49,7 @@ impl AgentConfig {
 /// What an agent is asked to do.
 #[derive(Debug, Clone)]
 pub struct AgentRequest {
-    pub run_id: String,
+    pub run_id: RunId,
     pub thread_id: String,
     /// A string (plain text) or JSON.
     pub task: Value,

@@ -36,6 +36,8 @@ use std::path::{Component, Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+use store::RunId;
+
 use super::CommandConfig;
 
 /// `PATH` for an agent when the node has none.
@@ -381,7 +383,7 @@ pub struct ProcessRecords {
 /// An agent group left by a node that is gone, killed by a starting node.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Leftover {
-    pub run_id: String,
+    pub run_id: RunId,
     pub group: i32,
     /// How many of its processes were alive.
     pub processes: usize,
@@ -392,13 +394,13 @@ impl ProcessRecords {
         ProcessRecords { dir }
     }
 
-    fn path(&self, run_id: &str) -> PathBuf {
-        self.dir.join(run_id)
+    fn path(&self, run_id: &RunId) -> PathBuf {
+        self.dir.join(run_id.as_str())
     }
 
     /// Records the group `group` of run `run_id`; `false` if its leader has already ended (the
     /// agent then cleans up its group itself, and nothing is left to record).
-    pub(super) async fn record(&self, run_id: &str, group: i32) -> io::Result<bool> {
+    pub(super) async fn record(&self, run_id: &RunId, group: i32) -> io::Result<bool> {
         let own_pid = i32::try_from(std::process::id()).map_err(io::Error::other)?;
         let Some(leader) = stat_of(group) else {
             return Ok(false);
@@ -416,7 +418,7 @@ impl ProcessRecords {
     }
 
     /// Forgets run `run_id`'s group once nothing of it runs.
-    pub(super) async fn forget(&self, run_id: &str) {
+    pub(super) async fn forget(&self, run_id: &RunId) {
         if let Err(error) = tokio::fs::remove_file(self.path(run_id)).await
             && error.kind() != io::ErrorKind::NotFound
         {
@@ -437,7 +439,7 @@ impl ProcessRecords {
         let mut killed = Vec::new();
         for entry in std::fs::read_dir(&self.dir)? {
             let entry = entry?;
-            let run_id = entry.file_name().to_string_lossy().into_owned();
+            let run_id = RunId::new(entry.file_name().to_string_lossy());
             let record = std::fs::read_to_string(entry.path())
                 .ok()
                 .and_then(|text| Record::decode(&text));
@@ -652,8 +654,8 @@ mod tests {
         }
     }
 
-    fn write_record(dir: &Path, run_id: &str, record: &Record) {
-        std::fs::write(dir.join(run_id), record.encode()).expect("record");
+    fn write_record(dir: &Path, run_id: &RunId, record: &Record) {
+        std::fs::write(dir.join(run_id.as_str()), record.encode()).expect("record");
     }
 
     #[test]
@@ -680,20 +682,20 @@ mod tests {
         // A node process that is gone (same pid, another start time) left `gone`.
         write_record(
             dir.path(),
-            "gone",
+            &RunId::from("gone"),
             &record(gone.group(), own.started + 1, started(&gone)),
         );
         // This live process owns `live`.
         write_record(
             dir.path(),
-            "live",
+            &RunId::from("live"),
             &record(live.group(), own.started, started(&live)),
         );
         // The recorded leader started earlier than what now runs under its pid: a reused pid.
         let earlier = started(&reused) - 1;
         write_record(
             dir.path(),
-            "reused",
+            &RunId::from("reused"),
             &record(reused.group(), own.started + 1, earlier),
         );
         // Recorded in another pid namespace (or before a reboot): its pids name nothing here.
@@ -701,7 +703,7 @@ mod tests {
             pid_space: "another-boot/pid:[1]".into(),
             ..record(elsewhere.group(), own.started + 1, started(&elsewhere))
         };
-        write_record(dir.path(), "elsewhere", &other_space);
+        write_record(dir.path(), &RunId::from("elsewhere"), &other_space);
 
         let killed = records.kill_leftovers().expect("kill leftovers");
         assert_eq!(

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use serde_json::Value;
-use store::{CancelAction, RunOutcome, RunRow, RunStatus};
+use store::{CancelAction, RunId, RunOutcome, RunRow, RunStatus, WorkflowId};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -20,7 +20,7 @@ use tracing::Instrument;
 
 use crate::agents::{Agent, AgentControl, AgentEnd, AgentRequest, ProcessRecords};
 use crate::child_run::commit::{AttemptId, Renewal, TerminalAuthority, Verdict};
-use crate::lease::{LeaseEvent, LeaseMsg};
+use crate::lease::{LeaseEvent, LeaseKey, LeaseMsg, Leased};
 use crate::store_actor::StoreHandle;
 
 /// How a child run ended, as far as this node knows.
@@ -101,7 +101,7 @@ pub(crate) struct ChildArgs {
 }
 
 pub(crate) struct ChildState {
-    run_id: String,
+    run_id: RunId,
     thread_id: String,
     agent: Arc<Agent>,
     task: Value,
@@ -213,7 +213,7 @@ impl ChildState {
     fn untrack(&self) {
         // The lease actor stops only with the node; if it is gone, there is nothing to untrack.
         let _ = self.lease.post(LeaseMsg::Untrack {
-            run_id: self.run_id.clone(),
+            key: LeaseKey::Run(self.run_id.clone()),
         });
     }
 
@@ -288,12 +288,11 @@ impl Actor for ChildAgent {
             run_id = %args.row.run_id,
             thread_id = %args.row.thread_id,
             agent = %args.agent.name,
-            workflow = args.row.workflow.as_deref().unwrap_or(""),
+            workflow = args.row.workflow.as_ref().map_or("", WorkflowId::as_str),
             step_id = args.row.step_id.as_deref().unwrap_or(""),
         );
         args.lease.post(LeaseMsg::Track {
-            run_id: args.row.run_id.clone(),
-            kind: crate::lease::LeaseKind::Run,
+            lease: Leased::Run(args.row.run_id.clone()),
             deadline: args.deadline,
             notify: myself.get_derived(),
         })?;
@@ -425,7 +424,7 @@ impl Actor for ChildAgent {
             }
             ChildMsg::RefusalChecked { attempt, row } => {
                 if let Ok(Some(row)) = row.as_ref()
-                    && !row.status.is_terminal()
+                    && !row.status.is_final()
                     && row.owner_worker_id.as_deref() == Some(state.worker_id.as_str())
                     && let Some(action) = row.cancel_action
                 {

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 use serde_json::Value;
-use store::{Admission, CancelAction, NewRun, RunRow, WorkflowStep};
+use store::{Admission, CancelAction, NewRun, RunId, RunRow, WorkflowStep};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
@@ -42,7 +42,7 @@ pub struct RunRequest {
     pub step: Option<WorkflowStep>,
     /// The new run's id, when the caller chose it (a workflow step journals it in the
     /// admission's own transaction); a fresh one otherwise.
-    pub run_id: Option<String>,
+    pub run_id: Option<RunId>,
 }
 
 /// What admission gave the caller.
@@ -98,7 +98,7 @@ impl RunsHandle {
     /// has an outcome.
     pub async fn cancel(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         action: CancelAction,
     ) -> Result<Option<CancelAction>, Error> {
         let run_id = run_id.to_owned();
@@ -125,12 +125,12 @@ impl RunsHandle {
     }
 
     /// One run as stored.
-    pub async fn get(&self, run_id: &str) -> Result<Option<RunRow>, Error> {
+    pub async fn get(&self, run_id: &RunId) -> Result<Option<RunRow>, Error> {
         Ok(self.store.read_run(run_id).await?)
     }
 
     /// The runs executing on this node.
-    pub async fn running(&self) -> Result<Vec<String>, Error> {
+    pub async fn running(&self) -> Result<Vec<RunId>, Error> {
         self.call(|reply| ChildRunsMsg::Running { reply }).await
     }
 }
@@ -150,14 +150,14 @@ pub enum ChildRunsMsg {
     },
     /// Records a durable cancel request and delivers it at once if the run is here.
     Cancel {
-        run_id: String,
+        run_id: RunId,
         action: CancelAction,
         reply: RpcReplyPort<store::Result<Option<CancelAction>>>,
     },
     /// Closes orphaned runs.
     SweepOrphans,
     /// The runs executing on this node.
-    Running { reply: RpcReplyPort<Vec<String>> },
+    Running { reply: RpcReplyPort<Vec<RunId>> },
 }
 
 /// Sizes and places the child-runs actor works with.
@@ -187,7 +187,7 @@ pub(crate) struct ChildRunsArgs {
 
 pub(crate) struct ChildRunsState {
     args: ChildRunsArgs,
-    running: HashMap<String, ActorRef<ChildMsg>>,
+    running: HashMap<RunId, ActorRef<ChildMsg>>,
 }
 
 impl Actor for ChildRuns {
@@ -340,7 +340,10 @@ fn check(args: &ChildRunsArgs, request: &mut RunRequest) -> Result<NewRun, Error
             limit: args.options.task_bytes_max,
         });
     }
-    let run_id = request.run_id.clone().unwrap_or_else(crate::ids::new_id);
+    let run_id = request
+        .run_id
+        .clone()
+        .unwrap_or_else(crate::ids::new_run_id);
     Ok(NewRun {
         run_id,
         thread_id: request.thread_id.clone(),

@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use store::{
     Change, ControlRow, ControlWrite, Epoch, Launch, LaunchLimits, NewControl, NewWorkflow,
-    StepRow, TakeOver, WorkflowRow, WorkflowStatus, WriteOp,
+    StepRow, StepStatus, TakeOver, WorkflowId, WorkflowRow, WorkflowStatus, WriteOp,
 };
 use tokio::sync::broadcast;
 use tokio::time::Instant;
@@ -38,7 +38,7 @@ pub struct LaunchRequest {
 /// What a launch gave the caller.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Launched {
-    pub run_id: String,
+    pub workflow_id: WorkflowId,
     /// `false` when the same request had launched it before.
     pub created: bool,
 }
@@ -62,7 +62,7 @@ pub struct WorkflowView {
 /// A `resume` of a pause, as a caller asked for it.
 #[derive(Debug, Clone)]
 pub struct Resume {
-    pub workflow_id: String,
+    pub workflow_id: WorkflowId,
     /// The digest of script and args the caller saw; a different one is refused (stale).
     pub fingerprint: Option<String>,
     pub step_id: String,
@@ -73,7 +73,7 @@ pub struct Resume {
 /// A decision on a checkpoint, as a caller asked for it.
 #[derive(Debug, Clone)]
 pub struct Decide {
-    pub workflow_id: String,
+    pub workflow_id: WorkflowId,
     pub step_id: String,
     pub attempt: i32,
     /// The artifact version the person looked at; the checkpoint must be about this one.
@@ -127,14 +127,14 @@ pub enum WorkflowsMsg {
     },
     /// Take over a recoverable workflow and replay it here.
     Recover {
-        workflow_id: String,
+        workflow_id: WorkflowId,
         reply: RpcReplyPort<Result<Launched, Error>>,
     },
     /// Finish a cancellation whose workflow's owner is gone, if it is gone; while the owner's
     /// lease is valid, ask again when it may have run out (`tries` so far). `done` hears when
     /// this try is decided.
     TakeOverToCancel {
-        workflow_id: String,
+        workflow_id: WorkflowId,
         tries: u32,
         done: Option<RpcReplyPort<()>>,
     },
@@ -146,18 +146,20 @@ pub enum WorkflowsMsg {
     /// A takeover's task has finished (see [`take_over`]): the workflow taken over and read
     /// back (and settled, for a reconcile), ready for its supervisor, or why not.
     TakenOver {
-        workflow_id: String,
+        workflow_id: WorkflowId,
         result: Box<Result<Ready, Error>>,
         asked: Asked,
     },
     /// The workflows supervised here.
-    Live { reply: RpcReplyPort<Vec<String>> },
+    Live {
+        reply: RpcReplyPort<Vec<WorkflowId>>,
+    },
     /// Stop taking recoveries (manual and automatic): the node is draining.
     Drain,
     /// Give up one workflow's lease now (operators moving work, or the node stopping cleanly);
     /// answers the released epoch.
     Fence {
-        workflow_id: String,
+        workflow_id: WorkflowId,
         shutdown: bool,
         reply: RpcReplyPort<Result<Epoch, Error>>,
     },
@@ -165,18 +167,18 @@ pub enum WorkflowsMsg {
     PollControls,
     /// Take back a workflow this node's supervisor left live (it lost the lease, or a write's
     /// outcome was unknown), once its lease has run out: `tries` so far.
-    TakeBack { workflow_id: String, tries: u32 },
+    TakeBack { workflow_id: WorkflowId, tries: u32 },
     /// Time to claim recoverable workflows (`recovery: automatic`).
     ClaimRecoverable,
     /// A claim's takeovers are all decided; `full` when it found a whole batch, so more may
     /// be waiting and the next claim starts at once.
     Claimed { full: bool },
     /// Workflows of this node with controls to carry out.
-    PendingControls(Vec<String>),
+    PendingControls(Vec<WorkflowId>),
     /// The change bus announced a committed change (or that changes may have been missed).
     Changed(Change),
     /// A supervisor of this node has a step waiting for a child slot: wake it when one frees.
-    SlotWanted(String),
+    SlotWanted(WorkflowId),
 }
 
 /// Who asked for a takeover, and what follows it: the message goes to the takeover's task
@@ -258,7 +260,7 @@ pub enum Resolution {
 /// A reconcile, as an operator asked for it.
 #[derive(Debug, Clone)]
 pub struct ReconcileRequest {
-    pub workflow_id: String,
+    pub workflow_id: WorkflowId,
     pub step_id: String,
     pub resolution: Resolution,
     pub reason: String,
@@ -277,7 +279,7 @@ pub(crate) struct WorkflowsArgs {
     pub worker_id: String,
     pub options: WorkflowsOptions,
     /// Where the ids of stopped supervisors go (see [`WorkflowsHandle::stopped`]).
-    pub stopped: broadcast::Sender<String>,
+    pub stopped: broadcast::Sender<WorkflowId>,
     /// The change bus: controls, freed slots, answered approvals and recoverable work wake the
     /// actor instead of a timer.
     pub changes: store::Changes,
@@ -285,10 +287,10 @@ pub(crate) struct WorkflowsArgs {
 
 pub(crate) struct WorkflowsState {
     args: WorkflowsArgs,
-    live: HashMap<String, ActorRef<WorkflowMsg>>,
+    live: HashMap<WorkflowId, ActorRef<WorkflowMsg>>,
     /// Workflows with a takeover task in flight on this node: none is taken over twice at
     /// once, and none that has a supervisor here is taken over again.
-    taking_over: std::collections::HashSet<String>,
+    taking_over: std::collections::HashSet<WorkflowId>,
     /// A look for pending controls is in flight.
     polling: bool,
     /// Draining: no recoveries are taken any more.
@@ -296,7 +298,7 @@ pub(crate) struct WorkflowsState {
     /// A claim of automatic recovery is under way.
     claiming: bool,
     /// Supervisors with a step waiting for a child slot, oldest first, each once.
-    slot_waiters: std::collections::VecDeque<String>,
+    slot_waiters: std::collections::VecDeque<WorkflowId>,
     /// The task that hands the change bus to this actor (stopped with it).
     _listening: crate::mailbox::Task,
 }
@@ -432,7 +434,7 @@ impl Actor for Workflows {
                         start_supervisor(&myself, state, *workflow, lease, sent, Start::Fresh).await
                     }
                     Ok(Launch::Existing(row)) => Ok(Launched {
-                        run_id: row.workflow_id,
+                        workflow_id: row.workflow_id,
                         created: false,
                     }),
                     Ok(Launch::Refused { limit, max }) => Err(Error::LimitReached { limit, max }),
@@ -483,7 +485,8 @@ impl Actor for Workflows {
                 state.claiming = true;
                 let versions = our_versions(state);
                 let (store, me) = (state.args.store.clone(), myself.clone());
-                let live: std::collections::HashSet<String> = state.live.keys().cloned().collect();
+                let live: std::collections::HashSet<WorkflowId> =
+                    state.live.keys().cloned().collect();
                 tokio::spawn(async move {
                     let full = match store.recoverable_workflows(RECOVERY_BATCH, &versions).await {
                         Ok(orphaned) => {
@@ -585,7 +588,7 @@ impl Actor for Workflows {
             }
             _ => return Ok(()),
         };
-        let ended: Vec<String> = state
+        let ended: Vec<WorkflowId> = state
             .live
             .iter()
             .filter(|(_, child)| child.get_id() == cell.get_id())
@@ -711,9 +714,9 @@ fn check(args: &WorkflowsArgs, request: &LaunchRequest) -> Result<NewWorkflow, E
             limit: usize::try_from(limits.frame_bytes_max).unwrap_or(usize::MAX),
         });
     }
-    let workflow_id = crate::ids::new_id();
+    let workflow_id = crate::ids::new_workflow_id();
     let seed = u64::from_le_bytes(
-        Sha256::digest(workflow_id.as_bytes())[..8]
+        Sha256::digest(workflow_id.as_str().as_bytes())[..8]
             .try_into()
             .unwrap_or([0; 8]),
     );
@@ -794,7 +797,7 @@ async fn claim_all(
 fn take_over(
     state: &mut WorkflowsState,
     myself: &ActorRef<WorkflowsMsg>,
-    workflow_id: String,
+    workflow_id: WorkflowId,
     asked: Asked,
 ) {
     if state.live.contains_key(&workflow_id) || !state.taking_over.insert(workflow_id.clone()) {
@@ -887,7 +890,7 @@ async fn start_ready(
 fn after_takeover(
     myself: &ActorRef<WorkflowsMsg>,
     state: &WorkflowsState,
-    workflow_id: String,
+    workflow_id: WorkflowId,
     started: Result<Launched, Error>,
     asked: Asked,
 ) {
@@ -979,7 +982,10 @@ fn after_takeover(
     }
 }
 
-async fn stored_workflow(store: &StoreHandle, workflow_id: &str) -> Result<NewWorkflow, Error> {
+async fn stored_workflow(
+    store: &StoreHandle,
+    workflow_id: &WorkflowId,
+) -> Result<NewWorkflow, Error> {
     match store.read_workflow(workflow_id).await? {
         Some(row) => Ok(as_launched(row)),
         None => Err(not_found(workflow_id)),
@@ -1046,7 +1052,7 @@ pub(super) fn reconcile_writes(
             Resolution::Complete(_) => "complete",
         },
     });
-    let settled = |status: &str, outcome: runtime::Outcome| {
+    let settled = |status: StepStatus, outcome: runtime::Outcome| {
         let mut data = step.data.clone();
         data["outcome"] = serde_json::to_value(Some(outcome)).unwrap_or(Value::Null);
         data["settled_at_ms"] = json!(now_ms);
@@ -1057,7 +1063,7 @@ pub(super) fn reconcile_writes(
             step_id: step.step_id.clone(),
             attempt: step.attempt,
             kind: step.kind.clone(),
-            status: status.to_owned(),
+            status,
             data,
         }
     };
@@ -1068,7 +1074,7 @@ pub(super) fn reconcile_writes(
     let mut ops = match &request.resolution {
         Resolution::Fail => vec![
             settled(
-                "failed",
+                StepStatus::Failed,
                 runtime::Outcome::Rejected(json!({
                     "message": format!("reconciled as failed: {}", request.reason),
                     "status": "error",
@@ -1079,7 +1085,7 @@ pub(super) fn reconcile_writes(
         ],
         Resolution::Complete(output) => vec![
             settled(
-                "completed",
+                StepStatus::Completed,
                 runtime::Outcome::Resolved(json!({
                     "output": output,
                     "status": "success",
@@ -1102,7 +1108,7 @@ pub(super) fn reconcile_writes(
                     step_id: step.step_id.clone(),
                     attempt: step.attempt,
                     kind: step.kind.clone(),
-                    status: "cancelled".into(),
+                    status: StepStatus::Cancelled,
                     data: old,
                 },
                 WriteOp::PutStep {
@@ -1111,7 +1117,7 @@ pub(super) fn reconcile_writes(
                     step_id: step.step_id.clone(),
                     attempt: step.attempt + 1,
                     kind: step.kind.clone(),
-                    status: "queued".into(),
+                    status: StepStatus::Queued,
                     data: json!({
                         "args": step.data["args"],
                         "reconciled": record,
@@ -1200,12 +1206,12 @@ async fn start_supervisor(
     })?;
     state.live.insert(workflow.workflow_id.clone(), supervisor);
     Ok(Launched {
-        run_id: workflow.workflow_id,
+        workflow_id: workflow.workflow_id,
         created: true,
     })
 }
 
-fn not_found(workflow_id: &str) -> Error {
+fn not_found(workflow_id: &WorkflowId) -> Error {
     Error::NoWorkflow {
         workflow_id: workflow_id.to_owned(),
     }
@@ -1227,7 +1233,7 @@ pub struct WorkflowsHandle {
     actor: ActorRef<WorkflowsMsg>,
     store: StoreHandle,
     timeout: Duration,
-    stopped: broadcast::Sender<String>,
+    stopped: broadcast::Sender<WorkflowId>,
     /// Where the threads of workflows' agent steps live (removed with their workflow).
     workspaces_dir: std::path::PathBuf,
 }
@@ -1237,7 +1243,7 @@ impl WorkflowsHandle {
         actor: ActorRef<WorkflowsMsg>,
         store: StoreHandle,
         timeout: Duration,
-        stopped: broadcast::Sender<String>,
+        stopped: broadcast::Sender<WorkflowId>,
         workspaces_dir: std::path::PathBuf,
     ) -> Self {
         WorkflowsHandle {
@@ -1253,7 +1259,7 @@ impl WorkflowsHandle {
     /// needs reconciliation, was fenced or given up. A cue to read the workflow, not a record:
     /// a receiver that falls more than `STOPPED_BACKLOG` (1,024) ids behind misses some
     /// (`RecvError::Lagged`) and reads the rows it waits for instead.
-    pub fn stopped(&self) -> broadcast::Receiver<String> {
+    pub fn stopped(&self) -> broadcast::Receiver<WorkflowId> {
         self.stopped.subscribe()
     }
 
@@ -1271,13 +1277,12 @@ impl WorkflowsHandle {
     }
 
     /// A workflow with its journal, controls and lease, if it exists.
-    pub async fn get(&self, workflow_id: &str) -> Result<Option<WorkflowView>, Error> {
+    pub async fn get(&self, workflow_id: &WorkflowId) -> Result<Option<WorkflowView>, Error> {
         let Some(snapshot) = self.store.read_snapshot(workflow_id).await? else {
             return Ok(None);
         };
         let row = snapshot.row;
-        let recoverable = WorkflowStatus::parse(&row.status)
-            .is_some_and(WorkflowStatus::holds_place)
+        let recoverable = row.status.holds_place()
             && snapshot
                 .lease
                 .as_ref()
@@ -1375,7 +1380,7 @@ impl WorkflowsHandle {
     /// step the script has not reached, or of another kind, is a conflict (nothing is recorded).
     async fn journaled_step(
         &self,
-        workflow_id: &str,
+        workflow_id: &WorkflowId,
         step_id: &str,
         kind: &'static str,
         attempt: i32,
@@ -1412,7 +1417,7 @@ impl WorkflowsHandle {
 
     async fn control_at(
         &self,
-        workflow_id: &str,
+        workflow_id: &WorkflowId,
         kind: &str,
         step_id: &str,
         attempt: i32,
@@ -1435,7 +1440,7 @@ impl WorkflowsHandle {
     /// Asks a workflow to stop, durably: the owner interrupts its child runs and ends it
     /// `cancelled` (or `needs_reconciliation` if a child's fate cannot be observed in time).
     /// Cancelling again is the same request.
-    pub async fn cancel(&self, workflow_id: &str, by: &str) -> Result<ControlWrite, Error> {
+    pub async fn cancel(&self, workflow_id: &WorkflowId, by: &str) -> Result<ControlWrite, Error> {
         let recorded = self
             .control_at(workflow_id, "cancel", "", 0, json!({}), by)
             .await?;
@@ -1453,7 +1458,7 @@ impl WorkflowsHandle {
     /// Deletes a terminal workflow with everything it holds: its rows, then the workspaces of
     /// its agent steps' threads (see [`crate::workspace::remove_thread`]). The journal is read
     /// first, since it is what names those threads.
-    pub async fn delete(&self, workflow_id: &str) -> Result<store::Deletion, Error> {
+    pub async fn delete(&self, workflow_id: &WorkflowId) -> Result<store::Deletion, Error> {
         let steps = self.store.read_steps(workflow_id).await?;
         let deletion = self.store.delete_workflow(workflow_id).await?;
         if deletion != store::Deletion::Deleted {
@@ -1496,7 +1501,7 @@ impl WorkflowsHandle {
     /// Takes over a recoverable workflow (live, its owner's lease expired) with epoch + 1 and
     /// replays it on this node. Refused, with the lease untouched, when this node's runtime
     /// version differs or a cancellation is pending.
-    pub async fn recover(&self, workflow_id: &str) -> Result<Launched, Error> {
+    pub async fn recover(&self, workflow_id: &WorkflowId) -> Result<Launched, Error> {
         let workflow_id = workflow_id.to_owned();
         self.call(|reply| WorkflowsMsg::Recover { workflow_id, reply })
             .await?
@@ -1557,7 +1562,7 @@ impl WorkflowsHandle {
 
     /// Gives up one workflow's lease now: its supervisor stops writing, then releases the lease,
     /// so another node can recover it at once. Answers the epoch that was given up.
-    pub async fn fence(&self, workflow_id: &str) -> Result<Epoch, Error> {
+    pub async fn fence(&self, workflow_id: &WorkflowId) -> Result<Epoch, Error> {
         let workflow_id = workflow_id.to_owned();
         self.call(|reply| WorkflowsMsg::Fence {
             workflow_id,
@@ -1568,7 +1573,7 @@ impl WorkflowsHandle {
     }
 
     /// The workflows supervised on this node.
-    pub async fn live(&self) -> Result<Vec<String>, Error> {
+    pub async fn live(&self) -> Result<Vec<WorkflowId>, Error> {
         self.call(|reply| WorkflowsMsg::Live { reply }).await
     }
 }

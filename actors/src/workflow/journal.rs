@@ -105,7 +105,7 @@ mod tests {
             step_id: step_id.to_owned(),
             attempt,
             kind: "agent".to_owned(),
-            status: "completed".to_owned(),
+            status: store::StepStatus::Completed,
             data,
             created_at: 0.0,
         }

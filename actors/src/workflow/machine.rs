@@ -27,8 +27,8 @@ use runtime::{Activation, CallId, CallKind, Command, JournalEntry, Outcome, Stat
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use store::{
-    ControlRow, ControlWrite, Fence, NewControl, RunRow, RunStatus, StepRow, WorkflowStatus,
-    WriteOp,
+    ControlRow, ControlWrite, Fence, NewControl, RunId, RunRow, RunStatus, StepRow, StepStatus,
+    WorkflowId, WorkflowStatus, WriteOp,
 };
 
 use super::journal::{UnreadableJournal, newest_attempts};
@@ -55,44 +55,6 @@ pub(crate) fn store_backoff(attempt: u32) -> Duration {
     STORE_RETRY_FIRST
         .saturating_mul(1u32 << attempt.saturating_sub(1).min(10))
         .min(STORE_RETRY_MAX)
-}
-
-/// A journal entry's status (`workflow_steps.status`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum StepStatus {
-    /// An agent call waiting for a slot (its admission not yet made).
-    Queued,
-    /// Begun: its child run admitted, or waiting for a person, a capture or a read.
-    Running,
-    Completed,
-    Failed,
-    /// Ended by a cancellation, or left behind by a failed `parallel`.
-    Cancelled,
-}
-
-impl StepStatus {
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            StepStatus::Queued => "queued",
-            StepStatus::Running => "running",
-            StepStatus::Completed => "completed",
-            StepStatus::Failed => "failed",
-            StepStatus::Cancelled => "cancelled",
-        }
-    }
-
-    /// The status a stored string names, if any.
-    pub(crate) fn parse(stored: &str) -> Option<Self> {
-        [
-            StepStatus::Queued,
-            StepStatus::Running,
-            StepStatus::Completed,
-            StepStatus::Failed,
-            StepStatus::Cancelled,
-        ]
-        .into_iter()
-        .find(|status| status.as_str() == stored)
-    }
 }
 
 /// What a control asks of a workflow (`workflow_controls.kind`).
@@ -181,17 +143,18 @@ impl ReconciliationReason {
 pub(crate) struct Reconciliation {
     reason: ReconciliationReason,
     step_id: String,
-    run_id: String,
+    /// The step's child run; none when no row could be read to name one.
+    run_id: Option<RunId>,
     /// The sentence recorded for people: the reason's own, or one naming what was found.
     message: String,
 }
 
 impl Reconciliation {
-    fn of_step(reason: ReconciliationReason, step_id: &str, run_id: &str) -> Self {
+    fn of_step(reason: ReconciliationReason, step_id: &str, run_id: &RunId) -> Self {
         Reconciliation {
             reason,
             step_id: step_id.to_owned(),
-            run_id: run_id.to_owned(),
+            run_id: Some(run_id.clone()),
             message: reason.message().to_owned(),
         }
     }
@@ -200,7 +163,7 @@ impl Reconciliation {
         Reconciliation {
             reason: ReconciliationReason::JournalUnreadable,
             step_id: unreadable.step_id.clone(),
-            run_id: String::new(),
+            run_id: None,
             message: format!(
                 "{}: {unreadable}",
                 ReconciliationReason::JournalUnreadable.message()
@@ -260,7 +223,7 @@ pub(crate) enum Start {
 
 /// What the machine is given once and never changes.
 pub(crate) struct MachineConfig {
-    pub workflow_id: String,
+    pub workflow_id: WorkflowId,
     pub fence: Fence,
     pub document: WorkflowDocument,
     /// The agents, to record which definition each step's child ran under.
@@ -303,7 +266,7 @@ enum Waiting {
     /// A slot, to admit its child run.
     Slot,
     /// Its child run (the run id once admitted), or the capture or read it is.
-    Child(Option<String>),
+    Child(Option<RunId>),
     /// A control of this kind (`resume`, `decide`).
     Control(ControlKind),
 }
@@ -363,7 +326,7 @@ pub(crate) enum Event {
     /// agent call whose admission carries its journal.
     Activated {
         result: Result<Activation, String>,
-        run_id: String,
+        run_id: RunId,
     },
     /// The oldest write handed out committed.
     Written,
@@ -385,7 +348,7 @@ pub(crate) enum Event {
     /// A child run this workflow waits for ended.
     ChildEnded {
         id: CallId,
-        run_id: String,
+        run_id: RunId,
         /// The run as this node's own compare-and-set ended it (no need to read it back);
         /// `None` when another node's word, or none, decides.
         committed: Option<Box<RunRow>>,
@@ -393,7 +356,7 @@ pub(crate) enum Event {
     /// A run's row, read as asked.
     RunRead {
         id: CallId,
-        run_id: String,
+        run_id: RunId,
         purpose: RunReadFor,
         result: Result<Option<RunRow>, store::Error>,
     },
@@ -455,11 +418,11 @@ pub(crate) enum Effect {
     FollowChild { id: CallId },
     /// Ask child runs to stop, durably, all at once (one slow request must not hold back the
     /// others); `awaited` waits for every request to be recorded.
-    CancelChildren { run_ids: Vec<String>, awaited: bool },
+    CancelChildren { run_ids: Vec<RunId>, awaited: bool },
     /// Read a run's row; answer [`Event::RunRead`].
     ReadRun {
         id: CallId,
-        run_id: String,
+        run_id: RunId,
         purpose: RunReadFor,
     },
     /// Read the workflow's controls; answer [`Event::Controls`].
@@ -530,14 +493,14 @@ pub(crate) struct WorkflowMachine {
     carried: Option<Carried>,
     /// Calls the script no longer awaits whose admission or child run is still on its way
     /// (with the child's run id once known): they end as `cancelled`, never as outcomes.
-    detached: BTreeMap<CallId, (Option<String>, Command)>,
+    detached: BTreeMap<CallId, (Option<RunId>, Command)>,
     /// How often each call's admission wrote nothing in a row (its backoff).
     admission_tries: BTreeMap<CallId, u32>,
     /// Calls refused for want of a slot, not asked again yet: a cue or the fallback asks once.
     slot_waits: BTreeSet<CallId>,
     /// Children whose run waits for a person's answer, by call, with their run id, not read
     /// again yet: a cue or the fallback reads each once.
-    answer_waits: BTreeMap<CallId, String>,
+    answer_waits: BTreeMap<CallId, RunId>,
     /// How many reads found the database unavailable or its disk full (the next retry's backoff).
     read_tries: u32,
     /// Writes handed out, oldest first (they are performed in this order).
@@ -674,7 +637,7 @@ impl WorkflowMachine {
                 ..
             } => {
                 if let Ok(Some(row)) = result
-                    && row.status.is_terminal()
+                    && row.status.is_final()
                 {
                     self.child_ended_while_cancelling(&mut out, id, row);
                 }
@@ -777,7 +740,7 @@ impl WorkflowMachine {
             step_id: entry.step_id.clone(),
             attempt: self.attempt(entry.seq),
             kind: entry.kind.as_str().to_owned(),
-            status: status.as_str().to_owned(),
+            status,
             data,
         }
     }
@@ -971,7 +934,7 @@ impl WorkflowMachine {
         out.push(Effect::Activate { start, settles });
     }
 
-    fn apply(&mut self, out: &mut Vec<Effect>, activation: Activation, run_id: String) {
+    fn apply(&mut self, out: &mut Vec<Effect>, activation: Activation, run_id: RunId) {
         self.set_loaded(true);
         for line in &activation.logs {
             self.logged_bytes += line.len() as u64;
@@ -1048,7 +1011,7 @@ impl WorkflowMachine {
     /// The journal an activation can hand to its admission: when it made exactly one new call,
     /// an agent call, and the workflow waits for nothing else. (With other calls outstanding, a
     /// later write could commit before the admission and journal outcomes out of order.)
-    fn carry(&mut self, activation: &Activation, run_id: String) -> Option<Carried> {
+    fn carry(&mut self, activation: &Activation, run_id: RunId) -> Option<Carried> {
         let ([entry], [command], Status::Waiting) = (
             activation.journal.as_slice(),
             activation.commands.as_slice(),
@@ -1159,7 +1122,7 @@ impl WorkflowMachine {
 
     /// The child runs this workflow knows to be live: those the script waits for and those it
     /// left behind.
-    fn live_children(&self) -> Vec<String> {
+    fn live_children(&self) -> Vec<RunId> {
         let waited = self
             .waiting
             .values()
@@ -1190,7 +1153,7 @@ impl WorkflowMachine {
                 self.detached.insert(id, (Some(row.run_id), command));
                 out.push(Effect::FollowChild { id });
             }
-            Admission::Existing(row) if !row.status.is_terminal() => {
+            Admission::Existing(row) if !row.status.is_final() => {
                 out.push(Effect::CancelChildren {
                     run_ids: vec![row.run_id],
                     awaited: false,
@@ -1202,7 +1165,7 @@ impl WorkflowMachine {
 
     /// A detached call's child run ended: its step is journaled `cancelled` and its slot is
     /// given back.
-    fn detached_child_ended(&mut self, out: &mut Vec<Effect>, id: CallId, run_id: &str) {
+    fn detached_child_ended(&mut self, out: &mut Vec<Effect>, id: CallId, run_id: &RunId) {
         let Some((_, command)) = self.detached.remove(&id) else {
             return;
         };
@@ -1441,7 +1404,7 @@ impl WorkflowMachine {
                 );
                 self.reconcile_needed(out, why, now);
             }
-            Admission::Existing(row) if row.status.is_terminal() => {
+            Admission::Existing(row) if row.status.is_final() => {
                 self.waiting.insert(id, (Waiting::Child(None), command));
                 self.adopt(out, id, row, now);
             }
@@ -1521,7 +1484,7 @@ impl WorkflowMachine {
 
     /// What an agent step's journal entry says about its child run: which run, on which thread,
     /// under which definition of its agent.
-    fn child_fields(&self, run_id: &str, thread_id: &str, agent: &str) -> Value {
+    fn child_fields(&self, run_id: &RunId, thread_id: &str, agent: &str) -> Value {
         let configuration_version = self
             .config
             .agents
@@ -1536,13 +1499,13 @@ impl WorkflowMachine {
         &mut self,
         out: &mut Vec<Effect>,
         id: CallId,
-        run_id: String,
+        run_id: RunId,
         row: Result<Option<RunRow>, store::Error>,
         now: Millis,
     ) {
         match row {
             Ok(Some(row))
-                if row.status.is_terminal()
+                if row.status.is_final()
                     && row.stop_reason.as_deref() != Some("orphan_recovered") =>
             {
                 self.adopt(out, id, row, now);
@@ -1739,7 +1702,7 @@ impl WorkflowMachine {
     /// data (`reconciliation`), logged and counted.
     fn reconcile_needed(&mut self, out: &mut Vec<Effect>, why: Reconciliation, now: Millis) {
         tracing::warn!(parent: &self.span, reason = why.reason.as_str(), step_id = %why.step_id,
-            child_run_id = %why.run_id, message = %why.message,
+            child_run_id = why.run_id.as_ref().map_or("", RunId::as_str), message = %why.message,
             "the workflow needs reconciliation");
         out.push(Effect::Count {
             name: "reins_workflows_finished_total",
@@ -1757,7 +1720,7 @@ impl WorkflowMachine {
             "reason": why.reason.as_str(),
             "message": why.message,
             "step_id": why.step_id,
-            "run_id": why.run_id,
+            "run_id": why.run_id.as_ref().map_or("", RunId::as_str),
             "at_ms": now,
         });
         // Its slots stay held; its lease is given back in the same write, so an operator's
@@ -1857,7 +1820,7 @@ impl WorkflowMachine {
         );
         self.write(out, vec![op]);
         out.push(Effect::Fault("cancelling"));
-        let children: Vec<String> = self
+        let children: Vec<RunId> = self
             .waiting
             .values()
             .filter_map(|(waiting, _)| match waiting {
@@ -1907,7 +1870,7 @@ impl WorkflowMachine {
             ) else {
                 continue;
             };
-            if StepStatus::parse(&step.status) != Some(StepStatus::Running) {
+            if step.status != StepStatus::Running {
                 continue;
             }
             let command = Command {
@@ -1920,7 +1883,7 @@ impl WorkflowMachine {
             };
             self.waiting.insert(
                 CallId(*seq),
-                (Waiting::Child(Some(run_id.to_owned())), command),
+                (Waiting::Child(Some(RunId::new(run_id))), command),
             );
         }
         out.push(Effect::ReadControls(ControlsFor::DeadOwnerCancel));
@@ -1948,16 +1911,22 @@ impl WorkflowMachine {
         if !matches!(self.phase, Phase::Cancelling { .. }) || self.waiting.is_empty() {
             return;
         }
-        let (step_id, run_id) = self
+        let reason = ReconciliationReason::CancelWindowPassed;
+        let why = self
             .waiting
             .values()
             .find_map(|(waiting, command)| match waiting {
-                Waiting::Child(Some(run_id)) => Some((command.step_id.clone(), run_id.clone())),
+                Waiting::Child(Some(run_id)) => {
+                    Some(Reconciliation::of_step(reason, &command.step_id, run_id))
+                }
                 _ => None,
             })
-            .unwrap_or_default();
-        let why =
-            Reconciliation::of_step(ReconciliationReason::CancelWindowPassed, &step_id, &run_id);
+            .unwrap_or(Reconciliation {
+                reason,
+                step_id: String::new(),
+                run_id: None,
+                message: reason.message().to_owned(),
+            });
         self.reconcile_needed(out, why, now);
     }
 
@@ -2036,7 +2005,7 @@ impl WorkflowMachine {
 
 /// The thread an agent step runs on: one per (workflow, step), a valid folder name whatever the
 /// step id is.
-pub(crate) fn thread_for(workflow_id: &str, step_id: &str) -> String {
+pub(crate) fn thread_for(workflow_id: &WorkflowId, step_id: &str) -> String {
     let digest = Sha256::digest(step_id.as_bytes());
     let suffix: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
     format!("{workflow_id}-{suffix}")
@@ -2144,10 +2113,10 @@ mod tests {
         }
     }
 
-    fn run_row(run_id: &str, status: RunStatus) -> RunRow {
+    fn run_row(run_id: &RunId, status: RunStatus) -> RunRow {
         RunRow {
-            run_id: run_id.into(),
-            thread_id: thread_for(WORKFLOW, "a"),
+            run_id: run_id.clone(),
+            thread_id: thread_for(&WorkflowId::from(WORKFLOW), "a"),
             workflow: Some(WORKFLOW.into()),
             step_id: Some("a".into()),
             attempt: Some(1),
@@ -2224,6 +2193,7 @@ mod tests {
             }
             Effect::FollowChild { id } => format!("follow {}", id.0),
             Effect::CancelChildren { run_ids, awaited } => {
+                let run_ids: Vec<&str> = run_ids.iter().map(RunId::as_str).collect();
                 format!("cancel child {} awaited={awaited}", run_ids.join(" "))
             }
             Effect::ReadRun { run_id, .. } => format!("read run {run_id}"),
@@ -2299,7 +2269,7 @@ mod tests {
         let mut m = machine(Start::Fresh);
         drive(&mut m, Event::Begin);
         drive(&mut m, activation(vec![agent(0, "a")], Status::Waiting));
-        let started = Admission::Started(run_row("run-new", RunStatus::Running));
+        let started = Admission::Started(run_row(&RunId::from("run-new"), RunStatus::Running));
         let id = CallId(0);
         drive(
             &mut m,
@@ -2312,7 +2282,7 @@ mod tests {
     }
 
     #[test]
-    fn control_kinds_and_step_statuses_read_back_from_their_stored_text() {
+    fn control_kinds_read_back_from_their_stored_text() {
         for kind in [
             ControlKind::Resume,
             ControlKind::Decide,
@@ -2321,11 +2291,6 @@ mod tests {
             assert_eq!(ControlKind::parse(kind.as_str()), Some(kind));
         }
         assert_eq!(ControlKind::parse("approve"), None);
-        for status in ["queued", "running", "completed", "failed", "cancelled"] {
-            let parsed = StepStatus::parse(status).expect("a step status");
-            assert_eq!(parsed.as_str(), status);
-        }
-        assert_eq!(StepStatus::parse("done"), None);
     }
 
     #[test]
@@ -2335,7 +2300,7 @@ mod tests {
         assert!(m.may_hand_over(), "nothing in flight yet");
         drive(&mut m, activation(vec![agent(0, "a")], Status::Waiting));
         assert!(!m.may_hand_over(), "its admission is in flight");
-        let started = Admission::Started(run_row("run-new", RunStatus::Running));
+        let started = Admission::Started(run_row(&RunId::from("run-new"), RunStatus::Running));
         drive(
             &mut m,
             Event::Admission {
@@ -2362,13 +2327,13 @@ mod tests {
         let Some(Effect::Admit { request, .. }) = effects.first() else {
             panic!("an admission");
         };
-        assert_eq!(request.run_id.as_deref(), Some("run-new"));
+        assert_eq!(request.run_id, Some(RunId::new("run-new")));
         assert_eq!(request.idempotency_key.as_deref(), Some("wf-1/a/1"));
         let step = request.step.as_ref().expect("a workflow step");
         assert_eq!((step.fence.epoch, step.slots_max), (Epoch::new(3), 4));
         assert_eq!(op(&step.journal[0]), "step a running");
 
-        let started = Admission::Started(run_row("run-new", RunStatus::Running));
+        let started = Admission::Started(run_row(&RunId::from("run-new"), RunStatus::Running));
         let id = CallId(0);
         assert_eq!(
             drive(
@@ -2388,7 +2353,10 @@ mod tests {
         let ended = Event::ChildEnded {
             id,
             run_id: "run-new".into(),
-            committed: Some(Box::new(run_row("run-new", RunStatus::Success))),
+            committed: Some(Box::new(run_row(
+                &RunId::from("run-new"),
+                RunStatus::Success,
+            ))),
         };
         // The outcome is handed to the script first and journaled with the next write.
         assert_eq!(
@@ -2439,7 +2407,7 @@ mod tests {
             step_id: "a".into(),
             attempt,
             kind: "agent".into(),
-            status: "running".into(),
+            status: StepStatus::Running,
             data,
             created_at: 0.0,
         };
@@ -2547,7 +2515,7 @@ mod tests {
             drive(&mut m, Event::Admission { id, result: outage }),
             ["after 100ms RetryAdmission(CallId(0))"]
         );
-        let started = Admission::Started(run_row("run-2", RunStatus::Running));
+        let started = Admission::Started(run_row(&RunId::from("run-2"), RunStatus::Running));
         assert_eq!(
             drive(
                 &mut m,
@@ -2639,7 +2607,10 @@ mod tests {
             id,
             run_id: "run-new".into(),
             purpose: RunReadFor::Outcome,
-            result: Ok(Some(run_row("run-new", RunStatus::WaitingForInput))),
+            result: Ok(Some(run_row(
+                &RunId::from("run-new"),
+                RunStatus::WaitingForInput,
+            ))),
         };
         assert_eq!(
             drive(&mut m, waiting),
@@ -2654,7 +2625,7 @@ mod tests {
             id,
             run_id: "run-new".into(),
             purpose: RunReadFor::Outcome,
-            result: Ok(Some(run_row("run-new", RunStatus::Running))),
+            result: Ok(Some(run_row(&RunId::from("run-new"), RunStatus::Running))),
         };
         let (described, effects) = drive_with(&mut m, fenced, NOW, |_| None);
         assert_eq!(
@@ -2838,7 +2809,7 @@ mod tests {
         let Some(Effect::Capture { thread_id, .. }) = effects.first() else {
             panic!("a capture");
         };
-        assert_eq!(thread_id, &thread_for(WORKFLOW, "a"));
+        assert_eq!(thread_id, &thread_for(&WorkflowId::from(WORKFLOW), "a"));
         let captured = Event::Captured {
             id,
             result: Ok(("out.txt".into(), b"hi".to_vec())),
@@ -2968,7 +2939,10 @@ mod tests {
         let ended = Event::ChildEnded {
             id: CallId(0),
             run_id: "run-new".into(),
-            committed: Some(Box::new(run_row("run-new", RunStatus::Success))),
+            committed: Some(Box::new(run_row(
+                &RunId::from("run-new"),
+                RunStatus::Success,
+            ))),
         };
         assert_eq!(drive(&mut m, ended), ["read run run-new"]);
         assert_eq!(
@@ -2979,7 +2953,10 @@ mod tests {
             id: CallId(0),
             run_id: "run-new".into(),
             purpose: RunReadFor::Cancelling,
-            result: Ok(Some(run_row("run-new", RunStatus::Interrupted))),
+            result: Ok(Some(run_row(
+                &RunId::from("run-new"),
+                RunStatus::Interrupted,
+            ))),
         };
         assert_eq!(
             drive(&mut m, stopped),
@@ -3004,7 +2981,7 @@ mod tests {
             id: CallId(0),
             run_id: "run-new".into(),
             purpose: RunReadFor::Cancelling,
-            result: Ok(Some(run_row("run-new", RunStatus::Running))),
+            result: Ok(Some(run_row(&RunId::from("run-new"), RunStatus::Running))),
         };
         assert!(drive(&mut m, still).is_empty());
         let (described, effects) = drive_with(&mut m, Event::CancelDeadline, NOW, |_| None);
@@ -3132,7 +3109,10 @@ mod tests {
         let ended = Event::ChildEnded {
             id: CallId(0),
             run_id: "run-new".into(),
-            committed: Some(Box::new(run_row("run-new", RunStatus::Success))),
+            committed: Some(Box::new(run_row(
+                &RunId::from("run-new"),
+                RunStatus::Success,
+            ))),
         };
         assert!(drive(&mut m, ended).is_empty());
         assert!(drive(&mut m, Event::TimedOut).is_empty());
@@ -3147,7 +3127,7 @@ mod tests {
             step_id: "a".into(),
             attempt: 1,
             kind: "agent".into(),
-            status: "running".into(),
+            status: StepStatus::Running,
             data: json!({"args": {"agentRef": "echo"}, "run_id": "run-old"}),
             created_at: 0.0,
         };
@@ -3190,7 +3170,7 @@ mod tests {
                 "admit 1 carrying 0",
             ]
         );
-        let started = Admission::Started(run_row("run-a", RunStatus::Running));
+        let started = Admission::Started(run_row(&RunId::from("run-a"), RunStatus::Running));
         drive(
             &mut m,
             Event::Admission {
@@ -3201,7 +3181,7 @@ mod tests {
         let failed = Event::ChildEnded {
             id: CallId(0),
             run_id: "run-a".into(),
-            committed: Some(Box::new(run_row("run-a", RunStatus::Error))),
+            committed: Some(Box::new(run_row(&RunId::from("run-a"), RunStatus::Error))),
         };
         assert_eq!(drive(&mut m, failed)[2], "activate loaded [\"rejected\"]");
         // The `parallel` failed: call 1, still waiting for its admission, is left behind.
@@ -3223,7 +3203,7 @@ mod tests {
                 "fault result",
             ]
         );
-        let started = Admission::Started(run_row("run-b", RunStatus::Running));
+        let started = Admission::Started(run_row(&RunId::from("run-b"), RunStatus::Running));
         assert_eq!(
             drive(
                 &mut m,
@@ -3263,7 +3243,7 @@ mod tests {
             activation(vec![agent(0, "a"), agent(1, "b")], Status::Waiting),
         );
         for (id, run_id) in [(0, "run-a"), (1, "run-b")] {
-            let started = Admission::Started(run_row(run_id, RunStatus::Running));
+            let started = Admission::Started(run_row(&RunId::from(run_id), RunStatus::Running));
             drive(
                 &mut m,
                 Event::Admission {
@@ -3275,7 +3255,7 @@ mod tests {
         let failed = Event::ChildEnded {
             id: CallId(0),
             run_id: "run-a".into(),
-            committed: Some(Box::new(run_row("run-a", RunStatus::Error))),
+            committed: Some(Box::new(run_row(&RunId::from("run-a"), RunStatus::Error))),
         };
         drive(&mut m, failed);
         let left_behind = || Event::Activated {
@@ -3307,7 +3287,7 @@ mod tests {
             activation(vec![agent(0, "a"), agent(1, "b")], Status::Waiting),
         );
         for (id, run_id) in [(0, "run-a"), (1, "run-b")] {
-            let started = Admission::Started(run_row(run_id, RunStatus::Running));
+            let started = Admission::Started(run_row(&RunId::from(run_id), RunStatus::Running));
             drive(
                 &mut lost,
                 Event::Admission {
@@ -3319,7 +3299,7 @@ mod tests {
         let failed = Event::ChildEnded {
             id: CallId(0),
             run_id: "run-a".into(),
-            committed: Some(Box::new(run_row("run-a", RunStatus::Error))),
+            committed: Some(Box::new(run_row(&RunId::from("run-a"), RunStatus::Error))),
         };
         drive(&mut lost, failed);
         let (described, _) = drive_with(&mut lost, left_behind(), NOW, |effect| {
@@ -3343,7 +3323,7 @@ mod tests {
             &mut m,
             activation(vec![agent(0, "a"), agent(1, "b")], Status::Waiting),
         );
-        let mut orphan = run_row("run-old", RunStatus::Interrupted);
+        let mut orphan = run_row(&RunId::from("run-old"), RunStatus::Interrupted);
         orphan.stop_reason = Some("orphan_recovered".into());
         let (described, effects) = drive_with(
             &mut m,

@@ -25,7 +25,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use runtime::CallId;
-use store::{Epoch, Fence, RunRow};
+use store::{Epoch, Fence, RunRow, WorkflowId};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
@@ -33,7 +33,7 @@ use crate::Error;
 use crate::child_run::agent::RunEnd;
 use crate::child_run::{Admitted, RunRequest, RunsHandle};
 use crate::js_pool::JsPool;
-use crate::lease::{LeaseEvent, LeaseKind, LeaseMsg};
+use crate::lease::{LeaseEvent, LeaseKey, LeaseMsg, Leased};
 use crate::mailbox::{Post, Timer};
 use crate::store_actor::StoreHandle;
 use machine::{Admission, Effect, Event, MachineConfig, WorkflowMachine};
@@ -88,7 +88,7 @@ impl TryFrom<WorkflowMsg> for LeaseEvent {
 pub(crate) struct WorkflowSupervisor;
 
 pub(crate) struct WorkflowArgs {
-    pub workflow_id: String,
+    pub workflow_id: WorkflowId,
     pub fence: Fence,
     pub document: WorkflowDocument,
     pub store: StoreHandle,
@@ -126,7 +126,7 @@ pub(crate) struct WorkflowArgs {
 
 /// What the interpreter performs effects with.
 struct Io {
-    workflow_id: String,
+    workflow_id: WorkflowId,
     fence: Fence,
     store: StoreHandle,
     runs: RunsHandle,
@@ -200,7 +200,7 @@ impl WorkflowState {
                     .map_err(|error| error.to_string());
                 Some(Event::Activated {
                     result,
-                    run_id: crate::ids::new_id(),
+                    run_id: crate::ids::new_run_id(),
                 })
             }
             Effect::Write(ops) => Some(match io.store.fenced_write(&io.fence, ops).await {
@@ -392,7 +392,7 @@ impl WorkflowState {
     fn halt(&self, myself: &ActorRef<WorkflowMsg>, abandoned: bool) {
         self.io.js.park(&self.io.workflow_id);
         let _ = self.io.lease.post(LeaseMsg::Untrack {
-            run_id: self.io.workflow_id.clone(),
+            key: LeaseKey::Workflow(self.io.workflow_id.clone()),
         });
         myself.stop(abandoned.then(|| ABANDONED.to_owned()));
     }
@@ -414,8 +414,8 @@ impl Actor for WorkflowSupervisor {
             epoch = args.fence.epoch.get(),
         );
         args.lease.post(LeaseMsg::Track {
-            run_id: args.workflow_id.clone(),
-            kind: LeaseKind::Workflow {
+            lease: Leased::Workflow {
+                workflow_id: args.workflow_id.clone(),
                 epoch: args.fence.epoch,
             },
             deadline: args.deadline,

@@ -47,8 +47,8 @@ use runtime::{CallId, Status, Vm};
 use serde_json::{Value, json};
 use store::{
     CancelAction, ControlWrite, Controls, Fence, LaunchLimits, Leases, NewControl, NewRun,
-    NewWorkflow, Purpose, RunOutcome, RunRow, RunStatus, Runs, SimClock, SimStore, TakeOver,
-    Versions, WorkflowStatus, WorkflowStep, Workflows, WriteOp,
+    NewWorkflow, Purpose, RunId, RunOutcome, RunRow, RunStatus, Runs, SimClock, SimStore,
+    StepStatus, TakeOver, Versions, WorkflowId, WorkflowStatus, WorkflowStep, Workflows, WriteOp,
 };
 
 use super::front_door::{ReconcileRequest, Resolution, reconcile_writes};
@@ -209,8 +209,9 @@ struct Reconciled {
 enum Ending {
     Completed(Value),
     Failed(Value),
-    /// Live, cancelled or waiting for an operator: its status and data.
-    Other(String, Value),
+    /// Live, cancelled or waiting for an operator: its status (`None`: the row is missing) and
+    /// data.
+    Other(Option<WorkflowStatus>, Value),
 }
 
 /// Which faults a run injects.
@@ -288,7 +289,7 @@ enum Call {
     ReadJournal,
     ReadRun {
         id: CallId,
-        run_id: String,
+        run_id: RunId,
         purpose: RunReadFor,
     },
     ReadControls(ControlsFor),
@@ -402,7 +403,7 @@ struct Node {
     /// Bumped by each crash: work of an earlier life is dropped when it comes due.
     life: u64,
     /// The supervisors this node runs, by workflow.
-    supervisors: BTreeMap<String, Supervisor>,
+    supervisors: BTreeMap<WorkflowId, Supervisor>,
 }
 
 /// One workflow supervisor: its machine, its VM (when loaded) and its fence.
@@ -421,7 +422,7 @@ struct Supervisor {
 #[derive(Debug, Clone, PartialEq)]
 struct Target {
     node: usize,
-    workflow_id: String,
+    workflow_id: WorkflowId,
     supervisor: u64,
 }
 
@@ -446,7 +447,7 @@ struct Child {
 }
 
 /// A run's end kept for its caller: the run id and the row its compare-and-set committed.
-type KeptEnd = (String, Option<Box<RunRow>>);
+type KeptEnd = (RunId, Option<Box<RunRow>>);
 
 /// Something due at a moment.
 enum Due {
@@ -457,7 +458,7 @@ enum Due {
         id: CallId,
         request: RunRequest,
     },
-    AgentEnd(String),
+    AgentEnd(RunId),
     Tick(usize),
     Person,
     Crash(usize),
@@ -467,11 +468,11 @@ enum Due {
     /// A delayed store answer of a supervisor is due.
     Resume(Target),
     /// An operator asks a node to recover a workflow (`recover`, not the automatic claim).
-    Recover(usize, String),
+    Recover(usize, WorkflowId),
     /// A child's terminal write that wrote nothing is sent again.
-    Commit(String, RunOutcome),
+    Commit(RunId, RunOutcome),
     /// The late answer of a child's terminal write is due (the write is applied now).
-    Committed(String, AttemptId, RunOutcome),
+    Committed(RunId, AttemptId, RunOutcome),
 }
 
 struct Sim {
@@ -483,19 +484,19 @@ struct Sim {
     inserted: u64,
     nodes: Vec<Node>,
     /// Each workflow's script, by id.
-    workflows: BTreeMap<String, usize>,
-    children: BTreeMap<String, Child>,
+    workflows: BTreeMap<WorkflowId, usize>,
+    children: BTreeMap<RunId, Child>,
     /// Ends of runs whose caller had not asked to follow them yet, by (supervisor, call): the
     /// receiver `WorkflowState::started` keeps.
     ended: BTreeMap<(u64, CallId), KeptEnd>,
     /// Each approval answered: its run and the comment of the answer that won.
-    approvals: Vec<(String, String)>,
+    approvals: Vec<(RunId, String)>,
     /// Every run admitted, for the oracle.
-    admitted: BTreeSet<String>,
+    admitted: BTreeSet<RunId>,
     /// The reconciles the operator made of each workflow, in order.
-    reconciles: BTreeMap<String, Vec<Reconciled>>,
+    reconciles: BTreeMap<WorkflowId, Vec<Reconciled>>,
     /// Workflows whose reconcile was refused: the operator leaves them as they are.
-    unreconciled: BTreeSet<String>,
+    unreconciled: BTreeSet<WorkflowId>,
     /// Nodes claim no orphaned workflows (`recovery: manual`): the operator recovers them.
     manual_recovery: bool,
     /// Every node's `timeout_seconds`, in ms: a workflow still live this long after its launch
@@ -589,7 +590,7 @@ impl Sim {
 
     /// Launches workflow `index` of the mix running `script` on `node`.
     fn launch(&mut self, node: usize, index: usize, script: usize) {
-        let workflow_id = format!("wf-{index}");
+        let workflow_id = WorkflowId::new(format!("wf-{index}"));
         let data = json!({
             "script": SCRIPTS[script].source,
             "args": {"index": index},
@@ -623,7 +624,7 @@ impl Sim {
     fn supervise(
         &mut self,
         node: usize,
-        workflow_id: &str,
+        workflow_id: &WorkflowId,
         fence: Fence,
         data: Value,
         start: Start,
@@ -702,7 +703,7 @@ impl Sim {
             self.manual_recovery = self.rng.below(2) == 0;
             // Operators recover workflows by hand too, whenever they like: most asks find the
             // owner's lease valid, some find the workflow orphaned before automatic recovery.
-            let workflows: Vec<String> = self.workflows.keys().cloned().collect();
+            let workflows: Vec<WorkflowId> = self.workflows.keys().cloned().collect();
             for _ in 0..self.rng.below(4) {
                 let node = self.rng.below(self.nodes.len() as u64) as usize;
                 let workflow = self.rng.below(workflows.len() as u64) as usize;
@@ -761,11 +762,11 @@ impl Sim {
     fn settled(&self) -> bool {
         self.workflows.keys().all(|workflow_id| {
             match now_or_never(self.store.read_workflow(workflow_id)) {
-                Ok(Some(row)) => WorkflowStatus::parse(&row.status).is_some_and(|status| {
-                    status.is_final()
-                        || (status == WorkflowStatus::NeedsReconciliation
+                Ok(Some(row)) => {
+                    row.status.is_final()
+                        || (row.status == WorkflowStatus::NeedsReconciliation
                             && !self.operator_may_reconcile(workflow_id))
-                }),
+                }
                 _ => false,
             }
         })
@@ -984,7 +985,7 @@ impl Sim {
 
     /// Performs a supervisor's store call now; answers its event.
     fn call(&mut self, target: &Target, fence: &Fence, call: Call) -> Event {
-        let workflow_id = target.workflow_id.as_str();
+        let workflow_id = &target.workflow_id;
         match call {
             Call::Write(ops) => {
                 let holds = self.holds(fence);
@@ -1049,7 +1050,7 @@ impl Sim {
                 let result = activate(&mut supervisor.vm, start, settles);
                 Performed::answer(Event::Activated {
                     result,
-                    run_id: self.fresh_id("run"),
+                    run_id: RunId::new(self.fresh_id("run")),
                 })
             }
             Effect::Write(ops) => self.store_call(target, &supervisor.fence, Call::Write(ops)),
@@ -1162,7 +1163,7 @@ impl Sim {
     }
 
     /// A cancel request reached the agent of `run_id`: it ends interrupted after `delay_ms`.
-    fn interrupt(&mut self, run_id: String, delay_ms: i64) {
+    fn interrupt(&mut self, run_id: RunId, delay_ms: i64) {
         if let Some(child) = self.children.get_mut(&run_id)
             && !child.cancelled
         {
@@ -1230,7 +1231,7 @@ impl Sim {
         let run_id = request
             .run_id
             .clone()
-            .unwrap_or_else(|| self.fresh_id("run"));
+            .unwrap_or_else(|| RunId::new(self.fresh_id("run")));
         let fence = request.step.as_ref().map(|step| step.fence.clone());
         let holds = fence.as_ref().is_some_and(|fence| self.holds(fence));
         let run = NewRun {
@@ -1293,7 +1294,7 @@ impl Sim {
 
     /// A simulated agent ends its run: commits its outcome by compare-and-set (as `ChildAgent`
     /// does) and tells the supervisor following it.
-    fn agent_end(&mut self, run_id: &str) {
+    fn agent_end(&mut self, run_id: &RunId) {
         let Some(child) = self.children.get(run_id) else {
             return;
         };
@@ -1328,7 +1329,7 @@ impl Sim {
     /// if its authority allows one, with the store faults of the run: an outage (nothing
     /// written) is sent again after a backoff, a lost answer leaves the outcome unknown until
     /// a renewal or the lease's end fences the run, a late one is applied when it comes.
-    fn commit(&mut self, run_id: &str, outcome: RunOutcome) {
+    fn commit(&mut self, run_id: &RunId, outcome: RunOutcome) {
         let Some(child) = self.children.get_mut(run_id) else {
             return;
         };
@@ -1376,7 +1377,7 @@ impl Sim {
     }
 
     /// Performs a child's terminal compare-and-set now.
-    fn finalize(&mut self, run_id: &str, outcome: &RunOutcome) -> store::Result<bool> {
+    fn finalize(&mut self, run_id: &RunId, outcome: &RunOutcome) -> store::Result<bool> {
         let Some(child) = self.children.get(run_id) else {
             return Ok(false);
         };
@@ -1392,7 +1393,7 @@ impl Sim {
     /// The answer of a child's terminal write: acknowledged, or refused (then, as
     /// `ChildAgent` does, a row still live and ours with a cancel request is committed as
     /// interrupted first).
-    fn on_committed(&mut self, run_id: &str, attempt: AttemptId, finalized: store::Result<bool>) {
+    fn on_committed(&mut self, run_id: &RunId, attempt: AttemptId, finalized: store::Result<bool>) {
         self.note(|| format!("agent {run_id} committed: {finalized:?}"));
         let finalized = match finalized {
             Ok(finalized) => finalized,
@@ -1407,7 +1408,7 @@ impl Sim {
             };
             let owner = self.nodes[child.node].name.clone();
             if let Ok(Some(row)) = now_or_never(self.store.read_run(run_id))
-                && !row.status.is_terminal()
+                && !row.status.is_final()
                 && row.owner_worker_id.as_deref() == Some(owner.as_str())
                 && let Some(action) = row.cancel_action
             {
@@ -1421,7 +1422,7 @@ impl Sim {
     }
 
     /// Acts on a child's authority's verdict, as `ChildState::act` does.
-    fn act(&mut self, run_id: &str, verdict: Verdict) {
+    fn act(&mut self, run_id: &RunId, verdict: Verdict) {
         let committed = match verdict {
             Verdict::Wait => return,
             Verdict::Cancel(_) => return self.interrupt(run_id.to_owned(), 0),
@@ -1453,7 +1454,7 @@ impl Sim {
     /// The agent of `run_id` asks a person before it acts: the run waits in
     /// `waiting_for_input` (as `ChildAgent` records a paused agent) and the agent's part ends;
     /// a person's answer ends the run.
-    fn agent_asks(&mut self, run_id: &str) {
+    fn agent_asks(&mut self, run_id: &RunId) {
         let Some(child) = self.children.remove(run_id) else {
             return;
         };
@@ -1490,7 +1491,7 @@ impl Sim {
             return;
         }
         let name = self.nodes[node].name.clone();
-        let fences: Vec<(String, u64, Fence)> = self.nodes[node]
+        let fences: Vec<(WorkflowId, u64, Fence)> = self.nodes[node]
             .supervisors
             .iter()
             .map(|(workflow_id, supervisor)| {
@@ -1507,7 +1508,7 @@ impl Sim {
                 self.deliver(&target, Event::LeaseLost);
             }
         }
-        let runs: Vec<String> = self
+        let runs: Vec<RunId> = self
             .children
             .iter()
             .filter(|(_, child)| child.node == node)
@@ -1579,7 +1580,7 @@ impl Sim {
     /// `Purpose::Recover`, and a supervisor that resumes by replay. A lease still valid must
     /// refuse the takeover (`LeaseHeld`); a workflow that needs reconciliation, or has a cancel
     /// pending, refuses it too.
-    fn recover(&mut self, node: usize, workflow_id: &str) {
+    fn recover(&mut self, node: usize, workflow_id: &WorkflowId) {
         if !self.nodes[node].alive || self.nodes[node].supervisors.contains_key(workflow_id) {
             return;
         }
@@ -1624,7 +1625,7 @@ impl Sim {
 
     /// Takes `workflow_id` over on `node` to finish its pending cancellation (`Purpose::Cancel`,
     /// nothing replayed).
-    fn finish_cancel(&mut self, node: usize, workflow_id: &str) {
+    fn finish_cancel(&mut self, node: usize, workflow_id: &WorkflowId) {
         let name = self.nodes[node].name.clone();
         let taken = now_or_never(self.store.take_over_workflow(
             workflow_id,
@@ -1660,7 +1661,7 @@ impl Sim {
     }
 
     /// Whether the operator would still reconcile `workflow_id` if it needed it.
-    fn operator_may_reconcile(&self, workflow_id: &str) -> bool {
+    fn operator_may_reconcile(&self, workflow_id: &WorkflowId) -> bool {
         !self.unreconciled.contains(workflow_id)
             && self
                 .reconciles
@@ -1673,11 +1674,13 @@ impl Sim {
     /// write) with a resolution of the seed's choosing, and resumed there by replay. `complete`
     /// supplies what the step's child would have answered, as an operator who checked its
     /// effects would. Left as it is after [`RECONCILES_MAX`] reconciles.
-    fn operator(&mut self, workflow_id: &str) {
+    fn operator(&mut self, workflow_id: &WorkflowId) {
         let Ok(Some(row)) = now_or_never(self.store.read_workflow(workflow_id)) else {
             return;
         };
-        if row.status != "needs_reconciliation" || !self.operator_may_reconcile(workflow_id) {
+        if row.status != WorkflowStatus::NeedsReconciliation
+            || !self.operator_may_reconcile(workflow_id)
+        {
             return;
         }
         let alive: Vec<usize> = (0..self.nodes.len())
@@ -1783,7 +1786,12 @@ impl Sim {
 
     /// A second operator, on another node, reconciles the same step the same way at once:
     /// the workflow runs again, so the takeover is refused with nothing written.
-    fn reconcile_again(&mut self, workflow_id: &str, first: usize, request: ReconcileRequest) {
+    fn reconcile_again(
+        &mut self,
+        workflow_id: &WorkflowId,
+        first: usize,
+        request: ReconcileRequest,
+    ) {
         let node = (first + 1) % self.nodes.len();
         let name = self.nodes[node].name.clone();
         let taken = now_or_never(self.store.take_over_workflow(
@@ -1805,7 +1813,7 @@ impl Sim {
     /// The people: each step waiting for one (a pause, a checkpoint) is answered, by a control
     /// recorded as the HTTP API records it; the owner's poller finds it.
     fn person(&mut self) {
-        let ids: Vec<String> = self.workflows.keys().cloned().collect();
+        let ids: Vec<WorkflowId> = self.workflows.keys().cloned().collect();
         if self.manual_recovery {
             self.recover_orphans();
         }
@@ -1819,7 +1827,7 @@ impl Sim {
                     self.answer_agent(&step);
                     continue;
                 }
-                if step.status != "running" {
+                if step.status != StepStatus::Running {
                     continue;
                 }
                 let (kind, body) = match step.kind.as_str() {
@@ -1881,7 +1889,7 @@ impl Sim {
 
     /// Tells every supervisor of `workflow_id` on every node (its owner, a stale one, none) to
     /// poll, each twice, late and in any order: the nodes that recorded a control say so.
-    fn poll_everywhere(&mut self, workflow_id: &str) {
+    fn poll_everywhere(&mut self, workflow_id: &WorkflowId) {
         let targets: Vec<Target> = self
             .nodes
             .iter()
@@ -1905,10 +1913,10 @@ impl Sim {
     /// Answers an agent step's run that waits for a person, twice, from two nodes: the first
     /// answer wins, the second finds nothing to answer.
     fn answer_agent(&mut self, step: &store::StepRow) {
-        let Some(run_id) = step.data["run_id"].as_str() else {
+        let Some(run_id) = step.data["run_id"].as_str().map(RunId::new) else {
             return;
         };
-        let Ok(Some(run)) = now_or_never(self.store.read_run(run_id)) else {
+        let Ok(Some(run)) = now_or_never(self.store.read_run(&run_id)) else {
             return;
         };
         if run.status != RunStatus::WaitingForInput {
@@ -1942,7 +1950,7 @@ impl Sim {
     }
 
     /// How each workflow ended.
-    fn endings(&self) -> BTreeMap<String, Ending> {
+    fn endings(&self) -> BTreeMap<WorkflowId, Ending> {
         self.workflows
             .keys()
             .map(|workflow_id| {
@@ -1950,14 +1958,14 @@ impl Sim {
                     .ok()
                     .flatten();
                 let ending = match row {
-                    Some(row) if row.status == "completed" => {
+                    Some(row) if row.status == WorkflowStatus::Completed => {
                         Ending::Completed(row.data["result"].clone())
                     }
-                    Some(row) if row.status == "failed" => {
+                    Some(row) if row.status == WorkflowStatus::Failed => {
                         Ending::Failed(row.data["error"].clone())
                     }
-                    Some(row) => Ending::Other(row.status, row.data),
-                    None => Ending::Other("missing".into(), Value::Null),
+                    Some(row) => Ending::Other(Some(row.status), row.data),
+                    None => Ending::Other(None, Value::Null),
                 };
                 (workflow_id.clone(), ending)
             })
@@ -1966,12 +1974,12 @@ impl Sim {
 
     /// Checks what must hold after any run (see the module documentation).
     fn oracle(&mut self, baseline: &[Ending]) {
-        let mut per_step: BTreeMap<(String, String, i32), Vec<String>> = BTreeMap::new();
+        let mut per_step: BTreeMap<(Option<WorkflowId>, String, i32), Vec<RunId>> = BTreeMap::new();
         for run_id in self.admitted.clone() {
             match now_or_never(self.store.read_run(&run_id)) {
                 Ok(Some(row)) => per_step
                     .entry((
-                        row.workflow.unwrap_or_default(),
+                        row.workflow,
                         row.step_id.unwrap_or_default(),
                         row.attempt.unwrap_or_default(),
                     ))
@@ -2001,7 +2009,7 @@ impl Sim {
             self.stats.workflows += 1;
             match &ending {
                 Ending::Completed(_) => self.stats.completed += 1,
-                Ending::Other(status, _) if status == "needs_reconciliation" => {
+                Ending::Other(Some(WorkflowStatus::NeedsReconciliation), _) => {
                     self.stats.needs_reconciliation += 1;
                 }
                 _ => {}
@@ -2039,7 +2047,7 @@ impl Sim {
                         ));
                     }
                 }
-                Ending::Other(status, data) if status == "needs_reconciliation" => {
+                Ending::Other(Some(WorkflowStatus::NeedsReconciliation), data) => {
                     if data["reconciliation"]["reason"].as_str().is_none() {
                         self.violation(format!(
                             "{workflow_id} needs reconciliation for no recorded reason"
@@ -2051,7 +2059,7 @@ impl Sim {
                         ));
                     }
                 }
-                Ending::Other(status, _) if status == "cancelled" => {
+                Ending::Other(Some(WorkflowStatus::Cancelled), _) => {
                     // Only its timeout cancels a workflow here.
                     let controls =
                         now_or_never(self.store.read_controls(&workflow_id)).unwrap_or_default();
@@ -2068,7 +2076,8 @@ impl Sim {
                 }
                 Ending::Other(status, _) => {
                     self.violation(format!(
-                        "{workflow_id} is stuck {status} after {BOUND_MS} ms"
+                        "{workflow_id} is stuck {} after {BOUND_MS} ms",
+                        status.map_or("missing", WorkflowStatus::as_str)
                     ));
                 }
             }
@@ -2078,7 +2087,7 @@ impl Sim {
 
     /// Every reconcile the operator made is on record in its step's journal: the attempt it
     /// settled holds the resolution, and a retry queued the next attempt.
-    fn check_reconciled(&mut self, workflow_id: &str, reconciled: &[Reconciled]) {
+    fn check_reconciled(&mut self, workflow_id: &WorkflowId, reconciled: &[Reconciled]) {
         let steps = now_or_never(self.store.read_steps(workflow_id)).unwrap_or_default();
         for made in reconciled {
             let name = match made.resolution {
@@ -2092,7 +2101,7 @@ impl Sim {
             // A retry closed the attempt it settled and queued the next one.
             let recorded = settled.is_some_and(|settled| {
                 made.resolution != Resolution::Retry
-                    || (settled.status == "cancelled"
+                    || (settled.status == StepStatus::Cancelled
                         && steps.iter().any(|step| {
                             step.step_id == made.step_id && step.attempt == settled.attempt + 1
                         }))
@@ -2107,7 +2116,7 @@ impl Sim {
 
     /// Every decision applied was applied to the checkpoint it names, bound to its artifact
     /// version, and the checkpoint's journal holds that one decision.
-    fn check_decisions(&mut self, workflow_id: &str) {
+    fn check_decisions(&mut self, workflow_id: &WorkflowId) {
         let controls = now_or_never(self.store.read_controls(workflow_id)).unwrap_or_default();
         let steps = now_or_never(self.store.read_steps(workflow_id)).unwrap_or_default();
         let decided: Vec<_> = controls
@@ -2133,7 +2142,7 @@ impl Sim {
                     step.data["args"]["artifactVersion"]
                 ));
             }
-            if step.status == "completed"
+            if step.status == StepStatus::Completed
                 && step.data["outcome"]["value"]["decision"] != control.body["decision"]
             {
                 self.violation(format!(
@@ -2145,7 +2154,7 @@ impl Sim {
         let applied = decided.iter().filter(|control| control.applied).count();
         let completed = steps
             .iter()
-            .filter(|step| step.kind == "humanCheckpoint" && step.status == "completed")
+            .filter(|step| step.kind == "humanCheckpoint" && step.status == StepStatus::Completed)
             .count();
         if applied != completed {
             self.violation(format!(
@@ -2188,7 +2197,9 @@ fn baseline() -> &'static [Ending] {
                 let mut sim = Sim::new(0, Faults::NONE, 1);
                 sim.launch(0, 0, script);
                 sim.run();
-                sim.endings().remove("wf-0").expect("launched")
+                sim.endings()
+                    .remove(&WorkflowId::new("wf-0"))
+                    .expect("launched")
             })
             .collect()
     })

@@ -8,9 +8,9 @@
 //! fault points) waits for that commit, so a replay never counts or logs a step twice.
 
 use runtime::CallKind;
-use store::WriteOp;
+use store::{RunId, WriteOp};
 
-use super::machine::StepStatus;
+use store::StepStatus;
 
 /// A step whose journal write became durable.
 #[derive(Debug, Clone)]
@@ -50,7 +50,7 @@ pub(crate) struct Carried {
     /// The call being admitted.
     pub call: runtime::CallId,
     /// The run id the admission uses, so that the journal entry can name it.
-    pub run_id: String,
+    pub run_id: RunId,
     /// The writes before the call's own entry.
     pub before: Unwritten,
     /// The call's entry as `running` with its child run (written with an admission).

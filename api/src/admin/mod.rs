@@ -14,6 +14,7 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use serde::Deserialize;
 use serde_json::{Value, json};
+use store::WorkflowId;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::watch;
@@ -51,7 +52,7 @@ pub enum Request {
     Actors,
     Drain,
     Config,
-    Fence { run_id: String },
+    Fence { run_id: WorkflowId },
     Reconciliations,
 }
 
@@ -150,16 +151,16 @@ async fn run(context: &AdminContext, request: Request) -> Result<Value, String> 
             let leases = node.leases().await.map_err(text)?;
             let mut owned = Vec::new();
             for lease in leases {
-                let actors::LeaseKind::Workflow { epoch } = lease.kind else {
+                let actors::Leased::Workflow { workflow_id, epoch } = lease.lease else {
                     continue;
                 };
                 let status = store
-                    .read_workflow(&lease.run_id)
+                    .read_workflow(&workflow_id)
                     .await
                     .map_err(text)?
                     .map(|row| row.status);
                 owned.push(json!({
-                    "run_id": lease.run_id,
+                    "run_id": workflow_id,
                     "status": status,
                     "epoch": epoch,
                     "lease_remaining_ms": lease.remaining_ms,
@@ -174,12 +175,14 @@ async fn run(context: &AdminContext, request: Request) -> Result<Value, String> 
                 leases
                     .into_iter()
                     .map(|lease| {
-                        let (kind, epoch) = match lease.kind {
-                            actors::LeaseKind::Run => ("run", None),
-                            actors::LeaseKind::Workflow { epoch } => ("workflow", Some(epoch)),
+                        let (kind, resource_id, epoch) = match lease.lease {
+                            actors::Leased::Run(run_id) => ("run", run_id.into_string(), None),
+                            actors::Leased::Workflow { workflow_id, epoch } => {
+                                ("workflow", workflow_id.into_string(), Some(epoch))
+                            }
                         };
                         json!({
-                            "resource_id": lease.run_id,
+                            "resource_id": resource_id,
                             "kind": kind,
                             "epoch": epoch,
                             "remaining_ms": lease.remaining_ms,
@@ -210,7 +213,9 @@ async fn run(context: &AdminContext, request: Request) -> Result<Value, String> 
         Request::Reconciliations => {
             let filter = store::ListFilter {
                 user_id: None,
-                status: Some(store::StatusFilter::Stored("needs_reconciliation".into())),
+                status: Some(store::StatusFilter::Stored(
+                    store::WorkflowStatus::NeedsReconciliation,
+                )),
                 request_id: None,
                 after: None,
                 limit: RECONCILIATIONS_LISTED_MAX,

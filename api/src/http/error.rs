@@ -2,6 +2,7 @@
 //! with the status of spec section 4, mapped here from the actor and store errors in one place.
 
 use hyper::StatusCode;
+use store::WorkflowId;
 
 use super::wire::{ErrorBody, ErrorReply};
 
@@ -72,7 +73,7 @@ impl ApiError {
 
     /// The workflow does not exist, or belongs to someone else (the same answer, so that ids
     /// cannot be probed).
-    pub fn no_workflow(run_id: &str) -> Self {
+    pub fn no_workflow(run_id: &WorkflowId) -> Self {
         ApiError::not_found(format!("no workflow {run_id:?}"))
     }
 
@@ -172,7 +173,7 @@ mod tests {
     /// `Conflict`) or as one `Refused(String)`.
     #[test]
     fn every_rule_of_the_actors_layer_keeps_its_status_code_and_message() {
-        let id = || "w1".to_owned();
+        let id = || WorkflowId::new("w1");
         let step = || "review".to_owned();
         let cases = [
             (

@@ -24,7 +24,7 @@ use bytes::Bytes;
 use hyper::StatusCode;
 use hyper::body::{Frame, SizeHint};
 use hyper::header::{CACHE_CONTROL, CONTENT_TYPE, HeaderName, HeaderValue};
-use store::{EventRow, UserRow, WorkflowStatus};
+use store::{EventRow, UserRow, WorkflowId, WorkflowStatus};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 
@@ -178,7 +178,7 @@ fn frame(event: &EventRow) -> Bytes {
     // The kind's fields first, so that no field can stand for the event's own.
     let mut body = event.data.as_object().cloned().unwrap_or_default();
     body.insert("id".into(), event.seq.into());
-    body.insert("run_id".into(), event.workflow_id.clone().into());
+    body.insert("run_id".into(), event.workflow_id.as_str().into());
     body.insert("kind".into(), event.kind.clone().into());
     body.insert("at".into(), event.created_at.into());
     let data = serde_json::Value::Object(body).to_string();
@@ -303,10 +303,10 @@ impl Follow {
 
 /// `GET /api/v1/workflows/{id}/events`.
 pub async fn workflow_events(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
-    let run_id = ctx
-        .param("id")
-        .ok_or_else(|| ApiError::bad_request("the path names no workflow"))?
-        .to_owned();
+    let run_id = WorkflowId::new(
+        ctx.param("id")
+            .ok_or_else(|| ApiError::bad_request("the path names no workflow"))?,
+    );
     let row = super::workflows::owned_row(ctx, &run_id, super::workflows::Act::Read).await?;
     let after = start_after(ctx)?.unwrap_or(0);
     let follow = Follow::of(ctx)?;
@@ -315,7 +315,7 @@ pub async fn workflow_events(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
             let owner = row.user_id;
             if let Err(why) = follow_workflow(&follow, &sender, &stop, &run_id, &owner, after).await
             {
-                follow.stopped(&sender, why, &run_id);
+                follow.stopped(&sender, why, run_id.as_str());
             }
         })
     })
@@ -325,7 +325,7 @@ async fn follow_workflow(
     follow: &Follow,
     sender: &Sender,
     stop: &CancellationToken,
-    run_id: &str,
+    run_id: &WorkflowId,
     owner: &str,
     mut after: i64,
 ) -> Result<(), Stop> {
@@ -347,7 +347,7 @@ async fn follow_workflow(
                 // Deleted: nothing more will come.
                 Ok(None) => return Ok(()),
                 Err(error) => {
-                    tracing::debug!(%error, run_id, "event stream read failed; trying again");
+                    tracing::debug!(%error, %run_id, "event stream read failed; trying again");
                     break;
                 }
             };
@@ -395,9 +395,9 @@ const WATCH_MS: u64 = 60_000;
 
 /// Tells the database this stream watches `run_id`'s events. Should that fail, the fallback read
 /// (`events.poll_ms`) still finds what other nodes commit.
-async fn watch(follow: &Follow, run_id: &str) {
+async fn watch(follow: &Follow, run_id: &WorkflowId) {
     if let Err(error) = follow.store.watch_events(run_id, WATCH_MS).await {
-        tracing::debug!(%error, run_id, "watching a workflow's events failed");
+        tracing::debug!(%error, %run_id, "watching a workflow's events failed");
     }
 }
 

@@ -112,7 +112,7 @@ pub async fn slots(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
         .await?
         .into_iter()
         .map(|s| SlotReply {
-            run_id: s.workflow_id,
+            run_id: s.workflow_id.into_string(),
             step_id: s.step_id,
             attempt: s.attempt,
             created_at: s.created_at,

@@ -8,7 +8,7 @@
 use actors::WorkflowView;
 use serde_json::Value;
 use store::{
-    ArtifactInfo, ControlRow, ListedWorkflow, RunRow, RunStatus, StepRow, WorkflowRow,
+    ArtifactInfo, ControlRow, ListedWorkflow, RunRow, RunStatus, StepRow, StepStatus, WorkflowRow,
     WorkflowStatus,
 };
 
@@ -33,9 +33,9 @@ pub fn record(view: &WorkflowView) -> WorkflowRecord {
         .map(|s| step(s, &view.approval_runs))
         .collect();
     WorkflowRecord {
-        run_id: row.workflow_id.clone(),
+        run_id: row.workflow_id.as_str().to_owned(),
         status: shown_status(row, view.recoverable),
-        stored_status: row.status.clone(),
+        stored_status: row.status.as_str().to_owned(),
         recoverable: view.recoverable,
         user_id: row.user_id.clone(),
         owner: row.owner.clone(),
@@ -66,9 +66,9 @@ pub fn record(view: &WorkflowView) -> WorkflowRecord {
 pub fn summary(listed: &ListedWorkflow) -> WorkflowSummary {
     let row = &listed.row;
     WorkflowSummary {
-        run_id: row.workflow_id.clone(),
+        run_id: row.workflow_id.as_str().to_owned(),
         status: shown_status(row, listed.recoverable),
-        stored_status: row.status.clone(),
+        stored_status: row.status.as_str().to_owned(),
         recoverable: listed.recoverable,
         user_id: row.user_id.clone(),
         owner: row.owner.clone(),
@@ -80,7 +80,7 @@ pub fn summary(listed: &ListedWorkflow) -> WorkflowSummary {
 
 /// The recorded reason of a workflow that waits for an operator's reconcile.
 pub fn reconciliation(row: &WorkflowRow) -> Option<ReconciliationRecord> {
-    if WorkflowStatus::parse(&row.status) != Some(WorkflowStatus::NeedsReconciliation) {
+    if row.status != WorkflowStatus::NeedsReconciliation {
         return None;
     }
     let why = &row.data["reconciliation"];
@@ -98,7 +98,7 @@ fn shown_status(row: &WorkflowRow, recoverable: bool) -> String {
     if recoverable {
         "recoverable".to_owned()
     } else {
-        row.status.clone()
+        row.status.as_str().to_owned()
     }
 }
 
@@ -128,10 +128,10 @@ fn step(step: &StepRow, approval_runs: &[RunRow]) -> StepRecord {
         step_id: step.step_id.clone(),
         kind: step.kind.clone(),
         attempt: step.attempt,
-        status: if waiting && step.status == "running" {
+        status: if waiting && step.status == StepStatus::Running {
             "waiting_for_input".to_owned()
         } else {
-            step.status.clone()
+            step.status.as_str().to_owned()
         },
         thread_id: text(&step.data["thread_id"]),
         run_id,
@@ -177,7 +177,7 @@ pub fn approval(run: &RunRow) -> Option<ApprovalRecord> {
         && let Some(request_id) = store::pending_request_id(&run.metadata)
     {
         return Some(ApprovalRecord {
-            run_id: run.run_id.clone(),
+            run_id: run.run_id.as_str().to_owned(),
             request_id: request_id.to_owned(),
             actions: asked["actions"].clone(),
             status: "waiting".to_owned(),
@@ -187,7 +187,7 @@ pub fn approval(run: &RunRow) -> Option<ApprovalRecord> {
     }
     let answered = run.metadata.get("hitl_answer")?;
     Some(ApprovalRecord {
-        run_id: run.run_id.clone(),
+        run_id: run.run_id.as_str().to_owned(),
         request_id: text(&answered["request_id"]).unwrap_or_default(),
         actions: answered["answer"]["actions"].clone(),
         status: "answered".to_owned(),

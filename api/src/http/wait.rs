@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use store::{Change, Changes, WorkflowStatus};
+use store::{Change, Changes, WorkflowId, WorkflowStatus};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, broadcast, watch};
 
 use super::error::ApiError;
@@ -81,7 +81,7 @@ pub struct Waiters {
 /// Who waits for which workflow: a counter each change of it bumps, and how many wait on it.
 #[derive(Default)]
 struct Registry {
-    by_workflow: HashMap<String, (watch::Sender<u64>, usize)>,
+    by_workflow: HashMap<WorkflowId, (watch::Sender<u64>, usize)>,
 }
 
 struct AbortOnDrop(tokio::task::JoinHandle<()>);
@@ -135,7 +135,7 @@ impl Waiters {
 
     /// Starts hearing the changes of `workflow_id`. Taken before the first read, so that a
     /// change committed after that read is never missed.
-    pub fn watch(&self, workflow_id: &str) -> Watch {
+    pub fn watch(&self, workflow_id: &WorkflowId) -> Watch {
         let mut registry = lock(&self.registry);
         let entry = registry
             .by_workflow
@@ -165,7 +165,7 @@ pub struct Permit {
 
 /// One waiter's subscription to one workflow's changes; leaves the registry when dropped.
 pub struct Watch {
-    workflow_id: String,
+    workflow_id: WorkflowId,
     changes: watch::Receiver<u64>,
     stopping: watch::Receiver<bool>,
     registry: Arc<Mutex<Registry>>,

@@ -14,7 +14,7 @@ use hyper::header::{
     ACCEPT_RANGES, CONTENT_DISPOSITION, CONTENT_RANGE, CONTENT_TYPE, ETAG, HeaderValue, RANGE,
 };
 use hyper::{Response, StatusCode};
-use store::{ControlWrite, WorkflowRow, WorkflowStatus};
+use store::{ControlWrite, RunId, WorkflowId, WorkflowRow, WorkflowStatus};
 
 use super::error::ApiError;
 use super::record;
@@ -50,7 +50,7 @@ pub fn path_id(ctx: &Ctx<'_>, name: &str) -> Result<String, ApiError> {
 
 /// The workflow a request is about: the path's id (REST; a `run_id` in the body must agree) or
 /// the body's `run_id` (compatible).
-fn run_id(ctx: &Ctx<'_>, body_run_id: Option<String>) -> Result<String, ApiError> {
+fn run_id(ctx: &Ctx<'_>, body_run_id: Option<String>) -> Result<WorkflowId, ApiError> {
     let id = match (ctx.route.surface, body_run_id) {
         (Surface::Rest, body) => {
             let id = path_id(ctx, "id")?;
@@ -69,7 +69,7 @@ fn run_id(ctx: &Ctx<'_>, body_run_id: Option<String>) -> Result<String, ApiError
         }
     };
     check_id("run_id", &id)?;
-    Ok(id)
+    Ok(WorkflowId::new(id))
 }
 
 /// What a caller wants to do with a workflow, which decides who may.
@@ -86,7 +86,7 @@ pub(super) enum Act {
 /// The workflow's row, if the caller may `act` on it.
 pub(super) async fn owned_row(
     ctx: &Ctx<'_>,
-    run_id: &str,
+    run_id: &WorkflowId,
     act: Act,
 ) -> Result<WorkflowRow, ApiError> {
     let row = ctx.state.node.store().read_workflow(run_id).await?;
@@ -96,7 +96,7 @@ pub(super) async fn owned_row(
 fn visible<T: Owned>(
     ctx: &Ctx<'_>,
     found: Option<T>,
-    run_id: &str,
+    run_id: &WorkflowId,
     act: Act,
 ) -> Result<T, ApiError> {
     let user = &ctx.principal()?.user;
@@ -189,7 +189,7 @@ fn asked_wait(ctx: &Ctx<'_>, wait_ms: Option<u64>) -> Result<Option<Duration>, A
 /// while nothing happens to the workflow.
 async fn wait_for(
     ctx: &Ctx<'_>,
-    run_id: &str,
+    run_id: &WorkflowId,
     wait: Duration,
     _permit: wait::Permit,
 ) -> Result<WorkflowRecord, ApiError> {
@@ -233,7 +233,7 @@ pub async fn launch(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
         _ => StatusCode::OK,
     };
     if let (Some(wait), Some(permit)) = (wait, permit) {
-        let record = wait_for(ctx, &launched.run_id, wait, permit).await?;
+        let record = wait_for(ctx, &launched.workflow_id, wait, permit).await?;
         return Ok(json_reply(
             status,
             LaunchAnswer::Waited(Box::new(LaunchedRecord {
@@ -246,13 +246,15 @@ pub async fn launch(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
         .state
         .node
         .store()
-        .read_workflow(&launched.run_id)
+        .read_workflow(&launched.workflow_id)
         .await?
-        .map_or_else(|| "running".to_owned(), |row| row.status);
+        .map_or(WorkflowStatus::Running, |row| row.status)
+        .as_str()
+        .to_owned();
     Ok(json_reply(
         status,
         LaunchAnswer::Launched(LaunchReply {
-            run_id: launched.run_id,
+            run_id: launched.workflow_id.into_string(),
             created: launched.created,
             status: current,
         }),
@@ -264,15 +266,15 @@ pub async fn list(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
     let status = match ctx.query("status") {
         None => None,
         Some(status) if status == "recoverable" => Some(store::StatusFilter::Recoverable),
-        Some(status) if WorkflowStatus::parse(&status).is_some() => {
-            Some(store::StatusFilter::Stored(status))
-        }
-        Some(status) => {
-            return Err(ApiError::bad_request(format!(
-                "query `status` {status:?} is not one of {}, recoverable",
-                WorkflowStatus::ALL.map(WorkflowStatus::as_str).join(", ")
-            )));
-        }
+        Some(status) => match WorkflowStatus::parse(&status) {
+            Some(stored) => Some(store::StatusFilter::Stored(stored)),
+            None => {
+                return Err(ApiError::bad_request(format!(
+                    "query `status` {status:?} is not one of {}, recoverable",
+                    WorkflowStatus::ALL.map(WorkflowStatus::as_str).join(", ")
+                )));
+            }
+        },
     };
     let after = ctx.query("after").map(|c| parse_cursor(&c)).transpose()?;
     let request_id = ctx.query("request_id");
@@ -347,7 +349,7 @@ fn parse_cursor(text: &str) -> Result<store::ListCursor, ApiError> {
     }
     Ok(store::ListCursor {
         created_at,
-        workflow_id: workflow_id.to_owned(),
+        workflow_id: WorkflowId::new(workflow_id),
     })
 }
 
@@ -370,9 +372,9 @@ pub async fn get(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
     Ok(json_reply(StatusCode::OK, record::record(&view)))
 }
 
-fn control_reply(run_id: String, status: &str, written: &ControlWrite) -> ControlReply {
+fn control_reply(run_id: WorkflowId, status: &str, written: &ControlWrite) -> ControlReply {
     ControlReply {
-        run_id,
+        run_id: run_id.into_string(),
         status: status.to_owned(),
         repeated: matches!(written, ControlWrite::Repeated(_)),
     }
@@ -495,12 +497,12 @@ pub async fn answer(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
     };
     let child_run_id = step.data["run_id"]
         .as_str()
-        .map(str::to_owned)
+        .map(RunId::new)
         .ok_or_else(not_waiting)?;
     let child = store
         .read_run(&child_run_id)
         .await?
-        .filter(|run| run.workflow.as_deref() == Some(run_id.as_str()))
+        .filter(|run| run.workflow.as_ref() == Some(&run_id))
         .ok_or_else(not_waiting)?;
     let pending = store::pending_request_id(&child.metadata)
         .filter(|_| child.status == store::RunStatus::WaitingForInput)
@@ -557,7 +559,7 @@ pub async fn answer(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
 }
 
 fn answer_reply(
-    run_id: String,
+    run_id: WorkflowId,
     step_id: String,
     request_id: &str,
     status: &str,
@@ -566,7 +568,7 @@ fn answer_reply(
     json_reply(
         StatusCode::OK,
         AnswerReply {
-            run_id,
+            run_id: run_id.into_string(),
             step_id,
             request_id: request_id.to_owned(),
             status: status.to_owned(),
@@ -576,7 +578,7 @@ fn answer_reply(
 }
 
 /// The body of a body-less REST route, or the compatible action's `run_id` body.
-fn run_body(ctx: &Ctx<'_>) -> Result<String, ApiError> {
+fn run_body(ctx: &Ctx<'_>) -> Result<WorkflowId, ApiError> {
     let body: RunBody = match ctx.route.surface {
         Surface::Compat => ctx.json()?,
         Surface::Rest => RunBody { run_id: None },
@@ -589,9 +591,9 @@ fn run_body(ctx: &Ctx<'_>) -> Result<String, ApiError> {
 pub async fn cancel(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
     let run_id = run_body(ctx)?;
     let row = owned_row(ctx, &run_id, Act::Control).await?;
-    match row.status.as_str() {
-        "cancelled" => return Ok(status_reply(run_id, row.status)),
-        "completed" | "failed" => {
+    match row.status {
+        WorkflowStatus::Cancelled => return Ok(status_reply(run_id, row.status.as_str())),
+        WorkflowStatus::Completed | WorkflowStatus::Failed => {
             return Err(ApiError::refused(format!(
                 "the workflow is {}: there is nothing to cancel",
                 row.status
@@ -608,23 +610,28 @@ pub async fn cancel(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
     let store = ctx.state.node.store();
     let mut over = false;
     loop {
-        let status = store
-            .read_workflow(&run_id)
-            .await?
-            .map_or_else(|| "deleted".to_owned(), |row| row.status);
-        let settled = matches!(
-            status.as_str(),
-            "cancelled" | "completed" | "failed" | "needs_reconciliation" | "deleted"
-        );
+        let status = store.read_workflow(&run_id).await?.map(|row| row.status);
+        let settled = status.is_none_or(|status| {
+            status.is_final() || status == WorkflowStatus::NeedsReconciliation
+        });
         if settled || over {
-            return Ok(status_reply(run_id, status));
+            return Ok(status_reply(
+                run_id,
+                status.map_or("deleted", WorkflowStatus::as_str),
+            ));
         }
         over = !watch.changed(deadline).await;
     }
 }
 
-fn status_reply(run_id: String, status: String) -> Reply {
-    json_reply(StatusCode::OK, StatusReply { run_id, status })
+fn status_reply(run_id: WorkflowId, status: &str) -> Reply {
+    json_reply(
+        StatusCode::OK,
+        StatusReply {
+            run_id: run_id.into_string(),
+            status: status.to_owned(),
+        },
+    )
 }
 
 pub async fn recover(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
@@ -633,7 +640,7 @@ pub async fn recover(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
     owned_row(ctx, &run_id, Act::Control).await?;
     ctx.state.node.workflows().recover(&run_id).await?;
     let row = owned_row(ctx, &run_id, Act::Control).await?;
-    Ok(status_reply(run_id, row.status))
+    Ok(status_reply(run_id, row.status.as_str()))
 }
 
 pub async fn reconcile(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
@@ -674,7 +681,7 @@ pub async fn reconcile(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
         })
         .await?;
     let row = owned_row(ctx, &run_id, Act::Control).await?;
-    Ok(status_reply(run_id, row.status))
+    Ok(status_reply(run_id, row.status.as_str()))
 }
 
 pub async fn delete(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
@@ -684,7 +691,7 @@ pub async fn delete(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
         store::Deletion::Deleted => Ok(json_reply(
             StatusCode::OK,
             DeletedReply {
-                run_id,
+                run_id: run_id.into_string(),
                 deleted: true,
             },
         )),
@@ -697,7 +704,7 @@ pub async fn delete(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
 
 async fn artifact_row(
     ctx: &Ctx<'_>,
-    run_id: &str,
+    run_id: &WorkflowId,
     version: i64,
 ) -> Result<store::ArtifactRow, ApiError> {
     owned_row(ctx, run_id, Act::Read).await?;
@@ -743,7 +750,7 @@ pub async fn artifact_chunk(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
 
 /// An artifact's bytes, whole or the one range asked for.
 pub async fn artifact(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
-    let run_id = path_id(ctx, "id")?;
+    let run_id = WorkflowId::new(path_id(ctx, "id")?);
     let version_text = ctx.param("version").unwrap_or_default();
     let version: i64 = version_text.parse().map_err(|_| {
         ApiError::bad_request(format!("artifact version {version_text:?} is not a number"))

@@ -4,7 +4,7 @@ use tokio_postgres::Row;
 
 use super::PgStore;
 use crate::lease::ttl_seconds;
-use crate::{EventPage, EventRow, Result};
+use crate::{EventPage, EventRow, Result, WorkflowId, WorkflowStatus};
 
 fn event(row: &Row, first: usize) -> EventRow {
     EventRow {
@@ -19,7 +19,7 @@ fn event(row: &Row, first: usize) -> EventRow {
 impl PgStore {
     pub(crate) async fn read_events(
         &self,
-        workflow_id: &str,
+        workflow_id: &WorkflowId,
         after: i64,
         limit: u32,
     ) -> Result<Option<EventPage>> {
@@ -44,7 +44,7 @@ impl PgStore {
             return Ok(None);
         };
         Ok(Some(EventPage {
-            status: first.get(0),
+            status: WorkflowStatus::read(first.get(0), workflow_id)?,
             last_seq: first.get(1),
             events: rows
                 .iter()
@@ -55,7 +55,7 @@ impl PgStore {
     }
 
     /// Moves the watch forward only: two streams of one workflow keep the later of the two.
-    pub(crate) async fn watch_events(&self, workflow_id: &str, watch_ms: u64) -> Result<()> {
+    pub(crate) async fn watch_events(&self, workflow_id: &WorkflowId, watch_ms: u64) -> Result<()> {
         let client = self.pool.get().await?;
         let statement = client
             .prepare_cached(

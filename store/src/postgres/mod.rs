@@ -16,7 +16,7 @@ use crate::changes::{AbortOnDrop, CHANGES_CHANNEL_SQL, Change, Changes, listen_b
 use crate::lease::{Fence, Lease, ttl_seconds};
 use crate::migrations::{self, MigrationReport, PG_MIGRATION_LOCK};
 use crate::write::{ArtifactInfo, ArtifactRow, Snapshot, StepRow, WorkflowRow, WriteOp};
-use crate::{Error, NodeRecord, Result, StoreOptions};
+use crate::{Error, NodeRecord, Result, StepStatus, StoreOptions, WorkflowId, WorkflowStatus};
 
 mod events;
 mod operators;
@@ -160,7 +160,7 @@ impl PgStore {
 
     pub(crate) async fn acquire_lease(
         &self,
-        resource_id: &str,
+        resource_id: &WorkflowId,
         owner: &str,
         lease_ms: u64,
     ) -> Result<Option<Lease>> {
@@ -240,7 +240,7 @@ impl PgStore {
         Ok(released == 1)
     }
 
-    pub(crate) async fn read_lease(&self, resource_id: &str) -> Result<Option<Lease>> {
+    pub(crate) async fn read_lease(&self, resource_id: &WorkflowId) -> Result<Option<Lease>> {
         let client = self.pool.get().await?;
         let statement = client
             .prepare_cached(
@@ -297,21 +297,24 @@ impl PgStore {
         committed.map_err(|e| fenced_error(fence, e))
     }
 
-    pub(crate) async fn read_workflow(&self, workflow_id: &str) -> Result<Option<WorkflowRow>> {
+    pub(crate) async fn read_workflow(
+        &self,
+        workflow_id: &WorkflowId,
+    ) -> Result<Option<WorkflowRow>> {
         let client = self.pool.get().await?;
         Ok(workflow_in(&client, workflow_id)
             .await?
             .map(|(row, _, _)| row))
     }
 
-    pub(crate) async fn read_steps(&self, workflow_id: &str) -> Result<Vec<StepRow>> {
+    pub(crate) async fn read_steps(&self, workflow_id: &WorkflowId) -> Result<Vec<StepRow>> {
         let client = self.pool.get().await?;
         steps_in(&client, workflow_id).await
     }
 
     /// A workflow with its lease, journal and controls: three queries pipelined on one
     /// connection in a repeatable-read transaction, so they see one moment.
-    pub(crate) async fn read_snapshot(&self, workflow_id: &str) -> Result<Option<Snapshot>> {
+    pub(crate) async fn read_snapshot(&self, workflow_id: &WorkflowId) -> Result<Option<Snapshot>> {
         let mut client = self.pool.get().await?;
         let transaction = client
             .build_transaction()
@@ -340,7 +343,7 @@ impl PgStore {
 
     pub(crate) async fn read_artifact(
         &self,
-        workflow_id: &str,
+        workflow_id: &WorkflowId,
         version: i64,
     ) -> Result<Option<ArtifactRow>> {
         let client = self.pool.get().await?;
@@ -364,7 +367,7 @@ impl PgStore {
         }))
     }
 
-    pub(crate) async fn last_artifact_version(&self, workflow_id: &str) -> Result<i64> {
+    pub(crate) async fn last_artifact_version(&self, workflow_id: &WorkflowId) -> Result<i64> {
         let client = self.pool.get().await?;
         Ok(client
             .query_one(
@@ -677,7 +680,7 @@ pub(crate) fn redact(url: &str) -> String {
 /// A workflow row with its lease and the database clock, in one statement.
 async fn workflow_in(
     client: &impl GenericClient,
-    workflow_id: &str,
+    workflow_id: &WorkflowId,
 ) -> Result<Option<(WorkflowRow, Option<Lease>, f64)>> {
     let statement = client
         .prepare_cached(
@@ -689,7 +692,7 @@ async fn workflow_in(
         )
         .await?;
     let row = client.query_opt(&statement, &[&workflow_id]).await?;
-    Ok(row.map(|row| {
+    row.map(|row| {
         let lease = row.get::<_, Option<String>>(7).map(|owner| Lease {
             resource_id: workflow_id.to_owned(),
             owner,
@@ -699,18 +702,22 @@ async fn workflow_in(
         let workflow = WorkflowRow {
             workflow_id: workflow_id.to_owned(),
             user_id: row.get(0),
-            status: row.get(1),
+            status: WorkflowStatus::read(row.get(1), workflow_id)?,
             owner: row.get(2),
             fingerprint: row.get(3),
             data: row.get(4),
             created_at: row.get(5),
             updated_at: row.get(6),
         };
-        (workflow, lease, row.get(10))
-    }))
+        Ok((workflow, lease, row.get(10)))
+    })
+    .transpose()
 }
 
-async fn artifacts_in(client: &impl GenericClient, workflow_id: &str) -> Result<Vec<ArtifactInfo>> {
+async fn artifacts_in(
+    client: &impl GenericClient,
+    workflow_id: &WorkflowId,
+) -> Result<Vec<ArtifactInfo>> {
     let statement = client
         .prepare_cached(
             "SELECT version, source_step_id, path, bytes, sha256, created_at FROM workflow_artifacts
@@ -731,7 +738,7 @@ async fn artifacts_in(client: &impl GenericClient, workflow_id: &str) -> Result<
         .collect())
 }
 
-async fn steps_in(client: &impl GenericClient, workflow_id: &str) -> Result<Vec<StepRow>> {
+async fn steps_in(client: &impl GenericClient, workflow_id: &WorkflowId) -> Result<Vec<StepRow>> {
     let statement = client
         .prepare_cached(
             "SELECT step_id, attempt, kind, status, data, seq, created_at FROM workflow_steps
@@ -739,18 +746,20 @@ async fn steps_in(client: &impl GenericClient, workflow_id: &str) -> Result<Vec<
         )
         .await?;
     let rows = client.query(&statement, &[&workflow_id]).await?;
-    Ok(rows
-        .iter()
-        .map(|row| StepRow {
-            seq: row.get(5),
-            step_id: row.get(0),
-            attempt: row.get(1),
-            kind: row.get(2),
-            status: row.get(3),
-            data: row.get(4),
-            created_at: row.get(6),
+    rows.iter()
+        .map(|row| {
+            let seq = row.get(5);
+            Ok(StepRow {
+                seq,
+                step_id: row.get(0),
+                attempt: row.get(1),
+                kind: row.get(2),
+                status: StepStatus::read(row.get(3), workflow_id, seq)?,
+                data: row.get(4),
+                created_at: row.get(6),
+            })
         })
-        .collect())
+        .collect()
 }
 
 /// The change listener: one connection of its own (never the pool's) that `LISTEN`s, hands

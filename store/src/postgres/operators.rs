@@ -1,5 +1,6 @@
 //! Operator reads on PostgreSQL.
 
+use crate::WorkflowId;
 use tokio_postgres::Row;
 
 use super::PgStore;
@@ -74,7 +75,7 @@ impl PgStore {
         &self,
         user_id: Option<&str>,
         limit: u32,
-    ) -> Result<Vec<String>> {
+    ) -> Result<Vec<WorkflowId>> {
         let client = self.pool.get().await?;
         let rows = client
             .query(

@@ -11,10 +11,10 @@ use super::{PgStore, begin_error, commit_error, fenced_error, op_params, op_sql}
 use crate::lease::ttl_seconds;
 use crate::runs::run_columns;
 use crate::runs::{
-    Admission, ApprovalAnswer, CancelAction, NewRun, RunOutcome, RunRenewal, RunRow, RunStatus,
-    answered, pending_answer, pending_request_id, replay, status_after_answer,
+    Admission, ApprovalAnswer, CancelAction, NewRun, RunOutcome, RunRenewal, RunRow, answered,
+    pending_answer, pending_request_id, replay, status_after_answer,
 };
-use crate::{Error, Result};
+use crate::{Error, Result, RunId, RunStatus, WorkflowId};
 
 /// `SELECT <run columns> FROM runs` followed by the given clauses, as one literal (SQL is never
 /// formatted per call).
@@ -29,14 +29,15 @@ macro_rules! select_run {
 // across the cluster, and two admissions wait on each other only for the same number.
 
 fn decode(row: &Row) -> Result<RunRow> {
+    let run_id: RunId = row.get(0);
     Ok(RunRow {
-        run_id: row.get(0),
+        status: RunStatus::read(row.get(6), &run_id)?,
+        run_id,
         thread_id: row.get(1),
         workflow: row.get(2),
         step_id: row.get(3),
         attempt: row.get(4),
         agent: row.get(5),
-        status: RunStatus::parse(row.get(6))?,
         owner_worker_id: row.get(7),
         lease_expires_at: row.get(8),
         cancel_action: row
@@ -61,7 +62,7 @@ fn decode(row: &Row) -> Result<RunRow> {
 /// oldest first; the index on `(workflow, step_id, attempt)` finds them.
 pub(super) async fn approval_runs_in(
     client: &impl deadpool_postgres::GenericClient,
-    workflow_id: &str,
+    workflow_id: &WorkflowId,
 ) -> Result<Vec<RunRow>> {
     let statement = client
         .prepare_cached(select_run!(
@@ -223,7 +224,7 @@ impl PgStore {
         }
     }
 
-    pub(crate) async fn read_run(&self, run_id: &str) -> Result<Option<RunRow>> {
+    pub(crate) async fn read_run(&self, run_id: &RunId) -> Result<Option<RunRow>> {
         let client = self.pool.get().await?;
         let statement = client
             .prepare_cached(select_run!("WHERE run_id = $1"))
@@ -238,7 +239,7 @@ impl PgStore {
 
     pub(crate) async fn renew_run_lease(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         owner: &str,
         lease_ms: u64,
     ) -> Result<Result<RunRenewal, Option<RunRow>>> {
@@ -264,7 +265,10 @@ impl PgStore {
                     .get::<_, Option<&str>>(2)
                     .map(CancelAction::parse)
                     .transpose()?,
-                answer: pending_answer(RunStatus::parse(row.get(3))?, &row.get::<_, Value>(4)),
+                answer: pending_answer(
+                    RunStatus::read(row.get(3), run_id)?,
+                    &row.get::<_, Value>(4),
+                ),
             })),
             None => {
                 drop(client);
@@ -275,7 +279,7 @@ impl PgStore {
 
     pub(crate) async fn request_run_cancel(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         action: CancelAction,
     ) -> Result<Option<CancelAction>> {
         let client = self.pool.get().await?;
@@ -300,7 +304,7 @@ impl PgStore {
 
     pub(crate) async fn update_run_status(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         owner: &str,
         status: RunStatus,
         metadata: Option<Value>,
@@ -323,7 +327,7 @@ impl PgStore {
 
     pub(crate) async fn finalize_run(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         owner: &str,
         outcome: &RunOutcome,
         require_not_cancelled: bool,
@@ -433,7 +437,7 @@ impl PgStore {
         Ok(changed == 1)
     }
 
-    pub(crate) async fn claim_orphan_runs(&self, claimer: &str, limit: u32) -> Result<Vec<String>> {
+    pub(crate) async fn claim_orphan_runs(&self, claimer: &str, limit: u32) -> Result<Vec<RunId>> {
         let client = self.pool.get().await?;
         let rows = client
             .query(

@@ -15,7 +15,8 @@ use crate::workflows::{
     NewControl, Orphaned, StatusFilter, TakeOver, Versions,
 };
 use crate::{
-    COUNTED_STATUSES, Epoch, Error, FINAL_STATUSES, Lease, NewWorkflow, Result, WorkflowRow,
+    COUNTED_STATUSES, Epoch, Error, Lease, NewWorkflow, Result, WorkflowId, WorkflowRow,
+    WorkflowStatus,
 };
 
 // Launches serialise on the advisory lock "launch" (0x6c61_756e_6368), taken by
@@ -58,21 +59,22 @@ async fn launched_by_request(
             &[&user_id, &request_id],
         )
         .await?;
-    Ok(row.as_ref().map(workflow_row))
+    row.as_ref().map(workflow_row).transpose()
 }
 
 /// A row of `id, user_id, status, owner, fingerprint, data, created_at, updated_at`.
-fn workflow_row(row: &Row) -> WorkflowRow {
-    WorkflowRow {
-        workflow_id: row.get(0),
+fn workflow_row(row: &Row) -> Result<WorkflowRow> {
+    let workflow_id: WorkflowId = row.get(0);
+    Ok(WorkflowRow {
+        status: WorkflowStatus::read(row.get(2), &workflow_id)?,
+        workflow_id,
         user_id: row.get(1),
-        status: row.get(2),
         owner: row.get(3),
         fingerprint: row.get(4),
         data: row.get(5),
         created_at: row.get(6),
         updated_at: row.get(7),
-    }
+    })
 }
 
 /// What a launch under `reins_launch_guard` came to.
@@ -245,7 +247,7 @@ impl PgStore {
         }
     }
 
-    pub(crate) async fn read_controls(&self, workflow_id: &str) -> Result<Vec<ControlRow>> {
+    pub(crate) async fn read_controls(&self, workflow_id: &WorkflowId) -> Result<Vec<ControlRow>> {
         let client = self.pool.get().await?;
         controls_in(&client, workflow_id).await
     }
@@ -253,7 +255,7 @@ impl PgStore {
 
 async fn take_over_in(
     transaction: &Transaction<'_>,
-    workflow_id: &str,
+    workflow_id: &WorkflowId,
     owner: &str,
     lease_ms: u64,
     versions: &Versions,
@@ -273,7 +275,7 @@ async fn take_over_in(
     let Some(row) = row else {
         return Err(Error::NotFound(format!("workflow {workflow_id:?}")));
     };
-    let status: String = row.get(0);
+    let status = WorkflowStatus::read(row.get(0), workflow_id)?;
     let written_under = Versions {
         runtime: row.get::<_, Option<String>>(1).unwrap_or_default(),
         configuration: row.get::<_, Option<String>>(2).unwrap_or_default(),
@@ -291,7 +293,7 @@ async fn take_over_in(
         .await?
         .get(0);
     if let Some(refusal) =
-        takeover_refusal(&status, &written_under, versions, cancel_pending, purpose)
+        takeover_refusal(status, &written_under, versions, cancel_pending, purpose)
     {
         return Ok(refusal);
     }
@@ -332,7 +334,7 @@ async fn take_over_in(
 impl PgStore {
     pub(crate) async fn take_over_workflow(
         &self,
-        workflow_id: &str,
+        workflow_id: &WorkflowId,
         owner: &str,
         lease_ms: u64,
         versions: &Versions,
@@ -384,7 +386,10 @@ impl PgStore {
             .collect())
     }
 
-    pub(crate) async fn workflows_with_pending_controls(&self, owner: &str) -> Result<Vec<String>> {
+    pub(crate) async fn workflows_with_pending_controls(
+        &self,
+        owner: &str,
+    ) -> Result<Vec<WorkflowId>> {
         let client = self.pool.get().await?;
         let statement = client
             .prepare_cached(
@@ -397,10 +402,10 @@ impl PgStore {
         Ok(rows.iter().map(|row| row.get(0)).collect())
     }
 
-    pub(crate) async fn delete_workflow(&self, workflow_id: &str) -> Result<Deletion> {
+    pub(crate) async fn delete_workflow(&self, workflow_id: &WorkflowId) -> Result<Deletion> {
         let mut client = self.pool.get().await?;
         let transaction = client.transaction().await?;
-        let status: Option<String> = transaction
+        let status = transaction
             .query_opt(
                 &transaction
                     .prepare_cached("SELECT status FROM workflows WHERE id = $1 FOR UPDATE")
@@ -408,11 +413,12 @@ impl PgStore {
                 &[&workflow_id],
             )
             .await?
-            .map(|row| row.get(0));
+            .map(|row| WorkflowStatus::read(row.get(0), workflow_id))
+            .transpose()?;
         let Some(status) = status else {
             return Ok(Deletion::NotFound);
         };
-        if !FINAL_STATUSES.contains(&status.as_str()) {
+        if !status.is_final() {
             return Ok(Deletion::NotTerminal);
         }
         // The journal, controls, artifacts and slots go with the row (ON DELETE CASCADE).
@@ -476,20 +482,21 @@ impl PgStore {
                 ],
             )
             .await?;
-        Ok(rows
-            .iter()
-            .map(|row| ListedWorkflow {
-                row: workflow_row(row),
-                recoverable: row.get(8),
+        rows.iter()
+            .map(|row| {
+                Ok(ListedWorkflow {
+                    row: workflow_row(row)?,
+                    recoverable: row.get(8),
+                })
             })
-            .collect())
+            .collect()
     }
 }
 
 /// Every control of a workflow, oldest first.
 pub(super) async fn controls_in(
     client: &impl deadpool_postgres::GenericClient,
-    workflow_id: &str,
+    workflow_id: &WorkflowId,
 ) -> Result<Vec<ControlRow>> {
     let statement = client
         .prepare_cached(concat!(

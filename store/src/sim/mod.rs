@@ -23,8 +23,8 @@ use serde_json::{Value, json};
 use crate::lease::ttl_seconds;
 use crate::write::{ArtifactRow, StepRow, WorkflowRow, WriteOp};
 use crate::{
-    ControlRow, Epoch, Error, EventPage, EventRow, Fence, Lease, MigrationReport, Result, RunRow,
-    RunStatus, SCHEMA_VERSION, SlotRow,
+    ControlRow, Epoch, Error, EventPage, EventRow, Fence, Lease, MigrationReport, Result, RunId,
+    RunRow, RunStatus, SCHEMA_VERSION, SlotRow, StepStatus, WorkflowId, WorkflowStatus,
 };
 
 /// The simulated clock: epoch milliseconds that move only when the caller moves them.
@@ -105,16 +105,16 @@ struct Event {
 /// Everything the store holds.
 #[derive(Debug, Default)]
 struct State {
-    leases: BTreeMap<String, Lease>,
-    workflows: BTreeMap<String, Workflow>,
+    leases: BTreeMap<WorkflowId, Lease>,
+    workflows: BTreeMap<WorkflowId, Workflow>,
     /// By id: ids grow, so this is oldest first.
     controls: BTreeMap<i64, ControlRow>,
     last_control_id: i64,
     /// By (workflow, step): a step holds at most one slot.
-    slots: BTreeMap<(String, String), SlotRow>,
-    runs: BTreeMap<String, RunRow>,
+    slots: BTreeMap<(WorkflowId, String), SlotRow>,
+    runs: BTreeMap<RunId, RunRow>,
     /// Insertion order of runs, the tie-break of `created_at`.
-    run_order: BTreeMap<String, u64>,
+    run_order: BTreeMap<RunId, u64>,
     feed_seq: i64,
     /// Counter for insertion orders.
     inserted: u64,
@@ -180,7 +180,7 @@ impl State {
         }
     }
 
-    fn workflow_mut(&mut self, workflow_id: &str) -> Result<&mut Workflow> {
+    fn workflow_mut(&mut self, workflow_id: &WorkflowId) -> Result<&mut Workflow> {
         self.workflows
             .get_mut(workflow_id)
             .ok_or_else(|| Error::NotFound(format!("workflow {workflow_id:?}")))
@@ -188,7 +188,7 @@ impl State {
 
     /// Appends an event to a workflow (a no-op for one that does not exist, as a trigger's
     /// `INSERT ... SELECT` finds no row).
-    fn event(&mut self, workflow_id: &str, kind: &str, data: Value, now: f64) {
+    fn event(&mut self, workflow_id: &WorkflowId, kind: &str, data: Value, now: f64) {
         if let Some(workflow) = self.workflows.get_mut(workflow_id) {
             workflow.event_seq += 1;
             workflow.events.push(Event {
@@ -205,7 +205,13 @@ impl State {
     }
 
     /// A status event, which is also one of the feed.
-    fn status_event(&mut self, workflow_id: &str, status: &str, previous: Option<&str>, now: f64) {
+    fn status_event(
+        &mut self,
+        workflow_id: &WorkflowId,
+        status: WorkflowStatus,
+        previous: Option<WorkflowStatus>,
+        now: f64,
+    ) {
         self.feed_seq += 1;
         let feed_seq = self.feed_seq;
         self.event(
@@ -224,22 +230,27 @@ impl State {
     }
 
     /// Sets a workflow's status (with its event when it changes).
-    fn set_status(&mut self, workflow_id: &str, status: &str, now: f64) -> Result<()> {
+    fn set_status(
+        &mut self,
+        workflow_id: &WorkflowId,
+        status: WorkflowStatus,
+        now: f64,
+    ) -> Result<()> {
         let workflow = self.workflow_mut(workflow_id)?;
-        let previous = std::mem::replace(&mut workflow.row.status, status.to_owned());
+        let previous = std::mem::replace(&mut workflow.row.status, status);
         workflow.row.updated_at = now;
         if previous != status {
-            self.status_event(workflow_id, status, Some(&previous), now);
+            self.status_event(workflow_id, status, Some(previous), now);
         }
         Ok(())
     }
 
     /// The events a journal entry's status writes (`step_started`/`pause_waiting`/
     /// `checkpoint_waiting` when running, `step_finished` when it ended).
-    fn step_status_events(&mut self, workflow_id: &str, step: &Step, now: f64) {
+    fn step_status_events(&mut self, workflow_id: &WorkflowId, step: &Step, now: f64) {
         let row = &step.row;
-        match row.status.as_str() {
-            "running" => {
+        match row.status {
+            StepStatus::Running => {
                 let (kind, data) = match row.kind.as_str() {
                     "pause" => ("pause_waiting", step_fields(row)),
                     "humanCheckpoint" => {
@@ -251,12 +262,14 @@ impl State {
                 };
                 self.event(workflow_id, kind, data, now);
             }
-            "completed" | "failed" | "cancelled" => {
+            status if status.is_final() => {
                 let run_id = match &row.data["run_id"] {
                     Value::Null => row.data["outcome"]["value"]["runId"].clone(),
                     id => id.clone(),
                 };
-                let run = run_id.as_str().and_then(|id| self.runs.get(id));
+                let run = run_id
+                    .as_str()
+                    .and_then(|id| self.runs.get(&RunId::new(id)));
                 let output_bytes = row.data["outcome"]["value"]["artifactVersion"]
                     .as_i64()
                     .and_then(|version| {
@@ -305,7 +318,7 @@ impl State {
         }
     }
 
-    fn exists(&self, workflow_id: &str) -> Result<()> {
+    fn exists(&self, workflow_id: &WorkflowId) -> Result<()> {
         if self.workflows.contains_key(workflow_id) {
             Ok(())
         } else {
@@ -317,8 +330,8 @@ impl State {
     /// changes all or nothing. (No change creates or deletes a workflow; only artifact versions
     /// and, through statuses, the places under the limits change along the list.)
     fn check_ops(&self, ops: &[WriteOp]) -> Result<()> {
-        let mut statuses: BTreeMap<&str, &str> = BTreeMap::new();
-        let mut versions: Vec<(&str, i64)> = Vec::new();
+        let mut statuses: BTreeMap<&WorkflowId, WorkflowStatus> = BTreeMap::new();
+        let mut versions: Vec<(&WorkflowId, i64)> = Vec::new();
         for op in ops {
             match op {
                 WriteOp::SetWorkflow {
@@ -327,7 +340,7 @@ impl State {
                     ..
                 } => {
                     self.exists(workflow_id)?;
-                    statuses.insert(workflow_id, status.as_str());
+                    statuses.insert(workflow_id, *status);
                 }
                 WriteOp::PutStep { workflow_id, .. } | WriteOp::PutLogs { workflow_id, .. } => {
                     self.exists(workflow_id)?;
@@ -338,9 +351,7 @@ impl State {
                     ..
                 } => {
                     self.exists(workflow_id)?;
-                    let stored = self.workflows[workflow_id.as_str()]
-                        .artifacts
-                        .contains_key(version);
+                    let stored = self.workflows[workflow_id].artifacts.contains_key(version);
                     if stored || versions.contains(&(workflow_id, *version)) {
                         return Err(artifact_exists(workflow_id, *version));
                     }
@@ -372,17 +383,16 @@ impl State {
         user_id: &str,
         max_workflows: i64,
         max_workflows_per_owner: i64,
-        statuses: &BTreeMap<&str, &str>,
+        statuses: &BTreeMap<&WorkflowId, WorkflowStatus>,
     ) -> Result<()> {
         let counted = |user: Option<&str>| {
             let count = self
                 .workflows
                 .values()
                 .filter(|workflow| {
-                    let id = workflow.row.workflow_id.as_str();
-                    let status = statuses.get(id).copied().unwrap_or(&workflow.row.status);
-                    crate::COUNTED_STATUSES.contains(&status)
-                        && user.is_none_or(|user| workflow.row.user_id == user)
+                    let id = &workflow.row.workflow_id;
+                    let status = statuses.get(id).copied().unwrap_or(workflow.row.status);
+                    status.holds_place() && user.is_none_or(|user| workflow.row.user_id == user)
                 })
                 .count();
             i64::try_from(count).unwrap_or(i64::MAX)
@@ -406,7 +416,7 @@ impl State {
                 data,
             } => {
                 self.workflow_mut(workflow_id)?.row.data = data.clone();
-                self.set_status(workflow_id, status.as_str(), now)?;
+                self.set_status(workflow_id, *status, now)?;
             }
             WriteOp::PutStep {
                 workflow_id,
@@ -422,7 +432,7 @@ impl State {
                 step_id,
                 *attempt,
                 kind,
-                status,
+                *status,
                 data,
                 now,
             )?,
@@ -471,7 +481,7 @@ impl State {
             } => {
                 let key = format!("{workflow_id}/{step_id}/{attempt}");
                 self.change_runs(
-                    |run| run.idempotency_key.as_deref() == Some(&key) && !run.status.is_terminal(),
+                    |run| run.idempotency_key.as_deref() == Some(&key) && !run.status.is_final(),
                     |run| {
                         run.status = RunStatus::Interrupted;
                         run.stop_reason = Some("reconciled".into());
@@ -482,8 +492,8 @@ impl State {
             }
             WriteOp::CancelRuns { workflow_id } => self.change_runs(
                 |run| {
-                    run.workflow.as_deref() == Some(workflow_id)
-                        && !run.status.is_terminal()
+                    run.workflow.as_ref() == Some(workflow_id)
+                        && !run.status.is_final()
                         && run.cancel_action.is_none()
                 },
                 runs::ask_to_cancel(crate::CancelAction::Interrupt),
@@ -531,12 +541,12 @@ impl State {
     #[allow(clippy::too_many_arguments)]
     fn put_step(
         &mut self,
-        workflow_id: &str,
+        workflow_id: &WorkflowId,
         seq: i32,
         step_id: &str,
         attempt: i32,
         kind: &str,
-        status: &str,
+        status: StepStatus,
         data: &Value,
         now: f64,
     ) -> Result<()> {
@@ -550,7 +560,7 @@ impl State {
                 step_id: step_id.to_owned(),
                 attempt,
                 kind: kind.to_owned(),
-                status: status.to_owned(),
+                status,
                 data: data.clone(),
                 created_at: previous.as_ref().map_or(now, |step| step.row.created_at),
             },
@@ -581,7 +591,7 @@ impl State {
         change: impl Fn(&mut RunRow),
         now: f64,
     ) {
-        let chosen: Vec<String> = self
+        let chosen: Vec<RunId> = self
             .runs
             .values()
             .filter(|run| matches(run))
@@ -605,7 +615,7 @@ impl State {
             .workflows
             .values()
             .filter(|workflow| {
-                crate::COUNTED_STATUSES.contains(&workflow.row.status.as_str())
+                workflow.row.status.holds_place()
                     && user_id.is_none_or(|user| workflow.row.user_id == user)
             })
             .count();
@@ -614,7 +624,7 @@ impl State {
 
     fn put_logs(
         &mut self,
-        workflow_id: &str,
+        workflow_id: &WorkflowId,
         lines: &[String],
         events_max: i64,
         bytes_max: i64,
@@ -655,7 +665,7 @@ impl State {
     }
 }
 
-fn artifact_exists(workflow_id: &str, version: i64) -> Error {
+fn artifact_exists(workflow_id: &WorkflowId, version: i64) -> Error {
     Error::Conflict(format!(
         "artifact version {version} of workflow {workflow_id:?} exists"
     ))
@@ -690,7 +700,7 @@ impl crate::Leases for SimStore {
 
     async fn acquire_lease(
         &self,
-        resource_id: &str,
+        resource_id: &WorkflowId,
         owner: &str,
         lease_ms: u64,
     ) -> Result<Option<Lease>> {
@@ -735,7 +745,7 @@ impl crate::Leases for SimStore {
         })
     }
 
-    async fn read_lease(&self, resource_id: &str) -> Result<Option<Lease>> {
+    async fn read_lease(&self, resource_id: &WorkflowId) -> Result<Option<Lease>> {
         self.read(|state, _| Ok(state.leases.get(resource_id).cloned()))
     }
 
@@ -755,7 +765,7 @@ impl crate::Leases for SimStore {
 impl crate::Events for SimStore {
     async fn read_events(
         &self,
-        workflow_id: &str,
+        workflow_id: &WorkflowId,
         after: i64,
         limit: u32,
     ) -> Result<Option<EventPage>> {
@@ -768,7 +778,7 @@ impl crate::Events for SimStore {
                     .take(limit as usize)
                     .map(|event| event.row.clone())
                     .collect(),
-                status: workflow.row.status.clone(),
+                status: workflow.row.status,
                 last_seq: workflow.event_seq,
             }))
         })
@@ -804,7 +814,7 @@ impl crate::Events for SimStore {
         self.read(|state, _| Ok(state.feed_seq))
     }
 
-    async fn watch_events(&self, _workflow_id: &str, _watch_ms: u64) -> Result<()> {
+    async fn watch_events(&self, _workflow_id: &WorkflowId, _watch_ms: u64) -> Result<()> {
         Ok(())
     }
 }

@@ -6,8 +6,8 @@ use super::{SimStore, State};
 use crate::lease::ttl_seconds;
 use crate::runs::{answered, pending_answer, pending_request_id, replay, status_after_answer};
 use crate::{
-    Admission, ApprovalAnswer, CancelAction, Error, NewRun, Result, RunOutcome, RunRenewal, RunRow,
-    RunStatus, SlotRow, WriteOp,
+    Admission, ApprovalAnswer, CancelAction, Error, NewRun, Result, RunId, RunOutcome, RunRenewal,
+    RunRow, RunStatus, SlotRow, WriteOp,
 };
 
 /// The change a durable cancel request makes to a live run: the first action asked for stands,
@@ -19,11 +19,6 @@ pub(super) fn ask_to_cancel(action: CancelAction) -> impl Fn(&mut RunRow) {
             run.status = RunStatus::Interrupted;
         }
     }
-}
-
-/// Whether a run holds its thread's one active place (`pending` or `running`).
-fn active(status: RunStatus) -> bool {
-    matches!(status, RunStatus::Pending | RunStatus::Running)
 }
 
 impl State {
@@ -70,7 +65,7 @@ impl State {
         let thread_busy = self
             .runs
             .values()
-            .any(|row| row.thread_id == run.thread_id && active(row.status));
+            .any(|row| row.thread_id == run.thread_id && row.status.is_active());
         if thread_busy || self.runs.contains_key(&run.run_id) {
             return Err(Error::Conflict(format!(
                 "thread {:?} already has an active run",
@@ -127,7 +122,7 @@ impl State {
     /// Whether it changed.
     fn change_run(
         &mut self,
-        run_id: &str,
+        run_id: &RunId,
         allowed: impl FnOnce(&RunRow) -> bool,
         change: impl FnOnce(&mut RunRow),
         now: f64,
@@ -139,12 +134,12 @@ impl State {
         change(&mut after);
         after.revision += 1;
         after.updated_at = now;
-        if active(after.status)
-            && !active(before.status)
+        if after.status.is_active()
+            && !before.status.is_active()
             && self.runs.values().any(|other| {
                 other.run_id != after.run_id
                     && other.thread_id == after.thread_id
-                    && active(other.status)
+                    && other.status.is_active()
             })
         {
             return Err(Error::Conflict(format!(
@@ -205,11 +200,13 @@ impl State {
         }))
     }
 
-    fn claim_orphans(&mut self, claimer: &str, limit: u32, now: f64) -> Result<Vec<String>> {
-        let orphans: Vec<String> = self
+    fn claim_orphans(&mut self, claimer: &str, limit: u32, now: f64) -> Result<Vec<RunId>> {
+        let orphans: Vec<RunId> = self
             .runs
             .values()
-            .filter(|run| active(run.status) && run.lease_expires_at.is_some_and(|at| at <= now))
+            .filter(|run| {
+                run.status.is_active() && run.lease_expires_at.is_some_and(|at| at <= now)
+            })
             .take(limit as usize)
             .map(|run| run.run_id.clone())
             .collect();
@@ -249,7 +246,7 @@ impl State {
 
 /// Whether `owner` owns a live run.
 fn owned_live(run: &RunRow, owner: &str) -> bool {
-    run.owner_worker_id.as_deref() == Some(owner) && !run.status.is_terminal()
+    run.owner_worker_id.as_deref() == Some(owner) && !run.status.is_final()
 }
 
 impl crate::Runs for SimStore {
@@ -258,13 +255,13 @@ impl crate::Runs for SimStore {
         self.write(|state, now| state.admit(run, now))
     }
 
-    async fn read_run(&self, run_id: &str) -> Result<Option<RunRow>> {
+    async fn read_run(&self, run_id: &RunId) -> Result<Option<RunRow>> {
         self.read(|state, _| Ok(state.runs.get(run_id).cloned()))
     }
 
     async fn renew_run_lease(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         owner: &str,
         lease_ms: u64,
     ) -> Result<Result<RunRenewal, Option<RunRow>>> {
@@ -290,13 +287,13 @@ impl crate::Runs for SimStore {
 
     async fn request_run_cancel(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         action: CancelAction,
     ) -> Result<Option<CancelAction>> {
         self.write(|state, now| {
             let changed = state.change_run(
                 run_id,
-                |run| !run.status.is_terminal(),
+                |run| !run.status.is_final(),
                 ask_to_cancel(action),
                 now,
             )?;
@@ -306,7 +303,7 @@ impl crate::Runs for SimStore {
 
     async fn update_run_status(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         owner: &str,
         status: RunStatus,
         metadata: Option<Value>,
@@ -314,7 +311,7 @@ impl crate::Runs for SimStore {
         self.write(|state, now| {
             let changed = state.change_run(
                 run_id,
-                |run| run.owner_worker_id.as_deref() == Some(owner) && active(run.status),
+                |run| run.owner_worker_id.as_deref() == Some(owner) && run.status.is_active(),
                 |run| {
                     run.status = status;
                     if let Some(metadata) = metadata {
@@ -329,7 +326,7 @@ impl crate::Runs for SimStore {
 
     async fn finalize_run(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         owner: &str,
         outcome: &RunOutcome,
         require_not_cancelled: bool,
@@ -379,7 +376,7 @@ impl crate::Runs for SimStore {
         })
     }
 
-    async fn claim_orphan_runs(&self, claimer: &str, limit: u32) -> Result<Vec<String>> {
+    async fn claim_orphan_runs(&self, claimer: &str, limit: u32) -> Result<Vec<RunId>> {
         self.write(|state, now| state.claim_orphans(claimer, limit, now))
     }
 

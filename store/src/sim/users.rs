@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use super::{SimStore, State};
 use crate::users::leaves_no_admin;
 use crate::{
-    Error, LIVE_STATUSES, NewToken, NewUser, NodeRecord, Result, RunStatus, SlotRow, StatusCount,
-    TokenRow, UserChange, UserChanged, UserDeletion, UserRow,
+    Error, NewToken, NewUser, NodeRecord, Result, RunStatus, SlotRow, StatusCount, StepStatus,
+    TokenRow, UserChange, UserChanged, UserDeletion, UserRow, WorkflowId, WorkflowStatus,
 };
 
 /// One signed-in browser.
@@ -82,19 +82,19 @@ fn counts<'a>(statuses: impl Iterator<Item = &'a str>) -> Vec<StatusCount> {
 
 impl State {
     /// Whether a live workflow waits for a person: a pause or checkpoint, or an agent's question.
-    fn waits_for_a_person(&self, workflow_id: &str) -> bool {
+    fn waits_for_a_person(&self, workflow_id: &WorkflowId) -> bool {
         let Some(workflow) = self.workflows.get(workflow_id) else {
             return false;
         };
-        match workflow.row.status.as_str() {
-            "paused" | "waiting_approval" => true,
-            "running" => {
+        match workflow.row.status {
+            WorkflowStatus::Paused | WorkflowStatus::WaitingApproval => true,
+            WorkflowStatus::Running => {
                 self.runs.values().any(|run| {
-                    run.workflow.as_deref() == Some(workflow_id)
+                    run.workflow.as_ref() == Some(workflow_id)
                         && run.status == RunStatus::WaitingForInput
                 }) || workflow.steps.values().any(|step| {
                     matches!(step.row.kind.as_str(), "pause" | "humanCheckpoint")
-                        && step.row.status == "running"
+                        && step.row.status == StepStatus::Running
                 })
             }
             _ => false,
@@ -213,10 +213,7 @@ impl crate::Users for SimStore {
             let live = state
                 .workflows
                 .values()
-                .filter(|workflow| {
-                    workflow.row.user_id == user_id
-                        && LIVE_STATUSES.contains(&workflow.row.status.as_str())
-                })
+                .filter(|workflow| workflow.row.user_id == user_id && workflow.row.status.is_live())
                 .count();
             if live > 0 {
                 return Ok(UserDeletion::OwnsLiveWorkflows(
@@ -426,7 +423,11 @@ impl crate::Operators for SimStore {
         })
     }
 
-    async fn waiting_workflows(&self, user_id: Option<&str>, limit: u32) -> Result<Vec<String>> {
+    async fn waiting_workflows(
+        &self,
+        user_id: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<WorkflowId>> {
         self.read(|state, _| {
             let mut waiting: Vec<_> = state
                 .workflows

@@ -9,9 +9,9 @@ use crate::lease::ttl_seconds;
 use crate::workflows::takeover_refusal;
 use crate::write::{ArtifactInfo, ArtifactRow, Snapshot, StepRow, WorkflowRow};
 use crate::{
-    COUNTED_STATUSES, ControlRow, ControlWrite, Deletion, Epoch, Error, FINAL_STATUSES, Launch,
-    LaunchLimits, Lease, ListFilter, ListedWorkflow, NewControl, NewWorkflow, Orphaned, Purpose,
-    Result, StatusFilter, TakeOver, Versions,
+    ControlRow, ControlWrite, Deletion, Epoch, Error, Launch, LaunchLimits, Lease, ListFilter,
+    ListedWorkflow, NewControl, NewWorkflow, Orphaned, Purpose, Result, StatusFilter, TakeOver,
+    Versions, WorkflowId, WorkflowStatus,
 };
 
 /// The control kinds the schema allows.
@@ -77,7 +77,7 @@ impl State {
                 row: WorkflowRow {
                     workflow_id: new.workflow_id.clone(),
                     user_id: new.user_id,
-                    status: "running".into(),
+                    status: WorkflowStatus::Running,
                     owner: Some(owner.to_owned()),
                     fingerprint: new.fingerprint,
                     data: new.data,
@@ -94,19 +94,19 @@ impl State {
                 events: Vec::new(),
             },
         );
-        self.status_event(&new.workflow_id, "running", None, now);
+        self.status_event(&new.workflow_id, WorkflowStatus::Running, None, now);
         Ok(Launch::Created(lease))
     }
 
-    fn cancel_pending(&self, workflow_id: &str) -> bool {
+    fn cancel_pending(&self, workflow_id: &WorkflowId) -> bool {
         self.controls.values().any(|control| {
-            control.workflow_id == workflow_id && control.kind == "cancel" && !control.applied
+            control.workflow_id == *workflow_id && control.kind == "cancel" && !control.applied
         })
     }
 
     fn take_over(
         &mut self,
-        workflow_id: &str,
+        workflow_id: &WorkflowId,
         owner: &str,
         lease_ms: u64,
         versions: &Versions,
@@ -127,9 +127,8 @@ impl State {
             runtime: text("runtime_version"),
             configuration: text("configuration_version"),
         };
-        let status = workflow.row.status.clone();
         if let Some(refusal) = takeover_refusal(
-            &status,
+            workflow.row.status,
             &written_under,
             versions,
             self.cancel_pending(workflow_id),
@@ -157,17 +156,17 @@ impl State {
     /// Whether a workflow is what `get` shows as recoverable: counted, with no lease or an
     /// expired one.
     fn recoverable(&self, workflow: &Workflow, now: f64) -> bool {
-        COUNTED_STATUSES.contains(&workflow.row.status.as_str())
+        workflow.row.status.holds_place()
             && self
                 .leases
                 .get(&workflow.row.workflow_id)
                 .is_none_or(|lease| lease.expires_at <= now)
     }
 
-    fn controls_of(&self, workflow_id: &str) -> Vec<ControlRow> {
+    fn controls_of(&self, workflow_id: &WorkflowId) -> Vec<ControlRow> {
         self.controls
             .values()
-            .filter(|control| control.workflow_id == workflow_id)
+            .filter(|control| control.workflow_id == *workflow_id)
             .cloned()
             .collect()
     }
@@ -235,13 +234,13 @@ impl State {
         Ok(ControlWrite::Recorded(row))
     }
 
-    fn snapshot(&self, workflow_id: &str, now: f64) -> Option<Snapshot> {
+    fn snapshot(&self, workflow_id: &WorkflowId, now: f64) -> Option<Snapshot> {
         let workflow = self.workflows.get(workflow_id)?;
         let mut approval_runs: Vec<_> = self
             .runs
             .values()
             .filter(|run| {
-                run.workflow.as_deref() == Some(workflow_id)
+                run.workflow.as_ref() == Some(workflow_id)
                     && (run.status == crate::RunStatus::WaitingForInput
                         || !run.metadata["hitl_answer"].is_null())
             })
@@ -295,7 +294,7 @@ impl crate::Workflows for SimStore {
 
     async fn take_over_workflow(
         &self,
-        workflow_id: &str,
+        workflow_id: &WorkflowId,
         owner: &str,
         lease_ms: u64,
         versions: &Versions,
@@ -316,7 +315,7 @@ impl crate::Workflows for SimStore {
                 .workflows
                 .values()
                 .filter(|workflow| {
-                    COUNTED_STATUSES.contains(&workflow.row.status.as_str())
+                    workflow.row.status.holds_place()
                         && state
                             .leases
                             .get(&workflow.row.workflow_id)
@@ -324,8 +323,8 @@ impl crate::Workflows for SimStore {
                 })
                 .filter_map(|workflow| {
                     let id = &workflow.row.workflow_id;
-                    let cancel_pending =
-                        workflow.row.status == "cancelling" || state.cancel_pending(id);
+                    let cancel_pending = workflow.row.status == WorkflowStatus::Cancelling
+                        || state.cancel_pending(id);
                     let data = &workflow.row.data;
                     let runtime = data["runtime_version"].as_str().unwrap_or_default();
                     let configuration = data["configuration_version"].as_str().unwrap_or_default();
@@ -341,18 +340,18 @@ impl crate::Workflows for SimStore {
         })
     }
 
-    async fn delete_workflow(&self, workflow_id: &str) -> Result<Deletion> {
+    async fn delete_workflow(&self, workflow_id: &WorkflowId) -> Result<Deletion> {
         self.write(|state, _| {
             let Some(workflow) = state.workflows.get(workflow_id) else {
                 return Ok(Deletion::NotFound);
             };
-            if !FINAL_STATUSES.contains(&workflow.row.status.as_str()) {
+            if !workflow.row.status.is_final() {
                 return Ok(Deletion::NotTerminal);
             }
             state.workflows.remove(workflow_id);
             state
                 .controls
-                .retain(|_, control| control.workflow_id != workflow_id);
+                .retain(|_, control| control.workflow_id != *workflow_id);
             state
                 .slots
                 .retain(|(workflow, _), _| workflow != workflow_id);
@@ -402,7 +401,7 @@ impl crate::Workflows for SimStore {
         })
     }
 
-    async fn read_workflow(&self, workflow_id: &str) -> Result<Option<WorkflowRow>> {
+    async fn read_workflow(&self, workflow_id: &WorkflowId) -> Result<Option<WorkflowRow>> {
         self.read(|state, _| {
             Ok(state
                 .workflows
@@ -411,7 +410,7 @@ impl crate::Workflows for SimStore {
         })
     }
 
-    async fn read_steps(&self, workflow_id: &str) -> Result<Vec<StepRow>> {
+    async fn read_steps(&self, workflow_id: &WorkflowId) -> Result<Vec<StepRow>> {
         self.read(|state, _| {
             Ok(state
                 .workflows
@@ -421,11 +420,15 @@ impl crate::Workflows for SimStore {
         })
     }
 
-    async fn read_snapshot(&self, workflow_id: &str) -> Result<Option<Snapshot>> {
+    async fn read_snapshot(&self, workflow_id: &WorkflowId) -> Result<Option<Snapshot>> {
         self.read(|state, now| Ok(state.snapshot(workflow_id, now)))
     }
 
-    async fn read_artifact(&self, workflow_id: &str, version: i64) -> Result<Option<ArtifactRow>> {
+    async fn read_artifact(
+        &self,
+        workflow_id: &WorkflowId,
+        version: i64,
+    ) -> Result<Option<ArtifactRow>> {
         self.read(|state, _| {
             Ok(state
                 .workflows
@@ -435,7 +438,7 @@ impl crate::Workflows for SimStore {
         })
     }
 
-    async fn last_artifact_version(&self, workflow_id: &str) -> Result<i64> {
+    async fn last_artifact_version(&self, workflow_id: &WorkflowId) -> Result<i64> {
         self.read(|state, _| {
             Ok(state
                 .workflows
@@ -451,13 +454,13 @@ impl crate::Controls for SimStore {
         self.write(|state, now| state.put_control(control, now))
     }
 
-    async fn read_controls(&self, workflow_id: &str) -> Result<Vec<ControlRow>> {
+    async fn read_controls(&self, workflow_id: &WorkflowId) -> Result<Vec<ControlRow>> {
         self.read(|state, _| Ok(state.controls_of(workflow_id)))
     }
 
-    async fn workflows_with_pending_controls(&self, owner: &str) -> Result<Vec<String>> {
+    async fn workflows_with_pending_controls(&self, owner: &str) -> Result<Vec<WorkflowId>> {
         self.read(|state, _| {
-            let mut pending: Vec<String> = state
+            let mut pending: Vec<WorkflowId> = state
                 .controls
                 .values()
                 .filter(|control| !control.applied)

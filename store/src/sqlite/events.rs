@@ -3,7 +3,7 @@
 use rusqlite::{OptionalExtension, Row, params};
 
 use super::{SqliteStore, parse_json};
-use crate::{EventPage, EventRow, Result};
+use crate::{EventPage, EventRow, Result, WorkflowId, WorkflowStatus};
 
 /// An event's columns from `first` on, its data still text.
 fn event(row: &Row, first: usize) -> rusqlite::Result<(EventRow, String)> {
@@ -31,7 +31,7 @@ fn decoded((mut event, data): (EventRow, String)) -> Result<EventRow> {
 impl SqliteStore {
     pub(crate) async fn read_events(
         &self,
-        workflow_id: &str,
+        workflow_id: &WorkflowId,
         after: i64,
         limit: u32,
     ) -> Result<Option<EventPage>> {
@@ -50,11 +50,14 @@ impl SqliteStore {
             let mut rows = statement.query(params![workflow_id, after, limit])?;
             let mut page: Option<EventPage> = None;
             while let Some(row) = rows.next()? {
-                let page = page.get_or_insert(EventPage {
-                    events: Vec::new(),
-                    status: row.get(0)?,
-                    last_seq: row.get(1)?,
-                });
+                let page = match &mut page {
+                    Some(page) => page,
+                    None => page.insert(EventPage {
+                        events: Vec::new(),
+                        status: WorkflowStatus::read(&row.get::<_, String>(0)?, &workflow_id)?,
+                        last_seq: row.get(1)?,
+                    }),
+                };
                 if row.get::<_, Option<String>>(2)?.is_some() {
                     page.events.push(decoded(event(row, 2)?)?);
                 }
@@ -92,7 +95,11 @@ impl SqliteStore {
     }
 
     /// One node, whose own writes wake its streams: nothing to watch.
-    pub(crate) async fn watch_events(&self, _workflow_id: &str, _watch_ms: u64) -> Result<()> {
+    pub(crate) async fn watch_events(
+        &self,
+        _workflow_id: &WorkflowId,
+        _watch_ms: u64,
+    ) -> Result<()> {
         Ok(())
     }
 
@@ -110,7 +117,7 @@ impl SqliteStore {
 /// [`crate::WriteOp::PutLogs`]); the same rules as `reins_log` on PostgreSQL.
 pub(super) fn put_logs(
     connection: &rusqlite::Connection,
-    workflow_id: &str,
+    workflow_id: &WorkflowId,
     lines: &[String],
     events_max: i64,
     bytes_max: i64,

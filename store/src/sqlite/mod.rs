@@ -17,7 +17,7 @@ use crate::changes::Changes;
 use crate::lease::{Fence, Lease, ttl_seconds};
 use crate::migrations::{self, MigrationReport};
 use crate::write::{ArtifactInfo, ArtifactRow, Snapshot, StepRow, WorkflowRow, WriteOp};
-use crate::{Error, NodeRecord, Result, StoreOptions};
+use crate::{Error, NodeRecord, Result, StepStatus, StoreOptions, WorkflowId, WorkflowStatus};
 
 mod changes;
 mod events;
@@ -255,7 +255,7 @@ impl SqliteStore {
 
     pub(crate) async fn acquire_lease(
         &self,
-        resource_id: &str,
+        resource_id: &WorkflowId,
         owner: &str,
         lease_ms: u64,
     ) -> Result<Option<Lease>> {
@@ -338,7 +338,7 @@ impl SqliteStore {
         .await
     }
 
-    pub(crate) async fn read_lease(&self, resource_id: &str) -> Result<Option<Lease>> {
+    pub(crate) async fn read_lease(&self, resource_id: &WorkflowId) -> Result<Option<Lease>> {
         let resource_id = resource_id.to_owned();
         self.read(move |connection| lease_on(connection, &resource_id))
             .await
@@ -357,20 +357,23 @@ impl SqliteStore {
         .await
     }
 
-    pub(crate) async fn read_workflow(&self, workflow_id: &str) -> Result<Option<WorkflowRow>> {
+    pub(crate) async fn read_workflow(
+        &self,
+        workflow_id: &WorkflowId,
+    ) -> Result<Option<WorkflowRow>> {
         let workflow_id = workflow_id.to_owned();
         self.read(move |connection| workflow_on(connection, &workflow_id))
             .await
     }
 
-    pub(crate) async fn read_steps(&self, workflow_id: &str) -> Result<Vec<StepRow>> {
+    pub(crate) async fn read_steps(&self, workflow_id: &WorkflowId) -> Result<Vec<StepRow>> {
         let workflow_id = workflow_id.to_owned();
         self.read(move |connection| steps_on(connection, &workflow_id))
             .await
     }
 
     /// A workflow with its lease, journal and controls, read in one read transaction.
-    pub(crate) async fn read_snapshot(&self, workflow_id: &str) -> Result<Option<Snapshot>> {
+    pub(crate) async fn read_snapshot(&self, workflow_id: &WorkflowId) -> Result<Option<Snapshot>> {
         let workflow_id = workflow_id.to_owned();
         self.read(move |connection| {
             let snapshot = connection.unchecked_transaction()?;
@@ -392,7 +395,7 @@ impl SqliteStore {
 
     pub(crate) async fn read_artifact(
         &self,
-        workflow_id: &str,
+        workflow_id: &WorkflowId,
         version: i64,
     ) -> Result<Option<ArtifactRow>> {
         let workflow_id = workflow_id.to_owned();
@@ -416,7 +419,7 @@ impl SqliteStore {
         .await
     }
 
-    pub(crate) async fn last_artifact_version(&self, workflow_id: &str) -> Result<i64> {
+    pub(crate) async fn last_artifact_version(&self, workflow_id: &WorkflowId) -> Result<i64> {
         let workflow_id = workflow_id.to_owned();
         self.read(move |connection| {
             Ok(connection
@@ -874,7 +877,7 @@ fn now_on(connection: &Connection) -> Result<f64> {
         .query_row([], |r| r.get(0))?)
 }
 
-fn lease_on(connection: &Connection, resource_id: &str) -> Result<Option<Lease>> {
+fn lease_on(connection: &Connection, resource_id: &WorkflowId) -> Result<Option<Lease>> {
     Ok(connection
         .prepare_cached(
             "SELECT owner, epoch, expires_at FROM extension_execution_leases WHERE resource_id = ?1",
@@ -890,7 +893,7 @@ fn lease_on(connection: &Connection, resource_id: &str) -> Result<Option<Lease>>
         .optional()?)
 }
 
-fn workflow_on(connection: &Connection, workflow_id: &str) -> Result<Option<WorkflowRow>> {
+fn workflow_on(connection: &Connection, workflow_id: &WorkflowId) -> Result<Option<WorkflowRow>> {
     let row = connection
         .prepare_cached(
             "SELECT user_id, status, owner, fingerprint, data, created_at, updated_at
@@ -913,7 +916,7 @@ fn workflow_on(connection: &Connection, workflow_id: &str) -> Result<Option<Work
             Ok(WorkflowRow {
                 workflow_id: workflow_id.to_owned(),
                 user_id,
-                status,
+                status: WorkflowStatus::read(&status, workflow_id)?,
                 owner,
                 fingerprint,
                 data: parse_json(&data)?,
@@ -925,7 +928,7 @@ fn workflow_on(connection: &Connection, workflow_id: &str) -> Result<Option<Work
     .transpose()
 }
 
-fn artifacts_on(connection: &Connection, workflow_id: &str) -> Result<Vec<ArtifactInfo>> {
+fn artifacts_on(connection: &Connection, workflow_id: &WorkflowId) -> Result<Vec<ArtifactInfo>> {
     let mut statement = connection.prepare_cached(
         "SELECT version, source_step_id, path, bytes, sha256, created_at FROM workflow_artifacts
           WHERE workflow = ?1 ORDER BY version",
@@ -943,7 +946,7 @@ fn artifacts_on(connection: &Connection, workflow_id: &str) -> Result<Vec<Artifa
     Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
 }
 
-fn steps_on(connection: &Connection, workflow_id: &str) -> Result<Vec<StepRow>> {
+fn steps_on(connection: &Connection, workflow_id: &WorkflowId) -> Result<Vec<StepRow>> {
     let mut statement = connection.prepare_cached(
         "SELECT step_id, attempt, kind, status, data, seq, created_at FROM workflow_steps
           WHERE workflow = ?1 ORDER BY seq, attempt",
@@ -966,7 +969,7 @@ fn steps_on(connection: &Connection, workflow_id: &str) -> Result<Vec<StepRow>> 
             step_id,
             attempt,
             kind,
-            status,
+            status: StepStatus::read(&status, workflow_id, seq)?,
             data: parse_json(&data)?,
             created_at,
         })

@@ -1,5 +1,6 @@
 //! Operator reads on SQLite.
 
+use crate::WorkflowId;
 use rusqlite::Row;
 
 use super::SqliteStore;
@@ -63,7 +64,7 @@ impl SqliteStore {
         &self,
         user_id: Option<&str>,
         limit: u32,
-    ) -> Result<Vec<String>> {
+    ) -> Result<Vec<WorkflowId>> {
         let user_id = user_id.map(str::to_owned);
         self.read(move |connection| {
             let mut statement = connection.prepare_cached(

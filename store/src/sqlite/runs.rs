@@ -7,11 +7,11 @@ use serde_json::Value;
 use super::{Encoded, SqliteStore, apply, check_fence, parse_json};
 use crate::lease::ttl_seconds;
 use crate::runs::{
-    Admission, ApprovalAnswer, CancelAction, NewRun, RunOutcome, RunRenewal, RunRow, RunStatus,
-    answered, pending_answer, pending_request_id, replay, run_columns, status_after_answer,
+    Admission, ApprovalAnswer, CancelAction, NewRun, RunOutcome, RunRenewal, RunRow, answered,
+    pending_answer, pending_request_id, replay, run_columns, status_after_answer,
 };
 use crate::write::WriteOp;
-use crate::{Error, Result};
+use crate::{Error, Result, RunId, RunStatus, WorkflowId};
 
 fn run_row(row: &Row<'_>) -> rusqlite::Result<RawRun> {
     Ok(RawRun {
@@ -41,9 +41,9 @@ fn run_row(row: &Row<'_>) -> rusqlite::Result<RawRun> {
 
 /// A run row as SQLite stores it (JSON as text), before decoding.
 struct RawRun {
-    run_id: String,
+    run_id: RunId,
     thread_id: String,
-    workflow: Option<String>,
+    workflow: Option<WorkflowId>,
     step_id: Option<String>,
     attempt: Option<i32>,
     agent: String,
@@ -67,13 +67,13 @@ struct RawRun {
 impl RawRun {
     fn decode(self) -> Result<RunRow> {
         Ok(RunRow {
+            status: RunStatus::read(&self.status, &self.run_id)?,
             run_id: self.run_id,
             thread_id: self.thread_id,
             workflow: self.workflow,
             step_id: self.step_id,
             attempt: self.attempt,
             agent: self.agent,
-            status: RunStatus::parse(&self.status)?,
             owner_worker_id: self.owner_worker_id,
             lease_expires_at: self.lease_expires_at,
             cancel_action: self
@@ -100,7 +100,7 @@ impl RawRun {
     }
 }
 
-fn read_run(connection: &Connection, run_id: &str) -> Result<Option<RunRow>> {
+fn read_run(connection: &Connection, run_id: &RunId) -> Result<Option<RunRow>> {
     connection
         .prepare_cached(concat!(
             "SELECT ",
@@ -115,7 +115,10 @@ fn read_run(connection: &Connection, run_id: &str) -> Result<Option<RunRow>> {
 
 /// The workflow's child runs that asked for approval (waiting for the answer, or carrying it),
 /// oldest first; the index on `(workflow, step_id, attempt)` finds them.
-pub(super) fn approval_runs_on(connection: &Connection, workflow_id: &str) -> Result<Vec<RunRow>> {
+pub(super) fn approval_runs_on(
+    connection: &Connection,
+    workflow_id: &WorkflowId,
+) -> Result<Vec<RunRow>> {
     let mut statement = connection.prepare_cached(concat!(
         "SELECT ",
         run_columns!(),
@@ -297,7 +300,7 @@ impl SqliteStore {
             .await
     }
 
-    pub(crate) async fn read_run(&self, run_id: &str) -> Result<Option<RunRow>> {
+    pub(crate) async fn read_run(&self, run_id: &RunId) -> Result<Option<RunRow>> {
         let run_id = run_id.to_owned();
         self.read(move |connection| read_run(connection, &run_id))
             .await
@@ -305,7 +308,7 @@ impl SqliteStore {
 
     pub(crate) async fn renew_run_lease(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         owner: &str,
         lease_ms: u64,
     ) -> Result<Result<RunRenewal, Option<RunRow>>> {
@@ -336,7 +339,10 @@ impl SqliteStore {
                     expires_at,
                     now,
                     cancel_action: cancel.as_deref().map(CancelAction::parse).transpose()?,
-                    answer: pending_answer(RunStatus::parse(&status)?, &parse_json(&metadata)?),
+                    answer: pending_answer(
+                        RunStatus::read(&status, &run_id)?,
+                        &parse_json(&metadata)?,
+                    ),
                 })),
                 None => Ok(Err(read_run(connection, &run_id)?)),
             }
@@ -346,7 +352,7 @@ impl SqliteStore {
 
     pub(crate) async fn request_run_cancel(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         action: CancelAction,
     ) -> Result<Option<CancelAction>> {
         let run_id = run_id.to_owned();
@@ -369,7 +375,7 @@ impl SqliteStore {
 
     pub(crate) async fn update_run_status(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         owner: &str,
         status: RunStatus,
         metadata: Option<Value>,
@@ -396,7 +402,7 @@ impl SqliteStore {
 
     pub(crate) async fn finalize_run(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         owner: &str,
         outcome: &RunOutcome,
         require_not_cancelled: bool,
@@ -502,7 +508,7 @@ impl SqliteStore {
         .await
     }
 
-    pub(crate) async fn claim_orphan_runs(&self, claimer: &str, limit: u32) -> Result<Vec<String>> {
+    pub(crate) async fn claim_orphan_runs(&self, claimer: &str, limit: u32) -> Result<Vec<RunId>> {
         let claimer = claimer.to_owned();
         self.write(move |connection| {
             let mut statement = connection.prepare_cached(
@@ -519,8 +525,8 @@ impl SqliteStore {
             let claimed = statement
                 .query_map(params![claimer, limit], |row| {
                     Ok((
-                        row.get::<_, String>(0)?,
-                        row.get::<_, Option<String>>(1)?,
+                        row.get::<_, RunId>(0)?,
+                        row.get::<_, Option<WorkflowId>>(1)?,
                         row.get::<_, Option<String>>(2)?,
                         row.get::<_, Option<i64>>(3)?,
                     ))

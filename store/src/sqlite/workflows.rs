@@ -10,7 +10,7 @@ use crate::workflows::{
     ControlRow, ControlWrite, Deletion, Launch, LaunchLimits, ListFilter, ListedWorkflow,
     NewControl, Orphaned, StatusFilter, TakeOver, Versions,
 };
-use crate::{Epoch, Error, FINAL_STATUSES, Lease, NewWorkflow, Result, WorkflowRow};
+use crate::{Epoch, Error, Lease, NewWorkflow, Result, WorkflowId, WorkflowRow, WorkflowStatus};
 
 fn launch(
     connection: &Connection,
@@ -27,8 +27,8 @@ fn launch(
             )?
             .query_row(params![workflow.user_id, request_id], workflow_row)
             .optional()?;
-        if let Some((mut existing, data)) = existing {
-            existing.data = parse_json(&data)?;
+        if let Some(existing) = existing {
+            let existing = existing.decode()?;
             if existing.fingerprint == workflow.fingerprint {
                 return Ok(Launch::Existing(existing));
             }
@@ -90,21 +90,45 @@ fn launch(
     }))
 }
 
-/// A workflow row with its data still JSON text.
-fn workflow_row(row: &Row<'_>) -> rusqlite::Result<(WorkflowRow, String)> {
-    Ok((
-        WorkflowRow {
-            workflow_id: row.get(0)?,
-            user_id: row.get(1)?,
-            status: row.get(2)?,
-            owner: row.get(3)?,
-            fingerprint: row.get(4)?,
-            data: serde_json::Value::Null,
-            created_at: row.get(6)?,
-            updated_at: row.get(7)?,
-        },
-        row.get(5)?,
-    ))
+/// A workflow row as SQLite stores it (its status and data as text), before decoding.
+struct RawWorkflow {
+    workflow_id: WorkflowId,
+    user_id: String,
+    status: String,
+    owner: Option<String>,
+    fingerprint: String,
+    data: String,
+    created_at: f64,
+    updated_at: f64,
+}
+
+impl RawWorkflow {
+    fn decode(self) -> Result<WorkflowRow> {
+        Ok(WorkflowRow {
+            status: WorkflowStatus::read(&self.status, &self.workflow_id)?,
+            workflow_id: self.workflow_id,
+            user_id: self.user_id,
+            owner: self.owner,
+            fingerprint: self.fingerprint,
+            data: parse_json(&self.data)?,
+            created_at: self.created_at,
+            updated_at: self.updated_at,
+        })
+    }
+}
+
+/// A row of `id, user_id, status, owner, fingerprint, data, created_at, updated_at`.
+fn workflow_row(row: &Row<'_>) -> rusqlite::Result<RawWorkflow> {
+    Ok(RawWorkflow {
+        workflow_id: row.get(0)?,
+        user_id: row.get(1)?,
+        status: row.get(2)?,
+        owner: row.get(3)?,
+        fingerprint: row.get(4)?,
+        data: row.get(5)?,
+        created_at: row.get(6)?,
+        updated_at: row.get(7)?,
+    })
 }
 
 fn control_row(row: &Row<'_>) -> rusqlite::Result<(ControlRow, String)> {
@@ -203,7 +227,7 @@ impl SqliteStore {
         .await
     }
 
-    pub(crate) async fn read_controls(&self, workflow_id: &str) -> Result<Vec<ControlRow>> {
+    pub(crate) async fn read_controls(&self, workflow_id: &WorkflowId) -> Result<Vec<ControlRow>> {
         let workflow_id = workflow_id.to_owned();
         self.read(move |connection| controls_on(connection, &workflow_id))
             .await
@@ -212,7 +236,7 @@ impl SqliteStore {
 
 fn take_over(
     connection: &Connection,
-    workflow_id: &str,
+    workflow_id: &WorkflowId,
     owner: &str,
     lease_ms: u64,
     versions: &Versions,
@@ -227,6 +251,7 @@ fn take_over(
     let Some((status, data)) = row else {
         return Err(Error::NotFound(format!("workflow {workflow_id:?}")));
     };
+    let status = WorkflowStatus::read(&status, workflow_id)?;
     let data = parse_json(&data)?;
     let text = |key: &str| data[key].as_str().unwrap_or_default().to_owned();
     let written_under = Versions {
@@ -240,7 +265,7 @@ fn take_over(
         )?
         .query_row([workflow_id], |row| row.get(0))?;
     if let Some(refusal) =
-        takeover_refusal(&status, &written_under, versions, cancel_pending, purpose)
+        takeover_refusal(status, &written_under, versions, cancel_pending, purpose)
     {
         return Ok(refusal);
     }
@@ -274,7 +299,7 @@ fn take_over(
 impl SqliteStore {
     pub(crate) async fn take_over_workflow(
         &self,
-        workflow_id: &str,
+        workflow_id: &WorkflowId,
         owner: &str,
         lease_ms: u64,
         versions: &Versions,
@@ -335,7 +360,10 @@ impl SqliteStore {
         .await
     }
 
-    pub(crate) async fn workflows_with_pending_controls(&self, owner: &str) -> Result<Vec<String>> {
+    pub(crate) async fn workflows_with_pending_controls(
+        &self,
+        owner: &str,
+    ) -> Result<Vec<WorkflowId>> {
         let owner = owner.to_owned();
         self.read(move |connection| {
             let mut statement = connection.prepare_cached(
@@ -344,12 +372,12 @@ impl SqliteStore {
                   WHERE c.applied_at IS NULL AND w.owner = ?1",
             )?;
             let rows = statement.query_map([&owner], |row| row.get(0))?;
-            Ok(rows.collect::<rusqlite::Result<Vec<String>>>()?)
+            Ok(rows.collect::<rusqlite::Result<Vec<WorkflowId>>>()?)
         })
         .await
     }
 
-    pub(crate) async fn delete_workflow(&self, workflow_id: &str) -> Result<Deletion> {
+    pub(crate) async fn delete_workflow(&self, workflow_id: &WorkflowId) -> Result<Deletion> {
         let workflow_id = workflow_id.to_owned();
         self.write(move |connection| {
             let status: Option<String> = connection
@@ -359,7 +387,7 @@ impl SqliteStore {
             let Some(status) = status else {
                 return Ok(Deletion::NotFound);
             };
-            if !FINAL_STATUSES.contains(&status.as_str()) {
+            if !WorkflowStatus::read(&status, &workflow_id)?.is_final() {
                 return Ok(Deletion::NotTerminal);
             }
             // The journal, controls, artifacts and slots go with the row (ON DELETE CASCADE).
@@ -411,10 +439,9 @@ impl SqliteStore {
                 |row| Ok((workflow_row(row)?, row.get::<_, bool>(8)?)),
             )?;
             rows.map(|row| {
-                let ((mut workflow, data), recoverable) = row?;
-                workflow.data = parse_json(&data)?;
+                let (workflow, recoverable) = row?;
                 Ok(ListedWorkflow {
-                    row: workflow,
+                    row: workflow.decode()?,
                     recoverable,
                 })
             })
@@ -425,7 +452,10 @@ impl SqliteStore {
 }
 
 /// Every control of a workflow, oldest first.
-pub(super) fn controls_on(connection: &Connection, workflow_id: &str) -> Result<Vec<ControlRow>> {
+pub(super) fn controls_on(
+    connection: &Connection,
+    workflow_id: &WorkflowId,
+) -> Result<Vec<ControlRow>> {
     let mut statement = connection.prepare_cached(concat!(
         "SELECT ",
         control_columns!(),

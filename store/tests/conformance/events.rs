@@ -13,7 +13,7 @@ fn put(step_id: &str, kind: &str, status: &str, data: Value) -> WriteOp {
         step_id: step_id.to_owned(),
         attempt: 1,
         kind: kind.to_owned(),
-        status: status.to_owned(),
+        status: store::StepStatus::parse(status).expect("a step status"),
         data,
     }
 }
@@ -31,7 +31,7 @@ fn control(kind: &str, step_id: &str, body: Value) -> NewControl {
 
 async fn events<S: Subject>(store: &S) -> Vec<EventRow> {
     let page = store
-        .read_events("wf", 0, 1_000)
+        .read_events(&store::WorkflowId::from("wf"), 0, 1_000)
         .await
         .expect("events")
         .expect("wf");
@@ -89,13 +89,13 @@ conformance! {
         assert_eq!(events[7].data, json!({"status": "completed", "previous": "running"}));
         assert!(events.iter().all(|event| event.workflow_id == "wf"));
 
-        let page = store.read_events("wf", 3, 2).await.expect("events").expect("wf");
+        let page = store.read_events(&store::WorkflowId::from("wf"), 3, 2).await.expect("events").expect("wf");
         assert_eq!(page.events.iter().map(|e| e.seq).collect::<Vec<_>>(), [4, 5]);
         assert_eq!((page.status.as_str(), page.last_seq), ("completed", 8));
         assert!(!page.ended(3));
-        let last = store.read_events("wf", 8, 10).await.expect("events").expect("wf");
+        let last = store.read_events(&store::WorkflowId::from("wf"), 8, 10).await.expect("events").expect("wf");
         assert!(last.events.is_empty() && last.ended(8));
-        assert_eq!(store.read_events("no-such-workflow", 0, 10).await.expect("events"), None);
+        assert_eq!(store.read_events(&store::WorkflowId::from("no-such-workflow"), 0, 10).await.expect("events"), None);
     }
 }
 
@@ -161,7 +161,7 @@ conformance! {
         };
         store.admit_run(run).await.expect("admit");
         let asked = json!({"hitl_approval": {"request_id": "r1"}});
-        assert!(store.update_run_status("run", "node-a", RunStatus::WaitingForInput, Some(asked))
+        assert!(store.update_run_status(&store::RunId::from("run"), "node-a", RunStatus::WaitingForInput, Some(asked))
             .await.expect("ask"));
         store.answer_approval("thread", &["r1".into()], &json!({"decision": "approve", "by": "bob"}))
             .await.expect("answer").expect("answered");

@@ -20,7 +20,7 @@ conformance! {
         };
         let result = store.fenced_write(&lease.fence(), vec![step("wf", "s1"), missing]).await;
         assert!(matches!(result, Err(Error::NotFound(_))), "{result:?}");
-        assert!(store.read_steps("wf").await.expect("steps").is_empty(), "half a write landed");
+        assert!(store.read_steps(&store::WorkflowId::from("wf")).await.expect("steps").is_empty(), "half a write landed");
 
         let artifact = |version: i64| WriteOp::PutArtifact {
             workflow_id: "wf".into(),
@@ -33,8 +33,8 @@ conformance! {
         store.fenced_write(&lease.fence(), vec![artifact(1)]).await.expect("artifact 1");
         let again = store.fenced_write(&lease.fence(), vec![step("wf", "s2"), artifact(1)]).await;
         assert!(matches!(again, Err(Error::Conflict(_))), "a version changed: {again:?}");
-        assert!(store.read_steps("wf").await.expect("steps").is_empty(), "half a write landed");
-        assert_eq!(store.last_artifact_version("wf").await.expect("last"), 1);
+        assert!(store.read_steps(&store::WorkflowId::from("wf")).await.expect("steps").is_empty(), "half a write landed");
+        assert_eq!(store.last_artifact_version(&store::WorkflowId::from("wf")).await.expect("last"), 1);
 
         let done = WriteOp::SetWorkflow {
             workflow_id: "wf".into(),
@@ -42,9 +42,9 @@ conformance! {
             data: json!({"result": 42}),
         };
         store.fenced_write(&lease.fence(), vec![step("wf", "s1"), done]).await.expect("write");
-        let row = store.read_workflow("wf").await.expect("read").expect("row");
+        let row = store.read_workflow(&store::WorkflowId::from("wf")).await.expect("read").expect("row");
         assert_eq!((row.status.as_str(), &row.data), ("completed", &json!({"result": 42})));
-        assert_eq!(store.read_steps("wf").await.expect("steps").len(), 1);
+        assert_eq!(store.read_steps(&store::WorkflowId::from("wf")).await.expect("steps").len(), 1);
     }
 }
 
@@ -84,7 +84,7 @@ conformance! {
         wrote.notified().await;
         let started = Instant::now();
         let lease = loop {
-            if let Some(lease) = new_store.acquire_lease("wf", "new", 60_000).await.expect("acquire") {
+            if let Some(lease) = new_store.acquire_lease(&store::WorkflowId::from("wf"), "new", 60_000).await.expect("acquire") {
                 break lease;
             }
             assert!(started.elapsed() < Duration::from_secs(10), "no takeover after expiry");
@@ -96,7 +96,7 @@ conformance! {
 
         let late: Vec<_> = log.iter().filter(|(_, ok, after)| *ok && *after).collect();
         assert!(late.is_empty(), "writes acknowledged after the takeover: {late:?}");
-        let stored: Vec<String> = new_store.read_steps("wf").await.expect("steps")
+        let stored: Vec<String> = new_store.read_steps(&store::WorkflowId::from("wf")).await.expect("steps")
             .into_iter().map(|s| s.step_id).collect();
         for (name, ok, _) in &log {
             assert_eq!(stored.contains(name), *ok, "{name}: acknowledged={ok}, stored={}", !ok);
@@ -122,22 +122,22 @@ conformance! {
             .fenced_write(&held.fence(), vec![WriteOp::ReleaseLease, end("no-such-workflow")])
             .await;
         assert!(matches!(failed, Err(Error::NotFound(_))), "{failed:?}");
-        assert!(store.acquire_lease("wf", "node-b", 60_000).await.expect("acquire").is_none(),
+        assert!(store.acquire_lease(&store::WorkflowId::from("wf"), "node-b", 60_000).await.expect("acquire").is_none(),
             "a failed write released the lease");
 
         // The release first in the list is still applied after the end: both commit.
         store.fenced_write(&held.fence(), vec![WriteOp::ReleaseLease, end("wf")]).await.expect("end");
-        assert_eq!(store.read_workflow("wf").await.expect("read").expect("row").status, "completed");
-        let next = store.acquire_lease("wf", "node-b", 60_000).await.expect("acquire")
+        assert_eq!(store.read_workflow(&store::WorkflowId::from("wf")).await.expect("read").expect("row").status, store::WorkflowStatus::Completed);
+        let next = store.acquire_lease(&store::WorkflowId::from("wf"), "node-b", 60_000).await.expect("acquire")
             .expect("the ended workflow's lease is free");
         assert_eq!(next.epoch, held.epoch.next());
 
         // The old owner can no longer release (or end) anything: the new lease stands.
         let stale = store.fenced_write(&held.fence(), vec![WriteOp::ReleaseLease]).await;
         assert!(matches!(stale, Err(Error::LeaseLost { .. })), "{stale:?}");
-        let lease = store.read_lease("wf").await.expect("read lease").expect("lease");
+        let lease = store.read_lease(&store::WorkflowId::from("wf")).await.expect("read lease").expect("lease");
         assert_eq!((lease.owner.as_str(), lease.epoch), ("node-b", next.epoch));
-        assert!(store.acquire_lease("wf", "node-c", 60_000).await.expect("acquire").is_none(),
+        assert!(store.acquire_lease(&store::WorkflowId::from("wf"), "node-c", 60_000).await.expect("acquire").is_none(),
             "a stale release freed the new owner's lease");
     }
 }
@@ -149,22 +149,22 @@ fn every_kind_of_write(control_id: i64) -> Vec<(&'static str, WriteOp)> {
     let wf = || "wf".to_owned();
     let writes = vec![
         WriteOp::SetWorkflow {
-            workflow_id: wf(),
+            workflow_id: wf().into(),
             status: store::WorkflowStatus::Completed,
             data: json!({"late": true}),
         },
         WriteOp::PutStep {
-            workflow_id: wf(),
+            workflow_id: wf().into(),
             seq: 9,
             step_id: "late".into(),
             attempt: 1,
             kind: "agent".into(),
-            status: "completed".into(),
+            status: store::StepStatus::Completed,
             data: json!({}),
         },
         WriteOp::MarkControlApplied { control_id },
         WriteOp::PutArtifact {
-            workflow_id: wf(),
+            workflow_id: wf().into(),
             version: 1,
             source_step_id: "s".into(),
             path: Some("out.txt".into()),
@@ -172,24 +172,28 @@ fn every_kind_of_write(control_id: i64) -> Vec<(&'static str, WriteOp)> {
             sha256: "hash".into(),
         },
         WriteOp::CloseStepRuns {
-            workflow_id: wf(),
+            workflow_id: wf().into(),
             step_id: "s".into(),
             attempt: 1,
         },
-        WriteOp::CancelRuns { workflow_id: wf() },
+        WriteOp::CancelRuns {
+            workflow_id: wf().into(),
+        },
         WriteOp::ReleaseSlot {
-            workflow_id: wf(),
+            workflow_id: wf().into(),
             step_id: "s".into(),
         },
-        WriteOp::ReleaseSlots { workflow_id: wf() },
+        WriteOp::ReleaseSlots {
+            workflow_id: wf().into(),
+        },
         WriteOp::TakePlaces {
-            workflow_id: wf(),
+            workflow_id: wf().into(),
             user_id: "tester".into(),
             max_workflows: 0,
             max_workflows_per_owner: 0,
         },
         WriteOp::PutLogs {
-            workflow_id: wf(),
+            workflow_id: wf().into(),
             lines: vec!["late".into()],
             events_max: 10,
             bytes_max: 100,
@@ -255,31 +259,31 @@ conformance! {
             other => panic!("{other:?}"),
         };
         db.pass(&old, stale.expires_at).await;
-        let current = new.acquire_lease("wf", "node-b", 60_000).await.expect("acquire").expect("taken");
+        let current = new.acquire_lease(&store::WorkflowId::from("wf"), "node-b", 60_000).await.expect("acquire").expect("taken");
         assert_eq!(current.epoch, stale.epoch.next());
 
-        let before = new.read_snapshot("wf").await.expect("snapshot").expect("wf");
-        let events_before = new.read_events("wf", 0, 1_000).await.expect("events").expect("wf");
+        let before = new.read_snapshot(&store::WorkflowId::from("wf")).await.expect("snapshot").expect("wf");
+        let events_before = new.read_events(&store::WorkflowId::from("wf"), 0, 1_000).await.expect("events").expect("wf");
         for (kind, op) in every_kind_of_write(control_id) {
             let refused = old.fenced_write(&stale.fence(), vec![op]).await;
             assert!(matches!(refused, Err(Error::LeaseLost { .. })), "{kind}: {refused:?}");
         }
-        let after = new.read_snapshot("wf").await.expect("snapshot").expect("wf");
+        let after = new.read_snapshot(&store::WorkflowId::from("wf")).await.expect("snapshot").expect("wf");
         assert_eq!(after.row, before.row);
         assert_eq!(after.lease, Some(current.clone()), "a stale write moved the lease");
         assert_eq!(after.steps, before.steps);
         assert_eq!(after.controls, before.controls);
         assert_eq!(after.artifacts, before.artifacts);
         assert_eq!(new.count_slots().await.expect("slots"), 1, "a stale write freed a slot");
-        let run = new.read_run("run").await.expect("read").expect("run");
+        let run = new.read_run(&store::RunId::from("run")).await.expect("read").expect("run");
         assert_eq!((run.status, run.cancel_action), (RunStatus::Running, None));
-        let events_after = new.read_events("wf", 0, 1_000).await.expect("events").expect("wf");
+        let events_after = new.read_events(&store::WorkflowId::from("wf"), 0, 1_000).await.expect("events").expect("wf");
         assert_eq!(events_after, events_before, "a stale write left an event");
 
         // The current owner's writes of the same kinds land.
         new.fenced_write(&current.fence(), vec![WriteOp::MarkControlApplied { control_id }])
             .await
             .expect("the current owner writes");
-        assert!(new.read_controls("wf").await.expect("controls")[0].applied);
+        assert!(new.read_controls(&store::WorkflowId::from("wf")).await.expect("controls")[0].applied);
     }
 }

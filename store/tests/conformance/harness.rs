@@ -229,7 +229,7 @@ pub async fn workflow<S: Subject>(store: &S, id: &str, owner: &str, lease_ms: u6
     let launched = store
         .launch_workflow(
             NewWorkflow {
-                workflow_id: id.to_owned(),
+                workflow_id: store::WorkflowId::new(id),
                 user_id: "tester".into(),
                 request_id: None,
                 fingerprint: "fp".into(),
@@ -251,11 +251,11 @@ pub async fn workflow<S: Subject>(store: &S, id: &str, owner: &str, lease_ms: u6
 pub fn step(workflow_id: &str, step_id: &str) -> WriteOp {
     WriteOp::PutStep {
         seq: 0,
-        workflow_id: workflow_id.to_owned(),
+        workflow_id: store::WorkflowId::new(workflow_id),
         step_id: step_id.to_owned(),
         attempt: 1,
         kind: "agent".into(),
-        status: "completed".into(),
+        status: store::StepStatus::Completed,
         data: json!({"output": step_id}),
     }
 }

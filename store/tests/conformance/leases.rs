@@ -22,7 +22,7 @@ conformance! {
                 let barrier = Arc::clone(&barrier);
                 tokio::spawn(async move {
                     barrier.wait().await;
-                    store.acquire_lease("wf", name, 60_000).await
+                    store.acquire_lease(&store::WorkflowId::from("wf"), name, 60_000).await
                 })
             };
             let a = contend(Arc::clone(&store_a), "node-a");
@@ -44,7 +44,7 @@ conformance! {
             assert!(store_a.release_lease(&winner.fence()).await.expect("release"));
             stale = winner.fence();
         }
-        let steps = store_a.read_steps("wf").await.expect("steps");
+        let steps = store_a.read_steps(&store::WorkflowId::from("wf")).await.expect("steps");
         assert!(steps.iter().all(|s| s.step_id.starts_with("won-")), "a stale write left a trace");
         assert_eq!(steps.len(), ROUNDS);
     }
@@ -59,8 +59,8 @@ conformance! {
         assert!(long.expires_at >= held.expires_at);
         let (short, _) = store_a.renew_lease(&held.fence(), 10).await.expect("renew short");
         assert_eq!(short.expires_at, long.expires_at, "a renewal moved expires_at backwards");
-        assert_eq!(store_a.read_lease("wf").await.expect("read").map(|l| l.expires_at), Some(long.expires_at));
-        assert_eq!(store_b.acquire_lease("wf", "node-b", 60_000).await.expect("acquire"), None,
+        assert_eq!(store_a.read_lease(&store::WorkflowId::from("wf")).await.expect("read").map(|l| l.expires_at), Some(long.expires_at));
+        assert_eq!(store_b.acquire_lease(&store::WorkflowId::from("wf"), "node-b", 60_000).await.expect("acquire"), None,
             "a valid lease was taken over");
 
         // A short lease that runs out: renewal after the deadline is refused even before anyone
@@ -69,7 +69,7 @@ conformance! {
         db.pass(&store_a, brief.expires_at).await;
         let late = store_a.renew_lease(&brief.fence(), 60_000).await;
         assert!(matches!(late, Err(Error::LeaseLost { .. })), "{late:?}");
-        let taken = store_b.acquire_lease("wf-brief", "node-b", 60_000).await.expect("acquire")
+        let taken = store_b.acquire_lease(&store::WorkflowId::from("wf-brief"), "node-b", 60_000).await.expect("acquire")
             .expect("an expired lease can be taken over");
         assert_eq!(taken.epoch, brief.epoch.next());
         let renewed = store_a.renew_lease(&brief.fence(), 60_000).await;
@@ -77,7 +77,7 @@ conformance! {
         assert!(!store_a.release_lease(&brief.fence()).await.expect("release"),
             "a lost lease was released");
         store_b.renew_lease(&taken.fence(), 60_000).await.expect("the new owner renews");
-        let lease = store_a.read_lease("wf-brief").await.expect("read").expect("row");
+        let lease = store_a.read_lease(&store::WorkflowId::from("wf-brief")).await.expect("read").expect("row");
         assert_eq!((lease.owner.as_str(), lease.epoch), ("node-b", taken.epoch));
     }
 }
@@ -85,16 +85,16 @@ conformance! {
 conformance! {
     async fn a_free_resource_is_leased_at_epoch_one_and_a_released_one_at_once(db) {
         let store = db.store().await;
-        assert_eq!(store.read_lease("job").await.expect("read"), None);
-        let first = store.acquire_lease("job", "node-a", 60_000).await.expect("acquire").expect("free");
+        assert_eq!(store.read_lease(&store::WorkflowId::from("job")).await.expect("read"), None);
+        let first = store.acquire_lease(&store::WorkflowId::from("job"), "node-a", 60_000).await.expect("acquire").expect("free");
         assert_eq!((first.owner.as_str(), first.epoch), ("node-a", Epoch::FIRST));
         assert!(first.expires_at > store.now().await.expect("now"));
-        assert_eq!(store.acquire_lease("job", "node-b", 60_000).await.expect("acquire"), None);
+        assert_eq!(store.acquire_lease(&store::WorkflowId::from("job"), "node-b", 60_000).await.expect("acquire"), None);
         assert!(store.release_lease(&first.fence()).await.expect("release"));
         assert!(!store.release_lease(&first.fence()).await.expect("release"), "released twice");
-        let second = store.acquire_lease("job", "node-b", 60_000).await.expect("acquire")
+        let second = store.acquire_lease(&store::WorkflowId::from("job"), "node-b", 60_000).await.expect("acquire")
             .expect("a released lease is free at once");
         assert_eq!((second.owner.as_str(), second.epoch), ("node-b", Epoch::new(2)));
-        assert_eq!(store.read_lease("job").await.expect("read"), Some(second));
+        assert_eq!(store.read_lease(&store::WorkflowId::from("job")).await.expect("read"), Some(second));
     }
 }

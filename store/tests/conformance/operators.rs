@@ -18,12 +18,12 @@ fn counted(pairs: &[(&str, i64)]) -> Vec<StatusCount> {
 
 fn put(workflow_id: &str, step_id: &str, kind: &str) -> WriteOp {
     WriteOp::PutStep {
-        workflow_id: workflow_id.to_owned(),
+        workflow_id: store::WorkflowId::new(workflow_id),
         seq: 0,
         step_id: step_id.to_owned(),
         attempt: 1,
         kind: kind.to_owned(),
-        status: "running".into(),
+        status: store::StepStatus::Running,
         data: json!({}),
     }
 }
@@ -37,7 +37,7 @@ conformance! {
             db.tick().await;
         }
         let set = |n: usize, status: &str| WriteOp::SetWorkflow {
-            workflow_id: format!("wf-{n}"), status: store::WorkflowStatus::parse(status).expect("a status"), data: json!({}),
+            workflow_id: format!("wf-{n}").into(), status: store::WorkflowStatus::parse(status).expect("a status"), data: json!({}),
         };
         store.fenced_write(&leases[0].fence(), vec![set(0, "paused")]).await.expect("pause");
         store.fenced_write(&leases[1].fence(), vec![put("wf-1", "check", "humanCheckpoint")]).await.expect("ask");
@@ -63,7 +63,7 @@ conformance! {
             [("wf-3", "s", 1)]);
 
         assert_eq!(store.waiting_workflows(None, 10).await.expect("waiting"), ["wf-0", "wf-1"]);
-        assert!(store.update_run_status("run", "node-a", RunStatus::WaitingForInput, None).await.expect("ask"));
+        assert!(store.update_run_status(&store::RunId::from("run"), "node-a", RunStatus::WaitingForInput, None).await.expect("ask"));
         assert_eq!(store.waiting_workflows(None, 10).await.expect("waiting"), ["wf-0", "wf-1", "wf-3"]);
         assert_eq!(store.waiting_workflows(None, 2).await.expect("waiting"), ["wf-0", "wf-1"]);
         assert!(store.waiting_workflows(Some("someone-else"), 10).await.expect("waiting").is_empty());

@@ -13,7 +13,7 @@ use crate::harness::{Subject, conformance, workflow};
 /// A run of `agent` on `thread`, owned by `owner`.
 pub fn new_run(run_id: &str, thread: &str, owner: &str) -> NewRun {
     NewRun {
-        run_id: run_id.to_owned(),
+        run_id: store::RunId::new(run_id),
         thread_id: thread.to_owned(),
         agent: "echo".into(),
         owner: owner.to_owned(),
@@ -70,7 +70,12 @@ async fn paused<S: Subject>(store: &S, run_id: &str, thread: &str, request_id: &
     admitted(store, run).await;
     assert!(
         store
-            .update_run_status(run_id, "node-a", RunStatus::WaitingForInput, None)
+            .update_run_status(
+                &store::RunId::new(run_id),
+                "node-a",
+                RunStatus::WaitingForInput,
+                None
+            )
             .await
             .expect("pause")
     );
@@ -96,10 +101,10 @@ conformance! {
         let busy = store.admit_run(new_run("run-4", "thread-1", "node-a")).await;
         assert!(matches!(busy, Err(Error::Conflict(ref m)) if m.contains("thread-1")), "{busy:?}");
         for absent in ["run-2", "run-3", "run-4"] {
-            assert_eq!(store.read_run(absent).await.expect("read"), None, "{absent} was written");
+            assert_eq!(store.read_run(&store::RunId::new(absent)).await.expect("read"), None, "{absent} was written");
         }
 
-        assert!(store.finalize_run("run-1", "node-a", &outcome(RunStatus::Success), true).await.expect("finalize"));
+        assert!(store.finalize_run(&store::RunId::from("run-1"), "node-a", &outcome(RunStatus::Success), true).await.expect("finalize"));
         admitted(&*store, new_run("run-5", "thread-1", "node-a")).await;
     }
 }
@@ -150,7 +155,7 @@ conformance! {
         }
         let third = NewRun { step: Some(step("s3")), ..new_run("run-3", "t-3", "node-a") };
         assert_eq!(store.admit_run(third.clone()).await.expect("admit"), Admission::Queued);
-        assert_eq!(store.read_run("run-3").await.expect("read"), None);
+        assert_eq!(store.read_run(&store::RunId::from("run-3")).await.expect("read"), None);
         assert_eq!(store.count_slots().await.expect("slots"), 2);
 
         store
@@ -167,7 +172,7 @@ conformance! {
         let stale = NewRun { step: Some(step("s4")), ..new_run("run-4", "t-4", "node-a") };
         let refused = store.admit_run(stale).await;
         assert!(matches!(refused, Err(Error::LeaseLost { .. })), "{refused:?}");
-        assert_eq!(store.read_run("run-4").await.expect("read"), None);
+        assert_eq!(store.read_run(&store::RunId::from("run-4")).await.expect("read"), None);
         assert_eq!(store.count_slots().await.expect("slots"), 2);
     }
 }
@@ -182,7 +187,7 @@ conformance! {
             step_id: step_id.to_owned(),
             attempt: 1,
             kind: "agent".into(),
-            status: status.to_owned(),
+            status: store::StepStatus::parse(status).expect("a step status"),
             data: json!({"run": step_id}),
         };
         let step = |step_id: &str, slots_max: u64| WorkflowStep {
@@ -199,7 +204,7 @@ conformance! {
             ..new_run(run_id, &format!("t-{step_id}"), "node-a")
         };
         let journaled = || async {
-            let steps = store.read_steps("wf").await.expect("steps");
+            let steps = store.read_steps(&store::WorkflowId::from("wf")).await.expect("steps");
             steps.into_iter().map(|s| s.step_id).collect::<Vec<_>>()
         };
 
@@ -215,14 +220,14 @@ conformance! {
             .expect("complete a");
         let again = store.admit_run(keyed("run-a2", "a", 1)).await.expect("admit");
         assert!(matches!(again, Admission::Existing(ref row) if row.run_id == "run-a"), "{again:?}");
-        let steps = store.read_steps("wf").await.expect("steps");
-        assert_eq!(steps[0].status, "completed", "the repeated admission rewrote the journal");
+        let steps = store.read_steps(&store::WorkflowId::from("wf")).await.expect("steps");
+        assert_eq!(steps[0].status, store::StepStatus::Completed, "the repeated admission rewrote the journal");
         // A stale fence writes nothing at all.
         assert!(store.release_lease(&lease.fence()).await.expect("release"));
         let stale = store.admit_run(keyed("run-c", "c", 8)).await;
         assert!(matches!(stale, Err(Error::LeaseLost { .. })), "{stale:?}");
         assert_eq!(journaled().await, ["a"]);
-        assert_eq!(store.read_run("run-c").await.expect("read"), None);
+        assert_eq!(store.read_run(&store::RunId::from("run-c")).await.expect("read"), None);
     }
 }
 
@@ -234,7 +239,7 @@ conformance! {
             fences.push(workflow(&*store, &format!("wf-{n}"), "node-a", 60_000).await.fence());
         }
         let step = |n: usize, slots_max: u64| WorkflowStep {
-            workflow_id: format!("wf-{n}"),
+            workflow_id: format!("wf-{n}").into(),
             step_id: "s".into(),
             attempt: 1,
             slots_max,
@@ -270,7 +275,7 @@ conformance! {
         for n in &held[..5] {
             store
                 .fenced_write(&fences[*n], vec![store::WriteOp::ReleaseSlot {
-                    workflow_id: format!("wf-{n}"),
+                    workflow_id: format!("wf-{n}").into(),
                     step_id: "s".into(),
                 }])
                 .await
@@ -296,7 +301,7 @@ conformance! {
         }
         let run = |n: usize, slots_max: u64| NewRun {
             step: Some(WorkflowStep {
-                workflow_id: format!("wide-{n}"),
+                workflow_id: format!("wide-{n}").into(),
                 step_id: "s".into(),
                 attempt: 1,
                 slots_max,
@@ -335,20 +340,20 @@ conformance! {
     async fn only_the_owner_of_a_live_row_records_its_outcome_once(db) {
         let store = db.store().await;
         admitted(&*store, new_run("run-1", "thread-1", "node-a")).await;
-        assert!(!store.finalize_run("run-1", "node-b", &outcome(RunStatus::Success), true).await.expect("cas"),
+        assert!(!store.finalize_run(&store::RunId::from("run-1"), "node-b", &outcome(RunStatus::Success), true).await.expect("cas"),
             "another node recorded an outcome");
         let counted = RunOutcome { total_tokens: 17, message_count: 2, ..outcome(RunStatus::Success) };
-        assert!(store.finalize_run("run-1", "node-a", &counted, true).await.expect("cas"));
+        assert!(store.finalize_run(&store::RunId::from("run-1"), "node-a", &counted, true).await.expect("cas"));
         let conflicting = RunOutcome { error: Some("late".into()), ..outcome(RunStatus::Error) };
-        assert!(!store.finalize_run("run-1", "node-a", &conflicting, false).await.expect("cas"),
+        assert!(!store.finalize_run(&store::RunId::from("run-1"), "node-a", &conflicting, false).await.expect("cas"),
             "a second outcome overwrote the first");
-        assert!(!store.update_run_status("run-1", "node-a", RunStatus::Running, None).await.expect("cas"),
+        assert!(!store.update_run_status(&store::RunId::from("run-1"), "node-a", RunStatus::Running, None).await.expect("cas"),
             "a live status resurrected a finished run");
 
-        let row = store.read_run("run-1").await.expect("read").expect("row");
+        let row = store.read_run(&store::RunId::from("run-1")).await.expect("read").expect("row");
         assert_eq!((row.status, row.error, row.total_tokens, row.message_count),
             (RunStatus::Success, None, 17, 2));
-        let renewal = store.renew_run_lease("run-1", "node-a", 60_000).await.expect("renew");
+        let renewal = store.renew_run_lease(&store::RunId::from("run-1"), "node-a", 60_000).await.expect("renew");
         assert!(matches!(renewal, Err(Some(ref row)) if row.status == RunStatus::Success), "{renewal:?}");
     }
 }
@@ -357,27 +362,27 @@ conformance! {
     async fn a_durable_cancel_reaches_the_owner_at_renewal_and_blocks_a_plain_success(db) {
         let store = db.store().await;
         admitted(&*store, new_run("run-1", "thread-1", "node-a")).await;
-        let renewed = store.renew_run_lease("run-1", "node-a", 60_000).await.expect("renew").expect("renewed");
+        let renewed = store.renew_run_lease(&store::RunId::from("run-1"), "node-a", 60_000).await.expect("renew").expect("renewed");
         assert_eq!(renewed.cancel_action, None);
         assert!(renewed.expires_at > renewed.now);
 
-        assert_eq!(store.request_run_cancel("run-1", CancelAction::Rollback).await.expect("cancel"),
+        assert_eq!(store.request_run_cancel(&store::RunId::from("run-1"), CancelAction::Rollback).await.expect("cancel"),
             Some(CancelAction::Rollback));
-        assert_eq!(store.request_run_cancel("run-1", CancelAction::Interrupt).await.expect("cancel"),
+        assert_eq!(store.request_run_cancel(&store::RunId::from("run-1"), CancelAction::Interrupt).await.expect("cancel"),
             Some(CancelAction::Rollback), "the first action asked for stands");
-        let renewed = store.renew_run_lease("run-1", "node-a", 60_000).await.expect("renew").expect("renewed");
+        let renewed = store.renew_run_lease(&store::RunId::from("run-1"), "node-a", 60_000).await.expect("renew").expect("renewed");
         assert_eq!(renewed.cancel_action, Some(CancelAction::Rollback));
 
-        assert!(!store.finalize_run("run-1", "node-a", &outcome(RunStatus::Success), true).await.expect("cas"),
+        assert!(!store.finalize_run(&store::RunId::from("run-1"), "node-a", &outcome(RunStatus::Success), true).await.expect("cas"),
             "a success was recorded over a cancel request");
         let interrupted = RunOutcome { error: Some("rolled back".into()), ..outcome(RunStatus::Interrupted) };
-        assert!(store.finalize_run("run-1", "node-a", &interrupted, false).await.expect("cas"));
-        assert_eq!(store.request_run_cancel("run-1", CancelAction::Interrupt).await.expect("cancel"), None);
-        assert_eq!(store.read_run("run-1").await.expect("read").map(|r| r.status), Some(RunStatus::Interrupted));
+        assert!(store.finalize_run(&store::RunId::from("run-1"), "node-a", &interrupted, false).await.expect("cas"));
+        assert_eq!(store.request_run_cancel(&store::RunId::from("run-1"), CancelAction::Interrupt).await.expect("cancel"), None);
+        assert_eq!(store.read_run(&store::RunId::from("run-1")).await.expect("read").map(|r| r.status), Some(RunStatus::Interrupted));
 
         paused(&*store, "run-2", "thread-2", "approval-1").await;
-        store.request_run_cancel("run-2", CancelAction::Interrupt).await.expect("cancel");
-        assert_eq!(store.read_run("run-2").await.expect("read").map(|r| r.status),
+        store.request_run_cancel(&store::RunId::from("run-2"), CancelAction::Interrupt).await.expect("cancel");
+        assert_eq!(store.read_run(&store::RunId::from("run-2")).await.expect("read").map(|r| r.status),
             Some(RunStatus::Interrupted), "a paused run, which nobody runs, ends at once");
     }
 }
@@ -387,18 +392,18 @@ conformance! {
         let store = db.store().await;
         admitted(&*store, NewRun { lease_ms: 200, ..new_run("brief", "thread-1", "dead-node") }).await;
         admitted(&*store, new_run("alive", "thread-2", "node-a")).await;
-        let deadline = store.read_run("brief").await.expect("read").and_then(|r| r.lease_expires_at).expect("lease");
+        let deadline = store.read_run(&store::RunId::from("brief")).await.expect("read").and_then(|r| r.lease_expires_at).expect("lease");
         db.pass(&store, deadline).await;
-        let renewal = store.renew_run_lease("brief", "dead-node", 60_000).await.expect("renew");
+        let renewal = store.renew_run_lease(&store::RunId::from("brief"), "dead-node", 60_000).await.expect("renew");
         assert!(matches!(renewal, Err(Some(_))), "an expired run lease was renewed: {renewal:?}");
 
-        assert_eq!(store.claim_orphan_runs("node-b", 10).await.expect("claim"), vec!["brief".to_owned()]);
+        assert_eq!(store.claim_orphan_runs("node-b", 10).await.expect("claim"), vec![store::RunId::new("brief")]);
         assert!(store.claim_orphan_runs("node-b", 10).await.expect("claim").is_empty());
-        let row = store.read_run("brief").await.expect("read").expect("row");
+        let row = store.read_run(&store::RunId::from("brief")).await.expect("read").expect("row");
         assert_eq!((row.status, row.stop_reason.as_deref(), row.owner_worker_id.as_deref()),
             (RunStatus::Error, Some("orphan_recovered"), Some("node-b")));
-        assert!(!store.finalize_run("brief", "dead-node", &outcome(RunStatus::Success), true).await.expect("cas"));
-        assert_eq!(store.read_run("alive").await.expect("read").map(|r| r.status), Some(RunStatus::Running));
+        assert!(!store.finalize_run(&store::RunId::from("brief"), "dead-node", &outcome(RunStatus::Success), true).await.expect("cas"));
+        assert_eq!(store.read_run(&store::RunId::from("alive")).await.expect("read").map(|r| r.status), Some(RunStatus::Running));
     }
 }
 
@@ -408,20 +413,20 @@ conformance! {
         paused(&*owner, "run-1", "thread", "approval-1").await;
         let first = owner.answer_approval("thread", &["approval-1".into()], &approve()).await.expect("answer")
             .expect("the first pause is answered");
-        let row = owner.read_run("run-1").await.expect("read").expect("row");
+        let row = owner.read_run(&store::RunId::from("run-1")).await.expect("read").expect("row");
         assert_eq!((row.status, &row.metadata), (RunStatus::Success, &answered_metadata("approval-1")));
         assert_eq!((first.previous_metadata, first.status), (paused_metadata("approval-1"), RunStatus::Success));
 
         paused(&*owner, "run-2", "thread", "approval-2").await;
         assert_eq!(peer.answer_approval("thread", &["approval-1".into()], &approve()).await.expect("answer"), None,
             "a stale answer consumed the newer pause");
-        assert_eq!(peer.read_run("run-2").await.expect("read").map(|r| r.metadata),
+        assert_eq!(peer.read_run(&store::RunId::from("run-2")).await.expect("read").map(|r| r.metadata),
             Some(paused_metadata("approval-2")));
 
         let second = peer.answer_approval("thread", &["approval-2".into()], &approve()).await.expect("answer")
             .expect("the current pause is answered");
         assert!(peer.restore_approval(&second).await.expect("restore"));
-        let restored = peer.read_run("run-2").await.expect("read").expect("row");
+        let restored = peer.read_run(&store::RunId::from("run-2")).await.expect("read").expect("row");
         assert_eq!((restored.status, restored.metadata), (RunStatus::WaitingForInput, paused_metadata("approval-2")));
         assert!(!peer.restore_approval(&second).await.expect("restore"), "an answer was restored twice");
 
@@ -431,7 +436,7 @@ conformance! {
             .expect("the restored pause is answered again");
         assert!(!owner.restore_approval(&second).await.expect("restore"),
             "a restore overwrote a newer commit");
-        assert_eq!(owner.read_run("run-2").await.expect("read").map(|r| r.status), Some(RunStatus::Success));
+        assert_eq!(owner.read_run(&store::RunId::from("run-2")).await.expect("read").map(|r| r.status), Some(RunStatus::Success));
 
     }
 }
@@ -459,7 +464,7 @@ conformance! {
                 1,
                 "round {round}: {first:?} / {second:?}"
             );
-            let row = a.read_run(&format!("run-{round}")).await.expect("read").expect("row");
+            let row = a.read_run(&format!("run-{round}").into()).await.expect("read").expect("row");
             assert_eq!((row.status, row.metadata), (RunStatus::Success, answered_metadata("approval")));
         }
     }

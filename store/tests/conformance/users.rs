@@ -162,7 +162,7 @@ conformance! {
         assert_eq!(store.session_user("s").await.expect("session"), None);
         assert_eq!(store.token_user("t").await.expect("token"), None);
         assert!(store.list_tokens("tester").await.expect("list").is_empty());
-        assert!(store.read_workflow("wf").await.expect("read").is_some(), "a finished workflow went with its user");
+        assert!(store.read_workflow(&store::WorkflowId::from("wf")).await.expect("read").is_some(), "a finished workflow went with its user");
         assert_eq!(store.delete_user("tester").await.expect("delete"), UserDeletion::NotFound);
     }
 }

@@ -12,7 +12,7 @@ use crate::harness::{Subject, conformance};
 
 fn new_workflow(id: &str, user: &str, request: Option<&str>, fingerprint: &str) -> NewWorkflow {
     NewWorkflow {
-        workflow_id: id.to_owned(),
+        workflow_id: store::WorkflowId::new(id),
         user_id: user.to_owned(),
         request_id: request.map(str::to_owned),
         fingerprint: fingerprint.to_owned(),
@@ -34,7 +34,7 @@ async fn created<S: Subject>(store: &S, workflow: NewWorkflow) -> store::Lease {
 
 fn decide(workflow: &str, body: serde_json::Value) -> NewControl {
     NewControl {
-        workflow_id: workflow.to_owned(),
+        workflow_id: store::WorkflowId::new(workflow),
         kind: "decide".into(),
         step_id: "review".into(),
         attempt: 1,
@@ -60,7 +60,7 @@ conformance! {
         assert!(matches!(launch("wf-4", "bob", "fp-2").await.expect("launch"), Launch::Created(_)),
             "request ids are per user");
         for absent in ["wf-2", "wf-3"] {
-            assert_eq!(store.read_workflow(absent).await.expect("read"), None);
+            assert_eq!(store.read_workflow(&store::WorkflowId::new(absent)).await.expect("read"), None);
         }
     }
 }
@@ -101,7 +101,7 @@ conformance! {
         let over = store.launch_workflow(new_workflow("carol-0", "carol", None, "fp"), "node", 60_000, limits)
             .await.expect("launch");
         assert_eq!(over, Launch::Refused { limit: "max_workflows", max: 6 });
-        assert_eq!(store.read_workflow("carol-0").await.expect("read"), None);
+        assert_eq!(store.read_workflow(&store::WorkflowId::from("carol-0")).await.expect("read"), None);
     }
 }
 
@@ -147,9 +147,10 @@ conformance! {
         let store = db.store().await;
         let limits = LaunchLimits { max_workflows: 1, max_workflows_per_owner: 1 };
         let set = |id: &str, status: &str| WriteOp::SetWorkflow {
-            workflow_id: id.to_owned(), status: store::WorkflowStatus::parse(status).expect("a status"), data: json!({}),
+            workflow_id: store::WorkflowId::new(id), status: store::WorkflowStatus::parse(status).expect("a status"), data: json!({}),
         };
-        for (n, terminal) in store::FINAL_STATUSES.iter().enumerate() {
+        let terminals = store::WorkflowStatus::ALL.into_iter().filter(|status| status.is_final());
+        for (n, terminal) in terminals.map(store::WorkflowStatus::as_str).enumerate() {
             let id = format!("held-{n}");
             let fence = match store.launch_workflow(new_workflow(&id, "ada", None, "fp"), "node", 60_000, limits)
                 .await.expect("launch")
@@ -202,7 +203,7 @@ conformance! {
         assert_eq!(store.launch_workflow(fourth(), "node", 60_000, limits).await.expect("launch"),
             Launch::Refused { limit: "max_workflows", max: 3 });
         let finish = |n: usize| WriteOp::SetWorkflow {
-            workflow_id: format!("wf-{n}"), status: store::WorkflowStatus::Completed, data: json!({}),
+            workflow_id: format!("wf-{n}").into(), status: store::WorkflowStatus::Completed, data: json!({}),
         };
         store.fenced_write(&fences[0], vec![finish(0)]).await.expect("finish");
         assert!(matches!(store.launch_workflow(fourth(), "node", 60_000, limits).await.expect("launch"),
@@ -271,7 +272,7 @@ conformance! {
             }
         }
         assert_eq!(recorded, 1, "exactly one writer recorded the decision");
-        let controls = stores[0].read_controls("wf").await.expect("controls");
+        let controls = stores[0].read_controls(&store::WorkflowId::from("wf")).await.expect("controls");
         assert_eq!(controls.len(), 1);
         assert!(!controls[0].applied);
 
@@ -292,12 +293,12 @@ conformance! {
             step_id: step_id.into(),
             attempt: 1,
             kind: "agent".into(),
-            status: "running".into(),
+            status: store::StepStatus::Running,
             data: json!({}),
         };
         store.fenced_write(&lease.fence(), vec![step(2, "c")]).await.expect("c");
         store.fenced_write(&lease.fence(), vec![step(0, "a"), step(1, "b")]).await.expect("a, b");
-        let order: Vec<(i32, String)> = store.read_steps("wf").await.expect("steps")
+        let order: Vec<(i32, String)> = store.read_steps(&store::WorkflowId::from("wf")).await.expect("steps")
             .into_iter().map(|s| (s.seq, s.step_id)).collect();
         assert_eq!(order, vec![(0, "a".into()), (1, "b".into()), (2, "c".into())]);
 
@@ -306,11 +307,11 @@ conformance! {
         assert!(store.release_lease(&lease.fence()).await.expect("release"));
         let stale = store.fenced_write(&lease.fence(), vec![WriteOp::MarkControlApplied { control_id: control.id }]).await;
         assert!(matches!(stale, Err(Error::LeaseLost { .. })), "{stale:?}");
-        assert!(!store.read_controls("wf").await.expect("controls")[0].applied);
-        let lease = store.acquire_lease("wf", "node-b", 60_000).await.expect("acquire").expect("taken");
+        assert!(!store.read_controls(&store::WorkflowId::from("wf")).await.expect("controls")[0].applied);
+        let lease = store.acquire_lease(&store::WorkflowId::from("wf"), "node-b", 60_000).await.expect("acquire").expect("taken");
         store.fenced_write(&lease.fence(), vec![WriteOp::MarkControlApplied { control_id: control.id }])
             .await.expect("applied");
-        assert!(store.read_controls("wf").await.expect("controls")[0].applied);
+        assert!(store.read_controls(&store::WorkflowId::from("wf")).await.expect("controls")[0].applied);
     }
 }
 
@@ -335,7 +336,7 @@ conformance! {
         let store = db.store().await;
         let ours = Versions { runtime: "rt-1".into(), configuration: "cfg-1".into() };
         let written = json!({"runtime_version": "rt-1", "configuration_version": "cfg-1"});
-        let missing = store.take_over_workflow("nope", "node-b", 60_000, &ours, Purpose::Recover).await;
+        let missing = store.take_over_workflow(&store::WorkflowId::from("nope"), "node-b", 60_000, &ours, Purpose::Recover).await;
         assert!(matches!(missing, Err(Error::NotFound(_))), "{missing:?}");
 
         let mut workflow = new_workflow("wf", "ada", None, "fp");
@@ -344,7 +345,7 @@ conformance! {
             Launch::Created(lease) => lease,
             other => panic!("{other:?}"),
         };
-        assert_eq!(store.take_over_workflow("wf", "node-b", 60_000, &ours, Purpose::Recover).await.expect("take"),
+        assert_eq!(store.take_over_workflow(&store::WorkflowId::from("wf"), "node-b", 60_000, &ours, Purpose::Recover).await.expect("take"),
             TakeOver::LeaseHeld);
         assert!(store.recoverable_workflows(10, &ours).await.expect("list").is_empty());
         db.pass(&store, held.expires_at).await;
@@ -353,23 +354,23 @@ conformance! {
         let theirs = Versions { runtime: "rt-2".into(), configuration: "cfg-1".into() };
         assert!(store.recoverable_workflows(10, &theirs).await.expect("list").is_empty());
         assert!(matches!(
-            store.take_over_workflow("wf", "node-b", 60_000, &theirs, Purpose::Recover).await.expect("take"),
+            store.take_over_workflow(&store::WorkflowId::from("wf"), "node-b", 60_000, &theirs, Purpose::Recover).await.expect("take"),
             TakeOver::Refused(_)));
         assert!(matches!(
-            store.take_over_workflow("wf", "node-b", 60_000, &ours, Purpose::Reconcile).await.expect("take"),
+            store.take_over_workflow(&store::WorkflowId::from("wf"), "node-b", 60_000, &ours, Purpose::Reconcile).await.expect("take"),
             TakeOver::Refused(_)));
         assert!(matches!(
-            store.take_over_workflow("wf", "node-b", 60_000, &ours, Purpose::Cancel).await.expect("take"),
+            store.take_over_workflow(&store::WorkflowId::from("wf"), "node-b", 60_000, &ours, Purpose::Cancel).await.expect("take"),
             TakeOver::Refused(_)));
-        assert_eq!(store.read_lease("wf").await.expect("lease").map(|l| l.epoch), Some(Epoch::FIRST),
+        assert_eq!(store.read_lease(&store::WorkflowId::from("wf")).await.expect("lease").map(|l| l.epoch), Some(Epoch::FIRST),
             "a refused takeover touched the lease");
 
         let TakeOver::Taken(taken) =
-            store.take_over_workflow("wf", "node-b", 60_000, &ours, Purpose::Recover).await.expect("take")
+            store.take_over_workflow(&store::WorkflowId::from("wf"), "node-b", 60_000, &ours, Purpose::Recover).await.expect("take")
         else { panic!("not taken") };
         assert_eq!((taken.owner.as_str(), taken.epoch), ("node-b", Epoch::new(2)));
-        assert_eq!(store.read_workflow("wf").await.expect("read").and_then(|w| w.owner), Some("node-b".into()));
-        assert_eq!(store.take_over_workflow("wf", "node-c", 60_000, &ours, Purpose::Recover).await.expect("take"),
+        assert_eq!(store.read_workflow(&store::WorkflowId::from("wf")).await.expect("read").and_then(|w| w.owner), Some("node-b".into()));
+        assert_eq!(store.take_over_workflow(&store::WorkflowId::from("wf"), "node-c", 60_000, &ours, Purpose::Recover).await.expect("take"),
             TakeOver::LeaseHeld);
 
         // A pending cancellation: only a cancel takeover, under any runtime, may finish it.
@@ -381,17 +382,17 @@ conformance! {
         assert_eq!(store.recoverable_workflows(10, &theirs).await.expect("list"),
             vec![store::Orphaned { workflow_id: "wf".into(), cancel_pending: true }]);
         assert!(matches!(
-            store.take_over_workflow("wf", "node-c", 60_000, &ours, Purpose::Recover).await.expect("take"),
+            store.take_over_workflow(&store::WorkflowId::from("wf"), "node-c", 60_000, &ours, Purpose::Recover).await.expect("take"),
             TakeOver::Refused(_)));
         let TakeOver::Taken(cancelling) =
-            store.take_over_workflow("wf", "node-c", 60_000, &theirs, Purpose::Cancel).await.expect("take")
+            store.take_over_workflow(&store::WorkflowId::from("wf"), "node-c", 60_000, &theirs, Purpose::Cancel).await.expect("take")
         else { panic!("a cancel takeover was refused") };
         assert_eq!(cancelling.epoch, Epoch::new(3));
 
         set(&*store, &cancelling, "cancelled", written).await;
         store.fenced_write(&cancelling.fence(), vec![WriteOp::ReleaseLease]).await.expect("release");
         assert!(matches!(
-            store.take_over_workflow("wf", "node-d", 60_000, &ours, Purpose::Recover).await.expect("take"),
+            store.take_over_workflow(&store::WorkflowId::from("wf"), "node-d", 60_000, &ours, Purpose::Recover).await.expect("take"),
             TakeOver::NotRecoverable(_)));
         assert!(store.recoverable_workflows(10, &ours).await.expect("list").is_empty());
     }
@@ -441,7 +442,7 @@ conformance! {
         adas.sort();
         assert_eq!(adas, ["wf-0", "wf-2", "wf-4"]);
         let done = store.list_workflows(ListFilter {
-            status: Some(StatusFilter::Stored("completed".into())), limit: 10, ..ListFilter::default()
+            status: Some(StatusFilter::Stored(store::WorkflowStatus::Completed)), limit: 10, ..ListFilter::default()
         }).await.expect("list");
         assert_eq!(ids(&done), ["wf-1"]);
         let recoverable = store.list_workflows(ListFilter {
@@ -470,24 +471,24 @@ conformance! {
                 fence: lease.fence(),
                 journal: vec![WriteOp::PutStep {
                     workflow_id: "wf".into(), seq: 0, step_id: "s".into(), attempt: 1,
-                    kind: "agent".into(), status: "running".into(), data: json!({}),
+                    kind: "agent".into(), status: store::StepStatus::Running, data: json!({}),
                 }],
             }),
         };
         store.admit_run(run).await.expect("admit");
         store.put_control(decide("wf", json!({"decision": "approve"}))).await.expect("decide");
-        assert_eq!(store.delete_workflow("wf").await.expect("delete"), Deletion::NotTerminal);
+        assert_eq!(store.delete_workflow(&store::WorkflowId::from("wf")).await.expect("delete"), Deletion::NotTerminal);
         assert_eq!(store.count_slots().await.expect("slots"), 1);
 
         set(&*store, &lease, "completed", json!({})).await;
-        assert_eq!(store.delete_workflow("wf").await.expect("delete"), Deletion::Deleted);
-        assert_eq!(store.read_workflow("wf").await.expect("read"), None);
-        assert!(store.read_steps("wf").await.expect("steps").is_empty());
-        assert!(store.read_controls("wf").await.expect("controls").is_empty());
-        assert_eq!(store.read_lease("wf").await.expect("lease"), None);
-        assert_eq!(store.read_events("wf", 0, 10).await.expect("events"), None);
+        assert_eq!(store.delete_workflow(&store::WorkflowId::from("wf")).await.expect("delete"), Deletion::Deleted);
+        assert_eq!(store.read_workflow(&store::WorkflowId::from("wf")).await.expect("read"), None);
+        assert!(store.read_steps(&store::WorkflowId::from("wf")).await.expect("steps").is_empty());
+        assert!(store.read_controls(&store::WorkflowId::from("wf")).await.expect("controls").is_empty());
+        assert_eq!(store.read_lease(&store::WorkflowId::from("wf")).await.expect("lease"), None);
+        assert_eq!(store.read_events(&store::WorkflowId::from("wf"), 0, 10).await.expect("events"), None);
         assert_eq!(store.count_slots().await.expect("slots"), 0);
-        assert_eq!(store.delete_workflow("wf").await.expect("delete"), Deletion::NotFound);
+        assert_eq!(store.delete_workflow(&store::WorkflowId::from("wf")).await.expect("delete"), Deletion::NotFound);
         // The id is free again.
         created(&*store, new_workflow("wf", "ada", None, "fp")).await;
     }
@@ -498,11 +499,11 @@ conformance! {
         use store::{NewRun, RunStatus, WorkflowStep};
         let store = db.store().await;
         let lease = created(&*store, new_workflow("wf", "ada", None, "fp")).await;
-        assert_eq!(store.workflows_with_pending_controls("node").await.expect("pending"), Vec::<String>::new());
+        assert_eq!(store.workflows_with_pending_controls("node").await.expect("pending"), Vec::<store::WorkflowId>::new());
         store.fenced_write(&lease.fence(), vec![
             WriteOp::PutStep {
                 workflow_id: "wf".into(), seq: 0, step_id: "review".into(), attempt: 1,
-                kind: "humanCheckpoint".into(), status: "running".into(), data: json!({"n": 1}),
+                kind: "humanCheckpoint".into(), status: store::StepStatus::Running, data: json!({"n": 1}),
             },
             WriteOp::PutArtifact {
                 workflow_id: "wf".into(), version: 1, source_step_id: "draft".into(), path: None,
@@ -522,23 +523,23 @@ conformance! {
             }),
         };
         store.admit_run(run).await.expect("admit");
-        let snapshot = store.read_snapshot("wf").await.expect("snapshot").expect("wf");
+        let snapshot = store.read_snapshot(&store::WorkflowId::from("wf")).await.expect("snapshot").expect("wf");
         assert!(snapshot.approval_runs.is_empty(), "a run that asked nothing is listed");
-        store.update_run_status("run", "node", RunStatus::WaitingForInput,
+        store.update_run_status(&store::RunId::from("run"), "node", RunStatus::WaitingForInput,
             Some(json!({"hitl_approval": {"request_id": "r"}}))).await.expect("ask");
 
-        let snapshot = store.read_snapshot("wf").await.expect("snapshot").expect("wf");
-        assert_eq!(snapshot.row, store.read_workflow("wf").await.expect("read").expect("row"));
+        let snapshot = store.read_snapshot(&store::WorkflowId::from("wf")).await.expect("snapshot").expect("wf");
+        assert_eq!(snapshot.row, store.read_workflow(&store::WorkflowId::from("wf")).await.expect("read").expect("row"));
         assert_eq!(snapshot.lease, Some(lease.clone()));
         assert!(snapshot.db_now < lease.expires_at);
-        assert_eq!(snapshot.steps, store.read_steps("wf").await.expect("steps"));
+        assert_eq!(snapshot.steps, store.read_steps(&store::WorkflowId::from("wf")).await.expect("steps"));
         assert_eq!(snapshot.controls, vec![control.clone()]);
         assert_eq!(snapshot.approval_runs.iter().map(|r| r.run_id.as_str()).collect::<Vec<_>>(), ["run"]);
         let artifact = &snapshot.artifacts[0];
         assert_eq!((artifact.version, artifact.bytes, artifact.path.as_deref(), artifact.sha256.as_str()),
             (1, 5, None, "h1"));
-        assert_eq!(store.read_artifact("wf", 1).await.expect("artifact").map(|a| a.content), Some(b"draft".to_vec()));
-        assert_eq!(store.read_artifact("wf", 2).await.expect("artifact"), None);
+        assert_eq!(store.read_artifact(&store::WorkflowId::from("wf"), 1).await.expect("artifact").map(|a| a.content), Some(b"draft".to_vec()));
+        assert_eq!(store.read_artifact(&store::WorkflowId::from("wf"), 2).await.expect("artifact"), None);
 
         store.fenced_write(&lease.fence(), vec![WriteOp::MarkControlApplied { control_id: control.id }])
             .await.expect("applied");
