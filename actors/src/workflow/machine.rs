@@ -187,7 +187,7 @@ impl WorkflowDocument {
     /// Reads the stored document of `workflow_id`. A document without one of the fields its
     /// launch wrote is a stored value that cannot be decoded (500), never the caller's bad
     /// request: no request of the caller's wrote it.
-    pub(crate) fn from_data(workflow_id: &str, data: Value) -> Result<Self, Error> {
+    pub(crate) fn from_data(workflow_id: &WorkflowId, data: Value) -> Result<Self, Error> {
         let missing = |field: &str| {
             Error::Store(store::Error::Database(format!(
                 "workflow {workflow_id:?}: its stored document has no {field}"
@@ -2056,7 +2056,8 @@ mod tests {
                 owner: "node-a".into(),
                 epoch: Epoch::new(3),
             },
-            document: WorkflowDocument::from_data(WORKFLOW, data).expect("a whole document"),
+            document: WorkflowDocument::from_data(&WORKFLOW.into(), data)
+                .expect("a whole document"),
             agents: Arc::new(AgentRegistry::default()),
             limits: runtime::Limits::default(),
             slots_max: 4,
@@ -3411,7 +3412,7 @@ mod tests {
     /// (answered 500), never a bad request of whoever asked for the takeover (400).
     #[test]
     fn a_document_missing_a_field_is_a_stored_value_that_cannot_be_decoded() {
-        let error = WorkflowDocument::from_data(WORKFLOW, json!({"args": {}, "seed": 1}))
+        let error = WorkflowDocument::from_data(&WORKFLOW.into(), json!({"args": {}, "seed": 1}))
             .expect_err("no script");
         match error {
             Error::Store(store::Error::Database(message)) => {
