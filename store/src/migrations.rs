@@ -144,10 +144,16 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         postgres: include_str!("../migrations/postgres/0022_freed_slot_first.sql"),
         sqlite: include_str!("../migrations/sqlite/0022_freed_slot_first.sql"),
     },
+    Migration {
+        version: 23,
+        name: "fenced_rows_without_foreign_keys",
+        postgres: include_str!("../migrations/postgres/0023_fenced_rows_without_foreign_keys.sql"),
+        sqlite: include_str!("../migrations/sqlite/0023_fenced_rows_without_foreign_keys.sql"),
+    },
 ];
 
 /// The schema version this build expects.
-pub const SCHEMA_VERSION: i64 = 22;
+pub const SCHEMA_VERSION: i64 = 23;
 
 /// The advisory-lock key PostgreSQL migrations serialise on ("reins" in ASCII).
 pub(crate) const PG_MIGRATION_LOCK: i64 = 0x0072_6569_6e73;
