@@ -150,10 +150,16 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         postgres: include_str!("../migrations/postgres/0023_fenced_rows_without_foreign_keys.sql"),
         sqlite: include_str!("../migrations/sqlite/0023_fenced_rows_without_foreign_keys.sql"),
     },
+    Migration {
+        version: 24,
+        name: "cheaper_step_writes",
+        postgres: include_str!("../migrations/postgres/0024_cheaper_step_writes.sql"),
+        sqlite: include_str!("../migrations/sqlite/0024_cheaper_step_writes.sql"),
+    },
 ];
 
 /// The schema version this build expects.
-pub const SCHEMA_VERSION: i64 = 23;
+pub const SCHEMA_VERSION: i64 = 24;
 
 /// The advisory-lock key PostgreSQL migrations serialise on ("reins" in ASCII).
 pub(crate) const PG_MIGRATION_LOCK: i64 = 0x0072_6569_6e73;
