@@ -156,10 +156,16 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         postgres: include_str!("../migrations/postgres/0024_cheaper_step_writes.sql"),
         sqlite: include_str!("../migrations/sqlite/0024_cheaper_step_writes.sql"),
     },
+    Migration {
+        version: 25,
+        name: "feed_numbered_after_commit",
+        postgres: include_str!("../migrations/postgres/0025_feed_numbered_after_commit.sql"),
+        sqlite: include_str!("../migrations/sqlite/0025_feed_numbered_after_commit.sql"),
+    },
 ];
 
 /// The schema version this build expects.
-pub const SCHEMA_VERSION: i64 = 24;
+pub const SCHEMA_VERSION: i64 = 25;
 
 /// The advisory-lock key PostgreSQL migrations serialise on ("reins" in ASCII).
 pub(crate) const PG_MIGRATION_LOCK: i64 = 0x0072_6569_6e73;
