@@ -144,10 +144,28 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         postgres: include_str!("../migrations/postgres/0022_freed_slot_first.sql"),
         sqlite: include_str!("../migrations/sqlite/0022_freed_slot_first.sql"),
     },
+    Migration {
+        version: 23,
+        name: "fenced_rows_without_foreign_keys",
+        postgres: include_str!("../migrations/postgres/0023_fenced_rows_without_foreign_keys.sql"),
+        sqlite: include_str!("../migrations/sqlite/0023_fenced_rows_without_foreign_keys.sql"),
+    },
+    Migration {
+        version: 24,
+        name: "cheaper_step_writes",
+        postgres: include_str!("../migrations/postgres/0024_cheaper_step_writes.sql"),
+        sqlite: include_str!("../migrations/sqlite/0024_cheaper_step_writes.sql"),
+    },
+    Migration {
+        version: 25,
+        name: "feed_numbered_after_commit",
+        postgres: include_str!("../migrations/postgres/0025_feed_numbered_after_commit.sql"),
+        sqlite: include_str!("../migrations/sqlite/0025_feed_numbered_after_commit.sql"),
+    },
 ];
 
 /// The schema version this build expects.
-pub const SCHEMA_VERSION: i64 = 22;
+pub const SCHEMA_VERSION: i64 = 25;
 
 /// The advisory-lock key PostgreSQL migrations serialise on ("reins" in ASCII).
 pub(crate) const PG_MIGRATION_LOCK: i64 = 0x0072_6569_6e73;

@@ -84,8 +84,9 @@ pub enum WriteOp {
 }
 
 /// Moves any [`WriteOp::ReleaseLease`] behind the other changes, keeping their order: inside the
-/// transaction a released lease no longer fences (PostgreSQL checks the fence per change), and
-/// outside it the order is invisible.
+/// transaction a released lease no longer fences, so every backend applies the changes it fenced
+/// first (PostgreSQL checks the fence once, before the first change), and outside it the order is
+/// invisible.
 pub(crate) fn release_last(ops: &mut [WriteOp]) {
     ops.sort_by_key(|op| matches!(op, WriteOp::ReleaseLease));
 }

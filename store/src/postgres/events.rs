@@ -70,6 +70,8 @@ impl PgStore {
         Ok(())
     }
 
+    /// Numbers the committed status events that have no feed number yet (migration 25), then
+    /// reads: one round trip, two statements, so the read sees the numbers just given.
     pub(crate) async fn read_feed(
         &self,
         after: i64,
@@ -77,42 +79,43 @@ impl PgStore {
         limit: u32,
     ) -> Result<Vec<EventRow>> {
         let client = self.pool.get().await?;
+        let number = client.prepare_cached(NUMBER_FEED).await?;
         let limit = i64::from(limit);
-        let rows = match user_id {
-            None => {
-                let statement = client
-                    .prepare_cached(
-                        "SELECT workflow, feed_seq, kind, data, created_at FROM workflow_events
-                          WHERE feed_seq > $1 ORDER BY feed_seq LIMIT $2",
-                    )
-                    .await?;
-                client.query(&statement, &[&after, &limit]).await?
-            }
-            Some(user_id) => {
-                let statement = client
-                    .prepare_cached(
-                        "SELECT workflow, feed_seq, kind, data, created_at FROM workflow_events
-                          WHERE user_id = $1 AND feed_seq > $2 ORDER BY feed_seq LIMIT $3",
-                    )
-                    .await?;
-                client
-                    .query(&statement, &[&user_id, &after, &limit])
-                    .await?
-            }
+        let (sql, params): (_, Vec<&(dyn tokio_postgres::types::ToSql + Sync)>) = match &user_id {
+            None => (
+                "SELECT workflow, feed_seq, kind, data, created_at FROM workflow_events
+                  WHERE feed_seq > $1 ORDER BY feed_seq LIMIT $2",
+                vec![&after, &limit],
+            ),
+            Some(user_id) => (
+                "SELECT workflow, feed_seq, kind, data, created_at FROM workflow_events
+                  WHERE user_id = $1 AND feed_seq > $2 ORDER BY feed_seq LIMIT $3",
+                vec![user_id, &after, &limit],
+            ),
         };
-        Ok(rows.iter().map(|row| event(row, 0)).collect())
+        let statement = client.prepare_cached(sql).await?;
+        let (numbered, rows) = tokio::join!(
+            client.execute(&number, &[]),
+            client.query(&statement, &params)
+        );
+        numbered?;
+        Ok(rows?.iter().map(|row| event(row, 0)).collect())
     }
 
+    /// The newest number once every committed status event has one.
     pub(crate) async fn feed_head(&self) -> Result<i64> {
         let client = self.pool.get().await?;
-        Ok(client
-            .query_one(
-                &client
-                    .prepare_cached("SELECT seq FROM event_feed WHERE id = 1")
-                    .await?,
-                &[],
-            )
-            .await?
-            .get(0))
+        let number = client.prepare_cached(NUMBER_FEED).await?;
+        let head = client
+            .prepare_cached("SELECT seq FROM event_feed WHERE id = 1")
+            .await?;
+        let (numbered, head) =
+            tokio::join!(client.execute(&number, &[]), client.query_one(&head, &[]));
+        numbered?;
+        Ok(head?.get(0))
     }
 }
+
+/// Gives feed numbers to the status events committed without one, under the feed's lock, in a
+/// transaction of its own (migration 25); nothing when there is none.
+const NUMBER_FEED: &str = "SELECT reins_number_feed()";

@@ -1,8 +1,8 @@
-//! The cluster backend: PostgreSQL through a bounded `deadpool-postgres` pool. Every change of a
-//! fenced write is one statement that calls the fence first (`reins_fence`, which locks the lease
-//! row `FOR SHARE`) and raises if it did not touch its row. A single change is that one statement;
-//! several are one pipelined round trip `BEGIN; change; change; COMMIT`, where a failing statement
-//! aborts the transaction, so the pipelined `COMMIT` becomes a rollback and nothing is written.
+//! The cluster backend: PostgreSQL through a bounded `deadpool-postgres` pool. A fenced write is
+//! one pipelined round trip `BEGIN; fence; change; change; COMMIT`: the fence (`reins_fence`)
+//! raises unless the lease holds and locks the lease row `FOR SHARE` until the commit, and each
+//! change is one statement that raises if it did not touch its row. A failing statement aborts
+//! the transaction, so the pipelined `COMMIT` becomes a rollback and nothing is written.
 
 use std::str::FromStr;
 use std::sync::OnceLock;
@@ -259,25 +259,19 @@ impl PgStore {
 
     pub(crate) async fn fenced_write(&self, fence: &Fence, ops: &[WriteOp]) -> Result<()> {
         let client = self.pool.get().await?;
+        let fenced = client.prepare_cached(FENCE_SQL).await?;
         let mut statements = Vec::with_capacity(ops.len());
         for op in ops {
             statements.push(client.prepare_cached(op_sql(op)).await?);
         }
         let params: Vec<Vec<&(dyn ToSql + Sync)>> =
             ops.iter().map(|op| op_params(fence, op)).collect();
-
-        if let ([statement], [params]) = (statements.as_slice(), params.as_slice()) {
-            // One change is one statement: PostgreSQL runs it as its own transaction.
-            return client
-                .execute(statement, params)
-                .await
-                .map(|_| ())
-                .map_err(|e| fenced_error(fence, e));
-        }
-        // Several changes: every future is polled once, in this order, before any answer is
-        // awaited. That sends the whole transaction in one round trip, and a caller that goes away
-        // afterwards cannot leave half of it unsent.
+        // Every future is polled once, in this order, before any answer is awaited. That sends
+        // the whole transaction in one round trip, and a caller that goes away afterwards cannot
+        // leave half of it unsent. The fence comes first and holds the lease row until the commit.
         let begin = client.batch_execute("BEGIN");
+        let fence_params = fence_params(fence);
+        let checked = client.execute(&fenced, &fence_params);
         let changes = join_all(
             statements
                 .iter()
@@ -285,12 +279,13 @@ impl PgStore {
                 .map(|(statement, params)| client.execute(statement, params)),
         );
         let commit = client.batch_execute("COMMIT");
-        let (begun, changed, committed) = tokio::join!(begin, changes, commit);
+        let (begun, checked, changed, committed) = tokio::join!(begin, checked, changes, commit);
         if let Err(e) = begun {
             return Err(begin_error(e));
         }
         // The first failure is the cause; the statements after it only report the aborted
         // transaction, and the pipelined COMMIT rolled it back.
+        checked.map_err(|e| fenced_error(fence, e))?;
         if let Some(e) = changed.into_iter().find_map(|r| r.err()) {
             return Err(fenced_error(fence, e));
         }
@@ -484,103 +479,87 @@ pub(super) fn fenced_error(fence: &Fence, error: tokio_postgres::Error) -> Error
     }
 }
 
-/// Each change as one statement that checks the fence first: `$1..$3` are the fence, the change's
-/// own parameters follow. `reins_fence` raises unless the fence holds and keeps the lease row
-/// locked `FOR SHARE` until the transaction ends.
+/// Each change as one statement, sent in a transaction whose first statement is the fence
+/// ([`FENCE_SQL`]): `reins_fence` raises unless the fence holds and keeps the lease row locked
+/// `FOR SHARE` until the transaction ends, so every later statement of the transaction runs under
+/// the lease it checked, and one check per transaction is enough. The change's own parameters
+/// are `$1...`; only [`WriteOp::ReleaseLease`] names the fence itself.
 pub(super) fn op_sql(op: &WriteOp) -> &'static str {
     match op {
         WriteOp::SetWorkflow { .. } => {
-            "WITH fence AS (SELECT reins_fence($1, $2, $3)),
-                  changed AS (
-                      UPDATE workflows SET status = $5, data = $6, updated_at = reins_now()
-                       WHERE id = $4 AND EXISTS (SELECT 1 FROM fence) RETURNING 1)
-             SELECT reins_expect((SELECT count(*) FROM changed), 1, 'workflow ' || $4)"
+            "WITH changed AS (
+                 UPDATE workflows SET status = $2, data = $3, updated_at = reins_now()
+                  WHERE id = $1 RETURNING 1)
+             SELECT reins_expect((SELECT count(*) FROM changed), 1, 'workflow ' || $1)"
         }
         WriteOp::PutStep { .. } => {
-            "WITH fence AS (SELECT reins_fence($1, $2, $3))
-             INSERT INTO workflow_steps (workflow, step_id, attempt, kind, status, data, seq,
+            "INSERT INTO workflow_steps (workflow, step_id, attempt, kind, status, data, seq,
                                          created_at, updated_at)
-             SELECT $4::text, $5::text, $6::integer, $7::text, $8::text, $9::jsonb, $10::integer,
-                    reins_now(), reins_now()
-               FROM fence
+             VALUES ($1::text, $2::text, $3::integer, $4::text, $5::text, $6::jsonb, $7::integer,
+                     reins_now(), reins_now())
              ON CONFLICT (workflow, step_id, attempt) DO UPDATE
                 SET kind = EXCLUDED.kind, status = EXCLUDED.status, data = EXCLUDED.data,
                     seq = EXCLUDED.seq, updated_at = EXCLUDED.updated_at"
         }
         WriteOp::MarkControlApplied { .. } => {
-            "WITH fence AS (SELECT reins_fence($1, $2, $3))
-             UPDATE workflow_controls SET applied_at = reins_now()
-              WHERE id = $4 AND applied_at IS NULL AND EXISTS (SELECT 1 FROM fence)"
+            "UPDATE workflow_controls SET applied_at = reins_now()
+              WHERE id = $1 AND applied_at IS NULL"
         }
         WriteOp::PutArtifact { .. } => {
-            "WITH fence AS (SELECT reins_fence($1, $2, $3))
-             INSERT INTO workflow_artifacts (workflow, version, source_step_id, path, content,
+            "INSERT INTO workflow_artifacts (workflow, version, source_step_id, path, content,
                                              bytes, sha256, created_at)
-             SELECT $4::text, $5::bigint, $6::text, $7::text, $8::bytea, octet_length($8::bytea),
-                    $9::text, reins_now()
-               FROM fence"
+             VALUES ($1::text, $2::bigint, $3::text, $4::text, $5::bytea, octet_length($5::bytea),
+                     $6::text, reins_now())"
         }
         WriteOp::CloseStepRuns { .. } => {
-            "WITH fence AS (SELECT reins_fence($1, $2, $3))
-             UPDATE runs SET status = 'interrupted', stop_reason = 'reconciled',
+            "UPDATE runs SET status = 'interrupted', stop_reason = 'reconciled',
                     error = 'closed by reconcile', revision = revision + 1,
                     updated_at = reins_now()
-              WHERE idempotency_key = $4 || '/' || $5 || '/' || $6::integer
-                AND status IN ('pending', 'running', 'waiting_for_input')
-                AND EXISTS (SELECT 1 FROM fence)"
+              WHERE idempotency_key = $1 || '/' || $2 || '/' || $3::integer
+                AND status IN ('pending', 'running', 'waiting_for_input')"
         }
         WriteOp::CancelRuns { .. } => {
-            "WITH fence AS (SELECT reins_fence($1, $2, $3))
-             UPDATE runs SET cancel_action = coalesce(cancel_action, 'interrupt'),
+            "UPDATE runs SET cancel_action = coalesce(cancel_action, 'interrupt'),
                     status = CASE status WHEN 'waiting_for_input' THEN 'interrupted'
                                          ELSE status END,
                     revision = revision + 1, updated_at = reins_now()
-              WHERE workflow = $4 AND status IN ('pending', 'running', 'waiting_for_input')
-                AND cancel_action IS NULL AND EXISTS (SELECT 1 FROM fence)"
+              WHERE workflow = $1 AND status IN ('pending', 'running', 'waiting_for_input')
+                AND cancel_action IS NULL"
         }
         // The number freed is left to a slot claim later in the same transaction (migration 22).
         WriteOp::ReleaseSlot { .. } => {
-            "WITH fence AS (SELECT reins_fence($1, $2, $3))
-             DELETE FROM workflow_slots
-              WHERE workflow = $4 AND step_id = $5 AND EXISTS (SELECT 1 FROM fence)
+            "DELETE FROM workflow_slots WHERE workflow = $1 AND step_id = $2
              RETURNING set_config('reins.freed_slot', coalesce(slot_no::text, ''), true)"
         }
         WriteOp::TakePlaces { .. } => {
-            "WITH fence AS (SELECT reins_fence($1, $2, $3)),
-                  places AS (SELECT guard.live_no, guard.owner_no
-                               FROM fence, reins_launch_guard($5, NULL, $6, $7, $8) AS guard)
-             UPDATE workflows w SET live_no = places.live_no, owner_no = places.owner_no
-               FROM places WHERE w.id = $4"
+            "UPDATE workflows w SET live_no = guard.live_no, owner_no = guard.owner_no
+               FROM reins_launch_guard($2, NULL, $3, $4, $5) AS guard WHERE w.id = $1"
         }
-        WriteOp::ReleaseSlots { .. } => {
-            "WITH fence AS (SELECT reins_fence($1, $2, $3))
-             DELETE FROM workflow_slots WHERE workflow = $4 AND EXISTS (SELECT 1 FROM fence)"
-        }
-        WriteOp::PutLogs { .. } => {
-            "WITH fence AS (SELECT reins_fence($1, $2, $3))
-             SELECT reins_log($4, $5, $6, $7) FROM fence"
-        }
+        WriteOp::ReleaseSlots { .. } => "DELETE FROM workflow_slots WHERE workflow = $1",
+        WriteOp::PutLogs { .. } => "SELECT reins_log($1, $2, $3, $4)",
         WriteOp::ReleaseLease => {
-            "WITH fence AS (SELECT reins_fence($1, $2, $3))
-             UPDATE extension_execution_leases SET expires_at = reins_now()
-              WHERE resource_id = $1 AND owner = $2 AND epoch = $3
-                AND EXISTS (SELECT 1 FROM fence)"
+            "UPDATE extension_execution_leases SET expires_at = reins_now()
+              WHERE resource_id = $1 AND owner = $2 AND epoch = $3"
         }
     }
 }
 
-/// The parameters of [`op_sql`]: the fence, then the change's own.
+/// The statement that opens every fenced transaction: `$1..$3` are the fence.
+pub(super) const FENCE_SQL: &str = "SELECT reins_fence($1, $2, $3)";
+
+/// The parameters of [`FENCE_SQL`].
+pub(super) fn fence_params(fence: &Fence) -> [&(dyn ToSql + Sync); 3] {
+    [&fence.resource_id, &fence.owner, &fence.epoch]
+}
+
+/// The parameters of [`op_sql`]: the change's own (the fence for a lease release).
 pub(super) fn op_params<'a>(fence: &'a Fence, op: &'a WriteOp) -> Vec<&'a (dyn ToSql + Sync)> {
-    let mut params: Vec<&(dyn ToSql + Sync)> = vec![&fence.resource_id, &fence.owner, &fence.epoch];
     match op {
         WriteOp::SetWorkflow {
             workflow_id,
             status,
             data,
-        } => {
-            let own: [&(dyn ToSql + Sync); 3] = [workflow_id, status, data];
-            params.extend(own);
-        }
+        } => vec![workflow_id, status, data],
         WriteOp::PutStep {
             workflow_id,
             seq,
@@ -589,12 +568,8 @@ pub(super) fn op_params<'a>(fence: &'a Fence, op: &'a WriteOp) -> Vec<&'a (dyn T
             kind,
             status,
             data,
-        } => {
-            let own: [&(dyn ToSql + Sync); 7] =
-                [workflow_id, step_id, attempt, kind, status, data, seq];
-            params.extend(own);
-        }
-        WriteOp::MarkControlApplied { control_id } => params.push(control_id),
+        } => vec![workflow_id, step_id, attempt, kind, status, data, seq],
+        WriteOp::MarkControlApplied { control_id } => vec![control_id],
         WriteOp::PutArtifact {
             workflow_id,
             version,
@@ -602,56 +577,39 @@ pub(super) fn op_params<'a>(fence: &'a Fence, op: &'a WriteOp) -> Vec<&'a (dyn T
             path,
             content,
             sha256,
-        } => {
-            let own: [&(dyn ToSql + Sync); 6] =
-                [workflow_id, version, source_step_id, path, content, sha256];
-            params.extend(own);
-        }
+        } => vec![workflow_id, version, source_step_id, path, content, sha256],
         WriteOp::ReleaseSlot {
             workflow_id,
             step_id,
-        } => {
-            let own: [&(dyn ToSql + Sync); 2] = [workflow_id, step_id];
-            params.extend(own);
-        }
+        } => vec![workflow_id, step_id],
         WriteOp::CloseStepRuns {
             workflow_id,
             step_id,
             attempt,
-        } => {
-            let own: [&(dyn ToSql + Sync); 3] = [workflow_id, step_id, attempt];
-            params.extend(own);
-        }
+        } => vec![workflow_id, step_id, attempt],
         WriteOp::CancelRuns { workflow_id } | WriteOp::ReleaseSlots { workflow_id } => {
-            params.push(workflow_id);
+            vec![workflow_id]
         }
         WriteOp::TakePlaces {
             workflow_id,
             user_id,
             max_workflows,
             max_workflows_per_owner,
-        } => {
-            let own: [&(dyn ToSql + Sync); 5] = [
-                workflow_id,
-                user_id,
-                &crate::workflows::COUNTED,
-                max_workflows,
-                max_workflows_per_owner,
-            ];
-            params.extend(own);
-        }
+        } => vec![
+            workflow_id,
+            user_id,
+            &crate::workflows::COUNTED,
+            max_workflows,
+            max_workflows_per_owner,
+        ],
         WriteOp::PutLogs {
             workflow_id,
             lines,
             events_max,
             bytes_max,
-        } => {
-            let own: [&(dyn ToSql + Sync); 4] = [workflow_id, lines, events_max, bytes_max];
-            params.extend(own);
-        }
-        WriteOp::ReleaseLease => {}
+        } => vec![workflow_id, lines, events_max, bytes_max],
+        WriteOp::ReleaseLease => fence_params(fence).to_vec(),
     }
-    params
 }
 
 /// The URL without its password, for messages.

@@ -7,7 +7,9 @@ use deadpool_postgres::Object;
 use serde_json::Value;
 use tokio_postgres::Row;
 
-use super::{PgStore, begin_error, commit_error, fenced_error, op_params, op_sql};
+use super::{
+    FENCE_SQL, PgStore, begin_error, commit_error, fence_params, fenced_error, op_params, op_sql,
+};
 use crate::lease::ttl_seconds;
 use crate::runs::run_columns;
 use crate::runs::{
@@ -136,9 +138,8 @@ async fn admit_pipelined(client: &Object, run: &NewRun) -> Result<Admission> {
             .map_err(commit_error)?;
         return Ok(Admission::Admitted(decode(&inserted)?));
     };
-    let fence = client
-        .prepare_cached("SELECT reins_fence($1, $2, $3)")
-        .await?;
+    let fence = client.prepare_cached(FENCE_SQL).await?;
+    let fenced_by = fence_params(&step.fence);
     let claim = client
         .prepare_cached("SELECT reins_claim_slot($1, $2, $3, $4)")
         .await?;
@@ -154,21 +155,16 @@ async fn admit_pipelined(client: &Object, run: &NewRun) -> Result<Admission> {
     let slots_max = i64::try_from(step.slots_max).unwrap_or(i64::MAX);
     let claim_params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] =
         [&step.workflow_id, &step.step_id, &step.attempt, &slots_max];
-    let fence_params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] = [
-        &step.fence.resource_id,
-        &step.fence.owner,
-        &step.fence.epoch,
-    ];
     // Every future is polled once, in this order, before any answer is awaited: the whole
     // transaction goes in one round trip. The fence comes first and holds the lease row until the
-    // commit. The slot is claimed last: after the journal, which releases the slot of the
+    // commit, so the journal's changes after it check nothing more (`op_sql`). The slot is claimed last: after the journal, which releases the slot of the
     // workflow's step before (its outcome's `ReleaseSlot` is carried here), so a workflow going
     // from one step to the next keeps its place under `slots_max` (claimed first, that slot still
     // counted: with as many workflows as slots, every other admission was refused and queued);
     // and the claim's lock is held only for the server's work and the commit.
     let (begun, fenced, inserted, journaled, claimed, committed) = tokio::join!(
         client.batch_execute("BEGIN"),
-        client.execute(&fence, &fence_params),
+        client.execute(&fence, &fenced_by),
         client.query_one(&insert, &insert_params),
         futures_util::future::join_all(
             journal

@@ -421,23 +421,24 @@ impl PgStore {
         if !status.is_final() {
             return Ok(Deletion::NotTerminal);
         }
-        // The journal, controls, artifacts and slots go with the row (ON DELETE CASCADE).
-        transaction
-            .execute(
-                &transaction
-                    .prepare_cached("DELETE FROM workflows WHERE id = $1")
-                    .await?,
-                &[&workflow_id],
-            )
-            .await?;
-        transaction
-            .execute(
-                &transaction
-                    .prepare_cached("DELETE FROM extension_execution_leases WHERE resource_id = $1")
-                    .await?,
-                &[&workflow_id],
-            )
-            .await?;
+        // The rows written under the workflow's fence have no foreign key (migration 23): they
+        // are deleted here. The lease row first, which waits for any fenced write in flight and
+        // refuses every later one; then the event counter, which waits for an event written
+        // without the fence (an approval answered); then the rows, each statement seeing what
+        // those committed. The controls go with the workflow's row (ON DELETE CASCADE).
+        for sql in [
+            "DELETE FROM extension_execution_leases WHERE resource_id = $1",
+            "DELETE FROM workflow_event_seqs WHERE workflow = $1",
+            "DELETE FROM workflow_events WHERE workflow = $1",
+            "DELETE FROM workflow_steps WHERE workflow = $1",
+            "DELETE FROM workflow_artifacts WHERE workflow = $1",
+            "DELETE FROM workflow_slots WHERE workflow = $1",
+            "DELETE FROM workflows WHERE id = $1",
+        ] {
+            transaction
+                .execute(&transaction.prepare_cached(sql).await?, &[&workflow_id])
+                .await?;
+        }
         transaction.commit().await.map_err(commit_error)?;
         Ok(Deletion::Deleted)
     }

@@ -213,3 +213,79 @@ conformance! {
         assert!(matches!(missing, Err(store::Error::NotFound(_))), "{missing:?}");
     }
 }
+
+/// PostgreSQL only: the feed's numbers are given after commit (migration 25), so a status change
+/// does not wait for another workflow's status change to commit, and the numbers still come out
+/// in order, each once: an event that commits later gets a later number than every one already
+/// read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_status_changes_do_not_wait_for_each_other_and_the_feed_stays_in_order() {
+    use std::time::Duration;
+
+    let (db, dropping) = crate::harness::TestDb::postgres().await;
+    let store = db.store().await;
+    let a = workflow(&*store, "a", "node", 60_000).await;
+    let b = workflow(&*store, "b", "node", 60_000).await;
+    let (client, connection) = tokio_postgres::connect(&dropping.url(), tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    let connection = tokio::spawn(connection);
+    // a's status change, not committed yet.
+    client.batch_execute("BEGIN").await.expect("begin");
+    client
+        .execute(
+            "UPDATE workflows SET status = 'paused' WHERE id = $1",
+            &[&a.resource_id],
+        )
+        .await
+        .expect("pause a");
+
+    let paused = WriteOp::SetWorkflow {
+        workflow_id: b.resource_id.clone(),
+        status: store::WorkflowStatus::Paused,
+        data: json!({}),
+    };
+    tokio::time::timeout(
+        Duration::from_secs(30),
+        store.fenced_write(&b.fence(), vec![paused]),
+    )
+    .await
+    .expect("b's status change waited for a's commit")
+    .expect("pause b");
+    let seen = |feed: Vec<EventRow>| -> Vec<(i64, String, String)> {
+        feed.iter()
+            .map(|e| {
+                (
+                    e.seq,
+                    e.workflow_id.as_str().to_owned(),
+                    e.data["status"].as_str().unwrap_or_default().to_owned(),
+                )
+            })
+            .collect()
+    };
+    let before = seen(store.read_feed(0, None, 100).await.expect("feed"));
+    assert_eq!(
+        before,
+        [
+            (1, "a".to_owned(), "running".to_owned()),
+            (2, "b".to_owned(), "running".to_owned()),
+            (3, "b".to_owned(), "paused".to_owned()),
+        ]
+    );
+    assert_eq!(store.feed_head().await.expect("head"), 3);
+
+    client.batch_execute("COMMIT").await.expect("commit");
+    // Committed after number 3 was read: number 4, and nothing before it moves.
+    assert_eq!(
+        seen(store.read_feed(3, None, 100).await.expect("feed")),
+        [(4, "a".to_owned(), "paused".to_owned())]
+    );
+    let all = seen(store.read_feed(0, None, 100).await.expect("feed"));
+    assert_eq!(all[..3], before[..]);
+    assert_eq!(all.len(), 4);
+    assert_eq!(store.feed_head().await.expect("head"), 4);
+
+    drop(client);
+    let _ = connection.await;
+    dropping.drop_database().await;
+}

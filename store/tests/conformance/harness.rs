@@ -57,6 +57,15 @@ pub struct Dropping {
 }
 
 impl Dropping {
+    /// The test database's URL, for a test that needs a connection of its own.
+    pub fn url(&self) -> String {
+        let (base, _) = self
+            .admin
+            .rsplit_once('/')
+            .expect("admin URL names a database");
+        format!("{base}/{}", self.name)
+    }
+
     pub async fn drop_database(self) {
         let (client, connection) = tokio_postgres::connect(&self.admin, tokio_postgres::NoTls)
             .await

@@ -476,6 +476,10 @@ conformance! {
             }),
         };
         store.admit_run(run).await.expect("admit");
+        store.fenced_write(&lease.fence(), vec![WriteOp::PutArtifact {
+            workflow_id: "wf".into(), version: 1, source_step_id: "s".into(), path: None,
+            content: b"output".to_vec(), sha256: "h".into(),
+        }]).await.expect("artifact");
         store.put_control(decide("wf", json!({"decision": "approve"}))).await.expect("decide");
         assert_eq!(store.delete_workflow(&store::WorkflowId::from("wf")).await.expect("delete"), Deletion::NotTerminal);
         assert_eq!(store.count_slots().await.expect("slots"), 1);
@@ -488,9 +492,17 @@ conformance! {
         assert_eq!(store.read_lease(&store::WorkflowId::from("wf")).await.expect("lease"), None);
         assert_eq!(store.read_events(&store::WorkflowId::from("wf"), 0, 10).await.expect("events"), None);
         assert_eq!(store.count_slots().await.expect("slots"), 0);
-        assert_eq!(store.delete_workflow(&store::WorkflowId::from("wf")).await.expect("delete"), Deletion::NotFound);
-        // The id is free again.
+        let wf = store::WorkflowId::from("wf");
+        assert_eq!(store.read_artifact(&wf, 1).await.expect("artifact"), None);
+        assert_eq!(store.last_artifact_version(&wf).await.expect("version"), 0);
+        assert_eq!(store.delete_workflow(&wf).await.expect("delete"), Deletion::NotFound);
+        // The id is free again, and a workflow launched with it starts with nothing of the old one.
         created(&*store, new_workflow("wf", "ada", None, "fp")).await;
+        assert!(store.read_steps(&wf).await.expect("steps").is_empty());
+        assert_eq!(store.last_artifact_version(&wf).await.expect("version"), 0);
+        let page = store.read_events(&wf, 0, 10).await.expect("events").expect("launched");
+        assert_eq!(page.events.iter().map(|e| (e.seq, e.kind.as_str())).collect::<Vec<_>>(),
+            [(1, "status")]);
     }
 }
 

@@ -1,0 +1,2 @@
+-- Migration 23 of PostgreSQL drops the foreign keys of the rows an owner writes under its fence.
+-- SQLite's single writer checks them without locking anything: nothing changes here.

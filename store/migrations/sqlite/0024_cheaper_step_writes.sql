@@ -1,0 +1,2 @@
+-- Migration 24 of PostgreSQL makes a slot claim and an artifact's event cheaper inside the
+-- server. SQLite's slots carry no numbers and its events are its own: nothing changes here.

@@ -1,0 +1,3 @@
+-- Migration 25 of PostgreSQL numbers the feed after commit, in its readers. SQLite's single
+-- writer commits one transaction at a time, so its feed numbers commit in order as they are
+-- given: nothing changes here.
