@@ -144,7 +144,7 @@ pub enum Error {
     ChildInFlight { workflow_id: WorkflowId },
     /// A cluster-wide limit refused the request.
     #[error("refused by `{limit}` ({max})")]
-    LimitReached { limit: &'static str, max: u64 },
+    LimitReached { limit: store::Limit, max: u64 },
     /// A request is malformed.
     #[error("invalid request: {0}")]
     InvalidRequest(String),

@@ -19,10 +19,9 @@ pub enum Error {
     /// A uniqueness rule refused the write: nothing was written.
     #[error("conflict: {0}")]
     Conflict(String),
-    /// A cluster-wide limit (`max_workflows` or `max_workflows_per_owner`, named here) refused
-    /// the write: nothing was written.
+    /// A limit refused the write: nothing was written.
     #[error("limit reached: {0}")]
-    LimitReached(String),
+    LimitReached(Limit),
     /// The write may or may not have committed (its acknowledgement never came): re-read and
     /// reconcile, never retry blindly.
     #[error("outcome unknown: {0}")]
@@ -49,6 +48,30 @@ pub enum Error {
     /// reason.
     #[error("database error: {0}")]
     Database(String),
+}
+
+/// A named limit of the store's that can refuse a write. Its text is the configuration key's
+/// name, which is what messages and the HTTP answer show.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Limit {
+    /// `max_workflows`: the cluster's live workflows.
+    Workflows,
+    /// `max_workflows_per_owner`: one user's live workflows.
+    WorkflowsPerOwner,
+    /// `auth.tokens_per_user_max`: one user's live API tokens, at most `max`.
+    TokensPerUser { max: u32 },
+}
+
+impl std::fmt::Display for Limit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Limit::Workflows => f.write_str("max_workflows"),
+            Limit::WorkflowsPerOwner => f.write_str("max_workflows_per_owner"),
+            Limit::TokensPerUser { max } => {
+                write!(f, "auth.tokens_per_user_max ({max}): revoke a token first")
+            }
+        }
+    }
 }
 
 /// The store's result type.
@@ -101,10 +124,10 @@ impl From<tokio_postgres::Error> for Error {
             None => error.to_string(),
         };
         if code.code() == "RW001" {
-            return Error::LimitReached("max_workflows".into());
+            return Error::LimitReached(Limit::Workflows);
         }
         if code.code() == "RW002" {
-            return Error::LimitReached("max_workflows_per_owner".into());
+            return Error::LimitReached(Limit::WorkflowsPerOwner);
         }
         if *code == SqlState::UNIQUE_VIOLATION {
             Error::Conflict(message)

@@ -28,7 +28,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 pub use changes::{Change, Changes, LISTEN_APPLICATION_NAME};
-pub use error::{Error, Result};
+pub use error::{Error, Limit, Result};
 pub use events::{EventPage, EventRow};
 pub use ids::{RunId, WorkflowId};
 pub use lease::{Epoch, Fence, Lease};

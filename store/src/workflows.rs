@@ -33,7 +33,7 @@ pub enum Launch {
     /// The same user launched the same request before: that workflow.
     Existing(WorkflowRow),
     /// A limit refused it; nothing was written.
-    Refused { limit: &'static str, max: u64 },
+    Refused { limit: crate::Limit, max: u64 },
 }
 
 /// What an attempt to take over a workflow did.

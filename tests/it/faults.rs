@@ -540,7 +540,7 @@ on_both_backends! {
         };
         // Its place is taken now: the reconcile is refused, and nothing is written.
         let refused = heir.node.workflows().reconcile(request()).await;
-        assert!(matches!(refused, Err(actors::Error::LimitReached { limit: "max_workflows_per_owner", .. })),
+        assert!(matches!(refused, Err(actors::Error::LimitReached { limit: store::Limit::WorkflowsPerOwner, .. })),
             "{refused:?}");
         assert_eq!(view(&heir, id.as_str()).await.row.status.as_str(), "needs_reconciliation");
         heir.node.workflows().cancel(&other, "ada").await.expect("cancel");

@@ -655,7 +655,7 @@ on_both_backends! {
                 script: r#"await pause({stepId: "p"}); return 0;"#.into(), args: json!({}) };
             match workflows.launch(request).await {
                 Ok(_) => {}
-                Err(actors::Error::LimitReached { limit: "max_workflows_per_owner", max: 4 }) => refused += 1,
+                Err(actors::Error::LimitReached { limit: store::Limit::WorkflowsPerOwner, max: 4 }) => refused += 1,
                 Err(other) => panic!("{other:?}"),
             }
         }

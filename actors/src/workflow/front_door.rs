@@ -1012,12 +1012,12 @@ async fn reconcile(
         // Nothing was written; the lease taken for the reconcile is given back so that the
         // operator can try again once a place is free.
         let _ = store.release_lease(&lease.fence()).await;
-        let (limit, max) = if limit == "max_workflows" {
-            ("max_workflows", limits.max_workflows)
-        } else {
-            ("max_workflows_per_owner", limits.max_workflows_per_owner)
+        let max = match limit {
+            store::Limit::Workflows => limits.max_workflows,
+            store::Limit::WorkflowsPerOwner => limits.max_workflows_per_owner,
+            store::Limit::TokensPerUser { max } => u64::from(*max),
         };
-        return Err(Error::LimitReached { limit, max });
+        return Err(Error::LimitReached { limit: *limit, max });
     }
     written?;
     Ok(as_launched(row))

@@ -377,10 +377,9 @@ impl PgStore {
             .await?
             .get(0);
         if live >= i64::from(new.live_max) {
-            return Err(Error::LimitReached(format!(
-                "auth.tokens_per_user_max ({}): revoke a token first",
-                new.live_max
-            )));
+            return Err(Error::LimitReached(crate::Limit::TokensPerUser {
+                max: new.live_max,
+            }));
         }
         let statement = transaction
             .prepare_cached(concat!(

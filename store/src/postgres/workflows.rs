@@ -139,13 +139,13 @@ async fn launch_in(
         Err(Some("23505")) if workflow.request_id.is_some() => return Ok(Guarded::Repeated),
         Err(Some("RW001")) => {
             return Ok(Guarded::Refused(Launch::Refused {
-                limit: "max_workflows",
+                limit: crate::Limit::Workflows,
                 max: limits.max_workflows,
             }));
         }
         Err(Some("RW002")) => {
             return Ok(Guarded::Refused(Launch::Refused {
-                limit: "max_workflows_per_owner",
+                limit: crate::Limit::WorkflowsPerOwner,
                 max: limits.max_workflows_per_owner,
             }));
         }

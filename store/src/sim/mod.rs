@@ -398,10 +398,10 @@ impl State {
             i64::try_from(count).unwrap_or(i64::MAX)
         };
         if counted(None) >= max_workflows {
-            return Err(Error::LimitReached("max_workflows".into()));
+            return Err(Error::LimitReached(crate::Limit::Workflows));
         }
         if counted(Some(user_id)) >= max_workflows_per_owner {
-            return Err(Error::LimitReached("max_workflows_per_owner".into()));
+            return Err(Error::LimitReached(crate::Limit::WorkflowsPerOwner));
         }
         Ok(())
     }

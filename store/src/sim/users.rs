@@ -331,10 +331,9 @@ impl crate::Users for SimStore {
                 .filter(|row| row.user_id == token.user_id && !ended(row))
                 .count();
             if live >= usize::try_from(token.live_max).unwrap_or(usize::MAX) {
-                return Err(Error::LimitReached(format!(
-                    "auth.tokens_per_user_max ({}): revoke a token first",
-                    token.live_max
-                )));
+                return Err(Error::LimitReached(crate::Limit::TokensPerUser {
+                    max: token.live_max,
+                }));
             }
             if people.tokens.get(&token.id).is_some_and(|row| !ended(row)) {
                 return Err(Error::Conflict(format!("token {:?} exists", token.id)));

@@ -42,13 +42,13 @@ impl State {
         let counted = |user: Option<&str>| u64::try_from(self.counted(user)).unwrap_or(u64::MAX);
         if counted(None) >= limits.max_workflows {
             return Ok(Launch::Refused {
-                limit: "max_workflows",
+                limit: crate::Limit::Workflows,
                 max: limits.max_workflows,
             });
         }
         if counted(Some(&new.user_id)) >= limits.max_workflows_per_owner {
             return Ok(Launch::Refused {
-                limit: "max_workflows_per_owner",
+                limit: crate::Limit::WorkflowsPerOwner,
                 max: limits.max_workflows_per_owner,
             });
         }

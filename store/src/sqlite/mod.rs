@@ -646,7 +646,7 @@ pub(super) fn apply(connection: &Connection, fence: &Fence, encoded: &Encoded) -
                 .prepare_cached("SELECT live FROM live_workflows_total WHERE id = 1")?
                 .query_row([], |row| row.get(0))?;
             if total >= *max_workflows {
-                return Err(Error::LimitReached("max_workflows".into()));
+                return Err(Error::LimitReached(crate::Limit::Workflows));
             }
             let mine: i64 = connection
                 .prepare_cached("SELECT live FROM live_workflows_by_user WHERE user_id = ?1")?
@@ -654,7 +654,7 @@ pub(super) fn apply(connection: &Connection, fence: &Fence, encoded: &Encoded) -
                 .optional()?
                 .unwrap_or(0);
             if mine >= *max_workflows_per_owner {
-                return Err(Error::LimitReached("max_workflows_per_owner".into()));
+                return Err(Error::LimitReached(crate::Limit::WorkflowsPerOwner));
             }
         }
         WriteOp::ReleaseSlots { workflow_id } => {

@@ -336,10 +336,9 @@ impl SqliteStore {
                 .prepare_cached("SELECT count(*) FROM api_tokens WHERE user_id = ?1")?
                 .query_row([&new.user_id], |row| row.get(0))?;
             if live >= i64::from(new.live_max) {
-                return Err(Error::LimitReached(format!(
-                    "auth.tokens_per_user_max ({}): revoke a token first",
-                    new.live_max
-                )));
+                return Err(Error::LimitReached(crate::Limit::TokensPerUser {
+                    max: new.live_max,
+                }));
             }
             Ok(connection
                 .prepare_cached(concat!(

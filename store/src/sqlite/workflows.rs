@@ -44,7 +44,7 @@ fn launch(
         .query_row([], |row| row.get(0))?;
     if u64::try_from(total).unwrap_or(u64::MAX) >= limits.max_workflows {
         return Ok(Launch::Refused {
-            limit: "max_workflows",
+            limit: crate::Limit::Workflows,
             max: limits.max_workflows,
         });
     }
@@ -55,7 +55,7 @@ fn launch(
         .unwrap_or(0);
     if u64::try_from(mine).unwrap_or(u64::MAX) >= limits.max_workflows_per_owner {
         return Ok(Launch::Refused {
-            limit: "max_workflows_per_owner",
+            limit: crate::Limit::WorkflowsPerOwner,
             max: limits.max_workflows_per_owner,
         });
     }

@@ -90,7 +90,7 @@ conformance! {
             }
         }
         assert_eq!(created, 4, "exactly max_workflows_per_owner launches are accepted");
-        assert_eq!(refused, vec![("max_workflows_per_owner", 4)]);
+        assert_eq!(refused, vec![(store::Limit::WorkflowsPerOwner, 4)]);
 
         let store = &stores[0];
         for n in 0..2 {
@@ -100,7 +100,7 @@ conformance! {
         }
         let over = store.launch_workflow(new_workflow("carol-0", "carol", None, "fp"), "node", 60_000, limits)
             .await.expect("launch");
-        assert_eq!(over, Launch::Refused { limit: "max_workflows", max: 6 });
+        assert_eq!(over, Launch::Refused { limit: store::Limit::Workflows, max: 6 });
         assert_eq!(store.read_workflow(&store::WorkflowId::from("carol-0")).await.expect("read"), None);
     }
 }
@@ -109,8 +109,8 @@ conformance! {
     async fn limits_of_zero_launch_nothing_and_wide_limits_fill_exactly(db) {
         let store = db.store().await;
         for (limits, refused) in [
-            (LaunchLimits { max_workflows: 0, max_workflows_per_owner: 5 }, "max_workflows"),
-            (LaunchLimits { max_workflows: 5, max_workflows_per_owner: 0 }, "max_workflows_per_owner"),
+            (LaunchLimits { max_workflows: 0, max_workflows_per_owner: 5 }, store::Limit::Workflows),
+            (LaunchLimits { max_workflows: 5, max_workflows_per_owner: 0 }, store::Limit::WorkflowsPerOwner),
         ] {
             let launch = store.launch_workflow(new_workflow("none", "ada", None, "fp"), "node", 60_000, limits)
                 .await.expect("launch");
@@ -134,7 +134,7 @@ conformance! {
         for launch in launches {
             match launch.await.expect("join") {
                 Launch::Created(_) => created += 1,
-                Launch::Refused { limit: "max_workflows", max: 40 } => {}
+                Launch::Refused { limit: store::Limit::Workflows, max: 40 } => {}
                 other => panic!("unexpected {other:?}"),
             }
         }
@@ -162,11 +162,11 @@ conformance! {
                 store.fenced_write(&fence, vec![set(&id, live)]).await.expect("set");
                 let other = new_workflow(&format!("other-{n}-{live}"), "bob", None, "fp");
                 assert_eq!(store.launch_workflow(other, "node", 60_000, limits).await.expect("launch"),
-                    Launch::Refused { limit: "max_workflows", max: 1 }, "{live} gave its place away");
+                    Launch::Refused { limit: store::Limit::Workflows, max: 1 }, "{live} gave its place away");
                 let same_owner = LaunchLimits { max_workflows: 2, max_workflows_per_owner: 1 };
                 let mine = new_workflow(&format!("mine-{n}-{live}"), "ada", None, "fp");
                 assert_eq!(store.launch_workflow(mine, "node", 60_000, same_owner).await.expect("launch"),
-                    Launch::Refused { limit: "max_workflows_per_owner", max: 1 });
+                    Launch::Refused { limit: store::Limit::WorkflowsPerOwner, max: 1 });
             }
             // Waiting for an operator holds no place: another workflow may launch meanwhile.
             store.fenced_write(&fence, vec![set(&id, "needs_reconciliation")]).await.expect("set");
@@ -201,7 +201,7 @@ conformance! {
         }
         let fourth = || new_workflow("wf-3", "ada", None, "fp");
         assert_eq!(store.launch_workflow(fourth(), "node", 60_000, limits).await.expect("launch"),
-            Launch::Refused { limit: "max_workflows", max: 3 });
+            Launch::Refused { limit: store::Limit::Workflows, max: 3 });
         let finish = |n: usize| WriteOp::SetWorkflow {
             workflow_id: format!("wf-{n}").into(), status: store::WorkflowStatus::Completed, data: json!({}),
         };
@@ -213,13 +213,13 @@ conformance! {
         let lowered = LaunchLimits { max_workflows: 2, max_workflows_per_owner: 2 };
         let next = |id: &str| new_workflow(id, "bob", None, "fp");
         assert_eq!(store.launch_workflow(next("bob-0"), "node", 60_000, lowered).await.expect("launch"),
-            Launch::Refused { limit: "max_workflows", max: 2 });
+            Launch::Refused { limit: store::Limit::Workflows, max: 2 });
         store.fenced_write(&fences[1], vec![finish(1)]).await.expect("finish");
         store.fenced_write(&fences[2], vec![finish(2)]).await.expect("finish");
         assert!(matches!(store.launch_workflow(next("bob-1"), "node", 60_000, lowered).await.expect("launch"),
             Launch::Created(_)));
         assert_eq!(store.launch_workflow(next("bob-2"), "node", 60_000, lowered).await.expect("launch"),
-            Launch::Refused { limit: "max_workflows", max: 2 });
+            Launch::Refused { limit: store::Limit::Workflows, max: 2 });
 
         // Twins with one request_id at once, through two pools: one workflow, and every twin is
         // told about it.
