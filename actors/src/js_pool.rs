@@ -326,7 +326,7 @@ fn activate(
     let activation = loaded.vm.run();
     if activation.status == runtime::Status::Waiting {
         // Between activations the VM holds what it uses: it allocates nothing until it runs.
-        let used = u64::try_from(loaded.vm.memory_bytes()).unwrap_or(0);
+        let used = loaded.vm.memory_bytes();
         let kept = used.min(loaded.held);
         memory.give(loaded.held - kept);
         loaded.held = kept;
@@ -435,8 +435,9 @@ mod tests {
     #[tokio::test]
     async fn the_pools_scripts_together_stay_within_the_memory_total() {
         const MIB: u64 = 1024 * 1024;
-        let pool = JsPool::new(2, 11 * MIB / 2).expect("pool");
-        // About 4 MiB held while it waits for its agent.
+        let pool = JsPool::new(2, 13 * MIB / 2).expect("pool");
+        // About 5 MiB held while it waits for its agent: the array's 4 MB, the engine's own
+        // quarter MiB, and the allocator's arenas around them (bytes allocated, not estimated).
         let hungry = r#"const big = new Array(250000).fill(1.5);
                         await agent({stepId: "a", agentRef: "x", task: 1});
                         return big.length;"#;
@@ -446,7 +447,7 @@ mod tests {
             .expect("a");
         assert_eq!(first.activation.status, Status::Waiting);
         let held = pool.memory_held_bytes();
-        assert!((3 * MIB..4 * MIB + MIB / 2).contains(&held), "{held}");
+        assert!((4 * MIB..11 * MIB / 2).contains(&held), "{held}");
 
         // Less than a start needs is left: refused, naming the limit, and nothing is held for it.
         let small = r#"await agent({stepId: "a", agentRef: "x", task: 1});
@@ -469,7 +470,7 @@ mod tests {
             .activate(&WorkflowId::from("b"), Some(script(small)), vec![])
             .await
             .expect("b");
-        // a comes back and holds its 4 MiB again; b, woken, can grow only into what is left.
+        // a comes back and holds its 5 MiB again; b, woken, can grow only into what is left.
         let a = pool
             .activate(&WorkflowId::from("a"), Some(script(hungry)), vec![])
             .await

@@ -6,6 +6,7 @@
 //! values; `WeakRef`,
 //! `FinalizationRegistry`, timers, modules, files and the network are absent.
 
+mod allocator;
 mod cpu_clock;
 mod error;
 mod id;

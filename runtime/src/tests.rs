@@ -772,3 +772,35 @@ fn a_lone_surrogate_reaches_the_host_as_a_replacement_character() {
         "{status:?}"
     );
 }
+
+#[test]
+fn a_vms_memory_is_what_its_allocations_hold_and_grows_with_what_the_script_keeps() {
+    let small = Vm::start(
+        r#"await pause({stepId: "p"});"#,
+        &json!({}),
+        options(vec![]),
+    )
+    .expect("start");
+    let mut small = small;
+    assert_eq!(small.run().status, Status::Waiting);
+    let baseline = small.memory_bytes();
+    assert!(baseline > 0, "a started VM holds memory");
+
+    // Eight million bytes of string kept across the await.
+    let mut big = Vm::start(
+        r#"const kept = "x".repeat(8000000); await pause({stepId: "p"}); return kept.length;"#,
+        &json!({}),
+        options(vec![]),
+    )
+    .expect("start");
+    assert_eq!(big.run().status, Status::Waiting);
+    let held = big.memory_bytes();
+    assert!(
+        held >= baseline + 8_000_000,
+        "the kept string is counted: {held} bytes held, {baseline} without it"
+    );
+    assert!(
+        held < baseline + 9_000_000,
+        "nothing but the string is added: {held} bytes held, {baseline} without it"
+    );
+}

@@ -17,6 +17,7 @@ use rquickjs::{CatchResultExt, CaughtError, Context, Ctx, Function, Persistent, 
 use serde_json::{Value, json};
 
 use crate::Limits;
+use crate::allocator::{CountingAllocator, Held};
 use crate::error::Error;
 use crate::journal::{Activation, CallId, CallKind, Command, JournalEntry, Outcome, Status};
 
@@ -52,6 +53,8 @@ pub struct Vm {
     /// Set by the interrupt handler when it stops the script: the one way an activation
     /// learns that its CPU limit ended it (the engine's error says only "interrupted").
     interrupted: Rc<std::cell::Cell<bool>>,
+    /// What the runtime's allocations hold, counted by its allocator.
+    held: Held,
 }
 
 /// An engine limit a script's failure stands for, as the prelude's `limitOf` tells it by the
@@ -145,7 +148,7 @@ impl Vm {
             )));
         }
         let memory_bytes = memory_bytes.min(limits.script_memory_bytes_max);
-        let runtime = sandbox_runtime(&limits, memory_bytes)?;
+        let (runtime, held) = sandbox_runtime(&limits, memory_bytes)?;
         let deadline = Rc::new(RefCell::new(
             thread_cpu_time() + limits.cpu_between_awaits(),
         ));
@@ -220,6 +223,7 @@ impl Vm {
             host,
             deadline,
             interrupted,
+            held,
         })
     }
 
@@ -306,9 +310,9 @@ impl Vm {
         }
     }
 
-    /// Memory the runtime holds, in bytes.
-    pub fn memory_bytes(&self) -> i64 {
-        self.runtime.memory_usage().memory_used_size
+    /// Memory the runtime holds, in bytes (what its allocator counts: no walk of the heap).
+    pub fn memory_bytes(&self) -> u64 {
+        u64::try_from(self.held.bytes()).unwrap_or(u64::MAX)
     }
 
     /// Lets the VM use at most `bytes` of memory from now on (at most `script_memory_bytes_max`):
@@ -659,12 +663,13 @@ fn body_source(script: &str) -> String {
 }
 
 /// A runtime with the sandbox's memory and stack limits.
-fn sandbox_runtime(limits: &Limits, memory_bytes: u64) -> Result<Runtime, Error> {
-    let runtime = Runtime::new().map_err(engine)?;
+fn sandbox_runtime(limits: &Limits, memory_bytes: u64) -> Result<(Runtime, Held), Error> {
+    let held = Held::default();
+    let runtime = Runtime::new_with_alloc(CountingAllocator::new(held.clone())).map_err(engine)?;
     runtime.set_memory_limit(usize::try_from(memory_bytes).unwrap_or(usize::MAX));
     runtime
         .set_max_stack_size(usize::try_from(limits.script_stack_bytes_max).unwrap_or(usize::MAX));
-    Ok(runtime)
+    Ok((runtime, held))
 }
 
 /// Evaluates the script's body into the async function the prelude starts. Sloppy mode, as a
@@ -689,7 +694,7 @@ pub fn check_script(script: &str, limits: &Limits) -> Result<(), Error> {
             limits.script_bytes_max
         )));
     }
-    let runtime = sandbox_runtime(limits, limits.script_memory_bytes_max)?;
+    let (runtime, _) = sandbox_runtime(limits, limits.script_memory_bytes_max)?;
     let context =
         Context::custom::<rquickjs::context::intrinsic::Eval>(&runtime).map_err(engine)?;
     context.with(|ctx| {
