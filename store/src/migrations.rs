@@ -162,10 +162,16 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         postgres: include_str!("../migrations/postgres/0025_feed_numbered_after_commit.sql"),
         sqlite: include_str!("../migrations/sqlite/0025_feed_numbered_after_commit.sql"),
     },
+    Migration {
+        version: 26,
+        name: "narrow_event_counter",
+        postgres: include_str!("../migrations/postgres/0026_narrow_event_counter.sql"),
+        sqlite: include_str!("../migrations/sqlite/0026_narrow_event_counter.sql"),
+    },
 ];
 
 /// The schema version this build expects.
-pub const SCHEMA_VERSION: i64 = 25;
+pub const SCHEMA_VERSION: i64 = 26;
 
 /// The advisory-lock key PostgreSQL migrations serialise on ("reins" in ASCII).
 pub(crate) const PG_MIGRATION_LOCK: i64 = 0x0072_6569_6e73;

@@ -39,8 +39,9 @@ impl SqliteStore {
         self.read(move |connection| {
             // One statement, so the status and the events are of one snapshot.
             let mut statement = connection.prepare_cached(
-                "SELECT w.status, w.event_seq, e.workflow, e.seq, e.kind, e.data, e.created_at
+                "SELECT w.status, n.seq, e.workflow, e.seq, e.kind, e.data, e.created_at
                    FROM workflows w
+                   JOIN workflow_event_seqs n ON n.workflow = w.id
                    LEFT JOIN (SELECT * FROM workflow_events
                                WHERE workflow = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3) e
                      ON e.workflow = w.id
@@ -156,13 +157,13 @@ pub(super) fn put_logs(
         };
         if let Some((kind, data)) = event {
             connection
-                .prepare_cached("UPDATE workflows SET event_seq = event_seq + 1 WHERE id = ?1")?
+                .prepare_cached("UPDATE workflow_event_seqs SET seq = seq + 1 WHERE workflow = ?1")?
                 .execute([workflow_id])?;
             connection
                 .prepare_cached(
                     "INSERT INTO workflow_events (workflow, seq, kind, data, created_at)
-                     SELECT id, event_seq, ?2, ?3, unixepoch('subsec') FROM workflows
-                      WHERE id = ?1",
+                     SELECT workflow, seq, ?2, ?3, unixepoch('subsec')
+                       FROM workflow_event_seqs WHERE workflow = ?1",
                 )?
                 .execute(params![workflow_id, kind, data.to_string()])?;
         }
@@ -173,4 +174,84 @@ pub(super) fn put_logs(
         )?
         .execute(params![workflow_id, kept, bytes, dropped])?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{DatabaseUrl, Store, StoreOptions, WorkflowId};
+
+    /// Migration 26 moves the event counter of workflows that already have events off their
+    /// rows: their numbers go on from where they were, never from 1 again, and the events
+    /// written before the upgrade are read back as they were.
+    #[tokio::test]
+    async fn an_upgraded_database_numbers_events_on_from_where_they_were() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("reins.db");
+        {
+            let connection = rusqlite::Connection::open(&path).expect("open");
+            connection
+                .execute_batch(
+                    "PRAGMA foreign_keys = ON;
+                     CREATE TABLE schema_migrations (
+                         version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at REAL NOT NULL)",
+                )
+                .expect("schema_migrations");
+            for migration in crate::migrations::MIGRATIONS
+                .iter()
+                .filter(|m| m.version < 26)
+            {
+                connection
+                    .execute_batch(migration.sqlite)
+                    .expect("migration");
+                connection
+                    .execute(
+                        "INSERT INTO schema_migrations VALUES (?1, ?2, 0)",
+                        rusqlite::params![migration.version, migration.name],
+                    )
+                    .expect("record");
+            }
+            connection
+                .execute_batch(
+                    "INSERT INTO workflows (id, user_id, status, fingerprint, data, created_at,
+                                            updated_at)
+                     VALUES ('wf', 'ada', 'running', 'fp', '{}', 0, 0);
+                     UPDATE workflows SET status = 'paused' WHERE id = 'wf';",
+                )
+                .expect("a workflow with two events, before the upgrade");
+        }
+        let store = Store::open(&DatabaseUrl::Sqlite(path.clone()), &StoreOptions::default())
+            .await
+            .expect("open");
+        assert_eq!(store.migrate().await.expect("migrate").applied, vec![26]);
+        let id = WorkflowId::from("wf");
+        let before = store
+            .read_events(&id, 0, 10)
+            .await
+            .expect("read")
+            .expect("wf");
+        assert_eq!(before.last_seq, 2);
+        assert_eq!(
+            before.events.iter().map(|e| e.seq).collect::<Vec<_>>(),
+            [1, 2]
+        );
+
+        drop(store);
+        rusqlite::Connection::open(&path)
+            .expect("open")
+            .execute(
+                "UPDATE workflows SET status = 'running' WHERE id = 'wf'",
+                [],
+            )
+            .expect("a status change after the upgrade");
+        let store = Store::open(&DatabaseUrl::Sqlite(path), &StoreOptions::default())
+            .await
+            .expect("open again");
+        let after = store
+            .read_events(&id, 2, 10)
+            .await
+            .expect("read")
+            .expect("wf");
+        assert_eq!(after.last_seq, 3, "{after:?}");
+        assert_eq!(after.events.iter().map(|e| e.seq).collect::<Vec<_>>(), [3]);
+    }
 }

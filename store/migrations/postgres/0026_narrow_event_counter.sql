@@ -1,0 +1,2 @@
+-- Migration 26 of SQLite moves its event counter into a narrow table, as migration 21 did here:
+-- nothing changes here.
