@@ -491,7 +491,7 @@ mod a_client_that_reads_nothing_is_cut_off {
     }
 }
 
-/// Another user's workflow stream is 404; a user's feed shows the status changes of their own
+/// Another user's workflow stream is 404 (a malformed id 400); a user's feed shows the status changes of their own
 /// workflows only, an admin's everyone's.
 async fn streams_and_the_feed_belong_to_their_users(postgres: bool) {
     let db = Db::new(postgres).await;
@@ -524,6 +524,10 @@ async fn streams_and_the_feed_belong_to_their_users(postgres: bool) {
     assert_eq!(refused.status, 404);
     let unknown = user.stream(&events_path("no-such-workflow"), &[]).await;
     assert_eq!(unknown.status, 404);
+    // A path id outside the id grammar is refused before anything is looked up, as on every
+    // other workflow route.
+    let malformed = user.stream(&events_path("not!an*id"), &[]).await;
+    assert_eq!(malformed.status, 400);
     let bad = user
         .stream(&events_path(&users), &[("last-event-id", "-1")])
         .await;

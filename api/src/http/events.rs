@@ -303,10 +303,7 @@ impl Follow {
 
 /// `GET /api/v1/workflows/{id}/events`.
 pub async fn workflow_events(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
-    let run_id = WorkflowId::new(
-        ctx.param("id")
-            .ok_or_else(|| ApiError::bad_request("the path names no workflow"))?,
-    );
+    let run_id = WorkflowId::new(super::workflows::path_id(ctx, "id")?);
     let row = super::workflows::owned_row(ctx, &run_id, super::workflows::Act::Read).await?;
     let after = start_after(ctx)?.unwrap_or(0);
     let follow = Follow::of(ctx)?;
