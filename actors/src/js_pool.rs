@@ -10,13 +10,18 @@
 //! parked VM holds nothing. A VM that cannot get the memory to start fails its workflow with a
 //! message naming the limit, rather than waiting: the memory it would wait for may be held by
 //! workflows that wait on it (for a slot, say), and a wait nobody sees is how a node wedges.
+//!
+//! Each thread keeps the bytecode of the last `js_compiled_scripts_max` scripts it compiled
+//! (`runtime::ScriptCache`): a launch's compile check and the VM starts of the same script on that
+//! thread (the check runs on the thread of the workflow it launches) load it instead of parsing
+//! the script again.
 
 use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, Mutex, mpsc};
 
-use runtime::{Activation, CallId, JournalEntry, Limits, Outcome, Vm, VmOptions};
+use runtime::{Activation, CallId, JournalEntry, Limits, Outcome, ScriptCache, Vm, VmOptions};
 use serde_json::Value;
 use store::WorkflowId;
 use tokio::sync::oneshot;
@@ -142,8 +147,12 @@ pub struct JsPool {
 
 impl JsPool {
     /// Starts `threads` JS threads (at least one), whose VMs together use at most
-    /// `memory_total_bytes`.
-    pub fn new(threads: usize, memory_total_bytes: u64) -> std::io::Result<Self> {
+    /// `memory_total_bytes`, each keeping the bytecode of at most `compiled_scripts_max` scripts.
+    pub fn new(
+        threads: usize,
+        memory_total_bytes: u64,
+        compiled_scripts_max: usize,
+    ) -> std::io::Result<Self> {
         let memory = Arc::new(MemoryBudget {
             total: memory_total_bytes,
             held: Mutex::new(0),
@@ -154,7 +163,13 @@ impl JsPool {
             let memory = Arc::clone(&memory);
             std::thread::Builder::new()
                 .name(format!("reins-js-{n}"))
-                .spawn(move || serve(receiver, &memory))?;
+                .spawn(move || {
+                    serve(
+                        receiver,
+                        &memory,
+                        &mut ScriptCache::new(compiled_scripts_max),
+                    )
+                })?;
             workers.push(sender);
         }
         Ok(JsPool { workers, memory })
@@ -233,7 +248,7 @@ impl JsPool {
 }
 
 /// One JS thread: owns the VMs of the workflows hashed to it.
-fn serve(jobs: mpsc::Receiver<Job>, memory: &MemoryBudget) {
+fn serve(jobs: mpsc::Receiver<Job>, memory: &MemoryBudget, scripts: &mut ScriptCache) {
     let mut vms: HashMap<WorkflowId, Loaded> = HashMap::new();
     while let Ok(job) = jobs.recv() {
         match job {
@@ -244,7 +259,7 @@ fn serve(jobs: mpsc::Receiver<Job>, memory: &MemoryBudget) {
                 reply,
             } => {
                 let result = catch_unwind(AssertUnwindSafe(|| {
-                    activate(&mut vms, memory, &workflow_id, start, settles)
+                    activate(&mut vms, memory, scripts, &workflow_id, start, settles)
                 }))
                 .unwrap_or_else(|_| {
                     if let Some(loaded) = vms.remove(&workflow_id) {
@@ -268,7 +283,7 @@ fn serve(jobs: mpsc::Receiver<Job>, memory: &MemoryBudget) {
                 limits,
                 reply,
             } => {
-                let result = catch_unwind(|| runtime::check_script(&script, &limits))
+                let result = catch_unwind(AssertUnwindSafe(|| scripts.check(&script, &limits)))
                     .unwrap_or_else(|_| Err(runtime::Error::Engine("the compiler failed".into())));
                 let _ = reply.send(result);
             }
@@ -279,6 +294,7 @@ fn serve(jobs: mpsc::Receiver<Job>, memory: &MemoryBudget) {
 fn activate(
     vms: &mut HashMap<WorkflowId, Loaded>,
     memory: &MemoryBudget,
+    scripts: &mut ScriptCache,
     workflow_id: &WorkflowId,
     start: Option<Box<StartSpec>>,
     settles: Vec<Settle>,
@@ -300,7 +316,7 @@ fn activate(
                 needed,
             });
         }
-        let vm = match Vm::start_within(&spec.script, &spec.args, spec.options, granted) {
+        let vm = match Vm::start_within(&spec.script, &spec.args, spec.options, granted, scripts) {
             Ok(vm) => vm,
             Err(error) => {
                 memory.give(granted);
@@ -365,7 +381,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_vm_lives_on_its_thread_between_activations_and_parking_drops_it() {
-        let pool = JsPool::new(2, 1 << 30).expect("pool");
+        let pool = JsPool::new(2, 1 << 30, 8).expect("pool");
         let first = pool
             .activate(&WorkflowId::from("wf"), Some(spec(vec![])), vec![])
             .await
@@ -413,7 +429,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_script_over_a_limit_is_refused_at_start() {
-        let pool = JsPool::new(1, 1 << 30).expect("pool");
+        let pool = JsPool::new(1, 1 << 30, 8).expect("pool");
         let mut too_big = spec(vec![]);
         too_big.options.limits.script_bytes_max = 10;
         let refused = pool
@@ -435,7 +451,7 @@ mod tests {
     #[tokio::test]
     async fn the_pools_scripts_together_stay_within_the_memory_total() {
         const MIB: u64 = 1024 * 1024;
-        let pool = JsPool::new(2, 13 * MIB / 2).expect("pool");
+        let pool = JsPool::new(2, 13 * MIB / 2, 8).expect("pool");
         // About 5 MiB held while it waits for its agent: the array's 4 MB, the engine's own
         // quarter MiB, and the allocator's arenas around them (bytes allocated, not estimated).
         let hungry = r#"const big = new Array(250000).fill(1.5);

@@ -67,6 +67,8 @@ pub struct NodeOptions {
     /// The memory all loaded workflow scripts of the node may use together (parked ones hold
     /// none); see `js_pool`.
     pub js_memory_total_bytes: u64,
+    /// Scripts whose bytecode each JS thread keeps (`limits.js_compiled_scripts_max`).
+    pub js_compiled_scripts_max: usize,
     /// Test faults on every store call of the node; `None` in production.
     pub faults: Option<StoreFaults>,
     /// Where the node's actors count what happens (rendered by `/metrics`).
@@ -101,6 +103,7 @@ impl NodeOptions {
             },
             js_threads: 2,
             js_memory_total_bytes: 512 * 1024 * 1024,
+            js_compiled_scripts_max: 32,
             faults: None,
             metrics: Arc::new(Metrics::default()),
         }
@@ -192,7 +195,11 @@ impl Actor for NodeSupervisor {
         let options = args.options;
         let runtime_version = runtime::runtime_version(&options.workflows.limits);
         let configuration_version = options.agents.configuration_version();
-        let js = JsPool::new(options.js_threads, options.js_memory_total_bytes)?;
+        let js = JsPool::new(
+            options.js_threads,
+            options.js_memory_total_bytes,
+            options.js_compiled_scripts_max,
+        )?;
         let changes = args.store.changes();
         let (store_actor, _) = Actor::spawn_linked(
             Some(format!("store@{worker_id}")),

@@ -343,6 +343,9 @@ pub struct Limits {
     pub timeout_seconds: u64,
     /// The memory all loaded scripts of the node may use together (parked ones hold none).
     pub js_memory_total_bytes: u64,
+    /// Scripts whose compiled bytecode each JS thread keeps, so that a script already compiled
+    /// (by its launch's check, or another workflow's start) is not parsed again; 0 keeps none.
+    pub js_compiled_scripts_max: u64,
     pub log_lines_per_activation_max: u64,
     pub log_line_bytes_max: u64,
     pub log_bytes_per_workflow_max: u64,
@@ -370,6 +373,7 @@ impl Default for Limits {
             max_active_children: 32,
             timeout_seconds: 24 * 3600,
             js_memory_total_bytes: 512 * 1024 * 1024,
+            js_compiled_scripts_max: 32,
             log_lines_per_activation_max: 1_000,
             log_line_bytes_max: 4 * 1024,
             log_bytes_per_workflow_max: 1024 * 1024,

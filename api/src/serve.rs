@@ -121,6 +121,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
                 wake_fallback: Duration::from_millis(config.wake_fallback_ms),
             },
             js_memory_total_bytes: config.limits.js_memory_total_bytes,
+            js_compiled_scripts_max: usize::try_from(config.limits.js_compiled_scripts_max)
+                .unwrap_or(usize::MAX),
             ..NodeOptions::new(runs, Arc::new(checked.agents))
         },
     )

@@ -7,6 +7,7 @@
 //! `FinalizationRegistry`, timers, modules, files and the network are absent.
 
 mod allocator;
+mod bytecode;
 mod cpu_clock;
 mod error;
 mod id;
@@ -16,10 +17,11 @@ mod vm;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+pub use bytecode::ScriptCache;
 pub use error::Error;
 pub use id::{ID_CHARS_MAX, ID_GRAMMAR, is_id};
 pub use journal::{Activation, CallId, CallKind, Command, JournalEntry, Outcome, Status};
-pub use vm::{Vm, VmOptions, check_script};
+pub use vm::{Vm, VmOptions};
 
 /// The limits a VM enforces (spec section 2), with the spec's defaults.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -15,6 +15,11 @@ fn options(journal: Vec<JournalEntry>) -> VmOptions {
     }
 }
 
+/// The launch's compile check, with no bytecode kept.
+fn check_script(script: &str) -> Result<(), crate::Error> {
+    crate::ScriptCache::new(0).check(script, &Limits::default())
+}
+
 /// Runs `script` to the end, answering every command with `answer`; returns the status, the
 /// whole journal, and how many commands the host had to carry out.
 fn drive(
@@ -598,7 +603,7 @@ fn a_script_that_does_not_compile_is_refused_with_its_own_line_and_column() {
             "RangeError: Maximum call stack size exceeded",
         ),
     ] {
-        let checked = crate::check_script(script, &Limits::default());
+        let checked = check_script(script);
         assert!(
             matches!(&checked, Err(crate::Error::Script(m)) if m.contains(says)),
             "{}: {checked:?}",
@@ -614,15 +619,11 @@ fn a_script_that_does_not_compile_is_refused_with_its_own_line_and_column() {
         // Compiled, never run: the loop after the body's end would never end.
         "}); while (true) {} (function () {",
     ] {
-        assert_eq!(
-            crate::check_script(script, &Limits::default()),
-            Ok(()),
-            "{script}"
-        );
+        assert_eq!(check_script(script), Ok(()), "{script}");
     }
     let too_big = "1;".repeat(40_000);
     assert!(matches!(
-        crate::check_script(&too_big, &Limits::default()),
+        check_script(&too_big),
         Err(crate::Error::LimitExceeded(m)) if m.contains("script_bytes_max")
     ));
 }
@@ -803,4 +804,138 @@ fn a_vms_memory_is_what_its_allocations_hold_and_grows_with_what_the_script_keep
         held < baseline + 9_000_000,
         "nothing but the string is added: {held} bytes held, {baseline} without it"
     );
+}
+
+/// Starts `script` with `scripts`, at the most memory its limits allow, and runs it to the end
+/// (or its first wait), answering nothing.
+fn start_from(
+    scripts: &mut crate::ScriptCache,
+    script: &str,
+    limits: &Limits,
+) -> Result<Status, crate::Error> {
+    let options = VmOptions {
+        limits: limits.clone(),
+        ..options(vec![])
+    };
+    let memory = limits.script_memory_bytes_max;
+    Vm::start_within(script, &json!({"n": 2}), options, memory, scripts)
+        .map(|mut vm| vm.run().status)
+}
+
+#[test]
+fn a_script_started_from_kept_bytecode_ends_as_a_compiled_one_and_keeps_every_limit() {
+    let limits = Limits {
+        script_memory_bytes_max: 8 * 1024 * 1024,
+        script_stack_bytes_max: 256 * 1024,
+        script_cpu_ms_max: 100,
+        ..Limits::default()
+    };
+    let scripts = [
+        "return args.n + 1;",
+        "await pause({stepId: 'p'}); return 1;",
+        "const e = new Error('boom'); throw e;",
+        "return 1 +;",
+        "while (true) {}",
+        "const a = []; while (true) { a.push(new Array(100000).fill(1)); }",
+        "const f = (n) => f(n + 1) + 1; f(0);",
+        "return (function named() { return 1; }).toString();",
+        "return new Error('here').stack;",
+        // Escapes the body: runs while the VM starts, under the same limits.
+        "}); while (true) {} (function () {",
+        "}); const a = []; while (true) { a.push(new Array(100000).fill(1)); } (function () {",
+    ];
+    let mut kept = crate::ScriptCache::new(16);
+    for script in scripts {
+        let compiled = start_from(&mut crate::ScriptCache::new(0), script, &limits);
+        let checked = kept.check(script, &limits);
+        let first = start_from(&mut kept, script, &limits);
+        let again = start_from(&mut kept, script, &limits);
+        assert_eq!(first, compiled, "{script}");
+        assert_eq!(again, compiled, "{script}");
+        assert_eq!(checked.is_err(), script == "return 1 +;", "{script}");
+    }
+    assert_eq!(
+        kept.len(),
+        scripts.len() - 1,
+        "a script that does not compile is not kept"
+    );
+    let mut limit_of = |script: &str| match start_from(&mut kept, script, &limits) {
+        Ok(Status::Failed(message)) => message,
+        other => panic!("{script}: {other:?}"),
+    };
+    assert!(limit_of(scripts[4]).contains("script_cpu_ms_max"));
+    assert!(limit_of(scripts[5]).contains("script_memory_bytes_max"));
+    assert!(limit_of(scripts[6]).contains("script_stack_bytes_max"));
+}
+
+#[test]
+fn vms_started_from_the_same_bytecode_share_nothing() {
+    let script = r#"
+        const before = [typeof globalThis.leak, typeof ({}).polluted, typeof agent.marked];
+        globalThis.leak = 1;
+        Object.prototype.polluted = 1;
+        agent.marked = 1;
+        JSON.stringify = () => "replaced";
+        return before;
+    "#;
+    let mut kept = crate::ScriptCache::new(4);
+    for _ in 0..3 {
+        assert_eq!(
+            start_from(&mut kept, script, &Limits::default()),
+            Ok(Status::Completed(json!([
+                "undefined",
+                "undefined",
+                "undefined"
+            ])))
+        );
+    }
+    assert_eq!(kept.len(), 1);
+}
+
+#[test]
+fn kept_bytecode_is_bounded_and_named_by_the_script_and_its_compile_limits() {
+    let limits = Limits::default();
+    let mut kept = crate::ScriptCache::new(2);
+    for script in ["return 1;", "return 2;", "return 1;", "return 3;"] {
+        kept.check(script, &limits).expect("compiles");
+    }
+    assert_eq!(kept.len(), 2, "at most entries_max scripts");
+    assert!(
+        kept.holds("return 1;", &limits),
+        "the most recently used stays"
+    );
+    assert!(
+        !kept.holds("return 2;", &limits),
+        "the least recently used goes"
+    );
+    assert!(kept.holds("return 3;", &limits));
+
+    // Compiled under a larger stack, a deep script is still refused under a smaller one.
+    let deep = format!("return {}1{};", "(".repeat(400), ")".repeat(400));
+    kept.check(&deep, &limits)
+        .expect("compiles in 1 MiB of stack");
+    let small = Limits {
+        script_stack_bytes_max: 256 * 1024,
+        ..Limits::default()
+    };
+    let refused = kept.check(&deep, &small);
+    assert!(
+        matches!(&refused, Err(crate::Error::Script(m)) if m.contains("Maximum call stack size exceeded")),
+        "{refused:?}"
+    );
+    assert!(
+        matches!(
+            start_from(&mut kept, &deep, &small),
+            Err(crate::Error::Script(_))
+        ),
+        "the start compiles it under its own limits"
+    );
+
+    let none = &mut crate::ScriptCache::new(0);
+    none.check("return 1;", &limits).expect("compiles");
+    assert_eq!(
+        start_from(none, "return 1;", &limits),
+        Ok(Status::Completed(json!(1)))
+    );
+    assert!(none.is_empty(), "entries_max 0 keeps nothing");
 }

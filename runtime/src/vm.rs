@@ -12,16 +12,16 @@ use std::time::Duration;
 
 use crate::cpu_clock::thread_cpu_time;
 
-use rquickjs::context::EvalOptions;
 use rquickjs::{CatchResultExt, CaughtError, Context, Ctx, Function, Persistent, Runtime};
 use serde_json::{Value, json};
 
 use crate::Limits;
 use crate::allocator::{CountingAllocator, Held};
+use crate::bytecode::{self, BODY_PREFIX, SCRIPT_FILE, ScriptCache, check_size, engine};
 use crate::error::Error;
 use crate::journal::{Activation, CallId, CallKind, Command, JournalEntry, Outcome, Status};
 
-const PRELUDE: &str = include_str!("prelude.js");
+pub(crate) const PRELUDE: &str = include_str!("prelude.js");
 
 /// What a VM needs besides the script: the run's inputs and its replay material.
 #[derive(Debug, Clone)]
@@ -120,25 +120,27 @@ impl Vm {
     /// script. Nothing runs past the first await until [`Vm::run`].
     pub fn start(script: &str, args: &Value, options: VmOptions) -> Result<Vm, Error> {
         let memory_bytes = options.limits.script_memory_bytes_max;
-        Vm::start_within(script, args, options, memory_bytes)
+        Vm::start_within(
+            script,
+            args,
+            options,
+            memory_bytes,
+            &mut ScriptCache::new(0),
+        )
     }
 
     /// [`Vm::start`] with at most `memory_bytes` of memory (the host's share for this VM, at most
-    /// `script_memory_bytes_max`).
+    /// `script_memory_bytes_max`), starting the script from its bytecode in `scripts` when it is
+    /// there (and keeping it there when it is not).
     pub fn start_within(
         script: &str,
         args: &Value,
         options: VmOptions,
         memory_bytes: u64,
+        scripts: &mut ScriptCache,
     ) -> Result<Vm, Error> {
         let limits = options.limits.clone();
-        if script.len() as u64 > limits.script_bytes_max {
-            return Err(Error::LimitExceeded(format!(
-                "the script is {} bytes, over script_bytes_max ({})",
-                script.len(),
-                limits.script_bytes_max
-            )));
-        }
+        check_size(script, &limits)?;
         let args_json = args.to_string();
         if args_json.len() as u64 > limits.frame_bytes_max {
             return Err(Error::LimitExceeded(format!(
@@ -195,16 +197,14 @@ impl Vm {
         let (settle_fn, limit_of_fn) = context.with(|ctx| -> Result<_, Error> {
             install(&ctx, &host)?;
             let globals = ctx.globals();
-            ctx.eval::<(), _>(PRELUDE)
-                .catch(&ctx)
-                .map_err(|e| Error::Engine(format!("the script API failed to install: {e}")))?;
+            bytecode::run_prelude(&ctx)?;
             let settle: Function = globals.get("__reins_settle").map_err(engine)?;
             let begin: Function = globals.get("__reins_start").map_err(engine)?;
             let limit_of: Function = globals.get("__reins_limit_of").map_err(engine)?;
             globals.remove("__reins_settle").map_err(engine)?;
             globals.remove("__reins_start").map_err(engine)?;
             globals.remove("__reins_limit_of").map_err(engine)?;
-            let main = evaluate_body(&ctx, script)?;
+            let main = scripts.evaluate_body(&ctx, script, &limits)?;
             // The body starts as a job of the first activation, under its limits.
             begin
                 .call::<_, ()>((main, args_json))
@@ -649,21 +649,11 @@ fn name_the_limit(
     }
 }
 
-/// The text a script is compiled as: the body of an async function of `args`, opening on the
-/// script's first line so that an error's line number is the script's own (on the first line,
-/// the column counts the prefix, which [`compile_error`] takes off).
-const BODY_PREFIX: &str = "(async function (args) {";
-/// On a line of its own, so that a comment on the script's last line ends before it.
-const BODY_SUFFIX: &str = "\n})";
-/// The file name errors and stack traces show for the script.
-const SCRIPT_FILE: &str = "script";
-
-fn body_source(script: &str) -> String {
-    format!("{BODY_PREFIX}{script}{BODY_SUFFIX}")
-}
-
 /// A runtime with the sandbox's memory and stack limits.
-fn sandbox_runtime(limits: &Limits, memory_bytes: u64) -> Result<(Runtime, Held), Error> {
+pub(crate) fn sandbox_runtime(
+    limits: &Limits,
+    memory_bytes: u64,
+) -> Result<(Runtime, Held), Error> {
     let held = Held::default();
     let runtime = Runtime::new_with_alloc(CountingAllocator::new(held.clone())).map_err(engine)?;
     runtime.set_memory_limit(usize::try_from(memory_bytes).unwrap_or(usize::MAX));
@@ -672,69 +662,9 @@ fn sandbox_runtime(limits: &Limits, memory_bytes: u64) -> Result<(Runtime, Held)
     Ok((runtime, held))
 }
 
-/// Evaluates the script's body into the async function the prelude starts. Sloppy mode, as a
-/// `Function` body would be.
-fn evaluate_body<'js>(ctx: &Ctx<'js>, script: &str) -> Result<rquickjs::Value<'js>, Error> {
-    let mut options = EvalOptions::default();
-    options.strict = false;
-    options.filename = Some(SCRIPT_FILE.to_owned());
-    ctx.eval_with_options(body_source(script), options)
-        .catch(ctx)
-        .map_err(|e| Error::Script(compile_error(e)))
-}
-
-/// Checks that `script` compiles as a workflow body, without running any of it (no API is
-/// installed, nothing is evaluated) and within the script's size and memory limits. The error
-/// names the script's own line and column.
-pub fn check_script(script: &str, limits: &Limits) -> Result<(), Error> {
-    if script.len() as u64 > limits.script_bytes_max {
-        return Err(Error::LimitExceeded(format!(
-            "the script is {} bytes, over script_bytes_max ({})",
-            script.len(),
-            limits.script_bytes_max
-        )));
-    }
-    let (runtime, _) = sandbox_runtime(limits, limits.script_memory_bytes_max)?;
-    let context =
-        Context::custom::<rquickjs::context::intrinsic::Eval>(&runtime).map_err(engine)?;
-    context.with(|ctx| {
-        compile_only(&ctx, &body_source(script))
-            .catch(&ctx)
-            .map_err(|e| Error::Script(compile_error(e)))
-    })
-}
-
-/// Compiles `source` as global sloppy-mode code into bytecode and drops it: nothing of it runs.
-/// rquickjs compiles without running only modules, which are strict, and a workflow body is not;
-/// so this calls QuickJS's `JS_Eval` with `JS_EVAL_FLAG_COMPILE_ONLY` itself.
-fn compile_only(ctx: &Ctx<'_>, source: &str) -> rquickjs::Result<()> {
-    let text = std::ffi::CString::new(source)?;
-    let file = std::ffi::CString::new(SCRIPT_FILE)?;
-    let flags =
-        (rquickjs::qjs::JS_EVAL_TYPE_GLOBAL | rquickjs::qjs::JS_EVAL_FLAG_COMPILE_ONLY) as i32;
-    // SAFETY: `text` and `file` are NUL-terminated and outlive the call, and `text` holds
-    // `source.len()` bytes before its NUL, as JS_Eval requires. JS_Eval returns a value the caller
-    // owns; `Value::from_raw` takes that ownership and frees it on drop.
-    let compiled = unsafe {
-        let raw = rquickjs::qjs::JS_Eval(
-            ctx.as_raw().as_ptr(),
-            text.as_ptr(),
-            source.len() as _,
-            file.as_ptr(),
-            flags,
-        );
-        rquickjs::Value::from_raw(ctx.clone(), raw)
-    };
-    if compiled.is_exception() {
-        Err(rquickjs::Error::Exception)
-    } else {
-        Ok(())
-    }
-}
-
 /// A compile error in the script's own terms: the engine's message and the script's line and
 /// column (from the error's `script:LINE:COLUMN` position).
-fn compile_error(error: CaughtError<'_>) -> String {
+pub(crate) fn compile_error(error: CaughtError<'_>) -> String {
     let CaughtError::Exception(exception) = error else {
         return format!("the script does not compile: {error}");
     };
@@ -753,7 +683,8 @@ fn compile_error(error: CaughtError<'_>) -> String {
 
 /// The first `script:LINE:COLUMN` of a stack, in the script's own numbering.
 fn script_position(stack: &str) -> Option<(u64, u64)> {
-    let at = stack.find(&format!("{SCRIPT_FILE}:"))? + SCRIPT_FILE.len() + 1;
+    let file = SCRIPT_FILE.to_str().ok()?;
+    let at = stack.find(&format!("{file}:"))? + file.len() + 1;
     let mut numbers = stack[at..]
         .split(|c: char| !c.is_ascii_digit())
         .map(str::parse::<u64>);
@@ -765,10 +696,6 @@ fn script_position(stack: &str) -> Option<(u64, u64)> {
         column
     };
     Some((line, column))
-}
-
-fn engine(error: rquickjs::Error) -> Error {
-    Error::Engine(error.to_string())
 }
 
 /// Installs the host functions the prelude captures and then removes from the global scope.

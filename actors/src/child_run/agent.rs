@@ -229,7 +229,8 @@ impl ChildState {
             // Already ended; the actor is stopping.
             return;
         };
-        tracing::info!(parent: &self.span, ?end, "child run ended");
+        // The step's "step finished" line (at info) says how it ended.
+        tracing::debug!(parent: &self.span, ?end, "child run ended");
         // Nobody may be waiting for this run any more; the row is the record.
         let _ = ended.send(end);
         myself.stop(None);

@@ -1377,7 +1377,9 @@ impl WorkflowMachine {
                     name: "reins_child_runs_started_total",
                     labels: Vec::new(),
                 });
-                tracing::info!(parent: &self.span, step_id = %command.step_id,
+                // For debugging: at info, a step is its "step started" and "step finished"
+                // lines (the child run's own lines carry its id in their span).
+                tracing::debug!(parent: &self.span, step_id = %command.step_id,
                     child_run_id = %row.run_id, "child run admitted");
                 out.push(Effect::Fault("admission"));
                 self.waiting.insert(
