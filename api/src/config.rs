@@ -395,6 +395,8 @@ pub struct StoreConfig {
     pub requests_max: usize,
     pub call_timeout_ms: u64,
     pub write_batch_max: usize,
+    pub wal_checkpoint_pages: u32,
+    pub wal_pages_max: u32,
 }
 
 impl Default for StoreConfig {
@@ -409,6 +411,8 @@ impl Default for StoreConfig {
             requests_max: 256,
             call_timeout_ms: 30_000,
             write_batch_max: defaults.write_batch_max,
+            wal_checkpoint_pages: defaults.wal_checkpoint_pages,
+            wal_pages_max: defaults.wal_pages_max,
         }
     }
 }
@@ -568,10 +572,15 @@ impl Config {
             }
             _ => {}
         }
-        let positive: [(&'static str, u64); 36] = [
+        let positive: [(&'static str, u64); 38] = [
             ("store.pool_size", self.store.pool_size as u64),
             ("store.requests_max", self.store.requests_max as u64),
             ("store.write_batch_max", self.store.write_batch_max as u64),
+            (
+                "store.wal_checkpoint_pages",
+                u64::from(self.store.wal_checkpoint_pages),
+            ),
+            ("store.wal_pages_max", u64::from(self.store.wal_pages_max)),
             ("store.connect_timeout_ms", self.store.connect_timeout_ms),
             ("store.call_timeout_ms", self.store.call_timeout_ms),
             ("limits.script_bytes_max", self.limits.script_bytes_max),
@@ -695,6 +704,8 @@ impl Config {
             lock_timeout: Duration::from_millis(self.store.lock_timeout_ms),
             statement_timeout: Duration::from_millis(self.store.statement_timeout_ms),
             write_batch_max: self.store.write_batch_max,
+            wal_checkpoint_pages: self.store.wal_checkpoint_pages,
+            wal_pages_max: self.store.wal_pages_max,
             holder: holder.to_owned(),
             ..StoreOptions::default()
         }

@@ -129,6 +129,12 @@ pub struct StoreOptions {
     pub write_queue_max: usize,
     /// SQLite writes committed together in one transaction at most.
     pub write_batch_max: usize,
+    /// SQLite: pages the writer's commits add to the write-ahead log before the checkpointer
+    /// thread copies them into the database file.
+    pub wal_checkpoint_pages: u32,
+    /// SQLite: past this many pages in the write-ahead log the writer checkpoints itself, so
+    /// the log starts over even under constant load.
+    pub wal_pages_max: u32,
     /// The name written into the SQLite node lock, shown to a node that is refused.
     pub holder: String,
 }
@@ -143,6 +149,8 @@ impl Default for StoreOptions {
             statement_timeout: Duration::from_secs(30),
             write_queue_max: 1024,
             write_batch_max: 64,
+            wal_checkpoint_pages: 1000,
+            wal_pages_max: 10_000,
             holder: format!("pid {}", std::process::id()),
         }
     }

@@ -168,10 +168,16 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         postgres: include_str!("../migrations/postgres/0026_narrow_event_counter.sql"),
         sqlite: include_str!("../migrations/sqlite/0026_narrow_event_counter.sql"),
     },
+    Migration {
+        version: 27,
+        name: "journal_without_seq_index",
+        postgres: include_str!("../migrations/postgres/0027_journal_without_seq_index.sql"),
+        sqlite: include_str!("../migrations/sqlite/0027_journal_without_seq_index.sql"),
+    },
 ];
 
 /// The schema version this build expects.
-pub const SCHEMA_VERSION: i64 = 26;
+pub const SCHEMA_VERSION: i64 = 27;
 
 /// The advisory-lock key PostgreSQL migrations serialise on ("reins" in ASCII).
 pub(crate) const PG_MIGRATION_LOCK: i64 = 0x0072_6569_6e73;

@@ -222,7 +222,10 @@ mod tests {
         let store = Store::open(&DatabaseUrl::Sqlite(path.clone()), &StoreOptions::default())
             .await
             .expect("open");
-        assert_eq!(store.migrate().await.expect("migrate").applied, vec![26]);
+        assert_eq!(
+            store.migrate().await.expect("migrate").applied,
+            vec![26, 27]
+        );
         let id = WorkflowId::from("wf");
         let before = store
             .read_events(&id, 0, 10)

@@ -20,6 +20,7 @@ use crate::write::{ArtifactInfo, ArtifactRow, Snapshot, StepRow, WorkflowRow, Wr
 use crate::{Error, NodeRecord, Result, StepStatus, StoreOptions, WorkflowId, WorkflowStatus};
 
 mod changes;
+mod checkpoint;
 mod events;
 mod operators;
 mod runs;
@@ -103,6 +104,12 @@ impl SqliteStore {
         // the default: a large sort of theirs may spill to a file.)
         writer.execute_batch("PRAGMA temp_store = MEMORY;")?;
         writer.execute_batch(changes::TABLE)?;
+        let checkpoints = checkpoint::Checkpoints::start(
+            path,
+            &writer,
+            options.wal_checkpoint_pages,
+            options.wal_pages_max,
+        )?;
         let changes = Changes::new();
         let announce = changes.clone();
         let readers = (0..options.pool_size.max(1))
@@ -112,7 +119,7 @@ impl SqliteStore {
         let batch_max = options.write_batch_max.max(1);
         std::thread::Builder::new()
             .name("reins-sqlite-writer".into())
-            .spawn(move || run_writer(writer, queue, batch_max, &announce))
+            .spawn(move || run_writer(writer, queue, batch_max, &announce, checkpoints))
             .map_err(|e| Error::Unavailable(format!("cannot start the sqlite writer: {e}")))?;
         Ok(SqliteStore {
             jobs,
@@ -792,11 +799,14 @@ fn run(connection: &Connection, sql: &str) -> rusqlite::Result<()> {
 }
 
 /// The writer thread: one transaction per batch of queued jobs, answered after the commit.
+/// Checkpoints run on their own thread (see `checkpoint`), stopped before the writer's
+/// connection closes.
 fn run_writer(
     connection: Connection,
     mut queue: mpsc::Receiver<Box<dyn Job>>,
     batch_max: usize,
     announce: &Changes,
+    mut checkpoints: checkpoint::Checkpoints,
 ) {
     while let Some(first) = queue.blocking_recv() {
         let mut batch = vec![first];
@@ -851,10 +861,16 @@ fn run_writer(
                 commit
             }
         };
+        let committed = commit.is_ok();
         for finish in finishes {
             finish(commit.clone());
         }
+        // After the answers: a checkpoint the writer runs itself delays the next batch only.
+        if committed {
+            checkpoints.committed(&connection);
+        }
     }
+    drop(checkpoints);
 }
 
 /// Commits the batch's transaction, or rolls it back if the commit failed (a full disk may have

@@ -207,7 +207,14 @@ fn released_by(connection: &Connection, journal: &[Encoded]) -> Result<i64> {
     Ok(released)
 }
 
-fn admit(connection: &Connection, ready: &Ready) -> Result<Admission> {
+/// What the writer answers an admission with: a run it inserted goes back as stored, so its JSON
+/// is decoded on the caller's thread rather than the single writer's.
+enum Admitted {
+    Inserted(RawRun),
+    Other(Admission),
+}
+
+fn admit(connection: &Connection, ready: &Ready) -> Result<Admitted> {
     let run = &ready.run;
     if let Some(step) = &run.step {
         check_fence(connection, &step.fence)?;
@@ -215,7 +222,7 @@ fn admit(connection: &Connection, ready: &Ready) -> Result<Admission> {
     if let Some((key, request)) = &run.idempotency
         && let Some(existing) = read_run_by_key(connection, key)?
     {
-        return replay(existing, request);
+        return replay(existing, request).map(Admitted::Other);
     }
     if let Some(step) = &run.step {
         let held: bool = connection
@@ -235,7 +242,7 @@ fn admit(connection: &Connection, ready: &Ready) -> Result<Admission> {
                 .query_row([], |row| row.get(0))?;
             let taken = taken - released_by(connection, &ready.journal)?;
             if u64::try_from(taken).unwrap_or(u64::MAX) >= step.slots_max {
-                return Ok(Admission::Queued);
+                return Ok(Admitted::Other(Admission::Queued));
             }
             connection
                 .prepare_cached(
@@ -289,15 +296,22 @@ fn admit(connection: &Connection, ready: &Ready) -> Result<Admission> {
             apply(connection, &step.fence, op)?;
         }
     }
-    Ok(Admission::Admitted(inserted.decode()?))
+    Ok(Admitted::Inserted(inserted))
 }
 
 impl SqliteStore {
     pub(crate) async fn admit_run(&self, run: &NewRun) -> Result<Admission> {
         // The writer thread needs its own copy.
         let ready = Ready::new(run);
-        self.write(move |connection| admit(connection, &ready))
-            .await
+        match self
+            .write(move |connection| admit(connection, &ready))
+            .await?
+        {
+            // The row holds what `Ready` encoded a moment ago and the status just inserted, so
+            // decoding it cannot fail on data of the store's own making.
+            Admitted::Inserted(row) => Ok(Admission::Admitted(row.decode()?)),
+            Admitted::Other(admission) => Ok(admission),
+        }
     }
 
     pub(crate) async fn read_run(&self, run_id: &RunId) -> Result<Option<RunRow>> {

@@ -1,0 +1,2 @@
+-- Migration 27 of SQLite drops the journal's index by sequence number, which its single writer
+-- paid for on every step: nothing changes here.
