@@ -196,7 +196,8 @@ mod tests {
     /// page and a batch holds at most `write_batch_max` (64) writes.
     const LOG_PAGES_ALLOWED: u64 = MAX_PAGES as u64 + 2 * 64;
 
-    fn open(dir: &tempfile::TempDir) -> (SqliteStore, PathBuf) {
+    /// A store with small checkpoint bounds and a table `t` to fill.
+    async fn open(dir: &tempfile::TempDir) -> (SqliteStore, PathBuf) {
         let path = dir.path().join("reins.db");
         let options = StoreOptions {
             wal_checkpoint_pages: EVERY_PAGES,
@@ -204,6 +205,10 @@ mod tests {
             ..StoreOptions::default()
         };
         let store = SqliteStore::open(&path, &options).expect("open");
+        store
+            .write(|c| Ok(c.execute_batch("CREATE TABLE t (x BLOB)")?))
+            .await
+            .expect("create");
         (store, path)
     }
 
@@ -242,14 +247,18 @@ mod tests {
         futures_util::future::join_all(writers).await;
     }
 
+    /// The rows the writes left, as a reader sees them.
+    async fn rows_of(store: &SqliteStore) -> i64 {
+        store
+            .read(|c| Ok(c.query_row("SELECT count(*) FROM t", [], |r| r.get(0))?))
+            .await
+            .expect("count")
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_write_ahead_log_stays_bounded_under_sustained_writes() {
         let dir = tempfile::tempdir().expect("temp dir");
-        let (store, path) = open(&dir);
-        store
-            .write(|c| Ok(c.execute_batch("CREATE TABLE t (x BLOB)")?))
-            .await
-            .expect("create");
+        let (store, path) = open(&dir).await;
         write_pages(&store, 3200).await;
 
         // The file keeps the largest size the log ever had.
@@ -260,10 +269,7 @@ mod tests {
             peak <= LOG_PAGES_ALLOWED,
             "the log grew to {peak} pages, past {MAX_PAGES} by more than a batch"
         );
-        let rows: i64 = store
-            .read(|c| Ok(c.query_row("SELECT count(*) FROM t", [], |r| r.get(0))?))
-            .await
-            .expect("count");
+        let rows = rows_of(&store).await;
         assert_eq!(rows, 3200);
         let integrity: String = store
             .read(|c| Ok(c.query_row("PRAGMA integrity_check", [], |r| r.get(0))?))
@@ -275,11 +281,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_reader_that_keeps_the_log_delays_checkpoints_and_fails_no_write() {
         let dir = tempfile::tempdir().expect("temp dir");
-        let (store, path) = open(&dir);
-        store
-            .write(|c| Ok(c.execute_batch("CREATE TABLE t (x BLOB)")?))
-            .await
-            .expect("create");
+        let (store, path) = open(&dir).await;
 
         // A snapshot held open (as a backup would) keeps every later frame out of the file.
         let reader = rusqlite::Connection::open(&path).expect("reader");
@@ -300,10 +302,7 @@ mod tests {
             frames <= LOG_PAGES_ALLOWED,
             "the log did not start over once the reader was gone: {frames} pages"
         );
-        let rows: i64 = store
-            .read(|c| Ok(c.query_row("SELECT count(*) FROM t", [], |r| r.get(0))?))
-            .await
-            .expect("count");
+        let rows = rows_of(&store).await;
         assert_eq!(rows, 1600);
     }
 }
