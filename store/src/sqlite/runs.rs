@@ -308,8 +308,13 @@ impl SqliteStore {
             .await?
         {
             // The row holds what `Ready` encoded a moment ago and the status just inserted, so
-            // decoding it cannot fail on data of the store's own making.
-            Admitted::Inserted(row) => Ok(Admission::Admitted(row.decode()?)),
+            // decoding it should not fail; if it does, the admission has already committed, and
+            // only recovery's read of the store may say what exists: never a plain failure.
+            Admitted::Inserted(row) => row.decode().map(Admission::Admitted).map_err(|e| {
+                Error::OutcomeUnknown(format!(
+                    "the run was admitted, but its stored row does not decode: {e}"
+                ))
+            }),
             Admitted::Other(admission) => Ok(admission),
         }
     }
