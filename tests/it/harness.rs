@@ -337,6 +337,20 @@ impl ReinsProcess {
         None
     }
 
+    /// What the process wrote to stderr once it holds every one of `needles`, or all of it so
+    /// far after `within`: a line reaches the pipe through the node's log writer, some time
+    /// after the event that logged it.
+    pub fn stderr_with(&mut self, needles: &[&str], within: Duration) -> String {
+        let deadline = Instant::now() + within;
+        loop {
+            let log = self.stderr();
+            if needles.iter().all(|needle| log.contains(needle)) || Instant::now() >= deadline {
+                return log;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Everything the process wrote to stderr (all of it once the process has exited).
     pub fn stderr(&mut self) -> String {
         if let Ok(Some(_)) = self.child.try_wait()

@@ -118,11 +118,9 @@ fn an_existing_data_folders_files_are_made_private_and_its_mode_is_warned_about(
             .mode();
         assert_eq!(mode & 0o777, 0o600, "{file}");
     }
-    let log = process.stderr();
-    assert!(
-        log.contains("other local users may read the node's files"),
-        "{log}"
-    );
+    let warning = "other local users may read the node's files";
+    let log = process.stderr_with(&[warning], Duration::from_secs(10));
+    assert!(log.contains(warning), "{log}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -151,11 +149,9 @@ async fn capturing_a_fifo_fails_the_step_at_once_and_cancel_and_sigterm_still_wo
     )
     .await;
     wait_for(&mut api, &run, "paused").await;
-    let log = node.process.stderr();
-    assert!(
-        log.contains("capture refused") && log.contains("a FIFO, not a regular file"),
-        "{log}"
-    );
+    let said = ["capture refused", "a FIFO, not a regular file"];
+    let log = node.process.stderr_with(&said, Duration::from_secs(10));
+    assert!(said.iter().all(|line| log.contains(line)), "{log}");
 
     let asked = Instant::now();
     let answer = api
