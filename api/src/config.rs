@@ -397,6 +397,7 @@ pub struct StoreConfig {
     pub write_batch_max: usize,
     pub wal_checkpoint_pages: u32,
     pub wal_pages_max: u32,
+    pub feed_numbering_max: u32,
 }
 
 impl Default for StoreConfig {
@@ -413,6 +414,7 @@ impl Default for StoreConfig {
             write_batch_max: defaults.write_batch_max,
             wal_checkpoint_pages: defaults.wal_checkpoint_pages,
             wal_pages_max: defaults.wal_pages_max,
+            feed_numbering_max: defaults.feed_numbering_max,
         }
     }
 }
@@ -572,7 +574,7 @@ impl Config {
             }
             _ => {}
         }
-        let positive: [(&'static str, u64); 38] = [
+        let positive: [(&'static str, u64); 39] = [
             ("store.pool_size", self.store.pool_size as u64),
             ("store.requests_max", self.store.requests_max as u64),
             ("store.write_batch_max", self.store.write_batch_max as u64),
@@ -581,6 +583,10 @@ impl Config {
                 u64::from(self.store.wal_checkpoint_pages),
             ),
             ("store.wal_pages_max", u64::from(self.store.wal_pages_max)),
+            (
+                "store.feed_numbering_max",
+                u64::from(self.store.feed_numbering_max),
+            ),
             ("store.connect_timeout_ms", self.store.connect_timeout_ms),
             ("store.call_timeout_ms", self.store.call_timeout_ms),
             ("limits.script_bytes_max", self.limits.script_bytes_max),
@@ -706,6 +712,7 @@ impl Config {
             write_batch_max: self.store.write_batch_max,
             wal_checkpoint_pages: self.store.wal_checkpoint_pages,
             wal_pages_max: self.store.wal_pages_max,
+            feed_numbering_max: self.store.feed_numbering_max,
             holder: holder.to_owned(),
             ..StoreOptions::default()
         }

@@ -135,6 +135,10 @@ pub struct StoreOptions {
     /// SQLite: past this many pages in the write-ahead log the writer checkpoints itself, so
     /// the log starts over even under constant load.
     pub wal_pages_max: u32,
+    /// PostgreSQL: status events one read of the feed gives their feed numbers to at most (the
+    /// next reads number the rest), so a backlog never makes a read outlast
+    /// `statement_timeout`.
+    pub feed_numbering_max: u32,
     /// The name written into the SQLite node lock, shown to a node that is refused.
     pub holder: String,
 }
@@ -151,6 +155,7 @@ impl Default for StoreOptions {
             write_batch_max: 64,
             wal_checkpoint_pages: 1000,
             wal_pages_max: 10_000,
+            feed_numbering_max: 10_000,
             holder: format!("pid {}", std::process::id()),
         }
     }

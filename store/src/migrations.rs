@@ -174,10 +174,16 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         postgres: include_str!("../migrations/postgres/0027_journal_without_seq_index.sql"),
         sqlite: include_str!("../migrations/sqlite/0027_journal_without_seq_index.sql"),
     },
+    Migration {
+        version: 28,
+        name: "feed_numbered_in_rounds",
+        postgres: include_str!("../migrations/postgres/0028_feed_numbered_in_rounds.sql"),
+        sqlite: include_str!("../migrations/sqlite/0028_feed_numbered_in_rounds.sql"),
+    },
 ];
 
 /// The schema version this build expects.
-pub const SCHEMA_VERSION: i64 = 27;
+pub const SCHEMA_VERSION: i64 = 28;
 
 /// The advisory-lock key PostgreSQL migrations serialise on ("reins" in ASCII).
 pub(crate) const PG_MIGRATION_LOCK: i64 = 0x0072_6569_6e73;

@@ -70,8 +70,10 @@ impl PgStore {
         Ok(())
     }
 
-    /// Numbers the committed status events that have no feed number yet (migration 25), then
-    /// reads: one round trip, two statements, so the read sees the numbers just given.
+    /// Numbers the oldest committed status events that have no feed number yet (at most
+    /// `feed_numbering_max`: migrations 25 and 28), then reads: one round trip, two statements,
+    /// so the read sees the numbers just given. Events past the bound are numbered by the next
+    /// reads, which a stream makes when woken or at its poll.
     pub(crate) async fn read_feed(
         &self,
         after: i64,
@@ -94,28 +96,34 @@ impl PgStore {
             ),
         };
         let statement = client.prepare_cached(sql).await?;
+        let bound: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&self.feed_numbering_max];
         let (numbered, rows) = tokio::join!(
-            client.execute(&number, &[]),
+            client.execute(&number, &bound),
             client.query(&statement, &params)
         );
         numbered?;
         Ok(rows?.iter().map(|row| event(row, 0)).collect())
     }
 
-    /// The newest number once every committed status event has one.
+    /// The newest number after one round of numbering: with a backlog beyond
+    /// `feed_numbering_max`, status events committed before this read may be numbered after it.
     pub(crate) async fn feed_head(&self) -> Result<i64> {
         let client = self.pool.get().await?;
         let number = client.prepare_cached(NUMBER_FEED).await?;
         let head = client
             .prepare_cached("SELECT seq FROM event_feed WHERE id = 1")
             .await?;
-        let (numbered, head) =
-            tokio::join!(client.execute(&number, &[]), client.query_one(&head, &[]));
+        let bound: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&self.feed_numbering_max];
+        let (numbered, head) = tokio::join!(
+            client.execute(&number, &bound),
+            client.query_one(&head, &[])
+        );
         numbered?;
         Ok(head?.get(0))
     }
 }
 
-/// Gives feed numbers to the status events committed without one, under the feed's lock, in a
-/// transaction of its own (migration 25); nothing when there is none.
-const NUMBER_FEED: &str = "SELECT reins_number_feed()";
+/// Gives feed numbers to at most `$1` of the status events committed without one, oldest first,
+/// under the feed's lock, in a transaction of its own (migrations 25 and 28); nothing when there
+/// is none.
+const NUMBER_FEED: &str = "SELECT reins_number_feed($1)";

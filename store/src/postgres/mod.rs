@@ -30,6 +30,8 @@ pub(crate) struct PgStore {
     listen_config: Box<tokio_postgres::Config>,
     /// The change bus and its listening task, started by the first subscriber.
     listener: OnceLock<(Changes, AbortOnDrop)>,
+    /// Status events one read of the feed numbers at most (`StoreOptions::feed_numbering_max`).
+    feed_numbering_max: i32,
 }
 
 impl PgStore {
@@ -70,6 +72,8 @@ impl PgStore {
             pool,
             listen_config: Box::new(listen_config),
             listener: OnceLock::new(),
+            feed_numbering_max: i32::try_from(options.feed_numbering_max.max(1))
+                .unwrap_or(i32::MAX),
         })
     }
 

@@ -224,7 +224,7 @@ mod tests {
             .expect("open");
         assert_eq!(
             store.migrate().await.expect("migrate").applied,
-            vec![26, 27]
+            (26..=crate::SCHEMA_VERSION).collect::<Vec<_>>()
         );
         let id = WorkflowId::from("wf");
         let before = store

@@ -289,3 +289,45 @@ async fn postgres_status_changes_do_not_wait_for_each_other_and_the_feed_stays_i
     let _ = connection.await;
     dropping.drop_database().await;
 }
+
+/// PostgreSQL only: one read of the feed numbers at most `feed_numbering_max` of the status
+/// events waiting for a number (migration 28), the oldest first, so a backlog never makes a read
+/// outlast the statement timeout; the next reads number the rest, in order, each once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_feed_read_numbers_a_bounded_round_and_the_next_reads_the_rest() {
+    let (_db, dropping) = crate::harness::TestDb::postgres().await;
+    let options = store::StoreOptions {
+        feed_numbering_max: 3,
+        ..store::StoreOptions::default()
+    };
+    let store = store::Store::open(&store::DatabaseUrl::Postgres(dropping.url()), &options)
+        .await
+        .expect("open");
+    let names = ["a", "b", "c", "d", "e", "f", "g"];
+    for name in names {
+        workflow(&store, name, "node", 60_000).await;
+    }
+    let read = |after| {
+        let store = &store;
+        async move {
+            let feed = store.read_feed(after, None, 100).await.expect("feed");
+            feed.iter()
+                .map(|event| (event.seq, event.workflow_id.as_str().to_owned()))
+                .collect::<Vec<_>>()
+        }
+    };
+    let numbered = |count: usize| -> Vec<(i64, String)> {
+        names[..count]
+            .iter()
+            .zip(1..)
+            .map(|(name, seq)| (seq, (*name).to_owned()))
+            .collect()
+    };
+    assert_eq!(read(0).await, numbered(3), "the first round");
+    assert_eq!(read(3).await, numbered(6)[3..], "the second round");
+    assert_eq!(read(0).await, numbered(7), "the last round");
+    assert_eq!(read(0).await, numbered(7), "nothing numbered twice");
+    assert_eq!(store.feed_head().await.expect("head"), 7);
+    drop(store);
+    dropping.drop_database().await;
+}

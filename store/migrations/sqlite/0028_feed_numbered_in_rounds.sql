@@ -1,0 +1,2 @@
+-- Migration 28 of PostgreSQL bounds the numbering of the feed after commit (migration 25).
+-- SQLite numbers each status event as it is written: nothing changes here.
