@@ -138,7 +138,13 @@ async fn a_command_agent_sees_none_of_the_nodes_secrets_and_only_what_its_config
     ] {
         assert!(!record.contains(leak), "{leak:?} leaked: {record}");
     }
+    // The whole log: the node stopped, every line it wrote is in.
+    node.process.signal(libc::SIGTERM);
+    node.process
+        .wait_exit(Duration::from_secs(30))
+        .expect("the node stops");
     let log = node.process.stderr();
+    assert!(log.contains("step finished"), "{log}");
     for leak in ["sk-test-must-not-leak", SECRET, "REINS_DATABASE="] {
         assert!(!log.contains(leak), "{leak:?} leaked into the log: {log}");
     }
