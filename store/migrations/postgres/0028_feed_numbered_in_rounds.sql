@@ -5,17 +5,16 @@
 -- same backlog and the same timeout, for good.
 --
 -- Now a call numbers at most `p_max` of the oldest such events (under the same lock, in the
--- same order) and answers whether it stopped at that bound; the next read numbers the next
--- ones. The numbers still commit in order, each given once.
-CREATE FUNCTION reins_number_feed(p_max INTEGER) RETURNS BOOLEAN LANGUAGE plpgsql AS $$
+-- same order); the next reads number the next ones. The numbers still commit in order, each
+-- given once.
+CREATE FUNCTION reins_number_feed(p_max INTEGER) RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
     v_head BIGINT;
     v_last BIGINT;
-    v_count BIGINT;
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM workflow_events WHERE feed_seq IS NULL AND user_id IS NOT NULL)
     THEN
-        RETURN FALSE;
+        RETURN;
     END IF;
     -- The lock that orders the numbers. Each statement below takes its snapshot after it was
     -- granted, so it sees every number the holder before gave, and every event committed since.
@@ -35,13 +34,12 @@ BEGIN
          WHERE e.workflow = todo.workflow AND e.seq = todo.seq
         RETURNING e.feed_seq
     )
-    SELECT max(feed_seq), count(*) INTO v_last, v_count FROM numbered;
+    SELECT max(feed_seq) INTO v_last FROM numbered;
     -- An event deleted meanwhile (its workflow was) leaves its number unused: a gap, as a
     -- deleted workflow's numbered events leave one.
     IF v_last IS NOT NULL THEN
         UPDATE event_feed SET seq = v_last WHERE id = 1;
     END IF;
-    RETURN v_count >= p_max;
 END $$;
 
 -- Nodes of this version call the bounded function only. A node of the version before, still

@@ -1,6 +1,7 @@
 //! Reading workflow events and the feed on PostgreSQL.
 
-use tokio_postgres::Row;
+use deadpool_postgres::Object;
+use tokio_postgres::{Row, Statement};
 
 use super::PgStore;
 use crate::lease::ttl_seconds;
@@ -96,9 +97,8 @@ impl PgStore {
             ),
         };
         let statement = client.prepare_cached(sql).await?;
-        let bound: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&self.feed_numbering_max];
         let (numbered, rows) = tokio::join!(
-            client.execute(&number, &bound),
+            self.number_feed(&client, &number),
             client.query(&statement, &params)
         );
         numbered?;
@@ -113,13 +113,22 @@ impl PgStore {
         let head = client
             .prepare_cached("SELECT seq FROM event_feed WHERE id = 1")
             .await?;
-        let bound: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&self.feed_numbering_max];
         let (numbered, head) = tokio::join!(
-            client.execute(&number, &bound),
+            self.number_feed(&client, &number),
             client.query_one(&head, &[])
         );
         numbered?;
         Ok(head?.get(0))
+    }
+
+    /// One bounded round of numbering (`NUMBER_FEED`), sent when first polled, so that a read
+    /// joined after it goes in the same round trip.
+    async fn number_feed(
+        &self,
+        client: &Object,
+        number: &Statement,
+    ) -> std::result::Result<u64, tokio_postgres::Error> {
+        client.execute(number, &[&self.feed_numbering_max]).await
     }
 }
 
