@@ -311,32 +311,46 @@ impl PgStore {
         steps_in(&client, workflow_id).await
     }
 
-    /// A workflow with its lease, journal and controls: three queries pipelined on one
-    /// connection in a repeatable-read transaction, so they see one moment.
+    /// A workflow with its lease, journal, controls, asking runs and artifacts: five queries in a
+    /// repeatable-read transaction, so they see one moment. The statements are prepared first;
+    /// then every future is polled once, in this order, before any answer is awaited, so the
+    /// transaction goes in one round trip (a read: nothing of it can be half done).
     pub(crate) async fn read_snapshot(&self, workflow_id: &WorkflowId) -> Result<Option<Snapshot>> {
-        let mut client = self.pool.get().await?;
-        let transaction = client
-            .build_transaction()
-            .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
-            .read_only(true)
-            .start()
-            .await?;
-        let (head, steps, controls, approval_runs, artifacts) = futures_util::try_join!(
-            workflow_in(&transaction, workflow_id),
-            steps_in(&transaction, workflow_id),
-            workflows::controls_in(&transaction, workflow_id),
-            runs::approval_runs_in(&transaction, workflow_id),
-            artifacts_in(&transaction, workflow_id),
-        )?;
-        transaction.commit().await?;
-        Ok(head.map(|(row, lease, db_now)| Snapshot {
+        let client = self.pool.get().await?;
+        let head = client.prepare_cached(WORKFLOW_SQL).await?;
+        let steps = client.prepare_cached(STEPS_SQL).await?;
+        let controls = client.prepare_cached(workflows::CONTROLS_SQL).await?;
+        let approval_runs = client.prepare_cached(runs::APPROVAL_RUNS_SQL).await?;
+        let artifacts = client.prepare_cached(ARTIFACTS_SQL).await?;
+        let id: [&(dyn ToSql + Sync); 1] = [workflow_id];
+        let (begun, head, steps, controls, approval_runs, artifacts, committed) = tokio::join!(
+            client.batch_execute("START TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"),
+            client.query_opt(&head, &id),
+            client.query(&steps, &id),
+            client.query(&controls, &id),
+            client.query(&approval_runs, &id),
+            client.query(&artifacts, &id),
+            client.batch_execute("COMMIT"),
+        );
+        begun?;
+        let (head, steps, controls, approval_runs, artifacts) =
+            (head?, steps?, controls?, approval_runs?, artifacts?);
+        committed?;
+        let Some(head) = head else {
+            return Ok(None);
+        };
+        let (row, lease, db_now) = workflow_from(&head, workflow_id)?;
+        Ok(Some(Snapshot {
             row,
             lease,
             db_now,
-            steps,
-            controls,
-            approval_runs,
-            artifacts,
+            steps: steps_from(&steps, workflow_id)?,
+            controls: controls.iter().map(workflows::control).collect(),
+            approval_runs: approval_runs
+                .iter()
+                .map(runs::decode)
+                .collect::<Result<_>>()?,
+            artifacts: artifacts.iter().map(artifact_from).collect(),
         }))
     }
 
@@ -640,74 +654,73 @@ pub(crate) fn redact(url: &str) -> String {
 }
 
 /// A workflow row with its lease and the database clock, in one statement.
+const WORKFLOW_SQL: &str = "
+    SELECT w.user_id, w.status, w.owner, w.fingerprint, w.data, w.created_at, w.updated_at,
+           l.owner, l.epoch, l.expires_at, reins_now()
+      FROM workflows w
+      LEFT JOIN extension_execution_leases l ON l.resource_id = w.id
+     WHERE w.id = $1";
+
+/// A workflow's artifacts (without their content), oldest first.
+const ARTIFACTS_SQL: &str = "
+    SELECT version, source_step_id, path, bytes, sha256, created_at
+      FROM workflow_artifacts WHERE workflow = $1 ORDER BY version";
+
+/// A workflow's journal, in call order.
+const STEPS_SQL: &str = "
+    SELECT step_id, attempt, kind, status, data, seq, created_at
+      FROM workflow_steps WHERE workflow = $1 ORDER BY seq, attempt";
+
 async fn workflow_in(
     client: &impl GenericClient,
     workflow_id: &WorkflowId,
 ) -> Result<Option<(WorkflowRow, Option<Lease>, f64)>> {
-    let statement = client
-        .prepare_cached(
-            "SELECT w.user_id, w.status, w.owner, w.fingerprint, w.data, w.created_at,
-                    w.updated_at, l.owner, l.epoch, l.expires_at, reins_now()
-               FROM workflows w
-               LEFT JOIN extension_execution_leases l ON l.resource_id = w.id
-              WHERE w.id = $1",
-        )
-        .await?;
+    let statement = client.prepare_cached(WORKFLOW_SQL).await?;
     let row = client.query_opt(&statement, &[&workflow_id]).await?;
-    row.map(|row| {
-        let lease = row.get::<_, Option<String>>(7).map(|owner| Lease {
-            resource_id: workflow_id.to_owned(),
-            owner,
-            epoch: row.get(8),
-            expires_at: row.get(9),
-        });
-        let workflow = WorkflowRow {
-            workflow_id: workflow_id.to_owned(),
-            user_id: row.get(0),
-            status: WorkflowStatus::read(row.get(1), workflow_id)?,
-            owner: row.get(2),
-            fingerprint: row.get(3),
-            data: row.get(4),
-            created_at: row.get(5),
-            updated_at: row.get(6),
-        };
-        Ok((workflow, lease, row.get(10)))
-    })
-    .transpose()
+    row.map(|row| workflow_from(&row, workflow_id)).transpose()
 }
 
-async fn artifacts_in(
-    client: &impl GenericClient,
-    workflow_id: &WorkflowId,
-) -> Result<Vec<ArtifactInfo>> {
-    let statement = client
-        .prepare_cached(
-            "SELECT version, source_step_id, path, bytes, sha256, created_at FROM workflow_artifacts
-              WHERE workflow = $1 ORDER BY version",
-        )
-        .await?;
-    let rows = client.query(&statement, &[&workflow_id]).await?;
-    Ok(rows
-        .iter()
-        .map(|row| ArtifactInfo {
-            version: row.get(0),
-            source_step_id: row.get(1),
-            path: row.get(2),
-            bytes: row.get(3),
-            sha256: row.get(4),
-            created_at: row.get(5),
-        })
-        .collect())
+/// A row of [`WORKFLOW_SQL`].
+fn workflow_from(row: &Row, workflow_id: &WorkflowId) -> Result<(WorkflowRow, Option<Lease>, f64)> {
+    let lease = row.get::<_, Option<String>>(7).map(|owner| Lease {
+        resource_id: workflow_id.to_owned(),
+        owner,
+        epoch: row.get(8),
+        expires_at: row.get(9),
+    });
+    let workflow = WorkflowRow {
+        workflow_id: workflow_id.to_owned(),
+        user_id: row.get(0),
+        status: WorkflowStatus::read(row.get(1), workflow_id)?,
+        owner: row.get(2),
+        fingerprint: row.get(3),
+        data: row.get(4),
+        created_at: row.get(5),
+        updated_at: row.get(6),
+    };
+    Ok((workflow, lease, row.get(10)))
+}
+
+/// A row of [`ARTIFACTS_SQL`].
+fn artifact_from(row: &Row) -> ArtifactInfo {
+    ArtifactInfo {
+        version: row.get(0),
+        source_step_id: row.get(1),
+        path: row.get(2),
+        bytes: row.get(3),
+        sha256: row.get(4),
+        created_at: row.get(5),
+    }
 }
 
 async fn steps_in(client: &impl GenericClient, workflow_id: &WorkflowId) -> Result<Vec<StepRow>> {
-    let statement = client
-        .prepare_cached(
-            "SELECT step_id, attempt, kind, status, data, seq, created_at FROM workflow_steps
-              WHERE workflow = $1 ORDER BY seq, attempt",
-        )
-        .await?;
+    let statement = client.prepare_cached(STEPS_SQL).await?;
     let rows = client.query(&statement, &[&workflow_id]).await?;
+    steps_from(&rows, workflow_id)
+}
+
+/// The rows of [`STEPS_SQL`].
+fn steps_from(rows: &[Row], workflow_id: &WorkflowId) -> Result<Vec<StepRow>> {
     rows.iter()
         .map(|row| {
             let seq = row.get(5);

@@ -16,7 +16,7 @@ use crate::runs::{
     Admission, ApprovalAnswer, CancelAction, NewRun, RunOutcome, RunRenewal, RunRow, answered,
     pending_answer, pending_request_id, replay, status_after_answer,
 };
-use crate::{Error, Result, RunId, RunStatus, WorkflowId};
+use crate::{Error, Result, RunId, RunStatus};
 
 /// `SELECT <run columns> FROM runs` followed by the given clauses, as one literal (SQL is never
 /// formatted per call).
@@ -30,7 +30,7 @@ macro_rules! select_run {
 // (migration 7): each number is held once (a unique index), so at most `slots_max` slots are held
 // across the cluster, and two admissions wait on each other only for the same number.
 
-fn decode(row: &Row) -> Result<RunRow> {
+pub(super) fn decode(row: &Row) -> Result<RunRow> {
     let run_id: RunId = row.get(0);
     Ok(RunRow {
         status: RunStatus::read(row.get(6), &run_id)?,
@@ -61,25 +61,12 @@ fn decode(row: &Row) -> Result<RunRow> {
 }
 
 /// The workflow's child runs that asked for approval (waiting for the answer, or carrying it),
-/// oldest first; the index on `(workflow, step_id, attempt)` finds them.
-pub(super) async fn approval_runs_in(
-    client: &impl deadpool_postgres::GenericClient,
-    workflow_id: &WorkflowId,
-) -> Result<Vec<RunRow>> {
-    let statement = client
-        .prepare_cached(select_run!(
-            "WHERE workflow = $1
-               AND (status = 'waiting_for_input' OR metadata -> 'hitl_answer' IS NOT NULL)
-             ORDER BY created_at, run_id"
-        ))
-        .await?;
-    client
-        .query(&statement, &[&workflow_id])
-        .await?
-        .iter()
-        .map(decode)
-        .collect()
-}
+/// oldest first; the partial index `runs_asked_by_workflow` (migration 20) finds them.
+pub(super) const APPROVAL_RUNS_SQL: &str = select_run!(
+    "WHERE workflow = $1
+       AND (status = 'waiting_for_input' OR metadata -> 'hitl_answer' IS NOT NULL)
+     ORDER BY created_at, run_id"
+);
 
 async fn read_by_key(client: &Object, key: &str) -> Result<Option<RunRow>> {
     let statement = client

@@ -29,7 +29,7 @@ macro_rules! control_columns {
     };
 }
 
-fn control(row: &Row) -> ControlRow {
+pub(super) fn control(row: &Row) -> ControlRow {
     ControlRow {
         id: row.get(0),
         workflow_id: row.get(1),
@@ -495,17 +495,17 @@ impl PgStore {
 }
 
 /// Every control of a workflow, oldest first.
+pub(super) const CONTROLS_SQL: &str = concat!(
+    "SELECT ",
+    control_columns!(),
+    " FROM workflow_controls WHERE workflow = $1 ORDER BY id"
+);
+
 pub(super) async fn controls_in(
     client: &impl deadpool_postgres::GenericClient,
     workflow_id: &WorkflowId,
 ) -> Result<Vec<ControlRow>> {
-    let statement = client
-        .prepare_cached(concat!(
-            "SELECT ",
-            control_columns!(),
-            " FROM workflow_controls WHERE workflow = $1 ORDER BY id"
-        ))
-        .await?;
+    let statement = client.prepare_cached(CONTROLS_SQL).await?;
     let rows = client.query(&statement, &[&workflow_id]).await?;
     Ok(rows.iter().map(control).collect())
 }

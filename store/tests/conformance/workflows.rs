@@ -559,3 +559,47 @@ conformance! {
         assert!(store.workflows_with_pending_controls("node").await.expect("pending").is_empty());
     }
 }
+
+conformance! {
+    async fn a_snapshot_is_one_moment_even_while_a_writer_commits_around_it(db) {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let store = db.store().await;
+        let lease = created(&*store, new_workflow("wf", "ada", None, "fp")).await;
+        let wf = store::WorkflowId::from("wf");
+        let writing = AtomicBool::new(true);
+        // Each write adds a step and an artifact in one transaction: a read that saw two moments
+        // (its queries on both sides of a commit) would count one more of either.
+        let writer = async {
+            for n in 1..=150_i32 {
+                store.fenced_write(&lease.fence(), vec![
+                    WriteOp::PutStep {
+                        workflow_id: "wf".into(), seq: n, step_id: format!("s{n}"), attempt: 1,
+                        kind: "agent".into(), status: store::StepStatus::Completed, data: json!({"n": n}),
+                    },
+                    WriteOp::PutArtifact {
+                        workflow_id: "wf".into(), version: i64::from(n), source_step_id: format!("s{n}"),
+                        path: None, content: n.to_string().into_bytes(), sha256: format!("h{n}"),
+                    },
+                ]).await.expect("write");
+                // The simulation answers at once: let the reader in between.
+                tokio::task::yield_now().await;
+            }
+            writing.store(false, Ordering::SeqCst);
+        };
+        let reader = async {
+            let mut reads = 0;
+            while writing.load(Ordering::SeqCst) {
+                let snapshot = store.read_snapshot(&wf).await.expect("snapshot").expect("wf");
+                assert_eq!(snapshot.steps.len(), snapshot.artifacts.len(),
+                    "a snapshot saw a step without its artifact, or the reverse");
+                reads += 1;
+                tokio::task::yield_now().await;
+            }
+            reads
+        };
+        let ((), reads) = tokio::join!(writer, reader);
+        assert!(reads > 0);
+        let last = store.read_snapshot(&wf).await.expect("snapshot").expect("wf");
+        assert_eq!((last.steps.len(), last.artifacts.len()), (150, 150));
+    }
+}
