@@ -9,7 +9,9 @@
 //! On PostgreSQL the changes are `NOTIFY`s on the channel `reins_changes`, sent by triggers
 //! (migrations 19 and 21) inside the transaction that makes the change, so they are delivered only if
 //! it commits; one dedicated connection per node (`application_name = reins-listen`, never
-//! from the pool) `LISTEN`s, reconnects with backoff, and sends `Resync` after every connect. On
+//! from the pool) `LISTEN`s, reconnects with backoff, and sends `Resync` after every connect; a
+//! status change the node's own write committed is also cued to its own subscribers as soon as
+//! the commit returns, ahead of (and independent of) its `NOTIFY`. On
 //! SQLite the same triggers are temporary ones of the writer's connection that collect payloads
 //! in a temporary table; the writer drains it into the batch and broadcasts them after `COMMIT`.
 //!

@@ -87,6 +87,21 @@ impl PgStore {
         changes.clone()
     }
 
+    /// Cues this node's own subscribers, at once, with the status changes a write of its own
+    /// just committed: a waiter or a stream here need not wait for the `NOTIFY` to come back
+    /// through the listening connection, which may be down or slow. The `NOTIFY` still comes
+    /// (every node hears it); a second cue is harmless, since a cue only names what to read.
+    pub(super) fn cue_committed(&self, ops: &[WriteOp]) {
+        let Some((changes, _)) = self.listener.get() else {
+            return;
+        };
+        for op in ops {
+            if let WriteOp::SetWorkflow { workflow_id, .. } = op {
+                changes.send(Change::Status(workflow_id.clone()));
+            }
+        }
+    }
+
     pub(crate) fn pool_status(&self) -> (usize, usize) {
         let status = self.pool.status();
         (status.size, status.available)
@@ -293,7 +308,9 @@ impl PgStore {
         if let Some(e) = changed.into_iter().find_map(|r| r.err()) {
             return Err(fenced_error(fence, e));
         }
-        committed.map_err(|e| fenced_error(fence, e))
+        committed.map_err(|e| fenced_error(fence, e))?;
+        self.cue_committed(ops);
+        Ok(())
     }
 
     pub(crate) async fn read_workflow(

@@ -188,7 +188,11 @@ async fn admit_pipelined(client: &Object, run: &NewRun) -> Result<Admission> {
 impl PgStore {
     pub(crate) async fn admit_run(&self, run: &NewRun) -> Result<Admission> {
         let client = self.pool.get().await?;
-        match admit_pipelined(&client, run).await {
+        let admitted = admit_pipelined(&client, run).await;
+        if let (Ok(Admission::Admitted(_)), Some(step)) = (&admitted, &run.step) {
+            self.cue_committed(&step.journal);
+        }
+        match admitted {
             Err(Error::Conflict(_)) => {
                 // The key admitted a run before (or a racing admission with it won): the same
                 // request gets its run; anything else is a conflict on the key or on the thread's

@@ -603,3 +603,90 @@ conformance! {
         assert_eq!((last.steps.len(), last.artifacts.len()), (150, 150));
     }
 }
+
+/// A status change this node commits cues its own subscribers at once, not only through the
+/// `NOTIFY` its listening connection would hear: with that connection killed and kept out, a
+/// waiter on the node that made the change still hears it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_status_change_cues_this_nodes_subscribers_with_its_listener_down() {
+    use std::time::Duration;
+    use store::{Change, WorkflowStatus};
+    let (_db, dropping) = crate::harness::TestDb::postgres().await;
+    let url = dropping.url();
+    let store = store::Store::open(
+        &store::DatabaseUrl::Postgres(url.clone()),
+        &store::StoreOptions::default(),
+    )
+    .await
+    .expect("open");
+    let mut changes = store.changes().subscribe();
+    async fn next(
+        changes: &mut tokio::sync::broadcast::Receiver<Change>,
+    ) -> Result<Change, tokio::time::error::Elapsed> {
+        tokio::time::timeout(Duration::from_secs(5), changes.recv())
+            .await
+            .map(|change| change.expect("the bus is open"))
+    }
+    // The listener's first connect ends with a resync: it listens from then on.
+    assert_eq!(next(&mut changes).await, Ok(Change::Resync));
+    let lease = created(&store, new_workflow("wf", "ada", None, "fp")).await;
+    let wf = store::WorkflowId::from("wf");
+
+    let (server, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    tokio::spawn(connection);
+    let database: String = server
+        .query_one("SELECT current_database()", &[])
+        .await
+        .expect("name")
+        .get(0);
+    let (admin, connection) = tokio_postgres::connect(
+        &std::env::var("REINS_TEST_PG").expect("REINS_TEST_PG"),
+        tokio_postgres::NoTls,
+    )
+    .await
+    .expect("connect to the cluster");
+    tokio::spawn(connection);
+    admin
+        .execute(
+            &format!("ALTER DATABASE {database} ALLOW_CONNECTIONS false"),
+            &[],
+        )
+        .await
+        .expect("keep new connections out");
+    let killed: bool = server
+        .query_one(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+              WHERE datname = current_database() AND application_name = $1",
+            &[&store::LISTEN_APPLICATION_NAME],
+        )
+        .await
+        .expect("terminate the listener")
+        .get(0);
+    assert!(killed, "the listener was found");
+
+    // The pool's connection is still open: the change commits, and it is heard here at once.
+    store
+        .fenced_write(
+            &lease.fence(),
+            vec![WriteOp::SetWorkflow {
+                workflow_id: wf.clone(),
+                status: WorkflowStatus::Paused,
+                data: json!({}),
+            }],
+        )
+        .await
+        .expect("paused");
+    assert_eq!(next(&mut changes).await, Ok(Change::Status(wf.clone())));
+
+    admin
+        .execute(
+            &format!("ALTER DATABASE {database} ALLOW_CONNECTIONS true"),
+            &[],
+        )
+        .await
+        .expect("let connections in");
+    drop((store, server));
+    dropping.drop_database().await;
+}
