@@ -87,6 +87,7 @@ case "$mode" in
     REINS_BENCH_PG="$url" cargo bench -p actors --bench child_runs
     REINS_BENCH_PG="$url" cargo bench -p actors --bench workflows
     REINS_BENCH_PG="$url" cargo bench -p api --bench http
+    REINS_BENCH_PG="$url" cargo bench -p api --bench wake
     REINS_BENCH_PG="$url" cargo bench -p api --bench soak
     ;;
   *)
