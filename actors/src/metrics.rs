@@ -164,6 +164,14 @@ pub fn render_gauge(
     }
 }
 
+/// Writes one counter without labels (help, type, value) in the text format.
+pub fn render_counter(out: &mut String, name: &str, help: &str, value: f64) {
+    let _ = writeln!(
+        out,
+        "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}"
+    );
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -42,6 +42,8 @@ pub struct StoreHealth {
     pub schema_current: bool,
     /// Connections in the PostgreSQL pool and how many are idle.
     pub pool: Option<(usize, usize)>,
+    /// PostgreSQL batches of more than one write so far, and the writes they carried.
+    pub write_batches: Option<(u64, u64)>,
     /// A write failed for a full disk and no write has succeeded since.
     pub disk_full: bool,
 }
@@ -429,6 +431,7 @@ impl StoreHandle {
                     schema_version,
                     schema_current: schema_version == store::SCHEMA_VERSION,
                     pool: store.pool_status(),
+                    write_batches: store.write_batches(),
                     disk_full: false,
                 })
             })

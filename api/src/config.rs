@@ -395,6 +395,8 @@ pub struct StoreConfig {
     pub requests_max: usize,
     pub call_timeout_ms: u64,
     pub write_batch_max: usize,
+    pub pg_writers: usize,
+    pub pg_batch_max: usize,
     pub wal_checkpoint_pages: u32,
     pub wal_pages_max: u32,
     pub feed_numbering_max: u32,
@@ -412,6 +414,8 @@ impl Default for StoreConfig {
             requests_max: 256,
             call_timeout_ms: 30_000,
             write_batch_max: defaults.write_batch_max,
+            pg_writers: defaults.pg_writers,
+            pg_batch_max: defaults.pg_batch_max,
             wal_checkpoint_pages: defaults.wal_checkpoint_pages,
             wal_pages_max: defaults.wal_pages_max,
             feed_numbering_max: defaults.feed_numbering_max,
@@ -574,10 +578,12 @@ impl Config {
             }
             _ => {}
         }
-        let positive: [(&'static str, u64); 39] = [
+        let positive: [(&'static str, u64); 41] = [
             ("store.pool_size", self.store.pool_size as u64),
             ("store.requests_max", self.store.requests_max as u64),
             ("store.write_batch_max", self.store.write_batch_max as u64),
+            ("store.pg_writers", self.store.pg_writers as u64),
+            ("store.pg_batch_max", self.store.pg_batch_max as u64),
             (
                 "store.wal_checkpoint_pages",
                 u64::from(self.store.wal_checkpoint_pages),
@@ -710,6 +716,8 @@ impl Config {
             lock_timeout: Duration::from_millis(self.store.lock_timeout_ms),
             statement_timeout: Duration::from_millis(self.store.statement_timeout_ms),
             write_batch_max: self.store.write_batch_max,
+            pg_writers: self.store.pg_writers,
+            pg_batch_max: self.store.pg_batch_max,
             wal_checkpoint_pages: self.store.wal_checkpoint_pages,
             wal_pages_max: self.store.wal_pages_max,
             feed_numbering_max: self.store.feed_numbering_max,
@@ -1085,6 +1093,8 @@ mod tests {
             ("REINS_LISTEN", "nowhere", "listen"),
             ("REINS_LEASE_SECONDS", "0", "lease_seconds"),
             ("REINS_STORE__POOL_SIZE", "0", "store.pool_size"),
+            ("REINS_STORE__PG_WRITERS", "0", "store.pg_writers"),
+            ("REINS_STORE__PG_BATCH_MAX", "0", "store.pg_batch_max"),
             (
                 "REINS_LIMITS__LOG_LINE_BYTES_MAX",
                 "0",

@@ -125,10 +125,16 @@ pub struct StoreOptions {
     pub lock_timeout: Duration,
     /// The longest a PostgreSQL statement runs.
     pub statement_timeout: Duration,
-    /// SQLite writes waiting for the writer thread before callers are made to wait.
+    /// Writes waiting for the writers (SQLite's writer thread, PostgreSQL's batch writers)
+    /// before callers are made to wait.
     pub write_queue_max: usize,
     /// SQLite writes committed together in one transaction at most.
     pub write_batch_max: usize,
+    /// PostgreSQL: the writer tasks that commit fenced writes, admissions and child runs' ends
+    /// in batches (group commit), each holding one pooled connection while it commits.
+    pub pg_writers: usize,
+    /// PostgreSQL: writes one batch commits together at most (1: every write alone).
+    pub pg_batch_max: usize,
     /// SQLite: pages the writer's commits add to the write-ahead log before the checkpointer
     /// thread copies them into the database file.
     pub wal_checkpoint_pages: u32,
@@ -153,6 +159,8 @@ impl Default for StoreOptions {
             statement_timeout: Duration::from_secs(30),
             write_queue_max: 1024,
             write_batch_max: 64,
+            pg_writers: 4,
+            pg_batch_max: 16,
             wal_checkpoint_pages: 1000,
             wal_pages_max: 10_000,
             feed_numbering_max: 10_000,
@@ -239,6 +247,15 @@ impl Store {
         match &self.backend {
             Inner::Sqlite(store) => store.changes(),
             Inner::Postgres(store) => store.changes(),
+        }
+    }
+
+    /// PostgreSQL only: how many batches of more than one write the writers have committed or
+    /// tried, and how many writes they carried.
+    pub fn write_batches(&self) -> Option<(u64, u64)> {
+        match &self.backend {
+            Inner::Sqlite(_) => None,
+            Inner::Postgres(store) => Some(store.write_batches()),
         }
     }
 

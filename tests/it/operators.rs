@@ -441,6 +441,11 @@ async fn metrics_parse_as_prometheus_text_and_move_as_workflows_run() {
         value(&after, "reins_store_pool_connections{state=\"open\"}") >= 1.0,
         "PostgreSQL pool: {after:?}"
     );
+    assert!(
+        after.contains_key("reins_store_write_batches_total")
+            && after.contains_key("reins_store_batched_writes_total"),
+        "PostgreSQL write batches: {after:?}"
+    );
     let launches = "reins_http_requests_total{method=\"POST\",route=\"/api/plugins/community.workflows/actions/launch\",status=\"200\"}";
     assert_eq!(value(&after, launches), 1.0, "{after:?}");
     assert!(

@@ -859,7 +859,22 @@ async fn database_gauges(state: &AppState) -> Result<String, ApiError> {
         "Workflows in the database, by stored status.",
         &samples,
     );
-    if let Some((size, idle)) = store.health().await?.pool {
+    let health = store.health().await?;
+    if let Some((batches, writes)) = health.write_batches {
+        actors::metrics::render_counter(
+            &mut text,
+            "reins_store_write_batches_total",
+            "PostgreSQL transactions that committed (or tried) more than one write together.",
+            batches as f64,
+        );
+        actors::metrics::render_counter(
+            &mut text,
+            "reins_store_batched_writes_total",
+            "Writes those batches carried.",
+            writes as f64,
+        );
+    }
+    if let Some((size, idle)) = health.pool {
         actors::metrics::render_gauge(
             &mut text,
             "reins_store_pool_connections",

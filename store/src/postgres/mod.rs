@@ -7,17 +7,21 @@
 use std::str::FromStr;
 use std::sync::OnceLock;
 
-use deadpool_postgres::{GenericClient, Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use deadpool_postgres::{
+    GenericClient, Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime,
+};
 use futures_util::future::join_all;
 use tokio_postgres::types::ToSql;
-use tokio_postgres::{NoTls, Row};
+use tokio_postgres::{NoTls, Row, Statement};
 
+use self::batch::{Batcher, Job};
 use crate::changes::{AbortOnDrop, CHANGES_CHANNEL_SQL, Change, Changes, listen_backoff};
 use crate::lease::{Fence, Lease, ttl_seconds};
 use crate::migrations::{self, MigrationReport, PG_MIGRATION_LOCK};
 use crate::write::{ArtifactInfo, ArtifactRow, Snapshot, StepRow, WorkflowRow, WriteOp};
 use crate::{Error, NodeRecord, Result, StepStatus, StoreOptions, WorkflowId, WorkflowStatus};
 
+mod batch;
 mod events;
 mod operators;
 mod runs;
@@ -26,6 +30,9 @@ mod workflows;
 
 pub(crate) struct PgStore {
     pool: Pool,
+    /// The writers that commit the hot writes (fenced writes, admissions, child runs' ends) of
+    /// many workflows together.
+    batcher: Batcher,
     /// How the change listener connects: the pool's settings under its own application name.
     listen_config: Box<tokio_postgres::Config>,
     /// The change bus and its listening task, started by the first subscriber.
@@ -68,7 +75,14 @@ impl PgStore {
         // Reachability is checked now, so that a bad address stops start-up with its cause.
         let client = pool.get().await?;
         drop(client);
+        let batcher = Batcher::start(
+            pool.clone(),
+            options.pg_writers,
+            options.pg_batch_max,
+            options.write_queue_max,
+        );
         Ok(PgStore {
+            batcher,
             pool,
             listen_config: Box::new(listen_config),
             listener: OnceLock::new(),
@@ -100,6 +114,10 @@ impl PgStore {
                 changes.send(Change::Status(workflow_id.clone()));
             }
         }
+    }
+
+    pub(crate) fn write_batches(&self) -> (u64, u64) {
+        self.batcher.counts()
     }
 
     pub(crate) fn pool_status(&self) -> (usize, usize) {
@@ -277,38 +295,13 @@ impl PgStore {
     }
 
     pub(crate) async fn fenced_write(&self, fence: &Fence, ops: &[WriteOp]) -> Result<()> {
-        let client = self.pool.get().await?;
-        let fenced = client.prepare_cached(FENCE_SQL).await?;
-        let mut statements = Vec::with_capacity(ops.len());
-        for op in ops {
-            statements.push(client.prepare_cached(op_sql(op)).await?);
-        }
-        let params: Vec<Vec<&(dyn ToSql + Sync)>> =
-            ops.iter().map(|op| op_params(fence, op)).collect();
-        // Every future is polled once, in this order, before any answer is awaited. That sends
-        // the whole transaction in one round trip, and a caller that goes away afterwards cannot
-        // leave half of it unsent. The fence comes first and holds the lease row until the commit.
-        let begin = client.batch_execute("BEGIN");
-        let fence_params = fence_params(fence);
-        let checked = client.execute(&fenced, &fence_params);
-        let changes = join_all(
-            statements
-                .iter()
-                .zip(&params)
-                .map(|(statement, params)| client.execute(statement, params)),
-        );
-        let commit = client.batch_execute("COMMIT");
-        let (begun, checked, changed, committed) = tokio::join!(begin, checked, changes, commit);
-        if let Err(e) = begun {
-            return Err(begin_error(e));
-        }
-        // The first failure is the cause; the statements after it only report the aborted
-        // transaction, and the pipelined COMMIT rolled it back.
-        checked.map_err(|e| fenced_error(fence, e))?;
-        if let Some(e) = changed.into_iter().find_map(|r| r.err()) {
-            return Err(fenced_error(fence, e));
-        }
-        committed.map_err(|e| fenced_error(fence, e))?;
+        self.batcher
+            .submit(|reply| Job::Fenced {
+                fence: fence.clone(),
+                ops: ops.to_vec(),
+                reply,
+            })
+            .await?;
         self.cue_committed(ops);
         Ok(())
     }
@@ -470,6 +463,69 @@ fn node_from_row(row: &Row) -> NodeRecord {
         started_at: row.get(4),
         stopped_at: row.get(5),
     }
+}
+
+/// The statements of a fenced write, prepared on one connection.
+pub(super) struct FencedStatements {
+    fence: Statement,
+    ops: Vec<Statement>,
+}
+
+pub(super) async fn prepare_fenced(client: &Object, ops: &[WriteOp]) -> Result<FencedStatements> {
+    let fence = client.prepare_cached(FENCE_SQL).await?;
+    let mut statements = Vec::with_capacity(ops.len());
+    for op in ops {
+        statements.push(client.prepare_cached(op_sql(op)).await?);
+    }
+    Ok(FencedStatements {
+        fence,
+        ops: statements,
+    })
+}
+
+/// Sends a fenced write's statements, without `BEGIN` or `COMMIT`: every future is polled once,
+/// in this order, before any answer is awaited, so they go out together and in order behind
+/// whatever the caller sent before, and a caller that goes away afterwards cannot leave half of
+/// them unsent. The fence comes first and holds the lease row until the commit. The answer is
+/// the first failure: the statements after it only report the aborted transaction.
+pub(super) async fn fenced_body(
+    client: &Object,
+    statements: &FencedStatements,
+    fence: &Fence,
+    ops: &[WriteOp],
+) -> std::result::Result<(), tokio_postgres::Error> {
+    let params: Vec<Vec<&(dyn ToSql + Sync)>> = ops.iter().map(|op| op_params(fence, op)).collect();
+    let fence_params = fence_params(fence);
+    let (checked, changed) = tokio::join!(
+        client.execute(&statements.fence, &fence_params),
+        join_all(
+            statements
+                .ops
+                .iter()
+                .zip(&params)
+                .map(|(statement, params)| client.execute(statement, params)),
+        ),
+    );
+    checked?;
+    changed.into_iter().try_for_each(|r| r.map(|_| ()))
+}
+
+/// A fenced write in a transaction of its own, in one round trip: what a batch falls back to.
+pub(super) async fn fenced_alone(pool: &Pool, fence: &Fence, ops: &[WriteOp]) -> Result<()> {
+    let client = pool.get().await?;
+    let statements = prepare_fenced(&client, ops).await?;
+    let (begun, changed, committed) = tokio::join!(
+        client.batch_execute("BEGIN"),
+        fenced_body(&client, &statements, fence, ops),
+        client.batch_execute("COMMIT"),
+    );
+    if let Err(e) = begun {
+        return Err(begin_error(e));
+    }
+    // A failed statement aborted the transaction, and the pipelined COMMIT rolled it back.
+    changed.map_err(|e| fenced_error(fence, e))?;
+    committed.map_err(|e| fenced_error(fence, e))?;
+    Ok(())
 }
 
 /// A pipelined `BEGIN` that failed. When the server ended the session over it (shutting down,

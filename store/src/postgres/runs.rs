@@ -3,18 +3,19 @@
 //! statement wait and re-check its condition on the new version, so exactly one of two racing
 //! writers wins.
 
-use deadpool_postgres::Object;
+use deadpool_postgres::{Object, Pool};
 use serde_json::Value;
-use tokio_postgres::Row;
+use tokio_postgres::{Row, Statement};
 
+use super::batch::Job;
 use super::{
     FENCE_SQL, PgStore, begin_error, commit_error, fence_params, fenced_error, op_params, op_sql,
 };
 use crate::lease::ttl_seconds;
 use crate::runs::run_columns;
 use crate::runs::{
-    Admission, ApprovalAnswer, CancelAction, NewRun, RunOutcome, RunRenewal, RunRow, answered,
-    pending_answer, pending_request_id, replay, status_after_answer,
+    Admission, ApprovalAnswer, CancelAction, NewRun, RunOutcome, RunRenewal, RunRow, WorkflowStep,
+    answered, pending_answer, pending_request_id, replay, status_after_answer,
 };
 use crate::{Error, Result, RunId, RunStatus};
 
@@ -80,60 +81,118 @@ async fn read_by_key(client: &Object, key: &str) -> Result<Option<RunRow>> {
         .transpose()
 }
 
-/// How a pipelined admission turned out: admitted, or the first statement that failed, in
-/// statement order (the statements after it only report the aborted transaction).
-async fn admit_pipelined(client: &Object, run: &NewRun) -> Result<Admission> {
+/// The statements of an admission with a workflow step, prepared on one connection.
+pub(super) struct AdmitStatements {
+    insert: Statement,
+    fence: Statement,
+    claim: Statement,
+    journal: Vec<Statement>,
+}
+
+/// What each statement of an admission's body answered, in the order they were sent.
+pub(super) struct AdmitAnswers {
+    fenced: std::result::Result<u64, tokio_postgres::Error>,
+    inserted: std::result::Result<Row, tokio_postgres::Error>,
+    journaled: Vec<std::result::Result<u64, tokio_postgres::Error>>,
+    claimed: std::result::Result<u64, tokio_postgres::Error>,
+}
+
+impl AdmitAnswers {
+    /// The first statement that failed, in the order they were sent: the statements after it
+    /// only report the aborted transaction.
+    pub(super) fn first_error(&self) -> Option<&tokio_postgres::Error> {
+        self.fenced
+            .as_ref()
+            .err()
+            .or_else(|| self.inserted.as_ref().err())
+            .or_else(|| self.journaled.iter().find_map(|r| r.as_ref().err()))
+            .or_else(|| self.claimed.as_ref().err())
+    }
+}
+
+const INSERT_RUN_SQL: &str = concat!(
+    "INSERT INTO runs (run_id, thread_id, workflow, step_id, attempt, agent, status,
+                       owner_worker_id, lease_expires_at, idempotency_key,
+                       idempotency_request, metadata, created_at, updated_at)
+     VALUES ($1, $2, $3, $4, $5, $6, 'running', $7, reins_now() + $8, $9, $10, $11,
+             reins_now(), reins_now())
+     RETURNING ",
+    run_columns!()
+);
+
+const CLAIM_SLOT_SQL: &str = "SELECT reins_claim_slot($1, $2, $3, $4)";
+
+pub(super) async fn prepare_admit(client: &Object, step: &WorkflowStep) -> Result<AdmitStatements> {
+    let insert = client.prepare_cached(INSERT_RUN_SQL).await?;
+    let fence = client.prepare_cached(FENCE_SQL).await?;
+    let claim = client.prepare_cached(CLAIM_SLOT_SQL).await?;
+    let mut journal = Vec::with_capacity(step.journal.len());
+    for op in &step.journal {
+        journal.push(client.prepare_cached(op_sql(op)).await?);
+    }
+    Ok(AdmitStatements {
+        insert,
+        fence,
+        claim,
+        journal,
+    })
+}
+
+/// The parameters of [`INSERT_RUN_SQL`].
+macro_rules! insert_params {
+    ($run:expr, $key:ident, $request:ident, $workflow_id:ident, $step_id:ident, $attempt:ident,
+     $lease_seconds:ident) => {
+        [
+            &$run.run_id as &(dyn tokio_postgres::types::ToSql + Sync),
+            &$run.thread_id,
+            &$workflow_id,
+            &$step_id,
+            &$attempt,
+            &$run.agent,
+            &$run.owner,
+            &$lease_seconds,
+            &$key,
+            &$request,
+            &$run.metadata,
+        ]
+    };
+}
+
+/// Sends an admission's statements, without `BEGIN` or `COMMIT`: every future is polled once,
+/// in this order, before any answer is awaited, so the statements go out together and in order
+/// behind whatever the caller sent before. The fence comes first and holds the lease row until
+/// the commit, so the journal's changes after it check nothing more (`op_sql`). The slot is
+/// claimed last: after the journal, which releases the slot of the workflow's step before (its
+/// outcome's `ReleaseSlot` is carried here), so a workflow going from one step to the next keeps
+/// its place under `slots_max` (claimed first, that slot still counted: with as many workflows as
+/// slots, every other admission was refused and queued); and the claim's lock is held only for
+/// the server's work and the commit.
+pub(super) async fn admit_body(
+    client: &Object,
+    statements: &AdmitStatements,
+    run: &NewRun,
+    step: &WorkflowStep,
+) -> AdmitAnswers {
     let (key, request) = match &run.idempotency {
         Some((key, request)) => (Some(key), Some(request)),
         None => (None, None),
     };
     let (workflow_id, step_id, attempt) = (
-        run.step.as_ref().map(|s| &s.workflow_id),
-        run.step.as_ref().map(|s| &s.step_id),
-        run.step.as_ref().map(|s| s.attempt),
+        Some(&step.workflow_id),
+        Some(&step.step_id),
+        Some(step.attempt),
     );
     let lease_seconds = ttl_seconds(run.lease_ms);
-    let insert = client
-        .prepare_cached(concat!(
-            "INSERT INTO runs (run_id, thread_id, workflow, step_id, attempt, agent, status,
-                               owner_worker_id, lease_expires_at, idempotency_key,
-                               idempotency_request, metadata, created_at, updated_at)
-             VALUES ($1, $2, $3, $4, $5, $6, 'running', $7, reins_now() + $8, $9, $10, $11,
-                     reins_now(), reins_now())
-             RETURNING ",
-            run_columns!()
-        ))
-        .await?;
-    let insert_params: [&(dyn tokio_postgres::types::ToSql + Sync); 11] = [
-        &run.run_id,
-        &run.thread_id,
-        &workflow_id,
-        &step_id,
-        &attempt,
-        &run.agent,
-        &run.owner,
-        &lease_seconds,
-        &key,
-        &request,
-        &run.metadata,
-    ];
-    let Some(step) = &run.step else {
-        // One statement is its own transaction; without an answer, its commit is unknown.
-        let inserted = client
-            .query_one(&insert, &insert_params)
-            .await
-            .map_err(commit_error)?;
-        return Ok(Admission::Admitted(decode(&inserted)?));
-    };
-    let fence = client.prepare_cached(FENCE_SQL).await?;
+    let insert_params = insert_params!(
+        run,
+        key,
+        request,
+        workflow_id,
+        step_id,
+        attempt,
+        lease_seconds
+    );
     let fenced_by = fence_params(&step.fence);
-    let claim = client
-        .prepare_cached("SELECT reins_claim_slot($1, $2, $3, $4)")
-        .await?;
-    let mut journal = Vec::with_capacity(step.journal.len());
-    for op in &step.journal {
-        journal.push(client.prepare_cached(op_sql(op)).await?);
-    }
     let journal_params: Vec<_> = step
         .journal
         .iter()
@@ -142,37 +201,42 @@ async fn admit_pipelined(client: &Object, run: &NewRun) -> Result<Admission> {
     let slots_max = i64::try_from(step.slots_max).unwrap_or(i64::MAX);
     let claim_params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] =
         [&step.workflow_id, &step.step_id, &step.attempt, &slots_max];
-    // Every future is polled once, in this order, before any answer is awaited: the whole
-    // transaction goes in one round trip. The fence comes first and holds the lease row until the
-    // commit, so the journal's changes after it check nothing more (`op_sql`). The slot is claimed last: after the journal, which releases the slot of the
-    // workflow's step before (its outcome's `ReleaseSlot` is carried here), so a workflow going
-    // from one step to the next keeps its place under `slots_max` (claimed first, that slot still
-    // counted: with as many workflows as slots, every other admission was refused and queued);
-    // and the claim's lock is held only for the server's work and the commit.
-    let (begun, fenced, inserted, journaled, claimed, committed) = tokio::join!(
-        client.batch_execute("BEGIN"),
-        client.execute(&fence, &fenced_by),
-        client.query_one(&insert, &insert_params),
+    let (fenced, inserted, journaled, claimed) = tokio::join!(
+        client.execute(&statements.fence, &fenced_by),
+        client.query_one(&statements.insert, &insert_params),
         futures_util::future::join_all(
-            journal
+            statements
+                .journal
                 .iter()
                 .zip(&journal_params)
                 .map(|(statement, params)| client.execute(statement, params)),
         ),
-        client.execute(&claim, &claim_params),
-        client.batch_execute("COMMIT"),
+        client.execute(&statements.claim, &claim_params),
     );
-    if let Err(e) = begun {
-        return Err(begin_error(e));
+    AdmitAnswers {
+        fenced,
+        inserted,
+        journaled,
+        claimed,
     }
-    fenced.map_err(|e| fenced_error(&step.fence, e))?;
+}
+
+/// What an admission's answers mean, the transaction's `COMMIT` answered by `committed`: the
+/// first statement that failed decides (the statements after it only report the aborted
+/// transaction), then the commit.
+pub(super) fn admit_outcome(
+    answers: AdmitAnswers,
+    step: &WorkflowStep,
+    committed: std::result::Result<(), tokio_postgres::Error>,
+) -> Result<Admission> {
+    answers.fenced.map_err(|e| fenced_error(&step.fence, e))?;
     // A refused insert (the thread's one active run, a repeated key): the caller looks for the
     // key's run.
-    let inserted = inserted.map_err(|e| fenced_error(&step.fence, e))?;
-    if let Some(e) = journaled.into_iter().find_map(|r| r.err()) {
+    let inserted = answers.inserted.map_err(|e| fenced_error(&step.fence, e))?;
+    if let Some(e) = answers.journaled.into_iter().find_map(|r| r.err()) {
         return Err(fenced_error(&step.fence, e));
     }
-    match claimed {
+    match answers.claimed {
         // Every slot is taken: the pipelined COMMIT rolled the insert and the journal back.
         Err(error) if error.code().is_some_and(|c| c.code() == "RS001") => {
             return Ok(Admission::Queued);
@@ -185,30 +249,141 @@ async fn admit_pipelined(client: &Object, run: &NewRun) -> Result<Admission> {
     Ok(Admission::Admitted(decode(&inserted)?))
 }
 
+/// One admission in a transaction of its own, in one round trip.
+async fn admit_pipelined(client: &Object, run: &NewRun) -> Result<Admission> {
+    let Some(step) = &run.step else {
+        let (key, request) = match &run.idempotency {
+            Some((key, request)) => (Some(key), Some(request)),
+            None => (None, None),
+        };
+        let (workflow_id, step_id, attempt): (
+            Option<&crate::WorkflowId>,
+            Option<&String>,
+            Option<i32>,
+        ) = (None, None, None);
+        let lease_seconds = ttl_seconds(run.lease_ms);
+        let insert = client.prepare_cached(INSERT_RUN_SQL).await?;
+        let insert_params = insert_params!(
+            run,
+            key,
+            request,
+            workflow_id,
+            step_id,
+            attempt,
+            lease_seconds
+        );
+        // One statement is its own transaction; without an answer, its commit is unknown.
+        let inserted = client
+            .query_one(&insert, &insert_params)
+            .await
+            .map_err(commit_error)?;
+        return Ok(Admission::Admitted(decode(&inserted)?));
+    };
+    let statements = prepare_admit(client, step).await?;
+    let (begun, answers, committed) = tokio::join!(
+        client.batch_execute("BEGIN"),
+        admit_body(client, &statements, run, step),
+        client.batch_execute("COMMIT"),
+    );
+    if let Err(e) = begun {
+        return Err(begin_error(e));
+    }
+    admit_outcome(answers, step, committed)
+}
+
+/// Admits `run` on a connection of its own, as one transaction: what a batch falls back to.
+pub(super) async fn admit_alone(pool: &Pool, run: &NewRun) -> Result<Admission> {
+    let client = pool.get().await?;
+    match admit_pipelined(&client, run).await {
+        Err(Error::Conflict(_)) => {
+            // The key admitted a run before (or a racing admission with it won): the same
+            // request gets its run; anything else is a conflict on the key or on the thread's
+            // one active run.
+            if let Some((key, request)) = &run.idempotency
+                && let Some(existing) = read_by_key(&client, key).await?
+            {
+                return replay(existing, request);
+            }
+            Err(Error::Conflict(format!(
+                "thread {:?} already has an active run",
+                run.thread_id
+            )))
+        }
+        other => other,
+    }
+}
+
+/// The terminal compare-and-set of a child run.
+pub(super) const FINALIZE_SQL: &str =
+    "UPDATE runs SET status = $3, error = $4, output = $5, stop_reason = $6,
+                        total_tokens = $8, message_count = $9,
+                        revision = revision + 1, updated_at = reins_now()
+                  WHERE run_id = $1 AND owner_worker_id = $2
+                    AND status IN ('pending', 'running', 'waiting_for_input')
+                    AND (NOT $7 OR cancel_action IS NULL)";
+
+/// A child run's end, as the batcher carries it.
+#[derive(Debug, Clone)]
+pub(super) struct Finalize {
+    pub(super) run_id: RunId,
+    pub(super) owner: String,
+    pub(super) outcome: RunOutcome,
+    pub(super) require_not_cancelled: bool,
+}
+
+/// Sends [`FINALIZE_SQL`] for `end`; its answer is the rows changed.
+pub(super) async fn finalize_body(
+    client: &Object,
+    statement: &Statement,
+    end: &Finalize,
+) -> std::result::Result<u64, tokio_postgres::Error> {
+    client
+        .execute(
+            statement,
+            &[
+                &end.run_id,
+                &end.owner,
+                &end.outcome.status.as_str(),
+                &end.outcome.error,
+                &end.outcome.output,
+                &end.outcome.stop_reason,
+                &end.require_not_cancelled,
+                &end.outcome.total_tokens,
+                &end.outcome.message_count,
+            ],
+        )
+        .await
+}
+
+/// Records a child run's end as a statement of its own (its own transaction): what a batch
+/// falls back to.
+pub(super) async fn finalize_alone(pool: &Pool, end: &Finalize) -> Result<bool> {
+    let client = pool.get().await?;
+    let statement = client.prepare_cached(FINALIZE_SQL).await?;
+    let changed = finalize_body(&client, &statement, end)
+        .await
+        .map_err(commit_error)?;
+    Ok(changed == 1)
+}
+
 impl PgStore {
     pub(crate) async fn admit_run(&self, run: &NewRun) -> Result<Admission> {
-        let client = self.pool.get().await?;
-        let admitted = admit_pipelined(&client, run).await;
+        let admitted = match run.step {
+            Some(_) => {
+                self.batcher
+                    .submit(|reply| Job::Admit {
+                        run: run.clone(),
+                        reply,
+                    })
+                    .await
+            }
+            // A run of no workflow is one statement: nothing to gain from a batch.
+            None => admit_alone(&self.pool, run).await,
+        };
         if let (Ok(Admission::Admitted(_)), Some(step)) = (&admitted, &run.step) {
             self.cue_committed(&step.journal);
         }
-        match admitted {
-            Err(Error::Conflict(_)) => {
-                // The key admitted a run before (or a racing admission with it won): the same
-                // request gets its run; anything else is a conflict on the key or on the thread's
-                // one active run.
-                if let Some((key, request)) = &run.idempotency
-                    && let Some(existing) = read_by_key(&client, key).await?
-                {
-                    return replay(existing, request);
-                }
-                Err(Error::Conflict(format!(
-                    "thread {:?} already has an active run",
-                    run.thread_id
-                )))
-            }
-            other => other,
-        }
+        admitted
     }
 
     pub(crate) async fn read_run(&self, run_id: &RunId) -> Result<Option<RunRow>> {
@@ -319,35 +494,15 @@ impl PgStore {
         outcome: &RunOutcome,
         require_not_cancelled: bool,
     ) -> Result<bool> {
-        let client = self.pool.get().await?;
-        let statement = client
-            .prepare_cached(
-                "UPDATE runs SET status = $3, error = $4, output = $5, stop_reason = $6,
-                        total_tokens = $8, message_count = $9,
-                        revision = revision + 1, updated_at = reins_now()
-                  WHERE run_id = $1 AND owner_worker_id = $2
-                    AND status IN ('pending', 'running', 'waiting_for_input')
-                    AND (NOT $7 OR cancel_action IS NULL)",
-            )
-            .await?;
-        let changed = client
-            .execute(
-                &statement,
-                &[
-                    &run_id,
-                    &owner,
-                    &outcome.status.as_str(),
-                    &outcome.error,
-                    &outcome.output,
-                    &outcome.stop_reason,
-                    &require_not_cancelled,
-                    &outcome.total_tokens,
-                    &outcome.message_count,
-                ],
-            )
+        let end = Finalize {
+            run_id: run_id.clone(),
+            owner: owner.to_owned(),
+            outcome: outcome.clone(),
+            require_not_cancelled,
+        };
+        self.batcher
+            .submit(|reply| Job::Finalize { end, reply })
             .await
-            .map_err(commit_error)?;
-        Ok(changed == 1)
     }
 
     pub(crate) async fn answer_approval(

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use store::{Admission, Error, NewControl, NewRun, RunStatus, WorkflowStep, WriteOp};
+use store::{Admission, Error, NewControl, NewRun, RunOutcome, RunStatus, WorkflowStep, WriteOp};
 
 use crate::harness::{conformance, step, workflow};
 
@@ -286,4 +286,169 @@ conformance! {
             .expect("the current owner writes");
         assert!(new.read_controls(&store::WorkflowId::from("wf")).await.expect("controls")[0].applied);
     }
+}
+
+/// Writes of many workflows sent at once, every kind the PostgreSQL writers batch: each gets
+/// its own answer, and exactly the writes answered `Ok` are stored. Among them a write under a
+/// wrong owner's fence, one that repeats an artifact version, admissions that outnumber the
+/// slots, and a child run's end claimed by a node that does not own it.
+async fn writes_of_many_workflows_at_once<S: crate::harness::Subject>(store: &S) {
+    const WORKFLOWS: usize = 24;
+    let id = |n: usize| format!("wf-{n}");
+    let mut leases = Vec::new();
+    for n in 0..WORKFLOWS {
+        leases.push(workflow(store, &id(n), "node-a", 60_000).await);
+    }
+    let artifact = |n: usize| WriteOp::PutArtifact {
+        workflow_id: id(n).into(),
+        version: 1,
+        source_step_id: "s".into(),
+        path: None,
+        content: b"bytes".to_vec(),
+        sha256: "hash".into(),
+    };
+    let (stale, repeated) = (3, 7);
+    store
+        .fenced_write(&leases[repeated].fence(), vec![artifact(repeated)])
+        .await
+        .expect("artifact 1");
+    let fence = |n: usize| match n {
+        n if n == stale => store::Fence {
+            owner: "intruder".into(),
+            ..leases[n].fence()
+        },
+        n => leases[n].fence(),
+    };
+    let writes = (0..WORKFLOWS).map(|n| {
+        let mut ops = vec![step(&id(n), "s")];
+        if n == repeated {
+            ops.push(artifact(n));
+        }
+        let fence = fence(n);
+        async move { store.fenced_write(&fence, ops).await }
+    });
+    let answers = futures_util::future::join_all(writes).await;
+    for (n, answer) in answers.iter().enumerate() {
+        let steps = store.read_steps(&id(n).into()).await.expect("steps");
+        match n {
+            n if n == stale => {
+                assert!(
+                    matches!(answer, Err(Error::LeaseLost { .. })),
+                    "{n}: {answer:?}"
+                );
+                assert!(steps.is_empty(), "a refused write landed");
+            }
+            n if n == repeated => {
+                assert!(matches!(answer, Err(Error::Conflict(_))), "{n}: {answer:?}");
+                assert!(steps.is_empty(), "half a write landed");
+            }
+            n => {
+                assert!(answer.is_ok(), "{n}: {answer:?}");
+                assert_eq!(steps.len(), 1, "{n}: an acknowledged write is missing");
+            }
+        }
+    }
+
+    // Six admissions at once for three slots, each carrying a journal step.
+    const SLOTS: u64 = 3;
+    let admissions = (0..6).map(|n| {
+        let run = NewRun {
+            run_id: format!("run-{n}").into(),
+            thread_id: format!("thread-{n}"),
+            agent: "echo".into(),
+            owner: "node-a".into(),
+            lease_ms: 60_000,
+            idempotency: Some((format!("{}/a/1", id(n)), json!({}))),
+            metadata: json!({}),
+            step: Some(WorkflowStep {
+                workflow_id: id(n).into(),
+                step_id: "a".into(),
+                attempt: 1,
+                slots_max: SLOTS,
+                fence: fence(n),
+                journal: vec![step(&id(n), "journaled-with-a")],
+            }),
+        };
+        async move { store.admit_run(run).await }
+    });
+    let admitted = futures_util::future::join_all(admissions).await;
+    let mut runs = Vec::new();
+    for (n, answer) in admitted.into_iter().enumerate() {
+        let journaled = store
+            .read_steps(&id(n).into())
+            .await
+            .expect("steps")
+            .iter()
+            .any(|s| s.step_id == "journaled-with-a");
+        match answer {
+            Err(Error::LeaseLost { .. }) if n == stale => assert!(!journaled),
+            Ok(Admission::Admitted(row)) => {
+                assert!(journaled, "{n}: admitted without its journal");
+                runs.push(row.run_id);
+            }
+            Ok(Admission::Queued) => assert!(!journaled, "{n}: queued, yet its journal landed"),
+            other => panic!("{n}: {other:?}"),
+        }
+    }
+    assert!(
+        !runs.is_empty() && runs.len() as u64 <= SLOTS,
+        "admitted {runs:?} for {SLOTS} slots"
+    );
+    assert_eq!(store.count_slots().await.expect("slots"), runs.len() as i64);
+
+    // Their ends at once, and one claimed by a node that does not own its run.
+    let done = RunOutcome {
+        status: RunStatus::Success,
+        error: None,
+        output: Some(json!({"done": true})),
+        stop_reason: None,
+        total_tokens: 0,
+        message_count: 0,
+    };
+    let ends = runs.iter().map(|run_id| {
+        let done = &done;
+        async move {
+            let wrong = store.finalize_run(run_id, "node-b", done, false).await;
+            let right = store.finalize_run(run_id, "node-a", done, false).await;
+            (wrong, right)
+        }
+    });
+    for (run_id, (wrong, right)) in runs.iter().zip(futures_util::future::join_all(ends).await) {
+        assert!(!wrong.expect("the wrong owner's end"), "{run_id}");
+        assert!(right.expect("the owner's end"), "{run_id}");
+        let row = store.read_run(run_id).await.expect("read").expect("run");
+        assert_eq!(row.status, RunStatus::Success);
+    }
+}
+
+conformance! {
+    async fn writes_of_many_workflows_at_once_each_get_their_own_answer(db) {
+        writes_of_many_workflows_at_once(&*db.store().await).await;
+    }
+}
+
+/// On PostgreSQL those writes go out in batches (one writer, so they queue behind each other),
+/// with the same answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_writes_of_many_workflows_commit_in_batches_with_their_own_answers() {
+    let (_db, dropping) = crate::harness::TestDb::postgres().await;
+    let store = store::Store::open(
+        &store::DatabaseUrl::Postgres(dropping.url()),
+        &store::StoreOptions {
+            pg_writers: 1,
+            ..store::StoreOptions::default()
+        },
+    )
+    .await
+    .expect("open");
+    writes_of_many_workflows_at_once(&store).await;
+    let (batches, writes) = store
+        .write_batches()
+        .expect("PostgreSQL counts its batches");
+    assert!(
+        batches > 0 && writes > batches,
+        "no batch of more than one write: {batches}, {writes}"
+    );
+    drop(store);
+    dropping.drop_database().await;
 }
