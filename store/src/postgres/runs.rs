@@ -138,24 +138,44 @@ pub(super) async fn prepare_admit(client: &Object, step: &WorkflowStep) -> Resul
     })
 }
 
-/// The parameters of [`INSERT_RUN_SQL`].
-macro_rules! insert_params {
-    ($run:expr, $key:ident, $request:ident, $workflow_id:ident, $step_id:ident, $attempt:ident,
-     $lease_seconds:ident) => {
+/// The values of [`INSERT_RUN_SQL`]'s parameters that are not fields of the run as they are.
+struct InsertValues<'a> {
+    key: Option<&'a String>,
+    request: Option<&'a Value>,
+    workflow_id: Option<&'a crate::WorkflowId>,
+    step_id: Option<&'a String>,
+    attempt: Option<i32>,
+    lease_seconds: f64,
+}
+
+impl<'a> InsertValues<'a> {
+    fn of(run: &'a NewRun) -> Self {
+        InsertValues {
+            key: run.idempotency.as_ref().map(|(key, _)| key),
+            request: run.idempotency.as_ref().map(|(_, request)| request),
+            workflow_id: run.step.as_ref().map(|s| &s.workflow_id),
+            step_id: run.step.as_ref().map(|s| &s.step_id),
+            attempt: run.step.as_ref().map(|s| s.attempt),
+            lease_seconds: ttl_seconds(run.lease_ms),
+        }
+    }
+
+    /// The parameters of [`INSERT_RUN_SQL`], in order.
+    fn params(&'a self, run: &'a NewRun) -> [&'a (dyn tokio_postgres::types::ToSql + Sync); 11] {
         [
-            &$run.run_id as &(dyn tokio_postgres::types::ToSql + Sync),
-            &$run.thread_id,
-            &$workflow_id,
-            &$step_id,
-            &$attempt,
-            &$run.agent,
-            &$run.owner,
-            &$lease_seconds,
-            &$key,
-            &$request,
-            &$run.metadata,
+            &run.run_id,
+            &run.thread_id,
+            &self.workflow_id,
+            &self.step_id,
+            &self.attempt,
+            &run.agent,
+            &run.owner,
+            &self.lease_seconds,
+            &self.key,
+            &self.request,
+            &run.metadata,
         ]
-    };
+    }
 }
 
 /// Sends an admission's statements, without `BEGIN` or `COMMIT`: every future is polled once,
@@ -173,25 +193,8 @@ pub(super) async fn admit_body(
     run: &NewRun,
     step: &WorkflowStep,
 ) -> AdmitAnswers {
-    let (key, request) = match &run.idempotency {
-        Some((key, request)) => (Some(key), Some(request)),
-        None => (None, None),
-    };
-    let (workflow_id, step_id, attempt) = (
-        Some(&step.workflow_id),
-        Some(&step.step_id),
-        Some(step.attempt),
-    );
-    let lease_seconds = ttl_seconds(run.lease_ms);
-    let insert_params = insert_params!(
-        run,
-        key,
-        request,
-        workflow_id,
-        step_id,
-        attempt,
-        lease_seconds
-    );
+    let values = InsertValues::of(run);
+    let insert_params = values.params(run);
     let fenced_by = fence_params(&step.fence);
     let journal_params: Vec<_> = step
         .journal
@@ -252,26 +255,9 @@ pub(super) fn admit_outcome(
 /// One admission in a transaction of its own, in one round trip.
 async fn admit_pipelined(client: &Object, run: &NewRun) -> Result<Admission> {
     let Some(step) = &run.step else {
-        let (key, request) = match &run.idempotency {
-            Some((key, request)) => (Some(key), Some(request)),
-            None => (None, None),
-        };
-        let (workflow_id, step_id, attempt): (
-            Option<&crate::WorkflowId>,
-            Option<&String>,
-            Option<i32>,
-        ) = (None, None, None);
-        let lease_seconds = ttl_seconds(run.lease_ms);
         let insert = client.prepare_cached(INSERT_RUN_SQL).await?;
-        let insert_params = insert_params!(
-            run,
-            key,
-            request,
-            workflow_id,
-            step_id,
-            attempt,
-            lease_seconds
-        );
+        let values = InsertValues::of(run);
+        let insert_params = values.params(run);
         // One statement is its own transaction; without an answer, its commit is unknown.
         let inserted = client
             .query_one(&insert, &insert_params)
