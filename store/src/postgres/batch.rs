@@ -8,12 +8,13 @@
 //!
 //! A batch is all or nothing, and nothing is guessed:
 //! - every statement answered and the commit too: each write gets its own answer;
-//! - the server refused any statement, or the commit (an error with a SQLSTATE: a lost fence, a
-//!   taken slot, a conflict, a deadlock): that aborted the whole transaction, so nothing of the
-//!   batch was written, and each write is run again alone, exactly as it would have run without
-//!   the batch, for its own answer;
-//! - an answer that never came (the connection broke): every write of the batch has an unknown
-//!   outcome, as a write alone would have had;
+//! - the server refused any statement (an error with a SQLSTATE: a lost fence, a taken slot, a
+//!   conflict, a deadlock), or refused the commit with an `ERROR`: that aborted the whole
+//!   transaction, so nothing of the batch was written, and each write is run again alone, exactly
+//!   as it would have run without the batch, for its own answer;
+//! - an answer that never came (the connection broke), or a session the server ended in the
+//!   commit's place (`FATAL`: it may come after the commit is durable): every write of the batch
+//!   has an unknown outcome, as a write alone would have had;
 //! - no connection, or `BEGIN` failed: each write gets what a write alone gets for that (the
 //!   pool's error; `begin_error`).
 //!
@@ -34,7 +35,9 @@ use super::runs::{
     AdmitAnswers, AdmitStatements, FINALIZE_SQL, Finalize, admit_alone, admit_body, admit_outcome,
     finalize_alone, finalize_body, prepare_admit,
 };
-use super::{FencedStatements, begin_error, fenced_alone, fenced_body, prepare_fenced};
+use super::{
+    FencedStatements, begin_error, fenced_alone, fenced_body, prepare_fenced, session_ended,
+};
 use crate::lease::Fence;
 use crate::runs::{Admission, NewRun};
 use crate::write::WriteOp;
@@ -328,24 +331,29 @@ async fn run(pool: &Pool, mut jobs: Vec<Job>) {
         }
         return;
     }
-    let mut failures = answers
-        .iter()
-        .filter_map(Answers::first_error)
-        .chain(committed.as_ref().err());
-    let Some(first) = failures.next() else {
-        for (job, answers) in jobs.into_iter().zip(answers) {
-            job.committed(answers);
+    let unknown = match (answers.iter().find_map(Answers::first_error), &committed) {
+        (None, Ok(())) => {
+            for (job, answers) in jobs.into_iter().zip(answers) {
+                job.committed(answers);
+            }
+            return;
         }
-        return;
+        // A statement the server refused (any SQLSTATE) aborted the transaction, or ended the
+        // session before the COMMIT was read: nothing of the batch was written.
+        (Some(error), _) if error.code().is_some() => None,
+        // A COMMIT refused with an `ERROR` rolled back; one that ended the session may have
+        // committed.
+        (None, Err(error)) if error.code().is_some() && !session_ended(error) => None,
+        (Some(error), _) | (None, Err(error)) => Some(error.to_string()),
     };
-    // The server refused something: that aborted the transaction, and nothing was written.
-    let refused = first.code().is_some() || failures.any(|e| e.code().is_some());
-    if refused {
-        return each_alone(pool, jobs).await;
-    }
-    let unknown = Error::OutcomeUnknown(format!("a batch's commit went unanswered: {first}"));
-    for job in jobs {
-        job.failed(unknown.clone());
+    match unknown {
+        None => each_alone(pool, jobs).await,
+        Some(why) => {
+            let unknown = Error::OutcomeUnknown(format!("a batch's commit went unanswered: {why}"));
+            for job in jobs {
+                job.failed(unknown.clone());
+            }
+        }
     }
 }
 

@@ -524,7 +524,7 @@ pub(super) async fn fenced_alone(pool: &Pool, fence: &Fence, ops: &[WriteOp]) ->
     }
     // A failed statement aborted the transaction, and the pipelined COMMIT rolled it back.
     changed.map_err(|e| fenced_error(fence, e))?;
-    committed.map_err(|e| fenced_error(fence, e))?;
+    committed.map_err(commit_error)?;
     Ok(())
 }
 
@@ -550,13 +550,25 @@ pub(super) fn begin_error(error: tokio_postgres::Error) -> Error {
 }
 
 /// A commit whose answer never came may have happened: without a SQLSTATE from the server, the
-/// outcome is unknown.
+/// outcome is unknown. So it is when the server ended the session in the commit's place (see
+/// [`session_ended`]). Any other refusal of a commit (an `ERROR`) rolled it back.
 pub(super) fn commit_error(error: tokio_postgres::Error) -> Error {
-    if error.code().is_some() {
+    if error.code().is_some() && !session_ended(&error) {
         Error::from(error)
     } else {
         Error::OutcomeUnknown(error.to_string())
     }
+}
+
+/// Whether the server ended the session with `error` (severity `FATAL` or `PANIC`, such as
+/// `57P01` when an operator or a fast shutdown terminates it). Answering a `COMMIT`, it may have
+/// been raised after the commit was already durable, so it does not say that nothing committed.
+pub(super) fn session_ended(error: &tokio_postgres::Error) -> bool {
+    use tokio_postgres::error::Severity;
+    error
+        .as_db_error()
+        .and_then(|db| db.parsed_severity())
+        .is_some_and(|severity| matches!(severity, Severity::Fatal | Severity::Panic))
 }
 
 /// An error the server sent about a statement means its transaction rolled back: `RL001` is the

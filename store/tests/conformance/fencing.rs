@@ -452,3 +452,113 @@ async fn postgres_writes_of_many_workflows_commit_in_batches_with_their_own_answ
     drop(store);
     dropping.drop_database().await;
 }
+
+/// A session the server ends while it runs a `COMMIT` may end it after the commit was durable:
+/// the writes answer that their outcome is unknown, never that nothing was written, alone and
+/// in a batch. (A deferred trigger makes the `COMMIT` sleep; another connection terminates it.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_session_ended_during_commit_leaves_the_outcome_unknown() {
+    let (_db, dropping) = crate::harness::TestDb::postgres().await;
+    let url = dropping.url();
+    let (admin, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    tokio::spawn(connection);
+    admin
+        .batch_execute(
+            "CREATE FUNCTION test_slow_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN PERFORM pg_sleep(30); RETURN NULL; END $$;
+             CREATE CONSTRAINT TRIGGER test_slow_commit AFTER INSERT ON workflow_steps
+               DEFERRABLE INITIALLY DEFERRED FOR EACH ROW
+               WHEN (NEW.step_id LIKE 'slow%') EXECUTE FUNCTION test_slow_commit();",
+        )
+        .await
+        .expect("a slow commit");
+    let store = Arc::new(
+        store::Store::open(
+            &store::DatabaseUrl::Postgres(url),
+            &store::StoreOptions {
+                pg_writers: 1,
+                ..store::StoreOptions::default()
+            },
+        )
+        .await
+        .expect("open"),
+    );
+    let mut leases = Vec::new();
+    for n in 0..3 {
+        leases.push(workflow(&*store, &format!("wf-{n}"), "node-a", 60_000).await);
+    }
+    // Ends the session of the next COMMIT found sleeping in the deferred trigger.
+    let terminate_sleeping_commit = async || {
+        let started = Instant::now();
+        loop {
+            let ended: Vec<bool> = admin
+                .query(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+                      WHERE query = 'COMMIT' AND wait_event = 'PgSleep'",
+                    &[],
+                )
+                .await
+                .expect("terminate")
+                .iter()
+                .map(|row| row.get(0))
+                .collect();
+            if ended.contains(&true) {
+                return;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "no COMMIT sleeping"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    let write = |n: usize, step_id: &str| {
+        let (store, fence) = (Arc::clone(&store), leases[n].fence());
+        let ops = vec![step(&format!("wf-{n}"), step_id)];
+        tokio::spawn(async move { store.fenced_write(&fence, ops).await })
+    };
+    // Alone: the one writer is idle, so the write runs by itself.
+    let alone = write(0, "slow-alone");
+    terminate_sleeping_commit().await;
+    let alone = alone.await.expect("join");
+    assert!(
+        matches!(alone, Err(Error::OutcomeUnknown(_))),
+        "alone: {alone:?}"
+    );
+    // The pool notices the ended connection before it hands it out again.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    // In a batch: a write held at its fence keeps the writer busy while two more queue.
+    let (mut locker, connection) = tokio_postgres::connect(&dropping.url(), tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    tokio::spawn(connection);
+    let lock = locker.transaction().await.expect("begin");
+    lock.execute(
+        "SELECT 1 FROM extension_execution_leases WHERE resource_id = 'wf-0' FOR UPDATE",
+        &[],
+    )
+    .await
+    .expect("hold wf-0's lease row");
+    let held = write(0, "held");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (batched, other) = (write(1, "slow-batched"), write(2, "fast"));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    lock.commit().await.expect("release");
+    held.await.expect("join").expect("the held write");
+    terminate_sleeping_commit().await;
+    for (name, answer) in [("batched", batched.await), ("other", other.await)] {
+        let answer = answer.expect("join");
+        assert!(
+            matches!(answer, Err(Error::OutcomeUnknown(_))),
+            "{name}: {answer:?}"
+        );
+    }
+    let (batches, _) = store.write_batches().expect("counts");
+    assert_eq!(batches, 1, "the two writes were not one batch");
+    drop(store);
+    drop(admin);
+    dropping.drop_database().await;
+}
