@@ -136,7 +136,8 @@ impl Job {
         })
     }
 
-    /// Answers the job from its committed batch.
+    /// Answers the job from its committed batch. A write of a committed batch is never answered
+    /// as failed: where its answer cannot be read, its outcome is unknown.
     fn committed(self, answers: Answers) {
         match (self, answers) {
             (Job::Fenced { reply, .. }, Answers::Fenced(_)) => {
@@ -145,8 +146,8 @@ impl Job {
             (Job::Admit { run, reply }, Answers::Admit(answers)) => {
                 let answer = match &run.step {
                     Some(step) => admit_outcome(answers, step, Ok(())),
-                    None => Err(Error::Database(
-                        "an admission of no workflow in a batch".into(),
+                    None => Err(Error::OutcomeUnknown(
+                        "an admission of no workflow in a committed batch".into(),
                     )),
                 };
                 let _ = reply.send(answer);
@@ -154,7 +155,11 @@ impl Job {
             (Job::Finalize { reply, .. }, Answers::Finalize(changed)) => {
                 let _ = reply.send(Ok(changed.is_ok_and(|n| n == 1)));
             }
-            (job, _) => job.failed(Error::Database("a batch answered out of order".into())),
+            // Never so (each job's answers come from its own body), and the batch committed:
+            // what the job's write did is not known from here.
+            (job, _) => job.failed(Error::OutcomeUnknown(
+                "a committed batch answered out of order".into(),
+            )),
         }
     }
 
