@@ -213,7 +213,7 @@ operations! {
         /// Otherwise writes nothing and fails with [`crate::Error::LeaseLost`]. A
         /// [`WriteOp::ReleaseLease`] is applied after every other change, wherever it stands.
         write FencedWrite: fn fenced_write(&self, fence: &Fence, ops: Vec<WriteOp>) -> ()
-            => |store| store.fenced_write(fence, &crate::write::ordered(ops));
+            => |store| store.fenced_write(fence, crate::write::ordered(ops));
     }
 
     /// Workflows: launching under cluster-wide limits, taking over, listing and reading them.
@@ -289,7 +289,7 @@ operations! {
         /// the idempotency key, the thread's one active run, and, for a workflow step, the
         /// workflow's fence and a free `workflow_slots` slot, all in one transaction.
         write AdmitRun: fn admit_run(&self, run: NewRun) -> Admission
-            => |store| store.admit_run(&crate::write::ordered_run(run));
+            => |store| store.admit_run(crate::write::ordered_run(run));
         /// One child run.
         read ReadRun: fn read_run(&self, run_id: &RunId) -> Option<RunRow>;
         /// Extends a live run's lease if `owner` still owns it and its lease has not expired;

@@ -105,14 +105,12 @@ impl PgStore {
     /// just committed: a waiter or a stream here need not wait for the `NOTIFY` to come back
     /// through the listening connection, which may be down or slow. The `NOTIFY` still comes
     /// (every node hears it); a second cue is harmless, since a cue only names what to read.
-    pub(super) fn cue_committed(&self, ops: &[WriteOp]) {
+    pub(super) fn cue_committed(&self, statuses: Vec<WorkflowId>) {
         let Some((changes, _)) = self.listener.get() else {
             return;
         };
-        for op in ops {
-            if let WriteOp::SetWorkflow { workflow_id, .. } = op {
-                changes.send(Change::Status(workflow_id.clone()));
-            }
+        for workflow_id in statuses {
+            changes.send(Change::Status(workflow_id));
         }
     }
 
@@ -294,15 +292,16 @@ impl PgStore {
         }))
     }
 
-    pub(crate) async fn fenced_write(&self, fence: &Fence, ops: &[WriteOp]) -> Result<()> {
+    pub(crate) async fn fenced_write(&self, fence: &Fence, ops: Vec<WriteOp>) -> Result<()> {
+        let statuses = status_changes(&ops);
         self.batcher
             .submit(|reply| Job::Fenced {
                 fence: fence.clone(),
-                ops: ops.to_vec(),
+                ops,
                 reply,
             })
             .await?;
-        self.cue_committed(ops);
+        self.cue_committed(statuses);
         Ok(())
     }
 
@@ -463,6 +462,16 @@ fn node_from_row(row: &Row) -> NodeRecord {
         started_at: row.get(4),
         stopped_at: row.get(5),
     }
+}
+
+/// The workflows whose status `ops` set: what [`PgStore::cue_committed`] names once they commit.
+pub(super) fn status_changes(ops: &[WriteOp]) -> Vec<WorkflowId> {
+    ops.iter()
+        .filter_map(|op| match op {
+            WriteOp::SetWorkflow { workflow_id, .. } => Some(workflow_id.clone()),
+            _ => None,
+        })
+        .collect()
 }
 
 /// The statements of a fenced write, prepared on one connection.

@@ -10,6 +10,7 @@ use tokio_postgres::{Row, Statement};
 use super::batch::Job;
 use super::{
     FENCE_SQL, PgStore, begin_error, commit_error, fence_params, fenced_error, op_params, op_sql,
+    status_changes,
 };
 use crate::lease::ttl_seconds;
 use crate::runs::run_columns;
@@ -353,21 +354,15 @@ pub(super) async fn finalize_alone(pool: &Pool, end: &Finalize) -> Result<bool> 
 }
 
 impl PgStore {
-    pub(crate) async fn admit_run(&self, run: &NewRun) -> Result<Admission> {
-        let admitted = match run.step {
-            Some(_) => {
-                self.batcher
-                    .submit(|reply| Job::Admit {
-                        run: run.clone(),
-                        reply,
-                    })
-                    .await
-            }
+    pub(crate) async fn admit_run(&self, run: NewRun) -> Result<Admission> {
+        let Some(step) = &run.step else {
             // A run of no workflow is one statement: nothing to gain from a batch.
-            None => admit_alone(&self.pool, run).await,
+            return admit_alone(&self.pool, &run).await;
         };
-        if let (Ok(Admission::Admitted(_)), Some(step)) = (&admitted, &run.step) {
-            self.cue_committed(&step.journal);
+        let statuses = status_changes(&step.journal);
+        let admitted = self.batcher.submit(|reply| Job::Admit { run, reply }).await;
+        if let Ok(Admission::Admitted(_)) = &admitted {
+            self.cue_committed(statuses);
         }
         admitted
     }

@@ -351,9 +351,9 @@ impl SqliteStore {
             .await
     }
 
-    pub(crate) async fn fenced_write(&self, fence: &Fence, ops: &[WriteOp]) -> Result<()> {
+    pub(crate) async fn fenced_write(&self, fence: &Fence, ops: Vec<WriteOp>) -> Result<()> {
         let fence = fence.clone();
-        let ops: Vec<Encoded> = ops.iter().cloned().map(Encoded::new).collect();
+        let ops: Vec<Encoded> = ops.into_iter().map(Encoded::new).collect();
         self.write(move |connection| {
             check_fence(connection, &fence)?;
             for op in &ops {

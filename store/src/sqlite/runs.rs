@@ -300,9 +300,9 @@ fn admit(connection: &Connection, ready: &Ready) -> Result<Admitted> {
 }
 
 impl SqliteStore {
-    pub(crate) async fn admit_run(&self, run: &NewRun) -> Result<Admission> {
+    pub(crate) async fn admit_run(&self, run: NewRun) -> Result<Admission> {
         // The writer thread needs its own copy.
-        let ready = Ready::new(run);
+        let ready = Ready::new(&run);
         match self
             .write(move |connection| admit(connection, &ready))
             .await?
