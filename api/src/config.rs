@@ -42,6 +42,11 @@ const WAKE_FALLBACK_MS_DEFAULT: u64 = 1000;
 const WAKE_FALLBACK_MS_MIN: u64 = 1000;
 const WAKE_FALLBACK_MS_MAX: u64 = 86_400_000;
 
+/// The most PostgreSQL batch writers a node starts (each is a task that may hold a pooled
+/// connection) and the most writes one batch carries (its statements go out in one pipeline).
+const PG_WRITERS_MAX: usize = 256;
+const PG_BATCH_MAX_MAX: usize = 1024;
+
 /// The whole configuration of a node.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
@@ -558,6 +563,18 @@ impl Config {
                 ),
             ));
         }
+        for (key, value, max) in [
+            ("store.pg_writers", self.store.pg_writers, PG_WRITERS_MAX),
+            (
+                "store.pg_batch_max",
+                self.store.pg_batch_max,
+                PG_BATCH_MAX_MAX,
+            ),
+        ] {
+            if value > max {
+                return Err(invalid(key, format!("{value} is over {max}")));
+            }
+        }
         match &self.secret {
             Some(secret) if secret.chars().count() < SECRET_CHARS_MIN => {
                 return Err(invalid(
@@ -893,6 +910,27 @@ mod tests {
         assert!(short.to_string().contains("fewer than 32"), "{short}");
         let exact = "s".repeat(SECRET_CHARS_MIN);
         Config::load(None, env(&[cluster, ("REINS_SECRET", &exact)])).expect("at the minimum");
+    }
+
+    #[test]
+    fn the_postgresql_batch_writers_and_batches_are_bounded() {
+        for (variable, key, max) in [
+            (
+                "REINS_STORE__PG_WRITERS",
+                "store.pg_writers",
+                PG_WRITERS_MAX,
+            ),
+            (
+                "REINS_STORE__PG_BATCH_MAX",
+                "store.pg_batch_max",
+                PG_BATCH_MAX_MAX,
+            ),
+        ] {
+            let at = |value: usize| Config::load(None, env(&[(variable, &value.to_string())]));
+            at(max).expect("at the bound");
+            let refused = at(max + 1).expect_err("over the bound").to_string();
+            assert!(refused.contains(key), "{refused}");
+        }
     }
 
     #[test]
