@@ -42,8 +42,8 @@ pub struct StoreHealth {
     pub schema_current: bool,
     /// Connections in the PostgreSQL pool and how many are idle.
     pub pool: Option<(usize, usize)>,
-    /// PostgreSQL batches of more than one write so far, and the writes they carried.
-    pub write_batches: Option<(u64, u64)>,
+    /// Transactions of more than one write so far (group commit), and the writes they carried.
+    pub write_batches: (u64, u64),
     /// A write failed for a full disk and no write has succeeded since.
     pub disk_full: bool,
 }

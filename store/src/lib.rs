@@ -5,6 +5,7 @@
 //!
 //! The store knows nothing of actors, HTTP or JavaScript.
 
+mod batches;
 mod changes;
 mod error;
 mod events;
@@ -250,12 +251,12 @@ impl Store {
         }
     }
 
-    /// PostgreSQL only: how many batches of more than one write the writers have committed or
-    /// tried, and how many writes they carried.
-    pub fn write_batches(&self) -> Option<(u64, u64)> {
+    /// How many transactions of more than one write the writers have committed or tried (group
+    /// commit), and how many writes they carried.
+    pub fn write_batches(&self) -> (u64, u64) {
         match &self.backend {
-            Inner::Sqlite(_) => None,
-            Inner::Postgres(store) => Some(store.write_batches()),
+            Inner::Sqlite(store) => store.write_batches(),
+            Inner::Postgres(store) => store.write_batches(),
         }
     }
 

@@ -860,20 +860,19 @@ async fn database_gauges(state: &AppState) -> Result<String, ApiError> {
         &samples,
     );
     let health = store.health().await?;
-    if let Some((batches, writes)) = health.write_batches {
-        actors::metrics::render_counter(
-            &mut text,
-            "reins_store_write_batches_total",
-            "PostgreSQL transactions that committed (or tried) more than one write together.",
-            batches as f64,
-        );
-        actors::metrics::render_counter(
-            &mut text,
-            "reins_store_batched_writes_total",
-            "Writes those batches carried.",
-            writes as f64,
-        );
-    }
+    let (batches, writes) = health.write_batches;
+    actors::metrics::render_counter(
+        &mut text,
+        "reins_store_write_batches_total",
+        "Transactions that committed (or tried) more than one write together.",
+        batches as f64,
+    );
+    actors::metrics::render_counter(
+        &mut text,
+        "reins_store_batched_writes_total",
+        "Writes those batches carried.",
+        writes as f64,
+    );
     if let Some((size, idle)) = health.pool {
         actors::metrics::render_gauge(
             &mut text,

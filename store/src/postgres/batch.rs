@@ -24,7 +24,6 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use deadpool_postgres::{Object, Pool};
 use futures_util::future::join_all;
@@ -38,6 +37,7 @@ use super::runs::{
 use super::{
     FencedStatements, begin_error, fenced_alone, fenced_body, prepare_fenced, session_ended,
 };
+use crate::batches::BatchCounts;
 use crate::lease::Fence;
 use crate::runs::{Admission, NewRun};
 use crate::write::WriteOp;
@@ -193,13 +193,6 @@ impl Job {
     }
 }
 
-/// How many writes went out in batches of more than one, and in how many such batches.
-#[derive(Debug, Default)]
-pub(super) struct BatchCounts {
-    pub(super) batches: AtomicU64,
-    pub(super) writes: AtomicU64,
-}
-
 /// The queue of writes and the writer tasks that empty it.
 pub(super) struct Batcher {
     jobs: mpsc::Sender<Job>,
@@ -241,10 +234,7 @@ impl Batcher {
 
     /// Batches of more than one write so far, and the writes they carried.
     pub(super) fn counts(&self) -> (u64, u64) {
-        (
-            self.counts.batches.load(Ordering::Relaxed),
-            self.counts.writes.load(Ordering::Relaxed),
-        )
+        self.counts.load()
     }
 }
 
@@ -271,12 +261,7 @@ async fn write(
             }
             batch
         };
-        if batch.len() > 1 {
-            counts.batches.fetch_add(1, Ordering::Relaxed);
-            counts
-                .writes
-                .fetch_add(batch.len() as u64, Ordering::Relaxed);
-        }
+        counts.record(batch.len());
         run(&pool, batch).await;
     }
 }

@@ -13,6 +13,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 use serde_json::Value;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
+use crate::batches::BatchCounts;
 use crate::changes::Changes;
 use crate::lease::{Fence, Lease, ttl_seconds};
 use crate::migrations::{self, MigrationReport};
@@ -74,6 +75,8 @@ pub(crate) struct SqliteStore {
     folder: PathBuf,
     /// Where the writer hands on what each commit changed.
     changes: Changes,
+    /// What group commit gathered.
+    batches: Arc<BatchCounts>,
     /// Held for the life of the store: the operating system drops the lock when the process dies,
     /// so a killed node never leaves the database locked.
     _node_lock: File,
@@ -117,9 +120,19 @@ impl SqliteStore {
             .collect::<Result<Vec<_>>>()?;
         let (jobs, queue) = mpsc::channel(options.write_queue_max.max(1));
         let batch_max = options.write_batch_max.max(1);
+        let batches = Arc::new(BatchCounts::default());
+        let counts = Arc::clone(&batches);
         std::thread::Builder::new()
             .name("reins-sqlite-writer".into())
-            .spawn(move || run_writer(writer, queue, batch_max, &announce, checkpoints))
+            .spawn(move || {
+                let writer = Writer {
+                    connection: writer,
+                    batch_max,
+                    announce: &announce,
+                    counts: &counts,
+                };
+                writer.run(queue, checkpoints);
+            })
             .map_err(|e| Error::Unavailable(format!("cannot start the sqlite writer: {e}")))?;
         Ok(SqliteStore {
             jobs,
@@ -133,8 +146,13 @@ impl SqliteStore {
                 .unwrap_or(Path::new("."))
                 .to_path_buf(),
             changes,
+            batches,
             _node_lock: node_lock,
         })
+    }
+
+    pub(crate) fn write_batches(&self) -> (u64, u64) {
+        self.batches.load()
     }
 
     pub(crate) fn changes(&self) -> Changes {
@@ -799,63 +817,74 @@ fn run(connection: &Connection, sql: &str) -> rusqlite::Result<()> {
 }
 
 /// The writer thread: one transaction per batch of queued jobs, answered after the commit.
-/// Checkpoints run on their own thread (see `checkpoint`), stopped before the writer's
-/// connection closes.
-fn run_writer(
+struct Writer<'a> {
     connection: Connection,
-    mut queue: mpsc::Receiver<Box<dyn Job>>,
     batch_max: usize,
-    announce: &Changes,
-    mut checkpoints: checkpoint::Checkpoints,
-) {
-    while let Some(first) = queue.blocking_recv() {
-        let mut batch = vec![first];
-        while batch.len() < batch_max {
-            match queue.try_recv() {
-                Ok(job) => batch.push(job),
-                Err(_) => break,
+    announce: &'a Changes,
+    counts: &'a BatchCounts,
+}
+
+impl Writer<'_> {
+    /// Commits batches until the store is dropped. Checkpoints run on their own thread (see
+    /// `checkpoint`), stopped before the writer's connection closes.
+    fn run(
+        self,
+        mut queue: mpsc::Receiver<Box<dyn Job>>,
+        mut checkpoints: checkpoint::Checkpoints,
+    ) {
+        while let Some(first) = queue.blocking_recv() {
+            // After the answers: a checkpoint the writer runs itself delays the next batch only.
+            if self.batch(first, &mut queue) {
+                checkpoints.committed(&self.connection);
             }
         }
-        if let Err(e) = run(&connection, "BEGIN IMMEDIATE") {
-            let error = Error::from(e);
-            for job in batch {
-                job.refuse(error.clone());
-            }
-            continue;
+        drop(checkpoints);
+    }
+
+    /// Runs `first`, then each job that is queued by the time the one before it has run (up to
+    /// `batch_max` in all), in one transaction, and answers each once the commit's outcome is
+    /// known. A job that queues while the batch runs joins it instead of waiting for the next
+    /// commit: the batch grows with the load, and costs no wait when there is none. Returns
+    /// whether it committed.
+    fn batch(&self, first: Box<dyn Job>, queue: &mut mpsc::Receiver<Box<dyn Job>>) -> bool {
+        let connection = &self.connection;
+        if let Err(e) = run(connection, "BEGIN IMMEDIATE") {
+            first.refuse(Error::from(e));
+            return false;
         }
-        let mut finishes = Vec::with_capacity(batch.len());
-        let mut jobs = batch.into_iter();
+        let mut finishes = Vec::new();
+        let mut next = Some(first);
         let mut ended = None;
-        for job in jobs.by_ref() {
-            let (finish, failure) = job.run(&connection);
+        while let Some(job) = next.take() {
+            let (finish, failure) = job.run(connection);
             finishes.push(finish);
             if connection.is_autocommit() {
                 // SQLite rolled the whole transaction back (a full disk does that): nothing of
-                // the batch was written, so every job hears why, and the rest never run.
+                // the batch was written, so every job of it hears why. Those still queued run
+                // in the next batch.
                 ended = Some(failure.unwrap_or_else(|| {
                     Error::Database("the sqlite transaction ended before its commit".into())
                 }));
                 break;
             }
-        }
-        let commit = match ended {
-            Some(error) => {
-                for job in jobs {
-                    job.refuse(error.clone());
-                }
-                Err(error)
+            if finishes.len() < self.batch_max {
+                next = queue.try_recv().ok();
             }
+        }
+        self.counts.record(finishes.len());
+        let commit = match ended {
+            Some(error) => Err(error),
             None => {
                 // What the batch changed, taken inside its transaction; a cue is never worth
                 // failing a batch over, so a failed drain is logged and the batch commits.
-                let payloads = changes::drain(&connection).unwrap_or_else(|error| {
+                let payloads = changes::drain(connection).unwrap_or_else(|error| {
                     tracing::warn!(%error, "cannot collect the batch's changes");
                     Vec::new()
                 });
-                let commit = commit_batch(&connection);
+                let commit = commit_batch(connection);
                 if commit.is_ok() {
                     for payload in &payloads {
-                        announce.send_payload(payload);
+                        self.announce.send_payload(payload);
                     }
                 }
                 commit
@@ -865,12 +894,8 @@ fn run_writer(
         for finish in finishes {
             finish(commit.clone());
         }
-        // After the answers: a checkpoint the writer runs itself delays the next batch only.
-        if committed {
-            checkpoints.committed(&connection);
-        }
+        committed
     }
-    drop(checkpoints);
 }
 
 /// Commits the batch's transaction, or rolls it back if the commit failed (a full disk may have
@@ -1040,6 +1065,53 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn jobs_queued_while_a_batch_runs_join_it_and_commit_with_it() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = SqliteStore::open(&dir.path().join("reins.db"), &StoreOptions::default())
+            .expect("open");
+        store
+            .write(|c| Ok(c.execute_batch("CREATE TABLE t (x INTEGER)")?))
+            .await
+            .expect("create");
+        let before = store.write_batches();
+
+        // A job holds the writer inside its batch's transaction while three more queue.
+        let (entered, held) = tokio::sync::oneshot::channel();
+        let (release, released) = std::sync::mpsc::channel::<()>();
+        let hold = store.write(move |c| {
+            c.execute("INSERT INTO t VALUES (0)", [])?;
+            let _ = entered.send(());
+            let _ = released.recv();
+            Ok(())
+        });
+        let queued = async {
+            held.await.expect("the writer runs the holding job");
+            let insert =
+                |n: i64| store.write(move |c| Ok(c.execute("INSERT INTO t VALUES (?1)", [n])?));
+            let go = async {
+                release.send(()).expect("release the writer");
+            };
+            let (a, b, c, ()) = tokio::join!(insert(1), insert(2), insert(3), go);
+            (a, b, c)
+        };
+        let (held, (a, b, c)) = tokio::join!(hold, queued);
+        for answer in [held.map(|()| 1), a, b, c] {
+            assert_eq!(answer.expect("each job commits"), 1);
+        }
+        let after = store.write_batches();
+        assert_eq!(
+            (after.0 - before.0, after.1 - before.1),
+            (1, 4),
+            "the queued jobs joined the holder's batch"
+        );
+        let rows: i64 = store
+            .read(|c| Ok(c.query_row("SELECT count(*) FROM t", [], |r| r.get(0))?))
+            .await
+            .expect("count");
+        assert_eq!(rows, 4);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_batch_that_a_full_disk_rolls_back_writes_nothing_and_every_job_hears_why() {
         let dir = tempfile::tempdir().expect("temp dir");
         let _tmpfs = Tmpfs::mount(&dir.path().join("small"), "1M");
@@ -1050,12 +1122,15 @@ mod tests {
             .await
             .expect("create");
 
-        // The writer is held while the next two jobs queue, so they run in one batch: the first
-        // overflows the page cache and SQLite rolls the whole transaction back for the full
-        // disk; the second, small, must not commit on its own after that.
+        // A job holds the writer, inside its batch's transaction and with a row written, while
+        // the next two queue. The first of them joins the batch and overflows the page cache, and
+        // SQLite rolls the whole transaction back for the full disk: neither its row nor the
+        // holder's is committed, and both hear why. The last, small, was not yet in the batch:
+        // it runs in the next one, and commits.
         let (entered, held) = tokio::sync::oneshot::channel();
         let (release, released) = std::sync::mpsc::channel::<()>();
-        let hold = store.write(move |_| {
+        let hold = store.write(move |c| {
+            c.execute("INSERT INTO t VALUES (x'03')", [])?;
             let _ = entered.send(());
             let _ = released.recv();
             Ok(())
@@ -1072,15 +1147,23 @@ mod tests {
             (big, small)
         };
         let (held, (big, small)) = tokio::join!(hold, batch);
-        held.expect("the holding job");
+        assert!(matches!(held, Err(Error::DiskFull(_))), "{held:?}");
         assert!(matches!(big, Err(Error::DiskFull(_))), "{big:?}");
-        assert!(matches!(small, Err(Error::DiskFull(_))), "{small:?}");
+        small.expect("the job behind the rolled-back batch");
 
-        let rows: i64 = store
-            .read(|c| Ok(c.query_row("SELECT count(*) FROM t", [], |r| r.get(0))?))
+        let rows: Vec<Vec<u8>> = store
+            .read(|c| {
+                let mut statement = c.prepare("SELECT x FROM t")?;
+                let rows = statement.query_map([], |r| r.get(0))?;
+                Ok(rows.collect::<rusqlite::Result<_>>()?)
+            })
             .await
-            .expect("count");
-        assert_eq!(rows, 0, "a job of the rolled-back batch committed");
+            .expect("rows");
+        assert_eq!(
+            rows,
+            vec![vec![1u8]],
+            "a job of the rolled-back batch committed"
+        );
         store
             .write(|c| Ok(c.execute("INSERT INTO t VALUES (x'02')", [])?))
             .await

@@ -154,8 +154,7 @@ struct Ready {
 }
 
 impl Ready {
-    fn new(run: &NewRun) -> Ready {
-        let mut run = run.clone();
+    fn new(mut run: NewRun) -> Ready {
         let journal = run
             .step
             .as_mut()
@@ -301,8 +300,7 @@ fn admit(connection: &Connection, ready: &Ready) -> Result<Admitted> {
 
 impl SqliteStore {
     pub(crate) async fn admit_run(&self, run: NewRun) -> Result<Admission> {
-        // The writer thread needs its own copy.
-        let ready = Ready::new(&run);
+        let ready = Ready::new(run);
         match self
             .write(move |connection| admit(connection, &ready))
             .await?
