@@ -383,6 +383,11 @@ async fn metrics_are_for_the_private_network_and_count_the_database_once_a_perio
         1.0,
         "the node's own counters are always fresh"
     );
+    assert!(
+        cached.contains_key("reins_store_write_batches_total")
+            && cached.contains_key("reins_store_batched_writes_total"),
+        "SQLite's group commit is counted too: {cached:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
