@@ -1064,6 +1064,28 @@ mod tests {
         }
     }
 
+    /// A write that runs `sql`, then holds the writer inside its batch's transaction until
+    /// released, so that what queues meanwhile is taken after it. Returns the write, the signal
+    /// that it holds the writer, and its release.
+    fn holding_write<'a>(
+        store: &'a SqliteStore,
+        sql: &'static str,
+    ) -> (
+        impl Future<Output = Result<()>> + 'a,
+        oneshot::Receiver<()>,
+        std::sync::mpsc::Sender<()>,
+    ) {
+        let (entered, held) = oneshot::channel();
+        let (release, released) = std::sync::mpsc::channel::<()>();
+        let hold = store.write(move |c| {
+            c.execute(sql, [])?;
+            let _ = entered.send(());
+            let _ = released.recv();
+            Ok(())
+        });
+        (hold, held, release)
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn jobs_queued_while_a_batch_runs_join_it_and_commit_with_it() {
         let dir = tempfile::tempdir().expect("temp dir");
@@ -1076,14 +1098,7 @@ mod tests {
         let before = store.write_batches();
 
         // A job holds the writer inside its batch's transaction while three more queue.
-        let (entered, held) = tokio::sync::oneshot::channel();
-        let (release, released) = std::sync::mpsc::channel::<()>();
-        let hold = store.write(move |c| {
-            c.execute("INSERT INTO t VALUES (0)", [])?;
-            let _ = entered.send(());
-            let _ = released.recv();
-            Ok(())
-        });
+        let (hold, held, release) = holding_write(&store, "INSERT INTO t VALUES (0)");
         let queued = async {
             held.await.expect("the writer runs the holding job");
             let insert =
@@ -1127,14 +1142,7 @@ mod tests {
         // SQLite rolls the whole transaction back for the full disk: neither its row nor the
         // holder's is committed, and both hear why. The last, small, was not yet in the batch:
         // it runs in the next one, and commits.
-        let (entered, held) = tokio::sync::oneshot::channel();
-        let (release, released) = std::sync::mpsc::channel::<()>();
-        let hold = store.write(move |c| {
-            c.execute("INSERT INTO t VALUES (x'03')", [])?;
-            let _ = entered.send(());
-            let _ = released.recv();
-            Ok(())
-        });
+        let (hold, held, release) = holding_write(&store, "INSERT INTO t VALUES (x'03')");
         let batch = async {
             held.await.expect("the writer runs the holding job");
             let big =
