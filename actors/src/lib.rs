@@ -17,6 +17,7 @@ mod lease;
 mod mailbox;
 pub mod metrics;
 mod node;
+pub mod node_files;
 mod store_actor;
 mod workflow;
 pub mod workspace;

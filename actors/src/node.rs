@@ -93,6 +93,7 @@ impl NodeOptions {
                 log_events_max: 1000,
                 log_event_bytes_max: 256 * 1024,
                 capture_timeout: Duration::from_secs(10),
+                node_files: std::sync::Arc::default(),
                 launch_limits: store::LaunchLimits::NONE,
                 slots_max: 32,
                 lease_ms,

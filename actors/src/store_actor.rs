@@ -16,11 +16,11 @@ use ractor::rpc::CallResult;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use serde::Serialize;
 use store::{
-    Admission, ApprovalAnswer, ArtifactRow, Backend, CancelAction, ControlRow, ControlWrite,
-    EventPage, EventRow, Fence, Launch, LaunchLimits, Lease, NewControl, NewRun, NewToken, NewUser,
-    NewWorkflow, NodeRecord, Operation, RunId, RunOutcome, RunRenewal, RunRow, RunStatus, SlotRow,
-    StatusCount, StepRow, Store, TakeOver, TokenRow, UserChange, UserChanged, UserDeletion,
-    UserRow, WorkflowId, WorkflowRow, WriteOp,
+    Admission, ApprovalAnswer, ArtifactRow, Backend, BackupReport, CancelAction, ControlRow,
+    ControlWrite, EventPage, EventRow, Fence, Launch, LaunchLimits, Lease, NewControl, NewRun,
+    NewToken, NewUser, NewWorkflow, NodeRecord, Operation, RunId, RunOutcome, RunRenewal, RunRow,
+    RunStatus, SlotRow, StatusCount, StepRow, Store, TakeOver, TokenRow, UserChange, UserChanged,
+    UserDeletion, UserRow, WorkflowId, WorkflowRow, WriteOp,
 };
 use tokio::sync::Semaphore;
 
@@ -408,6 +408,15 @@ impl StoreHandle {
         let workflow_id = workflow_id.to_owned();
         self.call(Operation::ReadSteps, move |store| async move {
             store.read_steps(&workflow_id).await
+        })
+        .await
+    }
+
+    /// See [`Store::backup`].
+    pub async fn backup(&self, destination: &std::path::Path) -> store::Result<BackupReport> {
+        let destination = destination.to_path_buf();
+        self.call(Operation::Backup, move |store| async move {
+            store.backup(&destination).await
         })
         .await
     }

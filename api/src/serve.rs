@@ -85,6 +85,15 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         tracing::warn!(run_id = %leftover.run_id, group = leftover.group,
             processes = leftover.processes, "killed an agent left by a node process that is gone");
     }
+    let secret = match &config.secret {
+        Some(secret) => secret.clone(),
+        None => local_secret(&config.data_dir)?,
+    };
+    let node_files = Arc::new(node_files(
+        &config,
+        &checked.database,
+        args.config.as_deref(),
+    ));
     let lease_ms = config.lease_seconds * 1000;
     let runs = RunsOptions {
         lease_ms,
@@ -108,6 +117,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
                 log_events_max: config.limits.log_events_per_workflow_max,
                 log_event_bytes_max: config.limits.log_event_bytes_per_workflow_max,
                 capture_timeout: Duration::from_millis(config.limits.capture_timeout_ms),
+                node_files,
                 launch_limits: LaunchLimits {
                     max_workflows: config.limits.max_workflows,
                     max_workflows_per_owner: config.limits.max_workflows_per_owner,
@@ -161,10 +171,6 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         "then: reins run script.js --wait   (API description: http://{listen}/api/v1/openapi.json)"
     );
 
-    let secret = match &config.secret {
-        Some(secret) => secret.clone(),
-        None => local_secret(&config.data_dir)?,
-    };
     let state = Arc::new(AppState::new(
         node,
         &secret,
@@ -181,6 +187,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             app: Arc::clone(&state),
             config: config.redacted(),
             max_active_children: config.limits.max_active_children,
+            backup_timeout: Duration::from_millis(config.store.call_timeout_ms)
+                + Duration::from_secs(5),
         }),
         stopping.clone(),
     ));
@@ -218,6 +226,21 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     state.node.shutdown().await.context("clean shutdown")?;
     tracing::info!(%worker_id, "stopped");
     Ok(())
+}
+
+/// The node's own files, which no capture may open (see [`actors::node_files`]): those directly
+/// in the data folder and in the embedded database's folder, and the configuration file.
+fn node_files(
+    config: &Config,
+    database: &DatabaseUrl,
+    config_file: Option<&std::path::Path>,
+) -> actors::node_files::NodeFiles {
+    let mut folders = vec![config.data_dir.clone()];
+    if let DatabaseUrl::Sqlite(path) = database {
+        let folder = path.parent().filter(|p| !p.as_os_str().is_empty());
+        folders.push(folder.unwrap_or(std::path::Path::new(".")).to_path_buf());
+    }
+    actors::node_files::NodeFiles::new(folders, config_file.into_iter().map(Into::into).collect())
 }
 
 /// The embedded default's secret when none is configured: made once, kept in `<data_dir>/secret`

@@ -44,6 +44,10 @@ pub enum Error {
     /// The database carries a schema version this build does not know.
     #[error("database schema version {found} is newer than this build's {known}")]
     SchemaTooNew { found: i64, known: i64 },
+    /// The backend does not do what was asked (a backup through the node on PostgreSQL): nothing
+    /// was done.
+    #[error("not supported: {0}")]
+    Unsupported(String),
     /// A stored value could not be decoded, or the database refused a statement for another
     /// reason.
     #[error("database error: {0}")]

@@ -37,7 +37,7 @@ pub use migrations::{MigrationReport, SCHEMA_VERSION};
 pub use operations::{
     Controls, Events, Leases, Operation, Operators, Runs, Schema, Users, Workflows,
 };
-pub use operators::{SlotRow, StatusCount};
+pub use operators::{BackupReport, SlotRow, StatusCount};
 pub use runs::{
     Admission, ApprovalAnswer, CancelAction, NewRun, RunOutcome, RunRenewal, RunRow, WorkflowStep,
     pending_request_id,

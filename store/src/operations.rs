@@ -15,8 +15,8 @@ use serde_json::Value;
 use crate::postgres::PgStore;
 use crate::sqlite::SqliteStore;
 use crate::{
-    Admission, ApprovalAnswer, ArtifactRow, CancelAction, ControlRow, ControlWrite, Deletion,
-    EventPage, EventRow, Fence, Launch, LaunchLimits, Lease, ListFilter, ListedWorkflow,
+    Admission, ApprovalAnswer, ArtifactRow, BackupReport, CancelAction, ControlRow, ControlWrite,
+    Deletion, EventPage, EventRow, Fence, Launch, LaunchLimits, Lease, ListFilter, ListedWorkflow,
     MigrationReport, NewControl, NewRun, NewToken, NewUser, NewWorkflow, NodeRecord, Orphaned,
     Purpose, Result, RunId, RunOutcome, RunRenewal, RunRow, RunStatus, SlotRow, Snapshot,
     StatusCount, StepRow, Store, TakeOver, TokenRow, UserChange, UserChanged, UserDeletion,
@@ -187,6 +187,11 @@ operations! {
         /// now (a full disk fails writes, never reads). Fails with [`crate::Error::DiskFull`]
         /// while it cannot.
         write_probe WriteProbe: fn write_probe(&self) -> ();
+        /// Copies the whole database, as of one moment, into a new file at `destination` (an
+        /// absolute path that must not exist yet), through the node's own connection: SQLite's
+        /// online backup API. Only the embedded backend does it; the others answer
+        /// [`crate::Error::Unsupported`] and create nothing.
+        probe Backup: fn backup(&self, destination: &std::path::Path) -> BackupReport;
     }
 
     /// Leases judged by the database clock, and the fenced writes they allow: the primitives

@@ -37,6 +37,20 @@ fn modes(root: &Path) -> Vec<(String, bool, u32)> {
     found
 }
 
+/// A node on the embedded default in `dir` (no database, data folder or secret configured:
+/// everything in `dir/reins-data`), with the configuration file `config`.
+fn embedded(dir: tempfile::TempDir, config: String) -> Node {
+    let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
+    let mut command = reins_command(
+        dir.path(),
+        &[("REINS_LISTEN", addr.to_string()), ("REINS_CONFIG", config)],
+    );
+    command.env_remove("REINS_SECRET");
+    let mut process = ReinsProcess::serve_command(command, addr);
+    process.wait_ready(Duration::from_secs(30));
+    Node { process, addr, dir }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_data_folder_and_every_file_in_it_are_the_nodes_alone() {
     let dir = tempfile::tempdir().expect("temp dir");
@@ -50,16 +64,7 @@ async fn the_data_folder_and_every_file_in_it_are_the_nodes_alone() {
             "",
         )],
     );
-    let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
-    // The embedded default: no database, data folder or secret configured.
-    let mut command = reins_command(
-        dir.path(),
-        &[("REINS_LISTEN", addr.to_string()), ("REINS_CONFIG", config)],
-    );
-    command.env_remove("REINS_SECRET");
-    let mut process = ReinsProcess::serve_command(command, addr);
-    process.wait_ready(Duration::from_secs(30));
-    let node = Node { process, addr, dir };
+    let node = embedded(dir, config);
     let mut api = initialize(&node).await;
     let run = launch(
         &mut api,
@@ -222,4 +227,108 @@ async fn deleting_a_workflow_removes_its_workspaces_and_nothing_outside_them() {
     assert_eq!(threads_of(&workspaces, &deleted), Vec::<PathBuf>::new());
     assert_eq!(threads_of(&workspaces, &kept).len(), 2);
     assert!(outside.path().join("precious.txt").exists());
+}
+
+/// The POSIX locks process `pid` holds on the file at `path`, as `/proc/locks` lists them.
+fn posix_locks(pid: u32, path: &Path) -> usize {
+    use std::os::unix::fs::MetadataExt;
+    let inode = format!(":{}", std::fs::metadata(path).expect("metadata").ino());
+    let pid = pid.to_string();
+    std::fs::read_to_string("/proc/locks")
+        .expect("/proc/locks")
+        .lines()
+        .map(|line| line.split_whitespace().collect::<Vec<_>>())
+        .filter(|fields| fields.get(1) == Some(&"POSIX") && fields.get(4) == Some(&pid.as_str()))
+        .filter(|fields| fields.get(5).is_some_and(|file| file.ends_with(&inode)))
+        .count()
+}
+
+/// Issue 29, item 1: an agent hard-links the node's database into its workspace and the script
+/// captures the link. Opening that inode a second time and closing it would drop SQLite's POSIX
+/// locks, after which an outside `sqlite3 .backup` deletes the live write-ahead log. The capture
+/// is refused without opening the file, the locks stay, the secret's link is refused too, and
+/// `reins admin backup` copies the live database through the node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_captured_hard_link_to_the_database_is_refused_and_the_locks_stay() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let files = tempfile::tempdir().expect("temp dir");
+    let config = write_config(
+        files.path(),
+        &[(
+            "linker",
+            "read task\nln ../../../reins.db db\nln ../../../secret s\n\
+             echo '{\"type\": \"output\", \"output\": \"linked\"}'",
+            "",
+        )],
+    );
+    let node = embedded(dir, config);
+    let data = node.dir.path().join("reins-data");
+    let database = data.join("reins.db");
+    let mut api = initialize(&node).await;
+    let before = posix_locks(node.process.pid(), &database);
+    assert!(
+        before >= 1,
+        "SQLite holds no POSIX lock on {}",
+        database.display()
+    );
+
+    let run = launch(
+        &mut api,
+        r#"await agent({stepId: "l", agentRef: "linker", task: "x"});
+           const refused = [];
+           for (const path of ["db", "s"]) {
+               try {
+                   await captureArtifact({stepId: "c-" + path, sourceStepId: "l", path});
+                   refused.push("captured " + path);
+               } catch (e) {
+                   refused.push(e.message);
+               }
+           }
+           return refused;"#,
+    )
+    .await;
+    let record = wait_for(&mut api, &run, "completed").await;
+    let refused = record["result"].as_array().expect("two answers").clone();
+    assert_eq!(refused.len(), 2, "{record}");
+    for answer in &refused {
+        assert!(
+            answer.as_str().is_some_and(|a| a.contains("2 hard links")),
+            "{answer}"
+        );
+    }
+    assert_eq!(
+        posix_locks(node.process.pid(), &database),
+        before,
+        "the capture dropped the node's locks on its database"
+    );
+
+    let backup = files.path().join("backup.db");
+    let made = crate::operators::admin_json(
+        &node.dir.path().join("reins-data/admin.sock"),
+        &["backup", backup.to_str().expect("utf-8")],
+    );
+    assert_eq!(made["path"], backup.display().to_string(), "{made}");
+    let copy = rusqlite::Connection::open(&backup).expect("open the backup");
+    let copied: String = copy
+        .query_row(
+            "SELECT status FROM workflows WHERE id = ?1",
+            [&run],
+            |row| row.get(0),
+        )
+        .expect("the workflow is in the backup");
+    assert_eq!(copied, "completed");
+    let mode: String = copy
+        .query_row("PRAGMA journal_mode", [], |row| row.get(0))
+        .expect("journal mode");
+    assert_eq!(mode, "delete", "the backup is one self-contained file");
+    let again = crate::operators::admin(
+        &node.dir.path().join("reins-data/admin.sock"),
+        &["backup", backup.to_str().expect("utf-8")],
+    );
+    let said = String::from_utf8_lossy(&again.stderr);
+    assert!(
+        !again.status.success() && said.contains("exists already"),
+        "{said}"
+    );
+    assert_eq!(posix_locks(node.process.pid(), &database), before);
 }

@@ -176,16 +176,32 @@ fn hold_file(request: &AgentRequest, name: &str) -> Option<PathBuf> {
     plain.then(|| request.fault_dir.as_ref().map(|dir| dir.join(name)))?
 }
 
+/// Writes `file` into the workspace as a new inode: the content goes to a fresh file made with
+/// `O_CREAT | O_EXCL` beside the target, which is then renamed over it. An existing file at the
+/// path is never opened, so a hard link an agent planted there (to the node's database, say) is
+/// replaced, not written through.
 async fn write_file(request: &AgentRequest, file: &WriteFile) -> Result<(), String> {
     let path = workspace::resolve(&request.workspace, &file.path).map_err(|e| e.to_string())?;
-    if let Some(parent) = path.parent() {
-        tokio::fs::create_dir_all(parent)
-            .await
-            .map_err(|e| format!("cannot create {}: {e}", file.path))?;
-    }
-    tokio::fs::write(&path, &file.content)
+    let cannot = |e: std::io::Error| format!("cannot write {}: {e}", file.path);
+    let parent = path
+        .parent()
+        .ok_or_else(|| format!("cannot write {}: it names no file", file.path))?;
+    tokio::fs::create_dir_all(parent)
         .await
-        .map_err(|e| format!("cannot write {}: {e}", file.path))
+        .map_err(|e| format!("cannot create {}: {e}", file.path))?;
+    let fresh = parent.join(format!(".reins-write-{}", uuid::Uuid::new_v4().simple()));
+    let written = async {
+        let mut options = tokio::fs::OpenOptions::new();
+        options.write(true).create_new(true);
+        let mut out = options.open(&fresh).await?;
+        tokio::io::AsyncWriteExt::write_all(&mut out, file.content.as_bytes()).await?;
+        tokio::fs::rename(&fresh, &path).await
+    }
+    .await;
+    if written.is_err() {
+        let _ = tokio::fs::remove_file(&fresh).await;
+    }
+    written.map_err(cannot)
 }
 
 #[cfg(test)]
@@ -258,6 +274,30 @@ mod tests {
             run(json!({"ask_approval": {"request_id": "r1", "actions": ["deploy"]}})).await,
             AgentEnd::WaitingForInput { approval } if approval["request_id"] == "r1"
         ));
+    }
+
+    #[tokio::test]
+    async fn a_write_replaces_a_planted_hard_link_and_never_writes_through_it() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let workspace = dir.path().join("t/user-data");
+        std::fs::create_dir_all(workspace.join("outputs")).expect("mkdir");
+        let node_file = dir.path().join("reins.db");
+        std::fs::write(&node_file, b"the node's database").expect("write");
+        std::fs::hard_link(&node_file, workspace.join("outputs/e.txt")).expect("ln");
+        let task = json!({"write": [{"path": "outputs/e.txt", "content": "evidence"}]});
+        let (_cancel, watch) = watch::channel(None);
+        let end = ScriptedAgent
+            .run(request(task, workspace.clone(), None), watch)
+            .await;
+        assert!(matches!(end, AgentEnd::Completed { .. }), "{end:?}");
+        assert_eq!(
+            std::fs::read(&node_file).expect("read"),
+            b"the node's database"
+        );
+        assert_eq!(
+            std::fs::read(workspace.join("outputs/e.txt")).expect("read"),
+            b"evidence"
+        );
     }
 
     #[tokio::test]

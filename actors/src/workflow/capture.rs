@@ -1,9 +1,16 @@
 //! Reading the file a `captureArtifact` names, without ever letting the file hold up the
-//! workflow. A workspace is written by agents, so the file may be anything: a FIFO (whose open
-//! waits for a writer forever), a device, a symlink swapped in after the path was checked, a file
-//! that grows while it is read. So only a regular file is read: it is opened with `O_NONBLOCK`
-//! (a FIFO's open returns at once) and `O_NOFOLLOW`, the *opened* descriptor is checked (regular
-//! file, really under the workspace root), and at most `bytes_max + 1` bytes are read.
+//! workflow or reach anything of the node's. A workspace is written by agents, so the file may be
+//! anything: a FIFO (whose open waits for a writer forever), a device, a symlink swapped in after
+//! the path was checked, a hard link to (or the moved inode of) one of the node's own files, a
+//! file that grows while it is read.
+//!
+//! So the path is first opened with `O_PATH | O_NOFOLLOW`, which pins the inode without opening
+//! the file itself (closing such a descriptor releases no POSIX lock, unlike closing a real one:
+//! a second real descriptor on the embedded database would drop SQLite's locks). That inode must
+//! be a regular file with exactly one link, none of the node's own files ([`NodeFiles`], by
+//! device and inode), and really under the workspace root. Only then is it opened for reading,
+//! through `/proc/self/fd` (the same inode, whatever the path names by then), and at most
+//! `bytes_max + 1` bytes are read.
 //!
 //! Every filesystem call runs on a thread of its own, not on an actor's turn nor on tokio's
 //! blocking pool (a runtime that stops waits for that pool, so one stuck read would hold up a
@@ -12,11 +19,14 @@
 //! once, so stuck reads cannot pile up threads without bound.
 
 use std::io::Read;
-use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use crate::node_files::NodeFiles;
 use crate::workspace;
 
 /// Capture reads in flight (or stuck) on this node at most; past it a capture fails at once.
@@ -33,6 +43,8 @@ pub struct CaptureRequest {
     pub source_step_id: String,
     pub bytes_max: u64,
     pub timeout: Duration,
+    /// The node's own files, which a capture never opens.
+    pub node_files: Arc<NodeFiles>,
 }
 
 /// Reads the file `request` names; the error is the message the script sees.
@@ -78,41 +90,42 @@ pub async fn read(request: CaptureRequest) -> Result<Vec<u8>, String> {
 /// The blocking part, on the capture's own thread.
 fn read_now(request: &CaptureRequest) -> Result<Vec<u8>, String> {
     let (path, source) = (&request.path, &request.source_step_id);
-    let cannot = |e: std::io::Error| format!("cannot capture {path:?} from step {source:?}: {e}");
+    let refuse = |reason: String| format!("cannot capture {path:?} from step {source:?}: {reason}");
     let file_path = workspace::resolve(&request.root, path).map_err(|e| e.to_string())?;
+    // Pins the inode without opening the file (see the module's documentation). With
+    // `O_NOFOLLOW`, a final symlink is pinned itself, and refused below as not a regular file.
+    let pinned = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_PATH | libc::O_NOFOLLOW)
+        .open(&file_path)
+        .map_err(|e| refuse(e.to_string()))?;
+    let metadata = pinned.metadata().map_err(|e| refuse(e.to_string()))?;
+    check_pinned(&metadata, request).map_err(refuse)?;
+    check_inside(&pinned, &request.root).map_err(refuse)?;
     let file = std::fs::OpenOptions::new()
         .read(true)
-        .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW)
-        .open(&file_path)
-        .map_err(|e| match e.raw_os_error() {
-            Some(libc::ELOOP) => format!(
-                "cannot capture {path:?} from step {source:?}: it is a symbolic link; capture \
-                 the file it points to"
-            ),
-            _ => cannot(e),
-        })?;
-    let metadata = file.metadata().map_err(cannot)?;
-    if !metadata.file_type().is_file() {
-        return Err(format!(
-            "cannot capture {path:?} from step {source:?}: it is {}, not a regular file",
-            describe(&metadata.file_type())
-        ));
+        .custom_flags(libc::O_NONBLOCK)
+        .open(format!("/proc/self/fd/{}", pinned.as_raw_fd()))
+        .map_err(|e| refuse(e.to_string()))?;
+    let opened = file.metadata().map_err(|e| refuse(e.to_string()))?;
+    // The kernel reopens the inode the pinned descriptor refers to, never a path; should it
+    // ever be another, nothing is read from it.
+    if (opened.dev(), opened.ino()) != (metadata.dev(), metadata.ino()) {
+        return Err(refuse("it changed while it was opened".into()));
     }
-    check_inside(&file, &request.root)
-        .map_err(|reason| format!("cannot capture {path:?} from step {source:?}: {reason}"))?;
     let too_large = |bytes: u64| {
         format!(
             "{path:?} is {bytes} bytes, over artifact_bytes_max ({})",
             request.bytes_max
         )
     };
-    if metadata.len() > request.bytes_max {
-        return Err(too_large(metadata.len()));
+    if opened.len() > request.bytes_max {
+        return Err(too_large(opened.len()));
     }
     let mut content = Vec::new();
     file.take(request.bytes_max.saturating_add(1))
         .read_to_end(&mut content)
-        .map_err(cannot)?;
+        .map_err(|e| refuse(e.to_string()))?;
     let read = u64::try_from(content.len()).unwrap_or(u64::MAX);
     if read > request.bytes_max {
         // It grew while it was read.
@@ -121,10 +134,35 @@ fn read_now(request: &CaptureRequest) -> Result<Vec<u8>, String> {
     Ok(content)
 }
 
-/// The opened file must lie under the workspace root: a folder of its path may have been
+/// What the pinned inode must be before it is opened: a regular file of one link that is none
+/// of the node's own files.
+fn check_pinned(metadata: &std::fs::Metadata, request: &CaptureRequest) -> Result<(), String> {
+    let file_type = metadata.file_type();
+    if file_type.is_symlink() {
+        return Err("it is a symbolic link; capture the file it points to".into());
+    }
+    if !file_type.is_file() {
+        return Err(format!(
+            "it is {}, not a regular file",
+            describe(&file_type)
+        ));
+    }
+    if metadata.nlink() != 1 {
+        return Err(format!(
+            "it has {} hard links; only a file with one link (a file of the workspace's own) \
+             is captured",
+            metadata.nlink()
+        ));
+    }
+    if request.node_files.holds((metadata.dev(), metadata.ino())) {
+        return Err("it is one of the node's own files".into());
+    }
+    Ok(())
+}
+
+/// The pinned file must lie under the workspace root: a folder of its path may have been
 /// swapped for a symlink after [`workspace::resolve`] checked it.
 fn check_inside(file: &std::fs::File, root: &Path) -> Result<(), String> {
-    use std::os::fd::AsRawFd;
     let opened = std::fs::read_link(format!("/proc/self/fd/{}", file.as_raw_fd()))
         .map_err(|e| format!("cannot tell where the opened file is: {e}"))?;
     let root = root
@@ -162,7 +200,85 @@ mod tests {
             source_step_id: "s".into(),
             bytes_max,
             timeout: Duration::from_secs(10),
+            node_files: Arc::new(NodeFiles::default()),
         }
+    }
+
+    /// The POSIX locks this process holds on the inode of `path`, as `/proc/locks` lists them.
+    fn locks_held(path: &Path) -> usize {
+        let metadata = std::fs::metadata(path).expect("metadata");
+        let ino = format!(":{}", metadata.ino());
+        let pid = format!(" {} ", std::process::id());
+        std::fs::read_to_string("/proc/locks")
+            .expect("/proc/locks")
+            .lines()
+            .filter(|line| line.contains("POSIX") && line.contains(&pid))
+            .filter(|line| {
+                line.split_whitespace()
+                    .nth(5)
+                    .is_some_and(|f| f.ends_with(&ino))
+            })
+            .count()
+    }
+
+    #[tokio::test]
+    async fn a_hard_link_or_the_moved_inode_of_a_node_file_is_refused_and_its_locks_kept() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let data = dir.path().join("data");
+        let root = data.join("workspaces/t/user-data");
+        std::fs::create_dir_all(&root).expect("mkdir");
+        let database = data.join("reins.db");
+        std::fs::write(&database, b"the node's database").expect("write");
+        std::fs::write(data.join("secret"), b"the node's secret").expect("write");
+        // The node holds a POSIX lock on its database, as SQLite does.
+        let held = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&database)
+            .expect("open");
+        let lock = libc::flock {
+            l_type: libc::F_RDLCK as libc::c_short,
+            l_whence: libc::SEEK_SET as libc::c_short,
+            l_start: 0,
+            l_len: 1,
+            l_pid: 0,
+        };
+        // SAFETY: fcntl(2) F_SETLK with a valid descriptor and a valid flock.
+        assert_eq!(
+            unsafe { libc::fcntl(held.as_raw_fd(), libc::F_SETLK, &lock) },
+            0
+        );
+        assert_eq!(locks_held(&database), 1);
+        std::fs::hard_link(&database, root.join("hl")).expect("ln");
+        let node_files = Arc::new(NodeFiles::new(vec![data.clone()], Vec::new()));
+        let with_node_files = |path: &str, bytes_max: u64| CaptureRequest {
+            node_files: Arc::clone(&node_files),
+            ..request(&root, path, bytes_max)
+        };
+
+        // Refused, over its size or not, and the lock is still held.
+        for bytes_max in [4, 1000] {
+            let linked = read(with_node_files("hl", bytes_max)).await;
+            assert!(
+                linked.as_ref().is_err_and(|e| e.contains("2 hard links")),
+                "{linked:?}"
+            );
+            assert_eq!(
+                locks_held(&database),
+                1,
+                "the capture dropped the node's lock"
+            );
+        }
+        // The secret moved into the workspace: one link, but the node's by its inode.
+        std::fs::rename(data.join("secret"), root.join("s")).expect("mv");
+        let moved = read(with_node_files("s", 1000)).await;
+        assert!(
+            moved
+                .as_ref()
+                .is_err_and(|e| e.contains("one of the node's own files")),
+            "{moved:?}"
+        );
+        drop(held);
     }
 
     #[tokio::test]

@@ -97,6 +97,8 @@ pub struct WorkflowsOptions {
     pub log_event_bytes_max: u64,
     /// How long a capture's read may take before the capture fails.
     pub capture_timeout: Duration,
+    /// The node's own files (database, secret, configuration), which no capture opens.
+    pub node_files: std::sync::Arc<crate::node_files::NodeFiles>,
     pub launch_limits: LaunchLimits,
     pub slots_max: u64,
     pub lease_ms: u64,
@@ -1188,6 +1190,7 @@ async fn start_supervisor(
             log_events_max: options.log_events_max,
             log_event_bytes_max: options.log_event_bytes_max,
             capture_timeout: options.capture_timeout,
+            node_files: std::sync::Arc::clone(&options.node_files),
             slots_max: options.slots_max,
             cancel_window_ms: options.lease_ms * 2,
             timeout_ms: options.timeout_seconds.saturating_mul(1000),

@@ -106,6 +106,8 @@ pub(crate) struct WorkflowArgs {
     pub log_event_bytes_max: u64,
     /// How long a capture's read may take (`limits.capture_timeout_ms`).
     pub capture_timeout: Duration,
+    /// The node's own files, which no capture opens.
+    pub node_files: std::sync::Arc<crate::node_files::NodeFiles>,
     pub slots_max: u64,
     /// How long a cancellation waits for its child runs to stop before it gives up on observing
     /// them (and the workflow needs reconciliation).
@@ -136,6 +138,7 @@ struct Io {
     workspaces_dir: std::path::PathBuf,
     artifact_bytes_max: u64,
     capture_timeout: Duration,
+    node_files: std::sync::Arc<crate::node_files::NodeFiles>,
     faults: Option<crate::fault_points::FaultPoints>,
     workflows: ActorRef<crate::workflow::front_door::WorkflowsMsg>,
 }
@@ -382,6 +385,7 @@ impl WorkflowState {
             source_step_id,
             bytes_max: self.io.artifact_bytes_max,
             timeout: self.io.capture_timeout,
+            node_files: std::sync::Arc::clone(&self.io.node_files),
         })
         .await?;
         Ok((path, content))
@@ -455,6 +459,7 @@ impl Actor for WorkflowSupervisor {
                 workspaces_dir: args.workspaces_dir,
                 artifact_bytes_max: args.artifact_bytes_max,
                 capture_timeout: args.capture_timeout,
+                node_files: args.node_files,
                 faults: args.faults,
                 workflows: args.workflows,
             },

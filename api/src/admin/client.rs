@@ -42,12 +42,20 @@ pub enum AdminCommand {
     Fence { run_id: String },
     /// Workflows across the cluster that wait for an operator's reconcile, with the reason.
     Reconciliations,
+    /// Copy the embedded database, as of one moment, into FILE (a new file), through the node.
+    Backup { file: PathBuf },
 }
 
 /// Sends one command and prints the answer; `Ok(1)` when the node refused it.
 pub async fn run(args: AdminArgs, json_output: bool) -> anyhow::Result<u8> {
     let request = match &args.command {
         AdminCommand::Fence { run_id } => json!({"command": "fence", "run_id": run_id}),
+        AdminCommand::Backup { file } => {
+            // The node writes the file: it needs the path as this shell means it.
+            let file = std::path::absolute(file)
+                .with_context(|| format!("cannot resolve {}", file.display()))?;
+            json!({"command": "backup", "path": file})
+        }
         other => json!({"command": name(other)}),
     };
     let stream = UnixStream::connect(&args.socket).await.with_context(|| {
@@ -95,6 +103,7 @@ fn name(command: &AdminCommand) -> &'static str {
         AdminCommand::Config => "config",
         AdminCommand::Fence { .. } => "fence",
         AdminCommand::Reconciliations => "reconciliations",
+        AdminCommand::Backup { .. } => "backup",
     }
 }
 
@@ -180,6 +189,12 @@ fn print_human(command: &AdminCommand, result: &Value) {
         AdminCommand::Fence { run_id } => println!(
             "{run_id}: lease given up at epoch {}",
             text(&result["released_epoch"])
+        ),
+        AdminCommand::Backup { .. } => println!(
+            "backed up to {} ({} bytes, schema version {})",
+            text(&result["path"]),
+            text(&result["bytes"]),
+            text(&result["schema_version"])
         ),
         AdminCommand::Reconciliations => {
             let lines: Vec<Vec<String>> = result

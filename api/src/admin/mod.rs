@@ -39,6 +39,8 @@ pub struct AdminContext {
     /// The effective configuration with secrets redacted.
     pub config: Value,
     pub max_active_children: u64,
+    /// How long a backup may take (`store.call_timeout_ms`, which bounds its store call).
+    pub backup_timeout: Duration,
 }
 
 /// One request.
@@ -52,8 +54,14 @@ pub enum Request {
     Actors,
     Drain,
     Config,
-    Fence { run_id: WorkflowId },
+    Fence {
+        run_id: WorkflowId,
+    },
     Reconciliations,
+    /// A copy of the embedded database into `path`, a new file named by its absolute path.
+    Backup {
+        path: std::path::PathBuf,
+    },
 }
 
 /// Serves the socket until `stop` turns true, then ends every open connection, so that nothing
@@ -102,11 +110,17 @@ async fn connection(stream: UnixStream, context: &AdminContext) {
             Some(Ok(line)) => match serde_json::from_str::<Request>(&line) {
                 Err(error) => json!({"ok": false, "error": format!("bad request: {error}")}),
                 Ok(request) => {
-                    match tokio::time::timeout(COMMAND_TIMEOUT, run(context, request)).await {
+                    // A backup is bounded by the store's call timeout instead: it may copy a
+                    // large database.
+                    let within = match request {
+                        Request::Backup { .. } => context.backup_timeout,
+                        _ => COMMAND_TIMEOUT,
+                    };
+                    match tokio::time::timeout(within, run(context, request)).await {
                         Ok(Ok(result)) => json!({"ok": true, "result": result}),
                         Ok(Err(error)) => json!({"ok": false, "error": error}),
                         Err(_) => json!({"ok": false, "error": format!(
-                            "the command did not finish within {} s", COMMAND_TIMEOUT.as_secs())}),
+                            "the command did not finish within {} ms", within.as_millis())}),
                     }
                 }
             },
@@ -237,6 +251,16 @@ async fn run(context: &AdminContext, request: Request) -> Result<Value, String> 
         Request::Fence { run_id } => {
             let epoch = node.workflows().fence(&run_id).await.map_err(text)?;
             Ok(json!({"run_id": run_id, "released_epoch": epoch}))
+        }
+        Request::Backup { path } => {
+            if !path.is_absolute() {
+                return Err(format!(
+                    "backup: {} is not an absolute path",
+                    path.display()
+                ));
+            }
+            let report = store.backup(&path).await.map_err(text)?;
+            serde_json::to_value(report).map_err(text)
         }
     }
 }

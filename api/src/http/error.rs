@@ -112,6 +112,7 @@ impl From<store::Error> for ApiError {
             store::Error::InvalidUrl { .. }
             | store::Error::NodeLockHeld { .. }
             | store::Error::SchemaTooNew { .. }
+            | store::Error::Unsupported(_)
             | store::Error::Database(_) => {
                 tracing::error!(%message, "store error behind a request");
                 ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)

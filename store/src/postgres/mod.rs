@@ -19,7 +19,9 @@ use crate::changes::{AbortOnDrop, CHANGES_CHANNEL_SQL, Change, Changes, listen_b
 use crate::lease::{Fence, Lease, ttl_seconds};
 use crate::migrations::{self, MigrationReport, PG_MIGRATION_LOCK};
 use crate::write::{ArtifactInfo, ArtifactRow, Snapshot, StepRow, WorkflowRow, WriteOp};
-use crate::{Error, NodeRecord, Result, StepStatus, StoreOptions, WorkflowId, WorkflowStatus};
+use crate::{
+    BackupReport, Error, NodeRecord, Result, StepStatus, StoreOptions, WorkflowId, WorkflowStatus,
+};
 
 mod batch;
 mod events;
@@ -183,6 +185,14 @@ impl PgStore {
         let client = self.pool.get().await?;
         client.execute(PROBE_SQL, &[]).await?;
         Ok(())
+    }
+
+    pub(crate) async fn backup(&self, _destination: &std::path::Path) -> Result<BackupReport> {
+        Err(Error::Unsupported(
+            "the node backs up only its embedded SQLite database; back up PostgreSQL with \
+             pg_dump or pg_basebackup"
+                .into(),
+        ))
     }
 
     pub(crate) async fn now(&self) -> Result<f64> {

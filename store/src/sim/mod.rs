@@ -691,6 +691,12 @@ impl crate::Schema for SimStore {
     async fn write_probe(&self) -> Result<()> {
         Ok(())
     }
+
+    async fn backup(&self, _destination: &std::path::Path) -> Result<crate::BackupReport> {
+        Err(Error::Unsupported(
+            "the simulation store has no file to back up".into(),
+        ))
+    }
 }
 
 impl crate::Leases for SimStore {

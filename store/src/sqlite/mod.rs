@@ -18,8 +18,11 @@ use crate::changes::Changes;
 use crate::lease::{Fence, Lease, ttl_seconds};
 use crate::migrations::{self, MigrationReport};
 use crate::write::{ArtifactInfo, ArtifactRow, Snapshot, StepRow, WorkflowRow, WriteOp};
-use crate::{Error, NodeRecord, Result, StepStatus, StoreOptions, WorkflowId, WorkflowStatus};
+use crate::{
+    BackupReport, Error, NodeRecord, Result, StepStatus, StoreOptions, WorkflowId, WorkflowStatus,
+};
 
+mod backup;
 mod changes;
 mod checkpoint;
 mod events;
@@ -272,6 +275,12 @@ impl SqliteStore {
             Ok(())
         })
         .await
+    }
+
+    pub(crate) async fn backup(&self, destination: &Path) -> Result<BackupReport> {
+        let destination = destination.to_path_buf();
+        self.read(move |connection| backup::copy(connection, &destination))
+            .await
     }
 
     pub(crate) async fn now(&self) -> Result<f64> {

@@ -95,3 +95,37 @@ conformance! {
         assert_eq!(store.list_nodes(1).await.expect("nodes").len(), 1);
     }
 }
+
+conformance! {
+    async fn a_backup_is_a_whole_new_file_or_nothing(db) {
+        let store = db.store().await;
+        workflow(&*store, "wf-backed-up", "node-a", 60_000).await;
+        let dir = tempfile::tempdir().expect("temp dir");
+        let destination = dir.path().join("copy.db");
+        let relative = store.backup(std::path::Path::new("copy.db")).await;
+        assert!(matches!(relative, Err(store::Error::Unsupported(_))), "{relative:?}");
+        match store.backup(&destination).await {
+            Ok(report) => {
+                assert_eq!(report.path, destination);
+                assert_eq!(report.schema_version, store::SCHEMA_VERSION);
+                let copy = rusqlite::Connection::open(&destination).expect("open the copy");
+                let found: i64 = copy
+                    .query_row("SELECT count(*) FROM workflows WHERE id = 'wf-backed-up'", [], |row| row.get(0))
+                    .expect("read the copy");
+                assert_eq!(found, 1);
+                let again = store.backup(&destination).await;
+                assert!(
+                    matches!(&again, Err(store::Error::Unsupported(m)) if m.contains("exists already")),
+                    "{again:?}"
+                );
+            }
+            Err(store::Error::Unsupported(_)) => {}
+            Err(other) => panic!("a backup fails only as unsupported here: {other}"),
+        }
+        let left: Vec<_> = std::fs::read_dir(dir.path()).expect("read dir").flatten()
+            .map(|entry| entry.file_name())
+            .filter(|name| name != "copy.db")
+            .collect();
+        assert!(left.is_empty(), "a backup left {left:?}");
+    }
+}
