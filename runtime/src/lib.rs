@@ -12,6 +12,7 @@ mod cpu_clock;
 mod error;
 mod id;
 mod journal;
+pub mod json_depth;
 mod vm;
 
 use serde::{Deserialize, Serialize};
@@ -21,6 +22,7 @@ pub use bytecode::ScriptCache;
 pub use error::Error;
 pub use id::{ID_CHARS_MAX, ID_GRAMMAR, is_id};
 pub use journal::{Activation, CallId, CallKind, Command, JournalEntry, Outcome, Status};
+pub use json_depth::{JSON_DEPTH_MAX, check_text_depth};
 pub use vm::{Vm, VmOptions};
 
 /// The limits a VM enforces (spec section 2), with the spec's defaults.
@@ -65,7 +67,7 @@ const JOURNAL_FORMAT: u32 = 1;
 
 /// A digest of everything that changes how a journal replays: the script API (the prelude), the
 /// journal format, the engine, and the limits a replay must see unchanged (a smaller frame or
-/// step limit could fail a replay that once passed). A node refuses to recover a workflow whose
+/// step limit, or the JSON depth bound, could fail a replay that once passed). A node refuses to recover a workflow whose
 /// journal was written under another runtime version.
 pub fn runtime_version(limits: &Limits) -> String {
     let mut digest = Sha256::new();
@@ -75,6 +77,9 @@ pub fn runtime_version(limits: &Limits) -> String {
     digest.update(limits.frame_bytes_max.to_le_bytes());
     digest.update(limits.steps_max.to_le_bytes());
     digest.update(limits.parallel_max.to_le_bytes());
+    // A value that nests deeper than the bound fails a run: a journal written without it could
+    // fail its replay.
+    digest.update((JSON_DEPTH_MAX as u64).to_le_bytes());
     digest
         .finalize()
         .iter()

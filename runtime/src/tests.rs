@@ -422,6 +422,51 @@ fn limits_fail_the_run_and_name_the_limit() {
     );
 }
 
+/// Issue 29, item 3: a value nested deeper than `JSON_DEPTH_MAX` never enters the journal, so
+/// every stored record stays readable.
+#[test]
+fn values_nested_over_the_depth_bound_fail_the_run_and_name_it() {
+    let deep = |n: usize| format!("{}{}", "[".repeat(n), "]".repeat(n));
+    let at = crate::JSON_DEPTH_MAX;
+    let nest = |n: usize| format!("let v = []; for (let i = 1; i < {n}; i++) v = [v];");
+    for (script, what) in [
+        (
+            format!("{} return v;", nest(at + 1)),
+            "the result nests 65 levels",
+        ),
+        (
+            format!(
+                r#"{} await agent({{stepId: "a", agentRef: "x", task: v}});"#,
+                nest(at)
+            ),
+            "the input of a agent call nests 65 levels",
+        ),
+    ] {
+        let (status, _, _) = drive(&script, json!({}), options(vec![]), echo);
+        assert!(
+            matches!(&status, Status::Failed(m) if m.contains(what)),
+            "{script}: {status:?}"
+        );
+    }
+    let (status, _, _) = drive(
+        &format!("{} return v;", nest(at)),
+        json!({}),
+        options(vec![]),
+        echo,
+    );
+    assert!(matches!(status, Status::Completed(_)), "{status:?}");
+    let (status, _, _) = drive(
+        r#"await agent({stepId: "a", agentRef: "x", task: 1});"#,
+        json!({}),
+        options(vec![]),
+        |_| Outcome::Resolved(serde_json::from_str(&deep(at + 1)).expect("json")),
+    );
+    assert!(
+        matches!(&status, Status::Failed(m) if m.contains("the outcome of step a nests 65 levels")),
+        "{status:?}"
+    );
+}
+
 #[test]
 fn the_runtime_version_follows_the_limits_that_change_replay() {
     let base = crate::runtime_version(&Limits::default());

@@ -235,9 +235,17 @@ impl Vm {
         if !host.outstanding.contains(&id) {
             return None;
         }
-        let size = match &outcome {
-            Outcome::Resolved(value) | Outcome::Rejected(value) => value.to_string().len(),
+        let text = match &outcome {
+            Outcome::Resolved(value) | Outcome::Rejected(value) => value.to_string(),
         };
+        let size = text.len();
+        let step_id = &host.journal[id.0 as usize].step_id;
+        if let Err(message) =
+            crate::check_text_depth(text.as_bytes(), &format!("the outcome of step {step_id}"))
+        {
+            host.fail(message);
+            return None;
+        }
         if size as u64 > host.limits.frame_bytes_max {
             let message = format!(
                 "the outcome of step {} is {size} bytes, over frame_bytes_max ({})",
@@ -478,6 +486,13 @@ impl Host {
                 "the workflow made more than steps_max ({}) steps",
                 self.limits.steps_max
             );
+            self.fail(message.clone());
+            return json!({ "error": message });
+        }
+        if let Err(message) = crate::check_text_depth(
+            args_json.as_bytes(),
+            &format!("the input of a {} call", kind.as_str()),
+        ) {
             self.fail(message.clone());
             return json!({ "error": message });
         }
@@ -732,10 +747,17 @@ fn install(ctx: &rquickjs::Ctx<'_>, host: &Rc<RefCell<Host>>) -> Result<(), Erro
         let mut host = h.borrow_mut();
         host.result = Some(if ok {
             // What the engine's JSON.stringify writes and serde refuses: a lone surrogate.
-            serde_json::from_str(&text).map_err(|e| Failure {
-                message: format!("the result cannot be encoded as JSON: {e}"),
-                limit: None,
-            })
+            crate::check_text_depth(text.as_bytes(), "the result")
+                .map_err(|message| Failure {
+                    message,
+                    limit: None,
+                })
+                .and_then(|()| {
+                    serde_json::from_str(&text).map_err(|e| Failure {
+                        message: format!("the result cannot be encoded as JSON: {e}"),
+                        limit: None,
+                    })
+                })
         } else {
             Err(Failure {
                 message: text,

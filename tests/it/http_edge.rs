@@ -712,3 +712,87 @@ async fn a_head_over_head_bytes_max_is_refused_and_slow_or_idle_connections_clos
     .await
     .expect("raw requests");
 }
+
+/// Issue 29, item 3: an agent's output of 124 nested arrays used to be stored and then never read
+/// back (every `get`, and every approver's inbox, answered 500). Values that nest deeper than
+/// 64 levels are refused where they enter (an agent's line, a request body), and a record that
+/// still cannot be decoded (written before the bound) is left out of the inbox, named, instead
+/// of taking the inbox down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deeply_nested_values_are_refused_at_entry_and_an_unreadable_record_never_breaks_the_inbox()
+{
+    let deep = |n: usize| format!("{}{}", "[".repeat(n), "]".repeat(n));
+    let files = tempfile::tempdir().expect("temp dir");
+    let config = crate::agent_processes::write_config(
+        files.path(),
+        &[(
+            "deep",
+            &format!(
+                "read task\necho '{{\"type\": \"output\", \"output\": {}}}'",
+                deep(124)
+            ),
+            "",
+        )],
+    );
+    let db = Db::new(false).await;
+    let node = Node::start(&db, &[("REINS_CONFIG", config)]);
+    let mut api = initialize(&node).await;
+    let run = launch(
+        &mut api,
+        r#"let said = "no error";
+           try { await agent({stepId: "d", agentRef: "deep", task: "x"}); }
+           catch (e) { said = e.message; }
+           return await pause({stepId: "p", message: said});"#,
+    )
+    .await;
+    let record = wait_for(&mut api, &run, "paused").await;
+    let step = record["steps"]
+        .as_array()
+        .and_then(|steps| steps.iter().find(|s| s["step_id"] == "d"))
+        .expect("the agent step")
+        .clone();
+    assert_eq!(step["status"], "failed", "{step}");
+    assert!(
+        step.to_string()
+            .contains("stdout line 1 nests 125 levels of arrays and objects, over the limit of 64"),
+        "{step}"
+    );
+    let inbox = api.call("GET", "/api/v1/inbox", None).await;
+    assert_eq!(inbox.status, 200, "{inbox:?}");
+    assert_eq!(inbox.json()["items"][0]["run_id"], run.as_str());
+
+    // A request body over the bound is a 400 that names it, and nothing is launched.
+    let body = format!(r#"{{"script": "return 1;", "args": {}}}"#, deep(65));
+    let refused = api
+        .send(
+            "POST",
+            "/api/plugins/community.workflows/actions/launch",
+            Some("application/json"),
+            body.into_bytes(),
+            &[],
+        )
+        .await;
+    assert_eq!(refused.status, 400, "{refused:?}");
+    assert!(
+        refused.json()["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("the body nests 66 levels")),
+        "{refused:?}"
+    );
+
+    // A record stored before the bound: the pause's step data nests too deep to decode.
+    db.sql(&format!(
+        "UPDATE workflow_steps SET data = '{{\"legacy\": {}}}' WHERE workflow = '{run}' AND step_id = 'p'",
+        deep(130)
+    ))
+    .await;
+    let second = launch(&mut api, r#"return await pause({stepId: "q"});"#).await;
+    wait_for(&mut api, &second, "paused").await;
+    let inbox = api.call("GET", "/api/v1/inbox", None).await;
+    assert_eq!(inbox.status, 200, "{inbox:?}");
+    let inbox = inbox.json();
+    assert_eq!(inbox["unreadable"], json!([run]), "{inbox}");
+    let items = inbox["items"].as_array().expect("items");
+    assert_eq!(items.len(), 1, "{inbox}");
+    assert_eq!(items[0]["run_id"], second.as_str());
+}

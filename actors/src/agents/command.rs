@@ -295,6 +295,7 @@ impl Progress {
     /// Reads one stdout line; `Some` is an approval request to record.
     fn read(&mut self, text: &str) -> Result<Option<Value>, String> {
         self.lines += 1;
+        runtime::check_text_depth(text.as_bytes(), &format!("stdout line {}", self.lines))?;
         let line: Line = serde_json::from_str(text).map_err(|e| {
             format!(
                 "stdout line {} is not a protocol line ({e}): {:?}",

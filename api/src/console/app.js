@@ -580,8 +580,13 @@ async function inboxPage(main) {
     const signature = JSON.stringify(inbox);
     if (!force && signature === last) return;
     last = signature;
-    more.hidden = !inbox.more;
-    more.textContent = "More workflows wait than the inbox reads at once; answer these first.";
+    const unreadable = inbox.unreadable || [];
+    more.hidden = !inbox.more && unreadable.length === 0;
+    more.textContent = [
+      inbox.more ? "More workflows wait than the inbox reads at once; answer these first." : "",
+      unreadable.length ? `Left out: ${unreadable.length} waiting workflow(s) whose record cannot ` +
+        `be read (${unreadable.join(", ")}); an admin finds the reason in the node's log.` : "",
+    ].filter(Boolean).join(" ");
     rerender(list, () => count === 0
       ? h("p", {class: "empty"}, "Nothing waits for you.")
       : h("ul", {class: "items"}, inbox.items.map((item) => inboxItem(item, previews))));

@@ -28,11 +28,19 @@ pub async fn inbox(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
         .await?;
     let more = run_ids.len() > limit as usize;
     run_ids.truncate(limit as usize);
-    let mut items = Vec::new();
+    let (mut items, mut unreadable) = (Vec::new(), Vec::new());
     for run_id in run_ids {
-        // Deleted or ended since the store named it: nothing waits there any more.
-        let Some(view) = ctx.state.node.workflows().get(&run_id).await? else {
-            continue;
+        let view = match ctx.state.node.workflows().get(&run_id).await {
+            Ok(Some(view)) => view,
+            // Deleted or ended since the store named it: nothing waits there any more.
+            Ok(None) => continue,
+            // One record that cannot be decoded never takes everyone's inbox down with it.
+            Err(actors::Error::Store(store::Error::Database(error))) => {
+                tracing::error!(%run_id, %error, "a waiting workflow's record cannot be read; the inbox leaves it out");
+                unreadable.push(run_id.to_string());
+                continue;
+            }
+            Err(error) => return Err(error.into()),
         };
         if !sees_all && view.row.user_id != principal.user.id {
             continue;
@@ -40,7 +48,14 @@ pub async fn inbox(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
         items.extend(waiting_items(&record::record(&view)));
     }
     items.sort_by(|a, b| a.since.total_cmp(&b.since));
-    Ok(json_reply(StatusCode::OK, InboxReply { items, more }))
+    Ok(json_reply(
+        StatusCode::OK,
+        InboxReply {
+            items,
+            more,
+            unreadable,
+        },
+    ))
 }
 
 /// The questions a workflow record shows as waiting.

@@ -291,6 +291,7 @@ impl Ctx<'_> {
         } else {
             &self.body
         };
+        runtime::check_text_depth(body, "the body").map_err(ApiError::bad_request)?;
         let mut deserializer = serde_json::Deserializer::from_slice(body);
         let value = serde_path_to_error::deserialize(&mut deserializer).map_err(field_error)?;
         deserializer

@@ -494,6 +494,10 @@ pub struct InboxReply {
     /// `true` when more workflows wait than `http.inbox_workflows_max`: the items are those of
     /// the oldest ones.
     pub more: bool,
+    /// Workflows that wait but whose record cannot be read (a stored value the node cannot
+    /// decode): left out of `items` so that the rest can be answered, named here so that an
+    /// admin can look at them (the node's log says why).
+    pub unreadable: Vec<String>,
 }
 
 /// One question waiting for a person.
