@@ -158,6 +158,10 @@ pub struct HttpConfig {
     /// Proxies whose `X-Forwarded-For` is believed (addresses or CIDR ranges): a request from
     /// one of them is from the right-most address of that header that is not a trusted proxy.
     pub trusted_proxies: Vec<AddressRange>,
+    /// The names clients (and the proxy in front) use for this node, besides its IP addresses
+    /// and `localhost`: a request whose `Host` names anything else is answered 421, which keeps
+    /// DNS rebinding out (at most 64 plain DNS names, no ports).
+    pub allowed_hosts: Vec<String>,
     /// Who may read `GET /metrics` (addresses or CIDR ranges, judged on the client address);
     /// anyone else gets 403. Loopback and the private networks by default.
     pub metrics_from: Vec<AddressRange>,
@@ -196,6 +200,7 @@ impl Default for HttpConfig {
             body_timeout_ms: 30_000,
             connections_max: 1024,
             trusted_proxies: Vec::new(),
+            allowed_hosts: Vec::new(),
             metrics_from: private_networks(),
             metrics_refresh_ms: 1000,
         }
@@ -574,6 +579,20 @@ impl Config {
             if value > max {
                 return Err(invalid(key, format!("{value} is over {max}")));
             }
+        }
+        if self.http.allowed_hosts.len() > crate::http::ALLOWED_HOSTS_MAX {
+            return Err(invalid(
+                "http.allowed_hosts",
+                format!(
+                    "{} names, more than {}",
+                    self.http.allowed_hosts.len(),
+                    crate::http::ALLOWED_HOSTS_MAX
+                ),
+            ));
+        }
+        for name in &self.http.allowed_hosts {
+            crate::http::check_allowed_name(name)
+                .map_err(|message| invalid("http.allowed_hosts", message))?;
         }
         match &self.secret {
             Some(secret) if secret.chars().count() < SECRET_CHARS_MIN => {
@@ -1087,6 +1106,41 @@ mod tests {
         let checked = Config::load(Some(&example), env(&[])).expect("the example parses");
         assert!(checked.agents.get("scripted").is_some());
         assert_eq!(checked.listen.port(), DEFAULT_PORT);
+    }
+
+    #[test]
+    fn allowed_hosts_are_plain_names_at_most_64() {
+        let checked = Config::load(
+            None,
+            env(&[("REINS_HTTP__ALLOWED_HOSTS", r#"["reins.example.com"]"#)]),
+        )
+        .expect("valid");
+        assert_eq!(checked.config.http.allowed_hosts, ["reins.example.com"]);
+        let many = format!(
+            "[{}]",
+            (0..=64)
+                .map(|n| format!("\"h{n}.example.com\""))
+                .collect::<Vec<_>>()
+                .join(",")
+        );
+        for bad in [
+            r#"["reins.example.com:443"]"#,
+            r#"["*.example.com"]"#,
+            &many,
+        ] {
+            let error = Config::load(None, env(&[("REINS_HTTP__ALLOWED_HOSTS", bad)]))
+                .expect_err(bad)
+                .to_string();
+            assert!(error.contains("http.allowed_hosts"), "{error}");
+        }
+        let at_most = format!(
+            "[{}]",
+            (0..64)
+                .map(|n| format!("\"h{n}.example.com\""))
+                .collect::<Vec<_>>()
+                .join(",")
+        );
+        assert!(Config::load(None, env(&[("REINS_HTTP__ALLOWED_HOSTS", &at_most)])).is_ok());
     }
 
     #[test]

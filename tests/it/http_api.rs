@@ -986,23 +986,23 @@ async fn a_fuzz_pass_over_every_route_finds_no_5xx_and_leaves_the_node_healthy()
     let addr = node.addr;
     let raw: Vec<Vec<u8>> = vec![
         format!(
-            "GET /health HTTP/1.1\r\nHost: x\r\nX-Big: {}\r\n\r\n",
+            "GET /health HTTP/1.1\r\nHost: localhost\r\nX-Big: {}\r\n\r\n",
             "a".repeat(200_000)
         )
         .into_bytes(),
         format!(
-            "GET /health HTTP/1.1\r\nHost: x\r\n{}\r\n",
+            "GET /health HTTP/1.1\r\nHost: localhost\r\n{}\r\n",
             "X-Many: 1\r\n".repeat(500)
         )
         .into_bytes(),
-        b"GET /\xff\xfe HTTP/1.1\r\nHost: x\r\n\r\n".to_vec(),
-        b"POST /api/v1/workflows HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"scr".to_vec(),
-        b"POST /api/v1/workflows HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nZZ\r\n"
+        b"GET /\xff\xfe HTTP/1.1\r\nHost: localhost\r\n\r\n".to_vec(),
+        b"POST /api/v1/workflows HTTP/1.1\r\nHost: localhost\r\nContent-Length: 100\r\n\r\n{\"scr".to_vec(),
+        b"POST /api/v1/workflows HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\n\r\nZZ\r\n"
             .to_vec(),
         b"GET /health HTTP/1.1\r\nHost".to_vec(),
         b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03".to_vec(),
         b"GET /health HTTP/9.9\r\n\r\n".to_vec(),
-        b"POST /api/v1/auth/login/local HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999999\r\n\r\n"
+        b"POST /api/v1/auth/login/local HTTP/1.1\r\nHost: localhost\r\nContent-Length: 99999999999\r\n\r\n"
             .to_vec(),
     ];
     for request in raw {

@@ -538,7 +538,7 @@ fn raise_fd_limit(wanted: u64) {
 async fn slow_body(addr: SocketAddr) -> Option<Duration> {
     let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
     let opened = Instant::now();
-    let head = "POST /api/v1/workflows HTTP/1.1\r\nHost: x\r\n\
+    let head = "POST /api/v1/workflows HTTP/1.1\r\nHost: localhost\r\n\
                 Content-Type: application/json\r\nContent-Length: 1000000\r\n\r\n{";
     if stream.write_all(head.as_bytes()).await.is_err() {
         return Some(opened.elapsed());
@@ -653,9 +653,9 @@ fn raw_status(addr: SocketAddr, request: &[u8]) -> Option<u16> {
 
 /// A `/health` request whose head is exactly `bytes` long.
 fn head_of(bytes: usize) -> Vec<u8> {
-    let bare = "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\nX-Pad: \r\n\r\n";
+    let bare = "GET /health HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nX-Pad: \r\n\r\n";
     let pad = "a".repeat(bytes - bare.len());
-    format!("GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\nX-Pad: {pad}\r\n\r\n")
+    format!("GET /health HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nX-Pad: {pad}\r\n\r\n")
         .into_bytes()
 }
 
@@ -677,7 +677,7 @@ async fn a_head_over_head_bytes_max_is_refused_and_slow_or_idle_connections_clos
         // A head that never ends is closed after the head timeout.
         let opened = Instant::now();
         assert_eq!(
-            raw_status(addr, b"GET /health HTTP/1.1\r\nHost: x\r\n"),
+            raw_status(addr, b"GET /health HTTP/1.1\r\nHost: localhost\r\n"),
             None
         );
         let slow_head = opened.elapsed();
@@ -692,7 +692,7 @@ async fn a_head_over_head_bytes_max_is_refused_and_slow_or_idle_connections_clos
             .set_read_timeout(Some(Duration::from_secs(10)))
             .expect("timeout");
         stream
-            .write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            .write_all(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
             .expect("request");
         let mut reply = Vec::new();
         let mut chunk = [0u8; 1024];
@@ -795,4 +795,71 @@ async fn deeply_nested_values_are_refused_at_entry_and_an_unreadable_record_neve
     let items = inbox["items"].as_array().expect("items");
     assert_eq!(items.len(), 1, "{inbox}");
     assert_eq!(items[0]["run_id"], second.as_str());
+}
+
+/// Issue 29, item 6: DNS rebinding. A page of another site whose name resolves to the node sends
+/// `Host` (and `Origin`) with its own name: `initialize` used to answer 201 and make the attacker
+/// the admin of a fresh node. Only IP addresses, `localhost` and `http.allowed_hosts` pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_naming_another_host_is_refused_before_anything_runs() {
+    let db = Db::new(false).await;
+    let node = Node::start(
+        &db,
+        &[(
+            "REINS_HTTP__ALLOWED_HOSTS",
+            r#"["reins.example.com"]"#.to_owned(),
+        )],
+    );
+    let mut api = node.api();
+    let rebound = [
+        ("host", "rebind.attacker.example:7420"),
+        ("origin", "http://rebind.attacker.example:7420"),
+    ];
+    let body = serde_json::to_vec(&json!({"email": ADMIN, "password": PASSWORD})).expect("json");
+    for (method, path) in [
+        ("POST", "/api/v1/auth/initialize"),
+        ("GET", "/metrics"),
+        ("GET", "/health"),
+        ("GET", "/"),
+    ] {
+        let answer = api
+            .send(
+                method,
+                path,
+                Some("application/json"),
+                body.clone(),
+                &rebound,
+            )
+            .await;
+        assert_eq!(answer.status, 421, "{method} {path}: {answer:?}");
+        assert!(
+            String::from_utf8_lossy(&answer.body).contains("http.allowed_hosts"),
+            "{answer:?}"
+        );
+    }
+    // Nothing was created: the first admin can still be made, by a configured name.
+    let named = [
+        ("host", "reins.example.com"),
+        ("origin", "http://reins.example.com"),
+    ];
+    let made = api
+        .send(
+            "POST",
+            "/api/v1/auth/initialize",
+            Some("application/json"),
+            body,
+            &named,
+        )
+        .await;
+    assert_eq!(made.status, 201, "{made:?}");
+    let health = api
+        .send(
+            "GET",
+            "/health",
+            None,
+            Vec::new(),
+            &[("host", "localhost:1")],
+        )
+        .await;
+    assert_eq!(health.status, 200, "{health:?}");
 }

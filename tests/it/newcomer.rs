@@ -246,7 +246,7 @@ async fn a_body_over_the_limit_without_a_length_is_refused_naming_the_limit() {
         .expect("timeout");
     let chunk = "x".repeat(2048);
     let request = format!(
-        "POST /api/v1/workflows HTTP/1.1\r\nHost: reins\r\nContent-Type: application/json\r\n\
+        "POST /api/v1/workflows HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
          Transfer-Encoding: chunked\r\n\r\n{:x}\r\n{chunk}\r\n0\r\n\r\n",
         chunk.len()
     );

@@ -15,6 +15,7 @@ mod auth;
 mod connections;
 mod error;
 mod events;
+mod host;
 mod inbox;
 mod openapi;
 mod per_user;
@@ -52,6 +53,7 @@ use tracing::Instrument;
 
 pub use auth::new_secret;
 pub use error::ApiError;
+pub use host::{ALLOWED_HOSTS_MAX, check_allowed_name};
 
 use crate::config::{AddressRange, AuthConfig, EventsConfig, HttpConfig};
 use crate::console;
@@ -387,6 +389,19 @@ async fn handle(
 ) -> Reply {
     let method = request.method().as_str().to_owned();
     let path = request.uri().path().to_owned();
+    if let Err(error) = host::check(request.headers(), &state.http.allowed_hosts) {
+        let mut reply = error_reply(&error);
+        harden(&mut reply);
+        state.node.metrics().inc(
+            "reins_http_requests_total",
+            &[
+                ("method", known_method(&method)),
+                ("route", "(unknown host)"),
+                ("status", reply.status().as_str()),
+            ],
+        );
+        return reply;
+    }
     if matches!(method.as_str(), "GET" | "HEAD") && console::owns(&path) {
         return console_reply(state, &method, &path);
     }
