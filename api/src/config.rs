@@ -142,7 +142,8 @@ pub struct HttpConfig {
     /// person; a longer wait asked for is cut to this.
     pub wait_max_ms: u64,
     /// Requests waiting (`?wait=`) at once on this node at most; one more is answered 503 with
-    /// `Retry-After`.
+    /// `Retry-After`. Never more than three quarters of `connections_max`, whatever this says:
+    /// the last quarter stays for health checks, sign-in and short requests.
     pub waiters_max: u64,
     /// Requests of one user waiting at once on this node at most (429 `waiters_busy`).
     pub waiters_per_user_max: u64,
@@ -194,7 +195,7 @@ impl Default for HttpConfig {
             inbox_workflows_max: 100,
             cancel_wait_ms: 5000,
             wait_max_ms: 60_000,
-            waiters_max: 1024,
+            waiters_max: 768,
             waiters_per_user_max: 512,
             head_timeout_ms: 10_000,
             body_timeout_ms: 30_000,

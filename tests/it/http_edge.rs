@@ -863,3 +863,59 @@ async fn a_request_naming_another_host_is_refused_before_anything_runs() {
         .await;
     assert_eq!(health.status, 200, "{health:?}");
 }
+
+/// Issue 29, item 4: `?wait=` requests used to be able to hold every connection (they run a
+/// request, so none is closed to make room), and `/health` then failed every time. At most three
+/// quarters of `http.connections_max` wait; the rest answer 503 at once and health still works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waits_never_take_the_last_quarter_of_the_connections() {
+    let db = Db::new(false).await;
+    let node = Node::start(&db, &[("REINS_HTTP__CONNECTIONS_MAX", "20".to_owned())]);
+    let mut api = initialize(&node).await;
+    let run = launch(
+        &mut api,
+        r#"return await agent({stepId: "s", agentRef: "scripted", task: {sleep_ms: 60000}});"#,
+    )
+    .await;
+    let cookies: Vec<String> = api
+        .cookies
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    let request = format!(
+        "GET /api/v1/workflows/{run}?wait=60s HTTP/1.1\r\nHost: {}\r\nCookie: {}\r\n\r\n",
+        node.addr,
+        cookies.join("; ")
+    );
+    let mut waiting = Vec::new();
+    let mut busy = 0;
+    for _ in 0..20 {
+        let mut stream = std::net::TcpStream::connect(node.addr).expect("connect");
+        stream.write_all(request.as_bytes()).expect("send");
+        stream
+            .set_read_timeout(Some(Duration::from_millis(500)))
+            .expect("timeout");
+        let mut answer = [0u8; 12];
+        match stream.read(&mut answer) {
+            Ok(n) if n > 0 => {
+                assert!(
+                    answer.starts_with(b"HTTP/1.1 503"),
+                    "{:?}",
+                    String::from_utf8_lossy(&answer)
+                );
+                busy += 1;
+            }
+            _ => waiting.push(stream),
+        }
+    }
+    assert_eq!(waiting.len(), 15, "three quarters of 20 wait");
+    assert_eq!(busy, 5);
+    for _ in 0..5 {
+        let (status, _) = http_get(node.addr, "/health").expect("health answers");
+        assert_eq!(status, 200);
+    }
+    let cancelled = api
+        .call("POST", &format!("/api/v1/workflows/{run}/cancel"), None)
+        .await;
+    assert!(cancelled.status < 300, "{cancelled:?}");
+}

@@ -152,6 +152,13 @@ impl Drop for Admitted {
     }
 }
 
+/// How many connections `?wait=` requests may hold at most out of `connections_max`: three
+/// quarters. A waiting request runs a request, so it is never the connection closed to make
+/// room; the last quarter stays for health checks, sign-in and short requests whatever waits.
+pub fn waiting_connections_max(connections_max: u64) -> u64 {
+    connections_max - connections_max.div_ceil(4)
+}
+
 /// The most connections this process can hold open: raises the soft limit on file descriptors
 /// towards `connections_max` plus [`FD_RESERVE`] (never past the hard limit), and answers what
 /// fits under it.

@@ -102,8 +102,10 @@ impl AppState {
         });
         let hashing =
             PasswordHashing::new(usize::try_from(auth.password_hashes_max).unwrap_or(usize::MAX));
-        let waiters =
-            wait::Waiters::new(&node.changes(), http.waiters_max, http.waiters_per_user_max);
+        let waiters_max = http.waiters_max.min(connections::waiting_connections_max(
+            connections::connections_that_fit(http.connections_max),
+        ));
+        let waiters = wait::Waiters::new(&node.changes(), waiters_max, http.waiters_per_user_max);
         AppState {
             node,
             draining: AtomicBool::new(false),

@@ -121,8 +121,8 @@ impl Waiters {
                     hyper::StatusCode::SERVICE_UNAVAILABLE,
                     "waiters_busy",
                     format!(
-                        "{} requests wait already (`http.waiters_max`): ask again, or without \
-                         `wait`",
+                        "{} requests wait already (`http.waiters_max`, at most three quarters \
+                         of `http.connections_max`): ask again, or without `wait`",
                         self.limit
                     ),
                 )
