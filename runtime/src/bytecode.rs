@@ -23,6 +23,14 @@ use crate::Limits;
 use crate::error::Error;
 use crate::vm::{PRELUDE, compile_error, sandbox_runtime};
 
+/// What a context that only compiles needs: `JS_Eval` itself, and the regular-expression
+/// compiler, without which QuickJS's parser refuses every regular-expression literal ("RegExp
+/// are not supported").
+type CompileOnly = (
+    rquickjs::context::intrinsic::Eval,
+    rquickjs::context::intrinsic::RegExpCompiler,
+);
+
 /// The file name errors and stack traces show for the script.
 pub(crate) const SCRIPT_FILE: &CStr = c"script";
 /// The file name of the script API's own frames (what `Ctx::eval` calls a script it evaluates).
@@ -149,8 +157,7 @@ fn prelude_bytecode() -> Result<&'static [u8], Error> {
     static PRELUDE_BYTECODE: OnceLock<Result<Box<[u8]>, Error>> = OnceLock::new();
     let compiled = PRELUDE_BYTECODE.get_or_init(|| {
         let runtime = rquickjs::Runtime::new().map_err(engine)?;
-        let context =
-            Context::custom::<rquickjs::context::intrinsic::Eval>(&runtime).map_err(engine)?;
+        let context = Context::custom::<CompileOnly>(&runtime).map_err(engine)?;
         context.with(|ctx| {
             compile(&ctx, PRELUDE, PRELUDE_FILE, Mode::Strict)
                 .and_then(|compiled| write(&ctx, &compiled))
@@ -263,8 +270,7 @@ impl ScriptCache {
             return Ok(());
         }
         let (runtime, _) = sandbox_runtime(limits, limits.script_memory_bytes_max)?;
-        let context =
-            Context::custom::<rquickjs::context::intrinsic::Eval>(&runtime).map_err(engine)?;
+        let context = Context::custom::<CompileOnly>(&runtime).map_err(engine)?;
         let bytecode = context.with(|ctx| {
             compile(&ctx, &body_source(script), SCRIPT_FILE, Mode::Sloppy)
                 .and_then(|compiled| write(&ctx, &compiled))

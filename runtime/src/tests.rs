@@ -467,6 +467,16 @@ fn values_nested_over_the_depth_bound_fail_the_run_and_name_it() {
     );
 }
 
+/// Issue 29, item 11: regular-expression literals were refused at launch ("RegExp are not
+/// supported") though `new RegExp` worked: the compile-only context lacked the regexp compiler.
+#[test]
+fn regular_expression_literals_compile_at_launch_and_run() {
+    let script = r#"const m = /b(c+)/g.exec("abccd"); return [m[1], "x-y".replace(/-/, "+"), new RegExp("a").test("a")];"#;
+    check_script(script).expect("a regular-expression literal compiles");
+    let (status, _, _) = drive(script, json!({}), options(vec![]), echo);
+    assert_eq!(status, Status::Completed(json!(["cc", "x+y", true])));
+}
+
 #[test]
 fn the_runtime_version_follows_the_limits_that_change_replay() {
     let base = crate::runtime_version(&Limits::default());
