@@ -147,6 +147,17 @@ async fn an_agents_request_is_shown_answered_once_and_the_workflow_goes_on_with_
     assert_eq!(step["approval"]["answer"]["decision"], "approve");
     assert_eq!(step["approval"]["answer"]["by"], ADMIN);
     assert_eq!(step["approval"]["actions"], json!([{"tool": "deploy"}]));
+    // Issue 29, item 12: the approved run has no output; its artifact is the JSON document
+    // `null`, not 0 bytes (which no preview can read).
+    let artifact = api
+        .call(
+            "GET",
+            &format!("/api/v1/workflows/{run_id}/artifacts/1"),
+            None,
+        )
+        .await;
+    assert_eq!(artifact.status, 200, "{artifact:?}");
+    assert_eq!(artifact.body.as_ref(), b"null");
 
     // A step that never asked, or an unknown step, waits for nothing.
     let plain = launch(

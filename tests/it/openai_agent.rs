@@ -290,3 +290,20 @@ async fn a_slow_endpoint_times_out_and_a_malformed_body_is_named() {
         "{end:?}"
     );
 }
+
+/// Issue 29, item 12: a provider's negative token count was recorded as it came.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_negative_token_count_is_recorded_as_unknown_never_negative() {
+    let stand_in = StandIn::start(vec![Reply::Json(200, completion("ok", -5))]).await;
+    let end = run_agent(stand_in.agent("gpt", 5_000), json!("hi")).await;
+    assert!(
+        matches!(
+            &end,
+            AgentEnd::Completed {
+                total_tokens: 0,
+                ..
+            }
+        ),
+        "{end:?}"
+    );
+}

@@ -104,7 +104,8 @@ enum Line {
         _rest: serde_json::Map<String, Value>,
     },
     Usage {
-        total_tokens: i64,
+        /// Never negative: a line that says so is a protocol error.
+        total_tokens: u64,
     },
     ApprovalRequest {
         request_id: String,
@@ -306,7 +307,9 @@ impl Progress {
         match line {
             Line::Output { output } => self.output = Some(output),
             Line::Progress { .. } => self.messages += 1,
-            Line::Usage { total_tokens } => self.tokens = total_tokens,
+            Line::Usage { total_tokens } => {
+                self.tokens = i64::try_from(total_tokens).unwrap_or(i64::MAX);
+            }
             Line::ApprovalRequest {
                 request_id,
                 actions,
@@ -392,6 +395,30 @@ fn untrusted_text(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 29, items 3 and 12: a line nested deeper than the bound, and a negative token
+    /// count, are protocol errors that name the line; nothing of them is kept.
+    #[test]
+    fn a_deep_line_or_a_negative_token_count_is_a_protocol_error() {
+        let mut progress = Progress::default();
+        let deep = format!(
+            r#"{{"type": "output", "output": {}{}}}"#,
+            "[".repeat(64),
+            "]".repeat(64)
+        );
+        let error = progress.read(&deep).expect_err("too deep");
+        assert!(error.contains("stdout line 1 nests 65 levels"), "{error}");
+        assert!(progress.output.is_none());
+        let error = progress
+            .read(r#"{"type": "usage", "total_tokens": -5}"#)
+            .expect_err("negative");
+        assert!(error.contains("stdout line 2"), "{error}");
+        assert_eq!(progress.tokens, 0);
+        progress
+            .read(r#"{"type": "usage", "total_tokens": 7}"#)
+            .expect("a count");
+        assert_eq!(progress.tokens, 7);
+    }
 
     #[test]
     fn untrusted_text_cannot_start_a_line_or_a_terminal_escape() {

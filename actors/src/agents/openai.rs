@@ -235,9 +235,11 @@ impl OpenAiAgent {
                 "model": completion.model,
                 "finish_reason": choice.finish_reason,
             }),
+            // A count below zero is no count: recorded as unknown (0), never as negative.
             total_tokens: completion
                 .usage
                 .and_then(|usage| usage.total_tokens)
+                .filter(|tokens| *tokens >= 0)
                 .unwrap_or(0),
             message_count: 1,
         })

@@ -41,7 +41,8 @@ struct Directives {
     ask_approval: Option<Approval>,
     fail: Option<String>,
     output: Option<Value>,
-    tokens: Option<i64>,
+    /// A token count is never negative.
+    tokens: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -165,7 +166,9 @@ impl ScriptedAgent {
             output: directives
                 .output
                 .unwrap_or_else(|| json!({ "echo": request.task })),
-            total_tokens: directives.tokens.unwrap_or(0),
+            total_tokens: directives
+                .tokens
+                .map_or(0, |tokens| i64::try_from(tokens).unwrap_or(i64::MAX)),
             message_count: 1,
         }
     }

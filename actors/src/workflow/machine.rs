@@ -1563,12 +1563,9 @@ impl WorkflowMachine {
         });
         let mut extra = Vec::new();
         let outcome = if row.status == RunStatus::Success {
-            // The output is kept as an immutable artifact version, like a captured file.
-            let content = row
-                .output
-                .as_ref()
-                .map(Value::to_string)
-                .unwrap_or_default();
+            // The output is kept as an immutable artifact version, like a captured file: a JSON
+            // document, `null` when the run ended without one (an approved request).
+            let content = row.output.as_ref().unwrap_or(&Value::Null).to_string();
             let version =
                 self.next_artifact(&mut extra, &command.step_id, None, content.into_bytes());
             let mut resolved = json!({

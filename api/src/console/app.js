@@ -260,6 +260,11 @@ async function fillPreview(url, version, body) {
     sessionEnded();
     return;
   }
+  // Any byte range of an empty artifact is unsatisfiable (RFC 9110): it is simply empty.
+  if (response.status === 416 && (response.headers.get("content-range") || "") === "bytes */0") {
+    body.replaceChildren(h("span", {class: "empty"}, "Empty: 0 bytes."));
+    return;
+  }
   if (!response.ok) throw new Error(`${response.status} ${response.statusText}`);
   const type = (response.headers.get("content-type") || "").split(";")[0].trim().toLowerCase();
   const partial = response.status === 206 && isTruncated(response.headers.get("content-range"));
