@@ -681,3 +681,53 @@ async fn tokens_and_sessions_per_user_are_bounded(postgres: bool) {
 }
 
 both!(tokens_and_sessions_per_user_are_bounded);
+
+/// Issue 29, item 10: a change of access reaches a request that is already waiting. An approver
+/// demoted while their `?wait=` on another user's workflow waits gets 404 when it answers (not
+/// the record), and a token revoked meanwhile gets 401.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_request_checks_access_again_before_it_answers() {
+    let db = Db::new(false).await;
+    let node = Node::start(&db, &[]);
+    let mut admin = initialize(&node).await;
+    let carol_id = id_of(&create(&mut admin, CAROL, Some("approver")).await);
+    let mut carol = signed_in(&node, CAROL, PASSWORD).await;
+    let mut carol_waiting = signed_in(&node, CAROL, PASSWORD).await;
+    let created = carol
+        .call(
+            "POST",
+            "/api/v1/auth/tokens",
+            Some(json!({"name": "waiting"})),
+        )
+        .await;
+    assert_eq!(created.status, 201, "{created:?}");
+    let token_id = created.json()["id"].as_str().expect("id").to_owned();
+    let mut carol_token = node.api();
+    carol_token.bearer = Some(created.json()["token"].as_str().expect("token").to_owned());
+    let run = launch(
+        &mut admin,
+        r#"return await agent({stepId: "s", agentRef: "scripted", task: {sleep_ms: 4000}});"#,
+    )
+    .await;
+    let path = format!("/api/v1/workflows/{run}?wait=30s");
+    let (by_session, by_token) = (path.clone(), path);
+    let session_wait =
+        tokio::spawn(async move { carol_waiting.call("GET", &by_session, None).await });
+    let token_wait = tokio::spawn(async move { carol_token.call("GET", &by_token, None).await });
+    tokio::time::sleep(std::time::Duration::from_millis(1000)).await;
+    assert!(
+        !session_wait.is_finished() && !token_wait.is_finished(),
+        "the waits wait"
+    );
+    let revoked = carol
+        .call("DELETE", &format!("/api/v1/auth/tokens/{token_id}"), None)
+        .await;
+    assert_eq!(revoked.status, 200, "{revoked:?}");
+    let demoted = patch(&mut admin, &carol_id, json!({"role": "user"})).await;
+    assert_eq!(demoted.status, 200, "{demoted:?}");
+    wait_for(&mut admin, &run, "completed").await;
+    let by_session = session_wait.await.expect("the session's wait");
+    assert_refused(&by_session, 404, "not_found", &run);
+    let by_token = token_wait.await.expect("the token's wait");
+    assert_refused(&by_token, 401, "unauthorized", "revoked");
+}

@@ -99,7 +99,16 @@ fn visible<T: Owned>(
     run_id: &WorkflowId,
     act: Act,
 ) -> Result<T, ApiError> {
-    let user = &ctx.principal()?.user;
+    visible_to(&ctx.principal()?.user, found, run_id, act)
+}
+
+/// [`visible`] for `user` as the store has them now.
+fn visible_to<T: Owned>(
+    user: &store::UserRow,
+    found: Option<T>,
+    run_id: &WorkflowId,
+    act: Act,
+) -> Result<T, ApiError> {
     let Some(found) = found else {
         return Err(ApiError::no_workflow(run_id));
     };
@@ -196,14 +205,24 @@ async fn wait_for(
     let deadline = tokio::time::Instant::now() + wait;
     // Watched before the first read, so a change committed after it is heard.
     let mut watch = ctx.state.waiters.watch(run_id);
-    let mut over = false;
+    let (mut over, mut waited) = (false, false);
     loop {
         let view = ctx.state.node.workflows().get(run_id).await?;
-        let record = record::record(&visible(ctx, view, run_id, Act::Read)?);
+        let view = visible(ctx, view, run_id, Act::Read)?;
+        let record = record::record(&view);
         if over || wait::settled(&record) {
+            if waited {
+                // The caller's access may have changed while the request waited (a role taken
+                // away, a token revoked, a session ended): it is asked again before anything is
+                // answered.
+                let store = ctx.state.node.store();
+                let user = ctx.principal()?.credential.user(&store).await?;
+                visible_to(&user, Some(view), run_id, Act::Read)?;
+            }
             return Ok(record);
         }
         over = !watch.changed(deadline).await;
+        waited = true;
     }
 }
 
