@@ -1,7 +1,9 @@
 //! The store actor: the front door to the database for every actor. It never runs a query in its
 //! own handler: each request is a job over the store ([`StoreMsg`]) that becomes a task bounded by
 //! a semaphore (`store_requests_max` in flight), so independent requests proceed in parallel on the
-//! store's pool and a slow query never holds up the mailbox. There is one message for every
+//! store's pool and a slow query never holds up the mailbox. Reads and writes have a semaphore
+//! each: however many reads wait (a flood of `get`s of a large record), a write never waits
+//! behind them for its turn. There is one message for every
 //! operation: a job calls the store's typed method and answers its own caller. [`StoreHandle`]
 //! is the typed API the actors use; each of its methods names its [`Operation`] (test faults and
 //! whether an unanswered call may have written come from it) and the call it makes.
@@ -31,8 +33,12 @@ use crate::metrics::Metrics;
 /// The work of one request: a call on the store that sends its own answer.
 type Job = Box<dyn FnOnce(Arc<Store>) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send>;
 
-/// A request the store actor serves: one job over the store, whatever the operation.
-pub struct StoreMsg(Job);
+/// A request the store actor serves: one job over the store, whatever the operation, and
+/// whether that operation may write (which semaphore it waits for).
+pub struct StoreMsg {
+    writes: bool,
+    job: Job,
+}
 
 /// What readiness needs to know about the database.
 #[derive(Debug, Clone, Serialize)]
@@ -52,7 +58,10 @@ pub(crate) struct StoreActor;
 
 pub(crate) struct StoreState {
     store: Arc<Store>,
-    in_flight: Arc<Semaphore>,
+    /// Reads in flight, at most `requests_max`.
+    reads_in_flight: Arc<Semaphore>,
+    /// Writes in flight, at most `requests_max`: never taken by a read.
+    writes_in_flight: Arc<Semaphore>,
     metrics: Arc<Metrics>,
 }
 
@@ -74,7 +83,8 @@ impl Actor for StoreActor {
     ) -> Result<Self::State, ActorProcessingErr> {
         Ok(StoreState {
             store: args.store,
-            in_flight: Arc::new(Semaphore::new(args.requests_max.max(1))),
+            reads_in_flight: Arc::new(Semaphore::new(args.requests_max.max(1))),
+            writes_in_flight: Arc::new(Semaphore::new(args.requests_max.max(1))),
             metrics: args.metrics,
         })
     }
@@ -91,21 +101,31 @@ impl Actor for StoreActor {
     async fn handle(
         &self,
         myself: ActorRef<Self::Msg>,
-        StoreMsg(job): StoreMsg,
+        StoreMsg { writes, job }: StoreMsg,
         state: &mut StoreState,
     ) -> Result<(), ActorProcessingErr> {
         let _turn = crate::mailbox::turn(&myself);
-        // Waiting for a permit here is the back-pressure: the mailbox holds what cannot run yet.
-        let permit = Arc::clone(&state.in_flight).acquire_owned().await?;
+        let in_flight = Arc::clone(if writes {
+            &state.writes_in_flight
+        } else {
+            &state.reads_in_flight
+        });
         let metrics = Arc::clone(&state.metrics);
-        metrics
-            .store_requests_waiting
-            .fetch_sub(1, Ordering::Relaxed);
-        metrics
-            .store_requests_running
-            .fetch_add(1, Ordering::Relaxed);
         let work = job(Arc::clone(&state.store));
+        // The permit is waited for in the job's task, not in this handler: a read that waits
+        // for one of the reads' permits must not keep a write behind it in the mailbox. What
+        // waits is bounded by the callers, each of which waits for its answer with a timeout.
         tokio::spawn(async move {
+            // The semaphores live as long as this actor's state and are never closed.
+            let Ok(permit) = in_flight.acquire_owned().await else {
+                return;
+            };
+            metrics
+                .store_requests_waiting
+                .fetch_sub(1, Ordering::Relaxed);
+            metrics
+                .store_requests_running
+                .fetch_add(1, Ordering::Relaxed);
             work.await;
             metrics
                 .store_requests_running
@@ -251,11 +271,14 @@ impl StoreHandle {
         };
         let message = |reply: RpcReplyPort<store::Result<T>>| {
             // A caller that gave up has dropped its port; its answer is then discarded.
-            StoreMsg(Box::new(move |store| {
-                Box::pin(async move {
-                    let _ = reply.send(work(store).await);
-                })
-            }))
+            StoreMsg {
+                writes: operation.writes(),
+                job: Box::new(move |store| {
+                    Box::pin(async move {
+                        let _ = reply.send(work(store).await);
+                    })
+                }),
+            }
         };
         let queue = &self.metrics.store_requests_waiting;
         queue.fetch_add(1, Ordering::Relaxed);
@@ -999,6 +1022,29 @@ mod tests {
         let timeout = Duration::from_secs(5);
         let handle = StoreHandle::new(actor, timeout, Some(faults), Arc::clone(&metrics));
         (handle, metrics)
+    }
+
+    /// Issue 29, item 5: reads that take every read permit, and more that wait behind them, never
+    /// hold up a write: it has permits of its own and is not queued behind a waiting read.
+    #[tokio::test]
+    async fn a_write_never_waits_behind_reads_that_fill_the_store() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let (handle, _) = handle(&dir, StoreFaults::default()).await;
+        let release = Arc::new(tokio::sync::Notify::new());
+        // Twice the read permits (2): two run and hold, two wait for a permit.
+        for _ in 0..4 {
+            let release = Arc::clone(&release);
+            let job: Job =
+                Box::new(move |_store| Box::pin(async move { release.notified().await }));
+            crate::mailbox::Post::post(&handle.actor, StoreMsg { writes: false, job })
+                .expect("send");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let launched = handle
+            .launch_workflow(workflow("w"), "node", 60_000, LaunchLimits::NONE)
+            .await;
+        assert!(launched.is_ok(), "{launched:?}");
+        release.notify_waiters();
     }
 
     fn workflow(id: &str) -> NewWorkflow {

@@ -147,6 +147,12 @@ pub struct HttpConfig {
     pub waiters_max: u64,
     /// Requests of one user waiting at once on this node at most (429 `waiters_busy`).
     pub waiters_per_user_max: u64,
+    /// Workflow records (`get`, each read of a waiting `get`, each of the inbox's) one user
+    /// reads at once on this node at most; more wait their turn.
+    pub record_reads_per_user_max: u64,
+    /// How long a record read waits for one of its user's places before it is answered 429
+    /// `reads_busy`.
+    pub record_read_wait_ms: u64,
     /// How long a connection may take to send a request's head, counted from when it opens or
     /// finishes its previous request (so also how long an idle keep-alive connection stays).
     pub head_timeout_ms: u64,
@@ -197,6 +203,8 @@ impl Default for HttpConfig {
             wait_max_ms: 60_000,
             waiters_max: 768,
             waiters_per_user_max: 512,
+            record_reads_per_user_max: 8,
+            record_read_wait_ms: 10_000,
             head_timeout_ms: 10_000,
             body_timeout_ms: 30_000,
             connections_max: 1024,
@@ -615,7 +623,7 @@ impl Config {
             }
             _ => {}
         }
-        let positive: [(&'static str, u64); 41] = [
+        let positive: [(&'static str, u64); 43] = [
             ("store.pool_size", self.store.pool_size as u64),
             ("store.requests_max", self.store.requests_max as u64),
             ("store.write_batch_max", self.store.write_batch_max as u64),
@@ -649,6 +657,11 @@ impl Config {
             ("http.wait_max_ms", self.http.wait_max_ms),
             ("http.waiters_max", self.http.waiters_max),
             ("http.waiters_per_user_max", self.http.waiters_per_user_max),
+            (
+                "http.record_reads_per_user_max",
+                self.http.record_reads_per_user_max,
+            ),
+            ("http.record_read_wait_ms", self.http.record_read_wait_ms),
             ("http.metrics_refresh_ms", self.http.metrics_refresh_ms),
             ("events.poll_ms", self.events.poll_ms),
             ("events.keepalive_ms", self.events.keepalive_ms),

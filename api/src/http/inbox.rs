@@ -30,7 +30,7 @@ pub async fn inbox(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
     run_ids.truncate(limit as usize);
     let (mut items, mut unreadable) = (Vec::new(), Vec::new());
     for run_id in run_ids {
-        let view = match ctx.state.node.workflows().get(&run_id).await {
+        let view = match super::workflows::read_record(ctx, &run_id).await? {
             Ok(Some(view)) => view,
             // Deleted or ended since the store named it: nothing waits there any more.
             Ok(None) => continue,

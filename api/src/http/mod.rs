@@ -19,6 +19,7 @@ mod host;
 mod inbox;
 mod openapi;
 mod per_user;
+mod reads;
 pub(crate) mod record;
 mod routes;
 mod users;
@@ -80,6 +81,8 @@ pub struct AppState {
     hashing: PasswordHashing,
     /// Requests waiting for a workflow (`?wait=`), bounded by `http.waiters_max`.
     waiters: wait::Waiters,
+    /// Record reads, bounded per user by `http.record_reads_per_user_max`.
+    record_reads: reads::RecordReads,
     /// The event streams: their limits and places.
     streams: events::EventStreams,
     /// The database's part of `/metrics` and when it was counted (see `http.metrics_refresh_ms`).
@@ -106,7 +109,10 @@ impl AppState {
             connections::connections_that_fit(http.connections_max),
         ));
         let waiters = wait::Waiters::new(&node.changes(), waiters_max, http.waiters_per_user_max);
+        let record_reads =
+            reads::RecordReads::new(http.record_reads_per_user_max, http.record_read_wait_ms);
         AppState {
+            record_reads,
             node,
             draining: AtomicBool::new(false),
             secret: Secret::new(secret),

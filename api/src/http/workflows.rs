@@ -193,6 +193,18 @@ fn asked_wait(ctx: &Ctx<'_>, wait_ms: Option<u64>) -> Result<Option<Duration>, A
     ))
 }
 
+/// A workflow's whole record, read in one of the caller's places (see [`super::reads`]).
+pub(super) async fn read_record(
+    ctx: &Ctx<'_>,
+    run_id: &WorkflowId,
+) -> Result<Result<Option<actors::WorkflowView>, actors::Error>, ApiError> {
+    let user_id = &ctx.principal()?.user.id;
+    ctx.state
+        .record_reads
+        .read(user_id, &ctx.state.node, run_id)
+        .await
+}
+
 /// Reads the record until the workflow ends or waits for a person, or `wait` has passed (then
 /// the record as it is). Between reads the request is parked on the change bus: no query runs
 /// while nothing happens to the workflow.
@@ -207,7 +219,7 @@ async fn wait_for(
     let mut watch = ctx.state.waiters.watch(run_id);
     let (mut over, mut waited) = (false, false);
     loop {
-        let view = ctx.state.node.workflows().get(run_id).await?;
+        let view = read_record(ctx, run_id).await??;
         let view = visible(ctx, view, run_id, Act::Read)?;
         let record = record::record(&view);
         if over || wait::settled(&record) {
@@ -386,7 +398,7 @@ pub async fn get(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
         let record = wait_for(ctx, &run_id, wait, permit).await?;
         return Ok(json_reply(StatusCode::OK, record));
     }
-    let view = ctx.state.node.workflows().get(&run_id).await?;
+    let view = read_record(ctx, &run_id).await??;
     let view = visible(ctx, view, &run_id, Act::Read)?;
     Ok(json_reply(StatusCode::OK, record::record(&view)))
 }
