@@ -467,6 +467,33 @@ fn values_nested_over_the_depth_bound_fail_the_run_and_name_it() {
     );
 }
 
+/// Issue 29, item 7: `Promise.all` over more `agent()` calls than `parallel_max` started them all
+/// in one activation; calls in flight are bounded however they are awaited.
+#[test]
+fn calls_in_flight_are_bounded_however_they_are_awaited() {
+    let script = |n: usize| {
+        format!(
+            r#"const calls = [];
+               for (let i = 0; i < {n}; i++) calls.push(agent({{stepId: "s" + i, agentRef: "x", task: i}}));
+               return (await Promise.all(calls)).length;"#
+        )
+    };
+    let max = Limits::default().parallel_max as usize;
+    let (status, _, carried_out) = drive(&script(max), json!({}), options(vec![]), echo);
+    assert_eq!(status, Status::Completed(json!(max)));
+    assert_eq!(carried_out, max);
+    let (status, _, carried_out) = drive(&script(3_000), json!({}), options(vec![]), echo);
+    assert!(
+        matches!(&status, Status::Failed(m) if m.contains("more than parallel_max (64) calls in flight")),
+        "{status:?}"
+    );
+    assert_eq!(carried_out, 0, "nothing of the activation was carried out");
+    // One after another, any number of calls is fine.
+    let sequential = r#"let n = 0; for (let i = 0; i < 200; i++) { await agent({stepId: "q" + i, agentRef: "x", task: i}); n++; } return n;"#;
+    let (status, _, _) = drive(sequential, json!({}), options(vec![]), echo);
+    assert_eq!(status, Status::Completed(json!(200)));
+}
+
 /// Issue 29, item 11: regular-expression literals were refused at launch ("RegExp are not
 /// supported") though `new RegExp` worked: the compile-only context lacked the regexp compiler.
 #[test]

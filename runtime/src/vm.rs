@@ -489,6 +489,22 @@ impl Host {
             self.fail(message.clone());
             return json!({ "error": message });
         }
+        // Calls in flight (made, not yet settled), however the script awaits them: a
+        // `Promise.all` over thousands of `agent()` calls is bounded like a `parallel`.
+        let in_flight = self
+            .outstanding
+            .iter()
+            .filter(|id| self.journal[id.0 as usize].outcome.is_none())
+            .count();
+        if in_flight as u64 >= self.limits.parallel_max {
+            let message = format!(
+                "more than parallel_max ({}) calls in flight at once: await some before making \
+                 more",
+                self.limits.parallel_max
+            );
+            self.fail(message.clone());
+            return json!({ "error": message });
+        }
         if let Err(message) = crate::check_text_depth(
             args_json.as_bytes(),
             &format!("the input of a {} call", kind.as_str()),
