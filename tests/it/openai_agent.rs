@@ -307,3 +307,53 @@ async fn a_negative_token_count_is_recorded_as_unknown_never_negative() {
         "{end:?}"
     );
 }
+
+/// Issue 29, item 9: an answer over `frame_bytes_max` (48 KiB here) was stored whole in the run
+/// although its step failed over that limit. It is not kept: the run fails saying why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_output_over_frame_bytes_max_is_not_stored() {
+    let huge = "x".repeat(60 * 1024);
+    let stand_in = StandIn::start(vec![Reply::Json(200, completion(&huge, 9))]).await;
+    let (db, shared) = (
+        TestDb::sqlite().await,
+        tempfile::tempdir().expect("temp dir"),
+    );
+    let node = TestNode::start_with(
+        &db,
+        "a",
+        3_000,
+        shared.path(),
+        &[stand_in.agent("gpt", 5_000)],
+    )
+    .await;
+    let request = RunRequest {
+        thread_id: "t-1".into(),
+        agent: "gpt".into(),
+        task: json!("write a lot"),
+        idempotency_key: None,
+        step: None,
+        run_id: None,
+    };
+    let Admitted::Started { row, ended } = node.node.runs().start(request).await.expect("start")
+    else {
+        panic!("not started");
+    };
+    tokio::time::timeout(Duration::from_secs(20), ended)
+        .await
+        .expect("ends")
+        .expect("end");
+    let stored = node
+        .node
+        .runs()
+        .get(&row.run_id)
+        .await
+        .expect("read")
+        .expect("row");
+    assert_eq!(stored.status, RunStatus::Error);
+    assert_eq!(stored.output, None);
+    let error = stored.error.unwrap_or_default();
+    assert!(
+        error.contains("over frame_bytes_max (49152); it is not kept"),
+        "{error}"
+    );
+}

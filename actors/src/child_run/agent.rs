@@ -95,6 +95,8 @@ pub(crate) struct ChildArgs {
     pub store: StoreHandle,
     pub lease: ActorRef<LeaseMsg>,
     pub worker_id: String,
+    /// An output's bytes at most (`limits.frame_bytes_max`): a bigger one is never stored.
+    pub output_bytes_max: usize,
     /// The admission's lease, measured from before the admission was sent.
     pub deadline: Instant,
     pub ended: oneshot::Sender<RunEnd>,
@@ -111,6 +113,8 @@ pub(crate) struct ChildState {
     store: StoreHandle,
     lease: ActorRef<LeaseMsg>,
     worker_id: String,
+    /// An output's bytes at most (`limits.frame_bytes_max`): a bigger one is never stored.
+    output_bytes_max: usize,
     authority: TerminalAuthority,
     cancel: watch::Sender<Option<CancelAction>>,
     /// Answers for the live agent, and the request ids already handed to it.
@@ -310,6 +314,7 @@ impl Actor for ChildAgent {
             store: args.store,
             lease: args.lease,
             worker_id: args.worker_id,
+            output_bytes_max: args.output_bytes_max,
             authority: TerminalAuthority::new(),
             cancel,
             answers,
@@ -350,14 +355,30 @@ impl Actor for ChildAgent {
                         output,
                         total_tokens,
                         message_count,
-                    } => RunOutcome {
-                        status: RunStatus::Success,
-                        error: None,
-                        output: Some(output),
-                        stop_reason: None,
-                        total_tokens,
-                        message_count,
-                    },
+                    } => {
+                        let bytes = output.to_string().len();
+                        // A step could never take a bigger output (its outcome would be over the
+                        // same limit), so it is not kept anywhere: the run fails saying why.
+                        let kept = bytes <= state.output_bytes_max;
+                        RunOutcome {
+                            status: if kept {
+                                RunStatus::Success
+                            } else {
+                                RunStatus::Error
+                            },
+                            error: (!kept).then(|| {
+                                format!(
+                                    "the agent's output is {bytes} bytes, over frame_bytes_max \
+                                     ({}); it is not kept",
+                                    state.output_bytes_max
+                                )
+                            }),
+                            output: kept.then_some(output),
+                            stop_reason: (!kept).then(|| "output_too_large".into()),
+                            total_tokens,
+                            message_count,
+                        }
+                    }
                     AgentEnd::Failed { message } => RunOutcome {
                         status: RunStatus::Error,
                         error: Some(message),

@@ -410,6 +410,7 @@ async fn start_child(
             store: state.args.store.clone(),
             lease: state.args.lease.clone(),
             worker_id: state.args.worker_id.clone(),
+            output_bytes_max: state.args.options.task_bytes_max,
             deadline: sent + Duration::from_millis(state.args.options.lease_ms),
             ended: ended_tx,
         },
