@@ -65,6 +65,7 @@ impl Nginx {
                  listen {addr};
                  location / {{
                    proxy_pass http://nodes;
+                   proxy_set_header Host $http_host;
                    proxy_buffering off;
                    add_header X-Upstream $upstream_addr always;
                  }}

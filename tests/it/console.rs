@@ -846,7 +846,7 @@ async fn the_inbox_shows_what_waits_for_the_caller_oldest_first_within_its_bound
     assert_eq!(carol.login("carol@example.com", PASSWORD).await.status, 200);
     assert_eq!(
         carol.call("GET", "/api/v1/inbox", None).await.json(),
-        json!({"items": [], "more": false})
+        json!({"items": [], "more": false, "unreadable": []})
     );
     let hers = launch(&mut carol, PAUSING).await;
     let inbox = poll_inbox(&mut carol, 1).await;

@@ -571,6 +571,7 @@ async fn a_thousand_parked_waiters_run_no_query_while_nothing_happens() {
             NO_FALLBACK,
             ("REINS_LEASE_SECONDS", "600"),
             ("REINS_HTTP__CONNECTIONS_MAX", "4096"),
+            ("REINS_HTTP__WAITERS_MAX", "2048"),
             ("REINS_HTTP__WAITERS_PER_USER_MAX", "4096"),
         ]),
     );
