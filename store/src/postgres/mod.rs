@@ -48,6 +48,7 @@ impl PgStore {
             reason: e.to_string(),
         })?;
         config.connect_timeout(options.connect_timeout);
+        network_timeouts(&mut config, url, options);
         let mut listen_config = config.clone();
         listen_config.application_name(crate::changes::LISTEN_APPLICATION_NAME);
         config.application_name("reins");
@@ -724,6 +725,32 @@ pub(super) fn op_params<'a>(fence: &'a Fence, op: &'a WriteOp) -> Vec<&'a (dyn T
     }
 }
 
+/// Sets what lets a connection notice that the network under it is gone (`TCP_USER_TIMEOUT`
+/// and keepalives, see [`StoreOptions`]) unless the operator's `url` sets it itself: a
+/// parameter the URL names keeps the URL's value, and `keepalives=0` there keeps keepalives off.
+/// The listener's connection is configured from the same `config`, so it gets them too.
+fn network_timeouts(config: &mut tokio_postgres::Config, url: &str, options: &StoreOptions) {
+    let named: Vec<&str> = url
+        .split_once('?')
+        .map_or("", |(_, query)| query)
+        .split('&')
+        .filter_map(|pair| pair.split('=').next())
+        .collect();
+    let sets = |key: &str| named.contains(&key);
+    if !sets("tcp_user_timeout") {
+        config.tcp_user_timeout(options.pg_tcp_user_timeout);
+    }
+    if !sets("keepalives") {
+        config.keepalives(true);
+    }
+    if !sets("keepalives_idle") {
+        config.keepalives_idle(options.pg_keepalives_idle);
+    }
+    if !sets("keepalives_interval") {
+        config.keepalives_interval(options.pg_keepalives_interval);
+    }
+}
+
 /// The URL without its password, for messages.
 /// Rewrites the newest migration's row unchanged: a write that always needs new space on disk.
 const PROBE_SQL: &str = "UPDATE schema_migrations SET name = name
@@ -890,6 +917,57 @@ async fn listening(
 
 #[cfg(test)]
 mod tests {
+    use std::str::FromStr;
+    use std::time::Duration;
+
+    use crate::StoreOptions;
+
+    fn configured(url: &str) -> tokio_postgres::Config {
+        let mut config = tokio_postgres::Config::from_str(url).expect("a valid url");
+        super::network_timeouts(&mut config, url, &StoreOptions::default());
+        config
+    }
+
+    #[test]
+    fn connections_notice_a_dead_network_by_default() {
+        let config = configured("postgres://reins@db:5432/reins");
+        let defaults = StoreOptions::default();
+        assert_eq!(
+            config.get_tcp_user_timeout(),
+            Some(&defaults.pg_tcp_user_timeout)
+        );
+        assert!(config.get_keepalives());
+        assert_eq!(config.get_keepalives_idle(), defaults.pg_keepalives_idle);
+        assert_eq!(
+            config.get_keepalives_interval(),
+            Some(defaults.pg_keepalives_interval)
+        );
+    }
+
+    #[test]
+    fn the_urls_own_network_settings_win() {
+        let config = configured(
+            "postgres://reins@db/reins?application_name=x&tcp_user_timeout=9\
+             &keepalives_idle=60&keepalives_interval=7",
+        );
+        assert_eq!(config.get_tcp_user_timeout(), Some(&Duration::from_secs(9)));
+        assert_eq!(config.get_keepalives_idle(), Duration::from_secs(60));
+        assert_eq!(
+            config.get_keepalives_interval(),
+            Some(Duration::from_secs(7))
+        );
+        // An operator who turned keepalives off keeps them off; the rest still applies.
+        let config = configured("postgres://reins@db/reins?keepalives=0");
+        assert!(!config.get_keepalives());
+        assert_eq!(
+            config.get_tcp_user_timeout(),
+            Some(&StoreOptions::default().pg_tcp_user_timeout)
+        );
+        // `tcp_user_timeout=0` (the system's default) is the operator's choice too.
+        let config = configured("postgres://reins@db/reins?tcp_user_timeout=0");
+        assert_eq!(config.get_tcp_user_timeout(), None);
+    }
+
     #[test]
     fn redact_hides_only_the_password() {
         assert_eq!(
