@@ -229,6 +229,33 @@ where
     }
 }
 
+/// Runs one store call, `operation`, for at most `deadline`. Past it the call is abandoned where
+/// it stands: the caller hears that its outcome is unknown (an operation that writes, which may
+/// have committed) or that the database is unavailable (a read), and every PostgreSQL connection
+/// the call held is closed, never given back to the pool, since an answer may still be on its way
+/// on it or the network under it may be gone (see `postgres/conn.rs`).
+pub async fn bounded<T>(
+    deadline: Duration,
+    operation: Operation,
+    call: impl Future<Output = Result<T>>,
+) -> Result<T> {
+    match tokio::time::timeout(deadline, postgres::abandonable(call)).await {
+        Ok(answer) => answer,
+        Err(_) => {
+            let why = format!(
+                "{} was abandoned after {} ms without an answer",
+                operation.name(),
+                deadline.as_millis()
+            );
+            Err(if operation.writes() {
+                Error::OutcomeUnknown(why)
+            } else {
+                Error::Unavailable(why)
+            })
+        }
+    }
+}
+
 /// The store: one of the two backends behind the same operations.
 pub struct Store {
     backend: Inner,

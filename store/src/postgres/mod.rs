@@ -15,6 +15,8 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::{NoTls, Row, Statement};
 
 use self::batch::{Batcher, Job};
+pub(crate) use self::conn::abandonable;
+use self::conn::{Conn, connection};
 use crate::changes::{AbortOnDrop, CHANGES_CHANNEL_SQL, Change, Changes, listen_backoff};
 use crate::lease::{Fence, Lease, ttl_seconds};
 use crate::migrations::{self, MigrationReport, PG_MIGRATION_LOCK};
@@ -22,6 +24,7 @@ use crate::write::{ArtifactInfo, ArtifactRow, Snapshot, StepRow, WorkflowRow, Wr
 use crate::{Error, NodeRecord, Result, StepStatus, StoreOptions, WorkflowId, WorkflowStatus};
 
 mod batch;
+mod conn;
 mod events;
 mod operators;
 mod runs;
@@ -92,6 +95,11 @@ impl PgStore {
         })
     }
 
+    /// A pooled connection for the call running in this task (see [`conn`]).
+    async fn connection(&self) -> Result<Conn> {
+        connection(&self.pool).await
+    }
+
     /// The change bus; the first call starts the node's listening connection.
     pub(crate) fn changes(&self) -> Changes {
         let (changes, _) = self.listener.get_or_init(|| {
@@ -125,7 +133,7 @@ impl PgStore {
     }
 
     pub(crate) async fn migrate(&self) -> Result<MigrationReport> {
-        let mut client = self.pool.get().await?;
+        let mut client = self.connection().await?;
         let transaction = client.transaction().await?;
         // Nodes starting together queue here; each then sees what the one before it applied.
         transaction
@@ -164,7 +172,7 @@ impl PgStore {
     }
 
     pub(crate) async fn schema_version(&self) -> Result<i64> {
-        let client = self.pool.get().await?;
+        let client = self.connection().await?;
         let row = client
             .query_one("SELECT to_regclass('schema_migrations') IS NOT NULL", &[])
             .await?;
@@ -181,13 +189,13 @@ impl PgStore {
     }
 
     pub(crate) async fn write_probe(&self) -> Result<()> {
-        let client = self.pool.get().await?;
+        let client = self.connection().await?;
         client.execute(PROBE_SQL, &[]).await?;
         Ok(())
     }
 
     pub(crate) async fn now(&self) -> Result<f64> {
-        let client = self.pool.get().await?;
+        let client = self.connection().await?;
         Ok(client
             .query_one(&client.prepare_cached("SELECT reins_now()").await?, &[])
             .await?
@@ -200,7 +208,7 @@ impl PgStore {
         owner: &str,
         lease_ms: u64,
     ) -> Result<Option<Lease>> {
-        let client = self.pool.get().await?;
+        let client = self.connection().await?;
         let statement = client
             .prepare_cached(
                 "INSERT INTO extension_execution_leases AS l (resource_id, owner, epoch, expires_at)
@@ -224,7 +232,7 @@ impl PgStore {
     }
 
     pub(crate) async fn renew_lease(&self, fence: &Fence, lease_ms: u64) -> Result<(Lease, f64)> {
-        let client = self.pool.get().await?;
+        let client = self.connection().await?;
         let statement = client
             .prepare_cached(
                 "UPDATE extension_execution_leases
@@ -260,7 +268,7 @@ impl PgStore {
     }
 
     pub(crate) async fn release_lease(&self, fence: &Fence) -> Result<bool> {
-        let client = self.pool.get().await?;
+        let client = self.connection().await?;
         let released = client
             .execute(
                 &client
@@ -277,7 +285,7 @@ impl PgStore {
     }
 
     pub(crate) async fn read_lease(&self, resource_id: &WorkflowId) -> Result<Option<Lease>> {
-        let client = self.pool.get().await?;
+        let client = self.connection().await?;
         let statement = client
             .prepare_cached(
                 "SELECT owner, epoch, expires_at FROM extension_execution_leases
@@ -310,15 +318,15 @@ impl PgStore {
         &self,
         workflow_id: &WorkflowId,
     ) -> Result<Option<WorkflowRow>> {
-        let client = self.pool.get().await?;
-        Ok(workflow_in(&client, workflow_id)
+        let client = self.connection().await?;
+        Ok(workflow_in(&*client, workflow_id)
             .await?
             .map(|(row, _, _)| row))
     }
 
     pub(crate) async fn read_steps(&self, workflow_id: &WorkflowId) -> Result<Vec<StepRow>> {
-        let client = self.pool.get().await?;
-        steps_in(&client, workflow_id).await
+        let client = self.connection().await?;
+        steps_in(&*client, workflow_id).await
     }
 
     /// A workflow with its lease, journal, controls, asking runs and artifacts: five queries in a
@@ -326,7 +334,7 @@ impl PgStore {
     /// then every future is polled once, in this order, before any answer is awaited, so the
     /// transaction goes in one round trip (a read: nothing of it can be half done).
     pub(crate) async fn read_snapshot(&self, workflow_id: &WorkflowId) -> Result<Option<Snapshot>> {
-        let client = self.pool.get().await?;
+        let client = self.connection().await?;
         let head = client.prepare_cached(WORKFLOW_SQL).await?;
         let steps = client.prepare_cached(STEPS_SQL).await?;
         let controls = client.prepare_cached(workflows::CONTROLS_SQL).await?;
@@ -369,7 +377,7 @@ impl PgStore {
         workflow_id: &WorkflowId,
         version: i64,
     ) -> Result<Option<ArtifactRow>> {
-        let client = self.pool.get().await?;
+        let client = self.connection().await?;
         let row = client
             .query_opt(
                 &client
@@ -391,7 +399,7 @@ impl PgStore {
     }
 
     pub(crate) async fn last_artifact_version(&self, workflow_id: &WorkflowId) -> Result<i64> {
-        let client = self.pool.get().await?;
+        let client = self.connection().await?;
         Ok(client
             .query_one(
                 &client
@@ -407,7 +415,7 @@ impl PgStore {
     }
 
     pub(crate) async fn register_node(&self, node: &NodeRecord) -> Result<()> {
-        let client = self.pool.get().await?;
+        let client = self.connection().await?;
         client
             .execute(
                 &client
@@ -423,7 +431,7 @@ impl PgStore {
     }
 
     pub(crate) async fn mark_node_stopped(&self, worker_id: &str) -> Result<()> {
-        let client = self.pool.get().await?;
+        let client = self.connection().await?;
         client
             .execute(
                 &client
@@ -438,7 +446,7 @@ impl PgStore {
     }
 
     pub(crate) async fn list_nodes(&self, limit: u32) -> Result<Vec<NodeRecord>> {
-        let client = self.pool.get().await?;
+        let client = self.connection().await?;
         let rows = client
             .query(
                 &client
@@ -522,7 +530,7 @@ pub(super) async fn fenced_body(
 
 /// A fenced write in a transaction of its own, in one round trip: what a batch falls back to.
 pub(super) async fn fenced_alone(pool: &Pool, fence: &Fence, ops: &[WriteOp]) -> Result<()> {
-    let client = pool.get().await?;
+    let client = connection(pool).await?;
     let statements = prepare_fenced(&client, ops).await?;
     let (begun, changed, committed) = tokio::join!(
         client.batch_execute("BEGIN"),
