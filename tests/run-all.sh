@@ -2,8 +2,8 @@
 # Runs the whole test suite on a fresh Debian machine that has the Rust toolchain:
 #   tests/run-all.sh          build, start a private PostgreSQL, run every test, stop it
 #   tests/run-all.sh bench    the same cluster, then the benches instead of the tests
-# PostgreSQL, nginx, openssl, chromium and chromium-driver come from Debian's packages (installed
-# if missing); the tests start their
+# PostgreSQL, nginx, openssl, chromium, chromium-driver, iproute2 and nftables come from Debian's
+# packages (installed if missing); the tests start their
 # own private nginx per test on a free loopback port, whatever the package's service does. The cluster lives under
 # target/pg-test (or a private temp folder when the postgres user cannot reach target/), listens
 # only on 127.0.0.1 on a free port, and is stopped on exit whatever happens.
@@ -24,6 +24,9 @@ if [ "$mode" != bench ] && ! command -v openssl >/dev/null; then missing+=(opens
 # The console's tests drive Debian's headless chromium through chromedriver (WebDriver).
 if [ "$mode" != bench ] && ! command -v chromium >/dev/null; then missing+=(chromium); fi
 if [ "$mode" != bench ] && ! command -v chromedriver >/dev/null; then missing+=(chromium-driver); fi
+# The partition test makes network namespaces (iproute2's ip) and drops packets with nftables.
+if [ "$mode" != bench ] && ! command -v ip >/dev/null; then missing+=(iproute2); fi
+if [ "$mode" != bench ] && ! command -v nft >/dev/null; then missing+=(nftables); fi
 if [ ${#missing[@]} -gt 0 ]; then
   echo "== installing ${missing[*]} from Debian's packages"
   as_root apt-get update -qq

@@ -6,7 +6,9 @@
 //! behind them for its turn. There is one message for every
 //! operation: a job calls the store's typed method and answers its own caller. [`StoreHandle`]
 //! is the typed API the actors use; each of its methods names its [`Operation`] (test faults and
-//! whether an unanswered call may have written come from it) and the call it makes.
+//! whether an unanswered call may have written come from it) and the call it makes. A job runs
+//! no longer than its caller waits (`store.call_timeout_ms`): past that it is abandoned, and the
+//! PostgreSQL connections it held are closed rather than handed to the next request.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -269,13 +271,17 @@ impl StoreHandle {
                 store::Error::Unavailable(format!("store actor: {reason}"))
             }
         };
+        let timeout = self.timeout;
         let message = |reply: RpcReplyPort<store::Result<T>>| {
-            // A caller that gave up has dropped its port; its answer is then discarded.
+            // A caller that gave up has dropped its port; its answer is then discarded. The work
+            // itself is given up on after as long as the caller waits, so that a call stuck on
+            // a dead network holds neither a permit nor a connection (which is closed, not
+            // reused: see `store::bounded`).
             StoreMsg {
                 writes: operation.writes(),
                 job: Box::new(move |store| {
                     Box::pin(async move {
-                        let _ = reply.send(work(store).await);
+                        let _ = reply.send(store::bounded(timeout, operation, work(store)).await);
                     })
                 }),
             }

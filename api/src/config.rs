@@ -47,6 +47,16 @@ const WAKE_FALLBACK_MS_MAX: u64 = 86_400_000;
 const PG_WRITERS_MAX: usize = 256;
 const PG_BATCH_MAX_MAX: usize = 1024;
 
+/// The bounds of the PostgreSQL connections' TCP timeouts. Below a second of unacknowledged data a
+/// congested but live link would lose its connections; past ten minutes the timeout would no
+/// longer bring a node back soon after a partition heals. The kernel counts keepalive times in
+/// whole seconds, from one second to two hours of idleness (its own default) and up to ten
+/// minutes between probes.
+const PG_TCP_USER_TIMEOUT_MS_MIN: u64 = 1_000;
+const PG_TCP_USER_TIMEOUT_MS_MAX: u64 = 600_000;
+const PG_KEEPALIVES_IDLE_SECONDS_MAX: u64 = 7_200;
+const PG_KEEPALIVES_INTERVAL_SECONDS_MAX: u64 = 600;
+
 /// The whole configuration of a node.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
@@ -416,6 +426,11 @@ pub struct StoreConfig {
     pub write_batch_max: usize,
     pub pg_writers: usize,
     pub pg_batch_max: usize,
+    /// PostgreSQL: how long sent data may go unacknowledged before a connection is dropped.
+    pub pg_tcp_user_timeout_ms: u64,
+    /// PostgreSQL: idle time before a keepalive probe, and the time between probes.
+    pub pg_keepalives_idle_seconds: u64,
+    pub pg_keepalives_interval_seconds: u64,
     pub wal_checkpoint_pages: u32,
     pub wal_pages_max: u32,
     pub feed_numbering_max: u32,
@@ -435,6 +450,9 @@ impl Default for StoreConfig {
             write_batch_max: defaults.write_batch_max,
             pg_writers: defaults.pg_writers,
             pg_batch_max: defaults.pg_batch_max,
+            pg_tcp_user_timeout_ms: millis(defaults.pg_tcp_user_timeout),
+            pg_keepalives_idle_seconds: defaults.pg_keepalives_idle.as_secs(),
+            pg_keepalives_interval_seconds: defaults.pg_keepalives_interval.as_secs(),
             wal_checkpoint_pages: defaults.wal_checkpoint_pages,
             wal_pages_max: defaults.wal_pages_max,
             feed_numbering_max: defaults.feed_numbering_max,
@@ -603,6 +621,30 @@ impl Config {
             crate::http::check_allowed_name(name)
                 .map_err(|message| invalid("http.allowed_hosts", message))?;
         }
+        for (key, value, range) in [
+            (
+                "store.pg_tcp_user_timeout_ms",
+                self.store.pg_tcp_user_timeout_ms,
+                PG_TCP_USER_TIMEOUT_MS_MIN..=PG_TCP_USER_TIMEOUT_MS_MAX,
+            ),
+            (
+                "store.pg_keepalives_idle_seconds",
+                self.store.pg_keepalives_idle_seconds,
+                1..=PG_KEEPALIVES_IDLE_SECONDS_MAX,
+            ),
+            (
+                "store.pg_keepalives_interval_seconds",
+                self.store.pg_keepalives_interval_seconds,
+                1..=PG_KEEPALIVES_INTERVAL_SECONDS_MAX,
+            ),
+        ] {
+            if !range.contains(&value) {
+                return Err(invalid(
+                    key,
+                    format!("{value} is outside {}..={}", range.start(), range.end()),
+                ));
+            }
+        }
         match &self.secret {
             Some(secret) if secret.chars().count() < SECRET_CHARS_MIN => {
                 return Err(invalid(
@@ -768,6 +810,9 @@ impl Config {
             write_batch_max: self.store.write_batch_max,
             pg_writers: self.store.pg_writers,
             pg_batch_max: self.store.pg_batch_max,
+            pg_tcp_user_timeout: Duration::from_millis(self.store.pg_tcp_user_timeout_ms),
+            pg_keepalives_idle: Duration::from_secs(self.store.pg_keepalives_idle_seconds),
+            pg_keepalives_interval: Duration::from_secs(self.store.pg_keepalives_interval_seconds),
             wal_checkpoint_pages: self.store.wal_checkpoint_pages,
             wal_pages_max: self.store.wal_pages_max,
             feed_numbering_max: self.store.feed_numbering_max,
@@ -964,6 +1009,53 @@ mod tests {
             let refused = at(max + 1).expect_err("over the bound").to_string();
             assert!(refused.contains(key), "{refused}");
         }
+    }
+
+    #[test]
+    fn the_postgresql_tcp_timeouts_are_bounded_at_both_ends() {
+        for (variable, key, least, most) in [
+            (
+                "REINS_STORE__PG_TCP_USER_TIMEOUT_MS",
+                "store.pg_tcp_user_timeout_ms",
+                PG_TCP_USER_TIMEOUT_MS_MIN,
+                PG_TCP_USER_TIMEOUT_MS_MAX,
+            ),
+            (
+                "REINS_STORE__PG_KEEPALIVES_IDLE_SECONDS",
+                "store.pg_keepalives_idle_seconds",
+                1,
+                PG_KEEPALIVES_IDLE_SECONDS_MAX,
+            ),
+            (
+                "REINS_STORE__PG_KEEPALIVES_INTERVAL_SECONDS",
+                "store.pg_keepalives_interval_seconds",
+                1,
+                PG_KEEPALIVES_INTERVAL_SECONDS_MAX,
+            ),
+        ] {
+            let at = |value: u64| Config::load(None, env(&[(variable, &value.to_string())]));
+            for edge in [least, most] {
+                at(edge).expect("at the bound");
+            }
+            for outside in [least - 1, most + 1] {
+                let refused = at(outside).expect_err("outside the bounds").to_string();
+                assert!(refused.contains(key), "{refused}");
+            }
+        }
+        let options = Config::load(
+            None,
+            env(&[
+                ("REINS_STORE__PG_TCP_USER_TIMEOUT_MS", "2500"),
+                ("REINS_STORE__PG_KEEPALIVES_IDLE_SECONDS", "30"),
+                ("REINS_STORE__PG_KEEPALIVES_INTERVAL_SECONDS", "3"),
+            ]),
+        )
+        .expect("valid")
+        .config
+        .store_options("test");
+        assert_eq!(options.pg_tcp_user_timeout, Duration::from_millis(2500));
+        assert_eq!(options.pg_keepalives_idle, Duration::from_secs(30));
+        assert_eq!(options.pg_keepalives_interval, Duration::from_secs(3));
     }
 
     #[test]

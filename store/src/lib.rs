@@ -126,6 +126,20 @@ pub struct StoreOptions {
     pub lock_timeout: Duration,
     /// The longest a PostgreSQL statement runs.
     pub statement_timeout: Duration,
+    /// PostgreSQL: how long data sent on a connection may go unacknowledged before the kernel
+    /// drops the connection (`TCP_USER_TIMEOUT`, milliseconds). Without it a call sent into a
+    /// network partition waits for TCP's retransmissions (some 15 minutes), and after the heal
+    /// for the next one of a doubling backoff; with it the call fails, its connection closes, and
+    /// the next call connects anew. With keepalives it also bounds a silent idle connection.
+    /// The database URL's own `tcp_user_timeout` wins.
+    pub pg_tcp_user_timeout: Duration,
+    /// PostgreSQL: how long a connection is idle before the kernel probes its peer with a
+    /// keepalive (whole seconds), so that an idle connection across a partition (the change
+    /// listener's) is noticed and closed. The URL's own `keepalives_idle` (or `keepalives=0`) wins.
+    pub pg_keepalives_idle: Duration,
+    /// PostgreSQL: the time between two keepalive probes of a silent peer (whole seconds). The
+    /// URL's own `keepalives_interval` wins.
+    pub pg_keepalives_interval: Duration,
     /// Writes waiting for the writers (SQLite's writer thread, PostgreSQL's batch writers)
     /// before callers are made to wait.
     pub write_queue_max: usize,
@@ -158,6 +172,9 @@ impl Default for StoreOptions {
             connect_timeout: Duration::from_secs(5),
             lock_timeout: Duration::from_secs(10),
             statement_timeout: Duration::from_secs(30),
+            pg_tcp_user_timeout: Duration::from_secs(5),
+            pg_keepalives_idle: Duration::from_secs(5),
+            pg_keepalives_interval: Duration::from_secs(2),
             write_queue_max: 1024,
             write_batch_max: 64,
             pg_writers: 4,
@@ -208,6 +225,33 @@ where
                 attempt += 1;
             }
             result => return result,
+        }
+    }
+}
+
+/// Runs one store call, `operation`, for at most `deadline`. Past it the call is abandoned where
+/// it stands: the caller hears that its outcome is unknown (an operation that writes, which may
+/// have committed) or that the database is unavailable (a read), and every PostgreSQL connection
+/// the call held is closed, never given back to the pool, since an answer may still be on its way
+/// on it or the network under it may be gone (see `postgres/conn.rs`).
+pub async fn bounded<T>(
+    deadline: Duration,
+    operation: Operation,
+    call: impl Future<Output = Result<T>>,
+) -> Result<T> {
+    match tokio::time::timeout(deadline, postgres::abandonable(call)).await {
+        Ok(answer) => answer,
+        Err(_) => {
+            let why = format!(
+                "{} was abandoned after {} ms without an answer",
+                operation.name(),
+                deadline.as_millis()
+            );
+            Err(if operation.writes() {
+                Error::OutcomeUnknown(why)
+            } else {
+                Error::Unavailable(why)
+            })
         }
     }
 }

@@ -32,6 +32,7 @@ mod node_process;
 mod openai_agent;
 mod operators;
 mod parked;
+mod partition;
 mod private_pg;
 mod runs_store;
 mod scripts;

@@ -14,6 +14,8 @@ pub struct PrivatePg {
     data: PathBuf,
     _dir: tempfile::TempDir,
     pub port: u16,
+    /// The addresses the server listens on (`listen_addresses`).
+    listen: String,
 }
 
 fn as_server_user(program: &Path) -> Command {
@@ -38,8 +40,14 @@ fn run(mut command: Command, what: &str) {
 }
 
 impl PrivatePg {
-    /// A new, running server with an empty cluster.
+    /// A new, running server with an empty cluster, on loopback.
     pub fn start() -> PrivatePg {
+        PrivatePg::start_on(&[], &[])
+    }
+
+    /// A new, running server listening on loopback and on `addresses` too (each must exist on
+    /// this machine), trusting clients from `clients` (CIDR ranges) besides loopback.
+    pub fn start_on(addresses: &[&str], clients: &[&str]) -> PrivatePg {
         let bin = std::fs::read_dir("/usr/lib/postgresql")
             .expect("PostgreSQL's server binaries (tests/run-all.sh installs them)")
             .flatten()
@@ -72,11 +80,26 @@ impl PrivatePg {
             .arg(&data)
             .args(["-U", "postgres", "--auth=trust", "-E", "UTF8"]);
         run(initdb, "initdb");
+        if !clients.is_empty() {
+            let rules: String = clients
+                .iter()
+                .map(|cidr| format!("host all all {cidr} trust\n"))
+                .collect();
+            let hba = data.join("pg_hba.conf");
+            let mut text = std::fs::read_to_string(&hba).expect("pg_hba.conf");
+            text.push_str(&rules);
+            std::fs::write(&hba, text).expect("pg_hba.conf");
+        }
+        let listen = std::iter::once("127.0.0.1")
+            .chain(addresses.iter().copied())
+            .collect::<Vec<_>>()
+            .join(",");
         let pg = PrivatePg {
             bin,
             data,
             port: free_port(),
             _dir: dir,
+            listen,
         };
         pg.ctl(&["start"]);
         pg
@@ -84,8 +107,9 @@ impl PrivatePg {
 
     fn ctl(&self, action: &[&str]) {
         let options = format!(
-            "-c listen_addresses=127.0.0.1 -c port={} -c unix_socket_directories={} \
+            "-c listen_addresses={} -c port={} -c unix_socket_directories={} \
              -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=200",
+            self.listen,
             self.port,
             self.data.display()
         );

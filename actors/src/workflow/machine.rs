@@ -844,6 +844,39 @@ impl WorkflowMachine {
                         _ => {}
                     }
                 }
+                Journaled::Ended {
+                    status,
+                    reconciliation,
+                } => self.announce_end(out, status, reconciliation),
+            }
+        }
+    }
+
+    /// The workflow's end, once its write committed: logged and counted here only.
+    fn announce_end(
+        &self,
+        out: &mut Vec<Effect>,
+        status: WorkflowStatus,
+        reconciliation: Option<Reconciliation>,
+    ) {
+        out.push(Effect::Count {
+            name: "reins_workflows_finished_total",
+            labels: vec![("status", status.as_str().to_owned())],
+        });
+        match (status, reconciliation) {
+            (_, Some(why)) => {
+                tracing::warn!(parent: &self.span, reason = why.reason.as_str(),
+                    step_id = %why.step_id,
+                    child_run_id = why.run_id.as_ref().map_or("", RunId::as_str),
+                    message = %why.message, "the workflow needs reconciliation");
+                out.push(Effect::Count {
+                    name: "reins_reconciliations_needed_total",
+                    labels: vec![("reason", why.reason.as_str().to_owned())],
+                });
+            }
+            (WorkflowStatus::Cancelled, None) => tracing::info!(parent: &self.span, "cancelled"),
+            (status, None) => {
+                tracing::info!(parent: &self.span, status = status.as_str(), "workflow finished");
             }
         }
     }
@@ -1284,10 +1317,9 @@ impl WorkflowMachine {
                 WorkflowStatus::Failed
             }
         };
-        tracing::info!(parent: &self.span, status = status.as_str(), "workflow finished");
-        out.push(Effect::Count {
-            name: "reins_workflows_finished_total",
-            labels: vec![("status", status.as_str().to_owned())],
+        self.unwritten.events.push(Journaled::Ended {
+            status,
+            reconciliation: None,
         });
         // The end, a durable stop request to every child run still live (a sibling a failed
         // step left running), every slot given back and the lease's release are one write.
@@ -1698,22 +1730,9 @@ impl WorkflowMachine {
     }
 
     /// Ends this owner's part: the workflow waits for an operator, with `why` recorded in its
-    /// data (`reconciliation`), logged and counted.
+    /// data (`reconciliation`), logged and counted once that write commits (a node whose lease
+    /// is gone is refused it, and has sent nothing to `needs_reconciliation`).
     fn reconcile_needed(&mut self, out: &mut Vec<Effect>, why: Reconciliation, now: Millis) {
-        tracing::warn!(parent: &self.span, reason = why.reason.as_str(), step_id = %why.step_id,
-            child_run_id = why.run_id.as_ref().map_or("", RunId::as_str), message = %why.message,
-            "the workflow needs reconciliation");
-        out.push(Effect::Count {
-            name: "reins_workflows_finished_total",
-            labels: vec![(
-                "status",
-                WorkflowStatus::NeedsReconciliation.as_str().to_owned(),
-            )],
-        });
-        out.push(Effect::Count {
-            name: "reins_reconciliations_needed_total",
-            labels: vec![("reason", why.reason.as_str().to_owned())],
-        });
         let mut data = self.config.document.data.clone();
         data["reconciliation"] = json!({
             "reason": why.reason.as_str(),
@@ -1725,6 +1744,10 @@ impl WorkflowMachine {
         // Its slots stay held; its lease is given back in the same write, so an operator's
         // reconcile can take the workflow at once.
         let op = self.set_workflow(WorkflowStatus::NeedsReconciliation, data);
+        self.unwritten.events.push(Journaled::Ended {
+            status: WorkflowStatus::NeedsReconciliation,
+            reconciliation: Some(why),
+        });
         self.write(out, vec![op, WriteOp::ReleaseLease]);
         self.halt(out, false);
     }
@@ -1970,12 +1993,11 @@ impl WorkflowMachine {
             },
             WriteOp::ReleaseLease,
         ];
-        self.write(out, ops);
-        tracing::info!(parent: &self.span, "cancelled");
-        out.push(Effect::Count {
-            name: "reins_workflows_finished_total",
-            labels: vec![("status", WorkflowStatus::Cancelled.as_str().to_owned())],
+        self.unwritten.events.push(Journaled::Ended {
+            status: WorkflowStatus::Cancelled,
+            reconciliation: None,
         });
+        self.write(out, ops);
         self.halt(out, false);
     }
 
@@ -2381,11 +2403,11 @@ mod tests {
         assert_eq!(
             described,
             [
-                "count reins_workflows_finished_total",
                 "write [artifact 1, release slot a, step a completed, logs 1, workflow completed, \
                  cancel runs, release slots, release lease]",
                 "count reins_steps_finished_total",
                 "fault result",
+                "count reins_workflows_finished_total",
                 "halt ended",
             ]
         );
@@ -2456,9 +2478,9 @@ mod tests {
         assert_eq!(
             described,
             [
+                "write [workflow needs_reconciliation, release lease]",
                 "count reins_workflows_finished_total",
                 "count reins_reconciliations_needed_total",
-                "write [workflow needs_reconciliation, release lease]",
                 "halt ended",
             ]
         );
@@ -2571,7 +2593,7 @@ mod tests {
             |_| None,
         );
         assert_eq!(
-            described[1],
+            described[0],
             "write [step a failed, workflow failed, cancel runs, release slots, release lease]"
         );
 
@@ -2631,9 +2653,9 @@ mod tests {
         assert_eq!(
             described,
             [
+                "write [workflow needs_reconciliation, release lease]",
                 "count reins_workflows_finished_total",
                 "count reins_reconciliations_needed_total",
-                "write [workflow needs_reconciliation, release lease]",
                 "halt ended",
             ]
         );
@@ -2642,6 +2664,59 @@ mod tests {
         };
         assert_eq!(data["reconciliation"]["reason"], "child_end_unrecorded");
         assert_eq!(data["reconciliation"]["step_id"], "a");
+    }
+
+    /// Issue 29 item 15: a node cut off from the database for longer than a lease found its
+    /// child's end unrecorded, decided on `needs_reconciliation`, and counted it, although the
+    /// database refused the write (its lease was gone). Only a committed end is counted.
+    #[test]
+    fn a_reconciliation_the_database_refused_is_not_counted() {
+        let ended_unrecorded = || Event::RunRead {
+            id: CallId(0),
+            run_id: "run-new".into(),
+            purpose: RunReadFor::Outcome,
+            result: Ok(Some(run_row(&RunId::from("run-new"), RunStatus::Running))),
+        };
+        let refusals = [
+            store::Error::LeaseLost {
+                resource_id: "wf-1".into(),
+                owner: "node-a".into(),
+                epoch: store::Epoch::new(1),
+            },
+            store::Error::OutcomeUnknown("?".into()),
+        ];
+        for refusal in refusals {
+            let mut m = admitted_agent();
+            let (described, _) = drive_with(&mut m, ended_unrecorded(), NOW, |effect| {
+                matches!(effect, Effect::Write(_)).then(|| Event::WriteFailed(refusal.clone()))
+            });
+            assert_eq!(
+                described,
+                [
+                    "write [workflow needs_reconciliation, release lease]",
+                    "halt abandoned"
+                ],
+                "{refusal}"
+            );
+        }
+        // The same write committed, after an outage that wrote nothing, is counted once.
+        let mut m = admitted_agent();
+        let mut outage = true;
+        let (described, _) = drive_with(&mut m, ended_unrecorded(), NOW, |effect| {
+            let failed = matches!(effect, Effect::Write(_)) && std::mem::take(&mut outage);
+            failed.then(|| Event::WriteFailed(store::Error::Unavailable("down".into())))
+        });
+        assert_eq!(
+            described,
+            [
+                "write [workflow needs_reconciliation, release lease]",
+                "sleep 50ms",
+                "write [workflow needs_reconciliation, release lease]",
+                "count reins_workflows_finished_total",
+                "count reins_reconciliations_needed_total",
+                "halt ended",
+            ]
+        );
     }
 
     #[test]
@@ -2988,9 +3063,9 @@ mod tests {
         assert_eq!(
             described,
             [
+                "write [workflow needs_reconciliation, release lease]",
                 "count reins_workflows_finished_total",
                 "count reins_reconciliations_needed_total",
-                "write [workflow needs_reconciliation, release lease]",
                 "halt ended",
             ]
         );
@@ -3095,7 +3170,6 @@ mod tests {
         assert_eq!(
             described,
             [
-                "count reins_workflows_finished_total",
                 "write [workflow completed, cancel runs, release slots, release lease]",
                 "halt abandoned",
             ]
@@ -3335,8 +3409,12 @@ mod tests {
             |_| None,
         );
         assert_eq!(
-            described[2],
-            "write [workflow needs_reconciliation, release lease]"
+            described[..3],
+            [
+                "write [workflow needs_reconciliation, release lease]",
+                "count reins_workflows_finished_total",
+                "count reins_reconciliations_needed_total",
+            ]
         );
         let Some(WriteOp::SetWorkflow { data, .. }) = written(&effects).into_iter().next() else {
             panic!("the reconciliation");

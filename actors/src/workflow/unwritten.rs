@@ -5,14 +5,16 @@
 //! next thing the workflow writes (the next call's journal entry, its child run's admission, the
 //! final status). A crash before that transaction finds the step's child run ended, and recovery
 //! adopts the same outcome from it. What happens "once it is durable" (metrics, log lines, test
-//! fault points) waits for that commit, so a replay never counts or logs a step twice.
+//! fault points) waits for that commit, so a replay never counts or logs a step twice, and a
+//! write the database refused (a node fenced after a partition) counts and logs nothing.
 
 use runtime::CallKind;
-use store::{RunId, WriteOp};
+use store::{RunId, StepStatus, WorkflowStatus, WriteOp};
 
-use store::StepStatus;
+use super::machine::Reconciliation;
 
-/// A step whose journal write became durable.
+/// What a journal write made true once it became durable: a step's progress, or the
+/// workflow's end.
 #[derive(Debug, Clone)]
 pub(crate) enum Journaled {
     Started {
@@ -23,6 +25,12 @@ pub(crate) enum Journaled {
         step_id: String,
         kind: CallKind,
         status: StepStatus,
+    },
+    /// The workflow ended, or stopped to wait for an operator's reconcile.
+    Ended {
+        status: WorkflowStatus,
+        /// Why it waits for an operator (`needs_reconciliation` only).
+        reconciliation: Option<Reconciliation>,
     },
 }
 

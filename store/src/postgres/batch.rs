@@ -30,6 +30,7 @@ use futures_util::future::join_all;
 use tokio::sync::{Mutex, mpsc, oneshot};
 use tokio_postgres::Statement;
 
+use super::conn::connection;
 use super::runs::{
     AdmitAnswers, AdmitStatements, FINALIZE_SQL, Finalize, admit_alone, admit_body, admit_outcome,
     finalize_alone, finalize_body, prepare_admit,
@@ -277,10 +278,9 @@ async fn run(pool: &Pool, mut jobs: Vec<Job>) {
     jobs.sort_by(|a, b| a.order_key().cmp(b.order_key()));
     // Nothing is sent before every job's statements are prepared. Without a connection nothing
     // was sent at all: each job gets what it would have got alone.
-    let client = match pool.get().await {
+    let client = match connection(pool).await {
         Ok(client) => client,
         Err(error) => {
-            let error = Error::from(error);
             for job in jobs {
                 job.failed(error.clone());
             }

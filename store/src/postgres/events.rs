@@ -24,7 +24,7 @@ impl PgStore {
         after: i64,
         limit: u32,
     ) -> Result<Option<EventPage>> {
-        let client = self.pool.get().await?;
+        let client = self.connection().await?;
         // One statement, so the status and the events are of one snapshot.
         let statement = client
             .prepare_cached(
@@ -57,7 +57,7 @@ impl PgStore {
 
     /// Moves the watch forward only: two streams of one workflow keep the later of the two.
     pub(crate) async fn watch_events(&self, workflow_id: &WorkflowId, watch_ms: u64) -> Result<()> {
-        let client = self.pool.get().await?;
+        let client = self.connection().await?;
         let statement = client
             .prepare_cached(
                 "UPDATE workflow_event_seqs
@@ -81,7 +81,7 @@ impl PgStore {
         user_id: Option<&str>,
         limit: u32,
     ) -> Result<Vec<EventRow>> {
-        let client = self.pool.get().await?;
+        let client = self.connection().await?;
         let number = client.prepare_cached(NUMBER_FEED).await?;
         let limit = i64::from(limit);
         let (sql, params): (_, Vec<&(dyn tokio_postgres::types::ToSql + Sync)>) = match &user_id {
@@ -108,7 +108,7 @@ impl PgStore {
     /// The newest number after one round of numbering: with a backlog beyond
     /// `feed_numbering_max`, status events committed before this read may be numbered after it.
     pub(crate) async fn feed_head(&self) -> Result<i64> {
-        let client = self.pool.get().await?;
+        let client = self.connection().await?;
         let number = client.prepare_cached(NUMBER_FEED).await?;
         let head = client
             .prepare_cached("SELECT seq FROM event_feed WHERE id = 1")

@@ -15,6 +15,8 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::{NoTls, Row, Statement};
 
 use self::batch::{Batcher, Job};
+pub(crate) use self::conn::abandonable;
+use self::conn::{Conn, connection};
 use crate::changes::{AbortOnDrop, CHANGES_CHANNEL_SQL, Change, Changes, listen_backoff};
 use crate::lease::{Fence, Lease, ttl_seconds};
 use crate::migrations::{self, MigrationReport, PG_MIGRATION_LOCK};
@@ -24,6 +26,7 @@ use crate::{
 };
 
 mod batch;
+mod conn;
 mod events;
 mod operators;
 mod runs;
@@ -50,6 +53,7 @@ impl PgStore {
             reason: e.to_string(),
         })?;
         config.connect_timeout(options.connect_timeout);
+        network_timeouts(&mut config, url, options);
         let mut listen_config = config.clone();
         listen_config.application_name(crate::changes::LISTEN_APPLICATION_NAME);
         config.application_name("reins");
@@ -93,6 +97,11 @@ impl PgStore {
         })
     }
 
+    /// A pooled connection for the call running in this task (see [`conn`]).
+    async fn connection(&self) -> Result<Conn> {
+        connection(&self.pool).await
+    }
+
     /// The change bus; the first call starts the node's listening connection.
     pub(crate) fn changes(&self) -> Changes {
         let (changes, _) = self.listener.get_or_init(|| {
@@ -126,7 +135,7 @@ impl PgStore {
     }
 
     pub(crate) async fn migrate(&self) -> Result<MigrationReport> {
-        let mut client = self.pool.get().await?;
+        let mut client = self.connection().await?;
         let transaction = client.transaction().await?;
         // Nodes starting together queue here; each then sees what the one before it applied.
         transaction
@@ -165,7 +174,7 @@ impl PgStore {
     }
 
     pub(crate) async fn schema_version(&self) -> Result<i64> {
-        let client = self.pool.get().await?;
+        let client = self.connection().await?;
         let row = client
             .query_one("SELECT to_regclass('schema_migrations') IS NOT NULL", &[])
             .await?;
@@ -182,7 +191,7 @@ impl PgStore {
     }
 
     pub(crate) async fn write_probe(&self) -> Result<()> {
-        let client = self.pool.get().await?;
+        let client = self.connection().await?;
         client.execute(PROBE_SQL, &[]).await?;
         Ok(())
     }
@@ -196,7 +205,7 @@ impl PgStore {
     }
 
     pub(crate) async fn now(&self) -> Result<f64> {
-        let client = self.pool.get().await?;
+        let client = self.connection().await?;
         Ok(client
             .query_one(&client.prepare_cached("SELECT reins_now()").await?, &[])
             .await?
@@ -209,7 +218,7 @@ impl PgStore {
         owner: &str,
         lease_ms: u64,
     ) -> Result<Option<Lease>> {
-        let client = self.pool.get().await?;
+        let client = self.connection().await?;
         let statement = client
             .prepare_cached(
                 "INSERT INTO extension_execution_leases AS l (resource_id, owner, epoch, expires_at)
@@ -233,7 +242,7 @@ impl PgStore {
     }
 
     pub(crate) async fn renew_lease(&self, fence: &Fence, lease_ms: u64) -> Result<(Lease, f64)> {
-        let client = self.pool.get().await?;
+        let client = self.connection().await?;
         let statement = client
             .prepare_cached(
                 "UPDATE extension_execution_leases
@@ -269,7 +278,7 @@ impl PgStore {
     }
 
     pub(crate) async fn release_lease(&self, fence: &Fence) -> Result<bool> {
-        let client = self.pool.get().await?;
+        let client = self.connection().await?;
         let released = client
             .execute(
                 &client
@@ -286,7 +295,7 @@ impl PgStore {
     }
 
     pub(crate) async fn read_lease(&self, resource_id: &WorkflowId) -> Result<Option<Lease>> {
-        let client = self.pool.get().await?;
+        let client = self.connection().await?;
         let statement = client
             .prepare_cached(
                 "SELECT owner, epoch, expires_at FROM extension_execution_leases
@@ -319,15 +328,15 @@ impl PgStore {
         &self,
         workflow_id: &WorkflowId,
     ) -> Result<Option<WorkflowRow>> {
-        let client = self.pool.get().await?;
-        Ok(workflow_in(&client, workflow_id)
+        let client = self.connection().await?;
+        Ok(workflow_in(&*client, workflow_id)
             .await?
             .map(|(row, _, _)| row))
     }
 
     pub(crate) async fn read_steps(&self, workflow_id: &WorkflowId) -> Result<Vec<StepRow>> {
-        let client = self.pool.get().await?;
-        steps_in(&client, workflow_id).await
+        let client = self.connection().await?;
+        steps_in(&*client, workflow_id).await
     }
 
     /// A workflow with its lease, journal, controls, asking runs and artifacts: five queries in a
@@ -335,7 +344,7 @@ impl PgStore {
     /// then every future is polled once, in this order, before any answer is awaited, so the
     /// transaction goes in one round trip (a read: nothing of it can be half done).
     pub(crate) async fn read_snapshot(&self, workflow_id: &WorkflowId) -> Result<Option<Snapshot>> {
-        let client = self.pool.get().await?;
+        let client = self.connection().await?;
         let head = client.prepare_cached(WORKFLOW_SQL).await?;
         let steps = client.prepare_cached(STEPS_SQL).await?;
         let controls = client.prepare_cached(workflows::CONTROLS_SQL).await?;
@@ -378,7 +387,7 @@ impl PgStore {
         workflow_id: &WorkflowId,
         version: i64,
     ) -> Result<Option<ArtifactRow>> {
-        let client = self.pool.get().await?;
+        let client = self.connection().await?;
         let row = client
             .query_opt(
                 &client
@@ -400,7 +409,7 @@ impl PgStore {
     }
 
     pub(crate) async fn last_artifact_version(&self, workflow_id: &WorkflowId) -> Result<i64> {
-        let client = self.pool.get().await?;
+        let client = self.connection().await?;
         Ok(client
             .query_one(
                 &client
@@ -416,7 +425,7 @@ impl PgStore {
     }
 
     pub(crate) async fn register_node(&self, node: &NodeRecord) -> Result<()> {
-        let client = self.pool.get().await?;
+        let client = self.connection().await?;
         client
             .execute(
                 &client
@@ -432,7 +441,7 @@ impl PgStore {
     }
 
     pub(crate) async fn mark_node_stopped(&self, worker_id: &str) -> Result<()> {
-        let client = self.pool.get().await?;
+        let client = self.connection().await?;
         client
             .execute(
                 &client
@@ -447,7 +456,7 @@ impl PgStore {
     }
 
     pub(crate) async fn list_nodes(&self, limit: u32) -> Result<Vec<NodeRecord>> {
-        let client = self.pool.get().await?;
+        let client = self.connection().await?;
         let rows = client
             .query(
                 &client
@@ -531,7 +540,7 @@ pub(super) async fn fenced_body(
 
 /// A fenced write in a transaction of its own, in one round trip: what a batch falls back to.
 pub(super) async fn fenced_alone(pool: &Pool, fence: &Fence, ops: &[WriteOp]) -> Result<()> {
-    let client = pool.get().await?;
+    let client = connection(pool).await?;
     let statements = prepare_fenced(&client, ops).await?;
     let (begun, changed, committed) = tokio::join!(
         client.batch_execute("BEGIN"),
@@ -734,6 +743,32 @@ pub(super) fn op_params<'a>(fence: &'a Fence, op: &'a WriteOp) -> Vec<&'a (dyn T
     }
 }
 
+/// Sets what lets a connection notice that the network under it is gone (`TCP_USER_TIMEOUT`
+/// and keepalives, see [`StoreOptions`]) unless the operator's `url` sets it itself: a
+/// parameter the URL names keeps the URL's value, and `keepalives=0` there keeps keepalives off.
+/// The listener's connection is configured from the same `config`, so it gets them too.
+fn network_timeouts(config: &mut tokio_postgres::Config, url: &str, options: &StoreOptions) {
+    let named: Vec<&str> = url
+        .split_once('?')
+        .map_or("", |(_, query)| query)
+        .split('&')
+        .filter_map(|pair| pair.split('=').next())
+        .collect();
+    let sets = |key: &str| named.contains(&key);
+    if !sets("tcp_user_timeout") {
+        config.tcp_user_timeout(options.pg_tcp_user_timeout);
+    }
+    if !sets("keepalives") {
+        config.keepalives(true);
+    }
+    if !sets("keepalives_idle") {
+        config.keepalives_idle(options.pg_keepalives_idle);
+    }
+    if !sets("keepalives_interval") {
+        config.keepalives_interval(options.pg_keepalives_interval);
+    }
+}
+
 /// The URL without its password, for messages.
 /// Rewrites the newest migration's row unchanged: a write that always needs new space on disk.
 const PROBE_SQL: &str = "UPDATE schema_migrations SET name = name
@@ -900,6 +935,57 @@ async fn listening(
 
 #[cfg(test)]
 mod tests {
+    use std::str::FromStr;
+    use std::time::Duration;
+
+    use crate::StoreOptions;
+
+    fn configured(url: &str) -> tokio_postgres::Config {
+        let mut config = tokio_postgres::Config::from_str(url).expect("a valid url");
+        super::network_timeouts(&mut config, url, &StoreOptions::default());
+        config
+    }
+
+    #[test]
+    fn connections_notice_a_dead_network_by_default() {
+        let config = configured("postgres://reins@db:5432/reins");
+        let defaults = StoreOptions::default();
+        assert_eq!(
+            config.get_tcp_user_timeout(),
+            Some(&defaults.pg_tcp_user_timeout)
+        );
+        assert!(config.get_keepalives());
+        assert_eq!(config.get_keepalives_idle(), defaults.pg_keepalives_idle);
+        assert_eq!(
+            config.get_keepalives_interval(),
+            Some(defaults.pg_keepalives_interval)
+        );
+    }
+
+    #[test]
+    fn the_urls_own_network_settings_win() {
+        let config = configured(
+            "postgres://reins@db/reins?application_name=x&tcp_user_timeout=9\
+             &keepalives_idle=60&keepalives_interval=7",
+        );
+        assert_eq!(config.get_tcp_user_timeout(), Some(&Duration::from_secs(9)));
+        assert_eq!(config.get_keepalives_idle(), Duration::from_secs(60));
+        assert_eq!(
+            config.get_keepalives_interval(),
+            Some(Duration::from_secs(7))
+        );
+        // An operator who turned keepalives off keeps them off; the rest still applies.
+        let config = configured("postgres://reins@db/reins?keepalives=0");
+        assert!(!config.get_keepalives());
+        assert_eq!(
+            config.get_tcp_user_timeout(),
+            Some(&StoreOptions::default().pg_tcp_user_timeout)
+        );
+        // `tcp_user_timeout=0` (the system's default) is the operator's choice too.
+        let config = configured("postgres://reins@db/reins?tcp_user_timeout=0");
+        assert_eq!(config.get_tcp_user_timeout(), None);
+    }
+
     #[test]
     fn redact_hides_only_the_password() {
         assert_eq!(

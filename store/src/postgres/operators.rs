@@ -16,7 +16,7 @@ fn status_count(row: &Row) -> StatusCount {
 
 impl PgStore {
     pub(crate) async fn workflow_counts(&self, owner: Option<&str>) -> Result<Vec<StatusCount>> {
-        let client = self.pool.get().await?;
+        let client = self.connection().await?;
         let rows = client
             .query(
                 &client
@@ -32,7 +32,7 @@ impl PgStore {
     }
 
     pub(crate) async fn run_counts(&self, owner: &str) -> Result<Vec<StatusCount>> {
-        let client = self.pool.get().await?;
+        let client = self.connection().await?;
         let rows = client
             .query(
                 &client
@@ -48,7 +48,7 @@ impl PgStore {
     }
 
     pub(crate) async fn list_slots(&self, limit: u32) -> Result<Vec<SlotRow>> {
-        let client = self.pool.get().await?;
+        let client = self.connection().await?;
         let rows = client
             .query(
                 &client
@@ -76,7 +76,7 @@ impl PgStore {
         user_id: Option<&str>,
         limit: u32,
     ) -> Result<Vec<WorkflowId>> {
-        let client = self.pool.get().await?;
+        let client = self.connection().await?;
         let rows = client
             .query(
                 &client

@@ -8,6 +8,7 @@ use serde_json::Value;
 use tokio_postgres::{Row, Statement};
 
 use super::batch::Job;
+use super::conn::connection;
 use super::{
     FENCE_SQL, PgStore, begin_error, commit_error, fence_params, fenced_error, op_params, op_sql,
     status_changes,
@@ -280,7 +281,7 @@ async fn admit_pipelined(client: &Object, run: &NewRun) -> Result<Admission> {
 
 /// Admits `run` on a connection of its own, as one transaction: what a batch falls back to.
 pub(super) async fn admit_alone(pool: &Pool, run: &NewRun) -> Result<Admission> {
-    let client = pool.get().await?;
+    let client = connection(pool).await?;
     match admit_pipelined(&client, run).await {
         Err(Error::Conflict(_)) => {
             // The key admitted a run before (or a racing admission with it won): the same
@@ -345,7 +346,7 @@ pub(super) async fn finalize_body(
 /// Records a child run's end as a statement of its own (its own transaction): what a batch
 /// falls back to.
 pub(super) async fn finalize_alone(pool: &Pool, end: &Finalize) -> Result<bool> {
-    let client = pool.get().await?;
+    let client = connection(pool).await?;
     let statement = client.prepare_cached(FINALIZE_SQL).await?;
     let changed = finalize_body(&client, &statement, end)
         .await
@@ -368,7 +369,7 @@ impl PgStore {
     }
 
     pub(crate) async fn read_run(&self, run_id: &RunId) -> Result<Option<RunRow>> {
-        let client = self.pool.get().await?;
+        let client = self.connection().await?;
         let statement = client
             .prepare_cached(select_run!("WHERE run_id = $1"))
             .await?;
@@ -386,7 +387,7 @@ impl PgStore {
         owner: &str,
         lease_ms: u64,
     ) -> Result<Result<RunRenewal, Option<RunRow>>> {
-        let client = self.pool.get().await?;
+        let client = self.connection().await?;
         let statement = client
             .prepare_cached(
                 "UPDATE runs SET lease_expires_at =
@@ -425,7 +426,7 @@ impl PgStore {
         run_id: &RunId,
         action: CancelAction,
     ) -> Result<Option<CancelAction>> {
-        let client = self.pool.get().await?;
+        let client = self.connection().await?;
         let row = client
             .query_opt(
                 &client
@@ -452,7 +453,7 @@ impl PgStore {
         status: RunStatus,
         metadata: Option<Value>,
     ) -> Result<bool> {
-        let client = self.pool.get().await?;
+        let client = self.connection().await?;
         let statement = client
             .prepare_cached(
                 "UPDATE runs SET status = $3, metadata = coalesce($4, metadata),
@@ -492,7 +493,7 @@ impl PgStore {
         request_ids: &[String],
         answer: &Value,
     ) -> Result<Option<ApprovalAnswer>> {
-        let client = self.pool.get().await?;
+        let client = self.connection().await?;
         let newest = client
             .query_opt(
                 &client
@@ -543,7 +544,7 @@ impl PgStore {
     }
 
     pub(crate) async fn restore_approval(&self, answer: &ApprovalAnswer) -> Result<bool> {
-        let client = self.pool.get().await?;
+        let client = self.connection().await?;
         let changed = client
             .execute(
                 &client
@@ -561,7 +562,7 @@ impl PgStore {
     }
 
     pub(crate) async fn claim_orphan_runs(&self, claimer: &str, limit: u32) -> Result<Vec<RunId>> {
-        let client = self.pool.get().await?;
+        let client = self.connection().await?;
         let rows = client
             .query(
                 // A closed run is no longer live, so the workflow slot its step held is given
@@ -594,7 +595,7 @@ impl PgStore {
     }
 
     pub(crate) async fn count_slots(&self) -> Result<i64> {
-        let client = self.pool.get().await?;
+        let client = self.connection().await?;
         Ok(client
             .query_one(
                 &client

@@ -139,7 +139,7 @@ async fn end_sessions_in(
 
 impl PgStore {
     pub(crate) async fn create_user(&self, new: NewUser, only_if_first: bool) -> Result<bool> {
-        let mut client = self.pool.get().await?;
+        let mut client = self.connection().await?;
         let transaction = client.transaction().await?;
         // Two nodes initialising at once: the lock makes the emptiness check and the insert one
         // step, so exactly one first user exists.
@@ -163,7 +163,7 @@ impl PgStore {
     }
 
     pub(crate) async fn user_by_email(&self, email: &str) -> Result<Option<UserRow>> {
-        let client = self.pool.get().await?;
+        let client = self.connection().await?;
         let statement = client
             .prepare_cached(select_user!("WHERE u.email = $1"))
             .await?;
@@ -172,7 +172,7 @@ impl PgStore {
     }
 
     pub(crate) async fn user_by_id(&self, user_id: &str) -> Result<Option<UserRow>> {
-        let client = self.pool.get().await?;
+        let client = self.connection().await?;
         let statement = client
             .prepare_cached(select_user!("WHERE u.id = $1"))
             .await?;
@@ -181,7 +181,7 @@ impl PgStore {
     }
 
     pub(crate) async fn list_users(&self) -> Result<Vec<UserRow>> {
-        let client = self.pool.get().await?;
+        let client = self.connection().await?;
         let statement = client
             .prepare_cached(select_user!("ORDER BY u.created_at, u.id"))
             .await?;
@@ -194,7 +194,7 @@ impl PgStore {
         user_id: &str,
         change: UserChange,
     ) -> Result<UserChanged> {
-        let mut client = self.pool.get().await?;
+        let mut client = self.connection().await?;
         let transaction = client.transaction().await?;
         let Some((current, other_admins)) = locked_user(&transaction, user_id).await? else {
             return Ok(UserChanged::NotFound);
@@ -226,7 +226,7 @@ impl PgStore {
         password_hash: &str,
         keep_session: Option<&str>,
     ) -> Result<bool> {
-        let mut client = self.pool.get().await?;
+        let mut client = self.connection().await?;
         let transaction = client.transaction().await?;
         let changed = execute(
             &transaction,
@@ -246,7 +246,7 @@ impl PgStore {
         user_id: &str,
         keep_session: Option<&str>,
     ) -> Result<bool> {
-        let mut client = self.pool.get().await?;
+        let mut client = self.connection().await?;
         let transaction = client.transaction().await?;
         let found = end_sessions_in(&transaction, user_id, keep_session).await?;
         transaction.commit().await.map_err(commit_error)?;
@@ -254,7 +254,7 @@ impl PgStore {
     }
 
     pub(crate) async fn delete_user(&self, user_id: &str) -> Result<UserDeletion> {
-        let mut client = self.pool.get().await?;
+        let mut client = self.connection().await?;
         let transaction = client.transaction().await?;
         let Some((current, other_admins)) = locked_user(&transaction, user_id).await? else {
             return Ok(UserDeletion::NotFound);
@@ -291,7 +291,7 @@ impl PgStore {
         session_seconds: u64,
         sessions_max: u32,
     ) -> Result<()> {
-        let mut client = self.pool.get().await?;
+        let mut client = self.connection().await?;
         let transaction = client.transaction().await?;
         let keep_others = i64::from(sessions_max.max(1)) - 1;
         // Locked first: two sign-ins of one user at once count each other's sessions.
@@ -324,7 +324,7 @@ impl PgStore {
     }
 
     pub(crate) async fn session_user(&self, session_id: &str) -> Result<Option<UserRow>> {
-        let client = self.pool.get().await?;
+        let client = self.connection().await?;
         let statement = client
             .prepare_cached(concat!(
                 "SELECT ",
@@ -339,9 +339,9 @@ impl PgStore {
     }
 
     pub(crate) async fn revoke_session(&self, session_id: &str) -> Result<bool> {
-        let client = self.pool.get().await?;
+        let client = self.connection().await?;
         let changed = execute(
-            &client,
+            &*client,
             "UPDATE user_sessions SET revoked = TRUE WHERE id = $1",
             &[&session_id],
         )
@@ -350,7 +350,7 @@ impl PgStore {
     }
 
     pub(crate) async fn create_token(&self, new: NewToken) -> Result<TokenRow> {
-        let mut client = self.pool.get().await?;
+        let mut client = self.connection().await?;
         let transaction = client.transaction().await?;
         // Locked first: two creations for one user at once count each other's tokens.
         let locked = execute(
@@ -405,7 +405,7 @@ impl PgStore {
     }
 
     pub(crate) async fn token_user(&self, token_id: &str) -> Result<Option<(TokenRow, UserRow)>> {
-        let client = self.pool.get().await?;
+        let client = self.connection().await?;
         let statement = client
             .prepare_cached(concat!(
                 "SELECT ",
@@ -423,7 +423,7 @@ impl PgStore {
     }
 
     pub(crate) async fn list_tokens(&self, user_id: &str) -> Result<Vec<TokenRow>> {
-        let client = self.pool.get().await?;
+        let client = self.connection().await?;
         let statement = client
             .prepare_cached(concat!(
                 "SELECT ",
@@ -436,9 +436,9 @@ impl PgStore {
     }
 
     pub(crate) async fn revoke_token(&self, user_id: &str, token_id: &str) -> Result<bool> {
-        let client = self.pool.get().await?;
+        let client = self.connection().await?;
         let changed = execute(
-            &client,
+            &*client,
             "UPDATE api_tokens SET revoked_at = reins_now()
               WHERE id = $1 AND user_id = $2 AND revoked_at IS NULL",
             &[&token_id, &user_id],

@@ -168,7 +168,7 @@ impl PgStore {
         lease_ms: u64,
         limits: LaunchLimits,
     ) -> Result<Launch> {
-        let mut client = self.pool.get().await?;
+        let mut client = self.connection().await?;
         let transaction = client.transaction().await?;
         match launch_in(&transaction, &workflow, owner, lease_ms, limits).await? {
             Guarded::Created(lease) => {
@@ -179,7 +179,7 @@ impl PgStore {
             Guarded::Repeated => {
                 drop(transaction);
                 let request_id = workflow.request_id.as_deref().unwrap_or_default();
-                let existing = launched_by_request(&client, &workflow.user_id, request_id)
+                let existing = launched_by_request(&*client, &workflow.user_id, request_id)
                     .await?
                     .ok_or_else(|| {
                         Error::Database(format!("request_id {request_id:?} vanished"))
@@ -196,7 +196,7 @@ impl PgStore {
     }
 
     pub(crate) async fn put_control(&self, new: NewControl) -> Result<ControlWrite> {
-        let client = self.pool.get().await?;
+        let client = self.connection().await?;
         let inserted = client
             .query_opt(
                 &client
@@ -248,8 +248,8 @@ impl PgStore {
     }
 
     pub(crate) async fn read_controls(&self, workflow_id: &WorkflowId) -> Result<Vec<ControlRow>> {
-        let client = self.pool.get().await?;
-        controls_in(&client, workflow_id).await
+        let client = self.connection().await?;
+        controls_in(&*client, workflow_id).await
     }
 }
 
@@ -340,7 +340,7 @@ impl PgStore {
         versions: &Versions,
         purpose: crate::workflows::Purpose,
     ) -> Result<TakeOver> {
-        let mut client = self.pool.get().await?;
+        let mut client = self.connection().await?;
         let transaction = client.transaction().await?;
         let outcome = take_over_in(
             &transaction,
@@ -365,7 +365,7 @@ impl PgStore {
         limit: u32,
         versions: &Versions,
     ) -> Result<Vec<Orphaned>> {
-        let client = self.pool.get().await?;
+        let client = self.connection().await?;
         let statement = client.prepare_cached(RECOVERABLE).await?;
         let rows = client
             .query(
@@ -390,7 +390,7 @@ impl PgStore {
         &self,
         owner: &str,
     ) -> Result<Vec<WorkflowId>> {
-        let client = self.pool.get().await?;
+        let client = self.connection().await?;
         let statement = client
             .prepare_cached(
                 "SELECT DISTINCT c.workflow FROM workflow_controls c
@@ -403,7 +403,7 @@ impl PgStore {
     }
 
     pub(crate) async fn delete_workflow(&self, workflow_id: &WorkflowId) -> Result<Deletion> {
-        let mut client = self.pool.get().await?;
+        let mut client = self.connection().await?;
         let transaction = client.transaction().await?;
         let status = transaction
             .query_opt(
@@ -444,7 +444,7 @@ impl PgStore {
     }
 
     pub(crate) async fn list_workflows(&self, filter: ListFilter) -> Result<Vec<ListedWorkflow>> {
-        let client = self.pool.get().await?;
+        let client = self.connection().await?;
         let statement = client
             .prepare_cached(
                 "SELECT w.id, w.user_id, w.status, w.owner, w.fingerprint, w.data, w.created_at,

@@ -690,3 +690,58 @@ async fn postgres_a_status_change_cues_this_nodes_subscribers_with_its_listener_
     drop((store, server));
     dropping.drop_database().await;
 }
+
+/// A call given up on (`store::bounded`, what the store actor does past `store.call_timeout_ms`)
+/// leaves its connection to nobody: with one connection in the pool and the abandoned call's
+/// statement still waiting on the server, the next call gets a connection of its own and
+/// answers at once, instead of queueing behind that statement (or, across a partition, behind
+/// TCP's retransmissions).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_an_abandoned_calls_connection_is_closed_not_reused() {
+    use std::time::Duration;
+    let (_db, dropping) = crate::harness::TestDb::postgres().await;
+    let url = dropping.url();
+    let options = store::StoreOptions {
+        pool_size: 1,
+        ..store::StoreOptions::default()
+    };
+    let store = store::Store::open(&store::DatabaseUrl::Postgres(url.clone()), &options)
+        .await
+        .expect("open");
+    let lease = created(&store, new_workflow("wf", "ada", None, "fp")).await;
+    let wf = store::WorkflowId::from("wf");
+    // Another session locks the lease row: a renewal waits for it on the server.
+    let (holder, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    tokio::spawn(connection);
+    holder
+        .batch_execute(
+            "BEGIN; SELECT 1 FROM extension_execution_leases WHERE resource_id = 'wf' FOR UPDATE",
+        )
+        .await
+        .expect("lock the lease row");
+
+    let abandoned = store::bounded(
+        Duration::from_millis(300),
+        store::Operation::RenewLease,
+        store.renew_lease(&lease.fence(), 60_000),
+    )
+    .await;
+    assert!(
+        matches!(abandoned, Err(Error::OutcomeUnknown(_))),
+        "{abandoned:?}"
+    );
+    assert_eq!(
+        store.pool_status(),
+        Some((0, 0)),
+        "the abandoned call's connection left the pool"
+    );
+    let read = tokio::time::timeout(Duration::from_secs(5), store.read_lease(&wf)).await;
+    assert!(matches!(read, Ok(Ok(Some(_)))), "{read:?}");
+    assert_eq!(store.pool_status(), Some((1, 1)));
+
+    holder.batch_execute("ROLLBACK").await.expect("unlock");
+    drop((store, holder));
+    dropping.drop_database().await;
+}
