@@ -154,9 +154,9 @@ async fn run_agent(config: AgentConfig, task: Value) -> AgentEnd {
         .await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_completion_through_a_node_records_content_and_tokens() {
-    let stand_in = StandIn::start(vec![Reply::Json(200, completion("forty-two", 7))]).await;
+/// Runs `task` on the stand-in's agent `gpt` through a node on SQLite, as a child run of its own;
+/// answers how the run ended and its row as stored.
+async fn through_a_node(stand_in: &StandIn, task: Value) -> (RunEnd, store::RunRow) {
     let (db, shared) = (
         TestDb::sqlite().await,
         tempfile::tempdir().expect("temp dir"),
@@ -172,7 +172,7 @@ async fn a_completion_through_a_node_records_content_and_tokens() {
     let request = RunRequest {
         thread_id: "t-1".into(),
         agent: "gpt".into(),
-        task: json!("what is six times seven?"),
+        task,
         idempotency_key: None,
         step: None,
         run_id: None,
@@ -185,10 +185,6 @@ async fn a_completion_through_a_node_records_content_and_tokens() {
         .await
         .expect("ends")
         .expect("end");
-    assert!(
-        matches!(end, RunEnd::Persisted(ref o) if o.status == RunStatus::Success),
-        "{end:?}"
-    );
     let stored = node
         .node
         .runs()
@@ -196,6 +192,17 @@ async fn a_completion_through_a_node_records_content_and_tokens() {
         .await
         .expect("read")
         .expect("row");
+    (end, stored)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_completion_through_a_node_records_content_and_tokens() {
+    let stand_in = StandIn::start(vec![Reply::Json(200, completion("forty-two", 7))]).await;
+    let (end, stored) = through_a_node(&stand_in, json!("what is six times seven?")).await;
+    assert!(
+        matches!(end, RunEnd::Persisted(ref o) if o.status == RunStatus::Success),
+        "{end:?}"
+    );
     assert_eq!(
         stored.output,
         Some(json!({"content": "forty-two", "model": "gpt-test", "finish_reason": "stop"}))
@@ -314,41 +321,7 @@ async fn a_negative_token_count_is_recorded_as_unknown_never_negative() {
 async fn an_output_over_frame_bytes_max_is_not_stored() {
     let huge = "x".repeat(60 * 1024);
     let stand_in = StandIn::start(vec![Reply::Json(200, completion(&huge, 9))]).await;
-    let (db, shared) = (
-        TestDb::sqlite().await,
-        tempfile::tempdir().expect("temp dir"),
-    );
-    let node = TestNode::start_with(
-        &db,
-        "a",
-        3_000,
-        shared.path(),
-        &[stand_in.agent("gpt", 5_000)],
-    )
-    .await;
-    let request = RunRequest {
-        thread_id: "t-1".into(),
-        agent: "gpt".into(),
-        task: json!("write a lot"),
-        idempotency_key: None,
-        step: None,
-        run_id: None,
-    };
-    let Admitted::Started { row, ended } = node.node.runs().start(request).await.expect("start")
-    else {
-        panic!("not started");
-    };
-    tokio::time::timeout(Duration::from_secs(20), ended)
-        .await
-        .expect("ends")
-        .expect("end");
-    let stored = node
-        .node
-        .runs()
-        .get(&row.run_id)
-        .await
-        .expect("read")
-        .expect("row");
+    let (_, stored) = through_a_node(&stand_in, json!("write a lot")).await;
     assert_eq!(stored.status, RunStatus::Error);
     assert_eq!(stored.output, None);
     let error = stored.error.unwrap_or_default();
