@@ -216,6 +216,7 @@ mod tests {
             workspace,
             fault_dir,
             process_records: None,
+            confinement: crate::agents::ConfinementMode::Landlock,
         }
     }
 
