@@ -329,11 +329,7 @@ pub(super) fn ruleset(
         .chain(SYSTEM_READ_FILES)
         .chain(DEVICES_READ)
         .map(|path| (*path, read))
-        .chain(
-            DEVICES_WRITE
-                .iter()
-                .map(|path| (*path, device_write)),
-        );
+        .chain(DEVICES_WRITE.iter().map(|path| (*path, device_write)));
     for (path, access) in system {
         if let Ok(fd) = PathFd::new(path) {
             ruleset = ruleset
@@ -553,6 +549,18 @@ mod tests {
         assert_eq!(
             program_path(Path::new("no-such-program-here"), Some(&path)),
             None
+        );
+    }
+
+    #[test]
+    fn a_kernel_without_landlock_is_refused_naming_the_key_that_opts_out() {
+        let refusal = ConfinementError::Unavailable {
+            status: "not built into this kernel".into(),
+        }
+        .to_string();
+        assert!(
+            refusal.contains("agent_confinement = \"none\"") && refusal.contains("ABI 3"),
+            "{refusal}"
         );
     }
 
