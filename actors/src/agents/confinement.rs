@@ -289,9 +289,12 @@ fn check_grant(
     Ok(())
 }
 
-/// `path` with its symlinks resolved where it exists (a grant follows them), else as written.
+/// `path` with its symlinks resolved where it exists (a grant follows them), else made absolute
+/// (a relative `data_dir` and a socket not bound yet must still compare with absolute grants).
 fn real(path: &Path) -> PathBuf {
-    path.canonicalize().unwrap_or_else(|_| path.to_owned())
+    path.canonicalize()
+        .or_else(|_| std::path::absolute(path))
+        .unwrap_or_else(|_| path.to_owned())
 }
 
 /// One run's places: what its ruleset grants besides the system's.
