@@ -93,6 +93,7 @@ async fn measure(
         workspaces_dir: dir.join(format!("{backend}-workspaces")),
         fault_dir: None,
         agent_records_dir: None,
+        agent_confinement: actors::agents::ConfinementMode::Landlock,
         task_bytes_max: 48 * 1024,
         orphan_sweep: Duration::from_secs(30),
     };

@@ -6,7 +6,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use actors::agents::{AgentConfig, AgentRegistry};
+use actors::agents::{AgentConfig, AgentRegistry, ConfinementMode};
 use serde::{Deserialize, Serialize};
 use store::{DatabaseUrl, StoreOptions};
 
@@ -85,6 +85,11 @@ pub struct Config {
     pub admin_socket: Option<PathBuf>,
     /// The agents child runs can use, each with a `name` and a `kind`.
     pub agents: Vec<AgentConfig>,
+    /// How `command` agents are confined: `landlock` (default: to their workspace and the
+    /// system's files; a node whose kernel cannot refuses to start with `command` agents) or
+    /// `none` (they can read and write everything the node's user can, the node's own files
+    /// included). See `actors::agents::confinement`.
+    pub agent_confinement: ConfinementMode,
     /// Signs session cookies; every node of a cluster needs the same one (`reins keygen` prints
     /// a new one). Unset on the embedded default: generated once into `<data_dir>/secret`.
     pub secret: Option<String>,
@@ -516,6 +521,7 @@ impl Default for Config {
             agents: vec![AgentConfig::Scripted {
                 name: "scripted".into(),
             }],
+            agent_confinement: ConfinementMode::Landlock,
             secret: None,
             limits: Limits::default(),
             store: StoreConfig::default(),

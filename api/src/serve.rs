@@ -34,6 +34,11 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     // other local user may read a password hash or a result.
     // SAFETY: umask(2) only sets this process's file mode mask; no memory is involved.
     unsafe { libc::umask(0o077) };
+    // No other process of the node's user (its agents included) may read the node's memory,
+    // environment or descriptors through `/proc/<pid>/` or attach to it: a process that is not
+    // dumpable is reachable that way only with CAP_SYS_PTRACE. (Also: no core dumps.)
+    // SAFETY: prctl(2) with PR_SET_DUMPABLE only sets a flag of this process.
+    unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
     let checked = Config::load(args.config.as_deref(), std::env::vars())?;
     let config = checked.config;
     // Flushes what is still buffered when `run` returns, whatever the way.
@@ -75,6 +80,12 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         }
     }
     private_file(&config.data_dir.join("secret"))?;
+    confine_agents(
+        &config,
+        &checked.database,
+        &checked.agents,
+        args.config.as_deref(),
+    )?;
     let agent_records_dir = actors::agents::records_dir(&config.data_dir);
     // Before anything is admitted: no agent a dead node process started on this host may run on
     // beside what this node is about to recover or retry.
@@ -100,6 +111,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         workspaces_dir: config.workspaces_dir(),
         fault_dir: std::env::var_os("REINS_FAULT_DIR").map(PathBuf::from),
         agent_records_dir: Some(agent_records_dir),
+        agent_confinement: config.agent_confinement,
         task_bytes_max: usize::try_from(config.limits.frame_bytes_max).unwrap_or(usize::MAX),
         orphan_sweep: Duration::from_millis(lease_ms),
     };
@@ -225,6 +237,58 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         Arc::into_inner(state).context("a request still holds the node after the drain timeout")?;
     state.node.shutdown().await.context("clean shutdown")?;
     tracing::info!(%worker_id, "stopped");
+    Ok(())
+}
+
+/// Checks that `command` agents can be confined as configured, with no grant that reaches one of
+/// the node's own places, and says in the log what they will be confined by.
+fn confine_agents(
+    config: &Config,
+    database: &DatabaseUrl,
+    agents: &actors::agents::AgentRegistry,
+    config_file: Option<&std::path::Path>,
+) -> anyhow::Result<()> {
+    use actors::agents::confinement::{self, Protected};
+    let mut protected = vec![
+        Protected {
+            what: "data_dir",
+            path: config.data_dir.clone(),
+        },
+        Protected {
+            what: "workspaces_dir",
+            path: config.workspaces_dir(),
+        },
+        Protected {
+            what: "admin_socket",
+            path: config.admin_socket(),
+        },
+    ];
+    if let DatabaseUrl::Sqlite(database) = database {
+        protected.push(Protected {
+            what: "database",
+            path: database.clone(),
+        });
+    }
+    if let Some(file) = config_file {
+        protected.push(Protected {
+            what: "the configuration file",
+            path: std::path::absolute(file).unwrap_or_else(|_| file.to_owned()),
+        });
+    }
+    let commands = agents.commands();
+    match confinement::check(config.agent_confinement, &commands, &protected)? {
+        Some(abi) => tracing::info!(
+            agents = commands.len(),
+            "command agents are confined: {}",
+            confinement::describe(abi)
+        ),
+        None if !commands.is_empty() => tracing::warn!(
+            agents = commands.len(),
+            "command agents run unconfined (agent_confinement = \"none\"): they can read and \
+             write every file of the node's user, the node's own included"
+        ),
+        None => {}
+    }
     Ok(())
 }
 

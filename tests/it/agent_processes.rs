@@ -68,7 +68,15 @@ impl Pids {
 
 impl Drop for Pids {
     fn drop(&mut self) {
-        for name in ["guard", "leader", "child"] {
+        let names: Vec<String> = std::fs::read_dir(&self.dir)
+            .map(|entries| {
+                entries
+                    .flatten()
+                    .map(|entry| entry.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        for name in &names {
             if let Some(pid) = self.read(name).filter(|pid| alive(*pid)) {
                 // SAFETY: kill(2) on a process this test's agent started; no memory is involved.
                 unsafe { libc::kill(pid, libc::SIGKILL) };
@@ -80,7 +88,11 @@ impl Drop for Pids {
 /// A configuration with agent `sleeper`, which records its guard (its parent), itself and a
 /// grandchild in `pids`, then runs for long.
 fn sleeper_config(dir: &Path, pids: &Path) -> String {
-    let extra = format!("env = {{ PIDS = \"{}\" }}", pids.display());
+    // The agent writes its pids outside its workspace: its configuration grants it that folder.
+    let extra = format!(
+        "env = {{ PIDS = \"{0}\" }}\nwrite_paths = [\"{0}\"]",
+        pids.display()
+    );
     write_config(
         dir,
         &[(
@@ -239,4 +251,107 @@ async fn a_starting_node_kills_the_agents_a_dead_node_process_left_running() {
         !alive(child),
         "an agent process of a dead node still runs after a restart"
     );
+}
+
+/// Issue 29, item 13: an agent's descendants that left its process group (a `setsid` child, and
+/// a double fork whose middle process ended at once) die when its run ends, when it is
+/// cancelled, and when its node is killed by SIGKILL; a restart on the same data folder finds
+/// nothing left either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agents_descendants_that_left_its_group_die_with_its_run_and_with_its_node() {
+    use std::os::unix::fs::PermissionsExt;
+    let db = Db::new(false).await;
+    let files = tempfile::tempdir().expect("temp dir");
+    let pids = Pids {
+        dir: files.path().join("pids"),
+    };
+    std::fs::create_dir(&pids.dir).expect("pids folder");
+    // Records its pid under the name it is given, then sleeps for long.
+    let daemon = files.path().join("daemon.sh");
+    std::fs::write(
+        &daemon,
+        "#!/bin/sh\necho $$ > \"$PIDS/$1\"\nexec sleep 1000\n",
+    )
+    .expect("write");
+    std::fs::set_permissions(&daemon, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let extra = format!(
+        "env = {{ PIDS = \"{0}\", DAEMON = \"{1}\" }}\nwrite_paths = [\"{0}\"]\n\
+         read_paths = [\"{1}\"]",
+        pids.dir.display(),
+        daemon.display()
+    );
+    // The task names the run: its daemons are "<task>-setsid" and "<task>-double". A task
+    // "hold" then runs on; any other ends the run.
+    let body = r#"read -r line
+task=$(printf '%s\n' "$line" | sed -n 's/.*"task":"\([^"\\]*\)".*/\1/p')
+setsid "$DAEMON" "$task-setsid" &
+sh -c 'setsid "$DAEMON" "$0-double" & exit 0' "$task"
+while [ ! -s "$PIDS/$task-setsid" ] || [ ! -s "$PIDS/$task-double" ]; do sleep 0.02; done
+if [ "$task" = hold ]; then sleep 1000; fi
+echo '{"type": "output", "output": "started"}'"#;
+    let config = write_config(files.path(), &[("escaper", body, &extra)]);
+    let data_dir = files.path().join("data").display().to_string();
+    let env = [("REINS_CONFIG", config), ("REINS_DATA_DIR", data_dir)];
+    let mut node = Node::start(&db, &env);
+    let mut api = initialize(&node).await;
+    let gone = |names: &[&str], what: &str| {
+        let escaped = pids.wait_for(names);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while escaped.iter().any(|pid| alive(*pid)) {
+            assert!(
+                Instant::now() < deadline,
+                "{what}: descendants outside the agent's group still run: {:?}",
+                escaped
+                    .iter()
+                    .filter(|pid| alive(**pid))
+                    .collect::<Vec<_>>()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+
+    // The program ends on its own.
+    let run = launch(
+        &mut api,
+        r#"return await agent({stepId: "e", agentRef: "escaper", task: "ended"});"#,
+    )
+    .await;
+    wait_for(&mut api, &run, "completed").await;
+    gone(&["ended-setsid", "ended-double"], "after the run ended");
+
+    // The run is cancelled.
+    let run = launch(
+        &mut api,
+        r#"return await agent({stepId: "e", agentRef: "escaper", task: "hold"});"#,
+    )
+    .await;
+    let held = pids.wait_for(&["hold-setsid", "hold-double"]);
+    let answer = api
+        .call("POST", &format!("/api/v1/workflows/{run}/cancel"), None)
+        .await;
+    assert!(answer.status < 300, "{answer:?}");
+    wait_for(&mut api, &run, "cancelled").await;
+    gone(
+        &["hold-setsid", "hold-double"],
+        "after the run was cancelled",
+    );
+    for name in ["hold-setsid", "hold-double"] {
+        std::fs::remove_file(pids.dir.join(name)).expect("forget");
+    }
+    assert!(held.iter().all(|pid| !alive(*pid)));
+
+    // The node is killed while the run holds.
+    launch(
+        &mut api,
+        r#"return await agent({stepId: "e", agentRef: "escaper", task: "hold"});"#,
+    )
+    .await;
+    pids.wait_for(&["hold-setsid", "hold-double"]);
+    node.signal(libc::SIGKILL);
+    node.process
+        .wait_exit(Duration::from_secs(10))
+        .expect("the node dies");
+    gone(&["hold-setsid", "hold-double"], "after the node was killed");
+    let _again = Node::start(&db, &env);
+    gone(&["hold-setsid", "hold-double"], "after the next start");
 }

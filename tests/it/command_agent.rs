@@ -25,6 +25,8 @@ fn program(dir: &Path, name: &str, body: &str) -> AgentConfig {
         args: vec![],
         env: Default::default(),
         env_pass: vec![],
+        read_paths: vec![],
+        write_paths: vec![],
         grace_ms: 2_000,
         line_bytes_max: 1024,
         output_bytes_max: 64 * 1024,
@@ -134,19 +136,18 @@ async fn cancel_sends_sigterm_to_the_whole_process_group_including_grandchildren
         TestDb::sqlite().await,
         tempfile::tempdir().expect("temp dir"),
     );
-    let marker = shared.path().join("grandchild-got-sigterm");
+    // Both files are written in the run's workspace (its working folder): a confined agent can
+    // write nowhere else.
+    let workspace = shared.path().join("workspaces/t-1/user-data");
+    let marker = workspace.join("grandchild-got-sigterm");
     let agent = program(
         shared.path(),
         "stubborn",
-        &format!(
-            r#"
-sh -c 'trap "touch {marker}; exit 0" TERM; while true; do sleep 0.05; done' &
-echo started > {started}
+        r#"
+sh -c 'trap "touch grandchild-got-sigterm; exit 0" TERM; while true; do sleep 0.05; done' &
+echo started > started
 wait
 "#,
-            marker = marker.display(),
-            started = shared.path().join("started").display()
-        ),
     );
     let node = node_with(&db, shared.path(), &[agent]).await;
     let request = RunRequest {
@@ -161,7 +162,7 @@ wait
     else {
         panic!("not started");
     };
-    let started = shared.path().join("started");
+    let started = workspace.join("started");
     eventually(
         Duration::from_secs(10),
         "the program started its grandchild",

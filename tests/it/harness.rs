@@ -466,6 +466,7 @@ impl TestNode {
             workspaces_dir: shared.join("workspaces"),
             fault_dir: Some(shared.join("faults")),
             agent_records_dir: None,
+            agent_confinement: actors::agents::ConfinementMode::Landlock,
             task_bytes_max: 48 * 1024,
             orphan_sweep: Duration::from_millis(lease_ms),
         };

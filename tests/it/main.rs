@@ -5,6 +5,7 @@
 mod harness;
 
 mod agent_approvals;
+mod agent_confinement;
 mod agent_processes;
 mod bad_config;
 mod cancel_crash;

@@ -146,6 +146,7 @@ async fn run_agent(config: AgentConfig, task: Value) -> AgentEnd {
         workspace: dir.path().join("ws"),
         fault_dir: None,
         process_records: None,
+        confinement: actors::agents::ConfinementMode::Landlock,
     };
     registry
         .get(&name)

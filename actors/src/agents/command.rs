@@ -21,12 +21,16 @@
 //! SIGTERM to the whole process group, then SIGKILL after `grace_ms`.
 //!
 //! The program starts with a clean environment (see [`super::process`]: `PATH`, `HOME`, `LANG`,
-//! then `env_pass` and `env`), under a guard that kills its whole group if the node dies. Its
+//! `TMPDIR`, then `env_pass` and `env`), confined to its workspace, its temporary folder and the
+//! system's files (see [`super::confinement`]), under a guard that kills everything it started
+//! when its run ends or the node dies. Its
 //! stderr is untrusted text: only its last `stderr_tail_bytes` are kept, with control characters
 //! escaped, so that it reads as one value wherever the error goes (the run's row, the log).
 
 use std::collections::{BTreeMap, VecDeque};
-use std::path::PathBuf;
+use std::ffi::{OsStr, OsString};
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -40,10 +44,15 @@ use tokio_util::codec::{FramedRead, LinesCodec, LinesCodecError};
 use store::CancelAction;
 use tokio::sync::{mpsc, watch};
 
-use super::{AgentControl, AgentEnd, AgentRequest, cancelled, process};
+use super::confinement::{self, ConfinementMode, RunPlaces};
+use super::process::{self, StopLine};
+use super::{AgentControl, AgentEnd, AgentRequest, cancelled};
 
 /// How often a stopping agent looks for processes left in its group.
 const GROUP_POLL: Duration = Duration::from_millis(20);
+/// How long past `grace_ms` a stopping agent waits for its guard to have killed what was left
+/// of the run before it SIGKILLs the group itself (the guard included).
+const GUARD_STOP_MARGIN: Duration = Duration::from_secs(2);
 
 /// A `command` agent's entry in the configuration.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
@@ -61,6 +70,15 @@ pub struct CommandConfig {
     /// else of the node's environment is (see [`super::process`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub env_pass: Vec<String>,
+    /// Folders or files the program may read and execute beneath, besides the system's (see
+    /// [`super::confinement`]): a tool's own install, a model cache. Absolute; never the node's
+    /// own places.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub read_paths: Vec<PathBuf>,
+    /// Folders or files the program may also write beneath, besides its workspace and its
+    /// temporary folder. Absolute; never the node's own places.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub write_paths: Vec<PathBuf>,
     /// How long the program may take after SIGTERM before SIGKILL.
     #[serde(default = "default_grace_ms")]
     pub grace_ms: u64,
@@ -122,31 +140,81 @@ impl CommandAgent {
             mut answers,
         } = control;
         let settings = &self.settings;
-        let created = tokio::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(&request.workspace)
-            .await;
-        if let Err(e) = created {
+        // The run's temporary folder sits beside its workspace (never captured), fresh for
+        // each run and removed after it. Absolute: the program runs in another folder than
+        // the node (whose `workspaces_dir` may be relative).
+        let tmp = request.workspace.with_file_name("tmp");
+        let tmp = std::path::absolute(&tmp).unwrap_or(tmp);
+        if let Err(e) = fresh_folders(&request.workspace, &tmp).await {
             return failed(format!("cannot create the workspace: {e}"));
         }
+        let environment = process::environment(settings, &tmp, |name| std::env::var_os(name));
+        let ruleset = match request.confinement {
+            ConfinementMode::None => None,
+            ConfinementMode::Landlock => {
+                let program = confinement::program_path(
+                    &settings.program,
+                    environment.get(OsStr::new("PATH")).map(OsString::as_os_str),
+                );
+                let (settings, workspace, tmp) =
+                    (settings.clone(), request.workspace.clone(), tmp.clone());
+                let built = tokio::task::spawn_blocking(move || {
+                    let places = RunPlaces {
+                        program,
+                        workspace: &workspace,
+                        tmp: &tmp,
+                    };
+                    confinement::ruleset(&settings, &places)
+                })
+                .await;
+                match built {
+                    Ok(Ok(ruleset)) => Some(ruleset),
+                    Ok(Err(e)) => return failed(e.to_string()),
+                    Err(e) => return failed(format!("cannot confine the agent: {e}")),
+                }
+            }
+        };
+        let end = self
+            .start_and_drive(&request, ruleset, environment, cancel, pauses, &mut answers)
+            .await;
+        if let Err(e) = tokio::fs::remove_dir_all(&tmp).await
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::warn!(run_id = %request.run_id, error = %e, "cannot remove the run's temporary folder");
+        }
+        end
+    }
+
+    async fn start_and_drive(
+        &self,
+        request: &AgentRequest,
+        ruleset: Option<OwnedFd>,
+        environment: BTreeMap<OsString, OsString>,
+        cancel: watch::Receiver<Option<CancelAction>>,
+        pauses: mpsc::UnboundedSender<Value>,
+        answers: &mut mpsc::UnboundedReceiver<Value>,
+    ) -> AgentEnd {
+        let settings = &self.settings;
         let mut command = Command::new(&settings.program);
         command
             .args(&settings.args)
             .env_clear()
-            .envs(process::environment(settings, |name| {
-                std::env::var_os(name)
-            }))
+            .envs(environment)
             .current_dir(&request.workspace)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .process_group(0)
-            .kill_on_drop(true);
-        if let Err(e) = process::guard(&mut command) {
-            return failed(format!("cannot guard {:?}: {e}", settings.program));
-        }
-        let mut child = match command.spawn() {
+            // Dropped, the run pulls its stop line instead: the guard winds everything of the
+            // run down, which a SIGKILL of the guard alone would not (tokio reaps it after).
+            .kill_on_drop(false);
+        let guard = match process::guard(&mut command, settings.grace_ms, ruleset) {
+            Ok(guard) => guard,
+            Err(e) => return failed(format!("cannot guard {:?}: {e}", settings.program)),
+        };
+        let spawned = command.spawn();
+        let mut stop_line = guard.started();
+        let mut child = match spawned {
             Ok(child) => child,
             Err(e) => return failed(format!("cannot start {:?}: {e}", settings.program)),
         };
@@ -155,11 +223,17 @@ impl CommandAgent {
         if let (Some(records), Some(group)) = (records, group)
             && let Err(e) = records.record(&request.run_id, group).await
         {
-            stop(&mut child, Some(group), settings.grace_ms).await;
+            stop(&mut child, Some(group), &mut stop_line, settings.grace_ms).await;
             return failed(format!("cannot record the program's process group: {e}"));
         }
         let end = self
-            .drive(&request, cancel, pauses, &mut answers, &mut child, group)
+            .drive(
+                request,
+                cancel,
+                pauses,
+                answers,
+                (&mut child, group, &mut stop_line),
+            )
             .await;
         if let Some(records) = records {
             records.forget(&request.run_id).await;
@@ -175,8 +249,7 @@ impl CommandAgent {
         mut cancel: watch::Receiver<Option<CancelAction>>,
         pauses: mpsc::UnboundedSender<Value>,
         answers: &mut mpsc::UnboundedReceiver<Value>,
-        child: &mut Child,
-        group: Option<i32>,
+        (child, group, stop_line): (&mut Child, Option<i32>, &mut StopLine),
     ) -> AgentEnd {
         let settings = &self.settings;
         let (Some(mut stdin), Some(stdout), Some(stderr)) =
@@ -237,7 +310,7 @@ impl CommandAgent {
                 status = child.wait(), if exited.is_none() => {
                     // Whatever the program left behind in its group must not hold stdout open
                     // (or run on) after it; the lines already written are still read.
-                    stop(child, group, settings.grace_ms).await;
+                    stop(child, group, stop_line, settings.grace_ms).await;
                     exited = Some(status);
                 }
                 Some(answer) = answers.recv() => {
@@ -251,21 +324,21 @@ impl CommandAgent {
                     let _ = stdin.write_all(text.as_bytes()).await;
                 }
                 action = cancelled(&mut cancel) => {
-                    stop(child, group, settings.grace_ms).await;
+                    stop(child, group, stop_line, settings.grace_ms).await;
                     return AgentEnd::Interrupted { action };
                 }
             }
         };
         if let Some(end) = verdict {
             // The run is decided; the program must not outlive it.
-            stop(child, group, settings.grace_ms).await;
+            stop(child, group, stop_line, settings.grace_ms).await;
             return end;
         }
         let status = match exited {
             Some(status) => status,
             None => {
                 let status = child.wait().await;
-                stop(child, group, settings.grace_ms).await;
+                stop(child, group, stop_line, settings.grace_ms).await;
                 status
             }
         };
@@ -344,10 +417,14 @@ fn group_alive(group: Option<i32>) -> bool {
     group.is_some_and(|group| unsafe { libc::kill(-group, 0) } == 0)
 }
 
-/// SIGTERM to the whole process group; SIGKILL to whatever of it is left after the grace period.
-async fn stop(child: &mut Child, group: Option<i32>, grace_ms: u64) {
-    let deadline = tokio::time::Instant::now() + Duration::from_millis(grace_ms);
+/// SIGTERM to the whole process group, and the stop line pulled: the guard gives what is left
+/// of the run `grace_ms`, then SIGKILLs it all, and ends. SIGKILL to the group (the guard
+/// included) only if the guard has not ended by `grace_ms` + [`GUARD_STOP_MARGIN`].
+async fn stop(child: &mut Child, group: Option<i32>, stop_line: &mut StopLine, grace_ms: u64) {
+    let deadline =
+        tokio::time::Instant::now() + Duration::from_millis(grace_ms) + GUARD_STOP_MARGIN;
     kill_group(group, libc::SIGTERM);
+    stop_line.pull();
     // Reaping the leader first keeps it from counting as alive while a zombie.
     let _ = tokio::time::timeout_at(deadline, child.wait()).await;
     while group_alive(group) && tokio::time::Instant::now() < deadline {
@@ -355,6 +432,20 @@ async fn stop(child: &mut Child, group: Option<i32>, grace_ms: u64) {
     }
     kill_group(group, libc::SIGKILL);
     let _ = child.kill().await;
+}
+
+/// Makes the run's workspace (kept across runs) and its temporary folder (new for each run),
+/// both mode 0700.
+async fn fresh_folders(workspace: &Path, tmp: &Path) -> std::io::Result<()> {
+    let mut builder = tokio::fs::DirBuilder::new();
+    builder.recursive(true).mode(0o700);
+    builder.create(workspace).await?;
+    if let Err(e) = tokio::fs::remove_dir_all(tmp).await
+        && e.kind() != std::io::ErrorKind::NotFound
+    {
+        return Err(e);
+    }
+    builder.create(tmp).await
 }
 
 /// Keeps the last `limit` bytes of a stream, as untrusted text (see [`untrusted_text`]).

@@ -4,6 +4,7 @@
 //! and watch a cancel channel.
 
 mod command;
+pub mod confinement;
 mod openai;
 mod process;
 mod scripted;
@@ -18,6 +19,7 @@ use store::{CancelAction, RunId};
 use tokio::sync::{mpsc, watch};
 
 pub use command::{CommandAgent, CommandConfig};
+pub use confinement::ConfinementMode;
 pub use openai::{OpenAiAgent, OpenAiConfig};
 pub use process::{Leftover, ProcessRecords, records_dir};
 pub use scripted::ScriptedAgent;
@@ -59,6 +61,8 @@ pub struct AgentRequest {
     pub fault_dir: Option<PathBuf>,
     /// Where a process agent records its process group while it runs (see [`ProcessRecords`]).
     pub process_records: Option<ProcessRecords>,
+    /// How a process agent is confined (see [`confinement`]).
+    pub confinement: ConfinementMode,
 }
 
 /// How a running agent is steered, and how it speaks up while it runs.
@@ -207,6 +211,17 @@ impl AgentRegistry {
 
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.agents.keys().map(String::as_str)
+    }
+
+    /// The settings of every `command` agent (what [`confinement::check`] checks).
+    pub fn commands(&self) -> Vec<&CommandConfig> {
+        self.agents
+            .values()
+            .filter_map(|agent| match &agent.backend {
+                Backend::Command(command) => Some(&command.settings),
+                _ => None,
+            })
+            .collect()
     }
 
     /// A digest of every agent's definition (by name): what a workflow launched here records,

@@ -1,11 +1,13 @@
 //! The operating-system side of a `command` agent: the environment it starts with, the guard
-//! that makes it die with its node, and the records a restarted node uses to kill what a dead
-//! one left behind.
+//! that makes it and everything it starts die with its run and with its node, and the records a
+//! restarted node uses to kill what a dead one left behind. (What it may reach on disk is
+//! [`super::confinement`]'s.)
 //!
 //! **Environment.** An agent starts with a clean environment: `PATH`, `HOME` and `LANG` (the
-//! node's, or safe defaults), then the variables its `env_pass` names (from the node's
-//! environment, when set there), then its `env` values. Nothing else of the node's environment
-//! (its database URL, its secret, API keys) reaches the program.
+//! node's, or safe defaults), `TMPDIR` (its run's temporary folder), then the variables its
+//! `env_pass` names (from the node's environment, when set there), then its `env` values.
+//! Nothing else of the node's environment (its database URL, its secret, API keys) reaches the
+//! program.
 //!
 //! **Guard.** `PR_SET_PDEATHSIG` alone is not enough to make an agent die with its node: it fires
 //! when the *thread* that forked exits (tokio's threads come and go), and it reaches only the
@@ -13,14 +15,27 @@
 //! So the node's fork becomes a small guard, the leader of the agent's process group, which forks
 //! again and lets the second child exec the program. The guard holds the read end of the node's
 //! *lifeline*, a pipe whose write end only the node process holds and never writes: when the node
-//! dies, for any reason, the kernel closes it, the guard sees the hang-up and kills the whole
-//! group, itself included. While the node lives, the guard ignores SIGTERM, SIGINT and SIGHUP
+//! dies, for any reason, the kernel closes it, the guard sees the hang-up and kills everything of
+//! the run, itself included. While the node lives, the guard ignores SIGTERM, SIGINT and SIGHUP
 //! (they are for the program: the node's cancel signals the whole group), waits for the program
 //! and ends the way it ended (same exit code or same signal), so the node sees the program's own
 //! end. The program has `PR_SET_PDEATHSIG(SIGKILL)` against its guard (a single-threaded process,
 //! so the thread caveat does not apply), so killing the guard alone kills it too. The guard runs
 //! between fork and exec of a multi-threaded process: only async-signal-safe system calls, no
 //! allocation.
+//!
+//! **Nothing outlives its run.** A process group is easy to leave (`setsid`, `setpgid`, a shell's
+//! job control), so the guard is also a *child subreaper*: a descendant whose parent ends is
+//! adopted by the guard instead of init, so every process the program started stays below the
+//! guard, and the guard lists its children in `/proc/thread-self/children`. When the program
+//! ends, or the node pulls the run's *stop line* (a pipe per run whose write end the node drops
+//! to stop the run; its death drops it too), the guard winds the run down: SIGTERM to its group
+//! and to every child it adopted, the agent's `grace_ms` for them to end, then SIGKILL to each
+//! child, layer by layer (a killed child's children are adopted next), until it has no child
+//! left; only then does it end. When the lifeline hangs up it skips the grace. Only a guard
+//! killed from outside (SIGKILL by someone else; on a kernel below Landlock ABI 6 that may be
+//! the agent itself) leaves what left the group to run on: the program still dies, and so does
+//! its group at the next start (see Records).
 //!
 //! **Records.** Each agent's group (the guard's pid and start time, with the node process's own)
 //! is written to a file of `<data_dir>/agents/` while it runs. A node that starts kills, before
@@ -31,7 +46,7 @@
 use std::collections::BTreeMap;
 use std::ffi::{OsStr, OsString};
 use std::io;
-use std::os::fd::RawFd;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::{Component, Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -51,9 +66,11 @@ const LANG_DEFAULT: &str = "C.UTF-8";
 const LEFTOVER_GONE_WAIT: Duration = Duration::from_secs(2);
 const LEFTOVER_POLL: Duration = Duration::from_millis(20);
 
-/// The environment an agent starts with; `node` looks a variable up in the node's environment.
+/// The environment an agent starts with; `tmp` is its run's temporary folder (`TMPDIR`), and
+/// `node` looks a variable up in the node's environment.
 pub(super) fn environment(
     settings: &CommandConfig,
+    tmp: &Path,
     node: impl Fn(&str) -> Option<OsString>,
 ) -> BTreeMap<OsString, OsString> {
     let mut environment = BTreeMap::new();
@@ -65,6 +82,7 @@ pub(super) fn environment(
         let value = node(name).unwrap_or_else(|| default.into());
         environment.insert(OsString::from(name), value);
     }
+    environment.insert(OsString::from("TMPDIR"), tmp.as_os_str().to_owned());
     for name in &settings.env_pass {
         if let Some(value) = node(name) {
             environment.insert(OsString::from(name), value);
@@ -168,28 +186,114 @@ fn open_lifeline() -> Result<Lifeline, String> {
     })
 }
 
-/// Makes the spawned process the guard of the agent's process group (see the module's doc).
-/// The command must also be given `process_group(0)`.
-pub(super) fn guard(command: &mut tokio::process::Command) -> io::Result<()> {
+/// The wait status of a process killed by SIGKILL (the signal's number in the low bits).
+const KILLED: libc::c_int = libc::SIGKILL;
+/// How long the guard sleeps at most between two looks for ended processes it adopted (an
+/// orphan of the agent's stays a zombie at most this long).
+const GUARD_REAP_PERIOD_MS: libc::c_int = 1000;
+/// How often a winding-down guard looks whether what it signalled has ended.
+const GUARD_STOP_POLL_MS: libc::c_int = 10;
+/// The most bytes of `/proc/thread-self/children` one look reads (about 500 pids); a guard with
+/// more children kills them over several looks.
+const CHILDREN_LIST_BYTES_MAX: usize = 4096;
+
+/// What the node keeps of one guard it is about to start: its end of the run's stop line, and
+/// until the program has started, the descriptors the guard and the program need.
+pub(super) struct Guard {
+    stop_write: OwnedFd,
+    stop_read: OwnedFd,
+    ruleset: Option<OwnedFd>,
+}
+
+/// The node's end of one run's *stop line*, a pipe whose read end only the run's guard holds:
+/// pulling it (closing it, which the node's death also does) makes the guard wind the run down
+/// (SIGTERM to everything left of it, `grace_ms`, then SIGKILL) and end.
+pub(super) struct StopLine(Option<OwnedFd>);
+
+impl StopLine {
+    pub(super) fn pull(&mut self) {
+        self.0.take();
+    }
+}
+
+impl Guard {
+    /// Called once the program has started: the node's copies of what the guard and the
+    /// program needed are closed; the stop line is what remains.
+    pub(super) fn started(self) -> StopLine {
+        drop(self.stop_read);
+        drop(self.ruleset);
+        StopLine(Some(self.stop_write))
+    }
+}
+
+/// `fd` moved above the standard descriptors (which the fork replaces with the program's pipes),
+/// close-on-exec.
+fn above_stdio(fd: OwnedFd) -> io::Result<OwnedFd> {
+    // SAFETY: duplicating a descriptor this function owns; the copy is owned by the result.
+    let moved = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 3) };
+    if moved < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `moved` is a new descriptor nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(moved) })
+}
+
+/// Makes the spawned process the guard of the agent's process group (see the module's doc);
+/// `ruleset`, when given, is the Landlock ruleset the program's process applies before exec
+/// (see [`super::confinement`]). The command must also be given `process_group(0)`.
+pub(super) fn guard(
+    command: &mut tokio::process::Command,
+    grace_ms: u64,
+    ruleset: Option<OwnedFd>,
+) -> io::Result<Guard> {
     let lifeline = lifeline()?;
     let (read, write) = (lifeline.read, lifeline.write);
+    let mut fds = [0; 2];
+    // SAFETY: pipe2 writes two descriptors into the array it is given.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: both descriptors were just made and are owned by nothing else.
+    let (stop_read, stop_write) =
+        unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    let stop_read = above_stdio(stop_read)?;
+    let ruleset = ruleset.map(above_stdio).transpose()?;
+    let stop = stop_read.as_raw_fd();
+    let confine = ruleset.as_ref().map_or(-1, |fd| fd.as_raw_fd());
+    let grace_ms = i64::try_from(grace_ms).unwrap_or(i64::MAX);
     // SAFETY: the closure runs in the forked child before exec and only makes async-signal-safe
     // system calls on integers it captured by value; it allocates nothing.
     unsafe {
-        command.pre_exec(move || become_guard(read, write));
+        command.pre_exec(move || become_guard(read, write, stop, confine, grace_ms));
     }
-    Ok(())
+    Ok(Guard {
+        stop_write,
+        stop_read,
+        ruleset,
+    })
 }
 
 /// Runs in the forked child: forks the program's process and becomes its guard. Returns only in
-/// the program's process, which then execs.
+/// the program's process, confined by `ruleset` when it is a descriptor, which then execs.
 ///
 /// # Safety
 /// Only between fork and exec; async-signal-safe calls only.
-unsafe fn become_guard(read: RawFd, write: RawFd) -> io::Result<()> {
+unsafe fn become_guard(
+    lifeline: RawFd,
+    lifeline_write: RawFd,
+    stop: RawFd,
+    ruleset: RawFd,
+    grace_ms: i64,
+) -> io::Result<()> {
     // SAFETY (whole function): raw system calls on descriptors and pids of this process.
     unsafe {
-        libc::close(write);
+        libc::close(lifeline_write);
+        // Whatever the program starts is the guard's to end: an orphan of the agent's (a
+        // double fork, a `setsid` daemon whose parent ended) is adopted by the guard rather
+        // than by init, so that the guard can find it and kill it.
+        if libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0 {
+            return Err(io::Error::last_os_error());
+        }
         let guard = libc::getpid();
         let program = libc::fork();
         if program < 0 {
@@ -201,33 +305,45 @@ unsafe fn become_guard(read: RawFd, write: RawFd) -> io::Result<()> {
             if libc::getppid() != guard {
                 libc::_exit(1);
             }
+            if ruleset >= 0 {
+                super::confinement::restrict_self(ruleset)?;
+            }
             return Ok(());
         }
-        guard_loop(program, read)
+        guard_loop(program, lifeline, stop, grace_ms)
     }
 }
 
-/// The guard: waits for the program or for the node's death, whichever comes first.
+/// The guard: waits for the program, for the node's death or for the node to pull the run's
+/// stop line, whichever comes first, and leaves nothing of the run behind.
 ///
 /// # Safety
 /// Only in the guard process made by [`become_guard`].
-unsafe fn guard_loop(program: libc::pid_t, read: RawFd) -> ! {
+unsafe fn guard_loop(program: libc::pid_t, lifeline: RawFd, stop: RawFd, grace_ms: i64) -> ! {
     // SAFETY (whole function): raw system calls on descriptors and pids of this process.
     unsafe {
         for signal in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
             libc::signal(signal, libc::SIG_IGN);
         }
-        // Nothing of the node stays open in the guard but the lifeline: not the program's pipes
-        // (their readers must see the program's end), not the node's sockets and files.
+        // Nothing of the node stays open in the guard but the lifeline and the stop line: not
+        // the program's pipes (their readers must see the program's end), not the node's
+        // sockets and files.
         for fd in 0..3 {
             libc::close(fd);
         }
-        close_range(3, read - 1);
-        close_range(read + 1, libc::c_int::MAX);
+        let (low, high) = (lifeline.min(stop), lifeline.max(stop));
+        close_range(3, low - 1);
+        close_range(low + 1, high - 1);
+        close_range(high + 1, libc::c_int::MAX);
         let pidfd = libc::syscall(libc::SYS_pidfd_open, program, 0) as libc::c_int;
         let mut watched = [
             libc::pollfd {
-                fd: read,
+                fd: lifeline,
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: stop,
                 events: libc::POLLIN,
                 revents: 0,
             },
@@ -238,28 +354,163 @@ unsafe fn guard_loop(program: libc::pid_t, read: RawFd) -> ! {
             },
         ];
         // Without pidfd (kernels before 5.3), the program's end is looked for every 50 ms.
-        let (count, timeout_ms) = if pidfd >= 0 { (2, -1) } else { (1, 50) };
+        let (count, timeout_ms) = if pidfd >= 0 {
+            (3, GUARD_REAP_PERIOD_MS)
+        } else {
+            (2, 50)
+        };
+        let mut status = None;
         loop {
-            let mut status = 0;
-            match libc::waitpid(program, &mut status, libc::WNOHANG) {
-                waited if waited == program => end_like(status),
+            if !reap(program, &mut status) && status.is_none() {
                 // The program cannot be waited for (it is not this guard's child any more):
                 // nothing is left to guard but its group.
-                -1 if *libc::__errno_location() != libc::EINTR => {
-                    libc::kill(0, libc::SIGKILL);
-                    libc::_exit(127);
-                }
-                _ => {}
+                sweep(program, &mut status);
+                libc::kill(0, libc::SIGKILL);
+                libc::_exit(127);
+            }
+            if let Some(ended) = status {
+                // What the program left behind gets what a stopped run gets.
+                wind_down(program, lifeline, grace_ms, &mut status);
+                end_like(ended);
             }
             let ready = libc::poll(watched.as_mut_ptr(), count, timeout_ms);
             if ready > 0 && watched[0].revents != 0 {
                 // The node is gone: nothing it started may run on.
+                sweep(program, &mut status);
                 libc::kill(0, libc::SIGKILL);
                 libc::_exit(137);
             }
-            watched[1].revents = 0;
+            if ready > 0 && watched[1].revents != 0 {
+                // The node stops the run.
+                wind_down(program, lifeline, grace_ms, &mut status);
+                end_like(status.unwrap_or(KILLED));
+            }
+            watched[2].revents = 0;
         }
     }
+}
+
+/// Reaps every ended child of the guard (the program's status goes into `status`); `false`
+/// when the guard has no child left.
+///
+/// # Safety
+/// Only in the guard process.
+unsafe fn reap(program: libc::pid_t, status: &mut Option<libc::c_int>) -> bool {
+    // SAFETY: waitpid(2) on this process's children, into a local.
+    unsafe {
+        loop {
+            let mut ended = 0;
+            match libc::waitpid(-1, &mut ended, libc::WNOHANG) {
+                0 => return true,
+                pid if pid == program => *status = Some(ended),
+                pid if pid > 0 => {}
+                _ if *libc::__errno_location() == libc::EINTR => {}
+                _ => return false,
+            }
+        }
+    }
+}
+
+/// SIGTERM to everything left of the run (its process group, and what the guard adopted from
+/// outside it), `grace_ms` for it to end, then [`sweep`]; sooner if the node dies meanwhile.
+///
+/// # Safety
+/// Only in the guard process (which ignores SIGTERM itself).
+unsafe fn wind_down(
+    program: libc::pid_t,
+    lifeline: RawFd,
+    grace_ms: i64,
+    status: &mut Option<libc::c_int>,
+) {
+    // SAFETY (whole function): raw system calls on pids and descriptors of this process.
+    unsafe {
+        libc::kill(0, libc::SIGTERM);
+        signal_children(libc::SIGTERM);
+        let deadline = now_ms().saturating_add(grace_ms);
+        while reap(program, status) && now_ms() < deadline {
+            let mut node = libc::pollfd {
+                fd: lifeline,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            if libc::poll(&mut node, 1, GUARD_STOP_POLL_MS) > 0 && node.revents != 0 {
+                break;
+            }
+        }
+        sweep(program, status);
+    }
+}
+
+/// SIGKILLs every descendant of the guard and reaps them, layer by layer: each killed child's
+/// children are adopted by the guard (a subreaper) and killed in the next round. Gives up only
+/// when the guard's children cannot be listed (no `/proc`); then the node's kill of the group
+/// is what is left.
+///
+/// # Safety
+/// Only in the guard process.
+unsafe fn sweep(program: libc::pid_t, status: &mut Option<libc::c_int>) {
+    // SAFETY (whole function): raw system calls on pids of this process.
+    unsafe {
+        while signal_children(libc::SIGKILL) && reap(program, status) {
+            libc::poll(std::ptr::null_mut(), 0, GUARD_STOP_POLL_MS);
+        }
+    }
+}
+
+/// Sends `signal` to every child of the guard, as `/proc/thread-self/children` lists them;
+/// `false` if they cannot be listed. Allocates nothing.
+///
+/// # Safety
+/// Only in the guard process (single-threaded, so its thread's children are all of them).
+unsafe fn signal_children(signal: libc::c_int) -> bool {
+    // SAFETY (whole function): raw system calls on a stack buffer and pids read from the kernel.
+    unsafe {
+        let fd = libc::open(
+            c"/proc/thread-self/children".as_ptr(),
+            libc::O_RDONLY | libc::O_CLOEXEC,
+        );
+        if fd < 0 {
+            return false;
+        }
+        let mut list = [0u8; CHILDREN_LIST_BYTES_MAX];
+        let read = libc::read(fd, list.as_mut_ptr().cast(), list.len());
+        libc::close(fd);
+        let Ok(read) = usize::try_from(read) else {
+            return false;
+        };
+        // "pid pid pid ": a number counts once the space after it is read (a full buffer may
+        // end inside one; the next look reads it whole).
+        let mut pid: libc::pid_t = 0;
+        for &byte in &list[..read] {
+            if byte.is_ascii_digit() {
+                pid = pid
+                    .saturating_mul(10)
+                    .saturating_add(libc::pid_t::from(byte - b'0'));
+            } else {
+                if pid > 0 {
+                    libc::kill(pid, signal);
+                }
+                pid = 0;
+            }
+        }
+        true
+    }
+}
+
+/// The monotonic clock in milliseconds.
+///
+/// # Safety
+/// Async-signal-safe; usable in the guard process.
+unsafe fn now_ms() -> i64 {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime(2) writes into the local it is given.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
+    now.tv_sec
+        .saturating_mul(1000)
+        .saturating_add(now.tv_nsec / 1_000_000)
 }
 
 /// Closes descriptors `first..=last`, if any.
@@ -526,6 +777,8 @@ mod tests {
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
             env_pass: env_pass.iter().map(|s| s.to_string()).collect(),
+            read_paths: vec![],
+            write_paths: vec![],
             grace_ms: 1,
             line_bytes_max: 1,
             output_bytes_max: 1,
@@ -547,6 +800,7 @@ mod tests {
                 &[("GREETING", "hi"), ("BOTH", "config")],
                 &["PASSED", "BOTH", "UNSET"],
             ),
+            Path::new("/ws/t/tmp"),
             node,
         );
         let expected: BTreeMap<OsString, OsString> = [
@@ -556,6 +810,7 @@ mod tests {
             ("LANG", LANG_DEFAULT),
             ("PASSED", "from-node"),
             ("PATH", "/node/bin"),
+            ("TMPDIR", "/ws/t/tmp"),
         ]
         .into_iter()
         .map(|(k, v)| (k.into(), v.into()))
@@ -583,9 +838,11 @@ mod tests {
     fn the_programs_path_keeps_only_absolute_entries() {
         let settings = |env: &[(&str, &str)]| config(env, &[]);
         let path_of = |settings: &CommandConfig, node: &'static str| {
-            environment(settings, |name| (name == "PATH").then(|| node.into()))
-                .get(OsStr::new("PATH"))
-                .cloned()
+            environment(settings, Path::new("/tmp"), |name| {
+                (name == "PATH").then(|| node.into())
+            })
+            .get(OsStr::new("PATH"))
+            .cloned()
         };
         assert_eq!(
             path_of(&settings(&[]), ".:/usr/bin::bin:/bin"),

@@ -219,6 +219,7 @@ mod tests {
             workspace,
             fault_dir,
             process_records: None,
+            confinement: crate::agents::ConfinementMode::Landlock,
         }
     }
 

@@ -18,7 +18,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::agents::{Agent, AgentControl, AgentEnd, AgentRequest, ProcessRecords};
+use crate::agents::{Agent, AgentControl, AgentEnd, AgentRequest, ConfinementMode, ProcessRecords};
 use crate::child_run::commit::{AttemptId, Renewal, TerminalAuthority, Verdict};
 use crate::lease::{LeaseEvent, LeaseKey, LeaseMsg, Leased};
 use crate::store_actor::StoreHandle;
@@ -92,6 +92,7 @@ pub(crate) struct ChildArgs {
     pub workspace: PathBuf,
     pub fault_dir: Option<PathBuf>,
     pub process_records: Option<ProcessRecords>,
+    pub confinement: ConfinementMode,
     pub store: StoreHandle,
     pub lease: ActorRef<LeaseMsg>,
     pub worker_id: String,
@@ -110,6 +111,7 @@ pub(crate) struct ChildState {
     workspace: PathBuf,
     fault_dir: Option<PathBuf>,
     process_records: Option<ProcessRecords>,
+    confinement: ConfinementMode,
     store: StoreHandle,
     lease: ActorRef<LeaseMsg>,
     worker_id: String,
@@ -248,6 +250,7 @@ impl ChildState {
             workspace: self.workspace.clone(),
             fault_dir: self.fault_dir.clone(),
             process_records: self.process_records.clone(),
+            confinement: self.confinement,
         };
         let (pauses, mut paused) = mpsc::unbounded_channel();
         let control = AgentControl {
@@ -311,6 +314,7 @@ impl Actor for ChildAgent {
             workspace: args.workspace,
             fault_dir: args.fault_dir,
             process_records: args.process_records,
+            confinement: args.confinement,
             store: args.store,
             lease: args.lease,
             worker_id: args.worker_id,

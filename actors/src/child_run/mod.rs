@@ -21,7 +21,7 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use crate::Error;
-use crate::agents::{AgentRegistry, ProcessRecords};
+use crate::agents::{AgentRegistry, ConfinementMode, ProcessRecords};
 use crate::child_run::agent::{ChildAgent, ChildArgs, ChildMsg, RunEnd};
 use crate::lease::LeaseMsg;
 use crate::store_actor::StoreHandle;
@@ -169,6 +169,8 @@ pub struct RunsOptions {
     /// Where `command` agents record their process groups (`<data_dir>/agents`), so that the
     /// next node process on this host kills what a dead one left; `None` records nothing.
     pub agent_records_dir: Option<PathBuf>,
+    /// How `command` agents are confined (`agent_confinement`; see `agents::confinement`).
+    pub agent_confinement: ConfinementMode,
     /// A task's JSON at most this many bytes (`limits.frame_bytes_max`).
     pub task_bytes_max: usize,
     /// How often orphaned runs are looked for.
@@ -407,6 +409,7 @@ async fn start_child(
                 .agent_records_dir
                 .clone()
                 .map(ProcessRecords::new),
+            confinement: state.args.options.agent_confinement,
             store: state.args.store.clone(),
             lease: state.args.lease.clone(),
             worker_id: state.args.worker_id.clone(),

@@ -97,7 +97,13 @@ async fn stopped(stop: &mut watch::Receiver<bool>) {
     let _ = stop.wait_for(|stopping| *stopping).await.map(|_| ());
 }
 
-async fn connection(stream: UnixStream, context: &AdminContext) {
+async fn connection(mut stream: UnixStream, context: &AdminContext) {
+    if started_by_this_node(&stream) {
+        let refusal = json!({"ok": false, "error": "refused: the admin socket does not answer \
+            processes this node started (its agents)"});
+        let _ = stream.write_all(format!("{refusal}\n").as_bytes()).await;
+        return;
+    }
     let (reader, mut writer) = stream.into_split();
     let mut lines = FramedRead::new(reader, LinesCodec::new_with_max_length(REQUEST_BYTES_MAX));
     loop {
@@ -131,6 +137,49 @@ async fn connection(stream: UnixStream, context: &AdminContext) {
             return;
         }
     }
+}
+
+/// Whether the peer of `stream` descends from this node process (or cannot be told): an agent,
+/// or anything an agent started. Agents run as the node's user, so the socket's mode does not
+/// keep them out, and Landlock refuses them the socket's path only from ABI 9; an agent's
+/// descendants stay below this process because its guard adopts its orphans (see
+/// `actors::agents`' process module). The peer's pid is the one it connected with.
+fn started_by_this_node(stream: &UnixStream) -> bool {
+    let own = std::process::id();
+    let Some(mut pid) = stream
+        .peer_cred()
+        .ok()
+        .and_then(|credentials| credentials.pid())
+        .and_then(|pid| u32::try_from(pid).ok())
+    else {
+        return true;
+    };
+    for _ in 0..ANCESTORS_MAX {
+        if pid == own {
+            return true;
+        }
+        if pid <= 1 {
+            return false;
+        }
+        match parent_of(pid) {
+            Some(parent) => pid = parent,
+            // Gone meanwhile: who it was cannot be told.
+            None => return true,
+        }
+    }
+    true
+}
+
+/// How many ancestors of an admin socket's peer are looked at, at most, before it is refused
+/// (real process trees are a few dozen deep).
+const ANCESTORS_MAX: usize = 4096;
+
+/// The parent of process `pid`, from `/proc/<pid>/stat` (field 4, counted after the command
+/// name's last `)`).
+fn parent_of(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after_name = stat.get(stat.rfind(')')? + 1..)?;
+    after_name.split_whitespace().nth(1)?.parse().ok()
 }
 
 fn text(error: impl std::fmt::Display) -> String {
@@ -262,5 +311,25 @@ async fn run(context: &AdminContext, request: Request) -> Result<Value, String> 
             let report = store.backup(&path).await.map_err(text)?;
             serde_json::to_value(report).map_err(text)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_peer_that_descends_from_the_node_is_told_apart() {
+        // A socket pair within this process: the peer is the node itself.
+        let (ours, _other) = UnixStream::pair().expect("socket pair");
+        assert!(started_by_this_node(&ours));
+        // SAFETY: getppid(2) only reads this process's parent id.
+        let parent = unsafe { libc::getppid() };
+        assert_eq!(
+            parent_of(std::process::id()),
+            u32::try_from(parent).ok(),
+            "the parent read from /proc"
+        );
+        assert_eq!(parent_of(u32::MAX), None);
     }
 }
