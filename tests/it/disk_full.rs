@@ -138,7 +138,10 @@ async fn a_full_disk_answers_503_disk_full_and_readiness_follows_it() {
     let data = dir.path().join("reins-data");
     let tmpfs = Tmpfs::mount(&data, "4M");
     let files = tempfile::tempdir().expect("temp dir");
-    let (started, gate) = (files.path().join("started"), files.path().join("gate"));
+    // The agent is confined to its workspace: the folder of its signals is granted to it.
+    let signals = files.path().join("signals");
+    std::fs::create_dir(&signals).expect("signals folder");
+    let (started, gate) = (signals.join("started"), signals.join("gate"));
     // An agent that ends only once the test opens its gate, which it does with the disk full.
     let config = write_config(
         files.path(),
@@ -150,7 +153,7 @@ async fn a_full_disk_answers_503_disk_full_and_readiness_follows_it() {
                 started.display(),
                 gate.display()
             ),
-            "",
+            &format!("write_paths = [{:?}]", signals.display().to_string()),
         )],
     );
     let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
