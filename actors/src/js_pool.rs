@@ -11,12 +11,17 @@
 //! message naming the limit, rather than waiting: the memory it would wait for may be held by
 //! workflows that wait on it (for a slot, say), and a wait nobody sees is how a node wedges.
 //!
+//! A thread serves its jobs fairly between users: every job carries its workflow's owner, and the
+//! thread takes one job of each user with work waiting in turn, so that one user's queue of
+//! expensive activations (each up to `script_cpu_ms_max`) delays another user's by at most one
+//! activation per user ahead of it, not by the whole queue. A workflow's own jobs keep their order.
+//!
 //! Each thread keeps the bytecode of the last `js_compiled_scripts_max` scripts it compiled
 //! (`runtime::ScriptCache`): a launch's compile check and the VM starts of the same script on that
 //! thread (the check runs on the thread of the workflow it launches) load it instead of parsing
 //! the script again.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, Mutex, mpsc};
@@ -120,18 +125,22 @@ struct Loaded {
 
 enum Job {
     Activate {
+        /// The workflow's owner: whose turn this job takes.
+        user: String,
         workflow_id: WorkflowId,
         start: Option<Box<StartSpec>>,
         settles: Vec<Settle>,
         reply: oneshot::Sender<Result<Activated, JsError>>,
     },
     Park {
+        user: String,
         workflow_id: WorkflowId,
     },
     Loaded {
         reply: oneshot::Sender<usize>,
     },
     Check {
+        user: String,
         script: String,
         limits: Box<Limits>,
         reply: oneshot::Sender<Result<(), runtime::Error>>,
@@ -185,12 +194,14 @@ impl JsPool {
     pub async fn check(
         &self,
         workflow_id: &WorkflowId,
+        user_id: &str,
         script: String,
         limits: Limits,
     ) -> Result<(), JsError> {
         let (reply, answer) = oneshot::channel();
         self.worker(workflow_id)
             .send(Job::Check {
+                user: user_id.to_owned(),
                 script,
                 limits: Box::new(limits),
                 reply,
@@ -206,17 +217,19 @@ impl JsPool {
         &self.workers[index]
     }
 
-    /// Hands `settles` to the workflow's VM (starting it from `start` if none is loaded) and runs
-    /// one activation.
+    /// Hands `settles` to the VM of `workflow_id`, owned by `user_id` (starting it from `start`
+    /// if none is loaded) and runs one activation.
     pub async fn activate(
         &self,
         workflow_id: &WorkflowId,
+        user_id: &str,
         start: Option<StartSpec>,
         settles: Vec<Settle>,
     ) -> Result<Activated, JsError> {
         let (reply, answer) = oneshot::channel();
         self.worker(workflow_id)
             .send(Job::Activate {
+                user: user_id.to_owned(),
                 workflow_id: workflow_id.to_owned(),
                 start: start.map(Box::new),
                 settles,
@@ -226,10 +239,12 @@ impl JsPool {
         answer.await.map_err(|_| JsError::Stopped)?
     }
 
-    /// Drops the workflow's VM; the next activation must start (replay) it again.
-    pub fn park(&self, workflow_id: &WorkflowId) {
+    /// Drops the VM of `workflow_id`, owned by `user_id`; the next activation must start
+    /// (replay) it again.
+    pub fn park(&self, workflow_id: &WorkflowId, user_id: &str) {
         // A stopped pool holds no VM to drop.
         let _ = self.worker(workflow_id).send(Job::Park {
+            user: user_id.to_owned(),
             workflow_id: workflow_id.to_owned(),
         });
     }
@@ -247,12 +262,69 @@ impl JsPool {
     }
 }
 
-/// One JS thread: owns the VMs of the workflows hashed to it.
+impl Job {
+    /// Whose turn the job takes; the pool's own questions (`Loaded`) take a turn of their own.
+    fn user(&self) -> &str {
+        match self {
+            Job::Activate { user, .. } | Job::Park { user, .. } | Job::Check { user, .. } => user,
+            Job::Loaded { .. } => "",
+        }
+    }
+}
+
+/// The jobs a thread has received and not yet run, one queue per user, served in turn.
+#[derive(Default)]
+struct FairQueues {
+    by_user: HashMap<String, VecDeque<Job>>,
+    /// The users with jobs waiting, in the order their turns come.
+    turns: VecDeque<String>,
+}
+
+impl FairQueues {
+    fn push(&mut self, job: Job) {
+        let queue = self.by_user.entry(job.user().to_owned()).or_default();
+        if queue.is_empty() {
+            self.turns.push_back(job.user().to_owned());
+        }
+        queue.push_back(job);
+    }
+
+    /// The next user's oldest job; that user, if more of theirs wait, goes to the back.
+    fn pop(&mut self) -> Option<Job> {
+        let user = self.turns.pop_front()?;
+        let queue = self.by_user.get_mut(&user)?;
+        let job = queue.pop_front();
+        if queue.is_empty() {
+            self.by_user.remove(&user);
+        } else {
+            self.turns.push_back(user);
+        }
+        job
+    }
+}
+
+/// One JS thread: owns the VMs of the workflows hashed to it, and serves its jobs fairly between
+/// users (see the module's documentation).
 fn serve(jobs: mpsc::Receiver<Job>, memory: &MemoryBudget, scripts: &mut ScriptCache) {
     let mut vms: HashMap<WorkflowId, Loaded> = HashMap::new();
-    while let Ok(job) = jobs.recv() {
+    let mut waiting = FairQueues::default();
+    loop {
+        if waiting.turns.is_empty() {
+            match jobs.recv() {
+                Ok(job) => waiting.push(job),
+                Err(_) => return,
+            }
+        }
+        // Everything already sent joins the queues before the next turn is chosen.
+        while let Ok(job) = jobs.try_recv() {
+            waiting.push(job);
+        }
+        let Some(job) = waiting.pop() else {
+            continue;
+        };
         match job {
             Job::Activate {
+                user: _,
                 workflow_id,
                 start,
                 settles,
@@ -270,7 +342,10 @@ fn serve(jobs: mpsc::Receiver<Job>, memory: &MemoryBudget, scripts: &mut ScriptC
                 // The caller may have gone away; the VM stays loaded for its next activation.
                 let _ = reply.send(result);
             }
-            Job::Park { workflow_id } => {
+            Job::Park {
+                user: _,
+                workflow_id,
+            } => {
                 if let Some(loaded) = vms.remove(&workflow_id) {
                     memory.give(loaded.held);
                 }
@@ -279,6 +354,7 @@ fn serve(jobs: mpsc::Receiver<Job>, memory: &MemoryBudget, scripts: &mut ScriptC
                 let _ = reply.send(vms.len());
             }
             Job::Check {
+                user: _,
                 script,
                 limits,
                 reply,
@@ -383,7 +459,7 @@ mod tests {
     async fn a_vm_lives_on_its_thread_between_activations_and_parking_drops_it() {
         let pool = JsPool::new(2, 1 << 30, 8).expect("pool");
         let first = pool
-            .activate(&WorkflowId::from("wf"), Some(spec(vec![])), vec![])
+            .activate(&WorkflowId::from("wf"), "u", Some(spec(vec![])), vec![])
             .await
             .expect("start");
         assert_eq!(first.activation.status, Status::Waiting);
@@ -396,7 +472,7 @@ mod tests {
             at_ms: 5,
         };
         let done = pool
-            .activate(&WorkflowId::from("wf"), None, vec![settle.clone()])
+            .activate(&WorkflowId::from("wf"), "u", None, vec![settle.clone()])
             .await
             .expect("run");
         assert_eq!(done.activation.status, Status::Completed(json!(42)));
@@ -405,13 +481,13 @@ mod tests {
 
         // Parked in the middle, then woken: the journal replays and nothing runs twice.
         let again = pool
-            .activate(&WorkflowId::from("wf-2"), Some(spec(vec![])), vec![])
+            .activate(&WorkflowId::from("wf-2"), "u", Some(spec(vec![])), vec![])
             .await
             .expect("start");
-        pool.park(&WorkflowId::from("wf-2"));
+        pool.park(&WorkflowId::from("wf-2"), "u");
         assert_eq!(pool.loaded().await, 0);
         assert_eq!(
-            pool.activate(&WorkflowId::from("wf-2"), None, vec![])
+            pool.activate(&WorkflowId::from("wf-2"), "u", None, vec![])
                 .await
                 .err(),
             Some(JsError::NotLoaded("wf-2".into()))
@@ -420,11 +496,88 @@ mod tests {
         journal[0].outcome = Some(Outcome::Resolved(json!({"v": 1})));
         journal[0].settled_at_ms = Some(9);
         let woken = pool
-            .activate(&WorkflowId::from("wf-2"), Some(spec(journal)), vec![])
+            .activate(&WorkflowId::from("wf-2"), "u", Some(spec(journal)), vec![])
             .await
             .expect("replay");
         assert!(woken.activation.commands.is_empty(), "a replay ran a step");
         assert_eq!(woken.activation.status, Status::Completed(json!(2)));
+    }
+
+    fn park_of(user: &str, workflow: &str) -> Job {
+        Job::Park {
+            user: user.into(),
+            workflow_id: WorkflowId::from(workflow),
+        }
+    }
+
+    fn workflow_of(job: &Job) -> String {
+        match job {
+            Job::Park { workflow_id, .. } => workflow_id.to_string(),
+            _ => String::new(),
+        }
+    }
+
+    /// Issue 29, item 8: one user's queue of jobs no longer goes ahead of another user's job in
+    /// full: users take turns, and each user's jobs keep their order.
+    #[test]
+    fn users_take_turns_and_each_users_jobs_keep_their_order() {
+        let mut queues = FairQueues::default();
+        for n in 1..=4 {
+            queues.push(park_of("a", &format!("a{n}")));
+        }
+        queues.push(park_of("b", "b1"));
+        queues.push(park_of("c", "c1"));
+        queues.push(park_of("b", "b2"));
+        let order: Vec<_> = std::iter::from_fn(|| queues.pop())
+            .map(|job| workflow_of(&job))
+            .collect();
+        assert_eq!(order, ["a1", "b1", "c1", "a2", "b2", "a3", "a4"]);
+        assert!(queues.by_user.is_empty() && queues.turns.is_empty());
+    }
+
+    /// Through a real JS thread: while one user's long activation runs, four more of theirs and
+    /// one of another user's queue up; the other user's runs right after the running one.
+    #[tokio::test]
+    async fn another_users_activation_does_not_wait_for_a_users_whole_queue() {
+        let pool = JsPool::new(1, 1 << 30, 8).expect("pool");
+        let busy = r#"let x = 0; for (let i = 0; i < 3000000; i++) { x += i % 7; } return x;"#;
+        let (done, mut finished) = tokio::sync::mpsc::unbounded_channel();
+        let mut tasks = Vec::new();
+        let start = |name: &'static str, user: &'static str, body: &'static str| {
+            let (pool, done) = (pool.clone(), done.clone());
+            tokio::spawn(async move {
+                let activated = pool
+                    .activate(&WorkflowId::from(name), user, Some(script(body)), vec![])
+                    .await
+                    .expect("activation");
+                assert!(matches!(activated.activation.status, Status::Completed(_)));
+                done.send(name).expect("order");
+            })
+        };
+        tasks.push(start("a0", "alice", busy));
+        // The first activation is running on the thread before the rest are sent.
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        for name in ["a1", "a2", "a3", "a4"] {
+            tasks.push(start(name, "alice", busy));
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        tasks.push(start("b0", "bob", "return 1;"));
+        for task in tasks {
+            task.await.expect("task");
+        }
+        drop(done);
+        let mut order = Vec::new();
+        while let Some(name) = finished.recv().await {
+            order.push(name);
+        }
+        let bob = order
+            .iter()
+            .position(|name| *name == "b0")
+            .expect("bob ran");
+        assert!(
+            bob <= 2,
+            "bob's activation waited for alice's queue: {order:?}"
+        );
     }
 
     #[tokio::test]
@@ -433,7 +586,7 @@ mod tests {
         let mut too_big = spec(vec![]);
         too_big.options.limits.script_bytes_max = 10;
         let refused = pool
-            .activate(&WorkflowId::from("wf"), Some(too_big), vec![])
+            .activate(&WorkflowId::from("wf"), "u", Some(too_big), vec![])
             .await;
         assert!(
             matches!(&refused, Err(JsError::Start(e)) if e.to_string().contains("script_bytes_max")),
@@ -458,7 +611,7 @@ mod tests {
                         await agent({stepId: "a", agentRef: "x", task: 1});
                         return big.length;"#;
         let first = pool
-            .activate(&WorkflowId::from("a"), Some(script(hungry)), vec![])
+            .activate(&WorkflowId::from("a"), "u", Some(script(hungry)), vec![])
             .await
             .expect("a");
         assert_eq!(first.activation.status, Status::Waiting);
@@ -470,7 +623,7 @@ mod tests {
                        const more = new Array(250000).fill(2.5);
                        return more.length;"#;
         let refused = pool
-            .activate(&WorkflowId::from("b"), Some(script(small)), vec![])
+            .activate(&WorkflowId::from("b"), "u", Some(script(small)), vec![])
             .await;
         assert!(
             matches!(&refused, Err(e @ JsError::OutOfMemory { .. }) if e.to_string().contains("js_memory_total_bytes")),
@@ -479,16 +632,16 @@ mod tests {
         assert_eq!(pool.memory_held_bytes(), held);
 
         // A parked VM holds nothing: now it starts.
-        pool.park(&WorkflowId::from("a"));
+        pool.park(&WorkflowId::from("a"), "u");
         assert_eq!(pool.loaded().await, 0);
         assert_eq!(pool.memory_held_bytes(), 0);
         let b = pool
-            .activate(&WorkflowId::from("b"), Some(script(small)), vec![])
+            .activate(&WorkflowId::from("b"), "u", Some(script(small)), vec![])
             .await
             .expect("b");
         // a comes back and holds its 5 MiB again; b, woken, can grow only into what is left.
         let a = pool
-            .activate(&WorkflowId::from("a"), Some(script(hungry)), vec![])
+            .activate(&WorkflowId::from("a"), "u", Some(script(hungry)), vec![])
             .await
             .expect("a again");
         assert_eq!(a.activation.status, Status::Waiting);
@@ -498,7 +651,7 @@ mod tests {
             at_ms: 5,
         };
         let grown = pool
-            .activate(&WorkflowId::from("b"), None, vec![settle])
+            .activate(&WorkflowId::from("b"), "u", None, vec![settle])
             .await
             .expect("b runs");
         assert!(
@@ -513,7 +666,7 @@ mod tests {
             at_ms: 5,
         };
         let done = pool
-            .activate(&WorkflowId::from("a"), None, vec![settle])
+            .activate(&WorkflowId::from("a"), "u", None, vec![settle])
             .await
             .expect("a ends");
         assert_eq!(done.activation.status, Status::Completed(json!(250000)));

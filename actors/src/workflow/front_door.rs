@@ -399,7 +399,12 @@ impl Actor for Workflows {
                     // Compiled (never run) on a JS thread before anything is written: a script
                     // that cannot compile is refused with its own line and column.
                     if let Err(error) = js
-                        .check(&workflow.workflow_id, request.script, script_limits)
+                        .check(
+                            &workflow.workflow_id,
+                            &workflow.user_id,
+                            request.script,
+                            script_limits,
+                        )
                         .await
                     {
                         let _ = reply.send(Err(match error {
@@ -1176,6 +1181,7 @@ async fn start_supervisor(
         WorkflowSupervisor,
         WorkflowArgs {
             workflow_id: workflow.workflow_id.clone(),
+            user_id: workflow.user_id.clone(),
             fence: lease.fence(),
             document,
             store: state.args.store.clone(),

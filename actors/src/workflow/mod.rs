@@ -89,6 +89,8 @@ pub(crate) struct WorkflowSupervisor;
 
 pub(crate) struct WorkflowArgs {
     pub workflow_id: WorkflowId,
+    /// The workflow's owner: whose turn its activations take on a JS thread.
+    pub user_id: String,
     pub fence: Fence,
     pub document: WorkflowDocument,
     pub store: StoreHandle,
@@ -129,6 +131,7 @@ pub(crate) struct WorkflowArgs {
 /// What the interpreter performs effects with.
 struct Io {
     workflow_id: WorkflowId,
+    user_id: String,
     fence: Fence,
     store: StoreHandle,
     runs: RunsHandle,
@@ -197,7 +200,12 @@ impl WorkflowState {
             Effect::Activate { start, settles } => {
                 let result = io
                     .js
-                    .activate(&io.workflow_id, start.map(|start| *start), settles)
+                    .activate(
+                        &io.workflow_id,
+                        &io.user_id,
+                        start.map(|start| *start),
+                        settles,
+                    )
                     .await
                     .map(|activated| activated.activation)
                     .map_err(|error| error.to_string());
@@ -314,7 +322,7 @@ impl WorkflowState {
                 None
             }
             Effect::Park => {
-                io.js.park(&io.workflow_id);
+                io.js.park(&io.workflow_id, &io.user_id);
                 None
             }
             Effect::Count { name, labels } => {
@@ -394,7 +402,7 @@ impl WorkflowState {
     /// Stops the actor: its VM dropped, its lease no longer renewed. A workflow left live
     /// stops with [`ABANDONED`], and the node takes it back by the usual takeover.
     fn halt(&self, myself: &ActorRef<WorkflowMsg>, abandoned: bool) {
-        self.io.js.park(&self.io.workflow_id);
+        self.io.js.park(&self.io.workflow_id, &self.io.user_id);
         let _ = self.io.lease.post(LeaseMsg::Untrack {
             key: LeaseKey::Workflow(self.io.workflow_id.clone()),
         });
@@ -450,6 +458,7 @@ impl Actor for WorkflowSupervisor {
         Ok(WorkflowState {
             io: Io {
                 workflow_id: args.workflow_id,
+                user_id: args.user_id,
                 fence: args.fence,
                 store: args.store,
                 runs: args.runs,
@@ -522,7 +531,7 @@ impl Actor for WorkflowSupervisor {
         state: &mut WorkflowState,
     ) -> Result<(), ActorProcessingErr> {
         crate::mailbox::forget(myself.get_id());
-        state.io.js.park(&state.io.workflow_id);
+        state.io.js.park(&state.io.workflow_id, &state.io.user_id);
         Ok(())
     }
 }
