@@ -369,6 +369,8 @@ pub struct Limits {
     pub script_memory_bytes_max: u64,
     pub script_stack_bytes_max: u64,
     pub script_cpu_ms_max: u64,
+    /// CPU time of a workflow's JavaScript over its life (a replay counts what it runs again).
+    pub script_cpu_ms_total_max: u64,
     pub steps_max: u64,
     pub parallel_max: u64,
     pub max_workflows: u64,
@@ -400,6 +402,7 @@ impl Default for Limits {
             script_memory_bytes_max: 64 * 1024 * 1024,
             script_stack_bytes_max: 1024 * 1024,
             script_cpu_ms_max: 2000,
+            script_cpu_ms_total_max: 60_000,
             steps_max: 10_000,
             parallel_max: 64,
             max_workflows: 1000,
@@ -493,6 +496,7 @@ impl Limits {
             script_memory_bytes_max: self.script_memory_bytes_max,
             script_stack_bytes_max: self.script_stack_bytes_max,
             script_cpu_ms_max: self.script_cpu_ms_max,
+            script_cpu_ms_total_max: self.script_cpu_ms_total_max,
             steps_max: self.steps_max,
             parallel_max: self.parallel_max,
             log_lines_per_activation_max: self.log_lines_per_activation_max,
@@ -671,7 +675,7 @@ impl Config {
             }
             _ => {}
         }
-        let positive: [(&'static str, u64); 43] = [
+        let positive: [(&'static str, u64); 44] = [
             ("store.pool_size", self.store.pool_size as u64),
             ("store.requests_max", self.store.requests_max as u64),
             ("store.write_batch_max", self.store.write_batch_max as u64),
@@ -691,6 +695,10 @@ impl Config {
             ("limits.script_bytes_max", self.limits.script_bytes_max),
             ("limits.frame_bytes_max", self.limits.frame_bytes_max),
             ("limits.capture_timeout_ms", self.limits.capture_timeout_ms),
+            (
+                "limits.script_cpu_ms_total_max",
+                self.limits.script_cpu_ms_total_max,
+            ),
             ("limits.log_line_bytes_max", self.limits.log_line_bytes_max),
             ("http.body_bytes_max", self.http.body_bytes_max),
             ("http.head_bytes_max", self.http.head_bytes_max),

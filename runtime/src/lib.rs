@@ -35,6 +35,10 @@ pub struct Limits {
     pub script_stack_bytes_max: u64,
     /// CPU time between two awaits.
     pub script_cpu_ms_max: u64,
+    /// CPU time of all the script's activations together, since its runtime started: a replay
+    /// runs every earlier activation's code again, so this is what the workflow's JavaScript has
+    /// cost over its life, whichever nodes ran it.
+    pub script_cpu_ms_total_max: u64,
     pub steps_max: u64,
     pub parallel_max: u64,
     /// `console.log` lines kept per activation; the rest are dropped, and one line says so.
@@ -53,6 +57,7 @@ impl Default for Limits {
             script_memory_bytes_max: 64 * 1024 * 1024,
             script_stack_bytes_max: 1024 * 1024,
             script_cpu_ms_max: 2_000,
+            script_cpu_ms_total_max: 60_000,
             steps_max: 10_000,
             parallel_max: 64,
             log_lines_per_activation_max: 1_000,
@@ -67,7 +72,8 @@ const JOURNAL_FORMAT: u32 = 1;
 
 /// A digest of everything that changes how a journal replays: the script API (the prelude), the
 /// journal format, the engine, and the limits a replay must see unchanged (a smaller frame or
-/// step limit, or the JSON depth bound, could fail a replay that once passed). A node refuses to recover a workflow whose
+/// step limit, the CPU a workflow may use over its life, or the JSON depth bound, could fail a
+/// replay that once passed). A node refuses to recover a workflow whose
 /// journal was written under another runtime version.
 pub fn runtime_version(limits: &Limits) -> String {
     let mut digest = Sha256::new();
@@ -78,6 +84,7 @@ pub fn runtime_version(limits: &Limits) -> String {
     digest.update(limits.frame_bytes_max.to_le_bytes());
     digest.update(limits.steps_max.to_le_bytes());
     digest.update(limits.parallel_max.to_le_bytes());
+    digest.update(limits.script_cpu_ms_total_max.to_le_bytes());
     // A value that nests deeper than the bound fails a run: a journal written without it could
     // fail its replay.
     digest.update((JSON_DEPTH_MAX as u64).to_le_bytes());

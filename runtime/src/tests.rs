@@ -494,6 +494,41 @@ fn calls_in_flight_are_bounded_however_they_are_awaited() {
     assert_eq!(status, Status::Completed(json!(200)));
 }
 
+/// Issue 29, item 8: CPU is bounded over a workflow's life, not only between two awaits: a
+/// script that burns less than `script_cpu_ms_max` between each of its steps fails once all of
+/// it passes `script_cpu_ms_total_max`.
+#[test]
+fn cpu_over_a_workflows_life_is_bounded_between_cheap_steps_too() {
+    let script = r#"
+        for (let round = 0; ; round++) {
+            let x = 0;
+            for (let i = 0; i < 300000; i++) { x += i % 7; }
+            await agent({stepId: "s" + round, agentRef: "x", task: x});
+        }"#;
+    let limits = Limits {
+        script_cpu_ms_max: 2_000,
+        script_cpu_ms_total_max: 300,
+        ..Limits::default()
+    };
+    let (status, journal, _) = drive(
+        script,
+        json!({}),
+        VmOptions {
+            limits,
+            ..options(vec![])
+        },
+        echo,
+    );
+    assert!(
+        matches!(&status, Status::Failed(m) if m.contains("more than script_cpu_ms_total_max (300 ms) of CPU over its life")),
+        "{status:?}"
+    );
+    assert!(
+        journal.len() > 1,
+        "it failed on its life's CPU, not on one activation's"
+    );
+}
+
 /// Issue 29, item 11: regular-expression literals were refused at launch ("RegExp are not
 /// supported") though `new RegExp` worked: the compile-only context lacked the regexp compiler.
 #[test]

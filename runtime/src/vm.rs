@@ -53,6 +53,10 @@ pub struct Vm {
     /// Set by the interrupt handler when it stops the script: the one way an activation
     /// learns that its CPU limit ended it (the engine's error says only "interrupted").
     interrupted: Rc<std::cell::Cell<bool>>,
+    /// The CPU time this runtime's finished activations used (`script_cpu_ms_total_max`).
+    cpu_used: std::cell::Cell<Duration>,
+    /// The thread CPU time when the running activation began.
+    activation_started: std::cell::Cell<Duration>,
     /// What the runtime's allocations hold, counted by its allocator.
     held: Held,
 }
@@ -223,6 +227,8 @@ impl Vm {
             host,
             deadline,
             interrupted,
+            cpu_used: std::cell::Cell::new(Duration::ZERO),
+            activation_started: std::cell::Cell::new(thread_cpu_time()),
             held,
         })
     }
@@ -264,6 +270,7 @@ impl Vm {
 
     /// One activation: runs the script until it waits on the host, finishes or fails.
     pub fn run(&mut self) -> Activation {
+        self.activation_started.set(thread_cpu_time());
         self.rearm();
         loop {
             if let Err(message) = self.drain_jobs() {
@@ -278,6 +285,7 @@ impl Vm {
             };
             self.deliver(id, outcome);
         }
+        self.cpu_used.set(self.cpu_spent(thread_cpu_time()));
         let mut host = self.host.borrow_mut();
         if host.fatal.is_none() && host.result.is_none() && host.outstanding.is_empty() {
             // No step is outstanding and no job is pending: nothing can ever settle what the
@@ -336,7 +344,14 @@ impl Vm {
     fn rearm(&self) {
         self.interrupted.set(false);
         let limits = &self.host.borrow().limits;
-        *self.deadline.borrow_mut() = thread_cpu_time() + limits.cpu_between_awaits();
+        let now = thread_cpu_time();
+        let life_left = limits.cpu_over_life().saturating_sub(self.cpu_spent(now));
+        *self.deadline.borrow_mut() = now + limits.cpu_between_awaits().min(life_left);
+    }
+
+    /// The CPU this runtime has used, the running activation's so far included.
+    fn cpu_spent(&self, now: Duration) -> Duration {
+        self.cpu_used.get() + now.saturating_sub(self.activation_started.get())
     }
 
     fn drain_jobs(&self) -> Result<(), String> {
@@ -356,7 +371,13 @@ impl Vm {
                         let thrown = ctx.catch();
                         (!interrupted).then(|| self.failure_of(&ctx, thrown))
                     });
+                    let life_spent = self.cpu_spent(thread_cpu_time()) >= limits.cpu_over_life();
                     return Err(match failure {
+                        None if life_spent => format!(
+                            "the script used more than script_cpu_ms_total_max ({} ms) of CPU \
+                             over its life (a replay counts what it runs again)",
+                            limits.script_cpu_ms_total_max
+                        ),
                         None => format!(
                             "the script ran for more than script_cpu_ms_max ({} ms) without awaiting",
                             limits.script_cpu_ms_max
@@ -818,6 +839,10 @@ fn install(ctx: &rquickjs::Ctx<'_>, host: &Rc<RefCell<Host>>) -> Result<(), Erro
 }
 
 impl Limits {
+    fn cpu_over_life(&self) -> Duration {
+        Duration::from_millis(self.script_cpu_ms_total_max)
+    }
+
     fn cpu_between_awaits(&self) -> Duration {
         Duration::from_millis(self.script_cpu_ms_max)
     }
