@@ -101,6 +101,8 @@ pub struct WorkflowsOptions {
     pub node_files: std::sync::Arc<crate::node_files::NodeFiles>,
     pub launch_limits: LaunchLimits,
     pub slots_max: u64,
+    /// The slots the steps of one user's workflows hold at most, across the cluster.
+    pub slots_per_user_max: u64,
     pub lease_ms: u64,
     /// A workflow's wall-clock limit from launch (`timeout_seconds`).
     pub timeout_seconds: u64,
@@ -1192,6 +1194,7 @@ async fn start_supervisor(
             capture_timeout: options.capture_timeout,
             node_files: std::sync::Arc::clone(&options.node_files),
             slots_max: options.slots_max,
+            slots_per_user_max: options.slots_per_user_max,
             cancel_window_ms: options.lease_ms * 2,
             timeout_ms: options.timeout_seconds.saturating_mul(1000),
             start,
