@@ -99,6 +99,7 @@ async fn measure(
     };
     let mut node_options = NodeOptions::new(runs, Arc::new(agents));
     node_options.workflows.slots_max = 10_000;
+    node_options.workflows.slots_per_user_max = 10_000;
     let identity = NodeIdentity {
         worker_id: format!("bench-{backend}"),
         host: "bench".into(),
@@ -352,6 +353,7 @@ async fn store_writes_of_one(store: &Store, owner: &str, workflow_id: &str) {
                 step_id: format!("s{n}"),
                 attempt: 1,
                 slots_max: 10_000,
+                slots_per_user_max: 10_000,
                 fence: fence.clone(),
                 journal,
             }),

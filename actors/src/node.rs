@@ -96,6 +96,7 @@ impl NodeOptions {
                 node_files: std::sync::Arc::default(),
                 launch_limits: store::LaunchLimits::NONE,
                 slots_max: 32,
+                slots_per_user_max: 32,
                 lease_ms,
                 timeout_seconds: 24 * 3600,
                 automatic_recovery: false,

@@ -376,6 +376,10 @@ pub struct Limits {
     pub max_workflows: u64,
     pub max_workflows_per_owner: u64,
     pub max_active_children: u64,
+    /// The slots the agent steps of one user's workflows hold at most across the cluster, so
+    /// that one user cannot take every slot; 0 (the default) stands for a quarter of
+    /// `max_active_children`, at least 1. See [`Limits::active_children_per_user`].
+    pub max_active_children_per_user: u64,
     pub timeout_seconds: u64,
     /// The memory all loaded scripts of the node may use together (parked ones hold none).
     pub js_memory_total_bytes: u64,
@@ -408,6 +412,7 @@ impl Default for Limits {
             max_workflows: 1000,
             max_workflows_per_owner: 100,
             max_active_children: 32,
+            max_active_children_per_user: 0,
             timeout_seconds: 24 * 3600,
             js_memory_total_bytes: 512 * 1024 * 1024,
             js_compiled_scripts_max: 32,
@@ -488,6 +493,15 @@ impl Default for ShutdownConfig {
 }
 
 impl Limits {
+    /// The share of the cluster's agent slots one user's steps hold at most: the configured
+    /// `max_active_children_per_user`, or for 0 a quarter of `max_active_children` (at least 1).
+    pub fn active_children_per_user(&self) -> u64 {
+        match self.max_active_children_per_user {
+            0 => (self.max_active_children / 4).max(1),
+            per_user => per_user,
+        }
+    }
+
     /// The limits workflow scripts run under.
     pub fn workflow(&self) -> runtime::Limits {
         runtime::Limits {
@@ -762,6 +776,15 @@ impl Config {
         ];
         if let Some((key, _)) = positive.iter().find(|(_, value)| *value == 0) {
             return Err(invalid(key, "must be greater than 0".into()));
+        }
+        if self.limits.max_active_children_per_user > self.limits.max_active_children {
+            return Err(invalid(
+                "limits.max_active_children_per_user",
+                format!(
+                    "{} is over limits.max_active_children ({})",
+                    self.limits.max_active_children_per_user, self.limits.max_active_children
+                ),
+            ));
         }
         if self.limits.js_memory_total_bytes < actors::js_pool::VM_START_BYTES_MIN {
             return Err(invalid(
@@ -1070,6 +1093,30 @@ mod tests {
         assert_eq!(options.pg_tcp_user_timeout, Duration::from_millis(2500));
         assert_eq!(options.pg_keepalives_idle, Duration::from_secs(30));
         assert_eq!(options.pg_keepalives_interval, Duration::from_secs(3));
+    }
+
+    #[test]
+    fn a_users_share_of_the_slots_defaults_to_a_quarter_and_is_bounded_by_the_cluster() {
+        let load = |vars: &[(&str, &str)]| Config::load(None, env(vars));
+        let share = |vars: &[(&str, &str)]| {
+            load(vars)
+                .expect("valid")
+                .config
+                .limits
+                .active_children_per_user()
+        };
+        assert_eq!(share(&[]), 8);
+        assert_eq!(share(&[("REINS_LIMITS__MAX_ACTIVE_CHILDREN", "3")]), 1);
+        let per_user = "REINS_LIMITS__MAX_ACTIVE_CHILDREN_PER_USER";
+        assert_eq!(share(&[(per_user, "0")]), 8, "0 stands for the default");
+        for edge in ["1", "32"] {
+            assert_eq!(share(&[(per_user, edge)]).to_string(), edge);
+        }
+        let refused = load(&[(per_user, "33")]).expect_err("33").to_string();
+        assert!(
+            refused.contains("limits.max_active_children_per_user"),
+            "{refused}"
+        );
     }
 
     #[test]

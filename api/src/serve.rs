@@ -135,6 +135,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
                     max_workflows_per_owner: config.limits.max_workflows_per_owner,
                 },
                 slots_max: config.limits.max_active_children,
+                slots_per_user_max: config.limits.active_children_per_user(),
                 lease_ms,
                 timeout_seconds: config.limits.timeout_seconds,
                 automatic_recovery: config.recovery == crate::config::Recovery::Automatic,

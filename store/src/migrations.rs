@@ -180,10 +180,16 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         postgres: include_str!("../migrations/postgres/0028_feed_numbered_in_rounds.sql"),
         sqlite: include_str!("../migrations/sqlite/0028_feed_numbered_in_rounds.sql"),
     },
+    Migration {
+        version: 29,
+        name: "slots_per_user",
+        postgres: include_str!("../migrations/postgres/0029_slots_per_user.sql"),
+        sqlite: include_str!("../migrations/sqlite/0029_slots_per_user.sql"),
+    },
 ];
 
 /// The schema version this build expects.
-pub const SCHEMA_VERSION: i64 = 28;
+pub const SCHEMA_VERSION: i64 = 29;
 
 /// The advisory-lock key PostgreSQL migrations serialise on ("reins" in ASCII).
 pub(crate) const PG_MIGRATION_LOCK: i64 = 0x0072_6569_6e73;

@@ -53,6 +53,10 @@ pub struct WorkflowStep {
     /// Child runs holding a `workflow_slots` slot across the cluster at most
     /// (`max_active_children`); a step that finds none free is queued.
     pub slots_max: u64,
+    /// Of those slots, the ones held by the steps of all the workflows of this workflow's owner
+    /// (`workflows.user_id`) at most (`max_active_children_per_user`): a step whose owner holds
+    /// them all is queued too, even with slots free, so that one user cannot take every slot.
+    pub slots_per_user_max: u64,
     /// The workflow's lease: admission happens only while it holds, in the same transaction.
     pub fence: Fence,
     /// Journal writes of the workflow that go with this admission: committed, under `fence`, in

@@ -89,6 +89,7 @@ async fn a_workflows_next_step_takes_the_very_number_its_admission_frees() {
         step_id: step_id.to_owned(),
         attempt: 1,
         slots_max: 1_000,
+        slots_per_user_max: 1_000,
         fence: lease.fence(),
         journal,
     };

@@ -6,7 +6,7 @@
 
 use serde_json::{Value, json};
 
-use crate::harness::both;
+use crate::harness::{both, eventually};
 use crate::http_api::{ADMIN, Db, Node, PASSWORD, assert_refused, initialize, launch, wait_for};
 use crate::http_client::Api;
 
@@ -733,3 +733,67 @@ async fn a_waiting_request_checks_access_again_before_it_answers() {
     let by_token = token_wait.await.expect("the token's wait");
     assert_refused(&by_token, 401, "unauthorized", "revoked");
 }
+
+/// The statuses of a workflow's steps, in order.
+async fn step_statuses(api: &mut Api, run_id: &str) -> Vec<String> {
+    let record = api
+        .call("GET", &format!("/api/v1/workflows/{run_id}"), None)
+        .await;
+    assert_eq!(record.status, 200, "{record:?}");
+    let mut statuses: Vec<String> = record.json()["steps"]
+        .as_array()
+        .map(|steps| {
+            steps
+                .iter()
+                .map(|step| step["status"].as_str().unwrap_or_default().to_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    statuses.sort();
+    statuses
+}
+
+/// One user's `parallel` of agents holds only their share of the cluster's slots
+/// (`limits.max_active_children_per_user`): another user's step starts while the first user's
+/// other steps wait `queued`. Without the share, the first user took all four slots and the
+/// second user's step waited `queued` until one of them ended (issue 29, item 7).
+async fn one_users_parallel_agents_leave_slots_for_another_user(postgres: bool) {
+    let db = Db::new(postgres).await;
+    let node = Node::start(
+        &db,
+        &[
+            ("REINS_LIMITS__MAX_ACTIVE_CHILDREN", "4".to_owned()),
+            ("REINS_LIMITS__MAX_ACTIVE_CHILDREN_PER_USER", "2".to_owned()),
+        ],
+    );
+    let mut admin = initialize(&node).await;
+    create(&mut admin, BOB, None).await;
+    let mut bob = signed_in(&node, BOB, PASSWORD).await;
+    let four = launch(
+        &mut admin,
+        r#"return await parallel([1, 2, 3, 4].map((i) => () => agent({stepId: "a" + i,
+               agentRef: "scripted", task: {sleep_ms: 20000}})));"#,
+    )
+    .await;
+    let shared = ["queued", "queued", "running", "running"];
+    eventually(
+        std::time::Duration::from_secs(20),
+        "two of the admin's steps run and two wait",
+        async || step_statuses(&mut admin, &four).await == shared,
+    )
+    .await;
+    let one = launch(
+        &mut bob,
+        r#"return await agent({stepId: "b", agentRef: "scripted", task: {sleep_ms: 20000}});"#,
+    )
+    .await;
+    eventually(
+        std::time::Duration::from_secs(20),
+        "bob's step runs beside the admin's two",
+        async || step_statuses(&mut bob, &one).await == ["running"],
+    )
+    .await;
+    assert_eq!(step_statuses(&mut admin, &four).await, shared);
+}
+
+both!(one_users_parallel_agents_leave_slots_for_another_user);

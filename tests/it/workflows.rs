@@ -604,6 +604,7 @@ on_both_backends! {
         let scripted = actors::agents::AgentConfig::Scripted { name: "scripted".into() };
         let node = TestNode::start_custom(&db, "a", 3_000, shared.path(), &[scripted], |options| {
             options.workflows.slots_max = 4;
+            options.workflows.slots_per_user_max = 4;
             options.workflows.launch_limits = store::LaunchLimits {
                 max_workflows: 100,
                 max_workflows_per_owner: 4,

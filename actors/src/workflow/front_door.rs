@@ -101,6 +101,8 @@ pub struct WorkflowsOptions {
     pub node_files: std::sync::Arc<crate::node_files::NodeFiles>,
     pub launch_limits: LaunchLimits,
     pub slots_max: u64,
+    /// The slots the steps of one user's workflows hold at most, across the cluster.
+    pub slots_per_user_max: u64,
     pub lease_ms: u64,
     /// A workflow's wall-clock limit from launch (`timeout_seconds`).
     pub timeout_seconds: u64,
@@ -301,6 +303,9 @@ pub(crate) struct WorkflowsState {
     claiming: bool,
     /// Supervisors with a step waiting for a child slot, oldest first, each once.
     slot_waiters: std::collections::VecDeque<WorkflowId>,
+    /// The user who launched each live workflow, so that a freed slot wakes the waiters of
+    /// several users rather than only the oldest ones of one user who holds their share.
+    live_users: HashMap<WorkflowId, String>,
     /// The task that hands the change bus to this actor (stopped with it).
     _listening: crate::mailbox::Task,
 }
@@ -355,6 +360,7 @@ impl Actor for Workflows {
             draining: false,
             claiming: false,
             slot_waiters: std::collections::VecDeque::new(),
+            live_users: HashMap::new(),
             _listening: listening,
         })
     }
@@ -603,6 +609,7 @@ impl Actor for Workflows {
             .collect();
         for workflow_id in ended {
             state.live.remove(&workflow_id);
+            state.live_users.remove(&workflow_id);
             state.slot_waiters.retain(|waiter| waiter != &workflow_id);
             if abandoned && !state.draining {
                 // Left live with a lease that runs out within a lease period: take it back
@@ -693,12 +700,53 @@ fn changed(myself: &ActorRef<WorkflowsMsg>, state: &mut WorkflowsState, change: 
 /// Tells up to `count` of the oldest supervisors waiting for a slot to ask again; those refused
 /// again say so anew.
 fn wake_slot_waiters(state: &mut WorkflowsState, count: usize) {
-    let count = count.min(state.slot_waiters.len());
-    for workflow_id in state.slot_waiters.drain(..count) {
+    let picked = waiters_to_wake(&state.slot_waiters, count, |workflow_id| {
+        state.live_users.get(workflow_id).map(String::as_str)
+    });
+    let mut woken = Vec::with_capacity(picked.len());
+    // Highest place first, so that each removal leaves the places still to remove as they were.
+    for place in picked.into_iter().rev() {
+        if let Some(workflow_id) = state.slot_waiters.remove(place) {
+            woken.push(workflow_id);
+        }
+    }
+    for workflow_id in woken.into_iter().rev() {
         if let Some(supervisor) = state.live.get(&workflow_id) {
             let _ = supervisor.post(WorkflowMsg::SlotFreed);
         }
     }
+}
+
+/// The places in `waiters` (oldest first) of the `count` supervisors a freed slot wakes, in
+/// ascending order: the oldest waiter of each user first, then the oldest of the others. The 16
+/// oldest alone could all be one user's, each refused again while that user holds their share
+/// of the slots (`max_active_children_per_user`), while another user's step, further back,
+/// waited for its fallback.
+fn waiters_to_wake<'a>(
+    waiters: &'a std::collections::VecDeque<WorkflowId>,
+    count: usize,
+    user_of: impl Fn(&WorkflowId) -> Option<&'a str>,
+) -> Vec<usize> {
+    let count = count.min(waiters.len());
+    if count == waiters.len() {
+        return (0..count).collect();
+    }
+    let mut users = std::collections::HashSet::new();
+    let mut picked: Vec<usize> = waiters
+        .iter()
+        .enumerate()
+        .filter(|(_, workflow_id)| users.insert(user_of(workflow_id)))
+        .map(|(place, _)| place)
+        .take(count)
+        .collect();
+    let first_of_each = picked.clone();
+    picked.extend(
+        (0..waiters.len())
+            .filter(|place| !first_of_each.contains(place))
+            .take(count - first_of_each.len()),
+    );
+    picked.sort_unstable();
+    picked
 }
 
 /// Checks a launch before anything is written and turns it into the row to launch.
@@ -1198,6 +1246,7 @@ async fn start_supervisor(
             capture_timeout: options.capture_timeout,
             node_files: std::sync::Arc::clone(&options.node_files),
             slots_max: options.slots_max,
+            slots_per_user_max: options.slots_per_user_max,
             cancel_window_ms: options.lease_ms * 2,
             timeout_ms: options.timeout_seconds.saturating_mul(1000),
             start,
@@ -1214,6 +1263,9 @@ async fn start_supervisor(
         reason: e.to_string(),
     })?;
     state.live.insert(workflow.workflow_id.clone(), supervisor);
+    state
+        .live_users
+        .insert(workflow.workflow_id.clone(), workflow.user_id);
     Ok(Launched {
         workflow_id: workflow.workflow_id,
         created: true,
@@ -1584,5 +1636,38 @@ impl WorkflowsHandle {
     /// The workflows supervised on this node.
     pub async fn live(&self) -> Result<Vec<WorkflowId>, Error> {
         self.call(|reply| WorkflowsMsg::Live { reply }).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::VecDeque;
+
+    use super::waiters_to_wake;
+    use store::WorkflowId;
+
+    fn waiters(users: &[&'static str]) -> (VecDeque<WorkflowId>, Vec<&'static str>) {
+        let ids = (0..users.len()).map(|n| WorkflowId::new(format!("wf-{n}")));
+        (ids.collect(), users.to_vec())
+    }
+
+    fn wake(users: &[&'static str], count: usize) -> Vec<usize> {
+        let (queue, owners) = waiters(users);
+        waiters_to_wake(&queue, count, |workflow_id| {
+            let place = queue.iter().position(|w| w == workflow_id)?;
+            owners.get(place).copied()
+        })
+    }
+
+    #[test]
+    fn a_freed_slot_wakes_the_oldest_waiter_of_each_user_before_more_of_one_user() {
+        // Ann's three waiters are the oldest; Bob's, behind them, is woken with her first.
+        assert_eq!(wake(&["ann", "ann", "ann", "bob"], 2), [0, 3]);
+        // Fewer users than wakes: the oldest of the rest make up the count.
+        assert_eq!(wake(&["ann", "ann", "ann", "bob", "ann"], 3), [0, 1, 3]);
+        // One user only, or room for all: the oldest, as before.
+        assert_eq!(wake(&["ann", "ann", "ann"], 2), [0, 1]);
+        assert_eq!(wake(&["ann", "bob"], 16), [0, 1]);
+        assert_eq!(wake(&[], 16), Vec::<usize>::new());
     }
 }

@@ -230,6 +230,8 @@ pub(crate) struct MachineConfig {
     pub agents: Arc<AgentRegistry>,
     pub limits: runtime::Limits,
     pub slots_max: u64,
+    /// The slots the steps of one user's workflows hold at most (`max_active_children_per_user`).
+    pub slots_per_user_max: u64,
     /// `console.log` lines kept as events per workflow at most, and their bytes.
     pub log_events_max: u64,
     pub log_event_bytes_max: u64,
@@ -1121,6 +1123,7 @@ impl WorkflowMachine {
                 step_id: command.step_id.clone(),
                 attempt,
                 slots_max: self.config.slots_max,
+                slots_per_user_max: self.config.slots_per_user_max,
                 fence: self.config.fence.clone(),
                 journal: carried.map_or_else(Vec::new, |carried| {
                     let mut journal = carried.before.ops.clone();
@@ -2082,6 +2085,7 @@ mod tests {
             agents: Arc::new(AgentRegistry::default()),
             limits: runtime::Limits::default(),
             slots_max: 4,
+            slots_per_user_max: 2,
             log_events_max: 10,
             log_event_bytes_max: 1_000,
             cancel_window_ms: 2_000,
@@ -2352,7 +2356,10 @@ mod tests {
         assert_eq!(request.run_id, Some(RunId::new("run-new")));
         assert_eq!(request.idempotency_key.as_deref(), Some("wf-1/a/1"));
         let step = request.step.as_ref().expect("a workflow step");
-        assert_eq!((step.fence.epoch, step.slots_max), (Epoch::new(3), 4));
+        assert_eq!(
+            (step.fence.epoch, step.slots_max, step.slots_per_user_max),
+            (Epoch::new(3), 4, 2)
+        );
         assert_eq!(op(&step.journal[0]), "step a running");
 
         let started = Admission::Started(run_row(&RunId::from("run-new"), RunStatus::Running));

@@ -111,6 +111,7 @@ pub(crate) struct WorkflowArgs {
     /// The node's own files, which no capture opens.
     pub node_files: std::sync::Arc<crate::node_files::NodeFiles>,
     pub slots_max: u64,
+    pub slots_per_user_max: u64,
     /// How long a cancellation waits for its child runs to stop before it gives up on observing
     /// them (and the workflow needs reconciliation).
     pub cancel_window_ms: u64,
@@ -442,6 +443,7 @@ impl Actor for WorkflowSupervisor {
                 agents: args.agents,
                 limits: args.limits,
                 slots_max: args.slots_max,
+                slots_per_user_max: args.slots_per_user_max,
                 log_events_max: args.log_events_max,
                 log_event_bytes_max: args.log_event_bytes_max,
                 cancel_window_ms: args.cancel_window_ms,

@@ -31,7 +31,9 @@ macro_rules! select_run {
 
 // Admissions with a slot claim a free slot number below `slots_max` in `reins_claim_slot`
 // (migration 7): each number is held once (a unique index), so at most `slots_max` slots are held
-// across the cluster, and two admissions wait on each other only for the same number.
+// across the cluster, and two admissions wait on each other only for the same number. Before
+// that, the workflow's owner must hold fewer than `slots_per_user_max` (migration 29; two
+// admissions of one user wait on each other for that count).
 
 pub(super) fn decode(row: &Row) -> Result<RunRow> {
     let run_id: RunId = row.get(0);
@@ -122,7 +124,7 @@ const INSERT_RUN_SQL: &str = concat!(
     run_columns!()
 );
 
-const CLAIM_SLOT_SQL: &str = "SELECT reins_claim_slot($1, $2, $3, $4)";
+const CLAIM_SLOT_SQL: &str = "SELECT reins_claim_slot($1, $2, $3, $4, $5)";
 
 pub(super) async fn prepare_admit(client: &Object, step: &WorkflowStep) -> Result<AdmitStatements> {
     let insert = client.prepare_cached(INSERT_RUN_SQL).await?;
@@ -204,8 +206,14 @@ pub(super) async fn admit_body(
         .map(|op| op_params(&step.fence, op))
         .collect();
     let slots_max = i64::try_from(step.slots_max).unwrap_or(i64::MAX);
-    let claim_params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] =
-        [&step.workflow_id, &step.step_id, &step.attempt, &slots_max];
+    let slots_per_user_max = i64::try_from(step.slots_per_user_max).unwrap_or(i64::MAX);
+    let claim_params: [&(dyn tokio_postgres::types::ToSql + Sync); 5] = [
+        &step.workflow_id,
+        &step.step_id,
+        &step.attempt,
+        &slots_max,
+        &slots_per_user_max,
+    ];
     let (fenced, inserted, journaled, claimed) = tokio::join!(
         client.execute(&statements.fence, &fenced_by),
         client.query_one(&statements.insert, &insert_params),

@@ -7,7 +7,7 @@ use crate::lease::ttl_seconds;
 use crate::runs::{answered, pending_answer, pending_request_id, replay, status_after_answer};
 use crate::{
     Admission, ApprovalAnswer, CancelAction, Error, NewRun, Result, RunId, RunOutcome, RunRenewal,
-    RunRow, RunStatus, SlotRow, WriteOp,
+    RunRow, RunStatus, SlotRow, WorkflowId, WriteOp,
 };
 
 /// The change a durable cancel request makes to a live run: the first action asked for stands,
@@ -22,6 +22,13 @@ pub(super) fn ask_to_cancel(action: CancelAction) -> impl Fn(&mut RunRow) {
 }
 
 impl State {
+    /// The user who launched the workflow (`workflows.user_id`), if it is stored.
+    fn user_of(&self, workflow_id: &WorkflowId) -> Option<&str> {
+        self.workflows
+            .get(workflow_id)
+            .map(|workflow| workflow.row.user_id.as_str())
+    }
+
     fn admit(&mut self, run: NewRun, now: f64) -> Result<Admission> {
         if let Some(step) = &run.step {
             self.check_fence(&step.fence, now)?;
@@ -42,24 +49,40 @@ impl State {
             if !held {
                 // The slots the carried journal gives back are free for this step (the real
                 // stores apply the journal before they claim).
-                let released = step
+                let released: Vec<&WorkflowId> = step
                     .journal
                     .iter()
-                    .filter(|op| match op {
+                    .filter_map(|op| match op {
                         WriteOp::ReleaseSlot {
                             workflow_id,
                             step_id,
-                        } => self
+                        } if self
                             .slots
-                            .contains_key(&(workflow_id.clone(), step_id.clone())),
-                        _ => false,
+                            .contains_key(&(workflow_id.clone(), step_id.clone())) =>
+                        {
+                            Some(workflow_id)
+                        }
+                        _ => None,
                     })
-                    .count();
-                let taken = self.slots.len().saturating_sub(released);
+                    .collect();
+                let taken = self.slots.len().saturating_sub(released.len());
                 if u64::try_from(taken).unwrap_or(u64::MAX) >= step.slots_max {
                     return Ok(Admission::Queued);
                 }
                 self.exists(&step.workflow_id)?;
+                // The owner's share: the slots of all their workflows' steps, less those the
+                // carried journal gives back.
+                let user = self.user_of(&step.workflow_id);
+                let held_by_user = |workflow_id: &WorkflowId| self.user_of(workflow_id) == user;
+                let taken_by_user = self
+                    .slots
+                    .keys()
+                    .filter(|(workflow_id, _)| held_by_user(workflow_id))
+                    .count()
+                    .saturating_sub(released.iter().filter(|w| held_by_user(w)).count());
+                if u64::try_from(taken_by_user).unwrap_or(u64::MAX) >= step.slots_per_user_max {
+                    return Ok(Admission::Queued);
+                }
             }
         }
         let thread_busy = self

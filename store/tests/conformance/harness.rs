@@ -235,11 +235,22 @@ pub(crate) use conformance;
 
 /// A workflow launched without limits (and its first lease, held by `owner`).
 pub async fn workflow<S: Subject>(store: &S, id: &str, owner: &str, lease_ms: u64) -> Lease {
+    workflow_of(store, id, "tester", owner, lease_ms).await
+}
+
+/// A running workflow of `user_id`, leased by `owner`.
+pub async fn workflow_of<S: Subject>(
+    store: &S,
+    id: &str,
+    user_id: &str,
+    owner: &str,
+    lease_ms: u64,
+) -> Lease {
     let launched = store
         .launch_workflow(
             NewWorkflow {
                 workflow_id: store::WorkflowId::new(id),
-                user_id: "tester".into(),
+                user_id: user_id.into(),
                 request_id: None,
                 fingerprint: "fp".into(),
                 data: json!({}),

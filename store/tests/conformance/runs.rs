@@ -8,7 +8,8 @@ use serde_json::{Value, json};
 use store::{Admission, CancelAction, Error, NewRun, RunOutcome, RunStatus, WorkflowStep};
 use tokio::sync::Barrier;
 
-use crate::harness::{Subject, conformance, workflow};
+use crate::harness::{Subject, conformance, workflow, workflow_of};
+use store::Lease;
 
 /// A run of `agent` on `thread`, owned by `owner`.
 pub fn new_run(run_id: &str, thread: &str, owner: &str) -> NewRun {
@@ -121,6 +122,7 @@ conformance! {
             step_id: step_id.to_owned(),
             attempt: 1,
             slots_max: 1,
+            slots_per_user_max: 1,
             fence: lease.fence(),
             journal,
         };
@@ -138,6 +140,54 @@ conformance! {
 }
 
 conformance! {
+    /// One user's steps hold at most `slots_per_user_max` slots across all their workflows, even
+    /// with slots free: the next is queued while another user's step is admitted, and admitted
+    /// once one of the first user's slots is given back (or carried back by its own admission).
+    async fn a_user_holding_their_share_of_slots_is_queued_while_another_user_is_admitted(db) {
+        let store = db.store().await;
+        let ann_1 = workflow_of(&*store, "wf-ann-1", "ann", "node-a", 60_000).await;
+        let ann_2 = workflow_of(&*store, "wf-ann-2", "ann", "node-a", 60_000).await;
+        let bob = workflow_of(&*store, "wf-bob", "bob", "node-a", 60_000).await;
+        let step = |lease: &Lease, step_id: &str, journal: Vec<store::WriteOp>| {
+            let workflow_id = lease.fence().resource_id;
+            NewRun {
+                step: Some(WorkflowStep {
+                    workflow_id: workflow_id.as_str().into(),
+                    step_id: step_id.to_owned(),
+                    attempt: 1,
+                    slots_max: 4,
+                    slots_per_user_max: 2,
+                    fence: lease.fence(),
+                    journal,
+                }),
+                ..new_run(&format!("run-{workflow_id}-{step_id}"), &format!("t-{workflow_id}-{step_id}"), "node-a")
+            }
+        };
+        admitted(&*store, step(&ann_1, "s1", Vec::new())).await;
+        admitted(&*store, step(&ann_2, "s1", Vec::new())).await;
+        // Ann holds her two slots, in two workflows: her third step waits, with two slots free.
+        let waiting = step(&ann_1, "s2", Vec::new());
+        assert_eq!(store.admit_run(waiting.clone()).await.expect("admit"), Admission::Queued);
+        assert_eq!(store.read_run(&store::RunId::from("run-wf-ann-1-s2")).await.expect("read"), None);
+        assert_eq!(store.count_slots().await.expect("slots"), 2);
+        // Bob's step takes a free slot.
+        admitted(&*store, step(&bob, "s1", Vec::new())).await;
+        assert_eq!(store.count_slots().await.expect("slots"), 3);
+        // A step of Ann's that gives back her own slot in its admission keeps her place.
+        let release = |lease: &Lease, step_id: &str| store::WriteOp::ReleaseSlot {
+            workflow_id: lease.fence().resource_id.as_str().into(),
+            step_id: step_id.into(),
+        };
+        admitted(&*store, step(&ann_2, "s2", vec![release(&ann_2, "s1")])).await;
+        assert_eq!(store.admit_run(waiting.clone()).await.expect("admit"), Admission::Queued);
+        // One of her slots given back: her waiting step is admitted.
+        store.fenced_write(&ann_1.fence(), vec![release(&ann_1, "s1")]).await.expect("release a slot");
+        admitted(&*store, waiting).await;
+        assert_eq!(store.count_slots().await.expect("slots"), 3);
+    }
+}
+
+conformance! {
     async fn a_step_without_a_free_slot_is_queued_and_a_stale_fence_admits_nothing(db) {
         let store = db.store().await;
         let lease = workflow(&*store, "wf", "node-a", 60_000).await;
@@ -146,6 +196,7 @@ conformance! {
             step_id: step_id.to_owned(),
             attempt: 1,
             slots_max: 2,
+            slots_per_user_max: 2,
             fence: lease.fence(),
             journal: Vec::new(),
         };
@@ -195,6 +246,7 @@ conformance! {
             step_id: step_id.to_owned(),
             attempt: 1,
             slots_max,
+            slots_per_user_max: slots_max,
             fence: lease.fence(),
             journal: vec![put(step_id, "running")],
         };
@@ -243,6 +295,7 @@ conformance! {
             step_id: "s".into(),
             attempt: 1,
             slots_max,
+            slots_per_user_max: slots_max,
             fence: fences[n].clone(),
             journal: Vec::new(),
         };
@@ -289,6 +342,48 @@ conformance! {
 }
 
 conformance! {
+    /// Racing admissions of one user's workflows, with slots to spare, hold exactly the user's
+    /// share: two claims of one user never both see room for one more.
+    async fn racing_admissions_of_one_user_hold_exactly_their_share(db) {
+        let store = db.store().await;
+        let mut fences = Vec::new();
+        for n in 0..12 {
+            fences.push(workflow(&*store, &format!("wf-{n}"), "node-a", 60_000).await.fence());
+        }
+        let run = |n: usize| NewRun {
+            step: Some(WorkflowStep {
+                workflow_id: format!("wf-{n}").into(),
+                step_id: "s".into(),
+                attempt: 1,
+                slots_max: 12,
+                slots_per_user_max: 3,
+                fence: fences[n].clone(),
+                journal: Vec::new(),
+            }),
+            ..new_run(&format!("run-{n}"), &format!("t-{n}"), "node-a")
+        };
+        let start = Arc::new(Barrier::new(12));
+        let racers: Vec<_> = (0..12)
+            .map(|n| {
+                let (store, start, run) = (Arc::clone(&store), Arc::clone(&start), run(n));
+                tokio::spawn(async move {
+                    start.wait().await;
+                    store.admit_run(run).await.expect("admit")
+                })
+            })
+            .collect();
+        let mut held = 0;
+        for racer in racers {
+            if matches!(racer.await.expect("join"), Admission::Admitted(_)) {
+                held += 1;
+            }
+        }
+        assert_eq!(held, 3);
+        assert_eq!(store.count_slots().await.expect("slots"), 3);
+    }
+}
+
+conformance! {
     async fn a_max_of_zero_admits_none_and_racing_admissions_fill_a_wide_max_exactly(db) {
         // With 40 of 48 numbers free at first, claims take random numbers; the last ones find
         // them taken and count. Either way exactly the max is held.
@@ -305,6 +400,7 @@ conformance! {
                 step_id: "s".into(),
                 attempt: 1,
                 slots_max,
+                slots_per_user_max: slots_max,
                 fence: fences[n].clone(),
                 journal: Vec::new(),
             }),

@@ -468,7 +468,7 @@ conformance! {
             run_id: "run".into(), thread_id: "thread".into(), agent: "echo".into(),
             owner: "node".into(), lease_ms: 60_000, idempotency: None, metadata: json!({}),
             step: Some(WorkflowStep {
-                workflow_id: "wf".into(), step_id: "s".into(), attempt: 1, slots_max: 8,
+                workflow_id: "wf".into(), step_id: "s".into(), attempt: 1, slots_max: 8, slots_per_user_max: 8,
                 fence: lease.fence(),
                 journal: vec![WriteOp::PutStep {
                     workflow_id: "wf".into(), seq: 0, step_id: "s".into(), attempt: 1,
@@ -531,7 +531,7 @@ conformance! {
             run_id: "run".into(), thread_id: "thread".into(), agent: "echo".into(),
             owner: "node".into(), lease_ms: 60_000, idempotency: None, metadata: json!({}),
             step: Some(WorkflowStep {
-                workflow_id: "wf".into(), step_id: "ask".into(), attempt: 1, slots_max: 8,
+                workflow_id: "wf".into(), step_id: "ask".into(), attempt: 1, slots_max: 8, slots_per_user_max: 8,
                 fence: lease.fence(), journal: Vec::new(),
             }),
         };

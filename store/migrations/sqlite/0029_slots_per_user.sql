@@ -1,0 +1,2 @@
+-- Migration 29 of PostgreSQL adds a user's share to its slot claim function. SQLite counts a
+-- user's slots in the admission's transaction (`sqlite/runs.rs`): nothing changes here.
