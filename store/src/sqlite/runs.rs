@@ -243,19 +243,23 @@ fn admit(connection: &Connection, ready: &Ready) -> Result<Admitted> {
             if u64::try_from(taken - released).unwrap_or(u64::MAX) >= step.slots_max {
                 return Ok(Admitted::Other(Admission::Queued));
             }
-            // The owner's share across the cluster. The carried journal is the workflow's own
-            // (under its fence), so the slots it gives back are the owner's.
-            let taken_by_user: i64 = connection
-                .prepare_cached(
-                    "SELECT count(*) FROM workflow_slots AS s
-                       JOIN workflows AS w ON w.id = s.workflow
-                      WHERE w.user_id = (SELECT user_id FROM workflows WHERE id = ?1)",
-                )?
-                .query_row(params![step.workflow_id], |row| row.get(0))?;
-            if u64::try_from(taken_by_user - released).unwrap_or(u64::MAX)
-                >= step.slots_per_user_max
-            {
-                return Ok(Admitted::Other(Admission::Queued));
+            // The owner's share across the cluster, counted only when the cluster holds as many
+            // slots as a share (fewer cannot all be the owner's): the count runs on the one
+            // writer thread. The carried journal is the workflow's own (under its fence), so the
+            // slots it gives back are the owner's.
+            if u64::try_from(taken - released).unwrap_or(u64::MAX) >= step.slots_per_user_max {
+                let taken_by_user: i64 = connection
+                    .prepare_cached(
+                        "SELECT count(*) FROM workflow_slots AS s
+                           JOIN workflows AS w ON w.id = s.workflow
+                          WHERE w.user_id = (SELECT user_id FROM workflows WHERE id = ?1)",
+                    )?
+                    .query_row(params![step.workflow_id], |row| row.get(0))?;
+                if u64::try_from(taken_by_user - released).unwrap_or(u64::MAX)
+                    >= step.slots_per_user_max
+                {
+                    return Ok(Admitted::Other(Admission::Queued));
+                }
             }
             connection
                 .prepare_cached(
