@@ -377,8 +377,9 @@ pub struct Limits {
     pub max_workflows_per_owner: u64,
     pub max_active_children: u64,
     /// The slots the agent steps of one user's workflows hold at most across the cluster, so
-    /// that one user cannot take every slot; 0 (the default) stands for a quarter of
-    /// `max_active_children`, at least 1. See [`Limits::active_children_per_user`].
+    /// that one user cannot take every slot; 0 (the default) is no share: every slot. The share
+    /// holds even when nobody else waits (it halved a single user's steps/s at a quarter), so
+    /// it is for nodes of several users. See [`Limits::active_children_per_user`].
     pub max_active_children_per_user: u64,
     pub timeout_seconds: u64,
     /// The memory all loaded scripts of the node may use together (parked ones hold none).
@@ -494,10 +495,10 @@ impl Default for ShutdownConfig {
 
 impl Limits {
     /// The share of the cluster's agent slots one user's steps hold at most: the configured
-    /// `max_active_children_per_user`, or for 0 a quarter of `max_active_children` (at least 1).
+    /// `max_active_children_per_user`, or for 0 every slot (`max_active_children`).
     pub fn active_children_per_user(&self) -> u64 {
         match self.max_active_children_per_user {
-            0 => (self.max_active_children / 4).max(1),
+            0 => self.max_active_children,
             per_user => per_user,
         }
     }
@@ -1096,7 +1097,7 @@ mod tests {
     }
 
     #[test]
-    fn a_users_share_of_the_slots_defaults_to_a_quarter_and_is_bounded_by_the_cluster() {
+    fn a_users_share_of_the_slots_is_every_slot_by_default_and_bounded_by_the_cluster() {
         let load = |vars: &[(&str, &str)]| Config::load(None, env(vars));
         let share = |vars: &[(&str, &str)]| {
             load(vars)
@@ -1105,10 +1106,10 @@ mod tests {
                 .limits
                 .active_children_per_user()
         };
-        assert_eq!(share(&[]), 8);
-        assert_eq!(share(&[("REINS_LIMITS__MAX_ACTIVE_CHILDREN", "3")]), 1);
+        assert_eq!(share(&[]), 32);
+        assert_eq!(share(&[("REINS_LIMITS__MAX_ACTIVE_CHILDREN", "3")]), 3);
         let per_user = "REINS_LIMITS__MAX_ACTIVE_CHILDREN_PER_USER";
-        assert_eq!(share(&[(per_user, "0")]), 8, "0 stands for the default");
+        assert_eq!(share(&[(per_user, "0")]), 32, "0 stands for the default");
         for edge in ["1", "32"] {
             assert_eq!(share(&[(per_user, edge)]).to_string(), edge);
         }
