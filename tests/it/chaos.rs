@@ -30,8 +30,6 @@ use crate::http_client::{Answer, Api};
 use crate::private_pg::PrivatePg;
 
 const SECRET: &str = "chaos-secret-shared-by-the-three-nodes-0123456789";
-const ADMIN: &str = "chaos@example.com";
-const PASSWORD: &str = "chaos password long enough";
 /// How long one HTTP call may take before the test treats its outcome as unknown.
 const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 /// How many workflows the test keeps alive while the faults go on.
@@ -439,23 +437,7 @@ async fn chaos_on_three_nodes_and_a_restarting_postgresql_keeps_every_invariant(
     for node in 0..3 {
         cluster.start(node).await;
     }
-    let mut admin = Api::new(cluster.nodes[0].addr);
-    let created = admin
-        .call(
-            "POST",
-            "/api/v1/auth/initialize",
-            Some(json!({"email": ADMIN, "password": PASSWORD})),
-        )
-        .await;
-    assert_eq!(created.status, 201, "{created:?}");
-    let token = admin
-        .call(
-            "POST",
-            "/api/v1/auth/tokens",
-            Some(json!({"name": "chaos"})),
-        )
-        .await;
-    cluster.token = token.json()["token"].as_str().expect("token").to_owned();
+    cluster.token = crate::http_api::admin_token(cluster.nodes[0].addr, "chaos").await;
 
     let mut tracked: BTreeMap<String, Tracked> = BTreeMap::new();
     let mut faults: Vec<String> = Vec::new();

@@ -129,6 +129,23 @@ impl Node {
 pub const ADMIN: &str = "admin@example.com";
 pub const PASSWORD: &str = "correct horse battery";
 
+/// Creates the first admin on the node at `addr` and returns an API token of theirs named `name`.
+pub async fn admin_token(addr: SocketAddr, name: &str) -> String {
+    let mut admin = Api::new(addr);
+    let created = admin
+        .call(
+            "POST",
+            "/api/v1/auth/initialize",
+            Some(json!({"email": ADMIN, "password": PASSWORD})),
+        )
+        .await;
+    assert_eq!(created.status, 201, "{created:?}");
+    let token = admin
+        .call("POST", "/api/v1/auth/tokens", Some(json!({"name": name})))
+        .await;
+    token.json()["token"].as_str().expect("token").to_owned()
+}
+
 /// Creates the first admin on `node` and returns a client signed in as them.
 pub async fn initialize(node: &Node) -> Api {
     let mut api = node.api();

@@ -403,23 +403,7 @@ async fn a_node_cut_off_from_postgresql_answers_again_within_seconds_of_the_heal
     let mut a = net.serve(a_dir.path(), a_addr, &a_env);
     a.wait_ready(Duration::from_secs(30));
 
-    let mut admin = Api::new(b_addr);
-    let created = admin
-        .call(
-            "POST",
-            "/api/v1/auth/initialize",
-            Some(json!({"email": "partition@example.com", "password": "partition password long"})),
-        )
-        .await;
-    assert_eq!(created.status, 201, "{created:?}");
-    let token = admin
-        .call(
-            "POST",
-            "/api/v1/auth/tokens",
-            Some(json!({"name": "partition"})),
-        )
-        .await;
-    let token = token.json()["token"].as_str().expect("token").to_owned();
+    let token = crate::http_api::admin_token(b_addr, "partition").await;
     let api = |addr| {
         let mut api = Api::new(addr);
         api.bearer = Some(token.clone());
