@@ -45,7 +45,7 @@ pub use runs::{
 pub use sim::{SimClock, SimStore};
 pub use status::{COUNTED_STATUSES, LIVE_STATUSES, RunStatus, StepStatus, WorkflowStatus};
 pub use users::{
-    NewToken, NewUser, Role, TokenRow, UserChange, UserChanged, UserDeletion, UserRow,
+    NewToken, NewUser, Role, TokenRow, UserChange, UserChanged, UserDeletion, UserRow, UserStorage,
 };
 pub use workflows::{
     ControlRow, ControlWrite, Deletion, Launch, LaunchLimits, ListCursor, ListFilter,

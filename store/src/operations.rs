@@ -20,7 +20,7 @@ use crate::{
     MigrationReport, NewControl, NewRun, NewToken, NewUser, NewWorkflow, NodeRecord, Orphaned,
     Purpose, Result, RunId, RunOutcome, RunRenewal, RunRow, RunStatus, SlotRow, Snapshot,
     StatusCount, StepRow, Store, TakeOver, TokenRow, UserChange, UserChanged, UserDeletion,
-    UserRow, Versions, WorkflowId, WorkflowRow, WriteOp, retry,
+    UserRow, UserStorage, Versions, WorkflowId, WorkflowRow, WriteOp, retry,
 };
 
 /// Calls an operation on a real backend: its inherent method of the same name and arguments, or
@@ -255,7 +255,8 @@ operations! {
         /// whatever its versions, flagged, since only a cancel takeover may finish it.
         read RecoverableWorkflows:
         fn recoverable_workflows(&self, limit: u32, versions: &Versions) -> Vec<Orphaned>;
-        /// Deletes a terminal workflow with its journal, controls, artifacts, slots and lease.
+        /// Deletes a terminal workflow with its journal, controls, artifacts, slots and lease, and
+        /// gives its grant of stored bytes back to its owner's quota.
         write DeleteWorkflow: fn delete_workflow(&self, workflow_id: &WorkflowId) -> Deletion;
         /// A page of workflows, newest first.
         read ListWorkflows: fn list_workflows(&self, filter: ListFilter) -> Vec<ListedWorkflow>;
@@ -430,6 +431,10 @@ operations! {
         read ListTokens: fn list_tokens(&self, user_id: &str) -> Vec<TokenRow>;
         /// Revokes one of a user's tokens. `false` when it does not exist or was revoked before.
         write RevokeToken: fn revoke_token(&self, user_id: &str, token_id: &str) -> bool;
+        /// The bytes `user_id`'s workflows store, or every user's who stores any, by user id:
+        /// what [`WriteOp::TakeStorage`] holds to a quota. A user who never stored anything has
+        /// no entry.
+        read StoredBytes: fn stored_bytes(&self, user_id: Option<&str>) -> Vec<UserStorage>;
     }
 
     /// What operators and metrics read, and the nodes that started on this database.

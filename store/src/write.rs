@@ -67,6 +67,19 @@ pub enum WriteOp {
         max_workflows: i64,
         max_workflows_per_owner: i64,
     },
+    /// Grow this workflow's grant of stored bytes by `bytes`, taken from its owner's quota: the
+    /// owner's stored bytes (the sum of their workflows' grants) may not pass `bytes_max` (0: no
+    /// quota), or the write is refused ([`crate::Limit::StoredBytes`]). A workflow's artifacts
+    /// are stored inside its grant, so this is the one write that checks the quota, and the one
+    /// that orders a user's writes on every node.
+    TakeStorage {
+        workflow_id: WorkflowId,
+        bytes: i64,
+        bytes_max: i64,
+    },
+    /// Give back to the owner's quota what this workflow's grant holds beyond its artifacts'
+    /// bytes. The write that ends a workflow carries it, after its last artifact.
+    ReturnStorage { workflow_id: WorkflowId },
     /// Keep `console.log` lines as `log` events of the workflow, within its durable bounds: at
     /// most `events_max` lines and `bytes_max` bytes of lines per workflow, whichever node ran
     /// it; the first line over either is replaced by one `log_truncated` event, and later ones

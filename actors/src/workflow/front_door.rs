@@ -1071,6 +1071,7 @@ async fn reconcile(
             store::Limit::Workflows => limits.max_workflows,
             store::Limit::WorkflowsPerOwner => limits.max_workflows_per_owner,
             store::Limit::TokensPerUser { max } => u64::from(*max),
+            store::Limit::StoredBytes { max, .. } => u64::try_from(*max).unwrap_or(0),
         };
         return Err(Error::LimitReached { limit: *limit, max });
     }

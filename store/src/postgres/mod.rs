@@ -667,6 +667,8 @@ pub(super) fn op_sql(op: &WriteOp) -> &'static str {
                FROM reins_launch_guard($2, NULL, $3, $4, $5) AS guard WHERE w.id = $1"
         }
         WriteOp::ReleaseSlots { .. } => "DELETE FROM workflow_slots WHERE workflow = $1",
+        WriteOp::TakeStorage { .. } => "SELECT reins_take_storage($1, $2, $3)",
+        WriteOp::ReturnStorage { .. } => "SELECT reins_return_storage($1)",
         WriteOp::PutLogs { .. } => "SELECT reins_log($1, $2, $3, $4)",
         WriteOp::ReleaseLease => {
             "UPDATE extension_execution_leases SET expires_at = reins_now()
@@ -718,9 +720,14 @@ pub(super) fn op_params<'a>(fence: &'a Fence, op: &'a WriteOp) -> Vec<&'a (dyn T
             step_id,
             attempt,
         } => vec![workflow_id, step_id, attempt],
-        WriteOp::CancelRuns { workflow_id } | WriteOp::ReleaseSlots { workflow_id } => {
-            vec![workflow_id]
-        }
+        WriteOp::CancelRuns { workflow_id }
+        | WriteOp::ReleaseSlots { workflow_id }
+        | WriteOp::ReturnStorage { workflow_id } => vec![workflow_id],
+        WriteOp::TakeStorage {
+            workflow_id,
+            bytes,
+            bytes_max,
+        } => vec![workflow_id, bytes, bytes_max],
         WriteOp::TakePlaces {
             workflow_id,
             user_id,

@@ -92,6 +92,8 @@ struct Workflow {
     log_dropped: i64,
     steps: BTreeMap<(String, i32), Step>,
     artifacts: BTreeMap<i64, Artifact>,
+    /// The bytes its artifacts may take: its part of its owner's stored bytes.
+    granted_bytes: i64,
     events: Vec<Event>,
 }
 
@@ -120,6 +122,8 @@ struct State {
     inserted: u64,
     /// Users, sessions, API tokens and nodes.
     people: users::People,
+    /// Each user's stored bytes: the sum of their workflows' grants (`user_storage`).
+    stored_bytes: BTreeMap<String, i64>,
 }
 
 impl SimStore {
@@ -332,6 +336,8 @@ impl State {
     fn check_ops(&self, ops: &[WriteOp]) -> Result<()> {
         let mut statuses: BTreeMap<&WorkflowId, WorkflowStatus> = BTreeMap::new();
         let mut versions: Vec<(&WorkflowId, i64)> = Vec::new();
+        // Grants taken earlier in the list, by user.
+        let mut taken: BTreeMap<&str, i64> = BTreeMap::new();
         for op in ops {
             match op {
                 WriteOp::SetWorkflow {
@@ -365,7 +371,19 @@ impl State {
                 } => {
                     self.check_places(user_id, *max_workflows, *max_workflows_per_owner, &statuses)?
                 }
+                WriteOp::TakeStorage {
+                    workflow_id,
+                    bytes,
+                    bytes_max,
+                } => {
+                    self.exists(workflow_id)?;
+                    let user_id = self.workflows[workflow_id].row.user_id.as_str();
+                    let earlier = taken.entry(user_id).or_default();
+                    self.check_storage(user_id, *earlier, *bytes, *bytes_max)?;
+                    *earlier += bytes;
+                }
                 WriteOp::MarkControlApplied { .. }
+                | WriteOp::ReturnStorage { .. }
                 | WriteOp::CloseStepRuns { .. }
                 | WriteOp::CancelRuns { .. }
                 | WriteOp::ReleaseSlot { .. }
@@ -402,6 +420,19 @@ impl State {
         }
         if counted(Some(user_id)) >= max_workflows_per_owner {
             return Err(Error::LimitReached(crate::Limit::WorkflowsPerOwner));
+        }
+        Ok(())
+    }
+
+    /// Refuses a grant of `bytes` more to `user_id`, who takes `earlier` in the same write, when
+    /// their stored bytes would pass `bytes_max` (0: no quota).
+    fn check_storage(&self, user_id: &str, earlier: i64, bytes: i64, bytes_max: i64) -> Result<()> {
+        let stored = self.stored_bytes.get(user_id).copied().unwrap_or(0) + earlier;
+        if bytes_max > 0 && stored.saturating_add(bytes) > bytes_max {
+            return Err(Error::LimitReached(crate::Limit::StoredBytes {
+                stored,
+                max: bytes_max,
+            }));
         }
         Ok(())
     }
@@ -520,6 +551,30 @@ impl State {
                 *max_workflows_per_owner,
                 &BTreeMap::new(),
             )?,
+            WriteOp::TakeStorage {
+                workflow_id,
+                bytes,
+                bytes_max,
+            } => {
+                let user_id = self.workflow_mut(workflow_id)?.row.user_id.clone();
+                self.check_storage(&user_id, 0, *bytes, *bytes_max)?;
+                self.workflow_mut(workflow_id)?.granted_bytes += bytes;
+                *self.stored_bytes.entry(user_id).or_default() += bytes;
+            }
+            WriteOp::ReturnStorage { workflow_id } => {
+                let workflow = self.workflow_mut(workflow_id)?;
+                let used: usize = workflow
+                    .artifacts
+                    .values()
+                    .map(|artifact| artifact.row.content.len())
+                    .sum();
+                let spare = workflow.granted_bytes - i64::try_from(used).unwrap_or(i64::MAX);
+                if spare > 0 {
+                    workflow.granted_bytes -= spare;
+                    let user_id = workflow.row.user_id.clone();
+                    *self.stored_bytes.entry(user_id).or_default() -= spare;
+                }
+            }
             WriteOp::PutLogs {
                 workflow_id,
                 lines,

@@ -7,7 +7,8 @@ use super::{SimStore, State};
 use crate::users::leaves_no_admin;
 use crate::{
     Error, NewToken, NewUser, NodeRecord, Result, RunStatus, SlotRow, StatusCount, StepStatus,
-    TokenRow, UserChange, UserChanged, UserDeletion, UserRow, WorkflowId, WorkflowStatus,
+    TokenRow, UserChange, UserChanged, UserDeletion, UserRow, UserStorage, WorkflowId,
+    WorkflowStatus,
 };
 
 /// One signed-in browser.
@@ -158,6 +159,20 @@ impl crate::Users for SimStore {
                     .then_with(|| a.id.cmp(&b.id))
             });
             Ok(users)
+        })
+    }
+
+    async fn stored_bytes(&self, user_id: Option<&str>) -> Result<Vec<UserStorage>> {
+        self.read(|state, _| {
+            Ok(state
+                .stored_bytes
+                .iter()
+                .filter(|(user, _)| user_id.is_none_or(|wanted| wanted == user.as_str()))
+                .map(|(user, stored)| UserStorage {
+                    user_id: user.clone(),
+                    stored_bytes: *stored,
+                })
+                .collect())
         })
     }
 

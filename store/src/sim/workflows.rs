@@ -91,6 +91,7 @@ impl State {
                 log_dropped: 0,
                 steps: BTreeMap::new(),
                 artifacts: BTreeMap::new(),
+                granted_bytes: 0,
                 events: Vec::new(),
             },
         );
@@ -347,6 +348,10 @@ impl crate::Workflows for SimStore {
             };
             if !workflow.row.status.is_final() {
                 return Ok(Deletion::NotTerminal);
+            }
+            let (user_id, granted) = (workflow.row.user_id.clone(), workflow.granted_bytes);
+            if let Some(stored) = state.stored_bytes.get_mut(&user_id) {
+                *stored -= granted;
             }
             state.workflows.remove(workflow_id);
             state

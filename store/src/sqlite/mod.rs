@@ -696,6 +696,12 @@ pub(super) fn apply(connection: &Connection, fence: &Fence, encoded: &Encoded) -
                 .prepare_cached("DELETE FROM workflow_slots WHERE workflow = ?1")?
                 .execute(params![workflow_id])?;
         }
+        WriteOp::TakeStorage {
+            workflow_id,
+            bytes,
+            bytes_max,
+        } => take_storage(connection, workflow_id, *bytes, *bytes_max)?,
+        WriteOp::ReturnStorage { workflow_id } => return_storage(connection, workflow_id)?,
         WriteOp::PutLogs {
             workflow_id,
             lines,
@@ -711,6 +717,73 @@ pub(super) fn apply(connection: &Connection, fence: &Fence, encoded: &Encoded) -
                 .execute(params![fence.resource_id, fence.owner, fence.epoch])?;
         }
     }
+    Ok(())
+}
+
+/// [`WriteOp::TakeStorage`]: the one writer orders grants, so the owner's stored bytes read here
+/// are the ones the grant adds to.
+fn take_storage(
+    connection: &Connection,
+    workflow_id: &WorkflowId,
+    bytes: i64,
+    bytes_max: i64,
+) -> Result<()> {
+    let user_id: String = connection
+        .prepare_cached("SELECT user_id FROM workflows WHERE id = ?1")?
+        .query_row([workflow_id], |row| row.get(0))
+        .optional()?
+        .ok_or_else(|| Error::NotFound(format!("workflow {workflow_id:?}")))?;
+    let stored: i64 = connection
+        .prepare_cached("SELECT stored_bytes FROM user_storage WHERE user_id = ?1")?
+        .query_row([&user_id], |row| row.get(0))
+        .optional()?
+        .unwrap_or(0);
+    if bytes_max > 0 && stored.saturating_add(bytes) > bytes_max {
+        return Err(Error::LimitReached(crate::Limit::StoredBytes {
+            stored,
+            max: bytes_max,
+        }));
+    }
+    connection
+        .prepare_cached(
+            "INSERT INTO user_storage (user_id, stored_bytes) VALUES (?1, ?2)
+             ON CONFLICT (user_id) DO UPDATE SET stored_bytes = stored_bytes + excluded.stored_bytes",
+        )?
+        .execute(params![user_id, bytes])?;
+    connection
+        .prepare_cached(
+            "INSERT INTO workflow_storage (workflow, granted_bytes) VALUES (?1, ?2)
+             ON CONFLICT (workflow) DO UPDATE
+                SET granted_bytes = granted_bytes + excluded.granted_bytes",
+        )?
+        .execute(params![workflow_id, bytes])?;
+    Ok(())
+}
+
+/// [`WriteOp::ReturnStorage`].
+fn return_storage(connection: &Connection, workflow_id: &WorkflowId) -> Result<()> {
+    let spare: Option<i64> = connection
+        .prepare_cached(
+            "SELECT s.granted_bytes - coalesce((SELECT sum(a.bytes) FROM workflow_artifacts a
+                                                 WHERE a.workflow = ?1), 0)
+               FROM workflow_storage s WHERE s.workflow = ?1",
+        )?
+        .query_row([workflow_id], |row| row.get(0))
+        .optional()?;
+    let Some(spare) = spare.filter(|spare| *spare > 0) else {
+        return Ok(());
+    };
+    connection
+        .prepare_cached(
+            "UPDATE workflow_storage SET granted_bytes = granted_bytes - ?2 WHERE workflow = ?1",
+        )?
+        .execute(params![workflow_id, spare])?;
+    connection
+        .prepare_cached(
+            "UPDATE user_storage SET stored_bytes = stored_bytes - ?2
+              WHERE user_id = (SELECT user_id FROM workflows WHERE id = ?1)",
+        )?
+        .execute(params![workflow_id, spare])?;
     Ok(())
 }
 
