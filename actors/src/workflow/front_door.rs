@@ -103,6 +103,9 @@ pub struct WorkflowsOptions {
     pub slots_max: u64,
     /// The slots the steps of one user's workflows hold at most, across the cluster.
     pub slots_per_user_max: u64,
+    /// The bytes one user's workflows store at most (`limits.user_stored_bytes_max`; 0: no
+    /// quota).
+    pub stored_bytes_max: u64,
     pub lease_ms: u64,
     /// A workflow's wall-clock limit from launch (`timeout_seconds`).
     pub timeout_seconds: u64,
@@ -1248,6 +1251,7 @@ async fn start_supervisor(
             node_files: std::sync::Arc::clone(&options.node_files),
             slots_max: options.slots_max,
             slots_per_user_max: options.slots_per_user_max,
+            stored_bytes_max: options.stored_bytes_max,
             cancel_window_ms: options.lease_ms * 2,
             timeout_ms: options.timeout_seconds.saturating_mul(1000),
             start,

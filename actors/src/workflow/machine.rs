@@ -50,6 +50,12 @@ const CHILD_CHECK: Duration = Duration::from_millis(250);
 const STORE_RETRY_FIRST: Duration = Duration::from_millis(50);
 const STORE_RETRY_MAX: Duration = Duration::from_secs(2);
 
+/// The room a workflow asks its owner's quota for when an artifact does not fit the room it
+/// holds: one grant (a write that waits for the owner's other grants on every node) serves many
+/// small artifacts, and a running workflow keeps at most this much unused, given back when it
+/// ends. A bigger artifact asks for its own bytes.
+const STORAGE_GRANT_BYTES: i64 = 256 * 1024;
+
 /// The wait before try `attempt` (1 for the first retry) of a store call that wrote nothing.
 pub(crate) fn store_backoff(attempt: u32) -> Duration {
     STORE_RETRY_FIRST
@@ -232,6 +238,9 @@ pub(crate) struct MachineConfig {
     pub slots_max: u64,
     /// The slots the steps of one user's workflows hold at most (`max_active_children_per_user`).
     pub slots_per_user_max: u64,
+    /// The bytes one user's workflows store at most (`limits.user_stored_bytes_max`; 0: no
+    /// quota): what the grants this workflow takes for its artifacts are checked against.
+    pub stored_bytes_max: u64,
     /// `console.log` lines kept as events per workflow at most, and their bytes.
     pub log_events_max: u64,
     pub log_event_bytes_max: u64,
@@ -475,6 +484,26 @@ struct InFlight {
     written: Unwritten,
     /// How often it wrote nothing in a row (its backoff).
     tries: u32,
+    /// The outcome whose artifact this write stores under a new grant, which the quota may
+    /// refuse: it reaches the script once the write commits.
+    storing: Option<Storing>,
+}
+
+/// An outcome waiting for the write that stores its artifact under a new grant.
+#[derive(Debug)]
+struct Storing {
+    id: CallId,
+    outcome: Outcome,
+    fields: Value,
+    now: Millis,
+    /// The artifact's bytes, the grant asked for, and the least grant that fits the artifact
+    /// (its bytes beyond the room the workflow held).
+    bytes: i64,
+    asked: i64,
+    short: i64,
+    /// How many of the write's ops and events came before this outcome's own.
+    before_ops: usize,
+    before_events: usize,
 }
 
 /// One workflow's rules (see the module documentation).
@@ -509,6 +538,9 @@ pub(crate) struct WorkflowMachine {
     writes: VecDeque<InFlight>,
     /// A capture's outcome is being concluded: a write that fails now is recorded for tests.
     capturing: bool,
+    /// Bytes of the grants this supervisor took that its artifacts have not used. It starts at
+    /// none: what an earlier owner's grants hold is theirs, given back when the workflow ends.
+    storage_room: i64,
     span: tracing::Span,
 }
 
@@ -534,6 +566,7 @@ impl WorkflowMachine {
             read_tries: 0,
             writes: VecDeque::new(),
             capturing: false,
+            storage_room: 0,
             span,
         }
     }
@@ -570,6 +603,12 @@ impl WorkflowMachine {
             Event::Written => {
                 if let Some(written) = self.writes.pop_front() {
                     self.announce(&mut out, written.written.events);
+                    if let Some(storing) = written.storing
+                        && !self.is_halted()
+                    {
+                        self.storage_room += storing.asked - storing.bytes;
+                        self.hand_over(&mut out, storing.id, storing.outcome, storing.now);
+                    }
                 }
             }
             Event::WriteFailed(error) => self.write_failed(&mut out, error, now),
@@ -769,6 +808,7 @@ impl WorkflowMachine {
         self.writes.push_back(InFlight {
             written: Unwritten { ops: all, events },
             tries: 0,
+            storing: None,
         });
     }
 
@@ -791,6 +831,18 @@ impl WorkflowMachine {
                     "a journal write wrote nothing (database unavailable or its disk full); retrying");
             }
             return;
+        }
+        if let store::Error::LimitReached(store::Limit::StoredBytes { stored, max }) = error
+            && self.writes.len() == 1
+            && self.unwritten.ops.is_empty()
+            && let Some(front) = self.writes.pop_front()
+        {
+            match front.storing {
+                Some(storing) => {
+                    return self.storage_refused(out, front.written, storing, stored, max);
+                }
+                None => self.writes.push_front(front),
+            }
         }
         self.writes.clear();
         if self.capturing {
@@ -1230,7 +1282,7 @@ impl WorkflowMachine {
         out: &mut Vec<Effect>,
         id: CallId,
         outcome: Outcome,
-        mut extra: Vec<WriteOp>,
+        extra: Vec<WriteOp>,
         fields: Value,
         now: Millis,
     ) {
@@ -1240,6 +1292,23 @@ impl WorkflowMachine {
         let Some(_) = self.waiting.remove(&id) else {
             return;
         };
+        self.settle(out, id, outcome, extra, fields, now);
+    }
+
+    /// Journals call `id`'s outcome with `extra` ops and hands it to the script. An artifact
+    /// among `extra` that the room this workflow holds cannot take is written at once, under a
+    /// new grant of its owner's quota, and the outcome waits for that write: the quota may
+    /// refuse it ([`WorkflowMachine::storage_refused`]), and the script must not have seen the
+    /// outcome then.
+    fn settle(
+        &mut self,
+        out: &mut Vec<Effect>,
+        id: CallId,
+        outcome: Outcome,
+        mut extra: Vec<WriteOp>,
+        fields: Value,
+        now: Millis,
+    ) {
         let Some(entry) = self.journal.get_mut(id.0 as usize) else {
             return;
         };
@@ -1250,6 +1319,29 @@ impl WorkflowMachine {
             Outcome::Resolved(_) => StepStatus::Completed,
             Outcome::Rejected(_) => StepStatus::Failed,
         };
+        let bytes: i64 = extra
+            .iter()
+            .map(|op| match op {
+                WriteOp::PutArtifact { content, .. } => {
+                    i64::try_from(content.len()).unwrap_or(i64::MAX)
+                }
+                _ => 0,
+            })
+            .sum();
+        let short = bytes - self.storage_room;
+        let before = (self.unwritten.ops.len(), self.unwritten.events.len());
+        let asked = short.max(STORAGE_GRANT_BYTES);
+        if short > 0 {
+            self.unwritten.ops.push(WriteOp::TakeStorage {
+                workflow_id: self.config.workflow_id.clone(),
+                bytes: asked,
+                bytes_max: i64::try_from(self.config.stored_bytes_max).unwrap_or(i64::MAX),
+            });
+        } else {
+            self.storage_room -= bytes;
+        }
+        // Kept only to journal the step's failure, should the quota refuse the grant.
+        let storing_fields = (short > 0).then(|| fields.clone());
         // Journaled with whatever the workflow writes next (see `unwritten`). The artifact the
         // outcome names goes first, so the step's `step_finished` event can give its size.
         let op = self.step_op(&entry, status, fields);
@@ -1260,6 +1352,28 @@ impl WorkflowMachine {
             kind: entry.kind,
             status,
         });
+        let Some(fields) = storing_fields else {
+            self.hand_over(out, id, outcome, now);
+            return;
+        };
+        self.write(out, Vec::new());
+        if let Some(storing) = self.writes.back_mut() {
+            storing.storing = Some(Storing {
+                id,
+                outcome,
+                fields,
+                now,
+                bytes,
+                asked,
+                short,
+                before_ops: before.0,
+                before_events: before.1,
+            });
+        }
+    }
+
+    /// Hands call `id`'s outcome to the script.
+    fn hand_over(&mut self, out: &mut Vec<Effect>, id: CallId, outcome: Outcome, now: Millis) {
         if !self.loaded() {
             self.set_status(out, WorkflowStatus::Running);
         }
@@ -1271,6 +1385,73 @@ impl WorkflowMachine {
                 at_ms: now,
             }],
         );
+    }
+
+    /// The owner's quota refused the grant of `written`, which stored the artifact of
+    /// `storing`'s outcome: nothing of it was written. A grant of more room than the artifact
+    /// needs is asked again for the artifact's bytes alone; refused that too, the call fails
+    /// naming the quota, and what the write carried before the outcome waits for the next.
+    fn storage_refused(
+        &mut self,
+        out: &mut Vec<Effect>,
+        mut written: Unwritten,
+        mut storing: Storing,
+        stored: i64,
+        max: i64,
+    ) {
+        if storing.asked > storing.short {
+            storing.asked = storing.short;
+            for op in &mut written.ops {
+                if let WriteOp::TakeStorage { bytes, .. } = op {
+                    *bytes = storing.short;
+                }
+            }
+            out.push(Effect::Write(written.ops.clone()));
+            self.writes.push_back(InFlight {
+                written,
+                tries: 0,
+                storing: Some(storing),
+            });
+            return;
+        }
+        let own = written.ops.split_off(storing.before_ops);
+        written.events.truncate(storing.before_events);
+        self.unwritten.restore(written);
+        let mut kept = Vec::new();
+        for op in own {
+            match op {
+                WriteOp::PutArtifact { .. } => self.artifacts -= 1,
+                WriteOp::TakeStorage { .. } | WriteOp::PutStep { .. } => {}
+                op => kept.push(op),
+            }
+        }
+        let Storing {
+            id,
+            outcome,
+            fields,
+            now,
+            bytes,
+            ..
+        } = storing;
+        tracing::info!(parent: &self.span, stored, max, bytes,
+            "an artifact is over the owner's limits.user_stored_bytes_max; its step fails");
+        let mut failure = json!({
+            "message": format!(
+                "limits.user_stored_bytes_max ({max} bytes) refuses this step's {bytes} bytes: \
+                 the owner's workflows store {stored}; nothing of it was stored"
+            ),
+            "status": "error",
+            "limit": "limits.user_stored_bytes_max",
+            "bytes": bytes,
+            "storedBytes": stored,
+            "storedBytesMax": max,
+        });
+        if let (Outcome::Resolved(value), Some(map)) = (&outcome, failure.as_object_mut())
+            && let Some(run_id) = value.get("runId")
+        {
+            map.insert("runId".into(), run_id.clone());
+        }
+        self.settle(out, id, Outcome::Rejected(failure), kept, fields, now);
     }
 
     /// After an activation that left the script waiting: park it if only people can wake it.
@@ -1325,14 +1506,18 @@ impl WorkflowMachine {
             reconciliation: None,
         });
         // The end, a durable stop request to every child run still live (a sibling a failed
-        // step left running), every slot given back and the lease's release are one write.
+        // step left running), every slot and the unused room of its grants given back and the
+        // lease's release are one write.
         let workflow_id = self.config.workflow_id.clone();
         let ops = vec![
             self.set_workflow(status, data),
             WriteOp::CancelRuns {
                 workflow_id: workflow_id.clone(),
             },
-            WriteOp::ReleaseSlots { workflow_id },
+            WriteOp::ReleaseSlots {
+                workflow_id: workflow_id.clone(),
+            },
+            WriteOp::ReturnStorage { workflow_id },
             WriteOp::ReleaseLease,
         ];
         self.write(out, ops);
@@ -1745,13 +1930,17 @@ impl WorkflowMachine {
             "at_ms": now,
         });
         // Its slots stay held; its lease is given back in the same write, so an operator's
-        // reconcile can take the workflow at once.
+        // reconcile can take the workflow at once, and so is the unused room of its grants
+        // (whoever takes it over starts with none).
         let op = self.set_workflow(WorkflowStatus::NeedsReconciliation, data);
         self.unwritten.events.push(Journaled::Ended {
             status: WorkflowStatus::NeedsReconciliation,
             reconciliation: Some(why),
         });
-        self.write(out, vec![op, WriteOp::ReleaseLease]);
+        let give_back = WriteOp::ReturnStorage {
+            workflow_id: self.config.workflow_id.clone(),
+        };
+        self.write(out, vec![op, give_back, WriteOp::ReleaseLease]);
         self.halt(out, false);
     }
 
@@ -1994,6 +2183,9 @@ impl WorkflowMachine {
             WriteOp::ReleaseSlots {
                 workflow_id: self.config.workflow_id.clone(),
             },
+            WriteOp::ReturnStorage {
+                workflow_id: self.config.workflow_id.clone(),
+            },
             WriteOp::ReleaseLease,
         ];
         self.unwritten.events.push(Journaled::Ended {
@@ -2086,6 +2278,7 @@ mod tests {
             limits: runtime::Limits::default(),
             slots_max: 4,
             slots_per_user_max: 2,
+            stored_bytes_max: 1_000_000,
             log_events_max: 10,
             log_event_bytes_max: 1_000,
             cancel_window_ms: 2_000,
@@ -2189,6 +2382,8 @@ mod tests {
             WriteOp::CancelRuns { .. } => "cancel runs".into(),
             WriteOp::ReleaseSlot { step_id, .. } => format!("release slot {step_id}"),
             WriteOp::ReleaseSlots { .. } => "release slots".into(),
+            WriteOp::TakeStorage { bytes, .. } => format!("take storage {bytes}"),
+            WriteOp::ReturnStorage { .. } => "return storage".into(),
             WriteOp::PutLogs { lines, .. } => format!("logs {}", lines.len()),
             WriteOp::ReleaseLease => "release lease".into(),
             other => format!("{other:?}"),
@@ -2387,14 +2582,31 @@ mod tests {
                 RunStatus::Success,
             ))),
         };
-        // The outcome is handed to the script first and journaled with the next write.
+        // Its output is the workflow's first artifact: it is stored under a grant of the
+        // owner's quota, which may refuse it, so the outcome reaches the script only once that
+        // write committed. (An outcome with no artifact beyond the room granted is handed to the
+        // script first and journaled with the next write.)
+        let (described, effects) = drive_with(&mut m, ended, NOW, |_| None);
         assert_eq!(
-            drive(&mut m, ended),
+            described,
             [
                 "count reins_child_runs_finished_total",
                 "fault result_before",
+                "write [take storage 262144, artifact 1, release slot a, step a completed]",
+                "count reins_steps_finished_total",
+                "fault result",
                 "activate loaded [\"resolved\"]",
             ]
+        );
+        assert!(
+            matches!(
+                written(&effects)[0],
+                WriteOp::TakeStorage {
+                    bytes_max: 1_000_000,
+                    ..
+                }
+            ),
+            "the grant is checked against the configured quota"
         );
         let done = Event::Activated {
             result: Ok(Activation {
@@ -2410,15 +2622,13 @@ mod tests {
         assert_eq!(
             described,
             [
-                "write [artifact 1, release slot a, step a completed, logs 1, workflow completed, \
-                 cancel runs, release slots, release lease]",
-                "count reins_steps_finished_total",
-                "fault result",
+                "write [logs 1, workflow completed, cancel runs, release slots, return storage, \
+                 release lease]",
                 "count reins_workflows_finished_total",
                 "halt ended",
             ]
         );
-        let Some(WriteOp::SetWorkflow { data, .. }) = written(&effects).into_iter().nth(4) else {
+        let Some(WriteOp::SetWorkflow { data, .. }) = written(&effects).into_iter().nth(1) else {
             panic!("the end");
         };
         assert_eq!(data["result"], json!(42));
@@ -2485,7 +2695,7 @@ mod tests {
         assert_eq!(
             described,
             [
-                "write [workflow needs_reconciliation, release lease]",
+                "write [workflow needs_reconciliation, return storage, release lease]",
                 "count reins_workflows_finished_total",
                 "count reins_reconciliations_needed_total",
                 "halt ended",
@@ -2601,7 +2811,7 @@ mod tests {
         );
         assert_eq!(
             described[0],
-            "write [step a failed, workflow failed, cancel runs, release slots, release lease]"
+            "write [step a failed, workflow failed, cancel runs, release slots, return storage, release lease]"
         );
 
         let mut m = machine(Start::Fresh);
@@ -2660,7 +2870,7 @@ mod tests {
         assert_eq!(
             described,
             [
-                "write [workflow needs_reconciliation, release lease]",
+                "write [workflow needs_reconciliation, return storage, release lease]",
                 "count reins_workflows_finished_total",
                 "count reins_reconciliations_needed_total",
                 "halt ended",
@@ -2700,7 +2910,7 @@ mod tests {
             assert_eq!(
                 described,
                 [
-                    "write [workflow needs_reconciliation, release lease]",
+                    "write [workflow needs_reconciliation, return storage, release lease]",
                     "halt abandoned"
                 ],
                 "{refusal}"
@@ -2716,9 +2926,9 @@ mod tests {
         assert_eq!(
             described,
             [
-                "write [workflow needs_reconciliation, release lease]",
+                "write [workflow needs_reconciliation, return storage, release lease]",
                 "sleep 50ms",
-                "write [workflow needs_reconciliation, release lease]",
+                "write [workflow needs_reconciliation, return storage, release lease]",
                 "count reins_workflows_finished_total",
                 "count reins_reconciliations_needed_total",
                 "halt ended",
@@ -2896,12 +3106,20 @@ mod tests {
             id,
             result: Ok(("out.txt".into(), b"hi".to_vec())),
         };
+        // The workflow's first artifact is stored under a grant of its owner's quota before the
+        // script sees it.
         let (described, effects) = drive_with(&mut m, captured, NOW, |_| None);
         assert_eq!(
             described,
-            ["fault capture", "activate loaded [\"resolved\"]", "then"]
+            [
+                "fault capture",
+                "write [take storage 262144, artifact 1, step cap completed]",
+                "count reins_steps_finished_total",
+                "activate loaded [\"resolved\"]",
+                "then",
+            ]
         );
-        let Some(Effect::Activate { settles, .. }) = effects.get(1) else {
+        let Some(Effect::Activate { settles, .. }) = effects.get(3) else {
             panic!("an activation");
         };
         assert_eq!(
@@ -2913,24 +3131,29 @@ mod tests {
             }))
         );
 
-        // The next write fails: the capture's failure is recorded for the tests that hold it.
-        let (described, _) = drive_with(
-            &mut m,
-            activation(Vec::new(), Status::Waiting),
-            NOW,
-            |effect| {
-                matches!(effect, Effect::Write(_)).then(|| {
-                    Event::WriteFailed(store::Error::LeaseLost {
-                        resource_id: WORKFLOW.into(),
-                        owner: "node-a".into(),
-                        epoch: Epoch::new(3),
-                    })
-                })
-            },
+        // The next fits the room that grant left: handed to the script at once, and journaled
+        // with the next write.
+        let again = call(
+            1,
+            CallKind::CaptureArtifact,
+            "cap-2",
+            json!({"sourceStepId": "a", "path": "out.txt"}),
         );
+        drive(&mut m, activation(vec![again], Status::Waiting));
+        let captured = Event::Captured {
+            id: CallId(1),
+            result: Ok(("out.txt".into(), b"abc".to_vec())),
+        };
         assert_eq!(
-            described,
-            ["write [artifact 1, step cap completed]", "halt abandoned"]
+            drive(&mut m, captured),
+            ["fault capture", "activate loaded [\"resolved\"]", "then"]
+        );
+        assert_eq!(m.storage_room, STORAGE_GRANT_BYTES - 5);
+        let done = activation(Vec::new(), Status::Completed(json!(null)));
+        assert_eq!(
+            drive(&mut m, done)[0],
+            "write [artifact 2, step cap-2 completed, workflow completed, cancel runs, \
+             release slots, return storage, release lease]"
         );
 
         let mut m = machine(Start::Fresh);
@@ -2955,6 +3178,156 @@ mod tests {
             Outcome::Rejected(json!({"message": "no file gone", "status": "error"}))
         );
         assert_eq!(m.artifacts, 0, "a failed capture makes no version");
+    }
+
+    /// Refuses every write that takes a grant, as the store does for an owner who stores
+    /// `stored` bytes of the machine's quota (1,000,000).
+    fn over_the_quota(stored: i64) -> impl FnMut(&Effect) -> Option<Event> {
+        move |effect| match effect {
+            Effect::Write(ops)
+                if ops
+                    .iter()
+                    .any(|op| matches!(op, WriteOp::TakeStorage { .. })) =>
+            {
+                Some(Event::WriteFailed(store::Error::LimitReached(
+                    store::Limit::StoredBytes {
+                        stored,
+                        max: 1_000_000,
+                    },
+                )))
+            }
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn an_artifact_the_owners_quota_refuses_fails_its_step_with_nothing_of_it_written() {
+        let mut m = machine(Start::Fresh);
+        drive(&mut m, Event::Begin);
+        let capture = call(
+            0,
+            CallKind::CaptureArtifact,
+            "cap",
+            json!({"sourceStepId": "a", "path": "big.bin"}),
+        );
+        drive(&mut m, activation(vec![capture], Status::Waiting));
+        let captured = Event::Captured {
+            id: CallId(0),
+            result: Ok(("big.bin".into(), vec![0; 45_000])),
+        };
+        // A whole grant is refused, then one of the artifact's own bytes: the step fails.
+        let (described, effects) = drive_with(&mut m, captured, NOW, over_the_quota(990_000));
+        assert_eq!(
+            described,
+            [
+                "fault capture",
+                "write [take storage 262144, artifact 1, step cap completed]",
+                "write [take storage 45000, artifact 1, step cap completed]",
+                "activate loaded [\"rejected\"]",
+                "then",
+            ]
+        );
+        let Some(Effect::Activate { settles, .. }) = effects.get(3) else {
+            panic!("an activation");
+        };
+        assert_eq!(
+            settles[0].outcome,
+            Outcome::Rejected(json!({
+                "message": "limits.user_stored_bytes_max (1000000 bytes) refuses this step's \
+                            45000 bytes: the owner's workflows store 990000; nothing of it was stored",
+                "status": "error",
+                "limit": "limits.user_stored_bytes_max",
+                "bytes": 45_000,
+                "storedBytes": 990_000,
+                "storedBytesMax": 1_000_000,
+            }))
+        );
+        assert_eq!((m.artifacts, m.storage_room), (0, 0), "no version, no room");
+        // The failure is journaled with the next write, without an artifact; the next artifact
+        // takes version 1.
+        let done = activation(Vec::new(), Status::Completed(json!(null)));
+        assert_eq!(
+            drive(&mut m, done),
+            [
+                "write [step cap failed, workflow completed, cancel runs, release slots, \
+                 return storage, release lease]",
+                "count reins_steps_finished_total",
+                "count reins_workflows_finished_total",
+                "halt ended",
+            ]
+        );
+
+        // An agent's output: its slot is still given back, and the failure names its run.
+        let mut m = admitted_agent();
+        let ended = Event::ChildEnded {
+            id: CallId(0),
+            run_id: "run-new".into(),
+            committed: Some(Box::new(run_row(
+                &RunId::from("run-new"),
+                RunStatus::Success,
+            ))),
+        };
+        let (described, effects) = drive_with(&mut m, ended, NOW, over_the_quota(999_999));
+        assert_eq!(
+            described,
+            [
+                "count reins_child_runs_finished_total",
+                "fault result_before",
+                "write [take storage 262144, artifact 1, release slot a, step a completed]",
+                "write [take storage 7, artifact 1, release slot a, step a completed]",
+                "activate loaded [\"rejected\"]",
+            ]
+        );
+        let Some(Effect::Activate { settles, .. }) = effects.get(4) else {
+            panic!("an activation");
+        };
+        let Outcome::Rejected(failure) = &settles[0].outcome else {
+            panic!("a failure");
+        };
+        assert_eq!(
+            (&failure["runId"], &failure["storedBytes"]),
+            (&json!("run-new"), &json!(999_999))
+        );
+        let done = activation(Vec::new(), Status::Completed(json!(null)));
+        assert_eq!(
+            drive(&mut m, done)[0],
+            "write [release slot a, step a failed, workflow completed, cancel runs, \
+             release slots, return storage, release lease]"
+        );
+    }
+
+    #[test]
+    fn an_artifact_refused_a_whole_grant_asks_for_its_own_bytes() {
+        let mut m = machine(Start::Fresh);
+        drive(&mut m, Event::Begin);
+        let capture = call(
+            0,
+            CallKind::CaptureArtifact,
+            "cap",
+            json!({"sourceStepId": "a", "path": "big.bin"}),
+        );
+        drive(&mut m, activation(vec![capture], Status::Waiting));
+        let captured = Event::Captured {
+            id: CallId(0),
+            result: Ok(("big.bin".into(), vec![0; 45_000])),
+        };
+        let mut refusals = 1;
+        let (described, _) = drive_with(&mut m, captured, NOW, |effect| {
+            let refused = over_the_quota(900_000)(effect)?;
+            (std::mem::take(&mut refusals) > 0).then_some(refused)
+        });
+        assert_eq!(
+            described,
+            [
+                "fault capture",
+                "write [take storage 262144, artifact 1, step cap completed]",
+                "write [take storage 45000, artifact 1, step cap completed]",
+                "count reins_steps_finished_total",
+                "activate loaded [\"resolved\"]",
+                "then",
+            ]
+        );
+        assert_eq!((m.artifacts, m.storage_room), (1, 0));
     }
 
     #[test]
@@ -2988,8 +3361,7 @@ mod tests {
             described,
             [
                 "fault capture",
-                "activate loaded [\"resolved\"]",
-                "write [artifact 1, step cap completed]",
+                "write [take storage 262144, artifact 1, step cap completed]",
                 "record capture_error",
                 "halt abandoned",
             ]
@@ -3044,7 +3416,7 @@ mod tests {
             drive(&mut m, stopped),
             [
                 "write [step a cancelled, release slot a]",
-                "write [workflow cancelled, applied 9, release slots, release lease]",
+                "write [workflow cancelled, applied 9, release slots, return storage, release lease]",
                 "count reins_workflows_finished_total",
                 "halt ended",
             ]
@@ -3070,7 +3442,7 @@ mod tests {
         assert_eq!(
             described,
             [
-                "write [workflow needs_reconciliation, release lease]",
+                "write [workflow needs_reconciliation, return storage, release lease]",
                 "count reins_workflows_finished_total",
                 "count reins_reconciliations_needed_total",
                 "halt ended",
@@ -3177,7 +3549,7 @@ mod tests {
         assert_eq!(
             described,
             [
-                "write [workflow completed, cancel runs, release slots, release lease]",
+                "write [workflow completed, cancel runs, release slots, return storage, release lease]",
                 "halt abandoned",
             ]
         );
@@ -3418,7 +3790,7 @@ mod tests {
         assert_eq!(
             described[..3],
             [
-                "write [workflow needs_reconciliation, release lease]",
+                "write [workflow needs_reconciliation, return storage, release lease]",
                 "count reins_workflows_finished_total",
                 "count reins_reconciliations_needed_total",
             ]

@@ -644,6 +644,7 @@ impl Sim {
                 limits: runtime::Limits::default(),
                 slots_max: 32,
                 slots_per_user_max: 32,
+                stored_bytes_max: 0,
                 log_events_max: 100,
                 log_event_bytes_max: 10_000,
                 cancel_window_ms: LEASE_MS * 2,
