@@ -38,6 +38,7 @@ mod private_pg;
 mod runs_store;
 mod scripts;
 mod stale_owner;
+mod storage;
 mod users;
 mod wake;
 mod webdriver;
