@@ -150,3 +150,24 @@ async fn captures_past_a_users_quota_fail_their_step_and_other_users_go_on(postg
     let again = run(&mut admin).await;
     assert_eq!(again["result"]["kept"], json!([45_000, 45_000]), "{again}");
 }
+
+both!(a_finished_workflow_keeps_only_what_its_artifacts_take);
+async fn a_finished_workflow_keeps_only_what_its_artifacts_take(postgres: bool) {
+    // The default quota: a workflow's first artifact takes a whole grant (256 KiB), and its end
+    // gives back what its artifacts did not use.
+    let db = Db::new(postgres).await;
+    let node = Node::start(&db, &[]);
+    let mut admin = initialize(&node).await;
+    let script = r#"
+await agent({stepId: "write", agentRef: "scripted",
+             task: {write: [{path: "/mnt/user-data/note.txt", content: "hello"}], output: 1}});
+return await captureArtifact({stepId: "keep", sourceStepId: "write", path: "note.txt"});
+"#;
+    let run_id = launch(&mut admin, script).await;
+    let record = wait_for(&mut admin, &run_id, "completed").await;
+    assert_eq!(record["result"]["bytes"], 5, "{record}");
+    assert_eq!(
+        storage(&mut admin).await,
+        json!({"stored_bytes": 1 + 5, "stored_bytes_max": 10_u64 << 30})
+    );
+}
