@@ -78,7 +78,9 @@ pub enum WriteOp {
         bytes_max: i64,
     },
     /// Give back to the owner's quota what this workflow's grant holds beyond its artifacts'
-    /// bytes. The write that ends a workflow carries it, after its last artifact.
+    /// bytes. The write that ends a workflow carries it, after its last artifact. It writes the
+    /// workflow's own row only (`returned_bytes`): the owner's next grant counts it off their
+    /// row, and [`crate::Store::stored_bytes`] at once.
     ReturnStorage { workflow_id: WorkflowId },
     /// Keep `console.log` lines as `log` events of the workflow, within its durable bounds: at
     /// most `events_max` lines and `bytes_max` bytes of lines per workflow, whichever node ran

@@ -193,8 +193,11 @@ impl PgStore {
         let client = self.connection().await?;
         let statement = client
             .prepare_cached(
-                "SELECT user_id, stored_bytes FROM user_storage
-                  WHERE $1::text IS NULL OR user_id = $1 ORDER BY user_id",
+                "SELECT u.user_id, u.stored_bytes - coalesce(
+                            (SELECT sum(s.returned_bytes) FROM workflow_storage s
+                              WHERE s.user_id = u.user_id AND s.returned_bytes > 0), 0)::bigint
+                   FROM user_storage u WHERE $1::text IS NULL OR u.user_id = $1
+                  ORDER BY u.user_id",
             )
             .await?;
         let rows = client.query(&statement, &[&user_id]).await?;

@@ -435,8 +435,7 @@ impl PgStore {
             "DELETE FROM workflow_artifacts WHERE workflow = $1",
             "DELETE FROM workflow_slots WHERE workflow = $1",
             "UPDATE user_storage u SET stored_bytes = u.stored_bytes - s.granted_bytes
-               FROM workflow_storage s JOIN workflows w ON w.id = s.workflow
-              WHERE s.workflow = $1 AND u.user_id = w.user_id",
+               FROM workflow_storage s WHERE s.workflow = $1 AND u.user_id = s.user_id",
             "DELETE FROM workflow_storage WHERE workflow = $1",
             "DELETE FROM workflows WHERE id = $1",
         ] {

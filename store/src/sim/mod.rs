@@ -94,6 +94,8 @@ struct Workflow {
     artifacts: BTreeMap<i64, Artifact>,
     /// The bytes its artifacts may take: its part of its owner's stored bytes.
     granted_bytes: i64,
+    /// What its end gave back of its grant, not yet counted off its owner's stored bytes.
+    returned_bytes: i64,
     events: Vec<Event>,
 }
 
@@ -122,7 +124,8 @@ struct State {
     inserted: u64,
     /// Users, sessions, API tokens and nodes.
     people: users::People,
-    /// Each user's stored bytes: the sum of their workflows' grants (`user_storage`).
+    /// The sum of each user's workflows' grants (`user_storage`): what they store, less what
+    /// their ended workflows gave back and is still marked on them.
     stored_bytes: BTreeMap<String, i64>,
 }
 
@@ -424,10 +427,21 @@ impl State {
         Ok(())
     }
 
+    /// What `user_id`'s workflows store: their grants, less what ended ones gave back.
+    fn stored_by(&self, user_id: &str) -> i64 {
+        let returned: i64 = self
+            .workflows
+            .values()
+            .filter(|workflow| workflow.row.user_id == user_id)
+            .map(|workflow| workflow.returned_bytes)
+            .sum();
+        self.stored_bytes.get(user_id).copied().unwrap_or(0) - returned
+    }
+
     /// Refuses a grant of `bytes` more to `user_id`, who takes `earlier` in the same write, when
     /// their stored bytes would pass `bytes_max` (0: no quota).
     fn check_storage(&self, user_id: &str, earlier: i64, bytes: i64, bytes_max: i64) -> Result<()> {
-        let stored = self.stored_bytes.get(user_id).copied().unwrap_or(0) + earlier;
+        let stored = self.stored_by(user_id) + earlier;
         if bytes_max > 0 && stored.saturating_add(bytes) > bytes_max {
             return Err(Error::LimitReached(crate::Limit::StoredBytes {
                 stored,
@@ -558,8 +572,17 @@ impl State {
             } => {
                 let user_id = self.workflow_mut(workflow_id)?.row.user_id.clone();
                 self.check_storage(&user_id, 0, *bytes, *bytes_max)?;
+                // What the owner's ended workflows gave back comes off their count first.
+                let mut returned = 0;
+                for workflow in self.workflows.values_mut() {
+                    if workflow.row.user_id == user_id {
+                        let marked = std::mem::take(&mut workflow.returned_bytes);
+                        workflow.granted_bytes -= marked;
+                        returned += marked;
+                    }
+                }
                 self.workflow_mut(workflow_id)?.granted_bytes += bytes;
-                *self.stored_bytes.entry(user_id).or_default() += bytes;
+                *self.stored_bytes.entry(user_id).or_default() += bytes - returned;
             }
             WriteOp::ReturnStorage { workflow_id } => {
                 let workflow = self.workflow_mut(workflow_id)?;
@@ -568,12 +591,8 @@ impl State {
                     .values()
                     .map(|artifact| artifact.row.content.len())
                     .sum();
-                let spare = workflow.granted_bytes - i64::try_from(used).unwrap_or(i64::MAX);
-                if spare > 0 {
-                    workflow.granted_bytes -= spare;
-                    let user_id = workflow.row.user_id.clone();
-                    *self.stored_bytes.entry(user_id).or_default() -= spare;
-                }
+                let used = i64::try_from(used).unwrap_or(i64::MAX);
+                workflow.returned_bytes = (workflow.granted_bytes - used).max(0);
             }
             WriteOp::PutLogs {
                 workflow_id,

@@ -166,11 +166,11 @@ impl crate::Users for SimStore {
         self.read(|state, _| {
             Ok(state
                 .stored_bytes
-                .iter()
-                .filter(|(user, _)| user_id.is_none_or(|wanted| wanted == user.as_str()))
-                .map(|(user, stored)| UserStorage {
+                .keys()
+                .filter(|user| user_id.is_none_or(|wanted| wanted == user.as_str()))
+                .map(|user| UserStorage {
                     user_id: user.clone(),
-                    stored_bytes: *stored,
+                    stored_bytes: state.stored_by(user),
                 })
                 .collect())
         })

@@ -92,6 +92,7 @@ impl State {
                 steps: BTreeMap::new(),
                 artifacts: BTreeMap::new(),
                 granted_bytes: 0,
+                returned_bytes: 0,
                 events: Vec::new(),
             },
         );

@@ -721,7 +721,8 @@ pub(super) fn apply(connection: &Connection, fence: &Fence, encoded: &Encoded) -
 }
 
 /// [`WriteOp::TakeStorage`]: the one writer orders grants, so the owner's stored bytes read here
-/// are the ones the grant adds to.
+/// are the ones the grant adds to. What the owner's ended workflows gave back is counted off
+/// first.
 fn take_storage(
     connection: &Connection,
     workflow_id: &WorkflowId,
@@ -733,11 +734,14 @@ fn take_storage(
         .query_row([workflow_id], |row| row.get(0))
         .optional()?
         .ok_or_else(|| Error::NotFound(format!("workflow {workflow_id:?}")))?;
-    let stored: i64 = connection
-        .prepare_cached("SELECT stored_bytes FROM user_storage WHERE user_id = ?1")?
-        .query_row([&user_id], |row| row.get(0))
-        .optional()?
-        .unwrap_or(0);
+    let (granted, returned): (i64, i64) = connection
+        .prepare_cached(
+            "SELECT coalesce((SELECT stored_bytes FROM user_storage WHERE user_id = ?1), 0),
+                    coalesce((SELECT sum(returned_bytes) FROM workflow_storage
+                               WHERE user_id = ?1 AND returned_bytes > 0), 0)",
+        )?
+        .query_row([&user_id], |row| Ok((row.get(0)?, row.get(1)?)))?;
+    let stored = granted - returned;
     if bytes_max > 0 && stored.saturating_add(bytes) > bytes_max {
         return Err(Error::LimitReached(crate::Limit::StoredBytes {
             stored,
@@ -746,44 +750,37 @@ fn take_storage(
     }
     connection
         .prepare_cached(
-            "INSERT INTO user_storage (user_id, stored_bytes) VALUES (?1, ?2)
-             ON CONFLICT (user_id) DO UPDATE SET stored_bytes = stored_bytes + excluded.stored_bytes",
+            "UPDATE workflow_storage SET granted_bytes = granted_bytes - returned_bytes,
+                                         returned_bytes = 0
+              WHERE user_id = ?1 AND returned_bytes > 0",
         )?
-        .execute(params![user_id, bytes])?;
+        .execute([&user_id])?;
     connection
         .prepare_cached(
-            "INSERT INTO workflow_storage (workflow, granted_bytes) VALUES (?1, ?2)
+            "INSERT INTO user_storage (user_id, stored_bytes) VALUES (?1, ?2)
+             ON CONFLICT (user_id) DO UPDATE SET stored_bytes = excluded.stored_bytes",
+        )?
+        .execute(params![user_id, stored + bytes])?;
+    connection
+        .prepare_cached(
+            "INSERT INTO workflow_storage (workflow, user_id, granted_bytes) VALUES (?1, ?2, ?3)
              ON CONFLICT (workflow) DO UPDATE
                 SET granted_bytes = granted_bytes + excluded.granted_bytes",
         )?
-        .execute(params![workflow_id, bytes])?;
+        .execute(params![workflow_id, user_id, bytes])?;
     Ok(())
 }
 
-/// [`WriteOp::ReturnStorage`].
+/// [`WriteOp::ReturnStorage`]: only the workflow's own row is written.
 fn return_storage(connection: &Connection, workflow_id: &WorkflowId) -> Result<()> {
-    let spare: Option<i64> = connection
-        .prepare_cached(
-            "SELECT s.granted_bytes - coalesce((SELECT sum(a.bytes) FROM workflow_artifacts a
-                                                 WHERE a.workflow = ?1), 0)
-               FROM workflow_storage s WHERE s.workflow = ?1",
-        )?
-        .query_row([workflow_id], |row| row.get(0))
-        .optional()?;
-    let Some(spare) = spare.filter(|spare| *spare > 0) else {
-        return Ok(());
-    };
     connection
         .prepare_cached(
-            "UPDATE workflow_storage SET granted_bytes = granted_bytes - ?2 WHERE workflow = ?1",
+            "UPDATE workflow_storage
+                SET returned_bytes = max(granted_bytes - coalesce(
+                        (SELECT sum(a.bytes) FROM workflow_artifacts a WHERE a.workflow = ?1), 0), 0)
+              WHERE workflow = ?1",
         )?
-        .execute(params![workflow_id, spare])?;
-    connection
-        .prepare_cached(
-            "UPDATE user_storage SET stored_bytes = stored_bytes - ?2
-              WHERE user_id = (SELECT user_id FROM workflows WHERE id = ?1)",
-        )?
-        .execute(params![workflow_id, spare])?;
+        .execute([workflow_id])?;
     Ok(())
 }
 

@@ -157,8 +157,10 @@ impl SqliteStore {
         let user_id = user_id.map(str::to_owned);
         self.read(move |connection| {
             let mut statement = connection.prepare_cached(
-                "SELECT user_id, stored_bytes FROM user_storage
-                  WHERE ?1 IS NULL OR user_id = ?1 ORDER BY user_id",
+                "SELECT u.user_id, u.stored_bytes - coalesce(
+                            (SELECT sum(s.returned_bytes) FROM workflow_storage s
+                              WHERE s.user_id = u.user_id AND s.returned_bytes > 0), 0)
+                   FROM user_storage u WHERE ?1 IS NULL OR u.user_id = ?1 ORDER BY u.user_id",
             )?;
             let rows = statement.query_map([&user_id], |row| {
                 Ok(UserStorage {

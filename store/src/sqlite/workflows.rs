@@ -395,8 +395,7 @@ impl SqliteStore {
                 .prepare_cached(
                     "UPDATE user_storage SET stored_bytes = stored_bytes -
                             (SELECT granted_bytes FROM workflow_storage WHERE workflow = ?1)
-                      WHERE user_id = (SELECT user_id FROM workflows WHERE id = ?1)
-                        AND EXISTS (SELECT 1 FROM workflow_storage WHERE workflow = ?1)",
+                      WHERE user_id = (SELECT user_id FROM workflow_storage WHERE workflow = ?1)",
                 )?
                 .execute([&workflow_id])?;
             connection

@@ -164,10 +164,22 @@ conformance! {
             .await.expect("again");
         assert_eq!(stored(&*store, "ada").await, 100);
 
+        // The room given back is the user's again: 900 more fit a quota of 1,000 only without it.
+        let third = workflow_of(&*store, "third", "ada", "node", 60_000).await;
+        store.fenced_write(&third.fence(), vec![take("third", 900, 1_000)]).await.expect("the room given back");
+        assert_eq!(stored(&*store, "ada").await, 1_000);
+        let over = store.fenced_write(&third.fence(), vec![take("third", 1, 1_000)]).await;
+        assert!(matches!(over, Err(Error::LimitReached(Limit::StoredBytes { stored: 1_000, max: 1_000 }))), "{over:?}");
+
         // Deletion gives back what the workflow's artifacts took.
         assert_eq!(store.delete_workflow(&WorkflowId::from("first")).await.expect("delete"), Deletion::Deleted);
-        assert_eq!(stored(&*store, "ada").await, 50);
+        assert_eq!(stored(&*store, "ada").await, 950);
         assert_eq!(store.delete_workflow(&WorkflowId::from("second")).await.expect("delete"), Deletion::Deleted);
+        assert_eq!(stored(&*store, "ada").await, 900);
+        store.fenced_write(&third.fence(), vec![end("third"), WriteOp::ReturnStorage { workflow_id: "third".into() }])
+            .await.expect("end");
+        assert_eq!(stored(&*store, "ada").await, 0, "a grant never used");
+        assert_eq!(store.delete_workflow(&WorkflowId::from("third")).await.expect("delete"), Deletion::Deleted);
         assert_eq!(stored(&*store, "ada").await, 0);
 
         // A workflow that never stored anything ends and goes without changing anyone's bytes.
@@ -177,9 +189,9 @@ conformance! {
         assert_eq!(store.delete_workflow(&WorkflowId::from("plain")).await.expect("delete"), Deletion::Deleted);
         assert_eq!(stored(&*store, "ada").await, 0);
 
-        // The bytes given back are taken again.
-        let third = workflow_of(&*store, "third", "ada", "node", 60_000).await;
-        store.fenced_write(&third.fence(), vec![take("third", 1_000, 1_000)]).await.expect("the whole quota again");
+        // All of it is the user's again.
+        let last = workflow_of(&*store, "last", "ada", "node", 60_000).await;
+        store.fenced_write(&last.fence(), vec![take("last", 1_000, 1_000)]).await.expect("the whole quota again");
     }
 }
 
