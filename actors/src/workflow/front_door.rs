@@ -231,7 +231,7 @@ pub struct Ready {
 
 /// Supervisors woken per freed slot (a cue may stand for several slots freed in one write);
 /// those refused again wait for the next cue, or their fallback.
-const SLOT_WAKES_MAX: usize = 16;
+pub(super) const SLOT_WAKES_MAX: usize = 16;
 
 /// Recoverable workflows claimed per query; a full batch is followed by another claim at once,
 /// so any number of orphaned workflows is taken over within a claim period or two.
@@ -722,7 +722,7 @@ fn wake_slot_waiters(state: &mut WorkflowsState, count: usize) {
 /// oldest alone could all be one user's, each refused again while that user holds their share
 /// of the slots (`max_active_children_per_user`), while another user's step, further back,
 /// waited for its fallback.
-fn waiters_to_wake<'a>(
+pub(super) fn waiters_to_wake<'a>(
     waiters: &'a std::collections::VecDeque<WorkflowId>,
     count: usize,
     user_of: impl Fn(&WorkflowId) -> Option<&'a str>,
@@ -1138,18 +1138,27 @@ pub(super) fn reconcile_writes(
             ),
             release,
         ],
-        Resolution::Complete(output) => vec![
-            settled(
-                StepStatus::Completed,
-                runtime::Outcome::Resolved(json!({
-                    "output": output,
-                    "status": "success",
-                    "runId": step.data["run_id"],
-                    "reconciled": true,
-                })),
-            ),
-            release,
-        ],
+        Resolution::Complete(output) => {
+            #[cfg(test)]
+            let output =
+                &if super::mutants::planted(super::mutants::Mutant::ReconcileAltersTheOutput) {
+                    json!({ "altered": output })
+                } else {
+                    output.clone()
+                };
+            vec![
+                settled(
+                    StepStatus::Completed,
+                    runtime::Outcome::Resolved(json!({
+                        "output": output,
+                        "status": "success",
+                        "runId": step.data["run_id"],
+                        "reconciled": true,
+                    })),
+                ),
+                release,
+            ]
+        }
         Resolution::Retry => {
             // The old attempt is closed as cancelled (it never gets an outcome; its record says
             // it was reconciled with a retry), and the new one is queued; the old attempt's

@@ -575,6 +575,9 @@ impl WorkflowMachine {
             Event::WriteFailed(error) => self.write_failed(&mut out, error, now),
             Event::Admission { id, result } => self.on_admission(&mut out, id, result, now),
             Event::RetryAdmission(id) => self.admit(&mut out, id),
+            #[cfg(test)]
+            Event::SlotCheck(_) | Event::SlotFreed
+                if super::mutants::planted(super::mutants::Mutant::QueuedCallNeverWoken) => {}
             Event::SlotCheck(id) => {
                 if self.slot_waits.remove(&id) {
                     self.admit(&mut out, id);
@@ -1335,6 +1338,14 @@ impl WorkflowMachine {
             WriteOp::ReleaseSlots { workflow_id },
             WriteOp::ReleaseLease,
         ];
+        #[cfg(test)]
+        let ops = if super::mutants::planted(super::mutants::Mutant::LeaseKeptAfterTheEnd) {
+            ops.into_iter()
+                .filter(|op| !matches!(op, WriteOp::ReleaseLease))
+                .collect()
+        } else {
+            ops
+        };
         self.write(out, ops);
         let live = self.live_children();
         if !live.is_empty() {
@@ -1434,11 +1445,16 @@ impl WorkflowMachine {
             Admission::Existing(row) if row.stop_reason.as_deref() == Some("orphan_recovered") => {
                 // Closed by the orphan sweep: the agent's real effects are unknown, and guessing
                 // "failed" could make a retry run it twice. A person decides.
-                let why = Reconciliation::of_step(
-                    ReconciliationReason::OrphanedChild,
-                    &command.step_id,
-                    &row.run_id,
-                );
+                let reason = ReconciliationReason::OrphanedChild;
+                #[cfg(test)]
+                let reason = if super::mutants::planted(
+                    super::mutants::Mutant::OrphanReportedAsOutcomeUnknown,
+                ) {
+                    ReconciliationReason::ChildOutcomeUnknown
+                } else {
+                    reason
+                };
+                let why = Reconciliation::of_step(reason, &command.step_id, &row.run_id);
                 self.reconcile_needed(out, why, now);
             }
             Admission::Existing(row) if row.status.is_final() => {
@@ -1986,6 +2002,10 @@ impl WorkflowMachine {
             return;
         };
         if !self.waiting.is_empty() {
+            return;
+        }
+        #[cfg(test)]
+        if super::mutants::planted(super::mutants::Mutant::CancelNeverFinishes) {
             return;
         }
         let ops = vec![

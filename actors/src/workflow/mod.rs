@@ -17,6 +17,8 @@ pub(crate) mod front_door;
 mod journal;
 mod machine;
 #[cfg(test)]
+mod mutants;
+#[cfg(test)]
 mod sim;
 mod unwritten;
 

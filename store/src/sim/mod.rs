@@ -65,6 +65,18 @@ pub struct SimStore {
     state: Arc<Mutex<State>>,
 }
 
+/// A bug planted in the simulation store on purpose, so that a test can prove the simulation's
+/// oracle finds it (each is named after the rule it breaks). Never planted outside those tests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mutant {
+    /// `ReleaseSlots` (a workflow's end gives back every slot its steps hold) does nothing.
+    SlotsKeptAfterTheEnd,
+    /// An admission with an idempotency key that names an existing run admits a second run.
+    IdempotencyKeyIgnored,
+    /// A fenced write is applied whatever the lease: a stale epoch's write goes through.
+    StaleFenceAccepted,
+}
+
 /// One journal entry with when it last changed.
 #[derive(Debug, Clone)]
 struct Step {
@@ -120,6 +132,8 @@ struct State {
     inserted: u64,
     /// Users, sessions, API tokens and nodes.
     people: users::People,
+    /// The bug planted in this store, if a test planted one.
+    mutant: Option<Mutant>,
 }
 
 impl SimStore {
@@ -134,6 +148,29 @@ impl SimStore {
     /// The clock this store reads.
     pub fn clock(&self) -> &SimClock {
         &self.clock
+    }
+
+    /// Plants `mutant` in this store (see [`Mutant`]).
+    pub fn plant(&self, mutant: Mutant) {
+        self.lock().mutant = Some(mutant);
+    }
+
+    /// Every child run the store holds, in the order they were admitted: what the simulation's
+    /// oracle reads (the `child_runs` table, whole).
+    pub fn all_runs(&self) -> Vec<RunRow> {
+        let state = self.lock();
+        let mut runs: Vec<(u64, RunRow)> = state
+            .runs
+            .values()
+            .map(|run| {
+                (
+                    state.run_order.get(&run.run_id).copied().unwrap_or(0),
+                    run.clone(),
+                )
+            })
+            .collect();
+        runs.sort_by_key(|(order, _)| *order);
+        runs.into_iter().map(|(_, run)| run).collect()
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -173,7 +210,7 @@ impl State {
     }
 
     fn check_fence(&self, fence: &Fence, now: f64) -> Result<()> {
-        if self.holds(fence, now) {
+        if self.holds(fence, now) || self.mutant == Some(Mutant::StaleFenceAccepted) {
             Ok(())
         } else {
             Err(fence.lost())
@@ -505,6 +542,7 @@ impl State {
             } => {
                 self.slots.remove(&(workflow_id.clone(), step_id.clone()));
             }
+            WriteOp::ReleaseSlots { .. } if self.mutant == Some(Mutant::SlotsKeptAfterTheEnd) => {}
             WriteOp::ReleaseSlots { workflow_id } => {
                 self.slots
                     .retain(|(workflow, _), _| workflow != workflow_id);

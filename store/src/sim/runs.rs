@@ -34,6 +34,7 @@ impl State {
             self.check_fence(&step.fence, now)?;
         }
         if let Some((key, request)) = &run.idempotency
+            && self.mutant != Some(super::Mutant::IdempotencyKeyIgnored)
             && let Some(existing) = self
                 .runs
                 .values()
