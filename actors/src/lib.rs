@@ -6,6 +6,7 @@
 //! [`WorkflowsHandle`]), never raw `ActorRef`s.
 
 pub mod agents;
+mod backoff;
 mod child_run;
 mod error;
 pub mod events;

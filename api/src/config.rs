@@ -632,18 +632,18 @@ impl Config {
                 return Err(invalid(key, format!("{value} is over {max}")));
             }
         }
-        if self.http.allowed_hosts.len() > crate::http::ALLOWED_HOSTS_MAX {
+        if self.http.allowed_hosts.len() > crate::http::host::ALLOWED_HOSTS_MAX {
             return Err(invalid(
                 "http.allowed_hosts",
                 format!(
                     "{} names, more than {}",
                     self.http.allowed_hosts.len(),
-                    crate::http::ALLOWED_HOSTS_MAX
+                    crate::http::host::ALLOWED_HOSTS_MAX
                 ),
             ));
         }
         for name in &self.http.allowed_hosts {
-            crate::http::check_allowed_name(name)
+            crate::http::host::check_allowed_name(name)
                 .map_err(|message| invalid("http.allowed_hosts", message))?;
         }
         for (key, value, range) in [

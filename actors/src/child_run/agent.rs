@@ -435,7 +435,7 @@ impl Actor for ChildAgent {
                     state.commit_tries += 1;
                     tracing::warn!(parent: &state.span, %error, tries = state.commit_tries,
                         "the terminal write wrote nothing (database unavailable or its disk full); retrying");
-                    let wait = crate::workflow::store_backoff(state.commit_tries);
+                    let wait = crate::backoff::store_backoff(state.commit_tries);
                     crate::mailbox::post_after(&myself, wait, move || ChildMsg::Commit(outcome));
                 }
             }

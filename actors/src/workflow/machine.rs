@@ -31,10 +31,12 @@ use store::{
     WorkflowId, WorkflowStatus, WriteOp,
 };
 
-use super::journal::{UnreadableJournal, newest_attempts};
+use super::journal::newest_attempts;
+use super::reconciliation::{Reconciliation, ReconciliationReason};
 use super::unwritten::{Carried, Journaled, Unwritten};
 use crate::Error;
 use crate::agents::AgentRegistry;
+use crate::backoff::{STORE_RETRY_FIRST, store_backoff};
 use crate::child_run::RunRequest;
 use crate::js_pool::{Settle, StartSpec};
 
@@ -44,18 +46,6 @@ pub(crate) type Millis = i64;
 /// How often a cancellation looks at the rows of the children it waits for (some may run on a
 /// node that is gone, and only their rows will tell).
 const CHILD_CHECK: Duration = Duration::from_millis(250);
-
-/// The first wait before asking the store again after it proved it wrote nothing (the database
-/// was unreachable); each further try waits twice as long, up to [`STORE_RETRY_MAX`].
-const STORE_RETRY_FIRST: Duration = Duration::from_millis(50);
-const STORE_RETRY_MAX: Duration = Duration::from_secs(2);
-
-/// The wait before try `attempt` (1 for the first retry) of a store call that wrote nothing.
-pub(crate) fn store_backoff(attempt: u32) -> Duration {
-    STORE_RETRY_FIRST
-        .saturating_mul(1u32 << attempt.saturating_sub(1).min(10))
-        .min(STORE_RETRY_MAX)
-}
 
 /// What a control asks of a workflow (`workflow_controls.kind`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,89 +76,6 @@ impl ControlKind {
         ]
         .into_iter()
         .find(|kind| kind.as_str() == stored)
-    }
-}
-
-/// Why a workflow needs an operator's reconcile: each reason is a fact about one child run that
-/// this node cannot settle without guessing at the agent's real effects.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum ReconciliationReason {
-    /// The orphan sweep closed the step's child run after its node died.
-    OrphanedChild,
-    /// The step's child run exists with no outcome (it may still run on a node that is gone).
-    ChildOutcomeUnknown,
-    /// The child run ended without its node recording the end (fenced, or its answer lost).
-    ChildEndUnrecorded,
-    /// A cancellation could not observe a child's end within its window (`2 × lease`).
-    CancelWindowPassed,
-    /// A row of the journal cannot be read, or a call is missing from it: replaying around it
-    /// would put every later call on the wrong outcome.
-    JournalUnreadable,
-}
-
-impl ReconciliationReason {
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            ReconciliationReason::OrphanedChild => "orphaned_child",
-            ReconciliationReason::ChildOutcomeUnknown => "child_outcome_unknown",
-            ReconciliationReason::ChildEndUnrecorded => "child_end_unrecorded",
-            ReconciliationReason::CancelWindowPassed => "cancel_window_passed",
-            ReconciliationReason::JournalUnreadable => "journal_unreadable",
-        }
-    }
-
-    fn message(self) -> &'static str {
-        match self {
-            ReconciliationReason::OrphanedChild => {
-                "the child run's node died and the orphan sweep closed it; what the agent did is unknown"
-            }
-            ReconciliationReason::ChildOutcomeUnknown => {
-                "the child run has no outcome and may still run on a node that is gone"
-            }
-            ReconciliationReason::ChildEndUnrecorded => {
-                "the child run ended without its node recording the end; its outcome is unknown"
-            }
-            ReconciliationReason::CancelWindowPassed => {
-                "the cancellation could not observe the child run's end within its window"
-            }
-            ReconciliationReason::JournalUnreadable => {
-                "a journal row cannot be read or is missing; the workflow is not replayed around it"
-            }
-        }
-    }
-}
-
-/// What a workflow sent to `needs_reconciliation` records about why.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) struct Reconciliation {
-    reason: ReconciliationReason,
-    step_id: String,
-    /// The step's child run; none when no row could be read to name one.
-    run_id: Option<RunId>,
-    /// The sentence recorded for people: the reason's own, or one naming what was found.
-    message: String,
-}
-
-impl Reconciliation {
-    fn of_step(reason: ReconciliationReason, step_id: &str, run_id: &RunId) -> Self {
-        Reconciliation {
-            reason,
-            step_id: step_id.to_owned(),
-            run_id: Some(run_id.clone()),
-            message: reason.message().to_owned(),
-        }
-    }
-
-    fn of_journal(unreadable: &UnreadableJournal) -> Self {
-        Reconciliation {
-            reason: ReconciliationReason::JournalUnreadable,
-            step_id: unreadable.step_id.clone(),
-            run_id: None,
-            message: format!(
-                "{}: {unreadable}",
-                ReconciliationReason::JournalUnreadable.message()
-            ),
-        }
     }
 }
 

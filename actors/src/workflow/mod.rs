@@ -18,6 +18,7 @@ mod journal;
 mod machine;
 #[cfg(test)]
 mod mutants;
+mod reconciliation;
 #[cfg(test)]
 mod sim;
 mod unwritten;
@@ -41,7 +42,7 @@ use crate::store_actor::StoreHandle;
 use machine::{Admission, Effect, Event, MachineConfig, WorkflowMachine};
 
 pub use machine::ControlKind;
-pub(crate) use machine::{Start, WorkflowDocument, store_backoff, thread_for};
+pub(crate) use machine::{Start, WorkflowDocument, thread_for};
 
 /// The stop reason of a supervisor that left its workflow live (see `Effect::Halt`).
 pub(crate) const ABANDONED: &str = "abandoned";

@@ -69,10 +69,11 @@ use super::front_door::{
     ReconcileRequest, Resolution, SLOT_WAKES_MAX, reconcile_writes, waiters_to_wake,
 };
 use super::machine::{
-    Admission, ControlsFor, Effect, Event, MachineConfig, ReconciliationReason, RunReadFor, Start,
-    WorkflowDocument, WorkflowMachine,
+    Admission, ControlsFor, Effect, Event, MachineConfig, RunReadFor, Start, WorkflowDocument,
+    WorkflowMachine,
 };
 use super::mutants::{self, Mutant};
+use super::reconciliation::ReconciliationReason;
 use crate::agents::AgentRegistry;
 use crate::child_run::agent::interrupted;
 use crate::child_run::commit::{AttemptId, Renewal, TerminalAuthority, Verdict};
@@ -1469,7 +1470,7 @@ impl Sim {
                 };
                 if let Some(outcome) = child.authority.on_not_written(attempt.id) {
                     child.commit_tries += 1;
-                    let wait = super::store_backoff(child.commit_tries);
+                    let wait = crate::backoff::store_backoff(child.commit_tries);
                     let wait = i64::try_from(wait.as_millis()).unwrap_or(i64::MAX);
                     self.at(wait, Due::Commit(run_id.to_owned(), outcome));
                 }

@@ -15,7 +15,7 @@ mod auth;
 mod connections;
 mod error;
 mod events;
-mod host;
+pub(crate) mod host;
 mod inbox;
 mod openapi;
 mod per_user;
@@ -54,7 +54,6 @@ use tracing::Instrument;
 
 pub use auth::new_secret;
 pub use error::ApiError;
-pub use host::{ALLOWED_HOSTS_MAX, check_allowed_name};
 
 use crate::config::{AddressRange, AuthConfig, EventsConfig, HttpConfig};
 use crate::console;
