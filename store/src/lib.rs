@@ -16,6 +16,7 @@ mod operations;
 mod operators;
 mod postgres;
 mod runs;
+#[cfg(feature = "sim")]
 mod sim;
 mod sqlite;
 mod status;
@@ -42,6 +43,7 @@ pub use runs::{
     Admission, ApprovalAnswer, CancelAction, NewRun, RunOutcome, RunRenewal, RunRow, WorkflowStep,
     pending_request_id,
 };
+#[cfg(feature = "sim")]
 pub use sim::{Mutant as SimMutant, SimClock, SimStore};
 pub use status::{COUNTED_STATUSES, LIVE_STATUSES, RunStatus, StepStatus, WorkflowStatus};
 pub use users::{

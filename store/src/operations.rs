@@ -1,6 +1,6 @@
 //! Every operation of the store, declared once: one trait per concern (what it governs), each
 //! implemented by the PostgreSQL and SQLite backends (calling their inherent methods, which hold
-//! the SQL), by the in-memory simulation store ([`crate::sim::SimStore`], by hand), and by the
+//! the SQL), by the in-memory simulation store (`SimStore`, by hand, in builds with the `sim` feature), and by the
 //! [`Store`] façade, which picks the backend and retries transient failures. The same list names
 //! every operation in [`Operation`] (its name, whether it writes), which the store actor's test
 //! faults and its unanswered-request rule read instead of strings typed per call.
