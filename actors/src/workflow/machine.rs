@@ -31,6 +31,7 @@ use store::{
     WorkflowId, WorkflowStatus, WriteOp,
 };
 
+use super::invariants::Invariants;
 use super::journal::newest_attempts;
 use super::reconciliation::{Reconciliation, ReconciliationReason};
 use super::unwritten::{Carried, Journaled, Unwritten};
@@ -416,6 +417,8 @@ pub(crate) struct WorkflowMachine {
     writes: VecDeque<InFlight>,
     /// A capture's outcome is being concluded: a write that fails now is recorded for tests.
     capturing: bool,
+    /// The rules every batch keeps (checked in debug builds).
+    invariants: Invariants,
     span: tracing::Span,
 }
 
@@ -441,6 +444,7 @@ impl WorkflowMachine {
             read_tries: 0,
             writes: VecDeque::new(),
             capturing: false,
+            invariants: Invariants::default(),
             span,
         }
     }
@@ -459,6 +463,13 @@ impl WorkflowMachine {
 
     /// Feeds one event; answers what to do, in order (see the module documentation).
     pub(crate) fn on(&mut self, event: Event, now: Millis) -> Vec<Effect> {
+        let out = self.decide(event, now);
+        self.invariants.check(&self.config.fence, &out);
+        out
+    }
+
+    /// What `on` answers, before its invariants are checked.
+    fn decide(&mut self, event: Event, now: Millis) -> Vec<Effect> {
         let mut out = Vec::new();
         // A halt decided on still hears how the writes before it went: their announcements,
         // and a failure that leaves the workflow live after all.

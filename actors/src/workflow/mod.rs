@@ -14,6 +14,7 @@
 
 pub(crate) mod capture;
 pub(crate) mod front_door;
+mod invariants;
 mod journal;
 mod machine;
 #[cfg(test)]
