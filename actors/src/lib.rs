@@ -34,5 +34,6 @@ pub use store_actor::{StoreHandle, StoreHealth};
 pub use workflow::ControlKind;
 pub use workflow::front_door::{
     Decide, LaunchRequest, Launched, ReconcileRequest, Resolution, Resume, WorkflowView,
-    WorkflowsHandle, WorkflowsOptions, fingerprint,
+    WorkflowsHandle, WorkflowsOptions,
 };
+pub use workflow::rules::fingerprint;

@@ -65,15 +65,14 @@ use store::{
     Workflows, WriteOp,
 };
 
-use super::front_door::{
-    ReconcileRequest, Resolution, SLOT_WAKES_MAX, reconcile_writes, waiters_to_wake,
-};
+use super::front_door::{ReconcileRequest, Resolution, SLOT_WAKES_MAX};
 use super::machine::{
     Admission, ControlsFor, Effect, Event, MachineConfig, RunReadFor, Start, WorkflowDocument,
     WorkflowMachine,
 };
 use super::mutants::{self, Mutant};
 use super::reconciliation::ReconciliationReason;
+use super::rules::{reconcile_writes, waiters_to_wake};
 use crate::agents::AgentRegistry;
 use crate::child_run::agent::interrupted;
 use crate::child_run::commit::{AttemptId, Renewal, TerminalAuthority, Verdict};
