@@ -32,7 +32,7 @@ use serde::Serialize;
 pub use changes::{Change, Changes, LISTEN_APPLICATION_NAME};
 pub use error::{Error, Limit, Result};
 pub use events::{EventPage, EventRow};
-pub use ids::{RunId, WorkflowId};
+pub use ids::{RunId, WorkflowId, idempotency_key};
 pub use lease::{Epoch, Fence, Lease};
 pub use migrations::{MigrationReport, SCHEMA_VERSION};
 pub use operations::{

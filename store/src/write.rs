@@ -39,12 +39,11 @@ pub enum WriteOp {
         sha256: String,
     },
     /// Close every live child run of one step attempt of this workflow (found by the attempt's
-    /// idempotency key, `workflow/step/attempt`, whatever the journal names), on an operator's
-    /// word (reconcile): they become `interrupted` with `stop_reason = reconciled`.
+    /// idempotency key, [`crate::idempotency_key`], whatever the journal names), on an
+    /// operator's word (reconcile): they become `interrupted` with `stop_reason = reconciled`.
     CloseStepRuns {
         workflow_id: WorkflowId,
-        step_id: String,
-        attempt: i32,
+        idempotency_key: String,
     },
     /// Ask every live child run of this workflow to stop (`cancel_action = interrupt`, as a
     /// cancel does; a run waiting for input is interrupted at once). The write that ends a

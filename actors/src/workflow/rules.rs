@@ -328,8 +328,7 @@ pub(super) fn reconcile_writes(
     // thread is free for whatever comes next.
     ops.push(WriteOp::CloseStepRuns {
         workflow_id: id.clone(),
-        step_id: step.step_id.clone(),
-        attempt: step.attempt,
+        idempotency_key: store::idempotency_key(id, &step.step_id, step.attempt),
     });
     // It held no place under the limits while it waited for an operator: it takes them back
     // before it counts as live again, or the reconcile is refused with nothing written.
@@ -640,8 +639,8 @@ mod tests {
                 } => format!("step {step_id}/{attempt} {}", status.as_str()),
                 WriteOp::ReleaseSlot { step_id, .. } => format!("release slot {step_id}"),
                 WriteOp::CloseStepRuns {
-                    step_id, attempt, ..
-                } => format!("close runs {step_id}/{attempt}"),
+                    idempotency_key, ..
+                } => format!("close runs {idempotency_key}"),
                 WriteOp::TakePlaces { .. } => "take places".into(),
                 WriteOp::SetWorkflow { status, .. } => format!("workflow {}", status.as_str()),
                 other => format!("{other:?}"),
@@ -651,7 +650,7 @@ mod tests {
 
     #[test]
     fn a_reconcile_settles_the_newest_attempt_in_one_write_and_runs_the_workflow_again() {
-        let tail = ["close runs a/1", "take places", "workflow running"];
+        let tail = ["close runs wf-1/a/1", "take places", "workflow running"];
         let (ops, row) = reconcile(Resolution::Retry).expect("a retry");
         assert_eq!(
             described(&ops)[..3],

@@ -646,7 +646,7 @@ pub(super) fn op_sql(op: &WriteOp) -> &'static str {
             "UPDATE runs SET status = 'interrupted', stop_reason = 'reconciled',
                     error = 'closed by reconcile', revision = revision + 1,
                     updated_at = reins_now()
-              WHERE idempotency_key = $1 || '/' || $2 || '/' || $3::integer
+              WHERE idempotency_key = $1
                 AND status IN ('pending', 'running', 'waiting_for_input')"
         }
         WriteOp::CancelRuns { .. } => {
@@ -714,10 +714,8 @@ pub(super) fn op_params<'a>(fence: &'a Fence, op: &'a WriteOp) -> Vec<&'a (dyn T
             step_id,
         } => vec![workflow_id, step_id],
         WriteOp::CloseStepRuns {
-            workflow_id,
-            step_id,
-            attempt,
-        } => vec![workflow_id, step_id, attempt],
+            idempotency_key, ..
+        } => vec![idempotency_key],
         WriteOp::CancelRuns { workflow_id } | WriteOp::ReleaseSlots { workflow_id } => {
             vec![workflow_id]
         }

@@ -512,13 +512,13 @@ impl State {
                 self.event(workflow_id, "artifact", data, now);
             }
             WriteOp::CloseStepRuns {
-                workflow_id,
-                step_id,
-                attempt,
+                idempotency_key, ..
             } => {
-                let key = format!("{workflow_id}/{step_id}/{attempt}");
                 self.change_runs(
-                    |run| run.idempotency_key.as_deref() == Some(&key) && !run.status.is_final(),
+                    |run| {
+                        run.idempotency_key.as_ref() == Some(idempotency_key)
+                            && !run.status.is_final()
+                    },
                     |run| {
                         run.status = RunStatus::Interrupted;
                         run.stop_reason = Some("reconciled".into());

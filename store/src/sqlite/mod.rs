@@ -641,19 +641,17 @@ pub(super) fn apply(connection: &Connection, fence: &Fence, encoded: &Encoded) -
                 .execute(params![workflow_id, step_id])?;
         }
         WriteOp::CloseStepRuns {
-            workflow_id,
-            step_id,
-            attempt,
+            idempotency_key, ..
         } => {
             connection
                 .prepare_cached(
                     "UPDATE runs SET status = 'interrupted', stop_reason = 'reconciled',
                             error = 'closed by reconcile', revision = revision + 1,
                             updated_at = unixepoch('subsec')
-                      WHERE idempotency_key = ?1 || '/' || ?2 || '/' || ?3
+                      WHERE idempotency_key = ?1
                         AND status IN ('pending', 'running', 'waiting_for_input')",
                 )?
-                .execute(params![workflow_id, step_id, attempt])?;
+                .execute(params![idempotency_key])?;
         }
         WriteOp::CancelRuns { workflow_id } => {
             connection

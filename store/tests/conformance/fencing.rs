@@ -173,8 +173,7 @@ fn every_kind_of_write(control_id: i64) -> Vec<(&'static str, WriteOp)> {
         },
         WriteOp::CloseStepRuns {
             workflow_id: wf().into(),
-            step_id: "s".into(),
-            attempt: 1,
+            idempotency_key: store::idempotency_key(&wf().into(), "s", 1),
         },
         WriteOp::CancelRuns {
             workflow_id: wf().into(),

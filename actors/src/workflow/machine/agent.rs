@@ -87,7 +87,11 @@ impl WorkflowMachine {
                 .unwrap_or_default()
                 .to_owned(),
             task: command.args["task"].clone(),
-            idempotency_key: Some(format!("{workflow_id}/{}/{attempt}", command.step_id)),
+            idempotency_key: Some(store::idempotency_key(
+                workflow_id,
+                &command.step_id,
+                attempt,
+            )),
             step: Some(store::WorkflowStep {
                 workflow_id: workflow_id.clone(),
                 step_id: command.step_id.clone(),
