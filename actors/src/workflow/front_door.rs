@@ -13,8 +13,8 @@ use runtime::CallKind;
 use serde::Serialize;
 use serde_json::{Value, json};
 use store::{
-    Change, ControlRow, ControlWrite, Epoch, Launch, LaunchLimits, NewControl, NewWorkflow,
-    StepRow, WorkflowId, WorkflowRow,
+    Change, ControlRow, ControlWrite, Epoch, Launch, LaunchLimits, NewControl, StepRow, WorkflowId,
+    WorkflowRow,
 };
 use tokio::sync::broadcast;
 use tokio::time::Instant;
@@ -24,10 +24,8 @@ use crate::error::{Error, Takeover};
 use crate::js_pool::{JsError, JsPool};
 use crate::lease::LeaseMsg;
 use crate::store_actor::StoreHandle;
-use crate::workflow::rules;
-use crate::workflow::{
-    ControlKind, Start, WorkflowArgs, WorkflowDocument, WorkflowMsg, WorkflowSupervisor,
-};
+use crate::workflow::rules::{self, Supervised};
+use crate::workflow::{ControlKind, Start, WorkflowArgs, WorkflowMsg, WorkflowSupervisor};
 
 /// A request to start a workflow.
 #[derive(Debug, Clone)]
@@ -127,7 +125,7 @@ pub enum WorkflowsMsg {
     },
     /// The store answered a launch.
     Launched {
-        workflow: Box<NewWorkflow>,
+        workflow: Box<Supervised>,
         sent: Instant,
         result: Box<store::Result<Launch>>,
         reply: RpcReplyPort<Result<Launched, Error>>,
@@ -226,7 +224,7 @@ impl Asked {
 
 /// A workflow this node has taken over and read back: what its supervisor starts from.
 pub struct Ready {
-    workflow: NewWorkflow,
+    workflow: Supervised,
     lease: store::Lease,
     /// When the takeover was sent: the lease's local deadline counts from here.
     sent: Instant,
@@ -372,14 +370,14 @@ impl Actor for Workflows {
         let _turn = crate::mailbox::turn(&myself);
         match message {
             WorkflowsMsg::Launch { request, reply } => {
-                let workflow = match rules::launch(
+                let (row, workflow) = match rules::launch(
                     &state.args.options.limits,
                     state.args.agents.configuration_version(),
                     &request,
                     crate::ids::new_workflow_id(),
                     now_ms(),
                 ) {
-                    Ok(workflow) => workflow,
+                    Ok(launch) => launch,
                     Err(error) => {
                         let _ = reply.send(Err(error));
                         return Ok(());
@@ -420,9 +418,7 @@ impl Actor for Workflows {
                         return;
                     }
                     let sent = Instant::now();
-                    let result = store
-                        .launch_workflow(workflow.clone(), &owner, lease_ms, limits)
-                        .await;
+                    let result = store.launch_workflow(row, &owner, lease_ms, limits).await;
                     let _ = me.post(WorkflowsMsg::Launched {
                         workflow: Box::new(workflow),
                         sent,
@@ -802,7 +798,7 @@ fn take_over(
                 Asked::Reconcile { request, .. } => {
                     reconcile(&store, limits, request, &lease).await?
                 }
-                _ => stored_workflow(&store, &workflow_id).await?,
+                _ => Supervised::stored(stored_row(&store, &workflow_id).await?)?,
             };
             Ok(Ready {
                 workflow,
@@ -817,17 +813,6 @@ fn take_over(
             asked,
         });
     });
-}
-
-/// A stored workflow in the shape a supervisor starts from.
-fn as_launched(row: WorkflowRow) -> NewWorkflow {
-    NewWorkflow {
-        workflow_id: row.workflow_id,
-        user_id: row.user_id,
-        request_id: None,
-        fingerprint: row.fingerprint,
-        data: row.data,
-    }
 }
 
 /// Starts the supervisor of a workflow this node has taken over, unless one supervises it
@@ -958,14 +943,11 @@ fn after_takeover(
     }
 }
 
-async fn stored_workflow(
-    store: &StoreHandle,
-    workflow_id: &WorkflowId,
-) -> Result<NewWorkflow, Error> {
-    match store.read_workflow(workflow_id).await? {
-        Some(row) => Ok(as_launched(row)),
-        None => Err(not_found(workflow_id)),
-    }
+async fn stored_row(store: &StoreHandle, workflow_id: &WorkflowId) -> Result<WorkflowRow, Error> {
+    store
+        .read_workflow(workflow_id)
+        .await?
+        .ok_or_else(|| not_found(workflow_id))
 }
 
 /// Settles the step under the new lease (in the takeover's task) and answers the workflow its
@@ -975,7 +957,7 @@ async fn reconcile(
     limits: LaunchLimits,
     request: &ReconcileRequest,
     lease: &store::Lease,
-) -> Result<NewWorkflow, Error> {
+) -> Result<Supervised, Error> {
     let id = &request.workflow_id;
     let row = store
         .read_workflow(id)
@@ -996,25 +978,29 @@ async fn reconcile(
         return Err(Error::LimitReached { limit: *limit, max });
     }
     written?;
-    Ok(as_launched(row))
+    Supervised::stored(row)
 }
 
 async fn start_supervisor(
     myself: &ActorRef<WorkflowsMsg>,
     state: &mut WorkflowsState,
-    workflow: NewWorkflow,
+    workflow: Supervised,
     lease: store::Lease,
     sent: Instant,
     start: Start,
 ) -> Result<Launched, Error> {
-    let document = WorkflowDocument::from_data(&workflow.workflow_id, workflow.data)?;
+    let Supervised {
+        workflow_id,
+        user_id,
+        document,
+    } = workflow;
     let options = &state.args.options;
     let (supervisor, _) = Actor::spawn_linked(
-        Some(format!("workflow-{}", workflow.workflow_id)),
+        Some(format!("workflow-{workflow_id}")),
         WorkflowSupervisor,
         WorkflowArgs {
-            workflow_id: workflow.workflow_id.clone(),
-            user_id: workflow.user_id.clone(),
+            workflow_id: workflow_id.clone(),
+            user_id: user_id.clone(),
             fence: lease.fence(),
             document,
             store: state.args.store.clone(),
@@ -1047,12 +1033,10 @@ async fn start_supervisor(
         actor: "workflow",
         reason: e.to_string(),
     })?;
-    state.live.insert(workflow.workflow_id.clone(), supervisor);
-    state
-        .live_users
-        .insert(workflow.workflow_id.clone(), workflow.user_id);
+    state.live.insert(workflow_id.clone(), supervisor);
+    state.live_users.insert(workflow_id.clone(), user_id);
     Ok(Launched {
-        workflow_id: workflow.workflow_id,
+        workflow_id,
         created: true,
     })
 }

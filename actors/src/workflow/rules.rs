@@ -14,15 +14,21 @@ use store::{
     WorkflowStatus, WriteOp,
 };
 
+use super::WorkflowDocument;
 use super::front_door::{Decide, LaunchRequest, ReconcileRequest, Resolution};
 use crate::error::{Error, Takeover};
 
 /// The digest a control names to prove it is about this script and these arguments.
 pub fn fingerprint(script: &str, args: &Value) -> String {
+    fingerprint_of(script, &args.to_string())
+}
+
+/// [`fingerprint`] of arguments already serialised.
+fn fingerprint_of(script: &str, args_text: &str) -> String {
     let mut digest = Sha256::new();
     digest.update(script.as_bytes());
     digest.update([0]);
-    digest.update(args.to_string().as_bytes());
+    digest.update(args_text.as_bytes());
     digest
         .finalize()
         .iter()
@@ -31,7 +37,8 @@ pub fn fingerprint(script: &str, args: &Value) -> String {
         .collect()
 }
 
-/// Checks a launch against its limits before anything is written, and makes the row it writes:
+/// Checks a launch against its limits before anything is written, and makes the row it writes
+/// and the workflow its supervisor starts from (typed: the document is never parsed back):
 /// `workflow_id` and `now_ms` are the caller's (a fresh id, the node's clock), and the seed of
 /// the script's randomness follows from the id.
 pub(super) fn launch(
@@ -40,7 +47,7 @@ pub(super) fn launch(
     request: &LaunchRequest,
     workflow_id: WorkflowId,
     now_ms: i64,
-) -> Result<NewWorkflow, Error> {
+) -> Result<(NewWorkflow, Supervised), Error> {
     if request.script.len() as u64 > limits.script_bytes_max {
         return Err(Error::TooLarge {
             what: "script",
@@ -49,7 +56,8 @@ pub(super) fn launch(
             limit: usize::try_from(limits.script_bytes_max).unwrap_or(usize::MAX),
         });
     }
-    let args_bytes = request.args.to_string().len();
+    let args_text = request.args.to_string();
+    let args_bytes = args_text.len();
     if args_bytes as u64 > limits.frame_bytes_max {
         return Err(Error::TooLarge {
             what: "args",
@@ -63,20 +71,48 @@ pub(super) fn launch(
             .try_into()
             .unwrap_or([0; 8]),
     );
-    Ok(NewWorkflow {
-        fingerprint: fingerprint(&request.script, &request.args),
-        data: json!({
-            "script": request.script,
-            "args": request.args,
-            "seed": seed,
-            "started_at_ms": now_ms,
-            "runtime_version": runtime::runtime_version(limits),
-            "configuration_version": configuration_version,
-        }),
-        workflow_id,
+    let document = WorkflowDocument::launched(
+        request.script.clone(),
+        request.args.clone(),
+        seed,
+        now_ms,
+        runtime::runtime_version(limits),
+        configuration_version,
+    );
+    let row = NewWorkflow {
+        fingerprint: fingerprint_of(&request.script, &args_text),
+        data: document.data.clone(),
+        workflow_id: workflow_id.clone(),
         user_id: request.user_id.clone(),
         request_id: request.request_id.clone(),
-    })
+    };
+    let supervised = Supervised {
+        workflow_id,
+        user_id: request.user_id.clone(),
+        document,
+    };
+    Ok((row, supervised))
+}
+
+/// A workflow as its supervisor starts from it: launched here (typed), or read back from the
+/// store for a takeover.
+#[derive(Debug, Clone)]
+pub(crate) struct Supervised {
+    pub(crate) workflow_id: WorkflowId,
+    pub(crate) user_id: String,
+    pub(crate) document: WorkflowDocument,
+}
+
+impl Supervised {
+    /// A stored workflow, for a takeover: its document is read here, and one that cannot be
+    /// decoded is a stored value the store cannot give (500), not the caller's bad request.
+    pub(super) fn stored(row: WorkflowRow) -> Result<Self, Error> {
+        Ok(Supervised {
+            document: WorkflowDocument::from_data(&row.workflow_id, row.data)?,
+            workflow_id: row.workflow_id,
+            user_id: row.user_id,
+        })
+    }
 }
 
 /// A control that names the script it is about (its fingerprint) is refused when the workflow
@@ -416,7 +452,7 @@ mod tests {
             (at_limits.script.len(), at_limits.args.to_string().len()),
             (10, 8)
         );
-        let launched = launch(&limits, "c-1".into(), &at_limits, id(), 1_000)
+        let (launched, supervised) = launch(&limits, "c-1".into(), &at_limits, id(), 1_000)
             .expect("a script and args within their limits");
         assert_eq!(launched.workflow_id, id());
         assert_eq!(
@@ -429,8 +465,17 @@ mod tests {
             launched.data["runtime_version"],
             runtime::runtime_version(&limits)
         );
+        // The supervisor starts from the same document, typed, with nothing parsed back; the
+        // document reads back the same from the row.
+        assert_eq!(supervised.document.data, launched.data);
+        assert_eq!(supervised.document.script, "return 12;");
+        let read_back = WorkflowDocument::from_data(&id(), launched.data.clone()).expect("read");
+        assert_eq!(
+            (read_back.seed, read_back.started_at_ms, read_back.args),
+            (supervised.document.seed, 1_000, json!({"ab": 1}))
+        );
         // The seed follows from the id alone: the same id, the same randomness.
-        let again = launch(&limits, "c-1".into(), &at_limits, id(), 2_000).expect("launched");
+        let (again, _) = launch(&limits, "c-1".into(), &at_limits, id(), 2_000).expect("launched");
         assert_eq!(launched.data["seed"], again.data["seed"]);
 
         let script = launch(

@@ -101,6 +101,32 @@ pub(crate) struct WorkflowDocument {
 }
 
 impl WorkflowDocument {
+    /// The document a launch writes: the one place its fields are named on the way in.
+    pub(crate) fn launched(
+        script: String,
+        args: Value,
+        seed: u64,
+        started_at_ms: i64,
+        runtime_version: String,
+        configuration_version: String,
+    ) -> Self {
+        let data = json!({
+            "script": script,
+            "args": args,
+            "seed": seed,
+            "started_at_ms": started_at_ms,
+            "runtime_version": runtime_version,
+            "configuration_version": configuration_version,
+        });
+        WorkflowDocument {
+            script,
+            args,
+            seed,
+            started_at_ms,
+            data,
+        }
+    }
+
     /// Reads the stored document of `workflow_id`. A document without one of the fields its
     /// launch wrote is a stored value that cannot be decoded (500), never the caller's bad
     /// request: no request of the caller's wrote it.
