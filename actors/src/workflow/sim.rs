@@ -67,12 +67,12 @@ use store::{
 
 use super::front_door::{ReconcileRequest, Resolution, SLOT_WAKES_MAX};
 use super::machine::{
-    Admission, ControlsFor, Effect, Event, MachineConfig, RunReadFor, Start, WorkflowDocument,
-    WorkflowMachine,
+    Admission, Effect, Event, MachineConfig, Start, WorkflowDocument, WorkflowMachine,
 };
 use super::mutants::{self, Mutant};
 use super::reconciliation::ReconciliationReason;
 use super::rules::{reconcile_writes, waiters_to_wake};
+use super::store_calls::{Routed, StoreCall};
 use crate::agents::AgentRegistry;
 use crate::child_run::agent::interrupted;
 use crate::child_run::commit::{AttemptId, Renewal, TerminalAuthority, Verdict};
@@ -325,55 +325,68 @@ enum Answer {
     Delayed(i64),
 }
 
-/// A store call of a supervisor, performed when its answer is due.
-#[derive(Clone)]
-enum Call {
-    Write(Vec<WriteOp>),
-    ReadJournal,
-    ReadRun {
-        id: CallId,
-        run_id: RunId,
-        purpose: RunReadFor,
-    },
-    ReadControls(ControlsFor),
-    PutControl(NewControl),
-    ReadArtifact {
-        id: CallId,
-        version: i64,
-    },
+/// Whether a store call may change the database (a lost answer then leaves it unknown).
+fn writes(call: &StoreCall) -> bool {
+    matches!(call, StoreCall::Write(_) | StoreCall::PutControl(_))
 }
 
-impl Call {
-    fn writes(&self) -> bool {
-        matches!(self, Call::Write(_) | Call::PutControl(_))
+/// The event of `call` failing with `error`, as the supervisor hears it from its shell.
+fn failed(call: StoreCall, error: store::Error) -> Event {
+    match call {
+        StoreCall::Write(_) => Event::WriteFailed(error),
+        StoreCall::ReadJournal => Event::JournalRead(Err(error)),
+        StoreCall::ReadRun {
+            id,
+            run_id,
+            purpose,
+        } => Event::RunRead {
+            id,
+            run_id,
+            purpose,
+            result: Err(error),
+        },
+        StoreCall::ReadControls(purpose) => Event::Controls {
+            purpose,
+            result: Err(error),
+        },
+        StoreCall::PutControl(_) => Event::TimeoutRecorded(Err(error)),
+        StoreCall::ReadArtifact { id, version } => Event::ArtifactRead {
+            id,
+            version,
+            result: Err(error),
+        },
     }
+}
 
-    /// The event of this call failing with `error`.
-    fn failed(self, error: store::Error) -> Event {
-        match self {
-            Call::Write(_) => Event::WriteFailed(error),
-            Call::ReadJournal => Event::JournalRead(Err(error)),
-            Call::ReadRun {
-                id,
-                run_id,
-                purpose,
-            } => Event::RunRead {
-                id,
-                run_id,
-                purpose,
-                result: Err(error),
-            },
-            Call::ReadControls(purpose) => Event::Controls {
-                purpose,
-                result: Err(error),
-            },
-            Call::PutControl(_) => Event::TimeoutRecorded(Err(error)),
-            Call::ReadArtifact { id, version } => Event::ArtifactRead {
-                id,
-                version,
-                result: Err(error),
-            },
-        }
+/// The simulation store serves a supervisor as the store actor does in a node.
+impl super::store_calls::WorkflowStore for SimStore {
+    async fn fenced_write(&self, fence: &Fence, ops: Vec<WriteOp>) -> store::Result<()> {
+        Leases::fenced_write(self, fence, ops).await
+    }
+    async fn last_artifact_version(&self, workflow_id: &WorkflowId) -> store::Result<i64> {
+        Workflows::last_artifact_version(self, workflow_id).await
+    }
+    async fn read_steps(&self, workflow_id: &WorkflowId) -> store::Result<Vec<store::StepRow>> {
+        Workflows::read_steps(self, workflow_id).await
+    }
+    async fn read_run(&self, run_id: &RunId) -> store::Result<Option<RunRow>> {
+        Runs::read_run(self, run_id).await
+    }
+    async fn read_controls(
+        &self,
+        workflow_id: &WorkflowId,
+    ) -> store::Result<Vec<store::ControlRow>> {
+        Controls::read_controls(self, workflow_id).await
+    }
+    async fn put_control(&self, control: NewControl) -> store::Result<ControlWrite> {
+        Controls::put_control(self, control).await
+    }
+    async fn read_artifact(
+        &self,
+        workflow_id: &WorkflowId,
+        version: i64,
+    ) -> store::Result<Option<store::ArtifactRow>> {
+        Workflows::read_artifact(self, workflow_id, version).await
     }
 }
 
@@ -382,7 +395,7 @@ impl Call {
 struct Suspended {
     queue: VecDeque<Effect>,
     /// `None`: a wait of its own (a write's backoff).
-    call: Option<Call>,
+    call: Option<StoreCall>,
 }
 
 impl Performed {
@@ -397,7 +410,7 @@ enum Performed {
     /// The event its result is, to feed at once.
     Answer(Box<Event>),
     /// The supervisor waits this long, then performs the call (if any) and goes on.
-    Later(i64, Option<Call>),
+    Later(i64, Option<StoreCall>),
 }
 
 /// What a run's faults did, summed over seeds, so a mix shows that its faults bite.
@@ -1070,81 +1083,47 @@ impl Sim {
     }
 
     /// A supervisor's store call, with the store faults of the run.
-    fn store_call(&mut self, target: &Target, fence: &Fence, call: Call) -> Performed {
-        let answer = self.answer(call.writes());
+    fn store_call(&mut self, target: &Target, fence: &Fence, call: StoreCall) -> Performed {
+        let answer = self.answer(writes(&call));
         if answer != Answer::Now {
             self.note(|| format!("{}: store answer {answer:?}", target.workflow_id));
         }
         match answer {
             Answer::Now => Performed::answer(self.call(target, fence, call)),
-            Answer::Unavailable => {
-                Performed::answer(call.failed(store::Error::Unavailable("simulated outage".into())))
-            }
+            Answer::Unavailable => Performed::answer(failed(
+                call,
+                store::Error::Unavailable("simulated outage".into()),
+            )),
             Answer::LostApplied => {
                 let _ = self.call(target, fence, call.clone());
-                Performed::answer(
-                    call.failed(store::Error::OutcomeUnknown("simulated loss".into())),
-                )
+                Performed::answer(failed(
+                    call,
+                    store::Error::OutcomeUnknown("simulated loss".into()),
+                ))
             }
-            Answer::LostUnapplied => Performed::answer(
-                call.failed(store::Error::OutcomeUnknown("simulated loss".into())),
-            ),
+            Answer::LostUnapplied => Performed::answer(failed(
+                call,
+                store::Error::OutcomeUnknown("simulated loss".into()),
+            )),
             Answer::Delayed(delay) => Performed::Later(delay, Some(call)),
         }
     }
 
-    /// Performs a supervisor's store call now; answers its event.
-    fn call(&mut self, target: &Target, fence: &Fence, call: Call) -> Event {
-        let workflow_id = &target.workflow_id;
-        match call {
-            Call::Write(ops) => {
-                let holds = self.holds(fence);
-                let written = now_or_never(self.store.fenced_write(fence, ops));
-                if matches!(written, Err(store::Error::LeaseLost { .. })) {
-                    self.stats.stale_refused += 1;
-                }
-                if written.is_ok() && !holds {
-                    self.violation(format!(
-                        "{workflow_id}: a write under a stale fence {fence:?} was applied"
-                    ));
-                }
-                match written {
-                    Ok(()) => Event::Written,
-                    Err(error) => Event::WriteFailed(error),
-                }
-            }
-            Call::ReadJournal => Event::JournalRead(
-                now_or_never(self.store.last_artifact_version(workflow_id)).and_then(|version| {
-                    now_or_never(self.store.read_steps(workflow_id)).map(|steps| (version, steps))
-                }),
-            ),
-            Call::ReadRun {
-                id,
-                run_id,
-                purpose,
-            } => {
-                let result = now_or_never(self.store.read_run(&run_id));
-                Event::RunRead {
-                    id,
-                    run_id,
-                    purpose,
-                    result,
-                }
-            }
-            Call::ReadControls(purpose) => Event::Controls {
-                purpose,
-                result: now_or_never(self.store.read_controls(workflow_id)),
-            },
-            Call::PutControl(control) => {
-                Event::TimeoutRecorded(now_or_never(self.store.put_control(control)))
-            }
-            Call::ReadArtifact { id, version } => Event::ArtifactRead {
-                id,
-                version,
-                result: now_or_never(self.store.read_artifact(workflow_id, version))
-                    .map(|artifact| artifact.map(|artifact| artifact.content)),
-            },
+    /// Performs a supervisor's store call now, as the shell does ([`StoreCall::perform`]);
+    /// answers its event. A write is judged against the lease as it stands before it.
+    fn call(&mut self, target: &Target, fence: &Fence, call: StoreCall) -> Event {
+        let write = matches!(call, StoreCall::Write(_));
+        let holds = write && self.holds(fence);
+        let event = now_or_never(call.perform(&self.store, fence));
+        match &event {
+            Event::WriteFailed(store::Error::LeaseLost { .. }) => self.stats.stale_refused += 1,
+            Event::Written if !holds => self.violation(format!(
+                "{}: a write under a stale fence {fence:?} was applied",
+                target.workflow_id
+            )),
+            _ => {}
         }
+        event
     }
 
     /// Performs one effect for `supervisor`.
@@ -1154,8 +1133,18 @@ impl Sim {
         supervisor: &mut Supervisor,
         effect: Effect,
     ) -> Performed {
+        if matches!(effect, Effect::PutControl(_)) && self.now() < supervisor.machine.deadline_ms()
+        {
+            self.violation(format!(
+                "{}: the timeout's cancel was recorded before the deadline",
+                target.workflow_id
+            ));
+        }
+        let effect = match StoreCall::of(effect) {
+            Routed::Store(call) => return self.store_call(target, &supervisor.fence, call),
+            Routed::Other(effect) => effect,
+        };
         match effect {
-            Effect::ReadJournal => self.store_call(target, &supervisor.fence, Call::ReadJournal),
             Effect::Activate { start, settles } => {
                 let result = activate(&mut supervisor.vm, start, settles);
                 Performed::answer(Event::Activated {
@@ -1163,7 +1152,6 @@ impl Sim {
                     run_id: RunId::new(self.fresh_id("run")),
                 })
             }
-            Effect::Write(ops) => self.store_call(target, &supervisor.fence, Call::Write(ops)),
             Effect::Admit { id, request } => {
                 let life = self.nodes[target.node].life;
                 let delay = self.rng.below(30) as i64;
@@ -1205,31 +1193,12 @@ impl Sim {
                 }
                 Performed::Done
             }
-            Effect::ReadRun {
-                id,
-                run_id,
-                purpose,
-            } => self.store_call(
-                target,
-                &supervisor.fence,
-                Call::ReadRun {
-                    id,
-                    run_id,
-                    purpose,
-                },
-            ),
-            Effect::ReadControls(purpose) => {
-                self.store_call(target, &supervisor.fence, Call::ReadControls(purpose))
-            }
-            Effect::PutControl(control) => {
-                if self.now() < supervisor.machine.deadline_ms() {
-                    self.violation(format!(
-                        "{}: the timeout's cancel was recorded before the deadline",
-                        target.workflow_id
-                    ));
-                }
-                self.store_call(target, &supervisor.fence, Call::PutControl(control))
-            }
+            Effect::ReadJournal
+            | Effect::Write(_)
+            | Effect::ReadRun { .. }
+            | Effect::ReadControls(_)
+            | Effect::PutControl(_)
+            | Effect::ReadArtifact { .. } => unreachable!("a store call is performed above"),
             Effect::Capture {
                 id,
                 path,
@@ -1242,11 +1211,6 @@ impl Sim {
                     format!("{source_step_id}:{path}\n").into_bytes(),
                 )),
             }),
-            Effect::ReadArtifact { id, version } => self.store_call(
-                target,
-                &supervisor.fence,
-                Call::ReadArtifact { id, version },
-            ),
             Effect::Post(event) => {
                 self.at(0, Due::Machine(target.clone(), event));
                 Performed::Done
