@@ -5,6 +5,7 @@
 //!
 //! The store knows nothing of actors, HTTP or JavaScript.
 
+mod backends;
 mod batches;
 mod changes;
 mod error;
