@@ -51,7 +51,10 @@ pub use workflows::{
     ControlRow, ControlWrite, Deletion, Launch, LaunchLimits, ListCursor, ListFilter,
     ListedWorkflow, NewControl, Orphaned, Purpose, StatusFilter, TakeOver, Versions,
 };
-pub use write::{ArtifactInfo, ArtifactRow, NewWorkflow, Snapshot, StepRow, WorkflowRow, WriteOp};
+pub use write::{
+    ArtifactInfo, ArtifactRow, CHECKPOINT_KINDS, NewWorkflow, Snapshot, StepPage, StepPosition,
+    StepRow, WorkflowRow, WriteOp,
+};
 
 /// Where the data lives, parsed from the configuration's `database` value.
 #[derive(Debug, Clone, PartialEq, Eq)]
