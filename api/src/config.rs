@@ -448,6 +448,9 @@ pub struct StoreConfig {
     pub write_batch_max: usize,
     pub pg_writers: usize,
     pub pg_batch_max: usize,
+    /// PostgreSQL: the pool's connections reads hold at once at most (at most `pool_size - 1`
+    /// of them), so that heavy reads never take the connections writes need.
+    pub pg_read_connections_max: usize,
     /// PostgreSQL: how long sent data may go unacknowledged before a connection is dropped.
     pub pg_tcp_user_timeout_ms: u64,
     /// PostgreSQL: idle time before a keepalive probe, and the time between probes.
@@ -472,6 +475,7 @@ impl Default for StoreConfig {
             write_batch_max: defaults.write_batch_max,
             pg_writers: defaults.pg_writers,
             pg_batch_max: defaults.pg_batch_max,
+            pg_read_connections_max: defaults.pg_read_connections_max,
             pg_tcp_user_timeout_ms: millis(defaults.pg_tcp_user_timeout),
             pg_keepalives_idle_seconds: defaults.pg_keepalives_idle.as_secs(),
             pg_keepalives_interval_seconds: defaults.pg_keepalives_interval.as_secs(),
@@ -698,12 +702,16 @@ impl Config {
             }
             _ => {}
         }
-        let positive: [(&'static str, u64); 46] = [
+        let positive: [(&'static str, u64); 47] = [
             ("store.pool_size", self.store.pool_size as u64),
             ("store.requests_max", self.store.requests_max as u64),
             ("store.write_batch_max", self.store.write_batch_max as u64),
             ("store.pg_writers", self.store.pg_writers as u64),
             ("store.pg_batch_max", self.store.pg_batch_max as u64),
+            (
+                "store.pg_read_connections_max",
+                self.store.pg_read_connections_max as u64,
+            ),
             (
                 "store.wal_checkpoint_pages",
                 u64::from(self.store.wal_checkpoint_pages),
@@ -864,6 +872,7 @@ impl Config {
             write_batch_max: self.store.write_batch_max,
             pg_writers: self.store.pg_writers,
             pg_batch_max: self.store.pg_batch_max,
+            pg_read_connections_max: self.store.pg_read_connections_max,
             pg_tcp_user_timeout: Duration::from_millis(self.store.pg_tcp_user_timeout_ms),
             pg_keepalives_idle: Duration::from_secs(self.store.pg_keepalives_idle_seconds),
             pg_keepalives_interval: Duration::from_secs(self.store.pg_keepalives_interval_seconds),

@@ -53,6 +53,17 @@ macro_rules! retried {
     };
 }
 
+/// On PostgreSQL, a read's place among the pool's connections for reads, held while it runs
+/// (see [`PgStore::read_place`]); nothing for any other operation.
+macro_rules! pg_read_place {
+    (read, $store:ident) => {
+        Some($store.read_place().await?)
+    };
+    ($effect:ident, $store:ident) => {
+        None::<tokio::sync::SemaphorePermit<'_>>
+    };
+}
+
 /// Whether an operation may change the database.
 macro_rules! writes {
     (read) => {
@@ -105,6 +116,7 @@ macro_rules! operations {
                 $(
                     fn $name(&self $(, $arg: $ty)*) -> impl Future<Output = Result<$ret>> + Send {
                         async move {
+                            let _read = pg_read_place!($effect, self);
                             call_backend!(self, PgStore, $name, ($($arg),*) $(, |$store| $call)?)
                         }
                     }

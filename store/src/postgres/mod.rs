@@ -55,6 +55,12 @@ pub(crate) struct PgStore {
     listener: OnceLock<(Changes, AbortOnDrop)>,
     /// Status events one read of the feed numbers at most (`StoreOptions::feed_numbering_max`).
     feed_numbering_max: i32,
+    /// The places of reads on the pool's connections (`StoreOptions::pg_read_connections_max`,
+    /// at most all but one): every read operation holds one while it runs, so reads never hold
+    /// the connections that writes (the batch writers, launches, leases) need.
+    reads: tokio::sync::Semaphore,
+    /// How long a read waits for its place (the pool's own wait, `store.pool_wait_timeout_ms`).
+    read_wait: std::time::Duration,
 }
 
 impl PgStore {
@@ -105,7 +111,23 @@ impl PgStore {
             listener: OnceLock::new(),
             feed_numbering_max: i32::try_from(options.feed_numbering_max.max(1))
                 .unwrap_or(i32::MAX),
+            reads: tokio::sync::Semaphore::new(read_connections(options)),
+            read_wait: options.pool_wait_timeout,
         })
+    }
+
+    /// A place for one read operation on the pool's connections (see [`PgStore::reads`]),
+    /// waited for as long as a connection of the pool is.
+    pub(crate) async fn read_place(&self) -> Result<tokio::sync::SemaphorePermit<'_>> {
+        match tokio::time::timeout(self.read_wait, self.reads.acquire()).await {
+            Ok(Ok(place)) => Ok(place),
+            // Never closed: a timeout is every read place busy for the whole wait.
+            Ok(Err(_)) | Err(_) => Err(Error::Unavailable(format!(
+                "the database connections for reads (`store.pg_read_connections_max`) stayed \
+                 busy for {} ms",
+                self.read_wait.as_millis()
+            ))),
+        }
     }
 
     /// A pooled connection for the call running in this task (see [`conn`]).
@@ -868,6 +890,16 @@ pub(crate) fn redact(url: &str) -> String {
     }
 }
 
+/// The pool's connections reads may hold at once: as configured, but never every one of them
+/// while the pool has more than one.
+fn read_connections(options: &StoreOptions) -> usize {
+    let pool_size = options.pool_size.max(1);
+    options
+        .pg_read_connections_max
+        .min(pool_size.saturating_sub(1))
+        .max(1)
+}
+
 /// A workflow row with its lease and the database clock, in one statement.
 const WORKFLOW_SQL: &str = "
     SELECT w.user_id, w.status, w.owner, w.fingerprint, w.data, w.created_at, w.updated_at,
@@ -1076,6 +1108,22 @@ mod tests {
         // `tcp_user_timeout=0` (the system's default) is the operator's choice too.
         let config = configured("postgres://reins@db/reins?tcp_user_timeout=0");
         assert_eq!(config.get_tcp_user_timeout(), None);
+    }
+
+    #[test]
+    fn reads_never_hold_every_connection_of_the_pool() {
+        let reads = |pool_size, pg_read_connections_max| {
+            super::read_connections(&StoreOptions {
+                pool_size,
+                pg_read_connections_max,
+                ..StoreOptions::default()
+            })
+        };
+        assert_eq!(reads(16, 10), 10, "as configured, below the pool");
+        assert_eq!(reads(16, 15), 15, "at the edge: all but one");
+        assert_eq!(reads(16, 16), 15, "never all of them");
+        assert_eq!(reads(4, 10), 3);
+        assert_eq!(reads(1, 10), 1, "a pool of one shares its connection");
     }
 
     #[test]

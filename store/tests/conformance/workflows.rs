@@ -837,3 +837,94 @@ async fn postgres_an_abandoned_calls_connection_is_closed_not_reused() {
     drop((store, holder));
     dropping.drop_database().await;
 }
+
+/// Issue 29, item 5: on PostgreSQL, reads hold at most `pg_read_connections_max` of the pool's
+/// connections. With a read on every one of those, each waiting on the server for a lock
+/// another session holds, and one more read waiting for a place, a launch still gets a
+/// connection of the pool and commits, while every read still waits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_reads_never_take_the_connections_writes_need() {
+    use std::sync::Arc;
+    use std::time::Duration;
+    let (_db, dropping) = crate::harness::TestDb::postgres().await;
+    let url = dropping.url();
+    let options = store::StoreOptions {
+        pool_size: 4,
+        pg_read_connections_max: 3,
+        // Long enough that the read waiting for a place outlasts the test, and that no read
+        // waiting on the server gives up.
+        pool_wait_timeout: Duration::from_secs(10),
+        lock_timeout: Duration::from_secs(120),
+        statement_timeout: Duration::from_secs(120),
+        ..store::StoreOptions::default()
+    };
+    let store = Arc::new(
+        store::Store::open(&store::DatabaseUrl::Postgres(url.clone()), &options)
+            .await
+            .expect("open"),
+    );
+    created(&*store, new_workflow("wf", "ada", None, "fp")).await;
+    // Another session holds the artifacts' table: a record's read of it waits on the server.
+    let (holder, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    tokio::spawn(connection);
+    holder
+        .batch_execute("BEGIN; LOCK TABLE workflow_artifacts IN ACCESS EXCLUSIVE MODE")
+        .await
+        .expect("lock the artifacts");
+    // As many reads as the pool has connections: without a bound of their own, they take all.
+    let reads: Vec<_> = (0..options.pool_size)
+        .map(|_| {
+            let store = Arc::clone(&store);
+            tokio::spawn(async move {
+                store
+                    .read_snapshot(&store::WorkflowId::from("wf"), 10, 10)
+                    .await
+            })
+        })
+        .collect();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let waiting: i64 = holder
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity
+                  WHERE datname = current_database() AND application_name = 'reins'
+                    AND wait_event_type = 'Lock'",
+                &[],
+            )
+            .await
+            .expect("count")
+            .get(0);
+        if waiting >= 3 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the reads never reached the lock"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    let launched = store
+        .launch_workflow(
+            new_workflow("wf-2", "bob", None, "fp"),
+            "node",
+            60_000,
+            LaunchLimits::NONE,
+        )
+        .await;
+    assert!(matches!(launched, Ok(Launch::Created(_))), "{launched:?}");
+    assert!(
+        reads.iter().all(|read| !read.is_finished()),
+        "the launch committed while every read still waited"
+    );
+
+    holder.batch_execute("ROLLBACK").await.expect("unlock");
+    for read in reads {
+        let snapshot = read.await.expect("the read's task");
+        assert!(matches!(snapshot, Ok(Some(_))), "{snapshot:?}");
+    }
+    drop((store, holder));
+    dropping.drop_database().await;
+}
