@@ -4,7 +4,8 @@
 //! `GET .../steps` and `GET .../artifacts` give the next pages, each bounded by its
 //! configuration key (at the bound 200, past it 400, a cursor no page gave 400); walking every
 //! page gives each step and version once, in order. A wait and the inbox see an agent's request
-//! on any page, and `reins get` follows the pages.
+//! on any page, and `reins get` follows the pages. Then many reads of a long record by its owner
+//! while another user reads and launches: every page within its bound, the other user answered.
 
 use std::time::Duration;
 
@@ -322,4 +323,117 @@ async fn a_request_on_a_later_page_ends_a_wait_and_is_in_the_inbox(postgres: boo
     assert_eq!(answered.status, 200, "{answered:?}");
     let done = wait_for(&mut api, &run_id, "completed").await;
     assert_eq!(done["result"], "approve");
+}
+
+/// Steps at once (the cluster's slots allow 32), each with an output of some size.
+const MANY: &str = r#"
+    const pad = "x".repeat(1000);
+    for (let round = 0; round < 8; round++) {
+        await parallel(Array.from({length: 32}, (_, i) => () =>
+            agent({stepId: `r${round}-${i}`, agentRef: "scripted", task: {output: {i, pad}}})));
+    }
+    return "done";
+"#;
+
+both!(one_users_reads_of_a_long_record_never_hold_up_another_users_get_and_launch);
+/// Issue 29, item 5 at a smaller scale: a long record (256 steps of some 1 KB each) read by its
+/// owner 200 times at once, on every page, while another user reads their own workflow and
+/// launches one. The owner's reads are answered (or told to come back: 429, never 5xx) with at
+/// most a page's steps each; the other user's requests are answered 200 and 201.
+async fn one_users_reads_of_a_long_record_never_hold_up_another_users_get_and_launch(
+    postgres: bool,
+) {
+    const PAGE: usize = 50;
+    let db = Db::new(postgres).await;
+    let node = Node::start(
+        &db,
+        &[("REINS_HTTP__RECORD_STEPS_PAGE_MAX", PAGE.to_string())],
+    );
+    let mut owner = initialize(&node).await;
+    let run_id = launch(&mut owner, MANY).await;
+    let record = wait_for(&mut owner, &run_id, "completed").await;
+    let all = walk_pages(&mut owner, &run_id, &record, PAGE).await;
+    assert_eq!(all, 256);
+
+    let created = owner
+        .call(
+            "POST",
+            "/api/v1/auth/users",
+            Some(json!({"email": "bob@example.com", "password": PASSWORD})),
+        )
+        .await;
+    assert_eq!(created.status, 201, "{created:?}");
+    let mut bob = node.api();
+    assert_eq!(bob.login("bob@example.com", PASSWORD).await.status, 200);
+    let bobs = launch(&mut bob, "return 1;").await;
+    wait_for(&mut bob, &bobs, "completed").await;
+
+    // The record, and the position before each further page (call `seq` is the step's place).
+    let cursors: Vec<Option<String>> = std::iter::once(None)
+        .chain((1..=256 / PAGE).map(|page| Some(format!("{}_1", page * PAGE - 1))))
+        .collect();
+    let readers: Vec<_> = (0..200)
+        .map(|n| {
+            let mut api = owner.clone();
+            let path = match &cursors[n % cursors.len()] {
+                None => format!("/api/v1/workflows/{run_id}"),
+                Some(after) => format!("/api/v1/workflows/{run_id}/steps?after={after}"),
+            };
+            tokio::spawn(async move {
+                let answer = api.call("GET", &path, None).await;
+                (answer.status, answer.json())
+            })
+        })
+        .collect();
+
+    // Meanwhile the other user reads and launches: answered, not 503.
+    let theirs = tokio::time::timeout(Duration::from_secs(60), async {
+        let read = bob
+            .call("GET", &format!("/api/v1/workflows/{bobs}"), None)
+            .await;
+        let launched = bob
+            .call(
+                "POST",
+                "/api/v1/workflows",
+                Some(json!({"script": "return 2;"})),
+            )
+            .await;
+        (read.status, launched.status)
+    })
+    .await
+    .expect("the other user was answered");
+    assert_eq!(theirs, (200, 201));
+
+    let mut answered = 0;
+    for reader in readers {
+        let (status, body) = reader.await.expect("reader");
+        assert!(status == 200 || status == 429, "{status}: {body}");
+        if status == 200 {
+            answered += 1;
+            let steps = body["steps"].as_array().expect("steps").len();
+            assert!(steps <= PAGE, "a page held {steps} steps");
+        } else {
+            assert_eq!(body["error"]["code"], "reads_busy", "{body}");
+        }
+    }
+    assert!(answered > 0);
+}
+
+/// How many steps the record's pages hold in all, each page within `page`.
+async fn walk_pages(api: &mut Api, run_id: &str, record: &Value, page: usize) -> usize {
+    let mut count = record["steps"].as_array().expect("steps").len();
+    assert!(count <= page);
+    let mut next = record["steps_next"].as_str().map(str::to_owned);
+    while let Some(after) = next {
+        let current = get_json(
+            api,
+            &format!("/api/v1/workflows/{run_id}/steps?after={after}"),
+        )
+        .await;
+        let steps = current["steps"].as_array().expect("steps").len();
+        assert!(steps <= page, "{steps}");
+        count += steps;
+        next = current["next"].as_str().map(str::to_owned);
+    }
+    count
 }
