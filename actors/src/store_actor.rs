@@ -619,10 +619,42 @@ impl StoreHandle {
     pub async fn read_snapshot(
         &self,
         workflow_id: &WorkflowId,
+        steps_max: u32,
+        artifacts_max: u32,
     ) -> store::Result<Option<store::Snapshot>> {
         let workflow_id = workflow_id.to_owned();
         self.call(Operation::ReadSnapshot, move |store| async move {
-            store.read_snapshot(&workflow_id).await
+            store
+                .read_snapshot(&workflow_id, steps_max, artifacts_max)
+                .await
+        })
+        .await
+    }
+
+    /// See [`Store::read_step_page`].
+    pub async fn read_step_page(
+        &self,
+        workflow_id: &WorkflowId,
+        after: store::StepPosition,
+        limit: u32,
+    ) -> store::Result<store::StepPage> {
+        let workflow_id = workflow_id.to_owned();
+        self.call(Operation::ReadStepPage, move |store| async move {
+            store.read_step_page(&workflow_id, after, limit).await
+        })
+        .await
+    }
+
+    /// See [`Store::read_artifact_page`].
+    pub async fn read_artifact_page(
+        &self,
+        workflow_id: &WorkflowId,
+        after: i64,
+        limit: u32,
+    ) -> store::Result<Vec<store::ArtifactInfo>> {
+        let workflow_id = workflow_id.to_owned();
+        self.call(Operation::ReadArtifactPage, move |store| async move {
+            store.read_artifact_page(&workflow_id, after, limit).await
         })
         .await
     }

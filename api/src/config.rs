@@ -168,6 +168,12 @@ pub struct HttpConfig {
     /// How long a record read waits for one of its user's places before it is answered 429
     /// `reads_busy`.
     pub record_read_wait_ms: u64,
+    /// Steps one page of a workflow's record holds at most (`get`, and each page of
+    /// `GET /api/v1/workflows/{id}/steps`): a read holds a page, never the whole journal.
+    pub record_steps_page_max: u32,
+    /// Artifact versions (without their bytes) one page of a workflow's record holds at most
+    /// (`get`, and each page of `GET /api/v1/workflows/{id}/artifacts`).
+    pub record_artifacts_page_max: u32,
     /// How long a connection may take to send a request's head, counted from when it opens or
     /// finishes its previous request (so also how long an idle keep-alive connection stays).
     pub head_timeout_ms: u64,
@@ -220,6 +226,8 @@ impl Default for HttpConfig {
             waiters_per_user_max: 512,
             record_reads_per_user_max: 8,
             record_read_wait_ms: 10_000,
+            record_steps_page_max: 100,
+            record_artifacts_page_max: 500,
             head_timeout_ms: 10_000,
             body_timeout_ms: 30_000,
             connections_max: 1024,
@@ -440,6 +448,9 @@ pub struct StoreConfig {
     pub write_batch_max: usize,
     pub pg_writers: usize,
     pub pg_batch_max: usize,
+    /// PostgreSQL: the pool's connections reads hold at once at most (at most `pool_size - 1`
+    /// of them), so that heavy reads never take the connections writes need.
+    pub pg_read_connections_max: usize,
     /// PostgreSQL: how long sent data may go unacknowledged before a connection is dropped.
     pub pg_tcp_user_timeout_ms: u64,
     /// PostgreSQL: idle time before a keepalive probe, and the time between probes.
@@ -464,6 +475,7 @@ impl Default for StoreConfig {
             write_batch_max: defaults.write_batch_max,
             pg_writers: defaults.pg_writers,
             pg_batch_max: defaults.pg_batch_max,
+            pg_read_connections_max: defaults.pg_read_connections_max,
             pg_tcp_user_timeout_ms: millis(defaults.pg_tcp_user_timeout),
             pg_keepalives_idle_seconds: defaults.pg_keepalives_idle.as_secs(),
             pg_keepalives_interval_seconds: defaults.pg_keepalives_interval.as_secs(),
@@ -690,12 +702,16 @@ impl Config {
             }
             _ => {}
         }
-        let positive: [(&'static str, u64); 44] = [
+        let positive: [(&'static str, u64); 47] = [
             ("store.pool_size", self.store.pool_size as u64),
             ("store.requests_max", self.store.requests_max as u64),
             ("store.write_batch_max", self.store.write_batch_max as u64),
             ("store.pg_writers", self.store.pg_writers as u64),
             ("store.pg_batch_max", self.store.pg_batch_max as u64),
+            (
+                "store.pg_read_connections_max",
+                self.store.pg_read_connections_max as u64,
+            ),
             (
                 "store.wal_checkpoint_pages",
                 u64::from(self.store.wal_checkpoint_pages),
@@ -733,6 +749,14 @@ impl Config {
                 self.http.record_reads_per_user_max,
             ),
             ("http.record_read_wait_ms", self.http.record_read_wait_ms),
+            (
+                "http.record_steps_page_max",
+                u64::from(self.http.record_steps_page_max),
+            ),
+            (
+                "http.record_artifacts_page_max",
+                u64::from(self.http.record_artifacts_page_max),
+            ),
             ("http.metrics_refresh_ms", self.http.metrics_refresh_ms),
             ("events.poll_ms", self.events.poll_ms),
             ("events.keepalive_ms", self.events.keepalive_ms),
@@ -848,6 +872,7 @@ impl Config {
             write_batch_max: self.store.write_batch_max,
             pg_writers: self.store.pg_writers,
             pg_batch_max: self.store.pg_batch_max,
+            pg_read_connections_max: self.store.pg_read_connections_max,
             pg_tcp_user_timeout: Duration::from_millis(self.store.pg_tcp_user_timeout_ms),
             pg_keepalives_idle: Duration::from_secs(self.store.pg_keepalives_idle_seconds),
             pg_keepalives_interval: Duration::from_secs(self.store.pg_keepalives_interval_seconds),

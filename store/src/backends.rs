@@ -24,6 +24,17 @@ macro_rules! call_backend {
     }};
 }
 
+/// On PostgreSQL, a read's place among the pool's connections for reads, held while it runs
+/// (see [`PgStore::read_place`]); nothing for any other operation.
+macro_rules! pg_read_place {
+    (read, $store:ident) => {
+        Some($store.read_place().await?)
+    };
+    ($effect:ident, $store:ident) => {
+        None::<tokio::sync::SemaphorePermit<'_>>
+    };
+}
+
 /// Whether the façade retries an operation's transient failures (see [`retry`]): every operation
 /// but the probes readiness and the clock make, which answer at once.
 macro_rules! retried {
@@ -69,6 +80,7 @@ macro_rules! implement {
                 $(
                     fn $name(&self $(, $arg: $ty)*) -> impl Future<Output = Result<$ret>> + Send {
                         async move {
+                            let _read = pg_read_place!($effect, self);
                             call_backend!(self, PgStore, $name, ($($arg),*) $(, |$store| $call)?)
                         }
                     }

@@ -54,7 +54,10 @@ pub use workflows::{
     ControlRow, ControlWrite, Deletion, Launch, LaunchLimits, ListCursor, ListFilter,
     ListedWorkflow, NewControl, Orphaned, Purpose, StatusFilter, TakeOver, Versions,
 };
-pub use write::{ArtifactInfo, ArtifactRow, NewWorkflow, Snapshot, StepRow, WorkflowRow, WriteOp};
+pub use write::{
+    ArtifactInfo, ArtifactRow, CHECKPOINT_KINDS, NewWorkflow, Snapshot, StepPage, StepPosition,
+    StepRow, WorkflowRow, WriteOp,
+};
 
 /// Where the data lives, parsed from the configuration's `database` value.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -153,6 +156,10 @@ pub struct StoreOptions {
     pub pg_writers: usize,
     /// PostgreSQL: writes one batch commits together at most (1: every write alone).
     pub pg_batch_max: usize,
+    /// PostgreSQL: the pool's connections that reads hold at once at most (never all of them:
+    /// at most `pool_size - 1` while the pool has more than one), so that however many heavy
+    /// reads run, writes always find a connection.
+    pub pg_read_connections_max: usize,
     /// SQLite: pages the writer's commits add to the write-ahead log before the checkpointer
     /// thread copies them into the database file.
     pub wal_checkpoint_pages: u32,
@@ -182,6 +189,7 @@ impl Default for StoreOptions {
             write_batch_max: 64,
             pg_writers: 4,
             pg_batch_max: 16,
+            pg_read_connections_max: 10,
             wal_checkpoint_pages: 1000,
             wal_pages_max: 10_000,
             feed_numbering_max: 10_000,

@@ -15,12 +15,12 @@ use std::future::Future;
 use serde_json::Value;
 
 use crate::{
-    Admission, ApprovalAnswer, ArtifactRow, BackupReport, CancelAction, ControlRow, ControlWrite,
-    Deletion, EventPage, EventRow, Fence, Launch, LaunchLimits, Lease, ListFilter, ListedWorkflow,
-    MigrationReport, NewControl, NewRun, NewToken, NewUser, NewWorkflow, NodeRecord, Orphaned,
-    Purpose, Result, RunId, RunOutcome, RunRenewal, RunRow, RunStatus, SlotRow, Snapshot,
-    StatusCount, StepRow, TakeOver, TokenRow, UserChange, UserChanged, UserDeletion, UserRow,
-    Versions, WorkflowId, WorkflowRow, WriteOp,
+    Admission, ApprovalAnswer, ArtifactInfo, ArtifactRow, BackupReport, CancelAction, ControlRow,
+    ControlWrite, Deletion, EventPage, EventRow, Fence, Launch, LaunchLimits, Lease, ListFilter,
+    ListedWorkflow, MigrationReport, NewControl, NewRun, NewToken, NewUser, NewWorkflow,
+    NodeRecord, Orphaned, Purpose, Result, RunId, RunOutcome, RunRenewal, RunRow, RunStatus,
+    SlotRow, Snapshot, StatusCount, StepPage, StepPosition, StepRow, TakeOver, TokenRow,
+    UserChange, UserChanged, UserDeletion, UserRow, Versions, WorkflowId, WorkflowRow, WriteOp,
 };
 
 /// Whether an operation may change the database.
@@ -186,9 +186,32 @@ macro_rules! with_operations {
                 read ReadWorkflow: fn read_workflow(&self, workflow_id: &WorkflowId) -> Option<WorkflowRow>;
                 /// A workflow's journal, in the order it was written.
                 read ReadSteps: fn read_steps(&self, workflow_id: &WorkflowId) -> Vec<StepRow>;
-                /// A workflow with its lease, the database clock, its journal and its controls, read as
-                /// of one moment (what `get` shows).
-                read ReadSnapshot: fn read_snapshot(&self, workflow_id: &WorkflowId) -> Option<Snapshot>;
+                /// A workflow with its lease, the database clock, its checkpoints, controls and the
+                /// runs that asked a person, its first `steps_max` steps and its first `artifacts_max`
+                /// artifact versions, read as of one moment (what `get` shows; see [`Snapshot`]).
+                read ReadSnapshot: fn read_snapshot(
+                    &self,
+                    workflow_id: &WorkflowId,
+                    steps_max: u32,
+                    artifacts_max: u32
+                ) -> Option<Snapshot>;
+                /// At most `limit` of a workflow's steps after `after` (every entry but a checkpoint), in
+                /// journal order, with the runs that asked a person (see [`StepPage`]), as of one moment.
+                /// A workflow that does not exist has no steps.
+                read ReadStepPage: fn read_step_page(
+                    &self,
+                    workflow_id: &WorkflowId,
+                    after: StepPosition,
+                    limit: u32
+                ) -> StepPage;
+                /// At most `limit` of a workflow's artifact versions above `after`, oldest first, without
+                /// their bytes.
+                read ReadArtifactPage: fn read_artifact_page(
+                    &self,
+                    workflow_id: &WorkflowId,
+                    after: i64,
+                    limit: u32
+                ) -> Vec<ArtifactInfo>;
                 /// One artifact version of a workflow.
                 read ReadArtifact:
                 fn read_artifact(&self, workflow_id: &WorkflowId, version: i64) -> Option<ArtifactRow>;

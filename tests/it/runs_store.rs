@@ -200,7 +200,7 @@ on_both_backends! {
         assert_eq!(changed, 1);
         let named = r#"journal entry 0 of workflow "wf" has an unknown status "admitting""#;
         assert_eq!(unreadable(store.read_steps(&store::WorkflowId::from("wf")).await), named);
-        assert_eq!(unreadable(store.read_snapshot(&store::WorkflowId::from("wf")).await), named);
+        assert_eq!(unreadable(store.read_snapshot(&store::WorkflowId::from("wf"), 100, 100).await), named);
     }
 }
 
@@ -227,7 +227,11 @@ async fn a_workflow_or_run_status_this_build_does_not_know_is_an_error_naming_th
         workflow
     );
     assert_eq!(
-        unreadable(store.read_snapshot(&store::WorkflowId::from("wf")).await),
+        unreadable(
+            store
+                .read_snapshot(&store::WorkflowId::from("wf"), 100, 100)
+                .await
+        ),
         workflow
     );
     assert_eq!(

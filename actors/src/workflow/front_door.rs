@@ -44,16 +44,20 @@ pub struct Launched {
     pub created: bool,
 }
 
-/// A workflow as stored: its row, journal, controls and lease.
+/// A workflow as stored: its row, lease, controls and checkpoints, and the first page of its
+/// steps and of its artifact versions (see [`store::Snapshot`]).
 #[derive(Debug, Clone, Serialize)]
 pub struct WorkflowView {
     pub row: WorkflowRow,
+    /// The first steps of its journal, in journal order (see [`store::Snapshot::steps`]).
     pub steps: Vec<StepRow>,
+    /// Its pauses and human checkpoints, whole (see [`store::Snapshot::checkpoints`]).
+    pub checkpoints: Vec<StepRow>,
     pub controls: Vec<ControlRow>,
     pub lease: Option<store::Lease>,
     /// The child runs that asked a person for approval (see [`store::Snapshot::approval_runs`]).
     pub approval_runs: Vec<store::RunRow>,
-    /// Every artifact version, without its bytes (see [`store::Snapshot::artifacts`]).
+    /// The first artifact versions, without their bytes (see [`store::Snapshot::artifacts`]).
     pub artifacts: Vec<store::ArtifactInfo>,
     /// Live by its stored status, with its lease expired on the database clock: `recover` may
     /// take it over. Derived on every read, never stored.
@@ -1096,9 +1100,19 @@ impl WorkflowsHandle {
             .await?
     }
 
-    /// A workflow with its journal, controls and lease, if it exists.
-    pub async fn get(&self, workflow_id: &WorkflowId) -> Result<Option<WorkflowView>, Error> {
-        let Some(snapshot) = self.store.read_snapshot(workflow_id).await? else {
+    /// A workflow with its lease, controls, checkpoints, first `steps_max` steps and first
+    /// `artifacts_max` artifact versions, if it exists.
+    pub async fn get(
+        &self,
+        workflow_id: &WorkflowId,
+        steps_max: u32,
+        artifacts_max: u32,
+    ) -> Result<Option<WorkflowView>, Error> {
+        let Some(snapshot) = self
+            .store
+            .read_snapshot(workflow_id, steps_max, artifacts_max)
+            .await?
+        else {
             return Ok(None);
         };
         let row = snapshot.row;
@@ -1110,6 +1124,7 @@ impl WorkflowsHandle {
         Ok(Some(WorkflowView {
             row,
             steps: snapshot.steps,
+            checkpoints: snapshot.checkpoints,
             controls: snapshot.controls,
             lease: snapshot.lease,
             approval_runs: snapshot.approval_runs,

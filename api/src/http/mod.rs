@@ -634,6 +634,8 @@ async fn dispatch(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
         Op::Recover => workflows::recover(ctx).await,
         Op::Reconcile => workflows::reconcile(ctx).await,
         Op::Delete => workflows::delete(ctx).await,
+        Op::Steps => workflows::steps(ctx).await,
+        Op::Artifacts => workflows::artifacts(ctx).await,
         Op::Artifact => workflows::artifact(ctx).await,
         Op::ArtifactChunk => workflows::artifact_chunk(ctx).await,
         Op::WorkflowEvents => events::workflow_events(ctx).await,

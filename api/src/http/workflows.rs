@@ -193,15 +193,26 @@ fn asked_wait(ctx: &Ctx<'_>, wait_ms: Option<u64>) -> Result<Option<Duration>, A
     ))
 }
 
-/// A workflow's whole record, read in one of the caller's places (see [`super::reads`]).
+/// How many steps and artifact versions a page of a record holds at most.
+pub(super) fn page_max(ctx: &Ctx<'_>) -> record::PageMax {
+    record::PageMax {
+        steps: ctx.state.http.record_steps_page_max,
+        artifacts: ctx.state.http.record_artifacts_page_max,
+    }
+}
+
+/// A workflow's record (its first page of steps and of artifact versions: see
+/// [`record::PageMax::read`]), read in one of the caller's places (see [`super::reads`]).
 pub(super) async fn read_record(
     ctx: &Ctx<'_>,
     run_id: &WorkflowId,
 ) -> Result<Result<Option<actors::WorkflowView>, actors::Error>, ApiError> {
     let user_id = &ctx.principal()?.user.id;
+    let (steps_max, artifacts_max) = page_max(ctx).read();
+    let workflows = ctx.state.node.workflows();
     ctx.state
         .record_reads
-        .read(user_id, &ctx.state.node, run_id)
+        .read(user_id, workflows.get(run_id, steps_max, artifacts_max))
         .await
 }
 
@@ -221,8 +232,8 @@ async fn wait_for(
     loop {
         let view = read_record(ctx, run_id).await??;
         let view = visible(ctx, view, run_id, Act::Read)?;
-        let record = record::record(&view);
-        if over || wait::settled(&record) {
+        let record = record::record(&view, page_max(ctx));
+        if over || wait::settled(&record, &view) {
             if waited {
                 // The caller's access may have changed while the request waited (a role taken
                 // away, a token revoked, a session ended): it is asked again before anything is
@@ -400,7 +411,97 @@ pub async fn get(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
     }
     let view = read_record(ctx, &run_id).await??;
     let view = visible(ctx, view, &run_id, Act::Read)?;
-    Ok(json_reply(StatusCode::OK, record::record(&view)))
+    Ok(json_reply(
+        StatusCode::OK,
+        record::record(&view, page_max(ctx)),
+    ))
+}
+
+/// A page's length: query `limit`, 1 to `max` (the configuration key `key`), `max` when absent.
+fn page_limit(ctx: &Ctx<'_>, max: u32, key: &str) -> Result<u32, ApiError> {
+    match ctx.query("limit") {
+        None => Ok(max),
+        Some(limit) => match limit.parse::<u32>() {
+            Ok(limit) if (1..=max).contains(&limit) => Ok(limit),
+            _ => Err(ApiError::bad_request(format!(
+                "query `limit` {limit:?} is not a number from 1 to {max} (`{key}`)"
+            ))),
+        },
+    }
+}
+
+/// `GET /api/v1/workflows/{id}/steps?after=&limit=`: the steps after a position a record gave
+/// as `steps_next` (or a page as `next`), in journal order, read in one of the caller's places.
+pub async fn steps(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
+    let run_id = run_id(ctx, None)?;
+    let max = ctx.state.http.record_steps_page_max;
+    let limit = page_limit(ctx, max, "http.record_steps_page_max")?;
+    let after = match ctx.query("after") {
+        Some(cursor) => record::parse_step_cursor(&cursor)?,
+        None => store::StepPosition::START,
+    };
+    owned_row(ctx, &run_id, Act::Read).await?;
+    let store = ctx.state.node.store();
+    let user_id = &ctx.principal()?.user.id;
+    let page = ctx
+        .state
+        .record_reads
+        .read(
+            user_id,
+            store.read_step_page(&run_id, after, limit.saturating_add(1)),
+        )
+        .await??;
+    let (steps, next) = record::step_page(&page.steps, &page.approval_runs, limit);
+    Ok(json_reply(
+        StatusCode::OK,
+        StepPageReply {
+            run_id: run_id.into_string(),
+            steps,
+            next,
+        },
+    ))
+}
+
+/// `GET /api/v1/workflows/{id}/artifacts?after=&limit=`: the artifact versions above `after` (a
+/// version a record gave as `artifacts_next`, or a page as `next`), oldest first, without their
+/// bytes, read in one of the caller's places.
+pub async fn artifacts(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
+    let run_id = run_id(ctx, None)?;
+    let max = ctx.state.http.record_artifacts_page_max;
+    let limit = page_limit(ctx, max, "http.record_artifacts_page_max")?;
+    let after = match ctx.query("after") {
+        Some(text) => text
+            .parse::<i64>()
+            .ok()
+            .filter(|version| *version >= 0)
+            .ok_or_else(|| {
+                ApiError::bad_request(format!(
+                    "query `after` {text:?} is not an artifact version (a record's \
+                     `artifacts_next`, or a page's `next`)"
+                ))
+            })?,
+        None => 0,
+    };
+    owned_row(ctx, &run_id, Act::Read).await?;
+    let store = ctx.state.node.store();
+    let user_id = &ctx.principal()?.user.id;
+    let infos = ctx
+        .state
+        .record_reads
+        .read(
+            user_id,
+            store.read_artifact_page(&run_id, after, limit.saturating_add(1)),
+        )
+        .await??;
+    let (artifacts, next) = record::artifact_page(&infos, limit);
+    Ok(json_reply(
+        StatusCode::OK,
+        ArtifactPageReply {
+            run_id: run_id.into_string(),
+            artifacts,
+            next,
+        },
+    ))
 }
 
 fn control_reply(run_id: WorkflowId, status: &str, written: &ControlWrite) -> ControlReply {

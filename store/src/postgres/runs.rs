@@ -21,11 +21,11 @@ use crate::runs::{
 };
 use crate::{Error, Result, RunId, RunStatus};
 
-/// `SELECT <run columns> FROM runs` followed by the given clauses, as one literal (SQL is never
-/// formatted per call).
+/// `SELECT <run columns> FROM runs` followed by the given clauses (literals, or macros that
+/// expand to one), as one literal (SQL is never formatted per call).
 macro_rules! select_run {
-    ($($clause:literal),+) => {
-        concat!("SELECT ", run_columns!(), " FROM runs ", $($clause),+)
+    ($($clause:tt)+) => {
+        concat!("SELECT ", run_columns!(), " FROM runs ", $($clause)+)
     };
 }
 
@@ -65,11 +65,17 @@ pub(super) fn decode(row: &Row) -> Result<RunRow> {
     })
 }
 
-/// The workflow's child runs that asked for approval (waiting for the answer, or carrying it),
-/// oldest first; the partial index `runs_asked_by_workflow` (migration 20) finds them.
+/// The workflow's child runs that asked for approval: every one waiting for the answer, and
+/// those that carry it of the steps of a page (the parameters of `step_page!`), oldest first.
+/// The partial index `runs_asked_by_workflow` (migration 20, whose predicate is the first
+/// condition's) finds them.
 pub(super) const APPROVAL_RUNS_SQL: &str = select_run!(
     "WHERE workflow = $1
        AND (status = 'waiting_for_input' OR metadata -> 'hitl_answer' IS NOT NULL)
+       AND (status = 'waiting_for_input'
+            OR (step_id, attempt) IN (SELECT step_id, attempt FROM workflow_steps ",
+    step_page!(),
+    " ORDER BY seq, attempt LIMIT $4))
      ORDER BY created_at, run_id"
 );
 

@@ -10,7 +10,7 @@ use crate::runs::{
     Admission, ApprovalAnswer, CancelAction, NewRun, RunOutcome, RunRenewal, RunRow, answered,
     pending_answer, pending_request_id, replay, run_columns, status_after_answer,
 };
-use crate::write::WriteOp;
+use crate::write::{StepPosition, WriteOp};
 use crate::{Error, Result, RunId, RunStatus, WorkflowId};
 
 fn run_row(row: &Row<'_>) -> rusqlite::Result<RawRun> {
@@ -113,20 +113,31 @@ fn read_run(connection: &Connection, run_id: &RunId) -> Result<Option<RunRow>> {
         .transpose()
 }
 
-/// The workflow's child runs that asked for approval (waiting for the answer, or carrying it),
-/// oldest first; the index on `(workflow, step_id, attempt)` finds them.
+/// The workflow's child runs that asked for approval: every one waiting for the answer, and
+/// those that carry it of the steps of a page (see `step_page!`), oldest first. The partial
+/// index `runs_asked_by_workflow` (migration 20, whose predicate is the first condition's) finds
+/// them.
 pub(super) fn approval_runs_on(
     connection: &Connection,
     workflow_id: &WorkflowId,
+    after: StepPosition,
+    limit: u32,
 ) -> Result<Vec<RunRow>> {
     let mut statement = connection.prepare_cached(concat!(
         "SELECT ",
         run_columns!(),
         " FROM runs WHERE workflow = ?1
             AND (status = 'waiting_for_input' OR json_extract(metadata, '$.hitl_answer') IS NOT NULL)
+            AND (status = 'waiting_for_input'
+                 OR (step_id, attempt) IN (SELECT step_id, attempt FROM workflow_steps ",
+        step_page!(),
+        " ORDER BY seq, attempt LIMIT ?4))
           ORDER BY created_at, run_id"
     ))?;
-    let rows = statement.query_map([workflow_id], run_row)?;
+    let rows = statement.query_map(
+        params![workflow_id, after.seq, after.attempt, limit],
+        run_row,
+    )?;
     rows.map(|row| row?.decode()).collect()
 }
 
