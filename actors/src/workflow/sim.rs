@@ -2813,3 +2813,14 @@ fn mutant_orphan_reported_as_outcome_unknown_is_found() {
         "it is orphaned, not unknown",
     );
 }
+
+/// The operator recovered a workflow whose owner admitted a run that asked for approval and
+/// lost the journal write naming it; its timeout came before the replay read the journal, so
+/// the cancellation knew no child and ended at once. Its end did not ask the workflow's live
+/// runs to stop, as every other end does: the run waited for an approval of a cancelled
+/// workflow forever (the sweep closes only runs that hold a lease).
+#[test]
+fn seed_5003486_with_timeouts_a_cancel_asks_every_run_it_never_learnt_of_to_stop() {
+    let run = run_seed(5_003_486, Faults::ALL, false);
+    assert_eq!(run.violations, Vec::<String>::new());
+}

@@ -174,12 +174,19 @@ impl WorkflowMachine {
         {
             return;
         }
+        // As every end does, it asks every run of the workflow still live to stop, in the same
+        // write: the ones this owner waited for have ended, but one it never learnt of (a run
+        // admitted by an owner whose journal write was lost, waiting for a person, when a
+        // timeout's cancel came before the journal was read) would otherwise wait on forever
+        // for an approval of a cancelled workflow (found by the simulation, seed 5003486).
+        let workflow_id = self.config.workflow_id.clone();
         let ops = vec![
             self.set_workflow(WorkflowStatus::Cancelled, self.config.document.data.clone()),
             WriteOp::MarkControlApplied { control_id },
-            WriteOp::ReleaseSlots {
-                workflow_id: self.config.workflow_id.clone(),
+            WriteOp::CancelRuns {
+                workflow_id: workflow_id.clone(),
             },
+            WriteOp::ReleaseSlots { workflow_id },
             WriteOp::ReleaseLease,
         ];
         self.unwritten.events.push(Journaled::Ended {

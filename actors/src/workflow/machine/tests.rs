@@ -982,7 +982,7 @@ fn a_cancel_interrupts_the_live_children_and_ends_once_each_has_ended() {
         drive(&mut m, stopped),
         [
             "write [step a cancelled, release slot a]",
-            "write [workflow cancelled, applied 9, release slots, release lease]",
+            "write [workflow cancelled, applied 9, cancel runs, release slots, release lease]",
             "count reins_workflows_finished_total",
             "halt ended",
         ]
