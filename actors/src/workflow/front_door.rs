@@ -24,17 +24,9 @@ use crate::error::{Error, Takeover};
 use crate::js_pool::{JsError, JsPool};
 use crate::lease::LeaseMsg;
 use crate::store_actor::StoreHandle;
+use crate::workflow::requests::{Decide, LaunchRequest, ReconcileRequest, Resume};
 use crate::workflow::rules::{self, Supervised};
 use crate::workflow::{ControlKind, Start, WorkflowArgs, WorkflowMsg, WorkflowSupervisor};
-
-/// A request to start a workflow.
-#[derive(Debug, Clone)]
-pub struct LaunchRequest {
-    pub user_id: String,
-    pub request_id: Option<String>,
-    pub script: String,
-    pub args: Value,
-}
 
 /// What a launch gave the caller.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -62,30 +54,6 @@ pub struct WorkflowView {
     /// Live by its stored status, with its lease expired on the database clock: `recover` may
     /// take it over. Derived on every read, never stored.
     pub recoverable: bool,
-}
-
-/// A `resume` of a pause, as a caller asked for it.
-#[derive(Debug, Clone)]
-pub struct Resume {
-    pub workflow_id: WorkflowId,
-    /// The digest of script and args the caller saw; a different one is refused (stale).
-    pub fingerprint: Option<String>,
-    pub step_id: String,
-    pub attempt: i32,
-    pub input: Value,
-}
-
-/// A decision on a checkpoint, as a caller asked for it.
-#[derive(Debug, Clone)]
-pub struct Decide {
-    pub workflow_id: WorkflowId,
-    pub step_id: String,
-    pub attempt: i32,
-    /// The artifact version the person looked at; the checkpoint must be about this one.
-    pub artifact_version: u64,
-    /// `approve` or `reject`.
-    pub decision: String,
-    pub comment: Option<String>,
 }
 
 /// Limits and sizes the workflows actor works with.
@@ -253,28 +221,6 @@ const TAKE_BACK_TRIES: u32 = 20;
 /// How often a cancellation asked of a workflow whose owner's lease was still valid is tried
 /// again, a lease period apart (the owner, if alive, carries it out itself meanwhile).
 const CANCEL_TAKEOVER_TRIES: u32 = 10;
-
-/// How an operator settles a step whose child run's outcome was unknown, after checking the
-/// child's real effects.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Resolution {
-    /// Run the step again as attempt + 1 (the old child run stays on record).
-    Retry,
-    /// The step failed.
-    Fail,
-    /// The step succeeded with this output.
-    Complete(Value),
-}
-
-/// A reconcile, as an operator asked for it.
-#[derive(Debug, Clone)]
-pub struct ReconcileRequest {
-    pub workflow_id: WorkflowId,
-    pub step_id: String,
-    pub resolution: Resolution,
-    pub reason: String,
-    pub by: String,
-}
 
 pub(crate) struct Workflows;
 

@@ -1,13 +1,13 @@
 //! The rules every batch of a workflow's machine keeps, whatever the event: checked on what the
-//! machine decided, where it decided it. One broken is a bug, never an operating error, so they
-//! are checked in debug builds (every test and every simulation seed) and cost nothing in a
-//! release build.
+//! machine decided, where it decided it (the machine hands each write and admission of a batch
+//! here, in order). One broken is a bug, never an operating error, so they are checked in debug
+//! builds (every test and every simulation seed) and cost nothing in a release build.
 
 use std::collections::BTreeMap;
 
 use store::{Fence, WorkflowStatus, WriteOp};
 
-use super::machine::Effect;
+use crate::child_run::RunRequest;
 
 /// What the checks remember from one batch to the next.
 #[derive(Debug, Default)]
@@ -20,36 +20,26 @@ pub(super) struct Invariants {
 }
 
 impl Invariants {
-    /// Checks one batch of effects of the machine that writes under `fence`.
-    pub(super) fn check(&mut self, fence: &Fence, out: &[Effect]) {
-        if !cfg!(debug_assertions) {
-            return;
-        }
-        for effect in out {
-            match effect {
-                Effect::Write(ops) => self.check_writes(ops),
-                Effect::Admit { request, .. } => {
-                    assert!(
-                        !self.ended,
-                        "{}: an admission of {:?} after the workflow's end",
-                        fence.resource_id, request.idempotency_key
-                    );
-                    if let Some(step) = &request.step {
-                        // The epoch never goes back: every admission carries the machine's own
-                        // fence, never one it held before.
-                        assert_eq!(
-                            &step.fence, fence,
-                            "an admission under another fence than the machine's"
-                        );
-                        self.check_writes(&step.journal);
-                    }
-                }
-                _ => {}
-            }
+    /// An admission the machine that writes under `fence` asks for.
+    pub(super) fn admitted(&mut self, fence: &Fence, request: &RunRequest) {
+        assert!(
+            !self.ended,
+            "{}: an admission of {:?} after the workflow's end",
+            fence.resource_id, request.idempotency_key
+        );
+        if let Some(step) = &request.step {
+            // The epoch never goes back: every admission carries the machine's own fence,
+            // never one it held before.
+            assert_eq!(
+                &step.fence, fence,
+                "an admission under another fence than the machine's"
+            );
+            self.written(&step.journal);
         }
     }
 
-    fn check_writes(&mut self, ops: &[WriteOp]) {
+    /// A write the machine decided on.
+    pub(super) fn written(&mut self, ops: &[WriteOp]) {
         for op in ops {
             match op {
                 WriteOp::SetWorkflow { status, .. }
@@ -80,7 +70,7 @@ impl Invariants {
 #[cfg(test)]
 mod tests {
     use serde_json::json;
-    use store::{Epoch, StepStatus, WorkflowId};
+    use store::{StepStatus, WorkflowId};
 
     use super::*;
 
@@ -96,25 +86,17 @@ mod tests {
         }
     }
 
-    fn fence() -> Fence {
-        Fence {
-            resource_id: WorkflowId::new("wf"),
-            owner: "node".into(),
-            epoch: Epoch::new(2),
-        }
-    }
-
     #[test]
     fn a_steps_attempt_may_stay_or_grow() {
         let mut invariants = Invariants::default();
-        invariants.check(&fence(), &[Effect::Write(vec![step(1), step(1), step(2)])]);
+        invariants.written(&[step(1), step(1), step(2)]);
     }
 
     #[test]
     #[should_panic(expected = "written at attempt 1 after attempt 2")]
     fn a_steps_attempt_going_back_is_a_bug() {
         let mut invariants = Invariants::default();
-        invariants.check(&fence(), &[Effect::Write(vec![step(2)])]);
-        invariants.check(&fence(), &[Effect::Write(vec![step(1)])]);
+        invariants.written(&[step(2)]);
+        invariants.written(&[step(1)]);
     }
 }

@@ -20,6 +20,7 @@ mod machine;
 #[cfg(test)]
 mod mutants;
 mod reconciliation;
+pub(crate) mod requests;
 pub(crate) mod rules;
 #[cfg(test)]
 mod sim;

@@ -15,7 +15,7 @@ use store::{
 };
 
 use super::WorkflowDocument;
-use super::front_door::{Decide, LaunchRequest, ReconcileRequest, Resolution};
+use super::requests::{Decide, LaunchRequest, ReconcileRequest, Resolution};
 use crate::error::{Error, Takeover};
 
 /// The digest a control names to prove it is about this script and these arguments.

@@ -65,12 +65,13 @@ use store::{
     Workflows, WriteOp,
 };
 
-use super::front_door::{ReconcileRequest, Resolution, SLOT_WAKES_MAX};
+use super::front_door::SLOT_WAKES_MAX;
 use super::machine::{
     Admission, Effect, Event, MachineConfig, Start, WorkflowDocument, WorkflowMachine,
 };
 use super::mutants::{self, Mutant};
 use super::reconciliation::ReconciliationReason;
+use super::requests::{ReconcileRequest, Resolution};
 use super::rules::{reconcile_writes, waiters_to_wake};
 use super::store_calls::{Routed, StoreCall};
 use crate::agents::AgentRegistry;

@@ -13,6 +13,7 @@
 
 mod auth;
 mod connections;
+mod downloads;
 mod error;
 mod events;
 pub(crate) mod host;

@@ -234,9 +234,9 @@ fn artifact(info: &ArtifactInfo) -> ArtifactRecord {
         version: info.version,
         step_id: info.source_step_id.clone(),
         path: info.path.clone(),
-        name: super::workflows::file_name(path, info.version),
+        name: super::downloads::file_name(path, info.version),
         bytes: info.bytes,
-        media_type: super::workflows::served(path, info.source_step_id.is_some())
+        media_type: super::downloads::served(path, info.source_step_id.is_some())
             .content_type
             .to_owned(),
         sha256: info.sha256.clone(),

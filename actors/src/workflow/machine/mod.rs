@@ -499,7 +499,17 @@ impl WorkflowMachine {
     /// Feeds one event; answers what to do, in order (see the module documentation).
     pub(crate) fn on(&mut self, event: Event, now: Millis) -> Vec<Effect> {
         let out = self.decide(event, now);
-        self.invariants.check(&self.config.fence, &out);
+        if cfg!(debug_assertions) {
+            for effect in &out {
+                match effect {
+                    Effect::Write(ops) => self.invariants.written(ops),
+                    Effect::Admit { request, .. } => {
+                        self.invariants.admitted(&self.config.fence, request);
+                    }
+                    _ => {}
+                }
+            }
+        }
         out
     }
 
