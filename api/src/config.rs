@@ -376,10 +376,10 @@ pub struct Limits {
     pub max_workflows: u64,
     pub max_workflows_per_owner: u64,
     pub max_active_children: u64,
-    /// The slots the agent steps of one user's workflows hold at most across the cluster, so
-    /// that one user cannot take every slot; 0 (the default) is no share: every slot. The share
-    /// holds even when nobody else waits (it halved a single user's steps/s at a quarter), so
-    /// it is for nodes of several users. See [`Limits::active_children_per_user`].
+    /// The share of the cluster's slots the agent steps of one user's workflows are sure of:
+    /// beyond it, a user's step waits while another user waits below theirs, so that one user
+    /// cannot keep every slot from the others. With nobody else waiting, one user may hold every
+    /// slot. 0 (the default) is no share: every slot. See [`Limits::active_children_per_user`].
     pub max_active_children_per_user: u64,
     pub timeout_seconds: u64,
     /// The memory all loaded scripts of the node may use together (parked ones hold none).

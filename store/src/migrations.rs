@@ -186,10 +186,16 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         postgres: include_str!("../migrations/postgres/0029_slots_per_user.sql"),
         sqlite: include_str!("../migrations/sqlite/0029_slots_per_user.sql"),
     },
+    Migration {
+        version: 30,
+        name: "fair_slots",
+        postgres: include_str!("../migrations/postgres/0030_fair_slots.sql"),
+        sqlite: include_str!("../migrations/sqlite/0030_fair_slots.sql"),
+    },
 ];
 
 /// The schema version this build expects.
-pub const SCHEMA_VERSION: i64 = 29;
+pub const SCHEMA_VERSION: i64 = 30;
 
 /// The advisory-lock key PostgreSQL migrations serialise on ("reins" in ASCII).
 pub(crate) const PG_MIGRATION_LOCK: i64 = 0x0072_6569_6e73;

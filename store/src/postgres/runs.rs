@@ -31,9 +31,11 @@ macro_rules! select_run {
 
 // Admissions with a slot claim a free slot number below `slots_max` in `reins_claim_slot`
 // (migration 7): each number is held once (a unique index), so at most `slots_max` slots are held
-// across the cluster, and two admissions wait on each other only for the same number. Before
-// that, the workflow's owner must hold fewer than `slots_per_user_max` (migration 29; two
-// admissions of one user wait on each other for that count).
+// across the cluster, and two admissions wait on each other only for the same number. Admissions
+// call it through `reins_claim_fair_slot` (migration 30), which then refuses the slot (rolled
+// back with the transaction) to a step whose workflow's owner held `slots_per_user_max` slots
+// already while another user waits below that share: two admissions of one user wait on each
+// other for that count, only while another user waits.
 
 pub(super) fn decode(row: &Row) -> Result<RunRow> {
     let run_id: RunId = row.get(0);
@@ -124,7 +126,7 @@ const INSERT_RUN_SQL: &str = concat!(
     run_columns!()
 );
 
-const CLAIM_SLOT_SQL: &str = "SELECT reins_claim_slot($1, $2, $3, $4, $5)";
+const CLAIM_SLOT_SQL: &str = "SELECT reins_claim_fair_slot($1, $2, $3, $4, $5)";
 
 pub(super) async fn prepare_admit(client: &Object, step: &WorkflowStep) -> Result<AdmitStatements> {
     let insert = client.prepare_cached(INSERT_RUN_SQL).await?;

@@ -7,7 +7,7 @@ use crate::lease::ttl_seconds;
 use crate::runs::{answered, pending_answer, pending_request_id, replay, status_after_answer};
 use crate::{
     Admission, ApprovalAnswer, CancelAction, Error, NewRun, Result, RunId, RunOutcome, RunRenewal,
-    RunRow, RunStatus, SlotRow, WorkflowId, WriteOp,
+    RunRow, RunStatus, SlotRow, StepStatus, WorkflowId, WorkflowStatus, WriteOp,
 };
 
 /// The change a durable cancel request makes to a live run: the first action asked for stands,
@@ -27,6 +27,48 @@ impl State {
         self.workflows
             .get(workflow_id)
             .map(|workflow| workflow.row.user_id.as_str())
+    }
+
+    /// The slots the steps of `user`'s workflows hold.
+    fn slots_of(&self, user: &str) -> u64 {
+        let count = self
+            .slots
+            .keys()
+            .filter(|(workflow_id, _)| self.user_of(workflow_id) == Some(user))
+            .count();
+        u64::try_from(count).unwrap_or(u64::MAX)
+    }
+
+    /// Whether the share `share` refuses a slot to a step of `workflow_id`: its owner holds it
+    /// already (less `released`, given back in the same write) while another user waits below
+    /// theirs, with a step `queued` in a running, paused or waiting_approval workflow whose
+    /// lease holds.
+    fn share_binds(&self, workflow_id: &WorkflowId, released: u64, share: u64, now: f64) -> bool {
+        let Some(user) = self.user_of(workflow_id) else {
+            return false;
+        };
+        if self.slots_of(user).saturating_sub(released) < share {
+            return false;
+        }
+        self.workflows.iter().any(|(waiting_id, workflow)| {
+            let other = workflow.row.user_id.as_str();
+            other != user
+                && matches!(
+                    workflow.row.status,
+                    WorkflowStatus::Running
+                        | WorkflowStatus::Paused
+                        | WorkflowStatus::WaitingApproval
+                )
+                && self
+                    .leases
+                    .get(waiting_id)
+                    .is_some_and(|lease| lease.expires_at > now)
+                && workflow
+                    .steps
+                    .values()
+                    .any(|step| step.row.status == StepStatus::Queued)
+                && self.slots_of(other) < share
+        })
     }
 
     fn admit(&mut self, run: NewRun, now: f64) -> Result<Admission> {
@@ -70,17 +112,12 @@ impl State {
                     return Ok(Admission::Queued);
                 }
                 self.exists(&step.workflow_id)?;
-                // The owner's share: the slots of all their workflows' steps, less those the
-                // carried journal gives back.
-                let user = self.user_of(&step.workflow_id);
-                let held_by_user = |workflow_id: &WorkflowId| self.user_of(workflow_id) == user;
-                let taken_by_user = self
-                    .slots
-                    .keys()
-                    .filter(|(workflow_id, _)| held_by_user(workflow_id))
-                    .count()
-                    .saturating_sub(released.iter().filter(|w| held_by_user(w)).count());
-                if u64::try_from(taken_by_user).unwrap_or(u64::MAX) >= step.slots_per_user_max {
+                // The owner's share, less the slots the carried journal gives back (the
+                // workflow's own, so its owner's).
+                let released = u64::try_from(released.len()).unwrap_or(u64::MAX);
+                if step.slots_per_user_max < step.slots_max
+                    && self.share_binds(&step.workflow_id, released, step.slots_per_user_max, now)
+                {
                     return Ok(Admission::Queued);
                 }
             }

@@ -1,0 +1,3 @@
+-- Migration 30 of PostgreSQL adds the claim function of a share that binds only while another
+-- user waits; SQLite decides the same in the admission's transaction (`sqlite/runs.rs`): nothing
+-- changes here.
