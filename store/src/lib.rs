@@ -39,8 +39,8 @@ pub use operations::{
 };
 pub use operators::{BackupReport, SlotRow, StatusCount};
 pub use runs::{
-    Admission, ApprovalAnswer, CancelAction, NewRun, RunOutcome, RunRenewal, RunRow, WorkflowStep,
-    pending_request_id,
+    Admission, ApprovalAnswer, CancelAction, NewRun, RunOutcome, RunRenewal, RunRow, RunSlot,
+    WorkflowStep, pending_request_id,
 };
 pub use sim::{SimClock, SimStore};
 pub use status::{COUNTED_STATUSES, LIVE_STATUSES, RunStatus, StepStatus, WorkflowStatus};

@@ -95,6 +95,19 @@ pub enum Admission {
     Queued,
 }
 
+/// What claiming the slot of an answered run ([`crate::Runs::claim_run_slot`]) did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunSlot {
+    /// The run's step holds a slot: claimed now, or held already.
+    Held,
+    /// No slot for it now (every slot is taken, or its owner holds their share while another
+    /// user waits): nothing was written; ask again when one frees.
+    Queued,
+    /// The run is not the caller's `running` run of a step, without a cancel request, of a
+    /// running, paused or waiting_approval workflow: nothing was written.
+    Refused,
+}
+
 /// A row of `runs`.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct RunRow {

@@ -1,6 +1,7 @@
--- A share of the cluster's child slots that binds only while another user waits (issue 29 item 7).
+-- A share of the cluster's child slots that binds only while another user waits, and runs that
+-- wait for a person holding no slot (issue 29 item 7).
 --
--- `reins_claim_fair_slot(workflow, step, attempt, max, user_max)` is what this build's
+-- 1. `reins_claim_fair_slot(workflow, step, attempt, max, user_max)` is what this build's
 --    admissions call. A step whose workflow's owner holds `p_user_max` slots or more is refused
 --    (RS001, as for a full cluster) only while another user waits for a slot below their own
 --    share: a step of that user's is `queued` in a live workflow (running, paused or
@@ -17,6 +18,16 @@
 --    `reins_claim_slot` of migration 29 stays as it was: a node of the build before calls it
 --    during a rolling upgrade (its share then binds always).
 --
+-- 2. `reins_claim_run_slot(run, owner, max, user_max)`: the slot an answered run needs again
+--    before its live agent goes on (a run waiting for a person gives its slot back in the write
+--    that records the wait). Claimed under the same rules, for the run's step, only while
+--    `p_owner` owns the run, it is `running` without a cancel request (a workflow's end asks
+--    every live run to stop, so a late claim cannot outlive it) and its workflow is running,
+--    paused or waiting_approval. The run's row is locked first, so such an end waits for the
+--    claim, and then gives back the slot with every other. `false`: no such run; RS001: no slot.
+--
+-- 3. Runs already waiting for a person give their slots back.
+
 CREATE OR REPLACE FUNCTION reins_claim_fair_slot(p_workflow TEXT, p_step TEXT, p_attempt INTEGER,
                                                  p_max BIGINT, p_user_max BIGINT)
 RETURNS void LANGUAGE plpgsql AS $$
@@ -77,3 +88,29 @@ BEGIN
     END IF;
 END
 $$;
+
+CREATE OR REPLACE FUNCTION reins_claim_run_slot(p_run TEXT, p_owner TEXT, p_max BIGINT,
+                                                p_user_max BIGINT)
+RETURNS boolean LANGUAGE plpgsql AS $$
+DECLARE
+    v_workflow TEXT;
+    v_step TEXT;
+    v_attempt INTEGER;
+BEGIN
+    SELECT r.workflow, r.step_id, r.attempt INTO v_workflow, v_step, v_attempt
+      FROM runs AS r JOIN workflows AS w ON w.id = r.workflow
+     WHERE r.run_id = p_run AND r.owner_worker_id = p_owner AND r.status = 'running'
+       AND r.cancel_action IS NULL AND r.step_id IS NOT NULL
+       AND w.status IN ('running', 'paused', 'waiting_approval')
+       FOR UPDATE OF r;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    PERFORM reins_claim_fair_slot(v_workflow, v_step, v_attempt, p_max, p_user_max);
+    RETURN true;
+END
+$$;
+
+DELETE FROM workflow_slots AS s USING runs AS r
+ WHERE r.status = 'waiting_for_input'
+   AND s.workflow = r.workflow AND s.step_id = r.step_id AND s.attempt = r.attempt;

@@ -7,8 +7,8 @@ use serde_json::Value;
 use super::{Encoded, SqliteStore, apply, check_fence, parse_json};
 use crate::lease::ttl_seconds;
 use crate::runs::{
-    Admission, ApprovalAnswer, CancelAction, NewRun, RunOutcome, RunRenewal, RunRow, answered,
-    pending_answer, pending_request_id, replay, run_columns, status_after_answer,
+    Admission, ApprovalAnswer, CancelAction, NewRun, RunOutcome, RunRenewal, RunRow, RunSlot,
+    answered, pending_answer, pending_request_id, replay, run_columns, status_after_answer,
 };
 use crate::write::WriteOp;
 use crate::{Error, Result, RunId, RunStatus, WorkflowId};
@@ -491,6 +491,17 @@ impl SqliteStore {
                     status.as_str(),
                     metadata.map(|m| m.to_string())
                 ])?;
+            if changed == 1 && status == RunStatus::WaitingForInput {
+                // Nobody runs while a person decides: the step's slot is given back in the
+                // same transaction (its delete cues the steps waiting for one).
+                connection
+                    .prepare_cached(
+                        "DELETE FROM workflow_slots
+                          WHERE (workflow, step_id, attempt) =
+                                (SELECT workflow, step_id, attempt FROM runs WHERE run_id = ?1)",
+                    )?
+                    .execute(params![run_id])?;
+            }
             Ok(changed == 1)
         })
         .await
@@ -600,6 +611,50 @@ impl SqliteStore {
                     answer.previous_metadata.to_string()
                 ])?;
             Ok(changed == 1)
+        })
+        .await
+    }
+
+    pub(crate) async fn claim_run_slot(
+        &self,
+        run_id: &RunId,
+        owner: &str,
+        slots_max: u64,
+        slots_per_user_max: u64,
+    ) -> Result<RunSlot> {
+        let (run_id, owner) = (run_id.to_owned(), owner.to_owned());
+        self.write(move |connection| {
+            let step = connection
+                .prepare_cached(
+                    "SELECT r.workflow, r.step_id, r.attempt
+                       FROM runs AS r JOIN workflows AS w ON w.id = r.workflow
+                      WHERE r.run_id = ?1 AND r.owner_worker_id = ?2 AND r.status = 'running'
+                        AND r.cancel_action IS NULL AND r.step_id IS NOT NULL
+                        AND w.status IN ('running', 'paused', 'waiting_approval')",
+                )?
+                .query_row(params![run_id, owner], |row| {
+                    Ok((
+                        row.get::<_, WorkflowId>(0)?,
+                        row.get::<_, String>(1)?,
+                        row.get::<_, i32>(2)?,
+                    ))
+                })
+                .optional()?;
+            let Some((workflow_id, step_id, attempt)) = step else {
+                return Ok(RunSlot::Refused);
+            };
+            let place = SlotPlace {
+                workflow_id: &workflow_id,
+                step_id: &step_id,
+                attempt,
+                slots_max,
+                slots_per_user_max,
+            };
+            Ok(if claim_slot(connection, &place, 0)? {
+                RunSlot::Held
+            } else {
+                RunSlot::Queued
+            })
         })
         .await
     }

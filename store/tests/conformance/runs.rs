@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 use store::{
-    Admission, CancelAction, Error, NewRun, RunId, RunOutcome, RunStatus, StepStatus, WorkflowStep,
-    WriteOp,
+    Admission, CancelAction, Error, NewRun, RunId, RunOutcome, RunSlot, RunStatus, StepStatus,
+    WorkflowStep, WriteOp,
 };
 use tokio::sync::Barrier;
 
@@ -468,6 +468,51 @@ conformance! {
         store.fenced_write(&bob.fence(), vec![entry(&bob, "b1", StepStatus::Cancelled)]).await.expect("cancelled");
         assert!(race(queued).await.is_empty());
         assert_eq!(store.count_slots().await.expect("slots"), 12);
+    }
+}
+
+conformance! {
+    /// A run whose agent waits for a person gives its step's slot back in the write that records
+    /// the wait (before, it kept it until the step ended, even with its node gone). Answered, its
+    /// live agent's run claims a slot again under the same rules as an admission: queued while
+    /// the cluster is full, then held (once: a second claim keeps it); only by its owner, and
+    /// not once it was asked to stop.
+    async fn a_run_waiting_for_a_person_holds_no_slot_and_claims_one_again_once_answered(db) {
+        let store = db.store().await;
+        let ann = workflow_of(&*store, "wf-ann", "ann", "node-a", 60_000).await;
+        let bob = workflow_of(&*store, "wf-bob", "bob", "node-a", 60_000).await;
+        let asking = admitted(&*store, step_of(&ann, "ask", 2, 1, Vec::new())).await.run_id;
+        let attached = json!({"hitl_approval": {"request_id": "r1", "attached": true}});
+        assert!(store.update_run_status(&asking, "node-a", RunStatus::WaitingForInput, Some(attached)).await.expect("pause"));
+        assert_eq!(store.count_slots().await.expect("slots"), 0);
+        // Bob's steps take both slots meanwhile, over his share: nobody else waits for one.
+        admitted(&*store, step_of(&bob, "b1", 2, 1, Vec::new())).await;
+        admitted(&*store, step_of(&bob, "b2", 2, 1, Vec::new())).await;
+
+        let thread = "t-wf-ann-ask";
+        let answer = store.answer_approval(thread, &["r1".into()], &approve()).await.expect("answer");
+        assert_eq!(answer.map(|a| a.status), Some(RunStatus::Running));
+        let claim = |owner: &'static str| {
+            let (store, asking) = (Arc::clone(&store), asking.clone());
+            async move { store.claim_run_slot(&asking, owner, 2, 1).await.expect("claim") }
+        };
+        assert_eq!(claim("node-a").await, RunSlot::Queued);
+        store.fenced_write(&bob.fence(), vec![release(&bob, "b1")]).await.expect("release");
+        assert_eq!(claim("node-b").await, RunSlot::Refused, "another node claimed its slot");
+        assert_eq!(store.count_slots().await.expect("slots"), 1);
+        assert_eq!(claim("node-a").await, RunSlot::Held);
+        assert_eq!(claim("node-a").await, RunSlot::Held);
+        assert_eq!(store.count_slots().await.expect("slots"), 2);
+        let slots = store.list_slots(10).await.expect("slots");
+        assert!(slots.iter().any(|slot| slot.workflow_id == "wf-ann" && slot.step_id == "ask"), "{slots:?}");
+
+        // A run asked to stop claims nothing; neither does a run of no workflow.
+        store.fenced_write(&ann.fence(), vec![release(&ann, "ask")]).await.expect("release");
+        assert_eq!(store.request_run_cancel(&asking, CancelAction::Interrupt).await.expect("cancel"), Some(CancelAction::Interrupt));
+        assert_eq!(claim("node-a").await, RunSlot::Refused);
+        let plain = admitted(&*store, new_run("plain", "t-plain", "node-a")).await.run_id;
+        assert_eq!(store.claim_run_slot(&plain, "node-a", 2, 1).await.expect("claim"), RunSlot::Refused);
+        assert_eq!(store.count_slots().await.expect("slots"), 1);
     }
 }
 
