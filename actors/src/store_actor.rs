@@ -982,6 +982,28 @@ impl StoreHandle {
         .await
     }
 
+    /// See [`Store::claim_run_slot`].
+    pub async fn claim_run_slot(
+        &self,
+        run_id: &RunId,
+        owner: &str,
+        slots_max: u64,
+        slots_per_user_max: u64,
+    ) -> store::Result<store::RunSlot> {
+        let key = run_id.as_str();
+        let (run_id, owner) = (run_id.to_owned(), owner.to_owned());
+        self.call_about(
+            Operation::ClaimRunSlot,
+            Some(key),
+            move |store| async move {
+                store
+                    .claim_run_slot(&run_id, &owner, slots_max, slots_per_user_max)
+                    .await
+            },
+        )
+        .await
+    }
+
     /// See [`Store::finalize_run`].
     pub async fn finalize_run(
         &self,

@@ -384,10 +384,11 @@ pub struct Limits {
     pub max_workflows: u64,
     pub max_workflows_per_owner: u64,
     pub max_active_children: u64,
-    /// The slots the agent steps of one user's workflows hold at most across the cluster, so
-    /// that one user cannot take every slot; 0 (the default) is no share: every slot. The share
-    /// holds even when nobody else waits (it halved a single user's steps/s at a quarter), so
-    /// it is for nodes of several users. See [`Limits::active_children_per_user`].
+    /// The share of the cluster's slots the agent steps of one user's workflows are sure of:
+    /// beyond it, a user's step waits while another user waits below theirs, so that one user
+    /// cannot keep every slot from the others. With nobody else waiting, one user may hold every
+    /// slot. 0 (the default) is half of `max_active_children`, rounded up; `max_active_children`
+    /// turns the share off. See [`Limits::active_children_per_user`].
     pub max_active_children_per_user: u64,
     pub timeout_seconds: u64,
     /// The memory all loaded scripts of the node may use together (parked ones hold none).
@@ -506,11 +507,14 @@ impl Default for ShutdownConfig {
 }
 
 impl Limits {
-    /// The share of the cluster's agent slots one user's steps hold at most: the configured
-    /// `max_active_children_per_user`, or for 0 every slot (`max_active_children`).
+    /// The share of the cluster's agent slots one user's steps are sure of: the configured
+    /// `max_active_children_per_user`, or for 0 half of `max_active_children`, rounded up. Half,
+    /// because the share binds only while another user waits: two users then end up with half
+    /// each, and among more users, none holds more than half while another waits below it; a
+    /// user alone still takes every slot.
     pub fn active_children_per_user(&self) -> u64 {
         match self.max_active_children_per_user {
-            0 => self.max_active_children,
+            0 => self.max_active_children.div_ceil(2),
             per_user => per_user,
         }
     }
@@ -1122,7 +1126,7 @@ mod tests {
     }
 
     #[test]
-    fn a_users_share_of_the_slots_is_every_slot_by_default_and_bounded_by_the_cluster() {
+    fn a_users_share_of_the_slots_is_half_the_slots_by_default_and_bounded_by_the_cluster() {
         let load = |vars: &[(&str, &str)]| Config::load(None, env(vars));
         let share = |vars: &[(&str, &str)]| {
             load(vars)
@@ -1131,10 +1135,12 @@ mod tests {
                 .limits
                 .active_children_per_user()
         };
-        assert_eq!(share(&[]), 32);
-        assert_eq!(share(&[("REINS_LIMITS__MAX_ACTIVE_CHILDREN", "3")]), 3);
+        assert_eq!(share(&[]), 16);
+        let cluster = "REINS_LIMITS__MAX_ACTIVE_CHILDREN";
+        assert_eq!(share(&[(cluster, "3")]), 2, "half, rounded up");
+        assert_eq!(share(&[(cluster, "1")]), 1);
         let per_user = "REINS_LIMITS__MAX_ACTIVE_CHILDREN_PER_USER";
-        assert_eq!(share(&[(per_user, "0")]), 32, "0 stands for the default");
+        assert_eq!(share(&[(per_user, "0")]), 16, "0 stands for the default");
         for edge in ["1", "32"] {
             assert_eq!(share(&[(per_user, edge)]).to_string(), edge);
         }

@@ -18,8 +18,8 @@ use crate::{
     Admission, ApprovalAnswer, ArtifactInfo, ArtifactRow, BackupReport, CancelAction, ControlRow,
     ControlWrite, Deletion, EventPage, EventRow, Fence, Launch, LaunchLimits, Lease, ListFilter,
     ListedWorkflow, MigrationReport, NewControl, NewRun, NewToken, NewUser, NewWorkflow,
-    NodeRecord, Orphaned, Purpose, Result, RunId, RunOutcome, RunRenewal, RunRow, RunStatus,
-    SlotRow, Snapshot, StatusCount, StepPage, StepPosition, StepRow, TakeOver, TokenRow,
+    NodeRecord, Orphaned, Purpose, Result, RunId, RunOutcome, RunRenewal, RunRow, RunSlot,
+    RunStatus, SlotRow, Snapshot, StatusCount, StepPage, StepPosition, StepRow, TakeOver, TokenRow,
     UserChange, UserChanged, UserDeletion, UserRow, Versions, WorkflowId, WorkflowRow, WriteOp,
 };
 
@@ -258,7 +258,9 @@ macro_rules! with_operations {
                 write RequestRunCancel:
                 fn request_run_cancel(&self, run_id: &RunId, action: CancelAction) -> Option<CancelAction>;
                 /// Moves a run `owner` still owns from `pending`/`running` to another live status
-                /// (`running`, `waiting_for_input`), optionally replacing its metadata.
+                /// (`running`, `waiting_for_input`), optionally replacing its metadata. A run that now
+                /// waits for a person gives back the slot its step held in the same write: nobody runs
+                /// while a person decides.
                 write UpdateRunStatus: fn update_run_status(
                     &self,
                     run_id: &RunId,
@@ -287,6 +289,19 @@ macro_rules! with_operations {
                     request_ids: &[String],
                     answer: &Value
                 ) -> Option<ApprovalAnswer>;
+                /// Claims a slot again for the step of `run_id`, an answered run whose live agent goes on
+                /// only with one (its pause gave the slot back), under the rules of an admission:
+                /// `slots_max` across the cluster and the share `slots_per_user_max` of its workflow's
+                /// owner ([`crate::WorkflowStep::slots_per_user_max`]). Only while `owner` owns the run,
+                /// it is `running` without a cancel request, and its workflow is running, paused or
+                /// waiting_approval; a slot the step holds already is kept.
+                write ClaimRunSlot: fn claim_run_slot(
+                    &self,
+                    run_id: &RunId,
+                    owner: &str,
+                    slots_max: u64,
+                    slots_per_user_max: u64
+                ) -> RunSlot;
                 /// Undoes an answer, only if nothing was committed on the run since.
                 write RestoreApproval: fn restore_approval(&self, answer: &ApprovalAnswer) -> bool;
                 /// Claims up to `limit` live runs whose lease expired (their node is gone) and closes
