@@ -558,6 +558,9 @@ struct Sim {
     /// Ends of runs whose caller had not asked to follow them yet, by (supervisor, call): the
     /// receiver `WorkflowState::started` keeps.
     ended: BTreeMap<(u64, CallId), KeptEnd>,
+    /// The stop reason of the row each run's latest admission answer handed a machine, as the
+    /// machine took it: what a reconciliation's reason is judged by.
+    admitted_rows: BTreeMap<RunId, Option<String>>,
     /// Each approval answered: its run and the comment of the answer that won.
     approvals: Vec<(RunId, String)>,
     /// The reconciles the operator made of each workflow, in order.
@@ -624,6 +627,7 @@ impl Sim {
             slots_max: 32,
             slots_held: 0,
             approvals: Vec::new(),
+            admitted_rows: BTreeMap::new(),
             next_id: 0,
             agents,
             versions,
@@ -989,8 +993,21 @@ impl Sim {
                 .collect()
         });
         let now = self.now();
+        self.observe(&event);
         let queue = supervisor.machine.on(event, now).into();
         self.drive(target, supervisor, queue);
+    }
+
+    /// Notes what an admission's answer hands a machine (see `admitted_rows`).
+    fn observe(&mut self, event: &Event) {
+        if let Event::Admission {
+            result: Admission::Existing(row),
+            ..
+        } = event
+        {
+            self.admitted_rows
+                .insert(row.run_id.clone(), row.stop_reason.clone());
+        }
     }
 
     /// A delayed store answer came: the call is performed now and the supervisor goes on.
@@ -1062,6 +1079,7 @@ impl Sim {
                     .collect()
             });
             let now = self.now();
+            self.observe(&event);
             queue = supervisor.machine.on(event, now).into();
         }
         self.nodes[target.node]
@@ -2328,9 +2346,13 @@ impl Sim {
                         && run.step_id.as_deref() == Some(step_id)
                 })
             });
-        let swept_before = |run: &RunRow| {
-            run.stop_reason.as_deref() == Some("orphan_recovered")
-                && run.updated_at * 1000.0 < why["at_ms"].as_f64().unwrap_or(f64::MAX)
+        // The machine judges the row an admission answered, which may have waited in its
+        // mailbox behind a delayed store answer: what counts is the row it was handed.
+        let seen_orphaned = |run: &RunRow| {
+            self.admitted_rows
+                .get(&run.run_id)
+                .and_then(Option::as_deref)
+                == Some("orphan_recovered")
         };
         let wrong = match (reason, run) {
             (ReconciliationReason::JournalUnreadable, _) => Some("no journal is damaged here"),
@@ -2347,7 +2369,7 @@ impl Sim {
             (ReconciliationReason::OrphanedChild, Some(Some(run))) => (run.stop_reason.as_deref()
                 != Some("orphan_recovered"))
             .then_some("the orphan sweep did not close the run"),
-            (ReconciliationReason::ChildOutcomeUnknown, Some(Some(run))) => swept_before(run)
+            (ReconciliationReason::ChildOutcomeUnknown, Some(Some(run))) => seen_orphaned(run)
                 .then_some("the orphan sweep had closed the run: it is orphaned, not unknown"),
             (ReconciliationReason::ChildEndUnrecorded, Some(Some(_))) => None,
         };
@@ -2823,5 +2845,15 @@ fn mutant_orphan_reported_as_outcome_unknown_is_found() {
 #[test]
 fn seed_5003486_with_timeouts_a_cancel_asks_every_run_it_never_learnt_of_to_stop() {
     let run = run_seed(5_003_486, Faults::ALL, false);
+    assert_eq!(run.violations, Vec::<String>::new());
+}
+
+/// A supervisor waiting for a delayed store answer kept an admission's answer in its mailbox:
+/// by the time it judged the run the answer showed live, the orphan sweep had closed it. The
+/// machine rightly said "outcome unknown" of what it was handed; the oracle held it to the row
+/// as of the decision instead of the row the admission answered.
+#[test]
+fn seed_5012904_a_reason_is_judged_by_the_row_the_admission_answered() {
+    let run = run_seed(5_012_904, Faults::ALL, false);
     assert_eq!(run.violations, Vec::<String>::new());
 }
