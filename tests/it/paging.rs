@@ -202,16 +202,8 @@ async fn a_records_steps_and_artifacts_come_in_bounded_pages_each_once_in_order(
         (step_ids(&compat["steps"]), &compat["steps_next"]),
         (step_ids(&record["steps"]), &json!("3_1"))
     );
-    let created = api
-        .call(
-            "POST",
-            "/api/v1/auth/users",
-            Some(json!({"email": "bob@example.com", "password": PASSWORD})),
-        )
-        .await;
-    assert_eq!(created.status, 201, "{created:?}");
-    let mut bob = node.api();
-    assert_eq!(bob.login("bob@example.com", PASSWORD).await.status, 200);
+    crate::users::create(&mut api, "bob@example.com", None).await;
+    let mut bob = crate::users::signed_in(&node, "bob@example.com", PASSWORD).await;
     for path in [&steps, &artifacts] {
         assert_refused(
             &bob.call("GET", path, None).await,
@@ -355,16 +347,8 @@ async fn one_users_reads_of_a_long_record_never_hold_up_another_users_get_and_la
     let all = walk_pages(&mut owner, &run_id, &record, PAGE).await;
     assert_eq!(all, 256);
 
-    let created = owner
-        .call(
-            "POST",
-            "/api/v1/auth/users",
-            Some(json!({"email": "bob@example.com", "password": PASSWORD})),
-        )
-        .await;
-    assert_eq!(created.status, 201, "{created:?}");
-    let mut bob = node.api();
-    assert_eq!(bob.login("bob@example.com", PASSWORD).await.status, 200);
+    crate::users::create(&mut owner, "bob@example.com", None).await;
+    let mut bob = crate::users::signed_in(&node, "bob@example.com", PASSWORD).await;
     let bobs = launch(&mut bob, "return 1;").await;
     wait_for(&mut bob, &bobs, "completed").await;
 

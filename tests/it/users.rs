@@ -14,7 +14,7 @@ const BOB: &str = "bob@example.com";
 const CAROL: &str = "carol@example.com";
 const NEW_PASSWORD: &str = "a brand new passphrase";
 
-async fn create(admin: &mut Api, email: &str, role: Option<&str>) -> Value {
+pub(crate) async fn create(admin: &mut Api, email: &str, role: Option<&str>) -> Value {
     let mut body = json!({"email": email, "password": PASSWORD});
     if let Some(role) = role {
         body["role"] = json!(role);
@@ -24,7 +24,7 @@ async fn create(admin: &mut Api, email: &str, role: Option<&str>) -> Value {
     created.json()
 }
 
-async fn signed_in(node: &Node, email: &str, password: &str) -> Api {
+pub(crate) async fn signed_in(node: &Node, email: &str, password: &str) -> Api {
     let mut api = node.api();
     let answer = api.login(email, password).await;
     assert_eq!(answer.status, 200, "{answer:?}");
