@@ -5,6 +5,9 @@
 //!
 //! SQLite always runs; PostgreSQL when `REINS_BENCH_PG` names an admin URL. `REINS_BENCH_WORKFLOWS`
 //! sets the workflows of (b) (default 1000), `REINS_BENCH_PARKED` the parked ones (default 10000).
+//! `REINS_BENCH_SLOTS` caps the node's agent slots (`max_active_children`, default 10000) and
+//! `REINS_BENCH_SLOTS_PER_USER` sets the one user's share of them (default: all of them), so a
+//! share can be measured against none in the same build.
 
 #[path = "../../benches/support.rs"]
 mod support;
@@ -100,8 +103,12 @@ async fn measure(
         orphan_sweep: Duration::from_secs(30),
     };
     let mut node_options = NodeOptions::new(runs, Arc::new(agents));
-    node_options.workflows.slots_max = 10_000;
-    node_options.workflows.slots_per_user_max = 10_000;
+    let slots_max = env("REINS_BENCH_SLOTS", 10_000);
+    let slots_per_user_max = env("REINS_BENCH_SLOTS_PER_USER", slots_max);
+    node_options.workflows.slots_max = u64::try_from(slots_max).unwrap_or(u64::MAX);
+    node_options.workflows.slots_per_user_max =
+        u64::try_from(slots_per_user_max).unwrap_or(u64::MAX);
+    println!("{backend}: {slots_max} agent slots, a share of {slots_per_user_max}");
     let identity = NodeIdentity {
         worker_id: format!("bench-{backend}"),
         host: "bench".into(),

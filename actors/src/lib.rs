@@ -6,6 +6,7 @@
 //! [`WorkflowsHandle`]), never raw `ActorRef`s.
 
 pub mod agents;
+mod backoff;
 mod child_run;
 mod error;
 pub mod events;
@@ -31,7 +32,6 @@ pub use lease::{LeaseView, Leased};
 pub use node::{ActorView, Node, NodeIdentity, NodeOptions, NodeStatus, QueueView};
 pub use store_actor::{StoreHandle, StoreHealth};
 pub use workflow::ControlKind;
-pub use workflow::front_door::{
-    Decide, LaunchRequest, Launched, ReconcileRequest, Resolution, Resume, WorkflowView,
-    WorkflowsHandle, WorkflowsOptions, fingerprint,
-};
+pub use workflow::front_door::{Launched, WorkflowView, WorkflowsHandle, WorkflowsOptions};
+pub use workflow::requests::{Decide, LaunchRequest, ReconcileRequest, Resolution, Resume};
+pub use workflow::rules::fingerprint;

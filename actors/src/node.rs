@@ -242,6 +242,8 @@ impl Actor for NodeSupervisor {
                 agents: Arc::clone(&options.agents),
                 worker_id: worker_id.clone(),
                 options: options.runs,
+                changes: changes.clone(),
+                wake_fallback: options.workflows.wake_fallback,
             },
             myself.get_cell(),
         )

@@ -619,10 +619,42 @@ impl StoreHandle {
     pub async fn read_snapshot(
         &self,
         workflow_id: &WorkflowId,
+        steps_max: u32,
+        artifacts_max: u32,
     ) -> store::Result<Option<store::Snapshot>> {
         let workflow_id = workflow_id.to_owned();
         self.call(Operation::ReadSnapshot, move |store| async move {
-            store.read_snapshot(&workflow_id).await
+            store
+                .read_snapshot(&workflow_id, steps_max, artifacts_max)
+                .await
+        })
+        .await
+    }
+
+    /// See [`Store::read_step_page`].
+    pub async fn read_step_page(
+        &self,
+        workflow_id: &WorkflowId,
+        after: store::StepPosition,
+        limit: u32,
+    ) -> store::Result<store::StepPage> {
+        let workflow_id = workflow_id.to_owned();
+        self.call(Operation::ReadStepPage, move |store| async move {
+            store.read_step_page(&workflow_id, after, limit).await
+        })
+        .await
+    }
+
+    /// See [`Store::read_artifact_page`].
+    pub async fn read_artifact_page(
+        &self,
+        workflow_id: &WorkflowId,
+        after: i64,
+        limit: u32,
+    ) -> store::Result<Vec<store::ArtifactInfo>> {
+        let workflow_id = workflow_id.to_owned();
+        self.call(Operation::ReadArtifactPage, move |store| async move {
+            store.read_artifact_page(&workflow_id, after, limit).await
         })
         .await
     }
@@ -956,6 +988,28 @@ impl StoreHandle {
             move |store| async move {
                 store
                     .update_run_status(&run_id, &owner, status, metadata)
+                    .await
+            },
+        )
+        .await
+    }
+
+    /// See [`Store::claim_run_slot`].
+    pub async fn claim_run_slot(
+        &self,
+        run_id: &RunId,
+        owner: &str,
+        slots_max: u64,
+        slots_per_user_max: u64,
+    ) -> store::Result<store::RunSlot> {
+        let key = run_id.as_str();
+        let (run_id, owner) = (run_id.to_owned(), owner.to_owned());
+        self.call_about(
+            Operation::ClaimRunSlot,
+            Some(key),
+            move |store| async move {
+                store
+                    .claim_run_slot(&run_id, &owner, slots_max, slots_per_user_max)
                     .await
             },
         )

@@ -168,6 +168,12 @@ pub struct HttpConfig {
     /// How long a record read waits for one of its user's places before it is answered 429
     /// `reads_busy`.
     pub record_read_wait_ms: u64,
+    /// Steps one page of a workflow's record holds at most (`get`, and each page of
+    /// `GET /api/v1/workflows/{id}/steps`): a read holds a page, never the whole journal.
+    pub record_steps_page_max: u32,
+    /// Artifact versions (without their bytes) one page of a workflow's record holds at most
+    /// (`get`, and each page of `GET /api/v1/workflows/{id}/artifacts`).
+    pub record_artifacts_page_max: u32,
     /// How long a connection may take to send a request's head, counted from when it opens or
     /// finishes its previous request (so also how long an idle keep-alive connection stays).
     pub head_timeout_ms: u64,
@@ -220,6 +226,8 @@ impl Default for HttpConfig {
             waiters_per_user_max: 512,
             record_reads_per_user_max: 8,
             record_read_wait_ms: 10_000,
+            record_steps_page_max: 100,
+            record_artifacts_page_max: 500,
             head_timeout_ms: 10_000,
             body_timeout_ms: 30_000,
             connections_max: 1024,
@@ -376,10 +384,11 @@ pub struct Limits {
     pub max_workflows: u64,
     pub max_workflows_per_owner: u64,
     pub max_active_children: u64,
-    /// The slots the agent steps of one user's workflows hold at most across the cluster, so
-    /// that one user cannot take every slot; 0 (the default) is no share: every slot. The share
-    /// holds even when nobody else waits (it halved a single user's steps/s at a quarter), so
-    /// it is for nodes of several users. See [`Limits::active_children_per_user`].
+    /// The share of the cluster's slots the agent steps of one user's workflows are sure of:
+    /// beyond it, a user's step waits while another user waits below theirs, so that one user
+    /// cannot keep every slot from the others. With nobody else waiting, one user may hold every
+    /// slot. 0 (the default) is half of `max_active_children`, rounded up; `max_active_children`
+    /// turns the share off. See [`Limits::active_children_per_user`].
     pub max_active_children_per_user: u64,
     /// The bytes one user's workflows store at most: their artifacts (captured files and agent
     /// outputs) and the room their running workflows hold for artifacts to come. A step whose
@@ -445,6 +454,9 @@ pub struct StoreConfig {
     pub write_batch_max: usize,
     pub pg_writers: usize,
     pub pg_batch_max: usize,
+    /// PostgreSQL: the pool's connections reads hold at once at most (at most `pool_size - 1`
+    /// of them), so that heavy reads never take the connections writes need.
+    pub pg_read_connections_max: usize,
     /// PostgreSQL: how long sent data may go unacknowledged before a connection is dropped.
     pub pg_tcp_user_timeout_ms: u64,
     /// PostgreSQL: idle time before a keepalive probe, and the time between probes.
@@ -469,6 +481,7 @@ impl Default for StoreConfig {
             write_batch_max: defaults.write_batch_max,
             pg_writers: defaults.pg_writers,
             pg_batch_max: defaults.pg_batch_max,
+            pg_read_connections_max: defaults.pg_read_connections_max,
             pg_tcp_user_timeout_ms: millis(defaults.pg_tcp_user_timeout),
             pg_keepalives_idle_seconds: defaults.pg_keepalives_idle.as_secs(),
             pg_keepalives_interval_seconds: defaults.pg_keepalives_interval.as_secs(),
@@ -499,11 +512,14 @@ impl Default for ShutdownConfig {
 }
 
 impl Limits {
-    /// The share of the cluster's agent slots one user's steps hold at most: the configured
-    /// `max_active_children_per_user`, or for 0 every slot (`max_active_children`).
+    /// The share of the cluster's agent slots one user's steps are sure of: the configured
+    /// `max_active_children_per_user`, or for 0 half of `max_active_children`, rounded up. Half,
+    /// because the share binds only while another user waits: two users then end up with half
+    /// each, and among more users, none holds more than half while another waits below it; a
+    /// user alone still takes every slot.
     pub fn active_children_per_user(&self) -> u64 {
         match self.max_active_children_per_user {
-            0 => self.max_active_children,
+            0 => self.max_active_children.div_ceil(2),
             per_user => per_user,
         }
     }
@@ -637,18 +653,18 @@ impl Config {
                 return Err(invalid(key, format!("{value} is over {max}")));
             }
         }
-        if self.http.allowed_hosts.len() > crate::http::ALLOWED_HOSTS_MAX {
+        if self.http.allowed_hosts.len() > crate::http::host::ALLOWED_HOSTS_MAX {
             return Err(invalid(
                 "http.allowed_hosts",
                 format!(
                     "{} names, more than {}",
                     self.http.allowed_hosts.len(),
-                    crate::http::ALLOWED_HOSTS_MAX
+                    crate::http::host::ALLOWED_HOSTS_MAX
                 ),
             ));
         }
         for name in &self.http.allowed_hosts {
-            crate::http::check_allowed_name(name)
+            crate::http::host::check_allowed_name(name)
                 .map_err(|message| invalid("http.allowed_hosts", message))?;
         }
         for (key, value, range) in [
@@ -695,12 +711,16 @@ impl Config {
             }
             _ => {}
         }
-        let positive: [(&'static str, u64); 44] = [
+        let positive: [(&'static str, u64); 47] = [
             ("store.pool_size", self.store.pool_size as u64),
             ("store.requests_max", self.store.requests_max as u64),
             ("store.write_batch_max", self.store.write_batch_max as u64),
             ("store.pg_writers", self.store.pg_writers as u64),
             ("store.pg_batch_max", self.store.pg_batch_max as u64),
+            (
+                "store.pg_read_connections_max",
+                self.store.pg_read_connections_max as u64,
+            ),
             (
                 "store.wal_checkpoint_pages",
                 u64::from(self.store.wal_checkpoint_pages),
@@ -738,6 +758,14 @@ impl Config {
                 self.http.record_reads_per_user_max,
             ),
             ("http.record_read_wait_ms", self.http.record_read_wait_ms),
+            (
+                "http.record_steps_page_max",
+                u64::from(self.http.record_steps_page_max),
+            ),
+            (
+                "http.record_artifacts_page_max",
+                u64::from(self.http.record_artifacts_page_max),
+            ),
             ("http.metrics_refresh_ms", self.http.metrics_refresh_ms),
             ("events.poll_ms", self.events.poll_ms),
             ("events.keepalive_ms", self.events.keepalive_ms),
@@ -853,6 +881,7 @@ impl Config {
             write_batch_max: self.store.write_batch_max,
             pg_writers: self.store.pg_writers,
             pg_batch_max: self.store.pg_batch_max,
+            pg_read_connections_max: self.store.pg_read_connections_max,
             pg_tcp_user_timeout: Duration::from_millis(self.store.pg_tcp_user_timeout_ms),
             pg_keepalives_idle: Duration::from_secs(self.store.pg_keepalives_idle_seconds),
             pg_keepalives_interval: Duration::from_secs(self.store.pg_keepalives_interval_seconds),
@@ -1102,7 +1131,7 @@ mod tests {
     }
 
     #[test]
-    fn a_users_share_of_the_slots_is_every_slot_by_default_and_bounded_by_the_cluster() {
+    fn a_users_share_of_the_slots_is_half_the_slots_by_default_and_bounded_by_the_cluster() {
         let load = |vars: &[(&str, &str)]| Config::load(None, env(vars));
         let share = |vars: &[(&str, &str)]| {
             load(vars)
@@ -1111,10 +1140,12 @@ mod tests {
                 .limits
                 .active_children_per_user()
         };
-        assert_eq!(share(&[]), 32);
-        assert_eq!(share(&[("REINS_LIMITS__MAX_ACTIVE_CHILDREN", "3")]), 3);
+        assert_eq!(share(&[]), 16);
+        let cluster = "REINS_LIMITS__MAX_ACTIVE_CHILDREN";
+        assert_eq!(share(&[(cluster, "3")]), 2, "half, rounded up");
+        assert_eq!(share(&[(cluster, "1")]), 1);
         let per_user = "REINS_LIMITS__MAX_ACTIVE_CHILDREN_PER_USER";
-        assert_eq!(share(&[(per_user, "0")]), 32, "0 stands for the default");
+        assert_eq!(share(&[(per_user, "0")]), 16, "0 stands for the default");
         for edge in ["1", "32"] {
             assert_eq!(share(&[(per_user, edge)]).to_string(), edge);
         }

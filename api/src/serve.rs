@@ -106,10 +106,11 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         args.config.as_deref(),
     ));
     let lease_ms = config.lease_seconds * 1000;
+    let fault_dir = fault_dir()?;
     let runs = RunsOptions {
         lease_ms,
         workspaces_dir: config.workspaces_dir(),
-        fault_dir: std::env::var_os("REINS_FAULT_DIR").map(PathBuf::from),
+        fault_dir: fault_dir.clone(),
         agent_records_dir: Some(agent_records_dir),
         agent_confinement: config.agent_confinement,
         task_bytes_max: usize::try_from(config.limits.frame_bytes_max).unwrap_or(usize::MAX),
@@ -140,8 +141,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
                 lease_ms,
                 timeout_seconds: config.limits.timeout_seconds,
                 automatic_recovery: config.recovery == crate::config::Recovery::Automatic,
-                faults: std::env::var_os("REINS_FAULT_DIR")
-                    .map(|dir| actors::FaultPoints::new(PathBuf::from(dir))),
+                faults: fault_dir.map(actors::FaultPoints::new),
                 wake_fallback: Duration::from_millis(config.wake_fallback_ms),
             },
             js_memory_total_bytes: config.limits.js_memory_total_bytes,
@@ -312,6 +312,22 @@ fn node_files(
 
 /// The embedded default's secret when none is configured: made once, kept in `<data_dir>/secret`
 /// (mode 0600) so that sessions survive a restart. A cluster configures one instead.
+/// The folder of the test hooks (`REINS_FAULT_DIR`): the fault points a test arms, and the
+/// files the scripted agent's `hold_while` waits on. Only a build with the `fault-points`
+/// feature reads it (the test suite's: `cargo build --workspace --bins`); any other build
+/// refuses to start when it is set, rather than run without what a test asked for.
+fn fault_dir() -> anyhow::Result<Option<PathBuf>> {
+    let dir = std::env::var_os("REINS_FAULT_DIR").map(PathBuf::from);
+    if dir.is_some() && !cfg!(feature = "fault-points") {
+        anyhow::bail!(
+            "REINS_FAULT_DIR is set, but this build has no fault points: they are for the test \
+             suite's build (`cargo build --workspace --bins`, whose tests crate asks for the \
+             `fault-points` feature)"
+        );
+    }
+    Ok(dir)
+}
+
 fn local_secret(data_dir: &std::path::Path) -> anyhow::Result<String> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;

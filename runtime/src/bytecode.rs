@@ -16,12 +16,12 @@ use std::ffi::{CStr, CString};
 use std::rc::Rc;
 use std::sync::OnceLock;
 
-use rquickjs::{CatchResultExt, Context, Ctx, qjs};
+use rquickjs::{CatchResultExt, CaughtError, Context, Ctx, Runtime, qjs};
 use sha2::{Digest, Sha256};
 
 use crate::Limits;
+use crate::allocator::{CountingAllocator, Held};
 use crate::error::Error;
-use crate::vm::{PRELUDE, compile_error, sandbox_runtime};
 
 /// What a context that only compiles needs: `JS_Eval` itself, and the regular-expression
 /// compiler, without which QuickJS's parser refuses every regular-expression literal ("RegExp
@@ -31,6 +31,8 @@ type CompileOnly = (
     rquickjs::context::intrinsic::RegExpCompiler,
 );
 
+/// The script API every VM runs first (it captures the host functions, then hides them).
+pub(crate) const PRELUDE: &str = include_str!("prelude.js");
 /// The file name errors and stack traces show for the script.
 pub(crate) const SCRIPT_FILE: &CStr = c"script";
 /// The file name of the script API's own frames (what `Ctx::eval` calls a script it evaluates).
@@ -324,4 +326,53 @@ pub(crate) fn check_size(script: &str, limits: &Limits) -> Result<(), Error> {
 
 pub(crate) fn engine(error: rquickjs::Error) -> Error {
     Error::Engine(error.to_string())
+}
+
+/// A runtime with the sandbox's memory and stack limits.
+pub(crate) fn sandbox_runtime(
+    limits: &Limits,
+    memory_bytes: u64,
+) -> Result<(Runtime, Held), Error> {
+    let held = Held::default();
+    let runtime = Runtime::new_with_alloc(CountingAllocator::new(held.clone())).map_err(engine)?;
+    runtime.set_memory_limit(usize::try_from(memory_bytes).unwrap_or(usize::MAX));
+    runtime
+        .set_max_stack_size(usize::try_from(limits.script_stack_bytes_max).unwrap_or(usize::MAX));
+    Ok((runtime, held))
+}
+
+/// A compile error in the script's own terms: the engine's message and the script's line and
+/// column (from the error's `script:LINE:COLUMN` position).
+pub(crate) fn compile_error(error: CaughtError<'_>) -> String {
+    let CaughtError::Exception(exception) = error else {
+        return format!("the script does not compile: {error}");
+    };
+    let name: String = exception
+        .get("name")
+        .unwrap_or_else(|_| "SyntaxError".to_owned());
+    let message = exception.message().unwrap_or_default();
+    let position = exception.stack().and_then(|stack| script_position(&stack));
+    match position {
+        Some((line, column)) => {
+            format!("the script does not compile: {name}: {message} (line {line}, column {column})")
+        }
+        None => format!("the script does not compile: {name}: {message}"),
+    }
+}
+
+/// The first `script:LINE:COLUMN` of a stack, in the script's own numbering.
+fn script_position(stack: &str) -> Option<(u64, u64)> {
+    let file = SCRIPT_FILE.to_str().ok()?;
+    let at = stack.find(&format!("{file}:"))? + file.len() + 1;
+    let mut numbers = stack[at..]
+        .split(|c: char| !c.is_ascii_digit())
+        .map(str::parse::<u64>);
+    let line = numbers.next()?.ok()?;
+    let column = numbers.next()?.ok()?;
+    let column = if line == 1 {
+        column.saturating_sub(BODY_PREFIX.len() as u64)
+    } else {
+        column
+    };
+    Some((line, column))
 }

@@ -12,16 +12,14 @@ use std::time::Duration;
 
 use crate::cpu_clock::thread_cpu_time;
 
-use rquickjs::{CatchResultExt, CaughtError, Context, Ctx, Function, Persistent, Runtime};
+use rquickjs::{CatchResultExt, Context, Ctx, Function, Persistent, Runtime};
 use serde_json::{Value, json};
 
 use crate::Limits;
-use crate::allocator::{CountingAllocator, Held};
-use crate::bytecode::{self, BODY_PREFIX, SCRIPT_FILE, ScriptCache, check_size, engine};
+use crate::allocator::Held;
+use crate::bytecode::{self, ScriptCache, check_size, engine, sandbox_runtime};
 use crate::error::Error;
 use crate::journal::{Activation, CallId, CallKind, Command, JournalEntry, Outcome, Status};
-
-pub(crate) const PRELUDE: &str = include_str!("prelude.js");
 
 /// What a VM needs besides the script: the run's inputs and its replay material.
 #[derive(Debug, Clone)]
@@ -699,55 +697,6 @@ fn name_the_limit(
         ),
         (None, _) => message.to_owned(),
     }
-}
-
-/// A runtime with the sandbox's memory and stack limits.
-pub(crate) fn sandbox_runtime(
-    limits: &Limits,
-    memory_bytes: u64,
-) -> Result<(Runtime, Held), Error> {
-    let held = Held::default();
-    let runtime = Runtime::new_with_alloc(CountingAllocator::new(held.clone())).map_err(engine)?;
-    runtime.set_memory_limit(usize::try_from(memory_bytes).unwrap_or(usize::MAX));
-    runtime
-        .set_max_stack_size(usize::try_from(limits.script_stack_bytes_max).unwrap_or(usize::MAX));
-    Ok((runtime, held))
-}
-
-/// A compile error in the script's own terms: the engine's message and the script's line and
-/// column (from the error's `script:LINE:COLUMN` position).
-pub(crate) fn compile_error(error: CaughtError<'_>) -> String {
-    let CaughtError::Exception(exception) = error else {
-        return format!("the script does not compile: {error}");
-    };
-    let name: String = exception
-        .get("name")
-        .unwrap_or_else(|_| "SyntaxError".to_owned());
-    let message = exception.message().unwrap_or_default();
-    let position = exception.stack().and_then(|stack| script_position(&stack));
-    match position {
-        Some((line, column)) => {
-            format!("the script does not compile: {name}: {message} (line {line}, column {column})")
-        }
-        None => format!("the script does not compile: {name}: {message}"),
-    }
-}
-
-/// The first `script:LINE:COLUMN` of a stack, in the script's own numbering.
-fn script_position(stack: &str) -> Option<(u64, u64)> {
-    let file = SCRIPT_FILE.to_str().ok()?;
-    let at = stack.find(&format!("{file}:"))? + file.len() + 1;
-    let mut numbers = stack[at..]
-        .split(|c: char| !c.is_ascii_digit())
-        .map(str::parse::<u64>);
-    let line = numbers.next()?.ok()?;
-    let column = numbers.next()?.ok()?;
-    let column = if line == 1 {
-        column.saturating_sub(BODY_PREFIX.len() as u64)
-    } else {
-        column
-    };
-    Some((line, column))
 }
 
 /// Installs the host functions the prelude captures and then removes from the global scope.

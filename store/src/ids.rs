@@ -16,6 +16,13 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+/// The idempotency key of one attempt of a workflow's step, `workflow/step/attempt`: the one
+/// run that attempt may have is admitted under it, and found by it again (a replay's admission,
+/// a reconcile's `CloseStepRuns`). Built here only.
+pub fn idempotency_key(workflow_id: &WorkflowId, step_id: &str, attempt: i32) -> String {
+    format!("{workflow_id}/{step_id}/{attempt}")
+}
+
 /// Declares an id type over `String` with what both kinds of id have.
 macro_rules! id {
     ($(#[$doc:meta])* $name:ident) => {

@@ -5,6 +5,7 @@
 //!
 //! The store knows nothing of actors, HTTP or JavaScript.
 
+mod backends;
 mod batches;
 mod changes;
 mod error;
@@ -16,6 +17,7 @@ mod operations;
 mod operators;
 mod postgres;
 mod runs;
+#[cfg(feature = "sim")]
 mod sim;
 mod sqlite;
 mod status;
@@ -31,7 +33,7 @@ use serde::Serialize;
 pub use changes::{Change, Changes, LISTEN_APPLICATION_NAME};
 pub use error::{Error, Limit, Result};
 pub use events::{EventPage, EventRow};
-pub use ids::{RunId, WorkflowId};
+pub use ids::{RunId, WorkflowId, idempotency_key};
 pub use lease::{Epoch, Fence, Lease};
 pub use migrations::{MigrationReport, SCHEMA_VERSION};
 pub use operations::{
@@ -39,10 +41,14 @@ pub use operations::{
 };
 pub use operators::{BackupReport, SlotRow, StatusCount};
 pub use runs::{
-    Admission, ApprovalAnswer, CancelAction, NewRun, RunOutcome, RunRenewal, RunRow, WorkflowStep,
-    pending_request_id,
+    Admission, ApprovalAnswer, CancelAction, NewRun, RunOutcome, RunRenewal, RunRow, RunSlot,
+    WorkflowStep, pending_request_id,
 };
-pub use sim::{SimClock, SimStore};
+#[cfg(feature = "sim")]
+pub use sim::{
+    Mutant as SimMutant, SimClock, SimStore, Storage as SimStorage,
+    WorkflowStorage as SimWorkflowStorage,
+};
 pub use status::{COUNTED_STATUSES, LIVE_STATUSES, RunStatus, StepStatus, WorkflowStatus};
 pub use users::{
     NewToken, NewUser, Role, TokenRow, UserChange, UserChanged, UserDeletion, UserRow, UserStorage,
@@ -51,7 +57,10 @@ pub use workflows::{
     ControlRow, ControlWrite, Deletion, Launch, LaunchLimits, ListCursor, ListFilter,
     ListedWorkflow, NewControl, Orphaned, Purpose, StatusFilter, TakeOver, Versions,
 };
-pub use write::{ArtifactInfo, ArtifactRow, NewWorkflow, Snapshot, StepRow, WorkflowRow, WriteOp};
+pub use write::{
+    ArtifactInfo, ArtifactRow, CHECKPOINT_KINDS, NewWorkflow, Snapshot, StepPage, StepPosition,
+    StepRow, WorkflowRow, WriteOp,
+};
 
 /// Where the data lives, parsed from the configuration's `database` value.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -150,6 +159,10 @@ pub struct StoreOptions {
     pub pg_writers: usize,
     /// PostgreSQL: writes one batch commits together at most (1: every write alone).
     pub pg_batch_max: usize,
+    /// PostgreSQL: the pool's connections that reads hold at once at most (never all of them:
+    /// at most `pool_size - 1` while the pool has more than one), so that however many heavy
+    /// reads run, writes always find a connection.
+    pub pg_read_connections_max: usize,
     /// SQLite: pages the writer's commits add to the write-ahead log before the checkpointer
     /// thread copies them into the database file.
     pub wal_checkpoint_pages: u32,
@@ -179,6 +192,7 @@ impl Default for StoreOptions {
             write_batch_max: 64,
             pg_writers: 4,
             pg_batch_max: 16,
+            pg_read_connections_max: 10,
             wal_checkpoint_pages: 1000,
             wal_pages_max: 10_000,
             feed_numbering_max: 10_000,

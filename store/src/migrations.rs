@@ -188,14 +188,26 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
     },
     Migration {
         version: 30,
+        name: "checkpoints_by_workflow",
+        postgres: include_str!("../migrations/postgres/0030_checkpoints_by_workflow.sql"),
+        sqlite: include_str!("../migrations/sqlite/0030_checkpoints_by_workflow.sql"),
+    },
+    Migration {
+        version: 31,
+        name: "fair_slots",
+        postgres: include_str!("../migrations/postgres/0031_fair_slots.sql"),
+        sqlite: include_str!("../migrations/sqlite/0031_fair_slots.sql"),
+    },
+    Migration {
+        version: 32,
         name: "stored_bytes_per_user",
-        postgres: include_str!("../migrations/postgres/0030_stored_bytes_per_user.sql"),
-        sqlite: include_str!("../migrations/sqlite/0030_stored_bytes_per_user.sql"),
+        postgres: include_str!("../migrations/postgres/0032_stored_bytes_per_user.sql"),
+        sqlite: include_str!("../migrations/sqlite/0032_stored_bytes_per_user.sql"),
     },
 ];
 
 /// The schema version this build expects.
-pub const SCHEMA_VERSION: i64 = 30;
+pub const SCHEMA_VERSION: i64 = 32;
 
 /// The advisory-lock key PostgreSQL migrations serialise on ("reins" in ASCII).
 pub(crate) const PG_MIGRATION_LOCK: i64 = 0x0072_6569_6e73;

@@ -53,9 +53,12 @@ pub struct WorkflowStep {
     /// Child runs holding a `workflow_slots` slot across the cluster at most
     /// (`max_active_children`); a step that finds none free is queued.
     pub slots_max: u64,
-    /// Of those slots, the ones held by the steps of all the workflows of this workflow's owner
-    /// (`workflows.user_id`) at most (`max_active_children_per_user`): a step whose owner holds
-    /// them all is queued too, even with slots free, so that one user cannot take every slot.
+    /// The share of those slots the steps of all the workflows of this workflow's owner
+    /// (`workflows.user_id`) are sure of (`max_active_children_per_user`). It binds only while
+    /// another user waits below their own share (a step of theirs `queued` in a live workflow
+    /// whose lease holds): then a step whose owner holds the share already is queued too, even
+    /// with slots free, so that one user cannot keep every slot from another. With nobody else
+    /// waiting, one user's steps may take every slot.
     pub slots_per_user_max: u64,
     /// The workflow's lease: admission happens only while it holds, in the same transaction.
     pub fence: Fence,
@@ -90,6 +93,19 @@ pub enum Admission {
     Existing(RunRow),
     /// Every slot is taken; nothing was written. Try again when a slot frees.
     Queued,
+}
+
+/// What claiming the slot of an answered run ([`crate::Runs::claim_run_slot`]) did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunSlot {
+    /// The run's step holds a slot: claimed now, or held already.
+    Held,
+    /// No slot for it now (every slot is taken, or its owner holds their share while another
+    /// user waits): nothing was written; ask again when one frees.
+    Queued,
+    /// The run is not the caller's `running` run of a step, without a cancel request, of a
+    /// running, paused or waiting_approval workflow: nothing was written.
+    Refused,
 }
 
 /// A row of `runs`.

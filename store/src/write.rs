@@ -39,12 +39,11 @@ pub enum WriteOp {
         sha256: String,
     },
     /// Close every live child run of one step attempt of this workflow (found by the attempt's
-    /// idempotency key, `workflow/step/attempt`, whatever the journal names), on an operator's
-    /// word (reconcile): they become `interrupted` with `stop_reason = reconciled`.
+    /// idempotency key, [`crate::idempotency_key`], whatever the journal names), on an
+    /// operator's word (reconcile): they become `interrupted` with `stop_reason = reconciled`.
     CloseStepRuns {
         workflow_id: WorkflowId,
-        step_id: String,
-        attempt: i32,
+        idempotency_key: String,
     },
     /// Ask every live child run of this workflow to stop (`cancel_action = interrupt`, as a
     /// cancel does; a run waiting for input is interrupted at once). The write that ends a
@@ -167,20 +166,65 @@ pub struct WorkflowRow {
     pub updated_at: f64,
 }
 
-/// A workflow with everything a reader shows about it, read together.
+/// The kinds of journal entry that wait for a person (`pause`, `humanCheckpoint`): a reader gets
+/// them whole, as [`Snapshot::checkpoints`]. Every other kind is a step, read a page at a time.
+pub const CHECKPOINT_KINDS: [&str; 2] = ["pause", "humanCheckpoint"];
+
+/// A place in a workflow's journal: attempt `attempt` of call `seq`. The journal's order is
+/// `(seq, attempt)`, and one pair names one entry (each call has a `seq` of its own, each try of
+/// it an attempt of its own), so a page that starts after a position never repeats or skips one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct StepPosition {
+    pub seq: i32,
+    pub attempt: i32,
+}
+
+impl StepPosition {
+    /// Where `step` stands.
+    pub fn of(step: &StepRow) -> StepPosition {
+        StepPosition {
+            seq: step.seq,
+            attempt: step.attempt,
+        }
+    }
+
+    /// Before every entry (`seq` counts from 0, attempts from 1): where a first page starts.
+    pub const START: StepPosition = StepPosition {
+        seq: -1,
+        attempt: 0,
+    };
+}
+
+/// A page of a workflow's steps, read as of one moment.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepPage {
+    /// The steps (journal entries of any kind but [`CHECKPOINT_KINDS`]) after the position asked
+    /// for, in journal order, at most as many as asked.
+    pub steps: Vec<StepRow>,
+    /// The workflow's child runs that asked a person for approval and either wait for the answer
+    /// (`waiting_for_input`: every one of them, whichever page its step is on) or carry it
+    /// (`metadata.hitl_answer`: those of this page's steps).
+    pub approval_runs: Vec<crate::RunRow>,
+}
+
+/// A workflow with everything a reader shows about it, read together: its row, lease, controls
+/// and checkpoints whole, its steps and artifact versions a first page of each (so that a read
+/// holds what its pages bound, however long the workflow's journal).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Snapshot {
     pub row: WorkflowRow,
     pub lease: Option<crate::Lease>,
     /// The database clock when it was read (to judge the lease).
     pub db_now: f64,
+    /// The first steps of the journal (see [`StepPage::steps`]).
     pub steps: Vec<StepRow>,
+    /// Every journal entry of [`CHECKPOINT_KINDS`], in journal order.
+    pub checkpoints: Vec<StepRow>,
     pub controls: Vec<crate::ControlRow>,
-    /// The workflow's child runs that asked for approval: those waiting for an answer
-    /// (`waiting_for_input`) and those that carry one (`metadata.hitl_answer`), read in the same
-    /// snapshot with one query.
+    /// The runs that asked a person: every one waiting, and those of [`Snapshot::steps`] that
+    /// carry an answer (see [`StepPage::approval_runs`]).
     pub approval_runs: Vec<crate::RunRow>,
-    /// Every artifact version of the workflow, without its bytes, oldest first.
+    /// The first artifact versions of the workflow, without their bytes, oldest first.
     pub artifacts: Vec<ArtifactInfo>,
 }
 

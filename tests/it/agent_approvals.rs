@@ -198,7 +198,7 @@ async fn two_nodes_answering_one_request_at_once_have_one_winner_and_the_workflo
     let mut on_b = b.api();
     on_b.cookies = on_a.cookies.clone();
 
-    // One round at a time: a step that waits for a person keeps its child slot.
+    // One round at a time: each workflow is answered before the next is launched.
     let mut runs = Vec::new();
     let mut winners = Vec::new();
     for _ in 0..ROUNDS {
@@ -391,4 +391,146 @@ async fn a_request_still_waits_for_its_answer_after_the_workflow_changes_hands()
         done["result"],
         json!({"decision": "approve", "comment": "go"})
     );
+}
+
+/// The status of step `step_id` in workflow `run_id`'s record.
+async fn step_status(api: &mut Api, run_id: &str, step_id: &str) -> String {
+    let record = api.action("get", json!({"run_id": run_id})).await;
+    assert_eq!(record.status, 200, "{record:?}");
+    let record = record.json();
+    record["steps"]
+        .as_array()
+        .and_then(|steps| steps.iter().find(|s| s["step_id"] == step_id))
+        .and_then(|step| step["status"].as_str())
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// The slots held across the cluster, as an admin reads them.
+async fn slots_held(admin: &mut Api) -> Value {
+    let slots = admin.call("GET", "/api/v1/admin/slots", None).await;
+    assert_eq!(slots.status, 200, "{slots:?}");
+    slots.json()
+}
+
+both!(agents_waiting_for_a_person_hold_no_slot_and_an_answered_one_waits_for_a_slot_to_go_on);
+/// Two live `command` agents of the admin's wait for a person: they hold none of the cluster's
+/// two slots, so Bob's two steps run meanwhile (before, the waiting agents held both slots and
+/// Bob's steps waited `queued` for the person: issue 29, item 7). An answer given while Bob holds
+/// both slots is kept from its agent until a slot frees; then the agent goes on with it, and
+/// nothing holds a slot once everything ended.
+async fn agents_waiting_for_a_person_hold_no_slot_and_an_answered_one_waits_for_a_slot_to_go_on(
+    postgres: bool,
+) {
+    let db = Db::new(postgres).await;
+    let programs = tempfile::tempdir().expect("temp dir");
+    let config = crate::agent_processes::write_config(
+        programs.path(),
+        &[(
+            "careful",
+            r#"read task
+echo '{"type": "approval_request", "request_id": "deploy-1", "actions": [{"tool": "deploy"}]}'
+read answer
+printf '{"type": "output", "output": %s}\n' "$answer""#,
+            "",
+        )],
+    );
+    let faults = tempfile::tempdir().expect("fault dir");
+    std::fs::write(faults.path().join("hold_bob"), b"").expect("hold");
+    let mut node = Node::start(
+        &db,
+        &[
+            ("REINS_CONFIG", config),
+            ("REINS_LIMITS__MAX_ACTIVE_CHILDREN", "2".to_owned()),
+            ("REINS_FAULT_DIR", faults.path().display().to_string()),
+            // Renewals, which carry an answer to its live agent, every second.
+            ("REINS_LEASE_SECONDS", "3".to_owned()),
+        ],
+    );
+    let mut admin = initialize(&node).await;
+    let created = admin
+        .call(
+            "POST",
+            "/api/v1/auth/users",
+            Some(json!({"email": "bob@example.com", "password": PASSWORD})),
+        )
+        .await;
+    assert_eq!(created.status, 201, "{created:?}");
+    let mut bob = node.api();
+    assert_eq!(bob.login("bob@example.com", PASSWORD).await.status, 200);
+
+    let asking = launch(
+        &mut admin,
+        r#"const rs = await parallel([1, 2].map((i) => () => agent({stepId: "ask" + i,
+               agentRef: "careful", task: "ship"})));
+           return rs.map((r) => r.output.answer.decision);"#,
+    )
+    .await;
+    crate::harness::eventually(Duration::from_secs(30), "both agents ask", async || {
+        step_status(&mut admin, &asking, "ask1").await == "waiting_for_input"
+            && step_status(&mut admin, &asking, "ask2").await == "waiting_for_input"
+    })
+    .await;
+    let slots = slots_held(&mut admin).await;
+    assert_eq!(
+        slots["held"], 0,
+        "agents waiting for a person hold slots: {slots}"
+    );
+
+    let holding = launch(
+        &mut bob,
+        r#"return await parallel([1, 2].map((i) => () => agent({stepId: "b" + i,
+               agentRef: "scripted", task: {hold_while: "hold_bob"}})));"#,
+    )
+    .await;
+    crate::harness::eventually(Duration::from_secs(30), "bob's steps run", async || {
+        step_status(&mut bob, &holding, "b1").await == "running"
+            && step_status(&mut bob, &holding, "b2").await == "running"
+    })
+    .await;
+
+    let answered = admin
+        .call(
+            "POST",
+            &format!("/api/v1/workflows/{asking}/steps/ask1/answer"),
+            Some(json!({"decision": "approve"})),
+        )
+        .await;
+    assert_eq!(answered.status, 200, "{answered:?}");
+    let waits = "the answered run waits for a slot before its agent goes on";
+    let log = node.process.stderr_with(&[waits], Duration::from_secs(30));
+    assert!(
+        log.contains(waits),
+        "the answered run never waited for a slot:\n{log}"
+    );
+    assert_ne!(step_status(&mut admin, &asking, "ask1").await, "completed");
+    let slots = slots_held(&mut admin).await;
+    assert_eq!(slots["held"], 2, "{slots}");
+    assert!(
+        slots["slots"]
+            .as_array()
+            .is_some_and(|held| held.iter().all(|slot| slot["run_id"] == holding)),
+        "{slots}"
+    );
+
+    std::fs::remove_file(faults.path().join("hold_bob")).expect("end bob's steps");
+    wait_for(&mut bob, &holding, "completed").await;
+    crate::harness::eventually(
+        Duration::from_secs(30),
+        "the answered agent goes on",
+        async || step_status(&mut admin, &asking, "ask1").await == "completed",
+    )
+    .await;
+    let answered = admin
+        .call(
+            "POST",
+            &format!("/api/v1/workflows/{asking}/steps/ask2/answer"),
+            Some(json!({"decision": "reject"})),
+        )
+        .await;
+    assert_eq!(answered.status, 200, "{answered:?}");
+    let record = wait_for(&mut admin, &asking, "completed").await;
+    assert_eq!(record["result"], json!(["approve", "reject"]), "{record}");
+    let slots = slots_held(&mut admin).await;
+    assert_eq!(slots["held"], 0, "{slots}");
 }

@@ -555,6 +555,68 @@ async fn a_pause_is_resumed_a_workflow_cancelled_and_deleted_and_the_list_pages(
     assert_eq!(gone.status, 404, "{gone:?}");
 }
 
+/// Twelve agent steps, each output kept as an artifact version.
+const TWELVE: &str = r#"
+    for (let i = 0; i < 12; i++) {
+        await agent({stepId: `s${i}`, agentRef: "scripted", task: {output: i}});
+    }
+    return "done";
+"#;
+
+/// The workflow page follows the record's pages (issue 29, item 5): with two steps and two
+/// artifact versions a page, it shows the first five pages of steps and one of artifacts, and
+/// "More steps" and "More artifacts" read on until there is no more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_workflow_page_reads_further_pages_of_steps_and_artifacts() {
+    let db = Db::new(false).await;
+    let node = Node::start(
+        &db,
+        &[
+            ("REINS_HTTP__RECORD_STEPS_PAGE_MAX", "2".to_owned()),
+            ("REINS_HTTP__RECORD_ARTIFACTS_PAGE_MAX", "2".to_owned()),
+        ],
+    );
+    let mut api = initialize(&node).await;
+    let run_id = launch(&mut api, TWELVE).await;
+    wait_for(&mut api, &run_id, "completed").await;
+    let browser = Browser::start("pages", 1280, 900);
+    sign_in(&browser, &node, ADMIN);
+
+    browser.goto(&url(&node, &format!("#/workflows/{run_id}")));
+    let count = |css: &str| format!("return document.querySelectorAll('{css}').length;");
+    browser.find("#more-steps", WAIT);
+    assert_eq!(
+        browser.run(&count("#workflow li[data-step]"), json!([])),
+        10
+    );
+    browser.wait_for_text("The first 10 steps; more follow.", WAIT);
+    assert_eq!(
+        browser.run(&count("#workflow figure[data-artifact]"), json!([])),
+        2
+    );
+    browser.screenshot("01-first-pages");
+
+    browser.click_on("#more-steps", WAIT);
+    browser.wait_until(
+        "every step shown",
+        "return document.querySelectorAll('#workflow li[data-step]').length === 12 \
+           && !document.getElementById('more-steps') \
+           && document.querySelector('#workflow li[data-step]:last-of-type').dataset.step \
+              === 's11';",
+        WAIT,
+    );
+    for _ in 0..5 {
+        browser.click_on("#more-artifacts", WAIT);
+    }
+    browser.wait_until(
+        "every artifact version shown",
+        "return document.querySelectorAll('#workflow figure[data-artifact]').length === 12 \
+           && !document.getElementById('more-artifacts');",
+        WAIT,
+    );
+    browser.screenshot("02-every-page");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_admin_recovers_and_reconciles_an_uncertain_step_from_the_workflow_page() {
     let db = Db::new(false).await;

@@ -2,7 +2,8 @@
 //! its header documents (through the CLI, as the header says, on the examples' configuration; the
 //! `openai` one against a local stand-in of the endpoint), every runnable JavaScript example of
 //! `docs/script-api.md` ends as the line after it says, the `command` agent program printed in
-//! `docs/agents.md` is the one in `examples/agents/`, and `deploy/nginx.conf` passes `nginx -t`.
+//! `docs/agents.md` is the one in `examples/agents/`, `deploy/nginx.conf` passes `nginx -t`, and
+//! every file `ARCHITECTURE.md` names exists.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -25,6 +26,69 @@ fn repository() -> PathBuf {
 fn read(relative: &str) -> String {
     let path = repository().join(relative);
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+// ---------------------------------------------------------------------------------------------
+// ARCHITECTURE.md
+
+/// Every file of the repository (its path from the root), but what git leaves out of it.
+fn repository_files(root: &Path, dir: &Path, files: &mut Vec<String>) {
+    let entries = std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    for entry in entries {
+        let path = entry.expect("a folder entry").path();
+        let name = path
+            .file_name()
+            .and_then(|name| name.to_str())
+            .unwrap_or("");
+        if name == "target" || name == ".git" {
+            continue;
+        }
+        if path.is_dir() {
+            repository_files(root, &path, files);
+        } else if let Ok(relative) = path.strip_prefix(root) {
+            files.push(relative.to_string_lossy().into_owned());
+        }
+    }
+}
+
+/// The map of the code names files by their path from the root (`actors/src/node.rs`), or, in
+/// a list under a folder, by their path in it (`postgres/conn.rs`, `machine.rs`): each must be
+/// a file of the repository, so a file moved or deleted without the map fails here.
+#[test]
+fn every_file_the_architecture_map_names_exists() {
+    let root = repository();
+    let mut files = Vec::new();
+    repository_files(&root, &root, &mut files);
+    let map = read("ARCHITECTURE.md");
+    let extensions = [
+        ".rs", ".md", ".sql", ".js", ".sh", ".toml", ".html", ".css", ".conf",
+    ];
+    let named: Vec<&str> = map
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .filter(|span| {
+            !span.starts_with("../")
+                && !span.starts_with('/')
+                && extensions.iter().any(|extension| span.ends_with(extension))
+                && span
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "_./-".contains(c))
+        })
+        .collect();
+    assert!(named.len() > 100, "the map names {} files", named.len());
+    let missing: Vec<&str> = named
+        .into_iter()
+        .filter(|span| {
+            !files
+                .iter()
+                .any(|file| file == span || file.ends_with(&format!("/{span}")))
+        })
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "ARCHITECTURE.md names files that do not exist: {missing:?}"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -32,6 +32,7 @@ mod node_files;
 mod node_process;
 mod openai_agent;
 mod operators;
+mod paging;
 mod parked;
 mod partition;
 mod private_pg;

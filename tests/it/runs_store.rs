@@ -1,7 +1,8 @@
 //! How the runs that asked a person are read, on both backends, and that a status read back
-//! which this build does not know is an error naming its row. The rules of child runs
-//! (admission, slots, commit authority, cancellation, approvals, orphans) are the store's
-//! conformance suite (`store/tests/conformance`).
+//! which this build does not know is an error naming its row; on PostgreSQL, which slot number a
+//! step takes and that racing claims of one user count each other under a user's share. The
+//! rules of child runs (admission, slots, commit authority, cancellation, approvals, orphans)
+//! are the store's conformance suite (`store/tests/conformance`).
 
 use serde_json::json;
 use store::{Admission, Launch, LaunchLimits, Lease, NewRun, NewWorkflow, Store, WorkflowStep};
@@ -200,7 +201,7 @@ on_both_backends! {
         assert_eq!(changed, 1);
         let named = r#"journal entry 0 of workflow "wf" has an unknown status "admitting""#;
         assert_eq!(unreadable(store.read_steps(&store::WorkflowId::from("wf")).await), named);
-        assert_eq!(unreadable(store.read_snapshot(&store::WorkflowId::from("wf")).await), named);
+        assert_eq!(unreadable(store.read_snapshot(&store::WorkflowId::from("wf"), 100, 100).await), named);
     }
 }
 
@@ -227,7 +228,11 @@ async fn a_workflow_or_run_status_this_build_does_not_know_is_an_error_naming_th
         workflow
     );
     assert_eq!(
-        unreadable(store.read_snapshot(&store::WorkflowId::from("wf")).await),
+        unreadable(
+            store
+                .read_snapshot(&store::WorkflowId::from("wf"), 100, 100)
+                .await
+        ),
         workflow
     );
     assert_eq!(
@@ -252,4 +257,136 @@ async fn a_workflow_or_run_status_this_build_does_not_know_is_an_error_naming_th
         unreadable(store.read_run(&store::RunId::from("run")).await),
         run
     );
+}
+
+/// On PostgreSQL, claims of one user's steps that race while another user waits count each
+/// other: each counts the user's slots under the user's advisory lock, held until it commits
+/// (migration 31). The racers are held at the worst moment: a deferred trigger this test adds
+/// keeps every commit of a slot waiting until the test lets go, so each racer has claimed its
+/// slot and counted before any of them commits. Released, they hold exactly the share of one;
+/// without the lock, every racer counted only its own slot and each of them kept it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn racing_claims_of_one_user_count_each_other_while_another_user_waits() {
+    const RACERS: usize = 24;
+    const BARRIER: i64 = 0x736c_6f74;
+    let db = TestDb::postgres().await;
+    let store = db.store().await;
+    let launch = async |id: &str, user_id: &str| -> Lease {
+        let workflow = NewWorkflow {
+            workflow_id: id.into(),
+            user_id: user_id.into(),
+            request_id: None,
+            fingerprint: "fp".into(),
+            data: json!({}),
+        };
+        match store
+            .launch_workflow(workflow, "node-a", 60_000, LaunchLimits::NONE)
+            .await
+            .expect("launch")
+        {
+            Launch::Created(lease) => lease,
+            other => panic!("not created: {other:?}"),
+        }
+    };
+    let mut leases = Vec::new();
+    for n in 0..RACERS {
+        leases.push(launch(&format!("wf-ann-{n}"), "ann").await);
+    }
+    let bob = launch("wf-bob", "bob").await;
+    let queued = store::WriteOp::PutStep {
+        workflow_id: "wf-bob".into(),
+        seq: 0,
+        step_id: "b".into(),
+        attempt: 1,
+        kind: "agent".into(),
+        status: store::StepStatus::Queued,
+        data: json!({}),
+    };
+    store
+        .fenced_write(&bob.fence(), vec![queued])
+        .await
+        .expect("bob waits");
+
+    let holder = db.pg_client().await;
+    holder
+        .batch_execute(&format!(
+            "CREATE FUNCTION test_hold_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN PERFORM pg_advisory_xact_lock_shared({BARRIER}); RETURN NULL; END $$;
+             CREATE CONSTRAINT TRIGGER test_hold_commit AFTER INSERT ON workflow_slots
+                 DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION test_hold_commit();
+             SELECT pg_advisory_lock({BARRIER});"
+        ))
+        .await
+        .expect("hold commits");
+    // Six stores (six nodes' pools) of four writers each, writing each admission in a
+    // transaction of its own (a batch's second claim of ann's would see the first and refuse,
+    // failing the whole batch), so that every claim runs at once.
+    let alone = store::StoreOptions {
+        pg_batch_max: 1,
+        ..store::StoreOptions::default()
+    };
+    let url = store::DatabaseUrl::Postgres(db.url());
+    let mut stores = Vec::new();
+    for _ in 0..6 {
+        let store = Store::open(&url, &alone).await.expect("open a store");
+        stores.push(std::sync::Arc::new(store));
+    }
+    let racers: Vec<_> = leases
+        .iter()
+        .enumerate()
+        .map(|(n, lease)| {
+            let store = std::sync::Arc::clone(&stores[n % stores.len()]);
+            let run = NewRun {
+                run_id: format!("run-{n}").into(),
+                thread_id: format!("t-{n}"),
+                agent: "echo".into(),
+                owner: "node-a".into(),
+                lease_ms: 60_000,
+                idempotency: None,
+                metadata: json!({}),
+                step: Some(WorkflowStep {
+                    workflow_id: lease.fence().resource_id,
+                    step_id: "s".into(),
+                    attempt: 1,
+                    slots_max: 10_000,
+                    slots_per_user_max: 1,
+                    fence: lease.fence(),
+                    journal: Vec::new(),
+                }),
+            };
+            tokio::spawn(async move { store.admit_run(run).await.expect("admit") })
+        })
+        .collect();
+    // Each racer waits: at its commit for the test, or, counting under ann's lock, for the one
+    // racer that holds it.
+    let watcher = db.pg_client().await;
+    crate::harness::eventually(
+        std::time::Duration::from_secs(20),
+        "every claim waits",
+        async || {
+            let waiting: i64 = watcher
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity
+                      WHERE datname = current_database() AND wait_event_type = 'Lock'",
+                    &[],
+                )
+                .await
+                .expect("activity")
+                .get(0);
+            waiting == RACERS as i64
+        },
+    )
+    .await;
+    holder
+        .batch_execute(&format!("SELECT pg_advisory_unlock({BARRIER})"))
+        .await
+        .expect("let the commits go");
+    let mut admitted = 0;
+    for racer in racers {
+        if matches!(racer.await.expect("join"), Admission::Admitted(_)) {
+            admitted += 1;
+        }
+    }
+    assert_eq!(admitted, 1, "ann's share is one slot while bob waits");
+    assert_eq!(store.count_slots().await.expect("slots"), 1);
 }

@@ -14,7 +14,7 @@ const BOB: &str = "bob@example.com";
 const CAROL: &str = "carol@example.com";
 const NEW_PASSWORD: &str = "a brand new passphrase";
 
-async fn create(admin: &mut Api, email: &str, role: Option<&str>) -> Value {
+pub(crate) async fn create(admin: &mut Api, email: &str, role: Option<&str>) -> Value {
     let mut body = json!({"email": email, "password": PASSWORD});
     if let Some(role) = role {
         body["role"] = json!(role);
@@ -24,7 +24,7 @@ async fn create(admin: &mut Api, email: &str, role: Option<&str>) -> Value {
     created.json()
 }
 
-async fn signed_in(node: &Node, email: &str, password: &str) -> Api {
+pub(crate) async fn signed_in(node: &Node, email: &str, password: &str) -> Api {
     let mut api = node.api();
     let answer = api.login(email, password).await;
     assert_eq!(answer.status, 200, "{answer:?}");
@@ -753,47 +753,76 @@ async fn step_statuses(api: &mut Api, run_id: &str) -> Vec<String> {
     statuses
 }
 
-/// One user's `parallel` of agents holds only their share of the cluster's slots
-/// (`limits.max_active_children_per_user`): another user's step starts while the first user's
-/// other steps wait `queued`. Without the share, the first user took all four slots and the
-/// second user's step waited `queued` until one of them ended (issue 29, item 7).
+/// A user's share of the cluster's slots (`limits.max_active_children_per_user`) binds only
+/// while another user waits below theirs: alone, the admin's `parallel` takes every slot; once
+/// Bob's step waits, the next slot the admin's steps give back is Bob's, while the admin's own
+/// waiting steps stay `queued`. Before the share existed, the admin's queued steps could take
+/// that slot first and Bob waited for the whole `parallel` (issue 29, item 7); with a share that
+/// bound always, the admin alone ran two steps of six with two slots free.
 async fn one_users_parallel_agents_leave_slots_for_another_user(postgres: bool) {
     let db = Db::new(postgres).await;
+    let faults = tempfile::tempdir().expect("fault dir");
+    let hold = |name: &str| std::fs::write(faults.path().join(name), b"").expect("hold");
+    hold("hold_a1");
+    hold("hold_admin");
+    hold("hold_bob");
     let node = Node::start(
         &db,
         &[
             ("REINS_LIMITS__MAX_ACTIVE_CHILDREN", "4".to_owned()),
             ("REINS_LIMITS__MAX_ACTIVE_CHILDREN_PER_USER", "2".to_owned()),
+            ("REINS_FAULT_DIR", faults.path().display().to_string()),
         ],
     );
     let mut admin = initialize(&node).await;
     create(&mut admin, BOB, None).await;
     let mut bob = signed_in(&node, BOB, PASSWORD).await;
-    let four = launch(
+    let six = launch(
         &mut admin,
-        r#"return await parallel([1, 2, 3, 4].map((i) => () => agent({stepId: "a" + i,
-               agentRef: "scripted", task: {sleep_ms: 20000}})));"#,
+        r#"return await parallel([1, 2, 3, 4, 5, 6].map((i) => () => agent({stepId: "a" + i,
+               agentRef: "scripted", task: {hold_while: i === 1 ? "hold_a1" : "hold_admin"}})));"#,
     )
     .await;
-    let shared = ["queued", "queued", "running", "running"];
     eventually(
         std::time::Duration::from_secs(20),
-        "two of the admin's steps run and two wait",
-        async || step_statuses(&mut admin, &four).await == shared,
+        "the admin alone runs four steps, twice their share",
+        async || {
+            step_statuses(&mut admin, &six).await
+                == [
+                    "queued", "queued", "running", "running", "running", "running",
+                ]
+        },
     )
     .await;
     let one = launch(
         &mut bob,
-        r#"return await agent({stepId: "b", agentRef: "scripted", task: {sleep_ms: 20000}});"#,
+        r#"return await agent({stepId: "b", agentRef: "scripted", task: {hold_while: "hold_bob"}});"#,
     )
     .await;
     eventually(
         std::time::Duration::from_secs(20),
-        "bob's step runs beside the admin's two",
+        "bob's step waits for a slot",
+        async || step_statuses(&mut bob, &one).await == ["queued"],
+    )
+    .await;
+    std::fs::remove_file(faults.path().join("hold_a1")).expect("end a1");
+    eventually(
+        std::time::Duration::from_secs(20),
+        "bob's step takes the slot a1 gave back",
         async || step_statuses(&mut bob, &one).await == ["running"],
     )
     .await;
-    assert_eq!(step_statuses(&mut admin, &four).await, shared);
+    assert_eq!(
+        step_statuses(&mut admin, &six).await,
+        [
+            "completed",
+            "queued",
+            "queued",
+            "running",
+            "running",
+            "running"
+        ]
+    );
 }
 
 both!(one_users_parallel_agents_leave_slots_for_another_user);

@@ -61,13 +61,19 @@ fn resume(id: &str, step_id: &str, input: serde_json::Value) -> Resume {
     }
 }
 
+/// The workflow as stored, with its whole journal in `steps` (checkpoints among the steps, in
+/// journal order), as the tests look at it: the record's paging is `tests/it/paging.rs`'s.
 pub(crate) async fn view(node: &TestNode, id: &str) -> WorkflowView {
-    node.node
+    let mut view = node
+        .node
         .workflows()
-        .get(&store::WorkflowId::new(id))
+        .get(&store::WorkflowId::new(id), u32::MAX, u32::MAX)
         .await
         .expect("get")
-        .expect("exists")
+        .expect("exists");
+    view.steps.append(&mut view.checkpoints);
+    view.steps.sort_by_key(store::StepPosition::of);
+    view
 }
 
 /// Waits until the workflow has `status`, and answers it as it is then.
@@ -468,7 +474,7 @@ on_both_backends! {
         assert_eq!(node.node.store().health().await.map(|h| h.schema_current).ok(), Some(true));
 
         assert_eq!(workflows.delete(&id).await.expect("delete"), store::Deletion::Deleted);
-        assert!(workflows.get(&id).await.expect("get").is_none());
+        assert!(workflows.get(&id, 1, 1).await.expect("get").is_none());
         assert_eq!(node.node.store().read_lease(&id).await.expect("lease"), None);
         assert_eq!(workflows.delete(&id).await.expect("delete"), store::Deletion::NotFound);
     }

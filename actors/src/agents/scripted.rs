@@ -198,6 +198,9 @@ async fn write_file(request: &AgentRequest, file: &WriteFile) -> Result<(), Stri
         options.write(true).create_new(true);
         let mut out = options.open(&fresh).await?;
         tokio::io::AsyncWriteExt::write_all(&mut out, file.content.as_bytes()).await?;
+        // tokio's file hands writes to a blocking thread: only a flush says they reached the
+        // file, so the rename below never publishes a file still being written.
+        tokio::io::AsyncWriteExt::flush(&mut out).await?;
         tokio::fs::rename(&fresh, &path).await
     }
     .await;

@@ -3,7 +3,9 @@
 //! its token counts, in one terminal compare-and-set, deciding what the answers mean through
 //! [`TerminalAuthority`]. The lease actor
 //! renews its lease and tells it about cancel requests and lost ownership; a fenced run stops its
-//! agent and writes nothing more.
+//! agent and writes nothing more. A workflow step's run gives its slot back when its agent waits
+//! for a person (in the write that records the wait); a live agent's answer is handed on only
+//! once the run holds a slot again ([`StepSlots`]), which may wait for one to free.
 
 use crate::mailbox::Post;
 use std::collections::HashSet;
@@ -12,7 +14,7 @@ use std::sync::Arc;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use serde_json::Value;
-use store::{CancelAction, RunId, RunOutcome, RunRow, RunStatus, WorkflowId};
+use store::{CancelAction, RunId, RunOutcome, RunRow, RunSlot, RunStatus, WorkflowId};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -64,6 +66,30 @@ pub enum ChildMsg {
     Cancel(CancelAction),
     /// Send the terminal compare-and-set for this outcome again (the last one wrote nothing).
     Commit(RunOutcome),
+    /// The store answered a claim of the slot an answered run needs before its agent goes on.
+    SlotClaimed(store::Result<RunSlot>),
+    /// A slot may be free (a cue from the change bus, or the fallback): claim it if waiting.
+    SlotCheck,
+}
+
+/// The slot rules of a workflow step's run, so that the run can claim its slot again after its
+/// agent waited for a person (the wait gave it back).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct StepSlots {
+    pub slots_max: u64,
+    pub slots_per_user_max: u64,
+}
+
+/// Whether the run's step holds its slot.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Slot {
+    /// Held since the admission, or claimed again (or not a workflow step's run: no slot to
+    /// hold).
+    Held,
+    /// Given back with the pause (or being given back: its write was sent).
+    GivenBack,
+    /// A claim is in flight.
+    Claiming,
 }
 
 impl From<LeaseEvent> for ChildMsg {
@@ -101,6 +127,12 @@ pub(crate) struct ChildArgs {
     /// The admission's lease, measured from before the admission was sent.
     pub deadline: Instant,
     pub ended: oneshot::Sender<RunEnd>,
+    /// A workflow step's slot rules; `None` for a run of no workflow (it holds no slot).
+    pub step_slots: Option<StepSlots>,
+    /// The child-runs actor, told when this run waits for a slot (it relays freed-slot cues).
+    pub runs: ActorRef<super::ChildRunsMsg>,
+    /// How long a run waiting for a slot waits for a cue before it asks anyway.
+    pub wake_fallback: std::time::Duration,
 }
 
 pub(crate) struct ChildState {
@@ -128,6 +160,18 @@ pub(crate) struct ChildState {
     /// the backoff of the next.
     commit_tries: u32,
     ended: Option<oneshot::Sender<RunEnd>>,
+    step_slots: Option<StepSlots>,
+    slot: Slot,
+    /// An answer that waits for the slot before it goes to the agent.
+    held_answer: Option<Value>,
+    /// Claims in a row that wrote nothing: the backoff of the next.
+    claim_tries: u32,
+    /// Whether this wait for a slot was logged (once per wait, not per refused claim).
+    slot_wait_logged: bool,
+    /// The fallback of a wait for a slot (cancelled with the state).
+    slot_check: Option<crate::mailbox::Timer<ChildMsg>>,
+    runs: ActorRef<super::ChildRunsMsg>,
+    wake_fallback: std::time::Duration,
     span: tracing::Span,
 }
 
@@ -178,6 +222,90 @@ impl ChildState {
                 self.stop_agent();
                 self.untrack();
                 self.end(myself, RunEnd::Fenced);
+            }
+        }
+    }
+
+    /// Takes an approval answer for the live agent: handed on at once while the run holds its
+    /// slot, else kept until a claim gets one.
+    fn answered(&mut self, myself: &ActorRef<ChildMsg>, answer: Value) {
+        let known = answer["request_id"]
+            .as_str()
+            .is_some_and(|request_id| self.answered.contains(request_id));
+        if known || self.slot == Slot::Held {
+            self.deliver(answer);
+            return;
+        }
+        self.held_answer = Some(answer);
+        self.claim_slot(myself);
+    }
+
+    /// Claims the slot the run gave back with its pause, if an answer waits for it and no claim
+    /// is in flight.
+    fn claim_slot(&mut self, myself: &ActorRef<ChildMsg>) {
+        let (Slot::GivenBack, Some(_), Some(slots)) =
+            (self.slot, &self.held_answer, self.step_slots)
+        else {
+            return;
+        };
+        self.slot = Slot::Claiming;
+        self.slot_check = None;
+        let (store, me) = (self.store.clone(), myself.clone());
+        let (run_id, owner) = (self.run_id.clone(), self.worker_id.clone());
+        tokio::spawn(
+            async move {
+                let claimed = store
+                    .claim_run_slot(&run_id, &owner, slots.slots_max, slots.slots_per_user_max)
+                    .await;
+                let _ = me.post(ChildMsg::SlotClaimed(claimed));
+            }
+            .instrument(self.span.clone()),
+        );
+    }
+
+    /// Acts on the store's answer to a slot claim.
+    fn slot_claimed(&mut self, myself: &ActorRef<ChildMsg>, claimed: store::Result<RunSlot>) {
+        self.slot = Slot::GivenBack;
+        match claimed {
+            Ok(RunSlot::Held) => {
+                self.slot = Slot::Held;
+                self.claim_tries = 0;
+                self.slot_wait_logged = false;
+                if let Some(answer) = self.held_answer.take() {
+                    self.deliver(answer);
+                }
+            }
+            Ok(RunSlot::Queued) => {
+                self.claim_tries = 0;
+                if !self.slot_wait_logged {
+                    self.slot_wait_logged = true;
+                    tracing::info!(parent: &self.span,
+                        "the answered run waits for a slot before its agent goes on");
+                }
+                // Asked again at a freed slot's cue, or at the fallback, or with the answer at
+                // the next renewal, whichever comes first.
+                let _ = self.runs.post(super::ChildRunsMsg::SlotWanted {
+                    run_id: self.run_id.clone(),
+                });
+                self.slot_check = Some(crate::mailbox::Timer::after(
+                    myself,
+                    self.wake_fallback,
+                    || ChildMsg::SlotCheck,
+                ));
+            }
+            // Not this node's live run of a running workflow any more (a cancel request, a
+            // takeover, a reconcile): the next renewal says what to do.
+            Ok(RunSlot::Refused) => {}
+            Err(error) => {
+                // Nothing was written, or the claim's outcome is unknown: asked again after a
+                // wait (a claim of a slot the step holds keeps it, so a second one is harmless).
+                self.claim_tries += 1;
+                tracing::warn!(parent: &self.span, %error, tries = self.claim_tries,
+                    "claiming the answered run's slot failed; retrying");
+                let wait = crate::backoff::store_backoff(self.claim_tries);
+                self.slot_check = Some(crate::mailbox::Timer::after(myself, wait, || {
+                    ChildMsg::SlotCheck
+                }));
             }
         }
     }
@@ -327,6 +455,14 @@ impl Actor for ChildAgent {
             agent_task: None,
             commit_tries: 0,
             ended: Some(args.ended),
+            step_slots: args.step_slots,
+            slot: Slot::Held,
+            held_answer: None,
+            claim_tries: 0,
+            slot_wait_logged: false,
+            slot_check: None,
+            runs: args.runs,
+            wake_fallback: args.wake_fallback,
             span,
         })
     }
@@ -435,7 +571,7 @@ impl Actor for ChildAgent {
                     state.commit_tries += 1;
                     tracing::warn!(parent: &state.span, %error, tries = state.commit_tries,
                         "the terminal write wrote nothing (database unavailable or its disk full); retrying");
-                    let wait = crate::workflow::store_backoff(state.commit_tries);
+                    let wait = crate::backoff::store_backoff(state.commit_tries);
                     crate::mailbox::post_after(&myself, wait, move || ChildMsg::Commit(outcome));
                 }
             }
@@ -465,6 +601,13 @@ impl Actor for ChildAgent {
             }
             ChildMsg::Paused(_) => state.act(&myself, Verdict::Fenced),
             ChildMsg::AgentPaused(approval) => {
+                // The write that records the pause gives the step's slot back, so an answer
+                // claims one first. Counted as given back from now on: an answer (committed
+                // after the pause) may reach this actor before the pause's own acknowledgement,
+                // and a claim keeps a slot the step still holds (the write refused or lost).
+                if state.step_slots.is_some() {
+                    state.slot = Slot::GivenBack;
+                }
                 state.record_pause(&myself, approval, ChildMsg::PauseRecorded);
             }
             ChildMsg::PauseRecorded(Ok(true)) => {
@@ -476,11 +619,13 @@ impl Actor for ChildAgent {
                 // answer can only come for a recorded pause.
                 tracing::warn!(parent: &state.span, %error, "recording the pause has no acknowledgement");
             }
+            ChildMsg::SlotClaimed(claimed) => state.slot_claimed(&myself, claimed),
+            ChildMsg::SlotCheck => state.claim_slot(&myself),
             ChildMsg::Lease(event) => {
                 let verdict = match event {
                     LeaseEvent::Renewed { cancel, answer } => {
                         if let Some(answer) = answer {
-                            state.deliver(answer);
+                            state.answered(&myself, answer);
                         }
                         state.authority.on_renewal(Renewal::Renewed { cancel })
                     }

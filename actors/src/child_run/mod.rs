@@ -1,15 +1,16 @@
 //! The child-runs actor: the front door for child runs on this node, and the supervisor of their
 //! child-agent actors. It checks a request before anything is written (known agent, task size,
 //! thread id), admits it through the store (idempotency, one active run per thread, slots), starts
-//! a linked child-agent actor for an admitted run, relays cancel requests durably, and periodically
-//! closes orphaned runs whose node is gone. `agent.rs` is the child-agent actor of one run;
+//! a linked child-agent actor for an admitted run, relays cancel requests durably, relays freed-slot
+//! cues to the answered runs that wait for a slot, and periodically closes orphaned runs whose
+//! node is gone. `agent.rs` is the child-agent actor of one run;
 //! `commit.rs` the pure rules of its terminal commit authority.
 
 pub(crate) mod agent;
 pub(crate) mod commit;
 
 use crate::mailbox::Post;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,7 +23,7 @@ use tokio::time::Instant;
 
 use crate::Error;
 use crate::agents::{AgentRegistry, ConfinementMode, ProcessRecords};
-use crate::child_run::agent::{ChildAgent, ChildArgs, ChildMsg, RunEnd};
+use crate::child_run::agent::{ChildAgent, ChildArgs, ChildMsg, RunEnd, StepSlots};
 use crate::lease::LeaseMsg;
 use crate::store_actor::StoreHandle;
 use crate::workspace;
@@ -156,6 +157,10 @@ pub enum ChildRunsMsg {
     },
     /// Closes orphaned runs.
     SweepOrphans,
+    /// An answered run waits for a slot before its agent goes on: tell it when one frees.
+    SlotWanted { run_id: RunId },
+    /// A slot was freed (or changes may have been missed): the runs waiting for one ask again.
+    SlotFreed,
     /// The runs executing on this node.
     Running { reply: RpcReplyPort<Vec<RunId>> },
 }
@@ -185,11 +190,19 @@ pub(crate) struct ChildRunsArgs {
     pub agents: Arc<AgentRegistry>,
     pub worker_id: String,
     pub options: RunsOptions,
+    /// The change bus, for its freed-slot cues.
+    pub changes: store::Changes,
+    /// How long a run waiting for a slot waits for a cue before it asks anyway.
+    pub wake_fallback: Duration,
 }
 
 pub(crate) struct ChildRunsState {
     args: ChildRunsArgs,
     running: HashMap<RunId, ActorRef<ChildMsg>>,
+    /// Answered runs of this node that wait for a slot, each told once at the next cue.
+    slot_waiters: HashSet<RunId>,
+    /// The task that hands the change bus's freed-slot cues to this actor (stopped with it).
+    _listening: crate::mailbox::Task,
 }
 
 impl Actor for ChildRuns {
@@ -205,9 +218,12 @@ impl Actor for ChildRuns {
         crate::mailbox::post_every(&myself, args.options.orphan_sweep, || {
             ChildRunsMsg::SweepOrphans
         });
+        let listening = listen(&myself, args.changes.subscribe());
         Ok(ChildRunsState {
             args,
             running: HashMap::new(),
+            slot_waiters: HashSet::new(),
+            _listening: listening,
         })
     }
 
@@ -296,6 +312,18 @@ impl Actor for ChildRuns {
             ChildRunsMsg::Running { reply } => {
                 let _ = reply.send(state.running.keys().cloned().collect());
             }
+            ChildRunsMsg::SlotWanted { run_id } => {
+                if state.running.contains_key(&run_id) {
+                    state.slot_waiters.insert(run_id);
+                }
+            }
+            ChildRunsMsg::SlotFreed => {
+                for run_id in std::mem::take(&mut state.slot_waiters) {
+                    if let Some(child) = state.running.get(&run_id) {
+                        let _ = child.post(ChildMsg::SlotCheck);
+                    }
+                }
+            }
         }
         Ok(())
     }
@@ -316,11 +344,41 @@ impl Actor for ChildRuns {
             }
             _ => return Ok(()),
         };
-        state
+        let ended: Vec<RunId> = state
             .running
-            .retain(|_, child| child.get_id() != cell.get_id());
+            .iter()
+            .filter(|(_, child)| child.get_id() == cell.get_id())
+            .map(|(run_id, _)| run_id.clone())
+            .collect();
+        for run_id in ended {
+            state.running.remove(&run_id);
+            state.slot_waiters.remove(&run_id);
+        }
         Ok(())
     }
+}
+
+/// Hands the change bus's freed-slot cues to the actor, as messages; a resync (or a receiver
+/// that fell behind) may have missed one, so it counts as one.
+fn listen(
+    myself: &ActorRef<ChildRunsMsg>,
+    mut changes: tokio::sync::broadcast::Receiver<store::Change>,
+) -> crate::mailbox::Task {
+    use tokio::sync::broadcast::error::RecvError;
+    let me = myself.clone();
+    crate::mailbox::Task::spawn(async move {
+        loop {
+            let freed = match changes.recv().await {
+                Ok(store::Change::SlotFreed | store::Change::Resync)
+                | Err(RecvError::Lagged(_)) => true,
+                Ok(_) => false,
+                Err(RecvError::Closed) => return,
+            };
+            if freed && me.post(ChildRunsMsg::SlotFreed).is_err() {
+                return;
+            }
+        }
+    })
 }
 
 /// Checks a request before anything is written, and turns it into the row to admit.
@@ -416,6 +474,12 @@ async fn start_child(
             output_bytes_max: state.args.options.task_bytes_max,
             deadline: sent + Duration::from_millis(state.args.options.lease_ms),
             ended: ended_tx,
+            step_slots: request.step.as_ref().map(|step| StepSlots {
+                slots_max: step.slots_max,
+                slots_per_user_max: step.slots_per_user_max,
+            }),
+            runs: myself.clone(),
+            wake_fallback: state.args.wake_fallback,
         },
         myself.get_cell(),
     )

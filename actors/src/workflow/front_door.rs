@@ -9,12 +9,12 @@ use std::collections::HashMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
+use runtime::CallKind;
 use serde::Serialize;
 use serde_json::{Value, json};
-use sha2::{Digest, Sha256};
 use store::{
-    Change, ControlRow, ControlWrite, Epoch, Launch, LaunchLimits, NewControl, NewWorkflow,
-    StepRow, StepStatus, TakeOver, WorkflowId, WorkflowRow, WorkflowStatus, WriteOp,
+    Change, ControlRow, ControlWrite, Epoch, Launch, LaunchLimits, NewControl, StepRow, WorkflowId,
+    WorkflowRow,
 };
 use tokio::sync::broadcast;
 use tokio::time::Instant;
@@ -24,16 +24,9 @@ use crate::error::{Error, Takeover};
 use crate::js_pool::{JsError, JsPool};
 use crate::lease::LeaseMsg;
 use crate::store_actor::StoreHandle;
-use crate::workflow::{Start, WorkflowArgs, WorkflowDocument, WorkflowMsg, WorkflowSupervisor};
-
-/// A request to start a workflow.
-#[derive(Debug, Clone)]
-pub struct LaunchRequest {
-    pub user_id: String,
-    pub request_id: Option<String>,
-    pub script: String,
-    pub args: Value,
-}
+use crate::workflow::requests::{Decide, LaunchRequest, ReconcileRequest, Resume};
+use crate::workflow::rules::{self, Supervised};
+use crate::workflow::{ControlKind, Start, WorkflowArgs, WorkflowMsg, WorkflowSupervisor};
 
 /// What a launch gave the caller.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -43,44 +36,24 @@ pub struct Launched {
     pub created: bool,
 }
 
-/// A workflow as stored: its row, journal, controls and lease.
+/// A workflow as stored: its row, lease, controls and checkpoints, and the first page of its
+/// steps and of its artifact versions (see [`store::Snapshot`]).
 #[derive(Debug, Clone, Serialize)]
 pub struct WorkflowView {
     pub row: WorkflowRow,
+    /// The first steps of its journal, in journal order (see [`store::Snapshot::steps`]).
     pub steps: Vec<StepRow>,
+    /// Its pauses and human checkpoints, whole (see [`store::Snapshot::checkpoints`]).
+    pub checkpoints: Vec<StepRow>,
     pub controls: Vec<ControlRow>,
     pub lease: Option<store::Lease>,
     /// The child runs that asked a person for approval (see [`store::Snapshot::approval_runs`]).
     pub approval_runs: Vec<store::RunRow>,
-    /// Every artifact version, without its bytes (see [`store::Snapshot::artifacts`]).
+    /// The first artifact versions, without their bytes (see [`store::Snapshot::artifacts`]).
     pub artifacts: Vec<store::ArtifactInfo>,
     /// Live by its stored status, with its lease expired on the database clock: `recover` may
     /// take it over. Derived on every read, never stored.
     pub recoverable: bool,
-}
-
-/// A `resume` of a pause, as a caller asked for it.
-#[derive(Debug, Clone)]
-pub struct Resume {
-    pub workflow_id: WorkflowId,
-    /// The digest of script and args the caller saw; a different one is refused (stale).
-    pub fingerprint: Option<String>,
-    pub step_id: String,
-    pub attempt: i32,
-    pub input: Value,
-}
-
-/// A decision on a checkpoint, as a caller asked for it.
-#[derive(Debug, Clone)]
-pub struct Decide {
-    pub workflow_id: WorkflowId,
-    pub step_id: String,
-    pub attempt: i32,
-    /// The artifact version the person looked at; the checkpoint must be about this one.
-    pub artifact_version: u64,
-    /// `approve` or `reject`.
-    pub decision: String,
-    pub comment: Option<String>,
 }
 
 /// Limits and sizes the workflows actor works with.
@@ -127,7 +100,7 @@ pub enum WorkflowsMsg {
     },
     /// The store answered a launch.
     Launched {
-        workflow: Box<NewWorkflow>,
+        workflow: Box<Supervised>,
         sent: Instant,
         result: Box<store::Result<Launch>>,
         reply: RpcReplyPort<Result<Launched, Error>>,
@@ -226,7 +199,7 @@ impl Asked {
 
 /// A workflow this node has taken over and read back: what its supervisor starts from.
 pub struct Ready {
-    workflow: NewWorkflow,
+    workflow: Supervised,
     lease: store::Lease,
     /// When the takeover was sent: the lease's local deadline counts from here.
     sent: Instant,
@@ -234,7 +207,7 @@ pub struct Ready {
 
 /// Supervisors woken per freed slot (a cue may stand for several slots freed in one write);
 /// those refused again wait for the next cue, or their fallback.
-const SLOT_WAKES_MAX: usize = 16;
+pub(super) const SLOT_WAKES_MAX: usize = 16;
 
 /// Recoverable workflows claimed per query; a full batch is followed by another claim at once,
 /// so any number of orphaned workflows is taken over within a claim period or two.
@@ -251,28 +224,6 @@ const TAKE_BACK_TRIES: u32 = 20;
 /// How often a cancellation asked of a workflow whose owner's lease was still valid is tried
 /// again, a lease period apart (the owner, if alive, carries it out itself meanwhile).
 const CANCEL_TAKEOVER_TRIES: u32 = 10;
-
-/// How an operator settles a step whose child run's outcome was unknown, after checking the
-/// child's real effects.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Resolution {
-    /// Run the step again as attempt + 1 (the old child run stays on record).
-    Retry,
-    /// The step failed.
-    Fail,
-    /// The step succeeded with this output.
-    Complete(Value),
-}
-
-/// A reconcile, as an operator asked for it.
-#[derive(Debug, Clone)]
-pub struct ReconcileRequest {
-    pub workflow_id: WorkflowId,
-    pub step_id: String,
-    pub resolution: Resolution,
-    pub reason: String,
-    pub by: String,
-}
 
 pub(crate) struct Workflows;
 
@@ -311,20 +262,6 @@ pub(crate) struct WorkflowsState {
     live_users: HashMap<WorkflowId, String>,
     /// The task that hands the change bus to this actor (stopped with it).
     _listening: crate::mailbox::Task,
-}
-
-/// The digest a control names to prove it is about this script and these arguments.
-pub fn fingerprint(script: &str, args: &Value) -> String {
-    let mut digest = Sha256::new();
-    digest.update(script.as_bytes());
-    digest.update([0]);
-    digest.update(args.to_string().as_bytes());
-    digest
-        .finalize()
-        .iter()
-        .take(16)
-        .map(|b| format!("{b:02x}"))
-        .collect()
 }
 
 fn now_ms() -> i64 {
@@ -386,8 +323,14 @@ impl Actor for Workflows {
         let _turn = crate::mailbox::turn(&myself);
         match message {
             WorkflowsMsg::Launch { request, reply } => {
-                let workflow = match check(&state.args, &request) {
-                    Ok(workflow) => workflow,
+                let (row, workflow) = match rules::launch(
+                    &state.args.options.limits,
+                    state.args.agents.configuration_version(),
+                    &request,
+                    crate::ids::new_workflow_id(),
+                    now_ms(),
+                ) {
+                    Ok(launch) => launch,
                     Err(error) => {
                         let _ = reply.send(Err(error));
                         return Ok(());
@@ -428,9 +371,7 @@ impl Actor for Workflows {
                         return;
                     }
                     let sent = Instant::now();
-                    let result = store
-                        .launch_workflow(workflow.clone(), &owner, lease_ms, limits)
-                        .await;
+                    let result = store.launch_workflow(row, &owner, lease_ms, limits).await;
                     let _ = me.post(WorkflowsMsg::Launched {
                         workflow: Box::new(workflow),
                         sent,
@@ -703,7 +644,7 @@ fn changed(myself: &ActorRef<WorkflowsMsg>, state: &mut WorkflowsState, change: 
 /// Tells up to `count` of the oldest supervisors waiting for a slot to ask again; those refused
 /// again say so anew.
 fn wake_slot_waiters(state: &mut WorkflowsState, count: usize) {
-    let picked = waiters_to_wake(&state.slot_waiters, count, |workflow_id| {
+    let picked = rules::waiters_to_wake(&state.slot_waiters, count, |workflow_id| {
         state.live_users.get(workflow_id).map(String::as_str)
     });
     let mut woken = Vec::with_capacity(picked.len());
@@ -718,80 +659,6 @@ fn wake_slot_waiters(state: &mut WorkflowsState, count: usize) {
             let _ = supervisor.post(WorkflowMsg::SlotFreed);
         }
     }
-}
-
-/// The places in `waiters` (oldest first) of the `count` supervisors a freed slot wakes, in
-/// ascending order: the oldest waiter of each user first, then the oldest of the others. The 16
-/// oldest alone could all be one user's, each refused again while that user holds their share
-/// of the slots (`max_active_children_per_user`), while another user's step, further back,
-/// waited for its fallback.
-fn waiters_to_wake<'a>(
-    waiters: &'a std::collections::VecDeque<WorkflowId>,
-    count: usize,
-    user_of: impl Fn(&WorkflowId) -> Option<&'a str>,
-) -> Vec<usize> {
-    let count = count.min(waiters.len());
-    if count == waiters.len() {
-        return (0..count).collect();
-    }
-    let mut users = std::collections::HashSet::new();
-    let mut picked: Vec<usize> = waiters
-        .iter()
-        .enumerate()
-        .filter(|(_, workflow_id)| users.insert(user_of(workflow_id)))
-        .map(|(place, _)| place)
-        .take(count)
-        .collect();
-    let first_of_each = picked.clone();
-    picked.extend(
-        (0..waiters.len())
-            .filter(|place| !first_of_each.contains(place))
-            .take(count - first_of_each.len()),
-    );
-    picked.sort_unstable();
-    picked
-}
-
-/// Checks a launch before anything is written and turns it into the row to launch.
-fn check(args: &WorkflowsArgs, request: &LaunchRequest) -> Result<NewWorkflow, Error> {
-    let limits = &args.options.limits;
-    if request.script.len() as u64 > limits.script_bytes_max {
-        return Err(Error::TooLarge {
-            what: "script",
-            bytes: request.script.len(),
-            limit_name: "script_bytes_max",
-            limit: usize::try_from(limits.script_bytes_max).unwrap_or(usize::MAX),
-        });
-    }
-    let args_bytes = request.args.to_string().len();
-    if args_bytes as u64 > limits.frame_bytes_max {
-        return Err(Error::TooLarge {
-            what: "args",
-            bytes: args_bytes,
-            limit_name: "frame_bytes_max",
-            limit: usize::try_from(limits.frame_bytes_max).unwrap_or(usize::MAX),
-        });
-    }
-    let workflow_id = crate::ids::new_workflow_id();
-    let seed = u64::from_le_bytes(
-        Sha256::digest(workflow_id.as_str().as_bytes())[..8]
-            .try_into()
-            .unwrap_or([0; 8]),
-    );
-    Ok(NewWorkflow {
-        fingerprint: fingerprint(&request.script, &request.args),
-        data: json!({
-            "script": request.script,
-            "args": request.args,
-            "seed": seed,
-            "started_at_ms": now_ms(),
-            "runtime_version": runtime::runtime_version(limits),
-            "configuration_version": args.agents.configuration_version(),
-        }),
-        workflow_id,
-        user_id: request.user_id.clone(),
-        request_id: request.request_id.clone(),
-    })
 }
 
 /// Tells whoever waits for a takeover to cancel that this try is decided.
@@ -879,12 +746,12 @@ fn take_over(
             let answer = store
                 .take_over_workflow(&workflow_id, &owner, lease_ms, &versions, purpose)
                 .await;
-            let lease = taken(asked.action(), answer)?;
+            let lease = rules::taken(asked.action(), answer)?;
             let workflow = match &asked {
                 Asked::Reconcile { request, .. } => {
                     reconcile(&store, limits, request, &lease).await?
                 }
-                _ => stored_workflow(&store, &workflow_id).await?,
+                _ => Supervised::stored(stored_row(&store, &workflow_id).await?)?,
             };
             Ok(Ready {
                 workflow,
@@ -899,17 +766,6 @@ fn take_over(
             asked,
         });
     });
-}
-
-/// A stored workflow in the shape a supervisor starts from.
-fn as_launched(row: WorkflowRow) -> NewWorkflow {
-    NewWorkflow {
-        workflow_id: row.workflow_id,
-        user_id: row.user_id,
-        request_id: None,
-        fingerprint: row.fingerprint,
-        data: row.data,
-    }
 }
 
 /// Starts the supervisor of a workflow this node has taken over, unless one supervises it
@@ -1040,14 +896,11 @@ fn after_takeover(
     }
 }
 
-async fn stored_workflow(
-    store: &StoreHandle,
-    workflow_id: &WorkflowId,
-) -> Result<NewWorkflow, Error> {
-    match store.read_workflow(workflow_id).await? {
-        Some(row) => Ok(as_launched(row)),
-        None => Err(not_found(workflow_id)),
-    }
+async fn stored_row(store: &StoreHandle, workflow_id: &WorkflowId) -> Result<WorkflowRow, Error> {
+    store
+        .read_workflow(workflow_id)
+        .await?
+        .ok_or_else(|| not_found(workflow_id))
 }
 
 /// Settles the step under the new lease (in the takeover's task) and answers the workflow its
@@ -1057,14 +910,14 @@ async fn reconcile(
     limits: LaunchLimits,
     request: &ReconcileRequest,
     lease: &store::Lease,
-) -> Result<NewWorkflow, Error> {
+) -> Result<Supervised, Error> {
     let id = &request.workflow_id;
     let row = store
         .read_workflow(id)
         .await?
         .ok_or_else(|| not_found(id))?;
     let steps = store.read_steps(id).await?;
-    let (ops, row) = reconcile_writes(row, steps, limits, request, now_ms())?;
+    let (ops, row) = rules::reconcile_writes(row, steps, limits, request, now_ms())?;
     let written = store.fenced_write(&lease.fence(), ops).await;
     if let Err(store::Error::LimitReached(limit)) = &written {
         // Nothing was written; the lease taken for the reconcile is given back so that the
@@ -1079,161 +932,29 @@ async fn reconcile(
         return Err(Error::LimitReached { limit: *limit, max });
     }
     written?;
-    Ok(as_launched(row))
-}
-
-/// The one fenced write that settles the step a reconcile names, from the workflow's row and
-/// journal as read under the reconcile's lease, and the row as it will stand (running, its
-/// reason for waiting removed). Pure: the deterministic simulation settles its workflows with
-/// it too.
-pub(super) fn reconcile_writes(
-    row: WorkflowRow,
-    steps: Vec<StepRow>,
-    limits: LaunchLimits,
-    request: &ReconcileRequest,
-    now_ms: i64,
-) -> Result<(Vec<WriteOp>, WorkflowRow), Error> {
-    let id = &request.workflow_id;
-    let step = steps
-        .into_iter()
-        .filter(|step| step.step_id == request.step_id)
-        .max_by_key(|step| step.attempt)
-        .ok_or_else(|| Error::NoStep {
-            workflow_id: id.clone(),
-            step_id: request.step_id.clone(),
-        })?;
-    let record = json!({
-        "by": request.by,
-        "reason": request.reason,
-        "resolution": match &request.resolution {
-            Resolution::Retry => "retry",
-            Resolution::Fail => "fail",
-            Resolution::Complete(_) => "complete",
-        },
-    });
-    let settled = |status: StepStatus, outcome: runtime::Outcome| {
-        let mut data = step.data.clone();
-        data["outcome"] = serde_json::to_value(Some(outcome)).unwrap_or(Value::Null);
-        data["settled_at_ms"] = json!(now_ms);
-        data["reconciled"] = record.clone();
-        WriteOp::PutStep {
-            workflow_id: id.clone(),
-            seq: step.seq,
-            step_id: step.step_id.clone(),
-            attempt: step.attempt,
-            kind: step.kind.clone(),
-            status,
-            data,
-        }
-    };
-    let release = WriteOp::ReleaseSlot {
-        workflow_id: id.clone(),
-        step_id: step.step_id.clone(),
-    };
-    let mut ops = match &request.resolution {
-        Resolution::Fail => vec![
-            settled(
-                StepStatus::Failed,
-                runtime::Outcome::Rejected(json!({
-                    "message": format!("reconciled as failed: {}", request.reason),
-                    "status": "error",
-                    "runId": step.data["run_id"],
-                })),
-            ),
-            release,
-        ],
-        Resolution::Complete(output) => vec![
-            settled(
-                StepStatus::Completed,
-                runtime::Outcome::Resolved(json!({
-                    "output": output,
-                    "status": "success",
-                    "runId": step.data["run_id"],
-                    "reconciled": true,
-                })),
-            ),
-            release,
-        ],
-        Resolution::Retry => {
-            // The old attempt is closed as cancelled (it never gets an outcome; its record says
-            // it was reconciled with a retry), and the new one is queued; the old attempt's
-            // slot is given back, the new one claims its own.
-            let mut old = step.data.clone();
-            old["reconciled"] = record.clone();
-            vec![
-                WriteOp::PutStep {
-                    workflow_id: id.clone(),
-                    seq: step.seq,
-                    step_id: step.step_id.clone(),
-                    attempt: step.attempt,
-                    kind: step.kind.clone(),
-                    status: StepStatus::Cancelled,
-                    data: old,
-                },
-                WriteOp::PutStep {
-                    workflow_id: id.clone(),
-                    seq: step.seq,
-                    step_id: step.step_id.clone(),
-                    attempt: step.attempt + 1,
-                    kind: step.kind.clone(),
-                    status: StepStatus::Queued,
-                    data: json!({
-                        "args": step.data["args"],
-                        "reconciled": record,
-                        "previous_run_id": step.data["run_id"],
-                    }),
-                },
-                release,
-            ]
-        }
-    };
-    // The operator checked the child's effects: every run of the step's attempt that is still
-    // live is closed now (found by the attempt's idempotency key, so also a run admitted after
-    // its journal entry was written as queued, which the journal never named), so the step's
-    // thread is free for whatever comes next.
-    ops.push(WriteOp::CloseStepRuns {
-        workflow_id: id.clone(),
-        step_id: step.step_id.clone(),
-        attempt: step.attempt,
-    });
-    // It held no place under the limits while it waited for an operator: it takes them back
-    // before it counts as live again, or the reconcile is refused with nothing written.
-    let clamp = |limit: u64| i64::try_from(limit).unwrap_or(i64::MAX);
-    ops.push(WriteOp::TakePlaces {
-        workflow_id: id.clone(),
-        user_id: row.user_id.clone(),
-        max_workflows: clamp(limits.max_workflows),
-        max_workflows_per_owner: clamp(limits.max_workflows_per_owner),
-    });
-    // Settled: the reason it waited is kept in the step's `reconciled` record, not here.
-    let mut data = row.data.clone();
-    if let Some(fields) = data.as_object_mut() {
-        fields.remove("reconciliation");
-    }
-    ops.push(WriteOp::SetWorkflow {
-        workflow_id: id.clone(),
-        status: WorkflowStatus::Running,
-        data: data.clone(),
-    });
-    Ok((ops, WorkflowRow { data, ..row }))
+    Supervised::stored(row)
 }
 
 async fn start_supervisor(
     myself: &ActorRef<WorkflowsMsg>,
     state: &mut WorkflowsState,
-    workflow: NewWorkflow,
+    workflow: Supervised,
     lease: store::Lease,
     sent: Instant,
     start: Start,
 ) -> Result<Launched, Error> {
-    let document = WorkflowDocument::from_data(&workflow.workflow_id, workflow.data)?;
+    let Supervised {
+        workflow_id,
+        user_id,
+        document,
+    } = workflow;
     let options = &state.args.options;
     let (supervisor, _) = Actor::spawn_linked(
-        Some(format!("workflow-{}", workflow.workflow_id)),
+        Some(format!("workflow-{workflow_id}")),
         WorkflowSupervisor,
         WorkflowArgs {
-            workflow_id: workflow.workflow_id.clone(),
-            user_id: workflow.user_id.clone(),
+            workflow_id: workflow_id.clone(),
+            user_id: user_id.clone(),
             fence: lease.fence(),
             document,
             store: state.args.store.clone(),
@@ -1267,12 +988,10 @@ async fn start_supervisor(
         actor: "workflow",
         reason: e.to_string(),
     })?;
-    state.live.insert(workflow.workflow_id.clone(), supervisor);
-    state
-        .live_users
-        .insert(workflow.workflow_id.clone(), workflow.user_id);
+    state.live.insert(workflow_id.clone(), supervisor);
+    state.live_users.insert(workflow_id.clone(), user_id);
     Ok(Launched {
-        workflow_id: workflow.workflow_id,
+        workflow_id,
         created: true,
     })
 }
@@ -1280,16 +999,6 @@ async fn start_supervisor(
 fn not_found(workflow_id: &WorkflowId) -> Error {
     Error::NoWorkflow {
         workflow_id: workflow_id.to_owned(),
-    }
-}
-
-/// The lease of a takeover for `action` the store granted, or why it did not.
-fn taken(action: Takeover, answer: store::Result<TakeOver>) -> Result<store::Lease, Error> {
-    match answer? {
-        TakeOver::Taken(lease) => Ok(lease),
-        TakeOver::NotRecoverable(reason) => Err(Error::NotLive { action, reason }),
-        TakeOver::LeaseHeld => Err(Error::LeaseHeld { action }),
-        TakeOver::Refused(reason) => Err(Error::TakeoverRefused { reason }),
     }
 }
 
@@ -1342,9 +1051,19 @@ impl WorkflowsHandle {
             .await?
     }
 
-    /// A workflow with its journal, controls and lease, if it exists.
-    pub async fn get(&self, workflow_id: &WorkflowId) -> Result<Option<WorkflowView>, Error> {
-        let Some(snapshot) = self.store.read_snapshot(workflow_id).await? else {
+    /// A workflow with its lease, controls, checkpoints, first `steps_max` steps and first
+    /// `artifacts_max` artifact versions, if it exists.
+    pub async fn get(
+        &self,
+        workflow_id: &WorkflowId,
+        steps_max: u32,
+        artifacts_max: u32,
+    ) -> Result<Option<WorkflowView>, Error> {
+        let Some(snapshot) = self
+            .store
+            .read_snapshot(workflow_id, steps_max, artifacts_max)
+            .await?
+        else {
             return Ok(None);
         };
         let row = snapshot.row;
@@ -1356,6 +1075,7 @@ impl WorkflowsHandle {
         Ok(Some(WorkflowView {
             row,
             steps: snapshot.steps,
+            checkpoints: snapshot.checkpoints,
             controls: snapshot.controls,
             lease: snapshot.lease,
             approval_runs: snapshot.approval_runs,
@@ -1373,23 +1093,18 @@ impl WorkflowsHandle {
                 .read_workflow(&request.workflow_id)
                 .await?
                 .ok_or_else(|| not_found(&request.workflow_id))?;
-            if &row.fingerprint != fingerprint {
-                return Err(Error::StaleFingerprint {
-                    given: fingerprint.clone(),
-                    current: row.fingerprint,
-                });
-            }
+            rules::same_script(&row, fingerprint)?;
         }
         self.journaled_step(
             &request.workflow_id,
             &request.step_id,
-            "pause",
+            CallKind::Pause,
             request.attempt,
         )
         .await?;
         self.control_at(
             &request.workflow_id,
-            "resume",
+            ControlKind::Resume,
             &request.step_id,
             request.attempt,
             json!({ "input": request.input }),
@@ -1401,39 +1116,19 @@ impl WorkflowsHandle {
     /// Records a decision on a checkpoint, once: an identical decision again is the same row; a
     /// different one, or one about another artifact version, is refused as a conflict.
     pub async fn decide(&self, request: Decide, by: &str) -> Result<ControlWrite, Error> {
-        if request.decision != "approve" && request.decision != "reject" {
-            return Err(Error::InvalidRequest(format!(
-                "decision {:?} is neither \"approve\" nor \"reject\"",
-                request.decision
-            )));
-        }
+        rules::valid_decision(&request)?;
         let step = self
             .journaled_step(
                 &request.workflow_id,
                 &request.step_id,
-                "humanCheckpoint",
+                CallKind::HumanCheckpoint,
                 request.attempt,
             )
             .await?;
-        let under_review = step.data["args"]["artifactVersion"].as_u64();
-        if under_review != Some(request.artifact_version) {
-            return Err(Error::StaleArtifactVersion {
-                step_id: request.step_id,
-                under_review,
-                given: request.artifact_version,
-            });
-        }
-        // No time in the body: the same decision twice must be the same control.
-        let mut body = json!({
-            "decision": request.decision,
-            "artifactVersion": request.artifact_version,
-        });
-        if let Some(comment) = request.comment {
-            body["comment"] = json!(comment);
-        }
+        let body = rules::decision(&request, &step)?;
         self.control_at(
             &request.workflow_id,
-            "decide",
+            ControlKind::Decide,
             &request.step_id,
             request.attempt,
             body,
@@ -1442,49 +1137,26 @@ impl WorkflowsHandle {
         .await
     }
 
-    /// The journal entry of `step_id`, which must be a `kind` call at `attempt`: a control for a
-    /// step the script has not reached, or of another kind, is a conflict (nothing is recorded).
+    /// The journal entry a control answers (see [`rules::answered_step`]), of a workflow that
+    /// exists.
     async fn journaled_step(
         &self,
         workflow_id: &WorkflowId,
         step_id: &str,
-        kind: &'static str,
+        kind: CallKind,
         attempt: i32,
     ) -> Result<StepRow, Error> {
         let steps = self.store.read_steps(workflow_id).await?;
         if steps.is_empty() && self.store.read_workflow(workflow_id).await?.is_none() {
             return Err(not_found(workflow_id));
         }
-        let Some(step) = steps
-            .into_iter()
-            .filter(|s| s.step_id == step_id)
-            .max_by_key(|s| s.attempt)
-        else {
-            return Err(Error::StepNotReached {
-                step_id: step_id.to_owned(),
-            });
-        };
-        if step.kind != kind {
-            return Err(Error::WrongStepKind {
-                step_id: step_id.to_owned(),
-                kind: step.kind,
-                expected: kind,
-            });
-        }
-        if step.attempt != attempt {
-            return Err(Error::WrongAttempt {
-                step_id: step_id.to_owned(),
-                current: step.attempt,
-                given: attempt,
-            });
-        }
-        Ok(step)
+        rules::answered_step(steps, step_id, kind, attempt)
     }
 
     async fn control_at(
         &self,
         workflow_id: &WorkflowId,
-        kind: &str,
+        kind: ControlKind,
         step_id: &str,
         attempt: i32,
         body: Value,
@@ -1494,7 +1166,7 @@ impl WorkflowsHandle {
             .store
             .put_control(NewControl {
                 workflow_id: workflow_id.to_owned(),
-                kind: kind.to_owned(),
+                kind: kind.as_str().to_owned(),
                 step_id: step_id.to_owned(),
                 attempt,
                 body,
@@ -1508,7 +1180,7 @@ impl WorkflowsHandle {
     /// Cancelling again is the same request.
     pub async fn cancel(&self, workflow_id: &WorkflowId, by: &str) -> Result<ControlWrite, Error> {
         let recorded = self
-            .control_at(workflow_id, "cancel", "", 0, json!({}), by)
+            .control_at(workflow_id, ControlKind::Cancel, "", 0, json!({}), by)
             .await?;
         // If the owner is gone, this node finishes the cancellation (without replaying the body);
         // if it is alive, the takeover is refused and the owner's poll finds the request. An
@@ -1641,38 +1313,5 @@ impl WorkflowsHandle {
     /// The workflows supervised on this node.
     pub async fn live(&self) -> Result<Vec<WorkflowId>, Error> {
         self.call(|reply| WorkflowsMsg::Live { reply }).await
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use std::collections::VecDeque;
-
-    use super::waiters_to_wake;
-    use store::WorkflowId;
-
-    fn waiters(users: &[&'static str]) -> (VecDeque<WorkflowId>, Vec<&'static str>) {
-        let ids = (0..users.len()).map(|n| WorkflowId::new(format!("wf-{n}")));
-        (ids.collect(), users.to_vec())
-    }
-
-    fn wake(users: &[&'static str], count: usize) -> Vec<usize> {
-        let (queue, owners) = waiters(users);
-        waiters_to_wake(&queue, count, |workflow_id| {
-            let place = queue.iter().position(|w| w == workflow_id)?;
-            owners.get(place).copied()
-        })
-    }
-
-    #[test]
-    fn a_freed_slot_wakes_the_oldest_waiter_of_each_user_before_more_of_one_user() {
-        // Ann's three waiters are the oldest; Bob's, behind them, is woken with her first.
-        assert_eq!(wake(&["ann", "ann", "ann", "bob"], 2), [0, 3]);
-        // Fewer users than wakes: the oldest of the rest make up the count.
-        assert_eq!(wake(&["ann", "ann", "ann", "bob", "ann"], 3), [0, 1, 3]);
-        // One user only, or room for all: the oldest, as before.
-        assert_eq!(wake(&["ann", "ann", "ann"], 2), [0, 1]);
-        assert_eq!(wake(&["ann", "bob"], 16), [0, 1]);
-        assert_eq!(wake(&[], 16), Vec::<usize>::new());
     }
 }

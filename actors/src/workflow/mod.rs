@@ -14,10 +14,17 @@
 
 pub(crate) mod capture;
 pub(crate) mod front_door;
+mod invariants;
 mod journal;
 mod machine;
 #[cfg(test)]
+mod mutants;
+mod reconciliation;
+pub(crate) mod requests;
+pub(crate) mod rules;
+#[cfg(test)]
 mod sim;
+mod store_calls;
 mod unwritten;
 
 use std::collections::{BTreeMap, VecDeque};
@@ -37,9 +44,10 @@ use crate::lease::{LeaseEvent, LeaseKey, LeaseMsg, Leased};
 use crate::mailbox::{Post, Timer};
 use crate::store_actor::StoreHandle;
 use machine::{Admission, Effect, Event, MachineConfig, WorkflowMachine};
+use store_calls::{Routed, StoreCall};
 
 pub use machine::ControlKind;
-pub(crate) use machine::{Start, WorkflowDocument, store_backoff, thread_for};
+pub(crate) use machine::{Start, WorkflowDocument, thread_for};
 
 /// The stop reason of a supervisor that left its workflow live (see `Effect::Halt`).
 pub(crate) const ABANDONED: &str = "abandoned";
@@ -191,15 +199,11 @@ impl WorkflowState {
     /// Performs one effect; answers the event its result is, if it has one.
     async fn perform(&mut self, myself: &ActorRef<WorkflowMsg>, effect: Effect) -> Option<Event> {
         let io = &self.io;
+        let effect = match StoreCall::of(effect) {
+            Routed::Store(call) => return Some(call.perform(&io.store, &io.fence).await),
+            Routed::Other(effect) => effect,
+        };
         match effect {
-            Effect::ReadJournal => {
-                let id = &io.workflow_id;
-                let read = match io.store.last_artifact_version(id).await {
-                    Ok(version) => io.store.read_steps(id).await.map(|steps| (version, steps)),
-                    Err(error) => Err(error),
-                };
-                Some(Event::JournalRead(read))
-            }
             Effect::Activate { start, settles } => {
                 let result = io
                     .js
@@ -217,10 +221,6 @@ impl WorkflowState {
                     run_id: crate::ids::new_run_id(),
                 })
             }
-            Effect::Write(ops) => Some(match io.store.fenced_write(&io.fence, ops).await {
-                Ok(()) => Event::Written,
-                Err(error) => Event::WriteFailed(error),
-            }),
             Effect::Admit { id, request } => {
                 self.admit(myself, id, request);
                 None
@@ -268,26 +268,6 @@ impl WorkflowState {
                 }
                 None
             }
-            Effect::ReadRun {
-                id,
-                run_id,
-                purpose,
-            } => {
-                let result = io.store.read_run(&run_id).await;
-                Some(Event::RunRead {
-                    id,
-                    run_id,
-                    purpose,
-                    result,
-                })
-            }
-            Effect::ReadControls(purpose) => Some(Event::Controls {
-                purpose,
-                result: io.store.read_controls(&io.workflow_id).await,
-            }),
-            Effect::PutControl(control) => {
-                Some(Event::TimeoutRecorded(io.store.put_control(control).await))
-            }
             Effect::Capture {
                 id,
                 thread_id,
@@ -296,15 +276,6 @@ impl WorkflowState {
             } => Some(Event::Captured {
                 id,
                 result: self.capture(&thread_id, path, source_step_id).await,
-            }),
-            Effect::ReadArtifact { id, version } => Some(Event::ArtifactRead {
-                id,
-                version,
-                result: io
-                    .store
-                    .read_artifact(&io.workflow_id, version)
-                    .await
-                    .map(|artifact| artifact.map(|artifact| artifact.content)),
             }),
             Effect::Post(event) => {
                 let _ = myself.post(WorkflowMsg::Event(Box::new(event)));
@@ -353,6 +324,13 @@ impl WorkflowState {
                 None
             }
             Effect::Then(then) => Some(Event::Then(then)),
+            // Invariant: `StoreCall::of` took every store call above.
+            Effect::ReadJournal
+            | Effect::Write(_)
+            | Effect::ReadRun { .. }
+            | Effect::ReadControls(_)
+            | Effect::PutControl(_)
+            | Effect::ReadArtifact { .. } => unreachable!("a store call is performed above"),
             Effect::Halt { abandoned } => {
                 self.halt(myself, abandoned);
                 None

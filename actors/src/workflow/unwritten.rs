@@ -11,7 +11,7 @@
 use runtime::CallKind;
 use store::{RunId, StepStatus, WorkflowStatus, WriteOp};
 
-use super::machine::Reconciliation;
+use super::reconciliation::Reconciliation;
 
 /// What a journal write made true once it became durable: a step's progress, or the
 /// workflow's end.

@@ -53,9 +53,6 @@ pub fn start(database: Option<String>) -> Server {
         .env("REINS_SECRET", "bench-secret-0123456789abcdefghijklmnop")
         .env("REINS_LIMITS__MAX_WORKFLOWS", "100000000")
         .env("REINS_LIMITS__MAX_WORKFLOWS_PER_OWNER", "100000000")
-        // One user launches every workflow: their share of the agent slots is all of them, so
-        // that the figures measure the engine, not the share.
-        .env("REINS_LIMITS__MAX_ACTIVE_CHILDREN_PER_USER", "32")
         .env("REINS_LOG", "warn")
         .stdout(Stdio::null())
         .stderr(Stdio::inherit());

@@ -348,7 +348,7 @@ async fn run_signed_in(common: &Common, client: &Client, command: Command) -> an
             wait_for_rest(common, client, &run_id, launched).await
         }
         Command::Get { id, wait: false } => {
-            let record = get(client, &id).await?;
+            let record = whole(client, &id, get(client, &id).await?).await?;
             print_value(common, &record, || print_record(&record));
             Ok(0)
         }
@@ -601,6 +601,40 @@ async fn get(client: &Client, id: &str) -> anyhow::Result<Value> {
         .await?)
 }
 
+/// `record` with every step and artifact version: the server answers a record with the first
+/// page of each, and `steps_next` and `artifacts_next` lead to the next; each page that follows
+/// is appended, until a page says there is no more.
+async fn whole(client: &Client, id: &str, mut record: Value) -> anyhow::Result<Value> {
+    let mut after = record["steps_next"].as_str().map(str::to_owned);
+    while let Some(cursor) = after {
+        let path = format!(
+            "/api/v1/workflows/{}/steps?after={}",
+            encode(id),
+            encode(&cursor)
+        );
+        let page = client.json("GET", &path, None).await?;
+        extend(&mut record["steps"], &page["steps"]);
+        after = page["next"].as_str().map(str::to_owned);
+    }
+    let mut after = record["artifacts_next"].as_i64();
+    while let Some(version) = after {
+        let path = format!("/api/v1/workflows/{}/artifacts?after={version}", encode(id));
+        let page = client.json("GET", &path, None).await?;
+        extend(&mut record["artifacts"], &page["artifacts"]);
+        after = page["next"].as_i64();
+    }
+    record["steps_next"] = Value::Null;
+    record["artifacts_next"] = Value::Null;
+    Ok(record)
+}
+
+/// Appends the items of the array `more` to the array `list`.
+fn extend(list: &mut Value, more: &Value) {
+    if let (Some(list), Some(more)) = (list.as_array_mut(), more.as_array()) {
+        list.extend(more.iter().cloned());
+    }
+}
+
 /// The record once the workflow ends or waits for a person, or as it is when the server's wait
 /// ran out.
 async fn get_waiting(client: &Client, id: &str) -> anyhow::Result<Value> {
@@ -689,6 +723,8 @@ async fn wait_for_rest(
     let terminal = std::io::stderr().is_terminal() && !common.json;
     let mut last_status = String::new();
     loop {
+        // A step that waits for an answer may be on any page of the record.
+        record = whole(client, run_id, record).await?;
         let status = text(&record["status"]);
         let code = match status.as_str() {
             "completed" => Some(0),

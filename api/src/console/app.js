@@ -27,6 +27,12 @@ const EVENT_KINDS = ["message", "status", "step_journaled", "step_started", "pau
 const LIST_PAGE_SIZE = 25;
 /** Bytes of an artifact fetched for its preview; a longer text shows its beginning. */
 const PREVIEW_BYTES_MAX = 256 * 1024;
+/**
+ * Pages of steps a workflow's page reads at first (the record answers with the first page and
+ * `steps_next`; each page holds at most the node's `http.record_steps_page_max`); "More steps"
+ * reads this many more.
+ */
+const STEP_PAGES_SHOWN = 5;
 
 const STATUSES = ["running", "paused", "waiting_approval", "cancelling", "completed", "failed",
   "cancelled", "needs_reconciliation"];
@@ -862,6 +868,12 @@ async function workflowPage(main, [runId]) {
     h("span", {}, runId)), region, logs);
   const previews = new Map();
   const logged = new Set();
+  // Pages of steps and of artifact versions to show; the "More" buttons raise them.
+  const wanted = {stepPages: STEP_PAGES_SHOWN, artifactPages: 1};
+  const more = (what) => {
+    wanted[what] += what === "stepPages" ? STEP_PAGES_SHOWN : 1;
+    page.refresh(true).catch((error) => say(errorText(error), "error"));
+  };
   let last = null;
   const page = {
     title: `Workflow ${runId}`,
@@ -890,7 +902,7 @@ async function workflowPage(main, [runId]) {
   page.refresh = async (force) => {
     let record;
     try {
-      record = await api("GET", workflowPath(runId));
+      record = await withPages(await api("GET", workflowPath(runId)), wanted);
     } catch (error) {
       if (error.status === 404) {
         last = null;
@@ -905,10 +917,29 @@ async function workflowPage(main, [runId]) {
       return;
     }
     last = signature;
-    rerender(region, () => renderWorkflow(record, previews));
+    rerender(region, () => renderWorkflow(record, previews, more));
   };
   await page.refresh();
   return page;
+}
+
+/**
+ * The record with the pages of steps and artifact versions `wanted` asks for: the record holds
+ * the first of each, and `steps_next` and `artifacts_next` lead to the next ones.
+ */
+async function withPages(record, wanted) {
+  const path = workflowPath(record.run_id);
+  for (let pages = 1; pages < wanted.stepPages && record.steps_next != null; pages++) {
+    const page = await api("GET", `${path}/steps?after=${encodeURIComponent(record.steps_next)}`);
+    record.steps.push(...page.steps);
+    record.steps_next = page.next;
+  }
+  for (let pages = 1; pages < wanted.artifactPages && record.artifacts_next != null; pages++) {
+    const page = await api("GET", `${path}/artifacts?after=${record.artifacts_next}`);
+    record.artifacts.push(...page.artifacts);
+    record.artifacts_next = page.next;
+  }
+  return record;
 }
 
 /** The status an event's JSON data names, if any. */
@@ -920,7 +951,7 @@ function statusOf(event) {
   }
 }
 
-function renderWorkflow(record, previews) {
+function renderWorkflow(record, previews, more) {
   const mine = state.user && record.user_id === state.user.id;
   const admin = isAdmin();
   const now = Date.now() / 1000;
@@ -960,17 +991,30 @@ function renderWorkflow(record, previews) {
     parts.push(h("section", {class: "card"}, h("h2", {}, "Result"), json(record.result)));
   }
 
+  // With steps not read yet, a checkpoint after the last one read would show out of its place:
+  // only those before it show, and those that wait for an answer.
+  const lastStep = record.steps.length ? record.steps[record.steps.length - 1].started_at : -1;
+  const checkpoints = record.steps_next == null ? record.checkpoints
+    : record.checkpoints.filter((c) => c.status === "waiting" || c.started_at <= lastStep);
   const entries = [
     ...record.steps.map((step) => ({at: step.started_at, node: stepEntry(record, step, now, previews)})),
-    ...record.checkpoints.map((c) => ({at: c.started_at, node: checkpointEntry(record, c, previews)})),
+    ...checkpoints.map((c) => ({at: c.started_at, node: checkpointEntry(record, c, previews)})),
   ].sort((a, b) => a.at - b.at);
   parts.push(h("section", {class: "timeline-box"}, h("h2", {}, "Timeline"),
     entries.length ? h("ol", {class: "timeline"}, entries.map((e) => e.node))
-      : h("p", {class: "empty"}, "No steps yet.")));
+      : h("p", {class: "empty"}, "No steps yet."),
+    record.steps_next == null ? null
+      : h("div", {class: "buttons"}, h("p", {class: "meta"},
+        `The first ${record.steps.length} steps; more follow.`),
+      h("button", {type: "button", id: "more-steps", onclick: () => more("stepPages")},
+        "More steps"))));
 
   if (record.artifacts.length) {
     parts.push(h("section", {class: "artifacts"}, h("h2", {}, "Artifacts"),
-      record.artifacts.map((a) => preview(previews, record.run_id, a.version, "list", a))));
+      record.artifacts.map((a) => preview(previews, record.run_id, a.version, "list", a)),
+      record.artifacts_next == null ? null
+        : h("button", {type: "button", id: "more-artifacts",
+          onclick: () => more("artifactPages")}, "More artifacts")));
   }
   parts.push(h("details", {class: "card"}, h("summary", {}, "Script and arguments"),
     h("pre", {class: "script"}, record.script), json(record.args)));

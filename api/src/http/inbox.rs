@@ -6,9 +6,7 @@ use hyper::StatusCode;
 
 use super::error::ApiError;
 use super::record;
-use super::wire::{
-    InboxItem, InboxReply, NodeReply, NodesReply, SlotReply, SlotsReply, WorkflowRecord,
-};
+use super::wire::{InboxItem, InboxReply, NodeReply, NodesReply, SlotReply, SlotsReply};
 use super::{Ctx, Reply, json_reply};
 
 /// The inbox: the store names the live workflows that wait for a person (at most
@@ -45,7 +43,7 @@ pub async fn inbox(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
         if !sees_all && view.row.user_id != principal.user.id {
             continue;
         }
-        items.extend(waiting_items(&record::record(&view)));
+        items.extend(waiting_items(&view, super::workflows::page_max(ctx)));
     }
     items.sort_by(|a, b| a.since.total_cmp(&b.since));
     Ok(json_reply(
@@ -58,8 +56,10 @@ pub async fn inbox(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
     ))
 }
 
-/// The questions a workflow record shows as waiting.
-fn waiting_items(record: &WorkflowRecord) -> Vec<InboxItem> {
+/// The questions a workflow waits for: its checkpoints nobody answered, and its agents'
+/// requests, whichever page of its record their steps are on.
+fn waiting_items(view: &actors::WorkflowView, pages: record::PageMax) -> Vec<InboxItem> {
+    let record = record::record(view, pages);
     let item = |kind: &str, step_id: &str, attempt: i32, since: f64| InboxItem {
         kind: kind.to_owned(),
         run_id: record.run_id.clone(),
@@ -81,17 +81,13 @@ fn waiting_items(record: &WorkflowRecord) -> Vec<InboxItem> {
             source_step_id: c.source_step_id.clone(),
             ..item(&c.kind, &c.step_id, c.attempt, c.started_at)
         });
-    let requests = record.steps.iter().filter_map(|step| {
-        let approval = step.approval.as_ref().filter(|a| a.status == "waiting")?;
-        Some(InboxItem {
-            approval: Some(approval.clone()),
-            ..item(
-                "agent_request",
-                &step.step_id,
-                step.attempt,
-                approval.asked_at.unwrap_or(step.started_at),
-            )
-        })
+    let requests = record::waiting_requests(view).map(|(step_id, attempt, approval)| {
+        // A waiting request always says when it was asked (its run's last change).
+        let since = approval.asked_at.unwrap_or(record.updated_at);
+        InboxItem {
+            approval: Some(approval),
+            ..item("agent_request", step_id, attempt, since)
+        }
     });
     checkpoints.chain(requests).collect()
 }

@@ -13,9 +13,10 @@
 
 mod auth;
 mod connections;
+mod downloads;
 mod error;
 mod events;
-mod host;
+pub(crate) mod host;
 mod inbox;
 mod openapi;
 mod per_user;
@@ -54,7 +55,6 @@ use tracing::Instrument;
 
 pub use auth::new_secret;
 pub use error::ApiError;
-pub use host::{ALLOWED_HOSTS_MAX, check_allowed_name};
 
 use crate::config::{AddressRange, AuthConfig, EventsConfig, HttpConfig};
 use crate::console;
@@ -640,6 +640,8 @@ async fn dispatch(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
         Op::Recover => workflows::recover(ctx).await,
         Op::Reconcile => workflows::reconcile(ctx).await,
         Op::Delete => workflows::delete(ctx).await,
+        Op::Steps => workflows::steps(ctx).await,
+        Op::Artifacts => workflows::artifacts(ctx).await,
         Op::Artifact => workflows::artifact(ctx).await,
         Op::ArtifactChunk => workflows::artifact_chunk(ctx).await,
         Op::WorkflowEvents => events::workflow_events(ctx).await,

@@ -1,16 +1,16 @@
-//! Heavy reads: a workflow's whole record (journal, controls, artifacts' list), which for a long
-//! workflow is megabytes to read, hold and encode. One user's reads must never hold up
-//! another's, so each user reads at most `http.record_reads_per_user_max` records at once on a
-//! node: more wait their turn for up to `http.record_read_wait_ms`, then are answered 429
-//! `reads_busy` (with `Retry-After`). Another user's read never queues behind them.
+//! Heavy reads: a workflow's record (its row, checkpoints, controls, and a page of its steps
+//! and of its artifact versions) and the further pages of its steps and artifacts, each up to
+//! megabytes to read, hold and encode. One user's reads must never hold up another's, so each
+//! user reads at most `http.record_reads_per_user_max` of them at once on a node: more wait
+//! their turn for up to `http.record_read_wait_ms`, then are answered 429 `reads_busy` (with
+//! `Retry-After`). Another user's read never queues behind them.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use actors::WorkflowView;
 use hyper::StatusCode;
-use store::WorkflowId;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::error::ApiError;
@@ -39,16 +39,15 @@ impl RecordReads {
         }
     }
 
-    /// Reads the record of `run_id` for `user_id` once one of their places is free. The outer
-    /// error is the refusal of a place; the inner one the read's own.
-    pub async fn read(
+    /// Runs `read` for `user_id` once one of their places is free, holding the place until it
+    /// has answered. The outer error is the refusal of a place; the inner one the read's own.
+    pub async fn read<T>(
         &self,
         user_id: &str,
-        node: &actors::Node,
-        run_id: &WorkflowId,
-    ) -> Result<Result<Option<WorkflowView>, actors::Error>, ApiError> {
+        read: impl Future<Output = T>,
+    ) -> Result<T, ApiError> {
         let _place = self.enter(user_id).await?;
-        Ok(node.workflows().get(run_id).await)
+        Ok(read.await)
     }
 
     async fn enter(&self, user_id: &str) -> Result<ReadPlace, ApiError> {

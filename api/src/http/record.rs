@@ -1,37 +1,51 @@
-//! The workflow record of spec section 3, built from what the store holds: the row, the journal,
-//! the controls, the lease and the artifact versions. `steps` are the `agent`, `captureArtifact`
-//! and `readArtifact` calls; `checkpoints` are the places where the workflow waits for a person
-//! (`pause` and `humanCheckpoint`); `artifacts` every version without its bytes. A step whose agent asked for
-//! approval shows the request, read from its child run's row (`metadata.hitl_approval` while it
-//! waits, `metadata.hitl_answer` once answered) in the same snapshot.
+//! The workflow record of spec section 3, built from what the store holds: the row, the first
+//! page of the journal's steps, the checkpoints, the controls, the lease and the first page of
+//! the artifact versions. `steps` are the `agent`, `captureArtifact` and `readArtifact` calls (a
+//! page of them at a time, `steps_next` leading on); `checkpoints` are the places where the
+//! workflow waits for a person (`pause` and `humanCheckpoint`), all of them; `artifacts` the
+//! versions without their bytes (a page at a time, `artifacts_next` leading on). A step whose
+//! agent asked for approval shows the request, read from its child run's row
+//! (`metadata.hitl_approval` while it waits, `metadata.hitl_answer` once answered) in the same
+//! snapshot.
 
 use actors::WorkflowView;
 use serde_json::Value;
 use store::{
-    ArtifactInfo, ControlRow, ListedWorkflow, RunRow, RunStatus, StepRow, StepStatus, WorkflowRow,
-    WorkflowStatus,
+    ArtifactInfo, ControlRow, ListedWorkflow, RunRow, RunStatus, StepPosition, StepRow, StepStatus,
+    WorkflowRow, WorkflowStatus,
 };
 
+use super::error::ApiError;
 use super::wire::{
     ApprovalRecord, ArtifactRecord, CheckpointRecord, ReconciliationRecord, StepRecord,
     WorkflowRecord, WorkflowSummary,
 };
 
-/// The record `get` answers with.
-pub fn record(view: &WorkflowView) -> WorkflowRecord {
+/// How many steps and artifact versions a record's page holds at most
+/// (`http.record_steps_page_max`, `http.record_artifacts_page_max`).
+#[derive(Debug, Clone, Copy)]
+pub struct PageMax {
+    pub steps: u32,
+    pub artifacts: u32,
+}
+
+impl PageMax {
+    /// What a record's read asks the store for: one more of each than a page holds, which
+    /// tells whether there are more.
+    pub fn read(self) -> (u32, u32) {
+        (
+            self.steps.saturating_add(1),
+            self.artifacts.saturating_add(1),
+        )
+    }
+}
+
+/// The record `get` answers with, from a view read with [`PageMax::read`].
+pub fn record(view: &WorkflowView, pages: PageMax) -> WorkflowRecord {
     let row = &view.row;
     let data = &row.data;
-    let steps: Vec<StepRecord> = view
-        .steps
-        .iter()
-        .filter(|s| {
-            matches!(
-                s.kind.as_str(),
-                "agent" | "captureArtifact" | "readArtifact"
-            )
-        })
-        .map(|s| step(s, &view.approval_runs))
-        .collect();
+    let (steps, steps_next) = step_page(&view.steps, &view.approval_runs, pages.steps);
+    let (artifacts, artifacts_next) = artifact_page(&view.artifacts, pages.artifacts);
     WorkflowRecord {
         run_id: row.workflow_id.as_str().to_owned(),
         status: shown_status(row, view.recoverable),
@@ -47,19 +61,79 @@ pub fn record(view: &WorkflowView) -> WorkflowRecord {
         runtime_version: text(&data["runtime_version"]),
         configuration_version: text(&data["configuration_version"]),
         checkpoints: view
-            .steps
+            .checkpoints
             .iter()
-            .filter(|s| s.kind == "pause" || s.kind == "humanCheckpoint")
             .map(|s| checkpoint(s, &view.controls))
             .collect(),
         steps,
-        artifacts: view.artifacts.iter().map(artifact).collect(),
+        steps_next,
+        artifacts,
+        artifacts_next,
         result: data.get("result").cloned(),
         error: text(&data["error"]),
         reconciliation: reconciliation(row),
         created_at: row.created_at,
         updated_at: row.updated_at,
     }
+}
+
+/// The first `max` of `rows` (read as `max + 1`) as a record shows them, and the position after
+/// the last of them when more follow.
+pub fn step_page(
+    rows: &[StepRow],
+    approval_runs: &[RunRow],
+    max: u32,
+) -> (Vec<StepRecord>, Option<String>) {
+    let shown = &rows[..rows.len().min(usize::try_from(max).unwrap_or(usize::MAX))];
+    let next = (rows.len() > shown.len())
+        .then(|| shown.last().map(|last| step_cursor(StepPosition::of(last))))
+        .flatten();
+    (shown.iter().map(|s| step(s, approval_runs)).collect(), next)
+}
+
+/// The first `max` of `infos` (read as `max + 1`) as a record shows them, and the last version
+/// of them when more follow.
+pub fn artifact_page(infos: &[ArtifactInfo], max: u32) -> (Vec<ArtifactRecord>, Option<i64>) {
+    let shown = &infos[..infos.len().min(usize::try_from(max).unwrap_or(usize::MAX))];
+    let next = (infos.len() > shown.len())
+        .then(|| shown.last().map(|last| last.version))
+        .flatten();
+    (shown.iter().map(artifact).collect(), next)
+}
+
+/// A step's position as a page's cursor: `<seq>_<attempt>`.
+fn step_cursor(position: StepPosition) -> String {
+    format!("{}_{}", position.seq, position.attempt)
+}
+
+/// The position a cursor of [`step_cursor`] names; anything else is refused (400).
+pub fn parse_step_cursor(text: &str) -> Result<StepPosition, ApiError> {
+    let refused = || {
+        ApiError::bad_request(format!(
+            "query `after` {text:?} is not a position a record gave as `steps_next` (or a page \
+             as `next`)"
+        ))
+    };
+    let (seq, attempt) = text.split_once('_').ok_or_else(refused)?;
+    let number = |digits: &str| -> Result<i32, ApiError> {
+        if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(refused());
+        }
+        digits.parse().map_err(|_| refused())
+    };
+    Ok(StepPosition {
+        seq: number(seq)?,
+        attempt: number(attempt)?,
+    })
+}
+
+/// The agents' requests that wait for a person's answer, whichever page their steps are on:
+/// `(step_id, attempt, request)` of each.
+pub fn waiting_requests(view: &WorkflowView) -> impl Iterator<Item = (&str, i32, ApprovalRecord)> {
+    view.approval_runs.iter().filter_map(|run| {
+        let request = approval(run).filter(|a| a.status == "waiting")?;
+        Some((run.step_id.as_deref()?, run.attempt?, request))
+    })
 }
 
 /// A listing's line.
@@ -160,9 +234,9 @@ fn artifact(info: &ArtifactInfo) -> ArtifactRecord {
         version: info.version,
         step_id: info.source_step_id.clone(),
         path: info.path.clone(),
-        name: super::workflows::file_name(path, info.version),
+        name: super::downloads::file_name(path, info.version),
         bytes: info.bytes,
-        media_type: super::workflows::served(path, info.source_step_id.is_some())
+        media_type: super::downloads::served(path, info.source_step_id.is_some())
             .content_type
             .to_owned(),
         sha256: info.sha256.clone(),

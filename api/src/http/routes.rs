@@ -71,6 +71,10 @@ pub enum Op {
     Recover,
     Reconcile,
     Delete,
+    /// A page of a workflow's steps.
+    Steps,
+    /// A page of a workflow's artifact versions (without their bytes).
+    Artifacts,
     /// The raw bytes of an artifact version (REST, with `Range`).
     Artifact,
     /// One base64 chunk of an artifact (the compatible `get_artifact` action).
@@ -209,7 +213,21 @@ pub static ROUTES: &[Route] = &[
     },
     Route {
         query: &[("wait", "wait this long (500ms, 30s, 2m; at most `http.wait_max_ms`) for the workflow to end or wait for a person; then 200 with the record as it is")],
-        ..route("GET", "/api/v1/workflows/{id}", Op::Get, Access::User, "A workflow with its steps and checkpoints", Body::None, 200, Some(schema::<WorkflowRecord>))
+        ..route("GET", "/api/v1/workflows/{id}", Op::Get, Access::User, "A workflow with its checkpoints and the first page of its steps and of its artifact versions (`steps_next`, `artifacts_next` lead on)", Body::None, 200, Some(schema::<WorkflowRecord>))
+    },
+    Route {
+        query: &[
+            ("after", "the page starts after this position: the record's `steps_next`, or the previous page's `next`"),
+            ("limit", "steps per page (default and at most `http.record_steps_page_max`)"),
+        ],
+        ..route("GET", "/api/v1/workflows/{id}/steps", Op::Steps, Access::User, "A page of a workflow's steps, in journal order", Body::None, 200, Some(schema::<StepPageReply>))
+    },
+    Route {
+        query: &[
+            ("after", "the page starts above this version: the record's `artifacts_next`, or the previous page's `next`"),
+            ("limit", "versions per page (default and at most `http.record_artifacts_page_max`)"),
+        ],
+        ..route("GET", "/api/v1/workflows/{id}/artifacts", Op::Artifacts, Access::User, "A page of a workflow's artifact versions, oldest first, without their bytes", Body::None, 200, Some(schema::<ArtifactPageReply>))
     },
     route("POST", "/api/v1/workflows/{id}/resume", Op::Resume, Access::User, "Resolve a pause", Body::Json(schema::<ResumeBody>), 200, Some(schema::<ControlReply>)),
     route("POST", "/api/v1/workflows/{id}/decide", Op::Decide, Access::User, "Approve or reject a checkpoint's artifact version, once", Body::Json(schema::<DecideBody>), 200, Some(schema::<ControlReply>)),

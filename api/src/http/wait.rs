@@ -9,6 +9,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use actors::WorkflowView;
 use store::{Change, Changes, WorkflowId, WorkflowStatus};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, broadcast, watch};
 
@@ -19,7 +20,7 @@ use super::wire::WorkflowRecord;
 /// Whether a waiter may answer: the workflow ended, or waits for a person: a pause or a
 /// checkpoint nobody has answered yet (once a person has, the owner is about to carry it out),
 /// an agent's request for approval, an operator's reconcile.
-pub fn settled(record: &WorkflowRecord) -> bool {
+pub fn settled(record: &WorkflowRecord, view: &WorkflowView) -> bool {
     let stored = WorkflowStatus::parse(&record.stored_status);
     // Nothing happens any more without an operator, or ever again.
     let ended = stored
@@ -31,12 +32,8 @@ pub fn settled(record: &WorkflowRecord) -> bool {
         .checkpoints
         .iter()
         .any(|checkpoint| checkpoint.status == "waiting");
-    ended
-        || at_checkpoint
-        || record
-            .steps
-            .iter()
-            .any(|step| step.status == "waiting_for_input")
+    // An agent's request, whichever page of the record its step is on.
+    ended || at_checkpoint || super::record::waiting_requests(view).next().is_some()
 }
 
 /// Parses a wait: a whole number with the unit `ms`, `s` or `m` (`500ms`, `30s`, `2m`).

@@ -429,10 +429,19 @@ pub struct WorkflowRecord {
     pub fingerprint: String,
     pub runtime_version: Option<String>,
     pub configuration_version: Option<String>,
+    /// The first steps in journal order, at most `http.record_steps_page_max`.
     pub steps: Vec<StepRecord>,
+    /// Where the steps go on: pass as `after` to `GET /api/v1/workflows/{id}/steps`; `null` when
+    /// `steps` holds every step.
+    pub steps_next: Option<String>,
+    /// Every pause and human checkpoint, in journal order.
     pub checkpoints: Vec<CheckpointRecord>,
-    /// Every artifact version, oldest first (the bytes at `.../artifacts/{version}`).
+    /// The first artifact versions, oldest first, at most `http.record_artifacts_page_max` (the
+    /// bytes at `.../artifacts/{version}`).
     pub artifacts: Vec<ArtifactRecord>,
+    /// Where the artifact versions go on: pass as `after` to
+    /// `GET /api/v1/workflows/{id}/artifacts`; `null` when `artifacts` holds every version.
+    pub artifacts_next: Option<i64>,
     pub result: Option<Value>,
     pub error: Option<String>,
     /// Why the workflow waits for an operator's `reconcile` (only in `needs_reconciliation`).
@@ -488,6 +497,25 @@ pub struct WorkflowSummary {
     pub fingerprint: String,
     pub created_at: f64,
     pub updated_at: f64,
+}
+
+/// A page of a workflow's steps, in journal order.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct StepPageReply {
+    pub run_id: String,
+    pub steps: Vec<StepRecord>,
+    /// Pass as `after` for the next page; `null` on the last one. A position in the journal,
+    /// not an offset: steps journaled meanwhile come on later pages, none twice.
+    pub next: Option<String>,
+}
+
+/// A page of a workflow's artifact versions, oldest first.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct ArtifactPageReply {
+    pub run_id: String,
+    pub artifacts: Vec<ArtifactRecord>,
+    /// Pass as `after` for the next page (the last version of this one); `null` on the last.
+    pub next: Option<i64>,
 }
 
 /// A page of workflows, newest first.

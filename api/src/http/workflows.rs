@@ -16,6 +16,7 @@ use hyper::header::{
 use hyper::{Response, StatusCode};
 use store::{ControlWrite, RunId, WorkflowId, WorkflowRow, WorkflowStatus};
 
+use super::downloads::{disposition, served};
 use super::error::ApiError;
 use super::record;
 use super::routes::{self, Surface};
@@ -193,15 +194,26 @@ fn asked_wait(ctx: &Ctx<'_>, wait_ms: Option<u64>) -> Result<Option<Duration>, A
     ))
 }
 
-/// A workflow's whole record, read in one of the caller's places (see [`super::reads`]).
+/// How many steps and artifact versions a page of a record holds at most.
+pub(super) fn page_max(ctx: &Ctx<'_>) -> record::PageMax {
+    record::PageMax {
+        steps: ctx.state.http.record_steps_page_max,
+        artifacts: ctx.state.http.record_artifacts_page_max,
+    }
+}
+
+/// A workflow's record (its first page of steps and of artifact versions: see
+/// [`record::PageMax::read`]), read in one of the caller's places (see [`super::reads`]).
 pub(super) async fn read_record(
     ctx: &Ctx<'_>,
     run_id: &WorkflowId,
 ) -> Result<Result<Option<actors::WorkflowView>, actors::Error>, ApiError> {
     let user_id = &ctx.principal()?.user.id;
+    let (steps_max, artifacts_max) = page_max(ctx).read();
+    let workflows = ctx.state.node.workflows();
     ctx.state
         .record_reads
-        .read(user_id, &ctx.state.node, run_id)
+        .read(user_id, workflows.get(run_id, steps_max, artifacts_max))
         .await
 }
 
@@ -221,8 +233,8 @@ async fn wait_for(
     loop {
         let view = read_record(ctx, run_id).await??;
         let view = visible(ctx, view, run_id, Act::Read)?;
-        let record = record::record(&view);
-        if over || wait::settled(&record) {
+        let record = record::record(&view, page_max(ctx));
+        if over || wait::settled(&record, &view) {
             if waited {
                 // The caller's access may have changed while the request waited (a role taken
                 // away, a token revoked, a session ended): it is asked again before anything is
@@ -400,7 +412,97 @@ pub async fn get(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
     }
     let view = read_record(ctx, &run_id).await??;
     let view = visible(ctx, view, &run_id, Act::Read)?;
-    Ok(json_reply(StatusCode::OK, record::record(&view)))
+    Ok(json_reply(
+        StatusCode::OK,
+        record::record(&view, page_max(ctx)),
+    ))
+}
+
+/// A page's length: query `limit`, 1 to `max` (the configuration key `key`), `max` when absent.
+fn page_limit(ctx: &Ctx<'_>, max: u32, key: &str) -> Result<u32, ApiError> {
+    match ctx.query("limit") {
+        None => Ok(max),
+        Some(limit) => match limit.parse::<u32>() {
+            Ok(limit) if (1..=max).contains(&limit) => Ok(limit),
+            _ => Err(ApiError::bad_request(format!(
+                "query `limit` {limit:?} is not a number from 1 to {max} (`{key}`)"
+            ))),
+        },
+    }
+}
+
+/// `GET /api/v1/workflows/{id}/steps?after=&limit=`: the steps after a position a record gave
+/// as `steps_next` (or a page as `next`), in journal order, read in one of the caller's places.
+pub async fn steps(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
+    let run_id = run_id(ctx, None)?;
+    let max = ctx.state.http.record_steps_page_max;
+    let limit = page_limit(ctx, max, "http.record_steps_page_max")?;
+    let after = match ctx.query("after") {
+        Some(cursor) => record::parse_step_cursor(&cursor)?,
+        None => store::StepPosition::START,
+    };
+    owned_row(ctx, &run_id, Act::Read).await?;
+    let store = ctx.state.node.store();
+    let user_id = &ctx.principal()?.user.id;
+    let page = ctx
+        .state
+        .record_reads
+        .read(
+            user_id,
+            store.read_step_page(&run_id, after, limit.saturating_add(1)),
+        )
+        .await??;
+    let (steps, next) = record::step_page(&page.steps, &page.approval_runs, limit);
+    Ok(json_reply(
+        StatusCode::OK,
+        StepPageReply {
+            run_id: run_id.into_string(),
+            steps,
+            next,
+        },
+    ))
+}
+
+/// `GET /api/v1/workflows/{id}/artifacts?after=&limit=`: the artifact versions above `after` (a
+/// version a record gave as `artifacts_next`, or a page as `next`), oldest first, without their
+/// bytes, read in one of the caller's places.
+pub async fn artifacts(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
+    let run_id = run_id(ctx, None)?;
+    let max = ctx.state.http.record_artifacts_page_max;
+    let limit = page_limit(ctx, max, "http.record_artifacts_page_max")?;
+    let after = match ctx.query("after") {
+        Some(text) => text
+            .parse::<i64>()
+            .ok()
+            .filter(|version| *version >= 0)
+            .ok_or_else(|| {
+                ApiError::bad_request(format!(
+                    "query `after` {text:?} is not an artifact version (a record's \
+                     `artifacts_next`, or a page's `next`)"
+                ))
+            })?,
+        None => 0,
+    };
+    owned_row(ctx, &run_id, Act::Read).await?;
+    let store = ctx.state.node.store();
+    let user_id = &ctx.principal()?.user.id;
+    let infos = ctx
+        .state
+        .record_reads
+        .read(
+            user_id,
+            store.read_artifact_page(&run_id, after, limit.saturating_add(1)),
+        )
+        .await??;
+    let (artifacts, next) = record::artifact_page(&infos, limit);
+    Ok(json_reply(
+        StatusCode::OK,
+        ArtifactPageReply {
+            run_id: run_id.into_string(),
+            artifacts,
+            next,
+        },
+    ))
 }
 
 fn control_reply(run_id: WorkflowId, status: &str, written: &ControlWrite) -> ControlReply {
@@ -884,80 +986,6 @@ fn parse_range(header: &str, total: u64) -> Range {
     }
 }
 
-/// How an artifact is served: its content type, and whether a browser may show it inline.
-#[derive(Debug, PartialEq, Eq)]
-pub(super) struct Served {
-    pub content_type: &'static str,
-    pub inline: bool,
-}
-
-/// How an artifact is served. Stored bytes are anyone's (an agent's, a script's): only types a
-/// browser never runs are shown inline (plain text, JSON, raster images); every other type goes
-/// out as an attachment, and a type a browser could run as a page (HTML, SVG, XML, anything
-/// unknown) as `application/octet-stream`. An agent's output (a step's, with no file path) is
-/// JSON; a captured file goes by its extension.
-pub(super) fn served(path: Option<&str>, from_step: bool) -> Served {
-    let inline = |content_type| Served {
-        content_type,
-        inline: true,
-    };
-    let attachment = |content_type| Served {
-        content_type,
-        inline: false,
-    };
-    let Some(path) = path else {
-        return if from_step {
-            inline("application/json")
-        } else {
-            attachment("application/octet-stream")
-        };
-    };
-    let extension = path
-        .rsplit_once('.')
-        .map(|(_, e)| e.to_ascii_lowercase())
-        .unwrap_or_default();
-    match extension.as_str() {
-        "txt" | "log" => inline("text/plain; charset=utf-8"),
-        "json" => inline("application/json"),
-        "png" => inline("image/png"),
-        "jpg" | "jpeg" => inline("image/jpeg"),
-        "gif" => inline("image/gif"),
-        "webp" => inline("image/webp"),
-        "md" => attachment("text/markdown; charset=utf-8"),
-        "csv" => attachment("text/csv; charset=utf-8"),
-        "pdf" => attachment("application/pdf"),
-        "zip" => attachment("application/zip"),
-        _ => attachment("application/octet-stream"),
-    }
-}
-
-/// The file name a download of an artifact gets: its path's last part reduced to characters
-/// that need no quoting, or `artifact-<version>` when nothing is left of it.
-pub(super) fn file_name(path: Option<&str>, version: i64) -> String {
-    let name: String = path
-        .and_then(|p| p.rsplit('/').next())
-        .unwrap_or_default()
-        .chars()
-        .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'))
-        .collect();
-    if name.trim_matches('.').is_empty() {
-        format!("artifact-{version}")
-    } else {
-        name
-    }
-}
-
-/// The `Content-Disposition` of an artifact, naming it by [`file_name`].
-fn disposition(served: &Served, path: Option<&str>, version: i64) -> String {
-    let name = file_name(path, version);
-    let kind = if served.inline {
-        "inline"
-    } else {
-        "attachment"
-    };
-    format!("{kind}; filename=\"{name}\"")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -974,50 +1002,6 @@ mod tests {
         assert_eq!(parse_range("bytes=0-1,4-5", 10), Range::Ignored);
         assert_eq!(parse_range("items=0-1", 10), Range::Ignored);
         assert_eq!(parse_range("bytes=3-1", 10), Range::Ignored);
-    }
-
-    #[test]
-    fn only_inert_types_are_served_inline() {
-        for (path, content_type) in [
-            ("/o/x.html", "application/octet-stream"),
-            ("/o/x.HTM", "application/octet-stream"),
-            ("/o/x.svg", "application/octet-stream"),
-            ("/o/x.xml", "application/octet-stream"),
-            ("/o/x.xhtml", "application/octet-stream"),
-            ("/o/noextension", "application/octet-stream"),
-            ("/o/x.pdf", "application/pdf"),
-        ] {
-            assert_eq!(
-                served(Some(path), true),
-                Served {
-                    content_type,
-                    inline: false
-                },
-                "{path}"
-            );
-        }
-        assert!(served(Some("/o/a.txt"), true).inline);
-        assert!(served(Some("/o/a.PNG"), true).inline);
-        assert!(served(None, true).inline);
-        assert!(!served(None, false).inline);
-    }
-
-    #[test]
-    fn a_disposition_names_the_file_with_safe_characters_only() {
-        let html = served(Some("/o/x.html"), true);
-        assert_eq!(
-            disposition(&html, Some("/mnt/user-data/outputs/r\"e p;o<r>t.html"), 3),
-            "attachment; filename=\"report.html\""
-        );
-        assert_eq!(
-            disposition(&html, Some("/o/\"\"\""), 3),
-            "attachment; filename=\"artifact-3\""
-        );
-        let text = served(Some("/o/a.txt"), true);
-        assert_eq!(
-            disposition(&text, None, 2),
-            "inline; filename=\"artifact-2\""
-        );
     }
 
     #[test]

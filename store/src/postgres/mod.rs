@@ -20,10 +20,21 @@ use self::conn::{Conn, connection};
 use crate::changes::{AbortOnDrop, CHANGES_CHANNEL_SQL, Change, Changes, listen_backoff};
 use crate::lease::{Fence, Lease, ttl_seconds};
 use crate::migrations::{self, MigrationReport, PG_MIGRATION_LOCK};
-use crate::write::{ArtifactInfo, ArtifactRow, Snapshot, StepRow, WorkflowRow, WriteOp};
+use crate::write::{
+    ArtifactInfo, ArtifactRow, Snapshot, StepPage, StepPosition, StepRow, WorkflowRow, WriteOp,
+};
 use crate::{
     BackupReport, Error, NodeRecord, Result, StepStatus, StoreOptions, WorkflowId, WorkflowStatus,
 };
+
+/// The rows of a page of steps (`$1` the workflow, `($2, $3)` the position after which the page
+/// starts, `$4` its length): every entry but a checkpoint ([`crate::CHECKPOINT_KINDS`]).
+macro_rules! step_page {
+    () => {
+        "WHERE workflow = $1 AND (seq, attempt) > ($2, $3)
+           AND kind NOT IN ('pause', 'humanCheckpoint')"
+    };
+}
 
 mod batch;
 mod conn;
@@ -44,6 +55,12 @@ pub(crate) struct PgStore {
     listener: OnceLock<(Changes, AbortOnDrop)>,
     /// Status events one read of the feed numbers at most (`StoreOptions::feed_numbering_max`).
     feed_numbering_max: i32,
+    /// The places of reads on the pool's connections (`StoreOptions::pg_read_connections_max`,
+    /// at most all but one): every read operation holds one while it runs, so reads never hold
+    /// the connections that writes (the batch writers, launches, leases) need.
+    reads: tokio::sync::Semaphore,
+    /// How long a read waits for its place (the pool's own wait, `store.pool_wait_timeout_ms`).
+    read_wait: std::time::Duration,
 }
 
 impl PgStore {
@@ -94,7 +111,23 @@ impl PgStore {
             listener: OnceLock::new(),
             feed_numbering_max: i32::try_from(options.feed_numbering_max.max(1))
                 .unwrap_or(i32::MAX),
+            reads: tokio::sync::Semaphore::new(read_connections(options)),
+            read_wait: options.pool_wait_timeout,
         })
+    }
+
+    /// A place for one read operation on the pool's connections (see [`PgStore::reads`]),
+    /// waited for as long as a connection of the pool is.
+    pub(crate) async fn read_place(&self) -> Result<tokio::sync::SemaphorePermit<'_>> {
+        match tokio::time::timeout(self.read_wait, self.reads.acquire()).await {
+            Ok(Ok(place)) => Ok(place),
+            // Never closed: a timeout is every read place busy for the whole wait.
+            Ok(Err(_)) | Err(_) => Err(Error::Unavailable(format!(
+                "the database connections for reads (`store.pg_read_connections_max`) stayed \
+                 busy for {} ms",
+                self.read_wait.as_millis()
+            ))),
+        }
     }
 
     /// A pooled connection for the call running in this task (see [`conn`]).
@@ -339,30 +372,49 @@ impl PgStore {
         steps_in(&*client, workflow_id).await
     }
 
-    /// A workflow with its lease, journal, controls, asking runs and artifacts: five queries in a
-    /// repeatable-read transaction, so they see one moment. The statements are prepared first;
-    /// then every future is polled once, in this order, before any answer is awaited, so the
-    /// transaction goes in one round trip (a read: nothing of it can be half done).
-    pub(crate) async fn read_snapshot(&self, workflow_id: &WorkflowId) -> Result<Option<Snapshot>> {
+    /// A workflow with its lease, first steps, checkpoints, controls, asking runs and first
+    /// artifact versions: six queries in a repeatable-read transaction, so they see one moment.
+    /// The statements are prepared first; then every future is polled once, in this order,
+    /// before any answer is awaited, so the transaction goes in one round trip (a read: nothing
+    /// of it can be half done).
+    pub(crate) async fn read_snapshot(
+        &self,
+        workflow_id: &WorkflowId,
+        steps_max: u32,
+        artifacts_max: u32,
+    ) -> Result<Option<Snapshot>> {
         let client = self.connection().await?;
         let head = client.prepare_cached(WORKFLOW_SQL).await?;
-        let steps = client.prepare_cached(STEPS_SQL).await?;
+        let steps = client.prepare_cached(STEP_PAGE_SQL).await?;
+        let checkpoints = client.prepare_cached(CHECKPOINTS_SQL).await?;
         let controls = client.prepare_cached(workflows::CONTROLS_SQL).await?;
         let approval_runs = client.prepare_cached(runs::APPROVAL_RUNS_SQL).await?;
-        let artifacts = client.prepare_cached(ARTIFACTS_SQL).await?;
+        let artifacts = client.prepare_cached(ARTIFACT_PAGE_SQL).await?;
         let id: [&(dyn ToSql + Sync); 1] = [workflow_id];
-        let (begun, head, steps, controls, approval_runs, artifacts, committed) = tokio::join!(
+        let start = StepPosition::START;
+        let steps_max = i64::from(steps_max);
+        let page: [&(dyn ToSql + Sync); 4] = [workflow_id, &start.seq, &start.attempt, &steps_max];
+        let (no_version, artifacts_max) = (0_i64, i64::from(artifacts_max));
+        let artifact_page: [&(dyn ToSql + Sync); 3] = [workflow_id, &no_version, &artifacts_max];
+        let (begun, head, steps, checkpoints, controls, approval_runs, artifacts, committed) = tokio::join!(
             client.batch_execute("START TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"),
             client.query_opt(&head, &id),
-            client.query(&steps, &id),
+            client.query(&steps, &page),
+            client.query(&checkpoints, &id),
             client.query(&controls, &id),
-            client.query(&approval_runs, &id),
-            client.query(&artifacts, &id),
+            client.query(&approval_runs, &page),
+            client.query(&artifacts, &artifact_page),
             client.batch_execute("COMMIT"),
         );
         begun?;
-        let (head, steps, controls, approval_runs, artifacts) =
-            (head?, steps?, controls?, approval_runs?, artifacts?);
+        let (head, steps, checkpoints, controls, approval_runs, artifacts) = (
+            head?,
+            steps?,
+            checkpoints?,
+            controls?,
+            approval_runs?,
+            artifacts?,
+        );
         committed?;
         let Some(head) = head else {
             return Ok(None);
@@ -373,6 +425,7 @@ impl PgStore {
             lease,
             db_now,
             steps: steps_from(&steps, workflow_id)?,
+            checkpoints: steps_from(&checkpoints, workflow_id)?,
             controls: controls.iter().map(workflows::control).collect(),
             approval_runs: approval_runs
                 .iter()
@@ -380,6 +433,51 @@ impl PgStore {
                 .collect::<Result<_>>()?,
             artifacts: artifacts.iter().map(artifact_from).collect(),
         }))
+    }
+
+    /// A page of steps with the runs that asked, in one repeatable-read transaction sent in one
+    /// round trip (as [`PgStore::read_snapshot`]).
+    pub(crate) async fn read_step_page(
+        &self,
+        workflow_id: &WorkflowId,
+        after: StepPosition,
+        limit: u32,
+    ) -> Result<StepPage> {
+        let client = self.connection().await?;
+        let steps = client.prepare_cached(STEP_PAGE_SQL).await?;
+        let approval_runs = client.prepare_cached(runs::APPROVAL_RUNS_SQL).await?;
+        let limit = i64::from(limit);
+        let page: [&(dyn ToSql + Sync); 4] = [workflow_id, &after.seq, &after.attempt, &limit];
+        let (begun, steps, approval_runs, committed) = tokio::join!(
+            client.batch_execute("START TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"),
+            client.query(&steps, &page),
+            client.query(&approval_runs, &page),
+            client.batch_execute("COMMIT"),
+        );
+        begun?;
+        let (steps, approval_runs) = (steps?, approval_runs?);
+        committed?;
+        Ok(StepPage {
+            steps: steps_from(&steps, workflow_id)?,
+            approval_runs: approval_runs
+                .iter()
+                .map(runs::decode)
+                .collect::<Result<_>>()?,
+        })
+    }
+
+    pub(crate) async fn read_artifact_page(
+        &self,
+        workflow_id: &WorkflowId,
+        after: i64,
+        limit: u32,
+    ) -> Result<Vec<ArtifactInfo>> {
+        let client = self.connection().await?;
+        let statement = client.prepare_cached(ARTIFACT_PAGE_SQL).await?;
+        let rows = client
+            .query(&statement, &[workflow_id, &after, &i64::from(limit)])
+            .await?;
+        Ok(rows.iter().map(artifact_from).collect())
     }
 
     pub(crate) async fn read_artifact(
@@ -646,7 +744,7 @@ pub(super) fn op_sql(op: &WriteOp) -> &'static str {
             "UPDATE runs SET status = 'interrupted', stop_reason = 'reconciled',
                     error = 'closed by reconcile', revision = revision + 1,
                     updated_at = reins_now()
-              WHERE idempotency_key = $1 || '/' || $2 || '/' || $3::integer
+              WHERE idempotency_key = $1
                 AND status IN ('pending', 'running', 'waiting_for_input')"
         }
         WriteOp::CancelRuns { .. } => {
@@ -716,10 +814,8 @@ pub(super) fn op_params<'a>(fence: &'a Fence, op: &'a WriteOp) -> Vec<&'a (dyn T
             step_id,
         } => vec![workflow_id, step_id],
         WriteOp::CloseStepRuns {
-            workflow_id,
-            step_id,
-            attempt,
-        } => vec![workflow_id, step_id, attempt],
+            idempotency_key, ..
+        } => vec![idempotency_key],
         WriteOp::CancelRuns { workflow_id }
         | WriteOp::ReleaseSlots { workflow_id }
         | WriteOp::ReturnStorage { workflow_id } => vec![workflow_id],
@@ -799,6 +895,16 @@ pub(crate) fn redact(url: &str) -> String {
     }
 }
 
+/// The pool's connections reads may hold at once: as configured, but never every one of them
+/// while the pool has more than one.
+fn read_connections(options: &StoreOptions) -> usize {
+    let pool_size = options.pool_size.max(1);
+    options
+        .pg_read_connections_max
+        .min(pool_size.saturating_sub(1))
+        .max(1)
+}
+
 /// A workflow row with its lease and the database clock, in one statement.
 const WORKFLOW_SQL: &str = "
     SELECT w.user_id, w.status, w.owner, w.fingerprint, w.data, w.created_at, w.updated_at,
@@ -807,15 +913,31 @@ const WORKFLOW_SQL: &str = "
       LEFT JOIN extension_execution_leases l ON l.resource_id = w.id
      WHERE w.id = $1";
 
-/// A workflow's artifacts (without their content), oldest first.
-const ARTIFACTS_SQL: &str = "
+/// A page of a workflow's artifacts (without their content): at most `$3` versions above `$2`,
+/// oldest first (the primary key's order).
+const ARTIFACT_PAGE_SQL: &str = "
     SELECT version, source_step_id, path, bytes, sha256, created_at
-      FROM workflow_artifacts WHERE workflow = $1 ORDER BY version";
+      FROM workflow_artifacts WHERE workflow = $1 AND version > $2 ORDER BY version LIMIT $3";
 
 /// A workflow's journal, in call order.
 const STEPS_SQL: &str = "
     SELECT step_id, attempt, kind, status, data, seq, created_at
       FROM workflow_steps WHERE workflow = $1 ORDER BY seq, attempt";
+
+/// A page of a workflow's steps: at most `$4` after the position `($2, $3)`, in journal order,
+/// read by the index on `(workflow, seq, attempt)` (migration 3) as far as the page goes.
+const STEP_PAGE_SQL: &str = concat!(
+    "SELECT step_id, attempt, kind, status, data, seq, created_at FROM workflow_steps ",
+    step_page!(),
+    " ORDER BY seq, attempt LIMIT $4"
+);
+
+/// A workflow's checkpoints ([`crate::CHECKPOINT_KINDS`]) in journal order, from the partial
+/// index of migration 30.
+const CHECKPOINTS_SQL: &str = "
+    SELECT step_id, attempt, kind, status, data, seq, created_at
+      FROM workflow_steps WHERE workflow = $1 AND kind IN ('pause', 'humanCheckpoint')
+     ORDER BY seq, attempt";
 
 async fn workflow_in(
     client: &impl GenericClient,
@@ -847,7 +969,7 @@ fn workflow_from(row: &Row, workflow_id: &WorkflowId) -> Result<(WorkflowRow, Op
     Ok((workflow, lease, row.get(10)))
 }
 
-/// A row of [`ARTIFACTS_SQL`].
+/// A row of [`ARTIFACT_PAGE_SQL`].
 fn artifact_from(row: &Row) -> ArtifactInfo {
     ArtifactInfo {
         version: row.get(0),
@@ -991,6 +1113,22 @@ mod tests {
         // `tcp_user_timeout=0` (the system's default) is the operator's choice too.
         let config = configured("postgres://reins@db/reins?tcp_user_timeout=0");
         assert_eq!(config.get_tcp_user_timeout(), None);
+    }
+
+    #[test]
+    fn reads_never_hold_every_connection_of_the_pool() {
+        let reads = |pool_size, pg_read_connections_max| {
+            super::read_connections(&StoreOptions {
+                pool_size,
+                pg_read_connections_max,
+                ..StoreOptions::default()
+            })
+        };
+        assert_eq!(reads(16, 10), 10, "as configured, below the pool");
+        assert_eq!(reads(16, 15), 15, "at the edge: all but one");
+        assert_eq!(reads(16, 16), 15, "never all of them");
+        assert_eq!(reads(4, 10), 3);
+        assert_eq!(reads(1, 10), 1, "a pool of one shares its connection");
     }
 
     #[test]

@@ -16,24 +16,26 @@ use super::{
 use crate::lease::ttl_seconds;
 use crate::runs::run_columns;
 use crate::runs::{
-    Admission, ApprovalAnswer, CancelAction, NewRun, RunOutcome, RunRenewal, RunRow, WorkflowStep,
-    answered, pending_answer, pending_request_id, replay, status_after_answer,
+    Admission, ApprovalAnswer, CancelAction, NewRun, RunOutcome, RunRenewal, RunRow, RunSlot,
+    WorkflowStep, answered, pending_answer, pending_request_id, replay, status_after_answer,
 };
 use crate::{Error, Result, RunId, RunStatus};
 
-/// `SELECT <run columns> FROM runs` followed by the given clauses, as one literal (SQL is never
-/// formatted per call).
+/// `SELECT <run columns> FROM runs` followed by the given clauses (literals, or macros that
+/// expand to one), as one literal (SQL is never formatted per call).
 macro_rules! select_run {
-    ($($clause:literal),+) => {
-        concat!("SELECT ", run_columns!(), " FROM runs ", $($clause),+)
+    ($($clause:tt)+) => {
+        concat!("SELECT ", run_columns!(), " FROM runs ", $($clause)+)
     };
 }
 
 // Admissions with a slot claim a free slot number below `slots_max` in `reins_claim_slot`
 // (migration 7): each number is held once (a unique index), so at most `slots_max` slots are held
-// across the cluster, and two admissions wait on each other only for the same number. Before
-// that, the workflow's owner must hold fewer than `slots_per_user_max` (migration 29; two
-// admissions of one user wait on each other for that count).
+// across the cluster, and two admissions wait on each other only for the same number. Admissions
+// call it through `reins_claim_fair_slot` (migration 31), which then refuses the slot (rolled
+// back with the transaction) to a step whose workflow's owner held `slots_per_user_max` slots
+// already while another user waits below that share: two admissions of one user wait on each
+// other for that count, only while another user waits.
 
 pub(super) fn decode(row: &Row) -> Result<RunRow> {
     let run_id: RunId = row.get(0);
@@ -65,11 +67,17 @@ pub(super) fn decode(row: &Row) -> Result<RunRow> {
     })
 }
 
-/// The workflow's child runs that asked for approval (waiting for the answer, or carrying it),
-/// oldest first; the partial index `runs_asked_by_workflow` (migration 20) finds them.
+/// The workflow's child runs that asked for approval: every one waiting for the answer, and
+/// those that carry it of the steps of a page (the parameters of `step_page!`), oldest first.
+/// The partial index `runs_asked_by_workflow` (migration 20, whose predicate is the first
+/// condition's) finds them.
 pub(super) const APPROVAL_RUNS_SQL: &str = select_run!(
     "WHERE workflow = $1
        AND (status = 'waiting_for_input' OR metadata -> 'hitl_answer' IS NOT NULL)
+       AND (status = 'waiting_for_input'
+            OR (step_id, attempt) IN (SELECT step_id, attempt FROM workflow_steps ",
+    step_page!(),
+    " ORDER BY seq, attempt LIMIT $4))
      ORDER BY created_at, run_id"
 );
 
@@ -124,7 +132,7 @@ const INSERT_RUN_SQL: &str = concat!(
     run_columns!()
 );
 
-const CLAIM_SLOT_SQL: &str = "SELECT reins_claim_slot($1, $2, $3, $4, $5)";
+const CLAIM_SLOT_SQL: &str = "SELECT reins_claim_fair_slot($1, $2, $3, $4, $5)";
 
 pub(super) async fn prepare_admit(client: &Object, step: &WorkflowStep) -> Result<AdmitStatements> {
     let insert = client.prepare_cached(INSERT_RUN_SQL).await?;
@@ -462,19 +470,57 @@ impl PgStore {
         metadata: Option<Value>,
     ) -> Result<bool> {
         let client = self.connection().await?;
+        // A run that now waits for a person gives its step's slot back in the same statement
+        // (its `DELETE` cues the steps waiting for one).
         let statement = client
             .prepare_cached(
-                "UPDATE runs SET status = $3, metadata = coalesce($4, metadata),
-                        revision = revision + 1, updated_at = reins_now()
-                  WHERE run_id = $1 AND owner_worker_id = $2
-                    AND status IN ('pending', 'running')",
+                "WITH changed AS (
+                     UPDATE runs SET status = $3, metadata = coalesce($4, metadata),
+                            revision = revision + 1, updated_at = reins_now()
+                      WHERE run_id = $1 AND owner_worker_id = $2
+                        AND status IN ('pending', 'running')
+                     RETURNING workflow, step_id, attempt, status),
+                 freed AS (
+                     DELETE FROM workflow_slots s USING changed c
+                      WHERE c.status = 'waiting_for_input' AND s.workflow = c.workflow
+                        AND s.step_id = c.step_id AND s.attempt = c.attempt)
+                 SELECT count(*) FROM changed",
             )
             .await?;
-        let changed = client
-            .execute(&statement, &[&run_id, &owner, &status.as_str(), &metadata])
+        let changed: i64 = client
+            .query_one(&statement, &[&run_id, &owner, &status.as_str(), &metadata])
             .await
-            .map_err(commit_error)?;
+            .map_err(commit_error)?
+            .get(0);
         Ok(changed == 1)
+    }
+
+    pub(crate) async fn claim_run_slot(
+        &self,
+        run_id: &RunId,
+        owner: &str,
+        slots_max: u64,
+        slots_per_user_max: u64,
+    ) -> Result<RunSlot> {
+        let client = self.connection().await?;
+        let statement = client
+            .prepare_cached("SELECT reins_claim_run_slot($1, $2, $3, $4)")
+            .await?;
+        let slots_max = i64::try_from(slots_max).unwrap_or(i64::MAX);
+        let slots_per_user_max = i64::try_from(slots_per_user_max).unwrap_or(i64::MAX);
+        match client
+            .query_one(
+                &statement,
+                &[&run_id, &owner, &slots_max, &slots_per_user_max],
+            )
+            .await
+        {
+            Ok(row) if row.get::<_, bool>(0) => Ok(RunSlot::Held),
+            Ok(_) => Ok(RunSlot::Refused),
+            // No slot: the statement's transaction rolled back with nothing written.
+            Err(error) if error.code().is_some_and(|c| c.code() == "RS001") => Ok(RunSlot::Queued),
+            Err(error) => Err(commit_error(error)),
+        }
     }
 
     pub(crate) async fn finalize_run(

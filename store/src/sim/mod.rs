@@ -65,6 +65,41 @@ pub struct SimStore {
     state: Arc<Mutex<State>>,
 }
 
+/// A bug planted in the simulation store on purpose, so that a test can prove the simulation's
+/// oracle finds it (each is named after the rule it breaks). Never planted outside those tests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mutant {
+    /// `ReleaseSlots` (a workflow's end gives back every slot its steps hold) does nothing.
+    SlotsKeptAfterTheEnd,
+    /// An admission with an idempotency key that names an existing run admits a second run.
+    IdempotencyKeyIgnored,
+    /// A fenced write is applied whatever the lease: a stale epoch's write goes through.
+    StaleFenceAccepted,
+    /// A grant resets what the owner's ended workflows gave back without counting it off the
+    /// owner's row: the row grows past the sum of their grants.
+    ReturnedNotCountedOff,
+}
+
+/// The storage quota's rows, whole (`user_storage`, `workflow_storage`), with what each
+/// workflow's artifacts take: what the simulation's oracle checks them against.
+#[derive(Debug, Clone, Default)]
+pub struct Storage {
+    /// Each user's row: the sum of their workflows' grants.
+    pub users: BTreeMap<String, i64>,
+    /// Each workflow that stores anything, or was granted anything.
+    pub workflows: BTreeMap<WorkflowId, WorkflowStorage>,
+}
+
+/// One workflow's grant and its artifacts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WorkflowStorage {
+    pub granted_bytes: i64,
+    /// What its end gave back, not yet counted off its owner's row.
+    pub returned_bytes: i64,
+    /// The bytes of its artifact versions.
+    pub artifact_bytes: i64,
+}
+
 /// One journal entry with when it last changed.
 #[derive(Debug, Clone)]
 struct Step {
@@ -127,6 +162,8 @@ struct State {
     /// The sum of each user's workflows' grants (`user_storage`): what they store, less what
     /// their ended workflows gave back and is still marked on them.
     stored_bytes: BTreeMap<String, i64>,
+    /// The bug planted in this store, if a test planted one.
+    mutant: Option<Mutant>,
 }
 
 impl SimStore {
@@ -141,6 +178,56 @@ impl SimStore {
     /// The clock this store reads.
     pub fn clock(&self) -> &SimClock {
         &self.clock
+    }
+
+    /// Plants `mutant` in this store (see [`Mutant`]).
+    pub fn plant(&self, mutant: Mutant) {
+        self.lock().mutant = Some(mutant);
+    }
+
+    /// Every child run the store holds, in the order they were admitted: what the simulation's
+    /// oracle reads (the `child_runs` table, whole).
+    pub fn all_runs(&self) -> Vec<RunRow> {
+        let state = self.lock();
+        let mut runs: Vec<(u64, RunRow)> = state
+            .runs
+            .values()
+            .map(|run| {
+                (
+                    state.run_order.get(&run.run_id).copied().unwrap_or(0),
+                    run.clone(),
+                )
+            })
+            .collect();
+        runs.sort_by_key(|(order, _)| *order);
+        runs.into_iter().map(|(_, run)| run).collect()
+    }
+
+    /// The storage quota's rows (see [`Storage`]).
+    pub fn all_storage(&self) -> Storage {
+        let state = self.lock();
+        let workflows = state
+            .workflows
+            .iter()
+            .map(|(id, workflow)| {
+                let artifact_bytes = workflow
+                    .artifacts
+                    .values()
+                    .map(|artifact| i64::try_from(artifact.row.content.len()).unwrap_or(i64::MAX))
+                    .sum();
+                let storage = WorkflowStorage {
+                    granted_bytes: workflow.granted_bytes,
+                    returned_bytes: workflow.returned_bytes,
+                    artifact_bytes,
+                };
+                (id.clone(), storage)
+            })
+            .filter(|(_, storage)| *storage != WorkflowStorage::default())
+            .collect();
+        Storage {
+            users: state.stored_bytes.clone(),
+            workflows,
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -180,7 +267,7 @@ impl State {
     }
 
     fn check_fence(&self, fence: &Fence, now: f64) -> Result<()> {
-        if self.holds(fence, now) {
+        if self.holds(fence, now) || self.mutant == Some(Mutant::StaleFenceAccepted) {
             Ok(())
         } else {
             Err(fence.lost())
@@ -520,13 +607,13 @@ impl State {
                 self.event(workflow_id, "artifact", data, now);
             }
             WriteOp::CloseStepRuns {
-                workflow_id,
-                step_id,
-                attempt,
+                idempotency_key, ..
             } => {
-                let key = format!("{workflow_id}/{step_id}/{attempt}");
                 self.change_runs(
-                    |run| run.idempotency_key.as_deref() == Some(&key) && !run.status.is_final(),
+                    |run| {
+                        run.idempotency_key.as_ref() == Some(idempotency_key)
+                            && !run.status.is_final()
+                    },
                     |run| {
                         run.status = RunStatus::Interrupted;
                         run.stop_reason = Some("reconciled".into());
@@ -550,6 +637,7 @@ impl State {
             } => {
                 self.slots.remove(&(workflow_id.clone(), step_id.clone()));
             }
+            WriteOp::ReleaseSlots { .. } if self.mutant == Some(Mutant::SlotsKeptAfterTheEnd) => {}
             WriteOp::ReleaseSlots { workflow_id } => {
                 self.slots
                     .retain(|(workflow, _), _| workflow != workflow_id);
@@ -580,6 +668,9 @@ impl State {
                         workflow.granted_bytes -= marked;
                         returned += marked;
                     }
+                }
+                if self.mutant == Some(Mutant::ReturnedNotCountedOff) {
+                    returned = 0;
                 }
                 self.workflow_mut(workflow_id)?.granted_bytes += bytes;
                 *self.stored_bytes.entry(user_id).or_default() += bytes - returned;

@@ -7,7 +7,7 @@ use crate::lease::ttl_seconds;
 use crate::runs::{answered, pending_answer, pending_request_id, replay, status_after_answer};
 use crate::{
     Admission, ApprovalAnswer, CancelAction, Error, NewRun, Result, RunId, RunOutcome, RunRenewal,
-    RunRow, RunStatus, SlotRow, WorkflowId, WriteOp,
+    RunRow, RunSlot, RunStatus, SlotRow, StepStatus, WorkflowId, WorkflowStatus, WriteOp,
 };
 
 /// The change a durable cancel request makes to a live run: the first action asked for stands,
@@ -29,11 +29,112 @@ impl State {
             .map(|workflow| workflow.row.user_id.as_str())
     }
 
+    /// The slots the steps of `user`'s workflows hold.
+    fn slots_of(&self, user: &str) -> u64 {
+        let count = self
+            .slots
+            .keys()
+            .filter(|(workflow_id, _)| self.user_of(workflow_id) == Some(user))
+            .count();
+        u64::try_from(count).unwrap_or(u64::MAX)
+    }
+
+    /// Whether the share `share` refuses a slot to a step of `workflow_id`: its owner holds it
+    /// already (less `released`, given back in the same write) while another user waits below
+    /// theirs, with a step `queued` in a running, paused or waiting_approval workflow whose
+    /// lease holds.
+    fn share_binds(&self, workflow_id: &WorkflowId, released: u64, share: u64, now: f64) -> bool {
+        let Some(user) = self.user_of(workflow_id) else {
+            return false;
+        };
+        if self.slots_of(user).saturating_sub(released) < share {
+            return false;
+        }
+        self.workflows.iter().any(|(waiting_id, workflow)| {
+            let other = workflow.row.user_id.as_str();
+            other != user
+                && matches!(
+                    workflow.row.status,
+                    WorkflowStatus::Running
+                        | WorkflowStatus::Paused
+                        | WorkflowStatus::WaitingApproval
+                )
+                && self
+                    .leases
+                    .get(waiting_id)
+                    .is_some_and(|lease| lease.expires_at > now)
+                && workflow
+                    .steps
+                    .values()
+                    .any(|step| step.row.status == StepStatus::Queued)
+                && self.slots_of(other) < share
+        })
+    }
+
+    /// Claims a slot for the step of an answered run (see [`crate::Runs::claim_run_slot`]).
+    fn claim_run_slot(
+        &mut self,
+        run_id: &RunId,
+        owner: &str,
+        slots_max: u64,
+        share: u64,
+        now: f64,
+    ) -> RunSlot {
+        let Some(RunRow {
+            workflow: Some(workflow_id),
+            step_id: Some(step_id),
+            attempt: Some(attempt),
+            ..
+        }) = self
+            .runs
+            .get(run_id)
+            .filter(|run| {
+                run.owner_worker_id.as_deref() == Some(owner)
+                    && run.status == RunStatus::Running
+                    && run.cancel_action.is_none()
+            })
+            .cloned()
+        else {
+            return RunSlot::Refused;
+        };
+        let running = self.workflows.get(&workflow_id).is_some_and(|workflow| {
+            matches!(
+                workflow.row.status,
+                WorkflowStatus::Running | WorkflowStatus::Paused | WorkflowStatus::WaitingApproval
+            )
+        });
+        if !running {
+            return RunSlot::Refused;
+        }
+        let place = (workflow_id.clone(), step_id.clone());
+        if let Some(slot) = self.slots.get_mut(&place) {
+            slot.attempt = attempt;
+            return RunSlot::Held;
+        }
+        let taken = u64::try_from(self.slots.len()).unwrap_or(u64::MAX);
+        if taken >= slots_max
+            || (share < slots_max && self.share_binds(&workflow_id, 0, share, now))
+        {
+            return RunSlot::Queued;
+        }
+        self.slots.insert(
+            place,
+            SlotRow {
+                workflow_id,
+                step_id,
+                attempt,
+                created_at: now,
+            },
+        );
+        RunSlot::Held
+    }
+
     fn admit(&mut self, run: NewRun, now: f64) -> Result<Admission> {
         if let Some(step) = &run.step {
             self.check_fence(&step.fence, now)?;
         }
         if let Some((key, request)) = &run.idempotency
+            && self.mutant != Some(super::Mutant::IdempotencyKeyIgnored)
             && let Some(existing) = self
                 .runs
                 .values()
@@ -70,17 +171,12 @@ impl State {
                     return Ok(Admission::Queued);
                 }
                 self.exists(&step.workflow_id)?;
-                // The owner's share: the slots of all their workflows' steps, less those the
-                // carried journal gives back.
-                let user = self.user_of(&step.workflow_id);
-                let held_by_user = |workflow_id: &WorkflowId| self.user_of(workflow_id) == user;
-                let taken_by_user = self
-                    .slots
-                    .keys()
-                    .filter(|(workflow_id, _)| held_by_user(workflow_id))
-                    .count()
-                    .saturating_sub(released.iter().filter(|w| held_by_user(w)).count());
-                if u64::try_from(taken_by_user).unwrap_or(u64::MAX) >= step.slots_per_user_max {
+                // The owner's share, less the slots the carried journal gives back (the
+                // workflow's own, so its owner's).
+                let released = u64::try_from(released.len()).unwrap_or(u64::MAX);
+                if step.slots_per_user_max < step.slots_max
+                    && self.share_binds(&step.workflow_id, released, step.slots_per_user_max, now)
+                {
                     return Ok(Admission::Queued);
                 }
             }
@@ -253,17 +349,22 @@ impl State {
                 ..
             }) = closed
             {
-                let place = (workflow, step_id);
-                if self
-                    .slots
-                    .get(&place)
-                    .is_some_and(|slot| slot.attempt == attempt)
-                {
-                    self.slots.remove(&place);
-                }
+                self.free_slot(&workflow, &step_id, attempt);
             }
         }
         Ok(orphans)
+    }
+
+    /// Gives back the slot of a step's attempt, if it holds one.
+    fn free_slot(&mut self, workflow: &WorkflowId, step_id: &str, attempt: i32) {
+        let place = (workflow.clone(), step_id.to_owned());
+        if self
+            .slots
+            .get(&place)
+            .is_some_and(|slot| slot.attempt == attempt)
+        {
+            self.slots.remove(&place);
+        }
     }
 }
 
@@ -343,7 +444,30 @@ impl crate::Runs for SimStore {
                 },
                 now,
             )?;
+            // Nobody runs while a person decides: the step's slot is given back with the wait.
+            if let Some(RunRow {
+                status: RunStatus::WaitingForInput,
+                workflow: Some(workflow),
+                step_id: Some(step_id),
+                attempt: Some(attempt),
+                ..
+            }) = &changed
+            {
+                state.free_slot(workflow, step_id, *attempt);
+            }
             Ok(changed.is_some())
+        })
+    }
+
+    async fn claim_run_slot(
+        &self,
+        run_id: &RunId,
+        owner: &str,
+        slots_max: u64,
+        slots_per_user_max: u64,
+    ) -> Result<RunSlot> {
+        self.write(|state, now| {
+            Ok(state.claim_run_slot(run_id, owner, slots_max, slots_per_user_max, now))
         })
     }
 

@@ -7,7 +7,10 @@ use serde_json::json;
 use super::{SimStore, State, Workflow};
 use crate::lease::ttl_seconds;
 use crate::workflows::takeover_refusal;
-use crate::write::{ArtifactInfo, ArtifactRow, Snapshot, StepRow, WorkflowRow};
+use crate::write::{
+    ArtifactInfo, ArtifactRow, CHECKPOINT_KINDS, Snapshot, StepPage, StepPosition, StepRow,
+    WorkflowRow,
+};
 use crate::{
     ControlRow, ControlWrite, Deletion, Epoch, Error, Launch, LaunchLimits, Lease, ListFilter,
     ListedWorkflow, NewControl, NewWorkflow, Orphaned, Purpose, Result, StatusFilter, TakeOver,
@@ -236,15 +239,59 @@ impl State {
         Ok(ControlWrite::Recorded(row))
     }
 
-    fn snapshot(&self, workflow_id: &WorkflowId, now: f64) -> Option<Snapshot> {
+    fn snapshot(
+        &self,
+        workflow_id: &WorkflowId,
+        steps_max: u32,
+        artifacts_max: u32,
+        now: f64,
+    ) -> Option<Snapshot> {
         let workflow = self.workflows.get(workflow_id)?;
+        let StepPage {
+            steps,
+            approval_runs,
+        } = self.step_page(workflow_id, StepPosition::START, steps_max);
+        Some(Snapshot {
+            row: workflow.row.clone(),
+            lease: self.leases.get(workflow_id).cloned(),
+            db_now: now,
+            steps,
+            checkpoints: steps_of(workflow)
+                .into_iter()
+                .filter(|step| CHECKPOINT_KINDS.contains(&step.kind.as_str()))
+                .collect(),
+            controls: self.controls_of(workflow_id),
+            approval_runs,
+            artifacts: self.artifact_page(workflow_id, 0, artifacts_max),
+        })
+    }
+
+    /// What `step_page!` and `APPROVAL_RUNS_SQL` read on the real stores.
+    fn step_page(&self, workflow_id: &WorkflowId, after: StepPosition, limit: u32) -> StepPage {
+        let steps: Vec<StepRow> = self
+            .workflows
+            .get(workflow_id)
+            .map(steps_of)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|step| {
+                StepPosition::of(step) > after && !CHECKPOINT_KINDS.contains(&step.kind.as_str())
+            })
+            .take(usize::try_from(limit).unwrap_or(usize::MAX))
+            .collect();
         let mut approval_runs: Vec<_> = self
             .runs
             .values()
             .filter(|run| {
+                let of_page = || {
+                    steps.iter().any(|step| {
+                        run.step_id.as_deref() == Some(step.step_id.as_str())
+                            && run.attempt == Some(step.attempt)
+                    })
+                };
                 run.workflow.as_ref() == Some(workflow_id)
                     && (run.status == crate::RunStatus::WaitingForInput
-                        || !run.metadata["hitl_answer"].is_null())
+                        || (!run.metadata["hitl_answer"].is_null() && of_page()))
             })
             .cloned()
             .collect();
@@ -253,26 +300,29 @@ impl State {
                 .total_cmp(&b.created_at)
                 .then_with(|| a.run_id.cmp(&b.run_id))
         });
-        Some(Snapshot {
-            row: workflow.row.clone(),
-            lease: self.leases.get(workflow_id).cloned(),
-            db_now: now,
-            steps: steps_of(workflow),
-            controls: self.controls_of(workflow_id),
+        StepPage {
+            steps,
             approval_runs,
-            artifacts: workflow
-                .artifacts
-                .values()
-                .map(|artifact| ArtifactInfo {
-                    version: artifact.row.version,
-                    source_step_id: artifact.row.source_step_id.clone(),
-                    path: artifact.row.path.clone(),
-                    bytes: i64::try_from(artifact.row.content.len()).unwrap_or(i64::MAX),
-                    sha256: artifact.row.sha256.clone(),
-                    created_at: artifact.created_at,
-                })
-                .collect(),
-        })
+        }
+    }
+
+    fn artifact_page(&self, workflow_id: &WorkflowId, after: i64, limit: u32) -> Vec<ArtifactInfo> {
+        let Some(workflow) = self.workflows.get(workflow_id) else {
+            return Vec::new();
+        };
+        workflow
+            .artifacts
+            .range(after.saturating_add(1)..)
+            .take(usize::try_from(limit).unwrap_or(usize::MAX))
+            .map(|(_, artifact)| ArtifactInfo {
+                version: artifact.row.version,
+                source_step_id: artifact.row.source_step_id.clone(),
+                path: artifact.row.path.clone(),
+                bytes: i64::try_from(artifact.row.content.len()).unwrap_or(i64::MAX),
+                sha256: artifact.row.sha256.clone(),
+                created_at: artifact.created_at,
+            })
+            .collect()
     }
 }
 
@@ -426,8 +476,31 @@ impl crate::Workflows for SimStore {
         })
     }
 
-    async fn read_snapshot(&self, workflow_id: &WorkflowId) -> Result<Option<Snapshot>> {
-        self.read(|state, now| Ok(state.snapshot(workflow_id, now)))
+    async fn read_snapshot(
+        &self,
+        workflow_id: &WorkflowId,
+        steps_max: u32,
+        artifacts_max: u32,
+    ) -> Result<Option<Snapshot>> {
+        self.read(|state, now| Ok(state.snapshot(workflow_id, steps_max, artifacts_max, now)))
+    }
+
+    async fn read_step_page(
+        &self,
+        workflow_id: &WorkflowId,
+        after: StepPosition,
+        limit: u32,
+    ) -> Result<StepPage> {
+        self.read(|state, _| Ok(state.step_page(workflow_id, after, limit)))
+    }
+
+    async fn read_artifact_page(
+        &self,
+        workflow_id: &WorkflowId,
+        after: i64,
+        limit: u32,
+    ) -> Result<Vec<ArtifactInfo>> {
+        self.read(|state, _| Ok(state.artifact_page(workflow_id, after, limit)))
     }
 
     async fn read_artifact(

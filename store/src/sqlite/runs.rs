@@ -7,10 +7,10 @@ use serde_json::Value;
 use super::{Encoded, SqliteStore, apply, check_fence, parse_json};
 use crate::lease::ttl_seconds;
 use crate::runs::{
-    Admission, ApprovalAnswer, CancelAction, NewRun, RunOutcome, RunRenewal, RunRow, answered,
-    pending_answer, pending_request_id, replay, run_columns, status_after_answer,
+    Admission, ApprovalAnswer, CancelAction, NewRun, RunOutcome, RunRenewal, RunRow, RunSlot,
+    answered, pending_answer, pending_request_id, replay, run_columns, status_after_answer,
 };
-use crate::write::WriteOp;
+use crate::write::{StepPosition, WriteOp};
 use crate::{Error, Result, RunId, RunStatus, WorkflowId};
 
 fn run_row(row: &Row<'_>) -> rusqlite::Result<RawRun> {
@@ -113,20 +113,31 @@ fn read_run(connection: &Connection, run_id: &RunId) -> Result<Option<RunRow>> {
         .transpose()
 }
 
-/// The workflow's child runs that asked for approval (waiting for the answer, or carrying it),
-/// oldest first; the index on `(workflow, step_id, attempt)` finds them.
+/// The workflow's child runs that asked for approval: every one waiting for the answer, and
+/// those that carry it of the steps of a page (see `step_page!`), oldest first. The partial
+/// index `runs_asked_by_workflow` (migration 20, whose predicate is the first condition's) finds
+/// them.
 pub(super) fn approval_runs_on(
     connection: &Connection,
     workflow_id: &WorkflowId,
+    after: StepPosition,
+    limit: u32,
 ) -> Result<Vec<RunRow>> {
     let mut statement = connection.prepare_cached(concat!(
         "SELECT ",
         run_columns!(),
         " FROM runs WHERE workflow = ?1
             AND (status = 'waiting_for_input' OR json_extract(metadata, '$.hitl_answer') IS NOT NULL)
+            AND (status = 'waiting_for_input'
+                 OR (step_id, attempt) IN (SELECT step_id, attempt FROM workflow_steps ",
+        step_page!(),
+        " ORDER BY seq, attempt LIMIT ?4))
           ORDER BY created_at, run_id"
     ))?;
-    let rows = statement.query_map([workflow_id], run_row)?;
+    let rows = statement.query_map(
+        params![workflow_id, after.seq, after.attempt, limit],
+        run_row,
+    )?;
     rows.map(|row| row?.decode()).collect()
 }
 
@@ -206,6 +217,101 @@ fn released_by(connection: &Connection, journal: &[Encoded]) -> Result<i64> {
     Ok(released)
 }
 
+/// The slot a step claims, and the rules it claims it under.
+struct SlotPlace<'a> {
+    workflow_id: &'a WorkflowId,
+    step_id: &'a str,
+    attempt: i32,
+    slots_max: u64,
+    slots_per_user_max: u64,
+}
+
+/// Claims a slot for `place` in the writer's transaction: `false` (nothing written) when every
+/// slot is taken, or when the workflow's owner holds their share while another user waits below
+/// theirs. A step that holds a slot already keeps it for its new attempt. `released` slots,
+/// which the transaction gives back before it commits (the owner's own: the carried journal is
+/// the workflow's), count as free.
+fn claim_slot(connection: &Connection, place: &SlotPlace<'_>, released: i64) -> Result<bool> {
+    let held = connection
+        .prepare_cached(
+            "UPDATE workflow_slots SET attempt = ?3 WHERE workflow = ?1 AND step_id = ?2",
+        )?
+        .execute(params![place.workflow_id, place.step_id, place.attempt])?;
+    if held > 0 {
+        return Ok(true);
+    }
+    let taken: i64 = connection
+        .prepare_cached("SELECT count(*) FROM workflow_slots")?
+        .query_row([], |row| row.get(0))?;
+    let taken = u64::try_from(taken - released).unwrap_or(u64::MAX);
+    if taken >= place.slots_max
+        || (taken >= place.slots_per_user_max && share_binds(connection, place, released)?)
+    {
+        return Ok(false);
+    }
+    connection
+        .prepare_cached(
+            "INSERT INTO workflow_slots (workflow, step_id, attempt, created_at)
+             VALUES (?1, ?2, ?3, unixepoch('subsec'))",
+        )?
+        .execute(params![place.workflow_id, place.step_id, place.attempt])?;
+    Ok(true)
+}
+
+/// Whether the share of the step's workflow's owner refuses it a slot: they hold it already
+/// while another user waits below theirs (a step of theirs `queued` in a live workflow whose
+/// lease holds). Asked only while the cluster holds a share's worth of slots (fewer cannot all
+/// be the owner's), and nothing more while no step at all is queued: this runs on the one writer
+/// thread. Whether another user waits is asked before the owner's count, which a user alone then
+/// never pays; that look walks the queued steps (the owner's own too), the count the slots held,
+/// each looking their workflows up (`CROSS JOIN` keeps SQLite to that order), never every live
+/// workflow or every workflow of a user.
+fn share_binds(connection: &Connection, place: &SlotPlace<'_>, released: i64) -> Result<bool> {
+    if place.slots_per_user_max >= place.slots_max {
+        return Ok(false);
+    }
+    let queued: bool = connection
+        .prepare_cached("SELECT EXISTS (SELECT 1 FROM workflow_steps WHERE status = 'queued')")?
+        .query_row([], |row| row.get(0))?;
+    if !queued {
+        return Ok(false);
+    }
+    let Some(user_id) = connection
+        .prepare_cached("SELECT user_id FROM workflows WHERE id = ?1")?
+        .query_row(params![place.workflow_id], |row| row.get::<_, String>(0))
+        .optional()?
+    else {
+        return Ok(false);
+    };
+    let share = i64::try_from(place.slots_per_user_max).unwrap_or(i64::MAX);
+    let another_waits: bool = connection
+        .prepare_cached(
+            "SELECT EXISTS (
+                 SELECT 1 FROM workflow_steps AS q
+                  CROSS JOIN workflows AS w
+                  CROSS JOIN extension_execution_leases AS l
+                  WHERE q.status = 'queued' AND w.id = q.workflow AND w.user_id <> ?1
+                    AND l.resource_id = q.workflow
+                    AND w.status IN ('running', 'paused', 'waiting_approval')
+                    AND l.expires_at > unixepoch('subsec')
+                    AND w.user_id NOT IN (SELECT o.user_id
+                                            FROM workflow_slots AS h CROSS JOIN workflows AS o
+                                           WHERE o.id = h.workflow
+                                           GROUP BY o.user_id HAVING count(*) >= ?2))",
+        )?
+        .query_row(params![user_id, share], |row| row.get(0))?;
+    if !another_waits {
+        return Ok(false);
+    }
+    let held: i64 = connection
+        .prepare_cached(
+            "SELECT count(*) FROM workflow_slots AS s CROSS JOIN workflows AS w
+              WHERE w.id = s.workflow AND w.user_id = ?1",
+        )?
+        .query_row(params![user_id], |row| row.get(0))?;
+    Ok(held - released >= share)
+}
+
 /// What the writer answers an admission with: a run it inserted goes back as stored, so its JSON
 /// is decoded on the caller's thread rather than the single writer's.
 enum Admitted {
@@ -224,49 +330,15 @@ fn admit(connection: &Connection, ready: &Ready) -> Result<Admitted> {
         return replay(existing, request).map(Admitted::Other);
     }
     if let Some(step) = &run.step {
-        let held: bool = connection
-            .prepare_cached(
-                "SELECT count(*) > 0 FROM workflow_slots WHERE workflow = ?1 AND step_id = ?2",
-            )?
-            .query_row(params![step.workflow_id, step.step_id], |row| row.get(0))?;
-        if held {
-            connection
-                .prepare_cached(
-                    "UPDATE workflow_slots SET attempt = ?3 WHERE workflow = ?1 AND step_id = ?2",
-                )?
-                .execute(params![step.workflow_id, step.step_id, step.attempt])?;
-        } else {
-            let taken: i64 = connection
-                .prepare_cached("SELECT count(*) FROM workflow_slots")?
-                .query_row([], |row| row.get(0))?;
-            let released = released_by(connection, &ready.journal)?;
-            if u64::try_from(taken - released).unwrap_or(u64::MAX) >= step.slots_max {
-                return Ok(Admitted::Other(Admission::Queued));
-            }
-            // The owner's share across the cluster, counted only when the cluster holds as many
-            // slots as a share (fewer cannot all be the owner's): the count runs on the one
-            // writer thread. The carried journal is the workflow's own (under its fence), so the
-            // slots it gives back are the owner's.
-            if u64::try_from(taken - released).unwrap_or(u64::MAX) >= step.slots_per_user_max {
-                let taken_by_user: i64 = connection
-                    .prepare_cached(
-                        "SELECT count(*) FROM workflow_slots AS s
-                           JOIN workflows AS w ON w.id = s.workflow
-                          WHERE w.user_id = (SELECT user_id FROM workflows WHERE id = ?1)",
-                    )?
-                    .query_row(params![step.workflow_id], |row| row.get(0))?;
-                if u64::try_from(taken_by_user - released).unwrap_or(u64::MAX)
-                    >= step.slots_per_user_max
-                {
-                    return Ok(Admitted::Other(Admission::Queued));
-                }
-            }
-            connection
-                .prepare_cached(
-                    "INSERT INTO workflow_slots (workflow, step_id, attempt, created_at)
-                     VALUES (?1, ?2, ?3, unixepoch('subsec'))",
-                )?
-                .execute(params![step.workflow_id, step.step_id, step.attempt])?;
+        let place = SlotPlace {
+            workflow_id: &step.workflow_id,
+            step_id: &step.step_id,
+            attempt: step.attempt,
+            slots_max: step.slots_max,
+            slots_per_user_max: step.slots_per_user_max,
+        };
+        if !claim_slot(connection, &place, released_by(connection, &ready.journal)?)? {
+            return Ok(Admitted::Other(Admission::Queued));
         }
     }
     let key = run.idempotency.as_ref().map(|(key, _)| key.as_str());
@@ -430,6 +502,17 @@ impl SqliteStore {
                     status.as_str(),
                     metadata.map(|m| m.to_string())
                 ])?;
+            if changed == 1 && status == RunStatus::WaitingForInput {
+                // Nobody runs while a person decides: the step's slot is given back in the
+                // same transaction (its delete cues the steps waiting for one).
+                connection
+                    .prepare_cached(
+                        "DELETE FROM workflow_slots
+                          WHERE (workflow, step_id, attempt) =
+                                (SELECT workflow, step_id, attempt FROM runs WHERE run_id = ?1)",
+                    )?
+                    .execute(params![run_id])?;
+            }
             Ok(changed == 1)
         })
         .await
@@ -539,6 +622,50 @@ impl SqliteStore {
                     answer.previous_metadata.to_string()
                 ])?;
             Ok(changed == 1)
+        })
+        .await
+    }
+
+    pub(crate) async fn claim_run_slot(
+        &self,
+        run_id: &RunId,
+        owner: &str,
+        slots_max: u64,
+        slots_per_user_max: u64,
+    ) -> Result<RunSlot> {
+        let (run_id, owner) = (run_id.to_owned(), owner.to_owned());
+        self.write(move |connection| {
+            let step = connection
+                .prepare_cached(
+                    "SELECT r.workflow, r.step_id, r.attempt
+                       FROM runs AS r JOIN workflows AS w ON w.id = r.workflow
+                      WHERE r.run_id = ?1 AND r.owner_worker_id = ?2 AND r.status = 'running'
+                        AND r.cancel_action IS NULL AND r.step_id IS NOT NULL
+                        AND w.status IN ('running', 'paused', 'waiting_approval')",
+                )?
+                .query_row(params![run_id, owner], |row| {
+                    Ok((
+                        row.get::<_, WorkflowId>(0)?,
+                        row.get::<_, String>(1)?,
+                        row.get::<_, i32>(2)?,
+                    ))
+                })
+                .optional()?;
+            let Some((workflow_id, step_id, attempt)) = step else {
+                return Ok(RunSlot::Refused);
+            };
+            let place = SlotPlace {
+                workflow_id: &workflow_id,
+                step_id: &step_id,
+                attempt,
+                slots_max,
+                slots_per_user_max,
+            };
+            Ok(if claim_slot(connection, &place, 0)? {
+                RunSlot::Held
+            } else {
+                RunSlot::Queued
+            })
         })
         .await
     }

@@ -173,8 +173,7 @@ fn every_kind_of_write(control_id: i64) -> Vec<(&'static str, WriteOp)> {
         },
         WriteOp::CloseStepRuns {
             workflow_id: wf().into(),
-            step_id: "s".into(),
-            attempt: 1,
+            idempotency_key: store::idempotency_key(&wf().into(), "s", 1),
         },
         WriteOp::CancelRuns {
             workflow_id: wf().into(),
@@ -278,16 +277,17 @@ conformance! {
             .await
             .expect("the current owner takes a grant");
         let stored_before = new.stored_bytes(None).await.expect("stored bytes");
-        let before = new.read_snapshot(&store::WorkflowId::from("wf")).await.expect("snapshot").expect("wf");
+        let before = new.read_snapshot(&store::WorkflowId::from("wf"), 1_000, 1_000).await.expect("snapshot").expect("wf");
         let events_before = new.read_events(&store::WorkflowId::from("wf"), 0, 1_000).await.expect("events").expect("wf");
         for (kind, op) in every_kind_of_write(control_id) {
             let refused = old.fenced_write(&stale.fence(), vec![op]).await;
             assert!(matches!(refused, Err(Error::LeaseLost { .. })), "{kind}: {refused:?}");
         }
-        let after = new.read_snapshot(&store::WorkflowId::from("wf")).await.expect("snapshot").expect("wf");
+        let after = new.read_snapshot(&store::WorkflowId::from("wf"), 1_000, 1_000).await.expect("snapshot").expect("wf");
         assert_eq!(after.row, before.row);
         assert_eq!(after.lease, Some(current.clone()), "a stale write moved the lease");
         assert_eq!(after.steps, before.steps);
+        assert_eq!(after.checkpoints, before.checkpoints);
         assert_eq!(after.controls, before.controls);
         assert_eq!(after.artifacts, before.artifacts);
         assert_eq!(new.count_slots().await.expect("slots"), 1, "a stale write freed a slot");

@@ -5,7 +5,10 @@
 use std::sync::Arc;
 
 use serde_json::{Value, json};
-use store::{Admission, CancelAction, Error, NewRun, RunOutcome, RunStatus, WorkflowStep};
+use store::{
+    Admission, CancelAction, Error, NewRun, RunId, RunOutcome, RunSlot, RunStatus, StepStatus,
+    WorkflowStep, WriteOp,
+};
 use tokio::sync::Barrier;
 
 use crate::harness::{Subject, conformance, workflow, workflow_of};
@@ -139,51 +142,120 @@ conformance! {
     }
 }
 
+/// The admission of step `step_id` of the workflow `lease` holds, with `slots_max` slots in the
+/// cluster and a share of `share`, carrying `journal`.
+fn step_of(
+    lease: &Lease,
+    step_id: &str,
+    slots_max: u64,
+    share: u64,
+    journal: Vec<WriteOp>,
+) -> NewRun {
+    let workflow_id = lease.fence().resource_id;
+    NewRun {
+        step: Some(WorkflowStep {
+            workflow_id: workflow_id.clone(),
+            step_id: step_id.to_owned(),
+            attempt: 1,
+            slots_max,
+            slots_per_user_max: share,
+            fence: lease.fence(),
+            journal,
+        }),
+        ..new_run(
+            &format!("run-{workflow_id}-{step_id}"),
+            &format!("t-{workflow_id}-{step_id}"),
+            "node-a",
+        )
+    }
+}
+
+/// The journal entry of step `step_id` of the workflow `lease` holds, as `status`.
+fn entry(lease: &Lease, step_id: &str, status: StepStatus) -> WriteOp {
+    WriteOp::PutStep {
+        workflow_id: lease.fence().resource_id,
+        seq: 0,
+        step_id: step_id.to_owned(),
+        attempt: 1,
+        kind: "agent".into(),
+        status,
+        data: json!({}),
+    }
+}
+
+/// Gives back the slot of step `step_id` of the workflow `lease` holds.
+fn release(lease: &Lease, step_id: &str) -> WriteOp {
+    WriteOp::ReleaseSlot {
+        workflow_id: lease.fence().resource_id,
+        step_id: step_id.into(),
+    }
+}
+
 conformance! {
-    /// One user's steps hold at most `slots_per_user_max` slots across all their workflows, even
-    /// with slots free: the next is queued while another user's step is admitted, and admitted
-    /// once one of the first user's slots is given back (or carried back by its own admission).
-    async fn a_user_holding_their_share_of_slots_is_queued_while_another_user_is_admitted(db) {
+    /// A user's share binds only while another user waits below theirs: alone, Ann's steps take
+    /// every slot; once Bob's step is queued, Ann (over her share) is queued with a slot free,
+    /// and Bob's step takes it. A waiting user over the share, or one whose workflow's lease
+    /// lapsed (nobody asks for its step), binds nobody. Before, the share bound always: Ann's
+    /// third step waited with two slots free and nobody else waiting.
+    async fn a_users_share_binds_only_while_another_user_waits_below_theirs(db) {
         let store = db.store().await;
         let ann_1 = workflow_of(&*store, "wf-ann-1", "ann", "node-a", 60_000).await;
         let ann_2 = workflow_of(&*store, "wf-ann-2", "ann", "node-a", 60_000).await;
         let bob = workflow_of(&*store, "wf-bob", "bob", "node-a", 60_000).await;
-        let step = |lease: &Lease, step_id: &str, journal: Vec<store::WriteOp>| {
-            let workflow_id = lease.fence().resource_id;
-            NewRun {
-                step: Some(WorkflowStep {
-                    workflow_id: workflow_id.as_str().into(),
-                    step_id: step_id.to_owned(),
-                    attempt: 1,
-                    slots_max: 4,
-                    slots_per_user_max: 2,
-                    fence: lease.fence(),
-                    journal,
-                }),
-                ..new_run(&format!("run-{workflow_id}-{step_id}"), &format!("t-{workflow_id}-{step_id}"), "node-a")
-            }
-        };
-        admitted(&*store, step(&ann_1, "s1", Vec::new())).await;
-        admitted(&*store, step(&ann_2, "s1", Vec::new())).await;
-        // Ann holds her two slots, in two workflows: her third step waits, with two slots free.
-        let waiting = step(&ann_1, "s2", Vec::new());
-        assert_eq!(store.admit_run(waiting.clone()).await.expect("admit"), Admission::Queued);
-        assert_eq!(store.read_run(&store::RunId::from("run-wf-ann-1-s2")).await.expect("read"), None);
-        assert_eq!(store.count_slots().await.expect("slots"), 2);
-        // Bob's step takes a free slot.
-        admitted(&*store, step(&bob, "s1", Vec::new())).await;
+        let step = |lease: &Lease, step_id: &str| step_of(lease, step_id, 4, 2, Vec::new());
+        // Alone, Ann's steps in two workflows take all four slots, twice her share.
+        for (lease, step_id) in [(&ann_1, "s1"), (&ann_2, "s1"), (&ann_1, "s2"), (&ann_2, "s2")] {
+            admitted(&*store, step(lease, step_id)).await;
+        }
+        assert_eq!(store.count_slots().await.expect("slots"), 4);
+        // Bob's step finds the cluster full: it waits, journaled `queued` as the workflow does.
+        let bobs = step_of(&bob, "b1", 4, 2, vec![entry(&bob, "b1", StepStatus::Running)]);
+        assert_eq!(store.admit_run(bobs.clone()).await.expect("admit"), Admission::Queued);
+        store.fenced_write(&bob.fence(), vec![entry(&bob, "b1", StepStatus::Queued)]).await.expect("queued");
+        // A slot of Ann's frees: she holds three, over her share, while Bob waits with none.
+        store.fenced_write(&ann_1.fence(), vec![release(&ann_1, "s1")]).await.expect("release");
+        let anns = step(&ann_1, "s3");
+        assert_eq!(store.admit_run(anns.clone()).await.expect("admit"), Admission::Queued);
+        assert_eq!(store.read_run(&RunId::from("run-wf-ann-1-s3")).await.expect("read"), None);
         assert_eq!(store.count_slots().await.expect("slots"), 3);
-        // A step of Ann's that gives back her own slot in its admission keeps her place.
-        let release = |lease: &Lease, step_id: &str| store::WriteOp::ReleaseSlot {
-            workflow_id: lease.fence().resource_id.as_str().into(),
-            step_id: step_id.into(),
-        };
-        admitted(&*store, step(&ann_2, "s2", vec![release(&ann_2, "s1")])).await;
-        assert_eq!(store.admit_run(waiting.clone()).await.expect("admit"), Admission::Queued);
-        // One of her slots given back: her waiting step is admitted.
-        store.fenced_write(&ann_1.fence(), vec![release(&ann_1, "s1")]).await.expect("release a slot");
-        admitted(&*store, waiting).await;
-        assert_eq!(store.count_slots().await.expect("slots"), 3);
+        // The free slot is Bob's; his admission journals his step running.
+        admitted(&*store, bobs).await;
+        assert_eq!(store.count_slots().await.expect("slots"), 4);
+        // Nobody waits any more: Ann's step takes the next free slot, over her share.
+        store.fenced_write(&ann_2.fence(), vec![release(&ann_2, "s1")]).await.expect("release");
+        admitted(&*store, anns).await;
+        assert_eq!(store.count_slots().await.expect("slots"), 4);
+
+        // Bob at his share with a step queued does not bind Ann at hers: a slot of five is free.
+        store.fenced_write(&ann_1.fence(), vec![release(&ann_1, "s2")]).await.expect("release");
+        admitted(&*store, step_of(&bob, "b2", 5, 2, Vec::new())).await;
+        store.fenced_write(&bob.fence(), vec![entry(&bob, "b3", StepStatus::Queued)]).await.expect("queued");
+        admitted(&*store, step_of(&ann_1, "s4", 5, 2, Vec::new())).await;
+        assert_eq!(store.count_slots().await.expect("slots"), 5);
+
+        // Cid's queued step binds Ann while his workflow's lease holds, not once it lapsed.
+        let cid = workflow_of(&*store, "wf-cid", "cid", "node-a", 60_000).await;
+        store.fenced_write(&cid.fence(), vec![entry(&cid, "c1", StepStatus::Queued)]).await.expect("queued");
+        let anns = step_of(&ann_2, "s5", 8, 2, Vec::new());
+        assert_eq!(store.admit_run(anns.clone()).await.expect("admit"), Admission::Queued);
+        assert!(store.release_lease(&cid.fence()).await.expect("release the lease"));
+        admitted(&*store, anns).await;
+        assert_eq!(store.count_slots().await.expect("slots"), 6);
+    }
+}
+
+conformance! {
+    /// A step of Ann's that gives back her own slot in its admission keeps her place under the
+    /// share while another user waits: the slot it releases is not counted as hers.
+    async fn a_step_carrying_the_release_of_its_users_slot_keeps_their_place_under_the_share(db) {
+        let store = db.store().await;
+        let ann = workflow_of(&*store, "wf-ann", "ann", "node-a", 60_000).await;
+        let bob = workflow_of(&*store, "wf-bob", "bob", "node-a", 60_000).await;
+        admitted(&*store, step_of(&ann, "s1", 4, 1, Vec::new())).await;
+        store.fenced_write(&bob.fence(), vec![entry(&bob, "b1", StepStatus::Queued)]).await.expect("queued");
+        assert_eq!(store.admit_run(step_of(&ann, "s2", 4, 1, Vec::new())).await.expect("admit"), Admission::Queued);
+        admitted(&*store, step_of(&ann, "s2", 4, 1, vec![release(&ann, "s1")])).await;
+        assert_eq!(store.count_slots().await.expect("slots"), 1);
     }
 }
 
@@ -342,14 +414,17 @@ conformance! {
 }
 
 conformance! {
-    /// Racing admissions of one user's workflows, with slots to spare, hold exactly the user's
-    /// share: two claims of one user never both see room for one more.
-    async fn racing_admissions_of_one_user_hold_exactly_their_share(db) {
+    /// Racing admissions of one user's workflows, with slots to spare while another user waits,
+    /// hold exactly the user's share: two claims of one user never both see room for one more.
+    /// Once nobody else waits, the same admissions take every slot.
+    async fn racing_admissions_of_one_user_hold_exactly_their_share_while_another_waits(db) {
         let store = db.store().await;
         let mut fences = Vec::new();
         for n in 0..12 {
             fences.push(workflow(&*store, &format!("wf-{n}"), "node-a", 60_000).await.fence());
         }
+        let bob = workflow_of(&*store, "wf-bob", "bob", "node-a", 60_000).await;
+        store.fenced_write(&bob.fence(), vec![entry(&bob, "b1", StepStatus::Queued)]).await.expect("queued");
         let run = |n: usize| NewRun {
             step: Some(WorkflowStep {
                 workflow_id: format!("wf-{n}").into(),
@@ -362,24 +437,82 @@ conformance! {
             }),
             ..new_run(&format!("run-{n}"), &format!("t-{n}"), "node-a")
         };
-        let start = Arc::new(Barrier::new(12));
-        let racers: Vec<_> = (0..12)
-            .map(|n| {
-                let (store, start, run) = (Arc::clone(&store), Arc::clone(&start), run(n));
-                tokio::spawn(async move {
-                    start.wait().await;
-                    store.admit_run(run).await.expect("admit")
+        let race = |runs: Vec<NewRun>| {
+            let start = Arc::new(Barrier::new(runs.len()));
+            let racers: Vec<_> = runs
+                .into_iter()
+                .map(|run| {
+                    let (store, start) = (Arc::clone(&store), Arc::clone(&start));
+                    tokio::spawn(async move {
+                        start.wait().await;
+                        (run.clone(), store.admit_run(run).await.expect("admit"))
+                    })
                 })
-            })
-            .collect();
-        let mut held = 0;
-        for racer in racers {
-            if matches!(racer.await.expect("join"), Admission::Admitted(_)) {
-                held += 1;
+                .collect();
+            async move {
+                let mut queued = Vec::new();
+                for racer in racers {
+                    match racer.await.expect("join") {
+                        (_, Admission::Admitted(_)) => {}
+                        (run, Admission::Queued) => queued.push(run),
+                        (_, other) => panic!("unexpected {other:?}"),
+                    }
+                }
+                queued
             }
-        }
-        assert_eq!(held, 3);
+        };
+        let queued = race((0..12).map(run).collect()).await;
+        assert_eq!(queued.len(), 9);
         assert_eq!(store.count_slots().await.expect("slots"), 3);
+        // Bob's step is taken back out of the queue (his workflow goes on without it).
+        store.fenced_write(&bob.fence(), vec![entry(&bob, "b1", StepStatus::Cancelled)]).await.expect("cancelled");
+        assert!(race(queued).await.is_empty());
+        assert_eq!(store.count_slots().await.expect("slots"), 12);
+    }
+}
+
+conformance! {
+    /// A run whose agent waits for a person gives its step's slot back in the write that records
+    /// the wait (before, it kept it until the step ended, even with its node gone). Answered, its
+    /// live agent's run claims a slot again under the same rules as an admission: queued while
+    /// the cluster is full, then held (once: a second claim keeps it); only by its owner, and
+    /// not once it was asked to stop.
+    async fn a_run_waiting_for_a_person_holds_no_slot_and_claims_one_again_once_answered(db) {
+        let store = db.store().await;
+        let ann = workflow_of(&*store, "wf-ann", "ann", "node-a", 60_000).await;
+        let bob = workflow_of(&*store, "wf-bob", "bob", "node-a", 60_000).await;
+        let asking = admitted(&*store, step_of(&ann, "ask", 2, 1, Vec::new())).await.run_id;
+        let attached = json!({"hitl_approval": {"request_id": "r1", "attached": true}});
+        assert!(store.update_run_status(&asking, "node-a", RunStatus::WaitingForInput, Some(attached)).await.expect("pause"));
+        assert_eq!(store.count_slots().await.expect("slots"), 0);
+        // Bob's steps take both slots meanwhile, over his share: nobody else waits for one.
+        admitted(&*store, step_of(&bob, "b1", 2, 1, Vec::new())).await;
+        admitted(&*store, step_of(&bob, "b2", 2, 1, Vec::new())).await;
+
+        let thread = "t-wf-ann-ask";
+        let answer = store.answer_approval(thread, &["r1".into()], &approve()).await.expect("answer");
+        assert_eq!(answer.map(|a| a.status), Some(RunStatus::Running));
+        let claim = |owner: &'static str| {
+            let (store, asking) = (Arc::clone(&store), asking.clone());
+            async move { store.claim_run_slot(&asking, owner, 2, 1).await.expect("claim") }
+        };
+        assert_eq!(claim("node-a").await, RunSlot::Queued);
+        store.fenced_write(&bob.fence(), vec![release(&bob, "b1")]).await.expect("release");
+        assert_eq!(claim("node-b").await, RunSlot::Refused, "another node claimed its slot");
+        assert_eq!(store.count_slots().await.expect("slots"), 1);
+        assert_eq!(claim("node-a").await, RunSlot::Held);
+        assert_eq!(claim("node-a").await, RunSlot::Held);
+        assert_eq!(store.count_slots().await.expect("slots"), 2);
+        let slots = store.list_slots(10).await.expect("slots");
+        assert!(slots.iter().any(|slot| slot.workflow_id == "wf-ann" && slot.step_id == "ask"), "{slots:?}");
+
+        // A run asked to stop claims nothing; neither does a run of no workflow.
+        store.fenced_write(&ann.fence(), vec![release(&ann, "ask")]).await.expect("release");
+        assert_eq!(store.request_run_cancel(&asking, CancelAction::Interrupt).await.expect("cancel"), Some(CancelAction::Interrupt));
+        assert_eq!(claim("node-a").await, RunSlot::Refused);
+        let plain = admitted(&*store, new_run("plain", "t-plain", "node-a")).await.run_id;
+        assert_eq!(store.claim_run_slot(&plain, "node-a", 2, 1).await.expect("claim"), RunSlot::Refused);
+        assert_eq!(store.count_slots().await.expect("slots"), 1);
     }
 }
 

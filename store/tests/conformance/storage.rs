@@ -195,7 +195,7 @@ conformance! {
     }
 }
 
-/// Workflows of two users with artifacts written before migration 30 existed (no grants), and
+/// Workflows of two users with artifacts written before migration 32 existed (no grants), and
 /// one without any: what the migration must count.
 async fn stored_before_the_quota(store: &store::Store) {
     for (id, user, sizes) in [
@@ -217,7 +217,7 @@ async fn stored_before_the_quota(store: &store::Store) {
     }
 }
 
-/// What migration 30 counted: every user's stored bytes.
+/// What migration 32 counted: every user's stored bytes.
 async fn counted(store: &store::Store) -> Vec<(String, i64)> {
     let rows = store.stored_bytes(None).await.expect("stored bytes");
     rows.into_iter()
@@ -226,7 +226,7 @@ async fn counted(store: &store::Store) -> Vec<(String, i64)> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_migration_30_counts_the_bytes_stored_before_it() {
+async fn postgres_migration_32_counts_the_bytes_stored_before_it() {
     let (db, dropping) = crate::harness::TestDb::postgres().await;
     let store = db.store().await;
     stored_before_the_quota(&store).await;
@@ -239,13 +239,13 @@ async fn postgres_migration_30_counts_the_bytes_stored_before_it() {
             "DROP FUNCTION reins_take_storage(TEXT, BIGINT, BIGINT);
              DROP FUNCTION reins_return_storage(TEXT);
              DROP TABLE user_storage, workflow_storage;
-             DELETE FROM schema_migrations WHERE version = 30;",
+             DELETE FROM schema_migrations WHERE version = 32;",
         )
         .await
-        .expect("back to the schema before migration 30");
+        .expect("back to the schema before migration 32");
     drop(client);
     let _ = connection.await;
-    assert_eq!(store.migrate().await.expect("migrate").applied, [30]);
+    assert_eq!(store.migrate().await.expect("migrate").applied, [32]);
     assert_eq!(
         counted(&store).await,
         [("ada".to_owned(), 123), ("bob".to_owned(), 7)]
@@ -278,7 +278,7 @@ async fn postgres_migration_30_counts_the_bytes_stored_before_it() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sqlite_migration_30_counts_the_bytes_stored_before_it() {
+async fn sqlite_migration_32_counts_the_bytes_stored_before_it() {
     let dir = tempfile::tempdir().expect("temp dir");
     let url = store::DatabaseUrl::Sqlite(dir.path().join("reins.db"));
     let open = || async {
@@ -295,11 +295,11 @@ async fn sqlite_migration_30_counts_the_bytes_stored_before_it() {
         .expect("open")
         .execute_batch(
             "DROP TABLE user_storage; DROP TABLE workflow_storage;
-             DELETE FROM schema_migrations WHERE version = 30;",
+             DELETE FROM schema_migrations WHERE version = 32;",
         )
-        .expect("back to the schema before migration 30");
+        .expect("back to the schema before migration 32");
     let (store, applied) = open().await;
-    assert_eq!(applied, [30]);
+    assert_eq!(applied, [32]);
     assert_eq!(
         counted(&store).await,
         [("ada".to_owned(), 123), ("bob".to_owned(), 7)]

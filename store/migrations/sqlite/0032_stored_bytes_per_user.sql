@@ -1,5 +1,5 @@
 -- A quota on the bytes each user's workflows store (`limits.user_stored_bytes_max`, issue 29 item
--- 9). The same tables as PostgreSQL's migration 30 (see there): a user's `stored_bytes` is the
+-- 9). The same tables as PostgreSQL's migration 32 (see there): a user's `stored_bytes` is the
 -- sum of their workflows' grants, a workflow's artifacts fit in its grant, and what a workflow's
 -- end gave back waits in its `returned_bytes` until the user's next grant counts it off. The
 -- writer's `TakeStorage` and `ReturnStorage` (`sqlite/mod.rs`) and `delete_workflow` keep them;

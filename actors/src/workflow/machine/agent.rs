@@ -1,0 +1,525 @@
+//! `agent`: a child run admitted under the step's idempotency key (`workflow/step/attempt`)
+//! and the workflow's fence, followed to its end; its outcome, or what the store shows of its
+//! run, concludes the call (transitions: [`Agent`]).
+
+use runtime::{CallId, Command, Outcome};
+use serde_json::{Value, json};
+use store::{RunId, RunRow, RunStatus, StepStatus, WriteOp};
+
+use super::super::reconciliation::{Reconciliation, ReconciliationReason};
+use super::transitions::{Agent, Transition};
+use super::{Admission, Effect, Event, Millis, Phase, Waiting, WorkflowMachine, thread_for};
+use crate::Error;
+use crate::backoff::{STORE_RETRY_FIRST, store_backoff};
+use crate::child_run::RunRequest;
+
+impl WorkflowMachine {
+    /// A new agent call: asks for its admission.
+    pub(super) fn begin_agent(&mut self, out: &mut Vec<Effect>, command: Command) {
+        let id = command.id;
+        self.took(&command.step_id, Transition::Agent(Agent::Begun));
+        self.waiting.insert(id, (Waiting::Slot, command));
+        self.admit(out, id);
+    }
+
+    /// The step id of call `id`, for the transitions it takes.
+    fn step_of(&self, id: CallId) -> String {
+        let waiting = self.waiting.get(&id).map(|(_, command)| command);
+        let detached = || self.detached.get(&id).map(|(_, command)| command);
+        waiting
+            .or_else(detached)
+            .map(|command| command.step_id.clone())
+            .unwrap_or_default()
+    }
+
+    /// A queued call's fallback, or a freed slot's cue for it: asks again, once.
+    pub(super) fn on_slot_check(&mut self, out: &mut Vec<Effect>, id: CallId) {
+        if self.slot_waits.remove(&id) {
+            self.took(&self.step_of(id), Transition::Agent(Agent::WokenForSlot));
+            self.admit(out, id);
+        }
+    }
+
+    /// A slot was freed somewhere (the change bus): every queued call asks again.
+    pub(super) fn on_slot_freed(&mut self, out: &mut Vec<Effect>) {
+        for id in std::mem::take(&mut self.slot_waits) {
+            self.took(&self.step_of(id), Transition::Agent(Agent::WokenForSlot));
+            self.admit(out, id);
+        }
+    }
+
+    /// The fallback of a call whose run waits for a person: its row is read again, once.
+    pub(super) fn on_answer_check(&mut self, out: &mut Vec<Effect>, id: CallId) {
+        if let Some(run_id) = self.answer_waits.remove(&id) {
+            self.took(&self.step_of(id), Transition::Agent(Agent::AnswerCue));
+            out.push(Effect::Post(Event::ChildEnded {
+                id,
+                run_id,
+                committed: None,
+            }));
+        }
+    }
+
+    /// An answer was given somewhere (the change bus): every run waiting for one is read again.
+    pub(super) fn on_input_changed(&mut self, out: &mut Vec<Effect>) {
+        for (id, run_id) in std::mem::take(&mut self.answer_waits) {
+            self.took(&self.step_of(id), Transition::Agent(Agent::AnswerCue));
+            out.push(Effect::Post(Event::ChildEnded {
+                id,
+                run_id,
+                committed: None,
+            }));
+        }
+    }
+
+    /// Asks for the child run of agent call `id` (idempotent: a replayed call finds its run).
+    pub(super) fn admit(&self, out: &mut Vec<Effect>, id: CallId) {
+        let Some((_, command)) = self.waiting.get(&id) else {
+            return;
+        };
+        let carried = self.carried.as_ref().filter(|carried| carried.call == id);
+        let workflow_id = &self.config.workflow_id;
+        let attempt = self.attempt(command.seq);
+        let request = RunRequest {
+            thread_id: thread_for(workflow_id, &command.step_id),
+            agent: command.args["agentRef"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+            task: command.args["task"].clone(),
+            idempotency_key: Some(store::idempotency_key(
+                workflow_id,
+                &command.step_id,
+                attempt,
+            )),
+            step: Some(store::WorkflowStep {
+                workflow_id: workflow_id.clone(),
+                step_id: command.step_id.clone(),
+                attempt,
+                slots_max: self.config.slots_max,
+                slots_per_user_max: self.config.slots_per_user_max,
+                fence: self.config.fence.clone(),
+                journal: carried.map_or_else(Vec::new, |carried| {
+                    let mut journal = carried.before.ops.clone();
+                    journal.push(carried.running.clone());
+                    journal
+                }),
+            }),
+            run_id: carried.map(|carried| carried.run_id.clone()),
+        };
+        out.push(Effect::Admit { id, request });
+    }
+
+    /// The script no longer awaits call `id` (a `parallel` it belongs to failed). A call still
+    /// waiting for its admission or its child is kept apart from the script's calls: its child
+    /// run is asked to stop, durably, and its end is journaled as `cancelled` with its slot
+    /// given back; anything else is simply dropped.
+    pub(super) fn detach(&mut self, out: &mut Vec<Effect>, id: CallId) {
+        match self.waiting.remove(&id) {
+            Some((Waiting::Slot, command)) => {
+                self.took(&command.step_id, Transition::Agent(Agent::Detached));
+                self.detached.insert(id, (None, command));
+            }
+            Some((Waiting::Child(Some(run_id)), command)) => {
+                self.took(&command.step_id, Transition::Agent(Agent::Detached));
+                out.push(Effect::CancelChildren {
+                    run_ids: vec![run_id.clone()],
+                    awaited: false,
+                });
+                self.detached.insert(id, (Some(run_id), command));
+            }
+            _ => {}
+        }
+    }
+
+    /// The child runs this workflow knows to be live: those the script waits for and those it
+    /// left behind.
+    pub(super) fn live_children(&self) -> Vec<RunId> {
+        let waited = self
+            .waiting
+            .values()
+            .filter_map(|(waiting, _)| match waiting {
+                Waiting::Child(Some(run_id)) => Some(run_id.clone()),
+                _ => None,
+            });
+        let detached = self
+            .detached
+            .values()
+            .filter_map(|(run_id, _)| run_id.clone());
+        waited.chain(detached).collect()
+    }
+
+    /// An admission answered for a detached call: a run it started is stopped at once and
+    /// followed to its end; a run that exists from before is asked to stop (its slot is given
+    /// back by the workflow's end).
+    pub(super) fn admitted_detached(
+        &mut self,
+        out: &mut Vec<Effect>,
+        id: CallId,
+        result: Admission,
+    ) {
+        let Some((_, command)) = self.detached.remove(&id) else {
+            return;
+        };
+        match result {
+            Admission::Started(row) => {
+                out.push(Effect::CancelChildren {
+                    run_ids: vec![row.run_id.clone()],
+                    awaited: false,
+                });
+                self.detached.insert(id, (Some(row.run_id), command));
+                out.push(Effect::FollowChild { id });
+            }
+            Admission::Existing(row) if !row.status.is_final() => {
+                out.push(Effect::CancelChildren {
+                    run_ids: vec![row.run_id],
+                    awaited: false,
+                });
+            }
+            _ => {}
+        }
+    }
+
+    /// A detached call's child run ended: its step is journaled `cancelled` and its slot is
+    /// given back.
+    pub(super) fn detached_child_ended(
+        &mut self,
+        out: &mut Vec<Effect>,
+        id: CallId,
+        run_id: &RunId,
+    ) {
+        let Some((_, command)) = self.detached.remove(&id) else {
+            return;
+        };
+        let Some(entry) = self.journal.get(id.0 as usize).cloned() else {
+            return;
+        };
+        self.took(&command.step_id, Transition::Agent(Agent::DetachedEnded));
+        let mut fields = self.child_fields(
+            run_id,
+            &thread_for(&self.config.workflow_id, &command.step_id),
+            command.args["agentRef"].as_str().unwrap_or_default(),
+        );
+        fields["detached"] = json!(true);
+        self.unwritten
+            .ops
+            .push(self.step_op(&entry, StepStatus::Cancelled, fields));
+        self.unwritten.ops.push(WriteOp::ReleaseSlot {
+            workflow_id: self.config.workflow_id.clone(),
+            step_id: command.step_id,
+        });
+        self.write(out, Vec::new());
+    }
+
+    pub(super) fn on_admission(
+        &mut self,
+        out: &mut Vec<Effect>,
+        id: CallId,
+        result: Admission,
+        now: Millis,
+    ) {
+        if !matches!(&result, Admission::Failed(Error::Store(error)) if error.is_transient()) {
+            self.admission_tries.remove(&id);
+        }
+        let carried = self.carried.take_if(|carried| carried.call == id);
+        let journaled = carried.is_some() && matches!(result, Admission::Started(_));
+        if let Admission::Failed(
+            error @ (Error::Store(store::Error::OutcomeUnknown(_))
+            | Error::Unanswered { .. }
+            | Error::Spawn { .. }),
+        ) = &result
+        {
+            // The admission (and any journal it carried) may have committed, and a child run
+            // may exist (unanswered, or admitted but never started): recovery reads which,
+            // instead of a guess here.
+            self.took(
+                &self.step_of(id),
+                Transition::Agent(Agent::AdmissionUnknown),
+            );
+            tracing::error!(parent: &self.span, %error, "an admission's outcome is unknown; stopping");
+            self.halt(out, true);
+            return;
+        }
+        let mut ask_again_now = false;
+        match (carried, &result) {
+            (None, _)
+            | (Some(_), Admission::Failed(Error::Store(store::Error::LeaseLost { .. }))) => {}
+            (Some(carried), Admission::Started(_)) => {
+                self.announce(out, carried.before.events);
+            }
+            (Some(carried), _) => {
+                // Not admitted: the journal it carried was not written; write it, with the
+                // call as queued.
+                let mut before = carried.before;
+                before.ops.push(carried.queued);
+                self.unwritten.restore(before);
+                self.write(out, Vec::new());
+                // A slot freed before the queued entry committed announced nobody waiting
+                // (the cue is sent only while a step is queued): ask once more at once.
+                ask_again_now = true;
+            }
+        }
+        if self.detached.contains_key(&id) {
+            self.admitted_detached(out, id, result);
+            return;
+        }
+        if matches!(self.phase, Phase::Cancelling { .. }) {
+            // Admitted after the cancel began: stop it too, and wait for it like the others.
+            if let Admission::Started(row) = result {
+                if let Some((_, command)) = self.waiting.get(&id).cloned() {
+                    self.waiting
+                        .insert(id, (Waiting::Child(Some(row.run_id.clone())), command));
+                }
+                out.push(Effect::CancelChildren {
+                    run_ids: vec![row.run_id],
+                    awaited: true,
+                });
+                out.push(Effect::FollowChild { id });
+            }
+            return;
+        }
+        let Some((_, command)) = self.waiting.get(&id).cloned() else {
+            return;
+        };
+        match result {
+            Admission::Started(row) => {
+                self.took(&command.step_id, Transition::Agent(Agent::Admitted));
+                out.push(Effect::Count {
+                    name: "reins_child_runs_started_total",
+                    labels: Vec::new(),
+                });
+                // For debugging: at info, a step is its "step started" and "step finished"
+                // lines (the child run's own lines carry its id in their span).
+                tracing::debug!(parent: &self.span, step_id = %command.step_id,
+                    child_run_id = %row.run_id, "child run admitted");
+                out.push(Effect::Fault("admission"));
+                self.waiting.insert(
+                    id,
+                    (Waiting::Child(Some(row.run_id.clone())), command.clone()),
+                );
+                let Some(entry) = self.journal.get(id.0 as usize).cloned() else {
+                    return;
+                };
+                if !journaled {
+                    let fields = self.child_fields(&row.run_id, &row.thread_id, &row.agent);
+                    let op = self.step_op(&entry, StepStatus::Running, fields);
+                    self.write(out, vec![op]);
+                }
+                out.push(Effect::FollowChild { id });
+            }
+            Admission::Existing(row) if row.stop_reason.as_deref() == Some("orphan_recovered") => {
+                // Closed by the orphan sweep: the agent's real effects are unknown, and guessing
+                // "failed" could make a retry run it twice. A person decides.
+                self.took(&command.step_id, Transition::Agent(Agent::FoundOrphaned));
+                let reason = ReconciliationReason::OrphanedChild;
+                #[cfg(test)]
+                let reason = if crate::workflow::mutants::planted(
+                    crate::workflow::mutants::Mutant::OrphanReportedAsOutcomeUnknown,
+                ) {
+                    ReconciliationReason::ChildOutcomeUnknown
+                } else {
+                    reason
+                };
+                let why = Reconciliation::of_step(reason, &command.step_id, &row.run_id);
+                self.reconcile_needed(out, why, now);
+            }
+            Admission::Existing(row) if row.status.is_final() => {
+                self.took(&command.step_id, Transition::Agent(Agent::FoundEnded));
+                self.waiting.insert(id, (Waiting::Child(None), command));
+                self.adopt(out, id, row, now);
+            }
+            Admission::Existing(row) if row.status == RunStatus::WaitingForInput => {
+                // Its agent asked a person before this workflow changed hands: the answer (given
+                // on any node) decides the run, so follow the row as the first owner did. The
+                // journal may not name the run (the first owner's write of it may never have
+                // committed): it is written again, so the step shows the run a person answers.
+                self.took(&command.step_id, Transition::Agent(Agent::FoundWaiting));
+                if let Some(entry) = self.journal.get(id.0 as usize).cloned() {
+                    let fields = self.child_fields(&row.run_id, &row.thread_id, &row.agent);
+                    let op = self.step_op(&entry, StepStatus::Running, fields);
+                    self.write(out, vec![op]);
+                }
+                let run_id = row.run_id;
+                self.waiting
+                    .insert(id, (Waiting::Child(Some(run_id.clone())), command));
+                out.push(Effect::Post(Event::ChildEnded {
+                    id,
+                    run_id,
+                    committed: None,
+                }));
+            }
+            Admission::Existing(row) => {
+                // A child run exists for this step and has no outcome: it may still be running on
+                // a node that is gone. Guessing would risk a second run, so a person decides.
+                self.took(&command.step_id, Transition::Agent(Agent::FoundLive));
+                let why = Reconciliation::of_step(
+                    ReconciliationReason::ChildOutcomeUnknown,
+                    &command.step_id,
+                    &row.run_id,
+                );
+                self.reconcile_needed(out, why, now);
+            }
+            Admission::Queued if ask_again_now => {
+                self.took(&command.step_id, Transition::Agent(Agent::Queued));
+                self.slot_waits.insert(id);
+                out.push(Effect::Post(Event::SlotCheck(id)));
+            }
+            Admission::Queued => {
+                // Woken by a freed slot (the workflows actor hands the cues out), or by the
+                // fallback, whichever comes first; the other then finds nothing to do.
+                self.took(&command.step_id, Transition::Agent(Agent::Queued));
+                self.slot_waits.insert(id);
+                out.push(Effect::SlotWanted);
+                out.push(Effect::After {
+                    delay: self.config.wake_fallback,
+                    event: Event::SlotCheck(id),
+                });
+            }
+            Admission::Failed(Error::Store(error)) if error.is_transient() => {
+                // Nothing was written: the database is unreachable. That is never the step's
+                // failure; the admission is asked again (the idempotency key makes a repeat
+                // find the same run) until the database answers or the workflow times out.
+                self.took(&command.step_id, Transition::Agent(Agent::AdmissionRetried));
+                let tries = self.admission_tries.entry(id).or_insert(0);
+                *tries += 1;
+                let delay = store_backoff(*tries);
+                if delay == STORE_RETRY_FIRST {
+                    tracing::warn!(parent: &self.span, step_id = %command.step_id, %error,
+                        "an admission wrote nothing (database unavailable or its disk full); retrying");
+                }
+                out.push(Effect::After {
+                    delay,
+                    event: Event::RetryAdmission(id),
+                });
+            }
+            Admission::Failed(Error::Store(store::Error::LeaseLost { .. })) => {
+                // Fenced at admission: no child run exists, and nothing more is ours to write.
+                self.took(&command.step_id, Transition::Agent(Agent::Fenced));
+                tracing::warn!(parent: &self.span, step_id = %command.step_id,
+                    "admission refused: the lease is lost; the workflow stops here");
+                self.halt(out, true);
+            }
+            Admission::Failed(error) => {
+                self.took(&command.step_id, Transition::Agent(Agent::Refused));
+                let outcome =
+                    Outcome::Rejected(json!({"message": error.to_string(), "status": "error"}));
+                self.waiting.insert(id, (Waiting::Child(None), command));
+                self.conclude(out, id, outcome, Vec::new(), json!({}), now);
+            }
+        }
+    }
+
+    /// What an agent step's journal entry says about its child run: which run, on which thread,
+    /// under which definition of its agent.
+    pub(super) fn child_fields(&self, run_id: &RunId, thread_id: &str, agent: &str) -> Value {
+        let configuration_version = self
+            .config
+            .agents
+            .get(agent)
+            .map(|agent| agent.configuration_version.clone());
+        json!({"run_id": run_id, "thread_id": thread_id,
+               "configuration_version": configuration_version})
+    }
+
+    /// A child's row, when its end was announced (or it was found waiting for a person).
+    pub(super) fn on_child_row(
+        &mut self,
+        out: &mut Vec<Effect>,
+        id: CallId,
+        run_id: RunId,
+        row: Result<Option<RunRow>, store::Error>,
+        now: Millis,
+    ) {
+        match row {
+            Ok(Some(row))
+                if row.status.is_final()
+                    && row.stop_reason.as_deref() != Some("orphan_recovered") =>
+            {
+                self.took(&self.step_of(id), Transition::Agent(Agent::Ended));
+                self.adopt(out, id, row, now);
+            }
+            Ok(Some(row)) if row.status == RunStatus::WaitingForInput => {
+                self.took(&self.step_of(id), Transition::Agent(Agent::WaitsForAnswer));
+                // The agent ended its run in a pause: a person's answer (on any node) ends the
+                // run, and announces it on the change bus; the fallback reads the row should the
+                // cue be lost.
+                self.answer_waits.insert(id, run_id);
+                out.push(Effect::After {
+                    delay: self.config.wake_fallback,
+                    event: Event::AnswerCheck(id),
+                });
+            }
+            Err(error) if error.is_transient() => {
+                // The row could not be read (the database is unreachable): read it again later;
+                // an outage says nothing about the child.
+                self.took(&self.step_of(id), Transition::Agent(Agent::ReadRetried));
+                self.read_tries += 1;
+                out.push(Effect::After {
+                    delay: store_backoff(self.read_tries),
+                    event: Event::ChildEnded {
+                        id,
+                        run_id,
+                        committed: None,
+                    },
+                });
+            }
+            Ok(_) | Err(_) => {
+                // The run's end was not recorded by its node (fenced, or unknown).
+                let step_id = self.step_of(id);
+                self.took(&step_id, Transition::Agent(Agent::EndUnrecorded));
+                let why = Reconciliation::of_step(
+                    ReconciliationReason::ChildEndUnrecorded,
+                    &step_id,
+                    &run_id,
+                );
+                self.reconcile_needed(out, why, now);
+            }
+        }
+    }
+
+    /// Records a child run's terminal outcome as its step's outcome and frees the slot.
+    pub(super) fn adopt(&mut self, out: &mut Vec<Effect>, id: CallId, row: RunRow, now: Millis) {
+        let Some((_, command)) = self.waiting.get(&id).cloned() else {
+            return;
+        };
+        out.push(Effect::Count {
+            name: "reins_child_runs_finished_total",
+            labels: vec![("status", row.status.as_str().to_owned())],
+        });
+        let mut extra = Vec::new();
+        let outcome = if row.status == RunStatus::Success {
+            // The output is kept as an immutable artifact version, like a captured file: a JSON
+            // document, `null` when the run ended without one (an approved request).
+            let content = row.output.as_ref().unwrap_or(&Value::Null).to_string();
+            let version =
+                self.next_artifact(&mut extra, &command.step_id, None, content.into_bytes());
+            let mut resolved = json!({
+                "output": row.output,
+                "artifactVersion": version,
+                "threadId": row.thread_id,
+                "runId": row.run_id,
+                "status": row.status,
+            });
+            // A person's answer to the agent's approval request, when it asked one.
+            if let (Some(map), Some(answer)) =
+                (resolved.as_object_mut(), row.metadata.get("hitl_answer"))
+            {
+                map.insert("approval".into(), answer.clone());
+            }
+            Outcome::Resolved(resolved)
+        } else {
+            Outcome::Rejected(json!({
+                "message": row.error.clone().unwrap_or_else(|| format!("the agent run ended {}", row.status.as_str())),
+                "status": row.status,
+                "runId": row.run_id,
+            }))
+        };
+        extra.push(WriteOp::ReleaseSlot {
+            workflow_id: self.config.workflow_id.clone(),
+            step_id: command.step_id,
+        });
+        let fields = self.child_fields(&row.run_id, &row.thread_id, &row.agent);
+        out.push(Effect::Fault("result_before"));
+        self.conclude(out, id, outcome, extra, fields, now);
+    }
+}

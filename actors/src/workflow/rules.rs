@@ -1,0 +1,759 @@
+//! The front door's rules, as functions of what was read: whether a launch may be written and
+//! what it writes, whether a control names the step it answers, what a takeover's answer means,
+//! what a reconcile writes, which slot waiters a freed slot wakes. The workflows actor and its
+//! handle read, ask a rule, and write; everything here is tested without an actor, a database
+//! or a clock.
+
+use std::collections::VecDeque;
+
+use runtime::CallKind;
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+use store::{
+    LaunchLimits, NewWorkflow, StepRow, StepStatus, TakeOver, WorkflowId, WorkflowRow,
+    WorkflowStatus, WriteOp,
+};
+
+use super::WorkflowDocument;
+use super::requests::{Decide, LaunchRequest, ReconcileRequest, Resolution};
+use crate::error::{Error, Takeover};
+
+/// The digest a control names to prove it is about this script and these arguments.
+pub fn fingerprint(script: &str, args: &Value) -> String {
+    fingerprint_of(script, &args.to_string())
+}
+
+/// [`fingerprint`] of arguments already serialised.
+fn fingerprint_of(script: &str, args_text: &str) -> String {
+    let mut digest = Sha256::new();
+    digest.update(script.as_bytes());
+    digest.update([0]);
+    digest.update(args_text.as_bytes());
+    digest
+        .finalize()
+        .iter()
+        .take(16)
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// Checks a launch against its limits before anything is written, and makes the row it writes
+/// and the workflow its supervisor starts from (typed: the document is never parsed back):
+/// `workflow_id` and `now_ms` are the caller's (a fresh id, the node's clock), and the seed of
+/// the script's randomness follows from the id.
+pub(super) fn launch(
+    limits: &runtime::Limits,
+    configuration_version: String,
+    request: &LaunchRequest,
+    workflow_id: WorkflowId,
+    now_ms: i64,
+) -> Result<(NewWorkflow, Supervised), Error> {
+    if request.script.len() as u64 > limits.script_bytes_max {
+        return Err(Error::TooLarge {
+            what: "script",
+            bytes: request.script.len(),
+            limit_name: "script_bytes_max",
+            limit: usize::try_from(limits.script_bytes_max).unwrap_or(usize::MAX),
+        });
+    }
+    let args_text = request.args.to_string();
+    let args_bytes = args_text.len();
+    if args_bytes as u64 > limits.frame_bytes_max {
+        return Err(Error::TooLarge {
+            what: "args",
+            bytes: args_bytes,
+            limit_name: "frame_bytes_max",
+            limit: usize::try_from(limits.frame_bytes_max).unwrap_or(usize::MAX),
+        });
+    }
+    let seed = u64::from_le_bytes(
+        Sha256::digest(workflow_id.as_str().as_bytes())[..8]
+            .try_into()
+            .unwrap_or([0; 8]),
+    );
+    let document = WorkflowDocument::launched(
+        request.script.clone(),
+        request.args.clone(),
+        seed,
+        now_ms,
+        runtime::runtime_version(limits),
+        configuration_version,
+    );
+    let row = NewWorkflow {
+        fingerprint: fingerprint_of(&request.script, &args_text),
+        data: document.data.clone(),
+        workflow_id: workflow_id.clone(),
+        user_id: request.user_id.clone(),
+        request_id: request.request_id.clone(),
+    };
+    let supervised = Supervised {
+        workflow_id,
+        user_id: request.user_id.clone(),
+        document,
+    };
+    Ok((row, supervised))
+}
+
+/// A workflow as its supervisor starts from it: launched here (typed), or read back from the
+/// store for a takeover.
+#[derive(Debug, Clone)]
+pub(crate) struct Supervised {
+    pub(crate) workflow_id: WorkflowId,
+    pub(crate) user_id: String,
+    pub(crate) document: WorkflowDocument,
+}
+
+impl Supervised {
+    /// A stored workflow, for a takeover: its document is read here, and one that cannot be
+    /// decoded is a stored value the store cannot give (500), not the caller's bad request.
+    pub(super) fn stored(row: WorkflowRow) -> Result<Self, Error> {
+        Ok(Supervised {
+            document: WorkflowDocument::from_data(&row.workflow_id, row.data)?,
+            workflow_id: row.workflow_id,
+            user_id: row.user_id,
+        })
+    }
+}
+
+/// A control that names the script it is about (its fingerprint) is refused when the workflow
+/// runs another.
+pub(super) fn same_script(row: &WorkflowRow, given: &str) -> Result<(), Error> {
+    if row.fingerprint == given {
+        Ok(())
+    } else {
+        Err(Error::StaleFingerprint {
+            given: given.to_owned(),
+            current: row.fingerprint.clone(),
+        })
+    }
+}
+
+/// The journal entry a control answers: the newest attempt of `step_id`, which must be a
+/// `kind` call at `attempt`. A control for a step the script has not reached, of another kind
+/// or for another attempt is a conflict, and nothing is recorded.
+pub(super) fn answered_step(
+    steps: Vec<StepRow>,
+    step_id: &str,
+    kind: CallKind,
+    attempt: i32,
+) -> Result<StepRow, Error> {
+    let Some(step) = steps
+        .into_iter()
+        .filter(|s| s.step_id == step_id)
+        .max_by_key(|s| s.attempt)
+    else {
+        return Err(Error::StepNotReached {
+            step_id: step_id.to_owned(),
+        });
+    };
+    if step.kind != kind.as_str() {
+        return Err(Error::WrongStepKind {
+            step_id: step_id.to_owned(),
+            kind: step.kind,
+            expected: kind.as_str(),
+        });
+    }
+    if step.attempt != attempt {
+        return Err(Error::WrongAttempt {
+            step_id: step_id.to_owned(),
+            current: step.attempt,
+            given: attempt,
+        });
+    }
+    Ok(step)
+}
+
+/// A decision is `approve` or `reject`: checked before anything is read.
+pub(super) fn valid_decision(request: &Decide) -> Result<(), Error> {
+    if request.decision == "approve" || request.decision == "reject" {
+        Ok(())
+    } else {
+        Err(Error::InvalidRequest(format!(
+            "decision {:?} is neither \"approve\" nor \"reject\"",
+            request.decision
+        )))
+    }
+}
+
+/// What a decision records on the checkpoint `step`: the decision, bound to the artifact
+/// version the checkpoint reviews, and no time (the same decision twice must be the same
+/// control).
+pub(super) fn decision(request: &Decide, step: &StepRow) -> Result<Value, Error> {
+    valid_decision(request)?;
+    let under_review = step.data["args"]["artifactVersion"].as_u64();
+    if under_review != Some(request.artifact_version) {
+        return Err(Error::StaleArtifactVersion {
+            step_id: request.step_id.clone(),
+            under_review,
+            given: request.artifact_version,
+        });
+    }
+    let mut body = json!({
+        "decision": request.decision,
+        "artifactVersion": request.artifact_version,
+    });
+    if let Some(comment) = &request.comment {
+        body["comment"] = json!(comment);
+    }
+    Ok(body)
+}
+
+/// The lease of a takeover for `action` the store granted, or why it did not.
+pub(super) fn taken(
+    action: Takeover,
+    answer: store::Result<TakeOver>,
+) -> Result<store::Lease, Error> {
+    match answer? {
+        TakeOver::Taken(lease) => Ok(lease),
+        TakeOver::NotRecoverable(reason) => Err(Error::NotLive { action, reason }),
+        TakeOver::LeaseHeld => Err(Error::LeaseHeld { action }),
+        TakeOver::Refused(reason) => Err(Error::TakeoverRefused { reason }),
+    }
+}
+
+/// The places in `waiters` (oldest first) of the `count` supervisors a freed slot wakes, in
+/// ascending order: the oldest waiter of each user first, then the oldest of the others. The 16
+/// oldest alone could all be one user's, each refused again while that user holds their share
+/// of the slots (`max_active_children_per_user`), while another user's step, further back,
+/// waited for its fallback.
+pub(super) fn waiters_to_wake<'a>(
+    waiters: &'a VecDeque<WorkflowId>,
+    count: usize,
+    user_of: impl Fn(&WorkflowId) -> Option<&'a str>,
+) -> Vec<usize> {
+    let count = count.min(waiters.len());
+    if count == waiters.len() {
+        return (0..count).collect();
+    }
+    let mut users = std::collections::HashSet::new();
+    let mut picked: Vec<usize> = waiters
+        .iter()
+        .enumerate()
+        .filter(|(_, workflow_id)| users.insert(user_of(workflow_id)))
+        .map(|(place, _)| place)
+        .take(count)
+        .collect();
+    let first_of_each = picked.clone();
+    picked.extend(
+        (0..waiters.len())
+            .filter(|place| !first_of_each.contains(place))
+            .take(count - first_of_each.len()),
+    );
+    picked.sort_unstable();
+    picked
+}
+
+/// The one fenced write that settles the step a reconcile names, from the workflow's row and
+/// journal as read under the reconcile's lease, and the row as it will stand (running, its
+/// reason for waiting removed). Pure: the deterministic simulation settles its workflows with
+/// it too.
+pub(super) fn reconcile_writes(
+    row: WorkflowRow,
+    steps: Vec<StepRow>,
+    limits: LaunchLimits,
+    request: &ReconcileRequest,
+    now_ms: i64,
+) -> Result<(Vec<WriteOp>, WorkflowRow), Error> {
+    let id = &request.workflow_id;
+    let step = steps
+        .into_iter()
+        .filter(|step| step.step_id == request.step_id)
+        .max_by_key(|step| step.attempt)
+        .ok_or_else(|| Error::NoStep {
+            workflow_id: id.clone(),
+            step_id: request.step_id.clone(),
+        })?;
+    let record = json!({
+        "by": request.by,
+        "reason": request.reason,
+        "resolution": match &request.resolution {
+            Resolution::Retry => "retry",
+            Resolution::Fail => "fail",
+            Resolution::Complete(_) => "complete",
+        },
+    });
+    let settled = |status: StepStatus, outcome: runtime::Outcome| {
+        let mut data = step.data.clone();
+        data["outcome"] = serde_json::to_value(Some(outcome)).unwrap_or(Value::Null);
+        data["settled_at_ms"] = json!(now_ms);
+        data["reconciled"] = record.clone();
+        WriteOp::PutStep {
+            workflow_id: id.clone(),
+            seq: step.seq,
+            step_id: step.step_id.clone(),
+            attempt: step.attempt,
+            kind: step.kind.clone(),
+            status,
+            data,
+        }
+    };
+    let release = WriteOp::ReleaseSlot {
+        workflow_id: id.clone(),
+        step_id: step.step_id.clone(),
+    };
+    let mut ops = match &request.resolution {
+        Resolution::Fail => vec![
+            settled(
+                StepStatus::Failed,
+                runtime::Outcome::Rejected(json!({
+                    "message": format!("reconciled as failed: {}", request.reason),
+                    "status": "error",
+                    "runId": step.data["run_id"],
+                })),
+            ),
+            release,
+        ],
+        Resolution::Complete(output) => {
+            #[cfg(test)]
+            let output = &if crate::workflow::mutants::planted(
+                crate::workflow::mutants::Mutant::ReconcileAltersTheOutput,
+            ) {
+                json!({ "altered": output })
+            } else {
+                output.clone()
+            };
+            vec![
+                settled(
+                    StepStatus::Completed,
+                    runtime::Outcome::Resolved(json!({
+                        "output": output,
+                        "status": "success",
+                        "runId": step.data["run_id"],
+                        "reconciled": true,
+                    })),
+                ),
+                release,
+            ]
+        }
+        Resolution::Retry => {
+            // The old attempt is closed as cancelled (it never gets an outcome; its record says
+            // it was reconciled with a retry), and the new one is queued; the old attempt's
+            // slot is given back, the new one claims its own.
+            let mut old = step.data.clone();
+            old["reconciled"] = record.clone();
+            vec![
+                WriteOp::PutStep {
+                    workflow_id: id.clone(),
+                    seq: step.seq,
+                    step_id: step.step_id.clone(),
+                    attempt: step.attempt,
+                    kind: step.kind.clone(),
+                    status: StepStatus::Cancelled,
+                    data: old,
+                },
+                WriteOp::PutStep {
+                    workflow_id: id.clone(),
+                    seq: step.seq,
+                    step_id: step.step_id.clone(),
+                    attempt: step.attempt + 1,
+                    kind: step.kind.clone(),
+                    status: StepStatus::Queued,
+                    data: json!({
+                        "args": step.data["args"],
+                        "reconciled": record,
+                        "previous_run_id": step.data["run_id"],
+                    }),
+                },
+                release,
+            ]
+        }
+    };
+    // The operator checked the child's effects: every run of the step's attempt that is still
+    // live is closed now (found by the attempt's idempotency key, so also a run admitted after
+    // its journal entry was written as queued, which the journal never named), so the step's
+    // thread is free for whatever comes next.
+    ops.push(WriteOp::CloseStepRuns {
+        workflow_id: id.clone(),
+        idempotency_key: store::idempotency_key(id, &step.step_id, step.attempt),
+    });
+    // It held no place under the limits while it waited for an operator: it takes them back
+    // before it counts as live again, or the reconcile is refused with nothing written.
+    let clamp = |limit: u64| i64::try_from(limit).unwrap_or(i64::MAX);
+    ops.push(WriteOp::TakePlaces {
+        workflow_id: id.clone(),
+        user_id: row.user_id.clone(),
+        max_workflows: clamp(limits.max_workflows),
+        max_workflows_per_owner: clamp(limits.max_workflows_per_owner),
+    });
+    // Settled: the reason it waited is kept in the step's `reconciled` record, not here.
+    let mut data = row.data.clone();
+    if let Some(fields) = data.as_object_mut() {
+        fields.remove("reconciliation");
+    }
+    ops.push(WriteOp::SetWorkflow {
+        workflow_id: id.clone(),
+        status: WorkflowStatus::Running,
+        data: data.clone(),
+    });
+    Ok((ops, WorkflowRow { data, ..row }))
+}
+
+#[cfg(test)]
+mod tests {
+    use store::{Epoch, Lease};
+
+    use super::*;
+
+    fn request(script: &str, args: Value) -> LaunchRequest {
+        LaunchRequest {
+            user_id: "ann".into(),
+            request_id: Some("r-1".into()),
+            script: script.into(),
+            args,
+        }
+    }
+
+    fn step(step_id: &str, attempt: i32, kind: CallKind, data: Value) -> StepRow {
+        StepRow {
+            seq: 0,
+            step_id: step_id.into(),
+            attempt,
+            kind: kind.as_str().into(),
+            status: StepStatus::Running,
+            data,
+            created_at: 0.0,
+        }
+    }
+
+    fn row(data: Value) -> WorkflowRow {
+        WorkflowRow {
+            workflow_id: WorkflowId::new("wf-1"),
+            user_id: "ann".into(),
+            status: WorkflowStatus::NeedsReconciliation,
+            owner: None,
+            fingerprint: "f-1".into(),
+            data,
+            created_at: 0.0,
+            updated_at: 0.0,
+        }
+    }
+
+    fn decide(decision: &str, artifact_version: u64, comment: Option<&str>) -> Decide {
+        Decide {
+            workflow_id: WorkflowId::new("wf-1"),
+            step_id: "review".into(),
+            attempt: 1,
+            artifact_version,
+            decision: decision.into(),
+            comment: comment.map(str::to_owned),
+        }
+    }
+
+    #[test]
+    fn a_launch_at_its_limits_is_written_and_one_byte_over_is_refused() {
+        let limits = runtime::Limits {
+            script_bytes_max: 10,
+            frame_bytes_max: 8,
+            ..runtime::Limits::default()
+        };
+        let id = || WorkflowId::new("wf-1");
+        let at_limits = request("return 12;", json!({"ab": 1}));
+        assert_eq!(
+            (at_limits.script.len(), at_limits.args.to_string().len()),
+            (10, 8)
+        );
+        let (launched, supervised) = launch(&limits, "c-1".into(), &at_limits, id(), 1_000)
+            .expect("a script and args within their limits");
+        assert_eq!(launched.workflow_id, id());
+        assert_eq!(
+            launched.fingerprint,
+            fingerprint("return 12;", &json!({"ab": 1}))
+        );
+        assert_eq!(launched.data["started_at_ms"], 1_000);
+        assert_eq!(launched.data["configuration_version"], "c-1");
+        assert_eq!(
+            launched.data["runtime_version"],
+            runtime::runtime_version(&limits)
+        );
+        // The supervisor starts from the same document, typed, with nothing parsed back; the
+        // document reads back the same from the row.
+        assert_eq!(supervised.document.data, launched.data);
+        assert_eq!(supervised.document.script, "return 12;");
+        let read_back = WorkflowDocument::from_data(&id(), launched.data.clone()).expect("read");
+        assert_eq!(
+            (read_back.seed, read_back.started_at_ms, read_back.args),
+            (supervised.document.seed, 1_000, json!({"ab": 1}))
+        );
+        // The seed follows from the id alone: the same id, the same randomness.
+        let (again, _) = launch(&limits, "c-1".into(), &at_limits, id(), 2_000).expect("launched");
+        assert_eq!(launched.data["seed"], again.data["seed"]);
+
+        let script = launch(
+            &limits,
+            "c".into(),
+            &request("return 123;", json!(1)),
+            id(),
+            0,
+        );
+        assert!(
+            matches!(
+                script,
+                Err(Error::TooLarge {
+                    what: "script",
+                    bytes: 11,
+                    ..
+                })
+            ),
+            "{script:?}"
+        );
+        let args = launch(
+            &limits,
+            "c".into(),
+            &request("1", json!({"abc": 1})),
+            id(),
+            0,
+        );
+        assert!(
+            matches!(
+                args,
+                Err(Error::TooLarge {
+                    what: "args",
+                    bytes: 9,
+                    ..
+                })
+            ),
+            "{args:?}"
+        );
+    }
+
+    #[test]
+    fn a_control_naming_another_script_is_refused() {
+        assert!(same_script(&row(json!({})), "f-1").is_ok());
+        assert!(matches!(
+            same_script(&row(json!({})), "f-2"),
+            Err(Error::StaleFingerprint { .. })
+        ));
+    }
+
+    #[test]
+    fn a_control_answers_the_newest_attempt_of_its_step_of_its_kind_only() {
+        let steps = || {
+            vec![
+                step("go", 1, CallKind::Pause, json!({})),
+                step("go", 2, CallKind::Pause, json!({})),
+                step("draft", 1, CallKind::Agent, json!({})),
+            ]
+        };
+        let answered = answered_step(steps(), "go", CallKind::Pause, 2).expect("the newest");
+        assert_eq!(answered.attempt, 2);
+        assert!(matches!(
+            answered_step(steps(), "later", CallKind::Pause, 1),
+            Err(Error::StepNotReached { .. })
+        ));
+        assert!(matches!(
+            answered_step(steps(), "draft", CallKind::Pause, 1),
+            Err(Error::WrongStepKind {
+                expected: "pause",
+                ..
+            })
+        ));
+        assert!(matches!(
+            answered_step(steps(), "go", CallKind::Pause, 1),
+            Err(Error::WrongAttempt {
+                current: 2,
+                given: 1,
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn a_decision_is_approve_or_reject_about_the_version_under_review_and_has_no_time() {
+        let review = step(
+            "review",
+            1,
+            CallKind::HumanCheckpoint,
+            json!({"args": {"artifactVersion": 2}}),
+        );
+        assert_eq!(
+            decision(&decide("approve", 2, Some("fine")), &review).expect("recorded"),
+            json!({"decision": "approve", "artifactVersion": 2, "comment": "fine"})
+        );
+        assert_eq!(
+            decision(&decide("reject", 2, None), &review).expect("recorded"),
+            json!({"decision": "reject", "artifactVersion": 2})
+        );
+        assert!(matches!(
+            valid_decision(&decide("maybe", 2, None)),
+            Err(Error::InvalidRequest(_))
+        ));
+        assert!(matches!(
+            decision(&decide("approve", 1, None), &review),
+            Err(Error::StaleArtifactVersion {
+                under_review: Some(2),
+                given: 1,
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn a_takeovers_answer_is_the_lease_or_why_not() {
+        let lease = Lease {
+            resource_id: WorkflowId::new("wf-1"),
+            owner: "node-b".into(),
+            epoch: Epoch::new(3),
+            expires_at: 10.0,
+        };
+        let answer = taken(Takeover::Recover, Ok(TakeOver::Taken(lease.clone())));
+        assert_eq!(answer.expect("taken"), lease);
+        assert!(matches!(
+            taken(Takeover::Recover, Ok(TakeOver::LeaseHeld)),
+            Err(Error::LeaseHeld {
+                action: Takeover::Recover
+            })
+        ));
+        assert!(matches!(
+            taken(
+                Takeover::Cancel,
+                Ok(TakeOver::NotRecoverable("ended".into()))
+            ),
+            Err(Error::NotLive {
+                action: Takeover::Cancel,
+                ..
+            })
+        ));
+        assert!(matches!(
+            taken(Takeover::Reconcile, Ok(TakeOver::Refused("cancel".into()))),
+            Err(Error::TakeoverRefused { .. })
+        ));
+        assert!(matches!(
+            taken(
+                Takeover::Recover,
+                Err(store::Error::Unavailable("down".into()))
+            ),
+            Err(Error::Store(store::Error::Unavailable(_)))
+        ));
+    }
+
+    fn waiters(users: &[&'static str]) -> (VecDeque<WorkflowId>, Vec<&'static str>) {
+        let ids = (0..users.len()).map(|n| WorkflowId::new(format!("wf-{n}")));
+        (ids.collect(), users.to_vec())
+    }
+
+    fn wake(users: &[&'static str], count: usize) -> Vec<usize> {
+        let (queue, owners) = waiters(users);
+        waiters_to_wake(&queue, count, |workflow_id| {
+            let place = queue.iter().position(|w| w == workflow_id)?;
+            owners.get(place).copied()
+        })
+    }
+
+    #[test]
+    fn a_freed_slot_wakes_the_oldest_waiter_of_each_user_before_more_of_one_user() {
+        // Ann's three waiters are the oldest; Bob's, behind them, is woken with her first.
+        assert_eq!(wake(&["ann", "ann", "ann", "bob"], 2), [0, 3]);
+        // Fewer users than wakes: the oldest of the rest make up the count.
+        assert_eq!(wake(&["ann", "ann", "ann", "bob", "ann"], 3), [0, 1, 3]);
+        // One user only, or room for all: the oldest, as before.
+        assert_eq!(wake(&["ann", "ann", "ann"], 2), [0, 1]);
+        assert_eq!(wake(&["ann", "bob"], 16), [0, 1]);
+        assert_eq!(wake(&[], 16), Vec::<usize>::new());
+    }
+
+    fn reconcile(resolution: Resolution) -> Result<(Vec<WriteOp>, WorkflowRow), Error> {
+        let waiting = row(json!({"script": "s", "reconciliation": {"reason": "orphaned_child"}}));
+        let steps = vec![
+            step(
+                "a",
+                1,
+                CallKind::Agent,
+                json!({"args": {"task": "t"}, "run_id": "run-1"}),
+            ),
+            step("b", 1, CallKind::Agent, json!({})),
+        ];
+        let request = ReconcileRequest {
+            workflow_id: WorkflowId::new("wf-1"),
+            step_id: "a".into(),
+            resolution,
+            reason: "checked the deploy".into(),
+            by: "ops@example.com".into(),
+        };
+        reconcile_writes(waiting, steps, LaunchLimits::NONE, &request, 5_000)
+    }
+
+    /// Each op, as `kind step/attempt status`.
+    fn described(ops: &[WriteOp]) -> Vec<String> {
+        ops.iter()
+            .map(|op| match op {
+                WriteOp::PutStep {
+                    step_id,
+                    attempt,
+                    status,
+                    ..
+                } => format!("step {step_id}/{attempt} {}", status.as_str()),
+                WriteOp::ReleaseSlot { step_id, .. } => format!("release slot {step_id}"),
+                WriteOp::CloseStepRuns {
+                    idempotency_key, ..
+                } => format!("close runs {idempotency_key}"),
+                WriteOp::TakePlaces { .. } => "take places".into(),
+                WriteOp::SetWorkflow { status, .. } => format!("workflow {}", status.as_str()),
+                other => format!("{other:?}"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_reconcile_settles_the_newest_attempt_in_one_write_and_runs_the_workflow_again() {
+        let tail = ["close runs wf-1/a/1", "take places", "workflow running"];
+        let (ops, row) = reconcile(Resolution::Retry).expect("a retry");
+        assert_eq!(
+            described(&ops)[..3],
+            ["step a/1 cancelled", "step a/2 queued", "release slot a"]
+        );
+        assert_eq!(described(&ops)[3..], tail);
+        assert_eq!(
+            row.data,
+            json!({"script": "s"}),
+            "the reason it waited is gone"
+        );
+        let WriteOp::PutStep { data, .. } = &ops[1] else {
+            panic!("the new attempt");
+        };
+        assert_eq!(data["previous_run_id"], "run-1");
+        assert_eq!(data["reconciled"]["resolution"], "retry");
+        assert_eq!(data["reconciled"]["by"], "ops@example.com");
+
+        let (ops, _) = reconcile(Resolution::Fail).expect("a failure");
+        assert_eq!(described(&ops)[..2], ["step a/1 failed", "release slot a"]);
+        let WriteOp::PutStep { data, .. } = &ops[0] else {
+            panic!("the settled attempt");
+        };
+        assert_eq!(
+            data["outcome"]["value"]["message"],
+            "reconciled as failed: checked the deploy"
+        );
+        assert_eq!(data["settled_at_ms"], 5_000);
+
+        let (ops, _) = reconcile(Resolution::Complete(json!({"deployed": true}))).expect("done");
+        assert_eq!(
+            described(&ops)[..2],
+            ["step a/1 completed", "release slot a"]
+        );
+        assert_eq!(described(&ops)[2..], tail);
+        let WriteOp::PutStep { data, .. } = &ops[0] else {
+            panic!("the settled attempt");
+        };
+        assert_eq!(
+            data["outcome"],
+            json!({"outcome": "resolved", "value": {"output": {"deployed": true},
+                   "status": "success", "runId": "run-1", "reconciled": true}})
+        );
+    }
+
+    #[test]
+    fn a_reconcile_of_a_step_the_journal_lacks_writes_nothing() {
+        let waiting = row(json!({}));
+        let request = ReconcileRequest {
+            workflow_id: WorkflowId::new("wf-1"),
+            step_id: "ghost".into(),
+            resolution: Resolution::Retry,
+            reason: "r".into(),
+            by: "ops".into(),
+        };
+        assert!(matches!(
+            reconcile_writes(waiting, Vec::new(), LaunchLimits::NONE, &request, 0),
+            Err(Error::NoStep { .. })
+        ));
+    }
+}
