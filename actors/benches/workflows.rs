@@ -318,9 +318,8 @@ async fn store_writes_of_one(store: &Store, owner: &str, workflow_id: &str) {
             seq: i32::try_from(n).unwrap_or(i32::MAX),
             step_id: format!("s{n}"),
             attempt: 1,
-            kind: "agent".into(),
             status,
-            data,
+            record: store::StepRecord::decode("agent", &data).expect("a step record"),
         }
     };
     let ended = |n: usize, run_id: &str| {
@@ -456,11 +455,11 @@ async fn rows_of(store: &Store, workflow_id: &WorkflowId) -> impl PartialEq + st
         .map(|step| {
             (
                 step.seq,
-                step.step_id,
-                step.kind,
+                step.step_id.clone(),
+                step.kind(),
                 step.status,
-                step.data["run_id"].is_string(),
-                step.data["outcome"]["value"]["artifactVersion"].as_i64(),
+                step.record().and_then(store::StepRecord::run_id).is_some(),
+                step.record().and_then(store::StepRecord::output_version),
             )
         })
         .collect();

@@ -21,6 +21,7 @@ mod runs;
 mod sim;
 mod sqlite;
 mod status;
+mod step;
 mod users;
 mod workflows;
 mod write;
@@ -50,6 +51,7 @@ pub use sim::{
     WorkflowStorage as SimWorkflowStorage,
 };
 pub use status::{COUNTED_STATUSES, LIVE_STATUSES, RunStatus, StepStatus, WorkflowStatus};
+pub use step::{Reconciled, StepCall, StepChild, StepKind, StepOutcome, StepRecord};
 pub use users::{
     NewToken, NewUser, Role, TokenRow, UserChange, UserChanged, UserDeletion, UserRow, UserStorage,
 };

@@ -38,7 +38,7 @@ pub struct Launched {
 
 /// A workflow as stored: its row, lease, controls and checkpoints, and the first page of its
 /// steps and of its artifact versions (see [`store::Snapshot`]).
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone)]
 pub struct WorkflowView {
     pub row: WorkflowRow,
     /// The first steps of its journal, in journal order (see [`store::Snapshot::steps`]).
@@ -1204,7 +1204,7 @@ impl WorkflowsHandle {
         }
         let threads: std::collections::BTreeSet<String> = steps
             .iter()
-            .filter(|step| step.kind == runtime::CallKind::Agent.as_str())
+            .filter(|step| step.kind() == Some(store::StepKind::Agent))
             .map(|step| crate::workflow::thread_for(workflow_id, &step.step_id))
             .collect();
         let workspaces_dir = self.workspaces_dir.clone();

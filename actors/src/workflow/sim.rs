@@ -61,8 +61,8 @@ use serde_json::{Value, json};
 use store::{
     CancelAction, ControlWrite, Controls, Fence, LaunchLimits, Leases, NewControl, NewRun,
     NewWorkflow, Operators, Purpose, RunId, RunOutcome, RunRow, RunStatus, Runs, SimClock,
-    SimStore, SlotRow, StepStatus, TakeOver, Versions, WorkflowId, WorkflowStatus, WorkflowStep,
-    Workflows, WriteOp,
+    SimStore, SlotRow, StepKind, StepOutcome, StepRecord, StepStatus, TakeOver, Versions,
+    WorkflowId, WorkflowStatus, WorkflowStep, Workflows, WriteOp,
 };
 
 use super::front_door::SLOT_WAKES_MAX;
@@ -1803,7 +1803,7 @@ impl Sim {
             .iter()
             .filter(|step| step.step_id == step_id)
             .max_by_key(|step| step.attempt)
-            .map(|step| step.data["args"]["task"].clone());
+            .and_then(|step| Some(step.record()?.args["task"].clone()));
         // `complete` is what an operator says of a child that would have succeeded, with the
         // output it would have given; any step may be retried or failed.
         let completes = task.as_ref().filter(|task| {
@@ -1925,19 +1925,19 @@ impl Sim {
                 continue;
             };
             for step in steps {
-                if step.kind == "agent" {
+                if step.kind() == Some(StepKind::Agent) {
                     self.answer_agent(&step);
                     continue;
                 }
                 if step.status != StepStatus::Running {
                     continue;
                 }
-                let (kind, body) = match step.kind.as_str() {
-                    "pause" => ("resume", json!({"input": {"go": step.step_id}})),
-                    "humanCheckpoint" => (
+                let (kind, body) = match step.kind() {
+                    Some(StepKind::Pause) => ("resume", json!({"input": {"go": step.step_id}})),
+                    Some(StepKind::HumanCheckpoint) => (
                         "decide",
                         json!({"decision": "approve",
-                               "artifactVersion": step.data["args"]["artifactVersion"],
+                               "artifactVersion": step.record().and_then(StepRecord::artifact_version),
                                "comment": "fine"}),
                     ),
                     _ => continue,
@@ -2015,7 +2015,7 @@ impl Sim {
     /// Answers an agent step's run that waits for a person, twice, from two nodes: the first
     /// answer wins, the second finds nothing to answer.
     fn answer_agent(&mut self, step: &store::StepRow) {
-        let Some(run_id) = step.data["run_id"].as_str().map(RunId::new) else {
+        let Some(run_id) = step.record().and_then(StepRecord::run_id).cloned() else {
             return;
         };
         let Ok(Some(run)) = now_or_never(self.store.read_run(&run_id)) else {
@@ -2238,7 +2238,11 @@ impl Sim {
                 Resolution::Complete(_) => "complete",
             };
             let settled = steps.iter().find(|step| {
-                step.step_id == made.step_id && step.data["reconciled"]["resolution"] == name
+                step.step_id == made.step_id
+                    && step
+                        .record()
+                        .and_then(|record| record.reconciled.as_ref())
+                        .is_some_and(|reconciled| reconciled.resolution == name)
             });
             // A retry closed the attempt it settled and queued the next one.
             let recorded = settled.is_some_and(|settled| {
@@ -2255,10 +2259,12 @@ impl Sim {
             }
             // A `complete` gives the step exactly the output the operator gave, nothing else.
             if let (Resolution::Complete(output), Some(settled)) = (&made.resolution, settled) {
-                let outcome = &settled.data["outcome"];
-                if outcome["outcome"] != "resolved" || &outcome["value"]["output"] != output {
+                let outcome = settled.record().and_then(|record| record.outcome.as_ref());
+                let faithful = matches!(outcome, Some(StepOutcome::Resolved(value))
+                    if &value["output"] == output);
+                if !faithful {
                     self.violation(format!(
-                        "{workflow_id}: the reconcile {made:?} recorded the outcome {outcome}"
+                        "{workflow_id}: the reconcile {made:?} recorded the outcome {outcome:?}"
                     ));
                 }
             }
@@ -2464,27 +2470,32 @@ impl Sim {
                 ));
                 continue;
             };
-            if step.data["args"]["artifactVersion"] != control.body["artifactVersion"] {
+            let record = step.record();
+            let reviewed = record.and_then(StepRecord::artifact_version);
+            if reviewed != control.body["artifactVersion"].as_i64() {
                 self.violation(format!(
-                    "{workflow_id}: decision {} on version {} of a checkpoint on {}",
-                    control.id,
-                    control.body["artifactVersion"],
-                    step.data["args"]["artifactVersion"]
+                    "{workflow_id}: decision {} on version {} of a checkpoint on {reviewed:?}",
+                    control.id, control.body["artifactVersion"],
                 ));
             }
+            let outcome = record.and_then(|record| record.outcome.as_ref());
             if step.status == StepStatus::Completed
-                && step.data["outcome"]["value"]["decision"] != control.body["decision"]
+                && outcome.map(|outcome| &outcome.value()["decision"])
+                    != Some(&control.body["decision"])
             {
                 self.violation(format!(
-                    "{workflow_id}: checkpoint {} holds {} but decision {} said {}",
-                    step.step_id, step.data["outcome"], control.id, control.body["decision"]
+                    "{workflow_id}: checkpoint {} holds {outcome:?} but decision {} said {}",
+                    step.step_id, control.id, control.body["decision"]
                 ));
             }
         }
         let applied = decided.iter().filter(|control| control.applied).count();
         let completed = steps
             .iter()
-            .filter(|step| step.kind == "humanCheckpoint" && step.status == StepStatus::Completed)
+            .filter(|step| {
+                step.kind() == Some(StepKind::HumanCheckpoint)
+                    && step.status == StepStatus::Completed
+            })
             .count();
         if applied != completed {
             self.violation(format!(

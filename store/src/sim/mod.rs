@@ -26,6 +26,7 @@ use crate::{
     ControlRow, Epoch, Error, EventPage, EventRow, Fence, Lease, MigrationReport, Result, RunId,
     RunRow, RunStatus, SCHEMA_VERSION, SlotRow, StepStatus, WorkflowId, WorkflowStatus,
 };
+use crate::{StepKind, StepRecord};
 
 /// The simulated clock: epoch milliseconds that move only when the caller moves them.
 #[derive(Debug, Clone, Default)]
@@ -343,13 +344,16 @@ impl State {
     /// `checkpoint_waiting` when running, `step_finished` when it ended).
     fn step_status_events(&mut self, workflow_id: &WorkflowId, step: &Step, now: f64) {
         let row = &step.row;
+        let Some(record) = row.record() else {
+            return;
+        };
         match row.status {
             StepStatus::Running => {
-                let (kind, data) = match row.kind.as_str() {
-                    "pause" => ("pause_waiting", step_fields(row)),
-                    "humanCheckpoint" => {
+                let (kind, data) = match record.kind() {
+                    StepKind::Pause => ("pause_waiting", step_fields(row)),
+                    StepKind::HumanCheckpoint => {
                         let mut data = step_fields(row);
-                        data["artifact_version"] = row.data["args"]["artifactVersion"].clone();
+                        data["artifact_version"] = json!(record.artifact_version());
                         ("checkpoint_waiting", data)
                     }
                     _ => ("step_started", step_fields(row)),
@@ -357,24 +361,17 @@ impl State {
                 self.event(workflow_id, kind, data, now);
             }
             status if status.is_final() => {
-                let run_id = match &row.data["run_id"] {
-                    Value::Null => row.data["outcome"]["value"]["runId"].clone(),
-                    id => id.clone(),
-                };
-                let run = run_id
-                    .as_str()
-                    .and_then(|id| self.runs.get(&RunId::new(id)));
-                let output_bytes = row.data["outcome"]["value"]["artifactVersion"]
-                    .as_i64()
-                    .and_then(|version| {
-                        self.workflows
-                            .get(workflow_id)
-                            .and_then(|workflow| workflow.artifacts.get(&version))
-                            .map(|artifact| artifact.row.content.len())
-                    });
+                let run_id = record.finished_run_id();
+                let run = run_id.and_then(|id| self.runs.get(&RunId::new(id)));
+                let output_bytes = record.output_version().and_then(|version| {
+                    self.workflows
+                        .get(workflow_id)
+                        .and_then(|workflow| workflow.artifacts.get(&version))
+                        .map(|artifact| artifact.row.content.len())
+                });
                 let mut data = step_fields(row);
                 data["status"] = json!(row.status);
-                data["child_run_id"] = run_id.clone();
+                data["child_run_id"] = json!(run_id);
                 // Whole milliseconds, as the triggers round them.
                 data["duration_ms"] =
                     json!(((step.updated_at - row.created_at) * 1000.0).round() as i64);
@@ -555,19 +552,9 @@ impl State {
                 seq,
                 step_id,
                 attempt,
-                kind,
                 status,
-                data,
-            } => self.put_step(
-                workflow_id,
-                *seq,
-                step_id,
-                *attempt,
-                kind,
-                *status,
-                data,
-                now,
-            )?,
+                record,
+            } => self.put_step(workflow_id, *seq, step_id, *attempt, *status, record, now)?,
             WriteOp::MarkControlApplied { control_id } => {
                 if let Some(control) = self.controls.get_mut(control_id) {
                     control.applied = true;
@@ -710,9 +697,8 @@ impl State {
         seq: i32,
         step_id: &str,
         attempt: i32,
-        kind: &str,
         status: StepStatus,
-        data: &Value,
+        record: &StepRecord,
         now: f64,
     ) -> Result<()> {
         let order = self.next_order();
@@ -724,9 +710,8 @@ impl State {
                 seq,
                 step_id: step_id.to_owned(),
                 attempt,
-                kind: kind.to_owned(),
                 status,
-                data: data.clone(),
+                record: Ok(record.clone()),
                 created_at: previous.as_ref().map_or(now, |step| step.row.created_at),
             },
             updated_at: now,
@@ -838,7 +823,7 @@ fn artifact_exists(workflow_id: &WorkflowId, version: i64) -> Error {
 
 /// The fields every journal event carries.
 fn step_fields(row: &StepRow) -> Value {
-    json!({"step_id": row.step_id, "attempt": row.attempt, "step_kind": row.kind})
+    json!({"step_id": row.step_id, "attempt": row.attempt, "step_kind": row.kind()})
 }
 
 impl crate::Schema for SimStore {

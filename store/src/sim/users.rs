@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 
 use super::{SimStore, State};
 use crate::users::leaves_no_admin;
+use crate::write::CHECKPOINT_KINDS;
 use crate::{
     Error, NewToken, NewUser, NodeRecord, Result, RunStatus, SlotRow, StatusCount, StepStatus,
     TokenRow, UserChange, UserChanged, UserDeletion, UserRow, UserStorage, WorkflowId,
@@ -94,7 +95,9 @@ impl State {
                     run.workflow.as_ref() == Some(workflow_id)
                         && run.status == RunStatus::WaitingForInput
                 }) || workflow.steps.values().any(|step| {
-                    matches!(step.row.kind.as_str(), "pause" | "humanCheckpoint")
+                    step.row
+                        .kind()
+                        .is_some_and(|kind| CHECKPOINT_KINDS.contains(&kind))
                         && step.row.status == StepStatus::Running
                 })
             }

@@ -258,7 +258,10 @@ impl State {
             steps,
             checkpoints: steps_of(workflow)
                 .into_iter()
-                .filter(|step| CHECKPOINT_KINDS.contains(&step.kind.as_str()))
+                .filter(|step| {
+                    step.kind()
+                        .is_some_and(|kind| CHECKPOINT_KINDS.contains(&kind))
+                })
                 .collect(),
             controls: self.controls_of(workflow_id),
             approval_runs,
@@ -275,7 +278,10 @@ impl State {
             .unwrap_or_default()
             .into_iter()
             .filter(|step| {
-                StepPosition::of(step) > after && !CHECKPOINT_KINDS.contains(&step.kind.as_str())
+                StepPosition::of(step) > after
+                    && !step
+                        .kind()
+                        .is_some_and(|kind| CHECKPOINT_KINDS.contains(&kind))
             })
             .take(usize::try_from(limit).unwrap_or(usize::MAX))
             .collect();

@@ -590,9 +590,8 @@ pub(super) struct Encoded {
 impl Encoded {
     pub(super) fn new(mut op: WriteOp) -> Encoded {
         let data = match &mut op {
-            WriteOp::SetWorkflow { data, .. } | WriteOp::PutStep { data, .. } => {
-                std::mem::take(data).to_string()
-            }
+            WriteOp::SetWorkflow { data, .. } => std::mem::take(data).to_string(),
+            WriteOp::PutStep { record, .. } => record.encode().to_string(),
             _ => String::new(),
         };
         Encoded { op, data }
@@ -624,9 +623,8 @@ pub(super) fn apply(connection: &Connection, fence: &Fence, encoded: &Encoded) -
             seq,
             step_id,
             attempt,
-            kind,
             status,
-            data: _,
+            record,
         } => {
             connection
                 .prepare_cached(
@@ -642,7 +640,7 @@ pub(super) fn apply(connection: &Connection, fence: &Fence, encoded: &Encoded) -
                     workflow_id,
                     step_id,
                     attempt,
-                    kind,
+                    record.kind(),
                     status,
                     data,
                     seq
@@ -1166,15 +1164,20 @@ fn steps_of(mut rows: rusqlite::Rows<'_>, workflow_id: &WorkflowId) -> Result<Ve
     while let Some(row) = rows.next()? {
         let seq = row.get(5)?;
         let status: String = row.get(3)?;
+        let kind: String = row.get(2)?;
         let data: String = row.get(4)?;
-        steps.push(StepRow {
-            seq,
-            step_id: row.get(0)?,
-            attempt: row.get(1)?,
-            kind: row.get(2)?,
-            status: StepStatus::read(&status, workflow_id, seq)?,
-            data: parse_json(&data)?,
-            created_at: row.get(6)?,
+        let (step_id, attempt, created_at) = (row.get(0)?, row.get(1)?, row.get(6)?);
+        let status = StepStatus::read(&status, workflow_id, seq)?;
+        steps.push(match parse_json(&data) {
+            Ok(data) => StepRow::decoded(seq, step_id, attempt, status, (&kind, &data), created_at),
+            Err(error) => StepRow {
+                seq,
+                step_id,
+                attempt,
+                status,
+                record: Err(error.to_string()),
+                created_at,
+            },
         });
     }
     Ok(steps)

@@ -158,9 +158,8 @@ fn every_kind_of_write(control_id: i64) -> Vec<(&'static str, WriteOp)> {
             seq: 9,
             step_id: "late".into(),
             attempt: 1,
-            kind: "agent".into(),
             status: store::StepStatus::Completed,
-            data: json!({}),
+            record: store::StepRecord::decode("agent", &json!({})).expect("a step record"),
         },
         WriteOp::MarkControlApplied { control_id },
         WriteOp::PutArtifact {

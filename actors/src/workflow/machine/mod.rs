@@ -27,8 +27,8 @@ use runtime::{Activation, CallId, CallKind, Command, JournalEntry, Outcome, Stat
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use store::{
-    ControlRow, ControlWrite, Fence, NewControl, RunId, RunRow, StepRow, StepStatus, WorkflowId,
-    WorkflowStatus, WriteOp,
+    ControlRow, ControlWrite, Fence, NewControl, RunId, RunRow, StepCall, StepRecord, StepRow,
+    StepStatus, WorkflowId, WorkflowStatus, WriteOp,
 };
 
 mod agent;
@@ -42,7 +42,7 @@ mod storage;
 pub(crate) mod transitions;
 
 use super::invariants::Invariants;
-use super::journal::newest_attempts;
+use super::journal::{newest_attempts, step_kind, step_outcome};
 use super::reconciliation::Reconciliation;
 use super::unwritten::{Carried, Journaled, Unwritten};
 use crate::Error;
@@ -685,23 +685,23 @@ impl WorkflowMachine {
         }
     }
 
-    fn step_op(&self, entry: &JournalEntry, status: StepStatus, extra: Value) -> WriteOp {
-        let mut data = json!({
-            "args": entry.args,
-            "outcome": entry.outcome,
-            "settled_at_ms": entry.settled_at_ms,
-        });
-        if let (Some(data), Some(extra)) = (data.as_object_mut(), extra.as_object()) {
-            data.extend(extra.clone());
-        }
+    /// The journal write of `entry` at `status`; `call` is what only its kind records (an
+    /// agent's run), or `None` when there is nothing of the kind's own to record.
+    fn step_op(&self, entry: &JournalEntry, status: StepStatus, call: Option<StepCall>) -> WriteOp {
+        let record = StepRecord {
+            call: call.unwrap_or_else(|| StepCall::new(step_kind(entry.kind))),
+            args: entry.args.clone(),
+            outcome: entry.outcome.clone().map(step_outcome),
+            settled_at_ms: entry.settled_at_ms,
+            reconciled: None,
+        };
         WriteOp::PutStep {
             workflow_id: self.config.workflow_id.clone(),
             seq: i32::try_from(entry.seq).unwrap_or(i32::MAX),
             step_id: entry.step_id.clone(),
             attempt: self.attempt(entry.seq),
-            kind: entry.kind.as_str().to_owned(),
             status,
-            data,
+            record,
         }
     }
 
@@ -961,7 +961,7 @@ impl WorkflowMachine {
                     } else {
                         StepStatus::Running
                     };
-                    self.step_op(entry, status, json!({}))
+                    self.step_op(entry, status, None)
                 })
                 .collect();
             // New calls only: a replayed call resolves from the journal and is not here, so a
@@ -1026,7 +1026,7 @@ impl WorkflowMachine {
         }
         let agent = entry.args["agentRef"].as_str().unwrap_or_default();
         let thread_id = thread_for(&self.config.workflow_id, &entry.step_id);
-        let fields = self.child_fields(&run_id, &thread_id, agent);
+        let call = self.agent_call(&run_id, &thread_id, agent);
         let mut before = std::mem::take(&mut self.unwritten);
         before.events.push(Journaled::Started {
             step_id: entry.step_id.clone(),
@@ -1036,8 +1036,8 @@ impl WorkflowMachine {
             call: command.id,
             run_id,
             before,
-            running: self.step_op(entry, StepStatus::Running, fields),
-            queued: self.step_op(entry, StepStatus::Queued, json!({})),
+            running: self.step_op(entry, StepStatus::Running, Some(call)),
+            queued: self.step_op(entry, StepStatus::Queued, None),
         })
     }
 
@@ -1072,7 +1072,7 @@ impl WorkflowMachine {
         id: CallId,
         outcome: Outcome,
         extra: Vec<WriteOp>,
-        fields: Value,
+        call: Option<StepCall>,
         now: Millis,
     ) {
         if matches!(self.phase, Phase::Cancelling { .. }) {
@@ -1081,7 +1081,7 @@ impl WorkflowMachine {
         let Some(_) = self.waiting.remove(&id) else {
             return;
         };
-        self.settle(out, id, outcome, extra, fields, now);
+        self.settle(out, id, outcome, extra, call, now);
     }
 
     /// Journals call `id`'s outcome with `extra` ops and hands it to the script, at once, or,
@@ -1093,7 +1093,7 @@ impl WorkflowMachine {
         id: CallId,
         outcome: Outcome,
         mut extra: Vec<WriteOp>,
-        fields: Value,
+        call: Option<StepCall>,
         now: Millis,
     ) {
         let Some(entry) = self.journal.get_mut(id.0 as usize) else {
@@ -1108,10 +1108,10 @@ impl WorkflowMachine {
         };
         let grant = self.grant_for(&entry.step_id, &extra);
         // Kept only to journal the step's failure, should the quota refuse the grant.
-        let storing_fields = grant.as_ref().map(|_| fields.clone());
+        let storing_call = grant.as_ref().map(|_| call.clone());
         // Journaled with whatever the workflow writes next (see `unwritten`). The artifact the
         // outcome names goes first, so the step's `step_finished` event can give its size.
-        let op = self.step_op(&entry, status, fields);
+        let op = self.step_op(&entry, status, call);
         self.unwritten.ops.append(&mut extra);
         self.unwritten.ops.push(op);
         self.unwritten.events.push(Journaled::Finished {
@@ -1119,9 +1119,9 @@ impl WorkflowMachine {
             kind: entry.kind,
             status,
         });
-        match (grant, storing_fields) {
-            (Some(grant), Some(fields)) => {
-                self.store_then_hand_over(out, (id, outcome, fields, now), grant);
+        match (grant, storing_call) {
+            (Some(grant), Some(call)) => {
+                self.store_then_hand_over(out, (id, outcome, call, now), grant);
             }
             _ => self.hand_over(out, id, outcome, now),
         }

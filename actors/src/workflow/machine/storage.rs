@@ -6,8 +6,8 @@
 //! and reaches the script only once that write commits, since the quota may refuse it.
 
 use runtime::{CallId, Outcome};
-use serde_json::{Value, json};
-use store::WriteOp;
+use serde_json::json;
+use store::{StepCall, WriteOp};
 
 use super::transitions::{Storage, Transition};
 use super::{Effect, InFlight, Millis, WorkflowMachine};
@@ -39,8 +39,9 @@ pub(super) struct Grant {
 pub(super) struct Storing {
     id: CallId,
     outcome: Outcome,
-    /// The step's fields, kept to journal its failure should the quota refuse the grant.
-    fields: Value,
+    /// What the step's kind records, kept to journal its failure should the quota refuse the
+    /// grant.
+    call: Option<StepCall>,
     now: Millis,
     grant: Grant,
 }
@@ -93,16 +94,16 @@ impl WorkflowMachine {
     pub(super) fn store_then_hand_over(
         &mut self,
         out: &mut Vec<Effect>,
-        storing: (CallId, Outcome, Value, Millis),
+        storing: (CallId, Outcome, Option<StepCall>, Millis),
         grant: Grant,
     ) {
-        let (id, outcome, fields, now) = storing;
+        let (id, outcome, call, now) = storing;
         self.write(out, Vec::new());
         if let Some(in_flight) = self.writes.back_mut() {
             in_flight.storing = Some(Storing {
                 id,
                 outcome,
-                fields,
+                call,
                 now,
                 grant,
             });
@@ -192,7 +193,7 @@ impl WorkflowMachine {
         let Storing {
             id,
             outcome,
-            fields,
+            call,
             now,
             grant,
         } = storing;
@@ -215,6 +216,6 @@ impl WorkflowMachine {
         {
             map.insert("runId".into(), run_id.clone());
         }
-        self.settle(out, id, Outcome::Rejected(failure), kept, fields, now);
+        self.settle(out, id, Outcome::Rejected(failure), kept, call, now);
     }
 }

@@ -393,9 +393,8 @@ fn a_replay_reads_the_journal_and_an_unreadable_one_goes_to_an_operator() {
         seq,
         step_id: "a".into(),
         attempt,
-        kind: "agent".into(),
         status: StepStatus::Running,
-        data,
+        record: store::StepRecord::decode("agent", &data).map_err(|e| e.to_string()),
         created_at: 0.0,
     };
     let mut m = machine(Start::Replay);
@@ -1325,9 +1324,12 @@ fn a_dead_owners_cancel_waits_for_the_children_its_journal_shows_running() {
         seq: 0,
         step_id: "a".into(),
         attempt: 1,
-        kind: "agent".into(),
         status: StepStatus::Running,
-        data: json!({"args": {"agentRef": "echo"}, "run_id": "run-old"}),
+        record: store::StepRecord::decode(
+            "agent",
+            &json!({"args": {"agentRef": "echo"}, "run_id": "run-old"}),
+        )
+        .map_err(|e| e.to_string()),
         created_at: 0.0,
     };
     assert_eq!(
@@ -1420,9 +1422,10 @@ fn a_call_the_script_no_longer_awaits_has_its_child_stopped_and_journaled_cancel
     };
     let (described, effects) = drive_with(&mut m, ended, NOW, |_| None);
     assert_eq!(described, ["write [step b cancelled, release slot b]"]);
-    let Some(WriteOp::PutStep { data, .. }) = written(&effects).into_iter().next() else {
+    let Some(WriteOp::PutStep { record, .. }) = written(&effects).into_iter().next() else {
         panic!("the step");
     };
+    let data = record.encode();
     assert_eq!(
         (&data["detached"], &data["run_id"]),
         (&json!(true), &json!("run-b"))
