@@ -31,7 +31,7 @@ use tokio::sync::{Mutex, mpsc, oneshot};
 use tokio_postgres::Statement;
 
 use super::conn::connection;
-use super::runs::{
+use super::run_writes::{
     AdmitAnswers, AdmitStatements, FINALIZE_SQL, Finalize, admit_alone, admit_body, admit_outcome,
     finalize_alone, finalize_body, prepare_admit,
 };

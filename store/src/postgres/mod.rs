@@ -40,6 +40,8 @@ mod batch;
 mod conn;
 mod events;
 mod operators;
+mod run_rows;
+mod run_writes;
 mod runs;
 mod users;
 mod workflows;
@@ -388,7 +390,7 @@ impl PgStore {
         let steps = client.prepare_cached(STEP_PAGE_SQL).await?;
         let checkpoints = client.prepare_cached(CHECKPOINTS_SQL).await?;
         let controls = client.prepare_cached(workflows::CONTROLS_SQL).await?;
-        let approval_runs = client.prepare_cached(runs::APPROVAL_RUNS_SQL).await?;
+        let approval_runs = client.prepare_cached(run_rows::APPROVAL_RUNS_SQL).await?;
         let artifacts = client.prepare_cached(ARTIFACT_PAGE_SQL).await?;
         let id: [&(dyn ToSql + Sync); 1] = [workflow_id];
         let start = StepPosition::START;
@@ -429,7 +431,7 @@ impl PgStore {
             controls: controls.iter().map(workflows::control).collect(),
             approval_runs: approval_runs
                 .iter()
-                .map(runs::decode)
+                .map(run_rows::decode)
                 .collect::<Result<_>>()?,
             artifacts: artifacts.iter().map(artifact_from).collect(),
         }))
@@ -445,7 +447,7 @@ impl PgStore {
     ) -> Result<StepPage> {
         let client = self.connection().await?;
         let steps = client.prepare_cached(STEP_PAGE_SQL).await?;
-        let approval_runs = client.prepare_cached(runs::APPROVAL_RUNS_SQL).await?;
+        let approval_runs = client.prepare_cached(run_rows::APPROVAL_RUNS_SQL).await?;
         let limit = i64::from(limit);
         let page: [&(dyn ToSql + Sync); 4] = [workflow_id, &after.seq, &after.attempt, &limit];
         let (begun, steps, approval_runs, committed) = tokio::join!(
@@ -461,7 +463,7 @@ impl PgStore {
             steps: steps_from(&steps, workflow_id)?,
             approval_runs: approval_runs
                 .iter()
-                .map(runs::decode)
+                .map(run_rows::decode)
                 .collect::<Result<_>>()?,
         })
     }
