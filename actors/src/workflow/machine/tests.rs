@@ -945,8 +945,8 @@ fn over_the_quota(stored: i64) -> impl FnMut(&Effect) -> Option<Event> {
     }
 }
 
-#[test]
-fn an_artifact_the_owners_quota_refuses_fails_its_step_with_nothing_of_it_written() {
+/// A fresh workflow whose capture `cap` is under way, and the event of its 45,000-byte file.
+fn capturing_45_kb() -> (WorkflowMachine, Event) {
     let mut m = machine(Start::Fresh);
     drive(&mut m, Event::Begin);
     let capture = call(
@@ -960,6 +960,12 @@ fn an_artifact_the_owners_quota_refuses_fails_its_step_with_nothing_of_it_writte
         id: CallId(0),
         result: Ok(("big.bin".into(), vec![0; 45_000])),
     };
+    (m, captured)
+}
+
+#[test]
+fn an_artifact_the_owners_quota_refuses_fails_its_step_with_nothing_of_it_written() {
+    let (mut m, captured) = capturing_45_kb();
     // A whole grant is refused, then one of the artifact's own bytes: the step fails.
     let (described, effects) = drive_with(&mut m, captured, NOW, over_the_quota(990_000));
     assert_eq!(
@@ -1043,19 +1049,7 @@ fn an_artifact_the_owners_quota_refuses_fails_its_step_with_nothing_of_it_writte
 
 #[test]
 fn an_artifact_refused_a_whole_grant_asks_for_its_own_bytes() {
-    let mut m = machine(Start::Fresh);
-    drive(&mut m, Event::Begin);
-    let capture = call(
-        0,
-        CallKind::CaptureArtifact,
-        "cap",
-        json!({"sourceStepId": "a", "path": "big.bin"}),
-    );
-    drive(&mut m, activation(vec![capture], Status::Waiting));
-    let captured = Event::Captured {
-        id: CallId(0),
-        result: Ok(("big.bin".into(), vec![0; 45_000])),
-    };
+    let (mut m, captured) = capturing_45_kb();
     let mut refusals = 1;
     let (described, _) = drive_with(&mut m, captured, NOW, |effect| {
         let refused = over_the_quota(900_000)(effect)?;
