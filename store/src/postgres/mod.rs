@@ -600,7 +600,10 @@ pub(super) struct FencedStatements {
 }
 
 pub(super) async fn prepare_fenced(client: &Object, ops: &[WriteOp]) -> Result<FencedStatements> {
-    let fence = client.prepare_cached(FENCE_SQL).await?;
+    let releases = ops.iter().any(|op| matches!(op, WriteOp::ReleaseLease));
+    let fence = client
+        .prepare_cached(if releases { FENCE_END_SQL } else { FENCE_SQL })
+        .await?;
     let mut statements = Vec::with_capacity(ops.len());
     for op in ops {
         statements.push(client.prepare_cached(op_sql(op)).await?);
@@ -779,6 +782,17 @@ pub(super) fn op_sql(op: &WriteOp) -> &'static str {
 
 /// The statement that opens every fenced transaction: `$1..$3` are the fence.
 pub(super) const FENCE_SQL: &str = "SELECT reins_fence($1, $2, $3)";
+
+/// The fence of a write that gives the lease up (a workflow's end): the lease row locked
+/// `FOR UPDATE` first, which waits for every fenced write of the workflow in flight (each holds
+/// it `FOR SHARE` to its commit), then [`FENCE_SQL`]'s check. Under `READ COMMITTED` the end's
+/// changes then see what those writes committed: an admission that raced the end has its slot
+/// given back and its run asked to stop by the end itself, instead of outliving it unseen (its
+/// uncommitted slot was invisible to the end's `DELETE`). A write that comes after finds the
+/// lease released.
+pub(super) const FENCE_END_SQL: &str = "WITH held AS MATERIALIZED (
+         SELECT 1 FROM extension_execution_leases WHERE resource_id = $1 FOR UPDATE)
+     SELECT reins_fence($1, $2, $3) FROM (SELECT count(*) FROM held) AS waited";
 
 /// The parameters of [`FENCE_SQL`].
 pub(super) fn fence_params(fence: &Fence) -> [&(dyn ToSql + Sync); 3] {

@@ -1168,17 +1168,19 @@ fn steps_of(mut rows: rusqlite::Rows<'_>, workflow_id: &WorkflowId) -> Result<Ve
         let data: String = row.get(4)?;
         let (step_id, attempt, created_at) = (row.get(0)?, row.get(1)?, row.get(6)?);
         let status = StepStatus::read(&status, workflow_id, seq)?;
-        steps.push(match parse_json(&data) {
-            Ok(data) => StepRow::decoded(seq, step_id, attempt, status, (&kind, &data), created_at),
-            Err(error) => StepRow {
-                seq,
-                step_id,
-                attempt,
-                status,
-                record: Err(error.to_string()),
-                created_at,
-            },
-        });
+        // A document that is not JSON this node can parse fails the whole read, as on
+        // PostgreSQL (whose driver cannot decode it either): the record is unreadable, and the
+        // inbox and lists skip it and say so. A JSON document that is no step record is one
+        // row's problem (see `StepRow::record`).
+        let data = parse_json(&data)?;
+        steps.push(StepRow::decoded(
+            seq,
+            step_id,
+            attempt,
+            status,
+            (&kind, &data),
+            created_at,
+        ));
     }
     Ok(steps)
 }

@@ -577,3 +577,77 @@ async fn postgres_a_session_ended_during_commit_leaves_the_outcome_unknown() {
     drop(admin);
     dropping.drop_database().await;
 }
+
+/// A workflow's end and an admission of one of its steps in flight at the same moment (a
+/// fail-fast `parallel` ends the workflow while a sibling is being admitted): the end waits for
+/// the admission's commit and gives back the slot it claimed. Before the end's fence locked the
+/// lease row exclusively, the end's `DELETE` of the workflow's slots could not see the
+/// admission's uncommitted slot, and a finished workflow held it for good (found by the chaos
+/// test, seed 20261201).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_an_end_gives_back_the_slot_an_admission_in_flight_claims() {
+    let (db, dropping) = crate::harness::TestDb::postgres().await;
+    let store = db.store().await;
+    let lease = workflow(&*store, "wf", "node-a", 60_000).await;
+    let url = dropping.url();
+    let connect = async || {
+        let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+            .await
+            .expect("connect");
+        tokio::spawn(connection);
+        client
+    };
+    let (admitting, watcher) = (connect().await, connect().await);
+    // The admission's transaction, as the store sends it: the fence, then the slot, not yet
+    // committed.
+    admitting
+        .batch_execute(&format!(
+            "BEGIN; SELECT reins_fence('wf', 'node-a', {epoch});
+             SELECT reins_claim_fair_slot('wf', 'sibling', 1, 8, 8);",
+            epoch = lease.epoch.get()
+        ))
+        .await
+        .expect("an admission in flight");
+    let ending = {
+        let store = Arc::clone(&store);
+        let fence = lease.fence();
+        tokio::spawn(async move {
+            let end = vec![
+                WriteOp::SetWorkflow {
+                    workflow_id: "wf".into(),
+                    status: store::WorkflowStatus::Failed,
+                    data: json!({}),
+                },
+                WriteOp::ReleaseSlots {
+                    workflow_id: "wf".into(),
+                },
+                WriteOp::ReleaseLease,
+            ];
+            store.fenced_write(&fence, end).await
+        })
+    };
+    // The end is under way: it waits on the server for the admission's lock.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let waiting: i64 = watcher
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity
+                  WHERE datname = current_database() AND wait_event_type = 'Lock'",
+                &[],
+            )
+            .await
+            .expect("count")
+            .get(0);
+        if waiting >= 1 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the end never reached the lease");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    admitting.batch_execute("COMMIT").await.expect("admitted");
+    ending.await.expect("join").expect("the end");
+    let held = store.list_slots(100).await.expect("slots");
+    assert_eq!(held, [], "a finished workflow holds a slot");
+    drop((store, admitting, watcher));
+    dropping.drop_database().await;
+}
