@@ -88,9 +88,8 @@ pub async fn fenced_writes(store: &Arc<Store>, prefix: &str, writers: usize, ops
                     seq: i32::try_from(op).unwrap_or(i32::MAX),
                     step_id: format!("step-{op}"),
                     attempt: 1,
-                    kind: "agent".into(),
                     status: store::StepStatus::Completed,
-                    data: json!({"output": op}),
+                    record: store::StepRecord::new(store::StepKind::Agent, json!({"output": op})),
                 };
                 let started = Instant::now();
                 store

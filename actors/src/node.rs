@@ -97,6 +97,7 @@ impl NodeOptions {
                 launch_limits: store::LaunchLimits::NONE,
                 slots_max: 32,
                 slots_per_user_max: 32,
+                stored_bytes_max: 0,
                 lease_ms,
                 timeout_seconds: 24 * 3600,
                 automatic_recovery: false,

@@ -722,6 +722,18 @@ impl StoreHandle {
         .await
     }
 
+    /// See [`Store::stored_bytes`].
+    pub async fn stored_bytes(
+        &self,
+        user_id: Option<&str>,
+    ) -> store::Result<Vec<store::UserStorage>> {
+        let user_id = user_id.map(str::to_owned);
+        self.call(Operation::StoredBytes, move |store| async move {
+            store.stored_bytes(user_id.as_deref()).await
+        })
+        .await
+    }
+
     /// See [`Store::change_user`].
     pub async fn change_user(
         &self,

@@ -390,6 +390,10 @@ pub struct Limits {
     /// slot. 0 (the default) is half of `max_active_children`, rounded up; `max_active_children`
     /// turns the share off. See [`Limits::active_children_per_user`].
     pub max_active_children_per_user: u64,
+    /// The bytes one user's workflows store at most: their artifacts (captured files and agent
+    /// outputs) and the room their running workflows hold for artifacts to come. A step whose
+    /// artifact would pass it fails naming it; 0 is no quota.
+    pub user_stored_bytes_max: u64,
     pub timeout_seconds: u64,
     /// The memory all loaded scripts of the node may use together (parked ones hold none).
     pub js_memory_total_bytes: u64,
@@ -423,6 +427,7 @@ impl Default for Limits {
             max_workflows_per_owner: 100,
             max_active_children: 32,
             max_active_children_per_user: 0,
+            user_stored_bytes_max: 10 * 1024 * 1024 * 1024,
             timeout_seconds: 24 * 3600,
             js_memory_total_bytes: 512 * 1024 * 1024,
             js_compiled_scripts_max: 32,
@@ -1149,6 +1154,27 @@ mod tests {
             refused.contains("limits.max_active_children_per_user"),
             "{refused}"
         );
+    }
+
+    #[test]
+    fn a_users_stored_bytes_are_ten_gib_by_default_and_zero_is_no_quota() {
+        let load = |vars: &[(&str, &str)]| Config::load(None, env(vars));
+        let quota = |vars: &[(&str, &str)]| {
+            load(vars)
+                .expect("valid")
+                .config
+                .limits
+                .user_stored_bytes_max
+        };
+        assert_eq!(quota(&[]), 10 * 1024 * 1024 * 1024);
+        let key = "REINS_LIMITS__USER_STORED_BYTES_MAX";
+        // Up to what the store counts in (a TOML integer cannot be more).
+        for edge in ["0", "1", "9223372036854775807"] {
+            assert_eq!(quota(&[(key, edge)]).to_string(), edge);
+        }
+        let refused = load(&[(key, "9223372036854775808")]).expect_err("over i64");
+        assert!(refused.to_string().contains("REINS_"), "{refused}");
+        assert!(load(&[(key, "-1")]).is_err(), "a negative quota");
     }
 
     #[test]

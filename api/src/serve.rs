@@ -137,6 +137,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
                 },
                 slots_max: config.limits.max_active_children,
                 slots_per_user_max: config.limits.active_children_per_user(),
+                stored_bytes_max: config.limits.user_stored_bytes_max,
                 lease_ms,
                 timeout_seconds: config.limits.timeout_seconds,
                 automatic_recovery: config.recovery == crate::config::Recovery::Automatic,
@@ -190,6 +191,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         config.http.clone(),
         config.auth.clone(),
         config.events.clone(),
+        config.limits.user_stored_bytes_max,
     ));
     let (stop, stopping) = watch::channel(false);
     let drain_timeout = Duration::from_millis(config.shutdown.drain_timeout_ms);

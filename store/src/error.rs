@@ -64,6 +64,9 @@ pub enum Limit {
     WorkflowsPerOwner,
     /// `auth.tokens_per_user_max`: one user's live API tokens, at most `max`.
     TokensPerUser { max: u32 },
+    /// `limits.user_stored_bytes_max`: the bytes one user's workflows store, at most `max`;
+    /// they store `stored` already.
+    StoredBytes { stored: i64, max: i64 },
 }
 
 impl std::fmt::Display for Limit {
@@ -74,6 +77,10 @@ impl std::fmt::Display for Limit {
             Limit::TokensPerUser { max } => {
                 write!(f, "auth.tokens_per_user_max ({max}): revoke a token first")
             }
+            Limit::StoredBytes { stored, max } => write!(
+                f,
+                "limits.user_stored_bytes_max ({max}): the user's workflows store {stored} bytes"
+            ),
         }
     }
 }
@@ -132,6 +139,20 @@ impl From<tokio_postgres::Error> for Error {
         }
         if code.code() == "RW002" {
             return Error::LimitReached(Limit::WorkflowsPerOwner);
+        }
+        if code.code() == "RQ001" {
+            // `reins_take_storage` (migration 30) gives the figures as its detail: "STORED MAX".
+            let figures = error
+                .as_db_error()
+                .and_then(|db| db.detail())
+                .and_then(|detail| {
+                    let (stored, max) = detail.split_once(' ')?;
+                    Some((stored.parse().ok()?, max.parse().ok()?))
+                });
+            return match figures {
+                Some((stored, max)) => Error::LimitReached(Limit::StoredBytes { stored, max }),
+                None => Error::Database(message),
+            };
         }
         if *code == SqlState::UNIQUE_VIOLATION {
             Error::Conflict(message)

@@ -21,6 +21,7 @@ mod runs;
 mod sim;
 mod sqlite;
 mod status;
+mod step;
 mod users;
 mod workflows;
 mod write;
@@ -45,10 +46,14 @@ pub use runs::{
     WorkflowStep, pending_request_id,
 };
 #[cfg(feature = "sim")]
-pub use sim::{Mutant as SimMutant, SimClock, SimStore};
+pub use sim::{
+    Mutant as SimMutant, SimClock, SimStore, Storage as SimStorage,
+    WorkflowStorage as SimWorkflowStorage,
+};
 pub use status::{COUNTED_STATUSES, LIVE_STATUSES, RunStatus, StepStatus, WorkflowStatus};
+pub use step::{Reconciled, StepCall, StepChild, StepKind, StepOutcome, StepRecord};
 pub use users::{
-    NewToken, NewUser, Role, TokenRow, UserChange, UserChanged, UserDeletion, UserRow,
+    NewToken, NewUser, Role, TokenRow, UserChange, UserChanged, UserDeletion, UserRow, UserStorage,
 };
 pub use workflows::{
     ControlRow, ControlWrite, Deletion, Launch, LaunchLimits, ListCursor, ListFilter,

@@ -198,10 +198,16 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         postgres: include_str!("../migrations/postgres/0031_fair_slots.sql"),
         sqlite: include_str!("../migrations/sqlite/0031_fair_slots.sql"),
     },
+    Migration {
+        version: 32,
+        name: "stored_bytes_per_user",
+        postgres: include_str!("../migrations/postgres/0032_stored_bytes_per_user.sql"),
+        sqlite: include_str!("../migrations/sqlite/0032_stored_bytes_per_user.sql"),
+    },
 ];
 
 /// The schema version this build expects.
-pub const SCHEMA_VERSION: i64 = 31;
+pub const SCHEMA_VERSION: i64 = 32;
 
 /// The advisory-lock key PostgreSQL migrations serialise on ("reins" in ASCII).
 pub(crate) const PG_MIGRATION_LOCK: i64 = 0x0072_6569_6e73;

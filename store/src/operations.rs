@@ -20,7 +20,8 @@ use crate::{
     ListedWorkflow, MigrationReport, NewControl, NewRun, NewToken, NewUser, NewWorkflow,
     NodeRecord, Orphaned, Purpose, Result, RunId, RunOutcome, RunRenewal, RunRow, RunSlot,
     RunStatus, SlotRow, Snapshot, StatusCount, StepPage, StepPosition, StepRow, TakeOver, TokenRow,
-    UserChange, UserChanged, UserDeletion, UserRow, Versions, WorkflowId, WorkflowRow, WriteOp,
+    UserChange, UserChanged, UserDeletion, UserRow, UserStorage, Versions, WorkflowId, WorkflowRow,
+    WriteOp,
 };
 
 /// Whether an operation may change the database.
@@ -178,7 +179,8 @@ macro_rules! with_operations {
                 /// whatever its versions, flagged, since only a cancel takeover may finish it.
                 read RecoverableWorkflows:
                 fn recoverable_workflows(&self, limit: u32, versions: &Versions) -> Vec<Orphaned>;
-                /// Deletes a terminal workflow with its journal, controls, artifacts, slots and lease.
+                /// Deletes a terminal workflow with its journal, controls, artifacts, slots and lease, and
+                /// gives its grant of stored bytes back to its owner's quota.
                 write DeleteWorkflow: fn delete_workflow(&self, workflow_id: &WorkflowId) -> Deletion;
                 /// A page of workflows, newest first.
                 read ListWorkflows: fn list_workflows(&self, filter: ListFilter) -> Vec<ListedWorkflow>;
@@ -391,6 +393,10 @@ macro_rules! with_operations {
                 read ListTokens: fn list_tokens(&self, user_id: &str) -> Vec<TokenRow>;
                 /// Revokes one of a user's tokens. `false` when it does not exist or was revoked before.
                 write RevokeToken: fn revoke_token(&self, user_id: &str, token_id: &str) -> bool;
+                /// The bytes `user_id`'s workflows store, or every user's who stores any, by user id:
+                /// what [`WriteOp::TakeStorage`] holds to a quota. A user who never stored anything has
+                /// no entry.
+                read StoredBytes: fn stored_bytes(&self, user_id: Option<&str>) -> Vec<UserStorage>;
             }
 
             /// What operators and metrics read, and the nodes that started on this database.

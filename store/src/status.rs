@@ -134,6 +134,8 @@ impl WorkflowStatus {
     }
 }
 
+pub(crate) use stored_text;
+
 stored_text!(WorkflowStatus);
 
 /// A journal entry's status (`workflow_steps.status`).

@@ -138,6 +138,15 @@ pub struct NewToken {
     pub live_max: u32,
 }
 
+/// The bytes one user's workflows store, as `limits.user_stored_bytes_max` counts them: their
+/// artifacts (captured files and agent outputs), and the room their running workflows hold for
+/// artifacts still to come.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct UserStorage {
+    pub user_id: String,
+    pub stored_bytes: i64,
+}
+
 /// Whether `change` would take away the last enabled admin: `user` is one now, is not after it,
 /// and no other enabled admin exists.
 pub(crate) fn leaves_no_admin(user: &UserRow, change: UserChange, other_admins: i64) -> bool {

@@ -3,7 +3,7 @@
 
 use serde_json::Value;
 
-use crate::{StepStatus, WorkflowId, WorkflowStatus};
+use crate::{StepKind, StepRecord, StepStatus, WorkflowId, WorkflowStatus};
 
 /// One ownership-dependent change to a workflow's state. A list of them is applied by
 /// [`crate::Store::fenced_write`] atomically, after the fence check, or not at all.
@@ -22,9 +22,9 @@ pub enum WriteOp {
         seq: i32,
         step_id: String,
         attempt: i32,
-        kind: String,
         status: StepStatus,
-        data: Value,
+        /// Its kind and everything it records (encoded by [`StepRecord::encode`]).
+        record: StepRecord,
     },
     /// Mark a control as carried out.
     MarkControlApplied { control_id: i64 },
@@ -66,6 +66,21 @@ pub enum WriteOp {
         max_workflows: i64,
         max_workflows_per_owner: i64,
     },
+    /// Grow this workflow's grant of stored bytes by `bytes`, taken from its owner's quota: the
+    /// owner's stored bytes (the sum of their workflows' grants) may not pass `bytes_max` (0: no
+    /// quota), or the write is refused ([`crate::Limit::StoredBytes`]). A workflow's artifacts
+    /// are stored inside its grant, so this is the one write that checks the quota, and the one
+    /// that orders a user's writes on every node.
+    TakeStorage {
+        workflow_id: WorkflowId,
+        bytes: i64,
+        bytes_max: i64,
+    },
+    /// Give back to the owner's quota what this workflow's grant holds beyond its artifacts'
+    /// bytes. The write that ends a workflow carries it, after its last artifact. It writes the
+    /// workflow's own row only (`returned_bytes`): the owner's next grant counts it off their
+    /// row, and [`crate::Store::stored_bytes`] at once.
+    ReturnStorage { workflow_id: WorkflowId },
     /// Keep `console.log` lines as `log` events of the workflow, within its durable bounds: at
     /// most `events_max` lines and `bytes_max` bytes of lines per workflow, whichever node ran
     /// it; the first line over either is replaced by one `log_truncated` event, and later ones
@@ -115,16 +130,60 @@ pub struct NewWorkflow {
 }
 
 /// One journal entry as read back.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct StepRow {
     pub seq: i32,
     pub step_id: String,
     pub attempt: i32,
-    pub kind: String,
     pub status: StepStatus,
-    pub data: Value,
+    /// Its record, or why the stored `kind` and `data` cannot be decoded: such a row is kept
+    /// and named, never dropped (a replay sends its workflow to an operator).
+    pub record: Result<StepRecord, String>,
     /// When the entry was first journaled (epoch seconds, database clock).
     pub created_at: f64,
+}
+
+impl StepRow {
+    /// A row read back with its stored `kind` and `data` (see [`StepRecord::decode`]).
+    pub fn decoded(
+        seq: i32,
+        step_id: String,
+        attempt: i32,
+        status: StepStatus,
+        stored: (&str, &Value),
+        created_at: f64,
+    ) -> StepRow {
+        let record = StepRecord::decode(stored.0, stored.1).map_err(|error| error.to_string());
+        StepRow {
+            seq,
+            step_id,
+            attempt,
+            status,
+            record,
+            created_at,
+        }
+    }
+
+    /// Its record, if it could be decoded.
+    pub fn record(&self) -> Option<&StepRecord> {
+        self.record.as_ref().ok()
+    }
+
+    /// Its call kind, if its record could be decoded.
+    pub fn kind(&self) -> Option<StepKind> {
+        self.record().map(StepRecord::kind)
+    }
+
+    /// Its call kind's name, or `unreadable` when its record could not be decoded.
+    pub fn kind_name(&self) -> &'static str {
+        self.kind().map_or("unreadable", StepKind::as_str)
+    }
+
+    /// Its record as stored (`null` when it could not be decoded): for tests and diagnostics
+    /// that look at the stored document; code reads the typed [`StepRow::record`].
+    pub fn encoded(&self) -> Value {
+        self.record().map_or(Value::Null, StepRecord::encode)
+    }
 }
 
 /// One artifact version as read back.
@@ -153,7 +212,7 @@ pub struct WorkflowRow {
 
 /// The kinds of journal entry that wait for a person (`pause`, `humanCheckpoint`): a reader gets
 /// them whole, as [`Snapshot::checkpoints`]. Every other kind is a step, read a page at a time.
-pub const CHECKPOINT_KINDS: [&str; 2] = ["pause", "humanCheckpoint"];
+pub const CHECKPOINT_KINDS: [StepKind; 2] = [StepKind::Pause, StepKind::HumanCheckpoint];
 
 /// A place in a workflow's journal: attempt `attempt` of call `seq`. The journal's order is
 /// `(seq, attempt)`, and one pair names one entry (each call has a `seq` of its own, each try of

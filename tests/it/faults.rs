@@ -81,7 +81,7 @@ async fn child_runs(db: &TestDb, workflow_id: &str) -> Vec<(String, i64, String)
         .expect("steps");
     let mut runs = Vec::new();
     for step in steps {
-        if let Some(run_id) = step.data["run_id"].as_str()
+        if let Some(run_id) = step.encoded()["run_id"].as_str()
             && let Some(run) = store
                 .read_run(&store::RunId::new(run_id))
                 .await
@@ -220,7 +220,7 @@ async fn run_of_step(db: &TestDb, workflow_id: &str, step_id: &str) -> Option<st
         .expect("steps")
     {
         if step.step_id == step_id
-            && let Some(run_id) = step.data["run_id"].as_str()
+            && let Some(run_id) = step.encoded()["run_id"].as_str()
         {
             return store
                 .read_run(&store::RunId::new(run_id))
@@ -270,7 +270,7 @@ on_both_backends! {
         }).await;
         let steps = db.store().await.read_steps(&id).await.expect("steps");
         let slow = steps.iter().find(|step| step.step_id == "slow").expect("slow journaled");
-        assert_eq!(slow.status.as_str(), "cancelled", "{:?}", slow.data);
+        assert_eq!(slow.status.as_str(), "cancelled", "{:?}", slow.encoded());
         node.node.workflows().resume(actors::Resume {
             workflow_id: id.clone(), fingerprint: None, step_id: "hold".into(), attempt: 1,
             input: json!(null),
@@ -309,7 +309,7 @@ on_both_backends! {
         eventually(Duration::from_secs(10), "the child run started", async || {
             view(&owner, id.as_str()).await.steps.first().is_some_and(|s| s.status.as_str() == "running")
         }).await;
-        let old_run = view(&owner, id.as_str()).await.steps[0].data["run_id"].as_str().expect("run").to_owned();
+        let old_run = view(&owner, id.as_str()).await.steps[0].encoded()["run_id"].as_str().expect("run").to_owned();
         // The owner loses the workflow's lease; its child run lives on, still renewed.
         owner.node.workflows().fence(&id).await.expect("fence");
         forget_the_run_in_the_journal(&db, id.as_str(), "slow").await;

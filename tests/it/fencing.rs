@@ -35,9 +35,9 @@ fn step(workflow_id: &str, step_id: &str) -> WriteOp {
         workflow_id: store::WorkflowId::new(workflow_id),
         step_id: step_id.to_owned(),
         attempt: 1,
-        kind: "agent".into(),
         status: store::StepStatus::Completed,
-        data: json!({"output": step_id}),
+        record: store::StepRecord::decode("agent", &json!({"output": step_id}))
+            .expect("a step record"),
     }
 }
 

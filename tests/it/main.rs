@@ -39,6 +39,7 @@ mod private_pg;
 mod runs_store;
 mod scripts;
 mod stale_owner;
+mod storage;
 mod users;
 mod wake;
 mod webdriver;

@@ -14,6 +14,7 @@ const TABLES: &[&str] = &[
     "runs",
     "schema_migrations",
     "user_sessions",
+    "user_storage",
     "users",
     "workflow_artifacts",
     "workflow_controls",
@@ -21,6 +22,7 @@ const TABLES: &[&str] = &[
     "workflow_events",
     "workflow_slots",
     "workflow_steps",
+    "workflow_storage",
     "workflows",
 ];
 

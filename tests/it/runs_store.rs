@@ -153,9 +153,8 @@ async fn workflow_with_a_step_and_a_run(store: &Store) -> Lease {
         seq: 0,
         step_id: "a".into(),
         attempt: 1,
-        kind: "agent".into(),
         status: store::StepStatus::Running,
-        data: json!({}),
+        record: store::StepRecord::decode("agent", &json!({})).expect("a step record"),
     };
     store
         .fenced_write(&lease.fence(), vec![entry])
@@ -298,9 +297,8 @@ async fn racing_claims_of_one_user_count_each_other_while_another_user_waits() {
         seq: 0,
         step_id: "b".into(),
         attempt: 1,
-        kind: "agent".into(),
         status: store::StepStatus::Queued,
-        data: json!({}),
+        record: store::StepRecord::decode("agent", &json!({})).expect("a step record"),
     };
     store
         .fenced_write(&bob.fence(), vec![queued])

@@ -142,7 +142,7 @@ on_both_backends! {
         let artifact = node.node.store().read_artifact(&id, 4).await.expect("read").expect("v4");
         assert_eq!(artifact.content, b"evidence v1");
         let steps: Vec<(i32, &str, &str, &str)> = done.steps.iter()
-            .map(|s| (s.seq, s.step_id.as_str(), s.kind.as_str(), s.status.as_str())).collect();
+            .map(|s| (s.seq, s.step_id.as_str(), s.kind_name(), s.status.as_str())).collect();
         assert_eq!(steps, vec![
             (0, "draft", "agent", "completed"),
             (1, "left", "agent", "completed"),
@@ -152,7 +152,7 @@ on_both_backends! {
             (5, "read:5", "readArtifact", "completed"),
             (6, "review", "humanCheckpoint", "completed"),
         ]);
-        let run_ids: HashSet<&str> = done.steps.iter().filter_map(|s| s.data["run_id"].as_str()).collect();
+        let run_ids: HashSet<&str> = done.steps.iter().filter_map(|s| Some(s.record()?.run_id()?.as_str())).collect();
         assert_eq!(run_ids.len(), 3, "one child run per agent step");
         assert!(done.controls.iter().all(|c| c.applied));
         assert_eq!(node.node.store().read_lease(&id).await.expect("lease").map(|l| l.epoch.get()), Some(1));
@@ -207,7 +207,7 @@ async fn recovery_leaves_the_one_run_to_an_operator(
     wait_for_status(heir, id, "needs_reconciliation").await;
     let done = view(heir, id).await;
     assert_eq!(
-        done.steps[0].data["run_id"].as_str(),
+        done.steps[0].encoded()["run_id"].as_str(),
         Some(run_id),
         "recovery admitted a second child run"
     );
@@ -286,7 +286,7 @@ on_both_backends! {
         assert_eq!(why["step_id"], "first");
         let message = why["message"].as_str().unwrap_or_default();
         assert!(message.contains("call 0") && message.contains("\"first\""), "{message}");
-        let agents = view(&heir, id.as_str()).await.steps.iter().filter(|s| s.kind == "agent").count();
+        let agents = view(&heir, id.as_str()).await.steps.iter().filter(|s| s.kind_name() == "agent").count();
         assert_eq!(agents, 1, "nothing was run again around the unreadable row");
         // A cancel replays nothing, so it ends the workflow whatever its journal holds.
         heir.node.workflows().cancel(&id, "ada").await.expect("cancel");
@@ -310,7 +310,7 @@ on_both_backends! {
         let error = view(&heir, id.as_str()).await.row.data["error"].as_str().unwrap_or_default().to_owned();
         assert!(error.contains("non-determinism") && error.contains("\"first\"") && error.contains("\"renamed\""),
             "{error}");
-        let agents = view(&heir, id.as_str()).await.steps.iter().filter(|s| s.kind == "agent").count();
+        let agents = view(&heir, id.as_str()).await.steps.iter().filter(|s| s.kind_name() == "agent").count();
         assert_eq!(agents, 1, "the diverging call ran nothing");
     }
 }
@@ -328,7 +328,7 @@ on_both_backends! {
         };
         let id = owner.node.workflows().launch(request).await.expect("launch").workflow_id;
         wait_for_status(&owner, id.as_str(), "paused").await;
-        let first_run = view(&owner, id.as_str()).await.steps[0].data["run_id"].clone();
+        let first_run = view(&owner, id.as_str()).await.steps[0].encoded()["run_id"].clone();
 
         let early = heir.node.workflows().recover(&id).await;
         assert!(matches!(early, Err(actors::Error::LeaseHeld { action: actors::Takeover::Recover })), "{early:?}");
@@ -344,7 +344,7 @@ on_both_backends! {
         assert_eq!(done.row.data["result"]["first"], json!({"echo": "one"}));
         assert_eq!(done.row.data["result"]["second"], json!({"echo": "two"}));
         assert_eq!(done.row.data["result"]["firstRun"], first_run, "the first step ran again");
-        assert_eq!(done.steps[0].data["run_id"], first_run);
+        assert_eq!(done.steps[0].encoded()["run_id"], first_run);
         assert_eq!(done.row.owner.as_deref().map(|o| o.starts_with("heir")), Some(true));
     }
 }
@@ -363,7 +363,7 @@ on_both_backends! {
             view(&owner, id.as_str()).await.steps.first().is_some_and(|s| s.status.as_str() == "running")
         })
         .await;
-        let run_id = view(&owner, id.as_str()).await.steps[0].data["run_id"].as_str().expect("run").to_owned();
+        let run_id = view(&owner, id.as_str()).await.steps[0].encoded()["run_id"].as_str().expect("run").to_owned();
         recovery_leaves_the_one_run_to_an_operator(owner, &heir, id.as_str(), &run_id).await;
         // The supervisor stops just after the status it wrote became visible.
         eventually(Duration::from_secs(10), "the heir's supervisor stopped", async || {
@@ -390,7 +390,7 @@ on_both_backends! {
         .await;
         let stopped = view(&owner, id.as_str()).await;
         assert_eq!(stopped.row.status.as_str(), "running", "the step was judged without knowing its outcome");
-        let run_id = stopped.steps[0].data["run_id"].as_str().expect("journaled with its run").to_owned();
+        let run_id = stopped.steps[0].encoded()["run_id"].as_str().expect("journaled with its run").to_owned();
         recovery_leaves_the_one_run_to_an_operator(owner, &heir, id.as_str(), &run_id).await;
     }
 }
@@ -459,7 +459,7 @@ on_both_backends! {
             view(&node, id.as_str()).await.steps.first().is_some_and(|s| s.status.as_str() == "running")
         })
         .await;
-        let run_id = view(&node, id.as_str()).await.steps[0].data["run_id"].as_str().expect("run").to_owned();
+        let run_id = view(&node, id.as_str()).await.steps[0].encoded()["run_id"].as_str().expect("run").to_owned();
         let busy = workflows.delete(&id).await.expect("delete");
         assert_eq!(busy, store::Deletion::NotTerminal, "a live workflow was deleted");
 
@@ -542,7 +542,7 @@ on_both_backends! {
             })
             .await;
         }
-        let first_run = view(&owner, retried.as_str()).await.steps[0].data["run_id"].clone();
+        let first_run = view(&owner, retried.as_str()).await.steps[0].encoded()["run_id"].clone();
         crash_and_wait_for_expiry(owner, &heir, retried.as_str()).await;
         for id in [&retried, &completed] {
             heir.node.workflows().recover(id).await.expect("recover");
@@ -572,11 +572,11 @@ on_both_backends! {
             "the old attempt stays on record beside the new one, closed");
         assert_eq!(done.row.data["result"]["output"], json!("done"));
         assert_ne!(done.row.data["result"]["run"], first_run, "the retry is a new child run");
-        assert_eq!(done.steps[0].data["run_id"], first_run, "the old child run stays on record");
+        assert_eq!(done.steps[0].encoded()["run_id"], first_run, "the old child run stays on record");
 
         let settled = view(&heir, completed.as_str()).await;
         assert_eq!(settled.row.data["result"]["output"], json!("by hand"));
-        assert_eq!(settled.steps[0].data["reconciled"]["by"], "root");
+        assert_eq!(settled.steps[0].encoded()["reconciled"]["by"], "root");
         let not_now = heir.node.workflows().reconcile(request(completed.as_str(), actors::Resolution::Fail)).await;
         assert!(matches!(not_now, Err(actors::Error::NotLive { action: actors::Takeover::Reconcile, .. })), "{not_now:?}");
     }
@@ -677,7 +677,7 @@ on_both_backends! {
         let done = view(&node, bob.as_str()).await;
         assert_eq!(done.row.data["result"], json!(30));
         let steps: Vec<_> = done.steps.iter()
-            .map(|s| (s.step_id.as_str(), s.status.as_str(), s.data["run_id"].is_string()))
+            .map(|s| (s.step_id.as_str(), s.status.as_str(), s.encoded()["run_id"].is_string()))
             .collect();
         assert_eq!(steps, [("first", "completed", true), ("second", "completed", true)]);
     }
@@ -739,7 +739,7 @@ on_both_backends! {
             view(&owner, id.as_str()).await.steps.first().is_some_and(|s| s.status.as_str() == "running")
         })
         .await;
-        let run_id = view(&owner, id.as_str()).await.steps[0].data["run_id"].as_str().expect("run").to_owned();
+        let run_id = view(&owner, id.as_str()).await.steps[0].encoded()["run_id"].as_str().expect("run").to_owned();
         crash_and_wait_for_expiry(owner, &heir, id.as_str()).await;
 
         let refused = heir.node.workflows().recover(&id).await;
@@ -817,7 +817,7 @@ on_both_backends! {
         .await;
         let mut held = Vec::new();
         for step in view(&node, id.as_str()).await.steps {
-            let run_id = step.data["run_id"].as_str().expect("run").to_owned();
+            let run_id = step.encoded()["run_id"].as_str().expect("run").to_owned();
             let (reached, release) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
             node.faults.add_for("request_run_cancel", &run_id, FaultAction::HoldBefore {
                 reached: Arc::clone(&reached),

@@ -38,7 +38,7 @@ pub struct Launched {
 
 /// A workflow as stored: its row, lease, controls and checkpoints, and the first page of its
 /// steps and of its artifact versions (see [`store::Snapshot`]).
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone)]
 pub struct WorkflowView {
     pub row: WorkflowRow,
     /// The first steps of its journal, in journal order (see [`store::Snapshot::steps`]).
@@ -76,6 +76,9 @@ pub struct WorkflowsOptions {
     pub slots_max: u64,
     /// The slots the steps of one user's workflows hold at most, across the cluster.
     pub slots_per_user_max: u64,
+    /// The bytes one user's workflows store at most (`limits.user_stored_bytes_max`; 0: no
+    /// quota).
+    pub stored_bytes_max: u64,
     pub lease_ms: u64,
     /// A workflow's wall-clock limit from launch (`timeout_seconds`).
     pub timeout_seconds: u64,
@@ -924,6 +927,7 @@ async fn reconcile(
             store::Limit::Workflows => limits.max_workflows,
             store::Limit::WorkflowsPerOwner => limits.max_workflows_per_owner,
             store::Limit::TokensPerUser { max } => u64::from(*max),
+            store::Limit::StoredBytes { max, .. } => u64::try_from(*max).unwrap_or(0),
         };
         return Err(Error::LimitReached { limit: *limit, max });
     }
@@ -968,6 +972,7 @@ async fn start_supervisor(
             node_files: std::sync::Arc::clone(&options.node_files),
             slots_max: options.slots_max,
             slots_per_user_max: options.slots_per_user_max,
+            stored_bytes_max: options.stored_bytes_max,
             cancel_window_ms: options.lease_ms * 2,
             timeout_ms: options.timeout_seconds.saturating_mul(1000),
             start,
@@ -1199,7 +1204,7 @@ impl WorkflowsHandle {
         }
         let threads: std::collections::BTreeSet<String> = steps
             .iter()
-            .filter(|step| step.kind == runtime::CallKind::Agent.as_str())
+            .filter(|step| step.kind() == Some(store::StepKind::Agent))
             .map(|step| crate::workflow::thread_for(workflow_id, &step.step_id))
             .collect();
         let workspaces_dir = self.workspaces_dir.clone();

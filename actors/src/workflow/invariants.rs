@@ -80,9 +80,8 @@ mod tests {
             seq: 0,
             step_id: "a".into(),
             attempt,
-            kind: "agent".into(),
             status: StepStatus::Running,
-            data: json!({}),
+            record: store::StepRecord::decode("agent", &json!({})).expect("a step record"),
         }
     }
 

@@ -4,8 +4,8 @@
 
 use std::collections::BTreeMap;
 
-use runtime::{CallKind, JournalEntry};
-use serde_json::Value;
+use runtime::{CallKind, JournalEntry, Outcome};
+use store::{StepKind, StepOutcome};
 
 /// A journal row that cannot be replayed: the workflow is never replayed around it.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -72,43 +72,65 @@ pub(super) fn newest_attempts(
 
 /// A stored step as the runtime's journal entry.
 fn journal_entry(seq: u32, step: &store::StepRow) -> Result<JournalEntry, String> {
-    let kind = CallKind::parse(&step.kind)
-        .ok_or_else(|| format!("{:?} is not a kind of call", step.kind))?;
-    let outcome = serde_json::from_value(step.data["outcome"].clone())
-        .map_err(|e| format!("its outcome cannot be read: {e}"))?;
-    let settled_at_ms = match &step.data["settled_at_ms"] {
-        Value::Null => None,
-        at => Some(
-            at.as_i64()
-                .ok_or_else(|| format!("its settled_at_ms {at} is not a whole number"))?,
-        ),
-    };
+    let record = step.record.as_ref().map_err(Clone::clone)?;
     Ok(JournalEntry {
         seq,
-        kind,
+        kind: call_kind(record.kind()),
         step_id: step.step_id.clone(),
-        args: step.data["args"].clone(),
-        outcome,
-        settled_at_ms,
+        args: record.args.clone(),
+        outcome: record.outcome.clone().map(outcome),
+        settled_at_ms: record.settled_at_ms,
     })
+}
+
+/// The runtime's call kind of a stored step kind, and back: the same five, named alike.
+pub(crate) fn call_kind(kind: StepKind) -> CallKind {
+    match kind {
+        StepKind::Agent => CallKind::Agent,
+        StepKind::Pause => CallKind::Pause,
+        StepKind::HumanCheckpoint => CallKind::HumanCheckpoint,
+        StepKind::CaptureArtifact => CallKind::CaptureArtifact,
+        StepKind::ReadArtifact => CallKind::ReadArtifact,
+    }
+}
+
+pub(crate) fn step_kind(kind: CallKind) -> StepKind {
+    match kind {
+        CallKind::Agent => StepKind::Agent,
+        CallKind::Pause => StepKind::Pause,
+        CallKind::HumanCheckpoint => StepKind::HumanCheckpoint,
+        CallKind::CaptureArtifact => StepKind::CaptureArtifact,
+        CallKind::ReadArtifact => StepKind::ReadArtifact,
+    }
+}
+
+/// The runtime's outcome of a stored one, and back.
+pub(crate) fn outcome(stored: StepOutcome) -> Outcome {
+    match stored {
+        StepOutcome::Resolved(value) => Outcome::Resolved(value),
+        StepOutcome::Rejected(value) => Outcome::Rejected(value),
+    }
+}
+
+pub(crate) fn step_outcome(outcome: Outcome) -> StepOutcome {
+    match outcome {
+        Outcome::Resolved(value) => StepOutcome::Resolved(value),
+        Outcome::Rejected(value) => StepOutcome::Rejected(value),
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use runtime::Outcome;
-    use serde_json::json;
+    use serde_json::{Value, json};
 
     fn row(seq: i32, step_id: &str, attempt: i32, data: Value) -> store::StepRow {
-        store::StepRow {
-            seq,
-            step_id: step_id.to_owned(),
-            attempt,
-            kind: "agent".to_owned(),
-            status: store::StepStatus::Completed,
-            data,
-            created_at: 0.0,
-        }
+        stored(seq, step_id, attempt, "agent", data)
+    }
+
+    fn stored(seq: i32, step_id: &str, attempt: i32, kind: &str, data: Value) -> store::StepRow {
+        let status = store::StepStatus::Completed;
+        store::StepRow::decoded(seq, step_id.to_owned(), attempt, status, (kind, &data), 0.0)
     }
 
     fn settled(value: i64) -> Value {
@@ -155,8 +177,7 @@ mod tests {
             (error.seq, error.step_id.as_str(), error.attempt),
             (1, "b", 3)
         );
-        let mut bad_kind = row(0, "a", 1, settled(1));
-        bad_kind.kind = "teleport".to_owned();
+        let bad_kind = stored(0, "a", 1, "teleport", settled(1));
         assert!(newest_attempts(vec![bad_kind]).1.is_err());
         let bad_time = json!({"args": {}, "settled_at_ms": "noon"});
         assert!(newest_attempts(vec![row(0, "a", 1, bad_time)]).1.is_err());

@@ -120,6 +120,8 @@ pub(crate) struct WorkflowArgs {
     pub node_files: std::sync::Arc<crate::node_files::NodeFiles>,
     pub slots_max: u64,
     pub slots_per_user_max: u64,
+    /// The bytes one user's workflows store at most (`limits.user_stored_bytes_max`).
+    pub stored_bytes_max: u64,
     /// How long a cancellation waits for its child runs to stop before it gives up on observing
     /// them (and the workflow needs reconciliation).
     pub cancel_window_ms: u64,
@@ -422,6 +424,7 @@ impl Actor for WorkflowSupervisor {
                 limits: args.limits,
                 slots_max: args.slots_max,
                 slots_per_user_max: args.slots_per_user_max,
+                stored_bytes_max: args.stored_bytes_max,
                 log_events_max: args.log_events_max,
                 log_event_bytes_max: args.log_event_bytes_max,
                 cancel_window_ms: args.cancel_window_ms,

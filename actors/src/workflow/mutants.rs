@@ -23,6 +23,11 @@ pub(crate) enum Mutant {
     QueuedCallNeverWoken,
     /// A child run closed by the orphan sweep is reported as one whose outcome is unknown.
     OrphanReportedAsOutcomeUnknown,
+    /// A workflow that ends gives nothing of its grants back: the unused room stays counted
+    /// against its owner's quota.
+    StorageKeptAfterTheEnd,
+    /// An artifact is written with no grant of its owner's quota taken for it.
+    ArtifactWithoutGrant,
 }
 
 thread_local! {

@@ -10,11 +10,12 @@ use runtime::CallKind;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use store::{
-    LaunchLimits, NewWorkflow, StepRow, StepStatus, TakeOver, WorkflowId, WorkflowRow,
-    WorkflowStatus, WriteOp,
+    LaunchLimits, NewWorkflow, Reconciled, StepCall, StepKind, StepOutcome, StepRecord, StepRow,
+    StepStatus, TakeOver, WorkflowId, WorkflowRow, WorkflowStatus, WriteOp,
 };
 
 use super::WorkflowDocument;
+use super::journal::step_kind;
 use super::requests::{Decide, LaunchRequest, ReconcileRequest, Resolution};
 use crate::error::{Error, Takeover};
 
@@ -146,10 +147,11 @@ pub(super) fn answered_step(
             step_id: step_id.to_owned(),
         });
     };
-    if step.kind != kind.as_str() {
+    let stored = step.kind();
+    if stored != Some(step_kind(kind)) {
         return Err(Error::WrongStepKind {
             step_id: step_id.to_owned(),
-            kind: step.kind,
+            kind: stored.map_or("unreadable", StepKind::as_str).to_owned(),
             expected: kind.as_str(),
         });
     }
@@ -180,7 +182,10 @@ pub(super) fn valid_decision(request: &Decide) -> Result<(), Error> {
 /// control).
 pub(super) fn decision(request: &Decide, step: &StepRow) -> Result<Value, Error> {
     valid_decision(request)?;
-    let under_review = step.data["args"]["artifactVersion"].as_u64();
+    let under_review = step
+        .record()
+        .and_then(StepRecord::artifact_version)
+        .and_then(|version| u64::try_from(version).ok());
     if under_review != Some(request.artifact_version) {
         return Err(Error::StaleArtifactVersion {
             step_id: request.step_id.clone(),
@@ -263,29 +268,35 @@ pub(super) fn reconcile_writes(
             workflow_id: id.clone(),
             step_id: request.step_id.clone(),
         })?;
-    let record = json!({
-        "by": request.by,
-        "reason": request.reason,
-        "resolution": match &request.resolution {
+    let stored = step.record.clone().map_err(|problem| {
+        Error::Store(store::Error::Database(format!(
+            "step {:?} attempt {} cannot be reconciled: {problem}",
+            step.step_id, step.attempt
+        )))
+    })?;
+    let record = Reconciled {
+        by: request.by.clone(),
+        reason: request.reason.clone(),
+        resolution: match &request.resolution {
             Resolution::Retry => "retry",
             Resolution::Fail => "fail",
             Resolution::Complete(_) => "complete",
-        },
-    });
-    let settled = |status: StepStatus, outcome: runtime::Outcome| {
-        let mut data = step.data.clone();
-        data["outcome"] = serde_json::to_value(Some(outcome)).unwrap_or(Value::Null);
-        data["settled_at_ms"] = json!(now_ms);
-        data["reconciled"] = record.clone();
-        WriteOp::PutStep {
-            workflow_id: id.clone(),
-            seq: step.seq,
-            step_id: step.step_id.clone(),
-            attempt: step.attempt,
-            kind: step.kind.clone(),
-            status,
-            data,
         }
+        .to_owned(),
+    };
+    let run_id = json!(stored.run_id());
+    let settled = |status: StepStatus, outcome: StepOutcome| WriteOp::PutStep {
+        workflow_id: id.clone(),
+        seq: step.seq,
+        step_id: step.step_id.clone(),
+        attempt: step.attempt,
+        status,
+        record: StepRecord {
+            outcome: Some(outcome),
+            settled_at_ms: Some(now_ms),
+            reconciled: Some(record.clone()),
+            ..stored.clone()
+        },
     };
     let release = WriteOp::ReleaseSlot {
         workflow_id: id.clone(),
@@ -295,10 +306,10 @@ pub(super) fn reconcile_writes(
         Resolution::Fail => vec![
             settled(
                 StepStatus::Failed,
-                runtime::Outcome::Rejected(json!({
+                StepOutcome::Rejected(json!({
                     "message": format!("reconciled as failed: {}", request.reason),
                     "status": "error",
-                    "runId": step.data["run_id"],
+                    "runId": run_id,
                 })),
             ),
             release,
@@ -315,10 +326,10 @@ pub(super) fn reconcile_writes(
             vec![
                 settled(
                     StepStatus::Completed,
-                    runtime::Outcome::Resolved(json!({
+                    StepOutcome::Resolved(json!({
                         "output": output,
                         "status": "success",
-                        "runId": step.data["run_id"],
+                        "runId": run_id,
                         "reconciled": true,
                     })),
                 ),
@@ -329,30 +340,33 @@ pub(super) fn reconcile_writes(
             // The old attempt is closed as cancelled (it never gets an outcome; its record says
             // it was reconciled with a retry), and the new one is queued; the old attempt's
             // slot is given back, the new one claims its own.
-            let mut old = step.data.clone();
-            old["reconciled"] = record.clone();
+            let mut next = StepRecord::new(stored.kind(), stored.args.clone());
+            next.reconciled = Some(record.clone());
+            if let StepCall::Agent {
+                previous_run_id, ..
+            } = &mut next.call
+            {
+                *previous_run_id = stored.run_id().cloned();
+            }
             vec![
                 WriteOp::PutStep {
                     workflow_id: id.clone(),
                     seq: step.seq,
                     step_id: step.step_id.clone(),
                     attempt: step.attempt,
-                    kind: step.kind.clone(),
                     status: StepStatus::Cancelled,
-                    data: old,
+                    record: StepRecord {
+                        reconciled: Some(record),
+                        ..stored
+                    },
                 },
                 WriteOp::PutStep {
                     workflow_id: id.clone(),
                     seq: step.seq,
                     step_id: step.step_id.clone(),
                     attempt: step.attempt + 1,
-                    kind: step.kind.clone(),
                     status: StepStatus::Queued,
-                    data: json!({
-                        "args": step.data["args"],
-                        "reconciled": record,
-                        "previous_run_id": step.data["run_id"],
-                    }),
+                    record: next,
                 },
                 release,
             ]
@@ -408,9 +422,8 @@ mod tests {
             seq: 0,
             step_id: step_id.into(),
             attempt,
-            kind: kind.as_str().into(),
             status: StepStatus::Running,
-            data,
+            record: store::StepRecord::decode(kind.as_str(), &data).map_err(|e| e.to_string()),
             created_at: 0.0,
         }
     }
@@ -707,18 +720,20 @@ mod tests {
             json!({"script": "s"}),
             "the reason it waited is gone"
         );
-        let WriteOp::PutStep { data, .. } = &ops[1] else {
+        let WriteOp::PutStep { record, .. } = &ops[1] else {
             panic!("the new attempt");
         };
+        let data = record.encode();
         assert_eq!(data["previous_run_id"], "run-1");
         assert_eq!(data["reconciled"]["resolution"], "retry");
         assert_eq!(data["reconciled"]["by"], "ops@example.com");
 
         let (ops, _) = reconcile(Resolution::Fail).expect("a failure");
         assert_eq!(described(&ops)[..2], ["step a/1 failed", "release slot a"]);
-        let WriteOp::PutStep { data, .. } = &ops[0] else {
+        let WriteOp::PutStep { record, .. } = &ops[0] else {
             panic!("the settled attempt");
         };
+        let data = record.encode();
         assert_eq!(
             data["outcome"]["value"]["message"],
             "reconciled as failed: checked the deploy"
@@ -731,9 +746,10 @@ mod tests {
             ["step a/1 completed", "release slot a"]
         );
         assert_eq!(described(&ops)[2..], tail);
-        let WriteOp::PutStep { data, .. } = &ops[0] else {
+        let WriteOp::PutStep { record, .. } = &ops[0] else {
             panic!("the settled attempt");
         };
+        let data = record.encode();
         assert_eq!(
             data["outcome"],
             json!({"outcome": "resolved", "value": {"output": {"deployed": true},

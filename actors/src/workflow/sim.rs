@@ -61,8 +61,8 @@ use serde_json::{Value, json};
 use store::{
     CancelAction, ControlWrite, Controls, Fence, LaunchLimits, Leases, NewControl, NewRun,
     NewWorkflow, Operators, Purpose, RunId, RunOutcome, RunRow, RunStatus, Runs, SimClock,
-    SimStore, SlotRow, StepStatus, TakeOver, Versions, WorkflowId, WorkflowStatus, WorkflowStep,
-    Workflows, WriteOp,
+    SimStore, SlotRow, StepKind, StepOutcome, StepRecord, StepStatus, TakeOver, Versions,
+    WorkflowId, WorkflowStatus, WorkflowStep, Workflows, WriteOp,
 };
 
 use super::front_door::SLOT_WAKES_MAX;
@@ -721,6 +721,7 @@ impl Sim {
                 limits: runtime::Limits::default(),
                 slots_max: self.slots_max,
                 slots_per_user_max: self.slots_max,
+                stored_bytes_max: 0,
                 log_events_max: 100,
                 log_event_bytes_max: 10_000,
                 cancel_window_ms: LEASE_MS * 2,
@@ -1802,7 +1803,7 @@ impl Sim {
             .iter()
             .filter(|step| step.step_id == step_id)
             .max_by_key(|step| step.attempt)
-            .map(|step| step.data["args"]["task"].clone());
+            .and_then(|step| Some(step.record()?.args["task"].clone()));
         // `complete` is what an operator says of a child that would have succeeded, with the
         // output it would have given; any step may be retried or failed.
         let completes = task.as_ref().filter(|task| {
@@ -1924,19 +1925,19 @@ impl Sim {
                 continue;
             };
             for step in steps {
-                if step.kind == "agent" {
+                if step.kind() == Some(StepKind::Agent) {
                     self.answer_agent(&step);
                     continue;
                 }
                 if step.status != StepStatus::Running {
                     continue;
                 }
-                let (kind, body) = match step.kind.as_str() {
-                    "pause" => ("resume", json!({"input": {"go": step.step_id}})),
-                    "humanCheckpoint" => (
+                let (kind, body) = match step.kind() {
+                    Some(StepKind::Pause) => ("resume", json!({"input": {"go": step.step_id}})),
+                    Some(StepKind::HumanCheckpoint) => (
                         "decide",
                         json!({"decision": "approve",
-                               "artifactVersion": step.data["args"]["artifactVersion"],
+                               "artifactVersion": step.record().and_then(StepRecord::artifact_version),
                                "comment": "fine"}),
                     ),
                     _ => continue,
@@ -2014,7 +2015,7 @@ impl Sim {
     /// Answers an agent step's run that waits for a person, twice, from two nodes: the first
     /// answer wins, the second finds nothing to answer.
     fn answer_agent(&mut self, step: &store::StepRow) {
-        let Some(run_id) = step.data["run_id"].as_str().map(RunId::new) else {
+        let Some(run_id) = step.record().and_then(StepRecord::run_id).cloned() else {
             return;
         };
         let Ok(Some(run)) = now_or_never(self.store.read_run(&run_id)) else {
@@ -2078,6 +2079,8 @@ impl Sim {
     /// a read the store refuses is a violation, never an empty answer.
     fn oracle(&mut self, baseline: &[Ending]) {
         let runs = self.store.all_runs();
+        let storage = self.store.all_storage();
+        self.check_owners_storage(&storage);
         let slots = match now_or_never(self.store.list_slots(u32::MAX)) {
             Ok(slots) => slots,
             Err(error) => return self.violation(format!("the slots cannot be read: {error}")),
@@ -2127,7 +2130,7 @@ impl Sim {
                 .cloned()
                 .unwrap_or_default();
             self.check_reconciled(&workflow_id, &reconciled);
-            self.check_nothing_held(&workflow_id, &runs, &slots);
+            self.check_nothing_held(&workflow_id, &runs, &slots, &storage);
             let faithful = reconciled.iter().all(|made| made.faithful);
             match &ending {
                 Ending::Completed(_) | Ending::Failed(_) if !faithful => {
@@ -2193,6 +2196,33 @@ impl Sim {
         }
     }
 
+    /// Each user's storage row is the sum of their workflows' grants: a grant moves both by the
+    /// same bytes, in one write.
+    fn check_owners_storage(&mut self, storage: &store::SimStorage) {
+        let mut granted: BTreeMap<String, i64> = BTreeMap::new();
+        for (workflow_id, grant) in &storage.workflows {
+            let row = self.read(workflow_id, "row", |store, id| {
+                now_or_never(store.read_workflow(id))
+            });
+            if let Some(Some(row)) = row {
+                *granted.entry(row.user_id).or_default() += grant.granted_bytes;
+            }
+        }
+        let users: BTreeMap<String, i64> = storage
+            .users
+            .iter()
+            .filter(|(_, bytes)| **bytes != 0)
+            .map(|(user, bytes)| (user.clone(), *bytes))
+            .collect();
+        granted.retain(|_, bytes| *bytes != 0);
+        if users != granted {
+            self.violation(format!(
+                "the users' storage rows {users:?} are not the sums of their workflows' grants \
+                 {granted:?}"
+            ));
+        }
+    }
+
     /// Every reconcile the operator made is on record in its step's journal: the attempt it
     /// settled holds the resolution, and a retry queued the next attempt.
     fn check_reconciled(&mut self, workflow_id: &WorkflowId, reconciled: &[Reconciled]) {
@@ -2208,7 +2238,11 @@ impl Sim {
                 Resolution::Complete(_) => "complete",
             };
             let settled = steps.iter().find(|step| {
-                step.step_id == made.step_id && step.data["reconciled"]["resolution"] == name
+                step.step_id == made.step_id
+                    && step
+                        .record()
+                        .and_then(|record| record.reconciled.as_ref())
+                        .is_some_and(|reconciled| reconciled.resolution == name)
             });
             // A retry closed the attempt it settled and queued the next one.
             let recorded = settled.is_some_and(|settled| {
@@ -2225,10 +2259,12 @@ impl Sim {
             }
             // A `complete` gives the step exactly the output the operator gave, nothing else.
             if let (Resolution::Complete(output), Some(settled)) = (&made.resolution, settled) {
-                let outcome = &settled.data["outcome"];
-                if outcome["outcome"] != "resolved" || &outcome["value"]["output"] != output {
+                let outcome = settled.record().and_then(|record| record.outcome.as_ref());
+                let faithful = matches!(outcome, Some(StepOutcome::Resolved(value))
+                    if &value["output"] == output);
+                if !faithful {
                     self.violation(format!(
-                        "{workflow_id}: the reconcile {made:?} recorded the outcome {outcome}"
+                        "{workflow_id}: the reconcile {made:?} recorded the outcome {outcome:?}"
                     ));
                 }
             }
@@ -2264,7 +2300,13 @@ impl Sim {
     /// A workflow that ended holds nothing: no live child run, no slot, and its lease was given
     /// back by the write that ended it. One that waits for reconciliation gave its lease back
     /// the same way (its slots stay held: a child may still run).
-    fn check_nothing_held(&mut self, workflow_id: &WorkflowId, runs: &[RunRow], slots: &[SlotRow]) {
+    fn check_nothing_held(
+        &mut self,
+        workflow_id: &WorkflowId,
+        runs: &[RunRow],
+        slots: &[SlotRow],
+        storage: &store::SimStorage,
+    ) {
         let Some(Some(row)) = self.read(workflow_id, "row", |store, id| {
             now_or_never(store.read_workflow(id))
         }) else {
@@ -2294,7 +2336,27 @@ impl Sim {
                 ));
             }
         }
+        let grant = storage
+            .workflows
+            .get(workflow_id)
+            .copied()
+            .unwrap_or_default();
+        let held = grant.granted_bytes - grant.returned_bytes;
+        if grant.artifact_bytes > held {
+            self.violation(format!(
+                "{workflow_id}'s artifacts take {} bytes beyond its grant: {grant:?}",
+                grant.artifact_bytes - held
+            ));
+        }
         if row.status.is_final() || row.status == WorkflowStatus::NeedsReconciliation {
+            if held > grant.artifact_bytes {
+                self.violation(format!(
+                    "{workflow_id} is {} and holds {} bytes of its owner's storage beyond its \
+                     artifacts: {grant:?}",
+                    row.status.as_str(),
+                    held - grant.artifact_bytes
+                ));
+            }
             let lease = self.read(workflow_id, "lease", |store, id| {
                 now_or_never(store.read_lease(id))
             });
@@ -2408,27 +2470,32 @@ impl Sim {
                 ));
                 continue;
             };
-            if step.data["args"]["artifactVersion"] != control.body["artifactVersion"] {
+            let record = step.record();
+            let reviewed = record.and_then(StepRecord::artifact_version);
+            if reviewed != control.body["artifactVersion"].as_i64() {
                 self.violation(format!(
-                    "{workflow_id}: decision {} on version {} of a checkpoint on {}",
-                    control.id,
-                    control.body["artifactVersion"],
-                    step.data["args"]["artifactVersion"]
+                    "{workflow_id}: decision {} on version {} of a checkpoint on {reviewed:?}",
+                    control.id, control.body["artifactVersion"],
                 ));
             }
+            let outcome = record.and_then(|record| record.outcome.as_ref());
             if step.status == StepStatus::Completed
-                && step.data["outcome"]["value"]["decision"] != control.body["decision"]
+                && outcome.map(|outcome| &outcome.value()["decision"])
+                    != Some(&control.body["decision"])
             {
                 self.violation(format!(
-                    "{workflow_id}: checkpoint {} holds {} but decision {} said {}",
-                    step.step_id, step.data["outcome"], control.id, control.body["decision"]
+                    "{workflow_id}: checkpoint {} holds {outcome:?} but decision {} said {}",
+                    step.step_id, control.id, control.body["decision"]
                 ));
             }
         }
         let applied = decided.iter().filter(|control| control.applied).count();
         let completed = steps
             .iter()
-            .filter(|step| step.kind == "humanCheckpoint" && step.status == StepStatus::Completed)
+            .filter(|step| {
+                step.kind() == Some(StepKind::HumanCheckpoint)
+                    && step.status == StepStatus::Completed
+            })
             .count();
         if applied != completed {
             self.violation(format!(
@@ -2824,6 +2891,34 @@ fn mutant_cancel_never_finishes_is_found() {
 fn mutant_queued_call_never_woken_is_found() {
     let planting = Planting::Rules(Mutant::QueuedCallNeverWoken);
     find_mutant(planting, Faults::SLOTS, 6_000_000, "stuck running");
+}
+
+#[test]
+fn mutant_returned_not_counted_off_is_found() {
+    let planting = Planting::Store(store::SimMutant::ReturnedNotCountedOff);
+    find_mutant(
+        planting,
+        Faults::NONE,
+        0,
+        "are not the sums of their workflows' grants",
+    );
+}
+
+#[test]
+fn mutant_storage_kept_after_the_end_is_found() {
+    let planting = Planting::Rules(Mutant::StorageKeptAfterTheEnd);
+    find_mutant(
+        planting,
+        Faults::NONE,
+        0,
+        "of its owner's storage beyond its artifacts",
+    );
+}
+
+#[test]
+fn mutant_artifact_without_grant_is_found() {
+    let planting = Planting::Rules(Mutant::ArtifactWithoutGrant);
+    find_mutant(planting, Faults::NONE, 0, "bytes beyond its grant");
 }
 
 #[test]

@@ -87,6 +87,9 @@ pub struct AppState {
     streams: events::EventStreams,
     /// The database's part of `/metrics` and when it was counted (see `http.metrics_refresh_ms`).
     database_gauges: tokio::sync::Mutex<Option<(Instant, String)>>,
+    /// `limits.user_stored_bytes_max`, which `me` and the users' listing show beside what each
+    /// user stores (the workflows' grants are checked against it).
+    stored_bytes_max: u64,
 }
 
 impl AppState {
@@ -96,6 +99,7 @@ impl AppState {
         http: HttpConfig,
         auth: AuthConfig,
         events: EventsConfig,
+        stored_bytes_max: u64,
     ) -> Self {
         let throttle = LoginThrottle::new(LoginBudgets {
             pair_failures_max: auth.login_failures_max,
@@ -123,6 +127,7 @@ impl AppState {
             waiters,
             streams: events::EventStreams::new(events),
             database_gauges: tokio::sync::Mutex::new(None),
+            stored_bytes_max,
         }
     }
 
@@ -613,7 +618,7 @@ async fn dispatch(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
         Op::Initialize => users::initialize(ctx).await,
         Op::Login => users::login(ctx).await,
         Op::Logout => users::logout(ctx).await,
-        Op::Me => users::me(ctx),
+        Op::Me => users::me(ctx).await,
         Op::CreateUser => users::create_user(ctx).await,
         Op::ListUsers => users::list_users(ctx).await,
         Op::ChangeUser => users::change_user(ctx).await,

@@ -11,8 +11,8 @@
 use actors::WorkflowView;
 use serde_json::Value;
 use store::{
-    ArtifactInfo, ControlRow, ListedWorkflow, RunRow, RunStatus, StepPosition, StepRow, StepStatus,
-    WorkflowRow, WorkflowStatus,
+    ArtifactInfo, ControlRow, ListedWorkflow, RunRow, RunStatus, StepKind, StepOutcome,
+    StepPosition, StepRow, StepStatus, WorkflowRow, WorkflowStatus,
 };
 
 use super::error::ApiError;
@@ -182,17 +182,18 @@ fn text(value: &Value) -> Option<String> {
 
 /// `(resolved value, rejection)` of a journal entry's outcome.
 fn outcome(step: &StepRow) -> (Option<&Value>, Option<&Value>) {
-    let outcome = &step.data["outcome"];
-    match outcome["outcome"].as_str() {
-        Some("resolved") => (Some(&outcome["value"]), None),
-        Some("rejected") => (None, Some(&outcome["value"])),
-        _ => (None, None),
+    match step.record().and_then(|record| record.outcome.as_ref()) {
+        Some(StepOutcome::Resolved(value)) => (Some(value), None),
+        Some(StepOutcome::Rejected(value)) => (None, Some(value)),
+        None => (None, None),
     }
 }
 
 fn step(step: &StepRow, approval_runs: &[RunRow]) -> StepRecord {
     let (resolved, rejected) = outcome(step);
-    let run_id = text(&step.data["run_id"]);
+    let record = step.record();
+    let child = record.and_then(store::StepRecord::child);
+    let run_id = child.map(|child| child.run_id.as_str().to_owned());
     let approval = run_id
         .as_deref()
         .and_then(|id| approval_runs.iter().find(|run| run.run_id == id))
@@ -200,21 +201,21 @@ fn step(step: &StepRow, approval_runs: &[RunRow]) -> StepRecord {
     let waiting = approval.as_ref().is_some_and(|a| a.status == "waiting");
     StepRecord {
         step_id: step.step_id.clone(),
-        kind: step.kind.clone(),
+        kind: step.kind_name().to_owned(),
         attempt: step.attempt,
         status: if waiting && step.status == StepStatus::Running {
             "waiting_for_input".to_owned()
         } else {
             step.status.as_str().to_owned()
         },
-        thread_id: text(&step.data["thread_id"]),
+        thread_id: child.map(|child| child.thread_id.clone()),
         run_id,
-        configuration_version: text(&step.data["configuration_version"]),
+        configuration_version: child.and_then(|child| child.configuration_version.clone()),
         output: resolved
-            .filter(|_| step.kind == "agent")
+            .filter(|_| step.kind() == Some(StepKind::Agent))
             .map(|v| v["output"].clone()),
-        artifact_version: match step.kind.as_str() {
-            "readArtifact" => step.data["args"]["artifactVersion"].as_i64(),
+        artifact_version: match step.kind() {
+            Some(StepKind::ReadArtifact) => record.and_then(store::StepRecord::artifact_version),
             _ => resolved.and_then(|v| v["artifactVersion"].as_i64()),
         },
         error: rejected.map(|v| {
@@ -271,7 +272,7 @@ pub fn approval(run: &RunRow) -> Option<ApprovalRecord> {
 }
 
 fn checkpoint(step: &StepRow, controls: &[ControlRow]) -> CheckpointRecord {
-    let kind = if step.kind == "pause" {
+    let kind = if step.kind() == Some(StepKind::Pause) {
         "resume"
     } else {
         "decide"
@@ -280,6 +281,7 @@ fn checkpoint(step: &StepRow, controls: &[ControlRow]) -> CheckpointRecord {
         .iter()
         .find(|c| c.kind == kind && c.step_id == step.step_id && c.attempt == step.attempt);
     let (resolved, _) = outcome(step);
+    let record = step.record();
     let status = match control {
         None => "waiting".to_owned(),
         Some(_) if kind == "resume" => "resumed".to_owned(),
@@ -291,10 +293,12 @@ fn checkpoint(step: &StepRow, controls: &[ControlRow]) -> CheckpointRecord {
     };
     CheckpointRecord {
         step_id: step.step_id.clone(),
-        kind: step.kind.clone(),
+        kind: step.kind_name().to_owned(),
         attempt: step.attempt,
-        source_step_id: text(&step.data["args"]["sourceStepId"]),
-        artifact_version: step.data["args"]["artifactVersion"].as_i64(),
+        source_step_id: record
+            .and_then(|record| record.args["sourceStepId"].as_str())
+            .map(str::to_owned),
+        artifact_version: record.and_then(store::StepRecord::artifact_version),
         status,
         decided_by: control.and_then(|c| c.created_by.clone()),
         decided_at: resolved
@@ -306,5 +310,6 @@ fn checkpoint(step: &StepRow, controls: &[ControlRow]) -> CheckpointRecord {
 
 /// When a journal entry's outcome was recorded, in epoch seconds.
 fn settled_at(step: &StepRow) -> Option<f64> {
-    step.data["settled_at_ms"].as_f64().map(|ms| ms / 1000.0)
+    let at_ms = step.record()?.settled_at_ms?;
+    Some(at_ms as f64 / 1000.0)
 }

@@ -14,8 +14,8 @@ use super::auth::{self, CSRF_COOKIE, SESSION_COOKIE};
 use super::error::ApiError;
 use super::wire::{
     DeletedUserReply, InitializeBody, LoginForm, NewTokenBody, NewTokenReply, NewUserBody,
-    PasswordChangeBody, PasswordResetBody, RoleName, TokenReply, TokensReply, UserChangeBody,
-    UserReply, UsersReply,
+    PasswordChangeBody, PasswordResetBody, RoleName, StorageReply, TokenReply, TokensReply,
+    UserChangeBody, UserReply, UsersReply,
 };
 use super::{Ctx, Reply, json_reply};
 
@@ -34,6 +34,20 @@ fn user_reply(user: &UserRow) -> UserReply {
         disabled: user.disabled,
         created_at: user.created_at,
         last_login_at: user.last_login_at,
+        storage: None,
+    }
+}
+
+/// `user` as `me` and the admins' listing show them: with what they store, `stored_bytes` (0
+/// when they never stored anything).
+fn user_with_storage(ctx: &Ctx<'_>, user: &UserRow, stored_bytes: i64) -> UserReply {
+    let max = ctx.state.stored_bytes_max;
+    UserReply {
+        storage: Some(StorageReply {
+            stored_bytes,
+            stored_bytes_max: (max > 0).then_some(max),
+        }),
+        ..user_reply(user)
     }
 }
 
@@ -251,10 +265,13 @@ pub async fn logout(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
     Ok(reply)
 }
 
-pub fn me(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
+pub async fn me(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
+    let user = &ctx.principal()?.user;
+    let stored = ctx.state.node.store().stored_bytes(Some(&user.id)).await?;
+    let stored_bytes = stored.first().map_or(0, |row| row.stored_bytes);
     Ok(json_reply(
         StatusCode::OK,
-        user_reply(&ctx.principal()?.user),
+        user_with_storage(ctx, user, stored_bytes),
     ))
 }
 
@@ -349,13 +366,19 @@ pub async fn revoke_token(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
 
 /// Every user, oldest first (admins).
 pub async fn list_users(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
-    let users = ctx.state.node.store().list_users().await?;
-    Ok(json_reply(
-        StatusCode::OK,
-        UsersReply {
-            users: users.iter().map(user_reply).collect(),
-        },
-    ))
+    let store = ctx.state.node.store();
+    let users = store.list_users().await?;
+    let stored: std::collections::HashMap<String, i64> = store
+        .stored_bytes(None)
+        .await?
+        .into_iter()
+        .map(|row| (row.user_id, row.stored_bytes))
+        .collect();
+    let users = users
+        .iter()
+        .map(|user| user_with_storage(ctx, user, stored.get(&user.id).copied().unwrap_or(0)))
+        .collect();
+    Ok(json_reply(StatusCode::OK, UsersReply { users }))
 }
 
 /// The user a path names (404 when there is none).

@@ -216,6 +216,21 @@ pub struct UserReply {
     pub created_at: f64,
     /// The last sign-in that opened a session; `null` before the first.
     pub last_login_at: Option<f64>,
+    /// What the user's workflows store against their quota: in `me` and the admins' listing
+    /// only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub storage: Option<StorageReply>,
+}
+
+/// The bytes a user's workflows store, and their quota (`limits.user_stored_bytes_max`).
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct StorageReply {
+    /// Their artifacts' bytes (captured files and agent outputs, until their workflow is
+    /// deleted), and the room their running workflows hold for artifacts to come (at most
+    /// 256 KiB each, given back when each ends).
+    pub stored_bytes: i64,
+    /// A step whose artifact would take the stored bytes past this fails; `null`: no quota.
+    pub stored_bytes_max: Option<u64>,
 }
 
 /// Every user, oldest first (admins).

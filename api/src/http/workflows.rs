@@ -14,7 +14,7 @@ use hyper::header::{
     ACCEPT_RANGES, CONTENT_DISPOSITION, CONTENT_RANGE, CONTENT_TYPE, ETAG, HeaderValue, RANGE,
 };
 use hyper::{Response, StatusCode};
-use store::{ControlWrite, RunId, WorkflowId, WorkflowRow, WorkflowStatus};
+use store::{ControlWrite, WorkflowId, WorkflowRow, WorkflowStatus};
 
 use super::downloads::{disposition, served};
 use super::error::ApiError;
@@ -618,7 +618,7 @@ pub async fn answer(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
         .read_steps(&run_id)
         .await?
         .into_iter()
-        .filter(|s| s.kind == "agent" && s.step_id == step_id)
+        .filter(|s| s.kind() == Some(store::StepKind::Agent) && s.step_id == step_id)
         .max_by_key(|s| s.attempt)
         .ok_or_else(|| {
             ApiError::not_found(format!("workflow {run_id:?} has no agent step {step_id:?}"))
@@ -628,9 +628,10 @@ pub async fn answer(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
             "step {step_id:?} of workflow {run_id:?} does not wait for input"
         ))
     };
-    let child_run_id = step.data["run_id"]
-        .as_str()
-        .map(RunId::new)
+    let child_run_id = step
+        .record()
+        .and_then(store::StepRecord::run_id)
+        .cloned()
         .ok_or_else(not_waiting)?;
     let child = store
         .read_run(&child_run_id)

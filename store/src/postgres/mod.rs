@@ -782,6 +782,8 @@ pub(super) fn op_sql(op: &WriteOp) -> &'static str {
                FROM reins_launch_guard($2, NULL, $3, $4, $5) AS guard WHERE w.id = $1"
         }
         WriteOp::ReleaseSlots { .. } => "DELETE FROM workflow_slots WHERE workflow = $1",
+        WriteOp::TakeStorage { .. } => "SELECT reins_take_storage($1, $2, $3)",
+        WriteOp::ReturnStorage { .. } => "SELECT reins_return_storage($1)",
         WriteOp::PutLogs { .. } => "SELECT reins_log($1, $2, $3, $4)",
         WriteOp::ReleaseLease => {
             "UPDATE extension_execution_leases SET expires_at = reins_now()
@@ -798,6 +800,18 @@ pub(super) fn fence_params(fence: &Fence) -> [&(dyn ToSql + Sync); 3] {
     [&fence.resource_id, &fence.owner, &fence.epoch]
 }
 
+/// A step kind with the life of the program, to bind as its text.
+fn stored_kind(kind: crate::StepKind) -> &'static crate::StepKind {
+    use crate::StepKind;
+    match kind {
+        StepKind::Agent => &StepKind::Agent,
+        StepKind::Pause => &StepKind::Pause,
+        StepKind::HumanCheckpoint => &StepKind::HumanCheckpoint,
+        StepKind::CaptureArtifact => &StepKind::CaptureArtifact,
+        StepKind::ReadArtifact => &StepKind::ReadArtifact,
+    }
+}
+
 /// The parameters of [`op_sql`]: the change's own (the fence for a lease release).
 pub(super) fn op_params<'a>(fence: &'a Fence, op: &'a WriteOp) -> Vec<&'a (dyn ToSql + Sync)> {
     match op {
@@ -811,10 +825,17 @@ pub(super) fn op_params<'a>(fence: &'a Fence, op: &'a WriteOp) -> Vec<&'a (dyn T
             seq,
             step_id,
             attempt,
-            kind,
             status,
-            data,
-        } => vec![workflow_id, step_id, attempt, kind, status, data, seq],
+            record,
+        } => vec![
+            workflow_id,
+            step_id,
+            attempt,
+            stored_kind(record.kind()),
+            status,
+            record,
+            seq,
+        ],
         WriteOp::MarkControlApplied { control_id } => vec![control_id],
         WriteOp::PutArtifact {
             workflow_id,
@@ -831,9 +852,14 @@ pub(super) fn op_params<'a>(fence: &'a Fence, op: &'a WriteOp) -> Vec<&'a (dyn T
         WriteOp::CloseStepRuns {
             idempotency_key, ..
         } => vec![idempotency_key],
-        WriteOp::CancelRuns { workflow_id } | WriteOp::ReleaseSlots { workflow_id } => {
-            vec![workflow_id]
-        }
+        WriteOp::CancelRuns { workflow_id }
+        | WriteOp::ReleaseSlots { workflow_id }
+        | WriteOp::ReturnStorage { workflow_id } => vec![workflow_id],
+        WriteOp::TakeStorage {
+            workflow_id,
+            bytes,
+            bytes_max,
+        } => vec![workflow_id, bytes, bytes_max],
         WriteOp::TakePlaces {
             workflow_id,
             user_id,
@@ -1019,15 +1045,15 @@ fn steps_from(rows: &[Row], workflow_id: &WorkflowId) -> Result<Vec<StepRow>> {
     rows.iter()
         .map(|row| {
             let seq = row.get(5);
-            Ok(StepRow {
+            let data: serde_json::Value = row.get(4);
+            Ok(StepRow::decoded(
                 seq,
-                step_id: row.get(0),
-                attempt: row.get(1),
-                kind: row.get(2),
-                status: StepStatus::read(row.get(3), workflow_id, seq)?,
-                data: row.get(4),
-                created_at: row.get(6),
-            })
+                row.get(0),
+                row.get(1),
+                StepStatus::read(row.get(3), workflow_id, seq)?,
+                (row.get(2), &data),
+                row.get(6),
+            ))
         })
         .collect()
 }

@@ -6,7 +6,7 @@ use tokio_postgres::Row;
 use super::{PgStore, commit_error};
 use crate::LIVE_STATUSES;
 use crate::users::{
-    NewToken, NewUser, Role, TokenRow, UserChange, UserChanged, UserDeletion, UserRow,
+    NewToken, NewUser, Role, TokenRow, UserChange, UserChanged, UserDeletion, UserRow, UserStorage,
     leaves_no_admin,
 };
 use crate::{Error, Result};
@@ -187,6 +187,27 @@ impl PgStore {
             .await?;
         let rows = client.query(&statement, &[]).await?;
         Ok(rows.iter().map(user).collect())
+    }
+
+    pub(crate) async fn stored_bytes(&self, user_id: Option<&str>) -> Result<Vec<UserStorage>> {
+        let client = self.connection().await?;
+        let statement = client
+            .prepare_cached(
+                "SELECT u.user_id, u.stored_bytes - coalesce(
+                            (SELECT sum(s.returned_bytes) FROM workflow_storage s
+                              WHERE s.user_id = u.user_id AND s.returned_bytes > 0), 0)::bigint
+                   FROM user_storage u WHERE $1::text IS NULL OR u.user_id = $1
+                  ORDER BY u.user_id",
+            )
+            .await?;
+        let rows = client.query(&statement, &[&user_id]).await?;
+        Ok(rows
+            .iter()
+            .map(|row| UserStorage {
+                user_id: row.get(0),
+                stored_bytes: row.get(1),
+            })
+            .collect())
     }
 
     pub(crate) async fn change_user(

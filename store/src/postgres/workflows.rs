@@ -425,7 +425,8 @@ impl PgStore {
         // are deleted here. The lease row first, which waits for any fenced write in flight and
         // refuses every later one; then the event counter, which waits for an event written
         // without the fence (an approval answered); then the rows, each statement seeing what
-        // those committed. The controls go with the workflow's row (ON DELETE CASCADE).
+        // those committed. The controls go with the workflow's row (ON DELETE CASCADE). The
+        // workflow's grant of stored bytes goes back to its owner's quota.
         for sql in [
             "DELETE FROM extension_execution_leases WHERE resource_id = $1",
             "DELETE FROM workflow_event_seqs WHERE workflow = $1",
@@ -433,6 +434,9 @@ impl PgStore {
             "DELETE FROM workflow_steps WHERE workflow = $1",
             "DELETE FROM workflow_artifacts WHERE workflow = $1",
             "DELETE FROM workflow_slots WHERE workflow = $1",
+            "UPDATE user_storage u SET stored_bytes = u.stored_bytes - s.granted_bytes
+               FROM workflow_storage s WHERE s.workflow = $1 AND u.user_id = s.user_id",
+            "DELETE FROM workflow_storage WHERE workflow = $1",
             "DELETE FROM workflows WHERE id = $1",
         ] {
             transaction

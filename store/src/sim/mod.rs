@@ -26,6 +26,7 @@ use crate::{
     ControlRow, Epoch, Error, EventPage, EventRow, Fence, Lease, MigrationReport, Result, RunId,
     RunRow, RunStatus, SCHEMA_VERSION, SlotRow, StepStatus, WorkflowId, WorkflowStatus,
 };
+use crate::{StepKind, StepRecord};
 
 /// The simulated clock: epoch milliseconds that move only when the caller moves them.
 #[derive(Debug, Clone, Default)]
@@ -75,6 +76,29 @@ pub enum Mutant {
     IdempotencyKeyIgnored,
     /// A fenced write is applied whatever the lease: a stale epoch's write goes through.
     StaleFenceAccepted,
+    /// A grant resets what the owner's ended workflows gave back without counting it off the
+    /// owner's row: the row grows past the sum of their grants.
+    ReturnedNotCountedOff,
+}
+
+/// The storage quota's rows, whole (`user_storage`, `workflow_storage`), with what each
+/// workflow's artifacts take: what the simulation's oracle checks them against.
+#[derive(Debug, Clone, Default)]
+pub struct Storage {
+    /// Each user's row: the sum of their workflows' grants.
+    pub users: BTreeMap<String, i64>,
+    /// Each workflow that stores anything, or was granted anything.
+    pub workflows: BTreeMap<WorkflowId, WorkflowStorage>,
+}
+
+/// One workflow's grant and its artifacts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WorkflowStorage {
+    pub granted_bytes: i64,
+    /// What its end gave back, not yet counted off its owner's row.
+    pub returned_bytes: i64,
+    /// The bytes of its artifact versions.
+    pub artifact_bytes: i64,
 }
 
 /// One journal entry with when it last changed.
@@ -104,6 +128,10 @@ struct Workflow {
     log_dropped: i64,
     steps: BTreeMap<(String, i32), Step>,
     artifacts: BTreeMap<i64, Artifact>,
+    /// The bytes its artifacts may take: its part of its owner's stored bytes.
+    granted_bytes: i64,
+    /// What its end gave back of its grant, not yet counted off its owner's stored bytes.
+    returned_bytes: i64,
     events: Vec<Event>,
 }
 
@@ -132,6 +160,9 @@ struct State {
     inserted: u64,
     /// Users, sessions, API tokens and nodes.
     people: users::People,
+    /// The sum of each user's workflows' grants (`user_storage`): what they store, less what
+    /// their ended workflows gave back and is still marked on them.
+    stored_bytes: BTreeMap<String, i64>,
     /// The bug planted in this store, if a test planted one.
     mutant: Option<Mutant>,
 }
@@ -171,6 +202,33 @@ impl SimStore {
             .collect();
         runs.sort_by_key(|(order, _)| *order);
         runs.into_iter().map(|(_, run)| run).collect()
+    }
+
+    /// The storage quota's rows (see [`Storage`]).
+    pub fn all_storage(&self) -> Storage {
+        let state = self.lock();
+        let workflows = state
+            .workflows
+            .iter()
+            .map(|(id, workflow)| {
+                let artifact_bytes = workflow
+                    .artifacts
+                    .values()
+                    .map(|artifact| i64::try_from(artifact.row.content.len()).unwrap_or(i64::MAX))
+                    .sum();
+                let storage = WorkflowStorage {
+                    granted_bytes: workflow.granted_bytes,
+                    returned_bytes: workflow.returned_bytes,
+                    artifact_bytes,
+                };
+                (id.clone(), storage)
+            })
+            .filter(|(_, storage)| *storage != WorkflowStorage::default())
+            .collect();
+        Storage {
+            users: state.stored_bytes.clone(),
+            workflows,
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -286,13 +344,16 @@ impl State {
     /// `checkpoint_waiting` when running, `step_finished` when it ended).
     fn step_status_events(&mut self, workflow_id: &WorkflowId, step: &Step, now: f64) {
         let row = &step.row;
+        let Some(record) = row.record() else {
+            return;
+        };
         match row.status {
             StepStatus::Running => {
-                let (kind, data) = match row.kind.as_str() {
-                    "pause" => ("pause_waiting", step_fields(row)),
-                    "humanCheckpoint" => {
+                let (kind, data) = match record.kind() {
+                    StepKind::Pause => ("pause_waiting", step_fields(row)),
+                    StepKind::HumanCheckpoint => {
                         let mut data = step_fields(row);
-                        data["artifact_version"] = row.data["args"]["artifactVersion"].clone();
+                        data["artifact_version"] = json!(record.artifact_version());
                         ("checkpoint_waiting", data)
                     }
                     _ => ("step_started", step_fields(row)),
@@ -300,24 +361,17 @@ impl State {
                 self.event(workflow_id, kind, data, now);
             }
             status if status.is_final() => {
-                let run_id = match &row.data["run_id"] {
-                    Value::Null => row.data["outcome"]["value"]["runId"].clone(),
-                    id => id.clone(),
-                };
-                let run = run_id
-                    .as_str()
-                    .and_then(|id| self.runs.get(&RunId::new(id)));
-                let output_bytes = row.data["outcome"]["value"]["artifactVersion"]
-                    .as_i64()
-                    .and_then(|version| {
-                        self.workflows
-                            .get(workflow_id)
-                            .and_then(|workflow| workflow.artifacts.get(&version))
-                            .map(|artifact| artifact.row.content.len())
-                    });
+                let run_id = record.finished_run_id();
+                let run = run_id.and_then(|id| self.runs.get(&RunId::new(id)));
+                let output_bytes = record.output_version().and_then(|version| {
+                    self.workflows
+                        .get(workflow_id)
+                        .and_then(|workflow| workflow.artifacts.get(&version))
+                        .map(|artifact| artifact.row.content.len())
+                });
                 let mut data = step_fields(row);
                 data["status"] = json!(row.status);
-                data["child_run_id"] = run_id.clone();
+                data["child_run_id"] = json!(run_id);
                 // Whole milliseconds, as the triggers round them.
                 data["duration_ms"] =
                     json!(((step.updated_at - row.created_at) * 1000.0).round() as i64);
@@ -369,6 +423,8 @@ impl State {
     fn check_ops(&self, ops: &[WriteOp]) -> Result<()> {
         let mut statuses: BTreeMap<&WorkflowId, WorkflowStatus> = BTreeMap::new();
         let mut versions: Vec<(&WorkflowId, i64)> = Vec::new();
+        // Grants taken earlier in the list, by user.
+        let mut taken: BTreeMap<&str, i64> = BTreeMap::new();
         for op in ops {
             match op {
                 WriteOp::SetWorkflow {
@@ -402,7 +458,19 @@ impl State {
                 } => {
                     self.check_places(user_id, *max_workflows, *max_workflows_per_owner, &statuses)?
                 }
+                WriteOp::TakeStorage {
+                    workflow_id,
+                    bytes,
+                    bytes_max,
+                } => {
+                    self.exists(workflow_id)?;
+                    let user_id = self.workflows[workflow_id].row.user_id.as_str();
+                    let earlier = taken.entry(user_id).or_default();
+                    self.check_storage(user_id, *earlier, *bytes, *bytes_max)?;
+                    *earlier += bytes;
+                }
                 WriteOp::MarkControlApplied { .. }
+                | WriteOp::ReturnStorage { .. }
                 | WriteOp::CloseStepRuns { .. }
                 | WriteOp::CancelRuns { .. }
                 | WriteOp::ReleaseSlot { .. }
@@ -443,6 +511,30 @@ impl State {
         Ok(())
     }
 
+    /// What `user_id`'s workflows store: their grants, less what ended ones gave back.
+    fn stored_by(&self, user_id: &str) -> i64 {
+        let returned: i64 = self
+            .workflows
+            .values()
+            .filter(|workflow| workflow.row.user_id == user_id)
+            .map(|workflow| workflow.returned_bytes)
+            .sum();
+        self.stored_bytes.get(user_id).copied().unwrap_or(0) - returned
+    }
+
+    /// Refuses a grant of `bytes` more to `user_id`, who takes `earlier` in the same write, when
+    /// their stored bytes would pass `bytes_max` (0: no quota).
+    fn check_storage(&self, user_id: &str, earlier: i64, bytes: i64, bytes_max: i64) -> Result<()> {
+        let stored = self.stored_by(user_id) + earlier;
+        if bytes_max > 0 && stored.saturating_add(bytes) > bytes_max {
+            return Err(Error::LimitReached(crate::Limit::StoredBytes {
+                stored,
+                max: bytes_max,
+            }));
+        }
+        Ok(())
+    }
+
     /// Applies one ownership-dependent change; `fence` has been checked at `now`, and the list
     /// it belongs to by [`State::check_ops`].
     fn apply(&mut self, fence: &Fence, op: &WriteOp, now: f64) -> Result<()> {
@@ -460,19 +552,9 @@ impl State {
                 seq,
                 step_id,
                 attempt,
-                kind,
                 status,
-                data,
-            } => self.put_step(
-                workflow_id,
-                *seq,
-                step_id,
-                *attempt,
-                kind,
-                *status,
-                data,
-                now,
-            )?,
+                record,
+            } => self.put_step(workflow_id, *seq, step_id, *attempt, *status, record, now)?,
             WriteOp::MarkControlApplied { control_id } => {
                 if let Some(control) = self.controls.get_mut(control_id) {
                     control.applied = true;
@@ -558,6 +640,38 @@ impl State {
                 *max_workflows_per_owner,
                 &BTreeMap::new(),
             )?,
+            WriteOp::TakeStorage {
+                workflow_id,
+                bytes,
+                bytes_max,
+            } => {
+                let user_id = self.workflow_mut(workflow_id)?.row.user_id.clone();
+                self.check_storage(&user_id, 0, *bytes, *bytes_max)?;
+                // What the owner's ended workflows gave back comes off their count first.
+                let mut returned = 0;
+                for workflow in self.workflows.values_mut() {
+                    if workflow.row.user_id == user_id {
+                        let marked = std::mem::take(&mut workflow.returned_bytes);
+                        workflow.granted_bytes -= marked;
+                        returned += marked;
+                    }
+                }
+                if self.mutant == Some(Mutant::ReturnedNotCountedOff) {
+                    returned = 0;
+                }
+                self.workflow_mut(workflow_id)?.granted_bytes += bytes;
+                *self.stored_bytes.entry(user_id).or_default() += bytes - returned;
+            }
+            WriteOp::ReturnStorage { workflow_id } => {
+                let workflow = self.workflow_mut(workflow_id)?;
+                let used: usize = workflow
+                    .artifacts
+                    .values()
+                    .map(|artifact| artifact.row.content.len())
+                    .sum();
+                let used = i64::try_from(used).unwrap_or(i64::MAX);
+                workflow.returned_bytes = (workflow.granted_bytes - used).max(0);
+            }
             WriteOp::PutLogs {
                 workflow_id,
                 lines,
@@ -583,9 +697,8 @@ impl State {
         seq: i32,
         step_id: &str,
         attempt: i32,
-        kind: &str,
         status: StepStatus,
-        data: &Value,
+        record: &StepRecord,
         now: f64,
     ) -> Result<()> {
         let order = self.next_order();
@@ -597,9 +710,8 @@ impl State {
                 seq,
                 step_id: step_id.to_owned(),
                 attempt,
-                kind: kind.to_owned(),
                 status,
-                data: data.clone(),
+                record: Ok(record.clone()),
                 created_at: previous.as_ref().map_or(now, |step| step.row.created_at),
             },
             updated_at: now,
@@ -711,7 +823,7 @@ fn artifact_exists(workflow_id: &WorkflowId, version: i64) -> Error {
 
 /// The fields every journal event carries.
 fn step_fields(row: &StepRow) -> Value {
-    json!({"step_id": row.step_id, "attempt": row.attempt, "step_kind": row.kind})
+    json!({"step_id": row.step_id, "attempt": row.attempt, "step_kind": row.kind()})
 }
 
 impl crate::Schema for SimStore {

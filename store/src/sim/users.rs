@@ -5,9 +5,11 @@ use std::collections::BTreeMap;
 
 use super::{SimStore, State};
 use crate::users::leaves_no_admin;
+use crate::write::CHECKPOINT_KINDS;
 use crate::{
     Error, NewToken, NewUser, NodeRecord, Result, RunStatus, SlotRow, StatusCount, StepStatus,
-    TokenRow, UserChange, UserChanged, UserDeletion, UserRow, WorkflowId, WorkflowStatus,
+    TokenRow, UserChange, UserChanged, UserDeletion, UserRow, UserStorage, WorkflowId,
+    WorkflowStatus,
 };
 
 /// One signed-in browser.
@@ -93,7 +95,9 @@ impl State {
                     run.workflow.as_ref() == Some(workflow_id)
                         && run.status == RunStatus::WaitingForInput
                 }) || workflow.steps.values().any(|step| {
-                    matches!(step.row.kind.as_str(), "pause" | "humanCheckpoint")
+                    step.row
+                        .kind()
+                        .is_some_and(|kind| CHECKPOINT_KINDS.contains(&kind))
                         && step.row.status == StepStatus::Running
                 })
             }
@@ -158,6 +162,20 @@ impl crate::Users for SimStore {
                     .then_with(|| a.id.cmp(&b.id))
             });
             Ok(users)
+        })
+    }
+
+    async fn stored_bytes(&self, user_id: Option<&str>) -> Result<Vec<UserStorage>> {
+        self.read(|state, _| {
+            Ok(state
+                .stored_bytes
+                .keys()
+                .filter(|user| user_id.is_none_or(|wanted| wanted == user.as_str()))
+                .map(|user| UserStorage {
+                    user_id: user.clone(),
+                    stored_bytes: state.stored_by(user),
+                })
+                .collect())
         })
     }
 

@@ -94,6 +94,8 @@ impl State {
                 log_dropped: 0,
                 steps: BTreeMap::new(),
                 artifacts: BTreeMap::new(),
+                granted_bytes: 0,
+                returned_bytes: 0,
                 events: Vec::new(),
             },
         );
@@ -256,7 +258,10 @@ impl State {
             steps,
             checkpoints: steps_of(workflow)
                 .into_iter()
-                .filter(|step| CHECKPOINT_KINDS.contains(&step.kind.as_str()))
+                .filter(|step| {
+                    step.kind()
+                        .is_some_and(|kind| CHECKPOINT_KINDS.contains(&kind))
+                })
                 .collect(),
             controls: self.controls_of(workflow_id),
             approval_runs,
@@ -273,7 +278,10 @@ impl State {
             .unwrap_or_default()
             .into_iter()
             .filter(|step| {
-                StepPosition::of(step) > after && !CHECKPOINT_KINDS.contains(&step.kind.as_str())
+                StepPosition::of(step) > after
+                    && !step
+                        .kind()
+                        .is_some_and(|kind| CHECKPOINT_KINDS.contains(&kind))
             })
             .take(usize::try_from(limit).unwrap_or(usize::MAX))
             .collect();
@@ -397,6 +405,10 @@ impl crate::Workflows for SimStore {
             };
             if !workflow.row.status.is_final() {
                 return Ok(Deletion::NotTerminal);
+            }
+            let (user_id, granted) = (workflow.row.user_id.clone(), workflow.granted_bytes);
+            if let Some(stored) = state.stored_bytes.get_mut(&user_id) {
+                *stored -= granted;
             }
             state.workflows.remove(workflow_id);
             state

@@ -590,9 +590,8 @@ pub(super) struct Encoded {
 impl Encoded {
     pub(super) fn new(mut op: WriteOp) -> Encoded {
         let data = match &mut op {
-            WriteOp::SetWorkflow { data, .. } | WriteOp::PutStep { data, .. } => {
-                std::mem::take(data).to_string()
-            }
+            WriteOp::SetWorkflow { data, .. } => std::mem::take(data).to_string(),
+            WriteOp::PutStep { record, .. } => record.encode().to_string(),
             _ => String::new(),
         };
         Encoded { op, data }
@@ -624,9 +623,8 @@ pub(super) fn apply(connection: &Connection, fence: &Fence, encoded: &Encoded) -
             seq,
             step_id,
             attempt,
-            kind,
             status,
-            data: _,
+            record,
         } => {
             connection
                 .prepare_cached(
@@ -642,7 +640,7 @@ pub(super) fn apply(connection: &Connection, fence: &Fence, encoded: &Encoded) -
                     workflow_id,
                     step_id,
                     attempt,
-                    kind,
+                    record.kind(),
                     status,
                     data,
                     seq
@@ -742,6 +740,12 @@ pub(super) fn apply(connection: &Connection, fence: &Fence, encoded: &Encoded) -
                 .prepare_cached("DELETE FROM workflow_slots WHERE workflow = ?1")?
                 .execute(params![workflow_id])?;
         }
+        WriteOp::TakeStorage {
+            workflow_id,
+            bytes,
+            bytes_max,
+        } => take_storage(connection, workflow_id, *bytes, *bytes_max)?,
+        WriteOp::ReturnStorage { workflow_id } => return_storage(connection, workflow_id)?,
         WriteOp::PutLogs {
             workflow_id,
             lines,
@@ -757,6 +761,70 @@ pub(super) fn apply(connection: &Connection, fence: &Fence, encoded: &Encoded) -
                 .execute(params![fence.resource_id, fence.owner, fence.epoch])?;
         }
     }
+    Ok(())
+}
+
+/// [`WriteOp::TakeStorage`]: the one writer orders grants, so the owner's stored bytes read here
+/// are the ones the grant adds to. What the owner's ended workflows gave back is counted off
+/// first.
+fn take_storage(
+    connection: &Connection,
+    workflow_id: &WorkflowId,
+    bytes: i64,
+    bytes_max: i64,
+) -> Result<()> {
+    let user_id: String = connection
+        .prepare_cached("SELECT user_id FROM workflows WHERE id = ?1")?
+        .query_row([workflow_id], |row| row.get(0))
+        .optional()?
+        .ok_or_else(|| Error::NotFound(format!("workflow {workflow_id:?}")))?;
+    let (granted, returned): (i64, i64) = connection
+        .prepare_cached(
+            "SELECT coalesce((SELECT stored_bytes FROM user_storage WHERE user_id = ?1), 0),
+                    coalesce((SELECT sum(returned_bytes) FROM workflow_storage
+                               WHERE user_id = ?1 AND returned_bytes > 0), 0)",
+        )?
+        .query_row([&user_id], |row| Ok((row.get(0)?, row.get(1)?)))?;
+    let stored = granted - returned;
+    if bytes_max > 0 && stored.saturating_add(bytes) > bytes_max {
+        return Err(Error::LimitReached(crate::Limit::StoredBytes {
+            stored,
+            max: bytes_max,
+        }));
+    }
+    connection
+        .prepare_cached(
+            "UPDATE workflow_storage SET granted_bytes = granted_bytes - returned_bytes,
+                                         returned_bytes = 0
+              WHERE user_id = ?1 AND returned_bytes > 0",
+        )?
+        .execute([&user_id])?;
+    connection
+        .prepare_cached(
+            "INSERT INTO user_storage (user_id, stored_bytes) VALUES (?1, ?2)
+             ON CONFLICT (user_id) DO UPDATE SET stored_bytes = excluded.stored_bytes",
+        )?
+        .execute(params![user_id, stored + bytes])?;
+    connection
+        .prepare_cached(
+            "INSERT INTO workflow_storage (workflow, user_id, granted_bytes) VALUES (?1, ?2, ?3)
+             ON CONFLICT (workflow) DO UPDATE
+                SET granted_bytes = granted_bytes + excluded.granted_bytes",
+        )?
+        .execute(params![workflow_id, user_id, bytes])?;
+    Ok(())
+}
+
+/// [`WriteOp::ReturnStorage`]: only the workflow's own row is written.
+fn return_storage(connection: &Connection, workflow_id: &WorkflowId) -> Result<()> {
+    connection
+        .prepare_cached(
+            "UPDATE workflow_storage
+                SET returned_bytes = max(granted_bytes - coalesce(
+                        (SELECT sum(a.bytes) FROM workflow_artifacts a WHERE a.workflow = ?1), 0), 0)
+              WHERE workflow = ?1",
+        )?
+        .execute([workflow_id])?;
     Ok(())
 }
 
@@ -1096,15 +1164,20 @@ fn steps_of(mut rows: rusqlite::Rows<'_>, workflow_id: &WorkflowId) -> Result<Ve
     while let Some(row) = rows.next()? {
         let seq = row.get(5)?;
         let status: String = row.get(3)?;
+        let kind: String = row.get(2)?;
         let data: String = row.get(4)?;
-        steps.push(StepRow {
-            seq,
-            step_id: row.get(0)?,
-            attempt: row.get(1)?,
-            kind: row.get(2)?,
-            status: StepStatus::read(&status, workflow_id, seq)?,
-            data: parse_json(&data)?,
-            created_at: row.get(6)?,
+        let (step_id, attempt, created_at) = (row.get(0)?, row.get(1)?, row.get(6)?);
+        let status = StepStatus::read(&status, workflow_id, seq)?;
+        steps.push(match parse_json(&data) {
+            Ok(data) => StepRow::decoded(seq, step_id, attempt, status, (&kind, &data), created_at),
+            Err(error) => StepRow {
+                seq,
+                step_id,
+                attempt,
+                status,
+                record: Err(error.to_string()),
+                created_at,
+            },
         });
     }
     Ok(steps)

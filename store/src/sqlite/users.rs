@@ -7,7 +7,7 @@ use rusqlite::{Connection, OptionalExtension, Row, params};
 use super::SqliteStore;
 use crate::LIVE_STATUSES;
 use crate::users::{
-    NewToken, NewUser, Role, TokenRow, UserChange, UserChanged, UserDeletion, UserRow,
+    NewToken, NewUser, Role, TokenRow, UserChange, UserChanged, UserDeletion, UserRow, UserStorage,
     leaves_no_admin,
 };
 use crate::{Error, Result};
@@ -148,6 +148,26 @@ impl SqliteStore {
                 " FROM users u ORDER BY u.created_at, u.id"
             ))?;
             let rows = statement.query_map([], user)?;
+            Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
+        })
+        .await
+    }
+
+    pub(crate) async fn stored_bytes(&self, user_id: Option<&str>) -> Result<Vec<UserStorage>> {
+        let user_id = user_id.map(str::to_owned);
+        self.read(move |connection| {
+            let mut statement = connection.prepare_cached(
+                "SELECT u.user_id, u.stored_bytes - coalesce(
+                            (SELECT sum(s.returned_bytes) FROM workflow_storage s
+                              WHERE s.user_id = u.user_id AND s.returned_bytes > 0), 0)
+                   FROM user_storage u WHERE ?1 IS NULL OR u.user_id = ?1 ORDER BY u.user_id",
+            )?;
+            let rows = statement.query_map([&user_id], |row| {
+                Ok(UserStorage {
+                    user_id: row.get(0)?,
+                    stored_bytes: row.get(1)?,
+                })
+            })?;
             Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
         })
         .await

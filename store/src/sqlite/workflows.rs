@@ -390,6 +390,17 @@ impl SqliteStore {
             if !WorkflowStatus::read(&status, &workflow_id)?.is_final() {
                 return Ok(Deletion::NotTerminal);
             }
+            // Its grant of stored bytes goes back to its owner's quota.
+            connection
+                .prepare_cached(
+                    "UPDATE user_storage SET stored_bytes = stored_bytes -
+                            (SELECT granted_bytes FROM workflow_storage WHERE workflow = ?1)
+                      WHERE user_id = (SELECT user_id FROM workflow_storage WHERE workflow = ?1)",
+                )?
+                .execute([&workflow_id])?;
+            connection
+                .prepare_cached("DELETE FROM workflow_storage WHERE workflow = ?1")?
+                .execute([&workflow_id])?;
             // The journal, controls, artifacts and slots go with the row (ON DELETE CASCADE).
             connection
                 .prepare_cached("DELETE FROM workflows WHERE id = ?1")?

@@ -12,9 +12,8 @@ fn put(step_id: &str, kind: &str, status: &str, data: Value) -> WriteOp {
         seq: 0,
         step_id: step_id.to_owned(),
         attempt: 1,
-        kind: kind.to_owned(),
         status: store::StepStatus::parse(status).expect("a step status"),
-        data,
+        record: store::StepRecord::decode(kind, &data).expect("a step record"),
     }
 }
 
@@ -54,7 +53,7 @@ conformance! {
         let lease = workflow(&*store, "wf", "node-a", 60_000).await;
         let fence = lease.fence();
         store.fenced_write(&fence, vec![put("a", "agent", "running", json!({}))]).await.expect("run a");
-        store.fenced_write(&fence, vec![put("a", "agent", "completed", json!({"outcome": {"value": 1}}))])
+        store.fenced_write(&fence, vec![put("a", "agent", "completed", json!({"outcome": {"outcome": "resolved", "value": 1}}))])
             .await.expect("a done");
         store.fenced_write(&fence, vec![put("a", "agent", "completed", json!({"again": true}))])
             .await.expect("same status");

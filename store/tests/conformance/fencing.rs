@@ -158,9 +158,8 @@ fn every_kind_of_write(control_id: i64) -> Vec<(&'static str, WriteOp)> {
             seq: 9,
             step_id: "late".into(),
             attempt: 1,
-            kind: "agent".into(),
             status: store::StepStatus::Completed,
-            data: json!({}),
+            record: store::StepRecord::decode("agent", &json!({})).expect("a step record"),
         },
         WriteOp::MarkControlApplied { control_id },
         WriteOp::PutArtifact {
@@ -191,6 +190,14 @@ fn every_kind_of_write(control_id: i64) -> Vec<(&'static str, WriteOp)> {
             max_workflows: 0,
             max_workflows_per_owner: 0,
         },
+        WriteOp::TakeStorage {
+            workflow_id: wf().into(),
+            bytes: 10,
+            bytes_max: 0,
+        },
+        WriteOp::ReturnStorage {
+            workflow_id: wf().into(),
+        },
         WriteOp::PutLogs {
             workflow_id: wf().into(),
             lines: vec!["late".into()],
@@ -212,6 +219,8 @@ fn every_kind_of_write(control_id: i64) -> Vec<(&'static str, WriteOp)> {
                 WriteOp::ReleaseSlot { .. } => "ReleaseSlot",
                 WriteOp::ReleaseSlots { .. } => "ReleaseSlots",
                 WriteOp::TakePlaces { .. } => "TakePlaces",
+                WriteOp::TakeStorage { .. } => "TakeStorage",
+                WriteOp::ReturnStorage { .. } => "ReturnStorage",
                 WriteOp::PutLogs { .. } => "PutLogs",
                 WriteOp::ReleaseLease => "ReleaseLease",
             };
@@ -262,6 +271,11 @@ conformance! {
         let current = new.acquire_lease(&store::WorkflowId::from("wf"), "node-b", 60_000).await.expect("acquire").expect("taken");
         assert_eq!(current.epoch, stale.epoch.next());
 
+        // A grant the stale owner's give-back would free, were it not fenced.
+        new.fenced_write(&current.fence(), vec![WriteOp::TakeStorage { workflow_id: "wf".into(), bytes: 10, bytes_max: 0 }])
+            .await
+            .expect("the current owner takes a grant");
+        let stored_before = new.stored_bytes(None).await.expect("stored bytes");
         let before = new.read_snapshot(&store::WorkflowId::from("wf"), 1_000, 1_000).await.expect("snapshot").expect("wf");
         let events_before = new.read_events(&store::WorkflowId::from("wf"), 0, 1_000).await.expect("events").expect("wf");
         for (kind, op) in every_kind_of_write(control_id) {
@@ -280,6 +294,7 @@ conformance! {
         assert_eq!((run.status, run.cancel_action), (RunStatus::Running, None));
         let events_after = new.read_events(&store::WorkflowId::from("wf"), 0, 1_000).await.expect("events").expect("wf");
         assert_eq!(events_after, events_before, "a stale write left an event");
+        assert_eq!(new.stored_bytes(None).await.expect("stored bytes"), stored_before, "a stale write moved stored bytes");
 
         // The current owner's writes of the same kinds land.
         new.fenced_write(&current.fence(), vec![WriteOp::MarkControlApplied { control_id }])

@@ -7,5 +7,6 @@ mod harness;
 mod leases;
 mod operators;
 mod runs;
+mod storage;
 mod users;
 mod workflows;

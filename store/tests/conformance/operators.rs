@@ -22,9 +22,8 @@ fn put(workflow_id: &str, step_id: &str, kind: &str) -> WriteOp {
         seq: 0,
         step_id: step_id.to_owned(),
         attempt: 1,
-        kind: kind.to_owned(),
         status: store::StepStatus::Running,
-        data: json!({}),
+        record: store::StepRecord::decode(kind, &json!({})).expect("a step record"),
     }
 }
 

@@ -177,9 +177,8 @@ fn entry(lease: &Lease, step_id: &str, status: StepStatus) -> WriteOp {
         seq: 0,
         step_id: step_id.to_owned(),
         attempt: 1,
-        kind: "agent".into(),
         status,
-        data: json!({}),
+        record: store::StepRecord::new(store::StepKind::Agent, json!({})),
     }
 }
 
@@ -309,9 +308,8 @@ conformance! {
             seq: 0,
             step_id: step_id.to_owned(),
             attempt: 1,
-            kind: "agent".into(),
             status: store::StepStatus::parse(status).expect("a step status"),
-            data: json!({"run": step_id}),
+            record: store::StepRecord::decode("agent", &json!({"run": step_id})).expect("a step record"),
         };
         let step = |step_id: &str, slots_max: u64| WorkflowStep {
             workflow_id: "wf".into(),

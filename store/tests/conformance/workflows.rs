@@ -292,9 +292,8 @@ conformance! {
             seq,
             step_id: step_id.into(),
             attempt: 1,
-            kind: "agent".into(),
             status: store::StepStatus::Running,
-            data: json!({}),
+            record: store::StepRecord::decode("agent", &json!({})).expect("a step record"),
         };
         // Step ids sort otherwise than the calls: the journal's key is not its order.
         store.fenced_write(&lease.fence(), vec![step(2, "a")]).await.expect("a");
@@ -472,7 +471,7 @@ conformance! {
                 fence: lease.fence(),
                 journal: vec![WriteOp::PutStep {
                     workflow_id: "wf".into(), seq: 0, step_id: "s".into(), attempt: 1,
-                    kind: "agent".into(), status: store::StepStatus::Running, data: json!({}),
+                    status: store::StepStatus::Running, record: store::StepRecord::decode("agent", &json!({})).expect("a step record"),
                 }],
             }),
         };
@@ -516,7 +515,7 @@ conformance! {
         store.fenced_write(&lease.fence(), vec![
             WriteOp::PutStep {
                 workflow_id: "wf".into(), seq: 0, step_id: "review".into(), attempt: 1,
-                kind: "humanCheckpoint".into(), status: store::StepStatus::Running, data: json!({"n": 1}),
+                status: store::StepStatus::Running, record: store::StepRecord::decode("humanCheckpoint", &json!({"n": 1})).expect("a step record"),
             },
             WriteOp::PutArtifact {
                 workflow_id: "wf".into(), version: 1, source_step_id: "draft".into(), path: None,
@@ -577,8 +576,9 @@ conformance! {
             (10, "s10", 1, "agent"), (11, "s11", 1, "agent"),
         ];
         let mut ops: Vec<WriteOp> = journal.iter().rev().map(|&(seq, step_id, attempt, kind)| WriteOp::PutStep {
-            workflow_id: "wf".into(), seq, step_id: step_id.into(), attempt, kind: kind.into(),
-            status: store::StepStatus::Completed, data: json!({"seq": seq}),
+            workflow_id: "wf".into(), seq, step_id: step_id.into(), attempt,
+            status: store::StepStatus::Completed,
+            record: store::StepRecord::decode(kind, &json!({"seq": seq})).expect("a step record"),
         }).collect();
         ops.extend((1..=7_i64).rev().map(|version| WriteOp::PutArtifact {
             workflow_id: "wf".into(), version, source_step_id: "s0".into(), path: None,
@@ -603,7 +603,7 @@ conformance! {
             Some(json!({"hitl_approval": {"request_id": "q10"}}))).await.expect("asks");
 
         let expected: Vec<(i32, i32)> = journal.iter()
-            .filter(|(_, _, _, kind)| !store::CHECKPOINT_KINDS.contains(kind))
+            .filter(|(_, _, _, kind)| !store::CHECKPOINT_KINDS.iter().any(|checkpoint| checkpoint.as_str() == *kind))
             .map(|&(seq, _, attempt, _)| (seq, attempt)).collect();
         let (mut walked, mut pages, mut after) = (Vec::new(), Vec::new(), StepPosition::START);
         loop {
@@ -666,7 +666,7 @@ conformance! {
                 store.fenced_write(&lease.fence(), vec![
                     WriteOp::PutStep {
                         workflow_id: "wf".into(), seq: n, step_id: format!("s{n}"), attempt: 1,
-                        kind: "agent".into(), status: store::StepStatus::Completed, data: json!({"n": n}),
+                        status: store::StepStatus::Completed, record: store::StepRecord::decode("agent", &json!({"n": n})).expect("a step record"),
                     },
                     WriteOp::PutArtifact {
                         workflow_id: "wf".into(), version: i64::from(n), source_step_id: format!("s{n}"),

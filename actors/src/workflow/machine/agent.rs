@@ -4,7 +4,7 @@
 
 use runtime::{CallId, Command, Outcome};
 use serde_json::{Value, json};
-use store::{RunId, RunRow, RunStatus, StepStatus, WriteOp};
+use store::{RunId, RunRow, RunStatus, StepCall, StepChild, StepStatus, WriteOp};
 
 use super::super::reconciliation::{Reconciliation, ReconciliationReason};
 use super::transitions::{Agent, Transition};
@@ -195,15 +195,17 @@ impl WorkflowMachine {
             return;
         };
         self.took(&command.step_id, Transition::Agent(Agent::DetachedEnded));
-        let mut fields = self.child_fields(
+        let mut call = self.agent_call(
             run_id,
             &thread_for(&self.config.workflow_id, &command.step_id),
             command.args["agentRef"].as_str().unwrap_or_default(),
         );
-        fields["detached"] = json!(true);
+        if let StepCall::Agent { detached, .. } = &mut call {
+            *detached = true;
+        }
         self.unwritten
             .ops
-            .push(self.step_op(&entry, StepStatus::Cancelled, fields));
+            .push(self.step_op(&entry, StepStatus::Cancelled, Some(call)));
         self.unwritten.ops.push(WriteOp::ReleaseSlot {
             workflow_id: self.config.workflow_id.clone(),
             step_id: command.step_id,
@@ -301,8 +303,8 @@ impl WorkflowMachine {
                     return;
                 };
                 if !journaled {
-                    let fields = self.child_fields(&row.run_id, &row.thread_id, &row.agent);
-                    let op = self.step_op(&entry, StepStatus::Running, fields);
+                    let call = self.agent_call(&row.run_id, &row.thread_id, &row.agent);
+                    let op = self.step_op(&entry, StepStatus::Running, Some(call));
                     self.write(out, vec![op]);
                 }
                 out.push(Effect::FollowChild { id });
@@ -335,8 +337,8 @@ impl WorkflowMachine {
                 // committed): it is written again, so the step shows the run a person answers.
                 self.took(&command.step_id, Transition::Agent(Agent::FoundWaiting));
                 if let Some(entry) = self.journal.get(id.0 as usize).cloned() {
-                    let fields = self.child_fields(&row.run_id, &row.thread_id, &row.agent);
-                    let op = self.step_op(&entry, StepStatus::Running, fields);
+                    let call = self.agent_call(&row.run_id, &row.thread_id, &row.agent);
+                    let op = self.step_op(&entry, StepStatus::Running, Some(call));
                     self.write(out, vec![op]);
                 }
                 let run_id = row.run_id;
@@ -404,21 +406,29 @@ impl WorkflowMachine {
                 let outcome =
                     Outcome::Rejected(json!({"message": error.to_string(), "status": "error"}));
                 self.waiting.insert(id, (Waiting::Child(None), command));
-                self.conclude(out, id, outcome, Vec::new(), json!({}), now);
+                self.conclude(out, id, outcome, Vec::new(), None, now);
             }
         }
     }
 
     /// What an agent step's journal entry says about its child run: which run, on which thread,
     /// under which definition of its agent.
-    pub(super) fn child_fields(&self, run_id: &RunId, thread_id: &str, agent: &str) -> Value {
+    pub(super) fn agent_call(&self, run_id: &RunId, thread_id: &str, agent: &str) -> StepCall {
         let configuration_version = self
             .config
             .agents
             .get(agent)
             .map(|agent| agent.configuration_version.clone());
-        json!({"run_id": run_id, "thread_id": thread_id,
-               "configuration_version": configuration_version})
+        StepCall::Agent {
+            child: Some(StepChild {
+                run_id: run_id.clone(),
+                thread_id: thread_id.to_owned(),
+                configuration_version,
+            }),
+            previous_run_id: None,
+            detached: false,
+            run_status: None,
+        }
     }
 
     /// A child's row, when its end was announced (or it was found waiting for a person).
@@ -518,8 +528,8 @@ impl WorkflowMachine {
             workflow_id: self.config.workflow_id.clone(),
             step_id: command.step_id,
         });
-        let fields = self.child_fields(&row.run_id, &row.thread_id, &row.agent);
+        let call = self.agent_call(&row.run_id, &row.thread_id, &row.agent);
         out.push(Effect::Fault("result_before"));
-        self.conclude(out, id, outcome, extra, fields, now);
+        self.conclude(out, id, outcome, extra, Some(call), now);
     }
 }

@@ -2,8 +2,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use runtime::{CallId, Command};
-use serde_json::json;
-use store::{ControlWrite, RunId, RunRow, StepRow, StepStatus, WorkflowStatus, WriteOp};
+use store::{ControlWrite, RunId, RunRow, StepCall, StepRow, StepStatus, WorkflowStatus, WriteOp};
 
 use super::super::reconciliation::{Reconciliation, ReconciliationReason};
 use super::super::unwritten::Journaled;
@@ -72,7 +71,7 @@ impl WorkflowMachine {
         for (seq, step) in newest {
             let (Some(entry), Some(run_id)) = (
                 self.journal.iter().find(|e| e.seq == *seq).cloned(),
-                step.data["run_id"].as_str(),
+                step.record().and_then(store::StepRecord::run_id),
             ) else {
                 continue;
             };
@@ -89,7 +88,7 @@ impl WorkflowMachine {
             };
             self.waiting.insert(
                 CallId(*seq),
-                (Waiting::Child(Some(RunId::new(run_id))), command),
+                (Waiting::Child(Some(run_id.clone())), command),
             );
         }
         out.push(Effect::ReadControls(ControlsFor::DeadOwnerCancel));
@@ -186,7 +185,10 @@ impl WorkflowMachine {
             WriteOp::CancelRuns {
                 workflow_id: workflow_id.clone(),
             },
-            WriteOp::ReleaseSlots { workflow_id },
+            WriteOp::ReleaseSlots {
+                workflow_id: workflow_id.clone(),
+            },
+            WriteOp::ReturnStorage { workflow_id },
             WriteOp::ReleaseLease,
         ];
         self.unwritten.events.push(Journaled::Ended {
@@ -211,10 +213,12 @@ impl WorkflowMachine {
         let Some(entry) = self.journal.get(id.0 as usize).cloned() else {
             return;
         };
-        let mut fields = self.child_fields(&row.run_id, &row.thread_id, &row.agent);
-        fields["run_status"] = json!(row.status);
+        let mut call = self.agent_call(&row.run_id, &row.thread_id, &row.agent);
+        if let StepCall::Agent { run_status, .. } = &mut call {
+            *run_status = Some(row.status);
+        }
         let ops = vec![
-            self.step_op(&entry, StepStatus::Cancelled, fields),
+            self.step_op(&entry, StepStatus::Cancelled, Some(call)),
             WriteOp::ReleaseSlot {
                 workflow_id: self.config.workflow_id.clone(),
                 step_id: command.step_id,

@@ -56,7 +56,7 @@ impl WorkflowMachine {
             }
         };
         self.capturing = true;
-        self.conclude(out, id, outcome, extra, json!({}), now);
+        self.conclude(out, id, outcome, extra, None, now);
         out.push(Effect::Then(Then::CaptureConcluded));
     }
 }

@@ -1,7 +1,6 @@
 use std::collections::VecDeque;
 
 use runtime::CallId;
-use serde_json::json;
 use store::{ControlRow, WriteOp};
 
 use super::{ControlKind, ControlsFor, Effect, Millis, Then, Waiting, WorkflowMachine};
@@ -73,7 +72,7 @@ impl WorkflowMachine {
             let applied = WriteOp::MarkControlApplied {
                 control_id: control.id,
             };
-            self.conclude(out, id, outcome, vec![applied], json!({}), now);
+            self.conclude(out, id, outcome, vec![applied], None, now);
             out.push(Effect::Then(Then::Controls { controls, wanted }));
             return;
         }

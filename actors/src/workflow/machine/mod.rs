@@ -27,8 +27,8 @@ use runtime::{Activation, CallId, CallKind, Command, JournalEntry, Outcome, Stat
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use store::{
-    ControlRow, ControlWrite, Fence, NewControl, RunId, RunRow, StepRow, StepStatus, WorkflowId,
-    WorkflowStatus, WriteOp,
+    ControlRow, ControlWrite, Fence, NewControl, RunId, RunRow, StepCall, StepRecord, StepRow,
+    StepStatus, WorkflowId, WorkflowStatus, WriteOp,
 };
 
 mod agent;
@@ -38,10 +38,11 @@ mod checkpoint;
 mod controls;
 mod pause;
 mod read;
+mod storage;
 pub(crate) mod transitions;
 
 use super::invariants::Invariants;
-use super::journal::newest_attempts;
+use super::journal::{newest_attempts, step_kind, step_outcome};
 use super::reconciliation::Reconciliation;
 use super::unwritten::{Carried, Journaled, Unwritten};
 use crate::Error;
@@ -175,6 +176,9 @@ pub(crate) struct MachineConfig {
     pub slots_max: u64,
     /// The slots the steps of one user's workflows hold at most (`max_active_children_per_user`).
     pub slots_per_user_max: u64,
+    /// The bytes one user's workflows store at most (`limits.user_stored_bytes_max`; 0: no
+    /// quota): what the grants this workflow takes for its artifacts are checked against.
+    pub stored_bytes_max: u64,
     /// `console.log` lines kept as events per workflow at most, and their bytes.
     pub log_events_max: u64,
     pub log_event_bytes_max: u64,
@@ -418,6 +422,9 @@ struct InFlight {
     written: Unwritten,
     /// How often it wrote nothing in a row (its backoff).
     tries: u32,
+    /// The outcome whose artifact this write stores under a new grant, which the quota may
+    /// refuse: it reaches the script once the write commits.
+    storing: Option<storage::Storing>,
 }
 
 /// One workflow's rules (see the module documentation).
@@ -452,6 +459,9 @@ pub(crate) struct WorkflowMachine {
     writes: VecDeque<InFlight>,
     /// A capture's outcome is being concluded: a write that fails now is recorded for tests.
     capturing: bool,
+    /// Bytes of the grants this supervisor took that its artifacts have not used. It starts at
+    /// none: what an earlier owner's grants hold is theirs, given back when the workflow ends.
+    storage_room: i64,
     /// The rules every batch keeps (checked in debug builds).
     invariants: Invariants,
     span: tracing::Span,
@@ -479,6 +489,7 @@ impl WorkflowMachine {
             read_tries: 0,
             writes: VecDeque::new(),
             capturing: false,
+            storage_room: 0,
             invariants: Invariants::default(),
             span,
         }
@@ -533,6 +544,9 @@ impl WorkflowMachine {
             Event::Written => {
                 if let Some(written) = self.writes.pop_front() {
                     self.announce(&mut out, written.written.events);
+                    if let Some(storing) = written.storing {
+                        self.stored(&mut out, storing);
+                    }
                 }
             }
             Event::WriteFailed(error) => self.write_failed(&mut out, error, now),
@@ -671,23 +685,23 @@ impl WorkflowMachine {
         }
     }
 
-    fn step_op(&self, entry: &JournalEntry, status: StepStatus, extra: Value) -> WriteOp {
-        let mut data = json!({
-            "args": entry.args,
-            "outcome": entry.outcome,
-            "settled_at_ms": entry.settled_at_ms,
-        });
-        if let (Some(data), Some(extra)) = (data.as_object_mut(), extra.as_object()) {
-            data.extend(extra.clone());
-        }
+    /// The journal write of `entry` at `status`; `call` is what only its kind records (an
+    /// agent's run), or `None` when there is nothing of the kind's own to record.
+    fn step_op(&self, entry: &JournalEntry, status: StepStatus, call: Option<StepCall>) -> WriteOp {
+        let record = StepRecord {
+            call: call.unwrap_or_else(|| StepCall::new(step_kind(entry.kind))),
+            args: entry.args.clone(),
+            outcome: entry.outcome.clone().map(step_outcome),
+            settled_at_ms: entry.settled_at_ms,
+            reconciled: None,
+        };
         WriteOp::PutStep {
             workflow_id: self.config.workflow_id.clone(),
             seq: i32::try_from(entry.seq).unwrap_or(i32::MAX),
             step_id: entry.step_id.clone(),
             attempt: self.attempt(entry.seq),
-            kind: entry.kind.as_str().to_owned(),
             status,
-            data,
+            record,
         }
     }
 
@@ -713,6 +727,7 @@ impl WorkflowMachine {
         self.writes.push_back(InFlight {
             written: Unwritten { ops: all, events },
             tries: 0,
+            storing: None,
         });
     }
 
@@ -734,6 +749,9 @@ impl WorkflowMachine {
                 tracing::warn!(parent: &self.span, %error,
                     "a journal write wrote nothing (database unavailable or its disk full); retrying");
             }
+            return;
+        }
+        if self.quota_refused(out, &error) {
             return;
         }
         self.writes.clear();
@@ -943,7 +961,7 @@ impl WorkflowMachine {
                     } else {
                         StepStatus::Running
                     };
-                    self.step_op(entry, status, json!({}))
+                    self.step_op(entry, status, None)
                 })
                 .collect();
             // New calls only: a replayed call resolves from the journal and is not here, so a
@@ -1008,7 +1026,7 @@ impl WorkflowMachine {
         }
         let agent = entry.args["agentRef"].as_str().unwrap_or_default();
         let thread_id = thread_for(&self.config.workflow_id, &entry.step_id);
-        let fields = self.child_fields(&run_id, &thread_id, agent);
+        let call = self.agent_call(&run_id, &thread_id, agent);
         let mut before = std::mem::take(&mut self.unwritten);
         before.events.push(Journaled::Started {
             step_id: entry.step_id.clone(),
@@ -1018,8 +1036,8 @@ impl WorkflowMachine {
             call: command.id,
             run_id,
             before,
-            running: self.step_op(entry, StepStatus::Running, fields),
-            queued: self.step_op(entry, StepStatus::Queued, json!({})),
+            running: self.step_op(entry, StepStatus::Running, Some(call)),
+            queued: self.step_op(entry, StepStatus::Queued, None),
         })
     }
 
@@ -1053,8 +1071,8 @@ impl WorkflowMachine {
         out: &mut Vec<Effect>,
         id: CallId,
         outcome: Outcome,
-        mut extra: Vec<WriteOp>,
-        fields: Value,
+        extra: Vec<WriteOp>,
+        call: Option<StepCall>,
         now: Millis,
     ) {
         if matches!(self.phase, Phase::Cancelling { .. }) {
@@ -1063,6 +1081,21 @@ impl WorkflowMachine {
         let Some(_) = self.waiting.remove(&id) else {
             return;
         };
+        self.settle(out, id, outcome, extra, call, now);
+    }
+
+    /// Journals call `id`'s outcome with `extra` ops and hands it to the script, at once, or,
+    /// when an artifact among `extra` needs a new grant of its owner's quota, once the write that
+    /// takes it commits (see `storage.rs`).
+    fn settle(
+        &mut self,
+        out: &mut Vec<Effect>,
+        id: CallId,
+        outcome: Outcome,
+        mut extra: Vec<WriteOp>,
+        call: Option<StepCall>,
+        now: Millis,
+    ) {
         let Some(entry) = self.journal.get_mut(id.0 as usize) else {
             return;
         };
@@ -1073,9 +1106,12 @@ impl WorkflowMachine {
             Outcome::Resolved(_) => StepStatus::Completed,
             Outcome::Rejected(_) => StepStatus::Failed,
         };
+        let grant = self.grant_for(&entry.step_id, &extra);
+        // Kept only to journal the step's failure, should the quota refuse the grant.
+        let storing_call = grant.as_ref().map(|_| call.clone());
         // Journaled with whatever the workflow writes next (see `unwritten`). The artifact the
         // outcome names goes first, so the step's `step_finished` event can give its size.
-        let op = self.step_op(&entry, status, fields);
+        let op = self.step_op(&entry, status, call);
         self.unwritten.ops.append(&mut extra);
         self.unwritten.ops.push(op);
         self.unwritten.events.push(Journaled::Finished {
@@ -1083,6 +1119,16 @@ impl WorkflowMachine {
             kind: entry.kind,
             status,
         });
+        match (grant, storing_call) {
+            (Some(grant), Some(call)) => {
+                self.store_then_hand_over(out, (id, outcome, call, now), grant);
+            }
+            _ => self.hand_over(out, id, outcome, now),
+        }
+    }
+
+    /// Hands call `id`'s outcome to the script.
+    fn hand_over(&mut self, out: &mut Vec<Effect>, id: CallId, outcome: Outcome, now: Millis) {
         if !self.loaded() {
             self.set_status(out, WorkflowStatus::Running);
         }
@@ -1148,25 +1194,32 @@ impl WorkflowMachine {
             reconciliation: None,
         });
         // The end, a durable stop request to every child run still live (a sibling a failed
-        // step left running), every slot given back and the lease's release are one write.
+        // step left running), every slot and the unused room of its grants given back and the
+        // lease's release are one write.
         let workflow_id = self.config.workflow_id.clone();
         let ops = vec![
             self.set_workflow(status, data),
             WriteOp::CancelRuns {
                 workflow_id: workflow_id.clone(),
             },
-            WriteOp::ReleaseSlots { workflow_id },
+            WriteOp::ReleaseSlots {
+                workflow_id: workflow_id.clone(),
+            },
+            WriteOp::ReturnStorage { workflow_id },
             WriteOp::ReleaseLease,
         ];
         #[cfg(test)]
-        let ops = if crate::workflow::mutants::planted(
-            crate::workflow::mutants::Mutant::LeaseKeptAfterTheEnd,
-        ) {
+        let ops: Vec<WriteOp> = {
+            use crate::workflow::mutants::{Mutant, planted};
+            let lease = planted(Mutant::LeaseKeptAfterTheEnd);
+            let storage = planted(Mutant::StorageKeptAfterTheEnd);
             ops.into_iter()
-                .filter(|op| !matches!(op, WriteOp::ReleaseLease))
+                .filter(|op| match op {
+                    WriteOp::ReleaseLease => !lease,
+                    WriteOp::ReturnStorage { .. } => !storage,
+                    _ => true,
+                })
                 .collect()
-        } else {
-            ops
         };
         self.write(out, ops);
         let live = self.live_children();
@@ -1214,13 +1267,17 @@ impl WorkflowMachine {
             "at_ms": now,
         });
         // Its slots stay held; its lease is given back in the same write, so an operator's
-        // reconcile can take the workflow at once.
+        // reconcile can take the workflow at once, and so is the unused room of its grants
+        // (whoever takes it over starts with none).
         let op = self.set_workflow(WorkflowStatus::NeedsReconciliation, data);
         self.unwritten.events.push(Journaled::Ended {
             status: WorkflowStatus::NeedsReconciliation,
             reconciliation: Some(why),
         });
-        self.write(out, vec![op, WriteOp::ReleaseLease]);
+        let give_back = WriteOp::ReturnStorage {
+            workflow_id: self.config.workflow_id.clone(),
+        };
+        self.write(out, vec![op, give_back, WriteOp::ReleaseLease]);
         self.halt(out, false);
     }
 }

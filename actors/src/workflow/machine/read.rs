@@ -65,6 +65,6 @@ impl WorkflowMachine {
                 return;
             }
         };
-        self.conclude(out, id, outcome, Vec::new(), json!({}), now);
+        self.conclude(out, id, outcome, Vec::new(), None, now);
     }
 }

@@ -26,6 +26,7 @@ fn machine(start: Start) -> WorkflowMachine {
         limits: runtime::Limits::default(),
         slots_max: 4,
         slots_per_user_max: 2,
+        stored_bytes_max: 1_000_000,
         log_events_max: 10,
         log_event_bytes_max: 1_000,
         cancel_window_ms: 2_000,
@@ -129,6 +130,8 @@ fn op(op: &WriteOp) -> String {
         WriteOp::CancelRuns { .. } => "cancel runs".into(),
         WriteOp::ReleaseSlot { step_id, .. } => format!("release slot {step_id}"),
         WriteOp::ReleaseSlots { .. } => "release slots".into(),
+        WriteOp::TakeStorage { bytes, .. } => format!("take storage {bytes}"),
+        WriteOp::ReturnStorage { .. } => "return storage".into(),
         WriteOp::PutLogs { lines, .. } => format!("logs {}", lines.len()),
         WriteOp::ReleaseLease => "release lease".into(),
         other => format!("{other:?}"),
@@ -327,14 +330,31 @@ fn a_launch_runs_its_lone_agent_call_through_one_admission_and_ends_in_one_write
             RunStatus::Success,
         ))),
     };
-    // The outcome is handed to the script first and journaled with the next write.
+    // Its output is the workflow's first artifact: it is stored under a grant of the
+    // owner's quota, which may refuse it, so the outcome reaches the script only once that
+    // write committed. (An outcome with no artifact beyond the room granted is handed to the
+    // script first and journaled with the next write.)
+    let (described, effects) = drive_with(&mut m, ended, NOW, |_| None);
     assert_eq!(
-        drive(&mut m, ended),
+        described,
         [
             "count reins_child_runs_finished_total",
             "fault result_before",
+            "write [take storage 262144, artifact 1, release slot a, step a completed]",
+            "count reins_steps_finished_total",
+            "fault result",
             "activate loaded [\"resolved\"]",
         ]
+    );
+    assert!(
+        matches!(
+            written(&effects)[0],
+            WriteOp::TakeStorage {
+                bytes_max: 1_000_000,
+                ..
+            }
+        ),
+        "the grant is checked against the configured quota"
     );
     let done = Event::Activated {
         result: Ok(Activation {
@@ -350,15 +370,13 @@ fn a_launch_runs_its_lone_agent_call_through_one_admission_and_ends_in_one_write
     assert_eq!(
         described,
         [
-            "write [artifact 1, release slot a, step a completed, logs 1, workflow completed, \
-             cancel runs, release slots, release lease]",
-            "count reins_steps_finished_total",
-            "fault result",
+            "write [logs 1, workflow completed, cancel runs, release slots, return storage, \
+             release lease]",
             "count reins_workflows_finished_total",
             "halt ended",
         ]
     );
-    let Some(WriteOp::SetWorkflow { data, .. }) = written(&effects).into_iter().nth(4) else {
+    let Some(WriteOp::SetWorkflow { data, .. }) = written(&effects).into_iter().nth(1) else {
         panic!("the end");
     };
     assert_eq!(data["result"], json!(42));
@@ -375,9 +393,8 @@ fn a_replay_reads_the_journal_and_an_unreadable_one_goes_to_an_operator() {
         seq,
         step_id: "a".into(),
         attempt,
-        kind: "agent".into(),
         status: StepStatus::Running,
-        data,
+        record: store::StepRecord::decode("agent", &data).map_err(|e| e.to_string()),
         created_at: 0.0,
     };
     let mut m = machine(Start::Replay);
@@ -423,7 +440,7 @@ fn a_replay_reads_the_journal_and_an_unreadable_one_goes_to_an_operator() {
     assert_eq!(
         described,
         [
-            "write [workflow needs_reconciliation, release lease]",
+            "write [workflow needs_reconciliation, return storage, release lease]",
             "count reins_workflows_finished_total",
             "count reins_reconciliations_needed_total",
             "halt ended",
@@ -539,7 +556,7 @@ fn a_refused_admission_fails_the_step_and_an_unknown_one_stops_the_owner() {
     );
     assert_eq!(
         described[0],
-        "write [step a failed, workflow failed, cancel runs, release slots, release lease]"
+        "write [step a failed, workflow failed, cancel runs, release slots, return storage, release lease]"
     );
 
     let mut m = machine(Start::Fresh);
@@ -598,7 +615,7 @@ fn a_child_whose_end_nobody_recorded_goes_to_an_operator() {
     assert_eq!(
         described,
         [
-            "write [workflow needs_reconciliation, release lease]",
+            "write [workflow needs_reconciliation, return storage, release lease]",
             "count reins_workflows_finished_total",
             "count reins_reconciliations_needed_total",
             "halt ended",
@@ -638,7 +655,7 @@ fn a_reconciliation_the_database_refused_is_not_counted() {
         assert_eq!(
             described,
             [
-                "write [workflow needs_reconciliation, release lease]",
+                "write [workflow needs_reconciliation, return storage, release lease]",
                 "halt abandoned"
             ],
             "{refusal}"
@@ -654,9 +671,9 @@ fn a_reconciliation_the_database_refused_is_not_counted() {
     assert_eq!(
         described,
         [
-            "write [workflow needs_reconciliation, release lease]",
+            "write [workflow needs_reconciliation, return storage, release lease]",
             "sleep 50ms",
-            "write [workflow needs_reconciliation, release lease]",
+            "write [workflow needs_reconciliation, return storage, release lease]",
             "count reins_workflows_finished_total",
             "count reins_reconciliations_needed_total",
             "halt ended",
@@ -834,12 +851,20 @@ fn a_capture_becomes_the_next_artifact_version_or_fails_its_step() {
         id,
         result: Ok(("out.txt".into(), b"hi".to_vec())),
     };
+    // The workflow's first artifact is stored under a grant of its owner's quota before the
+    // script sees it.
     let (described, effects) = drive_with(&mut m, captured, NOW, |_| None);
     assert_eq!(
         described,
-        ["fault capture", "activate loaded [\"resolved\"]", "then"]
+        [
+            "fault capture",
+            "write [take storage 262144, artifact 1, step cap completed]",
+            "count reins_steps_finished_total",
+            "activate loaded [\"resolved\"]",
+            "then",
+        ]
     );
-    let Some(Effect::Activate { settles, .. }) = effects.get(1) else {
+    let Some(Effect::Activate { settles, .. }) = effects.get(3) else {
         panic!("an activation");
     };
     assert_eq!(
@@ -851,24 +876,29 @@ fn a_capture_becomes_the_next_artifact_version_or_fails_its_step() {
         }))
     );
 
-    // The next write fails: the capture's failure is recorded for the tests that hold it.
-    let (described, _) = drive_with(
-        &mut m,
-        activation(Vec::new(), Status::Waiting),
-        NOW,
-        |effect| {
-            matches!(effect, Effect::Write(_)).then(|| {
-                Event::WriteFailed(store::Error::LeaseLost {
-                    resource_id: WORKFLOW.into(),
-                    owner: "node-a".into(),
-                    epoch: Epoch::new(3),
-                })
-            })
-        },
+    // The next fits the room that grant left: handed to the script at once, and journaled
+    // with the next write.
+    let again = call(
+        1,
+        CallKind::CaptureArtifact,
+        "cap-2",
+        json!({"sourceStepId": "a", "path": "out.txt"}),
     );
+    drive(&mut m, activation(vec![again], Status::Waiting));
+    let captured = Event::Captured {
+        id: CallId(1),
+        result: Ok(("out.txt".into(), b"abc".to_vec())),
+    };
     assert_eq!(
-        described,
-        ["write [artifact 1, step cap completed]", "halt abandoned"]
+        drive(&mut m, captured),
+        ["fault capture", "activate loaded [\"resolved\"]", "then"]
+    );
+    assert_eq!(m.storage_room, super::storage::STORAGE_GRANT_BYTES - 5);
+    let done = activation(Vec::new(), Status::Completed(json!(null)));
+    assert_eq!(
+        drive(&mut m, done)[0],
+        "write [artifact 2, step cap-2 completed, workflow completed, cancel runs, \
+         release slots, return storage, release lease]"
     );
 
     let mut m = machine(Start::Fresh);
@@ -893,6 +923,156 @@ fn a_capture_becomes_the_next_artifact_version_or_fails_its_step() {
         Outcome::Rejected(json!({"message": "no file gone", "status": "error"}))
     );
     assert_eq!(m.artifacts, 0, "a failed capture makes no version");
+}
+
+/// Refuses every write that takes a grant, as the store does for an owner who stores
+/// `stored` bytes of the machine's quota (1,000,000).
+fn over_the_quota(stored: i64) -> impl FnMut(&Effect) -> Option<Event> {
+    move |effect| match effect {
+        Effect::Write(ops)
+            if ops
+                .iter()
+                .any(|op| matches!(op, WriteOp::TakeStorage { .. })) =>
+        {
+            Some(Event::WriteFailed(store::Error::LimitReached(
+                store::Limit::StoredBytes {
+                    stored,
+                    max: 1_000_000,
+                },
+            )))
+        }
+        _ => None,
+    }
+}
+
+#[test]
+fn an_artifact_the_owners_quota_refuses_fails_its_step_with_nothing_of_it_written() {
+    let mut m = machine(Start::Fresh);
+    drive(&mut m, Event::Begin);
+    let capture = call(
+        0,
+        CallKind::CaptureArtifact,
+        "cap",
+        json!({"sourceStepId": "a", "path": "big.bin"}),
+    );
+    drive(&mut m, activation(vec![capture], Status::Waiting));
+    let captured = Event::Captured {
+        id: CallId(0),
+        result: Ok(("big.bin".into(), vec![0; 45_000])),
+    };
+    // A whole grant is refused, then one of the artifact's own bytes: the step fails.
+    let (described, effects) = drive_with(&mut m, captured, NOW, over_the_quota(990_000));
+    assert_eq!(
+        described,
+        [
+            "fault capture",
+            "write [take storage 262144, artifact 1, step cap completed]",
+            "write [take storage 45000, artifact 1, step cap completed]",
+            "activate loaded [\"rejected\"]",
+            "then",
+        ]
+    );
+    let Some(Effect::Activate { settles, .. }) = effects.get(3) else {
+        panic!("an activation");
+    };
+    assert_eq!(
+        settles[0].outcome,
+        Outcome::Rejected(json!({
+            "message": "limits.user_stored_bytes_max (1000000 bytes) refuses this step's \
+                        45000 bytes: the owner's workflows store 990000; nothing of it was stored",
+            "status": "error",
+            "limit": "limits.user_stored_bytes_max",
+            "bytes": 45_000,
+            "storedBytes": 990_000,
+            "storedBytesMax": 1_000_000,
+        }))
+    );
+    assert_eq!((m.artifacts, m.storage_room), (0, 0), "no version, no room");
+    // The failure is journaled with the next write, without an artifact; the next artifact
+    // takes version 1.
+    let done = activation(Vec::new(), Status::Completed(json!(null)));
+    assert_eq!(
+        drive(&mut m, done),
+        [
+            "write [step cap failed, workflow completed, cancel runs, release slots, \
+             return storage, release lease]",
+            "count reins_steps_finished_total",
+            "count reins_workflows_finished_total",
+            "halt ended",
+        ]
+    );
+
+    // An agent's output: its slot is still given back, and the failure names its run.
+    let mut m = admitted_agent();
+    let ended = Event::ChildEnded {
+        id: CallId(0),
+        run_id: "run-new".into(),
+        committed: Some(Box::new(run_row(
+            &RunId::from("run-new"),
+            RunStatus::Success,
+        ))),
+    };
+    let (described, effects) = drive_with(&mut m, ended, NOW, over_the_quota(999_999));
+    assert_eq!(
+        described,
+        [
+            "count reins_child_runs_finished_total",
+            "fault result_before",
+            "write [take storage 262144, artifact 1, release slot a, step a completed]",
+            "write [take storage 7, artifact 1, release slot a, step a completed]",
+            "activate loaded [\"rejected\"]",
+        ]
+    );
+    let Some(Effect::Activate { settles, .. }) = effects.get(4) else {
+        panic!("an activation");
+    };
+    let Outcome::Rejected(failure) = &settles[0].outcome else {
+        panic!("a failure");
+    };
+    assert_eq!(
+        (&failure["runId"], &failure["storedBytes"]),
+        (&json!("run-new"), &json!(999_999))
+    );
+    let done = activation(Vec::new(), Status::Completed(json!(null)));
+    assert_eq!(
+        drive(&mut m, done)[0],
+        "write [release slot a, step a failed, workflow completed, cancel runs, \
+         release slots, return storage, release lease]"
+    );
+}
+
+#[test]
+fn an_artifact_refused_a_whole_grant_asks_for_its_own_bytes() {
+    let mut m = machine(Start::Fresh);
+    drive(&mut m, Event::Begin);
+    let capture = call(
+        0,
+        CallKind::CaptureArtifact,
+        "cap",
+        json!({"sourceStepId": "a", "path": "big.bin"}),
+    );
+    drive(&mut m, activation(vec![capture], Status::Waiting));
+    let captured = Event::Captured {
+        id: CallId(0),
+        result: Ok(("big.bin".into(), vec![0; 45_000])),
+    };
+    let mut refusals = 1;
+    let (described, _) = drive_with(&mut m, captured, NOW, |effect| {
+        let refused = over_the_quota(900_000)(effect)?;
+        (std::mem::take(&mut refusals) > 0).then_some(refused)
+    });
+    assert_eq!(
+        described,
+        [
+            "fault capture",
+            "write [take storage 262144, artifact 1, step cap completed]",
+            "write [take storage 45000, artifact 1, step cap completed]",
+            "count reins_steps_finished_total",
+            "activate loaded [\"resolved\"]",
+            "then",
+        ]
+    );
+    assert_eq!((m.artifacts, m.storage_room), (1, 0));
 }
 
 #[test]
@@ -926,8 +1106,7 @@ fn a_capture_whose_step_write_fails_records_the_error_for_the_fault_tests() {
         described,
         [
             "fault capture",
-            "activate loaded [\"resolved\"]",
-            "write [artifact 1, step cap completed]",
+            "write [take storage 262144, artifact 1, step cap completed]",
             "record capture_error",
             "halt abandoned",
         ]
@@ -982,7 +1161,7 @@ fn a_cancel_interrupts_the_live_children_and_ends_once_each_has_ended() {
         drive(&mut m, stopped),
         [
             "write [step a cancelled, release slot a]",
-            "write [workflow cancelled, applied 9, cancel runs, release slots, release lease]",
+            "write [workflow cancelled, applied 9, cancel runs, release slots, return storage, release lease]",
             "count reins_workflows_finished_total",
             "halt ended",
         ]
@@ -1008,7 +1187,7 @@ fn a_cancel_whose_child_never_ends_goes_to_an_operator_when_its_window_closes() 
     assert_eq!(
         described,
         [
-            "write [workflow needs_reconciliation, release lease]",
+            "write [workflow needs_reconciliation, return storage, release lease]",
             "count reins_workflows_finished_total",
             "count reins_reconciliations_needed_total",
             "halt ended",
@@ -1115,7 +1294,7 @@ fn a_write_that_wrote_nothing_is_retried_until_the_deadline_and_any_other_failur
     assert_eq!(
         described,
         [
-            "write [workflow completed, cancel runs, release slots, release lease]",
+            "write [workflow completed, cancel runs, release slots, return storage, release lease]",
             "halt abandoned",
         ]
     );
@@ -1145,9 +1324,12 @@ fn a_dead_owners_cancel_waits_for_the_children_its_journal_shows_running() {
         seq: 0,
         step_id: "a".into(),
         attempt: 1,
-        kind: "agent".into(),
         status: StepStatus::Running,
-        data: json!({"args": {"agentRef": "echo"}, "run_id": "run-old"}),
+        record: store::StepRecord::decode(
+            "agent",
+            &json!({"args": {"agentRef": "echo"}, "run_id": "run-old"}),
+        )
+        .map_err(|e| e.to_string()),
         created_at: 0.0,
     };
     assert_eq!(
@@ -1240,9 +1422,10 @@ fn a_call_the_script_no_longer_awaits_has_its_child_stopped_and_journaled_cancel
     };
     let (described, effects) = drive_with(&mut m, ended, NOW, |_| None);
     assert_eq!(described, ["write [step b cancelled, release slot b]"]);
-    let Some(WriteOp::PutStep { data, .. }) = written(&effects).into_iter().next() else {
+    let Some(WriteOp::PutStep { record, .. }) = written(&effects).into_iter().next() else {
         panic!("the step");
     };
+    let data = record.encode();
     assert_eq!(
         (&data["detached"], &data["run_id"]),
         (&json!(true), &json!("run-b"))
@@ -1356,7 +1539,7 @@ fn a_replayed_step_whose_child_the_orphan_sweep_closed_goes_to_an_operator() {
     assert_eq!(
         described[..3],
         [
-            "write [workflow needs_reconciliation, release lease]",
+            "write [workflow needs_reconciliation, return storage, release lease]",
             "count reins_workflows_finished_total",
             "count reins_reconciliations_needed_total",
         ]
@@ -1482,7 +1665,8 @@ fn a_replayed_step_takes_its_runs_outcome_follows_its_waiting_run_or_asks_an_ope
     // Not admitted: the carried journal is written by the machine, with the call queued.
     let queued = ["write [step a queued]", "count reins_steps_started_total"];
 
-    // Ended: its outcome is the step's, with the output kept as the next artifact version.
+    // Ended: its outcome is the step's, with the output kept as the next artifact version,
+    // stored under a grant of the owner's quota before the script sees it.
     let (described, effects) = existing(run_row(&RunId::from("run-old"), RunStatus::Success));
     assert_eq!(described[..2], queued);
     assert_eq!(
@@ -1490,6 +1674,9 @@ fn a_replayed_step_takes_its_runs_outcome_follows_its_waiting_run_or_asks_an_ope
         [
             "count reins_child_runs_finished_total",
             "fault result_before",
+            "write [take storage 262144, artifact 1, release slot a, step a completed]",
+            "count reins_steps_finished_total",
+            "fault result",
             "activate loaded [\"resolved\"]",
         ]
     );
@@ -1520,7 +1707,7 @@ fn a_replayed_step_takes_its_runs_outcome_follows_its_waiting_run_or_asks_an_ope
     assert_eq!(
         described[2..],
         [
-            "write [workflow needs_reconciliation, release lease]",
+            "write [workflow needs_reconciliation, return storage, release lease]",
             "count reins_workflows_finished_total",
             "count reins_reconciliations_needed_total",
             "halt ended",
@@ -1597,6 +1784,8 @@ const EVERY_TEST: &[fn()] = &[
     a_replayed_step_takes_its_runs_outcome_follows_its_waiting_run_or_asks_an_operator,
     a_child_row_the_database_cannot_give_is_read_again_after_a_backoff,
     an_artifact_read_that_fails_for_good_stops_the_workflow,
+    an_artifact_the_owners_quota_refuses_fails_its_step_with_nothing_of_it_written,
+    an_artifact_refused_a_whole_grant_asks_for_its_own_bytes,
 ];
 
 /// Every row of every call kind's table (`transitions.rs`) is taken by some test of this file:

@@ -120,6 +120,21 @@ table! {
     }
 }
 
+table! {
+    /// The owner's storage quota, at any call whose outcome stores an artifact (`capture`,
+    /// `agent`): see `storage.rs`.
+    Storage {
+        /// The artifact fits the room this workflow holds: the outcome goes on at once.
+        WithinRoom,
+        /// Written under a new grant: the outcome goes on once that write committed.
+        Granted,
+        /// The quota refused a whole grant: asked again for the artifact's own bytes.
+        AskedOwnBytes,
+        /// The quota refused the artifact's own bytes: the step fails naming the quota.
+        Refused,
+    }
+}
+
 /// One transition of one call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum Transition {
@@ -128,6 +143,7 @@ pub(crate) enum Transition {
     Checkpoint(Checkpoint),
     Capture(Capture),
     Read(Read),
+    Storage(Storage),
 }
 
 impl Transition {
@@ -139,6 +155,7 @@ impl Transition {
         all.extend(Checkpoint::ALL.iter().map(|&t| Transition::Checkpoint(t)));
         all.extend(Capture::ALL.iter().map(|&t| Transition::Capture(t)));
         all.extend(Read::ALL.iter().map(|&t| Transition::Read(t)));
+        all.extend(Storage::ALL.iter().map(|&t| Transition::Storage(t)));
         all
     }
 }
