@@ -328,6 +328,15 @@ impl Store {
         }
     }
 
+    /// Reads holding a place among the pool's connections for reads
+    /// (`store.pg_read_connections_max`), and reads waiting for one (PostgreSQL only).
+    pub fn read_places(&self) -> Option<(usize, usize)> {
+        match &self.backend {
+            Inner::Sqlite(_) => None,
+            Inner::Postgres(store) => Some(store.read_places()),
+        }
+    }
+
     /// [`Store::launch_workflow`] without limits, for a workflow that must be new.
     pub async fn create_workflow(
         &self,

@@ -6,6 +6,7 @@
 
 use std::str::FromStr;
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use deadpool_postgres::{
     GenericClient, Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime,
@@ -61,6 +62,10 @@ pub(crate) struct PgStore {
     /// at most all but one): every read operation holds one while it runs, so reads never hold
     /// the connections that writes (the batch writers, launches, leases) need.
     reads: tokio::sync::Semaphore,
+    /// The places `reads` has, to tell how many are held.
+    read_places_max: usize,
+    /// Reads waiting for a place in `reads` now (see [`PgStore::read_places`]).
+    reads_waiting: AtomicUsize,
     /// How long a read waits for its place (the pool's own wait, `store.pool_wait_timeout_ms`).
     read_wait: std::time::Duration,
 }
@@ -106,6 +111,7 @@ impl PgStore {
             options.pg_batch_max,
             options.write_queue_max,
         );
+        let read_places_max = read_connections(options);
         Ok(PgStore {
             batcher,
             pool,
@@ -113,7 +119,9 @@ impl PgStore {
             listener: OnceLock::new(),
             feed_numbering_max: i32::try_from(options.feed_numbering_max.max(1))
                 .unwrap_or(i32::MAX),
-            reads: tokio::sync::Semaphore::new(read_connections(options)),
+            reads: tokio::sync::Semaphore::new(read_places_max),
+            read_places_max,
+            reads_waiting: AtomicUsize::new(0),
             read_wait: options.pool_wait_timeout,
         })
     }
@@ -121,6 +129,7 @@ impl PgStore {
     /// A place for one read operation on the pool's connections (see [`PgStore::reads`]),
     /// waited for as long as a connection of the pool is.
     pub(crate) async fn read_place(&self) -> Result<tokio::sync::SemaphorePermit<'_>> {
+        let _waiting = WaitingForPlace::count(&self.reads_waiting);
         match tokio::time::timeout(self.read_wait, self.reads.acquire()).await {
             Ok(Ok(place)) => Ok(place),
             // Never closed: a timeout is every read place busy for the whole wait.
@@ -130,6 +139,14 @@ impl PgStore {
                 self.read_wait.as_millis()
             ))),
         }
+    }
+
+    /// Reads holding a place among the pool's connections for reads, and reads waiting for one.
+    pub(crate) fn read_places(&self) -> (usize, usize) {
+        (
+            self.read_places_max - self.reads.available_permits(),
+            self.reads_waiting.load(Ordering::Relaxed),
+        )
     }
 
     /// A pooled connection for the call running in this task (see [`conn`]).
@@ -927,6 +944,23 @@ pub(crate) fn redact(url: &str) -> String {
             }
         }
         _ => url.to_owned(),
+    }
+}
+
+/// One read counted in [`PgStore::reads_waiting`] while it waits for its place: no longer once
+/// the wait ends, whether it got its place, gave up, or was dropped with its abandoned call.
+struct WaitingForPlace<'a>(&'a AtomicUsize);
+
+impl<'a> WaitingForPlace<'a> {
+    fn count(waiting: &'a AtomicUsize) -> Self {
+        waiting.fetch_add(1, Ordering::Relaxed);
+        WaitingForPlace(waiting)
+    }
+}
+
+impl Drop for WaitingForPlace<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

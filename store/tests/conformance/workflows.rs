@@ -853,9 +853,9 @@ async fn postgres_reads_never_take_the_connections_writes_need() {
         pg_read_connections_max: 3,
         // Long enough that the read waiting for a place outlasts the test, and that no read
         // waiting on the server gives up.
-        pool_wait_timeout: Duration::from_secs(10),
-        lock_timeout: Duration::from_secs(120),
-        statement_timeout: Duration::from_secs(120),
+        pool_wait_timeout: Duration::from_secs(60),
+        lock_timeout: Duration::from_secs(300),
+        statement_timeout: Duration::from_secs(300),
         ..store::StoreOptions::default()
     };
     let store = Arc::new(
@@ -864,7 +864,8 @@ async fn postgres_reads_never_take_the_connections_writes_need() {
             .expect("open"),
     );
     created(&*store, new_workflow("wf", "ada", None, "fp")).await;
-    // Another session holds the artifacts' table: a record's read of it waits on the server.
+    // Another session holds the artifacts' table: a snapshot's read of it waits on the server
+    // (preparing its statement already does).
     let (holder, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
         .await
         .expect("connect");
@@ -873,6 +874,26 @@ async fn postgres_reads_never_take_the_connections_writes_need() {
         .batch_execute("BEGIN; LOCK TABLE workflow_artifacts IN ACCESS EXCLUSIVE MODE")
         .await
         .expect("lock the artifacts");
+    // The store's sessions are watched from one of their own, outside any transaction: inside
+    // the holder's, `pg_stat_activity` would stay as its first look found it (under load, one or
+    // two reads on the lock, never three).
+    let (observer, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    tokio::spawn(connection);
+    let on_the_lock = async || -> usize {
+        let sessions: i64 = observer
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity
+                  WHERE datname = current_database() AND application_name = 'reins'
+                    AND wait_event_type = 'Lock'",
+                &[],
+            )
+            .await
+            .expect("count")
+            .get(0);
+        usize::try_from(sessions).expect("a count")
+    };
     // As many reads as the pool has connections: without a bound of their own, they take all.
     let reads: Vec<_> = (0..options.pool_size)
         .map(|_| {
@@ -884,27 +905,23 @@ async fn postgres_reads_never_take_the_connections_writes_need() {
             })
         })
         .collect();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    // Every place for reads taken, each by a read waiting on the server for the lock (so on a
+    // connection of the pool), and the last read waiting for a place.
+    let places_max = options.pg_read_connections_max;
+    let settled = (places_max, Some((places_max, 1)));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     loop {
-        let waiting: i64 = holder
-            .query_one(
-                "SELECT count(*) FROM pg_stat_activity
-                  WHERE datname = current_database() AND application_name = 'reins'
-                    AND wait_event_type = 'Lock'",
-                &[],
-            )
-            .await
-            .expect("count")
-            .get(0);
-        // At least one read waits on the server for the lock, holding its place; the others
-        // hold theirs too, on the server or waiting for a connection (under a loaded machine not
-        // every read reached the lock within the deadline: a known gap, see the session note).
-        if waiting >= 1 {
+        let seen = (on_the_lock().await, store.read_places());
+        assert!(
+            seen.0 <= places_max,
+            "more reads than their places wait on the server: {seen:?}"
+        );
+        if seen == settled {
             break;
         }
         assert!(
             tokio::time::Instant::now() < deadline,
-            "the reads never reached the lock"
+            "the reads never settled on their places and the lock: {seen:?}"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -922,12 +939,17 @@ async fn postgres_reads_never_take_the_connections_writes_need() {
         reads.iter().all(|read| !read.is_finished()),
         "the launch committed while every read still waited"
     );
+    assert_eq!(
+        (on_the_lock().await, store.read_places()),
+        settled,
+        "the reads still hold their places, and the last still waits for one"
+    );
 
     holder.batch_execute("ROLLBACK").await.expect("unlock");
     for read in reads {
         let snapshot = read.await.expect("the read's task");
         assert!(matches!(snapshot, Ok(Some(_))), "{snapshot:?}");
     }
-    drop((store, holder));
+    drop((store, holder, observer));
     dropping.drop_database().await;
 }
