@@ -56,7 +56,7 @@ pub use users::{
     NewToken, NewUser, Role, TokenRow, UserChange, UserChanged, UserDeletion, UserRow, UserStorage,
 };
 pub use workflows::{
-    ControlRow, ControlWrite, Deletion, Launch, LaunchLimits, ListCursor, ListFilter,
+    ControlKind, ControlRow, ControlWrite, Deletion, Launch, LaunchLimits, ListCursor, ListFilter,
     ListedWorkflow, NewControl, Orphaned, Purpose, StatusFilter, TakeOver, Versions,
 };
 pub use write::{

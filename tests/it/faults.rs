@@ -395,7 +395,7 @@ on_both_backends! {
         for id in &cancelled {
             // Recorded the way any node records it, with nobody to carry it out.
             store.put_control(store::NewControl {
-                workflow_id: id.clone(), kind: "cancel".into(), step_id: String::new(),
+                workflow_id: id.clone(), kind: store::ControlKind::Cancel, step_id: String::new(),
                 attempt: 0, body: json!({}), created_by: Some("ada".into()),
             }).await.expect("cancel");
         }

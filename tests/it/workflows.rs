@@ -599,7 +599,7 @@ on_both_backends! {
         let id = node.node.workflows().launch(request).await.expect("launch").workflow_id;
         wait_for_status(&node, id.as_str(), "cancelled").await;
         let done = view(&node, id.as_str()).await;
-        let cancel = done.controls.iter().find(|c| c.kind == "cancel").expect("a cancel control");
+        let cancel = done.controls.iter().find(|c| c.kind == store::ControlKind::Cancel).expect("a cancel control");
         assert_eq!((cancel.body["reason"].as_str(), cancel.applied), (Some("timeout"), true));
     }
 }

@@ -13,8 +13,8 @@ use runtime::CallKind;
 use serde::Serialize;
 use serde_json::{Value, json};
 use store::{
-    Change, ControlRow, ControlWrite, Epoch, Launch, LaunchLimits, NewControl, StepRow, WorkflowId,
-    WorkflowRow,
+    Change, ControlKind, ControlRow, ControlWrite, Epoch, Launch, LaunchLimits, NewControl,
+    StepRow, WorkflowId, WorkflowRow,
 };
 use tokio::sync::broadcast;
 use tokio::time::Instant;
@@ -26,7 +26,7 @@ use crate::lease::LeaseMsg;
 use crate::store_actor::StoreHandle;
 use crate::workflow::requests::{Decide, LaunchRequest, ReconcileRequest, Resume};
 use crate::workflow::rules::{self, Supervised};
-use crate::workflow::{ControlKind, Start, WorkflowArgs, WorkflowMsg, WorkflowSupervisor};
+use crate::workflow::{Start, WorkflowArgs, WorkflowMsg, WorkflowSupervisor};
 
 /// What a launch gave the caller.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -1166,7 +1166,7 @@ impl WorkflowsHandle {
             .store
             .put_control(NewControl {
                 workflow_id: workflow_id.to_owned(),
-                kind: kind.as_str().to_owned(),
+                kind,
                 step_id: step_id.to_owned(),
                 attempt,
                 body,

@@ -11,8 +11,8 @@
 use actors::WorkflowView;
 use serde_json::Value;
 use store::{
-    ArtifactInfo, ControlRow, ListedWorkflow, RunRow, RunStatus, StepKind, StepOutcome,
-    StepPosition, StepRow, StepStatus, WorkflowRow, WorkflowStatus,
+    ArtifactInfo, ControlKind, ControlRow, ListedWorkflow, RunRow, RunStatus, StepKind,
+    StepOutcome, StepPosition, StepRow, StepStatus, WorkflowRow, WorkflowStatus,
 };
 
 use super::error::ApiError;
@@ -273,9 +273,9 @@ pub fn approval(run: &RunRow) -> Option<ApprovalRecord> {
 
 fn checkpoint(step: &StepRow, controls: &[ControlRow]) -> CheckpointRecord {
     let kind = if step.kind() == Some(StepKind::Pause) {
-        "resume"
+        ControlKind::Resume
     } else {
-        "decide"
+        ControlKind::Decide
     };
     let control = controls
         .iter()
@@ -284,7 +284,7 @@ fn checkpoint(step: &StepRow, controls: &[ControlRow]) -> CheckpointRecord {
     let record = step.record();
     let status = match control {
         None => "waiting".to_owned(),
-        Some(_) if kind == "resume" => "resumed".to_owned(),
+        Some(_) if kind == ControlKind::Resume => "resumed".to_owned(),
         Some(control) => match control.body["decision"].as_str() {
             Some("approve") => "approved".to_owned(),
             Some("reject") => "rejected".to_owned(),

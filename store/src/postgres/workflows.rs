@@ -11,8 +11,8 @@ use super::{PgStore, commit_error};
 use crate::lease::ttl_seconds;
 use crate::workflows::takeover_refusal;
 use crate::workflows::{
-    COUNTED, ControlRow, ControlWrite, Deletion, Launch, LaunchLimits, ListFilter, ListedWorkflow,
-    NewControl, Orphaned, StatusFilter, TakeOver, Versions,
+    COUNTED, ControlKind, ControlRow, ControlWrite, Deletion, Launch, LaunchLimits, ListFilter,
+    ListedWorkflow, NewControl, Orphaned, StatusFilter, TakeOver, Versions,
 };
 use crate::{
     COUNTED_STATUSES, Epoch, Error, Lease, NewWorkflow, Result, WorkflowId, WorkflowRow,
@@ -29,17 +29,19 @@ macro_rules! control_columns {
     };
 }
 
-pub(super) fn control(row: &Row) -> ControlRow {
-    ControlRow {
-        id: row.get(0),
-        workflow_id: row.get(1),
-        kind: row.get(2),
+/// A row of `control_columns!`, or the store error naming a row whose kind no build knows.
+pub(super) fn control(row: &Row) -> Result<ControlRow> {
+    let (id, workflow_id): (i64, WorkflowId) = (row.get(0), row.get(1));
+    Ok(ControlRow {
+        kind: ControlKind::read(row.get(2), &workflow_id, id)?,
+        id,
+        workflow_id,
         step_id: row.get(3),
         attempt: row.get(4),
         body: row.get(5),
         created_by: row.get(6),
         applied: row.get(7),
-    }
+    })
 }
 
 /// The workflow a user's `request_id` launched, if any.
@@ -221,7 +223,7 @@ impl PgStore {
             .await
             .map_err(commit_error)?;
         if let Some(row) = inserted {
-            return Ok(ControlWrite::Recorded(control(&row)));
+            return Ok(ControlWrite::Recorded(control(&row)?));
         }
         let existing = client
             .query_one(
@@ -236,7 +238,7 @@ impl PgStore {
                 &[&new.workflow_id, &new.kind, &new.step_id, &new.attempt],
             )
             .await?;
-        let existing = control(&existing);
+        let existing = control(&existing)?;
         if existing.body == new.body {
             Ok(ControlWrite::Repeated(existing))
         } else {
@@ -511,7 +513,7 @@ pub(super) async fn controls_in(
 ) -> Result<Vec<ControlRow>> {
     let statement = client.prepare_cached(CONTROLS_SQL).await?;
     let rows = client.query(&statement, &[&workflow_id]).await?;
-    Ok(rows.iter().map(control).collect())
+    rows.iter().map(control).collect()
 }
 
 /// Live workflows whose owner's lease ran out, in a random order (so that nodes claiming at once

@@ -5,7 +5,9 @@
 use std::sync::Arc;
 
 use serde_json::json;
-use store::{ControlWrite, Epoch, Error, Launch, LaunchLimits, NewControl, NewWorkflow, WriteOp};
+use store::{
+    ControlKind, ControlWrite, Epoch, Error, Launch, LaunchLimits, NewControl, NewWorkflow, WriteOp,
+};
 use tokio::sync::Barrier;
 
 use crate::harness::{Subject, conformance};
@@ -35,7 +37,7 @@ async fn created<S: Subject>(store: &S, workflow: NewWorkflow) -> store::Lease {
 fn decide(workflow: &str, body: serde_json::Value) -> NewControl {
     NewControl {
         workflow_id: store::WorkflowId::new(workflow),
-        kind: "decide".into(),
+        kind: ControlKind::Decide,
         step_id: "review".into(),
         attempt: 1,
         body,
@@ -375,7 +377,7 @@ conformance! {
 
         // A pending cancellation: only a cancel takeover, under any runtime, may finish it.
         store.put_control(NewControl {
-            workflow_id: "wf".into(), kind: "cancel".into(), step_id: String::new(), attempt: 0,
+            workflow_id: "wf".into(), kind: ControlKind::Cancel, step_id: String::new(), attempt: 0,
             body: json!({}), created_by: None,
         }).await.expect("cancel");
         store.fenced_write(&taken.fence(), vec![WriteOp::ReleaseLease]).await.expect("release");
