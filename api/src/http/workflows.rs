@@ -233,8 +233,8 @@ async fn wait_for(
     loop {
         let view = read_record(ctx, run_id).await??;
         let view = visible(ctx, view, run_id, Act::Read)?;
-        let record = record::record(&view, page_max(ctx));
-        if over || wait::settled(&record, &view) {
+        if over || wait::settled(&view) {
+            let record = record::record(&view, page_max(ctx));
             if waited {
                 // The caller's access may have changed while the request waited (a role taken
                 // away, a token revoked, a session ended): it is asked again before anything is
