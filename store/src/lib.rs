@@ -349,7 +349,7 @@ impl Store {
             .launch_workflow(workflow, owner, lease_ms, LaunchLimits::NONE)
             .await?
         {
-            Launch::Created(lease) => Ok(lease),
+            Launch::Created { lease, .. } => Ok(lease),
             Launch::Existing(_) | Launch::Refused { .. } => Err(Error::Conflict(format!(
                 "workflow {id:?} exists under that request id"
             ))),

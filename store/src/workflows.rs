@@ -31,8 +31,9 @@ impl LaunchLimits {
 /// What a launch did.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Launch {
-    /// A new workflow, `running`, leased by the launching node (epoch 1).
-    Created(Lease),
+    /// A new workflow, `running`, leased by the launching node (epoch 1): its row as written
+    /// (its times on the database clock) and its lease.
+    Created { row: WorkflowRow, lease: Lease },
     /// The same user launched the same request before: that workflow.
     Existing(WorkflowRow),
     /// A limit refused it; nothing was written.

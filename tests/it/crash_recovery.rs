@@ -111,7 +111,10 @@ async fn run(boundary: Option<&str>, hold_draft: bool, tamper: bool) -> Ended {
         let launched = store
             .launch_workflow(workflow, "launcher", 1, LaunchLimits::NONE)
             .await;
-        assert!(matches!(launched, Ok(Launch::Created(_))), "{launched:?}");
+        assert!(
+            matches!(launched, Ok(Launch::Created { .. })),
+            "{launched:?}"
+        );
         for (kind, step_id, body) in [
             (
                 ControlKind::Decide,

@@ -82,7 +82,7 @@ async fn a_workflows_next_step_takes_the_very_number_its_admission_frees() {
         .launch_workflow(workflow, "node-a", 60_000, LaunchLimits::NONE)
         .await
         .expect("launch");
-    let Launch::Created(lease) = launched else {
+    let Launch::Created { lease, .. } = launched else {
         panic!("not created: {launched:?}");
     };
     let step = |step_id: &str, journal: Vec<store::WriteOp>| WorkflowStep {
@@ -141,7 +141,7 @@ async fn workflow_with_a_step_and_a_run(store: &Store) -> Lease {
         fingerprint: "fp".into(),
         data: json!({}),
     };
-    let Launch::Created(lease) = store
+    let Launch::Created { lease, .. } = store
         .launch_workflow(workflow, "node-a", 60_000, LaunchLimits::NONE)
         .await
         .expect("launch")
@@ -336,7 +336,7 @@ async fn racing_claims_of_one_user_count_each_other_while_another_user_waits() {
             .await
             .expect("launch")
         {
-            Launch::Created(lease) => lease,
+            Launch::Created { lease, .. } => lease,
             other => panic!("not created: {other:?}"),
         }
     };

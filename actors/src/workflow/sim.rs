@@ -690,7 +690,7 @@ impl Sim {
         ));
         self.workflows.insert(workflow_id.clone(), script);
         match launched {
-            Ok(store::Launch::Created(lease)) => {
+            Ok(store::Launch::Created { lease, .. }) => {
                 self.supervise(node, &workflow_id, lease.fence(), data, Start::Fresh);
             }
             other => self.violation(format!("launch of {workflow_id} answered {other:?}")),

@@ -81,7 +81,12 @@ fn workflow_row(row: &Row) -> Result<WorkflowRow> {
 
 /// What a launch under `reins_launch_guard` came to.
 enum Guarded {
-    Created(Lease),
+    /// Inserted at the times the database gave it (`created_at`, `updated_at`: two readings of
+    /// its clock), with its lease.
+    Created {
+        at: (f64, f64),
+        lease: Lease,
+    },
     Refused(Launch),
     /// The request was launched before: read it after this transaction.
     Repeated,
@@ -122,7 +127,8 @@ async fn launch_in(
                                     created_at, updated_at, live_no, owner_no)
              SELECT $1, $2, $3, 'running', $4, $5, $6, reins_now(), reins_now(),
                     guard.live_no, guard.owner_no
-               FROM reins_launch_guard($2, $3, $7, $8, $9) AS guard",
+               FROM reins_launch_guard($2, $3, $7, $8, $9) AS guard
+             RETURNING created_at, updated_at",
         )
         .await?;
     let lease = transaction
@@ -132,7 +138,7 @@ async fn launch_in(
         )
         .await?;
     let (inserted, leased) = futures_util::join!(
-        transaction.execute(&insert, &insert_params),
+        transaction.query_one(&insert, &insert_params),
         transaction.query_one(&lease, &lease_params),
     );
     match inserted.as_ref().map_err(|e| e.code().map(|c| c.code())) {
@@ -153,13 +159,17 @@ async fn launch_in(
         }
         _ => {}
     }
-    inserted?;
-    Ok(Guarded::Created(Lease {
-        resource_id: workflow.workflow_id.clone(),
-        owner: owner.to_owned(),
-        epoch: Epoch::FIRST,
-        expires_at: leased?.get(0),
-    }))
+    let inserted = inserted?;
+    let at = (inserted.get(0), inserted.get(1));
+    Ok(Guarded::Created {
+        at,
+        lease: Lease {
+            resource_id: workflow.workflow_id.clone(),
+            owner: owner.to_owned(),
+            epoch: Epoch::FIRST,
+            expires_at: leased?.get(0),
+        },
+    })
 }
 
 impl PgStore {
@@ -173,9 +183,12 @@ impl PgStore {
         let mut client = self.connection().await?;
         let transaction = client.transaction().await?;
         match launch_in(&transaction, &workflow, owner, lease_ms, limits).await? {
-            Guarded::Created(lease) => {
+            Guarded::Created { at, lease } => {
                 transaction.commit().await.map_err(commit_error)?;
-                Ok(Launch::Created(lease))
+                Ok(Launch::Created {
+                    row: workflow.created(owner, at),
+                    lease,
+                })
             }
             Guarded::Refused(refused) => Ok(refused),
             Guarded::Repeated => {

@@ -97,7 +97,8 @@ impl State {
             },
         );
         self.status_event(&new.workflow_id, WorkflowStatus::Running, None, now);
-        Ok(Launch::Created(lease))
+        let row = self.workflows[&new.workflow_id].row.clone();
+        Ok(Launch::Created { row, lease })
     }
 
     fn cancel_pending(&self, workflow_id: &WorkflowId) -> bool {

@@ -14,7 +14,7 @@ use crate::{Epoch, Error, Lease, NewWorkflow, Result, WorkflowId, WorkflowRow, W
 
 fn launch(
     connection: &Connection,
-    workflow: &NewWorkflow,
+    workflow: NewWorkflow,
     owner: &str,
     lease_ms: u64,
     limits: LaunchLimits,
@@ -59,20 +59,24 @@ fn launch(
             max: limits.max_workflows_per_owner,
         });
     }
-    connection
+    let at: (f64, f64) = connection
         .prepare_cached(
             "INSERT INTO workflows (id, user_id, request_id, status, owner, fingerprint, data,
                                     created_at, updated_at)
-             VALUES (?1, ?2, ?3, 'running', ?4, ?5, ?6, unixepoch('subsec'), unixepoch('subsec'))",
+             VALUES (?1, ?2, ?3, 'running', ?4, ?5, ?6, unixepoch('subsec'), unixepoch('subsec'))
+             RETURNING created_at, updated_at",
         )?
-        .execute(params![
-            workflow.workflow_id,
-            workflow.user_id,
-            workflow.request_id,
-            owner,
-            workflow.fingerprint,
-            workflow.data.to_string()
-        ])?;
+        .query_row(
+            params![
+                workflow.workflow_id,
+                workflow.user_id,
+                workflow.request_id,
+                owner,
+                workflow.fingerprint,
+                workflow.data.to_string()
+            ],
+            |row| Ok((row.get(0)?, row.get(1)?)),
+        )?;
     let expires_at = connection
         .prepare_cached(
             "INSERT INTO extension_execution_leases (resource_id, owner, epoch, expires_at)
@@ -82,12 +86,15 @@ fn launch(
             params![workflow.workflow_id, owner, ttl_seconds(lease_ms)],
             |row| row.get(0),
         )?;
-    Ok(Launch::Created(Lease {
-        resource_id: workflow.workflow_id.clone(),
-        owner: owner.to_owned(),
-        epoch: Epoch::FIRST,
-        expires_at,
-    }))
+    Ok(Launch::Created {
+        lease: Lease {
+            resource_id: workflow.workflow_id.clone(),
+            owner: owner.to_owned(),
+            epoch: Epoch::FIRST,
+            expires_at,
+        },
+        row: workflow.created(owner, at),
+    })
 }
 
 /// A workflow row as SQLite stores it (its status and data as text), before decoding.
@@ -189,7 +196,7 @@ impl SqliteStore {
         limits: LaunchLimits,
     ) -> Result<Launch> {
         let owner = owner.to_owned();
-        self.write(move |connection| launch(connection, &workflow, &owner, lease_ms, limits))
+        self.write(move |connection| launch(connection, workflow, &owner, lease_ms, limits))
             .await
     }
 

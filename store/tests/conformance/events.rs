@@ -109,7 +109,7 @@ conformance! {
             workflow_id: "other".into(), user_id: "bob".into(), request_id: None,
             fingerprint: "fp".into(), data: json!({}),
         }, "node-a", 60_000, store::LaunchLimits::NONE).await.expect("launch");
-        let store::Launch::Created(b) = b else { panic!("{b:?}") };
+        let store::Launch::Created { lease: b, .. } = b else { panic!("{b:?}") };
         for (lease, status) in [(&a, "paused"), (&b, "failed"), (&a, "completed")] {
             store.fenced_write(&lease.fence(), vec![WriteOp::SetWorkflow {
                 workflow_id: lease.resource_id.clone(), status: store::WorkflowStatus::parse(status).expect("a status"), data: json!({}),
