@@ -204,7 +204,14 @@ async fn measure(
             script: pause.into(),
             args: json!({}),
         };
-        ids.push(workflows.launch(request).await.expect("launch").workflow_id);
+        ids.push(
+            workflows
+                .launch(request)
+                .await
+                .expect("launch")
+                .row
+                .workflow_id,
+        );
     }
     while let Some(last) = ids.last()
         && store
@@ -237,7 +244,12 @@ async fn run_one(workflows: &WorkflowsHandle, store: &Store) -> WorkflowId {
         script: script(),
         args: json!({}),
     };
-    let id = workflows.launch(request).await.expect("launch").workflow_id;
+    let id = workflows
+        .launch(request)
+        .await
+        .expect("launch")
+        .row
+        .workflow_id;
     loop {
         match tokio::time::timeout(Duration::from_secs(1), stopped.recv()).await {
             Ok(Ok(other)) if other != id => continue,
@@ -293,7 +305,7 @@ async fn store_writes_of_one(store: &Store, owner: &str, workflow_id: &str) {
         data: json!({"script": script(), "args": {}, "seed": 1, "started_at_ms": 0,
                      "runtime_version": "0".repeat(64), "configuration_version": "0".repeat(64)}),
     };
-    let Launch::Created(lease) = store
+    let Launch::Created { lease, .. } = store
         .launch_workflow(workflow, owner, 30_000, LaunchLimits::NONE)
         .await
         .expect("launch")

@@ -1154,7 +1154,7 @@ mod tests {
             .collect();
         for call in calls {
             let launched = call.await.expect("join").expect("launch");
-            assert!(matches!(launched, Launch::Created(_)), "{launched:?}");
+            assert!(matches!(launched, Launch::Created { .. }), "{launched:?}");
         }
         let row = store
             .read_workflow(&WorkflowId::from("wf-7"))
@@ -1186,7 +1186,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("dir");
         let faults = StoreFaults::default();
         let (store, _) = handle(&dir, faults.clone()).await;
-        let Launch::Created(lease) = store
+        let Launch::Created { lease, .. } = store
             .launch_workflow(workflow("wf"), "node", 60_000, LaunchLimits::NONE)
             .await
             .expect("launch")

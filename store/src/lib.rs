@@ -56,7 +56,7 @@ pub use users::{
     NewToken, NewUser, Role, TokenRow, UserChange, UserChanged, UserDeletion, UserRow, UserStorage,
 };
 pub use workflows::{
-    ControlRow, ControlWrite, Deletion, Launch, LaunchLimits, ListCursor, ListFilter,
+    ControlKind, ControlRow, ControlWrite, Deletion, Launch, LaunchLimits, ListCursor, ListFilter,
     ListedWorkflow, NewControl, Orphaned, Purpose, StatusFilter, TakeOver, Versions,
 };
 pub use write::{
@@ -349,7 +349,7 @@ impl Store {
             .launch_workflow(workflow, owner, lease_ms, LaunchLimits::NONE)
             .await?
         {
-            Launch::Created(lease) => Ok(lease),
+            Launch::Created { lease, .. } => Ok(lease),
             Launch::Existing(_) | Launch::Refused { .. } => Err(Error::Conflict(format!(
                 "workflow {id:?} exists under that request id"
             ))),

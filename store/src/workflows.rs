@@ -2,10 +2,13 @@
 //! under cluster-wide limits counted atomically) and controls (durable requests any node writes
 //! and the owner carries out).
 
-use serde::Serialize;
+use std::fmt;
+
+use serde::{Serialize, Serializer};
 use serde_json::Value;
 
-use crate::{COUNTED_STATUSES, Lease, WorkflowId, WorkflowRow, WorkflowStatus};
+use crate::status::stored_text;
+use crate::{COUNTED_STATUSES, Error, Lease, WorkflowId, WorkflowRow, WorkflowStatus};
 
 /// [`COUNTED_STATUSES`] as a slice with a static life, a statement parameter on PostgreSQL.
 pub(crate) static COUNTED: &[&str] = &COUNTED_STATUSES;
@@ -28,8 +31,9 @@ impl LaunchLimits {
 /// What a launch did.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Launch {
-    /// A new workflow, `running`, leased by the launching node (epoch 1).
-    Created(Lease),
+    /// A new workflow, `running`, leased by the launching node (epoch 1): its row as written
+    /// (its times on the database clock) and its lease.
+    Created { row: WorkflowRow, lease: Lease },
     /// The same user launched the same request before: that workflow.
     Existing(WorkflowRow),
     /// A limit refused it; nothing was written.
@@ -125,13 +129,52 @@ pub(crate) fn takeover_refusal(
     }
 }
 
+/// What a control asks of a workflow, as stored (`workflow_controls.kind`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ControlKind {
+    /// Resolves a `pause` call.
+    Resume,
+    /// Resolves a `humanCheckpoint` call.
+    Decide,
+    /// Cancels the workflow.
+    Cancel,
+}
+
+impl ControlKind {
+    /// Every kind.
+    pub const ALL: [ControlKind; 3] = [
+        ControlKind::Resume,
+        ControlKind::Decide,
+        ControlKind::Cancel,
+    ];
+
+    /// The stored text.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            ControlKind::Resume => "resume",
+            ControlKind::Decide => "decide",
+            ControlKind::Cancel => "cancel",
+        }
+    }
+
+    /// A control row's stored kind, or the store error naming the row.
+    pub(crate) fn read(stored: &str, workflow_id: &WorkflowId, id: i64) -> Result<Self, Error> {
+        Self::parse(stored).ok_or_else(|| {
+            Error::Database(format!(
+                "control {id} of workflow {workflow_id:?} has an unknown kind {stored:?}"
+            ))
+        })
+    }
+}
+
+stored_text!(ControlKind);
+
 /// A durable request to a workflow.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ControlRow {
     pub id: i64,
     pub workflow_id: WorkflowId,
-    /// `resume`, `decide` or `cancel`.
-    pub kind: String,
+    pub kind: ControlKind,
     /// The step it answers (`""` for a cancel).
     pub step_id: String,
     pub attempt: i32,
@@ -144,7 +187,7 @@ pub struct ControlRow {
 #[derive(Debug, Clone, PartialEq)]
 pub struct NewControl {
     pub workflow_id: WorkflowId,
-    pub kind: String,
+    pub kind: ControlKind,
     pub step_id: String,
     pub attempt: i32,
     pub body: Value,
@@ -209,4 +252,32 @@ pub struct ListedWorkflow {
     pub row: WorkflowRow,
     /// As [`StatusFilter::Recoverable`] decides, when the page was read.
     pub recoverable: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn control_kinds_read_back_from_their_stored_text_and_nothing_else_does() {
+        assert_eq!(
+            ControlKind::ALL.map(ControlKind::as_str),
+            ["resume", "decide", "cancel"]
+        );
+        for kind in ControlKind::ALL {
+            assert_eq!(ControlKind::parse(kind.as_str()), Some(kind));
+            assert_eq!(
+                serde_json::to_value(kind).expect("serializes"),
+                serde_json::json!(kind.as_str())
+            );
+        }
+        assert_eq!(ControlKind::parse("approve"), None);
+        assert_eq!(
+            ControlKind::read("approve", &WorkflowId::new("wf-1"), 7).map_err(|e| e.to_string()),
+            Err(
+                "database error: control 7 of workflow \"wf-1\" has an unknown kind \"approve\""
+                    .to_owned()
+            )
+        );
+    }
 }

@@ -129,6 +129,23 @@ pub struct NewWorkflow {
     pub data: Value,
 }
 
+impl NewWorkflow {
+    /// The row a launch writes: `running`, owned by the launching node, at the times the
+    /// database gave its `created_at` and `updated_at` (epoch seconds, database clock).
+    pub(crate) fn created(self, owner: &str, (created_at, updated_at): (f64, f64)) -> WorkflowRow {
+        WorkflowRow {
+            workflow_id: self.workflow_id,
+            user_id: self.user_id,
+            status: WorkflowStatus::Running,
+            owner: Some(owner.to_owned()),
+            fingerprint: self.fingerprint,
+            data: self.data,
+            created_at,
+            updated_at,
+        }
+    }
+}
+
 /// One journal entry as read back.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StepRow {

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::{Value, json};
-use store::{Launch, LaunchLimits, NewControl, NewWorkflow};
+use store::{ControlKind, Launch, LaunchLimits, NewControl, NewWorkflow};
 
 use crate::harness::{ReinsProcess, TestDb, free_port};
 
@@ -111,18 +111,21 @@ async fn run(boundary: Option<&str>, hold_draft: bool, tamper: bool) -> Ended {
         let launched = store
             .launch_workflow(workflow, "launcher", 1, LaunchLimits::NONE)
             .await;
-        assert!(matches!(launched, Ok(Launch::Created(_))), "{launched:?}");
+        assert!(
+            matches!(launched, Ok(Launch::Created { .. })),
+            "{launched:?}"
+        );
         for (kind, step_id, body) in [
             (
-                "decide",
+                ControlKind::Decide,
                 "review",
                 json!({"decision": "approve", "artifactVersion": 2}),
             ),
-            ("resume", "hold", json!({"input": "go"})),
+            (ControlKind::Resume, "hold", json!({"input": "go"})),
         ] {
             let control = NewControl {
                 workflow_id: store::WorkflowId::from(id.clone()),
-                kind: kind.into(),
+                kind,
                 step_id: step_id.into(),
                 attempt: 1,
                 body,

@@ -50,7 +50,7 @@ on_both_backends! {
             return {args: args.xs, agent: echoed.output.xs};
         "#;
         let id = node.node.workflows().launch(launch(script, json!({"xs": numbers})))
-            .await.expect("launch").workflow_id;
+            .await.expect("launch").row.workflow_id;
         let done = wait_for_status(&node, id.as_str(), "completed").await;
         for field in ["args", "agent"] {
             let back: Vec<f64> = serde_json::from_value(done.row.data["result"][field].clone())
@@ -111,7 +111,7 @@ on_both_backends! {
         // first one failed its step, and the workflow with it.
         node.faults.add("admit_run", unavailable(), 5);
         let id = node.node.workflows().launch(launch(TWO_STEPS, json!({})))
-            .await.expect("launch").workflow_id;
+            .await.expect("launch").row.workflow_id;
         let done = wait_for_status(&node, id.as_str(), "completed").await;
         assert_eq!(done.row.data["result"], json!([{"echo": "one"}, {"echo": "two"}]));
         assert_eq!(done.lease.expect("lease").epoch, store::Epoch::FIRST, "the outage cost a takeover");
@@ -130,7 +130,7 @@ on_both_backends! {
             return await agent({stepId: "a", agentRef: "scripted", task: "one"});
         "#;
         let id = node.node.workflows().launch(launch(script, json!({})))
-            .await.expect("launch").workflow_id;
+            .await.expect("launch").row.workflow_id;
         wait_for_status(&node, id.as_str(), "paused").await;
         node.faults.add("fenced_write", unavailable(), 5);
         node.node.workflows().resume(actors::Resume {
@@ -151,7 +151,7 @@ on_both_backends! {
         // its deadline and the workflow sent to needs_reconciliation.
         node.faults.add("finalize_run", unavailable(), 5);
         let id = node.node.workflows().launch(launch(TWO_STEPS, json!({})))
-            .await.expect("launch").workflow_id;
+            .await.expect("launch").row.workflow_id;
         let done = wait_for_status(&node, id.as_str(), "completed").await;
         assert_eq!(done.row.data["result"], json!([{"echo": "one"}, {"echo": "two"}]));
         let runs = child_runs(&db, id.as_str()).await;
@@ -180,7 +180,7 @@ async fn a_postgresql_restart_costs_workflows_time_not_their_outcome() {
             .workflows()
             .launch(launch(script, json!({})))
             .await;
-        ids.push(launched.expect("launch").workflow_id);
+        ids.push(launched.expect("launch").row.workflow_id);
     }
     tokio::time::sleep(Duration::from_millis(250)).await;
     // About a second without the database, with steps running and admissions on their way.
@@ -243,7 +243,7 @@ on_both_backends! {
         let shared = tempfile::tempdir().expect("temp dir");
         let node = TestNode::start(&db, "a", 3_000, shared.path()).await;
         let id = node.node.workflows().launch(launch(FAIL_FAST, json!({})))
-            .await.expect("launch").workflow_id;
+            .await.expect("launch").row.workflow_id;
         wait_for_status(&node, id.as_str(), "failed").await;
         assert_eq!(slots_of(&db, id.as_str()).await, Vec::<String>::new(), "the end gives every slot back");
         eventually(Duration::from_secs(10), "the sibling's child run is interrupted", async || {
@@ -261,7 +261,7 @@ on_both_backends! {
             "try {{ {FAIL_FAST} }} catch (e) {{ }}\nawait pause({{stepId: \"hold\"}});\nreturn 1;"
         );
         let id = node.node.workflows().launch(launch(&script, json!({})))
-            .await.expect("launch").workflow_id;
+            .await.expect("launch").row.workflow_id;
         wait_for_status(&node, id.as_str(), "paused").await;
         eventually(Duration::from_secs(10), "the sibling is interrupted and its slot free", async || {
             let stopped = run_of_step(&db, id.as_str(), "slow").await
@@ -305,7 +305,7 @@ on_both_backends! {
         let script = r#"const r = await agent({stepId: "slow", agentRef: "scripted",
                             task: {hold_while: "hold_model", output: "done"}});
                         return r.output;"#;
-        let id = owner.node.workflows().launch(launch(script, json!({}))).await.expect("launch").workflow_id;
+        let id = owner.node.workflows().launch(launch(script, json!({}))).await.expect("launch").row.workflow_id;
         eventually(Duration::from_secs(10), "the child run started", async || {
             view(&owner, id.as_str()).await.steps.first().is_some_and(|s| s.status.as_str() == "running")
         }).await;
@@ -364,7 +364,7 @@ on_both_backends! {
         let owner = TestNode::start(&db, "owner", 1_500, shared.path()).await;
         // No automatic recovery: only the cancel itself can finish the job.
         let other = TestNode::start(&db, "other", 1_500, shared.path()).await;
-        let id = owner.node.workflows().launch(launch(HOLD, json!({}))).await.expect("launch").workflow_id;
+        let id = owner.node.workflows().launch(launch(HOLD, json!({}))).await.expect("launch").row.workflow_id;
         wait_for_status(&owner, id.as_str(), "paused").await;
         crash(owner).await;
         // The dead owner's lease is still valid: the first takeover to cancel is refused.
@@ -384,7 +384,7 @@ on_both_backends! {
         let mut cancelled = Vec::new();
         let mut recovered = Vec::new();
         for n in 0..40 {
-            let id = workflows.launch(launch(HOLD, json!({}))).await.expect("launch").workflow_id;
+            let id = workflows.launch(launch(HOLD, json!({}))).await.expect("launch").row.workflow_id;
             if n < 20 { cancelled.push(id) } else { recovered.push(id) }
         }
         for id in cancelled.iter().chain(&recovered) {
@@ -395,7 +395,7 @@ on_both_backends! {
         for id in &cancelled {
             // Recorded the way any node records it, with nobody to carry it out.
             store.put_control(store::NewControl {
-                workflow_id: id.clone(), kind: "cancel".into(), step_id: String::new(),
+                workflow_id: id.clone(), kind: store::ControlKind::Cancel, step_id: String::new(),
                 attempt: 0, body: json!({}), created_by: Some("ada".into()),
             }).await.expect("cancel");
         }
@@ -426,6 +426,7 @@ async fn automatic_recovery_takes_over_any_number_of_orphans_within_a_claim_peri
                 .launch(launch(HOLD, json!({})))
                 .await
                 .expect("launch")
+                .row
                 .workflow_id,
         );
     }
@@ -489,7 +490,7 @@ on_both_backends! {
         std::fs::write(shared.path().join("faults/hold_model"), b"").expect("hold");
         let script = r#"return (await agent({stepId: "slow", agentRef: "scripted",
                             task: {hold_while: "hold_model"}})).output;"#;
-        let id = owner.node.workflows().launch(launch(script, json!({}))).await.expect("launch").workflow_id;
+        let id = owner.node.workflows().launch(launch(script, json!({}))).await.expect("launch").row.workflow_id;
         eventually(Duration::from_secs(10), "the child run started", async || {
             view(&owner, id.as_str()).await.steps.first().is_some_and(|s| s.status.as_str() == "running")
         }).await;
@@ -522,7 +523,7 @@ on_both_backends! {
         std::fs::write(&hold, b"").expect("hold");
         let uncertain = r#"return (await agent({stepId: "slow", agentRef: "scripted",
                                task: {hold_while: "hold_model", output: "done"}})).output;"#;
-        let id = owner.node.workflows().launch(launch(uncertain, json!({}))).await.expect("launch").workflow_id;
+        let id = owner.node.workflows().launch(launch(uncertain, json!({}))).await.expect("launch").row.workflow_id;
         eventually(Duration::from_secs(10), "the child run started", async || {
             view(&owner, id.as_str()).await.steps.first().is_some_and(|s| s.status.as_str() == "running")
         }).await;
@@ -532,7 +533,7 @@ on_both_backends! {
 
         // Before the fix this launch was refused: the uncertain workflow held the user's one place.
         let other = heir.node.workflows().launch(launch(HOLD, json!({}))).await
-            .expect("a workflow only an operator can settle holds no place").workflow_id;
+            .expect("a workflow only an operator can settle holds no place").row.workflow_id;
         wait_for_status(&heir, other.as_str(), "paused").await;
         let request = || actors::ReconcileRequest {
             workflow_id: id.clone(), step_id: "slow".into(), resolution: actors::Resolution::Retry,
@@ -551,7 +552,7 @@ on_both_backends! {
         assert_eq!(done.row.data["result"], json!("done"));
         // And it counted while it ran: the user's one place is free once more.
         let again = heir.node.workflows().launch(launch(HOLD, json!({}))).await.expect("launch");
-        wait_for_status(&heir, again.workflow_id.as_str(), "paused").await;
+        wait_for_status(&heir, again.row.workflow_id.as_str(), "paused").await;
     }
 }
 
@@ -563,7 +564,7 @@ on_both_backends! {
         let script = r#"const input = await pause({stepId: "hold"});
                         const a = await agent({stepId: "a", agentRef: "scripted", task: "one"});
                         return [input, a.output];"#;
-        let id = node.node.workflows().launch(launch(script, json!({}))).await.expect("launch").workflow_id;
+        let id = node.node.workflows().launch(launch(script, json!({}))).await.expect("launch").row.workflow_id;
         wait_for_status(&node, id.as_str(), "paused").await;
         // The database is gone for longer than the lease: renewals fail, and so does the
         // resumed workflow's next write until the lease has run out.

@@ -1,5 +1,5 @@
-//! How the runs that asked a person are read, on both backends, and that a status read back
-//! which this build does not know is an error naming its row; on PostgreSQL, which slot number a
+//! How the runs that asked a person are read, on both backends, and that a status or a control
+//! kind read back which this build does not know is an error naming its row; on PostgreSQL, which slot number a
 //! step takes and that racing claims of one user count each other under a user's share. The
 //! rules of child runs (admission, slots, commit authority, cancellation, approvals, orphans)
 //! are the store's conformance suite (`store/tests/conformance`).
@@ -82,7 +82,7 @@ async fn a_workflows_next_step_takes_the_very_number_its_admission_frees() {
         .launch_workflow(workflow, "node-a", 60_000, LaunchLimits::NONE)
         .await
         .expect("launch");
-    let Launch::Created(lease) = launched else {
+    let Launch::Created { lease, .. } = launched else {
         panic!("not created: {launched:?}");
     };
     let step = |step_id: &str, journal: Vec<store::WriteOp>| WorkflowStep {
@@ -141,7 +141,7 @@ async fn workflow_with_a_step_and_a_run(store: &Store) -> Lease {
         fingerprint: "fp".into(),
         data: json!({}),
     };
-    let Launch::Created(lease) = store
+    let Launch::Created { lease, .. } = store
         .launch_workflow(workflow, "node-a", 60_000, LaunchLimits::NONE)
         .await
         .expect("launch")
@@ -201,6 +201,59 @@ on_both_backends! {
         let named = r#"journal entry 0 of workflow "wf" has an unknown status "admitting""#;
         assert_eq!(unreadable(store.read_steps(&store::WorkflowId::from("wf")).await), named);
         assert_eq!(unreadable(store.read_snapshot(&store::WorkflowId::from("wf"), 100, 100).await), named);
+    }
+}
+
+/// Stores a control kind no build knows in every control row of `wf`, behind the engine's back:
+/// PostgreSQL's check constraint is dropped, SQLite's is ignored for the statement's connection.
+async fn store_an_unknown_control_kind(db: &TestDb) {
+    let update = "UPDATE workflow_controls SET kind = 'approve' WHERE workflow = 'wf';";
+    match db {
+        TestDb::Postgres { .. } => db
+            .pg_client()
+            .await
+            .batch_execute(&format!(
+                "ALTER TABLE workflow_controls DROP CONSTRAINT workflow_controls_kind_check; {update}"
+            ))
+            .await
+            .expect("tamper"),
+        TestDb::Sqlite { dir, .. } => {
+            let connection =
+                rusqlite::Connection::open(dir.path().join("reins.db")).expect("open");
+            connection
+                .busy_timeout(std::time::Duration::from_secs(5))
+                .expect("busy timeout");
+            connection
+                .execute_batch(&format!("PRAGMA ignore_check_constraints = ON; {update}"))
+                .expect("tamper");
+        }
+    }
+}
+
+on_both_backends! {
+    /// A control row whose kind this build does not know fails every read of the workflow's
+    /// controls, naming the row, instead of being read as some other kind (or ignored, which
+    /// would leave a cancellation nobody carries out).
+    async fn a_control_kind_this_build_does_not_know_is_an_error_naming_the_row(db: TestDb) {
+        let store = db.store().await;
+        workflow_with_a_step_and_a_run(&store).await;
+        let cancel = store::NewControl {
+            workflow_id: "wf".into(),
+            kind: store::ControlKind::Cancel,
+            step_id: String::new(),
+            attempt: 0,
+            body: json!({}),
+            created_by: None,
+        };
+        let recorded = store.put_control(cancel).await.expect("cancel");
+        let store::ControlWrite::Recorded(row) = recorded else {
+            panic!("not recorded: {recorded:?}");
+        };
+        store_an_unknown_control_kind(&db).await;
+        let named = format!(r#"control {} of workflow "wf" has an unknown kind "approve""#, row.id);
+        let wf = store::WorkflowId::from("wf");
+        assert_eq!(unreadable(store.read_controls(&wf).await), named);
+        assert_eq!(unreadable(store.read_snapshot(&wf, 100, 100).await), named);
     }
 }
 
@@ -283,7 +336,7 @@ async fn racing_claims_of_one_user_count_each_other_while_another_user_waits() {
             .await
             .expect("launch")
         {
-            Launch::Created(lease) => lease,
+            Launch::Created { lease, .. } => lease,
             other => panic!("not created: {other:?}"),
         }
     };

@@ -81,7 +81,7 @@ on_both_backends! {
         store
             .put_control(NewControl {
                 workflow_id: "wf-bus".into(),
-                kind: "cancel".into(),
+                kind: store::ControlKind::Cancel,
                 step_id: String::new(),
                 attempt: 0,
                 body: json!({}),

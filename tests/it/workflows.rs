@@ -99,9 +99,11 @@ on_both_backends! {
         };
         let launched = workflows.launch(request.clone()).await.expect("launch");
         assert!(launched.created);
+        // The row the store wrote, which the HTTP launch answers from without reading it again.
+        assert_eq!((launched.row.status, launched.row.user_id.as_str()), (store::WorkflowStatus::Running, "ada"));
         let again = workflows.launch(request).await.expect("launch again");
-        assert_eq!((&again.workflow_id, again.created), (&launched.workflow_id, false));
-        let id = launched.workflow_id;
+        assert_eq!((&again.row.workflow_id, again.created), (&launched.row.workflow_id, false));
+        let id = launched.row.workflow_id;
 
         wait_for_status(&node, id.as_str(), "paused").await;
         // The source changes after the capture; the captured version must not.
@@ -173,11 +175,11 @@ on_both_backends! {
         };
         let failing = workflows.launch(launch(
             r#"await agent({stepId: "a", agentRef: "scripted", task: {fail: "the model refused"}}); return 1;"#,
-        )).await.expect("launch").workflow_id;
+        )).await.expect("launch").row.workflow_id;
         let catching = workflows.launch(launch(
             r#"try { await agent({stepId: "a", agentRef: "oracle", task: "x"}); }
                catch (e) { return e.message; }"#,
-        )).await.expect("launch").workflow_id;
+        )).await.expect("launch").row.workflow_id;
         wait_for_status(&node, failing.as_str(), "failed").await;
         let error = view(&node, failing.as_str()).await.row.data["error"].as_str().unwrap_or_default().to_owned();
         assert!(error.contains("the model refused"), "{error}");
@@ -265,7 +267,7 @@ on_both_backends! {
         let heir = TestNode::start(&db, "heir", 1_500, shared.path()).await;
         let request = LaunchRequest { user_id: "ada".into(), request_id: None,
             script: RECOVERABLE.into(), args: json!({}) };
-        let id = owner.node.workflows().launch(request).await.expect("launch").workflow_id;
+        let id = owner.node.workflows().launch(request).await.expect("launch").row.workflow_id;
         wait_for_status(&owner, id.as_str(), "paused").await;
         crash_and_wait_for_expiry(owner, &heir, id.as_str()).await;
         let changed = db
@@ -286,8 +288,12 @@ on_both_backends! {
         assert_eq!(why["step_id"], "first");
         let message = why["message"].as_str().unwrap_or_default();
         assert!(message.contains("call 0") && message.contains("\"first\""), "{message}");
-        let steps: Vec<&str> = view(&heir, id.as_str()).await.steps.iter().map(|s| s.kind_name()).collect();
-        assert_eq!(steps, ["unreadable", "pause"], "nothing was run again around the unreadable row");
+        // The journal is what it was at the crash, the agent's row read back as `unreadable`
+        // (its record cannot be decoded): nothing was run again around it.
+        let steps: Vec<(String, &str)> = view(&heir, id.as_str()).await.steps.iter()
+            .map(|s| (s.step_id.clone(), s.kind_name())).collect();
+        assert_eq!(steps, [("first".to_owned(), "unreadable"), ("hold".to_owned(), "pause")],
+            "nothing was run again around the unreadable row");
         // A cancel replays nothing, so it ends the workflow whatever its journal holds.
         heir.node.workflows().cancel(&id, "ada").await.expect("cancel");
         wait_for_status(&heir, id.as_str(), "cancelled").await;
@@ -301,7 +307,7 @@ on_both_backends! {
         let heir = TestNode::start(&db, "heir", 1_500, shared.path()).await;
         let request = LaunchRequest { user_id: "ada".into(), request_id: None,
             script: RECOVERABLE.into(), args: json!({}) };
-        let id = owner.node.workflows().launch(request).await.expect("launch").workflow_id;
+        let id = owner.node.workflows().launch(request).await.expect("launch").row.workflow_id;
         wait_for_status(&owner, id.as_str(), "paused").await;
         crash_and_wait_for_expiry(owner, &heir, id.as_str()).await;
         edit_stored_script(&db, id.as_str(), &RECOVERABLE.replace(r#"stepId: "first""#, r#"stepId: "renamed""#)).await;
@@ -326,7 +332,7 @@ on_both_backends! {
             script: RECOVERABLE.into(),
             args: json!({}),
         };
-        let id = owner.node.workflows().launch(request).await.expect("launch").workflow_id;
+        let id = owner.node.workflows().launch(request).await.expect("launch").row.workflow_id;
         wait_for_status(&owner, id.as_str(), "paused").await;
         let first_run = view(&owner, id.as_str()).await.steps[0].encoded()["run_id"].clone();
 
@@ -335,7 +341,7 @@ on_both_backends! {
 
         crash_and_wait_for_expiry(owner, &heir, id.as_str()).await;
         let recovered = heir.node.workflows().recover(&id).await.expect("recover");
-        assert_eq!(recovered.workflow_id, id);
+        assert_eq!(recovered, id);
         assert_eq!(heir.node.store().read_lease(&id).await.expect("lease").map(|l| l.epoch.get()), Some(2));
         heir.node.workflows().resume(resume(id.as_str(), "hold", json!("go")), "ada").await.expect("resume");
         wait_for_status(&heir, id.as_str(), "completed").await;
@@ -358,7 +364,7 @@ on_both_backends! {
         let script = r#"const r = await agent({stepId: "slow", agentRef: "scripted",
                                               task: {hold_while: "hold_model"}}); return r.output;"#;
         let request = LaunchRequest { user_id: "ada".into(), request_id: None, script: script.into(), args: json!({}) };
-        let id = owner.node.workflows().launch(request).await.expect("launch").workflow_id;
+        let id = owner.node.workflows().launch(request).await.expect("launch").row.workflow_id;
         eventually(Duration::from_secs(10), "the child run started", async || {
             view(&owner, id.as_str()).await.steps.first().is_some_and(|s| s.status.as_str() == "running")
         })
@@ -383,7 +389,7 @@ on_both_backends! {
         let script = r#"const r = await agent({stepId: "only", agentRef: "scripted", task: "x"});
                         return r.output;"#;
         let request = LaunchRequest { user_id: "ada".into(), request_id: None, script: script.into(), args: json!({}) };
-        let id = owner.node.workflows().launch(request).await.expect("launch").workflow_id;
+        let id = owner.node.workflows().launch(request).await.expect("launch").row.workflow_id;
         eventually(Duration::from_secs(10), "the supervisor stopped", async || {
             owner.node.workflows().live().await.expect("live").is_empty()
         })
@@ -406,7 +412,7 @@ on_both_backends! {
         .await;
         let request = LaunchRequest { user_id: "ada".into(), request_id: None,
             script: RECOVERABLE.into(), args: json!({}) };
-        let id = owner.node.workflows().launch(request).await.expect("launch").workflow_id;
+        let id = owner.node.workflows().launch(request).await.expect("launch").row.workflow_id;
         wait_for_status(&owner, id.as_str(), "paused").await;
         crash_and_wait_for_expiry(owner, &other, id.as_str()).await;
         let before = other.node.store().read_lease(&id).await.expect("lease").expect("leased");
@@ -428,7 +434,7 @@ on_both_backends! {
         let reconfigured = TestNode::start_with(&db, "reconfigured", 1_500, shared.path(), &agents).await;
         let request = LaunchRequest { user_id: "ada".into(), request_id: None,
             script: RECOVERABLE.into(), args: json!({}) };
-        let id = owner.node.workflows().launch(request).await.expect("launch").workflow_id;
+        let id = owner.node.workflows().launch(request).await.expect("launch").row.workflow_id;
         wait_for_status(&owner, id.as_str(), "paused").await;
         let recorded = view(&owner, id.as_str()).await.row.data["configuration_version"].clone();
         assert!(recorded.as_str().is_some_and(|v| !v.is_empty()), "launch records the configuration: {recorded}");
@@ -454,7 +460,7 @@ on_both_backends! {
         let script = r#"await agent({stepId: "slow", agentRef: "scripted", task: {hold_while: "hold_model"}});
                         return "never";"#;
         let request = LaunchRequest { user_id: "ada".into(), request_id: None, script: script.into(), args: json!({}) };
-        let id = workflows.launch(request).await.expect("launch").workflow_id;
+        let id = workflows.launch(request).await.expect("launch").row.workflow_id;
         eventually(Duration::from_secs(10), "the child run started", async || {
             view(&node, id.as_str()).await.steps.first().is_some_and(|s| s.status.as_str() == "running")
         })
@@ -493,9 +499,9 @@ on_both_backends! {
         };
         let mut ada = Vec::new();
         for _ in 0..3 {
-            ada.push(workflows.launch(launch("ada")).await.expect("launch").workflow_id);
+            ada.push(workflows.launch(launch("ada")).await.expect("launch").row.workflow_id);
         }
-        let bob = workflows.launch(launch("bob")).await.expect("launch").workflow_id;
+        let bob = workflows.launch(launch("bob")).await.expect("launch").row.workflow_id;
         wait_for_status(&node, ada[0].as_str(), "paused").await;
         workflows.cancel(&ada[0], "ada").await.expect("cancel");
         wait_for_status(&node, ada[0].as_str(), "cancelled").await;
@@ -532,7 +538,7 @@ on_both_backends! {
                         return {output: r.output, run: r.runId};"#;
         let launch = |workflows: actors::WorkflowsHandle| async move {
             let request = LaunchRequest { user_id: "ada".into(), request_id: None, script: script.into(), args: json!({}) };
-            workflows.launch(request).await.expect("launch").workflow_id
+            workflows.launch(request).await.expect("launch").row.workflow_id
         };
         let retried = launch(owner.node.workflows()).await;
         let completed = launch(owner.node.workflows()).await;
@@ -596,10 +602,10 @@ on_both_backends! {
             script: r#"await pause({stepId: "forever"}); return 1;"#.into(),
             args: json!({}),
         };
-        let id = node.node.workflows().launch(request).await.expect("launch").workflow_id;
+        let id = node.node.workflows().launch(request).await.expect("launch").row.workflow_id;
         wait_for_status(&node, id.as_str(), "cancelled").await;
         let done = view(&node, id.as_str()).await;
-        let cancel = done.controls.iter().find(|c| c.kind == "cancel").expect("a cancel control");
+        let cancel = done.controls.iter().find(|c| c.kind == store::ControlKind::Cancel).expect("a cancel control");
         assert_eq!((cancel.body["reason"].as_str(), cancel.applied), (Some("timeout"), true));
     }
 }
@@ -628,7 +634,7 @@ on_both_backends! {
         let mut ids = Vec::new();
         for _ in 0..3 {
             let request = LaunchRequest { user_id: "ada".into(), request_id: None, script: script.into(), args: json!({}) };
-            ids.push(workflows.launch(request).await.expect("launch").workflow_id);
+            ids.push(workflows.launch(request).await.expect("launch").row.workflow_id);
         }
         let statuses = async || {
             let mut all = Vec::new();
@@ -650,7 +656,7 @@ on_both_backends! {
                 const first = await agent({stepId: "first", agentRef: "scripted", task: {output: 10}});
                 const second = await agent({stepId: "second", agentRef: "scripted", task: {output: 20}});
                 return first.output + second.output;"#.into() };
-        let bob = workflows.launch(sequential).await.expect("launch").workflow_id;
+        let bob = workflows.launch(sequential).await.expect("launch").row.workflow_id;
         eventually(Duration::from_secs(15), "the sequential call queues", async || {
             view(&node, bob.as_str()).await.steps.iter().any(|s| s.step_id == "first" && s.status.as_str() == "queued")
         })
@@ -701,7 +707,7 @@ on_both_backends! {
             return errors;
         "#;
         let request = LaunchRequest { user_id: "ada".into(), request_id: None, script: script.into(), args: json!({}) };
-        let id = node.node.workflows().launch(request).await.expect("launch").workflow_id;
+        let id = node.node.workflows().launch(request).await.expect("launch").row.workflow_id;
         wait_for_status(&node, id.as_str(), "completed").await;
         let errors = view(&node, id.as_str()).await.row.data["result"].clone();
         let errors: Vec<String> = serde_json::from_value(errors).expect("messages");
@@ -734,7 +740,7 @@ on_both_backends! {
         let script = r#"await agent({stepId: "slow", agentRef: "scripted", task: {hold_while: "hold_model"}});
                         return "never";"#;
         let request = LaunchRequest { user_id: "ada".into(), request_id: None, script: script.into(), args: json!({}) };
-        let id = owner.node.workflows().launch(request).await.expect("launch").workflow_id;
+        let id = owner.node.workflows().launch(request).await.expect("launch").row.workflow_id;
         eventually(Duration::from_secs(10), "the child run started", async || {
             view(&owner, id.as_str()).await.steps.first().is_some_and(|s| s.status.as_str() == "running")
         })
@@ -762,7 +768,7 @@ on_both_backends! {
         let heir = TestNode::start(&db, "heir", 1_500, shared.path()).await;
         let request = |script: &str| LaunchRequest { user_id: "ada".into(), request_id: None,
             script: script.into(), args: json!({}) };
-        let id = owner.node.workflows().launch(request(RECOVERABLE)).await.expect("launch").workflow_id;
+        let id = owner.node.workflows().launch(request(RECOVERABLE)).await.expect("launch").row.workflow_id;
         wait_for_status(&owner, id.as_str(), "paused").await;
         crash_and_wait_for_expiry(owner, &heir, id.as_str()).await;
 
@@ -779,7 +785,7 @@ on_both_backends! {
         });
         tokio::time::timeout(Duration::from_secs(10), reached.notified()).await.expect("the recover reads");
         let launched = workflows.launch(request("return 1;")).await.expect("a launch while the recover waits");
-        wait_for_status(&heir, launched.workflow_id.as_str(), "completed").await;
+        wait_for_status(&heir, launched.row.workflow_id.as_str(), "completed").await;
         // A second recover of it on this node is refused at once: one takeover at a time, so
         // never two supervisors of one workflow on a node.
         let again = workflows.recover(&id).await;
@@ -809,7 +815,7 @@ on_both_backends! {
                             agent({stepId, agentRef: "scripted", task: {hold_while: "hold_model"}})));
                         return "never";"#;
         let request = LaunchRequest { user_id: "ada".into(), request_id: None, script: script.into(), args: json!({}) };
-        let id = workflows.launch(request).await.expect("launch").workflow_id;
+        let id = workflows.launch(request).await.expect("launch").row.workflow_id;
         eventually(Duration::from_secs(10), "the three child runs started", async || {
             let steps = view(&node, id.as_str()).await.steps;
             steps.len() == 3 && steps.iter().all(|s| s.status.as_str() == "running")

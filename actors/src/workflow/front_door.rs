@@ -13,8 +13,8 @@ use runtime::CallKind;
 use serde::Serialize;
 use serde_json::{Value, json};
 use store::{
-    Change, ControlRow, ControlWrite, Epoch, Launch, LaunchLimits, NewControl, StepRow, WorkflowId,
-    WorkflowRow,
+    Change, ControlKind, ControlRow, ControlWrite, Epoch, Launch, LaunchLimits, NewControl,
+    StepRow, WorkflowId, WorkflowRow,
 };
 use tokio::sync::broadcast;
 use tokio::time::Instant;
@@ -26,12 +26,14 @@ use crate::lease::LeaseMsg;
 use crate::store_actor::StoreHandle;
 use crate::workflow::requests::{Decide, LaunchRequest, ReconcileRequest, Resume};
 use crate::workflow::rules::{self, Supervised};
-use crate::workflow::{ControlKind, Start, WorkflowArgs, WorkflowMsg, WorkflowSupervisor};
+use crate::workflow::{Start, WorkflowArgs, WorkflowMsg, WorkflowSupervisor};
 
 /// What a launch gave the caller.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Launched {
-    pub workflow_id: WorkflowId,
+    /// The workflow's row as the store answered the launch: the row it wrote (`running`), or
+    /// the one the same request had launched before.
+    pub row: WorkflowRow,
     /// `false` when the same request had launched it before.
     pub created: bool,
 }
@@ -108,7 +110,7 @@ pub enum WorkflowsMsg {
     /// Take over a recoverable workflow and replay it here.
     Recover {
         workflow_id: WorkflowId,
-        reply: RpcReplyPort<Result<Launched, Error>>,
+        reply: RpcReplyPort<Result<WorkflowId, Error>>,
     },
     /// Finish a cancellation whose workflow's owner is gone, if it is gone; while the owner's
     /// lease is valid, ask again when it may have run out (`tries` so far). `done` hears when
@@ -121,7 +123,7 @@ pub enum WorkflowsMsg {
     /// Settle the uncertain step of a workflow that needs reconciliation, and resume it here.
     Reconcile {
         request: Box<ReconcileRequest>,
-        reply: RpcReplyPort<Result<Launched, Error>>,
+        reply: RpcReplyPort<Result<WorkflowId, Error>>,
     },
     /// A takeover's task has finished (see [`take_over`]): the workflow taken over and read
     /// back (and settled, for a reconcile), ready for its supervisor, or why not.
@@ -165,11 +167,11 @@ pub enum WorkflowsMsg {
 /// and comes back with its result.
 pub enum Asked {
     /// `recover` (an operator's, or a claim of automatic recovery): the caller hears the answer.
-    Recover(RpcReplyPort<Result<Launched, Error>>),
+    Recover(RpcReplyPort<Result<WorkflowId, Error>>),
     /// `reconcile`: the task settles the step under the new lease before the supervisor starts.
     Reconcile {
         request: Box<ReconcileRequest>,
-        reply: RpcReplyPort<Result<Launched, Error>>,
+        reply: RpcReplyPort<Result<WorkflowId, Error>>,
     },
     /// Finish a dead owner's cancellation without replaying the body.
     Cancel {
@@ -387,11 +389,13 @@ impl Actor for Workflows {
                 reply,
             } => {
                 let answer = match *result {
-                    Ok(Launch::Created(lease)) => {
-                        start_supervisor(&myself, state, *workflow, lease, sent, Start::Fresh).await
+                    Ok(Launch::Created { row, lease }) => {
+                        start_supervisor(&myself, state, *workflow, lease, sent, Start::Fresh)
+                            .await
+                            .map(|()| Launched { row, created: true })
                     }
                     Ok(Launch::Existing(row)) => Ok(Launched {
-                        workflow_id: row.workflow_id,
+                        row,
                         created: false,
                     }),
                     Ok(Launch::Refused { limit, max }) => Err(Error::LimitReached { limit, max }),
@@ -776,7 +780,7 @@ async fn start_ready(
     state: &mut WorkflowsState,
     ready: Ready,
     start: Start,
-) -> Result<Launched, Error> {
+) -> Result<WorkflowId, Error> {
     let workflow_id = ready.workflow.workflow_id.clone();
     if state.live.contains_key(&workflow_id) {
         let (store, fence) = (state.args.store.clone(), ready.lease.fence());
@@ -785,7 +789,7 @@ async fn start_ready(
         });
         return Err(Error::Supervised { workflow_id });
     }
-    let launched = start_supervisor(
+    start_supervisor(
         myself,
         state,
         ready.workflow,
@@ -794,10 +798,7 @@ async fn start_ready(
         start,
     )
     .await?;
-    Ok(Launched {
-        created: false,
-        ..launched
-    })
+    Ok(workflow_id)
 }
 
 /// What follows a takeover's end, for whoever asked for it.
@@ -805,7 +806,7 @@ fn after_takeover(
     myself: &ActorRef<WorkflowsMsg>,
     state: &WorkflowsState,
     workflow_id: WorkflowId,
-    started: Result<Launched, Error>,
+    started: Result<WorkflowId, Error>,
     asked: Asked,
 ) {
     let lease_period = Duration::from_millis(state.args.options.lease_ms.max(1));
@@ -942,7 +943,7 @@ async fn start_supervisor(
     lease: store::Lease,
     sent: Instant,
     start: Start,
-) -> Result<Launched, Error> {
+) -> Result<(), Error> {
     let Supervised {
         workflow_id,
         user_id,
@@ -989,11 +990,8 @@ async fn start_supervisor(
         reason: e.to_string(),
     })?;
     state.live.insert(workflow_id.clone(), supervisor);
-    state.live_users.insert(workflow_id.clone(), user_id);
-    Ok(Launched {
-        workflow_id,
-        created: true,
-    })
+    state.live_users.insert(workflow_id, user_id);
+    Ok(())
 }
 
 fn not_found(workflow_id: &WorkflowId) -> Error {
@@ -1166,7 +1164,7 @@ impl WorkflowsHandle {
             .store
             .put_control(NewControl {
                 workflow_id: workflow_id.to_owned(),
-                kind: kind.as_str().to_owned(),
+                kind,
                 step_id: step_id.to_owned(),
                 attempt,
                 body,
@@ -1239,7 +1237,7 @@ impl WorkflowsHandle {
     /// Takes over a recoverable workflow (live, its owner's lease expired) with epoch + 1 and
     /// replays it on this node. Refused, with the lease untouched, when this node's runtime
     /// version differs or a cancellation is pending.
-    pub async fn recover(&self, workflow_id: &WorkflowId) -> Result<Launched, Error> {
+    pub async fn recover(&self, workflow_id: &WorkflowId) -> Result<WorkflowId, Error> {
         let workflow_id = workflow_id.to_owned();
         self.call(|reply| WorkflowsMsg::Recover { workflow_id, reply })
             .await?
@@ -1247,7 +1245,7 @@ impl WorkflowsHandle {
 
     /// Settles the uncertain step of a workflow in `needs_reconciliation` (retry it as a new
     /// attempt, fail it, or complete it with an output) and resumes the workflow here by replay.
-    pub async fn reconcile(&self, request: ReconcileRequest) -> Result<Launched, Error> {
+    pub async fn reconcile(&self, request: ReconcileRequest) -> Result<WorkflowId, Error> {
         self.call(|reply| WorkflowsMsg::Reconcile {
             request: Box::new(request),
             reply,

@@ -46,7 +46,6 @@ use crate::store_actor::StoreHandle;
 use machine::{Admission, Effect, Event, MachineConfig, WorkflowMachine};
 use store_calls::{Routed, StoreCall};
 
-pub use machine::ControlKind;
 pub(crate) use machine::{Start, WorkflowDocument, thread_for};
 
 /// The stop reason of a supervisor that left its workflow live (see `Effect::Halt`).

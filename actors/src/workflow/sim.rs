@@ -59,8 +59,8 @@ use futures_util::FutureExt;
 use runtime::{CallId, Status, Vm};
 use serde_json::{Value, json};
 use store::{
-    CancelAction, ControlWrite, Controls, Fence, LaunchLimits, Leases, NewControl, NewRun,
-    NewWorkflow, Operators, Purpose, RunId, RunOutcome, RunRow, RunStatus, Runs, SimClock,
+    CancelAction, ControlKind, ControlWrite, Controls, Fence, LaunchLimits, Leases, NewControl,
+    NewRun, NewWorkflow, Operators, Purpose, RunId, RunOutcome, RunRow, RunStatus, Runs, SimClock,
     SimStore, SlotRow, StepKind, StepOutcome, StepRecord, StepStatus, TakeOver, Versions,
     WorkflowId, WorkflowStatus, WorkflowStep, Workflows, WriteOp,
 };
@@ -690,7 +690,7 @@ impl Sim {
         ));
         self.workflows.insert(workflow_id.clone(), script);
         match launched {
-            Ok(store::Launch::Created(lease)) => {
+            Ok(store::Launch::Created { lease, .. }) => {
                 self.supervise(node, &workflow_id, lease.fence(), data, Start::Fresh);
             }
             other => self.violation(format!("launch of {workflow_id} answered {other:?}")),
@@ -1698,8 +1698,11 @@ impl Sim {
         ));
         self.note(|| format!("operator recovers {workflow_id} on {name}: {taken:?}"));
         let cancel_pending = matches!(taken, Ok(TakeOver::Refused(_)))
-            && now_or_never(self.store.read_controls(workflow_id))
-                .is_ok_and(|controls| controls.iter().any(|c| c.kind == "cancel" && !c.applied));
+            && now_or_never(self.store.read_controls(workflow_id)).is_ok_and(|controls| {
+                controls
+                    .iter()
+                    .any(|c| c.kind == ControlKind::Cancel && !c.applied)
+            });
         if cancel_pending {
             // Only a cancel may finish it: the operator cancels it again, which takes the
             // workflow over to finish the cancellation, as the front door does.
@@ -1933,9 +1936,11 @@ impl Sim {
                     continue;
                 }
                 let (kind, body) = match step.kind() {
-                    Some(StepKind::Pause) => ("resume", json!({"input": {"go": step.step_id}})),
+                    Some(StepKind::Pause) => {
+                        (ControlKind::Resume, json!({"input": {"go": step.step_id}}))
+                    }
                     Some(StepKind::HumanCheckpoint) => (
-                        "decide",
+                        ControlKind::Decide,
                         json!({"decision": "approve",
                                "artifactVersion": step.record().and_then(StepRecord::artifact_version),
                                "comment": "fine"}),
@@ -1944,7 +1949,7 @@ impl Sim {
                 };
                 let control = NewControl {
                     workflow_id: workflow_id.clone(),
-                    kind: kind.into(),
+                    kind,
                     step_id: step.step_id.clone(),
                     attempt: step.attempt,
                     body,
@@ -1968,7 +1973,7 @@ impl Sim {
                     }
                     // And a third contradicts them: refused, whatever the first said.
                     let mut body = control.body.clone();
-                    body[if kind == "decide" {
+                    body[if kind == ControlKind::Decide {
                         "decision"
                     } else {
                         "input"
@@ -2167,7 +2172,7 @@ impl Sim {
                         continue;
                     };
                     let timed_out = controls.iter().any(|control| {
-                        control.kind == "cancel"
+                        control.kind == ControlKind::Cancel
                             && control.applied
                             && control.body["reason"] == "timeout"
                     });
@@ -2422,8 +2427,11 @@ impl Sim {
                 let controls = self.read(workflow_id, "controls", |store, id| {
                     now_or_never(store.read_controls(id))
                 });
-                let cancelled = controls
-                    .is_none_or(|controls| controls.iter().any(|control| control.kind == "cancel"));
+                let cancelled = controls.is_none_or(|controls| {
+                    controls
+                        .iter()
+                        .any(|control| control.kind == ControlKind::Cancel)
+                });
                 (!cancelled).then_some("nothing cancelled it")
             }
             (_, None) => Some("it names no run"),
@@ -2457,7 +2465,7 @@ impl Sim {
         };
         let decided: Vec<_> = controls
             .iter()
-            .filter(|control| control.kind == "decide")
+            .filter(|control| control.kind == ControlKind::Decide)
             .collect();
         for control in &decided {
             let Some(step) = steps

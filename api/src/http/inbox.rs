@@ -43,7 +43,7 @@ pub async fn inbox(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
         if !sees_all && view.row.user_id != principal.user.id {
             continue;
         }
-        items.extend(waiting_items(&view, super::workflows::page_max(ctx)));
+        items.extend(waiting_items(&view));
     }
     items.sort_by(|a, b| a.since.total_cmp(&b.since));
     Ok(json_reply(
@@ -58,32 +58,31 @@ pub async fn inbox(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
 
 /// The questions a workflow waits for: its checkpoints nobody answered, and its agents'
 /// requests, whichever page of its record their steps are on.
-fn waiting_items(view: &actors::WorkflowView, pages: record::PageMax) -> Vec<InboxItem> {
-    let record = record::record(view, pages);
+fn waiting_items(view: &actors::WorkflowView) -> Vec<InboxItem> {
+    let row = &view.row;
     let item = |kind: &str, step_id: &str, attempt: i32, since: f64| InboxItem {
         kind: kind.to_owned(),
-        run_id: record.run_id.clone(),
+        run_id: row.workflow_id.as_str().to_owned(),
         step_id: step_id.to_owned(),
         attempt,
-        user_id: record.user_id.clone(),
-        fingerprint: record.fingerprint.clone(),
+        user_id: row.user_id.clone(),
+        fingerprint: row.fingerprint.clone(),
         since,
         artifact_version: None,
         source_step_id: None,
         approval: None,
     };
-    let checkpoints = record
-        .checkpoints
-        .iter()
-        .filter(|c| c.status == "waiting")
-        .map(|c| InboxItem {
+    let checkpoints = record::waiting_checkpoints(view).map(|step| {
+        let c = record::checkpoint(step, &view.controls);
+        InboxItem {
             artifact_version: c.artifact_version,
             source_step_id: c.source_step_id.clone(),
             ..item(&c.kind, &c.step_id, c.attempt, c.started_at)
-        });
+        }
+    });
     let requests = record::waiting_requests(view).map(|(step_id, attempt, approval)| {
         // A waiting request always says when it was asked (its run's last change).
-        let since = approval.asked_at.unwrap_or(record.updated_at);
+        let since = approval.asked_at.unwrap_or(row.updated_at);
         InboxItem {
             approval: Some(approval),
             ..item("agent_request", step_id, attempt, since)

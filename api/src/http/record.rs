@@ -11,8 +11,8 @@
 use actors::WorkflowView;
 use serde_json::Value;
 use store::{
-    ArtifactInfo, ControlRow, ListedWorkflow, RunRow, RunStatus, StepKind, StepOutcome,
-    StepPosition, StepRow, StepStatus, WorkflowRow, WorkflowStatus,
+    ArtifactInfo, ControlKind, ControlRow, ListedWorkflow, RunRow, RunStatus, StepKind,
+    StepOutcome, StepPosition, StepRow, StepStatus, WorkflowRow, WorkflowStatus,
 };
 
 use super::error::ApiError;
@@ -130,10 +130,17 @@ pub fn parse_step_cursor(text: &str) -> Result<StepPosition, ApiError> {
 /// The agents' requests that wait for a person's answer, whichever page their steps are on:
 /// `(step_id, attempt, request)` of each.
 pub fn waiting_requests(view: &WorkflowView) -> impl Iterator<Item = (&str, i32, ApprovalRecord)> {
-    view.approval_runs.iter().filter_map(|run| {
-        let request = approval(run).filter(|a| a.status == "waiting")?;
-        Some((run.step_id.as_deref()?, run.attempt?, request))
-    })
+    view.approval_runs
+        .iter()
+        .filter(|run| pending_request(run).is_some())
+        .filter_map(|run| Some((run.step_id.as_deref()?, run.attempt?, approval(run)?)))
+}
+
+/// The pauses and checkpoints nobody has answered yet.
+pub fn waiting_checkpoints(view: &WorkflowView) -> impl Iterator<Item = &StepRow> {
+    view.checkpoints
+        .iter()
+        .filter(|step| answer(step, &view.controls).0 == CheckpointStatus::Waiting)
 }
 
 /// A listing's line.
@@ -194,11 +201,11 @@ fn step(step: &StepRow, approval_runs: &[RunRow]) -> StepRecord {
     let record = step.record();
     let child = record.and_then(store::StepRecord::child);
     let run_id = child.map(|child| child.run_id.as_str().to_owned());
-    let approval = run_id
+    let asked = run_id
         .as_deref()
-        .and_then(|id| approval_runs.iter().find(|run| run.run_id == id))
-        .and_then(approval);
-    let waiting = approval.as_ref().is_some_and(|a| a.status == "waiting");
+        .and_then(|id| approval_runs.iter().find(|run| run.run_id == id));
+    let waiting = asked.is_some_and(|run| pending_request(run).is_some());
+    let approval = asked.and_then(approval);
     StepRecord {
         step_id: step.step_id.clone(),
         kind: step.kind_name().to_owned(),
@@ -245,12 +252,19 @@ fn artifact(info: &ArtifactInfo) -> ArtifactRecord {
     }
 }
 
+/// The id of the request a child run waits for a person to answer, if it waits.
+fn pending_request(run: &RunRow) -> Option<&str> {
+    if run.status == RunStatus::WaitingForInput {
+        store::pending_request_id(&run.metadata)
+    } else {
+        None
+    }
+}
+
 /// The approval request of a child run: the pending one, or the answered one.
 pub fn approval(run: &RunRow) -> Option<ApprovalRecord> {
     let asked = &run.metadata["hitl_approval"];
-    if run.status == RunStatus::WaitingForInput
-        && let Some(request_id) = store::pending_request_id(&run.metadata)
-    {
+    if let Some(request_id) = pending_request(run) {
         return Some(ApprovalRecord {
             run_id: run.run_id.as_str().to_owned(),
             request_id: request_id.to_owned(),
@@ -271,26 +285,57 @@ pub fn approval(run: &RunRow) -> Option<ApprovalRecord> {
     })
 }
 
-fn checkpoint(step: &StepRow, controls: &[ControlRow]) -> CheckpointRecord {
+/// Where a pause or a checkpoint stands (its record's `status`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum CheckpointStatus {
+    /// Nobody has answered it yet.
+    Waiting,
+    Resumed,
+    Approved,
+    Rejected,
+}
+
+impl CheckpointStatus {
+    const fn as_str(self) -> &'static str {
+        match self {
+            CheckpointStatus::Waiting => "waiting",
+            CheckpointStatus::Resumed => "resumed",
+            CheckpointStatus::Approved => "approved",
+            CheckpointStatus::Rejected => "rejected",
+        }
+    }
+}
+
+/// Where a pause or a checkpoint stands, from the control recorded for it, and that control.
+fn answer<'a>(
+    step: &StepRow,
+    controls: &'a [ControlRow],
+) -> (CheckpointStatus, Option<&'a ControlRow>) {
     let kind = if step.kind() == Some(StepKind::Pause) {
-        "resume"
+        ControlKind::Resume
     } else {
-        "decide"
+        ControlKind::Decide
     };
     let control = controls
         .iter()
         .find(|c| c.kind == kind && c.step_id == step.step_id && c.attempt == step.attempt);
-    let (resolved, _) = outcome(step);
-    let record = step.record();
     let status = match control {
-        None => "waiting".to_owned(),
-        Some(_) if kind == "resume" => "resumed".to_owned(),
+        None => CheckpointStatus::Waiting,
+        Some(_) if kind == ControlKind::Resume => CheckpointStatus::Resumed,
         Some(control) => match control.body["decision"].as_str() {
-            Some("approve") => "approved".to_owned(),
-            Some("reject") => "rejected".to_owned(),
-            _ => "waiting".to_owned(),
+            Some("approve") => CheckpointStatus::Approved,
+            Some("reject") => CheckpointStatus::Rejected,
+            _ => CheckpointStatus::Waiting,
         },
     };
+    (status, control)
+}
+
+/// A pause's or a checkpoint's record.
+pub fn checkpoint(step: &StepRow, controls: &[ControlRow]) -> CheckpointRecord {
+    let (status, control) = answer(step, controls);
+    let (resolved, _) = outcome(step);
+    let record = step.record();
     CheckpointRecord {
         step_id: step.step_id.clone(),
         kind: step.kind_name().to_owned(),
@@ -299,7 +344,7 @@ fn checkpoint(step: &StepRow, controls: &[ControlRow]) -> CheckpointRecord {
             .and_then(|record| record.args["sourceStepId"].as_str())
             .map(str::to_owned),
         artifact_version: record.and_then(store::StepRecord::artifact_version),
-        status,
+        status: status.as_str().to_owned(),
         decided_by: control.and_then(|c| c.created_by.clone()),
         decided_at: resolved
             .and_then(|v| v["decidedAt"].as_f64())

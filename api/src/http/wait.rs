@@ -15,25 +15,22 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, broadcast, watch};
 
 use super::error::ApiError;
 use super::per_user::{PerUser, Place};
-use super::wire::WorkflowRecord;
+use super::record;
 
 /// Whether a waiter may answer: the workflow ended, or waits for a person: a pause or a
 /// checkpoint nobody has answered yet (once a person has, the owner is about to carry it out),
-/// an agent's request for approval, an operator's reconcile.
-pub fn settled(record: &WorkflowRecord, view: &WorkflowView) -> bool {
-    let stored = WorkflowStatus::parse(&record.stored_status);
+/// an agent's request for approval, an operator's reconcile. Read from the view's typed rows,
+/// never from the record made of them.
+pub fn settled(view: &WorkflowView) -> bool {
+    let status = view.row.status;
     // Nothing happens any more without an operator, or ever again.
-    let ended = stored
-        .is_some_and(|status| status.is_final() || status == WorkflowStatus::NeedsReconciliation);
+    let ended = status.is_final() || status == WorkflowStatus::NeedsReconciliation;
     let at_checkpoint = matches!(
-        stored,
-        Some(WorkflowStatus::Paused | WorkflowStatus::WaitingApproval)
-    ) && record
-        .checkpoints
-        .iter()
-        .any(|checkpoint| checkpoint.status == "waiting");
+        status,
+        WorkflowStatus::Paused | WorkflowStatus::WaitingApproval
+    ) && record::waiting_checkpoints(view).next().is_some();
     // An agent's request, whichever page of the record its step is on.
-    ended || at_checkpoint || super::record::waiting_requests(view).next().is_some()
+    ended || at_checkpoint || record::waiting_requests(view).next().is_some()
 }
 
 /// Parses a wait: a whole number with the unit `ms`, `s` or `m` (`500ms`, `30s`, `2m`).
@@ -231,7 +228,150 @@ async fn dispatch(mut changes: broadcast::Receiver<Change>, registry: Arc<Mutex<
 
 #[cfg(test)]
 mod tests {
+    use serde_json::{Value, json};
+    use store::{ControlKind, ControlRow, RunRow, RunStatus, StepRow, StepStatus, WorkflowRow};
+
     use super::*;
+
+    fn view(status: WorkflowStatus) -> WorkflowView {
+        WorkflowView {
+            row: WorkflowRow {
+                workflow_id: "wf".into(),
+                user_id: "ada".into(),
+                status,
+                owner: Some("node".into()),
+                fingerprint: "fp".into(),
+                data: json!({}),
+                created_at: 1.0,
+                updated_at: 2.0,
+            },
+            steps: Vec::new(),
+            checkpoints: Vec::new(),
+            controls: Vec::new(),
+            lease: None,
+            approval_runs: Vec::new(),
+            artifacts: Vec::new(),
+            recoverable: false,
+        }
+    }
+
+    /// A journal entry of `kind` at `step_id`, attempt 1, waiting.
+    fn waiting(kind: &str, step_id: &str) -> StepRow {
+        let data = json!({"args": {"stepId": step_id}, "outcome": null, "settled_at_ms": null});
+        StepRow::decoded(
+            0,
+            step_id.into(),
+            1,
+            StepStatus::Running,
+            (kind, &data),
+            1.0,
+        )
+    }
+
+    fn control(kind: ControlKind, step_id: &str, body: Value) -> ControlRow {
+        ControlRow {
+            id: 1,
+            workflow_id: "wf".into(),
+            kind,
+            step_id: step_id.into(),
+            attempt: 1,
+            body,
+            created_by: Some("ada".into()),
+            applied: false,
+        }
+    }
+
+    /// The child run of step `a`, attempt 1, in `status` with `metadata`.
+    fn run(status: RunStatus, metadata: Value) -> RunRow {
+        RunRow {
+            run_id: "run".into(),
+            thread_id: "t".into(),
+            workflow: Some("wf".into()),
+            step_id: Some("a".into()),
+            attempt: Some(1),
+            agent: "echo".into(),
+            status,
+            owner_worker_id: None,
+            lease_expires_at: None,
+            cancel_action: None,
+            error: None,
+            output: None,
+            idempotency_key: None,
+            idempotency_request: None,
+            metadata,
+            total_tokens: 0,
+            message_count: 0,
+            stop_reason: None,
+            revision: 1,
+            created_at: 1.0,
+            updated_at: 2.0,
+        }
+    }
+
+    #[test]
+    fn a_wait_answers_once_the_workflow_ends_or_waits_for_a_person_and_not_before() {
+        assert!(!settled(&view(WorkflowStatus::Running)));
+        assert!(!settled(&view(WorkflowStatus::Cancelling)));
+        for ended in [
+            WorkflowStatus::Completed,
+            WorkflowStatus::Failed,
+            WorkflowStatus::Cancelled,
+            WorkflowStatus::NeedsReconciliation,
+        ] {
+            assert!(settled(&view(ended)), "{ended}");
+        }
+
+        // A pause nobody resumed; once resumed, the owner is about to carry it out.
+        let mut paused = view(WorkflowStatus::Paused);
+        paused.checkpoints.push(waiting("pause", "p"));
+        assert!(settled(&paused));
+        paused
+            .controls
+            .push(control(ControlKind::Resume, "p", json!({"input": 1})));
+        assert!(!settled(&paused));
+        // A control of another kind or step answers nothing here.
+        let mut other = view(WorkflowStatus::Paused);
+        other.checkpoints.push(waiting("pause", "p"));
+        other.controls.push(control(
+            ControlKind::Decide,
+            "p",
+            json!({"decision": "approve"}),
+        ));
+        other
+            .controls
+            .push(control(ControlKind::Resume, "q", json!({"input": 1})));
+        assert!(settled(&other));
+
+        // A checkpoint: decided, it is answered; a decision that is neither still waits.
+        let mut review = view(WorkflowStatus::WaitingApproval);
+        review.checkpoints.push(waiting("humanCheckpoint", "r"));
+        assert!(settled(&review));
+        review.controls.push(control(
+            ControlKind::Decide,
+            "r",
+            json!({"decision": "maybe"}),
+        ));
+        assert!(settled(&review));
+        review.controls[0].body = json!({"decision": "reject"});
+        assert!(!settled(&review));
+
+        // An unanswered checkpoint counts only once the workflow has parked for it.
+        let mut running = view(WorkflowStatus::Running);
+        running.checkpoints.push(waiting("pause", "p"));
+        assert!(!settled(&running));
+
+        // An agent's request for approval, while its run waits for the answer.
+        let asked = json!({"hitl_approval": {"request_id": "req", "actions": []}});
+        let mut requested = view(WorkflowStatus::Running);
+        requested
+            .approval_runs
+            .push(run(RunStatus::WaitingForInput, asked.clone()));
+        assert!(settled(&requested));
+        requested.approval_runs[0].status = RunStatus::Running;
+        assert!(!settled(&requested));
+        requested.approval_runs[0] = run(RunStatus::WaitingForInput, json!({}));
+        assert!(!settled(&requested));
+    }
 
     #[test]
     fn durations_have_a_unit_and_nothing_else() {

@@ -233,8 +233,8 @@ async fn wait_for(
     loop {
         let view = read_record(ctx, run_id).await??;
         let view = visible(ctx, view, run_id, Act::Read)?;
-        let record = record::record(&view, page_max(ctx));
-        if over || wait::settled(&record, &view) {
+        if over || wait::settled(&view) {
+            let record = record::record(&view, page_max(ctx));
             if waited {
                 // The caller's access may have changed while the request waited (a role taken
                 // away, a token revoked, a session ended): it is asked again before anything is
@@ -275,8 +275,9 @@ pub async fn launch(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
         Surface::Rest if launched.created => StatusCode::CREATED,
         _ => StatusCode::OK,
     };
+    let row = launched.row;
     if let (Some(wait), Some(permit)) = (wait, permit) {
-        let record = wait_for(ctx, &launched.workflow_id, wait, permit).await?;
+        let record = wait_for(ctx, &row.workflow_id, wait, permit).await?;
         return Ok(json_reply(
             status,
             LaunchAnswer::Waited(Box::new(LaunchedRecord {
@@ -285,21 +286,13 @@ pub async fn launch(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
             })),
         ));
     }
-    let current = ctx
-        .state
-        .node
-        .store()
-        .read_workflow(&launched.workflow_id)
-        .await?
-        .map_or(WorkflowStatus::Running, |row| row.status)
-        .as_str()
-        .to_owned();
+    // Answered from the row the store answered the launch with: no read of it again.
     Ok(json_reply(
         status,
         LaunchAnswer::Launched(LaunchReply {
-            run_id: launched.workflow_id.into_string(),
+            status: row.status.as_str().to_owned(),
+            run_id: row.workflow_id.into_string(),
             created: launched.created,
-            status: current,
         }),
     ))
 }

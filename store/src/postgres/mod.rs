@@ -445,7 +445,10 @@ impl PgStore {
             db_now,
             steps: steps_from(&steps, workflow_id)?,
             checkpoints: steps_from(&checkpoints, workflow_id)?,
-            controls: controls.iter().map(workflows::control).collect(),
+            controls: controls
+                .iter()
+                .map(workflows::control)
+                .collect::<Result<_>>()?,
             approval_runs: approval_runs
                 .iter()
                 .map(run_rows::decode)

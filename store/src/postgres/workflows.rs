@@ -11,8 +11,8 @@ use super::{PgStore, commit_error};
 use crate::lease::ttl_seconds;
 use crate::workflows::takeover_refusal;
 use crate::workflows::{
-    COUNTED, ControlRow, ControlWrite, Deletion, Launch, LaunchLimits, ListFilter, ListedWorkflow,
-    NewControl, Orphaned, StatusFilter, TakeOver, Versions,
+    COUNTED, ControlKind, ControlRow, ControlWrite, Deletion, Launch, LaunchLimits, ListFilter,
+    ListedWorkflow, NewControl, Orphaned, StatusFilter, TakeOver, Versions,
 };
 use crate::{
     COUNTED_STATUSES, Epoch, Error, Lease, NewWorkflow, Result, WorkflowId, WorkflowRow,
@@ -29,17 +29,19 @@ macro_rules! control_columns {
     };
 }
 
-pub(super) fn control(row: &Row) -> ControlRow {
-    ControlRow {
-        id: row.get(0),
-        workflow_id: row.get(1),
-        kind: row.get(2),
+/// A row of `control_columns!`, or the store error naming a row whose kind no build knows.
+pub(super) fn control(row: &Row) -> Result<ControlRow> {
+    let (id, workflow_id): (i64, WorkflowId) = (row.get(0), row.get(1));
+    Ok(ControlRow {
+        kind: ControlKind::read(row.get(2), &workflow_id, id)?,
+        id,
+        workflow_id,
         step_id: row.get(3),
         attempt: row.get(4),
         body: row.get(5),
         created_by: row.get(6),
         applied: row.get(7),
-    }
+    })
 }
 
 /// The workflow a user's `request_id` launched, if any.
@@ -79,7 +81,12 @@ fn workflow_row(row: &Row) -> Result<WorkflowRow> {
 
 /// What a launch under `reins_launch_guard` came to.
 enum Guarded {
-    Created(Lease),
+    /// Inserted at the times the database gave it (`created_at`, `updated_at`: two readings of
+    /// its clock), with its lease.
+    Created {
+        at: (f64, f64),
+        lease: Lease,
+    },
     Refused(Launch),
     /// The request was launched before: read it after this transaction.
     Repeated,
@@ -120,7 +127,8 @@ async fn launch_in(
                                     created_at, updated_at, live_no, owner_no)
              SELECT $1, $2, $3, 'running', $4, $5, $6, reins_now(), reins_now(),
                     guard.live_no, guard.owner_no
-               FROM reins_launch_guard($2, $3, $7, $8, $9) AS guard",
+               FROM reins_launch_guard($2, $3, $7, $8, $9) AS guard
+             RETURNING created_at, updated_at",
         )
         .await?;
     let lease = transaction
@@ -130,7 +138,7 @@ async fn launch_in(
         )
         .await?;
     let (inserted, leased) = futures_util::join!(
-        transaction.execute(&insert, &insert_params),
+        transaction.query_one(&insert, &insert_params),
         transaction.query_one(&lease, &lease_params),
     );
     match inserted.as_ref().map_err(|e| e.code().map(|c| c.code())) {
@@ -151,13 +159,17 @@ async fn launch_in(
         }
         _ => {}
     }
-    inserted?;
-    Ok(Guarded::Created(Lease {
-        resource_id: workflow.workflow_id.clone(),
-        owner: owner.to_owned(),
-        epoch: Epoch::FIRST,
-        expires_at: leased?.get(0),
-    }))
+    let inserted = inserted?;
+    let at = (inserted.get(0), inserted.get(1));
+    Ok(Guarded::Created {
+        at,
+        lease: Lease {
+            resource_id: workflow.workflow_id.clone(),
+            owner: owner.to_owned(),
+            epoch: Epoch::FIRST,
+            expires_at: leased?.get(0),
+        },
+    })
 }
 
 impl PgStore {
@@ -171,9 +183,12 @@ impl PgStore {
         let mut client = self.connection().await?;
         let transaction = client.transaction().await?;
         match launch_in(&transaction, &workflow, owner, lease_ms, limits).await? {
-            Guarded::Created(lease) => {
+            Guarded::Created { at, lease } => {
                 transaction.commit().await.map_err(commit_error)?;
-                Ok(Launch::Created(lease))
+                Ok(Launch::Created {
+                    row: workflow.created(owner, at),
+                    lease,
+                })
             }
             Guarded::Refused(refused) => Ok(refused),
             Guarded::Repeated => {
@@ -221,7 +236,7 @@ impl PgStore {
             .await
             .map_err(commit_error)?;
         if let Some(row) = inserted {
-            return Ok(ControlWrite::Recorded(control(&row)));
+            return Ok(ControlWrite::Recorded(control(&row)?));
         }
         let existing = client
             .query_one(
@@ -236,7 +251,7 @@ impl PgStore {
                 &[&new.workflow_id, &new.kind, &new.step_id, &new.attempt],
             )
             .await?;
-        let existing = control(&existing);
+        let existing = control(&existing)?;
         if existing.body == new.body {
             Ok(ControlWrite::Repeated(existing))
         } else {
@@ -511,7 +526,7 @@ pub(super) async fn controls_in(
 ) -> Result<Vec<ControlRow>> {
     let statement = client.prepare_cached(CONTROLS_SQL).await?;
     let rows = client.query(&statement, &[&workflow_id]).await?;
-    Ok(rows.iter().map(control).collect())
+    rows.iter().map(control).collect()
 }
 
 /// Live workflows whose owner's lease ran out, in a random order (so that nodes claiming at once

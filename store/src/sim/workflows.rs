@@ -12,13 +12,10 @@ use crate::write::{
     WorkflowRow,
 };
 use crate::{
-    ControlRow, ControlWrite, Deletion, Epoch, Error, Launch, LaunchLimits, Lease, ListFilter,
-    ListedWorkflow, NewControl, NewWorkflow, Orphaned, Purpose, Result, StatusFilter, TakeOver,
-    Versions, WorkflowId, WorkflowStatus,
+    ControlKind, ControlRow, ControlWrite, Deletion, Epoch, Error, Launch, LaunchLimits, Lease,
+    ListFilter, ListedWorkflow, NewControl, NewWorkflow, Orphaned, Purpose, Result, StatusFilter,
+    TakeOver, Versions, WorkflowId, WorkflowStatus,
 };
-
-/// The control kinds the schema allows.
-const CONTROL_KINDS: [&str; 3] = ["resume", "decide", "cancel"];
 
 impl State {
     fn launch(
@@ -100,12 +97,15 @@ impl State {
             },
         );
         self.status_event(&new.workflow_id, WorkflowStatus::Running, None, now);
-        Ok(Launch::Created(lease))
+        let row = self.workflows[&new.workflow_id].row.clone();
+        Ok(Launch::Created { row, lease })
     }
 
     fn cancel_pending(&self, workflow_id: &WorkflowId) -> bool {
         self.controls.values().any(|control| {
-            control.workflow_id == *workflow_id && control.kind == "cancel" && !control.applied
+            control.workflow_id == *workflow_id
+                && control.kind == ControlKind::Cancel
+                && !control.applied
         })
     }
 
@@ -183,13 +183,6 @@ impl State {
                 control.workflow_id
             )));
         }
-        // A check constraint refuses it, which the real stores report as a database error.
-        if !CONTROL_KINDS.contains(&control.kind.as_str()) {
-            return Err(Error::Database(format!(
-                "unknown control kind {:?}",
-                control.kind
-            )));
-        }
         if let Some(existing) = self.controls.values().find(|row| {
             row.workflow_id == control.workflow_id
                 && row.kind == control.kind
@@ -217,8 +210,8 @@ impl State {
             applied: false,
         };
         self.controls.insert(row.id, row.clone());
-        let (kind, data) = match row.kind.as_str() {
-            "decide" => (
+        let (kind, data) = match row.kind {
+            ControlKind::Decide => (
                 "checkpoint_decided",
                 json!({
                     "step_id": row.step_id,
@@ -229,11 +222,11 @@ impl State {
                     "by": row.created_by,
                 }),
             ),
-            "resume" => (
+            ControlKind::Resume => (
                 "pause_resumed",
                 json!({"step_id": row.step_id, "attempt": row.attempt, "by": row.created_by}),
             ),
-            _ => ("cancel_requested", json!({"by": row.created_by})),
+            ControlKind::Cancel => ("cancel_requested", json!({"by": row.created_by})),
         };
         self.event(&row.workflow_id, kind, data, now);
         Ok(ControlWrite::Recorded(row))

@@ -7,14 +7,14 @@ use super::{SqliteStore, parse_json};
 use crate::lease::ttl_seconds;
 use crate::workflows::takeover_refusal;
 use crate::workflows::{
-    ControlRow, ControlWrite, Deletion, Launch, LaunchLimits, ListFilter, ListedWorkflow,
-    NewControl, Orphaned, StatusFilter, TakeOver, Versions,
+    ControlKind, ControlRow, ControlWrite, Deletion, Launch, LaunchLimits, ListFilter,
+    ListedWorkflow, NewControl, Orphaned, StatusFilter, TakeOver, Versions,
 };
 use crate::{Epoch, Error, Lease, NewWorkflow, Result, WorkflowId, WorkflowRow, WorkflowStatus};
 
 fn launch(
     connection: &Connection,
-    workflow: &NewWorkflow,
+    workflow: NewWorkflow,
     owner: &str,
     lease_ms: u64,
     limits: LaunchLimits,
@@ -59,20 +59,24 @@ fn launch(
             max: limits.max_workflows_per_owner,
         });
     }
-    connection
+    let at: (f64, f64) = connection
         .prepare_cached(
             "INSERT INTO workflows (id, user_id, request_id, status, owner, fingerprint, data,
                                     created_at, updated_at)
-             VALUES (?1, ?2, ?3, 'running', ?4, ?5, ?6, unixepoch('subsec'), unixepoch('subsec'))",
+             VALUES (?1, ?2, ?3, 'running', ?4, ?5, ?6, unixepoch('subsec'), unixepoch('subsec'))
+             RETURNING created_at, updated_at",
         )?
-        .execute(params![
-            workflow.workflow_id,
-            workflow.user_id,
-            workflow.request_id,
-            owner,
-            workflow.fingerprint,
-            workflow.data.to_string()
-        ])?;
+        .query_row(
+            params![
+                workflow.workflow_id,
+                workflow.user_id,
+                workflow.request_id,
+                owner,
+                workflow.fingerprint,
+                workflow.data.to_string()
+            ],
+            |row| Ok((row.get(0)?, row.get(1)?)),
+        )?;
     let expires_at = connection
         .prepare_cached(
             "INSERT INTO extension_execution_leases (resource_id, owner, epoch, expires_at)
@@ -82,12 +86,15 @@ fn launch(
             params![workflow.workflow_id, owner, ttl_seconds(lease_ms)],
             |row| row.get(0),
         )?;
-    Ok(Launch::Created(Lease {
-        resource_id: workflow.workflow_id.clone(),
-        owner: owner.to_owned(),
-        epoch: Epoch::FIRST,
-        expires_at,
-    }))
+    Ok(Launch::Created {
+        lease: Lease {
+            resource_id: workflow.workflow_id.clone(),
+            owner: owner.to_owned(),
+            epoch: Epoch::FIRST,
+            expires_at,
+        },
+        row: workflow.created(owner, at),
+    })
 }
 
 /// A workflow row as SQLite stores it (its status and data as text), before decoding.
@@ -131,20 +138,46 @@ fn workflow_row(row: &Row<'_>) -> rusqlite::Result<RawWorkflow> {
     })
 }
 
-fn control_row(row: &Row<'_>) -> rusqlite::Result<(ControlRow, String)> {
-    Ok((
-        ControlRow {
-            id: row.get(0)?,
-            workflow_id: row.get(1)?,
-            kind: row.get(2)?,
-            step_id: row.get(3)?,
-            attempt: row.get(4)?,
-            body: serde_json::Value::Null,
-            created_by: row.get(6)?,
-            applied: row.get::<_, Option<f64>>(7)?.is_some(),
-        },
-        row.get(5)?,
-    ))
+/// A control row as SQLite holds it, before its kind and body are decoded.
+struct RawControl {
+    id: i64,
+    workflow_id: WorkflowId,
+    kind: String,
+    step_id: String,
+    attempt: i32,
+    body: String,
+    created_by: Option<String>,
+    applied: bool,
+}
+
+impl RawControl {
+    /// The row, or the store error naming a row whose kind no build knows.
+    fn decode(self) -> Result<ControlRow> {
+        Ok(ControlRow {
+            kind: ControlKind::read(&self.kind, &self.workflow_id, self.id)?,
+            body: parse_json(&self.body)?,
+            id: self.id,
+            workflow_id: self.workflow_id,
+            step_id: self.step_id,
+            attempt: self.attempt,
+            created_by: self.created_by,
+            applied: self.applied,
+        })
+    }
+}
+
+/// A row of `control_columns!`.
+fn control_row(row: &Row<'_>) -> rusqlite::Result<RawControl> {
+    Ok(RawControl {
+        id: row.get(0)?,
+        workflow_id: row.get(1)?,
+        kind: row.get(2)?,
+        step_id: row.get(3)?,
+        attempt: row.get(4)?,
+        body: row.get(5)?,
+        created_by: row.get(6)?,
+        applied: row.get::<_, Option<f64>>(7)?.is_some(),
+    })
 }
 
 /// The columns `control_row` reads, as one literal for `concat!` (SQL is never formatted per call).
@@ -152,11 +185,6 @@ macro_rules! control_columns {
     () => {
         "id, workflow, kind, step_id, attempt, body, created_by, applied_at"
     };
-}
-
-fn decode_control((mut control, body): (ControlRow, String)) -> Result<ControlRow> {
-    control.body = parse_json(&body)?;
-    Ok(control)
 }
 
 impl SqliteStore {
@@ -168,7 +196,7 @@ impl SqliteStore {
         limits: LaunchLimits,
     ) -> Result<Launch> {
         let owner = owner.to_owned();
-        self.write(move |connection| launch(connection, &workflow, &owner, lease_ms, limits))
+        self.write(move |connection| launch(connection, workflow, &owner, lease_ms, limits))
             .await
     }
 
@@ -196,7 +224,7 @@ impl SqliteStore {
                 )
                 .optional()?;
             if let Some(row) = inserted {
-                return Ok(ControlWrite::Recorded(decode_control(row)?));
+                return Ok(ControlWrite::Recorded(row.decode()?));
             }
             let existing = connection
                 .prepare_cached(concat!(
@@ -214,7 +242,7 @@ impl SqliteStore {
                     ],
                     control_row,
                 )?;
-            let existing = decode_control(existing)?;
+            let existing = existing.decode()?;
             if existing.body == control.body {
                 Ok(ControlWrite::Repeated(existing))
             } else {
@@ -473,5 +501,5 @@ pub(super) fn controls_on(
         " FROM workflow_controls WHERE workflow = ?1 ORDER BY id"
     ))?;
     let rows = statement.query_map([workflow_id], control_row)?;
-    rows.map(|row| decode_control(row?)).collect()
+    rows.map(|row| row?.decode()).collect()
 }

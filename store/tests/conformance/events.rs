@@ -2,7 +2,9 @@
 //! fields and their order, and the feed of status changes.
 
 use serde_json::{Value, json};
-use store::{ControlWrite, EventRow, NewControl, NewRun, RunStatus, WorkflowStep, WriteOp};
+use store::{
+    ControlKind, ControlWrite, EventRow, NewControl, NewRun, RunStatus, WorkflowStep, WriteOp,
+};
 
 use crate::harness::{Subject, conformance, workflow};
 
@@ -17,10 +19,10 @@ fn put(step_id: &str, kind: &str, status: &str, data: Value) -> WriteOp {
     }
 }
 
-fn control(kind: &str, step_id: &str, body: Value) -> NewControl {
+fn control(kind: ControlKind, step_id: &str, body: Value) -> NewControl {
     NewControl {
         workflow_id: "wf".into(),
-        kind: kind.to_owned(),
+        kind,
         step_id: step_id.to_owned(),
         attempt: if step_id.is_empty() { 0 } else { 1 },
         body,
@@ -58,7 +60,7 @@ conformance! {
         store.fenced_write(&fence, vec![put("a", "agent", "completed", json!({"again": true}))])
             .await.expect("same status");
         store.fenced_write(&fence, vec![put("q", "agent", "queued", json!({}))]).await.expect("queued");
-        store.put_control(control("cancel", "", json!({}))).await.expect("cancel");
+        store.put_control(control(ControlKind::Cancel, "", json!({}))).await.expect("cancel");
         store.fenced_write(&fence, vec![WriteOp::PutArtifact {
             workflow_id: "wf".into(), version: 1, source_step_id: "a".into(),
             path: Some("out.txt".into()), content: b"hello".to_vec(), sha256: "h".into(),
@@ -107,7 +109,7 @@ conformance! {
             workflow_id: "other".into(), user_id: "bob".into(), request_id: None,
             fingerprint: "fp".into(), data: json!({}),
         }, "node-a", 60_000, store::LaunchLimits::NONE).await.expect("launch");
-        let store::Launch::Created(b) = b else { panic!("{b:?}") };
+        let store::Launch::Created { lease: b, .. } = b else { panic!("{b:?}") };
         for (lease, status) in [(&a, "paused"), (&b, "failed"), (&a, "completed")] {
             store.fenced_write(&lease.fence(), vec![WriteOp::SetWorkflow {
                 workflow_id: lease.resource_id.clone(), status: store::WorkflowStatus::parse(status).expect("a status"), data: json!({}),
@@ -145,8 +147,8 @@ conformance! {
             put("p", "pause", "running", json!({})),
             put("h", "humanCheckpoint", "running", json!({"args": {"artifactVersion": 2}})),
         ]).await.expect("wait for people");
-        store.put_control(control("resume", "p", json!({}))).await.expect("resume");
-        let decided = store.put_control(control("decide", "h",
+        store.put_control(control(ControlKind::Resume, "p", json!({}))).await.expect("resume");
+        let decided = store.put_control(control(ControlKind::Decide, "h",
             json!({"decision": "approve", "artifactVersion": 2, "comment": "fine"}))).await.expect("decide");
         assert!(matches!(decided, ControlWrite::Recorded(_)));
 

@@ -257,7 +257,7 @@ conformance! {
         assert!(matches!(admitted, Admission::Admitted(_)), "{admitted:?}");
         let control = NewControl {
             workflow_id: "wf".into(),
-            kind: "cancel".into(),
+            kind: store::ControlKind::Cancel,
             step_id: String::new(),
             attempt: 0,
             body: json!({}),

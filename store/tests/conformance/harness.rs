@@ -262,7 +262,7 @@ pub async fn workflow_of<S: Subject>(
         .await
         .expect("launch");
     match launched {
-        Launch::Created(lease) => lease,
+        Launch::Created { lease, .. } => lease,
         other => panic!("workflow {id:?} was not created: {other:?}"),
     }
 }

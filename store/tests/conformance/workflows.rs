@@ -5,7 +5,9 @@
 use std::sync::Arc;
 
 use serde_json::json;
-use store::{ControlWrite, Epoch, Error, Launch, LaunchLimits, NewControl, NewWorkflow, WriteOp};
+use store::{
+    ControlKind, ControlWrite, Epoch, Error, Launch, LaunchLimits, NewControl, NewWorkflow, WriteOp,
+};
 use tokio::sync::Barrier;
 
 use crate::harness::{Subject, conformance};
@@ -27,7 +29,7 @@ async fn created<S: Subject>(store: &S, workflow: NewWorkflow) -> store::Lease {
         .await
         .expect("launch")
     {
-        Launch::Created(lease) => lease,
+        Launch::Created { lease, .. } => lease,
         other => panic!("not created: {other:?}"),
     }
 }
@@ -35,7 +37,7 @@ async fn created<S: Subject>(store: &S, workflow: NewWorkflow) -> store::Lease {
 fn decide(workflow: &str, body: serde_json::Value) -> NewControl {
     NewControl {
         workflow_id: store::WorkflowId::new(workflow),
-        kind: "decide".into(),
+        kind: ControlKind::Decide,
         step_id: "review".into(),
         attempt: 1,
         body,
@@ -50,14 +52,20 @@ conformance! {
             store.launch_workflow(new_workflow(id, user, Some("req-1"), fingerprint), "node-a", 60_000,
                 LaunchLimits::NONE)
         };
-        assert!(matches!(launch("wf-1", "ada", "fp-1").await.expect("launch"), Launch::Created(_)));
+        // A launch answers the row it wrote, as any read gives it, and its lease.
+        let Launch::Created { row: written, lease } = launch("wf-1", "ada", "fp-1").await.expect("launch")
+        else { panic!("not created") };
+        let read = store.read_workflow(&store::WorkflowId::new("wf-1")).await.expect("read");
+        assert_eq!(Some(&written), read.as_ref());
+        assert_eq!((written.status, written.owner.as_deref()), (store::WorkflowStatus::Running, Some("node-a")));
+        assert_eq!((lease.resource_id.as_str(), lease.epoch), ("wf-1", Epoch::FIRST));
         match launch("wf-2", "ada", "fp-1").await.expect("launch") {
-            Launch::Existing(row) => assert_eq!(row.workflow_id, "wf-1"),
+            Launch::Existing(row) => assert_eq!(Some(row), read),
             other => panic!("the same request made {other:?}"),
         }
         let different = launch("wf-3", "ada", "fp-2").await;
         assert!(matches!(different, Err(Error::Conflict(ref m)) if m.contains("req-1")), "{different:?}");
-        assert!(matches!(launch("wf-4", "bob", "fp-2").await.expect("launch"), Launch::Created(_)),
+        assert!(matches!(launch("wf-4", "bob", "fp-2").await.expect("launch"), Launch::Created { .. }),
             "request ids are per user");
         for absent in ["wf-2", "wf-3"] {
             assert_eq!(store.read_workflow(&store::WorkflowId::new(absent)).await.expect("read"), None);
@@ -84,7 +92,7 @@ conformance! {
         let mut refused = Vec::new();
         for launch in launches {
             match launch.await.expect("join").expect("launch") {
-                Launch::Created(_) => created += 1,
+                Launch::Created { .. } => created += 1,
                 Launch::Refused { limit, max } => refused.push((limit, max)),
                 Launch::Existing(row) => panic!("no request was repeated: {row:?}"),
             }
@@ -96,7 +104,7 @@ conformance! {
         for n in 0..2 {
             let workflow = new_workflow(&format!("bob-{n}"), "bob", None, "fp");
             assert!(matches!(store.launch_workflow(workflow, "node", 60_000, limits).await.expect("launch"),
-                Launch::Created(_)));
+                Launch::Created { .. }));
         }
         let over = store.launch_workflow(new_workflow("carol-0", "carol", None, "fp"), "node", 60_000, limits)
             .await.expect("launch");
@@ -133,7 +141,7 @@ conformance! {
         let mut created = 0;
         for launch in launches {
             match launch.await.expect("join") {
-                Launch::Created(_) => created += 1,
+                Launch::Created { .. } => created += 1,
                 Launch::Refused { limit: store::Limit::Workflows, max: 40 } => {}
                 other => panic!("unexpected {other:?}"),
             }
@@ -155,7 +163,7 @@ conformance! {
             let fence = match store.launch_workflow(new_workflow(&id, "ada", None, "fp"), "node", 60_000, limits)
                 .await.expect("launch")
             {
-                Launch::Created(lease) => lease.fence(),
+                Launch::Created { lease, .. } => lease.fence(),
                 other => panic!("{terminal}: the place was not given back: {other:?}"),
             };
             for live in store::COUNTED_STATUSES {
@@ -171,7 +179,7 @@ conformance! {
             // Waiting for an operator holds no place: another workflow may launch meanwhile.
             store.fenced_write(&fence, vec![set(&id, "needs_reconciliation")]).await.expect("set");
             let meanwhile = new_workflow(&format!("meanwhile-{n}"), "ada", None, "fp");
-            let Launch::Created(lease) = store.launch_workflow(meanwhile, "node", 60_000, limits)
+            let Launch::Created { lease, .. } = store.launch_workflow(meanwhile, "node", 60_000, limits)
                 .await.expect("launch")
             else {
                 panic!("needs_reconciliation kept its place");
@@ -182,7 +190,7 @@ conformance! {
         }
         let last = new_workflow("last", "bob", None, "fp");
         assert!(matches!(store.launch_workflow(last, "node", 60_000, limits).await.expect("launch"),
-            Launch::Created(_)));
+            Launch::Created { .. }));
     }
 }
 
@@ -195,7 +203,7 @@ conformance! {
             match store.launch_workflow(new_workflow(&format!("wf-{n}"), "ada", None, "fp"), "node", 60_000, limits)
                 .await.expect("launch")
             {
-                Launch::Created(lease) => fences.push(lease.fence()),
+                Launch::Created { lease, .. } => fences.push(lease.fence()),
                 other => panic!("{other:?}"),
             }
         }
@@ -207,7 +215,7 @@ conformance! {
         };
         store.fenced_write(&fences[0], vec![finish(0)]).await.expect("finish");
         assert!(matches!(store.launch_workflow(fourth(), "node", 60_000, limits).await.expect("launch"),
-            Launch::Created(_)), "a finished workflow's place was not given back");
+            Launch::Created { .. }), "a finished workflow's place was not given back");
 
         // The limit drops to 2 with 3 live: nothing more until fewer than 2 are.
         let lowered = LaunchLimits { max_workflows: 2, max_workflows_per_owner: 2 };
@@ -217,7 +225,7 @@ conformance! {
         store.fenced_write(&fences[1], vec![finish(1)]).await.expect("finish");
         store.fenced_write(&fences[2], vec![finish(2)]).await.expect("finish");
         assert!(matches!(store.launch_workflow(next("bob-1"), "node", 60_000, lowered).await.expect("launch"),
-            Launch::Created(_)));
+            Launch::Created { .. }));
         assert_eq!(store.launch_workflow(next("bob-2"), "node", 60_000, lowered).await.expect("launch"),
             Launch::Refused { limit: store::Limit::Workflows, max: 2 });
 
@@ -239,7 +247,7 @@ conformance! {
         let mut existing = Vec::new();
         for twin in twins {
             match twin.await.expect("join") {
-                Launch::Created(lease) => created.push(lease.resource_id),
+                Launch::Created { lease, .. } => created.push(lease.resource_id),
                 Launch::Existing(row) => existing.push(row.workflow_id),
                 other => panic!("{other:?}"),
             }
@@ -342,7 +350,7 @@ conformance! {
         let mut workflow = new_workflow("wf", "ada", None, "fp");
         workflow.data = written.clone();
         let held = match store.launch_workflow(workflow, "node-a", 300, LaunchLimits::NONE).await.expect("launch") {
-            Launch::Created(lease) => lease,
+            Launch::Created { lease, .. } => lease,
             other => panic!("{other:?}"),
         };
         assert_eq!(store.take_over_workflow(&store::WorkflowId::from("wf"), "node-b", 60_000, &ours, Purpose::Recover).await.expect("take"),
@@ -375,7 +383,7 @@ conformance! {
 
         // A pending cancellation: only a cancel takeover, under any runtime, may finish it.
         store.put_control(NewControl {
-            workflow_id: "wf".into(), kind: "cancel".into(), step_id: String::new(), attempt: 0,
+            workflow_id: "wf".into(), kind: ControlKind::Cancel, step_id: String::new(), attempt: 0,
             body: json!({}), created_by: None,
         }).await.expect("cancel");
         store.fenced_write(&taken.fence(), vec![WriteOp::ReleaseLease]).await.expect("release");
@@ -934,7 +942,10 @@ async fn postgres_reads_never_take_the_connections_writes_need() {
             LaunchLimits::NONE,
         )
         .await;
-    assert!(matches!(launched, Ok(Launch::Created(_))), "{launched:?}");
+    assert!(
+        matches!(launched, Ok(Launch::Created { .. })),
+        "{launched:?}"
+    );
     assert!(
         reads.iter().all(|read| !read.is_finished()),
         "the launch committed while every read still waited"

@@ -4,10 +4,10 @@
 
 use runtime::{Command, Outcome};
 use serde_json::json;
-use store::ControlRow;
+use store::{ControlKind, ControlRow};
 
 use super::transitions::{Checkpoint, Transition};
-use super::{ControlKind, Millis, Waiting, WorkflowMachine};
+use super::{Millis, Waiting, WorkflowMachine};
 
 impl WorkflowMachine {
     /// A new checkpoint: waits for its control.

@@ -1,9 +1,9 @@
 use std::collections::VecDeque;
 
 use runtime::CallId;
-use store::{ControlRow, WriteOp};
+use store::{ControlKind, ControlRow, WriteOp};
 
-use super::{ControlKind, ControlsFor, Effect, Millis, Then, Waiting, WorkflowMachine};
+use super::{ControlsFor, Effect, Millis, Then, Waiting, WorkflowMachine};
 
 impl WorkflowMachine {
     pub(super) fn on_controls(
@@ -28,7 +28,7 @@ impl WorkflowMachine {
         };
         let cancel = controls
             .iter()
-            .find(|c| ControlKind::parse(&c.kind) == Some(ControlKind::Cancel) && !c.applied);
+            .find(|c| c.kind == ControlKind::Cancel && !c.applied);
         match (purpose, cancel) {
             (ControlsFor::DeadOwnerCancel, None) => self.halt(out, true),
             (_, Some(cancel)) => self.begin_cancel(out, cancel.id),
@@ -55,12 +55,10 @@ impl WorkflowMachine {
         now: Millis,
     ) {
         while let Some((id, kind, step_id)) = wanted.pop_front() {
-            let Some(control) = controls.iter().find(|c| {
-                !c.applied
-                    && ControlKind::parse(&c.kind) == Some(kind)
-                    && c.step_id == step_id
-                    && c.attempt == 1
-            }) else {
+            let Some(control) = controls
+                .iter()
+                .find(|c| !c.applied && c.kind == kind && c.step_id == step_id && c.attempt == 1)
+            else {
                 continue;
             };
             let outcome = match kind {

@@ -27,8 +27,8 @@ use runtime::{Activation, CallId, CallKind, Command, JournalEntry, Outcome, Stat
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use store::{
-    ControlRow, ControlWrite, Fence, NewControl, RunId, RunRow, StepCall, StepRecord, StepRow,
-    StepStatus, WorkflowId, WorkflowStatus, WriteOp,
+    ControlKind, ControlRow, ControlWrite, Fence, NewControl, RunId, RunRow, StepCall, StepRecord,
+    StepRow, StepStatus, WorkflowId, WorkflowStatus, WriteOp,
 };
 
 mod agent;
@@ -57,38 +57,6 @@ pub(crate) type Millis = i64;
 /// How often a cancellation looks at the rows of the children it waits for (some may run on a
 /// node that is gone, and only their rows will tell).
 const CHILD_CHECK: Duration = Duration::from_millis(250);
-
-/// What a control asks of a workflow (`workflow_controls.kind`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ControlKind {
-    /// Resolves a `pause` call.
-    Resume,
-    /// Resolves a `humanCheckpoint` call.
-    Decide,
-    /// Cancels the workflow.
-    Cancel,
-}
-
-impl ControlKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ControlKind::Resume => "resume",
-            ControlKind::Decide => "decide",
-            ControlKind::Cancel => "cancel",
-        }
-    }
-
-    /// The kind a stored string names, if any.
-    pub fn parse(stored: &str) -> Option<Self> {
-        [
-            ControlKind::Resume,
-            ControlKind::Decide,
-            ControlKind::Cancel,
-        ]
-        .into_iter()
-        .find(|kind| kind.as_str() == stored)
-    }
-}
 
 /// The parts of a workflow's `data` document the supervisor needs.
 #[derive(Debug, Clone)]
@@ -617,7 +585,7 @@ impl WorkflowMachine {
                 tracing::warn!(parent: &self.span, "the workflow ran past timeout_seconds: cancelling");
                 out.push(Effect::PutControl(NewControl {
                     workflow_id: self.config.workflow_id.clone(),
-                    kind: ControlKind::Cancel.as_str().into(),
+                    kind: ControlKind::Cancel,
                     step_id: String::new(),
                     attempt: 0,
                     body: json!({"reason": "timeout"}),

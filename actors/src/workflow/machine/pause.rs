@@ -3,10 +3,10 @@
 
 use runtime::{Command, Outcome};
 use serde_json::Value;
-use store::ControlRow;
+use store::{ControlKind, ControlRow};
 
 use super::transitions::{Pause, Transition};
-use super::{ControlKind, Waiting, WorkflowMachine};
+use super::{Waiting, WorkflowMachine};
 
 impl WorkflowMachine {
     /// A new pause: waits for its control (the poller, or a cue, reads the controls).
