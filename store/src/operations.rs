@@ -262,7 +262,9 @@ macro_rules! with_operations {
                 /// Moves a run `owner` still owns from `pending`/`running` to another live status
                 /// (`running`, `waiting_for_input`), optionally replacing its metadata. A run that now
                 /// waits for a person gives back the slot its step held in the same write: nobody runs
-                /// while a person decides.
+                /// while a person decides. A run asked to stop never starts waiting for a person
+                /// (`false`): nobody would end it (its workflow's end asked it to stop before it
+                /// asked; the orphan sweep closes it once its lease lapses).
                 write UpdateRunStatus: fn update_run_status(
                     &self,
                     run_id: &RunId,

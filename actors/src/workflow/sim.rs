@@ -2780,7 +2780,10 @@ fn sim_scarce_slot_all_fault_seeds() {
         7_000_000,
         Faults::SLOTS_ALL,
     );
-    assert!(stats.completed * 2 >= stats.workflows, "{stats:?}");
+    // A proportion, like the bites: one seed alone may time every workflow out.
+    if std::env::var_os("REINS_SIM_SEED").is_none() {
+        assert!(stats.completed * 2 >= stats.workflows, "{stats:?}");
+    }
     assert_bites(&stats, "queued admissions", stats.queued, 2_000);
     assert_bites(&stats, "slot wakes", stats.slot_wakes, 400);
     assert_bites(&stats, "takeovers", stats.takeovers, 130);
@@ -2948,6 +2951,17 @@ fn mutant_orphan_reported_as_outcome_unknown_is_found() {
 #[test]
 fn seed_5003486_with_timeouts_a_cancel_asks_every_run_it_never_learnt_of_to_stop() {
     let run = run_seed(5_003_486, Faults::ALL, false);
+    assert_eq!(run.violations, Vec::<String>::new());
+}
+
+/// Found by a million seeds in release: an admission answered seconds late was applied after the
+/// workflow's first owner had halted, and before the cancel-only takeover ended the workflow,
+/// whose end asked the new run to stop. The scripted agent then asked a person, and the store
+/// recorded a run asked to stop as waiting for one: nobody ends such a run, and it outlived its
+/// cancelled workflow. The store now refuses that move (the sweep closes the run).
+#[test]
+fn seed_7072933_a_run_asked_to_stop_never_waits_for_a_person() {
+    let run = run_seed(7_072_933, Faults::SLOTS_ALL, false);
     assert_eq!(run.violations, Vec::<String>::new());
 }
 

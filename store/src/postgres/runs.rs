@@ -126,6 +126,7 @@ impl PgStore {
                             revision = revision + 1, updated_at = reins_now()
                       WHERE run_id = $1 AND owner_worker_id = $2
                         AND status IN ('pending', 'running')
+                        AND ($3 <> 'waiting_for_input' OR cancel_action IS NULL)
                      RETURNING workflow, step_id, attempt, status),
                  freed AS (
                      DELETE FROM workflow_slots s USING changed c

@@ -435,7 +435,11 @@ impl crate::Runs for SimStore {
         self.write(|state, now| {
             let changed = state.change_run(
                 run_id,
-                |run| run.owner_worker_id.as_deref() == Some(owner) && run.status.is_active(),
+                |run| {
+                    run.owner_worker_id.as_deref() == Some(owner)
+                        && run.status.is_active()
+                        && (status != RunStatus::WaitingForInput || run.cancel_action.is_none())
+                },
                 |run| {
                     run.status = status;
                     if let Some(metadata) = metadata {

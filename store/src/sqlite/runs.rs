@@ -494,7 +494,8 @@ impl SqliteStore {
                     "UPDATE runs SET status = ?3, metadata = coalesce(?4, metadata),
                             revision = revision + 1, updated_at = unixepoch('subsec')
                       WHERE run_id = ?1 AND owner_worker_id = ?2
-                        AND status IN ('pending', 'running')",
+                        AND status IN ('pending', 'running')
+                        AND (?3 <> 'waiting_for_input' OR cancel_action IS NULL)",
                 )?
                 .execute(params![
                     run_id,

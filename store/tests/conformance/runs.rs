@@ -86,6 +86,26 @@ async fn paused<S: Subject>(store: &S, run_id: &str, thread: &str, request_id: &
 }
 
 conformance! {
+    // Found by the simulation (seed 7072933 of the scarce-slot mix with every fault): a
+    // workflow's end asked its live runs to stop, then a scripted agent's run asked a person and
+    // was recorded waiting; nobody ends such a run, and it outlived its cancelled workflow.
+    async fn a_run_asked_to_stop_never_starts_waiting_for_a_person(db) {
+        let store = db.store().await;
+        admitted(&*store, new_run("run-1", "thread-1", "node-a")).await;
+        let run_id = store::RunId::from("run-1");
+        assert_eq!(store.request_run_cancel(&run_id, CancelAction::Interrupt).await.expect("cancel"),
+            Some(CancelAction::Interrupt));
+        let asked = store.update_run_status(&run_id, "node-a", RunStatus::WaitingForInput,
+            Some(paused_metadata("q-1"))).await.expect("ask");
+        assert!(!asked, "a run asked to stop was recorded waiting for a person");
+        let row = store.read_run(&run_id).await.expect("read").expect("run");
+        assert_eq!((row.status, row.cancel_action), (RunStatus::Running, Some(CancelAction::Interrupt)));
+        // Its other moves are untouched: it may still say it runs.
+        assert!(store.update_run_status(&run_id, "node-a", RunStatus::Running, None).await.expect("run"));
+    }
+}
+
+conformance! {
     async fn admission_is_idempotent_per_key_and_keeps_one_active_run_per_thread(db) {
         let store = db.store().await;
         let keyed = |run_id: &str, request: Value| NewRun {
