@@ -933,27 +933,27 @@ fn over_the_quota(stored: i64) -> impl FnMut(&Effect) -> Option<Event> {
     }
 }
 
-/// A fresh workflow whose capture `cap` is under way, and the event of its 45,000-byte file.
-fn capturing_45_kb() -> (WorkflowMachine, Event) {
+/// A fresh workflow whose capture `cap` of `path` is under way, and the event of its `content`.
+fn capturing(path: &str, content: Vec<u8>) -> (WorkflowMachine, Event) {
     let mut m = machine(Start::Fresh);
     drive(&mut m, Event::Begin);
     let capture = call(
         0,
         CallKind::CaptureArtifact,
         "cap",
-        json!({"sourceStepId": "a", "path": "big.bin"}),
+        json!({"sourceStepId": "a", "path": path}),
     );
     drive(&mut m, activation(vec![capture], Status::Waiting));
     let captured = Event::Captured {
         id: CallId(0),
-        result: Ok(("big.bin".into(), vec![0; 45_000])),
+        result: Ok((path.into(), content)),
     };
     (m, captured)
 }
 
 #[test]
 fn an_artifact_the_owners_quota_refuses_fails_its_step_with_nothing_of_it_written() {
-    let (mut m, captured) = capturing_45_kb();
+    let (mut m, captured) = capturing("big.bin", vec![0; 45_000]);
     // A whole grant is refused, then one of the artifact's own bytes: the step fails.
     let (described, effects) = drive_with(&mut m, captured, NOW, over_the_quota(990_000));
     assert_eq!(
@@ -1037,7 +1037,7 @@ fn an_artifact_the_owners_quota_refuses_fails_its_step_with_nothing_of_it_writte
 
 #[test]
 fn an_artifact_refused_a_whole_grant_asks_for_its_own_bytes() {
-    let (mut m, captured) = capturing_45_kb();
+    let (mut m, captured) = capturing("big.bin", vec![0; 45_000]);
     let mut refusals = 1;
     let (described, _) = drive_with(&mut m, captured, NOW, |effect| {
         let refused = over_the_quota(900_000)(effect)?;
@@ -1059,19 +1059,7 @@ fn an_artifact_refused_a_whole_grant_asks_for_its_own_bytes() {
 
 #[test]
 fn a_capture_whose_step_write_fails_records_the_error_for_the_fault_tests() {
-    let mut m = machine(Start::Fresh);
-    drive(&mut m, Event::Begin);
-    let capture = call(
-        0,
-        CallKind::CaptureArtifact,
-        "cap",
-        json!({"sourceStepId": "a", "path": "out.txt"}),
-    );
-    drive(&mut m, activation(vec![capture], Status::Waiting));
-    let captured = Event::Captured {
-        id: CallId(0),
-        result: Ok(("out.txt".into(), b"hi".to_vec())),
-    };
+    let (mut m, captured) = capturing("out.txt", b"hi".to_vec());
     let lost = || {
         Event::WriteFailed(store::Error::LeaseLost {
             resource_id: WORKFLOW.into(),
