@@ -763,8 +763,9 @@ async fn one_users_parallel_agents_leave_slots_for_another_user(postgres: bool) 
     let db = Db::new(postgres).await;
     let faults = tempfile::tempdir().expect("fault dir");
     let hold = |name: &str| std::fs::write(faults.path().join(name), b"").expect("hold");
-    hold("hold_a1");
-    hold("hold_admin");
+    for i in 1..=6 {
+        hold(&format!("hold_a{i}"));
+    }
     hold("hold_bob");
     let node = Node::start(
         &db,
@@ -780,7 +781,7 @@ async fn one_users_parallel_agents_leave_slots_for_another_user(postgres: bool) 
     let six = launch(
         &mut admin,
         r#"return await parallel([1, 2, 3, 4, 5, 6].map((i) => () => agent({stepId: "a" + i,
-               agentRef: "scripted", task: {hold_while: i === 1 ? "hold_a1" : "hold_admin"}})));"#,
+               agentRef: "scripted", task: {hold_while: "hold_a" + i}})));"#,
     )
     .await;
     eventually(
@@ -805,13 +806,27 @@ async fn one_users_parallel_agents_leave_slots_for_another_user(postgres: bool) 
         async || step_statuses(&mut bob, &one).await == ["queued"],
     )
     .await;
-    std::fs::remove_file(faults.path().join("hold_a1")).expect("end a1");
-    eventually(
-        std::time::Duration::from_secs(20),
-        "bob's step takes the slot a1 gave back",
-        async || step_statuses(&mut bob, &one).await == ["running"],
-    )
-    .await;
+    // Which four of the six were admitted is the race's: one of those ends.
+    let record = admin
+        .call("GET", &format!("/api/v1/workflows/{six}"), None)
+        .await;
+    let running = record.json()["steps"]
+        .as_array()
+        .and_then(|steps| steps.iter().find(|step| step["status"] == "running"))
+        .and_then(|step| step["step_id"].as_str().map(str::to_owned))
+        .expect("a running step of the admin's");
+    std::fs::remove_file(faults.path().join(format!("hold_{running}"))).expect("end it");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while step_statuses(&mut bob, &one).await != ["running"] {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "bob's step never took the slot {running} gave back: bob's steps {:?}, the \
+             admin's {:?}",
+            step_statuses(&mut bob, &one).await,
+            step_statuses(&mut admin, &six).await
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
     assert_eq!(
         step_statuses(&mut admin, &six).await,
         [
