@@ -77,8 +77,9 @@ const JOURNAL_FORMAT: u32 = 1;
 /// journal was written under another runtime version.
 pub fn runtime_version(limits: &Limits) -> String {
     let mut digest = Sha256::new();
-    // The rules a replay must meet (2: calls in flight bounded by `parallel_max`).
-    digest.update(b"reins-runtime-2\0rquickjs-0.14\0");
+    // The rules a replay must meet (2: calls in flight bounded by `parallel_max`; 3: a call's
+    // unknown options are refused).
+    digest.update(b"reins-runtime-3\0rquickjs-0.14\0");
     digest.update(include_str!("prelude.js").as_bytes());
     digest.update(JOURNAL_FORMAT.to_le_bytes());
     digest.update(limits.frame_bytes_max.to_le_bytes());

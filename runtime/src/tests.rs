@@ -233,6 +233,9 @@ fn failed_steps_reject_and_bad_arguments_are_clear() {
             () => readArtifact({}),
             () => humanCheckpoint({stepId: "h", sourceStepId: "a"}),
             () => agent("not an object"),
+            () => agent({stepId: "r", agentRef: "x", task: 1, retries: 3, timeout: 1000}),
+            () => pause({stepId: "p", prompt: "go?"}),
+            () => readArtifact({artifactVersion: 1, stepId: "r"}),
         ]) {
             try { await call(); } catch (e) { errors.push(e.message); }
         }
@@ -261,6 +264,9 @@ fn failed_steps_reject_and_bad_arguments_are_clear() {
             "readArtifact needs an artifactVersion (a positive integer)",
             "humanCheckpoint \"h\" needs an artifactVersion (a positive integer)",
             "agent takes one object",
+            "agent does not take retries, timeout: it takes stepId, agentRef, task",
+            "pause does not take prompt: it takes stepId, message",
+            "readArtifact does not take stepId: it takes artifactVersion",
             "stepId \"dup\" is used twice",
             "StepError: the model refused (error)",
         ])

@@ -623,8 +623,36 @@ impl Host {
     }
 }
 
+/// The options each call takes: any other is refused, naming it (an option a script believes
+/// it set, say `retries`, is never silently ignored).
+fn options_of(kind: CallKind) -> &'static [&'static str] {
+    match kind {
+        CallKind::Agent => &["stepId", "agentRef", "task"],
+        CallKind::Pause => &["stepId", "message"],
+        CallKind::HumanCheckpoint => &["stepId", "sourceStepId", "artifactVersion", "onReject"],
+        CallKind::CaptureArtifact => &["stepId", "sourceStepId", "path"],
+        CallKind::ReadArtifact => &["artifactVersion"],
+    }
+}
+
 /// Checks a call's arguments; returns its step id.
 fn check_args(kind: CallKind, args: &Value, seq: u32) -> Result<String, String> {
+    let takes = options_of(kind);
+    let unknown: Vec<&str> = args
+        .as_object()
+        .into_iter()
+        .flat_map(|options| options.keys())
+        .map(String::as_str)
+        .filter(|option| !takes.contains(option))
+        .collect();
+    if !unknown.is_empty() {
+        return Err(format!(
+            "{} does not take {}: it takes {}",
+            kind.as_str(),
+            unknown.join(", "),
+            takes.join(", ")
+        ));
+    }
     let text = |field: &str| {
         args.get(field)
             .and_then(Value::as_str)
