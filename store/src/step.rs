@@ -336,18 +336,6 @@ impl StepRecord {
     }
 }
 
-impl fmt::Display for StepRecord {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.encode())
-    }
-}
-
-impl Serialize for StepRecord {
-    fn serialize<S: Serializer>(&self, serializer: S) -> std::result::Result<S::Ok, S::Error> {
-        self.encode().serialize(serializer)
-    }
-}
-
 /// Binds as the stored JSON document (`jsonb`).
 impl tokio_postgres::types::ToSql for StepRecord {
     fn to_sql(
