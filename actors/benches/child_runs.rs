@@ -49,10 +49,7 @@ async fn measure(backend: &str, url: &DatabaseUrl, dir: &std::path::Path, total:
     };
     let store = Arc::new(Store::open(url, &options).await.expect("open"));
     store.migrate().await.expect("migrate");
-    let agents = AgentRegistry::new(&[AgentConfig::Scripted {
-        name: "scripted".into(),
-    }])
-    .expect("agents");
+    let agents = AgentRegistry::new(&[AgentConfig::scripted("scripted")]).expect("agents");
     let runs = RunsOptions {
         lease_ms: 30_000,
         workspaces_dir: dir.join(format!("{backend}-workspaces")),

@@ -89,10 +89,7 @@ async fn measure(
     };
     let store = Arc::new(Store::open(url, &options).await.expect("open"));
     store.migrate().await.expect("migrate");
-    let agents = AgentRegistry::new(&[AgentConfig::Scripted {
-        name: "scripted".into(),
-    }])
-    .expect("agents");
+    let agents = AgentRegistry::new(&[AgentConfig::scripted("scripted")]).expect("agents");
     let runs = RunsOptions {
         lease_ms: 30_000,
         workspaces_dir: dir.join(format!("{backend}-workspaces")),
@@ -405,6 +402,7 @@ async fn store_writes_of_one(store: &Store, owner: &str, workflow_id: &str) {
             stop_reason: None,
             total_tokens: 0,
             message_count: 0,
+            failure: None,
         };
         assert!(
             store

@@ -558,9 +558,7 @@ impl Default for Config {
             log_format: LogFormat::Text,
             workspaces_dir: None,
             admin_socket: None,
-            agents: vec![AgentConfig::Scripted {
-                name: "scripted".into(),
-            }],
+            agents: vec![AgentConfig::scripted("scripted")],
             agent_confinement: ConfinementMode::Landlock,
             secret: None,
             limits: Limits::default(),

@@ -13,6 +13,7 @@ mod error;
 mod id;
 mod journal;
 pub mod json_depth;
+pub mod policy;
 mod vm;
 
 use serde::{Deserialize, Serialize};

@@ -627,7 +627,14 @@ impl Host {
 /// it set, say `retries`, is never silently ignored).
 fn options_of(kind: CallKind) -> &'static [&'static str] {
     match kind {
-        CallKind::Agent => &["stepId", "agentRef", "task"],
+        CallKind::Agent => &[
+            "stepId",
+            "agentRef",
+            "task",
+            "retry",
+            "timeout",
+            "idempotent",
+        ],
         CallKind::Pause => &["stepId", "message"],
         CallKind::HumanCheckpoint => &["stepId", "sourceStepId", "artifactVersion", "onReject"],
         CallKind::CaptureArtifact => &["stepId", "sourceStepId", "path"],
@@ -684,6 +691,8 @@ fn check_args(kind: CallKind, args: &Value, seq: u32) -> Result<String, String> 
             if args.get("task").is_none_or(Value::is_null) {
                 return Err(format!("{name} {step_id:?} needs a task"));
             }
+            crate::policy::CallPolicy::from_call(args)
+                .map_err(|problem| format!("{name} {step_id:?}: {problem}"))?;
         }
         CallKind::HumanCheckpoint => {
             text("sourceStepId")

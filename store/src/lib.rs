@@ -42,8 +42,8 @@ pub use operations::{
 };
 pub use operators::{BackupReport, SlotRow, StatusCount};
 pub use runs::{
-    Admission, ApprovalAnswer, CancelAction, NewRun, RunOutcome, RunRenewal, RunRow, RunSlot,
-    WorkflowStep, pending_request_id,
+    Admission, ApprovalAnswer, CancelAction, FailureClass, NewRun, RunFailure, RunOutcome,
+    RunRenewal, RunRow, RunSlot, WorkflowStep, pending_request_id,
 };
 #[cfg(feature = "sim")]
 pub use sim::{

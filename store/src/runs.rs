@@ -146,6 +146,55 @@ pub struct RunOutcome {
     /// without it.
     pub total_tokens: i64,
     pub message_count: i64,
+    /// What a failed run says about trying its step again (kept as `metadata.failure`, in the
+    /// same compare-and-set).
+    pub failure: Option<RunFailure>,
+}
+
+/// How a run failed, and what that says about trying its step again: what the agent (or the
+/// node that stopped it) said, kept in the run's `metadata.failure`. The workflow's retry
+/// policy decides with it; nothing here decides by itself.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunFailure {
+    /// `timeout`: the node stopped the attempt at its `attemptMs` or `idleMs`; `error`
+    /// otherwise.
+    pub class: FailureClass,
+    /// A short code a policy's `nonRetryable` list can name: the agent's own, or what the node
+    /// classified (`http_429`, `http_400`, `connection`, `exit_3`, `attempt_timeout`,
+    /// `idle_timeout`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<String>,
+    /// Whether a retry may succeed, when the agent said (`None`: it did not say, and the
+    /// policy's default holds: retry).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retryable: Option<bool>,
+    /// The wait before a retry the agent (or its provider's `Retry-After`) asks for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_after_ms: Option<u64>,
+}
+
+/// Whether a run failed by itself or was stopped for its time (see [`RunFailure`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FailureClass {
+    #[default]
+    Error,
+    Timeout,
+}
+
+impl RunFailure {
+    /// The failure a run's metadata records, if any (a record that cannot be read is none: the
+    /// policy's default holds).
+    pub fn of(metadata: &Value) -> Option<RunFailure> {
+        metadata
+            .get("failure")
+            .and_then(|failure| serde_json::from_value(failure.clone()).ok())
+    }
+
+    /// As stored in `metadata.failure`.
+    pub fn to_json(&self) -> Value {
+        serde_json::to_value(self).unwrap_or(Value::Null)
+    }
 }
 
 /// An acknowledged lease renewal of a child run.

@@ -31,6 +31,9 @@ fn program(dir: &Path, name: &str, body: &str) -> AgentConfig {
         line_bytes_max: 1024,
         output_bytes_max: 64 * 1024,
         stderr_tail_bytes: 256,
+        retry: Default::default(),
+        timeout: Default::default(),
+        idempotent: false,
     })
 }
 

@@ -347,9 +347,7 @@ async fn crash(node: TestNode) {
 }
 
 async fn heir_with_automatic_recovery(db: &TestDb, shared: &std::path::Path) -> TestNode {
-    let scripted = actors::agents::AgentConfig::Scripted {
-        name: "scripted".into(),
-    };
+    let scripted = actors::agents::AgentConfig::scripted("scripted");
     TestNode::start_custom(db, "heir", 1_500, shared, &[scripted], |options| {
         options.workflows.automatic_recovery = true;
     })
@@ -513,7 +511,7 @@ on_both_backends! {
 on_both_backends! {
     async fn a_workflow_waiting_for_reconciliation_holds_no_place_under_the_limits(db: TestDb) {
         let shared = tempfile::tempdir().expect("temp dir");
-        let scripted = || vec![actors::agents::AgentConfig::Scripted { name: "scripted".into() }];
+        let scripted = || vec![actors::agents::AgentConfig::scripted("scripted")];
         let one_each = |options: &mut actors::NodeOptions| {
             options.workflows.launch_limits.max_workflows_per_owner = 1;
         };

@@ -433,9 +433,7 @@ impl TestNode {
     /// Starts a node named `name` on `db` whose leases last `lease_ms`; workspaces and the fault
     /// folder live in `shared`, as nodes of one cluster share them.
     pub async fn start(db: &TestDb, name: &str, lease_ms: u64, shared: &Path) -> TestNode {
-        let scripted = actors::agents::AgentConfig::Scripted {
-            name: "scripted".into(),
-        };
+        let scripted = actors::agents::AgentConfig::scripted("scripted");
         TestNode::start_with(db, name, lease_ms, shared, &[scripted]).await
     }
 

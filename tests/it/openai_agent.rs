@@ -118,6 +118,9 @@ impl StandIn {
             timeout_ms,
             retries: 2,
             response_bytes_max: 64 * 1024,
+            retry: Default::default(),
+            timeout: Default::default(),
+            idempotent: false,
         })
     }
 }
@@ -232,7 +235,7 @@ async fn a_4xx_ends_the_run_at_once_with_the_endpoints_message() {
     let stand_in = StandIn::start(vec![Reply::Json(401, refusal)]).await;
     let end = run_agent(stand_in.agent("gpt", 5_000), json!("hi")).await;
     assert!(
-        matches!(&end, AgentEnd::Failed { message }
+        matches!(&end, AgentEnd::Failed { message, .. }
         if message.contains("401") && message.contains("Incorrect API key")),
         "{end:?}"
     );
@@ -245,7 +248,7 @@ async fn a_5xx_is_retried_and_then_reported() {
     let stand_in = StandIn::start(vec![Reply::Json(500, busy.clone())]).await;
     let end = run_agent(stand_in.agent("gpt", 10_000), json!("hi")).await;
     assert!(
-        matches!(&end, AgentEnd::Failed { message } if message.contains("500")),
+        matches!(&end, AgentEnd::Failed { message, .. } if message.contains("500")),
         "{end:?}"
     );
     assert_eq!(stand_in.received().len(), 3, "one call and two retries");
@@ -273,14 +276,14 @@ async fn a_slow_endpoint_times_out_and_a_malformed_body_is_named() {
     let slow = StandIn::start(vec![Reply::Slow(Duration::from_secs(5))]).await;
     let end = run_agent(slow.agent("gpt", 300), json!("hi")).await;
     assert!(
-        matches!(&end, AgentEnd::Failed { message } if message.contains("within 300 ms")),
+        matches!(&end, AgentEnd::Failed { message, .. } if message.contains("within 300 ms")),
         "{end:?}"
     );
 
     let garbled = StandIn::start(vec![Reply::Text(200, "<html>gateway</html>")]).await;
     let end = run_agent(garbled.agent("gpt", 5_000), json!({"a": 1})).await;
     assert!(
-        matches!(&end, AgentEnd::Failed { message } if message.contains("not a chat completion")),
+        matches!(&end, AgentEnd::Failed { message, .. } if message.contains("not a chat completion")),
         "{end:?}"
     );
     assert_eq!(
@@ -294,7 +297,7 @@ async fn a_slow_endpoint_times_out_and_a_malformed_body_is_named() {
     }
     let end = run_agent(config, json!("hi")).await;
     assert!(
-        matches!(&end, AgentEnd::Failed { message } if message.contains("REINS_TEST_NO_SUCH_KEY")),
+        matches!(&end, AgentEnd::Failed { message, .. } if message.contains("REINS_TEST_NO_SUCH_KEY")),
         "{end:?}"
     );
 }

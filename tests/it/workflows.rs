@@ -405,7 +405,7 @@ on_both_backends! {
     async fn recovery_under_another_runtime_version_is_refused_with_the_lease_untouched(db: TestDb) {
         let shared = tempfile::tempdir().expect("temp dir");
         let owner = TestNode::start(&db, "owner", 1_500, shared.path()).await;
-        let scripted = actors::agents::AgentConfig::Scripted { name: "scripted".into() };
+        let scripted = actors::agents::AgentConfig::scripted("scripted");
         let other = TestNode::start_custom(&db, "other", 1_500, shared.path(), &[scripted], |options| {
             options.workflows.limits.frame_bytes_max = 1_000;
         })
@@ -428,8 +428,8 @@ on_both_backends! {
         let shared = tempfile::tempdir().expect("temp dir");
         let owner = TestNode::start(&db, "owner", 1_500, shared.path()).await;
         let agents = [
-            actors::agents::AgentConfig::Scripted { name: "scripted".into() },
-            actors::agents::AgentConfig::Scripted { name: "added".into() },
+            actors::agents::AgentConfig::scripted("scripted"),
+            actors::agents::AgentConfig::scripted("added"),
         ];
         let reconfigured = TestNode::start_with(&db, "reconfigured", 1_500, shared.path(), &agents).await;
         let request = LaunchRequest { user_id: "ada".into(), request_id: None,
@@ -591,7 +591,7 @@ on_both_backends! {
 on_both_backends! {
     async fn a_workflow_past_its_timeout_is_cancelled_with_reason_timeout(db: TestDb) {
         let shared = tempfile::tempdir().expect("temp dir");
-        let scripted = actors::agents::AgentConfig::Scripted { name: "scripted".into() };
+        let scripted = actors::agents::AgentConfig::scripted("scripted");
         let node = TestNode::start_custom(&db, "a", 1_500, shared.path(), &[scripted], |options| {
             options.workflows.timeout_seconds = 1;
         })
@@ -613,7 +613,7 @@ on_both_backends! {
 on_both_backends! {
     async fn children_beyond_max_active_children_queue_and_run_when_a_slot_frees(db: TestDb) {
         let shared = tempfile::tempdir().expect("temp dir");
-        let scripted = actors::agents::AgentConfig::Scripted { name: "scripted".into() };
+        let scripted = actors::agents::AgentConfig::scripted("scripted");
         let node = TestNode::start_custom(&db, "a", 3_000, shared.path(), &[scripted], |options| {
             options.workflows.slots_max = 4;
             options.workflows.slots_per_user_max = 4;
@@ -731,7 +731,7 @@ on_both_backends! {
         let shared = tempfile::tempdir().expect("temp dir");
         let owner = TestNode::start(&db, "owner", 1_500, shared.path()).await;
         // The heir runs another runtime version: a cancellation replays nothing, so it may finish it.
-        let scripted = actors::agents::AgentConfig::Scripted { name: "scripted".into() };
+        let scripted = actors::agents::AgentConfig::scripted("scripted");
         let heir = TestNode::start_custom(&db, "heir", 1_500, shared.path(), &[scripted], |options| {
             options.workflows.limits.frame_bytes_max = 1_000;
         })
@@ -802,7 +802,7 @@ on_both_backends! {
 on_both_backends! {
     async fn a_cancel_asks_every_child_run_to_stop_at_once(db: TestDb) {
         let shared = tempfile::tempdir().expect("temp dir");
-        let scripted = actors::agents::AgentConfig::Scripted { name: "scripted".into() };
+        let scripted = actors::agents::AgentConfig::scripted("scripted");
         // A held store call gives up after the call timeout: longer than this test waits, so a
         // cancel request that waits for another one's answer never reaches the store in time.
         let node = TestNode::start_custom(&db, "a", 1_500, shared.path(), &[scripted], |options| {

@@ -41,6 +41,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, Command};
 use tokio_util::codec::{FramedRead, LinesCodec, LinesCodecError};
 
+use runtime::policy::{RetryOptions, TimeoutOptions};
 use store::CancelAction;
 use tokio::sync::{mpsc, watch};
 
@@ -91,7 +92,24 @@ pub struct CommandConfig {
     /// How much of stderr's end an error carries.
     #[serde(default = "default_stderr_tail_bytes")]
     pub stderr_tail_bytes: usize,
+    /// Its steps' retry policy, unless a call says otherwise (none: one attempt).
+    #[serde(default, skip_serializing_if = "super::is_default")]
+    pub retry: RetryOptions,
+    /// Its steps' timeouts, unless a call says otherwise (over [`TIMEOUT_DEFAULTS`]).
+    #[serde(default, skip_serializing_if = "super::is_default")]
+    pub timeout: TimeoutOptions,
+    /// Whether a run of it whose outcome is unknown may run again without a person.
+    #[serde(default, skip_serializing_if = "super::is_default")]
+    pub idempotent: bool,
 }
+
+/// A `command` agent's attempt ends after an hour unless configured otherwise: one that hangs
+/// gives its slot back. No `idle_ms` by default: the protocol's `progress` lines are optional.
+pub(super) const TIMEOUT_DEFAULTS: TimeoutOptions = TimeoutOptions {
+    attempt_ms: Some(3_600_000),
+    idle_ms: None,
+    total_ms: None,
+};
 
 fn default_grace_ms() -> u64 {
     5_000
@@ -400,7 +418,7 @@ impl Progress {
 }
 
 fn failed(message: String) -> AgentEnd {
-    AgentEnd::Failed { message }
+    AgentEnd::failed(message)
 }
 
 /// Sends `signal` to the agent's process group, which may already be gone.

@@ -458,6 +458,9 @@ mod tests {
             line_bytes_max: 1,
             output_bytes_max: 1,
             stderr_tail_bytes: 1,
+            retry: Default::default(),
+            timeout: Default::default(),
+            idempotent: false,
         }
     }
 

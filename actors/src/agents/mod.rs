@@ -13,9 +13,10 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use runtime::policy::{Names, RetryOptions, TimeoutOptions};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use store::{CancelAction, RunId};
+use store::{CancelAction, RunFailure, RunId};
 use tokio::sync::{mpsc, watch};
 
 pub use command::{CommandAgent, CommandConfig};
@@ -29,7 +30,15 @@ pub use scripted::ScriptedAgent;
 #[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
 pub enum AgentConfig {
     /// Built in and deterministic: directed by its task (see [`ScriptedAgent`]).
-    Scripted { name: String },
+    Scripted {
+        name: String,
+        #[serde(default, skip_serializing_if = "is_default")]
+        retry: RetryOptions,
+        #[serde(default, skip_serializing_if = "is_default")]
+        timeout: TimeoutOptions,
+        #[serde(default, skip_serializing_if = "is_default")]
+        idempotent: bool,
+    },
     /// A program speaking JSON lines (see [`CommandAgent`]).
     Command(CommandConfig),
     /// An OpenAI-compatible chat-completions endpoint (see [`OpenAiAgent`]).
@@ -38,14 +47,65 @@ pub enum AgentConfig {
 }
 
 impl AgentConfig {
+    /// A scripted agent with the defaults: no retry, no timeout, not idempotent.
+    pub fn scripted(name: impl Into<String>) -> Self {
+        AgentConfig::Scripted {
+            name: name.into(),
+            retry: RetryOptions::default(),
+            timeout: TimeoutOptions::default(),
+            idempotent: false,
+        }
+    }
+
     /// The name steps and requests use to pick this agent.
     pub fn name(&self) -> &str {
         match self {
-            AgentConfig::Scripted { name } => name,
+            AgentConfig::Scripted { name, .. } => name,
             AgentConfig::Command(command) => &command.name,
             AgentConfig::OpenAi(openai) => &openai.name,
         }
     }
+
+    /// What its steps retry, time out and recover by, unless a call says otherwise: the
+    /// configured keys over the backend's defaults (see `docs/agents.md`).
+    pub fn step_defaults(&self) -> StepDefaults {
+        match self {
+            AgentConfig::Scripted {
+                retry,
+                timeout,
+                idempotent,
+                ..
+            } => StepDefaults {
+                retry: retry.clone(),
+                timeout: *timeout,
+                idempotent: *idempotent,
+            },
+            AgentConfig::Command(command) => StepDefaults {
+                retry: command.retry.clone(),
+                timeout: command.timeout.over(&command::TIMEOUT_DEFAULTS),
+                idempotent: command.idempotent,
+            },
+            AgentConfig::OpenAi(openai) => StepDefaults {
+                retry: openai.retry.over(&openai::retry_defaults(openai.retries)),
+                timeout: openai.timeout,
+                idempotent: openai.idempotent,
+            },
+        }
+    }
+}
+
+/// An agent's step defaults (see [`AgentConfig::step_defaults`]); a call's own keys win.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StepDefaults {
+    pub retry: RetryOptions,
+    pub timeout: TimeoutOptions,
+    /// Whether a run whose outcome is unknown (orphaned, or live on a node that is gone) may be
+    /// closed and run again as the next attempt without a person.
+    pub idempotent: bool,
+}
+
+fn is_default<T: Default + PartialEq>(value: &T) -> bool {
+    *value == T::default()
 }
 
 /// What an agent is asked to do.
@@ -98,16 +158,24 @@ pub enum AgentEnd {
     },
     Failed {
         message: String,
+        /// What the failure says about trying the step again.
+        failure: RunFailure,
     },
     /// The agent asks a human to approve an action and ends its run in that pause
     /// (`metadata.hitl_approval`); the answer ends the run.
-    WaitingForInput {
-        approval: Value,
-    },
+    WaitingForInput { approval: Value },
     /// A cancel request stopped it.
-    Interrupted {
-        action: CancelAction,
-    },
+    Interrupted { action: CancelAction },
+}
+
+impl AgentEnd {
+    /// A failure that says nothing about retrying (the policy's default holds).
+    pub fn failed(message: impl Into<String>) -> Self {
+        AgentEnd::Failed {
+            message: message.into(),
+            failure: RunFailure::default(),
+        }
+    }
 }
 
 /// A configured agent, ready to run.
@@ -115,14 +183,17 @@ pub enum AgentEnd {
 pub struct Agent {
     pub name: String,
     pub configuration_version: String,
+    /// What its steps retry, time out and recover by, unless a call says otherwise.
+    pub defaults: StepDefaults,
     backend: Backend,
 }
 
 #[derive(Debug)]
 enum Backend {
     Scripted(ScriptedAgent),
-    Command(CommandAgent),
-    /// Boxed: the HTTP client is large, and agents live behind an `Arc` anyway.
+    /// Boxed, like the next: its settings are large, and agents live behind an `Arc` anyway.
+    Command(Box<CommandAgent>),
+    /// Boxed: the HTTP client is large.
     OpenAi(Box<OpenAiAgent>),
 }
 
@@ -154,6 +225,8 @@ pub enum AgentConfigError {
     Environment { agent: String, message: String },
     #[error("agent {agent:?}: {message}")]
     Program { agent: String, message: String },
+    #[error("agent {agent:?}: {message}")]
+    Policy { agent: String, message: String },
 }
 
 impl AgentRegistry {
@@ -170,6 +243,15 @@ impl AgentRegistry {
             if !valid {
                 return Err(AgentConfigError::Name(name.to_owned()));
             }
+            let defaults = config.step_defaults();
+            defaults
+                .retry
+                .check(Names::Configuration)
+                .and_then(|()| defaults.timeout.check(Names::Configuration))
+                .map_err(|message| AgentConfigError::Policy {
+                    agent: name.to_owned(),
+                    message,
+                })?;
             let backend = match config {
                 AgentConfig::Scripted { .. } => Backend::Scripted(ScriptedAgent),
                 AgentConfig::Command(settings) => {
@@ -185,9 +267,9 @@ impl AgentRegistry {
                             message,
                         }
                     })?;
-                    Backend::Command(CommandAgent {
+                    Backend::Command(Box::new(CommandAgent {
                         settings: settings.clone(),
-                    })
+                    }))
                 }
                 AgentConfig::OpenAi(settings) => {
                     Backend::OpenAi(Box::new(OpenAiAgent::new(settings.clone())))
@@ -196,6 +278,7 @@ impl AgentRegistry {
             let agent = Agent {
                 name: name.to_owned(),
                 configuration_version: configuration_version(config),
+                defaults,
                 backend,
             };
             if agents.insert(name.to_owned(), Arc::new(agent)).is_some() {
@@ -271,7 +354,7 @@ mod tests {
     use super::*;
 
     fn scripted(name: &str) -> AgentConfig {
-        AgentConfig::Scripted { name: name.into() }
+        AgentConfig::scripted(name)
     }
 
     #[test]
@@ -292,6 +375,44 @@ mod tests {
         );
         assert!(AgentRegistry::new(&[scripted("a"), scripted("a")]).is_err());
         assert!(AgentRegistry::new(&[scripted("no spaces")]).is_err());
+    }
+
+    #[test]
+    fn step_defaults_come_from_the_configuration_over_the_backends() {
+        let openai: AgentConfig = serde_json::from_value(serde_json::json!({
+            "kind": "openai", "name": "llm", "base_url": "http://127.0.0.1:1/v1", "model": "m",
+            "retries": 4, "retry": {"max_interval_ms": 2_000}, "idempotent": true
+        }))
+        .expect("valid");
+        let defaults = openai.step_defaults();
+        let policy = defaults.retry.policy();
+        assert_eq!((policy.max_attempts, policy.max_interval_ms), (5, 2_000));
+        assert!(defaults.idempotent);
+        let command: AgentConfig = serde_json::from_value(serde_json::json!({
+            "kind": "command", "name": "c", "program": "/bin/true", "timeout": {"idle_ms": 500}
+        }))
+        .expect("valid");
+        let timeout = command.step_defaults().timeout;
+        assert_eq!(
+            (timeout.attempt_ms, timeout.idle_ms),
+            (Some(3_600_000), Some(500))
+        );
+        assert_eq!(scripted("s").step_defaults(), StepDefaults::default());
+        let absurd: AgentConfig = serde_json::from_value(serde_json::json!({
+            "kind": "scripted", "name": "s", "retry": {"max_attempts": 1_000_000_000}
+        }))
+        .expect("parsed");
+        let refused = AgentRegistry::new(&[absurd]).expect_err("over the bound");
+        assert!(
+            refused
+                .to_string()
+                .contains("retry.max_attempts is 1000000000: it must be 1 to 100"),
+            "{refused}"
+        );
+        let unknown = serde_json::from_value::<AgentConfig>(serde_json::json!({
+            "kind": "scripted", "name": "s", "retry": {"attempts": 3}
+        }));
+        assert!(unknown.is_err_and(|e| e.to_string().contains("attempts")));
     }
 
     #[test]

@@ -15,6 +15,7 @@ use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+use runtime::policy::{RetryOptions, TimeoutOptions};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use store::CancelAction;
@@ -48,6 +49,28 @@ pub struct OpenAiConfig {
     /// The response body at most.
     #[serde(default = "default_response_bytes_max")]
     pub response_bytes_max: usize,
+    /// Its steps' retry policy, unless a call says otherwise (over [`retry_defaults`]).
+    #[serde(default, skip_serializing_if = "super::is_default")]
+    pub retry: RetryOptions,
+    /// Its steps' timeouts, unless a call says otherwise.
+    #[serde(default, skip_serializing_if = "super::is_default")]
+    pub timeout: TimeoutOptions,
+    /// Whether a run of it whose outcome is unknown may run again without a person.
+    #[serde(default, skip_serializing_if = "super::is_default")]
+    pub idempotent: bool,
+}
+
+/// An LLM endpoint's transient errors (429, 5xx, a dropped connection, a timeout) are retried
+/// out of the box: `retries` more attempts (the older key, 2 by default), a second apart and
+/// doubling, at most 30 s apart.
+pub(super) fn retry_defaults(retries: u32) -> RetryOptions {
+    RetryOptions {
+        max_attempts: Some(retries.saturating_add(1)),
+        initial_interval_ms: Some(1_000),
+        backoff_coefficient: Some(2.0),
+        max_interval_ms: Some(30_000),
+        non_retryable: None,
+    }
 }
 
 fn default_timeout_ms() -> u64 {
@@ -256,5 +279,5 @@ fn refusal(status: StatusCode, body: &[u8]) -> String {
 }
 
 fn failed(message: String) -> AgentEnd {
-    AgentEnd::Failed { message }
+    AgentEnd::failed(message)
 }

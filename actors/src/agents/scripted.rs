@@ -109,23 +109,21 @@ impl ScriptedAgent {
             Value::Object(map) => match Directives::parse(map) {
                 Ok(directives) => directives,
                 Err(message) => {
-                    return AgentEnd::Failed {
-                        message: format!("scripted task is malformed: {message}"),
-                    };
+                    return AgentEnd::failed(format!("scripted task is malformed: {message}"));
                 }
             },
             _ => Directives::default(),
         };
         for file in &directives.write {
             if let Err(message) = write_file(&request, file).await {
-                return AgentEnd::Failed { message };
+                return AgentEnd::failed(message);
             }
         }
         if let Some(sleep_ms) = directives.sleep_ms {
             if sleep_ms > SLEEP_MS_MAX {
-                return AgentEnd::Failed {
-                    message: format!("sleep_ms {sleep_ms} is over the limit of {SLEEP_MS_MAX}"),
-                };
+                return AgentEnd::failed(format!(
+                    "sleep_ms {sleep_ms} is over the limit of {SLEEP_MS_MAX}"
+                ));
             }
             tokio::select! {
                 () = tokio::time::sleep(Duration::from_millis(sleep_ms)) => {}
@@ -134,11 +132,9 @@ impl ScriptedAgent {
         }
         if let Some(name) = &directives.hold_while {
             let Some(path) = hold_file(&request, name) else {
-                return AgentEnd::Failed {
-                    message: format!(
-                        "hold_while {name:?} needs REINS_FAULT_DIR and a plain file name"
-                    ),
-                };
+                return AgentEnd::failed(format!(
+                    "hold_while {name:?} needs REINS_FAULT_DIR and a plain file name"
+                ));
             };
             while tokio::fs::try_exists(&path).await.unwrap_or(false) {
                 tokio::select! {
@@ -160,7 +156,7 @@ impl ScriptedAgent {
             };
         }
         if let Some(message) = directives.fail {
-            return AgentEnd::Failed { message };
+            return AgentEnd::failed(message);
         }
         AgentEnd::Completed {
             output: directives
@@ -271,12 +267,7 @@ mod tests {
             std::fs::read_to_string(workspace.join("outputs/e.txt")).expect("written"),
             "evidence"
         );
-        assert_eq!(
-            run(json!({"fail": "boom"})).await,
-            AgentEnd::Failed {
-                message: "boom".into()
-            }
-        );
+        assert_eq!(run(json!({"fail": "boom"})).await, AgentEnd::failed("boom"));
         assert!(matches!(
             run(json!({"ask_approval": {"request_id": "r1", "actions": ["deploy"]}})).await,
             AgentEnd::WaitingForInput { approval } if approval["request_id"] == "r1"
@@ -317,13 +308,13 @@ mod tests {
             .run(request(task, workspace.clone(), None), watch)
             .await;
         assert!(
-            matches!(&end, AgentEnd::Failed { message } if message.contains("explode")),
+            matches!(&end, AgentEnd::Failed { message, .. } if message.contains("explode")),
             "{end:?}"
         );
         assert!(!workspace.join("a.txt").exists());
         assert!(matches!(
             run(json!({"write": [{"path": "../escape", "content": "x"}]})).await,
-            AgentEnd::Failed { message } if message.contains("outside")
+            AgentEnd::Failed { message, .. } if message.contains("outside")
         ));
     }
 

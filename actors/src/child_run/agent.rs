@@ -517,15 +517,17 @@ impl Actor for ChildAgent {
                             stop_reason: (!kept).then(|| "output_too_large".into()),
                             total_tokens,
                             message_count,
+                            failure: None,
                         }
                     }
-                    AgentEnd::Failed { message } => RunOutcome {
+                    AgentEnd::Failed { message, failure } => RunOutcome {
                         status: RunStatus::Error,
                         error: Some(message),
                         output: None,
                         stop_reason: Some("agent_failed".into()),
                         total_tokens: 0,
                         message_count: 0,
+                        failure: Some(failure),
                     },
                     AgentEnd::Interrupted { action } => interrupted(action),
                     AgentEnd::WaitingForInput { approval } => {
@@ -665,5 +667,6 @@ pub(crate) fn interrupted(action: CancelAction) -> RunOutcome {
         stop_reason: Some(action.as_str().into()),
         total_tokens: 0,
         message_count: 0,
+        failure: None,
     }
 }

@@ -230,6 +230,7 @@ mod tests {
             stop_reason: None,
             total_tokens: 0,
             message_count: 0,
+            failure: None,
         }
     }
 

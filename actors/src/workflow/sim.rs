@@ -214,6 +214,7 @@ fn agent_outcome(task: &Value) -> RunOutcome {
             stop_reason: Some("agent_failed".into()),
             total_tokens: 0,
             message_count: 0,
+            failure: None,
         },
         None => RunOutcome {
             status: RunStatus::Success,
@@ -222,6 +223,7 @@ fn agent_outcome(task: &Value) -> RunOutcome {
             stop_reason: None,
             total_tokens: 1,
             message_count: 1,
+            failure: None,
         },
     }
 }

@@ -11,7 +11,7 @@ use super::run_rows::{decode, read_by_key};
 use super::{FENCE_SQL, begin_error, commit_error, fence_params, fenced_error, op_params, op_sql};
 use crate::lease::ttl_seconds;
 use crate::runs::run_columns;
-use crate::runs::{Admission, NewRun, RunOutcome, WorkflowStep, replay};
+use crate::runs::{Admission, NewRun, RunFailure, RunOutcome, WorkflowStep, replay};
 use crate::{Error, Result, RunId};
 
 // Admissions with a slot claim a free slot number below `slots_max` in `reins_claim_slot`
@@ -250,6 +250,8 @@ pub(super) async fn admit_alone(pool: &Pool, run: &NewRun) -> Result<Admission> 
 pub(super) const FINALIZE_SQL: &str =
     "UPDATE runs SET status = $3, error = $4, output = $5, stop_reason = $6,
                         total_tokens = $8, message_count = $9,
+                        metadata = CASE WHEN $10::jsonb IS NULL THEN metadata
+                                        ELSE jsonb_set(metadata, '{failure}', $10::jsonb) END,
                         revision = revision + 1, updated_at = reins_now()
                   WHERE run_id = $1 AND owner_worker_id = $2
                     AND status IN ('pending', 'running', 'waiting_for_input')
@@ -283,6 +285,7 @@ pub(super) async fn finalize_body(
                 &end.require_not_cancelled,
                 &end.outcome.total_tokens,
                 &end.outcome.message_count,
+                &end.outcome.failure.as_ref().map(RunFailure::to_json),
             ],
         )
         .await

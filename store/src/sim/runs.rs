@@ -496,6 +496,9 @@ impl crate::Runs for SimStore {
                     run.stop_reason = outcome.stop_reason.clone();
                     run.total_tokens = outcome.total_tokens;
                     run.message_count = outcome.message_count;
+                    if let Some(failure) = &outcome.failure {
+                        run.metadata["failure"] = failure.to_json();
+                    }
                 },
                 now,
             )?;

@@ -532,6 +532,8 @@ impl SqliteStore {
                 .prepare_cached(
                     "UPDATE runs SET status = ?3, error = ?4, output = ?5, stop_reason = ?6,
                             total_tokens = ?8, message_count = ?9,
+                            metadata = CASE WHEN ?10 IS NULL THEN metadata
+                                            ELSE json_set(metadata, '$.failure', json(?10)) END,
                             revision = revision + 1, updated_at = unixepoch('subsec')
                       WHERE run_id = ?1 AND owner_worker_id = ?2
                         AND status IN ('pending', 'running', 'waiting_for_input')
@@ -547,6 +549,10 @@ impl SqliteStore {
                     require_not_cancelled,
                     outcome.total_tokens,
                     outcome.message_count,
+                    outcome
+                        .failure
+                        .as_ref()
+                        .map(|failure| failure.to_json().to_string()),
                 ])?;
             Ok(changed == 1)
         })

@@ -421,6 +421,7 @@ async fn writes_of_many_workflows_at_once<S: crate::harness::Subject>(store: &S)
         stop_reason: None,
         total_tokens: 0,
         message_count: 0,
+        failure: None,
     };
     let ends = runs.iter().map(|run_id| {
         let done = &done;

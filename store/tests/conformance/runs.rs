@@ -36,6 +36,7 @@ fn outcome(status: RunStatus) -> RunOutcome {
         stop_reason: None,
         total_tokens: 0,
         message_count: 0,
+        failure: None,
     }
 }
 
@@ -102,6 +103,39 @@ conformance! {
         assert_eq!((row.status, row.cancel_action), (RunStatus::Running, Some(CancelAction::Interrupt)));
         // Its other moves are untouched: it may still say it runs.
         assert!(store.update_run_status(&run_id, "node-a", RunStatus::Running, None).await.expect("run"));
+    }
+}
+
+conformance! {
+    // A failed run keeps what its failure says about a retry beside its metadata, written by
+    // the same compare-and-set as its end; a run's other metadata is kept.
+    async fn a_failed_runs_retry_hint_is_kept_in_its_metadata(db) {
+        let store = db.store().await;
+        admitted(&*store, new_run("run-1", "thread-1", "node-a")).await;
+        let run_id = store::RunId::from("run-1");
+        assert!(store.update_run_status(&run_id, "node-a", RunStatus::Running,
+            Some(json!({"kept": 1}))).await.expect("metadata"));
+        let failure = store::RunFailure {
+            class: store::FailureClass::Timeout,
+            code: Some("idle_timeout".into()),
+            retryable: Some(true),
+            retry_after_ms: Some(1_500),
+        };
+        let failed = store::RunOutcome {
+            error: Some("silent for 1000 ms".into()),
+            failure: Some(failure.clone()),
+            ..outcome(RunStatus::Error)
+        };
+        assert!(store.finalize_run(&run_id, "node-a", &failed, true).await.expect("finalize"));
+        let row = store.read_run(&run_id).await.expect("read").expect("run");
+        assert_eq!(store::RunFailure::of(&row.metadata), Some(failure));
+        assert_eq!(row.metadata["kept"], 1);
+        // An end without one leaves the metadata as it was.
+        admitted(&*store, new_run("run-2", "thread-2", "node-a")).await;
+        let other = store::RunId::from("run-2");
+        assert!(store.finalize_run(&other, "node-a", &outcome(RunStatus::Error), true).await.expect("finalize"));
+        let row = store.read_run(&other).await.expect("read").expect("run");
+        assert_eq!(store::RunFailure::of(&row.metadata), None);
     }
 }
 
