@@ -51,7 +51,7 @@ pub use sim::{
     WorkflowStorage as SimWorkflowStorage,
 };
 pub use status::{COUNTED_STATUSES, LIVE_STATUSES, RunStatus, StepStatus, WorkflowStatus};
-pub use step::{Reconciled, StepCall, StepChild, StepKind, StepOutcome, StepRecord};
+pub use step::{Reconciled, RetryWait, StepCall, StepChild, StepKind, StepOutcome, StepRecord};
 pub use users::{
     NewToken, NewUser, Role, TokenRow, UserChange, UserChanged, UserDeletion, UserRow, UserStorage,
 };

@@ -158,6 +158,7 @@ pub struct RunOutcome {
 pub struct RunFailure {
     /// `timeout`: the node stopped the attempt at its `attemptMs` or `idleMs`; `error`
     /// otherwise.
+    #[serde(default)]
     pub class: FailureClass,
     /// A short code a policy's `nonRetryable` list can name: the agent's own, or what the node
     /// classified (`http_429`, `http_400`, `connection`, `exit_3`, `attempt_timeout`,

@@ -12,7 +12,11 @@
 //! - `settled_at_ms` (always, `null` until settled): epoch milliseconds, a whole number;
 //! - `run_id`, `thread_id`, `configuration_version` (an `agent` step whose attempt was admitted:
 //!   its child run, the thread it ran on, the agents' configuration it ran under);
-//! - `previous_run_id` (an `agent` attempt a reconcile's retry queued: the run it replaces);
+//! - `previous_run_id` (an `agent` attempt a reconcile's or its policy's retry queued: the run
+//!   it replaces);
+//! - `retry` (an `agent` attempt its retry policy queued): `{"due_at_ms", "first_at_ms",
+//!   "reason"}`: when it may be admitted (the durable timer), when the step's first attempt
+//!   began (its `totalMs` counts from there), and why the attempt before is run again;
 //! - `detached: true` (an `agent` attempt a failed `parallel` left behind, journaled
 //!   `cancelled`), `run_status` (an `agent` attempt a cancellation ended: its run's status);
 //! - `reconciled` (an attempt an operator reconciled): `{"by", "reason", "resolution"}`.
@@ -97,13 +101,16 @@ pub struct StepChild {
 pub enum StepCall {
     Agent {
         /// Its child run, once the attempt was admitted.
-        child: Option<StepChild>,
+        child: Option<Box<StepChild>>,
         /// The run of the attempt before, when a reconcile's retry queued this one.
         previous_run_id: Option<RunId>,
         /// Left behind by a failed `parallel`: the script no longer awaited it.
         detached: bool,
         /// Its run's status when a cancellation ended it.
         run_status: Option<RunStatus>,
+        /// Queued by the step's retry policy: when, and why (boxed: rare, and a write's ops
+        /// stay small).
+        retry: Option<Box<RetryWait>>,
     },
     Pause,
     HumanCheckpoint,
@@ -120,6 +127,7 @@ impl StepCall {
                 previous_run_id: None,
                 detached: false,
                 run_status: None,
+                retry: None,
             },
             StepKind::Pause => StepCall::Pause,
             StepKind::HumanCheckpoint => StepCall::HumanCheckpoint,
@@ -137,6 +145,18 @@ impl StepCall {
             StepCall::ReadArtifact => StepKind::ReadArtifact,
         }
     }
+}
+
+/// An `agent` attempt its step's retry policy queued: the durable timer it waits for.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RetryWait {
+    /// When it may be admitted, in epoch milliseconds.
+    pub due_at_ms: i64,
+    /// When the step's first attempt began (its `totalMs` counts from there).
+    pub first_at_ms: i64,
+    /// Why the attempt before is run again (its error, or the unknown outcome of an idempotent
+    /// agent's run).
+    pub reason: String,
 }
 
 /// An operator's reconcile of a step's attempt.
@@ -179,7 +199,7 @@ impl StepRecord {
     /// The child run of an admitted `agent` attempt.
     pub fn child(&self) -> Option<&StepChild> {
         match &self.call {
-            StepCall::Agent { child, .. } => child.as_ref(),
+            StepCall::Agent { child, .. } => child.as_deref(),
             _ => None,
         }
     }
@@ -238,8 +258,15 @@ impl StepRecord {
             previous_run_id,
             detached,
             run_status,
+            retry,
         } = &self.call
         {
+            if let Some(retry) = retry {
+                data.insert(
+                    "retry".into(),
+                    serde_json::to_value(retry).unwrap_or(Value::Null),
+                );
+            }
             if let Some(child) = child {
                 data.insert("run_id".into(), child.run_id.as_str().into());
                 data.insert("thread_id".into(), child.thread_id.clone().into());
@@ -303,11 +330,11 @@ impl StepRecord {
         let call = match kind {
             StepKind::Agent => {
                 let child = match text("run_id")? {
-                    Some(run_id) => Some(StepChild {
+                    Some(run_id) => Some(Box::new(StepChild {
                         run_id: RunId::from(run_id),
                         thread_id: text("thread_id")?.unwrap_or_default(),
                         configuration_version: text("configuration_version")?,
-                    }),
+                    })),
                     None => None,
                 };
                 let run_status = match text("run_status")? {
@@ -322,6 +349,13 @@ impl StepRecord {
                     previous_run_id: text("previous_run_id")?.map(RunId::from),
                     detached: data["detached"] == Value::Bool(true),
                     run_status,
+                    retry: match &data["retry"] {
+                        Value::Null => None,
+                        wait => Some(
+                            serde_json::from_value(wait.clone())
+                                .map_err(|e| invalid(format!("its retry: {e}")))?,
+                        ),
+                    },
                 }
             }
             kind => StepCall::new(kind),
@@ -363,14 +397,19 @@ mod tests {
     fn admitted() -> StepRecord {
         StepRecord {
             call: StepCall::Agent {
-                child: Some(StepChild {
+                child: Some(Box::new(StepChild {
                     run_id: RunId::from("run-1"),
                     thread_id: "t-1".into(),
                     configuration_version: Some("c-1".into()),
-                }),
+                })),
                 previous_run_id: Some(RunId::from("run-0")),
                 detached: true,
                 run_status: Some(RunStatus::Interrupted),
+                retry: Some(Box::new(RetryWait {
+                    due_at_ms: 4_000,
+                    first_at_ms: 1_000,
+                    reason: "boom".into(),
+                })),
             },
             args: json!({"agentRef": "a", "task": "t"}),
             outcome: Some(StepOutcome::Resolved(
@@ -397,6 +436,7 @@ mod tests {
                 "thread_id": "t-1",
                 "configuration_version": "c-1",
                 "previous_run_id": "run-0",
+                "retry": {"due_at_ms": 4_000, "first_at_ms": 1_000, "reason": "boom"},
                 "detached": true,
                 "run_status": "interrupted",
                 "reconciled": {"by": "ops@example.com", "reason": "checked", "resolution": "complete"},

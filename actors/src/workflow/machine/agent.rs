@@ -14,16 +14,25 @@ use crate::backoff::{STORE_RETRY_FIRST, store_backoff};
 use crate::child_run::RunRequest;
 
 impl WorkflowMachine {
-    /// A new agent call: asks for its admission.
-    pub(super) fn begin_agent(&mut self, out: &mut Vec<Effect>, command: Command) {
+    /// A new agent call: asks for its admission, or, when the journal holds an attempt its
+    /// retry policy queued, waits for that attempt's time first.
+    pub(super) fn begin_agent(&mut self, out: &mut Vec<Effect>, command: Command, now: Millis) {
         let id = command.id;
         self.took(&command.step_id, Transition::Agent(Agent::Begun));
+        let due = self
+            .retry_waits
+            .get(&command.seq)
+            .map(|wait| wait.due_at_ms);
+        self.first_attempts.entry(command.seq).or_insert(now);
         self.waiting.insert(id, (Waiting::Slot, command));
-        self.admit(out, id);
+        match due {
+            Some(due_at_ms) => self.wait_until(out, id, due_at_ms, now),
+            None => self.admit(out, id),
+        }
     }
 
     /// The step id of call `id`, for the transitions it takes.
-    fn step_of(&self, id: CallId) -> String {
+    pub(super) fn step_of(&self, id: CallId) -> String {
         let waiting = self.waiting.get(&id).map(|(_, command)| command);
         let detached = || self.detached.get(&id).map(|(_, command)| command);
         waiting
@@ -303,7 +312,7 @@ impl WorkflowMachine {
                     return;
                 };
                 if !journaled {
-                    let call = self.agent_call(&row.run_id, &row.thread_id, &row.agent);
+                    let call = self.attempt_call(entry.seq, &row);
                     let op = self.step_op(&entry, StepStatus::Running, Some(call));
                     self.write(out, vec![op]);
                 }
@@ -313,6 +322,18 @@ impl WorkflowMachine {
                 // Closed by the orphan sweep: the agent's real effects are unknown, and guessing
                 // "failed" could make a retry run it twice. A person decides.
                 self.took(&command.step_id, Transition::Agent(Agent::FoundOrphaned));
+                if self.policy_of(&command).idempotent {
+                    self.waiting
+                        .insert(id, (Waiting::Child(Some(row.run_id.clone())), command));
+                    let lost = format!(
+                        "its run {} was orphaned (its node is gone); the agent is idempotent",
+                        row.run_id
+                    );
+                    if !self.retry_failed_attempt(out, id, &row, Some(lost), now) {
+                        self.fail_attempt(out, id, &row, now);
+                    }
+                    return;
+                }
                 let reason = ReconciliationReason::OrphanedChild;
                 #[cfg(test)]
                 let reason = if crate::workflow::mutants::planted(
@@ -337,7 +358,7 @@ impl WorkflowMachine {
                 // committed): it is written again, so the step shows the run a person answers.
                 self.took(&command.step_id, Transition::Agent(Agent::FoundWaiting));
                 if let Some(entry) = self.journal.get(id.0 as usize).cloned() {
-                    let call = self.agent_call(&row.run_id, &row.thread_id, &row.agent);
+                    let call = self.attempt_call(entry.seq, &row);
                     let op = self.step_op(&entry, StepStatus::Running, Some(call));
                     self.write(out, vec![op]);
                 }
@@ -354,6 +375,11 @@ impl WorkflowMachine {
                 // A child run exists for this step and has no outcome: it may still be running on
                 // a node that is gone. Guessing would risk a second run, so a person decides.
                 self.took(&command.step_id, Transition::Agent(Agent::FoundLive));
+                if self.policy_of(&command).idempotent {
+                    self.waiting.insert(id, (Waiting::Slot, command));
+                    self.close_then_retry(out, id, row.run_id);
+                    return;
+                }
                 let why = Reconciliation::of_step(
                     ReconciliationReason::ChildOutcomeUnknown,
                     &command.step_id,
@@ -403,8 +429,12 @@ impl WorkflowMachine {
             }
             Admission::Failed(error) => {
                 self.took(&command.step_id, Transition::Agent(Agent::Refused));
-                let outcome =
-                    Outcome::Rejected(json!({"message": error.to_string(), "status": "error"}));
+                let outcome = Outcome::Rejected(json!({
+                    "message": error.to_string(),
+                    "status": "error",
+                    "attempts": self.attempt(command.seq),
+                    "retryable": false,
+                }));
                 self.waiting.insert(id, (Waiting::Child(None), command));
                 self.conclude(out, id, outcome, Vec::new(), None, now);
             }
@@ -420,15 +450,26 @@ impl WorkflowMachine {
             .get(agent)
             .map(|agent| agent.configuration_version.clone());
         StepCall::Agent {
-            child: Some(StepChild {
+            child: Some(Box::new(StepChild {
                 run_id: run_id.clone(),
                 thread_id: thread_id.to_owned(),
                 configuration_version,
-            }),
+            })),
             previous_run_id: None,
             detached: false,
             run_status: None,
+            retry: None,
         }
+    }
+
+    /// What an admitted attempt's journal entry records: its run, and the timer it waited for
+    /// when its retry policy queued it.
+    fn attempt_call(&self, seq: u32, row: &RunRow) -> StepCall {
+        let mut call = self.agent_call(&row.run_id, &row.thread_id, &row.agent);
+        if let StepCall::Agent { retry, .. } = &mut call {
+            *retry = self.retry_waits.get(&seq).cloned().map(Box::new);
+        }
+        call
     }
 
     /// A child's row, when its end was announced (or it was found waiting for a person).
@@ -448,6 +489,12 @@ impl WorkflowMachine {
                 self.took(&self.step_of(id), Transition::Agent(Agent::Ended));
                 self.adopt(out, id, row, now);
             }
+            Ok(Some(row)) if self.closing.contains(&id) && row.status.is_final() => {
+                // Closed (by its node, or the orphan sweep): the step goes on from its row.
+                self.took(&self.step_of(id), Transition::Agent(Agent::Ended));
+                self.adopt(out, id, row, now);
+            }
+            Ok(Some(_)) if self.closing.contains(&id) => self.still_closing(out, id, run_id),
             Ok(Some(row)) if row.status == RunStatus::WaitingForInput => {
                 self.took(&self.step_of(id), Transition::Agent(Agent::WaitsForAnswer));
                 // The agent ended its run in a pause: a person's answer (on any node) ends the
@@ -477,6 +524,14 @@ impl WorkflowMachine {
                 // The run's end was not recorded by its node (fenced, or unknown).
                 let step_id = self.step_of(id);
                 self.took(&step_id, Transition::Agent(Agent::EndUnrecorded));
+                let idempotent = self
+                    .waiting
+                    .get(&id)
+                    .is_some_and(|(_, command)| self.policy_of(command).idempotent);
+                if idempotent {
+                    self.close_then_retry(out, id, run_id);
+                    return;
+                }
                 let why = Reconciliation::of_step(
                     ReconciliationReason::ChildEndUnrecorded,
                     &step_id,
@@ -496,40 +551,85 @@ impl WorkflowMachine {
             name: "reins_child_runs_finished_total",
             labels: vec![("status", row.status.as_str().to_owned())],
         });
-        let mut extra = Vec::new();
-        let outcome = if row.status == RunStatus::Success {
-            // The output is kept as an immutable artifact version, like a captured file: a JSON
-            // document, `null` when the run ended without one (an approved request).
-            let content = row.output.as_ref().unwrap_or(&Value::Null).to_string();
-            let version =
-                self.next_artifact(&mut extra, &command.step_id, None, content.into_bytes());
-            let mut resolved = json!({
-                "output": row.output,
-                "artifactVersion": version,
-                "threadId": row.thread_id,
-                "runId": row.run_id,
-                "status": row.status,
+        if row.status != RunStatus::Success {
+            let lost = self.closing.remove(&id).then(|| {
+                format!(
+                    "its run {}'s outcome was unknown (its node is gone, or fenced); it was \
+                     closed and the agent is idempotent",
+                    row.run_id
+                )
             });
-            // A person's answer to the agent's approval request, when it asked one.
-            if let (Some(map), Some(answer)) =
-                (resolved.as_object_mut(), row.metadata.get("hitl_answer"))
-            {
-                map.insert("approval".into(), answer.clone());
+            if !self.retry_failed_attempt(out, id, &row, lost, now) {
+                self.fail_attempt(out, id, &row, now);
             }
-            Outcome::Resolved(resolved)
-        } else {
-            Outcome::Rejected(json!({
-                "message": row.error.clone().unwrap_or_else(|| format!("the agent run ended {}", row.status.as_str())),
-                "status": row.status,
-                "runId": row.run_id,
-            }))
-        };
+            return;
+        }
+        self.closing.remove(&id);
+        out.push(Effect::Count {
+            name: "reins_step_attempts_total",
+            labels: vec![
+                ("agent", row.agent.clone()),
+                ("outcome", "completed".into()),
+            ],
+        });
+        let mut extra = Vec::new();
+        // The output is kept as an immutable artifact version, like a captured file: a JSON
+        // document, `null` when the run ended without one (an approved request).
+        let content = row.output.as_ref().unwrap_or(&Value::Null).to_string();
+        let version = self.next_artifact(&mut extra, &command.step_id, None, content.into_bytes());
+        let mut resolved = json!({
+            "output": row.output,
+            "artifactVersion": version,
+            "threadId": row.thread_id,
+            "runId": row.run_id,
+            "status": row.status,
+            "attempts": self.attempt(command.seq),
+        });
+        // A person's answer to the agent's approval request, when it asked one.
+        if let (Some(map), Some(answer)) =
+            (resolved.as_object_mut(), row.metadata.get("hitl_answer"))
+        {
+            map.insert("approval".into(), answer.clone());
+        }
         extra.push(WriteOp::ReleaseSlot {
             workflow_id: self.config.workflow_id.clone(),
             step_id: command.step_id,
         });
-        let call = self.agent_call(&row.run_id, &row.thread_id, &row.agent);
+        let call = self.attempt_call(command.seq, &row);
         out.push(Effect::Fault("result_before"));
+        let outcome = Outcome::Resolved(resolved);
         self.conclude(out, id, outcome, extra, Some(call), now);
+    }
+
+    /// Attempt `row` of call `id` failed and is not run again: the step fails with its
+    /// `StepError`, and its slot is given back.
+    pub(super) fn fail_attempt(
+        &mut self,
+        out: &mut Vec<Effect>,
+        id: CallId,
+        row: &RunRow,
+        now: Millis,
+    ) {
+        let Some((_, command)) = self.waiting.get(&id).cloned() else {
+            return;
+        };
+        let error = self.step_error(&command, row);
+        out.push(Effect::Count {
+            name: "reins_step_attempts_total",
+            labels: vec![
+                ("agent", row.agent.clone()),
+                (
+                    "outcome",
+                    error["status"].as_str().unwrap_or("error").to_owned(),
+                ),
+            ],
+        });
+        let extra = vec![WriteOp::ReleaseSlot {
+            workflow_id: self.config.workflow_id.clone(),
+            step_id: command.step_id.clone(),
+        }];
+        let call = self.attempt_call(command.seq, row);
+        out.push(Effect::Fault("result_before"));
+        self.conclude(out, id, Outcome::Rejected(error), extra, Some(call), now);
     }
 }

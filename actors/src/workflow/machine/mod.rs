@@ -27,8 +27,8 @@ use runtime::{Activation, CallId, CallKind, Command, JournalEntry, Outcome, Stat
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use store::{
-    ControlKind, ControlRow, ControlWrite, Fence, NewControl, RunId, RunRow, StepCall, StepRecord,
-    StepRow, StepStatus, WorkflowId, WorkflowStatus, WriteOp,
+    ControlKind, ControlRow, ControlWrite, Fence, NewControl, RetryWait, RunId, RunRow, StepCall,
+    StepRecord, StepRow, StepStatus, WorkflowId, WorkflowStatus, WriteOp,
 };
 
 mod agent;
@@ -38,7 +38,9 @@ mod checkpoint;
 mod controls;
 mod pause;
 mod read;
+mod retry;
 mod storage;
+mod timer;
 pub(crate) mod transitions;
 
 use super::invariants::Invariants;
@@ -186,6 +188,8 @@ enum Waiting {
     Child(Option<RunId>),
     /// A control of this kind (`resume`, `decide`).
     Control(ControlKind),
+    /// Its durable timer, due at this time (an agent's next attempt).
+    Timer(Millis),
 }
 
 /// What an admission answered, as the machine reads it (the actor keeps the channel of a
@@ -262,6 +266,8 @@ pub(crate) enum Event {
     InputChanged,
     /// The fallback of a child that waits for an answer: read its row, unless a cue did already.
     AnswerCheck(CallId),
+    /// A call's durable timer may be due.
+    TimerDue(CallId),
     /// A child run this workflow waits for ended.
     ChildEnded {
         id: CallId,
@@ -401,8 +407,17 @@ pub(crate) struct WorkflowMachine {
     phase: Phase,
     /// The newest artifact version of this workflow.
     artifacts: i64,
-    /// The current attempt of each call, by sequence number (1 unless a reconcile retried it).
+    /// The current attempt of each call, by sequence number (1 unless a reconcile or the
+    /// call's retry policy retried it).
     attempts: BTreeMap<u32, i32>,
+    /// The durable timer of each call whose current attempt its retry policy queued.
+    retry_waits: BTreeMap<u32, RetryWait>,
+    /// When each agent call's first attempt began on this node (its `totalMs` counts from
+    /// there; a later attempt's record carries it).
+    first_attempts: BTreeMap<u32, Millis>,
+    /// Calls whose run of unknown outcome (an idempotent agent's) is being closed before the
+    /// next attempt.
+    closing: BTreeSet<CallId>,
     journal: Vec<JournalEntry>,
     waiting: BTreeMap<CallId, (Waiting, Command)>,
     /// `console.log` bytes the script logged on this node (bounded per workflow, across parks).
@@ -445,6 +460,9 @@ impl WorkflowMachine {
             },
             artifacts: 0,
             attempts: BTreeMap::new(),
+            retry_waits: BTreeMap::new(),
+            first_attempts: BTreeMap::new(),
+            closing: BTreeSet::new(),
             journal: Vec::new(),
             waiting: BTreeMap::new(),
             logged_bytes: 0,
@@ -506,7 +524,7 @@ impl WorkflowMachine {
             Event::Begin => out.push(Effect::ReadJournal),
             Event::JournalRead(read) => self.on_journal(&mut out, read, now),
             Event::Activated { result, run_id } => match result {
-                Ok(activation) => self.apply(&mut out, activation, run_id),
+                Ok(activation) => self.apply(&mut out, activation, run_id, now),
                 Err(message) => self.finish(&mut out, Err(message)),
             },
             Event::Written => {
@@ -528,6 +546,8 @@ impl WorkflowMachine {
             Event::SlotCheck(id) => self.on_slot_check(&mut out, id),
             Event::SlotFreed => self.on_slot_freed(&mut out),
             Event::AnswerCheck(id) => self.on_answer_check(&mut out, id),
+            Event::TimerDue(_) if cancelling => {}
+            Event::TimerDue(id) => self.on_timer_due(&mut out, id, now),
             Event::InputChanged => self.on_input_changed(&mut out),
             // An end whose fate is unknown is left to the cancel window.
             Event::ChildEnded { id, run_id, .. } if cancelling => out.push(Effect::ReadRun {
@@ -837,6 +857,19 @@ impl WorkflowMachine {
                     .iter()
                     .map(|(seq, step)| (*seq, step.attempt))
                     .collect();
+                self.retry_waits = newest
+                    .iter()
+                    .filter_map(|(seq, step)| match step.record() {
+                        Some(StepRecord {
+                            call:
+                                StepCall::Agent {
+                                    retry: Some(wait), ..
+                                },
+                            ..
+                        }) => Some((*seq, (**wait).clone())),
+                        _ => None,
+                    })
+                    .collect();
                 match journal {
                     // A cancel replays nothing: it waits for the children its journal shows
                     // running, and its end stops every live child run of the workflow, so an
@@ -899,7 +932,7 @@ impl WorkflowMachine {
         out.push(Effect::Activate { start, settles });
     }
 
-    fn apply(&mut self, out: &mut Vec<Effect>, activation: Activation, run_id: RunId) {
+    fn apply(&mut self, out: &mut Vec<Effect>, activation: Activation, run_id: RunId, now: Millis) {
         self.set_loaded(true);
         for line in &activation.logs {
             self.logged_bytes += line.len() as u64;
@@ -958,7 +991,7 @@ impl WorkflowMachine {
                 // to stop, and its slot given back, by the workflow's end at the latest.
                 continue;
             }
-            self.begin_command(out, command);
+            self.begin_command(out, command, now);
         }
         match activation.status {
             // The end's write comes first, then it stops every live child, detached or not.
@@ -1010,9 +1043,9 @@ impl WorkflowMachine {
     }
 
     /// A new call of the script: each kind begins in its own module.
-    fn begin_command(&mut self, out: &mut Vec<Effect>, command: Command) {
+    fn begin_command(&mut self, out: &mut Vec<Effect>, command: Command, now: Millis) {
         match command.kind {
-            CallKind::Agent => self.begin_agent(out, command),
+            CallKind::Agent => self.begin_agent(out, command, now),
             CallKind::Pause => self.begin_pause(command),
             CallKind::HumanCheckpoint => self.begin_checkpoint(command),
             CallKind::CaptureArtifact => self.begin_capture(out, command),
@@ -1110,7 +1143,20 @@ impl WorkflowMachine {
         );
     }
 
-    /// After an activation that left the script waiting: park it if only people can wake it.
+    /// While the script waits only for timers and people, its VM is dropped (it is replayed
+    /// when one of them answers); its status stays what it is.
+    fn park_if_only_waiting(&mut self, out: &mut Vec<Effect>) {
+        let waits = || self.waiting.values().map(|(waiting, _)| waiting);
+        let idle = waits().any(|waiting| matches!(waiting, Waiting::Timer(_)))
+            && waits().all(|waiting| matches!(waiting, Waiting::Control(_) | Waiting::Timer(_)));
+        if idle && self.loaded() {
+            out.push(Effect::Park);
+            self.set_loaded(false);
+        }
+    }
+
+    /// After an activation that left the script waiting: park it if only people (or timers)
+    /// can wake it.
     fn settle_status(&mut self, out: &mut Vec<Effect>) {
         let humans: Vec<ControlKind> = self
             .waiting
@@ -1121,6 +1167,7 @@ impl WorkflowMachine {
             })
             .collect();
         if humans.is_empty() || humans.len() < self.waiting.len() {
+            self.park_if_only_waiting(out);
             return;
         }
         out.push(Effect::Park);

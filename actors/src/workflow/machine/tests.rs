@@ -37,6 +37,22 @@ fn machine(start: Start) -> WorkflowMachine {
     WorkflowMachine::new(config, tracing::Span::none())
 }
 
+/// A machine whose agent `echo` is configured idempotent.
+fn idempotent_machine(start: Start) -> WorkflowMachine {
+    let mut m = machine(start);
+    let echo = crate::agents::AgentConfig::Scripted {
+        name: "echo".into(),
+        retry: runtime::policy::RetryOptions {
+            max_attempts: Some(3),
+            ..Default::default()
+        },
+        timeout: runtime::policy::TimeoutOptions::default(),
+        idempotent: true,
+    };
+    m.config.agents = Arc::new(AgentRegistry::new(&[echo]).expect("an agent"));
+    m
+}
+
 fn call(seq: u32, kind: CallKind, step_id: &str, args: Value) -> (JournalEntry, Command) {
     let entry = JournalEntry {
         seq,
@@ -327,6 +343,7 @@ fn a_launch_runs_its_lone_agent_call_through_one_admission_and_ends_in_one_write
         described,
         [
             "count reins_child_runs_finished_total",
+            "count reins_step_attempts_total",
             "fault result_before",
             "write [take storage 262144, artifact 1, release slot a, step a completed]",
             "count reins_steps_finished_total",
@@ -1011,13 +1028,14 @@ fn an_artifact_the_owners_quota_refuses_fails_its_step_with_nothing_of_it_writte
         described,
         [
             "count reins_child_runs_finished_total",
+            "count reins_step_attempts_total",
             "fault result_before",
             "write [take storage 262144, artifact 1, release slot a, step a completed]",
             "write [take storage 7, artifact 1, release slot a, step a completed]",
             "activate loaded [\"rejected\"]",
         ]
     );
-    let Some(Effect::Activate { settles, .. }) = effects.get(4) else {
+    let Some(Effect::Activate { settles, .. }) = effects.get(5) else {
         panic!("an activation");
     };
     let Outcome::Rejected(failure) = &settles[0].outcome else {
@@ -1354,7 +1372,7 @@ fn a_call_the_script_no_longer_awaits_has_its_child_stopped_and_journaled_cancel
         run_id: "run-a".into(),
         committed: Some(Box::new(run_row(&RunId::from("run-a"), RunStatus::Error))),
     };
-    assert_eq!(drive(&mut m, failed)[2], "activate loaded [\"rejected\"]");
+    assert_eq!(drive(&mut m, failed)[3], "activate loaded [\"rejected\"]");
     // The `parallel` failed: call 1, still waiting for its admission, is left behind.
     let left_behind = Event::Activated {
         result: Ok(Activation {
@@ -1643,6 +1661,7 @@ fn a_replayed_step_takes_its_runs_outcome_follows_its_waiting_run_or_asks_an_ope
         described[2..],
         [
             "count reins_child_runs_finished_total",
+            "count reins_step_attempts_total",
             "fault result_before",
             "write [take storage 262144, artifact 1, release slot a, step a completed]",
             "count reins_steps_finished_total",
@@ -1657,7 +1676,7 @@ fn a_replayed_step_takes_its_runs_outcome_follows_its_waiting_run_or_asks_an_ope
         settles[0].outcome,
         Outcome::Resolved(json!({"output": "hello", "artifactVersion": 1,
             "threadId": thread_for(&WorkflowId::from(WORKFLOW), "a"), "runId": "run-old",
-            "status": "success"}))
+            "status": "success", "attempts": 1}))
     );
 
     // Waiting for a person: the step is written again naming the run, and the run is followed.
@@ -1726,7 +1745,376 @@ fn an_artifact_read_that_fails_for_good_stops_the_workflow() {
 
 /// Every test of this file, for the coverage check below (which checks this list against the
 /// file itself, so a test left out cannot hide what it covers).
+/// An agent call that retries twice, a second apart and doubling.
+fn retried_agent(seq: u32, step_id: &str) -> (JournalEntry, Command) {
+    call(
+        seq,
+        CallKind::Agent,
+        step_id,
+        json!({"agentRef": "echo", "task": "t",
+               "retry": {"maxAttempts": 3, "initialIntervalMs": 1000, "nonRetryable": ["bad_input"]}}),
+    )
+}
+
+fn failed_row(run_id: &str, failure: Value) -> RunRow {
+    let mut row = run_row(&RunId::from(run_id), RunStatus::Error);
+    row.error = Some("boom".into());
+    row.output = None;
+    row.metadata = json!({ "failure": failure });
+    row
+}
+
+fn ended(id: u32, row: RunRow) -> Event {
+    Event::ChildEnded {
+        id: CallId(id),
+        run_id: row.run_id.clone(),
+        committed: Some(Box::new(row)),
+    }
+}
+
+fn admitted(id: u32, run_id: &str) -> Event {
+    Event::Admission {
+        id: CallId(id),
+        result: Admission::Started(run_row(&RunId::from(run_id), RunStatus::Running)),
+    }
+}
+
+/// The outcome handed to the script by the last activation performed.
+fn settled(effects: &[Effect]) -> Outcome {
+    effects
+        .iter()
+        .rev()
+        .find_map(|effect| match effect {
+            Effect::Activate {
+                start: Some(start), ..
+            } => start
+                .options
+                .journal
+                .iter()
+                .rev()
+                .find_map(|entry| entry.outcome.clone()),
+            Effect::Activate { settles, .. } => settles.last().map(|s| s.outcome.clone()),
+            _ => None,
+        })
+        .expect("an outcome handed to the script")
+}
+
+#[test]
+fn a_failed_attempt_is_retried_as_a_new_run_behind_a_durable_timer_until_its_policy_says_no() {
+    let mut m = machine(Start::Fresh);
+    drive(&mut m, Event::Begin);
+    drive(
+        &mut m,
+        activation(vec![retried_agent(0, "a")], Status::Waiting),
+    );
+    drive(&mut m, admitted(0, "run-1"));
+    // Attempt 1 fails: it is journaled failed, its slot given back and attempt 2 queued in one
+    // write; the workflow waits a second, parked (no VM, no slot).
+    let (described, effects) = drive_with(
+        &mut m,
+        ended(0, failed_row("run-1", json!({}))),
+        NOW,
+        |_| None,
+    );
+    assert_eq!(
+        described,
+        [
+            "count reins_child_runs_finished_total",
+            "write [step a failed, release slot a, step a queued]",
+            "count reins_step_attempts_total",
+            "count reins_step_retries_scheduled_total",
+            "after 1000ms TimerDue(CallId(0))",
+            "park",
+        ]
+    );
+    let ops = written(&effects);
+    let attempts: Vec<i32> = ops
+        .iter()
+        .filter_map(|op| match op {
+            WriteOp::PutStep { attempt, .. } => Some(*attempt),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(attempts, [1, 2]);
+    let Some(WriteOp::PutStep { record, .. }) = ops.last() else {
+        panic!("the next attempt");
+    };
+    let StepCall::Agent {
+        retry: Some(wait),
+        previous_run_id,
+        ..
+    } = &record.call
+    else {
+        panic!("a queued attempt with its timer: {record:?}");
+    };
+    assert_eq!((wait.due_at_ms, wait.first_at_ms), (NOW + 1_000, NOW));
+    assert_eq!(previous_run_id.as_ref().map(RunId::as_str), Some("run-1"));
+    // Woken early, it waits on; at its time, attempt 2 is a new run under its own key.
+    assert_eq!(
+        drive_with(&mut m, Event::TimerDue(CallId(0)), NOW + 400, |_| None).0,
+        ["after 600ms TimerDue(CallId(0))"]
+    );
+    let (described, effects) =
+        drive_with(&mut m, Event::TimerDue(CallId(0)), NOW + 1_000, |_| None);
+    assert_eq!(described, ["admit 0 carrying 0"]);
+    let Some(Effect::Admit { request, .. }) = effects.first() else {
+        panic!("an admission");
+    };
+    assert_eq!(request.idempotency_key.as_deref(), Some("wf-1/a/2"));
+    assert_eq!(request.step.as_ref().map(|step| step.attempt), Some(2));
+    // Attempt 2 fails at the provider's word: the wait it asks for replaces the backoff.
+    drive(&mut m, admitted(0, "run-2"));
+    let asked = failed_row("run-2", json!({"retry_after_ms": 5_000}));
+    let described = drive_with(&mut m, ended(0, asked), NOW + 2_000, |_| None).0;
+    assert!(
+        described.contains(&"after 5000ms TimerDue(CallId(0))".to_owned()),
+        "{described:?}"
+    );
+    drive_with(&mut m, Event::TimerDue(CallId(0)), NOW + 7_000, |_| None);
+    drive(&mut m, admitted(0, "run-3"));
+    // Attempt 3 is the last: the step fails with what the script's StepError says.
+    let timeout = failed_row(
+        "run-3",
+        json!({"class": "timeout", "code": "idle_timeout", "retryable": true}),
+    );
+    let (described, effects) = drive_with(&mut m, ended(0, timeout), NOW + 9_000, |_| None);
+    assert_eq!(
+        described[..3],
+        [
+            "count reins_child_runs_finished_total",
+            "count reins_step_attempts_total",
+            "fault result_before"
+        ]
+    );
+    let Outcome::Rejected(error) = settled(&effects) else {
+        panic!("a failure");
+    };
+    assert_eq!(
+        (
+            &error["attempts"],
+            &error["status"],
+            &error["retryable"],
+            &error["code"]
+        ),
+        (
+            &json!(3),
+            &json!("timeout"),
+            &json!(true),
+            &json!("idle_timeout")
+        )
+    );
+}
+
+#[test]
+fn a_failure_the_agent_or_the_policy_calls_final_is_not_retried() {
+    for (failure, code) in [
+        (json!({"retryable": false}), Value::Null),
+        (json!({"code": "bad_input"}), json!("bad_input")),
+    ] {
+        let mut m = machine(Start::Fresh);
+        drive(&mut m, Event::Begin);
+        drive(
+            &mut m,
+            activation(vec![retried_agent(0, "a")], Status::Waiting),
+        );
+        drive(&mut m, admitted(0, "run-1"));
+        let (described, effects) =
+            drive_with(&mut m, ended(0, failed_row("run-1", failure)), NOW, |_| {
+                None
+            });
+        assert!(
+            !described.iter().any(|d| d.contains("TimerDue")),
+            "{described:?}"
+        );
+        let Outcome::Rejected(error) = settled(&effects) else {
+            panic!("a failure");
+        };
+        assert_eq!(
+            (&error["attempts"], &error["retryable"], &error["code"]),
+            (&json!(1), &json!(false), &code)
+        );
+    }
+    // A run someone asked to stop is not run again behind their back either.
+    let mut m = machine(Start::Fresh);
+    drive(&mut m, Event::Begin);
+    drive(
+        &mut m,
+        activation(vec![retried_agent(0, "a")], Status::Waiting),
+    );
+    drive(&mut m, admitted(0, "run-1"));
+    let stopped = run_row(&RunId::from("run-1"), RunStatus::Interrupted);
+    let (_, effects) = drive_with(&mut m, ended(0, stopped), NOW, |_| None);
+    let Outcome::Rejected(error) = settled(&effects) else {
+        panic!("a failure");
+    };
+    assert_eq!(
+        (&error["status"], &error["retryable"]),
+        (&json!("interrupted"), &json!(false))
+    );
+}
+
+#[test]
+fn a_takeover_waits_for_the_journaled_due_time_of_the_next_attempt_not_from_zero() {
+    let mut m = machine(Start::Replay);
+    drive(&mut m, Event::Begin);
+    let args = retried_agent(0, "a").0.args;
+    let row = |attempt: i32, status: StepStatus, data: Value| StepRow {
+        seq: 0,
+        step_id: "a".into(),
+        attempt,
+        status,
+        record: store::StepRecord::decode("agent", &data).map_err(|e| e.to_string()),
+        created_at: 0.0,
+    };
+    let rows = vec![
+        row(
+            1,
+            StepStatus::Failed,
+            json!({"args": args, "run_id": "run-1",
+            "outcome": {"outcome": "rejected", "value": {"message": "boom"}}}),
+        ),
+        row(
+            2,
+            StepStatus::Queued,
+            json!({"args": args, "previous_run_id": "run-1",
+            "retry": {"due_at_ms": NOW + 30_000, "first_at_ms": NOW - 5_000, "reason": "boom"}}),
+        ),
+    ];
+    drive(&mut m, Event::JournalRead(Ok((0, rows))));
+    let replayed = Event::Activated {
+        result: Ok(Activation {
+            commands: vec![retried_agent(0, "a").1],
+            cancels: Vec::new(),
+            journal: Vec::new(),
+            status: Status::Waiting,
+            logs: Vec::new(),
+        }),
+        run_id: "unused".into(),
+    };
+    let described = drive_with(&mut m, replayed, NOW + 10_000, |_| None).0;
+    assert_eq!(described, ["after 20000ms TimerDue(CallId(0))", "park"]);
+    let (described, effects) =
+        drive_with(&mut m, Event::TimerDue(CallId(0)), NOW + 30_000, |_| None);
+    assert_eq!(described, ["admit 0 carrying 0"]);
+    let Some(Effect::Admit { request, .. }) = effects.first() else {
+        panic!("an admission");
+    };
+    assert_eq!(request.idempotency_key.as_deref(), Some("wf-1/a/2"));
+    // Admitted, the attempt's entry keeps when the step's first attempt began.
+    let (_, effects) = drive_with(&mut m, admitted(0, "run-2"), NOW + 30_000, |_| None);
+    let Some(WriteOp::PutStep {
+        record, attempt: 2, ..
+    }) = written(&effects).into_iter().next()
+    else {
+        panic!("attempt 2 journaled running");
+    };
+    let StepCall::Agent {
+        retry: Some(wait), ..
+    } = &record.call
+    else {
+        panic!("its timer kept: {record:?}");
+    };
+    assert_eq!(wait.first_at_ms, NOW - 5_000);
+}
+
+#[test]
+fn an_idempotent_agents_lost_run_is_closed_and_retried_without_a_person() {
+    // Orphaned: closed by the sweep already; retried as the next attempt, the reason journaled.
+    let mut m = idempotent_machine(Start::Replay);
+    drive(&mut m, Event::Begin);
+    drive(&mut m, Event::JournalRead(Ok((0, Vec::new()))));
+    drive(&mut m, activation(vec![agent(0, "a")], Status::Waiting));
+    let mut orphan = run_row(&RunId::from("run-old"), RunStatus::Error);
+    orphan.stop_reason = Some("orphan_recovered".into());
+    let orphaned = Event::Admission {
+        id: CallId(0),
+        result: Admission::Existing(orphan),
+    };
+    let (described, effects) = drive_with(&mut m, orphaned, NOW, |_| None);
+    assert!(
+        described.contains(&"write [step a failed, release slot a, step a queued]".to_owned()),
+        "{described:?}"
+    );
+    assert!(
+        !described.iter().any(|d| d.contains("needs_reconciliation")),
+        "{described:?}"
+    );
+    let Some(WriteOp::PutStep { record, .. }) = written(&effects).into_iter().last() else {
+        panic!("the next attempt");
+    };
+    let StepCall::Agent {
+        retry: Some(wait), ..
+    } = &record.call
+    else {
+        panic!("a queued attempt: {record:?}");
+    };
+    assert!(wait.reason.contains("orphaned"), "{}", wait.reason);
+
+    // Live, with no outcome: asked to stop and followed; a success found then is the step's.
+    let mut m = idempotent_machine(Start::Replay);
+    drive(&mut m, Event::Begin);
+    drive(&mut m, Event::JournalRead(Ok((0, Vec::new()))));
+    drive(&mut m, activation(vec![agent(0, "a")], Status::Waiting));
+    let live = run_row(&RunId::from("run-old"), RunStatus::Running);
+    let found = Event::Admission {
+        id: CallId(0),
+        result: Admission::Existing(live.clone()),
+    };
+    assert_eq!(
+        drive(&mut m, found)[2..],
+        [
+            "cancel child run-old awaited=false",
+            "after 250ms ChildEnded { id: CallId(0), run_id: \"run-old\", committed: None }",
+        ]
+    );
+    let still = Event::RunRead {
+        id: CallId(0),
+        run_id: "run-old".into(),
+        purpose: RunReadFor::Outcome,
+        result: Ok(Some(live)),
+    };
+    assert_eq!(
+        drive(&mut m, still),
+        ["after 250ms ChildEnded { id: CallId(0), run_id: \"run-old\", committed: None }"]
+    );
+    let stopped = run_row(&RunId::from("run-old"), RunStatus::Interrupted);
+    let closed = Event::RunRead {
+        id: CallId(0),
+        run_id: "run-old".into(),
+        purpose: RunReadFor::Outcome,
+        result: Ok(Some(stopped)),
+    };
+    let described = drive(&mut m, closed);
+    assert!(
+        described.contains(&"write [step a failed, release slot a, step a queued]".to_owned()),
+        "{described:?}"
+    );
+
+    // Not idempotent (the default): a person decides, as before.
+    let mut m = machine(Start::Replay);
+    drive(&mut m, Event::Begin);
+    drive(&mut m, Event::JournalRead(Ok((0, Vec::new()))));
+    drive(
+        &mut m,
+        activation(vec![retried_agent(0, "a")], Status::Waiting),
+    );
+    let live = run_row(&RunId::from("run-old"), RunStatus::Running);
+    let found = Event::Admission {
+        id: CallId(0),
+        result: Admission::Existing(live),
+    };
+    let described = drive(&mut m, found);
+    assert!(
+        described.iter().any(|d| d.contains("needs_reconciliation")),
+        "{described:?}"
+    );
+}
+
 const EVERY_TEST: &[fn()] = &[
+    a_failed_attempt_is_retried_as_a_new_run_behind_a_durable_timer_until_its_policy_says_no,
+    a_failure_the_agent_or_the_policy_calls_final_is_not_retried,
+    a_takeover_waits_for_the_journaled_due_time_of_the_next_attempt_not_from_zero,
+    an_idempotent_agents_lost_run_is_closed_and_retried_without_a_person,
     a_workflow_hands_itself_over_at_a_clean_stop_only_with_no_child_in_flight,
     a_launch_runs_its_lone_agent_call_through_one_admission_and_ends_in_one_write,
     a_replay_reads_the_journal_and_an_unreadable_one_goes_to_an_operator,

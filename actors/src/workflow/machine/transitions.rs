@@ -68,6 +68,28 @@ table! {
         Detached,
         /// A detached call's run ended: journaled `cancelled`, its slot given back.
         DetachedEnded,
+        /// The attempt failed and its policy retries it: journaled `failed`, its slot given
+        /// back, the next attempt journaled `queued` behind its durable timer (`retry.rs`).
+        RetryScheduled,
+        /// The next attempt's timer fired: its admission is asked for (a new run).
+        RetryDue,
+        /// An idempotent agent's run has no outcome anyone can vouch for: it is asked to stop
+        /// and followed until final, then the step goes on from its row.
+        Closing,
+        /// The run being closed is not final yet: its row is read again after a while.
+        StillClosing,
+    }
+}
+
+table! {
+    /// The durable timer a call waits for (`timer.rs`): an agent's next attempt.
+    Timer {
+        /// The call waits until its journaled due time.
+        Armed,
+        /// Woken before its time (a takeover's replay, a timer posted early): armed again.
+        Early,
+        /// Due: the call goes on.
+        Fired,
     }
 }
 
@@ -144,6 +166,7 @@ pub(crate) enum Transition {
     Capture(Capture),
     Read(Read),
     Storage(Storage),
+    Timer(Timer),
 }
 
 impl Transition {
@@ -156,6 +179,7 @@ impl Transition {
         all.extend(Capture::ALL.iter().map(|&t| Transition::Capture(t)));
         all.extend(Read::ALL.iter().map(|&t| Transition::Read(t)));
         all.extend(Storage::ALL.iter().map(|&t| Transition::Storage(t)));
+        all.extend(Timer::ALL.iter().map(|&t| Transition::Timer(t)));
         all
     }
 }

@@ -1,0 +1,77 @@
+//! The durable timer: a call waits until a time journaled with it (an `agent` attempt its retry
+//! policy queued). The due time is in the journal, so a node that takes the workflow over waits
+//! for the same time, not from zero, and a timer that came due while no node ran the workflow
+//! fires at once. A workflow that waits only for timers (and people) is parked: its VM is
+//! dropped, and it holds no slot (transitions: [`Timer`]).
+//!
+//! Time is the node's clock (the `now` each event comes with), as for the workflow's
+//! `timeout_seconds`: nodes whose clocks disagree fire a taken-over timer early or late by as
+//! much.
+
+use std::time::Duration;
+
+use runtime::{CallId, CallKind};
+
+use super::transitions::{Timer, Transition};
+use super::{Effect, Event, Millis, Waiting, WorkflowMachine};
+
+impl WorkflowMachine {
+    /// Call `id` waits until `due_at_ms` (the journal holds that time already, or holds it in
+    /// the write this decision made).
+    pub(super) fn wait_until(
+        &mut self,
+        out: &mut Vec<Effect>,
+        id: CallId,
+        due_at_ms: Millis,
+        now: Millis,
+    ) {
+        let Some((_, command)) = self.waiting.remove(&id) else {
+            return;
+        };
+        self.took(&command.step_id, Transition::Timer(Timer::Armed));
+        self.waiting
+            .insert(id, (Waiting::Timer(due_at_ms), command));
+        out.push(Effect::After {
+            delay: until(due_at_ms, now),
+            event: Event::TimerDue(id),
+        });
+    }
+
+    /// The timer of call `id` says it is due: the call goes on, unless the time has not come
+    /// (a timer posted before its time is armed again).
+    pub(super) fn on_timer_due(&mut self, out: &mut Vec<Effect>, id: CallId, now: Millis) {
+        let Some((Waiting::Timer(due_at_ms), command)) = self.waiting.get(&id).cloned() else {
+            return;
+        };
+        #[cfg(test)]
+        let due_at_ms =
+            if crate::workflow::mutants::planted(crate::workflow::mutants::Mutant::TimerFiresEarly)
+            {
+                now
+            } else {
+                due_at_ms
+            };
+        if now < due_at_ms {
+            self.took(&command.step_id, Transition::Timer(Timer::Early));
+            out.push(Effect::After {
+                delay: until(due_at_ms, now),
+                event: Event::TimerDue(id),
+            });
+            return;
+        }
+        self.took(&command.step_id, Transition::Timer(Timer::Fired));
+        match command.kind {
+            CallKind::Agent => self.next_attempt_due(out, id),
+            // Only an agent's next attempt waits for a timer.
+            CallKind::Pause
+            | CallKind::HumanCheckpoint
+            | CallKind::CaptureArtifact
+            | CallKind::ReadArtifact => {}
+        }
+    }
+}
+
+/// How long from `now` until `due_at_ms` (none if it has passed).
+fn until(due_at_ms: Millis, now: Millis) -> Duration {
+    Duration::from_millis(u64::try_from(due_at_ms.saturating_sub(now)).unwrap_or(0))
+}
