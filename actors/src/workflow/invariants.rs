@@ -38,8 +38,21 @@ impl Invariants {
         }
     }
 
-    /// A write the machine decided on.
+    /// A write the machine decided on. A step's attempt only grows: each write names attempts
+    /// no lower than the highest an earlier write named, besides the one a retry ends: the
+    /// write that queues attempt `n` journals attempt `n - 1`'s failure with it (and is sent
+    /// again as it was when the database wrote nothing).
     pub(super) fn written(&mut self, ops: &[WriteOp]) {
+        let mut newest: BTreeMap<&str, i32> = BTreeMap::new();
+        for op in ops {
+            if let WriteOp::PutStep {
+                step_id, attempt, ..
+            } = op
+            {
+                let newest = newest.entry(step_id.as_str()).or_insert(*attempt);
+                *newest = (*newest).max(*attempt);
+            }
+        }
         for op in ops {
             match op {
                 WriteOp::SetWorkflow { status, .. }
@@ -54,12 +67,15 @@ impl Invariants {
                     ..
                 } => {
                     let highest = self.highest_attempt.entry(step_id.clone()).or_insert(0);
+                    let ends_the_one_before = newest
+                        .get(step_id.as_str())
+                        .is_some_and(|newest| *newest >= *highest && *attempt == newest - 1);
                     assert!(
-                        *attempt >= *highest,
+                        *attempt >= *highest || ends_the_one_before,
                         "{workflow_id}: step {step_id:?} written at attempt {attempt} after \
                          attempt {highest}"
                     );
-                    *highest = *attempt;
+                    *highest = (*highest).max(*attempt);
                 }
                 _ => {}
             }
@@ -89,6 +105,22 @@ mod tests {
     fn a_steps_attempt_may_stay_or_grow() {
         let mut invariants = Invariants::default();
         invariants.written(&[step(1), step(1), step(2)]);
+    }
+
+    #[test]
+    fn a_retry_ends_the_attempt_before_the_one_it_queues_even_when_sent_again() {
+        let mut invariants = Invariants::default();
+        invariants.written(&[step(1)]);
+        invariants.written(&[step(1), step(2)]);
+        invariants.written(&[step(1), step(2)]);
+    }
+
+    #[test]
+    #[should_panic(expected = "written at attempt 1 after attempt 3")]
+    fn a_retry_may_not_end_an_older_attempt() {
+        let mut invariants = Invariants::default();
+        invariants.written(&[step(3)]);
+        invariants.written(&[step(1), step(2)]);
     }
 
     #[test]

@@ -521,7 +521,13 @@ impl Actor for WorkflowSupervisor {
 /// The run as admitted, with the outcome this node's compare-and-set gave it (what the row now
 /// holds in the fields an adoption reads; `revision` and `updated_at` stay the admission's).
 fn ended_with(admitted: RunRow, outcome: store::RunOutcome) -> RunRow {
+    // The end's compare-and-set records the failure beside the admitted metadata.
+    let mut metadata = admitted.metadata.clone();
+    if let (Some(map), Some(failure)) = (metadata.as_object_mut(), &outcome.failure) {
+        map.insert("failure".into(), failure.to_json());
+    }
     RunRow {
+        metadata,
         status: outcome.status,
         error: outcome.error,
         output: outcome.output,

@@ -310,6 +310,8 @@ pub(super) fn reconcile_writes(
                     "message": format!("reconciled as failed: {}", request.reason),
                     "status": "error",
                     "runId": run_id,
+                    "attempts": step.attempt,
+                    "retryable": false,
                 })),
             ),
             release,

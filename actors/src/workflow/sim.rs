@@ -196,16 +196,79 @@ return {decision: r.approval.answer.decision, status: r.status};"#,
   agent({stepId: `wide-${n}`, agentRef: "scripted", task: n})));
 return rs.map((r) => r.output);"#,
     },
+    Script {
+        name: "retried",
+        source: r#"const a = await agent({stepId: "a", agentRef: "scripted", task: {flaky: 2},
+  retry: {maxAttempts: 3, initialIntervalMs: 1000, backoffCoefficient: 2}});
+const b = await agent({stepId: "b", agentRef: "scripted", task: {flaky: 1, asks_ms: 2500},
+  retry: {maxAttempts: 2, initialIntervalMs: 100}});
+return [a.output, a.attempts, b.attempts];"#,
+    },
+    Script {
+        name: "idempotent",
+        source: r#"const rs = await parallel(["p", "q"].map((n) => () =>
+  agent({stepId: `idem-${n}`, agentRef: "flaky", task: {flaky: 1, n}})));
+return rs.map((r) => r.output);"#,
+    },
+    Script {
+        name: "exhausted",
+        source: r#"try {
+  await agent({stepId: "x", agentRef: "scripted", task: {flaky: 5}, retry: {maxAttempts: 2}});
+} catch (e) {
+  return [e.attempts, e.retryable, e.status, e.message];
+}"#,
+    },
 ];
+
+/// The scripts the scarce-slot mixes pick from (those before the retry scripts), so that their
+/// seeds run as they did when they were found.
+const SCRIPTS_BEFORE_RETRIES: usize = 8;
+
+/// The agents of the simulation: `scripted`, and `flaky`, idempotent and tried 4 times.
+fn sim_agents() -> AgentRegistry {
+    let flaky = crate::agents::AgentConfig::Scripted {
+        name: "flaky".into(),
+        retry: runtime::policy::RetryOptions {
+            max_attempts: Some(4),
+            initial_interval_ms: Some(500),
+            ..Default::default()
+        },
+        timeout: runtime::policy::TimeoutOptions::default(),
+        idempotent: true,
+    };
+    AgentRegistry::new(&[crate::agents::AgentConfig::scripted("scripted"), flaky])
+        .expect("the simulation's agents")
+}
 
 /// The scripts the mixes without scarce slots pick from: the first ones, so that their seeds
 /// (and the regression tests named after seeds) run as they did when they were found.
 const SCRIPTS_BEFORE_SLOTS: usize = 7;
 
-/// What the simulated agent answers a task: a task `{fail: why}` fails with `why`; any other
-/// succeeds with `{echo: task}` (a task `{hang: true}` never ends unless cancelled, and one
-/// `{ask_approval}` pauses for a person: see [`Sim::agent_end`]).
-fn agent_outcome(task: &Value) -> RunOutcome {
+/// What the simulated agent answers a task at `attempt`: a task `{fail: why}` fails with
+/// `why`; `{flaky: n}` fails on its first `n` attempts (retryable, asking for `asks_ms` before
+/// the next when it says); any other succeeds with `{echo: task}` (a task `{hang: true}` never
+/// ends unless cancelled, and one `{ask_approval}` pauses for a person: see
+/// [`Sim::agent_end`]).
+fn agent_outcome(task: &Value, attempt: i64) -> RunOutcome {
+    let flaky = task
+        .get("flaky")
+        .and_then(Value::as_i64)
+        .is_some_and(|fails| attempt <= fails);
+    if flaky {
+        return RunOutcome {
+            status: RunStatus::Error,
+            error: Some(format!("flaky attempt {attempt}")),
+            output: None,
+            stop_reason: Some("agent_failed".into()),
+            total_tokens: 0,
+            message_count: 0,
+            failure: Some(store::RunFailure {
+                retryable: Some(true),
+                retry_after_ms: task.get("asks_ms").and_then(Value::as_u64),
+                ..store::RunFailure::default()
+            }),
+        };
+    }
     match task.get("fail").and_then(Value::as_str) {
         Some(why) => RunOutcome {
             status: RunStatus::Error,
@@ -268,6 +331,8 @@ struct Faults {
     /// Slots are scarce (1 to 4 in the cluster) and workflows run six agents at once: calls
     /// queue for a slot and are woken by a freed one, or by their fallback.
     slots: bool,
+    /// The scripts whose steps retry (flaky agents, an idempotent one) are in the mix.
+    retries: bool,
 }
 
 impl Faults {
@@ -278,6 +343,7 @@ impl Faults {
         controls: false,
         timeouts: false,
         slots: false,
+        retries: false,
     };
     const CRASHES: Faults = Faults {
         crashes: true,
@@ -302,6 +368,7 @@ impl Faults {
         controls: true,
         timeouts: true,
         slots: false,
+        retries: false,
     };
     const SLOTS: Faults = Faults {
         slots: true,
@@ -309,6 +376,14 @@ impl Faults {
     };
     const SLOTS_ALL: Faults = Faults {
         slots: true,
+        ..Faults::ALL
+    };
+    const RETRIES: Faults = Faults {
+        retries: true,
+        ..Faults::NONE
+    };
+    const RETRIES_ALL: Faults = Faults {
+        retries: true,
         ..Faults::ALL
     };
 }
@@ -441,6 +516,10 @@ struct Stats {
     slot_wakes: u64,
     /// Workflows left waiting for a slot that workflows waiting for reconciliation hold.
     starved: u64,
+    /// Attempts a step's retry policy queued.
+    retries: u64,
+    /// Of those, idempotent agents' runs whose outcome was unknown, closed and run again.
+    lost_retried: u64,
 }
 
 impl Stats {
@@ -459,6 +538,8 @@ impl Stats {
         self.queued += other.queued;
         self.slot_wakes += other.slot_wakes;
         self.starved += other.starved;
+        self.retries += other.retries;
+        self.lost_retried += other.lost_retried;
     }
 }
 
@@ -597,7 +678,7 @@ impl Sim {
     fn new(seed: u64, faults: Faults, nodes: usize) -> Sim {
         let clock = SimClock::at(EPOCH_MS);
         let limits = runtime::Limits::default();
-        let agents = Arc::new(AgentRegistry::default());
+        let agents = Arc::new(sim_agents());
         let versions = Versions {
             runtime: runtime::runtime_version(&limits),
             configuration: agents.configuration_version(),
@@ -1418,7 +1499,7 @@ impl Sim {
         let outcome = if child.cancelled {
             interrupted(CancelAction::Interrupt)
         } else {
-            agent_outcome(&child.task)
+            agent_outcome(&child.task, child.admitted.attempt.map_or(1, i64::from))
         };
         if let Some(child) = self.children.get_mut(run_id) {
             child.finished = true;
@@ -1814,8 +1895,13 @@ impl Sim {
         let completes = task.as_ref().filter(|task| {
             task.get("hang").is_none()
                 && task.get("ask_approval").is_none()
-                && agent_outcome(task).status == RunStatus::Success
+                && task.get("flaky").is_none()
+                && agent_outcome(task, 1).status == RunStatus::Success
         });
+        // A script that reads its steps' attempts sees the operator's retry as one more.
+        let counts_attempts = SCRIPTS[self.workflows[workflow_id]]
+            .source
+            .contains("attempts");
         let (resolution, faithful) = match (self.rng.below(3), completes) {
             (0, Some(task)) => (
                 Resolution::Complete(json!({ "echo": task })),
@@ -1826,7 +1912,7 @@ impl Sim {
                     .contains("artifactVersion"),
             ),
             (1, _) => (Resolution::Fail, false),
-            _ => (Resolution::Retry, true),
+            _ => (Resolution::Retry, !counts_attempts),
         };
         let request = ReconcileRequest {
             workflow_id: workflow_id.to_owned(),
@@ -2138,6 +2224,7 @@ impl Sim {
                 .unwrap_or_default();
             self.check_reconciled(&workflow_id, &reconciled);
             self.check_nothing_held(&workflow_id, &runs, &slots, &storage);
+            self.check_attempts(&workflow_id, &runs, &ending);
             let faithful = reconciled.iter().all(|made| made.faithful);
             match &ending {
                 Ending::Completed(_) | Ending::Failed(_) if !faithful => {
@@ -2200,6 +2287,133 @@ impl Sim {
                 }
             }
             self.check_decisions(&workflow_id);
+        }
+    }
+
+    /// An agent step's attempts keep its policy, as the journal and the runs tables show: no
+    /// more attempts than `maxAttempts` (besides an operator's retries); each attempt a policy
+    /// queued is due no sooner than its backoff (or the wait its failure asked for) after the
+    /// failure before it, and its run admitted no sooner than that; a non-idempotent agent's
+    /// attempt is run again without a person only after its run failed by itself; an
+    /// idempotent agent's step never waits for an operator.
+    fn check_attempts(&mut self, workflow_id: &WorkflowId, runs: &[RunRow], ending: &Ending) {
+        use super::machine::retry::step_policy;
+        let Some(steps) = self.read(workflow_id, "journal", |store, id| {
+            now_or_never(store.read_steps(id))
+        }) else {
+            return;
+        };
+        let mut by_seq: BTreeMap<i32, Vec<&store::StepRow>> = BTreeMap::new();
+        for step in &steps {
+            if step.kind() == Some(store::StepKind::Agent) {
+                by_seq.entry(step.seq).or_default().push(step);
+            }
+        }
+        let run_of = |run_id: &RunId| runs.iter().find(|run| &run.run_id == run_id);
+        let mut violations = Vec::new();
+        for (seq, attempts) in &by_seq {
+            let Some(record) = attempts.iter().find_map(|step| step.record()) else {
+                continue;
+            };
+            let policy = step_policy(&self.agents, &record.args);
+            let by_operator = attempts
+                .iter()
+                .filter(|step| {
+                    step.record()
+                        .and_then(|record| record.reconciled.as_ref())
+                        .is_some_and(|reconciled| reconciled.resolution == "retry")
+                })
+                .count();
+            let newest = attempts.iter().map(|step| step.attempt).max().unwrap_or(0);
+            let allowed = i64::from(policy.retry.max_attempts) + by_operator as i64;
+            if i64::from(newest) > allowed {
+                violations.push(format!(
+                    "{workflow_id} step {seq} has {newest} attempts; its policy allows {allowed}"
+                ));
+            }
+            for step in attempts {
+                let Some(store::StepRecord {
+                    call:
+                        store::StepCall::Agent {
+                            retry: Some(wait), ..
+                        },
+                    ..
+                }) = step.record()
+                else {
+                    continue;
+                };
+                self.stats.retries += 1;
+                if wait.reason.contains("idempotent") {
+                    self.stats.lost_retried += 1;
+                }
+                let before = attempts
+                    .iter()
+                    .find(|earlier| earlier.attempt == step.attempt - 1)
+                    .and_then(|earlier| earlier.record());
+                let (Some(settled_at_ms), Some(run)) = (
+                    before.and_then(|before| before.settled_at_ms),
+                    before.and_then(store::StepRecord::run_id).and_then(run_of),
+                ) else {
+                    violations.push(format!(
+                        "{workflow_id} step {seq} attempt {} was queued after no recorded failure",
+                        step.attempt
+                    ));
+                    continue;
+                };
+                let asked = store::RunFailure::of(&run.metadata).and_then(|f| f.retry_after_ms);
+                let next = u32::try_from(step.attempt).unwrap_or(u32::MAX);
+                let backoff = i64::try_from(policy.retry.delay_before(next, asked)).unwrap_or(0);
+                if wait.due_at_ms - settled_at_ms < backoff {
+                    violations.push(format!(
+                        "{workflow_id} step {seq} attempt {} is due {} ms after the failure \
+                         before it; its policy waits {backoff} ms",
+                        step.attempt,
+                        wait.due_at_ms - settled_at_ms
+                    ));
+                }
+                let admitted_early = runs.iter().any(|admitted| {
+                    admitted.workflow.as_ref() == Some(workflow_id)
+                        && admitted.step_id.as_deref() == Some(step.step_id.as_str())
+                        && admitted.attempt == Some(step.attempt)
+                        && admitted.created_at * 1000.0 + 1.0 < wait.due_at_ms as f64
+                });
+                if admitted_early {
+                    violations.push(format!(
+                        "{workflow_id} step {seq} attempt {} was admitted before its due time",
+                        step.attempt
+                    ));
+                }
+                let failed_by_itself = run.status == RunStatus::Error
+                    && run.stop_reason.as_deref() != Some("orphan_recovered");
+                if !policy.idempotent && !failed_by_itself {
+                    violations.push(format!(
+                        "{workflow_id} step {seq} was retried without a person after its run \
+                         {} ended {} ({:?}), and its agent is not idempotent",
+                        run.run_id,
+                        run.status.as_str(),
+                        run.stop_reason
+                    ));
+                }
+            }
+        }
+        if let Ending::Other(Some(WorkflowStatus::NeedsReconciliation), data) = ending {
+            let step_id = data["reconciliation"]["step_id"]
+                .as_str()
+                .unwrap_or_default();
+            let idempotent = steps
+                .iter()
+                .filter(|step| step.step_id == step_id)
+                .filter_map(store::StepRow::record)
+                .any(|record| step_policy(&self.agents, &record.args).idempotent);
+            if idempotent {
+                violations.push(format!(
+                    "{workflow_id} waits for an operator at step {step_id:?}, whose agent is \
+                     idempotent"
+                ));
+            }
+        }
+        for violation in violations {
+            self.violation(violation);
         }
     }
 
@@ -2583,8 +2797,10 @@ fn run_planted(seed: u64, faults: Faults, tracing: bool, mutant: Option<store::S
     // With scarce slots, a script whose agent hangs is left out: the hanging run holds its slot
     // until its workflow ends, so the other workflows would wait for their timeout, as they
     // would in a cluster.
-    let scripts: Vec<usize> = if faults.slots {
-        (0..SCRIPTS.len())
+    let scripts: Vec<usize> = if faults.retries {
+        (0..SCRIPTS.len()).collect()
+    } else if faults.slots {
+        (0..SCRIPTS_BEFORE_RETRIES)
             .filter(|&script| !SCRIPTS[script].source.contains("hang"))
             .collect()
     } else {
@@ -2793,6 +3009,22 @@ fn sim_scarce_slot_all_fault_seeds() {
 }
 
 #[test]
+fn sim_retry_seeds() {
+    let stats = run_seeds("sim_retry_seeds", 8_000_000, Faults::RETRIES);
+    assert_eq!(stats.completed, stats.workflows, "{stats:?}");
+    assert_bites(&stats, "retries", stats.retries, 300);
+}
+
+#[test]
+fn sim_retry_all_fault_seeds() {
+    let stats = run_seeds("sim_retry_all_fault_seeds", 9_000_000, Faults::RETRIES_ALL);
+    assert!(stats.completed * 2 >= stats.workflows, "{stats:?}");
+    assert_bites(&stats, "retries", stats.retries, 300);
+    // Idempotent agents' lost runs were closed and run again without a person.
+    assert_bites(&stats, "lost runs retried", stats.lost_retried, 5);
+}
+
+#[test]
 fn sim_all_fault_seeds() {
     let stats = run_seeds("sim_all_fault_seeds", 5_000_000, Faults::ALL);
     assert!(stats.completed * 2 >= stats.workflows, "{stats:?}");
@@ -2935,6 +3167,18 @@ fn mutant_artifact_without_grant_is_found() {
 }
 
 #[test]
+fn mutant_timer_fires_early_is_found() {
+    let planting = Planting::Rules(Mutant::TimerFiresEarly);
+    find_mutant(planting, Faults::RETRIES, 8_000_000, "before its due time");
+}
+
+#[test]
+fn mutant_attempts_unbounded_is_found() {
+    let planting = Planting::Rules(Mutant::AttemptsUnbounded);
+    find_mutant(planting, Faults::RETRIES, 8_000_000, "its policy allows");
+}
+
+#[test]
 fn mutant_orphan_reported_as_outcome_unknown_is_found() {
     let planting = Planting::Rules(Mutant::OrphanReportedAsOutcomeUnknown);
     find_mutant(
@@ -2943,6 +3187,16 @@ fn mutant_orphan_reported_as_outcome_unknown_is_found() {
         1_000_000,
         "it is orphaned, not unknown",
     );
+}
+
+/// Found by the first run of the retry mix: a script parked while both its steps waited for
+/// their next attempt's timer; both were admitted, and when one ended, the replay of the parked
+/// script made the other call again. Begun a second time, it found its own live run, took it
+/// for one of unknown outcome, and stopped it. A replay now leaves a call in flight as it is.
+#[test]
+fn seed_9000000_a_parked_scripts_replay_leaves_a_call_in_flight_alone() {
+    let run = run_seed(9_000_000, Faults::RETRIES_ALL, false);
+    assert_eq!(run.violations, Vec::<String>::new());
 }
 
 /// The operator recovered a workflow whose owner admitted a run that asked for approval and

@@ -38,7 +38,7 @@ mod checkpoint;
 mod controls;
 mod pause;
 mod read;
-mod retry;
+pub(crate) mod retry;
 mod storage;
 mod timer;
 pub(crate) mod transitions;
@@ -989,6 +989,12 @@ impl WorkflowMachine {
                 // A replay re-made a call the script no longer awaits (a failed `parallel`
                 // left it behind): nothing is begun for it. A child run it may have is asked
                 // to stop, and its slot given back, by the workflow's end at the latest.
+                continue;
+            }
+            if self.waiting.contains_key(&command.id) {
+                // A parked script's replay re-made a call this machine already carries out
+                // (an attempt admitted while the script waited for a timer): it goes on as it
+                // is, and its outcome settles into the replayed script.
                 continue;
             }
             self.begin_command(out, command, now);

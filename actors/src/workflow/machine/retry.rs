@@ -19,6 +19,7 @@ use store::{
 
 use super::transitions::{Agent, Transition};
 use super::{CHILD_CHECK, Effect, Event, Millis, Waiting, WorkflowMachine};
+use crate::agents::AgentRegistry;
 
 /// What an `agent` step retries, times out and recovers by.
 #[derive(Debug, Clone, PartialEq)]
@@ -61,24 +62,27 @@ impl AttemptFailure {
     }
 }
 
+/// The policy of an `agent` call with `args`, under the configured `agents`.
+pub(crate) fn step_policy(agents: &AgentRegistry, args: &Value) -> StepPolicy {
+    let agent = args["agentRef"].as_str().unwrap_or_default();
+    let defaults = agents
+        .get(agent)
+        .map(|agent| agent.defaults.clone())
+        .unwrap_or_default();
+    // The runtime refused a call whose keys are wrong before it was made; a call journaled
+    // before those keys existed has none.
+    let call = CallPolicy::from_call(args).unwrap_or_default();
+    StepPolicy {
+        retry: call.retry.over(&defaults.retry).policy(),
+        timeouts: call.timeout.over(&defaults.timeout),
+        idempotent: defaults.idempotent && call.idempotent != Some(false),
+    }
+}
+
 impl WorkflowMachine {
     /// The policy of an `agent` call.
     pub(super) fn policy_of(&self, command: &Command) -> StepPolicy {
-        let agent = command.args["agentRef"].as_str().unwrap_or_default();
-        let defaults = self
-            .config
-            .agents
-            .get(agent)
-            .map(|agent| agent.defaults.clone())
-            .unwrap_or_default();
-        // The runtime refused a call whose keys are wrong before it was made; a call journaled
-        // before those keys existed has none.
-        let call = CallPolicy::from_call(&command.args).unwrap_or_default();
-        StepPolicy {
-            retry: call.retry.over(&defaults.retry).policy(),
-            timeouts: call.timeout.over(&defaults.timeout),
-            idempotent: defaults.idempotent && call.idempotent != Some(false),
-        }
+        step_policy(&self.config.agents, &command.args)
     }
 
     /// When the step of call `seq` began its first attempt (its `totalMs` counts from there).

@@ -31,8 +31,17 @@ impl WorkflowMachine {
         self.took(&command.step_id, Transition::Timer(Timer::Armed));
         self.waiting
             .insert(id, (Waiting::Timer(due_at_ms), command));
+        let delay = until(due_at_ms, now);
+        #[cfg(test)]
+        let delay =
+            if crate::workflow::mutants::planted(crate::workflow::mutants::Mutant::TimerFiresEarly)
+            {
+                Duration::ZERO
+            } else {
+                delay
+            };
         out.push(Effect::After {
-            delay: until(due_at_ms, now),
+            delay,
             event: Event::TimerDue(id),
         });
     }
