@@ -21,6 +21,8 @@ const DESCRIPTIONS: &[(&str, &str, &str)] = &[
     ("reins_steps_finished_total", "counter", "Workflow steps whose outcome was journaled, by kind and outcome."),
     ("reins_child_runs_started_total", "counter", "Child runs admitted for workflow steps."),
     ("reins_child_runs_finished_total", "counter", "Child runs whose terminal outcome a workflow recorded, by status."),
+    ("reins_step_attempts_total", "counter", "Agent step attempts that ended, by agent and outcome (completed, error, timeout, interrupted)."),
+    ("reins_step_retries_scheduled_total", "counter", "Agent step attempts a retry policy queued behind a durable timer, by agent."),
     ("reins_workflows_finished_total", "counter", "Workflows that reached a final or waiting-for-an-operator status on this node, by status."),
     ("reins_reconciliations_needed_total", "counter", "Workflows this node sent to needs_reconciliation, by reason."),
     ("reins_lease_renewals_total", "counter", "Lease renewals acknowledged, by kind (run or workflow)."),

@@ -1040,7 +1040,14 @@ function stepEntry(record, step, now, previews) {
   if (step.output !== undefined && step.output !== null) {
     li.append(h("div", {class: "output"}, h("h3", {}, "Output"), json(step.output)));
   }
-  if (step.error) li.append(h("pre", {class: "error-text"}, step.error));
+  if (step.error) {
+    const how = step.error_status && step.error_status !== "error" ? ` (${step.error_status})` : "";
+    li.append(h("pre", {class: "error-text"}, step.error + how));
+  }
+  if (step.retry) {
+    li.append(h("p", {class: "meta retry"}, "Retried: starts ", time(step.retry.due_at),
+      " after ", h("span", {class: "retry-reason"}, step.retry.reason)));
+  }
   if (step.approval) {
     const approval = step.approval;
     li.append(h("div", {class: "approval"}, h("h3", {}, "The agent asked to do"),

@@ -17,8 +17,8 @@ use store::{
 
 use super::error::ApiError;
 use super::wire::{
-    ApprovalRecord, ArtifactRecord, CheckpointRecord, ReconciliationRecord, StepRecord,
-    WorkflowRecord, WorkflowSummary,
+    ApprovalRecord, ArtifactRecord, CheckpointRecord, ReconciliationRecord, RetryRecord,
+    StepRecord, WorkflowRecord, WorkflowSummary,
 };
 
 /// How many steps and artifact versions a record's page holds at most
@@ -230,6 +230,16 @@ fn step(step: &StepRow, approval_runs: &[RunRow]) -> StepRecord {
                 .as_str()
                 .map_or_else(|| v.to_string(), str::to_owned)
         }),
+        error_status: rejected.and_then(|v| text(&v["status"])),
+        retry: match record.map(|record| &record.call) {
+            Some(store::StepCall::Agent {
+                retry: Some(wait), ..
+            }) => Some(RetryRecord {
+                due_at: wait.due_at_ms as f64 / 1000.0,
+                reason: wait.reason.clone(),
+            }),
+            _ => None,
+        },
         approval,
         started_at: step.created_at,
         finished_at: settled_at(step),

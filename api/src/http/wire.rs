@@ -368,6 +368,12 @@ pub struct StepRecord {
     /// The version an agent's output or a capture became, or the version a read read.
     pub artifact_version: Option<i64>,
     pub error: Option<String>,
+    /// How a failed attempt failed: `error`, `timeout`, `interrupted` or `cancelled` (the
+    /// script's `StepError.status`).
+    pub error_status: Option<String>,
+    /// An attempt its step's retry policy queued: when it may start, and why the attempt
+    /// before is run again.
+    pub retry: Option<RetryRecord>,
     /// The agent's newest approval request, when it asked one.
     pub approval: Option<ApprovalRecord>,
     /// When the call was journaled (epoch seconds, database clock; for a step that waited for
@@ -375,6 +381,16 @@ pub struct StepRecord {
     pub started_at: f64,
     /// When its outcome was recorded (epoch seconds, the owner's clock), once it has one.
     pub finished_at: Option<f64>,
+}
+
+/// An attempt its step's retry policy queued behind a durable timer.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct RetryRecord {
+    /// When it may start (epoch seconds, the owner's clock): the wait before it is this less
+    /// the attempt before's `finished_at`.
+    pub due_at: f64,
+    /// Why the attempt before is run again: its error, or why its outcome was unknown.
+    pub reason: String,
 }
 
 /// An agent's request for a person's approval, and its answer.
