@@ -11,7 +11,13 @@
 //! - every completed result equal to the one its script must give;
 //! - every decision applied once, the one that was accepted, about the artifact version shown;
 //! - no slot, lease or live child run held by a terminal workflow;
+//! - no two runs of one step live at once (an attempt's run ended before the next one began);
 //! - no panic in any node's log.
+//!
+//! It runs twice: with the `scripted` agent as configured by default (not idempotent: a step
+//! whose run died with its node waits for an operator, honestly), and declared idempotent with
+//! a few attempts, where no workflow may end in `needs_reconciliation`: every lost run is
+//! closed and run again as the step's next attempt. Both print their counts by status.
 //!
 //! `REINS_CHAOS_SEED` picks the schedule (a failing run prints its seed) and
 //! `REINS_CHAOS_SECONDS` its length (CI runs the default, 45 s). A long run:
@@ -170,6 +176,8 @@ struct ChaosNode {
 }
 
 struct Cluster {
+    /// The configuration file every node reads, when the test gives one.
+    config: Option<String>,
     pg: std::sync::Arc<PrivatePg>,
     nodes: Vec<ChaosNode>,
     workspaces: tempfile::TempDir,
@@ -179,19 +187,25 @@ struct Cluster {
 impl Cluster {
     fn env(&self, node: usize) -> Vec<(&'static str, String)> {
         let data = self.nodes[node].dir.path().join("data");
-        vec![
-            ("REINS_DATABASE", self.pg.url()),
-            ("REINS_LISTEN", self.nodes[node].addr.to_string()),
-            ("REINS_DATA_DIR", data.display().to_string()),
-            (
-                "REINS_WORKSPACES_DIR",
-                self.workspaces.path().display().to_string(),
-            ),
-            ("REINS_SECRET", SECRET.to_owned()),
-            ("REINS_LEASE_SECONDS", "3".to_owned()),
-            ("REINS_RECOVERY", "automatic".to_owned()),
-            ("REINS_LIMITS__MAX_ACTIVE_CHILDREN", "24".to_owned()),
-        ]
+        let config = self
+            .config
+            .iter()
+            .map(|config| ("REINS_CONFIG", config.clone()));
+        config
+            .chain([
+                ("REINS_DATABASE", self.pg.url()),
+                ("REINS_LISTEN", self.nodes[node].addr.to_string()),
+                ("REINS_DATA_DIR", data.display().to_string()),
+                (
+                    "REINS_WORKSPACES_DIR",
+                    self.workspaces.path().display().to_string(),
+                ),
+                ("REINS_SECRET", SECRET.to_owned()),
+                ("REINS_LEASE_SECONDS", "3".to_owned()),
+                ("REINS_RECOVERY", "automatic".to_owned()),
+                ("REINS_LIMITS__MAX_ACTIVE_CHILDREN", "24".to_owned()),
+            ])
+            .collect()
     }
 
     async fn start(&mut self, node: usize) {
@@ -414,6 +428,32 @@ async fn answer(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn chaos_on_three_nodes_and_a_restarting_postgresql_keeps_every_invariant() {
+    chaos(None).await;
+}
+
+/// The same chaos with the `scripted` agent declared idempotent: a run lost with its node is
+/// closed and run again as the step's next attempt, so nothing waits for an operator.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn chaos_with_an_idempotent_agent_needs_no_operator() {
+    let files = tempfile::tempdir().expect("temp dir");
+    let config = files.path().join("config.toml");
+    std::fs::write(
+        &config,
+        "[[agents]]\nname = \"scripted\"\nkind = \"scripted\"\nidempotent = true\n\
+         retry = { max_attempts = 6, initial_interval_ms = 100, max_interval_ms = 400 }\n",
+    )
+    .expect("write the configuration");
+    let by_status = chaos(Some(config.display().to_string())).await;
+    assert_eq!(
+        by_status.get("needs_reconciliation"),
+        None,
+        "an idempotent agent's workflow waits for an operator: {by_status:?}"
+    );
+}
+
+/// Runs the chaos (every node reading `config`, when given) and answers how many workflows
+/// ended in each status.
+async fn chaos(config: Option<String>) -> BTreeMap<String, usize> {
     let seed = seed();
     eprintln!("chaos seed {seed} (REINS_CHAOS_SEED={seed} reproduces this schedule)");
     let mut dice = Dice(seed.max(1));
@@ -421,6 +461,7 @@ async fn chaos_on_three_nodes_and_a_restarting_postgresql_keeps_every_invariant(
         .await
         .expect("postgres");
     let mut cluster = Cluster {
+        config,
         pg: std::sync::Arc::new(pg),
         nodes: (0..3)
             .map(|_| ChaosNode {
@@ -668,6 +709,10 @@ async fn chaos_on_three_nodes_and_a_restarting_postgresql_keeps_every_invariant(
         ("decisions recorded twice for one checkpoint",
          "SELECT count(*) FROM (SELECT workflow, step_id, attempt FROM workflow_controls
             WHERE kind = 'decide' GROUP BY 1, 2, 3 HAVING count(*) > 1) d"),
+        ("steps with two runs live at once (an attempt begun before the one before ended)",
+         "SELECT count(*) FROM runs a JOIN runs b
+             ON a.workflow = b.workflow AND a.step_id = b.step_id AND a.attempt < b.attempt
+          WHERE b.created_at < a.updated_at"),
     ] {
         let found = count(sql).await;
         if found != 0 {
@@ -698,8 +743,14 @@ async fn chaos_on_three_nodes_and_a_restarting_postgresql_keeps_every_invariant(
             violations.push(format!("node {node} panicked: {line}"));
         }
     }
+    let retried = count("SELECT count(*) FROM runs WHERE attempt > 1").await;
+    let lost = count(
+        "SELECT count(*) FROM workflow_steps WHERE data->'retry'->>'reason' LIKE '%idempotent%'",
+    )
+    .await;
     eprintln!(
-        "chaos seed {seed}: {} workflows {by_status:?}; faults: {faults:?}",
+        "chaos seed {seed}: {} workflows {by_status:?}; {retried} runs of later attempts, \
+         {lost} of them for a run lost with its node; faults: {faults:?}",
         tracked.len()
     );
     assert!(
@@ -708,4 +759,5 @@ async fn chaos_on_three_nodes_and_a_restarting_postgresql_keeps_every_invariant(
         violations.len(),
         violations.join("\n")
     );
+    by_status
 }
