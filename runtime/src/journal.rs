@@ -13,6 +13,8 @@ pub enum CallKind {
     HumanCheckpoint,
     CaptureArtifact,
     ReadArtifact,
+    /// A durable timer (`sleep`, `sleepUntil`).
+    Sleep,
 }
 
 impl CallKind {
@@ -23,6 +25,7 @@ impl CallKind {
             "humanCheckpoint" => CallKind::HumanCheckpoint,
             "captureArtifact" => CallKind::CaptureArtifact,
             "readArtifact" => CallKind::ReadArtifact,
+            "sleep" => CallKind::Sleep,
             _ => return None,
         })
     }
@@ -34,6 +37,7 @@ impl CallKind {
             CallKind::HumanCheckpoint => "humanCheckpoint",
             CallKind::CaptureArtifact => "captureArtifact",
             CallKind::ReadArtifact => "readArtifact",
+            CallKind::Sleep => "sleep",
         }
     }
 

@@ -132,6 +132,18 @@
   globalThis.pause = (args) => call("pause", args);
   globalThis.captureArtifact = (args) => call("captureArtifact", args);
   globalThis.readArtifact = (args) => call("readArtifact", args);
+  globalThis.sleep = (args) => call("sleep", args);
+  // `at` is epoch milliseconds or an ISO 8601 text; the journal keeps it as milliseconds.
+  globalThis.sleepUntil = (args) => {
+    if (args === null || typeof args !== "object" || isArray(args)) {
+      return promiseReject(new RealTypeError("sleepUntil takes one object"));
+    }
+    const { at, ...rest } = args;
+    // A text without its offset would mean another time on a node in another zone.
+    const untilMs = typeof at !== "string" ? at
+      : /(Z|[+-]\d\d:\d\d)$/.test(at) ? RealDate.parse(at) : NaN;
+    return call("sleep", { ...rest, untilMs: untilMs === untilMs ? untilMs : String(at) });
+  };
   globalThis.humanCheckpoint = async (args) => {
     const decision = await call("humanCheckpoint", args);
     if (decision && decision.decision === "reject" && args.onReject !== "return") {

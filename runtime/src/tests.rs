@@ -78,7 +78,7 @@ fn every_call_answer(command: &Command) -> Outcome {
             Outcome::Resolved(json!({"decision": "approve", "decidedBy": "ada"}))
         }
         CallKind::Pause => Outcome::Resolved(json!({"input": 7})),
-        CallKind::ReadArtifact => Outcome::Resolved(json!("file text")),
+        CallKind::ReadArtifact | CallKind::Sleep => Outcome::Resolved(json!("file text")),
         CallKind::CaptureArtifact => Outcome::Resolved(json!({"artifactVersion": 1, "bytes": 3})),
         CallKind::Agent => echo(command),
     }
@@ -1065,4 +1065,52 @@ fn kept_bytecode_is_bounded_and_named_by_the_script_and_its_compile_limits() {
         Ok(Status::Completed(json!(1)))
     );
     assert!(none.is_empty(), "entries_max 0 keeps nothing");
+}
+
+#[test]
+fn a_sleep_takes_ms_or_a_time_with_its_offset_and_journals_it_as_milliseconds() {
+    let script = r#"
+        const errors = [];
+        for (const call of [
+            () => sleep({stepId: "neg", ms: -1}),
+            () => sleep({stepId: "long", ms: 30 * 86400000 + 1}),
+            () => sleep({stepId: "none"}),
+            () => sleepUntil({stepId: "local", at: "2026-12-03T17:00:00"}),
+            () => sleepUntil({stepId: "junk", at: "tomorrow"}),
+            () => sleep({stepId: "both", ms: 1, untilMs: 2}),
+        ]) {
+            try { await call(); } catch (e) { errors.push(e.message); }
+        }
+        await sleep({stepId: "nap", ms: 0});
+        await sleepUntil({stepId: "utc", at: "2026-12-03T17:00:00Z"});
+        await sleepUntil({stepId: "ms", at: 1796317200000});
+        return errors;
+    "#;
+    let (status, journal, _) = drive(script, json!({}), options(vec![]), |_| {
+        Outcome::Resolved(Value::Null)
+    });
+    let Status::Completed(errors) = status else {
+        panic!("{status:?}")
+    };
+    assert_eq!(
+        errors,
+        json!([
+            "sleep \"neg\": ms is -1: it must be a whole number of milliseconds, 0 to 2592000000 (30 days)",
+            "sleep \"long\": ms is 2592000001: it must be a whole number of milliseconds, 0 to 2592000000 (30 days)",
+            "sleep \"none\" needs ms (sleep) or at (sleepUntil), not both",
+            "sleepUntil \"local\": at is \"2026-12-03T17:00:00\": it must be a time (epoch milliseconds, or an ISO 8601 text with its offset)",
+            "sleepUntil \"junk\": at is \"tomorrow\": it must be a time (epoch milliseconds, or an ISO 8601 text with its offset)",
+            "sleep \"both\" needs ms (sleep) or at (sleepUntil), not both",
+        ])
+    );
+    let args: Vec<&Value> = journal.iter().map(|entry| &entry.args).collect();
+    assert_eq!(
+        args,
+        [
+            &json!({"stepId": "nap", "ms": 0}),
+            &json!({"stepId": "utc", "untilMs": 1796317200000_i64}),
+            &json!({"stepId": "ms", "untilMs": 1796317200000_i64}),
+        ]
+    );
+    assert!(journal.iter().all(|entry| entry.kind == CallKind::Sleep));
 }

@@ -625,6 +625,9 @@ impl Host {
 
 /// The options each call takes: any other is refused, naming it (an option a script believes
 /// it set, say `retries`, is never silently ignored).
+/// The longest `sleep` (`ms`): 30 days.
+pub const SLEEP_MS_MAX: u64 = 30 * 86_400_000;
+
 fn options_of(kind: CallKind) -> &'static [&'static str] {
     match kind {
         CallKind::Agent => &[
@@ -639,6 +642,7 @@ fn options_of(kind: CallKind) -> &'static [&'static str] {
         CallKind::HumanCheckpoint => &["stepId", "sourceStepId", "artifactVersion", "onReject"],
         CallKind::CaptureArtifact => &["stepId", "sourceStepId", "path"],
         CallKind::ReadArtifact => &["artifactVersion"],
+        CallKind::Sleep => &["stepId", "ms", "untilMs"],
     }
 }
 
@@ -706,6 +710,29 @@ fn check_args(kind: CallKind, args: &Value, seq: u32) -> Result<String, String> 
                 .ok_or_else(|| format!("{name} {step_id:?} needs a sourceStepId"))?;
             text("path").ok_or_else(|| format!("{name} {step_id:?} needs a path"))?;
         }
+        CallKind::Sleep => match (args.get("ms"), args.get("untilMs")) {
+            (Some(ms), None) => {
+                if ms.as_u64().is_none_or(|ms| ms > SLEEP_MS_MAX) {
+                    return Err(format!(
+                        "sleep {step_id:?}: ms is {ms}: it must be a whole number of \
+                         milliseconds, 0 to {SLEEP_MS_MAX} (30 days)"
+                    ));
+                }
+            }
+            (None, Some(at)) => {
+                if at.as_u64().is_none() {
+                    return Err(format!(
+                        "sleepUntil {step_id:?}: at is {at}: it must be a time (epoch \
+                         milliseconds, or an ISO 8601 text with its offset)"
+                    ));
+                }
+            }
+            _ => {
+                return Err(format!(
+                    "sleep {step_id:?} needs ms (sleep) or at (sleepUntil), not both"
+                ));
+            }
+        },
         CallKind::Pause | CallKind::ReadArtifact => {}
     }
     Ok(step_id)

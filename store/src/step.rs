@@ -19,6 +19,7 @@
 //!   began (its `totalMs` counts from there), and why the attempt before is run again;
 //! - `detached: true` (an `agent` attempt a failed `parallel` left behind, journaled
 //!   `cancelled`), `run_status` (an `agent` attempt a cancellation ended: its run's status);
+//! - `due_at_ms` (a `sleep`): when its timer is due, epoch milliseconds;
 //! - `reconciled` (an attempt an operator reconciled): `{"by", "reason", "resolution"}`.
 //!
 //! The event triggers of migrations 18, 21 and 26 read `args.artifactVersion` (a checkpoint's
@@ -42,16 +43,18 @@ pub enum StepKind {
     HumanCheckpoint,
     CaptureArtifact,
     ReadArtifact,
+    Sleep,
 }
 
 impl StepKind {
     /// Every kind.
-    pub const ALL: [StepKind; 5] = [
+    pub const ALL: [StepKind; 6] = [
         StepKind::Agent,
         StepKind::Pause,
         StepKind::HumanCheckpoint,
         StepKind::CaptureArtifact,
         StepKind::ReadArtifact,
+        StepKind::Sleep,
     ];
 
     /// The stored text.
@@ -62,6 +65,7 @@ impl StepKind {
             StepKind::HumanCheckpoint => "humanCheckpoint",
             StepKind::CaptureArtifact => "captureArtifact",
             StepKind::ReadArtifact => "readArtifact",
+            StepKind::Sleep => "sleep",
         }
     }
 }
@@ -116,6 +120,10 @@ pub enum StepCall {
     HumanCheckpoint,
     CaptureArtifact,
     ReadArtifact,
+    /// A durable timer: when it is due, in epoch milliseconds (journaled with the call).
+    Sleep {
+        due_at_ms: Option<i64>,
+    },
 }
 
 impl StepCall {
@@ -133,6 +141,7 @@ impl StepCall {
             StepKind::HumanCheckpoint => StepCall::HumanCheckpoint,
             StepKind::CaptureArtifact => StepCall::CaptureArtifact,
             StepKind::ReadArtifact => StepCall::ReadArtifact,
+            StepKind::Sleep => StepCall::Sleep { due_at_ms: None },
         }
     }
 
@@ -143,6 +152,7 @@ impl StepCall {
             StepCall::HumanCheckpoint => StepKind::HumanCheckpoint,
             StepCall::CaptureArtifact => StepKind::CaptureArtifact,
             StepCall::ReadArtifact => StepKind::ReadArtifact,
+            StepCall::Sleep { .. } => StepKind::Sleep,
         }
     }
 }
@@ -285,6 +295,12 @@ impl StepRecord {
                 data.insert("run_status".into(), status.as_str().into());
             }
         }
+        if let StepCall::Sleep {
+            due_at_ms: Some(due),
+        } = &self.call
+        {
+            data.insert("due_at_ms".into(), (*due).into());
+        }
         if let Some(reconciled) = &self.reconciled {
             data.insert(
                 "reconciled".into(),
@@ -327,39 +343,48 @@ impl StepRecord {
                     .map_err(|e| invalid(format!("its reconcile: {e}")))?,
             ),
         };
-        let call = match kind {
-            StepKind::Agent => {
-                let child = match text("run_id")? {
-                    Some(run_id) => Some(Box::new(StepChild {
-                        run_id: RunId::from(run_id),
-                        thread_id: text("thread_id")?.unwrap_or_default(),
-                        configuration_version: text("configuration_version")?,
-                    })),
-                    None => None,
-                };
-                let run_status = match text("run_status")? {
-                    Some(status) => Some(
-                        RunStatus::parse(&status)
-                            .ok_or_else(|| invalid(format!("run_status {status:?}")))?,
-                    ),
-                    None => None,
-                };
-                StepCall::Agent {
-                    child,
-                    previous_run_id: text("previous_run_id")?.map(RunId::from),
-                    detached: data["detached"] == Value::Bool(true),
-                    run_status,
-                    retry: match &data["retry"] {
-                        Value::Null => None,
-                        wait => Some(
-                            serde_json::from_value(wait.clone())
-                                .map_err(|e| invalid(format!("its retry: {e}")))?,
+        let call =
+            match kind {
+                StepKind::Agent => {
+                    let child = match text("run_id")? {
+                        Some(run_id) => Some(Box::new(StepChild {
+                            run_id: RunId::from(run_id),
+                            thread_id: text("thread_id")?.unwrap_or_default(),
+                            configuration_version: text("configuration_version")?,
+                        })),
+                        None => None,
+                    };
+                    let run_status = match text("run_status")? {
+                        Some(status) => Some(
+                            RunStatus::parse(&status)
+                                .ok_or_else(|| invalid(format!("run_status {status:?}")))?,
                         ),
-                    },
+                        None => None,
+                    };
+                    StepCall::Agent {
+                        child,
+                        previous_run_id: text("previous_run_id")?.map(RunId::from),
+                        detached: data["detached"] == Value::Bool(true),
+                        run_status,
+                        retry: match &data["retry"] {
+                            Value::Null => None,
+                            wait => Some(
+                                serde_json::from_value(wait.clone())
+                                    .map_err(|e| invalid(format!("its retry: {e}")))?,
+                            ),
+                        },
+                    }
                 }
-            }
-            kind => StepCall::new(kind),
-        };
+                StepKind::Sleep => StepCall::Sleep {
+                    due_at_ms: match &data["due_at_ms"] {
+                        Value::Null => None,
+                        at => Some(at.as_i64().ok_or_else(|| {
+                            invalid(format!("due_at_ms {at} is not a whole number"))
+                        })?),
+                    },
+                },
+                kind => StepCall::new(kind),
+            };
         Ok(StepRecord {
             call,
             args: data["args"].clone(),

@@ -83,7 +83,7 @@ fn journal_entry(seq: u32, step: &store::StepRow) -> Result<JournalEntry, String
     })
 }
 
-/// The runtime's call kind of a stored step kind, and back: the same five, named alike.
+/// The runtime's call kind of a stored step kind, and back: the same six, named alike.
 pub(crate) fn call_kind(kind: StepKind) -> CallKind {
     match kind {
         StepKind::Agent => CallKind::Agent,
@@ -91,6 +91,7 @@ pub(crate) fn call_kind(kind: StepKind) -> CallKind {
         StepKind::HumanCheckpoint => CallKind::HumanCheckpoint,
         StepKind::CaptureArtifact => CallKind::CaptureArtifact,
         StepKind::ReadArtifact => CallKind::ReadArtifact,
+        StepKind::Sleep => CallKind::Sleep,
     }
 }
 
@@ -101,6 +102,7 @@ pub(crate) fn step_kind(kind: CallKind) -> StepKind {
         CallKind::HumanCheckpoint => StepKind::HumanCheckpoint,
         CallKind::CaptureArtifact => StepKind::CaptureArtifact,
         CallKind::ReadArtifact => StepKind::ReadArtifact,
+        CallKind::Sleep => StepKind::Sleep,
     }
 }
 

@@ -218,6 +218,12 @@ return rs.map((r) => r.output);"#,
   return [e.attempts, e.retryable, e.status, e.message];
 }"#,
     },
+    Script {
+        name: "sleep",
+        source: r#"await sleep({stepId: "nap", ms: 4000});
+const a = await agent({stepId: "after", agentRef: "scripted", task: "woke"});
+return a.output;"#,
+    },
 ];
 
 /// The scripts the scarce-slot mixes pick from (those before the retry scripts), so that their
@@ -2225,6 +2231,7 @@ impl Sim {
             self.check_reconciled(&workflow_id, &reconciled);
             self.check_nothing_held(&workflow_id, &runs, &slots, &storage);
             self.check_attempts(&workflow_id, &runs, &ending);
+            self.check_sleeps(&workflow_id);
             let faithful = reconciled.iter().all(|made| made.faithful);
             match &ending {
                 Ending::Completed(_) | Ending::Failed(_) if !faithful => {
@@ -2414,6 +2421,43 @@ impl Sim {
         }
         for violation in violations {
             self.violation(violation);
+        }
+    }
+
+    /// A `sleep` fires once, and never before the due time journaled with it (a takeover's
+    /// replay waits for the same time).
+    fn check_sleeps(&mut self, workflow_id: &WorkflowId) {
+        let Some(steps) = self.read(workflow_id, "journal", |store, id| {
+            now_or_never(store.read_steps(id))
+        }) else {
+            return;
+        };
+        for step in steps
+            .iter()
+            .filter(|step| step.kind() == Some(store::StepKind::Sleep))
+        {
+            let Some(record) = step.record() else {
+                continue;
+            };
+            let store::StepCall::Sleep { due_at_ms } = record.call else {
+                continue;
+            };
+            let woke = (due_at_ms, record.settled_at_ms);
+            if let (Some(due), Some(settled)) = woke
+                && settled < due
+            {
+                self.violation(format!(
+                    "{workflow_id} sleep {:?} woke {} ms before its due time",
+                    step.step_id,
+                    due - settled
+                ));
+            }
+            if step.attempt != 1 {
+                self.violation(format!(
+                    "{workflow_id} sleep {:?} was journaled as attempt {}",
+                    step.step_id, step.attempt
+                ));
+            }
         }
     }
 
@@ -3170,6 +3214,17 @@ fn mutant_artifact_without_grant_is_found() {
 fn mutant_timer_fires_early_is_found() {
     let planting = Planting::Rules(Mutant::TimerFiresEarly);
     find_mutant(planting, Faults::RETRIES, 8_000_000, "before its due time");
+}
+
+#[test]
+fn mutant_timer_fires_early_wakes_a_sleep_early() {
+    let planting = Planting::Rules(Mutant::TimerFiresEarly);
+    find_mutant(
+        planting,
+        Faults::RETRIES,
+        8_000_000,
+        "ms before its due time",
+    );
 }
 
 #[test]

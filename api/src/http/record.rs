@@ -240,6 +240,12 @@ fn step(step: &StepRow, approval_runs: &[RunRow]) -> StepRecord {
             }),
             _ => None,
         },
+        wakes_at: match record.map(|record| &record.call) {
+            Some(store::StepCall::Sleep {
+                due_at_ms: Some(due),
+            }) => Some(*due as f64 / 1000.0),
+            _ => None,
+        },
         approval,
         started_at: step.created_at,
         finished_at: settled_at(step),

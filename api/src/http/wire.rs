@@ -374,6 +374,8 @@ pub struct StepRecord {
     /// An attempt its step's retry policy queued: when it may start, and why the attempt
     /// before is run again.
     pub retry: Option<RetryRecord>,
+    /// A `sleep`: when its timer is due (epoch seconds, the owner's clock).
+    pub wakes_at: Option<f64>,
     /// The agent's newest approval request, when it asked one.
     pub approval: Option<ApprovalRecord>,
     /// When the call was journaled (epoch seconds, database clock; for a step that waited for

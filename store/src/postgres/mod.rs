@@ -828,6 +828,7 @@ fn stored_kind(kind: crate::StepKind) -> &'static crate::StepKind {
         StepKind::HumanCheckpoint => &StepKind::HumanCheckpoint,
         StepKind::CaptureArtifact => &StepKind::CaptureArtifact,
         StepKind::ReadArtifact => &StepKind::ReadArtifact,
+        StepKind::Sleep => &StepKind::Sleep,
     }
 }
 

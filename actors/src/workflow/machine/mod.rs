@@ -39,6 +39,7 @@ mod controls;
 mod pause;
 mod read;
 pub(crate) mod retry;
+mod sleep;
 mod storage;
 mod timer;
 pub(crate) mod transitions;
@@ -412,6 +413,8 @@ pub(crate) struct WorkflowMachine {
     attempts: BTreeMap<u32, i32>,
     /// The durable timer of each call whose current attempt its retry policy queued.
     retry_waits: BTreeMap<u32, RetryWait>,
+    /// When each `sleep` call is due, as journaled with it.
+    sleep_dues: BTreeMap<u32, Millis>,
     /// When each agent call's first attempt began on this node (its `totalMs` counts from
     /// there; a later attempt's record carries it).
     first_attempts: BTreeMap<u32, Millis>,
@@ -461,6 +464,7 @@ impl WorkflowMachine {
             artifacts: 0,
             attempts: BTreeMap::new(),
             retry_waits: BTreeMap::new(),
+            sleep_dues: BTreeMap::new(),
             first_attempts: BTreeMap::new(),
             closing: BTreeSet::new(),
             journal: Vec::new(),
@@ -870,6 +874,19 @@ impl WorkflowMachine {
                         _ => None,
                     })
                     .collect();
+                self.sleep_dues = newest
+                    .iter()
+                    .filter_map(|(seq, step)| match step.record() {
+                        Some(StepRecord {
+                            call:
+                                StepCall::Sleep {
+                                    due_at_ms: Some(due),
+                                },
+                            ..
+                        }) => Some((*seq, *due)),
+                        _ => None,
+                    })
+                    .collect();
                 match journal {
                     // A cancel replays nothing: it waits for the children its journal shows
                     // running, and its end stops every live child run of the workflow, so an
@@ -956,13 +973,18 @@ impl WorkflowMachine {
             let ops = activation
                 .journal
                 .iter()
-                .map(|entry| {
-                    let status = if entry.kind == CallKind::Agent {
-                        StepStatus::Queued
-                    } else {
-                        StepStatus::Running
-                    };
-                    self.step_op(entry, status, None)
+                .map(|entry| match entry.kind {
+                    CallKind::Agent => self.step_op(entry, StepStatus::Queued, None),
+                    CallKind::Sleep => {
+                        // Its due time is fixed now, and journaled with the call.
+                        let due_at_ms = sleep::due_at(entry, now);
+                        self.sleep_dues.insert(entry.seq, due_at_ms);
+                        let call = StepCall::Sleep {
+                            due_at_ms: Some(due_at_ms),
+                        };
+                        self.step_op(entry, StepStatus::Running, Some(call))
+                    }
+                    _ => self.step_op(entry, StepStatus::Running, None),
                 })
                 .collect();
             // New calls only: a replayed call resolves from the journal and is not here, so a
@@ -1056,6 +1078,7 @@ impl WorkflowMachine {
             CallKind::HumanCheckpoint => self.begin_checkpoint(command),
             CallKind::CaptureArtifact => self.begin_capture(out, command),
             CallKind::ReadArtifact => self.begin_read(out, command),
+            CallKind::Sleep => self.begin_sleep(out, command, now),
         }
     }
 
@@ -1068,7 +1091,7 @@ impl WorkflowMachine {
             CallKind::CaptureArtifact => self.capture(out, id, command),
             CallKind::ReadArtifact => self.read(out, id, command),
             // Only captures and reads post `Local`; the rest wait for others.
-            CallKind::Agent | CallKind::Pause | CallKind::HumanCheckpoint => {}
+            CallKind::Agent | CallKind::Pause | CallKind::HumanCheckpoint | CallKind::Sleep => {}
         }
     }
 

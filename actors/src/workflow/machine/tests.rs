@@ -2110,7 +2110,88 @@ fn an_idempotent_agents_lost_run_is_closed_and_retried_without_a_person() {
     );
 }
 
+#[test]
+fn a_sleep_journals_its_due_time_parks_and_resolves_once_due_even_after_a_takeover() {
+    let mut m = machine(Start::Fresh);
+    drive(&mut m, Event::Begin);
+    let nap = call(
+        0,
+        CallKind::Sleep,
+        "nap",
+        json!({"stepId": "nap", "ms": 5_000}),
+    );
+    let (described, effects) = drive_with(
+        &mut m,
+        activation(vec![nap.clone()], Status::Waiting),
+        NOW,
+        |_| None,
+    );
+    assert_eq!(
+        described,
+        [
+            "write [step nap running]",
+            "count reins_steps_started_total",
+            "after 5000ms TimerDue(CallId(0))",
+            "park",
+        ]
+    );
+    let Some(WriteOp::PutStep { record, .. }) = written(&effects).into_iter().next() else {
+        panic!("the sleep journaled");
+    };
+    assert_eq!(
+        record.call,
+        StepCall::Sleep {
+            due_at_ms: Some(NOW + 5_000)
+        }
+    );
+    let (described, effects) =
+        drive_with(&mut m, Event::TimerDue(CallId(0)), NOW + 5_000, |_| None);
+    assert_eq!(described[0], "activate start []");
+    let Some(Effect::Activate {
+        start: Some(start), ..
+    }) = effects.first()
+    else {
+        panic!("a replay of the parked script");
+    };
+    assert_eq!(
+        start.options.journal[0].outcome,
+        Some(Outcome::Resolved(Value::Null))
+    );
+
+    // A takeover waits for the journaled time, not `ms` from its own start.
+    let mut m = machine(Start::Replay);
+    drive(&mut m, Event::Begin);
+    let row = StepRow {
+        seq: 0,
+        step_id: "nap".into(),
+        attempt: 1,
+        status: StepStatus::Running,
+        record: store::StepRecord::decode(
+            "sleep",
+            &json!({"args": nap.0.args, "due_at_ms": NOW + 5_000}),
+        )
+        .map_err(|e| e.to_string()),
+        created_at: 0.0,
+    };
+    drive(&mut m, Event::JournalRead(Ok((0, vec![row]))));
+    let replayed = Event::Activated {
+        result: Ok(Activation {
+            commands: vec![nap.1],
+            cancels: Vec::new(),
+            journal: Vec::new(),
+            status: Status::Waiting,
+            logs: Vec::new(),
+        }),
+        run_id: "unused".into(),
+    };
+    assert_eq!(
+        drive_with(&mut m, replayed, NOW + 4_000, |_| None).0,
+        ["after 1000ms TimerDue(CallId(0))", "park"]
+    );
+}
+
 const EVERY_TEST: &[fn()] = &[
+    a_sleep_journals_its_due_time_parks_and_resolves_once_due_even_after_a_takeover,
     a_failed_attempt_is_retried_as_a_new_run_behind_a_durable_timer_until_its_policy_says_no,
     a_failure_the_agent_or_the_policy_calls_final_is_not_retried,
     a_takeover_waits_for_the_journaled_due_time_of_the_next_attempt_not_from_zero,

@@ -1,5 +1,5 @@
-//! The durable timer: a call waits until a time journaled with it (an `agent` attempt its retry
-//! policy queued). The due time is in the journal, so a node that takes the workflow over waits
+//! The durable timer: a call waits until a time journaled with it (a `sleep`, or an `agent`
+//! attempt its retry policy queued). The due time is in the journal, so a node that takes the workflow over waits
 //! for the same time, not from zero, and a timer that came due while no node ran the workflow
 //! fires at once. A workflow that waits only for timers (and people) is parked: its VM is
 //! dropped, and it holds no slot (transitions: [`Timer`]).
@@ -71,7 +71,8 @@ impl WorkflowMachine {
         self.took(&command.step_id, Transition::Timer(Timer::Fired));
         match command.kind {
             CallKind::Agent => self.next_attempt_due(out, id),
-            // Only an agent's next attempt waits for a timer.
+            CallKind::Sleep => self.woke(out, id, now),
+            // Only an agent's next attempt and a sleep wait for a timer.
             CallKind::Pause
             | CallKind::HumanCheckpoint
             | CallKind::CaptureArtifact

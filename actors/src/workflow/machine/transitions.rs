@@ -82,7 +82,17 @@ table! {
 }
 
 table! {
-    /// The durable timer a call waits for (`timer.rs`): an agent's next attempt.
+    /// `sleep`: waits for its durable timer, due at the time journaled with the call.
+    Sleep {
+        /// New (or replayed) call: waits until its due time.
+        Begun,
+        /// Due: resolves with `null`.
+        Woke,
+    }
+}
+
+table! {
+    /// The durable timer a call waits for (`timer.rs`): a sleep, or an agent's next attempt.
     Timer {
         /// The call waits until its journaled due time.
         Armed,
@@ -166,6 +176,7 @@ pub(crate) enum Transition {
     Capture(Capture),
     Read(Read),
     Storage(Storage),
+    Sleep(Sleep),
     Timer(Timer),
 }
 
@@ -179,6 +190,7 @@ impl Transition {
         all.extend(Capture::ALL.iter().map(|&t| Transition::Capture(t)));
         all.extend(Read::ALL.iter().map(|&t| Transition::Read(t)));
         all.extend(Storage::ALL.iter().map(|&t| Transition::Storage(t)));
+        all.extend(Sleep::ALL.iter().map(|&t| Transition::Sleep(t)));
         all.extend(Timer::ALL.iter().map(|&t| Transition::Timer(t)));
         all
     }
