@@ -113,6 +113,7 @@ async fn child_runs(node: &Node, backend: &str, concurrency: usize, total: usize
                     idempotency_key: None,
                     step: None,
                     run_id: None,
+                    timeouts: Default::default(),
                 };
                 let Ok(Admitted::Started { ended, .. }) = runs.start(request).await else {
                     panic!("a bench run was not started");

@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use crate::http_api::{Db, Node, SECRET, initialize, launch, wait_for};
+use crate::http_api::{ADMIN, Db, Node, PASSWORD, SECRET, initialize, launch, wait_for};
 
 /// Writes `config.toml` into `dir` with the scripted agent and one `command` agent per entry of
 /// `agents`: (name, shell script body, extra TOML keys). Returns the file's path.
@@ -133,6 +133,7 @@ async fn a_command_agent_sees_none_of_the_nodes_secrets_and_only_what_its_config
     .await;
     let record = wait_for(&mut api, &run, "failed").await.to_string();
     for named in [
+        "REINS_ATTEMPT=1",
         "GREETING=hello from config",
         "PASS_ME=passed-value",
         "PATH=",
@@ -141,6 +142,8 @@ async fn a_command_agent_sees_none_of_the_nodes_secrets_and_only_what_its_config
     ] {
         assert!(record.contains(named), "{named:?} is missing: {record}");
     }
+    // The node's own variables never reach it: the one `REINS_` variable it sees is its attempt.
+    let record = record.replace("REINS_ATTEMPT=1", "");
     for leak in [
         "REINS_",
         "sk-test-must-not-leak",
@@ -354,4 +357,99 @@ echo '{"type": "output", "output": "started"}'"#;
     gone(&["hold-setsid", "hold-double"], "after the node was killed");
     let _again = Node::start(&db, &env);
     gone(&["hold-setsid", "hold-double"], "after the next start");
+}
+
+/// Issue 31, "Also found": a node drained by SIGTERM left an agent's grandchild running. Here the
+/// grandchild ignores SIGTERM, and it must be gone within the agent's `grace_ms` and a margin
+/// however its run ends: cancelled, timed out by `timeout.attempt_ms`, its node killed by
+/// SIGKILL, its node drained by SIGTERM.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grandchild_ignoring_sigterm_dies_however_its_run_or_its_node_stops() {
+    let db = Db::new(false).await;
+    let files = tempfile::tempdir().expect("temp dir");
+    let pids = Pids {
+        dir: files.path().join("pids"),
+    };
+    std::fs::create_dir(&pids.dir).expect("pids folder");
+    const GRACE_MS: u64 = 1_000;
+    let extra = format!(
+        "grace_ms = {GRACE_MS}\nenv = {{ PIDS = \"{0}\" }}\nwrite_paths = [\"{0}\"]",
+        pids.dir.display()
+    );
+    // The task names the grandchild's pid file; the program then waits for it forever.
+    let body = r#"read -r line
+task=$(printf '%s\n' "$line" | sed -n 's/.*"task":"\([^"\\]*\)".*/\1/p')
+sh -c 'trap "" TERM; echo $$ > "$PIDS/$0"; exec sleep 300' "$task" &
+wait"#;
+    let timed = format!("{extra}\ntimeout = {{ attempt_ms = 1000 }}");
+    let config = write_config(
+        files.path(),
+        &[("stubborn", body, &extra), ("stubborn-timed", body, &timed)],
+    );
+    let env = [("REINS_CONFIG", config)];
+    let margin = Duration::from_millis(GRACE_MS) + Duration::from_secs(3);
+    let gone_within = |name: &str, since: Instant, within: Duration, what: &str| {
+        let pid = pids.read(name).expect("pid");
+        while alive(pid) {
+            assert!(
+                since.elapsed() < within,
+                "{what}: the grandchild that ignores SIGTERM ({pid}) still runs after {:?}",
+                since.elapsed()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    let step = |agent: &str, task: &str| {
+        format!(r#"return await agent({{stepId: "s", agentRef: "{agent}", task: "{task}"}});"#)
+    };
+
+    let mut node = Node::start(&db, &env);
+    let mut api = initialize(&node).await;
+
+    // The run is cancelled.
+    let run = launch(&mut api, &step("stubborn", "cancelled")).await;
+    pids.wait_for(&["cancelled"]);
+    let asked = Instant::now();
+    let answer = api
+        .call("POST", &format!("/api/v1/workflows/{run}/cancel"), None)
+        .await;
+    assert!(answer.status < 300, "{answer:?}");
+    gone_within("cancelled", asked, margin, "after a cancel");
+
+    // The run is timed out by its agent's timeout.attempt_ms.
+    let run = launch(&mut api, &step("stubborn-timed", "timed")).await;
+    pids.wait_for(&["timed"]);
+    let started = Instant::now();
+    gone_within(
+        "timed",
+        started,
+        Duration::from_millis(1_000) + margin,
+        "after its attempt timed out",
+    );
+    let record = wait_for(&mut api, &run, "failed").await.to_string();
+    assert!(record.contains("timeout.attemptMs"), "{record}");
+
+    // The node is killed by SIGKILL.
+    launch(&mut api, &step("stubborn", "killed")).await;
+    pids.wait_for(&["killed"]);
+    let killed = Instant::now();
+    node.signal(libc::SIGKILL);
+    node.process
+        .wait_exit(Duration::from_secs(10))
+        .expect("the node dies");
+    gone_within("killed", killed, margin, "after its node was killed");
+
+    // The node is drained by SIGTERM.
+    let mut node = Node::start(&db, &env);
+    let mut api = node.api();
+    let signed_in = api.login(ADMIN, PASSWORD).await;
+    assert!(signed_in.status < 400, "{signed_in:?}");
+    launch(&mut api, &step("stubborn", "drained")).await;
+    pids.wait_for(&["drained"]);
+    let drained = Instant::now();
+    node.signal(libc::SIGTERM);
+    node.process
+        .wait_exit(Duration::from_secs(30))
+        .expect("the node stops");
+    gone_within("drained", drained, margin, "after its node drained");
 }

@@ -22,6 +22,7 @@ fn request(thread: &str, task: Value) -> RunRequest {
         idempotency_key: None,
         step: None,
         run_id: None,
+        timeouts: Default::default(),
     }
 }
 
@@ -259,6 +260,82 @@ on_both_backends! {
         let stored = row(&peer, &run.run_id).await;
         assert_eq!((stored.status, stored.stop_reason.as_deref()), (RunStatus::Error, Some("orphan_recovered")),
             "the old owner overwrote the claimer's outcome");
+    }
+}
+
+on_both_backends! {
+    /// Issue 31: an attempt's timeout ends its run through the terminal compare-and-set like any
+    /// other outcome: here the owner's write is held while its renewals fail and a peer closes
+    /// the run as an orphan; released, the timeout's write is refused and the owner is fenced.
+    async fn a_timed_out_run_claimed_by_another_node_keeps_the_claimers_outcome(db: TestDb) {
+        let shared = tempfile::tempdir().expect("temp dir");
+        let (owner, peer) = (
+            TestNode::start(&db, "owner", LEASE_MS, shared.path()).await,
+            TestNode::start(&db, "peer", LEASE_MS, shared.path()).await,
+        );
+        let (reached, release) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+        owner.faults.add("finalize_run", FaultAction::HoldBefore {
+            reached: Arc::clone(&reached),
+            release: Arc::clone(&release),
+        }, 1);
+        let idle = runtime::policy::TimeoutOptions { idle_ms: Some(500), ..Default::default() };
+        let silent = RunRequest { timeouts: idle, ..request("t-1", json!({"silent_ms": 600_000})) };
+        let Admitted::Started { row: run, ended: end } = owner.node.runs().start(silent).await.expect("start") else {
+            panic!("not started");
+        };
+        tokio::time::timeout(Duration::from_secs(5), reached.notified()).await.expect("the timeout's write is staged");
+        owner.faults.add_for("renew_run_lease", run.run_id.as_str(), FaultAction::Fail(
+            store::Error::Unavailable("cut off".into())), 1_000);
+        eventually(Duration::from_secs(10), "the peer closed the orphan", async || {
+            row(&peer, &run.run_id).await.stop_reason.as_deref() == Some("orphan_recovered")
+        })
+        .await;
+        release.notify_one();
+        assert_eq!(ended(end).await, RunEnd::Fenced);
+        let stored = row(&peer, &run.run_id).await;
+        assert_eq!((stored.status, stored.stop_reason.as_deref()), (RunStatus::Error, Some("orphan_recovered")),
+            "the timed-out owner overwrote the claimer's outcome");
+        assert_eq!(stored.metadata.get("failure"), None);
+    }
+}
+
+on_both_backends! {
+    /// Issue 31: the scripted agent's `silent_ms` sends no progress, so `idle_ms` ends it; an
+    /// agent's configured timeouts hold under a request that gives none.
+    async fn the_scripted_agents_silence_meets_idle_ms_and_attempt_ms(db: TestDb) {
+        let shared = tempfile::tempdir().expect("temp dir");
+        let limited = serde_json::from_value::<actors::agents::AgentConfig>(json!({
+            "kind": "scripted", "name": "limited", "timeout": {"attempt_ms": 300}
+        }))
+        .expect("agent");
+        let node = TestNode::start_with(&db, "a", LEASE_MS, shared.path(),
+            &[actors::agents::AgentConfig::scripted("scripted"), limited]).await;
+        let idle = runtime::policy::TimeoutOptions { idle_ms: Some(300), ..Default::default() };
+        let silent = RunRequest { timeouts: idle, ..request("t-1", json!({"silent_ms": 600_000})) };
+        let Admitted::Started { row: run, ended: end } = node.node.runs().start(silent).await.expect("start") else {
+            panic!("not started");
+        };
+        assert!(matches!(ended(end).await, RunEnd::Persisted(ref o) if o.status == RunStatus::Error));
+        let stored = row(&node, &run.run_id).await;
+        assert_eq!(stored.error.as_deref(), Some("no progress for 300 ms (timeout.idleMs)"));
+        assert_eq!(stored.metadata["failure"]["code"], "idle_timeout");
+
+        let long = RunRequest { agent: "limited".into(), ..request("t-2", json!({"sleep_ms": 600_000})) };
+        let Admitted::Started { row: run, ended: end } = node.node.runs().start(long).await.expect("start") else {
+            panic!("not started");
+        };
+        assert!(matches!(ended(end).await, RunEnd::Persisted(ref o) if o.status == RunStatus::Error));
+        let stored = row(&node, &run.run_id).await;
+        assert_eq!(stored.error.as_deref(), Some("the attempt ran for 300 ms (timeout.attemptMs)"));
+        assert_eq!(stored.metadata["failure"],
+            json!({"class": "timeout", "code": "attempt_timeout", "retryable": true}));
+
+        // A run that ends before its limit is not touched by it.
+        let quick = RunRequest { agent: "limited".into(), ..request("t-3", json!("hi")) };
+        let Admitted::Started { ended: end, .. } = node.node.runs().start(quick).await.expect("start") else {
+            panic!("not started");
+        };
+        assert!(matches!(ended(end).await, RunEnd::Persisted(ref o) if o.status == RunStatus::Success));
     }
 }
 

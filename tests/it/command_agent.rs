@@ -1,11 +1,13 @@
 //! The `command` agent end to end with real child processes: output, failure with stderr's tail,
-//! cancellation reaching a grandchild, and programs that print garbage or flood stdout.
+//! cancellation reaching a grandchild, programs that print garbage or flood stdout, what a
+//! failure says of a retry (error lines, exit codes), and the attempt's time limits.
 
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use actors::agents::{AgentConfig, CommandConfig};
 use actors::{Admitted, RunEnd, RunRequest};
+use runtime::policy::TimeoutOptions;
 use serde_json::json;
 use store::{CancelAction, RunStatus};
 
@@ -41,7 +43,25 @@ async fn node_with(db: &TestDb, shared: &Path, agents: &[AgentConfig]) -> TestNo
     TestNode::start_with(db, "a", LEASE_MS, shared, agents).await
 }
 
+/// `program`'s agent with these timeouts as its configured ones.
+fn timed(agent: AgentConfig, timeout: TimeoutOptions) -> AgentConfig {
+    let AgentConfig::Command(command) = agent else {
+        panic!("not a command agent");
+    };
+    AgentConfig::Command(CommandConfig { timeout, ..command })
+}
+
 async fn run(node: &TestNode, agent: &str, thread: &str) -> (store::RunId, RunEnd) {
+    run_within(node, agent, thread, TimeoutOptions::default()).await
+}
+
+/// Runs `agent` on `thread` with the request's `timeouts`, to its end.
+async fn run_within(
+    node: &TestNode,
+    agent: &str,
+    thread: &str,
+    timeouts: TimeoutOptions,
+) -> (store::RunId, RunEnd) {
     let request = RunRequest {
         thread_id: thread.into(),
         agent: agent.into(),
@@ -49,6 +69,7 @@ async fn run(node: &TestNode, agent: &str, thread: &str) -> (store::RunId, RunEn
         idempotency_key: None,
         step: None,
         run_id: None,
+        timeouts,
     };
     let Admitted::Started { row, ended } = node.node.runs().start(request).await.expect("start")
     else {
@@ -160,6 +181,7 @@ wait
         idempotency_key: None,
         step: None,
         run_id: None,
+        timeouts: Default::default(),
     };
     let Admitted::Started { row, ended } = node.node.runs().start(request).await.expect("start")
     else {
@@ -254,6 +276,7 @@ printf '{"type": "output", "output": %s}\n' "$answer"
             idempotency_key: None,
             step: None,
             run_id: None,
+            timeouts: Default::default(),
         };
         let Admitted::Started { row, ended } = owner.node.runs().start(request).await.expect("start") else {
             panic!("not started");
@@ -282,4 +305,208 @@ printf '{"type": "output", "output": %s}\n' "$answer"
         })));
         assert_eq!(stored.metadata["hitl_answer"]["request_id"], "deploy-1", "the decision is on record");
     }
+}
+
+async fn stored(node: &TestNode, run_id: &store::RunId) -> store::RunRow {
+    node.node
+        .runs()
+        .get(run_id)
+        .await
+        .expect("read")
+        .expect("row")
+}
+
+/// Issue 31: an `error` line says whether a retry could help and after how long, whatever the
+/// exit status; a failing exit is named by its code (75 asks for a retry); a protocol violation
+/// is not worth one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn error_lines_and_exit_codes_say_what_a_retry_could_do() {
+    let (db, shared) = (
+        TestDb::sqlite().await,
+        tempfile::tempdir().expect("temp dir"),
+    );
+    let agents = [
+        program(
+            shared.path(),
+            "refuses",
+            r#"read task
+echo '{"type": "error", "message": "the quota is spent", "retryable": false, "code": "quota"}'"#,
+        ),
+        program(
+            shared.path(),
+            "busy",
+            r#"read task
+echo '{"type": "error", "message": "busy", "retryable": true, "retry_after_ms": 2500}'
+exit 1"#,
+        ),
+        program(shared.path(), "tempfail", "read task\nexit 75"),
+        program(shared.path(), "exits", "read task\nexit 3"),
+        program(
+            shared.path(),
+            "absurd",
+            r#"read task
+echo '{"type": "error", "message": "later", "retry_after_ms": 86400001}'
+sleep 30"#,
+        ),
+    ];
+    let node = node_with(&db, shared.path(), &agents).await;
+    for (agent, error, failure) in [
+        (
+            "refuses",
+            "the quota is spent",
+            json!({"class": "error", "code": "quota", "retryable": false}),
+        ),
+        (
+            "busy",
+            "busy",
+            json!({"class": "error", "retryable": true, "retry_after_ms": 2500}),
+        ),
+        (
+            "tempfail",
+            "exit status: 75",
+            json!({"class": "error", "code": "exit_75", "retryable": true}),
+        ),
+        (
+            "exits",
+            "exit status: 3",
+            json!({"class": "error", "code": "exit_3"}),
+        ),
+        (
+            "absurd",
+            "stdout line 1: retry_after_ms is 86400001: it must be at most 86400000 (a day)",
+            json!({"class": "error", "code": "protocol", "retryable": false}),
+        ),
+    ] {
+        let (run_id, end) = run(&node, agent, &format!("t-{agent}")).await;
+        assert!(
+            matches!(end, RunEnd::Persisted(ref o) if o.status == RunStatus::Error),
+            "{agent}: {end:?}"
+        );
+        let row = stored(&node, &run_id).await;
+        let message = row.error.clone().unwrap_or_default();
+        assert!(message.contains(error), "{agent}: {message}");
+        assert_eq!(row.metadata["failure"], failure, "{agent}");
+    }
+}
+
+/// Issue 31: a `command` agent that went silent held its slot until the workflow's timeout. With
+/// `idle_ms` it is stopped that long after its last line, and its run ends `error` with a
+/// failure of class `timeout`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_command_agent_is_stopped_at_its_idle_timeout() {
+    let (db, shared) = (
+        TestDb::sqlite().await,
+        tempfile::tempdir().expect("temp dir"),
+    );
+    let agent = program(
+        shared.path(),
+        "silent",
+        r#"read task
+echo '{"type": "progress", "stage": "started"}'
+sleep 300"#,
+    );
+    let node = node_with(&db, shared.path(), &[agent]).await;
+    let started = Instant::now();
+    let idle = TimeoutOptions {
+        idle_ms: Some(1_000),
+        ..TimeoutOptions::default()
+    };
+    let (run_id, end) = run_within(&node, "silent", "t-1", idle).await;
+    let took = started.elapsed();
+    assert!(
+        matches!(end, RunEnd::Persisted(ref o) if o.status == RunStatus::Error),
+        "{end:?}"
+    );
+    assert!(
+        took < Duration::from_millis(2_000),
+        "stopped {took:?} after its start, past idle_ms + 1 s"
+    );
+    let row = stored(&node, &run_id).await;
+    assert_eq!(
+        row.error.as_deref(),
+        Some("no progress for 1000 ms (timeout.idleMs)")
+    );
+    assert_eq!(row.stop_reason.as_deref(), Some("idle_timeout"));
+    assert_eq!(
+        row.metadata["failure"],
+        json!({"class": "timeout", "code": "idle_timeout", "retryable": true})
+    );
+}
+
+/// Issue 31: an agent that keeps signalling is never stopped for its length by `idle_ms` (its
+/// configured one here), and it sees its attempt as `REINS_ATTEMPT`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_agent_that_keeps_signalling_runs_past_its_idle_timeout() {
+    let (db, shared) = (
+        TestDb::sqlite().await,
+        tempfile::tempdir().expect("temp dir"),
+    );
+    let agent = timed(
+        program(
+            shared.path(),
+            "steady",
+            r#"read task
+for i in 1 2 3 4 5 6 7 8 9 10; do
+  sleep 0.3
+  echo "{\"type\": \"progress\", \"step\": $i}"
+done
+echo "{\"type\": \"output\", \"output\": {\"attempt\": \"$REINS_ATTEMPT\"}}""#,
+        ),
+        TimeoutOptions {
+            idle_ms: Some(1_000),
+            ..TimeoutOptions::default()
+        },
+    );
+    let node = node_with(&db, shared.path(), &[agent]).await;
+    let started = Instant::now();
+    let (run_id, end) = run(&node, "steady", "t-1").await;
+    assert!(
+        matches!(end, RunEnd::Persisted(ref o) if o.status == RunStatus::Success),
+        "{end:?}"
+    );
+    assert!(started.elapsed() >= Duration::from_millis(3_000));
+    let row = stored(&node, &run_id).await;
+    assert_eq!(row.output, Some(json!({"attempt": "1"})));
+    assert_eq!(row.message_count, 10);
+}
+
+/// Issue 31: `attempt_ms` bounds an attempt from its start even while its agent keeps
+/// signalling.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attempt_ms_stops_a_command_agent_that_keeps_printing() {
+    let (db, shared) = (
+        TestDb::sqlite().await,
+        tempfile::tempdir().expect("temp dir"),
+    );
+    let agent = timed(
+        program(
+            shared.path(),
+            "chatty",
+            r#"read task
+while true; do
+  echo '{"type": "progress"}'
+  sleep 0.2
+done"#,
+        ),
+        TimeoutOptions {
+            attempt_ms: Some(1_500),
+            idle_ms: Some(1_000),
+            total_ms: None,
+        },
+    );
+    let node = node_with(&db, shared.path(), &[agent]).await;
+    let (run_id, end) = run(&node, "chatty", "t-1").await;
+    assert!(
+        matches!(end, RunEnd::Persisted(ref o) if o.status == RunStatus::Error),
+        "{end:?}"
+    );
+    let row = stored(&node, &run_id).await;
+    assert_eq!(
+        row.error.as_deref(),
+        Some("the attempt ran for 1500 ms (timeout.attemptMs)")
+    );
+    assert_eq!(
+        row.metadata["failure"],
+        json!({"class": "timeout", "code": "attempt_timeout", "retryable": true})
+    );
 }

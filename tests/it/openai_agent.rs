@@ -1,5 +1,7 @@
 //! The `openai` agent against a local stand-in that speaks the real chat-completions wire format:
-//! success (through a node, tokens recorded), 4xx, 5xx with retries, timeout, malformed body.
+//! success (through a node, tokens recorded), and each failure with what it says of a retry:
+//! 429 with `Retry-After`, 5xx, other 4xx, a timeout, an endpoint that cannot be reached, a
+//! malformed body.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -26,6 +28,8 @@ use crate::harness::{TestDb, TestNode};
 #[derive(Clone)]
 pub(crate) enum Reply {
     Json(u16, Value),
+    /// A JSON answer with these headers.
+    Headed(u16, &'static [(&'static str, &'static str)], Value),
     Text(u16, &'static str),
     Slow(Duration),
 }
@@ -79,16 +83,24 @@ impl StandIn {
                                 log.len() - 1
                             };
                             let reply = replies[n.min(replies.len() - 1)].clone();
-                            let (status, text) = match reply {
-                                Reply::Json(status, body) => (status, body.to_string()),
-                                Reply::Text(status, text) => (status, text.to_owned()),
+                            let (status, headers, text): (_, &[(&str, &str)], _) = match reply {
+                                Reply::Json(status, body) => (status, &[], body.to_string()),
+                                Reply::Headed(status, headers, body) => {
+                                    (status, headers, body.to_string())
+                                }
+                                Reply::Text(status, text) => (status, &[], text.to_owned()),
                                 Reply::Slow(delay) => {
                                     tokio::time::sleep(delay).await;
-                                    (200, completion("late", 1).to_string())
+                                    (200, &[], completion("late", 1).to_string())
                                 }
                             };
                             let mut response = Response::new(Full::new(Bytes::from(text)));
                             *response.status_mut() = StatusCode::from_u16(status).expect("status");
+                            for (name, value) in headers {
+                                response
+                                    .headers_mut()
+                                    .insert(*name, hyper::header::HeaderValue::from_static(value));
+                            }
                             Ok::<_, Infallible>(response)
                         }
                     });
@@ -150,6 +162,7 @@ async fn run_agent(config: AgentConfig, task: Value) -> AgentEnd {
         fault_dir: None,
         process_records: None,
         confinement: actors::agents::ConfinementMode::Landlock,
+        attempt: 1,
     };
     registry
         .get(&name)
@@ -180,6 +193,7 @@ async fn through_a_node(stand_in: &StandIn, task: Value) -> (RunEnd, store::RunR
         idempotency_key: None,
         step: None,
         run_id: None,
+        timeouts: Default::default(),
     };
     let Admitted::Started { row, ended } = node.node.runs().start(request).await.expect("start")
     else {
@@ -229,45 +243,101 @@ async fn a_completion_through_a_node_records_content_and_tokens() {
     );
 }
 
+/// The failure a run ended with: its message, and what it says of a retry.
+fn failure_of(end: &AgentEnd) -> (&str, Value) {
+    match end {
+        AgentEnd::Failed { message, failure } => (message, failure.to_json()),
+        other => panic!("not a failure: {other:?}"),
+    }
+}
+
+/// Issue 31: the agent retried a 429 inside one run, unseen by the step's policy and deaf to the
+/// provider's `Retry-After`. The run now ends at the first answer, saying it is worth a retry
+/// after the wait the endpoint asked for; the step's attempts do the retrying.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_4xx_ends_the_run_at_once_with_the_endpoints_message() {
-    let refusal = json!({"error": {"message": "Incorrect API key provided", "type": "invalid_request_error"}});
-    let stand_in = StandIn::start(vec![Reply::Json(401, refusal)]).await;
-    let end = run_agent(stand_in.agent("gpt", 5_000), json!("hi")).await;
+async fn a_429_fails_the_run_as_retryable_after_the_wait_it_asks_for() {
+    let limited = json!({"error": {"message": "Rate limit reached"}});
+    let stand_in = StandIn::start(vec![
+        Reply::Headed(429, &[("retry-after", "1")], limited),
+        Reply::Json(200, completion("too late", 1)),
+    ])
+    .await;
+    let (end, stored) = through_a_node(&stand_in, json!("hi")).await;
     assert!(
-        matches!(&end, AgentEnd::Failed { message, .. }
-        if message.contains("401") && message.contains("Incorrect API key")),
+        matches!(end, RunEnd::Persisted(ref o) if o.status == RunStatus::Error),
         "{end:?}"
     );
-    assert_eq!(stand_in.received().len(), 1, "a 4xx was retried");
+    assert_eq!(
+        stored.metadata["failure"],
+        json!({"class": "error", "code": "http_429", "retryable": true, "retry_after_ms": 1000})
+    );
+    assert!(
+        stored
+            .error
+            .as_deref()
+            .is_some_and(|e| e.contains("429") && e.contains("Rate limit reached")),
+        "{:?}",
+        stored.error
+    );
+    assert_eq!(stand_in.received().len(), 1, "the run retried by itself");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_5xx_is_retried_and_then_reported() {
-    let busy = json!({"error": {"message": "The server had an error"}});
-    let stand_in = StandIn::start(vec![Reply::Json(500, busy.clone())]).await;
-    let end = run_agent(stand_in.agent("gpt", 10_000), json!("hi")).await;
+async fn a_4xx_ends_the_run_at_once_as_not_retryable_with_the_endpoints_message() {
+    let refusal = json!({"error": {"message": "Incorrect API key provided", "type": "invalid_request_error"}});
+    let stand_in = StandIn::start(vec![Reply::Json(401, refusal)]).await;
+    let end = run_agent(stand_in.agent("gpt", 5_000), json!("hi")).await;
+    let (message, failure) = failure_of(&end);
     assert!(
-        matches!(&end, AgentEnd::Failed { message, .. } if message.contains("500")),
-        "{end:?}"
+        message.contains("401") && message.contains("Incorrect API key"),
+        "{message}"
     );
-    assert_eq!(stand_in.received().len(), 3, "one call and two retries");
+    assert_eq!(
+        failure,
+        json!({"class": "error", "code": "http_401", "retryable": false})
+    );
+    assert_eq!(stand_in.received().len(), 1, "a 4xx was retried");
 
-    let recovering = StandIn::start(vec![
-        Reply::Json(503, busy),
+    let bad = StandIn::start(vec![Reply::Json(400, json!({"error": {"message": "no"}}))]).await;
+    let (_, stored) = through_a_node(&bad, json!("hi")).await;
+    assert_eq!(
+        stored.metadata["failure"],
+        json!({"class": "error", "code": "http_400", "retryable": false})
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_5xx_or_an_unreachable_endpoint_fails_the_run_at_once_as_retryable() {
+    let busy = json!({"error": {"message": "The server had an error"}});
+    let stand_in = StandIn::start(vec![
+        Reply::Headed(503, &[("retry-after-ms", "250")], busy),
         Reply::Json(200, completion("ok", 3)),
     ])
     .await;
-    let end = run_agent(recovering.agent("gpt", 10_000), json!("hi")).await;
-    assert!(
-        matches!(
-            &end,
-            AgentEnd::Completed {
-                total_tokens: 3,
-                ..
-            }
-        ),
-        "{end:?}"
+    let end = run_agent(stand_in.agent("gpt", 10_000), json!("hi")).await;
+    let (message, failure) = failure_of(&end);
+    assert!(message.contains("503"), "{message}");
+    assert_eq!(
+        failure,
+        json!({"class": "error", "code": "http_503", "retryable": true, "retry_after_ms": 250})
+    );
+    assert_eq!(stand_in.received().len(), 1, "one request per run");
+
+    // Nothing listens on the port of a listener just closed.
+    let port = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        listener.local_addr().expect("addr").port()
+    };
+    let mut config = stand_in.agent("gpt", 5_000);
+    if let AgentConfig::OpenAi(openai) = &mut config {
+        openai.base_url = format!("http://127.0.0.1:{port}/v1");
+    }
+    let end = run_agent(config, json!("hi")).await;
+    let (message, failure) = failure_of(&end);
+    assert!(message.contains("cannot reach"), "{message}");
+    assert_eq!(
+        failure,
+        json!({"class": "error", "code": "connection", "retryable": true})
     );
 }
 
@@ -275,16 +345,20 @@ async fn a_5xx_is_retried_and_then_reported() {
 async fn a_slow_endpoint_times_out_and_a_malformed_body_is_named() {
     let slow = StandIn::start(vec![Reply::Slow(Duration::from_secs(5))]).await;
     let end = run_agent(slow.agent("gpt", 300), json!("hi")).await;
-    assert!(
-        matches!(&end, AgentEnd::Failed { message, .. } if message.contains("within 300 ms")),
-        "{end:?}"
+    let (message, failure) = failure_of(&end);
+    assert!(message.contains("within 300 ms (timeout_ms)"), "{message}");
+    assert_eq!(
+        failure,
+        json!({"class": "error", "code": "http_timeout", "retryable": true})
     );
 
     let garbled = StandIn::start(vec![Reply::Text(200, "<html>gateway</html>")]).await;
     let end = run_agent(garbled.agent("gpt", 5_000), json!({"a": 1})).await;
-    assert!(
-        matches!(&end, AgentEnd::Failed { message, .. } if message.contains("not a chat completion")),
-        "{end:?}"
+    let (message, failure) = failure_of(&end);
+    assert!(message.contains("not a chat completion"), "{message}");
+    assert_eq!(
+        failure,
+        json!({"class": "error", "code": "bad_response", "retryable": false})
     );
     assert_eq!(
         garbled.received()[0].body["messages"][1]["content"],
@@ -296,9 +370,11 @@ async fn a_slow_endpoint_times_out_and_a_malformed_body_is_named() {
         openai.api_key_env = Some("REINS_TEST_NO_SUCH_KEY".into());
     }
     let end = run_agent(config, json!("hi")).await;
-    assert!(
-        matches!(&end, AgentEnd::Failed { message, .. } if message.contains("REINS_TEST_NO_SUCH_KEY")),
-        "{end:?}"
+    let (message, failure) = failure_of(&end);
+    assert!(message.contains("REINS_TEST_NO_SUCH_KEY"), "{message}");
+    assert_eq!(
+        failure,
+        json!({"class": "error", "code": "configuration", "retryable": false})
     );
 }
 

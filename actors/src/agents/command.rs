@@ -9,16 +9,23 @@
 //! | `{"type": "progress", ...}` | progress, logged and counted as a message |
 //! | `{"type": "usage", "total_tokens": N}` | the token count recorded for the run |
 //! | `{"type": "approval_request", "request_id", "actions"}` | pause for approval (see below) |
+//! | `{"type": "error", "message", "retryable"?, "retry_after_ms"?, "code"?}` | the run fails (see below) |
 //!
+//! Every protocol line is a progress signal (what `timeout.idle_ms` measures).
 //! An approval request leaves the program running: the run waits in `waiting_for_input` until a
 //! human answers (on any node), and the answer comes back on stdin as one line,
 //! `{"type": "approval_answer", "request_id", "answer"}`, within one lease renewal. Stdin stays
 //! open for these answers, so a program reads its task as one line, not to end of file.
 //!
 //! Exit status 0 ends the run with the last output; any other exit is `error` with the tail of
-//! stderr. A line that is not one of these, a line over `line_bytes_max`, or more than
-//! `output_bytes_max` on stdout ends the run as `error` and stops the program. Cancellation sends
-//! SIGTERM to the whole process group, then SIGKILL after `grace_ms`.
+//! stderr, and its failure's code is `exit_N` (`signal_N` for a signal), which says nothing of a
+//! retry but for 75 (`EX_TEMPFAIL`): retryable. An `error` line decides the run whatever the exit
+//! status: it ends `error` with the line's message, and what the line says of a retry
+//! (`retryable`, `retry_after_ms` at most a day, a `code` of 1 to 64 bytes). A line that is not
+//! one of these, a line over `line_bytes_max`, or more than `output_bytes_max` on stdout is a
+//! protocol violation: the run ends as `error` (code `protocol`, not retryable) and the program
+//! is stopped. Cancellation sends SIGTERM to the whole process group, then SIGKILL after
+//! `grace_ms`.
 //!
 //! The program starts with a clean environment (see [`super::process`]: `PATH`, `HOME`, `LANG`,
 //! `TMPDIR`, then `env_pass` and `env`), confined to its workspace, its temporary folder and the
@@ -30,8 +37,9 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::ffi::{OsStr, OsString};
 use std::os::fd::OwnedFd;
+use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
+use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
 
 use futures_util::StreamExt;
@@ -41,19 +49,23 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, Command};
 use tokio_util::codec::{FramedRead, LinesCodec, LinesCodecError};
 
-use runtime::policy::{RetryOptions, TimeoutOptions};
-use store::CancelAction;
+use runtime::policy::{CODE_BYTES_MAX, RetryOptions, TimeoutOptions};
+use store::{CancelAction, FailureClass, RunFailure};
 use tokio::sync::{mpsc, watch};
 
 use super::confinement::{self, ConfinementMode, RunPlaces};
 use super::process::{self, StopLine};
-use super::{AgentControl, AgentEnd, AgentRequest, cancelled};
+use super::{AgentControl, AgentEnd, AgentRequest, Progress, cancelled};
 
 /// How often a stopping agent looks for processes left in its group.
 const GROUP_POLL: Duration = Duration::from_millis(20);
 /// How long past `grace_ms` a stopping agent waits for its guard to have killed what was left
 /// of the run before it SIGKILLs the group itself (the guard included).
 const GUARD_STOP_MARGIN: Duration = Duration::from_secs(2);
+/// The longest wait before a retry an `error` line may ask for: a day.
+const RETRY_AFTER_MS_MAX: u64 = 86_400_000;
+/// The exit status that says "try again later" (`EX_TEMPFAIL` of sysexits.h).
+const EXIT_TEMPFAIL: i32 = 75;
 
 /// A `command` agent's entry in the configuration.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
@@ -148,6 +160,15 @@ enum Line {
         #[serde(default)]
         actions: Vec<Value>,
     },
+    Error {
+        message: String,
+        #[serde(default)]
+        retryable: Option<bool>,
+        #[serde(default)]
+        retry_after_ms: Option<u64>,
+        #[serde(default)]
+        code: Option<String>,
+    },
 }
 
 impl CommandAgent {
@@ -156,6 +177,7 @@ impl CommandAgent {
             cancel,
             pauses,
             mut answers,
+            progress,
         } = control;
         let settings = &self.settings;
         // The run's temporary folder sits beside its workspace (never captured), fresh for
@@ -166,7 +188,9 @@ impl CommandAgent {
         if let Err(e) = fresh_folders(&request.workspace, &tmp).await {
             return failed(format!("cannot create the workspace: {e}"));
         }
-        let environment = process::environment(settings, &tmp, |name| std::env::var_os(name));
+        let environment = process::environment(settings, &tmp, request.attempt, |name| {
+            std::env::var_os(name)
+        });
         let ruleset = match request.confinement {
             ConfinementMode::None => None,
             ConfinementMode::Landlock => {
@@ -192,8 +216,14 @@ impl CommandAgent {
                 }
             }
         };
+        let talk = Talk {
+            cancel,
+            pauses,
+            answers: &mut answers,
+            progress,
+        };
         let end = self
-            .start_and_drive(&request, ruleset, environment, cancel, pauses, &mut answers)
+            .start_and_drive(&request, ruleset, environment, talk)
             .await;
         if let Err(e) = tokio::fs::remove_dir_all(&tmp).await
             && e.kind() != std::io::ErrorKind::NotFound
@@ -208,9 +238,7 @@ impl CommandAgent {
         request: &AgentRequest,
         ruleset: Option<OwnedFd>,
         environment: BTreeMap<OsString, OsString>,
-        cancel: watch::Receiver<Option<CancelAction>>,
-        pauses: mpsc::UnboundedSender<Value>,
-        answers: &mut mpsc::UnboundedReceiver<Value>,
+        talk: Talk<'_>,
     ) -> AgentEnd {
         let settings = &self.settings;
         let mut command = Command::new(&settings.program);
@@ -245,13 +273,7 @@ impl CommandAgent {
             return failed(format!("cannot record the program's process group: {e}"));
         }
         let end = self
-            .drive(
-                request,
-                cancel,
-                pauses,
-                answers,
-                (&mut child, group, &mut stop_line),
-            )
+            .drive(request, talk, (&mut child, group, &mut stop_line))
             .await;
         if let Some(records) = records {
             records.forget(&request.run_id).await;
@@ -264,11 +286,15 @@ impl CommandAgent {
     async fn drive(
         &self,
         request: &AgentRequest,
-        mut cancel: watch::Receiver<Option<CancelAction>>,
-        pauses: mpsc::UnboundedSender<Value>,
-        answers: &mut mpsc::UnboundedReceiver<Value>,
+        talk: Talk<'_>,
         (child, group, stop_line): (&mut Child, Option<i32>, &mut StopLine),
     ) -> AgentEnd {
+        let Talk {
+            mut cancel,
+            pauses,
+            answers,
+            progress,
+        } = talk;
         let settings = &self.settings;
         let (Some(mut stdin), Some(stdout), Some(stderr)) =
             (child.stdin.take(), child.stdout.take(), child.stderr.take())
@@ -291,7 +317,7 @@ impl CommandAgent {
             stdout,
             LinesCodec::new_with_max_length(settings.line_bytes_max),
         );
-        let mut state = Progress::default();
+        let mut state = Said::default();
         let mut exited = None;
         let verdict = loop {
             tokio::select! {
@@ -300,22 +326,23 @@ impl CommandAgent {
                     Some(Ok(text)) => {
                         state.bytes += text.len() + 1;
                         if state.bytes > settings.output_bytes_max {
-                            break Some(failed(format!(
+                            break Some(protocol_violation(format!(
                                 "the program wrote more than output_bytes_max ({} bytes) to stdout",
                                 settings.output_bytes_max
                             )));
                         }
                         match state.read(&text) {
-                            Ok(None) => {}
+                            Ok(None) => progress.signal(),
                             Ok(Some(approval)) => {
+                                progress.signal();
                                 // The node records the pause; the program waits on stdin.
                                 let _ = pauses.send(approval);
                             }
-                            Err(message) => break Some(failed(message)),
+                            Err(message) => break Some(protocol_violation(message)),
                         }
                     }
                     Some(Err(LinesCodecError::MaxLineLengthExceeded)) => {
-                        break Some(failed(format!(
+                        break Some(protocol_violation(format!(
                             "line {} is longer than line_bytes_max ({} bytes)",
                             state.lines + 1,
                             settings.line_bytes_max
@@ -360,6 +387,9 @@ impl CommandAgent {
                 status
             }
         };
+        if let Some((message, failure)) = state.error {
+            return AgentEnd::Failed { message, failure };
+        }
         let tail = stderr_tail.await.unwrap_or_default();
         match status {
             Ok(status) if status.success() => AgentEnd::Completed {
@@ -367,23 +397,37 @@ impl CommandAgent {
                 total_tokens: state.tokens,
                 message_count: state.messages,
             },
-            Ok(status) => failed(format!("the program exited with {status}: {tail}")),
+            Ok(status) => AgentEnd::Failed {
+                message: format!("the program exited with {status}: {tail}"),
+                failure: exit_failure(status),
+            },
             Err(e) => failed(format!("waiting for the program: {e}")),
         }
     }
 }
 
+/// What a running program is given besides its request: how it is stopped, where its approval
+/// requests go and their answers come from, and where its protocol lines count as progress.
+struct Talk<'a> {
+    cancel: watch::Receiver<Option<CancelAction>>,
+    pauses: mpsc::UnboundedSender<Value>,
+    answers: &'a mut mpsc::UnboundedReceiver<Value>,
+    progress: Progress,
+}
+
 /// What the program said so far.
 #[derive(Default)]
-struct Progress {
+struct Said {
     lines: usize,
     bytes: usize,
     output: Option<Value>,
     tokens: i64,
     messages: i64,
+    /// The last `error` line: the run's message and what it says of a retry.
+    error: Option<(String, RunFailure)>,
 }
 
-impl Progress {
+impl Said {
     /// Reads one stdout line; `Some` is an approval request to record.
     fn read(&mut self, text: &str) -> Result<Option<Value>, String> {
         self.lines += 1;
@@ -412,6 +456,39 @@ impl Progress {
                     "attached": true,
                 })));
             }
+            Line::Error {
+                message,
+                retryable,
+                retry_after_ms,
+                code,
+            } => {
+                let line = self.lines;
+                if let Some(ms) = retry_after_ms
+                    && ms > RETRY_AFTER_MS_MAX
+                {
+                    return Err(format!(
+                        "stdout line {line}: retry_after_ms is {ms}: it must be at most \
+                         {RETRY_AFTER_MS_MAX} (a day)"
+                    ));
+                }
+                if let Some(code) = &code
+                    && (code.is_empty() || code.len() > CODE_BYTES_MAX)
+                {
+                    return Err(format!(
+                        "stdout line {line}: code {:?} is {} bytes: it must be 1 to \
+                         {CODE_BYTES_MAX}",
+                        code.chars().take(80).collect::<String>(),
+                        code.len()
+                    ));
+                }
+                let failure = RunFailure {
+                    class: FailureClass::Error,
+                    code,
+                    retryable,
+                    retry_after_ms,
+                };
+                self.error = Some((untrusted_text(&message), failure));
+            }
         }
         Ok(None)
     }
@@ -419,6 +496,37 @@ impl Progress {
 
 fn failed(message: String) -> AgentEnd {
     AgentEnd::failed(message)
+}
+
+/// A run ended for breaking the protocol: the same program given the same task would break it
+/// again, so it is not worth a retry.
+fn protocol_violation(message: String) -> AgentEnd {
+    AgentEnd::Failed {
+        message,
+        failure: RunFailure {
+            class: FailureClass::Error,
+            code: Some("protocol".into()),
+            retryable: Some(false),
+            retry_after_ms: None,
+        },
+    }
+}
+
+/// What a program's failing exit says of a retry: its code (`exit_N`, or `signal_N`), and
+/// nothing more (the policy decides) but for [`EXIT_TEMPFAIL`], which asks for one.
+fn exit_failure(status: ExitStatus) -> RunFailure {
+    let (code, retryable) = match (status.code(), status.signal()) {
+        (Some(EXIT_TEMPFAIL), _) => (format!("exit_{EXIT_TEMPFAIL}"), Some(true)),
+        (Some(code), _) => (format!("exit_{code}"), None),
+        (None, Some(signal)) => (format!("signal_{signal}"), None),
+        (None, None) => ("exit_unknown".to_owned(), None),
+    };
+    RunFailure {
+        class: FailureClass::Error,
+        code: Some(code),
+        retryable,
+        retry_after_ms: None,
+    }
 }
 
 /// Sends `signal` to the agent's process group, which may already be gone.
@@ -509,7 +617,7 @@ mod tests {
     /// count, are protocol errors that name the line; nothing of them is kept.
     #[test]
     fn a_deep_line_or_a_negative_token_count_is_a_protocol_error() {
-        let mut progress = Progress::default();
+        let mut progress = Said::default();
         let deep = format!(
             r#"{{"type": "output", "output": {}{}}}"#,
             "[".repeat(64),
@@ -527,6 +635,98 @@ mod tests {
             .read(r#"{"type": "usage", "total_tokens": 7}"#)
             .expect("a count");
         assert_eq!(progress.tokens, 7);
+    }
+
+    /// Issue 31: an `error` line says what the failure means for a retry, each field at its
+    /// bound; past a bound it is a protocol error that names the field, and nothing of it is
+    /// kept.
+    #[test]
+    fn an_error_line_carries_its_retry_fields_within_their_bounds() {
+        let mut said = Said::default();
+        said.read(r#"{"type": "error", "message": "quota\nspent"}"#)
+            .expect("a bare error line");
+        assert_eq!(
+            said.error,
+            Some(("quota\\nspent".to_owned(), RunFailure::default()))
+        );
+        let longest_code = "c".repeat(CODE_BYTES_MAX);
+        said.read(&format!(
+            r#"{{"type": "error", "message": "busy", "retryable": true,
+                 "retry_after_ms": {RETRY_AFTER_MS_MAX}, "code": "{longest_code}"}}"#
+        ))
+        .expect("every field at its bound");
+        assert_eq!(
+            said.error,
+            Some((
+                "busy".to_owned(),
+                RunFailure {
+                    class: FailureClass::Error,
+                    code: Some(longest_code.clone()),
+                    retryable: Some(true),
+                    retry_after_ms: Some(RETRY_AFTER_MS_MAX),
+                }
+            ))
+        );
+        for (line, named) in [
+            (
+                format!(
+                    r#"{{"type": "error", "message": "m", "retry_after_ms": {}}}"#,
+                    RETRY_AFTER_MS_MAX + 1
+                ),
+                "stdout line 3: retry_after_ms is 86400001: it must be at most 86400000 (a day)",
+            ),
+            (
+                r#"{"type": "error", "message": "m", "retry_after_ms": -1}"#.to_owned(),
+                "stdout line 4 is not a protocol line",
+            ),
+            (
+                r#"{"type": "error", "message": "m", "code": ""}"#.to_owned(),
+                "stdout line 5: code \"\" is 0 bytes: it must be 1 to 64",
+            ),
+            (
+                format!(r#"{{"type": "error", "message": "m", "code": "{longest_code}c"}}"#),
+                "is 65 bytes: it must be 1 to 64",
+            ),
+            (
+                r#"{"type": "error", "message": "m", "retryable": "yes"}"#.to_owned(),
+                "stdout line 7 is not a protocol line",
+            ),
+        ] {
+            let error = said.read(&line).expect_err("out of bounds");
+            assert!(error.contains(named), "{error}");
+            assert_eq!(said.error.as_ref().map(|(m, _)| m.as_str()), Some("busy"));
+        }
+    }
+
+    #[test]
+    fn a_failing_exit_is_classified_by_its_status() {
+        let exited = |code: i32| exit_failure(ExitStatus::from_raw(code << 8));
+        assert_eq!(
+            exited(3),
+            RunFailure {
+                class: FailureClass::Error,
+                code: Some("exit_3".into()),
+                retryable: None,
+                retry_after_ms: None,
+            }
+        );
+        let tempfail = exited(75);
+        assert_eq!(
+            (tempfail.code.as_deref(), tempfail.retryable),
+            (Some("exit_75"), Some(true))
+        );
+        let killed = exit_failure(ExitStatus::from_raw(libc::SIGKILL));
+        assert_eq!(
+            (killed.code.as_deref(), killed.retryable),
+            (Some("signal_9"), None)
+        );
+        let AgentEnd::Failed { failure, .. } = protocol_violation("garbage".into()) else {
+            panic!("a protocol violation is a failure");
+        };
+        assert_eq!(
+            (failure.code.as_deref(), failure.retryable),
+            (Some("protocol"), Some(false))
+        );
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! Agent backends: what a child run executes. Each configured agent has a name, a kind and a
 //! `configuration_version` (a digest of its canonical definition, so a recovery can tell whether a
 //! step would run under the same configuration). Backends run off the actor mailbox, in a task,
-//! and watch a cancel channel.
+//! watch a cancel channel and signal their progress (what `timeout.idle_ms` measures); a failure
+//! says what it means for a retry ([`RunFailure`]).
 
 mod command;
 pub mod confinement;
@@ -18,6 +19,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use store::{CancelAction, RunFailure, RunId};
 use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
 
 pub use command::{CommandAgent, CommandConfig};
 pub use confinement::ConfinementMode;
@@ -123,6 +125,8 @@ pub struct AgentRequest {
     pub process_records: Option<ProcessRecords>,
     /// How a process agent is confined (see [`confinement`]).
     pub confinement: ConfinementMode,
+    /// The step's attempt this run is (1 for the first, and for a run of no workflow).
+    pub attempt: i32,
 }
 
 /// How a running agent is steered, and how it speaks up while it runs.
@@ -133,10 +137,13 @@ pub struct AgentControl {
     pub pauses: mpsc::UnboundedSender<Value>,
     /// The answers to those requests: `{"request_id", "answer"}`.
     pub answers: mpsc::UnboundedReceiver<Value>,
+    /// Where the agent says it is still working (see [`Progress`]).
+    pub progress: Progress,
 }
 
 impl AgentControl {
-    /// Control for an agent nobody will answer (its pauses go nowhere): tests and tools.
+    /// Control for an agent nobody will answer (its pauses go nowhere) and nobody times out:
+    /// tests and tools.
     pub fn unanswered(cancel: watch::Receiver<Option<CancelAction>>) -> Self {
         let (pauses, _) = mpsc::unbounded_channel();
         let (_, answers) = mpsc::unbounded_channel();
@@ -144,7 +151,28 @@ impl AgentControl {
             cancel,
             pauses,
             answers,
+            progress: Progress::channel().0,
         }
+    }
+}
+
+/// An agent's progress signals (a `command` agent's stdout lines, the `openai` agent's answer
+/// arriving): the time of the latest, which is what `timeout.idle_ms` measures from. A signal
+/// only overwrites one value, so a flood of them costs the run nothing; the run reads it when its
+/// idle deadline comes.
+#[derive(Debug, Clone)]
+pub struct Progress(watch::Sender<Instant>);
+
+impl Progress {
+    /// A signal, and the reader of its latest time (the run's start until the first signal).
+    pub fn channel() -> (Progress, watch::Receiver<Instant>) {
+        let (signal, latest) = watch::channel(Instant::now());
+        (Progress(signal), latest)
+    }
+
+    /// The agent is still working, now.
+    pub fn signal(&self) {
+        self.0.send_replace(Instant::now());
     }
 }
 
@@ -203,7 +231,7 @@ impl Agent {
         match &self.backend {
             Backend::Scripted(agent) => agent.run(request, control.cancel).await,
             Backend::Command(agent) => agent.run(request, control).await,
-            Backend::OpenAi(agent) => agent.run(request, control.cancel).await,
+            Backend::OpenAi(agent) => agent.run(request, control.cancel, control.progress).await,
         }
     }
 }

@@ -5,7 +5,9 @@
 //!
 //! **Environment.** An agent starts with a clean environment: `PATH`, `HOME` and `LANG` (the
 //! node's, or safe defaults), `TMPDIR` (its run's temporary folder), then the variables its
-//! `env_pass` names (from the node's environment, when set there), then its `env` values.
+//! `env_pass` names (from the node's environment, when set there), then its `env` values, then
+//! `REINS_ATTEMPT` (its step's attempt, 1 for the first: the node's word, which no setting
+//! overrides).
 //! Nothing else of the node's environment (its database URL, its secret, API keys) reaches the
 //! program.
 //!
@@ -66,11 +68,13 @@ const LANG_DEFAULT: &str = "C.UTF-8";
 const LEFTOVER_GONE_WAIT: Duration = Duration::from_secs(2);
 const LEFTOVER_POLL: Duration = Duration::from_millis(20);
 
-/// The environment an agent starts with; `tmp` is its run's temporary folder (`TMPDIR`), and
-/// `node` looks a variable up in the node's environment.
+/// The environment an agent starts with; `tmp` is its run's temporary folder (`TMPDIR`),
+/// `attempt` its step's attempt (`REINS_ATTEMPT`), and `node` looks a variable up in the node's
+/// environment.
 pub(super) fn environment(
     settings: &CommandConfig,
     tmp: &Path,
+    attempt: i32,
     node: impl Fn(&str) -> Option<OsString>,
 ) -> BTreeMap<OsString, OsString> {
     let mut environment = BTreeMap::new();
@@ -91,6 +95,10 @@ pub(super) fn environment(
     for (name, value) in &settings.env {
         environment.insert(OsString::from(name), OsString::from(value));
     }
+    environment.insert(
+        OsString::from("REINS_ATTEMPT"),
+        OsString::from(attempt.to_string()),
+    );
     if let Some(path) = environment.get_mut(OsStr::new("PATH")) {
         *path = absolute_entries(path);
     }
@@ -800,10 +808,15 @@ mod tests {
         };
         let got = environment(
             &config(
-                &[("GREETING", "hi"), ("BOTH", "config")],
+                &[
+                    ("GREETING", "hi"),
+                    ("BOTH", "config"),
+                    ("REINS_ATTEMPT", "9"),
+                ],
                 &["PASSED", "BOTH", "UNSET"],
             ),
             Path::new("/ws/t/tmp"),
+            2,
             node,
         );
         let expected: BTreeMap<OsString, OsString> = [
@@ -813,6 +826,7 @@ mod tests {
             ("LANG", LANG_DEFAULT),
             ("PASSED", "from-node"),
             ("PATH", "/node/bin"),
+            ("REINS_ATTEMPT", "2"),
             ("TMPDIR", "/ws/t/tmp"),
         ]
         .into_iter()
@@ -841,7 +855,7 @@ mod tests {
     fn the_programs_path_keeps_only_absolute_entries() {
         let settings = |env: &[(&str, &str)]| config(env, &[]);
         let path_of = |settings: &CommandConfig, node: &'static str| {
-            environment(settings, Path::new("/tmp"), |name| {
+            environment(settings, Path::new("/tmp"), 1, |name| {
                 (name == "PATH").then(|| node.into())
             })
             .get(OsStr::new("PATH"))

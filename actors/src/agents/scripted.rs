@@ -6,27 +6,35 @@
 //! | --- | --- |
 //! | `"write": [{"path", "content"}]` | writes files into the thread's workspace (`/mnt/user-data/...`) |
 //! | `"sleep_ms": N` | waits N ms (at most 600000), stopping early on cancel |
+//! | `"silent_ms": N` | waits N ms more (at most 600000), stopping early on cancel |
 //! | `"hold_while": "NAME"` | waits while the file NAME exists in `REINS_FAULT_DIR` |
 //! | `"ask_approval": {"request_id", "actions"}` | pauses the run in `waiting_for_input` |
 //! | `"fail": "message"` | ends the run as `error` with that message |
+//! | `"fail_attempts": N` | `fail` only on the step's attempts 1 to N; later ones go on as without it |
+//! | `"retryable": bool`, `"retry_after_ms": N`, `"code": "..."` | what the failure says of a retry |
 //! | `"output": any` | the run's output (default `{"echo": task}`) |
 //! | `"tokens": N` | the token count recorded for the run |
 //!
-//! Any other key is refused with an error naming it, before anything is done.
+//! The agent sends no progress signal, ever: with `timeout.idle_ms` its waits (`sleep_ms`,
+//! `silent_ms`, `hold_while`) are silences. Any other key is refused with an error naming it, as
+//! is a retry key without `fail` or out of its bounds, before anything is done.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
+use runtime::policy::CODE_BYTES_MAX;
 use serde::Deserialize;
 use serde_json::{Value, json};
-use store::CancelAction;
+use store::{CancelAction, FailureClass, RunFailure};
 use tokio::sync::watch;
 
 use super::{AgentEnd, AgentRequest, cancelled};
 use crate::workspace;
 
-/// The longest `sleep_ms` a task may ask for.
+/// The longest `sleep_ms` (and `silent_ms`) a task may ask for.
 const SLEEP_MS_MAX: u64 = 600_000;
+/// The longest `retry_after_ms` a task may give its failure: a day.
+const RETRY_AFTER_MS_MAX: u64 = 86_400_000;
 /// How often `hold_while` looks for its file.
 const HOLD_POLL: Duration = Duration::from_millis(20);
 
@@ -37,9 +45,14 @@ pub struct ScriptedAgent;
 struct Directives {
     write: Vec<WriteFile>,
     sleep_ms: Option<u64>,
+    silent_ms: Option<u64>,
     hold_while: Option<String>,
     ask_approval: Option<Approval>,
     fail: Option<String>,
+    /// `fail` holds for the step's attempts 1 to this one only (all of them without it).
+    fail_attempts: Option<i32>,
+    /// What the failure says of a retry.
+    failure: RunFailure,
     output: Option<Value>,
     /// A token count is never negative.
     tokens: Option<u64>,
@@ -64,12 +77,19 @@ impl Directives {
     const KNOWN: &[&str] = &[
         "write",
         "sleep_ms",
+        "silent_ms",
         "hold_while",
         "ask_approval",
         "fail",
+        "fail_attempts",
+        "retryable",
+        "retry_after_ms",
+        "code",
         "output",
         "tokens",
     ];
+    /// The keys that only say something of a `fail`.
+    const OF_FAIL: &[&str] = &["fail_attempts", "retryable", "retry_after_ms", "code"];
 
     /// Reads the directives, naming the key of anything unknown or of the wrong type.
     fn parse(map: &serde_json::Map<String, Value>) -> Result<Self, String> {
@@ -87,15 +107,63 @@ impl Directives {
                 .map(|value| T::deserialize(value).map_err(|e| format!("`{key}`: {e}")))
                 .transpose()
         }
-        Ok(Directives {
+        if !map.contains_key("fail")
+            && let Some(key) = Self::OF_FAIL.iter().find(|key| map.contains_key(**key))
+        {
+            return Err(format!(
+                "`{key}` says something of a failure: it needs `fail`"
+            ));
+        }
+        let directives = Directives {
             write: field(map, "write")?.unwrap_or_default(),
             sleep_ms: field(map, "sleep_ms")?,
+            silent_ms: field(map, "silent_ms")?,
             hold_while: field(map, "hold_while")?,
             ask_approval: field(map, "ask_approval")?,
             fail: field(map, "fail")?,
+            fail_attempts: field(map, "fail_attempts")?,
+            failure: RunFailure {
+                class: FailureClass::Error,
+                code: field(map, "code")?,
+                retryable: field(map, "retryable")?,
+                retry_after_ms: field(map, "retry_after_ms")?,
+            },
             output: map.get("output").cloned(),
             tokens: field(map, "tokens")?,
-        })
+        };
+        directives.check()?;
+        Ok(directives)
+    }
+
+    /// Checks the numbers and codes against their bounds.
+    fn check(&self) -> Result<(), String> {
+        for (key, value) in [("sleep_ms", self.sleep_ms), ("silent_ms", self.silent_ms)] {
+            if let Some(ms) = value
+                && ms > SLEEP_MS_MAX
+            {
+                return Err(format!("`{key}` {ms} is over the limit of {SLEEP_MS_MAX}"));
+            }
+        }
+        if let Some(ms) = self.failure.retry_after_ms
+            && ms > RETRY_AFTER_MS_MAX
+        {
+            return Err(format!(
+                "`retry_after_ms` {ms} is over the limit of {RETRY_AFTER_MS_MAX} (a day)"
+            ));
+        }
+        if let Some(code) = &self.failure.code
+            && (code.is_empty() || code.len() > CODE_BYTES_MAX)
+        {
+            return Err(format!(
+                "`code` {code:?} must be 1 to {CODE_BYTES_MAX} bytes"
+            ));
+        }
+        if let Some(attempts) = self.fail_attempts
+            && attempts < 0
+        {
+            return Err(format!("`fail_attempts` {attempts} must be 0 or more"));
+        }
+        Ok(())
     }
 }
 
@@ -119,14 +187,12 @@ impl ScriptedAgent {
                 return AgentEnd::failed(message);
             }
         }
-        if let Some(sleep_ms) = directives.sleep_ms {
-            if sleep_ms > SLEEP_MS_MAX {
-                return AgentEnd::failed(format!(
-                    "sleep_ms {sleep_ms} is over the limit of {SLEEP_MS_MAX}"
-                ));
-            }
+        for wait_ms in [directives.sleep_ms, directives.silent_ms]
+            .into_iter()
+            .flatten()
+        {
             tokio::select! {
-                () = tokio::time::sleep(Duration::from_millis(sleep_ms)) => {}
+                () = tokio::time::sleep(Duration::from_millis(wait_ms)) => {}
                 action = cancelled(&mut cancel) => return AgentEnd::Interrupted { action },
             }
         }
@@ -155,8 +221,14 @@ impl ScriptedAgent {
                 }),
             };
         }
-        if let Some(message) = directives.fail {
-            return AgentEnd::failed(message);
+        let failing = directives
+            .fail_attempts
+            .is_none_or(|attempts| request.attempt <= attempts);
+        if let Some(message) = directives.fail.filter(|_| failing) {
+            return AgentEnd::Failed {
+                message,
+                failure: directives.failure,
+            };
         }
         AgentEnd::Completed {
             output: directives
@@ -219,6 +291,7 @@ mod tests {
             fault_dir,
             process_records: None,
             confinement: crate::agents::ConfinementMode::Landlock,
+            attempt: 1,
         }
     }
 
@@ -318,6 +391,111 @@ mod tests {
         ));
     }
 
+    async fn run_attempt(task: Value, attempt: i32) -> AgentEnd {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let (_cancel, watch) = watch::channel(None);
+        let request = AgentRequest {
+            attempt,
+            ..request(task, dir.path().join("ws"), None)
+        };
+        ScriptedAgent.run(request, watch).await
+    }
+
+    /// Issue 31: a flaky agent for the retry tests, failing its first attempts with what the
+    /// failure says of a retry.
+    #[tokio::test]
+    async fn a_failure_may_hold_for_the_first_attempts_and_say_what_a_retry_could_do() {
+        let task = json!({"fail": "flaky", "fail_attempts": 2, "retryable": true,
+                          "retry_after_ms": 1_500, "code": "flaky_upstream", "output": "done"});
+        let expected = AgentEnd::Failed {
+            message: "flaky".into(),
+            failure: RunFailure {
+                class: FailureClass::Error,
+                code: Some("flaky_upstream".into()),
+                retryable: Some(true),
+                retry_after_ms: Some(1_500),
+            },
+        };
+        assert_eq!(run_attempt(task.clone(), 1).await, expected);
+        assert_eq!(run_attempt(task.clone(), 2).await, expected);
+        assert_eq!(
+            run_attempt(task, 3).await,
+            AgentEnd::Completed {
+                output: json!("done"),
+                total_tokens: 0,
+                message_count: 1
+            }
+        );
+        // Without fail_attempts, every attempt fails.
+        assert_eq!(
+            run_attempt(json!({"fail": "always", "retryable": false}), 7).await,
+            AgentEnd::Failed {
+                message: "always".into(),
+                failure: RunFailure {
+                    retryable: Some(false),
+                    ..RunFailure::default()
+                },
+            }
+        );
+    }
+
+    #[tokio::test]
+    async fn retry_keys_need_a_fail_and_stay_within_their_bounds() {
+        for (task, named) in [
+            (
+                json!({"retryable": true}),
+                "`retryable` says something of a failure: it needs `fail`",
+            ),
+            (
+                json!({"fail_attempts": 1, "output": 1}),
+                "`fail_attempts` says something",
+            ),
+            (
+                json!({"fail": "x", "retry_after_ms": 86_400_001}),
+                "`retry_after_ms` 86400001 is over the limit of 86400000 (a day)",
+            ),
+            (
+                json!({"fail": "x", "code": ""}),
+                "`code` \"\" must be 1 to 64 bytes",
+            ),
+            (
+                json!({"fail": "x", "code": "c".repeat(65)}),
+                "must be 1 to 64 bytes",
+            ),
+            (
+                json!({"fail": "x", "fail_attempts": -1}),
+                "`fail_attempts` -1 must be 0 or more",
+            ),
+            (json!({"fail": "x", "retryable": "yes"}), "`retryable`"),
+            (
+                json!({"silent_ms": 600_001}),
+                "`silent_ms` 600001 is over the limit of 600000",
+            ),
+            (
+                json!({"sleep_ms": 600_001}),
+                "`sleep_ms` 600001 is over the limit of 600000",
+            ),
+        ] {
+            let end = run(task.clone()).await;
+            assert!(
+                matches!(&end, AgentEnd::Failed { message, .. } if message.contains(named)),
+                "{task}: {end:?}"
+            );
+        }
+        let edge = json!({"fail": "x", "retry_after_ms": 86_400_000, "code": "c".repeat(64),
+                          "silent_ms": 1, "sleep_ms": 1});
+        assert!(matches!(
+            run(edge).await,
+            AgentEnd::Failed {
+                failure: RunFailure {
+                    retry_after_ms: Some(86_400_000),
+                    ..
+                },
+                ..
+            }
+        ));
+    }
+
     #[tokio::test]
     async fn sleep_and_hold_stop_on_cancel() {
         let dir = tempfile::tempdir().expect("temp dir");
@@ -339,6 +517,23 @@ mod tests {
             held.await.expect("join"),
             AgentEnd::Interrupted {
                 action: CancelAction::Rollback
+            }
+        );
+        let dir = tempfile::tempdir().expect("temp dir");
+        let (cancel, watch) = watch::channel(None);
+        let silent = tokio::spawn(async move {
+            ScriptedAgent
+                .run(
+                    request(json!({"silent_ms": 600_000}), dir.path().join("ws"), None),
+                    watch,
+                )
+                .await
+        });
+        cancel.send_replace(Some(CancelAction::Interrupt));
+        assert_eq!(
+            silent.await.expect("join"),
+            AgentEnd::Interrupted {
+                action: CancelAction::Interrupt
             }
         );
     }

@@ -5,7 +5,9 @@
 //! renews its lease and tells it about cancel requests and lost ownership; a fenced run stops its
 //! agent and writes nothing more. A workflow step's run gives its slot back when its agent waits
 //! for a person (in the write that records the wait); a live agent's answer is handed on only
-//! once the run holds a slot again ([`StepSlots`]), which may wait for one to free.
+//! once the run holds a slot again ([`StepSlots`]), which may wait for one to free. The attempt's
+//! time limits ([`AttemptClock`]) stop the agent as a cancel does, and the run then ends `error`
+//! with a failure of class `timeout`, through the same terminal compare-and-set.
 
 use crate::mailbox::Post;
 use std::collections::HashSet;
@@ -13,6 +15,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
+use runtime::policy::TimeoutOptions;
 use serde_json::Value;
 use store::{CancelAction, RunId, RunOutcome, RunRow, RunSlot, RunStatus, WorkflowId};
 use tokio::sync::{mpsc, oneshot, watch};
@@ -20,8 +23,11 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::agents::{Agent, AgentControl, AgentEnd, AgentRequest, ConfinementMode, ProcessRecords};
+use crate::agents::{
+    Agent, AgentControl, AgentEnd, AgentRequest, ConfinementMode, ProcessRecords, Progress,
+};
 use crate::child_run::commit::{AttemptId, Renewal, TerminalAuthority, Verdict};
+use crate::child_run::timeouts::{AttemptClock, Expiry};
 use crate::lease::{LeaseEvent, LeaseKey, LeaseMsg, Leased};
 use crate::store_actor::StoreHandle;
 
@@ -70,6 +76,17 @@ pub enum ChildMsg {
     SlotClaimed(store::Result<RunSlot>),
     /// A slot may be free (a cue from the change bus, or the fallback): claim it if waiting.
     SlotCheck,
+    /// The attempt's next deadline came: stop the agent if its time ran out.
+    ClockCheck,
+}
+
+/// Why this node stopped the agent: the first reason holds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Stopping {
+    /// A cancel request (its action is what the agent reports).
+    Cancelled,
+    /// One of the attempt's time limits ran out.
+    TimedOut(Expiry),
 }
 
 /// The slot rules of a workflow step's run, so that the run can claim its slot again after its
@@ -115,6 +132,10 @@ pub(crate) struct ChildArgs {
     pub row: RunRow,
     pub agent: Arc<Agent>,
     pub task: Value,
+    /// The step's attempt this run is (1 for a run of no workflow).
+    pub attempt: i32,
+    /// The attempt's time limits, the agent's configured ones under the request's.
+    pub timeouts: TimeoutOptions,
     pub workspace: PathBuf,
     pub fault_dir: Option<PathBuf>,
     pub process_records: Option<ProcessRecords>,
@@ -140,6 +161,7 @@ pub(crate) struct ChildState {
     thread_id: String,
     agent: Arc<Agent>,
     task: Value,
+    attempt: i32,
     workspace: PathBuf,
     fault_dir: Option<PathBuf>,
     process_records: Option<ProcessRecords>,
@@ -156,6 +178,14 @@ pub(crate) struct ChildState {
     answers_for_agent: Option<mpsc::UnboundedReceiver<Value>>,
     answered: HashSet<String>,
     agent_task: Option<JoinHandle<()>>,
+    /// The attempt's time limits, the agent's progress signals they read, and the timer of the
+    /// next deadline (cancelled with the state).
+    clock: AttemptClock,
+    progress: Progress,
+    progress_seen: watch::Receiver<Instant>,
+    clock_check: Option<crate::mailbox::Timer<ChildMsg>>,
+    /// Set once this node stopped the agent, with why.
+    stopping: Option<Stopping>,
     /// Terminal writes in a row that wrote nothing (the database unavailable or its disk full):
     /// the backoff of the next.
     commit_tries: u32,
@@ -206,7 +236,7 @@ impl ChildState {
             Verdict::Wait => {}
             Verdict::Cancel(action) => {
                 tracing::info!(parent: &self.span, ?action, "cancel request delivered");
-                self.cancel.send_replace(Some(action));
+                self.stop_for_cancel(action);
             }
             Verdict::Persisted(outcome) => {
                 self.untrack();
@@ -233,7 +263,7 @@ impl ChildState {
             .as_str()
             .is_some_and(|request_id| self.answered.contains(request_id));
         if known || self.slot == Slot::Held {
-            self.deliver(answer);
+            self.deliver(myself, answer);
             return;
         }
         self.held_answer = Some(answer);
@@ -272,7 +302,7 @@ impl ChildState {
                 self.claim_tries = 0;
                 self.slot_wait_logged = false;
                 if let Some(answer) = self.held_answer.take() {
-                    self.deliver(answer);
+                    self.deliver(myself, answer);
                 }
             }
             Ok(RunSlot::Queued) => {
@@ -310,8 +340,9 @@ impl ChildState {
         }
     }
 
-    /// Hands an approval answer to the live agent, once per request id.
-    fn deliver(&mut self, answer: Value) {
+    /// Hands an approval answer to the live agent, once per request id; the attempt's time limits
+    /// run again from here.
+    fn deliver(&mut self, myself: &ActorRef<ChildMsg>, answer: Value) {
         let Some(request_id) = answer["request_id"].as_str().map(str::to_owned) else {
             return;
         };
@@ -319,7 +350,46 @@ impl ChildState {
             tracing::info!(parent: &self.span, request_id, "approval answer delivered to the agent");
             // The agent may have ended meanwhile; its end decides the run.
             let _ = self.answers.send(answer);
+            self.clock.answered(Instant::now());
+            self.arm_clock(myself);
         }
+    }
+
+    /// Arms the timer of the attempt's next deadline (none without limits, while the agent
+    /// waits for a person, or once it ended).
+    fn arm_clock(&mut self, myself: &ActorRef<ChildMsg>) {
+        self.clock_check = self
+            .clock
+            .deadline()
+            .filter(|_| self.agent_task.is_some() && self.stopping.is_none())
+            .map(|(deadline, _)| {
+                let wait = deadline.saturating_duration_since(Instant::now());
+                crate::mailbox::Timer::after(myself, wait, || ChildMsg::ClockCheck)
+            });
+    }
+
+    /// At a deadline: stops the agent if one of the attempt's limits ran out, with the latest
+    /// progress signal counted; else waits for the next deadline.
+    fn check_clock(&mut self, myself: &ActorRef<ChildMsg>) {
+        self.clock.progress(*self.progress_seen.borrow());
+        match self.clock.expired(Instant::now()) {
+            Some(expiry) if self.agent_task.is_some() && self.stopping.is_none() => {
+                tracing::warn!(parent: &self.span, reason = expiry.message(),
+                    "the attempt timed out: stopping its agent");
+                self.stopping = Some(Stopping::TimedOut(expiry));
+                self.clock_check = None;
+                // Stopped as a cancel stops it; its end is recorded as the timeout.
+                self.cancel.send_replace(Some(CancelAction::Interrupt));
+            }
+            _ => self.arm_clock(myself),
+        }
+    }
+
+    /// Stops the agent for a cancel request (unless it is already being stopped for its time).
+    fn stop_for_cancel(&mut self, action: CancelAction) {
+        self.stopping.get_or_insert(Stopping::Cancelled);
+        self.clock_check = None;
+        self.cancel.send_replace(Some(action));
     }
 
     /// Records in the background that the run waits for `approval`; the store's answer comes
@@ -379,6 +449,7 @@ impl ChildState {
             fault_dir: self.fault_dir.clone(),
             process_records: self.process_records.clone(),
             confinement: self.confinement,
+            attempt: self.attempt,
         };
         let (pauses, mut paused) = mpsc::unbounded_channel();
         let control = AgentControl {
@@ -388,8 +459,9 @@ impl ChildState {
                 .answers_for_agent
                 .take()
                 .unwrap_or_else(|| mpsc::unbounded_channel().1),
+            progress: self.progress.clone(),
         };
-        let (agent, myself) = (Arc::clone(&self.agent), myself.clone());
+        let (agent, me) = (Arc::clone(&self.agent), myself.clone());
         self.agent_task = Some(tokio::spawn(
             async move {
                 let run = agent.run(request, control);
@@ -398,14 +470,15 @@ impl ChildState {
                     tokio::select! {
                         end = &mut run => break end,
                         Some(approval) = paused.recv() => {
-                            let _ = myself.post(ChildMsg::AgentPaused(approval));
+                            let _ = me.post(ChildMsg::AgentPaused(approval));
                         }
                     }
                 };
-                let _ = myself.post(ChildMsg::AgentEnded(end));
+                let _ = me.post(ChildMsg::AgentEnded(end));
             }
             .instrument(self.span.clone()),
         ));
+        self.arm_clock(myself);
     }
 }
 
@@ -434,11 +507,13 @@ impl Actor for ChildAgent {
         })?;
         let (cancel, _) = watch::channel(None);
         let (answers, answers_for_agent) = mpsc::unbounded_channel();
+        let (progress, progress_seen) = Progress::channel();
         Ok(ChildState {
             run_id: args.row.run_id,
             thread_id: args.row.thread_id,
             agent: args.agent,
             task: args.task,
+            attempt: args.attempt,
             workspace: args.workspace,
             fault_dir: args.fault_dir,
             process_records: args.process_records,
@@ -453,6 +528,11 @@ impl Actor for ChildAgent {
             answers_for_agent: Some(answers_for_agent),
             answered: HashSet::new(),
             agent_task: None,
+            clock: AttemptClock::new(&args.timeouts, Instant::now()),
+            progress,
+            progress_seen,
+            clock_check: None,
+            stopping: None,
             commit_tries: 0,
             ended: Some(args.ended),
             step_slots: args.step_slots,
@@ -490,6 +570,7 @@ impl Actor for ChildAgent {
         match message {
             ChildMsg::AgentEnded(end) => {
                 state.agent_task = None;
+                state.clock_check = None;
                 let outcome = match end {
                     AgentEnd::Completed {
                         output,
@@ -529,7 +610,10 @@ impl Actor for ChildAgent {
                         message_count: 0,
                         failure: Some(failure),
                     },
-                    AgentEnd::Interrupted { action } => interrupted(action),
+                    AgentEnd::Interrupted { action } => match state.stopping {
+                        Some(Stopping::TimedOut(expiry)) => timed_out(expiry),
+                        _ => interrupted(action),
+                    },
                     AgentEnd::WaitingForInput { approval } => {
                         state.record_pause(&myself, approval, ChildMsg::Paused);
                         return Ok(());
@@ -610,6 +694,9 @@ impl Actor for ChildAgent {
                 if state.step_slots.is_some() {
                     state.slot = Slot::GivenBack;
                 }
+                // A person's time is not the agent's: no limit runs until the answer.
+                state.clock.wait_for_person(Instant::now());
+                state.clock_check = None;
                 state.record_pause(&myself, approval, ChildMsg::PauseRecorded);
             }
             ChildMsg::PauseRecorded(Ok(true)) => {
@@ -623,6 +710,7 @@ impl Actor for ChildAgent {
             }
             ChildMsg::SlotClaimed(claimed) => state.slot_claimed(&myself, claimed),
             ChildMsg::SlotCheck => state.claim_slot(&myself),
+            ChildMsg::ClockCheck => state.check_clock(&myself),
             ChildMsg::Lease(event) => {
                 let verdict = match event {
                     LeaseEvent::Renewed { cancel, answer } => {
@@ -636,9 +724,7 @@ impl Actor for ChildAgent {
                 };
                 state.act(&myself, verdict);
             }
-            ChildMsg::Cancel(action) => {
-                state.cancel.send_replace(Some(action));
-            }
+            ChildMsg::Cancel(action) => state.stop_for_cancel(action),
         }
         Ok(())
     }
@@ -653,6 +739,20 @@ impl Actor for ChildAgent {
             task.abort();
         }
         Ok(())
+    }
+}
+
+/// The outcome of a run this node stopped for its time: `error`, saying which limit and its value,
+/// with a failure of class `timeout`.
+fn timed_out(expiry: Expiry) -> RunOutcome {
+    RunOutcome {
+        status: RunStatus::Error,
+        error: Some(expiry.message()),
+        output: None,
+        stop_reason: Some(expiry.code().into()),
+        total_tokens: 0,
+        message_count: 0,
+        failure: Some(expiry.failure()),
     }
 }
 

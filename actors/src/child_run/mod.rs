@@ -4,10 +4,12 @@
 //! a linked child-agent actor for an admitted run, relays cancel requests durably, relays freed-slot
 //! cues to the answered runs that wait for a slot, and periodically closes orphaned runs whose
 //! node is gone. `agent.rs` is the child-agent actor of one run;
-//! `commit.rs` the pure rules of its terminal commit authority.
+//! `commit.rs` the pure rules of its terminal commit authority; `timeouts.rs` those of its
+//! attempt's time limits.
 
 pub(crate) mod agent;
 pub(crate) mod commit;
+pub(crate) mod timeouts;
 
 use crate::mailbox::Post;
 use std::collections::{HashMap, HashSet};
@@ -16,6 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
+use runtime::policy::TimeoutOptions;
 use serde_json::Value;
 use store::{Admission, CancelAction, NewRun, RunId, RunRow, WorkflowStep};
 use tokio::sync::oneshot;
@@ -44,6 +47,10 @@ pub struct RunRequest {
     /// The new run's id, when the caller chose it (a workflow step journals it in the
     /// admission's own transaction); a fresh one otherwise.
     pub run_id: Option<RunId>,
+    /// The attempt's time limits the caller gives (`attempt_ms`, `idle_ms`; `total_ms` is the
+    /// caller's own), over the agent's configured ones: the run ends `error`, class `timeout`,
+    /// when one runs out.
+    pub timeouts: TimeoutOptions,
 }
 
 /// What admission gave the caller.
@@ -452,6 +459,7 @@ async fn start_child(
         .map_err(|e| Error::InvalidRequest(e.to_string()))?;
     let (ended_tx, ended) = oneshot::channel();
     let run_id = row.run_id.clone();
+    let timeouts = request.timeouts.over(&agent.defaults.timeout);
     let (child, _) = Actor::spawn_linked(
         Some(format!("child-run-{run_id}")),
         ChildAgent,
@@ -459,6 +467,8 @@ async fn start_child(
             row: row.clone(),
             agent,
             task: request.task,
+            attempt: request.step.as_ref().map_or(1, |step| step.attempt),
+            timeouts,
             workspace,
             fault_dir: state.args.options.fault_dir.clone(),
             process_records: state

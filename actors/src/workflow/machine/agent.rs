@@ -115,6 +115,7 @@ impl WorkflowMachine {
                 }),
             }),
             run_id: carried.map(|carried| carried.run_id.clone()),
+            timeouts: runtime::policy::TimeoutOptions::default(),
         };
         out.push(Effect::Admit { id, request });
     }
