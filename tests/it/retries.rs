@@ -195,3 +195,137 @@ async fn wait_for_long(
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// Writes a configuration with the `scripted` agent and `extra` agents (TOML) into `dir`.
+fn config_with(dir: &std::path::Path, extra: &str) -> String {
+    let path = dir.join("config.toml");
+    std::fs::write(
+        &path,
+        format!("[[agents]]\nname = \"scripted\"\nkind = \"scripted\"\n\n{extra}"),
+    )
+    .expect("write the configuration");
+    path.display().to_string()
+}
+
+/// An OpenAI-compatible endpoint that asks twice to come back in a second (429 with
+/// `Retry-After: 1`), then answers: the step completes on attempt 3, two waits of the asked
+/// second later, and `get` shows the three attempts. A 400 fails the step at once, not
+/// retryable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endpoint_that_asks_to_come_back_later_is_retried_after_the_wait_it_asks_for() {
+    use crate::openai_agent::{Reply, StandIn, completion};
+    let busy = Reply::Headed(
+        429,
+        &[("retry-after", "1")],
+        json!({"error": {"message": "slow down"}}),
+    );
+    let stand_in = StandIn::start(vec![
+        busy.clone(),
+        busy,
+        Reply::Json(200, completion("done", 7)),
+        Reply::Json(400, json!({"error": {"message": "bad request"}})),
+    ])
+    .await;
+    let files = tempfile::tempdir().expect("temp dir");
+    let config = config_with(
+        files.path(),
+        &format!(
+            "[[agents]]\nname = \"llm\"\nkind = \"openai\"\nbase_url = \"http://{}/v1\"\n\
+             model = \"gpt-test\"\n",
+            stand_in.addr
+        ),
+    );
+    let db = Db::new(false).await;
+    let node = Node::start(&db, &[("REINS_CONFIG", config)]);
+    let mut api = initialize(&node).await;
+    let run_id = launch(
+        &mut api,
+        r#"const r = await agent({stepId: "ask", agentRef: "llm", task: "hi"});
+           return r.attempts;"#,
+    )
+    .await;
+    let record = wait_for(&mut api, &run_id, "completed").await;
+    assert_eq!(record["result"], 3);
+    let attempts = attempts_of(&record, "ask");
+    let statuses: Vec<&Value> = attempts.iter().map(|a| &a["status"]).collect();
+    assert_eq!(statuses, ["failed", "failed", "completed"], "{record}");
+    assert_eq!(attempts[0]["error_status"], "error");
+    // Each attempt is a run of its own: the third began two asked waits after the first.
+    let runs = runs_of(&db, &run_id, "ask").await;
+    let [(1, first_ms), (2, _), (3, last_ms)] = runs[..] else {
+        panic!("three attempts, one run each: {runs:?}");
+    };
+    assert!(
+        last_ms - first_ms >= 2_000.0,
+        "attempt 3 began {} ms after attempt 1",
+        last_ms - first_ms
+    );
+    for retried in &attempts[1..] {
+        let failed_at = attempts[0]["finished_at"].as_f64().expect("finished_at");
+        assert!(retried["retry"]["due_at"].as_f64().expect("due_at") >= failed_at + 1.0);
+    }
+
+    let refused = launch(
+        &mut api,
+        r#"try { await agent({stepId: "ask", agentRef: "llm", task: "hi"}); }
+           catch (e) { return [e.attempts, e.retryable, e.code]; }"#,
+    )
+    .await;
+    let record = wait_for(&mut api, &refused, "completed").await;
+    assert_eq!(record["result"], json!([1, false, "http_400"]));
+}
+
+/// A `command` agent that goes silent on its first attempt is stopped at its `idleMs` (within
+/// a second of it) and run again; the second attempt answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_command_agent_is_stopped_at_its_idle_timeout_and_retried() {
+    use std::os::unix::fs::PermissionsExt;
+    let files = tempfile::tempdir().expect("temp dir");
+    let program = files.path().join("moody.sh");
+    std::fs::write(
+        &program,
+        "#!/bin/sh\nread task\n\
+         if [ \"$REINS_ATTEMPT\" = 1 ]; then sleep 300; fi\n\
+         echo '{\"type\": \"output\", \"output\": \"answered\"}'\n",
+    )
+    .expect("write the agent");
+    std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let config = config_with(
+        files.path(),
+        &format!(
+            "[[agents]]\nname = \"moody\"\nkind = \"command\"\nprogram = \"{}\"\ngrace_ms = 200\n",
+            program.display()
+        ),
+    );
+    let db = Db::new(false).await;
+    let node = Node::start(&db, &[("REINS_CONFIG", config)]);
+    let mut api = initialize(&node).await;
+    let run_id = launch(
+        &mut api,
+        r#"const r = await agent({stepId: "work", agentRef: "moody", task: "go",
+                                 timeout: {idleMs: 1000}, retry: {maxAttempts: 2, initialIntervalMs: 100}});
+           return [r.output, r.attempts];"#,
+    )
+    .await;
+    let record = wait_for(&mut api, &run_id, "completed").await;
+    assert_eq!(record["result"], json!(["answered", 2]));
+    let attempts = attempts_of(&record, "work");
+    assert_eq!(attempts[0]["error_status"], "timeout", "{record}");
+    assert_eq!(
+        attempts[0]["error"],
+        "no progress for 1000 ms (timeout.idleMs)"
+    );
+    let took_ms = db
+        .sql(&format!(
+            "SELECT CAST((updated_at - created_at) * 1000 AS INTEGER) FROM runs \
+             WHERE workflow = '{run_id}' AND attempt = 1"
+        ))
+        .await
+        .expect("attempt 1's run")
+        .parse::<i64>()
+        .expect("milliseconds");
+    assert!(
+        took_ms < 2_000,
+        "attempt 1 was stopped {took_ms} ms after its start"
+    );
+}

@@ -27,7 +27,7 @@ impl WorkflowMachine {
         self.waiting.insert(id, (Waiting::Slot, command));
         match due {
             Some(due_at_ms) => self.wait_until(out, id, due_at_ms, now),
-            None => self.admit(out, id),
+            None => self.admit(out, id, now),
         }
     }
 
@@ -42,18 +42,18 @@ impl WorkflowMachine {
     }
 
     /// A queued call's fallback, or a freed slot's cue for it: asks again, once.
-    pub(super) fn on_slot_check(&mut self, out: &mut Vec<Effect>, id: CallId) {
+    pub(super) fn on_slot_check(&mut self, out: &mut Vec<Effect>, id: CallId, now: Millis) {
         if self.slot_waits.remove(&id) {
             self.took(&self.step_of(id), Transition::Agent(Agent::WokenForSlot));
-            self.admit(out, id);
+            self.admit(out, id, now);
         }
     }
 
     /// A slot was freed somewhere (the change bus): every queued call asks again.
-    pub(super) fn on_slot_freed(&mut self, out: &mut Vec<Effect>) {
+    pub(super) fn on_slot_freed(&mut self, out: &mut Vec<Effect>, now: Millis) {
         for id in std::mem::take(&mut self.slot_waits) {
             self.took(&self.step_of(id), Transition::Agent(Agent::WokenForSlot));
-            self.admit(out, id);
+            self.admit(out, id, now);
         }
     }
 
@@ -82,7 +82,7 @@ impl WorkflowMachine {
     }
 
     /// Asks for the child run of agent call `id` (idempotent: a replayed call finds its run).
-    pub(super) fn admit(&self, out: &mut Vec<Effect>, id: CallId) {
+    pub(super) fn admit(&self, out: &mut Vec<Effect>, id: CallId, now: Millis) {
         let Some((_, command)) = self.waiting.get(&id) else {
             return;
         };
@@ -115,7 +115,7 @@ impl WorkflowMachine {
                 }),
             }),
             run_id: carried.map(|carried| carried.run_id.clone()),
-            timeouts: runtime::policy::TimeoutOptions::default(),
+            timeouts: self.attempt_timeouts(command, now),
         };
         out.push(Effect::Admit { id, request });
     }

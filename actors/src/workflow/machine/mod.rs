@@ -541,14 +541,14 @@ impl WorkflowMachine {
             }
             Event::WriteFailed(error) => self.write_failed(&mut out, error, now),
             Event::Admission { id, result } => self.on_admission(&mut out, id, result, now),
-            Event::RetryAdmission(id) => self.admit(&mut out, id),
+            Event::RetryAdmission(id) => self.admit(&mut out, id, now),
             #[cfg(test)]
             Event::SlotCheck(_) | Event::SlotFreed
                 if crate::workflow::mutants::planted(
                     crate::workflow::mutants::Mutant::QueuedCallNeverWoken,
                 ) => {}
-            Event::SlotCheck(id) => self.on_slot_check(&mut out, id),
-            Event::SlotFreed => self.on_slot_freed(&mut out),
+            Event::SlotCheck(id) => self.on_slot_check(&mut out, id, now),
+            Event::SlotFreed => self.on_slot_freed(&mut out, now),
             Event::AnswerCheck(id) => self.on_answer_check(&mut out, id),
             Event::TimerDue(_) if cancelling => {}
             Event::TimerDue(id) => self.on_timer_due(&mut out, id, now),

@@ -85,6 +85,28 @@ impl WorkflowMachine {
         step_policy(&self.config.agents, &command.args)
     }
 
+    /// The timeouts an attempt of `command` admitted at `now` runs under: its policy's
+    /// `attemptMs` and `idleMs`, the first no later than what `totalMs` leaves of the step's
+    /// time (at least the smallest timeout, so that an attempt admitted late still starts).
+    pub(super) fn attempt_timeouts(&self, command: &Command, now: Millis) -> TimeoutOptions {
+        let timeouts = self.policy_of(command).timeouts;
+        let left_ms = timeouts.total_ms.map(|total_ms| {
+            let first_at_ms = self.first_attempt_at(command.seq, now);
+            let spent_ms = u64::try_from(now.saturating_sub(first_at_ms)).unwrap_or(0);
+            total_ms
+                .saturating_sub(spent_ms)
+                .max(runtime::policy::TIMEOUT_MS_MIN)
+        });
+        TimeoutOptions {
+            attempt_ms: match (timeouts.attempt_ms, left_ms) {
+                (Some(attempt_ms), Some(left_ms)) => Some(attempt_ms.min(left_ms)),
+                (attempt_ms, left_ms) => attempt_ms.or(left_ms),
+            },
+            idle_ms: timeouts.idle_ms,
+            total_ms: None,
+        }
+    }
+
     /// When the step of call `seq` began its first attempt (its `totalMs` counts from there).
     pub(super) fn first_attempt_at(&self, seq: u32, now: Millis) -> Millis {
         self.retry_waits
@@ -235,13 +257,13 @@ impl WorkflowMachine {
 
     /// The timer of call `id`'s next attempt fired: its admission is asked for (a new child
     /// run, under the attempt's own idempotency key).
-    pub(super) fn next_attempt_due(&mut self, out: &mut Vec<Effect>, id: CallId) {
+    pub(super) fn next_attempt_due(&mut self, out: &mut Vec<Effect>, id: CallId, now: Millis) {
         let Some((_, command)) = self.waiting.remove(&id) else {
             return;
         };
         self.took(&command.step_id, Transition::Agent(Agent::RetryDue));
         self.waiting.insert(id, (Waiting::Slot, command));
-        self.admit(out, id);
+        self.admit(out, id, now);
     }
 
     /// An idempotent agent's run `run_id` has no outcome anyone can vouch for: it is asked to

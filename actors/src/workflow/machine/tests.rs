@@ -2190,7 +2190,71 @@ fn a_sleep_journals_its_due_time_parks_and_resolves_once_due_even_after_a_takeov
     );
 }
 
+#[test]
+fn an_attempt_runs_under_its_timeouts_and_what_total_ms_leaves_of_the_step() {
+    let admitted_under = |effects: &[Effect]| {
+        effects
+            .iter()
+            .find_map(|effect| match effect {
+                Effect::Admit { request, .. } => Some(request.timeouts),
+                _ => None,
+            })
+            .expect("an admission")
+    };
+    let mut m = machine(Start::Fresh);
+    drive(&mut m, Event::Begin);
+    let timed = call(
+        0,
+        CallKind::Agent,
+        "a",
+        json!({"agentRef": "echo", "task": "t",
+               "timeout": {"attemptMs": 5000, "idleMs": 800, "totalMs": 3000},
+               "retry": {"maxAttempts": 3, "initialIntervalMs": 1000, "backoffCoefficient": 1}}),
+    );
+    let (_, effects) = drive_with(
+        &mut m,
+        activation(vec![timed], Status::Waiting),
+        NOW,
+        |_| None,
+    );
+    let first = admitted_under(&effects);
+    assert_eq!(
+        (first.attempt_ms, first.idle_ms, first.total_ms),
+        (Some(3_000), Some(800), None)
+    );
+    drive(&mut m, admitted(0, "run-1"));
+    drive_with(
+        &mut m,
+        ended(0, failed_row("run-1", json!({}))),
+        NOW + 1_500,
+        |_| None,
+    );
+    let (_, effects) = drive_with(&mut m, Event::TimerDue(CallId(0)), NOW + 2_500, |_| None);
+    assert_eq!(
+        admitted_under(&effects).attempt_ms,
+        Some(500),
+        "what totalMs leaves"
+    );
+    drive(&mut m, admitted(0, "run-2"));
+    // Another attempt could not be due before totalMs passes: the step fails.
+    let (described, effects) = drive_with(
+        &mut m,
+        ended(0, failed_row("run-2", json!({}))),
+        NOW + 2_900,
+        |_| None,
+    );
+    assert!(
+        !described.iter().any(|d| d.contains("TimerDue")),
+        "{described:?}"
+    );
+    let Outcome::Rejected(error) = settled(&effects) else {
+        panic!("a failure");
+    };
+    assert_eq!(error["attempts"], 2);
+}
+
 const EVERY_TEST: &[fn()] = &[
+    an_attempt_runs_under_its_timeouts_and_what_total_ms_leaves_of_the_step,
     a_sleep_journals_its_due_time_parks_and_resolves_once_due_even_after_a_takeover,
     a_failed_attempt_is_retried_as_a_new_run_behind_a_durable_timer_until_its_policy_says_no,
     a_failure_the_agent_or_the_policy_calls_final_is_not_retried,

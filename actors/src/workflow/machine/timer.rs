@@ -70,7 +70,7 @@ impl WorkflowMachine {
         }
         self.took(&command.step_id, Transition::Timer(Timer::Fired));
         match command.kind {
-            CallKind::Agent => self.next_attempt_due(out, id),
+            CallKind::Agent => self.next_attempt_due(out, id, now),
             CallKind::Sleep => self.woke(out, id, now),
             // Only an agent's next attempt and a sleep wait for a timer.
             CallKind::Pause
