@@ -71,6 +71,21 @@ impl AgentConfig {
     /// What its steps retry, time out and recover by, unless a call says otherwise: the
     /// configured keys over the backend's defaults (see `docs/agents.md`).
     pub fn step_defaults(&self) -> StepDefaults {
+        let defaults = self.configured_defaults();
+        // Declared idempotent, an agent's lost runs are meant to run again: three attempts
+        // unless its configuration says how many.
+        let idempotent_attempts = RetryOptions {
+            max_attempts: defaults.idempotent.then_some(IDEMPOTENT_ATTEMPTS),
+            ..RetryOptions::default()
+        };
+        StepDefaults {
+            retry: defaults.retry.over(&idempotent_attempts),
+            ..defaults
+        }
+    }
+
+    /// The configured keys over the backend's defaults.
+    fn configured_defaults(&self) -> StepDefaults {
         match self {
             AgentConfig::Scripted {
                 retry,
@@ -95,6 +110,9 @@ impl AgentConfig {
         }
     }
 }
+
+/// An idempotent agent's attempts when its configuration names none.
+pub const IDEMPOTENT_ATTEMPTS: u32 = 3;
 
 /// An agent's step defaults (see [`AgentConfig::step_defaults`]); a call's own keys win.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -426,6 +444,11 @@ mod tests {
             (Some(3_600_000), Some(500))
         );
         assert_eq!(scripted("s").step_defaults(), StepDefaults::default());
+        let idempotent: AgentConfig = serde_json::from_value(serde_json::json!({
+            "kind": "scripted", "name": "s", "idempotent": true
+        }))
+        .expect("valid");
+        assert_eq!(idempotent.step_defaults().retry.policy().max_attempts, 3);
         let absurd: AgentConfig = serde_json::from_value(serde_json::json!({
             "kind": "scripted", "name": "s", "retry": {"max_attempts": 1_000_000_000}
         }))
