@@ -26,7 +26,7 @@ use crate::{
     ControlRow, Epoch, Error, EventPage, EventRow, Fence, Lease, MigrationReport, Result, RunId,
     RunRow, RunStatus, SCHEMA_VERSION, SlotRow, StepStatus, WorkflowId, WorkflowStatus,
 };
-use crate::{StepKind, StepRecord};
+use crate::{StepCall, StepKind, StepOutcome, StepRecord};
 
 /// The simulated clock: epoch milliseconds that move only when the caller moves them.
 #[derive(Debug, Clone, Default)]
@@ -378,6 +378,15 @@ impl State {
                 data["output_bytes"] = json!(output_bytes);
                 data["total_tokens"] = json!(run.map(|run| run.total_tokens));
                 data["message_count"] = json!(run.map(|run| run.message_count));
+                if let (StepStatus::Failed, Some(StepOutcome::Rejected(error))) =
+                    (row.status, &record.outcome)
+                {
+                    for (key, field) in [("error", "message"), ("error_status", "status")] {
+                        if let Some(value) = error.get(field).filter(|value| !value.is_null()) {
+                            data[key] = value.clone();
+                        }
+                    }
+                }
                 self.event(workflow_id, "step_finished", data, now);
             }
             _ => {}
@@ -722,6 +731,13 @@ impl State {
             None => {
                 let mut fields = step_fields(&step.row);
                 fields["seq"] = json!(seq);
+                if let StepCall::Agent {
+                    retry: Some(wait), ..
+                } = &record.call
+                {
+                    fields["retry_due_at_ms"] = json!(wait.due_at_ms);
+                    fields["retry_reason"] = json!(wait.reason);
+                }
                 self.event(workflow_id, "step_journaled", fields, now);
                 self.step_status_events(workflow_id, &step, now);
             }

@@ -101,6 +101,35 @@ conformance! {
 }
 
 conformance! {
+    // Issue 31: `reins watch` shows every attempt: a failed attempt's `step_finished` says its
+    // error, and the attempt a retry policy queued says when it is due and why.
+    async fn an_attempts_events_say_its_error_and_when_the_next_is_due(db) {
+        let store = db.store().await;
+        let lease = workflow(&*store, "wf", "node-a", 60_000).await;
+        let fence = lease.fence();
+        store.fenced_write(&fence, vec![put("a", "agent", "running", json!({}))]).await.expect("run a");
+        let failed = put("a", "agent", "failed", json!({"outcome": {"outcome": "rejected",
+            "value": {"message": "no progress for 1000 ms (timeout.idleMs)", "status": "timeout"}}}));
+        let WriteOp::PutStep { record, .. } = put("a", "agent", "queued", json!({
+            "previous_run_id": "run-1",
+            "retry": {"due_at_ms": 1_700_000_002_000_i64, "first_at_ms": 1_700_000_000_000_i64,
+                      "reason": "no progress for 1000 ms (timeout.idleMs)"}})) else { unreachable!() };
+        let queued = WriteOp::PutStep {
+            workflow_id: "wf".into(), seq: 0, step_id: "a".into(), attempt: 2,
+            status: store::StepStatus::Queued, record,
+        };
+        store.fenced_write(&fence, vec![failed, queued]).await.expect("retry");
+        let events = events(&*store).await;
+        assert_eq!(kinds(&events), ["status", "step_journaled", "step_started", "step_finished", "step_journaled"]);
+        assert_eq!(events[3].data["error"], "no progress for 1000 ms (timeout.idleMs)");
+        assert_eq!(events[3].data["error_status"], "timeout");
+        assert_eq!(events[4].data, json!({"step_id": "a", "attempt": 2, "step_kind": "agent", "seq": 0,
+            "retry_due_at_ms": 1_700_000_002_000_i64,
+            "retry_reason": "no progress for 1000 ms (timeout.idleMs)"}));
+    }
+}
+
+conformance! {
     async fn the_feed_numbers_status_changes_across_workflows_per_user(db) {
         let store = db.store().await;
         assert_eq!(store.feed_head().await.expect("head"), 0);
