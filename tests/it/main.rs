@@ -36,6 +36,7 @@ mod paging;
 mod parked;
 mod partition;
 mod private_pg;
+mod retry;
 mod runs_store;
 mod scripts;
 mod stale_owner;
