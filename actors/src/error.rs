@@ -142,6 +142,17 @@ pub enum Error {
     /// child stops with the node while its run is still leased.
     #[error("refused: workflow {workflow_id:?} keeps its lease: a child run of it is in flight")]
     ChildInFlight { workflow_id: WorkflowId },
+    /// A retry of a workflow that is not (or not only) failed, or whose journal cannot be
+    /// adopted: nothing was written, and `reason` says what to do instead.
+    #[error("conflict: workflow {workflow_id:?} cannot be retried: {reason}")]
+    NotRetryable {
+        workflow_id: WorkflowId,
+        reason: String,
+    },
+    /// A thread workspace could not be read or written (a retry's copy of the workspace of a
+    /// step it adopts).
+    #[error("workspace: {0}")]
+    Workspace(#[from] crate::workspace::WorkspaceError),
     /// A cluster-wide limit refused the request.
     #[error("refused by `{limit}` ({max})")]
     LimitReached { limit: store::Limit, max: u64 },

@@ -32,5 +32,7 @@ pub use lease::{LeaseView, Leased};
 pub use node::{ActorView, Node, NodeIdentity, NodeOptions, NodeStatus, QueueView};
 pub use store_actor::{StoreHandle, StoreHealth};
 pub use workflow::front_door::{Launched, WorkflowView, WorkflowsHandle, WorkflowsOptions};
-pub use workflow::requests::{Decide, LaunchRequest, ReconcileRequest, Resolution, Resume};
+pub use workflow::requests::{
+    Decide, LaunchRequest, ReconcileRequest, Resolution, Resume, RetryRequest,
+};
 pub use workflow::rules::fingerprint;

@@ -529,6 +529,25 @@ impl StoreHandle {
         launched
     }
 
+    /// See [`Store::retry_workflow`].
+    pub async fn retry_workflow(
+        &self,
+        retry: store::NewRetry,
+        owner: &str,
+        lease_ms: u64,
+        limits: LaunchLimits,
+    ) -> store::Result<store::Retry> {
+        let owner = owner.to_owned();
+        let workflow_id = retry.workflow.workflow_id.clone();
+        let retried = self
+            .call(Operation::RetryWorkflow, move |store| async move {
+                store.retry_workflow(retry, &owner, lease_ms, limits).await
+            })
+            .await;
+        self.wake(&workflow_id, true, &retried);
+        retried
+    }
+
     /// See [`Store::take_over_workflow`].
     pub async fn take_over_workflow(
         &self,

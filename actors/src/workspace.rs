@@ -1,6 +1,8 @@
 //! Thread workspaces. An agent sees its thread's workspace as the virtual root `/mnt/user-data/`;
 //! on disk it is `<workspaces_dir>/<thread_id>/user-data/`. Every path an agent or a script names
 //! is confined to that root: `..`, absolute paths elsewhere, and symlinks that lead out are refused.
+//! A thread's folder is removed with its workflow ([`remove_thread`]) and copied into a retry that
+//! adopts its step ([`copy_thread`]).
 
 use std::path::{Component, Path, PathBuf};
 
@@ -99,6 +101,86 @@ pub fn remove_thread(workspaces_dir: &Path, thread_id: &str) -> Result<(), Works
     removed.map_err(io)
 }
 
+/// What [`copy_thread`] copied, and what it left out.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Copied {
+    /// Regular files copied.
+    pub files: u64,
+    /// Entries left out: anything but a folder, a regular file with one link, or a symlink.
+    pub skipped: u64,
+}
+
+/// Copies the folder of thread `from` into a new folder for thread `to`, which must not exist
+/// yet: folders, regular files (their bytes and permission bits) and symlinks (as links, never
+/// followed), as the agent left them. What else a workspace may hold is left out and counted: a
+/// FIFO, a socket or a device (whose open could block or act), and a file with more than one hard
+/// link (which a capture refuses anyway: it may be one of the node's own files an unconfined
+/// agent linked in). Nothing is copied when `from` has no folder, or when its folder is a
+/// symlink. `from` must no longer be written to: its runs ended. Each file is opened without
+/// following a link and without blocking, and checked once open, so an entry swapped meanwhile
+/// is never read through. On an error, what was copied stays: the caller removes `to`.
+pub fn copy_thread(workspaces_dir: &Path, from: &str, to: &str) -> Result<Copied, WorkspaceError> {
+    check_thread_id(from)?;
+    check_thread_id(to)?;
+    let (source, target) = (workspaces_dir.join(from), workspaces_dir.join(to));
+    let io = |path: &Path| {
+        let path = path.display().to_string();
+        move |e: std::io::Error| WorkspaceError::Io {
+            path,
+            reason: e.to_string(),
+        }
+    };
+    let mut copied = Copied::default();
+    match std::fs::symlink_metadata(&source) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(copied),
+        Err(e) => return Err(io(&source)(e)),
+        Ok(metadata) if !metadata.is_dir() => return Ok(copied),
+        Ok(_) => {}
+    }
+    std::fs::create_dir(&target).map_err(io(&target))?;
+    let mut folders = vec![(source, target)];
+    while let Some((from_folder, to_folder)) = folders.pop() {
+        for entry in std::fs::read_dir(&from_folder).map_err(io(&from_folder))? {
+            let entry = entry.map_err(io(&from_folder))?;
+            let (path, copy) = (entry.path(), to_folder.join(entry.file_name()));
+            let kind = entry.file_type().map_err(io(&path))?;
+            if kind.is_dir() {
+                std::fs::create_dir(&copy).map_err(io(&copy))?;
+                folders.push((path, copy));
+            } else if kind.is_symlink() {
+                let points_to = std::fs::read_link(&path).map_err(io(&path))?;
+                std::os::unix::fs::symlink(points_to, &copy).map_err(io(&copy))?;
+            } else if kind.is_file() && copy_file(&path, &copy).map_err(io(&path))? {
+                copied.files += 1;
+            } else {
+                copied.skipped += 1;
+            }
+        }
+    }
+    Ok(copied)
+}
+
+/// Copies the regular file at `path` to a new file `copy`, unless what is open there is not a
+/// regular file with one link (`false`: nothing was created).
+fn copy_file(path: &Path, copy: &Path) -> std::io::Result<bool> {
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let mut source = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)?;
+    let metadata = source.metadata()?;
+    if !metadata.is_file() || metadata.nlink() != 1 {
+        return Ok(false);
+    }
+    let mut target = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(metadata.mode() & 0o777)
+        .open(copy)?;
+    std::io::copy(&mut source, &mut target)?;
+    Ok(true)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -153,6 +235,75 @@ mod tests {
         assert!(!workspaces.join("t1").exists() && !workspaces.join("t2").exists());
         assert!(outside.join("keep.txt").exists());
         assert!(remove_thread(&workspaces, "../outside").is_err());
+    }
+
+    #[test]
+    fn a_thread_is_copied_with_its_links_as_links_and_without_what_a_capture_refuses() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().expect("temp dir");
+        let (workspaces, outside) = (dir.path().join("ws"), dir.path().join("outside"));
+        let root = workspaces.join("t1/user-data");
+        std::fs::create_dir_all(root.join("outputs/deep")).expect("mkdir");
+        std::fs::create_dir_all(&outside).expect("mkdir");
+        std::fs::write(outside.join("secret"), b"node").expect("write");
+        std::fs::write(root.join("outputs/deep/report.txt"), b"report").expect("write");
+        std::fs::write(root.join("run.sh"), b"#!/bin/sh").expect("write");
+        std::fs::set_permissions(root.join("run.sh"), std::fs::Permissions::from_mode(0o700))
+            .expect("chmod");
+        std::os::unix::fs::symlink("outputs/deep", root.join("latest")).expect("symlink");
+        std::os::unix::fs::symlink(&outside, root.join("escape")).expect("symlink");
+        std::fs::hard_link(outside.join("secret"), root.join("linked")).expect("hard link");
+        let fifo = std::process::Command::new("mkfifo")
+            .arg(root.join("pipe"))
+            .status()
+            .expect("mkfifo");
+        assert!(fifo.success(), "mkfifo");
+
+        let copied = copy_thread(&workspaces, "t1", "t2").expect("copy");
+        assert_eq!(
+            copied,
+            Copied {
+                files: 2,
+                skipped: 2
+            }
+        );
+        let copy = workspaces.join("t2/user-data");
+        let read = |path: &str| std::fs::read(copy.join(path)).expect("read");
+        assert_eq!(read("outputs/deep/report.txt"), b"report");
+        assert_eq!(
+            read("latest/report.txt"),
+            b"report",
+            "a link inside, still inside"
+        );
+        let mode = std::fs::metadata(copy.join("run.sh"))
+            .expect("stat")
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o700);
+        assert_eq!(
+            std::fs::read_link(copy.join("escape")).expect("link"),
+            outside
+        );
+        assert!(
+            resolve(&copy, "escape/secret").is_err(),
+            "a link out is still refused"
+        );
+        assert!(!copy.join("linked").exists() && !copy.join("pipe").exists());
+        // The source is as it was; a copy never replaces a thread.
+        assert_eq!(
+            std::fs::read(root.join("outputs/deep/report.txt")).expect("read"),
+            b"report"
+        );
+        assert!(copy_thread(&workspaces, "t1", "t2").is_err());
+        // A thread without a folder, or whose folder is a link, copies nothing.
+        assert_eq!(
+            copy_thread(&workspaces, "none", "t3"),
+            Ok(Copied::default())
+        );
+        std::os::unix::fs::symlink(&outside, workspaces.join("t4")).expect("symlink");
+        assert_eq!(copy_thread(&workspaces, "t4", "t5"), Ok(Copied::default()));
+        assert!(!workspaces.join("t3").exists() && !workspaces.join("t5").exists());
+        assert!(copy_thread(&workspaces, "t1", "../t6").is_err());
     }
 
     #[test]

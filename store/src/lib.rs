@@ -57,7 +57,8 @@ pub use users::{
 };
 pub use workflows::{
     ControlKind, ControlRow, ControlWrite, Deletion, Launch, LaunchLimits, ListCursor, ListFilter,
-    ListedWorkflow, NewControl, Orphaned, Purpose, StatusFilter, TakeOver, Versions,
+    ListedWorkflow, NewControl, NewRetry, Orphaned, Purpose, Retry, StatusFilter, TakeOver,
+    Versions,
 };
 pub use write::{
     ArtifactInfo, ArtifactRow, CHECKPOINT_KINDS, NewWorkflow, Snapshot, StepPage, StepPosition,

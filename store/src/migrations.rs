@@ -210,10 +210,16 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         postgres: include_str!("../migrations/postgres/0033_attempt_events.sql"),
         sqlite: include_str!("../migrations/sqlite/0033_attempt_events.sql"),
     },
+    Migration {
+        version: 34,
+        name: "workflow_retries",
+        postgres: include_str!("../migrations/postgres/0034_workflow_retries.sql"),
+        sqlite: include_str!("../migrations/sqlite/0034_workflow_retries.sql"),
+    },
 ];
 
 /// The schema version this build expects.
-pub const SCHEMA_VERSION: i64 = 33;
+pub const SCHEMA_VERSION: i64 = 34;
 
 /// The advisory-lock key PostgreSQL migrations serialise on ("reins" in ASCII).
 pub(crate) const PG_MIGRATION_LOCK: i64 = 0x0072_6569_6e73;

@@ -17,8 +17,8 @@ use serde_json::Value;
 use crate::{
     Admission, ApprovalAnswer, ArtifactInfo, ArtifactRow, BackupReport, CancelAction, ControlRow,
     ControlWrite, Deletion, EventPage, EventRow, Fence, Launch, LaunchLimits, Lease, ListFilter,
-    ListedWorkflow, MigrationReport, NewControl, NewRun, NewToken, NewUser, NewWorkflow,
-    NodeRecord, Orphaned, Purpose, Result, RunId, RunOutcome, RunRenewal, RunRow, RunSlot,
+    ListedWorkflow, MigrationReport, NewControl, NewRetry, NewRun, NewToken, NewUser, NewWorkflow,
+    NodeRecord, Orphaned, Purpose, Result, Retry, RunId, RunOutcome, RunRenewal, RunRow, RunSlot,
     RunStatus, SlotRow, Snapshot, StatusCount, StepPage, StepPosition, StepRow, TakeOver, TokenRow,
     UserChange, UserChanged, UserDeletion, UserRow, UserStorage, Versions, WorkflowId, WorkflowRow,
     WriteOp,
@@ -158,6 +158,21 @@ macro_rules! with_operations {
                     lease_ms: u64,
                     limits: LaunchLimits
                 ) -> Launch;
+                /// Runs a failed workflow again from its failed step: launches [`NewRetry::workflow`]
+                /// as `launch_workflow` does (limits, idempotency of (user, `request_id`); the same
+                /// request id used for another workflow is a conflict), linked to the workflow it
+                /// retries, with that workflow's journal below [`NewRetry::adopted_calls`] and the
+                /// artifact versions those calls made copied in, their bytes a grant of the new
+                /// workflow under its owner's quota, all in one transaction. The workflow retried is
+                /// read, never written: only a `failed` one is retried, and once (a retry of it that
+                /// exists is the answer again).
+                write RetryWorkflow: fn retry_workflow(
+                    &self,
+                    retry: NewRetry,
+                    owner: &str,
+                    lease_ms: u64,
+                    limits: LaunchLimits
+                ) -> Retry;
                 /// Takes over a `recoverable` workflow (live status, expired lease) for `owner` with
                 /// epoch + 1, in one transaction that first refuses, writing nothing, when the workflow
                 /// was written under other [`Versions`] (runtime or agent configuration) or a

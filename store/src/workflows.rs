@@ -8,7 +8,7 @@ use serde::{Serialize, Serializer};
 use serde_json::Value;
 
 use crate::status::stored_text;
-use crate::{COUNTED_STATUSES, Error, Lease, WorkflowId, WorkflowRow, WorkflowStatus};
+use crate::{COUNTED_STATUSES, Error, Lease, NewWorkflow, WorkflowId, WorkflowRow, WorkflowStatus};
 
 /// [`COUNTED_STATUSES`] as a slice with a static life, a statement parameter on PostgreSQL.
 pub(crate) static COUNTED: &[&str] = &COUNTED_STATUSES;
@@ -37,6 +37,40 @@ pub enum Launch {
     /// The same user launched the same request before: that workflow.
     Existing(WorkflowRow),
     /// A limit refused it; nothing was written.
+    Refused { limit: crate::Limit, max: u64 },
+}
+
+/// A failed workflow run again from its failed step: a new workflow, launched as
+/// [`NewRetry::workflow`] is (its own id, its source's script, arguments, seed and owner), that
+/// adopts its source's journal below [`NewRetry::adopted_calls`]: every entry of those calls and
+/// the artifact versions they made, under the same numbers. The source is never written.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewRetry {
+    pub workflow: NewWorkflow,
+    /// The failed workflow it runs again.
+    pub retry_of: WorkflowId,
+    /// Calls numbered below this one are adopted (every attempt of each); the rest run live.
+    pub adopted_calls: i32,
+    /// The owner's quota (`limits.user_stored_bytes_max`; 0: none), which the adopted artifacts'
+    /// bytes are taken from as a grant of the new workflow, as [`crate::WriteOp::TakeStorage`]
+    /// takes one.
+    pub stored_bytes_max: i64,
+}
+
+/// What a retry did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Retry {
+    /// A new workflow, `running`, leased by the retrying node (epoch 1), with its adopted journal
+    /// and artifacts: its row as written and its lease.
+    Created { row: WorkflowRow, lease: Lease },
+    /// The workflow was retried already: that retry, still one.
+    Existing(WorkflowRow),
+    /// No such workflow.
+    NotFound,
+    /// Only a failed workflow is run again; this one is at this status. Nothing was written.
+    NotFailed(WorkflowStatus),
+    /// A limit refused it (a place under the launch limits, or the owner's stored bytes for the
+    /// adopted artifacts); nothing was written.
     Refused { limit: crate::Limit, max: u64 },
 }
 

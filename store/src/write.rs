@@ -277,6 +277,9 @@ pub struct Snapshot {
     pub lease: Option<crate::Lease>,
     /// The database clock when it was read (to judge the lease).
     pub db_now: f64,
+    /// The workflow that runs this one again from its failed step, if one does
+    /// ([`crate::Store::retry_workflow`]).
+    pub retried_by: Option<WorkflowId>,
     /// The first steps of the journal (see [`StepPage::steps`]).
     pub steps: Vec<StepRow>,
     /// Every journal entry of [`CHECKPOINT_KINDS`], in journal order.

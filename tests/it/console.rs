@@ -672,6 +672,65 @@ async fn an_admin_recovers_and_reconciles_an_uncertain_step_from_the_workflow_pa
     browser.screenshot("03-reconciled");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_failed_workflow_is_retried_from_its_page_and_the_two_name_each_other() {
+    let db = Db::new(false).await;
+    let files = tempfile::tempdir().expect("temp dir");
+    let node = crate::retry::node_with_gate(&db, files.path(), &[]);
+    let mut api = initialize(&node).await;
+    let failed = launch(&mut api, crate::retry::SCRIPT).await;
+    wait_for(&mut api, &failed, "failed").await;
+    let browser = Browser::start("retry", 1280, 900);
+    sign_in(&browser, &node, ADMIN);
+    browser.goto(&url(&node, &format!("#/workflows/{failed}")));
+    browser.find("button[data-action=retry]", WAIT);
+    browser.wait_for_text("the gate is closed", WAIT);
+    browser.screenshot("01-failed");
+
+    std::fs::remove_file(files.path().join("gate")).expect("open the gate");
+    browser.click_on("button[data-action=retry]", WAIT);
+    browser.wait_until(
+        "the retry's page",
+        &format!(
+            "return location.hash.startsWith('#/workflows/') && location.hash !== '#/workflows/{failed}';"
+        ),
+        WAIT,
+    );
+    let retry = browser
+        .run(
+            "return location.hash.slice('#/workflows/'.length);",
+            json!([]),
+        )
+        .as_str()
+        .expect("the retry's id")
+        .to_owned();
+    browser.wait_until(
+        "the retry completing",
+        "return document.querySelector('#workflow-status').textContent === 'completed';",
+        WAIT,
+    );
+    let link = browser.find("#retry-of a", WAIT);
+    assert_eq!(link.text(), failed);
+    assert!(
+        browser.all("button[data-action=retry]").is_empty(),
+        "a completed workflow"
+    );
+    browser.screenshot("02-retry-completed");
+    let record = wait_for(&mut api, &retry, "completed").await;
+    assert_eq!(record["retry_of"], json!(failed), "{record}");
+
+    // The failed one stays failed, names its retry, and offers no second one.
+    browser.click_on("#retry-of a", WAIT);
+    browser.find("#retried-by a", WAIT);
+    assert_eq!(browser.find("#retried-by a", WAIT).text(), retry);
+    assert_eq!(browser.find("#workflow-status", WAIT).text(), "failed");
+    assert!(
+        browser.all("button[data-action=retry]").is_empty(),
+        "retried already"
+    );
+    browser.screenshot("03-failed-retried");
+}
+
 /// The id of the user with `email`, as the admin's list shows it.
 async fn user_id(api: &mut crate::http_client::Api, email: &str) -> String {
     let users = api.call("GET", "/api/v1/auth/users", None).await.json();

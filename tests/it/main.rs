@@ -37,6 +37,7 @@ mod parked;
 mod partition;
 mod private_pg;
 mod retries;
+mod retry;
 mod runs_store;
 mod scripts;
 mod stale_owner;

@@ -20,6 +20,7 @@ const TABLES: &[&str] = &[
     "workflow_controls",
     "workflow_event_seqs",
     "workflow_events",
+    "workflow_retries",
     "workflow_slots",
     "workflow_steps",
     "workflow_storage",

@@ -24,7 +24,7 @@ use crate::error::{Error, Takeover};
 use crate::js_pool::{JsError, JsPool};
 use crate::lease::LeaseMsg;
 use crate::store_actor::StoreHandle;
-use crate::workflow::requests::{Decide, LaunchRequest, ReconcileRequest, Resume};
+use crate::workflow::requests::{Decide, LaunchRequest, ReconcileRequest, Resume, RetryRequest};
 use crate::workflow::rules::{self, Supervised};
 use crate::workflow::{Start, WorkflowArgs, WorkflowMsg, WorkflowSupervisor};
 
@@ -56,6 +56,8 @@ pub struct WorkflowView {
     /// Live by its stored status, with its lease expired on the database clock: `recover` may
     /// take it over. Derived on every read, never stored.
     pub recoverable: bool,
+    /// The workflow that runs this one again from its failed step, if one does.
+    pub retried_by: Option<WorkflowId>,
 }
 
 /// Limits and sizes the workflows actor works with.
@@ -105,6 +107,17 @@ pub enum WorkflowsMsg {
         workflow: Box<Supervised>,
         sent: Instant,
         result: Box<store::Result<Launch>>,
+        reply: RpcReplyPort<Result<Launched, Error>>,
+    },
+    /// Run a failed workflow again from its failed step, as a new workflow supervised here.
+    Retry {
+        request: RetryRequest,
+        reply: RpcReplyPort<Result<Launched, Error>>,
+    },
+    /// A retry's task has finished: the new workflow, written with its lease, ready for its
+    /// supervisor (which replays what it adopted), or the retry that existed, or why not.
+    Retried {
+        result: Box<Result<RetryDone, Error>>,
         reply: RpcReplyPort<Result<Launched, Error>>,
     },
     /// Take over a recoverable workflow and replay it here.
@@ -205,6 +218,14 @@ pub struct Ready {
     lease: store::Lease,
     /// When the takeover was sent: the lease's local deadline counts from here.
     sent: Instant,
+}
+
+/// What a retry's task came to.
+pub enum RetryDone {
+    /// The new workflow, as the store wrote it, to supervise here from its journal.
+    Created { row: WorkflowRow, ready: Box<Ready> },
+    /// The workflow was retried before: that retry.
+    Existing(WorkflowRow),
 }
 
 /// Supervisors woken per freed slot (a cue may stand for several slots freed in one write);
@@ -400,6 +421,40 @@ impl Actor for Workflows {
                     }),
                     Ok(Launch::Refused { limit, max }) => Err(Error::LimitReached { limit, max }),
                     Err(error) => Err(Error::Store(error)),
+                };
+                let _ = reply.send(answer);
+            }
+            WorkflowsMsg::Retry { reply, .. } if state.draining => {
+                let _ = reply.send(Err(Error::Draining));
+            }
+            WorkflowsMsg::Retry { request, reply } => {
+                let retrying = Retrying {
+                    store: state.args.store.clone(),
+                    versions: our_versions(state),
+                    owner: state.args.worker_id.clone(),
+                    options: state.args.options.clone(),
+                };
+                let me = myself.clone();
+                tokio::spawn(async move {
+                    let result = retrying.retry(request).await;
+                    let _ = me.post(WorkflowsMsg::Retried {
+                        result: Box::new(result),
+                        reply,
+                    });
+                });
+            }
+            WorkflowsMsg::Retried { result, reply } => {
+                let answer = match *result {
+                    Ok(RetryDone::Created { row, ready }) => {
+                        start_ready(&myself, state, *ready, Start::Replay)
+                            .await
+                            .map(|_| Launched { row, created: true })
+                    }
+                    Ok(RetryDone::Existing(row)) => Ok(Launched {
+                        row,
+                        created: false,
+                    }),
+                    Err(error) => Err(error),
                 };
                 let _ = reply.send(answer);
             }
@@ -897,6 +952,125 @@ fn after_takeover(
     }
 }
 
+/// What a retry's task needs of the actor's state.
+struct Retrying {
+    store: StoreHandle,
+    versions: store::Versions,
+    owner: String,
+    options: WorkflowsOptions,
+}
+
+impl Retrying {
+    /// Reads the workflow retried and its journal, decides the retry (`rules::retry`), copies
+    /// the workspaces of the agent steps it adopts into its own threads, then writes it in one
+    /// transaction. The copies come first: a retry that exists has them, and a capture of an
+    /// adopted step finds its file even after the workflow retried is deleted. A retry that was
+    /// not written (refused, or an error that proves nothing was) leaves none behind; one whose
+    /// write's outcome is unknown keeps them, since it may exist.
+    async fn retry(self, request: RetryRequest) -> Result<RetryDone, Error> {
+        let source = &request.workflow_id;
+        let snapshot = self
+            .store
+            .read_snapshot(source, 0, 0)
+            .await?
+            .ok_or_else(|| not_found(source))?;
+        if let Some(retry) = &snapshot.retried_by {
+            return Ok(RetryDone::Existing(stored_row(&self.store, retry).await?));
+        }
+        let steps = self.store.read_steps(source).await?;
+        let retried = rules::retry(
+            &snapshot.row,
+            &steps,
+            &self.versions,
+            &request,
+            self.options.stored_bytes_max,
+            crate::ids::new_workflow_id(),
+            now_ms(),
+        )?;
+        let workspaces = self.options.workspaces_dir.clone();
+        let threads = retried.threads.clone();
+        let copied = tokio::task::spawn_blocking(move || copy_threads(&workspaces, &threads))
+            .await
+            .map_err(|error| Error::Unanswered {
+                actor: "workspace-copy",
+                reason: error.to_string(),
+            })
+            .and_then(|copied| copied);
+        if let Err(error) = copied {
+            self.remove_copies(&retried.threads).await;
+            return Err(error);
+        }
+        let sent = Instant::now();
+        let answer = self
+            .store
+            .retry_workflow(
+                retried.retry,
+                &self.owner,
+                self.options.lease_ms,
+                self.options.launch_limits,
+            )
+            .await;
+        let done = match answer {
+            Ok(store::Retry::Created { row, lease }) => {
+                return Ok(RetryDone::Created {
+                    row,
+                    ready: Box::new(Ready {
+                        workflow: retried.workflow,
+                        lease,
+                        sent,
+                    }),
+                });
+            }
+            Err(error @ store::Error::OutcomeUnknown(_)) => return Err(Error::Store(error)),
+            Ok(store::Retry::Existing(row)) => Ok(RetryDone::Existing(row)),
+            Ok(store::Retry::NotFound) => Err(not_found(source)),
+            Ok(store::Retry::NotFailed(status)) => Err(Error::NotRetryable {
+                workflow_id: source.clone(),
+                reason: format!("it is {status} now"),
+            }),
+            Ok(store::Retry::Refused { limit, max }) => Err(Error::LimitReached { limit, max }),
+            Err(error) => Err(Error::Store(error)),
+        };
+        self.remove_copies(&retried.threads).await;
+        done
+    }
+
+    /// Removes the copies a retry that was not written made (what is left is only logged).
+    async fn remove_copies(&self, threads: &[(String, String)]) {
+        let workspaces = self.options.workspaces_dir.clone();
+        let copies: Vec<String> = threads.iter().map(|(_, copy)| copy.clone()).collect();
+        let removed = tokio::task::spawn_blocking(move || {
+            copies
+                .iter()
+                .map(|copy| crate::workspace::remove_thread(&workspaces, copy))
+                .find_map(Result::err)
+        })
+        .await;
+        match removed {
+            Ok(None) => {}
+            Ok(Some(error)) => {
+                tracing::warn!(%error, "cannot remove the workspace copy of a retry not made")
+            }
+            Err(error) => tracing::warn!(%error, "removing a retry's workspace copies failed"),
+        }
+    }
+}
+
+/// Copies each `(from, to)` thread's workspace (see [`crate::workspace::copy_thread`]).
+fn copy_threads(
+    workspaces_dir: &std::path::Path,
+    threads: &[(String, String)],
+) -> Result<(), Error> {
+    for (from, to) in threads {
+        let copied = crate::workspace::copy_thread(workspaces_dir, from, to)?;
+        if copied.skipped > 0 {
+            tracing::info!(thread = %from, files = copied.files, skipped = copied.skipped,
+                "a retry's workspace copy left out what is not a folder, a file or a link");
+        }
+    }
+    Ok(())
+}
+
 async fn stored_row(store: &StoreHandle, workflow_id: &WorkflowId) -> Result<WorkflowRow, Error> {
     store
         .read_workflow(workflow_id)
@@ -1049,6 +1223,14 @@ impl WorkflowsHandle {
             .await?
     }
 
+    /// Runs a failed workflow again from its failed step, as a new workflow supervised on this
+    /// node (see `rules::retry`); a workflow retried before answers its retry (`created:
+    /// false`).
+    pub async fn retry(&self, request: RetryRequest) -> Result<Launched, Error> {
+        self.call(|reply| WorkflowsMsg::Retry { request, reply })
+            .await?
+    }
+
     /// A workflow with its lease, controls, checkpoints, first `steps_max` steps and first
     /// `artifacts_max` artifact versions, if it exists.
     pub async fn get(
@@ -1079,6 +1261,7 @@ impl WorkflowsHandle {
             approval_runs: snapshot.approval_runs,
             artifacts: snapshot.artifacts,
             recoverable,
+            retried_by: snapshot.retried_by,
         }))
     }
 

@@ -1,5 +1,5 @@
 //! What a caller asks of the workflows on this node (the Rust API the HTTP layer calls): a
-//! launch, a pause's input, a checkpoint's decision, an operator's reconcile. Plain data, read by
+//! launch, a pause's input, a checkpoint's decision, an operator's reconcile, a retry. Plain data, read by
 //! the front door and its rules.
 
 use serde_json::Value;
@@ -58,4 +58,13 @@ pub struct ReconcileRequest {
     pub resolution: Resolution,
     pub reason: String,
     pub by: String,
+}
+
+/// A failed workflow to run again from its failed step, as a new workflow (see `rules::retry`).
+#[derive(Debug, Clone)]
+pub struct RetryRequest {
+    pub workflow_id: WorkflowId,
+    /// Makes the retry idempotent as a launch's `request_id` does (the retry is its source's
+    /// owner's workflow, under this id).
+    pub request_id: Option<String>,
 }

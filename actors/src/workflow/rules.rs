@@ -10,13 +10,13 @@ use runtime::CallKind;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use store::{
-    LaunchLimits, NewWorkflow, Reconciled, StepCall, StepKind, StepOutcome, StepRecord, StepRow,
-    StepStatus, TakeOver, WorkflowId, WorkflowRow, WorkflowStatus, WriteOp,
+    LaunchLimits, NewRetry, NewWorkflow, Reconciled, StepCall, StepKind, StepOutcome, StepRecord,
+    StepRow, StepStatus, TakeOver, WorkflowId, WorkflowRow, WorkflowStatus, WriteOp,
 };
 
-use super::WorkflowDocument;
 use super::journal::step_kind;
-use super::requests::{Decide, LaunchRequest, ReconcileRequest, Resolution};
+use super::requests::{Decide, LaunchRequest, ReconcileRequest, Resolution, RetryRequest};
+use super::{WorkflowDocument, thread_for};
 use crate::error::{Error, Takeover};
 
 /// The digest a control names to prove it is about this script and these arguments.
@@ -93,6 +93,128 @@ pub(super) fn launch(
         document,
     };
     Ok((row, supervised))
+}
+
+/// A retry as its rule decided it: what the store writes, the workflow its supervisor starts
+/// from (by replay, at epoch 1), and the workspaces that go with the agent steps it adopts.
+#[derive(Debug)]
+pub(super) struct Retried {
+    pub(super) retry: NewRetry,
+    pub(super) workflow: Supervised,
+    /// Each adopted agent step's thread in the workflow retried and in the retry, `(from, to)`:
+    /// a capture of the retry reads its source step's files from its own thread of that step.
+    pub(super) threads: Vec<(String, String)>,
+}
+
+/// Why a workflow at `status` is not run again, and what to do instead; `None` when it failed.
+fn not_retryable(status: WorkflowStatus) -> Option<String> {
+    Some(match status {
+        WorkflowStatus::Failed => return None,
+        WorkflowStatus::Completed => "it completed: there is nothing to run again".to_owned(),
+        WorkflowStatus::Cancelled => "it was cancelled, which a retry does not undo: launch it \
+                                      anew (`reins run`) to start over"
+            .to_owned(),
+        WorkflowStatus::NeedsReconciliation => "it needs reconciliation: it is still live and \
+                                                waits for an operator to settle its uncertain \
+                                                step with `reins reconcile`"
+            .to_owned(),
+        live => format!("it is {live}: only a failed workflow is retried"),
+    })
+}
+
+/// A failed workflow run again from its failed step, from its row and journal as read: a new
+/// workflow (`workflow_id`, launched at `now_ms`) with the same script, arguments, seed, clock
+/// and owner, which adopts every call of the journal before the first one that did not complete
+/// (the call whose failure failed the workflow, or the first a failed `parallel` left
+/// unfinished; with every call completed, the script failed outside them and all are adopted).
+/// Replay is exact: the adopted calls' outcomes are handed to the script as they were, in call
+/// order, and `Date.now()`, `Math.random()` start where the source's did. Refused, with nothing
+/// written, for a workflow that did not fail, one written by another runtime (its replay could
+/// diverge) and one whose journal cannot be read before that call.
+pub(super) fn retry(
+    source: &WorkflowRow,
+    steps: &[StepRow],
+    ours: &store::Versions,
+    request: &RetryRequest,
+    stored_bytes_max: u64,
+    workflow_id: WorkflowId,
+    now_ms: i64,
+) -> Result<Retried, Error> {
+    let refused = |reason: String| Error::NotRetryable {
+        workflow_id: source.workflow_id.clone(),
+        reason,
+    };
+    if let Some(reason) = not_retryable(source.status) {
+        return Err(refused(reason));
+    }
+    let document = WorkflowDocument::from_data(&source.workflow_id, source.data.clone())?;
+    let runtime = source.data["runtime_version"].as_str().unwrap_or_default();
+    if runtime != ours.runtime {
+        return Err(refused(format!(
+            "its journal was written by runtime {runtime:?}, this node runs {:?}: its steps \
+             would not replay; launch it anew",
+            ours.runtime
+        )));
+    }
+    let mut newest: std::collections::BTreeMap<i32, &StepRow> = std::collections::BTreeMap::new();
+    for step in steps {
+        if newest
+            .get(&step.seq)
+            .is_none_or(|known| known.attempt < step.attempt)
+        {
+            newest.insert(step.seq, step);
+        }
+    }
+    let mut adopted_calls = 0;
+    let mut threads = Vec::new();
+    for (seq, step) in newest {
+        if seq != adopted_calls || step.status != StepStatus::Completed {
+            break;
+        }
+        let record = step.record.as_ref().map_err(|problem| {
+            refused(format!(
+                "call {seq} of its journal (step {:?}) cannot be read ({problem}): a retry would \
+                 run it again",
+                step.step_id
+            ))
+        })?;
+        if record.kind() == StepKind::Agent {
+            threads.push((
+                thread_for(&source.workflow_id, &step.step_id),
+                thread_for(&workflow_id, &step.step_id),
+            ));
+        }
+        adopted_calls += 1;
+    }
+    let document = WorkflowDocument::retried(
+        &document,
+        &source.workflow_id,
+        now_ms,
+        ours.runtime.clone(),
+        ours.configuration.clone(),
+    );
+    let retry = NewRetry {
+        workflow: NewWorkflow {
+            workflow_id: workflow_id.clone(),
+            user_id: source.user_id.clone(),
+            request_id: request.request_id.clone(),
+            fingerprint: source.fingerprint.clone(),
+            data: document.data.clone(),
+        },
+        retry_of: source.workflow_id.clone(),
+        adopted_calls,
+        stored_bytes_max: i64::try_from(stored_bytes_max).unwrap_or(i64::MAX),
+    };
+    let workflow = Supervised {
+        workflow_id,
+        user_id: source.user_id.clone(),
+        document,
+    };
+    Ok(Retried {
+        retry,
+        workflow,
+        threads,
+    })
 }
 
 /// A workflow as its supervisor starts from it: launched here (typed), or read back from the
@@ -452,6 +574,226 @@ mod tests {
             decision: decision.into(),
             comment: comment.map(str::to_owned),
         }
+    }
+
+    /// Journal entry `seq` of a retried workflow: call `step_id` of `kind` at `attempt`.
+    fn entry(seq: i32, step_id: &str, attempt: i32, kind: CallKind, status: StepStatus) -> StepRow {
+        StepRow {
+            seq,
+            status,
+            ..step(step_id, attempt, kind, json!({"args": {"stepId": step_id}}))
+        }
+    }
+
+    fn failed(data: Value) -> WorkflowRow {
+        WorkflowRow {
+            status: WorkflowStatus::Failed,
+            ..row(data)
+        }
+    }
+
+    fn versions(runtime: &str) -> store::Versions {
+        store::Versions {
+            runtime: runtime.into(),
+            configuration: "c-2".into(),
+        }
+    }
+
+    fn launched_data() -> Value {
+        json!({"script": "return 1;", "args": {"topic": "x"}, "seed": 77, "started_at_ms": 1_000,
+               "runtime_version": "r-1", "configuration_version": "c-1", "error": "d failed"})
+    }
+
+    fn retried(source: &WorkflowRow, steps: &[StepRow]) -> Result<Retried, Error> {
+        let request = RetryRequest {
+            workflow_id: source.workflow_id.clone(),
+            request_id: Some("again".into()),
+        };
+        retry(
+            source,
+            steps,
+            &versions("r-1"),
+            &request,
+            500,
+            WorkflowId::new("wf-2"),
+            9_000,
+        )
+    }
+
+    #[test]
+    fn a_retry_adopts_every_call_before_the_first_that_did_not_complete() {
+        use CallKind::{Agent, CaptureArtifact};
+        use StepStatus::{Cancelled, Completed, Failed};
+        let source = failed(launched_data());
+        let journal = [
+            entry(0, "a", 1, Agent, Completed),
+            entry(1, "b", 1, Agent, Failed),
+            entry(1, "b", 2, Agent, Completed),
+            entry(2, "cap", 1, CaptureArtifact, Completed),
+            // A failed `parallel`: `d` failed, its sibling `e` completed, `f` was left behind.
+            entry(3, "d", 1, Agent, Failed),
+            entry(4, "e", 1, Agent, Completed),
+            entry(5, "f", 1, Agent, Cancelled),
+        ];
+        let plan = retried(&source, &journal).expect("a failed workflow is retried");
+        assert_eq!(
+            plan.retry.adopted_calls, 3,
+            "every call before `d`, `b` at its newest attempt"
+        );
+        assert_eq!(plan.retry.retry_of, source.workflow_id);
+        let new = WorkflowId::new("wf-2");
+        assert_eq!(
+            plan.threads,
+            [
+                (thread_for(&source.workflow_id, "a"), thread_for(&new, "a")),
+                (thread_for(&source.workflow_id, "b"), thread_for(&new, "b")),
+            ],
+            "the adopted agent steps' workspaces, and no capture's"
+        );
+        // The same script, arguments, seed, clock and owner; its own launch time and id.
+        let written = &plan.retry.workflow;
+        assert_eq!(
+            (
+                written.workflow_id.as_str(),
+                written.user_id.as_str(),
+                written.fingerprint.as_str()
+            ),
+            ("wf-2", "ann", "f-1")
+        );
+        assert_eq!(written.request_id.as_deref(), Some("again"));
+        assert_eq!(plan.retry.stored_bytes_max, 500);
+        assert_eq!(
+            written.data,
+            json!({"script": "return 1;", "args": {"topic": "x"}, "seed": 77,
+            "started_at_ms": 1_000, "launched_at_ms": 9_000, "runtime_version": "r-1",
+            "configuration_version": "c-2", "retry_of": "wf-1"})
+        );
+        assert_eq!(plan.workflow.document.data, written.data);
+        let document = &plan.workflow.document;
+        assert_eq!(
+            (
+                document.seed,
+                document.started_at_ms,
+                document.launched_at_ms
+            ),
+            (77, 1_000, 9_000)
+        );
+        let read_back = WorkflowDocument::from_data(&new, written.data.clone()).expect("read");
+        assert_eq!(
+            (read_back.started_at_ms, read_back.launched_at_ms),
+            (1_000, 9_000)
+        );
+        let launched = WorkflowDocument::from_data(&new, launched_data()).expect("read");
+        assert_eq!(
+            launched.launched_at_ms, 1_000,
+            "a launch's timeout counts from its start"
+        );
+
+        // The script failed after every call completed: all of them are adopted.
+        let all = [
+            entry(0, "a", 1, Agent, Completed),
+            entry(1, "cap", 1, CaptureArtifact, Completed),
+        ];
+        assert_eq!(
+            retried(&source, &all).expect("retried").retry.adopted_calls,
+            2
+        );
+        // It failed before any call completed: nothing is.
+        let none = [entry(0, "a", 1, Agent, Failed)];
+        let plan = retried(&source, &none).expect("retried");
+        assert_eq!((plan.retry.adopted_calls, plan.threads.len()), (0, 0));
+        assert_eq!(
+            retried(&source, &[]).expect("retried").retry.adopted_calls,
+            0
+        );
+    }
+
+    #[test]
+    fn only_a_failed_workflow_whose_journal_replays_here_is_retried() {
+        let refusal = |source: &WorkflowRow, steps: &[StepRow], runtime: &str| {
+            let request = RetryRequest {
+                workflow_id: source.workflow_id.clone(),
+                request_id: None,
+            };
+            match retry(
+                source,
+                steps,
+                &versions(runtime),
+                &request,
+                0,
+                WorkflowId::new("wf-2"),
+                0,
+            ) {
+                Err(Error::NotRetryable { reason, .. }) => reason,
+                other => panic!("not refused: {other:?}"),
+            }
+        };
+        for (status, says) in [
+            (
+                WorkflowStatus::Completed,
+                "it completed: there is nothing to run again",
+            ),
+            (
+                WorkflowStatus::Cancelled,
+                "it was cancelled, which a retry does not undo: launch it anew (`reins run`)",
+            ),
+            (
+                WorkflowStatus::NeedsReconciliation,
+                "it needs reconciliation: it is still live and waits for an operator to settle its uncertain step with `reins reconcile`",
+            ),
+            (
+                WorkflowStatus::Running,
+                "it is running: only a failed workflow is retried",
+            ),
+            (
+                WorkflowStatus::Paused,
+                "it is paused: only a failed workflow is retried",
+            ),
+            (
+                WorkflowStatus::Cancelling,
+                "it is cancelling: only a failed workflow is retried",
+            ),
+        ] {
+            let source = WorkflowRow {
+                status,
+                ..row(launched_data())
+            };
+            let reason = refusal(&source, &[], "r-1");
+            assert!(reason.starts_with(says), "{status}: {reason}");
+        }
+        let source = failed(launched_data());
+        assert_eq!(
+            refusal(&source, &[], "r-2"),
+            "its journal was written by runtime \"r-1\", this node runs \"r-2\": its steps would not replay; launch it anew"
+        );
+        let mut unreadable = entry(1, "b", 1, CallKind::Agent, StepStatus::Completed);
+        unreadable.record = Err("no such kind".into());
+        let journal = [
+            entry(0, "a", 1, CallKind::Agent, StepStatus::Completed),
+            unreadable.clone(),
+        ];
+        assert_eq!(
+            refusal(&source, &journal, "r-1"),
+            "call 1 of its journal (step \"b\") cannot be read (no such kind): a retry would run it again"
+        );
+        // One that cannot be read after the failed call is not adopted, so it does not matter.
+        let later = [
+            entry(0, "a", 1, CallKind::Agent, StepStatus::Failed),
+            unreadable,
+        ];
+        assert_eq!(
+            retried(&source, &later)
+                .expect("retried")
+                .retry
+                .adopted_calls,
+            0
+        );
+        // A document without its script is a stored value the store cannot give, not a refusal.
+        let broken = retried(&failed(json!({"runtime_version": "r-1"})), &[]);
+        assert!(
+            matches!(broken, Err(Error::Store(store::Error::Database(_)))),
+            "{broken:?}"
+        );
     }
 
     #[test]

@@ -1,10 +1,12 @@
 //! The command line a person uses against a running node, through the HTTP API like any other
 //! client: `reins init` and `reins login` (which save an API token), `run`, `get`, `list`,
-//! `resume`, `approve`, `reject`, `answer`, `cancel`, `recover`, `delete`, `artifact`, `watch`,
+//! `resume`, `approve`, `reject`, `answer`, `cancel`, `recover`, `retry`, `delete`, `artifact`,
+//! `watch`,
 //! and user management (`users ...`, `password`, in [`users`]). Tables for people, `--json` for
 //! scripts.
 //!
-//! Exit codes: 0 done; 1 the command failed (bad input, refused, unreachable); with `run --wait`,
+//! Exit codes: 0 done; 1 the command failed (bad input, refused, unreachable); with `run --wait`
+//! (and `retry --wait`),
 //! 2 the workflow failed or was cancelled, 3 it waits for a person (paused, waiting for
 //! approval, or a step's agent waits for an answer), 4 it needs reconciliation; `watch` ends
 //! with the same codes when the workflow ends (0, 2) or needs reconciliation (4).
@@ -135,6 +137,17 @@ pub enum Command {
     Cancel { id: String },
     /// Take over a recoverable workflow on this node and replay it.
     Recover { id: String },
+    /// Run a failed workflow again from its failed step: a new workflow that adopts the steps
+    /// before it (prints the new workflow's id; a workflow retried before answers its retry).
+    Retry {
+        id: String,
+        /// Idempotency key, as `run`'s.
+        #[arg(long)]
+        request_id: Option<String>,
+        /// Wait until the new workflow ends or waits for a person (exit codes as `run --wait`).
+        #[arg(long)]
+        wait: bool,
+    },
     /// Settle the uncertain step of a workflow that needs reconciliation (admins), after
     /// checking what its child run really did; `--all` settles every such workflow the same way.
     Reconcile {
@@ -442,6 +455,30 @@ async fn run_signed_in(common: &Common, client: &Client, command: Command) -> an
         }
         Command::Cancel { id } => control(common, client, &id, "cancel", &json!({})).await,
         Command::Recover { id } => control(common, client, &id, "recover", &json!({})).await,
+        Command::Retry {
+            id,
+            request_id,
+            wait,
+        } => {
+            let mut body = json!({});
+            if let Some(request_id) = request_id {
+                body["request_id"] = json!(request_id);
+            }
+            let path = format!("/api/v1/workflows/{}/retry", encode(&id));
+            let retried = client.json("POST", &path, Some(&body)).await?;
+            let run_id = retried["run_id"].as_str().context("no run_id")?.to_owned();
+            if !wait {
+                print_value(common, &retried, || {
+                    if retried["repeated"] == json!(true) {
+                        eprintln!("{id} was retried before: its retry is {run_id}");
+                    }
+                    println!("{run_id}");
+                });
+                return Ok(0);
+            }
+            let record = get_waiting(client, &run_id).await?;
+            wait_for_rest(common, client, &run_id, record).await
+        }
         Command::Reconcile {
             id,
             step,
@@ -784,6 +821,12 @@ fn print_record(record: &Value) {
     }
     if !record["error"].is_null() {
         field("error", text(&record["error"]));
+    }
+    if !record["retry_of"].is_null() {
+        field("retry of", text(&record["retry_of"]));
+    }
+    if !record["retried_by"].is_null() {
+        field("retried by", text(&record["retried_by"]));
     }
     let steps: Vec<Vec<String>> = record["steps"]
         .as_array()

@@ -962,7 +962,11 @@ function renderWorkflow(record, previews, more) {
       LIVE.has(record.status) ? null
         : ` · took ${duration(record.updated_at - record.created_at)}`),
     seesAll() && !mine ? h("p", {class: "meta"}, `Owner: ${ownerName(record.user_id, new Map())}`)
-      : null);
+      : null,
+    record.retry_of ? h("p", {class: "meta", id: "retry-of"}, "Runs again from its failed step: ",
+      h("a", {href: `#/workflows/${record.retry_of}`}, record.retry_of)) : null,
+    record.retried_by ? h("p", {class: "meta", id: "retried-by"}, "Run again from its failed step as ",
+      h("a", {href: `#/workflows/${record.retried_by}`}, record.retried_by)) : null);
 
   const actions = h("div", {class: "buttons actions"});
   const act = (label, path, body) => actionButton(label, async () => {
@@ -974,6 +978,14 @@ function renderWorkflow(record, previews, more) {
     actions.append(act("Cancel", "cancel"));
   }
   if (record.recoverable && (mine || admin)) actions.append(act("Recover", "recover"));
+  if (record.stored_status === "failed" && !record.retried_by && (mine || admin)) {
+    // A new workflow: the steps before the failed one are kept, the rest runs again.
+    actions.append(actionButton("Retry from the failed step", async () => {
+      const retried = await api("POST", `${workflowPath(record.run_id)}/retry`, {});
+      say(`Retried as ${retried.run_id}.`, "ok");
+      location.hash = `#/workflows/${retried.run_id}`;
+    }, {"data-action": "retry"}));
+  }
   if (TERMINAL.has(record.status) && (mine || admin)) {
     actions.append(confirmButton("Delete", "Delete this workflow and everything it holds?",
       async () => {

@@ -137,6 +137,9 @@ impl From<actors::Error> for ApiError {
             | actors::Error::WrongStepKind { .. }
             | actors::Error::WrongAttempt { .. }
             | actors::Error::StaleArtifactVersion { .. } => ApiError::conflict(message),
+            actors::Error::NotRetryable { .. } => {
+                ApiError::new(StatusCode::CONFLICT, "not_retryable", message)
+            }
             actors::Error::UnknownAgent { .. }
             | actors::Error::NotLive { .. }
             | actors::Error::LeaseHeld { .. }
@@ -151,7 +154,7 @@ impl From<actors::Error> for ApiError {
             actors::Error::Unanswered { .. } => {
                 ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message)
             }
-            actors::Error::Spawn { .. } => {
+            actors::Error::Spawn { .. } | actors::Error::Workspace(_) => {
                 tracing::error!(%message, "actor error behind a request");
                 ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
             }
@@ -300,6 +303,17 @@ mod tests {
                     503,
                     "draining",
                     "the node is draining: it takes no new launches or recoveries",
+                ),
+            ),
+            (
+                Error::NotRetryable {
+                    workflow_id: id(),
+                    reason: "it is running: only a failed workflow is retried".into(),
+                },
+                (
+                    409,
+                    "not_retryable",
+                    r#"conflict: workflow "w1" cannot be retried: it is running: only a failed workflow is retried"#,
                 ),
             ),
             (

@@ -638,6 +638,7 @@ async fn dispatch(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
         Op::Answer => workflows::answer(ctx).await,
         Op::Cancel => workflows::cancel(ctx).await,
         Op::Recover => workflows::recover(ctx).await,
+        Op::Retry => workflows::retry(ctx).await,
         Op::Reconcile => workflows::reconcile(ctx).await,
         Op::Delete => workflows::delete(ctx).await,
         Op::Steps => workflows::steps(ctx).await,

@@ -72,6 +72,8 @@ pub fn record(view: &WorkflowView, pages: PageMax) -> WorkflowRecord {
         result: data.get("result").cloned(),
         error: text(&data["error"]),
         reconciliation: reconciliation(row),
+        retry_of: text(&data["retry_of"]),
+        retried_by: view.retried_by.as_ref().map(|id| id.as_str().to_owned()),
         created_at: row.created_at,
         updated_at: row.updated_at,
     }

@@ -70,6 +70,8 @@ pub enum Op {
     Cancel,
     Recover,
     Reconcile,
+    /// Run a failed workflow again from its failed step, as a new workflow.
+    Retry,
     Delete,
     /// A page of a workflow's steps.
     Steps,
@@ -235,6 +237,7 @@ pub static ROUTES: &[Route] = &[
     route("POST", "/api/v1/workflows/{id}/cancel", Op::Cancel, Access::User, "Cancel durably (idempotent)", Body::None, 200, Some(schema::<StatusReply>)),
     route("POST", "/api/v1/workflows/{id}/recover", Op::Recover, Access::User, "Take over a recoverable workflow here and replay it", Body::None, 200, Some(schema::<StatusReply>)),
     route("POST", "/api/v1/workflows/{id}/reconcile", Op::Reconcile, Access::Admin, "Settle the uncertain step of a workflow in needs_reconciliation (admins)", Body::Json(schema::<ReconcileBody>), 200, Some(schema::<StatusReply>)),
+    route("POST", "/api/v1/workflows/{id}/retry", Op::Retry, Access::User, "Run a failed workflow again from its failed step, as a new workflow that adopts the steps before it (201; 200 `repeated` with the retry made before; its owner or an admin)", Body::Json(schema::<RetryBody>), 201, Some(schema::<RetryReply>)),
     route("DELETE", "/api/v1/workflows/{id}", Op::Delete, Access::User, "Delete a terminal workflow and everything it holds", Body::None, 200, Some(schema::<DeletedReply>)),
     Route {
         query: &[("after", "replay the events after this id (the `Last-Event-ID` header wins)")],

@@ -252,6 +252,7 @@ mod tests {
             approval_runs: Vec::new(),
             artifacts: Vec::new(),
             recoverable: false,
+            retried_by: None,
         }
     }
 

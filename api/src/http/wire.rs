@@ -42,6 +42,15 @@ pub struct RunBody {
     pub run_id: Option<String>,
 }
 
+/// `retry`: run a failed workflow again from its failed step, as a new workflow.
+#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RetryBody {
+    /// The caller's idempotency key, as a launch's: the retry is the failed workflow's owner's
+    /// workflow under this id. A workflow is retried once anyway: asking again answers its retry.
+    pub request_id: Option<String>,
+}
+
 /// `resume`: resolve the `pause` of a step.
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -283,6 +292,18 @@ pub struct LaunchReply {
     pub status: String,
 }
 
+/// What `retry` did.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct RetryReply {
+    /// The retry: a new workflow (201), or the one that retried it before (200, `repeated`).
+    pub run_id: String,
+    /// The failed workflow it runs again.
+    pub retry_of: String,
+    /// `true` when the workflow had been retried before: this is that retry.
+    pub repeated: bool,
+    pub status: String,
+}
+
 /// A launch that waited (`?wait=`, `wait_ms`): the workflow's record as the wait ended, with
 /// the launch's own `created` beside `run_id` and `status`.
 #[derive(Debug, Clone, Serialize, JsonSchema)]
@@ -464,6 +485,10 @@ pub struct WorkflowRecord {
     pub error: Option<String>,
     /// Why the workflow waits for an operator's `reconcile` (only in `needs_reconciliation`).
     pub reconciliation: Option<ReconciliationRecord>,
+    /// The failed workflow this one runs again from its failed step (`retry`), if it is a retry.
+    pub retry_of: Option<String>,
+    /// The workflow that runs this one again from its failed step, if it was retried.
+    pub retried_by: Option<String>,
     pub created_at: f64,
     pub updated_at: f64,
 }

@@ -1,12 +1,15 @@
 //! The workflow operations, the same for both surfaces: REST takes the workflow id from the path,
 //! the compatible action endpoint from `run_id` in the body. A user sees and controls only their
 //! own workflows (another user's is 404, as if it did not exist); an admin sees and controls
-//! all; an approver sees all and may resume, decide and answer on any, but cancels, recovers and
-//! deletes only their own (403 `owner_only` for another's, which they can see anyway).
+//! all; an approver sees all and may resume, decide and answer on any, but cancels, recovers,
+//! retries and deletes only their own (403 `owner_only` for another's, which they can see
+//! anyway).
 
 use std::time::Duration;
 
-use actors::{Decide, LaunchRequest, ReconcileRequest, Resolution, Resume, WorkflowView};
+use actors::{
+    Decide, LaunchRequest, ReconcileRequest, Resolution, Resume, RetryRequest, WorkflowView,
+};
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use bytes::Bytes;
@@ -80,7 +83,7 @@ pub(super) enum Act {
     Read,
     /// Resume a pause, decide a checkpoint, answer an agent: an approver may on anyone's.
     Answer,
-    /// Cancel, recover, reconcile, delete: its owner or an admin only.
+    /// Cancel, recover, reconcile, retry, delete: its owner or an admin only.
     Control,
 }
 
@@ -122,7 +125,7 @@ fn visible_to<T: Owned>(
             "owner_only",
             format!(
                 "workflow {run_id:?} is another user's: only its owner or an admin may cancel, \
-                 recover, reconcile or delete it"
+                 recover, reconcile, retry or delete it"
             ),
         )),
         (false, _) => Err(ApiError::no_workflow(run_id)),
@@ -768,6 +771,41 @@ pub async fn recover(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
     ctx.state.node.workflows().recover(&run_id).await?;
     let row = owned_row(ctx, &run_id, Act::Control).await?;
     Ok(status_reply(run_id, row.status.as_str()))
+}
+
+/// Runs a failed workflow again from its failed step, as a new workflow on this node: 201 with
+/// the new workflow, or 200 `repeated` with the retry made before (by anyone, on any node).
+pub async fn retry(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
+    refuse_while_draining(ctx)?;
+    let run_id = run_id(ctx, None)?;
+    let body: RetryBody = ctx.json()?;
+    if let Some(request_id) = &body.request_id {
+        check_id("request_id", request_id)?;
+    }
+    owned_row(ctx, &run_id, Act::Control).await?;
+    let retried = ctx
+        .state
+        .node
+        .workflows()
+        .retry(RetryRequest {
+            workflow_id: run_id.clone(),
+            request_id: body.request_id,
+        })
+        .await?;
+    let status = if retried.created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok(json_reply(
+        status,
+        RetryReply {
+            run_id: retried.row.workflow_id.into_string(),
+            retry_of: run_id.into_string(),
+            repeated: !retried.created,
+            status: retried.row.status.as_str().to_owned(),
+        },
+    ))
 }
 
 pub async fn reconcile(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {

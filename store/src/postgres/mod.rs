@@ -443,6 +443,7 @@ impl PgStore {
             row,
             lease,
             db_now,
+            retried_by: head.get(11),
             steps: steps_from(&steps, workflow_id)?,
             checkpoints: steps_from(&checkpoints, workflow_id)?,
             controls: controls
@@ -981,7 +982,8 @@ fn read_connections(options: &StoreOptions) -> usize {
 /// A workflow row with its lease and the database clock, in one statement.
 const WORKFLOW_SQL: &str = "
     SELECT w.user_id, w.status, w.owner, w.fingerprint, w.data, w.created_at, w.updated_at,
-           l.owner, l.epoch, l.expires_at, reins_now()
+           l.owner, l.epoch, l.expires_at, reins_now(),
+           (SELECT r.workflow FROM workflow_retries r WHERE r.retry_of = w.id)
       FROM workflows w
       LEFT JOIN extension_execution_leases l ON l.resource_id = w.id
      WHERE w.id = $1";

@@ -12,7 +12,7 @@ use crate::lease::ttl_seconds;
 use crate::workflows::takeover_refusal;
 use crate::workflows::{
     COUNTED, ControlKind, ControlRow, ControlWrite, Deletion, Launch, LaunchLimits, ListFilter,
-    ListedWorkflow, NewControl, Orphaned, StatusFilter, TakeOver, Versions,
+    ListedWorkflow, NewControl, NewRetry, Orphaned, Retry, StatusFilter, TakeOver, Versions,
 };
 use crate::{
     COUNTED_STATUSES, Epoch, Error, Lease, NewWorkflow, Result, WorkflowId, WorkflowRow,
@@ -83,11 +83,9 @@ fn workflow_row(row: &Row) -> Result<WorkflowRow> {
 enum Guarded {
     /// Inserted at the times the database gave it (`created_at`, `updated_at`: two readings of
     /// its clock), with its lease.
-    Created {
-        at: (f64, f64),
-        lease: Lease,
-    },
-    Refused(Launch),
+    Created { at: (f64, f64), lease: Lease },
+    /// A limit refused it.
+    Refused { limit: crate::Limit, max: u64 },
     /// The request was launched before: read it after this transaction.
     Repeated,
 }
@@ -146,16 +144,16 @@ async fn launch_in(
         // A twin launch with the same request_id committed first (the unique index).
         Err(Some("23505")) if workflow.request_id.is_some() => return Ok(Guarded::Repeated),
         Err(Some("RW001")) => {
-            return Ok(Guarded::Refused(Launch::Refused {
+            return Ok(Guarded::Refused {
                 limit: crate::Limit::Workflows,
                 max: limits.max_workflows,
-            }));
+            });
         }
         Err(Some("RW002")) => {
-            return Ok(Guarded::Refused(Launch::Refused {
+            return Ok(Guarded::Refused {
                 limit: crate::Limit::WorkflowsPerOwner,
                 max: limits.max_workflows_per_owner,
-            }));
+            });
         }
         _ => {}
     }
@@ -169,6 +167,108 @@ async fn launch_in(
             epoch: Epoch::FIRST,
             expires_at: leased?.get(0),
         },
+    })
+}
+
+/// [`PgStore::retry_workflow`] inside its transaction: the workflow retried is locked first
+/// (`FOR UPDATE`: two retries of it queue, and the second finds the first's link), then the
+/// launch's own statements run, then the link, the adopted artifacts (before the steps, whose
+/// `step_finished` events name their bytes), the adopted steps and the grant. Only `Created`
+/// is to be committed.
+async fn retry_in(
+    transaction: &Transaction<'_>,
+    retry: &NewRetry,
+    owner: &str,
+    lease_ms: u64,
+    limits: LaunchLimits,
+) -> Result<Retry> {
+    let source = &retry.retry_of;
+    let status = transaction
+        .query_opt(
+            &transaction
+                .prepare_cached("SELECT status FROM workflows WHERE id = $1 FOR UPDATE")
+                .await?,
+            &[source],
+        )
+        .await?;
+    let Some(status) = status else {
+        return Ok(Retry::NotFound);
+    };
+    let existing = transaction
+        .query_opt(
+            &transaction
+                .prepare_cached(
+                    "SELECT w.id, w.user_id, w.status, w.owner, w.fingerprint, w.data,
+                            w.created_at, w.updated_at
+                       FROM workflow_retries r JOIN workflows w ON w.id = r.workflow
+                      WHERE r.retry_of = $1",
+                )
+                .await?,
+            &[source],
+        )
+        .await?;
+    if let Some(existing) = existing {
+        return Ok(Retry::Existing(workflow_row(&existing)?));
+    }
+    let status = WorkflowStatus::read(status.get(0), source)?;
+    if status != WorkflowStatus::Failed {
+        return Ok(Retry::NotFailed(status));
+    }
+    let (at, lease) = match launch_in(transaction, &retry.workflow, owner, lease_ms, limits).await?
+    {
+        Guarded::Created { at, lease } => (at, lease),
+        Guarded::Refused { limit, max } => return Ok(Retry::Refused { limit, max }),
+        // The request id names another workflow: the retry of this one would have been found.
+        Guarded::Repeated => {
+            return Err(Error::Conflict(format!(
+                "request_id {:?} was used for a different workflow",
+                retry.workflow.request_id.as_deref().unwrap_or_default()
+            )));
+        }
+    };
+    let new = &retry.workflow.workflow_id;
+    let adopted = &retry.adopted_calls;
+    for sql in [
+        "INSERT INTO workflow_retries (retry_of, workflow) VALUES ($2, $1)",
+        "INSERT INTO workflow_artifacts (workflow, version, source_step_id, path, content, bytes,
+                                         sha256, created_at)
+         SELECT $1, a.version, a.source_step_id, a.path, a.content, a.bytes, a.sha256, a.created_at
+           FROM workflow_artifacts a
+          WHERE a.workflow = $2
+            AND a.source_step_id IN (SELECT s.step_id FROM workflow_steps s
+                                      WHERE s.workflow = $2 AND s.seq < $3)",
+        "INSERT INTO workflow_steps (workflow, step_id, attempt, kind, status, data, created_at,
+                                     updated_at, seq)
+         SELECT $1, step_id, attempt, kind, status, data, created_at, updated_at, seq
+           FROM workflow_steps WHERE workflow = $2 AND seq < $3
+          ORDER BY seq, attempt",
+    ] {
+        let params: [&(dyn ToSql + Sync); 3] = [new, source, adopted];
+        let params = if sql.contains("$3") {
+            &params[..]
+        } else {
+            &params[..2]
+        };
+        transaction
+            .execute(&transaction.prepare_cached(sql).await?, params)
+            .await?;
+    }
+    transaction
+        .execute(
+            &transaction
+                .prepare_cached(
+                    "SELECT reins_take_storage($1, adopted.bytes, $2)
+                       FROM (SELECT sum(bytes)::BIGINT AS bytes FROM workflow_artifacts
+                              WHERE workflow = $1) adopted
+                      WHERE adopted.bytes > 0",
+                )
+                .await?,
+            &[new, &retry.stored_bytes_max],
+        )
+        .await?;
+    Ok(Retry::Created {
+        row: retry.workflow.clone().created(owner, at),
+        lease,
     })
 }
 
@@ -190,7 +290,7 @@ impl PgStore {
                     lease,
                 })
             }
-            Guarded::Refused(refused) => Ok(refused),
+            Guarded::Refused { limit, max } => Ok(Launch::Refused { limit, max }),
             Guarded::Repeated => {
                 drop(transaction);
                 let request_id = workflow.request_id.as_deref().unwrap_or_default();
@@ -415,6 +515,30 @@ impl PgStore {
             .await?;
         let rows = client.query(&statement, &[&owner]).await?;
         Ok(rows.iter().map(|row| row.get(0)).collect())
+    }
+
+    pub(crate) async fn retry_workflow(
+        &self,
+        retry: NewRetry,
+        owner: &str,
+        lease_ms: u64,
+        limits: LaunchLimits,
+    ) -> Result<Retry> {
+        let mut client = self.connection().await?;
+        let transaction = client.transaction().await?;
+        let retried = match retry_in(&transaction, &retry, owner, lease_ms, limits).await {
+            Err(Error::LimitReached(limit @ crate::Limit::StoredBytes { max, .. })) => {
+                return Ok(Retry::Refused {
+                    limit,
+                    max: u64::try_from(max).unwrap_or(0),
+                });
+            }
+            retried => retried?,
+        };
+        if let Retry::Created { .. } = retried {
+            transaction.commit().await.map_err(commit_error)?;
+        }
+        Ok(retried)
     }
 
     pub(crate) async fn delete_workflow(&self, workflow_id: &WorkflowId) -> Result<Deletion> {

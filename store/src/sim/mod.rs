@@ -163,6 +163,8 @@ struct State {
     /// The sum of each user's workflows' grants (`user_storage`): what they store, less what
     /// their ended workflows gave back and is still marked on them.
     stored_bytes: BTreeMap<String, i64>,
+    /// Each retried workflow's retry (`workflow_retries`), by the workflow it retries.
+    retries: BTreeMap<WorkflowId, WorkflowId>,
     /// The bug planted in this store, if a test planted one.
     mutant: Option<Mutant>,
 }
@@ -728,25 +730,31 @@ impl State {
         };
         workflow.steps.insert(key, step.clone());
         match previous {
-            None => {
-                let mut fields = step_fields(&step.row);
-                fields["seq"] = json!(seq);
-                if let StepCall::Agent {
-                    retry: Some(wait), ..
-                } = &record.call
-                {
-                    fields["retry_due_at_ms"] = json!(wait.due_at_ms);
-                    fields["retry_reason"] = json!(wait.reason);
-                }
-                self.event(workflow_id, "step_journaled", fields, now);
-                self.step_status_events(workflow_id, &step, now);
-            }
+            None => self.journaled(workflow_id, &step, now),
             Some(previous) if previous.row.status != status => {
                 self.step_status_events(workflow_id, &step, now);
             }
             Some(_) => {}
         }
         Ok(())
+    }
+
+    /// The events of a journal entry just inserted, as the step trigger writes them.
+    fn journaled(&mut self, workflow_id: &WorkflowId, step: &Step, now: f64) {
+        let mut fields = step_fields(&step.row);
+        fields["seq"] = json!(step.row.seq);
+        if let Some(StepRecord {
+            call: StepCall::Agent {
+                retry: Some(wait), ..
+            },
+            ..
+        }) = step.row.record()
+        {
+            fields["retry_due_at_ms"] = json!(wait.due_at_ms);
+            fields["retry_reason"] = json!(wait.reason);
+        }
+        self.event(workflow_id, "step_journaled", fields, now);
+        self.step_status_events(workflow_id, step, now);
     }
 
     /// Changes every run `matches` selects with `change`, counting a revision each, and writes

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use serde_json::json;
 
-use super::{SimStore, State, Workflow};
+use super::{Artifact, SimStore, State, Step, Workflow};
 use crate::lease::ttl_seconds;
 use crate::workflows::takeover_refusal;
 use crate::write::{
@@ -13,8 +13,8 @@ use crate::write::{
 };
 use crate::{
     ControlKind, ControlRow, ControlWrite, Deletion, Epoch, Error, Launch, LaunchLimits, Lease,
-    ListFilter, ListedWorkflow, NewControl, NewWorkflow, Orphaned, Purpose, Result, StatusFilter,
-    TakeOver, Versions, WorkflowId, WorkflowStatus,
+    ListFilter, ListedWorkflow, NewControl, NewRetry, NewWorkflow, Orphaned, Purpose, Result,
+    Retry, StatusFilter, TakeOver, Versions, WorkflowId, WorkflowStatus, WriteOp,
 };
 
 impl State {
@@ -26,43 +26,8 @@ impl State {
         limits: LaunchLimits,
         now: f64,
     ) -> Result<Launch> {
-        if let Some(request_id) = &new.request_id
-            && let Some(existing) = self.workflows.values().find(|workflow| {
-                workflow.row.user_id == new.user_id
-                    && workflow.request_id.as_ref() == Some(request_id)
-            })
-        {
-            if existing.row.fingerprint == new.fingerprint {
-                return Ok(Launch::Existing(existing.row.clone()));
-            }
-            return Err(Error::Conflict(format!(
-                "request_id {request_id:?} was used for a different workflow"
-            )));
-        }
-        let counted = |user: Option<&str>| u64::try_from(self.counted(user)).unwrap_or(u64::MAX);
-        if counted(None) >= limits.max_workflows {
-            return Ok(Launch::Refused {
-                limit: crate::Limit::Workflows,
-                max: limits.max_workflows,
-            });
-        }
-        if counted(Some(&new.user_id)) >= limits.max_workflows_per_owner {
-            return Ok(Launch::Refused {
-                limit: crate::Limit::WorkflowsPerOwner,
-                max: limits.max_workflows_per_owner,
-            });
-        }
-        if self.workflows.contains_key(&new.workflow_id) {
-            return Err(Error::Conflict(format!(
-                "workflow {:?} exists",
-                new.workflow_id
-            )));
-        }
-        if self.leases.contains_key(&new.workflow_id) {
-            return Err(Error::Conflict(format!(
-                "resource {:?} has a lease",
-                new.workflow_id
-            )));
+        if let Some(answered) = self.launch_answered(&new, limits)? {
+            return Ok(answered);
         }
         let lease = Lease {
             resource_id: new.workflow_id.clone(),
@@ -99,6 +64,154 @@ impl State {
         self.status_event(&new.workflow_id, WorkflowStatus::Running, None, now);
         let row = self.workflows[&new.workflow_id].row.clone();
         Ok(Launch::Created { row, lease })
+    }
+
+    /// What a launch answers without writing anything (the request launched before, a limit
+    /// refusing it), or why it fails; `None` when it may be written.
+    fn launch_answered(&self, new: &NewWorkflow, limits: LaunchLimits) -> Result<Option<Launch>> {
+        if let Some(request_id) = &new.request_id
+            && let Some(existing) = self.workflows.values().find(|workflow| {
+                workflow.row.user_id == new.user_id
+                    && workflow.request_id.as_ref() == Some(request_id)
+            })
+        {
+            if existing.row.fingerprint == new.fingerprint {
+                return Ok(Some(Launch::Existing(existing.row.clone())));
+            }
+            return Err(Error::Conflict(format!(
+                "request_id {request_id:?} was used for a different workflow"
+            )));
+        }
+        let counted = |user: Option<&str>| u64::try_from(self.counted(user)).unwrap_or(u64::MAX);
+        if counted(None) >= limits.max_workflows {
+            return Ok(Some(Launch::Refused {
+                limit: crate::Limit::Workflows,
+                max: limits.max_workflows,
+            }));
+        }
+        if counted(Some(&new.user_id)) >= limits.max_workflows_per_owner {
+            return Ok(Some(Launch::Refused {
+                limit: crate::Limit::WorkflowsPerOwner,
+                max: limits.max_workflows_per_owner,
+            }));
+        }
+        if self.workflows.contains_key(&new.workflow_id) {
+            return Err(Error::Conflict(format!(
+                "workflow {:?} exists",
+                new.workflow_id
+            )));
+        }
+        if self.leases.contains_key(&new.workflow_id) {
+            return Err(Error::Conflict(format!(
+                "resource {:?} has a lease",
+                new.workflow_id
+            )));
+        }
+        Ok(None)
+    }
+
+    /// As the real stores' `retry_workflow`: every refusal is decided before anything changes.
+    fn retry(
+        &mut self,
+        retry: NewRetry,
+        owner: &str,
+        lease_ms: u64,
+        limits: LaunchLimits,
+        now: f64,
+    ) -> Result<Retry> {
+        let source = &retry.retry_of;
+        let Some(workflow) = self.workflows.get(source) else {
+            return Ok(Retry::NotFound);
+        };
+        if let Some(existing) = self
+            .retries
+            .get(source)
+            .and_then(|id| self.workflows.get(id))
+        {
+            return Ok(Retry::Existing(existing.row.clone()));
+        }
+        if workflow.row.status != WorkflowStatus::Failed {
+            return Ok(Retry::NotFailed(workflow.row.status));
+        }
+        let mut steps: Vec<Step> = workflow
+            .steps
+            .values()
+            .filter(|step| step.row.seq < retry.adopted_calls)
+            .cloned()
+            .collect();
+        steps.sort_by_key(|step| (step.row.seq, step.row.attempt, step.order));
+        let adopted: std::collections::BTreeSet<&str> =
+            steps.iter().map(|step| step.row.step_id.as_str()).collect();
+        let artifacts: Vec<Artifact> = workflow
+            .artifacts
+            .values()
+            .filter(|artifact| {
+                artifact
+                    .row
+                    .source_step_id
+                    .as_deref()
+                    .is_some_and(|step| adopted.contains(step))
+            })
+            .cloned()
+            .collect();
+        let bytes: usize = artifacts.iter().map(|a| a.row.content.len()).sum();
+        let bytes = i64::try_from(bytes).unwrap_or(i64::MAX);
+        match self.launch_answered(&retry.workflow, limits)? {
+            Some(Launch::Refused { limit, max }) => return Ok(Retry::Refused { limit, max }),
+            // The request id names another workflow: the retry of this one would have been found.
+            Some(_) => {
+                return Err(Error::Conflict(format!(
+                    "request_id {:?} was used for a different workflow",
+                    retry.workflow.request_id.as_deref().unwrap_or_default()
+                )));
+            }
+            None => {}
+        }
+        if bytes > 0 {
+            let owner_id = &retry.workflow.user_id;
+            if let Err(Error::LimitReached(limit @ crate::Limit::StoredBytes { max, .. })) =
+                self.check_storage(owner_id, 0, bytes, retry.stored_bytes_max)
+            {
+                let max = u64::try_from(max).unwrap_or(0);
+                return Ok(Retry::Refused { limit, max });
+            }
+        }
+        let new = retry.workflow.workflow_id.clone();
+        let Launch::Created { row, lease } =
+            self.launch(retry.workflow, owner, lease_ms, limits, now)?
+        else {
+            return Err(Error::Database(format!(
+                "the retry {new:?} was refused after its checks passed"
+            )));
+        };
+        self.retries.insert(source.clone(), new.clone());
+        for artifact in artifacts {
+            let data = json!({
+                "version": artifact.row.version,
+                "bytes": artifact.row.content.len(),
+                "step_id": artifact.row.source_step_id,
+                "name": artifact.row.path,
+            });
+            self.workflow_mut(&new)?
+                .artifacts
+                .insert(artifact.row.version, artifact);
+            self.event(&new, "artifact", data, now);
+        }
+        for mut step in steps {
+            step.order = self.next_order();
+            let key = (step.row.step_id.clone(), step.row.attempt);
+            self.workflow_mut(&new)?.steps.insert(key, step.clone());
+            self.journaled(&new, &step, now);
+        }
+        if bytes > 0 {
+            let grant = WriteOp::TakeStorage {
+                workflow_id: new.clone(),
+                bytes,
+                bytes_max: retry.stored_bytes_max,
+            };
+            self.apply(&lease.fence(), &grant, now)?;
+        }
+        Ok(Retry::Created { row, lease })
     }
 
     fn cancel_pending(&self, workflow_id: &WorkflowId) -> bool {
@@ -248,6 +361,7 @@ impl State {
             row: workflow.row.clone(),
             lease: self.leases.get(workflow_id).cloned(),
             db_now: now,
+            retried_by: self.retries.get(workflow_id).cloned(),
             steps,
             checkpoints: steps_of(workflow)
                 .into_iter()
@@ -343,6 +457,16 @@ impl crate::Workflows for SimStore {
         self.write(|state, now| state.launch(workflow, owner, lease_ms, limits, now))
     }
 
+    async fn retry_workflow(
+        &self,
+        retry: NewRetry,
+        owner: &str,
+        lease_ms: u64,
+        limits: LaunchLimits,
+    ) -> Result<Retry> {
+        self.write(|state, now| state.retry(retry, owner, lease_ms, limits, now))
+    }
+
     async fn take_over_workflow(
         &self,
         workflow_id: &WorkflowId,
@@ -404,6 +528,9 @@ impl crate::Workflows for SimStore {
                 *stored -= granted;
             }
             state.workflows.remove(workflow_id);
+            state
+                .retries
+                .retain(|retry_of, retry| retry_of != workflow_id && retry != workflow_id);
             state
                 .controls
                 .retain(|_, control| control.workflow_id != *workflow_id);

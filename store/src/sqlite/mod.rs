@@ -435,10 +435,15 @@ impl SqliteStore {
                 steps,
                 approval_runs,
             } = step_page_on(&snapshot, &workflow_id, StepPosition::START, steps_max)?;
+            let retried_by = snapshot
+                .prepare_cached("SELECT workflow FROM workflow_retries WHERE retry_of = ?1")?
+                .query_row([&workflow_id], |row| row.get(0))
+                .optional()?;
             Ok(Some(Snapshot {
                 row,
                 lease: lease_on(&snapshot, &workflow_id)?,
                 db_now: now_on(&snapshot)?,
+                retried_by,
                 steps,
                 checkpoints: checkpoints_on(&snapshot, &workflow_id)?,
                 controls: workflows::controls_on(&snapshot, &workflow_id)?,
@@ -767,7 +772,7 @@ pub(super) fn apply(connection: &Connection, fence: &Fence, encoded: &Encoded) -
 /// [`WriteOp::TakeStorage`]: the one writer orders grants, so the owner's stored bytes read here
 /// are the ones the grant adds to. What the owner's ended workflows gave back is counted off
 /// first.
-fn take_storage(
+pub(super) fn take_storage(
     connection: &Connection,
     workflow_id: &WorkflowId,
     bytes: i64,

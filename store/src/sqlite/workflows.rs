@@ -8,7 +8,7 @@ use crate::lease::ttl_seconds;
 use crate::workflows::takeover_refusal;
 use crate::workflows::{
     ControlKind, ControlRow, ControlWrite, Deletion, Launch, LaunchLimits, ListFilter,
-    ListedWorkflow, NewControl, Orphaned, StatusFilter, TakeOver, Versions,
+    ListedWorkflow, NewControl, NewRetry, Orphaned, Retry, StatusFilter, TakeOver, Versions,
 };
 use crate::{Epoch, Error, Lease, NewWorkflow, Result, WorkflowId, WorkflowRow, WorkflowStatus};
 
@@ -95,6 +95,88 @@ fn launch(
         },
         row: workflow.created(owner, at),
     })
+}
+
+/// [`SqliteStore::retry_workflow`] in the writer's transaction: everything that can refuse it is
+/// checked before anything is written; an error after the launch rolls the job back whole.
+fn retry(
+    connection: &Connection,
+    retry: NewRetry,
+    owner: &str,
+    lease_ms: u64,
+    limits: LaunchLimits,
+) -> Result<Retry> {
+    let source = retry.retry_of;
+    let status: Option<String> = connection
+        .prepare_cached("SELECT status FROM workflows WHERE id = ?1")?
+        .query_row([&source], |row| row.get(0))
+        .optional()?;
+    let Some(status) = status else {
+        return Ok(Retry::NotFound);
+    };
+    let existing = connection
+        .prepare_cached(
+            "SELECT w.id, w.user_id, w.status, w.owner, w.fingerprint, w.data, w.created_at,
+                    w.updated_at
+               FROM workflow_retries r JOIN workflows w ON w.id = r.workflow
+              WHERE r.retry_of = ?1",
+        )?
+        .query_row([&source], workflow_row)
+        .optional()?;
+    if let Some(existing) = existing {
+        return Ok(Retry::Existing(existing.decode()?));
+    }
+    let status = WorkflowStatus::read(&status, &source)?;
+    if status != WorkflowStatus::Failed {
+        return Ok(Retry::NotFailed(status));
+    }
+    let request_id = retry.workflow.request_id.clone();
+    let (row, lease) = match launch(connection, retry.workflow, owner, lease_ms, limits)? {
+        Launch::Created { row, lease } => (row, lease),
+        Launch::Refused { limit, max } => return Ok(Retry::Refused { limit, max }),
+        // The request id names another workflow: the retry of this one would have been found.
+        Launch::Existing(_) => {
+            return Err(Error::Conflict(format!(
+                "request_id {:?} was used for a different workflow",
+                request_id.unwrap_or_default()
+            )));
+        }
+    };
+    let new = &row.workflow_id;
+    connection
+        .prepare_cached("INSERT INTO workflow_retries (retry_of, workflow) VALUES (?1, ?2)")?
+        .execute(params![source, new])?;
+    // The artifacts before the steps, whose `step_finished` events name their bytes.
+    connection
+        .prepare_cached(
+            "INSERT INTO workflow_artifacts (workflow, version, source_step_id, path, content,
+                                             bytes, sha256, created_at)
+             SELECT ?1, a.version, a.source_step_id, a.path, a.content, a.bytes, a.sha256,
+                    a.created_at
+               FROM workflow_artifacts a
+              WHERE a.workflow = ?2
+                AND a.source_step_id IN (SELECT s.step_id FROM workflow_steps s
+                                          WHERE s.workflow = ?2 AND s.seq < ?3)",
+        )?
+        .execute(params![new, source, retry.adopted_calls])?;
+    connection
+        .prepare_cached(
+            "INSERT INTO workflow_steps (workflow, step_id, attempt, kind, status, data,
+                                         created_at, updated_at, seq)
+             SELECT ?1, step_id, attempt, kind, status, data, created_at, updated_at, seq
+               FROM workflow_steps WHERE workflow = ?2 AND seq < ?3
+              ORDER BY seq, attempt",
+        )?
+        .execute(params![new, source, retry.adopted_calls])?;
+    let adopted_bytes: i64 = connection
+        .prepare_cached(
+            "SELECT coalesce(sum(bytes), 0) FROM workflow_artifacts WHERE workflow = ?1",
+        )?
+        .query_row([new], |row| row.get(0))?;
+    if adopted_bytes > 0 {
+        super::take_storage(connection, new, adopted_bytes, retry.stored_bytes_max)?;
+    }
+    Ok(Retry::Created { row, lease })
 }
 
 /// A workflow row as SQLite stores it (its status and data as text), before decoding.
@@ -198,6 +280,28 @@ impl SqliteStore {
         let owner = owner.to_owned();
         self.write(move |connection| launch(connection, workflow, &owner, lease_ms, limits))
             .await
+    }
+
+    pub(crate) async fn retry_workflow(
+        &self,
+        retry: NewRetry,
+        owner: &str,
+        lease_ms: u64,
+        limits: LaunchLimits,
+    ) -> Result<Retry> {
+        let owner = owner.to_owned();
+        let retried = self
+            .write(move |connection| self::retry(connection, retry, &owner, lease_ms, limits))
+            .await;
+        match retried {
+            Err(Error::LimitReached(limit @ crate::Limit::StoredBytes { max, .. })) => {
+                Ok(Retry::Refused {
+                    limit,
+                    max: u64::try_from(max).unwrap_or(0),
+                })
+            }
+            retried => retried,
+        }
     }
 
     pub(crate) async fn put_control(&self, control: NewControl) -> Result<ControlWrite> {

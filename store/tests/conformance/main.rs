@@ -6,6 +6,7 @@ mod fencing;
 mod harness;
 mod leases;
 mod operators;
+mod retries;
 mod runs;
 mod storage;
 mod users;

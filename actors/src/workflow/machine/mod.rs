@@ -67,7 +67,12 @@ pub(crate) struct WorkflowDocument {
     pub script: String,
     pub args: Value,
     pub seed: u64,
+    /// Where the workflow's clock starts (`Date.now()` before any step settled): its launch, or,
+    /// for a retry, its source's, so that the journal it adopted replays as it ran.
     pub started_at_ms: i64,
+    /// When it was launched: its `timeout_seconds` counts from here. `started_at_ms` unless it
+    /// is a retry, whose document records `launched_at_ms`.
+    pub launched_at_ms: i64,
     /// The whole document, kept as is when the status changes.
     pub data: Value,
 }
@@ -95,6 +100,37 @@ impl WorkflowDocument {
             args,
             seed,
             started_at_ms,
+            launched_at_ms: started_at_ms,
+            data,
+        }
+    }
+
+    /// The document of a retry of `source` (see `rules::retry`), launched at `launched_at_ms`:
+    /// its source's script, arguments, seed and clock, this node's versions, and the workflow it
+    /// retries.
+    pub(crate) fn retried(
+        source: &WorkflowDocument,
+        retry_of: &WorkflowId,
+        launched_at_ms: i64,
+        runtime_version: String,
+        configuration_version: String,
+    ) -> Self {
+        let data = json!({
+            "script": source.script,
+            "args": source.args,
+            "seed": source.seed,
+            "started_at_ms": source.started_at_ms,
+            "launched_at_ms": launched_at_ms,
+            "runtime_version": runtime_version,
+            "configuration_version": configuration_version,
+            "retry_of": retry_of,
+        });
+        WorkflowDocument {
+            script: source.script.clone(),
+            args: source.args.clone(),
+            seed: source.seed,
+            started_at_ms: source.started_at_ms,
+            launched_at_ms,
             data,
         }
     }
@@ -108,16 +144,20 @@ impl WorkflowDocument {
                 "workflow {workflow_id:?}: its stored document has no {field}"
             )))
         };
+        let script = data["script"]
+            .as_str()
+            .ok_or_else(|| missing("script"))?
+            .to_owned();
+        let seed = data["seed"].as_u64().ok_or_else(|| missing("seed"))?;
+        let started_at_ms = data["started_at_ms"]
+            .as_i64()
+            .ok_or_else(|| missing("started_at_ms"))?;
         Ok(WorkflowDocument {
-            script: data["script"]
-                .as_str()
-                .ok_or_else(|| missing("script"))?
-                .to_owned(),
+            script,
             args: data["args"].clone(),
-            seed: data["seed"].as_u64().ok_or_else(|| missing("seed"))?,
-            started_at_ms: data["started_at_ms"]
-                .as_i64()
-                .ok_or_else(|| missing("started_at_ms"))?,
+            seed,
+            started_at_ms,
+            launched_at_ms: data["launched_at_ms"].as_i64().unwrap_or(started_at_ms),
             data,
         })
     }
@@ -493,7 +533,7 @@ impl WorkflowMachine {
     pub(crate) fn deadline_ms(&self) -> Millis {
         self.config
             .document
-            .started_at_ms
+            .launched_at_ms
             .saturating_add(i64::try_from(self.config.timeout_ms).unwrap_or(i64::MAX))
     }
 

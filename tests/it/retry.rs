@@ -1,0 +1,355 @@
+//! `reins retry` through the real binary on both backends: a workflow whose third step failed is
+//! run again as a new workflow that adopts its first two steps (their child runs are not made
+//! again, their randomness and clock replay as they ran), runs the third live and completes, a
+//! capture after the adopted agent step still finds its file; the two are linked both ways and
+//! the failed one stays failed; a retry asked twice is one; what is not failed, unknown or
+//! another user's is refused.
+
+use std::path::Path;
+
+use serde_json::{Value, json};
+
+use crate::agent_processes::write_config;
+use crate::cli::{cli, code, json_of};
+use crate::harness::both;
+use crate::http_api::{Db, Node, PASSWORD, assert_refused, initialize, launch, wait_for};
+use crate::http_client::Api;
+
+/// Three agent steps and a capture of the first one's file. `two`'s task holds the script's first
+/// random number and the clock before any step: a replay with another seed or clock would call
+/// it with other arguments and fail as non-deterministic.
+pub const SCRIPT: &str = r#"
+    const started = Date.now();
+    const one = await agent({stepId: "one", agentRef: "scripted", task: {
+        write: [{path: "/mnt/user-data/notes/one.txt", content: "written by one"}],
+        output: "one"}});
+    const two = await agent({stepId: "two", agentRef: "scripted",
+                             task: {output: {random: Math.random(), started}}});
+    const three = await agent({stepId: "three", agentRef: "gate", task: "go"});
+    const kept = await captureArtifact({stepId: "keep", sourceStepId: "one",
+                                        path: "/mnt/user-data/notes/one.txt"});
+    return {one: one.output, two: two.output, three: three.output, kept: kept.bytes};
+"#;
+
+/// A node (with `env`) whose `gate` agent fails while the file `gate` exists in `files`.
+pub fn node_with_gate(db: &Db, files: &Path, env: &[(&str, String)]) -> Node {
+    let gate = files.join("gate");
+    std::fs::write(&gate, b"closed").expect("close the gate");
+    let config = write_config(
+        files,
+        &[(
+            "gate",
+            "read task\nif [ -e \"$GATE\" ]; then echo 'the gate is closed' >&2; exit 1; fi\n\
+             echo '{\"type\": \"output\", \"output\": \"passed\"}'",
+            &format!("env = {{ GATE = \"{}\" }}", gate.display()),
+        )],
+    );
+    let mut env = env.to_vec();
+    env.push(("REINS_CONFIG", config));
+    Node::start(db, &env)
+}
+
+/// The child runs of `workflow`, by step.
+async fn runs_of(db: &Db, workflow: &str) -> String {
+    db.sql(&format!(
+        "SELECT coalesce(string_agg(step_id, ',' ORDER BY step_id), '') FROM runs \
+         WHERE workflow = '{workflow}'"
+    ))
+    .await
+    .unwrap_or_default()
+}
+
+fn retry_path(run_id: &str) -> String {
+    format!("/api/v1/workflows/{run_id}/retry")
+}
+
+fn step<'a>(record: &'a Value, step_id: &str) -> &'a Value {
+    record["steps"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|s| s["step_id"] == step_id)
+        .unwrap_or_else(|| panic!("no step {step_id}: {record}"))
+}
+
+/// A user made by `admin`, signed in.
+async fn user(node: &Node, admin: &mut Api, email: &str, role: &str) -> Api {
+    let created = admin
+        .call(
+            "POST",
+            "/api/v1/auth/users",
+            Some(json!({"email": email, "password": PASSWORD, "role": role})),
+        )
+        .await;
+    assert_eq!(created.status, 201, "{created:?}");
+    let mut api = node.api();
+    assert_eq!(api.login(email, PASSWORD).await.status, 200);
+    api
+}
+
+both!(a_workflow_whose_third_step_failed_runs_again_from_it_and_completes);
+async fn a_workflow_whose_third_step_failed_runs_again_from_it_and_completes(postgres: bool) {
+    let db = Db::new(postgres).await;
+    let files = tempfile::tempdir().expect("temp dir");
+    let node = node_with_gate(&db, files.path(), &[]);
+    let mut api = initialize(&node).await;
+    let old = launch(&mut api, SCRIPT).await;
+    let failed = wait_for(&mut api, &old, "failed").await;
+    assert!(
+        failed["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("the gate is closed")),
+        "{failed}"
+    );
+    assert_eq!(runs_of(&db, &old).await, "one,three,two");
+
+    // The cause is fixed; the person retries it from the command line.
+    std::fs::remove_file(files.path().join("gate")).expect("open the gate");
+    let home = tempfile::tempdir().expect("cli home");
+    let login = cli(
+        home.path(),
+        &node,
+        &["login", "--email", crate::http_api::ADMIN],
+    );
+    assert_eq!(
+        code(&login),
+        0,
+        "{}",
+        String::from_utf8_lossy(&login.stderr)
+    );
+    let retried = cli(home.path(), &node, &["retry", &old, "--wait", "--json"]);
+    assert_eq!(
+        code(&retried),
+        0,
+        "{}",
+        String::from_utf8_lossy(&retried.stderr)
+    );
+    let done = json_of(&retried);
+    let new = done["run_id"].as_str().expect("run_id").to_owned();
+    assert_ne!(new, old);
+    assert_eq!(done["status"], "completed", "{done}");
+
+    // Steps one and two were adopted, their outcomes as they were (the same random number and
+    // clock: the same seed and start); three ran again and the capture found one's file.
+    let before = step(&failed, "two")["output"].clone();
+    assert_eq!(
+        done["result"],
+        json!({"one": "one", "two": before, "three": "passed", "kept": 14})
+    );
+    assert_eq!(
+        runs_of(&db, &old).await,
+        "one,three,two",
+        "the old one ran nothing more"
+    );
+    assert_eq!(
+        runs_of(&db, &new).await,
+        "three",
+        "nothing before the failed step ran again"
+    );
+    for adopted in ["one", "two"] {
+        assert_eq!(
+            step(&done, adopted)["run_id"],
+            step(&failed, adopted)["run_id"],
+            "{adopted}"
+        );
+        assert_eq!(step(&done, adopted)["status"], "completed");
+    }
+    assert_eq!(step(&done, "three")["status"], "completed");
+    assert_eq!(done["retry_of"], json!(old));
+    assert_eq!(done["retried_by"], Value::Null);
+
+    // The failed workflow stays failed, and names its retry.
+    let old_record = api
+        .call("GET", &format!("/api/v1/workflows/{old}"), None)
+        .await;
+    let old_record = old_record.json();
+    assert_eq!(
+        (&old_record["status"], &old_record["retried_by"]),
+        (&json!("failed"), &json!(new))
+    );
+    assert_eq!(old_record["error"], failed["error"]);
+
+    // Asked again, over HTTP or the command line: that retry, still one.
+    let again = api.call("POST", &retry_path(&old), Some(json!({}))).await;
+    assert_eq!(again.status, 200, "{again:?}");
+    assert_eq!(
+        again.json(),
+        json!({"run_id": new, "retry_of": old, "repeated": true, "status": "completed"})
+    );
+    let again = cli(home.path(), &node, &["retry", &old]);
+    assert_eq!(
+        String::from_utf8_lossy(&again.stdout).trim(),
+        new,
+        "{}",
+        String::from_utf8_lossy(&again.stderr)
+    );
+    let total = db
+        .sql("SELECT count(*) FROM workflows")
+        .await
+        .unwrap_or_default();
+    assert_eq!(total, "2");
+
+    // Deleting the failed one leaves its retry whole, artifacts and all.
+    let deleted = api
+        .call("DELETE", &format!("/api/v1/workflows/{old}"), None)
+        .await;
+    assert_eq!(deleted.status, 200, "{deleted:?}");
+    let version = &step(&done, "keep")["artifact_version"];
+    let kept = api
+        .call(
+            "GET",
+            &format!("/api/v1/workflows/{new}/artifacts/{version}"),
+            None,
+        )
+        .await;
+    assert_eq!((kept.status, &kept.body[..]), (200, &b"written by one"[..]));
+}
+
+both!(a_retry_is_refused_for_what_did_not_fail_and_to_anyone_but_the_owner_or_an_admin);
+async fn a_retry_is_refused_for_what_did_not_fail_and_to_anyone_but_the_owner_or_an_admin(
+    postgres: bool,
+) {
+    let db = Db::new(postgres).await;
+    let node = Node::start(&db, &[]);
+    let mut admin = initialize(&node).await;
+    let mut ada = user(&node, &mut admin, "ada@example.com", "user").await;
+    let mut bob = user(&node, &mut admin, "bob@example.com", "user").await;
+    let mut approver = user(&node, &mut admin, "carol@example.com", "approver").await;
+
+    let failed = launch(&mut ada, r#"throw new Error("after no step");"#).await;
+    let source = wait_for(&mut ada, &failed, "failed").await;
+    // Another user's workflow does not exist for them; an approver sees it but may not retry it.
+    assert_refused(
+        &bob.call("POST", &retry_path(&failed), None).await,
+        404,
+        "not_found",
+        &failed,
+    );
+    assert_refused(
+        &approver.call("POST", &retry_path(&failed), None).await,
+        403,
+        "owner_only",
+        "retry",
+    );
+    // Unknown ids and bad bodies.
+    assert_refused(
+        &ada.call("POST", &retry_path("nosuchworkflow"), None).await,
+        404,
+        "not_found",
+        "nosuchworkflow",
+    );
+    assert_refused(
+        &ada.call(
+            "POST",
+            &retry_path(&failed),
+            Some(json!({"request_id": "no spaces"})),
+        )
+        .await,
+        400,
+        "bad_request",
+        "request_id",
+    );
+    assert_refused(
+        &ada.call("POST", &retry_path(&failed), Some(json!({"step": "a"})))
+            .await,
+        400,
+        "bad_request",
+        "step",
+    );
+    // The owner may (with no body at all), and so may an admin, who gets the same retry.
+    let made = ada.call("POST", &retry_path(&failed), None).await;
+    assert_eq!(made.status, 201, "{made:?}");
+    let retry = made.json()["run_id"].as_str().expect("run_id").to_owned();
+    let by_admin = admin.call("POST", &retry_path(&failed), None).await;
+    assert_eq!(
+        (by_admin.status, by_admin.json()["run_id"].clone()),
+        (200, json!(retry))
+    );
+    // It adopted nothing (no step ran) and failed as its source did; it is ada's.
+    let retried = wait_for(&mut ada, &retry, "failed").await;
+    assert_eq!(
+        (&retried["user_id"], &retried["retry_of"]),
+        (&source["user_id"], &json!(failed))
+    );
+
+    // What did not fail is not retried, and the answer says what it is and what to do.
+    let paused = launch(&mut ada, r#"await pause({stepId: "p"}); return 1;"#).await;
+    wait_for(&mut ada, &paused, "paused").await;
+    assert_refused(
+        &ada.call("POST", &retry_path(&paused), None).await,
+        409,
+        "not_retryable",
+        "it is paused: only a failed workflow is retried",
+    );
+    let done = launch(&mut ada, "return 1;").await;
+    wait_for(&mut ada, &done, "completed").await;
+    assert_refused(
+        &ada.call("POST", &retry_path(&done), None).await,
+        409,
+        "not_retryable",
+        "it completed",
+    );
+    let cancelled = ada
+        .call("POST", &format!("/api/v1/workflows/{paused}/cancel"), None)
+        .await;
+    assert_eq!(cancelled.status, 200, "{cancelled:?}");
+    wait_for(&mut ada, &paused, "cancelled").await;
+    assert_refused(
+        &ada.call("POST", &retry_path(&paused), None).await,
+        409,
+        "not_retryable",
+        "launch it anew (`reins run`)",
+    );
+    let workflows = db
+        .sql("SELECT count(*) FROM workflows")
+        .await
+        .unwrap_or_default();
+    assert_eq!(workflows, "4", "a refused retry made a workflow");
+}
+
+/// A retry's `timeout_seconds` counts from the retry, not from the launch of the workflow it
+/// runs again (whose clock it keeps for its replay): a workflow retried after its own timeout
+/// would pass runs to completion instead of being cancelled at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_retry_made_after_its_sources_timeout_would_have_passed_runs_its_own_time() {
+    const TIMEOUT_SECONDS: f64 = 3.0;
+    let db = Db::new(false).await;
+    let files = tempfile::tempdir().expect("temp dir");
+    let node = node_with_gate(
+        &db,
+        files.path(),
+        &[("REINS_LIMITS__TIMEOUT_SECONDS", TIMEOUT_SECONDS.to_string())],
+    );
+    let mut api = initialize(&node).await;
+    let old = launch(
+        &mut api,
+        r#"await agent({stepId: "one", agentRef: "scripted", task: "x"});
+           await agent({stepId: "gated", agentRef: "gate", task: "go"});
+           await agent({stepId: "nap", agentRef: "scripted", task: {sleep_ms: 500}});
+           return "done";"#,
+    )
+    .await;
+    let failed = wait_for(&mut api, &old, "failed").await;
+    std::fs::remove_file(files.path().join("gate")).expect("open the gate");
+    // Until the failed workflow's own timeout has passed (by this machine's clock, which the
+    // node's is).
+    let launched_at = failed["created_at"].as_f64().expect("created_at");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|now| now.as_secs_f64())
+        .unwrap_or(0.0)
+        <= launched_at + TIMEOUT_SECONDS + 0.5
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the clock never passed"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let made = api.call("POST", &retry_path(&old), None).await;
+    assert_eq!(made.status, 201, "{made:?}");
+    let retry = made.json()["run_id"].as_str().expect("run_id").to_owned();
+    let done = wait_for(&mut api, &retry, "completed").await;
+    assert_eq!(done["result"], "done", "{done}");
+}
