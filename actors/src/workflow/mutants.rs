@@ -32,6 +32,9 @@ pub(crate) enum Mutant {
     TimerFiresEarly,
     /// A failed attempt is retried whatever its policy's `maxAttempts` says.
     AttemptsUnbounded,
+    /// An idempotent agent's run of unknown outcome is taken for closed while it still lives:
+    /// the next attempt does not wait for it to be final.
+    ClosingNotAwaited,
 }
 
 thread_local! {

@@ -454,6 +454,7 @@ pub(super) fn reconcile_writes(
                         "output": output,
                         "status": "success",
                         "runId": run_id,
+                        "attempts": step.attempt,
                         "reconciled": true,
                     })),
                 ),
@@ -1097,7 +1098,7 @@ mod tests {
         assert_eq!(
             data["outcome"],
             json!({"outcome": "resolved", "value": {"output": {"deployed": true},
-                   "status": "success", "runId": "run-1", "reconciled": true}})
+                   "status": "success", "runId": "run-1", "attempts": 1, "reconciled": true}})
         );
     }
 

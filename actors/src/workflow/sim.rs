@@ -219,6 +219,12 @@ return rs.map((r) => r.output);"#,
 }"#,
     },
     Script {
+        name: "stalled",
+        source: r#"const r = await agent({stepId: "stuck", agentRef: "scripted", task: {stall_attempts: 1},
+  timeout: {attemptMs: 2500}, retry: {maxAttempts: 2, initialIntervalMs: 100}});
+return [r.output, r.attempts];"#,
+    },
+    Script {
         name: "sleep",
         source: r#"await sleep({stepId: "nap", ms: 4000});
 const a = await agent({stepId: "after", agentRef: "scripted", task: "woke"});
@@ -617,6 +623,8 @@ enum Due {
         request: RunRequest,
     },
     AgentEnd(RunId),
+    /// A child's attempt reaches its `attemptMs` (as the child-agent actor's timer does).
+    AgentTimeout(RunId, u64),
     Tick(usize),
     Person,
     Crash(usize),
@@ -966,9 +974,10 @@ impl Sim {
             Due::Machine(target, _) | Due::Admit { target, .. } | Due::Resume(target) => {
                 Some(target.node)
             }
-            Due::AgentEnd(run_id) | Due::Commit(run_id, _) | Due::Committed(run_id, ..) => {
-                self.children.get(run_id).map(|child| child.node)
-            }
+            Due::AgentEnd(run_id)
+            | Due::AgentTimeout(run_id, _)
+            | Due::Commit(run_id, _)
+            | Due::Committed(run_id, ..) => self.children.get(run_id).map(|child| child.node),
             Due::Tick(node) => Some(*node),
             Due::Recover(node, _) => Some(*node),
             Due::Person | Due::Crash(_) | Due::Restart(_) | Due::Pause(_) => None,
@@ -999,6 +1008,7 @@ impl Sim {
                 request,
             } => self.admit(target, life, id, request),
             Due::AgentEnd(run_id) => self.agent_end(&run_id),
+            Due::AgentTimeout(run_id, attempt_ms) => self.agent_timeout(&run_id, attempt_ms),
             Due::Tick(node) => {
                 self.tick(node);
                 self.at(TICK_MS, Due::Tick(node));
@@ -1452,6 +1462,10 @@ impl Sim {
             Ok(store::Admission::Admitted(row)) => {
                 let duration = 100 + self.rng.below(2_000) as i64;
                 self.at(duration, Due::AgentEnd(row.run_id.clone()));
+                if let Some(attempt_ms) = request.timeouts.attempt_ms {
+                    let due = i64::try_from(attempt_ms).unwrap_or(i64::MAX);
+                    self.at(due, Due::AgentTimeout(row.run_id.clone(), attempt_ms));
+                }
                 self.children.insert(
                     row.run_id.clone(),
                     Child {
@@ -1499,6 +1513,13 @@ impl Sim {
             // It hangs until a cancel request reaches it.
             return;
         }
+        let stalls = child.task.get("stall_attempts").and_then(Value::as_i64);
+        if !child.cancelled
+            && stalls.is_some_and(|n| child.admitted.attempt.map_or(1, i64::from) <= n)
+        {
+            // It stalls until a cancel request or its attempt's timeout stops it.
+            return;
+        }
         if !child.cancelled && child.task.get("ask_approval").is_some() {
             return self.agent_asks(run_id);
         }
@@ -1510,6 +1531,36 @@ impl Sim {
         if let Some(child) = self.children.get_mut(run_id) {
             child.finished = true;
         }
+        self.commit(run_id, outcome);
+    }
+
+    /// A child's attempt reached its `attemptMs`: unless it ended first, it is stopped and its
+    /// run ends a retryable timeout, as the child-agent actor ends it.
+    fn agent_timeout(&mut self, run_id: &RunId, attempt_ms: u64) {
+        let Some(child) = self.children.get_mut(run_id) else {
+            return;
+        };
+        let node = &self.nodes[child.node];
+        if node.life != child.life || !node.alive || child.finished {
+            return;
+        }
+        child.finished = true;
+        let outcome = RunOutcome {
+            status: RunStatus::Error,
+            error: Some(format!(
+                "the attempt ran for {attempt_ms} ms (timeout.attemptMs)"
+            )),
+            output: None,
+            stop_reason: Some("attempt_timeout".into()),
+            total_tokens: 0,
+            message_count: 0,
+            failure: Some(store::RunFailure {
+                class: store::FailureClass::Timeout,
+                code: Some("attempt_timeout".into()),
+                retryable: Some(true),
+                retry_after_ms: None,
+            }),
+        };
         self.commit(run_id, outcome);
     }
 
@@ -1912,10 +1963,12 @@ impl Sim {
             (0, Some(task)) => (
                 Resolution::Complete(json!({ "echo": task })),
                 // A completed reconcile keeps no artifact of the output, as the child's end
-                // does: the artifact versions the script numbers later come one lower.
+                // does: the artifact versions the script numbers later come one lower; and it
+                // may settle an earlier attempt than the fault-free run's last.
                 !SCRIPTS[self.workflows[workflow_id]]
                     .source
-                    .contains("artifactVersion"),
+                    .contains("artifactVersion")
+                    && !counts_attempts,
             ),
             (1, _) => (Resolution::Fail, false),
             _ => (Resolution::Retry, !counts_attempts),
@@ -2318,6 +2371,26 @@ impl Sim {
         }
         let run_of = |run_id: &RunId| runs.iter().find(|run| &run.run_id == run_id);
         let mut violations = Vec::new();
+        // Never two live runs of one step: an attempt's run begins once the run of the attempt
+        // before it is final (closed by its end, its timeout, or the orphan sweep).
+        let of_workflow: Vec<&RunRow> = runs
+            .iter()
+            .filter(|run| run.workflow.as_ref() == Some(workflow_id))
+            .collect();
+        for earlier in &of_workflow {
+            for later in &of_workflow {
+                let overlap = earlier.step_id == later.step_id
+                    && earlier.attempt < later.attempt
+                    && (!earlier.status.is_final() || later.created_at < earlier.updated_at);
+                if overlap {
+                    violations.push(format!(
+                        "{workflow_id} step {:?}: the run of attempt {:?} began while the run of \
+                         attempt {:?} was live",
+                        later.step_id, later.attempt, earlier.attempt
+                    ));
+                }
+            }
+        }
         for (seq, attempts) in &by_seq {
             let Some(record) = attempts.iter().find_map(|step| step.record()) else {
                 continue;
@@ -3111,6 +3184,8 @@ enum Planting {
     Rules(Mutant),
     /// In the simulation store.
     Store(store::SimMutant),
+    /// In both: a bug another rule would otherwise hide.
+    Both(Mutant, store::SimMutant),
 }
 
 /// Runs up to 600 seeds of `faults` from `first` with `planting`, and answers the first seed
@@ -3120,11 +3195,11 @@ fn find_mutant(planting: Planting, faults: Faults, first: u64, rule: &str) -> u6
     // The fault-free results every seed is held to are computed without the bug.
     baseline();
     let _planted = match planting {
-        Planting::Rules(mutant) => Some(mutants::plant(mutant)),
+        Planting::Rules(mutant) | Planting::Both(mutant, _) => Some(mutants::plant(mutant)),
         Planting::Store(_) => None,
     };
     let store_mutant = match planting {
-        Planting::Store(mutant) => Some(mutant),
+        Planting::Store(mutant) | Planting::Both(_, mutant) => Some(mutant),
         Planting::Rules(_) => None,
     };
     for seed in first..first + 600 {
@@ -3208,6 +3283,17 @@ fn mutant_storage_kept_after_the_end_is_found() {
 fn mutant_artifact_without_grant_is_found() {
     let planting = Planting::Rules(Mutant::ArtifactWithoutGrant);
     find_mutant(planting, Faults::NONE, 0, "bytes beyond its grant");
+}
+
+#[test]
+fn mutant_closing_not_awaited_is_found() {
+    // The store's one live run per thread would refuse the early attempt: both are broken, so
+    // that the oracle's own check (one live run per step at a time) is what finds it.
+    let planting = Planting::Both(
+        Mutant::ClosingNotAwaited,
+        store::SimMutant::ThreadBusyIgnored,
+    );
+    find_mutant(planting, Faults::RETRIES_ALL, 9_000_000, "was live");
 }
 
 #[test]

@@ -79,6 +79,9 @@ pub enum Mutant {
     /// A grant resets what the owner's ended workflows gave back without counting it off the
     /// owner's row: the row grows past the sum of their grants.
     ReturnedNotCountedOff,
+    /// An admission ignores a live run on its thread: a step's next attempt can start while
+    /// the run of the attempt before still lives.
+    ThreadBusyIgnored,
 }
 
 /// The storage quota's rows, whole (`user_storage`, `workflow_storage`), with what each

@@ -184,7 +184,8 @@ impl State {
         let thread_busy = self
             .runs
             .values()
-            .any(|row| row.thread_id == run.thread_id && row.status.is_active());
+            .any(|row| row.thread_id == run.thread_id && row.status.is_active())
+            && self.mutant != Some(super::Mutant::ThreadBusyIgnored);
         if thread_busy || self.runs.contains_key(&run.run_id) {
             return Err(Error::Conflict(format!(
                 "thread {:?} already has an active run",

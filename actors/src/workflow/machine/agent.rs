@@ -495,6 +495,15 @@ impl WorkflowMachine {
                 self.took(&self.step_of(id), Transition::Agent(Agent::Ended));
                 self.adopt(out, id, row, now);
             }
+            #[cfg(test)]
+            Ok(Some(row))
+                if self.closing.contains(&id)
+                    && crate::workflow::mutants::planted(
+                        crate::workflow::mutants::Mutant::ClosingNotAwaited,
+                    ) =>
+            {
+                self.adopt(out, id, row, now);
+            }
             Ok(Some(_)) if self.closing.contains(&id) => self.still_closing(out, id, run_id),
             Ok(Some(row)) if row.status == RunStatus::WaitingForInput => {
                 self.took(&self.step_of(id), Transition::Agent(Agent::WaitsForAnswer));
