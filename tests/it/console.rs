@@ -1060,3 +1060,30 @@ async fn poll_inbox(api: &mut crate::http_client::Api, count: usize) -> Value {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// Issue 31: a step's attempts each have their entry in the timeline: the failed one with its
+/// error and how it failed, the one its policy queued with when it was due and why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_attempt_of_a_step_is_on_the_timeline_with_its_error_and_its_due_time() {
+    let db = Db::new(false).await;
+    let node = Node::start(&db, &[]);
+    let mut api = initialize(&node).await;
+    let failed = launch(
+        &mut api,
+        r#"await agent({stepId: "flaky", agentRef: "scripted", task: {fail: "the endpoint is busy"},
+                        retry: {maxAttempts: 2, initialIntervalMs: 100}});"#,
+    )
+    .await;
+    wait_for(&mut api, &failed, "failed").await;
+    let browser = Browser::start("attempts", 1280, 900);
+    sign_in(&browser, &node, ADMIN);
+    browser.goto(&url(&node, &format!("#/workflows/{failed}")));
+    browser.wait_for_text("Attempt 1 again, due", WAIT);
+    let entries = browser.all(".timeline li[data-step=flaky]");
+    assert_eq!(entries.len(), 2, "one entry per attempt");
+    let second = entries[1].text();
+    assert!(second.contains("attempt 2"), "{second}");
+    assert!(second.contains("after: the endpoint is busy"), "{second}");
+    assert!(entries[0].text().contains("the endpoint is busy"));
+    browser.screenshot("01-attempts");
+}

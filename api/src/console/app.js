@@ -1057,8 +1057,8 @@ function stepEntry(record, step, now, previews) {
     li.append(h("pre", {class: "error-text"}, step.error + how));
   }
   if (step.retry) {
-    li.append(h("p", {class: "meta retry"}, "Retried: starts ", time(step.retry.due_at),
-      " after ", h("span", {class: "retry-reason"}, step.retry.reason)));
+    li.append(h("p", {class: "meta retry"}, `Attempt ${step.attempt - 1} again, due `,
+      time(step.retry.due_at), ", after: ", h("span", {class: "retry-reason"}, step.retry.reason)));
   }
   if (step.approval) {
     const approval = step.approval;
