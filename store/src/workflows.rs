@@ -228,12 +228,48 @@ pub struct NewControl {
     pub created_by: Option<String>,
 }
 
+/// Whether `new` says what the recorded control `existing` says, so that recording it again is
+/// a repeat, not a contradiction: a decision the same decision about the same artifact version,
+/// whatever its comment; a resume the same input; a cancel the same body.
+pub(crate) fn same_answer(existing: &ControlRow, new: &NewControl) -> bool {
+    let key = |body: &Value, field: &str| body.get(field).cloned().unwrap_or(Value::Null);
+    match new.kind {
+        ControlKind::Decide => ["decision", "artifactVersion"]
+            .iter()
+            .all(|field| key(&existing.body, field) == key(&new.body, field)),
+        ControlKind::Resume => key(&existing.body, "input") == key(&new.body, "input"),
+        ControlKind::Cancel => existing.body == new.body,
+    }
+}
+
+/// The refusal of a control that contradicts the recorded one: what was said, and by whom.
+pub(crate) fn contradiction(existing: &ControlRow) -> Error {
+    let by = existing
+        .created_by
+        .as_deref()
+        .unwrap_or("an earlier request");
+    let said = match existing.kind {
+        ControlKind::Decide => format!(
+            "decided {} (artifact version {})",
+            existing.body["decision"].as_str().unwrap_or("?"),
+            existing.body["artifactVersion"]
+        ),
+        ControlKind::Resume => format!("resumed with the input {}", existing.body["input"]),
+        ControlKind::Cancel => format!("asked to cancel ({})", existing.body),
+    };
+    Error::Conflict(format!(
+        "step {:?} attempt {} was already {said} by {by}; a different {} is refused",
+        existing.step_id, existing.attempt, existing.kind
+    ))
+}
+
 /// What recording a control did.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ControlWrite {
     /// This call wrote the row.
     Recorded(ControlRow),
-    /// An identical control was already recorded: the same answer, still one row.
+    /// The same answer was already recorded (a decision's comment aside): still one row, the
+    /// first one, with who recorded it.
     Repeated(ControlRow),
 }
 

@@ -402,7 +402,21 @@ async fn every_action_works_and_fails_the_same_through_rest_and_actions(postgres
         &api.call("POST", &rest_path, Some(reject)).await,
         409,
         "conflict",
-        "different",
+        "was already decided approve (artifact version",
+    );
+    // The same decision with a comment of its own is the same decision: 200, repeated, and
+    // who made the one that stands.
+    let mut commented = decide.clone();
+    commented["comment"] = json!("fine by me too");
+    let again = api.call("POST", &rest_path, Some(commented)).await;
+    assert_eq!(
+        (
+            again.status,
+            again.json()["repeated"].clone(),
+            again.json()["recorded_by"].clone()
+        ),
+        (200, json!(true), json!(ADMIN)),
+        "{again:?}"
     );
     let done = wait_for(&mut api, &run, "completed").await;
     assert_eq!(

@@ -328,8 +328,11 @@ pub struct ControlReply {
     pub run_id: String,
     /// `resumed`, `approved` or `rejected`.
     pub status: String,
-    /// `true` when an identical control had been recorded before (still one row).
+    /// `true` when the same answer had been recorded before (a decision's comment aside): it
+    /// counts once, as first recorded.
     pub repeated: bool,
+    /// Who recorded the answer that stands (on a repeat, the first one).
+    pub recorded_by: Option<String>,
 }
 
 /// What `answer` recorded.

@@ -502,10 +502,12 @@ pub async fn artifacts(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
 }
 
 fn control_reply(run_id: WorkflowId, status: &str, written: &ControlWrite) -> ControlReply {
+    let (ControlWrite::Recorded(row) | ControlWrite::Repeated(row)) = written;
     ControlReply {
         run_id: run_id.into_string(),
         status: status.to_owned(),
         repeated: matches!(written, ControlWrite::Repeated(_)),
+        recorded_by: row.created_by.clone(),
     }
 }
 

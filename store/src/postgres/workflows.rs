@@ -352,13 +352,10 @@ impl PgStore {
             )
             .await?;
         let existing = control(&existing)?;
-        if existing.body == new.body {
+        if crate::workflows::same_answer(&existing, &new) {
             Ok(ControlWrite::Repeated(existing))
         } else {
-            Err(Error::Conflict(format!(
-                "a different {} was already recorded for step {:?} attempt {}",
-                new.kind, new.step_id, new.attempt
-            )))
+            Err(crate::workflows::contradiction(&existing))
         }
     }
 

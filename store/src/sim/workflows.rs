@@ -302,13 +302,10 @@ impl State {
                 && row.step_id == control.step_id
                 && row.attempt == control.attempt
         }) {
-            return if existing.body == control.body {
+            return if crate::workflows::same_answer(existing, &control) {
                 Ok(ControlWrite::Repeated(existing.clone()))
             } else {
-                Err(Error::Conflict(format!(
-                    "a different {} was already recorded for step {:?} attempt {}",
-                    control.kind, control.step_id, control.attempt
-                )))
+                Err(crate::workflows::contradiction(existing))
             };
         }
         self.last_control_id += 1;

@@ -347,13 +347,10 @@ impl SqliteStore {
                     control_row,
                 )?;
             let existing = existing.decode()?;
-            if existing.body == control.body {
+            if crate::workflows::same_answer(&existing, &control) {
                 Ok(ControlWrite::Repeated(existing))
             } else {
-                Err(Error::Conflict(format!(
-                    "a different {} was already recorded for step {:?} attempt {}",
-                    control.kind, control.step_id, control.attempt
-                )))
+                Err(crate::workflows::contradiction(&existing))
             }
         })
         .await

@@ -286,6 +286,25 @@ conformance! {
 
         let other = stores[0].put_control(decide("wf", json!({"decision": "approve", "artifactVersion": 2}))).await;
         assert!(matches!(other, Err(Error::Conflict(_))), "{other:?}");
+        // Issue 32: the same decision with another comment is a repeat, answered with the
+        // first; another decision is refused saying who decided what.
+        let commented = NewControl {
+            body: json!({"decision": approve["decision"], "artifactVersion": approve["artifactVersion"],
+                         "comment": "looks fine"}),
+            created_by: Some("bob".into()),
+            ..decide("wf", approve.clone())
+        };
+        match stores[0].put_control(commented).await.expect("a repeat") {
+            ControlWrite::Repeated(row) => {
+                assert_eq!(row.body, approve);
+                assert_eq!(row.created_by, decide("wf", approve.clone()).created_by);
+            }
+            written => panic!("{written:?}"),
+        }
+        let contrary = stores[0].put_control(decide("wf", json!({"decision": "reject",
+            "artifactVersion": approve["artifactVersion"]}))).await;
+        assert!(matches!(&contrary, Err(Error::Conflict(m))
+            if m.contains("was already decided approve") && m.contains(" by ")), "{contrary:?}");
         let unknown = stores[0].put_control(decide("no-such-workflow", approve.clone())).await;
         assert!(matches!(unknown, Err(Error::NotFound(_))), "{unknown:?}");
     }
