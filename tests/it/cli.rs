@@ -97,6 +97,17 @@ async fn a_person_runs_approves_and_downloads_through_the_cli() {
         "{table}"
     );
 
+    // Issue 32: a command for another kind of wait says what the workflow waits for and
+    // which command answers it.
+    let resume = cli(home, &node, &["resume", &id]);
+    assert_eq!(code(&resume), 1);
+    let said = String::from_utf8_lossy(&resume.stderr);
+    assert!(
+        said.contains("waits at no pause")
+            && said.contains(&format!("answer it with `reins approve {id} --step review")),
+        "{said}"
+    );
+
     let approve = cli(home, &node, &["approve", &id]);
     assert_eq!(
         code(&approve),
@@ -124,6 +135,16 @@ async fn a_person_runs_approves_and_downloads_through_the_cli() {
         std::thread::sleep(std::time::Duration::from_millis(100));
     };
     assert_eq!(done["result"]["decision"], "approve");
+    // A rejection after the approval says who decided the checkpoint already.
+    let reject = cli(home, &node, &["reject", &id]);
+    assert_eq!(code(&reject), 1);
+    let said = String::from_utf8_lossy(&reject.stderr);
+    assert!(
+        said.contains(&format!(
+            "humanCheckpoint \"review\" was already approved by {ADMIN}"
+        )),
+        "{said}"
+    );
     assert_eq!(
         done["result"]["summary"],
         serde_json::json!({"echo": "the evidence\n"})

@@ -721,22 +721,56 @@ async fn decide(
     control(common, client, id, "decide", &body).await
 }
 
-/// The step of the one checkpoint of `kind` that waits.
+/// The step of the one checkpoint of `kind` that waits. When none does, the error says what the
+/// workflow waits for instead and which command answers it, and which checkpoints of `kind` were
+/// answered already, by whom.
 fn waiting_step(record: &Value, kind: &str) -> anyhow::Result<String> {
-    record["checkpoints"]
-        .as_array()
-        .into_iter()
-        .flatten()
+    let checkpoints = || record["checkpoints"].as_array().into_iter().flatten();
+    if let Some(step) = checkpoints()
         .filter(|c| c["kind"] == kind && c["status"] == "waiting")
         .map(|c| text(&c["step_id"]))
         .next_back()
-        .with_context(|| {
-            format!(
-                "workflow {} waits at no {kind} (it is {}); name one with --step",
-                text(&record["run_id"]),
-                text(&record["status"])
-            )
-        })
+    {
+        return Ok(step);
+    }
+    let id = text(&record["run_id"]);
+    let mut why = format!(
+        "workflow {id} waits at no {kind} (it is {})",
+        text(&record["status"])
+    );
+    for answered in checkpoints().filter(|c| c["kind"] == kind && c["status"] != "waiting") {
+        why.push_str(&format!(
+            "; {kind} {:?} was already {} by {}",
+            text(&answered["step_id"]),
+            text(&answered["status"]),
+            answered["decided_by"].as_str().unwrap_or("someone")
+        ));
+    }
+    for waiting in checkpoints().filter(|c| c["status"] == "waiting") {
+        let step = text(&waiting["step_id"]);
+        let answer = if waiting["kind"] == "pause" {
+            format!("reins resume {id} --step {step} --input JSON")
+        } else {
+            format!("reins approve {id} --step {step} (or reins reject)")
+        };
+        why.push_str(&format!(
+            "; it waits at {} {step:?}: answer it with `{answer}`",
+            text(&waiting["kind"])
+        ));
+    }
+    let asking = record["steps"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|step| step["status"] == "waiting_for_input");
+    for step in asking {
+        let step = text(&step["step_id"]);
+        why.push_str(&format!(
+            "; its agent step {step:?} asks for approval: answer it with \
+             `reins answer {id} {step} --approve` (or --reject)"
+        ));
+    }
+    anyhow::bail!("{why}; or name a step with --step")
 }
 
 fn attempt_of(record: &Value, step: &str) -> Value {
