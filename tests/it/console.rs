@@ -869,7 +869,8 @@ async fn an_admin_manages_users_and_an_approver_answers_anyones_checkpoint() {
 
 /// A pause, a checkpoint and an agent's request; a pause beside a running agent (the workflow
 /// stays `running`); and a completed workflow: the inbox shows exactly what waits, oldest first.
-const PAUSING: &str = r#"return await pause({stepId: "wait-here"});"#;
+const PAUSING: &str =
+    r#"return await pause({stepId: "wait-here", message: "Check the <b>numbers</b> first"});"#;
 const CHECKING: &str = r#"
     const a = await agent({stepId: "a", agentRef: "scripted", task: {output: "v"}});
     return await humanCheckpoint({stepId: "look", sourceStepId: "a",
@@ -919,6 +920,12 @@ async fn the_inbox_shows_what_waits_for_the_caller_oldest_first_within_its_bound
     assert_eq!(inbox["more"], false, "{inbox}");
     assert_eq!(items[1]["artifact_version"], 1, "{inbox}");
     assert_eq!(items[2]["approval"]["request_id"], "deploy-1", "{inbox}");
+    // Issue 32: the pause's message goes with it, as the script wrote it.
+    assert_eq!(
+        items[0]["message"], "Check the <b>numbers</b> first",
+        "{inbox}"
+    );
+    assert_eq!(items[3]["message"], Value::Null, "{inbox}");
     let record = admin
         .call("GET", &format!("/api/v1/workflows/{beside}"), None)
         .await;
@@ -951,6 +958,29 @@ async fn the_inbox_shows_what_waits_for_the_caller_oldest_first_within_its_bound
     wait_for(&mut admin, &pausing, "completed").await;
     let inbox = admin.call("GET", "/api/v1/inbox", None).await.json();
     assert!(!inbox.to_string().contains(&pausing), "{inbox}");
+    // `get` shows the pause's message, and the approver's comment beside their decision.
+    let decided = admin
+        .call(
+            "POST",
+            &format!("/api/v1/workflows/{checking}/decide"),
+            Some(
+                json!({"step_id": "look", "attempt": 1, "artifact_version": 1,
+                        "decision": "approve", "comment": "ship it"}),
+            ),
+        )
+        .await;
+    assert_eq!(decided.status, 200, "{decided:?}");
+    let record = wait_for(&mut admin, &checking, "completed").await;
+    assert_eq!(record["checkpoints"][0]["comment"], "ship it", "{record}");
+    assert_eq!(record["checkpoints"][0]["decided_by"], ADMIN, "{record}");
+    let record = admin
+        .call("GET", &format!("/api/v1/workflows/{pausing}"), None)
+        .await
+        .json();
+    assert_eq!(
+        record["checkpoints"][0]["message"],
+        "Check the <b>numbers</b> first"
+    );
     assert!(inbox.to_string().contains(&fifth), "{inbox}");
 
     // Another user sees nothing of the admin's, and their own pause only; the admin lists are

@@ -629,6 +629,7 @@ function inboxItem(item, previews) {
     }
     li.append(decideForm(item.run_id, item.step_id, item.attempt, item.artifact_version));
   } else if (item.kind === "pause") {
+    if (item.message) li.append(h("p", {class: "pause-message"}, item.message));
     li.append(resumeForm(item.run_id, item.step_id, item.attempt, item.fingerprint));
   } else if (item.kind === "agent_request" && item.approval) {
     li.append(h("p", {}, "It asks to do:"), json(item.approval.actions),
@@ -1101,6 +1102,10 @@ function checkpointEntry(record, checkpoint, previews) {
       checkpoint.decided_at ? [" · decided ", time(checkpoint.decided_at),
         ` after ${duration(checkpoint.decided_at - checkpoint.started_at)}`] : null,
       checkpoint.decided_by ? ` by ${checkpoint.decided_by}` : null));
+  if (checkpoint.message) li.append(h("p", {class: "pause-message"}, checkpoint.message));
+  if (checkpoint.comment) {
+    li.append(h("p", {class: "meta"}, "Comment: ", h("q", {class: "comment"}, checkpoint.comment)));
+  }
   if (status !== "waiting") return li;
   if (checkpoint.kind === "humanCheckpoint") {
     if (checkpoint.artifact_version != null) {

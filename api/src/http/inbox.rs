@@ -70,6 +70,7 @@ fn waiting_items(view: &actors::WorkflowView) -> Vec<InboxItem> {
         since,
         artifact_version: None,
         source_step_id: None,
+        message: None,
         approval: None,
     };
     let checkpoints = record::waiting_checkpoints(view).map(|step| {
@@ -77,6 +78,7 @@ fn waiting_items(view: &actors::WorkflowView) -> Vec<InboxItem> {
         InboxItem {
             artifact_version: c.artifact_version,
             source_step_id: c.source_step_id.clone(),
+            message: c.message.clone(),
             ..item(&c.kind, &c.step_id, c.attempt, c.started_at)
         }
     });

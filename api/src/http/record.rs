@@ -367,6 +367,12 @@ pub fn checkpoint(step: &StepRow, controls: &[ControlRow]) -> CheckpointRecord {
         decided_at: resolved
             .and_then(|v| v["decidedAt"].as_f64())
             .map(|ms| ms / 1000.0),
+        message: record
+            .and_then(|record| record.args["message"].as_str())
+            .map(str::to_owned),
+        comment: control
+            .and_then(|c| c.body["comment"].as_str())
+            .map(str::to_owned),
         started_at: step.created_at,
     }
 }

@@ -448,6 +448,10 @@ pub struct CheckpointRecord {
     pub status: String,
     pub decided_by: Option<String>,
     pub decided_at: Option<f64>,
+    /// What a `pause` tells whoever answers it (its `message`).
+    pub message: Option<String>,
+    /// The comment the person who answered gave with their decision.
+    pub comment: Option<String>,
     /// When the workflow began to wait here (epoch seconds, database clock).
     pub started_at: f64,
 }
@@ -607,6 +611,8 @@ pub struct InboxItem {
     /// The artifact version a checkpoint is about.
     pub artifact_version: Option<i64>,
     pub source_step_id: Option<String>,
+    /// What a `pause` tells whoever answers it (its `message`).
+    pub message: Option<String>,
     /// What the agent asks (an `agent_request`).
     pub approval: Option<ApprovalRecord>,
 }
