@@ -19,6 +19,8 @@
 //!   began (its `totalMs` counts from there), and why the attempt before is run again;
 //! - `detached: true` (an `agent` attempt a failed `parallel` left behind, journaled
 //!   `cancelled`), `run_status` (an `agent` attempt a cancellation ended: its run's status);
+//! - `closing: true` (an idempotent agent's attempt whose run of unknown outcome it asked to
+//!   stop, to run the next attempt once that run is final);
 //! - `due_at_ms` (a `sleep`): when its timer is due, epoch milliseconds;
 //! - `reconciled` (an attempt an operator reconciled): `{"by", "reason", "resolution"}`.
 //!
@@ -115,6 +117,9 @@ pub enum StepCall {
         /// Queued by the step's retry policy: when, and why (boxed: rare, and a write's ops
         /// stay small).
         retry: Option<Box<RetryWait>>,
+        /// Its run's outcome was unknown and its idempotent agent's step asked it to stop, to
+        /// run the next attempt once it is final: an interruption then is the step's own doing.
+        closing: bool,
     },
     Pause,
     HumanCheckpoint,
@@ -136,6 +141,7 @@ impl StepCall {
                 detached: false,
                 run_status: None,
                 retry: None,
+                closing: false,
             },
             StepKind::Pause => StepCall::Pause,
             StepKind::HumanCheckpoint => StepCall::HumanCheckpoint,
@@ -269,8 +275,12 @@ impl StepRecord {
             detached,
             run_status,
             retry,
+            closing,
         } = &self.call
         {
+            if *closing {
+                data.insert("closing".into(), true.into());
+            }
             if let Some(retry) = retry {
                 data.insert(
                     "retry".into(),
@@ -366,6 +376,7 @@ impl StepRecord {
                         previous_run_id: text("previous_run_id")?.map(RunId::from),
                         detached: data["detached"] == Value::Bool(true),
                         run_status,
+                        closing: data["closing"] == Value::Bool(true),
                         retry: match &data["retry"] {
                             Value::Null => None,
                             wait => Some(
@@ -435,6 +446,7 @@ mod tests {
                     first_at_ms: 1_000,
                     reason: "boom".into(),
                 })),
+                closing: true,
             },
             args: json!({"agentRef": "a", "task": "t"}),
             outcome: Some(StepOutcome::Resolved(
@@ -462,6 +474,7 @@ mod tests {
                 "configuration_version": "c-1",
                 "previous_run_id": "run-0",
                 "retry": {"due_at_ms": 4_000, "first_at_ms": 1_000, "reason": "boom"},
+                "closing": true,
                 "detached": true,
                 "run_status": "interrupted",
                 "reconciled": {"by": "ops@example.com", "reason": "checked", "resolution": "complete"},

@@ -3340,6 +3340,16 @@ fn seed_9000000_a_parked_scripts_replay_leaves_a_call_in_flight_alone() {
     assert_eq!(run.violations, Vec::<String>::new());
 }
 
+/// Found by 20,000 seeds of the retry mix with every fault: an owner asked an idempotent
+/// agent's run of unknown outcome to stop, then lost the workflow; the next owner found the run
+/// interrupted and failed the step, taking the step's own stop request for a person's. The
+/// attempt is now journaled as being closed before the stop is asked.
+#[test]
+fn seed_9012087_an_interruption_the_step_asked_for_is_retried_after_a_takeover() {
+    let run = run_seed(9_012_087, Faults::RETRIES_ALL, false);
+    assert_eq!(run.violations, Vec::<String>::new());
+}
+
 /// The operator recovered a workflow whose owner admitted a run that asked for approval and
 /// lost the journal write naming it; its timeout came before the replay read the journal, so
 /// the cancellation knew no child and ended at once. Its end did not ask the workflow's live

@@ -24,6 +24,11 @@ impl WorkflowMachine {
             .get(&command.seq)
             .map(|wait| wait.due_at_ms);
         self.first_attempts.entry(command.seq).or_insert(now);
+        if self.closing_seqs.remove(&command.seq) {
+            // The journal says this attempt's run was being closed for the next attempt: its
+            // interruption, once final, is the step's own doing.
+            self.closing.insert(id);
+        }
         self.waiting.insert(id, (Waiting::Slot, command));
         match due {
             Some(due_at_ms) => self.wait_until(out, id, due_at_ms, now),
@@ -460,6 +465,7 @@ impl WorkflowMachine {
             detached: false,
             run_status: None,
             retry: None,
+            closing: false,
         }
     }
 

@@ -461,6 +461,8 @@ pub(crate) struct WorkflowMachine {
     /// Calls whose run of unknown outcome (an idempotent agent's) is being closed before the
     /// next attempt.
     closing: BTreeSet<CallId>,
+    /// Calls whose newest journaled attempt says its run was being closed (a takeover's read).
+    closing_seqs: BTreeSet<u32>,
     journal: Vec<JournalEntry>,
     waiting: BTreeMap<CallId, (Waiting, Command)>,
     /// `console.log` bytes the script logged on this node (bounded per workflow, across parks).
@@ -507,6 +509,7 @@ impl WorkflowMachine {
             sleep_dues: BTreeMap::new(),
             first_attempts: BTreeMap::new(),
             closing: BTreeSet::new(),
+            closing_seqs: BTreeSet::new(),
             journal: Vec::new(),
             waiting: BTreeMap::new(),
             logged_bytes: 0,
@@ -913,6 +916,19 @@ impl WorkflowMachine {
                         }) => Some((*seq, (**wait).clone())),
                         _ => None,
                     })
+                    .collect();
+                self.closing_seqs = newest
+                    .iter()
+                    .filter(|(_, step)| {
+                        matches!(
+                            step.record(),
+                            Some(StepRecord {
+                                call: StepCall::Agent { closing: true, .. },
+                                ..
+                            })
+                        )
+                    })
+                    .map(|(seq, _)| *seq)
                     .collect();
                 self.sleep_dues = newest
                     .iter()

@@ -225,6 +225,7 @@ impl WorkflowMachine {
                         detached: false,
                         run_status: None,
                         retry: Some(Box::new(wait.clone())),
+                        closing: false,
                     },
                     args: entry.args,
                     outcome: None,
@@ -274,6 +275,19 @@ impl WorkflowMachine {
             return;
         };
         self.took(&command.step_id, Transition::Agent(Agent::Closing));
+        // Journaled first, so that a node that takes the workflow over meanwhile knows the
+        // interruption it may find is the step's own, not a person's.
+        if let Some(entry) = self.journal.get(id.0 as usize).cloned() {
+            let thread_id = super::thread_for(&self.config.workflow_id, &command.step_id);
+            let agent = command.args["agentRef"].as_str().unwrap_or_default();
+            let mut call = self.agent_call(&run_id, &thread_id, agent);
+            if let store::StepCall::Agent { closing, retry, .. } = &mut call {
+                *closing = true;
+                *retry = self.retry_waits.get(&command.seq).cloned().map(Box::new);
+            }
+            let op = self.step_op(&entry, StepStatus::Running, Some(call));
+            self.write(out, vec![op]);
+        }
         self.waiting
             .insert(id, (Waiting::Child(Some(run_id.clone())), command));
         self.closing.insert(id);
