@@ -246,9 +246,17 @@ mod tests {
                 [],
             )
             .expect("a status change after the upgrade");
-        let store = Store::open(&DatabaseUrl::Sqlite(path), &StoreOptions::default())
-            .await
-            .expect("open again");
+        // The dropped store's writer thread lets the node lock go once it has closed its
+        // connection, a moment after the drop.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let store = loop {
+            match Store::open(&DatabaseUrl::Sqlite(path.clone()), &StoreOptions::default()).await {
+                Err(crate::Error::NodeLockHeld { .. }) if std::time::Instant::now() < deadline => {
+                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                }
+                opened => break opened.expect("open again"),
+            }
+        };
         let after = store
             .read_events(&id, 2, 10)
             .await
