@@ -82,6 +82,20 @@ fn agent(seq: u32, step_id: &str) -> (JournalEntry, Command) {
     )
 }
 
+/// A replay's activation: it re-made `commands`, calls the journal holds with no outcome.
+fn replayed(commands: Vec<Command>) -> Event {
+    Event::Activated {
+        result: Ok(Activation {
+            commands,
+            cancels: Vec::new(),
+            journal: Vec::new(),
+            status: Status::Waiting,
+            logs: Vec::new(),
+        }),
+        run_id: "unused".into(),
+    }
+}
+
 fn activation(calls: Vec<(JournalEntry, Command)>, status: Status) -> Event {
     let (journal, commands) = calls.into_iter().unzip();
     Event::Activated {
@@ -417,21 +431,7 @@ fn a_replay_reads_the_journal_and_an_unreadable_one_goes_to_an_operator() {
     };
     assert_eq!(start.options.journal.len(), 1);
     // The replayed call is admitted again under its newest attempt.
-    let (_, effects) = drive_with(
-        &mut m,
-        Event::Activated {
-            result: Ok(Activation {
-                commands: vec![agent(0, "a").1],
-                cancels: Vec::new(),
-                journal: Vec::new(),
-                status: Status::Waiting,
-                logs: Vec::new(),
-            }),
-            run_id: "unused".into(),
-        },
-        NOW,
-        |_| None,
-    );
+    let (_, effects) = drive_with(&mut m, replayed(vec![agent(0, "a").1]), NOW, |_| None);
     let Some(Effect::Admit { request, .. }) = effects.first() else {
         panic!("an admission");
     };
@@ -1981,16 +1981,7 @@ fn a_takeover_waits_for_the_journaled_due_time_of_the_next_attempt_not_from_zero
         ),
     ];
     drive(&mut m, Event::JournalRead(Ok((0, rows))));
-    let replayed = Event::Activated {
-        result: Ok(Activation {
-            commands: vec![retried_agent(0, "a").1],
-            cancels: Vec::new(),
-            journal: Vec::new(),
-            status: Status::Waiting,
-            logs: Vec::new(),
-        }),
-        run_id: "unused".into(),
-    };
+    let replayed = replayed(vec![retried_agent(0, "a").1]);
     let described = drive_with(&mut m, replayed, NOW + 10_000, |_| None).0;
     assert_eq!(described, ["after 20000ms TimerDue(CallId(0))", "park"]);
     let (described, effects) =
@@ -2120,16 +2111,7 @@ fn an_idempotent_agents_lost_run_is_closed_and_retried_without_a_person() {
         created_at: 0.0,
     };
     drive(&mut m, Event::JournalRead(Ok((0, vec![row]))));
-    let replayed = Event::Activated {
-        result: Ok(Activation {
-            commands: vec![agent(0, "a").1],
-            cancels: Vec::new(),
-            journal: Vec::new(),
-            status: Status::Waiting,
-            logs: Vec::new(),
-        }),
-        run_id: "unused".into(),
-    };
+    let replayed = replayed(vec![agent(0, "a").1]);
     drive(&mut m, replayed);
     let interrupted = run_row(&RunId::from("run-old"), RunStatus::Interrupted);
     let found = Event::Admission {
@@ -2226,16 +2208,7 @@ fn a_sleep_journals_its_due_time_parks_and_resolves_once_due_even_after_a_takeov
         created_at: 0.0,
     };
     drive(&mut m, Event::JournalRead(Ok((0, vec![row]))));
-    let replayed = Event::Activated {
-        result: Ok(Activation {
-            commands: vec![nap.1],
-            cancels: Vec::new(),
-            journal: Vec::new(),
-            status: Status::Waiting,
-            logs: Vec::new(),
-        }),
-        run_id: "unused".into(),
-    };
+    let replayed = replayed(vec![nap.1]);
     assert_eq!(
         drive_with(&mut m, replayed, NOW + 4_000, |_| None).0,
         ["after 1000ms TimerDue(CallId(0))", "park"]
