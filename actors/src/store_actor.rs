@@ -849,6 +849,15 @@ impl StoreHandle {
         .await
     }
 
+    /// See [`Store::expired_token`].
+    pub async fn expired_token(&self, token_id: &str) -> store::Result<Option<TokenRow>> {
+        let token_id = token_id.to_owned();
+        self.call(Operation::ExpiredToken, move |store| async move {
+            store.expired_token(&token_id).await
+        })
+        .await
+    }
+
     /// See [`Store::token_user`].
     pub async fn token_user(&self, token_id: &str) -> store::Result<Option<(TokenRow, UserRow)>> {
         let token_id = token_id.to_owned();

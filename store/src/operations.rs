@@ -406,6 +406,9 @@ macro_rules! with_operations {
                 write CreateToken: fn create_token(&self, token: NewToken) -> TokenRow;
                 /// A token that is neither revoked nor expired, with its user, who is not disabled.
                 read TokenUser: fn token_user(&self, token_id: &str) -> Option<(TokenRow, UserRow)>;
+                /// A token that expired (by the database's clock), neither revoked nor its user
+                /// disabled: what tells a caller whose token no longer works that it expired.
+                read ExpiredToken: fn expired_token(&self, token_id: &str) -> Option<TokenRow>;
                 /// A user's tokens, revoked ones included, oldest first.
                 read ListTokens: fn list_tokens(&self, user_id: &str) -> Vec<TokenRow>;
                 /// Revokes one of a user's tokens. `false` when it does not exist or was revoked before.

@@ -804,6 +804,23 @@ async fn sessions_expire_tokens_skip_csrf_until_revoked_and_sign_in_is_throttled
         "unknown or revoked",
     );
 
+    // Issue 32: once it expired, its holder is told so, and how to get another; a caller
+    // without its secret learns nothing more than before.
+    db.sql("UPDATE api_tokens SET expires_at = 1").await;
+    assert_refused(
+        &machine.call("GET", "/api/v1/auth/me", None).await,
+        401,
+        "unauthorized",
+        "the API token expired: sign in again",
+    );
+    assert_refused(
+        &forged.call("GET", "/api/v1/auth/me", None).await,
+        401,
+        "unauthorized",
+        "unknown or revoked",
+    );
+    db.sql("UPDATE api_tokens SET expires_at = NULL").await;
+
     // The session expires on its own (database clock).
     tokio::time::sleep(Duration::from_millis(2500)).await;
     assert_refused(

@@ -801,7 +801,20 @@ impl Credential {
         match self {
             Credential::Token { token_id, secret } => {
                 let unknown = || ApiError::unauthorized("the API token is unknown or revoked");
-                let (row, user) = store.token_user(token_id).await?.ok_or_else(unknown)?;
+                let Some((row, user)) = store.token_user(token_id).await? else {
+                    // Said only to whoever holds the token's secret.
+                    let expired = store
+                        .expired_token(token_id)
+                        .await?
+                        .filter(|expired| auth::token_matches(secret, &expired.token_hash));
+                    return Err(match expired {
+                        Some(_) => ApiError::unauthorized(
+                            "the API token expired: sign in again (`reins login`, or the \
+                             console) and make a new token",
+                        ),
+                        None => unknown(),
+                    });
+                };
                 if !auth::token_matches(secret, &row.token_hash) {
                     return Err(unknown());
                 }

@@ -443,6 +443,22 @@ impl PgStore {
         Ok(row.map(|row| (token(&row, TOKEN_AFTER_USER), user(&row))))
     }
 
+    pub(crate) async fn expired_token(&self, token_id: &str) -> Result<Option<TokenRow>> {
+        let client = self.connection().await?;
+        let statement = client
+            .prepare_cached(concat!(
+                "SELECT ",
+                token_columns!(),
+                " FROM api_tokens t JOIN users u ON u.id = t.user_id
+                  WHERE t.id = $1 AND t.revoked_at IS NULL
+                    AND t.expires_at <= reins_now()
+                    AND NOT u.disabled"
+            ))
+            .await?;
+        let row = client.query_opt(&statement, &[&token_id]).await?;
+        Ok(row.map(|row| token(&row, 0)))
+    }
+
     pub(crate) async fn list_tokens(&self, user_id: &str) -> Result<Vec<TokenRow>> {
         let client = self.connection().await?;
         let statement = client

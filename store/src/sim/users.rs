@@ -382,6 +382,18 @@ impl crate::Users for SimStore {
         })
     }
 
+    async fn expired_token(&self, token_id: &str) -> Result<Option<TokenRow>> {
+        self.read(|state, now| {
+            let people = &state.people;
+            Ok(people
+                .tokens
+                .get(token_id)
+                .filter(|token| !token.revoked && token.expires_at.is_some_and(|at| at <= now))
+                .filter(|token| people.enabled(&token.user_id).is_some())
+                .cloned())
+        })
+    }
+
     async fn list_tokens(&self, user_id: &str) -> Result<Vec<TokenRow>> {
         self.read(|state, _| {
             let mut tokens: Vec<TokenRow> = state

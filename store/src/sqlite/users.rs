@@ -402,6 +402,24 @@ impl SqliteStore {
         .await
     }
 
+    pub(crate) async fn expired_token(&self, token_id: &str) -> Result<Option<TokenRow>> {
+        let token_id = token_id.to_owned();
+        self.read(move |connection| {
+            Ok(connection
+                .prepare_cached(concat!(
+                    "SELECT ",
+                    token_columns!(),
+                    " FROM api_tokens t JOIN users u ON u.id = t.user_id
+                      WHERE t.id = ?1 AND t.revoked_at IS NULL
+                        AND t.expires_at <= unixepoch('subsec')
+                        AND NOT u.disabled"
+                ))?
+                .query_row([&token_id], |row| token(row, 0))
+                .optional()?)
+        })
+        .await
+    }
+
     pub(crate) async fn list_tokens(&self, user_id: &str) -> Result<Vec<TokenRow>> {
         let user_id = user_id.to_owned();
         self.read(move |connection| {

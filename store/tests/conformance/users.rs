@@ -128,8 +128,14 @@ conformance! {
         let (found, user) = store.token_user("t-1").await.expect("read").expect("valid");
         assert_eq!((found.token_hash.as_str(), user.id.as_str()), ("sha-t-1", "bob"));
 
+        assert_eq!(store.expired_token("t-2").await.expect("read"), None, "expired before its time");
         db.pass(&store, brief.expires_at.expect("expiry")).await;
         assert_eq!(store.token_user("t-2").await.expect("read"), None, "an expired token held");
+        // Issue 32: an expired token is told apart from an unknown or revoked one.
+        let expired = store.expired_token("t-2").await.expect("read").expect("expired");
+        assert_eq!(expired.token_hash, "sha-t-2");
+        assert_eq!(store.expired_token("t-1").await.expect("read"), None, "a live token is not expired");
+        assert_eq!(store.expired_token("t-none").await.expect("read"), None);
         assert!(!store.revoke_token("ada", "t-1").await.expect("revoke"), "another user revoked it");
         assert!(store.revoke_token("bob", "t-1").await.expect("revoke"));
         assert!(!store.revoke_token("bob", "t-1").await.expect("revoke"), "revoked twice");
