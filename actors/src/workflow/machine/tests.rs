@@ -82,6 +82,18 @@ fn agent(seq: u32, step_id: &str) -> (JournalEntry, Command) {
     )
 }
 
+/// A journal row of call 0 (`step_id`, of `kind`) as a takeover reads it.
+fn stored(step_id: &str, kind: &str, attempt: i32, status: StepStatus, data: Value) -> StepRow {
+    StepRow {
+        seq: 0,
+        step_id: step_id.into(),
+        attempt,
+        status,
+        record: store::StepRecord::decode(kind, &data).map_err(|e| e.to_string()),
+        created_at: 0.0,
+    }
+}
+
 /// A replay's activation: it re-made `commands`, calls the journal holds with no outcome.
 fn replayed(commands: Vec<Command>) -> Event {
     Event::Activated {
@@ -1958,14 +1970,7 @@ fn a_takeover_waits_for_the_journaled_due_time_of_the_next_attempt_not_from_zero
     let mut m = machine(Start::Replay);
     drive(&mut m, Event::Begin);
     let args = retried_agent(0, "a").0.args;
-    let row = |attempt: i32, status: StepStatus, data: Value| StepRow {
-        seq: 0,
-        step_id: "a".into(),
-        attempt,
-        status,
-        record: store::StepRecord::decode("agent", &data).map_err(|e| e.to_string()),
-        created_at: 0.0,
-    };
+    let row = |attempt, status, data| stored("a", "agent", attempt, status, data);
     let rows = vec![
         row(
             1,
@@ -2098,18 +2103,13 @@ fn an_idempotent_agents_lost_run_is_closed_and_retried_without_a_person() {
     // doing, as the journal says, and the step goes on with its next attempt.
     let mut m = idempotent_machine(Start::Replay);
     drive(&mut m, Event::Begin);
-    let row = StepRow {
-        seq: 0,
-        step_id: "a".into(),
-        attempt: 1,
-        status: StepStatus::Running,
-        record: store::StepRecord::decode(
-            "agent",
-            &json!({"args": agent(0, "a").0.args, "run_id": "run-old", "closing": true}),
-        )
-        .map_err(|e| e.to_string()),
-        created_at: 0.0,
-    };
+    let row = stored(
+        "a",
+        "agent",
+        1,
+        StepStatus::Running,
+        json!({"args": agent(0, "a").0.args, "run_id": "run-old", "closing": true}),
+    );
     drive(&mut m, Event::JournalRead(Ok((0, vec![row]))));
     let replayed = replayed(vec![agent(0, "a").1]);
     drive(&mut m, replayed);
@@ -2195,18 +2195,13 @@ fn a_sleep_journals_its_due_time_parks_and_resolves_once_due_even_after_a_takeov
     // A takeover waits for the journaled time, not `ms` from its own start.
     let mut m = machine(Start::Replay);
     drive(&mut m, Event::Begin);
-    let row = StepRow {
-        seq: 0,
-        step_id: "nap".into(),
-        attempt: 1,
-        status: StepStatus::Running,
-        record: store::StepRecord::decode(
-            "sleep",
-            &json!({"args": nap.0.args, "due_at_ms": NOW + 5_000}),
-        )
-        .map_err(|e| e.to_string()),
-        created_at: 0.0,
-    };
+    let row = stored(
+        "nap",
+        "sleep",
+        1,
+        StepStatus::Running,
+        json!({"args": nap.0.args, "due_at_ms": NOW + 5_000}),
+    );
     drive(&mut m, Event::JournalRead(Ok((0, vec![row]))));
     let replayed = replayed(vec![nap.1]);
     assert_eq!(
