@@ -43,7 +43,8 @@ const BACKLOG: usize = 4096;
 /// What changed. Consumers read the committed rows it names.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Change {
-    /// A control (resume, decide, cancel) was recorded for this workflow: its owner acts on it.
+    /// A control (resume, decide, cancel) or an event was recorded for this workflow: its owner
+    /// acts on it.
     Control(WorkflowId),
     /// This workflow's status changed (terminal, waiting for a person, back to running...).
     Status(WorkflowId),

@@ -17,6 +17,7 @@ mod operations;
 mod operators;
 mod postgres;
 mod runs;
+mod sent_events;
 #[cfg(feature = "sim")]
 mod sim;
 mod sqlite;
@@ -45,6 +46,7 @@ pub use runs::{
     Admission, ApprovalAnswer, CancelAction, FailureClass, NewRun, RunFailure, RunOutcome,
     RunRenewal, RunRow, RunSlot, WorkflowStep, pending_request_id,
 };
+pub use sent_events::{EventSend, NewSentEvent, SentEvent};
 #[cfg(feature = "sim")]
 pub use sim::{
     Mutant as SimMutant, SimClock, SimStore, Storage as SimStorage,

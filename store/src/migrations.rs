@@ -216,10 +216,16 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         postgres: include_str!("../migrations/postgres/0034_workflow_retries.sql"),
         sqlite: include_str!("../migrations/sqlite/0034_workflow_retries.sql"),
     },
+    Migration {
+        version: 35,
+        name: "sent_events",
+        postgres: include_str!("../migrations/postgres/0035_sent_events.sql"),
+        sqlite: include_str!("../migrations/sqlite/0035_sent_events.sql"),
+    },
 ];
 
 /// The schema version this build expects.
-pub const SCHEMA_VERSION: i64 = 34;
+pub const SCHEMA_VERSION: i64 = 35;
 
 /// The advisory-lock key PostgreSQL migrations serialise on ("reins" in ASCII).
 pub(crate) const PG_MIGRATION_LOCK: i64 = 0x0072_6569_6e73;

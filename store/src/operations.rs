@@ -16,12 +16,12 @@ use serde_json::Value;
 
 use crate::{
     Admission, ApprovalAnswer, ArtifactInfo, ArtifactRow, BackupReport, CancelAction, ControlRow,
-    ControlWrite, Deletion, EventPage, EventRow, Fence, Launch, LaunchLimits, Lease, ListFilter,
-    ListedWorkflow, MigrationReport, NewControl, NewRetry, NewRun, NewToken, NewUser, NewWorkflow,
-    NodeRecord, Orphaned, Purpose, Result, Retry, RunId, RunOutcome, RunRenewal, RunRow, RunSlot,
-    RunStatus, SlotRow, Snapshot, StatusCount, StepPage, StepPosition, StepRow, TakeOver, TokenRow,
-    UserChange, UserChanged, UserDeletion, UserRow, UserStorage, Versions, WorkflowId, WorkflowRow,
-    WriteOp,
+    ControlWrite, Deletion, EventPage, EventRow, EventSend, Fence, Launch, LaunchLimits, Lease,
+    ListFilter, ListedWorkflow, MigrationReport, NewControl, NewRetry, NewRun, NewSentEvent,
+    NewToken, NewUser, NewWorkflow, NodeRecord, Orphaned, Purpose, Result, Retry, RunId,
+    RunOutcome, RunRenewal, RunRow, RunSlot, RunStatus, SentEvent, SlotRow, Snapshot, StatusCount,
+    StepPage, StepPosition, StepRow, TakeOver, TokenRow, UserChange, UserChanged, UserDeletion,
+    UserRow, UserStorage, Versions, WorkflowId, WorkflowRow, WriteOp,
 };
 
 /// Whether an operation may change the database.
@@ -248,6 +248,13 @@ macro_rules! with_operations {
                 /// The workflows owned by `owner` that have controls not yet carried out: one query for
                 /// a whole node, however many workflows it runs.
                 read PendingControls: fn workflows_with_pending_controls(&self, owner: &str) -> Vec<WorkflowId>;
+                /// Records an event sent to a live workflow, once per `event_id`: the same event
+                /// again is `Repeated` (still one row), another under the same id a conflict; a
+                /// workflow that ended is `Ended` with nothing written (checked in the same
+                /// transaction). Any node may write it; the owner's `waitForEvent` takes it.
+                write SendEvent: fn send_event(&self, event: NewSentEvent) -> EventSend;
+                /// A workflow's events no wait has taken yet, in the order they were sent.
+                read PendingEvents: fn pending_events(&self, workflow_id: &WorkflowId) -> Vec<SentEvent>;
             }
 
             /// Child runs: admission under slots and idempotency keys, leases of their own, the

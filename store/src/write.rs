@@ -28,6 +28,14 @@ pub enum WriteOp {
     },
     /// Mark a control as carried out.
     MarkControlApplied { control_id: i64 },
+    /// A `waitForEvent` step takes event `seq` of its workflow (see `crate::sent_events`):
+    /// refused (`Error::NotFound`, nothing of the write stored) unless the event exists and no
+    /// other step took it; the same step taking it again is a repeat.
+    TakeEvent {
+        workflow_id: WorkflowId,
+        seq: i64,
+        step_id: String,
+    },
     /// Store an immutable artifact version (a captured file, an agent's output). A version that
     /// exists already is a conflict: versions never change.
     PutArtifact {

@@ -44,6 +44,7 @@ mod operators;
 mod run_rows;
 mod run_writes;
 mod runs;
+mod sent_events;
 mod users;
 mod workflows;
 
@@ -760,6 +761,14 @@ pub(super) fn op_sql(op: &WriteOp) -> &'static str {
             "UPDATE workflow_controls SET applied_at = reins_now()
               WHERE id = $1 AND applied_at IS NULL"
         }
+        WriteOp::TakeEvent { .. } => {
+            "WITH taken AS (
+                 UPDATE sent_events SET taken_by = $3, taken_at = reins_now()
+                  WHERE workflow = $1 AND seq = $2 AND (taken_by IS NULL OR taken_by = $3)
+                 RETURNING 1)
+             SELECT reins_expect((SELECT count(*) FROM taken), 1,
+                                 'event ' || $2 || ' of workflow ' || $1 || ' untaken')"
+        }
         WriteOp::PutArtifact { .. } => {
             "INSERT INTO workflow_artifacts (workflow, version, source_step_id, path, content,
                                              bytes, sha256, created_at)
@@ -858,6 +867,11 @@ pub(super) fn op_params<'a>(fence: &'a Fence, op: &'a WriteOp) -> Vec<&'a (dyn T
             seq,
         ],
         WriteOp::MarkControlApplied { control_id } => vec![control_id],
+        WriteOp::TakeEvent {
+            workflow_id,
+            seq,
+            step_id,
+        } => vec![workflow_id, seq, step_id],
         WriteOp::PutArtifact {
             workflow_id,
             version,

@@ -11,6 +11,7 @@
 //! tests as PostgreSQL and SQLite; where they disagree, the real stores are the truth.
 
 mod runs;
+mod sent_events;
 mod users;
 mod workflows;
 
@@ -24,7 +25,7 @@ use crate::lease::ttl_seconds;
 use crate::write::{ArtifactRow, StepRow, WorkflowRow, WriteOp};
 use crate::{
     ControlRow, Epoch, Error, EventPage, EventRow, Fence, Lease, MigrationReport, Result, RunId,
-    RunRow, RunStatus, SCHEMA_VERSION, SlotRow, StepStatus, WorkflowId, WorkflowStatus,
+    RunRow, RunStatus, SCHEMA_VERSION, SentEvent, SlotRow, StepStatus, WorkflowId, WorkflowStatus,
 };
 use crate::{StepCall, StepKind, StepOutcome, StepRecord};
 
@@ -153,6 +154,9 @@ struct State {
     /// By id: ids grow, so this is oldest first.
     controls: BTreeMap<i64, ControlRow>,
     last_control_id: i64,
+    /// Events sent to workflows, by `seq` (oldest first).
+    sent_events: BTreeMap<i64, SentEvent>,
+    last_event_seq: i64,
     /// By (workflow, step): a step holds at most one slot.
     slots: BTreeMap<(WorkflowId, String), SlotRow>,
     runs: BTreeMap<RunId, RunRow>,
@@ -189,6 +193,12 @@ impl SimStore {
     /// Plants `mutant` in this store (see [`Mutant`]).
     pub fn plant(&self, mutant: Mutant) {
         self.lock().mutant = Some(mutant);
+    }
+
+    /// Every event sent to a workflow, oldest first, with the step that took it: what the
+    /// simulation's oracle reads (the `sent_events` table, whole).
+    pub fn all_sent_events(&self) -> Vec<SentEvent> {
+        self.lock().all_sent_events()
     }
 
     /// Every child run the store holds, in the order they were admitted: what the simulation's
@@ -483,6 +493,11 @@ impl State {
                     self.check_storage(user_id, *earlier, *bytes, *bytes_max)?;
                     *earlier += bytes;
                 }
+                WriteOp::TakeEvent {
+                    workflow_id,
+                    seq,
+                    step_id,
+                } => self.check_take(workflow_id, *seq, step_id)?,
                 WriteOp::MarkControlApplied { .. }
                 | WriteOp::ReturnStorage { .. }
                 | WriteOp::CloseStepRuns { .. }
@@ -572,6 +587,11 @@ impl State {
             WriteOp::MarkControlApplied { control_id } => {
                 if let Some(control) = self.controls.get_mut(control_id) {
                     control.applied = true;
+                }
+            }
+            WriteOp::TakeEvent { seq, step_id, .. } => {
+                if let Some(event) = self.sent_events.get_mut(seq) {
+                    event.taken_by = Some(step_id.clone());
                 }
             }
             WriteOp::PutArtifact {

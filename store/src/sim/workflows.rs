@@ -12,9 +12,10 @@ use crate::write::{
     WorkflowRow,
 };
 use crate::{
-    ControlKind, ControlRow, ControlWrite, Deletion, Epoch, Error, Launch, LaunchLimits, Lease,
-    ListFilter, ListedWorkflow, NewControl, NewRetry, NewWorkflow, Orphaned, Purpose, Result,
-    Retry, StatusFilter, TakeOver, Versions, WorkflowId, WorkflowStatus, WriteOp,
+    ControlKind, ControlRow, ControlWrite, Deletion, Epoch, Error, EventSend, Launch, LaunchLimits,
+    Lease, ListFilter, ListedWorkflow, NewControl, NewRetry, NewSentEvent, NewWorkflow, Orphaned,
+    Purpose, Result, Retry, SentEvent, StatusFilter, TakeOver, Versions, WorkflowId,
+    WorkflowStatus, WriteOp,
 };
 
 impl State {
@@ -532,6 +533,9 @@ impl crate::Workflows for SimStore {
                 .controls
                 .retain(|_, control| control.workflow_id != *workflow_id);
             state
+                .sent_events
+                .retain(|_, event| event.workflow_id != *workflow_id);
+            state
                 .slots
                 .retain(|(workflow, _), _| workflow != workflow_id);
             state.leases.remove(workflow_id);
@@ -658,6 +662,14 @@ impl crate::Controls for SimStore {
 
     async fn read_controls(&self, workflow_id: &WorkflowId) -> Result<Vec<ControlRow>> {
         self.read(|state, _| Ok(state.controls_of(workflow_id)))
+    }
+
+    async fn send_event(&self, event: NewSentEvent) -> Result<EventSend> {
+        self.write(|state, now| state.send_event(event, now))
+    }
+
+    async fn pending_events(&self, workflow_id: &WorkflowId) -> Result<Vec<SentEvent>> {
+        self.read(|state, _| Ok(state.pending_events(workflow_id)))
     }
 
     async fn workflows_with_pending_controls(&self, owner: &str) -> Result<Vec<WorkflowId>> {

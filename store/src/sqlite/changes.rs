@@ -20,6 +20,11 @@ CREATE TEMP TRIGGER IF NOT EXISTS workflow_controls_notify
 BEGIN
     INSERT OR IGNORE INTO reins_changes VALUES ('c:' || NEW.workflow);
 END;
+CREATE TEMP TRIGGER IF NOT EXISTS sent_events_notify
+    AFTER INSERT ON main.sent_events
+BEGIN
+    INSERT OR IGNORE INTO reins_changes VALUES ('c:' || NEW.workflow);
+END;
 CREATE TEMP TRIGGER IF NOT EXISTS workflows_notify_status
     AFTER UPDATE OF status ON main.workflows WHEN OLD.status IS NOT NEW.status
 BEGIN

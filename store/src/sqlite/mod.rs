@@ -39,6 +39,7 @@ mod checkpoint;
 mod events;
 mod operators;
 mod runs;
+mod sent_events;
 mod users;
 mod workflows;
 
@@ -658,6 +659,23 @@ pub(super) fn apply(connection: &Connection, fence: &Fence, encoded: &Encoded) -
                       WHERE id = ?1 AND applied_at IS NULL",
                 )?
                 .execute(params![control_id])?;
+        }
+        WriteOp::TakeEvent {
+            workflow_id,
+            seq,
+            step_id,
+        } => {
+            let taken = connection
+                .prepare_cached(
+                    "UPDATE sent_events SET taken_by = ?3, taken_at = unixepoch('subsec')
+                      WHERE workflow = ?1 AND seq = ?2 AND (taken_by IS NULL OR taken_by = ?3)",
+                )?
+                .execute(params![workflow_id, seq, step_id])?;
+            if taken != 1 {
+                return Err(Error::NotFound(format!(
+                    "event {seq} of workflow {workflow_id:?} untaken"
+                )));
+            }
         }
         WriteOp::PutArtifact {
             workflow_id,

@@ -142,10 +142,10 @@ conformance! {
     }
 }
 
-/// One write of each kind for workflow `wf` (with a live child run of step `s`, attempt 1, and
-/// control `control_id`), named by kind. The match has no catch-all: a new kind of write does
+/// One write of each kind for workflow `wf` (with a live child run of step `s`, attempt 1,
+/// control `control_id` and sent event `event_seq`), named by kind. The match has no catch-all: a new kind of write does
 /// not compile until it is named here, and so tested for its fence below.
-fn every_kind_of_write(control_id: i64) -> Vec<(&'static str, WriteOp)> {
+fn every_kind_of_write(control_id: i64, event_seq: i64) -> Vec<(&'static str, WriteOp)> {
     let wf = || "wf".to_owned();
     let writes = vec![
         WriteOp::SetWorkflow {
@@ -162,6 +162,11 @@ fn every_kind_of_write(control_id: i64) -> Vec<(&'static str, WriteOp)> {
             record: store::StepRecord::decode("agent", &json!({})).expect("a step record"),
         },
         WriteOp::MarkControlApplied { control_id },
+        WriteOp::TakeEvent {
+            workflow_id: wf().into(),
+            seq: event_seq,
+            step_id: "wait".into(),
+        },
         WriteOp::PutArtifact {
             workflow_id: wf().into(),
             version: 1,
@@ -213,6 +218,7 @@ fn every_kind_of_write(control_id: i64) -> Vec<(&'static str, WriteOp)> {
                 WriteOp::SetWorkflow { .. } => "SetWorkflow",
                 WriteOp::PutStep { .. } => "PutStep",
                 WriteOp::MarkControlApplied { .. } => "MarkControlApplied",
+                WriteOp::TakeEvent { .. } => "TakeEvent",
                 WriteOp::PutArtifact { .. } => "PutArtifact",
                 WriteOp::CloseStepRuns { .. } => "CloseStepRuns",
                 WriteOp::CancelRuns { .. } => "CancelRuns",
@@ -267,6 +273,17 @@ conformance! {
             store::ControlWrite::Recorded(row) => row.id,
             other => panic!("{other:?}"),
         };
+        let event = store::NewSentEvent {
+            workflow_id: "wf".into(),
+            event_id: "e1".into(),
+            name: "paid".into(),
+            payload: json!({"amount": 3}),
+            created_by: None,
+        };
+        let event_seq = match old.send_event(event).await.expect("event") {
+            store::EventSend::Stored(row) => row.seq,
+            other => panic!("{other:?}"),
+        };
         db.pass(&old, stale.expires_at).await;
         let current = new.acquire_lease(&store::WorkflowId::from("wf"), "node-b", 60_000).await.expect("acquire").expect("taken");
         assert_eq!(current.epoch, stale.epoch.next());
@@ -278,7 +295,7 @@ conformance! {
         let stored_before = new.stored_bytes(None).await.expect("stored bytes");
         let before = new.read_snapshot(&store::WorkflowId::from("wf"), 1_000, 1_000).await.expect("snapshot").expect("wf");
         let events_before = new.read_events(&store::WorkflowId::from("wf"), 0, 1_000).await.expect("events").expect("wf");
-        for (kind, op) in every_kind_of_write(control_id) {
+        for (kind, op) in every_kind_of_write(control_id, event_seq) {
             let refused = old.fenced_write(&stale.fence(), vec![op]).await;
             assert!(matches!(refused, Err(Error::LeaseLost { .. })), "{kind}: {refused:?}");
         }
@@ -295,12 +312,16 @@ conformance! {
         let events_after = new.read_events(&store::WorkflowId::from("wf"), 0, 1_000).await.expect("events").expect("wf");
         assert_eq!(events_after, events_before, "a stale write left an event");
         assert_eq!(new.stored_bytes(None).await.expect("stored bytes"), stored_before, "a stale write moved stored bytes");
+        let pending = new.pending_events(&store::WorkflowId::from("wf")).await.expect("events");
+        assert_eq!(pending.len(), 1, "a stale write took an event");
 
         // The current owner's writes of the same kinds land.
-        new.fenced_write(&current.fence(), vec![WriteOp::MarkControlApplied { control_id }])
+        let take = WriteOp::TakeEvent { workflow_id: "wf".into(), seq: event_seq, step_id: "wait".into() };
+        new.fenced_write(&current.fence(), vec![WriteOp::MarkControlApplied { control_id }, take])
             .await
             .expect("the current owner writes");
         assert!(new.read_controls(&store::WorkflowId::from("wf")).await.expect("controls")[0].applied);
+        assert!(new.pending_events(&store::WorkflowId::from("wf")).await.expect("events").is_empty());
     }
 }
 

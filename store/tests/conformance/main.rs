@@ -8,6 +8,7 @@ mod leases;
 mod operators;
 mod retries;
 mod runs;
+mod sent_events;
 mod storage;
 mod users;
 mod workflows;

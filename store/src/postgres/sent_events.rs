@@ -1,0 +1,107 @@
+//! Events sent to a workflow on PostgreSQL (see `crate::sent_events`).
+
+use tokio_postgres::Row;
+
+use super::{PgStore, commit_error};
+use crate::sent_events::resent;
+use crate::{Error, EventSend, NewSentEvent, Result, SentEvent, WorkflowId, WorkflowStatus};
+
+/// The columns `sent_event` decodes, as one literal for `concat!`.
+macro_rules! event_columns {
+    () => {
+        "seq, workflow, event_id, name, payload, created_by, created_at, taken_by"
+    };
+}
+
+fn sent_event(row: &Row) -> SentEvent {
+    SentEvent {
+        seq: row.get(0),
+        workflow_id: row.get(1),
+        event_id: row.get(2),
+        name: row.get(3),
+        payload: row.get(4),
+        created_by: row.get(5),
+        created_at: row.get(6),
+        taken_by: row.get(7),
+    }
+}
+
+impl PgStore {
+    pub(crate) async fn send_event(&self, new: NewSentEvent) -> Result<EventSend> {
+        let mut client = self.connection().await?;
+        let transaction = client.transaction().await?;
+        // `FOR SHARE` waits for a write that ends the workflow, and holds off the next one: an
+        // event is stored while the workflow is live, or refused.
+        let status = transaction
+            .query_opt(
+                &transaction
+                    .prepare_cached("SELECT status FROM workflows WHERE id = $1 FOR SHARE")
+                    .await?,
+                &[&new.workflow_id],
+            )
+            .await?
+            .ok_or_else(|| Error::NotFound(format!("workflow {:?}", new.workflow_id.as_str())))?;
+        let status = WorkflowStatus::read(status.get(0), &new.workflow_id)?;
+        if status.is_final() {
+            return Ok(EventSend::Ended(status));
+        }
+        let inserted = transaction
+            .query_opt(
+                &transaction
+                    .prepare_cached(concat!(
+                        "INSERT INTO sent_events (workflow, event_id, name, payload, created_by,
+                                                  created_at)
+                         VALUES ($1, $2, $3, $4, $5, reins_now())
+                         ON CONFLICT (workflow, event_id) DO NOTHING
+                         RETURNING ",
+                        event_columns!()
+                    ))
+                    .await?,
+                &[
+                    &new.workflow_id,
+                    &new.event_id,
+                    &new.name,
+                    &new.payload,
+                    &new.created_by,
+                ],
+            )
+            .await?;
+        let answer = match inserted {
+            Some(row) => EventSend::Stored(sent_event(&row)),
+            None => {
+                let existing = transaction
+                    .query_one(
+                        &transaction
+                            .prepare_cached(concat!(
+                                "SELECT ",
+                                event_columns!(),
+                                " FROM sent_events WHERE workflow = $1 AND event_id = $2"
+                            ))
+                            .await?,
+                        &[&new.workflow_id, &new.event_id],
+                    )
+                    .await?;
+                resent(sent_event(&existing), &new)?
+            }
+        };
+        transaction.commit().await.map_err(commit_error)?;
+        Ok(answer)
+    }
+
+    pub(crate) async fn pending_events(&self, workflow_id: &WorkflowId) -> Result<Vec<SentEvent>> {
+        let client = self.connection().await?;
+        let rows = client
+            .query(
+                &client
+                    .prepare_cached(concat!(
+                        "SELECT ",
+                        event_columns!(),
+                        " FROM sent_events WHERE workflow = $1 AND taken_by IS NULL ORDER BY seq"
+                    ))
+                    .await?,
+                &[workflow_id],
+            )
+            .await?;
+        Ok(rows.iter().map(sent_event).collect())
+    }
+}

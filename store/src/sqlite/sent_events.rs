@@ -1,0 +1,114 @@
+//! Events sent to a workflow on SQLite (see `crate::sent_events`). The single writer makes the
+//! status check and the insert one step.
+
+use rusqlite::{OptionalExtension, Row, params};
+
+use super::{SqliteStore, parse_json};
+use crate::sent_events::resent;
+use crate::{Error, EventSend, NewSentEvent, Result, SentEvent, WorkflowId, WorkflowStatus};
+
+/// The columns `sent_event` decodes, as one literal for `concat!`.
+macro_rules! event_columns {
+    () => {
+        "seq, workflow, event_id, name, payload, created_by, created_at, taken_by"
+    };
+}
+
+/// A row as read, its payload still text.
+struct Read {
+    event: SentEvent,
+    payload: String,
+}
+
+fn sent_event(row: &Row) -> rusqlite::Result<Read> {
+    Ok(Read {
+        event: SentEvent {
+            seq: row.get(0)?,
+            workflow_id: row.get(1)?,
+            event_id: row.get(2)?,
+            name: row.get(3)?,
+            payload: serde_json::Value::Null,
+            created_by: row.get(5)?,
+            created_at: row.get(6)?,
+            taken_by: row.get(7)?,
+        },
+        payload: row.get(4)?,
+    })
+}
+
+impl Read {
+    fn decode(self) -> Result<SentEvent> {
+        Ok(SentEvent {
+            payload: parse_json(&self.payload)?,
+            ..self.event
+        })
+    }
+}
+
+impl SqliteStore {
+    pub(crate) async fn send_event(&self, new: NewSentEvent) -> Result<EventSend> {
+        let payload = new.payload.to_string();
+        self.write(move |connection| {
+            let status: Option<String> = connection
+                .prepare_cached("SELECT status FROM workflows WHERE id = ?1")?
+                .query_row([&new.workflow_id], |row| row.get(0))
+                .optional()?;
+            let Some(status) = status else {
+                return Err(Error::NotFound(format!(
+                    "workflow {:?}",
+                    new.workflow_id.as_str()
+                )));
+            };
+            let status = WorkflowStatus::read(&status, &new.workflow_id)?;
+            if status.is_final() {
+                return Ok(EventSend::Ended(status));
+            }
+            let inserted = connection
+                .prepare_cached(concat!(
+                    "INSERT INTO sent_events (workflow, event_id, name, payload, created_by,
+                                              created_at)
+                     VALUES (?1, ?2, ?3, ?4, ?5, unixepoch('subsec'))
+                     ON CONFLICT (workflow, event_id) DO NOTHING
+                     RETURNING ",
+                    event_columns!()
+                ))?
+                .query_row(
+                    params![
+                        new.workflow_id,
+                        new.event_id,
+                        new.name,
+                        payload,
+                        new.created_by
+                    ],
+                    sent_event,
+                )
+                .optional()?;
+            if let Some(row) = inserted {
+                return Ok(EventSend::Stored(row.decode()?));
+            }
+            let existing = connection
+                .prepare_cached(concat!(
+                    "SELECT ",
+                    event_columns!(),
+                    " FROM sent_events WHERE workflow = ?1 AND event_id = ?2"
+                ))?
+                .query_row(params![new.workflow_id, new.event_id], sent_event)?;
+            resent(existing.decode()?, &new)
+        })
+        .await
+    }
+
+    pub(crate) async fn pending_events(&self, workflow_id: &WorkflowId) -> Result<Vec<SentEvent>> {
+        let workflow_id = workflow_id.to_owned();
+        self.read(move |connection| {
+            let mut statement = connection.prepare_cached(concat!(
+                "SELECT ",
+                event_columns!(),
+                " FROM sent_events WHERE workflow = ?1 AND taken_by IS NULL ORDER BY seq"
+            ))?;
+            let rows = statement.query_map([&workflow_id], sent_event)?;
+            rows.map(|row| row?.decode()).collect()
+        })
+        .await
+    }
+}
