@@ -33,6 +33,6 @@ pub use node::{ActorView, Node, NodeIdentity, NodeOptions, NodeStatus, QueueView
 pub use store_actor::{StoreHandle, StoreHealth};
 pub use workflow::front_door::{Launched, WorkflowView, WorkflowsHandle, WorkflowsOptions};
 pub use workflow::requests::{
-    Decide, LaunchRequest, ReconcileRequest, Resolution, Resume, RetryRequest,
+    Decide, LaunchRequest, ReconcileRequest, Resolution, Resume, RetryRequest, SendEvent,
 };
 pub use workflow::rules::fingerprint;

@@ -251,6 +251,7 @@ impl Actor for NodeSupervisor {
         let runs = RunsHandle::new(child_runs.clone(), store.clone(), options.call_timeout);
         let stopped = tokio::sync::broadcast::channel(STOPPED_BACKLOG).0;
         let workspaces_dir = options.workflows.workspaces_dir.clone();
+        let event_payload_bytes_max = options.workflows.limits.frame_bytes_max;
         let (workflows, _) = Actor::spawn_linked(
             Some(format!("workflows@{worker_id}")),
             Workflows,
@@ -287,6 +288,7 @@ impl Actor for NodeSupervisor {
                     options.call_timeout,
                     stopped,
                     workspaces_dir,
+                    event_payload_bytes_max,
                 ),
                 runs,
                 store,

@@ -939,6 +939,30 @@ impl StoreHandle {
         .await
     }
 
+    /// See [`Store::send_event`].
+    pub async fn send_event(&self, event: store::NewSentEvent) -> store::Result<store::EventSend> {
+        let workflow_id = event.workflow_id.clone();
+        let written = self
+            .call(Operation::SendEvent, move |store| async move {
+                store.send_event(event).await
+            })
+            .await;
+        self.wake(&workflow_id, false, &written);
+        written
+    }
+
+    /// See [`Store::pending_events`].
+    pub async fn pending_events(
+        &self,
+        workflow_id: &WorkflowId,
+    ) -> store::Result<Vec<store::SentEvent>> {
+        let workflow_id = workflow_id.to_owned();
+        self.call(Operation::PendingEvents, move |store| async move {
+            store.pending_events(&workflow_id).await
+        })
+        .await
+    }
+
     /// See [`Store::admit_run`].
     pub async fn admit_run(&self, run: NewRun) -> store::Result<Admission> {
         let step = run.step.as_ref().map(|step| {

@@ -15,6 +15,8 @@ pub enum CallKind {
     ReadArtifact,
     /// A durable timer (`sleep`, `sleepUntil`).
     Sleep,
+    /// A wait for an event sent to the workflow (`waitForEvent`).
+    WaitForEvent,
 }
 
 impl CallKind {
@@ -26,6 +28,7 @@ impl CallKind {
             "captureArtifact" => CallKind::CaptureArtifact,
             "readArtifact" => CallKind::ReadArtifact,
             "sleep" => CallKind::Sleep,
+            "waitForEvent" => CallKind::WaitForEvent,
             _ => return None,
         })
     }
@@ -38,6 +41,7 @@ impl CallKind {
             CallKind::CaptureArtifact => "captureArtifact",
             CallKind::ReadArtifact => "readArtifact",
             CallKind::Sleep => "sleep",
+            CallKind::WaitForEvent => "waitForEvent",
         }
     }
 

@@ -24,7 +24,7 @@ pub use error::Error;
 pub use id::{ID_CHARS_MAX, ID_GRAMMAR, is_id};
 pub use journal::{Activation, CallId, CallKind, Command, JournalEntry, Outcome, Status};
 pub use json_depth::{JSON_DEPTH_MAX, check_text_depth};
-pub use vm::{SLEEP_MS_MAX, Vm, VmOptions};
+pub use vm::{CHECKPOINT_ON_TIMEOUT, SLEEP_MS_MAX, Vm, VmOptions, WAIT_TIMEOUT_MS_MAX};
 
 /// The limits a VM enforces (spec section 2), with the spec's defaults.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -79,8 +79,9 @@ const JOURNAL_FORMAT: u32 = 1;
 pub fn runtime_version(limits: &Limits) -> String {
     let mut digest = Sha256::new();
     // The rules a replay must meet (2: calls in flight bounded by `parallel_max`; 3: a call's
-    // unknown options are refused; 4: an agent's retry policy, and `sleep`).
-    digest.update(b"reins-runtime-4\0rquickjs-0.14\0");
+    // unknown options are refused; 4: an agent's retry policy, and `sleep`; 5: `waitForEvent`
+    // and the deadlines of waits).
+    digest.update(b"reins-runtime-5\0rquickjs-0.14\0");
     digest.update(include_str!("prelude.js").as_bytes());
     digest.update(JOURNAL_FORMAT.to_le_bytes());
     digest.update(limits.frame_bytes_max.to_le_bytes());

@@ -133,6 +133,7 @@
   globalThis.captureArtifact = (args) => call("captureArtifact", args);
   globalThis.readArtifact = (args) => call("readArtifact", args);
   globalThis.sleep = (args) => call("sleep", args);
+  globalThis.waitForEvent = (args) => call("waitForEvent", args);
   // `at` is epoch milliseconds or an ISO 8601 text; the journal keeps it as milliseconds.
   globalThis.sleepUntil = (args) => {
     if (args === null || typeof args !== "object" || isArray(args)) {

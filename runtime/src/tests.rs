@@ -78,7 +78,9 @@ fn every_call_answer(command: &Command) -> Outcome {
             Outcome::Resolved(json!({"decision": "approve", "decidedBy": "ada"}))
         }
         CallKind::Pause => Outcome::Resolved(json!({"input": 7})),
-        CallKind::ReadArtifact | CallKind::Sleep => Outcome::Resolved(json!("file text")),
+        CallKind::ReadArtifact | CallKind::Sleep | CallKind::WaitForEvent => {
+            Outcome::Resolved(json!("file text"))
+        }
         CallKind::CaptureArtifact => Outcome::Resolved(json!({"artifactVersion": 1, "bytes": 3})),
         CallKind::Agent => echo(command),
     }
@@ -269,7 +271,7 @@ fn failed_steps_reject_and_bad_arguments_are_clear() {
             "agent does not take retries: it takes stepId, agentRef, task, retry, timeout, idempotent",
             "agent \"t\": timeout must be an object: {attemptMs, idleMs, totalMs}",
             "agent \"m\": retry.maxAttempts is 1000000000: it must be 1 to 100",
-            "pause does not take prompt: it takes stepId, message",
+            "pause does not take prompt: it takes stepId, message, timeoutMs, onTimeout",
             "readArtifact does not take stepId: it takes artifactVersion",
             "stepId \"dup\" is used twice",
             "StepError: the model refused (error)",
@@ -1113,4 +1115,63 @@ fn a_sleep_takes_ms_or_a_time_with_its_offset_and_journals_it_as_milliseconds() 
         ]
     );
     assert!(journal.iter().all(|entry| entry.kind == CallKind::Sleep));
+}
+
+#[test]
+fn waits_take_a_deadline_in_range_and_an_on_timeout_of_their_kind() {
+    let script = r#"
+        const errors = [];
+        for (const call of [
+            () => waitForEvent({stepId: "noname"}),
+            () => waitForEvent({stepId: "badname", name: "pay ment"}),
+            () => waitForEvent({stepId: "zero", name: "paid", timeoutMs: 0}),
+            () => waitForEvent({stepId: "text", name: "paid", timeoutMs: "1000"}),
+            () => waitForEvent({stepId: "long", name: "paid", timeoutMs: 365 * 86400000 + 1}),
+            () => waitForEvent({stepId: "other", name: "paid", onTimeout: "reject"}),
+            () => pause({stepId: "p1", timeoutMs: 10, onTimeout: "resume"}),
+            () => pause({stepId: "p2", onTimeout: {resume: 1}}),
+            () => humanCheckpoint({stepId: "c1", sourceStepId: "s", artifactVersion: 1,
+                                   timeoutMs: 10, onTimeout: "deny"}),
+        ]) {
+            try { await call(); } catch (e) { errors.push(e.message); }
+        }
+        const event = await waitForEvent({stepId: "paid", name: "payment.received", timeoutMs: 1000});
+        await pause({stepId: "p3", timeoutMs: 10, onTimeout: {resume: null}});
+        await humanCheckpoint({stepId: "c2", sourceStepId: "s", artifactVersion: 1,
+                               timeoutMs: 365 * 86400000, onTimeout: "fail"});
+        return {errors, event};
+    "#;
+    let (status, journal, _) = drive(script, json!({}), options(vec![]), |command| {
+        Outcome::Resolved(match command.kind {
+            CallKind::WaitForEvent => json!({"amount": 3}),
+            _ => json!({"decision": "approve"}),
+        })
+    });
+    let Status::Completed(result) = status else {
+        panic!("{status:?}")
+    };
+    assert_eq!(
+        result["errors"],
+        json!([
+            "waitForEvent \"noname\" needs a name (an event name)",
+            "waitForEvent \"badname\": name \"pay ment\" is not an id (1 to 128 of A-Z, a-z, 0-9, '-', '_', '.')",
+            "waitForEvent \"zero\": timeoutMs is 0: it must be a whole number of milliseconds, 1 to 31536000000 (a year)",
+            "waitForEvent \"text\": timeoutMs is \"1000\": it must be a whole number of milliseconds, 1 to 31536000000 (a year)",
+            "waitForEvent \"long\": timeoutMs is 31536000001: it must be a whole number of milliseconds, 1 to 31536000000 (a year)",
+            "waitForEvent does not take onTimeout: it takes stepId, name, timeoutMs",
+            "pause \"p1\": onTimeout is \"resume\": it must be {resume: VALUE} (the input it resumes with)",
+            "pause \"p2\": onTimeout needs a timeoutMs (when to apply it)",
+            "humanCheckpoint \"c1\": onTimeout is \"deny\": it must be \"reject\", \"approve\" or \"fail\"",
+        ])
+    );
+    assert_eq!(result["event"], json!({"amount": 3}));
+    let kinds: Vec<CallKind> = journal.iter().map(|entry| entry.kind).collect();
+    assert_eq!(
+        kinds,
+        [
+            CallKind::WaitForEvent,
+            CallKind::Pause,
+            CallKind::HumanCheckpoint
+        ]
+    );
 }

@@ -623,11 +623,18 @@ impl Host {
     }
 }
 
-/// The options each call takes: any other is refused, naming it (an option a script believes
-/// it set, say `retries`, is never silently ignored).
 /// The longest `sleep` (`ms`): 30 days.
 pub const SLEEP_MS_MAX: u64 = 30 * 86_400_000;
 
+/// The longest deadline of a wait (`timeoutMs` of `pause`, `humanCheckpoint`, `waitForEvent`):
+/// a year.
+pub const WAIT_TIMEOUT_MS_MAX: u64 = 365 * 86_400_000;
+
+/// What a `humanCheckpoint` may do when its `timeoutMs` passes with no decision.
+pub const CHECKPOINT_ON_TIMEOUT: [&str; 3] = ["reject", "approve", "fail"];
+
+/// The options each call takes: any other is refused, naming it (an option a script believes
+/// it set, say `retries`, is never silently ignored).
 fn options_of(kind: CallKind) -> &'static [&'static str] {
     match kind {
         CallKind::Agent => &[
@@ -638,12 +645,57 @@ fn options_of(kind: CallKind) -> &'static [&'static str] {
             "timeout",
             "idempotent",
         ],
-        CallKind::Pause => &["stepId", "message"],
-        CallKind::HumanCheckpoint => &["stepId", "sourceStepId", "artifactVersion", "onReject"],
+        CallKind::Pause => &["stepId", "message", "timeoutMs", "onTimeout"],
+        CallKind::HumanCheckpoint => &[
+            "stepId",
+            "sourceStepId",
+            "artifactVersion",
+            "onReject",
+            "timeoutMs",
+            "onTimeout",
+        ],
         CallKind::CaptureArtifact => &["stepId", "sourceStepId", "path"],
         CallKind::ReadArtifact => &["artifactVersion"],
         CallKind::Sleep => &["stepId", "ms", "untilMs"],
+        CallKind::WaitForEvent => &["stepId", "name", "timeoutMs"],
     }
+}
+
+/// What a wait accepts as its `onTimeout`: a test of the value, and its description for the
+/// message that refuses another.
+type OnTimeout<'a> = (fn(&Value) -> bool, &'a str);
+
+/// Checks a wait's `timeoutMs` and `onTimeout` (`on_timeout`: what its kind accepts, or `None`
+/// when it takes no `onTimeout`).
+fn check_deadline(
+    name: &str,
+    step_id: &str,
+    args: &Value,
+    on_timeout: Option<OnTimeout<'_>>,
+) -> Result<(), String> {
+    if let Some(ms) = args.get("timeoutMs")
+        && ms
+            .as_u64()
+            .is_none_or(|ms| ms == 0 || ms > WAIT_TIMEOUT_MS_MAX)
+    {
+        return Err(format!(
+            "{name} {step_id:?}: timeoutMs is {ms}: it must be a whole number of milliseconds, \
+             1 to {WAIT_TIMEOUT_MS_MAX} (a year)"
+        ));
+    }
+    if let (Some(given), Some((valid, described))) = (args.get("onTimeout"), on_timeout) {
+        if !valid(given) {
+            return Err(format!(
+                "{name} {step_id:?}: onTimeout is {given}: it must be {described}"
+            ));
+        }
+        if args.get("timeoutMs").is_none() {
+            return Err(format!(
+                "{name} {step_id:?}: onTimeout needs a timeoutMs (when to apply it)"
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Checks a call's arguments; returns its step id.
@@ -704,6 +756,43 @@ fn check_args(kind: CallKind, args: &Value, seq: u32) -> Result<String, String> 
             version("artifactVersion").ok_or_else(|| {
                 format!("{name} {step_id:?} needs an artifactVersion (a positive integer)")
             })?;
+            let valid = |given: &Value| {
+                given
+                    .as_str()
+                    .is_some_and(|given| CHECKPOINT_ON_TIMEOUT.contains(&given))
+            };
+            check_deadline(
+                name,
+                &step_id,
+                args,
+                Some((valid, "\"reject\", \"approve\" or \"fail\"")),
+            )?;
+        }
+        CallKind::Pause => {
+            let valid = |given: &Value| {
+                given
+                    .as_object()
+                    .is_some_and(|given| given.len() == 1 && given.contains_key("resume"))
+            };
+            check_deadline(
+                name,
+                &step_id,
+                args,
+                Some((valid, "{resume: VALUE} (the input it resumes with)")),
+            )?;
+        }
+        CallKind::WaitForEvent => {
+            match text("name") {
+                Some(event) if crate::is_id(event) => {}
+                Some(event) => {
+                    return Err(format!(
+                        "{name} {step_id:?}: name {event:?} is not an id ({})",
+                        crate::ID_GRAMMAR
+                    ));
+                }
+                None => return Err(format!("{name} {step_id:?} needs a name (an event name)")),
+            }
+            check_deadline(name, &step_id, args, None)?;
         }
         CallKind::CaptureArtifact => {
             text("sourceStepId")
@@ -733,7 +822,7 @@ fn check_args(kind: CallKind, args: &Value, seq: u32) -> Result<String, String> 
                 ));
             }
         },
-        CallKind::Pause | CallKind::ReadArtifact => {}
+        CallKind::ReadArtifact => {}
     }
     Ok(step_id)
 }

@@ -22,6 +22,9 @@
 //! - `closing: true` (an idempotent agent's attempt whose run of unknown outcome it asked to
 //!   stop, to run the next attempt once that run is final);
 //! - `due_at_ms` (a `sleep`): when its timer is due, epoch milliseconds;
+//! - `deadline_at_ms` (a `pause`, `humanCheckpoint` or `waitForEvent` with a `timeoutMs`): when
+//!   its deadline passes, epoch milliseconds;
+//! - `event_seq` (a `waitForEvent` an event answered): the `sent_events` row it took;
 //! - `reconciled` (an attempt an operator reconciled): `{"by", "reason", "resolution"}`.
 //!
 //! The event triggers of migrations 18, 21 and 26 read `args.artifactVersion` (a checkpoint's
@@ -46,17 +49,19 @@ pub enum StepKind {
     CaptureArtifact,
     ReadArtifact,
     Sleep,
+    WaitForEvent,
 }
 
 impl StepKind {
     /// Every kind.
-    pub const ALL: [StepKind; 6] = [
+    pub const ALL: [StepKind; 7] = [
         StepKind::Agent,
         StepKind::Pause,
         StepKind::HumanCheckpoint,
         StepKind::CaptureArtifact,
         StepKind::ReadArtifact,
         StepKind::Sleep,
+        StepKind::WaitForEvent,
     ];
 
     /// The stored text.
@@ -68,6 +73,7 @@ impl StepKind {
             StepKind::CaptureArtifact => "captureArtifact",
             StepKind::ReadArtifact => "readArtifact",
             StepKind::Sleep => "sleep",
+            StepKind::WaitForEvent => "waitForEvent",
         }
     }
 }
@@ -121,13 +127,24 @@ pub enum StepCall {
         /// run the next attempt once it is final: an interruption then is the step's own doing.
         closing: bool,
     },
-    Pause,
-    HumanCheckpoint,
+    /// A wait for a `resume`; its deadline, when it has one (journaled with the call).
+    Pause {
+        deadline_at_ms: Option<i64>,
+    },
+    /// A wait for a decision; its deadline, when it has one (journaled with the call).
+    HumanCheckpoint {
+        deadline_at_ms: Option<i64>,
+    },
     CaptureArtifact,
     ReadArtifact,
     /// A durable timer: when it is due, in epoch milliseconds (journaled with the call).
     Sleep {
         due_at_ms: Option<i64>,
+    },
+    /// A wait for an event of a name: its deadline, when it has one, and the event it took.
+    WaitForEvent {
+        deadline_at_ms: Option<i64>,
+        event_seq: Option<i64>,
     },
 }
 
@@ -143,22 +160,41 @@ impl StepCall {
                 retry: None,
                 closing: false,
             },
-            StepKind::Pause => StepCall::Pause,
-            StepKind::HumanCheckpoint => StepCall::HumanCheckpoint,
+            StepKind::Pause => StepCall::Pause {
+                deadline_at_ms: None,
+            },
+            StepKind::HumanCheckpoint => StepCall::HumanCheckpoint {
+                deadline_at_ms: None,
+            },
             StepKind::CaptureArtifact => StepCall::CaptureArtifact,
             StepKind::ReadArtifact => StepCall::ReadArtifact,
             StepKind::Sleep => StepCall::Sleep { due_at_ms: None },
+            StepKind::WaitForEvent => StepCall::WaitForEvent {
+                deadline_at_ms: None,
+                event_seq: None,
+            },
         }
     }
 
     pub fn kind(&self) -> StepKind {
         match self {
             StepCall::Agent { .. } => StepKind::Agent,
-            StepCall::Pause => StepKind::Pause,
-            StepCall::HumanCheckpoint => StepKind::HumanCheckpoint,
+            StepCall::Pause { .. } => StepKind::Pause,
+            StepCall::HumanCheckpoint { .. } => StepKind::HumanCheckpoint,
             StepCall::CaptureArtifact => StepKind::CaptureArtifact,
             StepCall::ReadArtifact => StepKind::ReadArtifact,
             StepCall::Sleep { .. } => StepKind::Sleep,
+            StepCall::WaitForEvent { .. } => StepKind::WaitForEvent,
+        }
+    }
+
+    /// When a wait's deadline passes, if it has one.
+    pub fn deadline_at_ms(&self) -> Option<i64> {
+        match self {
+            StepCall::Pause { deadline_at_ms }
+            | StepCall::HumanCheckpoint { deadline_at_ms }
+            | StepCall::WaitForEvent { deadline_at_ms, .. } => *deadline_at_ms,
+            _ => None,
         }
     }
 }
@@ -228,7 +264,7 @@ impl StepRecord {
     /// The artifact version a `humanCheckpoint` reviews or a `readArtifact` reads.
     pub fn artifact_version(&self) -> Option<i64> {
         match self.call {
-            StepCall::HumanCheckpoint | StepCall::ReadArtifact => {
+            StepCall::HumanCheckpoint { .. } | StepCall::ReadArtifact => {
                 self.args["artifactVersion"].as_i64()
             }
             _ => None,
@@ -311,6 +347,16 @@ impl StepRecord {
         {
             data.insert("due_at_ms".into(), (*due).into());
         }
+        if let Some(deadline) = self.call.deadline_at_ms() {
+            data.insert("deadline_at_ms".into(), deadline.into());
+        }
+        if let StepCall::WaitForEvent {
+            event_seq: Some(seq),
+            ..
+        } = &self.call
+        {
+            data.insert("event_seq".into(), (*seq).into());
+        }
         if let Some(reconciled) = &self.reconciled {
             data.insert(
                 "reconciled".into(),
@@ -353,49 +399,61 @@ impl StepRecord {
                     .map_err(|e| invalid(format!("its reconcile: {e}")))?,
             ),
         };
-        let call =
-            match kind {
-                StepKind::Agent => {
-                    let child = match text("run_id")? {
-                        Some(run_id) => Some(Box::new(StepChild {
-                            run_id: RunId::from(run_id),
-                            thread_id: text("thread_id")?.unwrap_or_default(),
-                            configuration_version: text("configuration_version")?,
-                        })),
-                        None => None,
-                    };
-                    let run_status = match text("run_status")? {
-                        Some(status) => Some(
-                            RunStatus::parse(&status)
-                                .ok_or_else(|| invalid(format!("run_status {status:?}")))?,
-                        ),
-                        None => None,
-                    };
-                    StepCall::Agent {
-                        child,
-                        previous_run_id: text("previous_run_id")?.map(RunId::from),
-                        detached: data["detached"] == Value::Bool(true),
-                        run_status,
-                        closing: data["closing"] == Value::Bool(true),
-                        retry: match &data["retry"] {
-                            Value::Null => None,
-                            wait => Some(
-                                serde_json::from_value(wait.clone())
-                                    .map_err(|e| invalid(format!("its retry: {e}")))?,
-                            ),
-                        },
-                    }
-                }
-                StepKind::Sleep => StepCall::Sleep {
-                    due_at_ms: match &data["due_at_ms"] {
+        let whole = |key: &str| -> Result<Option<i64>> {
+            match &data[key] {
+                Value::Null => Ok(None),
+                at => Ok(Some(at.as_i64().ok_or_else(|| {
+                    invalid(format!("{key} {at} is not a whole number"))
+                })?)),
+            }
+        };
+        let call = match kind {
+            StepKind::Agent => {
+                let child = match text("run_id")? {
+                    Some(run_id) => Some(Box::new(StepChild {
+                        run_id: RunId::from(run_id),
+                        thread_id: text("thread_id")?.unwrap_or_default(),
+                        configuration_version: text("configuration_version")?,
+                    })),
+                    None => None,
+                };
+                let run_status = match text("run_status")? {
+                    Some(status) => Some(
+                        RunStatus::parse(&status)
+                            .ok_or_else(|| invalid(format!("run_status {status:?}")))?,
+                    ),
+                    None => None,
+                };
+                StepCall::Agent {
+                    child,
+                    previous_run_id: text("previous_run_id")?.map(RunId::from),
+                    detached: data["detached"] == Value::Bool(true),
+                    run_status,
+                    closing: data["closing"] == Value::Bool(true),
+                    retry: match &data["retry"] {
                         Value::Null => None,
-                        at => Some(at.as_i64().ok_or_else(|| {
-                            invalid(format!("due_at_ms {at} is not a whole number"))
-                        })?),
+                        wait => Some(
+                            serde_json::from_value(wait.clone())
+                                .map_err(|e| invalid(format!("its retry: {e}")))?,
+                        ),
                     },
-                },
-                kind => StepCall::new(kind),
-            };
+                }
+            }
+            StepKind::Sleep => StepCall::Sleep {
+                due_at_ms: whole("due_at_ms")?,
+            },
+            StepKind::Pause => StepCall::Pause {
+                deadline_at_ms: whole("deadline_at_ms")?,
+            },
+            StepKind::HumanCheckpoint => StepCall::HumanCheckpoint {
+                deadline_at_ms: whole("deadline_at_ms")?,
+            },
+            StepKind::WaitForEvent => StepCall::WaitForEvent {
+                deadline_at_ms: whole("deadline_at_ms")?,
+                event_seq: whole("event_seq")?,
+            },
+            kind => StepCall::new(kind),
+        };
         Ok(StepRecord {
             call,
             args: data["args"].clone(),
@@ -486,6 +544,22 @@ mod tests {
             json!({"args": {"artifactVersion": 3}, "outcome": null, "settled_at_ms": null})
         );
         assert_eq!(checkpoint.artifact_version(), Some(3));
+        let wait = StepRecord {
+            call: StepCall::WaitForEvent {
+                deadline_at_ms: Some(9_000),
+                event_seq: Some(4),
+            },
+            ..StepRecord::new(StepKind::WaitForEvent, json!({"name": "paid"}))
+        };
+        assert_eq!(
+            wait.encode(),
+            json!({"args": {"name": "paid"}, "outcome": null, "settled_at_ms": null,
+                   "deadline_at_ms": 9_000, "event_seq": 4})
+        );
+        assert_eq!(
+            StepRecord::decode("waitForEvent", &wait.encode()).expect("decode"),
+            wait
+        );
     }
 
     #[test]

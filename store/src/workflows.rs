@@ -233,6 +233,10 @@ pub struct NewControl {
 /// whatever its comment; a resume the same input; a cancel the same body.
 pub(crate) fn same_answer(existing: &ControlRow, new: &NewControl) -> bool {
     let key = |body: &Value, field: &str| body.get(field).cloned().unwrap_or(Value::Null);
+    // A wait's deadline answers `by: "timeout"`, a person never: theirs is not a repeat of it.
+    if key(&existing.body, "by") != key(&new.body, "by") {
+        return false;
+    }
     match new.kind {
         ControlKind::Decide => ["decision", "artifactVersion"]
             .iter()
@@ -244,10 +248,13 @@ pub(crate) fn same_answer(existing: &ControlRow, new: &NewControl) -> bool {
 
 /// The refusal of a control that contradicts the recorded one: what was said, and by whom.
 pub(crate) fn contradiction(existing: &ControlRow) -> Error {
-    let by = existing
-        .created_by
-        .as_deref()
-        .unwrap_or("an earlier request");
+    let by = match existing.body["by"].as_str() {
+        Some("timeout") => "its timeout",
+        _ => existing
+            .created_by
+            .as_deref()
+            .unwrap_or("an earlier request"),
+    };
     let said = match existing.kind {
         ControlKind::Decide => format!(
             "decided {} (artifact version {})",

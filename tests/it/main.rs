@@ -43,6 +43,7 @@ mod scripts;
 mod stale_owner;
 mod storage;
 mod users;
+mod waits;
 mod wake;
 mod webdriver;
 mod workflows;

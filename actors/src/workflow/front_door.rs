@@ -24,7 +24,9 @@ use crate::error::{Error, Takeover};
 use crate::js_pool::{JsError, JsPool};
 use crate::lease::LeaseMsg;
 use crate::store_actor::StoreHandle;
-use crate::workflow::requests::{Decide, LaunchRequest, ReconcileRequest, Resume, RetryRequest};
+use crate::workflow::requests::{
+    Decide, LaunchRequest, ReconcileRequest, Resume, RetryRequest, SendEvent,
+};
 use crate::workflow::rules::{self, Supervised};
 use crate::workflow::{Start, WorkflowArgs, WorkflowMsg, WorkflowSupervisor};
 
@@ -692,6 +694,8 @@ fn changed(myself: &ActorRef<WorkflowsMsg>, state: &mut WorkflowsState, change: 
             wake_slot_waiters(state, usize::MAX);
             for supervisor in state.live.values() {
                 let _ = supervisor.post(WorkflowMsg::InputChanged);
+                // An event's cue may be among those missed: a waiting `waitForEvent` reads.
+                let _ = supervisor.post(WorkflowMsg::Poll);
             }
             if state.args.options.automatic_recovery {
                 let _ = myself.post(WorkflowsMsg::ClaimRecoverable);
@@ -1183,6 +1187,8 @@ pub struct WorkflowsHandle {
     stopped: broadcast::Sender<WorkflowId>,
     /// Where the threads of workflows' agent steps live (removed with their workflow).
     workspaces_dir: std::path::PathBuf,
+    /// The largest payload of an event sent to a workflow, as JSON (`limits.frame_bytes_max`).
+    event_payload_bytes_max: u64,
 }
 
 impl WorkflowsHandle {
@@ -1192,6 +1198,7 @@ impl WorkflowsHandle {
         timeout: Duration,
         stopped: broadcast::Sender<WorkflowId>,
         workspaces_dir: std::path::PathBuf,
+        event_payload_bytes_max: u64,
     ) -> Self {
         WorkflowsHandle {
             actor,
@@ -1199,6 +1206,7 @@ impl WorkflowsHandle {
             timeout,
             stopped,
             workspaces_dir,
+            event_payload_bytes_max,
         }
     }
 
@@ -1292,6 +1300,31 @@ impl WorkflowsHandle {
             by,
         )
         .await
+    }
+
+    /// Records an event sent to a live workflow, once per `event_id` (see
+    /// [`store::Store::send_event`]): kept until a `waitForEvent` of its name takes it. Its
+    /// payload is bounded as a step's input is (`limits.frame_bytes_max`), checked before
+    /// anything is written.
+    pub async fn send_event(&self, event: SendEvent, by: &str) -> Result<store::EventSend, Error> {
+        let bytes = event.payload.to_string().len();
+        let limit = usize::try_from(self.event_payload_bytes_max).unwrap_or(usize::MAX);
+        if bytes > limit {
+            return Err(Error::TooLarge {
+                what: "the event's payload",
+                bytes,
+                limit_name: "limits.frame_bytes_max",
+                limit,
+            });
+        }
+        let sent = store::NewSentEvent {
+            workflow_id: event.workflow_id,
+            event_id: event.event_id,
+            name: event.name,
+            payload: event.payload,
+            created_by: Some(by.to_owned()),
+        };
+        Ok(self.store.send_event(sent).await?)
     }
 
     /// Records a decision on a checkpoint, once: an identical decision again is the same row; a

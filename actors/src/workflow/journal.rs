@@ -92,6 +92,7 @@ pub(crate) fn call_kind(kind: StepKind) -> CallKind {
         StepKind::CaptureArtifact => CallKind::CaptureArtifact,
         StepKind::ReadArtifact => CallKind::ReadArtifact,
         StepKind::Sleep => CallKind::Sleep,
+        StepKind::WaitForEvent => CallKind::WaitForEvent,
     }
 }
 
@@ -103,6 +104,7 @@ pub(crate) fn step_kind(kind: CallKind) -> StepKind {
         CallKind::CaptureArtifact => StepKind::CaptureArtifact,
         CallKind::ReadArtifact => StepKind::ReadArtifact,
         CallKind::Sleep => StepKind::Sleep,
+        CallKind::WaitForEvent => StepKind::WaitForEvent,
     }
 }
 

@@ -328,7 +328,8 @@ impl WorkflowState {
             | Effect::Write(_)
             | Effect::ReadRun { .. }
             | Effect::ReadControls(_)
-            | Effect::PutControl(_)
+            | Effect::PutControl { .. }
+            | Effect::ReadEvents
             | Effect::ReadArtifact { .. } => unreachable!("a store call is performed above"),
             Effect::Halt { abandoned } => {
                 self.halt(myself, abandoned);

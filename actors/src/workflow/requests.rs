@@ -25,6 +25,16 @@ pub struct Resume {
     pub input: Value,
 }
 
+/// An event sent to a workflow (`waitForEvent`), as a caller sent it.
+#[derive(Debug, Clone)]
+pub struct SendEvent {
+    pub workflow_id: WorkflowId,
+    /// The sender's id for it: the same id again is the same event.
+    pub event_id: String,
+    pub name: String,
+    pub payload: Value,
+}
+
 /// A decision on a checkpoint, as a caller asked for it.
 #[derive(Debug, Clone)]
 pub struct Decide {

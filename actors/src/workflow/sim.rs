@@ -66,6 +66,7 @@ use store::{
 };
 
 use super::front_door::SLOT_WAKES_MAX;
+use super::machine::deadline::ControlBy;
 use super::machine::{
     Admission, Effect, Event, MachineConfig, Start, WorkflowDocument, WorkflowMachine,
 };
@@ -417,7 +418,7 @@ enum Answer {
 
 /// Whether a store call may change the database (a lost answer then leaves it unknown).
 fn writes(call: &StoreCall) -> bool {
-    matches!(call, StoreCall::Write(_) | StoreCall::PutControl(_))
+    matches!(call, StoreCall::Write(_) | StoreCall::PutControl { .. })
 }
 
 /// The event of `call` failing with `error`, as the supervisor hears it from its shell.
@@ -439,7 +440,11 @@ fn failed(call: StoreCall, error: store::Error) -> Event {
             purpose,
             result: Err(error),
         },
-        StoreCall::PutControl(_) => Event::TimeoutRecorded(Err(error)),
+        StoreCall::ReadEvents => Event::EventsRead(Err(error)),
+        StoreCall::PutControl { by, .. } => Event::ControlRecorded {
+            by,
+            result: Err(error),
+        },
         StoreCall::ReadArtifact { id, version } => Event::ArtifactRead {
             id,
             version,
@@ -470,6 +475,12 @@ impl super::store_calls::WorkflowStore for SimStore {
     }
     async fn put_control(&self, control: NewControl) -> store::Result<ControlWrite> {
         Controls::put_control(self, control).await
+    }
+    async fn pending_events(
+        &self,
+        workflow_id: &WorkflowId,
+    ) -> store::Result<Vec<store::SentEvent>> {
+        Controls::pending_events(self, workflow_id).await
     }
     async fn read_artifact(
         &self,
@@ -1252,7 +1263,13 @@ impl Sim {
         supervisor: &mut Supervisor,
         effect: Effect,
     ) -> Performed {
-        if matches!(effect, Effect::PutControl(_)) && self.now() < supervisor.machine.deadline_ms()
+        if matches!(
+            effect,
+            Effect::PutControl {
+                by: ControlBy::WorkflowTimeout,
+                ..
+            }
+        ) && self.now() < supervisor.machine.deadline_ms()
         {
             self.violation(format!(
                 "{}: the timeout's cancel was recorded before the deadline",
@@ -1316,7 +1333,8 @@ impl Sim {
             | Effect::Write(_)
             | Effect::ReadRun { .. }
             | Effect::ReadControls(_)
-            | Effect::PutControl(_)
+            | Effect::PutControl { .. }
+            | Effect::ReadEvents
             | Effect::ReadArtifact { .. } => unreachable!("a store call is performed above"),
             Effect::Capture {
                 id,

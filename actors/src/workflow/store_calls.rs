@@ -5,10 +5,11 @@
 
 use runtime::CallId;
 use store::{
-    ArtifactRow, ControlRow, ControlWrite, Fence, NewControl, RunId, RunRow, StepRow, WorkflowId,
-    WriteOp,
+    ArtifactRow, ControlRow, ControlWrite, Fence, NewControl, RunId, RunRow, SentEvent, StepRow,
+    WorkflowId, WriteOp,
 };
 
+use super::machine::deadline::ControlBy;
 use super::machine::{ControlsFor, Effect, Event, RunReadFor};
 
 /// What a workflow's supervisor needs of the store: the store actor's handle in a node, the
@@ -34,6 +35,10 @@ pub(crate) trait WorkflowStore {
     ) -> impl Future<Output = store::Result<Vec<ControlRow>>>;
     fn put_control(&self, control: NewControl)
     -> impl Future<Output = store::Result<ControlWrite>>;
+    fn pending_events(
+        &self,
+        workflow_id: &WorkflowId,
+    ) -> impl Future<Output = store::Result<Vec<SentEvent>>>;
     fn read_artifact(
         &self,
         workflow_id: &WorkflowId,
@@ -52,7 +57,11 @@ pub(crate) enum StoreCall {
         purpose: RunReadFor,
     },
     ReadControls(ControlsFor),
-    PutControl(NewControl),
+    ReadEvents,
+    PutControl {
+        control: NewControl,
+        by: ControlBy,
+    },
     ReadArtifact {
         id: CallId,
         version: i64,
@@ -85,7 +94,8 @@ impl StoreCall {
                 purpose,
             },
             Effect::ReadControls(purpose) => StoreCall::ReadControls(purpose),
-            Effect::PutControl(control) => StoreCall::PutControl(control),
+            Effect::ReadEvents => StoreCall::ReadEvents,
+            Effect::PutControl { control, by } => StoreCall::PutControl { control, by },
             Effect::ReadArtifact { id, version } => StoreCall::ReadArtifact { id, version },
             other => return Routed::Other(other),
         })
@@ -126,9 +136,11 @@ impl StoreCall {
                 purpose,
                 result: store.read_controls(workflow_id).await,
             },
-            StoreCall::PutControl(control) => {
-                Event::TimeoutRecorded(store.put_control(control).await)
-            }
+            StoreCall::ReadEvents => Event::EventsRead(store.pending_events(workflow_id).await),
+            StoreCall::PutControl { control, by } => Event::ControlRecorded {
+                by,
+                result: store.put_control(control).await,
+            },
             StoreCall::ReadArtifact { id, version } => Event::ArtifactRead {
                 id,
                 version,
@@ -159,6 +171,9 @@ impl WorkflowStore for crate::store_actor::StoreHandle {
     }
     async fn put_control(&self, control: NewControl) -> store::Result<ControlWrite> {
         crate::store_actor::StoreHandle::put_control(self, control).await
+    }
+    async fn pending_events(&self, workflow_id: &WorkflowId) -> store::Result<Vec<SentEvent>> {
+        crate::store_actor::StoreHandle::pending_events(self, workflow_id).await
     }
     async fn read_artifact(
         &self,

@@ -103,6 +103,18 @@ pub enum Command {
         #[arg(long)]
         input: Option<String>,
     },
+    /// Send an event to the workflow: its `waitForEvent` of this name takes it, now or later.
+    Send {
+        id: String,
+        /// The event's name (what `waitForEvent` names).
+        name: String,
+        /// What the wait resolves to, as JSON (default: null).
+        #[arg(long)]
+        payload: Option<String>,
+        /// Your id for this event: sending it again with the same id delivers it once.
+        #[arg(long = "id")]
+        event_id: String,
+    },
     /// Approve the artifact a checkpoint waits on.
     Approve {
         id: String,
@@ -419,6 +431,19 @@ async fn run_signed_in(common: &Common, client: &Client, command: Command) -> an
             let body = json!({"fingerprint": record["fingerprint"], "step_id": step,
                               "attempt": attempt_of(&record, &step), "input": input});
             control(common, client, &id, "resume", &body).await
+        }
+        Command::Send {
+            id,
+            name,
+            payload,
+            event_id,
+        } => {
+            let payload: Value = match payload {
+                Some(payload) => serde_json::from_str(&payload).context("--payload is not JSON")?,
+                None => Value::Null,
+            };
+            let body = json!({"name": name, "event_id": event_id, "payload": payload});
+            control(common, client, &id, "events", &body).await
         }
         Command::Approve { id, step, comment } => {
             decide(common, client, &id, step, comment, "approve").await

@@ -634,6 +634,7 @@ async fn dispatch(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
         Op::List => workflows::list(ctx).await,
         Op::Get => workflows::get(ctx).await,
         Op::Resume => workflows::resume(ctx).await,
+        Op::SendEvent => workflows::send_event(ctx).await,
         Op::Decide => workflows::decide(ctx).await,
         Op::Answer => workflows::answer(ctx).await,
         Op::Cancel => workflows::cancel(ctx).await,

@@ -248,6 +248,9 @@ fn step(step: &StepRow, approval_runs: &[RunRow]) -> StepRecord {
             }) => Some(*due as f64 / 1000.0),
             _ => None,
         },
+        deadline_at: record
+            .and_then(|record| record.call.deadline_at_ms())
+            .map(|at| at as f64 / 1000.0),
         approval,
         started_at: step.created_at,
         finished_at: settled_at(step),
@@ -363,7 +366,14 @@ pub fn checkpoint(step: &StepRow, controls: &[ControlRow]) -> CheckpointRecord {
             .map(str::to_owned),
         artifact_version: record.and_then(store::StepRecord::artifact_version),
         status: status.as_str().to_owned(),
-        decided_by: control.and_then(|c| c.created_by.clone()),
+        // A deadline's answer is nobody's: it says `by: "timeout"`.
+        decided_by: control.and_then(|c| match c.body["by"].as_str() {
+            Some(by) => Some(by.to_owned()),
+            None => c.created_by.clone(),
+        }),
+        deadline_at: record
+            .and_then(|record| record.call.deadline_at_ms())
+            .map(|at| at as f64 / 1000.0),
         decided_at: resolved
             .and_then(|v| v["decidedAt"].as_f64())
             .map(|ms| ms / 1000.0),

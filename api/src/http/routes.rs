@@ -65,6 +65,8 @@ pub enum Op {
     Get,
     Resume,
     Decide,
+    /// Send an event to a workflow's `waitForEvent`.
+    SendEvent,
     /// Answer a step's agent's approval request.
     Answer,
     Cancel,
@@ -232,6 +234,7 @@ pub static ROUTES: &[Route] = &[
         ..route("GET", "/api/v1/workflows/{id}/artifacts", Op::Artifacts, Access::User, "A page of a workflow's artifact versions, oldest first, without their bytes", Body::None, 200, Some(schema::<ArtifactPageReply>))
     },
     route("POST", "/api/v1/workflows/{id}/resume", Op::Resume, Access::User, "Resolve a pause", Body::Json(schema::<ResumeBody>), 200, Some(schema::<ControlReply>)),
+    route("POST", "/api/v1/workflows/{id}/events", Op::SendEvent, Access::User, "Send an event to a live workflow: kept until a `waitForEvent` of its name takes it, once per `event_id` (200 `repeated` for the same event again, 409 for another under the same id, 422 once the workflow ended)", Body::Json(schema::<SendEventBody>), 200, Some(schema::<EventReply>)),
     route("POST", "/api/v1/workflows/{id}/decide", Op::Decide, Access::User, "Approve or reject a checkpoint's artifact version, once", Body::Json(schema::<DecideBody>), 200, Some(schema::<ControlReply>)),
     route("POST", "/api/v1/workflows/{id}/steps/{step}/answer", Op::Answer, Access::User, "Approve or reject what a step's agent asked to do (its newest pending request), once", Body::Json(schema::<AnswerBody>), 200, Some(schema::<AnswerReply>)),
     route("POST", "/api/v1/workflows/{id}/cancel", Op::Cancel, Access::User, "Cancel durably (idempotent)", Body::None, 200, Some(schema::<StatusReply>)),

@@ -65,6 +65,19 @@ pub struct ResumeBody {
     pub input: Value,
 }
 
+/// An event for a workflow's `waitForEvent`.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SendEventBody {
+    /// What a `waitForEvent` names (the id grammar).
+    pub name: String,
+    /// The sender's id for this event (the id grammar): sending it again is a repeat.
+    pub event_id: String,
+    /// What the `waitForEvent` call resolves to (at most `limits.frame_bytes_max` as JSON).
+    #[serde(default)]
+    pub payload: Value,
+}
+
 /// `decide`: approve or reject the artifact version a checkpoint is about.
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -335,6 +348,21 @@ pub struct ControlReply {
     pub recorded_by: Option<String>,
 }
 
+/// An event was stored (or the same one was already).
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct EventReply {
+    pub run_id: String,
+    /// `stored`, or `repeated` when this `event_id` held the same event already.
+    pub status: String,
+    pub repeated: bool,
+    pub event_id: String,
+    pub name: String,
+    /// Who sent it first.
+    pub sent_by: Option<String>,
+    /// The step that took it, once a `waitForEvent` did.
+    pub taken_by: Option<String>,
+}
+
 /// What `answer` recorded.
 #[derive(Debug, Clone, Serialize, JsonSchema)]
 pub struct AnswerReply {
@@ -400,6 +428,9 @@ pub struct StepRecord {
     pub retry: Option<RetryRecord>,
     /// A `sleep`: when its timer is due (epoch seconds, the owner's clock).
     pub wakes_at: Option<f64>,
+    /// A `pause`, `humanCheckpoint` or `waitForEvent` with a `timeoutMs`: when its deadline
+    /// passes (epoch seconds, the owner's clock).
+    pub deadline_at: Option<f64>,
     /// The agent's newest approval request, when it asked one.
     pub approval: Option<ApprovalRecord>,
     /// When the call was journaled (epoch seconds, database clock; for a step that waited for
@@ -446,8 +477,11 @@ pub struct CheckpointRecord {
     pub artifact_version: Option<i64>,
     /// `waiting`, then `approved` or `rejected` (a decision) or `resumed` (a pause).
     pub status: String,
+    /// Who answered: a person, or `timeout` (the wait's deadline decided).
     pub decided_by: Option<String>,
     pub decided_at: Option<f64>,
+    /// When its `timeoutMs` passes, if it has one (epoch seconds, the owner's clock).
+    pub deadline_at: Option<f64>,
     /// What a `pause` tells whoever answers it (its `message`).
     pub message: Option<String>,
     /// The comment the person who answered gave with their decision.

@@ -8,7 +8,8 @@
 use std::time::Duration;
 
 use actors::{
-    Decide, LaunchRequest, ReconcileRequest, Resolution, Resume, RetryRequest, WorkflowView,
+    Decide, LaunchRequest, ReconcileRequest, Resolution, Resume, RetryRequest, SendEvent,
+    WorkflowView,
 };
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
@@ -570,6 +571,53 @@ pub async fn decide(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
     Ok(json_reply(
         StatusCode::OK,
         control_reply(run_id, status, &written),
+    ))
+}
+
+/// Sends an event to a live workflow (its `waitForEvent` of that name takes it, now or later):
+/// 200 `stored`, or `repeated` when this `event_id` holds the same event already; 409 when it
+/// holds another; 422 when the workflow has ended.
+pub async fn send_event(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
+    let body: SendEventBody = ctx.json()?;
+    let run_id = run_id(ctx, None)?;
+    check_id("name", &body.name)?;
+    check_id("event_id", &body.event_id)?;
+    owned_row(ctx, &run_id, Act::Answer).await?;
+    let sent = ctx
+        .state
+        .node
+        .workflows()
+        .send_event(
+            SendEvent {
+                workflow_id: run_id.clone(),
+                event_id: body.event_id,
+                name: body.name,
+                payload: body.payload,
+            },
+            &by(ctx)?,
+        )
+        .await?;
+    let (event, status) = match sent {
+        store::EventSend::Stored(event) => (event, "stored"),
+        store::EventSend::Repeated(event) => (event, "repeated"),
+        store::EventSend::Ended(status) => {
+            return Err(ApiError::refused(format!(
+                "refused: workflow {:?} is {status}: an ended workflow takes no events",
+                run_id.as_str()
+            )));
+        }
+    };
+    Ok(json_reply(
+        StatusCode::OK,
+        EventReply {
+            run_id: run_id.into_string(),
+            status: status.to_owned(),
+            repeated: status == "repeated",
+            event_id: event.event_id,
+            name: event.name,
+            sent_by: event.created_by,
+            taken_by: event.taken_by,
+        },
     ))
 }
 

@@ -839,6 +839,7 @@ fn stored_kind(kind: crate::StepKind) -> &'static crate::StepKind {
         StepKind::CaptureArtifact => &StepKind::CaptureArtifact,
         StepKind::ReadArtifact => &StepKind::ReadArtifact,
         StepKind::Sleep => &StepKind::Sleep,
+        StepKind::WaitForEvent => &StepKind::WaitForEvent,
     }
 }
 

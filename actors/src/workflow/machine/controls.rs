@@ -61,9 +61,12 @@ impl WorkflowMachine {
             else {
                 continue;
             };
+            let Some((_, command)) = self.waiting.get(&id) else {
+                continue;
+            };
             let outcome = match kind {
-                ControlKind::Resume => self.resumed(&step_id, control),
-                ControlKind::Decide => self.decided(&step_id, control, now),
+                ControlKind::Resume => self.resumed(command, control),
+                ControlKind::Decide => self.decided(command, control, now),
                 // A cancel is the workflow's, never a call's: `on_controls` carries it out.
                 ControlKind::Cancel => continue,
             };

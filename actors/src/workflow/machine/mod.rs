@@ -27,8 +27,8 @@ use runtime::{Activation, CallId, CallKind, Command, JournalEntry, Outcome, Stat
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use store::{
-    ControlKind, ControlRow, ControlWrite, Fence, NewControl, RetryWait, RunId, RunRow, StepCall,
-    StepRecord, StepRow, StepStatus, WorkflowId, WorkflowStatus, WriteOp,
+    ControlKind, ControlRow, ControlWrite, Fence, NewControl, RetryWait, RunId, RunRow, SentEvent,
+    StepCall, StepRecord, StepRow, StepStatus, WorkflowId, WorkflowStatus, WriteOp,
 };
 
 mod agent;
@@ -36,6 +36,8 @@ mod cancel;
 mod capture;
 mod checkpoint;
 mod controls;
+pub(crate) mod deadline;
+mod event;
 mod pause;
 mod read;
 pub(crate) mod retry;
@@ -44,6 +46,7 @@ mod storage;
 mod timer;
 pub(crate) mod transitions;
 
+use self::deadline::ControlBy;
 use super::invariants::Invariants;
 use super::journal::{newest_attempts, step_kind, step_outcome};
 use super::reconciliation::Reconciliation;
@@ -229,6 +232,8 @@ enum Waiting {
     Child(Option<RunId>),
     /// A control of this kind (`resume`, `decide`).
     Control(ControlKind),
+    /// An event of this name (`waitForEvent`).
+    Event(String),
     /// Its durable timer, due at this time (an agent's next attempt).
     Timer(Millis),
 }
@@ -275,6 +280,8 @@ pub(crate) enum Then {
     },
     /// A capture's outcome is concluded: a later failed write no longer belongs to it.
     CaptureConcluded,
+    /// Hand the next of the events read to a wait, after the previous one's activation.
+    Events(VecDeque<SentEvent>),
 }
 
 /// What happened to the workflow.
@@ -331,6 +338,8 @@ pub(crate) enum Event {
         purpose: ControlsFor,
         result: Result<Vec<ControlRow>, store::Error>,
     },
+    /// The workflow's untaken events, read as asked.
+    EventsRead(Result<Vec<SentEvent>, store::Error>),
     /// Carry out a call that needs no other actor (capture or read an artifact).
     Local { id: CallId },
     /// A capture read its file (its path and bytes) or failed (why, for the script).
@@ -346,8 +355,12 @@ pub(crate) enum Event {
     },
     /// The workflow's wall-clock limit passed.
     TimedOut,
-    /// The timeout's cancel request was recorded (or not).
-    TimeoutRecorded(Result<ControlWrite, store::Error>),
+    /// A control the machine asked for (the timeout's cancel, a deadline's answer) was
+    /// recorded (or not).
+    ControlRecorded {
+        by: ControlBy,
+        result: Result<ControlWrite, store::Error>,
+    },
     /// The cancellation's window closed.
     CancelDeadline,
     /// Look at the rows of the child runs a cancellation waits for.
@@ -391,8 +404,10 @@ pub(crate) enum Effect {
     },
     /// Read the workflow's controls; answer [`Event::Controls`].
     ReadControls(ControlsFor),
-    /// Record a control; answer [`Event::TimeoutRecorded`].
-    PutControl(NewControl),
+    /// Read the workflow's untaken events; answer [`Event::EventsRead`].
+    ReadEvents,
+    /// Record a control; answer [`Event::ControlRecorded`].
+    PutControl { control: NewControl, by: ControlBy },
     /// Read the file a capture names from the thread workspace; answer [`Event::Captured`].
     Capture {
         id: CallId,
@@ -453,8 +468,12 @@ pub(crate) struct WorkflowMachine {
     attempts: BTreeMap<u32, i32>,
     /// The durable timer of each call whose current attempt its retry policy queued.
     retry_waits: BTreeMap<u32, RetryWait>,
-    /// When each `sleep` call is due, as journaled with it.
-    sleep_dues: BTreeMap<u32, Millis>,
+    /// The time each call journaled for itself, by sequence number: a `sleep`'s due time, a
+    /// wait's deadline.
+    dues: BTreeMap<u32, Millis>,
+    /// Events this owner took for its waits, written or not yet (a later wait of the same name
+    /// takes the next one).
+    taken_events: BTreeSet<i64>,
     /// When each agent call's first attempt began on this node (its `totalMs` counts from
     /// there; a later attempt's record carries it).
     first_attempts: BTreeMap<u32, Millis>,
@@ -506,7 +525,8 @@ impl WorkflowMachine {
             artifacts: 0,
             attempts: BTreeMap::new(),
             retry_waits: BTreeMap::new(),
-            sleep_dues: BTreeMap::new(),
+            dues: BTreeMap::new(),
+            taken_events: BTreeSet::new(),
             first_attempts: BTreeMap::new(),
             closing: BTreeSet::new(),
             closing_seqs: BTreeSet::new(),
@@ -638,8 +658,15 @@ impl WorkflowMachine {
                 }
             }
             Event::Poll if cancelling => {}
-            Event::Poll => out.push(Effect::ReadControls(ControlsFor::Poll)),
+            Event::Poll => {
+                out.push(Effect::ReadControls(ControlsFor::Poll));
+                if self.waits_for_events() {
+                    out.push(Effect::ReadEvents);
+                }
+            }
             Event::Controls { purpose, result } => self.on_controls(&mut out, purpose, result, now),
+            Event::EventsRead(_) if cancelling => {}
+            Event::EventsRead(result) => self.on_events(&mut out, result, now),
             Event::Local { id } => self.local(&mut out, id),
             Event::Captured { id, result } => self.on_captured(&mut out, id, result, now),
             Event::ArtifactRead {
@@ -650,16 +677,30 @@ impl WorkflowMachine {
             Event::TimedOut if cancelling => {}
             Event::TimedOut => {
                 tracing::warn!(parent: &self.span, "the workflow ran past timeout_seconds: cancelling");
-                out.push(Effect::PutControl(NewControl {
-                    workflow_id: self.config.workflow_id.clone(),
-                    kind: ControlKind::Cancel,
-                    step_id: String::new(),
-                    attempt: 0,
-                    body: json!({"reason": "timeout"}),
-                    created_by: None,
-                }));
+                out.push(Effect::PutControl {
+                    control: NewControl {
+                        workflow_id: self.config.workflow_id.clone(),
+                        kind: ControlKind::Cancel,
+                        step_id: String::new(),
+                        attempt: 0,
+                        body: json!({"reason": "timeout"}),
+                        created_by: None,
+                    },
+                    by: ControlBy::WorkflowTimeout,
+                });
             }
-            Event::TimeoutRecorded(recorded) => self.on_timeout_recorded(&mut out, recorded),
+            Event::ControlRecorded {
+                by: ControlBy::WorkflowTimeout,
+                result,
+            } => self.on_timeout_recorded(&mut out, result),
+            Event::ControlRecorded {
+                by: ControlBy::Deadline(_),
+                ..
+            } if cancelling => {}
+            Event::ControlRecorded {
+                by: ControlBy::Deadline(id),
+                result,
+            } => self.on_deadline_recorded(&mut out, id, result),
             Event::CheckChildren if cancelling => self.check_children(&mut out),
             Event::CheckChildren => {}
             Event::CancelDeadline => self.cancel_deadline(&mut out, now),
@@ -681,6 +722,7 @@ impl WorkflowMachine {
                 self.apply_controls(&mut out, controls, wanted, now);
             }
             Event::Then(Then::CaptureConcluded) => self.capturing = false,
+            Event::Then(Then::Events(events)) => self.deliver_events(&mut out, events, now),
         }
         out
     }
@@ -930,17 +972,13 @@ impl WorkflowMachine {
                     })
                     .map(|(seq, _)| *seq)
                     .collect();
-                self.sleep_dues = newest
+                self.dues = newest
                     .iter()
-                    .filter_map(|(seq, step)| match step.record() {
-                        Some(StepRecord {
-                            call:
-                                StepCall::Sleep {
-                                    due_at_ms: Some(due),
-                                },
-                            ..
-                        }) => Some((*seq, *due)),
-                        _ => None,
+                    .filter_map(|(seq, step)| match &step.record()?.call {
+                        StepCall::Sleep {
+                            due_at_ms: Some(due),
+                        } => Some((*seq, *due)),
+                        call => Some((*seq, call.deadline_at_ms()?)),
                     })
                     .collect();
                 match journal {
@@ -1034,13 +1072,20 @@ impl WorkflowMachine {
                     CallKind::Sleep => {
                         // Its due time is fixed now, and journaled with the call.
                         let due_at_ms = sleep::due_at(entry, now);
-                        self.sleep_dues.insert(entry.seq, due_at_ms);
+                        self.dues.insert(entry.seq, due_at_ms);
                         let call = StepCall::Sleep {
                             due_at_ms: Some(due_at_ms),
                         };
                         self.step_op(entry, StepStatus::Running, Some(call))
                     }
-                    _ => self.step_op(entry, StepStatus::Running, None),
+                    _ => {
+                        // A wait's deadline is fixed now, and journaled with the call.
+                        let call = deadline::journaled_call(entry, now);
+                        if let Some(deadline) = call.as_ref().and_then(StepCall::deadline_at_ms) {
+                            self.dues.insert(entry.seq, deadline);
+                        }
+                        self.step_op(entry, StepStatus::Running, call)
+                    }
                 })
                 .collect();
             // New calls only: a replayed call resolves from the journal and is not here, so a
@@ -1130,11 +1175,12 @@ impl WorkflowMachine {
     fn begin_command(&mut self, out: &mut Vec<Effect>, command: Command, now: Millis) {
         match command.kind {
             CallKind::Agent => self.begin_agent(out, command, now),
-            CallKind::Pause => self.begin_pause(command),
-            CallKind::HumanCheckpoint => self.begin_checkpoint(command),
+            CallKind::Pause => self.begin_pause(out, command, now),
+            CallKind::HumanCheckpoint => self.begin_checkpoint(out, command, now),
             CallKind::CaptureArtifact => self.begin_capture(out, command),
             CallKind::ReadArtifact => self.begin_read(out, command),
             CallKind::Sleep => self.begin_sleep(out, command, now),
+            CallKind::WaitForEvent => self.begin_wait_for_event(out, command, now),
         }
     }
 
@@ -1147,7 +1193,11 @@ impl WorkflowMachine {
             CallKind::CaptureArtifact => self.capture(out, id, command),
             CallKind::ReadArtifact => self.read(out, id, command),
             // Only captures and reads post `Local`; the rest wait for others.
-            CallKind::Agent | CallKind::Pause | CallKind::HumanCheckpoint | CallKind::Sleep => {}
+            CallKind::Agent
+            | CallKind::Pause
+            | CallKind::HumanCheckpoint
+            | CallKind::Sleep
+            | CallKind::WaitForEvent => {}
         }
     }
 
@@ -1228,12 +1278,17 @@ impl WorkflowMachine {
         );
     }
 
-    /// While the script waits only for timers and people, its VM is dropped (it is replayed
-    /// when one of them answers); its status stays what it is.
+    /// While the script waits only for timers, events and people, its VM is dropped (it is
+    /// replayed when one of them answers); its status stays what it is.
     fn park_if_only_waiting(&mut self, out: &mut Vec<Effect>) {
         let waits = || self.waiting.values().map(|(waiting, _)| waiting);
-        let idle = waits().any(|waiting| matches!(waiting, Waiting::Timer(_)))
-            && waits().all(|waiting| matches!(waiting, Waiting::Control(_) | Waiting::Timer(_)));
+        let idle = waits().any(|waiting| matches!(waiting, Waiting::Timer(_) | Waiting::Event(_)))
+            && waits().all(|waiting| {
+                matches!(
+                    waiting,
+                    Waiting::Control(_) | Waiting::Timer(_) | Waiting::Event(_)
+                )
+            });
         if idle && self.loaded() {
             out.push(Effect::Park);
             self.set_loaded(false);

@@ -24,7 +24,7 @@ impl WorkflowMachine {
     /// A `sleep` call: waits for its due time (journaled with it, or read from the journal).
     pub(super) fn begin_sleep(&mut self, out: &mut Vec<Effect>, command: Command, now: Millis) {
         self.took(&command.step_id, Transition::Sleep(Sleep::Begun));
-        let due_at_ms = self.sleep_dues.get(&command.seq).copied().unwrap_or(now);
+        let due_at_ms = self.dues.get(&command.seq).copied().unwrap_or(now);
         let id = command.id;
         self.waiting
             .insert(id, (Waiting::Timer(due_at_ms), command));
@@ -38,7 +38,7 @@ impl WorkflowMachine {
             return;
         };
         self.took(&command.step_id, Transition::Sleep(Sleep::Woke));
-        let due_at_ms = self.sleep_dues.get(&command.seq).copied();
+        let due_at_ms = self.dues.get(&command.seq).copied();
         let call = StepCall::Sleep { due_at_ms };
         self.conclude(
             out,

@@ -168,6 +168,7 @@ fn op(op: &WriteOp) -> String {
             step_id, status, ..
         } => format!("step {step_id} {status}"),
         WriteOp::MarkControlApplied { control_id } => format!("applied {control_id}"),
+        WriteOp::TakeEvent { seq, step_id, .. } => format!("take event {seq} for {step_id}"),
         WriteOp::PutArtifact { version, .. } => format!("artifact {version}"),
         WriteOp::CancelRuns { .. } => "cancel runs".into(),
         WriteOp::ReleaseSlot { step_id, .. } => format!("release slot {step_id}"),
@@ -209,7 +210,10 @@ fn describe(effect: &Effect) -> String {
         }
         Effect::ReadRun { run_id, .. } => format!("read run {run_id}"),
         Effect::ReadControls(_) => "read controls".into(),
-        Effect::PutControl(control) => format!("put control {}", control.kind),
+        Effect::PutControl { control, .. } => {
+            format!("put control {} {}", control.kind, control.body)
+        }
+        Effect::ReadEvents => "read events".into(),
         Effect::Capture { path, .. } => format!("capture {path}"),
         Effect::ReadArtifact { version, .. } => format!("read artifact {version}"),
         Effect::Post(event) => format!("post {event:?}"),
@@ -1203,16 +1207,25 @@ fn a_cancel_whose_child_never_ends_goes_to_an_operator_when_its_window_closes() 
 #[test]
 fn the_timeout_records_a_cancel_and_carries_it_out() {
     let mut m = admitted_agent();
-    assert_eq!(drive(&mut m, Event::TimedOut), ["put control cancel"]);
-    let outage = Event::TimeoutRecorded(Err(store::Error::Unavailable("down".into())));
+    assert_eq!(
+        drive(&mut m, Event::TimedOut),
+        [r#"put control cancel {"reason":"timeout"}"#]
+    );
+    let outage = Event::ControlRecorded {
+        by: ControlBy::WorkflowTimeout,
+        result: Err(store::Error::Unavailable("down".into())),
+    };
     assert_eq!(drive(&mut m, outage), ["after 50ms TimedOut"]);
-    let recorded = Event::TimeoutRecorded(Ok(ControlWrite::Recorded(control(
-        12,
-        ControlKind::Cancel,
-        "",
-        0,
-        json!({"reason": "timeout"}),
-    ))));
+    let recorded = Event::ControlRecorded {
+        by: ControlBy::WorkflowTimeout,
+        result: Ok(ControlWrite::Recorded(control(
+            12,
+            ControlKind::Cancel,
+            "",
+            0,
+            json!({"reason": "timeout"}),
+        ))),
+    };
     assert_eq!(
         drive(&mut m, recorded)[..2],
         ["park", "write [workflow cancelling]"]
@@ -2210,6 +2223,251 @@ fn a_sleep_journals_its_due_time_parks_and_resolves_once_due_even_after_a_takeov
     );
 }
 
+fn sent(seq: i64, name: &str, payload: Value) -> store::SentEvent {
+    store::SentEvent {
+        seq,
+        workflow_id: "wf".into(),
+        event_id: format!("e{seq}"),
+        name: name.into(),
+        payload,
+        created_by: None,
+        created_at: 0.0,
+        taken_by: None,
+    }
+}
+
+#[test]
+fn an_event_wait_takes_the_oldest_event_of_its_name_once_or_resolves_null_at_its_deadline() {
+    let mut m = machine(Start::Fresh);
+    drive(&mut m, Event::Begin);
+    let wait = |seq: u32, step_id: &str| {
+        call(
+            seq,
+            CallKind::WaitForEvent,
+            step_id,
+            json!({"stepId": step_id, "name": "paid", "timeoutMs": 2_000}),
+        )
+    };
+    let (described, effects) = drive_with(
+        &mut m,
+        activation(vec![wait(0, "w1"), wait(1, "w2")], Status::Waiting),
+        NOW,
+        |_| None,
+    );
+    assert_eq!(
+        described,
+        [
+            "write [step w1 running, step w2 running]",
+            "count reins_steps_started_total",
+            "count reins_steps_started_total",
+            "after 2000ms TimerDue(CallId(0))",
+            "park",
+            "post Poll",
+            "after 2000ms TimerDue(CallId(1))",
+            "post Poll",
+        ]
+    );
+    // The poll reads the controls and, while a call waits for one, the events.
+    assert_eq!(drive(&mut m, Event::Poll), ["read controls", "read events"]);
+    let Some(WriteOp::PutStep { record, .. }) = written(&effects).into_iter().next() else {
+        panic!("the wait journaled");
+    };
+    assert_eq!(record.call.deadline_at_ms(), Some(NOW + 2_000));
+
+    // The database did not answer: read again after a backoff.
+    let outage = Event::EventsRead(Err(store::Error::Unavailable("down".into())));
+    assert_eq!(drive(&mut m, outage), ["after 50ms Poll"]);
+    // An event of another name is left; the two of its name go one to each wait, oldest first.
+    let events = vec![
+        sent(4, "shipped", json!("s")),
+        sent(5, "paid", json!({"n": 1})),
+        sent(6, "paid", json!({"n": 2})),
+    ];
+    let waits_on = |effect: &Effect| {
+        matches!(effect, Effect::Activate { .. }).then(|| activation(vec![], Status::Waiting))
+    };
+    let (described, effects) = drive_with(
+        &mut m,
+        Event::EventsRead(Ok(events.clone())),
+        NOW + 10,
+        waits_on,
+    );
+    assert_eq!(
+        described,
+        [
+            "activate start []",
+            "write [take event 5 for w1, step w1 completed]",
+            "count reins_steps_finished_total",
+            "park",
+            "then",
+            "activate start []",
+            "write [take event 6 for w2, step w2 completed]",
+            "count reins_steps_finished_total",
+            "then",
+        ]
+    );
+    let taken: Vec<(i64, StepCall)> = written(&effects)
+        .into_iter()
+        .filter_map(|op| match op {
+            WriteOp::PutStep { record, .. } => Some(record.call.clone()),
+            _ => None,
+        })
+        .map(|call| match &call {
+            StepCall::WaitForEvent {
+                event_seq: Some(seq),
+                ..
+            } => (*seq, call),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(taken.len(), 2);
+    assert_eq!(settled(&effects), Outcome::Resolved(json!({"n": 2})));
+    // The same events read again (the takes not read back yet) go to no wait twice.
+    assert!(drive(&mut m, Event::EventsRead(Ok(events))).is_empty());
+
+    // No event before the deadline: the wait resolves with null, and an early timer waits on.
+    let mut m = machine(Start::Fresh);
+    drive(&mut m, Event::Begin);
+    drive(&mut m, activation(vec![wait(0, "w1")], Status::Waiting));
+    assert_eq!(
+        drive_with(&mut m, Event::TimerDue(CallId(0)), NOW + 1_000, |_| None).0,
+        ["after 1000ms TimerDue(CallId(0))"]
+    );
+    let (described, effects) =
+        drive_with(&mut m, Event::TimerDue(CallId(0)), NOW + 2_000, |_| None);
+    assert_eq!(described, ["activate start []"]);
+    assert_eq!(settled(&effects), Outcome::Resolved(Value::Null));
+    // An event that comes after is left for a later wait.
+    assert!(
+        drive(
+            &mut m,
+            Event::EventsRead(Ok(vec![sent(7, "paid", json!(1))]))
+        )
+        .is_empty()
+    );
+}
+
+#[test]
+fn a_waits_deadline_records_its_answer_as_a_control_and_whichever_is_recorded_is_applied() {
+    let checkpoint = |on_timeout: &str| {
+        call(
+            0,
+            CallKind::HumanCheckpoint,
+            "review",
+            json!({"stepId": "review", "sourceStepId": "s", "artifactVersion": 2,
+                   "timeoutMs": 1_000, "onTimeout": on_timeout}),
+        )
+    };
+    let decided = |body: Value| Event::Controls {
+        purpose: ControlsFor::Poll,
+        result: Ok(vec![control(9, ControlKind::Decide, "review", 1, body)]),
+    };
+    let mut m = machine(Start::Fresh);
+    drive(&mut m, Event::Begin);
+    drive(
+        &mut m,
+        activation(vec![checkpoint("fail")], Status::Waiting),
+    );
+    let due = NOW + 1_000;
+    assert_eq!(
+        drive_with(&mut m, Event::TimerDue(CallId(0)), due, |_| None).0,
+        [r#"put control decide {"artifactVersion":2,"by":"timeout","decision":"fail"}"#]
+    );
+    let outage = Event::ControlRecorded {
+        by: ControlBy::Deadline(CallId(0)),
+        result: Err(store::Error::Unavailable("down".into())),
+    };
+    assert_eq!(drive(&mut m, outage), ["after 50ms TimerDue(CallId(0))"]);
+    // A person's decision holds the row: it is read, and applied.
+    let person_first = Event::ControlRecorded {
+        by: ControlBy::Deadline(CallId(0)),
+        result: Err(store::Error::Conflict("decided approve by ada".into())),
+    };
+    assert_eq!(drive(&mut m, person_first), ["read controls"]);
+    let (_, effects) = drive_with(
+        &mut m,
+        decided(json!({"decision": "approve", "artifactVersion": 2})),
+        due,
+        |_| None,
+    );
+    let Outcome::Resolved(decision) = settled(&effects) else {
+        panic!("approved");
+    };
+    assert_eq!(
+        (
+            decision["decision"].as_str(),
+            decision["decidedBy"].as_str()
+        ),
+        (Some("approve"), Some("ann"))
+    );
+
+    // The deadline's own `fail` fails the step as a timeout; its `reject` is decided by it.
+    let mut m = machine(Start::Fresh);
+    drive(&mut m, Event::Begin);
+    drive(
+        &mut m,
+        activation(vec![checkpoint("fail")], Status::Waiting),
+    );
+    let body = json!({"decision": "fail", "artifactVersion": 2, "by": "timeout"});
+    let (_, effects) = drive_with(&mut m, decided(body), due, |_| None);
+    let Outcome::Rejected(error) = settled(&effects) else {
+        panic!("failed");
+    };
+    assert_eq!(error["status"], "timeout");
+    let mut m = machine(Start::Fresh);
+    drive(&mut m, Event::Begin);
+    drive(
+        &mut m,
+        activation(vec![checkpoint("reject")], Status::Waiting),
+    );
+    let body = json!({"decision": "reject", "artifactVersion": 2, "by": "timeout"});
+    let (_, effects) = drive_with(&mut m, decided(body), due, |_| None);
+    let Outcome::Resolved(decision) = settled(&effects) else {
+        panic!("decided");
+    };
+    assert_eq!(
+        (
+            decision["decision"].as_str(),
+            decision["decidedBy"].as_str()
+        ),
+        (Some("reject"), Some("timeout"))
+    );
+
+    // A pause's deadline: `onTimeout: {resume}` resumes with its value, none fails the step.
+    for (on_timeout, body, outcome) in [
+        (
+            json!({"resume": {"late": true}}),
+            json!({"by": "timeout", "input": {"late": true}}),
+            Outcome::Resolved(json!({"late": true})),
+        ),
+        (
+            Value::Null,
+            json!({"by": "timeout"}),
+            Outcome::Rejected(json!({
+            "message": "pause \"p\" got no answer within 500 ms", "status": "timeout"})),
+        ),
+    ] {
+        let mut args = json!({"stepId": "p", "timeoutMs": 500});
+        if !on_timeout.is_null() {
+            args["onTimeout"] = on_timeout;
+        }
+        let mut m = machine(Start::Fresh);
+        drive(&mut m, Event::Begin);
+        drive(
+            &mut m,
+            activation(vec![call(0, CallKind::Pause, "p", args)], Status::Waiting),
+        );
+        let recorded = drive_with(&mut m, Event::TimerDue(CallId(0)), NOW + 500, |_| None).0;
+        assert_eq!(recorded, [format!("put control resume {body}")]);
+        let resumed = Event::Controls {
+            purpose: ControlsFor::Poll,
+            result: Ok(vec![control(3, ControlKind::Resume, "p", 1, body)]),
+        };
+        let (_, effects) = drive_with(&mut m, resumed, NOW + 500, |_| None);
+        assert_eq!(settled(&effects), outcome);
+    }
+}
+
 #[test]
 fn an_attempt_runs_under_its_timeouts_and_what_total_ms_leaves_of_the_step() {
     let admitted_under = |effects: &[Effect]| {
@@ -2274,6 +2532,8 @@ fn an_attempt_runs_under_its_timeouts_and_what_total_ms_leaves_of_the_step() {
 }
 
 const EVERY_TEST: &[fn()] = &[
+    an_event_wait_takes_the_oldest_event_of_its_name_once_or_resolves_null_at_its_deadline,
+    a_waits_deadline_records_its_answer_as_a_control_and_whichever_is_recorded_is_applied,
     an_attempt_runs_under_its_timeouts_and_what_total_ms_leaves_of_the_step,
     a_sleep_journals_its_due_time_parks_and_resolves_once_due_even_after_a_takeover,
     a_failed_attempt_is_retried_as_a_new_run_behind_a_durable_timer_until_its_policy_says_no,

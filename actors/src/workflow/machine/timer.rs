@@ -1,5 +1,5 @@
-//! The durable timer: a call waits until a time journaled with it (a `sleep`, or an `agent`
-//! attempt its retry policy queued). The due time is in the journal, so a node that takes the workflow over waits
+//! The durable timer: a call waits until a time journaled with it (a `sleep`, an `agent`
+//! attempt its retry policy queued, or a wait's deadline, `deadline.rs`). The due time is in the journal, so a node that takes the workflow over waits
 //! for the same time, not from zero, and a timer that came due while no node ran the workflow
 //! fires at once. A workflow that waits only for timers (and people) is parked: its VM is
 //! dropped, and it holds no slot (transitions: [`Timer`]).
@@ -28,9 +28,16 @@ impl WorkflowMachine {
         let Some((_, command)) = self.waiting.remove(&id) else {
             return;
         };
-        self.took(&command.step_id, Transition::Timer(Timer::Armed));
         self.waiting
             .insert(id, (Waiting::Timer(due_at_ms), command));
+        self.arm(out, id, due_at_ms, now);
+    }
+
+    /// Arms the timer of call `id` for `due_at_ms`: [`Event::TimerDue`] then.
+    pub(super) fn arm(&self, out: &mut Vec<Effect>, id: CallId, due_at_ms: Millis, now: Millis) {
+        if let Some((_, command)) = self.waiting.get(&id) {
+            self.took(&command.step_id, Transition::Timer(Timer::Armed));
+        }
         let delay = until(due_at_ms, now);
         #[cfg(test)]
         let delay =
@@ -47,10 +54,18 @@ impl WorkflowMachine {
     }
 
     /// The timer of call `id` says it is due: the call goes on, unless the time has not come
-    /// (a timer posted before its time is armed again).
+    /// (a timer posted before its time is armed again). A wait's timer is its deadline.
     pub(super) fn on_timer_due(&mut self, out: &mut Vec<Effect>, id: CallId, now: Millis) {
-        let Some((Waiting::Timer(due_at_ms), command)) = self.waiting.get(&id).cloned() else {
+        let Some((waiting, command)) = self.waiting.get(&id).cloned() else {
             return;
+        };
+        let due_at_ms = match waiting {
+            Waiting::Timer(due_at_ms) => due_at_ms,
+            Waiting::Control(_) | Waiting::Event(_) => match self.dues.get(&command.seq) {
+                Some(deadline) => *deadline,
+                None => return,
+            },
+            Waiting::Slot | Waiting::Child(_) => return,
         };
         #[cfg(test)]
         let due_at_ms =
@@ -72,11 +87,10 @@ impl WorkflowMachine {
         match command.kind {
             CallKind::Agent => self.next_attempt_due(out, id, now),
             CallKind::Sleep => self.woke(out, id, now),
-            // Only an agent's next attempt and a sleep wait for a timer.
-            CallKind::Pause
-            | CallKind::HumanCheckpoint
-            | CallKind::CaptureArtifact
-            | CallKind::ReadArtifact => {}
+            CallKind::Pause | CallKind::HumanCheckpoint => self.deadline_passed(out, id, &command),
+            CallKind::WaitForEvent => self.event_timed_out(out, id, now),
+            // A capture or a read waits for no timer.
+            CallKind::CaptureArtifact | CallKind::ReadArtifact => {}
         }
     }
 }

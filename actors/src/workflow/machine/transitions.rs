@@ -110,6 +110,8 @@ table! {
         Begun,
         /// A `resume` came: resolves with its input.
         Resumed,
+        /// Its deadline's `resume` came with no `onTimeout`: the step fails, status `timeout`.
+        TimedOut,
     }
 }
 
@@ -120,6 +122,37 @@ table! {
         Begun,
         /// A decision came: resolves with it, who made it and when.
         Decided,
+        /// Its deadline's decision was `fail`: the step fails, status `timeout`.
+        TimedOut,
+    }
+}
+
+table! {
+    /// The deadline of a `pause` or `humanCheckpoint` (`deadline.rs`): its default answer is
+    /// recorded as a control, through the same unique row a person's answer takes, so exactly
+    /// one of them is the step's.
+    Deadline {
+        /// The deadline passed: its answer is recorded (unless one is already).
+        Passed,
+        /// Recorded, or a person's answer was there first: the controls are read and the one
+        /// recorded is applied.
+        Recorded,
+        /// The store wrote nothing: the deadline fires again after a backoff.
+        Retried,
+    }
+}
+
+table! {
+    /// `waitForEvent`: takes the oldest untaken event of its name (`event.rs`).
+    EventWait {
+        /// New call: reads the workflow's events (one sent before the wait is there).
+        Begun,
+        /// An event of its name: taken in the fenced write that journals the outcome.
+        Delivered,
+        /// Its deadline passed first: resolves with `null`.
+        TimedOut,
+        /// The events could not be read: read again after a backoff.
+        ReadRetried,
     }
 }
 
@@ -178,6 +211,8 @@ pub(crate) enum Transition {
     Storage(Storage),
     Sleep(Sleep),
     Timer(Timer),
+    Deadline(Deadline),
+    EventWait(EventWait),
 }
 
 impl Transition {
@@ -192,6 +227,8 @@ impl Transition {
         all.extend(Storage::ALL.iter().map(|&t| Transition::Storage(t)));
         all.extend(Sleep::ALL.iter().map(|&t| Transition::Sleep(t)));
         all.extend(Timer::ALL.iter().map(|&t| Transition::Timer(t)));
+        all.extend(Deadline::ALL.iter().map(|&t| Transition::Deadline(t)));
+        all.extend(EventWait::ALL.iter().map(|&t| Transition::EventWait(t)));
         all
     }
 }

@@ -1,0 +1,250 @@
+//! Events and the deadlines of waits through the real binary: an event sent before its wait is
+//! kept and delivered, once per `event_id`; a wait with a deadline and no event resolves `null`;
+//! a checkpoint's deadline decides `by: timeout` on the node that took the workflow over, and a
+//! person's decision recorded first wins over it.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::http_api::{ADMIN, Db, Node, PASSWORD, assert_refused, initialize, launch, wait_for};
+use crate::http_client::{Answer, Api};
+
+async fn send(api: &mut Api, run_id: &str, body: Value) -> Answer {
+    api.call(
+        "POST",
+        &format!("/api/v1/workflows/{run_id}/events"),
+        Some(body),
+    )
+    .await
+}
+
+/// Step `step_id` of `record`: among its steps, or its checkpoints (pauses and checkpoints).
+fn step<'a>(record: &'a Value, step_id: &str) -> &'a Value {
+    ["steps", "checkpoints"]
+        .iter()
+        .flat_map(|list| record[list].as_array().into_iter().flatten())
+        .find(|step| step["step_id"] == step_id)
+        .unwrap_or_else(|| panic!("no step {step_id}: {record}"))
+}
+
+/// Polls `get` until step `step_id` (or checkpoint) has `status`.
+async fn step_reaches(api: &mut Api, run_id: &str, step_id: &str, status: &str) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let record = api.action("get", json!({"run_id": run_id})).await.json();
+        let found = ["steps", "checkpoints"]
+            .iter()
+            .flat_map(|list| record[list].as_array().into_iter().flatten())
+            .any(|step| step["step_id"] == step_id && step["status"] == status);
+        if found {
+            return record;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{step_id} never {status}: {record}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn events_are_kept_until_a_wait_takes_them_once(postgres: bool) {
+    let db = Db::new(postgres).await;
+    let node = Node::start(&db, &[]);
+    let mut api = initialize(&node).await;
+    let run_id = launch(
+        &mut api,
+        r#"await sleep({stepId: "nap", ms: 1500});
+           const first = await waitForEvent({stepId: "w1", name: "paid"});
+           const none = await waitForEvent({stepId: "w2", name: "paid", timeoutMs: 1000});
+           const later = await waitForEvent({stepId: "w3", name: "shipped", timeoutMs: 60000});
+           return [first, none, later];"#,
+    )
+    .await;
+    // Sent while the script sleeps, before it reaches its wait; sent again, it is one event.
+    let paid = json!({"name": "paid", "event_id": "pay-1", "payload": {"amount": 3}});
+    let sent = send(&mut api, &run_id, paid.clone()).await;
+    assert_eq!(sent.status, 200, "{sent:?}");
+    assert_eq!(
+        (
+            sent.json()["status"].as_str(),
+            sent.json()["sent_by"].as_str()
+        ),
+        (Some("stored"), Some(ADMIN))
+    );
+    let again = send(&mut api, &run_id, paid).await;
+    assert_eq!(
+        (again.status, again.json()["status"].as_str()),
+        (200, Some("repeated")),
+        "{again:?}"
+    );
+    let other = json!({"name": "paid", "event_id": "pay-1", "payload": {"amount": 4}});
+    assert_refused(
+        &send(&mut api, &run_id, other).await,
+        409,
+        "conflict",
+        "\"pay-1\"",
+    );
+    // Bad input is refused naming its field, with nothing stored.
+    let bad_name = json!({"name": "pay ment", "event_id": "x", "payload": 1});
+    assert_refused(
+        &send(&mut api, &run_id, bad_name).await,
+        400,
+        "bad_request",
+        "name \"pay ment\" is not an id",
+    );
+    let bad_id = json!({"name": "paid", "event_id": "", "payload": 1});
+    assert_refused(
+        &send(&mut api, &run_id, bad_id).await,
+        400,
+        "bad_request",
+        "event_id \"\" is not an id",
+    );
+    let huge = json!({"name": "paid", "event_id": "big", "payload": "x".repeat(48 * 1024)});
+    assert_refused(
+        &send(&mut api, &run_id, huge).await,
+        413,
+        "too_large",
+        "limits.frame_bytes_max",
+    );
+
+    // w2 finds no second `paid` (pay-1 was taken once) and resolves null at its deadline.
+    step_reaches(&mut api, &run_id, "w3", "running").await;
+    let shipped = json!({"name": "shipped", "event_id": "ship-1", "payload": "parcel"});
+    assert_eq!(send(&mut api, &run_id, shipped).await.status, 200);
+    let record = wait_for(&mut api, &run_id, "completed").await;
+    assert_eq!(record["result"], json!([{"amount": 3}, null, "parcel"]));
+    let w2 = step(&record, "w2");
+    let waited =
+        w2["finished_at"].as_f64().expect("finished") - w2["started_at"].as_f64().expect("started");
+    assert!(
+        (0.99..2.0).contains(&waited),
+        "w2 waited {waited} s for its 1 s deadline: {w2}"
+    );
+    assert!(w2["deadline_at"].as_f64().is_some(), "{w2}");
+    let taken = db
+        .sql(&format!(
+            "SELECT string_agg(event_id || '=' || taken_by, ',' ORDER BY seq) FROM sent_events \
+             WHERE workflow = '{run_id}'"
+        ))
+        .await;
+    assert_eq!(
+        taken.as_deref(),
+        Some("pay-1=w1,ship-1=w3"),
+        "one row per event, each taken once"
+    );
+
+    // An ended workflow takes no event, and says what it is.
+    let late = json!({"name": "paid", "event_id": "pay-2", "payload": 1});
+    assert_refused(
+        &send(&mut api, &run_id, late).await,
+        422,
+        "refused",
+        "is completed",
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_events_are_kept_until_a_wait_takes_them_once() {
+    events_are_kept_until_a_wait_takes_them_once(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_events_are_kept_until_a_wait_takes_them_once() {
+    events_are_kept_until_a_wait_takes_them_once(true).await;
+}
+
+const REVIEWED: &str = r#"
+    const a = await agent({stepId: "a", agentRef: "scripted", task: {output: "v"}});
+    return await humanCheckpoint({stepId: "look", sourceStepId: "a",
+                                  artifactVersion: a.artifactVersion,
+                                  timeoutMs: 2000, onTimeout: "reject", onReject: "return"});
+"#;
+
+/// The owner of a checkpoint with a 2 s deadline is SIGKILLed while it waits: the node that
+/// takes the workflow over rejects it `by: timeout` within the lease and 3 s of the deadline,
+/// and a person who answers after is told who decided. A person's approval recorded before the
+/// deadline is the checkpoint's answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checkpoint_deadline_decides_on_the_node_that_took_it_over_unless_a_person_did_first() {
+    const LEASE_S: f64 = 1.0;
+    let db = Db::new(true).await;
+    let env = [
+        ("REINS_RECOVERY", "automatic".to_owned()),
+        ("REINS_LEASE_SECONDS", "1".to_owned()),
+    ];
+    let first = Node::start(&db, &env);
+    let mut api = initialize(&first).await;
+    let run_id = launch(&mut api, REVIEWED).await;
+    let record = step_reaches(&mut api, &run_id, "look", "waiting").await;
+    let deadline_at = step(&record, "look")["deadline_at"]
+        .as_f64()
+        .expect("deadline_at");
+    first.signal(libc::SIGKILL);
+    let second = Node::start(&db, &env);
+    let mut api = second.api();
+    assert_eq!(api.login(ADMIN, PASSWORD).await.status, 200);
+    let record = wait_for(&mut api, &run_id, "completed").await;
+    assert_eq!(
+        (
+            record["result"]["decision"].as_str(),
+            record["result"]["decidedBy"].as_str()
+        ),
+        (Some("reject"), Some("timeout")),
+        "{record}"
+    );
+    let look = step(&record, "look");
+    assert_eq!(
+        (look["status"].as_str(), look["decided_by"].as_str()),
+        (Some("rejected"), Some("timeout")),
+        "{look}"
+    );
+    let decided_at = look["decided_at"].as_f64().expect("decided_at");
+    assert!(
+        decided_at >= deadline_at - 0.001,
+        "decided {} s early",
+        deadline_at - decided_at
+    );
+    assert!(
+        decided_at <= deadline_at + LEASE_S + 3.0,
+        "decided {} s after the deadline",
+        decided_at - deadline_at
+    );
+    let version = record["checkpoints"][0]["artifact_version"].clone();
+    let late = api
+        .call(
+            "POST",
+            &format!("/api/v1/workflows/{run_id}/decide"),
+            Some(
+                json!({"step_id": "look", "attempt": 1, "artifact_version": version,
+                        "decision": "approve"}),
+            ),
+        )
+        .await;
+    assert_refused(&late, 409, "conflict", "by its timeout");
+
+    // A person first: the deadline's answer finds the row taken, and the person's stands.
+    let run_id = launch(&mut api, REVIEWED).await;
+    let record = step_reaches(&mut api, &run_id, "look", "waiting").await;
+    let version = record["checkpoints"][0]["artifact_version"].clone();
+    let approved = api
+        .call(
+            "POST",
+            &format!("/api/v1/workflows/{run_id}/decide"),
+            Some(
+                json!({"step_id": "look", "attempt": 1, "artifact_version": version,
+                        "decision": "approve", "comment": "fine"}),
+            ),
+        )
+        .await;
+    assert_eq!(approved.status, 200, "{approved:?}");
+    let record = wait_for(&mut api, &run_id, "completed").await;
+    assert_eq!(
+        (
+            record["result"]["decision"].as_str(),
+            record["result"]["decidedBy"].as_str()
+        ),
+        (Some("approve"), Some(ADMIN)),
+        "{record}"
+    );
+}
