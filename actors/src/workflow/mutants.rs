@@ -35,6 +35,11 @@ pub(crate) enum Mutant {
     /// An idempotent agent's run of unknown outcome is taken for closed while it still lives:
     /// the next attempt does not wait for it to be final.
     ClosingNotAwaited,
+    /// A `waitForEvent` takes the oldest event whatever its name.
+    EventOfAnyName,
+    /// A wait's deadline answers it at once, without recording its answer as a control: a
+    /// person's answer recorded first is ignored.
+    DeadlineDecidesAlone,
 }
 
 thread_local! {

@@ -231,7 +231,26 @@ return [r.output, r.attempts];"#,
 const a = await agent({stepId: "after", agentRef: "scripted", task: "woke"});
 return a.output;"#,
     },
+    Script {
+        name: "event",
+        source: r#"await sleep({stepId: "nap", ms: 1000});
+const paid = await waitForEvent({stepId: "paid", name: "paid"});
+const none = await waitForEvent({stepId: "never", name: "never", timeoutMs: 3000});
+return [paid, none];"#,
+    },
+    Script {
+        name: "deadline",
+        source: r#"const a = await agent({stepId: "draft", agentRef: "scripted", task: "d"});
+const review = await humanCheckpoint({stepId: "review", sourceStepId: "draft",
+  artifactVersion: a.artifactVersion, timeoutMs: 2000, onTimeout: "reject", onReject: "return"});
+const hold = await pause({stepId: "hold", timeoutMs: 1500, onTimeout: {resume: {go: "hold"}}});
+return [review.decision === "approve" || review.decidedBy === "timeout", hold];"#,
+    },
 ];
+
+/// The scripts the retry mixes pick from (those before the waits' scripts), so that their seeds
+/// run as they did when they were found.
+const SCRIPTS_BEFORE_WAITS: usize = 13;
 
 /// The scripts the scarce-slot mixes pick from (those before the retry scripts), so that their
 /// seeds run as they did when they were found.
@@ -346,6 +365,10 @@ struct Faults {
     slots: bool,
     /// The scripts whose steps retry (flaky agents, an idempotent one) are in the mix.
     retries: bool,
+    /// The scripts that wait for events and whose waits have deadlines are in the mix, and the
+    /// people send events (sometimes before the wait, again, and contradicted) and answer
+    /// waits with deadlines only now and then, so either may come first.
+    waits: bool,
 }
 
 impl Faults {
@@ -357,6 +380,7 @@ impl Faults {
         timeouts: false,
         slots: false,
         retries: false,
+        waits: false,
     };
     const CRASHES: Faults = Faults {
         crashes: true,
@@ -382,6 +406,7 @@ impl Faults {
         timeouts: true,
         slots: false,
         retries: false,
+        waits: false,
     };
     const SLOTS: Faults = Faults {
         slots: true,
@@ -397,6 +422,17 @@ impl Faults {
     };
     const RETRIES_ALL: Faults = Faults {
         retries: true,
+        ..Faults::ALL
+    };
+    const WAITS: Faults = Faults {
+        retries: true,
+        waits: true,
+        controls: true,
+        ..Faults::NONE
+    };
+    const WAITS_ALL: Faults = Faults {
+        retries: true,
+        waits: true,
         ..Faults::ALL
     };
 }
@@ -543,11 +579,17 @@ struct Stats {
     retries: u64,
     /// Of those, idempotent agents' runs whose outcome was unknown, closed and run again.
     lost_retried: u64,
+    /// Events a `waitForEvent` took.
+    events_taken: u64,
+    /// Waits a deadline answered (decided `by: timeout`, or a `waitForEvent` resolved `null`).
+    deadlines: u64,
 }
 
 impl Stats {
     fn add(&mut self, other: Stats) {
         self.workflows += other.workflows;
+        self.events_taken += other.events_taken;
+        self.deadlines += other.deadlines;
         self.completed += other.completed;
         self.needs_reconciliation += other.needs_reconciliation;
         self.reconciled += other.reconciled;
@@ -2081,7 +2123,8 @@ impl Sim {
     }
 
     /// The people: each step waiting for one (a pause, a checkpoint) is answered, by a control
-    /// recorded as the HTTP API records it; the owner's poller finds it.
+    /// recorded as the HTTP API records it; the owner's poller finds it. With the waits' mixes,
+    /// they also send events.
     fn person(&mut self) {
         let ids: Vec<WorkflowId> = self.workflows.keys().cloned().collect();
         if self.manual_recovery {
@@ -2089,6 +2132,9 @@ impl Sim {
         }
         for workflow_id in ids {
             self.operator(&workflow_id);
+            if self.faults.waits && self.rng.below(2) == 0 {
+                self.send_events(&workflow_id);
+            }
             let Ok(steps) = now_or_never(self.store.read_steps(&workflow_id)) else {
                 continue;
             };
@@ -2098,6 +2144,13 @@ impl Sim {
                     continue;
                 }
                 if step.status != StepStatus::Running {
+                    continue;
+                }
+                // A wait with a deadline is answered now and then, so that either comes first.
+                let timed = step
+                    .record()
+                    .is_some_and(|record| record.call.deadline_at_ms().is_some());
+                if timed && self.rng.below(3) != 0 {
                     continue;
                 }
                 let (kind, body) = match step.kind() {
@@ -2157,6 +2210,50 @@ impl Sim {
                 self.poll_everywhere(&workflow_id);
             }
         }
+    }
+
+    /// Sends `workflow_id` the event its `waitForEvent` takes (`paid`), as the HTTP API does:
+    /// again (one event), contradicted under the same id (refused), and one of a name no wait
+    /// takes; then the nodes that recorded them cue the owner, as the change bus does.
+    fn send_events(&mut self, workflow_id: &WorkflowId) {
+        let event = |event_id: &str, name: &str, payload: Value| store::NewSentEvent {
+            workflow_id: workflow_id.clone(),
+            event_id: event_id.into(),
+            name: name.into(),
+            payload,
+            created_by: Some("ann@example.com".into()),
+        };
+        let ended = |sent: &store::EventSend| matches!(sent, store::EventSend::Ended(_));
+        let sent = now_or_never(
+            self.store
+                .send_event(event("pay-1", "paid", json!({"n": 1}))),
+        );
+        match &sent {
+            Ok(sent) if ended(sent) => return,
+            Ok(_) => {}
+            Err(_) => return,
+        }
+        if let Ok(again) = now_or_never(self.store.send_event(event(
+            "pay-1",
+            "paid",
+            json!({"n": 1}),
+        ))) && !matches!(again, store::EventSend::Repeated(_))
+        {
+            self.violation(format!(
+                "{workflow_id}: the same event again answered {again:?}"
+            ));
+        }
+        let contrary = now_or_never(
+            self.store
+                .send_event(event("pay-1", "paid", json!({"n": 2}))),
+        );
+        if !matches!(contrary, Err(store::Error::Conflict(_))) {
+            self.violation(format!(
+                "{workflow_id}: another event under a used id answered {contrary:?}"
+            ));
+        }
+        let _ = now_or_never(self.store.send_event(event("noise-1", "noise", json!(0))));
+        self.poll_everywhere(workflow_id);
     }
 
     /// Tells every supervisor of `workflow_id` on every node (its owner, a stale one, none) to
@@ -2303,6 +2400,7 @@ impl Sim {
             self.check_nothing_held(&workflow_id, &runs, &slots, &storage);
             self.check_attempts(&workflow_id, &runs, &ending);
             self.check_sleeps(&workflow_id);
+            self.check_waits(&workflow_id);
             let faithful = reconciled.iter().all(|made| made.faithful);
             match &ending {
                 Ending::Completed(_) | Ending::Failed(_) if !faithful => {
@@ -2548,6 +2646,102 @@ impl Sim {
                     "{workflow_id} sleep {:?} was journaled as attempt {}",
                     step.step_id, step.attempt
                 ));
+            }
+        }
+    }
+
+    /// Each event was taken once, by a `waitForEvent` of its name, which resolved with its
+    /// payload; a wait with no event, a checkpoint decided `by: timeout` and a pause resumed by
+    /// one did so no sooner than its journaled deadline; each answered pause holds the input of
+    /// its one `resume` control, applied.
+    fn check_waits(&mut self, workflow_id: &WorkflowId) {
+        let Some(steps) = self.read(workflow_id, "journal", |store, id| {
+            now_or_never(store.read_steps(id))
+        }) else {
+            return;
+        };
+        let Some(controls) = self.read(workflow_id, "controls", |store, id| {
+            now_or_never(store.read_controls(id))
+        }) else {
+            return;
+        };
+        let events: Vec<store::SentEvent> = self
+            .store
+            .all_sent_events()
+            .into_iter()
+            .filter(|event| event.workflow_id == *workflow_id)
+            .collect();
+        for event in &events {
+            let Some(taken_by) = &event.taken_by else {
+                continue;
+            };
+            self.stats.events_taken += 1;
+            let step = steps.iter().find(|step| step.step_id == *taken_by);
+            let record = step.and_then(store::StepRow::record);
+            let Some(record) = record else {
+                self.violation(format!(
+                    "{workflow_id}: event {} taken by no step",
+                    event.seq
+                ));
+                continue;
+            };
+            if record.args["name"] != event.name.as_str() {
+                self.violation(format!(
+                    "{workflow_id}: event {:?} went to {taken_by:?}, a wait for {}",
+                    event.name, record.args["name"]
+                ));
+            }
+            let store::StepCall::WaitForEvent { event_seq, .. } = record.call else {
+                self.violation(format!(
+                    "{workflow_id}: event {} taken by a {:?}",
+                    event.seq,
+                    record.kind()
+                ));
+                continue;
+            };
+            let outcome = record.outcome.as_ref().map(store::StepOutcome::value);
+            if event_seq != Some(event.seq) || outcome != Some(&event.payload) {
+                self.violation(format!(
+                    "{workflow_id}: {taken_by:?} took event {} but journaled {event_seq:?} {outcome:?}",
+                    event.seq
+                ));
+            }
+        }
+        for step in &steps {
+            let Some(record) = step.record() else {
+                continue;
+            };
+            let (Some(deadline), Some(settled)) =
+                (record.call.deadline_at_ms(), record.settled_at_ms)
+            else {
+                continue;
+            };
+            let control = controls.iter().find(|control| {
+                control.step_id == step.step_id && control.kind != ControlKind::Cancel
+            });
+            let by_timeout = match &record.call {
+                store::StepCall::WaitForEvent { event_seq, .. } => event_seq.is_none(),
+                _ => control.is_some_and(|control| control.body["by"] == "timeout"),
+            };
+            if by_timeout {
+                self.stats.deadlines += 1;
+                if settled < deadline {
+                    self.violation(format!(
+                        "{workflow_id}: {:?} was answered by its deadline {} ms early",
+                        step.step_id,
+                        deadline - settled
+                    ));
+                }
+            }
+            if step.kind() == Some(StepKind::Pause) && step.status == StepStatus::Completed {
+                let outcome = record.outcome.as_ref().map(store::StepOutcome::value);
+                match control {
+                    Some(control) if control.applied && outcome == control.body.get("input") => {}
+                    other => self.violation(format!(
+                        "{workflow_id}: pause {:?} holds {outcome:?}, its control {other:?}",
+                        step.step_id
+                    )),
+                }
             }
         }
     }
@@ -2894,7 +3088,12 @@ fn baseline() -> &'static [Ending] {
     BASELINE.get_or_init(|| {
         (0..SCRIPTS.len())
             .map(|script| {
-                let mut sim = Sim::new(0, Faults::NONE, 1);
+                // The waits' scripts need their events sent.
+                let faults = Faults {
+                    waits: script >= SCRIPTS_BEFORE_WAITS,
+                    ..Faults::NONE
+                };
+                let mut sim = Sim::new(0, faults, 1);
                 sim.launch(0, 0, script);
                 sim.run();
                 sim.endings()
@@ -2932,8 +3131,10 @@ fn run_planted(seed: u64, faults: Faults, tracing: bool, mutant: Option<store::S
     // With scarce slots, a script whose agent hangs is left out: the hanging run holds its slot
     // until its workflow ends, so the other workflows would wait for their timeout, as they
     // would in a cluster.
-    let scripts: Vec<usize> = if faults.retries {
+    let scripts: Vec<usize> = if faults.waits {
         (0..SCRIPTS.len()).collect()
+    } else if faults.retries {
+        (0..SCRIPTS_BEFORE_WAITS).collect()
     } else if faults.slots {
         (0..SCRIPTS_BEFORE_RETRIES)
             .filter(|&script| !SCRIPTS[script].source.contains("hang"))
@@ -3329,6 +3530,34 @@ fn mutant_timer_fires_early_wakes_a_sleep_early() {
         8_000_000,
         "ms before its due time",
     );
+}
+
+#[test]
+fn sim_wait_seeds() {
+    let stats = run_seeds("sim_wait_seeds", 10_000_000, Faults::WAITS);
+    assert_eq!(stats.completed, stats.workflows, "{stats:?}");
+    assert_bites(&stats, "events taken", stats.events_taken, 30);
+    assert_bites(&stats, "deadlines", stats.deadlines, 40);
+}
+
+#[test]
+fn sim_wait_all_fault_seeds() {
+    let stats = run_seeds("sim_wait_all_fault_seeds", 11_000_000, Faults::WAITS_ALL);
+    assert!(stats.completed * 2 >= stats.workflows, "{stats:?}");
+    assert_bites(&stats, "events taken", stats.events_taken, 20);
+    assert_bites(&stats, "deadlines", stats.deadlines, 25);
+}
+
+#[test]
+fn mutant_event_of_any_name_is_found() {
+    let planting = Planting::Rules(Mutant::EventOfAnyName);
+    find_mutant(planting, Faults::WAITS, 10_000_000, "a wait for");
+}
+
+#[test]
+fn mutant_deadline_decides_alone_is_found() {
+    let planting = Planting::Rules(Mutant::DeadlineDecidesAlone);
+    find_mutant(planting, Faults::WAITS, 10_000_000, "decided checkpoints");
 }
 
 #[test]

@@ -66,6 +66,22 @@ pub(crate) enum ControlBy {
 }
 
 impl WorkflowMachine {
+    /// The call `entry` is, with the time it journaled for itself (a sleep's due time, a wait's
+    /// deadline), so that every later write of its entry keeps it.
+    pub(super) fn timed_call(&self, entry: &JournalEntry) -> StepCall {
+        let at = self.dues.get(&entry.seq).copied();
+        match entry.kind {
+            CallKind::Sleep => StepCall::Sleep { due_at_ms: at },
+            CallKind::Pause => StepCall::Pause { deadline_at_ms: at },
+            CallKind::HumanCheckpoint => StepCall::HumanCheckpoint { deadline_at_ms: at },
+            CallKind::WaitForEvent => StepCall::WaitForEvent {
+                deadline_at_ms: at,
+                event_seq: None,
+            },
+            kind => StepCall::new(super::step_kind(kind)),
+        }
+    }
+
     /// Arms the deadline of call `id` when its entry has one.
     pub(super) fn arm_deadline(&self, out: &mut Vec<Effect>, command: &Command, now: Millis) {
         if let Some(deadline) = self.dues.get(&command.seq) {
@@ -77,6 +93,20 @@ impl WorkflowMachine {
     /// answer is recorded as a control (a person's, if there first, stays).
     pub(super) fn deadline_passed(&mut self, out: &mut Vec<Effect>, id: CallId, command: &Command) {
         self.took(&command.step_id, Transition::Deadline(Deadline::Passed));
+        #[cfg(test)]
+        if crate::workflow::mutants::planted(crate::workflow::mutants::Mutant::DeadlineDecidesAlone)
+        {
+            let decided = json!({"decision": "reject", "decidedBy": BY_TIMEOUT});
+            self.conclude(
+                out,
+                id,
+                runtime::Outcome::Resolved(decided),
+                Vec::new(),
+                None,
+                0,
+            );
+            return;
+        }
         let (kind, body) = match command.kind {
             CallKind::HumanCheckpoint => {
                 let decision = match command.args["onTimeout"].as_str() {

@@ -84,11 +84,15 @@ impl WorkflowMachine {
                 _ => None,
             })
             .collect();
+        #[cfg(test)]
+        let any_name =
+            crate::workflow::mutants::planted(crate::workflow::mutants::Mutant::EventOfAnyName);
+        #[cfg(not(test))]
+        let any_name = false;
         for (id, name) in waits {
-            let Some(place) = events
-                .iter()
-                .position(|event| event.name == name && !self.taken_events.contains(&event.seq))
-            else {
+            let Some(place) = events.iter().position(|event| {
+                (any_name || event.name == name) && !self.taken_events.contains(&event.seq)
+            }) else {
                 continue;
             };
             let Some(event) = events.remove(place) else {

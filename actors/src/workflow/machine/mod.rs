@@ -766,7 +766,7 @@ impl WorkflowMachine {
     /// agent's run), or `None` when there is nothing of the kind's own to record.
     fn step_op(&self, entry: &JournalEntry, status: StepStatus, call: Option<StepCall>) -> WriteOp {
         let record = StepRecord {
-            call: call.unwrap_or_else(|| StepCall::new(step_kind(entry.kind))),
+            call: call.unwrap_or_else(|| self.timed_call(entry)),
             args: entry.args.clone(),
             outcome: entry.outcome.clone().map(step_outcome),
             settled_at_ms: entry.settled_at_ms,
