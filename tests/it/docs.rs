@@ -386,6 +386,11 @@ enum Then {
         decision: String,
         comment: Option<String>,
     },
+    /// `send NAME JSON`: an event, sent at once (it is kept until a wait takes it).
+    Send {
+        name: String,
+        payload: Value,
+    },
 }
 
 #[derive(Debug)]
@@ -439,6 +444,13 @@ fn parse_then(text: &str) -> Then {
                 step: step.to_owned(),
                 decision,
                 comment,
+            }
+        }
+        "send" => {
+            let (name, payload) = rest.split_once(' ').expect("`send NAME JSON`");
+            Then::Send {
+                name: name.to_owned(),
+                payload: serde_json::from_str(payload).expect("send payload is JSON"),
             }
         }
         other => panic!("unknown `then:` verb {other:?}"),
@@ -554,6 +566,10 @@ async fn act(api: &mut Api, run_id: &str, record: &Value, then: &Then) -> Result
                 json!({"decision": decision, "comment": comment}),
             )
         }
+        Then::Send { name, payload } => (
+            format!("{base}/events"),
+            json!({"name": name, "event_id": format!("{name}-doc"), "payload": payload}),
+        ),
     };
     let answer = api.call("POST", &path, Some(body)).await;
     match answer.status {
