@@ -11,6 +11,7 @@ const TABLES: &[&str] = &[
     "event_feed",
     "extension_execution_leases",
     "nodes",
+    "notify_outbox",
     "runs",
     "schema_migrations",
     "user_sessions",
