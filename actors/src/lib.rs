@@ -19,6 +19,7 @@ mod mailbox;
 pub mod metrics;
 mod node;
 pub mod node_files;
+pub mod notify;
 mod store_actor;
 mod workflow;
 pub mod workspace;

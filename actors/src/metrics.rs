@@ -30,6 +30,10 @@ const DESCRIPTIONS: &[(&str, &str, &str)] = &[
     ("reins_fenced_writes_rejected_total", "counter", "Fenced writes the database refused because the lease was lost."),
     ("reins_journal_write_seconds", "histogram", "Latency of a workflow's fenced journal writes."),
     ("reins_http_requests_total", "counter", "HTTP requests answered, by route and status."),
+    ("reins_notifications_delivered_total", "counter", "Notifications a webhook took (answered 2xx), by kind; one per sink."),
+    ("reins_notification_attempts_failed_total", "counter", "Webhook POSTs of notifications that failed (no answer in time, refused, or not 2xx), by kind."),
+    ("reins_notifications_abandoned_total", "counter", "Notifications given up after notifications.attempts_max attempts, by kind."),
+    ("reins_notifications_expired_total", "counter", "Notifications deleted undelivered past notifications.outbox_retention_ms."),
     ("reins_event_streams_disconnected_total", "counter", "Event streams cut off because their client left a full buffer unread for events.stream_stall_ms."),
 ];
 
@@ -76,6 +80,12 @@ impl Metrics {
     pub fn inc(&self, name: &'static str, pairs: &[(&str, &str)]) {
         let mut counters = self.counters.lock().unwrap_or_else(|p| p.into_inner());
         *counters.entry((name, labels(pairs))).or_insert(0) += 1;
+    }
+
+    /// Adds `count` to counter `name` with these labels.
+    pub fn add(&self, name: &'static str, pairs: &[(&str, &str)], count: u64) {
+        let mut counters = self.counters.lock().unwrap_or_else(|p| p.into_inner());
+        *counters.entry((name, labels(pairs))).or_insert(0) += count;
     }
 
     /// Records one observation of histogram `name`.

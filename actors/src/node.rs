@@ -18,6 +18,7 @@ use crate::faults::StoreFaults;
 use crate::js_pool::JsPool;
 use crate::lease::{LeaseActor, LeaseArgs, LeaseMsg, LeaseView};
 use crate::metrics::Metrics;
+use crate::notify::{Notifier, NotifierArgs, NotifyOptions};
 use crate::store_actor::{StoreActor, StoreArgs, StoreHandle};
 use crate::workflow::front_door::{Workflows, WorkflowsArgs, WorkflowsHandle, WorkflowsOptions};
 
@@ -73,6 +74,8 @@ pub struct NodeOptions {
     pub faults: Option<StoreFaults>,
     /// Where the node's actors count what happens (rendered by `/metrics`).
     pub metrics: Arc<Metrics>,
+    /// The webhooks inbox items are sent to; `None`: no notifier runs on this node.
+    pub notify: Option<NotifyOptions>,
 }
 
 impl NodeOptions {
@@ -109,6 +112,7 @@ impl NodeOptions {
             js_compiled_scripts_max: 32,
             faults: None,
             metrics: Arc::new(Metrics::default()),
+            notify: None,
         }
     }
 }
@@ -249,6 +253,22 @@ impl Actor for NodeSupervisor {
         )
         .await?;
         let runs = RunsHandle::new(child_runs.clone(), store.clone(), options.call_timeout);
+        // Not essential: a notifier that stops leaves its claims to lapse, and every other
+        // node (or this one after a restart) delivers them; the node's workflows go on.
+        if let Some(notify) = options.notify {
+            Actor::spawn_linked(
+                Some(format!("notifier@{worker_id}")),
+                Notifier,
+                NotifierArgs {
+                    store: store.clone(),
+                    metrics: Arc::clone(&options.metrics),
+                    worker_id: worker_id.clone(),
+                    options: notify,
+                },
+                myself.get_cell(),
+            )
+            .await?;
+        }
         let stopped = tokio::sync::broadcast::channel(STOPPED_BACKLOG).0;
         let workspaces_dir = options.workflows.workspaces_dir.clone();
         let event_payload_bytes_max = options.workflows.limits.frame_bytes_max;
@@ -350,6 +370,9 @@ impl Actor for NodeSupervisor {
             {
                 tracing::error!(actor = ?cell.get_name(), %error, "an essential actor failed; stopping the node");
                 myself.stop(Some(format!("an essential actor failed: {error}")));
+            }
+            SupervisionEvent::ActorFailed(cell, error) => {
+                tracing::error!(actor = ?cell.get_name(), %error, "an actor failed; the node goes on without it");
             }
             _ => {}
         }

@@ -22,9 +22,9 @@ use serde::Serialize;
 use store::{
     Admission, ApprovalAnswer, ArtifactRow, Backend, BackupReport, CancelAction, ControlRow,
     ControlWrite, EventPage, EventRow, Fence, Launch, LaunchLimits, Lease, NewControl, NewRun,
-    NewToken, NewUser, NewWorkflow, NodeRecord, Operation, RunId, RunOutcome, RunRenewal, RunRow,
-    RunStatus, SlotRow, StatusCount, StepRow, Store, TakeOver, TokenRow, UserChange, UserChanged,
-    UserDeletion, UserRow, WorkflowId, WorkflowRow, WriteOp,
+    NewToken, NewUser, NewWorkflow, NodeRecord, Notification, Operation, RunId, RunOutcome,
+    RunRenewal, RunRow, RunStatus, Settlement, SlotRow, StatusCount, StepRow, Store, TakeOver,
+    TokenRow, UserChange, UserChanged, UserDeletion, UserRow, WorkflowId, WorkflowRow, WriteOp,
 };
 use tokio::sync::Semaphore;
 
@@ -419,6 +419,50 @@ impl StoreHandle {
     pub async fn feed_head(&self) -> store::Result<i64> {
         self.call(Operation::FeedHead, |store| async move {
             store.feed_head().await
+        })
+        .await
+    }
+
+    /// See [`Store::claim_notifications`].
+    pub async fn claim_notifications(
+        &self,
+        owner: &str,
+        claim_ms: u64,
+        max: u32,
+    ) -> store::Result<Vec<Notification>> {
+        let owner = owner.to_owned();
+        self.call(Operation::ClaimNotifications, move |store| async move {
+            store.claim_notifications(&owner, claim_ms, max).await
+        })
+        .await
+    }
+
+    /// See [`Store::settle_notification`].
+    pub async fn settle_notification(
+        &self,
+        id: &str,
+        epoch: i64,
+        settlement: Settlement,
+    ) -> store::Result<bool> {
+        let id = id.to_owned();
+        self.call(Operation::SettleNotification, move |store| async move {
+            store.settle_notification(&id, epoch, settlement).await
+        })
+        .await
+    }
+
+    /// See [`Store::purge_notifications`].
+    pub async fn purge_notifications(&self, retention_ms: u64) -> store::Result<u64> {
+        self.call(Operation::PurgeNotifications, move |store| async move {
+            store.purge_notifications(retention_ms).await
+        })
+        .await
+    }
+
+    /// See [`Store::notification_backlog`].
+    pub async fn notification_backlog(&self) -> store::Result<u64> {
+        self.call(Operation::NotificationBacklog, |store| async move {
+            store.notification_backlog().await
         })
         .await
     }

@@ -6,7 +6,10 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+mod notify;
+
 use actors::agents::{AgentConfig, AgentRegistry, ConfinementMode};
+pub use notify::{FormatConfig, NotificationsConfig, NotifyConfig};
 use serde::{Deserialize, Serialize};
 use store::{DatabaseUrl, StoreOptions};
 
@@ -99,6 +102,9 @@ pub struct Config {
     pub http: HttpConfig,
     pub auth: AuthConfig,
     pub events: EventsConfig,
+    /// Webhooks told when an item enters a person's inbox or leaves it (`[[notify]]`).
+    pub notify: Vec<NotifyConfig>,
+    pub notifications: NotificationsConfig,
 }
 
 /// Event streams: `GET /api/v1/workflows/{id}/events` and `GET /api/v1/events`.
@@ -567,6 +573,8 @@ impl Default for Config {
             http: HttpConfig::default(),
             auth: AuthConfig::default(),
             events: EventsConfig::default(),
+            notify: Vec::new(),
+            notifications: NotificationsConfig::default(),
         }
     }
 }
@@ -578,6 +586,8 @@ pub struct Checked {
     pub listen: SocketAddr,
     pub database: DatabaseUrl,
     pub agents: AgentRegistry,
+    /// The notifier's webhooks and bounds; `None` when no `[[notify]]` is configured.
+    pub notify: Option<actors::notify::NotifyOptions>,
     /// `REINS_*` variables that name no configuration key: ignored, each with a line that names
     /// it (and the closest key). A stray variable in a wrapper's environment must not stop a
     /// node; an unknown key in the file still does.
@@ -829,11 +839,13 @@ impl Config {
         }
         let agents =
             AgentRegistry::new(&self.agents).map_err(|e| invalid("agents", e.to_string()))?;
+        let notify = notify::check(&self.notify, &self.notifications, &listen)?;
         Ok(Checked {
             config: self,
             listen,
             database,
             agents,
+            notify,
             warnings: Vec::new(),
         })
     }
@@ -858,6 +870,11 @@ impl Config {
         let mut value = serde_json::to_value(self).unwrap_or_default();
         if self.secret.is_some() {
             value["secret"] = serde_json::json!("<redacted>");
+        }
+        for (index, sink) in self.notify.iter().enumerate() {
+            if sink.secret.is_some() {
+                value["notify"][index]["secret"] = serde_json::json!("<redacted>");
+            }
         }
         if let Some(Ok(url)) = self.database.as_deref().map(DatabaseUrl::parse) {
             value["database"] = serde_json::json!(url.redacted());

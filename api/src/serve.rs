@@ -147,6 +147,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             js_memory_total_bytes: config.limits.js_memory_total_bytes,
             js_compiled_scripts_max: usize::try_from(config.limits.js_compiled_scripts_max)
                 .unwrap_or(usize::MAX),
+            notify: checked.notify,
             ..NodeOptions::new(runs, Arc::new(checked.agents))
         },
     )

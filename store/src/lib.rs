@@ -13,6 +13,7 @@ mod events;
 mod ids;
 mod lease;
 mod migrations;
+mod notify;
 mod operations;
 mod operators;
 mod postgres;
@@ -38,8 +39,9 @@ pub use events::{EventPage, EventRow};
 pub use ids::{RunId, WorkflowId, idempotency_key};
 pub use lease::{Epoch, Fence, Lease};
 pub use migrations::{MigrationReport, SCHEMA_VERSION};
+pub use notify::{Notification, NotificationKind, Settlement};
 pub use operations::{
-    Controls, Events, Leases, Operation, Operators, Runs, Schema, Users, Workflows,
+    Controls, Events, Leases, Notifications, Operation, Operators, Runs, Schema, Users, Workflows,
 };
 pub use operators::{BackupReport, SlotRow, StatusCount};
 pub use runs::{

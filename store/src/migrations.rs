@@ -222,10 +222,16 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         postgres: include_str!("../migrations/postgres/0035_sent_events.sql"),
         sqlite: include_str!("../migrations/sqlite/0035_sent_events.sql"),
     },
+    Migration {
+        version: 36,
+        name: "notify_outbox",
+        postgres: include_str!("../migrations/postgres/0036_notify_outbox.sql"),
+        sqlite: include_str!("../migrations/sqlite/0036_notify_outbox.sql"),
+    },
 ];
 
 /// The schema version this build expects.
-pub const SCHEMA_VERSION: i64 = 35;
+pub const SCHEMA_VERSION: i64 = 36;
 
 /// The advisory-lock key PostgreSQL migrations serialise on ("reins" in ASCII).
 pub(crate) const PG_MIGRATION_LOCK: i64 = 0x0072_6569_6e73;

@@ -18,10 +18,10 @@ use crate::{
     Admission, ApprovalAnswer, ArtifactInfo, ArtifactRow, BackupReport, CancelAction, ControlRow,
     ControlWrite, Deletion, EventPage, EventRow, EventSend, Fence, Launch, LaunchLimits, Lease,
     ListFilter, ListedWorkflow, MigrationReport, NewControl, NewRetry, NewRun, NewSentEvent,
-    NewToken, NewUser, NewWorkflow, NodeRecord, Orphaned, Purpose, Result, Retry, RunId,
-    RunOutcome, RunRenewal, RunRow, RunSlot, RunStatus, SentEvent, SlotRow, Snapshot, StatusCount,
-    StepPage, StepPosition, StepRow, TakeOver, TokenRow, UserChange, UserChanged, UserDeletion,
-    UserRow, UserStorage, Versions, WorkflowId, WorkflowRow, WriteOp,
+    NewToken, NewUser, NewWorkflow, NodeRecord, Notification, Orphaned, Purpose, Result, Retry,
+    RunId, RunOutcome, RunRenewal, RunRow, RunSlot, RunStatus, SentEvent, Settlement, SlotRow,
+    Snapshot, StatusCount, StepPage, StepPosition, StepRow, TakeOver, TokenRow, UserChange,
+    UserChanged, UserDeletion, UserRow, UserStorage, Versions, WorkflowId, WorkflowRow, WriteOp,
 };
 
 /// Whether an operation may change the database.
@@ -357,6 +357,27 @@ macro_rules! with_operations {
                 /// its streams) and in the simulation there is nothing to do. An unknown workflow is no
                 /// error (a stream then finds nothing).
                 write WatchEvents: fn watch_events(&self, workflow_id: &WorkflowId, watch_ms: u64) -> ();
+            }
+
+            /// The notification outbox (migration 36): rows the database writes with the inbox
+            /// events they tell of, which nodes claim, deliver and settle. A claim is a lease on
+            /// a row: one claimant at a time, and only the claim's epoch settles it.
+            trait Notifications {
+                /// Claims for `owner`, until `claim_ms` from now, at most `max` rows that are due
+                /// and not claimed (or whose claim lapsed), each with its epoch + 1; oldest event
+                /// first. Two claims at once never take the same row.
+                write ClaimNotifications:
+                fn claim_notifications(&self, owner: &str, claim_ms: u64, max: u32) -> Vec<Notification>;
+                /// Settles a claimed row if `epoch` is still its claim's (finished: deleted; retry:
+                /// released with one more attempt, due `after_ms` from now). `false`: another
+                /// claim took it, or it is gone, and nothing was written.
+                write SettleNotification:
+                fn settle_notification(&self, id: &str, epoch: i64, settlement: Settlement) -> bool;
+                /// Deletes every row whose event is older than `retention_ms`, claimed or not;
+                /// answers how many.
+                write PurgeNotifications: fn purge_notifications(&self, retention_ms: u64) -> u64;
+                /// Rows in the outbox: notifications not yet delivered or given up.
+                read NotificationBacklog: fn notification_backlog(&self) -> u64;
             }
 
             /// Users, their sessions and API tokens.

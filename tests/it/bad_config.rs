@@ -141,3 +141,25 @@ fn a_command_agents_malformed_environment_is_named() {
         "{stderr}"
     );
 }
+
+#[test]
+fn a_webhook_that_is_not_http_or_https_is_refused_naming_the_field() {
+    for url in [
+        "ftp://hooks.example/x",
+        "file:///etc/passwd",
+        "hooks.example/x",
+    ] {
+        let stderr = refused(
+            &[(
+                "reins.toml",
+                &format!("[[notify]]\nurl = \"{url}\"\nsecret = \"s3cret\"\n"),
+            )],
+            &["--config", "reins.toml"],
+            &[],
+        );
+        assert!(
+            stderr.contains("notify.url") && stderr.contains(url),
+            "{stderr}"
+        );
+    }
+}

@@ -30,6 +30,7 @@ mod migrations;
 mod newcomer;
 mod node_files;
 mod node_process;
+mod notify;
 mod openai_agent;
 mod operators;
 mod paging;

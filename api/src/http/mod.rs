@@ -905,6 +905,13 @@ async fn database_gauges(state: &AppState) -> Result<String, ApiError> {
         "Workflows in the database, by stored status.",
         &samples,
     );
+    let backlog = store.notification_backlog().await?;
+    actors::metrics::render_gauge(
+        &mut text,
+        "reins_notify_outbox_backlog",
+        "Notifications in the outbox (the whole cluster): not yet delivered to every webhook.",
+        &[(Vec::new(), backlog as f64)],
+    );
     let health = store.health().await?;
     let (batches, writes) = health.write_batches;
     actors::metrics::render_counter(

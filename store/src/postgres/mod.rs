@@ -40,6 +40,7 @@ macro_rules! step_page {
 mod batch;
 mod conn;
 mod events;
+mod notify;
 mod operators;
 mod run_rows;
 mod run_writes;

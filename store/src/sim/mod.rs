@@ -10,6 +10,7 @@
 //! `console.log` lines. The conformance suite (`store/tests/conformance`) holds it to the same
 //! tests as PostgreSQL and SQLite; where they disagree, the real stores are the truth.
 
+mod notify;
 mod runs;
 mod sent_events;
 mod users;
@@ -172,6 +173,8 @@ struct State {
     stored_bytes: BTreeMap<String, i64>,
     /// Each retried workflow's retry (`workflow_retries`), by the workflow it retries.
     retries: BTreeMap<WorkflowId, WorkflowId>,
+    /// The notification outbox (migration 36), by id.
+    outbox: BTreeMap<String, notify::OutboxRow>,
     /// The bug planted in this store, if a test planted one.
     mutant: Option<Mutant>,
 }
@@ -301,16 +304,18 @@ impl State {
     fn event(&mut self, workflow_id: &WorkflowId, kind: &str, data: Value, now: f64) {
         if let Some(workflow) = self.workflows.get_mut(workflow_id) {
             workflow.event_seq += 1;
+            let seq = workflow.event_seq;
             workflow.events.push(Event {
                 row: EventRow {
                     workflow_id: workflow_id.to_owned(),
-                    seq: workflow.event_seq,
+                    seq,
                     kind: kind.to_owned(),
-                    data,
+                    data: data.clone(),
                     created_at: now,
                 },
                 feed_seq: None,
             });
+            self.outbox_event(workflow_id, seq, kind, &data, now);
         }
     }
 

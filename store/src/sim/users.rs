@@ -30,7 +30,7 @@ pub(super) struct People {
 }
 
 impl People {
-    fn user(&self, user_id: &str) -> Option<&UserRow> {
+    pub(super) fn user(&self, user_id: &str) -> Option<&UserRow> {
         self.users.get(user_id)
     }
 

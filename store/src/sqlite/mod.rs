@@ -37,6 +37,7 @@ mod backup;
 mod changes;
 mod checkpoint;
 mod events;
+mod notify;
 mod operators;
 mod runs;
 mod sent_events;

@@ -11,14 +11,25 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use store::{
-    Controls, DatabaseUrl, Events, Launch, LaunchLimits, Lease, Leases, NewWorkflow, Operators,
-    Runs, Schema, SimClock, SimStore, Store, StoreOptions, Users, Workflows, WriteOp,
+    Controls, DatabaseUrl, Events, Launch, LaunchLimits, Lease, Leases, NewWorkflow, Notifications,
+    Operators, Runs, Schema, SimClock, SimStore, Store, StoreOptions, Users, Workflows, WriteOp,
 };
 use tempfile::TempDir;
 
 /// Every trait of the store.
 pub trait Subject:
-    Schema + Leases + Workflows + Controls + Runs + Events + Users + Operators + Send + Sync + 'static
+    Schema
+    + Leases
+    + Workflows
+    + Controls
+    + Runs
+    + Events
+    + Users
+    + Operators
+    + Notifications
+    + Send
+    + Sync
+    + 'static
 {
 }
 
@@ -31,6 +42,7 @@ impl<S> Subject for S where
         + Events
         + Users
         + Operators
+        + Notifications
         + Send
         + Sync
         + 'static

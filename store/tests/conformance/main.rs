@@ -5,6 +5,7 @@ mod events;
 mod fencing;
 mod harness;
 mod leases;
+mod notify;
 mod operators;
 mod retries;
 mod runs;

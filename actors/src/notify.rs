@@ -1,0 +1,708 @@
+//! The notifier: delivers the notification outbox (migration 36) to the configured webhooks.
+//! What to send comes from rows the database wrote with the inbox events they tell of, never from
+//! what a node means to do, so a notification exists exactly when its event committed. The actor
+//! claims due rows (a claim is a lease on a row with an epoch, for twice the request timeout),
+//! posts each to every sink whose filters take it, and settles it with the claim's epoch:
+//! finished once every sink answered 2xx (or the attempts ran out), otherwise released with
+//! backoff and jitter. A node that dies mid-delivery leaves its claim to lapse, and the row is
+//! delivered again, by it after a restart or by another node: at least once, with the same `id`.
+//!
+//! Nothing here touches a workflow: claims, posts and settlements run as tasks whose end comes
+//! back as a message, and a receiver that never answers only holds one of `batch_max` places.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use hmac::{Hmac, Mac};
+use http_body_util::Full;
+use hyper::header::{CONTENT_TYPE, HeaderValue};
+use hyper::{Method, Request};
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use ractor::{Actor, ActorProcessingErr, ActorRef};
+use serde_json::{Value, json};
+use sha2::Sha256;
+use store::{Notification, NotificationKind, Settlement};
+use tokio::task::JoinSet;
+
+use crate::mailbox::Post;
+use crate::metrics::Metrics;
+use crate::store_actor::StoreHandle;
+
+/// How often the notifier deletes rows past their retention.
+const PURGE_PERIOD: Duration = Duration::from_secs(60);
+
+/// What a receiver is sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NotifyFormat {
+    /// reins' own JSON body (documented in `docs/operating.md`).
+    Reins,
+    /// `{"text": ...}`: what Slack-compatible incoming webhooks accept.
+    Slack,
+}
+
+/// One configured webhook (`[[notify]]`).
+#[derive(Debug, Clone)]
+pub struct NotifySink {
+    /// Where to POST: an `http` or `https` URL. Also the sink's key in a row's `delivered_to`.
+    pub url: String,
+    /// The HMAC-SHA256 key of `X-Reins-Signature`.
+    pub secret: Vec<u8>,
+    /// Only items of workflows whose owner has one of these roles (empty: any).
+    pub roles: Vec<String>,
+    /// Only items of workflows whose owner is one of these users, by email or id (empty: any).
+    pub users: Vec<String>,
+    pub format: NotifyFormat,
+    /// The kinds it is sent (all of them by default).
+    pub kinds: Vec<NotificationKind>,
+}
+
+impl NotifySink {
+    /// Whether this sink is sent `notification`.
+    fn takes(&self, notification: &Notification) -> bool {
+        let owner_is = |names: &[String], value: &Option<String>| {
+            value.as_ref().is_some_and(|value| names.contains(value))
+        };
+        self.kinds.contains(&notification.kind)
+            && (self.roles.is_empty() || owner_is(&self.roles, &notification.user_role))
+            && (self.users.is_empty()
+                || owner_is(&self.users, &notification.user_email)
+                || owner_is(&self.users, &notification.user_id))
+    }
+}
+
+/// The notifier's sinks and bounds (`[notifications]` of the configuration).
+#[derive(Debug, Clone)]
+pub struct NotifyOptions {
+    pub sinks: Vec<NotifySink>,
+    /// The console's address as people reach it, without a trailing slash: links are
+    /// `{public_url}/#/workflows/{id}`.
+    pub public_url: String,
+    /// How long one POST may take, answer included.
+    pub request_timeout: Duration,
+    /// Attempts per notification before it is given up (counted, logged, deleted).
+    pub attempts_max: u32,
+    /// The wait after the first failed attempt; each next one waits twice as long, up to
+    /// `backoff_max`, and each wait is jittered down by up to a half.
+    pub backoff_first: Duration,
+    pub backoff_max: Duration,
+    /// The largest body sent: longer texts (message, comment, title) are cut to fit.
+    pub body_bytes_max: usize,
+    /// How long an undelivered notification is kept, whatever its attempts.
+    pub retention: Duration,
+    /// How often the outbox is looked at.
+    pub poll: Duration,
+    /// Notifications delivered at once at most.
+    pub batch_max: u32,
+}
+
+impl NotifyOptions {
+    /// How long a claim lasts: the POSTs of a notification run side by side, each bounded by
+    /// the request timeout, and the settlement follows; twice that leaves room for it.
+    fn claim(&self) -> Duration {
+        self.request_timeout.saturating_mul(2)
+    }
+
+    /// The wait before attempt `attempts + 1`, jittered by `random` (any value; its low bits
+    /// pick a point in the upper half of the wait).
+    fn backoff(&self, attempts: u32, random: u64) -> Duration {
+        let full = self
+            .backoff_first
+            .saturating_mul(1u32 << attempts.saturating_sub(1).min(20))
+            .min(self.backoff_max);
+        let half = full / 2;
+        let millis = u64::try_from(half.as_millis()).unwrap_or(u64::MAX);
+        half + Duration::from_millis(random % millis.saturating_add(1))
+    }
+}
+
+/// Messages of the notifier.
+pub enum NotifyMsg {
+    /// Time to look at the outbox (`poll`), or more may be due at once.
+    Tick,
+    /// A claim's answer.
+    Claimed {
+        asked: u32,
+        claimed: store::Result<Vec<Notification>>,
+    },
+    /// One notification's delivery and settlement ended.
+    Delivered,
+    /// Time to purge rows past their retention.
+    Purge,
+    /// The purge ended.
+    Purged,
+}
+
+pub(crate) struct Notifier;
+
+pub(crate) struct NotifierArgs {
+    pub store: StoreHandle,
+    pub metrics: Arc<Metrics>,
+    pub worker_id: String,
+    pub options: NotifyOptions,
+}
+
+/// What every delivery task shares.
+struct Shared {
+    store: StoreHandle,
+    metrics: Arc<Metrics>,
+    worker_id: String,
+    options: NotifyOptions,
+    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+}
+
+pub(crate) struct NotifierState {
+    shared: Arc<Shared>,
+    /// Deliveries running (each holds one of `batch_max` places).
+    in_flight: u32,
+    claiming: bool,
+    purging: bool,
+    /// The tasks of deliveries, claims and purges, aborted with the actor.
+    tasks: JoinSet<()>,
+    _ticks: tokio::task::JoinHandle<()>,
+    _purges: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for NotifierState {
+    fn drop(&mut self) {
+        self._ticks.abort();
+        self._purges.abort();
+    }
+}
+
+impl Actor for Notifier {
+    type Msg = NotifyMsg;
+    type State = NotifierState;
+    type Arguments = NotifierArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<NotifyMsg>,
+        args: NotifierArgs,
+    ) -> Result<NotifierState, ActorProcessingErr> {
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_webpki_roots()
+            .https_or_http()
+            .enable_http1()
+            .build();
+        let poll = args.options.poll;
+        let _ = myself.post(NotifyMsg::Tick);
+        let _ = myself.post(NotifyMsg::Purge);
+        Ok(NotifierState {
+            shared: Arc::new(Shared {
+                store: args.store,
+                metrics: args.metrics,
+                worker_id: args.worker_id,
+                options: args.options,
+                client: Client::builder(TokioExecutor::new()).build(connector),
+            }),
+            in_flight: 0,
+            claiming: false,
+            purging: false,
+            tasks: JoinSet::new(),
+            _ticks: crate::mailbox::post_every(&myself, poll, || NotifyMsg::Tick),
+            _purges: crate::mailbox::post_every(&myself, PURGE_PERIOD, || NotifyMsg::Purge),
+        })
+    }
+
+    async fn post_stop(
+        &self,
+        myself: ActorRef<NotifyMsg>,
+        _state: &mut NotifierState,
+    ) -> Result<(), ActorProcessingErr> {
+        crate::mailbox::forget(myself.get_id());
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<NotifyMsg>,
+        message: NotifyMsg,
+        state: &mut NotifierState,
+    ) -> Result<(), ActorProcessingErr> {
+        let _turn = crate::mailbox::turn(&myself);
+        while state.tasks.try_join_next().is_some() {}
+        match message {
+            NotifyMsg::Tick => claim(&myself, state),
+            NotifyMsg::Claimed { asked, claimed } => {
+                state.claiming = false;
+                match claimed {
+                    Ok(claimed) => {
+                        let full = u32::try_from(claimed.len()).unwrap_or(u32::MAX) >= asked;
+                        for notification in claimed {
+                            state.in_flight += 1;
+                            let shared = Arc::clone(&state.shared);
+                            let myself = myself.clone();
+                            state.tasks.spawn(async move {
+                                deliver(&shared, notification).await;
+                                let _ = myself.post(NotifyMsg::Delivered);
+                            });
+                        }
+                        if full {
+                            claim(&myself, state);
+                        }
+                    }
+                    Err(error) => {
+                        tracing::warn!(%error, "cannot claim notifications; trying again at the next poll");
+                    }
+                }
+            }
+            NotifyMsg::Delivered => {
+                state.in_flight = state.in_flight.saturating_sub(1);
+            }
+            NotifyMsg::Purge if !state.purging => {
+                state.purging = true;
+                let shared = Arc::clone(&state.shared);
+                let myself = myself.clone();
+                state.tasks.spawn(async move {
+                    let retention_ms =
+                        u64::try_from(shared.options.retention.as_millis()).unwrap_or(u64::MAX);
+                    match shared.store.purge_notifications(retention_ms).await {
+                        Ok(0) => {}
+                        Ok(purged) => {
+                            shared
+                                .metrics
+                                .add("reins_notifications_expired_total", &[], purged);
+                            tracing::warn!(
+                                purged,
+                                "notifications past their retention were deleted undelivered"
+                            );
+                        }
+                        Err(error) => tracing::warn!(%error, "cannot purge notifications"),
+                    }
+                    let _ = myself.post(NotifyMsg::Purged);
+                });
+            }
+            NotifyMsg::Purge => {}
+            NotifyMsg::Purged => state.purging = false,
+        }
+        Ok(())
+    }
+}
+
+/// Starts a claim for the places left, unless one runs or none is left.
+fn claim(myself: &ActorRef<NotifyMsg>, state: &mut NotifierState) {
+    let asked = state
+        .shared
+        .options
+        .batch_max
+        .saturating_sub(state.in_flight);
+    if state.claiming || asked == 0 {
+        return;
+    }
+    state.claiming = true;
+    let shared = Arc::clone(&state.shared);
+    let myself = myself.clone();
+    state.tasks.spawn(async move {
+        let claim_ms = u64::try_from(shared.options.claim().as_millis()).unwrap_or(u64::MAX);
+        let claimed = shared
+            .store
+            .claim_notifications(&shared.worker_id, claim_ms, asked)
+            .await;
+        let _ = myself.post(NotifyMsg::Claimed { asked, claimed });
+    });
+}
+
+/// Posts `notification` to every sink that takes it and has not yet, then settles it.
+#[tracing::instrument(skip_all, fields(notification = %notification.id, attempt = notification.attempts + 1))]
+async fn deliver(shared: &Shared, notification: Notification) {
+    let options = &shared.options;
+    let takers: Vec<&NotifySink> = options
+        .sinks
+        .iter()
+        .filter(|sink| sink.takes(&notification))
+        .collect();
+    let pending: Vec<&NotifySink> = takers
+        .iter()
+        .copied()
+        .filter(|sink| !notification.delivered_to.contains(&sink.url))
+        .collect();
+    let body = body(&notification, &options.public_url, options.body_bytes_max);
+    let answers = futures_util::future::join_all(
+        pending
+            .iter()
+            .map(|sink| post(shared, sink, &notification.id, &body)),
+    )
+    .await;
+    let mut delivered_to = notification.delivered_to.clone();
+    let kind = notification.kind.as_str();
+    for (sink, answer) in pending.iter().zip(answers) {
+        match answer {
+            Ok(()) => {
+                shared
+                    .metrics
+                    .inc("reins_notifications_delivered_total", &[("kind", kind)]);
+                delivered_to.push(sink.url.clone());
+            }
+            Err(reason) => {
+                shared.metrics.inc(
+                    "reins_notification_attempts_failed_total",
+                    &[("kind", kind)],
+                );
+                tracing::warn!(url = %sink.url, %reason, "a webhook did not take a notification");
+            }
+        }
+    }
+    let attempts = notification.attempts + 1;
+    let settlement = if takers.iter().all(|sink| delivered_to.contains(&sink.url)) {
+        Settlement::Finished
+    } else if attempts >= options.attempts_max {
+        shared
+            .metrics
+            .inc("reins_notifications_abandoned_total", &[("kind", kind)]);
+        tracing::warn!(
+            attempts,
+            "a notification is given up after its last attempt"
+        );
+        Settlement::Finished
+    } else {
+        let wait = options.backoff(attempts, uuid::Uuid::new_v4().as_u64_pair().0);
+        Settlement::Retry {
+            delivered_to,
+            after_ms: u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
+        }
+    };
+    match shared
+        .store
+        .settle_notification(&notification.id, notification.claim_epoch, settlement)
+        .await
+    {
+        Ok(true) => {}
+        Ok(false) => tracing::info!(
+            "a notification's claim lapsed before it was settled: another claim delivers it again"
+        ),
+        Err(error) => {
+            tracing::warn!(%error, "cannot settle a notification: it is delivered again once its claim lapses")
+        }
+    }
+}
+
+/// One POST of `body` (in the sink's format) to a sink, signed.
+async fn post(shared: &Shared, sink: &NotifySink, id: &str, body: &Value) -> Result<(), String> {
+    let payload = match sink.format {
+        NotifyFormat::Reins => body.to_string(),
+        NotifyFormat::Slack => json!({"text": slack_text(body)}).to_string(),
+    };
+    let timestamp = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |since| since.as_secs())
+        .to_string();
+    let request = Request::builder()
+        .method(Method::POST)
+        .uri(&sink.url)
+        .header(CONTENT_TYPE, HeaderValue::from_static("application/json"))
+        .header("x-reins-id", id)
+        .header("x-reins-timestamp", &timestamp)
+        .header(
+            "x-reins-signature",
+            signature(&sink.secret, &timestamp, payload.as_bytes()),
+        )
+        .body(Full::new(Bytes::from(payload)))
+        .map_err(|e| format!("cannot build the request: {e}"))?;
+    let answer = tokio::time::timeout(
+        shared.options.request_timeout,
+        shared.client.request(request),
+    )
+    .await
+    .map_err(|_| {
+        format!(
+            "no answer within {} ms",
+            shared.options.request_timeout.as_millis()
+        )
+    })?
+    .map_err(|e| e.to_string())?;
+    if answer.status().is_success() {
+        Ok(())
+    } else {
+        Err(format!("answered {}", answer.status()))
+    }
+}
+
+/// `sha256=<hex HMAC-SHA256 of "{timestamp}.{body}">`.
+fn signature(secret: &[u8], timestamp: &str, body: &[u8]) -> String {
+    let mut mac = Hmac::<Sha256>::new_from_slice(secret).expect("HMAC takes a key of any length");
+    mac.update(timestamp.as_bytes());
+    mac.update(b".");
+    mac.update(body);
+    let digest = mac.finalize().into_bytes();
+    let hex: String = digest.iter().map(|byte| format!("{byte:02x}")).collect();
+    format!("sha256={hex}")
+}
+
+/// What an item waits for, by the event that told of it.
+fn waits_for(event: &str, data: &Value) -> &'static str {
+    match (event, data["step_kind"].as_str()) {
+        ("approval_requested" | "approval_answered", _) => "approval",
+        ("pause_waiting" | "pause_resumed", _) => "pause",
+        _ => "checkpoint",
+    }
+}
+
+/// The body of the `reins` format, its texts cut to keep it within `bytes_max`.
+fn body(notification: &Notification, public_url: &str, bytes_max: usize) -> Value {
+    let data = &notification.data;
+    let mut body = json!({
+        "id": notification.id,
+        "kind": notification.kind.as_str(),
+        "workflow_id": notification.workflow_id,
+        "step_id": data["step_id"],
+        "attempt": data["attempt"],
+        "waits_for": waits_for(&notification.event, data),
+        "link": format!("{public_url}/#/workflows/{}", notification.workflow_id),
+        "at": rfc3339(notification.created_at),
+    });
+    for key in [
+        "title",
+        "message",
+        "artifact_version",
+        "child_run_id",
+        "request_id",
+        "decision",
+        "comment",
+    ] {
+        if !data[key].is_null() {
+            body[key] = data[key].clone();
+        }
+    }
+    if notification.kind != NotificationKind::Entered && !data["by"].is_null() {
+        body["by"] = data["by"].clone();
+    }
+    cut_to_fit(body, bytes_max)
+}
+
+/// Cuts the free texts of `body` (message, comment, title) until it serializes within
+/// `bytes_max`, marking it `"truncated": true`. The rest (ids, link, time) is bounded by the
+/// id grammar and kept whole.
+fn cut_to_fit(mut body: Value, bytes_max: usize) -> Value {
+    let size = |body: &Value| body.to_string().len();
+    if size(&body) <= bytes_max {
+        return body;
+    }
+    body["truncated"] = json!(true);
+    for key in ["message", "comment", "title"] {
+        let over = size(&body).saturating_sub(bytes_max);
+        if over == 0 {
+            break;
+        }
+        let Some(text) = body[key].as_str() else {
+            continue;
+        };
+        // Escapes make the JSON longer than the text: cut by what the JSON is over.
+        let mut keep = text.len().saturating_sub(over + '…'.len_utf8());
+        while !text.is_char_boundary(keep) {
+            keep -= 1;
+        }
+        body[key] = json!(format!("{}…", &text[..keep]));
+    }
+    body
+}
+
+/// One line for a Slack-compatible receiver.
+fn slack_text(body: &Value) -> String {
+    let workflow = match body["title"].as_str() {
+        Some(title) => format!("{title} ({})", body["workflow_id"].as_str().unwrap_or("")),
+        None => body["workflow_id"].as_str().unwrap_or("").to_owned(),
+    };
+    let step = body["step_id"].as_str().unwrap_or("");
+    let what = body["waits_for"].as_str().unwrap_or("");
+    let by = body["by"].as_str().unwrap_or("someone");
+    let mut text = match body["kind"].as_str() {
+        Some("entered") => format!("{workflow}: step `{step}` waits for a person ({what})"),
+        Some("timed_out") => format!("{workflow}: step `{step}` ({what}) timed out"),
+        Some("overdue") => format!("{workflow}: step `{step}` ({what}) is overdue"),
+        _ => format!(
+            "{workflow}: step `{step}` ({what}) was answered by {by}{}",
+            body["decision"]
+                .as_str()
+                .map(|decision| format!(": {decision}"))
+                .unwrap_or_default()
+        ),
+    };
+    for key in ["message", "comment"] {
+        if let Some(value) = body[key].as_str() {
+            text.push_str(&format!("\n> {value}"));
+        }
+    }
+    text.push_str(&format!(
+        "\n<{}|Open in reins>",
+        body["link"].as_str().unwrap_or("")
+    ));
+    text
+}
+
+/// Epoch seconds as an RFC 3339 time in UTC with milliseconds.
+fn rfc3339(seconds: f64) -> String {
+    let millis = (seconds * 1000.0).round() as i64;
+    let (days, rest) = (millis.div_euclid(86_400_000), millis.rem_euclid(86_400_000));
+    // Days to a civil date (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let day_of_era = z.rem_euclid(146_097);
+    let year_of_era =
+        (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
+    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
+    let month_index = (5 * day_of_year + 2) / 153;
+    let day = day_of_year - (153 * month_index + 2) / 5 + 1;
+    let month = if month_index < 10 {
+        month_index + 3
+    } else {
+        month_index - 9
+    };
+    let year = year_of_era + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rest / 3_600_000,
+        rest % 3_600_000 / 60_000,
+        rest % 60_000 / 1000,
+        rest % 1000
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn notification(kind: NotificationKind, event: &str, data: Value) -> Notification {
+        Notification {
+            id: "wf-1:3".into(),
+            workflow_id: "wf-1".into(),
+            seq: 3,
+            kind,
+            event: event.into(),
+            data,
+            user_id: Some("u1".into()),
+            user_email: Some("ada@example.com".into()),
+            user_role: Some("approver".into()),
+            created_at: 1_700_000_000.25,
+            attempts: 0,
+            delivered_to: Vec::new(),
+            claim_epoch: 1,
+        }
+    }
+
+    fn sink() -> NotifySink {
+        NotifySink {
+            url: "http://127.0.0.1:9/hook".into(),
+            secret: b"s".to_vec(),
+            roles: Vec::new(),
+            users: Vec::new(),
+            format: NotifyFormat::Reins,
+            kinds: NotificationKind::ALL.to_vec(),
+        }
+    }
+
+    fn options() -> NotifyOptions {
+        NotifyOptions {
+            sinks: vec![sink()],
+            public_url: "https://reins.example".into(),
+            request_timeout: Duration::from_secs(10),
+            attempts_max: 10,
+            backoff_first: Duration::from_secs(1),
+            backoff_max: Duration::from_secs(60),
+            body_bytes_max: 4096,
+            retention: Duration::from_secs(86_400),
+            poll: Duration::from_secs(1),
+            batch_max: 8,
+        }
+    }
+
+    #[test]
+    fn a_pause_entering_the_inbox_says_what_it_waits_for_and_links_the_console() {
+        let data = json!({"step_id": "p", "attempt": 1, "step_kind": "pause",
+                          "message": "check it", "title": "Report"});
+        let body = body(
+            &notification(NotificationKind::Entered, "pause_waiting", data),
+            "https://reins.example",
+            4096,
+        );
+        assert_eq!(
+            body,
+            json!({
+                "id": "wf-1:3", "kind": "entered", "workflow_id": "wf-1", "title": "Report",
+                "step_id": "p", "attempt": 1, "waits_for": "pause", "message": "check it",
+                "link": "https://reins.example/#/workflows/wf-1",
+                "at": "2023-11-14T22:13:20.250Z",
+            })
+        );
+    }
+
+    #[test]
+    fn a_decision_says_who_decided_and_their_comment() {
+        let data = json!({"step_id": "h", "attempt": 1, "decision": "reject",
+                          "artifact_version": 2, "comment": "not yet", "by": "ada"});
+        let body = body(
+            &notification(NotificationKind::Decided, "checkpoint_decided", data),
+            "http://x",
+            4096,
+        );
+        assert_eq!(body["waits_for"], "checkpoint");
+        assert_eq!(
+            (&body["decision"], &body["by"], &body["comment"]),
+            (&json!("reject"), &json!("ada"), &json!("not yet"))
+        );
+        assert_eq!(body["artifact_version"], 2);
+        assert!(slack_text(&body).contains("answered by ada: reject\n> not yet"));
+    }
+
+    #[test]
+    fn a_body_over_its_bound_has_its_texts_cut_to_fit() {
+        let long = "é".repeat(3000);
+        let data = json!({"step_id": "p", "attempt": 1, "message": long, "title": "t"});
+        let notification = notification(NotificationKind::Entered, "pause_waiting", data);
+        let body = body(&notification, "http://x", 1024);
+        assert!(body.to_string().len() <= 1024, "{}", body.to_string().len());
+        assert_eq!(body["truncated"], true);
+        assert!(body["message"].as_str().is_some_and(|m| m.ends_with('…')));
+        let whole = super::body(&notification, "http://x", 1 << 20);
+        assert!(whole.get("truncated").is_none());
+    }
+
+    #[test]
+    fn filters_take_only_their_roles_users_and_kinds() {
+        let entered = notification(NotificationKind::Entered, "pause_waiting", json!({}));
+        assert!(sink().takes(&entered));
+        let roles = NotifySink {
+            roles: vec!["admin".into()],
+            ..sink()
+        };
+        assert!(!roles.takes(&entered));
+        let users = NotifySink {
+            users: vec!["ada@example.com".into()],
+            ..sink()
+        };
+        assert!(users.takes(&entered));
+        let by_id = NotifySink {
+            users: vec!["u1".into()],
+            ..sink()
+        };
+        assert!(by_id.takes(&entered));
+        let decided_only = NotifySink {
+            kinds: vec![NotificationKind::Decided],
+            ..sink()
+        };
+        assert!(!decided_only.takes(&entered));
+    }
+
+    #[test]
+    fn the_signature_is_the_hmac_of_the_timestamp_and_the_body() {
+        // Python: hmac.new(b"Jefe", b'1700000000.{"id":"wf:1"}', hashlib.sha256).hexdigest()
+        assert_eq!(
+            signature(b"Jefe", "1700000000", br#"{"id":"wf:1"}"#),
+            "sha256=3fc607ba6934b5dfff0204fbae48f1b4b633118fac6bcedd2c60c6eeaef680d1"
+        );
+    }
+
+    #[test]
+    fn backoff_doubles_to_its_cap_and_jitters_within_the_upper_half() {
+        let options = options();
+        assert_eq!(options.backoff(1, 0), Duration::from_millis(500));
+        assert_eq!(options.backoff(1, 500), Duration::from_millis(1000));
+        assert_eq!(options.backoff(3, 0), Duration::from_secs(2));
+        assert_eq!(options.backoff(30, 0), Duration::from_secs(30));
+        assert!(options.backoff(30, u64::MAX) <= Duration::from_secs(60));
+        assert_eq!(options.claim(), Duration::from_secs(20));
+    }
+}

@@ -1,0 +1,180 @@
+//! The notification outbox in the simulation: a row per inbox event, written where the real
+//! stores' trigger writes it (`State::event`), claimed, settled and purged as they do.
+
+use serde_json::{Value, json};
+
+use super::{SimStore, State};
+use crate::lease::ttl_seconds;
+use crate::{Notification, NotificationKind, Result, Settlement, WorkflowId};
+
+/// The events that put an item into a person's inbox.
+const ENTERING: [&str; 3] = ["pause_waiting", "checkpoint_waiting", "approval_requested"];
+/// The events that take it out.
+const LEAVING: [&str; 3] = ["checkpoint_decided", "pause_resumed", "approval_answered"];
+
+/// One row of the outbox with its claim and schedule.
+#[derive(Debug, Clone)]
+pub(super) struct OutboxRow {
+    notification: Notification,
+    due_at: f64,
+    claim_expires_at: Option<f64>,
+}
+
+impl State {
+    /// The outbox row an event writes, if it is one that enters or leaves the inbox (as the
+    /// trigger of migration 36 does, in the same change).
+    pub(super) fn outbox_event(
+        &mut self,
+        workflow_id: &WorkflowId,
+        seq: i64,
+        kind: &str,
+        data: &Value,
+        now: f64,
+    ) {
+        let notification_kind = if ENTERING.contains(&kind) {
+            NotificationKind::Entered
+        } else if LEAVING.contains(&kind) {
+            if data["by"] == "timeout" || self.decided_by_timeout(workflow_id, data) {
+                NotificationKind::TimedOut
+            } else {
+                NotificationKind::Decided
+            }
+        } else {
+            return;
+        };
+        let Some(workflow) = self.workflows.get(workflow_id) else {
+            return;
+        };
+        let mut data = data.clone();
+        let step = data["step_id"]
+            .as_str()
+            .zip(data["attempt"].as_i64())
+            .and_then(|(step_id, attempt)| {
+                workflow
+                    .steps
+                    .get(&(step_id.to_owned(), i32::try_from(attempt).ok()?))
+            });
+        let message = step
+            .and_then(|step| step.row.record())
+            .map(|record| record.args["message"].clone());
+        for (key, value) in [
+            ("title", Some(workflow.row.data["title"].clone())),
+            ("message", message),
+        ] {
+            if let Some(value) = value.filter(|value| !value.is_null()) {
+                data[key] = value;
+            }
+        }
+        let user_id = workflow.row.user_id.clone();
+        let user = self.people.user(&user_id);
+        let id = format!("{workflow_id}:{seq}");
+        let row = OutboxRow {
+            notification: Notification {
+                id: id.clone(),
+                workflow_id: workflow_id.to_owned(),
+                seq,
+                kind: notification_kind,
+                event: kind.to_owned(),
+                data,
+                user_email: user.map(|user| user.email.clone()),
+                user_role: user.map(|user| user.role.as_str().to_owned()),
+                user_id: Some(user_id),
+                created_at: now,
+                attempts: 0,
+                delivered_to: Vec::new(),
+                claim_epoch: 0,
+            },
+            due_at: now,
+            claim_expires_at: None,
+        };
+        self.outbox.insert(id, row);
+    }
+
+    /// Whether the control an event tells of says `"by": "timeout"`.
+    fn decided_by_timeout(&self, workflow_id: &WorkflowId, data: &Value) -> bool {
+        self.controls.values().any(|control| {
+            control.workflow_id == *workflow_id
+                && json!(control.step_id) == data["step_id"]
+                && json!(control.attempt) == data["attempt"]
+                && control.body["by"] == "timeout"
+        })
+    }
+}
+
+impl crate::Notifications for SimStore {
+    async fn claim_notifications(
+        &self,
+        owner: &str,
+        claim_ms: u64,
+        max: u32,
+    ) -> Result<Vec<Notification>> {
+        let _ = owner;
+        self.write(|state, now| {
+            let mut due: Vec<&mut OutboxRow> = state
+                .outbox
+                .values_mut()
+                .filter(|row| {
+                    row.due_at <= now && row.claim_expires_at.is_none_or(|expires| expires <= now)
+                })
+                .collect();
+            due.sort_by(|a, b| a.due_at.total_cmp(&b.due_at));
+            let mut claimed: Vec<Notification> = due
+                .into_iter()
+                .take(max as usize)
+                .map(|row| {
+                    row.notification.claim_epoch += 1;
+                    row.claim_expires_at = Some(now + ttl_seconds(claim_ms));
+                    row.notification.clone()
+                })
+                .collect();
+            crate::notify::in_event_order(&mut claimed);
+            Ok(claimed)
+        })
+    }
+
+    async fn settle_notification(
+        &self,
+        id: &str,
+        epoch: i64,
+        settlement: Settlement,
+    ) -> Result<bool> {
+        self.write(|state, now| {
+            let Some(row) = state
+                .outbox
+                .get_mut(id)
+                .filter(|row| row.notification.claim_epoch == epoch)
+            else {
+                return Ok(false);
+            };
+            match settlement {
+                Settlement::Finished => {
+                    state.outbox.remove(id);
+                }
+                Settlement::Retry {
+                    delivered_to,
+                    after_ms,
+                } => {
+                    row.notification.delivered_to = delivered_to;
+                    row.notification.attempts += 1;
+                    row.due_at = now + ttl_seconds(after_ms);
+                    row.claim_expires_at = None;
+                }
+            }
+            Ok(true)
+        })
+    }
+
+    async fn purge_notifications(&self, retention_ms: u64) -> Result<u64> {
+        self.write(|state, now| {
+            let before = state.outbox.len();
+            state
+                .outbox
+                .retain(|_, row| row.notification.created_at >= now - ttl_seconds(retention_ms));
+            Ok((before - state.outbox.len()) as u64)
+        })
+    }
+
+    async fn notification_backlog(&self) -> Result<u64> {
+        self.read(|state, _| Ok(state.outbox.len() as u64))
+    }
+}

@@ -1,0 +1,218 @@
+//! The notification outbox (migration 36): one row per inbox event, written with the event or not
+//! at all; a claim has one winner, lapses to another claimant, and only its epoch settles it.
+
+use serde_json::{Value, json};
+use store::{
+    ControlKind, Launch, LaunchLimits, NewControl, NewRun, NewWorkflow, Notification,
+    NotificationKind, RunStatus, Settlement, WorkflowStep, WriteOp,
+};
+
+use crate::harness::{Subject, TestDb, conformance, workflow};
+
+fn put(step_id: &str, kind: &str, data: Value) -> WriteOp {
+    WriteOp::PutStep {
+        workflow_id: "wf".into(),
+        seq: 0,
+        step_id: step_id.to_owned(),
+        attempt: 1,
+        status: store::StepStatus::Running,
+        record: store::StepRecord::decode(kind, &data).expect("a step record"),
+    }
+}
+
+fn control(kind: ControlKind, step_id: &str, body: Value, by: &str) -> NewControl {
+    NewControl {
+        workflow_id: "wf".into(),
+        kind,
+        step_id: step_id.to_owned(),
+        attempt: 1,
+        body,
+        created_by: Some(by.into()),
+    }
+}
+
+/// A workflow `wf` waiting at a pause `p` (one notification in the outbox).
+async fn paused<S: Subject>(store: &S) -> store::Lease {
+    let lease = workflow(store, "wf", "node-a", 60_000).await;
+    store
+        .fenced_write(
+            &lease.fence(),
+            vec![put("p", "pause", json!({"args": {"message": "look"}}))],
+        )
+        .await
+        .expect("pause");
+    lease
+}
+
+/// Everything due, claimed by `owner` for a minute.
+async fn claim_all<S: Subject>(store: &S, owner: &str) -> Vec<Notification> {
+    store
+        .claim_notifications(owner, 60_000, 100)
+        .await
+        .expect("claim")
+}
+
+/// Waits until the database clock is `ms` past now.
+async fn wait_ms<S: Subject>(db: &TestDb<S>, store: &S, ms: u64) {
+    let now = store.now().await.expect("now");
+    db.pass(store, now + ms as f64 / 1000.0).await;
+}
+
+conformance! {
+    async fn every_inbox_event_writes_one_notification(db) {
+        let store = db.store().await;
+        let launched = store.launch_workflow(NewWorkflow {
+            workflow_id: "wf".into(), user_id: "tester".into(), request_id: None,
+            fingerprint: "fp".into(), data: json!({"title": "Quarterly report"}),
+        }, "node-a", 60_000, LaunchLimits::NONE).await.expect("launch");
+        let Launch::Created { lease, .. } = launched else { panic!("not created: {launched:?}") };
+        let fence = lease.fence();
+        store.fenced_write(&fence, vec![
+            put("p", "pause", json!({"args": {"message": "check the numbers"}})),
+            put("h", "humanCheckpoint", json!({"args": {"artifactVersion": 2}})),
+            put("t", "humanCheckpoint", json!({"args": {"artifactVersion": 2}})),
+        ]).await.expect("wait for people");
+        store.put_control(control(ControlKind::Resume, "p", json!({}), "ada")).await.expect("resume");
+        store.put_control(control(ControlKind::Decide, "h",
+            json!({"decision": "reject", "artifactVersion": 2, "comment": "not yet"}), "ada"))
+            .await.expect("decide");
+        store.put_control(control(ControlKind::Decide, "t",
+            json!({"decision": "reject", "artifactVersion": 2, "by": "timeout"}), "system"))
+            .await.expect("timed out");
+        let run = NewRun {
+            run_id: "run".into(), thread_id: "thread".into(), agent: "echo".into(),
+            owner: "node-a".into(), lease_ms: 60_000, idempotency: None, metadata: json!({}),
+            step: Some(WorkflowStep {
+                workflow_id: "wf".into(), step_id: "s".into(), attempt: 1, slots_max: 8,
+                slots_per_user_max: 8, fence: fence.clone(), journal: Vec::new(),
+            }),
+        };
+        store.admit_run(run).await.expect("admit");
+        let asked = json!({"hitl_approval": {"request_id": "r1"}});
+        assert!(store.update_run_status(&store::RunId::from("run"), "node-a",
+            RunStatus::WaitingForInput, Some(asked)).await.expect("ask"));
+        store.answer_approval("thread", &["r1".into()], &json!({"decision": "approve", "by": "bob"}))
+            .await.expect("answer").expect("answered");
+        // A step that waits for nobody and a cancel write none.
+        store.fenced_write(&fence, vec![crate::harness::step("wf", "plain")]).await.expect("step");
+
+        let claimed = claim_all(&*store, "node-a").await;
+        let seen: Vec<(&str, NotificationKind, &str)> = claimed.iter()
+            .map(|n| (n.event.as_str(), n.kind, n.data["step_id"].as_str().unwrap_or("")))
+            .collect();
+        assert_eq!(seen, [
+            ("pause_waiting", NotificationKind::Entered, "p"),
+            ("checkpoint_waiting", NotificationKind::Entered, "h"),
+            ("checkpoint_waiting", NotificationKind::Entered, "t"),
+            ("pause_resumed", NotificationKind::Decided, "p"),
+            ("checkpoint_decided", NotificationKind::Decided, "h"),
+            ("checkpoint_decided", NotificationKind::TimedOut, "t"),
+            ("approval_requested", NotificationKind::Entered, "s"),
+            ("approval_answered", NotificationKind::Decided, "s"),
+        ]);
+        let events = store.read_events(&"wf".into(), 0, 1_000).await.expect("events").expect("wf");
+        for notification in &claimed {
+            let event = events.events.iter().find(|event| event.kind == notification.event
+                && event.data["step_id"] == notification.data["step_id"]).expect("its event");
+            assert_eq!(notification.id, format!("wf:{}", event.seq));
+            assert_eq!(notification.created_at, event.created_at);
+            assert_eq!(notification.workflow_id, store::WorkflowId::from("wf"));
+            assert_eq!(notification.user_id.as_deref(), Some("tester"));
+            assert_eq!((notification.attempts, notification.claim_epoch), (0, 1));
+            assert_eq!(notification.data["title"], "Quarterly report");
+        }
+        assert_eq!(claimed[0].data["message"], "check the numbers");
+        assert_eq!(claimed[4].data["comment"], "not yet");
+        assert_eq!(claimed[4].data["decision"], "reject");
+        assert_eq!(claimed[4].data["by"], "ada");
+        assert_eq!(claimed[7].data["by"], "bob");
+        assert_eq!(store.notification_backlog().await.expect("backlog"), 8);
+    }
+}
+
+conformance! {
+    async fn a_fenced_out_write_leaves_no_notification(db) {
+        let store = db.store().await;
+        let lease = workflow(&*store, "wf", "node-a", 100).await;
+        db.pass(&*store, lease.expires_at).await;
+        store.acquire_lease(&"wf".into(), "node-b", 60_000).await.expect("acquire").expect("taken over");
+        let refused = store.fenced_write(&lease.fence(), vec![put("p", "pause", json!({}))]).await;
+        assert!(matches!(refused, Err(store::Error::LeaseLost { .. })), "{refused:?}");
+        assert_eq!(store.notification_backlog().await.expect("backlog"), 0);
+        assert!(claim_all(&*store, "node-a").await.is_empty());
+    }
+}
+
+conformance! {
+    async fn a_claim_has_one_winner_and_only_its_epoch_settles(db) {
+        let (store, other) = (db.store().await, db.store().await);
+        paused(&*store).await;
+        let (a, b) = tokio::join!(
+            store.claim_notifications("node-a", 60_000, 10),
+            other.claim_notifications("node-b", 60_000, 10),
+        );
+        let (a, b) = (a.expect("claim a"), b.expect("claim b"));
+        assert_eq!(a.len() + b.len(), 1, "both claimed: {a:?} {b:?}");
+        let (winner, claimed) = if a.is_empty() { (&other, &b[0]) } else { (&store, &a[0]) };
+        assert!(claim_all(&*store, "node-c").await.is_empty(), "claimed twice");
+        assert!(!store.settle_notification(&claimed.id, claimed.claim_epoch + 1, Settlement::Finished)
+            .await.expect("settle"), "another epoch settled it");
+        assert_eq!(store.notification_backlog().await.expect("backlog"), 1);
+        assert!(winner.settle_notification(&claimed.id, claimed.claim_epoch, Settlement::Finished)
+            .await.expect("settle"));
+        assert_eq!(store.notification_backlog().await.expect("backlog"), 0);
+        assert!(!winner.settle_notification(&claimed.id, claimed.claim_epoch, Settlement::Finished)
+            .await.expect("settle again"), "a settled row settled twice");
+    }
+}
+
+conformance! {
+    async fn a_lapsed_claim_is_delivered_again_by_another(db) {
+        let store = db.store().await;
+        paused(&*store).await;
+        let first = store.claim_notifications("node-a", 200, 10).await.expect("claim");
+        assert_eq!(first.len(), 1);
+        assert!(claim_all(&*store, "node-b").await.is_empty(), "taken while claimed");
+        wait_ms(&db, &*store, 200).await;
+        let second = claim_all(&*store, "node-b").await;
+        assert_eq!(second.len(), 1, "not claimed again after its claim lapsed");
+        assert_eq!(second[0].id, first[0].id);
+        assert_eq!(second[0].claim_epoch, first[0].claim_epoch + 1);
+        assert_eq!(second[0].attempts, 0);
+        let retry = Settlement::Retry { delivered_to: vec!["x".into()], after_ms: 60_000 };
+        assert!(!store.settle_notification(&first[0].id, first[0].claim_epoch, retry.clone())
+            .await.expect("settle"), "the lapsed claim settled it");
+        assert!(store.settle_notification(&second[0].id, second[0].claim_epoch, retry)
+            .await.expect("settle"));
+        assert!(claim_all(&*store, "node-b").await.is_empty(), "due before its backoff");
+    }
+}
+
+conformance! {
+    async fn a_retry_is_due_after_its_backoff_with_what_was_delivered(db) {
+        let store = db.store().await;
+        paused(&*store).await;
+        let claimed = claim_all(&*store, "node-a").await;
+        let retry = Settlement::Retry { delivered_to: vec!["https://a.example/hook".into()], after_ms: 300 };
+        assert!(store.settle_notification(&claimed[0].id, claimed[0].claim_epoch, retry)
+            .await.expect("settle"));
+        assert!(claim_all(&*store, "node-a").await.is_empty(), "due before its backoff");
+        wait_ms(&db, &*store, 300).await;
+        let again = claim_all(&*store, "node-a").await;
+        assert_eq!(again.len(), 1);
+        assert_eq!(again[0].attempts, 1);
+        assert_eq!(again[0].delivered_to, ["https://a.example/hook"]);
+        assert_eq!(again[0].data, claimed[0].data);
+    }
+}
+
+conformance! {
+    async fn notifications_older_than_their_retention_are_purged(db) {
+        let store = db.store().await;
+        paused(&*store).await;
+        assert_eq!(store.purge_notifications(60_000).await.expect("purge"), 0);
+        wait_ms(&db, &*store, 100).await;
+        assert_eq!(store.purge_notifications(50).await.expect("purge"), 1);
+        assert_eq!(store.notification_backlog().await.expect("backlog"), 0);
+    }
+}
