@@ -232,13 +232,28 @@ impl Actor for Notifier {
                 match claimed {
                     Ok(claimed) => {
                         let full = u32::try_from(claimed.len()).unwrap_or(u32::MAX) >= asked;
+                        // One workflow's notifications go one after the other, in the order
+                        // their changes committed (an item is never "decided" before it
+                        // "entered"); different workflows' go side by side.
+                        let mut by_workflow: Vec<Vec<store::Notification>> = Vec::new();
                         for notification in claimed {
-                            state.in_flight += 1;
+                            match by_workflow
+                                .iter_mut()
+                                .find(|group| group[0].workflow_id == notification.workflow_id)
+                            {
+                                Some(group) => group.push(notification),
+                                None => by_workflow.push(vec![notification]),
+                            }
+                        }
+                        for group in by_workflow {
+                            state.in_flight += u32::try_from(group.len()).unwrap_or(u32::MAX);
                             let shared = Arc::clone(&state.shared);
                             let myself = myself.clone();
                             state.tasks.spawn(async move {
-                                deliver(&shared, notification).await;
-                                let _ = myself.post(NotifyMsg::Delivered);
+                                for notification in group {
+                                    deliver(&shared, notification).await;
+                                    let _ = myself.post(NotifyMsg::Delivered);
+                                }
                             });
                         }
                         if full {

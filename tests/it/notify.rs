@@ -375,3 +375,28 @@ async fn a_webhook_that_never_answers_does_not_hold_a_workflow() {
     assert!(outbox(&db).await >= 1, "the pending notifications are kept");
     drop(node);
 }
+
+/// A pause whose deadline answered it: notified as it entered, then as `timed_out` (by
+/// `timeout`), not as a person's decision.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_wait_its_deadline_answered_is_notified_as_timed_out() {
+    let db = Db::new(false).await;
+    let receiver = Receiver::start(Mode::Take).await;
+    let files = tempfile::tempdir().expect("temp dir");
+    let path = config(files.path(), &[(receiver.url(), "reins")], "");
+    let node = Node::start(&db, &[("REINS_CONFIG", path)]);
+    let mut api = initialize(&node).await;
+    let run = crate::http_api::launch(
+        &mut api,
+        "return await pause({stepId: 'p', timeoutMs: 300, onTimeout: {resume: 'late'}});",
+    )
+    .await;
+    wait_for(&mut api, &run, "completed").await;
+    let seen = receiver.wait_for(2).await;
+    let kinds: Vec<Value> = seen
+        .iter()
+        .map(|received| received.json()["kind"].clone())
+        .collect();
+    assert_eq!(kinds, [json!("entered"), json!("timed_out")]);
+    assert_eq!(seen[1].json()["step_id"], "p");
+}
