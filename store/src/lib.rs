@@ -16,6 +16,7 @@ mod migrations;
 mod operations;
 mod operators;
 mod postgres;
+mod rfc3339;
 mod runs;
 #[cfg(feature = "sim")]
 mod sim;
@@ -41,6 +42,7 @@ pub use operations::{
     Controls, Events, Leases, Operation, Operators, Runs, Schema, Users, Workflows,
 };
 pub use operators::{BackupReport, SlotRow, StatusCount};
+pub use rfc3339::rfc3339_utc;
 pub use runs::{
     Admission, ApprovalAnswer, CancelAction, FailureClass, NewRun, RunFailure, RunOutcome,
     RunRenewal, RunRow, RunSlot, WorkflowStep, pending_request_id,
