@@ -25,6 +25,17 @@ const ASKING: &str = r#"
     return r.approval.answer.decision;
 "#;
 
+/// A checkpoint on a captured file, then a pause: still live once the checkpoint is decided.
+const REVIEWED_THEN_PAUSED: &str = r#"
+    await agent({stepId: "draft", agentRef: "scripted", task: {
+        write: [{path: "/mnt/user-data/outputs/r.txt", content: "the draft"}], output: "drafted"}});
+    const f = await captureArtifact({stepId: "file", sourceStepId: "draft",
+                                     path: "/mnt/user-data/outputs/r.txt"});
+    await humanCheckpoint({stepId: "review", sourceStepId: "file",
+                           artifactVersion: f.artifactVersion});
+    return await pause({stepId: "after"});
+"#;
+
 /// Launches `script` titled `title` through REST; the answer as it came.
 async fn launch_titled(api: &mut Api, script: &str, title: &str) -> crate::http_client::Answer {
     api.call(
@@ -325,6 +336,59 @@ async fn the_cli_runs_with_a_title_and_shows_it_and_the_agents_request_readably(
     ] {
         assert!(inbox.contains(&says), "{says:?} is not in:\n{inbox}");
     }
+
+    // A decision made again is a repeat, which says who made the one that stands and when.
+    std::fs::write(home.join("review.js"), REVIEWED_THEN_PAUSED).expect("script");
+    let run = cli(home, &node, &["run", "review.js", "--wait", "--json"]);
+    assert_eq!(code(&run), 3, "{}", String::from_utf8_lossy(&run.stderr));
+    let reviewed = json_of(&run)["run_id"].as_str().expect("run_id").to_owned();
+    let approve = cli(home, &node, &["approve", &reviewed, "--comment", "fine"]);
+    assert_eq!(
+        code(&approve),
+        0,
+        "{}",
+        String::from_utf8_lossy(&approve.stderr)
+    );
+    let again = cli(
+        home,
+        &node,
+        &[
+            "approve",
+            &reviewed,
+            "--step",
+            "review",
+            "--comment",
+            "still fine",
+            "--json",
+        ],
+    );
+    assert_eq!(
+        code(&again),
+        0,
+        "{}",
+        String::from_utf8_lossy(&again.stderr)
+    );
+    let reply = json_of(&again);
+    assert_eq!(
+        (&reply["repeated"], &reply["recorded_by"]),
+        (&json!(true), &json!(ADMIN))
+    );
+    let recorded_at = reply["recorded_at"].as_f64().expect("recorded_at");
+    let again = cli(home, &node, &["approve", &reviewed, "--step", "review"]);
+    assert_eq!(
+        code(&again),
+        0,
+        "{}",
+        String::from_utf8_lossy(&again.stderr)
+    );
+    let said = String::from_utf8_lossy(&again.stderr);
+    assert!(
+        said.contains(&format!(
+            "{reviewed}: already approved by {ADMIN} at {}; this repeat changes nothing",
+            store::rfc3339_utc(recorded_at)
+        )),
+        "{said}"
+    );
 
     let get = cli(home, &node, &["get", &asking]);
     assert_eq!(code(&get), 0);
