@@ -587,25 +587,31 @@ impl PgStore {
     pub(crate) async fn list_workflows(&self, filter: ListFilter) -> Result<Vec<ListedWorkflow>> {
         let client = self.connection().await?;
         let statement = client
+            // Whether an agent asks is a `LATERAL` probe of the live runs' index, one per row the
+            // page reads (none for a workflow that is not running). Two shapes measured worse at
+            // 100,000 workflows, 20,000 of them running: a subquery computing the flags (with
+            // the volatile `reins_now()` in it, PostgreSQL does not pull it up, and sorted every
+            // workflow: 0.2 ms became 357 ms), and an `EXISTS` in the select list (hashed over
+            // every waiting run: 8 ms).
             .prepare_cached(
-                "SELECT id, user_id, status, owner, fingerprint, data, created_at, updated_at,
-                        recoverable, NOT recoverable AND asks
-                   FROM (SELECT w.*,
-                                w.status = ANY($7) AND (l.expires_at IS NULL
-                                                        OR l.expires_at <= reins_now())
-                                    AS recoverable,
-                                w.status = 'running' AND EXISTS (
-                                    SELECT 1 FROM runs r
-                                     WHERE r.workflow = w.id AND r.status = 'waiting_for_input')
-                                    AS asks
-                           FROM workflows w
-                           LEFT JOIN extension_execution_leases l ON l.resource_id = w.id
-                          WHERE ($1::text IS NULL OR w.user_id = $1)
-                            AND ($2::text IS NULL OR w.status = $2)
-                            AND ($3::float8 IS NULL OR (w.created_at, w.id) < ($3, $4::text))
-                            AND ($8::text IS NULL OR w.request_id = $8)) w
-                  WHERE (NOT $6 OR recoverable) AND (NOT $9 OR (asks AND NOT recoverable))
-                  ORDER BY created_at DESC, id DESC LIMIT $5",
+                "SELECT w.id, w.user_id, w.status, w.owner, w.fingerprint, w.data, w.created_at,
+                        w.updated_at,
+                        w.status = ANY($7) AND (l.expires_at IS NULL OR l.expires_at <= reins_now()),
+                        coalesce(a.asks AND l.expires_at > reins_now(), false)
+                   FROM workflows w
+                   LEFT JOIN extension_execution_leases l ON l.resource_id = w.id
+                   LEFT JOIN LATERAL (SELECT true AS asks FROM runs r
+                                       WHERE w.status = 'running' AND r.workflow = w.id
+                                         AND r.status = 'waiting_for_input'
+                                       LIMIT 1) a ON true
+                  WHERE ($1::text IS NULL OR w.user_id = $1)
+                    AND ($2::text IS NULL OR w.status = $2)
+                    AND (NOT $6 OR (w.status = ANY($7)
+                                    AND (l.expires_at IS NULL OR l.expires_at <= reins_now())))
+                    AND (NOT $9 OR (a.asks AND l.expires_at > reins_now()))
+                    AND ($3::float8 IS NULL OR (w.created_at, w.id) < ($3, $4::text))
+                    AND ($8::text IS NULL OR w.request_id = $8)
+                  ORDER BY w.created_at DESC, w.id DESC LIMIT $5",
             )
             .await?;
         let (stored, recoverable, waiting_for_input) = match filter.status {

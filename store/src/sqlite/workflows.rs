@@ -549,23 +549,25 @@ impl SqliteStore {
         self.read(move |connection| {
             // The four statuses are `COUNTED_STATUSES`.
             let mut statement = connection.prepare_cached(
-                "SELECT id, user_id, status, owner, fingerprint, data, created_at, updated_at,
-                        recoverable, NOT recoverable AND asks
-                   FROM (SELECT w.*,
-                                w.status IN ('running', 'paused', 'waiting_approval', 'cancelling')
-                                  AND (l.expires_at IS NULL
-                                       OR l.expires_at <= unixepoch('subsec')) AS recoverable,
-                                w.status = 'running' AND EXISTS (
-                                    SELECT 1 FROM runs r
-                                     WHERE r.workflow = w.id AND r.status = 'waiting_for_input')
-                                  AS asks
-                           FROM workflows w
-                           LEFT JOIN extension_execution_leases l ON l.resource_id = w.id
-                          WHERE (?1 IS NULL OR w.user_id = ?1) AND (?2 IS NULL OR w.status = ?2)
-                            AND (?3 IS NULL OR (w.created_at, w.id) < (?3, ?4))
-                            AND (?7 IS NULL OR w.request_id = ?7))
-                  WHERE (NOT ?6 OR recoverable) AND (NOT ?8 OR (asks AND NOT recoverable))
-                  ORDER BY created_at DESC, id DESC LIMIT ?5",
+                "SELECT w.id, w.user_id, w.status, w.owner, w.fingerprint, w.data, w.created_at,
+                        w.updated_at,
+                        w.status IN ('running', 'paused', 'waiting_approval', 'cancelling')
+                          AND (l.expires_at IS NULL OR l.expires_at <= unixepoch('subsec')),
+                        w.status = 'running' AND l.expires_at IS NOT NULL
+                          AND l.expires_at > unixepoch('subsec') AND EXISTS (
+                            SELECT 1 FROM runs r
+                             WHERE r.workflow = w.id AND r.status = 'waiting_for_input')
+                   FROM workflows w LEFT JOIN extension_execution_leases l ON l.resource_id = w.id
+                  WHERE (?1 IS NULL OR w.user_id = ?1) AND (?2 IS NULL OR w.status = ?2)
+                    AND (NOT ?6 OR (w.status IN ('running', 'paused', 'waiting_approval', 'cancelling')
+                          AND (l.expires_at IS NULL OR l.expires_at <= unixepoch('subsec'))))
+                    AND (NOT ?8 OR (w.status = 'running' AND l.expires_at IS NOT NULL
+                          AND l.expires_at > unixepoch('subsec')
+                          AND EXISTS (SELECT 1 FROM runs r
+                                       WHERE r.workflow = w.id AND r.status = 'waiting_for_input')))
+                    AND (?3 IS NULL OR (w.created_at, w.id) < (?3, ?4))
+                    AND (?7 IS NULL OR w.request_id = ?7)
+                  ORDER BY w.created_at DESC, w.id DESC LIMIT ?5",
             )?;
             let (stored, recoverable, waiting_for_input) = match filter.status {
                 None => (None, false, false),
