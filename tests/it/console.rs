@@ -610,7 +610,8 @@ async fn titles_messages_actions_and_comments_read_well_and_stay_text() {
     browser.goto(&url(&node, &format!("#/workflows/{deploy}")));
     browser.wait_until(
         "the agent's step with its actions and the answer form",
-        "return document.querySelector('#workflow-status').textContent === 'waiting_for_input' \
+        "const s = document.querySelector('#workflow-status'); \
+         return s !== null && s.textContent === 'waiting_for_input' \
              && document.querySelectorAll('[data-step=release] .actions > li').length === 2 \
              && document.querySelector('[data-step=release] button[data-action=approve]') !== null;",
         WAIT,
