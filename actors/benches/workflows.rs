@@ -198,6 +198,7 @@ async fn measure(
         let request = LaunchRequest {
             user_id: "bench".into(),
             request_id: None,
+            title: None,
             script: pause.into(),
             args: json!({}),
         };
@@ -238,6 +239,7 @@ async fn run_one(workflows: &WorkflowsHandle, store: &Store) -> WorkflowId {
     let request = LaunchRequest {
         user_id: "bench".into(),
         request_id: None,
+        title: None,
         script: script(),
         args: json!({}),
     };

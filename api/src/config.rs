@@ -414,6 +414,8 @@ pub struct Limits {
     pub log_events_per_workflow_max: u64,
     /// The bytes of the lines a workflow keeps as `log` events at most.
     pub log_event_bytes_per_workflow_max: u64,
+    /// The longest `title` a launch takes, in characters (Unicode scalar values).
+    pub title_chars_max: u64,
 }
 
 impl Default for Limits {
@@ -442,6 +444,7 @@ impl Default for Limits {
             log_bytes_per_workflow_max: 1024 * 1024,
             log_events_per_workflow_max: 1000,
             log_event_bytes_per_workflow_max: 256 * 1024,
+            title_chars_max: 200,
         }
     }
 }
@@ -719,7 +722,7 @@ impl Config {
             }
             _ => {}
         }
-        let positive: [(&'static str, u64); 47] = [
+        let positive: [(&'static str, u64); 48] = [
             ("store.pool_size", self.store.pool_size as u64),
             ("store.requests_max", self.store.requests_max as u64),
             ("store.write_batch_max", self.store.write_batch_max as u64),
@@ -748,6 +751,7 @@ impl Config {
                 self.limits.script_cpu_ms_total_max,
             ),
             ("limits.log_line_bytes_max", self.limits.log_line_bytes_max),
+            ("limits.title_chars_max", self.limits.title_chars_max),
             ("http.body_bytes_max", self.http.body_bytes_max),
             ("http.head_bytes_max", self.http.head_bytes_max),
             ("http.page_size_max", u64::from(self.http.page_size_max)),

@@ -192,7 +192,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         config.http.clone(),
         config.auth.clone(),
         config.events.clone(),
-        config.limits.user_stored_bytes_max,
+        &config.limits,
     ));
     let (stop, stopping) = watch::channel(false);
     let drain_timeout = Duration::from_millis(config.shutdown.drain_timeout_ms);

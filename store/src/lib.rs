@@ -17,6 +17,7 @@ mod notify;
 mod operations;
 mod operators;
 mod postgres;
+mod rfc3339;
 mod runs;
 mod sent_events;
 #[cfg(feature = "sim")]
@@ -44,6 +45,7 @@ pub use operations::{
     Controls, Events, Leases, Notifications, Operation, Operators, Runs, Schema, Users, Workflows,
 };
 pub use operators::{BackupReport, SlotRow, StatusCount};
+pub use rfc3339::rfc3339_utc;
 pub use runs::{
     Admission, ApprovalAnswer, CancelAction, FailureClass, NewRun, RunFailure, RunOutcome,
     RunRenewal, RunRow, RunSlot, WorkflowStep, pending_request_id,

@@ -214,6 +214,9 @@ pub struct ControlRow {
     pub attempt: i32,
     pub body: Value,
     pub created_by: Option<String>,
+    /// When it was recorded (epoch seconds, database clock): a repeat and a contradiction say
+    /// when the answer that stands was given.
+    pub created_at: f64,
     pub applied: bool,
 }
 
@@ -265,8 +268,11 @@ pub(crate) fn contradiction(existing: &ControlRow) -> Error {
         ControlKind::Cancel => format!("asked to cancel ({})", existing.body),
     };
     Error::Conflict(format!(
-        "step {:?} attempt {} was already {said} by {by}; a different {} is refused",
-        existing.step_id, existing.attempt, existing.kind
+        "step {:?} attempt {} was already {said} by {by} at {}; a different {} is refused",
+        existing.step_id,
+        existing.attempt,
+        crate::rfc3339_utc(existing.created_at),
+        existing.kind
     ))
 }
 
@@ -312,6 +318,10 @@ pub enum StatusFilter {
     /// What `get` shows as `recoverable`: a status of [`COUNTED_STATUSES`] (live, not waiting
     /// for an operator) with no lease, or a lease expired on the database clock.
     Recoverable,
+    /// What `get` shows as `waiting_for_input`: `running`, not recoverable, with a child run of
+    /// its agent steps waiting for a person's answer (`runs.status` `waiting_for_input`). Read
+    /// from the runs, never stored: the owner writes nothing for it, and nothing can disagree.
+    WaitingForInput,
 }
 
 /// A position in a listing: a workflow's `(created_at, id)`. It names no row, so a page goes on
@@ -329,6 +339,8 @@ pub struct ListedWorkflow {
     pub row: WorkflowRow,
     /// As [`StatusFilter::Recoverable`] decides, when the page was read.
     pub recoverable: bool,
+    /// As [`StatusFilter::WaitingForInput`] decides, in the same read.
+    pub waiting_for_input: bool,
 }
 
 #[cfg(test)]

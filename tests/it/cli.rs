@@ -135,13 +135,17 @@ async fn a_person_runs_approves_and_downloads_through_the_cli() {
         std::thread::sleep(std::time::Duration::from_millis(100));
     };
     assert_eq!(done["result"]["decision"], "approve");
-    // A rejection after the approval says who decided the checkpoint already.
+    // A rejection after the approval says who decided the checkpoint already, and when.
     let reject = cli(home, &node, &["reject", &id]);
     assert_eq!(code(&reject), 1);
     let said = String::from_utf8_lossy(&reject.stderr);
+    let decided_at = done["checkpoints"][0]["decided_at"]
+        .as_f64()
+        .expect("decided_at");
     assert!(
         said.contains(&format!(
-            "humanCheckpoint \"review\" was already approved by {ADMIN}"
+            "humanCheckpoint \"review\" was already approved by {ADMIN} at {}",
+            store::rfc3339_utc(decided_at)
         )),
         "{said}"
     );

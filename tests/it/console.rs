@@ -275,7 +275,17 @@ async fn an_agents_request_is_answered_from_the_inbox_and_another_user_sees_noth
     let item = format!("[data-item='{run_id}/ask/1']");
     browser.goto(&url(&node, "#/inbox"));
     browser.find(&format!("{item}[data-kind=agent_request]"), WAIT);
-    browser.wait_for_text("\"target\": \"prod\"", WAIT);
+    browser.wait_until(
+        "the requested action shown by name, with its fields",
+        &format!(
+            "const text = (css) => {{ \
+                 const e = document.querySelector(\"{item} \" + css); \
+                 return e === null ? null : e.textContent; }}; \
+             return text('.action-name') === 'deploy' && \
+                 text('.action-fields dt') === 'target' && text('.action-fields dd') === 'prod';"
+        ),
+        WAIT,
+    );
     browser.screenshot("01-inbox-agent-request");
     browser
         .find(&format!("{item} textarea[name=comment]"), WAIT)
@@ -289,7 +299,13 @@ async fn an_agents_request_is_answered_from_the_inbox_and_another_user_sees_noth
     );
     browser.wait_for_text("Nothing waits for you.", WAIT);
     browser.goto(&url(&node, &format!("#/workflows/{run_id}")));
-    browser.wait_for_text("Answered", WAIT);
+    browser.wait_for_text(&format!("Approved by {ADMIN}"), WAIT);
+    browser.wait_until(
+        "the answer's comment",
+        "const c = document.querySelector('[data-step=ask] .answered q.comment'); \
+         return c !== null && c.textContent === 'go ahead';",
+        WAIT,
+    );
     browser.screenshot("02-workflow-answered");
 
     // Admin pages.
@@ -444,6 +460,181 @@ async fn stored_html_and_script_stay_inert_text_or_a_download() {
     assert!(previews.iter().all(|p| p["download"] == true));
     assert_inert(&browser, "workflow page");
     browser.screenshot("03-workflow-inert");
+}
+
+/// What a person reads first in the inbox and on a workflow's page (issue 32, item 6): titles
+/// beside run ids (also in the tab's title), a pause's message, an agent's requested actions as
+/// a list rather than JSON, the `waiting_for_input` status, and an approver's comment; a title
+/// made of markup stays text everywhere it is shown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn titles_messages_actions_and_comments_read_well_and_stay_text() {
+    let db = Db::new(false).await;
+    let node = Node::start(&db, &[]);
+    let mut api = initialize(&node).await;
+    let titled = |script: &str, title: &str| json!({"script": script, "title": title});
+    let mut launch_titled = async |script: &str, title: &str| {
+        let answer = api.action("launch", titled(script, title)).await;
+        assert_eq!(answer.status, 200, "{answer:?}");
+        answer.json()["run_id"].as_str().expect("run_id").to_owned()
+    };
+    let review = launch_titled(REVIEW, "Evidence review for the audit").await;
+    let numbers = launch_titled(
+        r#"return await pause({stepId: "numbers", message:
+            "Check the Q3 numbers in the shared sheet; resume with {\"ok\": true} when they add up."});"#,
+        "Quarterly numbers",
+    )
+    .await;
+    let deploy = launch_titled(
+        r##"const r = await agent({stepId: "release", agentRef: "scripted", task: {
+            ask_approval: {request_id: "release-1", actions: [
+                {tool: "deploy", args: {service: "billing", version: "1.2.0", target: "prod"}},
+                {tool: "notify", channel: "#releases", text: "billing 1.2.0 is live"}]}}});
+           return r.approval.answer.decision;"##,
+        "Release billing 1.2.0",
+    )
+    .await;
+    let marked = launch_titled(r#"return await pause({stepId: "p"});"#, PAYLOAD).await;
+    let mut api = node.api();
+    assert_eq!(api.login(ADMIN, PASSWORD).await.status, 200);
+    wait_for(&mut api, &review, "waiting_approval").await;
+    wait_for(&mut api, &numbers, "paused").await;
+    wait_for(&mut api, &marked, "paused").await;
+    wait_for(&mut api, &deploy, "waiting_for_input").await;
+
+    let browser = Browser::start("people", 1280, 1400);
+    sign_in(&browser, &node, ADMIN);
+    browser.goto(&url(&node, "#/inbox"));
+    let item = |run_id: &str, step: &str| format!("[data-item='{run_id}/{step}/1']");
+    browser.find(&item(&deploy, "release"), WAIT);
+    browser.wait_until(
+        "every item, each named by its title beside its run id",
+        "return document.querySelectorAll('#inbox li.item .named .title').length === 4;",
+        WAIT,
+    );
+    let names = browser.run(
+        "return [...document.querySelectorAll('#inbox li.item')].map((li) => [
+            li.dataset.item.split('/')[0],
+            li.querySelector('.named .title').textContent,
+            li.querySelector('.named .run-id').textContent]);",
+        json!([]),
+    );
+    for (run_id, title) in [
+        (&review, "Evidence review for the audit"),
+        (&numbers, "Quarterly numbers"),
+        (&deploy, "Release billing 1.2.0"),
+        (&marked, PAYLOAD),
+    ] {
+        assert!(
+            names
+                .as_array()
+                .expect("names")
+                .contains(&json!([run_id, title, run_id])),
+            "{run_id} {title:?} not in {names}"
+        );
+    }
+    browser.wait_until(
+        "the pause's message",
+        &format!(
+            "const m = document.querySelector(\"{} .pause-message\"); \
+             return m !== null && m.textContent.startsWith('Check the Q3 numbers');",
+            item(&numbers, "numbers")
+        ),
+        WAIT,
+    );
+    let actions = browser.run(
+        &format!(
+            "return [...document.querySelectorAll(\"{} .actions > li\")].map((li) => [
+                li.querySelector('.action-name').textContent,
+                [...li.querySelectorAll('dt')].map((d) => d.textContent).join(','),
+                [...li.querySelectorAll('dd')].map((d) => d.textContent).join(',')]);",
+            item(&deploy, "release")
+        ),
+        json!([]),
+    );
+    assert_eq!(
+        actions,
+        json!([
+            ["deploy", "service,target,version", "billing,prod,1.2.0"],
+            ["notify", "channel,text", "#releases,billing 1.2.0 is live"]
+        ])
+    );
+    browser.wait_until(
+        "the checkpoint's artifact previewed",
+        &format!(
+            "return document.querySelector(\"{} .preview-text\") !== null;",
+            item(&review, "review")
+        ),
+        WAIT,
+    );
+    assert_inert(&browser, "inbox");
+    browser.screenshot("01-inbox-titles-message-actions");
+
+    // The list names them too, and filters on the status a person reads.
+    browser.goto(&url(&node, "#/workflows"));
+    browser.find(&format!("tr[data-run='{marked}'] .named .title"), WAIT);
+    assert_eq!(
+        browser
+            .find(&format!("tr[data-run='{marked}'] .named .title"), WAIT)
+            .text(),
+        PAYLOAD
+    );
+    assert_eq!(
+        browser
+            .find(&format!("tr[data-run='{deploy}'] .badge"), WAIT)
+            .text(),
+        "waiting_for_input"
+    );
+    assert_inert(&browser, "workflows");
+    browser.screenshot("02-workflows-titles");
+
+    // The workflow page and the tab: the title, the run id beside it, as text.
+    browser.goto(&url(&node, &format!("#/workflows/{marked}")));
+    browser.wait_until(
+        "the marked-up title as the page's heading",
+        &format!(
+            "const h = document.getElementById('workflow-title'); \
+             return h !== null && h.textContent === {};",
+            serde_json::to_string(PAYLOAD).expect("json")
+        ),
+        WAIT,
+    );
+    browser.wait_until(
+        "the tab titled by it",
+        &format!(
+            "return document.title === {};",
+            serde_json::to_string(&format!("{PAYLOAD} ({marked}) · reins")).expect("json")
+        ),
+        WAIT,
+    );
+    assert_inert(&browser, "workflow page");
+    browser.goto(&url(&node, &format!("#/workflows/{deploy}")));
+    browser.wait_until(
+        "the agent's step with its actions and the answer form",
+        "const s = document.querySelector('#workflow-status'); \
+         return s !== null && s.textContent === 'waiting_for_input' \
+             && document.querySelectorAll('[data-step=release] .actions > li').length === 2 \
+             && document.querySelector('[data-step=release] button[data-action=approve]') !== null;",
+        WAIT,
+    );
+    browser.screenshot("03-workflow-waiting-for-input");
+
+    // An approver's comment, on the checkpoint it decided.
+    browser.goto(&url(&node, "#/inbox"));
+    let checkpoint = item(&review, "review");
+    browser
+        .find(&format!("{checkpoint} textarea[name=comment]"), WAIT)
+        .type_text("The evidence matches the ledger; approved for the audit file.");
+    browser.click_on(&format!("{checkpoint} button[data-action=approve]"), WAIT);
+    wait_for(&mut api, &review, "completed").await;
+    browser.goto(&url(&node, &format!("#/workflows/{review}")));
+    browser.wait_until(
+        "the approver's comment on the checkpoint",
+        "const c = document.querySelector('[data-step=review] q.comment'); \
+         return c !== null && c.textContent.startsWith('The evidence matches the ledger');",
+        WAIT,
+    );
+    browser.wait_for_text(&format!("by {ADMIN}"), WAIT);
+    browser.screenshot("04-workflow-approvers-comment");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

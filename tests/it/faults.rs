@@ -15,6 +15,7 @@ fn launch(script: &str, args: Value) -> LaunchRequest {
     LaunchRequest {
         user_id: "ada".into(),
         request_id: None,
+        title: None,
         script: script.into(),
         args,
     }

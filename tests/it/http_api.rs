@@ -396,16 +396,8 @@ async fn every_action_works_and_fails_the_same_through_rest_and_actions(postgres
         ))
         .await;
     assert_eq!(controls.as_deref(), Some("1"));
-    let mut reject = decide.clone();
-    reject["decision"] = json!("reject");
-    assert_refused(
-        &api.call("POST", &rest_path, Some(reject)).await,
-        409,
-        "conflict",
-        "was already decided approve (artifact version",
-    );
     // The same decision with a comment of its own is the same decision: 200, repeated, and
-    // who made the one that stands.
+    // who made the one that stands, and when (issue 32).
     let mut commented = decide.clone();
     commented["comment"] = json!("fine by me too");
     let again = api.call("POST", &rest_path, Some(commented)).await;
@@ -417,6 +409,23 @@ async fn every_action_works_and_fails_the_same_through_rest_and_actions(postgres
         ),
         (200, json!(true), json!(ADMIN)),
         "{again:?}"
+    );
+    let recorded_at = again.json()["recorded_at"].as_f64().expect("recorded_at");
+    let first_at = x.json()["recorded_at"].as_f64().expect("recorded_at");
+    assert_eq!(
+        recorded_at, first_at,
+        "the repeat names the first decision's time"
+    );
+    let mut reject = decide.clone();
+    reject["decision"] = json!("reject");
+    assert_refused(
+        &api.call("POST", &rest_path, Some(reject)).await,
+        409,
+        "conflict",
+        &format!(
+            "was already decided approve (artifact version {version}) by {ADMIN} at {};",
+            store::rfc3339_utc(recorded_at)
+        ),
     );
     let done = wait_for(&mut api, &run, "completed").await;
     assert_eq!(

@@ -36,6 +36,7 @@ mod operators;
 mod paging;
 mod parked;
 mod partition;
+mod people;
 mod private_pg;
 mod retries;
 mod retry;

@@ -10,6 +10,9 @@ use store::WorkflowId;
 pub struct LaunchRequest {
     pub user_id: String,
     pub request_id: Option<String>,
+    /// What people call it (checked by the caller against `limits.title_chars_max`); kept in
+    /// the workflow's document, read by no rule.
+    pub title: Option<String>,
     pub script: String,
     pub args: Value,
 }

@@ -75,6 +75,7 @@ pub(super) fn launch(
     let document = WorkflowDocument::launched(
         request.script.clone(),
         request.args.clone(),
+        request.title.clone(),
         seed,
         now_ms,
         runtime::runtime_version(limits),
@@ -537,6 +538,7 @@ mod tests {
         LaunchRequest {
             user_id: "ann".into(),
             request_id: Some("r-1".into()),
+            title: None,
             script: script.into(),
             args,
         }

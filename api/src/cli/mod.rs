@@ -1,7 +1,7 @@
 //! The command line a person uses against a running node, through the HTTP API like any other
 //! client: `reins init` and `reins login` (which save an API token), `run`, `get`, `list`,
-//! `resume`, `approve`, `reject`, `answer`, `cancel`, `recover`, `retry`, `delete`, `artifact`,
-//! `watch`,
+//! `inbox`, `resume`, `approve`, `reject`, `answer`, `cancel`, `recover`, `retry`, `delete`,
+//! `artifact`, `watch`,
 //! and user management (`users ...`, `password`, in [`users`]). Tables for people, `--json` for
 //! scripts.
 //!
@@ -13,6 +13,7 @@
 
 mod client;
 mod credentials;
+mod inbox;
 mod users;
 mod watch;
 
@@ -69,6 +70,10 @@ pub enum Command {
         /// Idempotency key: the same request again gives the same workflow.
         #[arg(long)]
         request_id: Option<String>,
+        /// What people call it: shown beside its run id in lists, the inbox and the console
+        /// (at most `limits.title_chars_max` characters, one line).
+        #[arg(long)]
+        title: Option<String>,
         /// Wait until the workflow ends or waits for a person.
         #[arg(long)]
         wait: bool,
@@ -84,7 +89,7 @@ pub enum Command {
     Watch { id: String },
     /// List workflows, newest first, a page at a time.
     List {
-        /// A stored status, or `recoverable`.
+        /// A stored status, `recoverable`, or `waiting_for_input`.
         #[arg(long)]
         status: Option<String>,
         #[arg(long, default_value_t = 50)]
@@ -93,6 +98,9 @@ pub enum Command {
         #[arg(long)]
         after: Option<String>,
     },
+    /// What waits for you (an approver or admin: for anyone), oldest first, and the command
+    /// that answers each.
+    Inbox,
     /// Resolve the workflow's pause.
     Resume {
         id: String,
@@ -350,6 +358,7 @@ async fn run_signed_in(common: &Common, client: &Client, command: Command) -> an
             file,
             args,
             request_id,
+            title,
             wait,
         } => {
             let script = std::fs::read_to_string(&file)
@@ -358,6 +367,9 @@ async fn run_signed_in(common: &Common, client: &Client, command: Command) -> an
             let mut body = json!({"script": script, "args": args});
             if let Some(request_id) = request_id {
                 body["request_id"] = json!(request_id);
+            }
+            if let Some(title) = title {
+                body["title"] = json!(title);
             }
             let path = if wait {
                 format!("/api/v1/workflows?wait={WAIT_PER_REQUEST}")
@@ -382,6 +394,7 @@ async fn run_signed_in(common: &Common, client: &Client, command: Command) -> an
             wait_for_rest(common, client, &id, record).await
         }
         Command::Watch { id } => watch::watch(client, &id, common.json).await,
+        Command::Inbox => inbox::inbox(common, client).await,
         Command::List {
             status,
             limit,
@@ -408,10 +421,11 @@ async fn run_signed_in(common: &Common, client: &Client, command: Command) -> an
                             text(&w["status"]),
                             text(&w["owner"]),
                             format_time(&w["created_at"]),
+                            text(&w["title"]),
                         ]
                     })
                     .collect();
-                print_table(&["RUN ID", "STATUS", "OWNER", "CREATED"], &rows);
+                print_table(&["RUN ID", "STATUS", "OWNER", "CREATED", "TITLE"], &rows);
                 if let Some(next) = page["next"].as_str() {
                     println!("more: {more} --after {next}");
                 }
@@ -715,6 +729,16 @@ async fn control(
     let reply = client.json("POST", &path, Some(body)).await?;
     print_value(common, &reply, || {
         println!("{id}: {}", text(&reply["status"]));
+        if reply["repeated"] == json!(true) {
+            eprintln!(
+                "{id}: already {} by {} at {}; this repeat changes nothing",
+                text(&reply["status"]),
+                reply["recorded_by"]
+                    .as_str()
+                    .unwrap_or("an earlier request"),
+                format_time(&reply["recorded_at"])
+            );
+        }
     });
     Ok(0)
 }
@@ -770,6 +794,9 @@ fn waiting_step(record: &Value, kind: &str) -> anyhow::Result<String> {
             text(&answered["status"]),
             answered["decided_by"].as_str().unwrap_or("someone")
         ));
+        if answered["decided_at"].is_number() {
+            why.push_str(&format!(" at {}", format_time(&answered["decided_at"])));
+        }
     }
     for waiting in checkpoints().filter(|c| c["status"] == "waiting") {
         let step = text(&waiting["step_id"]);
@@ -825,7 +852,7 @@ async fn wait_for_rest(
         let code = match status.as_str() {
             "completed" => Some(0),
             "failed" | "cancelled" => Some(EXIT_WORKFLOW_FAILED),
-            "paused" | "waiting_approval" => Some(EXIT_WAITING_FOR_PERSON),
+            "paused" | "waiting_approval" | "waiting_for_input" => Some(EXIT_WAITING_FOR_PERSON),
             "needs_reconciliation" => Some(EXIT_NEEDS_RECONCILIATION),
             _ if agent_waits(&record) => Some(EXIT_WAITING_FOR_PERSON),
             _ => None,
@@ -871,6 +898,9 @@ fn print_value(common: &Common, value: &Value, human: impl FnOnce()) {
 fn print_record(record: &Value) {
     let field = |name: &str, value: String| println!("{name:<14} {value}");
     field("run id", text(&record["run_id"]));
+    if !record["title"].is_null() {
+        field("title", text(&record["title"]));
+    }
     field("status", text(&record["status"]));
     field("owner", text(&record["owner"]));
     field("epoch", text(&record["epoch"]));
@@ -948,6 +978,50 @@ fn print_record(record: &Value) {
             &checkpoints,
         );
     }
+    for checkpoint in record["checkpoints"].as_array().into_iter().flatten() {
+        let step = text(&checkpoint["step_id"]);
+        if let Some(message) = checkpoint["message"].as_str() {
+            println!("{step}: message: {}", inbox::printable(message));
+        }
+        if let Some(comment) = checkpoint["comment"].as_str() {
+            println!(
+                "{step}: {} commented: {}",
+                text(&checkpoint["decided_by"]),
+                inbox::printable(comment)
+            );
+        }
+    }
+    for step in record["steps"].as_array().into_iter().flatten() {
+        let approval = &step["approval"];
+        if approval.is_null() {
+            continue;
+        }
+        let answer = &approval["answer"];
+        let state = if approval["status"] == "waiting" {
+            format!(
+                "asks for approval: answer with `reins answer {} {} --approve` (or --reject)",
+                text(&record["run_id"]),
+                text(&step["step_id"])
+            )
+        } else {
+            format!(
+                "asked, and was answered {} by {}",
+                text(&answer["decision"]),
+                text(&answer["by"])
+            )
+        };
+        println!();
+        println!(
+            "{}: its agent {state}; it asks to do:",
+            text(&step["step_id"])
+        );
+        for line in inbox::actions(&approval["actions"]) {
+            println!("  {line}");
+        }
+        if let Some(comment) = answer["comment"].as_str() {
+            println!("  comment: {}", inbox::printable(comment));
+        }
+    }
 }
 
 pub(crate) fn print_table(headers: &[&str], rows: &[Vec<String>]) {
@@ -983,34 +1057,11 @@ fn encode(segment: &str) -> String {
     form_urlencoded::byte_serialize(segment.as_bytes()).collect()
 }
 
-/// Epoch seconds as `YYYY-MM-DD HH:MM:SSZ` (UTC).
+/// Epoch seconds as RFC 3339 in UTC, to the second (`-` for none).
 fn format_time(value: &Value) -> String {
-    let Some(seconds) = value.as_f64() else {
-        return "-".to_owned();
-    };
-    let seconds = seconds as i64;
-    let (days, rest) = (seconds.div_euclid(86_400), seconds.rem_euclid(86_400));
-    // Days to a civil date (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let day_of_era = z.rem_euclid(146_097);
-    let year_of_era =
-        (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
-    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
-    let month_index = (5 * day_of_year + 2) / 153;
-    let day = day_of_year - (153 * month_index + 2) / 5 + 1;
-    let month = if month_index < 10 {
-        month_index + 3
-    } else {
-        month_index - 9
-    };
-    let year = year_of_era + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02}Z",
-        rest / 3600,
-        rest % 3600 / 60,
-        rest % 60
-    )
+    value
+        .as_f64()
+        .map_or_else(|| "-".to_owned(), store::rfc3339_utc)
 }
 
 #[cfg(test)]
@@ -1019,9 +1070,8 @@ mod tests {
 
     #[test]
     fn times_print_as_utc_dates() {
-        assert_eq!(format_time(&json!(0.0)), "1970-01-01 00:00:00Z");
-        assert_eq!(format_time(&json!(1_796_003_447.5)), "2026-11-30 01:50:47Z");
-        assert_eq!(format_time(&json!(951_782_400)), "2000-02-29 00:00:00Z");
+        assert_eq!(format_time(&json!(0.0)), "1970-01-01T00:00:00Z");
+        assert_eq!(format_time(&json!(1_796_003_447.5)), "2026-11-30T01:50:47Z");
         assert_eq!(format_time(&Value::Null), "-");
     }
 }

@@ -36,7 +36,13 @@ const STEP_PAGES_SHOWN = 5;
 
 const STATUSES = ["running", "paused", "waiting_approval", "cancelling", "completed", "failed",
   "cancelled", "needs_reconciliation"];
-const LIVE = new Set(["running", "paused", "waiting_approval", "cancelling", "recoverable"]);
+/** What the API shows a live workflow as, beside the stored statuses (read, never stored). */
+const SHOWN = ["recoverable", "waiting_for_input"];
+const LIVE = new Set(["running", "paused", "waiting_approval", "cancelling", "recoverable",
+  "waiting_for_input"]);
+/** Keys under which an agent usually names what an action does, and puts its arguments. */
+const ACTION_NAME_KEYS = ["tool", "name", "action", "type"];
+const ACTION_ARGUMENT_KEYS = ["args", "arguments", "input", "parameters"];
 const TERMINAL = new Set(["completed", "failed", "cancelled"]);
 const RASTER = ["image/png", "image/jpeg", "image/gif", "image/webp"];
 
@@ -97,6 +103,55 @@ function badge(status) {
 
 function json(value) {
   return h("pre", {class: "json"}, JSON.stringify(value, null, 2));
+}
+
+/**
+ * A workflow as people know it: a link to its page reading its title (when its launch gave
+ * one) with its run id beside it, or its run id alone.
+ */
+function workflowLink(runId, title) {
+  const href = `#/workflows/${runId}`;
+  if (!title) return h("a", {href}, runId);
+  return h("span", {class: "named"}, h("a", {href, class: "title"}, title), " ",
+    h("code", {class: "run-id"}, runId));
+}
+
+/** A value inside an action: text as it is, anything else as compact JSON. */
+function actionValue(value) {
+  return typeof value === "string" ? value : h("code", {}, JSON.stringify(value));
+}
+
+/**
+ * An agent's requested actions, readably: a numbered list, each action named by its `tool` (or
+ * `name`, `action`, `type`) with its other fields, and those of its `args` (or `arguments`,
+ * `input`, `parameters`), as a list of names and values. The JSON as the agent sent it is one
+ * click away.
+ */
+function actionsView(actions) {
+  const list = Array.isArray(actions) ? actions : actions == null ? [] : [actions];
+  const items = list.map((action) => {
+    if (action === null || typeof action !== "object" || Array.isArray(action)) {
+      return h("li", {class: "action"}, actionValue(action));
+    }
+    const nameKey = ACTION_NAME_KEYS.find((key) => typeof action[key] === "string");
+    const pairs = [];
+    for (const [key, value] of Object.entries(action)) {
+      if (key === nameKey) continue;
+      if (ACTION_ARGUMENT_KEYS.includes(key) && value && typeof value === "object"
+          && !Array.isArray(value)) {
+        pairs.push(...Object.entries(value));
+      } else {
+        pairs.push([key, value]);
+      }
+    }
+    return h("li", {class: "action"},
+      nameKey ? h("strong", {class: "action-name"}, action[nameKey]) : null,
+      pairs.length ? h("dl", {class: "action-fields"},
+        pairs.map(([key, value]) => [h("dt", {}, key), h("dd", {}, actionValue(value))])) : null);
+  });
+  return h("div", {class: "actions-asked"},
+    items.length ? h("ol", {class: "actions"}, items) : h("p", {class: "empty"}, "No actions."),
+    h("details", {class: "raw"}, h("summary", {}, "As the agent sent it (JSON)"), json(actions)));
 }
 
 let uniqueIds = 0;
@@ -616,7 +671,7 @@ function inboxItem(item, previews) {
     agent_request: "An agent asks for approval"}[item.kind] || item.kind;
   const li = h("li", {class: "item card", "data-item": key, "data-kind": item.kind},
     h("h2", {}, what),
-    h("p", {class: "meta"}, "Workflow ", h("a", {href: `#/workflows/${item.run_id}`}, item.run_id),
+    h("p", {class: "meta"}, "Workflow ", workflowLink(item.run_id, item.title),
       " · step ", h("code", {}, item.step_id), ` · attempt ${item.attempt} · waiting since `,
       time(item.since)));
   if (item.kind === "humanCheckpoint") {
@@ -632,7 +687,7 @@ function inboxItem(item, previews) {
     if (item.message) li.append(h("p", {class: "pause-message"}, item.message));
     li.append(resumeForm(item.run_id, item.step_id, item.attempt, item.fingerprint));
   } else if (item.kind === "agent_request" && item.approval) {
-    li.append(h("p", {}, "It asks to do:"), json(item.approval.actions),
+    li.append(h("p", {}, "It asks to do:"), actionsView(item.approval.actions),
       answerForm(item.run_id, item.step_id, item.approval.request_id));
   }
   return li;
@@ -707,7 +762,7 @@ async function workflowsPage(main) {
   const search = h("input", {type: "search", placeholder: "a run id or request id",
     "data-keep": "search", autocomplete: "off"});
   const status = h("select", {}, h("option", {value: ""}, "any"),
-    [...STATUSES, "recoverable"].map((s) => h("option", {value: s}, s)));
+    [...STATUSES, ...SHOWN].map((s) => h("option", {value: s}, s)));
   status.value = listFilters.status;
   const owner = h("select", {}, h("option", {value: ""}, "anyone"));
   let emails = new Map();
@@ -758,7 +813,7 @@ async function workflowsPage(main) {
           isAdmin() ? h("th", {scope: "col"}, "Owner") : null, h("th", {scope: "col"}, "Started"),
           h("th", {scope: "col"}, "Updated"))),
         h("tbody", {}, rows.map((w) => h("tr", {"data-run": w.run_id},
-          h("td", {"data-label": "Run"}, h("a", {href: `#/workflows/${w.run_id}`}, w.run_id)),
+          h("td", {"data-label": "Run"}, workflowLink(w.run_id, w.title)),
           h("td", {"data-label": "Status"}, badge(w.status)),
           isAdmin() ? h("td", {"data-label": "Owner"}, ownerName(w.user_id, emails)) : null,
           h("td", {"data-label": "Started"}, time(w.created_at)),
@@ -829,7 +884,9 @@ function launchForm() {
     "data-keep": "launch-script"});
   const args = h("textarea", {rows: 2, spellcheck: "false", name: "args", "data-keep": "launch-args"});
   const requestId = h("input", {type: "text", name: "request_id", autocomplete: "off"});
+  const title = h("input", {type: "text", name: "title", autocomplete: "off"});
   const form = h("form", {class: "launch"},
+    field("Title (optional; what people will know it by)", title),
     field("Script (the body of an async function)", script),
     field("Arguments (JSON, optional)", args),
     field("Request id (optional; the same id never launches twice)", requestId),
@@ -846,6 +903,7 @@ function launchForm() {
         }
       }
       if (requestId.value.trim()) body.request_id = requestId.value.trim();
+      if (title.value.trim()) body.title = title.value.trim();
       const launched = await api("POST", "/api/v1/workflows", body);
       say(`Launched ${launched.run_id}.`, "ok");
       location.hash = `#/workflows/${launched.run_id}`;
@@ -918,6 +976,9 @@ async function workflowPage(main, [runId]) {
       return;
     }
     last = signature;
+    // The tab reads the title people know it by, with the run id beside it, as text.
+    page.title = record.title ? `${record.title} (${runId})` : `Workflow ${runId}`;
+    if (state.page === page || state.page === null) document.title = `${page.title} · reins`;
     rerender(region, () => renderWorkflow(record, previews, more));
   };
   await page.refresh();
@@ -957,7 +1018,9 @@ function renderWorkflow(record, previews, more) {
   const admin = isAdmin();
   const now = Date.now() / 1000;
   const header = h("header", {class: "workflow-head"},
-    h("h1", {}, "Workflow ", h("code", {}, record.run_id)),
+    record.title ? [h("h1", {id: "workflow-title"}, record.title),
+      h("p", {class: "meta"}, "Workflow ", h("code", {}, record.run_id))]
+      : h("h1", {}, "Workflow ", h("code", {}, record.run_id)),
     h("p", {class: "meta"}, "Status ", h("span", {id: "workflow-status"}, badge(record.status)),
       " · started ", time(record.created_at), " · updated ", time(record.updated_at),
       LIVE.has(record.status) ? null
@@ -1064,7 +1127,7 @@ function stepEntry(record, step, now, previews) {
   if (step.approval) {
     const approval = step.approval;
     li.append(h("div", {class: "approval"}, h("h3", {}, "The agent asked to do"),
-      json(approval.actions),
+      actionsView(approval.actions),
       approvalState(record, step, approval)));
   }
   if (step.artifact_version != null) {
@@ -1083,7 +1146,12 @@ function answerable(record) {
 /** An agent's request: its answer, the form to answer it, or that nobody can any more. */
 function approvalState(record, step, approval) {
   if (approval.status !== "waiting") {
-    return h("div", {}, h("p", {class: "meta"}, "Answered:"), json(approval.answer));
+    const answer = approval.answer || {};
+    const decided = {approve: "Approved", reject: "Rejected"}[answer.decision] || "Answered";
+    return h("div", {class: "answered"}, h("p", {class: "meta"}, decided,
+      answer.by ? ` by ${answer.by}` : null),
+    answer.comment ? h("p", {class: "meta"}, "Comment: ", h("q", {class: "comment"}, answer.comment))
+      : null);
   }
   if (!answerable(record)) return h("p", {class: "meta"}, "Never answered.");
   return answerForm(record.run_id, step.step_id, approval.request_id);

@@ -63,6 +63,7 @@ fn waiting_items(view: &actors::WorkflowView) -> Vec<InboxItem> {
     let item = |kind: &str, step_id: &str, attempt: i32, since: f64| InboxItem {
         kind: kind.to_owned(),
         run_id: row.workflow_id.as_str().to_owned(),
+        title: record::title(row),
         step_id: step_id.to_owned(),
         attempt,
         user_id: row.user_id.clone(),

@@ -56,7 +56,7 @@ use tracing::Instrument;
 pub use auth::new_secret;
 pub use error::ApiError;
 
-use crate::config::{AddressRange, AuthConfig, EventsConfig, HttpConfig};
+use crate::config::{AddressRange, AuthConfig, EventsConfig, HttpConfig, Limits};
 use crate::console;
 use auth::{LoginBudgets, LoginThrottle, PasswordHashing, Secret};
 use connections::Connections;
@@ -90,6 +90,8 @@ pub struct AppState {
     /// `limits.user_stored_bytes_max`, which `me` and the users' listing show beside what each
     /// user stores (the workflows' grants are checked against it).
     stored_bytes_max: u64,
+    /// `limits.title_chars_max`: the longest title a launch takes, in characters.
+    title_chars_max: u64,
 }
 
 impl AppState {
@@ -99,7 +101,7 @@ impl AppState {
         http: HttpConfig,
         auth: AuthConfig,
         events: EventsConfig,
-        stored_bytes_max: u64,
+        limits: &Limits,
     ) -> Self {
         let throttle = LoginThrottle::new(LoginBudgets {
             pair_failures_max: auth.login_failures_max,
@@ -127,7 +129,8 @@ impl AppState {
             waiters,
             streams: events::EventStreams::new(events),
             database_gauges: tokio::sync::Mutex::new(None),
-            stored_bytes_max,
+            stored_bytes_max: limits.user_stored_bytes_max,
+            title_chars_max: limits.title_chars_max,
         }
     }
 

@@ -46,9 +46,11 @@ pub fn record(view: &WorkflowView, pages: PageMax) -> WorkflowRecord {
     let data = &row.data;
     let (steps, steps_next) = step_page(&view.steps, &view.approval_runs, pages.steps);
     let (artifacts, artifacts_next) = artifact_page(&view.artifacts, pages.artifacts);
+    let asks = waiting_requests(view).next().is_some();
     WorkflowRecord {
         run_id: row.workflow_id.as_str().to_owned(),
-        status: shown_status(row, view.recoverable),
+        title: title(row),
+        status: shown_status(row, view.recoverable, asks),
         stored_status: row.status.as_str().to_owned(),
         recoverable: view.recoverable,
         user_id: row.user_id.clone(),
@@ -150,7 +152,8 @@ pub fn summary(listed: &ListedWorkflow) -> WorkflowSummary {
     let row = &listed.row;
     WorkflowSummary {
         run_id: row.workflow_id.as_str().to_owned(),
-        status: shown_status(row, listed.recoverable),
+        title: title(row),
+        status: shown_status(row, listed.recoverable, listed.waiting_for_input),
         stored_status: row.status.as_str().to_owned(),
         recoverable: listed.recoverable,
         user_id: row.user_id.clone(),
@@ -177,12 +180,25 @@ pub fn reconciliation(row: &WorkflowRow) -> Option<ReconciliationRecord> {
     })
 }
 
-fn shown_status(row: &WorkflowRow, recoverable: bool) -> String {
+/// The status a record and a listing show: `recoverable` first (an operator's to act on), then
+/// `waiting_for_input` for a running workflow whose agent waits for a person's answer (`asks`),
+/// else the stored status. Neither is stored: each is read from the lease and the runs.
+fn shown_status(row: &WorkflowRow, recoverable: bool, asks: bool) -> String {
     if recoverable {
         "recoverable".to_owned()
+    } else if asks && row.status == WorkflowStatus::Running {
+        WAITING_FOR_INPUT.to_owned()
     } else {
         row.status.as_str().to_owned()
     }
+}
+
+/// The status of a running workflow whose agent waits for a person (see [`shown_status`]).
+pub const WAITING_FOR_INPUT: &str = "waiting_for_input";
+
+/// The launch's title, kept in the workflow's document.
+pub fn title(row: &WorkflowRow) -> Option<String> {
+    text(&row.data["title"])
 }
 
 fn text(value: &Value) -> Option<String> {
@@ -374,9 +390,11 @@ pub fn checkpoint(step: &StepRow, controls: &[ControlRow]) -> CheckpointRecord {
         deadline_at: record
             .and_then(|record| record.call.deadline_at_ms())
             .map(|at| at as f64 / 1000.0),
+        // When the owner applied the decision; until then, when it was recorded.
         decided_at: resolved
             .and_then(|v| v["decidedAt"].as_f64())
-            .map(|ms| ms / 1000.0),
+            .map(|ms| ms / 1000.0)
+            .or_else(|| control.map(|c| c.created_at)),
         message: record
             .and_then(|record| record.args["message"].as_str())
             .map(str::to_owned),

@@ -278,6 +278,7 @@ mod tests {
             attempt: 1,
             body,
             created_by: Some("ada".into()),
+            created_at: 0.0,
             applied: false,
         }
     }

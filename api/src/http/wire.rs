@@ -15,6 +15,9 @@ use serde_json::Value;
 pub struct LaunchBody {
     /// The caller's idempotency key: the same request again returns the same `run_id`.
     pub request_id: Option<String>,
+    /// What people call the workflow, shown beside its run id wherever it is listed: 1 to
+    /// `limits.title_chars_max` characters, no control characters. A retry keeps it.
+    pub title: Option<String>,
     /// The workflow script: the body of an async JavaScript function.
     pub script: String,
     /// The script's `args` (JSON).
@@ -346,6 +349,8 @@ pub struct ControlReply {
     pub repeated: bool,
     /// Who recorded the answer that stands (on a repeat, the first one).
     pub recorded_by: Option<String>,
+    /// When the answer that stands was recorded (epoch seconds, database clock).
+    pub recorded_at: f64,
 }
 
 /// An event was stored (or the same one was already).
@@ -494,9 +499,13 @@ pub struct CheckpointRecord {
 #[derive(Debug, Clone, Serialize, JsonSchema)]
 pub struct WorkflowRecord {
     pub run_id: String,
-    /// The stored status, or `recoverable` when it is live and its owner's lease has expired.
+    /// The launch's `title`, if it gave one.
+    pub title: Option<String>,
+    /// The stored status; or `recoverable` when it is live and its owner's lease has expired;
+    /// or `waiting_for_input` when it is `running` and a step's agent waits for a person's
+    /// answer to its approval request.
     pub status: String,
-    /// The status as stored (differs from `status` only when `recoverable`).
+    /// The status as stored (differs from `status` when `recoverable` or `waiting_for_input`).
     pub stored_status: String,
     pub recoverable: bool,
     pub user_id: String,
@@ -571,8 +580,10 @@ pub struct ReconciliationRecord {
 #[derive(Debug, Clone, Serialize, JsonSchema)]
 pub struct WorkflowSummary {
     pub run_id: String,
-    /// As `get` shows it: the stored status, or `recoverable` when it is live and its owner's
-    /// lease has expired.
+    /// The launch's `title`, if it gave one.
+    pub title: Option<String>,
+    /// As `get` shows it: the stored status, `recoverable` when it is live and its owner's
+    /// lease has expired, or `waiting_for_input` when a step's agent waits for a person.
     pub status: String,
     pub stored_status: String,
     pub recoverable: bool,
@@ -634,6 +645,8 @@ pub struct InboxItem {
     /// (`answer`).
     pub kind: String,
     pub run_id: String,
+    /// The workflow's `title`, if its launch gave one.
+    pub title: Option<String>,
     pub step_id: String,
     pub attempt: i32,
     /// The workflow's owner (a user id).

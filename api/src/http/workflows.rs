@@ -44,6 +44,38 @@ fn check_id(what: &str, id: &str) -> Result<(), ApiError> {
     }
 }
 
+/// A launch's title: 1 to `max` characters (`limits.title_chars_max`), none of them a control
+/// character or a bidirectional formatting one (which would make a listing read otherwise than
+/// it is stored). Refused with 400 naming the field; nothing is launched.
+fn check_title(title: &str, max: u64) -> Result<(), ApiError> {
+    let chars = title.chars().count();
+    let refused = |why: String| ApiError::bad_request(format!("title is refused: {why}"));
+    if title.trim().is_empty() {
+        return Err(refused("it is empty; leave it out instead".to_owned()));
+    }
+    if chars as u64 > max {
+        return Err(refused(format!(
+            "it has {chars} characters, more than limits.title_chars_max ({max})"
+        )));
+    }
+    if let Some(bad) = title
+        .chars()
+        .find(|&c| c.is_control() || is_bidi_control(c))
+    {
+        return Err(refused(format!(
+            "it holds the control character U+{:04X}; a title is one line of text",
+            u32::from(bad)
+        )));
+    }
+    Ok(())
+}
+
+/// Unicode's explicit bidirectional formatting characters (embeddings, overrides, isolates, and
+/// the marks), which reorder the text around them when shown.
+fn is_bidi_control(c: char) -> bool {
+    matches!(c, '\u{200E}' | '\u{200F}' | '\u{061C}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
+}
+
 /// A checked id from the path.
 pub fn path_id(ctx: &Ctx<'_>, name: &str) -> Result<String, ApiError> {
     let id = ctx
@@ -260,6 +292,9 @@ pub async fn launch(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
     if let Some(request_id) = &body.request_id {
         check_id("request_id", request_id)?;
     }
+    if let Some(title) = &body.title {
+        check_title(title, ctx.state.title_chars_max)?;
+    }
     let wait = asked_wait(ctx, body.wait_ms)?;
     // A waiter's place is taken before anything is launched: a refusal launches nothing.
     let user_id = &ctx.principal()?.user.id;
@@ -271,6 +306,7 @@ pub async fn launch(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
         .launch(LaunchRequest {
             user_id: ctx.principal()?.user.id.clone(),
             request_id: body.request_id,
+            title: body.title,
             script: body.script,
             args: body.args,
         })
@@ -306,12 +342,16 @@ pub async fn list(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
     let status = match ctx.query("status") {
         None => None,
         Some(status) if status == "recoverable" => Some(store::StatusFilter::Recoverable),
+        Some(status) if status == record::WAITING_FOR_INPUT => {
+            Some(store::StatusFilter::WaitingForInput)
+        }
         Some(status) => match WorkflowStatus::parse(&status) {
             Some(stored) => Some(store::StatusFilter::Stored(stored)),
             None => {
                 return Err(ApiError::bad_request(format!(
-                    "query `status` {status:?} is not one of {}, recoverable",
-                    WorkflowStatus::ALL.map(WorkflowStatus::as_str).join(", ")
+                    "query `status` {status:?} is not one of {}, recoverable, {}",
+                    WorkflowStatus::ALL.map(WorkflowStatus::as_str).join(", "),
+                    record::WAITING_FOR_INPUT
                 )));
             }
         },
@@ -509,6 +549,7 @@ fn control_reply(run_id: WorkflowId, status: &str, written: &ControlWrite) -> Co
         status: status.to_owned(),
         repeated: matches!(written, ControlWrite::Repeated(_)),
         recorded_by: row.created_by.clone(),
+        recorded_at: row.created_at,
     }
 }
 

@@ -14,7 +14,7 @@ use crate::write::{
 use crate::{
     ControlKind, ControlRow, ControlWrite, Deletion, Epoch, Error, EventSend, Launch, LaunchLimits,
     Lease, ListFilter, ListedWorkflow, NewControl, NewRetry, NewSentEvent, NewWorkflow, Orphaned,
-    Purpose, Result, Retry, SentEvent, StatusFilter, TakeOver, Versions, WorkflowId,
+    Purpose, Result, Retry, RunStatus, SentEvent, StatusFilter, TakeOver, Versions, WorkflowId,
     WorkflowStatus, WriteOp,
 };
 
@@ -282,6 +282,17 @@ impl State {
                 .is_none_or(|lease| lease.expires_at <= now)
     }
 
+    /// As [`StatusFilter::WaitingForInput`] decides: `running`, not recoverable, and a run of
+    /// its agent steps waits for a person's answer.
+    fn waiting_for_input(&self, workflow: &Workflow, now: f64) -> bool {
+        let id = &workflow.row.workflow_id;
+        workflow.row.status == WorkflowStatus::Running
+            && !self.recoverable(workflow, now)
+            && self.runs.values().any(|run| {
+                run.workflow.as_ref() == Some(id) && run.status == RunStatus::WaitingForInput
+            })
+    }
+
     fn controls_of(&self, workflow_id: &WorkflowId) -> Vec<ControlRow> {
         self.controls
             .values()
@@ -318,6 +329,7 @@ impl State {
             attempt: control.attempt,
             body: control.body,
             created_by: control.created_by,
+            created_at: now,
             applied: false,
         };
         self.controls.insert(row.id, row.clone());
@@ -558,6 +570,9 @@ impl crate::Workflows for SimStore {
                             None => true,
                             Some(StatusFilter::Stored(status)) => row.status == *status,
                             Some(StatusFilter::Recoverable) => state.recoverable(workflow, now),
+                            Some(StatusFilter::WaitingForInput) => {
+                                state.waiting_for_input(workflow, now)
+                            }
                         }
                         && filter.after.as_ref().is_none_or(|after| {
                             (row.created_at, &row.workflow_id)
@@ -571,6 +586,7 @@ impl crate::Workflows for SimStore {
                 .map(|workflow| ListedWorkflow {
                     row: workflow.row.clone(),
                     recoverable: state.recoverable(workflow, now),
+                    waiting_for_input: state.waiting_for_input(workflow, now),
                 })
                 .collect();
             listed.sort_by(|a, b| {

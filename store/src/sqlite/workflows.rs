@@ -229,6 +229,7 @@ struct RawControl {
     attempt: i32,
     body: String,
     created_by: Option<String>,
+    created_at: f64,
     applied: bool,
 }
 
@@ -243,6 +244,7 @@ impl RawControl {
             step_id: self.step_id,
             attempt: self.attempt,
             created_by: self.created_by,
+            created_at: self.created_at,
             applied: self.applied,
         })
     }
@@ -259,13 +261,14 @@ fn control_row(row: &Row<'_>) -> rusqlite::Result<RawControl> {
         body: row.get(5)?,
         created_by: row.get(6)?,
         applied: row.get::<_, Option<f64>>(7)?.is_some(),
+        created_at: row.get(8)?,
     })
 }
 
 /// The columns `control_row` reads, as one literal for `concat!` (SQL is never formatted per call).
 macro_rules! control_columns {
     () => {
-        "id, workflow, kind, step_id, attempt, body, created_by, applied_at"
+        "id, workflow, kind, step_id, attempt, body, created_by, applied_at, created_at"
     };
 }
 
@@ -549,19 +552,28 @@ impl SqliteStore {
                 "SELECT w.id, w.user_id, w.status, w.owner, w.fingerprint, w.data, w.created_at,
                         w.updated_at,
                         w.status IN ('running', 'paused', 'waiting_approval', 'cancelling')
-                          AND (l.expires_at IS NULL OR l.expires_at <= unixepoch('subsec'))
+                          AND (l.expires_at IS NULL OR l.expires_at <= unixepoch('subsec')),
+                        w.status = 'running' AND l.expires_at IS NOT NULL
+                          AND l.expires_at > unixepoch('subsec') AND EXISTS (
+                            SELECT 1 FROM runs r
+                             WHERE r.workflow = w.id AND r.status = 'waiting_for_input')
                    FROM workflows w LEFT JOIN extension_execution_leases l ON l.resource_id = w.id
                   WHERE (?1 IS NULL OR w.user_id = ?1) AND (?2 IS NULL OR w.status = ?2)
                     AND (NOT ?6 OR (w.status IN ('running', 'paused', 'waiting_approval', 'cancelling')
                           AND (l.expires_at IS NULL OR l.expires_at <= unixepoch('subsec'))))
+                    AND (NOT ?8 OR (w.status = 'running' AND l.expires_at IS NOT NULL
+                          AND l.expires_at > unixepoch('subsec')
+                          AND EXISTS (SELECT 1 FROM runs r
+                                       WHERE r.workflow = w.id AND r.status = 'waiting_for_input')))
                     AND (?3 IS NULL OR (w.created_at, w.id) < (?3, ?4))
                     AND (?7 IS NULL OR w.request_id = ?7)
                   ORDER BY w.created_at DESC, w.id DESC LIMIT ?5",
             )?;
-            let (stored, recoverable) = match filter.status {
-                None => (None, false),
-                Some(StatusFilter::Stored(status)) => (Some(status), false),
-                Some(StatusFilter::Recoverable) => (None, true),
+            let (stored, recoverable, waiting_for_input) = match filter.status {
+                None => (None, false, false),
+                Some(StatusFilter::Stored(status)) => (Some(status), false, false),
+                Some(StatusFilter::Recoverable) => (None, true, false),
+                Some(StatusFilter::WaitingForInput) => (None, false, true),
             };
             let (after_created_at, after_id) = filter
                 .after
@@ -574,15 +586,23 @@ impl SqliteStore {
                     after_id,
                     filter.limit,
                     recoverable,
-                    filter.request_id
+                    filter.request_id,
+                    waiting_for_input
                 ],
-                |row| Ok((workflow_row(row)?, row.get::<_, bool>(8)?)),
+                |row| {
+                    Ok((
+                        workflow_row(row)?,
+                        row.get::<_, bool>(8)?,
+                        row.get::<_, bool>(9)?,
+                    ))
+                },
             )?;
             rows.map(|row| {
-                let (workflow, recoverable) = row?;
+                let (workflow, recoverable, waiting_for_input) = row?;
                 Ok(ListedWorkflow {
                     row: workflow.decode()?,
                     recoverable,
+                    waiting_for_input,
                 })
             })
             .collect()

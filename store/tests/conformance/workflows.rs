@@ -262,6 +262,7 @@ conformance! {
         let stores = [db.store().await, db.store().await];
         created(&*stores[0], new_workflow("wf", "ada", None, "fp")).await;
         let approve = json!({"decision": "approve", "artifactVersion": 1});
+        let before = stores[0].now().await.expect("now");
         let barrier = Arc::new(Barrier::new(8));
         let writes: Vec<_> = (0..8)
             .map(|n| {
@@ -272,17 +273,21 @@ conformance! {
                 })
             })
             .collect();
-        let mut recorded = 0;
+        let mut recorded = Vec::new();
         for write in writes {
             match write.await.expect("join").expect("put") {
-                ControlWrite::Recorded(_) => recorded += 1,
+                ControlWrite::Recorded(row) => recorded.push(row),
                 ControlWrite::Repeated(row) => assert_eq!(row.body, approve),
             }
         }
-        assert_eq!(recorded, 1, "exactly one writer recorded the decision");
+        assert_eq!(recorded.len(), 1, "exactly one writer recorded the decision");
+        let after = stores[0].now().await.expect("now");
         let controls = stores[0].read_controls(&store::WorkflowId::from("wf")).await.expect("controls");
-        assert_eq!(controls.len(), 1);
+        assert_eq!(controls, recorded, "read back as recorded");
         assert!(!controls[0].applied);
+        // Issue 32: a control says when it was recorded, on the database clock.
+        let recorded_at = controls[0].created_at;
+        assert!(before <= recorded_at && recorded_at <= after, "{before} <= {recorded_at} <= {after}");
 
         let other = stores[0].put_control(decide("wf", json!({"decision": "approve", "artifactVersion": 2}))).await;
         assert!(matches!(other, Err(Error::Conflict(_))), "{other:?}");
@@ -298,13 +303,15 @@ conformance! {
             ControlWrite::Repeated(row) => {
                 assert_eq!(row.body, approve);
                 assert_eq!(row.created_by, decide("wf", approve.clone()).created_by);
+                assert_eq!(row.created_at, recorded_at, "a repeat says when the first was recorded");
             }
             written => panic!("{written:?}"),
         }
         let contrary = stores[0].put_control(decide("wf", json!({"decision": "reject",
             "artifactVersion": approve["artifactVersion"]}))).await;
+        let when = format!(" by ada at {};", store::rfc3339_utc(recorded_at));
         assert!(matches!(&contrary, Err(Error::Conflict(m))
-            if m.contains("was already decided approve") && m.contains(" by ")), "{contrary:?}");
+            if m.contains("was already decided approve") && m.contains(&when)), "{contrary:?} {when}");
         let unknown = stores[0].put_control(decide("no-such-workflow", approve.clone())).await;
         assert!(matches!(unknown, Err(Error::NotFound(_))), "{unknown:?}");
     }
@@ -482,6 +489,64 @@ conformance! {
             user_id: Some("bob".into()), request_id: Some("r-3".into()), limit: 10, ..ListFilter::default()
         }).await.expect("list");
         assert_eq!(ids(&by_request), ["wf-3"]);
+    }
+}
+
+conformance! {
+    async fn a_running_workflow_whose_agent_waits_for_a_person_is_listed_waiting_for_input(db) {
+        use store::{ListFilter, NewRun, RunStatus, StatusFilter, WorkflowStep};
+        let store = db.store().await;
+        let mut leases = Vec::new();
+        for n in 0..4 {
+            leases.push(created(&*store, new_workflow(&format!("wf-{n}"), "ada", None, "fp")).await);
+            db.tick().await;
+        }
+        // wf-0 .. wf-2 each run one agent step; wf-3 runs none.
+        for (n, lease) in leases.iter().enumerate().take(3) {
+            let workflow_id = store::WorkflowId::new(format!("wf-{n}"));
+            let run = NewRun {
+                run_id: format!("run-{n}").into(), thread_id: format!("thread-{n}"), agent: "echo".into(),
+                owner: "node".into(), lease_ms: 60_000, idempotency: None, metadata: json!({}),
+                step: Some(WorkflowStep {
+                    workflow_id: workflow_id.clone(), step_id: "s".into(), attempt: 1, slots_max: 8,
+                    slots_per_user_max: 8, fence: lease.fence(),
+                    journal: vec![WriteOp::PutStep {
+                        workflow_id, seq: 0, step_id: "s".into(), attempt: 1,
+                        status: store::StepStatus::Running,
+                        record: store::StepRecord::decode("agent", &json!({})).expect("a step record"),
+                    }],
+                }),
+            };
+            store.admit_run(run).await.expect("admit");
+        }
+        let listed = |status: Option<StatusFilter>| {
+            let store = &store;
+            async move {
+                let mut listed: Vec<(String, bool)> = store
+                    .list_workflows(ListFilter { status, limit: 10, ..ListFilter::default() })
+                    .await.expect("list").into_iter()
+                    .map(|w| (w.row.workflow_id.into_string(), w.waiting_for_input)).collect();
+                listed.sort();
+                listed
+            }
+        };
+        assert!(listed(Some(StatusFilter::WaitingForInput)).await.is_empty(), "nobody asks yet");
+        for n in 0..3 {
+            assert!(store.update_run_status(&store::RunId::from(format!("run-{n}").as_str()), "node",
+                RunStatus::WaitingForInput, None).await.expect("ask"));
+        }
+        // wf-1 is cancelling: only a running workflow's status shows its agent's question.
+        set(&*store, &leases[1], "cancelling", json!({})).await;
+        // wf-2's owner is gone: recoverable is what it shows, and what an operator does first.
+        store.fenced_write(&leases[2].fence(), vec![WriteOp::ReleaseLease]).await.expect("release");
+        assert_eq!(listed(None).await, [("wf-0".into(), true), ("wf-1".into(), false),
+            ("wf-2".into(), false), ("wf-3".into(), false)]);
+        assert_eq!(listed(Some(StatusFilter::WaitingForInput)).await, [("wf-0".into(), true)]);
+        // Still `running` as stored: the stored filter finds it, and nothing was written for it.
+        let running = listed(Some(StatusFilter::Stored(store::WorkflowStatus::Running))).await;
+        assert_eq!(running, [("wf-0".into(), true), ("wf-2".into(), false), ("wf-3".into(), false)]);
+        let recoverable = listed(Some(StatusFilter::Recoverable)).await;
+        assert_eq!(recoverable, [("wf-2".into(), false)]);
     }
 }
 

@@ -81,16 +81,18 @@ pub(crate) struct WorkflowDocument {
 }
 
 impl WorkflowDocument {
-    /// The document a launch writes: the one place its fields are named on the way in.
+    /// The document a launch writes: the one place its fields are named on the way in. The
+    /// title, if any, is for people only: nothing of the workflow's run reads it.
     pub(crate) fn launched(
         script: String,
         args: Value,
+        title: Option<String>,
         seed: u64,
         started_at_ms: i64,
         runtime_version: String,
         configuration_version: String,
     ) -> Self {
-        let data = json!({
+        let mut data = json!({
             "script": script,
             "args": args,
             "seed": seed,
@@ -98,6 +100,9 @@ impl WorkflowDocument {
             "runtime_version": runtime_version,
             "configuration_version": configuration_version,
         });
+        if let Some(title) = title {
+            data["title"] = json!(title);
+        }
         WorkflowDocument {
             script,
             args,
@@ -109,8 +114,8 @@ impl WorkflowDocument {
     }
 
     /// The document of a retry of `source` (see `rules::retry`), launched at `launched_at_ms`:
-    /// its source's script, arguments, seed and clock, this node's versions, and the workflow it
-    /// retries.
+    /// its source's script, arguments, seed, clock and title, this node's versions, and the
+    /// workflow it retries.
     pub(crate) fn retried(
         source: &WorkflowDocument,
         retry_of: &WorkflowId,
@@ -118,7 +123,7 @@ impl WorkflowDocument {
         runtime_version: String,
         configuration_version: String,
     ) -> Self {
-        let data = json!({
+        let mut data = json!({
             "script": source.script,
             "args": source.args,
             "seed": source.seed,
@@ -128,6 +133,9 @@ impl WorkflowDocument {
             "configuration_version": configuration_version,
             "retry_of": retry_of,
         });
+        if let Some(title) = source.data.get("title") {
+            data["title"] = title.clone();
+        }
         WorkflowDocument {
             script: source.script.clone(),
             args: source.args.clone(),

@@ -157,6 +157,7 @@ fn control(id: i64, kind: ControlKind, step_id: &str, attempt: i32, body: Value)
         attempt,
         body,
         created_by: Some("ann".into()),
+        created_at: 0.0,
         applied: false,
     }
 }
