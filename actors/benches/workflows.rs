@@ -199,6 +199,7 @@ async fn measure(
             user_id: "bench".into(),
             request_id: None,
             title: None,
+            timeout_seconds: None,
             script: pause.into(),
             args: json!({}),
         };
@@ -240,6 +241,7 @@ async fn run_one(workflows: &WorkflowsHandle, store: &Store) -> WorkflowId {
         user_id: "bench".into(),
         request_id: None,
         title: None,
+        timeout_seconds: None,
         script: script(),
         args: json!({}),
     };

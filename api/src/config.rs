@@ -400,6 +400,8 @@ pub struct Limits {
     /// outputs) and the room their running workflows hold for artifacts to come. A step whose
     /// artifact would pass it fails naming it; 0 is no quota.
     pub user_stored_bytes_max: u64,
+    /// A workflow's life limit when its launch sets none: cancelled this many seconds after its
+    /// launch; 0 (the default) is no limit. Workflows keep the limit they were launched with.
     pub timeout_seconds: u64,
     /// The memory all loaded scripts of the node may use together (parked ones hold none).
     pub js_memory_total_bytes: u64,
@@ -436,7 +438,7 @@ impl Default for Limits {
             max_active_children: 32,
             max_active_children_per_user: 0,
             user_stored_bytes_max: 10 * 1024 * 1024 * 1024,
-            timeout_seconds: 24 * 3600,
+            timeout_seconds: 0,
             js_memory_total_bytes: 512 * 1024 * 1024,
             js_compiled_scripts_max: 32,
             log_lines_per_activation_max: 1_000,

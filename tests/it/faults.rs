@@ -16,6 +16,7 @@ fn launch(script: &str, args: Value) -> LaunchRequest {
         user_id: "ada".into(),
         request_id: None,
         title: None,
+        timeout_seconds: None,
         script: script.into(),
         args,
     }

@@ -248,3 +248,45 @@ async fn a_checkpoint_deadline_decides_on_the_node_that_took_it_over_unless_a_pe
         "{record}"
     );
 }
+
+/// A workflow lives as long as it needs unless its launch (or the node) sets a life limit: one
+/// launched with `timeout_seconds: 1` is cancelled for its timeout while it waits, one launched
+/// beside it without waits on; a limit out of range launches nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_launch_sets_its_own_life_limit_and_none_is_the_default() {
+    let db = Db::new(false).await;
+    let node = Node::start(&db, &[]);
+    let mut api = initialize(&node).await;
+    let launch_with = |timeout: Value| json!({"script": "return await pause({stepId: 'p'});", "timeout_seconds": timeout});
+    let limited = api
+        .call("POST", "/api/v1/workflows", Some(launch_with(json!(1))))
+        .await;
+    assert_eq!(limited.status, 201, "{limited:?}");
+    let limited = limited.json()["run_id"]
+        .as_str()
+        .expect("run_id")
+        .to_owned();
+    let unlimited = launch(&mut api, "return await pause({stepId: 'p'});").await;
+    let record = wait_for(&mut api, &limited, "cancelled").await;
+    let created = record["created_at"].as_f64().expect("created_at");
+    let ended = record["updated_at"].as_f64().expect("updated_at");
+    assert!(
+        ended - created >= 0.99,
+        "cancelled {} s after its launch",
+        ended - created
+    );
+    let waiting = api.action("get", json!({"run_id": unlimited})).await.json();
+    assert_eq!(waiting["status"], "paused", "{waiting}");
+    for refused in [json!(0), json!(365 * 86_400 + 1)] {
+        let answer = api
+            .call("POST", "/api/v1/workflows", Some(launch_with(refused)))
+            .await;
+        assert_refused(&answer, 400, "bad_request", "timeout_seconds is");
+    }
+    let count = db.sql("SELECT count(*) FROM workflows").await;
+    assert_eq!(
+        count.as_deref(),
+        Some("2"),
+        "a refused launch wrote a workflow"
+    );
+}

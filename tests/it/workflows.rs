@@ -94,7 +94,7 @@ on_both_backends! {
         let request = LaunchRequest {
             user_id: "ada".into(),
             request_id: Some("req-1".into()),
-            title: None,
+            title: None, timeout_seconds: None,
             script: SCRIPT.into(),
             args: json!({"topic": "x"}),
         };
@@ -171,7 +171,7 @@ on_both_backends! {
         let launch = |script: &str| LaunchRequest {
             user_id: "ada".into(),
             request_id: None,
-            title: None,
+            title: None, timeout_seconds: None,
             script: script.into(),
             args: json!({}),
         };
@@ -268,7 +268,7 @@ on_both_backends! {
         let owner = TestNode::start(&db, "owner", 1_500, shared.path()).await;
         let heir = TestNode::start(&db, "heir", 1_500, shared.path()).await;
         let request = LaunchRequest { user_id: "ada".into(), request_id: None,
-            title: None,
+            title: None, timeout_seconds: None,
             script: RECOVERABLE.into(), args: json!({}) };
         let id = owner.node.workflows().launch(request).await.expect("launch").row.workflow_id;
         wait_for_status(&owner, id.as_str(), "paused").await;
@@ -309,7 +309,7 @@ on_both_backends! {
         let owner = TestNode::start(&db, "owner", 1_500, shared.path()).await;
         let heir = TestNode::start(&db, "heir", 1_500, shared.path()).await;
         let request = LaunchRequest { user_id: "ada".into(), request_id: None,
-            title: None,
+            title: None, timeout_seconds: None,
             script: RECOVERABLE.into(), args: json!({}) };
         let id = owner.node.workflows().launch(request).await.expect("launch").row.workflow_id;
         wait_for_status(&owner, id.as_str(), "paused").await;
@@ -333,7 +333,7 @@ on_both_backends! {
         let request = LaunchRequest {
             user_id: "ada".into(),
             request_id: None,
-            title: None,
+            title: None, timeout_seconds: None,
             script: RECOVERABLE.into(),
             args: json!({}),
         };
@@ -368,7 +368,7 @@ on_both_backends! {
         std::fs::write(shared.path().join("faults/hold_model"), b"").expect("hold");
         let script = r#"const r = await agent({stepId: "slow", agentRef: "scripted",
                                               task: {hold_while: "hold_model"}}); return r.output;"#;
-        let request = LaunchRequest { user_id: "ada".into(), request_id: None, title: None, script: script.into(), args: json!({}) };
+        let request = LaunchRequest { user_id: "ada".into(), request_id: None, title: None, timeout_seconds: None, script: script.into(), args: json!({}) };
         let id = owner.node.workflows().launch(request).await.expect("launch").row.workflow_id;
         eventually(Duration::from_secs(10), "the child run started", async || {
             view(&owner, id.as_str()).await.steps.first().is_some_and(|s| s.status.as_str() == "running")
@@ -393,7 +393,7 @@ on_both_backends! {
         owner.faults.add("admit_run", actors::FaultAction::DropAnswer, 1);
         let script = r#"const r = await agent({stepId: "only", agentRef: "scripted", task: "x"});
                         return r.output;"#;
-        let request = LaunchRequest { user_id: "ada".into(), request_id: None, title: None, script: script.into(), args: json!({}) };
+        let request = LaunchRequest { user_id: "ada".into(), request_id: None, title: None, timeout_seconds: None, script: script.into(), args: json!({}) };
         let id = owner.node.workflows().launch(request).await.expect("launch").row.workflow_id;
         eventually(Duration::from_secs(10), "the supervisor stopped", async || {
             owner.node.workflows().live().await.expect("live").is_empty()
@@ -416,7 +416,7 @@ on_both_backends! {
         })
         .await;
         let request = LaunchRequest { user_id: "ada".into(), request_id: None,
-            title: None,
+            title: None, timeout_seconds: None,
             script: RECOVERABLE.into(), args: json!({}) };
         let id = owner.node.workflows().launch(request).await.expect("launch").row.workflow_id;
         wait_for_status(&owner, id.as_str(), "paused").await;
@@ -439,7 +439,7 @@ on_both_backends! {
         ];
         let reconfigured = TestNode::start_with(&db, "reconfigured", 1_500, shared.path(), &agents).await;
         let request = LaunchRequest { user_id: "ada".into(), request_id: None,
-            title: None,
+            title: None, timeout_seconds: None,
             script: RECOVERABLE.into(), args: json!({}) };
         let id = owner.node.workflows().launch(request).await.expect("launch").row.workflow_id;
         wait_for_status(&owner, id.as_str(), "paused").await;
@@ -466,7 +466,7 @@ on_both_backends! {
         std::fs::write(shared.path().join("faults/hold_model"), b"").expect("hold");
         let script = r#"await agent({stepId: "slow", agentRef: "scripted", task: {hold_while: "hold_model"}});
                         return "never";"#;
-        let request = LaunchRequest { user_id: "ada".into(), request_id: None, title: None, script: script.into(), args: json!({}) };
+        let request = LaunchRequest { user_id: "ada".into(), request_id: None, title: None, timeout_seconds: None, script: script.into(), args: json!({}) };
         let id = workflows.launch(request).await.expect("launch").row.workflow_id;
         eventually(Duration::from_secs(10), "the child run started", async || {
             view(&node, id.as_str()).await.steps.first().is_some_and(|s| s.status.as_str() == "running")
@@ -501,7 +501,7 @@ on_both_backends! {
         let launch = |user: &str| LaunchRequest {
             user_id: user.into(),
             request_id: None,
-            title: None,
+            title: None, timeout_seconds: None,
             script: r#"await pause({stepId: "p"}); return 1;"#.into(),
             args: json!({}),
         };
@@ -545,7 +545,7 @@ on_both_backends! {
                                               task: {hold_while: "hold_model", output: "done"}});
                         return {output: r.output, run: r.runId};"#;
         let launch = |workflows: actors::WorkflowsHandle| async move {
-            let request = LaunchRequest { user_id: "ada".into(), request_id: None, title: None, script: script.into(), args: json!({}) };
+            let request = LaunchRequest { user_id: "ada".into(), request_id: None, title: None, timeout_seconds: None, script: script.into(), args: json!({}) };
             workflows.launch(request).await.expect("launch").row.workflow_id
         };
         let retried = launch(owner.node.workflows()).await;
@@ -607,7 +607,7 @@ on_both_backends! {
         let request = LaunchRequest {
             user_id: "ada".into(),
             request_id: None,
-            title: None,
+            title: None, timeout_seconds: None,
             script: r#"await pause({stepId: "forever"}); return 1;"#.into(),
             args: json!({}),
         };
@@ -642,7 +642,7 @@ on_both_backends! {
         let workflows = node.node.workflows();
         let mut ids = Vec::new();
         for _ in 0..3 {
-            let request = LaunchRequest { user_id: "ada".into(), request_id: None, title: None, script: script.into(), args: json!({}) };
+            let request = LaunchRequest { user_id: "ada".into(), request_id: None, title: None, timeout_seconds: None, script: script.into(), args: json!({}) };
             ids.push(workflows.launch(request).await.expect("launch").row.workflow_id);
         }
         let statuses = async || {
@@ -660,7 +660,7 @@ on_both_backends! {
         .await;
         // A sequential call is journaled by its admission; with no slot free it is journaled
         // queued by itself, with the outcome before it, and admitted later.
-        let sequential = LaunchRequest { user_id: "bob".into(), request_id: None, title: None, args: json!({}),
+        let sequential = LaunchRequest { user_id: "bob".into(), request_id: None, title: None, timeout_seconds: None, args: json!({}),
             script: r#"
                 const first = await agent({stepId: "first", agentRef: "scripted", task: {output: 10}});
                 const second = await agent({stepId: "second", agentRef: "scripted", task: {output: 20}});
@@ -674,7 +674,7 @@ on_both_backends! {
         let mut refused = 0;
         for _ in 0..2 {
             let request = LaunchRequest { user_id: "ada".into(), request_id: None,
-                title: None,
+                title: None, timeout_seconds: None,
                 script: r#"await pause({stepId: "p"}); return 0;"#.into(), args: json!({}) };
             match workflows.launch(request).await {
                 Ok(_) => {}
@@ -716,7 +716,7 @@ on_both_backends! {
             await attempt(() => captureArtifact({stepId: "d", sourceStepId: "b", path: "missing.txt"}));
             return errors;
         "#;
-        let request = LaunchRequest { user_id: "ada".into(), request_id: None, title: None, script: script.into(), args: json!({}) };
+        let request = LaunchRequest { user_id: "ada".into(), request_id: None, title: None, timeout_seconds: None, script: script.into(), args: json!({}) };
         let id = node.node.workflows().launch(request).await.expect("launch").row.workflow_id;
         wait_for_status(&node, id.as_str(), "completed").await;
         let errors = view(&node, id.as_str()).await.row.data["result"].clone();
@@ -749,7 +749,7 @@ on_both_backends! {
         std::fs::write(shared.path().join("faults/hold_model"), b"").expect("hold");
         let script = r#"await agent({stepId: "slow", agentRef: "scripted", task: {hold_while: "hold_model"}});
                         return "never";"#;
-        let request = LaunchRequest { user_id: "ada".into(), request_id: None, title: None, script: script.into(), args: json!({}) };
+        let request = LaunchRequest { user_id: "ada".into(), request_id: None, title: None, timeout_seconds: None, script: script.into(), args: json!({}) };
         let id = owner.node.workflows().launch(request).await.expect("launch").row.workflow_id;
         eventually(Duration::from_secs(10), "the child run started", async || {
             view(&owner, id.as_str()).await.steps.first().is_some_and(|s| s.status.as_str() == "running")
@@ -777,7 +777,7 @@ on_both_backends! {
         let owner = TestNode::start(&db, "owner", 1_500, shared.path()).await;
         let heir = TestNode::start(&db, "heir", 1_500, shared.path()).await;
         let request = |script: &str| LaunchRequest { user_id: "ada".into(), request_id: None,
-            title: None,
+            title: None, timeout_seconds: None,
             script: script.into(), args: json!({}) };
         let id = owner.node.workflows().launch(request(RECOVERABLE)).await.expect("launch").row.workflow_id;
         wait_for_status(&owner, id.as_str(), "paused").await;
@@ -825,7 +825,7 @@ on_both_backends! {
         let script = r#"await parallel(["a", "b", "c"].map((stepId) => () =>
                             agent({stepId, agentRef: "scripted", task: {hold_while: "hold_model"}})));
                         return "never";"#;
-        let request = LaunchRequest { user_id: "ada".into(), request_id: None, title: None, script: script.into(), args: json!({}) };
+        let request = LaunchRequest { user_id: "ada".into(), request_id: None, title: None, timeout_seconds: None, script: script.into(), args: json!({}) };
         let id = workflows.launch(request).await.expect("launch").row.workflow_id;
         eventually(Duration::from_secs(10), "the three child runs started", async || {
             let steps = view(&node, id.as_str()).await.steps;

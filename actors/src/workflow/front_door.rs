@@ -86,7 +86,8 @@ pub struct WorkflowsOptions {
     /// quota).
     pub stored_bytes_max: u64,
     pub lease_ms: u64,
-    /// A workflow's wall-clock limit from launch (`timeout_seconds`).
+    /// The life limit of a workflow launched here without its own (`limits.timeout_seconds`;
+    /// 0: none), and of one launched before launches recorded theirs (then a day when 0).
     pub timeout_seconds: u64,
     /// `recovery: automatic`: this node claims recoverable workflows itself, every lease period.
     pub automatic_recovery: bool,
@@ -238,6 +239,10 @@ pub(super) const SLOT_WAKES_MAX: usize = 16;
 /// so any number of orphaned workflows is taken over within a claim period or two.
 const RECOVERY_BATCH: u32 = 64;
 
+/// The life limit of a workflow launched before launches recorded theirs, on a node that sets
+/// none: the day every launch then had by default.
+const LEGACY_TIMEOUT_MS: u64 = 86_400_000;
+
 /// The longest wait between two claims of automatic recovery (shorter when the lease is): an
 /// orphaned workflow is claimed within this much of its owner's lease running out.
 const CLAIM_PERIOD_MAX: Duration = Duration::from_secs(1);
@@ -348,12 +353,13 @@ impl Actor for Workflows {
         let _turn = crate::mailbox::turn(&myself);
         match message {
             WorkflowsMsg::Launch { request, reply } => {
+                let timeout_seconds = state.args.options.timeout_seconds;
                 let (row, workflow) = match rules::launch(
                     &state.args.options.limits,
                     state.args.agents.configuration_version(),
                     &request,
-                    crate::ids::new_workflow_id(),
-                    now_ms(),
+                    (crate::ids::new_workflow_id(), now_ms()),
+                    (timeout_seconds > 0).then(|| timeout_seconds.saturating_mul(1000)),
                 ) {
                     Ok(launch) => launch,
                     Err(error) => {
@@ -1153,7 +1159,10 @@ async fn start_supervisor(
             slots_per_user_max: options.slots_per_user_max,
             stored_bytes_max: options.stored_bytes_max,
             cancel_window_ms: options.lease_ms * 2,
-            timeout_ms: options.timeout_seconds.saturating_mul(1000),
+            timeout_ms: match options.timeout_seconds {
+                0 => LEGACY_TIMEOUT_MS,
+                seconds => seconds.saturating_mul(1000),
+            },
             start,
             faults: options.faults.clone(),
             deadline: sent + Duration::from_millis(options.lease_ms),

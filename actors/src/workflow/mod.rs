@@ -163,9 +163,9 @@ pub(crate) struct WorkflowState {
     /// follow it (`Effect::FollowChild`); dropped with the message otherwise.
     started: BTreeMap<CallId, (RunRow, oneshot::Receiver<RunEnd>)>,
     span: tracing::Span,
-    /// The `timeout_seconds` timer, cancelled with this state: it would hold the stopped
-    /// actor's cell for a day (the default) after the workflow ended.
-    _timeout: Timer<WorkflowMsg>,
+    /// The `timeout_seconds` timer, if the workflow has a life limit, cancelled with this
+    /// state: it would hold the stopped actor's cell until the limit after the workflow ended.
+    _timeout: Option<Timer<WorkflowMsg>>,
 }
 
 fn now_ms() -> i64 {
@@ -434,9 +434,11 @@ impl Actor for WorkflowSupervisor {
             },
             span.clone(),
         );
-        let left = u64::try_from(machine.deadline_ms().saturating_sub(now_ms())).unwrap_or(0);
-        let timeout = Timer::after(&myself, Duration::from_millis(left), || {
-            WorkflowMsg::Event(Box::new(Event::TimedOut))
+        let timeout = machine.deadline_ms().map(|deadline| {
+            let left = u64::try_from(deadline.saturating_sub(now_ms())).unwrap_or(0);
+            Timer::after(&myself, Duration::from_millis(left), || {
+                WorkflowMsg::Event(Box::new(Event::TimedOut))
+            })
         });
         Ok(WorkflowState {
             io: Io {

@@ -13,6 +13,8 @@ pub struct LaunchRequest {
     /// What people call it (checked by the caller against `limits.title_chars_max`); kept in
     /// the workflow's document, read by no rule.
     pub title: Option<String>,
+    /// Its life limit, over the node's `limits.timeout_seconds` (checked by `rules::launch`).
+    pub timeout_seconds: Option<u64>,
     pub script: String,
     pub args: Value,
 }

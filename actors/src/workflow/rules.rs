@@ -38,17 +38,33 @@ fn fingerprint_of(script: &str, args_text: &str) -> String {
         .collect()
 }
 
+/// The longest life a launch may ask for (`timeout_seconds`): a year.
+pub const TIMEOUT_SECONDS_MAX: u64 = 365 * 86_400;
+
 /// Checks a launch against its limits before anything is written, and makes the row it writes
 /// and the workflow its supervisor starts from (typed: the document is never parsed back):
 /// `workflow_id` and `now_ms` are the caller's (a fresh id, the node's clock), and the seed of
-/// the script's randomness follows from the id.
+/// the script's randomness follows from the id. Its life limit is the launch's own
+/// `timeout_seconds`, else the node's (`default_timeout_ms`), else none.
 pub(super) fn launch(
     limits: &runtime::Limits,
     configuration_version: String,
     request: &LaunchRequest,
-    workflow_id: WorkflowId,
-    now_ms: i64,
+    (workflow_id, now_ms): (WorkflowId, i64),
+    default_timeout_ms: Option<u64>,
 ) -> Result<(NewWorkflow, Supervised), Error> {
+    if let Some(seconds) = request.timeout_seconds
+        && !(1..=TIMEOUT_SECONDS_MAX).contains(&seconds)
+    {
+        return Err(Error::InvalidRequest(format!(
+            "timeout_seconds is {seconds}: it must be 1 to {TIMEOUT_SECONDS_MAX} (a year); \
+             leave it out for the node's limit (limits.timeout_seconds, none when 0)"
+        )));
+    }
+    let timeout_ms = request
+        .timeout_seconds
+        .map(|seconds| seconds.saturating_mul(1000))
+        .or(default_timeout_ms);
     if request.script.len() as u64 > limits.script_bytes_max {
         return Err(Error::TooLarge {
             what: "script",
@@ -78,6 +94,7 @@ pub(super) fn launch(
         request.title.clone(),
         seed,
         now_ms,
+        timeout_ms,
         runtime::runtime_version(limits),
         configuration_version,
     );
@@ -533,12 +550,14 @@ mod tests {
     use store::{Epoch, Lease};
 
     use super::*;
+    use crate::workflow::machine::LifeLimit;
 
     fn request(script: &str, args: Value) -> LaunchRequest {
         LaunchRequest {
             user_id: "ann".into(),
             request_id: Some("r-1".into()),
             title: None,
+            timeout_seconds: None,
             script: script.into(),
             args,
         }
@@ -812,7 +831,7 @@ mod tests {
             (at_limits.script.len(), at_limits.args.to_string().len()),
             (10, 8)
         );
-        let (launched, supervised) = launch(&limits, "c-1".into(), &at_limits, id(), 1_000)
+        let (launched, supervised) = launch(&limits, "c-1".into(), &at_limits, (id(), 1_000), None)
             .expect("a script and args within their limits");
         assert_eq!(launched.workflow_id, id());
         assert_eq!(
@@ -835,15 +854,55 @@ mod tests {
             (supervised.document.seed, 1_000, json!({"ab": 1}))
         );
         // The seed follows from the id alone: the same id, the same randomness.
-        let (again, _) = launch(&limits, "c-1".into(), &at_limits, id(), 2_000).expect("launched");
+        let (again, _) =
+            launch(&limits, "c-1".into(), &at_limits, (id(), 2_000), None).expect("launched");
         assert_eq!(launched.data["seed"], again.data["seed"]);
+
+        // A life limit: the launch's own, else the node's, else none; each reads back as written,
+        // and a document from before limits were recorded keeps the node's.
+        assert_eq!(launched.data["timeout_ms"], Value::Null);
+        assert_eq!(supervised.document.life, LifeLimit::Unlimited);
+        let (by_node, _) =
+            launch(&limits, "c".into(), &at_limits, (id(), 0), Some(60_000)).expect("launched");
+        let timed = LaunchRequest {
+            timeout_seconds: Some(5),
+            ..at_limits.clone()
+        };
+        let (own, _) =
+            launch(&limits, "c".into(), &timed, (id(), 0), Some(60_000)).expect("launched");
+        for (data, life) in [
+            (&by_node.data, LifeLimit::Millis(60_000)),
+            (&own.data, LifeLimit::Millis(5_000)),
+        ] {
+            let read = WorkflowDocument::from_data(&id(), data.clone()).expect("read");
+            assert_eq!(read.life, life);
+        }
+        let mut before = launched.data.clone();
+        before
+            .as_object_mut()
+            .expect("an object")
+            .remove("timeout_ms");
+        let read = WorkflowDocument::from_data(&id(), before).expect("read");
+        assert_eq!(read.life, LifeLimit::Unrecorded);
+        for seconds in [0, TIMEOUT_SECONDS_MAX + 1] {
+            let asked = LaunchRequest {
+                timeout_seconds: Some(seconds),
+                ..at_limits.clone()
+            };
+            let refused = launch(&limits, "c".into(), &asked, (id(), 0), None);
+            assert!(
+                matches!(&refused, Err(Error::InvalidRequest(message))
+                    if message.starts_with(&format!("timeout_seconds is {seconds}: it must be 1 to 31536000"))),
+                "{refused:?}"
+            );
+        }
 
         let script = launch(
             &limits,
             "c".into(),
             &request("return 123;", json!(1)),
-            id(),
-            0,
+            (id(), 0),
+            None,
         );
         assert!(
             matches!(
@@ -860,8 +919,8 @@ mod tests {
             &limits,
             "c".into(),
             &request("1", json!({"abc": 1})),
-            id(),
-            0,
+            (id(), 0),
+            None,
         );
         assert!(
             matches!(

@@ -823,6 +823,7 @@ impl Sim {
             "args": {"index": index},
             "seed": index as u64 + 1,
             "started_at_ms": self.now(),
+            "timeout_ms": self.timeout_ms,
             "runtime_version": self.versions.runtime,
             "configuration_version": self.versions.configuration,
         });
@@ -907,8 +908,10 @@ impl Sim {
         let deadline = self.nodes[node].supervisors[workflow_id]
             .machine
             .deadline_ms();
-        let left = deadline.saturating_sub(self.now());
-        self.at(left, Due::Machine(target.clone(), Event::TimedOut));
+        if let Some(deadline) = deadline {
+            let left = deadline.saturating_sub(self.now());
+            self.at(left, Due::Machine(target.clone(), Event::TimedOut));
+        }
         self.at(0, Due::Machine(target, Event::Begin));
     }
 
@@ -1311,7 +1314,10 @@ impl Sim {
                 by: ControlBy::WorkflowTimeout,
                 ..
             }
-        ) && self.now() < supervisor.machine.deadline_ms()
+        ) && supervisor
+            .machine
+            .deadline_ms()
+            .is_none_or(|deadline| self.now() < deadline)
         {
             self.violation(format!(
                 "{}: the timeout's cancel was recorded before the deadline",

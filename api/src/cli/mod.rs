@@ -74,6 +74,10 @@ pub enum Command {
         /// (at most `limits.title_chars_max` characters, one line).
         #[arg(long)]
         title: Option<String>,
+        /// Its life limit: cancelled this many seconds after its launch (default: the
+        /// server's `limits.timeout_seconds`, none unless set).
+        #[arg(long)]
+        timeout_seconds: Option<u64>,
         /// Wait until the workflow ends or waits for a person.
         #[arg(long)]
         wait: bool,
@@ -359,6 +363,7 @@ async fn run_signed_in(common: &Common, client: &Client, command: Command) -> an
             args,
             request_id,
             title,
+            timeout_seconds,
             wait,
         } => {
             let script = std::fs::read_to_string(&file)
@@ -370,6 +375,9 @@ async fn run_signed_in(common: &Common, client: &Client, command: Command) -> an
             }
             if let Some(title) = title {
                 body["title"] = json!(title);
+            }
+            if let Some(seconds) = timeout_seconds {
+                body["timeout_seconds"] = json!(seconds);
             }
             let path = if wait {
                 format!("/api/v1/workflows?wait={WAIT_PER_REQUEST}")

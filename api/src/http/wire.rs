@@ -18,6 +18,9 @@ pub struct LaunchBody {
     /// What people call the workflow, shown beside its run id wherever it is listed: 1 to
     /// `limits.title_chars_max` characters, no control characters. A retry keeps it.
     pub title: Option<String>,
+    /// Its life limit: cancelled this many seconds after its launch (1 to a year). Without it,
+    /// the node's `limits.timeout_seconds`; none when that is 0 (the default).
+    pub timeout_seconds: Option<u64>,
     /// The workflow script: the body of an async JavaScript function.
     pub script: String,
     /// The script's `args` (JSON).

@@ -307,6 +307,7 @@ pub async fn launch(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
             user_id: ctx.principal()?.user.id.clone(),
             request_id: body.request_id,
             title: body.title,
+            timeout_seconds: body.timeout_seconds,
             script: body.script,
             args: body.args,
         })

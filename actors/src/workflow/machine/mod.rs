@@ -76,19 +76,39 @@ pub(crate) struct WorkflowDocument {
     /// When it was launched: its `timeout_seconds` counts from here. `started_at_ms` unless it
     /// is a retry, whose document records `launched_at_ms`.
     pub launched_at_ms: i64,
+    /// Its life limit, as its launch recorded it.
+    pub life: LifeLimit,
     /// The whole document, kept as is when the status changes.
     pub data: Value,
+}
+
+/// How long a workflow may live from its launch (`timeout_seconds`, recorded in its document
+/// by its launch as `timeout_ms`): past it, it is cancelled with reason `timeout`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum LifeLimit {
+    /// This many milliseconds.
+    Millis(u64),
+    /// No limit: neither its launch nor the node's configuration set one.
+    Unlimited,
+    /// Launched before launches recorded their limit: it keeps the node's (see
+    /// [`MachineConfig::timeout_ms`]).
+    Unrecorded,
 }
 
 impl WorkflowDocument {
     /// The document a launch writes: the one place its fields are named on the way in. The
     /// title, if any, is for people only: nothing of the workflow's run reads it.
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "each field of the launch's document, named once here"
+    )]
     pub(crate) fn launched(
         script: String,
         args: Value,
         title: Option<String>,
         seed: u64,
         started_at_ms: i64,
+        timeout_ms: Option<u64>,
         runtime_version: String,
         configuration_version: String,
     ) -> Self {
@@ -97,6 +117,7 @@ impl WorkflowDocument {
             "args": args,
             "seed": seed,
             "started_at_ms": started_at_ms,
+            "timeout_ms": timeout_ms,
             "runtime_version": runtime_version,
             "configuration_version": configuration_version,
         });
@@ -109,6 +130,7 @@ impl WorkflowDocument {
             seed,
             started_at_ms,
             launched_at_ms: started_at_ms,
+            life: timeout_ms.map_or(LifeLimit::Unlimited, LifeLimit::Millis),
             data,
         }
     }
@@ -133,8 +155,10 @@ impl WorkflowDocument {
             "configuration_version": configuration_version,
             "retry_of": retry_of,
         });
-        if let Some(title) = source.data.get("title") {
-            data["title"] = title.clone();
+        for kept in ["title", "timeout_ms"] {
+            if let Some(value) = source.data.get(kept) {
+                data[kept] = value.clone();
+            }
         }
         WorkflowDocument {
             script: source.script.clone(),
@@ -142,6 +166,7 @@ impl WorkflowDocument {
             seed: source.seed,
             started_at_ms: source.started_at_ms,
             launched_at_ms,
+            life: source.life,
             data,
         }
     }
@@ -163,12 +188,21 @@ impl WorkflowDocument {
         let started_at_ms = data["started_at_ms"]
             .as_i64()
             .ok_or_else(|| missing("started_at_ms"))?;
+        let life = match data.get("timeout_ms") {
+            None => LifeLimit::Unrecorded,
+            Some(Value::Null) => LifeLimit::Unlimited,
+            Some(ms) => LifeLimit::Millis(
+                ms.as_u64()
+                    .ok_or_else(|| missing("timeout_ms as a whole number"))?,
+            ),
+        };
         Ok(WorkflowDocument {
             script,
             args: data["args"].clone(),
             seed,
             started_at_ms,
             launched_at_ms: data["launched_at_ms"].as_i64().unwrap_or(started_at_ms),
+            life,
             data,
         })
     }
@@ -207,8 +241,9 @@ pub(crate) struct MachineConfig {
     /// How long a cancellation waits for its child runs to stop before it gives up on observing
     /// them (and the workflow needs reconciliation).
     pub cancel_window_ms: u64,
-    /// The workflow's wall-clock limit from launch (`timeout_seconds`); past it, it is
-    /// cancelled with reason `timeout`.
+    /// The life limit of a workflow whose document records none ([`LifeLimit::Unrecorded`]:
+    /// launched before launches recorded it): the node's `limits.timeout_seconds`, or a day, the
+    /// default they were launched under, when the node sets none.
     pub timeout_ms: u64,
     /// How it begins: fresh from its launch, or by replaying what the journal holds.
     pub start: Start,
@@ -560,12 +595,16 @@ impl WorkflowMachine {
         self.phase == Phase::Halted
     }
 
-    /// When the workflow's wall-clock limit (`timeout_seconds` from launch) passes, in epoch ms.
-    pub(crate) fn deadline_ms(&self) -> Millis {
-        self.config
-            .document
-            .launched_at_ms
-            .saturating_add(i64::try_from(self.config.timeout_ms).unwrap_or(i64::MAX))
+    /// When the workflow's life limit (`timeout_seconds` from launch) passes, in epoch ms, if it
+    /// has one.
+    pub(crate) fn deadline_ms(&self) -> Option<Millis> {
+        let limit_ms = match self.config.document.life {
+            LifeLimit::Millis(ms) => ms,
+            LifeLimit::Unlimited => return None,
+            LifeLimit::Unrecorded => self.config.timeout_ms,
+        };
+        let limit_ms = i64::try_from(limit_ms).unwrap_or(i64::MAX);
+        Some(self.config.document.launched_at_ms.saturating_add(limit_ms))
     }
 
     /// Feeds one event; answers what to do, in order (see the module documentation).
@@ -825,7 +864,7 @@ impl WorkflowMachine {
         // this workflow time, never its outcome. The fence decides once the database is back:
         // if the lease lapsed meanwhile, the write is refused and another node (or this one)
         // recovers the workflow from its journal.
-        if error.is_transient() && now < deadline_ms {
+        if error.is_transient() && deadline_ms.is_none_or(|deadline| now < deadline) {
             front.tries += 1;
             let tries = front.tries;
             out.push(Effect::Sleep(store_backoff(tries)));
