@@ -1164,6 +1164,17 @@ impl StoreHandle {
         })
         .await
     }
+
+    /// See [`Store::expired_approvals`].
+    pub async fn expired_approvals(
+        &self,
+        limit: u32,
+    ) -> store::Result<Vec<store::ExpiredApproval>> {
+        self.call(Operation::ExpiredApprovals, move |store| async move {
+            store.expired_approvals(limit).await
+        })
+        .await
+    }
 }
 
 #[cfg(test)]

@@ -45,6 +45,10 @@ pub struct TimeoutOptions {
     pub idle_ms: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub total_ms: Option<u64>,
+    /// How long an approval the agent asks for waits for a person: then it is answered
+    /// `reject`, by `timeout` (the agent's `timeout.approval_ms`, a call's `approvalMs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval_ms: Option<u64>,
 }
 
 /// What one `agent` call says of its retries, timeouts and idempotence.
@@ -261,6 +265,7 @@ impl TimeoutOptions {
             attempt_ms: self.attempt_ms.or(under.attempt_ms),
             idle_ms: self.idle_ms.or(under.idle_ms),
             total_ms: self.total_ms.or(under.total_ms),
+            approval_ms: self.approval_ms.or(under.approval_ms),
         }
     }
 
@@ -270,6 +275,7 @@ impl TimeoutOptions {
             ("attemptMs", self.attempt_ms),
             ("idleMs", self.idle_ms),
             ("totalMs", self.total_ms),
+            ("approvalMs", self.approval_ms),
         ] {
             if let Some(ms) = value
                 && !(TIMEOUT_MS_MIN..=TIMEOUT_MS_MAX).contains(&ms)
@@ -287,16 +293,18 @@ impl TimeoutOptions {
     fn from_call(value: &Value) -> Result<Self, String> {
         let object = value
             .as_object()
-            .ok_or("timeout must be an object: {attemptMs, idleMs, totalMs}")?;
+            .ok_or("timeout must be an object: {attemptMs, idleMs, totalMs, approvalMs}")?;
         let mut options = TimeoutOptions::default();
         for (key, value) in object {
             let slot = match key.as_str() {
                 "attemptMs" => &mut options.attempt_ms,
                 "idleMs" => &mut options.idle_ms,
                 "totalMs" => &mut options.total_ms,
+                "approvalMs" => &mut options.approval_ms,
                 other => {
                     return Err(format!(
-                        "timeout does not take {other}: it takes attemptMs, idleMs, totalMs"
+                        "timeout does not take {other}: it takes attemptMs, idleMs, totalMs, \
+                         approvalMs"
                     ));
                 }
             };

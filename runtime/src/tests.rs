@@ -269,7 +269,7 @@ fn failed_steps_reject_and_bad_arguments_are_clear() {
             "humanCheckpoint \"h\" needs an artifactVersion (a positive integer)",
             "agent takes one object",
             "agent does not take retries: it takes stepId, agentRef, task, retry, timeout, idempotent",
-            "agent \"t\": timeout must be an object: {attemptMs, idleMs, totalMs}",
+            "agent \"t\": timeout must be an object: {attemptMs, idleMs, totalMs, approvalMs}",
             "agent \"m\": retry.maxAttempts is 1000000000: it must be 1 to 100",
             "pause does not take prompt: it takes stepId, message, timeoutMs, onTimeout",
             "readArtifact does not take stepId: it takes artifactVersion",

@@ -47,8 +47,8 @@ pub use operations::{
 pub use operators::{BackupReport, SlotRow, StatusCount};
 pub use rfc3339::rfc3339_utc;
 pub use runs::{
-    Admission, ApprovalAnswer, CancelAction, FailureClass, NewRun, RunFailure, RunOutcome,
-    RunRenewal, RunRow, RunSlot, WorkflowStep, pending_request_id,
+    APPROVAL_DEADLINE, Admission, ApprovalAnswer, CancelAction, ExpiredApproval, FailureClass,
+    NewRun, RunFailure, RunOutcome, RunRenewal, RunRow, RunSlot, WorkflowStep, pending_request_id,
 };
 pub use sent_events::{EventSend, NewSentEvent, SentEvent};
 #[cfg(feature = "sim")]

@@ -16,12 +16,13 @@ use serde_json::Value;
 
 use crate::{
     Admission, ApprovalAnswer, ArtifactInfo, ArtifactRow, BackupReport, CancelAction, ControlRow,
-    ControlWrite, Deletion, EventPage, EventRow, EventSend, Fence, Launch, LaunchLimits, Lease,
-    ListFilter, ListedWorkflow, MigrationReport, NewControl, NewRetry, NewRun, NewSentEvent,
-    NewToken, NewUser, NewWorkflow, NodeRecord, Notification, Orphaned, Purpose, Result, Retry,
-    RunId, RunOutcome, RunRenewal, RunRow, RunSlot, RunStatus, SentEvent, Settlement, SlotRow,
-    Snapshot, StatusCount, StepPage, StepPosition, StepRow, TakeOver, TokenRow, UserChange,
-    UserChanged, UserDeletion, UserRow, UserStorage, Versions, WorkflowId, WorkflowRow, WriteOp,
+    ControlWrite, Deletion, EventPage, EventRow, EventSend, ExpiredApproval, Fence, Launch,
+    LaunchLimits, Lease, ListFilter, ListedWorkflow, MigrationReport, NewControl, NewRetry, NewRun,
+    NewSentEvent, NewToken, NewUser, NewWorkflow, NodeRecord, Notification, Orphaned, Purpose,
+    Result, Retry, RunId, RunOutcome, RunRenewal, RunRow, RunSlot, RunStatus, SentEvent,
+    Settlement, SlotRow, Snapshot, StatusCount, StepPage, StepPosition, StepRow, TakeOver,
+    TokenRow, UserChange, UserChanged, UserDeletion, UserRow, UserStorage, Versions, WorkflowId,
+    WorkflowRow, WriteOp,
 };
 
 /// Whether an operation may change the database.
@@ -328,6 +329,10 @@ macro_rules! with_operations {
                     slots_max: u64,
                     slots_per_user_max: u64
                 ) -> RunSlot;
+                /// Runs waiting for a person whose approval request's deadline
+                /// ([`crate::APPROVAL_DEADLINE`]) has passed by the database's clock, at most
+                /// `limit`: what the sweep answers `reject` by `timeout`.
+                read ExpiredApprovals: fn expired_approvals(&self, limit: u32) -> Vec<ExpiredApproval>;
                 /// Undoes an answer, only if nothing was committed on the run since.
                 write RestoreApproval: fn restore_approval(&self, answer: &ApprovalAnswer) -> bool;
                 /// Claims up to `limit` live runs whose lease expired (their node is gone) and closes

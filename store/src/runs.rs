@@ -238,6 +238,37 @@ pub(crate) fn replay(existing: RunRow, request: &Value) -> Result<Admission, Err
     }
 }
 
+/// The key of a paused run's `metadata` that holds when its approval request is answered by its
+/// timeout (epoch milliseconds; the agent's `timeout.approvalMs`): see
+/// [`crate::Runs::expired_approvals`].
+pub const APPROVAL_DEADLINE: &str = "hitl_deadline_at_ms";
+
+/// An approval request whose deadline passed with nobody's answer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExpiredApproval {
+    pub run_id: RunId,
+    pub thread_id: String,
+    /// The request it waits for (`metadata.hitl_approval.request_id`).
+    pub request_id: String,
+    /// What the agent asked to do, kept with the answer.
+    pub actions: Value,
+}
+
+impl ExpiredApproval {
+    /// The request of paused run `row`, if its deadline is at or before `now_ms`.
+    pub(crate) fn of(row: &RunRow, now_ms: f64) -> Option<ExpiredApproval> {
+        let deadline = row.metadata.get(APPROVAL_DEADLINE)?.as_f64()?;
+        (row.status == RunStatus::WaitingForInput && deadline <= now_ms).then(|| ExpiredApproval {
+            run_id: row.run_id.clone(),
+            thread_id: row.thread_id.clone(),
+            request_id: pending_request_id(&row.metadata)
+                .unwrap_or_default()
+                .to_owned(),
+            actions: row.metadata["hitl_approval"]["actions"].clone(),
+        })
+    }
+}
+
 /// The request id a paused run waits for, from its `metadata.hitl_approval`.
 pub fn pending_request_id(metadata: &Value) -> Option<&str> {
     metadata.get("hitl_approval")?.get("request_id")?.as_str()

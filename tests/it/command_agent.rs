@@ -492,6 +492,7 @@ done"#,
             attempt_ms: Some(1_500),
             idle_ms: Some(1_000),
             total_ms: None,
+            approval_ms: None,
         },
     );
     let node = node_with(&db, shared.path(), &[agent]).await;

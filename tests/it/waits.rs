@@ -290,3 +290,38 @@ async fn a_launch_sets_its_own_life_limit_and_none_is_the_default() {
         "a refused launch wrote a workflow"
     );
 }
+
+/// An agent's approval request nobody answers is answered `reject` by `timeout` once its
+/// `approvalMs` passed (by whichever node's sweep comes first), and the agent's step goes on
+/// with that answer; a person who answers after is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agents_approval_request_nobody_answers_is_rejected_by_its_timeout() {
+    let db = Db::new(true).await;
+    let node = Node::start(&db, &[("REINS_LEASE_SECONDS", "1".to_owned())]);
+    let mut api = initialize(&node).await;
+    let run_id = launch(
+        &mut api,
+        r#"const r = await agent({stepId: "deploy", agentRef: "scripted", task: {
+             ask_approval: {request_id: "deploy-1", actions: [{tool: "deploy", env: "prod"}]}},
+             timeout: {approvalMs: 500}});
+           return r.approval.answer;"#,
+    )
+    .await;
+    let record = wait_for(&mut api, &run_id, "completed").await;
+    assert_eq!(
+        (
+            record["result"]["decision"].as_str(),
+            record["result"]["by"].as_str()
+        ),
+        (Some("reject"), Some("timeout")),
+        "{record}"
+    );
+    let late = api
+        .call(
+            "POST",
+            &format!("/api/v1/workflows/{run_id}/steps/deploy/answer"),
+            Some(json!({"decision": "approve"})),
+        )
+        .await;
+    assert!(late.status == 409 || late.status == 422, "{late:?}");
+}

@@ -121,6 +121,7 @@ pub(super) const TIMEOUT_DEFAULTS: TimeoutOptions = TimeoutOptions {
     attempt_ms: Some(3_600_000),
     idle_ms: None,
     total_ms: None,
+    approval_ms: None,
 };
 
 fn default_grace_ms() -> u64 {

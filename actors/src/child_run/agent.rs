@@ -181,6 +181,9 @@ pub(crate) struct ChildState {
     /// The attempt's time limits, the agent's progress signals they read, and the timer of the
     /// next deadline (cancelled with the state).
     clock: AttemptClock,
+    /// How long an approval it asks for waits for a person (`timeout.approvalMs`): recorded
+    /// with the request as its deadline, which any node's sweep answers `reject` by `timeout`.
+    approval_ms: Option<u64>,
     progress: Progress,
     progress_seen: watch::Receiver<Instant>,
     clock_check: Option<crate::mailbox::Timer<ChildMsg>>,
@@ -402,9 +405,15 @@ impl ChildState {
     ) {
         let (store, me) = (self.store.clone(), myself.clone());
         let (run_id, owner) = (self.run_id.clone(), self.worker_id.clone());
+        let mut metadata = serde_json::json!({ "hitl_approval": approval });
+        if let Some(approval_ms) = self.approval_ms {
+            let now_ms = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |now| u64::try_from(now.as_millis()).unwrap_or(u64::MAX));
+            metadata[store::APPROVAL_DEADLINE] = now_ms.saturating_add(approval_ms).into();
+        }
         tokio::spawn(
             async move {
-                let metadata = serde_json::json!({ "hitl_approval": approval });
                 let recorded = store
                     .update_run_status(&run_id, &owner, RunStatus::WaitingForInput, Some(metadata))
                     .await;
@@ -529,6 +538,7 @@ impl Actor for ChildAgent {
             answered: HashSet::new(),
             agent_task: None,
             clock: AttemptClock::new(&args.timeouts, Instant::now()),
+            approval_ms: args.timeouts.approval_ms,
             progress,
             progress_seen,
             clock_check: None,

@@ -314,6 +314,7 @@ impl Actor for ChildRuns {
                         Ok(_) => {}
                         Err(error) => tracing::warn!(%error, "orphan sweep failed"),
                     }
+                    answer_expired_approvals(&store).await;
                 });
             }
             ChildRunsMsg::Running { reply } => {
@@ -500,4 +501,42 @@ async fn start_child(
     })?;
     state.running.insert(run_id, child);
     Ok(Admitted::Started { row, ended })
+}
+
+/// Answers `reject`, by `timeout`, every approval request whose deadline passed (the agent's
+/// `timeout.approvalMs`, recorded with the request): through the same single-winner answer as a
+/// person's, so a person's answer recorded first stands, and one sent after is told who answered.
+/// Any node's sweep does it, so a request whose node died is answered too.
+async fn answer_expired_approvals(store: &StoreHandle) {
+    let expired = match store.expired_approvals(ORPHAN_SWEEP_LIMIT).await {
+        Ok(expired) => expired,
+        Err(error) => {
+            tracing::warn!(%error, "cannot read the approvals past their deadline");
+            return;
+        }
+    };
+    for request in expired {
+        let answer = serde_json::json!({
+            "decision": "reject",
+            "comment": null,
+            "by": "timeout",
+            "actions": request.actions,
+        });
+        match store
+            .answer_approval(
+                &request.thread_id,
+                std::slice::from_ref(&request.request_id),
+                &answer,
+            )
+            .await
+        {
+            Ok(Some(_)) => {
+                tracing::info!(run_id = %request.run_id, request_id = %request.request_id,
+                "an approval request past its deadline was answered reject by timeout")
+            }
+            Ok(None) => {}
+            Err(error) => tracing::warn!(%error, run_id = %request.run_id,
+                "cannot answer an approval request past its deadline"),
+        }
+    }
 }

@@ -144,6 +144,7 @@ mod tests {
             attempt_ms,
             idle_ms,
             total_ms: Some(100),
+            approval_ms: None,
         };
         AttemptClock::new(&timeouts, start)
     }

@@ -15,7 +15,7 @@ use crate::runs::{
     Admission, ApprovalAnswer, CancelAction, NewRun, RunOutcome, RunRenewal, RunRow, RunSlot,
     answered, pending_answer, pending_request_id, status_after_answer,
 };
-use crate::{Result, RunId, RunStatus};
+use crate::{ExpiredApproval, Result, RunId, RunStatus};
 
 impl PgStore {
     pub(crate) async fn admit_run(&self, run: NewRun) -> Result<Admission> {
@@ -42,6 +42,23 @@ impl PgStore {
             .as_ref()
             .map(decode)
             .transpose()
+    }
+
+    pub(crate) async fn expired_approvals(&self, limit: u32) -> Result<Vec<ExpiredApproval>> {
+        let client = self.connection().await?;
+        let statement = client
+            .prepare_cached(select_run!(
+                "WHERE status = 'waiting_for_input'
+                   AND (metadata->>'hitl_deadline_at_ms')::double precision <= reins_now() * 1000
+                 LIMIT $1"
+            ))
+            .await?;
+        let rows = client.query(&statement, &[&i64::from(limit)]).await?;
+        let mut expired = Vec::with_capacity(rows.len());
+        for row in &rows {
+            expired.extend(ExpiredApproval::of(&decode(row)?, f64::MAX));
+        }
+        Ok(expired)
     }
 
     pub(crate) async fn renew_run_lease(

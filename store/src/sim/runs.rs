@@ -6,8 +6,9 @@ use super::{SimStore, State};
 use crate::lease::ttl_seconds;
 use crate::runs::{answered, pending_answer, pending_request_id, replay, status_after_answer};
 use crate::{
-    Admission, ApprovalAnswer, CancelAction, Error, NewRun, Result, RunId, RunOutcome, RunRenewal,
-    RunRow, RunSlot, RunStatus, SlotRow, StepStatus, WorkflowId, WorkflowStatus, WriteOp,
+    Admission, ApprovalAnswer, CancelAction, Error, ExpiredApproval, NewRun, Result, RunId,
+    RunOutcome, RunRenewal, RunRow, RunSlot, RunStatus, SlotRow, StepStatus, WorkflowId,
+    WorkflowStatus, WriteOp,
 };
 
 /// The change a durable cancel request makes to a live run: the first action asked for stands,
@@ -528,6 +529,17 @@ impl crate::Runs for SimStore {
                 now,
             )?;
             Ok(changed.is_some())
+        })
+    }
+
+    async fn expired_approvals(&self, limit: u32) -> Result<Vec<ExpiredApproval>> {
+        self.read(|state, now| {
+            Ok(state
+                .runs
+                .values()
+                .filter_map(|row| ExpiredApproval::of(row, now * 1000.0))
+                .take(usize::try_from(limit).unwrap_or(usize::MAX))
+                .collect())
         })
     }
 

@@ -11,7 +11,7 @@ use crate::runs::{
     answered, pending_answer, pending_request_id, replay, run_columns, status_after_answer,
 };
 use crate::write::{StepPosition, WriteOp};
-use crate::{Error, Result, RunId, RunStatus, WorkflowId};
+use crate::{Error, ExpiredApproval, Result, RunId, RunStatus, WorkflowId};
 
 fn run_row(row: &Row<'_>) -> rusqlite::Result<RawRun> {
     Ok(RawRun {
@@ -673,6 +673,28 @@ impl SqliteStore {
             } else {
                 RunSlot::Queued
             })
+        })
+        .await
+    }
+
+    pub(crate) async fn expired_approvals(&self, limit: u32) -> Result<Vec<ExpiredApproval>> {
+        self.read(move |connection| {
+            let mut statement = connection.prepare_cached(concat!(
+                "SELECT ",
+                run_columns!(),
+                " FROM runs WHERE status = 'waiting_for_input'
+                     AND json_extract(metadata, '$.hitl_deadline_at_ms')
+                         <= unixepoch('subsec') * 1000
+                   LIMIT ?1"
+            ))?;
+            let rows = statement
+                .query_map([limit], run_row)?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            let mut expired = Vec::with_capacity(rows.len());
+            for row in rows {
+                expired.extend(ExpiredApproval::of(&row.decode()?, f64::MAX));
+            }
+            Ok(expired)
         })
         .await
     }

@@ -750,3 +750,33 @@ conformance! {
         }
     }
 }
+
+conformance! {
+    // An approval request whose deadline passed is listed for the sweep, one still due is not,
+    // and one answered (by a person, first) is no longer listed.
+    async fn an_approval_request_past_its_deadline_is_listed_until_it_is_answered(db) {
+        let store = db.store().await;
+        let deadline = |ms: f64| {
+            let mut metadata = paused_metadata("q-1");
+            metadata[store::APPROVAL_DEADLINE] = json!(ms);
+            metadata
+        };
+        let now_ms = store.now().await.expect("now") * 1000.0;
+        for (run, thread, due) in [("past", "t-past", now_ms - 1.0), ("later", "t-later", now_ms + 600_000.0)] {
+            admitted(&*store, new_run(run, thread, "node-a")).await;
+            assert!(store
+                .update_run_status(&store::RunId::new(run), "node-a", RunStatus::WaitingForInput, Some(deadline(due)))
+                .await
+                .expect("pause"));
+        }
+        let expired = store.expired_approvals(10).await.expect("read");
+        assert_eq!(expired.len(), 1, "{expired:?}");
+        assert_eq!(
+            (expired[0].run_id.as_str(), expired[0].thread_id.as_str(), expired[0].request_id.as_str()),
+            ("past", "t-past", "q-1")
+        );
+        assert_eq!(expired[0].actions, paused_metadata("q-1")["hitl_approval"]["actions"]);
+        assert!(store.answer_approval("t-past", &["q-1".into()], &approve()).await.expect("answer").is_some());
+        assert!(store.expired_approvals(10).await.expect("read").is_empty(), "an answered request is still listed");
+    }
+}

@@ -104,6 +104,7 @@ impl WorkflowMachine {
             },
             idle_ms: timeouts.idle_ms,
             total_ms: None,
+            approval_ms: timeouts.approval_ms,
         }
     }
 
