@@ -271,7 +271,7 @@ fn failed_steps_reject_and_bad_arguments_are_clear() {
             "agent does not take retries: it takes stepId, agentRef, task, retry, timeout, idempotent",
             "agent \"t\": timeout must be an object: {attemptMs, idleMs, totalMs, approvalMs}",
             "agent \"m\": retry.maxAttempts is 1000000000: it must be 1 to 100",
-            "pause does not take prompt: it takes stepId, message, timeoutMs, onTimeout",
+            "pause does not take prompt: it takes stepId, message, timeoutMs, onTimeout, remindAfterMs",
             "readArtifact does not take stepId: it takes artifactVersion",
             "stepId \"dup\" is used twice",
             "StepError: the model refused (error)",
@@ -1130,6 +1130,7 @@ fn waits_take_a_deadline_in_range_and_an_on_timeout_of_their_kind() {
             () => waitForEvent({stepId: "other", name: "paid", onTimeout: "reject"}),
             () => pause({stepId: "p1", timeoutMs: 10, onTimeout: "resume"}),
             () => pause({stepId: "p2", onTimeout: {resume: 1}}),
+            () => pause({stepId: "p4", remindAfterMs: -5}),
             () => humanCheckpoint({stepId: "c1", sourceStepId: "s", artifactVersion: 1,
                                    timeoutMs: 10, onTimeout: "deny"}),
         ]) {
@@ -1161,6 +1162,7 @@ fn waits_take_a_deadline_in_range_and_an_on_timeout_of_their_kind() {
             "waitForEvent does not take onTimeout: it takes stepId, name, timeoutMs",
             "pause \"p1\": onTimeout is \"resume\": it must be {resume: VALUE} (the input it resumes with)",
             "pause \"p2\": onTimeout needs a timeoutMs (when to apply it)",
+            "pause \"p4\": remindAfterMs is -5: it must be a whole number of milliseconds, 1 to 31536000000 (a year)",
             "humanCheckpoint \"c1\": onTimeout is \"deny\": it must be \"reject\", \"approve\" or \"fail\"",
         ])
     );

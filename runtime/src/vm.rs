@@ -645,7 +645,13 @@ fn options_of(kind: CallKind) -> &'static [&'static str] {
             "timeout",
             "idempotent",
         ],
-        CallKind::Pause => &["stepId", "message", "timeoutMs", "onTimeout"],
+        CallKind::Pause => &[
+            "stepId",
+            "message",
+            "timeoutMs",
+            "onTimeout",
+            "remindAfterMs",
+        ],
         CallKind::HumanCheckpoint => &[
             "stepId",
             "sourceStepId",
@@ -653,6 +659,7 @@ fn options_of(kind: CallKind) -> &'static [&'static str] {
             "onReject",
             "timeoutMs",
             "onTimeout",
+            "remindAfterMs",
         ],
         CallKind::CaptureArtifact => &["stepId", "sourceStepId", "path"],
         CallKind::ReadArtifact => &["artifactVersion"],
@@ -673,15 +680,17 @@ fn check_deadline(
     args: &Value,
     on_timeout: Option<OnTimeout<'_>>,
 ) -> Result<(), String> {
-    if let Some(ms) = args.get("timeoutMs")
-        && ms
-            .as_u64()
-            .is_none_or(|ms| ms == 0 || ms > WAIT_TIMEOUT_MS_MAX)
-    {
-        return Err(format!(
-            "{name} {step_id:?}: timeoutMs is {ms}: it must be a whole number of milliseconds, \
-             1 to {WAIT_TIMEOUT_MS_MAX} (a year)"
-        ));
+    for key in ["timeoutMs", "remindAfterMs"] {
+        if let Some(ms) = args.get(key)
+            && ms
+                .as_u64()
+                .is_none_or(|ms| ms == 0 || ms > WAIT_TIMEOUT_MS_MAX)
+        {
+            return Err(format!(
+                "{name} {step_id:?}: {key} is {ms}: it must be a whole number of milliseconds, \
+                 1 to {WAIT_TIMEOUT_MS_MAX} (a year)"
+            ));
+        }
     }
     if let (Some(given), Some((valid, described))) = (args.get("onTimeout"), on_timeout) {
         if !valid(given) {

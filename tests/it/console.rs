@@ -479,7 +479,7 @@ async fn titles_messages_actions_and_comments_read_well_and_stay_text() {
     };
     let review = launch_titled(REVIEW, "Evidence review for the audit").await;
     let numbers = launch_titled(
-        r#"return await pause({stepId: "numbers", message:
+        r#"return await pause({stepId: "numbers", remindAfterMs: 1, message:
             "Check the Q3 numbers in the shared sheet; resume with {\"ok\": true} when they add up."});"#,
         "Quarterly numbers",
     )
@@ -532,6 +532,16 @@ async fn titles_messages_actions_and_comments_read_well_and_stay_text() {
             "{run_id} {title:?} not in {names}"
         );
     }
+    browser.wait_until(
+        "the pause past its remindAfterMs marked overdue, and no other item",
+        &format!(
+            "const marked = [...document.querySelectorAll('#inbox [data-overdue]')]; \
+             return marked.length === 1 && marked[0].closest('li.item') === \
+               document.querySelector(\"{}\");",
+            item(&numbers, "numbers")
+        ),
+        WAIT,
+    );
     browser.wait_until(
         "the pause's message",
         &format!(

@@ -670,10 +670,13 @@ function inboxItem(item, previews) {
   const what = {pause: "Paused: resume it", humanCheckpoint: "Checkpoint: approve or reject",
     agent_request: "An agent asks for approval"}[item.kind] || item.kind;
   const li = h("li", {class: "item card", "data-item": key, "data-kind": item.kind},
-    h("h2", {}, what),
+    h("h2", {}, what, item.overdue
+      ? h("span", {class: "badge badge-overdue", "data-overdue": "true"}, "overdue") : ""),
     h("p", {class: "meta"}, "Workflow ", workflowLink(item.run_id, item.title),
       " · step ", h("code", {}, item.step_id), ` · attempt ${item.attempt} · waiting since `,
-      time(item.since)));
+      time(item.since), item.remind_at != null
+        ? h("span", {}, item.overdue ? " · overdue since " : " · reminder at ", time(item.remind_at))
+        : ""));
   if (item.kind === "humanCheckpoint") {
     if (item.artifact_version != null) {
       const previewKey = `${item.run_id}/${item.artifact_version}`;

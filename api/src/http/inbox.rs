@@ -72,14 +72,25 @@ fn waiting_items(view: &actors::WorkflowView) -> Vec<InboxItem> {
         artifact_version: None,
         source_step_id: None,
         message: None,
+        remind_at: None,
+        overdue: false,
         approval: None,
     };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |now| now.as_secs_f64());
     let checkpoints = record::waiting_checkpoints(view).map(|step| {
         let c = record::checkpoint(step, &view.controls);
+        let remind_at = step
+            .record()
+            .and_then(|record| record.args["remindAfterMs"].as_f64())
+            .map(|ms| c.started_at + ms / 1000.0);
         InboxItem {
             artifact_version: c.artifact_version,
             source_step_id: c.source_step_id.clone(),
             message: c.message.clone(),
+            remind_at,
+            overdue: remind_at.is_some_and(|at| at <= now),
             ..item(&c.kind, &c.step_id, c.attempt, c.started_at)
         }
     });

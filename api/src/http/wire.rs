@@ -663,6 +663,10 @@ pub struct InboxItem {
     pub source_step_id: Option<String>,
     /// What a `pause` tells whoever answers it (its `message`).
     pub message: Option<String>,
+    /// When it becomes overdue (its call's `remindAfterMs` after `since`), if it has a reminder.
+    pub remind_at: Option<f64>,
+    /// Whether `remind_at` has passed (by the answering node's clock).
+    pub overdue: bool,
     /// What the agent asks (an `agent_request`).
     pub approval: Option<ApprovalRecord>,
 }
