@@ -325,3 +325,41 @@ async fn an_agents_approval_request_nobody_answers_is_rejected_by_its_timeout() 
         .await;
     assert!(late.status == 409 || late.status == 422, "{late:?}");
 }
+
+/// A workflow sleeping 3 s whose only node is SIGKILLed a second in, then started again, wakes
+/// no earlier than its journaled due time and no later than the lease and a second after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sleep_whose_node_is_killed_and_started_again_wakes_on_time() {
+    const LEASE_S: f64 = 1.0;
+    let db = Db::new(false).await;
+    let env = [
+        ("REINS_RECOVERY", "automatic".to_owned()),
+        ("REINS_LEASE_SECONDS", "1".to_owned()),
+    ];
+    let first = Node::start(&db, &env);
+    let mut api = initialize(&first).await;
+    let run_id = launch(
+        &mut api,
+        r#"await sleep({stepId: "nap", ms: 3000}); return "woke";"#,
+    )
+    .await;
+    let record = step_reaches(&mut api, &run_id, "nap", "running").await;
+    let wakes_at = step(&record, "nap")["wakes_at"].as_f64().expect("wakes_at");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    first.signal(libc::SIGKILL);
+    drop(first);
+    let second = Node::start(&db, &env);
+    let mut api = second.api();
+    assert_eq!(api.login(ADMIN, PASSWORD).await.status, 200);
+    let record = wait_for(&mut api, &run_id, "completed").await;
+    assert_eq!(record["result"], "woke");
+    let woke_at = step(&record, "nap")["finished_at"]
+        .as_f64()
+        .expect("finished_at");
+    assert!(woke_at >= wakes_at, "woke {} s early", wakes_at - woke_at);
+    assert!(
+        woke_at <= wakes_at + LEASE_S + 1.0,
+        "woke {} s after it was due",
+        woke_at - wakes_at
+    );
+}
