@@ -467,7 +467,7 @@ fn body(notification: &Notification, public_url: &str, bytes_max: usize) -> Valu
         "attempt": data["attempt"],
         "waits_for": waits_for(&notification.event, data),
         "link": format!("{public_url}/#/workflows/{}", notification.workflow_id),
-        "at": rfc3339(notification.created_at),
+        "at": store::rfc3339_utc_millis(notification.created_at),
     });
     for key in [
         "title",
@@ -546,34 +546,6 @@ fn slack_text(body: &Value) -> String {
         body["link"].as_str().unwrap_or("")
     ));
     text
-}
-
-/// Epoch seconds as an RFC 3339 time in UTC with milliseconds.
-fn rfc3339(seconds: f64) -> String {
-    let millis = (seconds * 1000.0).round() as i64;
-    let (days, rest) = (millis.div_euclid(86_400_000), millis.rem_euclid(86_400_000));
-    // Days to a civil date (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let day_of_era = z.rem_euclid(146_097);
-    let year_of_era =
-        (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
-    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
-    let month_index = (5 * day_of_year + 2) / 153;
-    let day = day_of_year - (153 * month_index + 2) / 5 + 1;
-    let month = if month_index < 10 {
-        month_index + 3
-    } else {
-        month_index - 9
-    };
-    let year = year_of_era + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
-        rest / 3_600_000,
-        rest % 3_600_000 / 60_000,
-        rest % 60_000 / 1000,
-        rest % 1000
-    )
 }
 
 #[cfg(test)]

@@ -45,7 +45,7 @@ pub use operations::{
     Controls, Events, Leases, Notifications, Operation, Operators, Runs, Schema, Users, Workflows,
 };
 pub use operators::{BackupReport, SlotRow, StatusCount};
-pub use rfc3339::rfc3339_utc;
+pub use rfc3339::{rfc3339_utc, rfc3339_utc_millis};
 pub use runs::{
     APPROVAL_DEADLINE, Admission, ApprovalAnswer, CancelAction, ExpiredApproval, FailureClass,
     NewRun, RunFailure, RunOutcome, RunRenewal, RunRow, RunSlot, WorkflowStep, pending_request_id,

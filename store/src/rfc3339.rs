@@ -4,9 +4,32 @@
 
 /// Epoch seconds as `YYYY-MM-DDTHH:MM:SSZ` (UTC, the fraction dropped).
 pub fn rfc3339_utc(epoch_seconds: f64) -> String {
-    let seconds = epoch_seconds.floor() as i64;
-    let (days, rest) = (seconds.div_euclid(86_400), seconds.rem_euclid(86_400));
-    // Days to a civil date (Howard Hinnant's algorithm).
+    let millis = (epoch_seconds.floor() as i64).saturating_mul(1000);
+    let (date, ms) = civil(millis);
+    format!(
+        "{date}T{:02}:{:02}:{:02}Z",
+        ms / 3_600_000,
+        ms % 3_600_000 / 60_000,
+        ms % 60_000 / 1000
+    )
+}
+
+/// Epoch seconds as `YYYY-MM-DDTHH:MM:SS.mmmZ` (UTC, to the millisecond, rounded).
+pub fn rfc3339_utc_millis(epoch_seconds: f64) -> String {
+    let (date, ms) = civil((epoch_seconds * 1000.0).round() as i64);
+    format!(
+        "{date}T{:02}:{:02}:{:02}.{:03}Z",
+        ms / 3_600_000,
+        ms % 3_600_000 / 60_000,
+        ms % 60_000 / 1000,
+        ms % 1000
+    )
+}
+
+/// The civil date (`YYYY-MM-DD`) of epoch milliseconds `millis`, and the milliseconds into it
+/// (Howard Hinnant's days-to-civil algorithm).
+fn civil(millis: i64) -> (String, i64) {
+    let (days, rest) = (millis.div_euclid(86_400_000), millis.rem_euclid(86_400_000));
     let z = days + 719_468;
     let era = z.div_euclid(146_097);
     let day_of_era = z.rem_euclid(146_097);
@@ -21,17 +44,12 @@ pub fn rfc3339_utc(epoch_seconds: f64) -> String {
         month_index - 9
     };
     let year = year_of_era + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
-        rest / 3600,
-        rest % 3600 / 60,
-        rest % 60
-    )
+    (format!("{year:04}-{month:02}-{day:02}"), rest)
 }
 
 #[cfg(test)]
 mod tests {
-    use super::rfc3339_utc;
+    use super::{rfc3339_utc, rfc3339_utc_millis};
 
     #[test]
     fn epoch_seconds_read_as_rfc_3339_in_utc() {
@@ -39,5 +57,10 @@ mod tests {
         assert_eq!(rfc3339_utc(1_796_003_447.5), "2026-11-30T01:50:47Z");
         assert_eq!(rfc3339_utc(951_782_400.0), "2000-02-29T00:00:00Z");
         assert_eq!(rfc3339_utc(-0.5), "1969-12-31T23:59:59Z");
+        assert_eq!(
+            rfc3339_utc_millis(1_796_003_447.5),
+            "2026-11-30T01:50:47.500Z"
+        );
+        assert_eq!(rfc3339_utc_millis(-0.0005), "1969-12-31T23:59:59.999Z");
     }
 }
