@@ -459,6 +459,14 @@ impl StoreHandle {
         .await
     }
 
+    /// See [`Store::overdue_waits`].
+    pub async fn overdue_waits(&self) -> store::Result<u64> {
+        self.call(Operation::OverdueWaits, move |store| async move {
+            store.overdue_waits().await
+        })
+        .await
+    }
+
     /// See [`Store::notification_backlog`].
     pub async fn notification_backlog(&self) -> store::Result<u64> {
         self.call(Operation::NotificationBacklog, |store| async move {

@@ -456,6 +456,9 @@ macro_rules! with_operations {
             trait Operators {
                 /// Workflows by status: this node's (`owner`), or everyone's.
                 read WorkflowCounts: fn workflow_counts(&self, owner: Option<&str>) -> Vec<StatusCount>;
+                /// The pauses and human checkpoints of live workflows still waiting past their
+                /// `remindAfterMs` (by the database's clock): the inbox's overdue items.
+                read OverdueWaits: fn overdue_waits(&self) -> u64;
                 /// Child runs owned by `owner`, by status.
                 read RunCounts: fn run_counts(&self, owner: &str) -> Vec<StatusCount>;
                 /// The live workflows that wait for a person (a pause or a human checkpoint without its

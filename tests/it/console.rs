@@ -542,6 +542,8 @@ async fn titles_messages_actions_and_comments_read_well_and_stay_text() {
         ),
         WAIT,
     );
+    let (_, metrics) = crate::harness::http_get(node.addr, "/metrics").expect("metrics");
+    assert!(metrics.contains("\nreins_inbox_overdue 1\n"), "{metrics}");
     browser.wait_until(
         "the pause's message",
         &format!(

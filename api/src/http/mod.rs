@@ -908,6 +908,13 @@ async fn database_gauges(state: &AppState) -> Result<String, ApiError> {
         "Workflows in the database, by stored status.",
         &samples,
     );
+    let overdue = store.overdue_waits().await?;
+    actors::metrics::render_gauge(
+        &mut text,
+        "reins_inbox_overdue",
+        "Pauses and checkpoints still waiting past their remindAfterMs (the whole cluster).",
+        &[(Vec::new(), overdue as f64)],
+    );
     let backlog = store.notification_backlog().await?;
     actors::metrics::render_gauge(
         &mut text,

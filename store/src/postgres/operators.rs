@@ -15,6 +15,22 @@ fn status_count(row: &Row) -> StatusCount {
 }
 
 impl PgStore {
+    pub(crate) async fn overdue_waits(&self) -> Result<u64> {
+        let client = self.connection().await?;
+        let statement = client
+            .prepare_cached(
+                "SELECT count(*) FROM workflow_steps s JOIN workflows w ON w.id = s.workflow
+                  WHERE s.kind IN ('pause', 'humanCheckpoint') AND s.status = 'running'
+                    AND w.status IN ('running', 'paused', 'waiting_approval')
+                    AND s.created_at
+                        + (s.data->'args'->>'remindAfterMs')::double precision / 1000
+                        <= reins_now()",
+            )
+            .await?;
+        let count: i64 = client.query_one(&statement, &[]).await?.get(0);
+        Ok(u64::try_from(count).unwrap_or(0))
+    }
+
     pub(crate) async fn workflow_counts(&self, owner: Option<&str>) -> Result<Vec<StatusCount>> {
         let client = self.connection().await?;
         let rows = client

@@ -7,8 +7,8 @@ use super::{SimStore, State};
 use crate::users::leaves_no_admin;
 use crate::write::CHECKPOINT_KINDS;
 use crate::{
-    Error, NewToken, NewUser, NodeRecord, Result, RunStatus, SlotRow, StatusCount, StepStatus,
-    TokenRow, UserChange, UserChanged, UserDeletion, UserRow, UserStorage, WorkflowId,
+    Error, NewToken, NewUser, NodeRecord, Result, RunStatus, SlotRow, StatusCount, StepKind,
+    StepStatus, TokenRow, UserChange, UserChanged, UserDeletion, UserRow, UserStorage, WorkflowId,
     WorkflowStatus,
 };
 
@@ -426,6 +426,35 @@ impl crate::Users for SimStore {
 }
 
 impl crate::Operators for SimStore {
+    async fn overdue_waits(&self) -> Result<u64> {
+        self.read(|state, now| {
+            let overdue = state
+                .workflows
+                .values()
+                .filter(|workflow| {
+                    matches!(
+                        workflow.row.status,
+                        WorkflowStatus::Running
+                            | WorkflowStatus::Paused
+                            | WorkflowStatus::WaitingApproval
+                    )
+                })
+                .flat_map(|workflow| workflow.steps.values())
+                .filter(|step| {
+                    let row = &step.row;
+                    let remind_ms = row.record.as_ref().ok().and_then(|record| {
+                        matches!(record.kind(), StepKind::Pause | StepKind::HumanCheckpoint)
+                            .then(|| record.args["remindAfterMs"].as_f64())
+                            .flatten()
+                    });
+                    row.status == StepStatus::Running
+                        && remind_ms.is_some_and(|ms| row.created_at + ms / 1000.0 <= now)
+                })
+                .count();
+            Ok(u64::try_from(overdue).unwrap_or(u64::MAX))
+        })
+    }
+
     async fn workflow_counts(&self, owner: Option<&str>) -> Result<Vec<StatusCount>> {
         self.read(|state, _| {
             Ok(counts(

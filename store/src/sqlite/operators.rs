@@ -15,6 +15,23 @@ fn status_count(row: &Row<'_>) -> rusqlite::Result<StatusCount> {
 }
 
 impl SqliteStore {
+    pub(crate) async fn overdue_waits(&self) -> Result<u64> {
+        self.read(move |connection| {
+            let count: i64 = connection
+                .prepare_cached(
+                    "SELECT count(*) FROM workflow_steps s JOIN workflows w ON w.id = s.workflow
+                      WHERE s.kind IN ('pause', 'humanCheckpoint') AND s.status = 'running'
+                        AND w.status IN ('running', 'paused', 'waiting_approval')
+                        AND s.created_at
+                            + json_extract(s.data, '$.args.remindAfterMs') / 1000.0
+                            <= unixepoch('subsec')",
+                )?
+                .query_row([], |row| row.get(0))?;
+            Ok(u64::try_from(count).unwrap_or(0))
+        })
+        .await
+    }
+
     pub(crate) async fn workflow_counts(&self, owner: Option<&str>) -> Result<Vec<StatusCount>> {
         let owner = owner.map(str::to_owned);
         self.read(move |connection| {

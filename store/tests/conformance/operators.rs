@@ -128,3 +128,35 @@ conformance! {
         assert!(left.is_empty(), "a backup left {left:?}");
     }
 }
+
+conformance! {
+    // A waiting pause or checkpoint past its `remindAfterMs` is counted overdue; one not yet
+    // due, one without a reminder, and one whose workflow ended are not.
+    async fn waits_past_their_reminder_are_counted_overdue(db) {
+        let store = db.store().await;
+        let waiting = |workflow: &str, step: &str, kind: &str, remind: Option<u64>| WriteOp::PutStep {
+            workflow_id: store::WorkflowId::new(workflow),
+            seq: 0,
+            step_id: step.to_owned(),
+            attempt: 1,
+            status: store::StepStatus::Running,
+            record: store::StepRecord::decode(kind, &json!({"args": {"remindAfterMs": remind}}))
+                .expect("a step record"),
+        };
+        let (due, later, ended) = (
+            workflow(&*store, "due", "node-a", 60_000).await,
+            workflow(&*store, "later", "node-a", 60_000).await,
+            workflow(&*store, "ended", "node-a", 60_000).await,
+        );
+        store.fenced_write(&due.fence(), vec![waiting("due", "p", "pause", Some(1)),
+            waiting("due", "q", "humanCheckpoint", None)]).await.expect("wait");
+        store.fenced_write(&later.fence(), vec![waiting("later", "c", "humanCheckpoint", Some(600_000))])
+            .await.expect("wait");
+        store.fenced_write(&ended.fence(), vec![waiting("ended", "p", "pause", Some(1)),
+            WriteOp::SetWorkflow { workflow_id: "ended".into(), status: store::WorkflowStatus::Cancelled,
+                data: json!({}) }]).await.expect("end");
+        let now = store.now().await.expect("now");
+        db.pass(&*store, now + 0.01).await;
+        assert_eq!(store.overdue_waits().await.expect("count"), 1);
+    }
+}
