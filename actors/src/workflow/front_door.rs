@@ -6,7 +6,7 @@
 
 use crate::mailbox::Post;
 use std::collections::HashMap;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 use runtime::CallKind;
@@ -28,7 +28,7 @@ use crate::workflow::requests::{
     Decide, LaunchRequest, ReconcileRequest, Resume, RetryRequest, SendEvent,
 };
 use crate::workflow::rules::{self, Supervised};
-use crate::workflow::{Start, WorkflowArgs, WorkflowMsg, WorkflowSupervisor};
+use crate::workflow::{Start, WorkflowArgs, WorkflowMsg, WorkflowSupervisor, now_ms};
 
 /// What a launch gave the caller.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -292,13 +292,6 @@ pub(crate) struct WorkflowsState {
     live_users: HashMap<WorkflowId, String>,
     /// The task that hands the change bus to this actor (stopped with it).
     _listening: crate::mailbox::Task,
-}
-
-fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-        .unwrap_or(0)
 }
 
 impl Actor for Workflows {

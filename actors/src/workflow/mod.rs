@@ -168,7 +168,8 @@ pub(crate) struct WorkflowState {
     _timeout: Option<Timer<WorkflowMsg>>,
 }
 
-fn now_ms() -> i64 {
+/// The node's wall clock, in epoch milliseconds: the `now` every event of a workflow comes with.
+pub(crate) fn now_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
