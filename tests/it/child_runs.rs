@@ -169,6 +169,21 @@ on_both_backends! {
 }
 
 on_both_backends! {
+    async fn a_terminal_write_whose_outcome_is_unknown_is_sent_again_and_then_ours(db: TestDb) {
+        let shared = tempfile::tempdir().expect("temp dir");
+        let node = TestNode::start(&db, "a", LEASE_MS, shared.path()).await;
+        // What a connection dropped mid-statement answers, for a write that did not land.
+        let unknown = store::Error::OutcomeUnknown("connection closed".into());
+        node.faults.add("finalize_run", FaultAction::Fail(unknown), 1);
+        let (run, end) = start(&node, "t-1", json!({"tokens": 3})).await;
+        let end = ended(end).await;
+        assert!(matches!(end, RunEnd::Persisted(ref o) if o.status == RunStatus::Success), "{end:?}");
+        let stored = row(&node, &run.run_id).await;
+        assert_eq!((stored.status, stored.total_tokens), (RunStatus::Success, 3));
+    }
+}
+
+on_both_backends! {
     async fn a_held_acknowledgement_outlives_a_refused_renewal(db: TestDb) {
         let shared = tempfile::tempdir().expect("temp dir");
         let node = TestNode::start(&db, "a", LEASE_MS, shared.path()).await;

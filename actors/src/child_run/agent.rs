@@ -669,6 +669,20 @@ impl Actor for ChildAgent {
                     crate::mailbox::post_after(&myself, wait, move || ChildMsg::Commit(outcome));
                 }
             }
+            ChildMsg::Committed {
+                attempt,
+                result: Err(store::Error::OutcomeUnknown(error)),
+            } => {
+                // The connection dropped mid-statement: reconcile by sending the same
+                // compare-and-set again, which writes only a row still live and ours.
+                if let Some(outcome) = state.authority.on_unknown_answer(attempt) {
+                    state.commit_tries += 1;
+                    tracing::warn!(parent: &state.span, %error, tries = state.commit_tries,
+                        "the terminal write's outcome is unknown; sending it again as a compare-and-set");
+                    let wait = crate::backoff::store_backoff(state.commit_tries);
+                    crate::mailbox::post_after(&myself, wait, move || ChildMsg::Commit(outcome));
+                }
+            }
             ChildMsg::Commit(outcome) => state.commit(&myself, outcome),
             ChildMsg::Committed {
                 attempt,

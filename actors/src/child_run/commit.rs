@@ -8,6 +8,10 @@
 //! - A rejected compare-and-set has no fallback: with nothing else in flight, the run is fenced.
 //! - A write whose answer never came is unknown: it fences at the lease deadline, or as soon as a
 //!   renewal shows the row changed under it, and a late answer never revives the run.
+//! - A write the store answered "outcome unknown" (its connection dropped mid-statement) is
+//!   re-read and reconciled, never guessed: the same compare-and-set is sent again, and it can
+//!   write only a row still live and ours. If the first did commit, the second is refused and the
+//!   run is fenced: the workflow reads the outcome the row holds.
 //! - An acknowledgement confirms exactly the outcome its own attempt carried, never a newer local
 //!   decision; once an outcome is acknowledged, later local decisions are ignored.
 //! - A durable cancel request still reaches a run whose terminal write is pending.
@@ -151,6 +155,23 @@ impl TerminalAuthority {
             self.unknown = true;
         }
         Verdict::Wait
+    }
+
+    /// The store answered that it cannot tell whether attempt `id` wrote the row. Returns the
+    /// outcome to send again after a wait, as the reconciling read: the same compare-and-set,
+    /// which writes only if the first did not. When the run is fenced, an outcome is
+    /// acknowledged or another attempt of ours is in flight (its answer settles the row), the
+    /// attempt counts as abandoned instead ([`TerminalAuthority::on_unknown`]).
+    pub fn on_unknown_answer(&mut self, id: AttemptId) -> Option<RunOutcome> {
+        if !self.in_flight.contains_key(&id) {
+            return None;
+        }
+        if self.fenced || self.acknowledged.is_some() || self.in_flight.len() > 1 {
+            self.on_unknown(id);
+            return None;
+        }
+        self.in_flight.remove(&id);
+        self.decided.clone()
     }
 
     /// Attempt `id` surely wrote nothing (the store proved it: the database was unreachable).
@@ -344,6 +365,51 @@ mod tests {
         assert_eq!(authority.on_unknown(id), Verdict::Wait);
         assert_eq!(authority.on_renewal(Renewal::Refused), Verdict::Fenced);
         assert!(authority.acknowledged().is_none());
+    }
+
+    #[test]
+    fn an_answer_that_cannot_tell_is_settled_by_the_same_compare_and_set_sent_again() {
+        let mut authority = TerminalAuthority::new();
+        let first = sent(&mut authority, success());
+        assert_eq!(authority.on_unknown_answer(first), Some(success()));
+        assert_eq!(authority.on_unknown_answer(first), None, "answered once");
+        // While the second is on its way the run keeps its lease: something will settle it.
+        assert_eq!(
+            authority.on_renewal(Renewal::Renewed { cancel: None }),
+            Verdict::Wait
+        );
+        // The first wrote nothing: the second writes the row, and that is our acknowledgement.
+        let second = sent(&mut authority, success());
+        assert_eq!(
+            authority.on_answer(second, true),
+            Verdict::Persisted(success())
+        );
+    }
+
+    #[test]
+    fn an_unknown_answer_whose_write_landed_fences_when_it_is_sent_again() {
+        let mut authority = TerminalAuthority::new();
+        let first = sent(&mut authority, success());
+        let again = authority.on_unknown_answer(first).expect("sent again");
+        // The first did commit: the row is final, so the second compare-and-set is refused.
+        let second = sent(&mut authority, again);
+        assert_eq!(authority.on_answer(second, false), Verdict::Fenced);
+        assert!(
+            authority.acknowledged().is_none(),
+            "a row we cannot prove ours"
+        );
+    }
+
+    #[test]
+    fn an_unknown_answer_beside_another_attempt_waits_for_that_one() {
+        let mut authority = TerminalAuthority::new();
+        let first = sent(&mut authority, success());
+        let other = sent(&mut authority, outcome(RunStatus::Error, Some("cancelled")));
+        assert_eq!(authority.on_unknown_answer(first), None);
+        assert_eq!(
+            authority.on_answer(other, true),
+            Verdict::Persisted(outcome(RunStatus::Error, Some("cancelled")))
+        );
     }
 
     #[test]
