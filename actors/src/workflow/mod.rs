@@ -134,6 +134,8 @@ pub(crate) struct WorkflowArgs {
     pub deadline: Instant,
     /// How long a step waits for a cue (a freed slot, an answer) before it looks anyway.
     pub wake_fallback: Duration,
+    /// How long a parked workflow waits before it goes dormant (`None`: never).
+    pub dormant_after: Option<Duration>,
     /// The workflows actor, told when a step waits for a slot (it hands out the cues).
     pub workflows: ActorRef<crate::workflow::front_door::WorkflowsMsg>,
 }
@@ -415,6 +417,12 @@ impl Actor for WorkflowSupervisor {
             notify: myself.get_derived(),
         })?;
         myself.post(WorkflowMsg::Event(Box::new(Event::Begin)))?;
+        if args.start == Start::Replay {
+            // A control recorded while no node ran the workflow (one that woke it from
+            // dormancy, or came while its owner was dead) is applied once the replay is done,
+            // not at the node's next poll for controls.
+            myself.post(WorkflowMsg::Poll)?;
+        }
         let machine = WorkflowMachine::new(
             MachineConfig {
                 workflow_id: args.workflow_id.clone(),
@@ -431,6 +439,7 @@ impl Actor for WorkflowSupervisor {
                 timeout_ms: args.timeout_ms,
                 start: args.start,
                 wake_fallback: args.wake_fallback,
+                dormant_after: args.dormant_after,
             },
             span.clone(),
         );

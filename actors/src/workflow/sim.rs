@@ -878,6 +878,7 @@ impl Sim {
                 timeout_ms: self.timeout_ms,
                 start,
                 wake_fallback: Duration::from_millis(1_000),
+                dormant_after: None,
             },
             tracing::Span::none(),
         );

@@ -37,6 +37,7 @@ mod capture;
 mod checkpoint;
 mod controls;
 pub(crate) mod deadline;
+mod dormant;
 mod event;
 mod pause;
 mod read;
@@ -214,6 +215,9 @@ pub(crate) struct MachineConfig {
     pub start: Start,
     /// How long a step waits for a cue (a freed slot, an answer) before it looks anyway.
     pub wake_fallback: Duration,
+    /// How long a parked workflow waits before it goes dormant (`workflows.dormant_after_ms`;
+    /// `None`: never): its supervisor stops and the store alone holds it (`dormant.rs`).
+    pub dormant_after: Option<Duration>,
 }
 
 /// Where the workflow stands: one value, so no two flags can disagree.
@@ -380,6 +384,9 @@ pub(crate) enum Event {
     GiveUp { shutdown: bool },
     /// Resume work the machine put off ([`Effect::Then`]).
     Then(Then),
+    /// The workflow has been parked for `dormant_after` since park number `parked`: it may go
+    /// dormant (`dormant.rs`).
+    DormantCheck { parked: u64 },
 }
 
 /// What the actor is to do.
@@ -517,6 +524,8 @@ pub(crate) struct WorkflowMachine {
     /// Bytes of the grants this supervisor took that its artifacts have not used. It starts at
     /// none: what an earlier owner's grants hold is theirs, given back when the workflow ends.
     storage_room: i64,
+    /// How often the VM was parked: a dormancy check armed at one park is void after a wake.
+    parks: u64,
     /// The rules every batch keeps (checked in debug builds).
     invariants: Invariants,
     span: tracing::Span,
@@ -551,6 +560,7 @@ impl WorkflowMachine {
             writes: VecDeque::new(),
             capturing: false,
             storage_room: 0,
+            parks: 0,
             invariants: Invariants::default(),
             span,
         }
@@ -731,6 +741,7 @@ impl WorkflowMachine {
             }
             Event::Then(Then::CaptureConcluded) => self.capturing = false,
             Event::Then(Then::Events(events)) => self.deliver_events(&mut out, events, now),
+            Event::DormantCheck { parked } => self.on_dormant_check(&mut out, parked),
         }
         out
     }
@@ -1298,8 +1309,7 @@ impl WorkflowMachine {
                 )
             });
         if idle && self.loaded() {
-            out.push(Effect::Park);
-            self.set_loaded(false);
+            self.park(out);
         }
     }
 
@@ -1318,8 +1328,7 @@ impl WorkflowMachine {
             self.park_if_only_waiting(out);
             return;
         }
-        out.push(Effect::Park);
-        self.set_loaded(false);
+        self.park(out);
         let status = if humans.contains(&ControlKind::Decide) {
             WorkflowStatus::WaitingApproval
         } else {
