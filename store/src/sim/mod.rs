@@ -207,6 +207,15 @@ impl SimStore {
         self.lock().all_sent_events()
     }
 
+    /// When a dormant workflow wakes (`workflows.wake_at`), or `None` when it is not dormant:
+    /// whether the simulation's oracle must judge a takeover of it as a wake.
+    pub fn dormant_wake_at(&self, workflow_id: &WorkflowId) -> Option<f64> {
+        self.lock()
+            .workflows
+            .get(workflow_id)
+            .and_then(|workflow| workflow.wake_at)
+    }
+
     /// Every child run the store holds, in the order they were admitted: what the simulation's
     /// oracle reads (the `child_runs` table, whole).
     pub fn all_runs(&self) -> Vec<RunRow> {

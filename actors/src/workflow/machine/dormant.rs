@@ -48,6 +48,14 @@ impl WorkflowMachine {
             self.arm_dormant_check(out);
             return;
         };
+        #[cfg(test)]
+        let wake_at_ms = if crate::workflow::mutants::planted(
+            crate::workflow::mutants::Mutant::DormantWakesEarly,
+        ) {
+            Some(0)
+        } else {
+            wake_at_ms
+        };
         self.took_dormant(Dormant::Left);
         tracing::info!(parent: &self.span, wake_at_ms, "dormant: the workflow waits in the store");
         self.write(
