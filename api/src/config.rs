@@ -90,7 +90,8 @@ pub struct Config {
     /// How long a workflow that only waits (a sleep, a pause, a checkpoint, an event, a retry's
     /// backoff) stays on its node before it goes dormant: its supervisor stops, its lease is
     /// no longer renewed, and the store alone holds it until a control, an event or its
-    /// earliest due time wakes it on any node (0: never; otherwise 100 to 86,400,000).
+    /// earliest due time (less as much again, to be loaded on time) wakes it on any node (0:
+    /// never; otherwise 100 to 86,400,000).
     pub dormant_after_ms: u64,
     /// `text` (default) or `json` log lines.
     pub log_format: LogFormat,

@@ -1921,8 +1921,9 @@ impl Sim {
         taken
     }
 
-    /// A dormant workflow is taken over no sooner than the earliest due time its journal holds
-    /// (a sleep's, a wait's deadline, a retry's, its `timeout_seconds`), unless a control it
+    /// A dormant workflow is taken over no sooner than `dormant_after` before the earliest due
+    /// time its journal holds (a sleep's, a wait's deadline, a retry's, its `timeout_seconds`),
+    /// unless a control it
     /// has not applied, or an event of a name it waits for (or sent after it went dormant),
     /// woke it.
     fn check_woken(&mut self, workflow_id: &WorkflowId) {
@@ -1955,6 +1956,11 @@ impl Sim {
                 (a, b) => a.or(b),
             };
         }
+        // Woken `dormant_after` before its due time, to be loaded when the time comes.
+        let lead = self.dormant_after.map_or(0, |after| {
+            i64::try_from(after.as_millis()).unwrap_or(i64::MAX)
+        });
+        let due = due.map(|due| due - lead);
         let now = self.now();
         if due.is_some_and(|due| now >= due) {
             return;

@@ -2,8 +2,10 @@
 //! `dormant_after` (`workflows.dormant_after_ms`) holds nothing on any node. One fenced write
 //! (`WriteOp::GoDormant`) marks it dormant in the store and moves its lease, which then names no
 //! owner, to expire at its earliest journaled due time (a sleep's due time, a wait's deadline, a
-//! retry's due time, the workflow's `timeout_seconds`), or never when only a control or an event
-//! can wake it; then the supervisor stops, not abandoned: nothing is to be taken back. Whoever
+//! retry's due time, the workflow's `timeout_seconds`) less `dormant_after`, so that the node
+//! that takes it over has replayed it and armed its timer in memory when the time comes (a
+//! workflow due within `dormant_after` stays where it is), or never when only a control or an
+//! event can wake it; then the supervisor stops, not abandoned: nothing is to be taken back. Whoever
 //! records a control or an event for it expires that lease at once, in the same transaction, and
 //! the change bus cues every node; a node takes it over as automatic recovery takes a workflow
 //! over (epoch + 1) and replays its journal, which holds every due time. Only a workflow that
@@ -38,12 +40,12 @@ impl WorkflowMachine {
 
     /// The check armed at park number `parked`: the workflow goes dormant if it has stayed
     /// parked since and nothing of it is under way (then it looks again `dormant_after` later).
-    pub(super) fn on_dormant_check(&mut self, out: &mut Vec<Effect>, parked: u64) {
+    pub(super) fn on_dormant_check(&mut self, out: &mut Vec<Effect>, parked: u64, now: Millis) {
         if parked != self.parks || !matches!(self.phase, Phase::Live { loaded: false, .. }) {
             self.took_dormant(Dormant::Woken);
             return;
         }
-        let Some((wake_at_ms, event_names)) = self.dormancy() else {
+        let Some((wake_at_ms, event_names)) = self.dormancy(now) else {
             self.took_dormant(Dormant::Busy);
             self.arm_dormant_check(out);
             return;
@@ -73,10 +75,10 @@ impl WorkflowMachine {
         self.halt(out, false);
     }
 
-    /// When the parked workflow would wake by itself (its earliest due time; `None`: only a
-    /// control or an event wakes it) and the names of the events it waits for; `None` while
-    /// anything of it is under way.
-    fn dormancy(&self) -> Option<(Option<Millis>, Vec<String>)> {
+    /// When the parked workflow is to be woken (`dormant_after` before its earliest due time;
+    /// `None`: only a control or an event wakes it) and the names of the events it waits for;
+    /// `None` while anything of it is under way, or its due time is that close.
+    fn dormancy(&self, now: Millis) -> Option<(Option<Millis>, Vec<String>)> {
         let settled = self.unwritten.ops.is_empty()
             && self.unwritten.events.is_empty()
             && self.writes.is_empty()
@@ -106,7 +108,13 @@ impl WorkflowMachine {
                 (at, due) => at.or(due),
             };
         }
-        Some((wake_at_ms, event_names))
+        let lead = self.config.dormant_after.map_or(0, |after| {
+            Millis::try_from(after.as_millis()).unwrap_or(Millis::MAX)
+        });
+        match wake_at_ms {
+            Some(due) if due.saturating_sub(now) < lead => None,
+            due => Some((due.map(|due| due - lead), event_names)),
+        }
     }
 
     fn took_dormant(&self, transition: Dormant) {

@@ -741,7 +741,7 @@ impl WorkflowMachine {
             }
             Event::Then(Then::CaptureConcluded) => self.capturing = false,
             Event::Then(Then::Events(events)) => self.deliver_events(&mut out, events, now),
-            Event::DormantCheck { parked } => self.on_dormant_check(&mut out, parked),
+            Event::DormantCheck { parked } => self.on_dormant_check(&mut out, parked, now),
         }
         out
     }

@@ -2565,7 +2565,7 @@ fn a_workflow_parked_for_dormant_after_goes_dormant_in_one_write_and_stops() {
     let (described, effects) = drive_with(
         &mut m,
         Event::DormantCheck { parked: 1 },
-        NOW + 30_000,
+        NOW + 1_000,
         |_| None,
     );
     assert_eq!(
@@ -2577,24 +2577,27 @@ fn a_workflow_parked_for_dormant_after_goes_dormant_in_one_write_and_stops() {
         described[1..],
         ["count reins_workflows_dormant_total", "halt ended"]
     );
-    // Only a control wakes a pause, or the workflow's own `timeout_seconds`.
+    // Only a control wakes a pause, or the workflow's own `timeout_seconds`: it is woken
+    // `dormant_after` (30 s) before, to be loaded when the time comes.
     assert_eq!(
         went_dormant(&effects),
-        Some((Some(STARTED_AT + TIMEOUT_MS as Millis), vec![]))
+        Some((Some(STARTED_AT + TIMEOUT_MS as Millis - 30_000), vec![]))
     );
     assert!(m.is_halted());
 }
 
 #[test]
 fn a_dormant_workflow_wakes_at_its_earliest_due_time_and_a_wake_voids_the_check() {
-    // A sleep due before the workflow's timeout: it wakes then; an event wait names its event.
+    // A sleep due before the workflow's timeout: woken 30 s before it; an event wait names its
+    // event.
     let mut m = dormant_machine();
+    m.config.timeout_ms = 3_600_000;
     drive(&mut m, Event::Begin);
     let nap = call(
         0,
         CallKind::Sleep,
         "nap",
-        json!({"stepId": "nap", "ms": 5_000}),
+        json!({"stepId": "nap", "ms": 50_000}),
     );
     let paid = call(
         1,
@@ -2612,7 +2615,21 @@ fn a_dormant_workflow_wakes_at_its_earliest_due_time_and_a_wake_voids_the_check(
     );
     assert_eq!(
         went_dormant(&effects),
-        Some((Some(NOW + 5_000), vec!["payment.received".to_owned()]))
+        Some((Some(NOW + 20_000), vec!["payment.received".to_owned()]))
+    );
+    // Due within `dormant_after`: it stays, to be loaded when the time comes.
+    let mut m = dormant_machine();
+    drive(&mut m, Event::Begin);
+    let nap = call(
+        0,
+        CallKind::Sleep,
+        "nap",
+        json!({"stepId": "nap", "ms": 20_000}),
+    );
+    drive(&mut m, activation(vec![nap], Status::Waiting));
+    assert_eq!(
+        drive(&mut m, Event::DormantCheck { parked: 1 }),
+        ["after 30000ms DormantCheck { parked: 1 }"]
     );
 
     // Woken by its timer before the check came: the check is void.
