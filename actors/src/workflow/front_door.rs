@@ -326,10 +326,17 @@ impl Actor for Workflows {
         });
         // A lease running out is a matter of time, which no cue announces: this period stays
         // (a released lease or a stopped node also wakes a claim at once). Under manual
-        // recovery the claim takes only dormant workflows whose wake time came: a wake is no
-        // crash recovery, and nobody else would wake them.
-        let period = Duration::from_millis(args.options.lease_ms.max(1)).min(CLAIM_PERIOD_MAX);
+        // recovery the claim takes only dormant workflows whose wake time came (a wake is no
+        // crash recovery, and nobody else would wake them): cues, the wake a claim plans, and
+        // the slow fallback bring it, so a quiet node queries nothing.
+        let period = if args.options.automatic_recovery {
+            Duration::from_millis(args.options.lease_ms.max(1)).min(CLAIM_PERIOD_MAX)
+        } else {
+            args.options.wake_fallback
+        };
         crate::mailbox::post_every(&myself, period, || WorkflowsMsg::ClaimRecoverable);
+        // A dormant workflow whose time came while no node ran is woken by the first to start.
+        myself.post(WorkflowsMsg::ClaimRecoverable)?;
         let listening = listen(&myself, args.changes.subscribe());
         Ok(WorkflowsState {
             args,
@@ -608,10 +615,11 @@ impl Actor for Workflows {
         event: SupervisionEvent,
         state: &mut WorkflowsState,
     ) -> Result<(), ActorProcessingErr> {
-        let mut abandoned = false;
+        let (mut abandoned, mut dormant) = (false, false);
         let cell = match event {
             SupervisionEvent::ActorTerminated(cell, _, reason) => {
                 abandoned = reason.as_deref() == Some(crate::workflow::ABANDONED);
+                dormant = reason.as_deref() == Some(crate::workflow::DORMANT);
                 cell
             }
             SupervisionEvent::ActorFailed(cell, error) => {
@@ -659,6 +667,10 @@ impl Actor for Workflows {
             let _ = state.args.stopped.send(workflow_id);
         }
         count_supervisors(state);
+        if dormant {
+            // Its wake time may come before the one planned: a claim plans again.
+            let _ = myself.post(WorkflowsMsg::ClaimRecoverable);
+        }
         Ok(())
     }
 }

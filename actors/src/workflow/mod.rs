@@ -51,6 +51,9 @@ pub(crate) use machine::{Start, WorkflowDocument, thread_for};
 /// The stop reason of a supervisor that left its workflow live (see `Effect::Halt`).
 pub(crate) const ABANDONED: &str = "abandoned";
 
+/// The stop reason of a supervisor that left its workflow dormant in the store.
+pub(crate) const DORMANT: &str = "dormant";
+
 /// Messages of a workflow supervisor.
 pub(crate) enum WorkflowMsg {
     /// An event for the machine (the supervisor's own timers and posts).
@@ -389,7 +392,12 @@ impl WorkflowState {
         let _ = self.io.lease.post(LeaseMsg::Untrack {
             key: LeaseKey::Workflow(self.io.workflow_id.clone()),
         });
-        myself.stop(abandoned.then(|| ABANDONED.to_owned()));
+        let reason = if abandoned {
+            Some(ABANDONED.to_owned())
+        } else {
+            self.machine.is_dormant().then(|| DORMANT.to_owned())
+        };
+        myself.stop(reason);
     }
 }
 

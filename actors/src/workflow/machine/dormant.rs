@@ -59,6 +59,7 @@ impl WorkflowMachine {
             wake_at_ms
         };
         self.took_dormant(Dormant::Left);
+        self.dormant = true;
         tracing::info!(parent: &self.span, wake_at_ms, "dormant: the workflow waits in the store");
         self.write(
             out,
@@ -115,6 +116,11 @@ impl WorkflowMachine {
             Some(due) if due.saturating_sub(now) < lead => None,
             due => Some((due.map(|due| due - lead), event_names)),
         }
+    }
+
+    /// Whether this owner left the workflow dormant (its halt is no end and no abandonment).
+    pub(crate) fn is_dormant(&self) -> bool {
+        self.dormant
     }
 
     fn took_dormant(&self, transition: Dormant) {

@@ -526,6 +526,8 @@ pub(crate) struct WorkflowMachine {
     storage_room: i64,
     /// How often the VM was parked: a dormancy check armed at one park is void after a wake.
     parks: u64,
+    /// The dormant write was handed out: the halt after it leaves the workflow dormant.
+    dormant: bool,
     /// The rules every batch keeps (checked in debug builds).
     invariants: Invariants,
     span: tracing::Span,
@@ -561,6 +563,7 @@ impl WorkflowMachine {
             capturing: false,
             storage_room: 0,
             parks: 0,
+            dormant: false,
             invariants: Invariants::default(),
             span,
         }
