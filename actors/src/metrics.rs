@@ -35,6 +35,7 @@ const DESCRIPTIONS: &[(&str, &str, &str)] = &[
     ("reins_notifications_abandoned_total", "counter", "Notifications given up after notifications.attempts_max attempts, by kind."),
     ("reins_notifications_expired_total", "counter", "Notifications deleted undelivered past notifications.outbox_retention_ms."),
     ("reins_event_streams_disconnected_total", "counter", "Event streams cut off because their client left a full buffer unread for events.stream_stall_ms."),
+    ("reins_workflows_dormant_total", "counter", "Workflows this node left dormant in the store after they waited for workflows.dormant_after_ms."),
 ];
 
 #[derive(Default, Debug)]
@@ -55,6 +56,8 @@ pub struct Metrics {
     pub store_requests_waiting: AtomicI64,
     /// Store requests running against the database.
     pub store_requests_running: AtomicI64,
+    /// Workflow supervisors running on this node (a dormant workflow has none).
+    pub workflow_supervisors: AtomicI64,
 }
 
 fn labels(pairs: &[(&str, &str)]) -> String {
@@ -149,6 +152,15 @@ impl Metrics {
                 let _ = writeln!(out, "{name} 0");
             }
         }
+        render_gauge(
+            &mut out,
+            "reins_workflow_supervisors",
+            "Workflow supervisors running on this node (parked ones included, dormant ones not).",
+            &[(
+                vec![],
+                self.workflow_supervisors.load(Ordering::Relaxed) as f64,
+            )],
+        );
         let (waiting, running) = self.store_queue();
         render_gauge(
             &mut out,

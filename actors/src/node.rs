@@ -106,6 +106,7 @@ impl NodeOptions {
                 automatic_recovery: false,
                 faults: None,
                 wake_fallback: Duration::from_secs(1),
+                dormant_after: None,
             },
             js_threads: 2,
             js_memory_total_bytes: 512 * 1024 * 1024,

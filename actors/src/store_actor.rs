@@ -636,6 +636,19 @@ impl StoreHandle {
         .await
     }
 
+    /// See [`Store::dormant_workflows`].
+    pub async fn dormant_workflows(
+        &self,
+        limit: u32,
+        versions: &store::Versions,
+    ) -> store::Result<store::Dormancy> {
+        let versions = versions.clone();
+        self.call(Operation::DormantWorkflows, move |store| async move {
+            store.dormant_workflows(limit, &versions).await
+        })
+        .await
+    }
+
     /// See [`Store::workflows_with_pending_controls`].
     pub async fn workflows_with_pending_controls(
         &self,

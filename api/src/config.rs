@@ -45,6 +45,13 @@ const WAKE_FALLBACK_MS_DEFAULT: u64 = 1000;
 const WAKE_FALLBACK_MS_MIN: u64 = 1000;
 const WAKE_FALLBACK_MS_MAX: u64 = 86_400_000;
 
+/// How long a parked workflow waits before it goes dormant by default, and its bounds (0: never).
+/// Under 100 ms a workflow that waits a moment between two steps would be taken over and
+/// replayed for nothing; over a day it would hold its supervisor and lease for a day.
+const DORMANT_AFTER_MS_DEFAULT: u64 = 30_000;
+const DORMANT_AFTER_MS_MIN: u64 = 100;
+const DORMANT_AFTER_MS_MAX: u64 = 86_400_000;
+
 /// The most PostgreSQL batch writers a node starts (each is a task that may hold a pooled
 /// connection) and the most writes one batch carries (its statements go out in one pipeline).
 const PG_WRITERS_MAX: usize = 256;
@@ -80,6 +87,12 @@ pub struct Config {
     /// the change bus; this is the slow fallback period after which it looks anyway, should a
     /// cue have been lost (1,000 to 86,400,000).
     pub wake_fallback_ms: u64,
+    /// How long a workflow that only waits (a sleep, a pause, a checkpoint, an event, a retry's
+    /// backoff) stays on its node before it goes dormant: its supervisor stops, its lease is
+    /// no longer renewed, and the store alone holds it until a control, an event or its
+    /// earliest due time (less as much again, to be loaded on time) wakes it on any node (0:
+    /// never; otherwise 100 to 86,400,000).
+    pub dormant_after_ms: u64,
     /// `text` (default) or `json` log lines.
     pub log_format: LogFormat,
     /// Thread workspaces (default `<data_dir>/workspaces`). A cluster needs one shared folder.
@@ -566,6 +579,7 @@ impl Default for Config {
             lease_seconds: 30,
             recovery: Recovery::Manual,
             wake_fallback_ms: WAKE_FALLBACK_MS_DEFAULT,
+            dormant_after_ms: DORMANT_AFTER_MS_DEFAULT,
             log_format: LogFormat::Text,
             workspaces_dir: None,
             admin_socket: None,
@@ -651,6 +665,17 @@ impl Config {
                 format!(
                     "{} is outside {WAKE_FALLBACK_MS_MIN}..={WAKE_FALLBACK_MS_MAX}",
                     self.wake_fallback_ms
+                ),
+            ));
+        }
+        if self.dormant_after_ms != 0
+            && !(DORMANT_AFTER_MS_MIN..=DORMANT_AFTER_MS_MAX).contains(&self.dormant_after_ms)
+        {
+            return Err(invalid(
+                "dormant_after_ms",
+                format!(
+                    "{} is outside {DORMANT_AFTER_MS_MIN}..={DORMANT_AFTER_MS_MAX} (0: never)",
+                    self.dormant_after_ms
                 ),
             ));
         }
@@ -1196,6 +1221,25 @@ mod tests {
         let refused = load(&[(key, "9223372036854775808")]).expect_err("over i64");
         assert!(refused.to_string().contains("REINS_"), "{refused}");
         assert!(load(&[(key, "-1")]).is_err(), "a negative quota");
+    }
+
+    #[test]
+    fn dormancy_comes_after_a_bounded_wait_or_never() {
+        let after = |ms: &str| Config::load(None, env(&[("REINS_DORMANT_AFTER_MS", ms)]));
+        assert_eq!(Config::default().dormant_after_ms, 30_000);
+        for edge in ["0", "100", "86400000"] {
+            assert_eq!(
+                after(edge).expect(edge).config.dormant_after_ms.to_string(),
+                edge
+            );
+        }
+        for outside in ["1", "99", "86400001"] {
+            let refused = after(outside).expect_err(outside);
+            assert!(
+                refused.to_string().contains("dormant_after_ms"),
+                "{refused}"
+            );
+        }
     }
 
     #[test]

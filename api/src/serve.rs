@@ -143,6 +143,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
                 automatic_recovery: config.recovery == crate::config::Recovery::Automatic,
                 faults: fault_dir.map(actors::FaultPoints::new),
                 wake_fallback: Duration::from_millis(config.wake_fallback_ms),
+                dormant_after: (config.dormant_after_ms > 0)
+                    .then(|| Duration::from_millis(config.dormant_after_ms)),
             },
             js_memory_total_bytes: config.limits.js_memory_total_bytes,
             js_compiled_scripts_max: usize::try_from(config.limits.js_compiled_scripts_max)

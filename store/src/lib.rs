@@ -62,13 +62,13 @@ pub use users::{
     NewToken, NewUser, Role, TokenRow, UserChange, UserChanged, UserDeletion, UserRow, UserStorage,
 };
 pub use workflows::{
-    ControlKind, ControlRow, ControlWrite, Deletion, Launch, LaunchLimits, ListCursor, ListFilter,
-    ListedWorkflow, NewControl, NewRetry, Orphaned, Purpose, Retry, StatusFilter, TakeOver,
-    Versions,
+    ControlKind, ControlRow, ControlWrite, Deletion, Dormancy, Launch, LaunchLimits, ListCursor,
+    ListFilter, ListedWorkflow, NewControl, NewRetry, Orphaned, Purpose, Retry, StatusFilter,
+    TakeOver, Versions,
 };
 pub use write::{
-    ArtifactInfo, ArtifactRow, CHECKPOINT_KINDS, NewWorkflow, Snapshot, StepPage, StepPosition,
-    StepRow, WorkflowRow, WriteOp,
+    ArtifactInfo, ArtifactRow, CHECKPOINT_KINDS, DORMANT_FOREVER_S, NewWorkflow, Snapshot,
+    StepPage, StepPosition, StepRow, WorkflowRow, WriteOp,
 };
 
 /// Where the data lives, parsed from the configuration's `database` value.

@@ -228,10 +228,16 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         postgres: include_str!("../migrations/postgres/0036_notify_outbox.sql"),
         sqlite: include_str!("../migrations/sqlite/0036_notify_outbox.sql"),
     },
+    Migration {
+        version: 37,
+        name: "dormant_workflows",
+        postgres: include_str!("../migrations/postgres/0037_dormant_workflows.sql"),
+        sqlite: include_str!("../migrations/sqlite/0037_dormant_workflows.sql"),
+    },
 ];
 
 /// The schema version this build expects.
-pub const SCHEMA_VERSION: i64 = 36;
+pub const SCHEMA_VERSION: i64 = 37;
 
 /// The advisory-lock key PostgreSQL migrations serialise on ("reins" in ASCII).
 pub(crate) const PG_MIGRATION_LOCK: i64 = 0x0072_6569_6e73;

@@ -16,10 +16,10 @@ use serde_json::Value;
 
 use crate::{
     Admission, ApprovalAnswer, ArtifactInfo, ArtifactRow, BackupReport, CancelAction, ControlRow,
-    ControlWrite, Deletion, EventPage, EventRow, EventSend, ExpiredApproval, Fence, Launch,
-    LaunchLimits, Lease, ListFilter, ListedWorkflow, MigrationReport, NewControl, NewRetry, NewRun,
-    NewSentEvent, NewToken, NewUser, NewWorkflow, NodeRecord, Notification, Orphaned, Purpose,
-    Result, Retry, RunId, RunOutcome, RunRenewal, RunRow, RunSlot, RunStatus, SentEvent,
+    ControlWrite, Deletion, Dormancy, EventPage, EventRow, EventSend, ExpiredApproval, Fence,
+    Launch, LaunchLimits, Lease, ListFilter, ListedWorkflow, MigrationReport, NewControl, NewRetry,
+    NewRun, NewSentEvent, NewToken, NewUser, NewWorkflow, NodeRecord, Notification, Orphaned,
+    Purpose, Result, Retry, RunId, RunOutcome, RunRenewal, RunRow, RunSlot, RunStatus, SentEvent,
     Settlement, SlotRow, Snapshot, StatusCount, StepPage, StepPosition, StepRow, TakeOver,
     TokenRow, UserChange, UserChanged, UserDeletion, UserRow, UserStorage, Versions, WorkflowId,
     WorkflowRow, WriteOp,
@@ -195,6 +195,14 @@ macro_rules! with_operations {
                 /// whatever its versions, flagged, since only a cancel takeover may finish it.
                 read RecoverableWorkflows:
                 fn recoverable_workflows(&self, limit: u32, versions: &Versions) -> Vec<Orphaned>;
+                /// Dormant workflows (see [`WriteOp::GoDormant`]): up to `limit` whose wake time has
+                /// come (their lease expired), in a random order, that a node running `versions` may
+                /// take (a pending cancellation flagged and listed whatever its versions, as
+                /// [`Self::recoverable_workflows`] lists them), and the soonest wake time of the
+                /// others (epoch seconds). A node under manual recovery claims these, and every node
+                /// plans its next claim for that time.
+                read DormantWorkflows:
+                fn dormant_workflows(&self, limit: u32, versions: &Versions) -> Dormancy;
                 /// Deletes a terminal workflow with its journal, controls, artifacts, slots and lease, and
                 /// gives its grant of stored bytes back to its owner's quota.
                 write DeleteWorkflow: fn delete_workflow(&self, workflow_id: &WorkflowId) -> Deletion;

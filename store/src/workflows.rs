@@ -97,6 +97,16 @@ pub struct Orphaned {
     pub cancel_pending: bool,
 }
 
+/// What [`crate::Store::dormant_workflows`] answers.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Dormancy {
+    /// Dormant workflows whose wake time came, as automatic recovery would claim them.
+    pub due: Vec<Orphaned>,
+    /// The soonest wake time of the dormant workflows not yet due (epoch seconds; none when no
+    /// time wakes any of them).
+    pub next_wake_at: Option<f64>,
+}
+
 /// Why a node takes a workflow over.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Purpose {

@@ -103,14 +103,48 @@ pub enum WriteOp {
     /// carries it, so the end and the release are one transaction. It is applied after every
     /// other change of its write, wherever it stands in the list (see [`release_last`]).
     ReleaseLease,
+    /// Leave the workflow to wait in the store alone: its owner stops, and no node holds it.
+    /// The workflow is marked dormant (`workflows.dormant`, with `wake_at`) and the lease the
+    /// write is fenced by names no owner (so the fence it was holds nothing any more) and expires at `wake_at_ms` (epoch ms; `None`: [`DORMANT_FOREVER_S`], only
+    /// a control or an event wakes it), so that no node may take it over before then and the
+    /// first to find it expired takes it over (epoch + 1) and replays its journal. When a
+    /// control is pending, an event named in `event_names` is untaken, or `wake_at_ms` has
+    /// passed, the lease expires now instead: nothing that committed before this write is
+    /// missed, and whatever commits after it wakes the workflow itself
+    /// ([`crate::Store::put_control`], [`crate::Store::send_event`]). Like
+    /// [`WriteOp::ReleaseLease`] it ends the fence and is applied after every other change.
+    GoDormant {
+        workflow_id: WorkflowId,
+        wake_at_ms: Option<i64>,
+        event_names: Vec<String>,
+    },
 }
 
-/// Moves any [`WriteOp::ReleaseLease`] behind the other changes, keeping their order: inside the
-/// transaction a released lease no longer fences, so every backend applies the changes it fenced
-/// first (PostgreSQL checks the fence once, before the first change), and outside it the order is
-/// invisible.
+/// The lease expiry (epoch seconds: 9999-12-31T23:59:59Z) of a dormant workflow that no time
+/// wakes, only a control or an event: a finite time every reader can print.
+pub const DORMANT_FOREVER_S: f64 = 253_402_300_799.0;
+
+impl WriteOp {
+    /// Whether this change ends the fence it is written under (it gives the lease up or moves
+    /// it to a dormant workflow's wake time): it is applied last.
+    pub fn ends_fence(&self) -> bool {
+        matches!(self, WriteOp::ReleaseLease | WriteOp::GoDormant { .. })
+    }
+}
+
+/// The wake time a [`WriteOp::GoDormant`] asks for, in epoch seconds as leases keep them.
+pub(crate) fn dormant_wake_s(wake_at_ms: Option<i64>) -> f64 {
+    wake_at_ms.map_or(DORMANT_FOREVER_S, |ms| {
+        (ms as f64 / 1000.0).min(DORMANT_FOREVER_S)
+    })
+}
+
+/// Moves any change that ends the fence ([`WriteOp::ReleaseLease`], [`WriteOp::GoDormant`])
+/// behind the other changes, keeping their order: inside the transaction a released lease no
+/// longer fences, so every backend applies the changes it fenced first (PostgreSQL checks the
+/// fence once, before the first change), and outside it the order is invisible.
 pub(crate) fn release_last(ops: &mut [WriteOp]) {
-    ops.sort_by_key(|op| matches!(op, WriteOp::ReleaseLease));
+    ops.sort_by_key(WriteOp::ends_fence);
 }
 
 /// `ops` with any [`WriteOp::ReleaseLease`] last (see [`release_last`]).

@@ -18,6 +18,7 @@ mod console;
 mod crash_recovery;
 mod disk_full;
 mod docs;
+mod dormant;
 mod events;
 mod faults;
 mod fencing;

@@ -97,6 +97,9 @@ pub struct WorkflowsOptions {
     /// how often controls are looked for, and how long a step without a slot or a step whose
     /// agent waits for a person waits before it looks again, should a cue be lost.
     pub wake_fallback: Duration,
+    /// How long a parked workflow waits before it goes dormant (`dormant_after_ms`; `None`:
+    /// never).
+    pub dormant_after: Option<Duration>,
 }
 
 /// Messages of the workflows actor.
@@ -166,11 +169,18 @@ pub enum WorkflowsMsg {
     /// Take back a workflow this node's supervisor left live (it lost the lease, or a write's
     /// outcome was unknown), once its lease has run out: `tries` so far.
     TakeBack { workflow_id: WorkflowId, tries: u32 },
-    /// Time to claim recoverable workflows (`recovery: automatic`).
+    /// Time to claim recoverable workflows (`recovery: automatic`), or, in either recovery
+    /// mode, dormant ones whose wake time came.
     ClaimRecoverable,
     /// A claim's takeovers are all decided; `full` when it found a whole batch, so more may
-    /// be waiting and the next claim starts at once.
-    Claimed { full: bool },
+    /// be waiting and the next claim starts at once. `next_wake_ms`: when the next dormant
+    /// workflow wakes (epoch ms), for a claim then.
+    Claimed {
+        full: bool,
+        next_wake_ms: Option<i64>,
+    },
+    /// The wake time a claim planned for has come: claim.
+    WakeDue,
     /// Workflows of this node with controls to carry out.
     PendingControls(Vec<WorkflowId>),
     /// The change bus announced a committed change (or that changes may have been missed).
@@ -285,6 +295,10 @@ pub(crate) struct WorkflowsState {
     draining: bool,
     /// A claim of automatic recovery is under way.
     claiming: bool,
+    /// A claim was asked for while one was under way: another follows it at once.
+    claim_again: bool,
+    /// The wake time (epoch ms) of a dormant workflow a claim is planned for.
+    planned_wake_ms: Option<i64>,
     /// Supervisors with a step waiting for a child slot, oldest first, each once.
     slot_waiters: std::collections::VecDeque<WorkflowId>,
     /// The user who launched each live workflow, so that a freed slot wakes the waiters of
@@ -308,12 +322,19 @@ impl Actor for Workflows {
         crate::mailbox::post_every(&myself, args.options.wake_fallback, || {
             WorkflowsMsg::PollControls
         });
-        if args.options.automatic_recovery {
-            // A lease running out is a matter of time, which no cue announces: this period
-            // stays (a released lease or a stopped node also wakes a claim at once).
-            let period = Duration::from_millis(args.options.lease_ms.max(1)).min(CLAIM_PERIOD_MAX);
-            crate::mailbox::post_every(&myself, period, || WorkflowsMsg::ClaimRecoverable);
-        }
+        // A lease running out is a matter of time, which no cue announces: this period stays
+        // (a released lease or a stopped node also wakes a claim at once). Under manual
+        // recovery the claim takes only dormant workflows whose wake time came (a wake is no
+        // crash recovery, and nobody else would wake them): cues, the wake a claim plans, and
+        // the slow fallback bring it, so a quiet node queries nothing.
+        let period = if args.options.automatic_recovery {
+            Duration::from_millis(args.options.lease_ms.max(1)).min(CLAIM_PERIOD_MAX)
+        } else {
+            args.options.wake_fallback
+        };
+        crate::mailbox::post_every(&myself, period, || WorkflowsMsg::ClaimRecoverable);
+        // A dormant workflow whose time came while no node ran is woken by the first to start.
+        myself.post(WorkflowsMsg::ClaimRecoverable)?;
         let listening = listen(&myself, args.changes.subscribe());
         Ok(WorkflowsState {
             args,
@@ -322,6 +343,8 @@ impl Actor for Workflows {
             polling: false,
             draining: false,
             claiming: false,
+            claim_again: false,
+            planned_wake_ms: None,
             slot_waiters: std::collections::VecDeque::new(),
             live_users: HashMap::new(),
             _listening: listening,
@@ -497,36 +520,35 @@ impl Actor for Workflows {
                 };
                 after_takeover(&myself, state, workflow_id, started, asked);
             }
-            WorkflowsMsg::ClaimRecoverable if state.draining || state.claiming => {}
+            WorkflowsMsg::ClaimRecoverable if state.draining => {}
+            WorkflowsMsg::ClaimRecoverable if state.claiming => state.claim_again = true,
             WorkflowsMsg::ClaimRecoverable => {
                 state.claiming = true;
                 let versions = our_versions(state);
                 let (store, me) = (state.args.store.clone(), myself.clone());
+                let automatic = state.args.options.automatic_recovery;
                 let live: std::collections::HashSet<WorkflowId> =
                     state.live.keys().cloned().collect();
                 tokio::spawn(async move {
-                    let full = match store.recoverable_workflows(RECOVERY_BATCH, &versions).await {
-                        Ok(orphaned) => {
-                            let full = orphaned.len() == RECOVERY_BATCH as usize;
-                            let orphaned = orphaned
-                                .into_iter()
-                                .filter(|orphan| !live.contains(&orphan.workflow_id));
-                            claim_all(&me, orphaned).await;
-                            full
-                        }
-                        Err(error) => {
-                            tracing::warn!(%error, "looking for recoverable workflows failed");
-                            false
-                        }
-                    };
-                    let _ = me.post(WorkflowsMsg::Claimed { full });
+                    let (found, next_wake_ms) = claimable(&store, &versions, automatic).await;
+                    let full = found.len() >= RECOVERY_BATCH as usize;
+                    let found = found
+                        .into_iter()
+                        .filter(|orphan| !live.contains(&orphan.workflow_id));
+                    claim_all(&me, found).await;
+                    let _ = me.post(WorkflowsMsg::Claimed { full, next_wake_ms });
                 });
             }
-            WorkflowsMsg::Claimed { full } => {
+            WorkflowsMsg::Claimed { full, next_wake_ms } => {
                 state.claiming = false;
-                if full {
+                if full || std::mem::take(&mut state.claim_again) {
                     let _ = myself.post(WorkflowsMsg::ClaimRecoverable);
                 }
+                plan_wake(&myself, state, next_wake_ms);
+            }
+            WorkflowsMsg::WakeDue => {
+                state.planned_wake_ms = None;
+                let _ = myself.post(WorkflowsMsg::ClaimRecoverable);
             }
             WorkflowsMsg::PollControls => {
                 // One poll at a time: a slow store must not pile them up.
@@ -592,10 +614,11 @@ impl Actor for Workflows {
         event: SupervisionEvent,
         state: &mut WorkflowsState,
     ) -> Result<(), ActorProcessingErr> {
-        let mut abandoned = false;
+        let (mut abandoned, mut dormant) = (false, false);
         let cell = match event {
             SupervisionEvent::ActorTerminated(cell, _, reason) => {
                 abandoned = reason.as_deref() == Some(crate::workflow::ABANDONED);
+                dormant = reason.as_deref() == Some(crate::workflow::DORMANT);
                 cell
             }
             SupervisionEvent::ActorFailed(cell, error) => {
@@ -605,12 +628,26 @@ impl Actor for Workflows {
             }
             _ => return Ok(()),
         };
-        let ended: Vec<WorkflowId> = state
-            .live
-            .iter()
-            .filter(|(_, child)| child.get_id() == cell.get_id())
-            .map(|(id, _)| id.clone())
-            .collect();
+        // Its name says which workflow it supervised (a lookup, not a scan: many supervisors
+        // stop together when their workflows go dormant).
+        let named = cell
+            .get_name()
+            .and_then(|name| name.strip_prefix("workflow-").map(WorkflowId::new))
+            .filter(|id| {
+                state
+                    .live
+                    .get(id)
+                    .is_some_and(|child| child.get_id() == cell.get_id())
+            });
+        let ended: Vec<WorkflowId> = match named {
+            Some(workflow_id) => vec![workflow_id],
+            None => state
+                .live
+                .iter()
+                .filter(|(_, child)| child.get_id() == cell.get_id())
+                .map(|(id, _)| id.clone())
+                .collect(),
+        };
         for workflow_id in ended {
             state.live.remove(&workflow_id);
             state.live_users.remove(&workflow_id);
@@ -627,6 +664,11 @@ impl Actor for Workflows {
             }
             // Nobody listening is fine: it is a cue, never the record.
             let _ = state.args.stopped.send(workflow_id);
+        }
+        count_supervisors(state);
+        if dormant {
+            // Its wake time may come before the one planned: a claim plans again.
+            let _ = myself.post(WorkflowsMsg::ClaimRecoverable);
         }
         Ok(())
     }
@@ -682,10 +724,9 @@ fn changed(myself: &ActorRef<WorkflowsMsg>, state: &mut WorkflowsState, change: 
             }
         }
         Change::SlotFreed => wake_slot_waiters(state, SLOT_WAKES_MAX),
+        // A dormant workflow woken by a control or an event is claimed in either mode.
         Change::Recoverable => {
-            if state.args.options.automatic_recovery {
-                let _ = myself.post(WorkflowsMsg::ClaimRecoverable);
-            }
+            let _ = myself.post(WorkflowsMsg::ClaimRecoverable);
         }
         Change::Status(_) | Change::Event(_) => {}
         Change::Resync => {
@@ -696,9 +737,7 @@ fn changed(myself: &ActorRef<WorkflowsMsg>, state: &mut WorkflowsState, change: 
                 // An event's cue may be among those missed: a waiting `waitForEvent` reads.
                 let _ = supervisor.post(WorkflowMsg::Poll);
             }
-            if state.args.options.automatic_recovery {
-                let _ = myself.post(WorkflowsMsg::ClaimRecoverable);
-            }
+            let _ = myself.post(WorkflowsMsg::ClaimRecoverable);
         }
     }
 }
@@ -736,6 +775,59 @@ fn our_versions(state: &WorkflowsState) -> store::Versions {
         runtime: runtime::runtime_version(&state.args.options.limits),
         configuration: state.args.agents.configuration_version(),
     }
+}
+
+/// What a claim takes: under automatic recovery every recoverable workflow (the dormant ones
+/// whose wake time came among them), under manual recovery only those dormant ones; and when
+/// the next dormant workflow wakes (epoch ms). A read that fails claims nothing this time.
+async fn claimable(
+    store: &StoreHandle,
+    versions: &store::Versions,
+    automatic: bool,
+) -> (Vec<store::Orphaned>, Option<i64>) {
+    let dormancy = match store.dormant_workflows(RECOVERY_BATCH, versions).await {
+        Ok(dormancy) => dormancy,
+        Err(error) => {
+            tracing::warn!(%error, "looking for dormant workflows failed");
+            store::Dormancy::default()
+        }
+    };
+    let next_wake_ms = dormancy
+        .next_wake_at
+        .filter(|at| *at < store::DORMANT_FOREVER_S)
+        .map(|at| (at * 1000.0).ceil() as i64);
+    if !automatic {
+        return (dormancy.due, next_wake_ms);
+    }
+    match store.recoverable_workflows(RECOVERY_BATCH, versions).await {
+        Ok(orphaned) => (orphaned, next_wake_ms),
+        Err(error) => {
+            tracing::warn!(%error, "looking for recoverable workflows failed");
+            (dormancy.due, next_wake_ms)
+        }
+    }
+}
+
+/// Plans a claim for when the next dormant workflow wakes, unless one is planned sooner: the
+/// claim period alone would wake it up to a period late. Judged by this node's clock (a clock
+/// behind the database's claims early, finds nothing, and the period claims it).
+fn plan_wake(
+    myself: &ActorRef<WorkflowsMsg>,
+    state: &mut WorkflowsState,
+    next_wake_ms: Option<i64>,
+) {
+    let Some(wake_ms) = next_wake_ms else {
+        return;
+    };
+    if state
+        .planned_wake_ms
+        .is_some_and(|planned| planned <= wake_ms)
+    {
+        return;
+    }
+    state.planned_wake_ms = Some(wake_ms);
+    let delay = Duration::from_millis(u64::try_from(wake_ms.saturating_sub(now_ms())).unwrap_or(0));
+    crate::mailbox::post_after(myself, delay, || WorkflowsMsg::WakeDue);
 }
 
 /// Takes over every orphaned workflow of a claim, all at once, each with the usual rules (a
@@ -1160,6 +1252,7 @@ async fn start_supervisor(
             faults: options.faults.clone(),
             deadline: sent + Duration::from_millis(options.lease_ms),
             wake_fallback: options.wake_fallback,
+            dormant_after: options.dormant_after,
             workflows: myself.clone(),
         },
         myself.get_cell(),
@@ -1171,7 +1264,18 @@ async fn start_supervisor(
     })?;
     state.live.insert(workflow_id.clone(), supervisor);
     state.live_users.insert(workflow_id, user_id);
+    count_supervisors(state);
     Ok(())
+}
+
+/// Keeps the `reins_workflow_supervisors` gauge at the number of supervisors running here.
+fn count_supervisors(state: &WorkflowsState) {
+    let live = i64::try_from(state.live.len()).unwrap_or(i64::MAX);
+    state
+        .args
+        .metrics
+        .workflow_supervisors
+        .store(live, std::sync::atomic::Ordering::Relaxed);
 }
 
 fn not_found(workflow_id: &WorkflowId) -> Error {

@@ -51,6 +51,9 @@ pub(crate) use machine::{Start, WorkflowDocument, thread_for};
 /// The stop reason of a supervisor that left its workflow live (see `Effect::Halt`).
 pub(crate) const ABANDONED: &str = "abandoned";
 
+/// The stop reason of a supervisor that left its workflow dormant in the store.
+pub(crate) const DORMANT: &str = "dormant";
+
 /// Messages of a workflow supervisor.
 pub(crate) enum WorkflowMsg {
     /// An event for the machine (the supervisor's own timers and posts).
@@ -134,6 +137,8 @@ pub(crate) struct WorkflowArgs {
     pub deadline: Instant,
     /// How long a step waits for a cue (a freed slot, an answer) before it looks anyway.
     pub wake_fallback: Duration,
+    /// How long a parked workflow waits before it goes dormant (`None`: never).
+    pub dormant_after: Option<Duration>,
     /// The workflows actor, told when a step waits for a slot (it hands out the cues).
     pub workflows: ActorRef<crate::workflow::front_door::WorkflowsMsg>,
 }
@@ -388,7 +393,12 @@ impl WorkflowState {
         let _ = self.io.lease.post(LeaseMsg::Untrack {
             key: LeaseKey::Workflow(self.io.workflow_id.clone()),
         });
-        myself.stop(abandoned.then(|| ABANDONED.to_owned()));
+        let reason = if abandoned {
+            Some(ABANDONED.to_owned())
+        } else {
+            self.machine.is_dormant().then(|| DORMANT.to_owned())
+        };
+        myself.stop(reason);
     }
 }
 
@@ -416,6 +426,12 @@ impl Actor for WorkflowSupervisor {
             notify: myself.get_derived(),
         })?;
         myself.post(WorkflowMsg::Event(Box::new(Event::Begin)))?;
+        if args.start == Start::Replay {
+            // A control recorded while no node ran the workflow (one that woke it from
+            // dormancy, or came while its owner was dead) is applied once the replay is done,
+            // not at the node's next poll for controls.
+            myself.post(WorkflowMsg::Poll)?;
+        }
         let machine = WorkflowMachine::new(
             MachineConfig {
                 workflow_id: args.workflow_id.clone(),
@@ -432,6 +448,7 @@ impl Actor for WorkflowSupervisor {
                 timeout_ms: args.timeout_ms,
                 start: args.start,
                 wake_fallback: args.wake_fallback,
+                dormant_after: args.dormant_after,
             },
             span.clone(),
         );

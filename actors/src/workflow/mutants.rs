@@ -40,6 +40,8 @@ pub(crate) enum Mutant {
     /// A wait's deadline answers it at once, without recording its answer as a control: a
     /// person's answer recorded first is ignored.
     DeadlineDecidesAlone,
+    /// A workflow going dormant asks to be woken at once, whatever its journal's due times.
+    DormantWakesEarly,
 }
 
 thread_local! {

@@ -583,6 +583,8 @@ struct Stats {
     events_taken: u64,
     /// Waits a deadline answered (decided `by: timeout`, or a `waitForEvent` resolved `null`).
     deadlines: u64,
+    /// Writes that left a workflow dormant (tried: the answer may be lost).
+    dormant: u64,
 }
 
 impl Stats {
@@ -590,6 +592,7 @@ impl Stats {
         self.workflows += other.workflows;
         self.events_taken += other.events_taken;
         self.deadlines += other.deadlines;
+        self.dormant += other.dormant;
         self.completed += other.completed;
         self.needs_reconciliation += other.needs_reconciliation;
         self.reconciled += other.reconciled;
@@ -719,6 +722,10 @@ struct Sim {
     unreconciled: BTreeSet<WorkflowId>,
     /// Nodes claim no orphaned workflows (`recovery: manual`): the operator recovers them.
     manual_recovery: bool,
+    /// Every node's `dormant_after_ms` (the waits' mixes: a parked workflow goes dormant).
+    dormant_after: Option<Duration>,
+    /// When each workflow's owner last wrote it dormant (tried to: the answer may be lost).
+    dormant_at: BTreeMap<WorkflowId, i64>,
     /// Every node's `timeout_seconds`, in ms: a workflow still live this long after its launch
     /// is cancelled.
     timeout_ms: u64,
@@ -773,6 +780,10 @@ impl Sim {
             reconciles: BTreeMap::new(),
             unreconciled: BTreeSet::new(),
             manual_recovery: false,
+            // The waits' mixes: a workflow parked for half a second goes dormant (many do,
+            // some are woken first).
+            dormant_after: faults.waits.then(|| Duration::from_millis(500)),
+            dormant_at: BTreeMap::new(),
             timeout_ms: TIMEOUT_MS,
             slots_max: 32,
             slots_held: 0,
@@ -879,6 +890,7 @@ impl Sim {
                 timeout_ms: self.timeout_ms,
                 start,
                 wake_fallback: Duration::from_millis(1_000),
+                dormant_after: self.dormant_after,
             },
             tracing::Span::none(),
         );
@@ -1323,6 +1335,15 @@ impl Sim {
                 "{}: the timeout's cancel was recorded before the deadline",
                 target.workflow_id
             ));
+        }
+        if let Effect::Write(ops) = &effect
+            && ops
+                .iter()
+                .any(|op| matches!(op, store::WriteOp::GoDormant { .. }))
+        {
+            let now = self.now();
+            self.dormant_at.insert(target.workflow_id.clone(), now);
+            self.stats.dormant += 1;
         }
         let effect = match StoreCall::of(effect) {
             Routed::Store(call) => return self.store_call(target, &supervisor.fence, call),
@@ -1853,23 +1874,25 @@ impl Sim {
             }
         }
         let _ = now_or_never(self.store.claim_orphan_runs(&name, 100));
-        if self.manual_recovery {
-            return;
-        }
-        let orphaned = now_or_never(self.store.recoverable_workflows(10, &self.versions));
+        // Under manual recovery a node still wakes dormant workflows whose time came.
+        let orphaned = if self.manual_recovery {
+            now_or_never(self.store.dormant_workflows(10, &self.versions)).map(|d| d.due)
+        } else {
+            now_or_never(self.store.recoverable_workflows(10, &self.versions))
+        };
         for orphan in orphaned.unwrap_or_default() {
             let purpose = if orphan.cancel_pending {
                 Purpose::Cancel
             } else {
                 Purpose::Recover
             };
-            let taken = now_or_never(self.store.take_over_workflow(
+            let taken = self.take_over(
                 &orphan.workflow_id,
                 &name,
                 LEASE_MS,
-                &self.versions,
+                self.versions.clone(),
                 purpose,
-            ));
+            );
             if let Ok(TakeOver::Taken(lease)) = taken {
                 self.stats.takeovers += 1;
                 let Ok(Some(row)) = now_or_never(self.store.read_workflow(&orphan.workflow_id))
@@ -1884,6 +1907,99 @@ impl Sim {
                 self.supervise(node, &orphan.workflow_id, lease.fence(), row.data, start);
             }
         }
+    }
+
+    /// A takeover, as the store answers it; one that wakes a dormant workflow is judged
+    /// (`check_woken`).
+    fn take_over(
+        &mut self,
+        workflow_id: &WorkflowId,
+        owner: &str,
+        lease_ms: u64,
+        versions: Versions,
+        purpose: Purpose,
+    ) -> store::Result<TakeOver> {
+        let dormant = self.store.dormant_wake_at(workflow_id).is_some();
+        let taken = now_or_never(self.store.take_over_workflow(
+            workflow_id,
+            owner,
+            lease_ms,
+            &versions,
+            purpose,
+        ));
+        if dormant && matches!(taken, Ok(TakeOver::Taken(_))) {
+            self.check_woken(workflow_id);
+        }
+        taken
+    }
+
+    /// A dormant workflow is taken over no sooner than `dormant_after` before the earliest due
+    /// time its journal holds (a sleep's, a wait's deadline, a retry's, its `timeout_seconds`),
+    /// unless a control it
+    /// has not applied, or an event of a name it waits for (or sent after it went dormant),
+    /// woke it.
+    fn check_woken(&mut self, workflow_id: &WorkflowId) {
+        let Some(steps) = self.read(workflow_id, "journal", |store, id| {
+            now_or_never(store.read_steps(id))
+        }) else {
+            return;
+        };
+        let open = steps
+            .iter()
+            .filter(|step| matches!(step.status, StepStatus::Running | StepStatus::Queued));
+        let mut due: Option<i64> = self.store_deadline(workflow_id);
+        let mut waited: Vec<String> = Vec::new();
+        for step in open {
+            let Some(record) = step.record() else {
+                continue;
+            };
+            let at = match &record.call {
+                store::StepCall::Sleep { due_at_ms } => *due_at_ms,
+                store::StepCall::Agent { retry, .. } => retry.as_ref().map(|wait| wait.due_at_ms),
+                call => call.deadline_at_ms(),
+            };
+            if let store::StepCall::WaitForEvent { .. } = record.call
+                && let Some(name) = record.args["name"].as_str()
+            {
+                waited.push(name.to_owned());
+            }
+            due = match (due, at) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+        }
+        // Woken `dormant_after` before its due time, to be loaded when the time comes.
+        let lead = self.dormant_after.map_or(0, |after| {
+            i64::try_from(after.as_millis()).unwrap_or(i64::MAX)
+        });
+        let due = due.map(|due| due - lead);
+        let now = self.now();
+        if due.is_some_and(|due| now >= due) {
+            return;
+        }
+        let since = self.dormant_at.get(workflow_id).copied().unwrap_or(0) as f64 / 1000.0;
+        let controls = now_or_never(self.store.read_controls(workflow_id)).unwrap_or_default();
+        let events = now_or_never(self.store.pending_events(workflow_id)).unwrap_or_default();
+        let woken = controls.iter().any(|control| !control.applied)
+            || events
+                .iter()
+                .any(|event| waited.contains(&event.name) || event.created_at >= since);
+        if !woken {
+            self.violation(format!(
+                "{workflow_id}: dormant, taken over {} ms before its wake time with no control \
+                 or event for it",
+                due.map_or(i64::MAX, |due| due - now)
+            ));
+        }
+    }
+
+    /// When the workflow's life limit passes, as its document records it (or every node's
+    /// `timeout_seconds` for a document without one).
+    fn store_deadline(&self, workflow_id: &WorkflowId) -> Option<i64> {
+        let row = now_or_never(self.store.read_workflow(workflow_id)).ok()??;
+        WorkflowDocument::from_data(workflow_id, row.data)
+            .ok()?
+            .deadline_ms(self.timeout_ms)
     }
 
     /// An operator's `recover` of `workflow_id` on `node`, as the front door does it: refused
@@ -1901,13 +2017,13 @@ impl Sim {
             .flatten()
             .is_some_and(|lease| lease.expires_at > now);
         let name = self.nodes[node].name.clone();
-        let taken = now_or_never(self.store.take_over_workflow(
+        let taken = self.take_over(
             workflow_id,
             &name,
             LEASE_MS,
-            &self.versions,
+            self.versions.clone(),
             Purpose::Recover,
-        ));
+        );
         self.note(|| format!("operator recovers {workflow_id} on {name}: {taken:?}"));
         let cancel_pending = matches!(taken, Ok(TakeOver::Refused(_)))
             && now_or_never(self.store.read_controls(workflow_id)).is_ok_and(|controls| {
@@ -1941,13 +2057,13 @@ impl Sim {
     /// nothing replayed).
     fn finish_cancel(&mut self, node: usize, workflow_id: &WorkflowId) {
         let name = self.nodes[node].name.clone();
-        let taken = now_or_never(self.store.take_over_workflow(
+        let taken = self.take_over(
             workflow_id,
             &name,
             LEASE_MS,
-            &self.versions,
+            self.versions.clone(),
             Purpose::Cancel,
-        ));
+        );
         self.note(|| format!("operator cancels {workflow_id} on {name}: {taken:?}"));
         if let Ok(TakeOver::Taken(lease)) = taken
             && let Ok(Some(row)) = now_or_never(self.store.read_workflow(workflow_id))
@@ -2053,13 +2169,13 @@ impl Sim {
             by: "operator@example.com".into(),
         };
         let name = self.nodes[node].name.clone();
-        let taken = now_or_never(self.store.take_over_workflow(
+        let taken = self.take_over(
             workflow_id,
             &name,
             LEASE_MS,
-            &self.versions,
+            self.versions.clone(),
             Purpose::Reconcile,
-        ));
+        );
         let lease = match taken {
             Ok(TakeOver::Taken(lease)) => lease,
             other => {
@@ -2118,13 +2234,13 @@ impl Sim {
     ) {
         let node = (first + 1) % self.nodes.len();
         let name = self.nodes[node].name.clone();
-        let taken = now_or_never(self.store.take_over_workflow(
+        let taken = self.take_over(
             workflow_id,
             &name,
             LEASE_MS,
-            &self.versions,
+            self.versions.clone(),
             Purpose::Reconcile,
-        ));
+        );
         self.note(|| format!("a second operator reconciles {workflow_id}: {taken:?}"));
         if !matches!(taken, Ok(TakeOver::Refused(_) | TakeOver::LeaseHeld)) {
             self.violation(format!(
@@ -3552,6 +3668,7 @@ fn sim_wait_seeds() {
     assert_eq!(stats.completed, stats.workflows, "{stats:?}");
     assert_bites(&stats, "events taken", stats.events_taken, 30);
     assert_bites(&stats, "deadlines", stats.deadlines, 40);
+    assert_bites(&stats, "dormant", stats.dormant, 20);
 }
 
 #[test]
@@ -3560,12 +3677,19 @@ fn sim_wait_all_fault_seeds() {
     assert!(stats.completed * 2 >= stats.workflows, "{stats:?}");
     assert_bites(&stats, "events taken", stats.events_taken, 20);
     assert_bites(&stats, "deadlines", stats.deadlines, 25);
+    assert_bites(&stats, "dormant", stats.dormant, 10);
 }
 
 #[test]
 fn mutant_event_of_any_name_is_found() {
     let planting = Planting::Rules(Mutant::EventOfAnyName);
     find_mutant(planting, Faults::WAITS, 10_000_000, "a wait for");
+}
+
+#[test]
+fn mutant_dormant_wakes_early_is_found() {
+    let planting = Planting::Rules(Mutant::DormantWakesEarly);
+    find_mutant(planting, Faults::WAITS, 10_000_000, "before its wake time");
 }
 
 #[test]

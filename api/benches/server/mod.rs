@@ -38,6 +38,11 @@ impl Drop for Server {
 /// Starts the release binary on a free loopback port, on SQLite in a temporary folder unless
 /// `database` names one.
 pub fn start(database: Option<String>) -> Server {
+    start_with(database, &[])
+}
+
+/// [`start`] with more configuration (`REINS_*` variables).
+pub fn start_with(database: Option<String>, extra: &[(&str, &str)]) -> Server {
     let dir = tempfile::tempdir().expect("temp dir");
     let port = TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
@@ -58,6 +63,9 @@ pub fn start(database: Option<String>) -> Server {
         .stderr(Stdio::inherit());
     if let Some(database) = database {
         command.env("REINS_DATABASE", database);
+    }
+    for (key, value) in extra {
+        command.env(key, value);
     }
     let child = command.spawn().expect("start reins");
     Server {

@@ -623,7 +623,7 @@ pub(super) struct FencedStatements {
 }
 
 pub(super) async fn prepare_fenced(client: &Object, ops: &[WriteOp]) -> Result<FencedStatements> {
-    let releases = ops.iter().any(|op| matches!(op, WriteOp::ReleaseLease));
+    let releases = ops.iter().any(WriteOp::ends_fence);
     let fence = client
         .prepare_cached(if releases { FENCE_END_SQL } else { FENCE_SQL })
         .await?;
@@ -740,7 +740,7 @@ pub(super) fn fenced_error(fence: &Fence, error: tokio_postgres::Error) -> Error
 /// ([`FENCE_SQL`]): `reins_fence` raises unless the fence holds and keeps the lease row locked
 /// `FOR SHARE` until the transaction ends, so every later statement of the transaction runs under
 /// the lease it checked, and one check per transaction is enough. The change's own parameters
-/// are `$1...`; only [`WriteOp::ReleaseLease`] names the fence itself.
+/// are `$1...`; only [`WriteOp::ReleaseLease`] and [`WriteOp::GoDormant`] name the fence itself.
 pub(super) fn op_sql(op: &WriteOp) -> &'static str {
     match op {
         WriteOp::SetWorkflow { .. } => {
@@ -807,6 +807,27 @@ pub(super) fn op_sql(op: &WriteOp) -> &'static str {
         WriteOp::ReleaseLease => {
             "UPDATE extension_execution_leases SET expires_at = reins_now()
               WHERE resource_id = $1 AND owner = $2 AND epoch = $3"
+        }
+        // Runs after `FENCE_END_SQL` locked the lease row: a control or an event recorded
+        // before that lock is seen here (a statement of its own, so a snapshot of its own), and
+        // one recorded after waits for the lock and then finds the workflow dormant.
+        WriteOp::GoDormant { .. } => {
+            "WITH wake AS MATERIALIZED (
+                 SELECT CASE WHEN EXISTS (SELECT 1 FROM workflow_controls
+                                           WHERE workflow = $1 AND applied_at IS NULL)
+                               OR EXISTS (SELECT 1 FROM sent_events
+                                           WHERE workflow = $1 AND taken_by IS NULL
+                                             AND name = ANY($3::text[]))
+                             THEN reins_now()
+                             ELSE least(coalesce($2::bigint / 1000.0::double precision,
+                                                 253402300799), 253402300799)
+                        END AS at),
+             marked AS (
+                 UPDATE workflows SET dormant = true, wake_at = (SELECT at FROM wake)
+                  WHERE id = $1 RETURNING 1)
+             UPDATE extension_execution_leases SET expires_at = (SELECT at FROM wake), owner = ''
+              WHERE resource_id = $1 AND owner = $4 AND epoch = $5
+                AND (SELECT count(*) FROM marked) = 1"
         }
     }
 }
@@ -916,6 +937,17 @@ pub(super) fn op_params<'a>(fence: &'a Fence, op: &'a WriteOp) -> Vec<&'a (dyn T
             bytes_max,
         } => vec![workflow_id, lines, events_max, bytes_max],
         WriteOp::ReleaseLease => fence_params(fence).to_vec(),
+        WriteOp::GoDormant {
+            workflow_id,
+            wake_at_ms,
+            event_names,
+        } => vec![
+            workflow_id,
+            wake_at_ms,
+            event_names,
+            &fence.owner,
+            &fence.epoch,
+        ],
     }
 }
 

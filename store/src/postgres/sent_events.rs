@@ -30,6 +30,7 @@ impl PgStore {
     pub(crate) async fn send_event(&self, new: NewSentEvent) -> Result<EventSend> {
         let mut client = self.connection().await?;
         let transaction = client.transaction().await?;
+        super::workflows::hold_off_dormancy(&transaction, &new.workflow_id).await?;
         // `FOR SHARE` waits for a write that ends the workflow, and holds off the next one: an
         // event is stored while the workflow is live, or refused.
         let status = transaction
@@ -67,7 +68,10 @@ impl PgStore {
             )
             .await?;
         let answer = match inserted {
-            Some(row) => EventSend::Stored(sent_event(&row)),
+            Some(row) => {
+                super::workflows::wake_if_dormant(&transaction, &new.workflow_id).await?;
+                EventSend::Stored(sent_event(&row))
+            }
             None => {
                 let existing = transaction
                     .query_one(

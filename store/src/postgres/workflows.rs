@@ -11,8 +11,9 @@ use super::{PgStore, commit_error};
 use crate::lease::ttl_seconds;
 use crate::workflows::takeover_refusal;
 use crate::workflows::{
-    COUNTED, ControlKind, ControlRow, ControlWrite, Deletion, Launch, LaunchLimits, ListFilter,
-    ListedWorkflow, NewControl, NewRetry, Orphaned, Retry, StatusFilter, TakeOver, Versions,
+    COUNTED, ControlKind, ControlRow, ControlWrite, Deletion, Dormancy, Launch, LaunchLimits,
+    ListFilter, ListedWorkflow, NewControl, NewRetry, Orphaned, Retry, StatusFilter, TakeOver,
+    Versions,
 };
 use crate::{
     COUNTED_STATUSES, Epoch, Error, Lease, NewWorkflow, Result, WorkflowId, WorkflowRow,
@@ -312,7 +313,9 @@ impl PgStore {
     }
 
     pub(crate) async fn put_control(&self, new: NewControl) -> Result<ControlWrite> {
-        let client = self.connection().await?;
+        let mut client = self.connection().await?;
+        let client = client.transaction().await?;
+        hold_off_dormancy(&client, &new.workflow_id).await?;
         let inserted = client
             .query_opt(
                 &client
@@ -337,7 +340,10 @@ impl PgStore {
             .await
             .map_err(commit_error)?;
         if let Some(row) = inserted {
-            return Ok(ControlWrite::Recorded(control(&row)?));
+            let recorded = control(&row)?;
+            wake_if_dormant(&client, &new.workflow_id).await?;
+            client.commit().await.map_err(commit_error)?;
+            return Ok(ControlWrite::Recorded(recorded));
         }
         let existing = client
             .query_one(
@@ -364,6 +370,54 @@ impl PgStore {
         let client = self.connection().await?;
         controls_in(&*client, workflow_id).await
     }
+}
+
+/// Holds off a write that makes the workflow dormant until this transaction ends (that write
+/// locks the lease row `FOR UPDATE` first, which `FOR KEY SHARE` conflicts with, and nothing
+/// else: the owner's fenced writes and renewals go on). Taken before a control or an event is
+/// recorded, so either that write commits first and [`wake_if_dormant`] (a later statement,
+/// with a later snapshot) finds the workflow dormant, or this one commits first and that
+/// write finds what it recorded: no wake is missed.
+pub(super) async fn hold_off_dormancy(
+    transaction: &Transaction<'_>,
+    workflow_id: &WorkflowId,
+) -> Result<()> {
+    transaction
+        .query_opt(
+            &transaction
+                .prepare_cached(
+                    "SELECT 1 FROM extension_execution_leases WHERE resource_id = $1
+                        FOR KEY SHARE",
+                )
+                .await?,
+            &[workflow_id],
+        )
+        .await?;
+    Ok(())
+}
+
+/// A control or an event was recorded: a dormant workflow's lease expires now, so a node takes
+/// it over at once (the lease's release cues `n:` on the change bus).
+pub(super) async fn wake_if_dormant(
+    transaction: &Transaction<'_>,
+    workflow_id: &WorkflowId,
+) -> Result<()> {
+    transaction
+        .execute(
+            &transaction
+                .prepare_cached(
+                    "WITH woken AS (
+                         UPDATE workflows SET wake_at = reins_now()
+                          WHERE id = $1 AND dormant AND wake_at > reins_now() RETURNING 1)
+                     UPDATE extension_execution_leases SET expires_at = reins_now()
+                      WHERE resource_id = $1 AND expires_at > reins_now()
+                        AND (SELECT count(*) FROM woken) = 1",
+                )
+                .await?,
+            &[workflow_id],
+        )
+        .await?;
+    Ok(())
 }
 
 async fn take_over_in(
@@ -430,7 +484,9 @@ async fn take_over_in(
         .execute(
             &transaction
                 .prepare_cached(
-                    "UPDATE workflows SET owner = $2, updated_at = reins_now() WHERE id = $1",
+                    "UPDATE workflows SET owner = $2, dormant = false, wake_at = NULL,
+                            updated_at = reins_now()
+                      WHERE id = $1",
                 )
                 .await?,
             &[&workflow_id, &owner],
@@ -497,6 +553,41 @@ impl PgStore {
                 cancel_pending: row.get(1),
             })
             .collect())
+    }
+
+    pub(crate) async fn dormant_workflows(
+        &self,
+        limit: u32,
+        versions: &Versions,
+    ) -> Result<Dormancy> {
+        let client = self.connection().await?;
+        let due = client.prepare_cached(DORMANT_DUE).await?;
+        let next = client
+            .prepare_cached(
+                "SELECT min(wake_at) FROM workflows WHERE dormant AND wake_at > reins_now()",
+            )
+            .await?;
+        let rows = client
+            .query(
+                &due,
+                &[
+                    &i64::from(limit),
+                    &versions.runtime,
+                    &versions.configuration,
+                ],
+            )
+            .await?;
+        let next_wake_at: Option<f64> = client.query_one(&next, &[]).await?.get(0);
+        Ok(Dormancy {
+            due: rows
+                .iter()
+                .map(|row| Orphaned {
+                    workflow_id: row.get(0),
+                    cancel_pending: row.get(1),
+                })
+                .collect(),
+            next_wake_at,
+        })
     }
 
     pub(crate) async fn workflows_with_pending_controls(
@@ -672,6 +763,26 @@ pub(super) async fn controls_in(
 /// cancellation is pending. Only what this node may take is listed: a pending cancellation
 /// (which any runtime may finish), or a journal written under this node's runtime and agent
 /// configuration (the takeover's rules, `takeover_refusal`).
+/// [`RECOVERABLE`]'s list narrowed to dormant workflows whose wake time came (the partial index
+/// `workflows_dormant_by_wake` finds them).
+const DORMANT_DUE: &str = "
+    SELECT id, cancel_pending FROM (
+        SELECT w.id,
+               w.status = 'cancelling' OR EXISTS (
+                   SELECT 1 FROM workflow_controls c
+                    WHERE c.workflow = w.id AND c.kind = 'cancel' AND c.applied_at IS NULL
+               ) AS cancel_pending,
+               coalesce(w.data->>'runtime_version', '') AS runtime,
+               coalesce(w.data->>'configuration_version', '') AS configuration
+          FROM workflows w
+          JOIN extension_execution_leases l ON l.resource_id = w.id
+         WHERE w.dormant AND w.wake_at <= reins_now()
+           AND w.status IN ('running', 'paused', 'waiting_approval', 'cancelling')
+           AND l.expires_at <= reins_now()
+    ) due
+     WHERE cancel_pending OR (runtime = $2 AND configuration IN ('', $3))
+     ORDER BY random() LIMIT $1";
+
 const RECOVERABLE: &str = "
     SELECT id, cancel_pending FROM (
         SELECT w.id,

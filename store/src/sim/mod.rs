@@ -138,6 +138,9 @@ struct Workflow {
     /// What its end gave back of its grant, not yet counted off its owner's stored bytes.
     returned_bytes: i64,
     events: Vec<Event>,
+    /// When a dormant workflow wakes (its lease expires then; `workflows.wake_at`); `None`
+    /// while it is not dormant.
+    wake_at: Option<f64>,
 }
 
 /// One event, with its place in the feed (status events only).
@@ -202,6 +205,15 @@ impl SimStore {
     /// simulation's oracle reads (the `sent_events` table, whole).
     pub fn all_sent_events(&self) -> Vec<SentEvent> {
         self.lock().all_sent_events()
+    }
+
+    /// When a dormant workflow wakes (`workflows.wake_at`), or `None` when it is not dormant:
+    /// whether the simulation's oracle must judge a takeover of it as a wake.
+    pub fn dormant_wake_at(&self, workflow_id: &WorkflowId) -> Option<f64> {
+        self.lock()
+            .workflows
+            .get(workflow_id)
+            .and_then(|workflow| workflow.wake_at)
     }
 
     /// Every child run the store holds, in the order they were admitted: what the simulation's
@@ -510,6 +522,9 @@ impl State {
                 | WriteOp::ReleaseSlot { .. }
                 | WriteOp::ReleaseSlots { .. }
                 | WriteOp::ReleaseLease => {}
+                WriteOp::GoDormant { workflow_id, .. } => {
+                    self.exists(workflow_id)?;
+                }
             }
         }
         Ok(())
@@ -723,6 +738,34 @@ impl State {
                     && lease.epoch == fence.epoch
                 {
                     lease.expires_at = now;
+                }
+            }
+            WriteOp::GoDormant {
+                workflow_id,
+                wake_at_ms,
+                event_names,
+            } => {
+                let waited = self
+                    .controls
+                    .values()
+                    .any(|control| control.workflow_id == *workflow_id && !control.applied)
+                    || self.sent_events.values().any(|event| {
+                        event.workflow_id == *workflow_id
+                            && event.taken_by.is_none()
+                            && event_names.contains(&event.name)
+                    });
+                let wake_at = if waited {
+                    now
+                } else {
+                    crate::write::dormant_wake_s(*wake_at_ms)
+                };
+                self.workflow_mut(workflow_id)?.wake_at = Some(wake_at);
+                if let Some(lease) = self.leases.get_mut(&fence.resource_id)
+                    && lease.owner == fence.owner
+                    && lease.epoch == fence.epoch
+                {
+                    lease.expires_at = wake_at;
+                    lease.owner = String::new();
                 }
             }
         }

@@ -34,6 +34,7 @@ impl State {
             taken_by: None,
         };
         self.sent_events.insert(row.seq, row.clone());
+        self.wake_if_dormant(&row.workflow_id, now);
         Ok(EventSend::Stored(row))
     }
 

@@ -12,10 +12,10 @@ use crate::write::{
     WorkflowRow,
 };
 use crate::{
-    ControlKind, ControlRow, ControlWrite, Deletion, Epoch, Error, EventSend, Launch, LaunchLimits,
-    Lease, ListFilter, ListedWorkflow, NewControl, NewRetry, NewSentEvent, NewWorkflow, Orphaned,
-    Purpose, Result, Retry, RunStatus, SentEvent, StatusFilter, TakeOver, Versions, WorkflowId,
-    WorkflowStatus, WriteOp,
+    ControlKind, ControlRow, ControlWrite, Deletion, Dormancy, Epoch, Error, EventSend, Launch,
+    LaunchLimits, Lease, ListFilter, ListedWorkflow, NewControl, NewRetry, NewSentEvent,
+    NewWorkflow, Orphaned, Purpose, Result, Retry, RunStatus, SentEvent, StatusFilter, TakeOver,
+    Versions, WorkflowId, WorkflowStatus, WriteOp,
 };
 
 impl State {
@@ -60,6 +60,7 @@ impl State {
                 granted_bytes: 0,
                 returned_bytes: 0,
                 events: Vec::new(),
+                wake_at: None,
             },
         );
         self.status_event(&new.workflow_id, WorkflowStatus::Running, None, now);
@@ -267,9 +268,26 @@ impl State {
         lease.expires_at = now + ttl_seconds(lease_ms);
         let lease = lease.clone();
         let workflow = self.workflow_mut(workflow_id)?;
+        workflow.wake_at = None;
         workflow.row.owner = Some(owner.to_owned());
         workflow.row.updated_at = now;
         Ok(TakeOver::Taken(lease))
+    }
+
+    /// A control or an event was recorded: a dormant workflow's lease expires now.
+    pub(super) fn wake_if_dormant(&mut self, workflow_id: &WorkflowId, now: f64) {
+        let Some(workflow) = self.workflows.get_mut(workflow_id) else {
+            return;
+        };
+        if workflow.wake_at.is_none_or(|wake_at| wake_at <= now) {
+            return;
+        }
+        workflow.wake_at = Some(now);
+        if let Some(lease) = self.leases.get_mut(workflow_id)
+            && lease.expires_at > now
+        {
+            lease.expires_at = now;
+        }
     }
 
     /// Whether a workflow is what `get` shows as recoverable: counted, with no lease or an
@@ -333,6 +351,7 @@ impl State {
             applied: false,
         };
         self.controls.insert(row.id, row.clone());
+        self.wake_if_dormant(&row.workflow_id, now);
         let (kind, data) = match row.kind {
             ControlKind::Decide => (
                 "checkpoint_decided",
@@ -522,6 +541,25 @@ impl crate::Workflows for SimStore {
                 })
                 .take(limit as usize)
                 .collect())
+        })
+    }
+
+    async fn dormant_workflows(&self, limit: u32, versions: &Versions) -> Result<Dormancy> {
+        let recoverable = self.recoverable_workflows(u32::MAX, versions).await?;
+        self.read(|state, now| {
+            let wake_at = |id: &WorkflowId| state.workflows.get(id).and_then(|w| w.wake_at);
+            let due = recoverable
+                .into_iter()
+                .filter(|orphan| wake_at(&orphan.workflow_id).is_some_and(|at| at <= now))
+                .take(limit as usize)
+                .collect();
+            let next_wake_at = state
+                .workflows
+                .values()
+                .filter_map(|workflow| workflow.wake_at)
+                .filter(|at| *at > now)
+                .min_by(f64::total_cmp);
+            Ok(Dormancy { due, next_wake_at })
         })
     }
 

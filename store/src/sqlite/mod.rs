@@ -784,6 +784,46 @@ pub(super) fn apply(connection: &Connection, fence: &Fence, encoded: &Encoded) -
                 )?
                 .execute(params![fence.resource_id, fence.owner, fence.epoch])?;
         }
+        WriteOp::GoDormant {
+            workflow_id,
+            wake_at_ms,
+            event_names,
+        } => {
+            // The one writer orders this after every control and event recorded before it.
+            let names = serde_json::to_string(event_names)
+                .map_err(|error| Error::Database(error.to_string()))?;
+            let wake_at: f64 = connection
+                .prepare_cached(
+                    "SELECT CASE WHEN EXISTS (SELECT 1 FROM workflow_controls
+                                               WHERE workflow = ?1 AND applied_at IS NULL)
+                                   OR EXISTS (SELECT 1 FROM sent_events
+                                               WHERE workflow = ?1 AND taken_by IS NULL
+                                                 AND name IN (SELECT value FROM json_each(?2)))
+                                 THEN unixepoch('subsec') ELSE ?3 END",
+                )?
+                .query_row(
+                    params![
+                        workflow_id,
+                        names,
+                        crate::write::dormant_wake_s(*wake_at_ms)
+                    ],
+                    |row| row.get(0),
+                )?;
+            connection
+                .prepare_cached("UPDATE workflows SET dormant = 1, wake_at = ?2 WHERE id = ?1")?
+                .execute(params![workflow_id, wake_at])?;
+            connection
+                .prepare_cached(
+                    "UPDATE extension_execution_leases SET expires_at = ?4, owner = ''
+                      WHERE resource_id = ?1 AND owner = ?2 AND epoch = ?3",
+                )?
+                .execute(params![
+                    fence.resource_id,
+                    fence.owner,
+                    fence.epoch,
+                    wake_at
+                ])?;
+        }
     }
     Ok(())
 }

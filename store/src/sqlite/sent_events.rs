@@ -84,6 +84,7 @@ impl SqliteStore {
                 )
                 .optional()?;
             if let Some(row) = inserted {
+                super::workflows::wake_if_dormant(connection, &new.workflow_id)?;
                 return Ok(EventSend::Stored(row.decode()?));
             }
             let existing = connection

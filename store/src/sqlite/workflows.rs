@@ -7,7 +7,7 @@ use super::{SqliteStore, parse_json};
 use crate::lease::ttl_seconds;
 use crate::workflows::takeover_refusal;
 use crate::workflows::{
-    ControlKind, ControlRow, ControlWrite, Deletion, Launch, LaunchLimits, ListFilter,
+    ControlKind, ControlRow, ControlWrite, Deletion, Dormancy, Launch, LaunchLimits, ListFilter,
     ListedWorkflow, NewControl, NewRetry, Orphaned, Retry, StatusFilter, TakeOver, Versions,
 };
 use crate::{Epoch, Error, Lease, NewWorkflow, Result, WorkflowId, WorkflowRow, WorkflowStatus};
@@ -331,6 +331,7 @@ impl SqliteStore {
                 )
                 .optional()?;
             if let Some(row) = inserted {
+                wake_if_dormant(connection, &control.workflow_id)?;
                 return Ok(ControlWrite::Recorded(row.decode()?));
             }
             let existing = connection
@@ -417,7 +418,9 @@ fn take_over(
     };
     connection
         .prepare_cached(
-            "UPDATE workflows SET owner = ?2, updated_at = unixepoch('subsec') WHERE id = ?1",
+            "UPDATE workflows SET owner = ?2, dormant = 0, wake_at = NULL,
+                    updated_at = unixepoch('subsec')
+              WHERE id = ?1",
         )?
         .execute(params![workflow_id, owner])?;
     Ok(TakeOver::Taken(Lease {
@@ -488,6 +491,52 @@ impl SqliteStore {
                 })
             })?;
             Ok(rows.collect::<rusqlite::Result<Vec<Orphaned>>>()?)
+        })
+        .await
+    }
+
+    /// See the PostgreSQL backend's `dormant_workflows`: the same lists, by the same rules.
+    pub(crate) async fn dormant_workflows(
+        &self,
+        limit: u32,
+        versions: &Versions,
+    ) -> Result<Dormancy> {
+        let (runtime, configuration) = (versions.runtime.clone(), versions.configuration.clone());
+        self.read(move |connection| {
+            let mut statement = connection.prepare_cached(
+                "SELECT id, cancel_pending FROM (
+                     SELECT w.id,
+                            w.status = 'cancelling' OR EXISTS (
+                                SELECT 1 FROM workflow_controls c
+                                 WHERE c.workflow = w.id AND c.kind = 'cancel'
+                                   AND c.applied_at IS NULL
+                            ) AS cancel_pending,
+                            coalesce(json_extract(w.data, '$.runtime_version'), '') AS runtime,
+                            coalesce(json_extract(w.data, '$.configuration_version'), '')
+                                AS configuration
+                       FROM workflows w
+                       JOIN extension_execution_leases l ON l.resource_id = w.id
+                      WHERE w.dormant AND w.wake_at <= unixepoch('subsec')
+                        AND w.status IN ('running', 'paused', 'waiting_approval', 'cancelling')
+                        AND l.expires_at <= unixepoch('subsec')
+                 )
+                  WHERE cancel_pending OR (runtime = ?2 AND configuration IN ('', ?3))
+                  ORDER BY random() LIMIT ?1",
+            )?;
+            let rows = statement.query_map(params![limit, runtime, configuration], |row| {
+                Ok(Orphaned {
+                    workflow_id: row.get(0)?,
+                    cancel_pending: row.get(1)?,
+                })
+            })?;
+            let due = rows.collect::<rusqlite::Result<Vec<Orphaned>>>()?;
+            let next_wake_at: Option<f64> = connection
+                .prepare_cached(
+                    "SELECT min(wake_at) FROM workflows
+                      WHERE dormant AND wake_at > unixepoch('subsec')",
+                )?
+                .query_row([], |row| row.get(0))?;
+            Ok(Dormancy { due, next_wake_at })
         })
         .await
     }
@@ -623,4 +672,25 @@ pub(super) fn controls_on(
     ))?;
     let rows = statement.query_map([workflow_id], control_row)?;
     rows.map(|row| row?.decode()).collect()
+}
+
+/// A control or an event was recorded: a dormant workflow's lease expires now, so a node takes
+/// it over at once (the lease's release cues `n:` on the change bus). The one writer orders it
+/// with the write that made the workflow dormant, whichever came first.
+pub(super) fn wake_if_dormant(connection: &Connection, workflow_id: &WorkflowId) -> Result<()> {
+    let woken = connection
+        .prepare_cached(
+            "UPDATE workflows SET wake_at = unixepoch('subsec')
+              WHERE id = ?1 AND dormant AND wake_at > unixepoch('subsec')",
+        )?
+        .execute([workflow_id])?;
+    if woken == 1 {
+        connection
+            .prepare_cached(
+                "UPDATE extension_execution_leases SET expires_at = unixepoch('subsec')
+                  WHERE resource_id = ?1 AND expires_at > unixepoch('subsec')",
+            )?
+            .execute([workflow_id])?;
+    }
+    Ok(())
 }

@@ -210,6 +210,11 @@ fn every_kind_of_write(control_id: i64, event_seq: i64) -> Vec<(&'static str, Wr
             bytes_max: 100,
         },
         WriteOp::ReleaseLease,
+        WriteOp::GoDormant {
+            workflow_id: wf().into(),
+            wake_at_ms: None,
+            event_names: vec![],
+        },
     ];
     writes
         .into_iter()
@@ -229,6 +234,7 @@ fn every_kind_of_write(control_id: i64, event_seq: i64) -> Vec<(&'static str, Wr
                 WriteOp::ReturnStorage { .. } => "ReturnStorage",
                 WriteOp::PutLogs { .. } => "PutLogs",
                 WriteOp::ReleaseLease => "ReleaseLease",
+                WriteOp::GoDormant { .. } => "GoDormant",
             };
             (kind, op)
         })

@@ -1,6 +1,7 @@
 //! The store's conformance suite: the same behavioural tests against PostgreSQL, SQLite and the
 //! simulation store (see `harness.rs`). PostgreSQL tests need `REINS_TEST_PG`.
 
+mod dormant;
 mod events;
 mod fencing;
 mod harness;

@@ -37,6 +37,7 @@ mod capture;
 mod checkpoint;
 mod controls;
 pub(crate) mod deadline;
+mod dormant;
 mod event;
 mod pause;
 mod read;
@@ -208,6 +209,21 @@ impl WorkflowDocument {
     }
 }
 
+impl WorkflowDocument {
+    /// When this workflow's life limit passes, in epoch ms, if it has one; `node_timeout_ms`
+    /// is the node's `timeout_seconds`, which a document from before launches recorded their
+    /// limit keeps.
+    pub(crate) fn deadline_ms(&self, node_timeout_ms: u64) -> Option<Millis> {
+        let limit_ms = match self.life {
+            LifeLimit::Millis(ms) => ms,
+            LifeLimit::Unlimited => return None,
+            LifeLimit::Unrecorded => node_timeout_ms,
+        };
+        let limit_ms = i64::try_from(limit_ms).unwrap_or(i64::MAX);
+        Some(self.launched_at_ms.saturating_add(limit_ms))
+    }
+}
+
 /// How a supervisor begins.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) enum Start {
@@ -249,6 +265,9 @@ pub(crate) struct MachineConfig {
     pub start: Start,
     /// How long a step waits for a cue (a freed slot, an answer) before it looks anyway.
     pub wake_fallback: Duration,
+    /// How long a parked workflow waits before it goes dormant (`workflows.dormant_after_ms`;
+    /// `None`: never): its supervisor stops and the store alone holds it (`dormant.rs`).
+    pub dormant_after: Option<Duration>,
 }
 
 /// Where the workflow stands: one value, so no two flags can disagree.
@@ -415,6 +434,9 @@ pub(crate) enum Event {
     GiveUp { shutdown: bool },
     /// Resume work the machine put off ([`Effect::Then`]).
     Then(Then),
+    /// The workflow has been parked for `dormant_after` since park number `parked`: it may go
+    /// dormant (`dormant.rs`).
+    DormantCheck { parked: u64 },
 }
 
 /// What the actor is to do.
@@ -552,6 +574,10 @@ pub(crate) struct WorkflowMachine {
     /// Bytes of the grants this supervisor took that its artifacts have not used. It starts at
     /// none: what an earlier owner's grants hold is theirs, given back when the workflow ends.
     storage_room: i64,
+    /// How often the VM was parked: a dormancy check armed at one park is void after a wake.
+    parks: u64,
+    /// The dormant write was handed out: the halt after it leaves the workflow dormant.
+    dormant: bool,
     /// The rules every batch keeps (checked in debug builds).
     invariants: Invariants,
     span: tracing::Span,
@@ -586,6 +612,8 @@ impl WorkflowMachine {
             writes: VecDeque::new(),
             capturing: false,
             storage_room: 0,
+            parks: 0,
+            dormant: false,
             invariants: Invariants::default(),
             span,
         }
@@ -598,13 +626,7 @@ impl WorkflowMachine {
     /// When the workflow's life limit (`timeout_seconds` from launch) passes, in epoch ms, if it
     /// has one.
     pub(crate) fn deadline_ms(&self) -> Option<Millis> {
-        let limit_ms = match self.config.document.life {
-            LifeLimit::Millis(ms) => ms,
-            LifeLimit::Unlimited => return None,
-            LifeLimit::Unrecorded => self.config.timeout_ms,
-        };
-        let limit_ms = i64::try_from(limit_ms).unwrap_or(i64::MAX);
-        Some(self.config.document.launched_at_ms.saturating_add(limit_ms))
+        self.config.document.deadline_ms(self.config.timeout_ms)
     }
 
     /// Feeds one event; answers what to do, in order (see the module documentation).
@@ -770,6 +792,7 @@ impl WorkflowMachine {
             }
             Event::Then(Then::CaptureConcluded) => self.capturing = false,
             Event::Then(Then::Events(events)) => self.deliver_events(&mut out, events, now),
+            Event::DormantCheck { parked } => self.on_dormant_check(&mut out, parked, now),
         }
         out
     }
@@ -1337,8 +1360,7 @@ impl WorkflowMachine {
                 )
             });
         if idle && self.loaded() {
-            out.push(Effect::Park);
-            self.set_loaded(false);
+            self.park(out);
         }
     }
 
@@ -1357,8 +1379,7 @@ impl WorkflowMachine {
             self.park_if_only_waiting(out);
             return;
         }
-        out.push(Effect::Park);
-        self.set_loaded(false);
+        self.park(out);
         let status = if humans.contains(&ControlKind::Decide) {
             WorkflowStatus::WaitingApproval
         } else {

@@ -33,6 +33,7 @@ fn machine(start: Start) -> WorkflowMachine {
         timeout_ms: TIMEOUT_MS,
         start,
         wake_fallback: Duration::from_secs(5),
+        dormant_after: None,
     };
     WorkflowMachine::new(config, tracing::Span::none())
 }
@@ -2532,7 +2533,143 @@ fn an_attempt_runs_under_its_timeouts_and_what_total_ms_leaves_of_the_step() {
     assert_eq!(error["attempts"], 2);
 }
 
+/// A machine that goes dormant after it waited 30 s.
+fn dormant_machine() -> WorkflowMachine {
+    let mut m = machine(Start::Fresh);
+    m.config.dormant_after = Some(Duration::from_secs(30));
+    m
+}
+
+/// The `GoDormant` of the writes performed, as `(wake_at_ms, event_names)`.
+fn went_dormant(effects: &[Effect]) -> Option<(Option<Millis>, Vec<String>)> {
+    written(effects).into_iter().find_map(|op| match op {
+        WriteOp::GoDormant {
+            wake_at_ms,
+            event_names,
+            ..
+        } => Some((*wake_at_ms, event_names.clone())),
+        _ => None,
+    })
+}
+
+#[test]
+fn a_workflow_parked_for_dormant_after_goes_dormant_in_one_write_and_stops() {
+    let mut m = dormant_machine();
+    drive(&mut m, Event::Begin);
+    let pause = call(0, CallKind::Pause, "p", json!({}));
+    let described = drive(&mut m, activation(vec![pause], Status::Waiting));
+    assert!(
+        described.contains(&"after 30000ms DormantCheck { parked: 1 }".to_owned()),
+        "{described:?}"
+    );
+    let (described, effects) = drive_with(
+        &mut m,
+        Event::DormantCheck { parked: 1 },
+        NOW + 1_000,
+        |_| None,
+    );
+    assert_eq!(
+        described.len(),
+        3,
+        "one write, counted once it committed, then a halt: {described:?}"
+    );
+    assert_eq!(
+        described[1..],
+        ["count reins_workflows_dormant_total", "halt ended"]
+    );
+    // Only a control wakes a pause, or the workflow's own `timeout_seconds`: it is woken
+    // `dormant_after` (30 s) before, to be loaded when the time comes.
+    assert_eq!(
+        went_dormant(&effects),
+        Some((Some(STARTED_AT + TIMEOUT_MS as Millis - 30_000), vec![]))
+    );
+    assert!(m.is_halted());
+}
+
+#[test]
+fn a_dormant_workflow_wakes_at_its_earliest_due_time_and_a_wake_voids_the_check() {
+    // A sleep due before the workflow's timeout: woken 30 s before it; an event wait names its
+    // event.
+    let mut m = dormant_machine();
+    m.config.timeout_ms = 3_600_000;
+    drive(&mut m, Event::Begin);
+    let nap = call(
+        0,
+        CallKind::Sleep,
+        "nap",
+        json!({"stepId": "nap", "ms": 50_000}),
+    );
+    let paid = call(
+        1,
+        CallKind::WaitForEvent,
+        "paid",
+        json!({"stepId": "paid", "name": "payment.received"}),
+    );
+    drive(&mut m, activation(vec![nap, paid], Status::Waiting));
+    drive(&mut m, Event::EventsRead(Ok(vec![])));
+    let (_, effects) = drive_with(
+        &mut m,
+        Event::DormantCheck { parked: 1 },
+        NOW + 3_000,
+        |_| None,
+    );
+    assert_eq!(
+        went_dormant(&effects),
+        Some((Some(NOW + 20_000), vec!["payment.received".to_owned()]))
+    );
+    // Due within `dormant_after`: it stays, to be loaded when the time comes.
+    let mut m = dormant_machine();
+    drive(&mut m, Event::Begin);
+    let nap = call(
+        0,
+        CallKind::Sleep,
+        "nap",
+        json!({"stepId": "nap", "ms": 20_000}),
+    );
+    drive(&mut m, activation(vec![nap], Status::Waiting));
+    assert_eq!(
+        drive(&mut m, Event::DormantCheck { parked: 1 }),
+        ["after 30000ms DormantCheck { parked: 1 }"]
+    );
+
+    // Woken by its timer before the check came: the check is void.
+    let mut m = dormant_machine();
+    drive(&mut m, Event::Begin);
+    let nap = call(
+        0,
+        CallKind::Sleep,
+        "nap",
+        json!({"stepId": "nap", "ms": 5_000}),
+    );
+    drive(&mut m, activation(vec![nap], Status::Waiting));
+    drive_with(&mut m, Event::TimerDue(CallId(0)), NOW + 5_000, |_| None);
+    drive(&mut m, activation(vec![agent(1, "a")], Status::Waiting));
+    let described = drive(&mut m, Event::DormantCheck { parked: 1 });
+    assert!(described.is_empty(), "{described:?}");
+    assert!(!m.is_halted());
+}
+
+#[test]
+fn a_workflow_with_anything_under_way_looks_again_later_instead_of_going_dormant() {
+    let mut m = dormant_machine();
+    drive(&mut m, Event::Begin);
+    let pause = call(0, CallKind::Pause, "p", json!({}));
+    drive(&mut m, activation(vec![pause], Status::Waiting));
+    // An outcome decided and not yet written (it rides the next write) keeps it here.
+    m.unwritten
+        .ops
+        .push(WriteOp::MarkControlApplied { control_id: 1 });
+    assert_eq!(
+        drive(&mut m, Event::DormantCheck { parked: 1 }),
+        ["after 30000ms DormantCheck { parked: 1 }"]
+    );
+    assert!(!m.is_halted());
+}
+
 const EVERY_TEST: &[fn()] = &[
+    a_workflow_parked_for_dormant_after_goes_dormant_in_one_write_and_stops,
+    a_dormant_workflow_wakes_at_its_earliest_due_time_and_a_wake_voids_the_check,
+    a_workflow_with_anything_under_way_looks_again_later_instead_of_going_dormant,
     an_event_wait_takes_the_oldest_event_of_its_name_once_or_resolves_null_at_its_deadline,
     a_waits_deadline_records_its_answer_as_a_control_and_whichever_is_recorded_is_applied,
     an_attempt_runs_under_its_timeouts_and_what_total_ms_leaves_of_the_step,

@@ -200,6 +200,19 @@ table! {
     }
 }
 
+table! {
+    /// Dormancy (`dormant.rs`): the check armed when the VM was parked, `dormant_after` later.
+    Dormant {
+        /// Parked since and nothing under way: one fenced write leaves the workflow dormant in
+        /// the store, and the supervisor stops.
+        Left,
+        /// Something is under way (a write, a read, a slot or a child): looks again later.
+        Busy,
+        /// The workflow was woken since (or is being cancelled): nothing to do.
+        Woken,
+    }
+}
+
 /// One transition of one call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum Transition {
@@ -213,6 +226,7 @@ pub(crate) enum Transition {
     Timer(Timer),
     Deadline(Deadline),
     EventWait(EventWait),
+    Dormant(Dormant),
 }
 
 impl Transition {
@@ -229,6 +243,7 @@ impl Transition {
         all.extend(Timer::ALL.iter().map(|&t| Transition::Timer(t)));
         all.extend(Deadline::ALL.iter().map(|&t| Transition::Deadline(t)));
         all.extend(EventWait::ALL.iter().map(|&t| Transition::EventWait(t)));
+        all.extend(Dormant::ALL.iter().map(|&t| Transition::Dormant(t)));
         all
     }
 }
