@@ -808,9 +808,19 @@ async fn the_workflow_page_reads_further_pages_of_steps_and_artifacts() {
               === 's11';",
         WAIT,
     );
-    for _ in 0..5 {
+    // One page at a time: a click on a button the page is about to replace could be lost.
+    for shown in [4, 6, 8, 10] {
         browser.click_on("#more-artifacts", WAIT);
+        browser.wait_until(
+            &format!("{shown} artifact versions shown"),
+            &format!(
+                "return document.querySelectorAll('#workflow figure[data-artifact]').length \
+                   === {shown};"
+            ),
+            WAIT,
+        );
     }
+    browser.click_on("#more-artifacts", WAIT);
     browser.wait_until(
         "every artifact version shown",
         "return document.querySelectorAll('#workflow figure[data-artifact]').length === 12 \
