@@ -234,10 +234,16 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         postgres: include_str!("../migrations/postgres/0037_dormant_workflows.sql"),
         sqlite: include_str!("../migrations/sqlite/0037_dormant_workflows.sql"),
     },
+    Migration {
+        version: 38,
+        name: "overdue_reminders",
+        postgres: include_str!("../migrations/postgres/0038_overdue_reminders.sql"),
+        sqlite: include_str!("../migrations/sqlite/0038_overdue_reminders.sql"),
+    },
 ];
 
 /// The schema version this build expects.
-pub const SCHEMA_VERSION: i64 = 37;
+pub const SCHEMA_VERSION: i64 = 38;
 
 /// The advisory-lock key PostgreSQL migrations serialise on ("reins" in ASCII).
 pub(crate) const PG_MIGRATION_LOCK: i64 = 0x0072_6569_6e73;

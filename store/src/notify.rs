@@ -1,4 +1,4 @@
-//! The notification outbox's rows (migration 36): what a node's notifier claims, delivers and
+//! The notification outbox's rows (migrations 36 and 38): what a node's notifier claims, delivers and
 //! settles. A row is written by the database, in the transaction of the event it tells of
 //! (`workflow_events`), never by a node that means to notify; see `ARCHITECTURE.md`,
 //! "Notifications".
@@ -18,8 +18,8 @@ pub enum NotificationKind {
     Decided,
     /// A deadline decided it: the decision was recorded `"by": "timeout"`.
     TimedOut,
-    /// It has waited past its reminder. Reserved for reminders (`remindAfterMs`): no event
-    /// writes one yet; the outbox and every sink's `events` accept it already.
+    /// It has waited past its reminder (`remindAfterMs`): a row written with the item's
+    /// `entered` one, due at that time, deleted by a decision first (migration 38).
     Overdue,
 }
 
@@ -59,7 +59,8 @@ impl NotificationKind {
 /// One claimed row of the outbox.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Notification {
-    /// `<workflow>:<event seq>`: the same on every delivery of it, so receivers deduplicate by it.
+    /// `<workflow>:<event seq>` (a reminder: `<workflow>:overdue:<step id>:<attempt>`): the same
+    /// on every delivery of it, so receivers deduplicate by it.
     pub id: String,
     pub workflow_id: WorkflowId,
     /// Its event's number in the workflow.
@@ -95,6 +96,10 @@ pub enum Settlement {
         after_ms: u64,
     },
 }
+
+/// The statuses of a workflow whose inbox items still wait for a person, as an SQL list: a
+/// reminder of any other is never sent, and the `reins_inbox_overdue` gauge counts only these.
+pub(crate) const WAITING: &str = "('running', 'paused', 'waiting_approval')";
 
 /// The columns every read of a claimed row selects, in [`Notification`]'s order.
 pub(crate) const COLUMNS: &str = "id, workflow, seq, kind, event, data, user_id, user_email, \

@@ -28,7 +28,7 @@ async fn supervisors(api: &mut Api) -> u64 {
 
 /// Polls until the store holds `run_id` dormant, its lease held by nobody, and the node behind
 /// `api` runs no supervisor.
-async fn goes_dormant(db: &Db, api: &mut Api, run_id: &str) {
+pub(crate) async fn goes_dormant(db: &Db, api: &mut Api, run_id: &str) {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let row = db

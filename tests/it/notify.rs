@@ -400,3 +400,65 @@ async fn a_wait_its_deadline_answered_is_notified_as_timed_out() {
     assert_eq!(kinds, [json!("entered"), json!("timed_out")]);
     assert_eq!(seen[1].json()["step_id"], "p");
 }
+
+/// A pause with `remindAfterMs` is notified again as `overdue` at its time, while it is dormant
+/// (nothing wakes it for that), once; then as decided when a person resumes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_wait_past_its_reminder_is_notified_overdue_once_even_while_dormant() {
+    let db = Db::new(false).await;
+    let receiver = Receiver::start(Mode::Take).await;
+    let files = tempfile::tempdir().expect("temp dir");
+    let path = config(files.path(), &[(receiver.url(), "reins")], "");
+    let node = Node::start(
+        &db,
+        &[
+            ("REINS_CONFIG", path),
+            ("REINS_DORMANT_AFTER_MS", "200".to_owned()),
+        ],
+    );
+    let mut api = initialize(&node).await;
+    let launched_at = std::time::Instant::now();
+    let run = crate::http_api::launch(
+        &mut api,
+        "return await pause({stepId: 'p', message: 'sign here', remindAfterMs: 1500});",
+    )
+    .await;
+    let paused = wait_for(&mut api, &run, "paused").await;
+    crate::dormant::goes_dormant(&db, &mut api, &run).await;
+    let seen = receiver.wait_for(2).await;
+    assert!(
+        launched_at.elapsed() >= Duration::from_millis(1_500),
+        "overdue before its time"
+    );
+    let overdue = seen[1].json();
+    assert_eq!(
+        (&overdue["kind"], &overdue["step_id"], &overdue["message"]),
+        (&json!("overdue"), &json!("p"), &json!("sign here"))
+    );
+    assert_eq!(overdue["id"], format!("{run}:overdue:p:1"));
+    assert!(seen[1].verifies());
+    // Still dormant: the reminder woke nothing.
+    crate::dormant::goes_dormant(&db, &mut api, &run).await;
+
+    let resumed = api
+        .action(
+            "resume",
+            json!({"run_id": run, "fingerprint": paused["fingerprint"],
+                   "step_id": "p", "attempt": 1}),
+        )
+        .await;
+    assert_eq!(resumed.status, 200, "{resumed:?}");
+    wait_for(&mut api, &run, "completed").await;
+    receiver.wait_for(3).await;
+    // Two notifier polls more: nothing else comes.
+    tokio::time::sleep(Duration::from_millis(2_100)).await;
+    let kinds: Vec<Value> = receiver
+        .seen()
+        .iter()
+        .map(|received| received.json()["kind"].clone())
+        .collect();
+    assert_eq!(
+        kinds,
+        [json!("entered"), json!("overdue"), json!("decided")]
+    );
+}

@@ -8,7 +8,7 @@ use tokio_postgres::Row;
 
 use super::PgStore;
 use crate::lease::ttl_seconds;
-use crate::notify::{COLUMNS, Notification, NotificationKind, Settlement, in_event_order};
+use crate::notify::{COLUMNS, Notification, NotificationKind, Settlement, WAITING, in_event_order};
 use crate::{Error, Result};
 
 fn notification(row: &Row) -> Result<Notification> {
@@ -45,14 +45,26 @@ impl PgStore {
         let client = self.connection().await?;
         let statement = client
             .prepare_cached(&format!(
-                "UPDATE notify_outbox o
+                // A reminder whose workflow no longer waits (it ended another way than a
+                // decision) is never sent: deleted, and not claimed in the same snapshot.
+                "WITH stale AS (
+                     DELETE FROM notify_outbox s
+                      WHERE s.kind = 'overdue' AND s.due_at <= reins_now()
+                        AND NOT EXISTS (SELECT 1 FROM workflows w
+                                         WHERE w.id = s.workflow AND w.status IN {WAITING}))
+                 UPDATE notify_outbox o
                     SET claim_owner = $1, claim_epoch = o.claim_epoch + 1,
                         claim_expires_at = reins_now() + $2::float8
-                   FROM (SELECT id FROM notify_outbox
-                          WHERE due_at <= reins_now()
-                            AND (claim_expires_at IS NULL OR claim_expires_at <= reins_now())
-                          ORDER BY due_at LIMIT $3::bigint
-                          FOR UPDATE SKIP LOCKED) due
+                   FROM (SELECT n.id FROM notify_outbox n
+                          WHERE n.due_at <= reins_now()
+                            AND (n.claim_expires_at IS NULL
+                                 OR n.claim_expires_at <= reins_now())
+                            AND (n.kind <> 'overdue'
+                                 OR EXISTS (SELECT 1 FROM workflows w
+                                             WHERE w.id = n.workflow
+                                               AND w.status IN {WAITING}))
+                          ORDER BY n.due_at LIMIT $3::bigint
+                          FOR UPDATE OF n SKIP LOCKED) due
                   WHERE o.id = due.id
                   RETURNING {}",
                 COLUMNS
@@ -126,7 +138,10 @@ impl PgStore {
     pub(crate) async fn notification_backlog(&self) -> Result<u64> {
         let client = self.connection().await?;
         let statement = client
-            .prepare_cached("SELECT count(*) FROM notify_outbox")
+            .prepare_cached(
+                "SELECT count(*) FROM notify_outbox
+                  WHERE kind <> 'overdue' OR due_at <= reins_now()",
+            )
             .await?;
         let count: i64 = client.query_one(&statement, &[]).await?.get(0);
         Ok(u64::try_from(count).unwrap_or(0))

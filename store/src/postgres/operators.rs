@@ -5,6 +5,7 @@ use tokio_postgres::Row;
 
 use super::PgStore;
 use crate::Result;
+use crate::notify::WAITING;
 use crate::operators::{SlotRow, StatusCount};
 
 fn status_count(row: &Row) -> StatusCount {
@@ -18,14 +19,14 @@ impl PgStore {
     pub(crate) async fn overdue_waits(&self) -> Result<u64> {
         let client = self.connection().await?;
         let statement = client
-            .prepare_cached(
+            .prepare_cached(&format!(
                 "SELECT count(*) FROM workflow_steps s JOIN workflows w ON w.id = s.workflow
                   WHERE s.kind IN ('pause', 'humanCheckpoint') AND s.status = 'running'
-                    AND w.status IN ('running', 'paused', 'waiting_approval')
+                    AND w.status IN {WAITING}
                     AND s.created_at
                         + (s.data->'args'->>'remindAfterMs')::double precision / 1000
-                        <= reins_now()",
-            )
+                        <= reins_now()"
+            ))
             .await?;
         let count: i64 = client.query_one(&statement, &[]).await?.get(0);
         Ok(u64::try_from(count).unwrap_or(0))

@@ -1,16 +1,22 @@
-//! The notification outbox in the simulation: a row per inbox event, written where the real
-//! stores' trigger writes it (`State::event`), claimed, settled and purged as they do.
+//! The notification outbox in the simulation: a row per inbox event (and a reminder, due later,
+//! for a wait with `remindAfterMs`), written where the real stores' triggers write them
+//! (`State::event`), claimed, settled and purged as they do.
 
 use serde_json::{Value, json};
 
 use super::{SimStore, State};
 use crate::lease::ttl_seconds;
-use crate::{Notification, NotificationKind, Result, Settlement, WorkflowId};
+use crate::{Notification, NotificationKind, Result, Settlement, WorkflowId, WorkflowStatus};
 
 /// The events that put an item into a person's inbox.
 const ENTERING: [&str; 3] = ["pause_waiting", "checkpoint_waiting", "approval_requested"];
 /// The events that take it out.
 const LEAVING: [&str; 3] = ["checkpoint_decided", "pause_resumed", "approval_answered"];
+
+/// The events that put an item with a reminder (`remindAfterMs`) into the inbox, and those that
+/// take it out before its time.
+const REMINDED: [&str; 2] = ["pause_waiting", "checkpoint_waiting"];
+const REMINDER_ENDS: [&str; 2] = ["checkpoint_decided", "pause_resumed"];
 
 /// One row of the outbox with its claim and schedule.
 #[derive(Debug, Clone)]
@@ -31,6 +37,10 @@ impl State {
         data: &Value,
         now: f64,
     ) {
+        let reminder = reminder_id(workflow_id, data);
+        if REMINDER_ENDS.contains(&kind) {
+            self.outbox.remove(&reminder);
+        }
         let notification_kind = if ENTERING.contains(&kind) {
             NotificationKind::Entered
         } else if LEAVING.contains(&kind) {
@@ -54,9 +64,11 @@ impl State {
                     .steps
                     .get(&(step_id.to_owned(), i32::try_from(attempt).ok()?))
             });
-        let message = step
-            .and_then(|step| step.row.record())
-            .map(|record| record.args["message"].clone());
+        let record = step.and_then(|step| step.row.record());
+        let message = record.map(|record| record.args["message"].clone());
+        let remind_after_ms = record
+            .filter(|_| REMINDED.contains(&kind))
+            .and_then(|record| record.args["remindAfterMs"].as_f64());
         for (key, value) in [
             ("title", Some(workflow.row.data["title"].clone())),
             ("message", message),
@@ -87,7 +99,27 @@ impl State {
             due_at: now,
             claim_expires_at: None,
         };
+        if let Some(after_ms) = remind_after_ms {
+            // Due at the reminder's time, as migration 38's trigger writes it.
+            let at = now + after_ms / 1000.0;
+            let mut overdue = row.clone();
+            overdue.notification.id = reminder.clone();
+            overdue.notification.kind = NotificationKind::Overdue;
+            overdue.notification.created_at = at;
+            overdue.due_at = at;
+            self.outbox.entry(reminder).or_insert(overdue);
+        }
         self.outbox.insert(id, row);
+    }
+
+    /// Whether `workflow_id` still waits for people (a reminder of any other is never sent).
+    fn still_waiting(&self, workflow_id: &WorkflowId) -> bool {
+        self.workflows.get(workflow_id).is_some_and(|workflow| {
+            matches!(
+                workflow.row.status,
+                WorkflowStatus::Running | WorkflowStatus::Paused | WorkflowStatus::WaitingApproval
+            )
+        })
     }
 
     /// Whether the control an event tells of says `"by": "timeout"`.
@@ -101,6 +133,13 @@ impl State {
     }
 }
 
+/// The id of the reminder of the inbox item an event tells of, as migration 38 names it.
+fn reminder_id(workflow_id: &WorkflowId, data: &Value) -> String {
+    let attempt = data["attempt"].as_i64().unwrap_or_default();
+    let step_id = data["step_id"].as_str().unwrap_or_default();
+    format!("{workflow_id}:overdue:{step_id}:{attempt}")
+}
+
 impl crate::Notifications for SimStore {
     async fn claim_notifications(
         &self,
@@ -110,6 +149,19 @@ impl crate::Notifications for SimStore {
     ) -> Result<Vec<Notification>> {
         let _ = owner;
         self.write(|state, now| {
+            let stale: Vec<String> = state
+                .outbox
+                .values()
+                .filter(|row| {
+                    row.notification.kind == NotificationKind::Overdue
+                        && row.due_at <= now
+                        && !state.still_waiting(&row.notification.workflow_id)
+                })
+                .map(|row| row.notification.id.clone())
+                .collect();
+            for id in stale {
+                state.outbox.remove(&id);
+            }
             let mut due: Vec<&mut OutboxRow> = state
                 .outbox
                 .values_mut()
@@ -175,6 +227,11 @@ impl crate::Notifications for SimStore {
     }
 
     async fn notification_backlog(&self) -> Result<u64> {
-        self.read(|state, _| Ok(state.outbox.len() as u64))
+        self.read(|state, now| {
+            let backlog = state.outbox.values().filter(|row| {
+                row.notification.kind != NotificationKind::Overdue || row.due_at <= now
+            });
+            Ok(backlog.count() as u64)
+        })
     }
 }

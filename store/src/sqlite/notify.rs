@@ -5,7 +5,7 @@ use rusqlite::{Row, params};
 
 use super::{SqliteStore, parse_json};
 use crate::lease::ttl_seconds;
-use crate::notify::{COLUMNS, Notification, NotificationKind, Settlement, in_event_order};
+use crate::notify::{COLUMNS, Notification, NotificationKind, Settlement, WAITING, in_event_order};
 use crate::{Error, Result};
 
 /// A claimed row, its JSON still text.
@@ -57,6 +57,17 @@ impl SqliteStore {
     ) -> Result<Vec<Notification>> {
         let owner = owner.to_owned();
         self.write(move |connection| {
+            // A reminder whose workflow no longer waits (it ended another way than a decision)
+            // is never sent.
+            connection
+                .prepare_cached(&format!(
+                    "DELETE FROM notify_outbox
+                      WHERE kind = 'overdue' AND due_at <= unixepoch('subsec')
+                        AND NOT EXISTS (SELECT 1 FROM workflows w
+                                         WHERE w.id = notify_outbox.workflow
+                                           AND w.status IN {WAITING})"
+                ))?
+                .execute([])?;
             let mut statement = connection.prepare_cached(&format!(
                 "UPDATE notify_outbox
                     SET claim_owner = ?1, claim_epoch = claim_epoch + 1,
@@ -128,7 +139,10 @@ impl SqliteStore {
     pub(crate) async fn notification_backlog(&self) -> Result<u64> {
         self.read(|connection| {
             let count: i64 = connection
-                .prepare_cached("SELECT count(*) FROM notify_outbox")?
+                .prepare_cached(
+                    "SELECT count(*) FROM notify_outbox
+                      WHERE kind <> 'overdue' OR due_at <= unixepoch('subsec')",
+                )?
                 .query_row([], |row| row.get(0))?;
             Ok(u64::try_from(count).unwrap_or(0))
         })

@@ -5,6 +5,7 @@ use rusqlite::Row;
 
 use super::SqliteStore;
 use crate::Result;
+use crate::notify::WAITING;
 use crate::operators::{SlotRow, StatusCount};
 
 fn status_count(row: &Row<'_>) -> rusqlite::Result<StatusCount> {
@@ -18,14 +19,14 @@ impl SqliteStore {
     pub(crate) async fn overdue_waits(&self) -> Result<u64> {
         self.read(move |connection| {
             let count: i64 = connection
-                .prepare_cached(
+                .prepare_cached(&format!(
                     "SELECT count(*) FROM workflow_steps s JOIN workflows w ON w.id = s.workflow
                       WHERE s.kind IN ('pause', 'humanCheckpoint') AND s.status = 'running'
-                        AND w.status IN ('running', 'paused', 'waiting_approval')
+                        AND w.status IN {WAITING}
                         AND s.created_at
                             + json_extract(s.data, '$.args.remindAfterMs') / 1000.0
-                            <= unixepoch('subsec')",
-                )?
+                            <= unixepoch('subsec')"
+                ))?
                 .query_row([], |row| row.get(0))?;
             Ok(u64::try_from(count).unwrap_or(0))
         })

@@ -216,3 +216,78 @@ conformance! {
         assert_eq!(store.notification_backlog().await.expect("backlog"), 0);
     }
 }
+
+/// Settles every claimed notification as delivered.
+async fn settle_all<S: Subject>(store: &S, claimed: &[Notification]) {
+    for notification in claimed {
+        let settled = store
+            .settle_notification(
+                &notification.id,
+                notification.claim_epoch,
+                Settlement::Finished,
+            )
+            .await
+            .expect("settle");
+        assert!(settled, "{}", notification.id);
+    }
+}
+
+conformance! {
+    async fn a_wait_with_a_reminder_is_notified_overdue_once_at_its_time_unless_decided_first(db) {
+        let store = db.store().await;
+        let lease = workflow(&*store, "wf", "node-a", 60_000).await;
+        store.fenced_write(&lease.fence(), vec![
+            put("p", "pause", json!({"args": {"message": "look", "remindAfterMs": 400}})),
+            put("h", "humanCheckpoint", json!({"args": {"artifactVersion": 1, "remindAfterMs": 400}})),
+            put("q", "pause", json!({"args": {"message": "no reminder"}})),
+        ]).await.expect("wait for people");
+        // Nothing is overdue yet: only the three items entering, and the backlog counts only them.
+        let entered = claim_all(&*store, "node-a").await;
+        let kinds: Vec<NotificationKind> = entered.iter().map(|n| n.kind).collect();
+        assert_eq!(kinds, [NotificationKind::Entered; 3]);
+        assert_eq!(store.notification_backlog().await.expect("backlog"), 3);
+        settle_all(&*store, &entered).await;
+        // The checkpoint is decided before its time: its reminder goes with the decision.
+        store.put_control(control(ControlKind::Decide, "h",
+            json!({"decision": "approve", "artifactVersion": 1}), "ada")).await.expect("decide");
+        let decided = claim_all(&*store, "node-a").await;
+        assert_eq!(decided.iter().map(|n| n.kind).collect::<Vec<_>>(), [NotificationKind::Decided]);
+        settle_all(&*store, &decided).await;
+        assert_eq!(store.notification_backlog().await.expect("backlog"), 0, "a reminder not yet due");
+
+        wait_ms(&db, &*store, 450).await;
+        let overdue = claim_all(&*store, "node-a").await;
+        assert_eq!(overdue.len(), 1, "{overdue:?}");
+        let reminder = &overdue[0];
+        assert_eq!((reminder.id.as_str(), reminder.kind), ("wf:overdue:p:1", NotificationKind::Overdue));
+        assert_eq!(reminder.event, "pause_waiting");
+        assert_eq!((&reminder.data["step_id"], &reminder.data["message"]), (&json!("p"), &json!("look")));
+        assert_eq!(reminder.user_id.as_deref(), Some("tester"));
+        let pause = entered.iter().find(|n| n.data["step_id"] == "p").expect("the pause entered");
+        assert_eq!(reminder.seq, pause.seq, "told of the event that put it into the inbox");
+        assert!((reminder.created_at - (pause.created_at + 0.4)).abs() < 0.002,
+            "overdue at its reminder's time: {} and {}", reminder.created_at, pause.created_at);
+        settle_all(&*store, &overdue).await;
+        // Once: resuming it now takes nothing back, and nothing else comes.
+        store.put_control(control(ControlKind::Resume, "p", json!({}), "ada")).await.expect("resume");
+        let after = claim_all(&*store, "node-a").await;
+        assert_eq!(after.iter().map(|n| n.kind).collect::<Vec<_>>(), [NotificationKind::Decided]);
+    }
+}
+
+conformance! {
+    async fn a_reminder_of_a_workflow_that_ended_otherwise_is_never_sent(db) {
+        let store = db.store().await;
+        let lease = workflow(&*store, "wf", "node-a", 60_000).await;
+        store.fenced_write(&lease.fence(), vec![
+            put("p", "pause", json!({"args": {"remindAfterMs": 200}})),
+        ]).await.expect("pause");
+        settle_all(&*store, &claim_all(&*store, "node-a").await).await;
+        store.fenced_write(&lease.fence(), vec![WriteOp::SetWorkflow {
+            workflow_id: "wf".into(), status: store::WorkflowStatus::Cancelled, data: json!({}),
+        }]).await.expect("cancelled");
+        wait_ms(&db, &*store, 250).await;
+        assert_eq!(claim_all(&*store, "node-a").await, Vec::<Notification>::new());
+        assert_eq!(store.notification_backlog().await.expect("backlog"), 0, "deleted, not kept");
+    }
+}
