@@ -6,8 +6,10 @@
 //! [`WorkflowsHandle`]), never raw `ActorRef`s.
 
 pub mod agents;
+pub use clock::skew_for_tests;
 mod backoff;
 mod child_run;
+mod clock;
 mod error;
 pub mod events;
 mod fault_points;

@@ -187,6 +187,14 @@ struct NodeState {
     configuration_version: String,
     /// The actors whose end ends the node.
     essential: Vec<ractor::ActorId>,
+    /// The task that reads the database's clock again every `clock::SYNC_PERIOD`.
+    clock_sync: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for NodeState {
+    fn drop(&mut self) {
+        self.clock_sync.abort();
+    }
 }
 
 impl Actor for NodeSupervisor {
@@ -226,6 +234,9 @@ impl Actor for NodeSupervisor {
             options.faults.clone(),
             Arc::clone(&options.metrics),
         );
+        // Before any workflow runs here: its timers are measured on the database's clock.
+        crate::clock::sync(&store).await;
+        let clock_sync = crate::clock::keep_in_sync(store.clone());
         let (lease, _) = Actor::spawn_linked(
             Some(format!("lease@{worker_id}")),
             LeaseActor,
@@ -317,6 +328,7 @@ impl Actor for NodeSupervisor {
                 changes,
             },
             essential,
+            clock_sync,
         })
     }
 

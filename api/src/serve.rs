@@ -107,6 +107,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     ));
     let lease_ms = config.lease_seconds * 1000;
     let fault_dir = fault_dir()?;
+    clock_skew()?;
     let runs = RunsOptions {
         lease_ms,
         workspaces_dir: config.workspaces_dir(),
@@ -313,8 +314,6 @@ fn node_files(
     actors::node_files::NodeFiles::new(folders, config_file.into_iter().map(Into::into).collect())
 }
 
-/// The embedded default's secret when none is configured: made once, kept in `<data_dir>/secret`
-/// (mode 0600) so that sessions survive a restart. A cluster configures one instead.
 /// The folder of the test hooks (`REINS_FAULT_DIR`): the fault points a test arms, and the
 /// files the scripted agent's `hold_while` waits on. Only a build with the `fault-points`
 /// feature reads it (the test suite's: `cargo build --workspace --bins`); any other build
@@ -331,6 +330,29 @@ fn fault_dir() -> anyhow::Result<Option<PathBuf>> {
     Ok(dir)
 }
 
+/// The test hook `REINS_FAULT_CLOCK_SKEW_MS`: this node's own clock is read this many ms off,
+/// as a host whose clock is wrong would read it (timers must follow the database's clock, not
+/// it). Refused, as `REINS_FAULT_DIR` is, by a build without the `fault-points` feature.
+fn clock_skew() -> anyhow::Result<()> {
+    let Some(skew) = std::env::var_os("REINS_FAULT_CLOCK_SKEW_MS") else {
+        return Ok(());
+    };
+    if !cfg!(feature = "fault-points") {
+        anyhow::bail!(
+            "REINS_FAULT_CLOCK_SKEW_MS is set, but this build has no fault points (the test \
+             suite's build has them)"
+        );
+    }
+    let skew: i64 = skew
+        .to_str()
+        .and_then(|skew| skew.parse().ok())
+        .ok_or_else(|| anyhow::anyhow!("REINS_FAULT_CLOCK_SKEW_MS is not a whole number of ms"))?;
+    actors::skew_for_tests(skew);
+    Ok(())
+}
+
+/// The embedded default's secret when none is configured: made once, kept in `<data_dir>/secret`
+/// (mode 0600) so that sessions survive a restart. A cluster configures one instead.
 fn local_secret(data_dir: &std::path::Path) -> anyhow::Result<String> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;

@@ -363,3 +363,40 @@ async fn a_sleep_whose_node_is_killed_and_started_again_wakes_on_time() {
         woke_at - wakes_at
     );
 }
+
+/// Timers follow the database's clock, not a node's: a node whose own clock is 4 s slow
+/// journals a 3 s sleep and is killed; a node with a right clock takes the workflow over and
+/// wakes it no earlier than 3 s after it began (by its node's clock, the sleep would have been
+/// due a second before it began).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sleep_journaled_by_a_node_whose_clock_is_slow_is_not_cut_short_by_another() {
+    let db = Db::new(false).await;
+    let env = [
+        ("REINS_RECOVERY", "automatic".to_owned()),
+        ("REINS_LEASE_SECONDS", "1".to_owned()),
+    ];
+    let mut slow = env.to_vec();
+    slow.push(("REINS_FAULT_CLOCK_SKEW_MS", "-4000".to_owned()));
+    let first = Node::start(&db, &slow);
+    let mut api = initialize(&first).await;
+    let began = std::time::Instant::now();
+    let run_id = launch(
+        &mut api,
+        r#"await sleep({stepId: "nap", ms: 3000}); return "woke";"#,
+    )
+    .await;
+    step_reaches(&mut api, &run_id, "nap", "running").await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    first.signal(libc::SIGKILL);
+    drop(first);
+    let second = Node::start(&db, &env);
+    let mut api = second.api();
+    assert_eq!(api.login(ADMIN, PASSWORD).await.status, 200);
+    let record = wait_for(&mut api, &run_id, "completed").await;
+    assert_eq!(record["result"], "woke");
+    assert!(
+        began.elapsed() >= Duration::from_millis(3_000),
+        "the sleep ended {:?} after it began",
+        began.elapsed()
+    );
+}

@@ -407,7 +407,7 @@ impl ChildState {
         let (run_id, owner) = (self.run_id.clone(), self.worker_id.clone());
         let mut metadata = serde_json::json!({ "hitl_approval": approval });
         if let Some(approval_ms) = self.approval_ms {
-            let now_ms = u64::try_from(crate::workflow::now_ms()).unwrap_or(0);
+            let now_ms = u64::try_from(crate::clock::now_ms()).unwrap_or(0);
             metadata[store::APPROVAL_DEADLINE] = now_ms.saturating_add(approval_ms).into();
         }
         tokio::spawn(

@@ -20,6 +20,7 @@ use tokio::sync::broadcast;
 use tokio::time::Instant;
 
 use crate::child_run::RunsHandle;
+use crate::clock::now_ms;
 use crate::error::{Error, Takeover};
 use crate::js_pool::{JsError, JsPool};
 use crate::lease::LeaseMsg;
@@ -28,7 +29,7 @@ use crate::workflow::requests::{
     Decide, LaunchRequest, ReconcileRequest, Resume, RetryRequest, SendEvent,
 };
 use crate::workflow::rules::{self, Supervised};
-use crate::workflow::{Start, WorkflowArgs, WorkflowMsg, WorkflowSupervisor, now_ms};
+use crate::workflow::{Start, WorkflowArgs, WorkflowMsg, WorkflowSupervisor};
 
 /// What a launch gave the caller.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -809,8 +810,9 @@ async fn claimable(
 }
 
 /// Plans a claim for when the next dormant workflow wakes, unless one is planned sooner: the
-/// claim period alone would wake it up to a period late. Judged by this node's clock (a clock
-/// behind the database's claims early, finds nothing, and the period claims it).
+/// claim period alone would wake it up to a period late. Judged by the database's clock as
+/// this node reads it (`clock::now_ms`): an error in that reading claims early, finds nothing,
+/// and the period claims it.
 fn plan_wake(
     myself: &ActorRef<WorkflowsMsg>,
     state: &mut WorkflowsState,

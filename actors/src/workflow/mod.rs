@@ -28,7 +28,7 @@ mod store_calls;
 mod unwritten;
 
 use std::collections::{BTreeMap, VecDeque};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use runtime::CallId;
@@ -173,20 +173,12 @@ pub(crate) struct WorkflowState {
     _timeout: Option<Timer<WorkflowMsg>>,
 }
 
-/// The node's wall clock, in epoch milliseconds: the `now` every event of a workflow comes with.
-pub(crate) fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-        .unwrap_or(0)
-}
-
 impl WorkflowState {
     /// Feeds `event` to the machine and performs what it answers, depth first: an effect whose
     /// result is an event has that event's effects performed before the rest (the machine's
     /// contract). Nothing after a halt is performed.
     async fn run(&mut self, myself: &ActorRef<WorkflowMsg>, event: Event) {
-        let mut queue: VecDeque<Effect> = self.machine.on(event, now_ms()).into();
+        let mut queue: VecDeque<Effect> = self.machine.on(event, crate::clock::now_ms()).into();
         while let Some(effect) = queue.pop_front() {
             let halts = matches!(effect, Effect::Halt { .. });
             let answer = self.perform(myself, effect).await;
@@ -194,7 +186,12 @@ impl WorkflowState {
                 return;
             }
             if let Some(event) = answer {
-                for effect in self.machine.on(event, now_ms()).into_iter().rev() {
+                for effect in self
+                    .machine
+                    .on(event, crate::clock::now_ms())
+                    .into_iter()
+                    .rev()
+                {
                     queue.push_front(effect);
                 }
             }
@@ -453,7 +450,7 @@ impl Actor for WorkflowSupervisor {
             span.clone(),
         );
         let timeout = machine.deadline_ms().map(|deadline| {
-            let left = u64::try_from(deadline.saturating_sub(now_ms())).unwrap_or(0);
+            let left = u64::try_from(deadline.saturating_sub(crate::clock::now_ms())).unwrap_or(0);
             Timer::after(&myself, Duration::from_millis(left), || {
                 WorkflowMsg::Event(Box::new(Event::TimedOut))
             })

@@ -43,7 +43,7 @@ pub const TIMEOUT_SECONDS_MAX: u64 = 365 * 86_400;
 
 /// Checks a launch against its limits before anything is written, and makes the row it writes
 /// and the workflow its supervisor starts from (typed: the document is never parsed back):
-/// `workflow_id` and `now_ms` are the caller's (a fresh id, the node's clock), and the seed of
+/// `workflow_id` and `now_ms` are the caller's (a fresh id, the database's clock as read), and the seed of
 /// the script's randomness follows from the id. Its life limit is the launch's own
 /// `timeout_seconds`, else the node's (`default_timeout_ms`), else none.
 pub(super) fn launch(

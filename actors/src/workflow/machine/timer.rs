@@ -4,9 +4,10 @@
 //! fires at once. A workflow that waits only for timers (and people) is parked: its VM is
 //! dropped, and it holds no slot (transitions: [`Timer`]).
 //!
-//! Time is the node's clock (the `now` each event comes with), as for the workflow's
-//! `timeout_seconds`: nodes whose clocks disagree fire a taken-over timer early or late by as
-//! much.
+//! Time is the database's clock as the node reads it (`clock::now_ms`, the `now` each event
+//! comes with), as for the workflow's `timeout_seconds` and its leases: nodes whose own clocks
+//! disagree still fire a taken-over timer at the journaled time (within the error of reading the
+//! database's clock: half a round trip).
 
 use std::time::Duration;
 
