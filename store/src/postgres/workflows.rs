@@ -535,7 +535,7 @@ impl PgStore {
         versions: &Versions,
     ) -> Result<Vec<Orphaned>> {
         let client = self.connection().await?;
-        let statement = client.prepare_cached(RECOVERABLE).await?;
+        let statement = client.prepare_cached(&RECOVERABLE).await?;
         let rows = client
             .query(
                 &statement,
@@ -561,7 +561,7 @@ impl PgStore {
         versions: &Versions,
     ) -> Result<Dormancy> {
         let client = self.connection().await?;
-        let due = client.prepare_cached(DORMANT_DUE).await?;
+        let due = client.prepare_cached(&DORMANT_DUE).await?;
         let next = client
             .prepare_cached(
                 "SELECT min(wake_at) FROM workflows WHERE dormant AND wake_at > reins_now()",
@@ -762,40 +762,32 @@ pub(super) async fn controls_in(
 /// spread over them, and none that is refused for long can starve the others), with whether a
 /// cancellation is pending. Only what this node may take is listed: a pending cancellation
 /// (which any runtime may finish), or a journal written under this node's runtime and agent
-/// configuration (the takeover's rules, `takeover_refusal`).
+/// configuration (the takeover's rules, `takeover_refusal`). `narrowed` is a predicate ending
+/// in `AND` that lists fewer (or `""`).
+fn orphans(narrowed: &str) -> String {
+    format!(
+        "SELECT id, cancel_pending FROM (
+             SELECT w.id,
+                    w.status = 'cancelling' OR EXISTS (
+                        SELECT 1 FROM workflow_controls c
+                         WHERE c.workflow = w.id AND c.kind = 'cancel' AND c.applied_at IS NULL
+                    ) AS cancel_pending,
+                    coalesce(w.data->>'runtime_version', '') AS runtime,
+                    coalesce(w.data->>'configuration_version', '') AS configuration
+               FROM workflows w
+               JOIN extension_execution_leases l ON l.resource_id = w.id
+              WHERE {narrowed} w.status IN ('running', 'paused', 'waiting_approval', 'cancelling')
+                AND l.expires_at <= reins_now()
+         ) orphaned
+          WHERE cancel_pending OR (runtime = $2 AND configuration IN ('', $3))
+          ORDER BY random() LIMIT $1"
+    )
+}
+
+/// Every orphan this node may take.
+static RECOVERABLE: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| orphans(""));
+
 /// [`RECOVERABLE`]'s list narrowed to dormant workflows whose wake time came (the partial index
 /// `workflows_dormant_by_wake` finds them).
-const DORMANT_DUE: &str = "
-    SELECT id, cancel_pending FROM (
-        SELECT w.id,
-               w.status = 'cancelling' OR EXISTS (
-                   SELECT 1 FROM workflow_controls c
-                    WHERE c.workflow = w.id AND c.kind = 'cancel' AND c.applied_at IS NULL
-               ) AS cancel_pending,
-               coalesce(w.data->>'runtime_version', '') AS runtime,
-               coalesce(w.data->>'configuration_version', '') AS configuration
-          FROM workflows w
-          JOIN extension_execution_leases l ON l.resource_id = w.id
-         WHERE w.dormant AND w.wake_at <= reins_now()
-           AND w.status IN ('running', 'paused', 'waiting_approval', 'cancelling')
-           AND l.expires_at <= reins_now()
-    ) due
-     WHERE cancel_pending OR (runtime = $2 AND configuration IN ('', $3))
-     ORDER BY random() LIMIT $1";
-
-const RECOVERABLE: &str = "
-    SELECT id, cancel_pending FROM (
-        SELECT w.id,
-               w.status = 'cancelling' OR EXISTS (
-                   SELECT 1 FROM workflow_controls c
-                    WHERE c.workflow = w.id AND c.kind = 'cancel' AND c.applied_at IS NULL
-               ) AS cancel_pending,
-               coalesce(w.data->>'runtime_version', '') AS runtime,
-               coalesce(w.data->>'configuration_version', '') AS configuration
-          FROM workflows w
-          JOIN extension_execution_leases l ON l.resource_id = w.id
-         WHERE w.status IN ('running', 'paused', 'waiting_approval', 'cancelling')
-           AND l.expires_at <= reins_now()
-    ) orphaned
-     WHERE cancel_pending OR (runtime = $2 AND configuration IN ('', $3))
-     ORDER BY random() LIMIT $1";
+static DORMANT_DUE: std::sync::LazyLock<String> =
+    std::sync::LazyLock::new(|| orphans("w.dormant AND w.wake_at <= reins_now() AND"));

@@ -456,6 +456,30 @@ impl SqliteStore {
     }
 }
 
+/// See the PostgreSQL backend's `orphans`: the same list, by the same rules, `narrowed` by a
+/// predicate ending in `AND` (or `""`).
+fn orphans(narrowed: &str) -> String {
+    format!(
+        "SELECT id, cancel_pending FROM (
+             SELECT w.id,
+                    w.status = 'cancelling' OR EXISTS (
+                        SELECT 1 FROM workflow_controls c
+                         WHERE c.workflow = w.id AND c.kind = 'cancel'
+                           AND c.applied_at IS NULL
+                    ) AS cancel_pending,
+                    coalesce(json_extract(w.data, '$.runtime_version'), '') AS runtime,
+                    coalesce(json_extract(w.data, '$.configuration_version'), '')
+                        AS configuration
+               FROM workflows w
+               JOIN extension_execution_leases l ON l.resource_id = w.id
+              WHERE {narrowed} w.status IN ('running', 'paused', 'waiting_approval', 'cancelling')
+                AND l.expires_at <= unixepoch('subsec')
+         )
+          WHERE cancel_pending OR (runtime = ?2 AND configuration IN ('', ?3))
+          ORDER BY random() LIMIT ?1"
+    )
+}
+
 impl SqliteStore {
     /// See the PostgreSQL backend's `RECOVERABLE`: the same list, by the same rules.
     pub(crate) async fn recoverable_workflows(
@@ -465,25 +489,7 @@ impl SqliteStore {
     ) -> Result<Vec<Orphaned>> {
         let (runtime, configuration) = (versions.runtime.clone(), versions.configuration.clone());
         self.read(move |connection| {
-            let mut statement = connection.prepare_cached(
-                "SELECT id, cancel_pending FROM (
-                     SELECT w.id,
-                            w.status = 'cancelling' OR EXISTS (
-                                SELECT 1 FROM workflow_controls c
-                                 WHERE c.workflow = w.id AND c.kind = 'cancel'
-                                   AND c.applied_at IS NULL
-                            ) AS cancel_pending,
-                            coalesce(json_extract(w.data, '$.runtime_version'), '') AS runtime,
-                            coalesce(json_extract(w.data, '$.configuration_version'), '')
-                                AS configuration
-                       FROM workflows w
-                       JOIN extension_execution_leases l ON l.resource_id = w.id
-                      WHERE w.status IN ('running', 'paused', 'waiting_approval', 'cancelling')
-                        AND l.expires_at <= unixepoch('subsec')
-                 )
-                  WHERE cancel_pending OR (runtime = ?2 AND configuration IN ('', ?3))
-                  ORDER BY random() LIMIT ?1",
-            )?;
+            let mut statement = connection.prepare_cached(&orphans(""))?;
             let rows = statement.query_map(params![limit, runtime, configuration], |row| {
                 Ok(Orphaned {
                     workflow_id: row.get(0)?,
@@ -503,26 +509,9 @@ impl SqliteStore {
     ) -> Result<Dormancy> {
         let (runtime, configuration) = (versions.runtime.clone(), versions.configuration.clone());
         self.read(move |connection| {
-            let mut statement = connection.prepare_cached(
-                "SELECT id, cancel_pending FROM (
-                     SELECT w.id,
-                            w.status = 'cancelling' OR EXISTS (
-                                SELECT 1 FROM workflow_controls c
-                                 WHERE c.workflow = w.id AND c.kind = 'cancel'
-                                   AND c.applied_at IS NULL
-                            ) AS cancel_pending,
-                            coalesce(json_extract(w.data, '$.runtime_version'), '') AS runtime,
-                            coalesce(json_extract(w.data, '$.configuration_version'), '')
-                                AS configuration
-                       FROM workflows w
-                       JOIN extension_execution_leases l ON l.resource_id = w.id
-                      WHERE w.dormant AND w.wake_at <= unixepoch('subsec')
-                        AND w.status IN ('running', 'paused', 'waiting_approval', 'cancelling')
-                        AND l.expires_at <= unixepoch('subsec')
-                 )
-                  WHERE cancel_pending OR (runtime = ?2 AND configuration IN ('', ?3))
-                  ORDER BY random() LIMIT ?1",
-            )?;
+            let mut statement = connection.prepare_cached(&orphans(
+                "w.dormant AND w.wake_at <= unixepoch('subsec') AND",
+            ))?;
             let rows = statement.query_map(params![limit, runtime, configuration], |row| {
                 Ok(Orphaned {
                     workflow_id: row.get(0)?,
