@@ -13,7 +13,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use crate::store_actor::StoreHandle;
 
 /// How often the node reads the database's clock again.
-pub(crate) const SYNC_PERIOD: Duration = Duration::from_secs(10);
+pub(crate) const SYNC_PERIOD: Duration = Duration::from_secs(60);
 
 /// A difference past this is logged as a warning: the host's clock wants fixing.
 const SKEW_WARNING_MS: i64 = 1_000;

@@ -615,8 +615,18 @@ async fn a_thousand_parked_waiters_run_no_query_while_nothing_happens() {
             tokio::spawn(async move { get_waiting(&mut api, &id, "60s").await })
         })
         .collect();
-    // Every waiter has read its workflow once and is parked.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Every waiter has read its workflow once and is parked: under load a thousand first reads
+    // take a while, so the count must stop rising (by more than the clock's reading, one a
+    // minute) before a quiet period is measured.
+    let mut published = transactions(&server, &name).await;
+    for _ in 0..6 {
+        tokio::time::sleep(Duration::from_secs(11)).await;
+        let now = transactions(&server, &name).await;
+        if now - published <= 1 {
+            break;
+        }
+        published = now;
+    }
     let parked = waiters
         .iter()
         .filter(|waiter| !waiter.is_finished())
