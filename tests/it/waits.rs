@@ -326,33 +326,54 @@ async fn an_agents_approval_request_nobody_answers_is_rejected_by_its_timeout() 
     assert!(late.status == 409 || late.status == 422, "{late:?}");
 }
 
-/// A workflow sleeping 3 s whose only node is SIGKILLed a second in, then started again, wakes
-/// no earlier than its journaled due time and no later than the lease and a second after it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_sleep_whose_node_is_killed_and_started_again_wakes_on_time() {
-    const LEASE_S: f64 = 1.0;
+/// A nap on its way: a workflow sleeping 3 s launched on a node started with `first_env`, that
+/// node SIGKILLed `kill_after` into the sleep, and a node started with `second_env` that takes
+/// it over. Answers when it began (by the test's clock), its record while it slept, and its
+/// record once completed.
+async fn a_nap_across_a_kill(
+    first_env: &[(&str, String)],
+    second_env: &[(&str, String)],
+    kill_after: Duration,
+) -> (Instant, Value, Value) {
     let db = Db::new(false).await;
-    let env = [
-        ("REINS_RECOVERY", "automatic".to_owned()),
-        ("REINS_LEASE_SECONDS", "1".to_owned()),
-    ];
-    let first = Node::start(&db, &env);
+    let first = Node::start(&db, first_env);
     let mut api = initialize(&first).await;
+    let began = Instant::now();
     let run_id = launch(
         &mut api,
         r#"await sleep({stepId: "nap", ms: 3000}); return "woke";"#,
     )
     .await;
-    let record = step_reaches(&mut api, &run_id, "nap", "running").await;
-    let wakes_at = step(&record, "nap")["wakes_at"].as_f64().expect("wakes_at");
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    let sleeping = step_reaches(&mut api, &run_id, "nap", "running").await;
+    tokio::time::sleep(kill_after).await;
     first.signal(libc::SIGKILL);
     drop(first);
-    let second = Node::start(&db, &env);
+    let second = Node::start(&db, second_env);
     let mut api = second.api();
     assert_eq!(api.login(ADMIN, PASSWORD).await.status, 200);
     let record = wait_for(&mut api, &run_id, "completed").await;
     assert_eq!(record["result"], "woke");
+    (began, sleeping, record)
+}
+
+/// One node's environment for the naps: automatic recovery, a lease of a second.
+fn nap_env() -> Vec<(&'static str, String)> {
+    vec![
+        ("REINS_RECOVERY", "automatic".to_owned()),
+        ("REINS_LEASE_SECONDS", "1".to_owned()),
+    ]
+}
+
+/// A workflow sleeping 3 s whose only node is SIGKILLed a second in, then started again, wakes
+/// no earlier than its journaled due time and no later than the lease and a second after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sleep_whose_node_is_killed_and_started_again_wakes_on_time() {
+    const LEASE_S: f64 = 1.0;
+    let (_, sleeping, record) =
+        a_nap_across_a_kill(&nap_env(), &nap_env(), Duration::from_secs(1)).await;
+    let wakes_at = step(&sleeping, "nap")["wakes_at"]
+        .as_f64()
+        .expect("wakes_at");
     let woke_at = step(&record, "nap")["finished_at"]
         .as_f64()
         .expect("finished_at");
@@ -370,30 +391,9 @@ async fn a_sleep_whose_node_is_killed_and_started_again_wakes_on_time() {
 /// due a second before it began).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sleep_journaled_by_a_node_whose_clock_is_slow_is_not_cut_short_by_another() {
-    let db = Db::new(false).await;
-    let env = [
-        ("REINS_RECOVERY", "automatic".to_owned()),
-        ("REINS_LEASE_SECONDS", "1".to_owned()),
-    ];
-    let mut slow = env.to_vec();
+    let mut slow = nap_env();
     slow.push(("REINS_FAULT_CLOCK_SKEW_MS", "-4000".to_owned()));
-    let first = Node::start(&db, &slow);
-    let mut api = initialize(&first).await;
-    let began = std::time::Instant::now();
-    let run_id = launch(
-        &mut api,
-        r#"await sleep({stepId: "nap", ms: 3000}); return "woke";"#,
-    )
-    .await;
-    step_reaches(&mut api, &run_id, "nap", "running").await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    first.signal(libc::SIGKILL);
-    drop(first);
-    let second = Node::start(&db, &env);
-    let mut api = second.api();
-    assert_eq!(api.login(ADMIN, PASSWORD).await.status, 200);
-    let record = wait_for(&mut api, &run_id, "completed").await;
-    assert_eq!(record["result"], "woke");
+    let (began, _, _) = a_nap_across_a_kill(&slow, &nap_env(), Duration::from_millis(500)).await;
     assert!(
         began.elapsed() >= Duration::from_millis(3_000),
         "the sleep ended {:?} after it began",

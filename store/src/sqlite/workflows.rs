@@ -480,6 +480,13 @@ fn orphans(narrowed: &str) -> String {
     )
 }
 
+/// Every orphan this node may take.
+static RECOVERABLE: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| orphans(""));
+
+/// [`RECOVERABLE`]'s list narrowed to dormant workflows whose wake time came.
+static DORMANT_DUE: std::sync::LazyLock<String> =
+    std::sync::LazyLock::new(|| orphans("w.dormant AND w.wake_at <= unixepoch('subsec') AND"));
+
 impl SqliteStore {
     /// See the PostgreSQL backend's `RECOVERABLE`: the same list, by the same rules.
     pub(crate) async fn recoverable_workflows(
@@ -489,7 +496,7 @@ impl SqliteStore {
     ) -> Result<Vec<Orphaned>> {
         let (runtime, configuration) = (versions.runtime.clone(), versions.configuration.clone());
         self.read(move |connection| {
-            let mut statement = connection.prepare_cached(&orphans(""))?;
+            let mut statement = connection.prepare_cached(&RECOVERABLE)?;
             let rows = statement.query_map(params![limit, runtime, configuration], |row| {
                 Ok(Orphaned {
                     workflow_id: row.get(0)?,
@@ -509,9 +516,7 @@ impl SqliteStore {
     ) -> Result<Dormancy> {
         let (runtime, configuration) = (versions.runtime.clone(), versions.configuration.clone());
         self.read(move |connection| {
-            let mut statement = connection.prepare_cached(&orphans(
-                "w.dormant AND w.wake_at <= unixepoch('subsec') AND",
-            ))?;
+            let mut statement = connection.prepare_cached(&DORMANT_DUE)?;
             let rows = statement.query_map(params![limit, runtime, configuration], |row| {
                 Ok(Orphaned {
                     workflow_id: row.get(0)?,
