@@ -43,12 +43,8 @@ fn with_no_configuration_a_node_serves_the_embedded_default_and_restarts_with_it
     let mut again = ReinsProcess::serve(dir.path(), default, &[]);
     again.wait_ready(Duration::from_secs(20));
     again.signal(libc::SIGTERM);
-    assert!(
-        again
-            .wait_exit(Duration::from_secs(5))
-            .expect("exits")
-            .success()
-    );
+    let status = again.wait_exit(Duration::from_secs(5)).expect("exits");
+    assert!(status.success(), "exit status {status}: {}", again.stderr());
 
     let db = rusqlite::Connection::open(dir.path().join("reins-data/reins.db")).expect("open");
     let nodes: Vec<(String, Option<f64>)> = db
