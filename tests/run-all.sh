@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Runs the whole test suite on a fresh Debian machine that has the Rust toolchain:
-#   tests/run-all.sh          build, start a private PostgreSQL, run every test, stop it
-#   tests/run-all.sh bench    the same cluster, then the benches instead of the tests
+#   tests/run-all.sh               build, start a private PostgreSQL, run every test, stop it
+#   tests/run-all.sh --under-load  the same, with one busy loop per core running beside the
+#                                  tests (a shared CI runner's situation): no test may decide by
+#                                  a quiet window or a race with the wall clock
+#   tests/run-all.sh bench         the same cluster, then the benches instead of the tests
 # PostgreSQL, nginx, openssl, chromium, chromium-driver, iproute2 and nftables come from Debian's
 # packages (installed if missing); the tests start their
 # own private nginx per test on a free loopback port, whatever the package's service does. The cluster lives under
@@ -12,6 +15,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
 mode=${1:-test}
+case "$mode" in
+  test | bench | --under-load) ;;
+  *) echo "usage: tests/run-all.sh [--under-load | bench]" >&2; exit 2 ;;
+esac
 
 as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
 
@@ -71,7 +78,12 @@ done
 [ -n "$port" ] || { echo "no free loopback port found" >&2; exit 1; }
 
 stop_pg() { run_pg "$pg_bin/pg_ctl" -D "$pg_dir/data" -m immediate stop >/dev/null 2>&1 || true; }
-trap stop_pg EXIT
+busy=()
+stop_all() {
+  if [ ${#busy[@]} -gt 0 ]; then kill "${busy[@]}" 2>/dev/null || true; fi
+  stop_pg
+}
+trap stop_all EXIT
 
 echo "== PostgreSQL $("$pg_bin/postgres" --version | awk '{print $3}') on 127.0.0.1:$port ($pg_dir)"
 run_pg "$pg_bin/initdb" -D "$pg_dir/data" -U postgres --auth=trust -E UTF8 >/dev/null
@@ -95,6 +107,15 @@ case "$mode" in
     ;;
   *)
     cargo build --workspace --bins
+    if [ "$mode" = --under-load ]; then
+      # After the builds (which would only be slower): the tests alone meet the busy cores.
+      cargo test --workspace --no-run
+      for _ in $(seq 1 "$(nproc)"); do
+        bash -c 'while :; do :; done' &
+        busy+=($!)
+      done
+      echo "== under load: ${#busy[@]} busy loops (one per core) beside the tests"
+    fi
     log="$pg_dir/cargo-test.log"
     set +e
     REINS_TEST_PG="$url" cargo test --workspace --no-fail-fast 2>&1 | tee "$log"

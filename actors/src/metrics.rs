@@ -30,6 +30,7 @@ const DESCRIPTIONS: &[(&str, &str, &str)] = &[
     ("reins_fenced_writes_rejected_total", "counter", "Fenced writes the database refused because the lease was lost."),
     ("reins_journal_write_seconds", "histogram", "Latency of a workflow's fenced journal writes."),
     ("reins_http_requests_total", "counter", "HTTP requests answered, by route and status."),
+    ("reins_http_wait_reads_total", "counter", "Reads of a workflow by requests that wait for it (?wait=): one as each begins, one per wake-up."),
     ("reins_notifications_delivered_total", "counter", "Notifications a webhook took (answered 2xx), by kind; one per sink."),
     ("reins_notification_attempts_failed_total", "counter", "Webhook POSTs of notifications that failed (no answer in time, refused, or not 2xx), by kind."),
     ("reins_notifications_abandoned_total", "counter", "Notifications given up after notifications.attempts_max attempts, by kind."),

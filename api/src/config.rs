@@ -1097,6 +1097,22 @@ mod tests {
             .collect()
     }
 
+    /// What `reins serve` with nothing configured runs on (the README's first command; the
+    /// process test runs it on a free port, since another node may hold this one).
+    #[test]
+    fn with_nothing_configured_a_node_listens_on_7420_with_sqlite_in_reins_data() {
+        let checked = Config::load(None, env(&[])).expect("no configuration");
+        assert_eq!(
+            checked.listen,
+            "127.0.0.1:7420".parse().expect("an address")
+        );
+        assert_eq!(
+            checked.database,
+            DatabaseUrl::Sqlite(PathBuf::from("reins-data/reins.db"))
+        );
+        assert!(checked.warnings.is_empty(), "{:?}", checked.warnings);
+    }
+
     #[test]
     fn a_cluster_needs_a_secret_and_a_secret_needs_its_length() {
         let cluster = ("REINS_DATABASE", "postgres://reins@127.0.0.1:5/reins");

@@ -108,6 +108,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let lease_ms = config.lease_seconds * 1000;
     let fault_dir = fault_dir()?;
     clock_skew()?;
+    waiter_poll()?;
     let runs = RunsOptions {
         lease_ms,
         workspaces_dir: config.workspaces_dir(),
@@ -197,6 +198,11 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         config.events.clone(),
         &config.limits,
     ));
+    // Watched before the first request can be answered: a node that has said it is ready
+    // drains on SIGTERM, never dies of the signal's default action (which a supervisor that
+    // stops it as soon as it is ready, as the tests do, would meet under load).
+    let mut terminate = signal(SignalKind::terminate()).context("cannot watch SIGTERM")?;
+    let mut interrupt = signal(SignalKind::interrupt()).context("cannot watch SIGINT")?;
     let (stop, stopping) = watch::channel(false);
     let drain_timeout = Duration::from_millis(config.shutdown.drain_timeout_ms);
     let (admin_listener, admin_socket) = admin::bind(&admin_path)?;
@@ -218,10 +224,9 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         drain_timeout,
     ));
 
-    let mut terminate = signal(SignalKind::terminate()).context("cannot watch SIGTERM")?;
     tokio::select! {
         _ = terminate.recv() => tracing::info!("SIGTERM: draining"),
-        _ = tokio::signal::ctrl_c() => tracing::info!("interrupt: draining"),
+        _ = interrupt.recv() => tracing::info!("interrupt: draining"),
     }
     state.draining.store(true, Ordering::SeqCst);
     state.node.workflows().drain();
@@ -348,6 +353,27 @@ fn clock_skew() -> anyhow::Result<()> {
         .and_then(|skew| skew.parse().ok())
         .ok_or_else(|| anyhow::anyhow!("REINS_FAULT_CLOCK_SKEW_MS is not a whole number of ms"))?;
     actors::skew_for_tests(skew);
+    Ok(())
+}
+
+/// The test hook `REINS_FAULT_WAITER_POLL_MS`: every request that waits (`?wait=`) also reads
+/// its workflow again this often, as a waiter that polls would (the planted mutant of the
+/// quiet-period test). Refused, as `REINS_FAULT_DIR` is, by a build without `fault-points`.
+fn waiter_poll() -> anyhow::Result<()> {
+    let Some(poll) = std::env::var_os("REINS_FAULT_WAITER_POLL_MS") else {
+        return Ok(());
+    };
+    if !cfg!(feature = "fault-points") {
+        anyhow::bail!(
+            "REINS_FAULT_WAITER_POLL_MS is set, but this build has no fault points (the test \
+             suite's build has them)"
+        );
+    }
+    let poll: u64 = poll
+        .to_str()
+        .and_then(|poll| poll.parse().ok())
+        .ok_or_else(|| anyhow::anyhow!("REINS_FAULT_WAITER_POLL_MS is not a whole number of ms"))?;
+    http::wait::poll_for_tests(poll);
     Ok(())
 }
 

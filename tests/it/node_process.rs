@@ -1,18 +1,27 @@
-//! The real binary on the embedded default: it starts with no configuration at all, is ready,
-//! stops cleanly on SIGTERM, keeps its data across a restart, and keeps a second node out.
+//! The real binary on the embedded default: it starts with no configuration but its port, is
+//! ready, stops cleanly on SIGTERM, keeps its data across a restart, and keeps a second node out.
+//! (The default port, 7420, is the configuration's unit test: another node on this machine may
+//! hold it.) Bounds on a stop are hang detectors, generous for a loaded machine: how fast a node
+//! stops is not what these tests say.
 
 use std::net::SocketAddr;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::harness::{ReinsProcess, free_port, http_get};
 
-#[test]
-fn with_no_configuration_a_node_serves_the_embedded_default_and_restarts_with_its_data() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let default: SocketAddr = "127.0.0.1:7420".parse().expect("addr");
+/// Long enough for a drain (3 s), recording the stop and the supervision tree's end on a
+/// machine whose cores are busy; a node that hangs still fails.
+const STOPS_WITHIN: Duration = Duration::from_secs(60);
 
-    let mut first = ReinsProcess::serve(dir.path(), default, &[]);
-    first.wait_ready(Duration::from_secs(20));
+#[test]
+fn with_no_configuration_but_its_port_a_node_serves_the_embedded_default_and_restarts_with_its_data()
+ {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let default: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
+    let listen = [("REINS_LISTEN", default.to_string())];
+
+    let mut first = ReinsProcess::serve(dir.path(), default, &listen);
+    first.wait_ready(Duration::from_secs(60));
     let (status, body) = http_get(default, "/health/ready").expect("ready");
     assert_eq!(status, 200, "{body}");
     let ready: serde_json::Value = serde_json::from_str(&body).expect("json");
@@ -26,24 +35,21 @@ fn with_no_configuration_a_node_serves_the_embedded_default_and_restarts_with_it
     let other: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
     let mut second = ReinsProcess::serve(dir.path(), other, &[("REINS_LISTEN", other.to_string())]);
     let status = second
-        .wait_exit(Duration::from_secs(10))
+        .wait_exit(STOPS_WITHIN)
         .expect("the second node exits");
     assert!(!status.success());
     let stderr = second.stderr();
     assert!(stderr.contains("a cluster needs PostgreSQL"), "{stderr}");
 
-    let stopping = Instant::now();
     first.signal(libc::SIGTERM);
-    let status = first
-        .wait_exit(Duration::from_secs(5))
-        .expect("exits within 5 s of SIGTERM");
+    let status = first.wait_exit(STOPS_WITHIN).expect("exits after SIGTERM");
     assert!(status.success(), "exit status {status}: {}", first.stderr());
-    assert!(stopping.elapsed() < Duration::from_secs(5));
 
-    let mut again = ReinsProcess::serve(dir.path(), default, &[]);
-    again.wait_ready(Duration::from_secs(20));
+    // Stopped the moment it is ready: the signal is watched before anything is answered.
+    let mut again = ReinsProcess::serve(dir.path(), default, &listen);
+    again.wait_ready(Duration::from_secs(60));
     again.signal(libc::SIGTERM);
-    let status = again.wait_exit(Duration::from_secs(5)).expect("exits");
+    let status = again.wait_exit(STOPS_WITHIN).expect("exits");
     assert!(status.success(), "exit status {status}: {}", again.stderr());
 
     let db = rusqlite::Connection::open(dir.path().join("reins-data/reins.db")).expect("open");
@@ -81,11 +87,9 @@ fn sigint_drains_like_sigterm() {
     let dir = tempfile::tempdir().expect("temp dir");
     let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
     let mut node = ReinsProcess::serve(dir.path(), addr, &[("REINS_LISTEN", addr.to_string())]);
-    node.wait_ready(Duration::from_secs(20));
+    node.wait_ready(Duration::from_secs(60));
     node.signal(libc::SIGINT);
-    let status = node
-        .wait_exit(Duration::from_secs(5))
-        .expect("exits within 5 s");
+    let status = node.wait_exit(STOPS_WITHIN).expect("exits after SIGINT");
     assert!(status.success(), "exit status {status}");
     assert!(
         http_get(addr, "/health").is_err(),
@@ -112,9 +116,12 @@ fn a_node_whose_stderr_is_never_read_keeps_serving() {
     .stderr(std::process::Stdio::piped())
     .spawn()
     .expect("start reins");
-    let deadline = Instant::now() + Duration::from_secs(30);
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
     while !matches!(http_get(addr, "/health/ready"), Ok((200, _))) {
-        assert!(Instant::now() < deadline, "the node never got ready");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the node never got ready"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     for n in 0..3000 {

@@ -536,54 +536,70 @@ async fn a_killed_listen_connection_reconnects_and_its_resync_catches_what_it_mi
     assert_ne!(again, killed);
 }
 
-/// Transactions committed or rolled back in database `name` so far, read from another database
-/// (so the reading itself is not counted). PostgreSQL publishes a backend's counts when it goes
-/// idle, at the latest 10 s after its last statement.
-async fn transactions(server: &tokio_postgres::Client, name: &str) -> i64 {
-    server
-        .query_one(
-            "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = $1",
-            &[&name],
-        )
-        .await
-        .expect("database statistics")
-        .get(0)
+/// Reads of a workflow that requests waiting for it (`?wait=`) made so far: the node's own
+/// count, so that nothing else a node does (lease renewals, clock reads, another test's load)
+/// is counted with them.
+async fn wait_reads(api: &mut Api) -> u64 {
+    let text = api.call("GET", "/metrics", None).await;
+    String::from_utf8_lossy(&text.body)
+        .lines()
+        .filter(|line| line.starts_with("reins_http_wait_reads_total"))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
 }
 
-/// The transactions a node runs in a quiet period: counts published before it (11 s of
-/// nothing first), then 3 s, then 11 s for the period's own counts to be published.
-async fn quiet_transactions(server: &tokio_postgres::Client, name: &str) -> i64 {
-    const PUBLISHED: Duration = Duration::from_secs(11);
-    tokio::time::sleep(PUBLISHED).await;
-    let before = transactions(server, name).await;
-    tokio::time::sleep(Duration::from_secs(3) + PUBLISHED).await;
-    transactions(server, name).await - before
+/// `waiters` requests waiting for the workflows `held` (which go on running) park, then what
+/// they read in a quiet period of 5 s: a fixed window, but what it counts is the waiters' own
+/// reads, which a loaded machine can only make fewer. Answers the waiters' tasks.
+async fn quiet_period_reads(
+    api: &mut Api,
+    held: &[String],
+    waiters: usize,
+) -> (u64, Vec<tokio::task::JoinHandle<(Answer, Duration)>>) {
+    let before = wait_reads(api).await;
+    let tasks: Vec<_> = (0..waiters)
+        .map(|i| {
+            let (mut api, id) = (api.clone(), held[i % held.len()].clone());
+            tokio::spawn(async move { get_waiting(&mut api, &id, "10m").await })
+        })
+        .collect();
+    // Every waiter has read its workflow once: it is parked.
+    let target = before + u64::try_from(waiters).expect("a count");
+    let mut reads = before;
+    eventually(
+        Duration::from_secs(120),
+        "every waiter's first read",
+        async || {
+            reads = wait_reads(api).await;
+            reads >= target
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let parked = tasks.iter().filter(|task| !task.is_finished()).count();
+    assert_eq!(parked, waiters, "waiters answered before anything happened");
+    (wait_reads(api).await - reads, tasks)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_thousand_parked_waiters_run_no_query_while_nothing_happens() {
-    const WAITERS: usize = 1000;
-    let db = Db::new(true).await;
-    // Long leases: their renewals (a third of a lease, 20 minutes) fall outside the periods
-    // measured, however long the suite's load stretches them (at 600 s, a round of renewals,
-    // 4 workflows and 4 runs, fell into one under load: 8 transactions).
-    let node = Node::start(
-        &db,
-        &env(&[
-            NO_FALLBACK,
-            ("REINS_LEASE_SECONDS", "3600"),
-            ("REINS_HTTP__CONNECTIONS_MAX", "4096"),
-            ("REINS_HTTP__WAITERS_MAX", "2048"),
-            ("REINS_HTTP__WAITERS_PER_USER_MAX", "4096"),
-        ]),
-    );
+/// A node on PostgreSQL with four workflows whose agent steps run for ten minutes, and room for
+/// a thousand waiters; `extra` adds to its environment.
+async fn four_long_workflows(db: &Db, extra: &[(&'static str, &str)]) -> (Node, Api, Vec<String>) {
+    let mut vars = vec![
+        NO_FALLBACK,
+        ("REINS_HTTP__CONNECTIONS_MAX", "4096"),
+        ("REINS_HTTP__WAITERS_MAX", "2048"),
+        ("REINS_HTTP__WAITERS_PER_USER_MAX", "4096"),
+        ("REINS_HTTP__WAIT_MAX_MS", "600000"),
+    ];
+    vars.extend_from_slice(extra);
+    let node = Node::start(db, &env(&vars));
     let mut api = initialize(&node).await;
     let mut held = Vec::new();
     for _ in 0..4 {
         held.push(launch(&mut api, &sleeping(600_000)).await);
     }
     for id in &held {
-        eventually(Duration::from_secs(10), "the step runs", async || {
+        eventually(Duration::from_secs(60), "the step runs", async || {
             let record = api
                 .call("GET", &format!("/api/v1/workflows/{id}"), None)
                 .await
@@ -592,56 +608,18 @@ async fn a_thousand_parked_waiters_run_no_query_while_nothing_happens() {
         })
         .await;
     }
-    let Db::Postgres(test_db) = &db else {
-        unreachable!("a PostgreSQL database")
-    };
-    let name: String = test_db
-        .pg_client()
-        .await
-        .query_one("SELECT current_database()", &[])
-        .await
-        .expect("database")
-        .get(0);
-    let (server, connection) = tokio_postgres::connect(
-        &std::env::var("REINS_TEST_PG").expect("REINS_TEST_PG"),
-        tokio_postgres::NoTls,
-    )
-    .await
-    .expect("connect to the server");
-    tokio::spawn(connection);
+    (node, api, held)
+}
 
-    let background = quiet_transactions(&server, &name).await;
-    let waiters: Vec<_> = (0..WAITERS)
-        .map(|i| {
-            let (mut api, id) = (api.clone(), held[i % held.len()].clone());
-            tokio::spawn(async move { get_waiting(&mut api, &id, "60s").await })
-        })
-        .collect();
-    // Every waiter has read its workflow once and is parked: under load a thousand first reads
-    // take a while, so the count must stop rising (by more than the clock's reading, one a
-    // minute) before a quiet period is measured.
-    let mut published = transactions(&server, &name).await;
-    for _ in 0..6 {
-        tokio::time::sleep(Duration::from_secs(11)).await;
-        let now = transactions(&server, &name).await;
-        if now - published <= 1 {
-            break;
-        }
-        published = now;
-    }
-    let parked = waiters
-        .iter()
-        .filter(|waiter| !waiter.is_finished())
-        .count();
-    assert_eq!(parked, WAITERS, "waiters answered before anything happened");
-    let with_waiters = quiet_transactions(&server, &name).await;
-    assert!(
-        with_waiters <= background + 2,
-        "{WAITERS} parked waiters ran {with_waiters} transactions in a quiet period; the node \
-         alone ran {background}"
-    );
-    eprintln!(
-        "quiet period: {background} transactions alone, {with_waiters} with {WAITERS} waiters"
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_thousand_parked_waiters_run_no_query_while_nothing_happens() {
+    const WAITERS: usize = 1000;
+    let db = Db::new(true).await;
+    let (_node, mut api, held) = four_long_workflows(&db, &[]).await;
+    let (reads, waiters) = quiet_period_reads(&mut api, &held, WAITERS).await;
+    assert_eq!(
+        reads, 0,
+        "{WAITERS} parked waiters read their workflows {reads} times in a quiet period"
     );
 
     // A change wakes them: each answers with the record.
@@ -664,6 +642,24 @@ async fn a_thousand_parked_waiters_run_no_query_while_nothing_happens() {
         }
     }
     assert_eq!(answered, WAITERS / held.len());
+}
+
+/// The planted mutant that proves the test above can fail: waiters that poll (every second,
+/// through the `fault-points` build's hook) are caught by the same measurement.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_quiet_period_test_catches_waiters_that_poll() {
+    const WAITERS: usize = 40;
+    let db = Db::new(true).await;
+    let (_node, mut api, held) =
+        four_long_workflows(&db, &[("REINS_FAULT_WAITER_POLL_MS", "1000")]).await;
+    let (reads, waiters) = quiet_period_reads(&mut api, &held, WAITERS).await;
+    assert!(
+        reads >= u64::try_from(WAITERS).expect("a count"),
+        "{WAITERS} waiters polling every second read only {reads} times in 5 s"
+    );
+    for waiter in waiters {
+        waiter.abort();
+    }
 }
 
 /// `GET /api/v1/workflows/{id}` requests the node answered so far.

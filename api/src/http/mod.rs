@@ -24,7 +24,7 @@ mod reads;
 pub(crate) mod record;
 mod routes;
 mod users;
-mod wait;
+pub(crate) mod wait;
 mod wire;
 mod workflows;
 

@@ -6,6 +6,7 @@
 //! registry that a dropped request (a client that went away) gives back.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -16,6 +17,16 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, broadcast, watch};
 use super::error::ApiError;
 use super::per_user::{PerUser, Place};
 use super::record;
+
+/// The test hook `REINS_FAULT_WAITER_POLL_MS` (0: off): a parked waiter also wakes this often
+/// and reads again, as a waiter that polls would. It is the planted mutant that proves the
+/// quiet-period test can fail; only a build with the `fault-points` feature sets it.
+static POLL_MS_FOR_TESTS: AtomicU64 = AtomicU64::new(0);
+
+/// Makes every parked waiter read again each `ms` (see [`POLL_MS_FOR_TESTS`]).
+pub fn poll_for_tests(ms: u64) {
+    POLL_MS_FOR_TESTS.store(ms, Ordering::Relaxed);
+}
 
 /// Whether a waiter may answer: the workflow ended, or waits for a person: a pause or a
 /// checkpoint nobody has answered yet (once a person has, the owner is about to carry it out),
@@ -172,10 +183,18 @@ impl Watch {
         if *self.stopping.borrow() {
             return false;
         }
+        let poll_ms = POLL_MS_FOR_TESTS.load(Ordering::Relaxed);
+        let poll = async {
+            if poll_ms == 0 {
+                std::future::pending::<()>().await;
+            }
+            tokio::time::sleep(Duration::from_millis(poll_ms)).await;
+        };
         tokio::select! {
             changed = self.changes.changed() => changed.is_ok(),
             _ = self.stopping.changed() => false,
             () = tokio::time::sleep_until(deadline) => false,
+            () = poll => true,
         }
     }
 }

@@ -267,6 +267,12 @@ async fn wait_for(
     let mut watch = ctx.state.waiters.watch(run_id);
     let (mut over, mut waited) = (false, false);
     loop {
+        // Every read a waiter makes is counted: a parked waiter makes none (the quiet-period
+        // test reads this counter).
+        ctx.state
+            .node
+            .metrics()
+            .inc("reins_http_wait_reads_total", &[]);
         let view = read_record(ctx, run_id).await??;
         let view = visible(ctx, view, run_id, Act::Read)?;
         if over || wait::settled(&view) {
