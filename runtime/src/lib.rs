@@ -80,8 +80,9 @@ pub fn runtime_version(limits: &Limits) -> String {
     let mut digest = Sha256::new();
     // The rules a replay must meet (2: calls in flight bounded by `parallel_max`; 3: a call's
     // unknown options are refused; 4: an agent's retry policy, and `sleep`; 5: `waitForEvent`
-    // and the deadlines of waits).
-    digest.update(b"reins-runtime-5\0rquickjs-0.14\0");
+    // and the deadlines of waits; 6: `sleepUntil` takes a time on the calendar, at most
+    // `SLEEP_MS_MAX` ahead).
+    digest.update(b"reins-runtime-6\0rquickjs-0.14\0");
     digest.update(include_str!("prelude.js").as_bytes());
     digest.update(JOURNAL_FORMAT.to_le_bytes());
     digest.update(limits.frame_bytes_max.to_le_bytes());

@@ -15,6 +15,15 @@ pub const BACKOFF_COEFFICIENT_MAX: f64 = 10.0;
 /// `nonRetryable` codes at most, and each code's bytes at most.
 pub const NON_RETRYABLE_MAX: usize = 32;
 pub const CODE_BYTES_MAX: usize = 64;
+/// What a failure's code is made of, as a policy's `nonRetryable` names it.
+pub const CODE_GRAMMAR: &str = "1 to 64 of A-Z, a-z, 0-9, '-', '_', '.'";
+
+/// Whether `code` is a failure code: an id ([`crate::is_id`]) of at most [`CODE_BYTES_MAX`]
+/// bytes, so that it can be named in `nonRetryable`, shown and logged as it is (no control
+/// character, no newline, no NUL).
+pub fn is_code(code: &str) -> bool {
+    code.len() <= CODE_BYTES_MAX && crate::is_id(code)
+}
 /// A timeout at least and at most (`attemptMs`, `idleMs`, `totalMs`): 100 ms to 7 days.
 pub const TIMEOUT_MS_MIN: u64 = 100;
 pub const TIMEOUT_MS_MAX: u64 = 7 * 86_400_000;
@@ -90,12 +99,18 @@ impl Default for RetryPolicy {
 impl RetryPolicy {
     /// The wait before attempt `next` (2 or more): the initial interval grown by the
     /// coefficient for each attempt since the second, at most `max_interval_ms`. A wait the
-    /// failure asks for (`retry_after_ms`, a provider's `Retry-After`) replaces it, also at most
-    /// `max_interval_ms`.
+    /// failure asks for (`retry_after_ms`, a provider's `Retry-After`) may lengthen it, never
+    /// shorten it (a provider that asks for no wait, or a time past, cannot make a step spend
+    /// its attempts at once), also at most `max_interval_ms`.
     pub fn delay_before(&self, next: u32, asked_ms: Option<u64>) -> u64 {
-        if let Some(asked) = asked_ms {
-            return asked.min(self.max_interval_ms);
-        }
+        let backoff = self.backoff_before(next);
+        asked_ms.map_or(backoff, |asked| {
+            asked.min(self.max_interval_ms).max(backoff)
+        })
+    }
+
+    /// The policy's own wait before attempt `next`.
+    fn backoff_before(&self, next: u32) -> u64 {
         let grown = self.initial_interval_ms as f64
             * self
                 .backoff_coefficient
@@ -186,12 +201,9 @@ impl RetryOptions {
                     codes.len()
                 ));
             }
-            if let Some(code) = codes
-                .iter()
-                .find(|code| code.is_empty() || code.len() > CODE_BYTES_MAX)
-            {
+            if let Some(code) = codes.iter().find(|code| !is_code(code)) {
                 return Err(format!(
-                    "retry.{key} holds {code:?}: a code is 1 to {CODE_BYTES_MAX} bytes"
+                    "retry.{key} holds {code:?}: a code is {CODE_GRAMMAR}"
                 ));
             }
         }
@@ -430,6 +442,10 @@ mod tests {
                 "retry.nonRetryable must be a list of strings",
             ),
             (
+                json!({"retry": {"nonRetryable": ["rate limited"]}}),
+                "retry.nonRetryable holds \"rate limited\": a code is 1 to 64 of A-Z",
+            ),
+            (
                 json!({"retry": {"maxAttempt": 3}}),
                 "retry does not take maxAttempt",
             ),
@@ -493,7 +509,7 @@ mod tests {
     }
 
     #[test]
-    fn backoff_grows_to_its_cap_and_an_asked_wait_replaces_it() {
+    fn backoff_grows_to_its_cap_and_an_asked_wait_only_lengthens_it() {
         let policy = RetryPolicy {
             max_attempts: 10,
             initial_interval_ms: 1_000,
@@ -505,8 +521,12 @@ mod tests {
             .map(|next| policy.delay_before(next, None))
             .collect();
         assert_eq!(waits, [1_000, 2_000, 4_000, 5_000, 5_000]);
-        assert_eq!(policy.delay_before(2, Some(30)), 30);
+        // Asked for more than the policy's wait: the asked wait, within the cap.
+        assert_eq!(policy.delay_before(2, Some(1_500)), 1_500);
         assert_eq!(policy.delay_before(2, Some(60_000)), 5_000);
+        // Asked for less, or nothing (a `Retry-After` already past): the policy's wait.
+        assert_eq!(policy.delay_before(2, Some(30)), 1_000);
+        assert_eq!(policy.delay_before(4, Some(0)), 4_000);
         assert!(policy.refuses(Some("http_400")));
         assert!(!policy.refuses(Some("http_429")) && !policy.refuses(None));
     }

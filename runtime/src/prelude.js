@@ -134,15 +134,27 @@
   globalThis.readArtifact = (args) => call("readArtifact", args);
   globalThis.sleep = (args) => call("sleep", args);
   globalThis.waitForEvent = (args) => call("waitForEvent", args);
-  // `at` is epoch milliseconds or an ISO 8601 text; the journal keeps it as milliseconds.
+  // An RFC 3339 time with its offset (a text without one would mean another time on a node in
+  // another zone), on the calendar: the engine's own parser would take 2026-02-30 for March 2.
+  const rfc3339 = /^(\d{4})-(\d\d)-(\d\d)T(\d\d):(\d\d)(?::(\d\d)(?:\.\d{1,9})?)?(?:Z|[+-](\d\d):(\d\d))$/;
+  const timeOf = (text) => {
+    const parts = rfc3339.exec(text);
+    if (parts === null) return NaN;
+    const [year, month, day, hour, minute, second, offsetHours, offsetMinutes] =
+      parts.slice(1).map((part) => (part === undefined ? 0 : +part));
+    const leap = year % 4 === 0 && (year % 100 !== 0 || year % 400 === 0);
+    const days = [31, leap ? 29 : 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31][month - 1];
+    const valid = days !== undefined && day >= 1 && day <= days && hour <= 23 && minute <= 59 &&
+      second <= 59 && offsetHours <= 23 && offsetMinutes <= 59;
+    return valid ? RealDate.parse(text) : NaN;
+  };
+  // `at` is epoch milliseconds or an RFC 3339 text; the journal keeps it as milliseconds.
   globalThis.sleepUntil = (args) => {
     if (args === null || typeof args !== "object" || isArray(args)) {
       return promiseReject(new RealTypeError("sleepUntil takes one object"));
     }
     const { at, ...rest } = args;
-    // A text without its offset would mean another time on a node in another zone.
-    const untilMs = typeof at !== "string" ? at
-      : /(Z|[+-]\d\d:\d\d)$/.test(at) ? RealDate.parse(at) : NaN;
+    const untilMs = typeof at !== "string" ? at : timeOf(at);
     return call("sleep", { ...rest, untilMs: untilMs === untilMs ? untilMs : String(at) });
   };
   globalThis.humanCheckpoint = async (args) => {

@@ -1080,6 +1080,14 @@ fn a_sleep_takes_ms_or_a_time_with_its_offset_and_journals_it_as_milliseconds() 
             () => sleepUntil({stepId: "local", at: "2026-12-03T17:00:00"}),
             () => sleepUntil({stepId: "junk", at: "tomorrow"}),
             () => sleep({stepId: "both", ms: 1, untilMs: 2}),
+            () => sleepUntil({stepId: "feb30", at: "2026-02-30T09:00:00Z"}),
+            () => sleepUntil({stepId: "hour24", at: "2026-12-03T24:00:00Z"}),
+            () => sleepUntil({stepId: "offset", at: "2026-12-03T17:00:00+24:00"}),
+            () => sleepUntil({stepId: "far", at: 8.64e15}),
+            () => sleepUntil({stepId: "later", at: "2027-01-02T17:00:00Z"}),
+            // A leap day is on the calendar (and too far here), a 29 February that is not is not.
+            () => sleepUntil({stepId: "leap", at: "2028-02-29T00:00:00.5+01:00"}),
+            () => sleepUntil({stepId: "noleap", at: "2027-02-29T00:00:00Z"}),
         ]) {
             try { await call(); } catch (e) { errors.push(e.message); }
         }
@@ -1088,9 +1096,13 @@ fn a_sleep_takes_ms_or_a_time_with_its_offset_and_journals_it_as_milliseconds() 
         await sleepUntil({stepId: "ms", at: 1796317200000});
         return errors;
     "#;
-    let (status, journal, _) = drive(script, json!({}), options(vec![]), |_| {
-        Outcome::Resolved(Value::Null)
-    });
+    // The workflow's now: 2026-12-01T00:00:00Z, from which 2026-12-03 is near, and 2027-01-02
+    // (32 days on) too far for one sleep.
+    let now = VmOptions {
+        started_at_ms: 1_796_083_200_000,
+        ..options(vec![])
+    };
+    let (status, journal, _) = drive(script, json!({}), now, |_| Outcome::Resolved(Value::Null));
     let Status::Completed(errors) = status else {
         panic!("{status:?}")
     };
@@ -1103,6 +1115,13 @@ fn a_sleep_takes_ms_or_a_time_with_its_offset_and_journals_it_as_milliseconds() 
             "sleepUntil \"local\": at is \"2026-12-03T17:00:00\": it must be a time (epoch milliseconds, or an ISO 8601 text with its offset)",
             "sleepUntil \"junk\": at is \"tomorrow\": it must be a time (epoch milliseconds, or an ISO 8601 text with its offset)",
             "sleep \"both\" needs ms (sleep) or at (sleepUntil), not both",
+            "sleepUntil \"feb30\": at is \"2026-02-30T09:00:00Z\": it must be a time (epoch milliseconds, or an ISO 8601 text with its offset)",
+            "sleepUntil \"hour24\": at is \"2026-12-03T24:00:00Z\": it must be a time (epoch milliseconds, or an ISO 8601 text with its offset)",
+            "sleepUntil \"offset\": at is \"2026-12-03T17:00:00+24:00\": it must be a time (epoch milliseconds, or an ISO 8601 text with its offset)",
+            "sleepUntil \"far\": at is 8640000000000000, more than 2592000000 ms (30 days) after the workflow's now (1796083200000): sleep in steps of at most 30 days",
+            "sleepUntil \"later\": at is 1798909200000, more than 2592000000 ms (30 days) after the workflow's now (1796083200000): sleep in steps of at most 30 days",
+            "sleepUntil \"leap\": at is 1835391600500, more than 2592000000 ms (30 days) after the workflow's now (1796083200000): sleep in steps of at most 30 days",
+            "sleepUntil \"noleap\": at is \"2027-02-29T00:00:00Z\": it must be a time (epoch milliseconds, or an ISO 8601 text with its offset)",
         ])
     );
     let args: Vec<&Value> = journal.iter().map(|entry| &entry.args).collect();

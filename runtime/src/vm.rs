@@ -535,7 +535,9 @@ impl Host {
             Ok(args) => args,
             Err(e) => return json!({ "error": format!("arguments are not JSON: {e}") }),
         };
-        let step_id = match check_args(kind, &args, self.next_seq) {
+        let step_id = match check_args(kind, &args, self.next_seq)
+            .and_then(|step_id| check_until(kind, &args, self.clock_ms).map(|()| step_id))
+        {
             Ok(step_id) => step_id,
             Err(message) => return json!({ "error": message }),
         };
@@ -674,6 +676,26 @@ type OnTimeout<'a> = (fn(&Value) -> bool, &'a str);
 
 /// Checks a wait's `timeoutMs` and `onTimeout` (`on_timeout`: what its kind accepts, or `None`
 /// when it takes no `onTimeout`).
+/// A `sleepUntil` is due at most [`SLEEP_MS_MAX`] after the workflow's time `now_ms` (what
+/// `Date.now()` shows, so a replay decides the same), as a `sleep` lasts at most that long.
+fn check_until(kind: CallKind, args: &Value, now_ms: i64) -> Result<(), String> {
+    let until_ms = match (kind, args.get("untilMs").and_then(Value::as_u64)) {
+        (CallKind::Sleep, Some(until_ms)) => until_ms,
+        _ => return Ok(()),
+    };
+    let latest_ms = u64::try_from(now_ms)
+        .unwrap_or(0)
+        .saturating_add(SLEEP_MS_MAX);
+    if until_ms > latest_ms {
+        let step_id = args["stepId"].as_str().unwrap_or_default();
+        return Err(format!(
+            "sleepUntil {step_id:?}: at is {until_ms}, more than {SLEEP_MS_MAX} ms (30 days) \
+             after the workflow's now ({now_ms}): sleep in steps of at most 30 days"
+        ));
+    }
+    Ok(())
+}
+
 fn check_deadline(
     name: &str,
     step_id: &str,

@@ -396,7 +396,8 @@ async fn a_negative_token_count_is_recorded_as_unknown_never_negative() {
 }
 
 /// Issue 29, item 9: an answer over `frame_bytes_max` (48 KiB here) was stored whole in the run
-/// although its step failed over that limit. It is not kept: the run fails saying why.
+/// although its step failed over that limit. It is not kept: the run fails saying why. Issue 39,
+/// item 6: and says it is not worth a retry (the same task would fetch as much again).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_output_over_frame_bytes_max_is_not_stored() {
     let huge = "x".repeat(60 * 1024);
@@ -408,5 +409,9 @@ async fn an_output_over_frame_bytes_max_is_not_stored() {
     assert!(
         error.contains("over frame_bytes_max (49152); it is not kept"),
         "{error}"
+    );
+    assert_eq!(
+        stored.metadata["failure"],
+        json!({"class": "error", "code": "output_too_large", "retryable": false})
     );
 }

@@ -21,9 +21,9 @@
 //! stderr, and its failure's code is `exit_N` (`signal_N` for a signal), which says nothing of a
 //! retry but for 75 (`EX_TEMPFAIL`): retryable. An `error` line decides the run whatever the exit
 //! status: it ends `error` with the line's message, and what the line says of a retry
-//! (`retryable`, `retry_after_ms` at most a day, a `code` of 1 to 64 bytes). A line that is not
-//! one of these, a line over `line_bytes_max`, or more than `output_bytes_max` on stdout is a
-//! protocol violation: the run ends as `error` (code `protocol`, not retryable) and the program
+//! (`retryable`, `retry_after_ms` at most a day, a `code` of 1 to 64 of A-Z, a-z, 0-9, `-`, `_`
+//! and `.`). A line that is not one of these, a line over `line_bytes_max`, or more than
+//! `output_bytes_max` on stdout is a protocol violation: the run ends as `error` (code `protocol`, not retryable) and the program
 //! is stopped. Cancellation sends SIGTERM to the whole process group, then SIGKILL after
 //! `grace_ms`.
 //!
@@ -49,7 +49,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, Command};
 use tokio_util::codec::{FramedRead, LinesCodec, LinesCodecError};
 
-use runtime::policy::{CODE_BYTES_MAX, RetryOptions, TimeoutOptions};
+use runtime::policy::{CODE_GRAMMAR, RetryOptions, TimeoutOptions, is_code};
 use store::{CancelAction, FailureClass, RunFailure};
 use tokio::sync::{mpsc, watch};
 
@@ -473,11 +473,10 @@ impl Said {
                     ));
                 }
                 if let Some(code) = &code
-                    && (code.is_empty() || code.len() > CODE_BYTES_MAX)
+                    && !is_code(code)
                 {
                     return Err(format!(
-                        "stdout line {line}: code {:?} is {} bytes: it must be 1 to \
-                         {CODE_BYTES_MAX}",
+                        "stdout line {line}: code {:?} ({} bytes) is not a code: {CODE_GRAMMAR}",
                         code.chars().take(80).collect::<String>(),
                         code.len()
                     ));
@@ -613,6 +612,7 @@ fn untrusted_text(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use runtime::policy::CODE_BYTES_MAX;
 
     /// Issue 29, items 3 and 12: a line nested deeper than the bound, and a negative token
     /// count, are protocol errors that name the line; nothing of them is kept.
@@ -682,15 +682,24 @@ mod tests {
             ),
             (
                 r#"{"type": "error", "message": "m", "code": ""}"#.to_owned(),
-                "stdout line 5: code \"\" is 0 bytes: it must be 1 to 64",
+                "stdout line 5: code \"\" (0 bytes) is not a code: 1 to 64 of A-Z",
             ),
             (
                 format!(r#"{{"type": "error", "message": "m", "code": "{longest_code}c"}}"#),
-                "is 65 bytes: it must be 1 to 64",
+                "(65 bytes) is not a code: 1 to 64 of A-Z",
             ),
             (
                 r#"{"type": "error", "message": "m", "retryable": "yes"}"#.to_owned(),
                 "stdout line 7 is not a protocol line",
+            ),
+            // Issue 39, item 8: a code is shown, logged and named in `nonRetryable` as it is.
+            (
+                r#"{"type": "error", "message": "m", "code": "busy\u0000\nnow"}"#.to_owned(),
+                "stdout line 8: code \"busy\\0\\nnow\" (9 bytes) is not a code",
+            ),
+            (
+                r#"{"type": "error", "message": "m", "code": "rate limited"}"#.to_owned(),
+                "stdout line 9: code \"rate limited\" (12 bytes) is not a code",
             ),
         ] {
             let error = said.read(&line).expect_err("out of bounds");

@@ -22,7 +22,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use runtime::policy::CODE_BYTES_MAX;
+use runtime::policy::{CODE_GRAMMAR, is_code};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use store::{CancelAction, FailureClass, RunFailure};
@@ -152,11 +152,9 @@ impl Directives {
             ));
         }
         if let Some(code) = &self.failure.code
-            && (code.is_empty() || code.len() > CODE_BYTES_MAX)
+            && !is_code(code)
         {
-            return Err(format!(
-                "`code` {code:?} must be 1 to {CODE_BYTES_MAX} bytes"
-            ));
+            return Err(format!("`code` {code:?} must be {CODE_GRAMMAR}"));
         }
         if let Some(attempts) = self.fail_attempts
             && attempts < 0
@@ -456,11 +454,15 @@ mod tests {
             ),
             (
                 json!({"fail": "x", "code": ""}),
-                "`code` \"\" must be 1 to 64 bytes",
+                "`code` \"\" must be 1 to 64 of A-Z, a-z, 0-9, '-', '_', '.'",
             ),
             (
                 json!({"fail": "x", "code": "c".repeat(65)}),
-                "must be 1 to 64 bytes",
+                "must be 1 to 64 of A-Z",
+            ),
+            (
+                json!({"fail": "x", "code": "busy\nnow"}),
+                "`code` \"busy\\nnow\" must be 1 to 64 of A-Z",
             ),
             (
                 json!({"fail": "x", "fail_attempts": -1}),

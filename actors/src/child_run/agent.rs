@@ -606,7 +606,13 @@ impl Actor for ChildAgent {
                             stop_reason: (!kept).then(|| "output_too_large".into()),
                             total_tokens,
                             message_count,
-                            failure: None,
+                            // The same task would make an output over the same bound again:
+                            // another attempt would only fetch it again.
+                            failure: (!kept).then(|| store::RunFailure {
+                                code: Some("output_too_large".into()),
+                                retryable: Some(false),
+                                ..store::RunFailure::default()
+                            }),
                         }
                     }
                     AgentEnd::Failed { message, failure } => RunOutcome {
