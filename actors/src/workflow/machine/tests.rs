@@ -1889,7 +1889,7 @@ fn a_failed_attempt_is_retried_as_a_new_run_behind_a_durable_timer_until_its_pol
     };
     assert_eq!(request.idempotency_key.as_deref(), Some("wf-1/a/2"));
     assert_eq!(request.step.as_ref().map(|step| step.attempt), Some(2));
-    // Attempt 2 fails at the provider's word: the wait it asks for replaces the backoff.
+    // Attempt 2 fails at the provider's word: the wait it asks for, longer, replaces the backoff.
     drive(&mut m, admitted(0, "run-2"));
     let asked = failed_row("run-2", json!({"retry_after_ms": 5_000}));
     let described = drive_with(&mut m, ended(0, asked), NOW + 2_000, |_| None).0;
