@@ -97,6 +97,7 @@ async fn measure(
         agent_records_dir: None,
         agent_confinement: actors::agents::ConfinementMode::Landlock,
         task_bytes_max: 48 * 1024,
+        error_bytes_max: 4 * 1024,
         orphan_sweep: Duration::from_secs(30),
     };
     let mut node_options = NodeOptions::new(runs, Arc::new(agents));

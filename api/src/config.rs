@@ -431,7 +431,14 @@ pub struct Limits {
     pub log_event_bytes_per_workflow_max: u64,
     /// The longest `title` a launch takes, in characters (Unicode scalar values).
     pub title_chars_max: u64,
+    /// The bytes of an agent's error text that are kept: a longer one is cut at ingest (its
+    /// head, and a note of its length), before any copy of it is stored, sent or logged.
+    pub error_bytes_max: u64,
 }
+
+/// `limits.error_bytes_max` at least (room for the note a cut error ends with) and at most.
+pub const ERROR_BYTES_MIN: u64 = 256;
+pub const ERROR_BYTES_MAX: u64 = 64 * 1024;
 
 impl Default for Limits {
     fn default() -> Self {
@@ -460,6 +467,7 @@ impl Default for Limits {
             log_events_per_workflow_max: 1000,
             log_event_bytes_per_workflow_max: 256 * 1024,
             title_chars_max: 200,
+            error_bytes_max: 4 * 1024,
         }
     }
 }
@@ -859,6 +867,15 @@ impl Config {
                 ),
             ));
         }
+        if !(ERROR_BYTES_MIN..=ERROR_BYTES_MAX).contains(&self.limits.error_bytes_max) {
+            return Err(invalid(
+                "limits.error_bytes_max",
+                format!(
+                    "{} is outside {ERROR_BYTES_MIN}..={ERROR_BYTES_MAX}",
+                    self.limits.error_bytes_max
+                ),
+            ));
+        }
         if self.limits.js_memory_total_bytes < actors::js_pool::VM_START_BYTES_MIN {
             return Err(invalid(
                 "limits.js_memory_total_bytes",
@@ -1111,6 +1128,22 @@ mod tests {
             DatabaseUrl::Sqlite(PathBuf::from("reins-data/reins.db"))
         );
         assert!(checked.warnings.is_empty(), "{:?}", checked.warnings);
+    }
+
+    #[test]
+    fn an_error_bound_leaves_room_for_its_note_and_is_bounded() {
+        let at = |value: u64| {
+            Config::load(
+                None,
+                env(&[("REINS_LIMITS__ERROR_BYTES_MAX", &value.to_string())]),
+            )
+        };
+        at(ERROR_BYTES_MIN).expect("at the least");
+        at(ERROR_BYTES_MAX).expect("at the most");
+        for outside in [ERROR_BYTES_MIN - 1, ERROR_BYTES_MAX + 1] {
+            let refused = at(outside).expect_err("outside").to_string();
+            assert!(refused.contains("limits.error_bytes_max"), "{refused}");
+        }
     }
 
     #[test]

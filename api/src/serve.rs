@@ -116,6 +116,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         agent_records_dir: Some(agent_records_dir),
         agent_confinement: config.agent_confinement,
         task_bytes_max: usize::try_from(config.limits.frame_bytes_max).unwrap_or(usize::MAX),
+        error_bytes_max: usize::try_from(config.limits.error_bytes_max).unwrap_or(usize::MAX),
         orphan_sweep: Duration::from_millis(lease_ms),
     };
     let node = Node::start(

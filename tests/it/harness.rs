@@ -466,6 +466,7 @@ impl TestNode {
             agent_records_dir: None,
             agent_confinement: actors::agents::ConfinementMode::Landlock,
             task_bytes_max: 48 * 1024,
+            error_bytes_max: 4 * 1024,
             orphan_sweep: Duration::from_millis(lease_ms),
         };
         std::fs::create_dir_all(shared.join("faults")).expect("fault dir");

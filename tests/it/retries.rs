@@ -329,3 +329,123 @@ async fn a_silent_command_agent_is_stopped_at_its_idle_timeout_and_retried() {
         "attempt 1 was stopped {took_ms} ms after its start"
     );
 }
+
+/// The first 2,000 bytes of `text`'s form: what an assertion may print of a value that could be
+/// megabytes when it fails.
+fn head(text: impl ToString) -> String {
+    let text = text.to_string();
+    text[..text.floor_char_boundary(2_000)].to_owned()
+}
+
+/// The longest line `log` holds, in bytes.
+fn longest_line(log: &str) -> usize {
+    log.lines().map(str::len).max().unwrap_or(0)
+}
+
+/// Issue 39, item 1: an agent's error was stored whole, twice, in every attempt (a hostile
+/// endpoint's 4 MB message made the record 200 MB and log lines of over a megabyte). It is cut at
+/// ingest to `limits.error_bytes_max`, so the run's row, each attempt's error, the next attempt's
+/// retry reason and the log line are bounded, whichever agent failed: an error of exactly the
+/// bound is kept whole, a longer one is its head and a note of its length.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agents_error_is_kept_to_error_bytes_max_wherever_it_goes() {
+    use crate::openai_agent::{Reply, StandIn};
+    let huge = "e".repeat(1_000_000);
+    let failing = || Reply::Json(500, json!({"error": {"message": huge.clone()}}));
+    let stand_in = StandIn::start(vec![failing(), failing(), failing()]).await;
+    let files = tempfile::tempdir().expect("temp dir");
+    let config = config_with(
+        files.path(),
+        &format!(
+            "[[agents]]\nname = \"llm\"\nkind = \"openai\"\nbase_url = \"http://{}/v1\"\n\
+             model = \"gpt-test\"\n",
+            stand_in.addr
+        ),
+    );
+    let db = Db::new(false).await;
+    let mut node = Node::start(
+        &db,
+        &[
+            ("REINS_CONFIG", config),
+            ("REINS_LIMITS__ERROR_BYTES_MAX", "512".into()),
+        ],
+    );
+    let mut api = initialize(&node).await;
+    let run_id = launch(
+        &mut api,
+        r#"const sizes = [];
+           for (const [stepId, task] of [["whole", {fail: "w".repeat(512)}],
+                                         ["long", {fail: "é".repeat(22500)}]]) {
+             try { await agent({stepId, agentRef: "scripted", task}); }
+             catch (e) { sizes.push(e.message.length); }
+           }
+           try {
+             await agent({stepId: "hostile", agentRef: "llm", task: "hi",
+                          retry: {maxAttempts: 3, initialIntervalMs: 0}});
+           } catch (e) { sizes.push(e.attempts); }
+           return sizes;"#,
+    )
+    .await;
+    let record = wait_for(&mut api, &run_id, "completed").await;
+    // 512 bytes whole; the cut one is at most 512 bytes ("é" is two), its note included.
+    let sizes = record["result"].as_array().expect("sizes");
+    assert_eq!(sizes[0], 512, "{}", head(&record));
+    assert!(
+        sizes[1].as_u64().is_some_and(|chars| chars < 512),
+        "{}",
+        head(&record)
+    );
+    assert_eq!(sizes[2], 3, "{}", head(&record));
+    assert_eq!(attempts_of(&record, "whole")[0]["error"], "w".repeat(512));
+    let note = "cut to limits.error_bytes_max)";
+    let long = attempts_of(&record, "long")[0]["error"]
+        .as_str()
+        .expect("error");
+    assert!(
+        long.len() <= 512 && long.starts_with("éé"),
+        "{}",
+        head(long)
+    );
+    assert!(
+        long.ends_with(&format!("(an error of 45000 bytes, {note}")),
+        "{}",
+        head(long)
+    );
+    let hostile = attempts_of(&record, "hostile");
+    assert_eq!(hostile.len(), 3, "{}", head(&record));
+    for (n, attempt) in hostile.iter().enumerate() {
+        let error = attempt["error"].as_str().expect("error");
+        assert!(
+            error.len() <= 512 && error.ends_with(note),
+            "{}",
+            head(error)
+        );
+        if n > 0 {
+            let reason = attempt["retry"]["reason"].as_str().expect("reason");
+            assert!(
+                reason.len() <= 512 && reason.ends_with(note),
+                "{}",
+                head(reason)
+            );
+        }
+    }
+    // The record holds three attempts of the hostile step, not three megabytes.
+    assert!(
+        record.to_string().len() < 64 * 1024,
+        "{} bytes",
+        record.to_string().len()
+    );
+    let stored = db
+        .sql("SELECT max(length(CAST(error AS BLOB))) FROM runs")
+        .await
+        .expect("the runs' errors");
+    assert!(stored.parse::<usize>().expect("bytes") <= 512, "{stored}");
+    let log = node
+        .process
+        .stderr_with(&["attempt failed"], Duration::from_secs(30));
+    assert!(
+        longest_line(&log) < 4 * 1024,
+        "a log line of {} bytes",
+        longest_line(&log)
+    );
+}

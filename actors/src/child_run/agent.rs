@@ -145,6 +145,8 @@ pub(crate) struct ChildArgs {
     pub worker_id: String,
     /// An output's bytes at most (`limits.frame_bytes_max`): a bigger one is never stored.
     pub output_bytes_max: usize,
+    /// An agent's error text at most (`limits.error_bytes_max`): a longer one is cut.
+    pub error_bytes_max: usize,
     /// The admission's lease, measured from before the admission was sent.
     pub deadline: Instant,
     pub ended: oneshot::Sender<RunEnd>,
@@ -171,6 +173,8 @@ pub(crate) struct ChildState {
     worker_id: String,
     /// An output's bytes at most (`limits.frame_bytes_max`): a bigger one is never stored.
     output_bytes_max: usize,
+    /// An agent's error text at most (`limits.error_bytes_max`): a longer one is cut.
+    error_bytes_max: usize,
     authority: TerminalAuthority,
     cancel: watch::Sender<Option<CancelAction>>,
     /// Answers for the live agent, and the request ids already handed to it.
@@ -529,6 +533,7 @@ impl Actor for ChildAgent {
             lease: args.lease,
             worker_id: args.worker_id,
             output_bytes_max: args.output_bytes_max,
+            error_bytes_max: args.error_bytes_max,
             authority: TerminalAuthority::new(),
             cancel,
             answers,
@@ -617,7 +622,10 @@ impl Actor for ChildAgent {
                     }
                     AgentEnd::Failed { message, failure } => RunOutcome {
                         status: RunStatus::Error,
-                        error: Some(message),
+                        error: Some(super::error_text::kept_error(
+                            message,
+                            state.error_bytes_max,
+                        )),
                         output: None,
                         stop_reason: Some("agent_failed".into()),
                         total_tokens: 0,

@@ -5,10 +5,11 @@
 //! cues to the answered runs that wait for a slot, and periodically closes orphaned runs whose
 //! node is gone. `agent.rs` is the child-agent actor of one run;
 //! `commit.rs` the pure rules of its terminal commit authority; `timeouts.rs` those of its
-//! attempt's time limits.
+//! attempt's time limits; `error_text.rs` how much of an agent's error is kept.
 
 pub(crate) mod agent;
 pub(crate) mod commit;
+pub(crate) mod error_text;
 pub(crate) mod timeouts;
 
 use crate::mailbox::Post;
@@ -185,6 +186,8 @@ pub struct RunsOptions {
     pub agent_confinement: ConfinementMode,
     /// A task's JSON at most this many bytes (`limits.frame_bytes_max`).
     pub task_bytes_max: usize,
+    /// An agent's error text kept at most this many bytes (`limits.error_bytes_max`).
+    pub error_bytes_max: usize,
     /// How often orphaned runs are looked for.
     pub orphan_sweep: Duration,
 }
@@ -483,6 +486,7 @@ async fn start_child(
             lease: state.args.lease.clone(),
             worker_id: state.args.worker_id.clone(),
             output_bytes_max: state.args.options.task_bytes_max,
+            error_bytes_max: state.args.options.error_bytes_max,
             deadline: sent + Duration::from_millis(state.args.options.lease_ms),
             ended: ended_tx,
             step_slots: request.step.as_ref().map(|step| StepSlots {

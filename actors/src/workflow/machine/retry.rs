@@ -251,7 +251,7 @@ impl WorkflowMachine {
             labels: vec![("agent", agent)],
         });
         tracing::info!(parent: &self.span, step_id = %command.step_id, attempt, delay_ms,
-            %reason, "attempt failed; the next one is queued");
+            ?reason, "attempt failed; the next one is queued");
         self.wait_until(out, id, due_at_ms, now);
         self.park_if_only_waiting(out);
         true
