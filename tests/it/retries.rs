@@ -449,3 +449,38 @@ async fn an_agents_error_is_kept_to_error_bytes_max_wherever_it_goes() {
         longest_line(&log)
     );
 }
+
+/// Issue 39, item 1: attempts did not count against `steps_max`, so a workflow of 64 steps of
+/// 100 attempts each kept 6,400 rows whatever the limit said. Each attempt is a row of the
+/// record, as a journal entry is, and together they stop at `steps_max`: here 8 rows, three
+/// calls whose policies would allow 30 attempts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attempts_count_against_steps_max() {
+    let db = Db::new(false).await;
+    let node = Node::start(&db, &[("REINS_LIMITS__STEPS_MAX", "8".into())]);
+    let mut api = initialize(&node).await;
+    let run_id = launch(
+        &mut api,
+        r#"const calls = ["a", "b", "c"].map((stepId) =>
+             agent({stepId, agentRef: "scripted", task: {fail: "busy"},
+                    retry: {maxAttempts: 10, initialIntervalMs: 0}}));
+           const ended = await Promise.allSettled(calls);
+           return ended.map((end) => end.reason.attempts);"#,
+    )
+    .await;
+    let record = wait_for(&mut api, &run_id, "completed").await;
+    let attempts: Vec<u64> = record["result"]
+        .as_array()
+        .expect("attempts")
+        .iter()
+        .map(|n| n.as_u64().expect("a count"))
+        .collect();
+    assert_eq!(attempts.iter().sum::<u64>(), 8, "{attempts:?}");
+    let rows = db
+        .sql(&format!(
+            "SELECT count(*) FROM workflow_steps WHERE workflow = '{run_id}'"
+        ))
+        .await
+        .expect("rows");
+    assert_eq!(rows, "8");
+}

@@ -167,6 +167,15 @@ impl WorkflowMachine {
         if !retryable || policy.retry.refuses(failure.code.as_deref()) || attempt >= max_attempts {
             return false;
         }
+        // Every attempt is a row of the workflow's record, as a journal entry is: together they
+        // are bounded by `steps_max`.
+        if self.step_rows() >= self.config.limits.steps_max {
+            tracing::warn!(parent: &self.span, step_id = %command.step_id, attempt,
+                steps_max = self.config.limits.steps_max,
+                "attempt failed and is not run again: the workflow's steps and attempts reached \
+                 steps_max");
+            return false;
+        }
         let next = attempt + 1;
         let delay_ms = policy.retry.delay_before(
             u32::try_from(next).unwrap_or(u32::MAX),
@@ -255,6 +264,17 @@ impl WorkflowMachine {
         self.wait_until(out, id, due_at_ms, now);
         self.park_if_only_waiting(out);
         true
+    }
+
+    /// The rows of this workflow's record: one per journal entry, and one more for each attempt
+    /// after a call's first.
+    fn step_rows(&self) -> u64 {
+        let retried: u64 = self
+            .attempts
+            .values()
+            .map(|attempt| u64::try_from(attempt.saturating_sub(1)).unwrap_or(0))
+            .sum();
+        u64::try_from(self.journal.len()).unwrap_or(u64::MAX) + retried
     }
 
     /// The timer of call `id`'s next attempt fired: its admission is asked for (a new child
