@@ -446,6 +446,30 @@ async fn an_approver_sees_and_answers_every_workflow_but_controls_only_their_own
         "owner_only",
         "owner or an admin",
     );
+    // Issue 39, item 9: nor send it an event (the owner's integration chooses its ids: an
+    // approver sending first made the owner's own send a `repeated` answer naming the approver).
+    let event = json!({"name": "payment.received", "event_id": "pay-1", "payload": 1});
+    assert_refused(
+        &carol
+            .call(
+                "POST",
+                &format!("/api/v1/workflows/{run}/events"),
+                Some(event.clone()),
+            )
+            .await,
+        403,
+        "owner_only",
+        "send it events",
+    );
+    let sent = bob
+        .call(
+            "POST",
+            &format!("/api/v1/workflows/{run}/events"),
+            Some(event),
+        )
+        .await;
+    assert_eq!(sent.status, 200, "{sent:?}");
+    assert_eq!(sent.json()["status"], "stored", "{sent:?}");
     assert_refused(
         &carol
             .call(

@@ -2,8 +2,8 @@
 //! the compatible action endpoint from `run_id` in the body. A user sees and controls only their
 //! own workflows (another user's is 404, as if it did not exist); an admin sees and controls
 //! all; an approver sees all and may resume, decide and answer on any, but cancels, recovers,
-//! retries and deletes only their own (403 `owner_only` for another's, which they can see
-//! anyway).
+//! retries, deletes and sends events to only their own (403 `owner_only` for another's, which
+//! they can see anyway).
 
 use std::time::Duration;
 
@@ -116,7 +116,9 @@ pub(super) enum Act {
     Read,
     /// Resume a pause, decide a checkpoint, answer an agent: an approver may on anyone's.
     Answer,
-    /// Cancel, recover, reconcile, retry, delete: its owner or an admin only.
+    /// Cancel, recover, reconcile, retry, delete, send an event: its owner or an admin only.
+    /// (An event is the workflow's input from its owner's integrations, each `event_id` theirs
+    /// to choose: a person who only answers for the workflow may not take an id first.)
     Control,
 }
 
@@ -158,7 +160,7 @@ fn visible_to<T: Owned>(
             "owner_only",
             format!(
                 "workflow {run_id:?} is another user's: only its owner or an admin may cancel, \
-                 recover, reconcile, retry or delete it"
+                 recover, reconcile, retry or delete it, or send it events"
             ),
         )),
         (false, _) => Err(ApiError::no_workflow(run_id)),
@@ -630,7 +632,7 @@ pub async fn send_event(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
     let run_id = run_id(ctx, None)?;
     check_id("name", &body.name)?;
     check_id("event_id", &body.event_id)?;
-    owned_row(ctx, &run_id, Act::Answer).await?;
+    owned_row(ctx, &run_id, Act::Control).await?;
     let sent = ctx
         .state
         .node
