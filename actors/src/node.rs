@@ -101,6 +101,7 @@ impl NodeOptions {
                 slots_max: 32,
                 slots_per_user_max: 32,
                 stored_bytes_max: 0,
+                retry_copy_bytes_max: 1 << 30,
                 lease_ms,
                 timeout_seconds: 24 * 3600,
                 automatic_recovery: false,

@@ -21,6 +21,12 @@ pub enum WorkspaceError {
     Outside(String),
     #[error("path {path:?} cannot be used: {reason}")]
     Io { path: String, reason: String },
+    /// A retry would copy more data than `limits.retry_copy_bytes_max` (holes not counted).
+    #[error(
+        "the workspaces a retry adopts hold more than {bytes_max} bytes of data \
+         (`limits.retry_copy_bytes_max`): nothing is copied and the retry is not made"
+    )]
+    TooLarge { bytes_max: u64 },
 }
 
 /// Checks a thread id before it names a folder.
@@ -108,6 +114,8 @@ pub struct Copied {
     pub files: u64,
     /// Entries left out: anything but a folder, a regular file with one link, or a symlink.
     pub skipped: u64,
+    /// Bytes of data copied (a file's holes are not data: they stay holes in the copy).
+    pub bytes: u64,
 }
 
 /// Copies the folder of thread `from` into a new folder for thread `to`, which must not exist
@@ -118,8 +126,16 @@ pub struct Copied {
 /// agent linked in). Nothing is copied when `from` has no folder, or when its folder is a
 /// symlink. `from` must no longer be written to: its runs ended. Each file is opened without
 /// following a link and without blocking, and checked once open, so an entry swapped meanwhile
-/// is never read through. On an error, what was copied stays: the caller removes `to`.
-pub fn copy_thread(workspaces_dir: &Path, from: &str, to: &str) -> Result<Copied, WorkspaceError> {
+/// is never read through. A file's holes stay holes (a sparse file of gigabytes that holds
+/// nothing copies nothing), and at most `bytes_max` bytes of data are copied: past them the copy
+/// stops with [`WorkspaceError::TooLarge`]. On an error, what was copied stays: the caller
+/// removes `to`.
+pub fn copy_thread(
+    workspaces_dir: &Path,
+    from: &str,
+    to: &str,
+    bytes_max: u64,
+) -> Result<Copied, WorkspaceError> {
     check_thread_id(from)?;
     check_thread_id(to)?;
     let (source, target) = (workspaces_dir.join(from), workspaces_dir.join(to));
@@ -150,8 +166,16 @@ pub fn copy_thread(workspaces_dir: &Path, from: &str, to: &str) -> Result<Copied
             } else if kind.is_symlink() {
                 let points_to = std::fs::read_link(&path).map_err(io(&path))?;
                 std::os::unix::fs::symlink(points_to, &copy).map_err(io(&copy))?;
-            } else if kind.is_file() && copy_file(&path, &copy).map_err(io(&path))? {
-                copied.files += 1;
+            } else if kind.is_file() {
+                let left = bytes_max.saturating_sub(copied.bytes);
+                match copy_file(&path, &copy, left).map_err(io(&path))? {
+                    FileCopy::Copied { bytes } => {
+                        copied.files += 1;
+                        copied.bytes += bytes;
+                    }
+                    FileCopy::Skipped => copied.skipped += 1,
+                    FileCopy::OverBudget => return Err(WorkspaceError::TooLarge { bytes_max }),
+                }
             } else {
                 copied.skipped += 1;
             }
@@ -160,25 +184,92 @@ pub fn copy_thread(workspaces_dir: &Path, from: &str, to: &str) -> Result<Copied
     Ok(copied)
 }
 
-/// Copies the regular file at `path` to a new file `copy`, unless what is open there is not a
-/// regular file with one link (`false`: nothing was created).
-fn copy_file(path: &Path, copy: &Path) -> std::io::Result<bool> {
-    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
-    let mut source = std::fs::OpenOptions::new()
+/// What [`copy_file`] did with one file.
+enum FileCopy {
+    Copied {
+        bytes: u64,
+    },
+    /// Not a regular file with one link once open: nothing was created.
+    Skipped,
+    /// It holds more data than the copy had left: what was written of it stays.
+    OverBudget,
+}
+
+/// Copies the regular file at `path` to a new file `copy`, its data extents only (its holes
+/// stay holes, see [`data_extents`]), unless what is open there is not a regular file with one
+/// link, or it holds more than `bytes_left` bytes of data.
+fn copy_file(path: &Path, copy: &Path, bytes_left: u64) -> std::io::Result<FileCopy> {
+    use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
+    let source = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
         .open(path)?;
     let metadata = source.metadata()?;
     if !metadata.is_file() || metadata.nlink() != 1 {
-        return Ok(false);
+        return Ok(FileCopy::Skipped);
     }
-    let mut target = std::fs::OpenOptions::new()
+    let target = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
         .mode(metadata.mode() & 0o777)
         .open(copy)?;
-    std::io::copy(&mut source, &mut target)?;
-    Ok(true)
+    let mut buffer = vec![0_u8; 64 * 1024];
+    let mut bytes = 0_u64;
+    for (start, end) in data_extents(&source, metadata.len())? {
+        let mut at = start;
+        while at < end {
+            // The file may have shrunk since its extents were read: what is gone is not copied.
+            let want = usize::try_from(end - at).map_or(buffer.len(), |n| n.min(buffer.len()));
+            let read = source.read_at(&mut buffer[..want], at)?;
+            if read == 0 {
+                break;
+            }
+            bytes += read as u64;
+            if bytes > bytes_left {
+                return Ok(FileCopy::OverBudget);
+            }
+            target.write_all_at(&buffer[..read], at)?;
+            at += read as u64;
+        }
+    }
+    target.set_len(metadata.len())?;
+    Ok(FileCopy::Copied { bytes })
+}
+
+/// The `(start, end)` byte ranges of `file` (of length `len`) that hold data, from
+/// `lseek(SEEK_DATA)` and `lseek(SEEK_HOLE)`; a file system that does not tell holes apart
+/// answers the whole file as one range.
+fn data_extents(file: &std::fs::File, len: u64) -> std::io::Result<Vec<(u64, u64)>> {
+    use std::os::fd::AsRawFd;
+    let seek = |offset: u64, whence: libc::c_int| -> std::io::Result<Option<u64>> {
+        let offset = libc::off_t::try_from(offset).map_err(std::io::Error::other)?;
+        // SAFETY: lseek(2) on a descriptor this function borrows open; no memory is involved.
+        let found = unsafe { libc::lseek(file.as_raw_fd(), offset, whence) };
+        if found >= 0 {
+            return Ok(u64::try_from(found).ok());
+        }
+        let error = std::io::Error::last_os_error();
+        // ENXIO: no data at or after the offset.
+        if error.raw_os_error() == Some(libc::ENXIO) {
+            Ok(None)
+        } else {
+            Err(error)
+        }
+    };
+    let mut extents = Vec::new();
+    let mut offset = 0;
+    while offset < len {
+        let Some(start) = seek(offset, libc::SEEK_DATA)? else {
+            break;
+        };
+        let end = seek(start, libc::SEEK_HOLE)?.unwrap_or(len).min(len);
+        if end <= start {
+            break;
+        }
+        extents.push((start, end));
+        offset = end;
+    }
+    Ok(extents)
 }
 
 #[cfg(test)]
@@ -259,12 +350,13 @@ mod tests {
             .expect("mkfifo");
         assert!(fifo.success(), "mkfifo");
 
-        let copied = copy_thread(&workspaces, "t1", "t2").expect("copy");
+        let copied = copy_thread(&workspaces, "t1", "t2", u64::MAX).expect("copy");
         assert_eq!(
             copied,
             Copied {
                 files: 2,
-                skipped: 2
+                skipped: 2,
+                bytes: 15,
             }
         );
         let copy = workspaces.join("t2/user-data");
@@ -294,16 +386,64 @@ mod tests {
             std::fs::read(root.join("outputs/deep/report.txt")).expect("read"),
             b"report"
         );
-        assert!(copy_thread(&workspaces, "t1", "t2").is_err());
+        assert!(copy_thread(&workspaces, "t1", "t2", u64::MAX).is_err());
         // A thread without a folder, or whose folder is a link, copies nothing.
         assert_eq!(
-            copy_thread(&workspaces, "none", "t3"),
+            copy_thread(&workspaces, "none", "t3", u64::MAX),
             Ok(Copied::default())
         );
         std::os::unix::fs::symlink(&outside, workspaces.join("t4")).expect("symlink");
-        assert_eq!(copy_thread(&workspaces, "t4", "t5"), Ok(Copied::default()));
+        assert_eq!(
+            copy_thread(&workspaces, "t4", "t5", u64::MAX),
+            Ok(Copied::default())
+        );
         assert!(!workspaces.join("t3").exists() && !workspaces.join("t5").exists());
-        assert!(copy_thread(&workspaces, "t1", "../t6").is_err());
+        assert!(copy_thread(&workspaces, "t1", "../t6", u64::MAX).is_err());
+    }
+
+    /// Issue 39, item 3: a sparse file of gigabytes became gigabytes on disk in every retry's
+    /// copy. Its holes stay holes, only its data counts against the copy's bound, and a copy
+    /// past the bound stops saying which limit.
+    #[test]
+    fn a_copy_keeps_holes_and_stops_at_its_bound_of_data() {
+        use std::os::unix::fs::{FileExt, MetadataExt};
+        let dir = tempfile::tempdir().expect("temp dir");
+        let workspaces = dir.path().join("ws");
+        let root = workspaces.join("t1/user-data");
+        std::fs::create_dir_all(&root).expect("mkdir");
+        let sparse = std::fs::File::create(root.join("big.bin")).expect("create");
+        sparse.set_len(3 << 30).expect("truncate -s 3G");
+        sparse.write_all_at(b"middle", 1 << 30).expect("write");
+        sparse.write_all_at(b"end", (3 << 30) - 3).expect("write");
+        std::fs::write(root.join("small.txt"), vec![b'x'; 10_000]).expect("write");
+
+        let copied = copy_thread(&workspaces, "t1", "t2", 1 << 20).expect("copy");
+        assert_eq!((copied.files, copied.skipped), (2, 0));
+        // What the file system's blocks hold, not 3 GiB.
+        assert!(copied.bytes < 1 << 20, "{} bytes", copied.bytes);
+        let copy = workspaces.join("t2/user-data/big.bin");
+        let metadata = std::fs::metadata(&copy).expect("stat");
+        assert_eq!(metadata.len(), 3 << 30);
+        assert!(
+            metadata.blocks() * 512 < 16 << 20,
+            "{} bytes on disk",
+            metadata.blocks() * 512
+        );
+        let copy = std::fs::File::open(&copy).expect("open");
+        let mut read = [0_u8; 6];
+        copy.read_exact_at(&mut read, 1 << 30).expect("read");
+        assert_eq!(&read, b"middle");
+        copy.read_exact_at(&mut read[..3], (3 << 30) - 3)
+            .expect("read");
+        assert_eq!(&read[..3], b"end");
+
+        // 10,000 bytes of data with 9,999 to spare: refused, naming the limit.
+        let refused = copy_thread(&workspaces, "t1", "t3", 9_999 + copied.bytes - 10_000)
+            .expect_err("over the bound");
+        assert!(
+            refused.to_string().contains("limits.retry_copy_bytes_max"),
+            "{refused}"
+        );
     }
 
     #[test]

@@ -434,6 +434,9 @@ pub struct Limits {
     /// The bytes of an agent's error text that are kept: a longer one is cut at ingest (its
     /// head, and a note of its length), before any copy of it is stored, sent or logged.
     pub error_bytes_max: u64,
+    /// The bytes of data a retry copies at most from the workspaces of the steps it adopts (a
+    /// sparse file's holes do not count); a retry whose workspaces hold more is refused (413).
+    pub retry_copy_bytes_max: u64,
 }
 
 /// `limits.error_bytes_max` at least (room for the note a cut error ends with) and at most.
@@ -468,6 +471,7 @@ impl Default for Limits {
             log_event_bytes_per_workflow_max: 256 * 1024,
             title_chars_max: 200,
             error_bytes_max: 4 * 1024,
+            retry_copy_bytes_max: 1024 * 1024 * 1024,
         }
     }
 }
@@ -757,7 +761,7 @@ impl Config {
             }
             _ => {}
         }
-        let positive: [(&'static str, u64); 48] = [
+        let positive: [(&'static str, u64); 49] = [
             ("store.pool_size", self.store.pool_size as u64),
             ("store.requests_max", self.store.requests_max as u64),
             ("store.write_batch_max", self.store.write_batch_max as u64),
@@ -787,6 +791,10 @@ impl Config {
             ),
             ("limits.log_line_bytes_max", self.limits.log_line_bytes_max),
             ("limits.title_chars_max", self.limits.title_chars_max),
+            (
+                "limits.retry_copy_bytes_max",
+                self.limits.retry_copy_bytes_max,
+            ),
             ("http.body_bytes_max", self.http.body_bytes_max),
             ("http.head_bytes_max", self.http.head_bytes_max),
             ("http.page_size_max", u64::from(self.http.page_size_max)),

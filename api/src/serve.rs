@@ -141,6 +141,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
                 slots_max: config.limits.max_active_children,
                 slots_per_user_max: config.limits.active_children_per_user(),
                 stored_bytes_max: config.limits.user_stored_bytes_max,
+                retry_copy_bytes_max: config.limits.retry_copy_bytes_max,
                 lease_ms,
                 timeout_seconds: config.limits.timeout_seconds,
                 automatic_recovery: config.recovery == crate::config::Recovery::Automatic,

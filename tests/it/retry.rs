@@ -353,3 +353,88 @@ async fn a_retry_made_after_its_sources_timeout_would_have_passed_runs_its_own_t
     let done = wait_for(&mut api, &retry, "completed").await;
     assert_eq!(done["result"], "done", "{done}");
 }
+
+/// Issue 39, item 3: a retry's workspace copy wrote a sparse file out in full (a `truncate -s 3G`
+/// became 3 GB on disk per retry) and nothing bounded what it copied. The copy keeps holes; the
+/// data it copies is bounded by `limits.retry_copy_bytes_max`, past which the retry is refused
+/// (413, naming the limit), nothing is made and no copy is left behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_copies_a_workspace_with_its_holes_and_within_its_bound() {
+    use std::os::unix::fs::{FileExt, MetadataExt};
+    let db = Db::new(false).await;
+    let files = tempfile::tempdir().expect("temp dir");
+    let node = node_with_gate(
+        &db,
+        files.path(),
+        &[("REINS_LIMITS__RETRY_COPY_BYTES_MAX", "100000".into())],
+    );
+    let mut api = initialize(&node).await;
+    let workspaces = node.dir.path().join("data/workspaces");
+    let workspace_of = |record: &Value| {
+        let thread = step(record, "one")["thread_id"].as_str().expect("thread");
+        workspaces.join(thread).join("user-data")
+    };
+
+    // A sparse file of 3 GiB holding a few bytes, beside what the agent wrote: copied, holes and
+    // all, into the retry's own thread.
+    let old = launch(&mut api, SCRIPT).await;
+    let failed = wait_for(&mut api, &old, "failed").await;
+    let sparse = std::fs::File::create(workspace_of(&failed).join("big.bin")).expect("create");
+    sparse.set_len(3 << 30).expect("truncate -s 3G");
+    sparse.write_all_at(b"data", 2 << 30).expect("write");
+    std::fs::remove_file(files.path().join("gate")).expect("open the gate");
+    let retried = api.call("POST", &retry_path(&old), Some(json!({}))).await;
+    assert_eq!(retried.status, 201, "{retried:?}");
+    let new = retried.json()["run_id"]
+        .as_str()
+        .expect("run_id")
+        .to_owned();
+    wait_for(&mut api, &new, "completed").await;
+    // The retry's own thread: the one folder beside the original that holds the file.
+    let original = workspace_of(&failed).join("big.bin");
+    let copies: Vec<_> = std::fs::read_dir(&workspaces)
+        .expect("list")
+        .map(|entry| entry.expect("entry").path().join("user-data/big.bin"))
+        .filter(|path| path.exists() && *path != original)
+        .collect();
+    let [copy] = &copies[..] else {
+        panic!("one copy: {copies:?}");
+    };
+    let metadata = std::fs::metadata(copy).expect("the copy");
+    assert_eq!(metadata.len(), 3 << 30);
+    assert!(
+        metadata.blocks() * 512 < 16 << 20,
+        "the copy takes {} bytes on disk",
+        metadata.blocks() * 512
+    );
+    let mut read = [0_u8; 4];
+    std::fs::File::open(copy)
+        .expect("open")
+        .read_exact_at(&mut read, 2 << 30)
+        .expect("read");
+    assert_eq!(&read, b"data");
+
+    // 200,000 bytes of data, over the bound of 100,000: refused, nothing made, nothing left.
+    std::fs::write(files.path().join("gate"), b"closed").expect("close the gate");
+    let old = launch(&mut api, SCRIPT).await;
+    let failed = wait_for(&mut api, &old, "failed").await;
+    std::fs::write(workspace_of(&failed).join("data.bin"), vec![7_u8; 200_000]).expect("write");
+    let folders_before = std::fs::read_dir(&workspaces).expect("list").count();
+    let refused = api.call("POST", &retry_path(&old), Some(json!({}))).await;
+    assert_refused(
+        &refused,
+        413,
+        "too_large",
+        "more than 100000 bytes of data (`limits.retry_copy_bytes_max`)",
+    );
+    let record = api
+        .call("GET", &format!("/api/v1/workflows/{old}"), None)
+        .await
+        .json();
+    assert_eq!(record["retried_by"], Value::Null, "{record}");
+    assert_eq!(
+        std::fs::read_dir(&workspaces).expect("list").count(),
+        folders_before,
+        "the refused retry's copies are removed"
+    );
+}

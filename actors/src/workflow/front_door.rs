@@ -86,6 +86,9 @@ pub struct WorkflowsOptions {
     /// The bytes one user's workflows store at most (`limits.user_stored_bytes_max`; 0: no
     /// quota).
     pub stored_bytes_max: u64,
+    /// The bytes of data a retry copies at most from the workspaces of the steps it adopts
+    /// (`limits.retry_copy_bytes_max`; a file's holes do not count).
+    pub retry_copy_bytes_max: u64,
     pub lease_ms: u64,
     /// The life limit of a workflow launched here without its own (`limits.timeout_seconds`;
     /// 0: none), and of one launched before launches recorded theirs (then a day when 0).
@@ -1086,13 +1089,15 @@ impl Retrying {
         )?;
         let workspaces = self.options.workspaces_dir.clone();
         let threads = retried.threads.clone();
-        let copied = tokio::task::spawn_blocking(move || copy_threads(&workspaces, &threads))
-            .await
-            .map_err(|error| Error::Unanswered {
-                actor: "workspace-copy",
-                reason: error.to_string(),
-            })
-            .and_then(|copied| copied);
+        let bytes_max = self.options.retry_copy_bytes_max;
+        let copied =
+            tokio::task::spawn_blocking(move || copy_threads(&workspaces, &threads, bytes_max))
+                .await
+                .map_err(|error| Error::Unanswered {
+                    actor: "workspace-copy",
+                    reason: error.to_string(),
+                })
+                .and_then(|copied| copied);
         if let Err(error) = copied {
             self.remove_copies(&retried.threads).await;
             return Err(error);
@@ -1153,13 +1158,27 @@ impl Retrying {
     }
 }
 
-/// Copies each `(from, to)` thread's workspace (see [`crate::workspace::copy_thread`]).
+/// Copies each `(from, to)` thread's workspace (see [`crate::workspace::copy_thread`]), at most
+/// `bytes_max` bytes of data in all (`limits.retry_copy_bytes_max`).
 fn copy_threads(
     workspaces_dir: &std::path::Path,
     threads: &[(String, String)],
+    bytes_max: u64,
 ) -> Result<(), Error> {
+    let mut bytes = 0_u64;
     for (from, to) in threads {
-        let copied = crate::workspace::copy_thread(workspaces_dir, from, to)?;
+        let left = bytes_max.saturating_sub(bytes);
+        let copied =
+            crate::workspace::copy_thread(workspaces_dir, from, to, left).map_err(|error| {
+                match error {
+                    // Said of the whole retry's bound, not of what this thread had left.
+                    crate::workspace::WorkspaceError::TooLarge { .. } => {
+                        crate::workspace::WorkspaceError::TooLarge { bytes_max }
+                    }
+                    other => other,
+                }
+            })?;
+        bytes += copied.bytes;
         if copied.skipped > 0 {
             tracing::info!(thread = %from, files = copied.files, skipped = copied.skipped,
                 "a retry's workspace copy left out what is not a folder, a file or a link");

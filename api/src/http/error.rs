@@ -154,6 +154,9 @@ impl From<actors::Error> for ApiError {
             actors::Error::Unanswered { .. } => {
                 ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message)
             }
+            actors::Error::Workspace(actors::workspace::WorkspaceError::TooLarge { .. }) => {
+                ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "too_large", message)
+            }
             actors::Error::Spawn { .. } | actors::Error::Workspace(_) => {
                 tracing::error!(%message, "actor error behind a request");
                 ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
