@@ -389,10 +389,11 @@ pub fn reins_command(dir: &Path, env: &[(&str, String)]) -> Command {
     command
 }
 
-/// One HTTP/1.1 GET on a fresh connection: `(status, body)`.
+/// One HTTP/1.1 GET on a fresh connection: `(status, body)`. Its timeouts only detect a
+/// server that never answers: a loaded machine can take seconds to answer a loopback request.
 pub fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
-    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
-    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(10))?;
+    stream.set_read_timeout(Some(Duration::from_secs(30)))?;
     write!(
         stream,
         "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"

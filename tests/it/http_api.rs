@@ -108,7 +108,7 @@ impl Node {
             env.push((key, value.clone()));
         }
         let mut process = ReinsProcess::serve(dir.path(), addr, &env);
-        process.wait_ready(Duration::from_secs(30));
+        process.wait_ready(Duration::from_secs(60));
         Node { process, addr, dir }
     }
 
@@ -161,9 +161,10 @@ pub async fn initialize(node: &Node) -> Api {
     api
 }
 
-/// Polls `get` until the workflow has `status`.
+/// Polls `get` until the workflow has `status`; the bound only detects one that never gets
+/// there.
 pub async fn wait_for(api: &mut Api, run_id: &str, status: &str) -> Value {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     loop {
         let record = api.action("get", json!({"run_id": run_id})).await;
         assert_eq!(record.status, 200, "{record:?}");

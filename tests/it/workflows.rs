@@ -79,7 +79,7 @@ pub(crate) async fn view(node: &TestNode, id: &str) -> WorkflowView {
 /// Waits until the workflow has `status`, and answers it as it is then.
 pub(crate) async fn wait_for_status(node: &TestNode, id: &str, status: &str) -> WorkflowView {
     let what = format!("workflow {id} reaches {status}");
-    eventually(Duration::from_secs(30), &what, async || {
+    eventually(Duration::from_secs(60), &what, async || {
         view(node, id).await.row.status.as_str() == status
     })
     .await;
