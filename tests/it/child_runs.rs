@@ -3,7 +3,7 @@
 //! terminal commit authority made deterministic with store faults.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use actors::{Admitted, Error, FaultAction, RunEnd, RunRequest};
 use serde_json::{Value, json};
@@ -39,10 +39,11 @@ async fn start(node: &TestNode, thread: &str, task: Value) -> (RunRow, oneshot::
     }
 }
 
+/// The run's end; the bound only detects a run that never ends.
 async fn ended(ended: oneshot::Receiver<RunEnd>) -> RunEnd {
-    tokio::time::timeout(Duration::from_secs(20), ended)
+    tokio::time::timeout(Duration::from_secs(60), ended)
         .await
-        .expect("the run ends within 20 s")
+        .expect("the run ends within 60 s")
         .expect("the run reports its end")
 }
 
@@ -95,8 +96,14 @@ on_both_backends! {
         assert_eq!(row(&node, &asking.run_id).await.status, RunStatus::Success);
 
         std::fs::write(shared.path().join("faults/hold_model"), b"").expect("hold");
-        let (held, end) = start(&node, "t-hold", json!({"hold_while": "hold_model"})).await;
+        let (held, mut end) = start(&node, "t-hold", json!({"hold_while": "hold_model"})).await;
+        eventually(Duration::from_secs(60), "the held run is running", async || {
+            row(&node, &held.run_id).await.status == RunStatus::Running
+        })
+        .await;
+        // And stays so while the file exists (a while here: a busy machine only shortens it).
         tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(end.try_recv(), Err(oneshot::error::TryRecvError::Empty), "ended while the file exists");
         assert_eq!(row(&node, &held.run_id).await.status, RunStatus::Running, "held while the file exists");
         std::fs::remove_file(shared.path().join("faults/hold_model")).expect("release");
         assert!(matches!(ended(end).await, RunEnd::Persisted(ref o) if o.status == RunStatus::Success));
@@ -112,20 +119,22 @@ on_both_backends! {
         );
         std::fs::write(shared.path().join("faults/hold_model"), b"").expect("hold");
         let (run, end) = start(&owner, "t-1", json!({"hold_while": "hold_model", "tokens": 3})).await;
-        eventually(Duration::from_secs(5), "the run is running", async || {
+        eventually(Duration::from_secs(60), "the run is running", async || {
             row(&owner, &run.run_id).await.status == RunStatus::Running
         })
         .await;
 
-        let asked = Instant::now();
         let action = other.node.runs().cancel(&run.run_id, CancelAction::Interrupt).await.expect("cancel");
         assert_eq!(action, Some(CancelAction::Interrupt));
+        // The run holds for as long as its file exists: only the cancel can end it, and it
+        // reaches the owner on the answer of a lease renewal (every third of a lease). A cancel
+        // that came any other way (the owner losing its lease, a sweep) shows as a lease lost.
         let end = ended(end).await;
-        let waited = asked.elapsed();
         assert!(matches!(end, RunEnd::Persisted(ref o) if o.status == RunStatus::Interrupted), "{end:?}");
-        let renewal_period = Duration::from_millis(LEASE_MS / 3);
-        assert!(waited <= renewal_period + Duration::from_secs(1),
-            "the cancel took {waited:?}, more than one renewal period ({renewal_period:?}) and slack");
+        let metrics = owner.node.metrics();
+        assert!(metrics.counter("reins_lease_renewals_total", &[("kind", "run")]) >= 1);
+        assert_eq!(metrics.counter("reins_lease_losses_total", &[("kind", "run")]), 0,
+            "the cancel came with a lost lease, not with a renewal");
         let stored = row(&other, &run.run_id).await;
         assert_eq!((stored.status, stored.cancel_action), (RunStatus::Interrupted, Some(CancelAction::Interrupt)));
     }
@@ -193,8 +202,8 @@ on_both_backends! {
             release: Arc::clone(&release),
         }, 1);
         let (run, end) = start(&node, "t-1", json!({"tokens": 7})).await;
-        tokio::time::timeout(Duration::from_secs(5), reached.notified()).await.expect("the commit landed");
-        eventually(Duration::from_secs(5), "a renewal is refused by the committed row", async || {
+        tokio::time::timeout(Duration::from_secs(60), reached.notified()).await.expect("the commit landed");
+        eventually(Duration::from_secs(60), "a renewal is refused by the committed row", async || {
             node.node.leases().await.expect("leases").iter().any(|l| l.lease == actors::Leased::Run(run.run_id.clone()) && l.refused)
         })
         .await;
@@ -215,7 +224,7 @@ on_both_backends! {
             release: Arc::clone(&release),
         }, 1);
         let (run, end) = start(&node, "t-1", json!("done")).await;
-        tokio::time::timeout(Duration::from_secs(5), reached.notified()).await.expect("the commit is staged");
+        tokio::time::timeout(Duration::from_secs(60), reached.notified()).await.expect("the commit is staged");
         node.node.store().request_run_cancel(&run.run_id, CancelAction::Rollback).await.expect("cancel");
         release.notify_one();
         let end = ended(end).await;
@@ -266,7 +275,7 @@ on_both_backends! {
         // The owner's renewals stop reaching the store, as if its network were cut.
         owner.faults.add_for("renew_run_lease", run.run_id.as_str(), FaultAction::Fail(
             store::Error::Unavailable("cut off".into())), 1_000);
-        eventually(Duration::from_secs(10), "the peer closed the orphan", async || {
+        eventually(Duration::from_secs(60), "the peer closed the orphan", async || {
             row(&peer, &run.run_id).await.stop_reason.as_deref() == Some("orphan_recovered")
         })
         .await;
@@ -298,10 +307,10 @@ on_both_backends! {
         let Admitted::Started { row: run, ended: end } = owner.node.runs().start(silent).await.expect("start") else {
             panic!("not started");
         };
-        tokio::time::timeout(Duration::from_secs(5), reached.notified()).await.expect("the timeout's write is staged");
+        tokio::time::timeout(Duration::from_secs(60), reached.notified()).await.expect("the timeout's write is staged");
         owner.faults.add_for("renew_run_lease", run.run_id.as_str(), FaultAction::Fail(
             store::Error::Unavailable("cut off".into())), 1_000);
-        eventually(Duration::from_secs(10), "the peer closed the orphan", async || {
+        eventually(Duration::from_secs(60), "the peer closed the orphan", async || {
             row(&peer, &run.run_id).await.stop_reason.as_deref() == Some("orphan_recovered")
         })
         .await;
@@ -323,8 +332,13 @@ on_both_backends! {
             "kind": "scripted", "name": "limited", "timeout": {"attempt_ms": 300}
         }))
         .expect("agent");
+        // The same limit, long enough that no run ends past it on a busy machine.
+        let roomy = serde_json::from_value::<actors::agents::AgentConfig>(json!({
+            "kind": "scripted", "name": "roomy", "timeout": {"attempt_ms": 60_000}
+        }))
+        .expect("agent");
         let node = TestNode::start_with(&db, "a", LEASE_MS, shared.path(),
-            &[actors::agents::AgentConfig::scripted("scripted"), limited]).await;
+            &[actors::agents::AgentConfig::scripted("scripted"), limited, roomy]).await;
         let idle = runtime::policy::TimeoutOptions { idle_ms: Some(300), ..Default::default() };
         let silent = RunRequest { timeouts: idle, ..request("t-1", json!({"silent_ms": 600_000})) };
         let Admitted::Started { row: run, ended: end } = node.node.runs().start(silent).await.expect("start") else {
@@ -346,7 +360,7 @@ on_both_backends! {
             json!({"class": "timeout", "code": "attempt_timeout", "retryable": true}));
 
         // A run that ends before its limit is not touched by it.
-        let quick = RunRequest { agent: "limited".into(), ..request("t-3", json!("hi")) };
+        let quick = RunRequest { agent: "roomy".into(), ..request("t-3", json!("hi")) };
         let Admitted::Started { ended: end, .. } = node.node.runs().start(quick).await.expect("start") else {
             panic!("not started");
         };
@@ -392,20 +406,26 @@ async fn a_node_stops_within_its_shutdown_timeout_while_the_store_hangs() {
     let node = TestNode::start(&db, "a", LEASE_MS, shared.path()).await;
     std::fs::write(shared.path().join("faults/hold_model"), b"").expect("hold");
     let (_run, _end) = start(&node, "t-1", json!({"hold_while": "hold_model"})).await;
-    let never = Arc::new(Notify::new());
-    for call in ["renew_run_lease", "mark_node_stopped"] {
+    let (never, renewing) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+    for (call, reached) in [
+        ("renew_run_lease", Arc::clone(&renewing)),
+        ("mark_node_stopped", Arc::new(Notify::new())),
+    ] {
         node.faults.add(
             call,
             FaultAction::HoldBefore {
-                reached: Arc::new(Notify::new()),
+                reached,
                 release: Arc::clone(&never),
             },
             1_000,
         );
     }
-    tokio::time::sleep(Duration::from_millis(LEASE_MS / 2)).await;
+    tokio::time::timeout(Duration::from_secs(60), renewing.notified())
+        .await
+        .expect("a renewal hangs in the store");
     // Shutdown waits at most the shutdown timeout (5 s) to record the stop and as long again
-    // for the actors; a hung store must not stretch that.
-    let stopped = tokio::time::timeout(Duration::from_secs(15), node.node.shutdown()).await;
+    // for the actors; a hung store must not stretch that. The store never answers, so the
+    // bound only tells a shutdown that waits for it (forever) from one that gives up.
+    let stopped = tokio::time::timeout(Duration::from_secs(60), node.node.shutdown()).await;
     assert!(stopped.is_ok(), "shutdown hung on the store");
 }
