@@ -10,7 +10,8 @@ use serde_json::{Value, json};
 use crate::http_api::{Db, Node, initialize, launch};
 use crate::http_client::{Api, Sse, SseEnd, SseStream};
 
-const WAIT: Duration = Duration::from_secs(30);
+/// How long an event may take to come: only a stream that never sends it reaches this.
+const WAIT: Duration = Duration::from_secs(60);
 
 /// Steps, a capture, a pause, a checkpoint, and a pause where it is cancelled.
 const STORY: &str = r#"
@@ -420,8 +421,22 @@ async fn a_client_that_reads_nothing_is_cut_off(postgres: bool) {
     .await
     .expect("request");
 
-    // While it holds the node's only stream, another is refused.
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // While it holds the node's only stream, another is refused. It holds it once its answer
+    // has begun (looked at, not read: the client still reads nothing).
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let mut head = [0u8; 12];
+        let seen = slow.peek(&mut head).await.expect("peek");
+        if &head[..seen] == b"HTTP/1.1 200" {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the stream never answered: {:?}",
+            String::from_utf8_lossy(&head[..seen])
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let busy = api.stream(&events_path(&run_id), &[]).await;
     assert_eq!(busy.status, 503);
 
@@ -516,7 +531,6 @@ async fn streams_and_the_feed_belong_to_their_users(postgres: bool) {
     assert_eq!(admin_feed.status, 200);
     let mut user_feed = user.stream("/api/v1/events", &[]).await;
     assert_eq!(user_feed.status, 200);
-    tokio::time::sleep(Duration::from_millis(100)).await;
 
     let admins = launch(&mut admin, "return 1;").await;
     let users = launch(&mut user, "return 2;").await;
@@ -910,12 +924,9 @@ async fn a_stream_ends_with_its_callers_credential(postgres: bool) {
     assert_eq!(by_session.rest(quiet).await.1, SseEnd::Quiet);
 
     // Bob, an approver, sees Ann's workflows in his feed; made a user, he no longer does.
-    let sees = async |feed: &mut SseStream, api: &mut Api, expect: bool| {
-        launch(api, "return 1;").await;
-        let events = feed.rest(Duration::from_millis(1500)).await.0;
-        assert_eq!(!events.is_empty(), expect, "{events:#?}");
-    };
-    sees(&mut feed, &mut ann_session, true).await;
+    let anns = launch(&mut ann_session, "return 1;").await;
+    let seen = feed.next(WAIT).await.expect("an event of Ann's workflow");
+    assert_eq!(seen.data["run_id"], anns.as_str(), "{seen:#?}");
     let demoted = admin
         .call(
             "PATCH",
@@ -924,8 +935,35 @@ async fn a_stream_ends_with_its_callers_credential(postgres: bool) {
         )
         .await;
     assert_eq!(demoted.status, 200, "{demoted:?}");
-    tokio::time::sleep(Duration::from_millis(600)).await;
-    sees(&mut feed, &mut ann_session, false).await;
+    // His feed narrows at its next keep-alive. A workflow of Ann's that ended before one of his
+    // began has every event before his in the feed: once his has come without hers, the feed
+    // is his alone.
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let anns = launch(&mut ann_session, "return 1;").await;
+        crate::http_api::wait_for(&mut ann_session, &anns, "completed").await;
+        let bobs = launch(&mut bob_session, "return 2;").await;
+        let mut seen = Vec::new();
+        loop {
+            let event = feed.next(WAIT).await.expect("an event of Bob's workflow");
+            let ended =
+                event.data["run_id"] == bobs.as_str() && event.data["status"] == "completed";
+            seen.push(event);
+            if ended {
+                break;
+            }
+        }
+        if seen
+            .iter()
+            .all(|event| event.data["run_id"] != anns.as_str())
+        {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "Bob's feed still shows Ann's workflows: {seen:#?}"
+        );
+    }
 
     // Disabled: Ann's session stream ends.
     let disabled = admin
