@@ -10,8 +10,10 @@ use serde_json::{Value, json};
 use crate::http_api::{Db, Node, initialize, launch, wait_for};
 use crate::http_client::Api;
 
-/// Polls `get` until the workflow is terminal, at most `within` from now; returns its record.
-async fn ended_within(api: &mut Api, run_id: &str, within: Duration) -> Value {
+/// Polls `get` until the workflow is terminal; returns its record. The bound only detects a
+/// workflow that never ends.
+async fn ended(api: &mut Api, run_id: &str) -> Value {
+    let within = Duration::from_secs(60);
     let deadline = tokio::time::Instant::now() + within;
     loop {
         let record = api.action("get", json!({"run_id": run_id})).await.json();
@@ -30,7 +32,7 @@ async fn ended_within(api: &mut Api, run_id: &str, within: Duration) -> Value {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_value_the_script_cannot_hand_over_fails_its_workflow_within_a_second() {
+async fn a_value_the_script_cannot_hand_over_fails_its_workflow_at_once() {
     let db = Db::new(false).await;
     let node = Node::start(&db, &[]);
     let mut api = initialize(&node).await;
@@ -66,8 +68,11 @@ async fn a_value_the_script_cannot_hand_over_fails_its_workflow_within_a_second(
         ("await new Promise(() => {});", "nothing can settle"),
     ] {
         let id = launch(&mut api, script).await;
-        let record = ended_within(&mut api, &id, Duration::from_secs(1)).await;
+        let record = ended(&mut api, &id).await;
         assert_eq!(record["status"], "failed", "{script}: {record}");
+        // At once: failed by the supervisor that ran it (not after a crash, a takeover or a
+        // retry; it used to be "within a second", which a busy machine can miss).
+        assert_eq!(record["epoch"], 1, "{script}: {record}");
         let error = record["error"].as_str().unwrap_or_default();
         assert!(
             error.contains(says),
@@ -134,7 +139,7 @@ async fn an_unknown_agent_fails_its_step_at_once_naming_the_configured_agents() 
         "await agent({stepId: 'a', agentRef: 'nope', task: 1});",
     )
     .await;
-    let record = ended_within(&mut api, &id, Duration::from_secs(5)).await;
+    let record = ended(&mut api, &id).await;
     assert_eq!(record["status"], "failed", "{record}");
     let error = record["error"].as_str().unwrap_or_default();
     assert!(
@@ -193,7 +198,7 @@ async fn console_log_stays_within_its_limits_in_the_nodes_log() {
     wait_for(&mut api, &id, "completed").await;
     node.signal(libc::SIGTERM);
     node.process
-        .wait_exit(Duration::from_secs(10))
+        .wait_exit(Duration::from_secs(60))
         .expect("stopped");
     let stderr = node.process.stderr();
     let lines: Vec<String> = stderr
@@ -237,7 +242,7 @@ async fn a_script_that_cannot_get_memory_within_the_nodes_total_fails_naming_the
          return big.length;",
     )
     .await;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     loop {
         let record = api.action("get", json!({"run_id": holding})).await.json();
         if record["steps"][0]["status"] == "running" {
@@ -247,7 +252,7 @@ async fn a_script_that_cannot_get_memory_within_the_nodes_total_fails_naming_the
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let starved = launch(&mut api, "return 1;").await;
-    let record = ended_within(&mut api, &starved, Duration::from_secs(5)).await;
+    let record = ended(&mut api, &starved).await;
     assert_eq!(record["status"], "failed", "{record}");
     let error = record["error"].as_str().unwrap_or_default();
     assert!(
