@@ -714,7 +714,13 @@ both!(tokens_and_sessions_per_user_are_bounded);
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiting_request_checks_access_again_before_it_answers() {
     let db = Db::new(false).await;
-    let node = Node::start(&db, &[]);
+    // The workflow runs until the test removes `hold_s`: after the access has changed.
+    let faults = tempfile::tempdir().expect("fault dir");
+    std::fs::write(faults.path().join("hold_s"), b"").expect("hold");
+    let node = Node::start(
+        &db,
+        &[("REINS_FAULT_DIR", faults.path().display().to_string())],
+    );
     let mut admin = initialize(&node).await;
     let carol_id = id_of(&create(&mut admin, CAROL, Some("approver")).await);
     let mut carol = signed_in(&node, CAROL, PASSWORD).await;
@@ -732,7 +738,7 @@ async fn a_waiting_request_checks_access_again_before_it_answers() {
     carol_token.bearer = Some(created.json()["token"].as_str().expect("token").to_owned());
     let run = launch(
         &mut admin,
-        r#"return await agent({stepId: "s", agentRef: "scripted", task: {sleep_ms: 4000}});"#,
+        r#"return await agent({stepId: "s", agentRef: "scripted", task: {hold_while: "hold_s"}});"#,
     )
     .await;
     let path = format!("/api/v1/workflows/{run}?wait=30s");
@@ -751,6 +757,7 @@ async fn a_waiting_request_checks_access_again_before_it_answers() {
     assert_eq!(revoked.status, 200, "{revoked:?}");
     let demoted = patch(&mut admin, &carol_id, json!({"role": "user"})).await;
     assert_eq!(demoted.status, 200, "{demoted:?}");
+    std::fs::remove_file(faults.path().join("hold_s")).expect("release");
     wait_for(&mut admin, &run, "completed").await;
     let by_session = session_wait.await.expect("the session's wait");
     assert_refused(&by_session, 404, "not_found", &run);
@@ -809,7 +816,7 @@ async fn one_users_parallel_agents_leave_slots_for_another_user(postgres: bool) 
     )
     .await;
     eventually(
-        std::time::Duration::from_secs(20),
+        std::time::Duration::from_secs(60),
         "the admin alone runs four steps, twice their share",
         async || {
             step_statuses(&mut admin, &six).await
@@ -825,7 +832,7 @@ async fn one_users_parallel_agents_leave_slots_for_another_user(postgres: bool) 
     )
     .await;
     eventually(
-        std::time::Duration::from_secs(20),
+        std::time::Duration::from_secs(60),
         "bob's step waits for a slot",
         async || step_statuses(&mut bob, &one).await == ["queued"],
     )
@@ -840,7 +847,7 @@ async fn one_users_parallel_agents_leave_slots_for_another_user(postgres: bool) 
         .and_then(|step| step["step_id"].as_str().map(str::to_owned))
         .expect("a running step of the admin's");
     std::fs::remove_file(faults.path().join(format!("hold_{running}"))).expect("end it");
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     while step_statuses(&mut bob, &one).await != ["running"] {
         assert!(
             std::time::Instant::now() < deadline,
