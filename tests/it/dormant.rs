@@ -15,7 +15,7 @@ fn dormant_after() -> (&'static str, String) {
 }
 
 /// The node's `reins_workflow_supervisors` gauge.
-async fn supervisors(api: &mut Api) -> u64 {
+pub(crate) async fn supervisors(api: &mut Api) -> u64 {
     let metrics = api.call("GET", "/metrics", None).await;
     assert_eq!(metrics.status, 200, "{metrics:?}");
     String::from_utf8_lossy(&metrics.body)

@@ -73,6 +73,16 @@ async fn run_workflows(api: &Api, count: usize) {
     }
 }
 
+/// Waits until the node runs no workflow supervisor (the last ones stop just after their rows
+/// say `completed`).
+async fn idle(api: &Api) {
+    let mut api = api.clone();
+    crate::harness::eventually(Duration::from_secs(60), "no supervisor left", async || {
+        crate::dormant::supervisors(&mut api).await == 0
+    })
+    .await;
+}
+
 /// On PostgreSQL: a short run on SQLite cannot tell a leak this size from the warm-up of the
 /// embedded database's threads (its readers' allocator arenas and page caches grow for tens of
 /// thousands of workflows before they settle; the soak bench shows both backends flat after
@@ -90,10 +100,10 @@ async fn finished_workflows_give_their_memory_back() {
 
     run_workflows(&api, WARM_UP).await;
     // Idle: the last supervisors stop just after their rows say `completed`.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    idle(&api).await;
     let before = anonymous_resident_bytes(pid);
     run_workflows(&api, count).await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    idle(&api).await;
     let after = anonymous_resident_bytes(pid);
 
     let drift = after.saturating_sub(before) / count as u64;
