@@ -241,7 +241,7 @@ async fn an_operator_lists_and_reconciles_every_uncertain_workflow_with_one_comm
     // Each is moved away from its owner while its child runs, then recovered: its child's
     // outcome is unknown, so it waits for an operator.
     for id in &ids {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
         loop {
             let get = json_of(&cli(home, &node, &["get", id, "--json"]));
             if get["steps"][0]["status"] == "running" {
@@ -254,7 +254,7 @@ async fn an_operator_lists_and_reconciles_every_uncertain_workflow_with_one_comm
             std::thread::sleep(std::time::Duration::from_millis(50));
         }
         crate::operators::admin_json(&node.admin_socket(), &["fence", id]);
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
         loop {
             let recovered = cli(home, &node, &["recover", id]);
             let get = json_of(&cli(home, &node, &["get", id, "--json"]));
@@ -318,7 +318,7 @@ async fn an_operator_lists_and_reconciles_every_uncertain_workflow_with_one_comm
         String::from_utf8_lossy(&settled.stderr)
     );
     for id in &ids {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
         loop {
             let get = json_of(&cli(home, &node, &["get", id, "--json"]));
             if get["status"] == "completed" {

@@ -93,7 +93,7 @@ impl Nginx {
     }
 
     fn wait_listening(&self) {
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
         while std::net::TcpStream::connect(self.addr).is_err() {
             let log = self._dir.path().join("error.log");
             assert!(

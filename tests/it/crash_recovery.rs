@@ -154,7 +154,7 @@ async fn run(boundary: Option<&str>, hold_draft: bool, tamper: bool) -> Ended {
         }
         first.signal(libc::SIGKILL);
         assert!(
-            first.wait_exit(Duration::from_secs(5)).is_some(),
+            first.wait_exit(Duration::from_secs(60)).is_some(),
             "SIGKILL did not end the node"
         );
         std::fs::remove_file(shared.path().join("faults/arm.json")).expect("disarm");
@@ -195,7 +195,7 @@ async fn run(boundary: Option<&str>, hold_draft: bool, tamper: bool) -> Ended {
         .map(|row| (row.get(0), row.get(1)))
         .collect();
     second.signal(libc::SIGTERM);
-    second.wait_exit(Duration::from_secs(10));
+    second.wait_exit(Duration::from_secs(60));
     Ended {
         status,
         result,

@@ -248,7 +248,7 @@ on_both_backends! {
             .await.expect("launch").row.workflow_id;
         wait_for_status(&node, id.as_str(), "failed").await;
         assert_eq!(slots_of(&db, id.as_str()).await, Vec::<String>::new(), "the end gives every slot back");
-        eventually(Duration::from_secs(10), "the sibling's child run is interrupted", async || {
+        eventually(Duration::from_secs(60), "the sibling's child run is interrupted", async || {
             run_of_step(&db, id.as_str(), "slow").await
                 .is_some_and(|run| run.status == store::RunStatus::Interrupted)
         }).await;
@@ -265,7 +265,7 @@ on_both_backends! {
         let id = node.node.workflows().launch(launch(&script, json!({})))
             .await.expect("launch").row.workflow_id;
         wait_for_status(&node, id.as_str(), "paused").await;
-        eventually(Duration::from_secs(10), "the sibling is interrupted and its slot free", async || {
+        eventually(Duration::from_secs(60), "the sibling is interrupted and its slot free", async || {
             let stopped = run_of_step(&db, id.as_str(), "slow").await
                 .is_some_and(|run| run.status == store::RunStatus::Interrupted);
             stopped && slots_of(&db, id.as_str()).await.is_empty()
@@ -308,7 +308,7 @@ on_both_backends! {
                             task: {hold_while: "hold_model", output: "done"}});
                         return r.output;"#;
         let id = owner.node.workflows().launch(launch(script, json!({}))).await.expect("launch").row.workflow_id;
-        eventually(Duration::from_secs(10), "the child run started", async || {
+        eventually(Duration::from_secs(60), "the child run started", async || {
             view(&owner, id.as_str()).await.steps.first().is_some_and(|s| s.status.as_str() == "running")
         }).await;
         let old_run = view(&owner, id.as_str()).await.steps[0].encoded()["run_id"].as_str().expect("run").to_owned();
@@ -491,13 +491,13 @@ on_both_backends! {
         let script = r#"return (await agent({stepId: "slow", agentRef: "scripted",
                             task: {hold_while: "hold_model"}})).output;"#;
         let id = owner.node.workflows().launch(launch(script, json!({}))).await.expect("launch").row.workflow_id;
-        eventually(Duration::from_secs(10), "the child run started", async || {
+        eventually(Duration::from_secs(60), "the child run started", async || {
             view(&owner, id.as_str()).await.steps.first().is_some_and(|s| s.status.as_str() == "running")
         }).await;
         assert_eq!(slots_of(&db, id.as_str()).await, vec!["slow".to_owned()]);
         crash(owner).await;
         // Before the fix the slot stayed held until an operator reconciled the workflow.
-        eventually(Duration::from_secs(20), "the sweep closes the run and frees its slot", async || {
+        eventually(Duration::from_secs(60), "the sweep closes the run and frees its slot", async || {
             let closed = run_of_step(&db, id.as_str(), "slow").await
                 .is_some_and(|run| run.stop_reason.as_deref() == Some("orphan_recovered"));
             closed && slots_of(&db, id.as_str()).await.is_empty()
@@ -524,7 +524,7 @@ on_both_backends! {
         let uncertain = r#"return (await agent({stepId: "slow", agentRef: "scripted",
                                task: {hold_while: "hold_model", output: "done"}})).output;"#;
         let id = owner.node.workflows().launch(launch(uncertain, json!({}))).await.expect("launch").row.workflow_id;
-        eventually(Duration::from_secs(10), "the child run started", async || {
+        eventually(Duration::from_secs(60), "the child run started", async || {
             view(&owner, id.as_str()).await.steps.first().is_some_and(|s| s.status.as_str() == "running")
         }).await;
         owner.node.workflows().fence(&id).await.expect("fence");

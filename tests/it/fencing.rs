@@ -82,13 +82,13 @@ async fn postgres_a_takeover_waits_for_a_fenced_write_in_flight() {
             .get(0)
     };
     eventually(
-        Duration::from_secs(5),
+        Duration::from_secs(60),
         "the fenced write waits on the row lock",
         async || waiting_sessions().await == 1,
     )
     .await;
     let expiry = held.expires_at;
-    eventually(Duration::from_secs(5), "the lease expired", async || {
+    eventually(Duration::from_secs(60), "the lease expired", async || {
         new_store.now().await.expect("now") > expiry
     })
     .await;
@@ -102,7 +102,7 @@ async fn postgres_a_takeover_waits_for_a_fenced_write_in_flight() {
         })
     };
     eventually(
-        Duration::from_secs(5),
+        Duration::from_secs(60),
         "the takeover waits for the fenced write",
         async || waiting_sessions().await == 2,
     )

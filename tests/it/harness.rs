@@ -148,7 +148,7 @@ impl TestDb {
                 let connection =
                     rusqlite::Connection::open(dir.path().join("reins.db")).expect("open");
                 connection
-                    .busy_timeout(Duration::from_secs(5))
+                    .busy_timeout(Duration::from_secs(30))
                     .expect("busy timeout");
                 let changed = connection
                     .execute(sqlite, rusqlite::params_from_iter(params.iter()))

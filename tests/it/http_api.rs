@@ -60,7 +60,7 @@ impl Db {
                 tokio::task::spawn_blocking(move || {
                     let connection = rusqlite::Connection::open(path).expect("open");
                     connection
-                        .busy_timeout(Duration::from_secs(5))
+                        .busy_timeout(Duration::from_secs(30))
                         .expect("busy timeout");
                     let mut prepared = connection.prepare(&statement).expect("prepare");
                     let mut rows = prepared.query([]).expect("query");

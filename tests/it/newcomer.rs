@@ -242,7 +242,7 @@ async fn a_body_over_the_limit_without_a_length_is_refused_naming_the_limit() {
     let node = Node::start(&db, &[("REINS_HTTP__BODY_BYTES_MAX", "1024".to_owned())]);
     let mut stream = TcpStream::connect(node.addr).expect("connect");
     stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
+        .set_read_timeout(Some(Duration::from_secs(60)))
         .expect("timeout");
     let chunk = "x".repeat(2048);
     let request = format!(

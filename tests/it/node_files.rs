@@ -6,7 +6,7 @@
 use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::agent_processes::write_config;
 use crate::harness::{ReinsProcess, free_port, reins_command};
@@ -124,7 +124,7 @@ fn an_existing_data_folders_files_are_made_private_and_its_mode_is_warned_about(
         assert_eq!(mode & 0o777, 0o600, "{file}");
     }
     let warning = "other local users may read the node's files";
-    let log = process.stderr_with(&[warning], Duration::from_secs(10));
+    let log = process.stderr_with(&[warning], Duration::from_secs(60));
     assert!(log.contains(warning), "{log}");
 }
 
@@ -155,26 +155,22 @@ async fn capturing_a_fifo_fails_the_step_at_once_and_cancel_and_sigterm_still_wo
     .await;
     wait_for(&mut api, &run, "paused").await;
     let said = ["capture refused", "a FIFO, not a regular file"];
-    let log = node.process.stderr_with(&said, Duration::from_secs(10));
+    let log = node.process.stderr_with(&said, Duration::from_secs(60));
     assert!(said.iter().all(|line| log.contains(line)), "{log}");
 
-    let asked = Instant::now();
+    // A capture stuck on the FIFO would hold the cancel (and the stop below) forever: the
+    // waits' bounds detect that, however long a busy machine takes to cancel.
     let answer = api
         .call("POST", &format!("/api/v1/workflows/{run}/cancel"), None)
         .await;
     assert!(answer.status < 300, "{answer:?}");
     wait_for(&mut api, &run, "cancelled").await;
-    assert!(
-        asked.elapsed() < Duration::from_secs(10),
-        "cancel took {:?}",
-        asked.elapsed()
-    );
 
     node.signal(libc::SIGTERM);
     let status = node
         .process
-        .wait_exit(Duration::from_secs(10))
-        .expect("the node exits within 10 s of SIGTERM");
+        .wait_exit(Duration::from_secs(60))
+        .expect("the node exits after SIGTERM");
     assert!(status.success(), "{status}");
 }
 

@@ -265,7 +265,7 @@ async fn each_inbox_item_is_notified_once_as_it_enters_and_as_it_is_decided(post
             .is_some_and(|t| t.contains("check the figures"))
     );
 
-    eventually(Duration::from_secs(10), "the outbox to empty", async || {
+    eventually(Duration::from_secs(60), "the outbox to empty", async || {
         outbox(&db).await == 0
     })
     .await;
@@ -303,7 +303,7 @@ async fn a_notification_whose_node_was_killed_mid_delivery_is_delivered_again_wi
     // PostgreSQL another node delivers it; on SQLite (one node per file) the node started again.
     sender.signal(libc::SIGKILL);
     assert!(
-        sender.process.wait_exit(Duration::from_secs(10)).is_some(),
+        sender.process.wait_exit(Duration::from_secs(60)).is_some(),
         "not killed"
     );
     let other = Node::start(&db, &[("REINS_CONFIG", path)]);
@@ -312,7 +312,7 @@ async fn a_notification_whose_node_was_killed_mid_delivery_is_delivered_again_wi
     assert_eq!(again[1].json()["id"], held[0].json()["id"]);
     assert_eq!(again[1].json()["workflow_id"], run.as_str());
     assert!(again[1].verifies());
-    eventually(Duration::from_secs(10), "the outbox to empty", async || {
+    eventually(Duration::from_secs(60), "the outbox to empty", async || {
         outbox(&db).await == 0
     })
     .await;
@@ -335,7 +335,7 @@ async fn a_webhook_answering_500_gets_it_again_after_a_backoff() {
     let seen = receiver.wait_for(2).await;
     assert_eq!(seen[0].id, seen[1].id);
     assert_eq!(seen[0].body, seen[1].body, "a retry sends the same body");
-    eventually(Duration::from_secs(10), "the outbox to empty", async || {
+    eventually(Duration::from_secs(60), "the outbox to empty", async || {
         outbox(&db).await == 0
     })
     .await;

@@ -199,7 +199,7 @@ async fn through_a_node(stand_in: &StandIn, task: Value) -> (RunEnd, store::RunR
     else {
         panic!("not started");
     };
-    let end = tokio::time::timeout(Duration::from_secs(20), ended)
+    let end = tokio::time::timeout(Duration::from_secs(60), ended)
         .await
         .expect("ends")
         .expect("end");

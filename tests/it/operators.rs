@@ -82,7 +82,7 @@ async fn every_admin_command_answers_about_running_paused_and_parked_workflows()
         await humanCheckpoint({stepId: 'review', sourceStepId: 'a', artifactVersion: a.artifactVersion}); return 2;").await;
     wait_for(&mut api, &paused, "paused").await;
     wait_for(&mut api, &parked, "waiting_approval").await;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     while api.action("get", json!({"run_id": running})).await.json()["steps"][0]["status"]
         != "running"
     {
@@ -236,7 +236,7 @@ async fn the_admin_socket_is_private_exclusive_and_taken_over_when_stale() {
         ],
     );
     let exited = second
-        .wait_exit(Duration::from_secs(10))
+        .wait_exit(Duration::from_secs(60))
         .expect("the second node exits");
     assert!(!exited.success());
     let said = second.stderr();
@@ -254,7 +254,7 @@ async fn the_admin_socket_is_private_exclusive_and_taken_over_when_stale() {
     first.process.signal(libc::SIGKILL);
     first
         .process
-        .wait_exit(Duration::from_secs(10))
+        .wait_exit(Duration::from_secs(60))
         .expect("killed");
     assert!(socket.exists(), "SIGKILL leaves the socket file");
     let mut third = Node::start(&second_db, &[socket_env]);
@@ -268,7 +268,7 @@ async fn the_admin_socket_is_private_exclusive_and_taken_over_when_stale() {
     assert!(
         third
             .process
-            .wait_exit(Duration::from_secs(10))
+            .wait_exit(Duration::from_secs(60))
             .expect("stopped")
             .success()
     );
@@ -495,7 +495,7 @@ async fn a_restart_replays_without_logging_or_counting_the_steps_that_ran_before
     first.process.signal(libc::SIGKILL);
     first
         .process
-        .wait_exit(Duration::from_secs(10))
+        .wait_exit(Duration::from_secs(60))
         .expect("killed");
     let before = json_lines(&first.process.stderr());
     assert_eq!(
@@ -513,7 +513,7 @@ async fn a_restart_replays_without_logging_or_counting_the_steps_that_ran_before
     let mut api = Api::new(second.addr);
     api.cookies = initialize_again(&second).await;
     let recovered = wait_for(&mut api, &id, "paused").await;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     let mut record = recovered;
     while record["epoch"] != 2 {
         assert!(
@@ -546,7 +546,7 @@ async fn a_restart_replays_without_logging_or_counting_the_steps_that_ran_before
     second.process.signal(libc::SIGTERM);
     second
         .process
-        .wait_exit(Duration::from_secs(10))
+        .wait_exit(Duration::from_secs(60))
         .expect("stopped");
     let after = json_lines(&second.process.stderr());
     assert!(!after.is_empty(), "JSON log lines");

@@ -221,7 +221,7 @@ async fn store_an_unknown_control_kind(db: &TestDb) {
             let connection =
                 rusqlite::Connection::open(dir.path().join("reins.db")).expect("open");
             connection
-                .busy_timeout(std::time::Duration::from_secs(5))
+                .busy_timeout(std::time::Duration::from_secs(30))
                 .expect("busy timeout");
             connection
                 .execute_batch(&format!("PRAGMA ignore_check_constraints = ON; {update}"))
@@ -412,7 +412,7 @@ async fn racing_claims_of_one_user_count_each_other_while_another_user_waits() {
     // racer that holds it.
     let watcher = db.pg_client().await;
     crate::harness::eventually(
-        std::time::Duration::from_secs(20),
+        std::time::Duration::from_secs(60),
         "every claim waits",
         async || {
             let waiting: i64 = watcher

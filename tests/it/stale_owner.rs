@@ -85,13 +85,13 @@ impl Pair {
         let run = launched.json()["run_id"].as_str().expect("id").to_owned();
         appears(
             &self.stale_faults.path().join("reached.json"),
-            Duration::from_secs(20),
+            Duration::from_secs(60),
         )
         .await;
         self.stale.signal(libc::SIGSTOP);
         let mut on_heir = Api::new(self.heir.addr);
         on_heir.cookies = api.cookies.clone();
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
         loop {
             let record = on_heir.action("get", json!({"run_id": run})).await.json();
             if record["epoch"] == 2 && record["status"] == status {
@@ -111,7 +111,7 @@ impl Pair {
         std::fs::write(self.stale_faults.path().join("release"), b"").expect("release");
         self.stale.signal(libc::SIGCONT);
         let record = self.stale_faults.path().join(point);
-        appears(&record, Duration::from_secs(20)).await;
+        appears(&record, Duration::from_secs(60)).await;
         std::fs::read_to_string(record).expect("record")
     }
 

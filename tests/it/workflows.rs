@@ -227,7 +227,7 @@ async fn crash_and_wait_for_expiry(node: TestNode, survivor: &TestNode, id: &str
         .expect("lease")
         .expect("leased");
     eventually(
-        Duration::from_secs(10),
+        Duration::from_secs(60),
         "the dead owner's lease expired",
         async || {
             store
@@ -370,14 +370,14 @@ on_both_backends! {
                                               task: {hold_while: "hold_model"}}); return r.output;"#;
         let request = LaunchRequest { user_id: "ada".into(), request_id: None, title: None, timeout_seconds: None, script: script.into(), args: json!({}) };
         let id = owner.node.workflows().launch(request).await.expect("launch").row.workflow_id;
-        eventually(Duration::from_secs(10), "the child run started", async || {
+        eventually(Duration::from_secs(60), "the child run started", async || {
             view(&owner, id.as_str()).await.steps.first().is_some_and(|s| s.status.as_str() == "running")
         })
         .await;
         let run_id = view(&owner, id.as_str()).await.steps[0].encoded()["run_id"].as_str().expect("run").to_owned();
         recovery_leaves_the_one_run_to_an_operator(owner, &heir, id.as_str(), &run_id).await;
         // The supervisor stops just after the status it wrote became visible.
-        eventually(Duration::from_secs(10), "the heir's supervisor stopped", async || {
+        eventually(Duration::from_secs(60), "the heir's supervisor stopped", async || {
             heir.node.workflows().live().await.expect("live").is_empty()
         })
         .await;
@@ -395,7 +395,7 @@ on_both_backends! {
                         return r.output;"#;
         let request = LaunchRequest { user_id: "ada".into(), request_id: None, title: None, timeout_seconds: None, script: script.into(), args: json!({}) };
         let id = owner.node.workflows().launch(request).await.expect("launch").row.workflow_id;
-        eventually(Duration::from_secs(10), "the supervisor stopped", async || {
+        eventually(Duration::from_secs(60), "the supervisor stopped", async || {
             owner.node.workflows().live().await.expect("live").is_empty()
         })
         .await;
@@ -468,7 +468,7 @@ on_both_backends! {
                         return "never";"#;
         let request = LaunchRequest { user_id: "ada".into(), request_id: None, title: None, timeout_seconds: None, script: script.into(), args: json!({}) };
         let id = workflows.launch(request).await.expect("launch").row.workflow_id;
-        eventually(Duration::from_secs(10), "the child run started", async || {
+        eventually(Duration::from_secs(60), "the child run started", async || {
             view(&node, id.as_str()).await.steps.first().is_some_and(|s| s.status.as_str() == "running")
         })
         .await;
@@ -551,7 +551,7 @@ on_both_backends! {
         let retried = launch(owner.node.workflows()).await;
         let completed = launch(owner.node.workflows()).await;
         for id in [&retried, &completed] {
-            eventually(Duration::from_secs(10), "the child run started", async || {
+            eventually(Duration::from_secs(60), "the child run started", async || {
                 view(&owner, id.as_str()).await.steps.first().is_some_and(|s| s.status.as_str() == "running")
             })
             .await;
@@ -652,7 +652,7 @@ on_both_backends! {
             }
             all
         };
-        eventually(Duration::from_secs(15), "four children run and two queue", async || {
+        eventually(Duration::from_secs(60), "four children run and two queue", async || {
             let all = statuses().await;
             all.iter().filter(|s| **s == store::StepStatus::Running).count() == 4
                 && all.iter().filter(|s| **s == store::StepStatus::Queued).count() == 2
@@ -666,7 +666,7 @@ on_both_backends! {
                 const second = await agent({stepId: "second", agentRef: "scripted", task: {output: 20}});
                 return first.output + second.output;"#.into() };
         let bob = workflows.launch(sequential).await.expect("launch").row.workflow_id;
-        eventually(Duration::from_secs(15), "the sequential call queues", async || {
+        eventually(Duration::from_secs(60), "the sequential call queues", async || {
             view(&node, bob.as_str()).await.steps.iter().any(|s| s.step_id == "first" && s.status.as_str() == "queued")
         })
         .await;
@@ -751,7 +751,7 @@ on_both_backends! {
                         return "never";"#;
         let request = LaunchRequest { user_id: "ada".into(), request_id: None, title: None, timeout_seconds: None, script: script.into(), args: json!({}) };
         let id = owner.node.workflows().launch(request).await.expect("launch").row.workflow_id;
-        eventually(Duration::from_secs(10), "the child run started", async || {
+        eventually(Duration::from_secs(60), "the child run started", async || {
             view(&owner, id.as_str()).await.steps.first().is_some_and(|s| s.status.as_str() == "running")
         })
         .await;
@@ -794,7 +794,7 @@ on_both_backends! {
             let (workflows, id) = (workflows.clone(), id.clone());
             async move { workflows.recover(&id).await }
         });
-        tokio::time::timeout(Duration::from_secs(10), reached.notified()).await.expect("the recover reads");
+        tokio::time::timeout(Duration::from_secs(60), reached.notified()).await.expect("the recover reads");
         let launched = workflows.launch(request("return 1;")).await.expect("a launch while the recover waits");
         wait_for_status(&heir, launched.row.workflow_id.as_str(), "completed").await;
         // A second recover of it on this node is refused at once: one takeover at a time, so
@@ -827,7 +827,7 @@ on_both_backends! {
                         return "never";"#;
         let request = LaunchRequest { user_id: "ada".into(), request_id: None, title: None, timeout_seconds: None, script: script.into(), args: json!({}) };
         let id = workflows.launch(request).await.expect("launch").row.workflow_id;
-        eventually(Duration::from_secs(10), "the three child runs started", async || {
+        eventually(Duration::from_secs(60), "the three child runs started", async || {
             let steps = view(&node, id.as_str()).await.steps;
             steps.len() == 3 && steps.iter().all(|s| s.status.as_str() == "running")
         })
