@@ -724,7 +724,7 @@ async fn chaos(config: Option<String>) -> BTreeMap<String, usize> {
     let live_children = "SELECT count(*) FROM runs r JOIN workflows w ON w.id = r.workflow
         WHERE w.status IN ('completed', 'failed', 'cancelled')
           AND r.status IN ('pending', 'running', 'waiting_for_input')";
-    let deadline = Instant::now() + Duration::from_secs(30);
+    let deadline = Instant::now() + Duration::from_secs(60);
     while count(live_children).await != 0 && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(250)).await;
     }

@@ -12,8 +12,9 @@ use crate::harness::http_get;
 use crate::http_api::{ADMIN, Db, Node, PASSWORD, initialize, launch, wait_for};
 use crate::webdriver::Browser;
 
-/// Long enough for a debug build on a busy machine; the console polls every 2 s.
-const WAIT: Duration = Duration::from_secs(30);
+/// Long enough for a debug build on a busy machine (only what never shows reaches it); the
+/// console polls every 2 s.
+const WAIT: Duration = Duration::from_secs(60);
 
 /// The review example, as a newcomer would paste it into the launch form.
 const REVIEW: &str = include_str!("../../examples/review.js");

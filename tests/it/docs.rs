@@ -115,7 +115,7 @@ fn wait_until(
     what: &str,
     ready: impl Fn(&Value) -> bool,
 ) -> Value {
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
     loop {
         let record = json_of(&reins(home, node, &["get", id, "--json"], 0));
         if ready(&record) {
