@@ -1219,7 +1219,9 @@ mod tests {
             metrics: Arc::clone(&metrics),
         };
         let (actor, _) = Actor::spawn(None, StoreActor, args).await.expect("spawn");
-        let timeout = Duration::from_secs(5);
+        // A call that waits for something that never comes fails at this; an answer on a busy
+        // machine comes well before.
+        let timeout = Duration::from_secs(30);
         let handle = StoreHandle::new(actor, timeout, Some(faults), Arc::clone(&metrics));
         (handle, metrics)
     }
@@ -1295,7 +1297,7 @@ mod tests {
             store::SCHEMA_VERSION
         );
         // A job's task counts itself out just after it answered.
-        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
         let at_rest = || {
             metrics.store_requests_waiting.load(Ordering::Relaxed) == 0
                 && metrics.store_requests_running.load(Ordering::Relaxed) == 0

@@ -87,7 +87,7 @@ conformance! {
             if let Some(lease) = new_store.acquire_lease(&store::WorkflowId::from("wf"), "new", 60_000).await.expect("acquire") {
                 break lease;
             }
-            assert!(started.elapsed() < Duration::from_secs(10), "no takeover after expiry");
+            assert!(started.elapsed() < Duration::from_secs(60), "no takeover after expiry");
             db.tick().await;
         };
         taken_over.store(true, Ordering::SeqCst);
@@ -551,7 +551,7 @@ async fn postgres_a_session_ended_during_commit_leaves_the_outcome_unknown() {
                 return;
             }
             assert!(
-                started.elapsed() < Duration::from_secs(10),
+                started.elapsed() < Duration::from_secs(60),
                 "no COMMIT sleeping"
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -586,7 +586,27 @@ async fn postgres_a_session_ended_during_commit_leaves_the_outcome_unknown() {
     .await
     .expect("hold wf-0's lease row");
     let held = write(0, "held");
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The held write is on the server, waiting for the row lock: the writer is busy with it.
+    let started = Instant::now();
+    loop {
+        let waiting: i64 = admin
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity
+                  WHERE datname = current_database() AND wait_event_type = 'Lock'",
+                &[],
+            )
+            .await
+            .expect("count")
+            .get(0);
+        if waiting >= 1 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the held write never waited for the lock"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let (batched, other) = (write(1, "slow-batched"), write(2, "fast"));
     tokio::time::sleep(Duration::from_millis(200)).await;
     lock.commit().await.expect("release");

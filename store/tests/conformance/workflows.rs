@@ -807,7 +807,7 @@ async fn postgres_a_status_change_cues_this_nodes_subscribers_with_its_listener_
     async fn next(
         changes: &mut tokio::sync::broadcast::Receiver<Change>,
     ) -> Result<Change, tokio::time::error::Elapsed> {
-        tokio::time::timeout(Duration::from_secs(5), changes.recv())
+        tokio::time::timeout(Duration::from_secs(30), changes.recv())
             .await
             .map(|change| change.expect("the bus is open"))
     }
@@ -921,7 +921,9 @@ async fn postgres_an_abandoned_calls_connection_is_closed_not_reused() {
         Some((0, 0)),
         "the abandoned call's connection left the pool"
     );
-    let read = tokio::time::timeout(Duration::from_secs(5), store.read_lease(&wf)).await;
+    // Queued behind the abandoned statement, the read would wait until the lock below is
+    // released: the bound only tells that from a read on a fresh connection.
+    let read = tokio::time::timeout(Duration::from_secs(60), store.read_lease(&wf)).await;
     assert!(matches!(read, Ok(Ok(Some(_)))), "{read:?}");
     assert_eq!(store.pool_status(), Some((1, 1)));
 
