@@ -436,7 +436,8 @@ sleep 300"#,
 }
 
 /// Issue 31: an agent that keeps signalling is never stopped for its length by `idle_ms` (its
-/// configured one here), and it sees its attempt as `REINS_ATTEMPT`.
+/// configured one here, 2 s: a line every 0.3 s for 3 s, with room for a busy machine's
+/// delays between lines), and it sees its attempt as `REINS_ATTEMPT`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_command_agent_that_keeps_signalling_runs_past_its_idle_timeout() {
     let (db, shared) = (
@@ -455,7 +456,7 @@ done
 echo "{\"type\": \"output\", \"output\": {\"attempt\": \"$REINS_ATTEMPT\"}}""#,
         ),
         TimeoutOptions {
-            idle_ms: Some(1_000),
+            idle_ms: Some(2_000),
             ..TimeoutOptions::default()
         },
     );
@@ -473,7 +474,8 @@ echo "{\"type\": \"output\", \"output\": {\"attempt\": \"$REINS_ATTEMPT\"}}""#,
 }
 
 /// Issue 31: `attempt_ms` bounds an attempt from its start even while its agent keeps
-/// signalling.
+/// signalling (a line every 0.2 s, under an idle limit of 1.5 s: room for a busy machine's
+/// delays between lines).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn attempt_ms_stops_a_command_agent_that_keeps_printing() {
     let (db, shared) = (
@@ -491,8 +493,8 @@ while true; do
 done"#,
         ),
         TimeoutOptions {
-            attempt_ms: Some(1_500),
-            idle_ms: Some(1_000),
+            attempt_ms: Some(2_000),
+            idle_ms: Some(1_500),
             total_ms: None,
             approval_ms: None,
         },
@@ -506,7 +508,7 @@ done"#,
     let row = stored(&node, &run_id).await;
     assert_eq!(
         row.error.as_deref(),
-        Some("the attempt ran for 1500 ms (timeout.attemptMs)")
+        Some("the attempt ran for 2000 ms (timeout.attemptMs)")
     );
     assert_eq!(
         row.metadata["failure"],
