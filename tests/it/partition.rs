@@ -344,7 +344,7 @@ async fn until(within: Duration, what: &str, mut condition: impl AsyncFnMut() ->
 
 /// The sum of a counter's samples in a node's `/metrics`.
 async fn counter(api: &Api, name: &str) -> f64 {
-    let answer = call(api, "GET", "/metrics", None, Duration::from_secs(10))
+    let answer = call(api, "GET", "/metrics", None, Duration::from_secs(30))
         .await
         .expect("/metrics answers");
     assert_eq!(answer.status, 200);
@@ -397,11 +397,11 @@ async fn a_node_cut_off_from_postgresql_answers_again_within_seconds_of_the_heal
         b_addr,
         &env(url_on("127.0.0.1"), b_addr, &b_dir),
     );
-    b.wait_ready(Duration::from_secs(30));
+    b.wait_ready(Duration::from_secs(60));
     let mut a_env = env(url_on(&server), a_addr, &a_dir);
     a_env.push(("REINS_STORE__POOL_SIZE", A_POOL_SIZE.to_string()));
     let mut a = net.serve(a_dir.path(), a_addr, &a_env);
-    a.wait_ready(Duration::from_secs(30));
+    a.wait_ready(Duration::from_secs(60));
 
     let token = crate::http_api::admin_token(b_addr, "partition").await;
     let api = |addr| {
@@ -411,7 +411,7 @@ async fn a_node_cut_off_from_postgresql_answers_again_within_seconds_of_the_heal
     };
     let (api_a, api_b) = (api(a_addr), api(b_addr));
     let worker = |api: Api| async move {
-        let answer = call(&api, "GET", "/health/ready", None, Duration::from_secs(5))
+        let answer = call(&api, "GET", "/health/ready", None, Duration::from_secs(30))
             .await
             .expect("ready");
         answer.json()["worker_id"]
@@ -437,7 +437,7 @@ async fn a_node_cut_off_from_postgresql_answers_again_within_seconds_of_the_heal
                 "POST",
                 "/api/v1/workflows",
                 Some(json!({"script": script})),
-                Duration::from_secs(10),
+                Duration::from_secs(30),
             )
             .await
             .expect("a launch answers");
@@ -450,7 +450,7 @@ async fn a_node_cut_off_from_postgresql_answers_again_within_seconds_of_the_heal
     }
     for (id, paused) in &launched {
         until(
-            Duration::from_secs(20),
+            Duration::from_secs(60),
             "every workflow under way on A",
             async || {
                 get(&api_a, id).await.is_some_and(|record| {
@@ -486,7 +486,7 @@ async fn a_node_cut_off_from_postgresql_answers_again_within_seconds_of_the_heal
             })
             .collect::<Vec<_>>()
     };
-    until(Duration::from_secs(20), "A's pool full", async || {
+    until(Duration::from_secs(60), "A's pool full", async || {
         for task in burst(32) {
             let _ = task.await;
         }
@@ -565,7 +565,7 @@ async fn a_node_cut_off_from_postgresql_answers_again_within_seconds_of_the_heal
         Some(
             json!({"fingerprint": record["fingerprint"], "step_id": "p", "attempt": 1, "input": 7}),
         ),
-        Duration::from_secs(10),
+        Duration::from_secs(30),
     )
     .await
     .expect("the resume answers");
@@ -575,7 +575,7 @@ async fn a_node_cut_off_from_postgresql_answers_again_within_seconds_of_the_heal
         "POST",
         "/api/v1/workflows",
         Some(json!({"script": r#"return (await agent({stepId: "x", agentRef: "scripted", task: {output: 1}})).output;"#})),
-        Duration::from_secs(10),
+        Duration::from_secs(30),
     )
     .await
     .expect("a launch on A answers");
@@ -583,7 +583,7 @@ async fn a_node_cut_off_from_postgresql_answers_again_within_seconds_of_the_heal
     let fresh = fresh.json()["run_id"].as_str().expect("run_id").to_owned();
     for (id, owner) in [(paused_id, &worker_b), (&fresh, &worker_a)] {
         until(
-            Duration::from_secs(20),
+            Duration::from_secs(60),
             "the resumed and the new workflow completed",
             async || {
                 get(&api_b, id).await.is_some_and(|record| {
