@@ -107,8 +107,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     ));
     let lease_ms = config.lease_seconds * 1000;
     let fault_dir = fault_dir()?;
-    clock_skew()?;
-    waiter_poll()?;
+    timing_hooks()?;
     let runs = RunsOptions {
         lease_ms,
         workspaces_dir: config.workspaces_dir(),
@@ -337,45 +336,37 @@ fn fault_dir() -> anyhow::Result<Option<PathBuf>> {
     Ok(dir)
 }
 
-/// The test hook `REINS_FAULT_CLOCK_SKEW_MS`: this node's own clock is read this many ms off,
-/// as a host whose clock is wrong would read it (timers must follow the database's clock, not
-/// it). Refused, as `REINS_FAULT_DIR` is, by a build without the `fault-points` feature.
-fn clock_skew() -> anyhow::Result<()> {
-    let Some(skew) = std::env::var_os("REINS_FAULT_CLOCK_SKEW_MS") else {
-        return Ok(());
+/// The value of the test hook `variable` (a whole number), if it is set. Refused, as
+/// `REINS_FAULT_DIR` is, by a build without the `fault-points` feature.
+fn test_hook<T: std::str::FromStr>(variable: &str) -> anyhow::Result<Option<T>> {
+    let Some(value) = std::env::var_os(variable) else {
+        return Ok(None);
     };
     if !cfg!(feature = "fault-points") {
         anyhow::bail!(
-            "REINS_FAULT_CLOCK_SKEW_MS is set, but this build has no fault points (the test \
-             suite's build has them)"
+            "{variable} is set, but this build has no fault points (the test suite's build has \
+             them)"
         );
     }
-    let skew: i64 = skew
+    value
         .to_str()
-        .and_then(|skew| skew.parse().ok())
-        .ok_or_else(|| anyhow::anyhow!("REINS_FAULT_CLOCK_SKEW_MS is not a whole number of ms"))?;
-    actors::skew_for_tests(skew);
-    Ok(())
+        .and_then(|value| value.parse().ok())
+        .map(Some)
+        .ok_or_else(|| anyhow::anyhow!("{variable} is not a whole number of ms"))
 }
 
-/// The test hook `REINS_FAULT_WAITER_POLL_MS`: every request that waits (`?wait=`) also reads
-/// its workflow again this often, as a waiter that polls would (the planted mutant of the
-/// quiet-period test). Refused, as `REINS_FAULT_DIR` is, by a build without `fault-points`.
-fn waiter_poll() -> anyhow::Result<()> {
-    let Some(poll) = std::env::var_os("REINS_FAULT_WAITER_POLL_MS") else {
-        return Ok(());
-    };
-    if !cfg!(feature = "fault-points") {
-        anyhow::bail!(
-            "REINS_FAULT_WAITER_POLL_MS is set, but this build has no fault points (the test \
-             suite's build has them)"
-        );
+/// The test hooks of a node's timing: `REINS_FAULT_CLOCK_SKEW_MS`, this node's own clock read
+/// this many ms off, as a host whose clock is wrong would read it (timers must follow the
+/// database's clock, not it); `REINS_FAULT_WAITER_POLL_MS`, every request that waits (`?wait=`)
+/// also reads its workflow again this often, as a waiter that polls would (the planted mutant
+/// of the quiet-period test).
+fn timing_hooks() -> anyhow::Result<()> {
+    if let Some(skew) = test_hook::<i64>("REINS_FAULT_CLOCK_SKEW_MS")? {
+        actors::skew_for_tests(skew);
     }
-    let poll: u64 = poll
-        .to_str()
-        .and_then(|poll| poll.parse().ok())
-        .ok_or_else(|| anyhow::anyhow!("REINS_FAULT_WAITER_POLL_MS is not a whole number of ms"))?;
-    http::wait::poll_for_tests(poll);
+    if let Some(poll) = test_hook::<u64>("REINS_FAULT_WAITER_POLL_MS")? {
+        http::wait::poll_for_tests(poll);
+    }
     Ok(())
 }
 

@@ -208,6 +208,18 @@ async fn wait_for_long(
 }
 
 /// Writes a configuration with the `scripted` agent and `extra` agents (TOML) into `dir`.
+/// A configuration with the scripted agent and `llm`, an `openai` agent of `stand_in`.
+fn llm_config(dir: &std::path::Path, stand_in: &crate::openai_agent::StandIn) -> String {
+    config_with(
+        dir,
+        &format!(
+            "[[agents]]\nname = \"llm\"\nkind = \"openai\"\nbase_url = \"http://{}/v1\"\n\
+             model = \"gpt-test\"\n",
+            stand_in.addr
+        ),
+    )
+}
+
 fn config_with(dir: &std::path::Path, extra: &str) -> String {
     let path = dir.join("config.toml");
     std::fs::write(
@@ -238,14 +250,7 @@ async fn an_endpoint_that_asks_to_come_back_later_is_retried_after_the_wait_it_a
     ])
     .await;
     let files = tempfile::tempdir().expect("temp dir");
-    let config = config_with(
-        files.path(),
-        &format!(
-            "[[agents]]\nname = \"llm\"\nkind = \"openai\"\nbase_url = \"http://{}/v1\"\n\
-             model = \"gpt-test\"\n",
-            stand_in.addr
-        ),
-    );
+    let config = llm_config(files.path(), &stand_in);
     let db = Db::new(false).await;
     let node = Node::start(&db, &[("REINS_CONFIG", config)]);
     let mut api = initialize(&node).await;
@@ -367,14 +372,7 @@ async fn an_agents_error_is_kept_to_error_bytes_max_wherever_it_goes() {
     let failing = || Reply::Json(500, json!({"error": {"message": huge.clone()}}));
     let stand_in = StandIn::start(vec![failing(), failing(), failing()]).await;
     let files = tempfile::tempdir().expect("temp dir");
-    let config = config_with(
-        files.path(),
-        &format!(
-            "[[agents]]\nname = \"llm\"\nkind = \"openai\"\nbase_url = \"http://{}/v1\"\n\
-             model = \"gpt-test\"\n",
-            stand_in.addr
-        ),
-    );
+    let config = llm_config(files.path(), &stand_in);
     let db = Db::new(false).await;
     let mut node = Node::start(
         &db,

@@ -145,6 +145,28 @@ conformance! {
 /// One write of each kind for workflow `wf` (with a live child run of step `s`, attempt 1,
 /// control `control_id` and sent event `event_seq`), named by kind. The match has no catch-all: a new kind of write does
 /// not compile until it is named here, and so tested for its fence below.
+/// Returns once a statement of this test's database waits on the server for a lock (seen by
+/// `client`), or panics saying `never` after a minute.
+async fn until_a_statement_waits_for_a_lock(client: &tokio_postgres::Client, never: &str) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let waiting: i64 = client
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity
+                  WHERE datname = current_database() AND wait_event_type = 'Lock'",
+                &[],
+            )
+            .await
+            .expect("count")
+            .get(0);
+        if waiting >= 1 {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{never}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 fn every_kind_of_write(control_id: i64, event_seq: i64) -> Vec<(&'static str, WriteOp)> {
     let wf = || "wf".to_owned();
     let writes = vec![
@@ -587,26 +609,7 @@ async fn postgres_a_session_ended_during_commit_leaves_the_outcome_unknown() {
     .expect("hold wf-0's lease row");
     let held = write(0, "held");
     // The held write is on the server, waiting for the row lock: the writer is busy with it.
-    let started = Instant::now();
-    loop {
-        let waiting: i64 = admin
-            .query_one(
-                "SELECT count(*) FROM pg_stat_activity
-                  WHERE datname = current_database() AND wait_event_type = 'Lock'",
-                &[],
-            )
-            .await
-            .expect("count")
-            .get(0);
-        if waiting >= 1 {
-            break;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(60),
-            "the held write never waited for the lock"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until_a_statement_waits_for_a_lock(&admin, "the held write never waited for the lock").await;
     let (batched, other) = (write(1, "slow-batched"), write(2, "fast"));
     tokio::time::sleep(Duration::from_millis(200)).await;
     lock.commit().await.expect("release");
@@ -675,23 +678,7 @@ async fn postgres_an_end_gives_back_the_slot_an_admission_in_flight_claims() {
         })
     };
     // The end is under way: it waits on the server for the admission's lock.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let waiting: i64 = watcher
-            .query_one(
-                "SELECT count(*) FROM pg_stat_activity
-                  WHERE datname = current_database() AND wait_event_type = 'Lock'",
-                &[],
-            )
-            .await
-            .expect("count")
-            .get(0);
-        if waiting >= 1 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the end never reached the lease");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until_a_statement_waits_for_a_lock(&watcher, "the end never reached the lease").await;
     admitting.batch_execute("COMMIT").await.expect("admitted");
     ending.await.expect("join").expect("the end");
     let held = store.list_slots(100).await.expect("slots");
