@@ -102,6 +102,10 @@ impl NodeOptions {
                 slots_per_user_max: 32,
                 stored_bytes_max: 0,
                 retry_copy_bytes_max: 1 << 30,
+                event_bounds: store::EventBounds {
+                    untaken_max: 1_000,
+                    untaken_bytes_max: 8 << 20,
+                },
                 lease_ms,
                 timeout_seconds: 24 * 3600,
                 automatic_recovery: false,
@@ -285,6 +289,7 @@ impl Actor for NodeSupervisor {
         let stopped = tokio::sync::broadcast::channel(STOPPED_BACKLOG).0;
         let workspaces_dir = options.workflows.workspaces_dir.clone();
         let event_payload_bytes_max = options.workflows.limits.frame_bytes_max;
+        let event_bounds = options.workflows.event_bounds;
         let (workflows, _) = Actor::spawn_linked(
             Some(format!("workflows@{worker_id}")),
             Workflows,
@@ -321,7 +326,7 @@ impl Actor for NodeSupervisor {
                     options.call_timeout,
                     stopped,
                     workspaces_dir,
-                    event_payload_bytes_max,
+                    (event_payload_bytes_max, event_bounds),
                 ),
                 runs,
                 store,

@@ -437,6 +437,11 @@ pub struct Limits {
     /// The bytes of data a retry copies at most from the workspaces of the steps it adopts (a
     /// sparse file's holes do not count); a retry whose workspaces hold more is refused (413).
     pub retry_copy_bytes_max: u64,
+    /// Events a workflow holds that no `waitForEvent` has taken yet, at most: a send past it is
+    /// refused (422) with nothing written.
+    pub untaken_events_per_workflow_max: u64,
+    /// Those events' payload bytes (as JSON text) at most.
+    pub untaken_event_bytes_per_workflow_max: u64,
 }
 
 /// `limits.error_bytes_max` at least (room for the note a cut error ends with) and at most.
@@ -472,6 +477,8 @@ impl Default for Limits {
             title_chars_max: 200,
             error_bytes_max: 4 * 1024,
             retry_copy_bytes_max: 1024 * 1024 * 1024,
+            untaken_events_per_workflow_max: 1_000,
+            untaken_event_bytes_per_workflow_max: 8 * 1024 * 1024,
         }
     }
 }
@@ -761,7 +768,7 @@ impl Config {
             }
             _ => {}
         }
-        let positive: [(&'static str, u64); 49] = [
+        let positive: [(&'static str, u64); 51] = [
             ("store.pool_size", self.store.pool_size as u64),
             ("store.requests_max", self.store.requests_max as u64),
             ("store.write_batch_max", self.store.write_batch_max as u64),
@@ -794,6 +801,14 @@ impl Config {
             (
                 "limits.retry_copy_bytes_max",
                 self.limits.retry_copy_bytes_max,
+            ),
+            (
+                "limits.untaken_events_per_workflow_max",
+                self.limits.untaken_events_per_workflow_max,
+            ),
+            (
+                "limits.untaken_event_bytes_per_workflow_max",
+                self.limits.untaken_event_bytes_per_workflow_max,
             ),
             ("http.body_bytes_max", self.http.body_bytes_max),
             ("http.head_bytes_max", self.http.head_bytes_max),

@@ -141,6 +141,14 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
                 slots_per_user_max: config.limits.active_children_per_user(),
                 stored_bytes_max: config.limits.user_stored_bytes_max,
                 retry_copy_bytes_max: config.limits.retry_copy_bytes_max,
+                event_bounds: store::EventBounds {
+                    untaken_max: i64::try_from(config.limits.untaken_events_per_workflow_max)
+                        .unwrap_or(i64::MAX),
+                    untaken_bytes_max: i64::try_from(
+                        config.limits.untaken_event_bytes_per_workflow_max,
+                    )
+                    .unwrap_or(i64::MAX),
+                },
                 lease_ms,
                 timeout_seconds: config.limits.timeout_seconds,
                 automatic_recovery: config.recovery == crate::config::Recovery::Automatic,

@@ -67,6 +67,11 @@ pub enum Limit {
     /// `limits.user_stored_bytes_max`: the bytes one user's workflows store, at most `max`;
     /// they store `stored` already.
     StoredBytes { stored: i64, max: i64 },
+    /// `limits.untaken_events_per_workflow_max`: events a workflow holds that no wait took.
+    UntakenEvents { max: i64 },
+    /// `limits.untaken_event_bytes_per_workflow_max`: those events' payload bytes; they hold
+    /// `held` already.
+    UntakenEventBytes { held: i64, max: i64 },
 }
 
 impl std::fmt::Display for Limit {
@@ -80,6 +85,16 @@ impl std::fmt::Display for Limit {
             Limit::StoredBytes { stored, max } => write!(
                 f,
                 "limits.user_stored_bytes_max ({max}): the user's workflows store {stored} bytes"
+            ),
+            Limit::UntakenEvents { max } => write!(
+                f,
+                "limits.untaken_events_per_workflow_max ({max}): the workflow holds that many \
+                 events no waitForEvent has taken"
+            ),
+            Limit::UntakenEventBytes { held, max } => write!(
+                f,
+                "limits.untaken_event_bytes_per_workflow_max ({max}): the workflow holds {held} \
+                 bytes of events no waitForEvent has taken"
             ),
         }
     }

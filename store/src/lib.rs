@@ -50,7 +50,7 @@ pub use runs::{
     APPROVAL_DEADLINE, Admission, ApprovalAnswer, CancelAction, ExpiredApproval, FailureClass,
     NewRun, RunFailure, RunOutcome, RunRenewal, RunRow, RunSlot, WorkflowStep, pending_request_id,
 };
-pub use sent_events::{EventSend, NewSentEvent, SentEvent};
+pub use sent_events::{EventBounds, EventSend, NewSentEvent, SentEvent};
 #[cfg(feature = "sim")]
 pub use sim::{
     Mutant as SimMutant, SimClock, SimStore, Storage as SimStorage,

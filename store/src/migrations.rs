@@ -240,10 +240,16 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         postgres: include_str!("../migrations/postgres/0038_overdue_reminders.sql"),
         sqlite: include_str!("../migrations/sqlite/0038_overdue_reminders.sql"),
     },
+    Migration {
+        version: 39,
+        name: "untaken_event_bytes",
+        postgres: include_str!("../migrations/postgres/0039_untaken_event_bytes.sql"),
+        sqlite: include_str!("../migrations/sqlite/0039_untaken_event_bytes.sql"),
+    },
 ];
 
 /// The schema version this build expects.
-pub const SCHEMA_VERSION: i64 = 38;
+pub const SCHEMA_VERSION: i64 = 39;
 
 /// The advisory-lock key PostgreSQL migrations serialise on ("reins" in ASCII).
 pub(crate) const PG_MIGRATION_LOCK: i64 = 0x0072_6569_6e73;

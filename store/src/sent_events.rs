@@ -1,10 +1,13 @@
 //! Events sent to a workflow (`waitForEvent`'s input): any node records one, unfenced, as it
 //! records a control; the owner takes it in the fenced write that journals the wait's outcome
 //! ([`crate::WriteOp::TakeEvent`]). Kept until a wait takes it, taken once, in the order sent
-//! per name; the sender's `event_id` makes sending idempotent.
+//! per name; the sender's `event_id` makes sending idempotent. The events a workflow holds
+//! untaken are bounded, in number and in payload bytes ([`EventBounds`]): past either, a new
+//! event is refused with nothing written, while a repeat of one stored is still answered.
 
 use serde_json::Value;
 
+use crate::error::Limit;
 use crate::{Error, WorkflowId, WorkflowStatus};
 
 /// An event to record.
@@ -17,6 +20,49 @@ pub struct NewSentEvent {
     pub name: String,
     pub payload: Value,
     pub created_by: Option<String>,
+    /// What the workflow may hold untaken, this event included.
+    pub bounds: EventBounds,
+}
+
+/// The events one workflow holds untaken at most (`limits.untaken_events_per_workflow_max`)
+/// and their payloads' bytes as JSON text (`limits.untaken_event_bytes_per_workflow_max`); 0:
+/// no bound.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EventBounds {
+    pub untaken_max: i64,
+    pub untaken_bytes_max: i64,
+}
+
+impl EventBounds {
+    /// No bound at all.
+    pub const NONE: EventBounds = EventBounds {
+        untaken_max: 0,
+        untaken_bytes_max: 0,
+    };
+
+    /// Refuses a new event of `bytes` when the workflow holds `untaken` events of `held` bytes
+    /// already (read under the lock that orders the workflow's sends).
+    pub(crate) fn check(&self, untaken: i64, held: i64, bytes: i64) -> Result<(), Error> {
+        if self.untaken_max > 0 && untaken >= self.untaken_max {
+            return Err(Error::LimitReached(Limit::UntakenEvents {
+                max: self.untaken_max,
+            }));
+        }
+        if self.untaken_bytes_max > 0 && held.saturating_add(bytes) > self.untaken_bytes_max {
+            return Err(Error::LimitReached(Limit::UntakenEventBytes {
+                held,
+                max: self.untaken_bytes_max,
+            }));
+        }
+        Ok(())
+    }
+}
+
+impl NewSentEvent {
+    /// Its payload's bytes as JSON text: what [`EventBounds`] counts.
+    pub(crate) fn payload_bytes(&self) -> i64 {
+        i64::try_from(self.payload.to_string().len()).unwrap_or(i64::MAX)
+    }
 }
 
 /// An event as stored.

@@ -413,3 +413,61 @@ async fn a_sleep_journaled_by_a_node_whose_clock_is_slow_is_not_cut_short_by_ano
         began.elapsed()
     );
 }
+
+/// Issue 39, item 2: a workflow that waited for one name kept every event of another name sent
+/// to it (2,000 of 48 KB each), uncounted. Its untaken events are bounded in number and in bytes
+/// by named limits: past either, a send is refused (422, naming it) and nothing is stored, while
+/// the same event sent again is still answered as a repeat.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_workflows_untaken_events_are_bounded_in_number_and_bytes() {
+    let db = Db::new(true).await;
+    let node = Node::start(
+        &db,
+        &[
+            ("REINS_LIMITS__UNTAKEN_EVENTS_PER_WORKFLOW_MAX", "3".into()),
+            (
+                "REINS_LIMITS__UNTAKEN_EVENT_BYTES_PER_WORKFLOW_MAX",
+                "3000".into(),
+            ),
+        ],
+    );
+    let mut api = initialize(&node).await;
+    let run_id = launch(
+        &mut api,
+        r#"return await waitForEvent({stepId: "w", name: "never"});"#,
+    )
+    .await;
+    step_reaches(&mut api, &run_id, "w", "running").await;
+    let event = |event_id: &str, bytes: usize| json!({"name": "other", "event_id": event_id, "payload": "x".repeat(bytes - 2)});
+    // 1,000 bytes each (a JSON string of 998 characters and its quotes).
+    for event_id in ["e1", "e2"] {
+        let sent = send(&mut api, &run_id, event(event_id, 1_000)).await;
+        assert_eq!(sent.status, 200, "{sent:?}");
+    }
+    let over = send(&mut api, &run_id, event("e3", 1_001)).await;
+    assert_refused(
+        &over,
+        422,
+        "refused",
+        "limits.untaken_event_bytes_per_workflow_max (3000): the workflow holds 2000 bytes",
+    );
+    let sent = send(&mut api, &run_id, event("e3", 10)).await;
+    assert_eq!(sent.status, 200, "{sent:?}");
+    let over = send(&mut api, &run_id, event("e4", 10)).await;
+    assert_refused(
+        &over,
+        422,
+        "refused",
+        "limits.untaken_events_per_workflow_max (3)",
+    );
+    let again = send(&mut api, &run_id, event("e1", 1_000)).await;
+    assert_eq!(again.status, 200, "{again:?}");
+    assert_eq!(again.json()["repeated"], true, "{again:?}");
+    let stored = db
+        .sql(&format!(
+            "SELECT count(*) FROM sent_events WHERE workflow = '{run_id}'"
+        ))
+        .await
+        .expect("count");
+    assert_eq!(stored, "3", "a refused event was stored");
+}

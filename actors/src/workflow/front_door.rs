@@ -89,6 +89,9 @@ pub struct WorkflowsOptions {
     /// The bytes of data a retry copies at most from the workspaces of the steps it adopts
     /// (`limits.retry_copy_bytes_max`; a file's holes do not count).
     pub retry_copy_bytes_max: u64,
+    /// The events one workflow holds untaken at most, and their payload bytes
+    /// (`limits.untaken_events_per_workflow_max`, `limits.untaken_event_bytes_per_workflow_max`).
+    pub event_bounds: store::EventBounds,
     pub lease_ms: u64,
     /// The life limit of a workflow launched here without its own (`limits.timeout_seconds`;
     /// 0: none), and of one launched before launches recorded theirs (then a day when 0).
@@ -1218,7 +1221,9 @@ async fn reconcile(
             store::Limit::Workflows => limits.max_workflows,
             store::Limit::WorkflowsPerOwner => limits.max_workflows_per_owner,
             store::Limit::TokensPerUser { max } => u64::from(*max),
-            store::Limit::StoredBytes { max, .. } => u64::try_from(*max).unwrap_or(0),
+            store::Limit::StoredBytes { max, .. }
+            | store::Limit::UntakenEvents { max }
+            | store::Limit::UntakenEventBytes { max, .. } => u64::try_from(*max).unwrap_or(0),
         };
         return Err(Error::LimitReached { limit: *limit, max });
     }
@@ -1316,6 +1321,8 @@ pub struct WorkflowsHandle {
     workspaces_dir: std::path::PathBuf,
     /// The largest payload of an event sent to a workflow, as JSON (`limits.frame_bytes_max`).
     event_payload_bytes_max: u64,
+    /// The events a workflow holds untaken at most, and their bytes.
+    event_bounds: store::EventBounds,
 }
 
 impl WorkflowsHandle {
@@ -1325,7 +1332,7 @@ impl WorkflowsHandle {
         timeout: Duration,
         stopped: broadcast::Sender<WorkflowId>,
         workspaces_dir: std::path::PathBuf,
-        event_payload_bytes_max: u64,
+        (event_payload_bytes_max, event_bounds): (u64, store::EventBounds),
     ) -> Self {
         WorkflowsHandle {
             actor,
@@ -1334,6 +1341,7 @@ impl WorkflowsHandle {
             stopped,
             workspaces_dir,
             event_payload_bytes_max,
+            event_bounds,
         }
     }
 
@@ -1450,6 +1458,7 @@ impl WorkflowsHandle {
             name: event.name,
             payload: event.payload,
             created_by: Some(by.to_owned()),
+            bounds: self.event_bounds,
         };
         Ok(self.store.send_event(sent).await?)
     }

@@ -2350,6 +2350,7 @@ impl Sim {
             name: name.into(),
             payload,
             created_by: Some("ann@example.com".into()),
+            bounds: store::EventBounds::NONE,
         };
         let ended = |sent: &store::EventSend| matches!(sent, store::EventSend::Ended(_));
         let sent = now_or_never(

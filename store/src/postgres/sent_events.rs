@@ -46,13 +46,43 @@ impl PgStore {
         if status.is_final() {
             return Ok(EventSend::Ended(status));
         }
+        // One send of a workflow's at a time, so that the bounds below count what the others
+        // committed (two sends to two workflows share nothing but a rare hash collision).
+        transaction
+            .execute(
+                &transaction
+                    .prepare_cached(
+                        "SELECT pg_advisory_xact_lock(hashtextextended('sent_events:' || $1, 0))",
+                    )
+                    .await?,
+                &[&new.workflow_id],
+            )
+            .await?;
+        let bytes = new.payload_bytes();
+        let counted = transaction
+            .query_one(
+                &transaction
+                    .prepare_cached(
+                        "SELECT count(*), coalesce(sum(payload_bytes), 0)::bigint,
+                                bool_or(event_id = $2)
+                           FROM sent_events
+                          WHERE workflow = $1 AND (taken_by IS NULL OR event_id = $2)",
+                    )
+                    .await?,
+                &[&new.workflow_id, &new.event_id],
+            )
+            .await?;
+        // A repeat (its row found above, taken or not) is answered below whatever the bounds.
+        if !counted.get::<_, Option<bool>>(2).unwrap_or(false) {
+            new.bounds.check(counted.get(0), counted.get(1), bytes)?;
+        }
         let inserted = transaction
             .query_opt(
                 &transaction
                     .prepare_cached(concat!(
                         "INSERT INTO sent_events (workflow, event_id, name, payload, created_by,
-                                                  created_at)
-                         VALUES ($1, $2, $3, $4, $5, reins_now())
+                                                  created_at, payload_bytes)
+                         VALUES ($1, $2, $3, $4, $5, reins_now(), $6)
                          ON CONFLICT (workflow, event_id) DO NOTHING
                          RETURNING ",
                         event_columns!()
@@ -64,6 +94,7 @@ impl PgStore {
                     &new.name,
                     &new.payload,
                     &new.created_by,
+                    &bytes,
                 ],
             )
             .await?;

@@ -22,6 +22,15 @@ impl State {
         {
             return resent(existing.clone(), &new);
         }
+        let (untaken, held) = self
+            .sent_events
+            .values()
+            .filter(|row| row.workflow_id == new.workflow_id && row.taken_by.is_none())
+            .fold((0_i64, 0_i64), |(count, bytes), row| {
+                let size = i64::try_from(row.payload.to_string().len()).unwrap_or(i64::MAX);
+                (count + 1, bytes.saturating_add(size))
+            });
+        new.bounds.check(untaken, held, new.payload_bytes())?;
         self.last_event_seq += 1;
         let row = SentEvent {
             seq: self.last_event_seq,

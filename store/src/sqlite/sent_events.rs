@@ -63,12 +63,31 @@ impl SqliteStore {
             if status.is_final() {
                 return Ok(EventSend::Ended(status));
             }
+            // A repeat is answered whatever the bounds: it stores nothing.
+            let existing = connection
+                .prepare_cached(concat!(
+                    "SELECT ",
+                    event_columns!(),
+                    " FROM sent_events WHERE workflow = ?1 AND event_id = ?2"
+                ))?
+                .query_row(params![new.workflow_id, new.event_id], sent_event)
+                .optional()?;
+            if let Some(existing) = existing {
+                return resent(existing.decode()?, &new);
+            }
+            let (untaken, held): (i64, i64) = connection
+                .prepare_cached(
+                    "SELECT count(*), coalesce(sum(payload_bytes), 0) FROM sent_events
+                      WHERE workflow = ?1 AND taken_by IS NULL",
+                )?
+                .query_row([&new.workflow_id], |row| Ok((row.get(0)?, row.get(1)?)))?;
+            let bytes = new.payload_bytes();
+            new.bounds.check(untaken, held, bytes)?;
             let inserted = connection
                 .prepare_cached(concat!(
                     "INSERT INTO sent_events (workflow, event_id, name, payload, created_by,
-                                              created_at)
-                     VALUES (?1, ?2, ?3, ?4, ?5, unixepoch('subsec'))
-                     ON CONFLICT (workflow, event_id) DO NOTHING
+                                              created_at, payload_bytes)
+                     VALUES (?1, ?2, ?3, ?4, ?5, unixepoch('subsec'), ?6)
                      RETURNING ",
                     event_columns!()
                 ))?
@@ -78,23 +97,13 @@ impl SqliteStore {
                         new.event_id,
                         new.name,
                         payload,
-                        new.created_by
+                        new.created_by,
+                        bytes
                     ],
                     sent_event,
-                )
-                .optional()?;
-            if let Some(row) = inserted {
-                super::workflows::wake_if_dormant(connection, &new.workflow_id)?;
-                return Ok(EventSend::Stored(row.decode()?));
-            }
-            let existing = connection
-                .prepare_cached(concat!(
-                    "SELECT ",
-                    event_columns!(),
-                    " FROM sent_events WHERE workflow = ?1 AND event_id = ?2"
-                ))?
-                .query_row(params![new.workflow_id, new.event_id], sent_event)?;
-            resent(existing.decode()?, &new)
+                )?;
+            super::workflows::wake_if_dormant(connection, &new.workflow_id)?;
+            Ok(EventSend::Stored(inserted.decode()?))
         })
         .await
     }

@@ -61,6 +61,7 @@ fn event(id: &str, event_id: &str, name: &str) -> NewSentEvent {
         name: name.into(),
         payload: json!({}),
         created_by: Some("ada".into()),
+        bounds: store::EventBounds::NONE,
     }
 }
 

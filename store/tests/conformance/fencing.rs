@@ -307,6 +307,7 @@ conformance! {
             name: "paid".into(),
             payload: json!({"amount": 3}),
             created_by: None,
+            bounds: store::EventBounds::NONE,
         };
         let event_seq = match old.send_event(event).await.expect("event") {
             store::EventSend::Stored(row) => row.seq,

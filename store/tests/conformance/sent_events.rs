@@ -1,9 +1,11 @@
 //! Events sent to a workflow (`send_event`, `pending_events`, `WriteOp::TakeEvent`): stored once
 //! per `event_id`, kept until a wait takes them, in the order sent, taken once; an ended
-//! workflow takes none and nothing is written.
+//! workflow takes none and nothing is written; the untaken ones are bounded in number and bytes.
 
 use serde_json::{Value, json};
-use store::{Error, EventSend, NewSentEvent, WorkflowId, WorkflowStatus, WriteOp};
+use store::{
+    Error, EventBounds, EventSend, Limit, NewSentEvent, WorkflowId, WorkflowStatus, WriteOp,
+};
 
 use crate::harness::{conformance, workflow};
 
@@ -14,6 +16,7 @@ fn event(event_id: &str, name: &str, payload: Value) -> NewSentEvent {
         name: name.into(),
         payload,
         created_by: Some("ada".into()),
+        bounds: EventBounds::NONE,
     }
 }
 
@@ -88,5 +91,46 @@ conformance! {
             .send_event(NewSentEvent { workflow_id: "nope".into(), ..event("e", "paid", json!(null)) })
             .await;
         assert!(matches!(missing, Err(Error::NotFound(_))), "{missing:?}");
+    }
+}
+
+conformance! {
+    /// Issue 39, item 2: a workflow kept every event sent to it that no wait took, uncounted.
+    /// Its untaken events are bounded in number and in payload bytes: past either a new one is
+    /// refused naming the limit, with nothing written, while a repeat of a stored one is still
+    /// answered; a taken event makes room.
+    async fn untaken_events_are_bounded_in_number_and_bytes(db) {
+        let store = db.store().await;
+        let lease = workflow(&*store, "wf", "node-a", 60_000).await;
+        let bounded = |event_id: &str, payload: Value| NewSentEvent {
+            bounds: EventBounds { untaken_max: 3, untaken_bytes_max: 30 },
+            ..event(event_id, "paid", payload)
+        };
+        let ten = || json!("12345678");
+        let first = match store.send_event(bounded("e1", ten())).await.expect("send") {
+            EventSend::Stored(row) => row,
+            other => panic!("{other:?}"),
+        };
+        store.send_event(bounded("e2", ten())).await.expect("20 bytes");
+        // 20 bytes held: 11 more would pass 30.
+        let over = store.send_event(bounded("e3", json!("123456789"))).await;
+        assert!(
+            matches!(over, Err(Error::LimitReached(Limit::UntakenEventBytes { held: 20, max: 30 }))),
+            "{over:?}"
+        );
+        store.send_event(bounded("e3", ten())).await.expect("30 bytes: at the bound");
+        let over = store.send_event(bounded("e4", json!(1))).await;
+        assert!(matches!(over, Err(Error::LimitReached(Limit::UntakenEvents { max: 3 }))), "{over:?}");
+        let message = over.map(|_| ()).expect_err("refused").to_string();
+        assert!(message.contains("limits.untaken_events_per_workflow_max (3)"), "{message}");
+        // Full, a repeat is still a repeat; nothing was written by the refusals.
+        assert!(matches!(store.send_event(bounded("e1", ten())).await, Ok(EventSend::Repeated(_))));
+        let pending = store.pending_events(&WorkflowId::from("wf")).await.expect("pending");
+        let ids: Vec<&str> = pending.iter().map(|e| e.event_id.as_str()).collect();
+        assert_eq!(ids, ["e1", "e2", "e3"]);
+        // Taken, an event no longer counts.
+        store.fenced_write(&lease.fence(), vec![take(first.seq, "wait-1")]).await.expect("take");
+        store.send_event(bounded("e4", json!(1))).await.expect("room again");
+        assert!(matches!(store.send_event(bounded("e1", ten())).await, Ok(EventSend::Repeated(_))), "a taken event's repeat");
     }
 }
