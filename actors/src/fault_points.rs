@@ -2,7 +2,8 @@
 //! set, the node reads `arm.json` (`{"boundary": NAME}`) there; the first time the workflow code
 //! reaches that boundary, it writes `reached.json` and waits until a file `release` appears (or
 //! the process is killed). Boundaries: `before_admission`, `admission`, `result_before`, `result`,
-//! `approval`, `capture`, `cancelling`. What a released stale owner then meets at admission or
+//! `approval`, `capture`, `cancelling`, and `retry_copy` (a retry about to copy the workspaces it
+//! adopts). What a released stale owner then meets at admission or
 //! capture is written to `admission_error` or `capture_error` (`LeaseLost` when it was fenced).
 
 use std::path::PathBuf;

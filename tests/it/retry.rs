@@ -6,6 +6,7 @@
 //! another user's is refused.
 
 use std::path::Path;
+use std::time::Duration;
 
 use serde_json::{Value, json};
 
@@ -437,4 +438,56 @@ async fn a_retry_copies_a_workspace_with_its_holes_and_within_its_bound() {
         folders_before,
         "the refused retry's copies are removed"
     );
+}
+
+/// Issue 39, item 3: four concurrent retries of one workflow made four copies of its workspaces
+/// at once. A node makes one retry of a workflow at a time: a second request waits for the first
+/// (held here before its copy by the `retry_copy` fault point) and then answers what it made, as
+/// `repeated`, with no copy of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_retries_of_one_workflow_make_one_copy() {
+    let db = Db::new(false).await;
+    let (files, faults) = (
+        tempfile::tempdir().expect("temp dir"),
+        tempfile::tempdir().expect("fault dir"),
+    );
+    let node = node_with_gate(
+        &db,
+        files.path(),
+        &[("REINS_FAULT_DIR", faults.path().display().to_string())],
+    );
+    let mut api = initialize(&node).await;
+    let old = launch(&mut api, SCRIPT).await;
+    wait_for(&mut api, &old, "failed").await;
+    std::fs::remove_file(files.path().join("gate")).expect("open the gate");
+    std::fs::write(
+        faults.path().join("arm.json"),
+        json!({"boundary": "retry_copy"}).to_string(),
+    )
+    .expect("arm");
+    let ask = |mut api: Api, old: String| {
+        tokio::spawn(async move { api.call("POST", &retry_path(&old), Some(json!({}))).await })
+    };
+    let first = ask(api.clone(), old.clone());
+    crate::harness::eventually(
+        Duration::from_secs(60),
+        "the first retry holds",
+        async || faults.path().join("reached.json").exists(),
+    )
+    .await;
+    let second = ask(api.clone(), old.clone());
+    // A second retry beside the first would copy and answer now (the fault point holds once).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        !second.is_finished(),
+        "a second retry ran beside the first: {:?}",
+        second.await
+    );
+    std::fs::write(faults.path().join("release"), b"").expect("release");
+    let first = first.await.expect("first");
+    assert_eq!(first.status, 201, "{first:?}");
+    let second = second.await.expect("second");
+    assert_eq!(second.status, 200, "{second:?}");
+    assert_eq!(second.json()["repeated"], true, "{second:?}");
+    assert_eq!(second.json()["run_id"], first.json()["run_id"]);
 }

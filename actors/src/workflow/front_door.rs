@@ -130,6 +130,7 @@ pub enum WorkflowsMsg {
     /// A retry's task has finished: the new workflow, written with its lease, ready for its
     /// supervisor (which replays what it adopted), or the retry that existed, or why not.
     Retried {
+        source: WorkflowId,
         result: Box<Result<RetryDone, Error>>,
         reply: RpcReplyPort<Result<Launched, Error>>,
     },
@@ -296,6 +297,10 @@ pub(crate) struct WorkflowsState {
     /// Workflows with a takeover task in flight on this node: none is taken over twice at
     /// once, and none that has a supervisor here is taken over again.
     taking_over: std::collections::HashSet<WorkflowId>,
+    /// Workflows with a retry's task in flight on this node, and the retries of each asked for
+    /// meanwhile: one at a time per workflow, so that concurrent requests make one copy of its
+    /// workspaces, not one each (the next, once the first is written, answers it as `repeated`).
+    retrying: HashMap<WorkflowId, std::collections::VecDeque<PendingRetry>>,
     /// A look for pending controls is in flight.
     polling: bool,
     /// Draining: no recoveries are taken any more.
@@ -347,6 +352,7 @@ impl Actor for Workflows {
             args,
             live: HashMap::new(),
             taking_over: std::collections::HashSet::new(),
+            retrying: HashMap::new(),
             polling: false,
             draining: false,
             claiming: false,
@@ -459,22 +465,28 @@ impl Actor for Workflows {
                 let _ = reply.send(Err(Error::Draining));
             }
             WorkflowsMsg::Retry { request, reply } => {
-                let retrying = Retrying {
-                    store: state.args.store.clone(),
-                    versions: our_versions(state),
-                    owner: state.args.worker_id.clone(),
-                    options: state.args.options.clone(),
-                };
-                let me = myself.clone();
-                tokio::spawn(async move {
-                    let result = retrying.retry(request).await;
-                    let _ = me.post(WorkflowsMsg::Retried {
-                        result: Box::new(result),
-                        reply,
-                    });
-                });
+                match state.retrying.get_mut(&request.workflow_id) {
+                    Some(queued) => queued.push_back(PendingRetry { request, reply }),
+                    None => {
+                        state
+                            .retrying
+                            .insert(request.workflow_id.clone(), Default::default());
+                        start_retry(&myself, state, PendingRetry { request, reply });
+                    }
+                }
             }
-            WorkflowsMsg::Retried { result, reply } => {
+            WorkflowsMsg::Retried {
+                source,
+                result,
+                reply,
+            } => {
+                let next = state.retrying.get_mut(&source).and_then(|q| q.pop_front());
+                match next {
+                    Some(next) => start_retry(&myself, state, next),
+                    None => {
+                        state.retrying.remove(&source);
+                    }
+                }
                 let answer = match *result {
                     Ok(RetryDone::Created { row, ready }) => {
                         start_ready(&myself, state, *ready, Start::Replay)
@@ -1055,6 +1067,33 @@ fn after_takeover(
     }
 }
 
+/// A retry asked for, and who waits for its answer.
+pub(crate) struct PendingRetry {
+    request: RetryRequest,
+    reply: RpcReplyPort<Result<Launched, Error>>,
+}
+
+/// Starts the task of retry `pending`: its answer comes back as [`WorkflowsMsg::Retried`].
+fn start_retry(myself: &ActorRef<WorkflowsMsg>, state: &WorkflowsState, pending: PendingRetry) {
+    let retrying = Retrying {
+        store: state.args.store.clone(),
+        versions: our_versions(state),
+        owner: state.args.worker_id.clone(),
+        options: state.args.options.clone(),
+    };
+    let me = myself.clone();
+    tokio::spawn(async move {
+        let PendingRetry { request, reply } = pending;
+        let source = request.workflow_id.clone();
+        let result = retrying.retry(request).await;
+        let _ = me.post(WorkflowsMsg::Retried {
+            source,
+            result: Box::new(result),
+            reply,
+        });
+    });
+}
+
 /// What a retry's task needs of the actor's state.
 struct Retrying {
     store: StoreHandle,
@@ -1090,6 +1129,9 @@ impl Retrying {
             crate::ids::new_workflow_id(),
             now_ms(),
         )?;
+        if let Some(faults) = &self.options.faults {
+            faults.reach("retry_copy", source).await;
+        }
         let workspaces = self.options.workspaces_dir.clone();
         let threads = retried.threads.clone();
         let bytes_max = self.options.retry_copy_bytes_max;
@@ -1369,9 +1411,26 @@ impl WorkflowsHandle {
     /// Runs a failed workflow again from its failed step, as a new workflow supervised on this
     /// node (see `rules::retry`); a workflow retried before answers its retry (`created:
     /// false`).
+    ///
+    /// A retry that does not answer within the call's timeout (a large copy, a slow store) goes
+    /// on: that is an unknown outcome, never "nothing was written". Asking again is safe: a
+    /// workflow is retried once, and the retry made answers it.
     pub async fn retry(&self, request: RetryRequest) -> Result<Launched, Error> {
-        self.call(|reply| WorkflowsMsg::Retry { request, reply })
-            .await?
+        let source = request.workflow_id.clone();
+        match self
+            .call(|reply| WorkflowsMsg::Retry { request, reply })
+            .await
+        {
+            Ok(answer) => answer,
+            Err(Error::Unanswered { reason, .. }) => {
+                Err(Error::Store(store::Error::OutcomeUnknown(format!(
+                    "the retry of {:?} did not answer ({reason}); it may still be made: ask \
+                     again (a workflow is retried once) or read its retried_by",
+                    source.as_str()
+                ))))
+            }
+            Err(error) => Err(error),
+        }
     }
 
     /// A workflow with its lease, controls, checkpoints, first `steps_max` steps and first
