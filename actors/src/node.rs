@@ -3,12 +3,13 @@
 //! a node that cannot persist or renew must not pretend to run anything. [`Node`] is the handle the
 //! binary holds.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 use serde::Serialize;
-use store::{NodeRecord, Store};
+use store::{NodeRecord, Store, WorkflowId};
 use tokio::task::JoinHandle;
 
 use crate::Error;
@@ -464,6 +465,10 @@ impl Node {
                 stopped_at: None,
             })
             .await?;
+        tokio::spawn(sweep_orphaned_threads(
+            store.clone(),
+            options.runs.workspaces_dir.clone(),
+        ));
         Ok(Node {
             identity,
             supervisor,
@@ -586,5 +591,59 @@ impl Node {
             tracing::warn!("the supervision tree did not stop within the shutdown timeout");
         }
         recorded.map_err(Error::from)
+    }
+}
+
+/// How old a thread folder of a workflow that does not exist must be before a node's start
+/// removes it (see [`crate::workspace::old_workflow_threads`]).
+const ORPHANED_THREAD_AGE: Duration = Duration::from_secs(3600);
+
+/// Removes, once at a node's start, the thread folders of workflows that do not exist: what a
+/// node killed while copying a retry's workspaces left (the retry was never written), or a
+/// deleted workflow's folder whose removal failed. Failures are logged; nothing depends on it.
+async fn sweep_orphaned_threads(store: StoreHandle, workspaces_dir: PathBuf) {
+    let dir = workspaces_dir.clone();
+    let found = tokio::task::spawn_blocking(move || {
+        crate::workspace::old_workflow_threads(&dir, ORPHANED_THREAD_AGE)
+    })
+    .await;
+    let candidates = match found {
+        Ok(Ok(candidates)) => candidates,
+        Ok(Err(error)) => {
+            tracing::warn!(%error, "cannot look for orphaned workspaces");
+            return;
+        }
+        Err(error) => {
+            tracing::warn!(%error, "looking for orphaned workspaces failed");
+            return;
+        }
+    };
+    for (workflow, thread) in candidates {
+        match store.read_workflow(&WorkflowId::new(workflow)).await {
+            Ok(None) => {
+                let dir = workspaces_dir.clone();
+                let thread_name = thread.clone();
+                let removed = tokio::task::spawn_blocking(move || {
+                    crate::workspace::remove_thread(&dir, &thread_name)
+                })
+                .await;
+                match removed {
+                    Ok(Ok(())) => {
+                        tracing::info!(%thread, "removed the workspace of a workflow that does not exist")
+                    }
+                    Ok(Err(error)) => {
+                        tracing::warn!(%thread, %error, "cannot remove an orphaned workspace")
+                    }
+                    Err(error) => {
+                        tracing::warn!(%thread, %error, "removing an orphaned workspace failed")
+                    }
+                }
+            }
+            Ok(Some(_)) => {}
+            Err(error) => {
+                tracing::warn!(%error, "cannot read a workflow while sweeping workspaces");
+                return;
+            }
+        }
     }
 }

@@ -107,6 +107,46 @@ pub fn remove_thread(workspaces_dir: &Path, thread_id: &str) -> Result<(), Works
     removed.map_err(io)
 }
 
+/// The folders of `workspaces_dir` that name a workflow's thread (`<workflow id>-<16 hex>`, as
+/// every agent step's thread is named) and were last changed more than `older_than` ago, with
+/// the workflow each names: what a sweep asks the store about. A retry's copy in progress (on
+/// any node sharing the folder) changes its folder as it goes and is written long before that
+/// age, so only a copy whose node died before its workflow was written, or a thread whose
+/// removal failed, is old and unowned.
+pub fn old_workflow_threads(
+    workspaces_dir: &Path,
+    older_than: std::time::Duration,
+) -> std::io::Result<Vec<(String, String)>> {
+    let is_hex =
+        |text: &str, len: usize| text.len() == len && text.bytes().all(|b| b.is_ascii_hexdigit());
+    let entries = match std::fs::read_dir(workspaces_dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        other => other?,
+    };
+    let mut found = Vec::new();
+    for entry in entries {
+        let entry = entry?;
+        let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
+            continue;
+        };
+        let Some((workflow, suffix)) = name.split_once('-') else {
+            continue;
+        };
+        if !is_hex(workflow, 32) || !is_hex(suffix, 16) {
+            continue;
+        }
+        let metadata = entry.metadata()?;
+        let age = metadata
+            .modified()
+            .ok()
+            .and_then(|changed| changed.elapsed().ok());
+        if metadata.is_dir() && age.is_some_and(|age| age > older_than) {
+            found.push((workflow.to_owned(), name));
+        }
+    }
+    Ok(found)
+}
+
 /// What [`copy_thread`] copied, and what it left out.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Copied {

@@ -491,3 +491,50 @@ async fn concurrent_retries_of_one_workflow_make_one_copy() {
     assert_eq!(second.json()["repeated"], true, "{second:?}");
     assert_eq!(second.json()["run_id"], first.json()["run_id"]);
 }
+
+/// Issue 39, item 3: a node killed while copying a retry's workspaces left the copy, a folder
+/// of a workflow that does not exist, forever. A node's start removes the thread folders of
+/// workflows that do not exist once they are an hour old (a copy in progress is younger), and
+/// nothing else.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nodes_start_sweeps_old_workspaces_of_workflows_that_do_not_exist() {
+    let db = Db::new(false).await;
+    let workspaces = tempfile::tempdir().expect("workspaces");
+    let folder = |name: &str, age: Duration| {
+        let path = workspaces.path().join(name);
+        std::fs::create_dir_all(path.join("user-data")).expect("mkdir");
+        std::fs::write(path.join("user-data/copy.bin"), b"half a copy").expect("write");
+        let changed = std::time::SystemTime::now() - age;
+        std::fs::File::open(&path)
+            .expect("open")
+            .set_modified(changed)
+            .expect("age it");
+        path
+    };
+    let hour = Duration::from_secs(3600);
+    let orphan = folder(&format!("{}-{}", "a".repeat(32), "b".repeat(16)), 2 * hour);
+    let young = folder(
+        &format!("{}-{}", "c".repeat(32), "d".repeat(16)),
+        Duration::ZERO,
+    );
+    let other = folder("not-a-workflow-thread", 2 * hour);
+    let node = Node::start(
+        &db,
+        &[(
+            "REINS_WORKSPACES_DIR",
+            workspaces.path().display().to_string(),
+        )],
+    );
+    initialize(&node).await;
+    crate::harness::eventually(
+        Duration::from_secs(60),
+        "the orphan is removed",
+        async || !orphan.exists(),
+    )
+    .await;
+    assert!(young.exists(), "a copy that may be in progress was removed");
+    assert!(
+        other.exists(),
+        "a folder that names no workflow's thread was removed"
+    );
+}
