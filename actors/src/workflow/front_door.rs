@@ -1085,7 +1085,16 @@ fn start_retry(myself: &ActorRef<WorkflowsMsg>, state: &WorkflowsState, pending:
     tokio::spawn(async move {
         let PendingRetry { request, reply } = pending;
         let source = request.workflow_id.clone();
-        let result = retrying.retry(request).await;
+        // Its end is always posted, a panic's included: the retries queued behind it wait for
+        // that message.
+        let result = tokio::spawn(retrying.retry(request))
+            .await
+            .unwrap_or_else(|failed| {
+                Err(Error::Unanswered {
+                    actor: "retry",
+                    reason: failed.to_string(),
+                })
+            });
         let _ = me.post(WorkflowsMsg::Retried {
             source,
             result: Box::new(result),
