@@ -21,7 +21,9 @@ use crate::lease::{LeaseActor, LeaseArgs, LeaseMsg, LeaseView};
 use crate::metrics::Metrics;
 use crate::notify::{Notifier, NotifierArgs, NotifyOptions};
 use crate::store_actor::{StoreActor, StoreArgs, StoreHandle};
-use crate::workflow::front_door::{Workflows, WorkflowsArgs, WorkflowsHandle, WorkflowsOptions};
+use crate::workflow::front_door::{
+    EventLimits, Workflows, WorkflowsArgs, WorkflowsHandle, WorkflowsOptions,
+};
 
 /// Who this node is. `worker_id` is unique across restarts: host name, process id and a random
 /// suffix.
@@ -289,8 +291,11 @@ impl Actor for NodeSupervisor {
         }
         let stopped = tokio::sync::broadcast::channel(STOPPED_BACKLOG).0;
         let workspaces_dir = options.workflows.workspaces_dir.clone();
-        let event_payload_bytes_max = options.workflows.limits.frame_bytes_max;
-        let event_bounds = options.workflows.event_bounds;
+        let event_limits = EventLimits {
+            payload_bytes_max: options.workflows.limits.frame_bytes_max,
+            bounds: options.workflows.event_bounds,
+            stored_bytes_max: options.workflows.stored_bytes_max,
+        };
         let (workflows, _) = Actor::spawn_linked(
             Some(format!("workflows@{worker_id}")),
             Workflows,
@@ -327,7 +332,7 @@ impl Actor for NodeSupervisor {
                     options.call_timeout,
                     stopped,
                     workspaces_dir,
-                    (event_payload_bytes_max, event_bounds),
+                    event_limits,
                 ),
                 runs,
                 store,

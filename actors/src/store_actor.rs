@@ -1020,10 +1020,12 @@ impl StoreHandle {
     pub async fn pending_events(
         &self,
         workflow_id: &WorkflowId,
+        names: Vec<String>,
+        per_name: u32,
     ) -> store::Result<Vec<store::SentEvent>> {
         let workflow_id = workflow_id.to_owned();
         self.call(Operation::PendingEvents, move |store| async move {
-            store.pending_events(&workflow_id).await
+            store.pending_events(&workflow_id, names, per_name).await
         })
         .await
     }

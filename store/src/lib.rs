@@ -68,7 +68,7 @@ pub use workflows::{
 };
 pub use write::{
     ArtifactInfo, ArtifactRow, CHECKPOINT_KINDS, DORMANT_FOREVER_S, NewWorkflow, Snapshot,
-    StepPage, StepPosition, StepRow, WorkflowRow, WriteOp,
+    StepPage, StepPosition, StepRow, WorkflowRow, WriteOp, error_bytes,
 };
 
 /// Where the data lives, parsed from the configuration's `database` value.

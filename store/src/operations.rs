@@ -262,8 +262,10 @@ macro_rules! with_operations {
                 /// workflow that ended is `Ended` with nothing written (checked in the same
                 /// transaction). Any node may write it; the owner's `waitForEvent` takes it.
                 write SendEvent: fn send_event(&self, event: NewSentEvent) -> EventSend;
-                /// A workflow's events no wait has taken yet, in the order they were sent.
-                read PendingEvents: fn pending_events(&self, workflow_id: &WorkflowId) -> Vec<SentEvent>;
+                /// A workflow's untaken events of each of `names`, the oldest `per_name` of each at
+                /// most, in the order they were sent: found through an index by name, no other
+                /// event's row or payload is read.
+                read PendingEvents: fn pending_events(&self, workflow_id: &WorkflowId, names: Vec<String>, per_name: u32) -> Vec<SentEvent>;
             }
 
             /// Child runs: admission under slots and idempotency keys, leases of their own, the

@@ -3,7 +3,10 @@
 //! ([`crate::WriteOp::TakeEvent`]). Kept until a wait takes it, taken once, in the order sent
 //! per name; the sender's `event_id` makes sending idempotent. The events a workflow holds
 //! untaken are bounded, in number and in payload bytes ([`EventBounds`]): past either, a new
-//! event is refused with nothing written, while a repeat of one stored is still answered.
+//! event is refused with nothing written, while a repeat of one stored is still answered. Every
+//! event's payload bytes count against its workflow owner's quota, taken or not, until the
+//! workflow is deleted. A wait reads only the oldest untaken events of the names it waits for
+//! ([`crate::Store::pending_events`]), through an index that never reads another's payload.
 
 use serde_json::Value;
 
@@ -22,6 +25,10 @@ pub struct NewSentEvent {
     pub created_by: Option<String>,
     /// What the workflow may hold untaken, this event included.
     pub bounds: EventBounds,
+    /// The owner's quota (`limits.user_stored_bytes_max`; 0: none): a new event's payload
+    /// bytes are taken from it as a grant of the workflow, as [`crate::WriteOp::TakeStorage`]
+    /// takes one, and refused past it ([`crate::Limit::StoredBytes`]) with nothing written.
+    pub stored_bytes_max: i64,
 }
 
 /// The events one workflow holds untaken at most (`limits.untaken_events_per_workflow_max`)

@@ -206,9 +206,10 @@ pub struct RetryWait {
     pub due_at_ms: i64,
     /// When the step's first attempt began (its `totalMs` counts from there).
     pub first_at_ms: i64,
-    /// Why the attempt before is run again (its error, or the unknown outcome of an idempotent
-    /// agent's run).
-    pub reason: String,
+    /// Why the attempt before is run again when that is not its error (the unknown outcome of an
+    /// idempotent agent's run); `None`: its error, which is stored once, on that attempt's row.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 /// An operator's reconcile of a step's attempt.
@@ -285,6 +286,18 @@ impl StepRecord {
         self.run_id()
             .map(RunId::as_str)
             .or_else(|| self.outcome.as_ref()?.value()["runId"].as_str())
+    }
+
+    /// The bytes its error takes, as its owner's quota counts them: a rejected outcome's value
+    /// as JSON text (the message in it cut at ingest to `limits.error_bytes_max`); 0 for any
+    /// other row.
+    pub fn error_bytes(&self) -> i64 {
+        match &self.outcome {
+            Some(StepOutcome::Rejected(error)) => {
+                i64::try_from(error.to_string().len()).unwrap_or(i64::MAX)
+            }
+            _ => 0,
+        }
     }
 
     /// The artifact version its outcome made (`outcome.value.artifactVersion`: an agent's
@@ -464,7 +477,9 @@ impl StepRecord {
     }
 }
 
-/// Binds as the stored JSON document (`jsonb`).
+/// Binds as the stored JSON document (`jsonb`), or, where a statement asks for a `bigint`, as the
+/// bytes of its error ([`StepRecord::error_bytes`]), so that a journal row's statement takes
+/// both from one borrowed record.
 impl tokio_postgres::types::ToSql for StepRecord {
     fn to_sql(
         &self,
@@ -472,11 +487,16 @@ impl tokio_postgres::types::ToSql for StepRecord {
         out: &mut tokio_postgres::types::private::BytesMut,
     ) -> std::result::Result<tokio_postgres::types::IsNull, Box<dyn std::error::Error + Sync + Send>>
     {
-        self.encode().to_sql(ty, out)
+        if *ty == tokio_postgres::types::Type::INT8 {
+            self.error_bytes().to_sql(ty, out)
+        } else {
+            self.encode().to_sql(ty, out)
+        }
     }
 
     fn accepts(ty: &tokio_postgres::types::Type) -> bool {
         <Value as tokio_postgres::types::ToSql>::accepts(ty)
+            || *ty == tokio_postgres::types::Type::INT8
     }
 
     tokio_postgres::types::to_sql_checked!();
@@ -502,7 +522,7 @@ mod tests {
                 retry: Some(Box::new(RetryWait {
                     due_at_ms: 4_000,
                     first_at_ms: 1_000,
-                    reason: "boom".into(),
+                    reason: Some("boom".into()),
                 })),
                 closing: true,
             },

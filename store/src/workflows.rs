@@ -52,9 +52,12 @@ pub struct NewRetry {
     /// Calls numbered below this one are adopted (every attempt of each); the rest run live.
     pub adopted_calls: i32,
     /// The owner's quota (`limits.user_stored_bytes_max`; 0: none), which the adopted artifacts'
-    /// bytes are taken from as a grant of the new workflow, as [`crate::WriteOp::TakeStorage`]
-    /// takes one.
+    /// and errors' bytes and `copied_bytes` are taken from as a grant of the new workflow, as
+    /// [`crate::WriteOp::TakeStorage`] takes one.
     pub stored_bytes_max: i64,
+    /// The bytes of data copied from the adopted steps' workspaces for the new workflow's
+    /// threads (`workflow_storage.copied_bytes`).
+    pub copied_bytes: i64,
 }
 
 /// What a retry did.

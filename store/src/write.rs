@@ -15,7 +15,9 @@ pub enum WriteOp {
         status: WorkflowStatus,
         data: Value,
     },
-    /// Insert or replace one step attempt of a workflow's journal.
+    /// Insert or replace one step attempt of a workflow's journal, with the bytes of its error
+    /// ([`StepRecord::error_bytes`]), which its workflow's grant must hold
+    /// ([`WriteOp::TakeStorage`]).
     PutStep {
         workflow_id: WorkflowId,
         /// The call's place in the script's order; replay reads the journal by it.
@@ -76,16 +78,17 @@ pub enum WriteOp {
     },
     /// Grow this workflow's grant of stored bytes by `bytes`, taken from its owner's quota: the
     /// owner's stored bytes (the sum of their workflows' grants) may not pass `bytes_max` (0: no
-    /// quota), or the write is refused ([`crate::Limit::StoredBytes`]). A workflow's artifacts
-    /// are stored inside its grant, so this is the one write that checks the quota, and the one
-    /// that orders a user's writes on every node.
+    /// quota), or the write is refused ([`crate::Limit::StoredBytes`]). A workflow's artifacts,
+    /// errors, events and copied workspaces are stored inside its grant, so this is the one
+    /// write that checks the quota, and the one that orders a user's writes on every node.
     TakeStorage {
         workflow_id: WorkflowId,
         bytes: i64,
         bytes_max: i64,
     },
-    /// Give back to the owner's quota what this workflow's grant holds beyond its artifacts'
-    /// bytes. The write that ends a workflow carries it, after its last artifact. It writes the
+    /// Give back to the owner's quota what this workflow's grant holds beyond what it stores:
+    /// its artifacts, its journal's errors ([`crate::StepRecord::error_bytes`]), the events sent
+    /// to it and the workspaces its retry copied. The write that ends a workflow carries it, after its last artifact. It writes the
     /// workflow's own row only (`returned_bytes`): the owner's next grant counts it off their
     /// row, and [`crate::Store::stored_bytes`] at once.
     ReturnStorage { workflow_id: WorkflowId },
@@ -130,6 +133,17 @@ impl WriteOp {
     pub fn ends_fence(&self) -> bool {
         matches!(self, WriteOp::ReleaseLease | WriteOp::GoDormant { .. })
     }
+}
+
+/// The bytes of the errors the journal rows among `ops` store ([`StepRecord::error_bytes`]):
+/// what their workflow's grant must hold for them.
+pub fn error_bytes(ops: &[WriteOp]) -> i64 {
+    ops.iter()
+        .map(|op| match op {
+            WriteOp::PutStep { record, .. } => record.error_bytes(),
+            _ => 0,
+        })
+        .fold(0, i64::saturating_add)
 }
 
 /// The wake time a [`WriteOp::GoDormant`] asks for, in epoch seconds as leases keep them.

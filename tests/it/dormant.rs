@@ -184,6 +184,60 @@ async fn an_event_wakes_a_dormant_wait_for_event() {
     assert_eq!(record["result"], json!({"eur": 12}));
 }
 
+/// Issue 39, item 2: every event sent to a dormant workflow woke it (a takeover and a replay),
+/// whatever its name, so 2,000 events of another name kept it from ever staying dormant. An
+/// event of a name it does not wait for leaves it asleep: the one it waits for wakes it with one
+/// takeover, its epoch one past the dormant one's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_of_other_names_leave_a_dormant_wait_asleep() {
+    let db = Db::new(true).await;
+    let node = Node::start(&db, &[dormant_after()]);
+    let mut api = initialize(&node).await;
+    let run_id = launch(
+        &mut api,
+        r#"return await waitForEvent({stepId: "paid", name: "payment.received"});"#,
+    )
+    .await;
+    goes_dormant(&db, &mut api, &run_id).await;
+    let epoch = async || {
+        db.sql(&format!(
+            "SELECT epoch FROM extension_execution_leases WHERE resource_id = '{run_id}'"
+        ))
+        .await
+        .expect("epoch")
+        .parse::<i64>()
+        .expect("a number")
+    };
+    let dormant_epoch = epoch().await;
+    let events = format!("/api/v1/workflows/{run_id}/events");
+    for n in 0..20 {
+        let noise =
+            json!({"name": "noise", "event_id": format!("n-{n}"), "payload": "x".repeat(1000)});
+        let sent = api.call("POST", &events, Some(noise)).await;
+        assert_eq!(sent.status, 200, "{sent:?}");
+    }
+    // Its wake time is still "never": no event woke it (a wake sets it to the moment of the
+    // send, and the next takeover follows).
+    let asleep = db
+        .sql(&format!(
+            "SELECT CASE WHEN wake_at > 2e11 THEN 'asleep' ELSE 'woken' END FROM workflows \
+             WHERE id = '{run_id}'"
+        ))
+        .await
+        .expect("wake time");
+    assert_eq!(asleep, "asleep");
+    let paid = json!({"name": "payment.received", "event_id": "p-1", "payload": {"eur": 12}});
+    let sent = api.call("POST", &events, Some(paid)).await;
+    assert_eq!(sent.status, 200, "{sent:?}");
+    let record = wait_for(&mut api, &run_id, "completed").await;
+    assert_eq!(record["result"], json!({"eur": 12}));
+    assert_eq!(
+        epoch().await,
+        dormant_epoch + 1,
+        "woken more than once: by events it does not wait for"
+    );
+}
+
 /// A checkpoint whose workflow went dormant is rejected by its deadline, no earlier.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_checkpoint_deadline_decides_for_a_dormant_workflow() {

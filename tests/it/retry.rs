@@ -440,6 +440,82 @@ async fn a_retry_copies_a_workspace_with_its_holes_and_within_its_bound() {
     );
 }
 
+/// Issue 39, item 3: a retry's workspace copies were not counted in its owner's quota. The data
+/// a retry copies is stored for its owner with the rest of the retry (`copied_bytes` of its
+/// grant); a retry whose copies would pass the quota is refused (422, naming it), nothing is made
+/// and no copy is left behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retrys_workspace_copies_count_against_its_owners_quota() {
+    let db = Db::new(true).await;
+    let files = tempfile::tempdir().expect("temp dir");
+    let node = node_with_gate(
+        &db,
+        files.path(),
+        &[("REINS_LIMITS__USER_STORED_BYTES_MAX", "150000".into())],
+    );
+    let mut api = initialize(&node).await;
+    let workspaces = node.dir.path().join("data/workspaces");
+    let workspace_of = |record: &Value| {
+        let thread = step(record, "one")["thread_id"].as_str().expect("thread");
+        workspaces.join(thread).join("user-data")
+    };
+    let stored = async |api: &mut Api| {
+        let me = api.call("GET", "/api/v1/auth/me", None).await;
+        me.json()["storage"]["stored_bytes"]
+            .as_i64()
+            .expect("stored bytes")
+    };
+    let old = launch(&mut api, SCRIPT).await;
+    let failed = wait_for(&mut api, &old, "failed").await;
+    std::fs::write(workspace_of(&failed).join("data.bin"), vec![7_u8; 60_000]).expect("write");
+    let before = stored(&mut api).await;
+    std::fs::remove_file(files.path().join("gate")).expect("open the gate");
+    let retried = api.call("POST", &retry_path(&old), Some(json!({}))).await;
+    assert_eq!(retried.status, 201, "{retried:?}");
+    let new = retried.json()["run_id"]
+        .as_str()
+        .expect("run_id")
+        .to_owned();
+    wait_for(&mut api, &new, "completed").await;
+    // What it copied: the file and what `one` wrote ("written by one", 14 bytes).
+    let copied = db
+        .sql(&format!(
+            "SELECT copied_bytes FROM workflow_storage WHERE workflow = '{new}'"
+        ))
+        .await
+        .expect("copied bytes");
+    assert_eq!(copied, "60014");
+    let after = stored(&mut api).await;
+    assert!(
+        after - before >= 60_014,
+        "the copy is not counted: {before} then {after}"
+    );
+
+    // Another retry copying as much again would pass the quota of 150,000: refused, nothing made.
+    std::fs::write(files.path().join("gate"), b"closed").expect("close the gate");
+    let old = launch(&mut api, SCRIPT).await;
+    let failed = wait_for(&mut api, &old, "failed").await;
+    std::fs::write(workspace_of(&failed).join("data.bin"), vec![7_u8; 100_000]).expect("write");
+    let folders_before = std::fs::read_dir(&workspaces).expect("list").count();
+    let refused = api.call("POST", &retry_path(&old), Some(json!({}))).await;
+    assert_refused(
+        &refused,
+        422,
+        "refused",
+        "limits.user_stored_bytes_max (150000)",
+    );
+    let record = api
+        .call("GET", &format!("/api/v1/workflows/{old}"), None)
+        .await
+        .json();
+    assert_eq!(record["retried_by"], Value::Null, "{record}");
+    assert_eq!(
+        std::fs::read_dir(&workspaces).expect("list").count(),
+        folders_before,
+        "the refused retry's copies are removed"
+    );
+}
+
 /// Issue 39, item 3: four concurrent retries of one workflow made four copies of its workspaces
 /// at once. A node makes one retry of a workflow at a time: a second request waits for the first
 /// (held here before its copy by the `retry_copy` fault point) and then answers what it made, as

@@ -7,7 +7,7 @@
 use serde_json::{Value, json};
 
 use crate::harness::both;
-use crate::http_api::{ADMIN, Db, Node, PASSWORD, initialize, launch, wait_for};
+use crate::http_api::{ADMIN, Db, Node, PASSWORD, assert_refused, initialize, launch, wait_for};
 use crate::http_client::Api;
 
 /// An agent step writes a 45,000-byte file (its output, `1`, is an artifact of one byte), then
@@ -110,10 +110,26 @@ async fn captures_past_a_users_quota_fail_their_step_and_other_users_go_on(postg
         .map(|step| &step["step_id"])
         .collect();
     assert_eq!(failed, ["keep-3"], "{record}");
-    assert_eq!(
-        storage(&mut admin).await,
-        json!({"stored_bytes": QUOTA, "stored_bytes_max": QUOTA})
-    );
+    // The failure's error is kept past the quota (an error is never refused; it is what says
+    // the quota was reached), and counted.
+    let error_bytes = |run_id: &Value| {
+        let sql = format!(
+            "SELECT coalesce(sum(error_bytes), 0) FROM workflow_steps WHERE workflow = '{}'",
+            run_id.as_str().expect("run_id")
+        );
+        let db = &db;
+        async move {
+            db.sql(&sql)
+                .await
+                .expect("errors")
+                .parse::<i64>()
+                .expect("a number")
+        }
+    };
+    let admins_error = error_bytes(&record["run_id"]).await;
+    assert!(admins_error > 0, "the failure's error is not counted");
+    let full = |error: i64| json!({"stored_bytes": QUOTA + error, "stored_bytes_max": QUOTA});
+    assert_eq!(storage(&mut admin).await, full(admins_error));
 
     // Another user's quota is their own: Bob's captures are kept while the admin's is full.
     let bobs = run(&mut bob).await;
@@ -132,10 +148,13 @@ async fn captures_past_a_users_quota_fail_their_step_and_other_users_go_on(postg
             )
         })
         .collect();
-    let full = json!({"stored_bytes": QUOTA, "stored_bytes_max": QUOTA});
+    let bobs_error = error_bytes(&bobs["run_id"]).await;
     assert_eq!(
         users,
-        [(ADMIN.to_owned(), full.clone()), (BOB.to_owned(), full)]
+        [
+            (ADMIN.to_owned(), full(admins_error)),
+            (BOB.to_owned(), full(bobs_error))
+        ]
     );
 
     // Deleting the workflow gives its bytes back: the next one stores as much again.
@@ -170,4 +189,128 @@ return await captureArtifact({stepId: "keep", sourceStepId: "write", path: "note
         storage(&mut admin).await,
         json!({"stored_bytes": 1 + 5, "stored_bytes_max": 10_u64 << 30})
     );
+}
+
+/// What `me` shows the caller's workflows store.
+async fn stored_bytes(api: &mut Api) -> i64 {
+    storage(api).await["stored_bytes"]
+        .as_i64()
+        .expect("stored bytes")
+}
+
+both!(attempt_errors_and_events_count_against_their_owners_quota);
+/// Issue 39, items 1 and 2: failed attempts' errors and events were stored uncounted (a 2 MB quota
+/// read 372 bytes while its workflows stored 1.94 GB of errors). Each is stored inside its
+/// workflow's grant: once the workflow ends, what its owner stores is exactly what the store's
+/// rows hold for it, errors and events included.
+async fn attempt_errors_and_events_count_against_their_owners_quota(postgres: bool) {
+    let db = Db::new(postgres).await;
+    let node = Node::start(
+        &db,
+        &[("REINS_LIMITS__USER_STORED_BYTES_MAX", "1000000".into())],
+    );
+    let mut api = initialize(&node).await;
+    let run_id = launch(
+        &mut api,
+        r#"try {
+             await agent({stepId: "fail", agentRef: "scripted", task: {fail: "f".repeat(2000)},
+                          retry: {maxAttempts: 3, initialIntervalMs: 0}});
+           } catch (e) {}
+           return await waitForEvent({stepId: "w", name: "go"});"#,
+    )
+    .await;
+    let events = format!("/api/v1/workflows/{run_id}/events");
+    for n in 0..3 {
+        // 1,000 bytes each: a JSON string of 998 characters and its quotes.
+        let noise =
+            json!({"name": "noise", "event_id": format!("n-{n}"), "payload": "x".repeat(998)});
+        let sent = api.call("POST", &events, Some(noise)).await;
+        assert_eq!(sent.status, 200, "{sent:?}");
+    }
+    let go = json!({"name": "go", "event_id": "go", "payload": 7});
+    assert_eq!(api.call("POST", &events, Some(go)).await.status, 200);
+    let record = wait_for(&mut api, &run_id, "completed").await;
+    let attempts = record["steps"]
+        .as_array()
+        .expect("steps")
+        .iter()
+        .filter(|step| step["step_id"] == "fail")
+        .count();
+    assert_eq!(attempts, 3, "{record}");
+    let sum = async |sql: String| {
+        db.sql(&sql)
+            .await
+            .expect("sum")
+            .parse::<i64>()
+            .expect("a number")
+    };
+    let errors = sum(format!(
+        "SELECT coalesce(sum(error_bytes), 0) FROM workflow_steps WHERE workflow = '{run_id}'"
+    ))
+    .await;
+    let event_bytes = sum(format!(
+        "SELECT coalesce(sum(payload_bytes), 0) FROM sent_events WHERE workflow = '{run_id}'"
+    ))
+    .await;
+    assert!(errors >= 3 * 2_000, "three errors of 2,000 bytes: {errors}");
+    assert_eq!(event_bytes, 3 * 1_000 + 1);
+    assert_eq!(stored_bytes(&mut api).await, errors + event_bytes);
+    // The retried attempt's reason is its attempt before's error, stored once.
+    let second = record["steps"]
+        .as_array()
+        .expect("steps")
+        .iter()
+        .find(|step| step["step_id"] == "fail" && step["attempt"] == 2)
+        .expect("attempt 2");
+    assert_eq!(second["retry"]["reason"], "f".repeat(2000));
+    let reasons = sum(format!(
+        "SELECT count(*) FROM workflow_steps WHERE workflow = '{run_id}' \
+          AND CAST(data AS TEXT) LIKE '%\"reason\"%'"
+    ))
+    .await;
+    assert_eq!(reasons, 0, "an error was stored again as a reason");
+    // Deleted, the workflow's bytes are its owner's again.
+    let deleted = api
+        .call("DELETE", &format!("/api/v1/workflows/{run_id}"), None)
+        .await;
+    assert!(deleted.status < 300, "{deleted:?}");
+    assert_eq!(stored_bytes(&mut api).await, 0);
+}
+
+/// Issue 39, item 2: an event past its workflow owner's quota is refused (422, naming the quota)
+/// with nothing written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_past_its_owners_quota_is_refused_with_nothing_written() {
+    let db = Db::new(true).await;
+    let node = Node::start(
+        &db,
+        &[("REINS_LIMITS__USER_STORED_BYTES_MAX", "2500".into())],
+    );
+    let mut api = initialize(&node).await;
+    let run_id = launch(
+        &mut api,
+        r#"return await waitForEvent({stepId: "w", name: "never"});"#,
+    )
+    .await;
+    let events = format!("/api/v1/workflows/{run_id}/events");
+    let event = |id: &str| json!({"name": "other", "event_id": id, "payload": "x".repeat(998)});
+    for id in ["e1", "e2"] {
+        let sent = api.call("POST", &events, Some(event(id))).await;
+        assert_eq!(sent.status, 200, "{sent:?}");
+    }
+    let over = api.call("POST", &events, Some(event("e3"))).await;
+    assert_refused(
+        &over,
+        422,
+        "refused",
+        "limits.user_stored_bytes_max (2500): the user's workflows store 2000 bytes",
+    );
+    let stored = db
+        .sql(&format!(
+            "SELECT count(*) FROM sent_events WHERE workflow = '{run_id}'"
+        ))
+        .await
+        .expect("count");
+    assert_eq!(stored, "2", "a refused event was stored");
+    assert_eq!(stored_bytes(&mut api).await, 2000);
 }

@@ -1152,15 +1152,20 @@ impl Retrying {
                     reason: error.to_string(),
                 })
                 .and_then(|copied| copied);
-        if let Err(error) = copied {
-            self.remove_copies(&retried.threads).await;
-            return Err(error);
+        let mut retry = retried.retry;
+        match copied {
+            // The copies count against the owner's quota with the rest of the retry.
+            Ok(bytes) => retry.copied_bytes = i64::try_from(bytes).unwrap_or(i64::MAX),
+            Err(error) => {
+                self.remove_copies(&retried.threads).await;
+                return Err(error);
+            }
         }
         let sent = Instant::now();
         let answer = self
             .store
             .retry_workflow(
-                retried.retry,
+                retry,
                 &self.owner,
                 self.options.lease_ms,
                 self.options.launch_limits,
@@ -1213,12 +1218,13 @@ impl Retrying {
 }
 
 /// Copies each `(from, to)` thread's workspace (see [`crate::workspace::copy_thread`]), at most
-/// `bytes_max` bytes of data in all (`limits.retry_copy_bytes_max`).
+/// `bytes_max` bytes of data in all (`limits.retry_copy_bytes_max`), and answers the bytes of
+/// data copied.
 fn copy_threads(
     workspaces_dir: &std::path::Path,
     threads: &[(String, String)],
     bytes_max: u64,
-) -> Result<(), Error> {
+) -> Result<u64, Error> {
     let mut bytes = 0_u64;
     for (from, to) in threads {
         let left = bytes_max.saturating_sub(bytes);
@@ -1238,7 +1244,7 @@ fn copy_threads(
                 "a retry's workspace copy left out what is not a folder, a file or a link");
         }
     }
-    Ok(())
+    Ok(bytes)
 }
 
 async fn stored_row(store: &StoreHandle, workflow_id: &WorkflowId) -> Result<WorkflowRow, Error> {
@@ -1370,10 +1376,19 @@ pub struct WorkflowsHandle {
     stopped: broadcast::Sender<WorkflowId>,
     /// Where the threads of workflows' agent steps live (removed with their workflow).
     workspaces_dir: std::path::PathBuf,
-    /// The largest payload of an event sent to a workflow, as JSON (`limits.frame_bytes_max`).
-    event_payload_bytes_max: u64,
+    events: EventLimits,
+}
+
+/// What bounds the events sent to workflows.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct EventLimits {
+    /// The largest payload of one, as JSON (`limits.frame_bytes_max`).
+    pub payload_bytes_max: u64,
     /// The events a workflow holds untaken at most, and their bytes.
-    event_bounds: store::EventBounds,
+    pub bounds: store::EventBounds,
+    /// The owner's quota, which every event's payload counts against
+    /// (`limits.user_stored_bytes_max`; 0: none).
+    pub stored_bytes_max: u64,
 }
 
 impl WorkflowsHandle {
@@ -1383,7 +1398,7 @@ impl WorkflowsHandle {
         timeout: Duration,
         stopped: broadcast::Sender<WorkflowId>,
         workspaces_dir: std::path::PathBuf,
-        (event_payload_bytes_max, event_bounds): (u64, store::EventBounds),
+        events: EventLimits,
     ) -> Self {
         WorkflowsHandle {
             actor,
@@ -1391,8 +1406,7 @@ impl WorkflowsHandle {
             timeout,
             stopped,
             workspaces_dir,
-            event_payload_bytes_max,
-            event_bounds,
+            events,
         }
     }
 
@@ -1508,10 +1522,10 @@ impl WorkflowsHandle {
     /// Records an event sent to a live workflow, once per `event_id` (see
     /// [`store::Store::send_event`]): kept until a `waitForEvent` of its name takes it. Its
     /// payload is bounded as a step's input is (`limits.frame_bytes_max`), checked before
-    /// anything is written.
+    /// anything is written; its bytes count against the workflow owner's quota.
     pub async fn send_event(&self, event: SendEvent, by: &str) -> Result<store::EventSend, Error> {
         let bytes = event.payload.to_string().len();
-        let limit = usize::try_from(self.event_payload_bytes_max).unwrap_or(usize::MAX);
+        let limit = usize::try_from(self.events.payload_bytes_max).unwrap_or(usize::MAX);
         if bytes > limit {
             return Err(Error::TooLarge {
                 what: "the event's payload",
@@ -1526,7 +1540,8 @@ impl WorkflowsHandle {
             name: event.name,
             payload: event.payload,
             created_by: Some(by.to_owned()),
-            bounds: self.event_bounds,
+            bounds: self.events.bounds,
+            stored_bytes_max: i64::try_from(self.events.stored_bytes_max).unwrap_or(i64::MAX),
         };
         Ok(self.store.send_event(sent).await?)
     }

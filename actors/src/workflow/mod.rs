@@ -332,7 +332,7 @@ impl WorkflowState {
             | Effect::ReadRun { .. }
             | Effect::ReadControls(_)
             | Effect::PutControl { .. }
-            | Effect::ReadEvents
+            | Effect::ReadEvents { .. }
             | Effect::ReadArtifact { .. } => unreachable!("a store call is performed above"),
             Effect::Halt { abandoned } => {
                 self.halt(myself, abandoned);

@@ -28,6 +28,8 @@ pub(crate) enum Mutant {
     StorageKeptAfterTheEnd,
     /// An artifact is written with no grant of its owner's quota taken for it.
     ArtifactWithoutGrant,
+    /// A journal row's error is written with no grant of its owner's quota taken for it.
+    ErrorWithoutGrant,
     /// A durable timer fires as soon as it is armed, before its due time.
     TimerFiresEarly,
     /// A failed attempt is retried whatever its policy's `maxAttempts` says.

@@ -222,6 +222,8 @@ pub(super) fn retry(
         retry_of: source.workflow_id.clone(),
         adopted_calls,
         stored_bytes_max: i64::try_from(stored_bytes_max).unwrap_or(i64::MAX),
+        // Known once the workspaces are copied, before the retry is written.
+        copied_bytes: 0,
     };
     let workflow = Supervised {
         workflow_id,
@@ -515,6 +517,17 @@ pub(super) fn reconcile_writes(
             ]
         }
     };
+    // A failure's error is stored inside the workflow's grant, as the supervisor's are
+    // (`machine/storage.rs`): a grant of its bytes the quota does not refuse, so that an
+    // operator's decision is never lost to it.
+    let errors = store::error_bytes(&ops);
+    if errors > 0 {
+        ops.push(WriteOp::TakeStorage {
+            workflow_id: id.clone(),
+            bytes: errors,
+            bytes_max: 0,
+        });
+    }
     // The operator checked the child's effects: every run of the step's attempt that is still
     // live is closed now (found by the attempt's idempotency key, so also a run admitted after
     // its journal entry was written as queued, which the journal never named), so the step's

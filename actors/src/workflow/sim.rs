@@ -476,7 +476,7 @@ fn failed(call: StoreCall, error: store::Error) -> Event {
             purpose,
             result: Err(error),
         },
-        StoreCall::ReadEvents => Event::EventsRead(Err(error)),
+        StoreCall::ReadEvents { .. } => Event::EventsRead(Err(error)),
         StoreCall::PutControl { by, .. } => Event::ControlRecorded {
             by,
             result: Err(error),
@@ -515,8 +515,10 @@ impl super::store_calls::WorkflowStore for SimStore {
     async fn pending_events(
         &self,
         workflow_id: &WorkflowId,
+        names: Vec<String>,
+        per_name: u32,
     ) -> store::Result<Vec<store::SentEvent>> {
-        Controls::pending_events(self, workflow_id).await
+        Controls::pending_events(self, workflow_id, names, per_name).await
     }
     async fn read_artifact(
         &self,
@@ -1403,7 +1405,7 @@ impl Sim {
             | Effect::ReadRun { .. }
             | Effect::ReadControls(_)
             | Effect::PutControl { .. }
-            | Effect::ReadEvents
+            | Effect::ReadEvents { .. }
             | Effect::ReadArtifact { .. } => unreachable!("a store call is performed above"),
             Effect::Capture {
                 id,
@@ -1977,13 +1979,16 @@ impl Sim {
         if due.is_some_and(|due| now >= due) {
             return;
         }
-        let since = self.dormant_at.get(workflow_id).copied().unwrap_or(0) as f64 / 1000.0;
         let controls = now_or_never(self.store.read_controls(workflow_id)).unwrap_or_default();
-        let events = now_or_never(self.store.pending_events(workflow_id)).unwrap_or_default();
+        let events: Vec<store::SentEvent> = self
+            .store
+            .all_sent_events()
+            .into_iter()
+            .filter(|event| event.workflow_id == *workflow_id && event.taken_by.is_none())
+            .collect();
+        // An event of a name no wait takes does not wake it.
         let woken = controls.iter().any(|control| !control.applied)
-            || events
-                .iter()
-                .any(|event| waited.contains(&event.name) || event.created_at >= since);
+            || events.iter().any(|event| waited.contains(&event.name));
         if !woken {
             self.violation(format!(
                 "{workflow_id}: dormant, taken over {} ms before its wake time with no control \
@@ -2351,6 +2356,7 @@ impl Sim {
             payload,
             created_by: Some("ann@example.com".into()),
             bounds: store::EventBounds::NONE,
+            stored_bytes_max: 0,
         };
         let ended = |sent: &store::EventSend| matches!(sent, store::EventSend::Ended(_));
         let sent = now_or_never(
@@ -2668,7 +2674,11 @@ impl Sim {
                     continue;
                 };
                 self.stats.retries += 1;
-                if wait.reason.contains("idempotent") {
+                if wait
+                    .reason
+                    .as_deref()
+                    .is_some_and(|reason| reason.contains("idempotent"))
+                {
                     self.stats.lost_retried += 1;
                 }
                 let before = attempts
@@ -3020,20 +3030,23 @@ impl Sim {
             .get(workflow_id)
             .copied()
             .unwrap_or_default();
+        // What it stores (artifacts, its journal's errors, the events sent to it, copied
+        // workspaces), each summed from the store's own rows, fits what its grant holds.
         let held = grant.granted_bytes - grant.returned_bytes;
-        if grant.artifact_bytes > held {
+        let stored = grant.stored_bytes();
+        if stored > held {
             self.violation(format!(
-                "{workflow_id}'s artifacts take {} bytes beyond its grant: {grant:?}",
-                grant.artifact_bytes - held
+                "{workflow_id} stores {} bytes beyond its grant: {grant:?}",
+                stored - held
             ));
         }
         if row.status.is_final() || row.status == WorkflowStatus::NeedsReconciliation {
-            if held > grant.artifact_bytes {
+            if held > stored {
                 self.violation(format!(
-                    "{workflow_id} is {} and holds {} bytes of its owner's storage beyond its \
-                     artifacts: {grant:?}",
+                    "{workflow_id} is {} and holds {} bytes of its owner's storage beyond what \
+                     it stores: {grant:?}",
                     row.status.as_str(),
-                    held - grant.artifact_bytes
+                    held - stored
                 ));
             }
             let lease = self.read(workflow_id, "lease", |store, id| {
@@ -3623,7 +3636,7 @@ fn mutant_storage_kept_after_the_end_is_found() {
         planting,
         Faults::NONE,
         0,
-        "of its owner's storage beyond its artifacts",
+        "of its owner's storage beyond what it stores",
     );
 }
 
@@ -3631,6 +3644,28 @@ fn mutant_storage_kept_after_the_end_is_found() {
 fn mutant_artifact_without_grant_is_found() {
     let planting = Planting::Rules(Mutant::ArtifactWithoutGrant);
     find_mutant(planting, Faults::NONE, 0, "bytes beyond its grant");
+}
+
+#[test]
+fn mutant_error_without_grant_is_found() {
+    let planting = Planting::Rules(Mutant::ErrorWithoutGrant);
+    find_mutant(
+        planting,
+        Faults::RETRIES,
+        8_000_000,
+        "bytes beyond its grant",
+    );
+}
+
+#[test]
+fn mutant_event_not_counted_is_found() {
+    let planting = Planting::Store(store::SimMutant::EventNotCounted);
+    find_mutant(
+        planting,
+        Faults::WAITS,
+        10_000_000,
+        "bytes beyond its grant",
+    );
 }
 
 #[test]
@@ -3683,7 +3718,9 @@ fn sim_wait_all_fault_seeds() {
 
 #[test]
 fn mutant_event_of_any_name_is_found() {
-    let planting = Planting::Rules(Mutant::EventOfAnyName);
+    // The store answers only the names asked for, so it is broken too: the machine's own
+    // check of the name is what the oracle then finds missing.
+    let planting = Planting::Both(Mutant::EventOfAnyName, store::SimMutant::PendingOfAnyName);
     find_mutant(planting, Faults::WAITS, 10_000_000, "a wait for");
 }
 

@@ -38,6 +38,8 @@ pub(crate) trait WorkflowStore {
     fn pending_events(
         &self,
         workflow_id: &WorkflowId,
+        names: Vec<String>,
+        per_name: u32,
     ) -> impl Future<Output = store::Result<Vec<SentEvent>>>;
     fn read_artifact(
         &self,
@@ -57,7 +59,10 @@ pub(crate) enum StoreCall {
         purpose: RunReadFor,
     },
     ReadControls(ControlsFor),
-    ReadEvents,
+    ReadEvents {
+        names: Vec<String>,
+        per_name: u32,
+    },
     PutControl {
         control: NewControl,
         by: ControlBy,
@@ -94,7 +99,7 @@ impl StoreCall {
                 purpose,
             },
             Effect::ReadControls(purpose) => StoreCall::ReadControls(purpose),
-            Effect::ReadEvents => StoreCall::ReadEvents,
+            Effect::ReadEvents { names, per_name } => StoreCall::ReadEvents { names, per_name },
             Effect::PutControl { control, by } => StoreCall::PutControl { control, by },
             Effect::ReadArtifact { id, version } => StoreCall::ReadArtifact { id, version },
             other => return Routed::Other(other),
@@ -136,7 +141,9 @@ impl StoreCall {
                 purpose,
                 result: store.read_controls(workflow_id).await,
             },
-            StoreCall::ReadEvents => Event::EventsRead(store.pending_events(workflow_id).await),
+            StoreCall::ReadEvents { names, per_name } => {
+                Event::EventsRead(store.pending_events(workflow_id, names, per_name).await)
+            }
             StoreCall::PutControl { control, by } => Event::ControlRecorded {
                 by,
                 result: store.put_control(control).await,
@@ -172,8 +179,13 @@ impl WorkflowStore for crate::store_actor::StoreHandle {
     async fn put_control(&self, control: NewControl) -> store::Result<ControlWrite> {
         crate::store_actor::StoreHandle::put_control(self, control).await
     }
-    async fn pending_events(&self, workflow_id: &WorkflowId) -> store::Result<Vec<SentEvent>> {
-        crate::store_actor::StoreHandle::pending_events(self, workflow_id).await
+    async fn pending_events(
+        &self,
+        workflow_id: &WorkflowId,
+        names: Vec<String>,
+        per_name: u32,
+    ) -> store::Result<Vec<SentEvent>> {
+        crate::store_actor::StoreHandle::pending_events(self, workflow_id, names, per_name).await
     }
     async fn read_artifact(
         &self,

@@ -92,7 +92,33 @@ pub fn step_page(
     let next = (rows.len() > shown.len())
         .then(|| shown.last().map(|last| step_cursor(StepPosition::of(last))))
         .flatten();
-    (shown.iter().map(|s| step(s, approval_runs)).collect(), next)
+    let mut records: Vec<StepRecord> = shown.iter().map(|s| step(s, approval_runs)).collect();
+    name_retry_reasons(&mut records);
+    (records, next)
+}
+
+/// An attempt queued after its step's attempt before failed shows that attempt's error as its
+/// reason: the journal stores the error once, on the failed attempt's row. Where the attempt
+/// before is not on the page, the reason names it.
+fn name_retry_reasons(records: &mut [StepRecord]) {
+    let errors: std::collections::HashMap<(String, i32), String> = records
+        .iter()
+        .filter_map(|record| {
+            let error = record.error.clone()?;
+            Some(((record.step_id.clone(), record.attempt), error))
+        })
+        .collect();
+    for record in records.iter_mut() {
+        let before = record.attempt - 1;
+        if let Some(retry) = &mut record.retry
+            && retry.reason.is_empty()
+        {
+            retry.reason = errors
+                .get(&(record.step_id.clone(), before))
+                .cloned()
+                .unwrap_or_else(|| format!("attempt {before} failed: see its error"));
+        }
+    }
 }
 
 /// The first `max` of `infos` (read as `max + 1`) as a record shows them, and the last version
@@ -254,7 +280,8 @@ fn step(step: &StepRow, approval_runs: &[RunRow]) -> StepRecord {
                 retry: Some(wait), ..
             }) => Some(RetryRecord {
                 due_at: wait.due_at_ms as f64 / 1000.0,
-                reason: wait.reason.clone(),
+                // Filled from the attempt before when it failed (`name_retry_reasons`).
+                reason: wait.reason.clone().unwrap_or_default(),
             }),
             _ => None,
         },

@@ -751,12 +751,13 @@ pub(super) fn op_sql(op: &WriteOp) -> &'static str {
         }
         WriteOp::PutStep { .. } => {
             "INSERT INTO workflow_steps (workflow, step_id, attempt, kind, status, data, seq,
-                                         created_at, updated_at)
+                                         created_at, updated_at, error_bytes)
              VALUES ($1::text, $2::text, $3::integer, $4::text, $5::text, $6::jsonb, $7::integer,
-                     reins_now(), reins_now())
+                     reins_now(), reins_now(), $8::bigint)
              ON CONFLICT (workflow, step_id, attempt) DO UPDATE
                 SET kind = EXCLUDED.kind, status = EXCLUDED.status, data = EXCLUDED.data,
-                    seq = EXCLUDED.seq, updated_at = EXCLUDED.updated_at"
+                    seq = EXCLUDED.seq, updated_at = EXCLUDED.updated_at,
+                    error_bytes = EXCLUDED.error_bytes"
         }
         WriteOp::MarkControlApplied { .. } => {
             "UPDATE workflow_controls SET applied_at = reins_now()
@@ -823,7 +824,8 @@ pub(super) fn op_sql(op: &WriteOp) -> &'static str {
                                                  253402300799), 253402300799)
                         END AS at),
              marked AS (
-                 UPDATE workflows SET dormant = true, wake_at = (SELECT at FROM wake)
+                 UPDATE workflows SET dormant = true, wake_at = (SELECT at FROM wake),
+                                      wake_on_events = $3::text[]
                   WHERE id = $1 RETURNING 1)
              UPDATE extension_execution_leases SET expires_at = (SELECT at FROM wake), owner = ''
               WHERE resource_id = $1 AND owner = $4 AND epoch = $5
@@ -888,6 +890,8 @@ pub(super) fn op_params<'a>(fence: &'a Fence, op: &'a WriteOp) -> Vec<&'a (dyn T
             status,
             record,
             seq,
+            // As `$8::bigint`, the bytes of its error (see `StepRecord`'s `ToSql`).
+            record,
         ],
         WriteOp::MarkControlApplied { control_id } => vec![control_id],
         WriteOp::TakeEvent {

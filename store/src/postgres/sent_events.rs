@@ -100,7 +100,17 @@ impl PgStore {
             .await?;
         let answer = match inserted {
             Some(row) => {
-                super::workflows::wake_if_dormant(&transaction, &new.workflow_id).await?;
+                // Its bytes are its owner's: refused past their quota, this rolls back whole.
+                transaction
+                    .execute(
+                        &transaction
+                            .prepare_cached("SELECT reins_take_storage($1, $2, $3)")
+                            .await?,
+                        &[&new.workflow_id, &bytes, &new.stored_bytes_max],
+                    )
+                    .await?;
+                super::workflows::wake_if_dormant(&transaction, &new.workflow_id, Some(&new.name))
+                    .await?;
                 EventSend::Stored(sent_event(&row))
             }
             None => {
@@ -123,18 +133,30 @@ impl PgStore {
         Ok(answer)
     }
 
-    pub(crate) async fn pending_events(&self, workflow_id: &WorkflowId) -> Result<Vec<SentEvent>> {
+    pub(crate) async fn pending_events(
+        &self,
+        workflow_id: &WorkflowId,
+        names: Vec<String>,
+        per_name: u32,
+    ) -> Result<Vec<SentEvent>> {
         let client = self.connection().await?;
+        // Each name's oldest untaken rows through `sent_events_untaken_by_name` (migration 40):
+        // no other name's row is read.
         let rows = client
             .query(
                 &client
                     .prepare_cached(concat!(
-                        "SELECT ",
+                        "SELECT e.* FROM unnest($2::text[]) AS waited(name)
+                          CROSS JOIN LATERAL (
+                              SELECT ",
                         event_columns!(),
-                        " FROM sent_events WHERE workflow = $1 AND taken_by IS NULL ORDER BY seq"
+                        " FROM sent_events
+                                WHERE workflow = $1 AND name = waited.name AND taken_by IS NULL
+                                ORDER BY seq LIMIT $3) e
+                          ORDER BY e.seq"
                     ))
                     .await?,
-                &[workflow_id],
+                &[workflow_id, &names, &i64::from(per_name)],
             )
             .await?;
         Ok(rows.iter().map(sent_event).collect())

@@ -240,8 +240,8 @@ async fn retry_in(
             AND a.source_step_id IN (SELECT s.step_id FROM workflow_steps s
                                       WHERE s.workflow = $2 AND s.seq < $3)",
         "INSERT INTO workflow_steps (workflow, step_id, attempt, kind, status, data, created_at,
-                                     updated_at, seq)
-         SELECT $1, step_id, attempt, kind, status, data, created_at, updated_at, seq
+                                     updated_at, seq, error_bytes)
+         SELECT $1, step_id, attempt, kind, status, data, created_at, updated_at, seq, error_bytes
            FROM workflow_steps WHERE workflow = $2 AND seq < $3
           ORDER BY seq, attempt",
     ] {
@@ -255,19 +255,36 @@ async fn retry_in(
             .execute(&transaction.prepare_cached(sql).await?, params)
             .await?;
     }
+    // One grant for everything the retry stores: the adopted artifacts and errors, and the
+    // workspaces copied for it.
     transaction
         .execute(
             &transaction
                 .prepare_cached(
-                    "SELECT reins_take_storage($1, adopted.bytes, $2)
-                       FROM (SELECT sum(bytes)::BIGINT AS bytes FROM workflow_artifacts
-                              WHERE workflow = $1) adopted
+                    "SELECT reins_take_storage($1, adopted.bytes, $2::bigint)
+                       FROM (SELECT (coalesce((SELECT sum(bytes) FROM workflow_artifacts
+                                                WHERE workflow = $1), 0)
+                                   + coalesce((SELECT sum(error_bytes) FROM workflow_steps
+                                                WHERE workflow = $1), 0)
+                                   + $3::bigint)::bigint AS bytes) adopted
                       WHERE adopted.bytes > 0",
                 )
                 .await?,
-            &[new, &retry.stored_bytes_max],
+            &[new, &retry.stored_bytes_max, &retry.copied_bytes],
         )
         .await?;
+    if retry.copied_bytes > 0 {
+        transaction
+            .execute(
+                &transaction
+                    .prepare_cached(
+                        "UPDATE workflow_storage SET copied_bytes = $2 WHERE workflow = $1",
+                    )
+                    .await?,
+                &[new, &retry.copied_bytes],
+            )
+            .await?;
+    }
     Ok(Retry::Created {
         row: retry.workflow.clone().created(owner, at),
         lease,
@@ -341,7 +358,7 @@ impl PgStore {
             .map_err(commit_error)?;
         if let Some(row) = inserted {
             let recorded = control(&row)?;
-            wake_if_dormant(&client, &new.workflow_id).await?;
+            wake_if_dormant(&client, &new.workflow_id, None).await?;
             client.commit().await.map_err(commit_error)?;
             return Ok(ControlWrite::Recorded(recorded));
         }
@@ -396,11 +413,13 @@ pub(super) async fn hold_off_dormancy(
     Ok(())
 }
 
-/// A control or an event was recorded: a dormant workflow's lease expires now, so a node takes
-/// it over at once (the lease's release cues `n:` on the change bus).
+/// A control or an `event` of that name was recorded: a dormant workflow's lease expires now,
+/// so a node takes it over at once (the lease's release cues `n:` on the change bus), unless the
+/// workflow waits for no event of that name.
 pub(super) async fn wake_if_dormant(
     transaction: &Transaction<'_>,
     workflow_id: &WorkflowId,
+    event: Option<&str>,
 ) -> Result<()> {
     transaction
         .execute(
@@ -408,13 +427,16 @@ pub(super) async fn wake_if_dormant(
                 .prepare_cached(
                     "WITH woken AS (
                          UPDATE workflows SET wake_at = reins_now()
-                          WHERE id = $1 AND dormant AND wake_at > reins_now() RETURNING 1)
+                          WHERE id = $1 AND dormant AND wake_at > reins_now()
+                            AND ($2::text IS NULL OR wake_on_events IS NULL
+                                 OR $2::text = ANY(wake_on_events))
+                         RETURNING 1)
                      UPDATE extension_execution_leases SET expires_at = reins_now()
                       WHERE resource_id = $1 AND expires_at > reins_now()
                         AND (SELECT count(*) FROM woken) = 1",
                 )
                 .await?,
-            &[workflow_id],
+            &[workflow_id, &event],
         )
         .await?;
     Ok(())

@@ -81,6 +81,11 @@ pub enum Mutant {
     /// A grant resets what the owner's ended workflows gave back without counting it off the
     /// owner's row: the row grows past the sum of their grants.
     ReturnedNotCountedOff,
+    /// An event is stored without a grant of its bytes: its owner's quota does not count it.
+    EventNotCounted,
+    /// A read of a workflow's pending events answers events of every name, not only those
+    /// asked for.
+    PendingOfAnyName,
     /// An admission ignores a live run on its thread: a step's next attempt can start while
     /// the run of the attempt before still lives.
     ThreadBusyIgnored,
@@ -96,7 +101,7 @@ pub struct Storage {
     pub workflows: BTreeMap<WorkflowId, WorkflowStorage>,
 }
 
-/// One workflow's grant and its artifacts.
+/// One workflow's grant and everything it stores inside it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct WorkflowStorage {
     pub granted_bytes: i64,
@@ -104,6 +109,19 @@ pub struct WorkflowStorage {
     pub returned_bytes: i64,
     /// The bytes of its artifact versions.
     pub artifact_bytes: i64,
+    /// The bytes of its journal rows' errors ([`crate::StepRecord::error_bytes`]).
+    pub error_bytes: i64,
+    /// The payload bytes of the events sent to it, taken or not.
+    pub event_bytes: i64,
+    /// The bytes its retry copied from the workspaces it adopted.
+    pub copied_bytes: i64,
+}
+
+impl WorkflowStorage {
+    /// Everything it stores inside its grant.
+    pub fn stored_bytes(&self) -> i64 {
+        self.artifact_bytes + self.error_bytes + self.event_bytes + self.copied_bytes
+    }
 }
 
 /// One journal entry with when it last changed.
@@ -137,10 +155,24 @@ struct Workflow {
     granted_bytes: i64,
     /// What its end gave back of its grant, not yet counted off its owner's stored bytes.
     returned_bytes: i64,
+    /// The bytes of data its retry copied from the workspaces it adopted.
+    copied_bytes: i64,
     events: Vec<Event>,
     /// When a dormant workflow wakes (its lease expires then; `workflows.wake_at`); `None`
     /// while it is not dormant.
     wake_at: Option<f64>,
+    /// The event names a dormant workflow waits for (`workflows.wake_on_events`).
+    wake_on_events: Vec<String>,
+}
+
+impl Workflow {
+    /// The bytes of its journal rows' errors (`workflow_steps.error_bytes`).
+    fn error_bytes(&self) -> i64 {
+        self.steps
+            .values()
+            .map(|step| step.row.record().map_or(0, crate::StepRecord::error_bytes))
+            .sum()
+    }
 }
 
 /// One event, with its place in the feed (status events only).
@@ -250,6 +282,9 @@ impl SimStore {
                     granted_bytes: workflow.granted_bytes,
                     returned_bytes: workflow.returned_bytes,
                     artifact_bytes,
+                    error_bytes: workflow.error_bytes(),
+                    event_bytes: state.event_bytes(id),
+                    copied_bytes: workflow.copied_bytes,
                 };
                 (id.clone(), storage)
             })
@@ -698,32 +733,19 @@ impl State {
                 workflow_id,
                 bytes,
                 bytes_max,
-            } => {
-                let user_id = self.workflow_mut(workflow_id)?.row.user_id.clone();
-                self.check_storage(&user_id, 0, *bytes, *bytes_max)?;
-                // What the owner's ended workflows gave back comes off their count first.
-                let mut returned = 0;
-                for workflow in self.workflows.values_mut() {
-                    if workflow.row.user_id == user_id {
-                        let marked = std::mem::take(&mut workflow.returned_bytes);
-                        workflow.granted_bytes -= marked;
-                        returned += marked;
-                    }
-                }
-                if self.mutant == Some(Mutant::ReturnedNotCountedOff) {
-                    returned = 0;
-                }
-                self.workflow_mut(workflow_id)?.granted_bytes += bytes;
-                *self.stored_bytes.entry(user_id).or_default() += bytes - returned;
-            }
+            } => self.take_storage(workflow_id, *bytes, *bytes_max)?,
             WriteOp::ReturnStorage { workflow_id } => {
+                let events = self.event_bytes(workflow_id);
                 let workflow = self.workflow_mut(workflow_id)?;
-                let used: usize = workflow
+                let artifacts: usize = workflow
                     .artifacts
                     .values()
                     .map(|artifact| artifact.row.content.len())
                     .sum();
-                let used = i64::try_from(used).unwrap_or(i64::MAX);
+                let used = i64::try_from(artifacts).unwrap_or(i64::MAX)
+                    + workflow.error_bytes()
+                    + events
+                    + workflow.copied_bytes;
                 workflow.returned_bytes = (workflow.granted_bytes - used).max(0);
             }
             WriteOp::PutLogs {
@@ -759,7 +781,9 @@ impl State {
                 } else {
                     crate::write::dormant_wake_s(*wake_at_ms)
                 };
-                self.workflow_mut(workflow_id)?.wake_at = Some(wake_at);
+                let workflow = self.workflow_mut(workflow_id)?;
+                workflow.wake_at = Some(wake_at);
+                workflow.wake_on_events = event_names.clone();
                 if let Some(lease) = self.leases.get_mut(&fence.resource_id)
                     && lease.owner == fence.owner
                     && lease.epoch == fence.epoch
@@ -769,6 +793,37 @@ impl State {
                 }
             }
         }
+        Ok(())
+    }
+
+    /// The payload bytes of the events sent to `workflow_id`, taken or not.
+    fn event_bytes(&self, workflow_id: &WorkflowId) -> i64 {
+        self.sent_events
+            .values()
+            .filter(|event| event.workflow_id == *workflow_id)
+            .map(|event| i64::try_from(event.payload.to_string().len()).unwrap_or(i64::MAX))
+            .sum()
+    }
+
+    /// Grows `workflow_id`'s grant by `bytes` from its owner's quota `bytes_max` (0: none)
+    /// ([`WriteOp::TakeStorage`]).
+    fn take_storage(&mut self, workflow_id: &WorkflowId, bytes: i64, bytes_max: i64) -> Result<()> {
+        let user_id = self.workflow_mut(workflow_id)?.row.user_id.clone();
+        self.check_storage(&user_id, 0, bytes, bytes_max)?;
+        // What the owner's ended workflows gave back comes off their count first.
+        let mut returned = 0;
+        for workflow in self.workflows.values_mut() {
+            if workflow.row.user_id == user_id {
+                let marked = std::mem::take(&mut workflow.returned_bytes);
+                workflow.granted_bytes -= marked;
+                returned += marked;
+            }
+        }
+        if self.mutant == Some(Mutant::ReturnedNotCountedOff) {
+            returned = 0;
+        }
+        self.workflow_mut(workflow_id)?.granted_bytes += bytes;
+        *self.stored_bytes.entry(user_id).or_default() += bytes - returned;
         Ok(())
     }
 

@@ -31,6 +31,9 @@ impl State {
                 (count + 1, bytes.saturating_add(size))
             });
         new.bounds.check(untaken, held, new.payload_bytes())?;
+        if self.mutant != Some(super::Mutant::EventNotCounted) {
+            self.take_storage(&new.workflow_id, new.payload_bytes(), new.stored_bytes_max)?;
+        }
         self.last_event_seq += 1;
         let row = SentEvent {
             seq: self.last_event_seq,
@@ -43,14 +46,30 @@ impl State {
             taken_by: None,
         };
         self.sent_events.insert(row.seq, row.clone());
-        self.wake_if_dormant(&row.workflow_id, now);
+        self.wake_if_dormant(&row.workflow_id, Some(&row.name), now);
         Ok(EventSend::Stored(row))
     }
 
-    pub(super) fn pending_events(&self, workflow_id: &WorkflowId) -> Vec<SentEvent> {
+    pub(super) fn pending_events(
+        &self,
+        workflow_id: &WorkflowId,
+        names: &[String],
+        per_name: u32,
+    ) -> Vec<SentEvent> {
+        let mut found: std::collections::BTreeMap<&str, u32> = std::collections::BTreeMap::new();
         self.sent_events
             .values()
-            .filter(|event| event.workflow_id == *workflow_id && event.taken_by.is_none())
+            .filter(|event| {
+                event.workflow_id == *workflow_id
+                    && event.taken_by.is_none()
+                    && (names.contains(&event.name)
+                        || self.mutant == Some(super::Mutant::PendingOfAnyName))
+            })
+            .filter(|event| {
+                let count = found.entry(event.name.as_str()).or_default();
+                *count += 1;
+                *count <= per_name
+            })
             .cloned()
             .collect()
     }

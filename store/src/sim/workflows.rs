@@ -59,8 +59,10 @@ impl State {
                 artifacts: BTreeMap::new(),
                 granted_bytes: 0,
                 returned_bytes: 0,
+                copied_bytes: 0,
                 events: Vec::new(),
                 wake_at: None,
+                wake_on_events: Vec::new(),
             },
         );
         self.status_event(&new.workflow_id, WorkflowStatus::Running, None, now);
@@ -156,8 +158,14 @@ impl State {
             })
             .cloned()
             .collect();
+        // The new workflow stores the adopted artifacts, the adopted rows' errors and the
+        // workspaces copied for it, all inside one grant.
         let bytes: usize = artifacts.iter().map(|a| a.row.content.len()).sum();
-        let bytes = i64::try_from(bytes).unwrap_or(i64::MAX);
+        let errors: i64 = steps
+            .iter()
+            .map(|step| step.row.record().map_or(0, crate::StepRecord::error_bytes))
+            .sum();
+        let bytes = i64::try_from(bytes).unwrap_or(i64::MAX) + errors + retry.copied_bytes;
         match self.launch_answered(&retry.workflow, limits)? {
             Some(Launch::Refused { limit, max }) => return Ok(Retry::Refused { limit, max }),
             // The request id names another workflow: the retry of this one would have been found.
@@ -205,6 +213,7 @@ impl State {
             self.workflow_mut(&new)?.steps.insert(key, step.clone());
             self.journaled(&new, &step, now);
         }
+        self.workflow_mut(&new)?.copied_bytes = retry.copied_bytes;
         if bytes > 0 {
             let grant = WriteOp::TakeStorage {
                 workflow_id: new.clone(),
@@ -275,11 +284,19 @@ impl State {
     }
 
     /// A control or an event was recorded: a dormant workflow's lease expires now.
-    pub(super) fn wake_if_dormant(&mut self, workflow_id: &WorkflowId, now: f64) {
+    pub(super) fn wake_if_dormant(
+        &mut self,
+        workflow_id: &WorkflowId,
+        event: Option<&str>,
+        now: f64,
+    ) {
         let Some(workflow) = self.workflows.get_mut(workflow_id) else {
             return;
         };
         if workflow.wake_at.is_none_or(|wake_at| wake_at <= now) {
+            return;
+        }
+        if event.is_some_and(|name| !workflow.wake_on_events.iter().any(|waited| waited == name)) {
             return;
         }
         workflow.wake_at = Some(now);
@@ -351,7 +368,7 @@ impl State {
             applied: false,
         };
         self.controls.insert(row.id, row.clone());
-        self.wake_if_dormant(&row.workflow_id, now);
+        self.wake_if_dormant(&row.workflow_id, None, now);
         let (kind, data) = match row.kind {
             ControlKind::Decide => (
                 "checkpoint_decided",
@@ -722,8 +739,13 @@ impl crate::Controls for SimStore {
         self.write(|state, now| state.send_event(event, now))
     }
 
-    async fn pending_events(&self, workflow_id: &WorkflowId) -> Result<Vec<SentEvent>> {
-        self.read(|state, _| Ok(state.pending_events(workflow_id)))
+    async fn pending_events(
+        &self,
+        workflow_id: &WorkflowId,
+        names: Vec<String>,
+        per_name: u32,
+    ) -> Result<Vec<SentEvent>> {
+        self.read(|state, _| Ok(state.pending_events(workflow_id, &names, per_name)))
     }
 
     async fn workflows_with_pending_controls(&self, owner: &str) -> Result<Vec<WorkflowId>> {

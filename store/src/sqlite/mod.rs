@@ -636,12 +636,14 @@ pub(super) fn apply(connection: &Connection, fence: &Fence, encoded: &Encoded) -
             connection
                 .prepare_cached(
                     "INSERT INTO workflow_steps (workflow, step_id, attempt, kind, status, data,
-                                                 seq, created_at, updated_at)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, unixepoch('subsec'), unixepoch('subsec'))
+                                                 seq, created_at, updated_at, error_bytes)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, unixepoch('subsec'), unixepoch('subsec'),
+                             ?8)
                      ON CONFLICT (workflow, step_id, attempt) DO UPDATE
                         SET kind = excluded.kind, status = excluded.status,
                             data = excluded.data, seq = excluded.seq,
-                            updated_at = excluded.updated_at",
+                            updated_at = excluded.updated_at,
+                            error_bytes = excluded.error_bytes",
                 )?
                 .execute(params![
                     workflow_id,
@@ -650,7 +652,8 @@ pub(super) fn apply(connection: &Connection, fence: &Fence, encoded: &Encoded) -
                     record.kind(),
                     status,
                     data,
-                    seq
+                    seq,
+                    record.error_bytes()
                 ])?;
         }
         WriteOp::MarkControlApplied { control_id } => {
@@ -810,8 +813,11 @@ pub(super) fn apply(connection: &Connection, fence: &Fence, encoded: &Encoded) -
                     |row| row.get(0),
                 )?;
             connection
-                .prepare_cached("UPDATE workflows SET dormant = 1, wake_at = ?2 WHERE id = ?1")?
-                .execute(params![workflow_id, wake_at])?;
+                .prepare_cached(
+                    "UPDATE workflows SET dormant = 1, wake_at = ?2, wake_on_events = ?3
+                      WHERE id = ?1",
+                )?
+                .execute(params![workflow_id, wake_at, names])?;
             connection
                 .prepare_cached(
                     "UPDATE extension_execution_leases SET expires_at = ?4, owner = ''
@@ -879,13 +885,19 @@ pub(super) fn take_storage(
     Ok(())
 }
 
-/// [`WriteOp::ReturnStorage`]: only the workflow's own row is written.
+/// [`WriteOp::ReturnStorage`]: what the grant holds beyond the workflow's artifacts, errors,
+/// events and copied workspaces; only the workflow's own row is written.
 fn return_storage(connection: &Connection, workflow_id: &WorkflowId) -> Result<()> {
     connection
         .prepare_cached(
             "UPDATE workflow_storage
-                SET returned_bytes = max(granted_bytes - coalesce(
-                        (SELECT sum(a.bytes) FROM workflow_artifacts a WHERE a.workflow = ?1), 0), 0)
+                SET returned_bytes = max(granted_bytes - copied_bytes
+                        - coalesce((SELECT sum(a.bytes) FROM workflow_artifacts a
+                                     WHERE a.workflow = ?1), 0)
+                        - coalesce((SELECT sum(s.error_bytes) FROM workflow_steps s
+                                     WHERE s.workflow = ?1), 0)
+                        - coalesce((SELECT sum(e.payload_bytes) FROM sent_events e
+                                     WHERE e.workflow = ?1), 0), 0)
               WHERE workflow = ?1",
         )?
         .execute([workflow_id])?;

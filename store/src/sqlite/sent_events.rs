@@ -102,22 +102,39 @@ impl SqliteStore {
                     ],
                     sent_event,
                 )?;
-            super::workflows::wake_if_dormant(connection, &new.workflow_id)?;
+            // Its bytes are its owner's: refused past their quota, the job rolls back whole.
+            super::take_storage(connection, &new.workflow_id, bytes, new.stored_bytes_max)?;
+            super::workflows::wake_if_dormant(connection, &new.workflow_id, Some(&new.name))?;
             Ok(EventSend::Stored(inserted.decode()?))
         })
         .await
     }
 
-    pub(crate) async fn pending_events(&self, workflow_id: &WorkflowId) -> Result<Vec<SentEvent>> {
+    pub(crate) async fn pending_events(
+        &self,
+        workflow_id: &WorkflowId,
+        names: Vec<String>,
+        per_name: u32,
+    ) -> Result<Vec<SentEvent>> {
         let workflow_id = workflow_id.to_owned();
         self.read(move |connection| {
+            // Each name's oldest untaken rows through `sent_events_untaken_by_name` (migration
+            // 40): no other name's row is read.
             let mut statement = connection.prepare_cached(concat!(
                 "SELECT ",
                 event_columns!(),
-                " FROM sent_events WHERE workflow = ?1 AND taken_by IS NULL ORDER BY seq"
+                " FROM sent_events WHERE workflow = ?1 AND name = ?2 AND taken_by IS NULL
+                   ORDER BY seq LIMIT ?3"
             ))?;
-            let rows = statement.query_map([&workflow_id], sent_event)?;
-            rows.map(|row| row?.decode()).collect()
+            let mut events = Vec::new();
+            for name in &names {
+                let rows = statement.query_map(params![workflow_id, name, per_name], sent_event)?;
+                for row in rows {
+                    events.push(row?.decode()?);
+                }
+            }
+            events.sort_by_key(|event| event.seq);
+            Ok(events)
         })
         .await
     }

@@ -162,19 +162,29 @@ fn retry(
     connection
         .prepare_cached(
             "INSERT INTO workflow_steps (workflow, step_id, attempt, kind, status, data,
-                                         created_at, updated_at, seq)
-             SELECT ?1, step_id, attempt, kind, status, data, created_at, updated_at, seq
+                                         created_at, updated_at, seq, error_bytes)
+             SELECT ?1, step_id, attempt, kind, status, data, created_at, updated_at, seq,
+                    error_bytes
                FROM workflow_steps WHERE workflow = ?2 AND seq < ?3
               ORDER BY seq, attempt",
         )?
         .execute(params![new, source, retry.adopted_calls])?;
+    // One grant for everything the retry stores: the adopted artifacts and errors, and the
+    // workspaces copied for it.
     let adopted_bytes: i64 = connection
         .prepare_cached(
-            "SELECT coalesce(sum(bytes), 0) FROM workflow_artifacts WHERE workflow = ?1",
+            "SELECT coalesce((SELECT sum(bytes) FROM workflow_artifacts WHERE workflow = ?1), 0)
+                  + coalesce((SELECT sum(error_bytes) FROM workflow_steps WHERE workflow = ?1), 0)",
         )?
         .query_row([new], |row| row.get(0))?;
+    let adopted_bytes = adopted_bytes.saturating_add(retry.copied_bytes);
     if adopted_bytes > 0 {
         super::take_storage(connection, new, adopted_bytes, retry.stored_bytes_max)?;
+    }
+    if retry.copied_bytes > 0 {
+        connection
+            .prepare_cached("UPDATE workflow_storage SET copied_bytes = ?2 WHERE workflow = ?1")?
+            .execute(params![new, retry.copied_bytes])?;
     }
     Ok(Retry::Created { row, lease })
 }
@@ -331,7 +341,7 @@ impl SqliteStore {
                 )
                 .optional()?;
             if let Some(row) = inserted {
-                wake_if_dormant(connection, &control.workflow_id)?;
+                wake_if_dormant(connection, &control.workflow_id, None)?;
                 return Ok(ControlWrite::Recorded(row.decode()?));
             }
             let existing = connection
@@ -668,16 +678,23 @@ pub(super) fn controls_on(
     rows.map(|row| row?.decode()).collect()
 }
 
-/// A control or an event was recorded: a dormant workflow's lease expires now, so a node takes
-/// it over at once (the lease's release cues `n:` on the change bus). The one writer orders it
-/// with the write that made the workflow dormant, whichever came first.
-pub(super) fn wake_if_dormant(connection: &Connection, workflow_id: &WorkflowId) -> Result<()> {
+/// A control or an `event` of that name was recorded: a dormant workflow's lease expires now, so
+/// a node takes it over at once (the lease's release cues `n:` on the change bus), unless the
+/// workflow waits for no event of that name. The one writer orders it with the write that made
+/// the workflow dormant, whichever came first.
+pub(super) fn wake_if_dormant(
+    connection: &Connection,
+    workflow_id: &WorkflowId,
+    event: Option<&str>,
+) -> Result<()> {
     let woken = connection
         .prepare_cached(
             "UPDATE workflows SET wake_at = unixepoch('subsec')
-              WHERE id = ?1 AND dormant AND wake_at > unixepoch('subsec')",
+              WHERE id = ?1 AND dormant AND wake_at > unixepoch('subsec')
+                AND (?2 IS NULL OR wake_on_events IS NULL
+                     OR ?2 IN (SELECT value FROM json_each(wake_on_events)))",
         )?
-        .execute([workflow_id])?;
+        .execute(params![workflow_id, event])?;
     if woken == 1 {
         connection
             .prepare_cached(

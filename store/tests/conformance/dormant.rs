@@ -62,6 +62,7 @@ fn event(id: &str, event_id: &str, name: &str) -> NewSentEvent {
         payload: json!({}),
         created_by: Some("ada".into()),
         bounds: store::EventBounds::NONE,
+        stored_bytes_max: 0,
     }
 }
 
@@ -128,8 +129,11 @@ conformance! {
         assert_eq!(forever.next_wake_at, Some(store::DORMANT_FOREVER_S));
 
         store.put_control(resume("resumed")).await.expect("resume");
-        // An event of any name wakes it: the wait it is for is the new owner's to judge.
+        // An event of a name it does not wait for leaves it asleep (2,000 of them once woke a
+        // workflow 2,000 times); one of a name it waits for wakes it.
         store.send_event(event("sent", "e1", "other")).await.expect("send");
+        assert_eq!(take(&*store, "sent").await, TakeOver::LeaseHeld, "woken by an event of another name");
+        store.send_event(event("sent", "e2", "paid")).await.expect("send");
         for id in ["resumed", "sent"] {
             assert!(matches!(take(&*store, id).await, TakeOver::Taken(_)), "{id} not woken");
         }

@@ -97,6 +97,7 @@ fn retry(id: &str, source: &str, adopted_calls: i32, request_id: Option<&str>) -
         retry_of: source.into(),
         adopted_calls,
         stored_bytes_max: 1_000,
+        copied_bytes: 0,
     }
 }
 

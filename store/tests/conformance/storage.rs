@@ -305,3 +305,38 @@ async fn sqlite_migration_32_counts_the_bytes_stored_before_it() {
         [("ada".to_owned(), 123), ("bob".to_owned(), 7)]
     );
 }
+
+/// Attempt `attempt` of step `step_id` of `workflow`, failed with `message`.
+fn failed(workflow: &str, step_id: &str, attempt: i32, message: &str) -> WriteOp {
+    let mut record = store::StepRecord::new(store::StepKind::Agent, json!({}));
+    record.outcome = Some(store::StepOutcome::Rejected(json!({"message": message})));
+    WriteOp::PutStep {
+        workflow_id: workflow.into(),
+        seq: 0,
+        step_id: step_id.into(),
+        attempt,
+        status: store::StepStatus::Failed,
+        record,
+    }
+}
+
+conformance! {
+    /// A journal row's error is stored inside its workflow's grant: the end keeps its bytes
+    /// (`StepRecord::error_bytes`), rewriting the row counts it once, and deletion gives it back.
+    async fn a_workflows_errors_are_kept_inside_its_grant(db) {
+        let store = db.store().await;
+        let lease = workflow_of(&*store, "wf", "ada", "node", 60_000).await;
+        let one = failed("wf", "s", 1, "boom");
+        let bytes = match &one { WriteOp::PutStep { record, .. } => record.error_bytes(), _ => unreachable!() };
+        assert_eq!(bytes, r#"{"message":"boom"}"#.len() as i64);
+        assert_eq!(store::error_bytes(&[one.clone(), failed("wf", "s", 2, "boom"), step("wf", "ok")]), 2 * bytes);
+        store.fenced_write(&lease.fence(), vec![take("wf", 100, 1_000), one.clone(), failed("wf", "s", 2, "boom")])
+            .await.expect("two failed attempts");
+        store.fenced_write(&lease.fence(), vec![one]).await.expect("a row written again");
+        store.fenced_write(&lease.fence(), vec![end("wf"), WriteOp::ReturnStorage { workflow_id: "wf".into() }])
+            .await.expect("end");
+        assert_eq!(stored(&*store, "ada").await, 2 * bytes, "the end keeps what the errors take");
+        assert_eq!(store.delete_workflow(&WorkflowId::from("wf")).await.expect("delete"), Deletion::Deleted);
+        assert_eq!(stored(&*store, "ada").await, 0);
+    }
+}

@@ -5,7 +5,7 @@
 //! the owner as a control does (the change bus, then [`Event::Poll`]); a wait with a deadline
 //! resolves with `null` once it passes (transitions: [`EventWait`]).
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 
 use runtime::{CallId, Command, Outcome};
 use serde_json::Value;
@@ -35,11 +35,22 @@ impl WorkflowMachine {
         out.push(Effect::Post(Event::Poll));
     }
 
-    /// Whether some call waits for an event.
-    pub(super) fn waits_for_events(&self) -> bool {
-        self.waiting
-            .values()
-            .any(|(waiting, _)| matches!(waiting, Waiting::Event(_)))
+    /// The read of the events some call waits for, if one does: the oldest untaken events of
+    /// each name waited for, as many of each as there are waits for it, and as many more as
+    /// this workflow took in writes not yet committed (a read may still return those).
+    pub(super) fn events_to_read(&self) -> Option<Effect> {
+        let mut waits: BTreeMap<&str, u32> = BTreeMap::new();
+        for (waiting, _) in self.waiting.values() {
+            if let Waiting::Event(name) = waiting {
+                *waits.entry(name.as_str()).or_default() += 1;
+            }
+        }
+        let most = waits.values().copied().max()?;
+        let taken = u32::try_from(self.taken_events.len()).unwrap_or(u32::MAX);
+        Some(Effect::ReadEvents {
+            names: waits.keys().map(|name| (*name).to_owned()).collect(),
+            per_name: most.saturating_add(taken),
+        })
     }
 
     /// The workflow's untaken events, read as asked.

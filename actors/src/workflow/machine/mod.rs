@@ -469,8 +469,9 @@ pub(crate) enum Effect {
     },
     /// Read the workflow's controls; answer [`Event::Controls`].
     ReadControls(ControlsFor),
-    /// Read the workflow's untaken events; answer [`Event::EventsRead`].
-    ReadEvents,
+    /// Read the workflow's oldest untaken events of each of `names`, `per_name` of each at
+    /// most; answer [`Event::EventsRead`].
+    ReadEvents { names: Vec<String>, per_name: u32 },
     /// Record a control; answer [`Event::ControlRecorded`].
     PutControl { control: NewControl, by: ControlBy },
     /// Read the file a capture names from the thread workspace; answer [`Event::Captured`].
@@ -729,8 +730,8 @@ impl WorkflowMachine {
             Event::Poll if cancelling => {}
             Event::Poll => {
                 out.push(Effect::ReadControls(ControlsFor::Poll));
-                if self.waits_for_events() {
-                    out.push(Effect::ReadEvents);
+                if let Some(read) = self.events_to_read() {
+                    out.push(read);
                 }
             }
             Event::Controls { purpose, result } => self.on_controls(&mut out, purpose, result, now),
@@ -869,6 +870,14 @@ impl WorkflowMachine {
         all.extend(ops);
         if all.is_empty() {
             return;
+        }
+        if let Some(grant) = self.error_grant(&all) {
+            // Before the end's return of what the grant holds unused, which must see it.
+            let at = all
+                .iter()
+                .position(|op| matches!(op, WriteOp::ReturnStorage { .. }))
+                .unwrap_or(all.len());
+            all.insert(at, grant);
         }
         out.push(Effect::Write(all.clone()));
         self.writes.push_back(InFlight {
@@ -1228,6 +1237,10 @@ impl WorkflowMachine {
         let thread_id = thread_for(&self.config.workflow_id, &entry.step_id);
         let call = self.agent_call(&run_id, &thread_id, agent);
         let mut before = std::mem::take(&mut self.unwritten);
+        // Written by the admission, not by `write`: the errors among it take their room here.
+        if let Some(grant) = self.error_grant(&before.ops) {
+            before.ops.push(grant);
+        }
         before.events.push(Journaled::Started {
             step_id: entry.step_id.clone(),
             kind: entry.kind,

@@ -190,11 +190,13 @@ impl WorkflowMachine {
             return false;
         }
         self.took(&command.step_id, Transition::Agent(Agent::RetryScheduled));
-        let reason = lost.unwrap_or_else(|| failure.message.clone());
+        // Logged (bounded: cut at ingest, escaped), not stored twice: an error is stored once,
+        // on the failed attempt's row, and the next attempt names only another reason.
+        let reason = lost.clone().unwrap_or_else(|| failure.message.clone());
         let wait = RetryWait {
             due_at_ms,
             first_at_ms,
-            reason: reason.clone(),
+            reason: lost,
         };
         // The failed attempt keeps its run and its error; the next waits, queued, for its time.
         let mut failed = self.agent_call(&row.run_id, &row.thread_id, &row.agent);

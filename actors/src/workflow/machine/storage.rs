@@ -4,6 +4,13 @@
 //! end). An outcome whose artifact fits is handed to the script at once and journaled with the
 //! next write; one that does not is written at once under a new grant (`WriteOp::TakeStorage`),
 //! and reaches the script only once that write commits, since the quota may refuse it.
+//!
+//! A journal row's error (a failed attempt's, a failed step's) is stored inside the grant too,
+//! counted as [`store::StepRecord::error_bytes`]: out of the room held, or under a grant of the
+//! bytes beyond it that the quota does not refuse ([`WorkflowMachine::error_grant`]). An error is
+//! what tells the owner what went wrong, so it is never dropped for the quota; what it can pass
+//! the quota by is bounded: each error is cut at ingest to `limits.error_bytes_max`, and a
+//! workflow has at most `limits.steps_max` rows.
 
 use runtime::{CallId, Outcome};
 use serde_json::json;
@@ -89,6 +96,27 @@ impl WorkflowMachine {
         Some(grant)
     }
 
+    /// The grant the errors of the journal rows among `ops` need beyond the room held, if they
+    /// need one: one of the bytes short, which the quota does not refuse (module docs).
+    pub(super) fn error_grant(&mut self, ops: &[WriteOp]) -> Option<WriteOp> {
+        let bytes = store::error_bytes(ops);
+        #[cfg(test)]
+        if crate::workflow::mutants::planted(crate::workflow::mutants::Mutant::ErrorWithoutGrant) {
+            return None;
+        }
+        let short = bytes - self.storage_room;
+        if short <= 0 {
+            self.storage_room -= bytes;
+            return None;
+        }
+        self.storage_room = 0;
+        Some(WriteOp::TakeStorage {
+            workflow_id: self.config.workflow_id.clone(),
+            bytes: short,
+            bytes_max: 0,
+        })
+    }
+
     /// Writes everything unwritten at once, the outcome of call `id` last, under `grant`: the
     /// outcome reaches the script once the write commits ([`WorkflowMachine::stored`]).
     pub(super) fn store_then_hand_over(
@@ -166,7 +194,13 @@ impl WorkflowMachine {
             self.took(&grant.step_id, Transition::Storage(Storage::AskedOwnBytes));
             grant.asked = grant.short;
             for op in &mut written.ops {
-                if let WriteOp::TakeStorage { bytes, .. } = op {
+                // The artifact's grant, the one the quota refused; an error's grant asks no
+                // quota (`error_grant`) and stays what it was.
+                if let WriteOp::TakeStorage {
+                    bytes, bytes_max, ..
+                } = op
+                    && *bytes_max > 0
+                {
                     *bytes = grant.short;
                 }
             }
