@@ -246,10 +246,16 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         postgres: include_str!("../migrations/postgres/0039_untaken_event_bytes.sql"),
         sqlite: include_str!("../migrations/sqlite/0039_untaken_event_bytes.sql"),
     },
+    Migration {
+        version: 41,
+        name: "reserved_slots",
+        postgres: include_str!("../migrations/postgres/0041_reserved_slots.sql"),
+        sqlite: include_str!("../migrations/sqlite/0041_reserved_slots.sql"),
+    },
 ];
 
 /// The schema version this build expects.
-pub const SCHEMA_VERSION: i64 = 39;
+pub const SCHEMA_VERSION: i64 = 41;
 
 /// The advisory-lock key PostgreSQL migrations serialise on ("reins" in ASCII).
 pub(crate) const PG_MIGRATION_LOCK: i64 = 0x0072_6569_6e73;
