@@ -579,6 +579,44 @@ conformance! {
 }
 
 conformance! {
+    /// Racing admissions of two users, each over their share, never take the slots kept for
+    /// others: two claims never both see the last slot above the reserve free. Twelve slots, a
+    /// share of three, two kept: whatever the order, each user's first three are below their
+    /// share, and the claims over it stop once ten slots are held.
+    async fn racing_admissions_over_their_share_leave_exactly_the_reserved_slots_free(db) {
+        let store = db.store().await;
+        let mut leases = Vec::new();
+        for user in ["ann", "cid"] {
+            for n in 0..6 {
+                let id = format!("wf-{user}-{n}");
+                leases.push(workflow_of(&*store, &id, user, "node-a", 60_000).await);
+            }
+        }
+        let start = Arc::new(Barrier::new(leases.len()));
+        let racers: Vec<_> = leases
+            .iter()
+            .map(|lease| {
+                let run = reserving_step_of(lease, "s", [12, 3, 2], Vec::new());
+                let (store, start) = (Arc::clone(&store), Arc::clone(&start));
+                tokio::spawn(async move {
+                    start.wait().await;
+                    store.admit_run(run).await.expect("admit")
+                })
+            })
+            .collect();
+        let mut queued = 0;
+        for racer in racers {
+            match racer.await.expect("join") {
+                Admission::Admitted(_) => {}
+                Admission::Queued => queued += 1,
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        assert_eq!((queued, store.count_slots().await.expect("slots")), (2, 10));
+    }
+}
+
+conformance! {
     /// A run whose agent waits for a person gives its step's slot back in the write that records
     /// the wait (before, it kept it until the step ended, even with its node gone). Answered, its
     /// live agent's run claims a slot again under the same rules as an admission: queued while
