@@ -393,6 +393,7 @@ async fn store_writes_of_one(store: &Store, owner: &str, workflow_id: &str) {
                 attempt: 1,
                 slots_max: 10_000,
                 slots_per_user_max: 10_000,
+                slots_reserved: 0,
                 fence: fence.clone(),
                 journal,
             }),

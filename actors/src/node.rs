@@ -103,6 +103,7 @@ impl NodeOptions {
                 launch_limits: store::LaunchLimits::NONE,
                 slots_max: 32,
                 slots_per_user_max: 32,
+                slots_reserved: 0,
                 stored_bytes_max: 0,
                 retry_copy_bytes_max: 1 << 30,
                 event_bounds: store::EventBounds {

@@ -1120,6 +1120,7 @@ impl StoreHandle {
         owner: &str,
         slots_max: u64,
         slots_per_user_max: u64,
+        slots_reserved: u64,
     ) -> store::Result<store::RunSlot> {
         let key = run_id.as_str();
         let (run_id, owner) = (run_id.to_owned(), owner.to_owned());
@@ -1128,7 +1129,13 @@ impl StoreHandle {
             Some(key),
             move |store| async move {
                 store
-                    .claim_run_slot(&run_id, &owner, slots_max, slots_per_user_max)
+                    .claim_run_slot(
+                        &run_id,
+                        &owner,
+                        slots_max,
+                        slots_per_user_max,
+                        slots_reserved,
+                    )
                     .await
             },
         )

@@ -409,6 +409,13 @@ pub struct Limits {
     /// slot. 0 (the default) is half of `max_active_children`, rounded up; `max_active_children`
     /// turns the share off. See [`Limits::active_children_per_user`].
     pub max_active_children_per_user: u64,
+    /// The slots kept free for users other than one who holds their share already: such a user's
+    /// step waits rather than leave fewer free, whether or not anybody else waits, so that another
+    /// user's step starts at once even while one user's long agents hold every other slot. A user
+    /// below their share may take them. The price: a user alone runs at most
+    /// `max_active_children` less this many agents at once (or their share, if more). 0 keeps
+    /// none; below `max_active_children`; it binds only while the share does.
+    pub active_children_reserved: u64,
     /// The bytes one user's workflows store at most: their artifacts (captured files and agent
     /// outputs) and the room their running workflows hold for artifacts to come. A step whose
     /// artifact would pass it fails naming it; 0 is no quota.
@@ -465,6 +472,7 @@ impl Default for Limits {
             max_workflows_per_owner: 100,
             max_active_children: 32,
             max_active_children_per_user: 0,
+            active_children_reserved: 1,
             user_stored_bytes_max: 10 * 1024 * 1024 * 1024,
             timeout_seconds: 0,
             js_memory_total_bytes: 512 * 1024 * 1024,
@@ -890,6 +898,19 @@ impl Config {
                 ),
             ));
         }
+        // With the share off the reserve binds nothing, so a cluster of one slot keeps the
+        // default of one.
+        if self.limits.active_children_reserved >= self.limits.max_active_children
+            && self.limits.active_children_per_user() < self.limits.max_active_children
+        {
+            return Err(invalid(
+                "limits.active_children_reserved",
+                format!(
+                    "{} is not below limits.max_active_children ({})",
+                    self.limits.active_children_reserved, self.limits.max_active_children
+                ),
+            ));
+        }
         if !(ERROR_BYTES_MIN..=ERROR_BYTES_MAX).contains(&self.limits.error_bytes_max) {
             return Err(invalid(
                 "limits.error_bytes_max",
@@ -1272,6 +1293,30 @@ mod tests {
             refused.contains("limits.max_active_children_per_user"),
             "{refused}"
         );
+    }
+
+    #[test]
+    fn one_slot_is_kept_for_others_by_default_and_the_reserve_stays_below_the_slots() {
+        let load = |vars: &[(&str, &str)]| Config::load(None, env(vars));
+        let reserved = |vars: &[(&str, &str)]| {
+            load(vars)
+                .expect("valid")
+                .config
+                .limits
+                .active_children_reserved
+        };
+        assert_eq!(reserved(&[]), 1);
+        let key = "REINS_LIMITS__ACTIVE_CHILDREN_RESERVED";
+        let cluster = "REINS_LIMITS__MAX_ACTIVE_CHILDREN";
+        assert_eq!(reserved(&[(key, "0")]), 0, "0 keeps none");
+        assert_eq!(reserved(&[(key, "31")]), 31, "one below the slots");
+        let refused = load(&[(key, "32")]).expect_err("32").to_string();
+        assert!(
+            refused.contains("limits.active_children_reserved"),
+            "{refused}"
+        );
+        // One slot: the share (all of it) is off, and the default reserve binds nothing.
+        assert_eq!(reserved(&[(cluster, "1")]), 1);
     }
 
     #[test]

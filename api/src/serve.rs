@@ -139,6 +139,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
                 },
                 slots_max: config.limits.max_active_children,
                 slots_per_user_max: config.limits.active_children_per_user(),
+                slots_reserved: config.limits.active_children_reserved,
                 stored_bytes_max: config.limits.user_stored_bytes_max,
                 retry_copy_bytes_max: config.limits.retry_copy_bytes_max,
                 event_bounds: store::EventBounds {

@@ -252,10 +252,16 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         postgres: include_str!("../migrations/postgres/0040_counted_errors_and_events.sql"),
         sqlite: include_str!("../migrations/sqlite/0040_counted_errors_and_events.sql"),
     },
+    Migration {
+        version: 41,
+        name: "reserved_slots",
+        postgres: include_str!("../migrations/postgres/0041_reserved_slots.sql"),
+        sqlite: include_str!("../migrations/sqlite/0041_reserved_slots.sql"),
+    },
 ];
 
 /// The schema version this build expects.
-pub const SCHEMA_VERSION: i64 = 40;
+pub const SCHEMA_VERSION: i64 = 41;
 
 /// The advisory-lock key PostgreSQL migrations serialise on ("reins" in ASCII).
 pub(crate) const PG_MIGRATION_LOCK: i64 = 0x0072_6569_6e73;

@@ -328,8 +328,9 @@ macro_rules! with_operations {
                 ) -> Option<ApprovalAnswer>;
                 /// Claims a slot again for the step of `run_id`, an answered run whose live agent goes on
                 /// only with one (its pause gave the slot back), under the rules of an admission:
-                /// `slots_max` across the cluster and the share `slots_per_user_max` of its workflow's
-                /// owner ([`crate::WorkflowStep::slots_per_user_max`]). Only while `owner` owns the run,
+                /// `slots_max` across the cluster, the share `slots_per_user_max` of its workflow's
+                /// owner ([`crate::WorkflowStep::slots_per_user_max`]) and the slots kept for other
+                /// users ([`crate::WorkflowStep::slots_reserved`]). Only while `owner` owns the run,
                 /// it is `running` without a cancel request, and its workflow is running, paused or
                 /// waiting_approval; a slot the step holds already is kept.
                 write ClaimRunSlot: fn claim_run_slot(
@@ -337,7 +338,8 @@ macro_rules! with_operations {
                     run_id: &RunId,
                     owner: &str,
                     slots_max: u64,
-                    slots_per_user_max: u64
+                    slots_per_user_max: u64,
+                    slots_reserved: u64
                 ) -> RunSlot;
                 /// Runs waiting for a person whose approval request's deadline
                 /// ([`crate::APPROVAL_DEADLINE`]) has passed by the database's clock, at most

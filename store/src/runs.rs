@@ -60,6 +60,13 @@ pub struct WorkflowStep {
     /// with slots free, so that one user cannot keep every slot from another. With nobody else
     /// waiting, one user's steps may take every slot.
     pub slots_per_user_max: u64,
+    /// Slots kept free for other users (`active_children_reserved`): a step whose owner holds
+    /// their share already (`slots_per_user_max`, less what the carried journal gives back) is
+    /// queued when it would leave fewer than this many slots free, whether or not anybody waits,
+    /// so that another user's first step finds a slot at once even while one user's long agents
+    /// hold all the others. A user below their share may take a kept slot. 0 keeps none; it binds
+    /// only while the share does (`slots_per_user_max < slots_max`).
+    pub slots_reserved: u64,
     /// The workflow's lease: admission happens only while it holds, in the same transaction.
     pub fence: Fence,
     /// Journal writes of the workflow that go with this admission: committed, under `fence`, in
@@ -100,8 +107,9 @@ pub enum Admission {
 pub enum RunSlot {
     /// The run's step holds a slot: claimed now, or held already.
     Held,
-    /// No slot for it now (every slot is taken, or its owner holds their share while another
-    /// user waits): nothing was written; ask again when one frees.
+    /// No slot for it now (every slot is taken, its owner holds their share while another user
+    /// waits, or it would take a slot kept for others): nothing was written; ask again when one
+    /// frees.
     Queued,
     /// The run is not the caller's `running` run of a step, without a cancel request, of a
     /// running, paused or waiting_approval workflow: nothing was written.

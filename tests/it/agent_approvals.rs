@@ -442,6 +442,9 @@ printf '{"type": "output", "output": %s}\n' "$answer""#,
         &[
             ("REINS_CONFIG", config),
             ("REINS_LIMITS__MAX_ACTIVE_CHILDREN", "2".to_owned()),
+            // The share alone: with a slot kept for others, the admin's two agents could not
+            // both hold one.
+            ("REINS_LIMITS__ACTIVE_CHILDREN_RESERVED", "0".to_owned()),
             ("REINS_FAULT_DIR", faults.path().display().to_string()),
             // Renewals, which carry an answer to its live agent, every second.
             ("REINS_LEASE_SECONDS", "3".to_owned()),

@@ -91,6 +91,7 @@ async fn a_workflows_next_step_takes_the_very_number_its_admission_frees() {
         attempt: 1,
         slots_max: 1_000,
         slots_per_user_max: 1_000,
+        slots_reserved: 0,
         fence: lease.fence(),
         journal,
     };
@@ -401,6 +402,7 @@ async fn racing_claims_of_one_user_count_each_other_while_another_user_waits() {
                     attempt: 1,
                     slots_max: 10_000,
                     slots_per_user_max: 1,
+                    slots_reserved: 0,
                     fence: lease.fence(),
                     journal: Vec::new(),
                 }),

@@ -803,6 +803,8 @@ async fn one_users_parallel_agents_leave_slots_for_another_user(postgres: bool) 
         &[
             ("REINS_LIMITS__MAX_ACTIVE_CHILDREN", "4".to_owned()),
             ("REINS_LIMITS__MAX_ACTIVE_CHILDREN_PER_USER", "2".to_owned()),
+            // The share alone: no slot is kept for others, so the admin alone takes all four.
+            ("REINS_LIMITS__ACTIVE_CHILDREN_RESERVED", "0".to_owned()),
             ("REINS_FAULT_DIR", faults.path().display().to_string()),
         ],
     );
@@ -872,3 +874,76 @@ async fn one_users_parallel_agents_leave_slots_for_another_user(postgres: bool) 
 }
 
 both!(one_users_parallel_agents_leave_slots_for_another_user);
+
+/// A slot is kept for others (`limits.active_children_reserved`, 1 by default): alone, the
+/// admin's `parallel` of long agents takes three slots of four, and Bob's one step runs and ends
+/// while all three still run. Before, the admin alone took all four, and Bob's step waited
+/// `queued` until one of the admin's agents ended (issue 39, item 5: 58 s behind agents of 60 s).
+async fn a_users_step_starts_while_another_users_long_agents_hold_every_slot_they_may(
+    postgres: bool,
+) {
+    let db = Db::new(postgres).await;
+    let faults = tempfile::tempdir().expect("fault dir");
+    for i in 1..=6 {
+        std::fs::write(faults.path().join(format!("hold_a{i}")), b"").expect("hold");
+    }
+    let node = Node::start(
+        &db,
+        &[
+            ("REINS_LIMITS__MAX_ACTIVE_CHILDREN", "4".to_owned()),
+            ("REINS_LIMITS__MAX_ACTIVE_CHILDREN_PER_USER", "2".to_owned()),
+            ("REINS_FAULT_DIR", faults.path().display().to_string()),
+        ],
+    );
+    let mut admin = initialize(&node).await;
+    create(&mut admin, BOB, None).await;
+    let mut bob = signed_in(&node, BOB, PASSWORD).await;
+    let six = launch(
+        &mut admin,
+        r#"return await parallel([1, 2, 3, 4, 5, 6].map((i) => () => agent({stepId: "a" + i,
+               agentRef: "scripted", task: {hold_while: "hold_a" + i}})));"#,
+    )
+    .await;
+    let running = |statuses: &[String]| statuses.iter().filter(|s| *s == "running").count();
+    eventually(
+        std::time::Duration::from_secs(60),
+        "the admin alone runs three steps",
+        async || running(&step_statuses(&mut admin, &six).await) >= 3,
+    )
+    .await;
+    let one = launch(
+        &mut bob,
+        r#"return await agent({stepId: "b", agentRef: "scripted", task: {output: 1}});"#,
+    )
+    .await;
+    // Nothing of the admin's ends until the holds go: Bob's step can only have had the kept slot.
+    eventually(
+        std::time::Duration::from_secs(60),
+        "bob's step runs and ends while the admin's agents hold their slots",
+        async || step_statuses(&mut bob, &one).await == ["completed"],
+    )
+    .await;
+    assert_eq!(
+        step_statuses(&mut admin, &six).await,
+        [
+            "queued", "queued", "queued", "running", "running", "running"
+        ],
+        "the admin's steps, with Bob's ended"
+    );
+    for i in 1..=6 {
+        std::fs::remove_file(faults.path().join(format!("hold_a{i}"))).expect("end it");
+    }
+    eventually(
+        std::time::Duration::from_secs(60),
+        "the admin's steps end once let go",
+        async || {
+            step_statuses(&mut admin, &six)
+                .await
+                .iter()
+                .all(|s| s == "completed")
+        },
+    )
+    .await;
+}
+
+both!(a_users_step_starts_while_another_users_long_agents_hold_every_slot_they_may);

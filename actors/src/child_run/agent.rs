@@ -95,6 +95,7 @@ enum Stopping {
 pub(crate) struct StepSlots {
     pub slots_max: u64,
     pub slots_per_user_max: u64,
+    pub slots_reserved: u64,
 }
 
 /// Whether the run's step holds its slot.
@@ -292,7 +293,13 @@ impl ChildState {
         tokio::spawn(
             async move {
                 let claimed = store
-                    .claim_run_slot(&run_id, &owner, slots.slots_max, slots.slots_per_user_max)
+                    .claim_run_slot(
+                        &run_id,
+                        &owner,
+                        slots.slots_max,
+                        slots.slots_per_user_max,
+                        slots.slots_reserved,
+                    )
                     .await;
                 let _ = me.post(ChildMsg::SlotClaimed(claimed));
             }

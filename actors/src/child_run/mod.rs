@@ -492,6 +492,7 @@ async fn start_child(
             step_slots: request.step.as_ref().map(|step| StepSlots {
                 slots_max: step.slots_max,
                 slots_per_user_max: step.slots_per_user_max,
+                slots_reserved: step.slots_reserved,
             }),
             runs: myself.clone(),
             wake_fallback: state.args.wake_fallback,

@@ -83,6 +83,9 @@ pub struct WorkflowsOptions {
     pub slots_max: u64,
     /// The slots the steps of one user's workflows hold at most, across the cluster.
     pub slots_per_user_max: u64,
+    /// The slots kept free for other users than one who holds their share already
+    /// (`limits.active_children_reserved`).
+    pub slots_reserved: u64,
     /// The bytes one user's workflows store at most (`limits.user_stored_bytes_max`; 0: no
     /// quota).
     pub stored_bytes_max: u64,
@@ -1325,6 +1328,7 @@ async fn start_supervisor(
             node_files: std::sync::Arc::clone(&options.node_files),
             slots_max: options.slots_max,
             slots_per_user_max: options.slots_per_user_max,
+            slots_reserved: options.slots_reserved,
             stored_bytes_max: options.stored_bytes_max,
             cancel_window_ms: options.lease_ms * 2,
             timeout_ms: match options.timeout_seconds {

@@ -122,6 +122,7 @@ pub(crate) struct WorkflowArgs {
     pub node_files: std::sync::Arc<crate::node_files::NodeFiles>,
     pub slots_max: u64,
     pub slots_per_user_max: u64,
+    pub slots_reserved: u64,
     /// The bytes one user's workflows store at most (`limits.user_stored_bytes_max`).
     pub stored_bytes_max: u64,
     /// How long a cancellation waits for its child runs to stop before it gives up on observing
@@ -438,6 +439,7 @@ impl Actor for WorkflowSupervisor {
                 limits: args.limits,
                 slots_max: args.slots_max,
                 slots_per_user_max: args.slots_per_user_max,
+                slots_reserved: args.slots_reserved,
                 stored_bytes_max: args.stored_bytes_max,
                 log_events_max: args.log_events_max,
                 log_event_bytes_max: args.log_event_bytes_max,

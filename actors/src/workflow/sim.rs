@@ -885,6 +885,7 @@ impl Sim {
                 limits: runtime::Limits::default(),
                 slots_max: self.slots_max,
                 slots_per_user_max: self.slots_max,
+                slots_reserved: 0,
                 stored_bytes_max: 0,
                 log_events_max: 100,
                 log_event_bytes_max: 10_000,

@@ -20,7 +20,9 @@ use crate::{Error, Result, RunId};
 // call it through `reins_claim_fair_slot` (migration 31), which then refuses the slot (rolled
 // back with the transaction) to a step whose workflow's owner held `slots_per_user_max` slots
 // already while another user waits below that share: two admissions of one user wait on each
-// other for that count, only while another user waits.
+// other for that count, only while another user waits. The six-argument function of migration
+// 41 calls it, then refuses a new slot to a step whose owner held their share already when it
+// would leave fewer than `slots_reserved` free, counted under one cluster-wide lock.
 
 /// The statements of an admission with a workflow step, prepared on one connection.
 pub(super) struct AdmitStatements {
@@ -61,7 +63,7 @@ const INSERT_RUN_SQL: &str = concat!(
     run_columns!()
 );
 
-const CLAIM_SLOT_SQL: &str = "SELECT reins_claim_fair_slot($1, $2, $3, $4, $5)";
+const CLAIM_SLOT_SQL: &str = "SELECT reins_claim_fair_slot($1, $2, $3, $4, $5, $6)";
 
 pub(super) async fn prepare_admit(client: &Object, step: &WorkflowStep) -> Result<AdmitStatements> {
     let insert = client.prepare_cached(INSERT_RUN_SQL).await?;
@@ -144,12 +146,14 @@ pub(super) async fn admit_body(
         .collect();
     let slots_max = i64::try_from(step.slots_max).unwrap_or(i64::MAX);
     let slots_per_user_max = i64::try_from(step.slots_per_user_max).unwrap_or(i64::MAX);
-    let claim_params: [&(dyn tokio_postgres::types::ToSql + Sync); 5] = [
+    let slots_reserved = i64::try_from(step.slots_reserved).unwrap_or(i64::MAX);
+    let claim_params: [&(dyn tokio_postgres::types::ToSql + Sync); 6] = [
         &step.workflow_id,
         &step.step_id,
         &step.attempt,
         &slots_max,
         &slots_per_user_max,
+        &slots_reserved,
     ];
     let (fenced, inserted, journaled, claimed) = tokio::join!(
         client.execute(&statements.fence, &fenced_by),

@@ -166,17 +166,25 @@ impl PgStore {
         owner: &str,
         slots_max: u64,
         slots_per_user_max: u64,
+        slots_reserved: u64,
     ) -> Result<RunSlot> {
         let client = self.connection().await?;
         let statement = client
-            .prepare_cached("SELECT reins_claim_run_slot($1, $2, $3, $4)")
+            .prepare_cached("SELECT reins_claim_run_slot($1, $2, $3, $4, $5)")
             .await?;
         let slots_max = i64::try_from(slots_max).unwrap_or(i64::MAX);
         let slots_per_user_max = i64::try_from(slots_per_user_max).unwrap_or(i64::MAX);
+        let slots_reserved = i64::try_from(slots_reserved).unwrap_or(i64::MAX);
         match client
             .query_one(
                 &statement,
-                &[&run_id, &owner, &slots_max, &slots_per_user_max],
+                &[
+                    &run_id,
+                    &owner,
+                    &slots_max,
+                    &slots_per_user_max,
+                    &slots_reserved,
+                ],
             )
             .await
         {

@@ -22,6 +22,16 @@ pub(super) fn ask_to_cancel(action: CancelAction) -> impl Fn(&mut RunRow) {
     }
 }
 
+/// The rules a slot is claimed under (see [`crate::WorkflowStep`]).
+#[derive(Debug, Clone, Copy)]
+struct Rules {
+    slots_max: u64,
+    /// `slots_per_user_max`.
+    share: u64,
+    /// `slots_reserved`.
+    reserved: u64,
+}
+
 impl State {
     /// The user who launched the workflow (`workflows.user_id`), if it is stored.
     fn user_of(&self, workflow_id: &WorkflowId) -> Option<&str> {
@@ -72,15 +82,28 @@ impl State {
         })
     }
 
+    /// Whether the slots kept for other users refuse a slot to a step of `workflow_id`: with
+    /// `taken` slots held (less what the write gives back), one more would leave fewer than
+    /// `reserved` free, and its owner holds their share already (less `released`, theirs).
+    fn reserve_binds(
+        &self,
+        workflow_id: &WorkflowId,
+        taken: u64,
+        released: u64,
+        rules: Rules,
+    ) -> bool {
+        if rules.reserved == 0
+            || rules.share >= rules.slots_max
+            || taken.saturating_add(rules.reserved) < rules.slots_max
+        {
+            return false;
+        }
+        self.user_of(workflow_id)
+            .is_some_and(|user| self.slots_of(user).saturating_sub(released) >= rules.share)
+    }
+
     /// Claims a slot for the step of an answered run (see [`crate::Runs::claim_run_slot`]).
-    fn claim_run_slot(
-        &mut self,
-        run_id: &RunId,
-        owner: &str,
-        slots_max: u64,
-        share: u64,
-        now: f64,
-    ) -> RunSlot {
+    fn claim_run_slot(&mut self, run_id: &RunId, owner: &str, rules: Rules, now: f64) -> RunSlot {
         let Some(RunRow {
             workflow: Some(workflow_id),
             step_id: Some(step_id),
@@ -113,8 +136,10 @@ impl State {
             return RunSlot::Held;
         }
         let taken = u64::try_from(self.slots.len()).unwrap_or(u64::MAX);
-        if taken >= slots_max
-            || (share < slots_max && self.share_binds(&workflow_id, 0, share, now))
+        if taken >= rules.slots_max
+            || (rules.share < rules.slots_max
+                && self.share_binds(&workflow_id, 0, rules.share, now))
+            || self.reserve_binds(&workflow_id, taken, 0, rules)
         {
             return RunSlot::Queued;
         }
@@ -168,7 +193,8 @@ impl State {
                     })
                     .collect();
                 let taken = self.slots.len().saturating_sub(released.len());
-                if u64::try_from(taken).unwrap_or(u64::MAX) >= step.slots_max {
+                let taken = u64::try_from(taken).unwrap_or(u64::MAX);
+                if taken >= step.slots_max {
                     return Ok(Admission::Queued);
                 }
                 self.exists(&step.workflow_id)?;
@@ -178,6 +204,14 @@ impl State {
                 if step.slots_per_user_max < step.slots_max
                     && self.share_binds(&step.workflow_id, released, step.slots_per_user_max, now)
                 {
+                    return Ok(Admission::Queued);
+                }
+                let rules = Rules {
+                    slots_max: step.slots_max,
+                    share: step.slots_per_user_max,
+                    reserved: step.slots_reserved,
+                };
+                if self.reserve_binds(&step.workflow_id, taken, released, rules) {
                     return Ok(Admission::Queued);
                 }
             }
@@ -471,10 +505,14 @@ impl crate::Runs for SimStore {
         owner: &str,
         slots_max: u64,
         slots_per_user_max: u64,
+        slots_reserved: u64,
     ) -> Result<RunSlot> {
-        self.write(|state, now| {
-            Ok(state.claim_run_slot(run_id, owner, slots_max, slots_per_user_max, now))
-        })
+        let rules = Rules {
+            slots_max,
+            share: slots_per_user_max,
+            reserved: slots_reserved,
+        };
+        self.write(|state, now| Ok(state.claim_run_slot(run_id, owner, rules, now)))
     }
 
     async fn finalize_run(

@@ -224,11 +224,12 @@ struct SlotPlace<'a> {
     attempt: i32,
     slots_max: u64,
     slots_per_user_max: u64,
+    slots_reserved: u64,
 }
 
 /// Claims a slot for `place` in the writer's transaction: `false` (nothing written) when every
-/// slot is taken, or when the workflow's owner holds their share while another user waits below
-/// theirs. A step that holds a slot already keeps it for its new attempt. `released` slots,
+/// slot is taken, when the workflow's owner holds their share while another user waits below
+/// theirs, or when they hold their share and the slot is one of those kept for others. A step that holds a slot already keeps it for its new attempt. `released` slots,
 /// which the transaction gives back before it commits (the owner's own: the carried journal is
 /// the workflow's), count as free.
 fn claim_slot(connection: &Connection, place: &SlotPlace<'_>, released: i64) -> Result<bool> {
@@ -246,6 +247,7 @@ fn claim_slot(connection: &Connection, place: &SlotPlace<'_>, released: i64) -> 
     let taken = u64::try_from(taken - released).unwrap_or(u64::MAX);
     if taken >= place.slots_max
         || (taken >= place.slots_per_user_max && share_binds(connection, place, released)?)
+        || reserve_binds(connection, place, taken, released)?
     {
         return Ok(false);
     }
@@ -303,13 +305,44 @@ fn share_binds(connection: &Connection, place: &SlotPlace<'_>, released: i64) ->
     if !another_waits {
         return Ok(false);
     }
-    let held: i64 = connection
+    Ok(slots_of(connection, &user_id)? - released >= share)
+}
+
+/// Whether the slots kept for other users refuse the step one: with `taken` slots held (less
+/// what the transaction gives back), this one would leave fewer than `slots_reserved` free, and
+/// its workflow's owner holds their share already (less `released`, their own). The owner's
+/// count is asked only at that edge, so a cluster with room to spare pays nothing for it.
+fn reserve_binds(
+    connection: &Connection,
+    place: &SlotPlace<'_>,
+    taken: u64,
+    released: i64,
+) -> Result<bool> {
+    if place.slots_reserved == 0
+        || place.slots_per_user_max >= place.slots_max
+        || taken.saturating_add(place.slots_reserved) < place.slots_max
+    {
+        return Ok(false);
+    }
+    let Some(user_id) = connection
+        .prepare_cached("SELECT user_id FROM workflows WHERE id = ?1")?
+        .query_row(params![place.workflow_id], |row| row.get::<_, String>(0))
+        .optional()?
+    else {
+        return Ok(false);
+    };
+    let share = i64::try_from(place.slots_per_user_max).unwrap_or(i64::MAX);
+    Ok(slots_of(connection, &user_id)? - released >= share)
+}
+
+/// The slots the steps of `user_id`'s workflows hold, each slot looking its workflow up.
+fn slots_of(connection: &Connection, user_id: &str) -> Result<i64> {
+    Ok(connection
         .prepare_cached(
             "SELECT count(*) FROM workflow_slots AS s CROSS JOIN workflows AS w
               WHERE w.id = s.workflow AND w.user_id = ?1",
         )?
-        .query_row(params![user_id], |row| row.get(0))?;
-    Ok(held - released >= share)
+        .query_row(params![user_id], |row| row.get(0))?)
 }
 
 /// What the writer answers an admission with: a run it inserted goes back as stored, so its JSON
@@ -336,6 +369,7 @@ fn admit(connection: &Connection, ready: &Ready) -> Result<Admitted> {
             attempt: step.attempt,
             slots_max: step.slots_max,
             slots_per_user_max: step.slots_per_user_max,
+            slots_reserved: step.slots_reserved,
         };
         if !claim_slot(connection, &place, released_by(connection, &ready.journal)?)? {
             return Ok(Admitted::Other(Admission::Queued));
@@ -639,6 +673,7 @@ impl SqliteStore {
         owner: &str,
         slots_max: u64,
         slots_per_user_max: u64,
+        slots_reserved: u64,
     ) -> Result<RunSlot> {
         let (run_id, owner) = (run_id.to_owned(), owner.to_owned());
         self.write(move |connection| {
@@ -667,6 +702,7 @@ impl SqliteStore {
                 attempt,
                 slots_max,
                 slots_per_user_max,
+                slots_reserved,
             };
             Ok(if claim_slot(connection, &place, 0)? {
                 RunSlot::Held

@@ -185,7 +185,7 @@ conformance! {
             run_id: "run".into(), thread_id: "thread".into(), agent: "echo".into(),
             owner: "node-a".into(), lease_ms: 60_000, idempotency: None, metadata: json!({}),
             step: Some(WorkflowStep {
-                workflow_id: "wf".into(), step_id: "s".into(), attempt: 1, slots_max: 8, slots_per_user_max: 8,
+                workflow_id: "wf".into(), step_id: "s".into(), attempt: 1, slots_max: 8, slots_per_user_max: 8, slots_reserved: 0,
                 fence: fence.clone(), journal: Vec::new(),
             }),
         };

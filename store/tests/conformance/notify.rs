@@ -84,7 +84,7 @@ conformance! {
             owner: "node-a".into(), lease_ms: 60_000, idempotency: None, metadata: json!({}),
             step: Some(WorkflowStep {
                 workflow_id: "wf".into(), step_id: "s".into(), attempt: 1, slots_max: 8,
-                slots_per_user_max: 8, fence: fence.clone(), journal: Vec::new(),
+                slots_per_user_max: 8, slots_reserved: 0, fence: fence.clone(), journal: Vec::new(),
             }),
         };
         store.admit_run(run).await.expect("admit");

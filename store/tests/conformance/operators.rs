@@ -45,7 +45,7 @@ conformance! {
             run_id: "run".into(), thread_id: "thread".into(), agent: "echo".into(),
             owner: "node-a".into(), lease_ms: 60_000, idempotency: None, metadata: json!({}),
             step: Some(WorkflowStep {
-                workflow_id: "wf-3".into(), step_id: "s".into(), attempt: 1, slots_max: 8, slots_per_user_max: 8,
+                workflow_id: "wf-3".into(), step_id: "s".into(), attempt: 1, slots_max: 8, slots_per_user_max: 8, slots_reserved: 0,
                 fence: leases[3].fence(), journal: vec![put("wf-3", "s", "agent")],
             }),
         };

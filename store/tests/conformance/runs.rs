@@ -180,6 +180,7 @@ conformance! {
             attempt: 1,
             slots_max: 1,
             slots_per_user_max: 1,
+            slots_reserved: 0,
             fence: lease.fence(),
             journal,
         };
@@ -205,6 +206,17 @@ fn step_of(
     share: u64,
     journal: Vec<WriteOp>,
 ) -> NewRun {
+    reserving_step_of(lease, step_id, [slots_max, share, 0], journal)
+}
+
+/// The admission of step `step_id` of the workflow `lease` holds, under `[slots_max, share,
+/// reserved]`, carrying `journal`.
+fn reserving_step_of(
+    lease: &Lease,
+    step_id: &str,
+    [slots_max, share, reserved]: [u64; 3],
+    journal: Vec<WriteOp>,
+) -> NewRun {
     let workflow_id = lease.fence().resource_id;
     NewRun {
         step: Some(WorkflowStep {
@@ -213,6 +225,7 @@ fn step_of(
             attempt: 1,
             slots_max,
             slots_per_user_max: share,
+            slots_reserved: reserved,
             fence: lease.fence(),
             journal,
         }),
@@ -298,6 +311,44 @@ conformance! {
 }
 
 conformance! {
+    /// The slots kept for others: a user who holds their share takes a slot only while
+    /// `slots_reserved` stay free beyond it, whether or not anybody waits, and a user below
+    /// their share takes a kept one. Before, alone, Ann's steps took every slot, and Bob's first
+    /// step waited for one of her agents to end.
+    async fn a_user_over_their_share_leaves_the_reserved_slots_to_others(db) {
+        let store = db.store().await;
+        let ann = workflow_of(&*store, "wf-ann", "ann", "node-a", 60_000).await;
+        let bob = workflow_of(&*store, "wf-bob", "bob", "node-a", 60_000).await;
+        // Four slots, a share of two, one kept: alone, Ann takes three (the third leaves exactly
+        // the one kept free), and her fourth waits with nobody else waiting.
+        let rules = [4, 2, 1];
+        for step_id in ["s1", "s2", "s3"] {
+            admitted(&*store, reserving_step_of(&ann, step_id, rules, Vec::new())).await;
+        }
+        let fourth = reserving_step_of(&ann, "s4", rules, Vec::new());
+        assert_eq!(store.admit_run(fourth).await.expect("admit"), Admission::Queued);
+        assert_eq!(store.read_run(&RunId::from("run-wf-ann-s4")).await.expect("read"), None);
+        assert_eq!(store.count_slots().await.expect("slots"), 3);
+        // Carrying the release of her own slot, her step leaves one free: admitted.
+        admitted(&*store, reserving_step_of(&ann, "s4", rules, vec![release(&ann, "s3")])).await;
+        assert_eq!(store.count_slots().await.expect("slots"), 3);
+        // Bob, below his share, takes the kept slot at once.
+        admitted(&*store, reserving_step_of(&bob, "b1", rules, Vec::new())).await;
+        assert_eq!(store.count_slots().await.expect("slots"), 4);
+
+        // Two kept of six: Bob, below his share, takes kept slots; Ann at hers does not.
+        let rules = [6, 2, 2];
+        let anns = reserving_step_of(&ann, "s5", rules, Vec::new());
+        assert_eq!(store.admit_run(anns).await.expect("admit"), Admission::Queued);
+        admitted(&*store, reserving_step_of(&bob, "b2", rules, Vec::new())).await;
+        assert_eq!(store.count_slots().await.expect("slots"), 5);
+        // With the share off (every slot), the reserve binds nobody.
+        admitted(&*store, reserving_step_of(&ann, "s5", [6, 6, 2], Vec::new())).await;
+        assert_eq!(store.count_slots().await.expect("slots"), 6);
+    }
+}
+
+conformance! {
     /// A step of Ann's that gives back her own slot in its admission keeps her place under the
     /// share while another user waits: the slot it releases is not counted as hers.
     async fn a_step_carrying_the_release_of_its_users_slot_keeps_their_place_under_the_share(db) {
@@ -322,6 +373,7 @@ conformance! {
             attempt: 1,
             slots_max: 2,
             slots_per_user_max: 2,
+            slots_reserved: 0,
             fence: lease.fence(),
             journal: Vec::new(),
         };
@@ -371,6 +423,7 @@ conformance! {
             attempt: 1,
             slots_max,
             slots_per_user_max: slots_max,
+            slots_reserved: 0,
             fence: lease.fence(),
             journal: vec![put(step_id, "running")],
         };
@@ -420,6 +473,7 @@ conformance! {
             attempt: 1,
             slots_max,
             slots_per_user_max: slots_max,
+            slots_reserved: 0,
             fence: fences[n].clone(),
             journal: Vec::new(),
         };
@@ -484,6 +538,7 @@ conformance! {
                 attempt: 1,
                 slots_max: 12,
                 slots_per_user_max: 3,
+                slots_reserved: 0,
                 fence: fences[n].clone(),
                 journal: Vec::new(),
             }),
@@ -524,6 +579,44 @@ conformance! {
 }
 
 conformance! {
+    /// Racing admissions of two users, each over their share, never take the slots kept for
+    /// others: two claims never both see the last slot above the reserve free. Twelve slots, a
+    /// share of three, two kept: whatever the order, each user's first three are below their
+    /// share, and the claims over it stop once ten slots are held.
+    async fn racing_admissions_over_their_share_leave_exactly_the_reserved_slots_free(db) {
+        let store = db.store().await;
+        let mut leases = Vec::new();
+        for user in ["ann", "cid"] {
+            for n in 0..6 {
+                let id = format!("wf-{user}-{n}");
+                leases.push(workflow_of(&*store, &id, user, "node-a", 60_000).await);
+            }
+        }
+        let start = Arc::new(Barrier::new(leases.len()));
+        let racers: Vec<_> = leases
+            .iter()
+            .map(|lease| {
+                let run = reserving_step_of(lease, "s", [12, 3, 2], Vec::new());
+                let (store, start) = (Arc::clone(&store), Arc::clone(&start));
+                tokio::spawn(async move {
+                    start.wait().await;
+                    store.admit_run(run).await.expect("admit")
+                })
+            })
+            .collect();
+        let mut queued = 0;
+        for racer in racers {
+            match racer.await.expect("join") {
+                Admission::Admitted(_) => {}
+                Admission::Queued => queued += 1,
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        assert_eq!((queued, store.count_slots().await.expect("slots")), (2, 10));
+    }
+}
+
+conformance! {
     /// A run whose agent waits for a person gives its step's slot back in the write that records
     /// the wait (before, it kept it until the step ended, even with its node gone). Answered, its
     /// live agent's run claims a slot again under the same rules as an admission: queued while
@@ -546,7 +639,7 @@ conformance! {
         assert_eq!(answer.map(|a| a.status), Some(RunStatus::Running));
         let claim = |owner: &'static str| {
             let (store, asking) = (Arc::clone(&store), asking.clone());
-            async move { store.claim_run_slot(&asking, owner, 2, 1).await.expect("claim") }
+            async move { store.claim_run_slot(&asking, owner, 2, 1, 0).await.expect("claim") }
         };
         assert_eq!(claim("node-a").await, RunSlot::Queued);
         store.fenced_write(&bob.fence(), vec![release(&bob, "b1")]).await.expect("release");
@@ -563,7 +656,7 @@ conformance! {
         assert_eq!(store.request_run_cancel(&asking, CancelAction::Interrupt).await.expect("cancel"), Some(CancelAction::Interrupt));
         assert_eq!(claim("node-a").await, RunSlot::Refused);
         let plain = admitted(&*store, new_run("plain", "t-plain", "node-a")).await.run_id;
-        assert_eq!(store.claim_run_slot(&plain, "node-a", 2, 1).await.expect("claim"), RunSlot::Refused);
+        assert_eq!(store.claim_run_slot(&plain, "node-a", 2, 1, 0).await.expect("claim"), RunSlot::Refused);
         assert_eq!(store.count_slots().await.expect("slots"), 1);
     }
 }
@@ -586,6 +679,7 @@ conformance! {
                 attempt: 1,
                 slots_max,
                 slots_per_user_max: slots_max,
+                slots_reserved: 0,
                 fence: fences[n].clone(),
                 journal: Vec::new(),
             }),

@@ -509,7 +509,7 @@ conformance! {
                 owner: "node".into(), lease_ms: 60_000, idempotency: None, metadata: json!({}),
                 step: Some(WorkflowStep {
                     workflow_id: workflow_id.clone(), step_id: "s".into(), attempt: 1, slots_max: 8,
-                    slots_per_user_max: 8, fence: lease.fence(),
+                    slots_per_user_max: 8, slots_reserved: 0, fence: lease.fence(),
                     journal: vec![WriteOp::PutStep {
                         workflow_id, seq: 0, step_id: "s".into(), attempt: 1,
                         status: store::StepStatus::Running,
@@ -559,7 +559,7 @@ conformance! {
             run_id: "run".into(), thread_id: "thread".into(), agent: "echo".into(),
             owner: "node".into(), lease_ms: 60_000, idempotency: None, metadata: json!({}),
             step: Some(WorkflowStep {
-                workflow_id: "wf".into(), step_id: "s".into(), attempt: 1, slots_max: 8, slots_per_user_max: 8,
+                workflow_id: "wf".into(), step_id: "s".into(), attempt: 1, slots_max: 8, slots_per_user_max: 8, slots_reserved: 0,
                 fence: lease.fence(),
                 journal: vec![WriteOp::PutStep {
                     workflow_id: "wf".into(), seq: 0, step_id: "s".into(), attempt: 1,
@@ -622,7 +622,7 @@ conformance! {
             run_id: "run".into(), thread_id: "thread".into(), agent: "echo".into(),
             owner: "node".into(), lease_ms: 60_000, idempotency: None, metadata: json!({}),
             step: Some(WorkflowStep {
-                workflow_id: "wf".into(), step_id: "ask".into(), attempt: 1, slots_max: 8, slots_per_user_max: 8,
+                workflow_id: "wf".into(), step_id: "ask".into(), attempt: 1, slots_max: 8, slots_per_user_max: 8, slots_reserved: 0,
                 fence: lease.fence(), journal: Vec::new(),
             }),
         };
@@ -684,7 +684,7 @@ conformance! {
                 owner: "node".into(), lease_ms: 60_000, idempotency: None, metadata: json!({}),
                 step: Some(WorkflowStep {
                     workflow_id: "wf".into(), step_id: step_id.into(), attempt: 1, slots_max: 8,
-                    slots_per_user_max: 8, fence: lease.fence(), journal: Vec::new(),
+                    slots_per_user_max: 8, slots_reserved: 0, fence: lease.fence(), journal: Vec::new(),
                 }),
             }).await.expect("admit");
         }

@@ -112,6 +112,7 @@ impl WorkflowMachine {
                 attempt,
                 slots_max: self.config.slots_max,
                 slots_per_user_max: self.config.slots_per_user_max,
+                slots_reserved: self.config.slots_reserved,
                 fence: self.config.fence.clone(),
                 journal: carried.map_or_else(Vec::new, |carried| {
                     let mut journal = carried.before.ops.clone();

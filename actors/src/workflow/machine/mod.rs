@@ -248,6 +248,9 @@ pub(crate) struct MachineConfig {
     pub slots_max: u64,
     /// The slots the steps of one user's workflows hold at most (`max_active_children_per_user`).
     pub slots_per_user_max: u64,
+    /// The slots kept free for users other than one who holds their share already
+    /// (`active_children_reserved`).
+    pub slots_reserved: u64,
     /// The bytes one user's workflows store at most (`limits.user_stored_bytes_max`; 0: no
     /// quota): what the grants this workflow takes for its artifacts are checked against.
     pub stored_bytes_max: u64,

@@ -26,6 +26,7 @@ fn machine(start: Start) -> WorkflowMachine {
         limits: runtime::Limits::default(),
         slots_max: 4,
         slots_per_user_max: 2,
+        slots_reserved: 0,
         stored_bytes_max: 1_000_000,
         log_events_max: 10,
         log_event_bytes_max: 1_000,

@@ -1,0 +1,2 @@
+-- Migration 41 of PostgreSQL adds the slots kept for other users to its slot claim functions.
+-- SQLite counts them in the admission's transaction (`sqlite/runs.rs`): nothing changes here.
