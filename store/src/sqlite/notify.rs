@@ -208,3 +208,68 @@ impl SqliteStore {
         .await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::{DatabaseUrl, Store, StoreOptions};
+
+    /// Migration 42 moves what a row had delivered to its deliveries: an upgraded node never
+    /// posts a notification again to a webhook that took it, and still owes it to the others.
+    #[tokio::test]
+    async fn an_upgraded_outbox_keeps_what_each_webhook_took() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("reins.db");
+        {
+            let connection = rusqlite::Connection::open(&path).expect("open");
+            connection
+                .execute_batch(
+                    "PRAGMA foreign_keys = ON;
+                     CREATE TABLE schema_migrations (
+                         version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at REAL NOT NULL)",
+                )
+                .expect("schema_migrations");
+            for migration in crate::migrations::MIGRATIONS
+                .iter()
+                .filter(|m| m.version < 42)
+            {
+                connection
+                    .execute_batch(migration.sqlite)
+                    .expect("migration");
+                connection
+                    .execute(
+                        "INSERT INTO schema_migrations VALUES (?1, ?2, 0)",
+                        rusqlite::params![migration.version, migration.name],
+                    )
+                    .expect("record");
+            }
+            connection
+                .execute_batch(
+                    r#"INSERT INTO notify_outbox (id, workflow, seq, kind, event, data, created_at,
+                                                  due_at, attempts, delivered_to)
+                       VALUES ('wf:1', 'wf', 1, 'entered', 'pause_waiting', '{}', 0, 0, 2,
+                               '["https://a.example/hook"]'),
+                              ('wf2:1', 'wf2', 1, 'entered', 'pause_waiting', '{}', 0, 0, 0, '[]')"#,
+                )
+                .expect("two rows before the upgrade, one taken by the first webhook");
+        }
+        let store = Store::open(&DatabaseUrl::Sqlite(path.clone()), &StoreOptions::default())
+            .await
+            .expect("open");
+        store.migrate().await.expect("migrate");
+        let ids = |claimed: Vec<crate::Notification>| {
+            let mut ids: Vec<String> = claimed.into_iter().map(|n| n.id).collect();
+            ids.sort();
+            ids
+        };
+        let first = store
+            .claim_notifications("node", "https://a.example/hook", 60_000, 10)
+            .await
+            .expect("claim");
+        assert_eq!(ids(first), ["wf2:1"]);
+        let second = store
+            .claim_notifications("node", "https://b.example/hook", 60_000, 10)
+            .await
+            .expect("claim");
+        assert_eq!(ids(second), ["wf2:1", "wf:1"]);
+    }
+}
