@@ -1,17 +1,26 @@
-//! The notifier: delivers the notification outbox (migration 36) to the configured webhooks.
-//! What to send comes from rows the database wrote with the inbox events they tell of, never from
-//! what a node means to do, so a notification exists exactly when its event committed. The actor
-//! claims due rows (a claim is a lease on a row with an epoch, for twice the request timeout),
-//! posts each to every sink whose filters take it, and settles it with the claim's epoch:
-//! finished once every sink answered 2xx (or the attempts ran out), otherwise released with
-//! backoff and jitter. A node that dies mid-delivery leaves its claim to lapse, and the row is
-//! delivered again, by it after a restart or by another node: at least once, with the same `id`.
+//! The notifier: delivers the notification outbox (migrations 36 and 42) to the configured
+//! webhooks. What to send comes from rows the database wrote with the inbox events they tell
+//! of, never from what a node means to do, so a notification exists exactly when its event
+//! committed. Each webhook is delivered on its own: the actor claims, for one webhook at a time,
+//! due deliveries (a claim is a lease on one webhook's delivery of a row, with an epoch), posts
+//! each once, and settles it with the claim's epoch: finished once the webhook answered 2xx (or
+//! its filters do not take it, or its attempts ran out), otherwise released with backoff and
+//! jitter. So a webhook that never answers holds only its own `batch_max` places, and its
+//! retries never post to another webhook again.
+//!
+//! A claim cannot lapse while its delivery runs: it lasts twice the request timeout, the POST
+//! must end within the first (counted from before the claim was asked for) and the settlement's
+//! answer is waited for within the second. A node that dies mid-delivery
+//! leaves its claim to lapse, and the delivery is made again, by it after a restart or by
+//! another node: at least once, with the same `id`.
 //!
 //! Nothing here touches a workflow: claims, posts and settlements run as tasks whose end comes
-//! back as a message, and a receiver that never answers only holds one of `batch_max` places.
+//! back as a message.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tokio::time::Instant;
 
 use bytes::Bytes;
 use hmac::{Hmac, Mac};
@@ -47,7 +56,8 @@ pub enum NotifyFormat {
 /// One configured webhook (`[[notify]]`).
 #[derive(Debug, Clone)]
 pub struct NotifySink {
-    /// Where to POST: an `http` or `https` URL. Also the sink's key in a row's `delivered_to`.
+    /// Where to POST: an `http` or `https` URL. Also the webhook's key (`target`) in the
+    /// outbox's deliveries.
     pub url: String,
     /// The HMAC-SHA256 key of `X-Reins-Signature`.
     pub secret: Vec<u8>,
@@ -83,7 +93,8 @@ pub struct NotifyOptions {
     pub public_url: String,
     /// How long one POST may take, answer included.
     pub request_timeout: Duration,
-    /// Attempts per notification before it is given up (counted, logged, deleted).
+    /// Attempts per notification and webhook before that webhook's delivery is given up
+    /// (counted, logged).
     pub attempts_max: u32,
     /// The wait after the first failed attempt; each next one waits twice as long, up to
     /// `backoff_max`, and each wait is jittered down by up to a half.
@@ -95,13 +106,14 @@ pub struct NotifyOptions {
     pub retention: Duration,
     /// How often the outbox is looked at.
     pub poll: Duration,
-    /// Notifications delivered at once at most.
+    /// Notifications delivered at once to each webhook at most.
     pub batch_max: u32,
 }
 
 impl NotifyOptions {
-    /// How long a claim lasts: the POSTs of a notification run side by side, each bounded by
-    /// the request timeout, and the settlement follows; twice that leaves room for it.
+    /// How long a claim lasts: its POST ends within the request timeout of the moment the claim
+    /// was asked for (before the database's clock started it), and its settlement is waited for
+    /// one request timeout more. So a receiver, however slow, cannot make it lapse.
     fn claim(&self) -> Duration {
         self.request_timeout.saturating_mul(2)
     }
@@ -119,17 +131,20 @@ impl NotifyOptions {
     }
 }
 
-/// Messages of the notifier.
+/// Messages of the notifier. A webhook is named by its index in [`NotifyOptions::sinks`].
 pub enum NotifyMsg {
-    /// Time to look at the outbox (`poll`), or more may be due at once.
+    /// Time to look at the outbox (`poll`) for every webhook.
     Tick,
-    /// A claim's answer.
+    /// A claim's answer for one webhook; `asked_at` is when it was asked for, which its
+    /// deliveries' deadlines count from.
     Claimed {
+        sink: usize,
         asked: u32,
+        asked_at: Instant,
         claimed: store::Result<Vec<Notification>>,
     },
-    /// One notification's delivery and settlement ended.
-    Delivered,
+    /// One delivery to a webhook and its settlement ended.
+    Delivered { sink: usize },
     /// Time to purge rows past their retention.
     Purge,
     /// The purge ended.
@@ -151,14 +166,23 @@ struct Shared {
     metrics: Arc<Metrics>,
     worker_id: String,
     options: NotifyOptions,
+    /// Every webhook's URL: a row goes once each has settled its delivery.
+    targets: Vec<String>,
     client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+}
+
+/// One webhook's deliveries on this node.
+#[derive(Debug, Default)]
+struct SinkState {
+    /// Deliveries running (each holds one of `batch_max` places).
+    in_flight: u32,
+    claiming: bool,
 }
 
 pub(crate) struct NotifierState {
     shared: Arc<Shared>,
-    /// Deliveries running (each holds one of `batch_max` places).
-    in_flight: u32,
-    claiming: bool,
+    /// By webhook, in the order of [`NotifyOptions::sinks`].
+    sinks: Vec<SinkState>,
     purging: bool,
     /// The tasks of deliveries, claims and purges, aborted with the actor.
     tasks: JoinSet<()>,
@@ -191,16 +215,28 @@ impl Actor for Notifier {
         let poll = args.options.poll;
         let _ = myself.post(NotifyMsg::Tick);
         let _ = myself.post(NotifyMsg::Purge);
+        let targets = args
+            .options
+            .sinks
+            .iter()
+            .map(|sink| sink.url.clone())
+            .collect();
+        let sinks = args
+            .options
+            .sinks
+            .iter()
+            .map(|_| SinkState::default())
+            .collect();
         Ok(NotifierState {
             shared: Arc::new(Shared {
                 store: args.store,
                 metrics: args.metrics,
                 worker_id: args.worker_id,
                 options: args.options,
+                targets,
                 client: Client::builder(TokioExecutor::new()).build(connector),
             }),
-            in_flight: 0,
-            claiming: false,
+            sinks,
             purging: false,
             tasks: JoinSet::new(),
             _ticks: crate::mailbox::post_every(&myself, poll, || NotifyMsg::Tick),
@@ -226,47 +262,48 @@ impl Actor for Notifier {
         let _turn = crate::mailbox::turn(&myself);
         while state.tasks.try_join_next().is_some() {}
         match message {
-            NotifyMsg::Tick => claim(&myself, state),
-            NotifyMsg::Claimed { asked, claimed } => {
-                state.claiming = false;
+            NotifyMsg::Tick => {
+                for sink in 0..state.sinks.len() {
+                    claim(&myself, state, sink);
+                }
+            }
+            NotifyMsg::Claimed {
+                sink,
+                asked,
+                asked_at,
+                claimed,
+            } => {
+                state.sinks[sink].claiming = false;
                 match claimed {
                     Ok(claimed) => {
                         let full = u32::try_from(claimed.len()).unwrap_or(u32::MAX) >= asked;
-                        // One workflow's notifications go one after the other, in the order
-                        // their changes committed (an item is never "decided" before it
-                        // "entered"); different workflows' go side by side.
-                        let mut by_workflow: Vec<Vec<store::Notification>> = Vec::new();
+                        // A claim takes at most one notification per workflow, so each goes
+                        // side by side with the others; the deadline counts from before the
+                        // claim began, which keeps the POST within the claim.
+                        let deadline = asked_at + state.shared.options.request_timeout;
                         for notification in claimed {
-                            match by_workflow
-                                .iter_mut()
-                                .find(|group| group[0].workflow_id == notification.workflow_id)
-                            {
-                                Some(group) => group.push(notification),
-                                None => by_workflow.push(vec![notification]),
-                            }
-                        }
-                        for group in by_workflow {
-                            state.in_flight += u32::try_from(group.len()).unwrap_or(u32::MAX);
+                            state.sinks[sink].in_flight += 1;
                             let shared = Arc::clone(&state.shared);
                             let myself = myself.clone();
                             state.tasks.spawn(async move {
-                                for notification in group {
-                                    deliver(&shared, notification).await;
-                                    let _ = myself.post(NotifyMsg::Delivered);
-                                }
+                                deliver(&shared, sink, notification, deadline).await;
+                                let _ = myself.post(NotifyMsg::Delivered { sink });
                             });
                         }
                         if full {
-                            claim(&myself, state);
+                            claim(&myself, state, sink);
                         }
                     }
                     Err(error) => {
-                        tracing::warn!(%error, "cannot claim notifications; trying again at the next poll");
+                        tracing::warn!(%error, url = %state.shared.options.sinks[sink].url,
+                            "cannot claim notifications; trying again at the next poll");
                     }
                 }
             }
-            NotifyMsg::Delivered => {
-                state.in_flight = state.in_flight.saturating_sub(1);
+            NotifyMsg::Delivered { sink } => {
+                state.sinks[sink].in_flight = state.sinks[sink].in_flight.saturating_sub(1);
+                // The next notification of the workflow just delivered may be due now.
+                claim(&myself, state, sink);
             }
             NotifyMsg::Purge if !state.purging => {
                 state.purging = true;
@@ -298,105 +335,121 @@ impl Actor for Notifier {
     }
 }
 
-/// Starts a claim for the places left, unless one runs or none is left.
-fn claim(myself: &ActorRef<NotifyMsg>, state: &mut NotifierState) {
+/// Starts a claim for the webhook `sink`'s places left, unless one runs or none is left.
+fn claim(myself: &ActorRef<NotifyMsg>, state: &mut NotifierState, sink: usize) {
     let asked = state
         .shared
         .options
         .batch_max
-        .saturating_sub(state.in_flight);
-    if state.claiming || asked == 0 {
+        .saturating_sub(state.sinks[sink].in_flight);
+    if state.sinks[sink].claiming || asked == 0 {
         return;
     }
-    state.claiming = true;
+    state.sinks[sink].claiming = true;
     let shared = Arc::clone(&state.shared);
     let myself = myself.clone();
     state.tasks.spawn(async move {
         let claim_ms = u64::try_from(shared.options.claim().as_millis()).unwrap_or(u64::MAX);
+        let asked_at = Instant::now();
         let claimed = shared
             .store
-            .claim_notifications(&shared.worker_id, claim_ms, asked)
+            .claim_notifications(
+                &shared.worker_id,
+                &shared.options.sinks[sink].url,
+                claim_ms,
+                asked,
+            )
             .await;
-        let _ = myself.post(NotifyMsg::Claimed { asked, claimed });
+        let _ = myself.post(NotifyMsg::Claimed {
+            sink,
+            asked,
+            asked_at,
+            claimed,
+        });
     });
 }
 
-/// Posts `notification` to every sink that takes it and has not yet, then settles it.
-#[tracing::instrument(skip_all, fields(notification = %notification.id, attempt = notification.attempts + 1))]
-async fn deliver(shared: &Shared, notification: Notification) {
+/// Posts `notification` to the webhook `sink` if its filters take it, by `deadline`, then
+/// settles that delivery.
+#[tracing::instrument(skip_all, fields(notification = %notification.id, url = %shared.options.sinks[sink].url, attempt = notification.attempts + 1))]
+async fn deliver(shared: &Shared, sink: usize, notification: Notification, deadline: Instant) {
     let options = &shared.options;
-    let takers: Vec<&NotifySink> = options
-        .sinks
-        .iter()
-        .filter(|sink| sink.takes(&notification))
-        .collect();
-    let pending: Vec<&NotifySink> = takers
-        .iter()
-        .copied()
-        .filter(|sink| !notification.delivered_to.contains(&sink.url))
-        .collect();
-    let body = body(&notification, &options.public_url, options.body_bytes_max);
-    let answers = futures_util::future::join_all(
-        pending
-            .iter()
-            .map(|sink| post(shared, sink, &notification.id, &body)),
-    )
-    .await;
-    let mut delivered_to = notification.delivered_to.clone();
+    let webhook = &options.sinks[sink];
     let kind = notification.kind.as_str();
-    for (sink, answer) in pending.iter().zip(answers) {
-        match answer {
+    let settlement = if !webhook.takes(&notification) {
+        Settlement::Finished
+    } else {
+        let body = body(&notification, &options.public_url, options.body_bytes_max);
+        match post(shared, webhook, &notification.id, &body, deadline).await {
             Ok(()) => {
                 shared
                     .metrics
                     .inc("reins_notifications_delivered_total", &[("kind", kind)]);
-                delivered_to.push(sink.url.clone());
+                Settlement::Finished
             }
             Err(reason) => {
                 shared.metrics.inc(
                     "reins_notification_attempts_failed_total",
                     &[("kind", kind)],
                 );
-                tracing::warn!(url = %sink.url, %reason, "a webhook did not take a notification");
+                tracing::warn!(%reason, "a webhook did not take a notification");
+                let attempts = notification.attempts + 1;
+                if attempts >= options.attempts_max {
+                    shared
+                        .metrics
+                        .inc("reins_notifications_abandoned_total", &[("kind", kind)]);
+                    tracing::warn!(
+                        attempts,
+                        "a notification is given up for a webhook after its last attempt"
+                    );
+                    Settlement::Finished
+                } else {
+                    let wait = options.backoff(attempts, uuid::Uuid::new_v4().as_u64_pair().0);
+                    Settlement::Retry {
+                        after_ms: u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
+                    }
+                }
             }
         }
-    }
-    let attempts = notification.attempts + 1;
-    let settlement = if takers.iter().all(|sink| delivered_to.contains(&sink.url)) {
-        Settlement::Finished
-    } else if attempts >= options.attempts_max {
-        shared
-            .metrics
-            .inc("reins_notifications_abandoned_total", &[("kind", kind)]);
-        tracing::warn!(
-            attempts,
-            "a notification is given up after its last attempt"
-        );
-        Settlement::Finished
-    } else {
-        let wait = options.backoff(attempts, uuid::Uuid::new_v4().as_u64_pair().0);
-        Settlement::Retry {
-            delivered_to,
-            after_ms: u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
-        }
     };
-    match shared
-        .store
-        .settle_notification(&notification.id, notification.claim_epoch, settlement)
-        .await
-    {
-        Ok(true) => {}
-        Ok(false) => tracing::info!(
+    // Past the second half of the claim the answer no longer matters: the delivery is made
+    // again either way once the claim lapses (the settlement may still commit, and then it
+    // is not).
+    let settled = tokio::time::timeout(
+        options.request_timeout,
+        shared.store.settle_notification(
+            &notification.id,
+            &webhook.url,
+            notification.claim_epoch,
+            settlement,
+            &shared.targets,
+        ),
+    )
+    .await;
+    match settled {
+        Ok(Ok(true)) => {}
+        Ok(Ok(false)) => tracing::info!(
             "a notification's claim lapsed before it was settled: another claim delivers it again"
         ),
-        Err(error) => {
+        Ok(Err(error)) => {
             tracing::warn!(%error, "cannot settle a notification: it is delivered again once its claim lapses")
         }
+        Err(_) => tracing::warn!(
+            "a notification's settlement was not answered within its claim: unless it committed, \
+             it is delivered again once its claim lapses"
+        ),
     }
 }
 
-/// One POST of `body` (in the sink's format) to a sink, signed.
-async fn post(shared: &Shared, sink: &NotifySink, id: &str, body: &Value) -> Result<(), String> {
+/// One POST of `body` (in the sink's format) to a sink, signed, answered by `deadline` (the
+/// request timeout from before its claim was asked for).
+async fn post(
+    shared: &Shared,
+    sink: &NotifySink,
+    id: &str,
+    body: &Value,
+    deadline: Instant,
+) -> Result<(), String> {
     let payload = match sink.format {
         NotifyFormat::Reins => body.to_string(),
         NotifyFormat::Slack => json!({"text": slack_text(body)}).to_string(),
@@ -417,18 +470,15 @@ async fn post(shared: &Shared, sink: &NotifySink, id: &str, body: &Value) -> Res
         )
         .body(Full::new(Bytes::from(payload)))
         .map_err(|e| format!("cannot build the request: {e}"))?;
-    let answer = tokio::time::timeout(
-        shared.options.request_timeout,
-        shared.client.request(request),
-    )
-    .await
-    .map_err(|_| {
-        format!(
-            "no answer within {} ms",
-            shared.options.request_timeout.as_millis()
-        )
-    })?
-    .map_err(|e| e.to_string())?;
+    let answer = tokio::time::timeout_at(deadline, shared.client.request(request))
+        .await
+        .map_err(|_| {
+            format!(
+                "no answer within {} ms",
+                shared.options.request_timeout.as_millis()
+            )
+        })?
+        .map_err(|e| e.to_string())?;
     if answer.status().is_success() {
         Ok(())
     } else {
@@ -565,7 +615,6 @@ mod tests {
             user_role: Some("approver".into()),
             created_at: 1_700_000_000.25,
             attempts: 0,
-            delivered_to: Vec::new(),
             claim_epoch: 1,
         }
     }
@@ -690,6 +739,15 @@ mod tests {
         assert_eq!(options.backoff(3, 0), Duration::from_secs(2));
         assert_eq!(options.backoff(30, 0), Duration::from_secs(30));
         assert!(options.backoff(30, u64::MAX) <= Duration::from_secs(60));
-        assert_eq!(options.claim(), Duration::from_secs(20));
+    }
+
+    #[test]
+    fn a_claim_lasts_a_post_and_a_settlement() {
+        assert_eq!(options().claim(), Duration::from_secs(20));
+        let longest = NotifyOptions {
+            request_timeout: Duration::MAX,
+            ..options()
+        };
+        assert_eq!(longest.claim(), Duration::MAX, "saturates, never wraps");
     }
 }

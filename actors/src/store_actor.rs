@@ -427,12 +427,15 @@ impl StoreHandle {
     pub async fn claim_notifications(
         &self,
         owner: &str,
+        target: &str,
         claim_ms: u64,
         max: u32,
     ) -> store::Result<Vec<Notification>> {
-        let owner = owner.to_owned();
+        let (owner, target) = (owner.to_owned(), target.to_owned());
         self.call(Operation::ClaimNotifications, move |store| async move {
-            store.claim_notifications(&owner, claim_ms, max).await
+            store
+                .claim_notifications(&owner, &target, claim_ms, max)
+                .await
         })
         .await
     }
@@ -441,12 +444,16 @@ impl StoreHandle {
     pub async fn settle_notification(
         &self,
         id: &str,
+        target: &str,
         epoch: i64,
         settlement: Settlement,
+        targets: &[String],
     ) -> store::Result<bool> {
-        let id = id.to_owned();
+        let (id, target, targets) = (id.to_owned(), target.to_owned(), targets.to_vec());
         self.call(Operation::SettleNotification, move |store| async move {
-            store.settle_notification(&id, epoch, settlement).await
+            store
+                .settle_notification(&id, &target, epoch, settlement, &targets)
+                .await
         })
         .await
     }

@@ -1,7 +1,9 @@
-//! The notification outbox's rows (migrations 36 and 38): what a node's notifier claims, delivers and
-//! settles. A row is written by the database, in the transaction of the event it tells of
-//! (`workflow_events`), never by a node that means to notify; see `ARCHITECTURE.md`,
-//! "Notifications".
+//! The notification outbox's rows (migrations 36, 38 and 42) and their deliveries: what a node's
+//! notifier claims, delivers and settles, one webhook at a time. A row is written by the
+//! database, in the transaction of the event it tells of (`workflow_events`), never by a node
+//! that means to notify; each webhook's delivery of it (`notify_deliveries`) has its own
+//! attempts, schedule and claim, so a webhook that never answers holds only its own. See
+//! `ARCHITECTURE.md`, "Notifications".
 
 use serde_json::Value;
 
@@ -56,7 +58,7 @@ impl NotificationKind {
     }
 }
 
-/// One claimed row of the outbox.
+/// One notification claimed for delivery to one webhook.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Notification {
     /// `<workflow>:<event seq>` (a reminder: `<workflow>:overdue:<step id>:<attempt>`): the same
@@ -76,42 +78,28 @@ pub struct Notification {
     pub user_role: Option<String>,
     /// When the event committed (epoch seconds, database clock).
     pub created_at: f64,
-    /// Attempts settled before this claim.
+    /// Attempts to deliver it to the claim's webhook settled before this claim.
     pub attempts: u32,
-    /// Sinks that took it already (by their key), so a retry asks only the others.
-    pub delivered_to: Vec<String>,
-    /// The claim's epoch: what every write of the claimant names.
+    /// The claim's epoch (of this webhook's delivery): what every write of the claimant names.
     pub claim_epoch: i64,
 }
 
-/// How a claimant settles a notification it holds.
+/// How a claimant settles a delivery it holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Settlement {
-    /// Nothing more to do (every sink took it, or the attempts ran out): the row goes.
+    /// Nothing more to do for this webhook (it took it, its filters do not take it, or the
+    /// attempts ran out); once every webhook of the claimant has settled it, the row goes.
     Finished,
-    /// Some sinks have not taken it: released, due again `after_ms` from now (database clock),
-    /// with `delivered_to` those that have and one more attempt counted.
-    Retry {
-        delivered_to: Vec<String>,
-        after_ms: u64,
-    },
+    /// The webhook did not take it: released, due again `after_ms` from now (database clock),
+    /// with one more attempt counted.
+    Retry { after_ms: u64 },
 }
 
 /// The statuses of a workflow whose inbox items still wait for a person, as an SQL list: a
 /// reminder of any other is never sent, and the `reins_inbox_overdue` gauge counts only these.
 pub(crate) const WAITING: &str = "('running', 'paused', 'waiting_approval')";
 
-/// The columns every read of a claimed row selects, in [`Notification`]'s order.
-pub(crate) const COLUMNS: &str = "id, workflow, seq, kind, event, data, user_id, user_email, \
-     user_role, created_at, attempts, delivered_to, claim_epoch";
-
-/// Claimed rows in the order of their events: by time, then by workflow and number (one
-/// transaction's events share a time on the simulated clock).
-pub(crate) fn in_event_order(claimed: &mut [Notification]) {
-    claimed.sort_by(|a, b| {
-        a.created_at
-            .total_cmp(&b.created_at)
-            .then_with(|| a.workflow_id.cmp(&b.workflow_id))
-            .then_with(|| a.seq.cmp(&b.seq))
-    });
-}
+/// The columns every read of a claimed row selects from the outbox (`o`) and the delivery
+/// (`d`), in [`Notification`]'s order.
+pub(crate) const COLUMNS: &str = "o.id, o.workflow, o.seq, o.kind, o.event, o.data, o.user_id, \
+     o.user_email, o.user_role, o.created_at, d.attempts, d.claim_epoch";

@@ -376,24 +376,31 @@ macro_rules! with_operations {
                 write WatchEvents: fn watch_events(&self, workflow_id: &WorkflowId, watch_ms: u64) -> ();
             }
 
-            /// The notification outbox (migration 36): rows the database writes with the inbox
-            /// events they tell of, which nodes claim, deliver and settle. A claim is a lease on
-            /// a row: one claimant at a time, and only the claim's epoch settles it.
+            /// The notification outbox (migrations 36 and 42): rows the database writes with the
+            /// inbox events they tell of, which nodes deliver to each webhook (`target`, its URL)
+            /// on its own. A claim is a lease on one webhook's delivery of a row: one claimant at
+            /// a time, and only the claim's epoch settles it.
             trait Notifications {
-                /// Claims for `owner`, until `claim_ms` from now, at most `max` rows that are due
-                /// and not claimed (or whose claim lapsed), each with its epoch + 1; oldest event
-                /// first. Two claims at once never take the same row.
+                /// Claims for `owner`, until `claim_ms` from now, at most `max` notifications
+                /// whose delivery to `target` is due, not settled and not claimed (or whose claim
+                /// lapsed), each with its delivery's epoch + 1. At most one per workflow, and none
+                /// of a workflow whose delivery of another to `target` is claimed, so a
+                /// workflow's notifications reach a webhook one after the other; owners take
+                /// turns (each one's first, oldest owner's first; then each one's second, ...),
+                /// and within an owner, their workflows. Two claims at once never take the same
+                /// delivery.
                 write ClaimNotifications:
-                fn claim_notifications(&self, owner: &str, claim_ms: u64, max: u32) -> Vec<Notification>;
-                /// Settles a claimed row if `epoch` is still its claim's (finished: deleted; retry:
+                fn claim_notifications(&self, owner: &str, target: &str, claim_ms: u64, max: u32) -> Vec<Notification>;
+                /// Settles a claimed delivery if `epoch` is still its claim's (finished: settled
+                /// for good, and the row deleted once each of `targets` has settled it; retry:
                 /// released with one more attempt, due `after_ms` from now). `false`: another
                 /// claim took it, or it is gone, and nothing was written.
                 write SettleNotification:
-                fn settle_notification(&self, id: &str, epoch: i64, settlement: Settlement) -> bool;
+                fn settle_notification(&self, id: &str, target: &str, epoch: i64, settlement: Settlement, targets: &[String]) -> bool;
                 /// Deletes every row whose event is older than `retention_ms`, claimed or not;
                 /// answers how many.
                 write PurgeNotifications: fn purge_notifications(&self, retention_ms: u64) -> u64;
-                /// Rows in the outbox: notifications not yet delivered or given up.
+                /// Rows in the outbox: notifications not yet settled by every webhook.
                 read NotificationBacklog: fn notification_backlog(&self) -> u64;
             }
 

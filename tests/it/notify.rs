@@ -19,7 +19,7 @@ use sha2::Sha256;
 use tokio::net::TcpListener;
 
 use crate::harness::{both, eventually, http_get};
-use crate::http_api::{Db, Node, initialize, wait_for};
+use crate::http_api::{Db, Node, PASSWORD, initialize, wait_for};
 
 const HOOK_SECRET: &str = "hook-secret-for-the-receiver";
 
@@ -34,6 +34,8 @@ enum Mode {
     HoldFirst,
     /// Never answers any.
     HoldAll,
+    /// Holds every request until [`Receiver::open`], then answers 200 (and 200 at once after).
+    Gated,
 }
 
 /// One request the receiver got.
@@ -71,6 +73,8 @@ impl Received {
 struct Receiver {
     addr: SocketAddr,
     seen: Arc<Mutex<Vec<Received>>>,
+    /// What [`Mode::Gated`] waits for.
+    gate: tokio::sync::watch::Sender<bool>,
     _task: tokio::task::JoinHandle<()>,
 }
 
@@ -80,15 +84,18 @@ impl Receiver {
         let addr = listener.local_addr().expect("addr");
         let seen: Arc<Mutex<Vec<Received>>> = Arc::default();
         let recorded = Arc::clone(&seen);
+        let (gate, opened) = tokio::sync::watch::channel(false);
         let task = tokio::spawn(async move {
             loop {
                 let Ok((stream, _)) = listener.accept().await else {
                     return;
                 };
                 let recorded = Arc::clone(&recorded);
+                let opened = opened.clone();
                 tokio::spawn(async move {
                     let service = service_fn(move |request: Request<hyper::body::Incoming>| {
                         let recorded = Arc::clone(&recorded);
+                        let mut opened = opened.clone();
                         async move {
                             let header = |name: &str| {
                                 request
@@ -123,6 +130,10 @@ impl Receiver {
                                     std::future::pending::<()>().await;
                                     200
                                 }
+                                Mode::Gated => {
+                                    let _ = opened.wait_for(|open| *open).await;
+                                    200
+                                }
                             };
                             let mut response = Response::new(Full::new(Bytes::from_static(b"ok")));
                             *response.status_mut() =
@@ -139,8 +150,14 @@ impl Receiver {
         Receiver {
             addr,
             seen,
+            gate,
             _task: task,
         }
+    }
+
+    /// Answers the requests a [`Mode::Gated`] receiver holds, and every later one at once.
+    fn open(&self) {
+        self.gate.send_replace(true);
     }
 
     fn url(&self) -> String {
@@ -461,4 +478,121 @@ async fn a_wait_past_its_reminder_is_notified_overdue_once_even_while_dormant() 
         kinds,
         [json!("entered"), json!("overdue"), json!("decided")]
     );
+}
+
+/// How many `pause_waiting` events the database holds: inbox items entered, so notified.
+async fn entered(db: &Db) -> i64 {
+    db.sql("SELECT count(*) FROM workflow_events WHERE kind = 'pause_waiting'")
+        .await
+        .and_then(|count| count.parse().ok())
+        .expect("a count")
+}
+
+/// Issue 39 item 4: one user's burst of pauses and a webhook that never answers delayed another
+/// user's notification behind the whole burst (every batch took the oldest rows and waited for
+/// the hung webhook), and flooded the healthy webhook with duplicates (a batch's claim lapsed
+/// before it settled, and the rows were taken and posted again). Here alice's two workflows
+/// enter 24 pauses while the healthy webhook holds its first requests; bob's one pause enters
+/// after them; then the healthy webhook answers. Bob's notification reaches it among the first
+/// few (owners and workflows take turns), each id reaches it exactly once, and the hung
+/// webhook's failed attempts and retries (it gets bob's id again) cost it nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_users_burst_and_a_hung_webhook_delay_nobody_and_duplicate_nothing() {
+    const PAUSES: i64 = 12;
+    let db = Db::new(false).await;
+    let (healthy, hung) = (
+        Receiver::start(Mode::Gated).await,
+        Receiver::start(Mode::HoldAll).await,
+    );
+    let files = tempfile::tempdir().expect("temp dir");
+    let path = config(
+        files.path(),
+        &[(healthy.url(), "reins"), (hung.url(), "reins")],
+        "request_timeout_ms = 10000\nbackoff_first_ms = 200\nbatch_max = 4",
+    );
+    let node = Node::start(&db, &[("REINS_CONFIG", path)]);
+    let mut alice = initialize(&node).await;
+    crate::users::create(&mut alice, "bob@example.com", None).await;
+    let mut bob = crate::users::signed_in(&node, "bob@example.com", PASSWORD).await;
+    let burst = format!(
+        "await parallel(Array.from({{length: {PAUSES}}}, (_, i) => () => \
+         pause({{stepId: 'p' + i}}))); return 1;"
+    );
+    for _ in 0..2 {
+        crate::http_api::launch(&mut alice, &burst).await;
+    }
+    eventually(
+        Duration::from_secs(60),
+        "alice's burst to enter",
+        async || entered(&db).await == 2 * PAUSES,
+    )
+    .await;
+    let bobs = crate::http_api::launch(&mut bob, PAUSED).await;
+    eventually(
+        Duration::from_secs(60),
+        "bob's pause to enter",
+        async || entered(&db).await == 2 * PAUSES + 1,
+    )
+    .await;
+    healthy.open();
+
+    // Bob's notification reaches the healthy webhook among the first few, long before the burst
+    // is through (it came after the whole burst, and after its duplicates, before).
+    eventually(
+        Duration::from_secs(60),
+        "bob's notification, or eight others, to reach the healthy webhook",
+        async || {
+            let seen = healthy.seen();
+            seen.len() >= 8 || seen.iter().any(|received| received.id.starts_with(&bobs))
+        },
+    )
+    .await;
+    let order: Vec<String> = healthy
+        .seen()
+        .iter()
+        .map(|received| received.id.clone())
+        .collect();
+    let bobs_place = order.iter().position(|id| id.starts_with(&bobs));
+    assert!(
+        bobs_place.is_some_and(|place| place < 4),
+        "bob's notification came after more of alice's burst than her first few: {order:?}"
+    );
+
+    let total = usize::try_from(2 * PAUSES + 1).expect("a small count");
+    let ids = |seen: &[Received]| {
+        let mut ids: Vec<String> = seen.iter().map(|received| received.id.clone()).collect();
+        ids.sort();
+        ids.dedup();
+        ids
+    };
+    eventually(
+        Duration::from_secs(60),
+        "every notification to reach the healthy webhook",
+        async || ids(&healthy.seen()).len() >= total,
+    )
+    .await;
+    // The hung webhook is asked bob's notification again: its attempt failed and was settled
+    // (attempts advance), and it was retried after its backoff.
+    eventually(
+        Duration::from_secs(60),
+        "the hung webhook to be asked bob's notification again",
+        async || {
+            hung.seen()
+                .iter()
+                .filter(|received| received.id.starts_with(&bobs))
+                .count()
+                >= 2
+        },
+    )
+    .await;
+
+    let seen = healthy.seen();
+    let order: Vec<&str> = seen.iter().map(|received| received.id.as_str()).collect();
+    assert_eq!(
+        seen.len(),
+        total,
+        "the healthy webhook got duplicates: {order:?}"
+    );
+    assert_eq!(ids(&seen).len(), total);
+    assert!(seen.iter().all(Received::verifies));
 }

@@ -52,7 +52,7 @@ pub struct NotificationsConfig {
     pub public_url: String,
     /// How long one POST may take, its answer included.
     pub request_timeout_ms: u64,
-    /// Attempts per notification before it is given up.
+    /// Attempts per notification and webhook before that webhook's delivery is given up.
     pub attempts_max: u32,
     /// The wait after the first failed attempt; it doubles after each, up to `backoff_max_ms`.
     pub backoff_first_ms: u64,
@@ -63,7 +63,7 @@ pub struct NotificationsConfig {
     pub outbox_retention_ms: u64,
     /// How often a node looks for notifications to deliver.
     pub poll_ms: u64,
-    /// Notifications a node delivers at once at most.
+    /// Notifications a node delivers at once to each webhook at most.
     pub batch_max: u32,
 }
 

@@ -1,6 +1,9 @@
 //! The notification outbox in the simulation: a row per inbox event (and a reminder, due later,
 //! for a wait with `remindAfterMs`), written where the real stores' triggers write them
-//! (`State::event`), claimed, settled and purged as they do.
+//! (`State::event`), with each webhook's delivery of it claimed, settled and purged as they do
+//! (migration 42).
+
+use std::collections::BTreeMap;
 
 use serde_json::{Value, json};
 
@@ -18,12 +21,36 @@ const LEAVING: [&str; 3] = ["checkpoint_decided", "pause_resumed", "approval_ans
 const REMINDED: [&str; 2] = ["pause_waiting", "checkpoint_waiting"];
 const REMINDER_ENDS: [&str; 2] = ["checkpoint_decided", "pause_resumed"];
 
-/// One row of the outbox with its claim and schedule.
+/// One row of the outbox with each webhook's delivery of it.
 #[derive(Debug, Clone)]
 pub(super) struct OutboxRow {
+    /// The row as a claim reads it; its `attempts` and `claim_epoch` are a delivery's.
     notification: Notification,
     due_at: f64,
+    /// By webhook (`notify_deliveries`), written the first time one is claimed.
+    deliveries: BTreeMap<String, Delivery>,
+}
+
+/// One webhook's delivery of a row: its attempts, schedule and claim.
+#[derive(Debug, Clone, Default)]
+struct Delivery {
+    attempts: u32,
+    due_at: f64,
+    settled: bool,
+    claim_epoch: i64,
     claim_expires_at: Option<f64>,
+}
+
+impl Delivery {
+    /// Whether a claim may take it at `now`.
+    fn open(&self, now: f64) -> bool {
+        !self.settled && self.due_at <= now && self.claim_expires_at.is_none_or(|at| at <= now)
+    }
+
+    /// Whether a claim holds it at `now`.
+    fn in_flight(&self, now: f64) -> bool {
+        self.claim_expires_at.is_some_and(|at| at > now)
+    }
 }
 
 impl State {
@@ -93,11 +120,10 @@ impl State {
                 user_id: Some(user_id),
                 created_at: now,
                 attempts: 0,
-                delivered_to: Vec::new(),
                 claim_epoch: 0,
             },
             due_at: now,
-            claim_expires_at: None,
+            deliveries: BTreeMap::new(),
         };
         if let Some(after_ms) = remind_after_ms {
             // Due at the reminder's time, as migration 38's trigger writes it.
@@ -144,6 +170,7 @@ impl crate::Notifications for SimStore {
     async fn claim_notifications(
         &self,
         owner: &str,
+        target: &str,
         claim_ms: u64,
         max: u32,
     ) -> Result<Vec<Notification>> {
@@ -162,24 +189,78 @@ impl crate::Notifications for SimStore {
             for id in stale {
                 state.outbox.remove(&id);
             }
-            let mut due: Vec<&mut OutboxRow> = state
+            let busy: Vec<&WorkflowId> = state
                 .outbox
-                .values_mut()
+                .values()
                 .filter(|row| {
-                    row.due_at <= now && row.claim_expires_at.is_none_or(|expires| expires <= now)
+                    row.deliveries
+                        .get(target)
+                        .is_some_and(|delivery| delivery.in_flight(now))
                 })
+                .map(|row| &row.notification.workflow_id)
                 .collect();
-            due.sort_by(|a, b| a.due_at.total_cmp(&b.due_at));
-            let mut claimed: Vec<Notification> = due
-                .into_iter()
-                .take(max as usize)
-                .map(|row| {
-                    row.notification.claim_epoch += 1;
-                    row.claim_expires_at = Some(now + ttl_seconds(claim_ms));
-                    row.notification.clone()
-                })
-                .collect();
-            crate::notify::in_event_order(&mut claimed);
+            // Each free workflow's oldest open delivery, by (created_at, seq).
+            let mut heads: BTreeMap<&WorkflowId, &OutboxRow> = BTreeMap::new();
+            for row in state.outbox.values() {
+                let open = row.due_at <= now
+                    && row
+                        .deliveries
+                        .get(target)
+                        .is_none_or(|delivery| delivery.open(now));
+                let workflow = &row.notification.workflow_id;
+                if !open || busy.contains(&workflow) {
+                    continue;
+                }
+                let older = |head: &&OutboxRow| {
+                    (head.notification.created_at, head.notification.seq)
+                        <= (row.notification.created_at, row.notification.seq)
+                };
+                if !heads.get(workflow).is_some_and(older) {
+                    heads.insert(workflow, row);
+                }
+            }
+            // Owners take turns: each one's n-th oldest head ranks n.
+            let mut by_owner: BTreeMap<&Option<String>, Vec<&OutboxRow>> = BTreeMap::new();
+            for row in heads.into_values() {
+                by_owner
+                    .entry(&row.notification.user_id)
+                    .or_default()
+                    .push(row);
+            }
+            let mut turns: Vec<(usize, f64, String)> = Vec::new();
+            for mut rows in by_owner.into_values() {
+                rows.sort_by(|a, b| {
+                    a.notification
+                        .created_at
+                        .total_cmp(&b.notification.created_at)
+                        .then_with(|| a.notification.workflow_id.cmp(&b.notification.workflow_id))
+                });
+                for (turn, row) in rows.into_iter().enumerate() {
+                    turns.push((
+                        turn,
+                        row.notification.created_at,
+                        row.notification.id.clone(),
+                    ));
+                }
+            }
+            turns.sort_by(|a, b| {
+                a.0.cmp(&b.0)
+                    .then_with(|| a.1.total_cmp(&b.1))
+                    .then_with(|| a.2.cmp(&b.2))
+            });
+            let mut claimed = Vec::new();
+            for (_, _, id) in turns.into_iter().take(max as usize) {
+                let Some(row) = state.outbox.get_mut(&id) else {
+                    continue;
+                };
+                let delivery = row.deliveries.entry(target.to_owned()).or_default();
+                delivery.claim_epoch += 1;
+                delivery.claim_expires_at = Some(now + ttl_seconds(claim_ms));
+                let mut notification = row.notification.clone();
+                notification.attempts = delivery.attempts;
+                notification.claim_epoch = delivery.claim_epoch;
+                claimed.push(notification);
+            }
             Ok(claimed)
         })
     }
@@ -187,29 +268,36 @@ impl crate::Notifications for SimStore {
     async fn settle_notification(
         &self,
         id: &str,
+        target: &str,
         epoch: i64,
         settlement: Settlement,
+        targets: &[String],
     ) -> Result<bool> {
         self.write(|state, now| {
-            let Some(row) = state
-                .outbox
-                .get_mut(id)
-                .filter(|row| row.notification.claim_epoch == epoch)
-            else {
+            let Some(row) = state.outbox.get_mut(id) else {
                 return Ok(false);
             };
+            let Some(delivery) = row.deliveries.get_mut(target).filter(|delivery| {
+                delivery.claim_epoch == epoch && delivery.claim_expires_at.is_some()
+            }) else {
+                return Ok(false);
+            };
+            delivery.claim_expires_at = None;
             match settlement {
                 Settlement::Finished => {
-                    state.outbox.remove(id);
+                    delivery.settled = true;
+                    let everyone = targets.iter().all(|target| {
+                        row.deliveries
+                            .get(target)
+                            .is_some_and(|delivery| delivery.settled)
+                    });
+                    if everyone {
+                        state.outbox.remove(id);
+                    }
                 }
-                Settlement::Retry {
-                    delivered_to,
-                    after_ms,
-                } => {
-                    row.notification.delivered_to = delivered_to;
-                    row.notification.attempts += 1;
-                    row.due_at = now + ttl_seconds(after_ms);
-                    row.claim_expires_at = None;
+                Settlement::Retry { after_ms } => {
+                    delivery.attempts += 1;
+                    delivery.due_at = now + ttl_seconds(after_ms);
                 }
             }
             Ok(true)

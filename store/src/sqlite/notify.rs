@@ -1,18 +1,19 @@
-//! The notification outbox on SQLite (migration 36): claims, settlements and retention. Every
-//! statement reads the database clock (`unixepoch('subsec')`), as leases do.
+//! The notification outbox on SQLite (migrations 36 and 42): claims of one webhook's
+//! deliveries, settlements and retention. Every statement reads the database clock
+//! (`unixepoch('subsec')`), as leases do; the one writer connection orders claims and
+//! settlements, so a claim's choice and its writes see nothing in between.
 
-use rusqlite::{Row, params};
+use rusqlite::{OptionalExtension, Row, params};
 
 use super::{SqliteStore, parse_json};
 use crate::lease::ttl_seconds;
-use crate::notify::{COLUMNS, Notification, NotificationKind, Settlement, WAITING, in_event_order};
+use crate::notify::{COLUMNS, Notification, NotificationKind, Settlement, WAITING};
 use crate::{Error, Result};
 
 /// A claimed row, its JSON still text.
 struct Claimed {
     notification: Notification,
     data: String,
-    delivered_to: String,
     kind: String,
 }
 
@@ -30,12 +31,10 @@ fn claimed(row: &Row) -> rusqlite::Result<Claimed> {
             user_role: row.get(8)?,
             created_at: row.get(9)?,
             attempts: row.get(10)?,
-            delivered_to: Vec::new(),
-            claim_epoch: row.get(12)?,
+            claim_epoch: row.get(11)?,
         },
         kind: row.get(3)?,
         data: row.get(5)?,
-        delivered_to: row.get(11)?,
     })
 }
 
@@ -43,19 +42,44 @@ fn decoded(claimed: Claimed) -> Result<Notification> {
     let mut notification = claimed.notification;
     notification.kind = NotificationKind::read(&claimed.kind, &notification.id)?;
     notification.data = parse_json(&claimed.data)?;
-    notification.delivered_to = serde_json::from_str(&claimed.delivered_to)
-        .map_err(|e| Error::Database(format!("stored delivered_to is invalid: {e}")))?;
     Ok(notification)
 }
+
+/// The ids of the notifications a claim for the webhook `?1` takes, at most `?2`, in turns
+/// (see `Notifications::claim_notifications`): the oldest open delivery of each workflow with
+/// none in flight to it, ranked within its owner, then by age.
+const CHOSEN: &str = "
+    WITH open AS (
+        SELECT o.id, o.workflow, o.user_id, o.created_at, o.seq
+          FROM notify_outbox o
+          LEFT JOIN notify_deliveries d ON d.id = o.id AND d.target = ?1
+         WHERE o.due_at <= unixepoch('subsec')
+           AND (d.id IS NULL
+                OR (NOT d.settled AND d.due_at <= unixepoch('subsec')
+                    AND (d.claim_expires_at IS NULL
+                         OR d.claim_expires_at <= unixepoch('subsec'))))
+           AND NOT EXISTS (SELECT 1 FROM notify_deliveries b
+                            WHERE b.target = ?1 AND b.workflow = o.workflow
+                              AND b.claim_expires_at > unixepoch('subsec'))),
+    heads AS (
+        SELECT id, workflow, user_id, created_at,
+               row_number() OVER (PARTITION BY workflow ORDER BY created_at, seq) AS nth
+          FROM open),
+    turns AS (
+        SELECT id, created_at,
+               row_number() OVER (PARTITION BY user_id ORDER BY created_at, workflow) AS turn
+          FROM heads WHERE nth = 1)
+    SELECT id FROM turns ORDER BY turn, created_at, id LIMIT ?2";
 
 impl SqliteStore {
     pub(crate) async fn claim_notifications(
         &self,
         owner: &str,
+        target: &str,
         claim_ms: u64,
         max: u32,
     ) -> Result<Vec<Notification>> {
-        let owner = owner.to_owned();
+        let (owner, target) = (owner.to_owned(), target.to_owned());
         self.write(move |connection| {
             // A reminder whose workflow no longer waits (it ended another way than a decision)
             // is never sent.
@@ -68,23 +92,37 @@ impl SqliteStore {
                                            AND w.status IN {WAITING})"
                 ))?
                 .execute([])?;
-            let mut statement = connection.prepare_cached(&format!(
-                "UPDATE notify_outbox
-                    SET claim_owner = ?1, claim_epoch = claim_epoch + 1,
-                        claim_expires_at = unixepoch('subsec') + ?2
-                  WHERE id IN (SELECT id FROM notify_outbox
-                                WHERE due_at <= unixepoch('subsec')
-                                  AND (claim_expires_at IS NULL
-                                       OR claim_expires_at <= unixepoch('subsec'))
-                                ORDER BY due_at LIMIT ?3)
-                  RETURNING {COLUMNS}"
-            ))?;
-            let rows = statement
-                .query_map(params![owner, ttl_seconds(claim_ms), max], claimed)?
+            let chosen = connection
+                .prepare_cached(CHOSEN)?
+                .query_map(params![target, max], |row| row.get::<_, String>(0))?
                 .collect::<rusqlite::Result<Vec<_>>>()?;
-            let mut claimed: Vec<Notification> =
-                rows.into_iter().map(decoded).collect::<Result<_>>()?;
-            in_event_order(&mut claimed);
+            let mut claimed = Vec::with_capacity(chosen.len());
+            for id in chosen {
+                connection
+                    .prepare_cached(
+                        "INSERT INTO notify_deliveries (id, target, workflow, due_at, claim_owner,
+                                                        claim_epoch, claim_expires_at)
+                         SELECT id, ?2, workflow, unixepoch('subsec'), ?3, 1,
+                                unixepoch('subsec') + ?4
+                           FROM notify_outbox WHERE id = ?1
+                         ON CONFLICT (id, target) DO UPDATE
+                            SET claim_owner = excluded.claim_owner,
+                                claim_epoch = notify_deliveries.claim_epoch + 1,
+                                claim_expires_at = excluded.claim_expires_at",
+                    )?
+                    .execute(params![id, target, owner, ttl_seconds(claim_ms)])?;
+                let row = connection
+                    .prepare_cached(&format!(
+                        "SELECT {COLUMNS} FROM notify_outbox o
+                           JOIN notify_deliveries d ON d.id = o.id AND d.target = ?2
+                          WHERE o.id = ?1"
+                    ))?
+                    .query_row(params![id, target], self::claimed)
+                    .optional()?;
+                if let Some(row) = row {
+                    claimed.push(decoded(row)?);
+                }
+            }
             Ok(claimed)
         })
         .await
@@ -93,31 +131,51 @@ impl SqliteStore {
     pub(crate) async fn settle_notification(
         &self,
         id: &str,
+        target: &str,
         epoch: i64,
         settlement: Settlement,
+        targets: &[String],
     ) -> Result<bool> {
-        let id = id.to_owned();
+        let (id, target) = (id.to_owned(), target.to_owned());
+        let targets = serde_json::to_string(targets).map_err(|e| Error::Database(e.to_string()))?;
         self.write(move |connection| {
+            // Only the claim that holds the delivery settles it: a settled or released one holds
+            // no claim, so a second settlement under the same epoch changes nothing.
+            let held = "id = ?1 AND target = ?2 AND claim_epoch = ?3
+                        AND claim_expires_at IS NOT NULL";
             let changed = match settlement {
-                Settlement::Finished => connection
-                    .prepare_cached("DELETE FROM notify_outbox WHERE id = ?1 AND claim_epoch = ?2")?
-                    .execute(params![id, epoch])?,
-                Settlement::Retry {
-                    delivered_to,
-                    after_ms,
-                } => {
-                    let delivered_to = serde_json::to_string(&delivered_to)
-                        .map_err(|e| Error::Database(e.to_string()))?;
-                    connection
-                        .prepare_cached(
-                            "UPDATE notify_outbox
-                                SET delivered_to = ?3, attempts = attempts + 1,
-                                    due_at = unixepoch('subsec') + ?4,
-                                    claim_owner = NULL, claim_expires_at = NULL
-                              WHERE id = ?1 AND claim_epoch = ?2",
-                        )?
-                        .execute(params![id, epoch, delivered_to, ttl_seconds(after_ms)])?
+                Settlement::Finished => {
+                    let changed = connection
+                        .prepare_cached(&format!(
+                            "UPDATE notify_deliveries
+                                SET settled = 1, claim_owner = NULL, claim_expires_at = NULL
+                              WHERE {held}"
+                        ))?
+                        .execute(params![id, target, epoch])?;
+                    if changed == 1 {
+                        connection
+                            .prepare_cached(
+                                "DELETE FROM notify_outbox
+                                  WHERE id = ?1
+                                    AND NOT EXISTS (
+                                        SELECT 1 FROM json_each(?2) t
+                                         WHERE NOT EXISTS (
+                                             SELECT 1 FROM notify_deliveries d
+                                              WHERE d.id = ?1 AND d.target = t.value
+                                                AND d.settled))",
+                            )?
+                            .execute(params![id, targets])?;
+                    }
+                    changed
                 }
+                Settlement::Retry { after_ms } => connection
+                    .prepare_cached(&format!(
+                        "UPDATE notify_deliveries
+                            SET attempts = attempts + 1, due_at = unixepoch('subsec') + ?4,
+                                claim_owner = NULL, claim_expires_at = NULL
+                          WHERE {held}"
+                    ))?
+                    .execute(params![id, target, epoch, ttl_seconds(after_ms)])?,
             };
             Ok(changed == 1)
         })
@@ -126,6 +184,7 @@ impl SqliteStore {
 
     pub(crate) async fn purge_notifications(&self, retention_ms: u64) -> Result<u64> {
         self.write(move |connection| {
+            // Their deliveries go with them (`ON DELETE CASCADE`).
             let purged = connection
                 .prepare_cached(
                     "DELETE FROM notify_outbox WHERE created_at < unixepoch('subsec') - ?1",
@@ -147,5 +206,70 @@ impl SqliteStore {
             Ok(u64::try_from(count).unwrap_or(0))
         })
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{DatabaseUrl, Store, StoreOptions};
+
+    /// Migration 42 moves what a row had delivered to its deliveries: an upgraded node never
+    /// posts a notification again to a webhook that took it, and still owes it to the others.
+    #[tokio::test]
+    async fn an_upgraded_outbox_keeps_what_each_webhook_took() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("reins.db");
+        {
+            let connection = rusqlite::Connection::open(&path).expect("open");
+            connection
+                .execute_batch(
+                    "PRAGMA foreign_keys = ON;
+                     CREATE TABLE schema_migrations (
+                         version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at REAL NOT NULL)",
+                )
+                .expect("schema_migrations");
+            for migration in crate::migrations::MIGRATIONS
+                .iter()
+                .filter(|m| m.version < 42)
+            {
+                connection
+                    .execute_batch(migration.sqlite)
+                    .expect("migration");
+                connection
+                    .execute(
+                        "INSERT INTO schema_migrations VALUES (?1, ?2, 0)",
+                        rusqlite::params![migration.version, migration.name],
+                    )
+                    .expect("record");
+            }
+            connection
+                .execute_batch(
+                    r#"INSERT INTO notify_outbox (id, workflow, seq, kind, event, data, created_at,
+                                                  due_at, attempts, delivered_to)
+                       VALUES ('wf:1', 'wf', 1, 'entered', 'pause_waiting', '{}', 0, 0, 2,
+                               '["https://a.example/hook"]'),
+                              ('wf2:1', 'wf2', 1, 'entered', 'pause_waiting', '{}', 0, 0, 0, '[]')"#,
+                )
+                .expect("two rows before the upgrade, one taken by the first webhook");
+        }
+        let store = Store::open(&DatabaseUrl::Sqlite(path.clone()), &StoreOptions::default())
+            .await
+            .expect("open");
+        store.migrate().await.expect("migrate");
+        let ids = |claimed: Vec<crate::Notification>| {
+            let mut ids: Vec<String> = claimed.into_iter().map(|n| n.id).collect();
+            ids.sort();
+            ids
+        };
+        let first = store
+            .claim_notifications("node", "https://a.example/hook", 60_000, 10)
+            .await
+            .expect("claim");
+        assert_eq!(ids(first), ["wf2:1"]);
+        let second = store
+            .claim_notifications("node", "https://b.example/hook", 60_000, 10)
+            .await
+            .expect("claim");
+        assert_eq!(ids(second), ["wf2:1", "wf:1"]);
     }
 }

@@ -1,5 +1,7 @@
-//! The notification outbox (migration 36): one row per inbox event, written with the event or not
-//! at all; a claim has one winner, lapses to another claimant, and only its epoch settles it.
+//! The notification outbox (migrations 36 and 42): one row per inbox event, written with the
+//! event or not at all; each webhook's delivery of it is claimed and settled on its own; a claim
+//! has one winner, lapses to another claimant, and only its epoch settles it; a claim takes one
+//! notification per workflow, and owners take turns.
 
 use serde_json::{Value, json};
 use store::{
@@ -7,11 +9,19 @@ use store::{
     NotificationKind, RunStatus, Settlement, WorkflowStep, WriteOp,
 };
 
-use crate::harness::{Subject, TestDb, conformance, workflow};
+use crate::harness::{Subject, TestDb, conformance, workflow, workflow_of};
+
+/// The webhook most tests deliver to, and another.
+const HOOK: &str = "https://a.example/hook";
+const OTHER_HOOK: &str = "https://b.example/hook";
 
 fn put(step_id: &str, kind: &str, data: Value) -> WriteOp {
+    put_in("wf", step_id, kind, data)
+}
+
+fn put_in(workflow_id: &str, step_id: &str, kind: &str, data: Value) -> WriteOp {
     WriteOp::PutStep {
-        workflow_id: "wf".into(),
+        workflow_id: workflow_id.into(),
         seq: 0,
         step_id: step_id.to_owned(),
         attempt: 1,
@@ -44,12 +54,40 @@ async fn paused<S: Subject>(store: &S) -> store::Lease {
     lease
 }
 
-/// Everything due, claimed by `owner` for a minute.
+/// Everything due for [`HOOK`], claimed by `owner` for a minute.
 async fn claim_all<S: Subject>(store: &S, owner: &str) -> Vec<Notification> {
+    claim_for(store, owner, HOOK, 100).await
+}
+
+/// At most `max` due for `target`, claimed by `owner` for a minute.
+async fn claim_for<S: Subject>(
+    store: &S,
+    owner: &str,
+    target: &str,
+    max: u32,
+) -> Vec<Notification> {
     store
-        .claim_notifications(owner, 60_000, 100)
+        .claim_notifications(owner, target, 60_000, max)
         .await
         .expect("claim")
+}
+
+/// Settles `notification`'s delivery to [`HOOK`] (the only webhook) under its claim.
+async fn settle<S: Subject>(
+    store: &S,
+    notification: &Notification,
+    settlement: Settlement,
+) -> bool {
+    store
+        .settle_notification(
+            &notification.id,
+            HOOK,
+            notification.claim_epoch,
+            settlement,
+            &[HOOK.to_owned()],
+        )
+        .await
+        .expect("settle")
 }
 
 /// Waits until the database clock is `ms` past now.
@@ -96,7 +134,8 @@ conformance! {
         // A step that waits for nobody and a cancel write none.
         store.fenced_write(&fence, vec![crate::harness::step("wf", "plain")]).await.expect("step");
 
-        let claimed = claim_all(&*store, "node-a").await;
+        assert_eq!(store.notification_backlog().await.expect("backlog"), 8);
+        let claimed = drain(&*store).await;
         let seen: Vec<(&str, NotificationKind, &str)> = claimed.iter()
             .map(|n| (n.event.as_str(), n.kind, n.data["step_id"].as_str().unwrap_or("")))
             .collect();
@@ -126,7 +165,7 @@ conformance! {
         assert_eq!(claimed[4].data["decision"], "reject");
         assert_eq!(claimed[4].data["by"], "ada");
         assert_eq!(claimed[7].data["by"], "bob");
-        assert_eq!(store.notification_backlog().await.expect("backlog"), 8);
+        assert_eq!(store.notification_backlog().await.expect("backlog"), 0);
     }
 }
 
@@ -148,21 +187,19 @@ conformance! {
         let (store, other) = (db.store().await, db.store().await);
         paused(&*store).await;
         let (a, b) = tokio::join!(
-            store.claim_notifications("node-a", 60_000, 10),
-            other.claim_notifications("node-b", 60_000, 10),
+            store.claim_notifications("node-a", HOOK, 60_000, 10),
+            other.claim_notifications("node-b", HOOK, 60_000, 10),
         );
         let (a, b) = (a.expect("claim a"), b.expect("claim b"));
         assert_eq!(a.len() + b.len(), 1, "both claimed: {a:?} {b:?}");
         let (winner, claimed) = if a.is_empty() { (&other, &b[0]) } else { (&store, &a[0]) };
         assert!(claim_all(&*store, "node-c").await.is_empty(), "claimed twice");
-        assert!(!store.settle_notification(&claimed.id, claimed.claim_epoch + 1, Settlement::Finished)
-            .await.expect("settle"), "another epoch settled it");
+        let other_epoch = Notification { claim_epoch: claimed.claim_epoch + 1, ..claimed.clone() };
+        assert!(!settle(&*store, &other_epoch, Settlement::Finished).await, "another epoch settled it");
         assert_eq!(store.notification_backlog().await.expect("backlog"), 1);
-        assert!(winner.settle_notification(&claimed.id, claimed.claim_epoch, Settlement::Finished)
-            .await.expect("settle"));
+        assert!(settle(&**winner, claimed, Settlement::Finished).await);
         assert_eq!(store.notification_backlog().await.expect("backlog"), 0);
-        assert!(!winner.settle_notification(&claimed.id, claimed.claim_epoch, Settlement::Finished)
-            .await.expect("settle again"), "a settled row settled twice");
+        assert!(!settle(&**winner, claimed, Settlement::Finished).await, "a settled row settled twice");
     }
 }
 
@@ -170,7 +207,7 @@ conformance! {
     async fn a_lapsed_claim_is_delivered_again_by_another(db) {
         let store = db.store().await;
         paused(&*store).await;
-        let first = store.claim_notifications("node-a", 200, 10).await.expect("claim");
+        let first = store.claim_notifications("node-a", HOOK, 200, 10).await.expect("claim");
         assert_eq!(first.len(), 1);
         assert!(claim_all(&*store, "node-b").await.is_empty(), "taken while claimed");
         wait_ms(&db, &*store, 200).await;
@@ -179,11 +216,9 @@ conformance! {
         assert_eq!(second[0].id, first[0].id);
         assert_eq!(second[0].claim_epoch, first[0].claim_epoch + 1);
         assert_eq!(second[0].attempts, 0);
-        let retry = Settlement::Retry { delivered_to: vec!["x".into()], after_ms: 60_000 };
-        assert!(!store.settle_notification(&first[0].id, first[0].claim_epoch, retry.clone())
-            .await.expect("settle"), "the lapsed claim settled it");
-        assert!(store.settle_notification(&second[0].id, second[0].claim_epoch, retry)
-            .await.expect("settle"));
+        let retry = Settlement::Retry { after_ms: 60_000 };
+        assert!(!settle(&*store, &first[0], retry.clone()).await, "the lapsed claim settled it");
+        assert!(settle(&*store, &second[0], retry).await);
         assert!(claim_all(&*store, "node-b").await.is_empty(), "due before its backoff");
     }
 }
@@ -193,15 +228,13 @@ conformance! {
         let store = db.store().await;
         paused(&*store).await;
         let claimed = claim_all(&*store, "node-a").await;
-        let retry = Settlement::Retry { delivered_to: vec!["https://a.example/hook".into()], after_ms: 300 };
-        assert!(store.settle_notification(&claimed[0].id, claimed[0].claim_epoch, retry)
-            .await.expect("settle"));
+        let retry = Settlement::Retry { after_ms: 300 };
+        assert!(settle(&*store, &claimed[0], retry).await);
         assert!(claim_all(&*store, "node-a").await.is_empty(), "due before its backoff");
         wait_ms(&db, &*store, 300).await;
         let again = claim_all(&*store, "node-a").await;
         assert_eq!(again.len(), 1);
         assert_eq!(again[0].attempts, 1);
-        assert_eq!(again[0].delivered_to, ["https://a.example/hook"]);
         assert_eq!(again[0].data, claimed[0].data);
     }
 }
@@ -220,15 +253,25 @@ conformance! {
 /// Settles every claimed notification as delivered.
 async fn settle_all<S: Subject>(store: &S, claimed: &[Notification]) {
     for notification in claimed {
-        let settled = store
-            .settle_notification(
-                &notification.id,
-                notification.claim_epoch,
-                Settlement::Finished,
-            )
-            .await
-            .expect("settle");
-        assert!(settled, "{}", notification.id);
+        assert!(
+            settle(store, notification, Settlement::Finished).await,
+            "{}",
+            notification.id
+        );
+    }
+}
+
+/// Claims and settles as delivered, one claim after another, whatever is due for [`HOOK`]:
+/// each claim takes a workflow's next, so this answers them in the order a webhook gets them.
+async fn drain<S: Subject>(store: &S) -> Vec<Notification> {
+    let mut delivered = Vec::new();
+    loop {
+        let claimed = claim_all(store, "node-a").await;
+        if claimed.is_empty() {
+            return delivered;
+        }
+        settle_all(store, &claimed).await;
+        delivered.extend(claimed);
     }
 }
 
@@ -242,11 +285,10 @@ conformance! {
             put("q", "pause", json!({"args": {"message": "no reminder"}})),
         ]).await.expect("wait for people");
         // Nothing is overdue yet: only the three items entering, and the backlog counts only them.
-        let entered = claim_all(&*store, "node-a").await;
+        assert_eq!(store.notification_backlog().await.expect("backlog"), 3);
+        let entered = drain(&*store).await;
         let kinds: Vec<NotificationKind> = entered.iter().map(|n| n.kind).collect();
         assert_eq!(kinds, [NotificationKind::Entered; 3]);
-        assert_eq!(store.notification_backlog().await.expect("backlog"), 3);
-        settle_all(&*store, &entered).await;
         // The checkpoint is decided before its time: its reminder goes with the decision.
         store.put_control(control(ControlKind::Decide, "h",
             json!({"decision": "approve", "artifactVersion": 1}), "ada")).await.expect("decide");
@@ -289,5 +331,76 @@ conformance! {
         wait_ms(&db, &*store, 250).await;
         assert_eq!(claim_all(&*store, "node-a").await, Vec::<Notification>::new());
         assert_eq!(store.notification_backlog().await.expect("backlog"), 0, "deleted, not kept");
+    }
+}
+
+conformance! {
+    async fn each_webhook_claims_and_settles_its_own_delivery(db) {
+        let store = db.store().await;
+        paused(&*store).await;
+        let both = [HOOK.to_owned(), OTHER_HOOK.to_owned()];
+        let (a, b) = (claim_for(&*store, "node-a", HOOK, 10).await,
+                      claim_for(&*store, "node-a", OTHER_HOOK, 10).await);
+        assert_eq!((a.len(), b.len()), (1, 1), "each webhook claims its own delivery");
+        assert_eq!(a[0].id, b[0].id);
+        assert_eq!((a[0].claim_epoch, b[0].claim_epoch), (1, 1));
+        assert!(claim_for(&*store, "node-b", HOOK, 10).await.is_empty(), "claimed twice");
+        // The first webhook fails; the second takes it: the row stays for the first alone.
+        assert!(store.settle_notification(&a[0].id, HOOK, a[0].claim_epoch,
+            Settlement::Retry { after_ms: 300 }, &both).await.expect("retry"));
+        assert!(!store.settle_notification(&b[0].id, OTHER_HOOK, b[0].claim_epoch + 1,
+            Settlement::Finished, &both).await.expect("settle"), "another epoch settled it");
+        assert!(store.settle_notification(&b[0].id, OTHER_HOOK, b[0].claim_epoch,
+            Settlement::Finished, &both).await.expect("settle"));
+        assert!(!store.settle_notification(&b[0].id, OTHER_HOOK, b[0].claim_epoch,
+            Settlement::Finished, &both).await.expect("settle"), "settled twice");
+        assert_eq!(store.notification_backlog().await.expect("backlog"), 1);
+        wait_ms(&db, &*store, 300).await;
+        assert!(claim_for(&*store, "node-a", OTHER_HOOK, 10).await.is_empty(),
+            "a webhook that took it is asked again");
+        let again = claim_for(&*store, "node-a", HOOK, 10).await;
+        assert_eq!(again.len(), 1);
+        assert_eq!((again[0].attempts, again[0].claim_epoch), (1, 2), "its own attempts only");
+        assert!(store.settle_notification(&again[0].id, HOOK, again[0].claim_epoch,
+            Settlement::Finished, &both).await.expect("settle"));
+        assert_eq!(store.notification_backlog().await.expect("backlog"), 0, "every webhook settled it");
+    }
+}
+
+conformance! {
+    async fn a_claim_takes_one_per_workflow_and_owners_take_turns(db) {
+        let store = db.store().await;
+        // Alice's burst: two workflows of three pauses each; then Bob's one pause.
+        for id in ["a1", "a2"] {
+            let lease = workflow_of(&*store, id, "alice", "node-a", 60_000).await;
+            let pauses = ["p1", "p2", "p3"].map(|step| put_in(id, step, "pause", json!({"args": {}})));
+            store.fenced_write(&lease.fence(), pauses.to_vec()).await.expect("alice's pauses");
+        }
+        wait_ms(&db, &*store, 10).await;
+        let lease = workflow_of(&*store, "b1", "bob", "node-a", 60_000).await;
+        store.fenced_write(&lease.fence(), vec![put_in("b1", "p", "pause", json!({"args": {}}))])
+            .await.expect("bob's pause");
+        let step = |n: &Notification| (n.workflow_id.as_str().to_owned(),
+                                       n.data["step_id"].as_str().unwrap_or("").to_owned());
+        let steps = |claimed: &[Notification]| claimed.iter().map(step).collect::<Vec<_>>();
+        let pair = |w: &str, s: &str| (w.to_owned(), s.to_owned());
+
+        // Bob's pause, the newest, is in the first two: each owner's oldest first.
+        let first = claim_for(&*store, "node-a", HOOK, 2).await;
+        assert_eq!(steps(&first), [pair("a1", "p1"), pair("b1", "p")]);
+        // One per workflow, none of a workflow in flight: only a2's first is left to take.
+        let second = claim_for(&*store, "node-a", HOOK, 10).await;
+        assert_eq!(steps(&second), [pair("a2", "p1")]);
+        // Another webhook's claims are its own, in the same turns.
+        let other = claim_for(&*store, "node-a", OTHER_HOOK, 10).await;
+        assert_eq!(steps(&other), [pair("a1", "p1"), pair("b1", "p"), pair("a2", "p1")]);
+        // A workflow's next comes once its previous one is settled, in the order they entered.
+        settle_all(&*store, &first).await;
+        let third = claim_for(&*store, "node-a", HOOK, 10).await;
+        assert_eq!(steps(&third), [pair("a1", "p2")]);
+        settle_all(&*store, &second).await;
+        settle_all(&*store, &third).await;
+        let rest = drain(&*store).await;
+        assert_eq!(steps(&rest), [pair("a1", "p3"), pair("a2", "p2"), pair("a2", "p3")]);
     }
 }
