@@ -224,11 +224,7 @@ mod tests {
             .expect("open");
         assert_eq!(
             store.migrate().await.expect("migrate").applied,
-            crate::migrations::MIGRATIONS
-                .iter()
-                .map(|migration| migration.version)
-                .filter(|version| *version >= 26)
-                .collect::<Vec<_>>()
+            (26..=crate::SCHEMA_VERSION).collect::<Vec<_>>()
         );
         let id = WorkflowId::from("wf");
         let before = store
