@@ -7,7 +7,8 @@
 //! sets the workflows of (b) (default 1000), `REINS_BENCH_PARKED` the parked ones (default 10000).
 //! `REINS_BENCH_SLOTS` caps the node's agent slots (`max_active_children`, default 10000) and
 //! `REINS_BENCH_SLOTS_PER_USER` sets the one user's share of them (default: all of them), so a
-//! share can be measured against none in the same build.
+//! share can be measured against none in the same build, and `REINS_BENCH_SLOTS_RESERVED` the
+//! slots kept for other users (`active_children_reserved`, default 0).
 
 #[path = "../../benches/support.rs"]
 mod support;
@@ -106,7 +107,12 @@ async fn measure(
     node_options.workflows.slots_max = u64::try_from(slots_max).unwrap_or(u64::MAX);
     node_options.workflows.slots_per_user_max =
         u64::try_from(slots_per_user_max).unwrap_or(u64::MAX);
-    println!("{backend}: {slots_max} agent slots, a share of {slots_per_user_max}");
+    let slots_reserved = env("REINS_BENCH_SLOTS_RESERVED", 0);
+    node_options.workflows.slots_reserved = u64::try_from(slots_reserved).unwrap_or(0);
+    println!(
+        "{backend}: {slots_max} agent slots, a share of {slots_per_user_max}, \
+         {slots_reserved} kept for others"
+    );
     let identity = NodeIdentity {
         worker_id: format!("bench-{backend}"),
         host: "bench".into(),
