@@ -355,6 +355,30 @@ async fn a_retry_made_after_its_sources_timeout_would_have_passed_runs_its_own_t
     assert_eq!(done["result"], "done", "{done}");
 }
 
+/// A retry of the failed `old` is refused with `(status, code, a part of its message)`: the
+/// workflow names no retry, and the folders of `workspaces` are what they were (the refused
+/// retry's copies removed).
+async fn refused_leaves_nothing(
+    api: &mut Api,
+    workspaces: &Path,
+    old: &str,
+    (status, code, needle): (u16, &str, &str),
+) {
+    let folders_before = std::fs::read_dir(workspaces).expect("list").count();
+    let refused = api.call("POST", &retry_path(old), Some(json!({}))).await;
+    assert_refused(&refused, status, code, needle);
+    let record = api
+        .call("GET", &format!("/api/v1/workflows/{old}"), None)
+        .await
+        .json();
+    assert_eq!(record["retried_by"], Value::Null, "{record}");
+    assert_eq!(
+        std::fs::read_dir(workspaces).expect("list").count(),
+        folders_before,
+        "the refused retry's copies are removed"
+    );
+}
+
 /// Issue 39, item 3: a retry's workspace copy wrote a sparse file out in full (a `truncate -s 3G`
 /// became 3 GB on disk per retry) and nothing bounded what it copied. The copy keeps holes; the
 /// data it copies is bounded by `limits.retry_copy_bytes_max`, past which the retry is refused
@@ -420,24 +444,12 @@ async fn a_retry_copies_a_workspace_with_its_holes_and_within_its_bound() {
     let old = launch(&mut api, SCRIPT).await;
     let failed = wait_for(&mut api, &old, "failed").await;
     std::fs::write(workspace_of(&failed).join("data.bin"), vec![7_u8; 200_000]).expect("write");
-    let folders_before = std::fs::read_dir(&workspaces).expect("list").count();
-    let refused = api.call("POST", &retry_path(&old), Some(json!({}))).await;
-    assert_refused(
-        &refused,
+    let refusal = (
         413,
         "too_large",
         "more than 100000 bytes of data (`limits.retry_copy_bytes_max`)",
     );
-    let record = api
-        .call("GET", &format!("/api/v1/workflows/{old}"), None)
-        .await
-        .json();
-    assert_eq!(record["retried_by"], Value::Null, "{record}");
-    assert_eq!(
-        std::fs::read_dir(&workspaces).expect("list").count(),
-        folders_before,
-        "the refused retry's copies are removed"
-    );
+    refused_leaves_nothing(&mut api, &workspaces, &old, refusal).await;
 }
 
 /// Issue 39, item 3: a retry's workspace copies were not counted in its owner's quota. The data
@@ -496,24 +508,8 @@ async fn a_retrys_workspace_copies_count_against_its_owners_quota() {
     let old = launch(&mut api, SCRIPT).await;
     let failed = wait_for(&mut api, &old, "failed").await;
     std::fs::write(workspace_of(&failed).join("data.bin"), vec![7_u8; 100_000]).expect("write");
-    let folders_before = std::fs::read_dir(&workspaces).expect("list").count();
-    let refused = api.call("POST", &retry_path(&old), Some(json!({}))).await;
-    assert_refused(
-        &refused,
-        422,
-        "refused",
-        "limits.user_stored_bytes_max (150000)",
-    );
-    let record = api
-        .call("GET", &format!("/api/v1/workflows/{old}"), None)
-        .await
-        .json();
-    assert_eq!(record["retried_by"], Value::Null, "{record}");
-    assert_eq!(
-        std::fs::read_dir(&workspaces).expect("list").count(),
-        folders_before,
-        "the refused retry's copies are removed"
-    );
+    let refusal = (422, "refused", "limits.user_stored_bytes_max (150000)");
+    refused_leaves_nothing(&mut api, &workspaces, &old, refusal).await;
 }
 
 /// Issue 39, item 3: four concurrent retries of one workflow made four copies of its workspaces

@@ -278,11 +278,7 @@ fn share_binds(connection: &Connection, place: &SlotPlace<'_>, released: i64) ->
     if !queued {
         return Ok(false);
     }
-    let Some(user_id) = connection
-        .prepare_cached("SELECT user_id FROM workflows WHERE id = ?1")?
-        .query_row(params![place.workflow_id], |row| row.get::<_, String>(0))
-        .optional()?
-    else {
+    let Some(user_id) = owner_of(connection, place.workflow_id)? else {
         return Ok(false);
     };
     let share = i64::try_from(place.slots_per_user_max).unwrap_or(i64::MAX);
@@ -324,15 +320,19 @@ fn reserve_binds(
     {
         return Ok(false);
     }
-    let Some(user_id) = connection
-        .prepare_cached("SELECT user_id FROM workflows WHERE id = ?1")?
-        .query_row(params![place.workflow_id], |row| row.get::<_, String>(0))
-        .optional()?
-    else {
+    let Some(user_id) = owner_of(connection, place.workflow_id)? else {
         return Ok(false);
     };
     let share = i64::try_from(place.slots_per_user_max).unwrap_or(i64::MAX);
     Ok(slots_of(connection, &user_id)? - released >= share)
+}
+
+/// The owner of `workflow_id`, if it exists.
+fn owner_of(connection: &Connection, workflow_id: &WorkflowId) -> Result<Option<String>> {
+    Ok(connection
+        .prepare_cached("SELECT user_id FROM workflows WHERE id = ?1")?
+        .query_row(params![workflow_id], |row| row.get::<_, String>(0))
+        .optional()?)
 }
 
 /// The slots the steps of `user_id`'s workflows hold, each slot looking its workflow up.
