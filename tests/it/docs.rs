@@ -800,3 +800,323 @@ fn every_relative_link_of_the_docs_leads_somewhere() {
     assert!(checked > 30, "only {checked} links found");
     assert!(broken.is_empty(), "{}", broken.join("\n"));
 }
+
+// ---------------------------------------------------------------------------------------------
+// docs/getting-started.md
+
+/// One fenced block of shell commands of the tutorial, and the output block printed after it.
+#[derive(Debug)]
+struct Shown {
+    commands: String,
+    output: Option<String>,
+}
+
+/// The tutorial's ```sh blocks, each with the plain ``` block that follows it, if one does.
+fn shown_blocks(text: &str) -> Vec<Shown> {
+    let mut blocks: Vec<(String, String)> = Vec::new();
+    let mut lines = text.lines();
+    while let Some(line) = lines.next() {
+        let Some(language) = line.strip_prefix("```") else {
+            continue;
+        };
+        let body: Vec<&str> = lines.by_ref().take_while(|l| *l != "```").collect();
+        blocks.push((language.to_owned(), body.join("\n")));
+    }
+    let mut shown = Vec::new();
+    let mut blocks = blocks.into_iter().peekable();
+    while let Some((language, body)) = blocks.next() {
+        if language != "sh" {
+            continue;
+        }
+        let output = blocks
+            .next_if(|(language, _)| language.is_empty())
+            .map(|(_, output)| output);
+        shown.push(Shown {
+            commands: body,
+            output,
+        });
+    }
+    shown
+}
+
+/// `text` with its times made `<time>`: epoch seconds (ten digits or more, and their fraction)
+/// and UTC times as `2026-12-07T09:12:41Z`.
+fn times_out(text: &str) -> String {
+    let chars: Vec<char> = text.chars().collect();
+    let digit = |at: usize| chars.get(at).is_some_and(char::is_ascii_digit);
+    let iso = |at: usize| {
+        "dddd-dd-ddTdd:dd:ddZ"
+            .chars()
+            .enumerate()
+            .all(|(n, shape)| match shape {
+                'd' => digit(at + n),
+                c => chars.get(at + n) == Some(&c),
+            })
+    };
+    let mut out = String::new();
+    let mut at = 0;
+    while at < chars.len() {
+        if at > 0 && (chars[at - 1].is_ascii_alphanumeric()) {
+            out.push(chars[at]);
+            at += 1;
+            continue;
+        }
+        if iso(at) {
+            out.push_str("<time>");
+            at += 20;
+            continue;
+        }
+        let run = (at..chars.len()).take_while(|n| digit(*n)).count();
+        if run >= 10 {
+            at += run;
+            if chars.get(at) == Some(&'.') && digit(at + 1) {
+                at += 1;
+                while digit(at) {
+                    at += 1;
+                }
+            }
+            out.push_str("<time>");
+            continue;
+        }
+        out.push(chars[at]);
+        at += 1;
+    }
+    out
+}
+
+/// What varies from run to run, made the same on both sides: ids of 32 hex digits, times, the
+/// node's address, and runs of spaces (a table's columns follow its widest cell).
+fn normalized(text: &str, addr: &str) -> Vec<String> {
+    let text = times_out(&text.replace(addr, "127.0.0.1:7420"));
+    text.lines()
+        .map(|line| {
+            let words: Vec<String> = line
+                .split_whitespace()
+                .map(|word| {
+                    let mut out = String::new();
+                    let mut hex = String::new();
+                    for c in word.chars().chain(std::iter::once(' ')) {
+                        if c.is_ascii_hexdigit() && !c.is_ascii_uppercase() {
+                            hex.push(c);
+                            continue;
+                        }
+                        if hex.len() == 32 {
+                            out.push_str("<id>");
+                        } else {
+                            out.push_str(&hex);
+                        }
+                        hex.clear();
+                        if c != ' ' {
+                            out.push(c);
+                        }
+                    }
+                    out
+                })
+                .collect();
+            words.join(" ")
+        })
+        .filter(|line| !line.is_empty())
+        .collect()
+}
+
+/// Whether `actual` shows `expected`'s lines in order, where a line `...` stands for any lines.
+fn shows(expected: &[String], actual: &[String]) -> bool {
+    match expected.split_first() {
+        None => actual.is_empty(),
+        Some((first, rest)) if first == "..." => {
+            (0..=actual.len()).any(|skip| shows(rest, &actual[skip..]))
+        }
+        Some((first, rest)) => actual
+            .split_first()
+            .is_some_and(|(line, more)| line == first && shows(rest, more)),
+    }
+}
+
+/// A `reins serve` of the test's own, stopped when dropped.
+struct Served(std::process::Child);
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The tutorial's commands, one per item, a line ending in `\` joined to the next.
+fn commands_of(block: &str) -> Vec<String> {
+    let mut commands = Vec::new();
+    let mut current = String::new();
+    for line in block.lines() {
+        current.push_str(line);
+        if let Some(joined) = current.strip_suffix('\\') {
+            current = format!("{joined} ");
+            continue;
+        }
+        commands.push(std::mem::take(&mut current));
+    }
+    commands
+}
+
+/// Whether a block only reads (a reader runs it again until it shows what the document says,
+/// as the workflow moves on).
+fn only_reads(commands: &[String]) -> bool {
+    commands.iter().all(|command| {
+        ["reins get", "reins list", "reins inbox", "reins artifact"]
+            .iter()
+            .any(|read| command.starts_with(read))
+    })
+}
+
+/// Every command of docs/getting-started.md runs, in order, as a reader types it: `reins serve`
+/// in a folder of its own (on a free port, which stands for 127.0.0.1:7420 in every command and
+/// output), then each command in one shell state (`RUN_ID`, `TOKEN`; `RUN_ID=` takes the run id
+/// the reader's last `reins run` printed), and each prints what the document shows after it
+/// (ids, the node's name and the port aside; `...` stands for any lines). A block that only
+/// reads is run again until it shows it, as a reader would once the workflow moved on. Not run:
+/// the build (this test runs the build's binary).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn getting_started_runs_as_written() {
+    use std::io::BufRead;
+    let home = tempfile::tempdir().expect("home");
+    let work = tempfile::tempdir().expect("the node's folder");
+    let bin = crate::harness::reins_bin();
+    let bin_dir = bin.parent().expect("the binary's folder").to_owned();
+    let path = format!(
+        "{}:{}",
+        bin_dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let addr = format!("127.0.0.1:{}", crate::harness::free_port());
+    let mut child = Command::new(&bin)
+        .arg("serve")
+        .current_dir(work.path())
+        .env_clear()
+        .env("PATH", &path)
+        .env("HOME", home.path())
+        .env("REINS_LISTEN", &addr)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .stdin(std::process::Stdio::null())
+        .spawn()
+        .expect("reins serve");
+    let stdout = child.stdout.take().expect("its stdout");
+    let served = Served(child);
+    let mut banner = Vec::new();
+    for line in std::io::BufReader::new(stdout).lines() {
+        let line = line.expect("a line of the banner");
+        let last = line.starts_with("then:");
+        banner.push(line);
+        if last {
+            break;
+        }
+    }
+    let banner = banner.join("\n");
+    // The node's name, as its banner prints it, stands for the document's.
+    let node_name = banner
+        .split("(node ")
+        .nth(1)
+        .and_then(|rest| rest.split(',').next())
+        .unwrap_or_default()
+        .to_owned();
+    let document = read("docs/getting-started.md");
+    // And the name of the node the document shows, wherever it shows it.
+    let documents_node = document
+        .split("(node ")
+        .nth(1)
+        .and_then(|rest| rest.split(',').next())
+        .unwrap_or_default()
+        .to_owned();
+    let normal = |text: &str| {
+        let text = text.replace(&node_name, "NODE");
+        let text = text.replace(&documents_node, "NODE");
+        normalized(&text, &addr)
+    };
+    let mut vars: Vec<(String, String)> = Vec::new();
+    let mut last_run = String::new();
+    let mut failures = Vec::new();
+    for shown in shown_blocks(&document) {
+        let commands: Vec<String> = commands_of(&shown.commands)
+            .into_iter()
+            .filter(|line| !line.starts_with("cargo build") && !line.starts_with("export PATH"))
+            .collect();
+        let printed = if commands == ["reins serve"] {
+            banner.clone()
+        } else {
+            let deadline = std::time::Instant::now() + Duration::from_secs(30);
+            loop {
+                let mut printed = String::new();
+                for command in &commands {
+                    let command = command.replace("127.0.0.1:7420", &addr);
+                    let command = if command.starts_with("RUN_ID=") {
+                        format!("RUN_ID={last_run}")
+                    } else {
+                        command
+                    };
+                    let prelude: String = vars
+                        .iter()
+                        .map(|(name, value)| format!("{name}='{value}'\n"))
+                        .collect();
+                    let full = format!(
+                        "exec 2>&1\n{prelude}{command}\necho \"__vars__ RUN_ID=$RUN_ID TOKEN=$TOKEN\""
+                    );
+                    let output = Command::new("bash")
+                        .arg("-c")
+                        .arg(&full)
+                        .current_dir(repository())
+                        .env_clear()
+                        .env("PATH", &path)
+                        .env("HOME", home.path())
+                        .env("REINS_CLI_PASSWORD", crate::http_api::PASSWORD)
+                        .stdin(std::process::Stdio::null())
+                        .output()
+                        .expect("bash");
+                    let text = String::from_utf8_lossy(&output.stdout).into_owned();
+                    let (out, state) = text.rsplit_once("__vars__ ").unwrap_or((&text, ""));
+                    for pair in state.split_whitespace() {
+                        if let Some((name, value)) = pair.split_once('=')
+                            && !value.is_empty()
+                        {
+                            vars.retain(|(known, _)| known != name);
+                            vars.push((name.to_owned(), value.to_owned()));
+                        }
+                    }
+                    if command.starts_with("reins run") {
+                        last_run = out
+                            .split(|c: char| !c.is_ascii_hexdigit())
+                            .find(|word| word.len() == 32)
+                            .unwrap_or_default()
+                            .to_owned();
+                    }
+                    printed.push_str(out);
+                    printed.push('\n');
+                }
+                let settled = shown
+                    .output
+                    .as_deref()
+                    .is_none_or(|expected| shows(&normal(expected), &normal(&printed)));
+                if settled || !only_reads(&commands) || std::time::Instant::now() >= deadline {
+                    break printed;
+                }
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        };
+        let Some(expected) = &shown.output else {
+            continue;
+        };
+        let (expected, actual) = (normal(expected), normal(&printed));
+        if !shows(&expected, &actual) {
+            failures.push(format!(
+                "{}\nprinted:\n{}\nthe document shows:\n{}",
+                shown.commands,
+                actual.join("\n"),
+                expected.join("\n")
+            ));
+        }
+    }
+    drop(served);
+    assert!(
+        failures.is_empty(),
+        "docs/getting-started.md drifted from the program:\n\n{}",
+        failures.join("\n\n")
+    );
+}
