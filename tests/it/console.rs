@@ -105,6 +105,10 @@ async fn the_console_is_one_page_with_strict_headers_and_its_own_files() {
     );
     assert!(script.contains("x-content-type-options: nosniff"));
     assert!(head("/console/app.css").contains("content-type: text/css; charset=utf-8"));
+    // The icon a browser asks for without being told, and the one the page names.
+    for icon in ["/favicon.ico", "/console/favicon.svg"] {
+        assert!(head(icon).contains("content-type: image/svg+xml"), "{icon}");
+    }
     let (status, body) = http_get(node.addr, "/console/nothing.js").expect("GET");
     assert_eq!(status, 404, "{body}");
     assert!(body.contains("not_found"), "{body}");
@@ -478,6 +482,8 @@ async fn titles_messages_actions_and_comments_read_well_and_stay_text() {
         assert_eq!(answer.status, 200, "{answer:?}");
         answer.json()["run_id"].as_str().expect("run_id").to_owned()
     };
+    // The oldest, with no reminder: the overdue pause goes before it all the same.
+    let marked = launch_titled(r#"return await pause({stepId: "p"});"#, PAYLOAD).await;
     let review = launch_titled(REVIEW, "Evidence review for the audit").await;
     let numbers = launch_titled(
         r#"return await pause({stepId: "numbers", remindAfterMs: 1, message:
@@ -494,7 +500,6 @@ async fn titles_messages_actions_and_comments_read_well_and_stay_text() {
         "Release billing 1.2.0",
     )
     .await;
-    let marked = launch_titled(r#"return await pause({stepId: "p"});"#, PAYLOAD).await;
     let mut api = node.api();
     assert_eq!(api.login(ADMIN, PASSWORD).await.status, 200);
     wait_for(&mut api, &review, "waiting_approval").await;
@@ -539,6 +544,15 @@ async fn titles_messages_actions_and_comments_read_well_and_stay_text() {
             "const marked = [...document.querySelectorAll('#inbox [data-overdue]')]; \
              return marked.length === 1 && marked[0].closest('li.item') === \
                document.querySelector(\"{}\");",
+            item(&numbers, "numbers")
+        ),
+        WAIT,
+    );
+    // Overdue first, though the marked pause has waited longer.
+    browser.wait_until(
+        "the overdue item first",
+        &format!(
+            "return document.querySelector('#inbox li.item') === document.querySelector(\"{}\");",
             item(&numbers, "numbers")
         ),
         WAIT,

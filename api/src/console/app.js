@@ -631,7 +631,7 @@ async function inboxPage(main) {
   const list = h("div", {id: "inbox"});
   const more = h("p", {class: "notice", hidden: true});
   main.replaceChildren(h("h1", {}, "Inbox"),
-    h("p", {class: "lead"}, "Everything that waits for you, oldest first."), more, list);
+    h("p", {class: "lead"}, "Everything that waits for you: overdue first, then oldest first."), more, list);
   const previews = new Map();
   let last = null;
   // Status changes come as events; an agent's request does not change a status, so the inbox

@@ -43,11 +43,27 @@ const ASSETS: &[(&str, Asset)] = &[
             body: include_bytes!("app.css"),
         },
     ),
+    // The page names its icon; `/favicon.ico` is where a browser looks without being told.
+    (
+        "/console/favicon.svg",
+        Asset {
+            content_type: "image/svg+xml",
+            body: include_bytes!("favicon.svg"),
+        },
+    ),
+    (
+        "/favicon.ico",
+        Asset {
+            content_type: "image/svg+xml",
+            body: include_bytes!("favicon.svg"),
+        },
+    ),
 ];
 
-/// Whether `path` is the console's to answer: the page and everything under `/console/`.
+/// Whether `path` is the console's to answer: the page, its icon and everything under
+/// `/console/`.
 pub fn owns(path: &str) -> bool {
-    path == "/" || path.starts_with("/console/")
+    path == "/" || path == "/favicon.ico" || path.starts_with("/console/")
 }
 
 /// The asset at `path`; `None` for a console path that names no asset (a 404).
@@ -72,6 +88,10 @@ mod tests {
         );
         assert!(asset("/console/app.js").is_some());
         assert!(asset("/console/app.css").is_some());
+        for icon in ["/favicon.ico", "/console/favicon.svg"] {
+            assert!(owns(icon), "{icon}");
+            assert_eq!(asset(icon).map(|a| a.content_type), Some("image/svg+xml"));
+        }
         for missing in ["/console/", "/console/app.js.map", "/console/../Cargo.toml"] {
             assert_eq!(asset(missing), None, "{missing}");
         }

@@ -1,6 +1,6 @@
 //! What waits for people, and what operators look at from the console: the inbox (every pause,
-//! human checkpoint and agent's approval request of the workflows the caller may see, oldest
-//! first) and the admin lists of nodes and child slots.
+//! human checkpoint and agent's approval request of the workflows the caller may see, overdue
+//! first, then oldest first) and the admin lists of nodes and child slots.
 
 use hyper::StatusCode;
 
@@ -45,7 +45,8 @@ pub async fn inbox(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
         }
         items.extend(waiting_items(&view));
     }
-    items.sort_by(|a, b| a.since.total_cmp(&b.since));
+    // Overdue first (what someone should have answered already), then oldest first.
+    items.sort_by(|a, b| b.overdue.cmp(&a.overdue).then(a.since.total_cmp(&b.since)));
     Ok(json_reply(
         StatusCode::OK,
         InboxReply {
