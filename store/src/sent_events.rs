@@ -96,7 +96,8 @@ pub enum EventSend {
     /// The same event (name and payload) was stored under this `event_id` already: still one
     /// row, the first.
     Repeated(SentEvent),
-    /// The workflow has ended: it takes no events, and nothing was written.
+    /// The workflow has ended: it takes no events, and nothing was written (a repeat of an
+    /// event it stored is still [`EventSend::Repeated`]).
     Ended(WorkflowStatus),
 }
 

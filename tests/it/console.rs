@@ -940,6 +940,13 @@ async fn a_failed_workflow_is_retried_from_its_page_and_the_two_name_each_other(
     let link = browser.find("#retry-of a", WAIT);
     assert_eq!(link.text(), failed);
     assert!(
+        browser
+            .find("#retry-of", WAIT)
+            .text()
+            .starts_with("Retry of "),
+        "the retry names what it retries"
+    );
+    assert!(
         browser.all("button[data-action=retry]").is_empty(),
         "a completed workflow"
     );
@@ -951,6 +958,13 @@ async fn a_failed_workflow_is_retried_from_its_page_and_the_two_name_each_other(
     browser.click_on("#retry-of a", WAIT);
     browser.find("#retried-by a", WAIT);
     assert_eq!(browser.find("#retried-by a", WAIT).text(), retry);
+    assert!(
+        browser
+            .find("#retried-by", WAIT)
+            .text()
+            .starts_with("Retried as "),
+        "the failed workflow names its retry"
+    );
     assert_eq!(browser.find("#workflow-status", WAIT).text(), "failed");
     assert!(
         browser.all("button[data-action=retry]").is_empty(),

@@ -471,3 +471,52 @@ async fn a_workflows_untaken_events_are_bounded_in_number_and_bytes() {
         .expect("count");
     assert_eq!(stored, "3", "a refused event was stored");
 }
+
+/// Issue 40, item 5: an event sent without a payload resolved its wait with `null`, as a
+/// deadline does, and a repeated `reins send` said "already repeated by an earlier request at -".
+/// A payload may not be `null` (400, naming why), `reins send` without `--payload` sends `{}`,
+/// and its repeat says who sent the event first and whether a wait took it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_never_carries_null_and_a_repeated_send_says_what_was_sent() {
+    use crate::cli::{cli, code};
+    let db = Db::new(false).await;
+    let node = Node::start(&db, &[]);
+    let mut api = initialize(&node).await;
+    let run_id = launch(
+        &mut api,
+        r#"const first = await waitForEvent({stepId: "a", name: "go"});
+           const late = await waitForEvent({stepId: "b", name: "never", timeoutMs: 10});
+           return [first, late];"#,
+    )
+    .await;
+    for body in [
+        json!({"name": "go", "event_id": "e1"}),
+        json!({"name": "go", "event_id": "e1", "payload": null}),
+    ] {
+        let refused = send(&mut api, &run_id, body).await;
+        assert_eq!(refused.status, 400, "{refused:?}");
+    }
+    let refused = send(
+        &mut api,
+        &run_id,
+        json!({"name": "go", "event_id": "e1", "payload": null}),
+    )
+    .await;
+    assert_refused(&refused, 400, "bad_request", "may not be null");
+    let home = tempfile::tempdir().expect("home");
+    let init = cli(home.path(), &node, &["login", "--email", ADMIN]);
+    assert_eq!(code(&init), 0, "{}", String::from_utf8_lossy(&init.stderr));
+    let sent = cli(home.path(), &node, &["send", &run_id, "go", "--id", "e1"]);
+    assert_eq!(code(&sent), 0, "{}", String::from_utf8_lossy(&sent.stderr));
+    let record = wait_for(&mut api, &run_id, "completed").await;
+    assert_eq!(record["result"], json!([{}, null]), "{record}");
+    let again = cli(home.path(), &node, &["send", &run_id, "go", "--id", "e1"]);
+    assert_eq!(code(&again), 0);
+    let said = String::from_utf8_lossy(&again.stderr);
+    assert!(
+        said.contains(&format!(
+            "event e1 was sent already by {ADMIN}, and step a took it; this repeat changes nothing"
+        )),
+        "{said}"
+    );
+}

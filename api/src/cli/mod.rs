@@ -120,7 +120,7 @@ pub enum Command {
         id: String,
         /// The event's name (what `waitForEvent` names).
         name: String,
-        /// What the wait resolves to, as JSON (default: null).
+        /// What the wait resolves to, as JSON, never null (default: {}).
         #[arg(long)]
         payload: Option<String>,
         /// Your id for this event: sending it again with the same id delivers it once.
@@ -460,9 +460,11 @@ async fn run_signed_in(common: &Common, client: &Client, command: Command) -> an
             payload,
             event_id,
         } => {
+            // Without --payload an event carries `{}`: `null` is what a wait resolves to when
+            // its deadline passes, and the API refuses it as a payload.
             let payload: Value = match payload {
                 Some(payload) => serde_json::from_str(&payload).context("--payload is not JSON")?,
-                None => Value::Null,
+                None => json!({}),
             };
             let body = json!({"name": name, "event_id": event_id, "payload": payload});
             control(common, client, &id, "events", &body).await
@@ -737,7 +739,17 @@ async fn control(
     let reply = client.json("POST", &path, Some(body)).await?;
     print_value(common, &reply, || {
         println!("{id}: {}", text(&reply["status"]));
-        if reply["repeated"] == json!(true) {
+        if reply["repeated"] == json!(true) && action == "events" {
+            let taken = match reply["taken_by"].as_str() {
+                Some(step) => format!(", and step {step} took it"),
+                None => ", and no wait has taken it yet".to_owned(),
+            };
+            eprintln!(
+                "{id}: event {} was sent already by {}{taken}; this repeat changes nothing",
+                text(&reply["event_id"]),
+                reply["sent_by"].as_str().unwrap_or("an earlier request"),
+            );
+        } else if reply["repeated"] == json!(true) {
             eprintln!(
                 "{id}: already {} by {} at {}; this repeat changes nothing",
                 text(&reply["status"]),

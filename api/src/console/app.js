@@ -1030,10 +1030,12 @@ function renderWorkflow(record, previews, more) {
         : ` · took ${duration(record.updated_at - record.created_at)}`),
     seesAll() && !mine ? h("p", {class: "meta"}, `Owner: ${ownerName(record.user_id, new Map())}`)
       : null,
-    record.retry_of ? h("p", {class: "meta", id: "retry-of"}, "Runs again from its failed step: ",
-      h("a", {href: `#/workflows/${record.retry_of}`}, record.retry_of)) : null,
-    record.retried_by ? h("p", {class: "meta", id: "retried-by"}, "Run again from its failed step as ",
-      h("a", {href: `#/workflows/${record.retried_by}`}, record.retried_by)) : null);
+    record.retry_of ? h("p", {class: "meta", id: "retry-of"}, "Retry of ",
+      h("a", {href: `#/workflows/${record.retry_of}`}, record.retry_of),
+      " (it runs again from that workflow's failed step)") : null,
+    record.retried_by ? h("p", {class: "meta", id: "retried-by"}, "Retried as ",
+      h("a", {href: `#/workflows/${record.retried_by}`}, record.retried_by),
+      " (which runs again from this workflow's failed step)") : null);
 
   const actions = h("div", {class: "buttons actions"});
   const act = (label, path, body) => actionButton(label, async () => {

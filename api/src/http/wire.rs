@@ -79,8 +79,8 @@ pub struct SendEventBody {
     pub name: String,
     /// The sender's id for this event (the id grammar): sending it again is a repeat.
     pub event_id: String,
-    /// What the `waitForEvent` call resolves to (at most `limits.frame_bytes_max` as JSON).
-    #[serde(default)]
+    /// What the `waitForEvent` call resolves to (at most `limits.frame_bytes_max` as JSON); never
+    /// `null`, which is what a wait resolves to when its deadline passes.
     pub payload: Value,
 }
 

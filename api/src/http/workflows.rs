@@ -632,6 +632,12 @@ pub async fn send_event(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
     let run_id = run_id(ctx, None)?;
     check_id("name", &body.name)?;
     check_id("event_id", &body.event_id)?;
+    if body.payload.is_null() {
+        return Err(ApiError::bad_request(
+            "an event's `payload` may not be null: a waitForEvent resolves with null when its \
+             deadline passes, so an event that carries nothing sends {} or true",
+        ));
+    }
     owned_row(ctx, &run_id, Act::Control).await?;
     let sent = ctx
         .state

@@ -44,7 +44,23 @@ impl PgStore {
             .ok_or_else(|| Error::NotFound(format!("workflow {:?}", new.workflow_id.as_str())))?;
         let status = WorkflowStatus::read(status.get(0), &new.workflow_id)?;
         if status.is_final() {
-            return Ok(EventSend::Ended(status));
+            // A repeat of an event stored while it was live is still answered as one.
+            let existing = transaction
+                .query_opt(
+                    &transaction
+                        .prepare_cached(concat!(
+                            "SELECT ",
+                            event_columns!(),
+                            " FROM sent_events WHERE workflow = $1 AND event_id = $2"
+                        ))
+                        .await?,
+                    &[&new.workflow_id, &new.event_id],
+                )
+                .await?;
+            return match existing {
+                Some(row) => resent(sent_event(&row), &new),
+                None => Ok(EventSend::Ended(status)),
+            };
         }
         // One send of a workflow's at a time, so that the bounds below count what the others
         // committed (two sends to two workflows share nothing but a rare hash collision).

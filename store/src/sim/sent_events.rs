@@ -12,15 +12,16 @@ impl State {
                 new.workflow_id.as_str()
             )));
         };
-        if workflow.row.status.is_final() {
-            return Ok(EventSend::Ended(workflow.row.status));
-        }
+        // A repeat is answered whether or not the workflow ended since.
         if let Some(existing) = self
             .sent_events
             .values()
             .find(|row| row.workflow_id == new.workflow_id && row.event_id == new.event_id)
         {
             return resent(existing.clone(), &new);
+        }
+        if workflow.row.status.is_final() {
+            return Ok(EventSend::Ended(workflow.row.status));
         }
         let (untaken, held) = self
             .sent_events

@@ -60,10 +60,8 @@ impl SqliteStore {
                 )));
             };
             let status = WorkflowStatus::read(&status, &new.workflow_id)?;
-            if status.is_final() {
-                return Ok(EventSend::Ended(status));
-            }
-            // A repeat is answered whatever the bounds: it stores nothing.
+            // A repeat is answered whatever the bounds and whether the workflow ended since: it
+            // stores nothing.
             let existing = connection
                 .prepare_cached(concat!(
                     "SELECT ",
@@ -74,6 +72,9 @@ impl SqliteStore {
                 .optional()?;
             if let Some(existing) = existing {
                 return resent(existing.decode()?, &new);
+            }
+            if status.is_final() {
+                return Ok(EventSend::Ended(status));
             }
             let (untaken, held): (i64, i64) = connection
                 .prepare_cached(
