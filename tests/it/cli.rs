@@ -333,3 +333,50 @@ async fn an_operator_lists_and_reconciles_every_uncertain_workflow_with_one_comm
         }
     }
 }
+
+/// Issue 40, item 4: `reins login` through one node of a cluster left every other node of it
+/// "not signed in". A node says which cluster it belongs to (`GET /health`'s `cluster`, the same
+/// on every node that shares the secret); the CLI signed in through one node uses its token with
+/// any node of the same cluster, and still refuses a node of another cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_sign_in_serves_every_node_of_the_cluster() {
+    let db = Db::new(true).await;
+    let first = Node::start(&db, &[]);
+    let second = Node::start(&db, &[]);
+    let other_db = Db::new(false).await;
+    let other = Node::start(
+        &other_db,
+        &[(
+            "REINS_SECRET",
+            "another-cluster-secret-0123456789abcdef".into(),
+        )],
+    );
+    let cluster = |node: &Node| {
+        let (status, body) = crate::harness::http_get(node.addr, "/health").expect("health");
+        assert_eq!(status, 200, "{body}");
+        serde_json::from_str::<Value>(&body).expect("JSON")["cluster"]
+            .as_str()
+            .expect("a cluster")
+            .to_owned()
+    };
+    assert_eq!(cluster(&first), cluster(&second));
+    assert_ne!(cluster(&first), cluster(&other));
+    let home = tempfile::tempdir().expect("home");
+    let init = cli(home.path(), &first, &["init", "--email", ADMIN]);
+    assert_eq!(code(&init), 0, "{}", String::from_utf8_lossy(&init.stderr));
+    let url = |node: &Node| format!("http://{}", node.addr);
+    let listed = cli(home.path(), &first, &["list", "--url", &url(&second)]);
+    assert_eq!(
+        code(&listed),
+        0,
+        "another node of the cluster: {}",
+        String::from_utf8_lossy(&listed.stderr)
+    );
+    let refused = cli(home.path(), &first, &["list", "--url", &url(&other)]);
+    assert_eq!(code(&refused), 1);
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        said.contains("not signed in to") && said.contains("not of the cluster"),
+        "{said}"
+    );
+}

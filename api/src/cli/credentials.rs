@@ -1,6 +1,7 @@
-//! Where the CLI keeps its sign-in: the server's URL and an API token, in a file only the user
-//! can read (`$REINS_CLI_CREDENTIALS`, else `$XDG_CONFIG_HOME/reins/credentials.json`, else
-//! `~/.config/reins/credentials.json`).
+//! Where the CLI keeps its sign-in: the server's URL, the cluster it belongs to and an API token,
+//! in a file only the user can read (`$REINS_CLI_CREDENTIALS`, else
+//! `$XDG_CONFIG_HOME/reins/credentials.json`, else `~/.config/reins/credentials.json`). Another
+//! node's URL is signed in too when that node says it is of the same cluster (`GET /health`).
 
 use std::path::PathBuf;
 
@@ -12,6 +13,10 @@ pub struct Credentials {
     pub url: String,
     pub email: String,
     pub token: String,
+    /// The cluster of the node signed in through (`GET /health`'s `cluster`); none in a file
+    /// saved before nodes said it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<String>,
 }
 
 fn path() -> anyhow::Result<PathBuf> {

@@ -232,13 +232,15 @@ pub async fn run(common: Common, command: Command) -> anyhow::Result<u8> {
         Command::Init { email } => sign_in(&common, &email, true).await,
         Command::Login { email } => sign_in(&common, &email, false).await,
         command => {
-            let client = signed_in_client(&common)?;
+            let client = signed_in_client(&common).await?;
             run_signed_in(&common, &client, command).await
         }
     }
 }
 
-fn signed_in_client(common: &Common) -> anyhow::Result<Client> {
+/// A client of `--url` (else the saved sign-in's node) with the saved token: also for another
+/// node's URL, when that node says it belongs to the cluster signed in to.
+async fn signed_in_client(common: &Common) -> anyhow::Result<Client> {
     let saved = Credentials::load()?;
     let url = common
         .url
@@ -247,13 +249,29 @@ fn signed_in_client(common: &Common) -> anyhow::Result<Client> {
         .context(
             "no server: pass --url, or sign in first with `reins login --url URL --email E`",
         )?;
-    let token = saved
-        .filter(|c| c.url.trim_end_matches('/') == url.trim_end_matches('/'))
-        .map(|c| c.token);
-    if token.is_none() {
+    let Some(saved) = saved else {
         bail!("not signed in to {url}: run `reins login --url {url} --email E`");
+    };
+    if saved.url.trim_end_matches('/') == url.trim_end_matches('/') {
+        return Ok(Client::new(&url, Some(saved.token)));
     }
-    Ok(Client::new(&url, token))
+    let cluster = cluster_of(&Client::new(&url, None)).await;
+    match (&saved.cluster, cluster) {
+        (Some(signed_in), Some(theirs)) if *signed_in == theirs => {
+            Ok(Client::new(&url, Some(saved.token)))
+        }
+        _ => bail!(
+            "not signed in to {url}, which is not of the cluster signed in to through {}: \
+             run `reins login --url {url} --email E`",
+            saved.url
+        ),
+    }
+}
+
+/// The cluster a node says it belongs to (`GET /health`), if it says.
+async fn cluster_of(client: &Client) -> Option<String> {
+    let health = client.json("GET", "/health", None).await.ok()?;
+    health["cluster"].as_str().map(str::to_owned)
 }
 
 /// `init` and `login`: a session from the password, then an API token saved for later commands.
@@ -315,6 +333,7 @@ async fn sign_in(common: &Common, email: &str, first_admin: bool) -> anyhow::Res
         url: client.base().to_owned(),
         email: email.to_owned(),
         token: token.to_owned(),
+        cluster: cluster_of(&client).await,
     }
     .save()?;
     if common.json {

@@ -76,6 +76,14 @@ impl Secret {
         format!("{message}.{signature}")
     }
 
+    /// The cluster this node belongs to, as clients may learn it (`GET /health`): the same on
+    /// every node that shares the secret, and nothing of the secret (a keyed hash of a fixed
+    /// label), so a client signed in through one node recognises the others.
+    pub fn cluster_id(&self) -> String {
+        let mac = self.mac("cluster", "").finalize().into_bytes();
+        URL_SAFE_NO_PAD.encode(&mac[..12])
+    }
+
     /// The CSRF token that belongs to a session.
     pub fn csrf_token(&self, session_id: &str) -> String {
         self.sign("csrf", session_id)

@@ -612,6 +612,7 @@ async fn dispatch(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
             StatusCode::OK,
             &wire::HealthReply {
                 status: "ok".into(),
+                cluster: ctx.state.secret.cluster_id(),
             },
         )),
         Op::Ready => ready(ctx.state).await,

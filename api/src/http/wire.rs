@@ -724,6 +724,9 @@ pub struct PluginReply {
 #[derive(Debug, Clone, Serialize, JsonSchema)]
 pub struct HealthReply {
     pub status: String,
+    /// The cluster the node belongs to: the same on every node of it (they share a secret), so
+    /// the CLI recognises a cluster it signed in to through another node.
+    pub cluster: String,
 }
 
 /// The one error shape.
