@@ -2,8 +2,9 @@
 //! its header documents (through the CLI, as the header says, on the examples' configuration; the
 //! `openai` one against a local stand-in of the endpoint), every runnable JavaScript example of
 //! `docs/script-api.md` ends as the line after it says, the `command` agent program printed in
-//! `docs/agents.md` is the one in `examples/agents/`, `deploy/nginx.conf` passes `nginx -t`, and
-//! every file `ARCHITECTURE.md` names exists.
+//! `docs/agents.md` is the one in `examples/agents/`, `deploy/nginx.conf` passes `nginx -t`,
+//! every file `ARCHITECTURE.md` names exists, and `docs/getting-started.md` runs as written and
+//! prints what it shows.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
