@@ -26,6 +26,25 @@ fn sent_event(row: &Row) -> SentEvent {
     }
 }
 
+/// The row stored under `new`'s `event_id`, if one is.
+async fn stored_under_id(
+    transaction: &deadpool_postgres::Transaction<'_>,
+    new: &NewSentEvent,
+) -> Result<Option<Row>> {
+    Ok(transaction
+        .query_opt(
+            &transaction
+                .prepare_cached(concat!(
+                    "SELECT ",
+                    event_columns!(),
+                    " FROM sent_events WHERE workflow = $1 AND event_id = $2"
+                ))
+                .await?,
+            &[&new.workflow_id, &new.event_id],
+        )
+        .await?)
+}
+
 impl PgStore {
     pub(crate) async fn send_event(&self, new: NewSentEvent) -> Result<EventSend> {
         let mut client = self.connection().await?;
@@ -45,19 +64,7 @@ impl PgStore {
         let status = WorkflowStatus::read(status.get(0), &new.workflow_id)?;
         if status.is_final() {
             // A repeat of an event stored while it was live is still answered as one.
-            let existing = transaction
-                .query_opt(
-                    &transaction
-                        .prepare_cached(concat!(
-                            "SELECT ",
-                            event_columns!(),
-                            " FROM sent_events WHERE workflow = $1 AND event_id = $2"
-                        ))
-                        .await?,
-                    &[&new.workflow_id, &new.event_id],
-                )
-                .await?;
-            return match existing {
+            return match stored_under_id(&transaction, &new).await? {
                 Some(row) => resent(sent_event(&row), &new),
                 None => Ok(EventSend::Ended(status)),
             };
@@ -130,18 +137,13 @@ impl PgStore {
                 EventSend::Stored(sent_event(&row))
             }
             None => {
-                let existing = transaction
-                    .query_one(
-                        &transaction
-                            .prepare_cached(concat!(
-                                "SELECT ",
-                                event_columns!(),
-                                " FROM sent_events WHERE workflow = $1 AND event_id = $2"
-                            ))
-                            .await?,
-                        &[&new.workflow_id, &new.event_id],
-                    )
-                    .await?;
+                let existing = stored_under_id(&transaction, &new).await?.ok_or_else(|| {
+                    Error::Database(format!(
+                        "event {:?} of workflow {:?} was neither inserted nor found",
+                        new.event_id,
+                        new.workflow_id.as_str()
+                    ))
+                })?;
                 resent(sent_event(&existing), &new)?
             }
         };
