@@ -309,11 +309,12 @@ async fn every_action_works_and_fails_the_same_through_rest_and_actions(postgres
         "not_found",
         "nope",
     );
-    assert_refused(
-        &api.call("PUT", "/api/v1/workflows", None).await,
-        405,
-        "method_not_allowed",
-        "GET, POST",
+    let wrong = api.call("PUT", "/api/v1/workflows", None).await;
+    assert_refused(&wrong, 405, "method_not_allowed", "GET, POST");
+    assert_eq!(
+        wrong.headers.get("allow").and_then(|v| v.to_str().ok()),
+        Some("GET, POST"),
+        "405 names the methods in Allow (RFC 9110)"
     );
 
     // Resume: a stale fingerprint is refused, the right one resolves the pause.

@@ -322,6 +322,15 @@ async fn tokens_expire_within_the_configured_limit(postgres: bool) {
             .await;
         assert_refused(&refused, 400, "bad_request", "auth.token_days_max");
     }
+    // A name is shown in terminals: a control character in it is refused (issue 45, item 5).
+    let refused = admin
+        .call(
+            "POST",
+            "/api/v1/auth/tokens",
+            Some(json!({"name": "ci\u{1b}[2Jbot"})),
+        )
+        .await;
+    assert_refused(&refused, 400, "bad_request", "no control characters");
     let created = admin
         .call(
             "POST",

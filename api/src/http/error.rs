@@ -15,6 +15,8 @@ pub struct ApiError {
     pub message: String,
     /// Sent as `Retry-After` (throttled sign-ins).
     pub retry_after_seconds: Option<u64>,
+    /// Sent as `Allow` (a method the path does not take): the methods it takes.
+    pub allow: Option<String>,
 }
 
 impl ApiError {
@@ -24,6 +26,21 @@ impl ApiError {
             code,
             message: message.into(),
             retry_after_seconds: None,
+            allow: None,
+        }
+    }
+
+    /// 405 with `Allow`: the path takes `allowed` (sorted), not `method`.
+    pub fn method_not_allowed(method: &str, mut allowed: Vec<&str>) -> Self {
+        allowed.sort_unstable();
+        let allowed = allowed.join(", ");
+        ApiError {
+            allow: Some(allowed.clone()),
+            ..ApiError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                format!("{method} is not allowed here; allowed: {allowed}"),
+            )
         }
     }
 

@@ -558,17 +558,8 @@ async fn respond(
     running.store(true, Ordering::SeqCst);
     let (route, params) = match found {
         Found::Route(route, params) => (route, params),
-        Found::WrongMethod(mut allowed) => {
-            allowed.sort_unstable();
-            return Err(ApiError::new(
-                StatusCode::METHOD_NOT_ALLOWED,
-                "method_not_allowed",
-                format!(
-                    "{} is not allowed here; allowed: {}",
-                    parts.method,
-                    allowed.join(", ")
-                ),
-            ));
+        Found::WrongMethod(allowed) => {
+            return Err(ApiError::method_not_allowed(parts.method.as_str(), allowed));
         }
         Found::Nothing => {
             return Err(ApiError::not_found(format!(
@@ -1031,6 +1022,13 @@ pub fn error_reply(error: &ApiError) -> Reply {
         response
             .headers_mut()
             .insert(hyper::header::RETRY_AFTER, HeaderValue::from(seconds));
+    }
+    if let Some(allow) = error
+        .allow
+        .as_deref()
+        .and_then(|allow| HeaderValue::from_str(allow).ok())
+    {
+        response.headers_mut().insert(hyper::header::ALLOW, allow);
     }
     response
 }

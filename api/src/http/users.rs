@@ -285,6 +285,12 @@ pub async fn create_token(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
             "body field `name`: 1 to {TOKEN_NAME_CHARS_MAX} characters, got {chars}"
         )));
     }
+    // A name is shown in lists and terminals: no control character may move a cursor there.
+    if let Some(control) = name.chars().find(|c| c.is_control()) {
+        return Err(ApiError::bad_request(format!(
+            "body field `name`: no control characters, got {control:?}"
+        )));
+    }
     let days_max = ctx.state.auth.token_days_max;
     let lifetime_seconds = match body.expires_in_days {
         None => None,
