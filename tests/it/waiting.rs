@@ -1,7 +1,7 @@
 //! What a waiting workflow waits for (issue 40, item 1), where people meet it: the record's and
-//! the listing's `waiting_for` and the listing's `?waiting_for=` filter, and the CLI's `list`,
-//! `get` and `watch`. A workflow that sleeps stays `running`; what it waits for is said beside
-//! its status.
+//! the listing's `waiting_for` and the listing's `?waiting_for=` filter, the CLI's `list`, `get`
+//! and `watch`, and the console's list and workflow page with its "Send event" form. A workflow
+//! that sleeps stays `running`; what it waits for is said beside its status.
 
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -9,9 +9,11 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use crate::cli::{cli, code};
+use crate::console::{WAIT, sign_in, url};
 use crate::harness::{both, reins_command};
 use crate::http_api::{ADMIN, Db, Node, PASSWORD, initialize, launch, wait_for};
 use crate::http_client::Api;
+use crate::webdriver::Browser;
 
 const SLEEPS: &str = r#"await sleep({stepId: "nap", ms: 3600000}); return "rested";"#;
 const WAITS_FOR_PAYMENT: &str = r#"
@@ -330,4 +332,102 @@ async fn watch_says_what_a_step_waits_for() {
             .any(|line| line.contains("status status=completed")),
         "{seen:?}"
     );
+}
+
+/// The console's list and workflow page say what a sleeping workflow and one waiting for an
+/// event wait for; the event is sent from the page's "Send event" form (a payload that is not
+/// JSON is refused before anything is sent), and the workflow completes with its payload.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_console_says_what_a_workflow_waits_for_and_sends_its_event() {
+    let db = Db::new(false).await;
+    let node = Node::start(&db, &[]);
+    let mut api = initialize(&node).await;
+    let sleeping = launch(&mut api, SLEEPS).await;
+    let paying = launch(&mut api, WAITS_FOR_PAYMENT).await;
+    waits_for(&mut api, &sleeping, "sleep").await;
+    waits_for(&mut api, &paying, "event").await;
+    let browser = Browser::start("waiting", 1280, 900);
+    sign_in(&browser, &node, ADMIN);
+
+    browser.goto(&url(&node, "#/workflows"));
+    let row = |id: &str| format!("tr[data-run='{id}'] .waiting-for li");
+    let sleeps = browser.find(&row(&sleeping), WAIT).text();
+    assert!(
+        sleeps.starts_with("sleeping until ") && sleeps.contains("(in "),
+        "{sleeps}"
+    );
+    let pays = browser.find(&row(&paying), WAIT).text();
+    assert!(
+        pays.starts_with("waiting for event payment.received (deadline in "),
+        "{pays}"
+    );
+    browser.screenshot("01-workflows-waiting");
+    // Filtered to the workflows that wait for an event.
+    browser.run(
+        "const s = document.querySelector('select[name=waiting_for]'); s.value = 'event'; \
+         s.dispatchEvent(new Event('change'));",
+        json!([]),
+    );
+    browser.wait_until(
+        "only the workflow waiting for an event listed",
+        &format!(
+            "const rows = document.querySelectorAll('tbody tr'); \
+             return rows.length === 1 && rows[0].dataset.run === '{paying}';"
+        ),
+        WAIT,
+    );
+
+    browser.goto(&url(&node, &format!("#/workflows/{sleeping}")));
+    let said = browser
+        .find("#waiting-for li[data-wait=sleep]", WAIT)
+        .text();
+    assert!(said.starts_with("sleeping until "), "{said}");
+    assert!(
+        browser.all("#send-event").is_empty(),
+        "nothing to send to a sleeping workflow"
+    );
+    browser.screenshot("02-workflow-sleeping");
+
+    browser.goto(&url(&node, &format!("#/workflows/{paying}")));
+    let said = browser
+        .find("#waiting-for li[data-wait=event]", WAIT)
+        .text();
+    assert!(
+        said.starts_with("waiting for event payment.received"),
+        "{said}"
+    );
+    browser.find("#send-event input[name=name]", WAIT);
+    assert_eq!(
+        browser.run(
+            "return document.querySelector('#send-event input[name=name]').value;",
+            json!([])
+        ),
+        "payment.received",
+        "the form names the event it waits for"
+    );
+    browser
+        .find("#send-event textarea[name=payload]", WAIT)
+        .type_text("{amount: 3}");
+    let id = browser.find("#send-event input[name=event_id]", WAIT);
+    id.clear();
+    id.type_text("pay-1");
+    browser.click_on("#send-event button[data-action=send-event]", WAIT);
+    browser.wait_for_text("the payload is not JSON", WAIT);
+    let payload = browser.find("#send-event textarea[name=payload]", WAIT);
+    payload.clear();
+    payload.type_text(r#"{"amount": 3, "note": "<b id=\"pwned-b\">paid</b>"}"#);
+    browser.screenshot("03-send-event-form");
+    browser.click_on("#send-event button[data-action=send-event]", WAIT);
+    let record = wait_for(&mut api, &paying, "completed").await;
+    assert_eq!(
+        record["result"],
+        json!({"amount": 3, "note": "<b id=\"pwned-b\">paid</b>"})
+    );
+    browser.wait_until(
+        "the page turning completed",
+        "return document.querySelector('#workflow-status').textContent === 'completed';",
+        WAIT,
+    );
+    assert!(browser.all("#send-event").is_empty() && browser.all("#pwned-b").is_empty());
+    browser.screenshot("04-event-sent-completed");
 }
