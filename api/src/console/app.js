@@ -952,7 +952,12 @@ async function workflowsPage(main) {
     const where = {newer: listFilters.page > 0, older: Boolean(answer.next),
       count: `Page ${listFilters.page + 1}`};
     const signature = JSON.stringify([answer.workflows, where]);
-    if (!force && signature === last) return;
+    if (!force && signature === last) {
+      for (const w of answer.workflows) {
+        updateWaits(table.querySelector(`tr[data-run="${w.run_id}"] .waiting-for`), w.waiting_for);
+      }
+      return;
+    }
     last = signature;
     draw(answer.workflows, where);
   };
@@ -1320,6 +1325,16 @@ function updateRunningTimes(region, record) {
     const since = Number(span.dataset.since);
     if (LIVE.has(record.status)) span.textContent = `running for ${duration(now - since)}`;
   }
+  updateWaits(region.querySelector("#waiting-for"), record.waiting_for);
+}
+
+/** Moves a drawn `waitsView`'s "in 2 h 10 min" on without drawing the page again. */
+function updateWaits(list, waits) {
+  if (!list || !waits) return;
+  const now = Date.now() / 1000;
+  list.querySelectorAll("li").forEach((item, i) => {
+    if (waits[i]) item.textContent = waitLine(waits[i], now);
+  });
 }
 
 function reconcilePanel(record, admin) {
