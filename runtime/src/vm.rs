@@ -637,8 +637,14 @@ pub const CHECKPOINT_ON_TIMEOUT: [&str; 3] = ["reject", "approve", "fail"];
 
 /// The options each call takes: any other is refused, naming it (an option a script believes
 /// it set, say `retries`, is never silently ignored).
-fn options_of(kind: CallKind) -> &'static [&'static str] {
+///
+/// `sleepUntil` reaches the runtime as a `sleep` whose `untilMs` holds its `at` in epoch
+/// milliseconds (the journal keeps it so): a `sleep` with `untilMs` is judged, and named in
+/// messages, as the `sleepUntil` it is, which takes no `ms`.
+fn options_of(kind: CallKind, args: &Value) -> &'static [&'static str] {
     match kind {
+        CallKind::Sleep if args.get("untilMs").is_some() => &["stepId", "untilMs"],
+        CallKind::Sleep => &["stepId", "ms"],
         CallKind::Agent => &[
             "stepId",
             "agentRef",
@@ -665,7 +671,6 @@ fn options_of(kind: CallKind) -> &'static [&'static str] {
         ],
         CallKind::CaptureArtifact => &["stepId", "sourceStepId", "path"],
         CallKind::ReadArtifact => &["artifactVersion"],
-        CallKind::Sleep => &["stepId", "ms", "untilMs"],
         CallKind::WaitForEvent => &["stepId", "name", "timeoutMs"],
     }
 }
@@ -731,7 +736,7 @@ fn check_deadline(
 
 /// Checks a call's arguments; returns its step id.
 fn check_args(kind: CallKind, args: &Value, seq: u32) -> Result<String, String> {
-    let takes = options_of(kind);
+    let takes = options_of(kind, args);
     let unknown: Vec<&str> = args
         .as_object()
         .into_iter()
@@ -740,11 +745,17 @@ fn check_args(kind: CallKind, args: &Value, seq: u32) -> Result<String, String> 
         .filter(|option| !takes.contains(option))
         .collect();
     if !unknown.is_empty() {
+        // A `sleepUntil`'s `untilMs` is its `at`, as the script wrote it.
+        let until = takes.contains(&"untilMs");
+        let said: Vec<&str> = takes
+            .iter()
+            .map(|option| if *option == "untilMs" { "at" } else { *option })
+            .collect();
         return Err(format!(
             "{} does not take {}: it takes {}",
-            kind.as_str(),
+            if until { "sleepUntil" } else { kind.as_str() },
             unknown.join(", "),
-            takes.join(", ")
+            said.join(", ")
         ));
     }
     let text = |field: &str| {
@@ -847,9 +858,10 @@ fn check_args(kind: CallKind, args: &Value, seq: u32) -> Result<String, String> 
                     ));
                 }
             }
+            // Either is refused above when the other is given: here neither was.
             _ => {
                 return Err(format!(
-                    "sleep {step_id:?} needs ms (sleep) or at (sleepUntil), not both"
+                    "sleep {step_id:?} needs ms (a sleepUntil needs at)"
                 ));
             }
         },

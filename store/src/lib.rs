@@ -26,6 +26,7 @@ mod sqlite;
 mod status;
 mod step;
 mod users;
+mod waits;
 mod workflows;
 mod write;
 
@@ -61,6 +62,7 @@ pub use step::{Reconciled, RetryWait, StepCall, StepChild, StepKind, StepOutcome
 pub use users::{
     NewToken, NewUser, Role, TokenRow, UserChange, UserChanged, UserDeletion, UserRow, UserStorage,
 };
+pub use waits::{WAITING_STATUSES, WaitKind};
 pub use workflows::{
     ControlKind, ControlRow, ControlWrite, Deletion, Dormancy, Launch, LaunchLimits, ListCursor,
     ListFilter, ListedWorkflow, NewControl, NewRetry, Orphaned, Purpose, Retry, StatusFilter,

@@ -15,8 +15,9 @@
 //! - `previous_run_id` (an `agent` attempt a reconcile's or its policy's retry queued: the run
 //!   it replaces);
 //! - `retry` (an `agent` attempt its retry policy queued): `{"due_at_ms", "first_at_ms",
-//!   "reason"}`: when it may be admitted (the durable timer), when the step's first attempt
-//!   began (its `totalMs` counts from there), and why the attempt before is run again;
+//!   "reason", "max_attempts"}`: when it may be admitted (the durable timer), when the step's
+//!   first attempt began (its `totalMs` counts from there), why the attempt before is run again,
+//!   and the policy's attempts at most (shown as "attempt 3 of 5");
 //! - `detached: true` (an `agent` attempt a failed `parallel` left behind, journaled
 //!   `cancelled`), `run_status` (an `agent` attempt a cancellation ended: its run's status);
 //! - `closing: true` (an idempotent agent's attempt whose run of unknown outcome it asked to
@@ -210,6 +211,11 @@ pub struct RetryWait {
     /// idempotent agent's run); `None`: its error, which is stored once, on that attempt's row.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// The step's `maxAttempts` when it was queued, so that a record can say "attempt 3 of 5"
+    /// (the policy merges the call's, the agent's and the defaults: nothing else keeps it).
+    /// `None` in a journal written before it was kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_attempts: Option<u32>,
 }
 
 /// An operator's reconcile of a step's attempt.
@@ -523,6 +529,7 @@ mod tests {
                     due_at_ms: 4_000,
                     first_at_ms: 1_000,
                     reason: Some("boom".into()),
+                    max_attempts: Some(5),
                 })),
                 closing: true,
             },
@@ -551,7 +558,8 @@ mod tests {
                 "thread_id": "t-1",
                 "configuration_version": "c-1",
                 "previous_run_id": "run-0",
-                "retry": {"due_at_ms": 4_000, "first_at_ms": 1_000, "reason": "boom"},
+                "retry": {"due_at_ms": 4_000, "first_at_ms": 1_000, "reason": "boom",
+                          "max_attempts": 5},
                 "closing": true,
                 "detached": true,
                 "run_status": "interrupted",

@@ -316,6 +316,9 @@ pub struct ListFilter {
     /// Only this user's workflows (`None`: everyone's, for an admin).
     pub user_id: Option<String>,
     pub status: Option<StatusFilter>,
+    /// Only workflows with a wait of this kind (see [`crate::WaitKind`]; [`crate::WaitKind::of`]
+    /// judged on the database clock).
+    pub waiting_for: Option<crate::WaitKind>,
     /// Only the workflow launched with this `request_id` (one per user).
     pub request_id: Option<String>,
     /// The page starts after this position (the last workflow of the previous page).
@@ -354,6 +357,9 @@ pub struct ListedWorkflow {
     pub recoverable: bool,
     /// As [`StatusFilter::WaitingForInput`] decides, in the same read.
     pub waiting_for_input: bool,
+    /// Its waits (see [`crate::WaitKind`]), in journal order, read for the whole page by one more
+    /// statement (none unless its status is one of [`crate::WAITING_STATUSES`]).
+    pub waits: Vec<crate::StepRow>,
 }
 
 #[cfg(test)]

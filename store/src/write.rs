@@ -346,6 +346,9 @@ pub struct Snapshot {
     pub approval_runs: Vec<crate::RunRow>,
     /// The first artifact versions of the workflow, without their bytes, oldest first.
     pub artifacts: Vec<ArtifactInfo>,
+    /// Its waits (see [`crate::WaitKind`]), in journal order: none unless its status is one of
+    /// [`crate::WAITING_STATUSES`].
+    pub waits: Vec<StepRow>,
 }
 
 /// An artifact version as a record lists it: everything but its bytes.

@@ -14,7 +14,7 @@ use crate::webdriver::Browser;
 
 /// Long enough for a debug build on a busy machine (only what never shows reaches it); the
 /// console polls every 2 s.
-const WAIT: Duration = Duration::from_secs(60);
+pub(crate) const WAIT: Duration = Duration::from_secs(60);
 
 /// The review example, as a newcomer would paste it into the launch form.
 const REVIEW: &str = include_str!("../../examples/review.js");
@@ -29,11 +29,11 @@ const ASKING: &str = r#"
 /// Bytes that would run if the console ever put them into the page as HTML.
 const PAYLOAD: &str = r#"<script>window.__pwned = 1</script><img src="x" id="pwned-img" onerror="window.__pwned = 2"><b id="pwned-b">bold</b>"#;
 
-fn url(node: &Node, hash: &str) -> String {
+pub(crate) fn url(node: &Node, hash: &str) -> String {
     format!("http://{}/{hash}", node.addr)
 }
 
-fn sign_in(browser: &Browser, node: &Node, email: &str) {
+pub(crate) fn sign_in(browser: &Browser, node: &Node, email: &str) {
     browser.goto(&url(node, "#/sign-in"));
     let form_email = browser.find("#sign-in input[type=email]", WAIT);
     form_email.clear();

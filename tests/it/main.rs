@@ -46,6 +46,7 @@ mod scripts;
 mod stale_owner;
 mod storage;
 mod users;
+mod waiting;
 mod waits;
 mod wake;
 mod webdriver;

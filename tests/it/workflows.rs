@@ -515,7 +515,8 @@ on_both_backends! {
         wait_for_status(&node, ada[0].as_str(), "cancelled").await;
 
         let filter = |after: Option<store::ListCursor>| store::ListFilter {
-            user_id: Some("ada".into()), status: None, request_id: None, after, limit: 2,
+            user_id: Some("ada".into()), status: None, waiting_for: None, request_id: None, after,
+            limit: 2,
         };
         let first = workflows.list(filter(None)).await.expect("list");
         let cursor = first.last().map(|w| store::ListCursor {

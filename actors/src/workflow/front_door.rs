@@ -61,6 +61,8 @@ pub struct WorkflowView {
     pub recoverable: bool,
     /// The workflow that runs this one again from its failed step, if one does.
     pub retried_by: Option<WorkflowId>,
+    /// Its waits, whichever page their steps are on (see [`store::Snapshot::waits`]).
+    pub waits: Vec<StepRow>,
 }
 
 /// Limits and sizes the workflows actor works with.
@@ -1491,6 +1493,7 @@ impl WorkflowsHandle {
             artifacts: snapshot.artifacts,
             recoverable,
             retried_by: snapshot.retried_by,
+            waits: snapshot.waits,
         }))
     }
 

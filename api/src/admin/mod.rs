@@ -279,6 +279,7 @@ async fn run(context: &AdminContext, request: Request) -> Result<Value, String> 
                 status: Some(store::StatusFilter::Stored(
                     store::WorkflowStatus::NeedsReconciliation,
                 )),
+                waiting_for: None,
                 request_id: None,
                 after: None,
                 limit: RECONCILIATIONS_LISTED_MAX,

@@ -15,6 +15,7 @@ mod client;
 mod credentials;
 mod inbox;
 mod users;
+mod waits;
 mod watch;
 
 use std::io::{IsTerminal, Write};
@@ -96,6 +97,10 @@ pub enum Command {
         /// A stored status, `recoverable`, or `waiting_for_input`.
         #[arg(long)]
         status: Option<String>,
+        /// Only workflows with a call that waits for this: `sleep`, `event`, `person`, `slot`
+        /// or `retry`.
+        #[arg(long, value_name = "KIND")]
+        waiting_for: Option<String>,
         #[arg(long, default_value_t = 50)]
         limit: u32,
         /// Start after this position (the `more:` line of the previous page).
@@ -424,6 +429,7 @@ async fn run_signed_in(common: &Common, client: &Client, command: Command) -> an
         Command::Inbox => inbox::inbox(common, client).await,
         Command::List {
             status,
+            waiting_for,
             limit,
             after,
         } => {
@@ -433,10 +439,15 @@ async fn run_signed_in(common: &Common, client: &Client, command: Command) -> an
                 path.push_str(&format!("&status={}", encode(&status)));
                 more.push_str(&format!(" --status {status}"));
             }
+            if let Some(kind) = waiting_for {
+                path.push_str(&format!("&waiting_for={}", encode(&kind)));
+                more.push_str(&format!(" --waiting-for {kind}"));
+            }
             if let Some(after) = after {
                 path.push_str(&format!("&after={}", encode(&after)));
             }
             let page = client.json("GET", &path, None).await?;
+            let now = waits::now();
             print_value(common, &page, || {
                 let rows: Vec<Vec<String>> = page["workflows"]
                     .as_array()
@@ -446,13 +457,24 @@ async fn run_signed_in(common: &Common, client: &Client, command: Command) -> an
                         vec![
                             text(&w["run_id"]),
                             text(&w["status"]),
+                            waits::lines(&w["waiting_for"], now).join("; "),
                             text(&w["owner"]),
                             format_time(&w["created_at"]),
                             text(&w["title"]),
                         ]
                     })
                     .collect();
-                print_table(&["RUN ID", "STATUS", "OWNER", "CREATED", "TITLE"], &rows);
+                print_table(
+                    &[
+                        "RUN ID",
+                        "STATUS",
+                        "WAITING FOR",
+                        "OWNER",
+                        "CREATED",
+                        "TITLE",
+                    ],
+                    &rows,
+                );
                 if let Some(next) = page["next"].as_str() {
                     println!("more: {more} --after {next}");
                 }
@@ -941,6 +963,13 @@ fn print_record(record: &Value) {
         field("title", text(&record["title"]));
     }
     field("status", text(&record["status"]));
+    let now = waits::now();
+    for wait in record["waiting_for"].as_array().into_iter().flatten() {
+        field(
+            "waiting",
+            format!("{}: {}", text(&wait["step_id"]), waits::line(wait, now)),
+        );
+    }
     field("owner", text(&record["owner"]));
     field("epoch", text(&record["epoch"]));
     field("created", format_time(&record["created_at"]));

@@ -31,7 +31,7 @@ pub async fn watch(client: &Client, id: &str, json: bool) -> anyhow::Result<u8> 
     let mut failures = 0;
     let mut delay = RECONNECT_FIRST_DELAY;
     loop {
-        match follow(client, &path, &mut last, json).await {
+        match follow(client, id, &path, &mut last, json).await {
             Ok(Some(code)) => return Ok(code),
             Ok(None) => {}
             Err(Followed::Refused(error)) => return Err(error.into()),
@@ -64,6 +64,7 @@ enum Followed {
 /// the stream ended without that (the node stopped serving).
 async fn follow(
     client: &Client,
+    id: &str,
     path: &str,
     last: &mut Option<i64>,
     json: bool,
@@ -114,6 +115,9 @@ async fn follow(
             progressed = true;
             *last = Some(event.id);
             print(&event, json);
+            if !json && begins_to_wait(&event.data) {
+                print_waits(client, id, &event.data).await;
+            }
             if let Some(code) = exit_code(&event.data) {
                 return Ok(Some(code));
             }
@@ -143,6 +147,43 @@ fn parse(message: &[u8]) -> Option<Event> {
         id: id?,
         data: serde_json::from_str(&data).ok()?,
     })
+}
+
+/// Whether this event tells of a call that begins to wait: a sleep or a `waitForEvent`
+/// journaled, an attempt its retry policy queued, a pause or a checkpoint, an agent asking.
+fn begins_to_wait(data: &Value) -> bool {
+    match data["kind"].as_str() {
+        Some("step_journaled") => {
+            matches!(data["step_kind"].as_str(), Some("sleep" | "waitForEvent"))
+                || !data["retry_due_at_ms"].is_null()
+        }
+        Some("pause_waiting" | "checkpoint_waiting" | "approval_requested") => true,
+        _ => false,
+    }
+}
+
+/// Prints what the event's step waits for, as the workflow's record says it now (its event
+/// carries no due time nor event name): `     nap: sleeping until 09:00 UTC (in 2 h)`. Nothing
+/// when it waits no more; a failed read is said and the watch goes on.
+async fn print_waits(client: &Client, id: &str, data: &Value) {
+    let path = format!("/api/v1/workflows/{}", encode(id));
+    let record = match client.json("GET", &path, None).await {
+        Ok(record) => record,
+        Err(error) => {
+            eprintln!("{id}: cannot read what it waits for: {error}");
+            return;
+        }
+    };
+    let now = super::waits::now();
+    for wait in record["waiting_for"].as_array().into_iter().flatten() {
+        if wait["step_id"] == data["step_id"] {
+            println!(
+                "     {}: {}",
+                wait["step_id"].as_str().unwrap_or_default(),
+                super::waits::line(wait, now)
+            );
+        }
+    }
 }
 
 /// The exit code once this event ends the watch: the workflow's final status, or its need

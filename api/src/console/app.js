@@ -34,6 +34,8 @@ const PREVIEW_BYTES_MAX = 256 * 1024;
  */
 const STEP_PAGES_SHOWN = 5;
 
+/** What a live workflow's calls may wait for (`waiting_for[].kind`, the list's filter). */
+const WAIT_KINDS = ["sleep", "event", "person", "slot", "retry"];
 const STATUSES = ["running", "paused", "waiting_approval", "cancelling", "completed", "failed",
   "cancelled", "needs_reconciliation"];
 /** What the API shows a live workflow as, beside the stored statuses (read, never stored). */
@@ -88,6 +90,57 @@ function duration(seconds) {
   const minutes = Math.floor(seconds / 60);
   if (minutes < 60) return `${minutes} min ${Math.round(seconds % 60)} s`;
   return `${Math.floor(minutes / 60)} h ${minutes % 60} min`;
+}
+
+/**
+ * A wait's length in its two largest whole units, as the CLI says it: `42 s`, `5 min 3 s`,
+ * `2 h 10 min`, `1 day`, `3 days 2 h`.
+ */
+function roughly(seconds) {
+  const total = Math.max(0, Math.round(seconds));
+  const [days, hours, minutes, secs] = [Math.floor(total / 86400), Math.floor(total % 86400 / 3600),
+    Math.floor(total % 3600 / 60), total % 60];
+  const two = (first, second, unit) => second ? `${first} ${second} ${unit}` : first;
+  if (days) return two(`${days} day${days === 1 ? "" : "s"}`, hours, "h");
+  if (hours) return two(`${hours} h`, minutes, "min");
+  if (minutes) return two(`${minutes} min`, secs, "s");
+  return `${secs} s`;
+}
+
+/** `in 2 h 10 min` for a time after now, `5 s ago` for one before. */
+function relative(at, now) {
+  return at >= now ? `in ${roughly(at - now)}` : `${roughly(now - at)} ago`;
+}
+
+/** A time beside now, in the reader's time zone: its time of day, with its date on another day. */
+function clockText(at, now) {
+  const date = new Date(at * 1000);
+  const clock = date.toLocaleTimeString([], date.getSeconds()
+    ? {hour: "2-digit", minute: "2-digit", second: "2-digit"} : {hour: "2-digit", minute: "2-digit"});
+  return date.toDateString() === new Date(now * 1000).toDateString() ? clock
+    : `${date.toLocaleDateString()} ${clock}`;
+}
+
+/** What one call of a workflow waits for (a `waiting_for` entry), in the CLI's words. */
+function waitLine(wait, now) {
+  const deadline = typeof wait.deadline === "number" ? ` (deadline ${relative(wait.deadline, now)})`
+    : "";
+  switch (wait.kind) {
+    case "sleep": return `sleeping until ${clockText(wait.until, now)} (${relative(wait.until, now)})`;
+    case "event": return `waiting for event ${wait.name}${deadline}`;
+    case "person": return `waiting for a person${deadline}`;
+    case "slot": return "waiting for a slot";
+    case "retry": return `retrying at ${clockText(wait.at, now)} (attempt ${wait.attempt}` +
+      `${wait.max_attempts == null ? "" : ` of ${wait.max_attempts}`})`;
+    default: return `waiting (${wait.kind})`;
+  }
+}
+
+/** The waits of a record or a listing's row, one element each (text only). */
+function waitsView(waits, now, attrs = {}) {
+  if (!waits || !waits.length) return null;
+  return h("ul", {class: "waiting-for", ...attrs}, waits.map((wait) =>
+    h("li", {"data-wait": wait.kind}, waitLine(wait, now))));
 }
 
 function bytes(count) {
@@ -756,10 +809,64 @@ function resumeForm(runId, stepId, attempt, fingerprint) {
       "data-action": "resume"})));
 }
 
+/** An event id nobody used: the form's default, which a person may replace with their own. */
+function freshEventId() {
+  return `console-${Date.now().toString(36)}-${Math.random().toString(36).slice(2, 10)}`;
+}
+
+/**
+ * Sends an event to a workflow that waits for one, as `reins send` does: its name (the one it
+ * waits for unless changed), a JSON payload (none: `null`) and an event id (the same id again
+ * delivers it once). The API's refusal is shown in the status line.
+ */
+function sendEventForm(runId, names) {
+  const key = `event/${runId}`;
+  const name = h("input", {type: "text", name: "name", value: names[0], required: true,
+    autocomplete: "off", spellcheck: "false", "data-keep": `${key}/name`});
+  const payload = h("textarea", {rows: 3, name: "payload", spellcheck: "false",
+    "data-keep": `${key}/payload`});
+  const eventId = h("input", {type: "text", name: "event_id", value: freshEventId(),
+    required: true, autocomplete: "off", spellcheck: "false", "data-keep": `${key}/id`});
+  const form = h("form", {class: "send-event"},
+    field("Event name", name, names.length > 1 ? `It waits for ${names.join(", ")}.` : null),
+    field("Payload (JSON, optional: what its wait resolves to)", payload),
+    field("Event id (sent again with the same id, it is delivered once)", eventId),
+    h("div", {class: "buttons"}, h("button", {type: "submit", class: "primary",
+      "data-action": "send-event"}, "Send event")));
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const button = form.querySelector("button[type=submit]");
+    button.disabled = true;
+    try {
+      let value = null;
+      if (payload.value.trim()) {
+        try {
+          value = JSON.parse(payload.value);
+        } catch (error) {
+          throw new Error(`the payload is not JSON: ${errorText(error)}`);
+        }
+      }
+      const sent = await api("POST", `${workflowPath(runId)}/events`,
+        {name: name.value.trim(), event_id: eventId.value.trim(), payload: value});
+      say(sent.repeated ? `Event ${sent.event_id} was sent before: it is delivered once.`
+        : `Sent event ${sent.name} (${sent.event_id}).`, "ok");
+      // The next event needs an id of its own.
+      eventId.value = freshEventId();
+      payload.value = "";
+      await refreshNow();
+    } catch (error) {
+      if (error.status !== 401) say(errorText(error), "error");
+    } finally {
+      button.disabled = false;
+    }
+  });
+  return h("section", {class: "card", id: "send-event"}, h("h2", {}, "Send event"), form);
+}
+
 // The workflows list ---------------------------------------------------------------------------
 
 /** The list's filters and where it is: `cursors[i]` is the `after` of page i (newest first). */
-const listFilters = {status: "", owner: "", page: 0, cursors: [null]};
+const listFilters = {status: "", waiting: "", owner: "", page: 0, cursors: [null]};
 
 async function workflowsPage(main) {
   const search = h("input", {type: "search", placeholder: "a run id or request id",
@@ -767,6 +874,9 @@ async function workflowsPage(main) {
   const status = h("select", {}, h("option", {value: ""}, "any"),
     [...STATUSES, ...SHOWN].map((s) => h("option", {value: s}, s)));
   status.value = listFilters.status;
+  const waiting = h("select", {name: "waiting_for"}, h("option", {value: ""}, "anything or nothing"),
+    WAIT_KINDS.map((kind) => h("option", {value: kind}, kind)));
+  waiting.value = listFilters.waiting;
   const owner = h("select", {}, h("option", {value: ""}, "anyone"));
   let emails = new Map();
   if (isAdmin()) {
@@ -797,6 +907,7 @@ async function workflowsPage(main) {
     }
   });
   const filters = h("div", {class: "filters"}, field("Status", status),
+    field("Waiting for", waiting),
     isAdmin() && emails.size ? field("Owner", owner) : null);
   const table = h("div", {id: "workflows"});
   main.replaceChildren(h("h1", {}, "Workflows"), h("div", {class: "toolbar"}, find, filters),
@@ -807,6 +918,7 @@ async function workflowsPage(main) {
     await refreshNow();
   };
   const draw = (rows, {newer, older, count}) => {
+    const now = Date.now() / 1000;
     const pager = h("nav", {class: "pager", "aria-label": "Pages"},
       actionButton("Newer", move(-1), {disabled: !newer}),
       h("span", {}, count), actionButton("Older", move(1), {disabled: !older}));
@@ -817,7 +929,7 @@ async function workflowsPage(main) {
           h("th", {scope: "col"}, "Updated"))),
         h("tbody", {}, rows.map((w) => h("tr", {"data-run": w.run_id},
           h("td", {"data-label": "Run"}, workflowLink(w.run_id, w.title)),
-          h("td", {"data-label": "Status"}, badge(w.status)),
+          h("td", {"data-label": "Status"}, badge(w.status), waitsView(w.waiting_for, now)),
           isAdmin() ? h("td", {"data-label": "Owner"}, ownerName(w.user_id, emails)) : null,
           h("td", {"data-label": "Started"}, time(w.created_at)),
           h("td", {"data-label": "Updated"}, time(w.updated_at)))))),
@@ -826,6 +938,7 @@ async function workflowsPage(main) {
   const query = (after) => {
     const q = new URLSearchParams({limit: String(LIST_PAGE_SIZE)});
     if (listFilters.status) q.set("status", listFilters.status);
+    if (listFilters.waiting) q.set("waiting_for", listFilters.waiting);
     if (listFilters.owner) q.set("user_id", listFilters.owner);
     if (after) q.set("after", after);
     return `/api/v1/workflows?${q}`;
@@ -839,7 +952,12 @@ async function workflowsPage(main) {
     const where = {newer: listFilters.page > 0, older: Boolean(answer.next),
       count: `Page ${listFilters.page + 1}`};
     const signature = JSON.stringify([answer.workflows, where]);
-    if (!force && signature === last) return;
+    if (!force && signature === last) {
+      for (const w of answer.workflows) {
+        updateWaits(table.querySelector(`tr[data-run="${w.run_id}"] .waiting-for`), w.waiting_for);
+      }
+      return;
+    }
     last = signature;
     draw(answer.workflows, where);
   };
@@ -850,6 +968,10 @@ async function workflowsPage(main) {
   };
   status.addEventListener("change", async () => {
     listFilters.status = status.value;
+    await restart();
+  });
+  waiting.addEventListener("change", async () => {
+    listFilters.waiting = waiting.value;
     await restart();
   });
   owner.addEventListener("change", async () => {
@@ -1028,6 +1150,7 @@ function renderWorkflow(record, previews, more) {
       " · started ", time(record.created_at), " · updated ", time(record.updated_at),
       LIVE.has(record.status) ? null
         : ` · took ${duration(record.updated_at - record.created_at)}`),
+    waitsView(record.waiting_for, now, {id: "waiting-for", "aria-label": "What it waits for"}),
     seesAll() && !mine ? h("p", {class: "meta"}, `Owner: ${ownerName(record.user_id, new Map())}`)
       : null,
     record.retry_of ? h("p", {class: "meta", id: "retry-of"}, "Retry of ",
@@ -1065,6 +1188,10 @@ function renderWorkflow(record, previews, more) {
   }
 
   const parts = [header, actions];
+  const events = (record.waiting_for || []).filter((wait) => wait.kind === "event");
+  if (events.length && answerable(record) && (mine || admin)) {
+    parts.push(sendEventForm(record.run_id, [...new Set(events.map((wait) => wait.name))]));
+  }
   if (record.error) parts.push(h("section", {class: "card error-box"}, h("h2", {}, "Error"),
     h("pre", {class: "error-text"}, record.error)));
   if (record.reconciliation) parts.push(reconcilePanel(record, admin));
@@ -1200,6 +1327,16 @@ function updateRunningTimes(region, record) {
     const since = Number(span.dataset.since);
     if (LIVE.has(record.status)) span.textContent = `running for ${duration(now - since)}`;
   }
+  updateWaits(region.querySelector("#waiting-for"), record.waiting_for);
+}
+
+/** Moves a drawn `waitsView`'s "in 2 h 10 min" on without drawing the page again. */
+function updateWaits(list, waits) {
+  if (!list || !waits) return;
+  const now = Date.now() / 1000;
+  list.querySelectorAll("li").forEach((item, i) => {
+    if (waits[i]) item.textContent = waitLine(waits[i], now);
+  });
 }
 
 function reconcilePanel(record, admin) {

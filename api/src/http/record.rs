@@ -6,19 +6,20 @@
 //! versions without their bytes (a page at a time, `artifacts_next` leading on). A step whose
 //! agent asked for approval shows the request, read from its child run's row
 //! (`metadata.hitl_approval` while it waits, `metadata.hitl_answer` once answered) in the same
-//! snapshot.
+//! snapshot. `waiting_for` says what a live workflow waits for, from its journal's waiting
+//! entries (see `store::WaitKind`), in a record and a listing alike.
 
 use actors::WorkflowView;
 use serde_json::Value;
 use store::{
     ArtifactInfo, ControlKind, ControlRow, ListedWorkflow, RunRow, RunStatus, StepKind,
-    StepOutcome, StepPosition, StepRow, StepStatus, WorkflowRow, WorkflowStatus,
+    StepOutcome, StepPosition, StepRow, StepStatus, WaitKind, WorkflowRow, WorkflowStatus,
 };
 
 use super::error::ApiError;
 use super::wire::{
     ApprovalRecord, ArtifactRecord, CheckpointRecord, ReconciliationRecord, RetryRecord,
-    StepRecord, WorkflowRecord, WorkflowSummary,
+    StepRecord, WaitRecord, WorkflowRecord, WorkflowSummary,
 };
 
 /// How many steps and artifact versions a record's page holds at most
@@ -52,6 +53,7 @@ pub fn record(view: &WorkflowView, pages: PageMax) -> WorkflowRecord {
         title: title(row),
         status: shown_status(row, view.recoverable, asks),
         stored_status: row.status.as_str().to_owned(),
+        waiting_for: waiting_for(row, &view.waits),
         recoverable: view.recoverable,
         user_id: row.user_id.clone(),
         owner: row.owner.clone(),
@@ -181,6 +183,7 @@ pub fn summary(listed: &ListedWorkflow) -> WorkflowSummary {
         title: title(row),
         status: shown_status(row, listed.recoverable, listed.waiting_for_input),
         stored_status: row.status.as_str().to_owned(),
+        waiting_for: waiting_for(row, &listed.waits),
         recoverable: listed.recoverable,
         user_id: row.user_id.clone(),
         owner: row.owner.clone(),
@@ -188,6 +191,58 @@ pub fn summary(listed: &ListedWorkflow) -> WorkflowSummary {
         created_at: row.created_at,
         updated_at: row.updated_at,
     }
+}
+
+/// What a workflow waits for, from its waits (see [`store::WaitKind`]), judged now (a queued
+/// attempt whose backoff is over waits for a slot). A record and a listing say the same.
+fn waiting_for(row: &WorkflowRow, waits: &[StepRow]) -> Vec<WaitRecord> {
+    if !store::WAITING_STATUSES.contains(&row.status) {
+        return Vec::new();
+    }
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |now| i64::try_from(now.as_millis()).unwrap_or(i64::MAX));
+    waits.iter().filter_map(|step| wait(step, now_ms)).collect()
+}
+
+/// What one waiting journal entry waits for, if it waits.
+fn wait(step: &StepRow, now_ms: i64) -> Option<WaitRecord> {
+    let record = step.record()?;
+    let seconds = |ms: i64| ms as f64 / 1000.0;
+    let step_id = step.step_id.clone();
+    let deadline = record.call.deadline_at_ms().map(seconds);
+    Some(match (WaitKind::of(step, now_ms)?, &record.call) {
+        (WaitKind::Sleep, store::StepCall::Sleep { due_at_ms }) => WaitRecord::Sleep {
+            step_id,
+            until: seconds((*due_at_ms)?),
+        },
+        (WaitKind::Event, _) => WaitRecord::Event {
+            step_id,
+            name: text(&record.args["name"]).unwrap_or_default(),
+            deadline,
+        },
+        (WaitKind::Person, _) => WaitRecord::Person {
+            step_id,
+            call: step.kind_name().to_owned(),
+            deadline,
+        },
+        (WaitKind::Slot, _) => WaitRecord::Slot {
+            step_id,
+            attempt: step.attempt,
+        },
+        (
+            WaitKind::Retry,
+            store::StepCall::Agent {
+                retry: Some(retry), ..
+            },
+        ) => WaitRecord::Retry {
+            step_id,
+            at: seconds(retry.due_at_ms),
+            attempt: step.attempt,
+            max_attempts: retry.max_attempts,
+        },
+        _ => return None,
+    })
 }
 
 /// The recorded reason of a workflow that waits for an operator's reconcile.

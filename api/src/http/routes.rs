@@ -208,6 +208,7 @@ pub static ROUTES: &[Route] = &[
     Route {
         query: &[
             ("status", "only workflows with this stored status, or `recoverable` (live, the owner's lease expired: what `get` shows as `recoverable`)"),
+            ("waiting_for", "only workflows with a call that waits for this: `sleep`, `event`, `person`, `slot` or `retry` (what their `waiting_for` shows)"),
             ("after", "the page starts after this position: the previous page's `next`"),
             ("limit", "workflows per page (default 50, at most `http.page_size_max`)"),
             ("request_id", "only the workflow launched with this request_id"),

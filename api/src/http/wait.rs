@@ -272,6 +272,7 @@ mod tests {
             artifacts: Vec::new(),
             recoverable: false,
             retried_by: None,
+            waits: Vec::new(),
         }
     }
 

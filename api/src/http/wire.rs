@@ -498,6 +498,39 @@ pub struct CheckpointRecord {
     pub started_at: f64,
 }
 
+/// One call a live workflow waits on, and what for (`kind`), read from its journal: its status
+/// stays the stored one (`running` while it sleeps).
+#[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum WaitRecord {
+    /// A `sleep` or `sleepUntil`, until its due time (`until`, epoch seconds).
+    Sleep { step_id: String, until: f64 },
+    /// A `waitForEvent`, for an event `name`, until its `deadline` if it has one (epoch
+    /// seconds).
+    Event {
+        step_id: String,
+        name: String,
+        deadline: Option<f64>,
+    },
+    /// A person's answer: to a `pause` or a `humanCheckpoint` (`call`; until its `deadline`, if
+    /// it has one) or to an agent's approval request (`call` `agent`).
+    Person {
+        step_id: String,
+        call: String,
+        deadline: Option<f64>,
+    },
+    /// An agent attempt that waits for a slot (or for the attempt before's run to end).
+    Slot { step_id: String, attempt: i32 },
+    /// An agent attempt its retry policy queued, until its backoff ends (`at`, epoch seconds):
+    /// attempt `attempt` of `max_attempts` (`null` in a journal written before it was kept).
+    Retry {
+        step_id: String,
+        at: f64,
+        attempt: i32,
+        max_attempts: Option<u32>,
+    },
+}
+
 /// A workflow as `get` shows it.
 #[derive(Debug, Clone, Serialize, JsonSchema)]
 pub struct WorkflowRecord {
@@ -510,6 +543,9 @@ pub struct WorkflowRecord {
     pub status: String,
     /// The status as stored (differs from `status` when `recoverable` or `waiting_for_input`).
     pub stored_status: String,
+    /// What it waits for: one entry per call that waits (several under `parallel`), in journal
+    /// order; empty unless it is `running`, `paused` or `waiting_approval` and waits.
+    pub waiting_for: Vec<WaitRecord>,
     pub recoverable: bool,
     pub user_id: String,
     pub owner: Option<String>,
@@ -589,6 +625,8 @@ pub struct WorkflowSummary {
     /// lease has expired, or `waiting_for_input` when a step's agent waits for a person.
     pub status: String,
     pub stored_status: String,
+    /// What it waits for, as `get` shows it.
+    pub waiting_for: Vec<WaitRecord>,
     pub recoverable: bool,
     pub user_id: String,
     pub owner: Option<String>,

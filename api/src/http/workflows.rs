@@ -365,6 +365,15 @@ pub async fn list(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
             }
         },
     };
+    let waiting_for = match ctx.query("waiting_for") {
+        None => None,
+        Some(kind) => Some(store::WaitKind::parse(&kind).ok_or_else(|| {
+            ApiError::bad_request(format!(
+                "query `waiting_for` {kind:?} is not one of {}",
+                store::WaitKind::ALL.map(store::WaitKind::as_str).join(", ")
+            ))
+        })?),
+    };
     let after = ctx.query("after").map(|c| parse_cursor(&c)).transpose()?;
     let request_id = ctx.query("request_id");
     if let Some(request_id) = &request_id {
@@ -399,6 +408,7 @@ pub async fn list(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
         .list(store::ListFilter {
             user_id,
             status,
+            waiting_for,
             request_id,
             after,
             limit: limit + 1,

@@ -411,13 +411,14 @@ impl PgStore {
         let controls = client.prepare_cached(workflows::CONTROLS_SQL).await?;
         let approval_runs = client.prepare_cached(run_rows::APPROVAL_RUNS_SQL).await?;
         let artifacts = client.prepare_cached(ARTIFACT_PAGE_SQL).await?;
+        let waits = client.prepare_cached(WAITS_SQL).await?;
         let id: [&(dyn ToSql + Sync); 1] = [workflow_id];
         let start = StepPosition::START;
         let steps_max = i64::from(steps_max);
         let page: [&(dyn ToSql + Sync); 4] = [workflow_id, &start.seq, &start.attempt, &steps_max];
         let (no_version, artifacts_max) = (0_i64, i64::from(artifacts_max));
         let artifact_page: [&(dyn ToSql + Sync); 3] = [workflow_id, &no_version, &artifacts_max];
-        let (begun, head, steps, checkpoints, controls, approval_runs, artifacts, committed) = tokio::join!(
+        let (begun, head, steps, checkpoints, controls, approval_runs, artifacts, waits, committed) = tokio::join!(
             client.batch_execute("START TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"),
             client.query_opt(&head, &id),
             client.query(&steps, &page),
@@ -425,16 +426,18 @@ impl PgStore {
             client.query(&controls, &id),
             client.query(&approval_runs, &page),
             client.query(&artifacts, &artifact_page),
+            client.query(&waits, &id),
             client.batch_execute("COMMIT"),
         );
         begun?;
-        let (head, steps, checkpoints, controls, approval_runs, artifacts) = (
+        let (head, steps, checkpoints, controls, approval_runs, artifacts, waits) = (
             head?,
             steps?,
             checkpoints?,
             controls?,
             approval_runs?,
             artifacts?,
+            waits?,
         );
         committed?;
         let Some(head) = head else {
@@ -457,6 +460,7 @@ impl PgStore {
                 .map(run_rows::decode)
                 .collect::<Result<_>>()?,
             artifacts: artifacts.iter().map(artifact_from).collect(),
+            waits: steps_from(&waits, workflow_id)?,
         }))
     }
 
@@ -1065,6 +1069,40 @@ const CHECKPOINTS_SQL: &str = "
     SELECT step_id, attempt, kind, status, data, seq, created_at
       FROM workflow_steps WHERE workflow = $1 AND kind IN ('pause', 'humanCheckpoint')
      ORDER BY seq, attempt";
+
+/// The columns and the predicate of a workflow's waits (see [`crate::WaitKind`]): its unsettled
+/// entries that wait, an agent's running attempt only when its run waits for a person (found
+/// by the index on `runs (workflow, step_id, attempt)`).
+macro_rules! waits_of {
+    ($narrowed:literal) => {
+        concat!(
+            "SELECT s.step_id, s.attempt, s.kind, s.status, s.data, s.seq, s.created_at,
+                    s.workflow
+               FROM workflow_steps s
+              WHERE ",
+            $narrowed,
+            " AND s.status IN ('queued', 'running')
+                AND s.kind IN ('agent', 'sleep', 'waitForEvent', 'pause', 'humanCheckpoint')
+                AND (s.status = 'queued' OR s.kind <> 'agent' OR EXISTS (
+                      SELECT 1 FROM runs r
+                       WHERE r.workflow = s.workflow AND r.step_id = s.step_id
+                         AND r.attempt = s.attempt AND r.status = 'waiting_for_input'))
+              ORDER BY s.workflow, s.seq, s.attempt"
+        )
+    };
+}
+
+/// A record's waits: none unless the workflow's status is one of [`crate::WAITING_STATUSES`].
+/// The status test names no column of the entry, so PostgreSQL makes it a one-time filter: a
+/// workflow that ended reads none of its journal for it.
+const WAITS_SQL: &str = waits_of!(
+    "s.workflow = $1 AND EXISTS (SELECT 1 FROM workflows w WHERE w.id = $1
+                                   AND w.status IN ('running', 'paused', 'waiting_approval'))"
+);
+
+/// The waits of a listing's page: of the workflows `$1` (those of the page whose status is one
+/// of [`crate::WAITING_STATUSES`]), in one statement.
+pub(super) const PAGE_WAITS_SQL: &str = waits_of!("s.workflow = ANY($1)");
 
 async fn workflow_in(
     client: &impl GenericClient,

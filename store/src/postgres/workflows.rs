@@ -3,6 +3,8 @@
 //! request-id check runs after the lock, so two nodes launching the same request at once agree on
 //! one workflow.
 
+use std::collections::HashMap;
+
 use deadpool_postgres::Transaction;
 use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
@@ -16,8 +18,8 @@ use crate::workflows::{
     Versions,
 };
 use crate::{
-    COUNTED_STATUSES, Epoch, Error, Lease, NewWorkflow, Result, WorkflowId, WorkflowRow,
-    WorkflowStatus,
+    COUNTED_STATUSES, Epoch, Error, Lease, NewWorkflow, Result, WAITING_STATUSES, WorkflowId,
+    WorkflowRow, WorkflowStatus,
 };
 
 // Launches serialise on the advisory lock "launch" (0x6c61_756e_6368), taken by
@@ -722,6 +724,25 @@ impl PgStore {
                     AND (NOT $6 OR (w.status = ANY($7)
                                     AND (l.expires_at IS NULL OR l.expires_at <= reins_now())))
                     AND (NOT $9 OR (a.asks AND l.expires_at > reins_now()))
+                    AND ($10::text IS NULL OR (w.status IN ('running', 'paused', 'waiting_approval')
+                         AND EXISTS (SELECT 1 FROM workflow_steps s
+                                      WHERE s.workflow = w.id AND CASE $10
+                         WHEN 'sleep' THEN s.status = 'running' AND s.kind = 'sleep'
+                         WHEN 'event' THEN s.status = 'running' AND s.kind = 'waitForEvent'
+                         WHEN 'person' THEN s.status = 'running'
+                              AND (s.kind IN ('pause', 'humanCheckpoint')
+                                   OR (s.kind = 'agent' AND EXISTS (
+                                         SELECT 1 FROM runs r
+                                          WHERE r.workflow = s.workflow AND r.step_id = s.step_id
+                                            AND r.attempt = s.attempt
+                                            AND r.status = 'waiting_for_input')))
+                         WHEN 'retry' THEN s.status = 'queued' AND s.kind = 'agent'
+                              AND coalesce((s.data->'retry'->>'due_at_ms')::float8, 0)
+                                  > reins_now() * 1000
+                         ELSE s.status = 'queued' AND s.kind = 'agent'
+                              AND coalesce((s.data->'retry'->>'due_at_ms')::float8, 0)
+                                  <= reins_now() * 1000
+                         END)))
                     AND ($3::float8 IS NULL OR (w.created_at, w.id) < ($3, $4::text))
                     AND ($8::text IS NULL OR w.request_id = $8)
                   ORDER BY w.created_at DESC, w.id DESC LIMIT $5",
@@ -749,18 +770,41 @@ impl PgStore {
                     &COUNTED,
                     &filter.request_id,
                     &waiting_for_input,
+                    &filter.waiting_for,
                 ],
             )
             .await?;
-        rows.iter()
+        let mut listed = rows
+            .iter()
             .map(|row| {
                 Ok(ListedWorkflow {
                     row: workflow_row(row)?,
                     recoverable: row.get(8),
                     waiting_for_input: row.get(9),
+                    waits: Vec::new(),
                 })
             })
-            .collect()
+            .collect::<Result<Vec<_>>>()?;
+        let waiting: Vec<&WorkflowId> = listed
+            .iter()
+            .filter(|listed| WAITING_STATUSES.contains(&listed.row.status))
+            .map(|listed| &listed.row.workflow_id)
+            .collect();
+        if waiting.is_empty() {
+            return Ok(listed);
+        }
+        let statement = client.prepare_cached(super::PAGE_WAITS_SQL).await?;
+        let rows = client.query(&statement, &[&waiting]).await?;
+        let mut waits: HashMap<WorkflowId, Vec<tokio_postgres::Row>> = HashMap::new();
+        for row in rows {
+            waits.entry(row.get(7)).or_default().push(row);
+        }
+        for listed in &mut listed {
+            if let Some(rows) = waits.get(&listed.row.workflow_id) {
+                listed.waits = super::steps_from(rows, &listed.row.workflow_id)?;
+            }
+        }
+        Ok(listed)
     }
 }
 

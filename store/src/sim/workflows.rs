@@ -328,6 +328,37 @@ impl State {
             })
     }
 
+    /// A workflow's waits (see [`crate::WaitKind`]), as the real stores' statements read
+    /// them: none unless its status is one of [`crate::WAITING_STATUSES`].
+    fn waits_of(&self, workflow: &Workflow) -> Vec<StepRow> {
+        if !crate::WAITING_STATUSES.contains(&workflow.row.status) {
+            return Vec::new();
+        }
+        let asks = |step: &StepRow| {
+            self.runs.values().any(|run| {
+                run.workflow.as_ref() == Some(&workflow.row.workflow_id)
+                    && run.step_id.as_deref() == Some(step.step_id.as_str())
+                    && run.attempt == Some(step.attempt)
+                    && run.status == RunStatus::WaitingForInput
+            })
+        };
+        steps_of(workflow)
+            .into_iter()
+            .filter(|step| match (step.status, step.kind()) {
+                (crate::StepStatus::Queued, Some(crate::StepKind::Agent)) => true,
+                (crate::StepStatus::Running, Some(crate::StepKind::Agent)) => asks(step),
+                (crate::StepStatus::Running, Some(kind)) => matches!(
+                    kind,
+                    crate::StepKind::Sleep
+                        | crate::StepKind::WaitForEvent
+                        | crate::StepKind::Pause
+                        | crate::StepKind::HumanCheckpoint
+                ),
+                _ => false,
+            })
+            .collect()
+    }
+
     fn controls_of(&self, workflow_id: &WorkflowId) -> Vec<ControlRow> {
         self.controls
             .values()
@@ -419,6 +450,7 @@ impl State {
             controls: self.controls_of(workflow_id),
             approval_runs,
             artifacts: self.artifact_page(workflow_id, 0, artifacts_max),
+            waits: self.waits_of(workflow),
         })
     }
 
@@ -629,6 +661,13 @@ impl crate::Workflows for SimStore {
                                 state.waiting_for_input(workflow, now)
                             }
                         }
+                        && filter.waiting_for.is_none_or(|kind| {
+                            let now_ms = (now * 1000.0) as i64;
+                            state
+                                .waits_of(workflow)
+                                .iter()
+                                .any(|step| crate::WaitKind::of(step, now_ms) == Some(kind))
+                        })
                         && filter.after.as_ref().is_none_or(|after| {
                             (row.created_at, &row.workflow_id)
                                 < (after.created_at, &after.workflow_id)
@@ -642,6 +681,7 @@ impl crate::Workflows for SimStore {
                     row: workflow.row.clone(),
                     recoverable: state.recoverable(workflow, now),
                     waiting_for_input: state.waiting_for_input(workflow, now),
+                    waits: state.waits_of(workflow),
                 })
                 .collect();
             listed.sort_by(|a, b| {

@@ -441,6 +441,7 @@ impl SqliteStore {
                 .prepare_cached("SELECT workflow FROM workflow_retries WHERE retry_of = ?1")?
                 .query_row([&workflow_id], |row| row.get(0))
                 .optional()?;
+            let waits = waits_on(&snapshot, &workflow_id, row.status)?;
             Ok(Some(Snapshot {
                 row,
                 lease: lease_on(&snapshot, &workflow_id)?,
@@ -451,6 +452,7 @@ impl SqliteStore {
                 controls: workflows::controls_on(&snapshot, &workflow_id)?,
                 approval_runs,
                 artifacts: artifact_page_on(&snapshot, &workflow_id, 0, artifacts_max)?,
+                waits,
             }))
         })
         .await
@@ -1238,27 +1240,91 @@ fn steps_on(connection: &Connection, workflow_id: &WorkflowId) -> Result<Vec<Ste
 fn steps_of(mut rows: rusqlite::Rows<'_>, workflow_id: &WorkflowId) -> Result<Vec<StepRow>> {
     let mut steps = Vec::new();
     while let Some(row) = rows.next()? {
-        let seq = row.get(5)?;
-        let status: String = row.get(3)?;
-        let kind: String = row.get(2)?;
-        let data: String = row.get(4)?;
-        let (step_id, attempt, created_at) = (row.get(0)?, row.get(1)?, row.get(6)?);
-        let status = StepStatus::read(&status, workflow_id, seq)?;
-        // A document that is not JSON this node can parse fails the whole read, as on
-        // PostgreSQL (whose driver cannot decode it either): the record is unreadable, and the
-        // inbox and lists skip it and say so. A JSON document that is no step record is one
-        // row's problem (see `StepRow::record`).
-        let data = parse_json(&data)?;
-        steps.push(StepRow::decoded(
-            seq,
-            step_id,
-            attempt,
-            status,
-            (&kind, &data),
-            created_at,
-        ));
+        steps.push(step_of(row, workflow_id)?);
     }
     Ok(steps)
+}
+
+/// A journal entry from a row of `step_id, attempt, kind, status, data, seq, created_at`.
+fn step_of(row: &rusqlite::Row<'_>, workflow_id: &WorkflowId) -> Result<StepRow> {
+    let seq = row.get(5)?;
+    let status: String = row.get(3)?;
+    let kind: String = row.get(2)?;
+    let data: String = row.get(4)?;
+    let (step_id, attempt, created_at) = (row.get(0)?, row.get(1)?, row.get(6)?);
+    let status = StepStatus::read(&status, workflow_id, seq)?;
+    // A document that is not JSON this node can parse fails the whole read, as on
+    // PostgreSQL (whose driver cannot decode it either): the record is unreadable, and the
+    // inbox and lists skip it and say so. A JSON document that is no step record is one
+    // row's problem (see `StepRow::record`).
+    let data = parse_json(&data)?;
+    Ok(StepRow::decoded(
+        seq,
+        step_id,
+        attempt,
+        status,
+        (&kind, &data),
+        created_at,
+    ))
+}
+
+/// The columns and the predicate of a workflow's waits (see [`crate::WaitKind`]), as on
+/// PostgreSQL: its unsettled entries that wait, an agent's running attempt only when its run
+/// waits for a person.
+macro_rules! waits_of {
+    ($narrowed:literal) => {
+        concat!(
+            "SELECT s.step_id, s.attempt, s.kind, s.status, s.data, s.seq, s.created_at,
+                    s.workflow
+               FROM workflow_steps s
+              WHERE ",
+            $narrowed,
+            " AND s.status IN ('queued', 'running')
+                AND s.kind IN ('agent', 'sleep', 'waitForEvent', 'pause', 'humanCheckpoint')
+                AND (s.status = 'queued' OR s.kind <> 'agent' OR EXISTS (
+                      SELECT 1 FROM runs r
+                       WHERE r.workflow = s.workflow AND r.step_id = s.step_id
+                         AND r.attempt = s.attempt AND r.status = 'waiting_for_input'))
+              ORDER BY s.workflow, s.seq, s.attempt"
+        )
+    };
+}
+
+/// A record's waits: none unless its status is one of [`crate::WAITING_STATUSES`].
+fn waits_on(
+    connection: &Connection,
+    workflow_id: &WorkflowId,
+    status: crate::WorkflowStatus,
+) -> Result<Vec<StepRow>> {
+    if !crate::WAITING_STATUSES.contains(&status) {
+        return Ok(Vec::new());
+    }
+    let mut statement = connection.prepare_cached(waits_of!("s.workflow = ?1"))?;
+    steps_of(statement.query([workflow_id])?, workflow_id)
+}
+
+/// The waits of a listing's page: of `workflows` (those of the page whose status is one of
+/// [`crate::WAITING_STATUSES`]), in one statement, by workflow.
+fn page_waits_on(
+    connection: &Connection,
+    workflows: &[&WorkflowId],
+) -> Result<std::collections::HashMap<WorkflowId, Vec<StepRow>>> {
+    let mut waits: std::collections::HashMap<WorkflowId, Vec<StepRow>> =
+        std::collections::HashMap::new();
+    if workflows.is_empty() {
+        return Ok(waits);
+    }
+    let ids = serde_json::to_string(workflows)
+        .map_err(|e| crate::Error::Database(format!("workflow ids as JSON: {e}")))?;
+    let mut statement =
+        connection.prepare_cached(waits_of!("s.workflow IN (SELECT value FROM json_each(?1))"))?;
+    let mut rows = statement.query([ids])?;
+    while let Some(row) = rows.next()? {
+        let workflow_id: WorkflowId = row.get(7)?;
+        let step = step_of(row, &workflow_id)?;
+        waits.entry(workflow_id).or_default().push(step);
+    }
+    Ok(waits)
 }
 
 #[cfg(test)]

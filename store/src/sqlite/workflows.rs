@@ -618,6 +618,25 @@ impl SqliteStore {
                           AND l.expires_at > unixepoch('subsec')
                           AND EXISTS (SELECT 1 FROM runs r
                                        WHERE r.workflow = w.id AND r.status = 'waiting_for_input')))
+                    AND (?9 IS NULL OR (w.status IN ('running', 'paused', 'waiting_approval')
+                         AND EXISTS (SELECT 1 FROM workflow_steps s
+                                      WHERE s.workflow = w.id AND CASE ?9
+                         WHEN 'sleep' THEN s.status = 'running' AND s.kind = 'sleep'
+                         WHEN 'event' THEN s.status = 'running' AND s.kind = 'waitForEvent'
+                         WHEN 'person' THEN s.status = 'running'
+                              AND (s.kind IN ('pause', 'humanCheckpoint')
+                                   OR (s.kind = 'agent' AND EXISTS (
+                                         SELECT 1 FROM runs r
+                                          WHERE r.workflow = s.workflow AND r.step_id = s.step_id
+                                            AND r.attempt = s.attempt
+                                            AND r.status = 'waiting_for_input')))
+                         WHEN 'retry' THEN s.status = 'queued' AND s.kind = 'agent'
+                              AND coalesce(json_extract(s.data, '$.retry.due_at_ms'), 0)
+                                  > unixepoch('subsec') * 1000
+                         ELSE s.status = 'queued' AND s.kind = 'agent'
+                              AND coalesce(json_extract(s.data, '$.retry.due_at_ms'), 0)
+                                  <= unixepoch('subsec') * 1000
+                         END)))
                     AND (?3 IS NULL OR (w.created_at, w.id) < (?3, ?4))
                     AND (?7 IS NULL OR w.request_id = ?7)
                   ORDER BY w.created_at DESC, w.id DESC LIMIT ?5",
@@ -640,7 +659,8 @@ impl SqliteStore {
                     filter.limit,
                     recoverable,
                     filter.request_id,
-                    waiting_for_input
+                    waiting_for_input,
+                    filter.waiting_for
                 ],
                 |row| {
                     Ok((
@@ -650,15 +670,29 @@ impl SqliteStore {
                     ))
                 },
             )?;
-            rows.map(|row| {
-                let (workflow, recoverable, waiting_for_input) = row?;
-                Ok(ListedWorkflow {
-                    row: workflow.decode()?,
-                    recoverable,
-                    waiting_for_input,
+            let mut listed = rows
+                .map(|row| {
+                    let (workflow, recoverable, waiting_for_input) = row?;
+                    Ok(ListedWorkflow {
+                        row: workflow.decode()?,
+                        recoverable,
+                        waiting_for_input,
+                        waits: Vec::new(),
+                    })
                 })
-            })
-            .collect()
+                .collect::<Result<Vec<_>>>()?;
+            let waiting: Vec<&WorkflowId> = listed
+                .iter()
+                .filter(|listed| crate::WAITING_STATUSES.contains(&listed.row.status))
+                .map(|listed| &listed.row.workflow_id)
+                .collect();
+            let mut waits = super::page_waits_on(connection, &waiting)?;
+            for listed in &mut listed {
+                if let Some(found) = waits.remove(&listed.row.workflow_id) {
+                    listed.waits = found;
+                }
+            }
+            Ok(listed)
         })
         .await
     }

@@ -197,6 +197,7 @@ impl WorkflowMachine {
             due_at_ms,
             first_at_ms,
             reason: lost,
+            max_attempts: Some(policy.retry.max_attempts),
         };
         // The failed attempt keeps its run and its error; the next waits, queued, for its time.
         let mut failed = self.agent_call(&row.run_id, &row.thread_id, &row.agent);
