@@ -829,7 +829,7 @@ function sendEventForm(runId, names) {
     required: true, autocomplete: "off", spellcheck: "false", "data-keep": `${key}/id`});
   const form = h("form", {class: "send-event"},
     field("Event name", name, names.length > 1 ? `It waits for ${names.join(", ")}.` : null),
-    field("Payload (JSON, optional: what its wait resolves to)", payload),
+    field("Payload (JSON, what its wait resolves to; {} when left empty, never null)", payload),
     field("Event id (sent again with the same id, it is delivered once)", eventId),
     h("div", {class: "buttons"}, h("button", {type: "submit", class: "primary",
       "data-action": "send-event"}, "Send event")));
@@ -838,7 +838,8 @@ function sendEventForm(runId, names) {
     const button = form.querySelector("button[type=submit]");
     button.disabled = true;
     try {
-      let value = null;
+      // An event never carries null (what a wait resolves to when its deadline passes).
+      let value = {};
       if (payload.value.trim()) {
         try {
           value = JSON.parse(payload.value);
