@@ -1203,8 +1203,12 @@ fn step_page_on(
     after: StepPosition,
     limit: u32,
 ) -> Result<StepPage> {
+    // Each with when its child run was admitted (its row's `created_at`, by the runs' key).
     let mut statement = connection.prepare_cached(concat!(
-        "SELECT step_id, attempt, kind, status, data, seq, created_at FROM workflow_steps ",
+        "SELECT step_id, attempt, kind, status, data, seq, created_at,
+                (SELECT r.created_at FROM runs r
+                  WHERE r.run_id = json_extract(workflow_steps.data, '$.run_id'))
+           FROM workflow_steps ",
         step_page!(),
         " ORDER BY seq, attempt LIMIT ?4"
     ))?;
@@ -1234,7 +1238,8 @@ fn steps_on(connection: &Connection, workflow_id: &WorkflowId) -> Result<Vec<Ste
     steps_of(statement.query([workflow_id])?, workflow_id)
 }
 
-/// Journal entries from rows of `step_id, attempt, kind, status, data, seq, created_at`.
+/// Journal entries from rows of `step_id, attempt, kind, status, data, seq, created_at`, and
+/// when a row has it, when its child run was admitted.
 fn steps_of(mut rows: rusqlite::Rows<'_>, workflow_id: &WorkflowId) -> Result<Vec<StepRow>> {
     let mut steps = Vec::new();
     while let Some(row) = rows.next()? {
@@ -1249,14 +1254,15 @@ fn steps_of(mut rows: rusqlite::Rows<'_>, workflow_id: &WorkflowId) -> Result<Ve
         // inbox and lists skip it and say so. A JSON document that is no step record is one
         // row's problem (see `StepRow::record`).
         let data = parse_json(&data)?;
-        steps.push(StepRow::decoded(
-            seq,
-            step_id,
-            attempt,
-            status,
-            (&kind, &data),
-            created_at,
-        ));
+        let run_started_at = if row.as_ref().column_count() > 7 {
+            row.get(7)?
+        } else {
+            None
+        };
+        steps.push(
+            StepRow::decoded(seq, step_id, attempt, status, (&kind, &data), created_at)
+                .with_run_started_at(run_started_at),
+        );
     }
     Ok(steps)
 }
