@@ -74,3 +74,58 @@ BEGIN
     END IF;
     RETURN NULL;
 END $$;
+
+-- Webhooks carry what the docs say, from the moment they are configured (issue 40 item 6).
+--
+-- `notify_targets` records when each webhook (`target`: its URL, as `[[notify]]` names it) was
+-- first configured: a node's notifier writes it before it claims for the webhook, and the
+-- first node to name it sets `since`. A claim for a webhook takes no notification committed
+-- before its `since`, so enabling `[[notify]]` on a node with history does not send what was
+-- recorded before (rows written while no node had any webhook, kept for their retention). A row
+-- leaves the outbox once each of the settling node's webhooks has settled it or was configured
+-- after it committed. The webhooks that have delivered anything already are recorded as
+-- configured from the start, so an upgraded node loses nothing it would have sent.
+CREATE TABLE notify_targets (
+    target  TEXT PRIMARY KEY,
+    since   DOUBLE PRECISION NOT NULL
+);
+INSERT INTO notify_targets (target, since)
+SELECT DISTINCT target, 0 FROM notify_deliveries;
+
+-- A pause's resume tells what it was resumed with: its control's `input` joins the row's data
+-- (a deadline's resume without `onTimeout` has none, and the pause fails). Otherwise the
+-- trigger function of migration 36.
+CREATE OR REPLACE FUNCTION reins_notify_outbox() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO notify_outbox (id, workflow, seq, kind, event, data, user_id, user_email,
+                               user_role, created_at, due_at)
+    SELECT NEW.workflow || ':' || NEW.seq, NEW.workflow, NEW.seq,
+           CASE WHEN NEW.kind IN ('pause_waiting', 'checkpoint_waiting', 'approval_requested')
+                    THEN 'entered'
+                WHEN NEW.data->>'by' = 'timeout'
+                  OR EXISTS (SELECT 1 FROM workflow_controls c
+                              WHERE c.workflow = NEW.workflow AND c.kind IN ('decide', 'resume')
+                                AND c.step_id = NEW.data->>'step_id'
+                                AND c.attempt = (NEW.data->>'attempt')::int
+                                AND c.body->>'by' = 'timeout')
+                    THEN 'timed_out'
+                ELSE 'decided' END,
+           NEW.kind,
+           NEW.data || jsonb_strip_nulls(jsonb_build_object(
+               'title', w.data->'title',
+               'message', (SELECT s.data->'args'->'message' FROM workflow_steps s
+                            WHERE s.workflow = NEW.workflow
+                              AND s.step_id = NEW.data->>'step_id'
+                              AND s.attempt = (NEW.data->>'attempt')::int)))
+             || coalesce((SELECT jsonb_build_object('input', c.body->'input')
+                            FROM workflow_controls c
+                           WHERE NEW.kind = 'pause_resumed' AND c.workflow = NEW.workflow
+                             AND c.kind = 'resume' AND c.step_id = NEW.data->>'step_id'
+                             AND c.attempt = (NEW.data->>'attempt')::int
+                             AND c.body ? 'input'
+                           LIMIT 1), '{}'::jsonb),
+           w.user_id, u.email, u.role, NEW.created_at, NEW.created_at
+      FROM workflows w LEFT JOIN users u ON u.id = w.user_id
+     WHERE w.id = NEW.workflow;
+    RETURN NULL;
+END $$;

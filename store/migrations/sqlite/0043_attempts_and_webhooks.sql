@@ -91,3 +91,64 @@ BEGIN
                ELSE '{}' END), unixepoch('subsec')
       FROM workflow_event_seqs WHERE workflow = NEW.workflow AND (NEW.status IN ('completed', 'failed', 'cancelled'));
 END;
+
+-- Webhooks carry what the docs say, from the moment they are configured (issue 40 item 6); see
+-- the PostgreSQL migration of the same number. `notify_targets` records when each webhook was
+-- first configured, and a claim for it takes no notification committed before; a pause's
+-- resume adds its control's `input` to the row's data. The trigger is migration 36's otherwise.
+CREATE TABLE notify_targets (
+    target  TEXT PRIMARY KEY,
+    since   REAL NOT NULL
+);
+INSERT INTO notify_targets (target, since)
+SELECT DISTINCT target, 0 FROM notify_deliveries;
+
+DROP TRIGGER workflow_events_notify;
+CREATE TRIGGER workflow_events_notify AFTER INSERT ON workflow_events
+WHEN NEW.kind IN ('pause_waiting', 'checkpoint_waiting', 'approval_requested',
+                  'checkpoint_decided', 'pause_resumed', 'approval_answered')
+BEGIN
+    INSERT INTO notify_outbox (id, workflow, seq, kind, event, data, user_id, user_email,
+                               user_role, created_at, due_at)
+    SELECT NEW.workflow || ':' || NEW.seq, NEW.workflow, NEW.seq,
+           CASE WHEN NEW.kind IN ('pause_waiting', 'checkpoint_waiting', 'approval_requested')
+                    THEN 'entered'
+                WHEN json_extract(NEW.data, '$.by') = 'timeout'
+                  OR EXISTS (SELECT 1 FROM workflow_controls c
+                              WHERE c.workflow = NEW.workflow AND c.kind IN ('decide', 'resume')
+                                AND c.step_id = json_extract(NEW.data, '$.step_id')
+                                AND c.attempt = json_extract(NEW.data, '$.attempt')
+                                AND json_extract(c.body, '$.by') = 'timeout')
+                    THEN 'timed_out'
+                ELSE 'decided' END,
+           NEW.kind,
+           -- `->` gives the input as JSON text (a JSON `null` too, a missing one SQL NULL),
+           -- which `json()` hands to `json_set` as JSON; `json_patch` would drop a `null`.
+           CASE WHEN (SELECT c.body -> '$.input' FROM workflow_controls c
+                 WHERE NEW.kind = 'pause_resumed' AND c.workflow = NEW.workflow
+                   AND c.kind = 'resume' AND c.step_id = json_extract(NEW.data, '$.step_id')
+                   AND c.attempt = json_extract(NEW.data, '$.attempt')
+                 LIMIT 1) IS NULL THEN
+               json_patch(NEW.data, json_object(
+                   'title', json_extract(w.data, '$.title'),
+                   'message', (SELECT json_extract(s.data, '$.args.message') FROM workflow_steps s
+                                WHERE s.workflow = NEW.workflow
+                                  AND s.step_id = json_extract(NEW.data, '$.step_id')
+                                  AND s.attempt = json_extract(NEW.data, '$.attempt'))))
+           ELSE json_set(
+               json_patch(NEW.data, json_object(
+                   'title', json_extract(w.data, '$.title'),
+                   'message', (SELECT json_extract(s.data, '$.args.message') FROM workflow_steps s
+                                WHERE s.workflow = NEW.workflow
+                                  AND s.step_id = json_extract(NEW.data, '$.step_id')
+                                  AND s.attempt = json_extract(NEW.data, '$.attempt')))),
+               '$.input', json((SELECT c.body -> '$.input' FROM workflow_controls c
+                 WHERE NEW.kind = 'pause_resumed' AND c.workflow = NEW.workflow
+                   AND c.kind = 'resume' AND c.step_id = json_extract(NEW.data, '$.step_id')
+                   AND c.attempt = json_extract(NEW.data, '$.attempt')
+                 LIMIT 1)))
+           END,
+           w.user_id, u.email, u.role, NEW.created_at, NEW.created_at
+      FROM workflows w LEFT JOIN users u ON u.id = w.user_id
+     WHERE w.id = NEW.workflow;
+END;

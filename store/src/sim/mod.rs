@@ -210,6 +210,8 @@ struct State {
     retries: BTreeMap<WorkflowId, WorkflowId>,
     /// The notification outbox (migration 36), by id.
     outbox: BTreeMap<String, notify::OutboxRow>,
+    /// When each webhook was first configured (`notify_targets`, migration 43), by its URL.
+    notify_targets: BTreeMap<String, f64>,
     /// The bug planted in this store, if a test planted one.
     mutant: Option<Mutant>,
 }
