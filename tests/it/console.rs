@@ -1438,3 +1438,44 @@ async fn every_attempt_of_a_step_is_on_the_timeline_with_its_error_and_its_due_t
     assert!(first.contains("the endpoint is busy"));
     browser.screenshot("01-attempts");
 }
+
+/// Issue 40: a cancelled attempt kept counting "running for ..." on the workflow's page.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_attempt_stops_counting() {
+    let db = Db::new(false).await;
+    let faults = tempfile::tempdir().expect("fault dir");
+    std::fs::write(faults.path().join("hold_model"), b"").expect("hold");
+    let node = Node::start(
+        &db,
+        &[("REINS_FAULT_DIR", faults.path().display().to_string())],
+    );
+    let mut api = initialize(&node).await;
+    let run_id = launch(
+        &mut api,
+        "await agent({stepId: 'held', agentRef: 'scripted', task: {hold_while: 'hold_model'}});",
+    )
+    .await;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let record = wait_for(&mut api, &run_id, "running").await;
+        if record["steps"][0]["status"] == "running" {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{record}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let cancelled = api
+        .call("POST", &format!("/api/v1/workflows/{run_id}/cancel"), None)
+        .await;
+    assert_eq!(cancelled.status, 200, "{cancelled:?}");
+    let record = wait_for(&mut api, &run_id, "cancelled").await;
+    assert_eq!(record["steps"][0]["status"], "cancelled", "{record}");
+    let browser = Browser::start("cancelled-attempt", 1280, 900);
+    sign_in(&browser, &node, ADMIN);
+    browser.goto(&url(&node, &format!("#/workflows/{run_id}")));
+    let took = browser
+        .find(".timeline li[data-step=held] .took", WAIT)
+        .text();
+    assert!(!took.contains("running for"), "{took}");
+    browser.screenshot("01-cancelled-attempt");
+}
