@@ -18,6 +18,7 @@
 //! back as a message.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::time::Instant;
@@ -168,6 +169,10 @@ struct Shared {
     options: NotifyOptions,
     /// Every webhook's URL: a row goes once each has settled its delivery.
     targets: Vec<String>,
+    /// By webhook: whether the store has it recorded as configured (see
+    /// [`store::Store::register_notify_target`]); it claims nothing until then, so it never
+    /// takes what was recorded before it was configured.
+    registered: Vec<AtomicBool>,
     client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
 }
 
@@ -232,6 +237,12 @@ impl Actor for Notifier {
                 store: args.store,
                 metrics: args.metrics,
                 worker_id: args.worker_id,
+                registered: args
+                    .options
+                    .sinks
+                    .iter()
+                    .map(|_| AtomicBool::new(false))
+                    .collect(),
                 options: args.options,
                 targets,
                 client: Client::builder(TokioExecutor::new()).build(connector),
@@ -351,15 +362,16 @@ fn claim(myself: &ActorRef<NotifyMsg>, state: &mut NotifierState, sink: usize) {
     state.tasks.spawn(async move {
         let claim_ms = u64::try_from(shared.options.claim().as_millis()).unwrap_or(u64::MAX);
         let asked_at = Instant::now();
-        let claimed = shared
-            .store
-            .claim_notifications(
-                &shared.worker_id,
-                &shared.options.sinks[sink].url,
-                claim_ms,
-                asked,
-            )
-            .await;
+        let url = &shared.options.sinks[sink].url;
+        let claimed = match register(&shared, sink).await {
+            Ok(()) => {
+                shared
+                    .store
+                    .claim_notifications(&shared.worker_id, url, claim_ms, asked)
+                    .await
+            }
+            Err(error) => Err(error),
+        };
         let _ = myself.post(NotifyMsg::Claimed {
             sink,
             asked,
@@ -367,6 +379,21 @@ fn claim(myself: &ActorRef<NotifyMsg>, state: &mut NotifierState, sink: usize) {
             claimed,
         });
     });
+}
+
+/// Records the webhook `sink` as configured before its first claim (once per start; the first
+/// node that names it sets the moment it is delivered from).
+async fn register(shared: &Shared, sink: usize) -> store::Result<()> {
+    if shared.registered[sink].load(Ordering::Acquire) {
+        return Ok(());
+    }
+    let url = &shared.options.sinks[sink].url;
+    if shared.store.register_notify_target(url).await? {
+        tracing::info!(%url, "a webhook is configured for the first time: it is sent what is \
+            recorded from now on, nothing from before");
+    }
+    shared.registered[sink].store(true, Ordering::Release);
+    Ok(())
 }
 
 /// Posts `notification` to the webhook `sink` if its filters take it, by `deadline`, then
@@ -535,8 +562,23 @@ fn body(notification: &Notification, public_url: &str, bytes_max: usize) -> Valu
     if notification.kind != NotificationKind::Entered && !data["by"].is_null() {
         body["by"] = data["by"].clone();
     }
+    if notification.kind == NotificationKind::TimedOut {
+        // A deadline decided it, whatever the event recorded as its author (a checkpoint's
+        // deadline writes its control with no person).
+        body["by"] = json!(BY_TIMEOUT);
+    }
+    if notification.event == "pause_resumed" {
+        // What the pause resolves with: the person's input, or the deadline's `onTimeout`
+        // resume; absent when the deadline failed the pause.
+        if let Some(input) = data.get("input") {
+            body["input"] = input.clone();
+        }
+    }
     cut_to_fit(body, bytes_max)
 }
+
+/// Who a deadline's decision is by.
+const BY_TIMEOUT: &str = "timeout";
 
 /// Cuts the free texts of `body` (message, comment, title) until it serializes within
 /// `bytes_max`, marking it `"truncated": true`. The rest (ids, link, time) is bounded by the
@@ -547,6 +589,16 @@ fn cut_to_fit(mut body: Value, bytes_max: usize) -> Value {
         return body;
     }
     body["truncated"] = json!(true);
+    // A pause's input is data, not text: it is not cut but left out whole (it is in the
+    // workflow's record), before any text is cut.
+    if let Some(fields) = body.as_object_mut()
+        && fields.remove("input").is_some()
+    {
+        body["input_omitted"] = json!(true);
+        if size(&body) <= bytes_max {
+            return body;
+        }
+    }
     for key in ["message", "comment", "title"] {
         let over = size(&body).saturating_sub(bytes_max);
         if over == 0 {
@@ -565,6 +617,21 @@ fn cut_to_fit(mut body: Value, bytes_max: usize) -> Value {
     body
 }
 
+/// What a deadline decided, as a timed-out notification's Slack text says it.
+fn decided_by_deadline(body: &Value) -> String {
+    match (body["decision"].as_str(), body.get("input")) {
+        (Some(decision), _) => format!("its deadline decided {decision}"),
+        (None, Some(input)) => format!("its deadline resumed it with {input}"),
+        (None, None) if body["input_omitted"] == json!(true) => {
+            "its deadline resumed it (the input is in the workflow)".to_owned()
+        }
+        (None, None) if body["waits_for"] == "pause" => {
+            "its deadline failed the pause (no onTimeout resume)".to_owned()
+        }
+        (None, None) => "its deadline decided it".to_owned(),
+    }
+}
+
 /// One line for a Slack-compatible receiver.
 fn slack_text(body: &Value) -> String {
     let workflow = match body["title"].as_str() {
@@ -576,14 +643,18 @@ fn slack_text(body: &Value) -> String {
     let by = body["by"].as_str().unwrap_or("someone");
     let mut text = match body["kind"].as_str() {
         Some("entered") => format!("{workflow}: step `{step}` waits for a person ({what})"),
-        Some("timed_out") => format!("{workflow}: step `{step}` ({what}) timed out"),
+        Some("timed_out") => format!(
+            "{workflow}: step `{step}` ({what}) timed out: {}",
+            decided_by_deadline(body)
+        ),
         Some("overdue") => format!("{workflow}: step `{step}` ({what}) is overdue"),
         _ => format!(
             "{workflow}: step `{step}` ({what}) was answered by {by}{}",
-            body["decision"]
-                .as_str()
-                .map(|decision| format!(": {decision}"))
-                .unwrap_or_default()
+            match (body["decision"].as_str(), body.get("input")) {
+                (Some(decision), _) => format!(": {decision}"),
+                (None, Some(input)) => format!(": resumed with {input}"),
+                (None, None) => String::new(),
+            }
         ),
     };
     for key in ["message", "comment"] {
@@ -681,6 +752,79 @@ mod tests {
         );
         assert_eq!(body["artifact_version"], 2);
         assert!(slack_text(&body).contains("answered by ada: reject\n> not yet"));
+    }
+
+    /// Issue 40: a checkpoint's deadline records its control without a person, yet its
+    /// `timed_out` body says `by: "timeout"` as an approval's does, and its Slack text what
+    /// was decided.
+    #[test]
+    fn a_timed_out_checkpoint_says_by_timeout_and_what_its_deadline_decided() {
+        let data = json!({"step_id": "h", "attempt": 1, "decision": "reject",
+                          "artifact_version": 2, "by": null});
+        let body = body(
+            &notification(NotificationKind::TimedOut, "checkpoint_decided", data),
+            "http://x",
+            4096,
+        );
+        assert_eq!(
+            (&body["by"], &body["decision"]),
+            (&json!("timeout"), &json!("reject"))
+        );
+        assert!(
+            slack_text(&body).contains("(checkpoint) timed out: its deadline decided reject"),
+            "{}",
+            slack_text(&body)
+        );
+    }
+
+    /// Issue 40: a pause's `decided` body carries what it was resumed with; a deadline's
+    /// resume says it in Slack, and one without `onTimeout` says the pause failed.
+    #[test]
+    fn a_resumed_pause_carries_its_input() {
+        let resumed = json!({"step_id": "p", "attempt": 1, "by": "ada",
+                             "input": {"go": true}});
+        let decided = body(
+            &notification(NotificationKind::Decided, "pause_resumed", resumed),
+            "http://x",
+            4096,
+        );
+        assert_eq!(decided["input"], json!({"go": true}));
+        assert!(slack_text(&decided).contains("answered by ada: resumed with {\"go\":true}"));
+        let late = json!({"step_id": "p", "attempt": 1, "input": "nobody came"});
+        let timed_out = body(
+            &notification(NotificationKind::TimedOut, "pause_resumed", late),
+            "http://x",
+            4096,
+        );
+        assert_eq!(
+            (&timed_out["by"], &timed_out["input"]),
+            (&json!("timeout"), &json!("nobody came"))
+        );
+        assert!(
+            slack_text(&timed_out)
+                .contains("timed out: its deadline resumed it with \"nobody came\"")
+        );
+        let failed = body(
+            &notification(
+                NotificationKind::TimedOut,
+                "pause_resumed",
+                json!({"step_id": "p"}),
+            ),
+            "http://x",
+            4096,
+        );
+        assert!(failed.get("input").is_none(), "{failed}");
+        assert!(slack_text(&failed).contains("its deadline failed the pause"));
+        let big = json!({"step_id": "p", "attempt": 1, "by": "ada", "input": "x".repeat(5000)});
+        let cut = body(
+            &notification(NotificationKind::Decided, "pause_resumed", big),
+            "http://x",
+            1024,
+        );
+        assert!(
+            cut.get("input").is_none() && cut["input_omitted"] == true,
+            "{cut}"
+        );
     }
 
     #[test]

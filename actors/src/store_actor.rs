@@ -423,6 +423,15 @@ impl StoreHandle {
         .await
     }
 
+    /// See [`Store::register_notify_target`].
+    pub async fn register_notify_target(&self, target: &str) -> store::Result<bool> {
+        let target = target.to_owned();
+        self.call(Operation::RegisterNotifyTarget, move |store| async move {
+            store.register_notify_target(&target).await
+        })
+        .await
+    }
+
     /// See [`Store::claim_notifications`].
     pub async fn claim_notifications(
         &self,

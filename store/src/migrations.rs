@@ -264,10 +264,16 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         postgres: include_str!("../migrations/postgres/0042_notify_deliveries.sql"),
         sqlite: include_str!("../migrations/sqlite/0042_notify_deliveries.sql"),
     },
+    Migration {
+        version: 43,
+        name: "attempts_and_webhooks",
+        postgres: include_str!("../migrations/postgres/0043_attempts_and_webhooks.sql"),
+        sqlite: include_str!("../migrations/sqlite/0043_attempts_and_webhooks.sql"),
+    },
 ];
 
 /// The schema version this build expects.
-pub const SCHEMA_VERSION: i64 = 42;
+pub const SCHEMA_VERSION: i64 = 43;
 
 /// The advisory-lock key PostgreSQL migrations serialise on ("reins" in ASCII).
 pub(crate) const PG_MIGRATION_LOCK: i64 = 0x0072_6569_6e73;

@@ -381,6 +381,11 @@ macro_rules! with_operations {
             /// on its own. A claim is a lease on one webhook's delivery of a row: one claimant at
             /// a time, and only the claim's epoch settles it.
             trait Notifications {
+                /// Records that `target` is configured, from now (database clock), the first time
+                /// any node names it; `true` when this call recorded it. A claim for a recorded
+                /// target takes no notification committed before that moment: a webhook added to
+                /// a node with history starts from its configuration (migration 43).
+                write RegisterNotifyTarget: fn register_notify_target(&self, target: &str) -> bool;
                 /// Claims for `owner`, until `claim_ms` from now, at most `max` notifications
                 /// whose delivery to `target` is due, not settled and not claimed (or whose claim
                 /// lapsed), each with its delivery's epoch + 1. At most one per workflow, and none
@@ -392,7 +397,8 @@ macro_rules! with_operations {
                 write ClaimNotifications:
                 fn claim_notifications(&self, owner: &str, target: &str, claim_ms: u64, max: u32) -> Vec<Notification>;
                 /// Settles a claimed delivery if `epoch` is still its claim's (finished: settled
-                /// for good, and the row deleted once each of `targets` has settled it; retry:
+                /// for good, and the row deleted once each of `targets` has settled it or was
+                /// registered after it committed; retry:
                 /// released with one more attempt, due `after_ms` from now). `false`: another
                 /// claim took it, or it is gone, and nothing was written.
                 write SettleNotification:

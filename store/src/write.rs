@@ -214,6 +214,11 @@ pub struct StepRow {
     pub record: Result<StepRecord, String>,
     /// When the entry was first journaled (epoch seconds, database clock).
     pub created_at: f64,
+    /// When its attempt's child run was admitted (epoch seconds, database clock): read with a
+    /// record's page of steps only (`None` elsewhere, and for an attempt never admitted), so
+    /// that the wait before an attempt (its retry's backoff, a wait for a slot) is told apart
+    /// from its run.
+    pub run_started_at: Option<f64>,
 }
 
 impl StepRow {
@@ -234,6 +239,15 @@ impl StepRow {
             status,
             record,
             created_at,
+            run_started_at: None,
+        }
+    }
+
+    /// The row with when its child run was admitted (see [`StepRow::run_started_at`]).
+    pub fn with_run_started_at(self, run_started_at: Option<f64>) -> StepRow {
+        StepRow {
+            run_started_at,
+            ..self
         }
     }
 

@@ -297,6 +297,27 @@ async fn an_operator_lists_and_reconciles_every_uncertain_workflow_with_one_comm
     }
     let bad = cli(home, &node, &["reconcile", &ids[0], "--reason", "checked"]);
     assert_ne!(code(&bad), 0, "no resolution given");
+    // Issue 40: `get` says why it waits, the command that settles it, and the uncertain step's
+    // status as the record gives it (its row still says `running`).
+    let get = cli(home, &node, &["get", &ids[0]]);
+    let shown = String::from_utf8_lossy(&get.stdout);
+    assert!(
+        shown.contains("why            child_outcome_unknown: "),
+        "{shown}"
+    );
+    assert!(
+        shown.contains(&format!(
+            "settle with    reins reconcile {} --step held --retry|--fail|--complete JSON",
+            ids[0]
+        )),
+        "{shown}"
+    );
+    let held = shown
+        .lines()
+        .find(|line| line.starts_with("held "))
+        .unwrap_or_else(|| panic!("no step line: {shown}"));
+    assert!(held.contains(" needs_reconciliation "), "{held}");
+    assert!(!held.contains(" running "), "{held}");
 
     std::fs::remove_file(faults.path().join("hold_model")).expect("release the model");
     let settled = cli(
@@ -323,6 +344,21 @@ async fn an_operator_lists_and_reconciles_every_uncertain_workflow_with_one_comm
             let get = json_of(&cli(home, &node, &["get", id, "--json"]));
             if get["status"] == "completed" {
                 assert_eq!(get["result"], "real");
+                // The reconcile's reason stays with the attempt it settled.
+                assert_eq!(
+                    get["steps"][0]["reconciled"],
+                    serde_json::json!({"by": ADMIN, "reason": "checked the model's log",
+                                       "resolution": "retry"}),
+                    "{get}"
+                );
+                let shown = cli(home, &node, &["get", id]);
+                let shown = String::from_utf8_lossy(&shown.stdout);
+                assert!(
+                    shown.contains(&format!(
+                        "held attempt 1: reconciled by {ADMIN} (retry): checked the model's log"
+                    )),
+                    "{shown}"
+                );
                 break;
             }
             assert!(
@@ -379,4 +415,115 @@ async fn one_sign_in_serves_every_node_of_the_cluster() {
         said.contains("not signed in to") && said.contains("not of the cluster"),
         "{said}"
     );
+}
+
+/// Issue 40: `list` and `get` name the owner (the person) apart from the node, and `reins inbox`
+/// tells what the console tells: an item past its reminder is overdue
+/// (with when), one with a `timeoutMs` names its deadline, and one whose workflow no node runs
+/// (recoverable) warns that an answer is only recorded until a node takes the workflow over;
+/// which is what happens: the answer given then is the one the workflow resumes with once it is
+/// recovered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_cli_names_owner_and_node_and_its_inbox_says_overdue_deadline_and_recoverable() {
+    let db = Db::new(false).await;
+    let node = Node::start(&db, &[]);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let home = dir.path();
+    assert_eq!(code(&cli(home, &node, &["init", "--email", ADMIN])), 0);
+    std::fs::write(
+        home.join("late.js"),
+        "return await pause({stepId: 'p', timeoutMs: 86400000, remindAfterMs: 1});",
+    )
+    .expect("script");
+    let run = cli(home, &node, &["run", "late.js", "--wait", "--json"]);
+    assert_eq!(code(&run), 3, "{}", String::from_utf8_lossy(&run.stderr));
+    let id = json_of(&run)["run_id"].as_str().expect("id").to_owned();
+
+    // OWNER is the person (as the console names them), NODE the node that runs it.
+    let list = String::from_utf8_lossy(&cli(home, &node, &["list"]).stdout).into_owned();
+    let header: Vec<&str> = list
+        .lines()
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .collect();
+    assert_eq!(
+        header,
+        ["RUN", "ID", "STATUS", "OWNER", "NODE", "CREATED", "TITLE"],
+        "{list}"
+    );
+    let line = list
+        .lines()
+        .find(|line| line.starts_with(&id))
+        .unwrap_or_else(|| panic!("not listed: {list}"));
+    assert!(line.contains(ADMIN), "{line}");
+    let get = String::from_utf8_lossy(&cli(home, &node, &["get", &id]).stdout).into_owned();
+    assert!(get.contains(&format!("owner          {ADMIN}\n")), "{get}");
+    assert!(get.contains("node           "), "{get}");
+
+    let inbox = cli(home, &node, &["inbox"]);
+    let shown = String::from_utf8_lossy(&inbox.stdout).into_owned();
+    assert!(shown.contains(&format!("{id} [overdue]")), "{shown}");
+    assert!(shown.contains("  overdue since "), "{shown}");
+    assert!(
+        shown.contains("  deadline ") && shown.contains("its timeout decides it"),
+        "{shown}"
+    );
+    assert!(!shown.contains("no node runs"), "{shown}");
+
+    crate::operators::admin_json(&node.admin_socket(), &["fence", &id]);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let shown = loop {
+        let shown = String::from_utf8_lossy(&cli(home, &node, &["inbox"]).stdout).into_owned();
+        if shown.contains("no node runs") {
+            break shown;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never warned: {shown}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    assert!(
+        shown.contains(&format!(
+            "warning: no node runs this workflow (recoverable): an answer is recorded now and \
+             applied when a node takes it over (reins recover {id})"
+        )),
+        "{shown}"
+    );
+    let items = json_of(&cli(home, &node, &["inbox", "--json"]));
+    assert_eq!(items["items"][0]["recoverable"], true, "{items}");
+    assert!(items["items"][0]["deadline_at"].is_f64(), "{items}");
+
+    let resume = cli(
+        home,
+        &node,
+        &["resume", &id, "--input", "\"late but here\""],
+    );
+    assert_eq!(
+        code(&resume),
+        0,
+        "{}",
+        String::from_utf8_lossy(&resume.stderr)
+    );
+    let recover = cli(home, &node, &["recover", &id]);
+    assert_eq!(
+        code(&recover),
+        0,
+        "{}",
+        String::from_utf8_lossy(&recover.stderr)
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let get = json_of(&cli(home, &node, &["get", &id, "--json"]));
+        if get["status"] == "completed" {
+            assert_eq!(get["result"], "late but here", "{get}");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the recorded answer was never applied: {get}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
 }

@@ -898,6 +898,47 @@ async fn an_admin_recovers_and_reconciles_an_uncertain_step_from_the_workflow_pa
         WAIT,
     );
     browser.screenshot("03-reconciled");
+    // Issue 40: the reconcile's reason stays on the workflow's page, with the attempt it settled.
+    browser.wait_for_text("the agent's effects were checked", WAIT);
+    let entry = browser
+        .find(".timeline li[data-step=held] .reconciled", WAIT)
+        .text();
+    assert!(
+        entry.contains(&format!("Reconciled by {ADMIN} (complete)")),
+        "{entry}"
+    );
+}
+
+/// Issue 40: an inbox item whose workflow no node runs (recoverable) was offered for an answer
+/// with no warning; it says so, and what happens to the answer. Its deadline shows too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_inbox_item_of_a_workflow_no_node_runs_says_so_and_when_its_answer_applies() {
+    let db = Db::new(false).await;
+    let node = Node::start(&db, &[]);
+    let mut api = initialize(&node).await;
+    let run_id = launch(
+        &mut api,
+        "return await pause({stepId: 'p', message: 'sign here', timeoutMs: 86400000});",
+    )
+    .await;
+    wait_for(&mut api, &run_id, "paused").await;
+    crate::operators::admin_json(&node.admin_socket(), &["fence", &run_id]);
+    wait_for(&mut api, &run_id, "recoverable").await;
+    let browser = Browser::start("inbox-recoverable", 1280, 900);
+    sign_in(&browser, &node, ADMIN);
+    browser.goto(&url(&node, "#/inbox"));
+    let item = format!("[data-item='{run_id}/p/1']");
+    let warning = browser
+        .find(&format!("{item} .recoverable-warning"), WAIT)
+        .text();
+    assert!(
+        warning.contains("No node runs this workflow")
+            && warning.contains("applied when a node takes it over"),
+        "{warning}"
+    );
+    let deadline = browser.find(&format!("{item} .deadline"), WAIT).text();
+    assert!(deadline.contains("its timeout decides it at"), "{deadline}");
+    browser.screenshot("01-inbox-recoverable");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -1334,7 +1375,9 @@ async fn poll_inbox(api: &mut crate::http_client::Api, count: usize) -> Value {
 }
 
 /// Issue 31: a step's attempts each have their entry in the timeline: the failed one with its
-/// error and how it failed, the one its policy queued with when it was due and why.
+/// error and how it failed, the one its policy queued with when it was due and why. Issue 40:
+/// each says what it waited (the backoff before a retry) apart from what it ran, and is labelled
+/// by its own number (`Attempt 2 (retry of 1)`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_attempt_of_a_step_is_on_the_timeline_with_its_error_and_its_due_time() {
     let db = Db::new(false).await;
@@ -1346,16 +1389,121 @@ async fn every_attempt_of_a_step_is_on_the_timeline_with_its_error_and_its_due_t
                         retry: {maxAttempts: 2, initialIntervalMs: 100}});"#,
     )
     .await;
-    wait_for(&mut api, &failed, "failed").await;
+    let record = wait_for(&mut api, &failed, "failed").await;
+    // The record tells the wait before the retry apart from its run: the wait reaches at least
+    // its due time, and the wait and the run together are what the attempt took, never more.
+    let retried = &record["steps"][1];
+    let ms = |value: &Value| {
+        value
+            .as_f64()
+            .unwrap_or_else(|| panic!("not a number: {record}"))
+    };
+    let (waited, ran) = (ms(&retried["waited_ms"]), ms(&retried["ran_ms"]));
+    let due_wait = (ms(&retried["retry"]["due_at"]) - ms(&retried["started_at"])) * 1000.0;
+    assert!(waited >= due_wait - 1.0, "{record}");
+    assert!(
+        ms(&retried["run_started_at"]) >= ms(&retried["started_at"]),
+        "{record}"
+    );
+    assert!(ms(&record["steps"][0]["ran_ms"]) >= 0.0, "{record}");
+    let took = (ms(&retried["finished_at"]) - ms(&retried["started_at"])) * 1000.0;
+    assert!(
+        ran <= took - waited + 2.0,
+        "the run counts no wait: {record}"
+    );
+    // So does the retry's `step_finished` event: its `duration_ms` is the run, `waited_ms` the
+    // backoff before it.
+    let stream = api
+        .call("GET", &format!("/api/v1/workflows/{failed}/events"), None)
+        .await;
+    let text = String::from_utf8_lossy(&stream.body).into_owned();
+    let finished: Value = text
+        .split("\n\n")
+        .filter(|block| block.contains("event: step_finished"))
+        .filter_map(|block| block.lines().find_map(|l| l.strip_prefix("data: ")))
+        .filter_map(|data| serde_json::from_str::<Value>(data).ok())
+        .find(|data| data["attempt"] == 2)
+        .unwrap_or_else(|| panic!("no step_finished of attempt 2: {text}"));
+    let event_waited = ms(&finished["waited_ms"]);
+    assert!(event_waited >= due_wait - 1.0, "{finished}");
+    // The run's end is read on two clocks (the record's from the owner, the event's from the
+    // database): the event's run may differ from the record's by a little, never by half the
+    // wait it would hold if it still counted the backoff.
+    assert!(
+        ms(&finished["duration_ms"]) < ran + event_waited / 2.0,
+        "{finished}"
+    );
+
     let browser = Browser::start("attempts", 1280, 900);
     sign_in(&browser, &node, ADMIN);
     browser.goto(&url(&node, &format!("#/workflows/{failed}")));
-    browser.wait_for_text("Attempt 1 again, due", WAIT);
+    browser.wait_for_text("Retry of attempt 1, due", WAIT);
     let entries = browser.all(".timeline li[data-step=flaky]");
     assert_eq!(entries.len(), 2, "one entry per attempt");
-    let second = entries[1].text();
-    assert!(second.contains("attempt 2"), "{second}");
+    let (first, second) = (entries[0].text(), entries[1].text());
+    let of = |attempt: u32, part: &str| {
+        browser
+            .find(
+                &format!(".timeline li[data-step=flaky][data-attempt='{attempt}'] {part}"),
+                WAIT,
+            )
+            .text()
+    };
+    assert_eq!(of(1, ".attempt"), "Attempt 1");
+    assert_eq!(of(2, ".attempt"), "Attempt 2 (retry of 1)");
+    let took = of(1, ".took");
+    assert!(
+        took.starts_with("ran ") || took.contains(" · ran "),
+        "attempt 1 says what it took: {took}"
+    );
+    assert!(!first.contains("running for"), "{first}");
+    let took = of(2, ".took");
+    assert!(
+        took.starts_with("waited ") && took.contains(" · ran "),
+        "{took}"
+    );
     assert!(second.contains("after: the endpoint is busy"), "{second}");
-    assert!(entries[0].text().contains("the endpoint is busy"));
+    assert!(first.contains("the endpoint is busy"));
     browser.screenshot("01-attempts");
+}
+
+/// Issue 40: a cancelled attempt kept counting "running for ..." on the workflow's page.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_attempt_stops_counting() {
+    let db = Db::new(false).await;
+    let faults = tempfile::tempdir().expect("fault dir");
+    std::fs::write(faults.path().join("hold_model"), b"").expect("hold");
+    let node = Node::start(
+        &db,
+        &[("REINS_FAULT_DIR", faults.path().display().to_string())],
+    );
+    let mut api = initialize(&node).await;
+    let run_id = launch(
+        &mut api,
+        "await agent({stepId: 'held', agentRef: 'scripted', task: {hold_while: 'hold_model'}});",
+    )
+    .await;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let record = wait_for(&mut api, &run_id, "running").await;
+        if record["steps"][0]["status"] == "running" {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{record}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let cancelled = api
+        .call("POST", &format!("/api/v1/workflows/{run_id}/cancel"), None)
+        .await;
+    assert_eq!(cancelled.status, 200, "{cancelled:?}");
+    let record = wait_for(&mut api, &run_id, "cancelled").await;
+    assert_eq!(record["steps"][0]["status"], "cancelled", "{record}");
+    let browser = Browser::start("cancelled-attempt", 1280, 900);
+    sign_in(&browser, &node, ADMIN);
+    browser.goto(&url(&node, &format!("#/workflows/{run_id}")));
+    let took = browser
+        .find(".timeline li[data-step=held] .took", WAIT)
+        .text();
+    assert!(!took.contains("running for"), "{took}");
+    browser.screenshot("01-cancelled-attempt");
 }

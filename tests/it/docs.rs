@@ -914,7 +914,18 @@ fn normalized(text: &str, addr: &str) -> Vec<String> {
                     out
                 })
                 .collect();
-            words.join(" ")
+            // Durations (`18 ms`, `2.5 s`) vary from run to run too.
+            let mut kept: Vec<String> = Vec::new();
+            for word in words {
+                let unit = ["ms", "s", "min", "h"].contains(&word.as_str());
+                if unit && kept.last().is_some_and(|n| n.parse::<f64>().is_ok()) {
+                    kept.pop();
+                    kept.push("<duration>".to_owned());
+                } else {
+                    kept.push(word);
+                }
+            }
+            kept.join(" ")
         })
         .filter(|line| !line.is_empty())
         .collect()

@@ -687,7 +687,11 @@ async fn reins_watch_prints_the_events_and_exits_at_the_end() {
         .iter()
         .filter_map(|line| line.split_whitespace().next()?.parse().ok())
         .collect();
-    assert_eq!(numbered, (1..=numbered.len()).collect::<Vec<_>>(), "{stdout}");
+    assert_eq!(
+        numbered,
+        (1..=numbered.len()).collect::<Vec<_>>(),
+        "{stdout}"
+    );
     assert!(
         lines.iter().any(|l| l.trim() == "p: waiting for a person"),
         "{stdout}"

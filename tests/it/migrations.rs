@@ -13,6 +13,7 @@ const TABLES: &[&str] = &[
     "nodes",
     "notify_deliveries",
     "notify_outbox",
+    "notify_targets",
     "runs",
     "schema_migrations",
     "sent_events",

@@ -249,7 +249,7 @@ async fn each_inbox_item_is_notified_once_as_it_enters_and_as_it_is_decided(post
         .action(
             "resume",
             json!({"run_id": run, "fingerprint": paused["fingerprint"],
-                                 "step_id": "p", "attempt": 1}),
+                   "step_id": "p", "attempt": 1, "input": {"figures": "checked"}}),
         )
         .await;
     assert_eq!(resumed.status, 200, "{resumed:?}");
@@ -262,6 +262,8 @@ async fn each_inbox_item_is_notified_once_as_it_enters_and_as_it_is_decided(post
         (&json!("decided"), &json!("p"), &json!("pause"))
     );
     assert!(decided["by"].is_string(), "{decided}");
+    // Issue 40: a pause's decision carries what it was resumed with.
+    assert_eq!(decided["input"], json!({"figures": "checked"}), "{decided}");
     assert_ne!(decided["id"], body["id"]);
 
     let slack = slack.wait_for(2).await;
@@ -416,6 +418,113 @@ async fn a_wait_its_deadline_answered_is_notified_as_timed_out() {
         .collect();
     assert_eq!(kinds, [json!("entered"), json!("timed_out")]);
     assert_eq!(seen[1].json()["step_id"], "p");
+    // Issue 40: it says who decided and what the pause resumed with.
+    assert_eq!(
+        (&seen[1].json()["by"], &seen[1].json()["input"]),
+        (&json!("timeout"), &json!("late"))
+    );
+}
+
+both!(a_checkpoint_its_deadline_decided_says_by_timeout_and_what_was_decided);
+/// Issue 40: a checkpoint its deadline decided was notified `timed_out` without `by` (an agent
+/// approval's had it), and its Slack text did not say what was decided.
+async fn a_checkpoint_its_deadline_decided_says_by_timeout_and_what_was_decided(postgres: bool) {
+    let db = Db::new(postgres).await;
+    let (reins, slack) = (
+        Receiver::start(Mode::Take).await,
+        Receiver::start(Mode::Take).await,
+    );
+    let files = tempfile::tempdir().expect("temp dir");
+    let path = config(
+        files.path(),
+        &[(reins.url(), "reins"), (slack.url(), "slack")],
+        "",
+    );
+    let node = Node::start(&db, &[("REINS_CONFIG", path)]);
+    let mut api = initialize(&node).await;
+    let run = crate::http_api::launch(
+        &mut api,
+        r#"const draft = await agent({stepId: "draft", agentRef: "scripted", task: {output: "x"}});
+           const review = await humanCheckpoint({stepId: "review", sourceStepId: "draft",
+             artifactVersion: draft.artifactVersion, timeoutMs: 300, onReject: "return"});
+           return review.decision;"#,
+    )
+    .await;
+    wait_for(&mut api, &run, "completed").await;
+    let seen = reins.wait_for(2).await;
+    let timed_out = seen[1].json();
+    assert_eq!(
+        (&timed_out["kind"], &timed_out["by"], &timed_out["decision"]),
+        (&json!("timed_out"), &json!("timeout"), &json!("reject")),
+        "{timed_out}"
+    );
+    let texts = slack.wait_for(2).await;
+    let text = texts[1].json()["text"].as_str().unwrap_or("").to_owned();
+    assert!(
+        text.contains("`review` (checkpoint) timed out: its deadline decided reject"),
+        "{text}"
+    );
+}
+
+/// Issue 40: enabling `[[notify]]` on a node with history sent every notification recorded
+/// before it was configured. A node without webhooks records a pause; a node of the same
+/// cluster then starts with one: the webhook is sent the pause that comes after, and its
+/// decision, never the one from before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_webhook_is_sent_what_comes_after_it_was_configured_not_what_came_before() {
+    let db = Db::new(true).await;
+    let quiet = Node::start(&db, &[]);
+    let mut api = initialize(&quiet).await;
+    let old = crate::http_api::launch(&mut api, PAUSED).await;
+    wait_for(&mut api, &old, "paused").await;
+    assert_eq!(outbox(&db).await, 1, "the old pause is in the outbox");
+
+    let receiver = Receiver::start(Mode::Take).await;
+    let files = tempfile::tempdir().expect("temp dir");
+    let path = config(files.path(), &[(receiver.url(), "reins")], "");
+    let notifying = Node::start(&db, &[("REINS_CONFIG", path)]);
+    eventually(
+        Duration::from_secs(30),
+        "the webhook to be configured",
+        async || {
+            db.sql("SELECT count(*) FROM notify_targets")
+                .await
+                .as_deref()
+                == Some("1")
+        },
+    )
+    .await;
+    let new = crate::http_api::launch(&mut api, PAUSED).await;
+    let paused = wait_for(&mut api, &new, "paused").await;
+    let resumed = api
+        .action(
+            "resume",
+            json!({"run_id": new, "fingerprint": paused["fingerprint"],
+                   "step_id": "p", "attempt": 1}),
+        )
+        .await;
+    assert_eq!(resumed.status, 200, "{resumed:?}");
+    wait_for(&mut api, &new, "completed").await;
+    // The oldest notification is claimed first: had the old pause been the webhook's, it would
+    // have come before both of these.
+    let seen = receiver.wait_for(2).await;
+    let sent: Vec<(Value, Value)> = seen
+        .iter()
+        .map(|received| {
+            (
+                received.json()["workflow_id"].clone(),
+                received.json()["kind"].clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        sent,
+        [
+            (json!(new), json!("entered")),
+            (json!(new), json!("decided"))
+        ]
+    );
+    drop(notifying);
 }
 
 /// A pause with `remindAfterMs` is notified again as `overdue` at its time, while it is dormant

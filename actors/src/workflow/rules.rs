@@ -584,6 +584,7 @@ mod tests {
             status: StepStatus::Running,
             record: store::StepRecord::decode(kind.as_str(), &data).map_err(|e| e.to_string()),
             created_at: 0.0,
+            run_started_at: None,
         }
     }
 

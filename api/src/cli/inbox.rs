@@ -65,12 +65,37 @@ fn print_item(item: &Value) {
         ),
         _ => (text(&item["kind"]), String::new()),
     };
-    println!("{named}");
+    let overdue = if item["overdue"] == Value::Bool(true) {
+        " [overdue]"
+    } else {
+        ""
+    };
+    println!("{named}{overdue}");
     println!(
         "  {what} at step {step} (attempt {}), waiting since {}",
         text(&item["attempt"]),
         format_time(&item["since"])
     );
+    if !item["remind_at"].is_null() {
+        let when = if overdue.is_empty() {
+            "reminder at"
+        } else {
+            "overdue since"
+        };
+        println!("  {when} {}", format_time(&item["remind_at"]));
+    }
+    if !item["deadline_at"].is_null() {
+        println!(
+            "  deadline {}: unanswered by then, its timeout decides it",
+            format_time(&item["deadline_at"])
+        );
+    }
+    if item["recoverable"] == Value::Bool(true) {
+        println!(
+            "  warning: no node runs this workflow (recoverable): an answer is recorded now and \
+             applied when a node takes it over (reins recover {id})"
+        );
+    }
     if let Some(message) = item["message"].as_str() {
         println!("  message: {}", printable(message));
     }

@@ -11,6 +11,7 @@
 //! approval, or a step's agent waits for an answer), 4 it needs reconciliation; `watch` ends
 //! with the same codes when the workflow ends (0, 2) or needs reconciliation (4).
 
+mod cells;
 mod client;
 mod credentials;
 mod inbox;
@@ -418,7 +419,7 @@ async fn run_signed_in(common: &Common, client: &Client, command: Command) -> an
         }
         Command::Get { id, wait: false } => {
             let record = whole(client, &id, get(client, &id).await?).await?;
-            print_value(common, &record, || print_record(&record));
+            show_record(common, client, &record).await;
             Ok(0)
         }
         Command::Get { id, wait: true } => {
@@ -448,7 +449,14 @@ async fn run_signed_in(common: &Common, client: &Client, command: Command) -> an
             }
             let page = client.json("GET", &path, None).await?;
             let now = waits::now();
+            let names = if common.json {
+                Default::default()
+            } else {
+                cells::owner_names(client).await
+            };
             print_value(common, &page, || {
+                // OWNER is the person the workflow is for (as the console names them), NODE
+                // the node that runs it (the record's `owner`).
                 let rows: Vec<Vec<String>> = page["workflows"]
                     .as_array()
                     .into_iter()
@@ -458,6 +466,7 @@ async fn run_signed_in(common: &Common, client: &Client, command: Command) -> an
                             text(&w["run_id"]),
                             text(&w["status"]),
                             waits::lines(&w["waiting_for"], now).join("; "),
+                            cells::owner_name(&names, &w["user_id"]),
                             text(&w["owner"]),
                             format_time(&w["created_at"]),
                             text(&w["title"]),
@@ -470,6 +479,7 @@ async fn run_signed_in(common: &Common, client: &Client, command: Command) -> an
                         "STATUS",
                         "WAITING FOR",
                         "OWNER",
+                        "NODE",
                         "CREATED",
                         "TITLE",
                     ],
@@ -932,7 +942,7 @@ async fn wait_for_rest(
             if terminal {
                 eprintln!();
             }
-            print_value(common, &record, || print_record(&record));
+            show_record(common, client, &record).await;
             return Ok(code);
         }
         record = get_waiting(client, run_id).await?;
@@ -956,7 +966,17 @@ fn print_value(common: &Common, value: &Value, human: impl FnOnce()) {
     }
 }
 
-fn print_record(record: &Value) {
+/// A record as `--json` or as text, its owner named by email where the caller may.
+async fn show_record(common: &Common, client: &Client, record: &Value) {
+    let names = if common.json {
+        Default::default()
+    } else {
+        cells::owner_names(client).await
+    };
+    print_value(common, record, || print_record(record, &names));
+}
+
+fn print_record(record: &Value, names: &std::collections::HashMap<String, String>) {
     let field = |name: &str, value: String| println!("{name:<14} {value}");
     field("run id", text(&record["run_id"]));
     if !record["title"].is_null() {
@@ -970,7 +990,30 @@ fn print_record(record: &Value) {
             format!("{}: {}", text(&wait["step_id"]), waits::line(wait, now)),
         );
     }
-    field("owner", text(&record["owner"]));
+    let why = &record["reconciliation"];
+    if !why.is_null() {
+        field(
+            "why",
+            format!(
+                "{}: {}",
+                text(&why["reason"]),
+                inbox::printable(&text(&why["message"]))
+            ),
+        );
+        field(
+            "settle with",
+            format!(
+                "reins reconcile {} --step {} --retry|--fail|--complete JSON --reason TEXT \
+                 (admins, after checking what child run {} did)",
+                text(&record["run_id"]),
+                text(&why["step_id"]),
+                text(&why["run_id"])
+            ),
+        );
+    }
+    // The person the workflow is for, and the node that runs it (the record's `owner`).
+    field("owner", cells::owner_name(names, &record["user_id"]));
+    field("node", text(&record["owner"]));
     field("epoch", text(&record["epoch"]));
     field("created", format_time(&record["created_at"]));
     if !record["result"].is_null() {
@@ -995,17 +1038,41 @@ fn print_record(record: &Value) {
                 text(&s["kind"]),
                 text(&s["attempt"]),
                 text(&s["status"]),
+                cells::duration_ms(&s["waited_ms"]),
+                cells::duration_ms(&s["ran_ms"]),
                 text(&s["run_id"]),
                 text(&s["artifact_version"]),
+                s["error"].as_str().unwrap_or("-").to_owned(),
             ]
         })
         .collect();
     if !steps.is_empty() {
         println!();
-        print_table(
-            &["STEP", "KIND", "ATTEMPT", "STATUS", "CHILD RUN", "ARTIFACT"],
-            &steps,
-        );
+        let headers = [
+            "STEP",
+            "KIND",
+            "ATTEMPT",
+            "STATUS",
+            "WAITED",
+            "RAN",
+            "CHILD RUN",
+            "ARTIFACT",
+            "ERROR",
+        ];
+        print_table(&headers, &cut_last_column(&headers, steps));
+    }
+    for step in record["steps"].as_array().into_iter().flatten() {
+        let reconciled = &step["reconciled"];
+        if !reconciled.is_null() {
+            println!(
+                "{} attempt {}: reconciled by {} ({}): {}",
+                text(&step["step_id"]),
+                text(&step["attempt"]),
+                text(&reconciled["by"]),
+                text(&reconciled["resolution"]),
+                inbox::printable(&text(&reconciled["reason"]))
+            );
+        }
     }
     let artifacts: Vec<Vec<String>> = record["artifacts"]
         .as_array()
@@ -1090,6 +1157,30 @@ fn print_record(record: &Value) {
             println!("  comment: {}", inbox::printable(comment));
         }
     }
+}
+
+/// `rows` with their last cell on one line and cut to the room the other columns leave (see
+/// [`cells::room_after`]): a long error never wraps a table.
+fn cut_last_column(headers: &[&str], mut rows: Vec<Vec<String>>) -> Vec<Vec<String>> {
+    let others = headers.len().saturating_sub(1);
+    let used: usize = (0..others)
+        .map(|column| {
+            rows.iter()
+                .filter_map(|row| row.get(column))
+                .map(|cell| cell.chars().count())
+                .chain(headers.get(column).map(|header| header.len()))
+                .max()
+                .unwrap_or(0)
+                + 2
+        })
+        .sum();
+    let room = cells::room_after(used);
+    for row in &mut rows {
+        if let Some(last) = row.get_mut(others) {
+            *last = cells::cut(last, room);
+        }
+    }
+    rows
 }
 
 pub(crate) fn print_table(headers: &[&str], rows: &[Vec<String>]) {

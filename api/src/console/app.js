@@ -729,7 +729,14 @@ function inboxItem(item, previews) {
       " · step ", h("code", {}, item.step_id), ` · attempt ${item.attempt} · waiting since `,
       time(item.since), item.remind_at != null
         ? h("span", {}, item.overdue ? " · overdue since " : " · reminder at ", time(item.remind_at))
+        : "", item.deadline_at != null
+        ? h("span", {class: "deadline"}, " · its timeout decides it at ", time(item.deadline_at))
         : ""));
+  if (item.recoverable) {
+    li.append(h("p", {class: "notice recoverable-warning"},
+      "No node runs this workflow (recoverable): an answer is recorded now and applied when a " +
+      "node takes it over (Recover, on the workflow's page)."));
+  }
   if (item.kind === "humanCheckpoint") {
     if (item.artifact_version != null) {
       const previewKey = `${item.run_id}/${item.artifact_version}`;
@@ -1237,15 +1244,48 @@ function preview(previews, runId, version, purpose = "list", about = null) {
   return previews.get(key);
 }
 
+/** Step statuses after which an attempt no longer counts time, with or without an outcome. */
+const STEP_ENDED = new Set(["completed", "failed", "cancelled", "needs_reconciliation"]);
+
+/**
+ * What an attempt took, the wait before it (its retry's backoff, a slot) apart from its run:
+ * "waited 2.0 s · ran 12 ms"; while it runs, "running for ..." counting from its run's start.
+ * An attempt that ended without an outcome (cancelled) stops counting.
+ */
+function attemptTimes(step, now) {
+  const ended = STEP_ENDED.has(step.status) || typeof step.finished_at === "number";
+  const parts = [];
+  if (step.waited_ms > 0) parts.push(`waited ${duration(step.waited_ms / 1000)}`);
+  if (typeof step.ran_ms === "number") {
+    parts.push(`ran ${duration(step.ran_ms / 1000)}`);
+    return parts.join(" · ");
+  }
+  if (step.status === "needs_reconciliation") {
+    parts.push("its outcome is unknown: an operator reconciles it");
+    return parts.join(" · ");
+  }
+  if (ended) {
+    parts.push(typeof step.run_started_at === "number" ? "ended" : "ended before it ran");
+    return parts.join(" · ");
+  }
+  if (typeof step.run_started_at !== "number") {
+    return step.retry ? ["waiting for its retry", ...parts].join(" · ") : "waiting for a slot";
+  }
+  return [...parts.flatMap((part) => [part, " · "]),
+    h("span", {class: "running-for", "data-since": step.run_started_at},
+      `running for ${duration(now - step.run_started_at)}`)];
+}
+
 function stepEntry(record, step, now, previews) {
-  const ended = typeof step.finished_at === "number";
-  const took = ended ? `took ${duration(step.finished_at - step.started_at)}`
-    : `running for ${duration(now - step.started_at)}`;
-  const li = h("li", {class: `entry entry-${step.status}`, "data-step": step.step_id},
+  const times = attemptTimes(step, now);
+  const retryOf = step.attempt > 1 ? ` (retry of ${step.attempt - 1})` : "";
+  const li = h("li", {class: `entry entry-${step.status}`, "data-step": step.step_id,
+    "data-attempt": String(step.attempt)},
     h("div", {class: "entry-head"}, h("strong", {}, step.step_id), " ",
-      h("span", {class: "kind"}, step.kind), ` · attempt ${step.attempt} `, badge(step.status)),
-    h("p", {class: "meta"}, "started ", time(step.started_at), " · ",
-      h("span", {class: ended ? "" : "running-for", "data-since": step.started_at}, took)));
+      h("span", {class: "kind"}, step.kind), " · ",
+      h("span", {class: "attempt"}, `Attempt ${step.attempt}${retryOf}`), " ", badge(step.status)),
+    h("p", {class: "meta"}, "journaled ", time(step.started_at), " · ",
+      h("span", {class: "took"}, times)));
   if (step.output !== undefined && step.output !== null) {
     li.append(h("div", {class: "output"}, h("h3", {}, "Output"), json(step.output)));
   }
@@ -1254,8 +1294,13 @@ function stepEntry(record, step, now, previews) {
     li.append(h("pre", {class: "error-text"}, step.error + how));
   }
   if (step.retry) {
-    li.append(h("p", {class: "meta retry"}, `Attempt ${step.attempt - 1} again, due `,
+    li.append(h("p", {class: "meta retry"}, `Retry of attempt ${step.attempt - 1}, due `,
       time(step.retry.due_at), ", after: ", h("span", {class: "retry-reason"}, step.retry.reason)));
+  }
+  if (step.reconciled) {
+    const r = step.reconciled;
+    li.append(h("p", {class: "meta reconciled"}, `Reconciled by ${r.by} (${r.resolution}): `,
+      h("q", {class: "reconcile-reason"}, r.reason)));
   }
   if (step.approval) {
     const approval = step.approval;
@@ -1326,6 +1371,7 @@ function updateRunningTimes(region, record) {
   const now = Date.now() / 1000;
   for (const span of region.querySelectorAll(".running-for")) {
     const since = Number(span.dataset.since);
+    // A step's span is drawn only while it runs; a workflow that ended stops them all.
     if (LIVE.has(record.status)) span.textContent = `running for ${duration(now - since)}`;
   }
   updateWaits(region.querySelector("#waiting-for"), record.waiting_for);

@@ -75,6 +75,8 @@ fn waiting_items(view: &actors::WorkflowView) -> Vec<InboxItem> {
         message: None,
         remind_at: None,
         overdue: false,
+        deadline_at: None,
+        recoverable: view.recoverable,
         approval: None,
     };
     let now = std::time::SystemTime::now()
@@ -92,6 +94,7 @@ fn waiting_items(view: &actors::WorkflowView) -> Vec<InboxItem> {
             message: c.message.clone(),
             remind_at,
             overdue: remind_at.is_some_and(|at| at <= now),
+            deadline_at: c.deadline_at,
             ..item(&c.kind, &c.step_id, c.attempt, c.started_at)
         }
     });

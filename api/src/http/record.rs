@@ -18,8 +18,8 @@ use store::{
 
 use super::error::ApiError;
 use super::wire::{
-    ApprovalRecord, ArtifactRecord, CheckpointRecord, ReconciliationRecord, RetryRecord,
-    StepRecord, WaitRecord, WorkflowRecord, WorkflowSummary,
+    ApprovalRecord, ArtifactRecord, CheckpointRecord, ReconciledRecord, ReconciliationRecord,
+    RetryRecord, StepRecord, WaitRecord, WorkflowRecord, WorkflowSummary,
 };
 
 /// How many steps and artifact versions a record's page holds at most
@@ -45,7 +45,11 @@ impl PageMax {
 pub fn record(view: &WorkflowView, pages: PageMax) -> WorkflowRecord {
     let row = &view.row;
     let data = &row.data;
-    let (steps, steps_next) = step_page(&view.steps, &view.approval_runs, pages.steps);
+    let (mut steps, steps_next) = step_page(&view.steps, &view.approval_runs, pages.steps);
+    let reconciliation = reconciliation(row);
+    if let Some(why) = &reconciliation {
+        mark_uncertain(&mut steps, why);
+    }
     let (artifacts, artifacts_next) = artifact_page(&view.artifacts, pages.artifacts);
     let asks = waiting_requests(view).next().is_some();
     WorkflowRecord {
@@ -75,11 +79,23 @@ pub fn record(view: &WorkflowView, pages: PageMax) -> WorkflowRecord {
         artifacts_next,
         result: data.get("result").cloned(),
         error: text(&data["error"]),
-        reconciliation: reconciliation(row),
+        reconciliation,
         retry_of: text(&data["retry_of"]),
         retried_by: view.retried_by.as_ref().map(|id| id.as_str().to_owned()),
         created_at: row.created_at,
         updated_at: row.updated_at,
+    }
+}
+
+/// The attempt a workflow that needs reconciliation waits on shows `needs_reconciliation`, not
+/// the `running` its row keeps (nothing runs it: an operator's reconcile settles it).
+fn mark_uncertain(steps: &mut [StepRecord], why: &ReconciliationRecord) {
+    for step in steps.iter_mut().filter(|step| {
+        step.status == StepStatus::Running.as_str()
+            && step.step_id == why.step_id
+            && (why.run_id.is_empty() || step.run_id.as_deref() == Some(why.run_id.as_str()))
+    }) {
+        step.status = WorkflowStatus::NeedsReconciliation.as_str().to_owned();
     }
 }
 
@@ -305,6 +321,8 @@ fn step(step: &StepRow, approval_runs: &[RunRow]) -> StepRecord {
         .and_then(|id| approval_runs.iter().find(|run| run.run_id == id));
     let waiting = asked.is_some_and(|run| pending_request(run).is_some());
     let approval = asked.and_then(approval);
+    let run_started_at = run_started_at(step);
+    let finished_at = settled_at(step);
     StepRecord {
         step_id: step.step_id.clone(),
         kind: step.kind_name().to_owned(),
@@ -351,8 +369,42 @@ fn step(step: &StepRow, approval_runs: &[RunRow]) -> StepRecord {
             .map(|at| at as f64 / 1000.0),
         approval,
         started_at: step.created_at,
-        finished_at: settled_at(step),
+        run_started_at,
+        waited_ms: run_started_at.map(|at| millis_between(step.created_at, at)),
+        ran_ms: run_started_at
+            .zip(finished_at)
+            .map(|(from, to)| millis_between(from, to)),
+        finished_at,
+        reconciled: record
+            .and_then(|record| record.reconciled.as_ref())
+            .map(|reconciled| ReconciledRecord {
+                by: reconciled.by.clone(),
+                reason: reconciled.reason.clone(),
+                resolution: reconciled.resolution.clone(),
+            }),
     }
+}
+
+/// When a step began to run: an `agent` attempt when its child run was admitted (read from the
+/// run's row; where that row is gone, its retry's due time or its journaling), any other step
+/// when it was journaled. An attempt never admitted has not begun.
+fn run_started_at(step: &StepRow) -> Option<f64> {
+    let record = step.record()?;
+    match &record.call {
+        store::StepCall::Agent { child: None, .. } => None,
+        store::StepCall::Agent { retry, .. } => step.run_started_at.or_else(|| {
+            Some(retry.as_ref().map_or(step.created_at, |wait| {
+                (wait.due_at_ms as f64 / 1000.0).max(step.created_at)
+            }))
+        }),
+        _ => Some(step.created_at),
+    }
+}
+
+/// Whole milliseconds from `from` to `to` (epoch seconds), never negative: the two may be read
+/// from different clocks (the database's and the owner's).
+fn millis_between(from: f64, to: f64) -> i64 {
+    ((to - from).max(0.0) * 1000.0).round() as i64
 }
 
 fn artifact(info: &ArtifactInfo) -> ArtifactRecord {

@@ -417,7 +417,8 @@ pub struct StepRecord {
     pub kind: String,
     pub attempt: i32,
     /// `queued`, `admitting`, `running`, `waiting_for_input` (its agent asked for approval and
-    /// waits for a person's `answer`), `completed`, `failed` or `cancelled`.
+    /// waits for a person's `answer`), `needs_reconciliation` (the attempt whose outcome an
+    /// operator's reconcile settles), `completed`, `failed` or `cancelled`.
     pub status: String,
     pub thread_id: Option<String>,
     /// The child run, once admitted.
@@ -442,10 +443,32 @@ pub struct StepRecord {
     /// The agent's newest approval request, when it asked one.
     pub approval: Option<ApprovalRecord>,
     /// When the call was journaled (epoch seconds, database clock; for a step that waited for
-    /// a slot, when it began to wait).
+    /// a slot, when it began to wait; for an attempt its retry policy queued, when the attempt
+    /// before ended).
     pub started_at: f64,
+    /// When it began to run (epoch seconds, database clock): an `agent` attempt's child run's
+    /// admission, any other step's journaling; `null` while it has not begun.
+    pub run_started_at: Option<f64>,
+    /// Milliseconds from `started_at` to `run_started_at`: the wait before it ran (its retry's
+    /// backoff, a wait for a slot), never counted in `ran_ms`.
+    pub waited_ms: Option<i64>,
+    /// Milliseconds from `run_started_at` to `finished_at`: how long it ran, once it ended.
+    pub ran_ms: Option<i64>,
     /// When its outcome was recorded (epoch seconds, the owner's clock), once it has one.
     pub finished_at: Option<f64>,
+    /// An operator's reconcile that settled this attempt.
+    pub reconciled: Option<ReconciledRecord>,
+}
+
+/// An operator's reconcile of an attempt whose outcome was unknown.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct ReconciledRecord {
+    /// The admin who settled it.
+    pub by: String,
+    /// Why, as they wrote it (what they checked).
+    pub reason: String,
+    /// `retry`, `fail` or `complete`.
+    pub resolution: String,
 }
 
 /// An attempt its step's retry policy queued behind a durable timer.
@@ -705,6 +728,12 @@ pub struct InboxItem {
     pub remind_at: Option<f64>,
     /// Whether `remind_at` has passed (by the answering node's clock).
     pub overdue: bool,
+    /// When its deadline (its call's `timeoutMs`) decides it, if it has one (epoch seconds, the
+    /// owner's clock).
+    pub deadline_at: Option<f64>,
+    /// No node runs its workflow (its owner's lease ran out): an answer is recorded now and
+    /// applied when a node takes the workflow over (`recover`).
+    pub recoverable: bool,
     /// What the agent asks (an `agent_request`).
     pub approval: Option<ApprovalRecord>,
 }

@@ -449,7 +449,7 @@ impl PgStore {
             lease,
             db_now,
             retried_by: head.get(11),
-            steps: steps_from(&steps, workflow_id)?,
+            steps: page_steps_from(&steps, workflow_id)?,
             checkpoints: steps_from(&checkpoints, workflow_id)?,
             controls: controls
                 .iter()
@@ -487,7 +487,7 @@ impl PgStore {
         let (steps, approval_runs) = (steps?, approval_runs?);
         committed?;
         Ok(StepPage {
-            steps: steps_from(&steps, workflow_id)?,
+            steps: page_steps_from(&steps, workflow_id)?,
             approval_runs: approval_runs
                 .iter()
                 .map(run_rows::decode)
@@ -1056,9 +1056,12 @@ const STEPS_SQL: &str = "
       FROM workflow_steps WHERE workflow = $1 ORDER BY seq, attempt";
 
 /// A page of a workflow's steps: at most `$4` after the position `($2, $3)`, in journal order,
-/// read by the index on `(workflow, seq, attempt)` (migration 3) as far as the page goes.
+/// read by the index on `(workflow, seq, attempt)` (migration 3) as far as the page goes, each
+/// with when its child run was admitted (its row's `created_at`, by the runs' primary key).
 const STEP_PAGE_SQL: &str = concat!(
-    "SELECT step_id, attempt, kind, status, data, seq, created_at FROM workflow_steps ",
+    "SELECT step_id, attempt, kind, status, data, seq, created_at,
+            (SELECT r.created_at FROM runs r WHERE r.run_id = workflow_steps.data->>'run_id')
+       FROM workflow_steps ",
     step_page!(),
     " ORDER BY seq, attempt LIMIT $4"
 );
@@ -1168,6 +1171,15 @@ fn steps_from(rows: &[Row], workflow_id: &WorkflowId) -> Result<Vec<StepRow>> {
             ))
         })
         .collect()
+}
+
+/// The rows of [`STEP_PAGE_SQL`]: journal entries with when their child run was admitted.
+fn page_steps_from(rows: &[Row], workflow_id: &WorkflowId) -> Result<Vec<StepRow>> {
+    Ok(steps_from(rows, workflow_id)?
+        .into_iter()
+        .zip(rows)
+        .map(|(step, row)| step.with_run_started_at(row.get(7)))
+        .collect())
 }
 
 /// The change listener: one connection of its own (never the pool's) that `LISTEN`s, hands

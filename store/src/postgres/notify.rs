@@ -1,5 +1,6 @@
-//! The notification outbox on PostgreSQL (migrations 36 and 42): claims of one webhook's
-//! deliveries, settlements and retention. A claim writes its deliveries with one `INSERT ... ON
+//! The notification outbox on PostgreSQL (migrations 36, 42 and 43): claims of one webhook's
+//! deliveries (none committed before the webhook was first configured), settlements and
+//! retention. A claim writes its deliveries with one `INSERT ... ON
 //! CONFLICT DO UPDATE` whose update is conditioned on the delivery being free, so of two claims
 //! at once only one takes it: the other waits for the first to commit, finds it claimed, and
 //! takes nothing. Times are the database clock (`reins_now()`).
@@ -32,6 +33,17 @@ fn notification(row: &Row) -> Result<Notification> {
 }
 
 impl PgStore {
+    pub(crate) async fn register_notify_target(&self, target: &str) -> Result<bool> {
+        let client = self.connection().await?;
+        let statement = client
+            .prepare_cached(
+                "INSERT INTO notify_targets (target, since) VALUES ($1, reins_now())
+                 ON CONFLICT (target) DO NOTHING",
+            )
+            .await?;
+        Ok(client.execute(&statement, &[&target]).await? == 1)
+    }
+
     pub(crate) async fn claim_notifications(
         &self,
         owner: &str,
@@ -56,6 +68,9 @@ impl PgStore {
                        FROM notify_outbox o
                        LEFT JOIN notify_deliveries d ON d.id = o.id AND d.target = $2
                       WHERE o.due_at <= reins_now()
+                        AND o.created_at >= coalesce(
+                                (SELECT t.since FROM notify_targets t WHERE t.target = $2),
+                                '-infinity'::float8)
                         AND (d.id IS NULL
                              OR (NOT d.settled AND d.due_at <= reins_now()
                                  AND (d.claim_expires_at IS NULL
@@ -150,14 +165,20 @@ impl PgStore {
                         .execute(
                             &transaction
                                 .prepare_cached(
-                                    "DELETE FROM notify_outbox
-                                      WHERE id = $1
+                                    // A webhook configured after the row committed
+                                    // never takes it, so it waits for none of those.
+                                    "DELETE FROM notify_outbox o
+                                      WHERE o.id = $1
                                         AND NOT EXISTS (
                                             SELECT 1 FROM unnest($2::text[]) AS t (target)
                                              WHERE NOT EXISTS (
                                                  SELECT 1 FROM notify_deliveries d
                                                   WHERE d.id = $1 AND d.target = t.target
-                                                    AND d.settled))",
+                                                    AND d.settled)
+                                               AND NOT EXISTS (
+                                                 SELECT 1 FROM notify_targets n
+                                                  WHERE n.target = t.target
+                                                    AND n.since > o.created_at))",
                                 )
                                 .await?,
                             &[&id, &targets],

@@ -210,6 +210,8 @@ struct State {
     retries: BTreeMap<WorkflowId, WorkflowId>,
     /// The notification outbox (migration 36), by id.
     outbox: BTreeMap<String, notify::OutboxRow>,
+    /// When each webhook was first configured (`notify_targets`, migration 43), by its URL.
+    notify_targets: BTreeMap<String, f64>,
     /// The bug planted in this store, if a test planted one.
     mutant: Option<Mutant>,
 }
@@ -439,9 +441,15 @@ impl State {
                 let mut data = step_fields(row);
                 data["status"] = json!(row.status);
                 data["child_run_id"] = json!(run_id);
-                // Whole milliseconds, as the triggers round them.
-                data["duration_ms"] =
-                    json!(((step.updated_at - row.created_at) * 1000.0).round() as i64);
+                // From the attempt's own run's start (a step without one: its journaling), in
+                // whole milliseconds, as the triggers of migration 43 count them.
+                let started = record
+                    .run_id()
+                    .and_then(|id| self.runs.get(id))
+                    .map_or(row.created_at, |run| run.created_at)
+                    .max(row.created_at);
+                data["duration_ms"] = json!(((step.updated_at - started) * 1000.0).round() as i64);
+                data["waited_ms"] = json!(((started - row.created_at) * 1000.0).round() as i64);
                 data["output_bytes"] = json!(output_bytes);
                 data["total_tokens"] = json!(run.map(|run| run.total_tokens));
                 data["message_count"] = json!(run.map(|run| run.message_count));
@@ -850,6 +858,7 @@ impl State {
                 status,
                 record: Ok(record.clone()),
                 created_at: previous.as_ref().map_or(now, |step| step.row.created_at),
+                run_started_at: None,
             },
             updated_at: now,
             order: previous.as_ref().map_or(order, |step| step.order),

@@ -1,7 +1,7 @@
 //! The notification outbox in the simulation: a row per inbox event (and a reminder, due later,
 //! for a wait with `remindAfterMs`), written where the real stores' triggers write them
 //! (`State::event`), with each webhook's delivery of it claimed, settled and purged as they do
-//! (migration 42).
+//! (migration 42), none committed before the webhook was first configured (migration 43).
 
 use std::collections::BTreeMap;
 
@@ -79,10 +79,26 @@ impl State {
         } else {
             return;
         };
+        // What a pause was resumed with, as migration 43's trigger adds it: the control's
+        // `input`, when it has one (a deadline's without `onTimeout` has none).
+        let input = (kind == "pause_resumed")
+            .then(|| {
+                self.controls.values().find(|control| {
+                    control.workflow_id == *workflow_id
+                        && control.kind == crate::ControlKind::Resume
+                        && json!(control.step_id) == data["step_id"]
+                        && json!(control.attempt) == data["attempt"]
+                })
+            })
+            .flatten()
+            .and_then(|control| control.body.get("input").cloned());
         let Some(workflow) = self.workflows.get(workflow_id) else {
             return;
         };
         let mut data = data.clone();
+        if let Some(input) = input {
+            data["input"] = input;
+        }
         let step = data["step_id"]
             .as_str()
             .zip(data["attempt"].as_i64())
@@ -167,6 +183,16 @@ fn reminder_id(workflow_id: &WorkflowId, data: &Value) -> String {
 }
 
 impl crate::Notifications for SimStore {
+    async fn register_notify_target(&self, target: &str) -> Result<bool> {
+        self.write(|state, now| {
+            if state.notify_targets.contains_key(target) {
+                return Ok(false);
+            }
+            state.notify_targets.insert(target.to_owned(), now);
+            Ok(true)
+        })
+    }
+
     async fn claim_notifications(
         &self,
         owner: &str,
@@ -199,10 +225,17 @@ impl crate::Notifications for SimStore {
                 })
                 .map(|row| &row.notification.workflow_id)
                 .collect();
+            // None committed before the webhook was first configured.
+            let since = state
+                .notify_targets
+                .get(target)
+                .copied()
+                .unwrap_or(f64::NEG_INFINITY);
             // Each free workflow's oldest open delivery, by (created_at, seq).
             let mut heads: BTreeMap<&WorkflowId, &OutboxRow> = BTreeMap::new();
             for row in state.outbox.values() {
                 let open = row.due_at <= now
+                    && row.notification.created_at >= since
                     && row
                         .deliveries
                         .get(target)
@@ -286,10 +319,15 @@ impl crate::Notifications for SimStore {
             match settlement {
                 Settlement::Finished => {
                     delivery.settled = true;
+                    // A webhook configured after the row committed never takes it.
                     let everyone = targets.iter().all(|target| {
                         row.deliveries
                             .get(target)
                             .is_some_and(|delivery| delivery.settled)
+                            || state
+                                .notify_targets
+                                .get(target)
+                                .is_some_and(|since| *since > row.notification.created_at)
                     });
                     if everyone {
                         state.outbox.remove(id);

@@ -469,6 +469,15 @@ impl State {
                         .is_some_and(|kind| CHECKPOINT_KINDS.contains(&kind))
             })
             .take(usize::try_from(limit).unwrap_or(usize::MAX))
+            .map(|step| {
+                // When its child run was admitted, as the real stores read it from the run's row.
+                let started = step
+                    .record()
+                    .and_then(crate::StepRecord::run_id)
+                    .and_then(|run_id| self.runs.get(run_id))
+                    .map(|run| run.created_at);
+                step.with_run_started_at(started)
+            })
             .collect();
         let mut approval_runs: Vec<_> = self
             .runs

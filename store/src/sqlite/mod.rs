@@ -1205,8 +1205,13 @@ fn step_page_on(
     after: StepPosition,
     limit: u32,
 ) -> Result<StepPage> {
+    // Each with when its child run was admitted (its row's `created_at`, by the runs' key).
     let mut statement = connection.prepare_cached(concat!(
-        "SELECT step_id, attempt, kind, status, data, seq, created_at FROM workflow_steps ",
+        "SELECT step_id, attempt, kind, status, data, seq, created_at,
+                (SELECT r.created_at FROM runs r
+                  WHERE r.run_id = json_extract(workflow_steps.data, '$.run_id'))
+                AS run_started_at
+           FROM workflow_steps ",
         step_page!(),
         " ORDER BY seq, attempt LIMIT ?4"
     ))?;
@@ -1236,11 +1241,18 @@ fn steps_on(connection: &Connection, workflow_id: &WorkflowId) -> Result<Vec<Ste
     steps_of(statement.query([workflow_id])?, workflow_id)
 }
 
-/// Journal entries from rows of `step_id, attempt, kind, status, data, seq, created_at`.
+/// Journal entries from rows of `step_id, attempt, kind, status, data, seq, created_at`, and
+/// when a row has it, when its child run was admitted.
 fn steps_of(mut rows: rusqlite::Rows<'_>, workflow_id: &WorkflowId) -> Result<Vec<StepRow>> {
     let mut steps = Vec::new();
     while let Some(row) = rows.next()? {
-        steps.push(step_of(row, workflow_id)?);
+        // When its child run was admitted, in the reads that join it (the page's).
+        let run_started_at = if row.as_ref().column_name(7) == Ok("run_started_at") {
+            row.get(7)?
+        } else {
+            None
+        };
+        steps.push(step_of(row, workflow_id)?.with_run_started_at(run_started_at));
     }
     Ok(steps)
 }

@@ -1,5 +1,6 @@
-//! The notification outbox on SQLite (migrations 36 and 42): claims of one webhook's
-//! deliveries, settlements and retention. Every statement reads the database clock
+//! The notification outbox on SQLite (migrations 36, 42 and 43): claims of one webhook's
+//! deliveries (none committed before the webhook was first configured), settlements and
+//! retention. Every statement reads the database clock
 //! (`unixepoch('subsec')`), as leases do; the one writer connection orders claims and
 //! settlements, so a claim's choice and its writes see nothing in between.
 
@@ -54,6 +55,8 @@ const CHOSEN: &str = "
           FROM notify_outbox o
           LEFT JOIN notify_deliveries d ON d.id = o.id AND d.target = ?1
          WHERE o.due_at <= unixepoch('subsec')
+           AND o.created_at >= coalesce(
+                   (SELECT t.since FROM notify_targets t WHERE t.target = ?1), -1e308)
            AND (d.id IS NULL
                 OR (NOT d.settled AND d.due_at <= unixepoch('subsec')
                     AND (d.claim_expires_at IS NULL
@@ -72,6 +75,20 @@ const CHOSEN: &str = "
     SELECT id FROM turns ORDER BY turn, created_at, id LIMIT ?2";
 
 impl SqliteStore {
+    pub(crate) async fn register_notify_target(&self, target: &str) -> Result<bool> {
+        let target = target.to_owned();
+        self.write(move |connection| {
+            let added = connection
+                .prepare_cached(
+                    "INSERT INTO notify_targets (target, since) VALUES (?1, unixepoch('subsec'))
+                     ON CONFLICT (target) DO NOTHING",
+                )?
+                .execute([target])?;
+            Ok(added == 1)
+        })
+        .await
+    }
+
     pub(crate) async fn claim_notifications(
         &self,
         owner: &str,
@@ -155,6 +172,8 @@ impl SqliteStore {
                     if changed == 1 {
                         connection
                             .prepare_cached(
+                                // A webhook configured after the row committed never
+                                // takes it, so it waits for none of those.
                                 "DELETE FROM notify_outbox
                                   WHERE id = ?1
                                     AND NOT EXISTS (
@@ -162,7 +181,11 @@ impl SqliteStore {
                                          WHERE NOT EXISTS (
                                              SELECT 1 FROM notify_deliveries d
                                               WHERE d.id = ?1 AND d.target = t.value
-                                                AND d.settled))",
+                                                AND d.settled)
+                                           AND NOT EXISTS (
+                                             SELECT 1 FROM notify_targets n
+                                              WHERE n.target = t.value
+                                                AND n.since > notify_outbox.created_at))",
                             )?
                             .execute(params![id, targets])?;
                     }

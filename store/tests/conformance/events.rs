@@ -82,8 +82,8 @@ conformance! {
         finished["duration_ms"] = json!(0);
         assert_eq!(finished, json!({
             "step_id": "a", "attempt": 1, "step_kind": "agent", "status": "completed",
-            "child_run_id": null, "duration_ms": 0, "output_bytes": null, "total_tokens": null,
-            "message_count": null,
+            "child_run_id": null, "duration_ms": 0, "waited_ms": 0, "output_bytes": null,
+            "total_tokens": null, "message_count": null,
         }));
         assert_eq!(events[5].data, json!({"by": "ada"}));
         assert_eq!(events[6].data, json!({"version": 1, "bytes": 5, "step_id": "a", "name": "out.txt"}));

@@ -1,7 +1,8 @@
-//! The notification outbox (migrations 36 and 42): one row per inbox event, written with the
+//! The notification outbox (migrations 36, 42 and 43): one row per inbox event, written with the
 //! event or not at all; each webhook's delivery of it is claimed and settled on its own; a claim
 //! has one winner, lapses to another claimant, and only its epoch settles it; a claim takes one
-//! notification per workflow, and owners take turns.
+//! notification per workflow, and owners take turns; a webhook takes only what commits after it
+//! was first configured.
 
 use serde_json::{Value, json};
 use store::{
@@ -402,5 +403,30 @@ conformance! {
         settle_all(&*store, &third).await;
         let rest = drain(&*store).await;
         assert_eq!(steps(&rest), [pair("a1", "p3"), pair("a2", "p2"), pair("a2", "p3")]);
+    }
+}
+
+conformance! {
+    /// Issue 40: a webhook configured on a node with history was sent everything the outbox
+    /// held from before. Registered, it takes only what commits after; the first registration
+    /// of a webhook is the one that counts.
+    async fn a_webhook_takes_only_what_commits_after_it_was_configured(db) {
+        let store = db.store().await;
+        let lease = paused(&*store).await;
+        wait_ms(&db, &*store, 10).await;
+        assert!(store.register_notify_target(HOOK).await.expect("register"));
+        assert!(!store.register_notify_target(HOOK).await.expect("register"), "moved its moment");
+        assert!(claim_all(&*store, "node-a").await.is_empty(), "sent what came before");
+        wait_ms(&db, &*store, 10).await;
+        store
+            .fenced_write(&lease.fence(), vec![put("q", "pause", json!({"args": {}}))])
+            .await
+            .expect("pause");
+        let claimed = claim_all(&*store, "node-a").await;
+        assert_eq!(claimed.len(), 1, "{claimed:?}");
+        assert_eq!(claimed[0].data["step_id"], "q");
+        assert!(settle(&*store, &claimed[0], Settlement::Finished).await);
+        // The row from before waits for its retention, owed to no webhook registered later.
+        assert_eq!(store.notification_backlog().await.expect("backlog"), 1);
     }
 }

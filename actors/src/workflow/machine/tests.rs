@@ -93,6 +93,7 @@ fn stored(step_id: &str, kind: &str, attempt: i32, status: StepStatus, data: Val
         status,
         record: store::StepRecord::decode(kind, &data).map_err(|e| e.to_string()),
         created_at: 0.0,
+        run_started_at: None,
     }
 }
 
@@ -434,6 +435,7 @@ fn a_replay_reads_the_journal_and_an_unreadable_one_goes_to_an_operator() {
         status: StepStatus::Running,
         record: store::StepRecord::decode("agent", &data).map_err(|e| e.to_string()),
         created_at: 0.0,
+        run_started_at: None,
     };
     let mut m = machine(Start::Replay);
     assert_eq!(drive(&mut m, Event::Begin), ["read journal"]);
@@ -1347,6 +1349,7 @@ fn a_dead_owners_cancel_waits_for_the_children_its_journal_shows_running() {
         )
         .map_err(|e| e.to_string()),
         created_at: 0.0,
+        run_started_at: None,
     };
     assert_eq!(
         drive(&mut m, Event::JournalRead(Ok((0, vec![running])))),
