@@ -449,7 +449,9 @@ async fn the_cli_names_owner_and_node_and_its_inbox_says_overdue_deadline_and_re
         .collect();
     assert_eq!(
         header,
-        ["RUN", "ID", "STATUS", "OWNER", "NODE", "CREATED", "TITLE"],
+        [
+            "RUN", "ID", "STATUS", "WAITING", "FOR", "OWNER", "NODE", "CREATED", "TITLE"
+        ],
         "{list}"
     );
     let line = list
