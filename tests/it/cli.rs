@@ -318,6 +318,20 @@ async fn an_operator_lists_and_reconciles_every_uncertain_workflow_with_one_comm
         .unwrap_or_else(|| panic!("no step line: {shown}"));
     assert!(held.contains(" needs_reconciliation "), "{held}");
     assert!(!held.contains(" running "), "{held}");
+    // So does every further page of steps, not only the record's first.
+    let mut api = node.api();
+    assert_eq!(api.login(ADMIN, PASSWORD).await.status, 200);
+    let page = api
+        .call("GET", &format!("/api/v1/workflows/{}/steps", ids[0]), None)
+        .await
+        .json();
+    let paged = page["steps"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|step| step["step_id"] == "held")
+        .unwrap_or_else(|| panic!("no held step: {page}"));
+    assert_eq!(paged["status"], "needs_reconciliation", "{page}");
 
     std::fs::remove_file(faults.path().join("hold_model")).expect("release the model");
     let settled = cli(

@@ -89,7 +89,7 @@ pub fn record(view: &WorkflowView, pages: PageMax) -> WorkflowRecord {
 
 /// The attempt a workflow that needs reconciliation waits on shows `needs_reconciliation`, not
 /// the `running` its row keeps (nothing runs it: an operator's reconcile settles it).
-fn mark_uncertain(steps: &mut [StepRecord], why: &ReconciliationRecord) {
+pub fn mark_uncertain(steps: &mut [StepRecord], why: &ReconciliationRecord) {
     for step in steps.iter_mut().filter(|step| {
         step.status == StepStatus::Running.as_str()
             && step.step_id == why.step_id

@@ -497,7 +497,7 @@ pub async fn steps(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
         Some(cursor) => record::parse_step_cursor(&cursor)?,
         None => store::StepPosition::START,
     };
-    owned_row(ctx, &run_id, Act::Read).await?;
+    let row = owned_row(ctx, &run_id, Act::Read).await?;
     let store = ctx.state.node.store();
     let user_id = &ctx.principal()?.user.id;
     let page = ctx
@@ -508,7 +508,11 @@ pub async fn steps(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
             store.read_step_page(&run_id, after, limit.saturating_add(1)),
         )
         .await??;
-    let (steps, next) = record::step_page(&page.steps, &page.approval_runs, limit);
+    let (mut steps, next) = record::step_page(&page.steps, &page.approval_runs, limit);
+    // On every page as on the record's first: the uncertain attempt is not `running`.
+    if let Some(why) = record::reconciliation(&row) {
+        record::mark_uncertain(&mut steps, &why);
+    }
     Ok(json_reply(
         StatusCode::OK,
         StepPageReply {
