@@ -5,7 +5,7 @@
 #                                  tests (a shared CI runner's situation): no test may decide by
 #                                  a quiet window or a race with the wall clock
 #   tests/run-all.sh bench         the same cluster, then the benches instead of the tests
-# PostgreSQL, nginx, openssl, chromium, chromium-driver, iproute2 and nftables come from Debian's
+# PostgreSQL, nginx, openssl, curl, chromium, chromium-driver, iproute2 and nftables come from Debian's
 # packages (installed if missing); the tests start their
 # own private nginx per test on a free loopback port, whatever the package's service does. The cluster lives under
 # target/pg-test (or a private temp folder when the postgres user cannot reach target/), listens
@@ -31,6 +31,8 @@ if [ "$mode" != bench ] && ! command -v openssl >/dev/null; then missing+=(opens
 # The console's tests drive Debian's headless chromium through chromedriver (WebDriver).
 if [ "$mode" != bench ] && ! command -v chromium >/dev/null; then missing+=(chromium); fi
 if [ "$mode" != bench ] && ! command -v chromedriver >/dev/null; then missing+=(chromium-driver); fi
+# The getting-started test runs the tutorial's commands as written, curl among them.
+if [ "$mode" != bench ] && ! command -v curl >/dev/null; then missing+=(curl); fi
 # The partition test makes network namespaces (iproute2's ip) and drops packets with nftables.
 if [ "$mode" != bench ] && ! command -v ip >/dev/null; then missing+=(iproute2); fi
 if [ "$mode" != bench ] && ! command -v nft >/dev/null; then missing+=(nftables); fi
