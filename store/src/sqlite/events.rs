@@ -188,28 +188,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("temp dir");
         let path = dir.path().join("reins.db");
         {
-            let connection = rusqlite::Connection::open(&path).expect("open");
-            connection
-                .execute_batch(
-                    "PRAGMA foreign_keys = ON;
-                     CREATE TABLE schema_migrations (
-                         version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at REAL NOT NULL)",
-                )
-                .expect("schema_migrations");
-            for migration in crate::migrations::MIGRATIONS
-                .iter()
-                .filter(|m| m.version < 26)
-            {
-                connection
-                    .execute_batch(migration.sqlite)
-                    .expect("migration");
-                connection
-                    .execute(
-                        "INSERT INTO schema_migrations VALUES (?1, ?2, 0)",
-                        rusqlite::params![migration.version, migration.name],
-                    )
-                    .expect("record");
-            }
+            let connection = crate::sqlite::database_before(&path, 26);
             connection
                 .execute_batch(
                     "INSERT INTO workflows (id, user_id, status, fingerprint, data, created_at,

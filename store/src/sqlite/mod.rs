@@ -1339,6 +1339,34 @@ fn page_waits_on(
     Ok(waits)
 }
 
+/// A database at `path` as the migrations below `version` left it (for the upgrade tests).
+#[cfg(test)]
+pub(crate) fn database_before(path: &std::path::Path, version: i64) -> Connection {
+    let connection = Connection::open(path).expect("open");
+    connection
+        .execute_batch(
+            "PRAGMA foreign_keys = ON;
+             CREATE TABLE schema_migrations (
+                 version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at REAL NOT NULL)",
+        )
+        .expect("schema_migrations");
+    for migration in migrations::MIGRATIONS
+        .iter()
+        .filter(|m| m.version < version)
+    {
+        connection
+            .execute_batch(migration.sqlite)
+            .expect("migration");
+        connection
+            .execute(
+                "INSERT INTO schema_migrations VALUES (?1, ?2, 0)",
+                rusqlite::params![migration.version, migration.name],
+            )
+            .expect("record");
+    }
+    connection
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
