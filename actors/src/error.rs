@@ -159,6 +159,10 @@ pub enum Error {
     /// A request is malformed.
     #[error("invalid request: {0}")]
     InvalidRequest(String),
+    /// A launch's script does not compile (the message says where and why). Its own error: the
+    /// request is well formed, the program it carries is not (HTTP 422, not 400).
+    #[error("{0}")]
+    ScriptInvalid(String),
     /// An actor did not answer in time or has stopped.
     #[error("the {actor} actor did not answer: {reason}")]
     Unanswered { actor: &'static str, reason: String },

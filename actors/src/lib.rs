@@ -38,4 +38,4 @@ pub use workflow::front_door::{Launched, WorkflowView, WorkflowsHandle, Workflow
 pub use workflow::requests::{
     Decide, LaunchRequest, ReconcileRequest, Resolution, Resume, RetryRequest, SendEvent,
 };
-pub use workflow::rules::fingerprint;
+pub use workflow::rules::{TIMEOUT_SECONDS_MAX, fingerprint};

@@ -85,7 +85,7 @@ async fn a_title_is_bounded_and_shown_beside_the_run_id_by_get_the_list_the_inbo
         &over,
         400,
         "bad_request",
-        "title is refused: it has 201 characters, more than limits.title_chars_max (200)",
+        "title is refused: it has 201 characters, more than 200 (limits.title_chars_max is 200)",
     );
     for (title, says) in [
         ("two\nlines", "control character U+000A"),
@@ -300,7 +300,7 @@ async fn the_cli_runs_with_a_title_and_shows_it_and_the_agents_request_readably(
     let refused = cli(home, &node, &["run", "pausing.js", "--title", &too_long]);
     assert_eq!(code(&refused), 1);
     assert!(
-        String::from_utf8_lossy(&refused.stderr).contains("limits.title_chars_max (200)"),
+        String::from_utf8_lossy(&refused.stderr).contains("(limits.title_chars_max is 200)"),
         "{}",
         String::from_utf8_lossy(&refused.stderr)
     );

@@ -100,7 +100,7 @@ async fn a_script_that_does_not_compile_is_refused_at_launch_with_its_own_line_a
         let answer = api
             .call("POST", "/api/v1/workflows", Some(json!({"script": script})))
             .await;
-        assert_eq!(answer.status, 400, "{answer:?}");
+        assert_eq!(answer.status, 422, "{answer:?}");
         let message = answer.json()["error"]["message"]
             .as_str()
             .unwrap_or_default()
@@ -110,7 +110,7 @@ async fn a_script_that_does_not_compile_is_refused_at_launch_with_its_own_line_a
             "{message:?}"
         );
         let action = api.action("launch", json!({"script": script})).await;
-        assert_eq!(action.status, 400, "{action:?}");
+        assert_eq!(action.status, 422, "{action:?}");
     }
     let listed = api.call("GET", "/api/v1/workflows", None).await.json();
     assert_eq!(

@@ -97,14 +97,14 @@ async fn events_are_kept_until_a_wait_takes_them_once(postgres: bool) {
         &send(&mut api, &run_id, bad_name).await,
         400,
         "bad_request",
-        "name \"pay ment\" is not an id",
+        "body field `name`: \"pay ment\" is not an id",
     );
     let bad_id = json!({"name": "paid", "event_id": "", "payload": 1});
     assert_refused(
         &send(&mut api, &run_id, bad_id).await,
         400,
         "bad_request",
-        "event_id \"\" is not an id",
+        "body field `event_id`: \"\" is not an id",
     );
     let huge = json!({"name": "paid", "event_id": "big", "payload": "x".repeat(48 * 1024)});
     assert_refused(

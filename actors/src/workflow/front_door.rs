@@ -426,7 +426,7 @@ impl Actor for Workflows {
                     {
                         let _ = reply.send(Err(match error {
                             JsError::Start(runtime::Error::Script(message)) => {
-                                Error::InvalidRequest(message)
+                                Error::ScriptInvalid(message)
                             }
                             other => Error::Unanswered {
                                 actor: "js-pool",

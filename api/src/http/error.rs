@@ -168,6 +168,9 @@ impl From<actors::Error> for ApiError {
             // A recover that raced the HTTP layer's own check: the same answer as that check.
             actors::Error::Draining => ApiError::draining(),
             actors::Error::InvalidRequest(_) => ApiError::bad_request(message),
+            actors::Error::ScriptInvalid(_) => {
+                ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "script_invalid", message)
+            }
             actors::Error::Unanswered { .. } => {
                 ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message)
             }

@@ -12,6 +12,7 @@
 //! ([`connections`]).
 
 mod auth;
+mod compat;
 mod connections;
 mod downloads;
 mod error;
@@ -23,6 +24,7 @@ mod per_user;
 mod reads;
 pub(crate) mod record;
 mod routes;
+mod rules;
 mod users;
 pub(crate) mod wait;
 mod wire;
@@ -92,6 +94,8 @@ pub struct AppState {
     stored_bytes_max: u64,
     /// `limits.title_chars_max`: the longest title a launch takes, in characters.
     title_chars_max: u64,
+    /// `openapi.json`, with this node's configured bounds.
+    openapi: serde_json::Value,
 }
 
 impl AppState {
@@ -117,7 +121,15 @@ impl AppState {
         let waiters = wait::Waiters::new(&node.changes(), waiters_max, http.waiters_per_user_max);
         let record_reads =
             reads::RecordReads::new(http.record_reads_per_user_max, http.record_read_wait_ms);
+        let openapi = openapi::document(&openapi::Bounds {
+            title_chars_max: limits.title_chars_max,
+            token_days_max: auth.token_days_max,
+            page_size_max: http.page_size_max,
+            record_steps_page_max: http.record_steps_page_max,
+            record_artifacts_page_max: http.record_artifacts_page_max,
+        });
         AppState {
+            openapi,
             record_reads,
             node,
             draining: AtomicBool::new(false),
@@ -343,6 +355,35 @@ impl Ctx<'_> {
     }
 }
 
+/// Refuses a query parameter the route does not take, or one given twice (400), as a body's
+/// unknown or repeated field is refused: a misspelt filter must not silently list everything.
+fn known_query(route: &Route, query: Option<&str>) -> Result<(), ApiError> {
+    let Some(query) = query else {
+        return Ok(());
+    };
+    let mut seen: Vec<String> = Vec::new();
+    for (name, _) in form_urlencoded::parse(query.as_bytes()) {
+        if !route.query.iter().any(|q| q.name == name) {
+            let takes: Vec<&str> = route.query.iter().map(|q| q.name).collect();
+            return Err(ApiError::bad_request(if takes.is_empty() {
+                format!("query parameter `{name}`: this route takes none")
+            } else {
+                format!(
+                    "query parameter `{name}`: unknown here (this route takes {})",
+                    takes.join(", ")
+                )
+            }));
+        }
+        if seen.iter().any(|s| *s == name) {
+            return Err(ApiError::bad_request(format!(
+                "query parameter `{name}` is given twice"
+            )));
+        }
+        seen.push(name.into_owned());
+    }
+    Ok(())
+}
+
 /// Refuses a request a browser sent from another site: an `Origin` (`null` included) whose
 /// host and port are not the request's `Host`. Requests without `Origin` (not from a browser's
 /// cross-site form or script) pass.
@@ -556,7 +597,7 @@ async fn respond(
         )
     })??;
     running.store(true, Ordering::SeqCst);
-    let (route, params) = match found {
+    let (route, mut params) = match found {
         Found::Route(route, params) => (route, params),
         Found::WrongMethod(allowed) => {
             return Err(ApiError::method_not_allowed(parts.method.as_str(), allowed));
@@ -582,6 +623,9 @@ async fn respond(
             Some(principal)
         }
     };
+    known_query(route, parts.uri.query())?;
+    let (lifted, body) = compat::lift(route, &body)?;
+    params.extend(lifted);
     let ctx = Ctx {
         state,
         route,
@@ -608,7 +652,7 @@ async fn dispatch(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
         )),
         Op::Ready => ready(ctx.state).await,
         Op::Metrics => metrics(ctx).await,
-        Op::OpenApi => Ok(json_reply(StatusCode::OK, openapi::document())),
+        Op::OpenApi => Ok(json_reply(StatusCode::OK, &ctx.state.openapi)),
         Op::Plugins => Ok(json_reply(StatusCode::OK, workflows::plugins())),
         Op::Initialize => users::initialize(ctx).await,
         Op::Login => users::login(ctx).await,

@@ -162,6 +162,9 @@ pub fn parse_step_cursor(text: &str) -> Result<StepPosition, ApiError> {
              as `next`)"
         ))
     };
+    if !super::rules::STEP_CURSOR.is_match(text) {
+        return Err(refused());
+    }
     let (seq, attempt) = text.split_once('_').ok_or_else(refused)?;
     let number = |digits: &str| -> Result<i32, ApiError> {
         if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {

@@ -116,9 +116,69 @@ pub struct Route {
     /// The success status and its reply type (`None`: not JSON).
     pub success: u16,
     pub reply: Option<SchemaFn>,
-    /// Query parameters: `(name, description)`.
-    pub query: &'static [(&'static str, &'static str)],
+    /// The query parameters it takes; any other is refused (400), as a body's unknown field is.
+    pub query: &'static [Query],
+    /// The compatible action's body fields that stand for what its REST route takes in the path
+    /// or the query (`compat.rs`).
+    pub lifts: &'static [Lift],
 }
+
+/// A compatible action's body field that stands for what the REST route takes elsewhere.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lift {
+    /// Required: an id the REST path names, `(field, path parameter)`: `run_id` is `{id}`.
+    Id(&'static str, &'static str),
+    /// Optional: `wait_ms`, a whole number of milliseconds, the REST route's `?wait=`.
+    WaitMs,
+}
+
+/// A query parameter.
+#[derive(Debug, Clone, Copy)]
+pub struct Query {
+    pub name: &'static str,
+    pub description: &'static str,
+    pub takes: Takes,
+}
+
+/// What a query parameter takes (the description states it; the handler checks it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Takes {
+    /// A duration: `500ms`, `30s`, `2m` ([`super::rules::DURATION`]).
+    Duration,
+    /// A page length from 1 to a configured maximum.
+    Limit(PageOf),
+    /// A listing's status filter.
+    Status,
+    /// A listing's wait filter.
+    WaitingFor,
+    /// An id.
+    Id,
+    /// A listing's position ([`super::rules::LIST_CURSOR`]).
+    ListCursor,
+    /// A position in a journal ([`super::rules::STEP_CURSOR`]).
+    StepCursor,
+    /// A whole number from 0: an artifact version or an event id.
+    Position,
+}
+
+/// Which page a `limit` is of (each has its configured maximum).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PageOf {
+    Workflows,
+    Steps,
+    Artifacts,
+}
+
+const fn query(name: &'static str, takes: Takes, description: &'static str) -> Query {
+    Query {
+        name,
+        description,
+        takes,
+    }
+}
+
+/// A workflow's id, as the REST paths name it.
+const RUN: &[Lift] = &[Lift::Id("run_id", "id")];
 
 /// The compatible surface's plugin id.
 pub const PLUGIN_ID: &str = "community.workflows";
@@ -154,6 +214,7 @@ const fn route(
         success,
         reply,
         query: &[],
+        lifts: &[],
     }
 }
 
@@ -161,6 +222,7 @@ const fn action(
     path: &'static str,
     op: Op,
     summary: &'static str,
+    lifts: &'static [Lift],
     body: SchemaFn,
     reply: SchemaFn,
 ) -> Route {
@@ -175,6 +237,7 @@ const fn action(
         success: 200,
         reply: Some(reply),
         query: &[],
+        lifts,
     }
 }
 
@@ -202,35 +265,35 @@ pub static ROUTES: &[Route] = &[
     route("GET", "/api/v1/auth/tokens", Op::ListTokens, Access::User, "The signed-in user's API tokens (never their secrets)", Body::None, 200, Some(schema::<TokensReply>)),
     route("DELETE", "/api/v1/auth/tokens/{id}", Op::RevokeToken, Access::User, "Revoke one of the user's API tokens", Body::None, 200, Some(schema::<TokenReply>)),
     Route {
-        query: &[("wait", "wait this long (500ms, 30s, 2m; at most `http.wait_max_ms`) for the workflow to end or wait for a person, and answer with its record")],
+        query: &[query("wait", Takes::Duration, "wait this long (500ms, 30s, 2m; at most `http.wait_max_ms`) for the workflow to end or wait for a person, and answer with its record")],
         ..route("POST", REST, Op::Launch, Access::User, "Launch a workflow (201; 200 when the same request launched it before)", Body::Json(schema::<LaunchBody>), 201, Some(schema::<LaunchAnswer>))
     },
     Route {
         query: &[
-            ("status", "only workflows with this stored status, or `recoverable` (live, the owner's lease expired: what `get` shows as `recoverable`)"),
-            ("waiting_for", "only workflows with a call that waits for this: `sleep`, `event`, `person`, `slot` or `retry` (what their `waiting_for` shows)"),
-            ("after", "the page starts after this position: the previous page's `next`"),
-            ("limit", "workflows per page (default 50, at most `http.page_size_max`)"),
-            ("request_id", "only the workflow launched with this request_id"),
-            ("user_id", "only this user's workflows (for those who see everyone's)"),
+            query("status", Takes::Status, "only workflows with this status as `get` shows it: a stored status, `recoverable` (live, the owner's lease expired) or `waiting_for_input`"),
+            query("waiting_for", Takes::WaitingFor, "only workflows with a call that waits for this (what their `waiting_for` shows)"),
+            query("after", Takes::ListCursor, "the page starts after this position: the previous page's `next`"),
+            query("limit", Takes::Limit(PageOf::Workflows), "workflows per page (default 50, at most `http.page_size_max`)"),
+            query("request_id", Takes::Id, "only the workflow launched with this request_id"),
+            query("user_id", Takes::Id, "only this user's workflows (for those who see everyone's; ignored for others)"),
         ],
         ..route("GET", REST, Op::List, Access::User, "A page of workflows, newest first (admins and approvers see everyone's)", Body::None, 200, Some(schema::<WorkflowPage>))
     },
     Route {
-        query: &[("wait", "wait this long (500ms, 30s, 2m; at most `http.wait_max_ms`) for the workflow to end or wait for a person; then 200 with the record as it is")],
+        query: &[query("wait", Takes::Duration, "wait this long (500ms, 30s, 2m; at most `http.wait_max_ms`) for the workflow to end or wait for a person; then 200 with the record as it is")],
         ..route("GET", "/api/v1/workflows/{id}", Op::Get, Access::User, "A workflow with its checkpoints and the first page of its steps and of its artifact versions (`steps_next`, `artifacts_next` lead on)", Body::None, 200, Some(schema::<WorkflowRecord>))
     },
     Route {
         query: &[
-            ("after", "the page starts after this position: the record's `steps_next`, or the previous page's `next`"),
-            ("limit", "steps per page (default and at most `http.record_steps_page_max`)"),
+            query("after", Takes::StepCursor, "the page starts after this position: the record's `steps_next`, or the previous page's `next`"),
+            query("limit", Takes::Limit(PageOf::Steps), "steps per page (default and at most `http.record_steps_page_max`)"),
         ],
         ..route("GET", "/api/v1/workflows/{id}/steps", Op::Steps, Access::User, "A page of a workflow's steps, in journal order", Body::None, 200, Some(schema::<StepPageReply>))
     },
     Route {
         query: &[
-            ("after", "the page starts above this version: the record's `artifacts_next`, or the previous page's `next`"),
-            ("limit", "versions per page (default and at most `http.record_artifacts_page_max`)"),
+            query("after", Takes::Position, "the page starts above this version: the record's `artifacts_next`, or the previous page's `next`"),
+            query("limit", Takes::Limit(PageOf::Artifacts), "versions per page (default and at most `http.record_artifacts_page_max`)"),
         ],
         ..route("GET", "/api/v1/workflows/{id}/artifacts", Op::Artifacts, Access::User, "A page of a workflow's artifact versions, oldest first, without their bytes", Body::None, 200, Some(schema::<ArtifactPageReply>))
     },
@@ -244,26 +307,26 @@ pub static ROUTES: &[Route] = &[
     route("POST", "/api/v1/workflows/{id}/retry", Op::Retry, Access::User, "Run a failed workflow again from its failed step, as a new workflow that adopts the steps before it (201; 200 `repeated` with the retry made before; its owner or an admin)", Body::Json(schema::<RetryBody>), 201, Some(schema::<RetryReply>)),
     route("DELETE", "/api/v1/workflows/{id}", Op::Delete, Access::User, "Delete a terminal workflow and everything it holds", Body::None, 200, Some(schema::<DeletedReply>)),
     Route {
-        query: &[("after", "replay the events after this id (the `Last-Event-ID` header wins)")],
+        query: &[query("after", Takes::Position, "replay the events after this id (the `Last-Event-ID` header wins)")],
         ..route("GET", "/api/v1/workflows/{id}/events", Op::WorkflowEvents, Access::User, "The workflow's events as Server-Sent Events (text/event-stream): replayed after an id, then followed; the stream ends after the final status", Body::None, 200, None)
     },
     Route {
-        query: &[("after", "replay the status changes after this id (the `Last-Event-ID` header wins); without either, from now")],
+        query: &[query("after", Takes::Position, "replay the status changes after this id (the `Last-Event-ID` header wins); without either, from now")],
         ..route("GET", "/api/v1/events", Op::Events, Access::User, "Status changes of every workflow the caller may see (an admin: everyone's) as Server-Sent Events", Body::None, 200, None)
     },
     route("GET", "/api/v1/inbox", Op::Inbox, Access::User, "Every pause, checkpoint and agent's request waiting for the caller (an approver or admin: for anyone), oldest first", Body::None, 200, Some(schema::<InboxReply>)),
     route("GET", "/api/v1/admin/nodes", Op::Nodes, Access::Admin, "The nodes that started on this database, newest first (admins)", Body::None, 200, Some(schema::<NodesReply>)),
     route("GET", "/api/v1/admin/slots", Op::Slots, Access::Admin, "The child slots held across the cluster, oldest first (admins)", Body::None, 200, Some(schema::<SlotsReply>)),
     route("GET", "/api/v1/workflows/{id}/artifacts/{version}", Op::Artifact, Access::User, "An artifact's bytes (HTTP Range supported)", Body::None, 200, None),
-    action(action_path!("launch"), Op::Launch, "launch", schema::<LaunchBody>, schema::<LaunchAnswer>),
-    action(action_path!("get"), Op::Get, "get", schema::<GetBody>, schema::<WorkflowRecord>),
-    action(action_path!("resume"), Op::Resume, "resume", schema::<ResumeBody>, schema::<ControlReply>),
-    action(action_path!("decide"), Op::Decide, "decide", schema::<DecideBody>, schema::<ControlReply>),
-    action(action_path!("answer"), Op::Answer, "answer", schema::<AnswerBody>, schema::<AnswerReply>),
-    action(action_path!("cancel"), Op::Cancel, "cancel", schema::<RunBody>, schema::<StatusReply>),
-    action(action_path!("recover"), Op::Recover, "recover", schema::<RunBody>, schema::<StatusReply>),
-    action(action_path!("delete"), Op::Delete, "delete", schema::<RunBody>, schema::<DeletedReply>),
-    action(action_path!("get_artifact"), Op::ArtifactChunk, "get_artifact: chunks of at most 1 MiB", schema::<ArtifactChunkBody>, schema::<ArtifactChunkReply>),
+    action(action_path!("launch"), Op::Launch, "launch", &[Lift::WaitMs], schema::<LaunchBody>, schema::<LaunchAnswer>),
+    action(action_path!("get"), Op::Get, "get", &[Lift::Id("run_id", "id"), Lift::WaitMs], schema::<EmptyBody>, schema::<WorkflowRecord>),
+    action(action_path!("resume"), Op::Resume, "resume", RUN, schema::<ResumeBody>, schema::<ControlReply>),
+    action(action_path!("decide"), Op::Decide, "decide", RUN, schema::<DecideBody>, schema::<ControlReply>),
+    action(action_path!("answer"), Op::Answer, "answer", &[Lift::Id("run_id", "id"), Lift::Id("step_id", "step")], schema::<AnswerBody>, schema::<AnswerReply>),
+    action(action_path!("cancel"), Op::Cancel, "cancel", RUN, schema::<EmptyBody>, schema::<StatusReply>),
+    action(action_path!("recover"), Op::Recover, "recover", RUN, schema::<EmptyBody>, schema::<StatusReply>),
+    action(action_path!("delete"), Op::Delete, "delete", RUN, schema::<EmptyBody>, schema::<DeletedReply>),
+    action(action_path!("get_artifact"), Op::ArtifactChunk, "get_artifact: chunks of at most 1 MiB", RUN, schema::<ArtifactChunkBody>, schema::<ArtifactChunkReply>),
 ];
 
 /// What the router found for a request.

@@ -21,8 +21,6 @@ use super::{Ctx, Reply, json_reply};
 
 /// The only body sign-in accepts.
 const FORM_CONTENT_TYPE: &str = "application/x-www-form-urlencoded";
-/// A token's name at most, in characters.
-const TOKEN_NAME_CHARS_MAX: usize = 100;
 const SECONDS_PER_DAY: f64 = 86_400.0;
 
 fn user_reply(user: &UserRow) -> UserReply {
@@ -136,7 +134,7 @@ pub async fn login(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
     let form: LoginForm = ctx.form()?;
     let account = auth::normalize_email(&form.username);
     // The budget key is bounded like an email, whatever was typed.
-    let account = match account.char_indices().nth(auth::EMAIL_BYTES_MAX) {
+    let account = match account.char_indices().nth(super::rules::EMAIL_CHARS_MAX) {
         Some((end, _)) => &account[..end],
         None => account.as_str(),
     };
@@ -189,7 +187,7 @@ pub async fn login(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
 async fn user_by_email(ctx: &Ctx<'_>, typed: &str) -> Result<Option<UserRow>, ApiError> {
     let store = ctx.state.node.store();
     let trimmed = typed.trim();
-    if trimmed.len() > auth::EMAIL_BYTES_MAX {
+    if trimmed.len() > super::rules::EMAIL_CHARS_MAX {
         return Ok(None);
     }
     if let Some(user) = store.user_by_email(trimmed).await? {
@@ -278,19 +276,10 @@ pub async fn me(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
 /// A new API token; its secret appears in this reply only.
 pub async fn create_token(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
     let body: NewTokenBody = ctx.json()?;
-    let name = body.name.trim();
-    let chars = name.chars().count();
-    if chars == 0 || chars > TOKEN_NAME_CHARS_MAX {
-        return Err(ApiError::bad_request(format!(
-            "body field `name`: 1 to {TOKEN_NAME_CHARS_MAX} characters, got {chars}"
-        )));
-    }
-    // A name is shown in lists and terminals: no control character may move a cursor there.
-    if let Some(control) = name.chars().find(|c| c.is_control()) {
-        return Err(ApiError::bad_request(format!(
-            "body field `name`: no control characters, got {control:?}"
-        )));
-    }
+    let name = body.name.as_str();
+    // A name is shown in lists and terminals: one line, no control character may move a cursor.
+    super::rules::check_line(name, super::wire::TOKEN_NAME_CHARS_MAX)
+        .map_err(|why| ApiError::bad_request(format!("body field `name`: {why}")))?;
     let days_max = ctx.state.auth.token_days_max;
     let lifetime_seconds = match body.expires_in_days {
         None => None,

@@ -48,10 +48,13 @@ pub fn settled(view: &WorkflowView) -> bool {
 pub fn parse_duration(text: &str) -> Result<Duration, ApiError> {
     let invalid = || {
         ApiError::bad_request(format!(
-            "query `wait` {text:?} is not a duration: a whole number with ms, s or m, as in \
+            "query `wait` {text:?} is not a duration: a whole number (at most 12 digits) with ms, s or m, as in \
              500ms, 30s or 2m"
         ))
     };
+    if !super::rules::DURATION.is_match(text) {
+        return Err(invalid());
+    }
     let split = text
         .find(|c: char| !c.is_ascii_digit())
         .ok_or_else(invalid)?;

@@ -2,51 +2,171 @@
 //! route table names these types, and `openapi.json` is generated from them, so the description
 //! cannot drift from what the server parses.
 //!
-//! Bodies of the compatible action endpoint carry `run_id`; the REST routes take it from the path
-//! and accept it in the body only when it names the same workflow.
+//! A body names no workflow or step: the REST routes take them from the path, and the compatible
+//! action endpoint from `run_id` (and `step_id`) beside the body's own fields (`compat.rs`).
+//! Values with a rule are typed ([`Id`], [`Decision`], ranges), so that a body that breaks a rule
+//! is refused as it is read, naming the field, by the same declaration the description states.
 
-use schemars::JsonSchema;
+use std::borrow::Cow;
+
+use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+
+use super::rules;
+
+/// An id (the one grammar: 1 to 128 of `A-Z a-z 0-9 - _ .`), refused as the body is read when
+/// it is not one.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "String")]
+pub struct Id(String);
+
+impl Id {
+    pub fn into_string(self) -> String {
+        self.0
+    }
+}
+
+impl TryFrom<String> for Id {
+    type Error = String;
+
+    fn try_from(text: String) -> Result<Self, Self::Error> {
+        if runtime::is_id(&text) {
+            Ok(Id(text))
+        } else {
+            Err(format!("{text:?} is not an id ({})", runtime::ID_GRAMMAR))
+        }
+    }
+}
+
+impl JsonSchema for Id {
+    fn schema_name() -> Cow<'static, str> {
+        "Id".into()
+    }
+
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({
+            "type": "string",
+            "pattern": rules::ID_PATTERN,
+            "minLength": 1,
+            "maxLength": runtime::ID_CHARS_MAX,
+            "description": "An id: 1 to 128 of A-Z, a-z, 0-9, '-', '_', '.'",
+        })
+    }
+}
+
+/// A person's decision on a checkpoint or an agent's request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Decision {
+    Approve,
+    Reject,
+}
+
+impl Decision {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Decision::Approve => "approve",
+            Decision::Reject => "reject",
+        }
+    }
+
+    /// What the decision makes of what it decides.
+    pub fn outcome(self) -> &'static str {
+        match self {
+            Decision::Approve => "approved",
+            Decision::Reject => "rejected",
+        }
+    }
+}
+
+/// How an operator settles an uncertain step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Resolution {
+    /// Run it again (attempt + 1).
+    Retry,
+    /// Fail it.
+    Fail,
+    /// Complete it with `output`.
+    Complete,
+}
+
+/// The schema of a line of text of 1 to `max` characters (see [`rules::check_line`]); the
+/// description carries the node's configured `max`.
+pub fn line_schema(max: u64) -> Value {
+    serde_json::json!({"type": "string", "minLength": 1, "maxLength": max,
+                       "pattern": rules::line_pattern()})
+}
+
+/// A workflow's life limit at most: a year.
+pub const TIMEOUT_SECONDS_MAX: u64 = actors::TIMEOUT_SECONDS_MAX;
+
+/// A whole number for an integer field: also one written with a zero fraction (`258.0`), which
+/// JSON Schema's `integer` takes (a client that writes every number as a float is not refused).
+pub fn whole<'de, D, T>(deserializer: D) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: TryFrom<i128>,
+{
+    let number = serde_json::Number::deserialize(deserializer)?;
+    let value = number
+        .as_i64()
+        .map(i128::from)
+        .or_else(|| number.as_u64().map(i128::from))
+        .or_else(|| {
+            // An f64 this large is beyond every integer field's range anyway.
+            number
+                .as_f64()
+                .filter(|f| f.fract() == 0.0 && f.abs() < 1e30)
+                .map(|f| f as i128)
+        });
+    value
+        .and_then(|value| T::try_from(value).ok())
+        .ok_or_else(|| {
+            serde::de::Error::custom(format!(
+                "{number} is not a whole number in the field's range"
+            ))
+        })
+}
+
+/// [`whole`] for an optional field (`null` is leaving it out).
+pub fn whole_or_null<'de, D, T>(deserializer: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: TryFrom<i128>,
+{
+    #[derive(Deserialize)]
+    struct Whole<T: TryFrom<i128>>(#[serde(deserialize_with = "whole")] T);
+    Ok(Option::<Whole<T>>::deserialize(deserializer)?.map(|Whole(value)| value))
+}
 
 /// `launch`: start a workflow, idempotently per (user, `request_id`).
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct LaunchBody {
     /// The caller's idempotency key: the same request again returns the same `run_id`.
-    pub request_id: Option<String>,
+    pub request_id: Option<Id>,
     /// What people call the workflow, shown beside its run id wherever it is listed: 1 to
-    /// `limits.title_chars_max` characters, no control characters. A retry keeps it.
+    /// `limits.title_chars_max` characters, one line (no control or bidirectional formatting
+    /// character), not blank. A retry keeps it.
     pub title: Option<String>,
     /// Its life limit: cancelled this many seconds after its launch (1 to a year). Without it,
     /// the node's `limits.timeout_seconds`; none when that is 0 (the default).
+    #[serde(default, deserialize_with = "whole_or_null")]
+    #[schemars(range(min = 1, max = TIMEOUT_SECONDS_MAX))]
     pub timeout_seconds: Option<u64>,
     /// The workflow script: the body of an async JavaScript function.
     pub script: String,
     /// The script's `args` (JSON).
     #[serde(default)]
     pub args: Value,
-    /// Wait up to this many milliseconds (at most `http.wait_max_ms`) for the workflow to end
-    /// or wait for a person, and answer with its record (REST: `?wait=DURATION` instead).
-    pub wait_ms: Option<u64>,
 }
 
-/// `get`: one workflow, at once or once it ends or waits for a person.
+/// A body with no fields of its own (a compatible action's that names only its workflow).
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct GetBody {
-    pub run_id: Option<String>,
-    /// Wait up to this many milliseconds (at most `http.wait_max_ms`) for the workflow to end
-    /// or wait for a person (REST: `?wait=DURATION`).
-    pub wait_ms: Option<u64>,
-}
-
-/// A request that names one workflow.
-#[derive(Debug, Clone, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct RunBody {
-    pub run_id: Option<String>,
-}
+pub struct EmptyBody {}
 
 /// `retry`: run a failed workflow again from its failed step, as a new workflow.
 #[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
@@ -54,17 +174,18 @@ pub struct RunBody {
 pub struct RetryBody {
     /// The caller's idempotency key, as a launch's: the retry is the failed workflow's owner's
     /// workflow under this id. A workflow is retried once anyway: asking again answers its retry.
-    pub request_id: Option<String>,
+    pub request_id: Option<Id>,
 }
 
 /// `resume`: resolve the `pause` of a step.
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ResumeBody {
-    pub run_id: Option<String>,
     /// The workflow's `fingerprint` as the caller saw it; a stale one is refused (409).
     pub fingerprint: String,
-    pub step_id: String,
+    pub step_id: Id,
+    #[serde(deserialize_with = "whole")]
+    #[schemars(range(min = 1))]
     pub attempt: i32,
     /// What the `pause` call resolves to.
     #[serde(default)]
@@ -75,12 +196,13 @@ pub struct ResumeBody {
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SendEventBody {
-    /// What a `waitForEvent` names (the id grammar).
-    pub name: String,
-    /// The sender's id for this event (the id grammar): sending it again is a repeat.
-    pub event_id: String,
+    /// What a `waitForEvent` names.
+    pub name: Id,
+    /// The sender's id for this event: sending it again is a repeat.
+    pub event_id: Id,
     /// What the `waitForEvent` call resolves to (at most `limits.frame_bytes_max` as JSON); never
     /// `null`, which is what a wait resolves to when its deadline passes.
+    #[schemars(schema_with = "not_null")]
     pub payload: Value,
 }
 
@@ -88,12 +210,15 @@ pub struct SendEventBody {
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DecideBody {
-    pub run_id: Option<String>,
-    pub step_id: String,
+    pub step_id: Id,
+    #[serde(deserialize_with = "whole")]
+    #[schemars(range(min = 1))]
     pub attempt: i32,
+    /// The version the checkpoint is about; another is refused (409).
+    #[serde(deserialize_with = "whole")]
+    #[schemars(range(min = 1))]
     pub artifact_version: u64,
-    /// `approve` or `reject`.
-    pub decision: String,
+    pub decision: Decision,
     pub comment: Option<String>,
 }
 
@@ -101,24 +226,24 @@ pub struct DecideBody {
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AnswerBody {
-    pub run_id: Option<String>,
-    /// The step that asked (REST: the path's; the compatible action: required here).
-    pub step_id: Option<String>,
-    /// `approve` or `reject`.
-    pub decision: String,
+    pub decision: Decision,
     pub comment: Option<String>,
     /// The request answered; the step's pending one when absent.
-    pub request_id: Option<String>,
+    pub request_id: Option<Id>,
 }
 
 /// `reconcile` (admins): settle the uncertain step of a workflow in `needs_reconciliation`.
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(extend(
+    "if" = {"properties": {"resolution": {"const": "complete"}}},
+    "then" = {"required": ["output"], "properties": {"output": {"not": {"type": "null"}}}},
+    "else" = {"properties": {"output": {"type": "null"}}},
+))]
 pub struct ReconcileBody {
-    pub run_id: Option<String>,
-    pub step_id: String,
-    /// `retry` (attempt + 1), `fail`, or `complete` (with `output`).
-    pub resolution: String,
+    pub step_id: Id,
+    pub resolution: Resolution,
+    /// The step's output: with `complete` only, and required with it.
     pub output: Option<Value>,
     /// Why: what the operator checked. Kept with the workflow.
     pub reason: String,
@@ -128,11 +253,14 @@ pub struct ReconcileBody {
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ArtifactChunkBody {
-    pub run_id: Option<String>,
+    #[serde(deserialize_with = "whole")]
+    #[schemars(range(min = 1))]
     pub version: i64,
     /// The first byte (default 0).
+    #[serde(default, deserialize_with = "whole_or_null")]
     pub offset: Option<u64>,
     /// Bytes wanted (default and at most 1 MiB).
+    #[serde(default, deserialize_with = "whole_or_null")]
     pub length: Option<u64>,
 }
 
@@ -140,8 +268,27 @@ pub struct ArtifactChunkBody {
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct InitializeBody {
+    #[schemars(schema_with = "email")]
     pub email: String,
+    #[schemars(schema_with = "password")]
     pub password: String,
+}
+
+/// Any JSON value but `null`.
+fn not_null(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({"not": {"type": "null"}})
+}
+
+/// A new user's email ([`rules::EMAIL`]).
+fn email(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({"type": "string", "pattern": rules::EMAIL.source,
+                  "maxLength": rules::EMAIL_CHARS_MAX})
+}
+
+/// A password: 12 to 256 characters (not the email, nor its part before the `@`: refused 422).
+fn password(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({"type": "string", "minLength": super::auth::PASSWORD_CHARS_MIN,
+                  "maxLength": super::auth::PASSWORD_CHARS_MAX})
 }
 
 /// What a user may do: `user` (their own workflows), `approver` (also see every workflow and
@@ -177,8 +324,16 @@ impl From<store::Role> for RoleName {
 /// A new user (admins only).
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(extend("not" = {"anyOf": [
+    {"required": ["role", "is_admin"],
+     "properties": {"role": {"const": "admin"}, "is_admin": {"const": false}}},
+    {"required": ["role", "is_admin"],
+     "properties": {"role": {"enum": ["user", "approver"]}, "is_admin": {"const": true}}},
+]}))]
 pub struct NewUserBody {
+    #[schemars(schema_with = "email")]
     pub email: String,
+    #[schemars(schema_with = "password")]
     pub password: String,
     /// The older way to say `"role": "admin"`; when both are given they must agree.
     #[serde(default)]
@@ -187,19 +342,34 @@ pub struct NewUserBody {
     pub role: Option<RoleName>,
 }
 
-/// What an admin changes about a user; at least one field.
+/// What an admin changes about a user; at least one field (neither may be `null`).
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(extend("minProperties" = 1))]
 pub struct UserChangeBody {
+    #[serde(default, deserialize_with = "present")]
+    #[schemars(with = "RoleName")]
     pub role: Option<RoleName>,
     /// `true` ends the user's sessions and makes their API tokens refuse (401) until enabled.
+    #[serde(default, deserialize_with = "present")]
+    #[schemars(with = "bool")]
     pub disabled: Option<bool>,
+}
+
+/// A field that may be left out but not given as `null`.
+fn present<'de, D, T>(deserializer: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    T::deserialize(deserializer).map(Some)
 }
 
 /// An admin sets a user's password (their sessions end).
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PasswordResetBody {
+    #[schemars(schema_with = "password")]
     pub password: String,
 }
 
@@ -208,6 +378,7 @@ pub struct PasswordResetBody {
 #[serde(deny_unknown_fields)]
 pub struct PasswordChangeBody {
     pub current_password: String,
+    #[schemars(schema_with = "password")]
     pub new_password: String,
 }
 
@@ -215,11 +386,22 @@ pub struct PasswordChangeBody {
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct NewTokenBody {
-    /// What the token is for, as the user will recognise it in a listing.
+    /// What the token is for, as the user will recognise it in a listing: one line of 1 to 100
+    /// characters, not blank.
+    #[schemars(schema_with = "token_name")]
     pub name: String,
     /// The token stops working this many days after it is made (1 to `auth.token_days_max`);
     /// without it the token lasts until revoked.
+    #[serde(default, deserialize_with = "whole_or_null")]
     pub expires_in_days: Option<u32>,
+}
+
+/// A token's name at most, in characters.
+pub const TOKEN_NAME_CHARS_MAX: u64 = 100;
+
+fn token_name(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({"type": "string", "minLength": 1, "maxLength": TOKEN_NAME_CHARS_MAX,
+                  "pattern": rules::line_pattern()})
 }
 
 /// The local sign-in form (`application/x-www-form-urlencoded`).
@@ -337,8 +519,10 @@ pub struct LaunchedRecord {
 #[derive(Debug, Clone, Serialize, JsonSchema)]
 #[serde(untagged)]
 pub enum LaunchAnswer {
-    Launched(LaunchReply),
+    // The record first: a client that tries each in turn would read a record as the launch
+    // alone (it has the launch's fields too) and lose the rest.
     Waited(Box<LaunchedRecord>),
+    Launched(LaunchReply),
 }
 
 /// A control was recorded (or an identical one was already).

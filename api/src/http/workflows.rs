@@ -44,36 +44,14 @@ fn check_id(what: &str, id: &str) -> Result<(), ApiError> {
     }
 }
 
-/// A launch's title: 1 to `max` characters (`limits.title_chars_max`), none of them a control
-/// character or a bidirectional formatting one (which would make a listing read otherwise than
-/// it is stored). Refused with 400 naming the field; nothing is launched.
+/// A launch's title: a line of 1 to `max` characters (`limits.title_chars_max`; see
+/// [`super::rules::check_line`]). Refused with 400 naming the field; nothing is launched.
 fn check_title(title: &str, max: u64) -> Result<(), ApiError> {
-    let chars = title.chars().count();
-    let refused = |why: String| ApiError::bad_request(format!("title is refused: {why}"));
-    if title.trim().is_empty() {
-        return Err(refused("it is empty; leave it out instead".to_owned()));
-    }
-    if chars as u64 > max {
-        return Err(refused(format!(
-            "it has {chars} characters, more than limits.title_chars_max ({max})"
-        )));
-    }
-    if let Some(bad) = title
-        .chars()
-        .find(|&c| c.is_control() || is_bidi_control(c))
-    {
-        return Err(refused(format!(
-            "it holds the control character U+{:04X}; a title is one line of text",
-            u32::from(bad)
-        )));
-    }
-    Ok(())
-}
-
-/// Unicode's explicit bidirectional formatting characters (embeddings, overrides, isolates, and
-/// the marks), which reorder the text around them when shown.
-fn is_bidi_control(c: char) -> bool {
-    matches!(c, '\u{200E}' | '\u{200F}' | '\u{061C}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
+    super::rules::check_line(title, max).map_err(|why| {
+        ApiError::bad_request(format!(
+            "title is refused: {why} (limits.title_chars_max is {max})"
+        ))
+    })
 }
 
 /// A checked id from the path.
@@ -85,28 +63,10 @@ pub fn path_id(ctx: &Ctx<'_>, name: &str) -> Result<String, ApiError> {
     Ok(id.to_owned())
 }
 
-/// The workflow a request is about: the path's id (REST; a `run_id` in the body must agree) or
-/// the body's `run_id` (compatible).
-fn run_id(ctx: &Ctx<'_>, body_run_id: Option<String>) -> Result<WorkflowId, ApiError> {
-    let id = match (ctx.route.surface, body_run_id) {
-        (Surface::Rest, body) => {
-            let id = path_id(ctx, "id")?;
-            if let Some(body) = body
-                && body != id
-            {
-                return Err(ApiError::bad_request(format!(
-                    "body field `run_id` {body:?} names another workflow than the path ({id:?})"
-                )));
-            }
-            id
-        }
-        (Surface::Compat, Some(id)) => id,
-        (Surface::Compat, None) => {
-            return Err(ApiError::bad_request("body field `run_id`: missing"));
-        }
-    };
-    check_id("run_id", &id)?;
-    Ok(WorkflowId::new(id))
+/// The workflow a request is about: the path's id (REST), or the compatible body's `run_id`,
+/// which `compat::lift` made a path parameter.
+fn run_id(ctx: &Ctx<'_>) -> Result<WorkflowId, ApiError> {
+    path_id(ctx, "id").map(WorkflowId::new)
 }
 
 /// What a caller wants to do with a workflow, which decides who may.
@@ -210,22 +170,18 @@ pub fn plugins() -> PluginsReply {
     }
 }
 
-/// How long a request asks to wait: `?wait=DURATION` on REST, `wait_ms` in the body on
-/// either surface (not both), at most `http.wait_max_ms`. `None`: answer at once.
-fn asked_wait(ctx: &Ctx<'_>, wait_ms: Option<u64>) -> Result<Option<Duration>, ApiError> {
-    let query = match ctx.route.surface {
-        Surface::Rest => ctx.query("wait"),
-        Surface::Compat => None,
-    };
-    let asked = match (query, wait_ms) {
-        (Some(_), Some(_)) => {
-            return Err(ApiError::bad_request(
-                "give the wait once: query `wait` or body field `wait_ms`",
-            ));
+/// How long a request asks to wait: `?wait=DURATION` on REST, `wait_ms` in the compatible
+/// action's body, at most `http.wait_max_ms`. `None`: answer at once.
+fn asked_wait(ctx: &Ctx<'_>) -> Result<Option<Duration>, ApiError> {
+    let asked = match (ctx.route.surface, ctx.query("wait"), ctx.param("wait_ms")) {
+        (Surface::Rest, Some(text), _) => wait::parse_duration(&text)?,
+        (Surface::Compat, _, Some(ms)) => {
+            // Checked as the body was read (`compat::lift`).
+            Duration::from_millis(ms.parse().map_err(|_| {
+                ApiError::bad_request(format!("body field `wait_ms`: {ms:?} is not a number"))
+            })?)
         }
-        (Some(text), None) => wait::parse_duration(&text)?,
-        (None, Some(ms)) => Duration::from_millis(ms),
-        (None, None) => return Ok(None),
+        _ => return Ok(None),
     };
     Ok(Some(
         asked.min(Duration::from_millis(ctx.state.http.wait_max_ms)),
@@ -297,13 +253,10 @@ async fn wait_for(
 pub async fn launch(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
     refuse_while_draining(ctx)?;
     let body: LaunchBody = ctx.json()?;
-    if let Some(request_id) = &body.request_id {
-        check_id("request_id", request_id)?;
-    }
     if let Some(title) = &body.title {
         check_title(title, ctx.state.title_chars_max)?;
     }
-    let wait = asked_wait(ctx, body.wait_ms)?;
+    let wait = asked_wait(ctx)?;
     // A waiter's place is taken before anything is launched: a refusal launches nothing.
     let user_id = &ctx.principal()?.user.id;
     let permit = wait.map(|_| ctx.state.waiters.admit(user_id)).transpose()?;
@@ -313,7 +266,7 @@ pub async fn launch(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
         .workflows()
         .launch(LaunchRequest {
             user_id: ctx.principal()?.user.id.clone(),
-            request_id: body.request_id,
+            request_id: body.request_id.map(Id::into_string),
             title: body.title,
             timeout_seconds: body.timeout_seconds,
             script: body.script,
@@ -379,15 +332,17 @@ pub async fn list(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
     if let Some(request_id) = &request_id {
         check_id("request_id", request_id)?;
     }
-    // Whose: a user's own always; one who sees every workflow may name an owner.
+    // Whose: a user's own always; one who sees every workflow may name an owner. The name is
+    // checked either way (a malformed query is refused whoever sends it).
+    let named = ctx.query("user_id");
+    if let Some(user_id) = &named {
+        check_id("user_id", user_id)?;
+    }
     let user_id = if principal.user.sees_every_workflow() {
-        ctx.query("user_id")
+        named
     } else {
         Some(principal.user.id.clone())
     };
-    if let Some(user_id) = &user_id {
-        check_id("user_id", user_id)?;
-    }
     let page_size_max = ctx.state.http.page_size_max;
     let limit = match ctx.query("limit") {
         None => PAGE_SIZE_DEFAULT.min(page_size_max),
@@ -441,6 +396,9 @@ fn parse_cursor(text: &str) -> Result<store::ListCursor, ApiError> {
             "query `after` {text:?} is not a position a listing gave as `next`"
         ))
     };
+    if !super::rules::LIST_CURSOR.is_match(text) {
+        return Err(refused());
+    }
     let (created_at, workflow_id) = text.split_once('_').ok_or_else(refused)?;
     let created_at: f64 = created_at.parse().map_err(|_| refused())?;
     if !created_at.is_finite() || !runtime::is_id(workflow_id) {
@@ -453,15 +411,11 @@ fn parse_cursor(text: &str) -> Result<store::ListCursor, ApiError> {
 }
 
 pub async fn get(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
-    let body: GetBody = match ctx.route.surface {
-        Surface::Compat => ctx.json()?,
-        Surface::Rest => GetBody {
-            run_id: None,
-            wait_ms: None,
-        },
-    };
-    let run_id = run_id(ctx, body.run_id)?;
-    if let Some(wait) = asked_wait(ctx, body.wait_ms)? {
+    if ctx.route.surface == Surface::Compat {
+        let EmptyBody {} = ctx.json()?;
+    }
+    let run_id = run_id(ctx)?;
+    if let Some(wait) = asked_wait(ctx)? {
         let permit = ctx.state.waiters.admit(&ctx.principal()?.user.id)?;
         let record = wait_for(ctx, &run_id, wait, permit).await?;
         return Ok(json_reply(StatusCode::OK, record));
@@ -490,7 +444,7 @@ fn page_limit(ctx: &Ctx<'_>, max: u32, key: &str) -> Result<u32, ApiError> {
 /// `GET /api/v1/workflows/{id}/steps?after=&limit=`: the steps after a position a record gave
 /// as `steps_next` (or a page as `next`), in journal order, read in one of the caller's places.
 pub async fn steps(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
-    let run_id = run_id(ctx, None)?;
+    let run_id = run_id(ctx)?;
     let max = ctx.state.http.record_steps_page_max;
     let limit = page_limit(ctx, max, "http.record_steps_page_max")?;
     let after = match ctx.query("after") {
@@ -527,7 +481,7 @@ pub async fn steps(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
 /// version a record gave as `artifacts_next`, or a page as `next`), oldest first, without their
 /// bytes, read in one of the caller's places.
 pub async fn artifacts(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
-    let run_id = run_id(ctx, None)?;
+    let run_id = run_id(ctx)?;
     let max = ctx.state.http.record_artifacts_page_max;
     let limit = page_limit(ctx, max, "http.record_artifacts_page_max")?;
     let after = match ctx.query("after") {
@@ -578,8 +532,7 @@ fn control_reply(run_id: WorkflowId, status: &str, written: &ControlWrite) -> Co
 
 pub async fn resume(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
     let body: ResumeBody = ctx.json()?;
-    let run_id = run_id(ctx, body.run_id)?;
-    check_id("step_id", &body.step_id)?;
+    let run_id = run_id(ctx)?;
     owned_row(ctx, &run_id, Act::Answer).await?;
     let written = ctx
         .state
@@ -589,7 +542,7 @@ pub async fn resume(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
             Resume {
                 workflow_id: run_id.clone(),
                 fingerprint: Some(body.fingerprint),
-                step_id: body.step_id,
+                step_id: body.step_id.into_string(),
                 attempt: body.attempt,
                 input: body.input,
             },
@@ -604,18 +557,9 @@ pub async fn resume(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
 
 pub async fn decide(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
     let body: DecideBody = ctx.json()?;
-    let run_id = run_id(ctx, body.run_id)?;
-    check_id("step_id", &body.step_id)?;
+    let run_id = run_id(ctx)?;
     owned_row(ctx, &run_id, Act::Answer).await?;
-    let status = match body.decision.as_str() {
-        "approve" => "approved",
-        "reject" => "rejected",
-        other => {
-            return Err(ApiError::bad_request(format!(
-                "body field `decision`: {other:?} is neither \"approve\" nor \"reject\""
-            )));
-        }
-    };
+    let status = body.decision.outcome();
     let written = ctx
         .state
         .node
@@ -623,10 +567,10 @@ pub async fn decide(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
         .decide(
             Decide {
                 workflow_id: run_id.clone(),
-                step_id: body.step_id,
+                step_id: body.step_id.into_string(),
                 attempt: body.attempt,
                 artifact_version: body.artifact_version,
-                decision: body.decision,
+                decision: body.decision.as_str().to_owned(),
                 comment: body.comment,
             },
             &by(ctx)?,
@@ -643,9 +587,7 @@ pub async fn decide(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
 /// holds another; 422 when the workflow has ended.
 pub async fn send_event(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
     let body: SendEventBody = ctx.json()?;
-    let run_id = run_id(ctx, None)?;
-    check_id("name", &body.name)?;
-    check_id("event_id", &body.event_id)?;
+    let run_id = run_id(ctx)?;
     if body.payload.is_null() {
         return Err(ApiError::bad_request(
             "an event's `payload` may not be null: a waitForEvent resolves with null when its \
@@ -660,8 +602,8 @@ pub async fn send_event(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
         .send_event(
             SendEvent {
                 workflow_id: run_id.clone(),
-                event_id: body.event_id,
-                name: body.name,
+                event_id: body.event_id.into_string(),
+                name: body.name.into_string(),
                 payload: body.payload,
             },
             &by(ctx)?,
@@ -697,37 +639,9 @@ pub async fn send_event(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
 /// agent gets the answer at its owner's next lease renewal; either way the workflow goes on.
 pub async fn answer(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
     let body: AnswerBody = ctx.json()?;
-    let run_id = run_id(ctx, body.run_id)?;
-    let step_id = match (ctx.route.surface, body.step_id) {
-        (Surface::Rest, body) => {
-            let step_id = path_id(ctx, "step")?;
-            if let Some(body) = body
-                && body != step_id
-            {
-                return Err(ApiError::bad_request(format!(
-                    "body field `step_id` {body:?} names another step than the path ({step_id:?})"
-                )));
-            }
-            step_id
-        }
-        (Surface::Compat, Some(step_id)) => step_id,
-        (Surface::Compat, None) => {
-            return Err(ApiError::bad_request("body field `step_id`: missing"));
-        }
-    };
-    check_id("step_id", &step_id)?;
-    if let Some(request_id) = &body.request_id {
-        check_id("request_id", request_id)?;
-    }
-    let status = match body.decision.as_str() {
-        "approve" => "approved",
-        "reject" => "rejected",
-        other => {
-            return Err(ApiError::bad_request(format!(
-                "body field `decision`: {other:?} is neither \"approve\" nor \"reject\""
-            )));
-        }
-    };
+    let run_id = run_id(ctx)?;
+    let step_id = path_id(ctx, "step")?;
+    let status = body.decision.outcome();
     owned_row(ctx, &run_id, Act::Answer).await?;
     let store = ctx.state.node.store();
     let step = store
@@ -757,9 +671,13 @@ pub async fn answer(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
     let pending = store::pending_request_id(&child.metadata)
         .filter(|_| child.status == store::RunStatus::WaitingForInput)
         .map(str::to_owned);
-    let request_id = body.request_id.clone().or(pending.clone());
+    let request_id = body
+        .request_id
+        .clone()
+        .map(Id::into_string)
+        .or(pending.clone());
     let given = serde_json::json!({
-        "decision": body.decision,
+        "decision": body.decision.as_str(),
         "comment": body.comment,
         "by": by(ctx)?,
         "actions": child.metadata["hitl_approval"]["actions"],
@@ -827,13 +745,13 @@ fn answer_reply(
     )
 }
 
-/// The body of a body-less REST route, or the compatible action's `run_id` body.
+/// The workflow of a route whose body names only it: the REST route has none, the compatible
+/// action's is `run_id` alone (lifted), so any other field is refused.
 fn run_body(ctx: &Ctx<'_>) -> Result<WorkflowId, ApiError> {
-    let body: RunBody = match ctx.route.surface {
-        Surface::Compat => ctx.json()?,
-        Surface::Rest => RunBody { run_id: None },
-    };
-    run_id(ctx, body.run_id)
+    if ctx.route.surface == Surface::Compat {
+        let EmptyBody {} = ctx.json()?;
+    }
+    run_id(ctx)
 }
 
 /// Records the cancel, then waits up to `http.cancel_wait_ms` for the workflow to settle and
@@ -897,11 +815,8 @@ pub async fn recover(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
 /// the new workflow, or 200 `repeated` with the retry made before (by anyone, on any node).
 pub async fn retry(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
     refuse_while_draining(ctx)?;
-    let run_id = run_id(ctx, None)?;
+    let run_id = run_id(ctx)?;
     let body: RetryBody = ctx.json()?;
-    if let Some(request_id) = &body.request_id {
-        check_id("request_id", request_id)?;
-    }
     owned_row(ctx, &run_id, Act::Control).await?;
     let retried = ctx
         .state
@@ -909,7 +824,7 @@ pub async fn retry(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
         .workflows()
         .retry(RetryRequest {
             workflow_id: run_id.clone(),
-            request_id: body.request_id,
+            request_id: body.request_id.map(Id::into_string),
         })
         .await?;
     let status = if retried.created {
@@ -931,35 +846,29 @@ pub async fn retry(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
 pub async fn reconcile(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
     refuse_while_draining(ctx)?;
     let body: ReconcileBody = ctx.json()?;
-    let run_id = run_id(ctx, body.run_id)?;
-    check_id("step_id", &body.step_id)?;
-    owned_row(ctx, &run_id, Act::Control).await?;
-    let resolution = match (body.resolution.as_str(), body.output) {
-        ("retry", None) => Resolution::Retry,
-        ("fail", None) => Resolution::Fail,
-        ("complete", Some(output)) => Resolution::Complete(output),
-        ("complete", None) => {
+    let run_id = run_id(ctx)?;
+    let resolution = match (body.resolution, body.output) {
+        (super::wire::Resolution::Retry, None) => Resolution::Retry,
+        (super::wire::Resolution::Fail, None) => Resolution::Fail,
+        (super::wire::Resolution::Complete, Some(output)) => Resolution::Complete(output),
+        (super::wire::Resolution::Complete, None) => {
             return Err(ApiError::bad_request(
                 "body field `output`: `complete` needs the step's output",
             ));
         }
-        ("retry" | "fail", Some(_)) => {
+        (super::wire::Resolution::Retry | super::wire::Resolution::Fail, Some(_)) => {
             return Err(ApiError::bad_request(
                 "body field `output`: only `complete` takes an output",
             ));
         }
-        (other, _) => {
-            return Err(ApiError::bad_request(format!(
-                "body field `resolution`: {other:?} is not retry, fail or complete"
-            )));
-        }
     };
+    owned_row(ctx, &run_id, Act::Control).await?;
     ctx.state
         .node
         .workflows()
         .reconcile(ReconcileRequest {
             workflow_id: run_id.clone(),
-            step_id: body.step_id,
+            step_id: body.step_id.into_string(),
             resolution,
             reason: body.reason,
             by: by(ctx)?,
@@ -1008,7 +917,7 @@ async fn artifact_row(
 /// One base64 chunk of an artifact (at most [`CHUNK_BYTES_MAX`]).
 pub async fn artifact_chunk(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
     let body: ArtifactChunkBody = ctx.json()?;
-    let run_id = run_id(ctx, body.run_id)?;
+    let run_id = run_id(ctx)?;
     let artifact = artifact_row(ctx, &run_id, body.version).await?;
     let total = artifact.content.len() as u64;
     let offset = body.offset.unwrap_or(0);
