@@ -5,8 +5,10 @@
 #                                  tests (a shared CI runner's situation): no test may decide by
 #                                  a quiet window or a race with the wall clock
 #   tests/run-all.sh bench         the same cluster, then the benches instead of the tests
-# PostgreSQL, nginx, openssl, curl, chromium, chromium-driver, iproute2 and nftables come from Debian's
-# packages (installed if missing); the tests start their
+# PostgreSQL, nginx, openssl, curl, chromium, chromium-driver, iproute2, nftables and python3-venv
+# come from Debian's packages (installed if missing); the Python tools the API's fuzz test runs
+# (Schemathesis, openapi-python-client) from PyPI at pinned versions into a venv under
+# target/python-tools (tests/python-tools/install.sh, skipped when up to date). The tests start their
 # own private nginx per test on a free loopback port, whatever the package's service does. The cluster lives under
 # target/pg-test (or a private temp folder when the postgres user cannot reach target/), listens
 # only on 127.0.0.1 on a free port, and is stopped on exit whatever happens.
@@ -36,6 +38,17 @@ if [ "$mode" != bench ] && ! command -v curl >/dev/null; then missing+=(curl); f
 # The partition test makes network namespaces (iproute2's ip) and drops packets with nftables.
 if [ "$mode" != bench ] && ! command -v ip >/dev/null; then missing+=(iproute2); fi
 if [ "$mode" != bench ] && ! command -v nft >/dev/null; then missing+=(nftables); fi
+# The API's fuzz and generated-client tests run Python tools in a venv of their own
+# (tests/python-tools/install.sh, below); Debian's python3 makes venvs only with python3-venv.
+if [ "$mode" != bench ]; then
+  if ! command -v python3 >/dev/null; then
+    missing+=(python3 python3-venv)
+  else
+    probe=$(mktemp -d)
+    python3 -m venv "$probe/venv" >/dev/null 2>&1 || missing+=(python3-venv)
+    rm -rf "$probe"
+  fi
+fi
 if [ ${#missing[@]} -gt 0 ]; then
   echo "== installing ${missing[*]} from Debian's packages"
   as_root apt-get update -qq
@@ -53,6 +66,12 @@ if [ ${#missing[@]} -gt 0 ]; then
   if [ -n "$own_policy" ]; then as_root rm -f "$policy"; fi
   [ "$installed" -eq 0 ] || { echo "installing ${missing[*]} failed" >&2; exit "$installed"; }
   pg_bin=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -n 1)
+fi
+
+if [ "$mode" != bench ]; then
+  # Pinned versions from PyPI, made once and kept while requirements.txt stays the same.
+  export REINS_PYTHON_TOOLS=${REINS_PYTHON_TOOLS:-$root/target/python-tools}
+  tests/python-tools/install.sh
 fi
 
 # PostgreSQL refuses to run as root: as root, the cluster belongs to the postgres user.

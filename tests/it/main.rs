@@ -7,6 +7,7 @@ mod harness;
 mod agent_approvals;
 mod agent_confinement;
 mod agent_processes;
+mod api_fuzz;
 mod bad_config;
 mod cancel_crash;
 mod chaos;
