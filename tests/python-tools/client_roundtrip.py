@@ -18,7 +18,7 @@ from reins_client.api.rest import (
     post_api_v1_workflows,
     post_api_v1_workflows_id_decide,
 )
-from reins_client.models import DecideBody, LaunchBody, LaunchReply, WorkflowRecord
+from reins_client.models import Decision, DecideBody, LaunchBody, LaunchReply, WorkflowRecord
 
 # examples/review.js: an agent writes a file, the file is captured as an artifact, a person
 # approves it, and a second agent reads the approved text.
@@ -86,7 +86,7 @@ def main() -> None:
                 step_id=checkpoint.step_id,
                 attempt=checkpoint.attempt,
                 artifact_version=checkpoint.artifact_version,
-                decision="approve",
+                decision=Decision.APPROVE,
                 comment="looks right",
             ),
         )

@@ -235,11 +235,11 @@ pub struct AnswerBody {
 /// `reconcile` (admins): settle the uncertain step of a workflow in `needs_reconciliation`.
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-#[schemars(extend(
-    "if" = {"properties": {"resolution": {"const": "complete"}}},
-    "then" = {"required": ["output"], "properties": {"output": {"not": {"type": "null"}}}},
-    "else" = {"properties": {"output": {"type": "null"}}},
-))]
+#[schemars(extend("anyOf" = [
+    {"properties": {"resolution": {"enum": ["retry", "fail"]}, "output": {"type": "null"}}},
+    {"required": ["output"],
+     "properties": {"resolution": {"const": "complete"}, "output": {"not": {"type": "null"}}}},
+]))]
 pub struct ReconcileBody {
     pub step_id: Id,
     pub resolution: Resolution,
