@@ -104,11 +104,12 @@ pub fn document(bounds: &Bounds) -> Value {
             responses.insert(status.to_string(), success);
         }
         for status in refusals(route) {
-            responses.insert(
-                status.to_string(),
-                json!({"description": refusal_description(status), "content": {
-                    "application/json": {"schema": error.clone()}}}),
-            );
+            let mut refusal = json!({"description": refusal_description(status)});
+            // 431 is the HTTP parser's, before any route: it has no body.
+            if status != 431 {
+                refusal["content"] = json!({"application/json": {"schema": error.clone()}});
+            }
+            responses.insert(status.to_string(), refusal);
         }
         operation["responses"] = Value::Object(responses);
         let entry = paths
@@ -306,8 +307,8 @@ fn successes(route: &Route) -> Vec<u16> {
 /// operation.
 fn refusals(route: &Route) -> BTreeSet<u16> {
     // Any request: a malformed query, path or body (400), a body too slow (408) or too large
-    // (413), a Host the node does not serve (421).
-    let mut statuses = BTreeSet::from([400, 408, 413, 421]);
+    // (413), a Host the node does not serve (421), a head too large (431).
+    let mut statuses = BTreeSet::from([400, 408, 413, 421, 431]);
     if route.access != Access::Public {
         statuses.extend([401, 403]);
     }
@@ -355,6 +356,7 @@ fn refusal_description(status: u16) -> &'static str {
         415 => "not the media type this route takes",
         416 => "the range is outside the artifact",
         421 => "the Host is not one this node serves (`http.allowed_hosts`)",
+        431 => "the request's head is over `http.head_bytes_max`",
         422 => "refused by a rule: a limit, the workflow's state, a script that does not compile",
         429 => "too many at once for this user or client: try again after `Retry-After`",
         503 => {
