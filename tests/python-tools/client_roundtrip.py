@@ -10,6 +10,7 @@ token owner's email, who the result says decided).
 """
 
 import os
+import pathlib
 import time
 
 from reins_client import AuthenticatedClient
@@ -22,18 +23,7 @@ from reins_client.models import Decision, DecideBody, LaunchBody, LaunchReply, W
 
 # examples/review.js: an agent writes a file, the file is captured as an artifact, a person
 # approves it, and a second agent reads the approved text.
-SCRIPT = """
-const draft = await agent({stepId: "draft", agentRef: "scripted", task: {
-  write: [{path: "/mnt/user-data/outputs/evidence.txt", content: "the evidence\\n"}],
-  output: "drafted"}});
-const file = await captureArtifact({stepId: "file", sourceStepId: "draft",
-                                    path: "/mnt/user-data/outputs/evidence.txt"});
-const review = await humanCheckpoint({stepId: "review", sourceStepId: "file",
-                                      artifactVersion: file.artifactVersion});
-const text = await readArtifact({artifactVersion: file.artifactVersion});
-const summary = await agent({stepId: "summary", agentRef: "scripted", task: text});
-return {decision: review.decision, by: review.decidedBy, summary: summary.output};
-"""
+SCRIPT = (pathlib.Path(__file__).resolve().parents[2] / "examples" / "review.js").read_text()
 
 # Only detects a workflow that never gets there: each wait is a long poll on the server.
 DEADLINE_SECONDS = 120
