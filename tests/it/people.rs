@@ -106,7 +106,12 @@ async fn a_title_is_bounded_and_shown_beside_the_run_id_by_get_the_list_the_inbo
             json!({"script": "return 1;", "title": "x".repeat(201)}),
         )
         .await;
-    assert_refused(&compat, 400, "bad_request", "limits.title_chars_max (200)");
+    assert_refused(
+        &compat,
+        400,
+        "bad_request",
+        "(limits.title_chars_max is 200)",
+    );
     assert_eq!(
         listed(&mut api, "").await.len(),
         1,
