@@ -27,6 +27,7 @@ mod status;
 mod step;
 mod users;
 mod waits;
+mod workflow_doc;
 mod workflows;
 mod write;
 
@@ -63,6 +64,7 @@ pub use users::{
     NewToken, NewUser, Role, TokenRow, UserChange, UserChanged, UserDeletion, UserRow, UserStorage,
 };
 pub use waits::{WAITING_STATUSES, WaitKind};
+pub use workflow_doc::{DocReconciliation, LifeLimit, WorkflowDoc};
 pub use workflows::{
     ControlKind, ControlRow, ControlWrite, Deletion, Dormancy, Launch, LaunchLimits, ListCursor,
     ListFilter, ListedWorkflow, NewControl, NewRetry, Orphaned, Purpose, Retry, StatusFilter,

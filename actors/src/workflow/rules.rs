@@ -100,7 +100,7 @@ pub(super) fn launch(
     );
     let row = NewWorkflow {
         fingerprint: fingerprint_of(&request.script, &args_text),
-        data: document.data.clone(),
+        data: document.encode(),
         workflow_id: workflow_id.clone(),
         user_id: request.user_id.clone(),
         request_id: request.request_id.clone(),
@@ -165,8 +165,8 @@ pub(super) fn retry(
     if let Some(reason) = not_retryable(source.status) {
         return Err(refused(reason));
     }
-    let document = WorkflowDocument::from_data(&source.workflow_id, source.data.clone())?;
-    let runtime = source.data["runtime_version"].as_str().unwrap_or_default();
+    let document = WorkflowDocument::decode(&source.workflow_id, &source.data)?;
+    let runtime = document.runtime_version.as_deref().unwrap_or_default();
     if runtime != ours.runtime {
         return Err(refused(format!(
             "its journal was written by runtime {runtime:?}, this node runs {:?}: its steps \
@@ -217,7 +217,7 @@ pub(super) fn retry(
             user_id: source.user_id.clone(),
             request_id: request.request_id.clone(),
             fingerprint: source.fingerprint.clone(),
-            data: document.data.clone(),
+            data: document.encode(),
         },
         retry_of: source.workflow_id.clone(),
         adopted_calls,
@@ -251,7 +251,7 @@ impl Supervised {
     /// decoded is a stored value the store cannot give (500), not the caller's bad request.
     pub(super) fn stored(row: WorkflowRow) -> Result<Self, Error> {
         Ok(Supervised {
-            document: WorkflowDocument::from_data(&row.workflow_id, row.data)?,
+            document: WorkflowDocument::decode(&row.workflow_id, &row.data)?,
             workflow_id: row.workflow_id,
             user_id: row.user_id,
         })
@@ -563,7 +563,7 @@ mod tests {
     use store::{Epoch, Lease};
 
     use super::*;
-    use crate::workflow::machine::LifeLimit;
+    use store::LifeLimit;
 
     fn request(script: &str, args: Value) -> LaunchRequest {
         LaunchRequest {
@@ -704,24 +704,25 @@ mod tests {
             "started_at_ms": 1_000, "launched_at_ms": 9_000, "runtime_version": "r-1",
             "configuration_version": "c-2", "retry_of": "wf-1"})
         );
-        assert_eq!(plan.workflow.document.data, written.data);
+        assert_eq!(plan.workflow.document.encode(), written.data);
         let document = &plan.workflow.document;
         assert_eq!(
             (
                 document.seed,
                 document.started_at_ms,
-                document.launched_at_ms
+                document.launched_at_ms()
             ),
             (77, 1_000, 9_000)
         );
-        let read_back = WorkflowDocument::from_data(&new, written.data.clone()).expect("read");
+        let read_back = WorkflowDocument::decode(&new, &written.data).expect("read");
         assert_eq!(
-            (read_back.started_at_ms, read_back.launched_at_ms),
+            (read_back.started_at_ms, read_back.launched_at_ms()),
             (1_000, 9_000)
         );
-        let launched = WorkflowDocument::from_data(&new, launched_data()).expect("read");
+        let launched = WorkflowDocument::decode(&new, &launched_data()).expect("read");
         assert_eq!(
-            launched.launched_at_ms, 1_000,
+            launched.launched_at_ms(),
+            1_000,
             "a launch's timeout counts from its start"
         );
 
@@ -860,9 +861,9 @@ mod tests {
         );
         // The supervisor starts from the same document, typed, with nothing parsed back; the
         // document reads back the same from the row.
-        assert_eq!(supervised.document.data, launched.data);
+        assert_eq!(supervised.document.encode(), launched.data);
         assert_eq!(supervised.document.script, "return 12;");
-        let read_back = WorkflowDocument::from_data(&id(), launched.data.clone()).expect("read");
+        let read_back = WorkflowDocument::decode(&id(), &launched.data).expect("read");
         assert_eq!(
             (read_back.seed, read_back.started_at_ms, read_back.args),
             (supervised.document.seed, 1_000, json!({"ab": 1}))
@@ -888,7 +889,7 @@ mod tests {
             (&by_node.data, LifeLimit::Millis(60_000)),
             (&own.data, LifeLimit::Millis(5_000)),
         ] {
-            let read = WorkflowDocument::from_data(&id(), data.clone()).expect("read");
+            let read = WorkflowDocument::decode(&id(), data).expect("read");
             assert_eq!(read.life, life);
         }
         let mut before = launched.data.clone();
@@ -896,7 +897,7 @@ mod tests {
             .as_object_mut()
             .expect("an object")
             .remove("timeout_ms");
-        let read = WorkflowDocument::from_data(&id(), before).expect("read");
+        let read = WorkflowDocument::decode(&id(), &before).expect("read");
         assert_eq!(read.life, LifeLimit::Unrecorded);
         for seconds in [0, TIMEOUT_SECONDS_MAX + 1] {
             let asked = LaunchRequest {

@@ -870,7 +870,7 @@ impl Sim {
         data: Value,
         start: Start,
     ) {
-        let document = match WorkflowDocument::from_data(workflow_id, data) {
+        let document = match WorkflowDocument::decode(workflow_id, &data) {
             Ok(document) => document,
             Err(error) => return self.violation(format!("{workflow_id}: {error}")),
         };
@@ -2003,7 +2003,7 @@ impl Sim {
     /// `timeout_seconds` for a document without one).
     fn store_deadline(&self, workflow_id: &WorkflowId) -> Option<i64> {
         let row = now_or_never(self.store.read_workflow(workflow_id)).ok()??;
-        WorkflowDocument::from_data(workflow_id, row.data)
+        WorkflowDocument::decode(workflow_id, &row.data)
             .ok()?
             .deadline_ms(self.timeout_ms)
     }

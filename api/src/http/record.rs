@@ -13,7 +13,8 @@ use actors::WorkflowView;
 use serde_json::Value;
 use store::{
     ArtifactInfo, ControlKind, ControlRow, ListedWorkflow, RunRow, RunStatus, StepKind,
-    StepOutcome, StepPosition, StepRow, StepStatus, WaitKind, WorkflowRow, WorkflowStatus,
+    StepOutcome, StepPosition, StepRow, StepStatus, WaitKind, WorkflowDoc, WorkflowRow,
+    WorkflowStatus,
 };
 
 use super::error::ApiError;
@@ -44,7 +45,9 @@ impl PageMax {
 /// The record `get` answers with, from a view read with [`PageMax::read`].
 pub fn record(view: &WorkflowView, pages: PageMax) -> WorkflowRecord {
     let row = &view.row;
-    let data = &row.data;
+    // A document this build cannot decode shows as blanks: the rest of the record still answers
+    // (the supervisor, which must run it, is the one that refuses it).
+    let doc = WorkflowDoc::decode(&row.workflow_id, &row.data).ok();
     let (mut steps, steps_next) = step_page(&view.steps, &view.approval_runs, pages.steps);
     let reconciliation = reconciliation(row);
     if let Some(why) = &reconciliation {
@@ -63,11 +66,11 @@ pub fn record(view: &WorkflowView, pages: PageMax) -> WorkflowRecord {
         owner: row.owner.clone(),
         epoch: view.lease.as_ref().map(|l| l.epoch.get()),
         lease_expires_at: view.lease.as_ref().map(|l| l.expires_at),
-        script: text(&data["script"]).unwrap_or_default(),
-        args: data["args"].clone(),
+        script: doc.as_ref().map(|d| d.script.clone()).unwrap_or_default(),
+        args: doc.as_ref().map(|d| d.args.clone()).unwrap_or_default(),
         fingerprint: row.fingerprint.clone(),
-        runtime_version: text(&data["runtime_version"]),
-        configuration_version: text(&data["configuration_version"]),
+        runtime_version: doc.as_ref().and_then(|d| d.runtime_version.clone()),
+        configuration_version: doc.as_ref().and_then(|d| d.configuration_version.clone()),
         checkpoints: view
             .checkpoints
             .iter()
@@ -77,10 +80,10 @@ pub fn record(view: &WorkflowView, pages: PageMax) -> WorkflowRecord {
         steps_next,
         artifacts,
         artifacts_next,
-        result: data.get("result").cloned(),
-        error: text(&data["error"]),
+        result: doc.as_ref().and_then(|d| d.result.clone()),
+        error: doc.as_ref().and_then(|d| d.error.clone()),
         reconciliation,
-        retry_of: text(&data["retry_of"]),
+        retry_of: doc.as_ref().and_then(|d| d.retry_of.clone()),
         retried_by: view.retried_by.as_ref().map(|id| id.as_str().to_owned()),
         created_at: row.created_at,
         updated_at: row.updated_at,
@@ -269,14 +272,21 @@ pub fn reconciliation(row: &WorkflowRow) -> Option<ReconciliationRecord> {
     if row.status != WorkflowStatus::NeedsReconciliation {
         return None;
     }
-    let why = &row.data["reconciliation"];
+    let why = WorkflowDoc::decode(&row.workflow_id, &row.data)
+        .ok()
+        .and_then(|doc| doc.reconciliation);
     Some(ReconciliationRecord {
-        reason: text(&why["reason"]).unwrap_or_else(|| "unrecorded".to_owned()),
-        message: text(&why["message"])
+        reason: why
+            .as_ref()
+            .and_then(|w| w.reason.clone())
+            .unwrap_or_else(|| "unrecorded".to_owned()),
+        message: why
+            .as_ref()
+            .and_then(|w| w.message.clone())
             .unwrap_or_else(|| "recorded before reasons were kept".to_owned()),
-        step_id: text(&why["step_id"]).unwrap_or_default(),
-        run_id: text(&why["run_id"]).unwrap_or_default(),
-        at: why["at_ms"].as_f64().map(|ms| ms / 1000.0),
+        step_id: why.as_ref().map(|w| w.step_id.clone()).unwrap_or_default(),
+        run_id: why.as_ref().map(|w| w.run_id.clone()).unwrap_or_default(),
+        at: why.and_then(|w| w.at_ms).map(|ms| ms as f64 / 1000.0),
     })
 }
 
@@ -298,7 +308,7 @@ pub const WAITING_FOR_INPUT: &str = "waiting_for_input";
 
 /// The launch's title, kept in the workflow's document.
 pub fn title(row: &WorkflowRow) -> Option<String> {
-    text(&row.data["title"])
+    WorkflowDoc::title_of(&row.data).map(str::to_owned)
 }
 
 fn text(value: &Value) -> Option<String> {

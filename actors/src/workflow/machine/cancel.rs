@@ -19,10 +19,7 @@ impl WorkflowMachine {
         tracing::info!(parent: &self.span, "cancelling");
         self.phase = Phase::Cancelling { control_id };
         out.push(Effect::Park);
-        let op = self.set_workflow(
-            WorkflowStatus::Cancelling,
-            self.config.document.data.clone(),
-        );
+        let op = self.set_workflow(WorkflowStatus::Cancelling, self.config.document.encode());
         self.write(out, vec![op]);
         out.push(Effect::Fault("cancelling"));
         let children: Vec<RunId> = self
@@ -180,7 +177,7 @@ impl WorkflowMachine {
         // for an approval of a cancelled workflow (found by the simulation, seed 5003486).
         let workflow_id = self.config.workflow_id.clone();
         let ops = vec![
-            self.set_workflow(WorkflowStatus::Cancelled, self.config.document.data.clone()),
+            self.set_workflow(WorkflowStatus::Cancelled, self.config.document.encode()),
             WriteOp::MarkControlApplied { control_id },
             WriteOp::CancelRuns {
                 workflow_id: workflow_id.clone(),

@@ -65,164 +65,9 @@ pub(crate) type Millis = i64;
 /// node that is gone, and only their rows will tell).
 const CHILD_CHECK: Duration = Duration::from_millis(250);
 
-/// The parts of a workflow's `data` document the supervisor needs.
-#[derive(Debug, Clone)]
-pub(crate) struct WorkflowDocument {
-    pub script: String,
-    pub args: Value,
-    pub seed: u64,
-    /// Where the workflow's clock starts (`Date.now()` before any step settled): its launch, or,
-    /// for a retry, its source's, so that the journal it adopted replays as it ran.
-    pub started_at_ms: i64,
-    /// When it was launched: its `timeout_seconds` counts from here. `started_at_ms` unless it
-    /// is a retry, whose document records `launched_at_ms`.
-    pub launched_at_ms: i64,
-    /// Its life limit, as its launch recorded it.
-    pub life: LifeLimit,
-    /// The whole document, kept as is when the status changes.
-    pub data: Value,
-}
-
-/// How long a workflow may live from its launch (`timeout_seconds`, recorded in its document
-/// by its launch as `timeout_ms`): past it, it is cancelled with reason `timeout`.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) enum LifeLimit {
-    /// This many milliseconds.
-    Millis(u64),
-    /// No limit: neither its launch nor the node's configuration set one.
-    Unlimited,
-    /// Launched before launches recorded their limit: it keeps the node's (see
-    /// [`MachineConfig::timeout_ms`]).
-    Unrecorded,
-}
-
-impl WorkflowDocument {
-    /// The document a launch writes: the one place its fields are named on the way in. The
-    /// title, if any, is for people only: nothing of the workflow's run reads it.
-    #[allow(
-        clippy::too_many_arguments,
-        reason = "each field of the launch's document, named once here"
-    )]
-    pub(crate) fn launched(
-        script: String,
-        args: Value,
-        title: Option<String>,
-        seed: u64,
-        started_at_ms: i64,
-        timeout_ms: Option<u64>,
-        runtime_version: String,
-        configuration_version: String,
-    ) -> Self {
-        let mut data = json!({
-            "script": script,
-            "args": args,
-            "seed": seed,
-            "started_at_ms": started_at_ms,
-            "timeout_ms": timeout_ms,
-            "runtime_version": runtime_version,
-            "configuration_version": configuration_version,
-        });
-        if let Some(title) = title {
-            data["title"] = json!(title);
-        }
-        WorkflowDocument {
-            script,
-            args,
-            seed,
-            started_at_ms,
-            launched_at_ms: started_at_ms,
-            life: timeout_ms.map_or(LifeLimit::Unlimited, LifeLimit::Millis),
-            data,
-        }
-    }
-
-    /// The document of a retry of `source` (see `rules::retry`), launched at `launched_at_ms`:
-    /// its source's script, arguments, seed, clock and title, this node's versions, and the
-    /// workflow it retries.
-    pub(crate) fn retried(
-        source: &WorkflowDocument,
-        retry_of: &WorkflowId,
-        launched_at_ms: i64,
-        runtime_version: String,
-        configuration_version: String,
-    ) -> Self {
-        let mut data = json!({
-            "script": source.script,
-            "args": source.args,
-            "seed": source.seed,
-            "started_at_ms": source.started_at_ms,
-            "launched_at_ms": launched_at_ms,
-            "runtime_version": runtime_version,
-            "configuration_version": configuration_version,
-            "retry_of": retry_of,
-        });
-        for kept in ["title", "timeout_ms"] {
-            if let Some(value) = source.data.get(kept) {
-                data[kept] = value.clone();
-            }
-        }
-        WorkflowDocument {
-            script: source.script.clone(),
-            args: source.args.clone(),
-            seed: source.seed,
-            started_at_ms: source.started_at_ms,
-            launched_at_ms,
-            life: source.life,
-            data,
-        }
-    }
-
-    /// Reads the stored document of `workflow_id`. A document without one of the fields its
-    /// launch wrote is a stored value that cannot be decoded (500), never the caller's bad
-    /// request: no request of the caller's wrote it.
-    pub(crate) fn from_data(workflow_id: &WorkflowId, data: Value) -> Result<Self, Error> {
-        let missing = |field: &str| {
-            Error::Store(store::Error::Database(format!(
-                "workflow {workflow_id:?}: its stored document has no {field}"
-            )))
-        };
-        let script = data["script"]
-            .as_str()
-            .ok_or_else(|| missing("script"))?
-            .to_owned();
-        let seed = data["seed"].as_u64().ok_or_else(|| missing("seed"))?;
-        let started_at_ms = data["started_at_ms"]
-            .as_i64()
-            .ok_or_else(|| missing("started_at_ms"))?;
-        let life = match data.get("timeout_ms") {
-            None => LifeLimit::Unrecorded,
-            Some(Value::Null) => LifeLimit::Unlimited,
-            Some(ms) => LifeLimit::Millis(
-                ms.as_u64()
-                    .ok_or_else(|| missing("timeout_ms as a whole number"))?,
-            ),
-        };
-        Ok(WorkflowDocument {
-            script,
-            args: data["args"].clone(),
-            seed,
-            started_at_ms,
-            launched_at_ms: data["launched_at_ms"].as_i64().unwrap_or(started_at_ms),
-            life,
-            data,
-        })
-    }
-}
-
-impl WorkflowDocument {
-    /// When this workflow's life limit passes, in epoch ms, if it has one; `node_timeout_ms`
-    /// is the node's `timeout_seconds`, which a document from before launches recorded their
-    /// limit keeps.
-    pub(crate) fn deadline_ms(&self, node_timeout_ms: u64) -> Option<Millis> {
-        let limit_ms = match self.life {
-            LifeLimit::Millis(ms) => ms,
-            LifeLimit::Unlimited => return None,
-            LifeLimit::Unrecorded => node_timeout_ms,
-        };
-        let limit_ms = i64::try_from(limit_ms).unwrap_or(i64::MAX);
-        Some(self.launched_at_ms.saturating_add(limit_ms))
-    }
-}
+/// A workflow's document, typed in the store (`store/src/workflow_doc.rs`, which documents its
+/// stored keys); the supervisor runs what it records.
+pub(crate) use store::WorkflowDoc as WorkflowDocument;
 
 /// How a supervisor begins.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -260,7 +105,7 @@ pub(crate) struct MachineConfig {
     /// How long a cancellation waits for its child runs to stop before it gives up on observing
     /// them (and the workflow needs reconciliation).
     pub cancel_window_ms: u64,
-    /// The life limit of a workflow whose document records none ([`LifeLimit::Unrecorded`]:
+    /// The life limit of a workflow whose document records none ([`store::LifeLimit::Unrecorded`]:
     /// launched before launches recorded it): the node's `limits.timeout_seconds`, or a day, the
     /// default they were launched under, when the node sets none.
     pub timeout_ms: u64,
@@ -1409,7 +1254,7 @@ impl WorkflowMachine {
         if self.stored_status() == Some(status) {
             return;
         }
-        let op = self.set_workflow(status, self.config.document.data.clone());
+        let op = self.set_workflow(status, self.config.document.encode());
         self.write(out, vec![op]);
         if let Phase::Live { status: stored, .. } = &mut self.phase {
             *stored = status;
@@ -1417,17 +1262,18 @@ impl WorkflowMachine {
     }
 
     fn finish(&mut self, out: &mut Vec<Effect>, result: Result<Value, String>) {
-        let mut data = self.config.document.data.clone();
+        let mut document = self.config.document.clone();
         let status = match &result {
             Ok(value) => {
-                data["result"] = value.clone();
+                document.result = Some(value.clone());
                 WorkflowStatus::Completed
             }
             Err(message) => {
-                data["error"] = json!(message);
+                document.error = Some(message.clone());
                 WorkflowStatus::Failed
             }
         };
+        let data = document.encode();
         self.unwritten.events.push(Journaled::Ended {
             status,
             reconciliation: None,
@@ -1497,14 +1343,15 @@ impl WorkflowMachine {
     /// data (`reconciliation`), logged and counted once that write commits (a node whose lease
     /// is gone is refused it, and has sent nothing to `needs_reconciliation`).
     fn reconcile_needed(&mut self, out: &mut Vec<Effect>, why: Reconciliation, now: Millis) {
-        let mut data = self.config.document.data.clone();
-        data["reconciliation"] = json!({
-            "reason": why.reason.as_str(),
-            "message": why.message,
-            "step_id": why.step_id,
-            "run_id": why.run_id.as_ref().map_or("", RunId::as_str),
-            "at_ms": now,
+        let mut document = self.config.document.clone();
+        document.reconciliation = Some(store::DocReconciliation {
+            reason: Some(why.reason.as_str().to_owned()),
+            message: Some(why.message.clone()),
+            step_id: why.step_id.clone(),
+            run_id: why.run_id.as_ref().map_or("", RunId::as_str).to_owned(),
+            at_ms: Some(now),
         });
+        let data = document.encode();
         // Its slots stay held; its lease is given back in the same write, so an operator's
         // reconcile can take the workflow at once, and so is the unused room of its grants
         // (whoever takes it over starts with none).

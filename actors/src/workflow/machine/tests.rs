@@ -21,7 +21,7 @@ fn machine(start: Start) -> WorkflowMachine {
             owner: "node-a".into(),
             epoch: Epoch::new(3),
         },
-        document: WorkflowDocument::from_data(&WORKFLOW.into(), data).expect("a whole document"),
+        document: WorkflowDocument::decode(&WORKFLOW.into(), &data).expect("a whole document"),
         agents: Arc::new(AgentRegistry::default()),
         limits: runtime::Limits::default(),
         slots_max: 4,
@@ -1636,10 +1636,10 @@ fn a_read_artifact_call_answers_its_bytes_and_waits_out_an_outage() {
 /// (answered 500), never a bad request of whoever asked for the takeover (400).
 #[test]
 fn a_document_missing_a_field_is_a_stored_value_that_cannot_be_decoded() {
-    let error = WorkflowDocument::from_data(&WORKFLOW.into(), json!({"args": {}, "seed": 1}))
+    let error = WorkflowDocument::decode(&WORKFLOW.into(), &json!({"args": {}, "seed": 1}))
         .expect_err("no script");
     match error {
-        Error::Store(store::Error::Database(message)) => {
+        store::Error::Database(message) => {
             assert!(
                 message.contains("wf-1") && message.contains("script"),
                 "{message}"
