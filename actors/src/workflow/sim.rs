@@ -3552,29 +3552,37 @@ enum Planting {
 
 /// Runs up to 600 seeds of `faults` from `first` with `planting`, and answers the first seed
 /// whose violations name the broken rule (`rule`, a phrase of the oracle's message). Fails when
-/// no seed does: the oracle has a gap.
+/// no seed does (the oracle has a gap), and when that seed, run again without the bug, is not
+/// clean: the finding must be the mutant's, not a violation the seed has anyway.
 fn find_mutant(planting: Planting, faults: Faults, first: u64, rule: &str) -> u64 {
     // The fault-free results every seed is held to are computed without the bug.
     baseline();
-    let _planted = match planting {
-        Planting::Rules(mutant) | Planting::Both(mutant, _) => Some(mutants::plant(mutant)),
-        Planting::Store(_) => None,
+    let found = {
+        let _planted = match planting {
+            Planting::Rules(mutant) | Planting::Both(mutant, _) => Some(mutants::plant(mutant)),
+            Planting::Store(_) => None,
+        };
+        let store_mutant = match planting {
+            Planting::Store(mutant) | Planting::Both(_, mutant) => Some(mutant),
+            Planting::Rules(_) => None,
+        };
+        (first..first + 600).find(|&seed| {
+            run_planted(seed, faults, false, store_mutant)
+                .violations
+                .iter()
+                .any(|violation| violation.contains(rule))
+        })
     };
-    let store_mutant = match planting {
-        Planting::Store(mutant) | Planting::Both(_, mutant) => Some(mutant),
-        Planting::Rules(_) => None,
+    let Some(seed) = found else {
+        panic!("no seed of {faults:?} from {first} found {planting:?} (\"{rule}\")");
     };
-    for seed in first..first + 600 {
-        let run = run_planted(seed, faults, false, store_mutant);
-        if run
-            .violations
-            .iter()
-            .any(|violation| violation.contains(rule))
-        {
-            return seed;
-        }
-    }
-    panic!("no seed of {faults:?} from {first} found {planting:?} (\"{rule}\")");
+    let clean = run_planted(seed, faults, false, None);
+    assert!(
+        clean.violations.is_empty(),
+        "seed {seed} of {faults:?} found {planting:?}, but without it the seed is not clean: {:?}",
+        clean.violations
+    );
+    seed
 }
 
 #[test]
