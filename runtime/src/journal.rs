@@ -4,47 +4,40 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-/// The script API calls that are steps.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub enum CallKind {
-    Agent,
-    Pause,
-    HumanCheckpoint,
-    CaptureArtifact,
-    ReadArtifact,
-    /// A durable timer (`sleep`, `sleepUntil`).
-    Sleep,
-    /// A wait for an event sent to the workflow (`waitForEvent`).
-    WaitForEvent,
+include!("call_kinds.rs");
+
+macro_rules! call_kind {
+    ($($(#[$doc:meta])* $kind:ident = $name:literal,)*) => {
+        /// The script API calls that are steps (declared once, in `call_kinds.rs`).
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+        pub enum CallKind {
+            $($(#[$doc])* #[serde(rename = $name)] $kind,)*
+        }
+
+        impl CallKind {
+            /// Every kind, in the order of their declaration.
+            pub const ALL: &'static [CallKind] = &[$(CallKind::$kind,)*];
+
+            pub fn parse(name: &str) -> Option<Self> {
+                match name {
+                    $($name => Some(CallKind::$kind),)*
+                    _ => None,
+                }
+            }
+
+            /// The script's name for it, which the journal stores.
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $(CallKind::$kind => $name,)*
+                }
+            }
+        }
+    };
 }
 
+with_call_kinds!(call_kind);
+
 impl CallKind {
-    pub fn parse(name: &str) -> Option<Self> {
-        Some(match name {
-            "agent" => CallKind::Agent,
-            "pause" => CallKind::Pause,
-            "humanCheckpoint" => CallKind::HumanCheckpoint,
-            "captureArtifact" => CallKind::CaptureArtifact,
-            "readArtifact" => CallKind::ReadArtifact,
-            "sleep" => CallKind::Sleep,
-            "waitForEvent" => CallKind::WaitForEvent,
-            _ => return None,
-        })
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            CallKind::Agent => "agent",
-            CallKind::Pause => "pause",
-            CallKind::HumanCheckpoint => "humanCheckpoint",
-            CallKind::CaptureArtifact => "captureArtifact",
-            CallKind::ReadArtifact => "readArtifact",
-            CallKind::Sleep => "sleep",
-            CallKind::WaitForEvent => "waitForEvent",
-        }
-    }
-
     /// Whether the call names its own step (`readArtifact` reads; it has no `stepId`).
     pub fn has_step_id(self) -> bool {
         self != CallKind::ReadArtifact

@@ -20,7 +20,8 @@ macro_rules! stored_text {
             /// The status a stored text names, if any.
             pub fn parse(stored: &str) -> Option<Self> {
                 Self::ALL
-                    .into_iter()
+                    .iter()
+                    .copied()
                     .find(|status| status.as_str() == stored)
             }
         }

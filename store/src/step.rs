@@ -41,43 +41,40 @@ use serde_json::{Map, Value};
 use crate::status::stored_text;
 use crate::{Error, Result, RunId, RunStatus};
 
-/// A step's call kind as stored (`workflow_steps.kind`): the script API's name for it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum StepKind {
-    Agent,
-    Pause,
-    HumanCheckpoint,
-    CaptureArtifact,
-    ReadArtifact,
-    Sleep,
-    WaitForEvent,
-}
+// The one list of call kinds, shared with the runtime's `CallKind` (see that file).
+include!("../../runtime/src/call_kinds.rs");
 
-impl StepKind {
-    /// Every kind.
-    pub const ALL: [StepKind; 7] = [
-        StepKind::Agent,
-        StepKind::Pause,
-        StepKind::HumanCheckpoint,
-        StepKind::CaptureArtifact,
-        StepKind::ReadArtifact,
-        StepKind::Sleep,
-        StepKind::WaitForEvent,
-    ];
-
-    /// The stored text.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            StepKind::Agent => "agent",
-            StepKind::Pause => "pause",
-            StepKind::HumanCheckpoint => "humanCheckpoint",
-            StepKind::CaptureArtifact => "captureArtifact",
-            StepKind::ReadArtifact => "readArtifact",
-            StepKind::Sleep => "sleep",
-            StepKind::WaitForEvent => "waitForEvent",
+macro_rules! step_kind {
+    ($($(#[$doc:meta])* $kind:ident = $name:literal,)*) => {
+        /// A step's call kind as stored (`workflow_steps.kind`): the script API's name for it
+        /// (declared once, in `runtime/src/call_kinds.rs`).
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum StepKind {
+            $($(#[$doc])* $kind,)*
         }
-    }
+
+        impl StepKind {
+            /// Every kind.
+            pub const ALL: &'static [StepKind] = &[$(StepKind::$kind,)*];
+
+            /// The stored text.
+            pub const fn as_str(self) -> &'static str {
+                match self {
+                    $(StepKind::$kind => $name,)*
+                }
+            }
+
+            /// The kind as a `'static` reference (a statement's parameter).
+            pub const fn as_static(self) -> &'static StepKind {
+                match self {
+                    $(StepKind::$kind => &StepKind::$kind,)*
+                }
+            }
+        }
+    };
 }
+
+with_call_kinds!(step_kind);
 
 stored_text!(StepKind);
 
@@ -597,7 +594,7 @@ mod tests {
             StepRecord::decode("agent", &record.encode()).expect("decode"),
             record
         );
-        for kind in StepKind::ALL {
+        for &kind in StepKind::ALL {
             let record = StepRecord::new(kind, json!({"n": 1}));
             assert_eq!(
                 StepRecord::decode(kind.as_str(), &record.encode()).expect("decode"),

@@ -9,6 +9,7 @@ mod agent_confinement;
 mod agent_processes;
 mod api_fuzz;
 mod bad_config;
+mod call_kinds;
 mod cancel_crash;
 mod chaos;
 mod child_runs;

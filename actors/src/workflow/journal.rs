@@ -83,30 +83,28 @@ fn journal_entry(seq: u32, step: &store::StepRow) -> Result<JournalEntry, String
     })
 }
 
-/// The runtime's call kind of a stored step kind, and back: the same six, named alike.
-pub(crate) fn call_kind(kind: StepKind) -> CallKind {
-    match kind {
-        StepKind::Agent => CallKind::Agent,
-        StepKind::Pause => CallKind::Pause,
-        StepKind::HumanCheckpoint => CallKind::HumanCheckpoint,
-        StepKind::CaptureArtifact => CallKind::CaptureArtifact,
-        StepKind::ReadArtifact => CallKind::ReadArtifact,
-        StepKind::Sleep => CallKind::Sleep,
-        StepKind::WaitForEvent => CallKind::WaitForEvent,
-    }
+// The one list of call kinds, which `CallKind` and `StepKind` are both generated from.
+include!("../../../runtime/src/call_kinds.rs");
+
+macro_rules! kind_maps {
+    ($($(#[$doc:meta])* $kind:ident = $name:literal,)*) => {
+        /// The runtime's call kind of a stored step kind: the same variant.
+        pub(crate) fn call_kind(kind: StepKind) -> CallKind {
+            match kind {
+                $(StepKind::$kind => CallKind::$kind,)*
+            }
+        }
+
+        /// The stored step kind of the runtime's call kind: the same variant.
+        pub(crate) fn step_kind(kind: CallKind) -> StepKind {
+            match kind {
+                $(CallKind::$kind => StepKind::$kind,)*
+            }
+        }
+    };
 }
 
-pub(crate) fn step_kind(kind: CallKind) -> StepKind {
-    match kind {
-        CallKind::Agent => StepKind::Agent,
-        CallKind::Pause => StepKind::Pause,
-        CallKind::HumanCheckpoint => StepKind::HumanCheckpoint,
-        CallKind::CaptureArtifact => StepKind::CaptureArtifact,
-        CallKind::ReadArtifact => StepKind::ReadArtifact,
-        CallKind::Sleep => StepKind::Sleep,
-        CallKind::WaitForEvent => StepKind::WaitForEvent,
-    }
-}
+with_call_kinds!(kind_maps);
 
 /// The runtime's outcome of a stored one, and back.
 pub(crate) fn outcome(stored: StepOutcome) -> Outcome {

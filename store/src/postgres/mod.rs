@@ -857,20 +857,6 @@ pub(super) fn fence_params(fence: &Fence) -> [&(dyn ToSql + Sync); 3] {
     [&fence.resource_id, &fence.owner, &fence.epoch]
 }
 
-/// A step kind with the life of the program, to bind as its text.
-fn stored_kind(kind: crate::StepKind) -> &'static crate::StepKind {
-    use crate::StepKind;
-    match kind {
-        StepKind::Agent => &StepKind::Agent,
-        StepKind::Pause => &StepKind::Pause,
-        StepKind::HumanCheckpoint => &StepKind::HumanCheckpoint,
-        StepKind::CaptureArtifact => &StepKind::CaptureArtifact,
-        StepKind::ReadArtifact => &StepKind::ReadArtifact,
-        StepKind::Sleep => &StepKind::Sleep,
-        StepKind::WaitForEvent => &StepKind::WaitForEvent,
-    }
-}
-
 /// The parameters of [`op_sql`]: the change's own (the fence for a lease release).
 pub(super) fn op_params<'a>(fence: &'a Fence, op: &'a WriteOp) -> Vec<&'a (dyn ToSql + Sync)> {
     match op {
@@ -890,7 +876,7 @@ pub(super) fn op_params<'a>(fence: &'a Fence, op: &'a WriteOp) -> Vec<&'a (dyn T
             workflow_id,
             step_id,
             attempt,
-            stored_kind(record.kind()),
+            record.kind().as_static(),
             status,
             record,
             seq,

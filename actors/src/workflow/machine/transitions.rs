@@ -3,7 +3,8 @@
 //! machine names each transition as it takes it ([`WorkflowMachine::took`], a `debug` line of
 //! the workflow's span), and the tests check that every row here is taken by some test
 //! (`tests::every_transition_is_covered_by_a_test`, after Temporal's `transition_coverage.rs`).
-//! A new call kind is one module of `machine/` and one table here.
+//! A new call kind is declared in `runtime/src/call_kinds.rs`, then one module of `machine/`
+//! and one table here (ARCHITECTURE.md has the whole recipe).
 
 use std::cell::RefCell;
 use std::collections::BTreeSet;
