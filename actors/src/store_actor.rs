@@ -5,8 +5,9 @@
 //! each: however many reads wait (a flood of `get`s of a large record), a write never waits
 //! behind them for its turn. There is one message for every
 //! operation: a job calls the store's typed method and answers its own caller. [`StoreHandle`]
-//! is the typed API the actors use; each of its methods names its [`Operation`] (test faults and
-//! whether an unanswered call may have written come from it) and the call it makes. A job runs
+//! is the typed API the actors use, its methods made from the store's list of operations (see
+//! `handle_methods!`) but for those that do more than call; each names its [`Operation`] (test
+//! faults and whether an unanswered call may have written come from it) and the call it makes. A job runs
 //! no longer than its caller waits (`store.call_timeout_ms`): past that it is abandoned, and the
 //! PostgreSQL connections it held are closed rather than handed to the next request.
 
@@ -309,6 +310,7 @@ impl StoreHandle {
 
     /// See [`Store::fenced_write`].
     pub async fn fenced_write(&self, fence: &Fence, ops: Vec<WriteOp>) -> store::Result<()> {
+        // Not generated: it wakes the workflow's event streams and counts latency and refusals.
         let status_changed = ops.iter().any(changes_status);
         let workflow_id = fence.resource_id.clone();
         let fence = fence.clone();
@@ -373,6 +375,7 @@ impl StoreHandle {
         lease_ms: u64,
         limits: LaunchLimits,
     ) -> store::Result<Launch> {
+        // Not generated: it wakes the new workflow's event streams.
         let owner = owner.to_owned();
         let workflow_id = workflow.workflow_id.clone();
         let launched = self
@@ -394,6 +397,7 @@ impl StoreHandle {
         lease_ms: u64,
         limits: LaunchLimits,
     ) -> store::Result<store::Retry> {
+        // Not generated: it wakes the new workflow's event streams.
         let owner = owner.to_owned();
         let workflow_id = retry.workflow.workflow_id.clone();
         let retried = self
@@ -414,6 +418,7 @@ impl StoreHandle {
         versions: &store::Versions,
         purpose: store::Purpose,
     ) -> store::Result<TakeOver> {
+        // Not generated: it wakes the workflow's event streams.
         let woken = workflow_id.to_owned();
         let (workflow_id, owner, versions) =
             (workflow_id.to_owned(), owner.to_owned(), versions.clone());
@@ -430,6 +435,7 @@ impl StoreHandle {
 
     /// See [`Store::put_control`].
     pub async fn put_control(&self, control: NewControl) -> store::Result<ControlWrite> {
+        // Not generated: it wakes the workflow's event streams.
         let workflow_id = control.workflow_id.clone();
         let written = self
             .call(Operation::PutControl, move |store| async move {
@@ -442,6 +448,7 @@ impl StoreHandle {
 
     /// See [`Store::send_event`].
     pub async fn send_event(&self, event: store::NewSentEvent) -> store::Result<store::EventSend> {
+        // Not generated: it wakes the workflow's event streams.
         let workflow_id = event.workflow_id.clone();
         let written = self
             .call(Operation::SendEvent, move |store| async move {
@@ -454,6 +461,7 @@ impl StoreHandle {
 
     /// See [`Store::admit_run`].
     pub async fn admit_run(&self, run: NewRun) -> store::Result<Admission> {
+        // Not generated: it wakes the event streams of the step's workflow.
         let step = run.step.as_ref().map(|step| {
             (
                 step.workflow_id.clone(),
