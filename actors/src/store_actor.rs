@@ -5,8 +5,9 @@
 //! each: however many reads wait (a flood of `get`s of a large record), a write never waits
 //! behind them for its turn. There is one message for every
 //! operation: a job calls the store's typed method and answers its own caller. [`StoreHandle`]
-//! is the typed API the actors use; each of its methods names its [`Operation`] (test faults and
-//! whether an unanswered call may have written come from it) and the call it makes. A job runs
+//! is the typed API the actors use, its methods made from the store's list of operations (see
+//! `handle_methods!`) but for those that do more than call; each names its [`Operation`] (test
+//! faults and whether an unanswered call may have written come from it) and the call it makes. A job runs
 //! no longer than its caller waits (`store.call_timeout_ms`): past that it is abandoned, and the
 //! PostgreSQL connections it held are closed rather than handed to the next request.
 
@@ -20,11 +21,8 @@ use ractor::rpc::CallResult;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use serde::Serialize;
 use store::{
-    Admission, ApprovalAnswer, ArtifactRow, Backend, BackupReport, CancelAction, ControlRow,
-    ControlWrite, EventPage, EventRow, Fence, Launch, LaunchLimits, Lease, NewControl, NewRun,
-    NewToken, NewUser, NewWorkflow, NodeRecord, Notification, Operation, RunId, RunOutcome,
-    RunRenewal, RunRow, RunStatus, Settlement, SlotRow, StatusCount, StepRow, Store, TakeOver,
-    TokenRow, UserChange, UserChanged, UserDeletion, UserRow, WorkflowId, WorkflowRow, WriteOp,
+    Admission, Backend, ControlWrite, Fence, Launch, LaunchLimits, NewControl, NewRun, NewWorkflow,
+    Operation, Store, TakeOver, WorkflowId, WriteOp,
 };
 use tokio::sync::Semaphore;
 
@@ -310,49 +308,9 @@ impl StoreHandle {
         }
     }
 
-    /// See [`Store::acquire_lease`].
-    pub async fn acquire_lease(
-        &self,
-        resource_id: &WorkflowId,
-        owner: &str,
-        lease_ms: u64,
-    ) -> store::Result<Option<Lease>> {
-        let (resource_id, owner) = (resource_id.to_owned(), owner.to_owned());
-        self.call(Operation::AcquireLease, move |store| async move {
-            store.acquire_lease(&resource_id, &owner, lease_ms).await
-        })
-        .await
-    }
-
-    /// See [`Store::renew_lease`].
-    pub async fn renew_lease(&self, fence: &Fence, lease_ms: u64) -> store::Result<(Lease, f64)> {
-        let fence = fence.clone();
-        self.call(Operation::RenewLease, move |store| async move {
-            store.renew_lease(&fence, lease_ms).await
-        })
-        .await
-    }
-
-    /// See [`Store::release_lease`].
-    pub async fn release_lease(&self, fence: &Fence) -> store::Result<bool> {
-        let fence = fence.clone();
-        self.call(Operation::ReleaseLease, move |store| async move {
-            store.release_lease(&fence).await
-        })
-        .await
-    }
-
-    /// See [`Store::read_lease`].
-    pub async fn read_lease(&self, resource_id: &WorkflowId) -> store::Result<Option<Lease>> {
-        let resource_id = resource_id.to_owned();
-        self.call(Operation::ReadLease, move |store| async move {
-            store.read_lease(&resource_id).await
-        })
-        .await
-    }
-
     /// See [`Store::fenced_write`].
     pub async fn fenced_write(&self, fence: &Fence, ops: Vec<WriteOp>) -> store::Result<()> {
+        // Not generated: it wakes the workflow's event streams and counts latency and refusals.
         let status_changed = ops.iter().any(changes_status);
         let workflow_id = fence.resource_id.clone();
         let fence = fence.clone();
@@ -373,155 +331,6 @@ impl StoreHandle {
             Err(_) => {}
         }
         written
-    }
-
-    /// See [`Store::read_workflow`].
-    pub async fn read_workflow(
-        &self,
-        workflow_id: &WorkflowId,
-    ) -> store::Result<Option<WorkflowRow>> {
-        let workflow_id = workflow_id.to_owned();
-        self.call(Operation::ReadWorkflow, move |store| async move {
-            store.read_workflow(&workflow_id).await
-        })
-        .await
-    }
-
-    /// See [`Store::read_events`].
-    pub async fn read_events(
-        &self,
-        workflow_id: &WorkflowId,
-        after: i64,
-        limit: u32,
-    ) -> store::Result<Option<EventPage>> {
-        let workflow_id = workflow_id.to_owned();
-        self.call(Operation::ReadEvents, move |store| async move {
-            store.read_events(&workflow_id, after, limit).await
-        })
-        .await
-    }
-
-    /// See [`Store::read_feed`].
-    pub async fn read_feed(
-        &self,
-        after: i64,
-        user_id: Option<&str>,
-        limit: u32,
-    ) -> store::Result<Vec<EventRow>> {
-        let user_id = user_id.map(str::to_owned);
-        self.call(Operation::ReadFeed, move |store| async move {
-            store.read_feed(after, user_id.as_deref(), limit).await
-        })
-        .await
-    }
-
-    /// See [`Store::feed_head`].
-    pub async fn feed_head(&self) -> store::Result<i64> {
-        self.call(Operation::FeedHead, |store| async move {
-            store.feed_head().await
-        })
-        .await
-    }
-
-    /// See [`Store::register_notify_target`].
-    pub async fn register_notify_target(&self, target: &str) -> store::Result<bool> {
-        let target = target.to_owned();
-        self.call(Operation::RegisterNotifyTarget, move |store| async move {
-            store.register_notify_target(&target).await
-        })
-        .await
-    }
-
-    /// See [`Store::claim_notifications`].
-    pub async fn claim_notifications(
-        &self,
-        owner: &str,
-        target: &str,
-        claim_ms: u64,
-        max: u32,
-    ) -> store::Result<Vec<Notification>> {
-        let (owner, target) = (owner.to_owned(), target.to_owned());
-        self.call(Operation::ClaimNotifications, move |store| async move {
-            store
-                .claim_notifications(&owner, &target, claim_ms, max)
-                .await
-        })
-        .await
-    }
-
-    /// See [`Store::settle_notification`].
-    pub async fn settle_notification(
-        &self,
-        id: &str,
-        target: &str,
-        epoch: i64,
-        settlement: Settlement,
-        targets: &[String],
-    ) -> store::Result<bool> {
-        let (id, target, targets) = (id.to_owned(), target.to_owned(), targets.to_vec());
-        self.call(Operation::SettleNotification, move |store| async move {
-            store
-                .settle_notification(&id, &target, epoch, settlement, &targets)
-                .await
-        })
-        .await
-    }
-
-    /// See [`Store::purge_notifications`].
-    pub async fn purge_notifications(&self, retention_ms: u64) -> store::Result<u64> {
-        self.call(Operation::PurgeNotifications, move |store| async move {
-            store.purge_notifications(retention_ms).await
-        })
-        .await
-    }
-
-    /// See [`Store::overdue_waits`].
-    pub async fn overdue_waits(&self) -> store::Result<u64> {
-        self.call(Operation::OverdueWaits, move |store| async move {
-            store.overdue_waits().await
-        })
-        .await
-    }
-
-    /// See [`Store::notification_backlog`].
-    pub async fn notification_backlog(&self) -> store::Result<u64> {
-        self.call(Operation::NotificationBacklog, |store| async move {
-            store.notification_backlog().await
-        })
-        .await
-    }
-
-    /// See [`Store::watch_events`].
-    pub async fn watch_events(&self, workflow_id: &WorkflowId, watch_ms: u64) -> store::Result<()> {
-        let workflow_id = workflow_id.to_owned();
-        self.call(Operation::WatchEvents, move |store| async move {
-            store.watch_events(&workflow_id, watch_ms).await
-        })
-        .await
-    }
-
-    /// See [`Store::read_steps`].
-    pub async fn read_steps(&self, workflow_id: &WorkflowId) -> store::Result<Vec<StepRow>> {
-        let workflow_id = workflow_id.to_owned();
-        self.call(Operation::ReadSteps, move |store| async move {
-            store.read_steps(&workflow_id).await
-        })
-        .await
-    }
-
-    /// See [`Store::backup`].
-    pub async fn backup(&self, destination: &std::path::Path) -> store::Result<BackupReport> {
-        let destination = destination.to_path_buf();
-        self.call(Operation::Backup, move |store| async move {
-            store.backup(&destination).await
-        })
-        .await
-    }
-
-    /// The database clock, in epoch seconds.
-    pub async fn now(&self) -> store::Result<f64> {
-        self.call(Operation::Now, |store| async move { store.now().await })
-            .await
     }
 
     /// Whether the database answers, its schema is the one this build expects, and (after a
@@ -558,24 +367,6 @@ impl StoreHandle {
         Ok(health)
     }
 
-    /// Records this node in the `nodes` table.
-    pub async fn register_node(&self, node: &NodeRecord) -> store::Result<()> {
-        let node = node.clone();
-        self.call(Operation::RegisterNode, move |store| async move {
-            store.register_node(&node).await
-        })
-        .await
-    }
-
-    /// Records that this node stopped cleanly.
-    pub async fn mark_node_stopped(&self, worker_id: &str) -> store::Result<()> {
-        let worker_id = worker_id.to_owned();
-        self.call(Operation::MarkNodeStopped, move |store| async move {
-            store.mark_node_stopped(&worker_id).await
-        })
-        .await
-    }
-
     /// See [`Store::launch_workflow`].
     pub async fn launch_workflow(
         &self,
@@ -584,6 +375,7 @@ impl StoreHandle {
         lease_ms: u64,
         limits: LaunchLimits,
     ) -> store::Result<Launch> {
+        // Not generated: it wakes the new workflow's event streams.
         let owner = owner.to_owned();
         let workflow_id = workflow.workflow_id.clone();
         let launched = self
@@ -605,6 +397,7 @@ impl StoreHandle {
         lease_ms: u64,
         limits: LaunchLimits,
     ) -> store::Result<store::Retry> {
+        // Not generated: it wakes the new workflow's event streams.
         let owner = owner.to_owned();
         let workflow_id = retry.workflow.workflow_id.clone();
         let retried = self
@@ -625,6 +418,7 @@ impl StoreHandle {
         versions: &store::Versions,
         purpose: store::Purpose,
     ) -> store::Result<TakeOver> {
+        // Not generated: it wakes the workflow's event streams.
         let woken = workflow_id.to_owned();
         let (workflow_id, owner, versions) =
             (workflow_id.to_owned(), owner.to_owned(), versions.clone());
@@ -639,368 +433,9 @@ impl StoreHandle {
         taken
     }
 
-    /// See [`Store::recoverable_workflows`].
-    pub async fn recoverable_workflows(
-        &self,
-        limit: u32,
-        versions: &store::Versions,
-    ) -> store::Result<Vec<store::Orphaned>> {
-        let versions = versions.clone();
-        self.call(Operation::RecoverableWorkflows, move |store| async move {
-            store.recoverable_workflows(limit, &versions).await
-        })
-        .await
-    }
-
-    /// See [`Store::dormant_workflows`].
-    pub async fn dormant_workflows(
-        &self,
-        limit: u32,
-        versions: &store::Versions,
-    ) -> store::Result<store::Dormancy> {
-        let versions = versions.clone();
-        self.call(Operation::DormantWorkflows, move |store| async move {
-            store.dormant_workflows(limit, &versions).await
-        })
-        .await
-    }
-
-    /// See [`Store::workflows_with_pending_controls`].
-    pub async fn workflows_with_pending_controls(
-        &self,
-        owner: &str,
-    ) -> store::Result<Vec<WorkflowId>> {
-        let owner = owner.to_owned();
-        self.call(Operation::PendingControls, move |store| async move {
-            store.workflows_with_pending_controls(&owner).await
-        })
-        .await
-    }
-
-    /// See [`Store::delete_workflow`].
-    pub async fn delete_workflow(
-        &self,
-        workflow_id: &WorkflowId,
-    ) -> store::Result<store::Deletion> {
-        let workflow_id = workflow_id.to_owned();
-        self.call(Operation::DeleteWorkflow, move |store| async move {
-            store.delete_workflow(&workflow_id).await
-        })
-        .await
-    }
-
-    /// See [`Store::workflow_counts`].
-    pub async fn workflow_counts(&self, owner: Option<&str>) -> store::Result<Vec<StatusCount>> {
-        let owner = owner.map(str::to_owned);
-        self.call(Operation::WorkflowCounts, move |store| async move {
-            store.workflow_counts(owner.as_deref()).await
-        })
-        .await
-    }
-
-    /// See [`Store::run_counts`].
-    pub async fn run_counts(&self, owner: &str) -> store::Result<Vec<StatusCount>> {
-        let owner = owner.to_owned();
-        self.call(Operation::RunCounts, move |store| async move {
-            store.run_counts(&owner).await
-        })
-        .await
-    }
-
-    /// See [`Store::list_slots`].
-    pub async fn list_slots(&self, limit: u32) -> store::Result<Vec<SlotRow>> {
-        self.call(Operation::ListSlots, move |store| async move {
-            store.list_slots(limit).await
-        })
-        .await
-    }
-
-    /// See [`Store::read_snapshot`].
-    pub async fn read_snapshot(
-        &self,
-        workflow_id: &WorkflowId,
-        steps_max: u32,
-        artifacts_max: u32,
-    ) -> store::Result<Option<store::Snapshot>> {
-        let workflow_id = workflow_id.to_owned();
-        self.call(Operation::ReadSnapshot, move |store| async move {
-            store
-                .read_snapshot(&workflow_id, steps_max, artifacts_max)
-                .await
-        })
-        .await
-    }
-
-    /// See [`Store::read_step_page`].
-    pub async fn read_step_page(
-        &self,
-        workflow_id: &WorkflowId,
-        after: store::StepPosition,
-        limit: u32,
-    ) -> store::Result<store::StepPage> {
-        let workflow_id = workflow_id.to_owned();
-        self.call(Operation::ReadStepPage, move |store| async move {
-            store.read_step_page(&workflow_id, after, limit).await
-        })
-        .await
-    }
-
-    /// See [`Store::read_artifact_page`].
-    pub async fn read_artifact_page(
-        &self,
-        workflow_id: &WorkflowId,
-        after: i64,
-        limit: u32,
-    ) -> store::Result<Vec<store::ArtifactInfo>> {
-        let workflow_id = workflow_id.to_owned();
-        self.call(Operation::ReadArtifactPage, move |store| async move {
-            store.read_artifact_page(&workflow_id, after, limit).await
-        })
-        .await
-    }
-
-    /// See [`Store::count_slots`].
-    pub async fn count_slots(&self) -> store::Result<i64> {
-        self.call(Operation::CountSlots, |store| async move {
-            store.count_slots().await
-        })
-        .await
-    }
-
-    /// See [`Store::list_nodes`].
-    pub async fn list_nodes(&self, limit: u32) -> store::Result<Vec<NodeRecord>> {
-        self.call(Operation::ListNodes, move |store| async move {
-            store.list_nodes(limit).await
-        })
-        .await
-    }
-
-    /// See [`Store::waiting_workflows`].
-    pub async fn waiting_workflows(
-        &self,
-        user_id: Option<&str>,
-        limit: u32,
-    ) -> store::Result<Vec<WorkflowId>> {
-        let user_id = user_id.map(str::to_owned);
-        self.call(Operation::WaitingWorkflows, move |store| async move {
-            store.waiting_workflows(user_id.as_deref(), limit).await
-        })
-        .await
-    }
-
-    /// See [`Store::create_user`].
-    pub async fn create_user(&self, user: NewUser, only_if_first: bool) -> store::Result<bool> {
-        self.call(Operation::CreateUser, move |store| async move {
-            store.create_user(user, only_if_first).await
-        })
-        .await
-    }
-
-    /// See [`Store::user_by_email`].
-    pub async fn user_by_email(&self, email: &str) -> store::Result<Option<UserRow>> {
-        let email = email.to_owned();
-        self.call(Operation::UserByEmail, move |store| async move {
-            store.user_by_email(&email).await
-        })
-        .await
-    }
-
-    /// See [`Store::user_by_id`].
-    pub async fn user_by_id(&self, user_id: &str) -> store::Result<Option<UserRow>> {
-        let user_id = user_id.to_owned();
-        self.call(Operation::UserById, move |store| async move {
-            store.user_by_id(&user_id).await
-        })
-        .await
-    }
-
-    /// See [`Store::list_users`].
-    pub async fn list_users(&self) -> store::Result<Vec<UserRow>> {
-        self.call(Operation::ListUsers, |store| async move {
-            store.list_users().await
-        })
-        .await
-    }
-
-    /// See [`Store::stored_bytes`].
-    pub async fn stored_bytes(
-        &self,
-        user_id: Option<&str>,
-    ) -> store::Result<Vec<store::UserStorage>> {
-        let user_id = user_id.map(str::to_owned);
-        self.call(Operation::StoredBytes, move |store| async move {
-            store.stored_bytes(user_id.as_deref()).await
-        })
-        .await
-    }
-
-    /// See [`Store::change_user`].
-    pub async fn change_user(
-        &self,
-        user_id: &str,
-        change: UserChange,
-    ) -> store::Result<UserChanged> {
-        let user_id = user_id.to_owned();
-        self.call(Operation::ChangeUser, move |store| async move {
-            store.change_user(&user_id, change).await
-        })
-        .await
-    }
-
-    /// See [`Store::set_password`].
-    pub async fn set_password(
-        &self,
-        user_id: &str,
-        password_hash: String,
-        keep_session: Option<&str>,
-    ) -> store::Result<bool> {
-        let user_id = user_id.to_owned();
-        let keep_session = keep_session.map(str::to_owned);
-        self.call(Operation::SetPassword, move |store| async move {
-            store
-                .set_password(&user_id, &password_hash, keep_session.as_deref())
-                .await
-        })
-        .await
-    }
-
-    /// See [`Store::end_sessions`].
-    pub async fn end_sessions(
-        &self,
-        user_id: &str,
-        keep_session: Option<&str>,
-    ) -> store::Result<bool> {
-        let user_id = user_id.to_owned();
-        let keep_session = keep_session.map(str::to_owned);
-        self.call(Operation::EndSessions, move |store| async move {
-            store.end_sessions(&user_id, keep_session.as_deref()).await
-        })
-        .await
-    }
-
-    /// See [`Store::delete_user`].
-    pub async fn delete_user(&self, user_id: &str) -> store::Result<UserDeletion> {
-        let user_id = user_id.to_owned();
-        self.call(Operation::DeleteUser, move |store| async move {
-            store.delete_user(&user_id).await
-        })
-        .await
-    }
-
-    /// See [`Store::open_session`].
-    pub async fn open_session(
-        &self,
-        session_id: &str,
-        user_id: &str,
-        session_seconds: u64,
-        sessions_max: u32,
-    ) -> store::Result<()> {
-        let (session_id, user_id) = (session_id.to_owned(), user_id.to_owned());
-        self.call(Operation::OpenSession, move |store| async move {
-            store
-                .open_session(&session_id, &user_id, session_seconds, sessions_max)
-                .await
-        })
-        .await
-    }
-
-    /// See [`Store::session_user`].
-    pub async fn session_user(&self, session_id: &str) -> store::Result<Option<UserRow>> {
-        let session_id = session_id.to_owned();
-        self.call(Operation::SessionUser, move |store| async move {
-            store.session_user(&session_id).await
-        })
-        .await
-    }
-
-    /// See [`Store::revoke_session`].
-    pub async fn revoke_session(&self, session_id: &str) -> store::Result<bool> {
-        let session_id = session_id.to_owned();
-        self.call(Operation::RevokeSession, move |store| async move {
-            store.revoke_session(&session_id).await
-        })
-        .await
-    }
-
-    /// See [`Store::create_token`].
-    pub async fn create_token(&self, token: NewToken) -> store::Result<TokenRow> {
-        self.call(Operation::CreateToken, move |store| async move {
-            store.create_token(token).await
-        })
-        .await
-    }
-
-    /// See [`Store::expired_token`].
-    pub async fn expired_token(&self, token_id: &str) -> store::Result<Option<TokenRow>> {
-        let token_id = token_id.to_owned();
-        self.call(Operation::ExpiredToken, move |store| async move {
-            store.expired_token(&token_id).await
-        })
-        .await
-    }
-
-    /// See [`Store::token_user`].
-    pub async fn token_user(&self, token_id: &str) -> store::Result<Option<(TokenRow, UserRow)>> {
-        let token_id = token_id.to_owned();
-        self.call(Operation::TokenUser, move |store| async move {
-            store.token_user(&token_id).await
-        })
-        .await
-    }
-
-    /// See [`Store::list_tokens`].
-    pub async fn list_tokens(&self, user_id: &str) -> store::Result<Vec<TokenRow>> {
-        let user_id = user_id.to_owned();
-        self.call(Operation::ListTokens, move |store| async move {
-            store.list_tokens(&user_id).await
-        })
-        .await
-    }
-
-    /// See [`Store::revoke_token`].
-    pub async fn revoke_token(&self, user_id: &str, token_id: &str) -> store::Result<bool> {
-        let (user_id, token_id) = (user_id.to_owned(), token_id.to_owned());
-        self.call(Operation::RevokeToken, move |store| async move {
-            store.revoke_token(&user_id, &token_id).await
-        })
-        .await
-    }
-
-    /// See [`Store::list_workflows`].
-    pub async fn list_workflows(
-        &self,
-        filter: store::ListFilter,
-    ) -> store::Result<Vec<store::ListedWorkflow>> {
-        self.call(Operation::ListWorkflows, move |store| async move {
-            store.list_workflows(filter).await
-        })
-        .await
-    }
-
-    /// See [`Store::read_artifact`].
-    pub async fn read_artifact(
-        &self,
-        workflow_id: &WorkflowId,
-        version: i64,
-    ) -> store::Result<Option<ArtifactRow>> {
-        let workflow_id = workflow_id.to_owned();
-        self.call(Operation::ReadArtifact, move |store| async move {
-            store.read_artifact(&workflow_id, version).await
-        })
-        .await
-    }
-
-    /// See [`Store::last_artifact_version`].
-    pub async fn last_artifact_version(&self, workflow_id: &WorkflowId) -> store::Result<i64> {
-        let workflow_id = workflow_id.to_owned();
-        self.call(Operation::LastArtifactVersion, move |store| async move {
-            store.last_artifact_version(&workflow_id).await
-        })
-        .await
-    }
-
     /// See [`Store::put_control`].
     pub async fn put_control(&self, control: NewControl) -> store::Result<ControlWrite> {
+        // Not generated: it wakes the workflow's event streams.
         let workflow_id = control.workflow_id.clone();
         let written = self
             .call(Operation::PutControl, move |store| async move {
@@ -1011,17 +446,9 @@ impl StoreHandle {
         written
     }
 
-    /// See [`Store::read_controls`].
-    pub async fn read_controls(&self, workflow_id: &WorkflowId) -> store::Result<Vec<ControlRow>> {
-        let workflow_id = workflow_id.to_owned();
-        self.call(Operation::ReadControls, move |store| async move {
-            store.read_controls(&workflow_id).await
-        })
-        .await
-    }
-
     /// See [`Store::send_event`].
     pub async fn send_event(&self, event: store::NewSentEvent) -> store::Result<store::EventSend> {
+        // Not generated: it wakes the workflow's event streams.
         let workflow_id = event.workflow_id.clone();
         let written = self
             .call(Operation::SendEvent, move |store| async move {
@@ -1032,22 +459,9 @@ impl StoreHandle {
         written
     }
 
-    /// See [`Store::pending_events`].
-    pub async fn pending_events(
-        &self,
-        workflow_id: &WorkflowId,
-        names: Vec<String>,
-        per_name: u32,
-    ) -> store::Result<Vec<store::SentEvent>> {
-        let workflow_id = workflow_id.to_owned();
-        self.call(Operation::PendingEvents, move |store| async move {
-            store.pending_events(&workflow_id, names, per_name).await
-        })
-        .await
-    }
-
     /// See [`Store::admit_run`].
     pub async fn admit_run(&self, run: NewRun) -> store::Result<Admission> {
+        // Not generated: it wakes the event streams of the step's workflow.
         let step = run.step.as_ref().map(|step| {
             (
                 step.workflow_id.clone(),
@@ -1064,163 +478,237 @@ impl StoreHandle {
         }
         admitted
     }
+}
 
-    /// See [`Store::read_run`].
-    pub async fn read_run(&self, run_id: &RunId) -> store::Result<Option<RunRow>> {
-        let run_id = run_id.to_owned();
-        self.call(Operation::ReadRun, move |store| async move {
-            store.read_run(&run_id).await
-        })
-        .await
+/// The handle's method of every operation in the store's list (`store::with_operations!`), but
+/// those written out in `impl StoreHandle` above and those that are not the handle's: each as
+/// `Store`'s method of the same name takes it, its borrowed arguments carried to the job owned
+/// (see [`Carry`]).
+macro_rules! handle_methods {
+    ($(
+        $(#[$trait_doc:meta])*
+        trait $trait:ident {
+            $(
+                $(#[$doc:meta])*
+                $effect:ident $variant:ident:
+                fn $name:ident(&self $(, $arg:ident: $ty:ty)*) -> $ret:ty
+                $(=> |$store:ident| $call:expr)?;
+            )*
+        }
+    )*) => {
+        impl StoreHandle {
+            $($(
+                handle_method!($effect $variant $name ($($arg: $ty),*) -> $ret);
+            )*)*
+        }
+    };
+}
+
+/// One operation's method of [`StoreHandle`], or none.
+macro_rules! handle_method {
+    // Written out above: they also wake event streams (and `fenced_write` counts its latency
+    // and refusals).
+    ($effect:ident FencedWrite $($rest:tt)*) => {};
+    ($effect:ident LaunchWorkflow $($rest:tt)*) => {};
+    ($effect:ident RetryWorkflow $($rest:tt)*) => {};
+    ($effect:ident TakeOverWorkflow $($rest:tt)*) => {};
+    ($effect:ident PutControl $($rest:tt)*) => {};
+    ($effect:ident SendEvent $($rest:tt)*) => {};
+    ($effect:ident AdmitRun $($rest:tt)*) => {};
+    // Not the handle's: a node migrates before its store actor starts, and `health` makes the
+    // probes.
+    ($effect:ident Migrate $($rest:tt)*) => {};
+    ($effect:ident SchemaVersion $($rest:tt)*) => {};
+    ($effect:ident WriteProbe $($rest:tt)*) => {};
+    ($effect:ident $variant:ident $name:ident ($($arg:ident: $ty:ty),*) -> $ret:ty) => {
+        #[doc = concat!("See [`Store::", stringify!($name), "`].")]
+        pub async fn $name(&self $(, $arg: $ty)*) -> store::Result<$ret> {
+            let key = fault_key!($effect $($arg $arg)*);
+            $(let $arg = Carry::carry($arg);)*
+            self.call_about(Operation::$variant, key, move |store| async move {
+                store.$name($($arg.lend()),*).await
+            })
+            .await
+        }
+    };
+}
+
+/// What a test fault can single out a call by: a write about one run (its first argument
+/// `run_id`) by the run's id; any other call by nothing.
+macro_rules! fault_key {
+    (write run_id $run_id:ident $($rest:ident)*) => {
+        Some($run_id.as_str())
+    };
+    ($effect:ident $($arg:ident)*) => {
+        None
+    };
+}
+
+/// An argument of a [`StoreHandle`] method, as the job that runs it on the store actor's task
+/// carries it: that task outlives the caller's borrows, so a borrowed argument travels owned (its
+/// one copy per call), anything else as it is.
+trait Carry {
+    type Owned: Send + 'static;
+    fn carry(self) -> Self::Owned;
+}
+
+/// A carried argument handed to the store's method as that method takes it: an owned form lent
+/// by reference (method-call autoref picks the `&Owned` implementation), anything else moved.
+trait Lend {
+    type Arg;
+    fn lend(self) -> Self::Arg;
+}
+
+/// Arguments taken by value: carried and handed over as they are.
+macro_rules! moved {
+    ($($ty:ty),* $(,)?) => {$(
+        impl Carry for $ty {
+            type Owned = $ty;
+            fn carry(self) -> $ty {
+                self
+            }
+        }
+
+        impl Lend for $ty {
+            type Arg = $ty;
+            fn lend(self) -> $ty {
+                self
+            }
+        }
+    )*};
+}
+
+/// Arguments borrowed as `&T`: carried as a clone of `T`, lent as `&T`.
+macro_rules! cloned {
+    ($($ty:ty),* $(,)?) => {$(
+        impl Carry for &$ty {
+            type Owned = $ty;
+            fn carry(self) -> $ty {
+                self.clone()
+            }
+        }
+
+        impl<'a> Lend for &'a $ty {
+            type Arg = &'a $ty;
+            fn lend(self) -> &'a $ty {
+                self
+            }
+        }
+    )*};
+}
+
+mod carried {
+    use serde_json::Value;
+    use store::{ApprovalAnswer, Fence, NodeRecord, RunId, RunOutcome, Versions, WorkflowId};
+    use store::{
+        CancelAction, LaunchLimits, ListFilter, NewControl, NewRetry, NewRun, NewSentEvent,
+        NewToken, NewUser, NewWorkflow, Purpose, RunStatus, Settlement, StepPosition, UserChange,
+        WriteOp,
+    };
+
+    use super::{Carry, Lend};
+
+    moved!(
+        bool,
+        u32,
+        u64,
+        i64,
+        CancelAction,
+        LaunchLimits,
+        ListFilter,
+        NewControl,
+        NewRetry,
+        NewRun,
+        NewSentEvent,
+        NewToken,
+        NewUser,
+        NewWorkflow,
+        Option<Value>,
+        Purpose,
+        RunStatus,
+        Settlement,
+        StepPosition,
+        UserChange,
+        Vec<String>,
+        Vec<WriteOp>,
+    );
+    cloned!(
+        ApprovalAnswer,
+        Fence,
+        NodeRecord,
+        RunId,
+        RunOutcome,
+        Value,
+        Versions,
+        WorkflowId
+    );
+
+    impl Carry for &str {
+        type Owned = String;
+        fn carry(self) -> String {
+            self.to_owned()
+        }
     }
 
-    /// See [`Store::renew_run_lease`].
-    pub async fn renew_run_lease(
-        &self,
-        run_id: &RunId,
-        owner: &str,
-        lease_ms: u64,
-    ) -> store::Result<Result<RunRenewal, Option<RunRow>>> {
-        let key = run_id.as_str();
-        let (run_id, owner) = (run_id.to_owned(), owner.to_owned());
-        self.call_about(
-            Operation::RenewRunLease,
-            Some(key),
-            move |store| async move { store.renew_run_lease(&run_id, &owner, lease_ms).await },
-        )
-        .await
+    impl<'a> Lend for &'a String {
+        type Arg = &'a str;
+        fn lend(self) -> &'a str {
+            self
+        }
     }
 
-    /// See [`Store::request_run_cancel`].
-    pub async fn request_run_cancel(
-        &self,
-        run_id: &RunId,
-        action: CancelAction,
-    ) -> store::Result<Option<CancelAction>> {
-        let key = run_id.as_str();
-        let run_id = run_id.to_owned();
-        self.call_about(
-            Operation::RequestRunCancel,
-            Some(key),
-            move |store| async move { store.request_run_cancel(&run_id, action).await },
-        )
-        .await
+    impl Carry for Option<&str> {
+        type Owned = Option<String>;
+        fn carry(self) -> Option<String> {
+            self.map(str::to_owned)
+        }
     }
 
-    /// See [`Store::update_run_status`].
-    pub async fn update_run_status(
-        &self,
-        run_id: &RunId,
-        owner: &str,
-        status: RunStatus,
-        metadata: Option<serde_json::Value>,
-    ) -> store::Result<bool> {
-        let key = run_id.as_str();
-        let (run_id, owner) = (run_id.to_owned(), owner.to_owned());
-        self.call_about(
-            Operation::UpdateRunStatus,
-            Some(key),
-            move |store| async move {
-                store
-                    .update_run_status(&run_id, &owner, status, metadata)
-                    .await
-            },
-        )
-        .await
+    impl<'a> Lend for &'a Option<String> {
+        type Arg = Option<&'a str>;
+        fn lend(self) -> Option<&'a str> {
+            self.as_deref()
+        }
     }
 
-    /// See [`Store::claim_run_slot`].
-    pub async fn claim_run_slot(
-        &self,
-        run_id: &RunId,
-        owner: &str,
-        slots_max: u64,
-        slots_per_user_max: u64,
-        slots_reserved: u64,
-    ) -> store::Result<store::RunSlot> {
-        let key = run_id.as_str();
-        let (run_id, owner) = (run_id.to_owned(), owner.to_owned());
-        self.call_about(
-            Operation::ClaimRunSlot,
-            Some(key),
-            move |store| async move {
-                store
-                    .claim_run_slot(
-                        &run_id,
-                        &owner,
-                        slots_max,
-                        slots_per_user_max,
-                        slots_reserved,
-                    )
-                    .await
-            },
-        )
-        .await
+    // A `Box`, not a `Vec`: a `Vec<String>` argument is one taken by value.
+    impl Carry for &[String] {
+        type Owned = Box<[String]>;
+        fn carry(self) -> Box<[String]> {
+            self.into()
+        }
     }
 
-    /// See [`Store::finalize_run`].
-    pub async fn finalize_run(
-        &self,
-        run_id: &RunId,
-        owner: &str,
-        outcome: &RunOutcome,
-        require_not_cancelled: bool,
-    ) -> store::Result<bool> {
-        let key = run_id.as_str();
-        let (run_id, owner, outcome) = (run_id.to_owned(), owner.to_owned(), outcome.clone());
-        self.call_about(Operation::FinalizeRun, Some(key), move |store| async move {
-            store
-                .finalize_run(&run_id, &owner, &outcome, require_not_cancelled)
-                .await
-        })
-        .await
+    impl<'a> Lend for &'a Box<[String]> {
+        type Arg = &'a [String];
+        fn lend(self) -> &'a [String] {
+            self
+        }
     }
 
-    /// See [`Store::answer_approval`].
-    pub async fn answer_approval(
-        &self,
-        thread_id: &str,
-        request_ids: &[String],
-        answer: &serde_json::Value,
-    ) -> store::Result<Option<ApprovalAnswer>> {
-        let (thread_id, request_ids, answer) =
-            (thread_id.to_owned(), request_ids.to_vec(), answer.clone());
-        self.call(Operation::AnswerApproval, move |store| async move {
-            store
-                .answer_approval(&thread_id, &request_ids, &answer)
-                .await
-        })
-        .await
+    impl Carry for &std::path::Path {
+        type Owned = std::path::PathBuf;
+        fn carry(self) -> std::path::PathBuf {
+            self.to_path_buf()
+        }
     }
 
-    /// See [`Store::restore_approval`].
-    pub async fn restore_approval(&self, answer: &ApprovalAnswer) -> store::Result<bool> {
-        let answer = answer.clone();
-        self.call(Operation::RestoreApproval, move |store| async move {
-            store.restore_approval(&answer).await
-        })
-        .await
+    impl<'a> Lend for &'a std::path::PathBuf {
+        type Arg = &'a std::path::Path;
+        fn lend(self) -> &'a std::path::Path {
+            self
+        }
     }
+}
 
-    /// See [`Store::claim_orphan_runs`].
-    pub async fn claim_orphan_runs(&self, claimer: &str, limit: u32) -> store::Result<Vec<RunId>> {
-        let claimer = claimer.to_owned();
-        self.call(Operation::ClaimOrphanRuns, move |store| async move {
-            store.claim_orphan_runs(&claimer, limit).await
-        })
-        .await
-    }
+/// The generated methods, where the list's names for the store's types are in scope.
+mod generated {
+    use serde_json::Value;
+    use store::*;
 
-    /// See [`Store::expired_approvals`].
-    pub async fn expired_approvals(
-        &self,
-        limit: u32,
-    ) -> store::Result<Vec<store::ExpiredApproval>> {
-        self.call(Operation::ExpiredApprovals, move |store| async move {
-            store.expired_approvals(limit).await
-        })
-        .await
-    }
+    use super::{Carry, Lend, StoreHandle};
+
+    store::with_operations!(handle_methods);
 }
 
 #[cfg(test)]

@@ -122,4 +122,4 @@ macro_rules! implement {
     };
 }
 
-crate::operations::with_operations!(implement);
+crate::with_operations!(implement);

@@ -97,8 +97,11 @@ macro_rules! declare {
     };
 }
 
-/// The list of every operation, handed to the macro `$then`: the traits here and the
-/// implementations in `backends.rs` are made from it, so none can miss one.
+/// The list of every operation, handed to the macro `$then`: the traits here, the
+/// implementations in `backends.rs` and the actors' `StoreHandle` methods are made from it, so
+/// none can miss one. Its types are named as `store` exports them (and `Value`, serde_json's):
+/// a caller outside this crate invokes it where those names are in scope.
+#[macro_export]
 macro_rules! with_operations {
     ($then:ident) => {
         $then! {
@@ -143,7 +146,7 @@ macro_rules! with_operations {
                 /// Otherwise writes nothing and fails with [`crate::Error::LeaseLost`]. A
                 /// [`WriteOp::ReleaseLease`] is applied after every other change, wherever it stands.
                 write FencedWrite: fn fenced_write(&self, fence: &Fence, ops: Vec<WriteOp>) -> ()
-                    => |store| store.fenced_write(fence, crate::write::ordered(ops));
+                    => |store| store.fenced_write(fence, $crate::write::ordered(ops));
             }
 
             /// Workflows: launching under cluster-wide limits, taking over, listing and reading them.
@@ -275,7 +278,7 @@ macro_rules! with_operations {
                 /// the idempotency key, the thread's one active run, and, for a workflow step, the
                 /// workflow's fence and a free `workflow_slots` slot, all in one transaction.
                 write AdmitRun: fn admit_run(&self, run: NewRun) -> Admission
-                    => |store| store.admit_run(crate::write::ordered_run(run));
+                    => |store| store.admit_run($crate::write::ordered_run(run));
                 /// One child run.
                 read ReadRun: fn read_run(&self, run_id: &RunId) -> Option<RunRow>;
                 /// Extends a live run's lease if `owner` still owns it and its lease has not expired;
@@ -501,25 +504,23 @@ macro_rules! with_operations {
                 read ListNodes: fn list_nodes(&self, limit: u32) -> Vec<NodeRecord>;
             }
         }
-
-        #[cfg(test)]
-        mod tests {
-            use super::*;
-
-            #[test]
-            fn every_operation_has_its_own_name() {
-                for operation in Operation::ALL {
-                    assert_eq!(Operation::parse(operation.name()), Some(*operation));
-                }
-                assert_eq!(Operation::FencedWrite.name(), "fenced_write");
-                assert!(Operation::FinalizeRun.writes());
-                assert!(!Operation::ReadRun.writes());
-                assert_eq!(Operation::parse("no_such_call"), None);
-            }
-
-        }
     };
 }
-pub(crate) use with_operations;
 
 with_operations!(declare);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_operation_has_its_own_name() {
+        for operation in Operation::ALL {
+            assert_eq!(Operation::parse(operation.name()), Some(*operation));
+        }
+        assert_eq!(Operation::FencedWrite.name(), "fenced_write");
+        assert!(Operation::FinalizeRun.writes());
+        assert!(!Operation::ReadRun.writes());
+        assert_eq!(Operation::parse("no_such_call"), None);
+    }
+}

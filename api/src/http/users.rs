@@ -435,7 +435,7 @@ pub async fn reset_password(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
     auth::check_credentials(&user.email, &body.password)?;
     let password_hash = ctx.state.hashing.hash(body.password).await?;
     let store = ctx.state.node.store();
-    if !store.set_password(&user.id, password_hash, None).await? {
+    if !store.set_password(&user.id, &password_hash, None).await? {
         return Err(no_user(&user.id));
     }
     let user = store
@@ -529,7 +529,7 @@ pub async fn change_password(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
     let password_hash = ctx.state.hashing.hash(body.new_password).await?;
     let store = ctx.state.node.store();
     if !store
-        .set_password(&user.id, password_hash, principal.credential.session_id())
+        .set_password(&user.id, &password_hash, principal.credential.session_id())
         .await?
     {
         return Err(no_user(&user.id));
