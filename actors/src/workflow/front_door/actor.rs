@@ -19,7 +19,7 @@ use crate::lease::LeaseMsg;
 use crate::mailbox::Post;
 use crate::store_actor::StoreHandle;
 use crate::workflow::requests::{LaunchRequest, ReconcileRequest, RetryRequest};
-use crate::workflow::rules::Supervised;
+use crate::workflow::rules::{self, Supervised};
 use crate::workflow::{Start, WorkflowArgs, WorkflowMsg, WorkflowSupervisor};
 
 /// Messages of the workflows actor.
@@ -139,10 +139,7 @@ impl Asked {
     }
 
     pub(super) fn start(&self) -> Start {
-        match self {
-            Asked::Cancel { .. } => Start::CancelOnly,
-            _ => Start::Replay,
-        }
+        rules::start_after(self.action())
     }
 }
 
@@ -216,11 +213,11 @@ impl Actor for Workflows {
         // recovery the claim takes only dormant workflows whose wake time came (a wake is no
         // crash recovery, and nobody else would wake them): cues, the wake a claim plans, and
         // the slow fallback bring it, so a quiet node queries nothing.
-        let period = if args.options.automatic_recovery {
-            Duration::from_millis(args.options.lease_ms.max(1)).min(takeover::CLAIM_PERIOD_MAX)
-        } else {
-            args.options.wake_fallback
-        };
+        let period = rules::claim_period(
+            args.options.automatic_recovery,
+            args.options.lease_ms,
+            args.options.wake_fallback,
+        );
         crate::mailbox::post_every(&myself, period, || WorkflowsMsg::ClaimRecoverable);
         // A dormant workflow whose time came while no node ran is woken by the first to start.
         myself.post(WorkflowsMsg::ClaimRecoverable)?;
@@ -371,10 +368,10 @@ impl Actor for Workflows {
             state.live.remove(&workflow_id);
             state.live_users.remove(&workflow_id);
             state.slot_waiters.retain(|waiter| waiter != &workflow_id);
-            if abandoned && !state.draining {
+            let lease_ms = state.args.options.lease_ms;
+            if let Some(wait) = rules::take_back_after(abandoned, state.draining, lease_ms) {
                 // Left live with a lease that runs out within a lease period: take it back
                 // then (its journal decides what happens next), in either recovery mode.
-                let wait = Duration::from_millis(state.args.options.lease_ms.max(1) + 100);
                 let id = workflow_id.clone();
                 crate::mailbox::post_after(&myself, wait, move || WorkflowsMsg::TakeBack {
                     workflow_id: id,

@@ -17,7 +17,7 @@ use crate::mailbox::Post;
 use crate::store_actor::StoreHandle;
 use crate::workflow::Start;
 use crate::workflow::requests::ReconcileRequest;
-use crate::workflow::rules::{self, Supervised};
+use crate::workflow::rules::{self, AfterCancel, AfterTakeBack, Supervised};
 
 /// A workflow this node has taken over and read back: what its supervisor starts from.
 pub struct Ready {
@@ -30,18 +30,6 @@ pub struct Ready {
 /// Recoverable workflows claimed per query; a full batch is followed by another claim at once,
 /// so any number of orphaned workflows is taken over within a claim period or two.
 const RECOVERY_BATCH: u32 = 64;
-
-/// The longest wait between two claims of automatic recovery (shorter when the lease is): an
-/// orphaned workflow is claimed within this much of its owner's lease running out.
-pub(super) const CLAIM_PERIOD_MAX: Duration = Duration::from_secs(1);
-
-/// How often the node tries to take back a workflow its own supervisor left live, a lease
-/// period apart (the database may still be unreachable, or the lease not yet run out).
-const TAKE_BACK_TRIES: u32 = 20;
-
-/// How often a cancellation asked of a workflow whose owner's lease was still valid is tried
-/// again, a lease period apart (the owner, if alive, carries it out itself meanwhile).
-const CANCEL_TAKEOVER_TRIES: u32 = 10;
 
 /// A takeover's task has finished: its supervisor starts here, and whoever asked hears.
 pub(super) async fn taken_over(
@@ -59,8 +47,8 @@ pub(super) async fn taken_over(
     after_takeover(myself, state, workflow_id, started, asked);
 }
 
-/// Claims, in a task, what `claimable` finds (but the workflows supervised here): the end comes
-/// back as [`WorkflowsMsg::Claimed`].
+/// Claims, in a task, what `claimable` finds, as `rules::claim` decides (not the workflows
+/// supervised here): the end comes back as [`WorkflowsMsg::Claimed`].
 pub(super) fn claim(myself: &ActorRef<WorkflowsMsg>, state: &mut WorkflowsState) {
     state.claiming = true;
     let versions = our_versions(state);
@@ -69,12 +57,12 @@ pub(super) fn claim(myself: &ActorRef<WorkflowsMsg>, state: &mut WorkflowsState)
     let live: std::collections::HashSet<WorkflowId> = state.live.keys().cloned().collect();
     tokio::spawn(async move {
         let (found, next_wake_ms) = claimable(&store, &versions, automatic).await;
-        let full = found.len() >= RECOVERY_BATCH as usize;
-        let found = found
-            .into_iter()
-            .filter(|orphan| !live.contains(&orphan.workflow_id));
-        claim_all(&me, found).await;
-        let _ = me.post(WorkflowsMsg::Claimed { full, next_wake_ms });
+        let claim = rules::claim(found, RECOVERY_BATCH, |id| live.contains(id));
+        claim_all(&me, claim.takeovers).await;
+        let _ = me.post(WorkflowsMsg::Claimed {
+            full: claim.full,
+            next_wake_ms,
+        });
     });
 }
 
@@ -121,11 +109,8 @@ async fn claimable(
             store::Dormancy::default()
         }
     };
-    let next_wake_ms = dormancy
-        .next_wake_at
-        .filter(|at| *at < store::DORMANT_FOREVER_S)
-        .map(|at| (at * 1000.0).ceil() as i64);
-    if !automatic {
+    let next_wake_ms = rules::next_wake_ms(dormancy.next_wake_at);
+    if rules::claim_query(automatic) == rules::ClaimQuery::DueDormant {
         return (dormancy.due, next_wake_ms);
     }
     match store.recoverable_workflows(RECOVERY_BATCH, versions).await {
@@ -137,40 +122,28 @@ async fn claimable(
     }
 }
 
-/// Plans a claim for when the next dormant workflow wakes, unless one is planned sooner: the
-/// claim period alone would wake it up to a period late. Judged by the database's clock as
-/// this node reads it (`clock::now_ms`): an error in that reading claims early, finds nothing,
-/// and the period claims it.
+/// Plans a claim for when the next dormant workflow wakes, unless one is planned no later
+/// (`rules::plan_wake`), judged by the database's clock as this node reads it
+/// (`clock::now_ms`).
 fn plan_wake(
     myself: &ActorRef<WorkflowsMsg>,
     state: &mut WorkflowsState,
     next_wake_ms: Option<i64>,
 ) {
-    let Some(wake_ms) = next_wake_ms else {
+    let Some(plan) = rules::plan_wake(state.planned_wake_ms, next_wake_ms, now_ms()) else {
         return;
     };
-    if state
-        .planned_wake_ms
-        .is_some_and(|planned| planned <= wake_ms)
-    {
-        return;
-    }
-    state.planned_wake_ms = Some(wake_ms);
-    let delay = Duration::from_millis(u64::try_from(wake_ms.saturating_sub(now_ms())).unwrap_or(0));
-    crate::mailbox::post_after(myself, delay, || WorkflowsMsg::WakeDue);
+    state.planned_wake_ms = Some(plan.wake_ms);
+    crate::mailbox::post_after(myself, plan.delay, || WorkflowsMsg::WakeDue);
 }
 
 /// Takes over every orphaned workflow of a claim, all at once, each with the usual rules (a
 /// pending cancellation is finished without replaying the body), and returns when every
 /// takeover is decided.
-async fn claim_all(
-    workflows: &ActorRef<WorkflowsMsg>,
-    orphaned: impl Iterator<Item = store::Orphaned>,
-) {
+async fn claim_all(workflows: &ActorRef<WorkflowsMsg>, takeovers: Vec<(WorkflowId, Takeover)>) {
     let mut decided = Vec::new();
-    for orphan in orphaned {
-        let workflow_id = orphan.workflow_id;
-        if orphan.cancel_pending {
+    for (workflow_id, action) in takeovers {
+        if action == Takeover::Cancel {
             let (done, answer) = ractor::concurrency::oneshot();
             let _ = workflows.post(WorkflowsMsg::TakeOverToCancel {
                 workflow_id,
@@ -209,24 +182,22 @@ pub(super) fn take_over(
     workflow_id: WorkflowId,
     asked: Asked,
 ) {
-    if state.live.contains_key(&workflow_id) || !state.taking_over.insert(workflow_id.clone()) {
+    let supervised_here = state.live.contains_key(&workflow_id);
+    if !rules::may_take_over(supervised_here, state.taking_over.contains(&workflow_id)) {
         let supervised = Err(Error::Supervised {
             workflow_id: workflow_id.clone(),
         });
         after_takeover(myself, state, workflow_id, supervised, asked);
         return;
     }
+    state.taking_over.insert(workflow_id.clone());
     let (store, me) = (state.args.store.clone(), myself.clone());
     let (owner, lease_ms) = (state.args.worker_id.clone(), state.args.options.lease_ms);
     let (versions, limits) = (our_versions(state), state.args.options.launch_limits);
     tokio::spawn(async move {
         let result = async {
             let sent = Instant::now();
-            let purpose = match asked.action() {
-                Takeover::Recover => store::Purpose::Recover,
-                Takeover::Reconcile => store::Purpose::Reconcile,
-                Takeover::Cancel => store::Purpose::Cancel,
-            };
+            let purpose = rules::purpose(asked.action());
             let answer = store
                 .take_over_workflow(&workflow_id, &owner, lease_ms, &versions, purpose)
                 .await;
@@ -281,7 +252,8 @@ pub(super) async fn start_ready(
     Ok(workflow_id)
 }
 
-/// What follows a takeover's end, for whoever asked for it.
+/// What follows a takeover's end, for whoever asked for it (`rules::after_cancel`,
+/// `rules::after_take_back`).
 fn after_takeover(
     myself: &ActorRef<WorkflowsMsg>,
     state: &WorkflowsState,
@@ -295,15 +267,13 @@ fn after_takeover(
             let _ = reply.send(started);
         }
         Asked::Cancel { tries, done } => {
-            match started {
-                Ok(_) => {
+            match rules::after_cancel(started, tries) {
+                AfterCancel::Finishing => {
                     tracing::info!(run_id = %workflow_id, "finishing the cancellation of a workflow whose owner is gone");
                 }
                 // The owner may be alive (its poll finds the cancel and carries it out), or dead
                 // with a lease not yet run out: look again when it may have.
-                Err(Error::LeaseHeld { .. } | Error::Supervised { .. })
-                    if tries + 1 < CANCEL_TAKEOVER_TRIES =>
-                {
+                AfterCancel::LookAgain => {
                     crate::mailbox::post_after(myself, lease_period, move || {
                         WorkflowsMsg::TakeOverToCancel {
                             workflow_id,
@@ -313,24 +283,19 @@ fn after_takeover(
                     });
                 }
                 // It already ended, or no cancellation is pending any more.
-                Err(
-                    Error::LeaseHeld { .. }
-                    | Error::Supervised { .. }
-                    | Error::NotLive { .. }
-                    | Error::TakeoverRefused { .. },
-                ) => {}
-                Err(error @ Error::Store(_)) => {
+                AfterCancel::Over => {}
+                AfterCancel::Unreached(error) => {
                     tracing::warn!(run_id = %workflow_id, %error, "cannot take the workflow over to cancel it");
                 }
-                Err(error) => {
+                AfterCancel::Failed(error) => {
                     tracing::error!(run_id = %workflow_id, %error, "cannot finish the cancellation");
                 }
             }
             reply_done(done);
         }
-        Asked::TakeBack { tries } => match started {
-            Ok(_) => tracing::info!(run_id = %workflow_id, "taken back"),
-            Err(Error::LeaseHeld { .. }) if tries + 1 < TAKE_BACK_TRIES => {
+        Asked::TakeBack { tries } => match rules::after_take_back(started, tries) {
+            AfterTakeBack::Taken => tracing::info!(run_id = %workflow_id, "taken back"),
+            AfterTakeBack::AgainIfOurs => {
                 // Still this node's own lease, running out: ask again when it has. Another
                 // node's lease means that node took the workflow over: it is not ours to
                 // take back.
@@ -349,7 +314,7 @@ fn after_takeover(
                     }
                 });
             }
-            Err(Error::Store(error)) if error.is_transient() && tries + 1 < TAKE_BACK_TRIES => {
+            AfterTakeBack::Again => {
                 crate::mailbox::post_after(myself, lease_period, move || WorkflowsMsg::TakeBack {
                     workflow_id,
                     tries: tries + 1,
@@ -357,20 +322,17 @@ fn after_takeover(
             }
             // A cancellation is pending (or another rule refused): a cancel takeover
             // finishes it if one is asked for; otherwise the workflow waits as it is.
-            Err(Error::TakeoverRefused { .. }) => {
+            AfterTakeBack::Cancel => {
                 let _ = myself.post(WorkflowsMsg::TakeOverToCancel {
                     workflow_id,
                     tries: 0,
                     done: None,
                 });
             }
-            Err(
-                error
-                @ (Error::LeaseHeld { .. } | Error::NotLive { .. } | Error::Supervised { .. }),
-            ) => {
+            AfterTakeBack::NotTaken(error) => {
                 tracing::info!(run_id = %workflow_id, %error, "not taken back");
             }
-            Err(error) => {
+            AfterTakeBack::Failed(error) => {
                 tracing::warn!(run_id = %workflow_id, %error, "cannot take it back");
             }
         },
