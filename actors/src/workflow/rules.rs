@@ -1,10 +1,13 @@
 //! The front door's rules, as functions of what was read: whether a launch may be written and
 //! what it writes, whether a control names the step it answers, what a takeover's answer means,
-//! what a reconcile writes, which slot waiters a freed slot wakes. The workflows actor and its
-//! handle read, ask a rule, and write; everything here is tested without an actor, a database
-//! or a clock.
+//! what a reconcile writes, which slot waiters a freed slot wakes; and every claim and takeover
+//! decision: how often and what a claim takes, when a dormant workflow's wake is planned, whether
+//! a takeover may start here, what follows it. The workflows actor and its handle read, ask a
+//! rule, and write (the simulation asks the same rules); everything here is tested without an
+//! actor, a database or a clock.
 
 use std::collections::VecDeque;
+use std::time::Duration;
 
 use runtime::CallKind;
 use serde_json::{Value, json};
@@ -16,7 +19,7 @@ use store::{
 
 use super::journal::step_kind;
 use super::requests::{Decide, LaunchRequest, ReconcileRequest, Resolution, RetryRequest};
-use super::{WorkflowDocument, thread_for};
+use super::{Start, WorkflowDocument, thread_for};
 use crate::error::{Error, Takeover};
 
 /// The digest a control names to prove it is about this script and these arguments.
@@ -556,6 +559,237 @@ pub(super) fn reconcile_writes(
         data: data.clone(),
     });
     Ok((ops, WorkflowRow { data, ..row }))
+}
+
+/// The longest wait between two claims of automatic recovery (shorter when the lease is): an
+/// orphaned workflow is claimed within this much of its owner's lease running out.
+const CLAIM_PERIOD_MAX: Duration = Duration::from_secs(1);
+
+/// How often a node tries to take back a workflow its own supervisor left live, a lease period
+/// apart (the database may still be unreachable, or the lease not yet run out).
+const TAKE_BACK_TRIES: u32 = 20;
+
+/// How often a cancellation asked of a workflow whose owner's lease was still valid is tried
+/// again, a lease period apart (the owner, if alive, carries it out itself meanwhile).
+const CANCEL_TAKEOVER_TRIES: u32 = 10;
+
+/// How often a node claims. Under automatic recovery every lease period, at most
+/// [`CLAIM_PERIOD_MAX`] apart: a lease running out is a matter of time, which no cue announces.
+/// Under manual recovery a claim takes only dormant workflows whose wake time came, which cues
+/// and the planned wake bring: the slow fallback (`wake_fallback`) is enough.
+pub(super) fn claim_period(
+    automatic_recovery: bool,
+    lease_ms: u64,
+    wake_fallback: Duration,
+) -> Duration {
+    if automatic_recovery {
+        Duration::from_millis(lease_ms.max(1)).min(CLAIM_PERIOD_MAX)
+    } else {
+        wake_fallback
+    }
+}
+
+/// Which workflows a claim looks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum ClaimQuery {
+    /// Every recoverable workflow (`recoverable_workflows`), the dormant ones whose wake time
+    /// came among them.
+    Recoverable,
+    /// Only the dormant workflows whose wake time came (`dormant_workflows`' `due`): a wake is
+    /// no crash recovery, and nobody else would wake them.
+    DueDormant,
+}
+
+/// What a claim looks for: every recoverable workflow under automatic recovery, only the due
+/// dormant ones under manual recovery.
+pub(super) fn claim_query(automatic_recovery: bool) -> ClaimQuery {
+    if automatic_recovery {
+        ClaimQuery::Recoverable
+    } else {
+        ClaimQuery::DueDormant
+    }
+}
+
+/// When the next dormant workflow wakes, in epoch ms rounded up (a claim then finds it due), from
+/// the soonest wake time `dormant_workflows` answers (epoch seconds): none when no workflow is
+/// dormant, or only for ever ([`store::DORMANT_FOREVER_S`]).
+pub(super) fn next_wake_ms(next_wake_at: Option<f64>) -> Option<i64> {
+    next_wake_at
+        .filter(|at| *at < store::DORMANT_FOREVER_S)
+        .map(|at| (at * 1000.0).ceil() as i64)
+}
+
+/// What a claim takes a workflow over for: a pending cancellation is finished without replaying
+/// the body; any other workflow is recovered.
+pub(super) fn claimed_for(orphan: &store::Orphaned) -> Takeover {
+    if orphan.cancel_pending {
+        Takeover::Cancel
+    } else {
+        Takeover::Recover
+    }
+}
+
+/// What a claim takes over of the workflows its query found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Claim {
+    /// Each workflow found but those supervised here, with what it is taken over for
+    /// ([`claimed_for`]), in the order found.
+    pub(super) takeovers: Vec<(WorkflowId, Takeover)>,
+    /// The query answered a whole batch: more may be waiting, and the next claim starts at once.
+    pub(super) full: bool,
+}
+
+/// The takeovers of a claim whose query (of at most `batch`) found `found`: a workflow
+/// supervised here (`supervised_here`) is not taken over again.
+pub(super) fn claim(
+    found: Vec<store::Orphaned>,
+    batch: u32,
+    supervised_here: impl Fn(&WorkflowId) -> bool,
+) -> Claim {
+    let full = found.len() >= batch as usize;
+    let takeovers = found
+        .into_iter()
+        .filter(|orphan| !supervised_here(&orphan.workflow_id))
+        .map(|orphan| {
+            let action = claimed_for(&orphan);
+            (orphan.workflow_id, action)
+        })
+        .collect();
+    Claim { takeovers, full }
+}
+
+/// A claim planned for a dormant workflow's wake time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct WakePlan {
+    /// The wake time planned for (epoch ms).
+    pub(super) wake_ms: i64,
+    /// How long from now the claim is.
+    pub(super) delay: Duration,
+}
+
+/// Plans a claim for when the next dormant workflow wakes (`next_wake_ms`), unless one is planned
+/// (`planned_ms`) no later: the claim period alone would wake it up to a period late. Judged by
+/// the database's clock as this node reads it (`now_ms`): a wake time already past is claimed at
+/// once; an error in that reading claims early, finds nothing, and the period claims it.
+pub(super) fn plan_wake(
+    planned_ms: Option<i64>,
+    next_wake_ms: Option<i64>,
+    now_ms: i64,
+) -> Option<WakePlan> {
+    let wake_ms = next_wake_ms?;
+    if planned_ms.is_some_and(|planned| planned <= wake_ms) {
+        return None;
+    }
+    let delay = Duration::from_millis(u64::try_from(wake_ms.saturating_sub(now_ms)).unwrap_or(0));
+    Some(WakePlan { wake_ms, delay })
+}
+
+/// Whether this node may take a workflow over: not while a supervisor of it runs here, nor while
+/// a takeover of it is in flight here (the asker hears `Supervised`), so that no two supervisors
+/// of one workflow ever start on one node.
+pub(super) fn may_take_over(supervised_here: bool, taking_over_here: bool) -> bool {
+    !supervised_here && !taking_over_here
+}
+
+/// What the store is told a takeover for `action` is for.
+pub(super) fn purpose(action: Takeover) -> store::Purpose {
+    match action {
+        Takeover::Recover => store::Purpose::Recover,
+        Takeover::Reconcile => store::Purpose::Reconcile,
+        Takeover::Cancel => store::Purpose::Cancel,
+    }
+}
+
+/// How the supervisor of a workflow taken over for `action` begins: one taken over to finish a
+/// cancellation never replays the body; any other replays its journal.
+pub(super) fn start_after(action: Takeover) -> Start {
+    match action {
+        Takeover::Cancel => Start::CancelOnly,
+        Takeover::Recover | Takeover::Reconcile => Start::Replay,
+    }
+}
+
+/// What follows a takeover asked for to finish a dead owner's cancellation.
+#[derive(Debug)]
+pub(super) enum AfterCancel {
+    /// Taken over: its supervisor finishes the cancellation.
+    Finishing,
+    /// The owner may be alive (its poll finds the cancel and carries it out), or dead with a
+    /// lease not yet run out: look again a lease period later.
+    LookAgain,
+    /// It already ended, no cancellation is pending any more, or a lease still held it after the
+    /// last try: nothing to do.
+    Over,
+    /// The store failed (said as a warning).
+    Unreached(Error),
+    /// Anything else (said as an error).
+    Failed(Error),
+}
+
+/// What follows try `tries` (from 0) of a takeover to finish a cancellation, from how it
+/// `started`.
+pub(super) fn after_cancel(started: Result<WorkflowId, Error>, tries: u32) -> AfterCancel {
+    match started {
+        Ok(_) => AfterCancel::Finishing,
+        Err(Error::LeaseHeld { .. } | Error::Supervised { .. })
+            if tries + 1 < CANCEL_TAKEOVER_TRIES =>
+        {
+            AfterCancel::LookAgain
+        }
+        Err(
+            Error::LeaseHeld { .. }
+            | Error::Supervised { .. }
+            | Error::NotLive { .. }
+            | Error::TakeoverRefused { .. },
+        ) => AfterCancel::Over,
+        Err(error @ Error::Store(_)) => AfterCancel::Unreached(error),
+        Err(error) => AfterCancel::Failed(error),
+    }
+}
+
+/// What follows a takeover asked for to take back a workflow this node's own supervisor left
+/// live.
+#[derive(Debug)]
+pub(super) enum AfterTakeBack {
+    /// Taken back: its supervisor replays it.
+    Taken,
+    /// A lease still holds it: if it is this node's own, running out, ask again a lease period
+    /// later; another node's lease means that node took the workflow over, and it is not ours to
+    /// take back.
+    AgainIfOurs,
+    /// The store could not be reached: ask again a lease period later.
+    Again,
+    /// A cancellation is pending (or another rule refused): a takeover to cancel finishes it if
+    /// one is asked for; otherwise the workflow waits as it is.
+    Cancel,
+    /// Not taken back: it ended, another node holds it, or it is supervised here (said as
+    /// information).
+    NotTaken(Error),
+    /// Anything else, or the tries ran out on an unreachable store (said as a warning).
+    Failed(Error),
+}
+
+/// What follows try `tries` (from 0) of taking a workflow back, from how it `started`.
+pub(super) fn after_take_back(started: Result<WorkflowId, Error>, tries: u32) -> AfterTakeBack {
+    match started {
+        Ok(_) => AfterTakeBack::Taken,
+        Err(Error::LeaseHeld { .. }) if tries + 1 < TAKE_BACK_TRIES => AfterTakeBack::AgainIfOurs,
+        Err(Error::Store(error)) if error.is_transient() && tries + 1 < TAKE_BACK_TRIES => {
+            AfterTakeBack::Again
+        }
+        Err(Error::TakeoverRefused { .. }) => AfterTakeBack::Cancel,
+        Err(
+            error @ (Error::LeaseHeld { .. } | Error::NotLive { .. } | Error::Supervised { .. }),
+        ) => AfterTakeBack::NotTaken(error),
+        Err(error) => AfterTakeBack::Failed(error),
+    }
+}
+
+/// When a workflow whose supervisor here stopped is taken back: if the supervisor left it live
+/// (`abandoned`: it lost the lease, or a write's outcome was unknown), once that lease has run
+/// out, a lease period and a little later, in either recovery mode; never while draining.
+pub(super) fn take_back_after(abandoned: bool, draining: bool, lease_ms: u64) -> Option<Duration> {
+    (abandoned && !draining).then(|| Duration::from_millis(lease_ms.max(1) + 100))
 }
 
 #[cfg(test)]
@@ -1192,5 +1426,235 @@ mod tests {
             reconcile_writes(waiting, Vec::new(), LaunchLimits::NONE, &request, 0),
             Err(Error::NoStep { .. })
         ));
+    }
+
+    fn orphan(id: &str, cancel_pending: bool) -> store::Orphaned {
+        store::Orphaned {
+            workflow_id: WorkflowId::new(id),
+            cancel_pending,
+        }
+    }
+
+    #[test]
+    fn a_node_claims_every_lease_period_under_automatic_recovery_and_at_the_fallback_else() {
+        let fallback = Duration::from_secs(30);
+        assert_eq!(
+            claim_period(true, 300, fallback),
+            Duration::from_millis(300)
+        );
+        assert_eq!(
+            claim_period(true, 10_000, fallback),
+            Duration::from_secs(1),
+            "at most a second apart"
+        );
+        assert_eq!(claim_period(true, 0, fallback), Duration::from_millis(1));
+        assert_eq!(claim_period(false, 300, fallback), fallback);
+        assert_eq!(claim_query(true), ClaimQuery::Recoverable);
+        assert_eq!(claim_query(false), ClaimQuery::DueDormant);
+    }
+
+    #[test]
+    fn a_claim_takes_what_it_found_but_its_own_and_finishes_pending_cancellations() {
+        let found = vec![
+            orphan("wf-1", false),
+            orphan("wf-2", true),
+            orphan("wf-3", false),
+        ];
+        let ours = |id: &WorkflowId| id.as_str() == "wf-3";
+        let claimed = claim(found.clone(), 64, ours);
+        assert_eq!(
+            claimed.takeovers,
+            [
+                (WorkflowId::new("wf-1"), Takeover::Recover),
+                (WorkflowId::new("wf-2"), Takeover::Cancel)
+            ]
+        );
+        assert!(!claimed.full);
+        // A whole batch, its own among it: more may be waiting.
+        let claimed = claim(found, 3, ours);
+        assert_eq!((claimed.takeovers.len(), claimed.full), (2, true));
+        assert_eq!(
+            claim(Vec::new(), 64, |_| false),
+            Claim {
+                takeovers: Vec::new(),
+                full: false
+            }
+        );
+    }
+
+    #[test]
+    fn a_takeover_says_its_purpose_and_starts_its_supervisor_and_none_is_taken_twice_here() {
+        for (action, says, starts) in [
+            (Takeover::Recover, store::Purpose::Recover, Start::Replay),
+            (
+                Takeover::Reconcile,
+                store::Purpose::Reconcile,
+                Start::Replay,
+            ),
+            (Takeover::Cancel, store::Purpose::Cancel, Start::CancelOnly),
+        ] {
+            assert_eq!((purpose(action), start_after(action)), (says, starts));
+        }
+        assert!(may_take_over(false, false));
+        assert!(!may_take_over(true, false), "supervised here");
+        assert!(!may_take_over(false, true), "a takeover in flight here");
+        assert!(!may_take_over(true, true));
+    }
+
+    #[test]
+    fn the_next_wake_is_the_soonest_in_ms_rounded_up_and_none_for_ever() {
+        assert_eq!(next_wake_ms(None), None);
+        assert_eq!(next_wake_ms(Some(store::DORMANT_FOREVER_S)), None);
+        assert_eq!(next_wake_ms(Some(1_700_000_000.0)), Some(1_700_000_000_000));
+        assert_eq!(
+            next_wake_ms(Some(1.0005)),
+            Some(1_001),
+            "never before it is due"
+        );
+    }
+
+    #[test]
+    fn a_wake_is_planned_unless_one_is_planned_no_later() {
+        let plan = |wake_ms, delay_ms| {
+            Some(WakePlan {
+                wake_ms,
+                delay: Duration::from_millis(delay_ms),
+            })
+        };
+        assert_eq!(plan_wake(None, None, 1_000), None, "nothing dormant");
+        assert_eq!(plan_wake(Some(5_000), None, 1_000), None);
+        assert_eq!(plan_wake(None, Some(5_000), 1_000), plan(5_000, 4_000));
+        assert_eq!(plan_wake(Some(3_000), Some(5_000), 1_000), None, "sooner");
+        assert_eq!(plan_wake(Some(5_000), Some(5_000), 1_000), None, "the same");
+        assert_eq!(
+            plan_wake(Some(9_000), Some(5_000), 1_000),
+            plan(5_000, 4_000),
+            "sooner than planned"
+        );
+        assert_eq!(plan_wake(None, Some(500), 1_000), plan(500, 0), "at once");
+    }
+
+    fn refused(error: Error) -> Result<WorkflowId, Error> {
+        Err(error)
+    }
+
+    fn lease_held() -> Error {
+        Error::LeaseHeld {
+            action: Takeover::Cancel,
+        }
+    }
+
+    fn supervised() -> Error {
+        Error::Supervised {
+            workflow_id: WorkflowId::new("wf-1"),
+        }
+    }
+
+    fn not_live() -> Error {
+        Error::NotLive {
+            action: Takeover::Recover,
+            reason: "ended".into(),
+        }
+    }
+
+    fn takeover_refused() -> Error {
+        Error::TakeoverRefused {
+            reason: "a cancel is pending".into(),
+        }
+    }
+
+    fn unavailable() -> Error {
+        Error::Store(store::Error::Unavailable("down".into()))
+    }
+
+    #[test]
+    fn a_takeover_to_cancel_looks_again_while_a_lease_holds_it_then_gives_up() {
+        let last = CANCEL_TAKEOVER_TRIES - 1;
+        let after = after_cancel;
+        assert!(matches!(
+            after(Ok(WorkflowId::new("wf-1")), 0),
+            AfterCancel::Finishing
+        ));
+        assert!(matches!(
+            after(refused(lease_held()), 0),
+            AfterCancel::LookAgain
+        ));
+        assert!(matches!(
+            after(refused(supervised()), last - 1),
+            AfterCancel::LookAgain
+        ));
+        for error in [lease_held(), supervised()] {
+            assert!(matches!(after(refused(error), last), AfterCancel::Over));
+        }
+        for error in [not_live(), takeover_refused()] {
+            assert!(matches!(after(refused(error), 0), AfterCancel::Over));
+        }
+        assert!(matches!(
+            after(refused(unavailable()), 0),
+            AfterCancel::Unreached(Error::Store(_))
+        ));
+        assert!(matches!(
+            after(refused(Error::Draining), 0),
+            AfterCancel::Failed(Error::Draining)
+        ));
+    }
+
+    #[test]
+    fn taking_back_asks_again_while_its_lease_runs_out_or_the_store_is_down() {
+        let last = TAKE_BACK_TRIES - 1;
+        let after = after_take_back;
+        assert!(matches!(
+            after(Ok(WorkflowId::new("wf-1")), 0),
+            AfterTakeBack::Taken
+        ));
+        assert!(matches!(
+            after(refused(lease_held()), last - 1),
+            AfterTakeBack::AgainIfOurs
+        ));
+        assert!(matches!(
+            after(refused(lease_held()), last),
+            AfterTakeBack::NotTaken(Error::LeaseHeld { .. })
+        ));
+        assert!(matches!(
+            after(refused(unavailable()), last - 1),
+            AfterTakeBack::Again
+        ));
+        assert!(matches!(
+            after(refused(unavailable()), last),
+            AfterTakeBack::Failed(Error::Store(_))
+        ));
+        let lasting = Error::Store(store::Error::Database("broken".into()));
+        assert!(matches!(
+            after(refused(lasting), 0),
+            AfterTakeBack::Failed(Error::Store(_))
+        ));
+        assert!(matches!(
+            after(refused(takeover_refused()), last),
+            AfterTakeBack::Cancel
+        ));
+        for error in [not_live(), supervised()] {
+            assert!(matches!(
+                after(refused(error), 0),
+                AfterTakeBack::NotTaken(_)
+            ));
+        }
+        assert!(matches!(
+            after(refused(Error::Draining), 0),
+            AfterTakeBack::Failed(Error::Draining)
+        ));
+    }
+
+    #[test]
+    fn a_workflow_left_live_is_taken_back_once_its_lease_ran_out_unless_draining() {
+        assert_eq!(
+            take_back_after(true, false, 500),
+            Some(Duration::from_millis(600))
+        );
+        assert_eq!(
+            take_back_after(true, false, 0),
+            Some(Duration::from_millis(101))
+        );
+        assert_eq!(take_back_after(true, true, 500), None, "draining");
+        assert_eq!(take_back_after(false, false, 500), None, "it ended");
     }
 }

@@ -73,18 +73,21 @@ use super::machine::{
 use super::mutants::{self, Mutant};
 use super::reconciliation::ReconciliationReason;
 use super::requests::{ReconcileRequest, Resolution};
-use super::rules::{reconcile_writes, waiters_to_wake};
+use super::rules::{self, ClaimQuery, reconcile_writes, waiters_to_wake};
 use super::store_calls::{Routed, StoreCall};
 use crate::agents::AgentRegistry;
 use crate::child_run::agent::interrupted;
 use crate::child_run::commit::{AttemptId, Renewal, TerminalAuthority, Verdict};
 use crate::child_run::{RunRequest, run_fingerprint};
+use crate::error::Takeover;
 use crate::js_pool::StartSpec;
 
 /// Where simulated time starts (epoch ms).
 const EPOCH_MS: u64 = 1_700_000_000_000;
 /// The lease of a workflow and of a child run.
 const LEASE_MS: u64 = 3_000;
+/// The workflows a node's claim asks the store for at most.
+const CLAIM_BATCH: u32 = 10;
 /// How often a node renews its leases, polls for controls and recovers orphans.
 const TICK_MS: i64 = 500;
 /// How often the simulated people look for steps waiting for them.
@@ -1877,20 +1880,27 @@ impl Sim {
             }
         }
         let _ = now_or_never(self.store.claim_orphan_runs(&name, 100));
-        // Under manual recovery a node still wakes dormant workflows whose time came.
-        let orphaned = if self.manual_recovery {
-            now_or_never(self.store.dormant_workflows(10, &self.versions)).map(|d| d.due)
-        } else {
-            now_or_never(self.store.recoverable_workflows(10, &self.versions))
+        // The front door's own rules: under manual recovery a node still wakes dormant
+        // workflows whose time came; a claim takes over none supervised on this node, and a
+        // pending cancellation is finished without replaying the body.
+        let orphaned = match rules::claim_query(!self.manual_recovery) {
+            ClaimQuery::DueDormant => {
+                now_or_never(self.store.dormant_workflows(CLAIM_BATCH, &self.versions))
+                    .map(|d| d.due)
+            }
+            ClaimQuery::Recoverable => now_or_never(
+                self.store
+                    .recoverable_workflows(CLAIM_BATCH, &self.versions),
+            ),
         };
-        for orphan in orphaned.unwrap_or_default() {
-            let purpose = if orphan.cancel_pending {
-                Purpose::Cancel
-            } else {
-                Purpose::Recover
-            };
+        let supervised = &self.nodes[node].supervisors;
+        let claim = rules::claim(orphaned.unwrap_or_default(), CLAIM_BATCH, |id| {
+            supervised.contains_key(id)
+        });
+        for (workflow_id, action) in claim.takeovers {
+            let purpose = rules::purpose(action);
             let taken = self.take_over(
-                &orphan.workflow_id,
+                &workflow_id,
                 &name,
                 LEASE_MS,
                 self.versions.clone(),
@@ -1898,16 +1908,11 @@ impl Sim {
             );
             if let Ok(TakeOver::Taken(lease)) = taken {
                 self.stats.takeovers += 1;
-                let Ok(Some(row)) = now_or_never(self.store.read_workflow(&orphan.workflow_id))
-                else {
+                let Ok(Some(row)) = now_or_never(self.store.read_workflow(&workflow_id)) else {
                     continue;
                 };
-                let start = if orphan.cancel_pending {
-                    Start::CancelOnly
-                } else {
-                    Start::Replay
-                };
-                self.supervise(node, &orphan.workflow_id, lease.fence(), row.data, start);
+                let start = rules::start_after(action);
+                self.supervise(node, &workflow_id, lease.fence(), row.data, start);
             }
         }
     }
@@ -2014,7 +2019,9 @@ impl Sim {
     /// refuse the takeover (`LeaseHeld`); a workflow that needs reconciliation, or has a cancel
     /// pending, refuses it too.
     fn recover(&mut self, node: usize, workflow_id: &WorkflowId) {
-        if !self.nodes[node].alive || self.nodes[node].supervisors.contains_key(workflow_id) {
+        // As the front door decides it (the simulation has no takeover in flight).
+        let supervised_here = self.nodes[node].supervisors.contains_key(workflow_id);
+        if !self.nodes[node].alive || !rules::may_take_over(supervised_here, false) {
             return;
         }
         let now = self.clock.seconds();
@@ -2028,7 +2035,7 @@ impl Sim {
             &name,
             LEASE_MS,
             self.versions.clone(),
-            Purpose::Recover,
+            rules::purpose(Takeover::Recover),
         );
         self.note(|| format!("operator recovers {workflow_id} on {name}: {taken:?}"));
         let cancel_pending = matches!(taken, Ok(TakeOver::Refused(_)))
@@ -2053,7 +2060,8 @@ impl Sim {
         self.stats.recovered += 1;
         match now_or_never(self.store.read_workflow(workflow_id)) {
             Ok(Some(row)) => {
-                self.supervise(node, workflow_id, lease.fence(), row.data, Start::Replay)
+                let start = rules::start_after(Takeover::Recover);
+                self.supervise(node, workflow_id, lease.fence(), row.data, start)
             }
             other => self.violation(format!("{workflow_id}: recovered, then read {other:?}")),
         }
@@ -2068,20 +2076,15 @@ impl Sim {
             &name,
             LEASE_MS,
             self.versions.clone(),
-            Purpose::Cancel,
+            rules::purpose(Takeover::Cancel),
         );
         self.note(|| format!("operator cancels {workflow_id} on {name}: {taken:?}"));
         if let Ok(TakeOver::Taken(lease)) = taken
             && let Ok(Some(row)) = now_or_never(self.store.read_workflow(workflow_id))
         {
             self.stats.recovered += 1;
-            self.supervise(
-                node,
-                workflow_id,
-                lease.fence(),
-                row.data,
-                Start::CancelOnly,
-            );
+            let start = rules::start_after(Takeover::Cancel);
+            self.supervise(node, workflow_id, lease.fence(), row.data, start);
         }
     }
 
