@@ -455,16 +455,9 @@ async fn run_signed_in(common: &Common, client: &Client, command: Command) -> an
             all: _,
             dry_run,
         } => {
-            let request = reconcile::Request {
-                id,
-                step,
-                retry,
-                fail,
-                complete,
-                reason,
-                dry_run,
-            };
-            reconcile::reconcile(common, client, request).await
+            let resolution = reconcile::resolution(retry, fail, complete.as_deref())?;
+            let step = step.as_deref();
+            reconcile::reconcile(common, client, id, step, &resolution, &reason, dry_run).await
         }
         Command::Delete { id } => control::delete(common, client, &id).await,
         Command::Artifact {

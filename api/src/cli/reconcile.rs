@@ -7,57 +7,20 @@ use serde_json::{Value, json};
 use super::client::Client;
 use super::{Common, encode, get, print_table, print_value, text};
 
-/// What `reins reconcile` was asked: which workflows, which step, how to settle it and why.
-pub(super) struct Request {
-    /// The workflow; none for every one that needs reconciliation (`--all`).
-    pub id: Option<String>,
-    /// The uncertain step; none for the one each record names.
-    pub step: Option<String>,
-    pub retry: bool,
-    pub fail: bool,
-    /// `--complete`'s output, as JSON text.
-    pub complete: Option<String>,
-    pub reason: String,
-    pub dry_run: bool,
-}
-
-/// `reins reconcile`: settles each workflow asked for (or with `--dry-run` lists how it would),
-/// prints what was settled, and exits 1 when any was refused (each refusal said on stderr).
-pub(super) async fn reconcile(
-    common: &Common,
-    client: &Client,
-    request: Request,
-) -> anyhow::Result<u8> {
-    let (resolution, output) =
-        resolution(request.retry, request.fail, request.complete.as_deref())?;
-    let ids = match &request.id {
-        Some(id) => vec![id.clone()],
-        None => waiting_for_reconcile(client).await?,
-    };
-    let mut refused = 0;
-    let mut done = Vec::new();
-    for id in ids {
-        match settle(client, &id, &request, resolution, output.as_ref()).await? {
-            Ok(settled) => done.push(settled),
-            Err(refusal) => {
-                eprintln!("{refusal}");
-                refused += 1;
-            }
-        }
-    }
-    let done = Value::Array(done);
-    print_value(common, &done, || print_settled(&done, request.dry_run));
-    Ok(if refused == 0 { 0 } else { 1 })
+/// How the uncertain step is settled: `retry`, `fail` or `complete` (with `output`).
+pub(super) struct Resolution {
+    how: &'static str,
+    output: Option<Value>,
 }
 
 /// How `--retry`, `--fail` or `--complete JSON` settles the step, and the output `--complete`
 /// gives it.
-fn resolution(
+pub(super) fn resolution(
     retry: bool,
     fail: bool,
     complete: Option<&str>,
-) -> anyhow::Result<(&'static str, Option<Value>)> {
-    Ok(match (retry, fail, complete) {
+) -> anyhow::Result<Resolution> {
+    let (how, output) = match (retry, fail, complete) {
         (true, _, _) => ("retry", None),
         (_, true, _) => ("fail", None),
         (_, _, Some(output)) => (
@@ -65,23 +28,55 @@ fn resolution(
             Some(serde_json::from_str::<Value>(output).context("--complete is not JSON")?),
         ),
         _ => bail!("say how to settle it: --retry, --fail or --complete JSON"),
-    })
+    };
+    Ok(Resolution { how, output })
 }
 
-/// Settles workflow `id`'s uncertain step (with `--dry-run`, only says how it would): its row to
+/// `reins reconcile`: settles workflow `id` (none: every one that needs reconciliation) at
+/// `step` (none: the one each record names), or with `dry_run` lists how it would; prints what
+/// was settled, and exits 1 when any was refused (each refusal said on stderr).
+pub(super) async fn reconcile(
+    common: &Common,
+    client: &Client,
+    id: Option<String>,
+    step: Option<&str>,
+    resolution: &Resolution,
+    reason: &str,
+    dry_run: bool,
+) -> anyhow::Result<u8> {
+    let ids = match id {
+        Some(id) => vec![id],
+        None => waiting_for_reconcile(client).await?,
+    };
+    let mut refused = 0;
+    let mut done = Vec::new();
+    for id in ids {
+        match settle(client, &id, step, resolution, reason, dry_run).await? {
+            Ok(row) => done.push(row),
+            Err(refusal) => {
+                eprintln!("{refusal}");
+                refused += 1;
+            }
+        }
+    }
+    let done = Value::Array(done);
+    print_value(common, &done, || print_settled(&done, dry_run));
+    Ok(if refused == 0 { 0 } else { 1 })
+}
+/// Settles workflow `id`'s uncertain step (with `dry_run`, only says how it would): its row to
 /// print, or the line that says why it was refused; a record that cannot be read ends the
 /// command.
 async fn settle(
     client: &Client,
     id: &str,
-    request: &Request,
-    resolution: &str,
-    output: Option<&Value>,
+    step: Option<&str>,
+    resolution: &Resolution,
+    reason: &str,
+    dry_run: bool,
 ) -> anyhow::Result<Result<Value, String>> {
     let record = get(client, id).await?;
-    let Some(step) = request
-        .step
-        .clone()
+    let Some(step) = step
+        .map(str::to_owned)
         .or_else(|| {
             record["reconciliation"]["step_id"]
                 .as_str()
@@ -93,21 +88,21 @@ async fn settle(
             "{id}: its record names no uncertain step; give one with --step"
         )));
     };
+    let how = resolution.how;
     let why = text(&record["reconciliation"]["reason"]);
-    if request.dry_run {
+    if dry_run {
         return Ok(Ok(
-            json!({"run_id": id, "step_id": step, "resolution": resolution,
-                   "reason": why, "dry_run": true}),
+            json!({"run_id": id, "step_id": step, "resolution": how, "reason": why,
+                   "dry_run": true}),
         ));
     }
-    let mut body = json!({"step_id": step, "resolution": resolution, "reason": request.reason});
-    if let Some(output) = output {
+    let mut body = json!({"step_id": step, "resolution": how, "reason": reason});
+    if let Some(output) = &resolution.output {
         body["output"] = output.clone();
     }
     let path = format!("/api/v1/workflows/{}/reconcile", encode(id));
     Ok(match client.json("POST", &path, Some(&body)).await {
-        Ok(_) => Ok(json!({"run_id": id, "step_id": step,
-                           "resolution": resolution, "reason": why})),
+        Ok(_) => Ok(json!({"run_id": id, "step_id": step, "resolution": how, "reason": why})),
         Err(error) => Err(format!("{id}: {error}")),
     })
 }
