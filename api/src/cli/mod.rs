@@ -294,32 +294,68 @@ async fn sign_in(common: &Common, email: &str, first_admin: bool) -> anyhow::Res
         .context("pass --url, for example --url http://127.0.0.1:7420")?;
     let password = read_password_from("REINS_CLI_PASSWORD", "password")?;
     let client = Client::new(&url, None);
-    let answer = if first_admin {
+    let answer = open_session(&client, email, &password, first_admin).await?;
+    client::checked(&answer)?;
+    let token = create_token(&client, &answer).await?;
+    let path = Credentials {
+        url: client.base().to_owned(),
+        email: email.to_owned(),
+        token,
+        cluster: cluster_of(&client).await,
+    }
+    .save()?;
+    if common.json {
+        println!(
+            "{}",
+            json!({"url": client.base(), "email": email, "credentials": path})
+        );
+    } else {
+        println!(
+            "signed in to {} as {email}; token saved in {}",
+            client.base(),
+            path.display()
+        );
+    }
+    Ok(0)
+}
+
+/// The answer that opens a session: `init` creates the first admin, `login` signs in with the
+/// password.
+async fn open_session(
+    client: &Client,
+    email: &str,
+    password: &str,
+    first_admin: bool,
+) -> anyhow::Result<client::Answer> {
+    if first_admin {
         let body = json!({"email": email, "password": password}).to_string();
-        client
+        return Ok(client
             .send(
                 "POST",
                 "/api/v1/auth/initialize",
                 Some("application/json"),
                 body.into_bytes(),
             )
-            .await?
-    } else {
-        let form: String = form_urlencoded::Serializer::new(String::new())
-            .append_pair("username", email)
-            .append_pair("password", &password)
-            .finish();
-        client
-            .send(
-                "POST",
-                "/api/v1/auth/login/local",
-                Some("application/x-www-form-urlencoded"),
-                form.into_bytes(),
-            )
-            .await?
-    };
-    client::checked(&answer)?;
-    let cookies: Vec<String> = answer
+            .await?);
+    }
+    let form: String = form_urlencoded::Serializer::new(String::new())
+        .append_pair("username", email)
+        .append_pair("password", password)
+        .finish();
+    Ok(client
+        .send(
+            "POST",
+            "/api/v1/auth/login/local",
+            Some("application/x-www-form-urlencoded"),
+            form.into_bytes(),
+        )
+        .await?)
+}
+
+/// An API token named for this machine, created with the session `session` set (its cookies,
+/// and its CSRF token echoed in a header).
+async fn create_token(client: &Client, session: &client::Answer) -> anyhow::Result<String> {
+    let cookies: Vec<String> = session
         .headers
         .get_all("set-cookie")
         .iter()
@@ -341,26 +377,7 @@ async fn sign_in(common: &Common, email: &str, first_admin: bool) -> anyhow::Res
     client::checked(&created)?;
     let created: Value = serde_json::from_slice(&created.body).context("token reply")?;
     let token = created["token"].as_str().context("no token in the reply")?;
-    let path = Credentials {
-        url: client.base().to_owned(),
-        email: email.to_owned(),
-        token: token.to_owned(),
-        cluster: cluster_of(&client).await,
-    }
-    .save()?;
-    if common.json {
-        println!(
-            "{}",
-            json!({"url": client.base(), "email": email, "credentials": path})
-        );
-    } else {
-        println!(
-            "signed in to {} as {email}; token saved in {}",
-            client.base(),
-            path.display()
-        );
-    }
-    Ok(0)
+    Ok(token.to_owned())
 }
 
 /// A password from the environment variable `variable`, or else a line of standard input
