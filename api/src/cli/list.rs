@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use serde_json::Value;
 
 use super::client::Client;
-use super::{Common, cells, encode, format_time, print_table, print_value, text, waits};
+use super::{Common, cells, encode, format_time, print_table, print_value, rows, text, waits};
 
 /// `reins list`: one page of workflows (filtered by `status` and `waiting_for`), after `after`.
 pub(super) async fn list(
@@ -57,22 +57,17 @@ fn page_request(
 fn print_page(page: &Value, names: &HashMap<String, String>, now: f64, more: &str) {
     // OWNER is the person the workflow is for (as the console names them), NODE the node that
     // runs it (the record's `owner`).
-    let rows: Vec<Vec<String>> = page["workflows"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|w| {
-            vec![
-                text(&w["run_id"]),
-                text(&w["status"]),
-                waits::lines(&w["waiting_for"], now).join("; "),
-                cells::owner_name(names, &w["user_id"]),
-                text(&w["owner"]),
-                format_time(&w["created_at"]),
-                text(&w["title"]),
-            ]
-        })
-        .collect();
+    let table = rows(&page["workflows"], |w| {
+        vec![
+            text(&w["run_id"]),
+            text(&w["status"]),
+            waits::lines(&w["waiting_for"], now).join("; "),
+            cells::owner_name(names, &w["user_id"]),
+            text(&w["owner"]),
+            format_time(&w["created_at"]),
+            text(&w["title"]),
+        ]
+    });
     print_table(
         &[
             "RUN ID",
@@ -83,7 +78,7 @@ fn print_page(page: &Value, names: &HashMap<String, String>, now: f64, more: &st
             "CREATED",
             "TITLE",
         ],
-        &rows,
+        &table,
     );
     if let Some(next) = page["next"].as_str() {
         println!("more: {more} --after {next}");

@@ -622,6 +622,11 @@ async fn show_record(common: &Common, client: &Client, record: &Value) {
     print_value(common, record, || record::print_record(record, &names));
 }
 
+/// A table's rows: `row` of each item of the array `list` (none when it is not an array).
+fn rows(list: &Value, row: impl Fn(&Value) -> Vec<String>) -> Vec<Vec<String>> {
+    list.as_array().into_iter().flatten().map(row).collect()
+}
+
 pub(crate) fn print_table(headers: &[&str], rows: &[Vec<String>]) {
     let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
     for row in rows {

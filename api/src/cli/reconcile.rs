@@ -5,7 +5,7 @@ use anyhow::{Context, bail};
 use serde_json::{Value, json};
 
 use super::client::Client;
-use super::{Common, encode, get, print_table, print_value, text};
+use super::{Common, encode, get, print_table, print_value, rows, text};
 
 /// How the uncertain step is settled: `retry`, `fail` or `complete` (with `output`).
 pub(super) struct Resolution {
@@ -109,24 +109,19 @@ async fn settle(
 
 /// What was settled (or would be, with `--dry-run`), one row per workflow.
 fn print_settled(done: &Value, dry_run: bool) {
-    let rows: Vec<Vec<String>> = done
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|d| {
-            vec![
-                text(&d["run_id"]),
-                text(&d["step_id"]),
-                text(&d["reason"]),
-                format!(
-                    "{}{}",
-                    text(&d["resolution"]),
-                    if dry_run { " (dry run)" } else { "" }
-                ),
-            ]
-        })
-        .collect();
-    print_table(&["RUN ID", "STEP", "WHY IT WAITED", "RESOLUTION"], &rows);
+    let table = rows(done, |d| {
+        vec![
+            text(&d["run_id"]),
+            text(&d["step_id"]),
+            text(&d["reason"]),
+            format!(
+                "{}{}",
+                text(&d["resolution"]),
+                if dry_run { " (dry run)" } else { "" }
+            ),
+        ]
+    });
+    print_table(&["RUN ID", "STEP", "WHY IT WAITED", "RESOLUTION"], &table);
 }
 
 /// Every workflow that waits for an operator's reconcile, newest first, page by page.

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use serde_json::Value;
 
-use super::{cells, format_time, inbox, print_table, text, waits};
+use super::{cells, format_time, inbox, print_table, rows, text, waits};
 
 /// The whole record, block by block, its owner named from `names`.
 pub(super) fn print_record(record: &Value, names: &HashMap<String, String>) {
@@ -85,39 +85,31 @@ fn print_reconciliation(record: &Value) {
 /// The steps' table (each attempt's wait and run apart, its error cut to the line), then who
 /// reconciled which attempt, how and why.
 fn print_steps(record: &Value) {
-    let steps: Vec<Vec<String>> = record["steps"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|s| {
-            vec![
-                text(&s["step_id"]),
-                text(&s["kind"]),
-                text(&s["attempt"]),
-                text(&s["status"]),
-                cells::duration_ms(&s["waited_ms"]),
-                cells::duration_ms(&s["ran_ms"]),
-                text(&s["run_id"]),
-                text(&s["artifact_version"]),
-                s["error"].as_str().unwrap_or("-").to_owned(),
-            ]
-        })
-        .collect();
-    if !steps.is_empty() {
-        println!();
-        let headers = [
-            "STEP",
-            "KIND",
-            "ATTEMPT",
-            "STATUS",
-            "WAITED",
-            "RAN",
-            "CHILD RUN",
-            "ARTIFACT",
-            "ERROR",
-        ];
-        print_table(&headers, &cut_last_column(&headers, steps));
-    }
+    let steps = rows(&record["steps"], |s| {
+        vec![
+            text(&s["step_id"]),
+            text(&s["kind"]),
+            text(&s["attempt"]),
+            text(&s["status"]),
+            cells::duration_ms(&s["waited_ms"]),
+            cells::duration_ms(&s["ran_ms"]),
+            text(&s["run_id"]),
+            text(&s["artifact_version"]),
+            s["error"].as_str().unwrap_or("-").to_owned(),
+        ]
+    });
+    let headers = [
+        "STEP",
+        "KIND",
+        "ATTEMPT",
+        "STATUS",
+        "WAITED",
+        "RAN",
+        "CHILD RUN",
+        "ARTIFACT",
+        "ERROR",
+    ];
+    print_block(&headers, &cut_last_column(&headers, steps));
     for step in record["steps"].as_array().into_iter().flatten() {
         let reconciled = &step["reconciled"];
         if !reconciled.is_null() {
@@ -135,49 +127,30 @@ fn print_steps(record: &Value) {
 
 /// The artifact versions' table, when there is one.
 fn print_artifacts(record: &Value) {
-    let artifacts: Vec<Vec<String>> = record["artifacts"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|a| {
-            vec![
-                text(&a["version"]),
-                text(&a["step_id"]),
-                text(&a["name"]),
-                text(&a["bytes"]),
-                text(&a["media_type"]),
-            ]
-        })
-        .collect();
-    if !artifacts.is_empty() {
-        println!();
-        print_table(&["ARTIFACT", "STEP", "NAME", "BYTES", "TYPE"], &artifacts);
-    }
+    let artifacts = rows(&record["artifacts"], |a| {
+        texts(a, &["version", "step_id", "name", "bytes", "media_type"])
+    });
+    print_block(&["ARTIFACT", "STEP", "NAME", "BYTES", "TYPE"], &artifacts);
 }
 
 /// The checkpoints' table, then each one's message and its decider's comment.
 fn print_checkpoints(record: &Value) {
-    let checkpoints: Vec<Vec<String>> = record["checkpoints"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|c| {
-            vec![
-                text(&c["step_id"]),
-                text(&c["kind"]),
-                text(&c["status"]),
-                text(&c["artifact_version"]),
-                text(&c["decided_by"]),
-            ]
-        })
-        .collect();
-    if !checkpoints.is_empty() {
-        println!();
-        print_table(
-            &["CHECKPOINT", "KIND", "STATUS", "ARTIFACT", "BY"],
-            &checkpoints,
-        );
-    }
+    let checkpoints = rows(&record["checkpoints"], |c| {
+        texts(
+            c,
+            &[
+                "step_id",
+                "kind",
+                "status",
+                "artifact_version",
+                "decided_by",
+            ],
+        )
+    });
+    print_block(
+        &["CHECKPOINT", "KIND", "STATUS", "ARTIFACT", "BY"],
+        &checkpoints,
+    );
     for checkpoint in record["checkpoints"].as_array().into_iter().flatten() {
         let step = text(&checkpoint["step_id"]);
         if let Some(message) = checkpoint["message"].as_str() {
@@ -226,6 +199,19 @@ fn print_approvals(record: &Value) {
         if let Some(comment) = answer["comment"].as_str() {
             println!("  comment: {}", inbox::printable(comment));
         }
+    }
+}
+
+/// The text of each of `keys` of `item`, a row's cells.
+fn texts(item: &Value, keys: &[&str]) -> Vec<String> {
+    keys.iter().map(|key| text(&item[*key])).collect()
+}
+
+/// A table after a blank line, when it has rows.
+fn print_block(headers: &[&str], rows: &[Vec<String>]) {
+    if !rows.is_empty() {
+        println!();
+        print_table(headers, rows);
     }
 }
 
