@@ -667,268 +667,15 @@ impl Config {
         Ok(checked)
     }
 
+    /// Checks every section in turn: the node's own keys, `[store]`, `[limits]`, `[http]`,
+    /// `[events]`, `[auth]`, the agents and the webhooks.
     fn check(self) -> Result<Checked, Error> {
-        let invalid = |key: &'static str, message: String| Error::Invalid { key, message };
-        let listen: SocketAddr = self
-            .listen
-            .parse()
-            .map_err(|e| invalid("listen", format!("{:?} is not HOST:PORT: {e}", self.listen)))?;
-        if self.data_dir.as_os_str().is_empty() {
-            return Err(invalid("data_dir", "must not be empty".into()));
-        }
-        let database = match &self.database {
-            Some(url) => DatabaseUrl::parse(url).map_err(|e| invalid("database", e.to_string()))?,
-            None => DatabaseUrl::Sqlite(self.data_dir.join("reins.db")),
-        };
-        if !(1..=3600).contains(&self.lease_seconds) {
-            return Err(invalid(
-                "lease_seconds",
-                format!("{} is outside 1..=3600", self.lease_seconds),
-            ));
-        }
-        if !(WAKE_FALLBACK_MS_MIN..=WAKE_FALLBACK_MS_MAX).contains(&self.wake_fallback_ms) {
-            return Err(invalid(
-                "wake_fallback_ms",
-                format!(
-                    "{} is outside {WAKE_FALLBACK_MS_MIN}..={WAKE_FALLBACK_MS_MAX}",
-                    self.wake_fallback_ms
-                ),
-            ));
-        }
-        if self.dormant_after_ms != 0
-            && !(DORMANT_AFTER_MS_MIN..=DORMANT_AFTER_MS_MAX).contains(&self.dormant_after_ms)
-        {
-            return Err(invalid(
-                "dormant_after_ms",
-                format!(
-                    "{} is outside {DORMANT_AFTER_MS_MIN}..={DORMANT_AFTER_MS_MAX} (0: never)",
-                    self.dormant_after_ms
-                ),
-            ));
-        }
-        for (key, value, max) in [
-            ("store.pg_writers", self.store.pg_writers, PG_WRITERS_MAX),
-            (
-                "store.pg_batch_max",
-                self.store.pg_batch_max,
-                PG_BATCH_MAX_MAX,
-            ),
-        ] {
-            if value > max {
-                return Err(invalid(key, format!("{value} is over {max}")));
-            }
-        }
-        if self.http.allowed_hosts.len() > crate::http::host::ALLOWED_HOSTS_MAX {
-            return Err(invalid(
-                "http.allowed_hosts",
-                format!(
-                    "{} names, more than {}",
-                    self.http.allowed_hosts.len(),
-                    crate::http::host::ALLOWED_HOSTS_MAX
-                ),
-            ));
-        }
-        for name in &self.http.allowed_hosts {
-            crate::http::host::check_allowed_name(name)
-                .map_err(|message| invalid("http.allowed_hosts", message))?;
-        }
-        for (key, value, range) in [
-            (
-                "store.pg_tcp_user_timeout_ms",
-                self.store.pg_tcp_user_timeout_ms,
-                PG_TCP_USER_TIMEOUT_MS_MIN..=PG_TCP_USER_TIMEOUT_MS_MAX,
-            ),
-            (
-                "store.pg_keepalives_idle_seconds",
-                self.store.pg_keepalives_idle_seconds,
-                1..=PG_KEEPALIVES_IDLE_SECONDS_MAX,
-            ),
-            (
-                "store.pg_keepalives_interval_seconds",
-                self.store.pg_keepalives_interval_seconds,
-                1..=PG_KEEPALIVES_INTERVAL_SECONDS_MAX,
-            ),
-        ] {
-            if !range.contains(&value) {
-                return Err(invalid(
-                    key,
-                    format!("{value} is outside {}..={}", range.start(), range.end()),
-                ));
-            }
-        }
-        match &self.secret {
-            Some(secret) if secret.chars().count() < SECRET_CHARS_MIN => {
-                return Err(invalid(
-                    "secret",
-                    format!(
-                        "is {} characters, fewer than {SECRET_CHARS_MIN}; `reins keygen` prints one",
-                        secret.chars().count()
-                    ),
-                ));
-            }
-            None if matches!(database, DatabaseUrl::Postgres(_)) => {
-                return Err(invalid(
-                    "secret",
-                    "a cluster on PostgreSQL needs one secret shared by every node; \
-                     `reins keygen` prints one"
-                        .into(),
-                ));
-            }
-            _ => {}
-        }
-        let positive: [(&'static str, u64); 51] = [
-            ("store.pool_size", self.store.pool_size as u64),
-            ("store.requests_max", self.store.requests_max as u64),
-            ("store.write_batch_max", self.store.write_batch_max as u64),
-            ("store.pg_writers", self.store.pg_writers as u64),
-            ("store.pg_batch_max", self.store.pg_batch_max as u64),
-            (
-                "store.pg_read_connections_max",
-                self.store.pg_read_connections_max as u64,
-            ),
-            (
-                "store.wal_checkpoint_pages",
-                u64::from(self.store.wal_checkpoint_pages),
-            ),
-            ("store.wal_pages_max", u64::from(self.store.wal_pages_max)),
-            (
-                "store.feed_numbering_max",
-                u64::from(self.store.feed_numbering_max),
-            ),
-            ("store.connect_timeout_ms", self.store.connect_timeout_ms),
-            ("store.call_timeout_ms", self.store.call_timeout_ms),
-            ("limits.script_bytes_max", self.limits.script_bytes_max),
-            ("limits.frame_bytes_max", self.limits.frame_bytes_max),
-            ("limits.capture_timeout_ms", self.limits.capture_timeout_ms),
-            (
-                "limits.script_cpu_ms_total_max",
-                self.limits.script_cpu_ms_total_max,
-            ),
-            ("limits.log_line_bytes_max", self.limits.log_line_bytes_max),
-            ("limits.title_chars_max", self.limits.title_chars_max),
-            (
-                "limits.retry_copy_bytes_max",
-                self.limits.retry_copy_bytes_max,
-            ),
-            (
-                "limits.untaken_events_per_workflow_max",
-                self.limits.untaken_events_per_workflow_max,
-            ),
-            (
-                "limits.untaken_event_bytes_per_workflow_max",
-                self.limits.untaken_event_bytes_per_workflow_max,
-            ),
-            ("http.body_bytes_max", self.http.body_bytes_max),
-            ("http.head_bytes_max", self.http.head_bytes_max),
-            ("http.page_size_max", u64::from(self.http.page_size_max)),
-            (
-                "http.inbox_workflows_max",
-                u64::from(self.http.inbox_workflows_max),
-            ),
-            ("http.head_timeout_ms", self.http.head_timeout_ms),
-            ("http.body_timeout_ms", self.http.body_timeout_ms),
-            ("http.connections_max", self.http.connections_max),
-            ("http.wait_max_ms", self.http.wait_max_ms),
-            ("http.waiters_max", self.http.waiters_max),
-            ("http.waiters_per_user_max", self.http.waiters_per_user_max),
-            (
-                "http.record_reads_per_user_max",
-                self.http.record_reads_per_user_max,
-            ),
-            ("http.record_read_wait_ms", self.http.record_read_wait_ms),
-            (
-                "http.record_steps_page_max",
-                u64::from(self.http.record_steps_page_max),
-            ),
-            (
-                "http.record_artifacts_page_max",
-                u64::from(self.http.record_artifacts_page_max),
-            ),
-            ("http.metrics_refresh_ms", self.http.metrics_refresh_ms),
-            ("events.poll_ms", self.events.poll_ms),
-            ("events.keepalive_ms", self.events.keepalive_ms),
-            ("events.batch_max", u64::from(self.events.batch_max)),
-            (
-                "events.stream_buffer_bytes_max",
-                self.events.stream_buffer_bytes_max,
-            ),
-            ("events.stream_stall_ms", self.events.stream_stall_ms),
-            ("events.streams_max", u64::from(self.events.streams_max)),
-            (
-                "events.streams_per_user_max",
-                u64::from(self.events.streams_per_user_max),
-            ),
-            ("auth.session_seconds", self.auth.session_seconds),
-            (
-                "auth.login_failures_max",
-                u64::from(self.auth.login_failures_max),
-            ),
-            (
-                "auth.login_address_failures_max",
-                u64::from(self.auth.login_address_failures_max),
-            ),
-            (
-                "auth.login_account_failures_max",
-                u64::from(self.auth.login_account_failures_max),
-            ),
-            ("auth.login_window_seconds", self.auth.login_window_seconds),
-            (
-                "auth.password_hashes_max",
-                u64::from(self.auth.password_hashes_max),
-            ),
-            ("auth.token_days_max", u64::from(self.auth.token_days_max)),
-            (
-                "auth.tokens_per_user_max",
-                u64::from(self.auth.tokens_per_user_max),
-            ),
-            (
-                "auth.sessions_per_user_max",
-                u64::from(self.auth.sessions_per_user_max),
-            ),
-        ];
-        if let Some((key, _)) = positive.iter().find(|(_, value)| *value == 0) {
-            return Err(invalid(key, "must be greater than 0".into()));
-        }
-        if self.limits.max_active_children_per_user > self.limits.max_active_children {
-            return Err(invalid(
-                "limits.max_active_children_per_user",
-                format!(
-                    "{} is over limits.max_active_children ({})",
-                    self.limits.max_active_children_per_user, self.limits.max_active_children
-                ),
-            ));
-        }
-        // With the share off the reserve binds nothing, so a cluster of one slot keeps the
-        // default of one.
-        if self.limits.active_children_reserved >= self.limits.max_active_children
-            && self.limits.active_children_per_user() < self.limits.max_active_children
-        {
-            return Err(invalid(
-                "limits.active_children_reserved",
-                format!(
-                    "{} is not below limits.max_active_children ({})",
-                    self.limits.active_children_reserved, self.limits.max_active_children
-                ),
-            ));
-        }
-        if !(ERROR_BYTES_MIN..=ERROR_BYTES_MAX).contains(&self.limits.error_bytes_max) {
-            return Err(invalid(
-                "limits.error_bytes_max",
-                format!(
-                    "{} is outside {ERROR_BYTES_MIN}..={ERROR_BYTES_MAX}",
-                    self.limits.error_bytes_max
-                ),
-            ));
-        }
-        if self.limits.js_memory_total_bytes < actors::js_pool::VM_START_BYTES_MIN {
-            return Err(invalid(
-                "limits.js_memory_total_bytes",
-                format!(
-                    "must be at least {} (what one script needs to start)",
-                    actors::js_pool::VM_START_BYTES_MIN
-                ),
-            ));
-        }
+        let (listen, database) = self.check_node()?;
+        self.store.check()?;
+        self.limits.check()?;
+        self.http.check()?;
+        self.events.check()?;
+        self.auth.check()?;
         let agents =
             AgentRegistry::new(&self.agents).map_err(|e| invalid("agents", e.to_string()))?;
         let notify = notify::check(&self.notify, &self.notifications, &listen)?;
@@ -940,6 +687,62 @@ impl Config {
             notify,
             warnings: Vec::new(),
         })
+    }
+
+    /// The node's own keys: `listen`, `data_dir`, `database`, the lease, the wake fallback, the
+    /// dormancy delay and `secret`; the address and database they name.
+    fn check_node(&self) -> Result<(SocketAddr, DatabaseUrl), Error> {
+        let listen: SocketAddr = self
+            .listen
+            .parse()
+            .map_err(|e| invalid("listen", format!("{:?} is not HOST:PORT: {e}", self.listen)))?;
+        if self.data_dir.as_os_str().is_empty() {
+            return Err(invalid("data_dir", "must not be empty".into()));
+        }
+        let database = match &self.database {
+            Some(url) => DatabaseUrl::parse(url).map_err(|e| invalid("database", e.to_string()))?,
+            None => DatabaseUrl::Sqlite(self.data_dir.join("reins.db")),
+        };
+        within("lease_seconds", self.lease_seconds, 1..=3600)?;
+        within(
+            "wake_fallback_ms",
+            self.wake_fallback_ms,
+            WAKE_FALLBACK_MS_MIN..=WAKE_FALLBACK_MS_MAX,
+        )?;
+        if self.dormant_after_ms != 0
+            && !(DORMANT_AFTER_MS_MIN..=DORMANT_AFTER_MS_MAX).contains(&self.dormant_after_ms)
+        {
+            return Err(invalid(
+                "dormant_after_ms",
+                format!(
+                    "{} is outside {DORMANT_AFTER_MS_MIN}..={DORMANT_AFTER_MS_MAX} (0: never)",
+                    self.dormant_after_ms
+                ),
+            ));
+        }
+        self.check_secret(&database)?;
+        Ok((listen, database))
+    }
+
+    /// `secret`: long enough when set, and set on PostgreSQL (every node of a cluster needs the
+    /// same one).
+    fn check_secret(&self, database: &DatabaseUrl) -> Result<(), Error> {
+        match &self.secret {
+            Some(secret) if secret.chars().count() < SECRET_CHARS_MIN => Err(invalid(
+                "secret",
+                format!(
+                    "is {} characters, fewer than {SECRET_CHARS_MIN}; `reins keygen` prints one",
+                    secret.chars().count()
+                ),
+            )),
+            None if matches!(database, DatabaseUrl::Postgres(_)) => Err(invalid(
+                "secret",
+                "a cluster on PostgreSQL needs one secret shared by every node; \
+                 `reins keygen` prints one"
+                    .into(),
+            )),
+            _ => Ok(()),
+        }
     }
 
     /// Where thread workspaces live.
@@ -998,6 +801,262 @@ impl Config {
             holder: holder.to_owned(),
             ..StoreOptions::default()
         }
+    }
+}
+
+impl StoreConfig {
+    /// `[store]`: the PostgreSQL writers and batches within their bounds, the connection's
+    /// timeouts within their ranges, and every size and time over 0.
+    fn check(&self) -> Result<(), Error> {
+        for (key, value, max) in [
+            ("store.pg_writers", self.pg_writers, PG_WRITERS_MAX),
+            ("store.pg_batch_max", self.pg_batch_max, PG_BATCH_MAX_MAX),
+        ] {
+            if value > max {
+                return Err(invalid(key, format!("{value} is over {max}")));
+            }
+        }
+        within(
+            "store.pg_tcp_user_timeout_ms",
+            self.pg_tcp_user_timeout_ms,
+            PG_TCP_USER_TIMEOUT_MS_MIN..=PG_TCP_USER_TIMEOUT_MS_MAX,
+        )?;
+        within(
+            "store.pg_keepalives_idle_seconds",
+            self.pg_keepalives_idle_seconds,
+            1..=PG_KEEPALIVES_IDLE_SECONDS_MAX,
+        )?;
+        within(
+            "store.pg_keepalives_interval_seconds",
+            self.pg_keepalives_interval_seconds,
+            1..=PG_KEEPALIVES_INTERVAL_SECONDS_MAX,
+        )?;
+        all_positive(&[
+            ("store.pool_size", self.pool_size as u64),
+            ("store.requests_max", self.requests_max as u64),
+            ("store.write_batch_max", self.write_batch_max as u64),
+            ("store.pg_writers", self.pg_writers as u64),
+            ("store.pg_batch_max", self.pg_batch_max as u64),
+            (
+                "store.pg_read_connections_max",
+                self.pg_read_connections_max as u64,
+            ),
+            (
+                "store.wal_checkpoint_pages",
+                u64::from(self.wal_checkpoint_pages),
+            ),
+            ("store.wal_pages_max", u64::from(self.wal_pages_max)),
+            (
+                "store.feed_numbering_max",
+                u64::from(self.feed_numbering_max),
+            ),
+            ("store.connect_timeout_ms", self.connect_timeout_ms),
+            ("store.call_timeout_ms", self.call_timeout_ms),
+        ])
+    }
+}
+
+impl Limits {
+    /// `[limits]`: every size and time over 0, the children's shares within the cluster's
+    /// slots, an error's size within its range, and room for one script to start.
+    fn check(&self) -> Result<(), Error> {
+        all_positive(&[
+            ("limits.script_bytes_max", self.script_bytes_max),
+            ("limits.frame_bytes_max", self.frame_bytes_max),
+            ("limits.capture_timeout_ms", self.capture_timeout_ms),
+            (
+                "limits.script_cpu_ms_total_max",
+                self.script_cpu_ms_total_max,
+            ),
+            ("limits.log_line_bytes_max", self.log_line_bytes_max),
+            ("limits.title_chars_max", self.title_chars_max),
+            ("limits.retry_copy_bytes_max", self.retry_copy_bytes_max),
+            (
+                "limits.untaken_events_per_workflow_max",
+                self.untaken_events_per_workflow_max,
+            ),
+            (
+                "limits.untaken_event_bytes_per_workflow_max",
+                self.untaken_event_bytes_per_workflow_max,
+            ),
+        ])?;
+        self.check_children()?;
+        within(
+            "limits.error_bytes_max",
+            self.error_bytes_max,
+            ERROR_BYTES_MIN..=ERROR_BYTES_MAX,
+        )?;
+        if self.js_memory_total_bytes < actors::js_pool::VM_START_BYTES_MIN {
+            return Err(invalid(
+                "limits.js_memory_total_bytes",
+                format!(
+                    "must be at least {} (what one script needs to start)",
+                    actors::js_pool::VM_START_BYTES_MIN
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The child runs' slots: one user's share no more than the cluster's, and the reserve
+    /// below the cluster's when the share binds.
+    fn check_children(&self) -> Result<(), Error> {
+        if self.max_active_children_per_user > self.max_active_children {
+            return Err(invalid(
+                "limits.max_active_children_per_user",
+                format!(
+                    "{} is over limits.max_active_children ({})",
+                    self.max_active_children_per_user, self.max_active_children
+                ),
+            ));
+        }
+        // With the share off the reserve binds nothing, so a cluster of one slot keeps the
+        // default of one.
+        if self.active_children_reserved >= self.max_active_children
+            && self.active_children_per_user() < self.max_active_children
+        {
+            return Err(invalid(
+                "limits.active_children_reserved",
+                format!(
+                    "{} is not below limits.max_active_children ({})",
+                    self.active_children_reserved, self.max_active_children
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl HttpConfig {
+    /// `[http]`: the allowed host names (how many, and each one's form), and every size, count
+    /// and time over 0.
+    fn check(&self) -> Result<(), Error> {
+        if self.allowed_hosts.len() > crate::http::host::ALLOWED_HOSTS_MAX {
+            return Err(invalid(
+                "http.allowed_hosts",
+                format!(
+                    "{} names, more than {}",
+                    self.allowed_hosts.len(),
+                    crate::http::host::ALLOWED_HOSTS_MAX
+                ),
+            ));
+        }
+        for name in &self.allowed_hosts {
+            crate::http::host::check_allowed_name(name)
+                .map_err(|message| invalid("http.allowed_hosts", message))?;
+        }
+        all_positive(&[
+            ("http.body_bytes_max", self.body_bytes_max),
+            ("http.head_bytes_max", self.head_bytes_max),
+            ("http.page_size_max", u64::from(self.page_size_max)),
+            (
+                "http.inbox_workflows_max",
+                u64::from(self.inbox_workflows_max),
+            ),
+            ("http.head_timeout_ms", self.head_timeout_ms),
+            ("http.body_timeout_ms", self.body_timeout_ms),
+            ("http.connections_max", self.connections_max),
+            ("http.wait_max_ms", self.wait_max_ms),
+            ("http.waiters_max", self.waiters_max),
+            ("http.waiters_per_user_max", self.waiters_per_user_max),
+            (
+                "http.record_reads_per_user_max",
+                self.record_reads_per_user_max,
+            ),
+            ("http.record_read_wait_ms", self.record_read_wait_ms),
+            (
+                "http.record_steps_page_max",
+                u64::from(self.record_steps_page_max),
+            ),
+            (
+                "http.record_artifacts_page_max",
+                u64::from(self.record_artifacts_page_max),
+            ),
+            ("http.metrics_refresh_ms", self.metrics_refresh_ms),
+        ])
+    }
+}
+
+impl EventsConfig {
+    /// `[events]`: every count, size and time over 0.
+    fn check(&self) -> Result<(), Error> {
+        all_positive(&[
+            ("events.poll_ms", self.poll_ms),
+            ("events.keepalive_ms", self.keepalive_ms),
+            ("events.batch_max", u64::from(self.batch_max)),
+            (
+                "events.stream_buffer_bytes_max",
+                self.stream_buffer_bytes_max,
+            ),
+            ("events.stream_stall_ms", self.stream_stall_ms),
+            ("events.streams_max", u64::from(self.streams_max)),
+            (
+                "events.streams_per_user_max",
+                u64::from(self.streams_per_user_max),
+            ),
+        ])
+    }
+}
+
+impl AuthConfig {
+    /// `[auth]`: every count and time over 0.
+    fn check(&self) -> Result<(), Error> {
+        all_positive(&[
+            ("auth.session_seconds", self.session_seconds),
+            (
+                "auth.login_failures_max",
+                u64::from(self.login_failures_max),
+            ),
+            (
+                "auth.login_address_failures_max",
+                u64::from(self.login_address_failures_max),
+            ),
+            (
+                "auth.login_account_failures_max",
+                u64::from(self.login_account_failures_max),
+            ),
+            ("auth.login_window_seconds", self.login_window_seconds),
+            (
+                "auth.password_hashes_max",
+                u64::from(self.password_hashes_max),
+            ),
+            ("auth.token_days_max", u64::from(self.token_days_max)),
+            (
+                "auth.tokens_per_user_max",
+                u64::from(self.tokens_per_user_max),
+            ),
+            (
+                "auth.sessions_per_user_max",
+                u64::from(self.sessions_per_user_max),
+            ),
+        ])
+    }
+}
+
+/// The error that says `key` is not valid, and why.
+fn invalid(key: &'static str, message: String) -> Error {
+    Error::Invalid { key, message }
+}
+
+/// `value` of `key` within `range`, else the error that says it is outside.
+fn within<T>(key: &'static str, value: T, range: std::ops::RangeInclusive<T>) -> Result<(), Error>
+where
+    T: PartialOrd + std::fmt::Display,
+{
+    if range.contains(&value) {
+        return Ok(());
+    }
+    Err(invalid(
+        key,
+        format!("{value} is outside {}..={}", range.start(), range.end()),
+    ))
+}
+
+/// The first of `values` that is 0, as the error that says it must be greater than 0.
+fn all_positive(values: &[(&'static str, u64)]) -> Result<(), Error> {
+    match values.iter().find(|(_, value)| *value == 0) {
+        Some((key, _)) => Err(invalid(key, "must be greater than 0".into())),
+        None => Ok(()),
     }
 }
 

@@ -11,10 +11,16 @@
 //! approval, or a step's agent waits for an answer), 4 it needs reconciliation; `watch` ends
 //! with the same codes when the workflow ends (0, 2) or needs reconciliation (4).
 
+mod artifact;
 mod cells;
 mod client;
+mod control;
 mod credentials;
 mod inbox;
+mod launch;
+mod list;
+mod reconcile;
+mod record;
 mod users;
 mod waits;
 mod watch;
@@ -288,32 +294,68 @@ async fn sign_in(common: &Common, email: &str, first_admin: bool) -> anyhow::Res
         .context("pass --url, for example --url http://127.0.0.1:7420")?;
     let password = read_password_from("REINS_CLI_PASSWORD", "password")?;
     let client = Client::new(&url, None);
-    let answer = if first_admin {
+    let answer = open_session(&client, email, &password, first_admin).await?;
+    client::checked(&answer)?;
+    let token = create_token(&client, &answer).await?;
+    let path = Credentials {
+        url: client.base().to_owned(),
+        email: email.to_owned(),
+        token,
+        cluster: cluster_of(&client).await,
+    }
+    .save()?;
+    if common.json {
+        println!(
+            "{}",
+            json!({"url": client.base(), "email": email, "credentials": path})
+        );
+    } else {
+        println!(
+            "signed in to {} as {email}; token saved in {}",
+            client.base(),
+            path.display()
+        );
+    }
+    Ok(0)
+}
+
+/// The answer that opens a session: `init` creates the first admin, `login` signs in with the
+/// password.
+async fn open_session(
+    client: &Client,
+    email: &str,
+    password: &str,
+    first_admin: bool,
+) -> anyhow::Result<client::Answer> {
+    if first_admin {
         let body = json!({"email": email, "password": password}).to_string();
-        client
+        return Ok(client
             .send(
                 "POST",
                 "/api/v1/auth/initialize",
                 Some("application/json"),
                 body.into_bytes(),
             )
-            .await?
-    } else {
-        let form: String = form_urlencoded::Serializer::new(String::new())
-            .append_pair("username", email)
-            .append_pair("password", &password)
-            .finish();
-        client
-            .send(
-                "POST",
-                "/api/v1/auth/login/local",
-                Some("application/x-www-form-urlencoded"),
-                form.into_bytes(),
-            )
-            .await?
-    };
-    client::checked(&answer)?;
-    let cookies: Vec<String> = answer
+            .await?);
+    }
+    let form: String = form_urlencoded::Serializer::new(String::new())
+        .append_pair("username", email)
+        .append_pair("password", password)
+        .finish();
+    Ok(client
+        .send(
+            "POST",
+            "/api/v1/auth/login/local",
+            Some("application/x-www-form-urlencoded"),
+            form.into_bytes(),
+        )
+        .await?)
+}
+
+/// An API token named for this machine, created with the session `session` set (its cookies,
+/// and its CSRF token echoed in a header).
+async fn create_token(client: &Client, session: &client::Answer) -> anyhow::Result<String> {
+    let cookies: Vec<String> = session
         .headers
         .get_all("set-cookie")
         .iter()
@@ -335,26 +377,7 @@ async fn sign_in(common: &Common, email: &str, first_admin: bool) -> anyhow::Res
     client::checked(&created)?;
     let created: Value = serde_json::from_slice(&created.body).context("token reply")?;
     let token = created["token"].as_str().context("no token in the reply")?;
-    let path = Credentials {
-        url: client.base().to_owned(),
-        email: email.to_owned(),
-        token: token.to_owned(),
-        cluster: cluster_of(&client).await,
-    }
-    .save()?;
-    if common.json {
-        println!(
-            "{}",
-            json!({"url": client.base(), "email": email, "credentials": path})
-        );
-    } else {
-        println!(
-            "signed in to {} as {email}; token saved in {}",
-            client.base(),
-            path.display()
-        );
-    }
-    Ok(0)
+    Ok(token.to_owned())
 }
 
 /// A password from the environment variable `variable`, or else a line of standard input
@@ -378,6 +401,7 @@ fn read_password_from(variable: &str, what: &str) -> anyhow::Result<String> {
     Ok(password)
 }
 
+/// Runs a command that needs the saved sign-in: one function per command.
 async fn run_signed_in(common: &Common, client: &Client, command: Command) -> anyhow::Result<u8> {
     match command {
         Command::Init { .. } | Command::Login { .. } => unreachable!("handled before"),
@@ -391,41 +415,16 @@ async fn run_signed_in(common: &Common, client: &Client, command: Command) -> an
             timeout_seconds,
             wait,
         } => {
-            let script = std::fs::read_to_string(&file)
-                .with_context(|| format!("cannot read {}", file.display()))?;
-            let args: Value = serde_json::from_str(&args).context("--args is not JSON")?;
-            let mut body = json!({"script": script, "args": args});
-            if let Some(request_id) = request_id {
-                body["request_id"] = json!(request_id);
-            }
-            if let Some(title) = title {
-                body["title"] = json!(title);
-            }
-            if let Some(seconds) = timeout_seconds {
-                body["timeout_seconds"] = json!(seconds);
-            }
-            let path = if wait {
-                format!("/api/v1/workflows?wait={WAIT_PER_REQUEST}")
-            } else {
-                "/api/v1/workflows".to_owned()
+            let launch = launch::Launch {
+                file,
+                args,
+                request_id,
+                title,
+                timeout_seconds,
             };
-            let launched = client.json("POST", &path, Some(&body)).await?;
-            let run_id = launched["run_id"].as_str().context("no run_id")?.to_owned();
-            if !wait {
-                print_value(common, &launched, || println!("{run_id}"));
-                return Ok(0);
-            }
-            wait_for_rest(common, client, &run_id, launched).await
+            launch::run_script(common, client, launch, wait).await
         }
-        Command::Get { id, wait: false } => {
-            let record = whole(client, &id, get(client, &id).await?).await?;
-            show_record(common, client, &record).await;
-            Ok(0)
-        }
-        Command::Get { id, wait: true } => {
-            let record = get_waiting(client, &id).await?;
-            wait_for_rest(common, client, &id, record).await
-        }
+        Command::Get { id, wait } => show_workflow(common, client, &id, wait).await,
         Command::Watch { id } => watch::watch(client, &id, common.json).await,
         Command::Inbox => inbox::inbox(common, client).await,
         Command::List {
@@ -433,98 +432,21 @@ async fn run_signed_in(common: &Common, client: &Client, command: Command) -> an
             waiting_for,
             limit,
             after,
-        } => {
-            let mut path = format!("/api/v1/workflows?limit={limit}");
-            let mut more = format!("reins list --limit {limit}");
-            if let Some(status) = status {
-                path.push_str(&format!("&status={}", encode(&status)));
-                more.push_str(&format!(" --status {status}"));
-            }
-            if let Some(kind) = waiting_for {
-                path.push_str(&format!("&waiting_for={}", encode(&kind)));
-                more.push_str(&format!(" --waiting-for {kind}"));
-            }
-            if let Some(after) = after {
-                path.push_str(&format!("&after={}", encode(&after)));
-            }
-            let page = client.json("GET", &path, None).await?;
-            let now = waits::now();
-            let names = if common.json {
-                Default::default()
-            } else {
-                cells::owner_names(client).await
-            };
-            print_value(common, &page, || {
-                // OWNER is the person the workflow is for (as the console names them), NODE
-                // the node that runs it (the record's `owner`).
-                let rows: Vec<Vec<String>> = page["workflows"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .map(|w| {
-                        vec![
-                            text(&w["run_id"]),
-                            text(&w["status"]),
-                            waits::lines(&w["waiting_for"], now).join("; "),
-                            cells::owner_name(&names, &w["user_id"]),
-                            text(&w["owner"]),
-                            format_time(&w["created_at"]),
-                            text(&w["title"]),
-                        ]
-                    })
-                    .collect();
-                print_table(
-                    &[
-                        "RUN ID",
-                        "STATUS",
-                        "WAITING FOR",
-                        "OWNER",
-                        "NODE",
-                        "CREATED",
-                        "TITLE",
-                    ],
-                    &rows,
-                );
-                if let Some(next) = page["next"].as_str() {
-                    println!("more: {more} --after {next}");
-                }
-            });
-            Ok(0)
-        }
+        } => list::list(common, client, status, waiting_for, limit, after).await,
         Command::Resume { id, step, input } => {
-            let record = get(client, &id).await?;
-            let step = match step {
-                Some(step) => step,
-                None => waiting_step(&record, "pause")?,
-            };
-            let input: Value = match input {
-                Some(input) => serde_json::from_str(&input).context("--input is not JSON")?,
-                None => Value::Null,
-            };
-            let body = json!({"fingerprint": record["fingerprint"], "step_id": step,
-                              "attempt": attempt_of(&record, &step), "input": input});
-            control(common, client, &id, "resume", &body).await
+            control::resume(common, client, &id, step, input).await
         }
         Command::Send {
             id,
             name,
             payload,
             event_id,
-        } => {
-            // Without --payload an event carries `{}`: `null` is what a wait resolves to when
-            // its deadline passes, and the API refuses it as a payload.
-            let payload: Value = match payload {
-                Some(payload) => serde_json::from_str(&payload).context("--payload is not JSON")?,
-                None => json!({}),
-            };
-            let body = json!({"name": name, "event_id": event_id, "payload": payload});
-            control(common, client, &id, "events", &body).await
-        }
+        } => control::send_event(common, client, &id, &name, payload, &event_id).await,
         Command::Approve { id, step, comment } => {
-            decide(common, client, &id, step, comment, "approve").await
+            control::decide(common, client, &id, step, comment, "approve").await
         }
         Command::Reject { id, step, comment } => {
-            decide(common, client, &id, step, comment, "reject").await
+            control::decide(common, client, &id, step, comment, "reject").await
         }
         Command::Answer {
             id,
@@ -532,53 +454,14 @@ async fn run_signed_in(common: &Common, client: &Client, command: Command) -> an
             approve,
             reject: _,
             comment,
-        } => {
-            let decision = if approve { "approve" } else { "reject" };
-            let mut body = json!({"decision": decision});
-            if let Some(comment) = comment {
-                body["comment"] = json!(comment);
-            }
-            let path = format!(
-                "/api/v1/workflows/{}/steps/{}/answer",
-                encode(&id),
-                encode(&step)
-            );
-            let reply = client.json("POST", &path, Some(&body)).await?;
-            print_value(common, &reply, || {
-                println!(
-                    "{id} {step}: request {} {}",
-                    text(&reply["request_id"]),
-                    text(&reply["status"])
-                );
-            });
-            Ok(0)
-        }
-        Command::Cancel { id } => control(common, client, &id, "cancel", &json!({})).await,
-        Command::Recover { id } => control(common, client, &id, "recover", &json!({})).await,
+        } => control::answer(common, client, &id, &step, approve, comment).await,
+        Command::Cancel { id } => control::post(common, client, &id, "cancel", &json!({})).await,
+        Command::Recover { id } => control::post(common, client, &id, "recover", &json!({})).await,
         Command::Retry {
             id,
             request_id,
             wait,
-        } => {
-            let mut body = json!({});
-            if let Some(request_id) = request_id {
-                body["request_id"] = json!(request_id);
-            }
-            let path = format!("/api/v1/workflows/{}/retry", encode(&id));
-            let retried = client.json("POST", &path, Some(&body)).await?;
-            let run_id = retried["run_id"].as_str().context("no run_id")?.to_owned();
-            if !wait {
-                print_value(common, &retried, || {
-                    if retried["repeated"] == json!(true) {
-                        eprintln!("{id} was retried before: its retry is {run_id}");
-                    }
-                    println!("{run_id}");
-                });
-                return Ok(0);
-            }
-            let record = get_waiting(client, &run_id).await?;
-            wait_for_rest(common, client, &run_id, record).await
-        }
+        } => launch::retry(common, client, &id, request_id, wait).await,
         Command::Reconcile {
             id,
             step,
@@ -590,148 +473,37 @@ async fn run_signed_in(common: &Common, client: &Client, command: Command) -> an
             all: _,
             dry_run,
         } => {
-            let (resolution, output) = match (retry, fail, complete) {
-                (true, _, _) => ("retry", None),
-                (_, true, _) => ("fail", None),
-                (_, _, Some(output)) => (
-                    "complete",
-                    Some(serde_json::from_str::<Value>(&output).context("--complete is not JSON")?),
-                ),
-                _ => bail!("say how to settle it: --retry, --fail or --complete JSON"),
-            };
-            let ids = match id {
-                Some(id) => vec![id],
-                None => waiting_for_reconcile(client).await?,
-            };
-            let mut refused = 0;
-            let mut done = Vec::new();
-            for id in ids {
-                let record = get(client, &id).await?;
-                let Some(step) = step
-                    .clone()
-                    .or_else(|| {
-                        record["reconciliation"]["step_id"]
-                            .as_str()
-                            .map(str::to_owned)
-                    })
-                    .filter(|step| !step.is_empty())
-                else {
-                    eprintln!("{id}: its record names no uncertain step; give one with --step");
-                    refused += 1;
-                    continue;
-                };
-                let why = text(&record["reconciliation"]["reason"]);
-                if dry_run {
-                    done.push(
-                        json!({"run_id": id, "step_id": step, "resolution": resolution,
-                                     "reason": why, "dry_run": true}),
-                    );
-                    continue;
-                }
-                let mut body = json!({"step_id": step, "resolution": resolution, "reason": reason});
-                if let Some(output) = &output {
-                    body["output"] = output.clone();
-                }
-                let path = format!("/api/v1/workflows/{}/reconcile", encode(&id));
-                match client.json("POST", &path, Some(&body)).await {
-                    Ok(_) => done.push(json!({"run_id": id, "step_id": step,
-                                              "resolution": resolution, "reason": why})),
-                    Err(error) => {
-                        eprintln!("{id}: {error}");
-                        refused += 1;
-                    }
-                }
-            }
-            let done = Value::Array(done);
-            print_value(common, &done, || {
-                let rows: Vec<Vec<String>> = done
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .map(|d| {
-                        vec![
-                            text(&d["run_id"]),
-                            text(&d["step_id"]),
-                            text(&d["reason"]),
-                            format!(
-                                "{}{}",
-                                text(&d["resolution"]),
-                                if dry_run { " (dry run)" } else { "" }
-                            ),
-                        ]
-                    })
-                    .collect();
-                print_table(&["RUN ID", "STEP", "WHY IT WAITED", "RESOLUTION"], &rows);
-            });
-            Ok(if refused == 0 { 0 } else { 1 })
+            let resolution = reconcile::resolution(retry, fail, complete.as_deref())?;
+            let step = step.as_deref();
+            reconcile::reconcile(common, client, id, step, &resolution, &reason, dry_run).await
         }
-        Command::Delete { id } => {
-            let reply = client
-                .json(
-                    "DELETE",
-                    &format!("/api/v1/workflows/{}", encode(&id)),
-                    None,
-                )
-                .await?;
-            print_value(common, &reply, || println!("deleted {id}"));
-            Ok(0)
-        }
+        Command::Delete { id } => control::delete(common, client, &id).await,
         Command::Artifact {
             id,
             version,
             output,
-        } => {
-            // Bytes of any kind thrown at a terminal can garble it: there, ask for a choice.
-            if output.is_none() && std::io::stdout().is_terminal() {
-                bail!(
-                    "standard output is a terminal: pass -o FILE to save the artifact, or -o - \
-                     to print it here anyway"
-                );
-            }
-            let path = format!("/api/v1/workflows/{}/artifacts/{version}", encode(&id));
-            let answer = client.send("GET", &path, None, Vec::new()).await?;
-            client::checked(&answer)?;
-            let output = output.unwrap_or_else(|| PathBuf::from("-"));
-            if output.as_os_str() == "-" {
-                let mut stdout = std::io::stdout().lock();
-                stdout.write_all(&answer.body)?;
-                stdout.flush()?;
-            } else {
-                std::fs::write(&output, &answer.body)
-                    .with_context(|| format!("cannot write {}", output.display()))?;
-                if !common.json {
-                    eprintln!("wrote {} bytes to {}", answer.body.len(), output.display());
-                }
-            }
-            Ok(0)
-        }
+        } => artifact::download(common, client, &id, version, output).await,
     }
 }
 
-/// Every workflow that waits for an operator's reconcile, newest first, page by page.
-async fn waiting_for_reconcile(client: &Client) -> anyhow::Result<Vec<String>> {
-    let mut ids = Vec::new();
-    let mut after: Option<String> = None;
-    loop {
-        let mut path = "/api/v1/workflows?status=needs_reconciliation&limit=100".to_owned();
-        if let Some(after) = &after {
-            path.push_str(&format!("&after={}", encode(after)));
-        }
-        let page = client.json("GET", &path, None).await?;
-        ids.extend(
-            page["workflows"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(|w| w["run_id"].as_str().map(str::to_owned)),
-        );
-        match page["next"].as_str() {
-            Some(next) => after = Some(next.to_owned()),
-            None => return Ok(ids),
-        }
+/// `reins get`: the whole record, or with `--wait` the record once the workflow ends or waits
+/// for a person (exit codes as `run --wait`).
+async fn show_workflow(
+    common: &Common,
+    client: &Client,
+    id: &str,
+    wait: bool,
+) -> anyhow::Result<u8> {
+    if wait {
+        let record = get_waiting(client, id).await?;
+        return wait_for_rest(common, client, id, record).await;
     }
+    let record = whole(client, id, get(client, id).await?).await?;
+    show_record(common, client, &record).await;
+    Ok(0)
 }
 
+/// A workflow's record (its first page of steps and artifact versions).
 async fn get(client: &Client, id: &str) -> anyhow::Result<Value> {
     Ok(client
         .json("GET", &format!("/api/v1/workflows/{}", encode(id)), None)
@@ -777,132 +549,6 @@ fn extend(list: &mut Value, more: &Value) {
 async fn get_waiting(client: &Client, id: &str) -> anyhow::Result<Value> {
     let path = format!("/api/v1/workflows/{}?wait={WAIT_PER_REQUEST}", encode(id));
     Ok(client.json("GET", &path, None).await?)
-}
-
-async fn control(
-    common: &Common,
-    client: &Client,
-    id: &str,
-    action: &str,
-    body: &Value,
-) -> anyhow::Result<u8> {
-    let path = format!("/api/v1/workflows/{}/{action}", encode(id));
-    let reply = client.json("POST", &path, Some(body)).await?;
-    print_value(common, &reply, || {
-        println!("{id}: {}", text(&reply["status"]));
-        if reply["repeated"] == json!(true) && action == "events" {
-            let taken = match reply["taken_by"].as_str() {
-                Some(step) => format!(", and step {step} took it"),
-                None => ", and no wait has taken it yet".to_owned(),
-            };
-            eprintln!(
-                "{id}: event {} was sent already by {}{taken}; this repeat changes nothing",
-                text(&reply["event_id"]),
-                reply["sent_by"].as_str().unwrap_or("an earlier request"),
-            );
-        } else if reply["repeated"] == json!(true) {
-            eprintln!(
-                "{id}: already {} by {} at {}; this repeat changes nothing",
-                text(&reply["status"]),
-                reply["recorded_by"]
-                    .as_str()
-                    .unwrap_or("an earlier request"),
-                format_time(&reply["recorded_at"])
-            );
-        }
-    });
-    Ok(0)
-}
-
-async fn decide(
-    common: &Common,
-    client: &Client,
-    id: &str,
-    step: Option<String>,
-    comment: Option<String>,
-    decision: &str,
-) -> anyhow::Result<u8> {
-    let record = get(client, id).await?;
-    let step = match step {
-        Some(step) => step,
-        None => waiting_step(&record, "humanCheckpoint")?,
-    };
-    let checkpoint = record["checkpoints"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|c| c["step_id"] == step.as_str())
-        .with_context(|| format!("workflow {id} has no checkpoint {step:?}"))?;
-    let mut body = json!({"step_id": step, "attempt": checkpoint["attempt"],
-                          "artifact_version": checkpoint["artifact_version"], "decision": decision});
-    if let Some(comment) = comment {
-        body["comment"] = json!(comment);
-    }
-    control(common, client, id, "decide", &body).await
-}
-
-/// The step of the one checkpoint of `kind` that waits. When none does, the error says what the
-/// workflow waits for instead and which command answers it, and which checkpoints of `kind` were
-/// answered already, by whom.
-fn waiting_step(record: &Value, kind: &str) -> anyhow::Result<String> {
-    let checkpoints = || record["checkpoints"].as_array().into_iter().flatten();
-    if let Some(step) = checkpoints()
-        .filter(|c| c["kind"] == kind && c["status"] == "waiting")
-        .map(|c| text(&c["step_id"]))
-        .next_back()
-    {
-        return Ok(step);
-    }
-    let id = text(&record["run_id"]);
-    let mut why = format!(
-        "workflow {id} waits at no {kind} (it is {})",
-        text(&record["status"])
-    );
-    for answered in checkpoints().filter(|c| c["kind"] == kind && c["status"] != "waiting") {
-        why.push_str(&format!(
-            "; {kind} {:?} was already {} by {}",
-            text(&answered["step_id"]),
-            text(&answered["status"]),
-            answered["decided_by"].as_str().unwrap_or("someone")
-        ));
-        if answered["decided_at"].is_number() {
-            why.push_str(&format!(" at {}", format_time(&answered["decided_at"])));
-        }
-    }
-    for waiting in checkpoints().filter(|c| c["status"] == "waiting") {
-        let step = text(&waiting["step_id"]);
-        let answer = if waiting["kind"] == "pause" {
-            format!("reins resume {id} --step {step} --input JSON")
-        } else {
-            format!("reins approve {id} --step {step} (or reins reject)")
-        };
-        why.push_str(&format!(
-            "; it waits at {} {step:?}: answer it with `{answer}`",
-            text(&waiting["kind"])
-        ));
-    }
-    let asking = record["steps"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|step| step["status"] == "waiting_for_input");
-    for step in asking {
-        let step = text(&step["step_id"]);
-        why.push_str(&format!(
-            "; its agent step {step:?} asks for approval: answer it with \
-             `reins answer {id} {step} --approve` (or --reject)"
-        ));
-    }
-    anyhow::bail!("{why}; or name a step with --step")
-}
-
-fn attempt_of(record: &Value, step: &str) -> Value {
-    record["checkpoints"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|c| c["step_id"] == step)
-        .map_or(json!(1), |c| c["attempt"].clone())
 }
 
 /// `run --wait`, `get --wait`: asks the server to wait (`?wait=`) until the workflow ends or
@@ -973,214 +619,12 @@ async fn show_record(common: &Common, client: &Client, record: &Value) {
     } else {
         cells::owner_names(client).await
     };
-    print_value(common, record, || print_record(record, &names));
+    print_value(common, record, || record::print_record(record, &names));
 }
 
-fn print_record(record: &Value, names: &std::collections::HashMap<String, String>) {
-    let field = |name: &str, value: String| println!("{name:<14} {value}");
-    field("run id", text(&record["run_id"]));
-    if !record["title"].is_null() {
-        field("title", text(&record["title"]));
-    }
-    field("status", text(&record["status"]));
-    let now = waits::now();
-    for wait in record["waiting_for"].as_array().into_iter().flatten() {
-        field(
-            "waiting",
-            format!("{}: {}", text(&wait["step_id"]), waits::line(wait, now)),
-        );
-    }
-    let why = &record["reconciliation"];
-    if !why.is_null() {
-        field(
-            "why",
-            format!(
-                "{}: {}",
-                text(&why["reason"]),
-                inbox::printable(&text(&why["message"]))
-            ),
-        );
-        field(
-            "settle with",
-            format!(
-                "reins reconcile {} --step {} --retry|--fail|--complete JSON --reason TEXT \
-                 (admins, after checking what child run {} did)",
-                text(&record["run_id"]),
-                text(&why["step_id"]),
-                text(&why["run_id"])
-            ),
-        );
-    }
-    // The person the workflow is for, and the node that runs it (the record's `owner`).
-    field("owner", cells::owner_name(names, &record["user_id"]));
-    field("node", text(&record["owner"]));
-    field("epoch", text(&record["epoch"]));
-    field("created", format_time(&record["created_at"]));
-    if !record["result"].is_null() {
-        field("result", record["result"].to_string());
-    }
-    if !record["error"].is_null() {
-        field("error", text(&record["error"]));
-    }
-    if !record["retry_of"].is_null() {
-        field("retry of", text(&record["retry_of"]));
-    }
-    if !record["retried_by"].is_null() {
-        field("retried by", text(&record["retried_by"]));
-    }
-    let steps: Vec<Vec<String>> = record["steps"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|s| {
-            vec![
-                text(&s["step_id"]),
-                text(&s["kind"]),
-                text(&s["attempt"]),
-                text(&s["status"]),
-                cells::duration_ms(&s["waited_ms"]),
-                cells::duration_ms(&s["ran_ms"]),
-                text(&s["run_id"]),
-                text(&s["artifact_version"]),
-                s["error"].as_str().unwrap_or("-").to_owned(),
-            ]
-        })
-        .collect();
-    if !steps.is_empty() {
-        println!();
-        let headers = [
-            "STEP",
-            "KIND",
-            "ATTEMPT",
-            "STATUS",
-            "WAITED",
-            "RAN",
-            "CHILD RUN",
-            "ARTIFACT",
-            "ERROR",
-        ];
-        print_table(&headers, &cut_last_column(&headers, steps));
-    }
-    for step in record["steps"].as_array().into_iter().flatten() {
-        let reconciled = &step["reconciled"];
-        if !reconciled.is_null() {
-            println!(
-                "{} attempt {}: reconciled by {} ({}): {}",
-                text(&step["step_id"]),
-                text(&step["attempt"]),
-                text(&reconciled["by"]),
-                text(&reconciled["resolution"]),
-                inbox::printable(&text(&reconciled["reason"]))
-            );
-        }
-    }
-    let artifacts: Vec<Vec<String>> = record["artifacts"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|a| {
-            vec![
-                text(&a["version"]),
-                text(&a["step_id"]),
-                text(&a["name"]),
-                text(&a["bytes"]),
-                text(&a["media_type"]),
-            ]
-        })
-        .collect();
-    if !artifacts.is_empty() {
-        println!();
-        print_table(&["ARTIFACT", "STEP", "NAME", "BYTES", "TYPE"], &artifacts);
-    }
-    let checkpoints: Vec<Vec<String>> = record["checkpoints"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|c| {
-            vec![
-                text(&c["step_id"]),
-                text(&c["kind"]),
-                text(&c["status"]),
-                text(&c["artifact_version"]),
-                text(&c["decided_by"]),
-            ]
-        })
-        .collect();
-    if !checkpoints.is_empty() {
-        println!();
-        print_table(
-            &["CHECKPOINT", "KIND", "STATUS", "ARTIFACT", "BY"],
-            &checkpoints,
-        );
-    }
-    for checkpoint in record["checkpoints"].as_array().into_iter().flatten() {
-        let step = text(&checkpoint["step_id"]);
-        if let Some(message) = checkpoint["message"].as_str() {
-            println!("{step}: message: {}", inbox::printable(message));
-        }
-        if let Some(comment) = checkpoint["comment"].as_str() {
-            println!(
-                "{step}: {} commented: {}",
-                text(&checkpoint["decided_by"]),
-                inbox::printable(comment)
-            );
-        }
-    }
-    for step in record["steps"].as_array().into_iter().flatten() {
-        let approval = &step["approval"];
-        if approval.is_null() {
-            continue;
-        }
-        let answer = &approval["answer"];
-        let state = if approval["status"] == "waiting" {
-            format!(
-                "asks for approval: answer with `reins answer {} {} --approve` (or --reject)",
-                text(&record["run_id"]),
-                text(&step["step_id"])
-            )
-        } else {
-            format!(
-                "asked, and was answered {} by {}",
-                text(&answer["decision"]),
-                text(&answer["by"])
-            )
-        };
-        println!();
-        println!(
-            "{}: its agent {state}; it asks to do:",
-            text(&step["step_id"])
-        );
-        for line in inbox::actions(&approval["actions"]) {
-            println!("  {line}");
-        }
-        if let Some(comment) = answer["comment"].as_str() {
-            println!("  comment: {}", inbox::printable(comment));
-        }
-    }
-}
-
-/// `rows` with their last cell on one line and cut to the room the other columns leave (see
-/// [`cells::room_after`]): a long error never wraps a table.
-fn cut_last_column(headers: &[&str], mut rows: Vec<Vec<String>>) -> Vec<Vec<String>> {
-    let others = headers.len().saturating_sub(1);
-    let used: usize = (0..others)
-        .map(|column| {
-            rows.iter()
-                .filter_map(|row| row.get(column))
-                .map(|cell| cell.chars().count())
-                .chain(headers.get(column).map(|header| header.len()))
-                .max()
-                .unwrap_or(0)
-                + 2
-        })
-        .sum();
-    let room = cells::room_after(used);
-    for row in &mut rows {
-        if let Some(last) = row.get_mut(others) {
-            *last = cells::cut(last, room);
-        }
-    }
-    rows
+/// A table's rows: `row` of each item of the array `list` (none when it is not an array).
+fn rows(list: &Value, row: impl Fn(&Value) -> Vec<String>) -> Vec<Vec<String>> {
+    list.as_array().into_iter().flatten().map(row).collect()
 }
 
 pub(crate) fn print_table(headers: &[&str], rows: &[Vec<String>]) {

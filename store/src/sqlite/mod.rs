@@ -21,7 +21,8 @@ use crate::write::{
     ArtifactInfo, ArtifactRow, Snapshot, StepPage, StepPosition, StepRow, WorkflowRow, WriteOp,
 };
 use crate::{
-    BackupReport, Error, NodeRecord, Result, StepStatus, StoreOptions, WorkflowId, WorkflowStatus,
+    BackupReport, Error, NodeRecord, Result, StepRecord, StepStatus, StoreOptions, WorkflowId,
+    WorkflowStatus,
 };
 
 /// The rows of a page of steps (`?1` the workflow, `(?2, ?3)` the position after which the page
@@ -608,7 +609,7 @@ impl Encoded {
 }
 
 /// Applies one ownership-dependent change; `fence` has already been checked in this
-/// transaction.
+/// transaction. One function per kind of write.
 pub(super) fn apply(connection: &Connection, fence: &Fence, encoded: &Encoded) -> Result<()> {
     let data = &encoded.data;
     match &encoded.op {
@@ -616,17 +617,7 @@ pub(super) fn apply(connection: &Connection, fence: &Fence, encoded: &Encoded) -
             workflow_id,
             status,
             data: _,
-        } => {
-            let changed = connection
-                .prepare_cached(
-                    "UPDATE workflows SET status = ?2, data = ?3, updated_at = unixepoch('subsec')
-                      WHERE id = ?1",
-                )?
-                .execute(params![workflow_id, status, data])?;
-            if changed != 1 {
-                return Err(Error::NotFound(format!("workflow {workflow_id:?}")));
-            }
-        }
+        } => set_workflow(connection, workflow_id, status, data),
         WriteOp::PutStep {
             workflow_id,
             seq,
@@ -634,55 +625,22 @@ pub(super) fn apply(connection: &Connection, fence: &Fence, encoded: &Encoded) -
             attempt,
             status,
             record,
-        } => {
-            connection
-                .prepare_cached(
-                    "INSERT INTO workflow_steps (workflow, step_id, attempt, kind, status, data,
-                                                 seq, created_at, updated_at, error_bytes)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, unixepoch('subsec'), unixepoch('subsec'),
-                             ?8)
-                     ON CONFLICT (workflow, step_id, attempt) DO UPDATE
-                        SET kind = excluded.kind, status = excluded.status,
-                            data = excluded.data, seq = excluded.seq,
-                            updated_at = excluded.updated_at,
-                            error_bytes = excluded.error_bytes",
-                )?
-                .execute(params![
-                    workflow_id,
-                    step_id,
-                    attempt,
-                    record.kind(),
-                    status,
-                    data,
-                    seq,
-                    record.error_bytes()
-                ])?;
-        }
-        WriteOp::MarkControlApplied { control_id } => {
-            connection
-                .prepare_cached(
-                    "UPDATE workflow_controls SET applied_at = unixepoch('subsec')
-                      WHERE id = ?1 AND applied_at IS NULL",
-                )?
-                .execute(params![control_id])?;
-        }
+        } => put_step(
+            connection,
+            workflow_id,
+            *seq,
+            step_id,
+            *attempt,
+            status,
+            record,
+            data,
+        ),
+        WriteOp::MarkControlApplied { control_id } => mark_control_applied(connection, *control_id),
         WriteOp::TakeEvent {
             workflow_id,
             seq,
             step_id,
-        } => {
-            let taken = connection
-                .prepare_cached(
-                    "UPDATE sent_events SET taken_by = ?3, taken_at = unixepoch('subsec')
-                      WHERE workflow = ?1 AND seq = ?2 AND (taken_by IS NULL OR taken_by = ?3)",
-                )?
-                .execute(params![workflow_id, seq, step_id])?;
-            if taken != 1 {
-                return Err(Error::NotFound(format!(
-                    "event {seq} of workflow {workflow_id:?} untaken"
-                )));
-            }
-        }
+        } => take_event(connection, workflow_id, *seq, step_id),
         WriteOp::PutArtifact {
             workflow_id,
             version,
@@ -690,149 +648,303 @@ pub(super) fn apply(connection: &Connection, fence: &Fence, encoded: &Encoded) -
             path,
             content,
             sha256,
-        } => {
-            connection
-                .prepare_cached(
-                    "INSERT INTO workflow_artifacts (workflow, version, source_step_id, path,
-                                                     content, bytes, sha256, created_at)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, unixepoch('subsec'))",
-                )?
-                .execute(params![
-                    workflow_id,
-                    version,
-                    source_step_id,
-                    path,
-                    content,
-                    i64::try_from(content.len()).unwrap_or(i64::MAX),
-                    sha256
-                ])?;
-        }
+        } => put_artifact(
+            connection,
+            workflow_id,
+            *version,
+            source_step_id,
+            path.as_deref(),
+            content,
+            sha256,
+        ),
         WriteOp::ReleaseSlot {
             workflow_id,
             step_id,
-        } => {
-            connection
-                .prepare_cached("DELETE FROM workflow_slots WHERE workflow = ?1 AND step_id = ?2")?
-                .execute(params![workflow_id, step_id])?;
-        }
+        } => release_slot(connection, workflow_id, step_id),
         WriteOp::CloseStepRuns {
             idempotency_key, ..
-        } => {
-            connection
-                .prepare_cached(
-                    "UPDATE runs SET status = 'interrupted', stop_reason = 'reconciled',
-                            error = 'closed by reconcile', revision = revision + 1,
-                            updated_at = unixepoch('subsec')
-                      WHERE idempotency_key = ?1
-                        AND status IN ('pending', 'running', 'waiting_for_input')",
-                )?
-                .execute(params![idempotency_key])?;
-        }
-        WriteOp::CancelRuns { workflow_id } => {
-            connection
-                .prepare_cached(
-                    "UPDATE runs SET cancel_action = coalesce(cancel_action, 'interrupt'),
-                            status = CASE status WHEN 'waiting_for_input' THEN 'interrupted'
-                                                 ELSE status END,
-                            revision = revision + 1, updated_at = unixepoch('subsec')
-                      WHERE workflow = ?1
-                        AND status IN ('pending', 'running', 'waiting_for_input')
-                        AND cancel_action IS NULL",
-                )?
-                .execute(params![workflow_id])?;
-        }
+        } => close_step_runs(connection, idempotency_key),
+        WriteOp::CancelRuns { workflow_id } => cancel_runs(connection, workflow_id),
         WriteOp::TakePlaces {
             user_id,
             max_workflows,
             max_workflows_per_owner,
             ..
-        } => {
-            // The counts kept by triggers (migrations 11 and 15) are exact inside the writer's
-            // transaction; the workflow itself, in needs_reconciliation, is not among them.
-            let total: i64 = connection
-                .prepare_cached("SELECT live FROM live_workflows_total WHERE id = 1")?
-                .query_row([], |row| row.get(0))?;
-            if total >= *max_workflows {
-                return Err(Error::LimitReached(crate::Limit::Workflows));
-            }
-            let mine: i64 = connection
-                .prepare_cached("SELECT live FROM live_workflows_by_user WHERE user_id = ?1")?
-                .query_row([user_id], |row| row.get(0))
-                .optional()?
-                .unwrap_or(0);
-            if mine >= *max_workflows_per_owner {
-                return Err(Error::LimitReached(crate::Limit::WorkflowsPerOwner));
-            }
-        }
-        WriteOp::ReleaseSlots { workflow_id } => {
-            connection
-                .prepare_cached("DELETE FROM workflow_slots WHERE workflow = ?1")?
-                .execute(params![workflow_id])?;
-        }
+        } => take_places(
+            connection,
+            user_id,
+            *max_workflows,
+            *max_workflows_per_owner,
+        ),
+        WriteOp::ReleaseSlots { workflow_id } => release_slots(connection, workflow_id),
         WriteOp::TakeStorage {
             workflow_id,
             bytes,
             bytes_max,
-        } => take_storage(connection, workflow_id, *bytes, *bytes_max)?,
-        WriteOp::ReturnStorage { workflow_id } => return_storage(connection, workflow_id)?,
+        } => take_storage(connection, workflow_id, *bytes, *bytes_max),
+        WriteOp::ReturnStorage { workflow_id } => return_storage(connection, workflow_id),
         WriteOp::PutLogs {
             workflow_id,
             lines,
             events_max,
             bytes_max,
-        } => events::put_logs(connection, workflow_id, lines, *events_max, *bytes_max)?,
-        WriteOp::ReleaseLease => {
-            connection
-                .prepare_cached(
-                    "UPDATE extension_execution_leases SET expires_at = unixepoch('subsec')
-                      WHERE resource_id = ?1 AND owner = ?2 AND epoch = ?3",
-                )?
-                .execute(params![fence.resource_id, fence.owner, fence.epoch])?;
-        }
+        } => events::put_logs(connection, workflow_id, lines, *events_max, *bytes_max),
+        WriteOp::ReleaseLease => release_lease(connection, fence),
         WriteOp::GoDormant {
             workflow_id,
             wake_at_ms,
             event_names,
-        } => {
-            // The one writer orders this after every control and event recorded before it.
-            let names = serde_json::to_string(event_names)
-                .map_err(|error| Error::Database(error.to_string()))?;
-            let wake_at: f64 = connection
-                .prepare_cached(
-                    "SELECT CASE WHEN EXISTS (SELECT 1 FROM workflow_controls
-                                               WHERE workflow = ?1 AND applied_at IS NULL)
-                                   OR EXISTS (SELECT 1 FROM sent_events
-                                               WHERE workflow = ?1 AND taken_by IS NULL
-                                                 AND name IN (SELECT value FROM json_each(?2)))
-                                 THEN unixepoch('subsec') ELSE ?3 END",
-                )?
-                .query_row(
-                    params![
-                        workflow_id,
-                        names,
-                        crate::write::dormant_wake_s(*wake_at_ms)
-                    ],
-                    |row| row.get(0),
-                )?;
-            connection
-                .prepare_cached(
-                    "UPDATE workflows SET dormant = 1, wake_at = ?2, wake_on_events = ?3
-                      WHERE id = ?1",
-                )?
-                .execute(params![workflow_id, wake_at, names])?;
-            connection
-                .prepare_cached(
-                    "UPDATE extension_execution_leases SET expires_at = ?4, owner = ''
-                      WHERE resource_id = ?1 AND owner = ?2 AND epoch = ?3",
-                )?
-                .execute(params![
-                    fence.resource_id,
-                    fence.owner,
-                    fence.epoch,
-                    wake_at
-                ])?;
-        }
+        } => go_dormant(connection, fence, workflow_id, *wake_at_ms, event_names),
     }
+}
+
+/// [`WriteOp::SetWorkflow`]: the workflow's status and data document (`data`, encoded); a
+/// workflow that does not exist is `NotFound`.
+fn set_workflow(
+    connection: &Connection,
+    workflow_id: &WorkflowId,
+    status: &WorkflowStatus,
+    data: &str,
+) -> Result<()> {
+    let changed = connection
+        .prepare_cached(
+            "UPDATE workflows SET status = ?2, data = ?3, updated_at = unixepoch('subsec')
+              WHERE id = ?1",
+        )?
+        .execute(params![workflow_id, status, data])?;
+    if changed != 1 {
+        return Err(Error::NotFound(format!("workflow {workflow_id:?}")));
+    }
+    Ok(())
+}
+
+/// [`WriteOp::PutStep`]: inserts or replaces the step attempt's row, its record encoded in
+/// `data`.
+#[allow(clippy::too_many_arguments)] // the row's columns, as the write names them
+fn put_step(
+    connection: &Connection,
+    workflow_id: &WorkflowId,
+    seq: i32,
+    step_id: &str,
+    attempt: i32,
+    status: &StepStatus,
+    record: &StepRecord,
+    data: &str,
+) -> Result<()> {
+    connection
+        .prepare_cached(
+            "INSERT INTO workflow_steps (workflow, step_id, attempt, kind, status, data,
+                                         seq, created_at, updated_at, error_bytes)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, unixepoch('subsec'), unixepoch('subsec'),
+                     ?8)
+             ON CONFLICT (workflow, step_id, attempt) DO UPDATE
+                SET kind = excluded.kind, status = excluded.status,
+                    data = excluded.data, seq = excluded.seq,
+                    updated_at = excluded.updated_at,
+                    error_bytes = excluded.error_bytes",
+        )?
+        .execute(params![
+            workflow_id,
+            step_id,
+            attempt,
+            record.kind(),
+            status,
+            data,
+            seq,
+            record.error_bytes()
+        ])?;
+    Ok(())
+}
+
+/// [`WriteOp::MarkControlApplied`]: the control is carried out (once: a repeat changes nothing).
+fn mark_control_applied(connection: &Connection, control_id: i64) -> Result<()> {
+    connection
+        .prepare_cached(
+            "UPDATE workflow_controls SET applied_at = unixepoch('subsec')
+              WHERE id = ?1 AND applied_at IS NULL",
+        )?
+        .execute(params![control_id])?;
+    Ok(())
+}
+
+/// [`WriteOp::TakeEvent`]: the step takes the event, unless another step took it or it does
+/// not exist (`NotFound`); the same step taking it again is a repeat.
+fn take_event(
+    connection: &Connection,
+    workflow_id: &WorkflowId,
+    seq: i64,
+    step_id: &str,
+) -> Result<()> {
+    let taken = connection
+        .prepare_cached(
+            "UPDATE sent_events SET taken_by = ?3, taken_at = unixepoch('subsec')
+              WHERE workflow = ?1 AND seq = ?2 AND (taken_by IS NULL OR taken_by = ?3)",
+        )?
+        .execute(params![workflow_id, seq, step_id])?;
+    if taken != 1 {
+        return Err(Error::NotFound(format!(
+            "event {seq} of workflow {workflow_id:?} untaken"
+        )));
+    }
+    Ok(())
+}
+
+/// [`WriteOp::PutArtifact`]: a new artifact version (one that exists is a conflict).
+fn put_artifact(
+    connection: &Connection,
+    workflow_id: &WorkflowId,
+    version: i64,
+    source_step_id: &str,
+    path: Option<&str>,
+    content: &[u8],
+    sha256: &str,
+) -> Result<()> {
+    connection
+        .prepare_cached(
+            "INSERT INTO workflow_artifacts (workflow, version, source_step_id, path,
+                                             content, bytes, sha256, created_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, unixepoch('subsec'))",
+        )?
+        .execute(params![
+            workflow_id,
+            version,
+            source_step_id,
+            path,
+            content,
+            i64::try_from(content.len()).unwrap_or(i64::MAX),
+            sha256
+        ])?;
+    Ok(())
+}
+
+/// [`WriteOp::ReleaseSlot`]: frees the slot the step holds, if it holds one.
+fn release_slot(connection: &Connection, workflow_id: &WorkflowId, step_id: &str) -> Result<()> {
+    connection
+        .prepare_cached("DELETE FROM workflow_slots WHERE workflow = ?1 AND step_id = ?2")?
+        .execute(params![workflow_id, step_id])?;
+    Ok(())
+}
+
+/// [`WriteOp::CloseStepRuns`]: the step attempt's live child runs become `interrupted`
+/// (`reconciled`).
+fn close_step_runs(connection: &Connection, idempotency_key: &str) -> Result<()> {
+    connection
+        .prepare_cached(
+            "UPDATE runs SET status = 'interrupted', stop_reason = 'reconciled',
+                    error = 'closed by reconcile', revision = revision + 1,
+                    updated_at = unixepoch('subsec')
+              WHERE idempotency_key = ?1
+                AND status IN ('pending', 'running', 'waiting_for_input')",
+        )?
+        .execute(params![idempotency_key])?;
+    Ok(())
+}
+
+/// [`WriteOp::CancelRuns`]: asks the workflow's live child runs to stop (one waiting for input
+/// is interrupted at once), each once.
+fn cancel_runs(connection: &Connection, workflow_id: &WorkflowId) -> Result<()> {
+    connection
+        .prepare_cached(
+            "UPDATE runs SET cancel_action = coalesce(cancel_action, 'interrupt'),
+                    status = CASE status WHEN 'waiting_for_input' THEN 'interrupted'
+                                         ELSE status END,
+                    revision = revision + 1, updated_at = unixepoch('subsec')
+              WHERE workflow = ?1
+                AND status IN ('pending', 'running', 'waiting_for_input')
+                AND cancel_action IS NULL",
+        )?
+        .execute(params![workflow_id])?;
+    Ok(())
+}
+
+/// [`WriteOp::TakePlaces`]: refused (`LimitReached`) when the live workflows, in all or of the
+/// user, are at their limit.
+fn take_places(
+    connection: &Connection,
+    user_id: &str,
+    max_workflows: i64,
+    max_workflows_per_owner: i64,
+) -> Result<()> {
+    // The counts kept by triggers (migrations 11 and 15) are exact inside the writer's
+    // transaction; the workflow itself, in needs_reconciliation, is not among them.
+    let total: i64 = connection
+        .prepare_cached("SELECT live FROM live_workflows_total WHERE id = 1")?
+        .query_row([], |row| row.get(0))?;
+    if total >= max_workflows {
+        return Err(Error::LimitReached(crate::Limit::Workflows));
+    }
+    let mine: i64 = connection
+        .prepare_cached("SELECT live FROM live_workflows_by_user WHERE user_id = ?1")?
+        .query_row([user_id], |row| row.get(0))
+        .optional()?
+        .unwrap_or(0);
+    if mine >= max_workflows_per_owner {
+        return Err(Error::LimitReached(crate::Limit::WorkflowsPerOwner));
+    }
+    Ok(())
+}
+
+/// [`WriteOp::ReleaseSlots`]: frees every slot the workflow holds.
+fn release_slots(connection: &Connection, workflow_id: &WorkflowId) -> Result<()> {
+    connection
+        .prepare_cached("DELETE FROM workflow_slots WHERE workflow = ?1")?
+        .execute(params![workflow_id])?;
+    Ok(())
+}
+
+/// [`WriteOp::ReleaseLease`]: the fence's lease expires now.
+fn release_lease(connection: &Connection, fence: &Fence) -> Result<()> {
+    connection
+        .prepare_cached(
+            "UPDATE extension_execution_leases SET expires_at = unixepoch('subsec')
+              WHERE resource_id = ?1 AND owner = ?2 AND epoch = ?3",
+        )?
+        .execute(params![fence.resource_id, fence.owner, fence.epoch])?;
+    Ok(())
+}
+
+/// [`WriteOp::GoDormant`]: the workflow sleeps in the store until its wake time, or at once
+/// when a control or an awaited event is already there; its lease is let go until then.
+fn go_dormant(
+    connection: &Connection,
+    fence: &Fence,
+    workflow_id: &WorkflowId,
+    wake_at_ms: Option<i64>,
+    event_names: &[String],
+) -> Result<()> {
+    // The one writer orders this after every control and event recorded before it.
+    let names =
+        serde_json::to_string(event_names).map_err(|error| Error::Database(error.to_string()))?;
+    let wake_at: f64 = connection
+        .prepare_cached(
+            "SELECT CASE WHEN EXISTS (SELECT 1 FROM workflow_controls
+                                       WHERE workflow = ?1 AND applied_at IS NULL)
+                           OR EXISTS (SELECT 1 FROM sent_events
+                                       WHERE workflow = ?1 AND taken_by IS NULL
+                                         AND name IN (SELECT value FROM json_each(?2)))
+                         THEN unixepoch('subsec') ELSE ?3 END",
+        )?
+        .query_row(
+            params![workflow_id, names, crate::write::dormant_wake_s(wake_at_ms)],
+            |row| row.get(0),
+        )?;
+    connection
+        .prepare_cached(
+            "UPDATE workflows SET dormant = 1, wake_at = ?2, wake_on_events = ?3
+              WHERE id = ?1",
+        )?
+        .execute(params![workflow_id, wake_at, names])?;
+    connection
+        .prepare_cached(
+            "UPDATE extension_execution_leases SET expires_at = ?4, owner = ''
+              WHERE resource_id = ?1 AND owner = ?2 AND epoch = ?3",
+        )?
+        .execute(params![
+            fence.resource_id,
+            fence.owner,
+            fence.epoch,
+            wake_at
+        ])?;
     Ok(())
 }
 
