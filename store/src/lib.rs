@@ -5,6 +5,7 @@
 //!
 //! The store knows nothing of actors, HTTP or JavaScript.
 
+mod approval;
 mod backends;
 mod batches;
 mod changes;
@@ -36,6 +37,9 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+pub use approval::{
+    APPROVAL_DEADLINE, ApprovalAnswered, ApprovalAsked, ApprovalSlot, asking, pending_request_id,
+};
 pub use changes::{Change, Changes, LISTEN_APPLICATION_NAME};
 pub use error::{Error, Limit, Result};
 pub use events::{EventPage, EventRow};
@@ -49,8 +53,8 @@ pub use operations::{
 pub use operators::{BackupReport, SlotRow, StatusCount};
 pub use rfc3339::{rfc3339_utc, rfc3339_utc_millis};
 pub use runs::{
-    APPROVAL_DEADLINE, Admission, ApprovalAnswer, CancelAction, ExpiredApproval, FailureClass,
-    NewRun, RunFailure, RunOutcome, RunRenewal, RunRow, RunSlot, WorkflowStep, pending_request_id,
+    Admission, ApprovalAnswer, CancelAction, ExpiredApproval, FailureClass, NewRun, RunFailure,
+    RunOutcome, RunRenewal, RunRow, RunSlot, WorkflowStep,
 };
 pub use sent_events::{EventBounds, EventSend, NewSentEvent, SentEvent};
 #[cfg(feature = "sim")]

@@ -5,6 +5,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::approval::{APPROVAL_DEADLINE, ApprovalSlot, pending_request_id};
 use crate::{Error, Fence, RunId, RunStatus, WorkflowId};
 
 /// The columns of a run, in the order both backends' row readers take them.
@@ -246,11 +247,6 @@ pub(crate) fn replay(existing: RunRow, request: &Value) -> Result<Admission, Err
     }
 }
 
-/// The key of a paused run's `metadata` that holds when its approval request is answered by its
-/// timeout (epoch milliseconds; the agent's `timeout.approvalMs`): see
-/// [`crate::Runs::expired_approvals`].
-pub const APPROVAL_DEADLINE: &str = "hitl_deadline_at_ms";
-
 /// An approval request whose deadline passed with nobody's answer.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ExpiredApproval {
@@ -272,49 +268,9 @@ impl ExpiredApproval {
             request_id: pending_request_id(&row.metadata)
                 .unwrap_or_default()
                 .to_owned(),
-            actions: row.metadata["hitl_approval"]["actions"].clone(),
+            actions: ApprovalSlot::of(&row.metadata)
+                .asked()
+                .map_or(Value::Null, |asked| asked.actions.clone()),
         })
     }
-}
-
-/// The request id a paused run waits for, from its `metadata.hitl_approval`.
-pub fn pending_request_id(metadata: &Value) -> Option<&str> {
-    metadata.get("hitl_approval")?.get("request_id")?.as_str()
-}
-
-/// Whether the paused agent is still alive and waits for its answer (an attached pause, as a
-/// `command` agent makes), rather than having ended its run in the pause.
-pub(crate) fn is_attached(metadata: &Value) -> bool {
-    metadata["hitl_approval"]["attached"] == Value::Bool(true)
-}
-
-/// The metadata of an answered run: the pause replaced by the answer (`hitl_answer`), everything
-/// else kept.
-pub(crate) fn answered(metadata: &Value, request_id: &str, answer: &Value) -> Value {
-    let mut answered = metadata.clone();
-    if let Some(map) = answered.as_object_mut() {
-        map.remove("hitl_approval");
-        map.insert(
-            "hitl_answer".into(),
-            serde_json::json!({"request_id": request_id, "answer": answer}),
-        );
-    }
-    answered
-}
-
-/// The status an answer moves a paused run to: an attached agent runs on with its answer, a
-/// detached pause ends its run.
-pub(crate) fn status_after_answer(metadata: &Value) -> RunStatus {
-    if is_attached(metadata) {
-        RunStatus::Running
-    } else {
-        RunStatus::Success
-    }
-}
-
-/// The answer a live agent waits for, as a renewal delivers it.
-pub(crate) fn pending_answer(status: RunStatus, metadata: &Value) -> Option<Value> {
-    (status == RunStatus::Running)
-        .then(|| metadata.get("hitl_answer").cloned())
-        .flatten()
 }

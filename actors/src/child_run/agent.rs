@@ -416,11 +416,11 @@ impl ChildState {
     ) {
         let (store, me) = (self.store.clone(), myself.clone());
         let (run_id, owner) = (self.run_id.clone(), self.worker_id.clone());
-        let mut metadata = serde_json::json!({ "hitl_approval": approval });
-        if let Some(approval_ms) = self.approval_ms {
+        let deadline_at_ms = self.approval_ms.map(|approval_ms| {
             let now_ms = u64::try_from(crate::clock::now_ms()).unwrap_or(0);
-            metadata[store::APPROVAL_DEADLINE] = now_ms.saturating_add(approval_ms).into();
-        }
+            now_ms.saturating_add(approval_ms)
+        });
+        let metadata = store::asking(approval, deadline_at_ms);
         tokio::spawn(
             async move {
                 let recorded = store

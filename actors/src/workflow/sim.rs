@@ -1804,7 +1804,7 @@ impl Sim {
             run_id,
             &owner,
             RunStatus::WaitingForInput,
-            Some(json!({ "hitl_approval": approval })),
+            Some(store::asking(approval, None)),
         ));
         self.note(|| format!("agent {run_id} asks for approval: recorded {recorded:?}"));
         let (target, id) = child.caller;
@@ -2430,7 +2430,7 @@ impl Sim {
         if run.status != RunStatus::WaitingForInput {
             return;
         }
-        let Some(request_id) = run.metadata["hitl_approval"]["request_id"].as_str() else {
+        let Some(request_id) = store::pending_request_id(&run.metadata) else {
             return;
         };
         let request_ids = [request_id.to_owned()];
@@ -2512,9 +2512,15 @@ impl Sim {
         }
         for (run_id, winner) in self.approvals.clone() {
             let row = now_or_never(self.store.read_run(&run_id));
-            let held = row.map(|row| row.map(|row| row.metadata["hitl_answer"].clone()));
-            let holds_winner = matches!(&held, Ok(Some(answer))
-                if answer["answer"]["comment"].as_str() == Some(winner.as_str()));
+            let held = row.map(|row| {
+                row.and_then(|row| {
+                    store::ApprovalSlot::of(&row.metadata)
+                        .answered()
+                        .map(|answer| answer.comment().clone())
+                })
+            });
+            let holds_winner = matches!(&held, Ok(Some(comment))
+                if comment.as_str() == Some(winner.as_str()));
             if !holds_winner {
                 self.violation(format!("{run_id} holds {held:?}, not the answer that won"));
             }

@@ -12,8 +12,8 @@
 use actors::WorkflowView;
 use serde_json::Value;
 use store::{
-    ArtifactInfo, ControlKind, ControlRow, ListedWorkflow, RunRow, RunStatus, StepKind,
-    StepOutcome, StepPosition, StepRow, StepStatus, WaitKind, WorkflowDoc, WorkflowRow,
+    ApprovalSlot, ArtifactInfo, ControlKind, ControlRow, ListedWorkflow, RunRow, RunStatus,
+    StepKind, StepOutcome, StepPosition, StepRow, StepStatus, WaitKind, WorkflowDoc, WorkflowRow,
     WorkflowStatus,
 };
 
@@ -447,25 +447,25 @@ fn pending_request(run: &RunRow) -> Option<&str> {
 
 /// The approval request of a child run: the pending one, or the answered one.
 pub fn approval(run: &RunRow) -> Option<ApprovalRecord> {
-    let asked = &run.metadata["hitl_approval"];
-    if let Some(request_id) = pending_request(run) {
+    let slot = ApprovalSlot::of(&run.metadata);
+    if let (Some(request_id), Some(asked)) = (pending_request(run), slot.asked()) {
         return Some(ApprovalRecord {
             run_id: run.run_id.as_str().to_owned(),
             request_id: request_id.to_owned(),
-            actions: asked["actions"].clone(),
+            actions: asked.actions.clone(),
             status: "waiting".to_owned(),
             asked_at: Some(run.updated_at),
             answer: None,
         });
     }
-    let answered = run.metadata.get("hitl_answer")?;
+    let answered = slot.answered()?;
     Some(ApprovalRecord {
         run_id: run.run_id.as_str().to_owned(),
-        request_id: text(&answered["request_id"]).unwrap_or_default(),
-        actions: answered["answer"]["actions"].clone(),
+        request_id: answered.request_id.to_owned(),
+        actions: answered.actions().clone(),
         status: "answered".to_owned(),
         asked_at: None,
-        answer: Some(answered["answer"].clone()),
+        answer: Some(answered.answer.clone()),
     })
 }
 

@@ -680,7 +680,9 @@ pub async fn answer(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
         "decision": body.decision.as_str(),
         "comment": body.comment,
         "by": by(ctx)?,
-        "actions": child.metadata["hitl_approval"]["actions"],
+        "actions": store::ApprovalSlot::of(&child.metadata)
+            .asked()
+            .map_or(serde_json::Value::Null, |asked| asked.actions.clone()),
     });
     if let Some(request_id) = &request_id
         && pending.as_ref() == Some(request_id)
@@ -699,7 +701,8 @@ pub async fn answer(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
         .read_run(&child_run_id)
         .await?
         .ok_or_else(not_waiting)?;
-    let Some(recorded) = now.metadata.get("hitl_answer") else {
+    let slot = store::ApprovalSlot::of(&now.metadata);
+    let Some(recorded) = slot.answered() else {
         return Err(if now.status == store::RunStatus::WaitingForInput {
             ApiError::conflict(format!(
                 "step {step_id:?} waits for request {:?}, not {:?}",
@@ -710,18 +713,17 @@ pub async fn answer(ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
             not_waiting()
         });
     };
-    let recorded_id = recorded["request_id"].as_str().unwrap_or_default();
+    let recorded_id = recorded.request_id;
     if request_id.as_deref().is_some_and(|id| id != recorded_id) {
         return Err(not_waiting());
     }
-    let same = recorded["answer"]["decision"] == given["decision"]
-        && recorded["answer"]["comment"] == given["comment"];
+    let same = *recorded.decision() == given["decision"] && *recorded.comment() == given["comment"];
     if same {
         Ok(answer_reply(run_id, step_id, recorded_id, status, true))
     } else {
         Err(ApiError::conflict(format!(
             "request {recorded_id:?} of step {step_id:?} was already answered: {}",
-            recorded["answer"]["decision"]
+            recorded.decision()
         )))
     }
 }

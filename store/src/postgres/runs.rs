@@ -9,11 +9,11 @@ use super::batch::Job;
 use super::run_rows::{decode, select_run};
 use super::run_writes::{Finalize, admit_alone};
 use super::{PgStore, commit_error, status_changes};
+use crate::approval::{answered, pending_answer, pending_request_id, status_after_answer};
 use crate::lease::ttl_seconds;
 use crate::runs::run_columns;
 use crate::runs::{
     Admission, ApprovalAnswer, CancelAction, NewRun, RunOutcome, RunRenewal, RunRow, RunSlot,
-    answered, pending_answer, pending_request_id, status_after_answer,
 };
 use crate::{ExpiredApproval, Result, RunId, RunStatus};
 

@@ -480,15 +480,17 @@ impl State {
         if after.status == RunStatus::WaitingForInput && before.status != RunStatus::WaitingForInput
         {
             let mut data = fields(&after);
-            data["request_id"] = after.metadata["hitl_approval"]["request_id"].clone();
+            data["request_id"] = crate::pending_request_id(&after.metadata).into();
             self.event(&workflow_id, "approval_requested", data, now);
         }
-        let answer = &after.metadata["hitl_answer"];
-        if !answer.is_null() && *answer != before.metadata["hitl_answer"] {
+        let slot = crate::ApprovalSlot::of(&after.metadata);
+        if let Some(answer) = slot.answered()
+            && crate::ApprovalSlot::of(&before.metadata).answered() != Some(answer)
+        {
             let mut data = fields(&after);
-            data["request_id"] = answer["request_id"].clone();
-            data["decision"] = answer["answer"]["decision"].clone();
-            data["by"] = answer["answer"]["by"].clone();
+            data["request_id"] = answer.request_id.into();
+            data["decision"] = answer.decision().clone();
+            data["by"] = answer.by().clone();
             self.event(&workflow_id, "approval_answered", data, now);
         }
     }

@@ -3,8 +3,9 @@
 use serde_json::Value;
 
 use super::{SimStore, State};
+use crate::approval::{answered, pending_answer, pending_request_id, status_after_answer};
 use crate::lease::ttl_seconds;
-use crate::runs::{answered, pending_answer, pending_request_id, replay, status_after_answer};
+use crate::runs::replay;
 use crate::{
     Admission, ApprovalAnswer, CancelAction, Error, ExpiredApproval, NewRun, Result, RunId,
     RunOutcome, RunRenewal, RunRow, RunSlot, RunStatus, SlotRow, StepStatus, WorkflowId,

@@ -5,10 +5,11 @@ use rusqlite::{Connection, OptionalExtension, Row, params};
 use serde_json::Value;
 
 use super::{Encoded, SqliteStore, apply, check_fence, parse_json};
+use crate::approval::{answered, pending_answer, pending_request_id, status_after_answer};
 use crate::lease::ttl_seconds;
 use crate::runs::{
     Admission, ApprovalAnswer, CancelAction, NewRun, RunOutcome, RunRenewal, RunRow, RunSlot,
-    answered, pending_answer, pending_request_id, replay, run_columns, status_after_answer,
+    replay, run_columns,
 };
 use crate::write::{StepPosition, WriteOp};
 use crate::{Error, ExpiredApproval, Result, RunId, RunStatus, WorkflowId};

@@ -603,10 +603,15 @@ impl WorkflowMachine {
             "attempts": self.attempt(command.seq),
         });
         // A person's answer to the agent's approval request, when it asked one.
-        if let (Some(map), Some(answer)) =
-            (resolved.as_object_mut(), row.metadata.get("hitl_answer"))
-        {
-            map.insert("approval".into(), answer.clone());
+        // (The whole stored answer, `{"request_id", "answer"}`, as scripts have always seen it.)
+        if let (Some(map), Some(answer)) = (
+            resolved.as_object_mut(),
+            store::ApprovalSlot::of(&row.metadata).answered(),
+        ) {
+            map.insert(
+                "approval".into(),
+                json!({"request_id": answer.request_id, "answer": answer.answer}),
+            );
         }
         extra.push(WriteOp::ReleaseSlot {
             workflow_id: self.config.workflow_id.clone(),
