@@ -525,10 +525,10 @@ fn signature(secret: &[u8], timestamp: &str, body: &[u8]) -> String {
 }
 
 /// What an item waits for, by the event that told of it.
-fn waits_for(event: &str, data: &Value) -> &'static str {
-    match (event, data["step_kind"].as_str()) {
-        ("approval_requested" | "approval_answered", _) => "approval",
-        ("pause_waiting" | "pause_resumed", _) => "pause",
+fn waits_for(event: &str) -> &'static str {
+    match event {
+        "approval_requested" | "approval_answered" => "approval",
+        "pause_waiting" | "pause_resumed" => "pause",
         _ => "checkpoint",
     }
 }
@@ -540,27 +540,31 @@ fn body(notification: &Notification, public_url: &str, bytes_max: usize) -> Valu
         "id": notification.id,
         "kind": notification.kind.as_str(),
         "workflow_id": notification.workflow_id,
-        "step_id": data["step_id"],
-        "attempt": data["attempt"],
-        "waits_for": waits_for(&notification.event, data),
+        "step_id": data.step_id,
+        "attempt": data.attempt,
+        "waits_for": waits_for(&notification.event),
         "link": format!("{public_url}/#/workflows/{}", notification.workflow_id),
         "at": store::rfc3339_utc_millis(notification.created_at),
     });
-    for key in [
-        "title",
-        "message",
-        "artifact_version",
-        "child_run_id",
-        "request_id",
-        "decision",
-        "comment",
+    for (key, text) in [
+        ("title", &data.title),
+        ("message", &data.message),
+        ("child_run_id", &data.child_run_id),
+        ("request_id", &data.request_id),
+        ("decision", &data.decision),
+        ("comment", &data.comment),
     ] {
-        if !data[key].is_null() {
-            body[key] = data[key].clone();
+        if let Some(text) = text {
+            body[key] = json!(text);
         }
     }
-    if notification.kind != NotificationKind::Entered && !data["by"].is_null() {
-        body["by"] = data["by"].clone();
+    if let Some(version) = data.artifact_version {
+        body["artifact_version"] = json!(version);
+    }
+    if notification.kind != NotificationKind::Entered
+        && let Some(by) = &data.by
+    {
+        body["by"] = json!(by);
     }
     if notification.kind == NotificationKind::TimedOut {
         // A deadline decided it, whatever the event recorded as its author (a checkpoint's
@@ -570,7 +574,7 @@ fn body(notification: &Notification, public_url: &str, bytes_max: usize) -> Valu
     if notification.event == "pause_resumed" {
         // What the pause resolves with: the person's input, or the deadline's `onTimeout`
         // resume; absent when the deadline failed the pause.
-        if let Some(input) = data.get("input") {
+        if let Some(input) = &data.input {
             body["input"] = input.clone();
         }
     }
@@ -680,7 +684,7 @@ mod tests {
             seq: 3,
             kind,
             event: event.into(),
-            data,
+            data: store::NotificationData::decode(&data),
             user_id: Some("u1".into()),
             user_email: Some("ada@example.com".into()),
             user_role: Some("approver".into()),

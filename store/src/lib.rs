@@ -46,7 +46,7 @@ pub use events::{EventPage, EventRow};
 pub use ids::{RunId, WorkflowId, idempotency_key};
 pub use lease::{Epoch, Fence, Lease};
 pub use migrations::{MigrationReport, SCHEMA_VERSION};
-pub use notify::{Notification, NotificationKind, Settlement};
+pub use notify::{Notification, NotificationData, NotificationKind, Settlement};
 pub use operations::{
     Controls, Events, Leases, Notifications, Operation, Operators, Runs, Schema, Users, Workflows,
 };

@@ -58,6 +58,54 @@ impl NotificationKind {
     }
 }
 
+/// What a notification tells of its item, typed: its event's data as the event's trigger wrote
+/// it, with the workflow's `title` and the step's `message` where they exist (migrations 36, 38
+/// and 42 copy them in). Read here only ([`NotificationData::decode`]); a key of another type
+/// than its own is read as absent (the body leaves it out) rather than failing the delivery.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct NotificationData {
+    pub step_id: Option<String>,
+    pub attempt: Option<i64>,
+    /// The workflow's title, when its launch gave one.
+    pub title: Option<String>,
+    /// What a `pause` tells whoever answers it.
+    pub message: Option<String>,
+    /// The artifact version a checkpoint is about.
+    pub artifact_version: Option<i64>,
+    /// An agent's run asking for approval, and its request.
+    pub child_run_id: Option<String>,
+    pub request_id: Option<String>,
+    /// `approved`/`rejected` (or `approve`/`reject`, an agent's answer) and its comment.
+    pub decision: Option<String>,
+    pub comment: Option<String>,
+    /// Who decided (an email); absent for an item entered, or a deadline's decision.
+    pub by: Option<String>,
+    /// What a resumed pause resolves with (`pause_resumed`; `null` is a value): absent when its
+    /// deadline failed the pause.
+    pub input: Option<Value>,
+}
+
+impl NotificationData {
+    /// The typed view of a stored notification's `data`.
+    pub fn decode(data: &Value) -> Self {
+        let text = |key: &str| data.get(key).and_then(Value::as_str).map(str::to_owned);
+        let whole = |key: &str| data.get(key).and_then(Value::as_i64);
+        NotificationData {
+            step_id: text("step_id"),
+            attempt: whole("attempt"),
+            title: text("title"),
+            message: text("message"),
+            artifact_version: whole("artifact_version"),
+            child_run_id: text("child_run_id"),
+            request_id: text("request_id"),
+            decision: text("decision"),
+            comment: text("comment"),
+            by: text("by"),
+            input: data.get("input").cloned(),
+        }
+    }
+}
+
 /// One notification claimed for delivery to one webhook.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Notification {
@@ -70,8 +118,8 @@ pub struct Notification {
     pub kind: NotificationKind,
     /// The event it was written for (`pause_waiting`, `checkpoint_decided`, ...).
     pub event: String,
-    /// The event's data, with the workflow's `title` and the step's `message` when they exist.
-    pub data: Value,
+    /// What it tells of its item.
+    pub data: NotificationData,
     /// The workflow's owner when the event committed, for the sinks' filters.
     pub user_id: Option<String>,
     pub user_email: Option<String>,

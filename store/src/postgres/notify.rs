@@ -10,7 +10,9 @@ use tokio_postgres::Row;
 use super::PgStore;
 use crate::Result;
 use crate::lease::ttl_seconds;
-use crate::notify::{COLUMNS, Notification, NotificationKind, Settlement, WAITING};
+use crate::notify::{
+    COLUMNS, Notification, NotificationData, NotificationKind, Settlement, WAITING,
+};
 
 fn notification(row: &Row) -> Result<Notification> {
     let id: String = row.get(0);
@@ -21,7 +23,7 @@ fn notification(row: &Row) -> Result<Notification> {
         seq: row.get(2),
         kind,
         event: row.get(4),
-        data: row.get(5),
+        data: NotificationData::decode(&row.get::<_, serde_json::Value>(5)),
         user_id: row.get(6),
         user_email: row.get(7),
         user_role: row.get(8),

@@ -113,7 +113,10 @@ impl State {
             .filter(|_| REMINDED.contains(&kind))
             .and_then(|record| record.args["remindAfterMs"].as_f64());
         for (key, value) in [
-            ("title", Some(workflow.row.data["title"].clone())),
+            (
+                "title",
+                crate::WorkflowDoc::title_of(&workflow.row.data).map(Value::from),
+            ),
             ("message", message),
         ] {
             if let Some(value) = value.filter(|value| !value.is_null()) {
@@ -130,7 +133,7 @@ impl State {
                 seq,
                 kind: notification_kind,
                 event: kind.to_owned(),
-                data,
+                data: crate::NotificationData::decode(&data),
                 user_email: user.map(|user| user.email.clone()),
                 user_role: user.map(|user| user.role.as_str().to_owned()),
                 user_id: Some(user_id),

@@ -8,7 +8,9 @@ use rusqlite::{OptionalExtension, Row, params};
 
 use super::{SqliteStore, parse_json};
 use crate::lease::ttl_seconds;
-use crate::notify::{COLUMNS, Notification, NotificationKind, Settlement, WAITING};
+use crate::notify::{
+    COLUMNS, Notification, NotificationData, NotificationKind, Settlement, WAITING,
+};
 use crate::{Error, Result};
 
 /// A claimed row, its JSON still text.
@@ -26,7 +28,7 @@ fn claimed(row: &Row) -> rusqlite::Result<Claimed> {
             seq: row.get(2)?,
             kind: NotificationKind::Entered,
             event: row.get(4)?,
-            data: serde_json::Value::Null,
+            data: NotificationData::default(),
             user_id: row.get(6)?,
             user_email: row.get(7)?,
             user_role: row.get(8)?,
@@ -42,7 +44,7 @@ fn claimed(row: &Row) -> rusqlite::Result<Claimed> {
 fn decoded(claimed: Claimed) -> Result<Notification> {
     let mut notification = claimed.notification;
     notification.kind = NotificationKind::read(&claimed.kind, &notification.id)?;
-    notification.data = parse_json(&claimed.data)?;
+    notification.data = NotificationData::decode(&parse_json(&claimed.data)?);
     Ok(notification)
 }
 

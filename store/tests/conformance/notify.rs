@@ -138,7 +138,7 @@ conformance! {
         assert_eq!(store.notification_backlog().await.expect("backlog"), 8);
         let claimed = drain(&*store).await;
         let seen: Vec<(&str, NotificationKind, &str)> = claimed.iter()
-            .map(|n| (n.event.as_str(), n.kind, n.data["step_id"].as_str().unwrap_or("")))
+            .map(|n| (n.event.as_str(), n.kind, n.data.step_id.as_deref().unwrap_or("")))
             .collect();
         assert_eq!(seen, [
             ("pause_waiting", NotificationKind::Entered, "p"),
@@ -153,19 +153,19 @@ conformance! {
         let events = store.read_events(&"wf".into(), 0, 1_000).await.expect("events").expect("wf");
         for notification in &claimed {
             let event = events.events.iter().find(|event| event.kind == notification.event
-                && event.data["step_id"] == notification.data["step_id"]).expect("its event");
+                && event.data["step_id"].as_str() == notification.data.step_id.as_deref()).expect("its event");
             assert_eq!(notification.id, format!("wf:{}", event.seq));
             assert_eq!(notification.created_at, event.created_at);
             assert_eq!(notification.workflow_id, store::WorkflowId::from("wf"));
             assert_eq!(notification.user_id.as_deref(), Some("tester"));
             assert_eq!((notification.attempts, notification.claim_epoch), (0, 1));
-            assert_eq!(notification.data["title"], "Quarterly report");
+            assert_eq!(notification.data.title.as_deref(), Some("Quarterly report"));
         }
-        assert_eq!(claimed[0].data["message"], "check the numbers");
-        assert_eq!(claimed[4].data["comment"], "not yet");
-        assert_eq!(claimed[4].data["decision"], "reject");
-        assert_eq!(claimed[4].data["by"], "ada");
-        assert_eq!(claimed[7].data["by"], "bob");
+        assert_eq!(claimed[0].data.message.as_deref(), Some("check the numbers"));
+        assert_eq!(claimed[4].data.comment.as_deref(), Some("not yet"));
+        assert_eq!(claimed[4].data.decision.as_deref(), Some("reject"));
+        assert_eq!(claimed[4].data.by.as_deref(), Some("ada"));
+        assert_eq!(claimed[7].data.by.as_deref(), Some("bob"));
         assert_eq!(store.notification_backlog().await.expect("backlog"), 0);
     }
 }
@@ -304,9 +304,9 @@ conformance! {
         let reminder = &overdue[0];
         assert_eq!((reminder.id.as_str(), reminder.kind), ("wf:overdue:p:1", NotificationKind::Overdue));
         assert_eq!(reminder.event, "pause_waiting");
-        assert_eq!((&reminder.data["step_id"], &reminder.data["message"]), (&json!("p"), &json!("look")));
+        assert_eq!((reminder.data.step_id.as_deref(), reminder.data.message.as_deref()), (Some("p"), Some("look")));
         assert_eq!(reminder.user_id.as_deref(), Some("tester"));
-        let pause = entered.iter().find(|n| n.data["step_id"] == "p").expect("the pause entered");
+        let pause = entered.iter().find(|n| n.data.step_id.as_deref() == Some("p")).expect("the pause entered");
         assert_eq!(reminder.seq, pause.seq, "told of the event that put it into the inbox");
         assert!((reminder.created_at - (pause.created_at + 0.4)).abs() < 0.002,
             "overdue at its reminder's time: {} and {}", reminder.created_at, pause.created_at);
@@ -382,7 +382,7 @@ conformance! {
         store.fenced_write(&lease.fence(), vec![put_in("b1", "p", "pause", json!({"args": {}}))])
             .await.expect("bob's pause");
         let step = |n: &Notification| (n.workflow_id.as_str().to_owned(),
-                                       n.data["step_id"].as_str().unwrap_or("").to_owned());
+                                       n.data.step_id.as_deref().unwrap_or("").to_owned());
         let steps = |claimed: &[Notification]| claimed.iter().map(step).collect::<Vec<_>>();
         let pair = |w: &str, s: &str| (w.to_owned(), s.to_owned());
 
@@ -424,7 +424,7 @@ conformance! {
             .expect("pause");
         let claimed = claim_all(&*store, "node-a").await;
         assert_eq!(claimed.len(), 1, "{claimed:?}");
-        assert_eq!(claimed[0].data["step_id"], "q");
+        assert_eq!(claimed[0].data.step_id.as_deref(), Some("q"));
         assert!(settle(&*store, &claimed[0], Settlement::Finished).await);
         // The row from before waits for its retention, owed to no webhook registered later.
         assert_eq!(store.notification_backlog().await.expect("backlog"), 1);
