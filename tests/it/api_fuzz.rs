@@ -156,15 +156,38 @@ async fn schemathesis_finds_nothing_as_an_admin_or_as_a_plain_user() {
     let mut disagreements = Vec::new();
     for (who, token) in [("a plain user", &user_token), ("the admin", &admin_token)] {
         let work = tempfile::tempdir().expect("temp dir");
-        let ran = run_tool(
+        let env = [("REINS_FUZZ_TOKEN", token.as_str())];
+        let mut ran = run_tool(
             &bin,
             "st",
             &args,
             work.path(),
-            &[("REINS_FUZZ_TOKEN", token)],
+            &env,
             Duration::from_secs(600),
         )
         .await;
+        if !ran.success && only_tool_errors(&ran.output) {
+            // Schemathesis failed inside itself (Hypothesis's caches are not thread-safe: a
+            // worker's draw can fail as "flaky"), with no check failing: the description and
+            // the node were not found to disagree. Once again on one worker; a second error
+            // fails the test all the same.
+            eprintln!("Schemathesis erred inside itself as {who}; once more on one worker");
+            let mut again = args.to_vec();
+            let workers = again
+                .iter()
+                .position(|a| *a == "--workers")
+                .expect("--workers");
+            again[workers + 1] = "1";
+            ran = run_tool(
+                &bin,
+                "st",
+                &again,
+                work.path(),
+                &env,
+                Duration::from_secs(600),
+            )
+            .await;
+        }
         if !ran.success {
             disagreements.push(format!(
                 "=== Schemathesis disagrees with the description as {who} ({}, after {:?}):\n\
@@ -182,6 +205,13 @@ async fn schemathesis_finds_nothing_as_an_admin_or_as_a_plain_user() {
         disagreements.join("\n"),
         node.process.stderr()
     );
+}
+
+/// Whether a failed Schemathesis run failed only inside the tool: its summary lists errors and
+/// no failing check.
+fn only_tool_errors(output: &str) -> bool {
+    let line = |name: &str| output.lines().any(|line| line == name);
+    line("Errors:") && !line("Failures:")
 }
 
 /// Through a client generated from the description only (no warning from the generator), a
@@ -241,4 +271,15 @@ async fn a_generated_python_client_approves_a_checkpoint() {
         ran.output,
         node.process.stderr()
     );
+}
+
+#[test]
+fn a_run_that_erred_only_inside_schemathesis_is_told_from_a_disagreement() {
+    let erred = "Test Phases:\n  🚫 Coverage\n\nErrors:\n  🚫 Runtime Error: 1\n\nSeed: 1\n";
+    let failed = "Failures:\n  ❌ ST202 Schema-valid request rejected: 2\n\nErrors:\n  🚫 Runtime Error: 1\n";
+    assert!(only_tool_errors(erred));
+    assert!(!only_tool_errors(failed));
+    assert!(!only_tool_errors(
+        "Failures:\n  ❌ ST201 Schema-violating request accepted: 1\n"
+    ));
 }
