@@ -259,16 +259,6 @@ impl WorkflowDoc {
                     .ok_or_else(|| broken("timeout_ms as a whole number"))?,
             ),
         };
-        let reconciliation = match object.get("reconciliation") {
-            None | Some(Value::Null) => None,
-            Some(why) => Some(DocReconciliation {
-                reason: why["reason"].as_str().map(str::to_owned),
-                message: why["message"].as_str().map(str::to_owned),
-                step_id: why["step_id"].as_str().unwrap_or_default().to_owned(),
-                run_id: why["run_id"].as_str().unwrap_or_default().to_owned(),
-                at_ms: why["at_ms"].as_i64(),
-            }),
-        };
         Ok(WorkflowDoc {
             script,
             args: object.get("args").cloned().unwrap_or(Value::Null),
@@ -282,13 +272,28 @@ impl WorkflowDoc {
             retry_of: text("retry_of")?,
             result: object.get("result").cloned(),
             error: text("error")?,
-            reconciliation,
+            reconciliation: WorkflowDoc::reconciliation_of(data),
             extra: object
                 .iter()
                 .filter(|(key, _)| !KEYS.contains(&key.as_str()))
                 .map(|(key, value)| (key.clone(), value.clone()))
                 .collect(),
         })
+    }
+
+    /// A stored document's `reconciliation`, read without decoding the rest (every page of a
+    /// workflow's steps marks its uncertain attempt with it).
+    pub fn reconciliation_of(data: &Value) -> Option<DocReconciliation> {
+        match data.get("reconciliation") {
+            None | Some(Value::Null) => None,
+            Some(why) => Some(DocReconciliation {
+                reason: why["reason"].as_str().map(str::to_owned),
+                message: why["message"].as_str().map(str::to_owned),
+                step_id: why["step_id"].as_str().unwrap_or_default().to_owned(),
+                run_id: why["run_id"].as_str().unwrap_or_default().to_owned(),
+                at_ms: why["at_ms"].as_i64(),
+            }),
+        }
     }
 
     /// A stored document's title, read without decoding the rest (a listing shows one a row).

@@ -272,9 +272,7 @@ pub fn reconciliation(row: &WorkflowRow) -> Option<ReconciliationRecord> {
     if row.status != WorkflowStatus::NeedsReconciliation {
         return None;
     }
-    let why = WorkflowDoc::decode(&row.workflow_id, &row.data)
-        .ok()
-        .and_then(|doc| doc.reconciliation);
+    let why = WorkflowDoc::reconciliation_of(&row.data);
     Some(ReconciliationRecord {
         reason: why
             .as_ref()
